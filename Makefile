@@ -1,0 +1,56 @@
+# treadle: PGXS install of the extension, plus the project's test, demo and bench targets.
+#
+#   make              build sql/treadle--$(EXTVERSION).sql from sql/src/*.sql
+#   make install      install the control file and scripts into $(PG_CONFIG)'s server
+#   make test         everything, from a fresh machine: tools, a throwaway cluster, all tests
+#   make check-generated   fail when the committed script is not what sql/src builds
+
+EXTENSION  = treadle
+EXTVERSION = $(shell sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*\)'.*/\1/p" $(EXTENSION).control)
+SRC        = $(sort $(wildcard sql/src/*.sql))
+GENERATED  = sql/$(EXTENSION)--$(EXTVERSION).sql
+# every released full script, every upgrade script, and the current one
+DATA       = $(sort $(wildcard sql/$(EXTENSION)--*.sql) $(GENERATED))
+
+PG_CONFIG ?= pg_config
+PGXS      := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)
+
+all: $(GENERATED)
+
+$(GENERATED): $(SRC)
+	cat $(SRC) > $@
+
+# Throwaway clusters and the Python environment live under .build/ (git-ignored).
+BUILD   ?= $(CURDIR)/.build
+VENV    ?= $(BUILD)/venv
+PYTHON  ?= python3
+
+.PHONY: check-generated test test-deps test-pgtap test-python venv
+
+check-generated:
+	@cat $(SRC) | cmp -s - $(GENERATED) || { echo "$(GENERATED) is stale: run make and commit it" >&2; exit 1; }
+
+# Debian packages the tests need: pgTAP for this server's major version, pg_prove.
+test-deps:
+	@scripts/install-test-deps $(PG_CONFIG)
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+# The one command: tools, install, a throwaway cluster, pgTAP then pytest, cluster stopped.
+test: check-generated test-deps venv
+	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
+	PG_CONFIG=$(PG_CONFIG) VENV=$(VENV) scripts/run-tests $(BUILD)/test-cluster
+
+# Against a database that has pgTAP available: make test-pgtap DATABASE_URL=...
+test-pgtap:
+	pg_prove --ext .sql -d "$(DATABASE_URL)" pgtap/
+
+test-python: venv
+	cd $(CURDIR) && $(VENV)/bin/pytest -q tests

@@ -1,0 +1,57 @@
+-- pgtap/000_catalog.sql: the catalog lint. The style rules of the SQL layer as
+-- failing tests: every function pins search_path, none is SECURITY DEFINER,
+-- functions that change data are not executable by PUBLIC, user data is dumped.
+\set ON_ERROR_STOP true
+BEGIN;
+SELECT plan(9);
+
+SELECT has_schema('treadle');
+SELECT columns_are('treadle', 'jobs', ARRAY[
+    'id', 'queue', 'name', 'args', 'state', 'priority', 'run_at', 'attempt', 'max_attempts',
+    'lease_until', 'lease_token', 'worker_id', 'idempotency_key', 'result', 'last_error',
+    'created_at', 'finished_at', 'workflow_run_id', 'step',
+    'every', 'next_id', 'cancel_requested', 'started_at', 'failed_at', 'errors', 'progress',
+    'progress_message'], 'treadle.jobs has the contract columns, then its own');
+SELECT results_eq(
+    $$ SELECT attname::text COLLATE "default" FROM pg_attribute
+        WHERE attrelid = 'treadle.jobs'::regclass AND attnum > 0 AND NOT attisdropped
+        ORDER BY attnum LIMIT 19 $$,
+    ARRAY['id', 'queue', 'name', 'args', 'state', 'priority', 'run_at', 'attempt', 'max_attempts',
+          'lease_until', 'lease_token', 'worker_id', 'idempotency_key', 'result', 'last_error',
+          'created_at', 'finished_at', 'workflow_run_id', 'step'],
+    'the contract columns come first, in the contract''s order');
+
+CREATE TEMP VIEW treadle_functions AS
+SELECT p.oid, p.oid::regprocedure::text AS signature, p.proname, p.proconfig, p.prosecdef, p.provolatile
+  FROM pg_catalog.pg_proc AS p
+  JOIN pg_catalog.pg_depend AS d ON d.classid = 'pg_catalog.pg_proc'::regclass
+                                 AND d.objid = p.oid AND d.deptype = 'e'
+  JOIN pg_catalog.pg_extension AS e ON e.oid = d.refobjid AND e.extname = 'treadle';
+
+SELECT isnt_empty('SELECT * FROM treadle_functions', 'the extension owns functions');
+SELECT is_empty(
+    $$ SELECT signature FROM treadle_functions
+        WHERE NOT coalesce(proconfig @> ARRAY['search_path=pg_catalog, pg_temp'], false) $$,
+    'every function pins search_path = pg_catalog, pg_temp');
+SELECT is_empty(
+    $$ SELECT signature FROM treadle_functions WHERE prosecdef $$,
+    'no function is SECURITY DEFINER');
+SELECT is_empty(
+    $$ SELECT signature FROM treadle_functions
+        WHERE provolatile = 'v'
+          AND proname NOT IN ('_backoff', '_notify')
+          AND has_function_privilege('public', oid, 'EXECUTE') $$,
+    'functions that change data are not executable by PUBLIC');
+SELECT set_eq(
+    $$ SELECT unnest(extconfig)::regclass::text FROM pg_extension WHERE extname = 'treadle' $$,
+    ARRAY['treadle.jobs', 'treadle.jobs_id_seq', 'treadle.workflow_runs',
+          'treadle.workflow_runs_id_seq', 'treadle.workflows'],
+    'tables with user data and their sequences are kept by pg_dump');
+SELECT is_empty(
+    $$ SELECT c.relname FROM pg_class AS c
+        WHERE c.relnamespace = 'treadle'::regnamespace AND c.relkind IN ('r', 'v')
+          AND has_table_privilege('public', c.oid, 'INSERT, UPDATE, DELETE') $$,
+    'PUBLIC cannot write treadle''s tables');
+
+SELECT * FROM finish();
+ROLLBACK;

@@ -1,0 +1,8 @@
+"""The `treadle` command."""
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    print("treadle", file=sys.stderr)
+    return 0

@@ -1,0 +1,213 @@
+--------------------------------------------------------------------------------
+-- treadle.enqueue(name, args, queue, priority, run_at, max_attempts,
+--                 idempotency_key, every) -> bigint
+--
+-- Transition: (none) -> available, in the caller's transaction.
+-- Returns the new job's id. With an idempotency key that a job already holds,
+-- returns that job's id (whatever its state) and inserts nothing; a caller that
+-- meets another's uncommitted insert of the key waits for it, then gets its id
+-- (commit) or inserts its own (rollback). With `every`, the job starts a
+-- periodic series (see treadle._finish_follow_up).
+-- Raises 22004: name or queue null. 22023: name or queue empty, args neither an
+-- object nor an array, max_attempts < 1, every <= 0.
+--------------------------------------------------------------------------------
+CREATE FUNCTION treadle.enqueue(
+    name            text,
+    args            jsonb       DEFAULT '{}',
+    queue           text        DEFAULT 'default',
+    priority        integer     DEFAULT 0,
+    run_at          timestamptz DEFAULT now(),
+    max_attempts    integer     DEFAULT 25,
+    idempotency_key text        DEFAULT NULL,
+    every           interval    DEFAULT NULL
+)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now  timestamptz := treadle._now();
+    v_args jsonb;
+    v_id   bigint;
+BEGIN
+    PERFORM treadle._check_text(enqueue.name, 'name');
+    PERFORM treadle._check_text(enqueue.queue, 'queue');
+    v_args := treadle._payload(enqueue.args, 'args');
+    IF enqueue.priority IS NULL THEN
+        RAISE EXCEPTION 'treadle: priority must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF enqueue.max_attempts IS NULL OR enqueue.max_attempts < 1 THEN
+        RAISE EXCEPTION 'treadle: max_attempts must be at least 1, got %', coalesce(enqueue.max_attempts::text, 'null')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM treadle._check_positive(enqueue.every, 'every');
+
+    LOOP
+        INSERT INTO treadle.jobs AS j
+            (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at)
+        VALUES
+            (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
+             enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now)
+        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        RETURNING j.id INTO v_id;
+
+        IF v_id IS NOT NULL THEN
+            IF coalesce(enqueue.run_at, v_now) <= v_now THEN
+                PERFORM treadle._notify('treadle_jobs', enqueue.queue);
+            END IF;
+            RETURN v_id;
+        END IF;
+
+        -- The key is taken: by a committed job, or by one whose insert we waited for.
+        SELECT j.id INTO v_id FROM treadle.jobs AS j WHERE j.idempotency_key = enqueue.idempotency_key;
+        IF FOUND THEN
+            RETURN v_id;
+        END IF;
+        -- The holder was deleted between the two statements: try to insert again.
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval) IS
+    'Enqueue a job in the caller''s transaction and return its id (an idempotency key returns its holder''s id).';
+
+--------------------------------------------------------------------------------
+-- treadle.enqueue_many(jobs jsonb) -> setof bigint
+--
+-- Transition: (none) -> available, for many jobs in one statement.
+-- jobs is a JSON array of objects whose keys are enqueue's argument names; a
+-- missing key takes enqueue's default, run_at is an ISO 8601 string, every an
+-- interval string ("5 minutes"). Returns the ids in input order; a key repeated
+-- in the array, or already held by a job, returns the first job's id.
+-- Raises 22004: jobs null. 22023: jobs not an array, or any element bad
+-- (not an object, an unknown key, a value of the wrong type or out of range);
+-- nothing is written then.
+--------------------------------------------------------------------------------
+CREATE FUNCTION treadle.enqueue_many(jobs jsonb)
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c_keys CONSTANT text[] := ARRAY['name', 'args', 'queue', 'priority', 'run_at', 'max_attempts',
+                                    'idempotency_key', 'every'];
+    v_now      timestamptz := treadle._now();
+    v_bad      record;
+    a_name     text[];
+    a_args     jsonb[];
+    a_queue    text[];
+    a_priority integer[];
+    a_run_at   timestamptz[];
+    a_max      integer[];
+    a_key      text[];
+    a_every    interval[];
+    v_ids      bigint[];
+    v_i        integer;
+BEGIN
+    IF jobs IS NULL THEN
+        RAISE EXCEPTION 'treadle: jobs must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF jsonb_typeof(jobs) <> 'array' THEN
+        RAISE EXCEPTION 'treadle: jobs must be a JSON array of objects, not %', jsonb_typeof(jobs)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- The shape of every element, in one pass; the first bad one is reported.
+    SELECT e.ord, e.problem INTO v_bad
+      FROM (SELECT s.ord, CASE
+                WHEN jsonb_typeof(s.spec) <> 'object' THEN 'is not an object'
+                WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(s.spec) AS k(key) WHERE k.key <> ALL (c_keys))
+                    THEN 'has a key that is not an enqueue argument'
+                WHEN jsonb_typeof(s.spec -> 'name') IS DISTINCT FROM 'string' OR btrim(s.spec ->> 'name') = ''
+                    THEN 'needs a non-empty string "name"'
+                WHEN s.spec ? 'queue' AND (jsonb_typeof(s.spec -> 'queue') <> 'string' OR btrim(s.spec ->> 'queue') = '')
+                    THEN 'has a "queue" that is not a non-empty string'
+                WHEN s.spec ? 'args' AND jsonb_typeof(s.spec -> 'args') <> ALL (ARRAY['object', 'array', 'null'])
+                    THEN 'has "args" that are neither an object nor an array'
+                WHEN s.spec ? 'priority' AND NOT treadle._is_int(s.spec -> 'priority', -2147483648, 2147483647)
+                    THEN 'has a "priority" that is not an integer'
+                WHEN s.spec ? 'max_attempts' AND NOT treadle._is_int(s.spec -> 'max_attempts', 1, 2147483647)
+                    THEN 'has a "max_attempts" that is not an integer of at least 1'
+                WHEN s.spec ? 'run_at' AND jsonb_typeof(s.spec -> 'run_at') <> ALL (ARRAY['string', 'null'])
+                    THEN 'has a "run_at" that is not an ISO 8601 string'
+                WHEN s.spec ? 'idempotency_key' AND jsonb_typeof(s.spec -> 'idempotency_key') <> ALL (ARRAY['string', 'null'])
+                    THEN 'has an "idempotency_key" that is not a string'
+                WHEN s.spec ? 'every' AND jsonb_typeof(s.spec -> 'every') <> ALL (ARRAY['string', 'null'])
+                    THEN 'has an "every" that is not an interval string'
+                END AS problem
+              FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord)) AS e
+     WHERE e.problem IS NOT NULL
+     ORDER BY e.ord
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'treadle: jobs element % %', v_bad.ord - 1, v_bad.problem
+            USING ERRCODE = 'invalid_parameter_value', DETAIL = 'Elements are counted from 0.';
+    END IF;
+
+    -- Typed columns; a malformed time or interval text raises here.
+    BEGIN
+        SELECT array_agg(s.spec ->> 'name' ORDER BY s.ord),
+               array_agg(coalesce(nullif(s.spec -> 'args', 'null'::jsonb), '{}'::jsonb) ORDER BY s.ord),
+               array_agg(coalesce(s.spec ->> 'queue', 'default') ORDER BY s.ord),
+               array_agg(coalesce((s.spec ->> 'priority')::integer, 0) ORDER BY s.ord),
+               array_agg(coalesce((s.spec ->> 'run_at')::timestamptz, v_now) ORDER BY s.ord),
+               array_agg(coalesce((s.spec ->> 'max_attempts')::integer, 25) ORDER BY s.ord),
+               array_agg(s.spec ->> 'idempotency_key' ORDER BY s.ord),
+               array_agg((s.spec ->> 'every')::interval ORDER BY s.ord)
+          INTO a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every
+          FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord);
+    EXCEPTION WHEN data_exception THEN
+        RAISE EXCEPTION 'treadle: jobs has a bad run_at or every: %', SQLERRM
+            USING ERRCODE = 'invalid_parameter_value';
+    END;
+    IF EXISTS (SELECT 1 FROM unnest(a_every) AS e(every) WHERE e.every <= interval '0') THEN
+        RAISE EXCEPTION 'treadle: jobs has an "every" that is not positive'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF a_name IS NULL THEN
+        RETURN;  -- an empty array
+    END IF;
+
+    -- One INSERT for all rows. Ids are drawn first so that each input row knows its
+    -- own; a keyed row that is not inserted maps to the job holding its key.
+    WITH input AS (
+        SELECT i.*, nextval('treadle.jobs_id_seq'::regclass) AS new_id
+          FROM unnest(a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every)
+               WITH ORDINALITY AS i(name, args, queue, priority, run_at, max_attempts, idempotency_key, every, ord)
+    ), inserted AS (
+        INSERT INTO treadle.jobs AS j
+            (id, queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at)
+        SELECT i.new_id, i.queue, i.name, i.args, i.priority, i.run_at, i.max_attempts,
+               i.idempotency_key, i.every, v_now
+          FROM input AS i
+         ORDER BY i.ord
+        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        RETURNING j.id, j.idempotency_key
+    )
+    SELECT array_agg(coalesce(
+               (SELECT n.id FROM inserted AS n WHERE n.id = i.new_id),
+               (SELECT n.id FROM inserted AS n WHERE n.idempotency_key = i.idempotency_key),
+               (SELECT j.id FROM treadle.jobs AS j WHERE j.idempotency_key = i.idempotency_key))
+           ORDER BY i.ord)
+      INTO v_ids
+      FROM input AS i;
+
+    -- A key whose holder committed while this statement waited is not in its snapshot:
+    -- look it up again with a fresh one.
+    FOR v_i IN 1 .. cardinality(v_ids) LOOP
+        IF v_ids[v_i] IS NULL THEN
+            v_ids[v_i] := treadle.enqueue(a_name[v_i], a_args[v_i], a_queue[v_i], a_priority[v_i],
+                                          a_run_at[v_i], a_max[v_i], a_key[v_i], a_every[v_i]);
+        END IF;
+    END LOOP;
+
+    PERFORM treadle._notify('treadle_jobs', q.queue)
+       FROM (SELECT DISTINCT u.queue FROM unnest(a_queue, a_run_at) AS u(queue, run_at) WHERE u.run_at <= v_now) AS q;
+
+    RETURN QUERY SELECT u.id FROM unnest(v_ids) WITH ORDINALITY AS u(id, ord) ORDER BY u.ord;
+END;
+$$;
+COMMENT ON FUNCTION treadle.enqueue_many(jsonb) IS
+    'Enqueue a JSON array of jobs in one statement; returns their ids in input order.';

@@ -1,0 +1,197 @@
+--------------------------------------------------------------------------------
+-- treadle.claim(worker_id, queues, names, batch, lease) -> setof treadle.jobs
+--
+-- Transition: available | retryable (run_at <= now) -> running.
+-- Claims up to `batch` due jobs from `queues` (only those named in `names`, when
+-- given), in priority, run_at, id order, with FOR UPDATE SKIP LOCKED: concurrent
+-- claimers never receive the same job. Each claimed job gets attempt + 1, a lease
+-- until now + lease, the worker id and a fresh random lease token, which every
+-- later write by the worker must name. Returns the claimed rows.
+-- Each (queue[, name]) pair is read from its own index range, so a backlog of
+-- jobs whose names the claimer does not handle is never walked past.
+-- Raises 22004: worker_id or queues null. 22023: worker_id empty; queues empty
+-- or with an empty name; names empty or with an empty name; batch outside
+-- 1..1000; lease <= 0.
+--------------------------------------------------------------------------------
+CREATE FUNCTION treadle.claim(
+    worker_id text,
+    queues    text[]   DEFAULT ARRAY['default'],
+    names     text[]   DEFAULT NULL,
+    batch     integer  DEFAULT 1,
+    lease     interval DEFAULT '30 seconds'
+)
+RETURNS SETOF treadle.jobs
+LANGUAGE plpgsql
+VOLATILE
+ROWS 10
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := treadle._now();
+BEGIN
+    PERFORM treadle._check_text(claim.worker_id, 'worker_id');
+    PERFORM treadle._check_names(claim.queues, 'queues');
+    IF claim.names IS NOT NULL THEN
+        PERFORM treadle._check_names(claim.names, 'names');
+    END IF;
+    IF claim.batch IS NULL OR claim.batch NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'treadle: batch must be between 1 and 1000, got %', coalesce(claim.batch::text, 'null')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF claim.lease IS NULL THEN
+        RAISE EXCEPTION 'treadle: lease must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM treadle._check_positive(claim.lease, 'lease');
+
+    IF claim.names IS NULL THEN
+        RETURN QUERY
+        WITH candidates AS (
+            SELECT c.id
+              FROM (SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q)) AS u
+             CROSS JOIN LATERAL (
+                    SELECT j.id, j.priority, j.run_at
+                      FROM treadle.jobs AS j
+                     WHERE j.queue = u.q
+                       AND j.state = ANY (ARRAY['available', 'retryable'])
+                       AND j.run_at <= v_now
+                     ORDER BY j.priority, j.run_at, j.id
+                     LIMIT claim.batch
+                       FOR UPDATE SKIP LOCKED) AS c
+             ORDER BY c.priority, c.run_at, c.id
+             LIMIT claim.batch
+        )
+        UPDATE treadle.jobs AS j
+           SET state = 'running',
+               attempt = j.attempt + 1,
+               lease_until = v_now + claim.lease,
+               lease_token = gen_random_uuid(),
+               worker_id = claim.worker_id,
+               started_at = v_now,
+               progress = NULL,
+               progress_message = NULL
+          FROM candidates AS c
+         WHERE j.id = c.id
+        RETURNING j.*;
+    ELSE
+        RETURN QUERY
+        WITH candidates AS (
+            SELECT c.id
+              FROM (SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q)) AS u
+             CROSS JOIN (SELECT DISTINCT n.n FROM unnest(claim.names) AS n(n)) AS n
+             CROSS JOIN LATERAL (
+                    SELECT j.id, j.priority, j.run_at
+                      FROM treadle.jobs AS j
+                     WHERE j.queue = u.q
+                       AND j.name = n.n
+                       AND j.state = ANY (ARRAY['available', 'retryable'])
+                       AND j.run_at <= v_now
+                     ORDER BY j.priority, j.run_at, j.id
+                     LIMIT claim.batch
+                       FOR UPDATE SKIP LOCKED) AS c
+             ORDER BY c.priority, c.run_at, c.id
+             LIMIT claim.batch
+        )
+        UPDATE treadle.jobs AS j
+           SET state = 'running',
+               attempt = j.attempt + 1,
+               lease_until = v_now + claim.lease,
+               lease_token = gen_random_uuid(),
+               worker_id = claim.worker_id,
+               started_at = v_now,
+               progress = NULL,
+               progress_message = NULL
+          FROM candidates AS c
+         WHERE j.id = c.id
+        RETURNING j.*;
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle.claim(text, text[], text[], integer, interval) IS
+    'Claim up to batch due jobs (available or retryable -> running) with a fresh lease token each.';
+
+--------------------------------------------------------------------------------
+-- treadle.heartbeat(job_id, lease_token, lease) -> text
+--
+-- Transition: none (running stays running; the lease moves to now + lease).
+-- Returns 'held', 'cancel' (held, and a cancel was requested: abort the handler)
+-- or 'lost' (the token no longer holds the job). An expired lease that nobody
+-- took over is still held.
+-- Raises 22004: job_id, lease_token or lease null. 22023: lease <= 0.
+--------------------------------------------------------------------------------
+CREATE FUNCTION treadle.heartbeat(
+    job_id      bigint,
+    lease_token uuid,
+    lease       interval DEFAULT '30 seconds'
+)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_cancel boolean;
+BEGIN
+    PERFORM treadle._check_lease_args(heartbeat.job_id, heartbeat.lease_token);
+    IF heartbeat.lease IS NULL THEN
+        RAISE EXCEPTION 'treadle: lease must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM treadle._check_positive(heartbeat.lease, 'lease');
+
+    UPDATE treadle.jobs AS j
+       SET lease_until = treadle._now() + heartbeat.lease
+     WHERE j.id = heartbeat.job_id
+       AND j.state = 'running'
+       AND j.lease_token = heartbeat.lease_token
+    RETURNING j.cancel_requested INTO v_cancel;
+
+    IF NOT FOUND THEN
+        RETURN 'lost';
+    END IF;
+    RETURN CASE WHEN v_cancel THEN 'cancel' ELSE 'held' END;
+END;
+$$;
+COMMENT ON FUNCTION treadle.heartbeat(bigint, uuid, interval) IS
+    'Extend a running job''s lease; returns held, cancel or lost.';
+
+--------------------------------------------------------------------------------
+-- treadle.progress(job_id, lease_token, fraction, message) -> boolean
+--
+-- Transition: none; records how far a running job has come (0..1, and a note),
+-- shown by the views. Returns false when the token no longer holds the job.
+-- Raises 22004: job_id, lease_token or fraction null. 22023: fraction outside 0..1.
+--------------------------------------------------------------------------------
+CREATE FUNCTION treadle.progress(
+    job_id      bigint,
+    lease_token uuid,
+    fraction    double precision,
+    message     text DEFAULT NULL
+)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM treadle._check_lease_args(progress.job_id, progress.lease_token);
+    IF progress.fraction IS NULL THEN
+        RAISE EXCEPTION 'treadle: fraction must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT (progress.fraction BETWEEN 0 AND 1) THEN
+        RAISE EXCEPTION 'treadle: fraction must be between 0 and 1, got %', progress.fraction
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    UPDATE treadle.jobs AS j
+       SET progress = progress.fraction,
+           progress_message = progress.message
+     WHERE j.id = progress.job_id
+       AND j.state = 'running'
+       AND j.lease_token = progress.lease_token;
+    RETURN FOUND;
+END;
+$$;
+COMMENT ON FUNCTION treadle.progress(bigint, uuid, double precision, text) IS
+    'Record a running job''s progress (0..1) and a message; false when the lease is lost.';

@@ -1,0 +1,344 @@
+--------------------------------------------------------------------------------
+-- Finishing. Every path that moves a job out of `running` or `available` into a
+-- new state calls treadle._follow_up with the rows it changed, in the same
+-- transaction, so a periodic job's next occurrence, a workflow's next step and a
+-- run's state commit together with the job's own state, or not at all.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._advance_run(step treadle.jobs) -> void
+--
+-- A workflow step reached `step.state`:
+--   completed: its result joins the run's results; the next step is enqueued,
+--              or the run becomes completed after the last step;
+--   discarded: the run becomes failed;  cancelled: the run becomes cancelled.
+-- Only a running run moves. Locks the run after the job (the order every path keeps).
+--------------------------------------------------------------------------------
+CREATE FUNCTION treadle._advance_run(step treadle.jobs)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now   timestamptz := treadle._now();
+    v_run   treadle.workflow_runs;
+    v_index integer;
+BEGIN
+    SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = step.workflow_run_id FOR UPDATE;
+    IF NOT FOUND OR v_run.state <> 'running' THEN
+        RETURN;
+    END IF;
+
+    IF step.state = 'completed' THEN
+        v_index := array_position(v_run.steps, step.step);
+        IF v_index < cardinality(v_run.steps) THEN
+            UPDATE treadle.workflow_runs AS r
+               SET results = r.results || jsonb_build_object(step.step, step.result)
+             WHERE r.id = v_run.id;
+            INSERT INTO treadle.jobs
+                (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+            VALUES
+                (v_run.queue, 'workflow:' || v_run.name, '{}', v_run.priority, v_now, v_run.max_attempts,
+                 v_now, v_run.id, v_run.steps[v_index + 1]);
+            PERFORM treadle._notify('treadle_jobs', v_run.queue);
+        ELSE
+            UPDATE treadle.workflow_runs AS r
+               SET results = r.results || jsonb_build_object(step.step, step.result),
+                   state = 'completed',
+                   finished_at = v_now
+             WHERE r.id = v_run.id;
+        END IF;
+    ELSIF step.state = 'discarded' THEN
+        UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now WHERE r.id = v_run.id;
+    ELSIF step.state = 'cancelled' THEN
+        UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now WHERE r.id = v_run.id;
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._advance_run(treadle.jobs) IS
+    'Move a workflow run on after one of its steps changed state.';
+
+--------------------------------------------------------------------------------
+-- treadle._follow_up(done treadle.jobs[]) -> void
+--
+-- What follows from jobs that just changed state (rows as they are now):
+--   a periodic occurrence that completed or was discarded inserts the series'
+--   next one at finished_at + every, once (next_id records it, so a retried
+--   occurrence never starts a second one); a cancelled occurrence ends the series;
+--   a workflow step moves its run (treadle._advance_run);
+--   listeners of channel treadle_done hear each queue where jobs finished.
+--------------------------------------------------------------------------------
+CREATE FUNCTION treadle._follow_up(done treadle.jobs[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job  treadle.jobs;
+    v_next bigint;
+BEGIN
+    FOR v_job IN
+        SELECT d.* FROM unnest(done) AS d
+         WHERE d.workflow_run_id IS NOT NULL
+            OR (d.every IS NOT NULL AND d.state = ANY (ARRAY['completed', 'discarded']))
+         ORDER BY d.id
+    LOOP
+        IF v_job.every IS NOT NULL AND v_job.state = ANY (ARRAY['completed', 'discarded']) THEN
+            UPDATE treadle.jobs AS j
+               SET next_id = nextval('treadle.jobs_id_seq'::regclass)
+             WHERE j.id = v_job.id AND j.next_id IS NULL
+            RETURNING j.next_id INTO v_next;
+            IF FOUND THEN
+                INSERT INTO treadle.jobs
+                    (id, queue, name, args, priority, run_at, max_attempts, every, created_at)
+                VALUES
+                    (v_next, v_job.queue, v_job.name, v_job.args, v_job.priority,
+                     v_job.finished_at + v_job.every, v_job.max_attempts, v_job.every, treadle._now());
+            END IF;
+        END IF;
+        IF v_job.workflow_run_id IS NOT NULL THEN
+            PERFORM treadle._advance_run(v_job);
+        END IF;
+    END LOOP;
+
+    PERFORM treadle._notify('treadle_done', q.queue)
+       FROM (SELECT DISTINCT d.queue FROM unnest(done) AS d
+              WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])) AS q;
+END;
+$$;
+COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
+    'Insert periodic successors, advance workflow runs and notify, for jobs that just changed state.';
+
+--------------------------------------------------------------------------------
+-- treadle.complete(job_id, lease_token, result) -> text
+--
+-- Transition: running -> completed, or -> cancelled when a cancel was requested
+-- while it ran (the result is stored either way). Returns the new state, or null
+-- when the token no longer holds the job (re-claimed, rescued, finished). An
+-- expired lease that nobody took over still holds. A periodic job's next
+-- occurrence and a workflow's next step are written by the same call.
+-- Raises 22004: job_id or lease_token null.
+--------------------------------------------------------------------------------
+CREATE FUNCTION treadle.complete(
+    job_id      bigint,
+    lease_token uuid,
+    result      jsonb DEFAULT NULL
+)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_job treadle.jobs;
+BEGIN
+    PERFORM treadle._check_lease_args(complete.job_id, complete.lease_token);
+
+    UPDATE treadle.jobs AS j
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
+           result = complete.result,
+           finished_at = treadle._now(),
+           lease_until = NULL,
+           lease_token = NULL
+     WHERE j.id = complete.job_id
+       AND j.state = 'running'
+       AND j.lease_token = complete.lease_token
+    RETURNING j.* INTO v_job;
+
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    PERFORM treadle._follow_up(ARRAY[v_job]);
+    RETURN v_job.state;
+END;
+$$;
+COMMENT ON FUNCTION treadle.complete(bigint, uuid, jsonb) IS
+    'Finish a running job (running -> completed, or cancelled if requested); null when the lease is lost.';
+
+--------------------------------------------------------------------------------
+-- treadle.complete_many(job_ids, lease_tokens, results) -> table(job_id, state)
+--
+-- Transition: as treadle.complete, for many jobs in one statement. Returns one
+-- row per input, in input order; state is null where the token no longer holds
+-- the job. results, when given, pairs with job_ids by position.
+-- Raises 22004: job_ids or lease_tokens null. 22023: arrays of different lengths.
+--------------------------------------------------------------------------------
+CREATE FUNCTION treadle.complete_many(
+    job_ids      bigint[],
+    lease_tokens uuid[],
+    results      jsonb[] DEFAULT NULL
+)
+RETURNS TABLE (job_id bigint, state text)
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now  timestamptz := treadle._now();
+    v_ords   bigint[];
+    v_states text[];
+    v_done   treadle.jobs[];
+BEGIN
+    IF complete_many.job_ids IS NULL OR complete_many.lease_tokens IS NULL THEN
+        RAISE EXCEPTION 'treadle: job_ids and lease_tokens must not be null'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF cardinality(complete_many.job_ids) <> cardinality(complete_many.lease_tokens)
+       OR cardinality(complete_many.job_ids) <> coalesce(cardinality(complete_many.results),
+                                                          cardinality(complete_many.job_ids)) THEN
+        RAISE EXCEPTION 'treadle: job_ids, lease_tokens and results must have the same length'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    WITH input AS (
+        SELECT i.id, i.token, i.ord
+          FROM unnest(complete_many.job_ids, complete_many.lease_tokens) WITH ORDINALITY AS i(id, token, ord)
+    ), done AS (
+        UPDATE treadle.jobs AS j
+           SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
+               result = complete_many.results[i.ord],
+               finished_at = v_now,
+               lease_until = NULL,
+               lease_token = NULL
+          FROM input AS i
+         WHERE j.id = i.id
+           AND j.state = 'running'
+           AND j.lease_token = i.token
+        RETURNING i.ord, j AS job
+    )
+    SELECT array_agg(d.ord), array_agg((d.job).state), array_agg(d.job)
+      INTO v_ords, v_states, v_done
+      FROM done AS d;
+
+    IF v_done IS NOT NULL THEN
+        PERFORM treadle._follow_up(v_done);
+    END IF;
+
+    RETURN QUERY
+    SELECT i.id, d.state
+      FROM unnest(complete_many.job_ids) WITH ORDINALITY AS i(id, ord)
+      LEFT JOIN unnest(v_ords, v_states) AS d(ord, state) ON d.ord = i.ord
+     ORDER BY i.ord;
+END;
+$$;
+COMMENT ON FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[]) IS
+    'Finish many running jobs in one statement; one (job_id, state) row per input, state null when stale.';
+
+--------------------------------------------------------------------------------
+-- treadle.fail(job_id, lease_token, error, retry_in) -> text
+--
+-- Transition: running -> retryable (run_at = now + retry_in, or the default
+-- backoff when retry_in is null), -> discarded when attempt >= max_attempts,
+-- -> cancelled when a cancel was requested. The error is kept in last_error and
+-- appended to errors. Returns the new state, or null when the token no longer
+-- holds the job.
+-- Raises 22004: job_id or lease_token null. 22023: retry_in negative.
+--------------------------------------------------------------------------------
+CREATE FUNCTION treadle.fail(
+    job_id      bigint,
+    lease_token uuid,
+    error       text,
+    retry_in    interval DEFAULT NULL
+)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now   timestamptz := treadle._now();
+    v_error text := coalesce(fail.error, '(no error message)');
+    v_job   treadle.jobs;
+BEGIN
+    PERFORM treadle._check_lease_args(fail.job_id, fail.lease_token);
+    IF fail.retry_in < interval '0' THEN
+        RAISE EXCEPTION 'treadle: retry_in must not be negative, got %', fail.retry_in
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    UPDATE treadle.jobs AS j
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
+                        WHEN j.attempt >= j.max_attempts THEN 'discarded'
+                        ELSE 'retryable' END,
+           run_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN j.run_at
+                         ELSE v_now + coalesce(fail.retry_in, treadle._backoff(j.attempt)) END,
+           finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN v_now END,
+           lease_until = NULL,
+           lease_token = NULL,
+           last_error = v_error,
+           failed_at = v_now,
+           errors = treadle._append_error(j.errors, j.attempt, v_now, v_error)
+     WHERE j.id = fail.job_id
+       AND j.state = 'running'
+       AND j.lease_token = fail.lease_token
+    RETURNING j.* INTO v_job;
+
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    PERFORM treadle._follow_up(ARRAY[v_job]);
+    RETURN v_job.state;
+END;
+$$;
+COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval) IS
+    'Record a failed attempt (running -> retryable, discarded or cancelled); null when the lease is lost.';
+
+--------------------------------------------------------------------------------
+-- treadle.rescue() -> integer
+--
+-- Transition: running with an expired lease -> retryable with run_at = now (the
+-- worker died; the job did not fail, so no backoff), -> discarded when its
+-- attempts are spent, -> cancelled when a cancel was requested. Returns how many
+-- jobs it moved. Safe from many sessions at once: each job is counted once.
+--------------------------------------------------------------------------------
+CREATE FUNCTION treadle.rescue()
+RETURNS integer
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now  timestamptz := treadle._now();
+    v_done treadle.jobs[];
+BEGIN
+    WITH expired AS (
+        SELECT j.id
+          FROM treadle.jobs AS j
+         WHERE j.state = 'running'
+           AND j.lease_until < v_now
+           FOR UPDATE SKIP LOCKED
+    ), done AS (
+        UPDATE treadle.jobs AS j
+           SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
+                            WHEN j.attempt >= j.max_attempts THEN 'discarded'
+                            ELSE 'retryable' END,
+               run_at = v_now,
+               finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN v_now END,
+               lease_until = NULL,
+               lease_token = NULL,
+               last_error = 'lease expired: worker ' || j.worker_id || ' stopped heartbeating',
+               failed_at = v_now,
+               errors = treadle._append_error(j.errors, j.attempt, v_now,
+                                              'lease expired: worker ' || j.worker_id || ' stopped heartbeating')
+          FROM expired AS e
+         WHERE j.id = e.id
+        RETURNING j.*
+    )
+    SELECT array_agg(d) INTO v_done FROM done AS d;
+
+    IF v_done IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM treadle._follow_up(v_done);
+    PERFORM treadle._notify('treadle_jobs', q.queue)
+       FROM (SELECT DISTINCT d.queue FROM unnest(v_done) AS d WHERE d.state = 'retryable') AS q;
+    RETURN cardinality(v_done);
+END;
+$$;
+COMMENT ON FUNCTION treadle.rescue() IS
+    'Return running jobs whose lease expired to the queue (or discard/cancel them); returns how many.';

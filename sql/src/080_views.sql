@@ -1,0 +1,70 @@
+--------------------------------------------------------------------------------
+-- Views: the read interface for dashboards and monitoring.
+--------------------------------------------------------------------------------
+
+-- One row per queue and state present, with the age of the queue's oldest
+-- claimable job (null when it has none): a growing age is the first sign of trouble.
+CREATE VIEW treadle.queue_stats AS
+WITH counts AS (
+    SELECT j.queue, j.state, count(*) AS jobs
+      FROM treadle.jobs AS j
+     GROUP BY j.queue, j.state
+), ages AS (
+    SELECT j.queue, treadle._now() - min(j.run_at) AS oldest_available_age
+      FROM treadle.jobs AS j
+     WHERE j.state = ANY (ARRAY['available', 'retryable'])
+       AND j.run_at <= treadle._now()
+     GROUP BY j.queue
+)
+SELECT c.queue, c.state, c.jobs, a.oldest_available_age
+  FROM counts AS c
+  LEFT JOIN ages AS a ON a.queue = c.queue
+ ORDER BY c.queue, c.state;
+COMMENT ON VIEW treadle.queue_stats IS
+    'Jobs per queue and state, with the age of each queue''s oldest claimable job.';
+
+-- Jobs finished per minute over the last hour, every minute present.
+CREATE VIEW treadle.throughput AS
+SELECT m.minute,
+       count(*) FILTER (WHERE j.state = 'completed') AS completed,
+       count(*) FILTER (WHERE j.state = 'discarded') AS discarded
+  FROM generate_series(date_trunc('minute', treadle._now()) - interval '59 minutes',
+                       date_trunc('minute', treadle._now()),
+                       interval '1 minute') AS m(minute)
+  LEFT JOIN treadle.jobs AS j
+    ON j.finished_at >= m.minute
+   AND j.finished_at < m.minute + interval '1 minute'
+   AND j.state = ANY (ARRAY['completed', 'discarded'])
+ GROUP BY m.minute
+ ORDER BY m.minute;
+COMMENT ON VIEW treadle.throughput IS
+    'Completed and discarded jobs per minute over the last hour.';
+
+-- Jobs that failed and will retry, or were discarded, newest failure first.
+CREATE VIEW treadle.recent_failures AS
+SELECT j.id, j.queue, j.name, j.state, j.attempt, j.max_attempts, j.last_error, j.failed_at,
+       j.workflow_run_id, j.step
+  FROM treadle.jobs AS j
+ WHERE j.state = ANY (ARRAY['retryable', 'discarded'])
+   AND j.last_error IS NOT NULL
+ ORDER BY j.failed_at DESC, j.id DESC;
+COMMENT ON VIEW treadle.recent_failures IS
+    'Retryable and discarded jobs with an error, newest failure first.';
+
+-- Workflow runs with their current step and how far they have come.
+CREATE VIEW treadle.workflow_run_overview AS
+SELECT r.id, r.name, r.state,
+       cur.step AS current_step,
+       (SELECT count(*) FROM jsonb_object_keys(r.results))::integer AS steps_done,
+       cardinality(r.steps) AS steps_total,
+       r.created_at, r.finished_at,
+       r.steps, r.input
+  FROM treadle.workflow_runs AS r
+  LEFT JOIN LATERAL (
+        SELECT j.step FROM treadle.jobs AS j
+         WHERE j.workflow_run_id = r.id
+         ORDER BY j.id DESC
+         LIMIT 1) AS cur ON true
+ ORDER BY r.id DESC;
+COMMENT ON VIEW treadle.workflow_run_overview IS
+    'Workflow runs: state, current step, steps done of total.';

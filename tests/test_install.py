@@ -1,0 +1,15 @@
+"""The extension installs, drops and installs again in a database of a real server."""
+
+import psycopg
+
+
+def test_drop_and_create_again(conn: psycopg.Connection) -> None:
+    assert conn.execute("select treadle.version()").fetchone() == ("0.1.0",)
+    conn.execute("drop extension treadle")
+    leftover = conn.execute(
+        "select count(*) from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = 'treadle'"
+    ).fetchone()
+    assert leftover == (0,)
+    conn.execute("create extension treadle")
+    job = conn.execute("select treadle.enqueue('x')").fetchone()
+    assert job is not None and job[0] >= 1
