@@ -1476,6 +1476,106 @@ $$;
 COMMENT ON FUNCTION treadle.workflow_results(bigint) IS
     'A workflow run''s step results keyed by step name; null for an unknown run.';
 --------------------------------------------------------------------------------
+-- Workers: a registry of live worker processes, for dashboards and monitoring.
+-- It is advisory: leases, not this table, decide who holds a job. A worker
+-- reports itself every few seconds; one that stops reporting drops out of
+-- treadle.live_workers. Rows are not user data (not dumped).
+--------------------------------------------------------------------------------
+
+CREATE TABLE treadle.workers (
+    id          text        PRIMARY KEY,
+    host        text        NOT NULL,
+    pid         integer     NOT NULL,
+    queues      text[]      NOT NULL,
+    running     integer     NOT NULL DEFAULT 0,  -- jobs running, as the worker last said
+    concurrency integer     NOT NULL,
+    started_at  timestamptz NOT NULL,
+    last_seen   timestamptz NOT NULL,
+    CONSTRAINT workers_id_check CHECK (id <> '')
+);
+
+--------------------------------------------------------------------------------
+-- treadle.worker_seen(worker_id, host, pid, queues, concurrency, running) -> void
+--
+-- Transition: records (or refreshes) a live worker process and how many jobs it
+-- is running now.
+-- Raises 22004: worker_id, host, pid or queues null. 22023: worker_id empty,
+-- queues empty, concurrency < 1, running < 0.
+--------------------------------------------------------------------------------
+CREATE FUNCTION treadle.worker_seen(
+    worker_id   text,
+    host        text,
+    pid         integer,
+    queues      text[],
+    concurrency integer,
+    running     integer DEFAULT 0
+)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := treadle._now();
+BEGIN
+    PERFORM treadle._check_text(worker_seen.worker_id, 'worker_id');
+    PERFORM treadle._check_names(worker_seen.queues, 'queues');
+    IF worker_seen.host IS NULL OR worker_seen.pid IS NULL THEN
+        RAISE EXCEPTION 'treadle: host and pid must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF worker_seen.concurrency IS NULL OR worker_seen.concurrency < 1
+       OR worker_seen.running IS NULL OR worker_seen.running < 0 THEN
+        RAISE EXCEPTION 'treadle: concurrency must be at least 1 and running at least 0'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    INSERT INTO treadle.workers AS w (id, host, pid, queues, running, concurrency, started_at, last_seen)
+    VALUES (worker_seen.worker_id, worker_seen.host, worker_seen.pid, worker_seen.queues,
+            worker_seen.running, worker_seen.concurrency, v_now, v_now)
+    ON CONFLICT (id) DO UPDATE
+       SET host = excluded.host, pid = excluded.pid, queues = excluded.queues,
+           running = excluded.running, concurrency = excluded.concurrency, last_seen = excluded.last_seen;
+
+    -- forget processes that have been silent for a day
+    DELETE FROM treadle.workers AS w WHERE w.last_seen < v_now - interval '1 day';
+END;
+$$;
+COMMENT ON FUNCTION treadle.worker_seen(text, text, integer, text[], integer, integer) IS
+    'Record that a worker process is alive, and how many jobs it runs.';
+
+--------------------------------------------------------------------------------
+-- treadle.worker_stopped(worker_id) -> boolean
+--
+-- Transition: removes a worker that shut down cleanly. False when unknown.
+-- Raises 22004: worker_id null.
+--------------------------------------------------------------------------------
+CREATE FUNCTION treadle.worker_stopped(worker_id text)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM treadle._check_text(worker_stopped.worker_id, 'worker_id');
+    DELETE FROM treadle.workers AS w WHERE w.id = worker_stopped.worker_id;
+    RETURN FOUND;
+END;
+$$;
+COMMENT ON FUNCTION treadle.worker_stopped(text) IS 'Remove a worker that shut down cleanly.';
+
+-- Workers seen in the last 30 seconds, with the jobs they hold right now.
+CREATE VIEW treadle.live_workers AS
+SELECT w.id, w.host, w.pid, w.queues, w.concurrency,
+       (SELECT count(*) FROM treadle.jobs AS j WHERE j.state = 'running' AND j.worker_id = w.id) AS running_jobs,
+       w.started_at, w.last_seen
+  FROM treadle.workers AS w
+ WHERE w.last_seen > treadle._now() - interval '30 seconds'
+ ORDER BY w.started_at, w.id;
+COMMENT ON VIEW treadle.live_workers IS
+    'Worker processes seen in the last 30 seconds, with the jobs they hold.';
+--------------------------------------------------------------------------------
 -- Views: the read interface for dashboards and monitoring.
 --------------------------------------------------------------------------------
 
@@ -1583,6 +1683,8 @@ REVOKE ALL ON FUNCTION
     treadle.define_workflow(text, text[]),
     treadle.start_workflow(text, jsonb, text[], text, integer, integer, text),
     treadle.cancel_workflow(bigint),
+    treadle.worker_seen(text, text, integer, text[], integer, integer),
+    treadle.worker_stopped(text),
     treadle._advance_run(treadle.jobs),
     treadle._follow_up(treadle.jobs[])
 FROM PUBLIC;
@@ -1638,6 +1740,7 @@ AS $$
 BEGIN
     PERFORM treadle.grant_producer(role);
     EXECUTE format('GRANT INSERT, UPDATE ON treadle.workflows TO %s', role);
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON treadle.workers TO %s', role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION
         treadle.claim(text, text[], text[], integer, interval),
         treadle.heartbeat(bigint, uuid, interval),
@@ -1646,7 +1749,9 @@ BEGIN
         treadle.complete_many(bigint[], uuid[], jsonb[]),
         treadle.fail(bigint, uuid, text, interval),
         treadle.rescue(),
-        treadle.define_workflow(text, text[]) TO %s', role);
+        treadle.define_workflow(text, text[]),
+        treadle.worker_seen(text, text, integer, text[], integer, integer),
+        treadle.worker_stopped(text) TO %s', role);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_worker(regrole) IS
@@ -1670,9 +1775,9 @@ BEGIN
         RAISE EXCEPTION 'treadle: role and read_only must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     EXECUTE format('GRANT USAGE ON SCHEMA treadle TO %s', role);
-    EXECUTE format('GRANT SELECT ON treadle.jobs, treadle.workflow_runs, treadle.workflows,
+    EXECUTE format('GRANT SELECT ON treadle.jobs, treadle.workflow_runs, treadle.workflows, treadle.workers,
         treadle.queue_stats, treadle.throughput, treadle.recent_failures,
-        treadle.workflow_run_overview TO %s', role);
+        treadle.workflow_run_overview, treadle.live_workers TO %s', role);
     IF NOT read_only THEN
         EXECUTE format('GRANT UPDATE ON treadle.jobs, treadle.workflow_runs TO %s', role);
         EXECUTE format('GRANT EXECUTE ON FUNCTION

@@ -36,6 +36,8 @@ REVOKE ALL ON FUNCTION
     treadle.define_workflow(text, text[]),
     treadle.start_workflow(text, jsonb, text[], text, integer, integer, text),
     treadle.cancel_workflow(bigint),
+    treadle.worker_seen(text, text, integer, text[], integer, integer),
+    treadle.worker_stopped(text),
     treadle._advance_run(treadle.jobs),
     treadle._follow_up(treadle.jobs[])
 FROM PUBLIC;
@@ -91,6 +93,7 @@ AS $$
 BEGIN
     PERFORM treadle.grant_producer(role);
     EXECUTE format('GRANT INSERT, UPDATE ON treadle.workflows TO %s', role);
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON treadle.workers TO %s', role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION
         treadle.claim(text, text[], text[], integer, interval),
         treadle.heartbeat(bigint, uuid, interval),
@@ -99,7 +102,9 @@ BEGIN
         treadle.complete_many(bigint[], uuid[], jsonb[]),
         treadle.fail(bigint, uuid, text, interval),
         treadle.rescue(),
-        treadle.define_workflow(text, text[]) TO %s', role);
+        treadle.define_workflow(text, text[]),
+        treadle.worker_seen(text, text, integer, text[], integer, integer),
+        treadle.worker_stopped(text) TO %s', role);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_worker(regrole) IS
@@ -123,9 +128,9 @@ BEGIN
         RAISE EXCEPTION 'treadle: role and read_only must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     EXECUTE format('GRANT USAGE ON SCHEMA treadle TO %s', role);
-    EXECUTE format('GRANT SELECT ON treadle.jobs, treadle.workflow_runs, treadle.workflows,
+    EXECUTE format('GRANT SELECT ON treadle.jobs, treadle.workflow_runs, treadle.workflows, treadle.workers,
         treadle.queue_stats, treadle.throughput, treadle.recent_failures,
-        treadle.workflow_run_overview TO %s', role);
+        treadle.workflow_run_overview, treadle.live_workers TO %s', role);
     IF NOT read_only THEN
         EXECUTE format('GRANT UPDATE ON treadle.jobs, treadle.workflow_runs TO %s', role);
         EXECUTE format('GRANT EXECUTE ON FUNCTION

@@ -1,3 +1,61 @@
-"""treadle: background jobs and step workflows inside PostgreSQL."""
+"""treadle: background jobs and step workflows inside PostgreSQL.
+
+The producer side (`enqueue`, `start_workflow`, ...) runs on the caller's own
+connection and transaction; `Worker` claims jobs and runs Python handlers. Every
+state decision is made by the extension's SQL functions.
+
+Names are loaded on first use, so `import treadle` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    # producer side
+    "enqueue": "client",
+    "enqueue_many": "client",
+    "start_workflow": "client",
+    "cancel": "client",
+    "retry": "client",
+    "cancel_workflow": "client",
+    "get_job": "client",
+    "workflow_results": "client",
+    "version": "client",
+    "wait": "client",
+    "watch": "client",
+    # worker side
+    "Worker": "worker",
+    "Step": "worker",
+    "JobContext": "worker",
+    # data and errors
+    "Job": "models",
+    "TreadleError": "errors",
+    "InvalidArgument": "errors",
+    "ExtensionMissing": "errors",
+    "UnsupportedVersion": "errors",
+    "LeaseLost": "errors",
+    "JobCancelled": "errors",
+    "JobFailed": "errors",
+    "JobNotFound": "errors",
+    "WaitTimeout": "errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'treadle' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"treadle.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

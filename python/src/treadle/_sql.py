@@ -1,0 +1,60 @@
+"""Every SQL statement the Python package sends. Nothing else builds SQL.
+
+Each statement calls one function or reads one view of the extension; the state
+machine itself lives in the database.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# the extension versions this client speaks
+SUPPORTED_VERSIONS: Final = frozenset({"0.1.0"})
+
+VERSION: Final = "SELECT treadle.version()"
+EXTENSION_VERSION: Final = "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'treadle'"
+
+ENQUEUE: Final = """
+SELECT treadle.enqueue(
+    name => %(name)s, args => %(args)s, queue => %(queue)s, priority => %(priority)s,
+    run_at => coalesce(%(run_at)s, now()), max_attempts => %(max_attempts)s,
+    idempotency_key => %(idempotency_key)s, every => %(every)s)
+"""
+ENQUEUE_MANY: Final = "SELECT id FROM treadle.enqueue_many(%(jobs)s) AS id"
+START_WORKFLOW: Final = """
+SELECT treadle.start_workflow(
+    name => %(name)s, input => %(input)s, steps => %(steps)s, queue => %(queue)s,
+    priority => %(priority)s, max_attempts => %(max_attempts)s, idempotency_key => %(idempotency_key)s)
+"""
+DEFINE_WORKFLOW: Final = "SELECT treadle.define_workflow(%(name)s, %(steps)s)"
+CANCEL: Final = "SELECT treadle.cancel(%(job_id)s)"
+RETRY: Final = "SELECT treadle.retry(%(job_id)s)"
+CANCEL_WORKFLOW: Final = "SELECT treadle.cancel_workflow(%(run_id)s)"
+WORKFLOW_RESULTS: Final = "SELECT treadle.workflow_results(%(run_id)s)"
+GET_JOB: Final = "SELECT * FROM treadle.jobs WHERE id = %(job_id)s"
+GET_RUN: Final = "SELECT * FROM treadle.workflow_runs WHERE id = %(run_id)s"
+QUEUE_STATS: Final = "SELECT queue, state, jobs, oldest_available_age FROM treadle.queue_stats"
+
+CLAIM: Final = """
+SELECT * FROM treadle.claim(
+    worker_id => %(worker_id)s, queues => %(queues)s, names => %(names)s,
+    batch => %(batch)s, lease => %(lease)s)
+"""
+# the run input and earlier results a workflow step is called with
+STEP_CONTEXT: Final = "SELECT id, input, results FROM treadle.workflow_runs WHERE id = ANY(%(run_ids)s)"
+HEARTBEAT: Final = "SELECT treadle.heartbeat(%(job_id)s, %(lease_token)s, %(lease)s)"
+PROGRESS: Final = "SELECT treadle.progress(%(job_id)s, %(lease_token)s, %(fraction)s, %(message)s)"
+COMPLETE: Final = "SELECT treadle.complete(%(job_id)s, %(lease_token)s, %(result)s)"
+COMPLETE_MANY: Final = "SELECT job_id, state FROM treadle.complete_many(%(job_ids)s, %(lease_tokens)s, %(results)s)"
+FAIL: Final = "SELECT treadle.fail(%(job_id)s, %(lease_token)s, %(error)s, %(retry_in)s)"
+RESCUE: Final = "SELECT treadle.rescue()"
+WORKER_SEEN: Final = """
+SELECT treadle.worker_seen(%(worker_id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(running)s)
+"""
+WORKER_STOPPED: Final = "SELECT treadle.worker_stopped(%(worker_id)s)"
+
+# LISTEN/NOTIFY channels: wake-up hints whose payload is a queue name
+CHANNEL_JOBS: Final = "treadle_jobs"  # work became claimable
+CHANNEL_DONE: Final = "treadle_done"  # jobs finished
+LISTEN_JOBS: Final = "LISTEN treadle_jobs"
+LISTEN_DONE: Final = "LISTEN treadle_done"

@@ -1,0 +1,97 @@
+"""Exceptions, and the map from the extension's SQLSTATEs to them.
+
+Every bad argument the SQL layer refuses arrives as SQLSTATE 22023
+(invalid_parameter_value) or 22004 (null_value_not_allowed); the client raises
+`InvalidArgument` for both, chained to the database error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+
+
+class TreadleError(Exception):
+    """Base class of every error treadle raises."""
+
+
+class InvalidArgument(TreadleError, ValueError):
+    """An argument was refused, by the client or by the SQL layer (22023, 22004)."""
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class ExtensionMissing(TreadleError):
+    """The database has no treadle extension installed."""
+
+
+class UnsupportedVersion(TreadleError):
+    """The installed extension's version is not one this client speaks."""
+
+
+class LeaseLost(TreadleError):
+    """The job's lease token no longer holds it: another worker or a rescue took it over."""
+
+
+class JobCancelled(TreadleError):
+    """The job was cancelled (raised by `wait`, and inside handlers by `ctx.check_cancelled()`)."""
+
+    def __init__(self, job_id: int, message: str | None = None) -> None:
+        super().__init__(message or f"job {job_id} was cancelled")
+        self.job_id = job_id
+
+
+class JobFailed(TreadleError):
+    """The job was discarded after its last attempt failed; `error` is its last error."""
+
+    def __init__(self, job_id: int, error: str | None) -> None:
+        super().__init__(f"job {job_id} failed: {error}")
+        self.job_id = job_id
+        self.error = error
+
+
+class JobNotFound(TreadleError, LookupError):
+    """No job has that id."""
+
+    def __init__(self, job_id: int) -> None:
+        super().__init__(f"no job with id {job_id}")
+        self.job_id = job_id
+
+
+class WaitTimeout(TreadleError, TimeoutError):
+    """`wait` gave up before the job finished; the job itself was not touched."""
+
+    def __init__(self, job_id: int, timeout: float) -> None:
+        super().__init__(f"job {job_id} did not finish within {timeout} s")
+        self.job_id = job_id
+        self.timeout = timeout
+
+
+ARGUMENT_SQLSTATES = frozenset({"22023", "22004"})
+
+
+def translate(error: BaseException) -> BaseException:
+    """The treadle exception for a database error, or the error itself."""
+    sqlstate = getattr(error, "sqlstate", None)
+    if sqlstate in ARGUMENT_SQLSTATES:
+        diag: Any = getattr(error, "diag", None)
+        message = (diag.message_primary if diag is not None else None) or str(error)
+        return InvalidArgument(message, sqlstate)
+    return error
+
+
+@contextmanager
+def mapped_errors() -> Iterator[None]:
+    """Re-raise the SQL layer's argument errors as `InvalidArgument`."""
+    try:
+        yield
+    except psycopg.Error as error:
+        mapped = translate(error)
+        if mapped is error:
+            raise
+        raise mapped from error

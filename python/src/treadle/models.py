@@ -1,0 +1,56 @@
+"""Plain data the client returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+JobState = Literal["available", "running", "retryable", "completed", "discarded", "cancelled"]
+RunState = Literal["running", "completed", "failed", "cancelled"]
+
+JOB_STATES: tuple[str, ...] = ("available", "running", "retryable", "completed", "discarded", "cancelled")
+FINISHED_STATES: frozenset[str] = frozenset({"completed", "discarded", "cancelled"})
+
+
+@dataclass(frozen=True)
+class Job:
+    """One row of treadle.jobs."""
+
+    id: int
+    queue: str
+    name: str
+    args: Any
+    state: JobState
+    priority: int
+    run_at: datetime
+    attempt: int
+    max_attempts: int
+    lease_until: datetime | None
+    lease_token: Any
+    worker_id: str | None
+    idempotency_key: str | None
+    result: Any
+    last_error: str | None
+    created_at: datetime
+    finished_at: datetime | None
+    workflow_run_id: int | None
+    step: str | None
+    every: timedelta | None = None
+    next_id: int | None = None
+    cancel_requested: bool = False
+    started_at: datetime | None = None
+    failed_at: datetime | None = None
+    errors: Any = None
+    progress: float | None = None
+    progress_message: str | None = None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> "Job":
+        """Build from a dict row of treadle.jobs; columns added by later versions are ignored."""
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in row.items() if k in known})
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINISHED_STATES
