@@ -342,3 +342,50 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.rescue() IS
     'Return running jobs whose lease expired to the queue (or discard/cancel them); returns how many.';
+
+--------------------------------------------------------------------------------
+-- treadle.release(job_id, lease_token) -> text
+--
+-- Transition: running -> available now, giving back the attempt its claim took
+-- (a worker shutting down hands over work it did not start or cannot finish);
+-- -> cancelled when a cancel was requested. Returns the new state, or null when
+-- the token no longer holds the job.
+-- Raises 22004: job_id or lease_token null.
+--------------------------------------------------------------------------------
+CREATE FUNCTION treadle.release(job_id bigint, lease_token uuid)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := treadle._now();
+    v_job treadle.jobs;
+BEGIN
+    PERFORM treadle._check_lease_args(release.job_id, release.lease_token);
+
+    UPDATE treadle.jobs AS j
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'available' END,
+           attempt = CASE WHEN j.cancel_requested THEN j.attempt ELSE greatest(j.attempt - 1, 0) END,
+           run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE v_now END,
+           finished_at = CASE WHEN j.cancel_requested THEN v_now END,
+           lease_until = NULL,
+           lease_token = NULL
+     WHERE j.id = release.job_id
+       AND j.state = 'running'
+       AND j.lease_token = release.lease_token
+    RETURNING j.* INTO v_job;
+
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    PERFORM treadle._follow_up(ARRAY[v_job]);
+    IF v_job.state = 'available' THEN
+        PERFORM treadle._notify('treadle_jobs', v_job.queue);
+    END IF;
+    RETURN v_job.state;
+END;
+$$;
+COMMENT ON FUNCTION treadle.release(bigint, uuid) IS
+    'Hand a running job back (running -> available, attempt given back); null when the lease is lost.';

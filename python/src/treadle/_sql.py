@@ -58,3 +58,4 @@ CHANNEL_JOBS: Final = "treadle_jobs"  # work became claimable
 CHANNEL_DONE: Final = "treadle_done"  # jobs finished
 LISTEN_JOBS: Final = "LISTEN treadle_jobs"
 LISTEN_DONE: Final = "LISTEN treadle_done"
+RELEASE: Final = "SELECT treadle.release(%(job_id)s, %(lease_token)s)"
