@@ -1,6 +1,11 @@
 --------------------------------------------------------------------------------
 -- Private helpers. They change no data, so PUBLIC keeps EXECUTE on them: the
 -- SECURITY INVOKER functions that call them run as the caller.
+--
+-- The small pure ones have SQL-standard bodies (BEGIN ATOMIC): those are parsed
+-- and bound when they are created, so no search_path can redirect them, and
+-- without a SET clause the planner can inline them into the hot statements
+-- (claim, enqueue) instead of calling them row by row.
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
@@ -14,11 +19,10 @@ CREATE FUNCTION treadle._now()
 RETURNS timestamptz
 LANGUAGE sql
 STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
+BEGIN ATOMIC
     SELECT coalesce(nullif(current_setting('treadle.now', true), '')::timestamptz,
-                    statement_timestamp())
-$$;
+                    statement_timestamp());
+END;
 COMMENT ON FUNCTION treadle._now() IS
     'treadle''s clock: statement_timestamp(), or the session setting treadle.now when set.';
 
@@ -134,11 +138,10 @@ CREATE FUNCTION treadle._backoff(attempt integer)
 RETURNS interval
 LANGUAGE sql
 VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
+BEGIN ATOMIC
     -- 2^12 s already passes the cap; the exponent is bounded so it never overflows
-    SELECT make_interval(secs => least(power(2, least(greatest(attempt, 0), 12)) + random(), 3600))
-$$;
+    SELECT make_interval(secs => least(power(2, least(greatest(attempt, 0), 12)) + random(), 3600));
+END;
 COMMENT ON FUNCTION treadle._backoff(integer) IS
     'Default retry delay: 2^attempt seconds plus up to 1 s of jitter, at most one hour.';
 
@@ -153,10 +156,9 @@ CREATE FUNCTION treadle._notify(channel text, queue text)
 RETURNS void
 LANGUAGE sql
 VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT pg_notify(channel, queue)
-$$;
+BEGIN ATOMIC
+    SELECT pg_notify(channel, queue);
+END;
 COMMENT ON FUNCTION treadle._notify(text, text) IS
     'Send a LISTEN/NOTIFY wake-up (payload: a queue name).';
 
@@ -169,13 +171,12 @@ CREATE FUNCTION treadle._is_int(value jsonb, low numeric, high numeric)
 RETURNS boolean
 LANGUAGE sql
 IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
+BEGIN ATOMIC
     SELECT CASE WHEN jsonb_typeof(value) = 'number'
                 THEN value::numeric = trunc(value::numeric) AND value::numeric BETWEEN low AND high
                 ELSE false
-           END
-$$;
+           END;
+END;
 COMMENT ON FUNCTION treadle._is_int(jsonb, numeric, numeric) IS
     'True when a JSON value is a whole number within [low, high].';
 
@@ -211,10 +212,9 @@ CREATE FUNCTION treadle._append_error(errors jsonb, attempt integer, at timestam
 RETURNS jsonb
 LANGUAGE sql
 IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
+BEGIN ATOMIC
     SELECT CASE WHEN jsonb_array_length(errors) >= 50 THEN errors - 0 ELSE errors END
-           || jsonb_build_array(jsonb_build_object('attempt', attempt, 'at', at, 'error', error))
-$$;
+           || jsonb_build_array(jsonb_build_object('attempt', attempt, 'at', at, 'error', error));
+END;
 COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text) IS
     'Append one failed attempt to a job''s error history, keeping the newest 50.';

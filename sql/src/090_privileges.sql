@@ -14,10 +14,9 @@ CREATE FUNCTION treadle.version()
 RETURNS text
 LANGUAGE sql
 IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT '0.1.0'::text
-$$;
+BEGIN ATOMIC
+    SELECT '0.1.0'::text;
+END;
 COMMENT ON FUNCTION treadle.version() IS 'The version of the installed treadle SQL API.';
 
 REVOKE ALL ON FUNCTION

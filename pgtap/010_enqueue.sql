@@ -1,0 +1,122 @@
+-- pgtap/010_enqueue.sql: treadle.enqueue and treadle.version. The stored row, the
+-- defaults, named notation, idempotency keys, and every bad argument.
+\set ON_ERROR_STOP true
+BEGIN;
+SELECT plan(45);
+
+-- The clock stands after now() (enqueue's default run_at), so default jobs are due.
+SET LOCAL treadle.now = '2030-01-01 12:00:00+00';
+
+SELECT has_function('treadle', 'enqueue',
+    ARRAY['text', 'jsonb', 'text', 'integer', 'timestamp with time zone', 'integer', 'text', 'interval'],
+    'treadle.enqueue exists with the contract''s argument types');
+SELECT function_returns('treadle', 'enqueue',
+    ARRAY['text', 'jsonb', 'text', 'integer', 'timestamp with time zone', 'integer', 'text', 'interval'],
+    'bigint', 'treadle.enqueue returns bigint');
+SELECT is(treadle.version(), '0.1.0', 'treadle.version() names the installed SQL API');
+
+-- Defaults
+SELECT treadle.enqueue('send_email') AS plain \gset
+SELECT results_eq(
+    format($$ SELECT queue, name, args, state, priority, run_at, attempt, max_attempts,
+                     lease_until, lease_token, worker_id, idempotency_key, result, last_error,
+                     created_at, finished_at, workflow_run_id, step, every
+                FROM treadle.jobs WHERE id = %s $$, :plain),
+    $$ VALUES ('default'::text, 'send_email'::text, '{}'::jsonb, 'available'::text, 0, now(), 0, 25,
+               NULL::timestamptz, NULL::uuid, NULL::text, NULL::text, NULL::jsonb, NULL::text,
+               '2030-01-01 12:00:00+00'::timestamptz, NULL::timestamptz, NULL::bigint, NULL::text,
+               NULL::interval) $$,
+    'a job enqueued with defaults: queue default, args {}, priority 0, due now(), 25 attempts, available');
+
+-- Named notation and every argument
+SELECT treadle.enqueue('resize', args => '{"w": 640}', queue => 'images', priority => -5,
+                       run_at => '2030-01-02 00:00:00+00', max_attempts => 3,
+                       idempotency_key => 'resize-1', every => '1 hour') AS full \gset
+SELECT results_eq(
+    format($$ SELECT queue, name, args, priority, run_at, max_attempts, idempotency_key, every, state
+                FROM treadle.jobs WHERE id = %s $$, :full),
+    $$ VALUES ('images'::text, 'resize'::text, '{"w": 640}'::jsonb, -5, '2030-01-02 00:00:00+00'::timestamptz,
+               3, 'resize-1'::text, '1 hour'::interval, 'available'::text) $$,
+    'every argument given by name is stored as given');
+SELECT cmp_ok(:full::bigint, '>', :plain::bigint, 'ids grow');
+
+-- Payloads: SQL NULL and JSON null become {}; arrays are kept
+SELECT treadle.enqueue('n', NULL) AS sql_null \gset
+SELECT treadle.enqueue('n', 'null') AS json_null \gset
+SELECT treadle.enqueue('n', '[1, 2]') AS arr \gset
+SELECT is((SELECT args FROM treadle.jobs WHERE id = :sql_null), '{}'::jsonb, 'SQL NULL args are stored as {}');
+SELECT is((SELECT args FROM treadle.jobs WHERE id = :json_null), '{}'::jsonb, 'JSON null args are stored as {}');
+SELECT is((SELECT args FROM treadle.jobs WHERE id = :arr), '[1, 2]'::jsonb, 'array args are stored as given');
+
+-- A null run_at means now, by treadle's clock
+SELECT treadle.enqueue('n', run_at => NULL) AS null_run_at \gset
+SELECT is((SELECT run_at FROM treadle.jobs WHERE id = :null_run_at), '2030-01-01 12:00:00+00'::timestamptz,
+          'a null run_at means now');
+SELECT is((SELECT state FROM treadle.jobs WHERE id = :null_run_at), 'available', 'a job is available from its enqueue');
+
+-- Idempotency keys
+SELECT treadle.enqueue('report', '{"day": 1}', idempotency_key => 'report-day-1') AS keyed \gset
+SELECT is(treadle.enqueue('report', '{"day": 1}', idempotency_key => 'report-day-1'), :keyed::bigint,
+          'a second enqueue with the key returns the first job''s id');
+SELECT is(treadle.enqueue('other', '{"x": 2}', queue => 'q2', idempotency_key => 'report-day-1'), :keyed::bigint,
+          'the key returns its holder''s id whatever the other arguments');
+SELECT is((SELECT count(*) FROM treadle.jobs WHERE idempotency_key = 'report-day-1'), 1::bigint,
+          'the key holds one row');
+SELECT is((SELECT args FROM treadle.jobs WHERE id = :keyed), '{"day": 1}'::jsonb,
+          'a repeated key changes nothing on the holder');
+SELECT ok(treadle.cancel(:keyed), 'the holder is cancelled');
+SELECT is(treadle.enqueue('report', idempotency_key => 'report-day-1'), :keyed::bigint,
+          'a finished holder keeps its key');
+SELECT isnt(treadle.enqueue('report', idempotency_key => 'report-day-2'), :keyed::bigint,
+            'another key makes another job');
+SELECT isnt(treadle.enqueue('report'), treadle.enqueue('report'), 'jobs without a key are never merged');
+
+-- Bad input: each raises its SQLSTATE and writes nothing
+CREATE TEMP TABLE before AS SELECT count(*) AS jobs, max(id) AS max_id FROM treadle.jobs;
+
+SELECT throws_ok($$ SELECT treadle.enqueue(NULL) $$, '22004', 'treadle: name must not be null', 'a null name raises 22004');
+SELECT throws_ok($$ SELECT treadle.enqueue('') $$, '22023', 'treadle: name must not be empty', 'an empty name raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('   ') $$, '22023', NULL, 'a blank name raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', queue => NULL) $$, '22004', NULL, 'a null queue raises 22004');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', queue => '') $$, '22023', NULL, 'an empty queue raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', '1') $$, '22023',
+                 'treadle: args must be a JSON object or array, not number', 'number args raise 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', '"text"') $$, '22023', NULL, 'string args raise 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', 'true') $$, '22023', NULL, 'boolean args raise 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', priority => NULL) $$, '22004', NULL, 'a null priority raises 22004');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', max_attempts => 0) $$, '22023', NULL, 'max_attempts 0 raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', max_attempts => -3) $$, '22023', NULL, 'a negative max_attempts raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', max_attempts => NULL) $$, '22023', NULL, 'a null max_attempts raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', every => '0 seconds') $$, '22023', NULL, 'an every of zero raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', every => '-1 minute') $$, '22023', NULL, 'a negative every raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', idempotency_key => 'bad-key', max_attempts => 0) $$, '22023', NULL,
+                 'a bad call with a key raises 22023');
+SELECT results_eq($$ SELECT count(*), max(id) FROM treadle.jobs $$, $$ SELECT jobs, max_id FROM before $$,
+                  'no bad call wrote a job');
+SELECT treadle.enqueue('x', idempotency_key => 'bad-key') AS after_bad \gset
+SELECT cmp_ok(:after_bad::bigint, '>', (SELECT max_id FROM before),
+              'a key named in a failed call was not taken: the next enqueue with it inserts');
+
+SELECT is((SELECT state FROM treadle.jobs WHERE id = :plain), 'available', 'bad calls left other jobs alone');
+
+-- Names with any characters are kept as given
+SELECT treadle.enqueue('Ünïcödé job', queue => 'Mixed Case') AS odd \gset
+SELECT results_eq(format($$ SELECT name, queue FROM treadle.jobs WHERE id = %s $$, :odd),
+                  $$ VALUES ('Ünïcödé job'::text, 'Mixed Case'::text) $$, 'names and queues are stored verbatim');
+
+-- Large priorities at both ends of integer
+SELECT lives_ok($$ SELECT treadle.enqueue('x', priority => -2147483648) $$, 'the lowest integer priority is allowed');
+SELECT lives_ok($$ SELECT treadle.enqueue('x', priority => 2147483647) $$, 'the highest integer priority is allowed');
+
+-- created_at follows treadle's clock
+SET LOCAL treadle.now = '2030-01-01 12:30:00+00';
+SELECT treadle.enqueue('later') AS later \gset
+SELECT is((SELECT created_at FROM treadle.jobs WHERE id = :later), '2030-01-01 12:30:00+00'::timestamptz,
+          'created_at is treadle''s clock');
+SELECT is((SELECT run_at FROM treadle.jobs WHERE id = :later), now(), 'the default run_at is now()');
+SELECT is((SELECT finished_at FROM treadle.jobs WHERE id = :later), NULL, 'a new job is not finished');
+SELECT is((SELECT errors FROM treadle.jobs WHERE id = :later), '[]'::jsonb, 'a new job has no errors');
+SELECT is((SELECT cancel_requested FROM treadle.jobs WHERE id = :later), false, 'a new job has no cancel request');
+
+SELECT * FROM finish();
+ROLLBACK;

@@ -1,0 +1,126 @@
+-- pgtap/030_claim.sql: treadle.claim. What is claimable, in which order, the
+-- queues and names filters, batch bounds, the claimed row, and bad arguments.
+\set ON_ERROR_STOP true
+BEGIN;
+SELECT plan(49);
+
+SET LOCAL treadle.now = '2030-01-01 12:00:00+00';
+
+SELECT has_function('treadle', 'claim', ARRAY['text', 'text[]', 'text[]', 'integer', 'interval'],
+                    'treadle.claim exists with the contract''s argument types');
+SELECT function_returns('treadle', 'claim', ARRAY['text', 'text[]', 'text[]', 'integer', 'interval'],
+                        'setof treadle.jobs', 'it returns setof treadle.jobs');
+SELECT is_empty($$ SELECT * FROM treadle.claim('w') $$, 'nothing to claim from an empty queue');
+
+-- Order: priority, then run_at, then id. A job not yet due is never claimed.
+SELECT treadle.enqueue('o', priority => 1, run_at => '2030-01-01 09:00:00+00') AS p1_early \gset
+SELECT treadle.enqueue('o', priority => 0, run_at => '2030-01-01 11:00:00+00') AS p0_late \gset
+SELECT treadle.enqueue('o', priority => 0, run_at => '2030-01-01 10:00:00+00') AS p0_first \gset
+SELECT treadle.enqueue('o', priority => 0, run_at => '2030-01-01 10:00:00+00') AS p0_second \gset
+SELECT treadle.enqueue('o', priority => -9, run_at => '2030-01-01 12:00:01+00') AS not_due \gset
+SELECT is((SELECT id FROM treadle.claim('w')), :p0_first::bigint, 'the lowest priority, earliest run_at, lowest id first');
+SELECT is((SELECT id FROM treadle.claim('w')), :p0_second::bigint, 'the same priority and run_at: the lower id next');
+SELECT is((SELECT id FROM treadle.claim('w')), :p0_late::bigint, 'the same priority: the earlier run_at next');
+SELECT is((SELECT id FROM treadle.claim('w')), :p1_early::bigint, 'a higher priority number runs later, however early');
+SELECT is_empty($$ SELECT * FROM treadle.claim('w') $$, 'a job whose run_at is in the future is not claimed');
+SELECT is((SELECT state FROM treadle.jobs WHERE id = :not_due), 'available', 'the job not due stays available');
+SET LOCAL treadle.now = '2030-01-01 12:00:01+00';
+SELECT is((SELECT id FROM treadle.claim('w')), :not_due::bigint, 'a job is claimable once its run_at is reached');
+SELECT is_empty($$ SELECT * FROM treadle.claim('w') $$, 'running jobs are never claimed again');
+
+-- The claimed row
+SET LOCAL treadle.now = '2030-01-01 13:00:00+00';
+SELECT treadle.enqueue('row', '{"a": 1}', queue => 'rows') AS claimed \gset
+CREATE TEMP TABLE got AS SELECT * FROM treadle.claim('worker-7', ARRAY['rows'], lease => '2 minutes');
+SELECT results_eq(
+    $$ SELECT id, state, attempt, lease_until, worker_id, started_at, args FROM got $$,
+    format($$ VALUES (%s::bigint, 'running'::text, 1, '2030-01-01 13:02:00+00'::timestamptz, 'worker-7'::text,
+                      '2030-01-01 13:00:00+00'::timestamptz, '{"a": 1}'::jsonb) $$, :claimed),
+    'a claimed job is running, attempt 1, leased until now + lease, by the worker');
+SELECT isnt((SELECT lease_token FROM got), NULL, 'a claim returns a lease token');
+SELECT results_eq(
+    $$ SELECT state, attempt, lease_until, lease_token, worker_id FROM treadle.jobs WHERE id = (SELECT id FROM got) $$,
+    $$ SELECT state, attempt, lease_until, lease_token, worker_id FROM got $$,
+    'the returned row is the stored row');
+SELECT treadle.enqueue('row', queue => 'rows') AS default_lease \gset
+SELECT is((SELECT lease_until FROM treadle.claim('w', ARRAY['rows'])), '2030-01-01 13:00:30+00'::timestamptz,
+          'the default lease is 30 seconds');
+
+-- Queues: only those named, ordered together by priority
+SELECT treadle.enqueue('q', queue => 'qa', priority => 5) AS qa \gset
+SELECT treadle.enqueue('q', queue => 'qb', priority => 2) AS qb \gset
+SELECT treadle.enqueue('q', queue => 'qc', priority => 0) AS qc \gset
+SELECT is((SELECT id FROM treadle.claim('w', ARRAY['qa', 'qb'])), :qb::bigint,
+          'across queues the lowest priority wins');
+SELECT is((SELECT id FROM treadle.claim('w', ARRAY['qa', 'qb', 'qa'])), :qa::bigint,
+          'a queue named twice is read once');
+SELECT is_empty($$ SELECT * FROM treadle.claim('w', ARRAY['qa', 'qb']) $$, 'jobs in other queues are not claimed');
+SELECT is((SELECT state FROM treadle.jobs WHERE id = :qc), 'available', 'the job in the unnamed queue waits');
+
+-- Names: only the names given
+SELECT treadle.enqueue('resize', queue => 'n') AS resize \gset
+SELECT treadle.enqueue('email', queue => 'n', priority => -1) AS email \gset
+SELECT treadle.enqueue('thumb', queue => 'n') AS thumb \gset
+SELECT is((SELECT id FROM treadle.claim('w', ARRAY['n'], names => ARRAY['resize', 'thumb'])), :resize::bigint,
+          'names restrict the claim, past a lower-priority job of another name');
+SELECT is((SELECT array_agg(id) FROM treadle.claim('w', ARRAY['n'], names => ARRAY['thumb', 'missing'], batch => 5)),
+          ARRAY[:thumb::bigint], 'a name with no jobs is harmless');
+SELECT is((SELECT state FROM treadle.jobs WHERE id = :email), 'available', 'a job whose name is not asked for waits');
+SELECT is((SELECT id FROM treadle.claim('w', ARRAY['n'])), :email::bigint, 'without names every name is claimable');
+
+-- Retryable jobs are claimable when due, not before
+SET LOCAL treadle.now = '2030-01-01 14:00:00+00';
+SELECT treadle.enqueue('r', queue => 'retry') AS due_retry \gset
+SELECT treadle.enqueue('r', queue => 'retry') AS later_retry \gset
+CREATE TEMP TABLE r AS SELECT * FROM treadle.claim('w', ARRAY['retry'], batch => 2);
+SELECT is(treadle.fail(:due_retry, (SELECT lease_token FROM r WHERE id = :due_retry), 'boom', '0 seconds'),
+          'retryable', 'a failed job with attempts left is retryable');
+SELECT is(treadle.fail(:later_retry, (SELECT lease_token FROM r WHERE id = :later_retry), 'boom', '1 minute'),
+          'retryable', 'a second failed job is retryable');
+SELECT results_eq($$ SELECT id, attempt FROM treadle.claim('w', ARRAY['retry'], batch => 5) $$,
+                  format($$ VALUES (%s::bigint, 2) $$, :due_retry),
+                  'a due retryable job is claimed again with attempt 2; one not due is not');
+SET LOCAL treadle.now = '2030-01-01 14:01:00+00';
+SELECT is((SELECT id FROM treadle.claim('w', ARRAY['retry'])), :later_retry::bigint,
+          'a retryable job is claimable at its run_at');
+
+-- Finished jobs are never claimed
+SELECT treadle.enqueue('f', queue => 'fin') AS fin \gset
+SELECT ok(treadle.cancel(:fin), 'a waiting job is cancelled');
+SELECT is_empty($$ SELECT * FROM treadle.claim('w', ARRAY['fin']) $$, 'a cancelled job is not claimed');
+
+-- Batches
+SELECT is((SELECT count(*) FROM treadle.enqueue_many(
+              (SELECT jsonb_agg(jsonb_build_object('name', 'b', 'queue', 'batch')) FROM generate_series(1, 5)))),
+          5::bigint, 'five jobs enqueued');
+CREATE TEMP TABLE b1 AS SELECT * FROM treadle.claim('w', ARRAY['batch'], batch => 3);
+SELECT is((SELECT count(*) FROM b1), 3::bigint, 'a batch claims up to batch jobs');
+SELECT is((SELECT count(DISTINCT lease_token) FROM b1), 3::bigint, 'each claimed job has its own token');
+SELECT is((SELECT count(*) FROM treadle.claim('w', ARRAY['batch'], batch => 1000)), 2::bigint,
+          'a batch of 1000 takes what is left');
+SELECT lives_ok($$ SELECT treadle.claim('w', batch => 1) $$, 'batch 1 is allowed');
+
+-- Bad input: each raises its SQLSTATE and claims nothing
+SELECT treadle.enqueue('bad', queue => 'bad') AS untouched \gset
+SELECT throws_ok($$ SELECT treadle.claim(NULL, ARRAY['bad']) $$, '22004', NULL, 'a null worker_id raises 22004');
+SELECT throws_ok($$ SELECT treadle.claim('', ARRAY['bad']) $$, '22023', NULL, 'an empty worker_id raises 22023');
+SELECT throws_ok($$ SELECT treadle.claim('w', NULL) $$, '22004', NULL, 'null queues raise 22004');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY[]::text[]) $$, '22023', NULL, 'an empty queues array raises 22023');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['bad', '']) $$, '22023', NULL, 'an empty queue name raises 22023');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['bad', NULL]) $$, '22023', NULL, 'a null queue name raises 22023');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['bad'], names => ARRAY[]::text[]) $$, '22023', NULL,
+                 'an empty names array raises 22023');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['bad'], names => ARRAY['']) $$, '22023', NULL,
+                 'an empty job name raises 22023');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['bad'], batch => 0) $$, '22023',
+                 'treadle: batch must be between 1 and 1000, got 0', 'batch 0 raises 22023');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['bad'], batch => 1001) $$, '22023', NULL, 'batch 1001 raises 22023');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['bad'], batch => NULL) $$, '22023', NULL, 'a null batch raises 22023');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['bad'], lease => '0 seconds') $$, '22023', NULL, 'a zero lease raises 22023');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['bad'], lease => '-5 seconds') $$, '22023', NULL, 'a negative lease raises 22023');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['bad'], lease => NULL) $$, '22004', NULL, 'a null lease raises 22004');
+SELECT results_eq(format($$ SELECT state, attempt FROM treadle.jobs WHERE id = %s $$, :untouched),
+                  $$ VALUES ('available'::text, 0) $$, 'no bad claim took the job');
+
+SELECT * FROM finish();
+ROLLBACK;
