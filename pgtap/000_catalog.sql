@@ -1,9 +1,10 @@
 -- pgtap/000_catalog.sql: the catalog lint. The style rules of the SQL layer as
 -- failing tests: every function pins search_path, none is SECURITY DEFINER,
--- functions that change data are not executable by PUBLIC, user data is dumped.
+-- functions that change data are not executable by PUBLIC, user data is dumped,
+-- every function and view is commented, nothing in the schema is a stray.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(9);
+SELECT plan(15);
 
 SELECT has_schema('treadle');
 SELECT columns_are('treadle', 'jobs', ARRAY[
@@ -54,6 +55,40 @@ SELECT is_empty(
         WHERE c.relnamespace = 'treadle'::regnamespace AND c.relkind IN ('r', 'v')
           AND has_table_privilege('public', c.oid, 'INSERT, UPDATE, DELETE') $$,
     'PUBLIC cannot write treadle''s tables');
+
+SELECT is_empty(
+    $$ SELECT signature FROM treadle_functions WHERE obj_description(oid, 'pg_proc') IS NULL $$,
+    'every function has a COMMENT');
+SELECT is_empty(
+    $$ SELECT c.relname FROM pg_class AS c
+        WHERE c.relnamespace = 'treadle'::regnamespace AND c.relkind = 'v'
+          AND obj_description(c.oid, 'pg_class') IS NULL $$,
+    'every view has a COMMENT');
+SELECT is_empty(
+    $$ SELECT p.oid::regprocedure::text FROM pg_proc AS p
+        WHERE p.pronamespace = 'treadle'::regnamespace
+          AND p.oid NOT IN (SELECT oid FROM treadle_functions)
+       UNION ALL
+       SELECT c.relname::text FROM pg_class AS c
+        WHERE c.relnamespace = 'treadle'::regnamespace AND c.relkind IN ('r', 'v', 'S')
+          AND NOT EXISTS (SELECT 1 FROM pg_depend AS d
+                           WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype IN ('e', 'a', 'i')) $$,
+    'every function, table, view and sequence in schema treadle belongs to the extension');
+SELECT results_eq(
+    $$ SELECT extrelocatable, extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'treadle' $$,
+    $$ VALUES (false, 'treadle'::text) $$,
+    'the extension is not relocatable and lives in schema treadle');
+SELECT is_empty(
+    $$ SELECT state FROM unnest(ARRAY['available', 'retryable']) AS s(state)
+        WHERE NOT EXISTS (SELECT 1 FROM pg_indexes
+                           WHERE schemaname = 'treadle' AND indexname = 'jobs_claim_idx'
+                             AND indexdef LIKE '%WHERE%' || s.state || '%') $$,
+    'the claim index is partial, on the claimable states');
+SELECT is_empty(
+    $$ SELECT i.indexname FROM pg_indexes AS i
+        WHERE i.schemaname = 'treadle' AND i.indexname = 'jobs_claim_idx'
+          AND (i.indexdef LIKE '%completed%' OR i.indexdef LIKE '%discarded%' OR i.indexdef LIKE '%cancelled%') $$,
+    'finished states are not in the claim index');
 
 SELECT * FROM finish();
 ROLLBACK;

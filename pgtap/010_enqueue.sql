@@ -2,10 +2,10 @@
 -- defaults, named notation, idempotency keys, and every bad argument.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(45);
+SELECT plan(48);
 
 -- The clock stands after now() (enqueue's default run_at), so default jobs are due.
-SET LOCAL treadle.now = '2030-01-01 12:00:00+00';
+SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
 SELECT has_function('treadle', 'enqueue',
     ARRAY['text', 'jsonb', 'text', 'integer', 'timestamp with time zone', 'integer', 'text', 'interval'],
@@ -24,18 +24,18 @@ SELECT results_eq(
                 FROM treadle.jobs WHERE id = %s $$, :plain),
     $$ VALUES ('default'::text, 'send_email'::text, '{}'::jsonb, 'available'::text, 0, now(), 0, 25,
                NULL::timestamptz, NULL::uuid, NULL::text, NULL::text, NULL::jsonb, NULL::text,
-               '2030-01-01 12:00:00+00'::timestamptz, NULL::timestamptz, NULL::bigint, NULL::text,
+               '2999-01-01 12:00:00+00'::timestamptz, NULL::timestamptz, NULL::bigint, NULL::text,
                NULL::interval) $$,
     'a job enqueued with defaults: queue default, args {}, priority 0, due now(), 25 attempts, available');
 
 -- Named notation and every argument
 SELECT treadle.enqueue('resize', args => '{"w": 640}', queue => 'images', priority => -5,
-                       run_at => '2030-01-02 00:00:00+00', max_attempts => 3,
+                       run_at => '2999-01-02 00:00:00+00', max_attempts => 3,
                        idempotency_key => 'resize-1', every => '1 hour') AS full \gset
 SELECT results_eq(
     format($$ SELECT queue, name, args, priority, run_at, max_attempts, idempotency_key, every, state
                 FROM treadle.jobs WHERE id = %s $$, :full),
-    $$ VALUES ('images'::text, 'resize'::text, '{"w": 640}'::jsonb, -5, '2030-01-02 00:00:00+00'::timestamptz,
+    $$ VALUES ('images'::text, 'resize'::text, '{"w": 640}'::jsonb, -5, '2999-01-02 00:00:00+00'::timestamptz,
                3, 'resize-1'::text, '1 hour'::interval, 'available'::text) $$,
     'every argument given by name is stored as given');
 SELECT cmp_ok(:full::bigint, '>', :plain::bigint, 'ids grow');
@@ -50,7 +50,7 @@ SELECT is((SELECT args FROM treadle.jobs WHERE id = :arr), '[1, 2]'::jsonb, 'arr
 
 -- A null run_at means now, by treadle's clock
 SELECT treadle.enqueue('n', run_at => NULL) AS null_run_at \gset
-SELECT is((SELECT run_at FROM treadle.jobs WHERE id = :null_run_at), '2030-01-01 12:00:00+00'::timestamptz,
+SELECT is((SELECT run_at FROM treadle.jobs WHERE id = :null_run_at), '2999-01-01 12:00:00+00'::timestamptz,
           'a null run_at means now');
 SELECT is((SELECT state FROM treadle.jobs WHERE id = :null_run_at), 'available', 'a job is available from its enqueue');
 
@@ -89,6 +89,12 @@ SELECT throws_ok($$ SELECT treadle.enqueue('x', max_attempts => -3) $$, '22023',
 SELECT throws_ok($$ SELECT treadle.enqueue('x', max_attempts => NULL) $$, '22023', NULL, 'a null max_attempts raises 22023');
 SELECT throws_ok($$ SELECT treadle.enqueue('x', every => '0 seconds') $$, '22023', NULL, 'an every of zero raises 22023');
 SELECT throws_ok($$ SELECT treadle.enqueue('x', every => '-1 minute') $$, '22023', NULL, 'a negative every raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', every => '300000 years') $$, '22023',
+                 'treadle: every is too long: 300000 years', 'an every whose next occurrence cannot be stored raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', run_at => 'infinity') $$, '22023',
+                 'treadle: run_at must be a finite time, got infinity', 'an infinite run_at raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', run_at => '-infinity') $$, '22023', NULL,
+                 'a run_at of -infinity raises 22023');
 SELECT throws_ok($$ SELECT treadle.enqueue('x', idempotency_key => 'bad-key', max_attempts => 0) $$, '22023', NULL,
                  'a bad call with a key raises 22023');
 SELECT results_eq($$ SELECT count(*), max(id) FROM treadle.jobs $$, $$ SELECT jobs, max_id FROM before $$,
@@ -109,9 +115,9 @@ SELECT lives_ok($$ SELECT treadle.enqueue('x', priority => -2147483648) $$, 'the
 SELECT lives_ok($$ SELECT treadle.enqueue('x', priority => 2147483647) $$, 'the highest integer priority is allowed');
 
 -- created_at follows treadle's clock
-SET LOCAL treadle.now = '2030-01-01 12:30:00+00';
+SET LOCAL treadle.now = '2999-01-01 12:30:00+00';
 SELECT treadle.enqueue('later') AS later \gset
-SELECT is((SELECT created_at FROM treadle.jobs WHERE id = :later), '2030-01-01 12:30:00+00'::timestamptz,
+SELECT is((SELECT created_at FROM treadle.jobs WHERE id = :later), '2999-01-01 12:30:00+00'::timestamptz,
           'created_at is treadle''s clock');
 SELECT is((SELECT run_at FROM treadle.jobs WHERE id = :later), now(), 'the default run_at is now()');
 SELECT is((SELECT finished_at FROM treadle.jobs WHERE id = :later), NULL, 'a new job is not finished');

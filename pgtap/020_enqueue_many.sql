@@ -2,9 +2,9 @@
 -- defaults, keys repeated in the array or already held, and bad arrays that write nothing.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(42);
+SELECT plan(44);
 
-SET LOCAL treadle.now = '2030-01-01 12:00:00+00';
+SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
 SELECT has_function('treadle', 'enqueue_many', ARRAY['jsonb'], 'treadle.enqueue_many(jsonb) exists');
 SELECT function_returns('treadle', 'enqueue_many', ARRAY['jsonb'], 'setof bigint', 'it returns setof bigint');
@@ -15,7 +15,7 @@ SELECT id, ord
   FROM treadle.enqueue_many($$[
         {"name": "b"},
         {"name": "a", "args": {"k": 1}, "queue": "mail", "priority": 3, "max_attempts": 2},
-        {"name": "c", "run_at": "2030-01-03T08:00:00Z", "every": "5 minutes", "idempotency_key": "c-1"},
+        {"name": "c", "run_at": "2999-01-03T08:00:00Z", "every": "5 minutes", "idempotency_key": "c-1"},
         {"name": "d", "args": null},
         {"name": "e", "args": [1, 2], "run_at": null, "every": null, "idempotency_key": null}
       ]$$) WITH ORDINALITY AS t(id, ord);
@@ -34,8 +34,8 @@ SELECT results_eq(
     $$ SELECT j.queue, j.args, j.priority, j.run_at, j.max_attempts, j.idempotency_key, j.every, j.state,
               j.created_at
          FROM batch AS b JOIN treadle.jobs AS j ON j.id = b.id WHERE b.ord = 1 $$,
-    $$ VALUES ('default'::text, '{}'::jsonb, 0, '2030-01-01 12:00:00+00'::timestamptz, 25, NULL::text,
-               NULL::interval, 'available'::text, '2030-01-01 12:00:00+00'::timestamptz) $$,
+    $$ VALUES ('default'::text, '{}'::jsonb, 0, '2999-01-01 12:00:00+00'::timestamptz, 25, NULL::text,
+               NULL::interval, 'available'::text, '2999-01-01 12:00:00+00'::timestamptz) $$,
     'missing keys take enqueue''s defaults');
 SELECT results_eq(
     $$ SELECT j.queue, j.args, j.priority, j.max_attempts
@@ -45,14 +45,14 @@ SELECT results_eq(
 SELECT results_eq(
     $$ SELECT j.run_at, j.every, j.idempotency_key
          FROM batch AS b JOIN treadle.jobs AS j ON j.id = b.id WHERE b.ord = 3 $$,
-    $$ VALUES ('2030-01-03 08:00:00+00'::timestamptz, '5 minutes'::interval, 'c-1'::text) $$,
+    $$ VALUES ('2999-01-03 08:00:00+00'::timestamptz, '5 minutes'::interval, 'c-1'::text) $$,
     'run_at is read as ISO 8601, every as an interval string');
 SELECT is((SELECT j.args FROM batch AS b JOIN treadle.jobs AS j ON j.id = b.id WHERE b.ord = 4), '{}'::jsonb,
           'null args are stored as {}');
 SELECT results_eq(
     $$ SELECT j.args, j.run_at, j.every, j.idempotency_key
          FROM batch AS b JOIN treadle.jobs AS j ON j.id = b.id WHERE b.ord = 5 $$,
-    $$ VALUES ('[1, 2]'::jsonb, '2030-01-01 12:00:00+00'::timestamptz, NULL::interval, NULL::text) $$,
+    $$ VALUES ('[1, 2]'::jsonb, '2999-01-01 12:00:00+00'::timestamptz, NULL::interval, NULL::text) $$,
     'explicit nulls take the defaults; array args are kept');
 
 -- Keys: repeated in the array, or already held by a job
@@ -109,6 +109,10 @@ SELECT throws_ok($$ SELECT treadle.enqueue_many('[{"name": "x", "run_at": 17}]')
                  'a run_at that is not a string raises 22023');
 SELECT throws_ok($$ SELECT treadle.enqueue_many('[{"name": "x", "run_at": "next tuesday-ish"}]') $$, '22023', NULL,
                  'a run_at that is not a time raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue_many('[{"name": "x", "run_at": "-infinity"}]') $$, '22023', NULL,
+                 'an infinite run_at raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue_many('[{"name": "x"}, {"name": "x", "every": "300000 years"}]') $$, '22023', NULL,
+                 'an every whose next occurrence cannot be stored raises 22023');
 SELECT throws_ok($$ SELECT treadle.enqueue_many('[{"name": "x", "every": "often"}]') $$, '22023', NULL,
                  'an every that is not an interval raises 22023');
 SELECT throws_ok($$ SELECT treadle.enqueue_many('[{"name": "x", "every": "0 seconds"}]') $$, '22023', NULL,

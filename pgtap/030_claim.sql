@@ -4,7 +4,7 @@
 BEGIN;
 SELECT plan(49);
 
-SET LOCAL treadle.now = '2030-01-01 12:00:00+00';
+SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
 SELECT has_function('treadle', 'claim', ARRAY['text', 'text[]', 'text[]', 'integer', 'interval'],
                     'treadle.claim exists with the contract''s argument types');
@@ -13,29 +13,29 @@ SELECT function_returns('treadle', 'claim', ARRAY['text', 'text[]', 'text[]', 'i
 SELECT is_empty($$ SELECT * FROM treadle.claim('w') $$, 'nothing to claim from an empty queue');
 
 -- Order: priority, then run_at, then id. A job not yet due is never claimed.
-SELECT treadle.enqueue('o', priority => 1, run_at => '2030-01-01 09:00:00+00') AS p1_early \gset
-SELECT treadle.enqueue('o', priority => 0, run_at => '2030-01-01 11:00:00+00') AS p0_late \gset
-SELECT treadle.enqueue('o', priority => 0, run_at => '2030-01-01 10:00:00+00') AS p0_first \gset
-SELECT treadle.enqueue('o', priority => 0, run_at => '2030-01-01 10:00:00+00') AS p0_second \gset
-SELECT treadle.enqueue('o', priority => -9, run_at => '2030-01-01 12:00:01+00') AS not_due \gset
+SELECT treadle.enqueue('o', priority => 1, run_at => '2999-01-01 09:00:00+00') AS p1_early \gset
+SELECT treadle.enqueue('o', priority => 0, run_at => '2999-01-01 11:00:00+00') AS p0_late \gset
+SELECT treadle.enqueue('o', priority => 0, run_at => '2999-01-01 10:00:00+00') AS p0_first \gset
+SELECT treadle.enqueue('o', priority => 0, run_at => '2999-01-01 10:00:00+00') AS p0_second \gset
+SELECT treadle.enqueue('o', priority => -9, run_at => '2999-01-01 12:00:01+00') AS not_due \gset
 SELECT is((SELECT id FROM treadle.claim('w')), :p0_first::bigint, 'the lowest priority, earliest run_at, lowest id first');
 SELECT is((SELECT id FROM treadle.claim('w')), :p0_second::bigint, 'the same priority and run_at: the lower id next');
 SELECT is((SELECT id FROM treadle.claim('w')), :p0_late::bigint, 'the same priority: the earlier run_at next');
 SELECT is((SELECT id FROM treadle.claim('w')), :p1_early::bigint, 'a higher priority number runs later, however early');
 SELECT is_empty($$ SELECT * FROM treadle.claim('w') $$, 'a job whose run_at is in the future is not claimed');
 SELECT is((SELECT state FROM treadle.jobs WHERE id = :not_due), 'available', 'the job not due stays available');
-SET LOCAL treadle.now = '2030-01-01 12:00:01+00';
+SET LOCAL treadle.now = '2999-01-01 12:00:01+00';
 SELECT is((SELECT id FROM treadle.claim('w')), :not_due::bigint, 'a job is claimable once its run_at is reached');
 SELECT is_empty($$ SELECT * FROM treadle.claim('w') $$, 'running jobs are never claimed again');
 
 -- The claimed row
-SET LOCAL treadle.now = '2030-01-01 13:00:00+00';
+SET LOCAL treadle.now = '2999-01-01 13:00:00+00';
 SELECT treadle.enqueue('row', '{"a": 1}', queue => 'rows') AS claimed \gset
 CREATE TEMP TABLE got AS SELECT * FROM treadle.claim('worker-7', ARRAY['rows'], lease => '2 minutes');
 SELECT results_eq(
     $$ SELECT id, state, attempt, lease_until, worker_id, started_at, args FROM got $$,
-    format($$ VALUES (%s::bigint, 'running'::text, 1, '2030-01-01 13:02:00+00'::timestamptz, 'worker-7'::text,
-                      '2030-01-01 13:00:00+00'::timestamptz, '{"a": 1}'::jsonb) $$, :claimed),
+    format($$ VALUES (%s::bigint, 'running'::text, 1, '2999-01-01 13:02:00+00'::timestamptz, 'worker-7'::text,
+                      '2999-01-01 13:00:00+00'::timestamptz, '{"a": 1}'::jsonb) $$, :claimed),
     'a claimed job is running, attempt 1, leased until now + lease, by the worker');
 SELECT isnt((SELECT lease_token FROM got), NULL, 'a claim returns a lease token');
 SELECT results_eq(
@@ -43,7 +43,7 @@ SELECT results_eq(
     $$ SELECT state, attempt, lease_until, lease_token, worker_id FROM got $$,
     'the returned row is the stored row');
 SELECT treadle.enqueue('row', queue => 'rows') AS default_lease \gset
-SELECT is((SELECT lease_until FROM treadle.claim('w', ARRAY['rows'])), '2030-01-01 13:00:30+00'::timestamptz,
+SELECT is((SELECT lease_until FROM treadle.claim('w', ARRAY['rows'])), '2999-01-01 13:00:30+00'::timestamptz,
           'the default lease is 30 seconds');
 
 -- Queues: only those named, ordered together by priority
@@ -52,8 +52,8 @@ SELECT treadle.enqueue('q', queue => 'qb', priority => 2) AS qb \gset
 SELECT treadle.enqueue('q', queue => 'qc', priority => 0) AS qc \gset
 SELECT is((SELECT id FROM treadle.claim('w', ARRAY['qa', 'qb'])), :qb::bigint,
           'across queues the lowest priority wins');
-SELECT is((SELECT id FROM treadle.claim('w', ARRAY['qa', 'qb', 'qa'])), :qa::bigint,
-          'a queue named twice is read once');
+SELECT is((SELECT array_agg(id) FROM treadle.claim('w', ARRAY['qa', 'qb', 'qa'], batch => 5)), ARRAY[:qa::bigint],
+          'a queue named twice is harmless: its job is claimed once');
 SELECT is_empty($$ SELECT * FROM treadle.claim('w', ARRAY['qa', 'qb']) $$, 'jobs in other queues are not claimed');
 SELECT is((SELECT state FROM treadle.jobs WHERE id = :qc), 'available', 'the job in the unnamed queue waits');
 
@@ -69,7 +69,7 @@ SELECT is((SELECT state FROM treadle.jobs WHERE id = :email), 'available', 'a jo
 SELECT is((SELECT id FROM treadle.claim('w', ARRAY['n'])), :email::bigint, 'without names every name is claimable');
 
 -- Retryable jobs are claimable when due, not before
-SET LOCAL treadle.now = '2030-01-01 14:00:00+00';
+SET LOCAL treadle.now = '2999-01-01 14:00:00+00';
 SELECT treadle.enqueue('r', queue => 'retry') AS due_retry \gset
 SELECT treadle.enqueue('r', queue => 'retry') AS later_retry \gset
 CREATE TEMP TABLE r AS SELECT * FROM treadle.claim('w', ARRAY['retry'], batch => 2);
@@ -80,7 +80,7 @@ SELECT is(treadle.fail(:later_retry, (SELECT lease_token FROM r WHERE id = :late
 SELECT results_eq($$ SELECT id, attempt FROM treadle.claim('w', ARRAY['retry'], batch => 5) $$,
                   format($$ VALUES (%s::bigint, 2) $$, :due_retry),
                   'a due retryable job is claimed again with attempt 2; one not due is not');
-SET LOCAL treadle.now = '2030-01-01 14:01:00+00';
+SET LOCAL treadle.now = '2999-01-01 14:01:00+00';
 SELECT is((SELECT id FROM treadle.claim('w', ARRAY['retry'])), :later_retry::bigint,
           'a retryable job is claimable at its run_at');
 

@@ -2,11 +2,11 @@
 -- (with the default backoff) and release. Every write is fenced by the lease token.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(86);
+SELECT plan(87);
 \ir helpers.psql
 
 SET LOCAL TimeZone = 'UTC';  -- errors[].at is written in the session's time zone
-SET LOCAL treadle.now = '2030-01-01 12:00:00+00';
+SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
 SELECT has_function('treadle', 'complete', ARRAY['bigint', 'uuid', 'jsonb'], 'treadle.complete exists');
 SELECT has_function('treadle', 'complete_many', ARRAY['bigint[]', 'uuid[]', 'jsonb[]'], 'treadle.complete_many exists');
@@ -21,13 +21,13 @@ SELECT is(treadle.complete(:a, :'a_tok', '{"sent": 3}'), 'completed', 'complete 
 SELECT results_eq(
     format($$ SELECT state, result, finished_at, lease_until, lease_token, worker_id, attempt
                 FROM treadle.jobs WHERE id = %s $$, :a),
-    $$ VALUES ('completed'::text, '{"sent": 3}'::jsonb, '2030-01-01 12:00:00+00'::timestamptz,
+    $$ VALUES ('completed'::text, '{"sent": 3}'::jsonb, '2999-01-01 12:00:00+00'::timestamptz,
                NULL::timestamptz, NULL::uuid, 'w'::text, 1) $$,
     'a completed job keeps its result and worker, finished now, its lease cleared');
-SET LOCAL treadle.now = '2030-01-01 12:05:00+00';
+SET LOCAL treadle.now = '2999-01-01 12:05:00+00';
 SELECT is(treadle.complete(:a, :'a_tok', '{"sent": 4}'), NULL, 'completing twice with the same token returns null');
 SELECT results_eq(format($$ SELECT result, finished_at FROM treadle.jobs WHERE id = %s $$, :a),
-                  $$ VALUES ('{"sent": 3}'::jsonb, '2030-01-01 12:00:00+00'::timestamptz) $$,
+                  $$ VALUES ('{"sent": 3}'::jsonb, '2999-01-01 12:00:00+00'::timestamptz) $$,
                   'a second complete changes nothing');
 
 SELECT id AS b, lease_token AS b_tok FROM pg_temp.leased() \gset
@@ -39,13 +39,13 @@ SELECT is(treadle.complete(:b, :'b_tok'), 'completed', 'the right token still co
 SELECT is((pg_temp.job(:b)).result, NULL, 'the default result is null');
 SELECT is(treadle.complete(-1, gen_random_uuid()), NULL, 'an unknown job returns null');
 
-SELECT treadle.enqueue('waiting', run_at => '-infinity') AS waiting \gset
+SELECT treadle.enqueue('waiting', run_at => '2000-01-01 00:00:00+00') AS waiting \gset
 SELECT is(treadle.complete(:waiting, gen_random_uuid()), NULL, 'a job that is not running cannot be completed');
 SELECT is((pg_temp.job(:waiting)).state, 'available', 'it stays available');
 
 -- An expired lease that nobody took over still holds
 SELECT id AS c, lease_token AS c_tok FROM pg_temp.leased() \gset
-SET LOCAL treadle.now = '2030-01-01 18:00:00+00';
+SET LOCAL treadle.now = '2999-01-01 18:00:00+00';
 SELECT is(treadle.complete(:c, :'c_tok'), 'completed', 'an expired lease not taken over still completes');
 
 -- A cancel requested while running finishes as cancelled, result kept
@@ -53,7 +53,7 @@ SELECT id AS d, lease_token AS d_tok FROM pg_temp.leased() \gset
 SELECT ok(treadle.cancel(:d), 'a cancel is requested of a running job');
 SELECT is(treadle.complete(:d, :'d_tok', '{"partial": true}'), 'cancelled', 'complete after a cancel request: cancelled');
 SELECT results_eq(format($$ SELECT state, result, finished_at FROM treadle.jobs WHERE id = %s $$, :d),
-                  $$ VALUES ('cancelled'::text, '{"partial": true}'::jsonb, '2030-01-01 18:00:00+00'::timestamptz) $$,
+                  $$ VALUES ('cancelled'::text, '{"partial": true}'::jsonb, '2999-01-01 18:00:00+00'::timestamptz) $$,
                   'the cancelled job keeps its result and is finished');
 
 SELECT id AS e, lease_token AS e_tok FROM pg_temp.leased() \gset
@@ -65,7 +65,7 @@ SELECT results_eq(format($$ SELECT state, lease_token FROM treadle.jobs WHERE id
 --------------------------------------------------------------------------------
 -- complete_many
 --------------------------------------------------------------------------------
-SET LOCAL treadle.now = '2030-01-02 12:00:00+00';
+SET LOCAL treadle.now = '2999-01-02 12:00:00+00';
 SELECT id AS m1, lease_token AS m1_tok FROM pg_temp.leased() \gset
 SELECT id AS m2, lease_token AS m2_tok FROM pg_temp.leased() \gset
 SELECT id AS m3, lease_token AS m3_tok FROM pg_temp.leased() \gset
@@ -85,7 +85,7 @@ SELECT results_eq(format($$ SELECT result FROM treadle.jobs WHERE id IN (%s, %s,
 SELECT results_eq(format($$ SELECT state, lease_token, result FROM treadle.jobs WHERE id = %s $$, :m2),
                   format($$ VALUES ('running'::text, %L::uuid, NULL::jsonb) $$, :'m2_tok'),
                   'the job named with a stale token is untouched');
-SELECT is((pg_temp.job(:m1)).finished_at, '2030-01-02 12:00:00+00'::timestamptz, 'finished_at is now');
+SELECT is((pg_temp.job(:m1)).finished_at, '2999-01-02 12:00:00+00'::timestamptz, 'finished_at is now');
 SELECT results_eq(
     format($$ SELECT job_id, state FROM treadle.complete_many(ARRAY[%s, %s]::bigint[], ARRAY[%L, %L]::uuid[]) $$,
            :m1, :m2, :'m1_tok', :'m2_tok'),
@@ -119,26 +119,26 @@ SELECT results_eq(format($$ SELECT state, lease_token FROM treadle.jobs WHERE id
 --------------------------------------------------------------------------------
 -- fail
 --------------------------------------------------------------------------------
-SET LOCAL treadle.now = '2030-01-03 12:00:00+00';
+SET LOCAL treadle.now = '2999-01-03 12:00:00+00';
 SELECT id AS f, lease_token AS f_tok FROM pg_temp.leased() \gset
 SELECT is(treadle.fail(:f, :'f_tok', 'smtp timeout', '10 minutes'), 'retryable', 'fail with attempts left: retryable');
 SELECT results_eq(
     format($$ SELECT state, run_at, attempt, last_error, failed_at, finished_at, lease_until, lease_token, errors
                 FROM treadle.jobs WHERE id = %s $$, :f),
-    $$ VALUES ('retryable'::text, '2030-01-03 12:10:00+00'::timestamptz, 1, 'smtp timeout'::text,
-               '2030-01-03 12:00:00+00'::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::uuid,
-               '[{"attempt": 1, "at": "2030-01-03T12:00:00+00:00", "error": "smtp timeout"}]'::jsonb) $$,
+    $$ VALUES ('retryable'::text, '2999-01-03 12:10:00+00'::timestamptz, 1, 'smtp timeout'::text,
+               '2999-01-03 12:00:00+00'::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::uuid,
+               '[{"attempt": 1, "at": "2999-01-03T12:00:00+00:00", "error": "smtp timeout"}]'::jsonb) $$,
     'a retryable job: due at now + retry_in, the error kept, the lease cleared, not finished');
 SELECT is(treadle.fail(:f, :'f_tok', 'again'), NULL, 'failing twice with the same token returns null');
 SELECT is((pg_temp.job(:f)).last_error, 'smtp timeout', 'a stale fail changes nothing');
-SET LOCAL treadle.now = '2030-01-03 12:10:00+00';
+SET LOCAL treadle.now = '2999-01-03 12:10:00+00';
 SELECT is((SELECT lease_token FROM treadle.claim('w', ARRAY[(pg_temp.job(:f)).queue])), (pg_temp.job(:f)).lease_token,
           'the retryable job is claimed again when due');
 SELECT is(treadle.fail(:f, (pg_temp.job(:f)).lease_token, 'still down', '0 seconds'), 'retryable',
           'a retry_in of zero is allowed');
 SELECT results_eq(
     format($$ SELECT run_at, attempt, jsonb_array_length(errors), errors -> 1 ->> 'error' FROM treadle.jobs WHERE id = %s $$, :f),
-    $$ VALUES ('2030-01-03 12:10:00+00'::timestamptz, 2, 2, 'still down'::text) $$,
+    $$ VALUES ('2999-01-03 12:10:00+00'::timestamptz, 2, 2, 'still down'::text) $$,
     'retry_in zero: due now; errors keep every attempt');
 
 SELECT id AS g, lease_token AS g_tok FROM pg_temp.leased() \gset
@@ -151,8 +151,8 @@ SELECT is((pg_temp.job(:g)).last_error, '(no error message)', 'a null error is s
 -- The default backoff: 2^attempt seconds plus less than a second, at most an hour
 SELECT id AS h, lease_token AS h_tok FROM pg_temp.leased() \gset
 SELECT is(treadle.fail(:h, :'h_tok', 'x'), 'retryable', 'fail without retry_in: retryable');
-SELECT ok((SELECT run_at - '2030-01-03 12:10:00+00'::timestamptz >= interval '2 seconds'
-              AND run_at - '2030-01-03 12:10:00+00'::timestamptz < interval '3 seconds'
+SELECT ok((SELECT run_at - '2999-01-03 12:10:00+00'::timestamptz >= interval '2 seconds'
+              AND run_at - '2999-01-03 12:10:00+00'::timestamptz < interval '3 seconds'
              FROM treadle.jobs WHERE id = :h),
           'after attempt 1 the default backoff is 2 s plus less than 1 s');
 SELECT is_empty(
@@ -183,20 +183,39 @@ SELECT results_eq(format($$ SELECT state, attempt FROM treadle.jobs WHERE id = %
                   $$ VALUES ('retryable'::text, 10) $$, 'ten attempts failed');
 SELECT lease_token AS cap_tok FROM treadle.claim('w', ARRAY[(pg_temp.job(:cap)).queue]) \gset
 SELECT is(treadle.fail(:cap, :'cap_tok', 'x'), 'retryable', 'attempt 11 fails with the default backoff');
-SELECT ok((SELECT run_at - '2030-01-03 12:10:00+00'::timestamptz >= interval '2048 seconds'
-              AND run_at - '2030-01-03 12:10:00+00'::timestamptz < interval '2049 seconds'
+SELECT ok((SELECT run_at - '2999-01-03 12:10:00+00'::timestamptz >= interval '2048 seconds'
+              AND run_at - '2999-01-03 12:10:00+00'::timestamptz < interval '2049 seconds'
              FROM treadle.jobs WHERE id = :cap),
           'after attempt 11 the backoff is 2048 s plus less than 1 s');
-SET LOCAL treadle.now = '2030-01-03 13:00:00+00';
+SET LOCAL treadle.now = '2999-01-03 13:00:00+00';
 SELECT lease_token AS cap_tok FROM treadle.claim('w', ARRAY[(pg_temp.job(:cap)).queue]) \gset
 SELECT is(treadle.fail(:cap, :'cap_tok', 'x'), 'retryable', 'attempt 12 fails with the default backoff');
-SELECT is((pg_temp.job(:cap)).run_at, '2030-01-03 14:00:00+00'::timestamptz, 'after attempt 12 the backoff is capped at one hour');
+SELECT is((pg_temp.job(:cap)).run_at, '2999-01-03 14:00:00+00'::timestamptz, 'after attempt 12 the backoff is capped at one hour');
+
+-- The error history keeps the newest 50 attempts
+SELECT id AS hist FROM pg_temp.leased('history', max_attempts => 60) \gset
+DO $$
+DECLARE
+    v_job treadle.jobs := pg_temp.job((SELECT max(id) FROM treadle.jobs));  -- the job just leased
+BEGIN
+    FOR i IN 1 .. 54 LOOP
+        PERFORM treadle.fail(v_job.id, v_job.lease_token, 'failure ' || i, '0 seconds');
+        SELECT * INTO STRICT v_job FROM treadle.claim('w', ARRAY[v_job.queue]);
+    END LOOP;
+    PERFORM treadle.fail(v_job.id, v_job.lease_token, 'failure 55', '0 seconds');
+END;
+$$;
+SELECT results_eq(
+    format($$ SELECT attempt, jsonb_array_length(errors), errors -> 0 ->> 'attempt', errors -> 49 ->> 'error', last_error
+                FROM treadle.jobs WHERE id = %s $$, :hist),
+    $$ VALUES (55, 50, '6'::text, 'failure 55'::text, 'failure 55'::text) $$,
+    'after 55 failures the error history holds the newest 50, oldest first');
 
 -- Attempts spent: discarded
 SELECT id AS once, lease_token AS once_tok FROM pg_temp.leased(max_attempts => 1) \gset
 SELECT is(treadle.fail(:once, :'once_tok', 'fatal'), 'discarded', 'fail on the last attempt: discarded');
 SELECT results_eq(format($$ SELECT state, finished_at, run_at, last_error, lease_token FROM treadle.jobs WHERE id = %s $$, :once),
-                  $$ VALUES ('discarded'::text, '2030-01-03 13:00:00+00'::timestamptz, '-infinity'::timestamptz,
+                  $$ VALUES ('discarded'::text, '2999-01-03 13:00:00+00'::timestamptz, '2000-01-01 00:00:00+00'::timestamptz,
                              'fatal'::text, NULL::uuid) $$,
                   'a discarded job is finished now, keeps its error and its run_at');
 SELECT id AS twice, lease_token AS twice_tok FROM pg_temp.leased(max_attempts => 2) \gset
@@ -209,7 +228,7 @@ SELECT id AS fc, lease_token AS fc_tok FROM pg_temp.leased() \gset
 SELECT ok(treadle.cancel(:fc), 'a cancel is requested');
 SELECT is(treadle.fail(:fc, :'fc_tok', 'aborted'), 'cancelled', 'fail after a cancel request: cancelled');
 SELECT results_eq(format($$ SELECT state, finished_at, last_error FROM treadle.jobs WHERE id = %s $$, :fc),
-                  $$ VALUES ('cancelled'::text, '2030-01-03 13:00:00+00'::timestamptz, 'aborted'::text) $$,
+                  $$ VALUES ('cancelled'::text, '2999-01-03 13:00:00+00'::timestamptz, 'aborted'::text) $$,
                   'the cancelled job is finished and keeps the error');
 
 -- Bad input
@@ -225,11 +244,11 @@ SELECT results_eq(format($$ SELECT state, lease_token, last_error, errors FROM t
 --------------------------------------------------------------------------------
 -- release
 --------------------------------------------------------------------------------
-SET LOCAL treadle.now = '2030-01-04 12:00:00+00';
+SET LOCAL treadle.now = '2999-01-04 12:00:00+00';
 SELECT id AS r, lease_token AS r_tok FROM pg_temp.leased() \gset
 SELECT is(treadle.release(:r, :'r_tok'), 'available', 'release with the token: available');
 SELECT results_eq(format($$ SELECT state, attempt, run_at, lease_until, lease_token, finished_at FROM treadle.jobs WHERE id = %s $$, :r),
-                  $$ VALUES ('available'::text, 0, '2030-01-04 12:00:00+00'::timestamptz, NULL::timestamptz, NULL::uuid,
+                  $$ VALUES ('available'::text, 0, '2999-01-04 12:00:00+00'::timestamptz, NULL::timestamptz, NULL::uuid,
                              NULL::timestamptz) $$,
                   'a released job is due now with its attempt given back');
 SELECT is(treadle.release(:r, :'r_tok'), NULL, 'releasing twice returns null');
@@ -251,7 +270,7 @@ SELECT is((pg_temp.job(:r3)).state, 'running', 'a wrong token changes nothing');
 SELECT ok(treadle.cancel(:r3), 'a cancel is requested');
 SELECT is(treadle.release(:r3, :'r3_tok'), 'cancelled', 'release after a cancel request: cancelled');
 SELECT results_eq(format($$ SELECT state, finished_at, attempt FROM treadle.jobs WHERE id = %s $$, :r3),
-                  $$ VALUES ('cancelled'::text, '2030-01-04 12:00:00+00'::timestamptz, 1) $$,
+                  $$ VALUES ('cancelled'::text, '2999-01-04 12:00:00+00'::timestamptz, 1) $$,
                   'the released cancelled job is finished');
 
 SELECT id AS r4, lease_token AS r4_tok FROM pg_temp.leased() \gset

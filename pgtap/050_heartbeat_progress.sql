@@ -5,7 +5,7 @@ BEGIN;
 SELECT plan(38);
 \ir helpers.psql
 
-SET LOCAL treadle.now = '2030-01-01 12:00:00+00';
+SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
 SELECT has_function('treadle', 'heartbeat', ARRAY['bigint', 'uuid', 'interval'], 'treadle.heartbeat exists');
 SELECT has_function('treadle', 'progress', ARRAY['bigint', 'uuid', 'double precision', 'text'], 'treadle.progress exists');
@@ -14,26 +14,26 @@ SELECT has_function('treadle', 'progress', ARRAY['bigint', 'uuid', 'double preci
 -- heartbeat
 --------------------------------------------------------------------------------
 SELECT id AS a, lease_token AS a_tok FROM pg_temp.leased() \gset
-SET LOCAL treadle.now = '2030-01-01 12:00:20+00';
+SET LOCAL treadle.now = '2999-01-01 12:00:20+00';
 SELECT is(treadle.heartbeat(:a, :'a_tok'), 'held', 'a heartbeat with the token: held');
-SELECT is((pg_temp.job(:a)).lease_until, '2030-01-01 12:00:50+00'::timestamptz, 'the lease moves to now + 30 seconds');
+SELECT is((pg_temp.job(:a)).lease_until, '2999-01-01 12:00:50+00'::timestamptz, 'the lease moves to now + 30 seconds');
 SELECT is(treadle.heartbeat(:a, :'a_tok', '5 minutes'), 'held', 'a heartbeat with a lease of its own: held');
-SELECT is((pg_temp.job(:a)).lease_until, '2030-01-01 12:05:20+00'::timestamptz, 'the lease moves to now + lease');
+SELECT is((pg_temp.job(:a)).lease_until, '2999-01-01 12:05:20+00'::timestamptz, 'the lease moves to now + lease');
 SELECT results_eq(format($$ SELECT state, attempt, lease_token FROM treadle.jobs WHERE id = %s $$, :a),
                   format($$ VALUES ('running'::text, 1, %L::uuid) $$, :'a_tok'),
                   'a heartbeat changes only the lease');
 
-SET LOCAL treadle.now = '2030-01-01 13:00:00+00';
+SET LOCAL treadle.now = '2999-01-01 13:00:00+00';
 SELECT is(treadle.heartbeat(:a, :'a_tok'), 'held', 'an expired lease nobody took over is still held');
-SELECT is((pg_temp.job(:a)).lease_until, '2030-01-01 13:00:30+00'::timestamptz, 'and is extended from now');
+SELECT is((pg_temp.job(:a)).lease_until, '2999-01-01 13:00:30+00'::timestamptz, 'and is extended from now');
 
 SELECT is(treadle.heartbeat(:a, gen_random_uuid()), 'lost', 'a wrong token: lost');
-SELECT is((pg_temp.job(:a)).lease_until, '2030-01-01 13:00:30+00'::timestamptz, 'a wrong token does not move the lease');
+SELECT is((pg_temp.job(:a)).lease_until, '2999-01-01 13:00:30+00'::timestamptz, 'a wrong token does not move the lease');
 SELECT is(treadle.heartbeat(-1, gen_random_uuid()), 'lost', 'an unknown job: lost');
 
 SELECT ok(treadle.cancel(:a), 'a cancel is requested');
 SELECT is(treadle.heartbeat(:a, :'a_tok'), 'cancel', 'after a cancel request the heartbeat says cancel');
-SELECT is((pg_temp.job(:a)).lease_until, '2030-01-01 13:00:30+00'::timestamptz, 'and still extends the lease');
+SELECT is((pg_temp.job(:a)).lease_until, '2999-01-01 13:00:30+00'::timestamptz, 'and still extends the lease');
 SELECT is(treadle.complete(:a, :'a_tok'), 'cancelled', 'the job finishes as cancelled');
 SELECT is(treadle.heartbeat(:a, :'a_tok'), 'lost', 'a finished job: lost');
 
@@ -45,7 +45,7 @@ SELECT throws_ok(format('SELECT treadle.heartbeat(%s, %L, %L)', :b, :'b_tok', '-
 SELECT throws_ok(format('SELECT treadle.heartbeat(%s, %L, NULL)', :b, :'b_tok'), '22004', NULL, 'a null lease raises 22004');
 SELECT throws_ok(format('SELECT treadle.heartbeat(NULL, %L)', :'b_tok'), '22004', NULL, 'a null job_id raises 22004');
 SELECT throws_ok(format('SELECT treadle.heartbeat(%s, NULL)', :b), '22004', NULL, 'a null lease_token raises 22004');
-SELECT is((pg_temp.job(:b)).lease_until, '2030-01-01 13:00:30+00'::timestamptz, 'a bad heartbeat does not move the lease');
+SELECT is((pg_temp.job(:b)).lease_until, '2999-01-01 13:00:30+00'::timestamptz, 'a bad heartbeat does not move the lease');
 
 --------------------------------------------------------------------------------
 -- progress

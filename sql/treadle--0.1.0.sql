@@ -365,9 +365,10 @@ COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text) IS
 -- returns that job's id (whatever its state) and inserts nothing; a caller that
 -- meets another's uncommitted insert of the key waits for it, then gets its id
 -- (commit) or inserts its own (rollback). With `every`, the job starts a
--- periodic series (see treadle._finish_follow_up).
--- Raises 22004: name or queue null. 22023: name or queue empty, args neither an
--- object nor an array, max_attempts < 1, every <= 0.
+-- periodic series (see treadle._follow_up).
+-- Raises 22004: name, queue or priority null. 22023: name or queue empty, args
+-- neither an object nor an array, max_attempts < 1, run_at infinite, every <= 0
+-- or so long that the next occurrence is past the last time PostgreSQL can hold.
 --------------------------------------------------------------------------------
 CREATE FUNCTION treadle.enqueue(
     name            text,
@@ -415,6 +416,20 @@ BEGIN
         RAISE EXCEPTION 'treadle: every must be positive, got %', enqueue.every
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- an infinite run_at never comes, and breaks every age the views compute
+    IF NOT isfinite(enqueue.run_at) THEN
+        RAISE EXCEPTION 'treadle: run_at must be a finite time, got %', enqueue.run_at
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- a next occurrence that cannot be stored would make every finish of the job fail
+    IF enqueue.every IS NOT NULL THEN
+        BEGIN
+            PERFORM coalesce(enqueue.run_at, v_now) + enqueue.every;
+        EXCEPTION WHEN datetime_field_overflow THEN
+            RAISE EXCEPTION 'treadle: every is too long: %', enqueue.every
+                USING ERRCODE = 'invalid_parameter_value';
+        END;
+    END IF;
 
     LOOP
         INSERT INTO treadle.jobs AS j
@@ -451,16 +466,20 @@ COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, int
 -- jobs is a JSON array of objects whose keys are enqueue's argument names; a
 -- missing key takes enqueue's default, run_at is an ISO 8601 string, every an
 -- interval string ("5 minutes"). Returns the ids in input order; a key repeated
--- in the array, or already held by a job, returns the first job's id.
+-- in the array, or already held by a job, returns the first job's id. Concurrent
+-- calls sharing keys, in any order, never deadlock with each other.
 -- Raises 22004: jobs null. 22023: jobs not an array, or any element bad
--- (not an object, an unknown key, a value of the wrong type or out of range);
--- nothing is written then.
+-- (not an object, an unknown key, a value of the wrong type or out of range,
+-- an infinite run_at, an every as enqueue refuses it); nothing is written then.
 --------------------------------------------------------------------------------
 CREATE FUNCTION treadle.enqueue_many(jobs jsonb)
 RETURNS SETOF bigint
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
+-- The planner cannot count rows in unnest'ed arrays and takes a large batch for a huge
+-- one: JIT compiling then costs more than the insert itself (300 ms at 10,000 jobs).
+SET jit = off
 AS $$
 DECLARE
     c_keys CONSTANT text[] := ARRAY['name', 'args', 'queue', 'priority', 'run_at', 'max_attempts',
@@ -538,12 +557,24 @@ BEGIN
         RAISE EXCEPTION 'treadle: jobs has an "every" that is not positive'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF EXISTS (SELECT 1 FROM unnest(a_run_at) AS r(run_at) WHERE NOT isfinite(r.run_at)) THEN
+        RAISE EXCEPTION 'treadle: jobs has a "run_at" that is not a finite time'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    BEGIN
+        PERFORM max(u.run_at + u.every) FROM unnest(a_run_at, a_every) AS u(run_at, every);
+    EXCEPTION WHEN datetime_field_overflow THEN
+        RAISE EXCEPTION 'treadle: jobs has an "every" so long that the next occurrence cannot be stored'
+            USING ERRCODE = 'invalid_parameter_value';
+    END;
     IF a_name IS NULL THEN
         RETURN;  -- an empty array
     END IF;
 
     -- One INSERT for all rows. Ids are drawn first so that each input row knows its
-    -- own; a keyed row that is not inserted maps to the job holding its key.
+    -- own; a keyed row that is not inserted maps to the job holding its key. Rows go
+    -- in key order (the first of a repeated key wins), so concurrent batches that
+    -- share keys wait for each other in the same order and never deadlock.
     WITH input AS (
         SELECT i.*, nextval('treadle.jobs_id_seq'::regclass) AS new_id
           FROM unnest(a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every)
@@ -554,17 +585,19 @@ BEGIN
         SELECT i.new_id, i.queue, i.name, i.args, i.priority, i.run_at, i.max_attempts,
                i.idempotency_key, i.every, v_now
           FROM input AS i
-         ORDER BY i.ord
+         ORDER BY i.idempotency_key, i.ord
         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING j.id, j.idempotency_key
     )
+    -- Joins, not a subquery per row over `inserted`: that one grew as rows squared.
     SELECT array_agg(coalesce(
-               (SELECT n.id FROM inserted AS n WHERE n.id = i.new_id),
-               (SELECT n.id FROM inserted AS n WHERE n.idempotency_key = i.idempotency_key),
+               n.id, k.id,
                (SELECT j.id FROM treadle.jobs AS j WHERE j.idempotency_key = i.idempotency_key))
            ORDER BY i.ord)
       INTO v_ids
-      FROM input AS i;
+      FROM input AS i
+      LEFT JOIN inserted AS n ON n.id = i.new_id
+      LEFT JOIN inserted AS k ON n.id IS NULL AND k.idempotency_key = i.idempotency_key;
 
     -- A key whose holder committed while this statement waited is not in its snapshot:
     -- look it up again with a fresh one.
@@ -1064,6 +1097,9 @@ BEGIN
         RETURN NULL;
     END IF;
     PERFORM treadle._follow_up(ARRAY[v_job]);
+    IF v_job.state = 'retryable' AND v_job.run_at <= v_now THEN
+        PERFORM treadle._notify('treadle_jobs', v_job.queue);  -- a retry due at once
+    END IF;
     RETURN v_job.state;
 END;
 $$;
@@ -1276,8 +1312,9 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 -- treadle.prune(older_than) -> bigint
 --
 -- Transition: deletes finished jobs (completed, discarded, cancelled) and
--- finished workflow runs (with their step jobs) whose finished_at is older than
--- now - older_than. Steps of a running run stay. Returns how many jobs it deleted.
+-- finished workflow runs whose finished_at is older than now - older_than. Step
+-- jobs go only with their run, so a kept run keeps its whole history. Returns
+-- how many jobs it deleted (step jobs included).
 -- Raises 22004: older_than null. 22023: older_than negative.
 --------------------------------------------------------------------------------
 CREATE FUNCTION treadle.prune(older_than interval DEFAULT '7 days')
@@ -1309,9 +1346,7 @@ BEGIN
 
     DELETE FROM treadle.jobs AS j
      WHERE j.finished_at < v_cutoff
-       AND (j.workflow_run_id IS NULL
-            OR NOT EXISTS (SELECT 1 FROM treadle.workflow_runs AS r
-                            WHERE r.id = j.workflow_run_id AND r.state = 'running'));
+       AND j.workflow_run_id IS NULL;
     GET DIAGNOSTICS v_jobs = ROW_COUNT;
     RETURN v_jobs + v_steps;
 END;
@@ -1707,6 +1742,194 @@ SELECT r.id, r.name, r.state,
 COMMENT ON VIEW treadle.workflow_run_overview IS
     'Workflow runs: state, current step, steps done of total.';
 --------------------------------------------------------------------------------
+-- Dashboard reads: one job, a workflow run's steps, and counts that stay fast on
+-- large tables. Finished rows have no index by state (claims never need one), so
+-- on a large table their counts come from the planner's statistics and say so.
+--------------------------------------------------------------------------------
+
+-- Joint statistics of queue and state: estimated counts per queue then follow each
+-- queue's own mix of states instead of assuming queue and state are independent.
+CREATE STATISTICS treadle.jobs_queue_state_stats (mcv) ON queue, state FROM treadle.jobs;
+
+-- One job as a reader sees it: every column but the lease token, which is a
+-- worker's write credential that nobody reading needs.
+CREATE VIEW treadle.job_details AS
+SELECT j.id, j.queue, j.name, j.args, j.state, j.priority, j.run_at, j.attempt, j.max_attempts,
+       j.lease_until, j.worker_id, j.idempotency_key, j.result, j.last_error, j.created_at,
+       j.finished_at, j.workflow_run_id, j.step, j.every, j.next_id, j.cancel_requested,
+       j.started_at, j.failed_at, j.errors, j.progress, j.progress_message
+  FROM treadle.jobs AS j;
+COMMENT ON VIEW treadle.job_details IS
+    'Every job with all its columns but the lease token; filter by id, queue, name or state.';
+
+-- A run's steps in order, each with the job that runs it; a step whose job is not
+-- enqueued yet has state 'pending' and no job.
+CREATE VIEW treadle.workflow_run_steps AS
+SELECT r.id AS run_id, s.position, s.step,
+       j.id AS job_id,
+       coalesce(j.state, 'pending') AS state,
+       j.attempt, j.max_attempts, j.cancel_requested,
+       r.results ? s.step AS has_result,
+       r.results -> s.step AS result,
+       j.last_error, j.errors, j.progress, j.progress_message,
+       j.run_at, j.started_at, j.finished_at
+  FROM treadle.workflow_runs AS r
+ CROSS JOIN LATERAL unnest(r.steps) WITH ORDINALITY AS s(step, position)
+  LEFT JOIN LATERAL (
+        SELECT j.* FROM treadle.jobs AS j
+         WHERE j.workflow_run_id = r.id AND j.step = s.step
+         ORDER BY j.id DESC
+         LIMIT 1) AS j ON true;
+COMMENT ON VIEW treadle.workflow_run_steps IS
+    'A workflow run''s steps in order, with each step''s job, state, attempt, result and error.';
+
+--------------------------------------------------------------------------------
+-- treadle._estimated_jobs(queue, state) -> bigint
+--
+-- The planner's estimate of how many jobs are in a state (in one queue, or in all
+-- when queue is null), from the table's statistics: no row is read. Never below 1,
+-- as the planner rounds up. VOLATILE because it runs EXPLAIN, so not PUBLIC's:
+-- treadle.grant_dashboard grants it.
+--------------------------------------------------------------------------------
+CREATE FUNCTION treadle._estimated_jobs(queue text, state text)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_plan json;
+BEGIN
+    EXECUTE format('EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE j.state = %L%s',
+                   state,
+                   CASE WHEN queue IS NULL THEN '' ELSE format(' AND j.queue = %L', queue) END)
+       INTO v_plan;
+    RETURN round((v_plan -> 0 -> 'Plan' ->> 'Plan Rows')::numeric)::bigint;
+END;
+$$;
+COMMENT ON FUNCTION treadle._estimated_jobs(text, text) IS
+    'Planner estimate of the jobs in a state (and queue), read from statistics only.';
+
+--------------------------------------------------------------------------------
+-- treadle.job_counts(exact_up_to) -> table(queue, state, jobs, estimated,
+--                                          oldest_available_age)
+--
+-- Jobs per state: one row per state with queue null (the total over all queues,
+-- every state present, 0 included), and one row per queue and state that has
+-- jobs, carrying the age of that queue's oldest due claimable job (null when it
+-- has none; a growing age is the first sign of trouble).
+-- When the table holds at most exact_up_to rows (by its statistics, or when it
+-- has none yet), every count is exact. Above that, a state's count is estimated
+-- (estimated = true) when it must be: finished states always, since counting them
+-- would read the whole table; available, retryable and running only when their own
+-- estimate passes exact_up_to (otherwise their indexes give an exact count).
+-- It changes nothing, but is VOLATILE (it runs EXPLAIN), so not PUBLIC's:
+-- treadle.grant_dashboard grants it.
+-- Raises 22004: exact_up_to null. 22023: exact_up_to negative.
+--------------------------------------------------------------------------------
+CREATE FUNCTION treadle.job_counts(exact_up_to bigint DEFAULT 100000)
+RETURNS TABLE (queue text, state text, jobs bigint, estimated boolean, oldest_available_age interval)
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    c_states CONSTANT text[] := ARRAY['available', 'running', 'retryable', 'completed', 'discarded', 'cancelled'];
+    v_now   timestamptz := treadle._now();
+    v_rows  real;
+    v_small boolean;
+    v_exact text[];  -- the states counted exactly
+BEGIN
+    IF job_counts.exact_up_to IS NULL THEN
+        RAISE EXCEPTION 'treadle: exact_up_to must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF job_counts.exact_up_to < 0 THEN
+        RAISE EXCEPTION 'treadle: exact_up_to must not be negative, got %', job_counts.exact_up_to
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- reltuples is -1 until the table is first vacuumed or analyzed: count exactly then
+    SELECT c.reltuples INTO v_rows FROM pg_catalog.pg_class AS c WHERE c.oid = 'treadle.jobs'::regclass;
+    v_small := v_rows < 0 OR v_rows <= job_counts.exact_up_to;
+    IF v_small THEN
+        v_exact := c_states;
+    ELSE
+        SELECT coalesce(array_agg(s.state), ARRAY[]::text[]) INTO v_exact
+          FROM unnest(ARRAY['available', 'retryable', 'running']) AS s(state)
+         WHERE treadle._estimated_jobs(NULL, s.state) <= job_counts.exact_up_to;
+    END IF;
+
+    RETURN QUERY
+    WITH exact AS (
+        -- a small table: one pass over it
+        SELECT j.queue, j.state, count(*) AS jobs
+          FROM treadle.jobs AS j
+         WHERE v_small
+         GROUP BY j.queue, j.state
+        UNION ALL
+        -- a large one: waiting and running states from their partial indexes
+        SELECT j.queue, j.state, count(*)
+          FROM treadle.jobs AS j
+         WHERE NOT v_small
+           AND j.state = ANY (ARRAY['available', 'retryable'])
+           AND j.state = ANY (v_exact)
+         GROUP BY j.queue, j.state
+        UNION ALL
+        SELECT j.queue, j.state, count(*)
+          FROM treadle.jobs AS j
+         WHERE NOT v_small
+           AND j.state = 'running'
+           AND 'running' = ANY (v_exact)
+         GROUP BY j.queue, j.state
+    ), queues AS (
+        -- the queues an estimate is given for: those with counted work, and those
+        -- the column statistics know of
+        SELECT e.queue FROM exact AS e
+        UNION
+        SELECT m.queue
+          FROM pg_catalog.pg_stats AS st
+         CROSS JOIN unnest(st.most_common_vals::text::text[]) AS m(queue)
+         WHERE st.schemaname = 'treadle' AND st.tablename = 'jobs' AND st.attname = 'queue'
+    ), per_queue AS (
+        SELECT e.queue, e.state, e.jobs, false AS estimated FROM exact AS e
+        UNION ALL
+        SELECT q.queue, s.state, treadle._estimated_jobs(q.queue, s.state), true
+          FROM queues AS q
+         CROSS JOIN unnest(c_states) AS s(state)
+         WHERE NOT v_small
+           AND s.state <> ALL (v_exact)
+    ), ages AS (
+        SELECT j.queue, v_now - min(j.run_at) AS age
+          FROM treadle.jobs AS j
+         WHERE j.state = ANY (ARRAY['available', 'retryable'])
+           AND j.run_at <= v_now
+         GROUP BY j.queue
+    )
+    SELECT r.queue, r.state, r.jobs, r.estimated, r.age
+      FROM (SELECT NULL::text AS queue, s.state,
+                   CASE WHEN s.state = ANY (v_exact)
+                        THEN (SELECT coalesce(sum(e.jobs), 0)::bigint FROM exact AS e WHERE e.state = s.state)
+                        ELSE treadle._estimated_jobs(NULL, s.state) END AS jobs,
+                   s.state <> ALL (v_exact) AS estimated,
+                   NULL::interval AS age
+              FROM unnest(c_states) AS s(state)
+            UNION ALL
+            SELECT p.queue, p.state, p.jobs, p.estimated, a.age
+              FROM per_queue AS p
+              LEFT JOIN ages AS a ON a.queue = p.queue
+             WHERE p.jobs > 0) AS r
+     ORDER BY r.queue NULLS FIRST, array_position(c_states, r.state);
+END;
+$$;
+COMMENT ON FUNCTION treadle.job_counts(bigint) IS
+    'Jobs per state (queue null: all queues) and per queue and state, with each queue''s oldest waiting age; estimated on large tables, and flagged.';
+
+REVOKE ALL ON FUNCTION
+    treadle._estimated_jobs(text, text),
+    treadle.job_counts(bigint)
+FROM PUBLIC;
+--------------------------------------------------------------------------------
 -- Version and privileges. The extension creates no roles. Functions that change
 -- data are revoked from PUBLIC; treadle.grant_producer, grant_worker and
 -- grant_dashboard give a role the functions and table rights it needs (all
@@ -1839,7 +2062,10 @@ BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA treadle TO %s', role);
     EXECUTE format('GRANT SELECT ON treadle.jobs, treadle.workflow_runs, treadle.workflows, treadle.workers,
         treadle.queue_stats, treadle.throughput, treadle.recent_failures,
-        treadle.workflow_run_overview, treadle.live_workers TO %s', role);
+        treadle.workflow_run_overview, treadle.live_workers,
+        treadle.job_details, treadle.workflow_run_steps TO %s', role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION
+        treadle.job_counts(bigint), treadle._estimated_jobs(text, text) TO %s', role);
     IF NOT read_only THEN
         EXECUTE format('GRANT UPDATE ON treadle.jobs, treadle.workflow_runs TO %s', role);
         EXECUTE format('GRANT EXECUTE ON FUNCTION

@@ -282,6 +282,9 @@ BEGIN
         RETURN NULL;
     END IF;
     PERFORM treadle._follow_up(ARRAY[v_job]);
+    IF v_job.state = 'retryable' AND v_job.run_at <= v_now THEN
+        PERFORM treadle._notify('treadle_jobs', v_job.queue);  -- a retry due at once
+    END IF;
     RETURN v_job.state;
 END;
 $$;

@@ -103,8 +103,9 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 -- treadle.prune(older_than) -> bigint
 --
 -- Transition: deletes finished jobs (completed, discarded, cancelled) and
--- finished workflow runs (with their step jobs) whose finished_at is older than
--- now - older_than. Steps of a running run stay. Returns how many jobs it deleted.
+-- finished workflow runs whose finished_at is older than now - older_than. Step
+-- jobs go only with their run, so a kept run keeps its whole history. Returns
+-- how many jobs it deleted (step jobs included).
 -- Raises 22004: older_than null. 22023: older_than negative.
 --------------------------------------------------------------------------------
 CREATE FUNCTION treadle.prune(older_than interval DEFAULT '7 days')
@@ -136,9 +137,7 @@ BEGIN
 
     DELETE FROM treadle.jobs AS j
      WHERE j.finished_at < v_cutoff
-       AND (j.workflow_run_id IS NULL
-            OR NOT EXISTS (SELECT 1 FROM treadle.workflow_runs AS r
-                            WHERE r.id = j.workflow_run_id AND r.state = 'running'));
+       AND j.workflow_run_id IS NULL;
     GET DIAGNOSTICS v_jobs = ROW_COUNT;
     RETURN v_jobs + v_steps;
 END;

@@ -131,7 +131,10 @@ BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA treadle TO %s', role);
     EXECUTE format('GRANT SELECT ON treadle.jobs, treadle.workflow_runs, treadle.workflows, treadle.workers,
         treadle.queue_stats, treadle.throughput, treadle.recent_failures,
-        treadle.workflow_run_overview, treadle.live_workers TO %s', role);
+        treadle.workflow_run_overview, treadle.live_workers,
+        treadle.job_details, treadle.workflow_run_steps TO %s', role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION
+        treadle.job_counts(bigint), treadle._estimated_jobs(text, text) TO %s', role);
     IF NOT read_only THEN
         EXECUTE format('GRANT UPDATE ON treadle.jobs, treadle.workflow_runs TO %s', role);
         EXECUTE format('GRANT EXECUTE ON FUNCTION

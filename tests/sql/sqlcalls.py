@@ -1,0 +1,23 @@
+"""What the SQL tests share: connection types, and one row or one value from a statement."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+Connect = Callable[..., psycopg.Connection]
+WaitBlocked = Callable[[int], None]
+
+
+def row(conn: psycopg.Connection, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> tuple[Any, ...]:
+    """The row a statement returns (the first, when it returns more); fails when there is none."""
+    found = conn.execute(sql, params).fetchone()
+    assert found is not None, f"no row from: {sql}"
+    return found
+
+
+def value(conn: psycopg.Connection, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> Any:
+    """The first column of the row a statement returns."""
+    return row(conn, sql, params)[0]

@@ -1,0 +1,98 @@
+"""Several connections claim from one backlog at once: every job is claimed exactly once."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+
+from sqlcalls import Connect
+
+
+BACKLOG = 2000
+CLAIMERS = 8
+
+
+def fill_backlog(conn: psycopg.Connection, queue: str, count: int) -> set[int]:
+    rows = conn.execute(
+        """select t.id from treadle.enqueue_many(
+               (select jsonb_agg(jsonb_build_object('name', 'work', 'queue', %s::text, 'args',
+                                                    jsonb_build_object('n', g), 'priority', g %% 7))
+                  from generate_series(1, %s) as g)) as t(id)""",
+        (queue, count),
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def claim_until_empty(
+    conn: psycopg.Connection, worker: str, queue: str, batch: int, start: threading.Barrier
+) -> list[tuple[int, uuid.UUID, int]]:
+    """Claim batches and finish each one with complete_many, until nothing is left."""
+    start.wait()
+    claimed: list[tuple[int, uuid.UUID, int]] = []
+    while True:
+        rows = conn.execute(
+            "select id, lease_token, attempt from treadle.claim(%s, array[%s], batch => %s)",
+            (worker, queue, batch),
+        ).fetchall()
+        if not rows:
+            return claimed
+        claimed.extend(rows)
+        states = conn.execute(
+            "select state from treadle.complete_many(%s, %s)",
+            ([r[0] for r in rows], [r[1] for r in rows]),
+        ).fetchall()
+        assert states == [("completed",)] * len(rows)
+
+
+def test_every_job_of_a_backlog_is_claimed_once(connect: Connect) -> None:
+    setup = connect()
+    ids = fill_backlog(setup, "backlog", BACKLOG)
+    assert len(ids) == BACKLOG
+    conns = [connect() for _ in range(CLAIMERS)]
+    start = threading.Barrier(CLAIMERS)
+
+    with ThreadPoolExecutor(CLAIMERS) as pool:
+        results = list(
+            pool.map(
+                lambda i: claim_until_empty(conns[i], f"w{i}", "backlog", 10 + i * 5, start),
+                range(CLAIMERS),
+            )
+        )
+
+    claims = Counter(job_id for result in results for job_id, _, _ in result)
+    assert set(claims) == ids
+    assert max(claims.values()) == 1
+    assert {attempt for result in results for _, _, attempt in result} == {1}
+    assert sum(1 for result in results if result) > 1, "the backlog was shared by several claimers"
+    states = setup.execute("select state, count(*) from treadle.jobs group by state").fetchall()
+    assert states == [("completed", BACKLOG)]
+
+
+def test_concurrent_claimers_get_disjoint_batches_in_open_transactions(connect: Connect) -> None:
+    """Claims held in open transactions are skipped, not waited for, and never shared."""
+    setup = connect()
+    ids = fill_backlog(setup, "held", 60)
+    holders = [connect(autocommit=False) for _ in range(3)]
+    held: list[set[int]] = []
+    for i, conn in enumerate(holders):
+        rows = conn.execute("select id from treadle.claim(%s, array['held'], batch => 20)", (f"h{i}",)).fetchall()
+        held.append({r[0] for r in rows})
+    for conn in holders:
+        conn.commit()
+    assert [len(h) for h in held] == [20, 20, 20]
+    assert held[0] | held[1] | held[2] == ids
+    assert not (held[0] & held[1]) and not (held[1] & held[2]) and not (held[0] & held[2])
+
+
+def test_a_rolled_back_claim_leaves_the_job_claimable(connect: Connect) -> None:
+    setup = connect()
+    (job_id,) = fill_backlog(setup, "undo", 1)
+    claimer = connect(autocommit=False)
+    assert claimer.execute("select id from treadle.claim('w', array['undo'])").fetchall() == [(job_id,)]
+    claimer.rollback()
+    row = setup.execute("select id, attempt from treadle.claim('w2', array['undo'])").fetchone()
+    assert row == (job_id, 1)

@@ -1,0 +1,98 @@
+"""pg_dump keeps treadle's data: a database with jobs and workflow runs, dumped and restored
+into a new database, has every row back, its sequences past every restored id, and works."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from sqlcalls import Connect, value
+
+
+BINDIR = Path(subprocess.run(["pg_config", "--bindir"], check=True, capture_output=True, text=True).stdout.strip())
+
+ROWS = {
+    "jobs": "select to_jsonb(j) from treadle.jobs as j order by id",
+    "workflow_runs": "select to_jsonb(r) from treadle.workflow_runs as r order by id",
+    "workflows": "select to_jsonb(w) from treadle.workflows as w order by name",
+}
+
+
+@pytest.fixture
+def restored_url(pg_server: str) -> Iterator[str]:
+    """The URL of an empty database to restore into (dropped afterwards)."""
+    name = f"treadle_restore_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield pg_server.rsplit("/", 1)[0] + "/" + name
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def fill(conn: psycopg.Connection) -> uuid.UUID:
+    """Jobs in every state, a periodic series, workflow runs and a definition; returns a live lease token."""
+    conn.execute(
+        """select treadle.enqueue_many((select jsonb_agg(jsonb_build_object('name', 'bulk', 'args', jsonb_build_object('n', g)))
+                                          from generate_series(1, 50) as g))"""
+    )
+    conn.execute("select treadle.enqueue('keyed', idempotency_key => 'invoice-1')")
+    conn.execute("select treadle.enqueue('tick', queue => 'cron', every => '1 hour')")
+    conn.execute("select treadle.complete(id, lease_token, '{\"ok\": true}') from treadle.claim('w', array['cron'])")
+    conn.execute("select treadle.cancel(id) from treadle.jobs where name = 'bulk' and id % 5 = 0")
+    conn.execute("select treadle.fail(id, lease_token, 'boom') from treadle.claim('w', batch => 3)")
+    conn.execute("select treadle.define_workflow('signup', array['create', 'welcome'])")
+    run_id = value(conn, "select treadle.start_workflow('signup', '{\"user\": 1}')")
+    conn.execute(
+        "select treadle.complete(id, lease_token, '{\"account\": 9}') from treadle.claim('w', names => array['workflow:signup'])"
+    )
+    conn.execute("select treadle.start_workflow('other', steps => array['x'], idempotency_key => 'run-1')")
+    assert conn.execute("select treadle.workflow_results(%s)", (run_id,)).fetchone() == ({"create": {"account": 9}},)
+    row = conn.execute("select lease_token from treadle.claim('w', lease => '1 hour')").fetchone()
+    assert row is not None
+    return row[0]
+
+
+def test_dump_and_restore_keeps_rows_and_sequences(connect: Connect, dsn: str, restored_url: str, tmp_path: Path) -> None:
+    source = connect()
+    live_token = fill(source)
+    before = {table: source.execute(sql).fetchall() for table, sql in ROWS.items()}
+    assert len(before["jobs"]) > 50 and len(before["workflow_runs"]) == 2
+
+    dump = tmp_path / "treadle.dump"
+    subprocess.run([str(BINDIR / "pg_dump"), "--format=custom", "--file", str(dump), dsn], check=True)
+    subprocess.run([str(BINDIR / "pg_restore"), "--exit-on-error", "--dbname", restored_url, str(dump)], check=True)
+
+    with psycopg.connect(restored_url, autocommit=True) as restored:
+        after = {table: restored.execute(sql).fetchall() for table, sql in ROWS.items()}
+        assert after == before
+
+        max_job = max(row[0]["id"] for row in before["jobs"])
+        max_run = max(row[0]["id"] for row in before["workflow_runs"])
+        new_job = value(restored, "select treadle.enqueue('after-restore')")
+        assert new_job > max_job
+        new_runs = restored.execute(
+            "select treadle.start_workflow('signup'), treadle.start_workflow('other', steps => array['x'], idempotency_key => 'run-1')"
+        ).fetchone()
+        assert new_runs is not None and new_runs[0] > max_run
+        assert restored.execute("select id from treadle.workflow_runs where idempotency_key = 'run-1'").fetchone() == (new_runs[1],)
+        assert new_runs[1] <= max_run, "a restored workflow key still returns its run"
+        keyed = next(row[0]["id"] for row in before["jobs"] if row[0]["idempotency_key"] == "invoice-1")
+        assert restored.execute("select treadle.enqueue('keyed', idempotency_key => 'invoice-1')").fetchone() == (keyed,)
+
+        # the restored queue works: the job that was running completes with the token it had
+        running_id = next(row[0]["id"] for row in before["jobs"] if row[0]["state"] == "running")
+        assert restored.execute("select treadle.complete(%s, %s)", (running_id, live_token)).fetchone() == ("completed",)
+        # and the restored run goes on to its end
+        step = restored.execute(
+            "select workflow_run_id, treadle.complete(id, lease_token, '\"hi\"') "
+            "from treadle.claim('w', names => array['workflow:signup'])"
+        ).fetchone()
+        assert step is not None and step[1] == "completed"
+        assert restored.execute(
+            "select state, treadle.workflow_results(id) from treadle.workflow_runs where id = %s", (step[0],)
+        ).fetchone() == ("completed", {"create": {"account": 9}, "welcome": "hi"})

@@ -1,0 +1,215 @@
+"""Idempotency keys under concurrency: one row per key, every caller gets its id, no error.
+
+Also the two orders one transaction can meet another's uncommitted insert of a key:
+the waiter gets the holder's id when it commits, and inserts its own when it rolls back.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from sqlcalls import Connect, WaitBlocked
+
+
+CONNECTIONS = 50
+CALLS = 1000
+
+
+def run_on_pool(conns: list[psycopg.Connection], calls: int, call: Callable[[psycopg.Connection, int], object]) -> list:
+    """Run call(conn, i) for i in range(calls) on a thread per connection, each call in its own transaction."""
+    free: queue.Queue[psycopg.Connection] = queue.Queue()
+    for conn in conns:
+        free.put(conn)
+
+    def one(i: int) -> object:
+        conn = free.get()
+        try:
+            with conn.transaction():
+                return call(conn, i)
+        finally:
+            free.put(conn)
+
+    with ThreadPoolExecutor(len(conns)) as pool:
+        return list(pool.map(one, range(calls)))
+
+
+def test_a_thousand_concurrent_enqueues_of_one_key_make_one_row(connect: Connect) -> None:
+    conns = [connect() for _ in range(CONNECTIONS)]
+
+    def enqueue(conn: psycopg.Connection, i: int) -> int:
+        row = conn.execute(
+            "select treadle.enqueue('charge', %s, idempotency_key => 'order-42')", (Jsonb({"caller": i}),)
+        ).fetchone()
+        # a little more work in the same transaction keeps the key's insert uncommitted for longer
+        conn.execute("select count(*) from treadle.jobs")
+        assert row is not None
+        return row[0]
+
+    ids = run_on_pool(conns, CALLS, enqueue)
+
+    rows = conns[0].execute("select id, args from treadle.jobs where idempotency_key = 'order-42'").fetchall()
+    assert len(rows) == 1
+    assert set(ids) == {rows[0][0]}
+    assert conns[0].execute("select count(*) from treadle.jobs").fetchone() == (1,)
+
+
+def test_concurrent_enqueue_many_with_shared_keys(connect: Connect) -> None:
+    """Batches naming the same keys in different orders: one row per key, every id agrees, no deadlock."""
+    conns = [connect() for _ in range(20)]
+    keys = [f"k{n}" for n in range(25)]
+
+    def enqueue_many(conn: psycopg.Connection, i: int) -> dict[str, int]:
+        order = keys[:]
+        random.Random(i).shuffle(order)
+        specs = [{"name": "sync", "idempotency_key": k, "args": {"by": i}} for k in order]
+        specs.append({"name": "unkeyed", "args": {"by": i}})
+        ids = [r[0] for r in conn.execute("select * from treadle.enqueue_many(%s)", (Jsonb(specs),)).fetchall()]
+        assert len(ids) == len(specs)
+        return dict(zip(order + ["unkeyed"], ids))
+
+    results = run_on_pool(conns, 200, enqueue_many)
+
+    held = dict(
+        conns[0].execute("select idempotency_key, id from treadle.jobs where idempotency_key is not null").fetchall()
+    )
+    assert sorted(held) == sorted(keys)
+    for result in results:
+        assert {k: result[k] for k in keys} == held
+    unkeyed = {result["unkeyed"] for result in results}
+    assert len(unkeyed) == 200
+    assert conns[0].execute("select count(*) from treadle.jobs where name = 'unkeyed'").fetchone() == (200,)
+
+
+def test_concurrent_start_workflow_with_one_key_starts_one_run(connect: Connect) -> None:
+    conns = [connect() for _ in range(20)]
+
+    def start(conn: psycopg.Connection, i: int) -> int:
+        row = conn.execute(
+            "select treadle.start_workflow('onboard', %s, array['a', 'b'], idempotency_key => 'user-7')",
+            (Jsonb({"caller": i}),),
+        ).fetchone()
+        assert row is not None
+        return row[0]
+
+    ids = run_on_pool(conns, 200, start)
+
+    assert len(set(ids)) == 1
+    assert conns[0].execute("select count(*) from treadle.workflow_runs").fetchone() == (1,)
+    assert conns[0].execute("select count(*) from treadle.jobs where workflow_run_id = %s", (ids[0],)).fetchone() == (1,)
+
+
+class Waiter(threading.Thread):
+    """Runs one statement on its own connection and keeps the first column of every row."""
+
+    def __init__(self, conn: psycopg.Connection, sql: str, params: tuple = ()) -> None:
+        super().__init__(daemon=True)
+        self.conn, self.sql, self.params = conn, sql, params
+        self.pid = conn.info.backend_pid
+        self.result: list = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = [r[0] for r in self.conn.execute(self.sql, self.params).fetchall()]
+        except BaseException as exc:  # handed to the test thread
+            self.error = exc
+
+    def outcome(self) -> list:
+        self.join(60)
+        assert not self.is_alive(), "the waiting statement never returned"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+ENQUEUE_KEYED = "select treadle.enqueue('mail', idempotency_key => 'race-key')"
+ENQUEUE_MANY_KEYED = (
+    "select * from treadle.enqueue_many("
+    """'[{"name": "other"}, {"name": "mail", "idempotency_key": "race-key"}, {"name": "third"}]')"""
+)
+
+
+def hold_key(connect: Connect) -> tuple[psycopg.Connection, int]:
+    """A transaction that has inserted the key and not committed."""
+    holder = connect(autocommit=False)
+    row = holder.execute(ENQUEUE_KEYED).fetchone()
+    assert row is not None
+    return holder, row[0]
+
+
+def test_a_caller_waiting_on_an_uncommitted_key_gets_its_id_after_commit(
+    connect: Connect, wait_until_blocked: WaitBlocked
+) -> None:
+    holder, held_id = hold_key(connect)
+    waiter = Waiter(connect(), ENQUEUE_KEYED)
+    waiter.start()
+    wait_until_blocked(waiter.pid)
+    holder.commit()
+    assert waiter.outcome() == [held_id]
+    assert holder.execute("select count(*) from treadle.jobs").fetchone() == (1,)
+
+
+def test_a_caller_waiting_on_an_uncommitted_key_inserts_its_own_after_rollback(
+    connect: Connect, wait_until_blocked: WaitBlocked
+) -> None:
+    holder, held_id = hold_key(connect)
+    waiter = Waiter(connect(), ENQUEUE_KEYED)
+    waiter.start()
+    wait_until_blocked(waiter.pid)
+    holder.rollback()
+    (own_id,) = waiter.outcome()
+    assert own_id != held_id
+    rows = holder.execute("select id from treadle.jobs where idempotency_key = 'race-key'").fetchall()
+    assert rows == [(own_id,)]
+
+
+def test_enqueue_many_waiting_on_an_uncommitted_key_gets_its_id_after_commit(
+    connect: Connect, wait_until_blocked: WaitBlocked
+) -> None:
+    holder, held_id = hold_key(connect)
+    waiter = Waiter(connect(), ENQUEUE_MANY_KEYED)
+    waiter.start()
+    wait_until_blocked(waiter.pid)
+    holder.commit()
+    other, keyed, third = waiter.outcome()
+    assert keyed == held_id
+    assert len({other, keyed, third}) == 3
+    names = holder.execute("select name from treadle.jobs order by id").fetchall()
+    assert sorted(n for (n,) in names) == ["mail", "other", "third"]
+
+
+def test_enqueue_many_waiting_on_an_uncommitted_key_inserts_its_own_after_rollback(
+    connect: Connect, wait_until_blocked: WaitBlocked
+) -> None:
+    holder, held_id = hold_key(connect)
+    waiter = Waiter(connect(), ENQUEUE_MANY_KEYED)
+    waiter.start()
+    wait_until_blocked(waiter.pid)
+    holder.rollback()
+    other, keyed, third = waiter.outcome()
+    assert keyed != held_id
+    rows = holder.execute("select id, name from treadle.jobs order by id").fetchall()
+    assert rows == sorted([(other, "other"), (keyed, "mail"), (third, "third")])
+
+
+def test_start_workflow_waiting_on_an_uncommitted_key_gets_its_run_after_commit(
+    connect: Connect, wait_until_blocked: WaitBlocked
+) -> None:
+    start = "select treadle.start_workflow('w', steps => array['s'], idempotency_key => 'run-key')"
+    holder = connect(autocommit=False)
+    row = holder.execute(start).fetchone()
+    assert row is not None
+    waiter = Waiter(connect(), start)
+    waiter.start()
+    wait_until_blocked(waiter.pid)
+    holder.commit()
+    assert waiter.outcome() == [row[0]]
+    assert holder.execute("select count(*) from treadle.jobs").fetchone() == (1,)
+
