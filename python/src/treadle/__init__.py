@@ -10,7 +10,36 @@ Names are loaded on first use, so `import treadle` stays light.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # type checkers see the real signatures; at run time names load lazily
+    from .client import (
+        WatchEvent,
+        cancel,
+        cancel_workflow,
+        enqueue,
+        enqueue_many,
+        get_job,
+        retry,
+        start_workflow,
+        version,
+        wait,
+        watch,
+        workflow_results,
+    )
+    from .errors import (
+        ExtensionMissing,
+        InvalidArgument,
+        JobCancelled,
+        JobFailed,
+        JobNotFound,
+        LeaseLost,
+        TreadleError,
+        UnsupportedVersion,
+        WaitTimeout,
+    )
+    from .models import Job
+    from .worker import JobContext, Step, Worker
 
 __version__ = "0.1.0"
 
@@ -28,10 +57,12 @@ _EXPORTS: dict[str, str] = {
     "version": "client",
     "wait": "client",
     "watch": "client",
+    "WatchEvent": "client",
     # worker side
     "Worker": "worker",
     "Step": "worker",
     "JobContext": "worker",
+    "WorkerEvent": "worker",
     # data and errors
     "Job": "models",
     "TreadleError": "errors",

@@ -17,7 +17,8 @@ EXTENSION_VERSION: Final = "SELECT extversion FROM pg_catalog.pg_extension WHERE
 ENQUEUE: Final = """
 SELECT treadle.enqueue(
     name => %(name)s, args => %(args)s, queue => %(queue)s, priority => %(priority)s,
-    run_at => coalesce(%(run_at)s, now()), max_attempts => %(max_attempts)s,
+    run_at => coalesce(%(run_at)s::timestamptz, treadle._now() + %(delay)s::interval),
+    max_attempts => %(max_attempts)s,
     idempotency_key => %(idempotency_key)s, every => %(every)s)
 """
 ENQUEUE_MANY: Final = "SELECT id FROM treadle.enqueue_many(%(jobs)s) AS id"
@@ -59,3 +60,20 @@ CHANNEL_DONE: Final = "treadle_done"  # jobs finished
 LISTEN_JOBS: Final = "LISTEN treadle_jobs"
 LISTEN_DONE: Final = "LISTEN treadle_done"
 RELEASE: Final = "SELECT treadle.release(%(job_id)s, %(lease_token)s)"
+
+# producer side: a run_at given as a delay counts from the database's clock (treadle._now());
+# with neither run_at nor delay the function takes that clock itself
+ENQUEUE_MANY_DELAYED: Final = """
+SELECT id FROM treadle.enqueue_many((
+    SELECT coalesce(jsonb_agg(
+               CASE WHEN s.spec ? 'run_in'
+                    THEN (s.spec - 'run_in')
+                         || jsonb_build_object('run_at', treadle._now() + (s.spec ->> 'run_in')::interval)
+                    ELSE s.spec END
+               ORDER BY s.ord), '[]')
+      FROM jsonb_array_elements(%(jobs)s) WITH ORDINALITY AS s(spec, ord))) AS id
+"""
+JOB_OUTCOME: Final = "SELECT queue, state, result, last_error FROM treadle.jobs WHERE id = %(job_id)s"
+TRANSACTION_ISOLATION: Final = "SELECT pg_catalog.current_setting('transaction_isolation') AS isolation"
+LISTENING_CHANNELS: Final = "SELECT pg_catalog.pg_listening_channels() AS channel"
+UNLISTEN_DONE: Final = "UNLISTEN treadle_done"

@@ -1,0 +1,123 @@
+"""Strict JSON: values that JSON holds exactly, or a clear `InvalidArgument`.
+
+The standard encoder quietly turns NaN into a token PostgreSQL refuses, integer
+keys into strings and tuples into arrays it cannot tell apart from lists; some of
+those surface as database errors that abort the caller's transaction, others as
+data that reads back different. Here every value is checked first, so nothing is
+sent when one is wrong, and the message names where the bad value sits.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from typing import Any, TypeAlias
+
+from psycopg.types.json import Jsonb
+
+from .errors import InvalidArgument
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def to_json(value: Any, what: str) -> str:
+    """JSON text for `value`; raises InvalidArgument naming the first bad part of `what`."""
+    for path, item in _walk(value, what):
+        _check_scalar(path, item)
+    try:
+        return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:
+        raise InvalidArgument(f"{what} is nested too deeply to encode as JSON") from None
+
+
+def to_jsonb(value: Any, what: str) -> Jsonb | None:
+    """A jsonb parameter for `value` (None stays SQL NULL), encoded and checked now."""
+    if value is None:
+        return None
+    return Jsonb(to_json(value, what), dumps=_already_encoded)
+
+
+def _already_encoded(text: str) -> str:
+    return text
+
+
+# A path is built only when an error names it: (parent path, "[key]"), or the root's name.
+Path: TypeAlias = "str | tuple[Path, str]"
+
+
+def _render(path: Path) -> str:
+    parts: list[str] = []
+    while isinstance(path, tuple):
+        path, part = path
+        parts.append(part)
+    return path + "".join(reversed(parts))
+
+
+def _walk(value: Any, root: str) -> Iterator[tuple[Path, Any]]:
+    """Every scalar in `value` with its path; containers and keys are checked on the way.
+
+    Iterative, so depth is no limit; `open_ids` holds the containers on the
+    current path, and meeting one of them again means the structure is circular.
+    """
+    open_ids: set[int] = set()
+    # (value, path, leaving): leaving=True pops a container off the current path
+    stack: list[tuple[Any, Path, bool]] = [(value, root, False)]
+    while stack:
+        item, where, leaving = stack.pop()
+        if leaving:
+            open_ids.discard(id(item))
+            continue
+        if isinstance(item, dict):
+            children = [(child, (where, f"[{_key(where, key)!r}]")) for key, child in item.items()]
+        elif isinstance(item, (list, tuple)):
+            children = [(child, (where, f"[{index}]")) for index, child in enumerate(item)]
+        else:
+            yield where, item
+            continue
+        if id(item) in open_ids:
+            raise InvalidArgument(f"{_render(where)} contains itself: JSON cannot hold a circular structure")
+        open_ids.add(id(item))
+        stack.append((item, where, True))
+        stack.extend((child, child_path, False) for child, child_path in reversed(children))
+
+
+def _key(where: Path, key: Any) -> str:
+    if not isinstance(key, str):
+        raise InvalidArgument(
+            f"{_render(where)} has the key {key!r} of type {type(key).__name__}: JSON object keys must be strings"
+        )
+    _check_text((where, f" key {key!r}"), key)
+    return key
+
+
+def _check_scalar(path: Path, item: Any) -> None:
+    if isinstance(item, str):
+        _check_text(path, item)
+        return
+    if not isinstance(item, _SCALARS):
+        hint = _HINTS.get(type(item).__name__, "convert it to a string, number, list or dict first")
+        raise InvalidArgument(f"{_render(path)} is a {type(item).__name__}, which JSON cannot hold: {hint}")
+    if isinstance(item, float) and not math.isfinite(item):
+        raise InvalidArgument(f"{_render(path)} is {item}: JSON has no NaN or infinity")
+
+
+def _check_text(path: Path, text: str) -> None:
+    if "\x00" in text:
+        raise InvalidArgument(f"{_render(path)} contains a NUL character, which PostgreSQL cannot store")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidArgument(f"{_render(path)} is not valid Unicode text ({error.reason})") from None
+
+
+_HINTS = {
+    "set": "use a list",
+    "frozenset": "use a list",
+    "bytes": "decode it to text, or encode it as base64 text",
+    "bytearray": "decode it to text, or encode it as base64 text",
+    "datetime": "pass datetime.isoformat()",
+    "date": "pass date.isoformat()",
+    "Decimal": "pass a string or a float",
+    "UUID": "pass str(uuid)",
+}

@@ -1,0 +1,114 @@
+"""start_workflow, cancel, retry, cancel_workflow, get_job, workflow_results, version."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+import treadle
+from producer_support import SqlWorker
+
+
+def test_get_job_reads_every_column(conn: psycopg.Connection[Any], sql_worker: SqlWorker) -> None:
+    job_id = treadle.enqueue(conn, "resize", {"w": 10}, queue="img", priority=2, max_attempts=3)
+    job = treadle.get_job(conn, job_id)
+    assert job is not None
+    assert (job.id, job.name, job.args, job.queue, job.priority, job.max_attempts) == (
+        job_id, "resize", {"w": 10}, "img", 2, 3)
+    assert (job.state, job.attempt, job.finished, job.result) == ("available", 0, False, None)
+    sql_worker.complete(job_id, {"ok": True, "pixels": [1, 2]})
+    done = treadle.get_job(conn, job_id)
+    assert done is not None and done.state == "completed" and done.finished
+    assert done.result == {"ok": True, "pixels": [1, 2]} and done.attempt == 1 and done.worker_id == "test-worker"
+
+
+def test_get_job_of_an_unknown_id(conn: psycopg.Connection[Any]) -> None:
+    assert treadle.get_job(conn, 123456) is None
+
+
+def test_cancel_and_retry(conn: psycopg.Connection[Any], sql_worker: SqlWorker) -> None:
+    job_id = treadle.enqueue(conn, "x")
+    assert treadle.cancel(conn, job_id) is True
+    assert treadle.cancel(conn, job_id) is False  # already finished
+    job = treadle.get_job(conn, job_id)
+    assert job is not None and job.state == "cancelled"
+    assert treadle.retry(conn, job_id) is True
+    job = treadle.get_job(conn, job_id)
+    assert job is not None and (job.state, job.attempt) == ("available", 0)
+    assert treadle.retry(conn, job_id) is False  # available: nothing to retry
+    sql_worker.claim(job_id)
+    assert treadle.cancel(conn, job_id) is True  # running: a cancel request
+    assert treadle.cancel(conn, job_id) is False  # requested already
+    job = treadle.get_job(conn, job_id)
+    assert job is not None and job.state == "running" and job.cancel_requested
+
+
+def test_cancel_and_retry_of_unknown_ids(conn: psycopg.Connection[Any]) -> None:
+    assert treadle.cancel(conn, 999) is False
+    assert treadle.retry(conn, 999) is False
+    assert treadle.cancel_workflow(conn, 999) is False
+    assert treadle.workflow_results(conn, 999) is None
+
+
+def test_start_workflow_with_steps_and_options(conn: psycopg.Connection[Any], sql_worker: SqlWorker) -> None:
+    run_id = treadle.start_workflow(conn, "checkout", {"cart": 5}, steps=("reserve", "charge"), queue="shop",
+                                    priority=4, max_attempts=2)
+    run = conn.execute("SELECT name, input, steps, queue, priority, max_attempts, state "
+                       "FROM treadle.workflow_runs WHERE id = %s", [run_id]).fetchone()
+    assert run == ("checkout", {"cart": 5}, ["reserve", "charge"], "shop", 4, 2, "running")
+    step = conn.execute("SELECT id, name, step, queue, priority, max_attempts FROM treadle.jobs "
+                        "WHERE workflow_run_id = %s", [run_id]).fetchone()
+    assert step is not None and step[1:] == ("workflow:checkout", "reserve", "shop", 4, 2)
+    assert treadle.workflow_results(conn, run_id) == {}
+    sql_worker.complete(step[0], {"hold": "h1"})
+    assert treadle.workflow_results(conn, run_id) == {"reserve": {"hold": "h1"}}
+
+
+def test_start_workflow_uses_the_registered_definition(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("SELECT treadle.define_workflow('signup', ARRAY['create', 'welcome'])")
+    run_id = treadle.start_workflow(conn, "signup")
+    assert conn.execute("SELECT steps, input FROM treadle.workflow_runs WHERE id = %s", [run_id]
+                        ).fetchone() == (["create", "welcome"], {})
+
+
+def test_start_workflow_idempotency_key(conn: psycopg.Connection[Any]) -> None:
+    first = treadle.start_workflow(conn, "w", steps=["a"], idempotency_key="order:1")
+    again = treadle.start_workflow(conn, "w", {"other": True}, steps=["a"], idempotency_key="order:1")
+    # workflow keys are a namespace apart from jobs' keys
+    job_id = treadle.enqueue(conn, "x", idempotency_key="order:1")
+    assert first == again
+    assert conn.execute("SELECT count(*) FROM treadle.workflow_runs").fetchone() == (1,)
+    assert conn.execute("SELECT count(*) FROM treadle.jobs WHERE id = %s AND step IS NULL", [job_id]
+                        ).fetchone() == (1,)
+
+
+def test_cancel_workflow(conn: psycopg.Connection[Any]) -> None:
+    run_id = treadle.start_workflow(conn, "w", steps=["a", "b"])
+    assert treadle.cancel_workflow(conn, run_id) is True
+    assert treadle.cancel_workflow(conn, run_id) is False
+    assert conn.execute("SELECT state FROM treadle.workflow_runs WHERE id = %s", [run_id]).fetchone() == ("cancelled",)
+
+
+def test_version(conn: psycopg.Connection[Any]) -> None:
+    assert treadle.version(conn) == "0.1.0"
+
+
+def test_calls_honour_no_row_factory_of_the_callers(dsn: str) -> None:
+    # the caller's connection may return dicts or anything else; treadle reads its own way
+    with psycopg.connect(dsn, autocommit=True, row_factory=psycopg.rows.namedtuple_row) as conn:
+        job_id = treadle.enqueue(conn, "x")
+        job = treadle.get_job(conn, job_id)
+        assert job is not None and job.id == job_id
+        assert treadle.enqueue_many(conn, [{"name": "y"}]) == [job_id + 1]
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+def test_reads_follow_the_callers_transaction(dsn: str, autocommit: bool) -> None:
+    with psycopg.connect(dsn, autocommit=autocommit) as conn, conn.transaction():
+        job_id = treadle.enqueue(conn, "mine")
+        # the caller sees its own uncommitted job; nobody else does yet
+        job = treadle.get_job(conn, job_id)
+        assert job is not None and job.state == "available"
+        with psycopg.connect(dsn) as other:
+            assert treadle.get_job(other, job_id) is None

@@ -1,0 +1,90 @@
+"""The extension check made by the first call on each connection."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+from typing import Any
+
+import psycopg
+import pytest
+import treadle
+from psycopg.pq import TransactionStatus
+from treadle import _sql
+
+
+def test_missing_extension_names_the_fix(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("DROP EXTENSION treadle")
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE mine (v int)")
+        conn.execute("INSERT INTO mine VALUES (1)")
+        with pytest.raises(treadle.ExtensionMissing, match="CREATE EXTENSION treadle") as missing:
+            treadle.enqueue(conn, "x")
+        assert "treadle_t_" in str(missing.value)  # names the database
+        # the check cannot fail, so the caller's transaction is still good and commits
+        assert conn.info.transaction_status == TransactionStatus.INTRANS
+        conn.commit()
+        assert conn.execute("SELECT count(*) FROM mine").fetchone() == (1,)
+        with pytest.raises(treadle.ExtensionMissing):
+            treadle.version(conn)
+
+
+def test_a_missing_extension_is_not_remembered(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP EXTENSION treadle")
+        with pytest.raises(treadle.ExtensionMissing):
+            treadle.get_job(conn, 1)
+        conn.execute("CREATE EXTENSION treadle")
+        assert treadle.get_job(conn, 1) is None
+
+
+def test_unsupported_version_names_the_fix(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_sql, "SUPPORTED_VERSIONS", frozenset({"9.9.9"}))
+    with psycopg.connect(dsn) as conn:
+        with pytest.raises(treadle.UnsupportedVersion, match="ALTER EXTENSION treadle UPDATE") as unsupported:
+            treadle.start_workflow(conn, "w", steps=["a"])
+        message = str(unsupported.value)
+        assert "has treadle 0.1.0" in message and "speaks 9.9.9" in message
+        assert conn.info.transaction_status == TransactionStatus.INTRANS  # not in error
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM treadle.workflow_runs").fetchone() == (0,)
+
+
+def test_async_check(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_sql, "SUPPORTED_VERSIONS", frozenset({"0.0.1"}))
+
+    async def scenario() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            with pytest.raises(treadle.UnsupportedVersion):
+                await treadle.enqueue(aconn, "x")
+            await aconn.execute("DROP EXTENSION treadle")
+            with pytest.raises(treadle.ExtensionMissing):
+                await treadle.version(aconn)
+
+    asyncio.run(scenario())
+
+
+def test_checked_once_per_connection(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with psycopg.connect(dsn, autocommit=True) as checked:
+        treadle.enqueue(checked, "x")
+        # the answer is kept for this connection: no further check sees the new rule
+        monkeypatch.setattr(_sql, "SUPPORTED_VERSIONS", frozenset())
+        assert treadle.enqueue(checked, "y") > 0
+        with psycopg.connect(dsn, autocommit=True) as fresh, pytest.raises(treadle.UnsupportedVersion):
+            treadle.enqueue(fresh, "z")
+
+
+def test_the_check_does_not_keep_connections_alive(dsn: str) -> None:
+    conn = psycopg.connect(dsn, autocommit=True)
+    treadle.enqueue(conn, "x")
+    gone = weakref.ref(conn)
+    conn.close()
+    del conn
+    gc.collect()
+    assert gone() is None
+
+
+def test_version_reads_the_sql_api(conn: psycopg.Connection[Any]) -> None:
+    assert treadle.version(conn) in _sql.SUPPORTED_VERSIONS
