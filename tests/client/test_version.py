@@ -8,6 +8,7 @@ import weakref
 from typing import Any
 
 import psycopg
+import psycopg.rows
 import pytest
 import treadle
 from psycopg.pq import TransactionStatus
@@ -88,3 +89,12 @@ def test_the_check_does_not_keep_connections_alive(dsn: str) -> None:
 
 def test_version_reads_the_sql_api(conn: psycopg.Connection[Any]) -> None:
     assert treadle.version(conn) in _sql.SUPPORTED_VERSIONS
+
+
+@pytest.mark.parametrize("row_factory", [psycopg.rows.dict_row, psycopg.rows.namedtuple_row])
+def test_connections_with_their_own_row_factory(dsn: str, row_factory: Any) -> None:
+    with psycopg.connect(dsn, autocommit=True, row_factory=row_factory) as conn:
+        job_id = treadle.enqueue(conn, "x")
+        assert treadle.version(conn) == "0.1.0"
+        job = treadle.get_job(conn, job_id)
+        assert job is not None and job.name == "x"

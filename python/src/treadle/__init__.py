@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
         WaitTimeout,
     )
     from .models import Job
-    from .worker import JobContext, Step, Worker
+    from .worker import JobContext, Step, Worker, WorkerEvent
 
 __version__ = "0.1.0"
 

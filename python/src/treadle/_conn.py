@@ -22,7 +22,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, overload
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from . import _sql
 from .errors import ExtensionMissing, UnsupportedVersion, mapped_errors
@@ -132,7 +132,8 @@ def ensure_extension(conn: psycopg.Connection[Any]) -> None:
     """
     if conn in _verified:
         return
-    with conn.cursor() as cur:
+    # the caller's connection may have any row factory: ask for a tuple
+    with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(_sql.EXTENSION_VERSION)
         row = cur.fetchone()
     check_version(None if row is None else row[0], conn.info.dbname)
@@ -143,7 +144,7 @@ async def ensure_extension_async(conn: psycopg.AsyncConnection[Any]) -> None:
     """`ensure_extension` for an AsyncConnection."""
     if conn in _verified:
         return
-    async with conn.cursor() as cur:
+    async with conn.cursor(row_factory=tuple_row) as cur:
         await cur.execute(_sql.EXTENSION_VERSION)
         row = await cur.fetchone()
     check_version(None if row is None else row[0], conn.info.dbname)

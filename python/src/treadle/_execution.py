@@ -1,0 +1,92 @@
+"""Where handlers run: daemon threads for calls, and one event loop thread for coroutines.
+
+Threads are daemons so that a handler that never returns cannot keep the process
+alive after the worker stopped (its job was handed back by then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from treadle._context import JobContext
+
+T = TypeVar("T")
+
+
+class HandlerThreads:
+    """`size` threads taking calls from a queue, and an event loop started on first need."""
+
+    def __init__(self, size: int, name: str = "treadle-handler") -> None:
+        self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
+                         for i in range(size)]
+        for thread in self._threads:
+            thread.start()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_lock = threading.Lock()
+
+    def submit(self, call: Callable[[], None]) -> None:
+        self._calls.put(call)
+
+    def close(self) -> None:
+        """Let idle threads end; busy ones end when their call returns."""
+        for _ in self._threads:
+            self._calls.put(None)
+        with self._loop_lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.call_soon_threadsafe(_cancel_all_and_stop, loop)
+
+    def await_in_loop(self, awaitable: Awaitable[T], ctx: JobContext) -> T:
+        """Run a coroutine on the event loop thread and wait for it.
+
+        When the job's `cancelled` fires, the coroutine is cancelled: an async
+        handler is aborted at its next await.
+        """
+        future = asyncio.run_coroutine_threadsafe(_as_coroutine(awaitable), self._event_loop())
+        ctx._add_cancel_hook(future.cancel)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            ctx.check_cancelled()
+            raise
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        with self._loop_lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=_run_forever, args=(loop,), name="treadle-asyncio", daemon=True)
+                thread.start()
+                self._loop = loop
+            return self._loop
+
+    def _serve(self) -> None:
+        while True:
+            call = self._calls.get()
+            if call is None:
+                return
+            call()
+
+
+async def _as_coroutine(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+def _run_forever(loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
+
+
+def _cancel_all_and_stop(loop: asyncio.AbstractEventLoop) -> None:
+    for task in asyncio.all_tasks(loop):
+        task.cancel()
+    loop.call_soon(loop.stop)
+

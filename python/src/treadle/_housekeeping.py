@@ -1,0 +1,97 @@
+"""The worker's timed chores: heartbeats for running jobs, rescue of expired leases, the registry.
+
+One thread does all three; each statement that fails (the database went away) is
+tried again soon, and a chore never stops the others for long.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import tuple_row
+
+from treadle import _sql
+from treadle._context import JobContext
+from treadle._db import Backoff, Database, one_line
+
+log = logging.getLogger("treadle.worker")
+
+SEEN_INTERVAL = 5.0  # how often the worker reports itself in treadle.workers
+
+
+class Housekeeper:
+    """A thread that heartbeats `running()` jobs, calls treadle.rescue() and treadle.worker_seen()."""
+
+    def __init__(self, db: Database, worker_id: str, *, lease: float, heartbeat_interval: float,
+                 rescue_interval: float, running: Callable[[], list[JobContext]],
+                 on_rescued: Callable[[], None], seen_params: Callable[[], dict[str, Any]]) -> None:
+        self._db = db
+        self._worker_id = worker_id
+        self._lease = timedelta(seconds=lease)
+        self._heartbeat_interval = heartbeat_interval
+        self._rescue_interval = rescue_interval
+        self._running = running
+        self._on_rescued = on_rescued
+        self._seen_params = seen_params
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="treadle-housekeeping", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        next_rescue = time.monotonic()
+        next_seen = time.monotonic() + SEEN_INTERVAL  # the worker reported itself at start
+        backoff = Backoff(cap=1.0)
+        while not self._stop.is_set():
+            now = time.monotonic()
+            try:
+                next_beat = self._heartbeat_due(now)
+                if now >= next_rescue:
+                    self._rescue()
+                    next_rescue = now + self._rescue_interval
+                if now >= next_seen:
+                    self._db.value(_sql.WORKER_SEEN, self._seen_params())
+                    next_seen = now + SEEN_INTERVAL
+                backoff.reset()
+                delay = min(next_beat, next_rescue, next_seen) - time.monotonic()
+            except psycopg.Error as error:
+                delay = backoff.next()
+                log.warning("worker %s: heartbeat or rescue failed (%s); retrying in %.1f s",
+                            self._worker_id, one_line(error), delay)
+            self._stop.wait(max(delay, 0.01))
+
+    def _heartbeat_due(self, now: float) -> float:
+        """Extend the leases whose heartbeat is due; returns when the next one is."""
+        running = self._running()
+        due = [ctx for ctx in running if now - ctx._last_beat >= self._heartbeat_interval]
+        if due:
+            with self._db.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
+                for ctx in due:
+                    cur.execute(_sql.HEARTBEAT, {"job_id": ctx.job_id, "lease_token": ctx.lease_token,
+                                                 "lease": self._lease})
+                    row = cur.fetchone()
+                    answer = str(row[0]) if row else "lost"
+                    if answer == "cancel" and not ctx.cancel_requested:
+                        log.info("job %d (%s): cancel requested; its handler sees ctx.cancelled",
+                                 ctx.job_id, ctx.name)
+                    ctx._apply_heartbeat(answer)
+        return min((ctx._last_beat + self._heartbeat_interval for ctx in running),
+                   default=now + self._heartbeat_interval)
+
+    def _rescue(self) -> None:
+        rescued = self._db.value(_sql.RESCUE)
+        if rescued:
+            log.info("worker %s rescued %d jobs whose lease expired", self._worker_id, rescued)
+            self._on_rescued()

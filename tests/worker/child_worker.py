@@ -1,0 +1,113 @@
+"""A real worker process for the crash and fault tests.
+
+    python child_worker.py DSN WORKER_ID KILL_AT
+
+It runs a treadle Worker (settings from CHILD_* environment variables) with:
+  record(args)      records an effect, then works for args["seconds"] (a number, or
+                    a map from worker id to a number), looking at ctx.cancelled and
+                    recording 'aborted' when it fires; returns {"by": WORKER_ID, "attempt": n}
+  workflow "trip"   steps reserve, charge, notify; each records an effect and returns
+                    {"step": name, "by": WORKER_ID, "seen": [earlier steps]}
+Effects and the events lease_lost and released go to the table `effects`.
+
+KILL_AT picks where the process stops itself:
+  none                         never
+  after_claim                  SIGKILL when a job is claimed, before its handler
+  in_handler                   SIGKILL inside record, after its effect
+  during_completion            SIGKILL when a handler returned, before its completion is written
+  step_after_effect:STEP       SIGKILL inside step STEP, after its effect
+  after_step_stored:STEP       SIGKILL once step STEP's result is committed
+  stop_before_complete         SIGSTOP (once) when a handler returned, before its completion
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import psycopg
+
+from treadle import JobContext, Step, Worker
+from treadle.worker import WorkerEvent
+
+dsn, worker_id, kill_at = sys.argv[1:4]
+stopped_once = False
+
+
+def setting(name: str, default: float) -> float:
+    return float(os.environ.get(f"CHILD_{name}", default))
+
+
+def record(source: JobContext | WorkerEvent, what: str) -> None:
+    """One row in `effects` for the job that `source` (a context or an event) is about."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO effects (job_id, step, attempt, worker, what) VALUES (%s, %s, %s, %s, %s)",
+                     [source.job_id, source.step, source.attempt, worker_id, what])
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def record_handler(args: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    record(ctx, "ran")
+    if kill_at == "in_handler":
+        die()
+    seconds = args.get("seconds", 0)
+    if isinstance(seconds, dict):  # per worker: {"zombie": 3600} works long only in the zombie
+        seconds = seconds.get(worker_id, 0)
+    until = time.monotonic() + float(seconds)
+    while time.monotonic() < until:
+        if ctx.cancelled.is_set():
+            record(ctx, "aborted")
+            ctx.check_cancelled()
+        time.sleep(0.02)
+    return {"by": worker_id, "attempt": ctx.attempt}
+
+
+def step(name: str):  # type: ignore[no-untyped-def]
+    def run(input: dict[str, Any], results: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        record(ctx, "ran")
+        if kill_at == f"step_after_effect:{name}":
+            die()
+        return {"step": name, "by": worker_id, "seen": sorted(results), "input": input}
+    return run
+
+
+def on_event(event: WorkerEvent) -> None:
+    global stopped_once
+    if event.kind in ("lease_lost", "released"):
+        record(event, event.kind)
+    if kill_at == "after_claim" and event.kind == "claimed":
+        die()
+    if kill_at == "during_completion" and event.kind == "completing":
+        die()
+    if kill_at == f"after_step_stored:{event.step}" and event.kind == "completed":
+        die()
+    if kill_at == "stop_before_complete" and event.kind == "completing" and not stopped_once:
+        stopped_once = True
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(threadName)s %(levelname)s %(message)s")
+    worker = Worker(
+        dsn, concurrency=int(setting("CONCURRENCY", 2)), worker_id=worker_id,
+        lease=setting("LEASE", 1.0), heartbeat_interval=setting("HEARTBEAT", 0.2),
+        rescue_interval=setting("RESCUE", 0.2), poll_interval=setting("POLL", 0.2),
+        stop_timeout=setting("STOP_TIMEOUT", 5.0), on_event=on_event,
+    )
+    worker.register("record", record_handler)
+    worker.workflow("trip", [Step("reserve", step("reserve")), Step("charge", step("charge")),
+                             ("notify", step("notify"))])
+    worker.run()
+    print(f"worker {worker_id} exited cleanly", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

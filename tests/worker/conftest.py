@@ -1,0 +1,55 @@
+"""Fixtures for the worker tests; helpers live in worker_support.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from worker_support import EFFECTS_TABLE, HEARTBEAT, LEASE, POLL, RESCUE, Child
+
+from treadle import Worker
+
+
+@pytest.fixture
+def make_worker(dsn: str) -> Iterator[Callable[..., Worker]]:
+    """Build a Worker on the test's database with short test settings; stopped after the test."""
+    made: list[Worker] = []
+
+    def make(**options: Any) -> Worker:
+        settings: dict[str, Any] = {
+            "poll_interval": POLL, "lease": LEASE, "heartbeat_interval": HEARTBEAT,
+            "rescue_interval": RESCUE, "stop_timeout": 2.0, "concurrency": 4,
+        }
+        settings.update(options)
+        worker = Worker(settings.pop("dsn", dsn), **settings)
+        made.append(worker)
+        return worker
+
+    yield make
+    for worker in made:
+        worker.stop(immediate=True)
+
+
+@pytest.fixture
+def effects_conn(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    """The test's connection, with the table `effects` that child workers write to."""
+    conn.execute(EFFECTS_TABLE)
+    return conn
+
+
+@pytest.fixture
+def spawn(dsn: str, tmp_path: Path) -> Iterator[Callable[..., Child]]:
+    """Start child worker processes (child_worker.py); any still alive are killed after the test."""
+    children: list[Child] = []
+
+    def start(worker_id: str, kill_at: str = "none", **settings: Any) -> Child:
+        child = Child(dsn, worker_id, kill_at, tmp_path, **settings)
+        children.append(child)
+        return child
+
+    yield start
+    for child in children:
+        child.kill()

@@ -1,0 +1,241 @@
+"""Pure pieces of the worker, without a database: options, registration, the completion buffer."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from treadle import InvalidArgument, Step, Worker
+from treadle._batcher import CompletionBuffer
+from treadle._db import Backoff, one_line
+from treadle.cli import _age
+
+DSN = "postgresql://nobody@127.0.0.1:1/none"  # never connected to: nothing here runs a worker
+
+
+def handler(args: Any, ctx: Any) -> None:
+    return None
+
+
+# options
+def test_durations_are_seconds_or_timedeltas() -> None:
+    worker = Worker(DSN, poll_interval=timedelta(milliseconds=250), lease=2, heartbeat_interval=0.5,
+                    rescue_interval=timedelta(seconds=3), stop_timeout=0)
+    assert (worker.poll_interval, worker.lease, worker.heartbeat_interval) == (0.25, 2.0, 0.5)
+    assert (worker.rescue_interval, worker.stop_timeout) == (3.0, 0.0)
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("poll_interval", 0, "poll_interval must be positive"),
+    ("lease", -1, "lease must be positive"),
+    ("lease", float("nan"), "lease must be a finite number"),
+    ("heartbeat_interval", float("inf"), "heartbeat_interval must be a finite number"),
+    ("rescue_interval", "5", "rescue_interval must be a number of seconds or a timedelta"),
+    ("stop_timeout", -0.5, "stop_timeout must be at least 0"),
+    ("lease", True, "lease must be a number of seconds"),
+    ("concurrency", 0, "concurrency must be between 1 and 1000"),
+    ("concurrency", 1001, "concurrency must be between 1 and 1000"),
+    ("concurrency", 2.5, "concurrency must be an integer"),
+    ("queues", "default", "queues must be a list of queue names, not str"),
+    ("queues", [], "queues must name at least one queue"),
+    ("queues", ["mail", " "], "queue name must not be empty"),
+    ("queues", ["mail", 3], "queue name must be a string"),
+    ("backoff", 5, "backoff must be callable"),
+    ("on_error", "log", "on_error must be callable"),
+    ("on_event", 1, "on_event must be callable"),
+    ("worker_id", "", "worker_id must not be empty"),
+])
+def test_bad_options_are_refused(option: str, value: Any, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        Worker(DSN, **{option: value})
+
+
+def test_heartbeat_must_come_before_the_lease_ends() -> None:
+    with pytest.raises(InvalidArgument, match=r"heartbeat_interval \(30 s\) must be shorter than lease \(30 s\)"):
+        Worker(DSN, lease=30, heartbeat_interval=30)
+
+
+def test_database_must_be_a_dsn_or_a_pool() -> None:
+    with pytest.raises(InvalidArgument, match=r"connection string or a psycopg_pool\.ConnectionPool, not int"):
+        Worker(123)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="must not be empty"):
+        Worker("  ")
+
+
+def test_queues_keep_their_order_without_repeats() -> None:
+    assert Worker(DSN, queues=["mail", "default", "mail"]).queues == ["mail", "default"]
+
+
+def test_default_worker_ids_differ() -> None:
+    assert Worker(DSN).worker_id != Worker(DSN).worker_id
+
+
+# registration
+def test_handlers_register_three_ways() -> None:
+    worker = Worker(DSN)
+    assert worker.register("plain", handler) is handler
+
+    @worker.register
+    def bare(args: Any, ctx: Any) -> None:
+        return None
+
+    @worker.register("named")
+    def something(args: Any, ctx: Any) -> None:
+        return None
+
+    @worker.handler("decorated")
+    def other(args: Any, ctx: Any) -> None:
+        return None
+
+    assert worker._claim_names() == ["plain", "bare", "named", "decorated"]
+    assert callable(bare) and callable(something) and callable(other)
+
+
+@pytest.mark.parametrize("name, fn, message", [
+    ("", handler, "handler name must not be empty"),
+    (7, handler, "handler name must be a string"),
+    ("send", "not a function", "the handler for 'send' must be callable"),
+    ("workflow:x", handler, "belong to workflow steps"),
+])
+def test_bad_handlers_are_refused(name: Any, fn: Any, message: str) -> None:
+    worker = Worker(DSN)
+    with pytest.raises(InvalidArgument, match=message):
+        worker.register(name, fn)
+    assert worker._claim_names() == []
+
+
+def test_a_name_has_one_handler() -> None:
+    worker = Worker(DSN)
+    worker.register("send", handler)
+    with pytest.raises(InvalidArgument, match="a handler for 'send' is already registered"):
+        worker.register("send", handler)
+
+
+def test_workflows_take_steps_or_pairs() -> None:
+    worker = Worker(DSN)
+    worker.workflow("trip", [Step("reserve", handler), ("charge", handler)])
+    assert worker._claim_names() == ["workflow:trip"]
+    assert list(worker._workflows["trip"]) == ["reserve", "charge"]
+
+
+@pytest.mark.parametrize("steps, message", [
+    ([], "needs at least one step"),
+    ("reserve", "steps must be a list"),
+    ([("a", handler), ("a", handler)], "repeats the step name 'a'"),
+    ([("a", handler, "extra")], "a workflow step is a Step"),
+    (["a"], "a workflow step is a Step"),
+    ([("", handler)], "step name must not be empty"),
+    ([("a", None)], "step 'a' of workflow 'trip' needs a callable"),
+])
+def test_bad_workflows_are_refused(steps: Any, message: str) -> None:
+    worker = Worker(DSN)
+    with pytest.raises(InvalidArgument, match=message):
+        worker.workflow("trip", steps)
+    assert worker._workflows == {}
+
+
+def test_a_worker_without_handlers_does_not_run() -> None:
+    with pytest.raises(RuntimeError, match="register at least one handler or workflow"):
+        Worker(DSN).run()
+
+
+# the completion buffer
+class Recorder:
+    """A write function that keeps its batches."""
+
+    def __init__(self, fail_first: bool = False) -> None:
+        self.batches: list[list[int]] = []
+        self.fail_first = fail_first
+        self.written = threading.Event()
+
+    def __call__(self, batch: list[int]) -> None:
+        if self.fail_first:
+            self.fail_first = False
+            raise RuntimeError("the database is away")
+        self.batches.append(batch)
+        self.written.set()
+
+
+def test_items_added_together_are_written_in_one_batch() -> None:
+    write = Recorder()
+    buffer = CompletionBuffer(write, delay=0.5)
+    for item in range(5):
+        buffer.add(item)
+    assert write.written.wait(10)
+    assert buffer.close(10)
+    assert write.batches == [[0, 1, 2, 3, 4]]
+
+
+def test_a_full_batch_is_written_without_waiting_and_batches_are_capped() -> None:
+    write = Recorder()
+    buffer = CompletionBuffer(write, delay=3600, max_batch=2)  # only a full batch or close() writes
+    for item in range(5):
+        buffer.add(item)
+    deadline = time.monotonic() + 10
+    while len(write.batches) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert write.batches == [[0, 1], [2, 3]]
+    assert buffer.pending() == 1
+    assert buffer.close(10)
+    assert write.batches == [[0, 1], [2, 3], [4]]
+    assert buffer.pending() == 0
+
+
+def test_close_writes_what_is_pending_and_refuses_more() -> None:
+    write = Recorder()
+    buffer = CompletionBuffer(write, delay=3600)
+    buffer.add(1)
+    assert buffer.close(10)
+    assert write.batches == [[1]]
+    with pytest.raises(RuntimeError, match="closed"):
+        buffer.add(2)
+    assert write.batches == [[1]]
+
+
+def test_a_failed_write_is_logged_and_the_buffer_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    write = Recorder(fail_first=True)
+    buffer = CompletionBuffer(write, delay=0)
+    with caplog.at_level(logging.ERROR, logger="treadle.worker"):
+        buffer.add(1)
+        deadline = time.monotonic() + 10
+        while buffer.pending() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        buffer.add(2)
+        assert write.written.wait(10)
+    assert buffer.close(10)
+    assert write.batches == [[2]]
+    assert "writing 1 buffered completions failed" in caplog.text
+
+
+def test_buffer_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="delay must not be negative"):
+        CompletionBuffer(Recorder(), delay=-1)
+    with pytest.raises(ValueError, match="max_batch must be at least 1"):
+        CompletionBuffer(Recorder(), max_batch=0)
+
+
+# small helpers
+def test_backoff_doubles_up_to_its_cap_and_resets() -> None:
+    backoff = Backoff(first=0.1, cap=0.5)
+    assert [backoff.next() for _ in range(5)] == [0.1, 0.2, 0.4, 0.5, 0.5]
+    backoff.reset()
+    assert backoff.next() == 0.1
+
+
+def test_errors_are_logged_on_one_line() -> None:
+    assert one_line(ValueError("first\nsecond")) == "ValueError: first"
+    assert one_line(KeyError()) == "KeyError"
+
+
+@pytest.mark.parametrize("age, text", [
+    (None, "-"), (timedelta(seconds=4.24), "4.2 s"), (timedelta(seconds=185), "3 min 5 s"),
+    (timedelta(hours=2, minutes=10, seconds=3), "2 h 10 min"), (timedelta(days=3, hours=4), "3 d 4 h"),
+    (timedelta(seconds=-1), "0.0 s"),
+])
+def test_waits_read_as_people_say_them(age: timedelta | None, text: str) -> None:
+    assert _age(age) == text
