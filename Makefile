@@ -4,6 +4,8 @@
 #   make install      install the control file and scripts into $(PG_CONFIG)'s server
 #   make test         everything, from a fresh machine: tools, a throwaway cluster, all tests
 #   make check-generated   fail when the committed script is not what sql/src builds
+#   make demo         a local cluster, a worker on example jobs and the dashboard (Ctrl-C stops it)
+#   make bench        every benchmark in bench/, each against its raw SQL baseline (bench/README.md)
 
 EXTENSION  = treadle
 EXTVERSION = $(shell sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*\)'.*/\1/p" $(EXTENSION).control)
@@ -54,3 +56,15 @@ test-pgtap:
 
 test-python: venv
 	cd $(CURDIR) && $(VENV)/bin/pytest -q tests
+
+# The newcomer's first command: scripts/demo says what it sets up.
+.PHONY: demo
+demo:
+	PG_CONFIG=$(PG_CONFIG) VENV=$(VENV) scripts/demo
+
+# Every benchmark scenario against a throwaway durable cluster, about ten minutes;
+# they print tables beside their raw SQL baselines and never fail on a timing.
+.PHONY: bench
+bench: venv
+	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
+	$(VENV)/bin/python bench/run_all.py

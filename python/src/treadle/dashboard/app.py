@@ -1,0 +1,233 @@
+"""The dashboard's application factory: configuration, auth, headers, errors."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import psycopg
+from flask import Flask, abort, g, jsonify, render_template, request
+from psycopg_pool import ConnectionPool
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
+from werkzeug.wrappers import Response as BaseResponse
+
+from . import formatting, security
+from .queries import Store
+from .state import EXTENSION_KEY, Dashboard, Settings, current
+from .views import blueprint, wants_json
+
+
+def create_app(
+    dsn_or_pool: str | ConnectionPool[Any],
+    *,
+    auth: security.AuthHook | None = None,
+    basic_auth: tuple[str, str] | None = None,
+    read_only: bool = False,
+    secret_key: str | bytes | None = None,
+    refresh_seconds: float = 5.0,
+    statement_timeout_ms: int = 5000,
+    exact_counts_up_to: int = 100_000,
+    page_size: int = 50,
+    recent_rows: int = 20,
+    secure_cookies: bool = False,
+    trusted_hosts: list[str] | None = None,
+) -> Flask:
+    """A Flask app showing the treadle database behind `dsn_or_pool`.
+
+    dsn_or_pool: a connection string (the app opens a small pool of its own) or
+        the host application's psycopg_pool.ConnectionPool.
+    auth: a callable given each request (all but /health); it returns True or
+        "operate" to let it through, "read" to let it through without actions,
+        False or None to refuse it (403), or a Response to send instead.
+    basic_auth: (username, password) for HTTP basic auth, checked before `auth`.
+    read_only: hide every action and refuse them with 403.
+    secret_key: signs the session cookie that holds the CSRF token; random per
+        process when not given (give one when several processes serve the app).
+    refresh_seconds: how often an open page refreshes itself (1 to 3600).
+    statement_timeout_ms: the longest any one query may take.
+    exact_counts_up_to: above this many jobs, counts that would read the whole
+        table are estimated from statistics, and marked as estimates.
+    page_size: jobs per page of a search (1 to 500); recent_rows: failures and
+        workflow runs on the front page (1 to 500).
+    secure_cookies: mark the session cookie Secure (serve over HTTPS then).
+    trusted_hosts: when given, the only host names (any port) a request may be
+        addressed to; others get 400. `treadle dashboard` without auth trusts only
+        the loopback names, so a web page that rebinds its own name to 127.0.0.1
+        cannot reach the dashboard.
+    """
+    _check_arguments(
+        auth=auth,
+        basic_auth=basic_auth,
+        refresh_seconds=refresh_seconds,
+        statement_timeout_ms=statement_timeout_ms,
+        exact_counts_up_to=exact_counts_up_to,
+        page_size=page_size,
+        recent_rows=recent_rows,
+        trusted_hosts=trusted_hosts,
+    )
+    if isinstance(dsn_or_pool, str):
+        if not dsn_or_pool.strip():
+            raise ValueError("dsn_or_pool must not be an empty connection string")
+        pool: ConnectionPool[Any] = ConnectionPool(
+            dsn_or_pool,
+            min_size=1,
+            max_size=4,
+            timeout=5.0,
+            open=True,
+            name="treadle-dashboard",
+            kwargs={"autocommit": True, "application_name": "treadle-dashboard"},
+        )
+        owns_pool = True
+    elif isinstance(dsn_or_pool, ConnectionPool):
+        pool, owns_pool = dsn_or_pool, False
+    else:
+        raise TypeError(
+            "dsn_or_pool must be a connection string or a psycopg_pool.ConnectionPool, "
+            f"not {type(dsn_or_pool).__name__}"
+        )
+
+    app = Flask(__name__)
+    app.config.update(
+        SECRET_KEY=secret_key if secret_key is not None else secrets.token_bytes(32),
+        SESSION_COOKIE_NAME="treadle_dashboard",
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        SESSION_COOKIE_SECURE=secure_cookies,
+    )
+    app.jinja_env.filters.update(formatting.FILTERS)
+    app.jinja_env.trim_blocks = True
+    app.jinja_env.lstrip_blocks = True
+    settings = Settings(
+        read_only=read_only,
+        refresh_ms=int(refresh_seconds * 1000),
+        page_size=page_size,
+        recent_rows=recent_rows,
+        auth=auth,
+        basic_auth=basic_auth,
+        trusted_hosts=frozenset(name.lower() for name in trusted_hosts) if trusted_hosts is not None else None,
+    )
+    store = Store(
+        pool,
+        owns_pool=owns_pool,
+        statement_timeout_ms=statement_timeout_ms,
+        exact_counts_up_to=exact_counts_up_to,
+    )
+    app.extensions[EXTENSION_KEY] = Dashboard(store=store, settings=settings)
+    app.register_blueprint(blueprint)
+    app.before_request(_authenticate)
+    app.after_request(security.add_security_headers)
+    app.context_processor(_template_globals)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(psycopg.Error, _database_error)
+    return app
+
+
+def _check_arguments(
+    *,
+    auth: object,
+    basic_auth: object,
+    refresh_seconds: float,
+    statement_timeout_ms: int,
+    exact_counts_up_to: int,
+    page_size: int,
+    recent_rows: int,
+    trusted_hosts: object,
+) -> None:
+    if auth is not None and not callable(auth):
+        raise TypeError("auth must be a callable taking the request, or None")
+    if basic_auth is not None and not (
+        isinstance(basic_auth, tuple)
+        and len(basic_auth) == 2
+        and all(isinstance(part, str) and part for part in basic_auth)
+    ):
+        raise ValueError("basic_auth must be a (username, password) tuple of two non-empty strings")
+    if isinstance(basic_auth, tuple) and ":" in basic_auth[0]:
+        raise ValueError("basic_auth's username must not contain ':'")
+    if not 1 <= refresh_seconds <= 3600:
+        raise ValueError(f"refresh_seconds must be between 1 and 3600, got {refresh_seconds}")
+    if not 1 <= statement_timeout_ms <= 600_000:
+        raise ValueError(f"statement_timeout_ms must be between 1 and 600000, got {statement_timeout_ms}")
+    if exact_counts_up_to < 0:
+        raise ValueError(f"exact_counts_up_to must not be negative, got {exact_counts_up_to}")
+    if not 1 <= page_size <= 500:
+        raise ValueError(f"page_size must be between 1 and 500, got {page_size}")
+    if not 1 <= recent_rows <= 500:
+        raise ValueError(f"recent_rows must be between 1 and 500, got {recent_rows}")
+    if trusted_hosts is not None and not (
+        isinstance(trusted_hosts, (list, tuple, set, frozenset))
+        and trusted_hosts
+        and all(isinstance(name, str) and name for name in trusted_hosts)
+    ):
+        raise ValueError("trusted_hosts must be a non-empty list of host names, or None")
+
+
+def _authenticate() -> BaseResponse | None:
+    settings = current().settings
+    g.can_act = False
+    if settings.trusted_hosts is not None and security.host_name(request.host) not in settings.trusted_hosts:
+        abort(400, description="This dashboard does not answer to that host name.")
+    if request.endpoint == "treadle.health":
+        return None
+    if settings.basic_auth is not None:
+        challenge = security.check_basic_auth(request, *settings.basic_auth)
+        if challenge is not None:
+            return challenge
+    access: security.Access = True
+    if settings.auth is not None:
+        access = settings.auth(request)
+        if isinstance(access, BaseResponse):
+            return access
+        if access is None or access is False:
+            abort(403, description="You may not see this dashboard.")
+        if access not in (True, "read", "operate"):
+            raise TypeError(
+                f"the dashboard's auth hook returned {access!r}; "
+                "expected True, 'read', 'operate', False, None or a Response"
+            )
+    g.can_act = not settings.read_only and access != "read"
+    if request.method == "POST":
+        if not g.can_act:
+            abort(403, description="This dashboard is read-only: actions are turned off.")
+        security.check_csrf(request)
+    return None
+
+
+def _template_globals() -> dict[str, Any]:
+    settings = current().settings
+    return {
+        "csrf_token": security.csrf_token,
+        "can_act": g.get("can_act", False),
+        "refresh_ms": settings.refresh_ms,
+    }
+
+
+def _error_page(status: int, title: str, message: str) -> tuple[Any, int]:
+    if wants_json():
+        return jsonify(ok=False, message=message), status
+    return render_template("error.html", title=title, message=message, status=status), status
+
+
+def _http_error(error: HTTPException) -> Any:
+    if error.code is None or error.code < 400:
+        return error
+    body, status = _error_page(error.code, error.name, error.description or error.name)
+    if isinstance(error, MethodNotAllowed) and error.valid_methods:
+        return body, status, {"Allow": ", ".join(error.valid_methods)}
+    return body, status
+
+
+def _database_error(error: psycopg.Error) -> Any:
+    if isinstance(error, psycopg.errors.QueryCanceled):
+        return _error_page(503, "Query timed out", "The database took too long to answer; try a narrower search.")
+    missing = (psycopg.errors.InvalidSchemaName, psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)
+    if isinstance(error, missing):
+        return _error_page(
+            503,
+            "treadle is not installed",
+            "This database lacks the treadle extension or its dashboard views: "
+            "run CREATE EXTENSION treadle (or ALTER EXTENSION treadle UPDATE).",
+        )
+    if isinstance(error, psycopg.OperationalError):
+        return _error_page(503, "Database unreachable", "The dashboard cannot reach its database right now.")
+    message = (error.diag.message_primary if error.diag else None) or type(error).__name__
+    return _error_page(500, "Database error", f"The database refused a query: {message}")

@@ -1,0 +1,182 @@
+"""How values look on the page: times, ages, counts, errors, JSON, and the chart.
+
+Everything here returns plain text (or numbers for the chart); Jinja escapes it
+when it lands in a template.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from .queries import Row, StateCount
+
+
+def when(value: datetime | None) -> str:
+    """A timestamp in UTC to the second."""
+    if value is None:
+        return "—"
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def clock(value: datetime) -> str:
+    return value.astimezone(timezone.utc).strftime("%H:%M:%S")
+
+
+def age(value: timedelta | None) -> str:
+    """A duration in its two largest units: '45 s', '3 min 5 s', '2 h 10 min', '4 d 3 h'."""
+    if value is None:
+        return "—"
+    seconds = int(value.total_seconds())
+    if seconds < 60:
+        return f"{max(seconds, 0)} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds} s" if seconds else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h" if hours else f"{days} d"
+
+
+def relative(value: datetime | None, now: datetime) -> str:
+    """'12 s ago' or 'in 3 min', against the database's clock."""
+    if value is None:
+        return "—"
+    delta = now - value
+    if delta < timedelta(0):
+        return f"in {age(-delta)}"
+    return f"{age(delta)} ago"
+
+
+def count(value: StateCount | None) -> str:
+    """An exact count with thousands separators; an estimate rounded and marked with ≈."""
+    if value is None:
+        return "0"
+    if not value.estimated:
+        return f"{value.jobs:,}"
+    n = value.jobs
+    if n >= 1_000_000:
+        return f"≈{n / 1_000_000:.1f}M"
+    if n >= 10_000:
+        return f"≈{n / 1000:.0f}k"
+    if n >= 1000:
+        return f"≈{n / 1000:.1f}k"
+    return f"≈{n}"
+
+
+def first_line(text: str | None, limit: int = 160) -> str:
+    """The first non-blank line of an error, cut to `limit` characters."""
+    if not text:
+        return ""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def needs_more(text: str | None, limit: int = 160) -> bool:
+    """Whether an error has more than its first line shows."""
+    return bool(text) and first_line(text, limit) != (text or "").strip()
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def compact_json(value: Any, limit: int = 200) -> str:
+    """JSON on one line, cut to `limit` characters."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def percent(fraction: float | None) -> str:
+    return "—" if fraction is None else f"{fraction * 100:.0f}%"
+
+
+def error_time(value: Any) -> str:
+    """The `at` of an entry in a job's error history (an ISO 8601 string in JSON)."""
+    if not isinstance(value, str):
+        return "—"
+    try:
+        return when(datetime.fromisoformat(value))
+    except ValueError:
+        return value
+
+
+@dataclass(frozen=True)
+class Bar:
+    x: float
+    completed_y: float
+    completed_height: float
+    discarded_y: float
+    discarded_height: float
+    title: str
+
+
+@dataclass(frozen=True)
+class Chart:
+    width: int
+    height: int
+    bar_width: float
+    bars: list[Bar]
+    peak: int
+    completed: int
+    discarded: int
+    first_minute: str
+    last_minute: str
+
+
+CHART_WIDTH = 720
+CHART_HEIGHT = 96
+
+
+def chart(rows: list[Row]) -> Chart:
+    """Stacked bars of jobs finished per minute: completed below, discarded on top."""
+    peak = max((int(r["completed"]) + int(r["discarded"]) for r in rows), default=0)
+    slot = CHART_WIDTH / max(len(rows), 1)
+    scale = CHART_HEIGHT / peak if peak else 0.0
+    bars = []
+    for i, row in enumerate(rows):
+        done, dropped = int(row["completed"]), int(row["discarded"])
+        done_height, dropped_height = done * scale, dropped * scale
+        minute = row["minute"].astimezone(timezone.utc).strftime("%H:%M")
+        bars.append(
+            Bar(
+                x=i * slot,
+                completed_y=CHART_HEIGHT - done_height,
+                completed_height=done_height,
+                discarded_y=CHART_HEIGHT - done_height - dropped_height,
+                discarded_height=dropped_height,
+                title=f"{minute} UTC: {done:,} completed, {dropped:,} discarded",
+            )
+        )
+    first = rows[0]["minute"] if rows else None
+    last = rows[-1]["minute"] if rows else None
+    return Chart(
+        width=CHART_WIDTH,
+        height=CHART_HEIGHT,
+        bar_width=max(slot - 2, 1),
+        bars=bars,
+        peak=peak,
+        completed=sum(int(r["completed"]) for r in rows),
+        discarded=sum(int(r["discarded"]) for r in rows),
+        first_minute=first.astimezone(timezone.utc).strftime("%H:%M") if first else "",
+        last_minute=last.astimezone(timezone.utc).strftime("%H:%M") if last else "",
+    )
+
+
+FILTERS = {
+    "when": when,
+    "clock": clock,
+    "age": age,
+    "relative": relative,
+    "count": count,
+    "first_line": first_line,
+    "needs_more": needs_more,
+    "pretty_json": pretty_json,
+    "compact_json": compact_json,
+    "percent": percent,
+    "error_time": error_time,
+}

@@ -1,0 +1,45 @@
+"""What a dashboard app keeps between requests: its settings and its store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flask import Flask, current_app
+
+from .queries import Store
+from .security import AuthHook
+
+EXTENSION_KEY = "treadle_dashboard"
+
+
+@dataclass(frozen=True)
+class Settings:
+    read_only: bool
+    refresh_ms: int
+    page_size: int
+    recent_rows: int
+    auth: AuthHook | None
+    basic_auth: tuple[str, str] | None
+    trusted_hosts: frozenset[str] | None
+
+
+@dataclass
+class Dashboard:
+    """What the app keeps in `app.extensions["treadle_dashboard"]`."""
+
+    store: Store
+    settings: Settings
+
+    def close(self) -> None:
+        """Close the connection pool, when the dashboard opened it from a DSN."""
+        self.store.close()
+
+
+def dashboard_of(app: Flask) -> Dashboard:
+    state: Dashboard = app.extensions[EXTENSION_KEY]
+    return state
+
+
+def current() -> Dashboard:
+    """The dashboard serving the current request."""
+    return dashboard_of(current_app)

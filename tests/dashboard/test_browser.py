@@ -1,0 +1,225 @@
+"""The dashboard in a real headless Chromium, served by a real server on 127.0.0.1.
+
+Debian's chromium package (/usr/bin/chromium) is driven by Playwright; no browser
+is downloaded. The overview's screenshot lands in test-artifacts/ for a person to see.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+from seeding import XSS_ARGS, XSS_ERROR, XSS_NAME, Seeded, enqueue, job_state
+from werkzeug.serving import make_server
+
+from treadle.dashboard import create_app, dashboard_of
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+XSS_MARKERS = "[window.__xss_name, window.__xss_args, window.__xss_error]"
+
+expect.set_options(timeout=20_000)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+class Served:
+    """The dashboard on a werkzeug server thread; stop() takes it off the network."""
+
+    def __init__(self, dsn: str, refresh_seconds: float = 1) -> None:
+        self.app = create_app(dsn, refresh_seconds=refresh_seconds)
+        self.server = make_server("127.0.0.1", 0, self.app, threaded=True)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        if self.thread.is_alive():
+            self.server.shutdown()
+            self.server.server_close()
+            self.thread.join()
+
+
+@pytest.fixture
+def served(dsn: str) -> Iterator[Served]:
+    server = Served(dsn)
+    yield server
+    server.stop()
+    dashboard_of(server.app).close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    opened = context.new_page()
+    dialogs: list[str] = []
+    errors: list[str] = []
+    refused: list[str] = []
+    opened.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    opened.on("pageerror", lambda error: errors.append(str(error)))
+    opened.on("console", lambda message: "Content Security Policy" in message.text and refused.append(message.text))
+    yield opened
+    context.close()
+    assert dialogs == [], "a page opened a dialog"
+    assert errors == [], "the page's script raised"
+    assert refused == [], "the Content-Security-Policy blocked something the page needs"
+
+
+def row(page: Page, section: str, text: str) -> Locator:
+    return page.locator(f"#{section} tr", has_text=text)
+
+
+def test_overview_renders_every_part_and_markup_stays_text(page: Page, served: Served, seeded: Seeded) -> None:
+    page.goto(served.url)
+    expect(page.locator("#states")).to_contain_text("discarded")
+    expect(page.locator("#queues")).to_contain_text("billing")
+    expect(page.locator("#failures")).to_contain_text(XSS_NAME)  # the name, shown as text
+    expect(page.locator("#failures")).to_contain_text(XSS_ERROR.splitlines()[0])
+    expect(page.locator("#runs")).to_contain_text("signup")
+    expect(page.locator("#workers")).to_contain_text("worker-a")
+    assert page.locator("#throughput svg g.minute").count() == 60
+    assert page.locator("#failures img, #failures script").count() == 0
+    assert page.evaluate(XSS_MARKERS) == [None, None, None]
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-overview.png"), full_page=True)
+
+    page.goto(f"{served.url}jobs/{seeded.xss}")
+    expect(page.locator("#job pre.json").first).to_contain_text(XSS_ARGS["html"])
+    expect(page.locator("#job ol.errors")).to_contain_text(XSS_ERROR.splitlines()[0])
+    assert page.locator("#job img, #job script").count() == 0
+    assert page.evaluate(XSS_MARKERS) == [None, None, None]
+    page.screenshot(path=str(ARTIFACTS / "dashboard-job.png"), full_page=True)
+
+
+def test_the_full_error_opens_on_demand(page: Page, served: Served, seeded: Seeded) -> None:
+    page.goto(served.url)
+    details = row(page, "failures", "sync_crm").locator("details")
+    expect(details.locator("pre")).not_to_be_visible()
+    details.locator("summary").click()
+    expect(details.locator("pre")).to_be_visible()
+    expect(details.locator("pre")).to_contain_text("at sync_crm()")
+    shown = page.locator("#updated").inner_text()
+    expect(page.locator("#updated")).not_to_have_text(shown)  # a refresh replaced the section...
+    expect(row(page, "failures", "sync_crm").locator("details pre")).to_be_visible()  # ...and kept it open
+
+
+def test_retry_and_cancel_change_the_state(
+    page: Page, served: Served, conn: psycopg.Connection, seeded: Seeded
+) -> None:
+    page.goto(served.url)
+    row(page, "failures", "charge_card").get_by_role("button", name="Retry now").click()
+    expect(page.locator("#notice")).to_contain_text(f"Job {seeded.discarded} will run again now.")
+    expect(row(page, "failures", "charge_card")).to_have_count(0)
+    assert job_state(conn, seeded.discarded) == "available"
+
+    row(page, "failures", "sync_crm").get_by_role("button", name="Cancel").click()
+    expect(page.locator("#notice")).to_contain_text(f"Job {seeded.retryable} cancelled.")
+    expect(row(page, "failures", "sync_crm")).to_have_count(0)
+    assert job_state(conn, seeded.retryable) == "cancelled"
+
+    page.goto(f"{served.url}jobs/{seeded.running}")
+    page.get_by_role("button", name="Cancel").click()
+    expect(page.locator("#notice")).to_contain_text("Cancel requested")
+    expect(page.locator("#job .flag")).to_have_text("cancel requested")
+    expect(page.get_by_role("button", name="Cancel")).to_have_count(0)
+
+
+def test_an_action_that_no_longer_applies_says_so(
+    page: Page, dsn: str, conn: psycopg.Connection, seeded: Seeded
+) -> None:
+    served = Served(dsn, refresh_seconds=3600)  # the page stays as loaded until the click
+    try:
+        page.goto(served.url)
+        button = row(page, "failures", "charge_card").get_by_role("button", name="Retry now")
+        expect(button).to_be_visible()
+        conn.execute("SELECT treadle.retry(%s)", (seeded.discarded,))  # someone else was quicker
+        button.click()
+        expect(page.locator("#notice")).to_contain_text(
+            f"Did not apply: Job {seeded.discarded} was not retried: it is available"
+        )
+        expect(row(page, "failures", "charge_card")).to_have_count(0)  # and the page caught up
+    finally:
+        served.stop()
+        dashboard_of(served.app).close()
+
+
+def test_a_workflow_run_opens_to_its_steps_and_retries_one(
+    page: Page, served: Served, conn: psycopg.Connection, seeded: Seeded
+) -> None:
+    page.goto(served.url)
+    page.locator(f'#runs a[data-run="{seeded.failed_run}"]').click()
+    expect(page).to_have_url(re.compile(rf"#run={seeded.failed_run}$"))
+    steps = page.locator("#runs table.steps")
+    expect(steps).to_contain_text("reserve")
+    expect(steps.locator("tr", has_text="charge")).to_contain_text("discarded")
+    expect(steps.locator("tr", has_text="ship")).to_contain_text("pending")
+
+    steps.get_by_role("button", name="Retry step").click()
+    expect(page.locator("#notice")).to_contain_text(f"Job {seeded.failed_step} will run again now.")
+    expect(page.locator(f'#runs a[data-run="{seeded.failed_run}"]').locator("xpath=ancestor::tr")).to_contain_text(
+        "running"
+    )
+    assert conn.execute("SELECT state FROM treadle.workflow_runs WHERE id = %s", (seeded.failed_run,)).fetchone() == (
+        "running",
+    )
+
+    page.locator(f'#runs a[data-run="{seeded.failed_run}"]').click()  # a second click closes it
+    expect(page.locator("#runs table.steps")).to_have_count(0)
+
+
+def test_a_deep_link_opens_the_run(page: Page, served: Served, seeded: Seeded) -> None:
+    page.goto(f"{served.url}#run={seeded.failed_run}")
+    expect(page.locator("#runs table.steps")).to_contain_text("PaymentError: card expired")
+    page.goto(f"{served.url}#run=424242")
+    expect(page.locator("#notice")).to_contain_text("There is no workflow run 424242.")
+
+
+def test_the_page_refreshes_itself_only_while_visible(
+    page: Page, served: Served, conn: psycopg.Connection, seeded: Seeded
+) -> None:
+    page.goto(served.url)
+    available = page.locator("#states a", has_text="available").locator("b")
+    expect(available).to_have_text("2")
+    enqueue(conn, "late_arrival", "mail")
+    expect(available).to_have_text("3")  # no reload: the refresh brought it
+
+    page.evaluate("() => { Object.defineProperty(document, 'hidden', { value: true, configurable: true }); }")
+    page.wait_for_timeout(1500)  # let a refresh already under way land
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    enqueue(conn, "unseen", "mail")
+    page.wait_for_timeout(3500)  # three refresh periods
+    assert requests == [] and available.inner_text() == "3"
+    page.evaluate(
+        "() => { Object.defineProperty(document, 'hidden', { value: false, configurable: true });"
+        " document.dispatchEvent(new Event('visibilitychange')); }"
+    )
+    expect(available).to_have_text("4")
+
+
+def test_a_lost_server_is_announced(page: Page, served: Served, seeded: Seeded) -> None:
+    page.goto(served.url)
+    expect(page.locator("#updated")).to_contain_text("Updated")
+    served.stop()
+    expect(page.locator("#notice")).to_contain_text("Cannot reach the dashboard; showing data from")
+    expect(page.locator("#states")).to_contain_text("available")  # the last data stays
