@@ -1,0 +1,67 @@
+"""Every ```sh block of the documentation runs in bash, or is listed here with the reason it cannot.
+
+A block runs with `bash -euo pipefail` in a temporary folder, with DATABASE_URL naming a
+fresh database that has the extension and the project's virtual environment first on
+PATH. A ```text block right after it is what it must print.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from docblocks import ROOT, Block, check_outputs, fresh_database, page_blocks, python_env
+
+# Blocks the suite cannot run as written, by their exact text, and what covers them instead.
+NOT_RUN = {
+    "make install": "writes into the server's share directory; `make test` runs it before any test",
+    "make demo": "runs until Ctrl-C; tests/dashboard/test_demo.py runs scripts/demo, which it calls",
+    "python -m pip install -e '.[dashboard]'": (
+        "installs into the active environment; `make test` installs the package the same way"
+    ),
+    'treadle dashboard --dsn "$DATABASE_URL" --port 5000': (
+        "serves until stopped, on a port another program may hold"
+    ),
+    "treadle worker examples/worker_process.py": (
+        "runs until stopped; examples/worker_process.py runs this command and stops it with SIGTERM"
+    ),
+    'treadle dashboard --dsn "$DATABASE_URL" --port 5000 --read-only': (
+        "serves until stopped, on a port another program may hold"
+    ),
+}
+
+# `python examples/<name>.py` (after an optional DATABASE_URL=...): test_examples.py runs it.
+EXAMPLE_RUN = re.compile(r"^(?:DATABASE_URL=\S+ )?python (examples/\w+\.py)$")
+
+BLOCKS = [b for _, blocks in page_blocks("sh") for b in blocks]
+EXAMPLE_BLOCKS = [b for b in BLOCKS if EXAMPLE_RUN.match(b.code.strip())]
+RUN = [b for b in BLOCKS if b.code.strip() not in NOT_RUN and b not in EXAMPLE_BLOCKS]
+
+
+def test_every_listed_block_exists() -> None:
+    present = {b.code.strip() for b in BLOCKS}
+    assert set(NOT_RUN) <= present, sorted(set(NOT_RUN) - present)
+    assert RUN, "some shell blocks run"
+
+
+@pytest.mark.parametrize("block", EXAMPLE_BLOCKS, ids=[b.where for b in EXAMPLE_BLOCKS])
+def test_example_command_names_an_example(block: Block) -> None:
+    match = EXAMPLE_RUN.match(block.code.strip())
+    assert match and (ROOT / match.group(1)).is_file(), f"{block.where}: no such example"
+
+
+@pytest.mark.parametrize("block", RUN, ids=[b.where for b in RUN])
+def test_shell_block_runs(block: Block, pg_server: str, template_db: str, tmp_path: Path) -> None:
+    with fresh_database(pg_server, template_db) as url:
+        run = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block.code],
+            capture_output=True,
+            text=True,
+            env=python_env(url),
+            cwd=tmp_path,
+            timeout=120,
+        )
+    assert run.returncode == 0, f"{block.where}: exit {run.returncode}\n{run.stdout}\n{run.stderr}"
+    check_outputs([block], [run.stdout])
