@@ -4,7 +4,7 @@
 BEGIN;
 SELECT plan(48);
 
--- The clock stands after now() (enqueue's default run_at), so default jobs are due.
+-- treadle's clock stands in the future; enqueue's default run_at follows it.
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
 SELECT has_function('treadle', 'enqueue',
@@ -22,11 +22,11 @@ SELECT results_eq(
                      lease_until, lease_token, worker_id, idempotency_key, result, last_error,
                      created_at, finished_at, workflow_run_id, step, every
                 FROM treadle.jobs WHERE id = %s $$, :plain),
-    $$ VALUES ('default'::text, 'send_email'::text, '{}'::jsonb, 'available'::text, 0, now(), 0, 25,
+    $$ VALUES ('default'::text, 'send_email'::text, '{}'::jsonb, 'available'::text, 0, '2999-01-01 12:00:00+00'::timestamptz, 0, 25,
                NULL::timestamptz, NULL::uuid, NULL::text, NULL::text, NULL::jsonb, NULL::text,
                '2999-01-01 12:00:00+00'::timestamptz, NULL::timestamptz, NULL::bigint, NULL::text,
                NULL::interval) $$,
-    'a job enqueued with defaults: queue default, args {}, priority 0, due now(), 25 attempts, available');
+    'a job enqueued with defaults: queue default, args {}, priority 0, due now by treadle''s clock, 25 attempts, available');
 
 -- Named notation and every argument
 SELECT treadle.enqueue('resize', args => '{"w": 640}', queue => 'images', priority => -5,
@@ -119,7 +119,8 @@ SET LOCAL treadle.now = '2999-01-01 12:30:00+00';
 SELECT treadle.enqueue('later') AS later \gset
 SELECT is((SELECT created_at FROM treadle.jobs WHERE id = :later), '2999-01-01 12:30:00+00'::timestamptz,
           'created_at is treadle''s clock');
-SELECT is((SELECT run_at FROM treadle.jobs WHERE id = :later), now(), 'the default run_at is now()');
+SELECT is((SELECT run_at FROM treadle.jobs WHERE id = :later), '2999-01-01 12:30:00+00'::timestamptz,
+          'the default run_at is treadle''s clock');
 SELECT is((SELECT finished_at FROM treadle.jobs WHERE id = :later), NULL, 'a new job is not finished');
 SELECT is((SELECT errors FROM treadle.jobs WHERE id = :later), '[]'::jsonb, 'a new job has no errors');
 SELECT is((SELECT cancel_requested FROM treadle.jobs WHERE id = :later), false, 'a new job has no cancel request');

@@ -375,7 +375,7 @@ CREATE FUNCTION treadle.enqueue(
     args            jsonb       DEFAULT '{}',
     queue           text        DEFAULT 'default',
     priority        integer     DEFAULT 0,
-    run_at          timestamptz DEFAULT now(),
+    run_at          timestamptz DEFAULT treadle._now(),  -- now, by treadle's one clock
     max_attempts    integer     DEFAULT 25,
     idempotency_key text        DEFAULT NULL,
     every           interval    DEFAULT NULL
