@@ -1,6 +1,6 @@
 """Read the code blocks of the documentation, and run them.
 
-The rules the doc tests apply to every page under docs/ (and to CHANGELOG.md):
+The rules the doc tests apply to README.md, every page under docs/ and CHANGELOG.md:
 
 - A ```sql block runs in psql. All the sql blocks of a page run in order, in one psql
   session, on a fresh database. That database already has the extension, unless one of
@@ -59,7 +59,7 @@ class Block:
 
 def pages() -> list[Path]:
     """Every documentation page, in a stable order."""
-    return sorted(DOCS.rglob("*.md")) + [ROOT / "CHANGELOG.md"]
+    return [ROOT / "README.md"] + sorted(DOCS.rglob("*.md")) + [ROOT / "CHANGELOG.md"]
 
 
 def page_id(path: Path) -> str:

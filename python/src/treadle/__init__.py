@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
         start_workflow,
         version,
         wait,
+        wait_workflow,
         watch,
         workflow_results,
     )
@@ -37,6 +38,9 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
         TreadleError,
         UnsupportedVersion,
         WaitTimeout,
+        WorkflowCancelled,
+        WorkflowFailed,
+        WorkflowNotFound,
     )
     from .models import Job
     from .worker import JobContext, Step, Worker, WorkerEvent
@@ -56,6 +60,7 @@ _EXPORTS: dict[str, str] = {
     "workflow_results": "client",
     "version": "client",
     "wait": "client",
+    "wait_workflow": "client",
     "watch": "client",
     "WatchEvent": "client",
     # worker side
@@ -74,6 +79,9 @@ _EXPORTS: dict[str, str] = {
     "JobFailed": "errors",
     "JobNotFound": "errors",
     "WaitTimeout": "errors",
+    "WorkflowCancelled": "errors",
+    "WorkflowFailed": "errors",
+    "WorkflowNotFound": "errors",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -77,3 +77,13 @@ JOB_OUTCOME: Final = "SELECT queue, state, result, last_error FROM treadle.jobs 
 TRANSACTION_ISOLATION: Final = "SELECT pg_catalog.current_setting('transaction_isolation') AS isolation"
 LISTENING_CHANNELS: Final = "SELECT pg_catalog.pg_listening_channels() AS channel"
 UNLISTEN_DONE: Final = "UNLISTEN treadle_done"
+# a run and, once it failed, the step whose job was discarded (its latest step job), in one read
+RUN_OUTCOME: Final = """
+SELECT r.queue, r.state, r.results, s.step, s.last_error
+  FROM treadle.workflow_runs AS r
+  LEFT JOIN LATERAL (
+        SELECT j.step, j.last_error FROM treadle.jobs AS j
+         WHERE j.workflow_run_id = r.id AND r.state = 'failed'
+         ORDER BY j.id DESC LIMIT 1) AS s ON true
+ WHERE r.id = %(run_id)s
+"""

@@ -1,10 +1,12 @@
-"""`wait`: block until a job finishes and hand back its result.
+"""`wait` and `wait_workflow`: block until a job or a workflow run finishes.
 
-The job row is the truth. The loop reads it, and between reads sleeps up to
-`poll_interval`, waking early when a treadle_done notification names the job's
-queue. The logic lives in one generator (`outcome`) that asks for "read the row"
-or "pause"; small drivers answer those requests for each kind of connection,
-synchronous or asynchronous, so every way of waiting decides the same way.
+The row is the truth. The loop reads it, and between reads sleeps up to
+`poll_interval`, waking early when a notification names the row's queue. The
+logic lives in one generator per kind of row (`outcome`, `run_outcome`) that
+asks for "read the row" or "pause"; small drivers answer those requests for each
+kind of connection, synchronous or asynchronous, given a `Watched` (the
+statement that reads the row, and the notification that wakes the wait), so
+every way of waiting decides the same way.
 
 How the connection is used:
 - a DSN: a connection of our own (autocommit) that LISTENs, opened again if it
@@ -12,7 +14,7 @@ How the connection is used:
 - an autocommit connection outside a transaction that listens to nothing else:
   LISTEN on it for the wait, UNLISTEN afterwards;
 - a connection inside a transaction: reads in that transaction, polling only (it
-  must be READ COMMITTED, or it would never see the job change);
+  must be READ COMMITTED, or it would never see the row change);
 - a non-autocommit connection outside a transaction: each read is followed by a
   rollback of the transaction that read opened, so the connection is left idle.
 """
@@ -21,20 +23,35 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import Notify
 from psycopg.pq import TransactionStatus
 
 from . import _conn, _listen, _sql
-from .errors import InvalidArgument, JobCancelled, JobFailed, JobNotFound, WaitTimeout
+from .errors import (
+    InvalidArgument,
+    JobCancelled,
+    JobFailed,
+    JobNotFound,
+    WaitTimeout,
+    WorkflowCancelled,
+    WorkflowFailed,
+    WorkflowNotFound,
+)
 
-READ = "read"  # the loop asks for the job row
+if TYPE_CHECKING:
+    from typing_extensions import LiteralString
+
+READ = "read"  # the loop asks for the row
 UNKNOWN: Any = object()  # the row could not be read this time (our own connection was lost)
+PENDING: Any = object()  # the row was read and has not finished yet
 _VISIBLE_ISOLATIONS = frozenset({"read committed", "read uncommitted"})
+
+Row = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -45,40 +62,98 @@ class Pause:
     queue: str | None
 
 
+@dataclass(frozen=True)
+class Watched:
+    """What a driver reads each time, and which notification makes it read early.
+
+    `query` returns at most one row, with a `queue` column whenever it returns one.
+    """
+
+    query: LiteralString
+    params: Mapping[str, Any]
+    channel: str  # a notification here whose payload is the row's queue wakes the wait
+    listen: LiteralString
+    unlisten: LiteralString
+    waiter: str  # the public function, and what it waits for, to name in messages
+    subject: str
+
+
 Loop = Generator["Pause | str", Any, Any]
 
 
+def job(job_id: int) -> Watched:
+    # built per call, so the statements in _sql are looked up when a wait starts
+    return Watched(_sql.JOB_OUTCOME, {"job_id": job_id}, _sql.CHANNEL_DONE, _sql.LISTEN_DONE, _sql.UNLISTEN_DONE,
+                   "wait", "the job")
+
+
+def workflow_run(run_id: int) -> Watched:
+    # step jobs run in their run's queue, so treadle_done naming that queue covers every step
+    return Watched(_sql.RUN_OUTCOME, {"run_id": run_id}, _sql.CHANNEL_DONE, _sql.LISTEN_DONE, _sql.UNLISTEN_DONE,
+                   "wait_workflow", "the workflow run")
+
+
 def outcome(job_id: int, timeout: float | None, poll_interval: float) -> Loop:
-    """Read, decide, pause, again: returns the result or raises how the job ended."""
+    """The job's result, or raises how the job ended."""
+
+    def settle(row: Row | None) -> Any:
+        if row is None:
+            raise JobNotFound(job_id)
+        if row["state"] == "completed":
+            return row["result"]
+        if row["state"] == "discarded":
+            raise JobFailed(job_id, row["last_error"])
+        if row["state"] == "cancelled":
+            raise JobCancelled(job_id)
+        return PENDING
+
+    return _loop(settle, timeout, poll_interval, lambda limit: WaitTimeout(job_id, limit))
+
+
+def run_outcome(run_id: int, timeout: float | None, poll_interval: float) -> Loop:
+    """The run's results keyed by step name, or raises how the run ended."""
+
+    def settle(row: Row | None) -> Any:
+        if row is None:
+            raise WorkflowNotFound(run_id)
+        if row["state"] == "completed":
+            return row["results"]
+        if row["state"] == "failed":
+            raise WorkflowFailed(run_id, row["step"], row["last_error"])
+        if row["state"] == "cancelled":
+            raise WorkflowCancelled(run_id)
+        return PENDING
+
+    return _loop(settle, timeout, poll_interval, lambda limit: WaitTimeout(None, limit, run_id=run_id))
+
+
+def _loop(settle: Callable[[Row | None], Any], timeout: float | None, poll_interval: float,
+          expired: Callable[[float], WaitTimeout]) -> Loop:
+    """Read, settle, pause, again: returns what `settle` returns once it is not PENDING."""
     deadline = None if timeout is None else time.monotonic() + timeout
     queue: str | None = None
     while True:
         row = yield READ
-        if row is None:
-            raise JobNotFound(job_id)
         if row is not UNKNOWN:
+            settled = settle(row)
+            if settled is not PENDING:
+                return settled
             queue = row["queue"]
-            if row["state"] == "completed":
-                return row["result"]
-            if row["state"] == "discarded":
-                raise JobFailed(job_id, row["last_error"])
-            if row["state"] == "cancelled":
-                raise JobCancelled(job_id)
         pause = poll_interval
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:
                 assert timeout is not None
-                raise WaitTimeout(job_id, timeout)
+                raise expired(timeout)
             pause = min(pause, left)
         yield Pause(pause, queue)
 
 
-def wakes(notify: Notify, pause: Pause) -> bool:
-    return notify.channel == _sql.CHANNEL_DONE and (pause.queue is None or notify.payload == pause.queue)
+def wakes(notify: Notify, pause: Pause, watched: Watched) -> bool:
+    return notify.channel == watched.channel and (pause.queue is None or notify.payload == pause.queue)
 
 
-def _first(rows: _conn.Rows) -> dict[str, Any] | None:
+def _first(rows: _conn.Rows) -> Row | None:
     return rows[0] if rows else None
 
 
@@ -123,8 +198,8 @@ async def _sleep_async(pause: Pause) -> None:
 # -- a DSN: a listening connection of our own -------------------------------------------------
 
 
-def wait_dsn(dsn: str, job_id: int, loop: Loop, listen: bool) -> Any:
-    listener = _listen.Listener(dsn, [_sql.LISTEN_DONE] if listen else [])
+def wait_dsn(dsn: str, watched: Watched, loop: Loop, listen: bool) -> Any:
+    listener = _listen.Listener(dsn, [watched.listen] if listen else [])
     listener.open()
 
     def read() -> Any:
@@ -133,7 +208,7 @@ def wait_dsn(dsn: str, job_id: int, loop: Loop, listen: bool) -> Any:
         except psycopg.OperationalError:
             return UNKNOWN
         try:
-            return _conn.execute(conn, _sql.JOB_OUTCOME, {"job_id": job_id}, _first)
+            return _conn.execute(conn, watched.query, watched.params, _first)
         except psycopg.OperationalError as error:
             listener.lost(error)
             return UNKNOWN
@@ -141,7 +216,7 @@ def wait_dsn(dsn: str, job_id: int, loop: Loop, listen: bool) -> Any:
     def pause(request: Pause) -> None:
         end = time.monotonic() + request.seconds
         while (left := end - time.monotonic()) > 0:
-            if any(wakes(notify, request) for notify in listener.receive(left)):
+            if any(wakes(notify, request, watched) for notify in listener.receive(left)):
                 return
 
     try:
@@ -153,32 +228,30 @@ def wait_dsn(dsn: str, job_id: int, loop: Loop, listen: bool) -> Any:
 # -- the caller's synchronous connection ------------------------------------------------------
 
 
-def wait_connection(conn: psycopg.Connection[Any], job_id: int, loop: Loop, listen: bool) -> Any:
-    params = {"job_id": job_id}
-
+def wait_connection(conn: psycopg.Connection[Any], watched: Watched, loop: Loop, listen: bool) -> Any:
     def read() -> Any:
-        return _conn.execute(conn, _sql.JOB_OUTCOME, params, _first)
+        return _conn.execute(conn, watched.query, watched.params, _first)
 
     if listen and _listen.can_borrow(conn):
-        if not _listen.listen(conn, [_sql.LISTEN_DONE]):
+        if not _listen.listen(conn, [watched.listen]):
             return drive(loop, read, _sleep)
 
         def pause(request: Pause) -> None:
             for notify in conn.notifies(timeout=request.seconds):
-                if wakes(notify, request):
+                if wakes(notify, request, watched):
                     return
 
         try:
             return drive(loop, read, pause)
         finally:
             if not conn.broken:
-                conn.execute(_sql.UNLISTEN_DONE)
+                conn.execute(watched.unlisten)
                 for _ in conn.notifies(timeout=0):
                     pass  # drop hints that arrived before UNLISTEN: the caller listens to nothing
 
     status = conn.info.transaction_status
     if status != TransactionStatus.IDLE:
-        _require_visible(_conn.execute(conn, _sql.TRANSACTION_ISOLATION, {}, _isolation))
+        _require_visible(_conn.execute(conn, _sql.TRANSACTION_ISOLATION, {}, _isolation), watched)
         return drive(loop, read, _sleep)
     if conn.autocommit:
         return drive(loop, read, _sleep)
@@ -195,32 +268,30 @@ def wait_connection(conn: psycopg.Connection[Any], job_id: int, loop: Loop, list
 # -- the caller's asynchronous connection -----------------------------------------------------
 
 
-async def wait_async(conn: psycopg.AsyncConnection[Any], job_id: int, loop: Loop, listen: bool) -> Any:
-    params = {"job_id": job_id}
-
+async def wait_async(conn: psycopg.AsyncConnection[Any], watched: Watched, loop: Loop, listen: bool) -> Any:
     async def read() -> Any:
-        return await _conn.execute(conn, _sql.JOB_OUTCOME, params, _first)
+        return await _conn.execute(conn, watched.query, watched.params, _first)
 
     if listen and await _listen.can_borrow_async(conn):
-        if not await _listen.listen_async(conn, [_sql.LISTEN_DONE]):
+        if not await _listen.listen_async(conn, [watched.listen]):
             return await drive_async(loop, read, _sleep_async)
 
         async def pause(request: Pause) -> None:
             async for notify in conn.notifies(timeout=request.seconds):
-                if wakes(notify, request):
+                if wakes(notify, request, watched):
                     return
 
         try:
             return await drive_async(loop, read, pause)
         finally:
             if not conn.broken:
-                await conn.execute(_sql.UNLISTEN_DONE)
+                await conn.execute(watched.unlisten)
                 async for _ in conn.notifies(timeout=0):
                     pass  # drop hints that arrived before UNLISTEN: the caller listens to nothing
 
     status = conn.info.transaction_status
     if status != TransactionStatus.IDLE:
-        _require_visible(await _conn.execute(conn, _sql.TRANSACTION_ISOLATION, {}, _isolation))
+        _require_visible(await _conn.execute(conn, _sql.TRANSACTION_ISOLATION, {}, _isolation), watched)
         return await drive_async(loop, read, _sleep_async)
     if conn.autocommit:
         return await drive_async(loop, read, _sleep_async)
@@ -238,9 +309,9 @@ def _isolation(rows: _conn.Rows) -> str:
     return str(rows[0]["isolation"])
 
 
-def _require_visible(isolation: str) -> None:
+def _require_visible(isolation: str, watched: Watched) -> None:
     if isolation not in _VISIBLE_ISOLATIONS:
         raise InvalidArgument(
-            f"wait cannot see other transactions finish the job from inside a {isolation} transaction: "
-            "pass a DSN, or a connection outside a transaction"
+            f"{watched.waiter} cannot see other transactions finish {watched.subject} from inside a {isolation} "
+            "transaction: pass a DSN, or a connection outside a transaction"
         )

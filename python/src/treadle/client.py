@@ -47,7 +47,8 @@ connection that passed is not asked again.
 Results
 -------
 A handler's return value is stored as its job's result. `wait` blocks until a job
-finishes and returns that result; `watch` tells a consumer when to look again.
+finishes and returns that result, `wait_workflow` until a workflow run finishes and
+returns its steps' results; `watch` tells a consumer when to look again.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ __all__ = [
     "start_workflow",
     "version",
     "wait",
+    "wait_workflow",
     "watch",
     "workflow_results",
 ]
@@ -387,16 +389,70 @@ def wait(
     falls back to polling by itself.
     """
     job = _args.row_id(job_id, "job_id")
+    limit, interval = _wait_times(timeout, poll_interval, listen)
+    return _wait_on(conn_or_dsn, _wait.job(job), _wait.outcome(job, limit, interval), listen)
+
+
+@overload
+def wait_workflow(
+    conn_or_dsn: AsyncConnection,
+    run_id: int,
+    timeout: float | timedelta | None = None,
+    *,
+    poll_interval: float | timedelta = 1.0,
+    listen: bool = True,
+) -> Awaitable[dict[str, Any]]: ...
+@overload
+def wait_workflow(
+    conn_or_dsn: str | SyncConnection,
+    run_id: int,
+    timeout: float | timedelta | None = None,
+    *,
+    poll_interval: float | timedelta = 1.0,
+    listen: bool = True,
+) -> dict[str, Any]: ...
+def wait_workflow(
+    conn_or_dsn: str | AnyConnection,
+    run_id: int,
+    timeout: float | timedelta | None = None,
+    *,
+    poll_interval: float | timedelta = 1.0,
+    listen: bool = True,
+) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+    """Block until the workflow run finishes and return its results (awaitable with an AsyncConnection).
+
+    The results are the finished steps' results keyed by step name, as
+    `workflow_results` gives them. Raises WorkflowFailed (``.step`` is the step
+    whose job was discarded, ``.error`` that job's last error), WorkflowCancelled,
+    WorkflowNotFound, or WaitTimeout once ``timeout`` seconds have passed; a
+    timeout never touches the run.
+
+    The run is read as `wait` reads a job, and the connection is used the same
+    way: every ``poll_interval`` seconds, and at once when a treadle_done
+    notification names the run's queue (where its steps run). Waiting inside the
+    transaction that started the run never ends: no worker sees its first step
+    before the commit.
+    """
+    run = _args.row_id(run_id, "run_id")
+    limit, interval = _wait_times(timeout, poll_interval, listen)
+    return _wait_on(conn_or_dsn, _wait.workflow_run(run), _wait.run_outcome(run, limit, interval), listen)
+
+
+def _wait_times(timeout: Any, poll_interval: Any, listen: Any) -> tuple[float | None, float]:
+    """The checked timeout and poll interval, in seconds; a listen that is not a bool is refused too."""
     limit = None if timeout is None else _args.seconds(timeout, "timeout", allow_zero=True)
     interval = _args.seconds(poll_interval, "poll_interval", allow_zero=False)
     if not isinstance(listen, bool):
         raise InvalidArgument(f"listen must be True or False, not {type(listen).__name__}")
-    loop = _wait.outcome(job, limit, interval)
+    return limit, interval
+
+
+def _wait_on(conn_or_dsn: str | AnyConnection, watched: _wait.Watched, loop: _wait.Loop, listen: bool) -> Any:
     if isinstance(conn_or_dsn, str):
-        return _wait.wait_dsn(conn_or_dsn, job, loop, listen)
+        return _wait.wait_dsn(conn_or_dsn, watched, loop, listen)
     if isinstance(conn_or_dsn, psycopg.AsyncConnection):
-        return _wait.wait_async(conn_or_dsn, job, loop, listen)
-    return _wait.wait_connection(_conn.sync_connection(conn_or_dsn), job, loop, listen)
+        return _wait.wait_async(conn_or_dsn, watched, loop, listen)
+    return _wait.wait_connection(_conn.sync_connection(conn_or_dsn), watched, loop, listen)
 
 
 @overload

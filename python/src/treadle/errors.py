@@ -64,12 +64,44 @@ class JobNotFound(TreadleError, LookupError):
 
 
 class WaitTimeout(TreadleError, TimeoutError):
-    """`wait` gave up before the job finished; the job itself was not touched."""
+    """`wait` or `wait_workflow` gave up before the job or run finished, without touching it.
 
-    def __init__(self, job_id: int, timeout: float) -> None:
-        super().__init__(f"job {job_id} did not finish within {timeout} s")
+    `job_id` names the job `wait` waited for; `run_id` the run `wait_workflow`
+    waited for; the other one is None.
+    """
+
+    def __init__(self, job_id: int | None, timeout: float, *, run_id: int | None = None) -> None:
+        what = f"job {job_id}" if run_id is None else f"workflow run {run_id}"
+        super().__init__(f"{what} did not finish within {timeout} s")
         self.job_id = job_id
+        self.run_id = run_id
         self.timeout = timeout
+
+
+class WorkflowCancelled(TreadleError):
+    """The workflow run was cancelled (raised by `wait_workflow`)."""
+
+    def __init__(self, run_id: int) -> None:
+        super().__init__(f"workflow run {run_id} was cancelled")
+        self.run_id = run_id
+
+
+class WorkflowFailed(TreadleError):
+    """The workflow run failed: `step`'s job was discarded, and `error` is its last error."""
+
+    def __init__(self, run_id: int, step: str | None, error: str | None) -> None:
+        super().__init__(f"workflow run {run_id} failed at step {step!r}: {error}")
+        self.run_id = run_id
+        self.step = step
+        self.error = error
+
+
+class WorkflowNotFound(TreadleError, LookupError):
+    """No workflow run has that id."""
+
+    def __init__(self, run_id: int) -> None:
+        super().__init__(f"no workflow run with id {run_id}")
+        self.run_id = run_id
 
 
 ARGUMENT_SQLSTATES = frozenset({"22023", "22004"})
