@@ -3,6 +3,7 @@
 #   make              build sql/treadle--$(EXTVERSION).sql from sql/src/*.sql
 #   make install      install the control file and scripts into $(PG_CONFIG)'s server
 #   make test         everything, from a fresh machine: tools, a throwaway cluster, all tests
+#   make test-pg16    pgTAP and the SQL-level tests on PostgreSQL 16 from pgserver (make test runs it)
 #   make check-generated   fail when the committed script is not what sql/src builds
 #   make demo         a local cluster, a worker on example jobs and the dashboard (Ctrl-C stops it)
 #   make bench        every benchmark in bench/, each against its raw SQL baseline (bench/README.md)
@@ -28,7 +29,7 @@ BUILD   ?= $(CURDIR)/.build
 VENV    ?= $(BUILD)/venv
 PYTHON  ?= python3
 
-.PHONY: check-generated test test-deps test-pgtap test-python venv
+.PHONY: check-generated test test-deps test-pg16 test-pgtap test-python venv
 
 check-generated:
 	@cat $(SRC) | cmp -s - $(GENERATED) || { echo "$(GENERATED) is stale: run make and commit it" >&2; exit 1; }
@@ -49,6 +50,14 @@ venv: $(VENV)/.installed
 test: check-generated test-deps venv
 	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
 	PG_CONFIG=$(PG_CONFIG) VENV=$(VENV) scripts/run-tests $(BUILD)/test-cluster
+	$(MAKE) test-pg16
+
+# A second major version: PostgreSQL 16 from the pgserver wheel (scripts/pgserver), with
+# pgTAP copied from the system server's; pgTAP and the SQL-level pytest suites.
+test-pg16: test-deps venv
+	pg16=$$(PYTHON=$(PYTHON) scripts/pgserver pgtap $(PG_CONFIG)) && \
+	$(MAKE) install PG_CONFIG=$$pg16 && \
+	PG_CONFIG=$$pg16 VENV=$(VENV) scripts/run-tests $(BUILD)/pg16-test-cluster tests/sql tests/test_install.py tests/client
 
 # Against a database that has pgTAP available: make test-pgtap DATABASE_URL=...
 test-pgtap:

@@ -18,6 +18,11 @@ from docblocks import ROOT, Block, check_outputs, fresh_database, page_blocks, p
 NOT_RUN = {
     "make install": "writes into the server's share directory; `make test` runs it before any test",
     "make demo": "runs until Ctrl-C; tests/dashboard/test_demo.py runs scripts/demo, which it calls",
+    'pg_config=$(scripts/pgserver)\nmake install PG_CONFIG="$pg_config"\n'
+    'PG_CONFIG="$pg_config" scripts/pgcluster start .build/pg16-cluster': (
+        "installs PostgreSQL 16 under the checkout's .build/ and leaves a server running; "
+        "`make test-pg16` (part of `make test`) and tests/dashboard/test_demo_pgserver.py run these scripts"
+    ),
     "python -m pip install -e '.[dashboard]'": (
         "installs into the active environment; `make test` installs the package the same way"
     ),
