@@ -16,8 +16,12 @@ GENERATED  = sql/$(EXTENSION)--$(EXTVERSION).sql
 DATA       = $(sort $(wildcard sql/$(EXTENSION)--*.sql) $(GENERATED))
 
 PG_CONFIG ?= pg_config
-PGXS      := $(shell $(PG_CONFIG) --pgxs)
+PGXS      := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
+# Without a PostgreSQL build environment only the targets that need none work
+# (make demo then runs on pgserver's PostgreSQL 16: scripts/pgserver).
+ifneq ($(PGXS),)
 include $(PGXS)
+endif
 
 all: $(GENERATED)
 
