@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -90,7 +91,9 @@ def on_event(event: WorkerEvent) -> None:
         die()
     if kill_at == "stop_before_complete" and event.kind == "completing" and not stopped_once:
         stopped_once = True
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # Sent to this thread, not the process: a process-directed stop may be taken
+        # by another thread first, and this one would run on and write its completion.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
 
 
 def main() -> None:

@@ -21,12 +21,16 @@ class CompletionBuffer(Generic[T]):
     """Collects items and hands them to `write` in batches, from a thread of its own.
 
     A batch is written `delay` seconds after its first item arrived, or at once when
-    it holds `max_batch` items or the buffer is closing. `write` must deal with its
-    own failures: an exception it raises is logged and its batch is dropped.
+    it holds `max_batch` items, when `idle()` says no more items are on their way
+    (waiting would only delay these), or when the buffer is closing. `write` must
+    deal with its own failures: an exception it raises is logged and its batch is
+    dropped. `idle` is called with the buffer's lock held: it must not call back
+    into the buffer.
     """
 
     def __init__(self, write: Callable[[list[T]], None], *, delay: float = 0.005,
-                 max_batch: int = 500, name: str = "treadle-completions") -> None:
+                 max_batch: int = 500, idle: Callable[[], bool] | None = None,
+                 name: str = "treadle-completions") -> None:
         if delay < 0:
             raise ValueError(f"delay must not be negative, got {delay}")
         if max_batch < 1:
@@ -34,6 +38,7 @@ class CompletionBuffer(Generic[T]):
         self._write = write
         self._delay = delay
         self._max_batch = max_batch
+        self._idle = idle
         self._items: list[T] = []
         self._writing = 0  # items taken from the buffer whose write has not returned
         self._cond = threading.Condition()
@@ -70,6 +75,8 @@ class CompletionBuffer(Generic[T]):
                     return  # closing, and nothing left
                 deadline = time.monotonic() + self._delay
                 while len(self._items) < self._max_batch and not self._closing:
+                    if self._idle is not None and self._idle():
+                        break
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break

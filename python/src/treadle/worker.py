@@ -98,7 +98,7 @@ class Worker:
         poll_interval: Duration = 1.0,
         lease: Duration = 30,
         heartbeat_interval: Duration = 10,
-        rescue_interval: Duration = 5,
+        rescue_interval: Duration = 0.5,
         stop_timeout: Duration = 30,
         backoff: Callable[[int], Duration] | None = None,
         on_error: Callable[[BaseException, Job], None] | None = None,
@@ -255,6 +255,16 @@ class Worker:
         with self._lock:
             return len(self._active)
 
+    @property
+    def busy_handlers(self) -> int:
+        """Claimed jobs whose handler has not returned: the slots `concurrency` counts.
+
+        A job whose handler returned and whose outcome is being written no longer
+        holds a slot, so the next claim overlaps that write.
+        """
+        with self._lock:
+            return sum(1 for ctx in self._active if ctx._status == RUNNING)
+
     def _begin(self) -> None:
         with self._lock:
             if self._used:
@@ -301,7 +311,9 @@ class Worker:
             if not self._startup():
                 return
             self._threads = HandlerThreads(self.concurrency, name=f"treadle-handler-{self.worker_id}")
-            self._buffer = CompletionBuffer(self._outcomes.complete_batch, delay=COMPLETION_DELAY)
+            # no handler still running means no success is on its way: write at once
+            self._buffer = CompletionBuffer(self._outcomes.complete_batch, delay=COMPLETION_DELAY,
+                                            idle=lambda: self.busy_handlers == 0)
             listener = Listener(self._db.listen_connection, self.queues, self._wake.set)
             listener.start()
             housekeeper = Housekeeper(
@@ -389,7 +401,7 @@ class Worker:
         names = self._claim_names()
         backoff = Backoff()
         while not self._stop_requested:
-            free = self.concurrency - self.running_jobs
+            free = self.concurrency - self.busy_handlers
             if free > 0:
                 try:
                     rows = self._db.rows(_sql.CLAIM, {
@@ -495,6 +507,9 @@ class Worker:
         except RuntimeError:
             log.warning("job %d finished after the worker stopped; its lease will lapse", ctx.job_id)
             self._done(ctx)
+            return
+        if self._more_waiting:
+            self._wake.set()  # its slot is free: claim while the completion is written
 
     def _handler_failed(self, ctx: JobContext, error: BaseException) -> None:
         outcome = ctx._begin_finishing()
