@@ -25,6 +25,18 @@ LANGUAGE plpgsql
 VOLATILE
 ROWS 10
 SET search_path = pg_catalog, pg_temp
+-- Planning the claim costs as much as running it, so it is planned once per session.
+-- A generic plan does not know the batch and guesses that LIMIT takes a tenth of the
+-- rows; with sorts, sequential and bitmap scans off, the one plan left reads each
+-- (queue[, name]) range in claim order from its index and stops after `batch` rows,
+-- whatever the table holds. The rows to update are found by id = ANY(...), not by a
+-- join whose size the planner would have to guess. The penalty those settings add to
+-- the plan's cost would start JIT compiling, which never pays off here: off too.
+SET plan_cache_mode = force_generic_plan
+SET enable_sort = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -60,7 +72,7 @@ BEGIN
                        FOR UPDATE SKIP LOCKED) AS c
              ORDER BY c.priority, c.run_at, c.id
              LIMIT claim.batch
-        )
+        ), claimed AS (
         UPDATE treadle.jobs AS j
            SET state = 'running',
                attempt = j.attempt + 1,
@@ -70,9 +82,10 @@ BEGIN
                started_at = v_now,
                progress = NULL,
                progress_message = NULL
-          FROM candidates AS c
-         WHERE j.id = c.id
-        RETURNING j.*;
+         WHERE j.id = ANY (ARRAY(SELECT c.id FROM candidates AS c))
+        RETURNING j.*
+        )
+        SELECT * FROM claimed AS d ORDER BY d.priority, d.run_at, d.id;
     ELSE
         RETURN QUERY
         WITH candidates AS (
@@ -91,7 +104,7 @@ BEGIN
                        FOR UPDATE SKIP LOCKED) AS c
              ORDER BY c.priority, c.run_at, c.id
              LIMIT claim.batch
-        )
+        ), claimed AS (
         UPDATE treadle.jobs AS j
            SET state = 'running',
                attempt = j.attempt + 1,
@@ -101,9 +114,10 @@ BEGIN
                started_at = v_now,
                progress = NULL,
                progress_message = NULL
-          FROM candidates AS c
-         WHERE j.id = c.id
-        RETURNING j.*;
+         WHERE j.id = ANY (ARRAY(SELECT c.id FROM candidates AS c))
+        RETURNING j.*
+        )
+        SELECT * FROM claimed AS d ORDER BY d.priority, d.run_at, d.id;
     END IF;
 END;
 $$;

@@ -1,0 +1,219 @@
+"""Scenario 7, held snapshot: steady load while another session holds a REPEATABLE READ transaction open.
+
+A worker process drains the queue while a producer keeps a backlog of jobs
+waiting. After a warm-up, another session opens a REPEATABLE READ transaction,
+reads one row and sits idle for --hold seconds, so no dead row can be vacuumed
+and every claimed job leaves a dead index entry behind; then it commits. A probe
+claims one job every 50 ms beside the worker, timing each claim. Reported every
+10 s: jobs finished per second, the probe's claim p99, dead tuples, the claim
+index size; and the time after the release until throughput is back to 90% of
+its level before the hold. The same run with the raw worker on bench_raw.jobs
+is the baseline.
+
+    .build/venv/bin/python bench/held_snapshot.py [--warmup 20] [--hold 300] [--after 60]
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from harness import (
+    RAW_FINISH,
+    RAW_INSERT_SELECT,
+    TREADLE_CLAIM,
+    Stopwatch,
+    database,
+    fmt,
+    median,
+    parser,
+    percentile,
+    print_settings,
+    progress,
+    ratio,
+    raw_claim,
+    reset_tables,
+    server,
+    table,
+    worker_processes,
+)
+
+TITLE = "Held snapshot: steady load while a REPEATABLE READ transaction stays open"
+BACKLOG = 5000  # jobs the producer keeps waiting
+CHUNK = 1000  # jobs per producer statement
+TABLE = {"treadle": "treadle.jobs", "raw": "bench_raw.jobs"}
+CLAIM_INDEX = {"treadle": "treadle.jobs_claim_name_idx", "raw": "bench_raw.jobs_queue_name_priority_run_at_id_idx"}
+PROBE = {"worker_id": "probe", "queue": "default", "names": ["bench"], "name": "bench", "batch": 1,
+         "lease": "30 seconds"}
+
+
+@dataclass
+class Trace:
+    """What one side's run recorded, in seconds since its start."""
+
+    probes: list[tuple[float, float]] = field(default_factory=list)  # (at, claim ms)
+    stats: list[tuple[float, int, int]] = field(default_factory=list)  # (at, dead tuples, claim index bytes)
+    finished: list[float] = field(default_factory=list)  # each job's finished_at
+    hold: tuple[float, float] = (0.0, 0.0)  # when the snapshot was taken and released
+
+
+def producer(url: str, kind: str, stop: threading.Event) -> None:
+    """Keep about BACKLOG jobs waiting: enqueued minus finished, counted incrementally."""
+    enqueued = finished = 0
+    since = "-infinity"
+    with psycopg.connect(url, autocommit=True) as conn:
+        while not stop.is_set():
+            row = conn.execute(f"SELECT count(*), max(finished_at)::text FROM {TABLE[kind]} "
+                               "WHERE finished_at > %s::timestamptz", [since]).fetchone()
+            assert row is not None
+            finished += row[0]
+            since = row[1] or since
+            while enqueued - finished < BACKLOG and not stop.is_set():
+                if kind == "treadle":
+                    conn.execute("SELECT count(*) FROM treadle.enqueue_many(%s)",
+                                 [Jsonb([{"name": "bench"}] * CHUNK)])
+                else:
+                    with conn.transaction():
+                        conn.execute(RAW_INSERT_SELECT, {"name": "bench", "args": [Jsonb({})] * CHUNK})
+                        conn.execute("SELECT pg_notify('bench_raw_jobs', 'default')")
+                enqueued += CHUNK
+            stop.wait(0.05)
+
+
+def probe(url: str, kind: str, stop: threading.Event, start: float, trace: Trace) -> None:
+    """Claim one job every 50 ms, timing the claim; finish it at once."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.cursor()
+        while not stop.wait(0.05):
+            with Stopwatch() as s:
+                cur.execute(TREADLE_CLAIM if kind == "treadle" else raw_claim(1), PROBE, prepare=True)
+                rows = cur.fetchall()
+            trace.probes.append((time.monotonic() - start, s.ms))
+            for row in rows:
+                if kind == "treadle":
+                    cur.execute("SELECT treadle.complete(%s, %s)", [row[0], row[10]], prepare=True)
+                else:
+                    cur.execute(RAW_FINISH, {"ids": [row[0]]}, prepare=True)
+
+
+def run_side(url: str, kind: str, warmup: float, hold: float, after: float) -> Trace:
+    trace = Trace()
+    stop = threading.Event()
+    with psycopg.connect(url, autocommit=True) as conn:
+        reset_tables(conn)
+        with worker_processes(kind, url, 1, ["--concurrency", "10"]):
+            # the database's clock and the monotonic one start together, within a round trip
+            origin = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]  # type: ignore[index]
+            start = time.monotonic()
+            threads = [threading.Thread(target=producer, args=(url, kind, stop), daemon=True),
+                       threading.Thread(target=probe, args=(url, kind, stop, start, trace), daemon=True)]
+            for t in threads:
+                t.start()
+            holder = psycopg.connect(url, autocommit=True)  # BEGIN and COMMIT are ours
+            try:
+                end = warmup + hold + after
+                while (now := time.monotonic() - start) < end:
+                    if now >= warmup and trace.hold == (0.0, 0.0):
+                        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                        holder.execute("SELECT count(*) FROM treadle.workflows")
+                        trace.hold = (now, 0.0)
+                        progress(f"{kind}: snapshot held for {hold:g} s")
+                    if trace.hold[0] and not trace.hold[1] and now >= warmup + hold:
+                        holder.execute("COMMIT")
+                        trace.hold = (trace.hold[0], now)
+                        progress(f"{kind}: snapshot released")
+                    row = conn.execute(
+                        "SELECT n_dead_tup, pg_relation_size(%s::regclass) FROM pg_stat_user_tables "
+                        "WHERE relid = %s::regclass", [CLAIM_INDEX[kind], TABLE[kind]]).fetchone()
+                    trace.stats.append((now, int(row[0]), int(row[1])))  # type: ignore[index]
+                    time.sleep(1.0)
+            finally:
+                holder.close()
+                stop.set()
+                for t in threads:
+                    t.join(10)
+        rows = conn.execute(f"SELECT extract(epoch FROM finished_at)::float8 - %s FROM {TABLE[kind]} "
+                            "WHERE finished_at IS NOT NULL AND worker_id <> 'probe'", [origin]).fetchall()
+    trace.finished = [r[0] for r in rows]
+    return trace
+
+
+def windows(trace: Trace, end: float, size: float) -> list[dict[str, Any]]:
+    out = []
+    t = 0.0
+    while t < end - 0.5:
+        hi = min(t + size, end)
+        probes = [ms for at, ms in trace.probes if t <= at < hi]
+        stats = [s for s in trace.stats if t <= s[0] < hi] or trace.stats[-1:]
+        held, released = trace.hold
+        phase = "before" if hi <= held else ("held" if hi <= released else ("after" if t >= released else "release"))
+        out.append({"from": t, "phase": phase, "rate": sum(1 for f in trace.finished if t <= f < hi) / (hi - t),
+                    "p99": percentile(probes, 99), "dead": stats[-1][1], "index": stats[-1][2]})
+        t = hi
+    return out
+
+
+def recovery_seconds(trace: Trace) -> float:
+    """Seconds from the release to the end of the first 1 s bucket (in 0.5 s steps) whose
+    rate is back to 90% of the median 1 s rate before the hold."""
+    held, released = trace.hold
+    before = [sum(1 for f in trace.finished if s <= f < s + 1) for s in range(2, int(held))]
+    level = 0.9 * median(before) if before else 0
+    t = released
+    while t < max(trace.finished, default=0):
+        if sum(1 for f in trace.finished if t <= f < t + 1) >= level:
+            return t + 1 - released
+        t += 0.5
+    return float("nan")
+
+
+def main() -> None:
+    p = parser(__doc__ or "")
+    p.add_argument("--warmup", type=float, default=20, help="seconds of load before the hold (default 20)")
+    p.add_argument("--hold", type=float, default=300, help="seconds the snapshot is held (default 300)")
+    p.add_argument("--after", type=float, default=60, help="seconds of load after the release (default 60)")
+    p.add_argument("--window", type=float, default=10, help="seconds per reported row (default 10)")
+    args = p.parse_args()
+    warmup, hold, after, size = args.warmup, args.hold, args.after, args.window
+    if args.smoke:
+        warmup, hold, after, size = 3.0, 2.0, 2.0, 1.0
+
+    traces: dict[str, Trace] = {}
+    with server() as url, database(url, "held") as db:
+        print_settings(db)
+        for kind in ("treadle", "raw"):
+            progress(f"{kind}: {warmup:g} s warm-up, {hold:g} s held, {after:g} s after")
+            traces[kind] = run_side(db, kind, warmup, hold, after)
+
+    end = warmup + hold + after
+    per_side = {kind: windows(trace, end, size) for kind, trace in traces.items()}
+    rows = []
+    for t, r in zip(per_side["treadle"], per_side["raw"], strict=True):
+        rows.append([f"{t['from']:.0f}-{t['from'] + size:.0f} s", t["phase"], fmt(t["rate"], 0), fmt(r["rate"], 0),
+                     ratio(t["rate"], r["rate"]), fmt(t["p99"]), fmt(r["p99"]), f"{t['dead']:,}", f"{r['dead']:,}",
+                     f"{t['index'] / 2**20:.1f}", f"{r['index'] / 2**20:.1f}"])
+
+    def level(kind: str, phase: str, last: bool = False) -> float:
+        rates = [w["rate"] for w in per_side[kind] if w["phase"] == phase]
+        return (rates[-1] if last else median(rates)) if rates else float("nan")
+
+    notes = [f"The hold from {traces['treadle'].hold[0]:.0f} s to {traces['treadle'].hold[1]:.0f} s; "
+             f"one worker process (concurrency 10), a backlog of about {BACKLOG:,} jobs, a probe claim every 50 ms. "
+             "Columns: jobs/s, probe claim p99 in ms, dead tuples and claim index MiB, treadle then raw."]
+    for kind in ("treadle", "raw"):
+        before, held_end = level(kind, "before"), level(kind, "held", last=True)
+        change = f"{100 * (held_end / before - 1):+.0f}%" if before else "-"
+        notes.append(f"{kind}: {fmt(before, 0)} jobs/s before, {fmt(held_end, 0)} in the last window of the hold "
+                     f"({change}); back to 90% of the rate before within {fmt(recovery_seconds(traces[kind]), 1)} s "
+                     "of the release.")
+    table(TITLE, ["window", "phase", "treadle jobs/s", "raw jobs/s", "ratio", "treadle p99", "raw p99",
+                  "treadle dead", "raw dead", "treadle idx MiB", "raw idx MiB"], rows, notes)
+
+
+if __name__ == "__main__":
+    main()

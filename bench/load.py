@@ -1,0 +1,168 @@
+"""Scenario 1, load: worker processes with empty handlers drain a bulk-enqueued backlog.
+
+W worker processes (treadle.Worker, concurrency C) start and wait; N jobs are
+enqueued in one transaction; the figure is N over the time from that commit to
+the last job's finished_at (the database's clock, so process start-up is not
+counted). The raw baseline: W processes of bench/worker_raw.py, the bare
+SKIP LOCKED claim of C jobs plus one UPDATE finishing them, on bench_raw.jobs.
+A last row runs the SQL cycle alone, with no worker process: one connection
+in this script claims C jobs and finishes them, treadle.claim plus
+treadle.complete_many against the raw pair, which splits the gap between the
+cost of the SQL functions and the cost of the worker around them.
+
+    .build/venv/bin/python bench/load.py [--jobs 20000] [--workers 1 2] [--concurrency 10] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from harness import (
+    RAW_FINISH,
+    RAW_INSERT_SELECT,
+    TREADLE_CLAIM,
+    WorkerProcess,
+    database,
+    fmt,
+    median,
+    paired_ratio,
+    parser,
+    print_settings,
+    progress,
+    ratio,
+    raw_claim,
+    reset_tables,
+    runs_text,
+    server,
+    spread,
+    table,
+    worker_processes,
+)
+
+TITLE = "Load: jobs per second through worker processes, empty handlers"
+SEED_ONE_WORKER = 863  # jobs/s, the seed's one worker at concurrency 10
+CHUNK = 5000  # jobs per enqueue statement
+TABLE = {"treadle": "treadle.jobs", "raw": "bench_raw.jobs"}
+COMPLETE_MANY = "SELECT job_id, state FROM treadle.complete_many(%(ids)s, %(tokens)s)"
+
+
+def enqueue_backlog(conn: psycopg.Connection[Any], kind: str, jobs: int) -> float:
+    """Enqueue `jobs` in one transaction; returns the database's clock right after the commit (epoch s)."""
+    with conn.transaction():
+        for first in range(0, jobs, CHUNK):
+            ids = range(first, min(first + CHUNK, jobs))
+            if kind == "treadle":
+                conn.execute("SELECT count(*) FROM treadle.enqueue_many(%s)",
+                             [Jsonb([{"name": "bench", "args": {"i": i}} for i in ids])])
+            else:
+                conn.execute(RAW_INSERT_SELECT, {"name": "bench", "args": [Jsonb({"i": i}) for i in ids]})
+        if kind == "raw":
+            conn.execute("SELECT pg_notify('bench_raw_jobs', 'default')")
+    row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+def drain(url: str, kind: str, workers: int, concurrency: int, jobs: int,
+          watch: Callable[[list[WorkerProcess]], None] | None = None,
+          on_ready: Callable[[list[WorkerProcess]], None] | None = None) -> tuple[float, list[int]]:
+    """Jobs per second for one drain, and each worker's peak RSS in KiB.
+
+    `on_ready(procs)` is called once the workers wait for work, `watch(procs)` about
+    every 0.1 s while they drain and once after.
+    """
+    with psycopg.connect(url, autocommit=True) as conn:
+        reset_tables(conn)
+        with worker_processes(kind, url, workers, ["--concurrency", str(concurrency)]) as procs:
+            if on_ready is not None:
+                on_ready(procs)
+            start = enqueue_backlog(conn, kind, jobs)
+            deadline = time.monotonic() + 60 + jobs / 50
+            count = f"SELECT count(*) FROM {TABLE[kind]} WHERE finished_at IS NOT NULL"
+            while (done := conn.execute(count).fetchone()[0]) < jobs:  # type: ignore[index]
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{kind}: {done} of {jobs} jobs finished in time")
+                if watch is not None:
+                    watch(procs)
+                time.sleep(0.1)
+            if watch is not None:
+                watch(procs)
+            row = conn.execute(f"SELECT extract(epoch FROM max(finished_at))::float8 FROM {TABLE[kind]}").fetchone()
+        end = float(row[0])  # type: ignore[index]
+    return jobs / (end - start), [p.maxrss_kib or 0 for p in procs]
+
+
+def sql_cycle(url: str, kind: str, batch: int, jobs: int) -> float:
+    """Jobs per second of claim-then-finish in a loop on one connection, no worker process."""
+    params = {"worker_id": "cycle", "queue": "default", "names": ["bench"], "name": "bench", "batch": batch,
+              "lease": "30 seconds"}
+    with psycopg.connect(url, autocommit=True) as conn:
+        reset_tables(conn)
+        enqueue_backlog(conn, kind, jobs)
+        cur = conn.cursor()
+        start = time.perf_counter()
+        while True:
+            cur.execute(TREADLE_CLAIM if kind == "treadle" else raw_claim(batch), params, prepare=True)
+            rows = cur.fetchall()
+            if not rows:
+                break
+            if kind == "treadle":
+                cur.execute(COMPLETE_MANY, {"ids": [r[0] for r in rows], "tokens": [r[10] for r in rows]},
+                            prepare=True)
+                cur.fetchall()
+            else:
+                cur.execute(RAW_FINISH, {"ids": [r[0] for r in rows]}, prepare=True)
+        return jobs / (time.perf_counter() - start)
+
+
+def main() -> None:
+    p = parser(__doc__ or "")
+    p.add_argument("--jobs", type=int, default=20_000, help="jobs per drain (default 20,000)")
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker process counts (default 1 2)")
+    p.add_argument("--concurrency", type=int, default=10, help="each worker's concurrency (default 10)")
+    args = p.parse_args()
+    jobs = 300 if args.smoke else args.jobs
+
+    results: dict[tuple[str, int], list[float]] = {}
+    rss: dict[tuple[str, int], list[int]] = {}
+    with server() as url, database(url, "load") as db:
+        print_settings(db)
+        for w in args.workers:
+            for run in range(args.runs):
+                for kind in (("treadle", "raw") if run % 2 == 0 else ("raw", "treadle")):
+                    progress(f"{w} {kind} worker(s): run {run + 1}/{args.runs}, {jobs:,} jobs")
+                    rate, peaks = drain(db, kind, w, args.concurrency, jobs)
+                    results.setdefault((kind, w), []).append(rate)
+                    rss.setdefault((kind, w), []).extend(peaks)
+                    progress(f"  {fmt(rate, 0)} jobs/s")
+        for run in range(args.runs):
+            for kind in (("treadle", "raw") if run % 2 == 0 else ("raw", "treadle")):
+                progress(f"SQL cycle, {kind}: run {run + 1}/{args.runs}, {jobs:,} jobs")
+                results.setdefault((kind, 0), []).append(sql_cycle(db, kind, args.concurrency, jobs))
+
+    rows = []
+    for w in args.workers:
+        t, r = results[("treadle", w)], results[("raw", w)]
+        rows.append([f"{w} x concurrency {args.concurrency}", spread(t, 0), spread(r, 0), paired_ratio(t, r),
+                     f"{max(rss[('treadle', w)]) / 1024:.1f}", f"{max(rss[('raw', w)]) / 1024:.1f}"])
+    t, r = results[("treadle", 0)], results[("raw", 0)]
+    rows.append([f"SQL cycle only: claim {args.concurrency} + finish, one connection", spread(t, 0), spread(r, 0),
+                 paired_ratio(t, r), "-", "-"])
+    notes = [f"{jobs:,} jobs per drain, {runs_text(args.runs)}: median (range). The seed: {SEED_ONE_WORKER} jobs/s "
+             "for one worker, 4,750 for eight. Goals: one worker >= 0.40 of raw and "
+             f"> {10 * SEED_ONE_WORKER:,} jobs/s; two workers faster than one."]
+    if 1 in args.workers and 2 in args.workers:
+        def scaling(kind: str) -> str:
+            return ratio(median(results[(kind, 2)]), median(results[(kind, 1)]))
+        notes.append(f"Two workers against one: treadle x{scaling('treadle')}, raw x{scaling('raw')}.")
+    table(TITLE, ["workers", "treadle jobs/s", "raw jobs/s", "ratio", "treadle peak RSS MiB", "raw peak RSS MiB"],
+          rows, notes)
+
+
+if __name__ == "__main__":
+    main()

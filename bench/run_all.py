@@ -1,0 +1,52 @@
+"""Every benchmark scenario, one after the other, on one throwaway cluster (`make bench`).
+
+Sizes are each script's defaults, but for the held snapshot (a 40 s hold instead
+of 300 s) and the memory scenario (one run), so that the whole run takes about
+ten minutes. Options after the script name go to every scenario (`--runs 5`,
+`--smoke`).
+
+    .build/venv/bin/python bench/run_all.py [--runs N] [--smoke]
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from harness import BENCH, PYTHON, progress, server
+
+# (script, its own options in this run)
+SCENARIOS: list[tuple[str, list[str]]] = [
+    ("claim_latency.py", []),
+    ("storm.py", []),
+    ("enqueue_rate.py", []),
+    ("load.py", []),
+    ("recovery.py", []),
+    ("pickup.py", []),
+    ("held_snapshot.py", ["--warmup", "10", "--hold", "40", "--after", "20"]),
+    ("memory.py", ["--runs", "1"]),
+]
+
+
+def main() -> None:
+    shared = sys.argv[1:]
+    failed = []
+    began = time.monotonic()
+    with server() as url:
+        env = {**os.environ, "DATABASE_URL": url}
+        for script, options in SCENARIOS:
+            progress(f"== {script}")
+            print(f"## {script}\n", flush=True)
+            code = subprocess.run([PYTHON, str(BENCH / script), *options, *shared], env=env).returncode
+            if code != 0:
+                failed.append(script)
+    progress(f"all scenarios in {(time.monotonic() - began) / 60:.1f} min")
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""A treadle.Worker in a process of its own, driven by a benchmark over its pipes.
+
+It prints `ready` once the worker claims, then works until its stdin closes, then
+stops gracefully and prints `maxrss <KiB>` (the process's peak resident size).
+Handlers, all registered for the job name `bench`:
+  noop    returns at once;
+  record  prints `start <job id> <unix time>` when it starts;
+  hang    prints the same line, then sleeps (a job to kill a worker in).
+`--no-listen` turns off the LISTEN connection, so the worker only polls (what it
+does where LISTEN is refused, behind PgBouncer in transaction mode).
+
+    python bench/worker_treadle.py DSN [--concurrency 10] [--handler noop] [--no-listen] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import threading
+import time
+from typing import Any
+
+import treadle.worker
+from treadle.worker import Worker
+
+_print_lock = threading.Lock()
+
+
+def say(line: str) -> None:
+    with _print_lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+def noop(args: Any, ctx: Any) -> None:
+    return None
+
+
+def record(args: Any, ctx: Any) -> None:
+    say(f"start {ctx.job_id} {time.time():.6f}")
+
+
+def hang(args: Any, ctx: Any) -> None:
+    say(f"start {ctx.job_id} {time.time():.6f}")
+    time.sleep(3600)
+
+
+class NoListener:
+    """Stands in for the worker's LISTEN thread: the worker then finds work by polling only."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+    def stop(self, timeout: float = 0) -> None:
+        pass
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("dsn")
+    p.add_argument("--queue", default="default")
+    p.add_argument("--concurrency", type=int, default=10)
+    p.add_argument("--handler", choices=("noop", "record", "hang"), default="noop")
+    p.add_argument("--poll-interval", type=float, default=1.0)
+    p.add_argument("--lease", type=float, default=30.0)
+    p.add_argument("--heartbeat-interval", type=float, default=10.0)
+    p.add_argument("--rescue-interval", type=float, default=5.0)
+    p.add_argument("--no-listen", action="store_true")
+    args = p.parse_args()
+
+    if args.no_listen:
+        setattr(treadle.worker, "Listener", NoListener)  # noqa: B010 - the worker reads it by this name
+    worker = Worker(
+        args.dsn, queues=[args.queue], concurrency=args.concurrency, poll_interval=args.poll_interval,
+        lease=args.lease, heartbeat_interval=args.heartbeat_interval, rescue_interval=args.rescue_interval,
+        stop_timeout=0)
+    worker.register("bench", {"noop": noop, "record": record, "hang": hang}[args.handler])
+    worker.start()
+    say("ready")
+    sys.stdin.read()  # until the benchmark closes the pipe
+    worker.stop(immediate=True)
+    say(f"maxrss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}")
+
+
+if __name__ == "__main__":
+    main()
