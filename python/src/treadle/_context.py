@@ -18,7 +18,7 @@ from treadle import _args, _sql
 from treadle._db import Database
 from treadle._json import to_jsonb
 from treadle.errors import InvalidArgument, JobCancelled, LeaseLost, TreadleError
-from treadle.models import Job
+from treadle.models import Job, JobFields
 
 # A context's life in the worker. Only one of the ways out of "running" wins.
 RUNNING = "running"      # the handler works
@@ -33,7 +33,7 @@ def _in_transaction_block(conn: psycopg.Connection[Any] | psycopg.AsyncConnectio
     return bool(getattr(conn, "_num_transactions", 0))
 
 
-class JobContext:
+class JobContext(JobFields):
     """Handed to every handler and workflow step with the job it runs.
 
     `cancelled` is set when the job is cancelled, when its lease is lost (another
@@ -58,40 +58,7 @@ class JobContext:
         self._completed_state: str | None = None
         self._last_beat = time.monotonic()
 
-    # what the job is
-    @property
-    def job_id(self) -> int:
-        return self.job.id
-
-    @property
-    def name(self) -> str:
-        return self.job.name
-
-    @property
-    def queue(self) -> str:
-        return self.job.queue
-
-    @property
-    def args(self) -> Any:
-        return self.job.args
-
-    @property
-    def attempt(self) -> int:
-        return self.job.attempt
-
-    @property
-    def max_attempts(self) -> int:
-        return self.job.max_attempts
-
-    @property
-    def run_id(self) -> int | None:
-        """The workflow run, when this job is a workflow step."""
-        return self.job.workflow_run_id
-
-    @property
-    def step(self) -> str | None:
-        return self.job.step
-
+    # what the job is: job_id, name, queue, args, attempt, max_attempts, run_id, step (JobFields)
     @property
     def lease_token(self) -> UUID:
         """The token that fences this run's writes (treadle.complete and friends take it)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from treadle.models import Job
+from treadle.models import Job, JobFields
 
 EventKind = Literal[
     "claimed",     # the worker holds a lease on the job
@@ -20,7 +20,7 @@ EventKind = Literal[
 
 
 @dataclass(frozen=True)
-class WorkerEvent:
+class WorkerEvent(JobFields):
     """One thing that happened to one job in a worker."""
 
     kind: EventKind
@@ -28,27 +28,3 @@ class WorkerEvent:
     worker_id: str
     state: str | None = None  # the job's state after this event's write, when it wrote one
     error: str | None = None  # the failure, for failed and lease_lost
-
-    @property
-    def job_id(self) -> int:
-        return self.job.id
-
-    @property
-    def name(self) -> str:
-        return self.job.name
-
-    @property
-    def queue(self) -> str:
-        return self.job.queue
-
-    @property
-    def attempt(self) -> int:
-        return self.job.attempt
-
-    @property
-    def run_id(self) -> int | None:
-        return self.job.workflow_run_id
-
-    @property
-    def step(self) -> str | None:
-        return self.job.step

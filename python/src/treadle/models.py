@@ -54,3 +54,42 @@ class Job:
     @property
     def finished(self) -> bool:
         return self.state in FINISHED_STATES
+
+
+class JobFields:
+    """Shortcuts to the fields of `self.job` that handlers and event hooks use most."""
+
+    job: Job
+
+    @property
+    def job_id(self) -> int:
+        return self.job.id
+
+    @property
+    def name(self) -> str:
+        return self.job.name
+
+    @property
+    def queue(self) -> str:
+        return self.job.queue
+
+    @property
+    def args(self) -> Any:
+        return self.job.args
+
+    @property
+    def attempt(self) -> int:
+        return self.job.attempt
+
+    @property
+    def max_attempts(self) -> int:
+        return self.job.max_attempts
+
+    @property
+    def run_id(self) -> int | None:
+        """The workflow run, when this job is a workflow step."""
+        return self.job.workflow_run_id
+
+    @property
+    def step(self) -> str | None:
+        return self.job.step
