@@ -41,6 +41,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := treadle._now();
+    v_ids bigint[];
 BEGIN
     PERFORM treadle._check_text(claim.worker_id, 'worker_id');
     PERFORM treadle._check_names(claim.queues, 'queues');
@@ -56,9 +57,10 @@ BEGIN
     END IF;
     PERFORM treadle._check_positive(claim.lease, 'lease');
 
+    -- Lock the candidates: each (queue[, name]) range in claim order, skipping rows
+    -- other claimers hold, then the best `batch` of them.
     IF claim.names IS NULL THEN
-        RETURN QUERY
-        WITH candidates AS (
+        v_ids := ARRAY(
             SELECT c.id
               FROM (SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q)) AS u
              CROSS JOIN LATERAL (
@@ -71,24 +73,9 @@ BEGIN
                      LIMIT claim.batch
                        FOR UPDATE SKIP LOCKED) AS c
              ORDER BY c.priority, c.run_at, c.id
-             LIMIT claim.batch
-        ), claimed AS (
-        UPDATE treadle.jobs AS j
-           SET state = 'running',
-               attempt = j.attempt + 1,
-               lease_until = v_now + claim.lease,
-               lease_token = gen_random_uuid(),
-               worker_id = claim.worker_id,
-               started_at = v_now,
-               progress = NULL,
-               progress_message = NULL
-         WHERE j.id = ANY (ARRAY(SELECT c.id FROM candidates AS c))
-        RETURNING j.*
-        )
-        SELECT * FROM claimed AS d ORDER BY d.priority, d.run_at, d.id;
+             LIMIT claim.batch);
     ELSE
-        RETURN QUERY
-        WITH candidates AS (
+        v_ids := ARRAY(
             SELECT c.id
               FROM (SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q)) AS u
              CROSS JOIN (SELECT DISTINCT n.n FROM unnest(claim.names) AS n(n)) AS n
@@ -103,8 +90,14 @@ BEGIN
                      LIMIT claim.batch
                        FOR UPDATE SKIP LOCKED) AS c
              ORDER BY c.priority, c.run_at, c.id
-             LIMIT claim.batch
-        ), claimed AS (
+             LIMIT claim.batch);
+    END IF;
+    IF cardinality(v_ids) = 0 THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    WITH claimed AS (
         UPDATE treadle.jobs AS j
            SET state = 'running',
                attempt = j.attempt + 1,
@@ -114,11 +107,10 @@ BEGIN
                started_at = v_now,
                progress = NULL,
                progress_message = NULL
-         WHERE j.id = ANY (ARRAY(SELECT c.id FROM candidates AS c))
+         WHERE j.id = ANY (v_ids)
         RETURNING j.*
-        )
-        SELECT * FROM claimed AS d ORDER BY d.priority, d.run_at, d.id;
-    END IF;
+    )
+    SELECT * FROM claimed AS d ORDER BY d.priority, d.run_at, d.id;
 END;
 $$;
 COMMENT ON FUNCTION treadle.claim(text, text[], text[], integer, interval) IS
