@@ -33,7 +33,6 @@ RETRY: Final = "SELECT treadle.retry(%(job_id)s)"
 CANCEL_WORKFLOW: Final = "SELECT treadle.cancel_workflow(%(run_id)s)"
 WORKFLOW_RESULTS: Final = "SELECT treadle.workflow_results(%(run_id)s)"
 GET_JOB: Final = "SELECT * FROM treadle.jobs WHERE id = %(job_id)s"
-GET_RUN: Final = "SELECT * FROM treadle.workflow_runs WHERE id = %(run_id)s"
 QUEUE_STATS: Final = "SELECT queue, state, jobs, oldest_available_age FROM treadle.queue_stats"
 
 CLAIM: Final = """

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 JobState = Literal["available", "running", "retryable", "completed", "discarded", "cancelled"]
-RunState = Literal["running", "completed", "failed", "cancelled"]
 
-JOB_STATES: tuple[str, ...] = ("available", "running", "retryable", "completed", "discarded", "cancelled")
+JOB_STATES: tuple[str, ...] = get_args(JobState)  # in the order the CHECK constraint lists them
 FINISHED_STATES: frozenset[str] = frozenset({"completed", "discarded", "cancelled"})
 
 
