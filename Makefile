@@ -11,8 +11,11 @@
 EXTENSION  = treadle
 EXTVERSION = $(shell sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*\)'.*/\1/p" $(EXTENSION).control)
 SRC        = $(sort $(wildcard sql/src/*.sql))
-GENERATED  = sql/$(EXTENSION)--$(EXTVERSION).sql
-# every released full script, every upgrade script, and the current one
+# the full script of this version, and the upgrade script from each release before it
+# (sql/treadle--0.1.0.sql is the released 0.1.0 script, kept as released)
+UPGRADES_FROM = 0.1.0
+GENERATED  = sql/$(EXTENSION)--$(EXTVERSION).sql \
+             $(foreach v,$(UPGRADES_FROM),sql/$(EXTENSION)--$(v)--$(EXTVERSION).sql)
 DATA       = $(sort $(wildcard sql/$(EXTENSION)--*.sql) $(GENERATED))
 
 PG_CONFIG ?= pg_config
@@ -25,8 +28,11 @@ endif
 
 all: $(GENERATED)
 
-$(GENERATED): $(SRC)
-	cat $(SRC) > $@
+sql/$(EXTENSION)--$(EXTVERSION).sql: $(SRC) $(EXTENSION).control scripts/build-sql
+	scripts/build-sql install > $@
+
+sql/$(EXTENSION)--%--$(EXTVERSION).sql: sql/upgrade/%--$(EXTVERSION).sql $(SRC) $(EXTENSION).control scripts/build-sql
+	scripts/build-sql upgrade $* > $@
 
 # Throwaway clusters and the Python environment live under .build/ (git-ignored).
 BUILD   ?= $(CURDIR)/.build
@@ -36,7 +42,10 @@ PYTHON  ?= python3
 .PHONY: check-generated test test-deps test-pg16 test-pgtap test-python venv
 
 check-generated:
-	@cat $(SRC) | cmp -s - $(GENERATED) || { echo "$(GENERATED) is stale: run make and commit it" >&2; exit 1; }
+	@scripts/build-sql install | cmp -s - sql/$(EXTENSION)--$(EXTVERSION).sql \
+		|| { echo "sql/$(EXTENSION)--$(EXTVERSION).sql is stale: run make and commit it" >&2; exit 1; }
+	@for v in $(UPGRADES_FROM); do scripts/build-sql upgrade $$v | cmp -s - sql/$(EXTENSION)--$$v--$(EXTVERSION).sql \
+		|| { echo "sql/$(EXTENSION)--$$v--$(EXTVERSION).sql is stale: run make and commit it" >&2; exit 1; }; done
 
 # Debian packages the tests need: pgTAP for this server's major version, pg_prove.
 test-deps:

@@ -113,6 +113,23 @@ CREATE INDEX jobs_failed_at_idx ON treadle.jobs (failed_at)
 -- a workflow run's steps
 CREATE INDEX jobs_workflow_run_idx ON treadle.jobs (workflow_run_id) WHERE workflow_run_id IS NOT NULL;
 
+-- Joint statistics of queue and state: estimated counts per queue then follow each
+-- queue's own mix of states instead of assuming queue and state are independent.
+CREATE STATISTICS treadle.jobs_queue_state_stats (mcv) ON queue, state FROM treadle.jobs;
+
+-- Live worker processes (treadle.worker_seen). Rows are not user data: not dumped.
+CREATE TABLE treadle.workers (
+    id          text        PRIMARY KEY,
+    host        text        NOT NULL,
+    pid         integer     NOT NULL,
+    queues      text[]      NOT NULL,
+    running     integer     NOT NULL DEFAULT 0,  -- jobs running, as the worker last said
+    concurrency integer     NOT NULL,
+    started_at  timestamptz NOT NULL,
+    last_seen   timestamptz NOT NULL,
+    CONSTRAINT workers_id_check CHECK (id <> '')
+);
+
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflows', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_runs', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_runs_id_seq', '');

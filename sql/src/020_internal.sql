@@ -15,7 +15,7 @@
 -- value of the setting treadle.now when a session sets it (tests move time that
 -- way, without sleeping; the setting affects only that session).
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle._now()
+CREATE OR REPLACE FUNCTION treadle._now()
 RETURNS timestamptz
 LANGUAGE sql
 STABLE
@@ -31,7 +31,7 @@ COMMENT ON FUNCTION treadle._now() IS
 --
 -- Raises 22004 when value is null, 22023 when it is empty or only white space.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle._check_text(value text, argument text)
+CREATE OR REPLACE FUNCTION treadle._check_text(value text, argument text)
 RETURNS void
 LANGUAGE plpgsql
 IMMUTABLE
@@ -57,7 +57,7 @@ COMMENT ON FUNCTION treadle._check_text(text, text) IS
 -- A list of queue or job names: raises 22004 when it is null, 22023 when it is
 -- empty or holds a null or empty name.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle._check_names(value text[], argument text)
+CREATE OR REPLACE FUNCTION treadle._check_names(value text[], argument text)
 RETURNS void
 LANGUAGE plpgsql
 IMMUTABLE
@@ -87,7 +87,7 @@ COMMENT ON FUNCTION treadle._check_names(text[], text) IS
 -- Job args and workflow input: SQL NULL and JSON null become {}; anything but
 -- an object or an array raises 22023.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle._payload(value jsonb, argument text)
+CREATE OR REPLACE FUNCTION treadle._payload(value jsonb, argument text)
 RETURNS jsonb
 LANGUAGE plpgsql
 IMMUTABLE
@@ -112,7 +112,7 @@ COMMENT ON FUNCTION treadle._payload(jsonb, text) IS
 --
 -- Raises 22023 when an interval (lease, every) is zero or negative.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle._check_positive(value interval, argument text)
+CREATE OR REPLACE FUNCTION treadle._check_positive(value interval, argument text)
 RETURNS void
 LANGUAGE plpgsql
 IMMUTABLE
@@ -134,7 +134,7 @@ COMMENT ON FUNCTION treadle._check_positive(interval, text) IS
 -- The default delay before a failed attempt runs again: 2^attempt seconds plus up
 -- to one second of jitter, capped at one hour.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle._backoff(attempt integer)
+CREATE OR REPLACE FUNCTION treadle._backoff(attempt integer)
 RETURNS interval
 LANGUAGE sql
 VOLATILE
@@ -152,7 +152,7 @@ COMMENT ON FUNCTION treadle._backoff(integer) IS
 -- Channel treadle_jobs: work became claimable. Channel treadle_done: jobs finished.
 -- Identical notifications in one transaction are sent once.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle._notify(channel text, queue text)
+CREATE OR REPLACE FUNCTION treadle._notify(channel text, queue text)
 RETURNS void
 LANGUAGE sql
 VOLATILE
@@ -167,7 +167,7 @@ COMMENT ON FUNCTION treadle._notify(text, text) IS
 --
 -- True when a JSON value is a whole number between low and high.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle._is_int(value jsonb, low numeric, high numeric)
+CREATE OR REPLACE FUNCTION treadle._is_int(value jsonb, low numeric, high numeric)
 RETURNS boolean
 LANGUAGE sql
 IMMUTABLE
@@ -185,7 +185,7 @@ COMMENT ON FUNCTION treadle._is_int(jsonb, numeric, numeric) IS
 --
 -- Raises 22004 when either half of a fenced write's address is null.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle._check_lease_args(job_id bigint, lease_token uuid)
+CREATE OR REPLACE FUNCTION treadle._check_lease_args(job_id bigint, lease_token uuid)
 RETURNS void
 LANGUAGE plpgsql
 IMMUTABLE
@@ -208,7 +208,7 @@ COMMENT ON FUNCTION treadle._check_lease_args(bigint, uuid) IS
 --
 -- A job's error history with one more failed attempt; the newest 50 are kept.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle._append_error(errors jsonb, attempt integer, at timestamptz, error text)
+CREATE OR REPLACE FUNCTION treadle._append_error(errors jsonb, attempt integer, at timestamptz, error text)
 RETURNS jsonb
 LANGUAGE sql
 IMMUTABLE

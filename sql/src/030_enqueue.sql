@@ -12,7 +12,7 @@
 -- neither an object nor an array, max_attempts < 1, run_at infinite, every <= 0
 -- or so long that the next occurrence is past the last time PostgreSQL can hold.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.enqueue(
+CREATE OR REPLACE FUNCTION treadle.enqueue(
     name            text,
     args            jsonb       DEFAULT '{}',
     queue           text        DEFAULT 'default',
@@ -114,7 +114,7 @@ COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, int
 -- (not an object, an unknown key, a value of the wrong type or out of range,
 -- an infinite run_at, an every as enqueue refuses it); nothing is written then.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.enqueue_many(jobs jsonb)
+CREATE OR REPLACE FUNCTION treadle.enqueue_many(jobs jsonb)
 RETURNS SETOF bigint
 LANGUAGE plpgsql
 VOLATILE

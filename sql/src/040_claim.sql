@@ -13,7 +13,7 @@
 -- or with an empty name; names empty or with an empty name; batch outside
 -- 1..1000; lease <= 0.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.claim(
+CREATE OR REPLACE FUNCTION treadle.claim(
     worker_id text,
     queues    text[]   DEFAULT ARRAY['default'],
     names     text[]   DEFAULT NULL,
@@ -125,7 +125,7 @@ COMMENT ON FUNCTION treadle.claim(text, text[], text[], integer, interval) IS
 -- took over is still held.
 -- Raises 22004: job_id, lease_token or lease null. 22023: lease <= 0.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.heartbeat(
+CREATE OR REPLACE FUNCTION treadle.heartbeat(
     job_id      bigint,
     lease_token uuid,
     lease       interval DEFAULT '30 seconds'
@@ -168,7 +168,7 @@ COMMENT ON FUNCTION treadle.heartbeat(bigint, uuid, interval) IS
 -- shown by the views. Returns false when the token no longer holds the job.
 -- Raises 22004: job_id, lease_token or fraction null. 22023: fraction outside 0..1.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.progress(
+CREATE OR REPLACE FUNCTION treadle.progress(
     job_id      bigint,
     lease_token uuid,
     fraction    double precision,

@@ -14,7 +14,7 @@
 --   discarded: the run becomes failed;  cancelled: the run becomes cancelled.
 -- Only a running run moves. Locks the run after the job (the order every path keeps).
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle._advance_run(step treadle.jobs)
+CREATE OR REPLACE FUNCTION treadle._advance_run(step treadle.jobs)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -69,7 +69,7 @@ COMMENT ON FUNCTION treadle._advance_run(treadle.jobs) IS
 --   a workflow step moves its run (treadle._advance_run);
 --   listeners of channel treadle_done hear each queue where jobs finished.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle._follow_up(done treadle.jobs[])
+CREATE OR REPLACE FUNCTION treadle._follow_up(done treadle.jobs[])
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -121,7 +121,7 @@ COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
 -- occurrence and a workflow's next step are written by the same call.
 -- Raises 22004: job_id or lease_token null.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.complete(
+CREATE OR REPLACE FUNCTION treadle.complete(
     job_id      bigint,
     lease_token uuid,
     result      jsonb DEFAULT NULL
@@ -166,7 +166,7 @@ COMMENT ON FUNCTION treadle.complete(bigint, uuid, jsonb) IS
 -- the job. results, when given, pairs with job_ids by position.
 -- Raises 22004: job_ids or lease_tokens null. 22023: arrays of different lengths.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.complete_many(
+CREATE OR REPLACE FUNCTION treadle.complete_many(
     job_ids      bigint[],
     lease_tokens uuid[],
     results      jsonb[] DEFAULT NULL
@@ -238,7 +238,7 @@ COMMENT ON FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[]) IS
 -- holds the job.
 -- Raises 22004: job_id or lease_token null. 22023: retry_in negative.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.fail(
+CREATE OR REPLACE FUNCTION treadle.fail(
     job_id      bigint,
     lease_token uuid,
     error       text,
@@ -299,7 +299,7 @@ COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval) IS
 -- attempts are spent, -> cancelled when a cancel was requested. Returns how many
 -- jobs it moved. Safe from many sessions at once: each job is counted once.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.rescue()
+CREATE OR REPLACE FUNCTION treadle.rescue()
 RETURNS integer
 LANGUAGE plpgsql
 VOLATILE
@@ -355,7 +355,7 @@ COMMENT ON FUNCTION treadle.rescue() IS
 -- the token no longer holds the job.
 -- Raises 22004: job_id or lease_token null.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.release(job_id bigint, lease_token uuid)
+CREATE OR REPLACE FUNCTION treadle.release(job_id bigint, lease_token uuid)
 RETURNS text
 LANGUAGE plpgsql
 VOLATILE

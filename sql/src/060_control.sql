@@ -13,7 +13,7 @@
 -- requested, or an unknown id.
 -- Raises 22004: job_id null.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.cancel(job_id bigint)
+CREATE OR REPLACE FUNCTION treadle.cancel(job_id bigint)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
@@ -58,7 +58,7 @@ COMMENT ON FUNCTION treadle.cancel(bigint) IS
 -- starting another. Returns false for any other state or an unknown id.
 -- Raises 22004: job_id null.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.retry(job_id bigint)
+CREATE OR REPLACE FUNCTION treadle.retry(job_id bigint)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
@@ -108,7 +108,7 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 -- how many jobs it deleted (step jobs included).
 -- Raises 22004: older_than null. 22023: older_than negative.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.prune(older_than interval DEFAULT '7 days')
+CREATE OR REPLACE FUNCTION treadle.prune(older_than interval DEFAULT '7 days')
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE

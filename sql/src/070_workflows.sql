@@ -11,7 +11,7 @@
 -- Raises 22004 when steps is null, 22023 when it is empty, holds a null or empty
 -- name, or repeats a name.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle._check_steps(steps text[])
+CREATE OR REPLACE FUNCTION treadle._check_steps(steps text[])
 RETURNS void
 LANGUAGE plpgsql
 IMMUTABLE
@@ -37,7 +37,7 @@ COMMENT ON FUNCTION treadle._check_steps(text[]) IS
 -- Raises 22004: name or steps null. 22023: name empty; steps empty, with an
 -- empty name, or repeating one.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.define_workflow(name text, steps text[])
+CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[])
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -71,7 +71,7 @@ COMMENT ON FUNCTION treadle.define_workflow(text, text[]) IS
 -- object nor an array; max_attempts < 1; steps empty, with an empty name or a
 -- repeat; no steps given and no definition (unknown workflow).
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.start_workflow(
+CREATE OR REPLACE FUNCTION treadle.start_workflow(
     name            text,
     input           jsonb   DEFAULT '{}',
     steps           text[]  DEFAULT NULL,
@@ -153,7 +153,7 @@ COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, i
 -- is not running, or one whose cancel is already requested.
 -- Raises 22004: run_id null.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.cancel_workflow(run_id bigint)
+CREATE OR REPLACE FUNCTION treadle.cancel_workflow(run_id bigint)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
@@ -206,7 +206,7 @@ COMMENT ON FUNCTION treadle.cancel_workflow(bigint) IS
 -- The finished steps' results keyed by step name: {} before any step finished,
 -- null for an unknown run.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.workflow_results(run_id bigint)
+CREATE OR REPLACE FUNCTION treadle.workflow_results(run_id bigint)
 RETURNS jsonb
 LANGUAGE sql
 STABLE

@@ -2,20 +2,8 @@
 -- Workers: a registry of live worker processes, for dashboards and monitoring.
 -- It is advisory: leases, not this table, decide who holds a job. A worker
 -- reports itself every few seconds; one that stops reporting drops out of
--- treadle.live_workers. Rows are not user data (not dumped).
+-- treadle.live_workers. The table is with the others in 010_tables.sql.
 --------------------------------------------------------------------------------
-
-CREATE TABLE treadle.workers (
-    id          text        PRIMARY KEY,
-    host        text        NOT NULL,
-    pid         integer     NOT NULL,
-    queues      text[]      NOT NULL,
-    running     integer     NOT NULL DEFAULT 0,  -- jobs running, as the worker last said
-    concurrency integer     NOT NULL,
-    started_at  timestamptz NOT NULL,
-    last_seen   timestamptz NOT NULL,
-    CONSTRAINT workers_id_check CHECK (id <> '')
-);
 
 --------------------------------------------------------------------------------
 -- treadle.worker_seen(worker_id, host, pid, queues, concurrency, running) -> void
@@ -25,7 +13,7 @@ CREATE TABLE treadle.workers (
 -- Raises 22004: worker_id, host, pid or queues null. 22023: worker_id empty,
 -- queues empty, concurrency < 1, running < 0.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.worker_seen(
+CREATE OR REPLACE FUNCTION treadle.worker_seen(
     worker_id   text,
     host        text,
     pid         integer,
@@ -73,7 +61,7 @@ COMMENT ON FUNCTION treadle.worker_seen(text, text, integer, text[], integer, in
 -- Transition: removes a worker that shut down cleanly. False when unknown.
 -- Raises 22004: worker_id null.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.worker_stopped(worker_id text)
+CREATE OR REPLACE FUNCTION treadle.worker_stopped(worker_id text)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE

@@ -4,10 +4,6 @@
 -- on a large table their counts come from the planner's statistics and say so.
 --------------------------------------------------------------------------------
 
--- Joint statistics of queue and state: estimated counts per queue then follow each
--- queue's own mix of states instead of assuming queue and state are independent.
-CREATE STATISTICS treadle.jobs_queue_state_stats (mcv) ON queue, state FROM treadle.jobs;
-
 -- One job as a reader sees it: every column but the lease token, which is a
 -- worker's write credential that nobody reading needs.
 CREATE VIEW treadle.job_details AS
@@ -48,7 +44,7 @@ COMMENT ON VIEW treadle.workflow_run_steps IS
 -- as the planner rounds up. VOLATILE because it runs EXPLAIN, so not PUBLIC's:
 -- treadle.grant_dashboard grants it.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle._estimated_jobs(queue text, state text)
+CREATE OR REPLACE FUNCTION treadle._estimated_jobs(queue text, state text)
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
@@ -84,7 +80,7 @@ COMMENT ON FUNCTION treadle._estimated_jobs(text, text) IS
 -- treadle.grant_dashboard grants it.
 -- Raises 22004: exact_up_to null. 22023: exact_up_to negative.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.job_counts(exact_up_to bigint DEFAULT 100000)
+CREATE OR REPLACE FUNCTION treadle.job_counts(exact_up_to bigint DEFAULT 100000)
 RETURNS TABLE (queue text, state text, jobs bigint, estimated boolean, oldest_available_age interval)
 LANGUAGE plpgsql
 VOLATILE

@@ -5,20 +5,6 @@
 -- functions are SECURITY INVOKER, so they run with the caller's rights).
 --------------------------------------------------------------------------------
 
---------------------------------------------------------------------------------
--- treadle.version() -> text
---
--- The version of the installed SQL API; clients check it when they connect.
---------------------------------------------------------------------------------
-CREATE FUNCTION treadle.version()
-RETURNS text
-LANGUAGE sql
-IMMUTABLE
-BEGIN ATOMIC
-    SELECT '0.1.0'::text;
-END;
-COMMENT ON FUNCTION treadle.version() IS 'The version of the installed treadle SQL API.';
-
 REVOKE ALL ON FUNCTION
     treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval),
     treadle.enqueue_many(jsonb),
@@ -49,7 +35,7 @@ FROM PUBLIC;
 -- Raises 22004: role null. The caller needs the grant option on these objects
 -- (the extension's owner has it).
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.grant_producer(role regrole)
+CREATE OR REPLACE FUNCTION treadle.grant_producer(role regrole)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -84,7 +70,7 @@ COMMENT ON FUNCTION treadle.grant_producer(regrole) IS
 -- finishing, rescue and workflow definitions.
 -- Raises 22004: role null.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.grant_worker(role regrole)
+CREATE OR REPLACE FUNCTION treadle.grant_worker(role regrole)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -118,7 +104,7 @@ COMMENT ON FUNCTION treadle.grant_worker(regrole) IS
 -- jobs and cancel workflow runs.
 -- Raises 22004: role or read_only null.
 --------------------------------------------------------------------------------
-CREATE FUNCTION treadle.grant_dashboard(role regrole, read_only boolean DEFAULT false)
+CREATE OR REPLACE FUNCTION treadle.grant_dashboard(role regrole, read_only boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
