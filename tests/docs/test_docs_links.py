@@ -11,7 +11,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from docblocks import FENCE, ROOT, pages
+
+from tests.docs.docblocks import FENCE, ROOT, pages
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$", re.M)

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-
 from sqlcalls import Connect, WaitBlocked
 
 
