@@ -14,9 +14,19 @@ from pathlib import Path
 import psycopg
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
-from seeding import XSS_ARGS, XSS_ERROR, XSS_NAME, Seeded, enqueue, job_state
 from werkzeug.serving import make_server
 
+from tests.dashboard.seeding import (
+    DEEP_JSON,
+    XSS_ARGS,
+    XSS_ERROR,
+    XSS_NAME,
+    Seeded,
+    deep_rows,
+    enqueue,
+    job_state,
+    lease_token,
+)
 from treadle.dashboard import create_app, dashboard_of
 
 CHROMIUM = "/usr/bin/chromium"
@@ -33,6 +43,7 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 XSS_MARKERS = "[window.__xss_name, window.__xss_args, window.__xss_error]"
 
 expect.set_options(timeout=20_000)
+pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +72,8 @@ class Served:
 
 
 @pytest.fixture
-def served(dsn: str) -> Iterator[Served]:
-    server = Served(dsn)
+def served(operator_dsn: str) -> Iterator[Served]:
+    server = Served(operator_dsn)
     yield server
     server.stop()
     dashboard_of(server.app).close()
@@ -111,6 +122,29 @@ def test_overview_renders_every_part_and_markup_stays_text(page: Page, served: S
     page.screenshot(path=str(ARTIFACTS / "dashboard-job.png"), full_page=True)
 
 
+def test_pages_of_payloads_too_deep_to_decode_show_their_text(
+    page: Page, served: Served, conn: psycopg.Connection, seeded: Seeded
+) -> None:
+    deep = deep_rows(conn)
+    page.goto(f"{served.url}jobs/{deep.job}")
+    expect(page.locator("#job h1")).to_contain_text("workflow:legacy")
+    shown = page.locator("#job pre.json")
+    expect(shown).to_have_count(3)  # args, result, and the error history
+    assert shown.nth(0).inner_text() == shown.nth(1).inner_text() == DEEP_JSON
+    assert DEEP_JSON in shown.nth(2).inner_text()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-deep-job.png"), full_page=True)
+
+    page.goto(f"{served.url}runs/{deep.run}")
+    expect(page.locator("#run table.steps")).to_contain_text(DEEP_JSON[:150])
+    assert page.locator("#run pre.json").inner_text() == DEEP_JSON
+    page.screenshot(path=str(ARTIFACTS / "dashboard-deep-run.png"), full_page=True)
+
+    page.goto(f"{served.url}jobs/{seeded.running}")
+    expect(page.locator("#job")).to_contain_text("Lease until")
+    assert lease_token(conn, seeded.running) not in page.content()
+
+
 def test_the_full_error_opens_on_demand(page: Page, served: Served, seeded: Seeded) -> None:
     page.goto(served.url)
     details = row(page, "failures", "sync_crm").locator("details")
@@ -145,9 +179,9 @@ def test_retry_and_cancel_change_the_state(
 
 
 def test_an_action_that_no_longer_applies_says_so(
-    page: Page, dsn: str, conn: psycopg.Connection, seeded: Seeded
+    page: Page, operator_dsn: str, conn: psycopg.Connection, seeded: Seeded
 ) -> None:
-    served = Served(dsn, refresh_seconds=3600)  # the page stays as loaded until the click
+    served = Served(operator_dsn, refresh_seconds=3600)  # the page stays as loaded until the click
     try:
         page.goto(served.url)
         button = row(page, "failures", "charge_card").get_by_role("button", name="Retry now")

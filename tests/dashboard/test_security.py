@@ -13,8 +13,8 @@ from flask import Flask, Request
 from flask.testing import FlaskClient
 from markupsafe import escape
 from werkzeug.wrappers import Response as BaseResponse
-from seeding import XSS_ARGS, XSS_ERROR, XSS_NAME, Seeded, csrf_from, job_state
 
+from tests.dashboard.seeding import XSS_ARGS, XSS_ERROR, XSS_NAME, Seeded, csrf_from, job_state
 from treadle.dashboard import create_app, dashboard_of
 
 JSON = {"Accept": "application/json"}
@@ -24,11 +24,14 @@ MakeApp = Callable[..., Flask]
 
 
 @pytest.fixture
-def make_app(dsn: str) -> Iterator[MakeApp]:
-    """create_app over the test's database with the options given; closed after the test."""
+def make_app(operator_dsn: str, reader_dsn: str) -> Iterator[MakeApp]:
+    """create_app over the test's database with the options given; closed after the test.
+
+    A read-only dashboard connects as a role granted only reading."""
     made: list[Flask] = []
 
     def make(**options: Any) -> Flask:
+        dsn = reader_dsn if options.get("read_only") else operator_dsn
         app = create_app(dsn, secret_key="test-secret", **options)
         made.append(app)
         return app
@@ -201,7 +204,7 @@ def test_trusted_hosts_turn_away_other_host_names(make_app: MakeApp, seeded: See
 
 def test_every_answer_carries_the_security_headers(client: FlaskClient, seeded: Seeded) -> None:
     for path in ("/", "/jobs", "/nowhere", "/health", "/static/dashboard.js"):
-        headers = client.get(path).headers
+        headers = client.get(path, buffered=True).headers  # a file's answer read and closed
         policy = headers["Content-Security-Policy"]
         assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy and "unsafe-inline" not in policy
         assert headers["X-Content-Type-Options"] == "nosniff" and headers["X-Frame-Options"] == "DENY"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from seeding import Seeded, claim, enqueue
+
+from tests.dashboard.seeding import Seeded, claim, enqueue
 
 
 def counts(conn: psycopg.Connection, exact_up_to: int = 100_000) -> dict[tuple[str | None, str], tuple[int, bool]]:

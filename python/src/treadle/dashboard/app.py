@@ -95,6 +95,7 @@ def create_app(
         SESSION_COOKIE_SECURE=secure_cookies,
     )
     app.jinja_env.filters.update(formatting.FILTERS)
+    app.jinja_env.tests.update(formatting.TESTS)
     app.jinja_env.trim_blocks = True
     app.jinja_env.lstrip_blocks = True
     settings = Settings(

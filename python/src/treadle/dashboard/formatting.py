@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .queries import Row, StateCount
+from .queries import RawJson, Row, StateCount
 
 
 def when(value: datetime | None) -> str:
@@ -82,13 +82,20 @@ def needs_more(text: str | None, limit: int = 160) -> bool:
 
 
 def pretty_json(value: Any) -> str:
+    """JSON indented; a value too deep to decode, as the database's text."""
+    if isinstance(value, RawJson):
+        return value.text
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
 def compact_json(value: Any, limit: int = 200) -> str:
     """JSON on one line, cut to `limit` characters."""
-    text = json.dumps(value, ensure_ascii=False, default=str)
+    text = value.text if isinstance(value, RawJson) else json.dumps(value, ensure_ascii=False, default=str)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def is_raw_json(value: Any) -> bool:
+    return isinstance(value, RawJson)
 
 
 def percent(fraction: float | None) -> str:
@@ -180,3 +187,5 @@ FILTERS = {
     "percent": percent,
     "error_time": error_time,
 }
+
+TESTS = {"raw_json": is_raw_json}

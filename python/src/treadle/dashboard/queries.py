@@ -1,13 +1,20 @@
 """Every SQL statement the dashboard sends, and the reads built on them.
 
-Reads go only to the extension's views and read functions, all of a page's reads
-in one read-only REPEATABLE READ transaction (one consistent snapshot, and a
+Reads go only to the extension's views and public read functions, all of a page's
+reads in one read-only REPEATABLE READ transaction (one consistent snapshot, and a
 guarantee that showing a page changes nothing). Changes go only through
-treadle.cancel, treadle.retry and treadle.cancel_workflow.
+treadle.cancel, treadle.retry and treadle.cancel_workflow. So a role set up with
+treadle.grant_dashboard (read_only => true for a dashboard that only reads) is all
+the dashboard needs.
+
+JSON values are decoded here, never with a risk of failing: a value nested deeper
+than 0.2.0 accepts (rows written by 0.1.0 may hold one) reaches the pages as its
+text (RawJson) instead of stopping the page with a RecursionError.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool
 
 from ..models import JOB_STATES
@@ -28,7 +36,11 @@ Row = dict[str, Any]
 READ_ONLY: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 # a short timeout bounds a page's cost; JIT only slows queries this small down
 SESSION_LIMITS: Final = "SELECT set_config('statement_timeout', %(timeout)s, true), set_config('jit', 'off', true)"
-NOW: Final = "SELECT treadle._now() AS now"
+NOW: Final = "SELECT treadle.now() AS now"
+# Until the database runs extension 0.2.0, whose public clock is treadle.now(), the
+# clock is 0.1.0's treadle._now(): drop this once 0.2.0 is the only version served.
+HAS_PUBLIC_CLOCK: Final = "SELECT to_regprocedure('treadle.now()') IS NOT NULL AS public"
+OLD_NOW: Final = "SELECT treadle._now() AS now"
 VERSION: Final = "SELECT treadle.version() AS version"
 
 COUNTS: Final = """
@@ -55,7 +67,14 @@ LIVE_WORKERS: Final = """
 SELECT id, host, pid, queues, concurrency, running_jobs, started_at, last_seen
   FROM treadle.live_workers
 """
-JOB: Final = "SELECT * FROM treadle.job_details WHERE id = %(job_id)s"
+# every column a reader may see (never the lease token: a worker's write credential)
+JOB: Final = """
+SELECT id, queue, name, args, state, priority, run_at, attempt, max_attempts, lease_until, worker_id,
+       idempotency_key, result, last_error, created_at, finished_at, workflow_run_id, step, every, next_id,
+       cancel_requested, started_at, failed_at, errors, progress, progress_message
+  FROM treadle.job_details
+ WHERE id = %(job_id)s
+"""
 JOB_STATE: Final = "SELECT state, cancel_requested FROM treadle.job_details WHERE id = %(job_id)s"
 RUN_STATE: Final = "SELECT state FROM treadle.workflow_run_overview WHERE id = %(run_id)s"
 # Keyset pagination: newest first, the next page starts below the last id shown.
@@ -75,6 +94,41 @@ SELECT id, queue, name, state, attempt, max_attempts, priority, run_at, created_
 CANCEL: Final = "SELECT treadle.cancel(%(job_id)s) AS changed"
 RETRY: Final = "SELECT treadle.retry(%(job_id)s) AS changed"
 CANCEL_RUN: Final = "SELECT treadle.cancel_workflow(%(run_id)s) AS changed"
+
+
+# the deepest JSON nesting extension 0.2.0 accepts; anything deeper is shown as text
+MAX_JSON_DEPTH: Final = 100
+
+
+@dataclass(frozen=True)
+class RawJson:
+    """A JSON value too deeply nested to decode safely, kept as the text the database sent."""
+
+    text: str
+
+
+def decode_json(data: str | bytes) -> Any:
+    """json.loads, or RawJson when the value nests deeper than MAX_JSON_DEPTH."""
+    text = data.decode() if isinstance(data, bytes) else data
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        return RawJson(text)
+    return RawJson(text) if _nests_deeper(value, MAX_JSON_DEPTH) else value
+
+
+def _nests_deeper(value: Any, limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` levels (walked without recursion)."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        pending.extend((child, depth + 1) for child in children)
+    return False
 
 
 @dataclass(frozen=True)
@@ -154,6 +208,7 @@ class Store:
         self.owns_pool = owns_pool
         self.statement_timeout_ms = statement_timeout_ms
         self.exact_counts_up_to = exact_counts_up_to
+        self._clock: LiteralString | None = None  # NOW, or OLD_NOW on extension 0.1.0
 
     def close(self) -> None:
         if self.owns_pool:
@@ -163,6 +218,7 @@ class Store:
     def _cursor(self, *, read_only: bool) -> Iterator[psycopg.Cursor[Row]]:
         with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
+            set_json_loads(decode_json, cur)
             if read_only:
                 cur.execute(READ_ONLY)
             cur.execute(SESSION_LIMITS, {"timeout": f"{self.statement_timeout_ms}ms"})
@@ -176,7 +232,7 @@ class Store:
     def overview(self, *, failures: int, runs: int, open_run: int | None) -> Overview | None:
         """The front page; None when `open_run` names no run."""
         with self._cursor(read_only=True) as cur:
-            now = _now(cur)
+            now = self._now(cur)
             detail = _run_detail(cur, open_run) if open_run is not None else None
             if open_run is not None and detail is None:
                 return None
@@ -194,11 +250,11 @@ class Store:
 
     def job(self, job_id: int) -> tuple[datetime, Row | None]:
         with self._cursor(read_only=True) as cur:
-            return _now(cur), cur.execute(JOB, {"job_id": job_id}).fetchone()
+            return self._now(cur), cur.execute(JOB, {"job_id": job_id}).fetchone()
 
     def run(self, run_id: int) -> tuple[datetime, RunDetail | None]:
         with self._cursor(read_only=True) as cur:
-            return _now(cur), _run_detail(cur, run_id)
+            return self._now(cur), _run_detail(cur, run_id)
 
     def search(self, where: SearchFilter, *, page_size: int) -> SearchPage:
         params = {
@@ -209,7 +265,7 @@ class Store:
             "limit": page_size + 1,  # one more tells whether an older page exists
         }
         with self._cursor(read_only=True) as cur:
-            now = _now(cur)
+            now = self._now(cur)
             # never prepared: each search is planned for its own filters
             rows = cur.execute(SEARCH, params, prepare=False).fetchall()
         more = len(rows) > page_size
@@ -228,6 +284,16 @@ class Store:
             row = cur.execute(RUN_STATE, {"run_id": run_id}).fetchone()
         return Outcome(changed=changed, state=row["state"] if row else None)
 
+    def _now(self, cur: psycopg.Cursor[Row]) -> datetime:
+        """treadle's clock (a test's moved clock included), which the pages' ages are measured by."""
+        if self._clock is None:
+            row = cur.execute(HAS_PUBLIC_CLOCK).fetchone()
+            self._clock = NOW if row and row["public"] else OLD_NOW
+        row = cur.execute(self._clock).fetchone()
+        assert row is not None
+        now: datetime = row["now"]
+        return now
+
     def _act_on_job(self, statement: LiteralString, job_id: int) -> Outcome:
         with self._cursor(read_only=False) as cur:
             changed = _changed(cur.execute(statement, {"job_id": job_id}).fetchone())
@@ -235,13 +301,6 @@ class Store:
         if row is None:
             return Outcome(changed=changed, state=None)
         return Outcome(changed=changed, state=row["state"], cancel_requested=row["cancel_requested"])
-
-
-def _now(cur: psycopg.Cursor[Row]) -> datetime:
-    row = cur.execute(NOW).fetchone()
-    assert row is not None
-    now: datetime = row["now"]
-    return now
 
 
 def _changed(row: Row | None) -> bool:
