@@ -51,14 +51,14 @@ def enqueue(
 
 
 def start_workflow(
-    conn: psycopg.Connection, name: str, steps: list[str], queue: str, input: str = "{}", max_attempts: int = 3
+    conn: psycopg.Connection, name: str, steps: list[str], queue: str, run_input: str = "{}", max_attempts: int = 3
 ) -> int:
     return int(
         one(
             conn,
             "SELECT treadle.start_workflow(%s, %s::jsonb, %s, %s, max_attempts => %s)",
             name,
-            input,
+            run_input,
             steps,
             queue,
             max_attempts,
@@ -142,7 +142,8 @@ def deep_rows(conn: psycopg.Connection) -> DeepRows:
     run = start_workflow(conn, "legacy", ["first", "second"], "legacy")
     job = complete(conn, "legacy")
     conn.execute(
-        "UPDATE treadle.workflow_runs SET input = %(deep)s::jsonb, results = jsonb_build_object('first', %(deep)s::jsonb)"
+        "UPDATE treadle.workflow_runs"
+        " SET input = %(deep)s::jsonb, results = jsonb_build_object('first', %(deep)s::jsonb)"
         " WHERE id = %(run)s",
         {"deep": DEEP_JSON, "run": run},
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Dialog, Locator, Page, expect, sync_playwright
 from werkzeug.serving import make_server
 
 from tests.dashboard.seeding import (
@@ -86,9 +86,18 @@ def page(browser: Browser) -> Iterator[Page]:
     dialogs: list[str] = []
     errors: list[str] = []
     refused: list[str] = []
-    opened.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+
+    def on_dialog(dialog: Dialog) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    def on_console(message: ConsoleMessage) -> None:
+        if "Content Security Policy" in message.text:
+            refused.append(message.text)
+
+    opened.on("dialog", on_dialog)
     opened.on("pageerror", lambda error: errors.append(str(error)))
-    opened.on("console", lambda message: "Content Security Policy" in message.text and refused.append(message.text))
+    opened.on("console", on_console)
     yield opened
     context.close()
     assert dialogs == [], "a page opened a dialog"

@@ -112,7 +112,10 @@ def test_a_busy_port_is_an_error(operator_dsn: str) -> None:
     with serving(["--dsn", operator_dsn, "--port", "0"]) as (process, url):
         port = url.rsplit(":", 1)[1].strip("/")
         second = subprocess.run(
-            [sys.executable, "-c", SERVE, "--dsn", operator_dsn, "--port", port], capture_output=True, text=True, timeout=60
+            [sys.executable, "-c", SERVE, "--dsn", operator_dsn, "--port", port],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert second.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in second.stderr
         process.send_signal(signal.SIGTERM)

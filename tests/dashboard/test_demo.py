@@ -16,6 +16,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
+
 ROOT = Path(__file__).resolve().parents[2]
 SECONDS = 10
 

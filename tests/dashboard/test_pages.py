@@ -104,7 +104,9 @@ def test_overview_lists_runs_and_opens_one(client: FlaskClient, seeded: Seeded) 
     assert '{"hold": "h-1"}' in opened.replace("&#34;", '"')
 
 
-def test_overview_opens_a_run_that_is_not_among_the_recent(operator_dsn: str, conn: psycopg.Connection, seeded: Seeded) -> None:
+def test_overview_opens_a_run_that_is_not_among_the_recent(
+    operator_dsn: str, conn: psycopg.Connection, seeded: Seeded
+) -> None:
     for _ in range(3):
         conn.execute("SELECT treadle.start_workflow('later', '{}', ARRAY['x'])")
     app = create_app(operator_dsn, recent_rows=2)

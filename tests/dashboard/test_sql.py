@@ -16,7 +16,7 @@ def counts(conn: psycopg.Connection, exact_up_to: int = 100_000) -> dict[tuple[s
 def test_counts_are_exact_on_a_small_table(conn: psycopg.Connection, seeded: Seeded) -> None:
     got = counts(conn)
     totals = {s: got[(None, s)] for s in ("available", "running", "retryable", "completed", "discarded", "cancelled")}
-    expected = dict(conn.execute("SELECT state, count(*) FROM treadle.jobs GROUP BY state").fetchall())
+    expected: dict[str, int] = dict(conn.execute("SELECT state, count(*) FROM treadle.jobs GROUP BY state").fetchall())
     assert {s: n for s, (n, _) in totals.items()} == {s: expected.get(s, 0) for s in totals}
     assert not any(e for _, e in got.values())
     assert got[("mail", "available")] == (1, False)

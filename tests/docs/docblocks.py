@@ -54,7 +54,7 @@ class Block:
 
 def pages() -> list[Path]:
     """Every documentation page, in a stable order."""
-    return [ROOT / "README.md"] + sorted(DOCS.rglob("*.md")) + [ROOT / "CHANGELOG.md"]
+    return [ROOT / "README.md", *sorted(DOCS.rglob("*.md")), ROOT / "CHANGELOG.md"]
 
 
 def page_id(path: Path) -> str:
@@ -117,7 +117,7 @@ def split_marked(output: str, count: int) -> list[str]:
 
 
 def check_outputs(done: list[Block], outputs: list[str]) -> None:
-    for block, output in zip(done, outputs):
+    for block, output in zip(done, outputs, strict=True):
         if block.expected is not None:
             assert normalise(output) == normalise(block.expected), (
                 f"{block.where}: the {block.lang} block printed\n{output}\nbut the page shows\n{block.expected}"

@@ -22,6 +22,7 @@ def test_pages_have_python() -> None:
 
 
 @pytest.mark.parametrize("page", [blocks for _, blocks in PAGES], ids=[name for name, _ in PAGES])
+@pytest.mark.subprocess
 def test_python_blocks_run(page: list[Block], new_database: NewDatabase, tmp_path: Path) -> None:
     url = new_database()
     run_python(url, page, tmp_path)

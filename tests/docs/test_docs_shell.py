@@ -28,9 +28,7 @@ NOT_RUN = {
     "python -m pip install -e '.[dashboard]'": (
         "installs into the active environment; `make test` installs the package the same way"
     ),
-    'treadle dashboard --dsn "$DATABASE_URL" --port 5000': (
-        "serves until stopped, on a port another program may hold"
-    ),
+    'treadle dashboard --dsn "$DATABASE_URL" --port 5000': ("serves until stopped, on a port another program may hold"),
     "treadle worker examples/worker_process.py": (
         "runs until stopped; examples/worker_process.py runs this command and stops it with SIGTERM"
     ),
@@ -60,6 +58,7 @@ def test_example_command_names_an_example(block: Block) -> None:
 
 
 @pytest.mark.parametrize("block", RUN, ids=[b.where for b in RUN])
+@pytest.mark.subprocess
 def test_shell_block_runs(block: Block, new_database: NewDatabase, tmp_path: Path) -> None:
     url = new_database()
     run = subprocess.run(

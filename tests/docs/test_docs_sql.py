@@ -42,6 +42,7 @@ def test_pages_have_sql() -> None:
 
 
 @pytest.mark.parametrize("page", [blocks for _, blocks in PAGES], ids=[name for name, _ in PAGES])
+@pytest.mark.subprocess
 def test_sql_blocks_run(page: list[Block], pg_server: str, page_roles: list[str], new_database: NewDatabase) -> None:
     page_roles.extend(roles_created(page))
     drop_roles(pg_server, page_roles)

@@ -27,6 +27,7 @@ def test_every_example_is_on_a_page() -> None:
 
 
 @pytest.mark.parametrize("script", EXAMPLES, ids=[e.stem for e in EXAMPLES])
+@pytest.mark.subprocess
 def test_example_runs(script: Path, new_database: NewDatabase) -> None:
     url = new_database()
     for run_number in (1, 2):

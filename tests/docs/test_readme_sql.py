@@ -23,6 +23,7 @@ def empty_db(new_database: NewDatabase) -> str:
     return new_database(template=None)
 
 
+@pytest.mark.subprocess
 def test_readme_psql_session(empty_db: str) -> None:
     blocks = sql_blocks(README.read_text())
     assert blocks, "the README has a psql session"

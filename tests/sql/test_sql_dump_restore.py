@@ -51,6 +51,7 @@ def fill(conn: psycopg.Connection) -> uuid.UUID:
     return row[0]
 
 
+@pytest.mark.subprocess
 def test_dump_and_restore_keeps_rows_and_sequences(connect: Connect, dsn: str, restored_url: str, tmp_path: Path) -> None:
     source = connect()
     live_token = fill(source)
