@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,3 +160,22 @@ def deep_rows(conn: psycopg.Connection) -> DeepRows:
 def lease_token(conn: psycopg.Connection, job_id: int) -> str:
     """A running job's lease token, read as the superuser."""
     return str(one(conn, "SELECT lease_token FROM treadle.jobs WHERE id = %s", job_id))
+
+
+def python_traceback() -> str:
+    """The traceback of a real exception raised while handling another, as a worker records it."""
+    feed: dict[str, list[str]] = {}
+    try:
+        try:
+            feed["items"]
+        except KeyError as missing:
+            raise ValueError("feed 7 has no items") from missing
+    except ValueError:
+        return traceback.format_exc()
+    raise AssertionError("unreachable")
+
+
+def fail_with_traceback(conn: psycopg.Connection) -> int:
+    """A retryable job whose error is a Python traceback (python_traceback())."""
+    enqueue(conn, "parse_feed", "feeds")
+    return fail(conn, "feeds", python_traceback())

@@ -24,6 +24,7 @@ from tests.dashboard.seeding import (
     Seeded,
     deep_rows,
     enqueue,
+    fail_with_traceback,
     job_state,
     lease_token,
 )
@@ -164,6 +165,30 @@ def test_the_full_error_opens_on_demand(page: Page, served: Served, seeded: Seed
     shown = page.locator("#updated").inner_text()
     expect(page.locator("#updated")).not_to_have_text(shown)  # a refresh replaced the section...
     expect(row(page, "failures", "sync_crm").locator("details pre")).to_be_visible()  # ...and kept it open
+
+
+def test_a_traceback_shows_its_exception_and_opens_whole(
+    page: Page, served: Served, conn: psycopg.Connection, seeded: Seeded
+) -> None:
+    job_id = fail_with_traceback(conn)
+    page.goto(served.url)
+    details = row(page, "failures", "parse_feed").locator("details")
+    expect(details.locator("summary")).to_have_text("ValueError: feed 7 has no items")
+    expect(details.locator("pre")).not_to_be_visible()
+    details.locator("summary").click()
+    expect(details.locator("pre")).to_be_visible()
+    expect(details.locator("pre")).to_contain_text("Traceback (most recent call last):")
+    expect(details.locator("pre")).to_contain_text("KeyError: 'items'")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-traceback-overview.png"), full_page=True)
+
+    page.goto(f"{served.url}jobs?queue=feeds")
+    expect(page.locator("#results tr", has_text="parse_feed")).to_contain_text("ValueError: feed 7 has no items")
+    page.goto(f"{served.url}jobs/{job_id}")
+    history = page.locator("#job ol.errors pre")
+    expect(history).to_contain_text("The above exception was the direct cause of the following exception:")
+    expect(history).to_contain_text("ValueError: feed 7 has no items")
+    page.screenshot(path=str(ARTIFACTS / "dashboard-traceback-job.png"), full_page=True)
 
 
 def test_retry_and_cancel_change_the_state(

@@ -8,10 +8,21 @@ import psycopg
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
+from markupsafe import escape
 
 from tests.conftest import EXTENSION_VERSION
-from tests.dashboard.seeding import DEEP_JSON, Seeded, deep_rows, enqueue, lease_token, one
+from tests.dashboard.seeding import (
+    DEEP_JSON,
+    Seeded,
+    deep_rows,
+    enqueue,
+    fail_with_traceback,
+    lease_token,
+    one,
+    python_traceback,
+)
 from treadle.dashboard import create_app, dashboard_of
+from treadle.dashboard.formatting import error_summary
 
 
 def text(client: FlaskClient, path: str, status: int = 200) -> str:
@@ -86,6 +97,41 @@ def test_overview_failures_show_first_line_and_whole_error(client: FlaskClient, 
     cancel_forms = re.findall(r'action="/jobs/(\d+)/cancel"', failures)
     assert str(seeded.discarded) in retry_forms and str(seeded.retryable) in retry_forms
     assert cancel_forms == [str(seeded.retryable)]  # a discarded job is finished: nothing to cancel
+
+
+def test_a_traceback_is_summed_up_by_its_exception_and_shown_whole_on_demand(
+    client: FlaskClient, conn: psycopg.Connection
+) -> None:
+    job_id = fail_with_traceback(conn)
+    whole = str(escape(python_traceback()))
+    failures = section(text(client, "/"), "failures")
+    assert f"<summary>ValueError: feed 7 has no items</summary><pre>{whole}</pre>" in failures
+    assert "<summary>Traceback" not in failures
+    found = section(text(client, "/jobs?queue=feeds"), "results")
+    assert '<span class="error">ValueError: feed 7 has no items</span>' in found
+    assert f"<pre>{whole}</pre>" in text(client, f"/jobs/{job_id}")  # the job page: the whole traceback
+
+
+@pytest.mark.parametrize(
+    ("error", "summary"),
+    [
+        (python_traceback(), "ValueError: feed 7 has no items"),
+        (
+            "Traceback (most recent call last):\n  File \"w.py\", line 1, in f\n    g()\nKeyError: 'x'\n",
+            "KeyError: 'x'",
+        ),
+        (
+            '  + Exception Group Traceback (most recent call last):\n  |   File "w.py", line 3, in <module>\n'
+            "  | ExceptionGroup: two failed (2 sub-exceptions)\n  +-+---------------- 1 ----------------\n"
+            "    | ValueError: a\n    +------------------------------------\n",
+            "ExceptionGroup: two failed (2 sub-exceptions)",
+        ),
+        ("CardDeclined: insufficient funds\n  at charge()", "CardDeclined: insufficient funds"),
+        ("\n  only indented\n", "only indented"),
+    ],
+)
+def test_error_summary_names_the_exception(error: str, summary: str) -> None:
+    assert error_summary(error) == summary
 
 
 def test_overview_lists_runs_and_opens_one(client: FlaskClient, seeded: Seeded) -> None:

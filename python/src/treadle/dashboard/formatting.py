@@ -68,17 +68,31 @@ def count(value: StateCount | None) -> str:
     return f"≈{n}"
 
 
-def first_line(text: str | None, limit: int = 160) -> str:
-    """The first non-blank line of an error, cut to `limit` characters."""
+def error_summary(text: str | None, limit: int = 160) -> str:
+    """What an error says in one line, cut to `limit` characters.
+
+    For a Python traceback that is the exception's type and message (of the last
+    exception raised, when one was raised while handling another; of the group, for
+    an exception group): the first unindented line after the last frame, not
+    "Traceback (most recent call last):".
+    For any other text, its first non-blank line.
+    """
     if not text:
         return ""
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    lines = text.splitlines()
+    if lines[0].startswith("  + Exception Group Traceback"):
+        lines = [ln[4:] for ln in lines if ln.startswith("  | ")]  # the outer group, out of its box
+    frames = [i for i, ln in enumerate(lines) if ln.startswith('  File "')]
+    if frames:
+        after = [ln for ln in lines[frames[-1] + 1 :] if ln.strip() and not ln[:1].isspace()]
+        lines = after or lines
+    line = next((ln.strip() for ln in lines if ln.strip()), "")
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def needs_more(text: str | None, limit: int = 160) -> bool:
-    """Whether an error has more than its first line shows."""
-    return bool(text) and first_line(text, limit) != (text or "").strip()
+    """Whether an error has more than its summary shows."""
+    return bool(text) and error_summary(text, limit) != (text or "").strip()
 
 
 def pretty_json(value: Any) -> str:
@@ -180,7 +194,7 @@ FILTERS = {
     "age": age,
     "relative": relative,
     "count": count,
-    "first_line": first_line,
+    "error_summary": error_summary,
     "needs_more": needs_more,
     "pretty_json": pretty_json,
     "compact_json": compact_json,
