@@ -63,7 +63,8 @@ COMMENT ON FUNCTION treadle._caller() IS
 -- treadle._check_queue_allowed(queue) -> void
 --
 -- Raises 42501 when the caller is a tenant (treadle.tenants) and the queue is not
--- one of its queues.
+-- one of its queues. enqueue and claim test the same rule inline first (a call
+-- costs more than the test) and call this only to raise.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_queue_allowed(queue text)
 RETURNS void

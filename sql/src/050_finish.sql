@@ -225,12 +225,15 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF complete_many.results IS NOT NULL THEN
-        v_max := treadle._max_payload_bytes();
+        -- the limit is read only when a result could pass it: it is never under 1 KiB
         SELECT r.ord INTO v_bad FROM unnest(complete_many.results) WITH ORDINALITY AS r(value, ord)
-         WHERE pg_column_size(r.value) > v_max OR treadle._too_deep(r.value)
+         WHERE pg_column_size(r.value) > 1024 OR treadle._too_deep(r.value)
          LIMIT 1;
         IF FOUND THEN
-            PERFORM treadle._check_payload(complete_many.results[v_bad], format('result %s', v_bad - 1), v_max);
+            v_max := treadle._max_payload_bytes();
+            PERFORM treadle._check_payload(r.value, format('result %s', r.ord - 1), v_max)
+               FROM unnest(complete_many.results) WITH ORDINALITY AS r(value, ord)
+              WHERE r.ord >= v_bad;
         END IF;
     END IF;
 
