@@ -13,6 +13,14 @@
 -- bypass the functions. Remember what each was, take everything back, and let
 -- the 0.2.0 helpers give it again at the end (no write rights, no lease tokens).
 CREATE TEMPORARY TABLE treadle_upgrade_roles ON COMMIT DROP AS
+WITH grantees AS (
+    -- roles named in the ACLs of 0.1.0's objects (not those that reach them by membership)
+    SELECT a.grantee FROM pg_catalog.pg_class AS c CROSS JOIN aclexplode(c.relacl) AS a
+     WHERE c.relnamespace = 'treadle'::regnamespace
+    UNION
+    SELECT a.grantee FROM pg_catalog.pg_proc AS p CROSS JOIN aclexplode(p.proacl) AS a
+     WHERE p.pronamespace = 'treadle'::regnamespace
+)
 SELECT r.rolname AS role_name,
        CASE WHEN has_function_privilege(r.oid, 'treadle.claim(text, text[], text[], integer, interval)', 'EXECUTE')
                  THEN 'worker'
@@ -21,12 +29,9 @@ SELECT r.rolname AS role_name,
             WHEN has_function_privilege(r.oid, 'treadle.cancel(bigint)', 'EXECUTE')
                  THEN 'dashboard'
             ELSE 'reader' END AS kind
-  FROM pg_catalog.pg_roles AS r
- WHERE NOT r.rolsuper
-   AND r.oid <> (SELECT n.nspowner FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'treadle')
-   AND (has_schema_privilege(r.oid, 'treadle', 'USAGE')
-        AND (has_table_privilege(r.oid, 'treadle.jobs', 'SELECT')
-             OR has_table_privilege(r.oid, 'treadle.queue_stats', 'SELECT')));
+  FROM grantees AS g
+  JOIN pg_catalog.pg_roles AS r ON r.oid = g.grantee
+ WHERE r.oid <> (SELECT n.nspowner FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'treadle');
 
 DO $$
 DECLARE
