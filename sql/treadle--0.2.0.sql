@@ -787,7 +787,6 @@ DECLARE
     a_key      text[];
     a_every    interval[];
     v_ids      bigint[];
-    v_i        integer;
 BEGIN
     IF jobs IS NULL THEN
         RAISE EXCEPTION 'treadle: jobs must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -1561,9 +1560,9 @@ BEGIN
                                               'lease expired: worker ' || j.worker_id || ' stopped heartbeating')
           FROM expired AS e
          WHERE j.id = e.id
-        RETURNING j.*
+        RETURNING j AS job
     )
-    SELECT array_agg(d) INTO v_done FROM done AS d;
+    SELECT array_agg(d.job) INTO v_done FROM done AS d;
 
     IF v_done IS NULL THEN
         RETURN 0;
