@@ -163,7 +163,6 @@ DECLARE
     a_key      text[];
     a_every    interval[];
     v_ids      bigint[];
-    v_i        integer;
 BEGIN
     IF jobs IS NULL THEN
         RAISE EXCEPTION 'treadle: jobs must not be null' USING ERRCODE = 'null_value_not_allowed';

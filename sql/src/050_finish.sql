@@ -384,9 +384,9 @@ BEGIN
                                               'lease expired: worker ' || j.worker_id || ' stopped heartbeating')
           FROM expired AS e
          WHERE j.id = e.id
-        RETURNING j.*
+        RETURNING j AS job
     )
-    SELECT array_agg(d) INTO v_done FROM done AS d;
+    SELECT array_agg(d.job) INTO v_done FROM done AS d;
 
     IF v_done IS NULL THEN
         RETURN 0;
