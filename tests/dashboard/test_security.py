@@ -14,6 +14,7 @@ from flask.testing import FlaskClient
 from markupsafe import escape
 from werkzeug.wrappers import Response as BaseResponse
 
+from tests.conftest import as_role
 from tests.dashboard.seeding import XSS_ARGS, XSS_ERROR, XSS_NAME, Seeded, csrf_from, job_state
 from treadle.dashboard import create_app, dashboard_of
 
@@ -116,6 +117,19 @@ def test_read_only_hides_and_refuses_actions(make_app: MakeApp, conn: psycopg.Co
         response = client.post(path, data={"csrf_token": token}, headers=JSON)
         assert response.status_code == 403 and "read-only" in response.get_json()["message"]
     assert job_state(conn, seeded.discarded) == "discarded" and job_state(conn, seeded.available) == "available"
+
+
+def test_a_role_without_grants_is_told_how_to_get_them(
+    dsn: str, seeded: Seeded, make_role: Callable[[str], str]
+) -> None:
+    app = create_app(as_role(dsn, make_role("ungranted")), secret_key="test-secret")
+    try:
+        page = app.test_client().get("/")
+        assert page.status_code == 403
+        assert "permission denied" in page.get_data(as_text=True)
+        assert "treadle.grant_dashboard(role)" in page.get_data(as_text=True)
+    finally:
+        dashboard_of(app).close()
 
 
 # the auth hook

@@ -228,7 +228,14 @@ def _database_error(error: psycopg.Error) -> Any:
             "This database lacks the treadle extension or its dashboard views: "
             "run CREATE EXTENSION treadle (or ALTER EXTENSION treadle UPDATE).",
         )
+    message = (error.diag.message_primary if error.diag else None) or type(error).__name__
+    if isinstance(error, psycopg.errors.InsufficientPrivilege):
+        return _error_page(
+            403,
+            "Not allowed",
+            f"The database refused this to the dashboard's role: {message}. The extension's owner gives a role "
+            "what the dashboard needs with treadle.grant_dashboard(role) (read_only => true to only read).",
+        )
     if isinstance(error, psycopg.OperationalError):
         return _error_page(503, "Database unreachable", "The dashboard cannot reach its database right now.")
-    message = (error.diag.message_primary if error.diag else None) or type(error).__name__
     return _error_page(500, "Database error", f"The database refused a query: {message}")

@@ -36,11 +36,7 @@ Row = dict[str, Any]
 READ_ONLY: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 # a short timeout bounds a page's cost; JIT only slows queries this small down
 SESSION_LIMITS: Final = "SELECT set_config('statement_timeout', %(timeout)s, true), set_config('jit', 'off', true)"
-NOW: Final = "SELECT treadle.now() AS now"
-# Until the database runs extension 0.2.0, whose public clock is treadle.now(), the
-# clock is 0.1.0's treadle._now(): drop this once 0.2.0 is the only version served.
-HAS_PUBLIC_CLOCK: Final = "SELECT to_regprocedure('treadle.now()') IS NOT NULL AS public"
-OLD_NOW: Final = "SELECT treadle._now() AS now"
+NOW: Final = "SELECT treadle.now() AS now"  # treadle's clock, which a test may move
 VERSION: Final = "SELECT treadle.version() AS version"
 
 COUNTS: Final = """
@@ -208,7 +204,6 @@ class Store:
         self.owns_pool = owns_pool
         self.statement_timeout_ms = statement_timeout_ms
         self.exact_counts_up_to = exact_counts_up_to
-        self._clock: LiteralString | None = None  # NOW, or OLD_NOW on extension 0.1.0
 
     def close(self) -> None:
         if self.owns_pool:
@@ -232,7 +227,7 @@ class Store:
     def overview(self, *, failures: int, runs: int, open_run: int | None) -> Overview | None:
         """The front page; None when `open_run` names no run."""
         with self._cursor(read_only=True) as cur:
-            now = self._now(cur)
+            now = _now(cur)
             detail = _run_detail(cur, open_run) if open_run is not None else None
             if open_run is not None and detail is None:
                 return None
@@ -250,11 +245,11 @@ class Store:
 
     def job(self, job_id: int) -> tuple[datetime, Row | None]:
         with self._cursor(read_only=True) as cur:
-            return self._now(cur), cur.execute(JOB, {"job_id": job_id}).fetchone()
+            return _now(cur), cur.execute(JOB, {"job_id": job_id}).fetchone()
 
     def run(self, run_id: int) -> tuple[datetime, RunDetail | None]:
         with self._cursor(read_only=True) as cur:
-            return self._now(cur), _run_detail(cur, run_id)
+            return _now(cur), _run_detail(cur, run_id)
 
     def search(self, where: SearchFilter, *, page_size: int) -> SearchPage:
         params = {
@@ -265,7 +260,7 @@ class Store:
             "limit": page_size + 1,  # one more tells whether an older page exists
         }
         with self._cursor(read_only=True) as cur:
-            now = self._now(cur)
+            now = _now(cur)
             # never prepared: each search is planned for its own filters
             rows = cur.execute(SEARCH, params, prepare=False).fetchall()
         more = len(rows) > page_size
@@ -284,16 +279,6 @@ class Store:
             row = cur.execute(RUN_STATE, {"run_id": run_id}).fetchone()
         return Outcome(changed=changed, state=row["state"] if row else None)
 
-    def _now(self, cur: psycopg.Cursor[Row]) -> datetime:
-        """treadle's clock (a test's moved clock included), which the pages' ages are measured by."""
-        if self._clock is None:
-            row = cur.execute(HAS_PUBLIC_CLOCK).fetchone()
-            self._clock = NOW if row and row["public"] else OLD_NOW
-        row = cur.execute(self._clock).fetchone()
-        assert row is not None
-        now: datetime = row["now"]
-        return now
-
     def _act_on_job(self, statement: LiteralString, job_id: int) -> Outcome:
         with self._cursor(read_only=False) as cur:
             changed = _changed(cur.execute(statement, {"job_id": job_id}).fetchone())
@@ -301,6 +286,13 @@ class Store:
         if row is None:
             return Outcome(changed=changed, state=None)
         return Outcome(changed=changed, state=row["state"], cancel_requested=row["cancel_requested"])
+
+
+def _now(cur: psycopg.Cursor[Row]) -> datetime:
+    row = cur.execute(NOW).fetchone()
+    assert row is not None
+    now: datetime = row["now"]
+    return now
 
 
 def _changed(row: Row | None) -> bool:
