@@ -132,6 +132,31 @@ def test_a_role_without_grants_is_told_how_to_get_them(
         dashboard_of(app).close()
 
 
+def test_a_tenants_dashboard_shows_and_acts_on_its_queues_only(
+    dsn: str, conn: psycopg.Connection, seeded: Seeded, make_role: Callable[[str], str]
+) -> None:
+    tenant = make_role("tenant")
+    conn.execute("SELECT treadle.grant_dashboard(%s)", (tenant,))
+    conn.execute("SELECT treadle.set_tenant(%s, 'billing')", (tenant,))
+    app = create_app(as_role(dsn, tenant), secret_key="test-secret")
+    try:
+        client = app.test_client()
+        overview = client.get("/").get_data(as_text=True)
+        assert "charge_card" in overview and "sync_crm" not in overview and ">mail<" not in overview
+        found = client.get("/jobs").get_data(as_text=True)
+        assert f"#{seeded.discarded}<" in found and f"#{seeded.available}<" not in found
+        assert client.get(f"/jobs/{seeded.available}").status_code == 404  # another tenant's job
+        token = csrf_from(client)
+        refused = client.post(f"/jobs/{seeded.available}/cancel", data={"csrf_token": token}, headers=JSON)
+        assert refused.status_code == 403
+        assert f"role {tenant} may not use queue" in refused.get_json()["message"]
+        assert job_state(conn, seeded.available) == "available"
+        retried = client.post(f"/jobs/{seeded.discarded}/retry", data={"csrf_token": token}, headers=JSON)
+        assert retried.status_code == 200 and job_state(conn, seeded.discarded) == "available"
+    finally:
+        dashboard_of(app).close()
+
+
 # the auth hook
 
 

@@ -230,12 +230,14 @@ def _database_error(error: psycopg.Error) -> Any:
         )
     message = (error.diag.message_primary if error.diag else None) or type(error).__name__
     if isinstance(error, psycopg.errors.InsufficientPrivilege):
-        return _error_page(
-            403,
-            "Not allowed",
-            f"The database refused this to the dashboard's role: {message}. The extension's owner gives a role "
-            "what the dashboard needs with treadle.grant_dashboard(role) (read_only => true to only read).",
+        # a missing grant (permission denied for ...), or treadle's own refusal (a tenant's bounds)
+        hint = (
+            ". The extension's owner gives a role what the dashboard needs with "
+            "treadle.grant_dashboard(role) (read_only => true to only read)."
+            if message.startswith("permission denied")
+            else "."
         )
+        return _error_page(403, "Not allowed", f"The database refused this to the dashboard's role: {message}{hint}")
     if isinstance(error, psycopg.OperationalError):
         return _error_page(503, "Database unreachable", "The dashboard cannot reach its database right now.")
     return _error_page(500, "Database error", f"The database refused a query: {message}")
