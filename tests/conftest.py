@@ -20,7 +20,7 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -31,8 +31,11 @@ ROOT = Path(__file__).resolve().parent.parent
 EXTENSION_VERSION = re.findall(r"^default_version\s*=\s*'([^']+)'", (ROOT / "treadle.control").read_text(), re.M)[0]
 TEMPLATE = f"treadle_template_{os.getpid()}"
 
-# new_database(template=TEMPLATE) -> the URL of a new database on the test server
-NewDatabase = Callable[..., str]
+
+class NewDatabase(Protocol):
+    """new_database(template=TEMPLATE) -> the URL of a new database on the test server."""
+
+    def __call__(self, template: str | None = TEMPLATE) -> str: ...
 
 
 def with_db(url: str, dbname: str) -> str:
