@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
-from tests.dashboard.seeding import Seeded, claim, enqueue
+from tests.dashboard.seeding import Seeded, claim, enqueue, one
+from treadle.dashboard.formatting import can_cancel, can_retry
+from treadle.models import JOB_STATES
 
 
 def counts(conn: psycopg.Connection, exact_up_to: int = 100_000) -> dict[tuple[str | None, str], tuple[int, bool]]:
@@ -130,3 +135,26 @@ def test_grant_dashboard_lets_a_role_read_what_the_dashboard_reads(conn: psycopg
     finally:
         conn.execute(f'DROP OWNED BY "{role}"')
         conn.execute(f'DROP ROLE "{role}"')
+
+
+def test_the_job_states_are_the_tables(conn: psycopg.Connection) -> None:
+    definition = one(conn, "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'jobs_state_check'")
+    assert tuple(re.findall(r"'(\w+)'::text", definition)) == JOB_STATES
+
+
+def test_the_pages_offer_retry_and_cancel_exactly_where_the_functions_apply(
+    conn: psycopg.Connection, seeded: Seeded
+) -> None:
+    cancel_requested = enqueue(conn, "long_export", "exports")
+    claim(conn, "exports")
+    conn.execute("SELECT treadle.cancel(%s)", (cancel_requested,))
+    every_state = [seeded.available, seeded.running, seeded.retryable, seeded.discarded, seeded.completed]
+    jobs = [*every_state, seeded.cancelled, cancel_requested]  # and a running job asked to cancel
+    with conn.cursor(row_factory=dict_row) as cur:
+        for job_id in jobs:
+            job = cur.execute("SELECT * FROM treadle.job_details WHERE id = %s", (job_id,)).fetchone()
+            assert job is not None
+            for action, offered in (("retry", can_retry(job)), ("cancel", can_cancel(job))):
+                with conn.transaction(force_rollback=True):
+                    applied = cur.execute(f"SELECT treadle.{action}(%s) AS changed", (job_id,)).fetchone()
+                assert applied is not None and applied["changed"] is offered, (action, job["state"])

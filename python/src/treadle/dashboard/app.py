@@ -96,6 +96,7 @@ def create_app(
     )
     app.jinja_env.filters.update(formatting.FILTERS)
     app.jinja_env.tests.update(formatting.TESTS)
+    app.jinja_env.globals.update(formatting.GLOBALS)
     app.jinja_env.trim_blocks = True
     app.jinja_env.lstrip_blocks = True
     settings = Settings(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from ..models import JOB_STATES
 from .queries import RawJson, Row, StateCount
 
 
@@ -126,6 +127,25 @@ def error_time(value: Any) -> str:
         return value
 
 
+# What treadle.retry and treadle.cancel accept (sql/src/060_control.sql), so the pages
+# offer only actions that can apply; a test holds these to what the functions do.
+RETRY_FROM = frozenset({"discarded", "cancelled", "retryable"})
+CANCEL_FROM = frozenset({"available", "retryable"})  # and running, until a cancel is requested
+
+
+def can_retry(job: Row) -> bool:
+    return job["state"] in RETRY_FROM
+
+
+def can_cancel(job: Row) -> bool:
+    return job["state"] in CANCEL_FROM or (job["state"] == "running" and not job.get("cancel_requested"))
+
+
+def can_retry_step(step: Row) -> bool:
+    """A step's job that finished without a result; a retryable one runs again by itself."""
+    return step["job_id"] is not None and step["state"] in RETRY_FROM - {"retryable"}
+
+
 @dataclass(frozen=True)
 class Bar:
     x: float
@@ -203,3 +223,5 @@ FILTERS = {
 }
 
 TESTS = {"raw_json": is_raw_json}
+
+GLOBALS = {"JOB_STATES": JOB_STATES, "can_retry": can_retry, "can_cancel": can_cancel, "can_retry_step": can_retry_step}
