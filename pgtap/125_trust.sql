@@ -53,6 +53,7 @@ INSERT INTO may_execute VALUES
     ('treadle.version()',                        '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.now()',                            '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.workflow_results(bigint)',         '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
+    ('treadle.cron_next(text,text,timestamp with time zone)', '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.job_counts(bigint)',               '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
     ('treadle.estimated_jobs(text,text)',        '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
     ('treadle.enqueue(text,jsonb,text,integer,timestamp with time zone,integer,text,interval)', '{producer,worker}'),
@@ -61,6 +62,8 @@ INSERT INTO may_execute VALUES
     ('treadle.cancel(bigint)',                   '{producer,worker,admin,dashboard}'),
     ('treadle.retry(bigint)',                    '{producer,worker,admin,dashboard}'),
     ('treadle.cancel_workflow(bigint)',          '{producer,worker,admin,dashboard}'),
+    ('treadle.schedule(text,text,text,jsonb,text,text,integer,integer,boolean)', '{producer,worker}'),
+    ('treadle.unschedule(text)',                 '{producer,worker,admin,dashboard}'),
     ('treadle.claim(text,text[],text[],integer,interval,uuid)', '{worker}'),
     ('treadle.claimed(uuid)',                    '{worker}'),
     ('treadle.heartbeat(bigint,uuid,interval)',  '{worker}'),
@@ -128,8 +131,9 @@ SELECT is_empty(
     'no part may create objects in schema treadle');
 SELECT is_empty(
     $$ SELECT c.relname FROM pg_class AS c
-        WHERE c.oid IN ('treadle.jobs'::regclass, 'treadle.workflow_runs'::regclass) AND NOT c.relrowsecurity $$,
-    'row-level security is on for jobs and workflow runs');
+        WHERE c.oid IN ('treadle.jobs'::regclass, 'treadle.workflow_runs'::regclass, 'treadle.cron_schedules'::regclass)
+          AND NOT c.relrowsecurity $$,
+    'row-level security is on for jobs, workflow runs and schedules');
 
 --------------------------------------------------------------------------------
 -- The attacks of a producer on the tables, each refused, nothing changed
