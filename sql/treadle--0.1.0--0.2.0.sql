@@ -1968,7 +1968,7 @@ DECLARE
         END;
     v_low    integer := c_low[field_no];
     v_high   integer := c_high[field_no];
-    v_values integer[] := '{}';
+    v_values integer[] := '{}'::integer[];
     v_item   text;
     v_parts  text[];
     v_from   integer;
@@ -2373,6 +2373,7 @@ BEGIN
         END IF;
         -- its occurrence finished meanwhile and started the next: lock that one
     END LOOP;
+    RETURN NULL;  -- not reached: the loop returns
 END;
 $$;
 COMMENT ON FUNCTION treadle._lock_schedule(text) IS

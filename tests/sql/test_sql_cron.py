@@ -11,6 +11,7 @@ croniter does.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from itertools import product
 from zoneinfo import ZoneInfo
@@ -19,7 +20,7 @@ import psycopg
 import pytest
 from croniter import croniter
 
-from sqlcalls import value
+from sqlcalls import Connect, WaitBlocked, value
 
 UTC = timezone.utc
 STEPS = 6  # occurrences compared after each start time
@@ -236,3 +237,45 @@ def test_a_half_hour_repeat(conn: psycopg.Connection) -> None:
     assert fixed == datetime(2024, 4, 6, 14, 40, tzinfo=UTC), "a fixed time runs at its first pass"
     after = value(conn, "select treadle.cron_next('40 1 * * *', 'Australia/Lord_Howe', '2024-04-06 14:40+00')")
     assert after == datetime(2024, 4, 7, 15, 10, tzinfo=UTC), "and not at its second"
+
+
+def test_concurrent_creates_of_one_name_make_one_schedule(connect: Connect) -> None:
+    """Twenty sessions create the same schedule at once: one schedule, one occurrence, one id for all."""
+    conns = [connect() for _ in range(20)]
+
+    def create(conn: psycopg.Connection) -> int:
+        with conn.transaction():
+            job_id = value(conn, "select treadle.schedule('race', '*/5 * * * *', 'tick', queue => 'race')")
+            conn.execute("select count(*) from treadle.jobs")  # keep the insert uncommitted a little longer
+            return int(job_id)
+
+    with ThreadPoolExecutor(len(conns)) as pool:
+        ids = list(pool.map(create, conns))
+    assert len(set(ids)) == 1
+    assert value(conns[0], "select count(*) from treadle.cron_schedules") == 1
+    assert value(conns[0], "select count(*) from treadle.jobs where schedule = 'race'") == 1
+
+
+def test_replacing_a_schedule_while_its_occurrence_finishes(connect: Connect, wait_until_blocked: WaitBlocked) -> None:
+    """The finish locks the occurrence then the schedule; schedule() waits in the same order, never deadlocks,
+    and then changes the occurrence the finish inserted."""
+    setup, finisher, replacer = connect(), connect(autocommit=False), connect(autocommit=False)
+    setup.execute("select treadle.schedule('report', '* * * * *', 'report', '{\"v\": 1}', queue => 'rq')")
+    setup.execute("update treadle.jobs set run_at = now() - interval '1 minute' where schedule = 'report'")
+    job_id, token = setup.execute("select id, lease_token from treadle.claim('w', array['rq'])").fetchone() or (0, 0)
+    assert job_id
+
+    assert value(finisher, "select treadle.complete(%s, %s)", [job_id, token]) == "completed"
+    pid = value(replacer, "select pg_backend_pid()")
+    with ThreadPoolExecutor(1) as pool:
+        replaced = pool.submit(
+            value, replacer, "select treadle.schedule('report', '* * * * *', 'report', '{\"v\": 2}', queue => 'rq')"
+        )
+        wait_until_blocked(pid)
+        finisher.commit()
+        current = replaced.result(timeout=60)
+    replacer.commit()
+
+    assert current == value(setup, "select next_id from treadle.jobs where id = %s", [job_id])
+    rows = setup.execute("select args, state from treadle.jobs where schedule = 'report' and id <> %s", [job_id]).fetchall()
+    assert rows == [({"v": 2}, "available")], "one waiting occurrence, with the new args"
