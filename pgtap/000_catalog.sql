@@ -51,8 +51,9 @@ SELECT set_eq(
           'treadle.cancel_workflow(bigint)',
           'treadle.schedule(text,text,text,jsonb,text,text,integer,integer,boolean)', 'treadle.unschedule(text)',
           'treadle.worker_seen(text,text,integer,text[],integer,integer)', 'treadle.worker_stopped(text)',
+          'treadle.job_counts(bigint)', 'treadle.estimated_jobs(text,text)',
           'treadle.cron_next(text,text,timestamp with time zone)'],
-    'exactly the public functions that write, and cron_next (for the private parser), run as the owner (SECURITY DEFINER)');
+    'exactly the public functions that write, the two that read statistics, and cron_next (for the private parser), run as the owner (SECURITY DEFINER)');
 SELECT set_eq(
     $$ SELECT signature FROM treadle_functions WHERE has_function_privilege('public', oid, 'EXECUTE') $$,
     ARRAY['treadle.version()', 'treadle.now()', 'treadle.workflow_results(bigint)',
