@@ -2062,11 +2062,11 @@ COMMENT ON FUNCTION treadle.workflow_results(bigint) IS
 --     day fields are restricted (neither starts with *), a day matches either
 --     (Vixie cron).
 --   time zones: times are read on the zone's wall clock. A job at fixed hours
---     (30 2 * * *, 0 */2 * * *) runs once on each day it names: a time that a spring-forward
---     change skips runs at the instant the clocks jump (the skipped times of one
---     change run together, once), a time that a fall-back change repeats runs at
---     its first pass only. A job whose hour field is * (hourly, every 5
---     minutes) follows real time instead: its skipped times do
+--     (30 2 * * *, 0 */2 * * *) runs once on each day it names: a time that a
+--     spring-forward change skips runs at the instant the clocks jump (the
+--     skipped times of one change run together, once), a time that a fall-back
+--     change repeats runs at its first pass only. A job whose hour field is *
+--     (hourly, every 5 minutes) follows real time instead: its skipped times do
 --     not run, and it runs in both passes of a repeated hour.
 --   missed times: an occurrence that runs late (no worker for a day) runs once,
 --     and the next one is the first time after it finished; with catch_up, every
