@@ -2947,7 +2947,7 @@ COMMENT ON FUNCTION treadle.job_counts(bigint) IS
 --   treadle.grant_producer(role)   reader + enqueue, workflows, schedules, cancel, retry
 --   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, registry
 --   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue
---   treadle.grant_dashboard(role, read_only)   reader + cancel and retry unless read_only
+--   treadle.grant_dashboard(role, read_only)   reader + cancel, retry, unschedule unless read_only
 --
 -- and keeps a role to the queues under a prefix with treadle.set_tenant.
 -- docs/operations.md has the table of who may do what.
