@@ -5,7 +5,7 @@
 -- write nothing, tenants.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(103);
+SELECT plan(105);
 \ir helpers.psql
 
 SET LOCAL timezone = 'UTC';
@@ -185,6 +185,15 @@ SELECT lease_token AS b1_tok FROM treadle.claim('w', ARRAY['cron-dst']) \gset
 SELECT treadle.complete(:b1, :'b1_tok');
 SELECT is((pg_temp.job((pg_temp.job(:b1)).next_id)).run_at, '2024-03-11 06:30+00'::timestamptz,
           'it ran once that day; the next is 02:30 EDT the day after');
+SET LOCAL treadle.now = '2024-11-02 12:00:00+00';
+SELECT treadle.schedule('backup-fall', '30 1 * * *', 'backup', tz => 'America/New_York', queue => 'cron-dst-fall') AS f1 \gset
+SELECT is((pg_temp.job(:f1)).run_at, '2024-11-03 05:30+00'::timestamptz,
+          'on the fall-back day the 01:30 occurrence is due at its first pass (01:30 EDT)');
+SET LOCAL treadle.now = '2024-11-03 05:31:00+00';
+SELECT lease_token AS f1_tok FROM treadle.claim('w', ARRAY['cron-dst-fall']) \gset
+SELECT treadle.complete(:f1, :'f1_tok');
+SELECT is((pg_temp.job((pg_temp.job(:f1)).next_id)).run_at, '2024-11-04 06:30+00'::timestamptz,
+          'it does not run again at 01:30 EST: the next is the day after');
 
 --------------------------------------------------------------------------------
 -- unschedule
