@@ -4,7 +4,7 @@
 -- nothing changed; the clock no role but the owner can move; tenants.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(67);
+SELECT plan(68);
 
 -- pg_temp.as_role(role, statement): run one statement as role; 'ok', or the SQLSTATE it raised.
 CREATE FUNCTION pg_temp.as_role(role name, statement text) RETURNS text LANGUAGE plpgsql AS $$
@@ -121,6 +121,12 @@ SELECT is_empty(
         WHERE c.relnamespace = 'treadle'::regnamespace AND c.relkind = 'v' AND r.part <> 'nobody'
           AND NOT has_table_privilege(r.role, c.oid, 'SELECT') $$,
     'every part but nobody reads every view');
+SELECT is_empty(
+    $$ SELECT c.relname, pg_temp.as_role('trust_reader', format('SELECT * FROM %s LIMIT 0', c.oid::regclass)) AS sqlstate
+         FROM pg_class AS c
+        WHERE c.relnamespace = 'treadle'::regnamespace AND c.relkind = 'v'
+          AND pg_temp.as_role('trust_reader', format('SELECT * FROM %s LIMIT 0', c.oid::regclass)) <> 'ok' $$,
+    'a reader can select every column of every view (none reaches a lease token)');
 SELECT is_empty(
     $$ SELECT c.relname FROM pg_class AS c
         WHERE c.relnamespace = 'treadle'::regnamespace AND c.relkind = 'v'

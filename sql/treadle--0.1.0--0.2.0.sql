@@ -2767,7 +2767,9 @@ SELECT r.id AS run_id, s.position, s.step,
   FROM treadle.workflow_runs AS r
  CROSS JOIN LATERAL unnest(r.steps) WITH ORDINALITY AS s(step, position)
   LEFT JOIN LATERAL (
-        SELECT j.* FROM treadle.jobs AS j
+        SELECT j.id, j.state, j.attempt, j.max_attempts, j.cancel_requested, j.last_error, j.errors,
+               j.progress, j.progress_message, j.run_at, j.started_at, j.finished_at
+          FROM treadle.jobs AS j
          WHERE j.workflow_run_id = r.id AND j.step = s.step
          ORDER BY j.id DESC
          LIMIT 1) AS j ON true;
