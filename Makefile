@@ -31,7 +31,7 @@ all: $(GENERATED)
 sql/$(EXTENSION)--$(EXTVERSION).sql: $(SRC) $(EXTENSION).control scripts/build-sql
 	scripts/build-sql install > $@
 
-sql/$(EXTENSION)--%--$(EXTVERSION).sql: sql/upgrade/%--$(EXTVERSION).sql $(SRC) $(EXTENSION).control scripts/build-sql
+sql/$(EXTENSION)--%--$(EXTVERSION).sql: sql/upgrade/%--$(EXTVERSION).sql $(wildcard sql/upgrade/*.after.sql) $(SRC) $(EXTENSION).control scripts/build-sql
 	scripts/build-sql upgrade $* > $@
 
 # Throwaway clusters and the Python environment live under .build/ (git-ignored).

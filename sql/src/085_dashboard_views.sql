@@ -6,7 +6,7 @@
 
 -- One job as a reader sees it: every column but the lease token, which is a
 -- worker's write credential that nobody reading needs.
-CREATE VIEW treadle.job_details AS
+CREATE VIEW treadle.job_details WITH (security_invoker = true) AS
 SELECT j.id, j.queue, j.name, j.args, j.state, j.priority, j.run_at, j.attempt, j.max_attempts,
        j.lease_until, j.worker_id, j.idempotency_key, j.result, j.last_error, j.created_at,
        j.finished_at, j.workflow_run_id, j.step, j.every, j.next_id, j.cancel_requested,
@@ -17,7 +17,7 @@ COMMENT ON VIEW treadle.job_details IS
 
 -- A run's steps in order, each with the job that runs it; a step whose job is not
 -- enqueued yet has state 'pending' and no job.
-CREATE VIEW treadle.workflow_run_steps AS
+CREATE VIEW treadle.workflow_run_steps WITH (security_invoker = true) AS
 SELECT r.id AS run_id, s.position, s.step,
        j.id AS job_id,
        coalesce(j.state, 'pending') AS state,
@@ -37,30 +37,44 @@ COMMENT ON VIEW treadle.workflow_run_steps IS
     'A workflow run''s steps in order, with each step''s job, state, attempt, result and error.';
 
 --------------------------------------------------------------------------------
--- treadle._estimated_jobs(queue, state) -> bigint
+-- treadle.estimated_jobs(queue, state) -> bigint
 --
 -- The planner's estimate of how many jobs are in a state (in one queue, or in all
--- when queue is null), from the table's statistics: no row is read. Never below 1,
--- as the planner rounds up. VOLATILE because it runs EXPLAIN, so not PUBLIC's:
--- treadle.grant_dashboard grants it.
+-- the caller's queues when queue is null), from the table's statistics: no row is
+-- read. Never below 1 (the planner rounds up), but 0 for a queue a tenant may not
+-- see. It runs as the owner, since row-level security would hide the statistics
+-- from readers and bend the estimate; a tenant gets estimates of its queues only.
+-- VOLATILE because it runs EXPLAIN (a constant statement, the values passed as
+-- parameters). treadle.grant_reader grants it.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._estimated_jobs(queue text, state text)
+CREATE OR REPLACE FUNCTION treadle.estimated_jobs(queue text, state text)
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_plan json;
+    v_prefix text := treadle._caller_prefix();
+    v_plan   json;
 BEGIN
-    EXECUTE format('EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE j.state = %L%s',
-                   state,
-                   CASE WHEN queue IS NULL THEN '' ELSE format(' AND j.queue = %L', queue) END)
-       INTO v_plan;
+    IF queue IS NOT NULL AND NOT starts_with(queue, v_prefix) THEN
+        RETURN 0;
+    END IF;
+    IF queue IS NOT NULL THEN
+        EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE j.state = $1 AND j.queue = $2'
+           INTO v_plan USING state, queue;
+    ELSIF v_prefix <> '' THEN
+        EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE j.state = $1 AND j.queue LIKE $2'
+           INTO v_plan USING state, replace(replace(replace(v_prefix, '\', '\\'), '%', '\%'), '_', '\_') || '%';
+    ELSE
+        EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE j.state = $1'
+           INTO v_plan USING state;
+    END IF;
     RETURN round((v_plan -> 0 -> 'Plan' ->> 'Plan Rows')::numeric)::bigint;
 END;
 $$;
-COMMENT ON FUNCTION treadle._estimated_jobs(text, text) IS
+COMMENT ON FUNCTION treadle.estimated_jobs(text, text) IS
     'Planner estimate of the jobs in a state (and queue), read from statistics only.';
 
 --------------------------------------------------------------------------------
@@ -76,20 +90,23 @@ COMMENT ON FUNCTION treadle._estimated_jobs(text, text) IS
 -- (estimated = true) when it must be: finished states always, since counting them
 -- would read the whole table; available, retryable and running only when their own
 -- estimate passes exact_up_to (otherwise their indexes give an exact count).
--- It changes nothing, but is VOLATILE (it runs EXPLAIN), so not PUBLIC's:
--- treadle.grant_dashboard grants it.
+-- A tenant's counts cover its queues only. It runs as the owner, so that the
+-- statistics estimates rest on are not hidden from readers; it changes nothing,
+-- but is VOLATILE (it runs EXPLAIN); treadle.grant_reader grants it.
 -- Raises 22004: exact_up_to null. 22023: exact_up_to negative.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.job_counts(exact_up_to bigint DEFAULT 100000)
 RETURNS TABLE (queue text, state text, jobs bigint, estimated boolean, oldest_available_age interval)
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
     c_states CONSTANT text[] := ARRAY['available', 'running', 'retryable', 'completed', 'discarded', 'cancelled'];
-    v_now   timestamptz := treadle._now();
+    v_prefix text := treadle._caller_prefix();  -- '' unless the caller is a tenant
+    v_now   timestamptz := treadle.now();
     v_rows  real;
     v_small boolean;
     v_exact text[];  -- the states counted exactly
@@ -110,7 +127,7 @@ BEGIN
     ELSE
         SELECT coalesce(array_agg(s.state), ARRAY[]::text[]) INTO v_exact
           FROM unnest(ARRAY['available', 'retryable', 'running']) AS s(state)
-         WHERE treadle._estimated_jobs(NULL, s.state) <= job_counts.exact_up_to;
+         WHERE treadle.estimated_jobs(NULL, s.state) <= job_counts.exact_up_to;
     END IF;
 
     RETURN QUERY
@@ -118,7 +135,7 @@ BEGIN
         -- a small table: one pass over it
         SELECT j.queue, j.state, count(*) AS jobs
           FROM treadle.jobs AS j
-         WHERE v_small
+         WHERE v_small AND starts_with(j.queue, v_prefix)
          GROUP BY j.queue, j.state
         UNION ALL
         -- a large one: waiting and running states from their partial indexes
@@ -127,6 +144,7 @@ BEGIN
          WHERE NOT v_small
            AND j.state = ANY (ARRAY['available', 'retryable'])
            AND j.state = ANY (v_exact)
+           AND starts_with(j.queue, v_prefix)
          GROUP BY j.queue, j.state
         UNION ALL
         SELECT j.queue, j.state, count(*)
@@ -134,6 +152,7 @@ BEGIN
          WHERE NOT v_small
            AND j.state = 'running'
            AND 'running' = ANY (v_exact)
+           AND starts_with(j.queue, v_prefix)
          GROUP BY j.queue, j.state
     ), queues AS (
         -- the queues an estimate is given for: those with counted work, and those
@@ -144,10 +163,11 @@ BEGIN
           FROM pg_catalog.pg_stats AS st
          CROSS JOIN unnest(st.most_common_vals::text::text[]) AS m(queue)
          WHERE st.schemaname = 'treadle' AND st.tablename = 'jobs' AND st.attname = 'queue'
+           AND starts_with(m.queue, v_prefix)
     ), per_queue AS (
         SELECT e.queue, e.state, e.jobs, false AS estimated FROM exact AS e
         UNION ALL
-        SELECT q.queue, s.state, treadle._estimated_jobs(q.queue, s.state), true
+        SELECT q.queue, s.state, treadle.estimated_jobs(q.queue, s.state), true
           FROM queues AS q
          CROSS JOIN unnest(c_states) AS s(state)
          WHERE NOT v_small
@@ -157,13 +177,14 @@ BEGIN
           FROM treadle.jobs AS j
          WHERE j.state = ANY (ARRAY['available', 'retryable'])
            AND j.run_at <= v_now
+           AND starts_with(j.queue, v_prefix)
          GROUP BY j.queue
     )
     SELECT r.queue, r.state, r.jobs, r.estimated, r.age
       FROM (SELECT NULL::text AS queue, s.state,
                    CASE WHEN s.state = ANY (v_exact)
                         THEN (SELECT coalesce(sum(e.jobs), 0)::bigint FROM exact AS e WHERE e.state = s.state)
-                        ELSE treadle._estimated_jobs(NULL, s.state) END AS jobs,
+                        ELSE treadle.estimated_jobs(NULL, s.state) END AS jobs,
                    s.state <> ALL (v_exact) AS estimated,
                    NULL::interval AS age
               FROM unnest(c_states) AS s(state)
@@ -177,8 +198,3 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.job_counts(bigint) IS
     'Jobs per state (queue null: all queues) and per queue and state, with each queue''s oldest waiting age; estimated on large tables, and flagged.';
-
-REVOKE ALL ON FUNCTION
-    treadle._estimated_jobs(text, text),
-    treadle.job_counts(bigint)
-FROM PUBLIC;
