@@ -10,7 +10,8 @@ It runs a treadle Worker (settings from CHILD_* environment variables) with:
                     returns a value JSON cannot hold, or an object of no JSON kind
   workflow "trip"   steps reserve, charge, notify; each records an effect and returns
                     {"step": name, "by": WORKER_ID, "seen": [earlier steps]}
-Effects and the events lease_lost and released go to the table `effects`.
+Effects and the events lease_lost and released (or those CHILD_EVENTS lists, comma
+separated) go to the table `effects`.
 
 KILL_AT picks where the process stops itself:
   none                         never
@@ -39,6 +40,7 @@ from treadle.worker import WorkerEvent
 
 dsn, worker_id, kill_at = sys.argv[1:4]
 stopped_once = False
+RECORDED_EVENTS = set(os.environ.get("CHILD_EVENTS", "lease_lost,released").split(","))
 
 
 def setting(name: str, default: float) -> float:
@@ -116,7 +118,7 @@ def step(name: str):  # type: ignore[no-untyped-def]
 
 def on_event(event: WorkerEvent) -> None:
     global stopped_once
-    if event.kind in ("lease_lost", "released"):
+    if event.kind in RECORDED_EVENTS:
         record(event, event.kind)
     if kill_at == "after_claim" and event.kind == "claimed":
         die()
