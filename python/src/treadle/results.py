@@ -99,8 +99,9 @@ def wait_workflow(conn_or_dsn: str | AnyConnection, run_id: int, timeout: float 
     """
     run = _args.row_id(run_id, "run_id")
     limit, interval, listen, listen_dsn = _wait_options(timeout, options)
-    return _wait_on(conn_or_dsn, _wait.workflow_run(run), _wait.run_outcome(run, limit, interval), listen,
-                    listen_dsn)
+    results: dict[str, Any] | Awaitable[dict[str, Any]] = _wait_on(
+        conn_or_dsn, _wait.workflow_run(run), _wait.run_outcome(run, limit, interval), listen, listen_dsn)
+    return results
 
 
 def _wait_options(timeout: Any, options: WaitOptions) -> tuple[float | None, float, bool, str | None]:
