@@ -2,6 +2,17 @@
 
 Every state decision is the extension's: the worker asks a SQL function (claim,
 heartbeat, complete_many, fail, release, rescue) and obeys its answer.
+
+The path of a job through the modules:
+- here, the claim loop claims a batch with treadle.claim (a lease token per call;
+  after a lost answer, treadle.claimed says what it took) and makes a RunState
+  (_run_state.py) for each job;
+- _executor.py decodes the job alone, finds its handler or step (_registry.py)
+  and calls it with a JobContext (_context.py) on a handler thread (_handler_threads.py);
+- _completer.py writes the outcome: successes batched into treadle.complete_many,
+  failures with treadle.fail, hand-backs at shutdown with treadle.release;
+- meanwhile _housekeeping.py heartbeats the leases and rescues expired ones, and
+  _notifier.py wakes the claim loop when NOTIFY says work arrived.
 """
 
 from __future__ import annotations
