@@ -7,12 +7,15 @@ alive after the worker stopped (its job was handed back by then).
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from ._run_state import RunState
+
+log = logging.getLogger("treadle.worker")
 
 T = TypeVar("T")
 
@@ -65,7 +68,10 @@ class HandlerThreads:
             call = self._calls.get()
             if call is None:
                 return
-            call()
+            try:
+                call()
+            except BaseException:  # a call settles its own job; whatever escapes must not end the thread
+                log.exception("a handler thread's call raised")
 
 
 async def _as_coroutine(awaitable: Awaitable[T]) -> T:
