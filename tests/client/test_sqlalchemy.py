@@ -7,10 +7,11 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-import treadle
 from sqlalchemy import Engine, Integer, String, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+import treadle
 
 
 class Base(DeclarativeBase):

@@ -4,10 +4,9 @@
 installs it) with pool_mode = transaction, forwarding every database name to
 the test server, and yields a URL to it (database `postgres`); `bouncer_dsn`
 names the test's own database through it. A test directory uses them by
-importing them into its conftest.py (tests/ is on pytest's path), as
-tests/pgbouncer/conftest.py does:
+importing them into its conftest.py, as tests/pgbouncer/conftest.py does:
 
-    from pgbouncer.fixtures import bouncer_dsn, pgbouncer_url  # noqa: F401
+    from tests.pgbouncer.fixtures import bouncer_dsn, pgbouncer_url  # noqa: F401
 """
 
 from __future__ import annotations

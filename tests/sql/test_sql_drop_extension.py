@@ -9,8 +9,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from sqlcalls import Connect
-
+from tests.sql.sqlcalls import Connect
 
 # Every kind of object a script could leave in the schema
 LEFTOVERS = """

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from sqlcalls import Connect, value
 
 from tests.conftest import NewDatabase
+from tests.sql.sqlcalls import Connect, value
 
 BINDIR = Path(subprocess.run(["pg_config", "--bindir"], check=True, capture_output=True, text=True).stdout.strip())
 
@@ -52,7 +52,9 @@ def fill(conn: psycopg.Connection) -> uuid.UUID:
 
 
 @pytest.mark.subprocess
-def test_dump_and_restore_keeps_rows_and_sequences(connect: Connect, dsn: str, restored_url: str, tmp_path: Path) -> None:
+def test_dump_and_restore_keeps_rows_and_sequences(
+    connect: Connect, dsn: str, restored_url: str, tmp_path: Path
+) -> None:
     source = connect()
     live_token = fill(source)
     before = {table: source.execute(sql).fetchall() for table, sql in ROWS.items()}
@@ -74,14 +76,20 @@ def test_dump_and_restore_keeps_rows_and_sequences(connect: Connect, dsn: str, r
             "select treadle.start_workflow('signup'), treadle.start_workflow('other', steps => array['x'], idempotency_key => 'run-1')"
         ).fetchone()
         assert new_runs is not None and new_runs[0] > max_run
-        assert restored.execute("select id from treadle.workflow_runs where idempotency_key = 'run-1'").fetchone() == (new_runs[1],)
+        assert restored.execute("select id from treadle.workflow_runs where idempotency_key = 'run-1'").fetchone() == (
+            new_runs[1],
+        )
         assert new_runs[1] <= max_run, "a restored workflow key still returns its run"
         keyed = next(row[0]["id"] for row in before["jobs"] if row[0]["idempotency_key"] == "invoice-1")
-        assert restored.execute("select treadle.enqueue('keyed', idempotency_key => 'invoice-1')").fetchone() == (keyed,)
+        assert restored.execute("select treadle.enqueue('keyed', idempotency_key => 'invoice-1')").fetchone() == (
+            keyed,
+        )
 
         # the restored queue works: the job that was running completes with the token it had
         running_id = next(row[0]["id"] for row in before["jobs"] if row[0]["state"] == "running")
-        assert restored.execute("select treadle.complete(%s, %s)", (running_id, live_token)).fetchone() == ("completed",)
+        assert restored.execute("select treadle.complete(%s, %s)", (running_id, live_token)).fetchone() == (
+            "completed",
+        )
         # and the restored run goes on to its end
         step = restored.execute(
             "select workflow_run_id, treadle.complete(id, lease_token, '\"hi\"') "

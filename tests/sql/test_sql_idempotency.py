@@ -15,8 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 from psycopg.types.json import Jsonb
 
-from sqlcalls import Connect, WaitBlocked
-
+from tests.sql.sqlcalls import Connect, WaitBlocked
 
 CONNECTIONS = 50
 CALLS = 1000
@@ -102,7 +101,9 @@ def test_concurrent_start_workflow_with_one_key_starts_one_run(connect: Connect)
 
     assert len(set(ids)) == 1
     assert conns[0].execute("select count(*) from treadle.workflow_runs").fetchone() == (1,)
-    assert conns[0].execute("select count(*) from treadle.jobs where workflow_run_id = %s", (ids[0],)).fetchone() == (1,)
+    assert conns[0].execute("select count(*) from treadle.jobs where workflow_run_id = %s", (ids[0],)).fetchone() == (
+        1,
+    )
 
 
 class Waiter(threading.Thread):
@@ -212,4 +213,3 @@ def test_start_workflow_waiting_on_an_uncommitted_key_gets_its_run_after_commit(
     holder.commit()
     assert waiter.outcome() == [row[0]]
     assert holder.execute("select count(*) from treadle.jobs").fetchone() == (1,)
-

@@ -9,8 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 
-from sqlcalls import Connect, WaitBlocked, row, value
-
+from tests.sql.sqlcalls import Connect, WaitBlocked, row, value
 
 RUNS = 40
 STEPS = ["fetch", "parse", "store"]
@@ -33,7 +32,9 @@ def test_rescue_then_reclaim_while_the_slow_worker_completes(connect: Connect, w
     assert rescuer.execute("select treadle.rescue()").fetchone() == (1,)
     answer: list = []
     thread = threading.Thread(
-        target=lambda: answer.append(slow.execute("select treadle.complete(%s, %s, '1')", (step_id, old_token)).fetchone())
+        target=lambda: answer.append(
+            slow.execute("select treadle.complete(%s, %s, '1')", (step_id, old_token)).fetchone()
+        )
     )
     thread.start()
     wait_until_blocked(slow.info.backend_pid)
@@ -77,7 +78,9 @@ def test_many_runs_raced_at_once_never_enqueue_a_step_twice(connect: Connect) ->
     ).fetchall()
     assert len(leases) == RUNS
     # let every lease expire (by the database's clock), so the race below is real
-    while setup.execute("select count(*) from treadle.jobs where state = 'running' and lease_until >= clock_timestamp()").fetchone() != (0,):
+    while setup.execute(
+        "select count(*) from treadle.jobs where state = 'running' and lease_until >= clock_timestamp()"
+    ).fetchone() != (0,):
         time.sleep(0.1)
 
     slow_conns = [connect() for _ in range(4)]
@@ -126,7 +129,9 @@ def test_many_runs_raced_at_once_never_enqueue_a_step_twice(connect: Connect) ->
 
     # drive every run to its end
     while True:
-        rows = setup.execute("select id, lease_token from treadle.claim('finisher', array['race'], batch => 100)").fetchall()
+        rows = setup.execute(
+            "select id, lease_token from treadle.claim('finisher', array['race'], batch => 100)"
+        ).fetchall()
         if not rows:
             break
         for job_id, token in rows:
@@ -155,11 +160,15 @@ def test_cancel_workflow_racing_workers_ends_every_run_cleanly(connect: Connect)
         start.wait()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            rows = conn.execute("select id, lease_token from treadle.claim('w', array['cancel-race'], batch => 3)").fetchall()
+            rows = conn.execute(
+                "select id, lease_token from treadle.claim('w', array['cancel-race'], batch => 3)"
+            ).fetchall()
             for job_id, token in rows:
                 state = conn.execute("select treadle.complete(%s, %s)", (job_id, token)).fetchone()
                 assert state in {("completed",), ("cancelled",)}
-            if not rows and conn.execute("select count(*) from treadle.workflow_runs where state = 'running'").fetchone() == (0,):
+            if not rows and conn.execute(
+                "select count(*) from treadle.workflow_runs where state = 'running'"
+            ).fetchone() == (0,):
                 return
         raise AssertionError("runs never settled")
 
@@ -186,5 +195,8 @@ def test_cancel_workflow_racing_workers_ends_every_run_cleanly(connect: Connect)
         assert count == 1, (run_id, step)
     # a cancelled run stopped at its first unfinished step: one job per step up to there
     for run_id in run_ids:
-        steps = [s for (s,) in setup.execute("select step from treadle.jobs where workflow_run_id = %s order by id", (run_id,))]
+        steps = [
+            s
+            for (s,) in setup.execute("select step from treadle.jobs where workflow_run_id = %s order by id", (run_id,))
+        ]
         assert steps == STEPS[: len(steps)]

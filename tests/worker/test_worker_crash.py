@@ -14,7 +14,8 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from worker_support import (
+
+from tests.worker.worker_support import (
     LEASE,
     POLL,
     RESCUE,
@@ -157,7 +158,8 @@ def test_killed_after_a_step_result_is_stored(effects_conn: psycopg.Connection[A
 
 
 def test_a_running_worker_picks_up_a_killed_workers_job_within_the_bound(
-        effects_conn: psycopg.Connection[Any], spawn: Any) -> None:
+    effects_conn: psycopg.Connection[Any], spawn: Any
+) -> None:
     """Recovery measured from the kill itself (reliability.md 3.0: B = L + R + P + ε)."""
     conn = effects_conn
     job_id = enqueue(conn, "record", {"seconds": {"victim": 3600}})  # long only in the victim

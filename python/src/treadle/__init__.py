@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+
 def _package_version() -> str:
     # the one version is the extension's (treadle.control); pyproject.toml's is the package's build of it
     from importlib.metadata import PackageNotFoundError, version

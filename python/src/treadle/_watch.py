@@ -38,7 +38,11 @@ POLL = WatchEvent("poll", None)
 
 
 def events(
-    dsn: str, queues: frozenset[str] | None, poll_interval: float, listen: bool, stop: threading.Event | None,
+    dsn: str,
+    queues: frozenset[str] | None,
+    poll_interval: float,
+    listen: bool,
+    stop: threading.Event | None,
     listen_dsn: str | None = None,
 ) -> Generator[WatchEvent, None, None]:
     """The signals, until `stop` is set (or the consumer stops iterating).
@@ -49,8 +53,12 @@ def events(
     follows each reconnection, for the notifications the outage swallowed.
     """
     target = dsn if listen_dsn is None else listen_dsn
-    listener = Notifier(lambda: psycopg.connect(target, autocommit=True),
-                        [_sql.LISTEN_JOBS, _sql.LISTEN_DONE] if listen else [], log, trusted=listen_dsn is not None)
+    listener = Notifier(
+        lambda: psycopg.connect(target, autocommit=True),
+        [_sql.LISTEN_JOBS, _sql.LISTEN_DONE] if listen else [],
+        log,
+        trusted=listen_dsn is not None,
+    )
     listener.open()  # a wrong DSN or a missing extension is raised here, not hidden
     if not listen:
         listener.close()  # the timer needs no connection; opening one checked the extension
