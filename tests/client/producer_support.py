@@ -15,6 +15,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 # how long a test waits for something that should happen at once; only a bound, so a
@@ -56,6 +57,11 @@ class SqlWorker:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def transaction_status(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> TransactionStatus:
+    """The connection's transaction status now: a call, so a type checker carries no earlier reading over."""
+    return conn.info.transaction_status
 
 
 def with_app_name(dsn: str, name: str) -> str:

@@ -209,7 +209,7 @@ def test_enqueue_many_refused_element_writes_nothing(conn: psycopg.Connection[An
         treadle.enqueue_many(conn, [{"name": "fine"}, {"name": "x", "max_attempts": 0}])
     assert refused.value.sqlstate == "22023"
     with pytest.raises(treadle.InvalidArgument, match="element 1") as refused:
-        treadle.enqueue_many(conn, [{"name": "fine"}, ["not", "an", "object"]])
+        treadle.enqueue_many(conn, [{"name": "fine"}, ["not", "an", "object"]])  # type: ignore[list-item]
     assert refused.value.sqlstate == "22023"
     assert conn.execute("SELECT count(*) FROM treadle.jobs").fetchone() == (0,)
 

@@ -22,6 +22,7 @@ from tests.client.producer_support import (
     Background,
     SqlWorker,
     backend_of,
+    transaction_status,
     until_gone,
     until_job_read,
     with_app_name,
@@ -232,7 +233,7 @@ def test_async_wait_in_a_transaction_and_outcomes(
 
             await asyncio.to_thread(finish)
             result = await asyncio.wait_for(waiting, PATIENCE)
-            assert aconn.info.transaction_status == TransactionStatus.INTRANS
+            assert transaction_status(aconn) == TransactionStatus.INTRANS
             with pytest.raises(treadle.WaitTimeout):
                 await treadle.wait(aconn, treadle.enqueue(conn, "z"), timeout=0.1, poll_interval=0.05)
             return result
@@ -307,7 +308,7 @@ def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
 
 def test_not_a_connection() -> None:
     with pytest.raises(TypeError, match="psycopg Connection or AsyncConnection"):
-        treadle.wait(42, 1)
+        treadle.wait(42, 1)  # type: ignore[call-overload]
 
 
 def test_a_dsn_that_cannot_connect_is_an_error_at_once() -> None:

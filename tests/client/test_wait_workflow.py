@@ -20,7 +20,15 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 import treadle
-from tests.client.producer_support import PATIENCE, Background, SqlWorker, backend_of, until_gone, with_app_name
+from tests.client.producer_support import (
+    PATIENCE,
+    Background,
+    SqlWorker,
+    backend_of,
+    transaction_status,
+    until_gone,
+    with_app_name,
+)
 from treadle import _sql
 
 HOUR = 3600.0
@@ -261,7 +269,7 @@ def test_a_repeatable_read_transaction_is_refused(dsn: str, conn: psycopg.Connec
         caller.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         caller.execute("SELECT 1")
         with pytest.raises(
-            treadle.InvalidArgument, match="wait_workflow cannot see .* the workflow run .* repeatable read"
+            treadle.InvalidArgument, match=r"wait_workflow cannot see .* the workflow run .* repeatable read"
         ):
             treadle.wait_workflow(caller, run_id, timeout=PATIENCE)
         assert caller.info.transaction_status == TransactionStatus.INTRANS
@@ -319,7 +327,7 @@ def test_async_wait_in_a_transaction_and_outcomes(
 
             await asyncio.to_thread(finish)
             result = await asyncio.wait_for(waiting, PATIENCE)
-            assert aconn.info.transaction_status == TransactionStatus.INTRANS
+            assert transaction_status(aconn) == TransactionStatus.INTRANS
             with pytest.raises(treadle.WaitTimeout) as timed_out:
                 await treadle.wait_workflow(aconn, start(conn, "slow"), timeout=0.1, poll_interval=0.05)
             assert timed_out.value.job_id is None
@@ -357,4 +365,4 @@ def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
 
 def test_not_a_connection() -> None:
     with pytest.raises(TypeError, match="psycopg Connection or AsyncConnection"):
-        treadle.wait_workflow(42, 1)
+        treadle.wait_workflow(42, 1)  # type: ignore[call-overload]

@@ -68,7 +68,7 @@ def test_queued_and_done_events_for_the_watched_queues(
     treadle.enqueue(conn, "resize", queue="images")  # not watched
     sql_worker.complete(job_id, {"sent": True})
     event = watcher.next()
-    assert event == ("done", "mail") and (event.kind, event.queue) == ("done", "mail")
+    assert (event.kind, event.queue) == ("done", "mail") and event == ("done", "mail")
     treadle.start_workflow(conn, "notify", steps=["a"], queue="sms")
     assert watcher.next() == ("queued", "sms")
     watcher.close()

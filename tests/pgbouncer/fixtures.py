@@ -99,4 +99,4 @@ def _until_it_answers(url: str, process: subprocess.Popen[bytes], folder: Path) 
 @pytest.fixture
 def bouncer_dsn(pgbouncer_url: str, dsn: str) -> str:
     """The test's own database (the `dsn` fixture's), reached through PgBouncer in transaction mode."""
-    return _with_db(pgbouncer_url, psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
+    return _with_db(pgbouncer_url, str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]))

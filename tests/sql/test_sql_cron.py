@@ -151,7 +151,8 @@ def treadle_chains(conn: psycopg.Connection, cases: list[tuple[str, str, datetim
     """For each (expression, zone, start): the next STEPS times, each cron_next of the one before."""
     rows = conn.execute(
         """with recursive input as (
-               select * from unnest(%s::text[], %s::text[], %s::timestamptz[]) with ordinality as i(cron, tz, start, ord)
+               select * from unnest(%s::text[], %s::text[], %s::timestamptz[])
+                        with ordinality as i(cron, tz, start, ord)
            ), chain(ord, n, at) as (
                select i.ord, 0, i.start from input as i
                union all
@@ -172,7 +173,7 @@ def test_cron_next_agrees_with_croniter(conn: psycopg.Connection, zone: str) -> 
     assert len(got) == len(cases)
     disagreements = [
         (expression, start.isoformat(), [m.isoformat() for m in want], [m.isoformat() for m in have])
-        for (expression, _, start), have in zip(cases, got)
+        for (expression, _, start), have in zip(cases, got, strict=True)
         if not croniter_half_hour_quirk(zone, expression, have)
         and have != (want := croniter_expects(expression, start))
     ]

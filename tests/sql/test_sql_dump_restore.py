@@ -31,7 +31,8 @@ def restored_url(new_database: NewDatabase) -> str:
 def fill(conn: psycopg.Connection) -> uuid.UUID:
     """Jobs in every state, a periodic series, workflow runs and a definition; returns a live lease token."""
     conn.execute(
-        """select treadle.enqueue_many((select jsonb_agg(jsonb_build_object('name', 'bulk', 'args', jsonb_build_object('n', g)))
+        """select treadle.enqueue_many((select jsonb_agg(jsonb_build_object('name', 'bulk',
+                                                                      'args', jsonb_build_object('n', g)))
                                           from generate_series(1, 50) as g))"""
     )
     conn.execute("select treadle.enqueue('keyed', idempotency_key => 'invoice-1')")
@@ -42,13 +43,15 @@ def fill(conn: psycopg.Connection) -> uuid.UUID:
     conn.execute("select treadle.define_workflow('signup', array['create', 'welcome'])")
     run_id = value(conn, "select treadle.start_workflow('signup', '{\"user\": 1}')")
     conn.execute(
-        "select treadle.complete(id, lease_token, '{\"account\": 9}') from treadle.claim('w', names => array['workflow:signup'])"
+        "select treadle.complete(id, lease_token, '{\"account\": 9}') "
+        "from treadle.claim('w', names => array['workflow:signup'])"
     )
     conn.execute("select treadle.start_workflow('other', steps => array['x'], idempotency_key => 'run-1')")
     assert conn.execute("select treadle.workflow_results(%s)", (run_id,)).fetchone() == ({"create": {"account": 9}},)
     row = conn.execute("select lease_token from treadle.claim('w', lease => '1 hour')").fetchone()
     assert row is not None
-    return row[0]
+    token: uuid.UUID = row[0]
+    return token
 
 
 @pytest.mark.subprocess
@@ -73,7 +76,8 @@ def test_dump_and_restore_keeps_rows_and_sequences(
         new_job = value(restored, "select treadle.enqueue('after-restore')")
         assert new_job > max_job
         new_runs = restored.execute(
-            "select treadle.start_workflow('signup'), treadle.start_workflow('other', steps => array['x'], idempotency_key => 'run-1')"
+            "select treadle.start_workflow('signup'), "
+            "treadle.start_workflow('other', steps => array['x'], idempotency_key => 'run-1')"
         ).fetchone()
         assert new_runs is not None and new_runs[0] > max_run
         assert restored.execute("select id from treadle.workflow_runs where idempotency_key = 'run-1'").fetchone() == (

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import psycopg
 
@@ -79,7 +80,7 @@ def test_a_slow_complete_waits_for_a_rescue_and_is_refused(connect: Connect, wai
     rescuer.execute("select set_config('treadle.now', (now() + interval '1 hour')::text, false)")
     assert rescuer.execute("select treadle.rescue()").fetchone() == (1,)
 
-    answer: list = []
+    answer: list[Any] = []
     late = connect()
     thread = threading.Thread(
         target=lambda: answer.append(late.execute("select treadle.complete(%s, %s)", (job_id, token)).fetchone())

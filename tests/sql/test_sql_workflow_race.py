@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import psycopg
 
@@ -30,7 +31,7 @@ def test_rescue_then_reclaim_while_the_slow_worker_completes(connect: Connect, w
     ahead = "select set_config('treadle.now', (now() + interval '1 hour')::text, false)"
     rescuer.execute(ahead)
     assert rescuer.execute("select treadle.rescue()").fetchone() == (1,)
-    answer: list = []
+    answer: list[Any] = []
     thread = threading.Thread(
         target=lambda: answer.append(
             slow.execute("select treadle.complete(%s, %s, '1')", (step_id, old_token)).fetchone()
@@ -185,7 +186,7 @@ def test_cancel_workflow_racing_workers_ends_every_run_cleanly(connect: Connect)
         for future in done:
             future.result()
 
-    states = dict(setup.execute("select id, state from treadle.workflow_runs").fetchall())
+    states: dict[int, str] = dict(setup.execute("select id, state from treadle.workflow_runs").fetchall())
     assert {run_id: states[run_id] == "cancelled" for run_id in run_ids} == said
     assert set(states.values()) <= {"completed", "cancelled"}
     assert setup.execute(

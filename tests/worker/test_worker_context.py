@@ -247,11 +247,12 @@ def test_complete_in_refuses_what_cannot_be_one_transaction(
     def transfer(args: Any, ctx: JobContext) -> list[str]:
         refused = []
         with psycopg.connect(dsn, autocommit=True) as own:
-            for bad in (
+            bad_calls: list[Callable[[], object]] = [
                 lambda: ctx.complete_in(own),
-                lambda: ctx.complete_in("a dsn"),  # type: ignore[arg-type]
-                lambda: ctx.complete_in(own.pgconn),
-            ):  # type: ignore[arg-type]
+                lambda: ctx.complete_in("a dsn"),  # type: ignore[arg-type]  # wrong on purpose
+                lambda: ctx.complete_in(own.pgconn),  # type: ignore[arg-type]  # wrong on purpose
+            ]
+            for bad in bad_calls:
                 try:
                     bad()
                 except InvalidArgument as error:

@@ -64,7 +64,8 @@ def assert_picked_up_promptly(conn: psycopg.Connection[Any], dead: dict[str, Any
 def start_rescuer(conn: psycopg.Connection[Any], spawn: Any) -> datetime:
     """Start the second worker; returns when it started (database time)."""
     spawn("rescuer")
-    return until_registered(conn, "rescuer")["started_at"]
+    started: datetime = until_registered(conn, "rescuer")["started_at"]
+    return started
 
 
 def test_killed_after_claim_before_the_handler(effects_conn: psycopg.Connection[Any], spawn: Any) -> None:

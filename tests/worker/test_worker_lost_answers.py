@@ -35,7 +35,7 @@ def spawn_behind(proxy: LossyProxy, dsn: str, tmp_path: Path) -> Iterator[Callab
 
     def start(worker_id: str) -> Child:
         child = Child(
-            proxy.dsn(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]),
+            proxy.dsn(str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])),
             worker_id,
             "none",
             tmp_path,
@@ -64,7 +64,8 @@ def test_a_complete_many_whose_answer_was_lost_is_reported_completed(
     child = spawn_behind("unlucky-completer")
     for job_id in jobs:
         assert until_state(conn, job_id, "completed", "discarded")["state"] == "completed"
-        wait_for(lambda: "completed" in kinds_of(conn, job_id), f"job {job_id}'s completed event")
+        # called at once, inside the loop: the lambda never outlives this job_id
+        wait_for(lambda: "completed" in kinds_of(conn, job_id), f"job {job_id}'s completed event")  # noqa: B023
     assert proxy.lost == 1, child.log()
     for job_id in jobs:
         assert kinds_of(conn, job_id) == ["claimed", "ran", "completed"], child.log()

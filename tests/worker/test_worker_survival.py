@@ -27,7 +27,8 @@ def enqueue_all(conn: psycopg.Connection[Any], jobs: list[tuple[str, dict[str, A
 def outcome(conn: psycopg.Connection[Any], job_id: int) -> tuple[str, int, str | None]:
     row = conn.execute("SELECT state, attempt, last_error FROM treadle.jobs WHERE id = %s", [job_id]).fetchone()
     assert row is not None
-    return row
+    found: tuple[str, int, str | None] = row
+    return found
 
 
 def run_state(conn: psycopg.Connection[Any], run_id: int) -> str:
@@ -73,6 +74,7 @@ def test_bad_jobs_fail_alone_and_the_batch_completes(
         lambda: (row := outcome(conn, undecodable))[0] != "running" and row, "the undecodable job to finish"
     )
     assert (state, attempt) == ("discarded", 1)
+    assert error is not None
     assert f"job {undecodable}'s args is nested too deeply for Python's JSON decoder" in error
 
     # the same process, its threads still serving, runs the next job
@@ -118,7 +120,8 @@ def test_a_step_whose_run_cannot_be_decoded_fails_clearly(
 
     assert until_run_finished(conn, fine)["state"] == "completed"
     for run_id, what in ((deep_input, "input"), (deep_results, "results")):
-        wait_for(lambda: run_state(conn, run_id) != "running", f"run {run_id} to finish")
+        # called at once, inside the loop: the lambda never outlives this run_id
+        wait_for(lambda: run_state(conn, run_id) != "running", f"run {run_id} to finish")  # noqa: B023
         assert run_state(conn, run_id) == "failed"
         step_job = conn.execute("SELECT id FROM treadle.jobs WHERE workflow_run_id = %s", [run_id]).fetchone()
         assert step_job is not None

@@ -22,6 +22,10 @@ def handler(args: Any, ctx: Any) -> None:
     return None
 
 
+def step(input: Any, results: dict[str, Any], ctx: Any) -> None:
+    return None
+
+
 # options
 def test_durations_are_seconds_or_timedeltas() -> None:
     worker = Worker(
@@ -130,7 +134,7 @@ def test_a_name_has_one_handler() -> None:
 
 def test_workflows_take_steps_or_pairs() -> None:
     worker = Worker(DSN)
-    worker.workflow("trip", [Step("reserve", handler), ("charge", handler)])
+    worker.workflow("trip", [Step("reserve", step), ("charge", step)])
     assert worker._registry.claim_names() == ["workflow:trip"]
     assert list(worker._registry.workflows["trip"]) == ["reserve", "charge"]
 

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -36,7 +36,7 @@ POLL = 0.2
 T = TypeVar("T")
 
 
-def wait_for(check: Callable[[], T], what: str, timeout: float = PATIENCE) -> T:
+def wait_for(check: Callable[[], T | Literal[False] | None], what: str, timeout: float = PATIENCE) -> T:
     """Poll `check` until it returns something truthy; fail naming `what` after `timeout`."""
     deadline = time.monotonic() + timeout
     while True:

@@ -85,7 +85,8 @@ class JobContext(JobFields):
 
         Returns False, and sets `cancelled`, when the lease no longer holds the job.
         """
-        if not isinstance(fraction, Real) or isinstance(fraction, bool):
+        given: object = fraction  # a handler may pass anything: refuse what is not a number
+        if isinstance(given, bool) or not isinstance(given, Real):
             raise InvalidArgument(f"fraction must be a number between 0 and 1, not {type(fraction).__name__}")
         if not (math.isfinite(fraction) and 0 <= fraction <= 1):
             raise InvalidArgument(f"fraction must be between 0 and 1, got {fraction!r}")
@@ -116,10 +117,11 @@ class JobContext(JobFields):
         new state ('completed', or 'cancelled' if a cancel was requested). The worker
         then writes nothing more for this job.
         """
-        if isinstance(conn, psycopg.AsyncConnection):
+        given: object = conn  # a handler may pass anything: say what it should pass
+        if isinstance(given, psycopg.AsyncConnection):
             raise InvalidArgument("complete_in takes a sync connection; use `await ctx.complete_in_async(conn)`")
-        if not isinstance(conn, psycopg.Connection):
-            raise InvalidArgument(f"complete_in needs a psycopg Connection, not {type(conn).__name__}")
+        if not isinstance(given, psycopg.Connection):
+            raise InvalidArgument(f"complete_in needs a psycopg Connection, not {type(given).__name__}")
         encoded = to_jsonb(result, "the job's result")
         in_block = self._check_complete_in(conn.autocommit, _in_transaction_block(conn))
         with conn.cursor(row_factory=tuple_row) as cur:

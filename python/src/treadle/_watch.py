@@ -48,9 +48,10 @@ def events(
     """The signals, until `stop` is set (or the consumer stops iterating).
 
     LISTEN runs on `listen_dsn` when given (a direct connection beside a pooler),
-    else on `dsn` when that reaches the server directly. The first signal is a poll sent once listening has begun, so a consumer that
-    reads on every signal cannot miss a change made before it started; another
-    follows each reconnection, for the notifications the outage swallowed.
+    else on `dsn` when that reaches the server directly. The first signal is a
+    poll sent once listening has begun, so a consumer that reads on every signal
+    cannot miss a change made before it started; another follows each
+    reconnection, for the notifications the outage swallowed.
     """
     target = dsn if listen_dsn is None else listen_dsn
     listener = Notifier(

@@ -3,10 +3,10 @@
 The transactional contract
 --------------------------
 Every function here takes the caller's connection and runs one statement inside
-the caller's transaction (the waits, which may also take a DSN, are in `results`). treadle never commits and never rolls back: a job
-enqueued in a transaction exists once that transaction commits and never existed
-if it rolls back, so a job and the rows it is about are saved together or not at
-all::
+the caller's transaction (the waits, which may also take a DSN, are in `results`).
+treadle never commits and never rolls back: a job enqueued in a transaction exists
+once that transaction commits and never existed if it rolls back, so a job and the
+rows it is about are saved together or not at all::
 
     with psycopg.connect(dsn) as conn, conn.transaction():
         conn.execute("INSERT INTO orders (id) VALUES (%s)", [order_id])

@@ -11,7 +11,7 @@ the server directly; otherwise it polls every `poll_interval`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterable
 from contextlib import closing
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypedDict, overload
@@ -172,7 +172,7 @@ def watch(
     listen: bool = True,
     stop: threading.Event | None = None,
     listen_dsn: str | None = None,
-) -> Iterator[WatchEvent]: ...
+) -> Generator[WatchEvent, None, None]: ...
 @overload
 def watch(
     dsn: str,
@@ -193,7 +193,7 @@ def watch(
     listen: bool = True,
     stop: threading.Event | None = None,
     listen_dsn: str | None = None,
-) -> Iterator[WatchEvent] | None:
+) -> Generator[WatchEvent, None, None] | None:
     """Signal that jobs on ``queues`` (None: every queue) may have changed.
 
     Events are `WatchEvent` tuples: ``("queued", queue)`` when work became
@@ -206,10 +206,10 @@ def watch(
     the timer alone.
 
     With a ``callback``, calls it for each event until ``stop`` (a
-    threading.Event) is set, then returns; without one, returns an iterator of
-    events that ends when ``stop`` is set or the consumer stops iterating. The
-    connection (opened from ``listen_dsn`` or ``dsn``, closed at the end) is only
-    for LISTEN and the extension check.
+    threading.Event) is set, then returns; without one, returns a generator of
+    events that ends when ``stop`` is set, the consumer stops iterating, or its
+    ``close()`` is called. The connection (opened from ``listen_dsn`` or ``dsn``,
+    closed at the end) is only for LISTEN and the extension check.
     """
     if not isinstance(dsn, str):
         raise InvalidArgument(f"dsn must be a connection string, not {type(dsn).__name__}")
