@@ -79,6 +79,9 @@ pidfile = {folder / "pgbouncer.pid"}
             process.wait(10)
         except subprocess.TimeoutExpired:
             process.kill()
+            process.wait()
+        if process.stderr is not None:
+            process.stderr.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 
