@@ -7,7 +7,7 @@ names the test's own database through it. A test directory uses them by
 importing them into its conftest.py (tests/ is on pytest's path), as
 tests/pgbouncer/conftest.py does:
 
-    from pgbouncer.fixtures import bouncer_dsn, pgbouncer_url  # noqa: F401
+    from tests.pgbouncer.fixtures import bouncer_dsn, pgbouncer_url  # noqa: F401
 """
 
 from __future__ import annotations
