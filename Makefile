@@ -70,7 +70,7 @@ test: check-generated test-deps venv
 test-pg16: test-deps venv
 	pg16=$$(PYTHON=$(PYTHON) scripts/pgserver pgtap $(PG_CONFIG)) && \
 	$(MAKE) install PG_CONFIG=$$pg16 && \
-	PG_CONFIG=$$pg16 VENV=$(VENV) scripts/run-tests $(BUILD)/pg16-test-cluster tests/sql tests/test_install.py tests/client
+	PG_CONFIG=$$pg16 VENV=$(VENV) scripts/run-tests $(BUILD)/pg16-test-cluster tests/sql tests/test_install.py tests/upgrade tests/client
 
 # Against a database that has pgTAP available: make test-pgtap DATABASE_URL=...
 test-pgtap:

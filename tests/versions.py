@@ -1,0 +1,17 @@
+"""The extension's version, read from its one source: treadle.control's default_version."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _control_version() -> str:
+    match = re.search(r"^default_version\s*=\s*'([^']+)'", (ROOT / "treadle.control").read_text(), re.M)
+    assert match, "treadle.control has no default_version"
+    return match.group(1)
+
+
+EXTENSION_VERSION = _control_version()
