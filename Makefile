@@ -3,8 +3,11 @@
 #   make              build sql/treadle--$(EXTVERSION).sql from sql/src/*.sql
 #   make install      install the control file and scripts into $(PG_CONFIG)'s server
 #   make test         everything, from a fresh machine: tools, a throwaway cluster, all tests
-#   make test-pg16    pgTAP and the SQL-level tests on PostgreSQL 16 from pgserver (make test runs it)
-#   make check-generated   fail when the committed script is not what sql/src builds
+#   make test-pgN     pgTAP and the SQL contract tests on PostgreSQL N (16, 18) from a wheel
+#                     (make test runs them); make test-all-versions: the whole suite on each
+#   make dist         dist/: the plain SQL install (psql -f, no extension files) and the
+#                     pg_tle registration script (docs/operations.md#installing)
+#   make check-generated   fail when a committed script is not what sql/src builds
 #   make demo         a local cluster, a worker on example jobs and the dashboard (Ctrl-C stops it)
 #   make bench        every benchmark in bench/, each against its raw SQL baseline (bench/README.md)
 
@@ -14,9 +17,16 @@ SRC        = $(sort $(wildcard sql/src/*.sql))
 # the full script of this version, and the upgrade script from each release before it
 # (sql/treadle--0.1.0.sql is the released 0.1.0 script, kept as released)
 UPGRADES_FROM = 0.1.0
-GENERATED  = sql/$(EXTENSION)--$(EXTVERSION).sql \
+# the plain (not extension) scripts, shipped in the Python package for `treadle install`;
+# plain upgrades start from the releases that had a plain install (0.2.0 is the first)
+PLAIN_DIR  = python/src/treadle/plain_sql
+PLAIN_UPGRADES_FROM =
+PLAIN      = $(PLAIN_DIR)/$(EXTENSION)-$(EXTVERSION).sql \
+             $(foreach v,$(PLAIN_UPGRADES_FROM),$(PLAIN_DIR)/$(EXTENSION)-$(v)--$(EXTVERSION).sql)
+EXTENSION_SCRIPTS = sql/$(EXTENSION)--$(EXTVERSION).sql \
              $(foreach v,$(UPGRADES_FROM),sql/$(EXTENSION)--$(v)--$(EXTVERSION).sql)
-DATA       = $(sort $(wildcard sql/$(EXTENSION)--*.sql) $(GENERATED))
+GENERATED  = $(EXTENSION_SCRIPTS) $(PLAIN)
+DATA       = $(sort $(wildcard sql/$(EXTENSION)--*.sql) $(EXTENSION_SCRIPTS))
 
 PG_CONFIG ?= pg_config
 PGXS      := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
@@ -34,6 +44,19 @@ sql/$(EXTENSION)--$(EXTVERSION).sql: $(SRC) $(EXTENSION).control scripts/build-s
 sql/$(EXTENSION)--%--$(EXTVERSION).sql: sql/upgrade/%--$(EXTVERSION).sql $(SRC) $(EXTENSION).control scripts/build-sql
 	scripts/build-sql upgrade $* > $@
 
+$(PLAIN_DIR)/$(EXTENSION)-$(EXTVERSION).sql: $(SRC) $(EXTENSION).control scripts/build-sql
+	scripts/build-sql plain > $@
+
+$(PLAIN_DIR)/$(EXTENSION)-%--$(EXTVERSION).sql: sql/upgrade/%--$(EXTVERSION).sql $(SRC) $(EXTENSION).control scripts/build-sql
+	scripts/build-sql plain-upgrade $* > $@
+
+# What a managed server needs: the plain scripts, and the pg_tle registration.
+.PHONY: dist
+dist: $(PLAIN)
+	mkdir -p dist
+	cp $(PLAIN) dist/
+	scripts/build-sql pgtle $(UPGRADES_FROM) > dist/$(EXTENSION)-$(EXTVERSION).pgtle.sql
+
 # Throwaway clusters and the Python environment live under .build/ (git-ignored).
 BUILD   ?= $(CURDIR)/.build
 VENV    ?= $(BUILD)/venv
@@ -41,11 +64,13 @@ PYTHON  ?= python3
 
 .PHONY: check-generated test test-deps test-pg16 test-pgtap test-python venv
 
+# $(call same,FILE,BUILD-SQL ARGUMENTS): fail unless FILE is what build-sql writes now
+same = scripts/build-sql $(2) | cmp -s - $(1) || { echo "$(1) is stale: run make and commit it" >&2; exit 1; };
 check-generated:
-	@scripts/build-sql install | cmp -s - sql/$(EXTENSION)--$(EXTVERSION).sql \
-		|| { echo "sql/$(EXTENSION)--$(EXTVERSION).sql is stale: run make and commit it" >&2; exit 1; }
-	@for v in $(UPGRADES_FROM); do scripts/build-sql upgrade $$v | cmp -s - sql/$(EXTENSION)--$$v--$(EXTVERSION).sql \
-		|| { echo "sql/$(EXTENSION)--$$v--$(EXTVERSION).sql is stale: run make and commit it" >&2; exit 1; }; done
+	@$(call same,sql/$(EXTENSION)--$(EXTVERSION).sql,install) \
+	 $(foreach v,$(UPGRADES_FROM),$(call same,sql/$(EXTENSION)--$(v)--$(EXTVERSION).sql,upgrade $(v))) \
+	 $(call same,$(PLAIN_DIR)/$(EXTENSION)-$(EXTVERSION).sql,plain) \
+	 $(foreach v,$(PLAIN_UPGRADES_FROM),$(call same,$(PLAIN_DIR)/$(EXTENSION)-$(v)--$(EXTVERSION).sql,plain-upgrade $(v)))
 
 # Debian packages the tests need: pgTAP for this server's major version, pg_prove.
 test-deps:

@@ -10,6 +10,7 @@ Names are loaded on first use, so `import treadle` stays light.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # type checkers see the real signatures; at run time names load lazily
@@ -45,7 +46,7 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
     from .models import Job
     from .worker import JobContext, Step, Worker, WorkerEvent
 
-__version__ = "0.1.0"
+__version__ = importlib.metadata.version("treadle")  # pyproject.toml's, which the extension's pins
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
