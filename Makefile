@@ -12,7 +12,7 @@
 #   make bench        every benchmark in bench/, each against its raw SQL baseline (bench/README.md)
 
 EXTENSION  = treadle
-EXTVERSION = $(shell sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*\)'.*/\1/p" $(EXTENSION).control)
+EXTVERSION = $(shell scripts/build-sql version)
 SRC        = $(sort $(wildcard sql/src/*.sql))
 # the full script of this version, and the upgrade script from each release before it
 # (sql/treadle--0.1.0.sql is the released 0.1.0 script, kept as released)

@@ -4,7 +4,10 @@ The server is the one `make test` started (TREADLE_TEST_SERVER, a postgres URL),
 or, when that is unset, a throwaway cluster this session starts itself with
 scripts/pgcluster (the extension must be installed: `make install`).
 Each test gets a database of its own, cloned from a template that has
-`CREATE EXTENSION treadle` done, so tests never see each other's jobs.
+`CREATE EXTENSION treadle` done, so tests never see each other's jobs. With
+TREADLE_TEST_INSTALL=plain (scripts/run-tests sets it) the template has the plain SQL
+install instead, made by a role that has only CREATE on it; tests marked
+`extension_only` are skipped then.
 """
 
 from __future__ import annotations
@@ -21,6 +24,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = f"treadle_template_{os.getpid()}"
+INSTALL = os.environ.get("TREADLE_TEST_INSTALL", "extension")  # or "plain"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if INSTALL == "plain":
+        skip = pytest.mark.skip(reason="an extension's own behaviour: this run tests the plain SQL install")
+        for item in items:
+            if item.get_closest_marker("extension_only"):
+                item.add_marker(skip)
 
 
 def with_db(url: str, dbname: str) -> str:
@@ -48,8 +60,13 @@ def template_db(pg_server: str) -> Iterator[str]:
     with psycopg.connect(pg_server, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}"')
         conn.execute(f'CREATE DATABASE "{TEMPLATE}"')
-    with psycopg.connect(with_db(pg_server, TEMPLATE), autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION treadle")
+    if INSTALL == "plain":
+        from scratch import install_plain
+
+        install_plain(pg_server, TEMPLATE)
+    else:
+        with psycopg.connect(with_db(pg_server, TEMPLATE), autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION treadle")
     yield TEMPLATE
     with psycopg.connect(pg_server, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')

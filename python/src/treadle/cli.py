@@ -4,6 +4,7 @@
     treadle enqueue NAME [JSON]       enqueue a job and print its id
     treadle status                    jobs per queue and state (the queue_stats view)
     treadle dashboard [ARGS...]       serve the dashboard (see `treadle dashboard --help`)
+    treadle install | upgrade         install or upgrade treadle's SQL (see treadle.install)
 
 The database is `--dsn`, or the environment variable DATABASE_URL.
 """
@@ -77,6 +78,14 @@ def _parser() -> argparse.ArgumentParser:
     status.set_defaults(command=_status)
 
     commands.add_parser("dashboard", help="serve the dashboard (its options: treadle dashboard --help)")
+
+    from treadle import install
+
+    for name, (_, help_text) in install.COMMANDS.items():
+        sub = commands.add_parser(name, help=help_text)
+        install.add_arguments(sub)
+        _add_dsn(sub)
+        sub.set_defaults(command=_install, install_command=name)
     return parser
 
 
@@ -145,6 +154,13 @@ def _takes_an_argument(fn: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in parameters)
+
+
+# treadle install, treadle upgrade
+def _install(options: argparse.Namespace) -> int:
+    from treadle import install
+
+    return install.run_command(options.install_command, _dsn(options), options.mode, options.dry_run)
 
 
 # treadle enqueue
