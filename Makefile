@@ -62,7 +62,7 @@ BUILD   ?= $(CURDIR)/.build
 VENV    ?= $(BUILD)/venv
 PYTHON  ?= python3
 
-.PHONY: check-generated test test-deps test-pg16 test-pgtap test-python venv
+.PHONY: check-generated test test-all-versions test-deps test-pgtap test-plain test-python venv
 
 # $(call same,FILE,BUILD-SQL ARGUMENTS): fail unless FILE is what build-sql writes now
 same = scripts/build-sql $(2) | cmp -s - $(1) || { echo "$(1) is stale: run make and commit it" >&2; exit 1; };
@@ -84,18 +84,40 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-# The one command: tools, install, a throwaway cluster, pgTAP then pytest, cluster stopped.
+# The SQL contract: pgTAP (scripts/run-tests runs it first) and these pytest suites run on
+# every supported major version and against the plain SQL install as well; the client's
+# tests run on every major too. PostgreSQL 14 is not supported: views are security_invoker.
+SQL_CONTRACT_TESTS = tests/sql tests/test_install.py tests/upgrade tests/install
+OTHER_MAJORS = 16 18
+
+# The one command: tools, install, a throwaway cluster, pgTAP then pytest, cluster stopped;
+# then the plain SQL install, then the other major versions.
 test: check-generated test-deps venv
 	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
 	PG_CONFIG=$(PG_CONFIG) VENV=$(VENV) scripts/run-tests $(BUILD)/test-cluster
-	$(MAKE) test-pg16
+	$(MAKE) test-plain $(foreach m,$(OTHER_MAJORS),test-pg$(m))
 
-# A second major version: PostgreSQL 16 from the pgserver wheel (scripts/pgserver), with
-# pgTAP copied from the system server's; pgTAP and the SQL-level pytest suites.
-test-pg16: test-deps venv
-	pg16=$$(PYTHON=$(PYTHON) scripts/pgserver pgtap $(PG_CONFIG)) && \
-	$(MAKE) install PG_CONFIG=$$pg16 && \
-	PG_CONFIG=$$pg16 VENV=$(VENV) scripts/run-tests $(BUILD)/pg16-test-cluster tests/sql tests/test_install.py tests/upgrade tests/client
+# pgTAP and the SQL contract against the plain SQL install, made by a role that has only
+# CREATE on its database (scripts/run-tests), on this server.
+test-plain: test-deps venv
+	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
+	TREADLE_TEST_INSTALL=plain PG_CONFIG=$(PG_CONFIG) VENV=$(VENV) \
+		scripts/run-tests $(BUILD)/plain-test-cluster tests/sql
+
+# Another major version from a wheel (scripts/pgserver), with pgTAP copied from the
+# system server's: make test-pg16, make test-pg18.
+test-pg%: test-deps venv
+	pg=$$(PYTHON=$(PYTHON) scripts/pgserver --major $* pgtap $(PG_CONFIG)) && \
+	$(MAKE) install PG_CONFIG=$$pg && \
+	PG_CONFIG=$$pg VENV=$(VENV) scripts/run-tests $(BUILD)/pg$*-test-cluster $(SQL_CONTRACT_TESTS) tests/client
+
+# Longer than CI allows: the whole suite on every other major version too.
+test-all-versions: test
+	for m in $(OTHER_MAJORS); do \
+		pg=$$(PYTHON=$(PYTHON) scripts/pgserver --major $$m pgtap $(PG_CONFIG)) && \
+		$(MAKE) install PG_CONFIG=$$pg && \
+		PG_CONFIG=$$pg VENV=$(VENV) scripts/run-tests $(BUILD)/pg$$m-all-cluster tests || exit 1; \
+	done
 
 # Against a database that has pgTAP available: make test-pgtap DATABASE_URL=...
 test-pgtap:
