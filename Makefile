@@ -41,13 +41,13 @@ all: $(GENERATED)
 sql/$(EXTENSION)--$(EXTVERSION).sql: $(SRC) $(EXTENSION).control scripts/build-sql
 	scripts/build-sql install > $@
 
-sql/$(EXTENSION)--%--$(EXTVERSION).sql: sql/upgrade/%--$(EXTVERSION).sql $(SRC) $(EXTENSION).control scripts/build-sql
+sql/$(EXTENSION)--%--$(EXTVERSION).sql: sql/upgrade/%--$(EXTVERSION).sql $(wildcard sql/upgrade/*.after.sql) $(SRC) $(EXTENSION).control scripts/build-sql
 	scripts/build-sql upgrade $* > $@
 
 $(PLAIN_DIR)/$(EXTENSION)-$(EXTVERSION).sql: $(SRC) $(EXTENSION).control scripts/build-sql
 	scripts/build-sql plain > $@
 
-$(PLAIN_DIR)/$(EXTENSION)-%--$(EXTVERSION).sql: sql/upgrade/%--$(EXTVERSION).sql $(SRC) $(EXTENSION).control scripts/build-sql
+$(PLAIN_DIR)/$(EXTENSION)-%--$(EXTVERSION).sql: sql/upgrade/%--$(EXTVERSION).sql $(wildcard sql/upgrade/*.after.sql) $(SRC) $(EXTENSION).control scripts/build-sql
 	scripts/build-sql plain-upgrade $* > $@
 
 # What a managed server needs: the plain scripts, and the pg_tle registration.

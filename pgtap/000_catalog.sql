@@ -1,6 +1,7 @@
 -- pgtap/000_catalog.sql: the catalog lint. The style rules of the SQL layer as
--- failing tests: every function pins search_path, none is SECURITY DEFINER,
--- functions that change data are not executable by PUBLIC, user data is dumped,
+-- failing tests: every function pins search_path, the functions that write run
+-- as the owner and are exactly the public write path, PUBLIC executes only the
+-- read-only functions, user data is dumped,
 -- every function and view is commented, nothing in the schema is a stray.
 \set ON_ERROR_STOP true
 BEGIN;
@@ -36,19 +37,28 @@ SELECT is_empty(
         WHERE NOT coalesce(proconfig @> ARRAY['search_path=pg_catalog, pg_temp'], false)
           AND NOT EXISTS (SELECT 1 FROM pg_proc AS p WHERE p.oid = treadle_functions.oid AND p.prosqlbody IS NOT NULL) $$,
     'every function pins search_path = pg_catalog, pg_temp (or has a SQL-standard body)');
-SELECT is_empty(
+SELECT set_eq(
     $$ SELECT signature FROM treadle_functions WHERE prosecdef $$,
-    'no function is SECURITY DEFINER');
-SELECT is_empty(
-    $$ SELECT signature FROM treadle_functions
-        WHERE provolatile = 'v'
-          AND proname NOT IN ('_backoff', '_notify')
-          AND has_function_privilege('public', oid, 'EXECUTE') $$,
-    'functions that change data are not executable by PUBLIC');
+    ARRAY['treadle.enqueue(text,jsonb,text,integer,timestamp with time zone,integer,text,interval)',
+          'treadle.enqueue_many(jsonb)',
+          'treadle.claim(text,text[],text[],integer,interval,uuid)', 'treadle.claimed(uuid)',
+          'treadle.heartbeat(bigint,uuid,interval)', 'treadle.progress(bigint,uuid,double precision,text)',
+          'treadle.complete(bigint,uuid,jsonb)', 'treadle.complete_many(bigint[],uuid[],jsonb[])',
+          'treadle.fail(bigint,uuid,text,interval)', 'treadle.release(bigint,uuid)', 'treadle.rescue()',
+          'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.prune(interval)',
+          'treadle.define_workflow(text,text[])',
+          'treadle.start_workflow(text,jsonb,text[],text,integer,integer,text)',
+          'treadle.cancel_workflow(bigint)',
+          'treadle.worker_seen(text,text,integer,text[],integer,integer)', 'treadle.worker_stopped(text)'],
+    'exactly the public functions that write run as the owner (SECURITY DEFINER)');
+SELECT set_eq(
+    $$ SELECT signature FROM treadle_functions WHERE has_function_privilege('public', oid, 'EXECUTE') $$,
+    ARRAY['treadle.version()', 'treadle.now()', 'treadle.workflow_results(bigint)'],
+    'PUBLIC executes only the read-only functions that run with the caller''s rights');
 SELECT set_eq(
     $$ SELECT unnest(extconfig)::regclass::text FROM pg_extension WHERE extname = 'treadle' $$,
     ARRAY['treadle.jobs', 'treadle.jobs_id_seq', 'treadle.workflow_runs',
-          'treadle.workflow_runs_id_seq', 'treadle.workflows'],
+          'treadle.workflow_runs_id_seq', 'treadle.workflows', 'treadle.settings', 'treadle.tenants'],
     'tables with user data and their sequences are kept by pg_dump');
 SELECT is_empty(
     $$ SELECT c.relname FROM pg_class AS c

@@ -2,7 +2,7 @@
 -- defaults, named notation, idempotency keys, and every bad argument.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(48);
+SELECT plan(61);
 
 -- treadle's clock stands in the future; enqueue's default run_at follows it.
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -13,7 +13,8 @@ SELECT has_function('treadle', 'enqueue',
 SELECT function_returns('treadle', 'enqueue',
     ARRAY['text', 'jsonb', 'text', 'integer', 'timestamp with time zone', 'integer', 'text', 'interval'],
     'bigint', 'treadle.enqueue returns bigint');
-SELECT is(treadle.version(), '0.1.0', 'treadle.version() names the installed SQL API');
+SELECT is(treadle.version(), (SELECT extversion FROM pg_extension WHERE extname = 'treadle'),
+          'treadle.version() names the installed SQL API');
 
 -- Defaults
 SELECT treadle.enqueue('send_email') AS plain \gset
@@ -58,10 +59,12 @@ SELECT is((SELECT state FROM treadle.jobs WHERE id = :null_run_at), 'available',
 SELECT treadle.enqueue('report', '{"day": 1}', idempotency_key => 'report-day-1') AS keyed \gset
 SELECT is(treadle.enqueue('report', '{"day": 1}', idempotency_key => 'report-day-1'), :keyed::bigint,
           'a second enqueue with the key returns the first job''s id');
-SELECT is(treadle.enqueue('other', '{"x": 2}', queue => 'q2', idempotency_key => 'report-day-1'), :keyed::bigint,
+SELECT is(treadle.enqueue('other', '{"x": 2}', priority => 5, idempotency_key => 'report-day-1'), :keyed::bigint,
           'the key returns its holder''s id whatever the other arguments');
 SELECT is((SELECT count(*) FROM treadle.jobs WHERE idempotency_key = 'report-day-1'), 1::bigint,
           'the key holds one row');
+SELECT isnt(treadle.enqueue('report', '{"day": 1}', queue => 'q2', idempotency_key => 'report-day-1'), :keyed::bigint,
+            'keys are per queue: the same key in another queue makes another job');
 SELECT is((SELECT args FROM treadle.jobs WHERE id = :keyed), '{"day": 1}'::jsonb,
           'a repeated key changes nothing on the holder');
 SELECT ok(treadle.cancel(:keyed), 'the holder is cancelled');
@@ -71,11 +74,32 @@ SELECT isnt(treadle.enqueue('report', idempotency_key => 'report-day-2'), :keyed
             'another key makes another job');
 SELECT isnt(treadle.enqueue('report'), treadle.enqueue('report'), 'jobs without a key are never merged');
 
+-- The bounds' edges are taken
+SELECT lives_ok($$ SELECT treadle.enqueue(repeat('n', 200)) $$, 'a name of 200 characters is taken');
+SELECT lives_ok($$ SELECT treadle.enqueue('x', (repeat('[', 100) || repeat(']', 100))::jsonb) $$,
+                'args nested 100 deep are taken');
+
 -- Bad input: each raises its SQLSTATE and writes nothing
 CREATE TEMP TABLE before AS SELECT count(*) AS jobs, max(id) AS max_id FROM treadle.jobs;
 
 SELECT throws_ok($$ SELECT treadle.enqueue(NULL) $$, '22004', 'treadle: name must not be null', 'a null name raises 22004');
-SELECT throws_ok($$ SELECT treadle.enqueue('') $$, '22023', 'treadle: name must not be empty', 'an empty name raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('') $$, '22023',
+                 'treadle: name must be 1 to 200 characters, not only spaces, without control characters',
+                 'an empty name raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue(repeat('n', 201)) $$, '22023', NULL, 'a name over 200 characters raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue(E'\t\n') $$, '22023', NULL, 'a name of tabs and newlines raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue(E'a\u0001b') $$, '22023', NULL, 'a control character in a name raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', queue => repeat('q', 10000)) $$, '22023', NULL,
+                 'a queue of 10,000 characters raises 22023, not 54000');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', idempotency_key => repeat('k', 10000)) $$, '22023', NULL,
+                 'a key of 10,000 characters raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', idempotency_key => '') $$, '22023', NULL, 'an empty key raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', (repeat('[', 1500) || repeat(']', 1500))::jsonb) $$, '22023',
+                 'treadle: args is nested more than 100 levels deep', 'args nested 1,500 deep raise 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', (repeat('[', 101) || repeat(']', 101))::jsonb) $$, '22023', NULL,
+                 'args nested 101 deep raise 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', jsonb_build_object('blob', repeat('b', 1100000))) $$, '22023', NULL,
+                 'args over 1 MiB raise 22023');
 SELECT throws_ok($$ SELECT treadle.enqueue('   ') $$, '22023', NULL, 'a blank name raises 22023');
 SELECT throws_ok($$ SELECT treadle.enqueue('x', queue => NULL) $$, '22004', NULL, 'a null queue raises 22004');
 SELECT throws_ok($$ SELECT treadle.enqueue('x', queue => '') $$, '22023', NULL, 'an empty queue raises 22023');
@@ -90,7 +114,9 @@ SELECT throws_ok($$ SELECT treadle.enqueue('x', max_attempts => NULL) $$, '22023
 SELECT throws_ok($$ SELECT treadle.enqueue('x', every => '0 seconds') $$, '22023', NULL, 'an every of zero raises 22023');
 SELECT throws_ok($$ SELECT treadle.enqueue('x', every => '-1 minute') $$, '22023', NULL, 'a negative every raises 22023');
 SELECT throws_ok($$ SELECT treadle.enqueue('x', every => '300000 years') $$, '22023',
-                 'treadle: every is too long: 300000 years', 'an every whose next occurrence cannot be stored raises 22023');
+                 'treadle: every must be positive and at most 10 years, got 300000 years', 'an every over 10 years raises 22023');
+SELECT throws_ok($$ SELECT treadle.enqueue('x', every => '1 year', run_at => '294276-06-01') $$, '22023',
+                 'treadle: every is too long: 1 year', 'an every whose next occurrence cannot be stored raises 22023');
 SELECT throws_ok($$ SELECT treadle.enqueue('x', run_at => 'infinity') $$, '22023',
                  'treadle: run_at must be a finite time, got infinity', 'an infinite run_at raises 22023');
 SELECT throws_ok($$ SELECT treadle.enqueue('x', run_at => '-infinity') $$, '22023', NULL,

@@ -2,13 +2,13 @@
 -- queues and names filters, batch bounds, the claimed row, and bad arguments.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(49);
+SELECT plan(59);
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
-SELECT has_function('treadle', 'claim', ARRAY['text', 'text[]', 'text[]', 'integer', 'interval'],
+SELECT has_function('treadle', 'claim', ARRAY['text', 'text[]', 'text[]', 'integer', 'interval', 'uuid'],
                     'treadle.claim exists with the contract''s argument types');
-SELECT function_returns('treadle', 'claim', ARRAY['text', 'text[]', 'text[]', 'integer', 'interval'],
+SELECT function_returns('treadle', 'claim', ARRAY['text', 'text[]', 'text[]', 'integer', 'interval', 'uuid'],
                         'setof treadle.jobs', 'it returns setof treadle.jobs');
 SELECT is_empty($$ SELECT * FROM treadle.claim('w') $$, 'nothing to claim from an empty queue');
 
@@ -100,6 +100,26 @@ SELECT is((SELECT count(*) FROM treadle.claim('w', ARRAY['batch'], batch => 1000
           'a batch of 1000 takes what is left');
 SELECT lives_ok($$ SELECT treadle.claim('w', batch => 1) $$, 'batch 1 is allowed');
 
+-- A claim given a lease token: every job it takes holds that token, and claimed()
+-- finds them again (a worker whose answer to the claim was lost)
+SELECT treadle.enqueue('t', queue => 'tok') AS t1 \gset
+SELECT treadle.enqueue('t', queue => 'tok') AS t2 \gset
+SELECT results_eq(
+    $$ SELECT id, lease_token FROM treadle.claim('w', ARRAY['tok'], batch => 5,
+                                                 lease_token => '00000000-0000-4000-8000-00000000000a') $$,
+    format($$ VALUES (%s::bigint, '00000000-0000-4000-8000-00000000000a'::uuid),
+                     (%s, '00000000-0000-4000-8000-00000000000a') $$, :t1, :t2),
+    'a claim with a lease token gives it to every job it takes');
+SELECT results_eq(
+    $$ SELECT id, state, attempt FROM treadle.claimed('00000000-0000-4000-8000-00000000000a') $$,
+    format($$ VALUES (%s::bigint, 'running'::text, 1), (%s, 'running', 1) $$, :t1, :t2),
+    'claimed() returns the running jobs holding the token, in claim order');
+SELECT is(treadle.complete(:t1, '00000000-0000-4000-8000-00000000000a'), 'completed', 'the token finishes a job');
+SELECT results_eq($$ SELECT id FROM treadle.claimed('00000000-0000-4000-8000-00000000000a') $$,
+                  format($$ VALUES (%s::bigint) $$, :t2), 'a finished job is no longer claimed');
+SELECT is_empty($$ SELECT * FROM treadle.claimed(gen_random_uuid()) $$, 'an unknown token holds nothing');
+SELECT throws_ok($$ SELECT treadle.claimed(NULL) $$, '22004', NULL, 'a null token raises 22004');
+
 -- Bad input: each raises its SQLSTATE and claims nothing
 SELECT treadle.enqueue('bad', queue => 'bad') AS untouched \gset
 SELECT throws_ok($$ SELECT treadle.claim(NULL, ARRAY['bad']) $$, '22004', NULL, 'a null worker_id raises 22004');
@@ -119,6 +139,14 @@ SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['bad'], batch => NULL) $$, '
 SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['bad'], lease => '0 seconds') $$, '22023', NULL, 'a zero lease raises 22023');
 SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['bad'], lease => '-5 seconds') $$, '22023', NULL, 'a negative lease raises 22023');
 SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['bad'], lease => NULL) $$, '22004', NULL, 'a null lease raises 22004');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['bad'], lease => '1000 years') $$, '22023',
+                 'treadle: lease must be positive and at most 1 day, got 1000 years', 'a lease over a day raises 22023');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['bad'], lease => '300000 years') $$, '22023', NULL,
+                 'a lease of 300,000 years raises 22023, not 22008');
+SELECT throws_ok($$ SELECT treadle.claim(repeat('w', 201), ARRAY['bad']) $$, '22023', NULL,
+                 'a worker_id over 200 characters raises 22023');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY[['bad'], ['bad']]) $$, '22023', NULL,
+                 'a two-dimensional queues array raises 22023');
 SELECT results_eq(format($$ SELECT state, attempt FROM treadle.jobs WHERE id = %s $$, :untouched),
                   $$ VALUES ('available'::text, 0) $$, 'no bad claim took the job');
 

@@ -2,7 +2,7 @@
 -- (with the default backoff) and release. Every write is fenced by the lease token.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(87);
+SELECT plan(93);
 \ir helpers.psql
 
 SET LOCAL TimeZone = 'UTC';  -- errors[].at is written in the session's time zone
@@ -21,11 +21,14 @@ SELECT is(treadle.complete(:a, :'a_tok', '{"sent": 3}'), 'completed', 'complete 
 SELECT results_eq(
     format($$ SELECT state, result, finished_at, lease_until, lease_token, worker_id, attempt
                 FROM treadle.jobs WHERE id = %s $$, :a),
-    $$ VALUES ('completed'::text, '{"sent": 3}'::jsonb, '2999-01-01 12:00:00+00'::timestamptz,
-               NULL::timestamptz, NULL::uuid, 'w'::text, 1) $$,
-    'a completed job keeps its result and worker, finished now, its lease cleared');
+    format($$ VALUES ('completed'::text, '{"sent": 3}'::jsonb, '2999-01-01 12:00:00+00'::timestamptz,
+                      NULL::timestamptz, %L::uuid, 'w'::text, 1) $$, :'a_tok'),
+    'a completed job keeps its result, worker and finishing token, finished now, its lease time cleared');
 SET LOCAL treadle.now = '2999-01-01 12:05:00+00';
-SELECT is(treadle.complete(:a, :'a_tok', '{"sent": 4}'), NULL, 'completing twice with the same token returns null');
+SELECT is(treadle.complete(:a, :'a_tok', '{"sent": 4}'), 'completed',
+          'completing again with the same token (a lost answer) says what the first call did');
+SELECT is(treadle.fail(:a, :'a_tok', 'late'), NULL, 'failing a job the token completed returns null');
+SELECT is(treadle.complete(:a, gen_random_uuid()), NULL, 'completing with another token returns null');
 SELECT results_eq(format($$ SELECT result, finished_at FROM treadle.jobs WHERE id = %s $$, :a),
                   $$ VALUES ('{"sent": 3}'::jsonb, '2999-01-01 12:00:00+00'::timestamptz) $$,
                   'a second complete changes nothing');
@@ -89,8 +92,12 @@ SELECT is((pg_temp.job(:m1)).finished_at, '2999-01-02 12:00:00+00'::timestamptz,
 SELECT results_eq(
     format($$ SELECT job_id, state FROM treadle.complete_many(ARRAY[%s, %s]::bigint[], ARRAY[%L, %L]::uuid[]) $$,
            :m1, :m2, :'m1_tok', :'m2_tok'),
-    format($$ VALUES (%s::bigint, NULL::text), (%s, 'completed') $$, :m1, :m2),
-    'a finished job returns null; results may be left out');
+    format($$ VALUES (%s::bigint, 'completed'::text), (%s, 'completed') $$, :m1, :m2),
+    'a job the token finished before says so again (a repeat); results may be left out');
+SELECT results_eq(
+    format($$ SELECT job_id, state FROM treadle.complete_many(ARRAY[%s]::bigint[], ARRAY[gen_random_uuid()]) $$, :m1),
+    format($$ VALUES (%s::bigint, NULL::text) $$, :m1),
+    'a job another token finished returns null');
 SELECT is((pg_temp.job(:m2)).result, NULL, 'without results the result is null');
 SELECT is_empty($$ SELECT * FROM treadle.complete_many(ARRAY[]::bigint[], ARRAY[]::uuid[]) $$,
                 'empty arrays return no rows');
@@ -100,8 +107,9 @@ SELECT results_eq(
     format($$ SELECT count(*) FILTER (WHERE state = 'completed'), count(*)
                 FROM treadle.complete_many(ARRAY[%s, %s]::bigint[], ARRAY[%L, %L]::uuid[]) $$,
            :m5, :m5, :'m5_tok', :'m5_tok'),
-    $$ VALUES (1::bigint, 2::bigint) $$,
-    'a job named twice is completed once, with a row for each input');
+    $$ VALUES (2::bigint, 2::bigint) $$,
+    'a job named twice is completed once, and both rows say completed');
+SELECT is((SELECT count(*) FROM treadle.jobs WHERE id = :m5 AND state = 'completed'), 1::bigint, 'one job, completed');
 
 SELECT id AS m6, lease_token AS m6_tok FROM pg_temp.leased() \gset
 SELECT throws_ok(format('SELECT * FROM treadle.complete_many(ARRAY[%s, 1]::bigint[], ARRAY[%L]::uuid[])', :m6, :'m6_tok'),
@@ -125,11 +133,12 @@ SELECT is(treadle.fail(:f, :'f_tok', 'smtp timeout', '10 minutes'), 'retryable',
 SELECT results_eq(
     format($$ SELECT state, run_at, attempt, last_error, failed_at, finished_at, lease_until, lease_token, errors
                 FROM treadle.jobs WHERE id = %s $$, :f),
-    $$ VALUES ('retryable'::text, '2999-01-03 12:10:00+00'::timestamptz, 1, 'smtp timeout'::text,
-               '2999-01-03 12:00:00+00'::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::uuid,
-               '[{"attempt": 1, "at": "2999-01-03T12:00:00+00:00", "error": "smtp timeout"}]'::jsonb) $$,
-    'a retryable job: due at now + retry_in, the error kept, the lease cleared, not finished');
-SELECT is(treadle.fail(:f, :'f_tok', 'again'), NULL, 'failing twice with the same token returns null');
+    format($$ VALUES ('retryable'::text, '2999-01-03 12:10:00+00'::timestamptz, 1, 'smtp timeout'::text,
+               '2999-01-03 12:00:00+00'::timestamptz, NULL::timestamptz, NULL::timestamptz, %L::uuid,
+               '[{"attempt": 1, "at": "2999-01-03T12:00:00+00:00", "error": "smtp timeout"}]'::jsonb) $$, :'f_tok'),
+    'a retryable job: due at now + retry_in, the error kept, the lease time cleared, not finished');
+SELECT is(treadle.fail(:f, :'f_tok', 'again'), 'retryable', 'failing again with the same token says what the first call did');
+SELECT is(treadle.complete(:f, :'f_tok'), NULL, 'completing a job the token failed returns null');
 SELECT is((pg_temp.job(:f)).last_error, 'smtp timeout', 'a stale fail changes nothing');
 SET LOCAL treadle.now = '2999-01-03 12:10:00+00';
 SELECT is((SELECT lease_token FROM treadle.claim('w', ARRAY[(pg_temp.job(:f)).queue])), (pg_temp.job(:f)).lease_token,
@@ -192,7 +201,7 @@ SELECT lease_token AS cap_tok FROM treadle.claim('w', ARRAY[(pg_temp.job(:cap)).
 SELECT is(treadle.fail(:cap, :'cap_tok', 'x'), 'retryable', 'attempt 12 fails with the default backoff');
 SELECT is((pg_temp.job(:cap)).run_at, '2999-01-03 14:00:00+00'::timestamptz, 'after attempt 12 the backoff is capped at one hour');
 
--- The error history keeps the newest 50 attempts
+-- The error history keeps the newest 20 attempts
 SELECT id AS hist FROM pg_temp.leased('history', max_attempts => 60) \gset
 DO $$
 DECLARE
@@ -206,18 +215,18 @@ BEGIN
 END;
 $$;
 SELECT results_eq(
-    format($$ SELECT attempt, jsonb_array_length(errors), errors -> 0 ->> 'attempt', errors -> 49 ->> 'error', last_error
+    format($$ SELECT attempt, jsonb_array_length(errors), errors -> 0 ->> 'attempt', errors -> 19 ->> 'error', last_error
                 FROM treadle.jobs WHERE id = %s $$, :hist),
-    $$ VALUES (55, 50, '6'::text, 'failure 55'::text, 'failure 55'::text) $$,
-    'after 55 failures the error history holds the newest 50, oldest first');
+    $$ VALUES (55, 20, '36'::text, 'failure 55'::text, 'failure 55'::text) $$,
+    'after 55 failures the error history holds the newest 20, oldest first');
 
 -- Attempts spent: discarded
 SELECT id AS once, lease_token AS once_tok FROM pg_temp.leased(max_attempts => 1) \gset
 SELECT is(treadle.fail(:once, :'once_tok', 'fatal'), 'discarded', 'fail on the last attempt: discarded');
 SELECT results_eq(format($$ SELECT state, finished_at, run_at, last_error, lease_token FROM treadle.jobs WHERE id = %s $$, :once),
-                  $$ VALUES ('discarded'::text, '2999-01-03 13:00:00+00'::timestamptz, '2000-01-01 00:00:00+00'::timestamptz,
-                             'fatal'::text, NULL::uuid) $$,
-                  'a discarded job is finished now, keeps its error and its run_at');
+                  format($$ VALUES ('discarded'::text, '2999-01-03 13:00:00+00'::timestamptz,
+                                    '2000-01-01 00:00:00+00'::timestamptz, 'fatal'::text, %L::uuid) $$, :'once_tok'),
+                  'a discarded job is finished now, keeps its error, its run_at and its finishing token');
 SELECT id AS twice, lease_token AS twice_tok FROM pg_temp.leased(max_attempts => 2) \gset
 SELECT is(treadle.fail(:twice, :'twice_tok', 'one', '0 seconds'), 'retryable', 'attempt 1 of 2 fails: retryable');
 SELECT lease_token AS twice_tok FROM treadle.claim('w', ARRAY[(pg_temp.job(:twice)).queue]) \gset
@@ -234,7 +243,10 @@ SELECT results_eq(format($$ SELECT state, finished_at, last_error FROM treadle.j
 -- Bad input
 SELECT id AS fb, lease_token AS fb_tok FROM pg_temp.leased() \gset
 SELECT throws_ok(format($$ SELECT treadle.fail(%s, %L, 'x', '-1 second') $$, :fb, :'fb_tok'), '22023',
-                 'treadle: retry_in must not be negative, got -00:00:01', 'a negative retry_in raises 22023');
+                 'treadle: retry_in must be zero or more and at most 366 days, got -00:00:01', 'a negative retry_in raises 22023');
+SELECT throws_ok(format($$ SELECT treadle.fail(%s, %L, 'x', '300000 years') $$, :fb, :'fb_tok'), '22023',
+                 'treadle: retry_in must be zero or more and at most 366 days, got 300000 years',
+                 'a retry_in past the range raises 22023, not 22008');
 SELECT throws_ok(format($$ SELECT treadle.fail(NULL, %L, 'x') $$, :'fb_tok'), '22004', NULL, 'a null job_id raises 22004');
 SELECT throws_ok(format($$ SELECT treadle.fail(%s, NULL, 'x') $$, :fb), '22004', NULL, 'a null lease_token raises 22004');
 SELECT results_eq(format($$ SELECT state, lease_token, last_error, errors FROM treadle.jobs WHERE id = %s $$, :fb),
@@ -248,10 +260,10 @@ SET LOCAL treadle.now = '2999-01-04 12:00:00+00';
 SELECT id AS r, lease_token AS r_tok FROM pg_temp.leased() \gset
 SELECT is(treadle.release(:r, :'r_tok'), 'available', 'release with the token: available');
 SELECT results_eq(format($$ SELECT state, attempt, run_at, lease_until, lease_token, finished_at FROM treadle.jobs WHERE id = %s $$, :r),
-                  $$ VALUES ('available'::text, 0, '2999-01-04 12:00:00+00'::timestamptz, NULL::timestamptz, NULL::uuid,
-                             NULL::timestamptz) $$,
+                  format($$ VALUES ('available'::text, 0, '2999-01-04 12:00:00+00'::timestamptz, NULL::timestamptz,
+                                    %L::uuid, NULL::timestamptz) $$, :'r_tok'),
                   'a released job is due now with its attempt given back');
-SELECT is(treadle.release(:r, :'r_tok'), NULL, 'releasing twice returns null');
+SELECT is(treadle.release(:r, :'r_tok'), 'available', 'releasing again with the same token says what the first call did');
 SELECT results_eq(format($$ SELECT id, attempt FROM treadle.claim('w2', ARRAY[%L]) $$, (pg_temp.job(:r)).queue),
                   format($$ VALUES (%s::bigint, 1) $$, :r), 'a released job is claimed again as attempt 1');
 SELECT is(treadle.release(:r, :'r_tok'), NULL, 'the old token cannot release the new claim');

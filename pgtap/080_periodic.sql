@@ -30,7 +30,7 @@ SELECT results_eq(
     'the next occurrence: same name, args, queue, priority, max_attempts and every, no key, due at finish + every');
 SELECT is((pg_temp.job(:s0)).next_id, :s1::bigint, 'the finished occurrence names its successor');
 SELECT is(pg_temp.pending(), 1::bigint, 'still one pending occurrence');
-SELECT is(treadle.enqueue('tick', idempotency_key => 'tick-series'), :s0::bigint,
+SELECT is(treadle.enqueue('tick', queue => 'cron', idempotency_key => 'tick-series'), :s0::bigint,
           'the series'' key still belongs to its first occurrence');
 SELECT is_empty($$ SELECT * FROM treadle.claim('w', ARRAY['cron']) $$, 'the next occurrence is not due before its time');
 

@@ -2,7 +2,7 @@
 -- step's completion enqueuing the next, failure, retry, cancel, and workflow_results.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(99);
+SELECT plan(100);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -56,7 +56,10 @@ SELECT results_eq(
     $$ VALUES ('email'::text, 'available'::text, 'workflow:signup'::text, '2999-01-01 12:01:00+00'::timestamptz, 0) $$,
     'completing a step enqueues the next, due now');
 SELECT is((SELECT state FROM treadle.workflow_runs WHERE id = :r1), 'running', 'the run goes on');
-SELECT is(treadle.complete(:s1, :'s1_tok', '{"account": 71}'), NULL, 'the step cannot be completed twice');
+SELECT is(treadle.complete(:s1, :'s1_tok', '{"account": 71}'), 'completed',
+          'completing the step again with its token (a lost answer) says completed');
+SELECT is((SELECT count(*) FROM treadle.jobs WHERE workflow_run_id = :r1), 2::bigint,
+          'the repeat enqueues no second next step');
 SELECT is((SELECT count(*) FROM treadle.jobs WHERE workflow_run_id = :r1), 2::bigint, 'and no second next step appears');
 SELECT is(treadle.workflow_results(:r1), '{"create": {"account": 70}}'::jsonb, 'the stored result is unchanged');
 

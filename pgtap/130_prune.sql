@@ -36,7 +36,7 @@ SELECT results_eq(format($$ SELECT state FROM treadle.workflow_runs WHERE id IN 
 -- Bad input first: nothing goes
 CREATE TEMP TABLE before AS SELECT (SELECT count(*) FROM treadle.jobs) AS jobs, (SELECT count(*) FROM treadle.workflow_runs) AS runs;
 SELECT throws_ok($$ SELECT treadle.prune(NULL) $$, '22004', NULL, 'a null older_than raises 22004');
-SELECT throws_ok($$ SELECT treadle.prune('-1 day') $$, '22023', 'treadle: older_than must not be negative, got -1 days',
+SELECT throws_ok($$ SELECT treadle.prune('-1 day') $$, '22023', 'treadle: older_than must be zero or more and at most 100 years, got -1 days',
                  'a negative older_than raises 22023');
 SELECT results_eq($$ SELECT (SELECT count(*) FROM treadle.jobs), (SELECT count(*) FROM treadle.workflow_runs) $$,
                   $$ SELECT jobs, runs FROM before $$, 'a bad prune deletes nothing');

@@ -10,6 +10,34 @@
 -- that claim returned, so a worker that lost its lease can never overwrite what a
 -- rescuer or another worker did. Bad arguments raise 22004 (null_value_not_allowed)
 -- or 22023 (invalid_parameter_value) and change nothing.
+
+-- Install only into a schema the installing role owns and that holds nothing yet: a
+-- schema made beforehand by another role would let that role plant objects (an
+-- overload, an operator) that the functions below would then run as their owner.
+DO $$
+DECLARE
+    v_owner name;
+BEGIN
+    SELECT pg_catalog.pg_get_userbyid(n.nspowner) INTO v_owner
+      FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'treadle';
+    IF v_owner IS DISTINCT FROM current_user THEN
+        RAISE EXCEPTION 'treadle: schema treadle belongs to role %, not to %', v_owner, current_user
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Drop that schema first, or install as the role that owns it.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.relnamespace = 'treadle'::regnamespace)
+       OR EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p WHERE p.pronamespace = 'treadle'::regnamespace)
+       OR EXISTS (SELECT 1 FROM pg_catalog.pg_type AS t WHERE t.typnamespace = 'treadle'::regnamespace)
+       OR EXISTS (SELECT 1 FROM pg_catalog.pg_operator AS o WHERE o.oprnamespace = 'treadle'::regnamespace) THEN
+        RAISE EXCEPTION 'treadle: schema treadle already holds objects'
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'treadle installs into a new or empty schema treadle.';
+    END IF;
+END;
+$$;
+
+-- Nobody but the owner creates objects in the schema; roles get USAGE from the grant helpers.
+REVOKE ALL ON SCHEMA treadle FROM PUBLIC;
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -60,9 +88,9 @@ CREATE TABLE treadle.workflow_runs (
     CONSTRAINT workflow_runs_steps_check CHECK (cardinality(steps) > 0)
 );
 
--- Workflow idempotency keys are a namespace of their own, apart from jobs'.
+-- Workflow idempotency keys are a namespace of their own, apart from jobs', per queue.
 CREATE UNIQUE INDEX workflow_runs_idempotency_key_idx
-    ON treadle.workflow_runs (idempotency_key) WHERE idempotency_key IS NOT NULL;
+    ON treadle.workflow_runs (queue, idempotency_key) WHERE idempotency_key IS NOT NULL;
 
 CREATE TABLE treadle.jobs (
     -- the public contract: these columns, in this order
@@ -101,12 +129,12 @@ CREATE TABLE treadle.jobs (
     CONSTRAINT jobs_attempt_check CHECK (attempt >= 0),
     CONSTRAINT jobs_max_attempts_check CHECK (max_attempts >= 1),
     CONSTRAINT jobs_every_check CHECK (every > interval '0'),
-    -- a running job holds a lease, and only a running job does
-    -- (worker_id stays on a finished job: it names the worker that ran it last)
+    -- a running job holds a lease, and only a running job has a lease time. The token
+    -- of the claim that finished a job stays on it (as worker_id does), so a worker
+    -- whose answer was lost can repeat its finish and be told what it did.
     CONSTRAINT jobs_lease_check CHECK (
-        (state = 'running') = (lease_token IS NOT NULL)
-        AND (state = 'running') = (lease_until IS NOT NULL)
-        AND (state <> 'running' OR worker_id IS NOT NULL)),
+        (state = 'running') = (lease_until IS NOT NULL)
+        AND (state <> 'running' OR (lease_token IS NOT NULL AND worker_id IS NOT NULL))),
     -- a finished job has finished_at, and only a finished job does
     CONSTRAINT jobs_finished_check CHECK (
         (state = ANY (ARRAY['completed', 'discarded', 'cancelled'])) = (finished_at IS NOT NULL)),
@@ -125,9 +153,10 @@ CREATE INDEX jobs_claim_name_idx ON treadle.jobs (queue, name, priority, run_at,
 -- rescue() finds expired leases
 CREATE INDEX jobs_lease_idx ON treadle.jobs (lease_until) WHERE state = 'running';
 
--- An idempotency key belongs to its job for as long as the row exists.
+-- An idempotency key belongs to its job for as long as the row exists. Keys are per
+-- queue, so that tenants kept apart by queue can neither see nor suppress each other's.
 CREATE UNIQUE INDEX jobs_idempotency_key_idx
-    ON treadle.jobs (idempotency_key) WHERE idempotency_key IS NOT NULL;
+    ON treadle.jobs (queue, idempotency_key) WHERE idempotency_key IS NOT NULL;
 
 -- the throughput view and prune() read finished jobs by time
 CREATE INDEX jobs_finished_at_idx ON treadle.jobs (finished_at) WHERE finished_at IS NOT NULL;
@@ -156,43 +185,150 @@ CREATE TABLE treadle.workers (
     CONSTRAINT workers_id_check CHECK (id <> '')
 );
 
+-- Limits the owner may change (treadle.configure); no row means the defaults.
+CREATE TABLE treadle.settings (
+    only_row          boolean PRIMARY KEY DEFAULT true,
+    max_payload_bytes integer NOT NULL,
+    CONSTRAINT settings_only_row_check CHECK (only_row),
+    CONSTRAINT settings_max_payload_bytes_check CHECK (max_payload_bytes BETWEEN 1024 AND 268435456)
+);
+
+-- Tenants: a role listed here sees and acts on only the queues whose names start with
+-- its prefix (treadle.set_tenant). Row-level security applies it to every read through
+-- the views; the functions apply it to every write.
+CREATE TABLE treadle.tenants (
+    role_name    name PRIMARY KEY,
+    queue_prefix text NOT NULL,
+    CONSTRAINT tenants_queue_prefix_check CHECK (queue_prefix <> '')
+);
+
+-- Readers see rows of the queues their tenant prefix allows (all, for a role that is
+-- not a tenant). The owner, whose functions do every write, is not subject to it.
+ALTER TABLE treadle.jobs ENABLE ROW LEVEL SECURITY;
+ALTER TABLE treadle.workflow_runs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY jobs_tenant_read ON treadle.jobs FOR SELECT
+    USING (starts_with(queue, coalesce(
+        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
+CREATE POLICY workflow_runs_tenant_read ON treadle.workflow_runs FOR SELECT
+    USING (starts_with(queue, coalesce(
+        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
+
+SELECT pg_catalog.pg_extension_config_dump('treadle.settings', '');
+SELECT pg_catalog.pg_extension_config_dump('treadle.tenants', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflows', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_runs', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_runs_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.jobs', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.jobs_id_seq', '');
 --------------------------------------------------------------------------------
--- Private helpers. They change no data, so PUBLIC keeps EXECUTE on them: the
--- SECURITY INVOKER functions that call them run as the caller.
+-- The clock, and private helpers.
 --
--- The small pure ones have SQL-standard bodies (BEGIN ATOMIC): those are parsed
--- and bound when they are created, so no search_path can redirect them, and
--- without a SET clause the planner can inline them into the hot statements
--- (claim, enqueue) instead of calling them row by row.
+-- Helpers whose names start with _ are executable by the owner only: the public
+-- functions that call them run as the owner (SECURITY DEFINER). The small pure
+-- ones have SQL-standard bodies (BEGIN ATOMIC): those are bound when they are
+-- created, so no search_path can redirect them, and the planner can inline them
+-- into the statements that call them.
+--
+-- Bounds every client meets, whatever language it speaks:
+--   names (job, queue, step, workflow, worker id) and idempotency keys: 1 to 200
+--     characters, no control characters, not only spaces;
+--   args, workflow input, results and progress messages: at most
+--     treadle.settings.max_payload_bytes (1 MiB unless the owner says otherwise,
+--     treadle.configure) and at most 100 levels of JSON nesting;
+--   error text: kept to 16,384 characters (its head and its tail), and the newest
+--     20 errors of a job.
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
--- treadle._now() -> timestamptz
+-- treadle.now() -> timestamptz
 --
--- The one clock of every transition: the start of the current statement, or the
--- value of the setting treadle.now when a session sets it (tests move time that
--- way, without sleeping; the setting affects only that session).
+-- The one clock of every transition: the start of the current statement. Tests
+-- move time without sleeping by setting treadle.now in their session; the setting
+-- is obeyed only for a role that may create objects in schema treadle (its owner,
+-- a superuser), who could change any row anyway. Everyone else gets the server's time.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._now()
+CREATE OR REPLACE FUNCTION treadle.now()
 RETURNS timestamptz
 LANGUAGE sql
 STABLE
 BEGIN ATOMIC
-    SELECT coalesce(nullif(current_setting('treadle.now', true), '')::timestamptz,
-                    statement_timestamp());
+    SELECT CASE
+        WHEN nullif(current_setting('treadle.now', true), '') IS NULL
+          OR NOT has_schema_privilege(
+                 coalesce(nullif(current_setting('role'), 'none'), session_user::text)::name,
+                 'treadle', 'CREATE')
+        THEN statement_timestamp()
+        ELSE current_setting('treadle.now', true)::timestamptz
+    END;
 END;
-COMMENT ON FUNCTION treadle._now() IS
-    'treadle''s clock: statement_timestamp(), or the session setting treadle.now when set.';
+COMMENT ON FUNCTION treadle.now() IS
+    'treadle''s clock: statement_timestamp(), or the setting treadle.now in a session of the schema''s owner.';
+
+--------------------------------------------------------------------------------
+-- treadle._caller() -> name
+--
+-- The role a call is made for: the session's role (SET ROLE's, or the login's).
+-- Inside a SECURITY DEFINER function current_user is the owner, so tenant rules
+-- read this instead.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._caller()
+RETURNS name
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT coalesce(nullif(current_setting('role'), 'none'), session_user::text)::name;
+END;
+COMMENT ON FUNCTION treadle._caller() IS
+    'The role a call is made for: SET ROLE''s role, or the session''s login role.';
+
+--------------------------------------------------------------------------------
+-- treadle._check_queue_allowed(queue) -> void
+--
+-- Raises 42501 when the caller is a tenant (treadle.tenants) and the queue is not
+-- one of its queues. enqueue and claim test the same rule inline first (a call
+-- costs more than the test) and call this only to raise.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_queue_allowed(queue text)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_prefix text;
+BEGIN
+    SELECT t.queue_prefix INTO v_prefix FROM treadle.tenants AS t WHERE t.role_name = treadle._caller();
+    IF FOUND AND NOT starts_with(queue, v_prefix) THEN
+        RAISE EXCEPTION 'treadle: role % may not use queue %', treadle._caller(), queue
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = format('Its queues start with %L.', v_prefix);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_queue_allowed(text) IS
+    'Raise 42501 when a tenant caller names a queue outside its prefix.';
+
+--------------------------------------------------------------------------------
+-- treadle._is_name(value) -> boolean
+--
+-- The rule for names and keys: 1 to 200 characters, not only spaces, no control
+-- characters. Null for null.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._is_name(value text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+BEGIN ATOMIC
+    SELECT btrim(value) <> '' AND length(value) <= 200 AND value !~ '[[:cntrl:]]';
+END;
+COMMENT ON FUNCTION treadle._is_name(text) IS
+    'True for a name or key of 1 to 200 characters, not only spaces, without control characters.';
 
 --------------------------------------------------------------------------------
 -- treadle._check_text(value, argument) -> void
 --
--- Raises 22004 when value is null, 22023 when it is empty or only white space.
+-- A name or key: raises 22004 when value is null, 22023 when it is empty, only
+-- spaces, longer than 200 characters or holds a control character.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_text(value text, argument text)
 RETURNS void
@@ -205,20 +341,21 @@ BEGIN
         RAISE EXCEPTION 'treadle: % must not be null', argument
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF btrim(value) = '' THEN
-        RAISE EXCEPTION 'treadle: % must not be empty', argument
+    IF NOT treadle._is_name(value) THEN
+        RAISE EXCEPTION 'treadle: % must be 1 to 200 characters, not only spaces, without control characters', argument
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._check_text(text, text) IS
-    'Raise 22004 for a null text argument, 22023 for an empty one.';
+    'Raise 22004 for a null name, 22023 for an empty, blank, over-long or control-character one.';
 
 --------------------------------------------------------------------------------
 -- treadle._check_names(value, argument) -> void
 --
--- A list of queue or job names: raises 22004 when it is null, 22023 when it is
--- empty or holds a null or empty name.
+-- A list of queue, job or step names: raises 22004 when it is null, 22023 when it
+-- is empty, not one-dimensional, longer than 1,000 names, or holds a name that
+-- treadle._check_text refuses.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_names(value text[], argument text)
 RETURNS void
@@ -231,29 +368,87 @@ BEGIN
         RAISE EXCEPTION 'treadle: % must not be null', argument
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF cardinality(value) = 0 THEN
-        RAISE EXCEPTION 'treadle: % must not be empty', argument
+    IF cardinality(value) = 0 OR array_ndims(value) <> 1 OR cardinality(value) > 1000 THEN
+        RAISE EXCEPTION 'treadle: % must be a list of 1 to 1000 names', argument
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(value) AS v(x) WHERE x IS NULL OR btrim(x) = '') THEN
-        RAISE EXCEPTION 'treadle: % must not contain null or empty names', argument
+    IF EXISTS (SELECT 1 FROM unnest(value) AS v(x) WHERE x IS NULL OR NOT treadle._is_name(x)) THEN
+        RAISE EXCEPTION 'treadle: % must hold names of 1 to 200 characters, not only spaces, without control characters', argument
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._check_names(text[], text) IS
-    'Raise 22004 for a null list of names, 22023 for an empty one or one with an empty name.';
+    'Raise 22004 for a null list of names, 22023 for an empty, nested or over-long one or a bad name.';
+
+--------------------------------------------------------------------------------
+-- treadle._max_payload_bytes() -> integer
+--
+-- The largest args, input, result or progress message accepted, in bytes.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._max_payload_bytes()
+RETURNS integer
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT coalesce((SELECT s.max_payload_bytes FROM treadle.settings AS s), 1048576);
+END;
+COMMENT ON FUNCTION treadle._max_payload_bytes() IS
+    'The payload size limit: treadle.settings, or 1 MiB.';
+
+--------------------------------------------------------------------------------
+-- treadle._too_deep(value) -> boolean
+--
+-- True when a JSON value nests objects or arrays more than 100 levels deep (an
+-- object or array 100 levels below the top one).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._too_deep(value jsonb)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+BEGIN ATOMIC
+    SELECT jsonb_path_exists(value, 'strict $.**{100} ? (@.type() == "object" || @.type() == "array")');
+END;
+COMMENT ON FUNCTION treadle._too_deep(jsonb) IS
+    'True for a JSON value nested more than 100 levels deep.';
+
+--------------------------------------------------------------------------------
+-- treadle._check_payload(value, argument, max_bytes) -> void
+--
+-- Raises 22023 when a JSON value is larger than max_bytes or nested deeper than
+-- 100 levels (no client should meet a document its JSON parser cannot read).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_payload(value jsonb, argument text, max_bytes integer)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF pg_column_size(value) > max_bytes THEN
+        RAISE EXCEPTION 'treadle: % is % bytes, more than the limit of % bytes', argument, pg_column_size(value), max_bytes
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Store large data elsewhere and pass a reference; the owner sets the limit with treadle.configure.';
+    END IF;
+    IF treadle._too_deep(value) THEN
+        RAISE EXCEPTION 'treadle: % is nested more than 100 levels deep', argument
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_payload(jsonb, text, integer) IS
+    'Raise 22023 for a JSON value over the size limit or nested more than 100 levels.';
 
 --------------------------------------------------------------------------------
 -- treadle._payload(value, argument) -> jsonb
 --
--- Job args and workflow input: SQL NULL and JSON null become {}; anything but
--- an object or an array raises 22023.
+-- Job args and workflow input: SQL NULL and JSON null become {}; anything but an
+-- object or an array, or a value treadle._check_payload refuses, raises 22023.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._payload(value jsonb, argument text)
 RETURNS jsonb
 LANGUAGE plpgsql
-IMMUTABLE
+STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -264,32 +459,36 @@ BEGIN
         RAISE EXCEPTION 'treadle: % must be a JSON object or array, not %', argument, jsonb_typeof(value)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    PERFORM treadle._check_payload(value, argument, treadle._max_payload_bytes());
     RETURN value;
 END;
 $$;
 COMMENT ON FUNCTION treadle._payload(jsonb, text) IS
-    'Normalise job args or workflow input: null becomes {}, scalars raise 22023.';
+    'Normalise job args or workflow input: null becomes {}; scalars and oversized values raise 22023.';
 
 --------------------------------------------------------------------------------
--- treadle._check_positive(value, argument) -> void
+-- treadle._check_interval(value, argument, at_most, may_be_zero) -> void
 --
--- Raises 22023 when an interval (lease, every) is zero or negative.
+-- Raises 22023 when an interval is negative (or zero, unless may_be_zero) or
+-- longer than at_most. A null value passes: callers decide what null means.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._check_positive(value interval, argument text)
+CREATE OR REPLACE FUNCTION treadle._check_interval(value interval, argument text, at_most interval,
+                                                   may_be_zero boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql
 IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF value <= interval '0' THEN
-        RAISE EXCEPTION 'treadle: % must be positive, got %', argument, value
+    IF value < interval '0' OR (value = interval '0' AND NOT may_be_zero) OR value > at_most THEN
+        RAISE EXCEPTION 'treadle: % must be % and at most %, got %', argument,
+                        CASE WHEN may_be_zero THEN 'zero or more' ELSE 'positive' END, at_most, value
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 END;
 $$;
-COMMENT ON FUNCTION treadle._check_positive(interval, text) IS
-    'Raise 22023 for an interval that is zero or negative.';
+COMMENT ON FUNCTION treadle._check_interval(interval, text, interval, boolean) IS
+    'Raise 22023 for an interval that is negative, zero (unless allowed) or longer than its bound.';
 
 --------------------------------------------------------------------------------
 -- treadle._backoff(attempt) -> interval
@@ -309,11 +508,31 @@ COMMENT ON FUNCTION treadle._backoff(integer) IS
     'Default retry delay: 2^attempt seconds plus up to 1 s of jitter, at most one hour.';
 
 --------------------------------------------------------------------------------
+-- treadle._failed_state(cancel_requested, attempt, max_attempts) -> text
+--
+-- Where a running job goes when its attempt ends without a result (fail, rescue):
+-- cancelled when a cancel was asked, discarded when its attempts are spent,
+-- retryable otherwise.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._failed_state(cancel_requested boolean, attempt integer, max_attempts integer)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+BEGIN ATOMIC
+    SELECT CASE WHEN cancel_requested THEN 'cancelled'
+                WHEN attempt >= max_attempts THEN 'discarded'
+                ELSE 'retryable' END;
+END;
+COMMENT ON FUNCTION treadle._failed_state(boolean, integer, integer) IS
+    'The state after an attempt that ended without a result: cancelled, discarded or retryable.';
+
+--------------------------------------------------------------------------------
 -- treadle._notify(channel, queue) -> void
 --
 -- A hint to listeners that a queue changed; never the truth, never job data.
 -- Channel treadle_jobs: work became claimable. Channel treadle_done: jobs finished.
--- Identical notifications in one transaction are sent once.
+-- Identical notifications in one transaction are sent once. A queue name is at
+-- most 200 characters, far inside NOTIFY's payload limit.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._notify(channel text, queue text)
 RETURNS void
@@ -367,20 +586,42 @@ COMMENT ON FUNCTION treadle._check_lease_args(bigint, uuid) IS
     'Raise 22004 when a job id or lease token is null.';
 
 --------------------------------------------------------------------------------
+-- treadle._trim_error(error) -> text
+--
+-- Error text as stored: at most 16,384 characters. A longer one keeps its first
+-- and last 8,000 (a traceback's last lines name the exception) with a marker
+-- saying how much was cut.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._trim_error(error text)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+BEGIN ATOMIC
+    SELECT CASE WHEN length(error) <= 16384 THEN error
+                ELSE left(error, 8000)
+                     || format(E'\n[... %s characters cut ...]\n', length(error) - 16000)
+                     || right(error, 8000) END;
+END;
+COMMENT ON FUNCTION treadle._trim_error(text) IS
+    'Keep error text to 16,384 characters: its first and last 8,000 when longer.';
+
+--------------------------------------------------------------------------------
 -- treadle._append_error(errors, attempt, at, error) -> jsonb
 --
--- A job's error history with one more failed attempt; the newest 50 are kept.
+-- A job's error history with one more failed attempt; the newest 20 are kept.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._append_error(errors jsonb, attempt integer, at timestamptz, error text)
 RETURNS jsonb
 LANGUAGE sql
 IMMUTABLE
 BEGIN ATOMIC
-    SELECT CASE WHEN jsonb_array_length(errors) >= 50 THEN errors - 0 ELSE errors END
+    SELECT coalesce((SELECT jsonb_agg(e.value ORDER BY e.ord)
+                       FROM jsonb_array_elements(errors) WITH ORDINALITY AS e(value, ord)
+                      WHERE e.ord > jsonb_array_length(errors) - 19), '[]'::jsonb)
            || jsonb_build_array(jsonb_build_object('attempt', attempt, 'at', at, 'error', error));
 END;
 COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text) IS
-    'Append one failed attempt to a job''s error history, keeping the newest 50.';
+    'Append one failed attempt to a job''s error history, keeping the newest 20.';
 --------------------------------------------------------------------------------
 -- treadle.enqueue(name, args, queue, priority, run_at, max_attempts,
 --                 idempotency_key, every) -> bigint
@@ -389,18 +630,21 @@ COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text) IS
 -- Returns the new job's id. With an idempotency key that a job already holds,
 -- returns that job's id (whatever its state) and inserts nothing; a caller that
 -- meets another's uncommitted insert of the key waits for it, then gets its id
--- (commit) or inserts its own (rollback). With `every`, the job starts a
--- periodic series (see treadle._follow_up).
--- Raises 22004: name, queue or priority null. 22023: name or queue empty, args
--- neither an object nor an array, max_attempts < 1, run_at infinite, every <= 0
--- or so long that the next occurrence is past the last time PostgreSQL can hold.
+-- (commit) or inserts its own (rollback). Keys are per queue. With `every`, the
+-- job starts a periodic series (see treadle._follow_up).
+-- Raises 22004: name, queue or priority null. 22023: name, queue or key empty,
+-- blank, over 200 characters or with a control character; args neither an object
+-- nor an array, over the size limit or nested over 100 levels; max_attempts < 1;
+-- run_at infinite; every not positive, over 10 years, or so long that the next
+-- occurrence is past the last time PostgreSQL can hold. 42501: a tenant's queue
+-- outside its prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue(
     name            text,
     args            jsonb       DEFAULT '{}',
     queue           text        DEFAULT 'default',
     priority        integer     DEFAULT 0,
-    run_at          timestamptz DEFAULT treadle._now(),  -- now, by treadle's one clock
+    run_at          timestamptz DEFAULT treadle.now(),  -- now, by treadle's one clock
     max_attempts    integer     DEFAULT 25,
     idempotency_key text        DEFAULT NULL,
     every           interval    DEFAULT NULL
@@ -408,38 +652,49 @@ CREATE OR REPLACE FUNCTION treadle.enqueue(
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now  timestamptz := treadle._now();
+    v_now  timestamptz := treadle.now();
     v_args jsonb;
     v_id   bigint;
 BEGIN
-    -- The checks are written out here rather than calling the _check helpers:
-    -- this is the hottest path, and each helper call costs as much as the insert.
+    -- This is the hottest path, and a PL/pgSQL helper call costs as much as the
+    -- insert: the checks are inline expressions, and a helper runs only to raise.
     IF enqueue.name IS NULL OR enqueue.queue IS NULL OR enqueue.priority IS NULL THEN
         RAISE EXCEPTION 'treadle: % must not be null',
                         CASE WHEN enqueue.name IS NULL THEN 'name'
                              WHEN enqueue.queue IS NULL THEN 'queue' ELSE 'priority' END
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF btrim(enqueue.name) = '' OR btrim(enqueue.queue) = '' THEN
-        RAISE EXCEPTION 'treadle: % must not be empty', CASE WHEN btrim(enqueue.name) = '' THEN 'name' ELSE 'queue' END
-            USING ERRCODE = 'invalid_parameter_value';
+    -- a bad name raises in _check_text, which is called only then
+    IF NOT treadle._is_name(enqueue.name) THEN
+        PERFORM treadle._check_text(enqueue.name, 'name');
+    END IF;
+    IF NOT treadle._is_name(enqueue.queue) THEN
+        PERFORM treadle._check_text(enqueue.queue, 'queue');
+    END IF;
+    IF NOT treadle._is_name(enqueue.idempotency_key) THEN
+        PERFORM treadle._check_text(enqueue.idempotency_key, 'idempotency_key');
     END IF;
     v_args := CASE WHEN enqueue.args IS NULL OR jsonb_typeof(enqueue.args) = 'null' THEN '{}' ELSE enqueue.args END;
     IF jsonb_typeof(v_args) <> ALL (ARRAY['object', 'array']) THEN
         RAISE EXCEPTION 'treadle: args must be a JSON object or array, not %', jsonb_typeof(v_args)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- the limit is read only for args that could pass it: it is never under 1 KiB
+    IF (pg_column_size(v_args) > 1024 AND pg_column_size(v_args) > treadle._max_payload_bytes())
+       OR treadle._too_deep(v_args) THEN
+        PERFORM treadle._check_payload(v_args, 'args', treadle._max_payload_bytes());
+    END IF;
     IF enqueue.max_attempts IS NULL OR enqueue.max_attempts < 1 THEN
         RAISE EXCEPTION 'treadle: max_attempts must be at least 1, got %', coalesce(enqueue.max_attempts::text, 'null')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF enqueue.every <= interval '0' THEN
-        RAISE EXCEPTION 'treadle: every must be positive, got %', enqueue.every
-            USING ERRCODE = 'invalid_parameter_value';
+    IF enqueue.every IS NOT NULL THEN
+        PERFORM treadle._check_interval(enqueue.every, 'every', interval '10 years');
     END IF;
     -- an infinite run_at never comes, and breaks every age the views compute
     IF NOT isfinite(enqueue.run_at) THEN
@@ -456,13 +711,19 @@ BEGIN
         END;
     END IF;
 
+    -- treadle._check_queue_allowed's rule, inline: a helper call would cost more than the check
+    IF EXISTS (SELECT 1 FROM treadle.tenants AS t
+                WHERE t.role_name = treadle._caller() AND NOT starts_with(enqueue.queue, t.queue_prefix)) THEN
+        PERFORM treadle._check_queue_allowed(enqueue.queue);
+    END IF;
+
     LOOP
         INSERT INTO treadle.jobs AS j
             (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at)
         VALUES
             (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
              enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now)
-        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING j.id INTO v_id;
 
         IF v_id IS NOT NULL THEN
@@ -473,7 +734,8 @@ BEGIN
         END IF;
 
         -- The key is taken: by a committed job, or by one whose insert we waited for.
-        SELECT j.id INTO v_id FROM treadle.jobs AS j WHERE j.idempotency_key = enqueue.idempotency_key;
+        SELECT j.id INTO v_id FROM treadle.jobs AS j
+         WHERE j.queue = enqueue.queue AND j.idempotency_key = enqueue.idempotency_key;
         IF FOUND THEN
             RETURN v_id;
         END IF;
@@ -490,26 +752,31 @@ COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, int
 -- Transition: (none) -> available, for many jobs in one statement.
 -- jobs is a JSON array of objects whose keys are enqueue's argument names; a
 -- missing key takes enqueue's default, run_at is an ISO 8601 string, every an
--- interval string ("5 minutes"). Returns the ids in input order; a key repeated
--- in the array, or already held by a job, returns the first job's id. Concurrent
--- calls sharing keys, in any order, never deadlock with each other.
--- Raises 22004: jobs null. 22023: jobs not an array, or any element bad
--- (not an object, an unknown key, a value of the wrong type or out of range,
--- an infinite run_at, an every as enqueue refuses it); nothing is written then.
+-- interval string ("5 minutes"), run_in an interval string counted from now (an
+-- alternative to run_at). Returns the ids in input order; a key repeated in the
+-- array for the same queue, or already held by a job there, returns the first
+-- job's id. Concurrent calls sharing keys, in any order, never deadlock.
+-- Raises 22004: jobs null. 22023: jobs not an array, or any element bad (not an
+-- object, an unknown key, a value of the wrong type or out of range, a name,
+-- queue, key or args that enqueue refuses, both run_at and run_in, an infinite
+-- run_at, an every as enqueue refuses it); nothing is written then. 42501: a
+-- tenant's queue outside its prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue_many(jobs jsonb)
 RETURNS SETOF bigint
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- The planner cannot count rows in unnest'ed arrays and takes a large batch for a huge
 -- one: JIT compiling then costs more than the insert itself (300 ms at 10,000 jobs).
 SET jit = off
 AS $$
 DECLARE
-    c_keys CONSTANT text[] := ARRAY['name', 'args', 'queue', 'priority', 'run_at', 'max_attempts',
+    c_keys CONSTANT text[] := ARRAY['name', 'args', 'queue', 'priority', 'run_at', 'run_in', 'max_attempts',
                                     'idempotency_key', 'every'];
-    v_now      timestamptz := treadle._now();
+    v_now      timestamptz := treadle.now();
+    v_max_size integer := treadle._max_payload_bytes();
     v_bad      record;
     a_name     text[];
     a_args     jsonb[];
@@ -520,7 +787,6 @@ DECLARE
     a_key      text[];
     a_every    interval[];
     v_ids      bigint[];
-    v_i        integer;
 BEGIN
     IF jobs IS NULL THEN
         RAISE EXCEPTION 'treadle: jobs must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -536,20 +802,30 @@ BEGIN
                 WHEN jsonb_typeof(s.spec) <> 'object' THEN 'is not an object'
                 WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(s.spec) AS k(key) WHERE k.key <> ALL (c_keys))
                     THEN 'has a key that is not an enqueue argument'
-                WHEN jsonb_typeof(s.spec -> 'name') IS DISTINCT FROM 'string' OR btrim(s.spec ->> 'name') = ''
-                    THEN 'needs a non-empty string "name"'
-                WHEN s.spec ? 'queue' AND (jsonb_typeof(s.spec -> 'queue') <> 'string' OR btrim(s.spec ->> 'queue') = '')
-                    THEN 'has a "queue" that is not a non-empty string'
+                WHEN jsonb_typeof(s.spec -> 'name') IS DISTINCT FROM 'string' OR NOT treadle._is_name(s.spec ->> 'name')
+                    THEN 'needs a "name" of 1 to 200 characters, not only spaces, without control characters'
+                WHEN s.spec ? 'queue' AND (jsonb_typeof(s.spec -> 'queue') <> 'string' OR NOT treadle._is_name(s.spec ->> 'queue'))
+                    THEN 'has a "queue" that is not 1 to 200 characters, not only spaces, without control characters'
                 WHEN s.spec ? 'args' AND jsonb_typeof(s.spec -> 'args') <> ALL (ARRAY['object', 'array', 'null'])
                     THEN 'has "args" that are neither an object nor an array'
+                WHEN pg_column_size(s.spec -> 'args') > v_max_size
+                    THEN format('has "args" larger than the limit of %s bytes', v_max_size)
+                WHEN treadle._too_deep(s.spec -> 'args')
+                    THEN 'has "args" nested more than 100 levels deep'
                 WHEN s.spec ? 'priority' AND NOT treadle._is_int(s.spec -> 'priority', -2147483648, 2147483647)
                     THEN 'has a "priority" that is not an integer'
                 WHEN s.spec ? 'max_attempts' AND NOT treadle._is_int(s.spec -> 'max_attempts', 1, 2147483647)
                     THEN 'has a "max_attempts" that is not an integer of at least 1'
                 WHEN s.spec ? 'run_at' AND jsonb_typeof(s.spec -> 'run_at') <> ALL (ARRAY['string', 'null'])
                     THEN 'has a "run_at" that is not an ISO 8601 string'
+                WHEN s.spec ? 'run_in' AND jsonb_typeof(s.spec -> 'run_in') <> ALL (ARRAY['string', 'null'])
+                    THEN 'has a "run_in" that is not an interval string'
+                WHEN jsonb_typeof(s.spec -> 'run_at') = 'string' AND jsonb_typeof(s.spec -> 'run_in') = 'string'
+                    THEN 'has both "run_at" and "run_in"'
                 WHEN s.spec ? 'idempotency_key' AND jsonb_typeof(s.spec -> 'idempotency_key') <> ALL (ARRAY['string', 'null'])
                     THEN 'has an "idempotency_key" that is not a string'
+                WHEN jsonb_typeof(s.spec -> 'idempotency_key') = 'string' AND NOT treadle._is_name(s.spec ->> 'idempotency_key')
+                    THEN 'has an "idempotency_key" that is not 1 to 200 characters, not only spaces, without control characters'
                 WHEN s.spec ? 'every' AND jsonb_typeof(s.spec -> 'every') <> ALL (ARRAY['string', 'null'])
                     THEN 'has an "every" that is not an interval string'
                 END AS problem
@@ -567,19 +843,20 @@ BEGIN
         SELECT array_agg(s.spec ->> 'name' ORDER BY s.ord),
                array_agg(coalesce(nullif(s.spec -> 'args', 'null'::jsonb), '{}'::jsonb) ORDER BY s.ord),
                array_agg(coalesce(s.spec ->> 'queue', 'default') ORDER BY s.ord),
-               array_agg(coalesce((s.spec ->> 'priority')::integer, 0) ORDER BY s.ord),
-               array_agg(coalesce((s.spec ->> 'run_at')::timestamptz, v_now) ORDER BY s.ord),
-               array_agg(coalesce((s.spec ->> 'max_attempts')::integer, 25) ORDER BY s.ord),
+               array_agg(coalesce((s.spec ->> 'priority')::numeric::integer, 0) ORDER BY s.ord),
+               array_agg(coalesce((s.spec ->> 'run_at')::timestamptz, v_now + (s.spec ->> 'run_in')::interval, v_now)
+                         ORDER BY s.ord),
+               array_agg(coalesce((s.spec ->> 'max_attempts')::numeric::integer, 25) ORDER BY s.ord),
                array_agg(s.spec ->> 'idempotency_key' ORDER BY s.ord),
                array_agg((s.spec ->> 'every')::interval ORDER BY s.ord)
           INTO a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every
           FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord);
     EXCEPTION WHEN data_exception THEN
-        RAISE EXCEPTION 'treadle: jobs has a bad run_at or every: %', SQLERRM
+        RAISE EXCEPTION 'treadle: jobs has a bad run_at, run_in or every: %', SQLERRM
             USING ERRCODE = 'invalid_parameter_value';
     END;
-    IF EXISTS (SELECT 1 FROM unnest(a_every) AS e(every) WHERE e.every <= interval '0') THEN
-        RAISE EXCEPTION 'treadle: jobs has an "every" that is not positive'
+    IF EXISTS (SELECT 1 FROM unnest(a_every) AS e(every) WHERE e.every <= interval '0' OR e.every > interval '10 years') THEN
+        RAISE EXCEPTION 'treadle: jobs has an "every" that is not positive or is longer than 10 years'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF EXISTS (SELECT 1 FROM unnest(a_run_at) AS r(run_at) WHERE NOT isfinite(r.run_at)) THEN
@@ -595,6 +872,7 @@ BEGIN
     IF a_name IS NULL THEN
         RETURN;  -- an empty array
     END IF;
+    PERFORM treadle._check_queue_allowed(q.queue) FROM (SELECT DISTINCT u.queue FROM unnest(a_queue) AS u(queue)) AS q;
 
     -- One INSERT for all rows. Ids are drawn first so that each input row knows its
     -- own; a keyed row that is not inserted maps to the job holding its key. Rows go
@@ -610,19 +888,20 @@ BEGIN
         SELECT i.new_id, i.queue, i.name, i.args, i.priority, i.run_at, i.max_attempts,
                i.idempotency_key, i.every, v_now
           FROM input AS i
-         ORDER BY i.idempotency_key, i.ord
-        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-        RETURNING j.id, j.idempotency_key
+         ORDER BY i.queue, i.idempotency_key, i.ord
+        ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        RETURNING j.id, j.queue, j.idempotency_key
     )
     -- Joins, not a subquery per row over `inserted`: that one grew as rows squared.
     SELECT array_agg(coalesce(
                n.id, k.id,
-               (SELECT j.id FROM treadle.jobs AS j WHERE j.idempotency_key = i.idempotency_key))
+               (SELECT j.id FROM treadle.jobs AS j
+                 WHERE j.queue = i.queue AND j.idempotency_key = i.idempotency_key))
            ORDER BY i.ord)
       INTO v_ids
       FROM input AS i
       LEFT JOIN inserted AS n ON n.id = i.new_id
-      LEFT JOIN inserted AS k ON n.id IS NULL AND k.idempotency_key = i.idempotency_key;
+      LEFT JOIN inserted AS k ON n.id IS NULL AND k.queue = i.queue AND k.idempotency_key = i.idempotency_key;
 
     -- A key whose holder committed while this statement waited is not in its snapshot:
     -- look it up again with a fresh one.
@@ -642,30 +921,36 @@ $$;
 COMMENT ON FUNCTION treadle.enqueue_many(jsonb) IS
     'Enqueue a JSON array of jobs in one statement; returns their ids in input order.';
 --------------------------------------------------------------------------------
--- treadle.claim(worker_id, queues, names, batch, lease) -> setof treadle.jobs
+-- treadle.claim(worker_id, queues, names, batch, lease, lease_token)
+--     -> setof treadle.jobs
 --
 -- Transition: available | retryable (run_at <= now) -> running.
 -- Claims up to `batch` due jobs from `queues` (only those named in `names`, when
 -- given), in priority, run_at, id order, with FOR UPDATE SKIP LOCKED: concurrent
 -- claimers never receive the same job. Each claimed job gets attempt + 1, a lease
--- until now + lease, the worker id and a fresh random lease token, which every
--- later write by the worker must name. Returns the claimed rows.
+-- until now + lease, the worker id and a lease token, which every later write by
+-- the worker must name: `lease_token` when given (the same for every job of this
+-- call, so that a worker whose answer was lost can ask treadle.claimed what it
+-- took), otherwise a fresh random one per job. Returns the claimed rows.
 -- Each (queue[, name]) pair is read from its own index range, so a backlog of
 -- jobs whose names the claimer does not handle is never walked past.
--- Raises 22004: worker_id or queues null. 22023: worker_id empty; queues empty
--- or with an empty name; names empty or with an empty name; batch outside
--- 1..1000; lease <= 0.
+-- Raises 22004: worker_id or queues null. 22023: worker_id or a queue or name
+-- that is not a valid name; queues or names empty or over 1000; batch outside
+-- 1..1000; lease not positive or over 1 day. 42501: a tenant's queue outside its
+-- prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.claim(
     worker_id text,
     queues    text[]   DEFAULT ARRAY['default'],
     names     text[]   DEFAULT NULL,
     batch     integer  DEFAULT 1,
-    lease     interval DEFAULT '30 seconds'
+    lease     interval DEFAULT '30 seconds',
+    lease_token uuid   DEFAULT NULL
 )
 RETURNS SETOF treadle.jobs
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 ROWS 10
 SET search_path = pg_catalog, pg_temp
 -- Planning the claim costs as much as running it, so it is planned once per session.
@@ -683,7 +968,7 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle._now();
+    v_now timestamptz := treadle.now();
     v_ids bigint[];
 BEGIN
     PERFORM treadle._check_text(claim.worker_id, 'worker_id');
@@ -698,7 +983,12 @@ BEGIN
     IF claim.lease IS NULL THEN
         RAISE EXCEPTION 'treadle: lease must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_positive(claim.lease, 'lease');
+    PERFORM treadle._check_interval(claim.lease, 'lease', interval '1 day');
+    -- treadle._check_queue_allowed's rule, inline: a helper call would cost more than the check
+    IF EXISTS (SELECT 1 FROM treadle.tenants AS t, unnest(claim.queues) AS q(q)
+                WHERE t.role_name = treadle._caller() AND NOT starts_with(q.q, t.queue_prefix)) THEN
+        PERFORM treadle._check_queue_allowed(q.q) FROM unnest(claim.queues) AS q(q);
+    END IF;
 
     -- Lock the candidates: each (queue[, name]) range in claim order, skipping rows
     -- other claimers hold, then the best `batch` of them.
@@ -745,7 +1035,7 @@ BEGIN
            SET state = 'running',
                attempt = j.attempt + 1,
                lease_until = v_now + claim.lease,
-               lease_token = gen_random_uuid(),
+               lease_token = coalesce(claim.lease_token, gen_random_uuid()),
                worker_id = claim.worker_id,
                started_at = v_now,
                progress = NULL,
@@ -756,8 +1046,39 @@ BEGIN
     SELECT * FROM claimed AS d ORDER BY d.priority, d.run_at, d.id;
 END;
 $$;
-COMMENT ON FUNCTION treadle.claim(text, text[], text[], integer, interval) IS
-    'Claim up to batch due jobs (available or retryable -> running) with a fresh lease token each.';
+COMMENT ON FUNCTION treadle.claim(text, text[], text[], integer, interval, uuid) IS
+    'Claim up to batch due jobs (available or retryable -> running) under a lease token.';
+
+--------------------------------------------------------------------------------
+-- treadle.claimed(lease_token) -> setof treadle.jobs
+--
+-- Transition: none. The running jobs that hold lease_token, in claim order: what a
+-- claim given that token took, for a worker whose answer to the claim was lost.
+-- Empty when the claim did not commit, or its jobs were finished or rescued since.
+-- Raises 22004: lease_token null.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.claimed(lease_token uuid)
+RETURNS SETOF treadle.jobs
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+ROWS 10
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF claimed.lease_token IS NULL THEN
+        RAISE EXCEPTION 'treadle: lease_token must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    -- running jobs are few (bounded by the workers' concurrency): their index is enough
+    RETURN QUERY
+    SELECT * FROM treadle.jobs AS j
+     WHERE j.state = 'running' AND j.lease_token = claimed.lease_token
+     ORDER BY j.priority, j.run_at, j.id;
+END;
+$$;
+COMMENT ON FUNCTION treadle.claimed(uuid) IS
+    'The running jobs holding a lease token: what a claim whose answer was lost took.';
 
 --------------------------------------------------------------------------------
 -- treadle.heartbeat(job_id, lease_token, lease) -> text
@@ -766,7 +1087,8 @@ COMMENT ON FUNCTION treadle.claim(text, text[], text[], integer, interval) IS
 -- Returns 'held', 'cancel' (held, and a cancel was requested: abort the handler)
 -- or 'lost' (the token no longer holds the job). An expired lease that nobody
 -- took over is still held.
--- Raises 22004: job_id, lease_token or lease null. 22023: lease <= 0.
+-- Raises 22004: job_id, lease_token or lease null. 22023: lease not positive or
+-- over 1 day.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.heartbeat(
     job_id      bigint,
@@ -776,6 +1098,7 @@ CREATE OR REPLACE FUNCTION treadle.heartbeat(
 RETURNS text
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -786,10 +1109,10 @@ BEGIN
     IF heartbeat.lease IS NULL THEN
         RAISE EXCEPTION 'treadle: lease must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_positive(heartbeat.lease, 'lease');
+    PERFORM treadle._check_interval(heartbeat.lease, 'lease', interval '1 day');
 
     UPDATE treadle.jobs AS j
-       SET lease_until = treadle._now() + heartbeat.lease
+       SET lease_until = treadle.now() + heartbeat.lease
      WHERE j.id = heartbeat.job_id
        AND j.state = 'running'
        AND j.lease_token = heartbeat.lease_token
@@ -809,7 +1132,8 @@ COMMENT ON FUNCTION treadle.heartbeat(bigint, uuid, interval) IS
 --
 -- Transition: none; records how far a running job has come (0..1, and a note),
 -- shown by the views. Returns false when the token no longer holds the job.
--- Raises 22004: job_id, lease_token or fraction null. 22023: fraction outside 0..1.
+-- Raises 22004: job_id, lease_token or fraction null. 22023: fraction outside 0..1,
+-- message over the payload size limit.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.progress(
     job_id      bigint,
@@ -820,11 +1144,17 @@ CREATE OR REPLACE FUNCTION treadle.progress(
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM treadle._check_lease_args(progress.job_id, progress.lease_token);
+    IF octet_length(progress.message) > treadle._max_payload_bytes() THEN
+        RAISE EXCEPTION 'treadle: message is % bytes, more than the limit of % bytes',
+                        octet_length(progress.message), treadle._max_payload_bytes()
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF progress.fraction IS NULL THEN
         RAISE EXCEPTION 'treadle: fraction must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
@@ -852,6 +1182,26 @@ COMMENT ON FUNCTION treadle.progress(bigint, uuid, double precision, text) IS
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
+-- treadle._enqueue_step(run, step, at) -> void
+--
+-- Transition: (none) -> available for one step of a workflow run: a job named
+-- 'workflow:<workflow name>' whose `step` column names the step.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._enqueue_step(run treadle.workflow_runs, step text, at timestamptz)
+RETURNS void
+LANGUAGE sql
+VOLATILE
+BEGIN ATOMIC
+    INSERT INTO treadle.jobs
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+    VALUES
+        ((run).queue, 'workflow:' || (run).name, '{}', (run).priority, at, (run).max_attempts, at, (run).id, step);
+    SELECT treadle._notify('treadle_jobs', (run).queue);
+END;
+COMMENT ON FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamptz) IS
+    'Enqueue the job that runs one step of a workflow run.';
+
+--------------------------------------------------------------------------------
 -- treadle._advance_run(step treadle.jobs) -> void
 --
 -- A workflow step reached `step.state`:
@@ -867,7 +1217,7 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now   timestamptz := treadle._now();
+    v_now   timestamptz := treadle.now();
     v_run   treadle.workflow_runs;
     v_index integer;
 BEGIN
@@ -882,12 +1232,7 @@ BEGIN
             UPDATE treadle.workflow_runs AS r
                SET results = r.results || jsonb_build_object(step.step, step.result)
              WHERE r.id = v_run.id;
-            INSERT INTO treadle.jobs
-                (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
-            VALUES
-                (v_run.queue, 'workflow:' || v_run.name, '{}', v_run.priority, v_now, v_run.max_attempts,
-                 v_now, v_run.id, v_run.steps[v_index + 1]);
-            PERFORM treadle._notify('treadle_jobs', v_run.queue);
+            PERFORM treadle._enqueue_step(v_run, v_run.steps[v_index + 1], v_now);
         ELSE
             UPDATE treadle.workflow_runs AS r
                SET results = r.results || jsonb_build_object(step.step, step.result),
@@ -941,7 +1286,7 @@ BEGIN
                     (id, queue, name, args, priority, run_at, max_attempts, every, created_at)
                 VALUES
                     (v_next, v_job.queue, v_job.name, v_job.args, v_job.priority,
-                     v_job.finished_at + v_job.every, v_job.max_attempts, v_job.every, treadle._now());
+                     v_job.finished_at + v_job.every, v_job.max_attempts, v_job.every, treadle.now());
             END IF;
         END IF;
         IF v_job.workflow_run_id IS NOT NULL THEN
@@ -958,14 +1303,21 @@ COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
     'Insert periodic successors, advance workflow runs and notify, for jobs that just changed state.';
 
 --------------------------------------------------------------------------------
+-- Finishing keeps the lease token on the job: the token of the claim that finished
+-- it. Repeating a finish with that token (a worker whose answer was lost after the
+-- commit) returns the state the first call left, and writes nothing more.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
 -- treadle.complete(job_id, lease_token, result) -> text
 --
 -- Transition: running -> completed, or -> cancelled when a cancel was requested
 -- while it ran (the result is stored either way). Returns the new state, or null
--- when the token no longer holds the job (re-claimed, rescued, finished). An
--- expired lease that nobody took over still holds. A periodic job's next
--- occurrence and a workflow's next step are written by the same call.
--- Raises 22004: job_id or lease_token null.
+-- when the token does not hold the job (re-claimed, rescued, finished by another
+-- claim). An expired lease that nobody took over still holds. A periodic job's
+-- next occurrence and a workflow's next step are written by the same call.
+-- Raises 22004: job_id or lease_token null. 22023: result over the payload size
+-- limit or nested over 100 levels.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.complete(
     job_id      bigint,
@@ -975,6 +1327,7 @@ CREATE OR REPLACE FUNCTION treadle.complete(
 RETURNS text
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -982,20 +1335,24 @@ DECLARE
     v_job treadle.jobs;
 BEGIN
     PERFORM treadle._check_lease_args(complete.job_id, complete.lease_token);
+    IF complete.result IS NOT NULL THEN
+        PERFORM treadle._check_payload(complete.result, 'result', treadle._max_payload_bytes());
+    END IF;
 
     UPDATE treadle.jobs AS j
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
            result = complete.result,
-           finished_at = treadle._now(),
-           lease_until = NULL,
-           lease_token = NULL
+           finished_at = treadle.now(),
+           lease_until = NULL
      WHERE j.id = complete.job_id
        AND j.state = 'running'
        AND j.lease_token = complete.lease_token
     RETURNING j.* INTO v_job;
 
     IF NOT FOUND THEN
-        RETURN NULL;
+        RETURN (SELECT j.state FROM treadle.jobs AS j
+                 WHERE j.id = complete.job_id AND j.lease_token = complete.lease_token
+                   AND j.state = ANY (ARRAY['completed', 'cancelled']));
     END IF;
     PERFORM treadle._follow_up(ARRAY[v_job]);
     RETURN v_job.state;
@@ -1008,9 +1365,10 @@ COMMENT ON FUNCTION treadle.complete(bigint, uuid, jsonb) IS
 -- treadle.complete_many(job_ids, lease_tokens, results) -> table(job_id, state)
 --
 -- Transition: as treadle.complete, for many jobs in one statement. Returns one
--- row per input, in input order; state is null where the token no longer holds
+-- row per input, in input order; state is null where the token does not hold
 -- the job. results, when given, pairs with job_ids by position.
--- Raises 22004: job_ids or lease_tokens null. 22023: arrays of different lengths.
+-- Raises 22004: job_ids or lease_tokens null. 22023: arrays of different
+-- lengths; a result over the payload size limit or nested over 100 levels.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.complete_many(
     job_ids      bigint[],
@@ -1020,11 +1378,14 @@ CREATE OR REPLACE FUNCTION treadle.complete_many(
 RETURNS TABLE (job_id bigint, state text)
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now  timestamptz := treadle._now();
+    v_now    timestamptz := treadle.now();
+    v_max    integer;
+    v_bad    bigint;
     v_ords   bigint[];
     v_states text[];
     v_done   treadle.jobs[];
@@ -1039,6 +1400,18 @@ BEGIN
         RAISE EXCEPTION 'treadle: job_ids, lease_tokens and results must have the same length'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF complete_many.results IS NOT NULL THEN
+        -- the limit is read only when a result could pass it: it is never under 1 KiB
+        SELECT r.ord INTO v_bad FROM unnest(complete_many.results) WITH ORDINALITY AS r(value, ord)
+         WHERE pg_column_size(r.value) > 1024 OR treadle._too_deep(r.value)
+         LIMIT 1;
+        IF FOUND THEN
+            v_max := treadle._max_payload_bytes();
+            PERFORM treadle._check_payload(r.value, format('result %s', r.ord - 1), v_max)
+               FROM unnest(complete_many.results) WITH ORDINALITY AS r(value, ord)
+              WHERE r.ord >= v_bad;
+        END IF;
+    END IF;
 
     WITH input AS (
         SELECT i.id, i.token, i.ord
@@ -1048,8 +1421,7 @@ BEGIN
            SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
                result = complete_many.results[i.ord],
                finished_at = v_now,
-               lease_until = NULL,
-               lease_token = NULL
+               lease_until = NULL
           FROM input AS i
          WHERE j.id = i.id
            AND j.state = 'running'
@@ -1062,6 +1434,16 @@ BEGIN
 
     IF v_done IS NOT NULL THEN
         PERFORM treadle._follow_up(v_done);
+    END IF;
+
+    IF coalesce(cardinality(v_ords), 0) < cardinality(complete_many.job_ids) THEN
+        -- the rest: finished by this token before (a repeat), or not held
+        SELECT v_ords || coalesce(array_agg(i.ord), '{}'), v_states || coalesce(array_agg(j.state), '{}')
+          INTO v_ords, v_states
+          FROM unnest(complete_many.job_ids, complete_many.lease_tokens) WITH ORDINALITY AS i(id, token, ord)
+          JOIN treadle.jobs AS j ON j.id = i.id AND j.lease_token = i.token
+         WHERE j.state = ANY (ARRAY['completed', 'cancelled'])
+           AND i.ord <> ALL (coalesce(v_ords, '{}'));
     END IF;
 
     RETURN QUERY
@@ -1079,10 +1461,11 @@ COMMENT ON FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[]) IS
 --
 -- Transition: running -> retryable (run_at = now + retry_in, or the default
 -- backoff when retry_in is null), -> discarded when attempt >= max_attempts,
--- -> cancelled when a cancel was requested. The error is kept in last_error and
--- appended to errors. Returns the new state, or null when the token no longer
--- holds the job.
--- Raises 22004: job_id or lease_token null. 22023: retry_in negative.
+-- -> cancelled when a cancel was requested (treadle._failed_state). The error,
+-- trimmed to 16,384 characters, is kept in last_error and appended to errors.
+-- Returns the new state, or null when the token does not hold the job.
+-- Raises 22004: job_id or lease_token null. 22023: retry_in negative or over 366
+-- days.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.fail(
     job_id      bigint,
@@ -1093,29 +1476,26 @@ CREATE OR REPLACE FUNCTION treadle.fail(
 RETURNS text
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now   timestamptz := treadle._now();
-    v_error text := coalesce(fail.error, '(no error message)');
+    v_now   timestamptz := treadle.now();
+    v_error text := treadle._trim_error(coalesce(fail.error, '(no error message)'));
     v_job   treadle.jobs;
 BEGIN
     PERFORM treadle._check_lease_args(fail.job_id, fail.lease_token);
-    IF fail.retry_in < interval '0' THEN
-        RAISE EXCEPTION 'treadle: retry_in must not be negative, got %', fail.retry_in
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM treadle._check_interval(fail.retry_in, 'retry_in', interval '366 days', may_be_zero => true);
 
     UPDATE treadle.jobs AS j
-       SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
-                        WHEN j.attempt >= j.max_attempts THEN 'discarded'
-                        ELSE 'retryable' END,
-           run_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN j.run_at
-                         ELSE v_now + coalesce(fail.retry_in, treadle._backoff(j.attempt)) END,
-           finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN v_now END,
+       SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
+           run_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) = 'retryable'
+                         THEN v_now + coalesce(fail.retry_in, treadle._backoff(j.attempt))
+                         ELSE j.run_at END,
+           finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
+                              THEN v_now END,
            lease_until = NULL,
-           lease_token = NULL,
            last_error = v_error,
            failed_at = v_now,
            errors = treadle._append_error(j.errors, j.attempt, v_now, v_error)
@@ -1125,7 +1505,9 @@ BEGIN
     RETURNING j.* INTO v_job;
 
     IF NOT FOUND THEN
-        RETURN NULL;
+        RETURN (SELECT j.state FROM treadle.jobs AS j
+                 WHERE j.id = fail.job_id AND j.lease_token = fail.lease_token
+                   AND j.state = ANY (ARRAY['retryable', 'discarded', 'cancelled']));
     END IF;
     PERFORM treadle._follow_up(ARRAY[v_job]);
     IF v_job.state = 'retryable' AND v_job.run_at <= v_now THEN
@@ -1142,17 +1524,20 @@ COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval) IS
 --
 -- Transition: running with an expired lease -> retryable with run_at = now (the
 -- worker died; the job did not fail, so no backoff), -> discarded when its
--- attempts are spent, -> cancelled when a cancel was requested. Returns how many
--- jobs it moved. Safe from many sessions at once: each job is counted once.
+-- attempts are spent, -> cancelled when a cancel was requested
+-- (treadle._failed_state). The lease token is dropped: the rescued claim's
+-- writes, repeats included, find nothing. Returns how many jobs it moved. Safe
+-- from many sessions at once: each job is counted once.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.rescue()
 RETURNS integer
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now  timestamptz := treadle._now();
+    v_now  timestamptz := treadle.now();
     v_done treadle.jobs[];
 BEGIN
     WITH expired AS (
@@ -1163,11 +1548,10 @@ BEGIN
            FOR UPDATE SKIP LOCKED
     ), done AS (
         UPDATE treadle.jobs AS j
-           SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
-                            WHEN j.attempt >= j.max_attempts THEN 'discarded'
-                            ELSE 'retryable' END,
+           SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
                run_at = v_now,
-               finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN v_now END,
+               finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
+                                  THEN v_now END,
                lease_until = NULL,
                lease_token = NULL,
                last_error = 'lease expired: worker ' || j.worker_id || ' stopped heartbeating',
@@ -1176,9 +1560,9 @@ BEGIN
                                               'lease expired: worker ' || j.worker_id || ' stopped heartbeating')
           FROM expired AS e
          WHERE j.id = e.id
-        RETURNING j.*
+        RETURNING j AS job
     )
-    SELECT array_agg(d) INTO v_done FROM done AS d;
+    SELECT array_agg(d.job) INTO v_done FROM done AS d;
 
     IF v_done IS NULL THEN
         RETURN 0;
@@ -1198,18 +1582,19 @@ COMMENT ON FUNCTION treadle.rescue() IS
 -- Transition: running -> available now, giving back the attempt its claim took
 -- (a worker shutting down hands over work it did not start or cannot finish);
 -- -> cancelled when a cancel was requested. Returns the new state, or null when
--- the token no longer holds the job.
+-- the token does not hold the job.
 -- Raises 22004: job_id or lease_token null.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.release(job_id bigint, lease_token uuid)
 RETURNS text
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle._now();
+    v_now timestamptz := treadle.now();
     v_job treadle.jobs;
 BEGIN
     PERFORM treadle._check_lease_args(release.job_id, release.lease_token);
@@ -1219,15 +1604,16 @@ BEGIN
            attempt = CASE WHEN j.cancel_requested THEN j.attempt ELSE greatest(j.attempt - 1, 0) END,
            run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE v_now END,
            finished_at = CASE WHEN j.cancel_requested THEN v_now END,
-           lease_until = NULL,
-           lease_token = NULL
+           lease_until = NULL
      WHERE j.id = release.job_id
        AND j.state = 'running'
        AND j.lease_token = release.lease_token
     RETURNING j.* INTO v_job;
 
     IF NOT FOUND THEN
-        RETURN NULL;
+        RETURN (SELECT j.state FROM treadle.jobs AS j
+                 WHERE j.id = release.job_id AND j.lease_token = release.lease_token
+                   AND j.state = ANY (ARRAY['available', 'cancelled']));
     END IF;
     PERFORM treadle._follow_up(ARRAY[v_job]);
     IF v_job.state = 'available' THEN
@@ -1251,12 +1637,13 @@ COMMENT ON FUNCTION treadle.release(bigint, uuid) IS
 -- cancelled periodic occurrence ends its series. Returns true when this call
 -- changed something; false for a finished job, a job whose cancel is already
 -- requested, or an unknown id.
--- Raises 22004: job_id null.
+-- Raises 22004: job_id null. 42501: a tenant's job outside its queues.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel(job_id bigint)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -1266,10 +1653,11 @@ BEGIN
     IF cancel.job_id IS NULL THEN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    PERFORM treadle._check_queue_allowed(j.queue) FROM treadle.jobs AS j WHERE j.id = cancel.job_id;
 
     UPDATE treadle.jobs AS j
        SET state = 'cancelled',
-           finished_at = treadle._now()
+           finished_at = treadle.now()
      WHERE j.id = cancel.job_id
        AND j.state = ANY (ARRAY['available', 'retryable'])
     RETURNING j.* INTO v_job;
@@ -1296,29 +1684,32 @@ COMMENT ON FUNCTION treadle.cancel(bigint) IS
 -- to 0. A retried workflow step resumes its failed or cancelled run. A retried
 -- periodic occurrence that already started its successor runs once more without
 -- starting another. Returns false for any other state or an unknown id.
--- Raises 22004: job_id null.
+-- Raises 22004: job_id null. 42501: a tenant's job outside its queues.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.retry(job_id bigint)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle._now();
+    v_now timestamptz := treadle.now();
     v_job treadle.jobs;
 BEGIN
     IF retry.job_id IS NULL THEN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    PERFORM treadle._check_queue_allowed(j.queue) FROM treadle.jobs AS j WHERE j.id = retry.job_id;
 
     UPDATE treadle.jobs AS j
        SET state = 'available',
            run_at = v_now,
            attempt = 0,
            finished_at = NULL,
-           cancel_requested = false
+           cancel_requested = false,
+           lease_token = NULL
      WHERE j.id = retry.job_id
        AND j.state = ANY (ARRAY['discarded', 'cancelled', 'retryable'])
     RETURNING j.* INTO v_job;
@@ -1346,12 +1737,13 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 -- finished workflow runs whose finished_at is older than now - older_than. Step
 -- jobs go only with their run, so a kept run keeps its whole history. Returns
 -- how many jobs it deleted (step jobs included).
--- Raises 22004: older_than null. 22023: older_than negative.
+-- Raises 22004: older_than null. 22023: older_than negative or over 100 years.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.prune(older_than interval DEFAULT '7 days')
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -1363,11 +1755,8 @@ BEGIN
     IF prune.older_than IS NULL THEN
         RAISE EXCEPTION 'treadle: older_than must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF prune.older_than < interval '0' THEN
-        RAISE EXCEPTION 'treadle: older_than must not be negative, got %', prune.older_than
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    v_cutoff := treadle._now() - prune.older_than;
+    PERFORM treadle._check_interval(prune.older_than, 'older_than', interval '100 years', may_be_zero => true);
+    v_cutoff := treadle.now() - prune.older_than;
 
     SELECT count(*) INTO v_steps
       FROM treadle.jobs AS j
@@ -1394,8 +1783,8 @@ COMMENT ON FUNCTION treadle.prune(interval) IS
 --------------------------------------------------------------------------------
 -- treadle._check_steps(steps) -> void
 --
--- Raises 22004 when steps is null, 22023 when it is empty, holds a null or empty
--- name, or repeats a name.
+-- Raises 22004 when steps is null, 22023 when treadle._check_names refuses it or
+-- it repeats a name.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_steps(steps text[])
 RETURNS void
@@ -1405,7 +1794,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM treadle._check_names(steps, 'steps');
-    IF (SELECT count(DISTINCT s) FROM unnest(steps) AS u(s)) <> cardinality(steps) THEN
+    IF (SELECT count(DISTINCT u.s) FROM unnest(steps) AS u(s)) <> cardinality(steps) THEN
         RAISE EXCEPTION 'treadle: steps must not repeat a name: %', steps
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -1420,13 +1809,15 @@ COMMENT ON FUNCTION treadle._check_steps(text[]) IS
 -- Records the ordered step names of a workflow (workers call it when they
 -- register one). Replaces an earlier definition for new runs; existing runs
 -- keep the steps they started with.
--- Raises 22004: name or steps null. 22023: name empty; steps empty, with an
--- empty name, or repeating one.
+-- Raises 22004: name or steps null. 22023: a name that is not a valid name (see
+-- treadle._is_name); steps empty, nested, over 1000, with a bad name, or
+-- repeating one.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[])
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -1435,7 +1826,7 @@ BEGIN
     PERFORM treadle._check_steps(define_workflow.steps);
 
     INSERT INTO treadle.workflows AS w (name, steps, updated_at)
-    VALUES (define_workflow.name, define_workflow.steps, treadle._now())
+    VALUES (define_workflow.name, define_workflow.steps, treadle.now())
     ON CONFLICT (name) DO UPDATE
        SET steps = excluded.steps, updated_at = excluded.updated_at
      WHERE w.steps IS DISTINCT FROM excluded.steps;
@@ -1453,9 +1844,11 @@ COMMENT ON FUNCTION treadle.define_workflow(text, text[]) IS
 -- null the definition from treadle.define_workflow. Returns the run id; a
 -- workflow idempotency key (a namespace apart from jobs') that a run already
 -- holds returns that run's id and starts nothing.
--- Raises 22004: name or queue null. 22023: name or queue empty; input neither an
--- object nor an array; max_attempts < 1; steps empty, with an empty name or a
--- repeat; no steps given and no definition (unknown workflow).
+-- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
+-- input neither an object nor an array, over the size limit or nested over 100
+-- levels; max_attempts < 1; steps as define_workflow refuses them; no steps given
+-- and no definition (unknown workflow). 42501: a tenant's queue outside its
+-- prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.start_workflow(
     name            text,
@@ -1469,17 +1862,22 @@ CREATE OR REPLACE FUNCTION treadle.start_workflow(
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now   timestamptz := treadle._now();
+    v_now   timestamptz := treadle.now();
     v_input jsonb;
     v_steps text[] := start_workflow.steps;
+    v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
     PERFORM treadle._check_text(start_workflow.name, 'name');
     PERFORM treadle._check_text(start_workflow.queue, 'queue');
+    IF start_workflow.idempotency_key IS NOT NULL THEN
+        PERFORM treadle._check_text(start_workflow.idempotency_key, 'idempotency_key');
+    END IF;
     v_input := treadle._payload(start_workflow.input, 'input');
     IF start_workflow.priority IS NULL THEN
         RAISE EXCEPTION 'treadle: priority must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -1499,6 +1897,7 @@ BEGIN
     ELSE
         PERFORM treadle._check_steps(v_steps);
     END IF;
+    PERFORM treadle._check_queue_allowed(start_workflow.queue);
 
     LOOP
         INSERT INTO treadle.workflow_runs AS r
@@ -1506,21 +1905,16 @@ BEGIN
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
              start_workflow.max_attempts, start_workflow.idempotency_key, v_now)
-        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-        RETURNING r.id INTO v_id;
+        ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        RETURNING r.* INTO v_run;
 
-        IF v_id IS NOT NULL THEN
-            INSERT INTO treadle.jobs
-                (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
-            VALUES
-                (start_workflow.queue, 'workflow:' || start_workflow.name, '{}', start_workflow.priority, v_now,
-                 start_workflow.max_attempts, v_now, v_id, v_steps[1]);
-            PERFORM treadle._notify('treadle_jobs', start_workflow.queue);
-            RETURN v_id;
+        IF v_run.id IS NOT NULL THEN
+            PERFORM treadle._enqueue_step(v_run, v_steps[1], v_now);
+            RETURN v_run.id;
         END IF;
 
         SELECT r.id INTO v_id FROM treadle.workflow_runs AS r
-         WHERE r.idempotency_key = start_workflow.idempotency_key;
+         WHERE r.queue = start_workflow.queue AND r.idempotency_key = start_workflow.idempotency_key;
         IF FOUND THEN
             RETURN v_id;
         END IF;
@@ -1537,12 +1931,13 @@ COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, i
 -- cancelled at once), or its running step gets a cancel request (the run becomes
 -- cancelled when that step finishes). Returns false for an unknown run, one that
 -- is not running, or one whose cancel is already requested.
--- Raises 22004: run_id null.
+-- Raises 22004: run_id null. 42501: a tenant's run outside its queues.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel_workflow(run_id bigint)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -1552,6 +1947,7 @@ BEGIN
     IF cancel_workflow.run_id IS NULL THEN
         RAISE EXCEPTION 'treadle: run_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    PERFORM treadle._check_queue_allowed(r.queue) FROM treadle.workflow_runs AS r WHERE r.id = cancel_workflow.run_id;
 
     -- Jobs are locked before runs on every path; a step that finishes while we
     -- look hands over to the next one, so look again.
@@ -1570,7 +1966,7 @@ BEGIN
         IF NOT FOUND THEN
             -- a running run without a pending step (its step rows were deleted by hand)
             UPDATE treadle.workflow_runs AS r
-               SET state = 'cancelled', finished_at = treadle._now()
+               SET state = 'cancelled', finished_at = treadle.now()
              WHERE r.id = cancel_workflow.run_id AND r.state = 'running';
             RETURN FOUND;
         END IF;
@@ -1590,16 +1986,16 @@ COMMENT ON FUNCTION treadle.cancel_workflow(bigint) IS
 -- treadle.workflow_results(run_id) -> jsonb
 --
 -- The finished steps' results keyed by step name: {} before any step finished,
--- null for an unknown run.
+-- null for an unknown run (or one the caller may not see: it runs with the
+-- caller's rights, so row-level security applies).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.workflow_results(run_id bigint)
 RETURNS jsonb
 LANGUAGE sql
 STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT r.results FROM treadle.workflow_runs AS r WHERE r.id = run_id
-$$;
+BEGIN ATOMIC
+    SELECT r.results FROM treadle.workflow_runs AS r WHERE r.id = workflow_results.run_id;
+END;
 COMMENT ON FUNCTION treadle.workflow_results(bigint) IS
     'A workflow run''s step results keyed by step name; null for an unknown run.';
 --------------------------------------------------------------------------------
@@ -1614,8 +2010,9 @@ COMMENT ON FUNCTION treadle.workflow_results(bigint) IS
 --
 -- Transition: records (or refreshes) a live worker process and how many jobs it
 -- is running now.
--- Raises 22004: worker_id, host, pid or queues null. 22023: worker_id empty,
--- queues empty, concurrency < 1, running < 0.
+-- Raises 22004: worker_id, host, pid or queues null. 22023: worker_id, host or a
+-- queue not a valid name (treadle._is_name), queues empty or over 1000,
+-- concurrency < 1, running < 0.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.worker_seen(
     worker_id   text,
@@ -1628,17 +2025,19 @@ CREATE OR REPLACE FUNCTION treadle.worker_seen(
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle._now();
+    v_now timestamptz := treadle.now();
 BEGIN
     PERFORM treadle._check_text(worker_seen.worker_id, 'worker_id');
     PERFORM treadle._check_names(worker_seen.queues, 'queues');
     IF worker_seen.host IS NULL OR worker_seen.pid IS NULL THEN
         RAISE EXCEPTION 'treadle: host and pid must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    PERFORM treadle._check_text(worker_seen.host, 'host');
     IF worker_seen.concurrency IS NULL OR worker_seen.concurrency < 1
        OR worker_seen.running IS NULL OR worker_seen.running < 0 THEN
         RAISE EXCEPTION 'treadle: concurrency must be at least 1 and running at least 0'
@@ -1669,6 +2068,7 @@ CREATE OR REPLACE FUNCTION treadle.worker_stopped(worker_id text)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -1681,12 +2081,12 @@ $$;
 COMMENT ON FUNCTION treadle.worker_stopped(text) IS 'Remove a worker that shut down cleanly.';
 
 -- Workers seen in the last 30 seconds, with the jobs they hold right now.
-CREATE VIEW treadle.live_workers AS
+CREATE VIEW treadle.live_workers WITH (security_invoker = true) AS
 SELECT w.id, w.host, w.pid, w.queues, w.concurrency,
        (SELECT count(*) FROM treadle.jobs AS j WHERE j.state = 'running' AND j.worker_id = w.id) AS running_jobs,
        w.started_at, w.last_seen
   FROM treadle.workers AS w
- WHERE w.last_seen > treadle._now() - interval '30 seconds'
+ WHERE w.last_seen > treadle.now() - interval '30 seconds'
  ORDER BY w.started_at, w.id;
 COMMENT ON VIEW treadle.live_workers IS
     'Worker processes seen in the last 30 seconds, with the jobs they hold.';
@@ -1696,16 +2096,16 @@ COMMENT ON VIEW treadle.live_workers IS
 
 -- One row per queue and state present, with the age of the queue's oldest
 -- claimable job (null when it has none): a growing age is the first sign of trouble.
-CREATE VIEW treadle.queue_stats AS
+CREATE VIEW treadle.queue_stats WITH (security_invoker = true) AS
 WITH counts AS (
     SELECT j.queue, j.state, count(*) AS jobs
       FROM treadle.jobs AS j
      GROUP BY j.queue, j.state
 ), ages AS (
-    SELECT j.queue, treadle._now() - min(j.run_at) AS oldest_available_age
+    SELECT j.queue, treadle.now() - min(j.run_at) AS oldest_available_age
       FROM treadle.jobs AS j
      WHERE j.state = ANY (ARRAY['available', 'retryable'])
-       AND j.run_at <= treadle._now()
+       AND j.run_at <= treadle.now()
      GROUP BY j.queue
 )
 SELECT c.queue, c.state, c.jobs, a.oldest_available_age
@@ -1716,12 +2116,12 @@ COMMENT ON VIEW treadle.queue_stats IS
     'Jobs per queue and state, with the age of each queue''s oldest claimable job.';
 
 -- Jobs finished per minute over the last hour, every minute present.
-CREATE VIEW treadle.throughput AS
+CREATE VIEW treadle.throughput WITH (security_invoker = true) AS
 SELECT m.minute,
        count(*) FILTER (WHERE j.state = 'completed') AS completed,
        count(*) FILTER (WHERE j.state = 'discarded') AS discarded
-  FROM generate_series(date_trunc('minute', treadle._now()) - interval '59 minutes',
-                       date_trunc('minute', treadle._now()),
+  FROM generate_series(date_trunc('minute', treadle.now()) - interval '59 minutes',
+                       date_trunc('minute', treadle.now()),
                        interval '1 minute') AS m(minute)
   LEFT JOIN treadle.jobs AS j
     ON j.finished_at >= m.minute
@@ -1733,7 +2133,7 @@ COMMENT ON VIEW treadle.throughput IS
     'Completed and discarded jobs per minute over the last hour.';
 
 -- Jobs that failed and will retry, or were discarded, newest failure first.
-CREATE VIEW treadle.recent_failures AS
+CREATE VIEW treadle.recent_failures WITH (security_invoker = true) AS
 SELECT j.id, j.queue, j.name, j.state, j.attempt, j.max_attempts, j.last_error, j.failed_at,
        j.workflow_run_id, j.step
   FROM treadle.jobs AS j
@@ -1744,7 +2144,7 @@ COMMENT ON VIEW treadle.recent_failures IS
     'Retryable and discarded jobs with an error, newest failure first.';
 
 -- Workflow runs with their current step and how far they have come.
-CREATE VIEW treadle.workflow_run_overview AS
+CREATE VIEW treadle.workflow_run_overview WITH (security_invoker = true) AS
 SELECT r.id, r.name, r.state,
        cur.step AS current_step,
        (SELECT count(*) FROM jsonb_object_keys(r.results))::integer AS steps_done,
@@ -1768,7 +2168,7 @@ COMMENT ON VIEW treadle.workflow_run_overview IS
 
 -- One job as a reader sees it: every column but the lease token, which is a
 -- worker's write credential that nobody reading needs.
-CREATE VIEW treadle.job_details AS
+CREATE VIEW treadle.job_details WITH (security_invoker = true) AS
 SELECT j.id, j.queue, j.name, j.args, j.state, j.priority, j.run_at, j.attempt, j.max_attempts,
        j.lease_until, j.worker_id, j.idempotency_key, j.result, j.last_error, j.created_at,
        j.finished_at, j.workflow_run_id, j.step, j.every, j.next_id, j.cancel_requested,
@@ -1779,7 +2179,7 @@ COMMENT ON VIEW treadle.job_details IS
 
 -- A run's steps in order, each with the job that runs it; a step whose job is not
 -- enqueued yet has state 'pending' and no job.
-CREATE VIEW treadle.workflow_run_steps AS
+CREATE VIEW treadle.workflow_run_steps WITH (security_invoker = true) AS
 SELECT r.id AS run_id, s.position, s.step,
        j.id AS job_id,
        coalesce(j.state, 'pending') AS state,
@@ -1799,14 +2199,14 @@ COMMENT ON VIEW treadle.workflow_run_steps IS
     'A workflow run''s steps in order, with each step''s job, state, attempt, result and error.';
 
 --------------------------------------------------------------------------------
--- treadle._estimated_jobs(queue, state) -> bigint
+-- treadle.estimated_jobs(queue, state) -> bigint
 --
 -- The planner's estimate of how many jobs are in a state (in one queue, or in all
 -- when queue is null), from the table's statistics: no row is read. Never below 1,
--- as the planner rounds up. VOLATILE because it runs EXPLAIN, so not PUBLIC's:
--- treadle.grant_dashboard grants it.
+-- as the planner rounds up. VOLATILE because it runs EXPLAIN; runs with the
+-- caller's rights; treadle.grant_reader grants it.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._estimated_jobs(queue text, state text)
+CREATE OR REPLACE FUNCTION treadle.estimated_jobs(queue text, state text)
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
@@ -1822,7 +2222,7 @@ BEGIN
     RETURN round((v_plan -> 0 -> 'Plan' ->> 'Plan Rows')::numeric)::bigint;
 END;
 $$;
-COMMENT ON FUNCTION treadle._estimated_jobs(text, text) IS
+COMMENT ON FUNCTION treadle.estimated_jobs(text, text) IS
     'Planner estimate of the jobs in a state (and queue), read from statistics only.';
 
 --------------------------------------------------------------------------------
@@ -1838,8 +2238,8 @@ COMMENT ON FUNCTION treadle._estimated_jobs(text, text) IS
 -- (estimated = true) when it must be: finished states always, since counting them
 -- would read the whole table; available, retryable and running only when their own
 -- estimate passes exact_up_to (otherwise their indexes give an exact count).
--- It changes nothing, but is VOLATILE (it runs EXPLAIN), so not PUBLIC's:
--- treadle.grant_dashboard grants it.
+-- It changes nothing, but is VOLATILE (it runs EXPLAIN); it runs with the
+-- caller's rights (row-level security applies); treadle.grant_reader grants it.
 -- Raises 22004: exact_up_to null. 22023: exact_up_to negative.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.job_counts(exact_up_to bigint DEFAULT 100000)
@@ -1851,7 +2251,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     c_states CONSTANT text[] := ARRAY['available', 'running', 'retryable', 'completed', 'discarded', 'cancelled'];
-    v_now   timestamptz := treadle._now();
+    v_now   timestamptz := treadle.now();
     v_rows  real;
     v_small boolean;
     v_exact text[];  -- the states counted exactly
@@ -1872,7 +2272,7 @@ BEGIN
     ELSE
         SELECT coalesce(array_agg(s.state), ARRAY[]::text[]) INTO v_exact
           FROM unnest(ARRAY['available', 'retryable', 'running']) AS s(state)
-         WHERE treadle._estimated_jobs(NULL, s.state) <= job_counts.exact_up_to;
+         WHERE treadle.estimated_jobs(NULL, s.state) <= job_counts.exact_up_to;
     END IF;
 
     RETURN QUERY
@@ -1909,7 +2309,7 @@ BEGIN
     ), per_queue AS (
         SELECT e.queue, e.state, e.jobs, false AS estimated FROM exact AS e
         UNION ALL
-        SELECT q.queue, s.state, treadle._estimated_jobs(q.queue, s.state), true
+        SELECT q.queue, s.state, treadle.estimated_jobs(q.queue, s.state), true
           FROM queues AS q
          CROSS JOIN unnest(c_states) AS s(state)
          WHERE NOT v_small
@@ -1925,7 +2325,7 @@ BEGIN
       FROM (SELECT NULL::text AS queue, s.state,
                    CASE WHEN s.state = ANY (v_exact)
                         THEN (SELECT coalesce(sum(e.jobs), 0)::bigint FROM exact AS e WHERE e.state = s.state)
-                        ELSE treadle._estimated_jobs(NULL, s.state) END AS jobs,
+                        ELSE treadle.estimated_jobs(NULL, s.state) END AS jobs,
                    s.state <> ALL (v_exact) AS estimated,
                    NULL::interval AS age
               FROM unnest(c_states) AS s(state)
@@ -1939,47 +2339,116 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.job_counts(bigint) IS
     'Jobs per state (queue null: all queues) and per queue and state, with each queue''s oldest waiting age; estimated on large tables, and flagged.';
-
-REVOKE ALL ON FUNCTION
-    treadle._estimated_jobs(text, text),
-    treadle.job_counts(bigint)
-FROM PUBLIC;
 --------------------------------------------------------------------------------
--- Version and privileges. The extension creates no roles. Functions that change
--- data are revoked from PUBLIC; treadle.grant_producer, grant_worker and
--- grant_dashboard give a role the functions and table rights it needs (all
--- functions are SECURITY INVOKER, so they run with the caller's rights).
+-- Privileges. The functions are the only write path: every function that writes
+-- runs as the owner (SECURITY DEFINER, search_path pinned, names qualified, no
+-- SQL built from input), and no other role holds a right that writes a table or
+-- draws from a sequence. Helpers named _* are the owner's alone. The extension
+-- creates no roles: the owner gives roles what their part needs with
+--
+--   treadle.grant_reader(role)     the views, and the tables' columns but lease tokens
+--   treadle.grant_producer(role)   reader + enqueue, workflows, cancel, retry
+--   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, registry
+--   treadle.grant_admin(role)      reader + cancel, retry, prune, rescue
+--   treadle.grant_dashboard(role, read_only)   reader + cancel and retry unless read_only
+--
+-- and keeps a role to the queues under a prefix with treadle.set_tenant.
+-- docs/operations.md has the table of who may do what.
 --------------------------------------------------------------------------------
 
-REVOKE ALL ON FUNCTION
-    treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval),
-    treadle.enqueue_many(jsonb),
-    treadle.claim(text, text[], text[], integer, interval),
-    treadle.heartbeat(bigint, uuid, interval),
-    treadle.progress(bigint, uuid, double precision, text),
-    treadle.complete(bigint, uuid, jsonb),
-    treadle.complete_many(bigint[], uuid[], jsonb[]),
-    treadle.fail(bigint, uuid, text, interval),
-    treadle.release(bigint, uuid),
-    treadle.rescue(),
-    treadle.cancel(bigint),
-    treadle.retry(bigint),
-    treadle.prune(interval),
-    treadle.define_workflow(text, text[]),
-    treadle.start_workflow(text, jsonb, text[], text, integer, integer, text),
-    treadle.cancel_workflow(bigint),
-    treadle.worker_seen(text, text, integer, text[], integer, integer),
-    treadle.worker_stopped(text),
-    treadle._advance_run(treadle.jobs),
-    treadle._follow_up(treadle.jobs[])
-FROM PUBLIC;
+--------------------------------------------------------------------------------
+-- treadle._grant_parts(role, parts) -> void
+--
+-- Grants USAGE on the schema and EXECUTE on the functions of each named part:
+--   read     job_counts, estimated_jobs
+--   produce  enqueue, enqueue_many, start_workflow
+--   control  cancel, retry, cancel_workflow
+--   work     claim, claimed, heartbeat, progress, complete, complete_many, fail,
+--            release, define_workflow, worker_seen, worker_stopped
+--   recover  rescue
+--   prune    prune
+-- Each function is listed here once; the grant helpers combine the parts.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._grant_parts(role regrole, parts text[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_functions text[];
+BEGIN
+    IF role IS NULL THEN
+        RAISE EXCEPTION 'treadle: role must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT array_agg(f.signature) INTO v_functions
+      FROM (VALUES
+        ('read',    'treadle.job_counts(bigint)'),
+        ('read',    'treadle.estimated_jobs(text, text)'),
+        ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval)'),
+        ('produce', 'treadle.enqueue_many(jsonb)'),
+        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text)'),
+        ('control', 'treadle.cancel(bigint)'),
+        ('control', 'treadle.retry(bigint)'),
+        ('control', 'treadle.cancel_workflow(bigint)'),
+        ('work',    'treadle.claim(text, text[], text[], integer, interval, uuid)'),
+        ('work',    'treadle.claimed(uuid)'),
+        ('work',    'treadle.heartbeat(bigint, uuid, interval)'),
+        ('work',    'treadle.progress(bigint, uuid, double precision, text)'),
+        ('work',    'treadle.complete(bigint, uuid, jsonb)'),
+        ('work',    'treadle.complete_many(bigint[], uuid[], jsonb[])'),
+        ('work',    'treadle.fail(bigint, uuid, text, interval)'),
+        ('work',    'treadle.release(bigint, uuid)'),
+        ('work',    'treadle.define_workflow(text, text[])'),
+        ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer)'),
+        ('work',    'treadle.worker_stopped(text)'),
+        ('recover', 'treadle.rescue()'),
+        ('prune',   'treadle.prune(interval)')
+      ) AS f(part, signature)
+     WHERE f.part = ANY (parts);
+    EXECUTE format('GRANT USAGE ON SCHEMA treadle TO %s', role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s',
+                   (SELECT string_agg(f::regprocedure::text, ', ') FROM unnest(v_functions) AS u(f)), role);
+END;
+$$;
+COMMENT ON FUNCTION treadle._grant_parts(regrole, text[]) IS
+    'Grant schema usage and the functions of the named parts (read, produce, control, work, recover, prune) to a role.';
+
+--------------------------------------------------------------------------------
+-- treadle.grant_reader(role) -> void
+--
+-- Lets a role read: the views, every column of the tables but jobs.lease_token
+-- (a worker's write credential), and the job count estimates. Row-level security
+-- keeps a tenant to its queues. Raises 22004: role null. Owner only.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.grant_reader(role regrole)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM treadle._grant_parts(role, ARRAY['read']);
+    EXECUTE format('GRANT SELECT (%s) ON treadle.jobs TO %s',
+                   (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum)
+                      FROM pg_catalog.pg_attribute AS a
+                     WHERE a.attrelid = 'treadle.jobs'::regclass AND a.attnum > 0
+                       AND NOT a.attisdropped AND a.attname <> 'lease_token'),
+                   role);
+    EXECUTE format('GRANT SELECT ON treadle.workflow_runs, treadle.workflows, treadle.workers,
+        treadle.tenants, treadle.settings,
+        treadle.queue_stats, treadle.throughput, treadle.recent_failures, treadle.workflow_run_overview,
+        treadle.live_workers, treadle.job_details, treadle.workflow_run_steps TO %s', role);
+END;
+$$;
+COMMENT ON FUNCTION treadle.grant_reader(regrole) IS
+    'Grant a role what reading needs: the views and the tables but lease tokens.';
 
 --------------------------------------------------------------------------------
 -- treadle.grant_producer(role) -> void
 --
--- Lets a role enqueue jobs, start workflows, cancel and retry, and read results.
--- Raises 22004: role null. The caller needs the grant option on these objects
--- (the extension's owner has it).
+-- grant_reader, plus enqueueing, starting workflows, and cancelling and retrying
+-- jobs and runs. Raises 22004: role null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_producer(role regrole)
 RETURNS void
@@ -1988,22 +2457,8 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF role IS NULL THEN
-        RAISE EXCEPTION 'treadle: role must not be null' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    EXECUTE format('GRANT USAGE ON SCHEMA treadle TO %s', role);
-    EXECUTE format('GRANT SELECT, INSERT, UPDATE ON treadle.jobs, treadle.workflow_runs TO %s', role);
-    EXECUTE format('GRANT SELECT ON treadle.workflows TO %s', role);
-    EXECUTE format('GRANT USAGE ON SEQUENCE treadle.jobs_id_seq, treadle.workflow_runs_id_seq TO %s', role);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION
-        treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval),
-        treadle.enqueue_many(jsonb),
-        treadle.start_workflow(text, jsonb, text[], text, integer, integer, text),
-        treadle.cancel(bigint),
-        treadle.retry(bigint),
-        treadle.cancel_workflow(bigint),
-        treadle._advance_run(treadle.jobs),
-        treadle._follow_up(treadle.jobs[]) TO %s', role);
+    PERFORM treadle.grant_reader(role);
+    PERFORM treadle._grant_parts(role, ARRAY['produce', 'control']);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_producer(regrole) IS
@@ -2012,9 +2467,9 @@ COMMENT ON FUNCTION treadle.grant_producer(regrole) IS
 --------------------------------------------------------------------------------
 -- treadle.grant_worker(role) -> void
 --
--- Everything grant_producer gives, plus claiming, heartbeats, progress,
--- finishing, rescue and workflow definitions.
--- Raises 22004: role null.
+-- grant_producer (handlers enqueue follow-up work), plus claiming, heartbeats,
+-- progress, finishing, rescue, workflow definitions and the worker registry.
+-- Raises 22004: role null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_worker(role regrole)
 RETURNS void
@@ -2024,31 +2479,38 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM treadle.grant_producer(role);
-    EXECUTE format('GRANT INSERT, UPDATE ON treadle.workflows TO %s', role);
-    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON treadle.workers TO %s', role);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION
-        treadle.claim(text, text[], text[], integer, interval),
-        treadle.heartbeat(bigint, uuid, interval),
-        treadle.progress(bigint, uuid, double precision, text),
-        treadle.complete(bigint, uuid, jsonb),
-        treadle.complete_many(bigint[], uuid[], jsonb[]),
-        treadle.fail(bigint, uuid, text, interval),
-        treadle.release(bigint, uuid),
-        treadle.rescue(),
-        treadle.define_workflow(text, text[]),
-        treadle.worker_seen(text, text, integer, text[], integer, integer),
-        treadle.worker_stopped(text) TO %s', role);
+    PERFORM treadle._grant_parts(role, ARRAY['work', 'recover']);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_worker(regrole) IS
     'Grant a role what a worker needs: grant_producer plus claim, heartbeat, finish and rescue.';
 
 --------------------------------------------------------------------------------
+-- treadle.grant_admin(role) -> void
+--
+-- grant_reader, plus the operator's controls: cancel, retry, prune and rescue.
+-- Raises 22004: role null. Owner only.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.grant_admin(role regrole)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM treadle.grant_reader(role);
+    PERFORM treadle._grant_parts(role, ARRAY['control', 'recover', 'prune']);
+END;
+$$;
+COMMENT ON FUNCTION treadle.grant_admin(regrole) IS
+    'Grant a role the operator''s controls: reading, cancel, retry, prune and rescue.';
+
+--------------------------------------------------------------------------------
 -- treadle.grant_dashboard(role, read_only) -> void
 --
--- Lets a role read the views and jobs; unless read_only, also cancel and retry
--- jobs and cancel workflow runs.
--- Raises 22004: role or read_only null.
+-- What the dashboard needs: grant_reader, and unless read_only, cancelling and
+-- retrying jobs and cancelling workflow runs.
+-- Raises 22004: role or read_only null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_dashboard(role regrole, read_only boolean DEFAULT false)
 RETURNS void
@@ -2060,29 +2522,85 @@ BEGIN
     IF role IS NULL OR read_only IS NULL THEN
         RAISE EXCEPTION 'treadle: role and read_only must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    EXECUTE format('GRANT USAGE ON SCHEMA treadle TO %s', role);
-    EXECUTE format('GRANT SELECT ON treadle.jobs, treadle.workflow_runs, treadle.workflows, treadle.workers,
-        treadle.queue_stats, treadle.throughput, treadle.recent_failures,
-        treadle.workflow_run_overview, treadle.live_workers,
-        treadle.job_details, treadle.workflow_run_steps TO %s', role);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION
-        treadle.job_counts(bigint), treadle._estimated_jobs(text, text) TO %s', role);
+    PERFORM treadle.grant_reader(role);
     IF NOT read_only THEN
-        EXECUTE format('GRANT UPDATE ON treadle.jobs, treadle.workflow_runs TO %s', role);
-        EXECUTE format('GRANT EXECUTE ON FUNCTION
-            treadle.cancel(bigint),
-            treadle.retry(bigint),
-            treadle.cancel_workflow(bigint),
-            treadle._advance_run(treadle.jobs),
-            treadle._follow_up(treadle.jobs[]) TO %s', role);
+        PERFORM treadle._grant_parts(role, ARRAY['control']);
     END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_dashboard(regrole, boolean) IS
     'Grant a role what the dashboard needs: the views, and unless read_only, cancel and retry.';
 
-REVOKE ALL ON FUNCTION
-    treadle.grant_producer(regrole),
-    treadle.grant_worker(regrole),
-    treadle.grant_dashboard(regrole, boolean)
-FROM PUBLIC;
+--------------------------------------------------------------------------------
+-- treadle.set_tenant(role, queue_prefix) -> void
+--
+-- Keeps a role to the queues whose names start with queue_prefix: it sees only
+-- their jobs and runs (row-level security, through the views), and enqueue,
+-- start_workflow, claim, cancel, retry and cancel_workflow refuse it any other
+-- queue (42501). A null prefix lifts the rule. Idempotency keys are per queue,
+-- so tenants never share one. Owner only.
+-- Raises 22004: role null. 22023: a prefix that is not a valid name.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.set_tenant(role regrole, queue_prefix text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF role IS NULL THEN
+        RAISE EXCEPTION 'treadle: role must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF queue_prefix IS NULL THEN
+        DELETE FROM treadle.tenants AS t WHERE t.role_name = role::text;
+        RETURN;
+    END IF;
+    PERFORM treadle._check_text(queue_prefix, 'queue_prefix');
+    INSERT INTO treadle.tenants AS t (role_name, queue_prefix) VALUES (role::text, queue_prefix)
+    ON CONFLICT (role_name) DO UPDATE SET queue_prefix = excluded.queue_prefix;
+END;
+$$;
+COMMENT ON FUNCTION treadle.set_tenant(regrole, text) IS
+    'Keep a role to the queues under a prefix (null lifts it).';
+
+--------------------------------------------------------------------------------
+-- treadle.configure(max_payload_bytes) -> void
+--
+-- The owner's limits: the largest args, workflow input, result or progress
+-- message accepted, in bytes (default 1 MiB). Owner only.
+-- Raises 22004: max_payload_bytes null. 22023: outside 1 KiB..256 MiB.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.configure(max_payload_bytes integer)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF configure.max_payload_bytes IS NULL THEN
+        RAISE EXCEPTION 'treadle: max_payload_bytes must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF configure.max_payload_bytes NOT BETWEEN 1024 AND 268435456 THEN
+        RAISE EXCEPTION 'treadle: max_payload_bytes must be between 1024 and 268435456, got %', configure.max_payload_bytes
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO treadle.settings AS s (max_payload_bytes) VALUES (configure.max_payload_bytes)
+    ON CONFLICT (only_row) DO UPDATE SET max_payload_bytes = excluded.max_payload_bytes;
+END;
+$$;
+COMMENT ON FUNCTION treadle.configure(integer) IS
+    'Set the owner''s limits (max_payload_bytes).';
+
+--------------------------------------------------------------------------------
+-- Every function, table and sequence: nothing for PUBLIC, but the read-only
+-- functions that run with the caller's rights (they show only what the caller may
+-- see). This file comes last, so it covers every object the sources create.
+--------------------------------------------------------------------------------
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA treadle FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA treadle FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA treadle FROM PUBLIC;
+
+-- Read-only functions that run with the caller's rights: anyone may call them, and
+-- see only what the caller may see.
+GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint) TO PUBLIC;

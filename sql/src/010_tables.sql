@@ -34,9 +34,9 @@ CREATE TABLE treadle.workflow_runs (
     CONSTRAINT workflow_runs_steps_check CHECK (cardinality(steps) > 0)
 );
 
--- Workflow idempotency keys are a namespace of their own, apart from jobs'.
+-- Workflow idempotency keys are a namespace of their own, apart from jobs', per queue.
 CREATE UNIQUE INDEX workflow_runs_idempotency_key_idx
-    ON treadle.workflow_runs (idempotency_key) WHERE idempotency_key IS NOT NULL;
+    ON treadle.workflow_runs (queue, idempotency_key) WHERE idempotency_key IS NOT NULL;
 
 CREATE TABLE treadle.jobs (
     -- the public contract: these columns, in this order
@@ -75,12 +75,12 @@ CREATE TABLE treadle.jobs (
     CONSTRAINT jobs_attempt_check CHECK (attempt >= 0),
     CONSTRAINT jobs_max_attempts_check CHECK (max_attempts >= 1),
     CONSTRAINT jobs_every_check CHECK (every > interval '0'),
-    -- a running job holds a lease, and only a running job does
-    -- (worker_id stays on a finished job: it names the worker that ran it last)
+    -- a running job holds a lease, and only a running job has a lease time. The token
+    -- of the claim that finished a job stays on it (as worker_id does), so a worker
+    -- whose answer was lost can repeat its finish and be told what it did.
     CONSTRAINT jobs_lease_check CHECK (
-        (state = 'running') = (lease_token IS NOT NULL)
-        AND (state = 'running') = (lease_until IS NOT NULL)
-        AND (state <> 'running' OR worker_id IS NOT NULL)),
+        (state = 'running') = (lease_until IS NOT NULL)
+        AND (state <> 'running' OR (lease_token IS NOT NULL AND worker_id IS NOT NULL))),
     -- a finished job has finished_at, and only a finished job does
     CONSTRAINT jobs_finished_check CHECK (
         (state = ANY (ARRAY['completed', 'discarded', 'cancelled'])) = (finished_at IS NOT NULL)),
@@ -99,9 +99,10 @@ CREATE INDEX jobs_claim_name_idx ON treadle.jobs (queue, name, priority, run_at,
 -- rescue() finds expired leases
 CREATE INDEX jobs_lease_idx ON treadle.jobs (lease_until) WHERE state = 'running';
 
--- An idempotency key belongs to its job for as long as the row exists.
+-- An idempotency key belongs to its job for as long as the row exists. Keys are per
+-- queue, so that tenants kept apart by queue can neither see nor suppress each other's.
 CREATE UNIQUE INDEX jobs_idempotency_key_idx
-    ON treadle.jobs (idempotency_key) WHERE idempotency_key IS NOT NULL;
+    ON treadle.jobs (queue, idempotency_key) WHERE idempotency_key IS NOT NULL;
 
 -- the throughput view and prune() read finished jobs by time
 CREATE INDEX jobs_finished_at_idx ON treadle.jobs (finished_at) WHERE finished_at IS NOT NULL;
@@ -130,6 +131,36 @@ CREATE TABLE treadle.workers (
     CONSTRAINT workers_id_check CHECK (id <> '')
 );
 
+-- Limits the owner may change (treadle.configure); no row means the defaults.
+CREATE TABLE treadle.settings (
+    only_row          boolean PRIMARY KEY DEFAULT true,
+    max_payload_bytes integer NOT NULL,
+    CONSTRAINT settings_only_row_check CHECK (only_row),
+    CONSTRAINT settings_max_payload_bytes_check CHECK (max_payload_bytes BETWEEN 1024 AND 268435456)
+);
+
+-- Tenants: a role listed here sees and acts on only the queues whose names start with
+-- its prefix (treadle.set_tenant). Row-level security applies it to every read through
+-- the views; the functions apply it to every write.
+CREATE TABLE treadle.tenants (
+    role_name    name PRIMARY KEY,
+    queue_prefix text NOT NULL,
+    CONSTRAINT tenants_queue_prefix_check CHECK (queue_prefix <> '')
+);
+
+-- Readers see rows of the queues their tenant prefix allows (all, for a role that is
+-- not a tenant). The owner, whose functions do every write, is not subject to it.
+ALTER TABLE treadle.jobs ENABLE ROW LEVEL SECURITY;
+ALTER TABLE treadle.workflow_runs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY jobs_tenant_read ON treadle.jobs FOR SELECT
+    USING (starts_with(queue, coalesce(
+        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
+CREATE POLICY workflow_runs_tenant_read ON treadle.workflow_runs FOR SELECT
+    USING (starts_with(queue, coalesce(
+        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
+
+SELECT pg_catalog.pg_extension_config_dump('treadle.settings', '');
+SELECT pg_catalog.pg_extension_config_dump('treadle.tenants', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflows', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_runs', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_runs_id_seq', '');

@@ -1,35 +1,112 @@
 --------------------------------------------------------------------------------
--- Private helpers. They change no data, so PUBLIC keeps EXECUTE on them: the
--- SECURITY INVOKER functions that call them run as the caller.
+-- The clock, and private helpers.
 --
--- The small pure ones have SQL-standard bodies (BEGIN ATOMIC): those are parsed
--- and bound when they are created, so no search_path can redirect them, and
--- without a SET clause the planner can inline them into the hot statements
--- (claim, enqueue) instead of calling them row by row.
+-- Helpers whose names start with _ are executable by the owner only: the public
+-- functions that call them run as the owner (SECURITY DEFINER). The small pure
+-- ones have SQL-standard bodies (BEGIN ATOMIC): those are bound when they are
+-- created, so no search_path can redirect them, and the planner can inline them
+-- into the statements that call them.
+--
+-- Bounds every client meets, whatever language it speaks:
+--   names (job, queue, step, workflow, worker id) and idempotency keys: 1 to 200
+--     characters, no control characters, not only spaces;
+--   args, workflow input, results and progress messages: at most
+--     treadle.settings.max_payload_bytes (1 MiB unless the owner says otherwise,
+--     treadle.configure) and at most 100 levels of JSON nesting;
+--   error text: kept to 16,384 characters (its head and its tail), and the newest
+--     20 errors of a job.
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
--- treadle._now() -> timestamptz
+-- treadle.now() -> timestamptz
 --
--- The one clock of every transition: the start of the current statement, or the
--- value of the setting treadle.now when a session sets it (tests move time that
--- way, without sleeping; the setting affects only that session).
+-- The one clock of every transition: the start of the current statement. Tests
+-- move time without sleeping by setting treadle.now in their session; the setting
+-- is obeyed only for a role that may create objects in schema treadle (its owner,
+-- a superuser), who could change any row anyway. Everyone else gets the server's time.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._now()
+CREATE OR REPLACE FUNCTION treadle.now()
 RETURNS timestamptz
 LANGUAGE sql
 STABLE
 BEGIN ATOMIC
-    SELECT coalesce(nullif(current_setting('treadle.now', true), '')::timestamptz,
-                    statement_timestamp());
+    SELECT CASE
+        WHEN nullif(current_setting('treadle.now', true), '') IS NULL
+          OR NOT has_schema_privilege(
+                 coalesce(nullif(current_setting('role'), 'none'), session_user::text)::name,
+                 'treadle', 'CREATE')
+        THEN statement_timestamp()
+        ELSE current_setting('treadle.now', true)::timestamptz
+    END;
 END;
-COMMENT ON FUNCTION treadle._now() IS
-    'treadle''s clock: statement_timestamp(), or the session setting treadle.now when set.';
+COMMENT ON FUNCTION treadle.now() IS
+    'treadle''s clock: statement_timestamp(), or the setting treadle.now in a session of the schema''s owner.';
+
+--------------------------------------------------------------------------------
+-- treadle._caller() -> name
+--
+-- The role a call is made for: the session's role (SET ROLE's, or the login's).
+-- Inside a SECURITY DEFINER function current_user is the owner, so tenant rules
+-- read this instead.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._caller()
+RETURNS name
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT coalesce(nullif(current_setting('role'), 'none'), session_user::text)::name;
+END;
+COMMENT ON FUNCTION treadle._caller() IS
+    'The role a call is made for: SET ROLE''s role, or the session''s login role.';
+
+--------------------------------------------------------------------------------
+-- treadle._check_queue_allowed(queue) -> void
+--
+-- Raises 42501 when the caller is a tenant (treadle.tenants) and the queue is not
+-- one of its queues. enqueue and claim test the same rule inline first (a call
+-- costs more than the test) and call this only to raise.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_queue_allowed(queue text)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_prefix text;
+BEGIN
+    SELECT t.queue_prefix INTO v_prefix FROM treadle.tenants AS t WHERE t.role_name = treadle._caller();
+    IF FOUND AND NOT starts_with(queue, v_prefix) THEN
+        RAISE EXCEPTION 'treadle: role % may not use queue %', treadle._caller(), queue
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = format('Its queues start with %L.', v_prefix);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_queue_allowed(text) IS
+    'Raise 42501 when a tenant caller names a queue outside its prefix.';
+
+--------------------------------------------------------------------------------
+-- treadle._is_name(value) -> boolean
+--
+-- The rule for names and keys: 1 to 200 characters, not only spaces, no control
+-- characters. Null for null.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._is_name(value text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+BEGIN ATOMIC
+    SELECT btrim(value) <> '' AND length(value) <= 200 AND value !~ '[[:cntrl:]]';
+END;
+COMMENT ON FUNCTION treadle._is_name(text) IS
+    'True for a name or key of 1 to 200 characters, not only spaces, without control characters.';
 
 --------------------------------------------------------------------------------
 -- treadle._check_text(value, argument) -> void
 --
--- Raises 22004 when value is null, 22023 when it is empty or only white space.
+-- A name or key: raises 22004 when value is null, 22023 when it is empty, only
+-- spaces, longer than 200 characters or holds a control character.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_text(value text, argument text)
 RETURNS void
@@ -42,20 +119,21 @@ BEGIN
         RAISE EXCEPTION 'treadle: % must not be null', argument
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF btrim(value) = '' THEN
-        RAISE EXCEPTION 'treadle: % must not be empty', argument
+    IF NOT treadle._is_name(value) THEN
+        RAISE EXCEPTION 'treadle: % must be 1 to 200 characters, not only spaces, without control characters', argument
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._check_text(text, text) IS
-    'Raise 22004 for a null text argument, 22023 for an empty one.';
+    'Raise 22004 for a null name, 22023 for an empty, blank, over-long or control-character one.';
 
 --------------------------------------------------------------------------------
 -- treadle._check_names(value, argument) -> void
 --
--- A list of queue or job names: raises 22004 when it is null, 22023 when it is
--- empty or holds a null or empty name.
+-- A list of queue, job or step names: raises 22004 when it is null, 22023 when it
+-- is empty, not one-dimensional, longer than 1,000 names, or holds a name that
+-- treadle._check_text refuses.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_names(value text[], argument text)
 RETURNS void
@@ -68,29 +146,87 @@ BEGIN
         RAISE EXCEPTION 'treadle: % must not be null', argument
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF cardinality(value) = 0 THEN
-        RAISE EXCEPTION 'treadle: % must not be empty', argument
+    IF cardinality(value) = 0 OR array_ndims(value) <> 1 OR cardinality(value) > 1000 THEN
+        RAISE EXCEPTION 'treadle: % must be a list of 1 to 1000 names', argument
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(value) AS v(x) WHERE x IS NULL OR btrim(x) = '') THEN
-        RAISE EXCEPTION 'treadle: % must not contain null or empty names', argument
+    IF EXISTS (SELECT 1 FROM unnest(value) AS v(x) WHERE x IS NULL OR NOT treadle._is_name(x)) THEN
+        RAISE EXCEPTION 'treadle: % must hold names of 1 to 200 characters, not only spaces, without control characters', argument
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._check_names(text[], text) IS
-    'Raise 22004 for a null list of names, 22023 for an empty one or one with an empty name.';
+    'Raise 22004 for a null list of names, 22023 for an empty, nested or over-long one or a bad name.';
+
+--------------------------------------------------------------------------------
+-- treadle._max_payload_bytes() -> integer
+--
+-- The largest args, input, result or progress message accepted, in bytes.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._max_payload_bytes()
+RETURNS integer
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT coalesce((SELECT s.max_payload_bytes FROM treadle.settings AS s), 1048576);
+END;
+COMMENT ON FUNCTION treadle._max_payload_bytes() IS
+    'The payload size limit: treadle.settings, or 1 MiB.';
+
+--------------------------------------------------------------------------------
+-- treadle._too_deep(value) -> boolean
+--
+-- True when a JSON value nests objects or arrays more than 100 levels deep (an
+-- object or array 100 levels below the top one).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._too_deep(value jsonb)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+BEGIN ATOMIC
+    SELECT jsonb_path_exists(value, 'strict $.**{100} ? (@.type() == "object" || @.type() == "array")');
+END;
+COMMENT ON FUNCTION treadle._too_deep(jsonb) IS
+    'True for a JSON value nested more than 100 levels deep.';
+
+--------------------------------------------------------------------------------
+-- treadle._check_payload(value, argument, max_bytes) -> void
+--
+-- Raises 22023 when a JSON value is larger than max_bytes or nested deeper than
+-- 100 levels (no client should meet a document its JSON parser cannot read).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_payload(value jsonb, argument text, max_bytes integer)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF pg_column_size(value) > max_bytes THEN
+        RAISE EXCEPTION 'treadle: % is % bytes, more than the limit of % bytes', argument, pg_column_size(value), max_bytes
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Store large data elsewhere and pass a reference; the owner sets the limit with treadle.configure.';
+    END IF;
+    IF treadle._too_deep(value) THEN
+        RAISE EXCEPTION 'treadle: % is nested more than 100 levels deep', argument
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_payload(jsonb, text, integer) IS
+    'Raise 22023 for a JSON value over the size limit or nested more than 100 levels.';
 
 --------------------------------------------------------------------------------
 -- treadle._payload(value, argument) -> jsonb
 --
--- Job args and workflow input: SQL NULL and JSON null become {}; anything but
--- an object or an array raises 22023.
+-- Job args and workflow input: SQL NULL and JSON null become {}; anything but an
+-- object or an array, or a value treadle._check_payload refuses, raises 22023.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._payload(value jsonb, argument text)
 RETURNS jsonb
 LANGUAGE plpgsql
-IMMUTABLE
+STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -101,32 +237,36 @@ BEGIN
         RAISE EXCEPTION 'treadle: % must be a JSON object or array, not %', argument, jsonb_typeof(value)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    PERFORM treadle._check_payload(value, argument, treadle._max_payload_bytes());
     RETURN value;
 END;
 $$;
 COMMENT ON FUNCTION treadle._payload(jsonb, text) IS
-    'Normalise job args or workflow input: null becomes {}, scalars raise 22023.';
+    'Normalise job args or workflow input: null becomes {}; scalars and oversized values raise 22023.';
 
 --------------------------------------------------------------------------------
--- treadle._check_positive(value, argument) -> void
+-- treadle._check_interval(value, argument, at_most, may_be_zero) -> void
 --
--- Raises 22023 when an interval (lease, every) is zero or negative.
+-- Raises 22023 when an interval is negative (or zero, unless may_be_zero) or
+-- longer than at_most. A null value passes: callers decide what null means.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._check_positive(value interval, argument text)
+CREATE OR REPLACE FUNCTION treadle._check_interval(value interval, argument text, at_most interval,
+                                                   may_be_zero boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql
 IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF value <= interval '0' THEN
-        RAISE EXCEPTION 'treadle: % must be positive, got %', argument, value
+    IF value < interval '0' OR (value = interval '0' AND NOT may_be_zero) OR value > at_most THEN
+        RAISE EXCEPTION 'treadle: % must be % and at most %, got %', argument,
+                        CASE WHEN may_be_zero THEN 'zero or more' ELSE 'positive' END, at_most, value
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 END;
 $$;
-COMMENT ON FUNCTION treadle._check_positive(interval, text) IS
-    'Raise 22023 for an interval that is zero or negative.';
+COMMENT ON FUNCTION treadle._check_interval(interval, text, interval, boolean) IS
+    'Raise 22023 for an interval that is negative, zero (unless allowed) or longer than its bound.';
 
 --------------------------------------------------------------------------------
 -- treadle._backoff(attempt) -> interval
@@ -146,11 +286,31 @@ COMMENT ON FUNCTION treadle._backoff(integer) IS
     'Default retry delay: 2^attempt seconds plus up to 1 s of jitter, at most one hour.';
 
 --------------------------------------------------------------------------------
+-- treadle._failed_state(cancel_requested, attempt, max_attempts) -> text
+--
+-- Where a running job goes when its attempt ends without a result (fail, rescue):
+-- cancelled when a cancel was asked, discarded when its attempts are spent,
+-- retryable otherwise.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._failed_state(cancel_requested boolean, attempt integer, max_attempts integer)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+BEGIN ATOMIC
+    SELECT CASE WHEN cancel_requested THEN 'cancelled'
+                WHEN attempt >= max_attempts THEN 'discarded'
+                ELSE 'retryable' END;
+END;
+COMMENT ON FUNCTION treadle._failed_state(boolean, integer, integer) IS
+    'The state after an attempt that ended without a result: cancelled, discarded or retryable.';
+
+--------------------------------------------------------------------------------
 -- treadle._notify(channel, queue) -> void
 --
 -- A hint to listeners that a queue changed; never the truth, never job data.
 -- Channel treadle_jobs: work became claimable. Channel treadle_done: jobs finished.
--- Identical notifications in one transaction are sent once.
+-- Identical notifications in one transaction are sent once. A queue name is at
+-- most 200 characters, far inside NOTIFY's payload limit.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._notify(channel text, queue text)
 RETURNS void
@@ -204,17 +364,39 @@ COMMENT ON FUNCTION treadle._check_lease_args(bigint, uuid) IS
     'Raise 22004 when a job id or lease token is null.';
 
 --------------------------------------------------------------------------------
+-- treadle._trim_error(error) -> text
+--
+-- Error text as stored: at most 16,384 characters. A longer one keeps its first
+-- and last 8,000 (a traceback's last lines name the exception) with a marker
+-- saying how much was cut.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._trim_error(error text)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+BEGIN ATOMIC
+    SELECT CASE WHEN length(error) <= 16384 THEN error
+                ELSE left(error, 8000)
+                     || format(E'\n[... %s characters cut ...]\n', length(error) - 16000)
+                     || right(error, 8000) END;
+END;
+COMMENT ON FUNCTION treadle._trim_error(text) IS
+    'Keep error text to 16,384 characters: its first and last 8,000 when longer.';
+
+--------------------------------------------------------------------------------
 -- treadle._append_error(errors, attempt, at, error) -> jsonb
 --
--- A job's error history with one more failed attempt; the newest 50 are kept.
+-- A job's error history with one more failed attempt; the newest 20 are kept.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._append_error(errors jsonb, attempt integer, at timestamptz, error text)
 RETURNS jsonb
 LANGUAGE sql
 IMMUTABLE
 BEGIN ATOMIC
-    SELECT CASE WHEN jsonb_array_length(errors) >= 50 THEN errors - 0 ELSE errors END
+    SELECT coalesce((SELECT jsonb_agg(e.value ORDER BY e.ord)
+                       FROM jsonb_array_elements(errors) WITH ORDINALITY AS e(value, ord)
+                      WHERE e.ord > jsonb_array_length(errors) - 19), '[]'::jsonb)
            || jsonb_build_array(jsonb_build_object('attempt', attempt, 'at', at, 'error', error));
 END;
 COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text) IS
-    'Append one failed attempt to a job''s error history, keeping the newest 50.';
+    'Append one failed attempt to a job''s error history, keeping the newest 20.';

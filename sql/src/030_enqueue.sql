@@ -6,18 +6,21 @@
 -- Returns the new job's id. With an idempotency key that a job already holds,
 -- returns that job's id (whatever its state) and inserts nothing; a caller that
 -- meets another's uncommitted insert of the key waits for it, then gets its id
--- (commit) or inserts its own (rollback). With `every`, the job starts a
--- periodic series (see treadle._follow_up).
--- Raises 22004: name, queue or priority null. 22023: name or queue empty, args
--- neither an object nor an array, max_attempts < 1, run_at infinite, every <= 0
--- or so long that the next occurrence is past the last time PostgreSQL can hold.
+-- (commit) or inserts its own (rollback). Keys are per queue. With `every`, the
+-- job starts a periodic series (see treadle._follow_up).
+-- Raises 22004: name, queue or priority null. 22023: name, queue or key empty,
+-- blank, over 200 characters or with a control character; args neither an object
+-- nor an array, over the size limit or nested over 100 levels; max_attempts < 1;
+-- run_at infinite; every not positive, over 10 years, or so long that the next
+-- occurrence is past the last time PostgreSQL can hold. 42501: a tenant's queue
+-- outside its prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue(
     name            text,
     args            jsonb       DEFAULT '{}',
     queue           text        DEFAULT 'default',
     priority        integer     DEFAULT 0,
-    run_at          timestamptz DEFAULT treadle._now(),  -- now, by treadle's one clock
+    run_at          timestamptz DEFAULT treadle.now(),  -- now, by treadle's one clock
     max_attempts    integer     DEFAULT 25,
     idempotency_key text        DEFAULT NULL,
     every           interval    DEFAULT NULL
@@ -25,38 +28,49 @@ CREATE OR REPLACE FUNCTION treadle.enqueue(
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now  timestamptz := treadle._now();
+    v_now  timestamptz := treadle.now();
     v_args jsonb;
     v_id   bigint;
 BEGIN
-    -- The checks are written out here rather than calling the _check helpers:
-    -- this is the hottest path, and each helper call costs as much as the insert.
+    -- This is the hottest path, and a PL/pgSQL helper call costs as much as the
+    -- insert: the checks are inline expressions, and a helper runs only to raise.
     IF enqueue.name IS NULL OR enqueue.queue IS NULL OR enqueue.priority IS NULL THEN
         RAISE EXCEPTION 'treadle: % must not be null',
                         CASE WHEN enqueue.name IS NULL THEN 'name'
                              WHEN enqueue.queue IS NULL THEN 'queue' ELSE 'priority' END
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF btrim(enqueue.name) = '' OR btrim(enqueue.queue) = '' THEN
-        RAISE EXCEPTION 'treadle: % must not be empty', CASE WHEN btrim(enqueue.name) = '' THEN 'name' ELSE 'queue' END
-            USING ERRCODE = 'invalid_parameter_value';
+    -- a bad name raises in _check_text, which is called only then
+    IF NOT treadle._is_name(enqueue.name) THEN
+        PERFORM treadle._check_text(enqueue.name, 'name');
+    END IF;
+    IF NOT treadle._is_name(enqueue.queue) THEN
+        PERFORM treadle._check_text(enqueue.queue, 'queue');
+    END IF;
+    IF NOT treadle._is_name(enqueue.idempotency_key) THEN
+        PERFORM treadle._check_text(enqueue.idempotency_key, 'idempotency_key');
     END IF;
     v_args := CASE WHEN enqueue.args IS NULL OR jsonb_typeof(enqueue.args) = 'null' THEN '{}' ELSE enqueue.args END;
     IF jsonb_typeof(v_args) <> ALL (ARRAY['object', 'array']) THEN
         RAISE EXCEPTION 'treadle: args must be a JSON object or array, not %', jsonb_typeof(v_args)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- the limit is read only for args that could pass it: it is never under 1 KiB
+    IF (pg_column_size(v_args) > 1024 AND pg_column_size(v_args) > treadle._max_payload_bytes())
+       OR treadle._too_deep(v_args) THEN
+        PERFORM treadle._check_payload(v_args, 'args', treadle._max_payload_bytes());
+    END IF;
     IF enqueue.max_attempts IS NULL OR enqueue.max_attempts < 1 THEN
         RAISE EXCEPTION 'treadle: max_attempts must be at least 1, got %', coalesce(enqueue.max_attempts::text, 'null')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF enqueue.every <= interval '0' THEN
-        RAISE EXCEPTION 'treadle: every must be positive, got %', enqueue.every
-            USING ERRCODE = 'invalid_parameter_value';
+    IF enqueue.every IS NOT NULL THEN
+        PERFORM treadle._check_interval(enqueue.every, 'every', interval '10 years');
     END IF;
     -- an infinite run_at never comes, and breaks every age the views compute
     IF NOT isfinite(enqueue.run_at) THEN
@@ -73,13 +87,19 @@ BEGIN
         END;
     END IF;
 
+    -- treadle._check_queue_allowed's rule, inline: a helper call would cost more than the check
+    IF EXISTS (SELECT 1 FROM treadle.tenants AS t
+                WHERE t.role_name = treadle._caller() AND NOT starts_with(enqueue.queue, t.queue_prefix)) THEN
+        PERFORM treadle._check_queue_allowed(enqueue.queue);
+    END IF;
+
     LOOP
         INSERT INTO treadle.jobs AS j
             (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at)
         VALUES
             (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
              enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now)
-        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING j.id INTO v_id;
 
         IF v_id IS NOT NULL THEN
@@ -90,7 +110,8 @@ BEGIN
         END IF;
 
         -- The key is taken: by a committed job, or by one whose insert we waited for.
-        SELECT j.id INTO v_id FROM treadle.jobs AS j WHERE j.idempotency_key = enqueue.idempotency_key;
+        SELECT j.id INTO v_id FROM treadle.jobs AS j
+         WHERE j.queue = enqueue.queue AND j.idempotency_key = enqueue.idempotency_key;
         IF FOUND THEN
             RETURN v_id;
         END IF;
@@ -107,26 +128,31 @@ COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, int
 -- Transition: (none) -> available, for many jobs in one statement.
 -- jobs is a JSON array of objects whose keys are enqueue's argument names; a
 -- missing key takes enqueue's default, run_at is an ISO 8601 string, every an
--- interval string ("5 minutes"). Returns the ids in input order; a key repeated
--- in the array, or already held by a job, returns the first job's id. Concurrent
--- calls sharing keys, in any order, never deadlock with each other.
--- Raises 22004: jobs null. 22023: jobs not an array, or any element bad
--- (not an object, an unknown key, a value of the wrong type or out of range,
--- an infinite run_at, an every as enqueue refuses it); nothing is written then.
+-- interval string ("5 minutes"), run_in an interval string counted from now (an
+-- alternative to run_at). Returns the ids in input order; a key repeated in the
+-- array for the same queue, or already held by a job there, returns the first
+-- job's id. Concurrent calls sharing keys, in any order, never deadlock.
+-- Raises 22004: jobs null. 22023: jobs not an array, or any element bad (not an
+-- object, an unknown key, a value of the wrong type or out of range, a name,
+-- queue, key or args that enqueue refuses, both run_at and run_in, an infinite
+-- run_at, an every as enqueue refuses it); nothing is written then. 42501: a
+-- tenant's queue outside its prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue_many(jobs jsonb)
 RETURNS SETOF bigint
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- The planner cannot count rows in unnest'ed arrays and takes a large batch for a huge
 -- one: JIT compiling then costs more than the insert itself (300 ms at 10,000 jobs).
 SET jit = off
 AS $$
 DECLARE
-    c_keys CONSTANT text[] := ARRAY['name', 'args', 'queue', 'priority', 'run_at', 'max_attempts',
+    c_keys CONSTANT text[] := ARRAY['name', 'args', 'queue', 'priority', 'run_at', 'run_in', 'max_attempts',
                                     'idempotency_key', 'every'];
-    v_now      timestamptz := treadle._now();
+    v_now      timestamptz := treadle.now();
+    v_max_size integer := treadle._max_payload_bytes();
     v_bad      record;
     a_name     text[];
     a_args     jsonb[];
@@ -137,7 +163,6 @@ DECLARE
     a_key      text[];
     a_every    interval[];
     v_ids      bigint[];
-    v_i        integer;
 BEGIN
     IF jobs IS NULL THEN
         RAISE EXCEPTION 'treadle: jobs must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -153,20 +178,30 @@ BEGIN
                 WHEN jsonb_typeof(s.spec) <> 'object' THEN 'is not an object'
                 WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(s.spec) AS k(key) WHERE k.key <> ALL (c_keys))
                     THEN 'has a key that is not an enqueue argument'
-                WHEN jsonb_typeof(s.spec -> 'name') IS DISTINCT FROM 'string' OR btrim(s.spec ->> 'name') = ''
-                    THEN 'needs a non-empty string "name"'
-                WHEN s.spec ? 'queue' AND (jsonb_typeof(s.spec -> 'queue') <> 'string' OR btrim(s.spec ->> 'queue') = '')
-                    THEN 'has a "queue" that is not a non-empty string'
+                WHEN jsonb_typeof(s.spec -> 'name') IS DISTINCT FROM 'string' OR NOT treadle._is_name(s.spec ->> 'name')
+                    THEN 'needs a "name" of 1 to 200 characters, not only spaces, without control characters'
+                WHEN s.spec ? 'queue' AND (jsonb_typeof(s.spec -> 'queue') <> 'string' OR NOT treadle._is_name(s.spec ->> 'queue'))
+                    THEN 'has a "queue" that is not 1 to 200 characters, not only spaces, without control characters'
                 WHEN s.spec ? 'args' AND jsonb_typeof(s.spec -> 'args') <> ALL (ARRAY['object', 'array', 'null'])
                     THEN 'has "args" that are neither an object nor an array'
+                WHEN pg_column_size(s.spec -> 'args') > v_max_size
+                    THEN format('has "args" larger than the limit of %s bytes', v_max_size)
+                WHEN treadle._too_deep(s.spec -> 'args')
+                    THEN 'has "args" nested more than 100 levels deep'
                 WHEN s.spec ? 'priority' AND NOT treadle._is_int(s.spec -> 'priority', -2147483648, 2147483647)
                     THEN 'has a "priority" that is not an integer'
                 WHEN s.spec ? 'max_attempts' AND NOT treadle._is_int(s.spec -> 'max_attempts', 1, 2147483647)
                     THEN 'has a "max_attempts" that is not an integer of at least 1'
                 WHEN s.spec ? 'run_at' AND jsonb_typeof(s.spec -> 'run_at') <> ALL (ARRAY['string', 'null'])
                     THEN 'has a "run_at" that is not an ISO 8601 string'
+                WHEN s.spec ? 'run_in' AND jsonb_typeof(s.spec -> 'run_in') <> ALL (ARRAY['string', 'null'])
+                    THEN 'has a "run_in" that is not an interval string'
+                WHEN jsonb_typeof(s.spec -> 'run_at') = 'string' AND jsonb_typeof(s.spec -> 'run_in') = 'string'
+                    THEN 'has both "run_at" and "run_in"'
                 WHEN s.spec ? 'idempotency_key' AND jsonb_typeof(s.spec -> 'idempotency_key') <> ALL (ARRAY['string', 'null'])
                     THEN 'has an "idempotency_key" that is not a string'
+                WHEN jsonb_typeof(s.spec -> 'idempotency_key') = 'string' AND NOT treadle._is_name(s.spec ->> 'idempotency_key')
+                    THEN 'has an "idempotency_key" that is not 1 to 200 characters, not only spaces, without control characters'
                 WHEN s.spec ? 'every' AND jsonb_typeof(s.spec -> 'every') <> ALL (ARRAY['string', 'null'])
                     THEN 'has an "every" that is not an interval string'
                 END AS problem
@@ -184,19 +219,20 @@ BEGIN
         SELECT array_agg(s.spec ->> 'name' ORDER BY s.ord),
                array_agg(coalesce(nullif(s.spec -> 'args', 'null'::jsonb), '{}'::jsonb) ORDER BY s.ord),
                array_agg(coalesce(s.spec ->> 'queue', 'default') ORDER BY s.ord),
-               array_agg(coalesce((s.spec ->> 'priority')::integer, 0) ORDER BY s.ord),
-               array_agg(coalesce((s.spec ->> 'run_at')::timestamptz, v_now) ORDER BY s.ord),
-               array_agg(coalesce((s.spec ->> 'max_attempts')::integer, 25) ORDER BY s.ord),
+               array_agg(coalesce((s.spec ->> 'priority')::numeric::integer, 0) ORDER BY s.ord),
+               array_agg(coalesce((s.spec ->> 'run_at')::timestamptz, v_now + (s.spec ->> 'run_in')::interval, v_now)
+                         ORDER BY s.ord),
+               array_agg(coalesce((s.spec ->> 'max_attempts')::numeric::integer, 25) ORDER BY s.ord),
                array_agg(s.spec ->> 'idempotency_key' ORDER BY s.ord),
                array_agg((s.spec ->> 'every')::interval ORDER BY s.ord)
           INTO a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every
           FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord);
     EXCEPTION WHEN data_exception THEN
-        RAISE EXCEPTION 'treadle: jobs has a bad run_at or every: %', SQLERRM
+        RAISE EXCEPTION 'treadle: jobs has a bad run_at, run_in or every: %', SQLERRM
             USING ERRCODE = 'invalid_parameter_value';
     END;
-    IF EXISTS (SELECT 1 FROM unnest(a_every) AS e(every) WHERE e.every <= interval '0') THEN
-        RAISE EXCEPTION 'treadle: jobs has an "every" that is not positive'
+    IF EXISTS (SELECT 1 FROM unnest(a_every) AS e(every) WHERE e.every <= interval '0' OR e.every > interval '10 years') THEN
+        RAISE EXCEPTION 'treadle: jobs has an "every" that is not positive or is longer than 10 years'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF EXISTS (SELECT 1 FROM unnest(a_run_at) AS r(run_at) WHERE NOT isfinite(r.run_at)) THEN
@@ -212,6 +248,7 @@ BEGIN
     IF a_name IS NULL THEN
         RETURN;  -- an empty array
     END IF;
+    PERFORM treadle._check_queue_allowed(q.queue) FROM (SELECT DISTINCT u.queue FROM unnest(a_queue) AS u(queue)) AS q;
 
     -- One INSERT for all rows. Ids are drawn first so that each input row knows its
     -- own; a keyed row that is not inserted maps to the job holding its key. Rows go
@@ -227,19 +264,20 @@ BEGIN
         SELECT i.new_id, i.queue, i.name, i.args, i.priority, i.run_at, i.max_attempts,
                i.idempotency_key, i.every, v_now
           FROM input AS i
-         ORDER BY i.idempotency_key, i.ord
-        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-        RETURNING j.id, j.idempotency_key
+         ORDER BY i.queue, i.idempotency_key, i.ord
+        ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        RETURNING j.id, j.queue, j.idempotency_key
     )
     -- Joins, not a subquery per row over `inserted`: that one grew as rows squared.
     SELECT array_agg(coalesce(
                n.id, k.id,
-               (SELECT j.id FROM treadle.jobs AS j WHERE j.idempotency_key = i.idempotency_key))
+               (SELECT j.id FROM treadle.jobs AS j
+                 WHERE j.queue = i.queue AND j.idempotency_key = i.idempotency_key))
            ORDER BY i.ord)
       INTO v_ids
       FROM input AS i
       LEFT JOIN inserted AS n ON n.id = i.new_id
-      LEFT JOIN inserted AS k ON n.id IS NULL AND k.idempotency_key = i.idempotency_key;
+      LEFT JOIN inserted AS k ON n.id IS NULL AND k.queue = i.queue AND k.idempotency_key = i.idempotency_key;
 
     -- A key whose holder committed while this statement waited is not in its snapshot:
     -- look it up again with a fresh one.

@@ -1,28 +1,34 @@
 --------------------------------------------------------------------------------
--- treadle.claim(worker_id, queues, names, batch, lease) -> setof treadle.jobs
+-- treadle.claim(worker_id, queues, names, batch, lease, lease_token)
+--     -> setof treadle.jobs
 --
 -- Transition: available | retryable (run_at <= now) -> running.
 -- Claims up to `batch` due jobs from `queues` (only those named in `names`, when
 -- given), in priority, run_at, id order, with FOR UPDATE SKIP LOCKED: concurrent
 -- claimers never receive the same job. Each claimed job gets attempt + 1, a lease
--- until now + lease, the worker id and a fresh random lease token, which every
--- later write by the worker must name. Returns the claimed rows.
+-- until now + lease, the worker id and a lease token, which every later write by
+-- the worker must name: `lease_token` when given (the same for every job of this
+-- call, so that a worker whose answer was lost can ask treadle.claimed what it
+-- took), otherwise a fresh random one per job. Returns the claimed rows.
 -- Each (queue[, name]) pair is read from its own index range, so a backlog of
 -- jobs whose names the claimer does not handle is never walked past.
--- Raises 22004: worker_id or queues null. 22023: worker_id empty; queues empty
--- or with an empty name; names empty or with an empty name; batch outside
--- 1..1000; lease <= 0.
+-- Raises 22004: worker_id or queues null. 22023: worker_id or a queue or name
+-- that is not a valid name; queues or names empty or over 1000; batch outside
+-- 1..1000; lease not positive or over 1 day. 42501: a tenant's queue outside its
+-- prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.claim(
     worker_id text,
     queues    text[]   DEFAULT ARRAY['default'],
     names     text[]   DEFAULT NULL,
     batch     integer  DEFAULT 1,
-    lease     interval DEFAULT '30 seconds'
+    lease     interval DEFAULT '30 seconds',
+    lease_token uuid   DEFAULT NULL
 )
 RETURNS SETOF treadle.jobs
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 ROWS 10
 SET search_path = pg_catalog, pg_temp
 -- Planning the claim costs as much as running it, so it is planned once per session.
@@ -40,7 +46,7 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle._now();
+    v_now timestamptz := treadle.now();
     v_ids bigint[];
 BEGIN
     PERFORM treadle._check_text(claim.worker_id, 'worker_id');
@@ -55,7 +61,12 @@ BEGIN
     IF claim.lease IS NULL THEN
         RAISE EXCEPTION 'treadle: lease must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_positive(claim.lease, 'lease');
+    PERFORM treadle._check_interval(claim.lease, 'lease', interval '1 day');
+    -- treadle._check_queue_allowed's rule, inline: a helper call would cost more than the check
+    IF EXISTS (SELECT 1 FROM treadle.tenants AS t, unnest(claim.queues) AS q(q)
+                WHERE t.role_name = treadle._caller() AND NOT starts_with(q.q, t.queue_prefix)) THEN
+        PERFORM treadle._check_queue_allowed(q.q) FROM unnest(claim.queues) AS q(q);
+    END IF;
 
     -- Lock the candidates: each (queue[, name]) range in claim order, skipping rows
     -- other claimers hold, then the best `batch` of them.
@@ -102,7 +113,7 @@ BEGIN
            SET state = 'running',
                attempt = j.attempt + 1,
                lease_until = v_now + claim.lease,
-               lease_token = gen_random_uuid(),
+               lease_token = coalesce(claim.lease_token, gen_random_uuid()),
                worker_id = claim.worker_id,
                started_at = v_now,
                progress = NULL,
@@ -113,8 +124,39 @@ BEGIN
     SELECT * FROM claimed AS d ORDER BY d.priority, d.run_at, d.id;
 END;
 $$;
-COMMENT ON FUNCTION treadle.claim(text, text[], text[], integer, interval) IS
-    'Claim up to batch due jobs (available or retryable -> running) with a fresh lease token each.';
+COMMENT ON FUNCTION treadle.claim(text, text[], text[], integer, interval, uuid) IS
+    'Claim up to batch due jobs (available or retryable -> running) under a lease token.';
+
+--------------------------------------------------------------------------------
+-- treadle.claimed(lease_token) -> setof treadle.jobs
+--
+-- Transition: none. The running jobs that hold lease_token, in claim order: what a
+-- claim given that token took, for a worker whose answer to the claim was lost.
+-- Empty when the claim did not commit, or its jobs were finished or rescued since.
+-- Raises 22004: lease_token null.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.claimed(lease_token uuid)
+RETURNS SETOF treadle.jobs
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+ROWS 10
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF claimed.lease_token IS NULL THEN
+        RAISE EXCEPTION 'treadle: lease_token must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    -- running jobs are few (bounded by the workers' concurrency): their index is enough
+    RETURN QUERY
+    SELECT * FROM treadle.jobs AS j
+     WHERE j.state = 'running' AND j.lease_token = claimed.lease_token
+     ORDER BY j.priority, j.run_at, j.id;
+END;
+$$;
+COMMENT ON FUNCTION treadle.claimed(uuid) IS
+    'The running jobs holding a lease token: what a claim whose answer was lost took.';
 
 --------------------------------------------------------------------------------
 -- treadle.heartbeat(job_id, lease_token, lease) -> text
@@ -123,7 +165,8 @@ COMMENT ON FUNCTION treadle.claim(text, text[], text[], integer, interval) IS
 -- Returns 'held', 'cancel' (held, and a cancel was requested: abort the handler)
 -- or 'lost' (the token no longer holds the job). An expired lease that nobody
 -- took over is still held.
--- Raises 22004: job_id, lease_token or lease null. 22023: lease <= 0.
+-- Raises 22004: job_id, lease_token or lease null. 22023: lease not positive or
+-- over 1 day.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.heartbeat(
     job_id      bigint,
@@ -133,6 +176,7 @@ CREATE OR REPLACE FUNCTION treadle.heartbeat(
 RETURNS text
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -143,10 +187,10 @@ BEGIN
     IF heartbeat.lease IS NULL THEN
         RAISE EXCEPTION 'treadle: lease must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_positive(heartbeat.lease, 'lease');
+    PERFORM treadle._check_interval(heartbeat.lease, 'lease', interval '1 day');
 
     UPDATE treadle.jobs AS j
-       SET lease_until = treadle._now() + heartbeat.lease
+       SET lease_until = treadle.now() + heartbeat.lease
      WHERE j.id = heartbeat.job_id
        AND j.state = 'running'
        AND j.lease_token = heartbeat.lease_token
@@ -166,7 +210,8 @@ COMMENT ON FUNCTION treadle.heartbeat(bigint, uuid, interval) IS
 --
 -- Transition: none; records how far a running job has come (0..1, and a note),
 -- shown by the views. Returns false when the token no longer holds the job.
--- Raises 22004: job_id, lease_token or fraction null. 22023: fraction outside 0..1.
+-- Raises 22004: job_id, lease_token or fraction null. 22023: fraction outside 0..1,
+-- message over the payload size limit.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.progress(
     job_id      bigint,
@@ -177,11 +222,17 @@ CREATE OR REPLACE FUNCTION treadle.progress(
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM treadle._check_lease_args(progress.job_id, progress.lease_token);
+    IF octet_length(progress.message) > treadle._max_payload_bytes() THEN
+        RAISE EXCEPTION 'treadle: message is % bytes, more than the limit of % bytes',
+                        octet_length(progress.message), treadle._max_payload_bytes()
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF progress.fraction IS NULL THEN
         RAISE EXCEPTION 'treadle: fraction must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;

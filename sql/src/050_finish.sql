@@ -6,6 +6,26 @@
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
+-- treadle._enqueue_step(run, step, at) -> void
+--
+-- Transition: (none) -> available for one step of a workflow run: a job named
+-- 'workflow:<workflow name>' whose `step` column names the step.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._enqueue_step(run treadle.workflow_runs, step text, at timestamptz)
+RETURNS void
+LANGUAGE sql
+VOLATILE
+BEGIN ATOMIC
+    INSERT INTO treadle.jobs
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+    VALUES
+        ((run).queue, 'workflow:' || (run).name, '{}', (run).priority, at, (run).max_attempts, at, (run).id, step);
+    SELECT treadle._notify('treadle_jobs', (run).queue);
+END;
+COMMENT ON FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamptz) IS
+    'Enqueue the job that runs one step of a workflow run.';
+
+--------------------------------------------------------------------------------
 -- treadle._advance_run(step treadle.jobs) -> void
 --
 -- A workflow step reached `step.state`:
@@ -21,7 +41,7 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now   timestamptz := treadle._now();
+    v_now   timestamptz := treadle.now();
     v_run   treadle.workflow_runs;
     v_index integer;
 BEGIN
@@ -36,12 +56,7 @@ BEGIN
             UPDATE treadle.workflow_runs AS r
                SET results = r.results || jsonb_build_object(step.step, step.result)
              WHERE r.id = v_run.id;
-            INSERT INTO treadle.jobs
-                (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
-            VALUES
-                (v_run.queue, 'workflow:' || v_run.name, '{}', v_run.priority, v_now, v_run.max_attempts,
-                 v_now, v_run.id, v_run.steps[v_index + 1]);
-            PERFORM treadle._notify('treadle_jobs', v_run.queue);
+            PERFORM treadle._enqueue_step(v_run, v_run.steps[v_index + 1], v_now);
         ELSE
             UPDATE treadle.workflow_runs AS r
                SET results = r.results || jsonb_build_object(step.step, step.result),
@@ -95,7 +110,7 @@ BEGIN
                     (id, queue, name, args, priority, run_at, max_attempts, every, created_at)
                 VALUES
                     (v_next, v_job.queue, v_job.name, v_job.args, v_job.priority,
-                     v_job.finished_at + v_job.every, v_job.max_attempts, v_job.every, treadle._now());
+                     v_job.finished_at + v_job.every, v_job.max_attempts, v_job.every, treadle.now());
             END IF;
         END IF;
         IF v_job.workflow_run_id IS NOT NULL THEN
@@ -112,14 +127,21 @@ COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
     'Insert periodic successors, advance workflow runs and notify, for jobs that just changed state.';
 
 --------------------------------------------------------------------------------
+-- Finishing keeps the lease token on the job: the token of the claim that finished
+-- it. Repeating a finish with that token (a worker whose answer was lost after the
+-- commit) returns the state the first call left, and writes nothing more.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
 -- treadle.complete(job_id, lease_token, result) -> text
 --
 -- Transition: running -> completed, or -> cancelled when a cancel was requested
 -- while it ran (the result is stored either way). Returns the new state, or null
--- when the token no longer holds the job (re-claimed, rescued, finished). An
--- expired lease that nobody took over still holds. A periodic job's next
--- occurrence and a workflow's next step are written by the same call.
--- Raises 22004: job_id or lease_token null.
+-- when the token does not hold the job (re-claimed, rescued, finished by another
+-- claim). An expired lease that nobody took over still holds. A periodic job's
+-- next occurrence and a workflow's next step are written by the same call.
+-- Raises 22004: job_id or lease_token null. 22023: result over the payload size
+-- limit or nested over 100 levels.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.complete(
     job_id      bigint,
@@ -129,6 +151,7 @@ CREATE OR REPLACE FUNCTION treadle.complete(
 RETURNS text
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -136,20 +159,24 @@ DECLARE
     v_job treadle.jobs;
 BEGIN
     PERFORM treadle._check_lease_args(complete.job_id, complete.lease_token);
+    IF complete.result IS NOT NULL THEN
+        PERFORM treadle._check_payload(complete.result, 'result', treadle._max_payload_bytes());
+    END IF;
 
     UPDATE treadle.jobs AS j
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
            result = complete.result,
-           finished_at = treadle._now(),
-           lease_until = NULL,
-           lease_token = NULL
+           finished_at = treadle.now(),
+           lease_until = NULL
      WHERE j.id = complete.job_id
        AND j.state = 'running'
        AND j.lease_token = complete.lease_token
     RETURNING j.* INTO v_job;
 
     IF NOT FOUND THEN
-        RETURN NULL;
+        RETURN (SELECT j.state FROM treadle.jobs AS j
+                 WHERE j.id = complete.job_id AND j.lease_token = complete.lease_token
+                   AND j.state = ANY (ARRAY['completed', 'cancelled']));
     END IF;
     PERFORM treadle._follow_up(ARRAY[v_job]);
     RETURN v_job.state;
@@ -162,9 +189,10 @@ COMMENT ON FUNCTION treadle.complete(bigint, uuid, jsonb) IS
 -- treadle.complete_many(job_ids, lease_tokens, results) -> table(job_id, state)
 --
 -- Transition: as treadle.complete, for many jobs in one statement. Returns one
--- row per input, in input order; state is null where the token no longer holds
+-- row per input, in input order; state is null where the token does not hold
 -- the job. results, when given, pairs with job_ids by position.
--- Raises 22004: job_ids or lease_tokens null. 22023: arrays of different lengths.
+-- Raises 22004: job_ids or lease_tokens null. 22023: arrays of different
+-- lengths; a result over the payload size limit or nested over 100 levels.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.complete_many(
     job_ids      bigint[],
@@ -174,11 +202,14 @@ CREATE OR REPLACE FUNCTION treadle.complete_many(
 RETURNS TABLE (job_id bigint, state text)
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now  timestamptz := treadle._now();
+    v_now    timestamptz := treadle.now();
+    v_max    integer;
+    v_bad    bigint;
     v_ords   bigint[];
     v_states text[];
     v_done   treadle.jobs[];
@@ -193,6 +224,18 @@ BEGIN
         RAISE EXCEPTION 'treadle: job_ids, lease_tokens and results must have the same length'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF complete_many.results IS NOT NULL THEN
+        -- the limit is read only when a result could pass it: it is never under 1 KiB
+        SELECT r.ord INTO v_bad FROM unnest(complete_many.results) WITH ORDINALITY AS r(value, ord)
+         WHERE pg_column_size(r.value) > 1024 OR treadle._too_deep(r.value)
+         LIMIT 1;
+        IF FOUND THEN
+            v_max := treadle._max_payload_bytes();
+            PERFORM treadle._check_payload(r.value, format('result %s', r.ord - 1), v_max)
+               FROM unnest(complete_many.results) WITH ORDINALITY AS r(value, ord)
+              WHERE r.ord >= v_bad;
+        END IF;
+    END IF;
 
     WITH input AS (
         SELECT i.id, i.token, i.ord
@@ -202,8 +245,7 @@ BEGIN
            SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
                result = complete_many.results[i.ord],
                finished_at = v_now,
-               lease_until = NULL,
-               lease_token = NULL
+               lease_until = NULL
           FROM input AS i
          WHERE j.id = i.id
            AND j.state = 'running'
@@ -216,6 +258,16 @@ BEGIN
 
     IF v_done IS NOT NULL THEN
         PERFORM treadle._follow_up(v_done);
+    END IF;
+
+    IF coalesce(cardinality(v_ords), 0) < cardinality(complete_many.job_ids) THEN
+        -- the rest: finished by this token before (a repeat), or not held
+        SELECT v_ords || coalesce(array_agg(i.ord), '{}'), v_states || coalesce(array_agg(j.state), '{}')
+          INTO v_ords, v_states
+          FROM unnest(complete_many.job_ids, complete_many.lease_tokens) WITH ORDINALITY AS i(id, token, ord)
+          JOIN treadle.jobs AS j ON j.id = i.id AND j.lease_token = i.token
+         WHERE j.state = ANY (ARRAY['completed', 'cancelled'])
+           AND i.ord <> ALL (coalesce(v_ords, '{}'));
     END IF;
 
     RETURN QUERY
@@ -233,10 +285,11 @@ COMMENT ON FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[]) IS
 --
 -- Transition: running -> retryable (run_at = now + retry_in, or the default
 -- backoff when retry_in is null), -> discarded when attempt >= max_attempts,
--- -> cancelled when a cancel was requested. The error is kept in last_error and
--- appended to errors. Returns the new state, or null when the token no longer
--- holds the job.
--- Raises 22004: job_id or lease_token null. 22023: retry_in negative.
+-- -> cancelled when a cancel was requested (treadle._failed_state). The error,
+-- trimmed to 16,384 characters, is kept in last_error and appended to errors.
+-- Returns the new state, or null when the token does not hold the job.
+-- Raises 22004: job_id or lease_token null. 22023: retry_in negative or over 366
+-- days.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.fail(
     job_id      bigint,
@@ -247,29 +300,26 @@ CREATE OR REPLACE FUNCTION treadle.fail(
 RETURNS text
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now   timestamptz := treadle._now();
-    v_error text := coalesce(fail.error, '(no error message)');
+    v_now   timestamptz := treadle.now();
+    v_error text := treadle._trim_error(coalesce(fail.error, '(no error message)'));
     v_job   treadle.jobs;
 BEGIN
     PERFORM treadle._check_lease_args(fail.job_id, fail.lease_token);
-    IF fail.retry_in < interval '0' THEN
-        RAISE EXCEPTION 'treadle: retry_in must not be negative, got %', fail.retry_in
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM treadle._check_interval(fail.retry_in, 'retry_in', interval '366 days', may_be_zero => true);
 
     UPDATE treadle.jobs AS j
-       SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
-                        WHEN j.attempt >= j.max_attempts THEN 'discarded'
-                        ELSE 'retryable' END,
-           run_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN j.run_at
-                         ELSE v_now + coalesce(fail.retry_in, treadle._backoff(j.attempt)) END,
-           finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN v_now END,
+       SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
+           run_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) = 'retryable'
+                         THEN v_now + coalesce(fail.retry_in, treadle._backoff(j.attempt))
+                         ELSE j.run_at END,
+           finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
+                              THEN v_now END,
            lease_until = NULL,
-           lease_token = NULL,
            last_error = v_error,
            failed_at = v_now,
            errors = treadle._append_error(j.errors, j.attempt, v_now, v_error)
@@ -279,7 +329,9 @@ BEGIN
     RETURNING j.* INTO v_job;
 
     IF NOT FOUND THEN
-        RETURN NULL;
+        RETURN (SELECT j.state FROM treadle.jobs AS j
+                 WHERE j.id = fail.job_id AND j.lease_token = fail.lease_token
+                   AND j.state = ANY (ARRAY['retryable', 'discarded', 'cancelled']));
     END IF;
     PERFORM treadle._follow_up(ARRAY[v_job]);
     IF v_job.state = 'retryable' AND v_job.run_at <= v_now THEN
@@ -296,17 +348,20 @@ COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval) IS
 --
 -- Transition: running with an expired lease -> retryable with run_at = now (the
 -- worker died; the job did not fail, so no backoff), -> discarded when its
--- attempts are spent, -> cancelled when a cancel was requested. Returns how many
--- jobs it moved. Safe from many sessions at once: each job is counted once.
+-- attempts are spent, -> cancelled when a cancel was requested
+-- (treadle._failed_state). The lease token is dropped: the rescued claim's
+-- writes, repeats included, find nothing. Returns how many jobs it moved. Safe
+-- from many sessions at once: each job is counted once.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.rescue()
 RETURNS integer
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now  timestamptz := treadle._now();
+    v_now  timestamptz := treadle.now();
     v_done treadle.jobs[];
 BEGIN
     WITH expired AS (
@@ -317,11 +372,10 @@ BEGIN
            FOR UPDATE SKIP LOCKED
     ), done AS (
         UPDATE treadle.jobs AS j
-           SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
-                            WHEN j.attempt >= j.max_attempts THEN 'discarded'
-                            ELSE 'retryable' END,
+           SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
                run_at = v_now,
-               finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN v_now END,
+               finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
+                                  THEN v_now END,
                lease_until = NULL,
                lease_token = NULL,
                last_error = 'lease expired: worker ' || j.worker_id || ' stopped heartbeating',
@@ -330,9 +384,9 @@ BEGIN
                                               'lease expired: worker ' || j.worker_id || ' stopped heartbeating')
           FROM expired AS e
          WHERE j.id = e.id
-        RETURNING j.*
+        RETURNING j AS job
     )
-    SELECT array_agg(d) INTO v_done FROM done AS d;
+    SELECT array_agg(d.job) INTO v_done FROM done AS d;
 
     IF v_done IS NULL THEN
         RETURN 0;
@@ -352,18 +406,19 @@ COMMENT ON FUNCTION treadle.rescue() IS
 -- Transition: running -> available now, giving back the attempt its claim took
 -- (a worker shutting down hands over work it did not start or cannot finish);
 -- -> cancelled when a cancel was requested. Returns the new state, or null when
--- the token no longer holds the job.
+-- the token does not hold the job.
 -- Raises 22004: job_id or lease_token null.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.release(job_id bigint, lease_token uuid)
 RETURNS text
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle._now();
+    v_now timestamptz := treadle.now();
     v_job treadle.jobs;
 BEGIN
     PERFORM treadle._check_lease_args(release.job_id, release.lease_token);
@@ -373,15 +428,16 @@ BEGIN
            attempt = CASE WHEN j.cancel_requested THEN j.attempt ELSE greatest(j.attempt - 1, 0) END,
            run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE v_now END,
            finished_at = CASE WHEN j.cancel_requested THEN v_now END,
-           lease_until = NULL,
-           lease_token = NULL
+           lease_until = NULL
      WHERE j.id = release.job_id
        AND j.state = 'running'
        AND j.lease_token = release.lease_token
     RETURNING j.* INTO v_job;
 
     IF NOT FOUND THEN
-        RETURN NULL;
+        RETURN (SELECT j.state FROM treadle.jobs AS j
+                 WHERE j.id = release.job_id AND j.lease_token = release.lease_token
+                   AND j.state = ANY (ARRAY['available', 'cancelled']));
     END IF;
     PERFORM treadle._follow_up(ARRAY[v_job]);
     IF v_job.state = 'available' THEN

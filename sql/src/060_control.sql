@@ -11,12 +11,13 @@
 -- cancelled periodic occurrence ends its series. Returns true when this call
 -- changed something; false for a finished job, a job whose cancel is already
 -- requested, or an unknown id.
--- Raises 22004: job_id null.
+-- Raises 22004: job_id null. 42501: a tenant's job outside its queues.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel(job_id bigint)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -26,10 +27,11 @@ BEGIN
     IF cancel.job_id IS NULL THEN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    PERFORM treadle._check_queue_allowed(j.queue) FROM treadle.jobs AS j WHERE j.id = cancel.job_id;
 
     UPDATE treadle.jobs AS j
        SET state = 'cancelled',
-           finished_at = treadle._now()
+           finished_at = treadle.now()
      WHERE j.id = cancel.job_id
        AND j.state = ANY (ARRAY['available', 'retryable'])
     RETURNING j.* INTO v_job;
@@ -56,29 +58,32 @@ COMMENT ON FUNCTION treadle.cancel(bigint) IS
 -- to 0. A retried workflow step resumes its failed or cancelled run. A retried
 -- periodic occurrence that already started its successor runs once more without
 -- starting another. Returns false for any other state or an unknown id.
--- Raises 22004: job_id null.
+-- Raises 22004: job_id null. 42501: a tenant's job outside its queues.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.retry(job_id bigint)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle._now();
+    v_now timestamptz := treadle.now();
     v_job treadle.jobs;
 BEGIN
     IF retry.job_id IS NULL THEN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    PERFORM treadle._check_queue_allowed(j.queue) FROM treadle.jobs AS j WHERE j.id = retry.job_id;
 
     UPDATE treadle.jobs AS j
        SET state = 'available',
            run_at = v_now,
            attempt = 0,
            finished_at = NULL,
-           cancel_requested = false
+           cancel_requested = false,
+           lease_token = NULL
      WHERE j.id = retry.job_id
        AND j.state = ANY (ARRAY['discarded', 'cancelled', 'retryable'])
     RETURNING j.* INTO v_job;
@@ -106,12 +111,13 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 -- finished workflow runs whose finished_at is older than now - older_than. Step
 -- jobs go only with their run, so a kept run keeps its whole history. Returns
 -- how many jobs it deleted (step jobs included).
--- Raises 22004: older_than null. 22023: older_than negative.
+-- Raises 22004: older_than null. 22023: older_than negative or over 100 years.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.prune(older_than interval DEFAULT '7 days')
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -123,11 +129,8 @@ BEGIN
     IF prune.older_than IS NULL THEN
         RAISE EXCEPTION 'treadle: older_than must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF prune.older_than < interval '0' THEN
-        RAISE EXCEPTION 'treadle: older_than must not be negative, got %', prune.older_than
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    v_cutoff := treadle._now() - prune.older_than;
+    PERFORM treadle._check_interval(prune.older_than, 'older_than', interval '100 years', may_be_zero => true);
+    v_cutoff := treadle.now() - prune.older_than;
 
     SELECT count(*) INTO v_steps
       FROM treadle.jobs AS j

@@ -8,8 +8,8 @@
 --------------------------------------------------------------------------------
 -- treadle._check_steps(steps) -> void
 --
--- Raises 22004 when steps is null, 22023 when it is empty, holds a null or empty
--- name, or repeats a name.
+-- Raises 22004 when steps is null, 22023 when treadle._check_names refuses it or
+-- it repeats a name.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_steps(steps text[])
 RETURNS void
@@ -19,7 +19,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM treadle._check_names(steps, 'steps');
-    IF (SELECT count(DISTINCT s) FROM unnest(steps) AS u(s)) <> cardinality(steps) THEN
+    IF (SELECT count(DISTINCT u.s) FROM unnest(steps) AS u(s)) <> cardinality(steps) THEN
         RAISE EXCEPTION 'treadle: steps must not repeat a name: %', steps
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -34,13 +34,15 @@ COMMENT ON FUNCTION treadle._check_steps(text[]) IS
 -- Records the ordered step names of a workflow (workers call it when they
 -- register one). Replaces an earlier definition for new runs; existing runs
 -- keep the steps they started with.
--- Raises 22004: name or steps null. 22023: name empty; steps empty, with an
--- empty name, or repeating one.
+-- Raises 22004: name or steps null. 22023: a name that is not a valid name (see
+-- treadle._is_name); steps empty, nested, over 1000, with a bad name, or
+-- repeating one.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[])
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -49,7 +51,7 @@ BEGIN
     PERFORM treadle._check_steps(define_workflow.steps);
 
     INSERT INTO treadle.workflows AS w (name, steps, updated_at)
-    VALUES (define_workflow.name, define_workflow.steps, treadle._now())
+    VALUES (define_workflow.name, define_workflow.steps, treadle.now())
     ON CONFLICT (name) DO UPDATE
        SET steps = excluded.steps, updated_at = excluded.updated_at
      WHERE w.steps IS DISTINCT FROM excluded.steps;
@@ -67,9 +69,11 @@ COMMENT ON FUNCTION treadle.define_workflow(text, text[]) IS
 -- null the definition from treadle.define_workflow. Returns the run id; a
 -- workflow idempotency key (a namespace apart from jobs') that a run already
 -- holds returns that run's id and starts nothing.
--- Raises 22004: name or queue null. 22023: name or queue empty; input neither an
--- object nor an array; max_attempts < 1; steps empty, with an empty name or a
--- repeat; no steps given and no definition (unknown workflow).
+-- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
+-- input neither an object nor an array, over the size limit or nested over 100
+-- levels; max_attempts < 1; steps as define_workflow refuses them; no steps given
+-- and no definition (unknown workflow). 42501: a tenant's queue outside its
+-- prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.start_workflow(
     name            text,
@@ -83,17 +87,22 @@ CREATE OR REPLACE FUNCTION treadle.start_workflow(
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now   timestamptz := treadle._now();
+    v_now   timestamptz := treadle.now();
     v_input jsonb;
     v_steps text[] := start_workflow.steps;
+    v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
     PERFORM treadle._check_text(start_workflow.name, 'name');
     PERFORM treadle._check_text(start_workflow.queue, 'queue');
+    IF start_workflow.idempotency_key IS NOT NULL THEN
+        PERFORM treadle._check_text(start_workflow.idempotency_key, 'idempotency_key');
+    END IF;
     v_input := treadle._payload(start_workflow.input, 'input');
     IF start_workflow.priority IS NULL THEN
         RAISE EXCEPTION 'treadle: priority must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -113,6 +122,7 @@ BEGIN
     ELSE
         PERFORM treadle._check_steps(v_steps);
     END IF;
+    PERFORM treadle._check_queue_allowed(start_workflow.queue);
 
     LOOP
         INSERT INTO treadle.workflow_runs AS r
@@ -120,21 +130,16 @@ BEGIN
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
              start_workflow.max_attempts, start_workflow.idempotency_key, v_now)
-        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-        RETURNING r.id INTO v_id;
+        ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        RETURNING r.* INTO v_run;
 
-        IF v_id IS NOT NULL THEN
-            INSERT INTO treadle.jobs
-                (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
-            VALUES
-                (start_workflow.queue, 'workflow:' || start_workflow.name, '{}', start_workflow.priority, v_now,
-                 start_workflow.max_attempts, v_now, v_id, v_steps[1]);
-            PERFORM treadle._notify('treadle_jobs', start_workflow.queue);
-            RETURN v_id;
+        IF v_run.id IS NOT NULL THEN
+            PERFORM treadle._enqueue_step(v_run, v_steps[1], v_now);
+            RETURN v_run.id;
         END IF;
 
         SELECT r.id INTO v_id FROM treadle.workflow_runs AS r
-         WHERE r.idempotency_key = start_workflow.idempotency_key;
+         WHERE r.queue = start_workflow.queue AND r.idempotency_key = start_workflow.idempotency_key;
         IF FOUND THEN
             RETURN v_id;
         END IF;
@@ -151,12 +156,13 @@ COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, i
 -- cancelled at once), or its running step gets a cancel request (the run becomes
 -- cancelled when that step finishes). Returns false for an unknown run, one that
 -- is not running, or one whose cancel is already requested.
--- Raises 22004: run_id null.
+-- Raises 22004: run_id null. 42501: a tenant's run outside its queues.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel_workflow(run_id bigint)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -166,6 +172,7 @@ BEGIN
     IF cancel_workflow.run_id IS NULL THEN
         RAISE EXCEPTION 'treadle: run_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    PERFORM treadle._check_queue_allowed(r.queue) FROM treadle.workflow_runs AS r WHERE r.id = cancel_workflow.run_id;
 
     -- Jobs are locked before runs on every path; a step that finishes while we
     -- look hands over to the next one, so look again.
@@ -184,7 +191,7 @@ BEGIN
         IF NOT FOUND THEN
             -- a running run without a pending step (its step rows were deleted by hand)
             UPDATE treadle.workflow_runs AS r
-               SET state = 'cancelled', finished_at = treadle._now()
+               SET state = 'cancelled', finished_at = treadle.now()
              WHERE r.id = cancel_workflow.run_id AND r.state = 'running';
             RETURN FOUND;
         END IF;
@@ -204,15 +211,15 @@ COMMENT ON FUNCTION treadle.cancel_workflow(bigint) IS
 -- treadle.workflow_results(run_id) -> jsonb
 --
 -- The finished steps' results keyed by step name: {} before any step finished,
--- null for an unknown run.
+-- null for an unknown run (or one the caller may not see: it runs with the
+-- caller's rights, so row-level security applies).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.workflow_results(run_id bigint)
 RETURNS jsonb
 LANGUAGE sql
 STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT r.results FROM treadle.workflow_runs AS r WHERE r.id = run_id
-$$;
+BEGIN ATOMIC
+    SELECT r.results FROM treadle.workflow_runs AS r WHERE r.id = workflow_results.run_id;
+END;
 COMMENT ON FUNCTION treadle.workflow_results(bigint) IS
     'A workflow run''s step results keyed by step name; null for an unknown run.';

@@ -10,8 +10,9 @@
 --
 -- Transition: records (or refreshes) a live worker process and how many jobs it
 -- is running now.
--- Raises 22004: worker_id, host, pid or queues null. 22023: worker_id empty,
--- queues empty, concurrency < 1, running < 0.
+-- Raises 22004: worker_id, host, pid or queues null. 22023: worker_id, host or a
+-- queue not a valid name (treadle._is_name), queues empty or over 1000,
+-- concurrency < 1, running < 0.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.worker_seen(
     worker_id   text,
@@ -24,17 +25,19 @@ CREATE OR REPLACE FUNCTION treadle.worker_seen(
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle._now();
+    v_now timestamptz := treadle.now();
 BEGIN
     PERFORM treadle._check_text(worker_seen.worker_id, 'worker_id');
     PERFORM treadle._check_names(worker_seen.queues, 'queues');
     IF worker_seen.host IS NULL OR worker_seen.pid IS NULL THEN
         RAISE EXCEPTION 'treadle: host and pid must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    PERFORM treadle._check_text(worker_seen.host, 'host');
     IF worker_seen.concurrency IS NULL OR worker_seen.concurrency < 1
        OR worker_seen.running IS NULL OR worker_seen.running < 0 THEN
         RAISE EXCEPTION 'treadle: concurrency must be at least 1 and running at least 0'
@@ -65,6 +68,7 @@ CREATE OR REPLACE FUNCTION treadle.worker_stopped(worker_id text)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -77,12 +81,12 @@ $$;
 COMMENT ON FUNCTION treadle.worker_stopped(text) IS 'Remove a worker that shut down cleanly.';
 
 -- Workers seen in the last 30 seconds, with the jobs they hold right now.
-CREATE VIEW treadle.live_workers AS
+CREATE VIEW treadle.live_workers WITH (security_invoker = true) AS
 SELECT w.id, w.host, w.pid, w.queues, w.concurrency,
        (SELECT count(*) FROM treadle.jobs AS j WHERE j.state = 'running' AND j.worker_id = w.id) AS running_jobs,
        w.started_at, w.last_seen
   FROM treadle.workers AS w
- WHERE w.last_seen > treadle._now() - interval '30 seconds'
+ WHERE w.last_seen > treadle.now() - interval '30 seconds'
  ORDER BY w.started_at, w.id;
 COMMENT ON VIEW treadle.live_workers IS
     'Worker processes seen in the last 30 seconds, with the jobs they hold.';

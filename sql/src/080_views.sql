@@ -4,16 +4,16 @@
 
 -- One row per queue and state present, with the age of the queue's oldest
 -- claimable job (null when it has none): a growing age is the first sign of trouble.
-CREATE VIEW treadle.queue_stats AS
+CREATE VIEW treadle.queue_stats WITH (security_invoker = true) AS
 WITH counts AS (
     SELECT j.queue, j.state, count(*) AS jobs
       FROM treadle.jobs AS j
      GROUP BY j.queue, j.state
 ), ages AS (
-    SELECT j.queue, treadle._now() - min(j.run_at) AS oldest_available_age
+    SELECT j.queue, treadle.now() - min(j.run_at) AS oldest_available_age
       FROM treadle.jobs AS j
      WHERE j.state = ANY (ARRAY['available', 'retryable'])
-       AND j.run_at <= treadle._now()
+       AND j.run_at <= treadle.now()
      GROUP BY j.queue
 )
 SELECT c.queue, c.state, c.jobs, a.oldest_available_age
@@ -24,12 +24,12 @@ COMMENT ON VIEW treadle.queue_stats IS
     'Jobs per queue and state, with the age of each queue''s oldest claimable job.';
 
 -- Jobs finished per minute over the last hour, every minute present.
-CREATE VIEW treadle.throughput AS
+CREATE VIEW treadle.throughput WITH (security_invoker = true) AS
 SELECT m.minute,
        count(*) FILTER (WHERE j.state = 'completed') AS completed,
        count(*) FILTER (WHERE j.state = 'discarded') AS discarded
-  FROM generate_series(date_trunc('minute', treadle._now()) - interval '59 minutes',
-                       date_trunc('minute', treadle._now()),
+  FROM generate_series(date_trunc('minute', treadle.now()) - interval '59 minutes',
+                       date_trunc('minute', treadle.now()),
                        interval '1 minute') AS m(minute)
   LEFT JOIN treadle.jobs AS j
     ON j.finished_at >= m.minute
@@ -41,7 +41,7 @@ COMMENT ON VIEW treadle.throughput IS
     'Completed and discarded jobs per minute over the last hour.';
 
 -- Jobs that failed and will retry, or were discarded, newest failure first.
-CREATE VIEW treadle.recent_failures AS
+CREATE VIEW treadle.recent_failures WITH (security_invoker = true) AS
 SELECT j.id, j.queue, j.name, j.state, j.attempt, j.max_attempts, j.last_error, j.failed_at,
        j.workflow_run_id, j.step
   FROM treadle.jobs AS j
@@ -52,7 +52,7 @@ COMMENT ON VIEW treadle.recent_failures IS
     'Retryable and discarded jobs with an error, newest failure first.';
 
 -- Workflow runs with their current step and how far they have come.
-CREATE VIEW treadle.workflow_run_overview AS
+CREATE VIEW treadle.workflow_run_overview WITH (security_invoker = true) AS
 SELECT r.id, r.name, r.state,
        cur.step AS current_step,
        (SELECT count(*) FROM jsonb_object_keys(r.results))::integer AS steps_done,

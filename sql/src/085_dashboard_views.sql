@@ -6,7 +6,7 @@
 
 -- One job as a reader sees it: every column but the lease token, which is a
 -- worker's write credential that nobody reading needs.
-CREATE VIEW treadle.job_details AS
+CREATE VIEW treadle.job_details WITH (security_invoker = true) AS
 SELECT j.id, j.queue, j.name, j.args, j.state, j.priority, j.run_at, j.attempt, j.max_attempts,
        j.lease_until, j.worker_id, j.idempotency_key, j.result, j.last_error, j.created_at,
        j.finished_at, j.workflow_run_id, j.step, j.every, j.next_id, j.cancel_requested,
@@ -17,7 +17,7 @@ COMMENT ON VIEW treadle.job_details IS
 
 -- A run's steps in order, each with the job that runs it; a step whose job is not
 -- enqueued yet has state 'pending' and no job.
-CREATE VIEW treadle.workflow_run_steps AS
+CREATE VIEW treadle.workflow_run_steps WITH (security_invoker = true) AS
 SELECT r.id AS run_id, s.position, s.step,
        j.id AS job_id,
        coalesce(j.state, 'pending') AS state,
@@ -37,14 +37,14 @@ COMMENT ON VIEW treadle.workflow_run_steps IS
     'A workflow run''s steps in order, with each step''s job, state, attempt, result and error.';
 
 --------------------------------------------------------------------------------
--- treadle._estimated_jobs(queue, state) -> bigint
+-- treadle.estimated_jobs(queue, state) -> bigint
 --
 -- The planner's estimate of how many jobs are in a state (in one queue, or in all
 -- when queue is null), from the table's statistics: no row is read. Never below 1,
--- as the planner rounds up. VOLATILE because it runs EXPLAIN, so not PUBLIC's:
--- treadle.grant_dashboard grants it.
+-- as the planner rounds up. VOLATILE because it runs EXPLAIN; runs with the
+-- caller's rights; treadle.grant_reader grants it.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._estimated_jobs(queue text, state text)
+CREATE OR REPLACE FUNCTION treadle.estimated_jobs(queue text, state text)
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
@@ -60,7 +60,7 @@ BEGIN
     RETURN round((v_plan -> 0 -> 'Plan' ->> 'Plan Rows')::numeric)::bigint;
 END;
 $$;
-COMMENT ON FUNCTION treadle._estimated_jobs(text, text) IS
+COMMENT ON FUNCTION treadle.estimated_jobs(text, text) IS
     'Planner estimate of the jobs in a state (and queue), read from statistics only.';
 
 --------------------------------------------------------------------------------
@@ -76,8 +76,8 @@ COMMENT ON FUNCTION treadle._estimated_jobs(text, text) IS
 -- (estimated = true) when it must be: finished states always, since counting them
 -- would read the whole table; available, retryable and running only when their own
 -- estimate passes exact_up_to (otherwise their indexes give an exact count).
--- It changes nothing, but is VOLATILE (it runs EXPLAIN), so not PUBLIC's:
--- treadle.grant_dashboard grants it.
+-- It changes nothing, but is VOLATILE (it runs EXPLAIN); it runs with the
+-- caller's rights (row-level security applies); treadle.grant_reader grants it.
 -- Raises 22004: exact_up_to null. 22023: exact_up_to negative.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.job_counts(exact_up_to bigint DEFAULT 100000)
@@ -89,7 +89,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     c_states CONSTANT text[] := ARRAY['available', 'running', 'retryable', 'completed', 'discarded', 'cancelled'];
-    v_now   timestamptz := treadle._now();
+    v_now   timestamptz := treadle.now();
     v_rows  real;
     v_small boolean;
     v_exact text[];  -- the states counted exactly
@@ -110,7 +110,7 @@ BEGIN
     ELSE
         SELECT coalesce(array_agg(s.state), ARRAY[]::text[]) INTO v_exact
           FROM unnest(ARRAY['available', 'retryable', 'running']) AS s(state)
-         WHERE treadle._estimated_jobs(NULL, s.state) <= job_counts.exact_up_to;
+         WHERE treadle.estimated_jobs(NULL, s.state) <= job_counts.exact_up_to;
     END IF;
 
     RETURN QUERY
@@ -147,7 +147,7 @@ BEGIN
     ), per_queue AS (
         SELECT e.queue, e.state, e.jobs, false AS estimated FROM exact AS e
         UNION ALL
-        SELECT q.queue, s.state, treadle._estimated_jobs(q.queue, s.state), true
+        SELECT q.queue, s.state, treadle.estimated_jobs(q.queue, s.state), true
           FROM queues AS q
          CROSS JOIN unnest(c_states) AS s(state)
          WHERE NOT v_small
@@ -163,7 +163,7 @@ BEGIN
       FROM (SELECT NULL::text AS queue, s.state,
                    CASE WHEN s.state = ANY (v_exact)
                         THEN (SELECT coalesce(sum(e.jobs), 0)::bigint FROM exact AS e WHERE e.state = s.state)
-                        ELSE treadle._estimated_jobs(NULL, s.state) END AS jobs,
+                        ELSE treadle.estimated_jobs(NULL, s.state) END AS jobs,
                    s.state <> ALL (v_exact) AS estimated,
                    NULL::interval AS age
               FROM unnest(c_states) AS s(state)
@@ -177,8 +177,3 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.job_counts(bigint) IS
     'Jobs per state (queue null: all queues) and per queue and state, with each queue''s oldest waiting age; estimated on large tables, and flagged.';
-
-REVOKE ALL ON FUNCTION
-    treadle._estimated_jobs(text, text),
-    treadle.job_counts(bigint)
-FROM PUBLIC;

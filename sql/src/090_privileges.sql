@@ -1,39 +1,113 @@
 --------------------------------------------------------------------------------
--- Version and privileges. The extension creates no roles. Functions that change
--- data are revoked from PUBLIC; treadle.grant_producer, grant_worker and
--- grant_dashboard give a role the functions and table rights it needs (all
--- functions are SECURITY INVOKER, so they run with the caller's rights).
+-- Privileges. The functions are the only write path: every function that writes
+-- runs as the owner (SECURITY DEFINER, search_path pinned, names qualified, no
+-- SQL built from input), and no other role holds a right that writes a table or
+-- draws from a sequence. Helpers named _* are the owner's alone. The extension
+-- creates no roles: the owner gives roles what their part needs with
+--
+--   treadle.grant_reader(role)     the views, and the tables' columns but lease tokens
+--   treadle.grant_producer(role)   reader + enqueue, workflows, cancel, retry
+--   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, registry
+--   treadle.grant_admin(role)      reader + cancel, retry, prune, rescue
+--   treadle.grant_dashboard(role, read_only)   reader + cancel and retry unless read_only
+--
+-- and keeps a role to the queues under a prefix with treadle.set_tenant.
+-- docs/operations.md has the table of who may do what.
 --------------------------------------------------------------------------------
 
-REVOKE ALL ON FUNCTION
-    treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval),
-    treadle.enqueue_many(jsonb),
-    treadle.claim(text, text[], text[], integer, interval),
-    treadle.heartbeat(bigint, uuid, interval),
-    treadle.progress(bigint, uuid, double precision, text),
-    treadle.complete(bigint, uuid, jsonb),
-    treadle.complete_many(bigint[], uuid[], jsonb[]),
-    treadle.fail(bigint, uuid, text, interval),
-    treadle.release(bigint, uuid),
-    treadle.rescue(),
-    treadle.cancel(bigint),
-    treadle.retry(bigint),
-    treadle.prune(interval),
-    treadle.define_workflow(text, text[]),
-    treadle.start_workflow(text, jsonb, text[], text, integer, integer, text),
-    treadle.cancel_workflow(bigint),
-    treadle.worker_seen(text, text, integer, text[], integer, integer),
-    treadle.worker_stopped(text),
-    treadle._advance_run(treadle.jobs),
-    treadle._follow_up(treadle.jobs[])
-FROM PUBLIC;
+--------------------------------------------------------------------------------
+-- treadle._grant_parts(role, parts) -> void
+--
+-- Grants USAGE on the schema and EXECUTE on the functions of each named part:
+--   read     job_counts, estimated_jobs
+--   produce  enqueue, enqueue_many, start_workflow
+--   control  cancel, retry, cancel_workflow
+--   work     claim, claimed, heartbeat, progress, complete, complete_many, fail,
+--            release, define_workflow, worker_seen, worker_stopped
+--   recover  rescue
+--   prune    prune
+-- Each function is listed here once; the grant helpers combine the parts.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._grant_parts(role regrole, parts text[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_functions text[];
+BEGIN
+    IF role IS NULL THEN
+        RAISE EXCEPTION 'treadle: role must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT array_agg(f.signature) INTO v_functions
+      FROM (VALUES
+        ('read',    'treadle.job_counts(bigint)'),
+        ('read',    'treadle.estimated_jobs(text, text)'),
+        ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval)'),
+        ('produce', 'treadle.enqueue_many(jsonb)'),
+        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text)'),
+        ('control', 'treadle.cancel(bigint)'),
+        ('control', 'treadle.retry(bigint)'),
+        ('control', 'treadle.cancel_workflow(bigint)'),
+        ('work',    'treadle.claim(text, text[], text[], integer, interval, uuid)'),
+        ('work',    'treadle.claimed(uuid)'),
+        ('work',    'treadle.heartbeat(bigint, uuid, interval)'),
+        ('work',    'treadle.progress(bigint, uuid, double precision, text)'),
+        ('work',    'treadle.complete(bigint, uuid, jsonb)'),
+        ('work',    'treadle.complete_many(bigint[], uuid[], jsonb[])'),
+        ('work',    'treadle.fail(bigint, uuid, text, interval)'),
+        ('work',    'treadle.release(bigint, uuid)'),
+        ('work',    'treadle.define_workflow(text, text[])'),
+        ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer)'),
+        ('work',    'treadle.worker_stopped(text)'),
+        ('recover', 'treadle.rescue()'),
+        ('prune',   'treadle.prune(interval)')
+      ) AS f(part, signature)
+     WHERE f.part = ANY (parts);
+    EXECUTE format('GRANT USAGE ON SCHEMA treadle TO %s', role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s',
+                   (SELECT string_agg(f::regprocedure::text, ', ') FROM unnest(v_functions) AS u(f)), role);
+END;
+$$;
+COMMENT ON FUNCTION treadle._grant_parts(regrole, text[]) IS
+    'Grant schema usage and the functions of the named parts (read, produce, control, work, recover, prune) to a role.';
+
+--------------------------------------------------------------------------------
+-- treadle.grant_reader(role) -> void
+--
+-- Lets a role read: the views, every column of the tables but jobs.lease_token
+-- (a worker's write credential), and the job count estimates. Row-level security
+-- keeps a tenant to its queues. Raises 22004: role null. Owner only.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.grant_reader(role regrole)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM treadle._grant_parts(role, ARRAY['read']);
+    EXECUTE format('GRANT SELECT (%s) ON treadle.jobs TO %s',
+                   (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum)
+                      FROM pg_catalog.pg_attribute AS a
+                     WHERE a.attrelid = 'treadle.jobs'::regclass AND a.attnum > 0
+                       AND NOT a.attisdropped AND a.attname <> 'lease_token'),
+                   role);
+    EXECUTE format('GRANT SELECT ON treadle.workflow_runs, treadle.workflows, treadle.workers,
+        treadle.tenants, treadle.settings,
+        treadle.queue_stats, treadle.throughput, treadle.recent_failures, treadle.workflow_run_overview,
+        treadle.live_workers, treadle.job_details, treadle.workflow_run_steps TO %s', role);
+END;
+$$;
+COMMENT ON FUNCTION treadle.grant_reader(regrole) IS
+    'Grant a role what reading needs: the views and the tables but lease tokens.';
 
 --------------------------------------------------------------------------------
 -- treadle.grant_producer(role) -> void
 --
--- Lets a role enqueue jobs, start workflows, cancel and retry, and read results.
--- Raises 22004: role null. The caller needs the grant option on these objects
--- (the extension's owner has it).
+-- grant_reader, plus enqueueing, starting workflows, and cancelling and retrying
+-- jobs and runs. Raises 22004: role null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_producer(role regrole)
 RETURNS void
@@ -42,22 +116,8 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF role IS NULL THEN
-        RAISE EXCEPTION 'treadle: role must not be null' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    EXECUTE format('GRANT USAGE ON SCHEMA treadle TO %s', role);
-    EXECUTE format('GRANT SELECT, INSERT, UPDATE ON treadle.jobs, treadle.workflow_runs TO %s', role);
-    EXECUTE format('GRANT SELECT ON treadle.workflows TO %s', role);
-    EXECUTE format('GRANT USAGE ON SEQUENCE treadle.jobs_id_seq, treadle.workflow_runs_id_seq TO %s', role);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION
-        treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval),
-        treadle.enqueue_many(jsonb),
-        treadle.start_workflow(text, jsonb, text[], text, integer, integer, text),
-        treadle.cancel(bigint),
-        treadle.retry(bigint),
-        treadle.cancel_workflow(bigint),
-        treadle._advance_run(treadle.jobs),
-        treadle._follow_up(treadle.jobs[]) TO %s', role);
+    PERFORM treadle.grant_reader(role);
+    PERFORM treadle._grant_parts(role, ARRAY['produce', 'control']);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_producer(regrole) IS
@@ -66,9 +126,9 @@ COMMENT ON FUNCTION treadle.grant_producer(regrole) IS
 --------------------------------------------------------------------------------
 -- treadle.grant_worker(role) -> void
 --
--- Everything grant_producer gives, plus claiming, heartbeats, progress,
--- finishing, rescue and workflow definitions.
--- Raises 22004: role null.
+-- grant_producer (handlers enqueue follow-up work), plus claiming, heartbeats,
+-- progress, finishing, rescue, workflow definitions and the worker registry.
+-- Raises 22004: role null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_worker(role regrole)
 RETURNS void
@@ -78,31 +138,38 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM treadle.grant_producer(role);
-    EXECUTE format('GRANT INSERT, UPDATE ON treadle.workflows TO %s', role);
-    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON treadle.workers TO %s', role);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION
-        treadle.claim(text, text[], text[], integer, interval),
-        treadle.heartbeat(bigint, uuid, interval),
-        treadle.progress(bigint, uuid, double precision, text),
-        treadle.complete(bigint, uuid, jsonb),
-        treadle.complete_many(bigint[], uuid[], jsonb[]),
-        treadle.fail(bigint, uuid, text, interval),
-        treadle.release(bigint, uuid),
-        treadle.rescue(),
-        treadle.define_workflow(text, text[]),
-        treadle.worker_seen(text, text, integer, text[], integer, integer),
-        treadle.worker_stopped(text) TO %s', role);
+    PERFORM treadle._grant_parts(role, ARRAY['work', 'recover']);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_worker(regrole) IS
     'Grant a role what a worker needs: grant_producer plus claim, heartbeat, finish and rescue.';
 
 --------------------------------------------------------------------------------
+-- treadle.grant_admin(role) -> void
+--
+-- grant_reader, plus the operator's controls: cancel, retry, prune and rescue.
+-- Raises 22004: role null. Owner only.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.grant_admin(role regrole)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM treadle.grant_reader(role);
+    PERFORM treadle._grant_parts(role, ARRAY['control', 'recover', 'prune']);
+END;
+$$;
+COMMENT ON FUNCTION treadle.grant_admin(regrole) IS
+    'Grant a role the operator''s controls: reading, cancel, retry, prune and rescue.';
+
+--------------------------------------------------------------------------------
 -- treadle.grant_dashboard(role, read_only) -> void
 --
--- Lets a role read the views and jobs; unless read_only, also cancel and retry
--- jobs and cancel workflow runs.
--- Raises 22004: role or read_only null.
+-- What the dashboard needs: grant_reader, and unless read_only, cancelling and
+-- retrying jobs and cancelling workflow runs.
+-- Raises 22004: role or read_only null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_dashboard(role regrole, read_only boolean DEFAULT false)
 RETURNS void
@@ -114,29 +181,85 @@ BEGIN
     IF role IS NULL OR read_only IS NULL THEN
         RAISE EXCEPTION 'treadle: role and read_only must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    EXECUTE format('GRANT USAGE ON SCHEMA treadle TO %s', role);
-    EXECUTE format('GRANT SELECT ON treadle.jobs, treadle.workflow_runs, treadle.workflows, treadle.workers,
-        treadle.queue_stats, treadle.throughput, treadle.recent_failures,
-        treadle.workflow_run_overview, treadle.live_workers,
-        treadle.job_details, treadle.workflow_run_steps TO %s', role);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION
-        treadle.job_counts(bigint), treadle._estimated_jobs(text, text) TO %s', role);
+    PERFORM treadle.grant_reader(role);
     IF NOT read_only THEN
-        EXECUTE format('GRANT UPDATE ON treadle.jobs, treadle.workflow_runs TO %s', role);
-        EXECUTE format('GRANT EXECUTE ON FUNCTION
-            treadle.cancel(bigint),
-            treadle.retry(bigint),
-            treadle.cancel_workflow(bigint),
-            treadle._advance_run(treadle.jobs),
-            treadle._follow_up(treadle.jobs[]) TO %s', role);
+        PERFORM treadle._grant_parts(role, ARRAY['control']);
     END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_dashboard(regrole, boolean) IS
     'Grant a role what the dashboard needs: the views, and unless read_only, cancel and retry.';
 
-REVOKE ALL ON FUNCTION
-    treadle.grant_producer(regrole),
-    treadle.grant_worker(regrole),
-    treadle.grant_dashboard(regrole, boolean)
-FROM PUBLIC;
+--------------------------------------------------------------------------------
+-- treadle.set_tenant(role, queue_prefix) -> void
+--
+-- Keeps a role to the queues whose names start with queue_prefix: it sees only
+-- their jobs and runs (row-level security, through the views), and enqueue,
+-- start_workflow, claim, cancel, retry and cancel_workflow refuse it any other
+-- queue (42501). A null prefix lifts the rule. Idempotency keys are per queue,
+-- so tenants never share one. Owner only.
+-- Raises 22004: role null. 22023: a prefix that is not a valid name.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.set_tenant(role regrole, queue_prefix text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF role IS NULL THEN
+        RAISE EXCEPTION 'treadle: role must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF queue_prefix IS NULL THEN
+        DELETE FROM treadle.tenants AS t WHERE t.role_name = role::text;
+        RETURN;
+    END IF;
+    PERFORM treadle._check_text(queue_prefix, 'queue_prefix');
+    INSERT INTO treadle.tenants AS t (role_name, queue_prefix) VALUES (role::text, queue_prefix)
+    ON CONFLICT (role_name) DO UPDATE SET queue_prefix = excluded.queue_prefix;
+END;
+$$;
+COMMENT ON FUNCTION treadle.set_tenant(regrole, text) IS
+    'Keep a role to the queues under a prefix (null lifts it).';
+
+--------------------------------------------------------------------------------
+-- treadle.configure(max_payload_bytes) -> void
+--
+-- The owner's limits: the largest args, workflow input, result or progress
+-- message accepted, in bytes (default 1 MiB). Owner only.
+-- Raises 22004: max_payload_bytes null. 22023: outside 1 KiB..256 MiB.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.configure(max_payload_bytes integer)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF configure.max_payload_bytes IS NULL THEN
+        RAISE EXCEPTION 'treadle: max_payload_bytes must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF configure.max_payload_bytes NOT BETWEEN 1024 AND 268435456 THEN
+        RAISE EXCEPTION 'treadle: max_payload_bytes must be between 1024 and 268435456, got %', configure.max_payload_bytes
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO treadle.settings AS s (max_payload_bytes) VALUES (configure.max_payload_bytes)
+    ON CONFLICT (only_row) DO UPDATE SET max_payload_bytes = excluded.max_payload_bytes;
+END;
+$$;
+COMMENT ON FUNCTION treadle.configure(integer) IS
+    'Set the owner''s limits (max_payload_bytes).';
+
+--------------------------------------------------------------------------------
+-- Every function, table and sequence: nothing for PUBLIC, but the read-only
+-- functions that run with the caller's rights (they show only what the caller may
+-- see). This file comes last, so it covers every object the sources create.
+--------------------------------------------------------------------------------
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA treadle FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA treadle FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA treadle FROM PUBLIC;
+
+-- Read-only functions that run with the caller's rights: anyone may call them, and
+-- see only what the caller may see.
+GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint) TO PUBLIC;
