@@ -15,7 +15,7 @@ from scratch import scratch_database
 CHANGES = [
     ("GRANT EXECUTE ON FUNCTION treadle.version() TO public", "PUBLIC: EXECUTE by <owner>"),
     ("ALTER FUNCTION treadle.rescue() SET work_mem = '8MB'", "work_mem=8MB"),
-    ("ALTER FUNCTION treadle.rescue() SECURITY DEFINER", "security definer: true"),
+    ("ALTER FUNCTION treadle.version() SECURITY DEFINER", "+security definer: true"),
     ("ALTER FUNCTION treadle.prune(interval) COST 7", "cost: 7"),
     ("CREATE OR REPLACE FUNCTION treadle.workflow_results(run_id bigint) RETURNS jsonb LANGUAGE sql STABLE"
      " RETURN '{}'::jsonb", "RETURN '{}'::jsonb"),
