@@ -21,6 +21,22 @@ from versions import EXTENSION_VERSION
 OLDEST = "0.1.0"  # every release the upgrade scripts start from, oldest first
 SOON = "1 hour"
 
+# Roles set up by the grant helpers, by the name of the helper call: after the upgrade each
+# must hold exactly what the same call gives it in a fresh install.
+GRANTS = {
+    "treadle_up_worker": "grant_worker(%s)",
+    "treadle_up_producer": "grant_producer(%s)",
+    "treadle_up_dashboard": "grant_dashboard(%s)",
+    "treadle_up_viewer": "grant_dashboard(%s, true)",
+}
+
+
+def grant_roles(conn: psycopg.Connection) -> None:
+    """Make the GRANTS roles (once per server) and run each one's helper in this database."""
+    for role, call in GRANTS.items():
+        conn.execute(f"DO $$ BEGIN CREATE ROLE {role}; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        conn.execute(f"SELECT treadle.{call % repr(role)}")
+
 
 @dataclass
 class Filled:
@@ -48,8 +64,9 @@ def _enqueue(conn: psycopg.Connection, queue: str, **extra: object) -> int:
 
 
 def fill(conn: psycopg.Connection) -> Filled:
-    """Jobs in every state, a periodic series, a workflow run mid-way, keys and a worker,
-    each made by the functions of the installed (old) version. One queue per label."""
+    """Jobs in every state, a periodic series, a workflow run mid-way, keys, a worker and
+    roles with grants, each made by the functions of the installed (old) version. One
+    queue per label."""
     f = Filled()
     f.ids["available"] = _enqueue(conn, "available", args=psycopg.types.json.Jsonb({"n": 1}))
     f.ids["delayed"] = _enqueue(conn, "delayed", run_at="2999-01-01T00:00:00Z")
@@ -99,6 +116,7 @@ def fill(conn: psycopg.Connection) -> Filled:
     f.ids["step-b"], f.tokens["step-b"] = _claim(conn, "flow")
 
     conn.execute("SELECT treadle.worker_seen('old-worker', 'host', 42, ARRAY['default'], 4, 1)")
+    grant_roles(conn)
 
     states = dict(conn.execute("SELECT state, count(*) FROM treadle.jobs GROUP BY state").fetchall())
     assert set(states) == {"available", "running", "retryable", "completed", "discarded", "cancelled"}
@@ -107,9 +125,10 @@ def fill(conn: psycopg.Connection) -> Filled:
 
 @pytest.fixture(scope="module")
 def fresh(pg_server: str) -> Iterator[psycopg.Connection]:
-    """A database with the current version installed by CREATE EXTENSION."""
+    """A database with the current version installed by CREATE EXTENSION, and the GRANTS."""
     with scratch_database(pg_server, "fresh") as url, psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION treadle")
+        grant_roles(conn)
         yield conn
 
 
