@@ -35,6 +35,10 @@ NOT_RUN = {
     'treadle dashboard --dsn "$DATABASE_URL" --port 5000 --read-only': (
         "serves until stopped, on a port another program may hold"
     ),
+    'psql "postgresql://app_owner@db.example.com/app" -v ON_ERROR_STOP=1 -f dist/treadle-0.2.0.sql': (
+        "names the reader's server; tests/install/test_plain_install.py runs psql -f on this script "
+        "as a role that has only CREATE on its database"
+    ),
 }
 
 # `python examples/<name>.py` (after an optional DATABASE_URL=...): test_examples.py runs it.
