@@ -3,7 +3,7 @@
 #   make              build sql/treadle--$(EXTVERSION).sql from sql/src/*.sql
 #   make install      install the control file and scripts into $(PG_CONFIG)'s server
 #   make test         everything, from a fresh machine: tools, a throwaway cluster, all tests
-#   make test-pgN     pgTAP and the SQL contract tests on PostgreSQL N (16, 18) from a wheel
+#   make test-pgN     pgTAP and the SQL contract tests on PostgreSQL N (16, 17, 18) from a package
 #                     (make test runs them); make test-all-versions: the whole suite on each
 #   make dist         dist/: the plain SQL install (psql -f, no extension files) and the
 #                     pg_tle registration script (docs/operations.md#installing)
@@ -37,6 +37,13 @@ include $(PGXS)
 endif
 
 all: $(GENERATED)
+
+ifeq ($(PGXS),)
+# A server without PGXS (PostgreSQL 17 from npm: scripts/pgserver): install copies the
+# control file and the scripts, which is all that PGXS installs of treadle.
+install: $(GENERATED)
+	dir=$$($(PG_CONFIG) --sharedir)/extension && mkdir -p "$$dir" && cp $(EXTENSION).control $(DATA) "$$dir"/
+endif
 
 sql/$(EXTENSION)--$(EXTVERSION).sql: $(SRC) $(EXTENSION).control scripts/build-sql
 	scripts/build-sql install > $@
@@ -88,7 +95,7 @@ venv: $(VENV)/.installed
 # every supported major version and against the plain SQL install as well; the client's
 # tests run on every major too. PostgreSQL 14 is not supported: views are security_invoker.
 SQL_CONTRACT_TESTS = tests/sql tests/test_install.py tests/upgrade tests/install
-OTHER_MAJORS = 16 18
+OTHER_MAJORS = 16 17 18
 
 # The one command: tools, install, a throwaway cluster, pgTAP then pytest, cluster stopped;
 # then the plain SQL install, then the other major versions.
@@ -105,7 +112,7 @@ test-plain: test-deps venv
 		scripts/run-tests $(BUILD)/plain-test-cluster tests/sql
 
 # Another major version from a wheel (scripts/pgserver), with pgTAP copied from the
-# system server's: make test-pg16, make test-pg18.
+# system server's: make test-pg16, make test-pg17, make test-pg18.
 test-pg%: test-deps venv
 	pg=$$(PYTHON=$(PYTHON) scripts/pgserver --major $* pgtap $(PG_CONFIG)) && \
 	$(MAKE) install PG_CONFIG=$$pg && \
