@@ -140,7 +140,7 @@ QUERIES: dict[str, str] = {
         JOIN pg_catalog.pg_namespace AS s ON s.oid = c.relnamespace
         JOIN pg_catalog.pg_sequence AS q ON q.seqrelid = c.oid
         WHERE s.nspname = %(schema)s""",
-    "policies": f"""
+    "policies": """
         SELECT r.relname || '.' || p.polname,
                concat_ws(E'\\n',
                    'command: ' || p.polcmd::text, 'permissive: ' || p.polpermissive,

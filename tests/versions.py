@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _control_version() -> str:
-    match = re.search(r"^default_version\s*=\s*'([^']+)'", (ROOT / "treadle.control").read_text(), re.M)
+    match = re.search(r"^default_version\s*=\s*'([^']+)'", (ROOT / "treadle.control").read_text(), re.MULTILINE)
     assert match, "treadle.control has no default_version"
     return match.group(1)
 

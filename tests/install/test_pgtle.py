@@ -14,7 +14,6 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-
 from scratch import scratch_database
 from treadle.install import run_script
 from versions import EXTENSION_VERSION, ROOT

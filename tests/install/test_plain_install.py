@@ -11,7 +11,6 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from catalog import describe_difference, snapshot
 from scratch import PLAIN_OWNER, as_role, install_plain, scratch_database
 from treadle.install import run_script
@@ -111,7 +110,7 @@ def plain_release(version: str) -> str:
     """A released extension script as a plain install of that release would have been
     (0.1.0 shipped no plain script: this is how one would have looked)."""
     text = (ROOT / "sql" / f"treadle--{version}.sql").read_text()
-    text = re.sub(r"^\\echo .*$|^SELECT pg_catalog\.pg_extension_config_dump\(.*\);$", "", text, flags=re.M)
+    text = re.sub(r"^\\echo .*$|^SELECT pg_catalog\.pg_extension_config_dump\(.*\);$", "", text, flags=re.MULTILINE)
     return f"BEGIN;\nCREATE SCHEMA treadle;\n{text}\nCOMMIT;\n"
 
 

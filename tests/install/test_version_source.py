@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 import subprocess
-import tomllib
 
+import tomllib
 import treadle
 from treadle import _sql, install
 from versions import EXTENSION_VERSION, ROOT

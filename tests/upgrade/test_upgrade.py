@@ -13,7 +13,6 @@ from uuid import UUID
 
 import psycopg
 import pytest
-
 from catalog import describe_difference, snapshot
 from scratch import scratch_database
 from versions import EXTENSION_VERSION
