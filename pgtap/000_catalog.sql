@@ -49,8 +49,9 @@ SELECT set_eq(
           'treadle.define_workflow(text,text[])',
           'treadle.start_workflow(text,jsonb,text[],text,integer,integer,text)',
           'treadle.cancel_workflow(bigint)',
-          'treadle.worker_seen(text,text,integer,text[],integer,integer)', 'treadle.worker_stopped(text)'],
-    'exactly the public functions that write run as the owner (SECURITY DEFINER)');
+          'treadle.worker_seen(text,text,integer,text[],integer,integer)', 'treadle.worker_stopped(text)',
+          'treadle.job_counts(bigint)', 'treadle.estimated_jobs(text,text)'],
+    'exactly the public functions that write, and the two that read statistics, run as the owner (SECURITY DEFINER)');
 SELECT set_eq(
     $$ SELECT signature FROM treadle_functions WHERE has_function_privilege('public', oid, 'EXECUTE') $$,
     ARRAY['treadle.version()', 'treadle.now()', 'treadle.workflow_results(bigint)'],

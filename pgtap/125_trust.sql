@@ -4,7 +4,7 @@
 -- nothing changed; the clock no role but the owner can move; tenants.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(62);
+SELECT plan(67);
 
 -- pg_temp.as_role(role, statement): run one statement as role; 'ok', or the SQLSTATE it raised.
 CREATE FUNCTION pg_temp.as_role(role name, statement text) RETURNS text LANGUAGE plpgsql AS $$
@@ -252,6 +252,14 @@ CREATE ROLE trust_tenant_worker; SELECT treadle.grant_worker('trust_tenant_worke
 SELECT treadle.set_tenant('trust_tenant_worker', 'a.');
 SELECT is(pg_temp.as_role('trust_tenant_worker', $$ SELECT treadle.claim('w', ARRAY['b.mail']) $$), '42501',
           'a tenant''s worker cannot claim another tenant''s queue');
+SELECT is(pg_temp.as_role_value('trust_tenant_a',
+              $$ SELECT count(*) FROM treadle.job_counts() WHERE queue NOT LIKE 'a.%' $$), '0',
+          'job_counts shows tenant a only its queues');
+SELECT is(pg_temp.as_role_value('trust_tenant_a',
+              $$ SELECT sum(jobs) FROM treadle.job_counts() WHERE queue IS NULL $$), '2',
+          'and totals over its queues only');
+SELECT is(pg_temp.as_role_value('trust_tenant_a', $$ SELECT treadle.estimated_jobs('b.mail', 'available') $$), '0',
+          'estimated_jobs of another tenant''s queue is 0');
 SELECT lives_ok($$ SELECT treadle.set_tenant('trust_tenant_a', NULL) $$, 'a null prefix lifts the rule');
 SELECT is(pg_temp.as_role('trust_tenant_a', format($$ SELECT treadle.cancel(%s) $$, :b_job)), 'ok',
           'and the role may act on every queue again');
@@ -265,6 +273,19 @@ SELECT lives_ok($$ SELECT treadle.configure(max_payload_bytes => 2048) $$, 'the 
 SELECT throws_ok($$ SELECT treadle.enqueue('big', jsonb_build_object('blob', repeat('b', 3000))) $$, '22023', NULL,
                  'args over the configured limit raise 22023');
 SELECT throws_ok($$ SELECT treadle.configure(max_payload_bytes => 10) $$, '22023', NULL, 'a limit under 1 KiB raises 22023');
+
+--------------------------------------------------------------------------------
+-- Estimates on a large table: a reader gets the owner's figure (row-level
+-- security would hide the statistics from it and bend the planner's guess)
+--------------------------------------------------------------------------------
+SELECT treadle.enqueue_many((SELECT jsonb_agg(jsonb_build_object('name', 'est', 'queue', 'estimates'))
+                               FROM generate_series(1, 3000)));
+ANALYZE treadle.jobs;
+SELECT is(pg_temp.as_role_value('trust_reader', $$ SELECT treadle.estimated_jobs('estimates', 'available') $$),
+          (SELECT treadle.estimated_jobs('estimates', 'available'))::text,
+          'a reader''s estimate is the owner''s');
+SELECT ok((SELECT treadle.estimated_jobs('estimates', 'available')) BETWEEN 2700 AND 3300,
+          'and close to the 3,000 jobs there');
 
 SELECT * FROM finish();
 ROLLBACK;
