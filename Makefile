@@ -14,9 +14,10 @@
 EXTENSION  = treadle
 EXTVERSION = $(shell scripts/build-sql version)
 SRC        = $(sort $(wildcard sql/src/*.sql))
-# the full script of this version, and the upgrade script from each release before it
+# the full script of this version, and the upgrade script from each release that has a
+# migration in sql/upgrade
 # (sql/treadle--0.1.0.sql is the released 0.1.0 script, kept as released)
-UPGRADES_FROM = 0.1.0
+UPGRADES_FROM = $(patsubst sql/upgrade/%--$(EXTVERSION).sql,%,$(wildcard sql/upgrade/*--$(EXTVERSION).sql))
 # the plain (not extension) scripts, shipped in the Python package for `treadle install`;
 # plain upgrades start from the releases that had a plain install (0.2.0 is the first)
 PLAIN_DIR  = python/src/treadle/plain_sql

@@ -1,4 +1,5 @@
-"""The extension's version, read from its one source: treadle.control's default_version."""
+"""The extension's version, read from its one source (treadle.control's default_version), and the
+releases it upgrades from: those with a migration in sql/upgrade."""
 
 from __future__ import annotations
 
@@ -15,3 +16,7 @@ def _control_version() -> str:
 
 
 EXTENSION_VERSION = _control_version()
+
+# oldest first
+UPGRADES_FROM = sorted((p.name.split("--")[0] for p in (ROOT / "sql" / "upgrade").glob(f"*--{EXTENSION_VERSION}.sql")),
+                       key=lambda v: tuple(int(n) for n in v.split(".")))

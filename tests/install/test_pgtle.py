@@ -16,9 +16,8 @@ import psycopg
 import pytest
 from scratch import scratch_database
 from treadle.install import run_script
-from versions import EXTENSION_VERSION, ROOT
+from versions import EXTENSION_VERSION, ROOT, UPGRADES_FROM
 
-UPGRADES_FROM = sorted(p.name.split("--")[0] for p in (ROOT / "sql" / "upgrade").glob(f"*--{EXTENSION_VERSION}.sql"))
 
 # pg_tle's functions as its documentation declares them, each recording its call
 STAND_IN = """

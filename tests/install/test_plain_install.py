@@ -14,9 +14,8 @@ import pytest
 from catalog import describe_difference, snapshot
 from scratch import PLAIN_OWNER, as_role, install_plain, scratch_database
 from treadle.install import run_script
-from versions import EXTENSION_VERSION, ROOT
+from versions import EXTENSION_VERSION, ROOT, UPGRADES_FROM
 
-UPGRADES_FROM = sorted(p.name.split("--")[0] for p in (ROOT / "sql" / "upgrade").glob(f"*--{EXTENSION_VERSION}.sql"))
 
 
 def build_sql(*args: str) -> str:

@@ -15,9 +15,8 @@ import psycopg
 import pytest
 from catalog import describe_difference, snapshot
 from scratch import scratch_database
-from versions import EXTENSION_VERSION
+from versions import EXTENSION_VERSION, UPGRADES_FROM
 
-OLDEST = "0.1.0"  # every release the upgrade scripts start from, oldest first
 SOON = "1 hour"
 
 # Roles set up by the grant helpers, by the name of the helper call: after the upgrade each
@@ -131,7 +130,7 @@ def fresh(pg_server: str) -> Iterator[psycopg.Connection]:
         yield conn
 
 
-@pytest.fixture(scope="module", params=[OLDEST])
+@pytest.fixture(scope="module", params=UPGRADES_FROM)
 def upgraded(request: pytest.FixtureRequest, pg_server: str) -> Iterator[tuple[psycopg.Connection, Filled]]:
     """A database installed at an old version, filled, then `ALTER EXTENSION treadle UPDATE`d."""
     old = request.param
