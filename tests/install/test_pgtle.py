@@ -18,7 +18,6 @@ from scratch import scratch_database
 from treadle.install import run_script
 from versions import EXTENSION_VERSION, ROOT, UPGRADES_FROM
 
-
 # pg_tle's functions as its documentation declares them, each recording its call
 STAND_IN = """
 CREATE SCHEMA pgtle;

@@ -17,7 +17,6 @@ from treadle.install import run_script
 from versions import EXTENSION_VERSION, ROOT, UPGRADES_FROM
 
 
-
 def build_sql(*args: str) -> str:
     return subprocess.run([ROOT / "scripts" / "build-sql", *args], check=True, capture_output=True, text=True).stdout
 
