@@ -97,6 +97,7 @@ venv: $(VENV)/.installed
 # tests run on every major too. PostgreSQL 14 is not supported: views are security_invoker.
 SQL_CONTRACT_TESTS = tests/sql tests/test_install.py tests/upgrade tests/install
 OTHER_MAJORS = 16 17 18
+OTHER_MAJOR_TESTS = $(SQL_CONTRACT_TESTS) tests/client
 
 # The one command: tools, install, a throwaway cluster, pgTAP then pytest, cluster stopped;
 # then the plain SQL install, then the other major versions.
@@ -117,7 +118,7 @@ test-plain: test-deps venv
 test-pg%: test-deps venv
 	pg=$$(PYTHON=$(PYTHON) scripts/pgserver --major $* pgtap $(PG_CONFIG)) && \
 	$(MAKE) install PG_CONFIG=$$pg && \
-	PG_CONFIG=$$pg VENV=$(VENV) scripts/run-tests $(BUILD)/pg$*-test-cluster $(SQL_CONTRACT_TESTS) tests/client
+	PG_CONFIG=$$pg VENV=$(VENV) scripts/run-tests $(BUILD)/pg$*-test-cluster $(OTHER_MAJOR_TESTS)
 
 # Longer than CI allows: the whole suite on every other major version too.
 test-all-versions: test
