@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from scratch import scratch_database
+from treadle import install
 from treadle.install import run_script
 from versions import EXTENSION_VERSION, ROOT, UPGRADES_FROM
 
@@ -109,3 +110,16 @@ def test_an_older_registration_gets_this_version_beside_it(stand_in: psycopg.Con
         ("install_extension_version_sql", "treadle", EXTENSION_VERSION, None),
         ("set_default_version", "treadle", EXTENSION_VERSION, None),
     ]
+
+
+def test_treadle_install_sees_the_registered_extension(stand_in: psycopg.Connection, pgtle_script: str) -> None:
+    """pg_available_extension_versions does not list pg_tle's extensions: `treadle install`
+    asks pg_tle too before it chooses between the extension and plain SQL."""
+    assert not install.registered_in_pgtle(stand_in)
+    run_script(stand_in, pgtle_script)
+    assert install.registered_in_pgtle(stand_in)
+
+
+def test_without_pgtle_nothing_is_registered(pg_server: str) -> None:
+    with scratch_database(pg_server, "nopgtle") as url, psycopg.connect(url) as conn:
+        assert not install.registered_in_pgtle(conn)

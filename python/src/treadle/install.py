@@ -3,8 +3,8 @@
 treadle comes in two forms, with the same schema, functions and rights:
 
 - extension: `CREATE EXTENSION treadle`, then `ALTER EXTENSION treadle UPDATE`. The server
-  must have treadle's extension files (`make install` on it, the Docker image) or have them
-  registered through pg_tle (dist/treadle-VERSION.pgtle.sql).
+  must have treadle's extension files (`make install` on it, the Docker image), or pg_tle
+  must have them registered in the database (dist/treadle-VERSION.pgtle.sql).
 - plain: the plain SQL scripts this package ships (plain_sql/, built from the same sources),
   which any role with CREATE on the database may run: managed servers, where nobody can
   copy extension files.
@@ -37,6 +37,10 @@ _HAS_PLAIN = "SELECT pg_catalog.to_regprocedure('treadle.version()') IS NOT NULL
 _PLAIN_VERSION = "SELECT treadle.version()"
 _AVAILABLE = ("SELECT EXISTS (SELECT FROM pg_catalog.pg_available_extension_versions"
               " WHERE name = 'treadle' AND version = %s)")
+# extensions registered through pg_tle are not in pg_available_extension_versions
+_HAS_PGTLE = "SELECT pg_catalog.to_regprocedure('pgtle.available_extension_versions()') IS NOT NULL"
+_PGTLE_AVAILABLE = ("SELECT EXISTS (SELECT FROM pgtle.available_extension_versions()"
+                    " WHERE name = 'treadle' AND version = %s)")
 
 
 class InstallError(TreadleError):
@@ -155,7 +159,18 @@ def _form(mode: Mode) -> str:
 
 
 def _offered(conn: psycopg.Connection[Any]) -> bool:
+    """Whether CREATE EXTENSION can install this version: the server has its files, or
+    pg_tle has it registered."""
     row = conn.execute(_AVAILABLE, (VERSION,)).fetchone()
+    return bool(row and row[0]) or registered_in_pgtle(conn)
+
+
+def registered_in_pgtle(conn: psycopg.Connection[Any]) -> bool:
+    """Whether pg_tle has this version of treadle registered in the database."""
+    has_pgtle = conn.execute(_HAS_PGTLE).fetchone()
+    if not (has_pgtle and has_pgtle[0]):
+        return False
+    row = conn.execute(_PGTLE_AVAILABLE, (VERSION,)).fetchone()
     return bool(row and row[0])
 
 
