@@ -12,7 +12,9 @@ from pathlib import Path
 import psycopg
 import pytest
 from catalog import describe_difference, snapshot
+from psycopg.rows import dict_row
 from scratch import PLAIN_OWNER, as_role, install_plain, scratch_database
+from treadle import install
 from treadle.install import run_script
 from versions import EXTENSION_VERSION, ROOT, UPGRADES_FROM
 
@@ -150,3 +152,9 @@ def test_a_plain_upgrade_needs_a_plain_install(pg_server: str) -> None:
             with pytest.raises(psycopg.errors.UndefinedFunction, match="no plain install"):
                 run_script(conn, build_sql("plain-upgrade", old))
 
+
+
+def test_what_is_installed_reads_with_any_row_factory(plain: str, extension: psycopg.Connection) -> None:
+    with psycopg.connect(plain, row_factory=dict_row) as conn:
+        assert install.installed(conn) == install.Installed("plain", EXTENSION_VERSION)
+    assert install.installed(extension) == install.Installed("extension", EXTENSION_VERSION)

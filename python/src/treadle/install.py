@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from treadle.errors import TreadleError
 
@@ -65,15 +66,20 @@ class Plan:
 
 def installed(conn: psycopg.Connection[Any]) -> Installed | None:
     """The form and version of treadle in the database, or None when it has none."""
-    row = conn.execute(_EXTENSION).fetchone()
-    if row is not None:
-        return Installed("extension", str(row[0]))
-    has_plain = conn.execute(_HAS_PLAIN).fetchone()
-    if has_plain is not None and has_plain[0]:
-        version = conn.execute(_PLAIN_VERSION).fetchone()
-        assert version is not None
-        return Installed("plain", str(version[0]))
+    extension = _value(conn, _EXTENSION)
+    if extension is not None:
+        return Installed("extension", str(extension))
+    if _value(conn, _HAS_PLAIN):
+        return Installed("plain", str(_value(conn, _PLAIN_VERSION)))
     return None
+
+
+def _value(conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...] = ()) -> Any:
+    """The first column of a query's first row (None when it has none), whatever the
+    connection's row factory."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(query, params or None).fetchone()
+    return None if row is None else row[0]
 
 
 def plan_install(conn: psycopg.Connection[Any], mode: Mode | None = None) -> Plan:
@@ -161,17 +167,12 @@ def _form(mode: Mode) -> str:
 def _offered(conn: psycopg.Connection[Any]) -> bool:
     """Whether CREATE EXTENSION can install this version: the server has its files, or
     pg_tle has it registered."""
-    row = conn.execute(_AVAILABLE, (VERSION,)).fetchone()
-    return bool(row and row[0]) or registered_in_pgtle(conn)
+    return bool(_value(conn, _AVAILABLE, (VERSION,))) or registered_in_pgtle(conn)
 
 
 def registered_in_pgtle(conn: psycopg.Connection[Any]) -> bool:
     """Whether pg_tle has this version of treadle registered in the database."""
-    has_pgtle = conn.execute(_HAS_PGTLE).fetchone()
-    if not (has_pgtle and has_pgtle[0]):
-        return False
-    row = conn.execute(_PGTLE_AVAILABLE, (VERSION,)).fetchone()
-    return bool(row and row[0])
+    return bool(_value(conn, _HAS_PGTLE)) and bool(_value(conn, _PGTLE_AVAILABLE, (VERSION,)))
 
 
 def _require_offered(conn: psycopg.Connection[Any]) -> None:
@@ -183,8 +184,7 @@ def _require_offered(conn: psycopg.Connection[Any]) -> None:
 
 
 def _user(conn: psycopg.Connection[Any]) -> str:
-    row = conn.execute("SELECT current_user").fetchone()
-    return str(row[0]) if row else "?"
+    return str(_value(conn, "SELECT current_user"))
 
 
 def _version_key(version: str) -> tuple[int, ...]:
