@@ -119,3 +119,12 @@ def test_a_plain_upgrade_this_package_lacks_is_refused(empty: str) -> None:
 def test_nothing_to_upgrade_says_install(empty: str) -> None:
     assert "not installed" in treadle("upgrade", "--dsn", empty, ok=False).stderr
 
+
+
+def test_a_role_that_may_not_use_the_schema_is_told_so(empty: str) -> None:
+    with psycopg.connect(empty, autocommit=True) as conn:
+        conn.execute(f"""DO $$ BEGIN CREATE ROLE {PLAIN_OWNER} LOGIN;
+                         EXCEPTION WHEN duplicate_object THEN NULL; END $$""")
+        conn.execute("CREATE SCHEMA treadle")  # the superuser's, and nobody else may use it
+    refused = treadle("upgrade", "--dsn", as_role(empty, PLAIN_OWNER), ok=False)
+    assert f"role {PLAIN_OWNER} may not use it" in refused.stderr

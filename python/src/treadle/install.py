@@ -34,6 +34,9 @@ MODES: Final = ("extension", "plain")
 VERSION: Final = importlib.metadata.version("treadle")
 
 _EXTENSION = "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'treadle'"
+# (to_regprocedure raises when the role may not use the schema: that is asked first)
+_SCHEMA = ("SELECT pg_catalog.to_regnamespace('treadle') IS NOT NULL,"
+           " coalesce(pg_catalog.has_schema_privilege(pg_catalog.to_regnamespace('treadle'), 'USAGE'), false)")
 _HAS_PLAIN = "SELECT pg_catalog.to_regprocedure('treadle.version()') IS NOT NULL"
 _PLAIN_VERSION = "SELECT treadle.version()"
 _AVAILABLE = ("SELECT EXISTS (SELECT FROM pg_catalog.pg_available_extension_versions"
@@ -69,6 +72,13 @@ def installed(conn: psycopg.Connection[Any]) -> Installed | None:
     extension = _value(conn, _EXTENSION)
     if extension is not None:
         return Installed("extension", str(extension))
+    with conn.cursor(row_factory=tuple_row) as cur:
+        exists, usable = cur.execute(_SCHEMA).fetchone() or (False, False)
+    if not exists:
+        return None
+    if not usable:
+        raise InstallError(f"schema treadle exists, but role {_user(conn)} may not use it: "
+                           "run this as the role that owns it")
     if _value(conn, _HAS_PLAIN):
         return Installed("plain", str(_value(conn, _PLAIN_VERSION)))
     return None
