@@ -43,6 +43,18 @@ class Filled:
     ids: dict[str, int] = field(default_factory=dict)        # label -> job id
     tokens: dict[str, UUID] = field(default_factory=dict)     # label -> lease token of a running job
     run_id: int = 0                                           # the workflow run, mid-way
+    rows_before: dict[str, list[dict[str, object]]] = field(default_factory=dict)  # just before the upgrade
+    rows_after: dict[str, list[dict[str, object]]] = field(default_factory=dict)   # just after it
+
+
+def table_rows(conn: psycopg.Connection) -> dict[str, list[dict[str, object]]]:
+    """Every row of every table of schema treadle, as JSON objects, by table (ordered by the
+    first column, the key, which an upgrade keeps first)."""
+    tables = [r[0] for r in conn.execute(
+        "SELECT c.relname FROM pg_class AS c"
+        " WHERE c.relnamespace = 'treadle'::regnamespace AND c.relkind = 'r'").fetchall()]
+    return {t: [r[0] for r in conn.execute(f"SELECT to_jsonb(t) FROM treadle.{t} AS t ORDER BY t").fetchall()]
+            for t in tables}
 
 
 def _claim(conn: psycopg.Connection, queue: str, lease: str = SOON) -> tuple[int, UUID]:
@@ -137,7 +149,9 @@ def upgraded(request: pytest.FixtureRequest, pg_server: str) -> Iterator[tuple[p
     with scratch_database(pg_server, "upgraded") as url, psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"CREATE EXTENSION treadle VERSION '{old}'")
         filled = fill(conn)
+        filled.rows_before = table_rows(conn)
         conn.execute("ALTER EXTENSION treadle UPDATE")
+        filled.rows_after = table_rows(conn)
         yield conn, filled
 
 
@@ -147,6 +161,17 @@ def test_the_upgraded_catalog_is_a_fresh_install(
     conn, _ = upgraded
     difference = describe_difference(snapshot(conn), snapshot(fresh), "upgraded", "fresh")
     assert difference == "", "the upgraded database differs from a fresh install:\n" + difference
+
+
+def test_every_row_keeps_its_values(upgraded: tuple[psycopg.Connection, Filled]) -> None:
+    """The upgrade changes no stored value: each row of each old table is there after it,
+    with the same values in the old columns (new columns may be added beside them)."""
+    _, f = upgraded
+    assert f.rows_before["jobs"] and f.rows_before["workflow_runs"] and f.rows_before["workers"]
+    for table, rows in f.rows_before.items():
+        after = f.rows_after.get(table, [])
+        kept = [{k: v for k, v in row.items() if k in rows[0]} for row in after] if rows else after
+        assert kept == rows, f"treadle.{table} changed in the upgrade"
 
 
 def test_the_upgraded_version_is_the_current_one(upgraded: tuple[psycopg.Connection, Filled]) -> None:
