@@ -4,7 +4,7 @@
 -- nothing changed; the clock no role but the owner can move; tenants.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(67);
+SELECT plan(68);
 
 -- pg_temp.as_role(role, statement): run one statement as role; 'ok', or the SQLSTATE it raised.
 CREATE FUNCTION pg_temp.as_role(role name, statement text) RETURNS text LANGUAGE plpgsql AS $$
@@ -53,6 +53,7 @@ INSERT INTO may_execute VALUES
     ('treadle.version()',                        '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.now()',                            '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.workflow_results(bigint)',         '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
+    ('treadle.cron_next(text,text,timestamp with time zone)', '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.job_counts(bigint)',               '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
     ('treadle.estimated_jobs(text,text)',        '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
     ('treadle.enqueue(text,jsonb,text,integer,timestamp with time zone,integer,text,interval)', '{producer,worker}'),
@@ -61,6 +62,8 @@ INSERT INTO may_execute VALUES
     ('treadle.cancel(bigint)',                   '{producer,worker,admin,dashboard}'),
     ('treadle.retry(bigint)',                    '{producer,worker,admin,dashboard}'),
     ('treadle.cancel_workflow(bigint)',          '{producer,worker,admin,dashboard}'),
+    ('treadle.schedule(text,text,text,jsonb,text,text,integer,integer,boolean)', '{producer,worker}'),
+    ('treadle.unschedule(text)',                 '{producer,worker,admin,dashboard}'),
     ('treadle.claim(text,text[],text[],integer,interval,uuid)', '{worker}'),
     ('treadle.claimed(uuid)',                    '{worker}'),
     ('treadle.heartbeat(bigint,uuid,interval)',  '{worker}'),
@@ -119,6 +122,12 @@ SELECT is_empty(
           AND NOT has_table_privilege(r.role, c.oid, 'SELECT') $$,
     'every part but nobody reads every view');
 SELECT is_empty(
+    $$ SELECT c.relname, pg_temp.as_role('trust_reader', format('SELECT * FROM %s LIMIT 0', c.oid::regclass)) AS sqlstate
+         FROM pg_class AS c
+        WHERE c.relnamespace = 'treadle'::regnamespace AND c.relkind = 'v'
+          AND pg_temp.as_role('trust_reader', format('SELECT * FROM %s LIMIT 0', c.oid::regclass)) <> 'ok' $$,
+    'a reader can select every column of every view (none reaches a lease token)');
+SELECT is_empty(
     $$ SELECT c.relname FROM pg_class AS c
         WHERE c.relnamespace = 'treadle'::regnamespace AND c.relkind = 'v'
           AND NOT coalesce(c.reloptions @> ARRAY['security_invoker=true'], false) $$,
@@ -128,8 +137,9 @@ SELECT is_empty(
     'no part may create objects in schema treadle');
 SELECT is_empty(
     $$ SELECT c.relname FROM pg_class AS c
-        WHERE c.oid IN ('treadle.jobs'::regclass, 'treadle.workflow_runs'::regclass) AND NOT c.relrowsecurity $$,
-    'row-level security is on for jobs and workflow runs');
+        WHERE c.oid IN ('treadle.jobs'::regclass, 'treadle.workflow_runs'::regclass, 'treadle.cron_schedules'::regclass)
+          AND NOT c.relrowsecurity $$,
+    'row-level security is on for jobs, workflow runs and schedules');
 
 --------------------------------------------------------------------------------
 -- The attacks of a producer on the tables, each refused, nothing changed

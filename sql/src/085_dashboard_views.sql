@@ -10,7 +10,7 @@ CREATE VIEW treadle.job_details WITH (security_invoker = true) AS
 SELECT j.id, j.queue, j.name, j.args, j.state, j.priority, j.run_at, j.attempt, j.max_attempts,
        j.lease_until, j.worker_id, j.idempotency_key, j.result, j.last_error, j.created_at,
        j.finished_at, j.workflow_run_id, j.step, j.every, j.next_id, j.cancel_requested,
-       j.started_at, j.failed_at, j.errors, j.progress, j.progress_message
+       j.started_at, j.failed_at, j.errors, j.progress, j.progress_message, j.schedule
   FROM treadle.jobs AS j;
 COMMENT ON VIEW treadle.job_details IS
     'Every job with all its columns but the lease token; filter by id, queue, name or state.';
@@ -29,7 +29,9 @@ SELECT r.id AS run_id, s.position, s.step,
   FROM treadle.workflow_runs AS r
  CROSS JOIN LATERAL unnest(r.steps) WITH ORDINALITY AS s(step, position)
   LEFT JOIN LATERAL (
-        SELECT j.* FROM treadle.jobs AS j
+        SELECT j.id, j.state, j.attempt, j.max_attempts, j.cancel_requested, j.last_error, j.errors,
+               j.progress, j.progress_message, j.run_at, j.started_at, j.finished_at
+          FROM treadle.jobs AS j
          WHERE j.workflow_run_id = r.id AND j.step = s.step
          ORDER BY j.id DESC
          LIMIT 1) AS j ON true;

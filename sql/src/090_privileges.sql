@@ -6,10 +6,10 @@
 -- creates no roles: the owner gives roles what their part needs with
 --
 --   treadle.grant_reader(role)     the views, and the tables' columns but lease tokens
---   treadle.grant_producer(role)   reader + enqueue, workflows, cancel, retry
+--   treadle.grant_producer(role)   reader + enqueue, workflows, schedules, cancel, retry
 --   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, registry
---   treadle.grant_admin(role)      reader + cancel, retry, prune, rescue
---   treadle.grant_dashboard(role, read_only)   reader + cancel and retry unless read_only
+--   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue
+--   treadle.grant_dashboard(role, read_only)   reader + cancel, retry, unschedule unless read_only
 --
 -- and keeps a role to the queues under a prefix with treadle.set_tenant.
 -- docs/operations.md has the table of who may do what.
@@ -20,8 +20,8 @@
 --
 -- Grants USAGE on the schema and EXECUTE on the functions of each named part:
 --   read     job_counts, estimated_jobs
---   produce  enqueue, enqueue_many, start_workflow
---   control  cancel, retry, cancel_workflow
+--   produce  enqueue, enqueue_many, start_workflow, schedule
+--   control  cancel, retry, cancel_workflow, unschedule
 --   work     claim, claimed, heartbeat, progress, complete, complete_many, fail,
 --            release, define_workflow, worker_seen, worker_stopped
 --   recover  rescue
@@ -47,9 +47,11 @@ BEGIN
         ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval)'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
         ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text)'),
+        ('produce', 'treadle.schedule(text, text, text, jsonb, text, text, integer, integer, boolean)'),
         ('control', 'treadle.cancel(bigint)'),
         ('control', 'treadle.retry(bigint)'),
         ('control', 'treadle.cancel_workflow(bigint)'),
+        ('control', 'treadle.unschedule(text)'),
         ('work',    'treadle.claim(text, text[], text[], integer, interval, uuid)'),
         ('work',    'treadle.claimed(uuid)'),
         ('work',    'treadle.heartbeat(bigint, uuid, interval)'),
@@ -97,7 +99,8 @@ BEGIN
     EXECUTE format('GRANT SELECT ON treadle.workflow_runs, treadle.workflows, treadle.workers,
         treadle.tenants, treadle.settings,
         treadle.queue_stats, treadle.throughput, treadle.recent_failures, treadle.workflow_run_overview,
-        treadle.live_workers, treadle.job_details, treadle.workflow_run_steps TO %s', role);
+        treadle.live_workers, treadle.job_details, treadle.workflow_run_steps,
+        treadle.cron_schedules, treadle.schedules TO %s', role);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_reader(regrole) IS
@@ -261,5 +264,6 @@ REVOKE ALL ON ALL TABLES IN SCHEMA treadle FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA treadle FROM PUBLIC;
 
 -- Read-only functions that run with the caller's rights: anyone may call them, and
--- see only what the caller may see.
-GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint) TO PUBLIC;
+-- see only what the caller may see. And cron_next, which reads no table.
+GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint),
+    treadle.cron_next(text, text, timestamptz) TO PUBLIC;
