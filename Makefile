@@ -59,11 +59,12 @@ $(PLAIN_DIR)/$(EXTENSION)-%--$(EXTVERSION).sql: sql/upgrade/%--$(EXTVERSION).sql
 	scripts/build-sql plain-upgrade $* > $@
 
 # What a managed server needs: the plain scripts, and the pg_tle registration.
+DIST ?= dist
 .PHONY: dist
 dist: $(PLAIN)
-	mkdir -p dist
-	cp $(PLAIN) dist/
-	scripts/build-sql pgtle $(UPGRADES_FROM) > dist/$(EXTENSION)-$(EXTVERSION).pgtle.sql
+	mkdir -p $(DIST)
+	cp $(PLAIN) $(DIST)/
+	scripts/build-sql pgtle $(UPGRADES_FROM) > $(DIST)/$(EXTENSION)-$(EXTVERSION).pgtle.sql
 
 # Throwaway clusters and the Python environment live under .build/ (git-ignored).
 BUILD   ?= $(CURDIR)/.build
