@@ -102,7 +102,7 @@ OTHER_MAJOR_TESTS = $(SQL_CONTRACT_TESTS) tests/client
 
 # The one command: tools, install, a throwaway cluster, pgTAP then pytest, cluster stopped;
 # then the plain SQL install, then the other major versions.
-test: check-generated test-deps venv
+test: lint check-generated test-deps venv
 	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
 	PG_CONFIG=$(PG_CONFIG) VENV=$(VENV) scripts/run-tests $(BUILD)/test-cluster
 	$(MAKE) test-plain $(foreach m,$(OTHER_MAJORS),test-pg$(m))
@@ -147,3 +147,18 @@ demo:
 bench: venv
 	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
 	$(VENV)/bin/python bench/run_all.py
+
+# Static checks: ruff and mypy --strict over the Python scripts/lint lists, plpgsql_check
+# over every function in schema treadle (scripts/lint says which checks are on).
+.PHONY: lint
+lint: test-deps venv
+	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
+	PG_CONFIG=$(PG_CONFIG) VENV=$(VENV) scripts/lint $(BUILD)/lint-cluster
+
+# The edit-test loop: pgTAP, then pytest without the tests marked slow, browser or
+# subprocess, on one throwaway cluster.
+.PHONY: test-fast
+test-fast: test-deps venv
+	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
+	PG_CONFIG=$(PG_CONFIG) VENV=$(VENV) scripts/run-tests $(BUILD)/test-fast-cluster \
+		-m "not slow and not browser and not subprocess" tests

@@ -55,7 +55,7 @@ QUERIES: dict[str, str] = {
     "schema": f"""
         SELECT s.nspname::text,
                concat_ws(E'\\n',
-                   'grants: ' || {_acl('s.nspacl', 's.nspowner', 'n')},
+                   'grants: ' || {_acl("s.nspacl", "s.nspowner", "n")},
                    'comment: ' || pg_catalog.obj_description(s.oid, 'pg_namespace'))
         {_SCHEMA}""",
     "functions": f"""
@@ -67,8 +67,8 @@ QUERIES: dict[str, str] = {
                    'strict: ' || p.proisstrict, 'leakproof: ' || p.proleakproof,
                    'parallel: ' || p.proparallel::text, 'rows: ' || p.prorows, 'cost: ' || p.procost,
                    'config: ' || coalesce(array_to_string(p.proconfig, ', '), 'none'),
-                   'owner: ' || {_owner('p.proowner')},
-                   'grants: ' || {_acl('p.proacl', 's.nspowner', 'f')},
+                   'owner: ' || {_owner("p.proowner")},
+                   'grants: ' || {_acl("p.proacl", "s.nspowner", "f")},
                    'comment: ' || pg_catalog.obj_description(p.oid, 'pg_proc'))
         FROM pg_catalog.pg_proc AS p
         JOIN pg_catalog.pg_namespace AS s ON s.oid = p.pronamespace
@@ -82,8 +82,8 @@ QUERIES: dict[str, str] = {
                    'options: ' || coalesce(array_to_string(c.reloptions, ', '), 'none'),
                    'row level security: ' || c.relrowsecurity || ', forced: ' || c.relforcerowsecurity,
                    'replica identity: ' || c.relreplident::text,
-                   'owner: ' || {_owner('c.relowner')},
-                   'grants: ' || {_acl('c.relacl', 's.nspowner', 'r')},
+                   'owner: ' || {_owner("c.relowner")},
+                   'grants: ' || {_acl("c.relacl", "s.nspowner", "r")},
                    'comment: ' || pg_catalog.obj_description(c.oid, 'pg_class'),
                    'definition: ' || pg_catalog.pg_get_viewdef(c.oid, true),
                    (SELECT string_agg(concat_ws(' ',
@@ -95,7 +95,7 @@ QUERIES: dict[str, str] = {
                                CASE WHEN a.attcollation <> t.typcollation
                                     THEN 'collate ' || a.attcollation::regcollation::text END,
                                CASE WHEN a.attacl IS NOT NULL
-                                    THEN 'grants ' || {_acl('a.attacl', 's.nspowner', None)} END,
+                                    THEN 'grants ' || {_acl("a.attacl", "s.nspowner", None)} END,
                                'comment ' || pg_catalog.col_description(c.oid, a.attnum)),
                                E'\\n' ORDER BY a.attnum)
                       FROM pg_catalog.pg_attribute AS a
@@ -133,8 +133,8 @@ QUERIES: dict[str, str] = {
                                         ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
                                      WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
                                        AND d.refclassid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')),
-                   'owner: ' || {_owner('c.relowner')},
-                   'grants: ' || {_acl('c.relacl', 's.nspowner', 's')},
+                   'owner: ' || {_owner("c.relowner")},
+                   'grants: ' || {_acl("c.relacl", "s.nspowner", "s")},
                    'comment: ' || pg_catalog.obj_description(c.oid, 'pg_class'))
         FROM pg_catalog.pg_class AS c
         JOIN pg_catalog.pg_namespace AS s ON s.oid = c.relnamespace
@@ -183,8 +183,8 @@ QUERIES: dict[str, str] = {
                                     FROM pg_catalog.pg_enum AS e WHERE e.enumtypid = t.oid),
                    'checks: ' || (SELECT string_agg(pg_catalog.pg_get_constraintdef(k.oid), '; ' ORDER BY k.conname)
                                     FROM pg_catalog.pg_constraint AS k WHERE k.contypid = t.oid),
-                   'owner: ' || {_owner('t.typowner')},
-                   'grants: ' || {_acl('t.typacl', 's.nspowner', 'T')},
+                   'owner: ' || {_owner("t.typowner")},
+                   'grants: ' || {_acl("t.typacl", "s.nspowner", "T")},
                    'comment: ' || pg_catalog.obj_description(t.oid, 'pg_type'))
         FROM pg_catalog.pg_type AS t
         JOIN pg_catalog.pg_namespace AS s ON s.oid = t.typnamespace
@@ -192,7 +192,7 @@ QUERIES: dict[str, str] = {
           AND (t.typrelid = 0 OR (SELECT relkind FROM pg_catalog.pg_class WHERE oid = t.typrelid) = 'c')""",
     "default privileges": f"""
         SELECT pg_catalog.pg_get_userbyid(d.defaclrole) || ' ' || d.defaclobjtype::text,
-               {_acl('d.defaclacl', 's.nspowner', None)}
+               {_acl("d.defaclacl", "s.nspowner", None)}
         FROM pg_catalog.pg_default_acl AS d
         JOIN pg_catalog.pg_namespace AS s ON s.oid = d.defaclnamespace
         WHERE s.nspname = %(schema)s""",
@@ -249,8 +249,13 @@ def describe_difference(a: Snapshot, b: Snapshot, a_name: str, b_name: str) -> s
                 parts.append(f"+++ {category} {key}: only in {b_name}\n" + _indent(right[key], "+ "))
             else:
                 diff = difflib.unified_diff(
-                    left[key].splitlines(), right[key].splitlines(),
-                    f"{a_name}: {category} {key}", f"{b_name}: {category} {key}", lineterm="", n=2)
+                    left[key].splitlines(),
+                    right[key].splitlines(),
+                    f"{a_name}: {category} {key}",
+                    f"{b_name}: {category} {key}",
+                    lineterm="",
+                    n=2,
+                )
                 parts.append("\n".join(diff))
     return "\n".join(parts)
 

@@ -2,7 +2,8 @@
 
 import psycopg
 import pytest
-from versions import EXTENSION_VERSION
+
+from tests.versions import EXTENSION_VERSION
 
 pytestmark = pytest.mark.extension_only  # DROP and CREATE EXTENSION
 

@@ -18,5 +18,7 @@ def _control_version() -> str:
 EXTENSION_VERSION = _control_version()
 
 # oldest first
-UPGRADES_FROM = sorted((p.name.split("--")[0] for p in (ROOT / "sql" / "upgrade").glob(f"*--{EXTENSION_VERSION}.sql")),
-                       key=lambda v: tuple(int(n) for n in v.split(".")))
+UPGRADES_FROM = sorted(
+    (p.name.split("--")[0] for p in (ROOT / "sql" / "upgrade").glob(f"*--{EXTENSION_VERSION}.sql")),
+    key=lambda v: tuple(int(n) for n in v.split(".")),
+)

@@ -11,9 +11,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from catalog import snapshot
-from scratch import PLAIN_OWNER, as_role, scratch_database
-from versions import EXTENSION_VERSION
+
+from tests.catalog import snapshot
+from tests.scratch import PLAIN_OWNER, as_role, scratch_database
+from tests.versions import EXTENSION_VERSION
+
+pytestmark = pytest.mark.subprocess  # the treadle command
 
 TREADLE = Path(sys.executable).with_name("treadle")
 OLD = "0.1.0"  # the release before this one
@@ -59,8 +62,10 @@ def test_upgrade_an_old_extension(empty: str) -> None:
         conn.execute(f"CREATE EXTENSION treadle VERSION '{OLD}'")
     refused = treadle("install", "--dsn", empty, ok=False)
     assert f"treadle {OLD} is installed" in refused.stderr and "treadle upgrade" in refused.stderr
-    assert f"ALTER EXTENSION treadle UPDATE TO '{EXTENSION_VERSION}';" in treadle(
-        "upgrade", "--dsn", empty, "--dry-run").stdout
+    assert (
+        f"ALTER EXTENSION treadle UPDATE TO '{EXTENSION_VERSION}';"
+        in treadle("upgrade", "--dsn", empty, "--dry-run").stdout
+    )
     assert installed(empty) == ("extension", OLD)
     treadle("upgrade", "--dsn", empty)
     assert installed(empty) == ("extension", EXTENSION_VERSION)
@@ -99,8 +104,10 @@ def test_a_failed_install_leaves_nothing(empty: str) -> None:
 def test_upgrade_refuses_a_downgrade(empty: str) -> None:
     """A newer treadle than this package (a plain one, made here by hand) is left alone."""
     with psycopg.connect(empty, autocommit=True) as conn:
-        conn.execute("CREATE SCHEMA treadle; CREATE FUNCTION treadle.version() RETURNS text"
-                     " LANGUAGE sql IMMUTABLE RETURN '99.0.0'")
+        conn.execute(
+            "CREATE SCHEMA treadle; CREATE FUNCTION treadle.version() RETURNS text"
+            " LANGUAGE sql IMMUTABLE RETURN '99.0.0'"
+        )
     for command in ("install", "upgrade"):
         refused = treadle(command, "--dsn", empty, ok=False)
         assert "newer than this package" in refused.stderr and "never downgrades" in refused.stderr
@@ -110,15 +117,16 @@ def test_upgrade_refuses_a_downgrade(empty: str) -> None:
 def test_a_plain_upgrade_this_package_lacks_is_refused(empty: str) -> None:
     """0.1.0 had no plain install, so this package ships no plain upgrade from it."""
     with psycopg.connect(empty, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA treadle; CREATE FUNCTION treadle.version() RETURNS text"
-                     f" LANGUAGE sql IMMUTABLE RETURN '{OLD}'")
+        conn.execute(
+            f"CREATE SCHEMA treadle; CREATE FUNCTION treadle.version() RETURNS text"
+            f" LANGUAGE sql IMMUTABLE RETURN '{OLD}'"
+        )
     refused = treadle("upgrade", "--dsn", empty, ok=False)
     assert f"no upgrade of a plain install from {OLD}" in refused.stderr
 
 
 def test_nothing_to_upgrade_says_install(empty: str) -> None:
     assert "not installed" in treadle("upgrade", "--dsn", empty, ok=False).stderr
-
 
 
 def test_a_role_that_may_not_use_the_schema_is_told_so(empty: str) -> None:

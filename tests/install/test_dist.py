@@ -5,10 +5,13 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from tests.versions import EXTENSION_VERSION, ROOT, UPGRADES_FROM
 from treadle import install
-from versions import EXTENSION_VERSION, ROOT, UPGRADES_FROM
 
 
+@pytest.mark.subprocess
 def test_make_dist_writes_the_plain_and_pg_tle_scripts(tmp_path: Path) -> None:
     subprocess.run(["make", "-s", "-C", ROOT, "dist", f"DIST={tmp_path}"], check=True, capture_output=True)
     packaged = sorted(p.name for p in (ROOT / "python" / "src" / "treadle" / "plain_sql").glob("*.sql"))
@@ -17,6 +20,7 @@ def test_make_dist_writes_the_plain_and_pg_tle_scripts(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*packaged, pgtle])
     for name in packaged:  # the plain install and plain upgrades, as the package ships them
         assert (tmp_path / name).read_text() == install.plain_script(name)
-    built = subprocess.run([ROOT / "scripts" / "build-sql", "pgtle", *UPGRADES_FROM],
-                           check=True, capture_output=True, text=True).stdout
+    built = subprocess.run(
+        [ROOT / "scripts" / "build-sql", "pgtle", *UPGRADES_FROM], check=True, capture_output=True, text=True
+    ).stdout
     assert (tmp_path / pgtle).read_text() == built

@@ -14,10 +14,11 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from scratch import scratch_database
+
+from tests.scratch import scratch_database
+from tests.versions import EXTENSION_VERSION, ROOT, UPGRADES_FROM
 from treadle import install
 from treadle.install import run_script
-from versions import EXTENSION_VERSION, ROOT, UPGRADES_FROM
 
 # pg_tle's functions as its documentation declares them, each recording its call
 STAND_IN = """
@@ -59,8 +60,9 @@ def extension_script(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def pgtle_script() -> str:
-    return subprocess.run([ROOT / "scripts" / "build-sql", "pgtle", *UPGRADES_FROM],
-                          check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        [ROOT / "scripts" / "build-sql", "pgtle", *UPGRADES_FROM], check=True, capture_output=True, text=True
+    ).stdout
 
 
 @pytest.fixture
@@ -70,7 +72,7 @@ def stand_in(pg_server: str) -> Iterator[psycopg.Connection]:
         yield conn
 
 
-def calls(conn: psycopg.Connection) -> list[tuple[str, ...]]:
+def calls(conn: psycopg.Connection) -> list[tuple[str | None, ...]]:
     return conn.execute("SELECT fn, name, version, from_version FROM pgtle.calls ORDER BY n").fetchall()
 
 
@@ -82,14 +84,15 @@ def test_it_registers_the_extension_scripts_word_for_word(stand_in: psycopg.Conn
         ("set_default_version", "treadle", EXTENSION_VERSION, None),
     ]
     full = stand_in.execute("SELECT ext, description, requires FROM pgtle.calls WHERE fn = 'install_extension'")
-    ext, description, requires = full.fetchone()
+    ext, description, requires = full.fetchone() or (None, None, None)
     assert ext == extension_script(f"treadle--{EXTENSION_VERSION}.sql")
     assert "\\echo" not in ext  # pg_tle runs the text as SQL, not through psql
     assert description and description in (ROOT / "treadle.control").read_text()
     assert requires == []
     for old in UPGRADES_FROM:
-        upgrade = stand_in.execute("SELECT ext FROM pgtle.calls WHERE fn = 'install_update_path'"
-                                   " AND from_version = %s", (old,)).fetchone()
+        upgrade = stand_in.execute(
+            "SELECT ext FROM pgtle.calls WHERE fn = 'install_update_path' AND from_version = %s", (old,)
+        ).fetchone()
         assert upgrade == (extension_script(f"treadle--{old}--{EXTENSION_VERSION}.sql"),)
 
 

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from catalog import describe_difference, snapshot
 from psycopg.rows import dict_row
-from scratch import PLAIN_OWNER, as_role, install_plain, scratch_database
+
+from tests.catalog import describe_difference, snapshot
+from tests.scratch import PLAIN_OWNER, as_role, install_plain, scratch_database
+from tests.versions import EXTENSION_VERSION, ROOT, UPGRADES_FROM
 from treadle import install
 from treadle.install import run_script
-from versions import EXTENSION_VERSION, ROOT, UPGRADES_FROM
 
 
 def build_sql(*args: str) -> str:
@@ -46,16 +47,19 @@ def extension(pg_server: str) -> Iterator[psycopg.Connection]:
 
 def test_the_installer_has_no_other_right(plain: str) -> None:
     with psycopg.connect(plain) as conn:
-        assert conn.execute("SELECT rolsuper, rolcreatedb, rolcreaterole, rolbypassrls FROM pg_roles"
-                            " WHERE rolname = current_user").fetchone() == (False, False, False, False)
-        assert conn.execute("SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'treadle'") \
-            .fetchone() == (PLAIN_OWNER,)
+        assert conn.execute(
+            "SELECT rolsuper, rolcreatedb, rolcreaterole, rolbypassrls FROM pg_roles WHERE rolname = current_user"
+        ).fetchone() == (False, False, False, False)
+        assert conn.execute(
+            "SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'treadle'"
+        ).fetchone() == (PLAIN_OWNER,)
 
 
 def test_the_plain_install_is_the_extension(plain: str, extension: psycopg.Connection) -> None:
     with psycopg.connect(plain) as conn:
-        difference = describe_difference(snapshot(conn, extension=False), snapshot(extension, extension=False),
-                                         "plain", "extension")
+        difference = describe_difference(
+            snapshot(conn, extension=False), snapshot(extension, extension=False), "plain", "extension"
+        )
     assert difference == "", "the plain install differs from the extension:\n" + difference
 
 
@@ -78,18 +82,23 @@ def test_it_refuses_to_run_twice_and_changes_nothing(plain: str) -> None:
         assert describe_difference(before, snapshot(conn, extension=False), "before", "after") == ""
 
 
+@pytest.mark.subprocess
 def test_psql_runs_it_without_extension_files(pg_server: str) -> None:
     """What a user of a managed server runs: psql -f, as a role with CREATE on the database."""
     with scratch_database(pg_server, "psql") as url:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f'GRANT CREATE ON DATABASE "{url.rsplit("/", 1)[1]}" TO {PLAIN_OWNER}')
         script = ROOT / "python" / "src" / "treadle" / "plain_sql" / f"treadle-{EXTENSION_VERSION}.sql"
-        subprocess.run([bindir() / "psql", as_role(url, PLAIN_OWNER), "-q", "-v", "ON_ERROR_STOP=1", "-f", script],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [bindir() / "psql", as_role(url, PLAIN_OWNER), "-q", "-v", "ON_ERROR_STOP=1", "-f", script],
+            check=True,
+            capture_output=True,
+        )
         with psycopg.connect(as_role(url, PLAIN_OWNER)) as conn:
             assert conn.execute("SELECT treadle.version()").fetchone() == (EXTENSION_VERSION,)
 
 
+@pytest.mark.subprocess
 def test_pg_dump_keeps_the_jobs_of_a_plain_install(pg_server: str, plain: str, tmp_path: Path) -> None:
     """Without pg_extension_config_dump, the tables are ordinary ones: a dump has their rows."""
     with psycopg.connect(plain, autocommit=True) as conn:
@@ -100,8 +109,10 @@ def test_pg_dump_keeps_the_jobs_of_a_plain_install(pg_server: str, plain: str, t
     with scratch_database(pg_server, "restored") as url:
         subprocess.run([bindir() / "pg_restore", "-d", url, dump], check=True, capture_output=True)
         with psycopg.connect(as_role(url, PLAIN_OWNER), autocommit=True) as conn:
-            assert conn.execute("SELECT name, args FROM treadle.jobs WHERE id = %s", kept).fetchone() \
-                == ("kept", {"x": 1})
+            assert conn.execute("SELECT name, args FROM treadle.jobs WHERE id = %s", kept).fetchone() == (
+                "kept",
+                {"x": 1},
+            )
             later = conn.execute("SELECT treadle.enqueue('later')").fetchone()
             assert later is not None and later[0] > kept[0]
 
@@ -133,13 +144,16 @@ def test_a_plain_upgrade_gives_the_plain_install(pg_server: str, plain: str, old
 
 
 @pytest.mark.parametrize("old", UPGRADES_FROM)
-def test_a_plain_upgrade_checks_the_installed_version_first(plain: str, extension: psycopg.Connection,
-                                                            old: str) -> None:
+def test_a_plain_upgrade_checks_the_installed_version_first(
+    plain: str, extension: psycopg.Connection, old: str
+) -> None:
     upgrade = build_sql("plain-upgrade", old)
     with psycopg.connect(plain, autocommit=True) as conn:
         before = snapshot(conn, extension=False)
-        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
-                           match=f"upgrades treadle {old} to {EXTENSION_VERSION}, but {EXTENSION_VERSION} is installed"):
+        with pytest.raises(
+            psycopg.errors.ObjectNotInPrerequisiteState,
+            match=f"upgrades treadle {old} to {EXTENSION_VERSION}, but {EXTENSION_VERSION} is installed",
+        ):
             run_script(conn, upgrade)
         assert describe_difference(before, snapshot(conn, extension=False), "before", "after") == ""
     with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="installed as an extension"):
@@ -151,7 +165,6 @@ def test_a_plain_upgrade_needs_a_plain_install(pg_server: str) -> None:
         for old in UPGRADES_FROM:
             with pytest.raises(psycopg.errors.UndefinedFunction, match="no plain install"):
                 run_script(conn, build_sql("plain-upgrade", old))
-
 
 
 def test_what_is_installed_reads_with_any_row_factory(plain: str, extension: psycopg.Connection) -> None:

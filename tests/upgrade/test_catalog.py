@@ -7,8 +7,9 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from catalog import describe_difference, snapshot
-from scratch import scratch_database
+
+from tests.catalog import describe_difference, snapshot
+from tests.scratch import scratch_database
 
 # (a change made to one of two fresh installs, a line the difference must show)
 CHANGES = [
@@ -16,8 +17,13 @@ CHANGES = [
     ("ALTER FUNCTION treadle.rescue() SET work_mem = '8MB'", "work_mem=8MB"),
     ("ALTER FUNCTION treadle.version() SECURITY DEFINER", "+security definer: true"),
     ("ALTER FUNCTION treadle.prune(interval) COST 7", "cost: 7"),
-    (("CREATE OR REPLACE FUNCTION treadle.workflow_results(run_id bigint) RETURNS jsonb LANGUAGE sql STABLE"
-     " RETURN '{}'::jsonb"), "RETURN '{}'::jsonb"),
+    (
+        (
+            "CREATE OR REPLACE FUNCTION treadle.workflow_results(run_id bigint) RETURNS jsonb LANGUAGE sql STABLE"
+            " RETURN '{}'::jsonb"
+        ),
+        "RETURN '{}'::jsonb",
+    ),
     ("COMMENT ON FUNCTION treadle.cancel(bigint) IS 'changed'", "comment: changed"),
     ("ALTER TABLE treadle.jobs ADD COLUMN extra integer", "+column extra integer"),
     ("ALTER TABLE treadle.jobs ALTER COLUMN priority SET DEFAULT 5", "+column priority integer not null default 5"),
@@ -30,12 +36,19 @@ CHANGES = [
     ("ALTER TABLE treadle.workflows ENABLE ROW LEVEL SECURITY", "row level security: true"),
     ("CREATE POLICY only_mine ON treadle.workflows USING (name = current_user)", "workflows.only_mine"),
     ("ALTER STATISTICS treadle.jobs_queue_state_stats SET STATISTICS 50", "target: 50"),
-    (("CREATE FUNCTION treadle.t() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END';"
-     " CREATE TRIGGER t BEFORE INSERT ON treadle.workers FOR EACH ROW EXECUTE FUNCTION treadle.t()"), "workers.t"),
+    (
+        (
+            "CREATE FUNCTION treadle.t() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END';"
+            " CREATE TRIGGER t BEFORE INSERT ON treadle.workers FOR EACH ROW EXECUTE FUNCTION treadle.t()"
+        ),
+        "workers.t",
+    ),
     ("CREATE TYPE treadle.mood AS ENUM ('calm')", "labels: calm"),
     # (pg_extension_config_dump runs only inside an extension script: the catalog is edited directly)
-    ("UPDATE pg_catalog.pg_extension SET extcondition[1] = 'WHERE false' WHERE extname = 'treadle'",
-     "condition: WHERE false"),
+    (
+        "UPDATE pg_catalog.pg_extension SET extcondition[1] = 'WHERE false' WHERE extname = 'treadle'",
+        "condition: WHERE false",
+    ),
     ("ALTER EXTENSION treadle DROP FUNCTION treadle.version()", "not a member"),
     ("GRANT USAGE ON SCHEMA treadle TO public", "PUBLIC: USAGE by <owner>"),
 ]
@@ -43,8 +56,12 @@ CHANGES = [
 
 @pytest.fixture(scope="module")
 def two_fresh_installs(pg_server: str) -> Iterator[tuple[psycopg.Connection, psycopg.Connection]]:
-    with scratch_database(pg_server, "same") as a, scratch_database(pg_server, "changed") as b, \
-            psycopg.connect(a, autocommit=True) as conn_a, psycopg.connect(b, autocommit=True) as conn_b:
+    with (
+        scratch_database(pg_server, "same") as a,
+        scratch_database(pg_server, "changed") as b,
+        psycopg.connect(a, autocommit=True) as conn_a,
+        psycopg.connect(b, autocommit=True) as conn_b,
+    ):
         for conn in (conn_a, conn_b):
             conn.execute("CREATE EXTENSION treadle")
         yield conn_a, conn_b

@@ -13,9 +13,10 @@ from uuid import UUID
 
 import psycopg
 import pytest
-from catalog import describe_difference, snapshot
-from scratch import scratch_database
-from versions import EXTENSION_VERSION, UPGRADES_FROM
+
+from tests.catalog import describe_difference, snapshot
+from tests.scratch import scratch_database
+from tests.versions import EXTENSION_VERSION, UPGRADES_FROM
 
 SOON = "1 hour"
 
@@ -40,35 +41,49 @@ def grant_roles(conn: psycopg.Connection) -> None:
 class Filled:
     """What a 0.1.0 database was filled with, by role."""
 
-    ids: dict[str, int] = field(default_factory=dict)        # label -> job id
-    tokens: dict[str, UUID] = field(default_factory=dict)     # label -> lease token of a running job
-    run_id: int = 0                                           # the workflow run, mid-way
+    ids: dict[str, int] = field(default_factory=dict)  # label -> job id
+    tokens: dict[str, UUID] = field(default_factory=dict)  # label -> lease token of a running job
+    run_id: int = 0  # the workflow run, mid-way
     rows_before: dict[str, list[dict[str, object]]] = field(default_factory=dict)  # just before the upgrade
-    rows_after: dict[str, list[dict[str, object]]] = field(default_factory=dict)   # just after it
+    rows_after: dict[str, list[dict[str, object]]] = field(default_factory=dict)  # just after it
 
 
 def table_rows(conn: psycopg.Connection) -> dict[str, list[dict[str, object]]]:
     """Every row of every table of schema treadle, as JSON objects, by table (ordered by the
     first column, the key, which an upgrade keeps first)."""
-    tables = [r[0] for r in conn.execute(
-        "SELECT c.relname FROM pg_class AS c"
-        " WHERE c.relnamespace = 'treadle'::regnamespace AND c.relkind = 'r'").fetchall()]
-    return {t: [r[0] for r in conn.execute(f"SELECT to_jsonb(t) FROM treadle.{t} AS t ORDER BY t").fetchall()]
-            for t in tables}
+    tables = [
+        r[0]
+        for r in conn.execute(
+            "SELECT c.relname FROM pg_class AS c WHERE c.relnamespace = 'treadle'::regnamespace AND c.relkind = 'r'"
+        ).fetchall()
+    ]
+    return {
+        t: [r[0] for r in conn.execute(f"SELECT to_jsonb(t) FROM treadle.{t} AS t ORDER BY t").fetchall()]
+        for t in tables
+    }
 
 
 def _claim(conn: psycopg.Connection, queue: str, lease: str = SOON) -> tuple[int, UUID]:
     row = conn.execute(
         "SELECT id, lease_token FROM treadle.claim(worker_id => 'old-worker', queues => ARRAY[%s],"
-        " lease => %s::interval)", (queue, lease)).fetchone()
+        " lease => %s::interval)",
+        (queue, lease),
+    ).fetchone()
     assert row is not None, f"nothing to claim in {queue}"
     return row[0], row[1]
 
 
+def _value(conn: psycopg.Connection, query: str, *params: object) -> int:
+    row = conn.execute(query, params).fetchone()
+    assert row is not None, query
+    return int(row[0])
+
+
 def _enqueue(conn: psycopg.Connection, queue: str, **extra: object) -> int:
     names = "".join(f", {k} => %({k})s" for k in extra)
-    row = conn.execute(f"SELECT treadle.enqueue(name => 'job', queue => %(queue)s{names})",
-                       {"queue": queue, **extra}).fetchone()
+    row = conn.execute(
+        f"SELECT treadle.enqueue(name => 'job', queue => %(queue)s{names})", {"queue": queue, **extra}
+    ).fetchone()
     assert row is not None
     return int(row[0])
 
@@ -87,14 +102,14 @@ def fill(conn: psycopg.Connection) -> Filled:
 
     _enqueue(conn, "retryable")
     job, token = _claim(conn, "retryable")
-    assert conn.execute("SELECT treadle.fail(%s, %s, 'boom', retry_in => '1 hour')", (job, token)).fetchone() \
-        == ("retryable",)
+    assert conn.execute("SELECT treadle.fail(%s, %s, 'boom', retry_in => '1 hour')", (job, token)).fetchone() == (
+        "retryable",
+    )
     f.ids["retryable"] = job
 
     _enqueue(conn, "completed")
     job, token = _claim(conn, "completed")
-    assert conn.execute("SELECT treadle.complete(%s, %s, '{\"ok\": true}')", (job, token)).fetchone() \
-        == ("completed",)
+    assert conn.execute("SELECT treadle.complete(%s, %s, '{\"ok\": true}')", (job, token)).fetchone() == ("completed",)
     f.ids["completed"] = job
 
     _enqueue(conn, "discarded", max_attempts=1)
@@ -113,12 +128,14 @@ def fill(conn: psycopg.Connection) -> Filled:
     _enqueue(conn, "periodic", every="1 hour")
     job, token = _claim(conn, "periodic")
     assert conn.execute("SELECT treadle.complete(%s, %s)", (job, token)).fetchone() == ("completed",)
-    f.ids["periodic-next"] = conn.execute("SELECT next_id FROM treadle.jobs WHERE id = %s", (job,)).fetchone()[0]
+    f.ids["periodic-next"] = _value(conn, "SELECT next_id FROM treadle.jobs WHERE id = %s", job)
 
     # a workflow run: step a done, step b running, step c to come
     conn.execute("SELECT treadle.define_workflow('pipeline', ARRAY['a', 'b', 'c'])")
-    row = conn.execute("SELECT treadle.start_workflow(name => 'pipeline', input => '{\"x\": 1}',"
-                       " queue => 'flow', idempotency_key => 'run-1')").fetchone()
+    row = conn.execute(
+        "SELECT treadle.start_workflow(name => 'pipeline', input => '{\"x\": 1}',"
+        " queue => 'flow', idempotency_key => 'run-1')"
+    ).fetchone()
     assert row is not None
     f.run_id = row[0]
     job, token = _claim(conn, "flow")
@@ -128,8 +145,8 @@ def fill(conn: psycopg.Connection) -> Filled:
     conn.execute("SELECT treadle.worker_seen('old-worker', 'host', 42, ARRAY['default'], 4, 1)")
     grant_roles(conn)
 
-    states = dict(conn.execute("SELECT state, count(*) FROM treadle.jobs GROUP BY state").fetchall())
-    assert set(states) == {"available", "running", "retryable", "completed", "discarded", "cancelled"}
+    states = {row[0] for row in conn.execute("SELECT DISTINCT state FROM treadle.jobs")}
+    assert states == {"available", "running", "retryable", "completed", "discarded", "cancelled"}
     return f
 
 
@@ -176,18 +193,20 @@ def test_every_row_keeps_its_values(upgraded: tuple[psycopg.Connection, Filled])
 
 def test_the_upgraded_version_is_the_current_one(upgraded: tuple[psycopg.Connection, Filled]) -> None:
     conn, _ = upgraded
-    assert conn.execute("SELECT treadle.version(), extversion FROM pg_extension WHERE extname = 'treadle'") \
-        .fetchone() == (EXTENSION_VERSION, EXTENSION_VERSION)
+    assert conn.execute(
+        "SELECT treadle.version(), extversion FROM pg_extension WHERE extname = 'treadle'"
+    ).fetchone() == (EXTENSION_VERSION, EXTENSION_VERSION)
 
 
 def test_a_running_job_finishes_with_its_old_lease(upgraded: tuple[psycopg.Connection, Filled]) -> None:
     conn, f = upgraded
     job, token = f.ids["running"], f.tokens["running"]
     assert conn.execute("SELECT treadle.heartbeat(%s, %s, '1 hour')", (job, token)).fetchone() is not None
-    assert conn.execute("SELECT treadle.complete(%s, %s, '{\"done\": 1}')", (job, token)).fetchone() \
-        == ("completed",)
-    assert conn.execute("SELECT state, result FROM treadle.jobs WHERE id = %s", (job,)).fetchone() \
-        == ("completed", {"done": 1})
+    assert conn.execute("SELECT treadle.complete(%s, %s, '{\"done\": 1}')", (job, token)).fetchone() == ("completed",)
+    assert conn.execute("SELECT state, result FROM treadle.jobs WHERE id = %s", (job,)).fetchone() == (
+        "completed",
+        {"done": 1},
+    )
 
 
 def test_a_cancel_asked_before_the_upgrade_still_cancels(upgraded: tuple[psycopg.Connection, Filled]) -> None:
@@ -199,16 +218,21 @@ def test_a_cancel_asked_before_the_upgrade_still_cancels(upgraded: tuple[psycopg
 
 def test_the_workflow_run_goes_on_to_its_next_step(upgraded: tuple[psycopg.Connection, Filled]) -> None:
     conn, f = upgraded
-    assert conn.execute("SELECT treadle.complete(%s, %s, '{\"b\": 2}')", (f.ids["step-b"], f.tokens["step-b"])) \
-        .fetchone() == ("completed",)
+    assert conn.execute(
+        "SELECT treadle.complete(%s, %s, '{\"b\": 2}')", (f.ids["step-b"], f.tokens["step-b"])
+    ).fetchone() == ("completed",)
     job, token = _claim(conn, "flow")
-    assert conn.execute("SELECT step, workflow_run_id FROM treadle.jobs WHERE id = %s", (job,)).fetchone() \
-        == ("c", f.run_id)
+    assert conn.execute("SELECT step, workflow_run_id FROM treadle.jobs WHERE id = %s", (job,)).fetchone() == (
+        "c",
+        f.run_id,
+    )
     assert conn.execute("SELECT treadle.complete(%s, %s, '{\"c\": 3}')", (job, token)).fetchone() == ("completed",)
-    assert conn.execute("SELECT state FROM treadle.workflow_runs WHERE id = %s", (f.run_id,)).fetchone() \
-        == ("completed",)
-    assert conn.execute("SELECT treadle.workflow_results(%s)", (f.run_id,)).fetchone() \
-        == ({"a": {"a": 1}, "b": {"b": 2}, "c": {"c": 3}},)
+    assert conn.execute("SELECT state FROM treadle.workflow_runs WHERE id = %s", (f.run_id,)).fetchone() == (
+        "completed",
+    )
+    assert conn.execute("SELECT treadle.workflow_results(%s)", (f.run_id,)).fetchone() == (
+        {"a": {"a": 1}, "b": {"b": 2}, "c": {"c": 3}},
+    )
 
 
 def test_waiting_jobs_are_claimed_when_due(upgraded: tuple[psycopg.Connection, Filled]) -> None:
@@ -228,16 +252,18 @@ def test_waiting_jobs_are_claimed_when_due(upgraded: tuple[psycopg.Connection, F
 def test_idempotency_keys_still_hold(upgraded: tuple[psycopg.Connection, Filled]) -> None:
     conn, f = upgraded
     assert _enqueue(conn, "keyed", idempotency_key="key-1") == f.ids["keyed"]
-    assert conn.execute("SELECT treadle.start_workflow(name => 'pipeline', queue => 'flow',"
-                        " idempotency_key => 'run-1')").fetchone() == (f.run_id,)
+    assert conn.execute(
+        "SELECT treadle.start_workflow(name => 'pipeline', queue => 'flow', idempotency_key => 'run-1')"
+    ).fetchone() == (f.run_id,)
 
 
 def test_finished_jobs_and_the_worker_are_kept(upgraded: tuple[psycopg.Connection, Filled]) -> None:
     conn, f = upgraded
     for state in ("completed", "discarded", "cancelled"):
         assert conn.execute("SELECT state FROM treadle.jobs WHERE id = %s", (f.ids[state],)).fetchone() == (state,)
-    assert conn.execute("SELECT last_error FROM treadle.jobs WHERE id = %s", (f.ids["discarded"],)).fetchone() \
-        == ("fatal",)
+    assert conn.execute("SELECT last_error FROM treadle.jobs WHERE id = %s", (f.ids["discarded"],)).fetchone() == (
+        "fatal",
+    )
     assert conn.execute("SELECT host, pid FROM treadle.workers WHERE id = 'old-worker'").fetchone() == ("host", 42)
     conn.execute("SELECT treadle.worker_stopped('old-worker')")
     assert conn.execute("SELECT count(*) FROM treadle.workers").fetchone() == (0,)

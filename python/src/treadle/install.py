@@ -35,16 +35,20 @@ VERSION: Final = importlib.metadata.version("treadle")
 
 _EXTENSION = "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'treadle'"
 # (to_regprocedure raises when the role may not use the schema: that is asked first)
-_SCHEMA = ("SELECT pg_catalog.to_regnamespace('treadle') IS NOT NULL,"
-           " coalesce(pg_catalog.has_schema_privilege(pg_catalog.to_regnamespace('treadle'), 'USAGE'), false)")
+_SCHEMA = (
+    "SELECT pg_catalog.to_regnamespace('treadle') IS NOT NULL,"
+    " coalesce(pg_catalog.has_schema_privilege(pg_catalog.to_regnamespace('treadle'), 'USAGE'), false)"
+)
 _HAS_PLAIN = "SELECT pg_catalog.to_regprocedure('treadle.version()') IS NOT NULL"
 _PLAIN_VERSION = "SELECT treadle.version()"
-_AVAILABLE = ("SELECT EXISTS (SELECT FROM pg_catalog.pg_available_extension_versions"
-              " WHERE name = 'treadle' AND version = %s)")
+_AVAILABLE = (
+    "SELECT EXISTS (SELECT FROM pg_catalog.pg_available_extension_versions WHERE name = 'treadle' AND version = %s)"
+)
 # extensions registered through pg_tle are not in pg_available_extension_versions
 _HAS_PGTLE = "SELECT pg_catalog.to_regprocedure('pgtle.available_extension_versions()') IS NOT NULL"
-_PGTLE_AVAILABLE = ("SELECT EXISTS (SELECT FROM pgtle.available_extension_versions()"
-                    " WHERE name = 'treadle' AND version = %s)")
+_PGTLE_AVAILABLE = (
+    "SELECT EXISTS (SELECT FROM pgtle.available_extension_versions() WHERE name = 'treadle' AND version = %s)"
+)
 
 
 class InstallError(TreadleError):
@@ -77,8 +81,9 @@ def installed(conn: psycopg.Connection[Any]) -> Installed | None:
     if not exists:
         return None
     if not usable:
-        raise InstallError(f"schema treadle exists, but role {_user(conn)} may not use it: "
-                           "run this as the role that owns it")
+        raise InstallError(
+            f"schema treadle exists, but role {_user(conn)} may not use it: run this as the role that owns it"
+        )
     if _value(conn, _HAS_PLAIN):
         return Installed("plain", str(_value(conn, _PLAIN_VERSION)))
     return None
@@ -102,16 +107,18 @@ def plan_install(conn: psycopg.Connection[Any], mode: Mode | None = None) -> Pla
             return Plan(f"treadle {VERSION} is already installed ({current.mode}): nothing to do")
         if _newer(current.version, VERSION):
             raise _downgrade(current)
-        raise InstallError(f"treadle {current.version} is installed ({current.mode}): "
-                           f"run `treadle upgrade` to bring it to {VERSION}")
+        raise InstallError(
+            f"treadle {current.version} is installed ({current.mode}): run `treadle upgrade` to bring it to {VERSION}"
+        )
     if mode is None:
         mode = "extension" if _offered(conn) else "plain"
     if mode == "extension":
         _require_offered(conn)
-        return Plan(f"install treadle {VERSION} as an extension",
-                    f"CREATE EXTENSION treadle VERSION '{VERSION}';\n")
-    return Plan(f"install treadle {VERSION} as plain SQL (schema treadle, owned by {_user(conn)})",
-                plain_script(f"treadle-{VERSION}.sql"))
+        return Plan(f"install treadle {VERSION} as an extension", f"CREATE EXTENSION treadle VERSION '{VERSION}';\n")
+    return Plan(
+        f"install treadle {VERSION} as plain SQL (schema treadle, owned by {_user(conn)})",
+        plain_script(f"treadle-{VERSION}.sql"),
+    )
 
 
 def plan_upgrade(conn: psycopg.Connection[Any], mode: Mode | None = None) -> Plan:
@@ -126,12 +133,16 @@ def plan_upgrade(conn: psycopg.Connection[Any], mode: Mode | None = None) -> Pla
         raise _downgrade(current)
     if current.mode == "extension":
         _require_offered(conn)
-        return Plan(f"upgrade the treadle extension from {current.version} to {VERSION}",
-                    f"ALTER EXTENSION treadle UPDATE TO '{VERSION}';\n")
+        return Plan(
+            f"upgrade the treadle extension from {current.version} to {VERSION}",
+            f"ALTER EXTENSION treadle UPDATE TO '{VERSION}';\n",
+        )
     name = f"treadle-{current.version}--{VERSION}.sql"
     if not _shipped(name):
-        raise InstallError(f"this package ({VERSION}) has no upgrade of a plain install from "
-                           f"{current.version}: upgrade with the package of a version in between first")
+        raise InstallError(
+            f"this package ({VERSION}) has no upgrade of a plain install from "
+            f"{current.version}: upgrade with the package of a version in between first"
+        )
     return Plan(f"upgrade plain treadle from {current.version} to {VERSION}", plain_script(name))
 
 
@@ -166,8 +177,10 @@ def _shipped(name: str) -> bool:
 
 def _check_mode(current: Installed, mode: Mode | None) -> None:
     if mode is not None and mode != current.mode:
-        raise InstallError(f"treadle {current.version} is installed as {_form(current.mode)}, "
-                           f"not as {_form(mode)}: drop it first to change its form")
+        raise InstallError(
+            f"treadle {current.version} is installed as {_form(current.mode)}, "
+            f"not as {_form(mode)}: drop it first to change its form"
+        )
 
 
 def _form(mode: Mode) -> str:
@@ -190,7 +203,8 @@ def _require_offered(conn: psycopg.Connection[Any]) -> None:
         raise InstallError(
             f"the server has no files of the treadle {VERSION} extension: run `make install` on the "
             "server, or register it through pg_tle (dist/treadle-VERSION.pgtle.sql), "
-            "or install plain SQL instead (--mode plain)")
+            "or install plain SQL instead (--mode plain)"
+        )
 
 
 def _user(conn: psycopg.Connection[Any]) -> str:
@@ -209,8 +223,10 @@ def _newer(version: str, than: str) -> bool:
 
 
 def _downgrade(current: Installed) -> InstallError:
-    return InstallError(f"the database has treadle {current.version}, newer than this package's "
-                        f"{VERSION}: treadle never downgrades; use the Python package {current.version}")
+    return InstallError(
+        f"the database has treadle {current.version}, newer than this package's "
+        f"{VERSION}: treadle never downgrades; use the Python package {current.version}"
+    )
 
 
 # the command line: `treadle install` and `treadle upgrade` (cli.py wires them in)
@@ -221,10 +237,13 @@ COMMANDS: Final = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mode", choices=MODES,
-                        help="the form to install: extension (the server has its files, or pg_tle) or plain "
-                             "(SQL any role with CREATE on the database may run); default: what is installed, "
-                             "else extension when the server offers it, else plain")
+    parser.add_argument(
+        "--mode",
+        choices=MODES,
+        help="the form to install: extension (the server has its files, or pg_tle) or plain "
+        "(SQL any role with CREATE on the database may run); default: what is installed, "
+        "else extension when the server offers it, else plain",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the SQL it would run, and run nothing")
 
 
