@@ -33,6 +33,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # the extension's version, from its one source
 EXTENSION_VERSION = re.findall(r"^default_version\s*=\s*'([^']+)'", (ROOT / "treadle.control").read_text(), re.M)[0]
+# the releases it upgrades from: those with a migration in sql/upgrade, oldest first
+UPGRADES_FROM = sorted(
+    (p.name.split("--")[0] for p in (ROOT / "sql" / "upgrade").glob(f"*--{EXTENSION_VERSION}.sql")),
+    key=lambda v: tuple(int(n) for n in v.split(".")),
+)
 TEMPLATE = f"treadle_template_{os.getpid()}"
 INSTALL = os.environ.get("TREADLE_TEST_INSTALL", "extension")  # or "plain"
 
@@ -83,7 +88,7 @@ def template_db(pg_server: str) -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}"')
         conn.execute(f'CREATE DATABASE "{TEMPLATE}"')
     if INSTALL == "plain":
-        from tests.scratch import install_plain
+        from tests.plain_install import install_plain
 
         install_plain(pg_server, TEMPLATE)
     else:

@@ -3,7 +3,7 @@
 import psycopg
 import pytest
 
-from tests.versions import EXTENSION_VERSION
+from tests.conftest import EXTENSION_VERSION
 
 pytestmark = pytest.mark.extension_only  # DROP and CREATE EXTENSION
 

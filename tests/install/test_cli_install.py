@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from tests.catalog import snapshot
-from tests.scratch import PLAIN_OWNER, as_role, scratch_database
-from tests.versions import EXTENSION_VERSION
+from tests.conftest import EXTENSION_VERSION, NewDatabase, as_role
+from tests.plain_install import PLAIN_OWNER
 
 pytestmark = pytest.mark.subprocess  # the treadle command
 
@@ -42,9 +41,9 @@ def installed(url: str) -> tuple[str, str] | None:
 
 
 @pytest.fixture
-def empty(pg_server: str) -> Iterator[str]:
-    with scratch_database(pg_server, "cli") as url:
-        yield url
+def empty(new_database: NewDatabase) -> str:
+    """An empty database (no treadle)."""
+    return new_database(None)
 
 
 def test_install_then_again_is_the_extension_once(empty: str) -> None:

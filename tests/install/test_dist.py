@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.versions import EXTENSION_VERSION, ROOT, UPGRADES_FROM
+from tests.conftest import EXTENSION_VERSION, ROOT, UPGRADES_FROM
 from treadle import install
 
 

@@ -15,8 +15,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from tests.scratch import scratch_database
-from tests.versions import EXTENSION_VERSION, ROOT, UPGRADES_FROM
+from tests.conftest import EXTENSION_VERSION, ROOT, UPGRADES_FROM, NewDatabase
 from treadle import install
 from treadle.install import run_script
 
@@ -66,8 +65,9 @@ def pgtle_script() -> str:
 
 
 @pytest.fixture
-def stand_in(pg_server: str) -> Iterator[psycopg.Connection]:
-    with scratch_database(pg_server, "pgtle") as url, psycopg.connect(url, autocommit=True) as conn:
+def stand_in(new_database: NewDatabase) -> Iterator[psycopg.Connection]:
+    url = new_database(None)
+    with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(STAND_IN)
         yield conn
 
@@ -123,6 +123,7 @@ def test_treadle_install_sees_the_registered_extension(stand_in: psycopg.Connect
     assert install.registered_in_pgtle(stand_in)
 
 
-def test_without_pgtle_nothing_is_registered(pg_server: str) -> None:
-    with scratch_database(pg_server, "nopgtle") as url, psycopg.connect(url) as conn:
+def test_without_pgtle_nothing_is_registered(new_database: NewDatabase) -> None:
+    url = new_database(None)
+    with psycopg.connect(url) as conn:
         assert not install.registered_in_pgtle(conn)

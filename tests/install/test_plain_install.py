@@ -14,8 +14,8 @@ import pytest
 from psycopg.rows import dict_row
 
 from tests.catalog import describe_difference, snapshot
-from tests.scratch import PLAIN_OWNER, as_role, install_plain, scratch_database
-from tests.versions import EXTENSION_VERSION, ROOT, UPGRADES_FROM
+from tests.conftest import EXTENSION_VERSION, ROOT, UPGRADES_FROM, NewDatabase, as_role
+from tests.plain_install import PLAIN_OWNER, install_plain
 from treadle import install
 from treadle.install import run_script
 
@@ -31,16 +31,17 @@ def bindir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def plain(pg_server: str) -> Iterator[str]:
+def plain(pg_server: str, new_module_database: NewDatabase) -> Iterator[str]:
     """The URL of a database with the plain install made by PLAIN_OWNER, connecting as that role."""
-    with scratch_database(pg_server, "plain") as url:
-        install_plain(pg_server, url.rsplit("/", 1)[1])
-        yield as_role(url, PLAIN_OWNER)
+    url = new_module_database(None)
+    install_plain(pg_server, url.rsplit("/", 1)[1])
+    yield as_role(url, PLAIN_OWNER)
 
 
 @pytest.fixture(scope="module")
-def extension(pg_server: str) -> Iterator[psycopg.Connection]:
-    with scratch_database(pg_server, "ext") as url, psycopg.connect(url, autocommit=True) as conn:
+def extension(new_module_database: NewDatabase) -> Iterator[psycopg.Connection]:
+    url = new_module_database(None)
+    with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION treadle")
         yield conn
 
@@ -83,38 +84,38 @@ def test_it_refuses_to_run_twice_and_changes_nothing(plain: str) -> None:
 
 
 @pytest.mark.subprocess
-def test_psql_runs_it_without_extension_files(pg_server: str) -> None:
+def test_psql_runs_it_without_extension_files(new_database: NewDatabase) -> None:
     """What a user of a managed server runs: psql -f, as a role with CREATE on the database."""
-    with scratch_database(pg_server, "psql") as url:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f'GRANT CREATE ON DATABASE "{url.rsplit("/", 1)[1]}" TO {PLAIN_OWNER}')
-        script = ROOT / "python" / "src" / "treadle" / "plain_sql" / f"treadle-{EXTENSION_VERSION}.sql"
-        subprocess.run(
-            [bindir() / "psql", as_role(url, PLAIN_OWNER), "-q", "-v", "ON_ERROR_STOP=1", "-f", script],
-            check=True,
-            capture_output=True,
-        )
-        with psycopg.connect(as_role(url, PLAIN_OWNER)) as conn:
-            assert conn.execute("SELECT treadle.version()").fetchone() == (EXTENSION_VERSION,)
+    url = new_database(None)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'GRANT CREATE ON DATABASE "{url.rsplit("/", 1)[1]}" TO {PLAIN_OWNER}')
+    script = ROOT / "python" / "src" / "treadle" / "plain_sql" / f"treadle-{EXTENSION_VERSION}.sql"
+    subprocess.run(
+        [bindir() / "psql", as_role(url, PLAIN_OWNER), "-q", "-v", "ON_ERROR_STOP=1", "-f", script],
+        check=True,
+        capture_output=True,
+    )
+    with psycopg.connect(as_role(url, PLAIN_OWNER)) as conn:
+        assert conn.execute("SELECT treadle.version()").fetchone() == (EXTENSION_VERSION,)
 
 
 @pytest.mark.subprocess
-def test_pg_dump_keeps_the_jobs_of_a_plain_install(pg_server: str, plain: str, tmp_path: Path) -> None:
+def test_pg_dump_keeps_the_jobs_of_a_plain_install(new_database: NewDatabase, plain: str, tmp_path: Path) -> None:
     """Without pg_extension_config_dump, the tables are ordinary ones: a dump has their rows."""
     with psycopg.connect(plain, autocommit=True) as conn:
         kept = conn.execute("SELECT treadle.enqueue('kept', '{\"x\": 1}', queue => 'dumped')").fetchone()
         assert kept is not None
     dump = tmp_path / "plain.dump"
     subprocess.run([bindir() / "pg_dump", "-Fc", "-f", dump, plain], check=True, capture_output=True)
-    with scratch_database(pg_server, "restored") as url:
-        subprocess.run([bindir() / "pg_restore", "-d", url, dump], check=True, capture_output=True)
-        with psycopg.connect(as_role(url, PLAIN_OWNER), autocommit=True) as conn:
-            assert conn.execute("SELECT name, args FROM treadle.jobs WHERE id = %s", kept).fetchone() == (
-                "kept",
-                {"x": 1},
-            )
-            later = conn.execute("SELECT treadle.enqueue('later')").fetchone()
-            assert later is not None and later[0] > kept[0]
+    url = new_database(None)
+    subprocess.run([bindir() / "pg_restore", "-d", url, dump], check=True, capture_output=True)
+    with psycopg.connect(as_role(url, PLAIN_OWNER), autocommit=True) as conn:
+        assert conn.execute("SELECT name, args FROM treadle.jobs WHERE id = %s", kept).fetchone() == (
+            "kept",
+            {"x": 1},
+        )
+        later = conn.execute("SELECT treadle.enqueue('later')").fetchone()
+        assert later is not None and later[0] > kept[0]
 
 
 def plain_release(version: str) -> str:
@@ -126,19 +127,19 @@ def plain_release(version: str) -> str:
 
 
 @pytest.mark.parametrize("old", UPGRADES_FROM)
-def test_a_plain_upgrade_gives_the_plain_install(pg_server: str, plain: str, old: str) -> None:
+def test_a_plain_upgrade_gives_the_plain_install(new_database: NewDatabase, plain: str, old: str) -> None:
     upgrade = build_sql("plain-upgrade", old)
-    with scratch_database(pg_server, "plainup") as url:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f'GRANT CREATE ON DATABASE "{url.rsplit("/", 1)[1]}" TO {PLAIN_OWNER}')
-        with psycopg.connect(as_role(url, PLAIN_OWNER), autocommit=True) as conn:
-            run_script(conn, plain_release(old))
-            conn.execute("SELECT treadle.enqueue('from-before')")
-            run_script(conn, upgrade)
-            upgraded = snapshot(conn, extension=False)
-            assert conn.execute("SELECT name FROM treadle.jobs").fetchall() == [("from-before",)]
-        with psycopg.connect(plain) as conn:
-            fresh = snapshot(conn, extension=False)
+    url = new_database(None)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'GRANT CREATE ON DATABASE "{url.rsplit("/", 1)[1]}" TO {PLAIN_OWNER}')
+    with psycopg.connect(as_role(url, PLAIN_OWNER), autocommit=True) as conn:
+        run_script(conn, plain_release(old))
+        conn.execute("SELECT treadle.enqueue('from-before')")
+        run_script(conn, upgrade)
+        upgraded = snapshot(conn, extension=False)
+        assert conn.execute("SELECT name FROM treadle.jobs").fetchall() == [("from-before",)]
+    with psycopg.connect(plain) as conn:
+        fresh = snapshot(conn, extension=False)
     difference = describe_difference(upgraded, fresh, "plain upgraded", "plain fresh")
     assert difference == "", "a plain upgrade differs from a plain install:\n" + difference
 
@@ -160,8 +161,9 @@ def test_a_plain_upgrade_checks_the_installed_version_first(
         run_script(extension, upgrade)
 
 
-def test_a_plain_upgrade_needs_a_plain_install(pg_server: str) -> None:
-    with scratch_database(pg_server, "noplain") as url, psycopg.connect(url, autocommit=True) as conn:
+def test_a_plain_upgrade_needs_a_plain_install(new_database: NewDatabase) -> None:
+    url = new_database(None)
+    with psycopg.connect(url, autocommit=True) as conn:
         for old in UPGRADES_FROM:
             with pytest.raises(psycopg.errors.UndefinedFunction, match="no plain install"):
                 run_script(conn, build_sql("plain-upgrade", old))

@@ -6,7 +6,7 @@ import re
 import subprocess
 
 import treadle
-from tests.versions import EXTENSION_VERSION, ROOT
+from tests.conftest import EXTENSION_VERSION, ROOT
 from treadle import _sql, install
 
 

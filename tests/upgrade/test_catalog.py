@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from tests.catalog import describe_difference, snapshot
-from tests.scratch import scratch_database
+from tests.conftest import NewDatabase
 
 # (a change made to one of two fresh installs, a line the difference must show)
 CHANGES = [
@@ -55,12 +55,10 @@ CHANGES = [
 
 
 @pytest.fixture(scope="module")
-def two_fresh_installs(pg_server: str) -> Iterator[tuple[psycopg.Connection, psycopg.Connection]]:
+def two_fresh_installs(new_module_database: NewDatabase) -> Iterator[tuple[psycopg.Connection, psycopg.Connection]]:
     with (
-        scratch_database(pg_server, "same") as a,
-        scratch_database(pg_server, "changed") as b,
-        psycopg.connect(a, autocommit=True) as conn_a,
-        psycopg.connect(b, autocommit=True) as conn_b,
+        psycopg.connect(new_module_database(None), autocommit=True) as conn_a,
+        psycopg.connect(new_module_database(None), autocommit=True) as conn_b,
     ):
         for conn in (conn_a, conn_b):
             conn.execute("CREATE EXTENSION treadle")

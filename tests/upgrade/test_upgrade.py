@@ -15,8 +15,7 @@ import psycopg
 import pytest
 
 from tests.catalog import describe_difference, snapshot
-from tests.scratch import scratch_database
-from tests.versions import EXTENSION_VERSION, UPGRADES_FROM
+from tests.conftest import EXTENSION_VERSION, UPGRADES_FROM, NewDatabase
 
 SOON = "1 hour"
 
@@ -151,19 +150,23 @@ def fill(conn: psycopg.Connection) -> Filled:
 
 
 @pytest.fixture(scope="module")
-def fresh(pg_server: str) -> Iterator[psycopg.Connection]:
+def fresh(new_module_database: NewDatabase) -> Iterator[psycopg.Connection]:
     """A database with the current version installed by CREATE EXTENSION, and the GRANTS."""
-    with scratch_database(pg_server, "fresh") as url, psycopg.connect(url, autocommit=True) as conn:
+    url = new_module_database(None)
+    with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION treadle")
         grant_roles(conn)
         yield conn
 
 
 @pytest.fixture(scope="module", params=UPGRADES_FROM)
-def upgraded(request: pytest.FixtureRequest, pg_server: str) -> Iterator[tuple[psycopg.Connection, Filled]]:
+def upgraded(
+    request: pytest.FixtureRequest, new_module_database: NewDatabase
+) -> Iterator[tuple[psycopg.Connection, Filled]]:
     """A database installed at an old version, filled, then `ALTER EXTENSION treadle UPDATE`d."""
     old = request.param
-    with scratch_database(pg_server, "upgraded") as url, psycopg.connect(url, autocommit=True) as conn:
+    url = new_module_database(None)
+    with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"CREATE EXTENSION treadle VERSION '{old}'")
         filled = fill(conn)
         filled.rows_before = table_rows(conn)
