@@ -7,7 +7,7 @@ import subprocess
 
 import treadle
 from tests.conftest import EXTENSION_VERSION, ROOT
-from treadle import _sql, install
+from treadle import _compat, install
 
 
 def test_the_python_package_has_the_extensions_version() -> None:
@@ -19,7 +19,7 @@ def test_the_python_package_has_the_extensions_version() -> None:
 
 
 def test_the_client_speaks_the_version_it_installs() -> None:
-    assert EXTENSION_VERSION in _sql.SUPPORTED_VERSIONS
+    assert EXTENSION_VERSION in _compat.SUPPORTED_VERSIONS
 
 
 def test_build_sql_reads_the_control_file() -> None:
@@ -34,11 +34,13 @@ def test_the_package_ships_the_plain_script_of_its_version() -> None:
 
 def test_no_source_writes_the_version_again() -> None:
     """Code names the version only through the control file (@EXTVERSION@, metadata): no
-    string literal holds it (prose may speak of a release). _sql.SUPPORTED_VERSIONS is
+    string literal holds it (prose may speak of a release). _compat.SUPPORTED_VERSIONS is
     another fact (what the client speaks), pinned above."""
     literal = re.compile(f"[\"']{re.escape(EXTENSION_VERSION)}[\"']")
     sources = [*(ROOT / "sql" / "src").glob("*.sql"), *(ROOT / "python" / "src" / "treadle").rglob("*.py")]
     copies = [
-        str(path.relative_to(ROOT)) for path in sources if path.name != "_sql.py" and literal.search(path.read_text())
+        str(path.relative_to(ROOT))
+        for path in sources
+        if path.name != "_compat.py" and literal.search(path.read_text())
     ]
     assert copies == []

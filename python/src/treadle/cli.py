@@ -56,9 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
 
     worker = commands.add_parser("worker", help="run a Worker defined in a module")
-    worker.add_argument("target", metavar="MODULE[:ATTR]",
-                        help="a module (dotted name or .py file) and the attribute holding the Worker, or a "
-                             "function returning one given the DSN (default attribute: worker)")
+    worker.add_argument(
+        "target",
+        metavar="MODULE[:ATTR]",
+        help="a module (dotted name or .py file) and the attribute holding the Worker, or a "
+        "function returning one given the DSN (default attribute: worker)",
+    )
     worker.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     _add_dsn(worker, "exported as DATABASE_URL before the module is imported")
     worker.set_defaults(command=_worker)
@@ -169,8 +172,12 @@ def _enqueue(options: argparse.Namespace) -> int:
         args = json.loads(options.args)
     except json.JSONDecodeError as error:
         raise CommandError(f"JSON is not valid JSON: {error}") from error
-    settings = {"queue": options.queue, "priority": options.priority, "max_attempts": options.max_attempts,
-                "idempotency_key": options.idempotency_key}
+    settings = {
+        "queue": options.queue,
+        "priority": options.priority,
+        "max_attempts": options.max_attempts,
+        "idempotency_key": options.idempotency_key,
+    }
     from treadle.client import enqueue
 
     with psycopg.connect(_dsn(options)) as conn:

@@ -25,6 +25,7 @@ from typing import Any, Final, Literal
 import psycopg
 from psycopg.rows import tuple_row
 
+from treadle._compat import EXTENSION_VERSION as _EXTENSION
 from treadle.errors import TreadleError
 
 Mode = Literal["extension", "plain"]
@@ -33,7 +34,6 @@ MODES: Final = ("extension", "plain")
 # the version of the scripts this package ships and installs
 VERSION: Final = importlib.metadata.version("treadle")
 
-_EXTENSION = "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'treadle'"
 # (to_regprocedure raises when the role may not use the schema: that is asked first)
 _SCHEMA = (
     "SELECT pg_catalog.to_regnamespace('treadle') IS NOT NULL,"
