@@ -18,8 +18,9 @@ def parse(text: str) -> dict[Sample, float]:
     return samples
 
 
-def value(samples: dict[Sample, float], name: str, **labels: str) -> float | None:
-    return samples.get((name, tuple(sorted(labels.items()))))
+def value(samples: dict[Sample, float], metric: str, /, **labels: str) -> float | None:
+    """One sample's value (labels may include `name`, a job name label), None when absent."""
+    return samples.get((metric, tuple(sorted(labels.items()))))
 
 
 def named(samples: dict[Sample, float], name: str) -> dict[tuple[tuple[str, str], ...], float]:

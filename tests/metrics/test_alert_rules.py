@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.metrics_core import Metric
 
 from treadle.metrics import DatabaseCollector, WorkerMetrics
 
@@ -30,7 +31,7 @@ GROUPING = re.compile(r"\b(?:by|on|without|ignoring)\s*\(([^)]*)\)")
 
 def defined_metrics() -> dict[str, set[str]]:
     """Every sample name treadle's collectors can produce, with its labels."""
-    families = list(DatabaseCollector._families().values())
+    families: list[Metric] = list(DatabaseCollector._families().values())
     families += list(WorkerMetrics().registry.collect())
     known: dict[str, set[str]] = {}
     for family in families:
@@ -62,8 +63,13 @@ def test_every_metric_is_known_with_its_labels() -> None:
     for name, labels in worker_labels().items():
         assert name in known
         known[name] |= labels
-    assert {"treadle_jobs", "treadle_queue_oldest_waiting_seconds", "treadle_live_workers",
-            "treadle_worker_jobs_total", "treadle_worker_run_seconds_bucket"} <= set(known)
+    assert {
+        "treadle_jobs",
+        "treadle_queue_oldest_waiting_seconds",
+        "treadle_live_workers",
+        "treadle_worker_jobs_total",
+        "treadle_worker_run_seconds_bucket",
+    } <= set(known)
     assert known["treadle_jobs"] == {"queue", "state"}
     assert known["treadle_worker_jobs_total"] == {"queue", "name", "outcome"}
 
@@ -110,7 +116,9 @@ def test_scrape_config_loads_the_rules_and_scrapes_both_endpoints() -> None:
 
 def test_the_page_shows_the_files_as_they_are() -> None:
     shown = re.findall(r"^```yaml (\S+)\n(.*?)^```$", PAGE.read_text(), re.M | re.S)
-    assert {path for path, _ in shown} == {"examples/prometheus/prometheus.yml",
-                                           "examples/prometheus/treadle-rules.yml"}
+    assert {path for path, _ in shown} == {
+        "examples/prometheus/prometheus.yml",
+        "examples/prometheus/treadle-rules.yml",
+    }
     for path, text in shown:
         assert text in (ROOT / path).read_text(), f"docs/metrics.md shows {path} other than it is"

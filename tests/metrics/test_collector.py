@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from scraping import named, parse, value
 
+from tests.metrics.scraping import named, parse, value
 from treadle.metrics import DatabaseCollector, database_registry
 
 
@@ -22,6 +22,7 @@ def connector(dsn: str, role: str | None = None) -> Any:
             if role is not None:
                 conn.execute(f'SET ROLE "{role}"')
             yield conn
+
     return connect
 
 
@@ -29,10 +30,16 @@ def scrape(registry: CollectorRegistry) -> dict[Any, float]:
     return parse(generate_latest(registry).decode())
 
 
-def claim(conn: psycopg.Connection[Any], worker_id: str, queue: str, batch: int = 1, lease: str = "30 seconds") -> list[tuple[int, Any]]:
-    return [(row[0], row[1]) for row in conn.execute(
-        "SELECT id, lease_token FROM treadle.claim(%s, ARRAY[%s], batch => %s, lease => %s::interval)",
-        (worker_id, queue, batch, lease)).fetchall()]
+def claim(
+    conn: psycopg.Connection[Any], worker_id: str, queue: str, batch: int = 1, lease: str = "30 seconds"
+) -> list[tuple[int, Any]]:
+    return [
+        (row[0], row[1])
+        for row in conn.execute(
+            "SELECT id, lease_token FROM treadle.claim(%s, ARRAY[%s], batch => %s, lease => %s::interval)",
+            (worker_id, queue, batch, lease),
+        ).fetchall()
+    ]
 
 
 @pytest.fixture
@@ -44,8 +51,9 @@ def known_jobs(conn: psycopg.Connection[Any]) -> None:
     conn.execute("SELECT treadle.enqueue('send', queue => 'mail')")
     (done, done_token), (failing, failing_token), _running = claim(conn, "w-mail", "mail", batch=3)
     assert conn.execute("SELECT treadle.complete(%s, %s)", (done, done_token)).fetchone() == ("completed",)
-    assert conn.execute("SELECT treadle.fail(%s, %s, 'boom', retry_in => '1 hour')",
-                        (failing, failing_token)).fetchone() == ("retryable",)
+    assert conn.execute(
+        "SELECT treadle.fail(%s, %s, 'boom', retry_in => '1 hour')", (failing, failing_token)
+    ).fetchone() == ("retryable",)
     conn.execute("SELECT treadle.worker_seen('w-mail', 'host-a', 4242, ARRAY['mail'], 8, 1)")
 
     conn.execute("SELECT treadle.enqueue('resize', queue => 'media', run_at => now() + interval '1 hour')")
@@ -131,11 +139,14 @@ def test_a_database_it_cannot_reach_gives_up_zero(dsn: str) -> None:
 def test_large_tables_estimate_finished_states(dsn: str, conn: psycopg.Connection[Any]) -> None:
     # 2,000 completed jobs and 3 waiting, with statistics: above exact_up_to, the
     # finished count is the planner's estimate, the waiting one still exact
-    conn.execute("SELECT count(*) FROM treadle.enqueue_many("
-                 "(SELECT jsonb_agg(jsonb_build_object('name', 'send', 'queue', 'bulk')) FROM generate_series(1, 2000)))")
+    conn.execute(
+        "SELECT count(*) FROM treadle.enqueue_many("
+        "(SELECT jsonb_agg(jsonb_build_object('name', 'send', 'queue', 'bulk')) FROM generate_series(1, 2000)))"
+    )
     while claimed := claim(conn, "w-bulk", "bulk", batch=500):
-        conn.execute("SELECT treadle.complete_many(%s, %s)",
-                     ([job for job, _ in claimed], [token for _, token in claimed]))
+        conn.execute(
+            "SELECT treadle.complete_many(%s, %s)", ([job for job, _ in claimed], [token for _, token in claimed])
+        )
     for _ in range(3):
         conn.execute("SELECT treadle.enqueue('send', queue => 'bulk')")
     conn.execute("ANALYZE treadle.jobs")

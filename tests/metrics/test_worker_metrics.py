@@ -7,10 +7,10 @@ from typing import Any
 
 import psycopg
 from prometheus_client import generate_latest
-from scraping import named, parse, value
 
-from treadle import Worker
+from tests.metrics.scraping import named, parse, value
 from treadle.metrics import WorkerMetrics
+from treadle.worker import Worker
 
 PATIENCE = 60.0
 
@@ -25,12 +25,24 @@ def wait_for_state(conn: psycopg.Connection[Any], state: str, count: int) -> Non
 def test_outcomes_histograms_and_slots(dsn: str, conn: psycopg.Connection[Any]) -> None:
     metrics = WorkerMetrics()
 
+    def send(args: Any, ctx: Any) -> str:
+        time.sleep(0.2)
+        return "sent"
+
     def boom(args: Any, ctx: Any) -> None:
         raise ValueError("boom")
 
-    worker = Worker(dsn, ["mail"], concurrency=3, poll_interval=0.1, lease=5, heartbeat_interval=1,
-                    backoff=lambda attempt: 0, on_event=metrics.observe)
-    worker.register("send", lambda args, ctx: time.sleep(0.2) or "sent")
+    worker = Worker(
+        dsn,
+        ["mail"],
+        concurrency=3,
+        poll_interval=0.1,
+        lease=5,
+        heartbeat_interval=1,
+        backoff=lambda attempt: 0,
+        on_event=metrics.observe,
+    )
+    worker.register("send", send)
     worker.register("boom", boom)
     metrics.track_slots(lambda: worker.busy_handlers, worker.concurrency)
     for _ in range(3):

@@ -20,8 +20,7 @@ __all__ = ["FIELDS", "JsonFormatter", "LogFormat", "configure_logging", "logfmt"
 LogFormat = Literal["text", "json"]
 
 # The record attributes treadle sets (logging's `extra`), in the order lines show them.
-FIELDS: Final = ("job_id", "job_name", "queue", "attempt", "max_attempts", "state", "error_type", "error",
-                 "worker_id")
+FIELDS: Final = ("job_id", "job_name", "queue", "attempt", "max_attempts", "state", "error_type", "error", "worker_id")
 
 TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 

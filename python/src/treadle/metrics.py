@@ -25,6 +25,8 @@ from typing import Any, Final
 
 import psycopg
 
+from treadle._events import WorkerEvent
+
 INSTALL_HINT: Final = "treadle's metrics need prometheus_client: pip install 'treadle[metrics]'"
 
 try:
@@ -34,13 +36,11 @@ try:
 except ImportError as error:  # pragma: no cover - the message is what matters
     raise ImportError(INSTALL_HINT) from error
 
-from treadle._events import WorkerEvent
-
 __all__ = [
     "CONTENT_TYPE_LATEST",
     "INSTALL_HINT",
-    "MetricsServer",
     "DatabaseCollector",
+    "MetricsServer",
     "WorkerMetrics",
     "database_registry",
     "exposition",
@@ -129,25 +129,34 @@ class DatabaseCollector(Collector):
     @staticmethod
     def _families() -> dict[str, GaugeMetricFamily]:
         return {
-            "up": GaugeMetricFamily(
-                "treadle_database_up", "1 when this scrape read the database, 0 when it could not"),
+            "up": GaugeMetricFamily("treadle_database_up", "1 when this scrape read the database, 0 when it could not"),
             "scrape": GaugeMetricFamily(
-                "treadle_database_scrape_seconds", "How long this scrape's read of the database took"),
+                "treadle_database_scrape_seconds", "How long this scrape's read of the database took"
+            ),
             "jobs": GaugeMetricFamily(
-                "treadle_jobs", "Jobs per queue and state (treadle.job_counts; finished states are "
-                "estimated on large tables)", labels=["queue", "state"]),
+                "treadle_jobs",
+                "Jobs per queue and state (treadle.job_counts; finished states are estimated on large tables)",
+                labels=["queue", "state"],
+            ),
             "oldest": GaugeMetricFamily(
-                "treadle_queue_oldest_waiting_seconds", "Age of the queue's oldest due job that is "
-                "available or retryable; 0 when none waits", labels=["queue"]),
+                "treadle_queue_oldest_waiting_seconds",
+                "Age of the queue's oldest due job that is available or retryable; 0 when none waits",
+                labels=["queue"],
+            ),
             "live": GaugeMetricFamily(
-                "treadle_live_workers", "Live worker processes claiming from the queue "
-                "(treadle.live_workers: seen in the last 30 s)", labels=["queue"]),
+                "treadle_live_workers",
+                "Live worker processes claiming from the queue (treadle.live_workers: seen in the last 30 s)",
+                labels=["queue"],
+            ),
             "worker_slots": GaugeMetricFamily(
-                "treadle_live_worker_slots", "A live worker's concurrency", labels=["worker_id", "host"]),
+                "treadle_live_worker_slots", "A live worker's concurrency", labels=["worker_id", "host"]
+            ),
             "worker_busy": GaugeMetricFamily(
-                "treadle_live_worker_busy_slots", "Running jobs a live worker holds", labels=["worker_id", "host"]),
+                "treadle_live_worker_busy_slots", "Running jobs a live worker holds", labels=["worker_id", "host"]
+            ),
             "expired": GaugeMetricFamily(
-                "treadle_expired_leases", "Running jobs whose lease expired and that no rescue has returned yet"),
+                "treadle_expired_leases", "Running jobs whose lease expired and that no rescue has returned yet"
+            ),
         }
 
 
@@ -178,18 +187,37 @@ class WorkerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
-        self.jobs = Counter("treadle_worker_jobs", "Jobs this worker ran, by how their run ended",
-                            ["queue", "name", "outcome"], registry=self.registry)
-        self.lease_losses = Counter("treadle_worker_lease_losses", "Runs whose lease was lost before they "
-                                    "finished (nothing of them was written)", ["queue", "name"],
-                                    registry=self.registry)
-        self.rescued_jobs = Counter("treadle_worker_rescued_jobs", "Expired leases this worker's "
-                                    "treadle.rescue() calls returned to the queue", registry=self.registry)
-        self.claim_to_start = Histogram("treadle_worker_claim_to_start_seconds", "From the claim's answer to "
-                                        "the handler's call", ["queue", "name"], buckets=CLAIM_TO_START_BUCKETS,
-                                        registry=self.registry)
-        self.run_time = Histogram("treadle_worker_run_seconds", "From the handler's call to its return or "
-                                  "raise", ["queue", "name"], buckets=RUN_BUCKETS, registry=self.registry)
+        self.jobs = Counter(
+            "treadle_worker_jobs",
+            "Jobs this worker ran, by how their run ended",
+            ["queue", "name", "outcome"],
+            registry=self.registry,
+        )
+        self.lease_losses = Counter(
+            "treadle_worker_lease_losses",
+            "Runs whose lease was lost before they finished (nothing of them was written)",
+            ["queue", "name"],
+            registry=self.registry,
+        )
+        self.rescued_jobs = Counter(
+            "treadle_worker_rescued_jobs",
+            "Expired leases this worker's treadle.rescue() calls returned to the queue",
+            registry=self.registry,
+        )
+        self.claim_to_start = Histogram(
+            "treadle_worker_claim_to_start_seconds",
+            "From the claim's answer to the handler's call",
+            ["queue", "name"],
+            buckets=CLAIM_TO_START_BUCKETS,
+            registry=self.registry,
+        )
+        self.run_time = Histogram(
+            "treadle_worker_run_seconds",
+            "From the handler's call to its return or raise",
+            ["queue", "name"],
+            buckets=RUN_BUCKETS,
+            registry=self.registry,
+        )
         self.busy_slots = Gauge("treadle_worker_busy_slots", "Handlers running now", registry=self.registry)
         self.slots = Gauge("treadle_worker_slots", "The worker's concurrency", registry=self.registry)
         self._lock = threading.Lock()
