@@ -98,20 +98,16 @@ def test_each_scrape_reads_the_database_anew(dsn: str, conn: psycopg.Connection[
 def test_a_scrape_reads_the_database_in_one_statement(dsn: str, known_jobs: None) -> None:
     statements: list[str] = []
 
-    @contextmanager
-    def counting() -> Iterator[psycopg.Connection[Any]]:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.add_notice_handler(lambda _: None)
-            original = conn.execute
+    class CountingCursor(psycopg.Cursor[Any]):
+        def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+            statements.append(str(query))
+            return super().execute(query, *args, **kwargs)
 
-            def execute(query: Any, *args: Any, **kwargs: Any) -> Any:
-                statements.append(str(query))
-                return original(query, *args, **kwargs)
+    def counting() -> psycopg.Connection[Any]:
+        return psycopg.connect(dsn, autocommit=True, cursor_factory=CountingCursor)
 
-            conn.execute = execute  # type: ignore[method-assign]
-            yield conn
-
-    scrape(database_registry(counting))
+    samples = scrape(database_registry(counting))
+    assert value(samples, "treadle_database_up") == 1
     assert len(statements) == 1
 
 

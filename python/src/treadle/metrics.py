@@ -16,6 +16,7 @@ that says which `pip install` gives it.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -24,6 +25,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Final
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from treadle._events import WorkerEvent
 
@@ -55,12 +57,12 @@ Connect = Callable[[], AbstractContextManager[psycopg.Connection[Any]]]
 DATABASE_READ: Final = """
 SELECT (SELECT coalesce(json_agg(json_build_object(
                     'queue', c.queue, 'state', c.state, 'jobs', c.jobs,
-                    'oldest_waiting', extract(epoch FROM c.oldest_available_age))), '[]')
+                    'oldest_waiting', extract(epoch FROM c.oldest_available_age))), '[]')::text
           FROM treadle.job_counts(exact_up_to => %(exact_up_to)s) AS c
          WHERE c.queue IS NOT NULL) AS counts,
        (SELECT coalesce(json_agg(json_build_object(
                     'worker_id', w.id, 'host', w.host, 'queues', w.queues,
-                    'concurrency', w.concurrency, 'running', w.running_jobs)), '[]')
+                    'concurrency', w.concurrency, 'running', w.running_jobs)), '[]')::text
           FROM treadle.live_workers AS w) AS workers,
        (SELECT count(*)
           FROM treadle.jobs AS j
@@ -96,8 +98,9 @@ class DatabaseCollector(Collector):
         families = self._families()
         started = time.monotonic()
         try:
-            with self._connect() as conn:
-                row = conn.execute(DATABASE_READ, {"exact_up_to": self._exact_up_to}).fetchone()
+            # a tuple row and JSON as text: whatever row factory or loaders the connection has
+            with self._connect() as conn, conn.cursor(row_factory=tuple_row) as cur:
+                row = cur.execute(DATABASE_READ, {"exact_up_to": self._exact_up_to}).fetchone()
         except psycopg.Error as error:
             log.warning("metrics: reading the database failed: %s", str(error).strip().splitlines()[0])
             families["up"].add_metric([], 0)
@@ -160,9 +163,9 @@ class DatabaseCollector(Collector):
         }
 
 
-def _columns(row: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+def _columns(row: tuple[Any, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
     counts, workers, expired = row
-    return list(counts), list(workers), int(expired)
+    return json.loads(counts), json.loads(workers), int(expired)
 
 
 def database_registry(connect: Connect, *, exact_up_to: int = 100_000) -> CollectorRegistry:
