@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from tests.metrics.worker_process import wait_for_jobs, worker_process
+from tests.metrics.worker_process import one_row, wait_for_jobs, worker_process
 from treadle.logs import JsonFormatter, logfmt
 
 FAILED_LINE = r"WARNING treadle\.worker: job failed job_id={id} .*"
@@ -19,13 +19,13 @@ FAILED_LINE = r"WARNING treadle\.worker: job failed job_id={id} .*"
 def test_each_failed_attempt_is_one_line_with_its_fields(
     dsn: str, conn: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
-    job_id = conn.execute("SELECT treadle.enqueue('boom', queue => 'mail', max_attempts => 2)").fetchone()[0]
+    (job_id,) = one_row(conn, "SELECT treadle.enqueue('boom', queue => 'mail', max_attempts => 2)")
     with worker_process(dsn, tmp_path) as worker:
         wait_for_jobs(conn, "discarded", 1)
         worker.stop()
     failed = [line for line in worker.stderr.splitlines() if "job failed" in line]
     assert len(failed) == 2, worker.stderr
-    for attempt, state, line in zip((1, 2), ("retryable", "discarded"), failed):
+    for attempt, state, line in zip((1, 2), ("retryable", "discarded"), failed, strict=True):
         assert " WARNING treadle.worker: job failed " in line
         assert (
             f"job_id={job_id} job_name=boom queue=mail attempt={attempt} max_attempts=2 state={state} "
@@ -34,7 +34,7 @@ def test_each_failed_attempt_is_one_line_with_its_fields(
 
 
 def test_json_logs_one_object_per_line(dsn: str, conn: psycopg.Connection[Any], tmp_path: Path) -> None:
-    job_id = conn.execute("SELECT treadle.enqueue('boom', queue => 'mail', max_attempts => 1)").fetchone()[0]
+    (job_id,) = one_row(conn, "SELECT treadle.enqueue('boom', queue => 'mail', max_attempts => 1)")
     conn.execute("SELECT treadle.enqueue('send', queue => 'mail')")
     with worker_process(dsn, tmp_path, "--log-format", "json") as worker:
         wait_for_jobs(conn, "discarded", 1)

@@ -82,8 +82,10 @@ def test_a_worker_counts_the_leases_its_rescues_return(dsn: str, conn: psycopg.C
 
 def test_without_prometheus_client_the_worker_says_what_to_install(dsn: str, tmp_path: Path) -> None:
     tasks = tmp_path / "tasks.py"
-    tasks.write_text("from treadle.worker import Worker\nworker = Worker('postgresql:///unused')\n"
-                     "worker.register('send', lambda args, ctx: None)\n")
+    tasks.write_text(
+        "from treadle.worker import Worker\nworker = Worker('postgresql:///unused')\n"
+        "worker.register('send', lambda args, ctx: None)\n"
+    )
     script = textwrap.dedent(f"""
         import sys
         sys.modules["prometheus_client"] = None  # as if the extra were not installed

@@ -9,6 +9,7 @@ import psycopg
 from prometheus_client import generate_latest
 
 from tests.metrics.scraping import named, parse, value
+from tests.metrics.worker_process import one_row
 from treadle.metrics import WorkerMetrics
 from treadle.worker import Worker
 
@@ -78,3 +79,42 @@ def test_rescued_counts_what_rescue_returned() -> None:
     metrics.rescued(4)
     metrics.rescued(1)
     assert value(parse(generate_latest(metrics.registry).decode()), "treadle_worker_rescued_jobs_total") == 5
+
+
+def test_a_lost_lease_is_counted_once(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    metrics = WorkerMetrics()
+
+    def hold(args: Any, ctx: Any) -> str:
+        ctx.cancelled.wait(PATIENCE)  # holds on until its lease is taken from it
+        return "too late"
+
+    worker = Worker(dsn, ["mail"], poll_interval=0.1, lease=2, heartbeat_interval=0.2, on_event=metrics.observe)
+    worker.register("hold", hold)
+    conn.execute("SELECT treadle.enqueue('hold', queue => 'mail')")
+    with worker:
+        wait_for_state(conn, "running", 1)
+        # an hour later by treadle's clock the lease has expired: a rescue returns the job,
+        # and another worker claims and completes it
+        conn.execute("SELECT set_config('treadle.now', (now() + interval '1 hour')::text, false)")
+        assert conn.execute("SELECT treadle.rescue()").fetchone() == (1,)
+        job_id, token = one_row(conn, "SELECT id, lease_token FROM treadle.claim('thief', ARRAY['mail'])")
+        assert conn.execute("SELECT treadle.complete(%s, %s)", (job_id, token)).fetchone() == ("completed",)
+        conn.execute("RESET treadle.now")
+        deadline = time.monotonic() + PATIENCE
+        while (
+            value(
+                parse(generate_latest(metrics.registry).decode()),
+                "treadle_worker_lease_losses_total",
+                queue="mail",
+                name="hold",
+            )
+            != 1
+        ):
+            assert time.monotonic() < deadline, "the lost lease was never counted"
+            time.sleep(0.05)
+        samples = parse(generate_latest(metrics.registry).decode())
+
+    assert value(samples, "treadle_worker_claim_to_start_seconds_count", queue="mail", name="hold") == 1
+    # nothing of the run was written, and a lost run has no run time
+    assert named(samples, "treadle_worker_jobs_total") == {}
+    assert value(samples, "treadle_worker_run_seconds_count", queue="mail", name="hold") is None

@@ -18,7 +18,7 @@ TREADLE = Path(sys.executable).parent / "treadle"  # the console script pip inst
 PATIENCE = 60.0  # a bound so a broken behaviour fails instead of hanging, never a claim about speed
 
 # Jobs: `send` succeeds; `boom` raises ValueError("no such mailbox").
-TASKS = '''
+TASKS = """
 import os
 from treadle.worker import Worker
 
@@ -34,7 +34,7 @@ def send(args, ctx):
 @worker.register("boom")
 def boom(args, ctx):
     raise ValueError("no such mailbox")
-'''
+"""
 
 SERVING = re.compile(r"serving metrics at http://\S+?:(\d+)/metrics")
 
@@ -86,6 +86,12 @@ def worker_process(dsn: str, tmp_path: Path, *options: str) -> Iterator[WorkerPr
         if process.poll() is None:
             process.kill()
             process.wait(timeout=PATIENCE)
+
+
+def one_row(conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...] = ()) -> tuple[Any, ...]:
+    found = conn.execute(query, params).fetchone()
+    assert found is not None, query
+    return tuple(found)
 
 
 def wait_for_jobs(conn: psycopg.Connection[Any], state: str, count: int) -> None:
