@@ -98,9 +98,7 @@ class DatabaseCollector(Collector):
         families = self._families()
         started = time.monotonic()
         try:
-            # a tuple row and JSON as text: whatever row factory or loaders the connection has
-            with self._connect() as conn, conn.cursor(row_factory=tuple_row) as cur:
-                row = cur.execute(DATABASE_READ, {"exact_up_to": self._exact_up_to}).fetchone()
+            counts, workers, expired = self._read()
         except psycopg.Error as error:
             log.warning("metrics: reading the database failed: %s", str(error).strip().splitlines()[0])
             families["up"].add_metric([], 0)
@@ -108,26 +106,33 @@ class DatabaseCollector(Collector):
             yield families["up"]
             yield families["scrape"]
             return
-        assert row is not None
-        counts, workers, expired = _columns(row)
         families["up"].add_metric([], 1)
         families["scrape"].add_metric([], time.monotonic() - started)
-        queues: dict[str, float] = {}
+        oldest: dict[str, float] = {}
         for count in counts:
             families["jobs"].add_metric([count["queue"], count["state"]], count["jobs"])
-            queues[count["queue"]] = float(count["oldest_waiting"] or 0.0)
-        serving = dict.fromkeys(queues, 0)
+            oldest[count["queue"]] = max(float(count["oldest_waiting"] or 0.0), 0.0)
+        serving = dict.fromkeys(oldest, 0)  # every queue with jobs, 0 until a live worker claims from it
         for worker in workers:
             families["worker_slots"].add_metric([worker["worker_id"], worker["host"]], worker["concurrency"])
             families["worker_busy"].add_metric([worker["worker_id"], worker["host"]], worker["running"])
             for queue in worker["queues"]:
                 serving[queue] = serving.get(queue, 0) + 1
-        for queue, age in sorted(queues.items()):
-            families["oldest"].add_metric([queue], max(age, 0.0))
+        for queue, age in sorted(oldest.items()):
+            families["oldest"].add_metric([queue], age)
         for queue, live in sorted(serving.items()):
             families["live"].add_metric([queue], live)
         families["expired"].add_metric([], expired)
         yield from families.values()
+
+    def _read(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+        """(per-queue counts, live workers, expired leases), in one statement."""
+        # a tuple row and JSON as text: whatever row factory or loaders the connection has
+        with self._connect() as conn, conn.cursor(row_factory=tuple_row) as cur:
+            row = cur.execute(DATABASE_READ, {"exact_up_to": self._exact_up_to}).fetchone()
+        assert row is not None
+        counts, workers, expired = row
+        return json.loads(counts), json.loads(workers), int(expired)
 
     @staticmethod
     def _families() -> dict[str, GaugeMetricFamily]:
@@ -161,11 +166,6 @@ class DatabaseCollector(Collector):
                 "treadle_expired_leases", "Running jobs whose lease expired and that no rescue has returned yet"
             ),
         }
-
-
-def _columns(row: tuple[Any, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
-    counts, workers, expired = row
-    return json.loads(counts), json.loads(workers), int(expired)
 
 
 def database_registry(connect: Connect, *, exact_up_to: int = 100_000) -> CollectorRegistry:
