@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import textwrap
@@ -96,4 +97,16 @@ def test_without_prometheus_client_the_worker_says_what_to_install(dsn: str, tmp
     assert run.returncode == 1
     assert run.stderr.strip().splitlines()[-1] == (
         "treadle: error: treadle's metrics need prometheus_client: pip install 'treadle[metrics]'"
+    )
+
+
+def test_a_port_in_use_is_one_line_and_exit_1(dsn: str, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with worker_process(dsn, tmp_path, "--metrics-port", str(port), "--metrics-host", "127.0.0.1") as worker:
+            assert worker.process.wait(timeout=60) == 1
+    assert worker.stderr.strip().splitlines()[-1] == (
+        f"treadle: error: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
     )

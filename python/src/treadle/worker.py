@@ -383,7 +383,10 @@ class Worker:
         if self._metrics_database:
             self._metrics.registry.register(DatabaseCollector(self._pool.connection))
         host, port = self._metrics_address
-        server = MetricsServer(self._metrics.registry, port, host)
+        try:
+            server = MetricsServer(self._metrics.registry, port, host)
+        except OSError as error:
+            raise InvalidArgument(f"cannot serve metrics on {host}:{port}: {error.strerror or error}") from error
         log.info("worker %s serving metrics at http://%s:%d/metrics", self.worker_id, host, server.port)
         return server
 
