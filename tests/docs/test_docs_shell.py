@@ -32,6 +32,10 @@ NOT_RUN = {
     "treadle worker examples/worker_process.py": (
         "runs until stopped; examples/worker_process.py runs this command and stops it with SIGTERM"
     ),
+    "treadle worker tasks --metrics-port 9181": (
+        "runs until stopped, on a port another program may hold; tests/metrics/test_serving.py runs "
+        "a worker with --metrics-port and scrapes it"
+    ),
     'treadle dashboard --dsn "$DATABASE_URL" --port 5000 --read-only': (
         "serves until stopped, on a port another program may hold"
     ),

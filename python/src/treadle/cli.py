@@ -16,7 +16,6 @@ import importlib
 import importlib.util
 import inspect
 import json
-import logging
 import os
 import sys
 from datetime import timedelta
@@ -27,6 +26,7 @@ import psycopg
 
 from treadle import _sql
 from treadle.errors import TreadleError
+from treadle.logs import configure_logging
 
 DSN_ENV = "DATABASE_URL"
 
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     options = _parser().parse_args(args)
     try:
         return int(options.command(options))
-    except (CommandError, TreadleError, psycopg.Error) as error:
+    except (CommandError, TreadleError, psycopg.Error, ImportError) as error:
         message = str(error).strip().removeprefix("treadle: ")  # the SQL layer's messages carry it too
         print(f"treadle: error: {message}", file=sys.stderr)
         return 1
@@ -63,6 +63,14 @@ def _parser() -> argparse.ArgumentParser:
         "function returning one given the DSN (default attribute: worker)",
     )
     worker.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    worker.add_argument("--log-format", default="text", choices=["text", "json"],
+                        help="text lines, or one JSON object per line (default: text)")
+    worker.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (needs the metrics extra)")
+    worker.add_argument("--metrics-host", default="0.0.0.0", metavar="HOST",
+                        help="the address the metrics listen on (default: every interface)")
+    worker.add_argument("--metrics-database", action="store_true",
+                        help="serve the database's metrics too (jobs per queue and state, live workers)")
     _add_dsn(worker, "exported as DATABASE_URL before the module is imported")
     worker.set_defaults(command=_worker)
 
@@ -107,8 +115,12 @@ def _dsn(options: argparse.Namespace) -> str:
 def _worker(options: argparse.Namespace) -> int:
     if options.dsn:
         os.environ[DSN_ENV] = options.dsn  # the module may build its Worker from it
-    logging.basicConfig(level=options.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(options.log_level, options.log_format)
     worker = load_worker(options.target, options.dsn or os.environ.get(DSN_ENV))
+    if options.metrics_port is not None:
+        worker.serve_metrics(options.metrics_port, host=options.metrics_host, database=options.metrics_database)
+    elif options.metrics_database:
+        raise CommandError("--metrics-database needs --metrics-port")
     worker.run()
     return 0
 
