@@ -11,6 +11,9 @@ import pytest
 
 from tests.sql.sqlcalls import Connect
 
+pytestmark = pytest.mark.extension_only  # DROP and CREATE EXTENSION
+
+
 # Every kind of object a script could leave in the schema
 LEFTOVERS = """
 select 'relation ' || relname from pg_class where relnamespace = 'treadle'::regnamespace

@@ -38,7 +38,7 @@ class Housekeeper:
         heartbeat_interval: float,
         rescue_interval: float,
         running: Callable[[], list[RunState]],
-        on_rescued: Callable[[], None],
+        on_rescued: Callable[[int], None],
         seen_params: Callable[[], dict[str, Any]],
     ) -> None:
         self._pool = pool
@@ -109,4 +109,4 @@ class Housekeeper:
         rescued = self._pool.value(_sql.RESCUE)
         if rescued:
             log.info("worker %s rescued %d jobs whose lease expired", self._worker_id, rescued)
-            self._on_rescued()
+            self._on_rescued(int(rescued))
