@@ -107,12 +107,12 @@ test: lint check-generated test-deps venv
 	PG_CONFIG=$(PG_CONFIG) VENV=$(VENV) scripts/run-tests $(BUILD)/test-cluster
 	$(MAKE) test-plain $(foreach m,$(OTHER_MAJORS),test-pg$(m))
 
-# pgTAP and the SQL contract against the plain SQL install, made by a role that has only
+# pgTAP, the SQL contract and the client against the plain SQL install, made by a role that has only
 # CREATE on its database (scripts/run-tests), on this server.
 test-plain: test-deps venv
 	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
 	TREADLE_TEST_INSTALL=plain PG_CONFIG=$(PG_CONFIG) VENV=$(VENV) \
-		scripts/run-tests $(BUILD)/plain-test-cluster tests/sql
+		scripts/run-tests $(BUILD)/plain-test-cluster tests/sql tests/client
 
 # Another major version from a wheel (scripts/pgserver), with pgTAP copied from the
 # system server's: make test-pg16, make test-pg17, make test-pg18.

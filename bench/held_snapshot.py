@@ -46,6 +46,7 @@ from harness import (
 TITLE = "Held snapshot: steady load while a REPEATABLE READ transaction stays open"
 BACKLOG = 5000  # jobs the producer keeps waiting
 CHUNK = 1000  # jobs per producer statement
+RECOUNT = 5.0  # seconds between exact counts of the waiting jobs
 TABLE = {"treadle": "treadle.jobs", "raw": "bench_raw.jobs"}
 CLAIM_INDEX = {"treadle": "treadle.jobs_claim_name_idx", "raw": "bench_raw.jobs_queue_name_priority_run_at_id_idx"}
 PROBE = {"worker_id": "probe", "queue": "default", "names": ["bench"], "name": "bench", "batch": 1,
@@ -57,15 +58,21 @@ class Trace:
     """What one side's run recorded, in seconds since its start."""
 
     probes: list[tuple[float, float]] = field(default_factory=list)  # (at, claim ms)
-    stats: list[tuple[float, int, int]] = field(default_factory=list)  # (at, dead tuples, claim index bytes)
+    stats: list[tuple[float, int, int, int]] = field(default_factory=list)  # (at, dead, claim index, all indexes)
+    # (at, {statement kind: (calls, total ms, shared buffers)}), pg_stat_statements' running totals
+    statements: list[tuple[float, dict[str, tuple[int, float, int]]]] = field(default_factory=list)
     finished: list[float] = field(default_factory=list)  # each job's finished_at
     hold: tuple[float, float] = (0.0, 0.0)  # when the snapshot was taken and released
 
 
 def producer(url: str, kind: str, stop: threading.Event) -> None:
-    """Keep about BACKLOG jobs waiting: enqueued minus finished, counted incrementally."""
+    """Keep about BACKLOG jobs waiting: enqueued minus finished, counted incrementally, and
+    counted exactly every RECOUNT seconds (a job whose finish commits after a later one's
+    is missed by the count by finished_at, and such misses would add up until the producer
+    stops)."""
     enqueued = finished = 0
     since = "-infinity"
+    recounted = time.monotonic()
     with psycopg.connect(url, autocommit=True) as conn:
         while not stop.is_set():
             row = conn.execute(f"SELECT count(*), max(finished_at)::text FROM {TABLE[kind]} "
@@ -73,6 +80,12 @@ def producer(url: str, kind: str, stop: threading.Event) -> None:
             assert row is not None
             finished += row[0]
             since = row[1] or since
+            if time.monotonic() - recounted > RECOUNT:
+                waiting = conn.execute(f"SELECT count(*) FROM {TABLE[kind]} "
+                                       "WHERE state = ANY ('{available,retryable}')").fetchone()
+                assert waiting is not None
+                finished = enqueued - waiting[0]
+                recounted = time.monotonic()
             while enqueued - finished < BACKLOG and not stop.is_set():
                 if kind == "treadle":
                     conn.execute("SELECT count(*) FROM treadle.enqueue_many(%s)",
@@ -101,7 +114,30 @@ def probe(url: str, kind: str, stop: threading.Event, start: float, trace: Trace
                     cur.execute(RAW_FINISH, {"ids": [row[0]]}, prepare=True)
 
 
-def run_side(url: str, kind: str, warmup: float, hold: float, after: float) -> Trace:
+# pg_stat_statements rows per kind of statement, by their text
+STATEMENT_KINDS = {"claim": "%treadle.claim(%", "raw claim": "%FROM bench_raw.jobs%FOR UPDATE SKIP LOCKED%",
+                   "rescue": "%treadle.rescue()%", "raw rescue": "%RAW RESCUE SCAN%"}
+# what a rescue reads on the raw side: every running entry whose lease ran out
+RAW_RESCUE_SCAN = ("SELECT count(*) /* RAW RESCUE SCAN */ FROM bench_raw.jobs "
+                   "WHERE state = 'running' AND lease_until < now()")
+
+
+def statement_totals(conn: psycopg.Connection[Any]) -> dict[str, tuple[int, float, int]]:
+    """Running totals of pg_stat_statements per kind, or nothing without the extension."""
+    try:
+        rows = conn.execute(
+            "SELECT k.kind, sum(s.calls)::bigint, sum(s.total_exec_time)::float8, "
+            "       sum(s.shared_blks_hit + s.shared_blks_read)::bigint "
+            "  FROM pg_stat_statements AS s JOIN unnest(%s::text[], %s::text[]) AS k(kind, pattern) "
+            "    ON s.query LIKE k.pattern AND s.query NOT LIKE '%%pg_stat_statements%%' "
+            " WHERE s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            " GROUP BY k.kind", [list(STATEMENT_KINDS), list(STATEMENT_KINDS.values())]).fetchall()
+    except psycopg.Error:
+        return {}
+    return {kind: (int(calls), float(ms), int(buffers)) for kind, calls, ms, buffers in rows}
+
+
+def run_side(url: str, kind: str, warmup: float, hold: float, after: float, holder_kind: str = "read") -> Trace:
     trace = Trace()
     stop = threading.Event()
     with psycopg.connect(url, autocommit=True) as conn:
@@ -116,11 +152,17 @@ def run_side(url: str, kind: str, warmup: float, hold: float, after: float) -> T
                 t.start()
             holder = psycopg.connect(url, autocommit=True)  # BEGIN and COMMIT are ours
             try:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            except psycopg.Error:
+                pass  # a server without it: those columns stay empty
+            try:
                 end = warmup + hold + after
                 while (now := time.monotonic() - start) < end:
                     if now >= warmup and trace.hold == (0.0, 0.0):
                         holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
                         holder.execute("SELECT count(*) FROM treadle.workflows")
+                        if holder_kind == "write":
+                            holder.execute("SELECT pg_current_xact_id()")  # a transaction id: a writer
                         trace.hold = (now, 0.0)
                         progress(f"{kind}: snapshot held for {hold:g} s")
                     if trace.hold[0] and not trace.hold[1] and now >= warmup + hold:
@@ -128,9 +170,13 @@ def run_side(url: str, kind: str, warmup: float, hold: float, after: float) -> T
                         trace.hold = (trace.hold[0], now)
                         progress(f"{kind}: snapshot released")
                     row = conn.execute(
-                        "SELECT n_dead_tup, pg_relation_size(%s::regclass) FROM pg_stat_user_tables "
-                        "WHERE relid = %s::regclass", [CLAIM_INDEX[kind], TABLE[kind]]).fetchone()
-                    trace.stats.append((now, int(row[0]), int(row[1])))  # type: ignore[index]
+                        "SELECT n_dead_tup, pg_relation_size(%s::regclass), pg_indexes_size(%s::regclass) "
+                        "FROM pg_stat_user_tables WHERE relid = %s::regclass",
+                        [CLAIM_INDEX[kind], TABLE[kind], TABLE[kind]]).fetchone()
+                    trace.stats.append((now, int(row[0]), int(row[1]), int(row[2])))  # type: ignore[index]
+                    if kind == "raw":
+                        conn.execute(RAW_RESCUE_SCAN)
+                    trace.statements.append((now, statement_totals(conn)))
                     time.sleep(1.0)
             finally:
                 holder.close()
@@ -143,7 +189,7 @@ def run_side(url: str, kind: str, warmup: float, hold: float, after: float) -> T
     return trace
 
 
-def windows(trace: Trace, end: float, size: float) -> list[dict[str, Any]]:
+def windows(trace: Trace, side: str, end: float, size: float) -> list[dict[str, Any]]:
     out = []
     t = 0.0
     while t < end - 0.5:
@@ -152,10 +198,25 @@ def windows(trace: Trace, end: float, size: float) -> list[dict[str, Any]]:
         stats = [s for s in trace.stats if t <= s[0] < hi] or trace.stats[-1:]
         held, released = trace.hold
         phase = "before" if hi <= held else ("held" if hi <= released else ("after" if t >= released else "release"))
+        claim, rescue = ("claim", "rescue") if side == "treadle" else ("raw claim", "raw rescue")
         out.append({"from": t, "phase": phase, "rate": sum(1 for f in trace.finished if t <= f < hi) / (hi - t),
-                    "p99": percentile(probes, 99), "dead": stats[-1][1], "index": stats[-1][2]})
+                    "p99": percentile(probes, 99), "dead": stats[-1][1], "index": stats[-1][2],
+                    "indexes": stats[-1][3], "claim": per_call(trace, claim, t, hi),
+                    "rescue": per_call(trace, rescue, t, hi)})
         t = hi
     return out
+
+
+def per_call(trace: Trace, kind: str, lo: float, hi: float) -> tuple[float, float]:
+    """(ms, shared buffers) per call of a kind of statement between two samples."""
+    inside = [totals.get(kind) for at, totals in trace.statements if lo <= at < hi]
+    before = [totals.get(kind) for at, totals in trace.statements if at < lo]
+    first = before[-1] if before and before[-1] else (0, 0.0, 0)
+    last = inside[-1] if inside and inside[-1] else None
+    if last is None or last[0] == first[0]:
+        return float("nan"), float("nan")
+    calls = last[0] - first[0]
+    return (last[1] - first[1]) / calls, (last[2] - first[2]) / calls
 
 
 def recovery_seconds(trace: Trace) -> float:
@@ -178,25 +239,33 @@ def main() -> None:
     p.add_argument("--hold", type=float, default=300, help="seconds the snapshot is held (default 300)")
     p.add_argument("--after", type=float, default=60, help="seconds of load after the release (default 60)")
     p.add_argument("--window", type=float, default=10, help="seconds per reported row (default 10)")
+    p.add_argument("--holder", choices=["read", "write"], default="read",
+                   help="the held transaction: a reader (default) or a writer (it has a transaction id)")
     args = p.parse_args()
     warmup, hold, after, size = args.warmup, args.hold, args.after, args.window
     if args.smoke:
         warmup, hold, after, size = 3.0, 2.0, 2.0, 1.0
 
     traces: dict[str, Trace] = {}
-    with server() as url, database(url, "held") as db:
+    statements = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "top"}
+    with server(statements) as url, database(url, "held") as db:
         print_settings(db)
         for kind in ("treadle", "raw"):
             progress(f"{kind}: {warmup:g} s warm-up, {hold:g} s held, {after:g} s after")
-            traces[kind] = run_side(db, kind, warmup, hold, after)
+            traces[kind] = run_side(db, kind, warmup, hold, after, args.holder)
 
     end = warmup + hold + after
-    per_side = {kind: windows(trace, end, size) for kind, trace in traces.items()}
+    per_side = {kind: windows(trace, kind, end, size) for kind, trace in traces.items()}
     rows = []
     for t, r in zip(per_side["treadle"], per_side["raw"], strict=True):
         rows.append([f"{t['from']:.0f}-{t['from'] + size:.0f} s", t["phase"], fmt(t["rate"], 0), fmt(r["rate"], 0),
-                     ratio(t["rate"], r["rate"]), fmt(t["p99"]), fmt(r["p99"]), f"{t['dead']:,}", f"{r['dead']:,}",
-                     f"{t['index'] / 2**20:.1f}", f"{r['index'] / 2**20:.1f}"])
+                     ratio(t["rate"], r["rate"]), fmt(t["p99"]), fmt(r["p99"]),
+                     f"{fmt(t['claim'][0], 2)} / {fmt(t['claim'][1], 0)}",
+                     f"{fmt(r['claim'][0], 2)} / {fmt(r['claim'][1], 0)}",
+                     f"{fmt(t['rescue'][0], 2)} / {fmt(t['rescue'][1], 0)}",
+                     f"{fmt(r['rescue'][0], 2)} / {fmt(r['rescue'][1], 0)}", f"{t['dead']:,}", f"{r['dead']:,}",
+                     f"{t['index'] / 2**20:.1f} / {t['indexes'] / 2**20:.1f}",
+                     f"{r['index'] / 2**20:.1f} / {r['indexes'] / 2**20:.1f}"])
 
     def level(kind: str, phase: str, last: bool = False) -> float:
         rates = [w["rate"] for w in per_side[kind] if w["phase"] == phase]
@@ -204,7 +273,10 @@ def main() -> None:
 
     notes = [f"The hold from {traces['treadle'].hold[0]:.0f} s to {traces['treadle'].hold[1]:.0f} s; "
              f"one worker process (concurrency 10), a backlog of about {BACKLOG:,} jobs, a probe claim every 50 ms. "
-             "Columns: jobs/s, probe claim p99 in ms, dead tuples and claim index MiB, treadle then raw."]
+             f"The held transaction: a {'writer (it has a transaction id)' if args.holder == 'write' else 'reader'}. "
+             "Columns, treadle then raw: jobs/s; probe claim p99, ms; per claim and per rescue, server ms / shared "
+             "buffers (pg_stat_statements; raw rescue: the scan a rescue makes, once a second); "
+             "dead tuples; claim index / all indexes, MiB."]
     for kind in ("treadle", "raw"):
         before, held_end = level(kind, "before"), level(kind, "held", last=True)
         change = f"{100 * (held_end / before - 1):+.0f}%" if before else "-"
@@ -212,7 +284,8 @@ def main() -> None:
                      f"({change}); back to 90% of the rate before within {fmt(recovery_seconds(traces[kind]), 1)} s "
                      "of the release.")
     table(TITLE, ["window", "phase", "treadle jobs/s", "raw jobs/s", "ratio", "treadle p99", "raw p99",
-                  "treadle dead", "raw dead", "treadle idx MiB", "raw idx MiB"], rows, notes)
+                  "treadle claim", "raw claim", "treadle rescue", "raw rescue", "treadle dead", "raw dead",
+                  "treadle idx MiB", "raw idx MiB"], rows, notes)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,11 @@ ALTER TABLE treadle.jobs ADD CONSTRAINT jobs_lease_check CHECK (
     (state = 'running') = (lease_until IS NOT NULL)
     AND (state <> 'running' OR (lease_token IS NOT NULL AND worker_id IS NOT NULL)));
 
+-- The lease index by lease_until alone, so that a worker's writes to its running job
+-- read the primary key (see sql/src/010_tables.sql).
+DROP INDEX treadle.jobs_lease_idx;
+CREATE INDEX jobs_lease_idx ON treadle.jobs (lease_until) WHERE lease_until IS NOT NULL;
+
 -- Idempotency keys become per queue (a key global in 0.1.0 is unique per queue too).
 DROP INDEX treadle.jobs_idempotency_key_idx;
 CREATE UNIQUE INDEX jobs_idempotency_key_idx
