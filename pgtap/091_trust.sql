@@ -1,4 +1,4 @@
--- pgtap/125_trust.sql: the trust boundary. From the catalog, who may do what with
+-- pgtap/091_trust.sql: the trust boundary. From the catalog, who may do what with
 -- every object (a new function or table that forgets its grants fails here); then
 -- each attack on the functions' monopoly of writes, as the real role, refused with
 -- nothing changed; the clock no role but the owner can move; tenants.

@@ -1,4 +1,4 @@
--- pgtap/120_grants.sql: the grant helpers. Roles made inside this transaction get
+-- pgtap/090_grants.sql: the grant helpers. Roles made inside this transaction get
 -- grant_producer, grant_worker or grant_dashboard; each then does what its part needs
 -- and is refused (42501) what it does not. A role with no grant can do nothing.
 \set ON_ERROR_STOP true
