@@ -145,6 +145,8 @@ def test_spent_attempts_discard_the_job_with_one_log_line_each(
     with caplog.at_level(logging.WARNING, logger="treadle.worker"):
         worker.start()
         row = until_state(conn, job_id, "discarded")
+        # the worker fires the event (and logs) once fail() has answered: just after the commit
+        wait_for(lambda: sum(e.kind == "failed" for e in events) == 2, "the second failed event")
     assert row["attempt"] == 2
     assert [e["attempt"] for e in row["errors"]] == [1, 2]
     assert [(e.state, e.attempt) for e in events if e.kind == "failed"] == [("retryable", 1), ("discarded", 2)]
