@@ -32,6 +32,10 @@ INSERT INTO may_execute VALUES
     ('treadle.cron_next(text,text,timestamp with time zone)', '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.job_counts(bigint)',               '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
     ('treadle.estimated_jobs(text,text)',        '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
+    ('treadle.explain(bigint)',                  '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
+    ('treadle.set_queue(text,integer,integer,interval,integer,interval,interval)', '{admin,dashboard}'),
+    ('treadle.pause(text)',                      '{admin,dashboard}'),
+    ('treadle.resume(text)',                     '{admin,dashboard}'),
     ('treadle.enqueue(text,jsonb,text,integer,timestamp with time zone,integer,text,interval)', '{producer,worker}'),
     ('treadle.enqueue_many(jsonb)',              '{producer,worker}'),
     ('treadle.start_workflow(text,jsonb,text[],text,integer,integer,text)', '{producer,worker}'),
@@ -113,9 +117,10 @@ SELECT is_empty(
     'no part may create objects in schema treadle');
 SELECT is_empty(
     $$ SELECT c.relname FROM pg_class AS c
-        WHERE c.oid IN ('treadle.jobs'::regclass, 'treadle.workflow_runs'::regclass, 'treadle.cron_schedules'::regclass)
+        WHERE c.oid IN ('treadle.jobs'::regclass, 'treadle.workflow_runs'::regclass, 'treadle.cron_schedules'::regclass,
+                        'treadle.queues'::regclass)
           AND NOT c.relrowsecurity $$,
-    'row-level security is on for jobs, workflow runs and schedules');
+    'row-level security is on for jobs, workflow runs, schedules and queue settings');
 
 --------------------------------------------------------------------------------
 -- The attacks of a producer on the tables, each refused, nothing changed

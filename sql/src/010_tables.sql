@@ -163,6 +163,34 @@ CREATE TABLE treadle.cron_schedules (
     CONSTRAINT cron_schedules_max_attempts_check CHECK (max_attempts >= 1)
 );
 
+-- Per-queue settings (treadle.set_queue, pause, resume): one row per queue that has
+-- any; a queue without a row has no limits and is not paused. rate_tokens and
+-- rate_updated_at are the rate limit's token bucket, which claims spend under a
+-- lock on the row.
+CREATE TABLE treadle.queues (
+    queue            text        PRIMARY KEY,
+    paused           boolean     NOT NULL DEFAULT false,
+    concurrency      integer,                -- at most this many running at once, over all workers
+    rate_limit       integer,                -- at most this many claims per rate_period
+    rate_period      interval,
+    max_depth        integer,                -- enqueue refused (TQ001) at this many waiting jobs
+    retain_completed interval,               -- how long completed jobs are kept (null: the default)
+    retain_failed    interval,               -- how long discarded and cancelled jobs are kept
+    rate_tokens      double precision,       -- claims the bucket allows, as of rate_updated_at
+    rate_updated_at  timestamptz,
+    updated_at       timestamptz NOT NULL,
+    CONSTRAINT queues_queue_check CHECK (queue <> ''),
+    CONSTRAINT queues_concurrency_check CHECK (concurrency BETWEEN 1 AND 100000),
+    CONSTRAINT queues_rate_check CHECK (
+        (rate_limit IS NULL) = (rate_period IS NULL)
+        AND (rate_limit IS NULL) = (rate_tokens IS NULL)
+        AND (rate_limit IS NULL) = (rate_updated_at IS NULL)),
+    CONSTRAINT queues_rate_limit_check CHECK (rate_limit BETWEEN 1 AND 1000000),
+    CONSTRAINT queues_rate_period_check CHECK (rate_period > interval '0' AND rate_period <= interval '1 day'),
+    CONSTRAINT queues_max_depth_check CHECK (max_depth BETWEEN 1 AND 1000000),
+    CONSTRAINT queues_retain_check CHECK (retain_completed >= interval '0' AND retain_failed >= interval '0')
+);
+
 -- Tenants: a role listed here sees and acts on only the queues whose names start with
 -- its prefix (treadle.set_tenant). Row-level security applies it to every read through
 -- the views; the functions apply it to every write.
@@ -177,6 +205,7 @@ CREATE TABLE treadle.tenants (
 ALTER TABLE treadle.jobs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.workflow_runs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.cron_schedules ENABLE ROW LEVEL SECURITY;
+ALTER TABLE treadle.queues ENABLE ROW LEVEL SECURITY;
 CREATE POLICY jobs_tenant_read ON treadle.jobs FOR SELECT
     USING (starts_with(queue, coalesce(
         (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
@@ -188,6 +217,10 @@ CREATE POLICY cron_schedules_tenant_read ON treadle.cron_schedules FOR SELECT
     USING (starts_with(queue, coalesce(
         (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
 
+CREATE POLICY queues_tenant_read ON treadle.queues FOR SELECT
+    USING (starts_with(queue, coalesce(
+        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
+
 SELECT pg_catalog.pg_extension_config_dump('treadle.settings', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.tenants', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflows', '');
@@ -196,3 +229,4 @@ SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_runs_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.jobs', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.jobs_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.cron_schedules', '');
+SELECT pg_catalog.pg_extension_config_dump('treadle.queues', '');

@@ -19,11 +19,12 @@
 -- treadle._grant_parts(role, parts) -> void
 --
 -- Grants USAGE on the schema and EXECUTE on the functions of each named part:
---   read     job_counts, estimated_jobs
+--   read     job_counts, estimated_jobs, explain
 --   produce  enqueue, enqueue_many, start_workflow, schedule
 --   control  cancel, retry, cancel_workflow, unschedule
 --   work     claim, claimed, heartbeat, progress, complete, complete_many, fail,
 --            release, define_workflow, worker_seen, worker_stopped
+--   queues   set_queue, pause, resume
 --   recover  rescue
 --   prune    prune
 -- Each function is listed here once; the grant helpers combine the parts.
@@ -44,6 +45,7 @@ BEGIN
       FROM (VALUES
         ('read',    'treadle.job_counts(bigint)'),
         ('read',    'treadle.estimated_jobs(text, text)'),
+        ('read',    'treadle.explain(bigint)'),
         ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval)'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
         ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text)'),
@@ -63,6 +65,9 @@ BEGIN
         ('work',    'treadle.define_workflow(text, text[])'),
         ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer)'),
         ('work',    'treadle.worker_stopped(text)'),
+        ('queues',  'treadle.set_queue(text, integer, integer, interval, integer, interval, interval)'),
+        ('queues',  'treadle.pause(text)'),
+        ('queues',  'treadle.resume(text)'),
         ('recover', 'treadle.rescue()'),
         ('prune',   'treadle.prune(interval)')
       ) AS f(part, signature)
@@ -73,7 +78,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION treadle._grant_parts(regrole, text[]) IS
-    'Grant schema usage and the functions of the named parts (read, produce, control, work, recover, prune) to a role.';
+    'Grant schema usage and the functions of the named parts (read, produce, control, work, queues, recover, prune) to a role.';
 
 --------------------------------------------------------------------------------
 -- treadle.grant_reader(role) -> void
@@ -100,7 +105,7 @@ BEGIN
         treadle.tenants, treadle.settings,
         treadle.queue_stats, treadle.throughput, treadle.recent_failures, treadle.workflow_run_overview,
         treadle.live_workers, treadle.job_details, treadle.workflow_run_steps,
-        treadle.cron_schedules, treadle.schedules TO %s', role);
+        treadle.cron_schedules, treadle.schedules, treadle.queues, treadle.queue_settings TO %s', role);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_reader(regrole) IS
@@ -150,8 +155,8 @@ COMMENT ON FUNCTION treadle.grant_worker(regrole) IS
 --------------------------------------------------------------------------------
 -- treadle.grant_admin(role) -> void
 --
--- grant_reader, plus the operator's controls: cancel, retry, prune and rescue.
--- Raises 22004: role null. Owner only.
+-- grant_reader, plus the operator's controls: cancel, retry, prune, rescue, and
+-- the queues' pause, resume and limits. Raises 22004: role null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_admin(role regrole)
 RETURNS void
@@ -161,7 +166,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM treadle.grant_reader(role);
-    PERFORM treadle._grant_parts(role, ARRAY['control', 'recover', 'prune']);
+    PERFORM treadle._grant_parts(role, ARRAY['control', 'queues', 'recover', 'prune']);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_admin(regrole) IS
@@ -171,7 +176,7 @@ COMMENT ON FUNCTION treadle.grant_admin(regrole) IS
 -- treadle.grant_dashboard(role, read_only) -> void
 --
 -- What the dashboard needs: grant_reader, and unless read_only, cancelling and
--- retrying jobs and cancelling workflow runs.
+-- retrying jobs, cancelling workflow runs, and pausing, resuming and limiting queues.
 -- Raises 22004: role or read_only null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_dashboard(role regrole, read_only boolean DEFAULT false)
@@ -186,7 +191,7 @@ BEGIN
     END IF;
     PERFORM treadle.grant_reader(role);
     IF NOT read_only THEN
-        PERFORM treadle._grant_parts(role, ARRAY['control']);
+        PERFORM treadle._grant_parts(role, ARRAY['control', 'queues']);
     END IF;
 END;
 $$;
