@@ -26,6 +26,7 @@ SCENARIOS: list[tuple[str, list[str]]] = [
     ("load.py", []),
     ("recovery.py", []),
     ("pickup.py", []),
+    ("limits.py", []),
     ("held_snapshot.py", ["--warmup", "10", "--hold", "60", "--after", "20"]),
     ("memory.py", ["--runs", "1"]),
 ]

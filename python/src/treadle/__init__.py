@@ -31,8 +31,12 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
         cancel_workflow,
         enqueue,
         enqueue_many,
+        explain,
         get_job,
+        pause,
+        resume,
         retry,
+        set_queue,
         start_workflow,
         version,
         workflow_results,
@@ -44,6 +48,7 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
         JobFailed,
         JobNotFound,
         LeaseLost,
+        QueueFull,
         TreadleError,
         UndecodablePayload,
         UnsupportedVersion,
@@ -52,7 +57,7 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
         WorkflowFailed,
         WorkflowNotFound,
     )
-    from .models import Job
+    from .models import Explanation, Job
     from .results import WaitOptions, WatchEvent, wait, wait_workflow, watch
     from .worker import JobContext, Step, Worker, WorkerEvent
 
@@ -68,6 +73,10 @@ _EXPORTS: dict[str, str] = {
     "retry": "client",
     "cancel_workflow": "client",
     "get_job": "client",
+    "explain": "client",
+    "pause": "client",
+    "resume": "client",
+    "set_queue": "client",
     "workflow_results": "client",
     "version": "client",
     "EnqueueOptions": "client",
@@ -84,12 +93,14 @@ _EXPORTS: dict[str, str] = {
     "WorkerEvent": "worker",
     # data and errors
     "Job": "models",
+    "Explanation": "models",
     "TreadleError": "errors",
     "InvalidArgument": "errors",
     "ExtensionMissing": "errors",
     "UnsupportedVersion": "errors",
     "UndecodablePayload": "errors",
     "LeaseLost": "errors",
+    "QueueFull": "errors",
     "JobCancelled": "errors",
     "JobFailed": "errors",
     "JobNotFound": "errors",
@@ -103,6 +114,7 @@ _EXPORTS: dict[str, str] = {
 # (tests/client/test_public_names.py holds the two equal)
 __all__ = [
     "EnqueueOptions",
+    "Explanation",
     "ExtensionMissing",
     "InvalidArgument",
     "Job",
@@ -111,6 +123,7 @@ __all__ = [
     "JobFailed",
     "JobNotFound",
     "LeaseLost",
+    "QueueFull",
     "Step",
     "TreadleError",
     "UndecodablePayload",
@@ -128,8 +141,12 @@ __all__ = [
     "cancel_workflow",
     "enqueue",
     "enqueue_many",
+    "explain",
     "get_job",
+    "pause",
+    "resume",
     "retry",
+    "set_queue",
     "start_workflow",
     "version",
     "wait",

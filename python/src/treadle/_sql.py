@@ -54,6 +54,16 @@ SELECT id, queue, name, args::text AS args, state, priority, run_at, attempt, ma
        progress, progress_message
   FROM treadle.job_details WHERE id = %(job_id)s::bigint
 """
+# treadle.pause, resume, set_queue: a queue's pause and limits; explain: why a job is where it is
+PAUSE: Final[LiteralString] = "SELECT treadle.pause(queue => %(queue)s::text)"
+RESUME: Final[LiteralString] = "SELECT treadle.resume(queue => %(queue)s::text)"
+SET_QUEUE: Final[LiteralString] = """
+SELECT treadle.set_queue(
+    queue => %(queue)s::text, concurrency => %(concurrency)s::integer, rate_limit => %(rate_limit)s::integer,
+    rate_period => %(rate_period)s::interval, max_depth => %(max_depth)s::integer,
+    retain_completed => %(retain_completed)s::interval, retain_failed => %(retain_failed)s::interval)
+"""
+EXPLAIN: Final[LiteralString] = "SELECT reason, message, at FROM treadle.explain(job_id => %(job_id)s::bigint)"
 # treadle.version: the installed SQL API's version
 VERSION: Final[LiteralString] = "SELECT treadle.version()"
 
@@ -107,6 +117,12 @@ CLAIM: Final[LiteralString] = (
     batch => %(batch)s::integer, lease => %(lease)s::interval, lease_token => %(lease_token)s::uuid)
 """
 )
+# whether the worker's queues have a concurrency or rate limit, and the shortest rate slot in seconds
+QUEUE_LIMITS: Final[LiteralString] = """
+SELECT coalesce(bool_or(concurrency IS NOT NULL OR rate_limit IS NOT NULL), false) AS limited,
+       min(extract(epoch FROM rate_period) / rate_limit)::float8 AS rate_slot
+  FROM treadle.queue_settings WHERE queue = ANY (%(queues)s::text[])
+"""
 # treadle.claimed: what a claim whose answer was lost committed (nothing when it did not)
 CLAIMED: Final[LiteralString] = (
     "SELECT "

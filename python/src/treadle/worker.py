@@ -63,6 +63,9 @@ WAIT_SLICE = 0.1  # longest single wait in run(): signal handlers only set flags
 RELEASE_GRACE = 5.0  # how long a graceful stop retries hand-backs while the database is away
 FINISH_GRACE = 2.0  # how long a stop waits for outcomes already being written
 MAX_CONCURRENCY = 1000  # treadle.claim takes at most this many jobs at once
+EMPTY_CLAIM_GAP = 0.02  # after empty claims that wake-ups started, the next wake-up waits this, doubling
+LIMITS_INTERVAL = 5.0  # how often the worker reads its queues' limits (treadle.queue_settings)
+RATE_WAIT_FLOOR = 0.05  # the shortest wait between claims on a rate-limited queue
 
 
 class Worker:
@@ -171,7 +174,11 @@ class Worker:
         self._stop_requested = False
         self._stop_immediate = False
         self._signals: list[int] = []
-        self._more_waiting = False  # the last claim filled every free slot
+        self._more_waiting = False  # a freed slot should claim again: the last claim filled every slot, or hit a limit
+        self._woken_empty = 0  # claims in a row that a wake-up started and that found nothing
+        self._limited = False  # some queue of this worker has a concurrency or rate limit
+        self._rate_wait: float | None = None  # the longest wait between claims, on a rate-limited queue
+        self._limits_read_at = -LIMITS_INTERVAL
         self._used = False
         self._thread: threading.Thread | None = None
         self._background_error: BaseException | None = None
@@ -500,17 +507,36 @@ class Worker:
     def _claim_loop(self) -> None:
         names = self._registry.claim_names()
         backoff = Backoff()
+        woken = False
         while not self._stop_requested:
+            self._read_limits()
             free = self.concurrency - self.busy_handlers
             if free > 0:
                 rows = self._claim(names, free, backoff)
                 if rows is None:
                     continue
                 backoff.reset()
-                self._more_waiting = len(rows) == free
+                # a limited queue may give fewer than free while more wait: a freed slot claims again
+                self._more_waiting = bool(rows) and (len(rows) == free or self._limited)
+                self._woken_empty = self._woken_empty + 1 if woken and not rows else 0
                 if rows:
                     self._dispatch(rows)
-            self._wait_for_work()
+            woken = self._wait_for_work()
+
+    def _read_limits(self) -> None:
+        """Every few seconds, whether this worker's queues are limited (treadle.queue_settings)."""
+        now = time.monotonic()
+        if now - self._limits_read_at < LIMITS_INTERVAL:
+            return
+        self._limits_read_at = now
+        try:
+            row = self._pool.rows(_sql.QUEUE_LIMITS, {"queues": self.queues})[0]
+        except psycopg.Error as error:  # a role granted before 0.3.0 may not read the view: no limits then
+            log.debug("worker %s: could not read queue limits (%s)", self.worker_id, one_line(error))
+            return
+        self._limited = bool(row["limited"])
+        slot = row["rate_slot"]
+        self._rate_wait = None if slot is None else min(self.poll_interval, max(RATE_WAIT_FLOOR, slot))
 
     def _claim(self, names: list[str], free: int, backoff: Backoff) -> list[dict[str, Any]] | None:
         """Claim up to `free` jobs; None after a failure (the loop then tries again).
@@ -563,16 +589,31 @@ class Worker:
                 self._sleep(delay)
         return []  # stopping: whatever it claimed keeps its lease until a rescue returns it
 
-    def _wait_for_work(self) -> None:
-        """Until the poll interval passes, NOTIFY or a freed slot wakes the loop, or a stop."""
-        deadline = time.monotonic() + self.poll_interval
+    def _wait_for_work(self) -> bool:
+        """Until the poll interval passes, NOTIFY or a freed slot wakes the loop, or a stop; True when woken.
+
+        On a rate-limited queue the wait is at most a slot's length (at least 50 ms),
+        so the queue drains at its rate. After claims that wake-ups started found
+        nothing (a paused or full queue that NOTIFY keeps announcing, jobs other
+        workers took), a wake-up first waits out a gap that doubles from 20 ms up
+        to the poll interval: such a queue is never claimed in a hot loop.
+        """
+        start = time.monotonic()
+        deadline = start + (self._rate_wait or self.poll_interval)
+        gap = 0.0 if self._woken_empty < 1 else min(self.poll_interval, EMPTY_CLAIM_GAP * 2 ** (self._woken_empty - 1))
+        woken = False
         while not self._stop_requested:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            if self._wake.wait(min(remaining, WAIT_SLICE)):
+            now = time.monotonic()
+            if now >= deadline:
+                return woken
+            if woken:
+                if now >= start + gap:
+                    return True
+                time.sleep(min(start + gap - now, WAIT_SLICE))
+            elif self._wake.wait(min(deadline - now, WAIT_SLICE)):
                 self._wake.clear()
-                return
+                woken = True
+        return woken
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
