@@ -740,6 +740,7 @@ DECLARE
     v_now  timestamptz := treadle.now();
     v_args jsonb;
     v_id   bigint;
+    v_foreign   boolean;  -- a tenant names a queue outside its prefix
     v_max_depth integer;
 BEGIN
     -- This is the hottest path, and a PL/pgSQL helper call costs as much as the
@@ -792,13 +793,16 @@ BEGIN
         END;
     END IF;
 
-    -- treadle._check_queue_allowed's rule, inline: a helper call would cost more than the check
-    IF EXISTS (SELECT 1 FROM treadle.tenants AS t
-                WHERE t.role_name = treadle._caller() AND NOT starts_with(enqueue.queue, t.queue_prefix)) THEN
+    -- One statement reads both: treadle._check_queue_allowed's rule, inline (a helper call
+    -- would cost more than the check), and the queue's max_depth, if it has one.
+    SELECT EXISTS (SELECT 1 FROM treadle.tenants AS t
+                    WHERE t.role_name = treadle._caller() AND NOT starts_with(enqueue.queue, t.queue_prefix)),
+           (SELECT s.max_depth FROM treadle.queues AS s WHERE s.queue = enqueue.queue)
+      INTO v_foreign, v_max_depth;
+    IF v_foreign THEN
         PERFORM treadle._check_queue_allowed(enqueue.queue);
     END IF;
     -- backpressure: only a queue with a max_depth (treadle.set_queue) counts its waiting jobs
-    SELECT s.max_depth INTO v_max_depth FROM treadle.queues AS s WHERE s.queue = enqueue.queue;
     IF v_max_depth IS NOT NULL THEN
         PERFORM treadle._check_depth(enqueue.queue, v_max_depth, 1);
     END IF;
