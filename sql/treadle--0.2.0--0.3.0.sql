@@ -3,8 +3,35 @@
 -- complain if this script is sourced in psql, rather than run by ALTER EXTENSION
 \echo Use "ALTER EXTENSION treadle UPDATE TO '0.3.0'" to load this file. \quit
 
--- treadle 0.2.0 -> 0.3.0: tables, columns and indexes new in 0.3.0, and what the
--- functions and views defined after this need dropped first.
+--------------------------------------------------------------------------------
+-- Migration 0.2.0 -> 0.3.0, before the definitions: what CREATE OR REPLACE
+-- cannot do. The functions and views that follow come from sql/src, as in a fresh
+-- install; sql/upgrade/0.2.0--0.3.0.after.sql finishes after them.
+--------------------------------------------------------------------------------
+
+-- The parts each role was given by 0.2.0's grant helpers, read from the ACL of one
+-- function of each part (the role's own entry, not what it reaches by membership).
+-- The after-script gives each the same parts again: the views are created anew, and
+-- a part may hold functions 0.2.0 did not have.
+CREATE TEMPORARY TABLE treadle_upgrade_parts ON COMMIT DROP AS
+SELECT r.rolname AS role_name, array_agg(p.part ORDER BY p.part) AS parts
+  FROM (VALUES ('read',    'treadle.job_counts(bigint)'),
+               ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval)'),
+               ('control', 'treadle.cancel(bigint)'),
+               ('work',    'treadle.claim(text, text[], text[], integer, interval, uuid)'),
+               ('recover', 'treadle.rescue()'),
+               ('prune',   'treadle.prune(interval)')) AS p(part, signature)
+  JOIN pg_catalog.pg_proc AS f ON f.oid = p.signature::regprocedure
+ CROSS JOIN aclexplode(f.proacl) AS a
+  JOIN pg_catalog.pg_roles AS r ON r.oid = a.grantee
+ WHERE a.privilege_type = 'EXECUTE'
+   AND r.oid <> (SELECT n.nspowner FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'treadle')
+ GROUP BY r.rolname;
+
+-- Views are created again from sql/src.
+DROP VIEW treadle.queue_stats, treadle.throughput, treadle.recent_failures,
+          treadle.workflow_run_overview, treadle.job_details, treadle.workflow_run_steps,
+          treadle.live_workers, treadle.schedules;
 
 --------------------------------------------------------------------------------
 -- queues: per-queue settings (pause, limits, backpressure, retention), explain
@@ -3679,3 +3706,19 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA treadle FROM PUBLIC;
 -- see only what the caller may see. And cron_next, which reads no table.
 GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint),
     treadle.cron_next(text, text, timestamptz) TO PUBLIC;
+--------------------------------------------------------------------------------
+-- Migration 0.2.0 -> 0.3.0, after the definitions.
+--------------------------------------------------------------------------------
+
+-- The roles 0.2.0 set up get their parts again, with 0.3.0's functions and views.
+SELECT treadle.grant_reader(u.role_name::regrole) FROM treadle_upgrade_parts AS u WHERE 'read' = ANY (u.parts);
+SELECT treadle._grant_parts(u.role_name::regrole, u.parts) FROM treadle_upgrade_parts AS u;
+
+--------------------------------------------------------------------------------
+-- queues: the admin part and a dashboard that may act (control without produce)
+-- gained set_queue, pause and resume.
+--------------------------------------------------------------------------------
+SELECT treadle._grant_parts(u.role_name::regrole, ARRAY['queues']) FROM treadle_upgrade_parts AS u
+ WHERE 'prune' = ANY (u.parts) OR ('control' = ANY (u.parts) AND NOT 'produce' = ANY (u.parts));
+
+DROP TABLE treadle_upgrade_parts;
