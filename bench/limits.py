@@ -40,6 +40,7 @@ from harness import (
     table,
 )
 
+TITLE = "Queue limits: a rate limit and a concurrency limit under concurrent claimers"
 RATE = 200  # claims per second on the rate-limited queue
 LIMIT = 4  # jobs running at once on the concurrency-limited queue
 FILL = """
@@ -177,7 +178,7 @@ def main() -> None:
 
     bound = RATE + RATE * seconds
     table(
-        "Queue limits: a rate limit and a concurrency limit under concurrent claimers",
+        TITLE,
         ["queue", "configured", "achieved", "achieved / configured"],
         [
             [f"rate-limited ({claimers} claimers)", f"{RATE}/s (burst {RATE})", f"{spread(rates, 0)}/s",
