@@ -1,9 +1,10 @@
 """Scenario: queue limits. A rate-limited and a concurrency-limited queue under several
 concurrent claimers, and the claim latency of limited queues beside an unlimited one.
 
-Rate: C connections claim batches of 10 from a queue limited to R claims a second for
-D seconds; the figure is the claims per second achieved against R (the bucket lets a
-burst of R through first, so the bound over D seconds is R + R*D). Concurrency: C
+Rate: the bucket's first burst of R claims is spent, then C connections claim batches
+of 10 from the queue, limited to R claims a second, for D seconds; the figure is the
+claims per second achieved against R (never above it; below it by what the claimers
+could not take). Concurrency: C
 connections claim batches of 5 from a queue limited to N running, hold each batch 5 ms
 (a handler) and complete it; a watcher counts the queue's running jobs the whole time,
 so the table shows the most ever seen beside N, and the jobs finished per second. Latency:
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -45,17 +45,19 @@ RATE = 200  # claims per second on the rate-limited queue
 LIMIT = 4  # jobs running at once on the concurrency-limited queue
 FILL = """
 SELECT count(*)
-  FROM unnest(%(queues)s::text[]) AS q, generate_series(1, %(thousands)s) AS g,
-       treadle.enqueue_many((SELECT jsonb_agg(jsonb_build_object('name', 'bench', 'queue', q))
-                               FROM generate_series(1, 1000))) AS e
+  FROM treadle.enqueue_many((SELECT jsonb_agg(jsonb_build_object('name', 'bench', 'queue', %(queue)s::text))
+                               FROM generate_series(1, 1000)))
 """
 CLAIM = "SELECT id, lease_token FROM treadle.claim(%(worker)s, ARRAY[%(queue)s], batch => %(batch)s)"
 COMPLETE = "SELECT treadle.complete_many(%(ids)s, %(tokens)s)"
+RUNNING = "SELECT count(*) FROM treadle.jobs WHERE queue = 'conc' AND state = 'running'"
 
 
 def reset(conn: psycopg.Connection[Any], thousands: int) -> None:
     conn.execute("TRUNCATE treadle.jobs, treadle.queues")
-    conn.execute(FILL, {"queues": ["unlimited", "rated", "conc", "conc-high", "rated-high"], "thousands": thousands})
+    for queue in ("unlimited", "rated", "conc", "conc-high", "rated-high"):
+        for _ in range(thousands):
+            conn.execute(FILL, {"queue": queue})
     conn.execute("SELECT treadle.set_queue('rated', rate_limit => %s, rate_period => '1 second')", (RATE,))
     conn.execute("SELECT treadle.set_queue('conc', concurrency => %s)", (LIMIT,))
     conn.execute("SELECT treadle.set_queue('conc-high', concurrency => 100000)")
@@ -64,8 +66,10 @@ def reset(conn: psycopg.Connection[Any], thousands: int) -> None:
 
 
 def rate_run(url: str, claimers: int, seconds: float) -> float:
-    """Claims per second achieved on the rate-limited queue (its bucket starts full)."""
+    """Claims per second achieved on the rate-limited queue, once its first burst is spent."""
     conns = [psycopg.connect(url, autocommit=True) for _ in range(claimers)]
+    while conns[0].execute(CLAIM, {"worker": "burst", "queue": "rated", "batch": 1000}).fetchall():
+        pass  # the bucket starts full: empty it, so the window below sees the steady rate
     start = threading.Barrier(claimers)
 
     def claim(i: int) -> int:
@@ -109,7 +113,7 @@ def concurrency_run(url: str, claimers: int, seconds: float) -> tuple[int, float
         start.wait()
         until = time.monotonic() + seconds
         while time.monotonic() < until:
-            row = watcher.execute("SELECT count(*) FROM treadle.jobs WHERE queue = 'conc' AND state = 'running'").fetchone()
+            row = watcher.execute(RUNNING).fetchone()
             most = max(most, int(row[0]) if row else 0)
         stop.set()
         finished = sum(f.result() for f in futures)
@@ -176,20 +180,19 @@ def main() -> None:
                 p50.setdefault(queue, []).append(percentile(values, 50))
                 p99.setdefault(queue, []).append(percentile(values, 99))
 
-    bound = RATE + RATE * seconds
     table(
         TITLE,
         ["queue", "configured", "achieved", "achieved / configured"],
         [
-            [f"rate-limited ({claimers} claimers)", f"{RATE}/s (burst {RATE})", f"{spread(rates, 0)}/s",
+            [f"rate-limited ({claimers} claimers)", f"{RATE}/s", f"{spread(rates, 0)}/s",
              fmt(median(rates) / RATE)],
             [f"concurrency-limited ({claimers} claimers, 5 ms per batch)", f"{LIMIT} running",
              f"at most {max(most)} running seen; {spread(finished, 0)} jobs/s", fmt(max(most) / LIMIT)],
         ],
         notes=[
-            f"{runs_text(args.runs)}, median (range). The bucket starts full, so over {seconds:g} s the "
-            f"rate-limited queue may take {bound:,.0f} claims, {bound / seconds:,.0f}/s; achieved / configured "
-            f"above 1 is that first burst. Most running: the largest count a watching connection read.",
+            f"{runs_text(args.runs)}, median (range), over {seconds:g} s each. The rate is measured after the "
+            "bucket's first burst (a full bucket lets rate_limit claims through at once). Most running: the "
+            "largest count a watching connection read while the claimers worked.",
         ],
     )
     base50, base99 = median(p50["unlimited"]), median(p99["unlimited"])

@@ -50,7 +50,7 @@ SELECT set_eq(
           'treadle.start_workflow(text,jsonb,text[],text,integer,integer,text)',
           'treadle.cancel_workflow(bigint)',
           'treadle.schedule(text,text,text,jsonb,text,text,integer,integer,boolean)', 'treadle.unschedule(text)',
-          'treadle.worker_seen(text,text,integer,text[],integer,integer)', 'treadle.worker_stopped(text)',
+          'treadle.worker_seen(text,text,integer,text[],integer,integer,text[])', 'treadle.worker_stopped(text)',
           'treadle.job_counts(bigint)', 'treadle.estimated_jobs(text,text)',
           'treadle.cron_next(text,text,timestamp with time zone)',
           'treadle.set_queue(text,integer,integer,interval,integer,interval,interval)',

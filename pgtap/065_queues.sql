@@ -4,7 +4,7 @@
 -- tenant rule; and treadle.explain for each reason it gives.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(100);
+SELECT plan(106);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -202,8 +202,20 @@ SELECT is((SELECT count(*) FROM treadle.explain(-1)), 0::bigint, 'explain of an 
 SELECT treadle.enqueue('later', queue => 'ex', run_at => '2999-01-02 00:00:00+00') AS later \gset
 SELECT is(pg_temp.reasons(:later), 'not_due,no_worker', 'a job not due yet, and no live worker serves its queue');
 SELECT is(pg_temp.message(:later, 'not_due'), 'not due until 2999-01-02 00:00:00+00', 'says until when');
+SELECT treadle.worker_seen('wn', 'host', 2, ARRAY['ex'], 4, names => ARRAY['other', 'another']);
+SELECT is(pg_temp.reasons(:later), 'not_due,no_worker', 'a live worker on its queue that handles other names');
+SELECT is(pg_temp.message(:later, 'no_worker'),
+          'no live worker handles later on queue ex: the 1 live worker(s) serving it handle other job names',
+          'says which name no worker handles');
+SELECT throws_ok($$ SELECT treadle.worker_seen('wn', 'host', 2, ARRAY['ex'], 4, names => ARRAY['']) $$, '22023', NULL,
+                 'worker_seen: an empty job name raises 22023');
+SELECT throws_ok($$ SELECT treadle.worker_seen('wn', 'host', 2, ARRAY['ex'], 4, names => '{}') $$, '22023', NULL,
+                 'worker_seen: an empty list of names raises 22023');
+SELECT is((SELECT names FROM treadle.workers WHERE id = 'wn'), ARRAY['other', 'another'], 'and nothing changed');
+SELECT treadle.worker_seen('wn', 'host', 2, ARRAY['ex'], 4, names => ARRAY['other', 'later']);
+SELECT is(pg_temp.reasons(:later), 'not_due', 'a live worker that handles its name: no no_worker reason');
 SELECT treadle.worker_seen('wx', 'host', 1, ARRAY['ex', 'ex-conc', 'ex-rate', 'paused-ex'], 4);
-SELECT is(pg_temp.reasons(:later), 'not_due', 'a live worker on its queue: no no_worker reason');
+SELECT is(pg_temp.reasons(:later), 'not_due', 'a live worker that did not say its names may handle it');
 SELECT treadle.enqueue('now', queue => 'ex', priority => 5) AS low \gset
 SELECT treadle.enqueue('now', queue => 'ex', priority => 1) AS high1 \gset
 SELECT treadle.enqueue('now', queue => 'ex', priority => 1) AS high2 \gset

@@ -54,7 +54,7 @@ INSERT INTO may_execute VALUES
     ('treadle.release(bigint,uuid)',             '{worker}'),
     ('treadle.rescue()',                         '{worker,admin}'),
     ('treadle.define_workflow(text,text[])',     '{worker}'),
-    ('treadle.worker_seen(text,text,integer,text[],integer,integer)', '{worker}'),
+    ('treadle.worker_seen(text,text,integer,text[],integer,integer,text[])', '{worker}'),
     ('treadle.worker_stopped(text)',             '{worker}'),
     ('treadle.prune(interval)',                  '{admin}');
 

@@ -186,6 +186,7 @@ CREATE TABLE treadle.workers (
     concurrency integer     NOT NULL,
     started_at  timestamptz NOT NULL,
     last_seen   timestamptz NOT NULL,
+    names       text[],                          -- the job names it handles (null: not said)
     CONSTRAINT workers_id_check CHECK (id <> '')
 );
 
@@ -3110,13 +3111,14 @@ COMMENT ON VIEW treadle.schedules IS
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
--- treadle.worker_seen(worker_id, host, pid, queues, concurrency, running) -> void
+-- treadle.worker_seen(worker_id, host, pid, queues, concurrency, running, names) -> void
 --
--- Transition: records (or refreshes) a live worker process and how many jobs it
--- is running now.
--- Raises 22004: worker_id, host, pid or queues null. 22023: worker_id, host or a
--- queue not a valid name (treadle._is_name), queues empty or over 1000,
--- concurrency < 1, running < 0.
+-- Transition: records (or refreshes) a live worker process, how many jobs it is
+-- running now, and the job names it handles (null: not said), which
+-- treadle.explain reads.
+-- Raises 22004: worker_id, host, pid or queues null. 22023: worker_id, host, a
+-- queue or a name not a valid name (treadle._is_name), queues or names empty or
+-- over 1000, concurrency < 1, running < 0.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.worker_seen(
     worker_id   text,
@@ -3124,7 +3126,8 @@ CREATE OR REPLACE FUNCTION treadle.worker_seen(
     pid         integer,
     queues      text[],
     concurrency integer,
-    running     integer DEFAULT 0
+    running     integer DEFAULT 0,
+    names       text[]  DEFAULT NULL
 )
 RETURNS void
 LANGUAGE plpgsql
@@ -3138,6 +3141,9 @@ DECLARE
 BEGIN
     PERFORM treadle._check_text(worker_seen.worker_id, 'worker_id');
     PERFORM treadle._check_names(worker_seen.queues, 'queues');
+    IF worker_seen.names IS NOT NULL THEN
+        PERFORM treadle._check_names(worker_seen.names, 'names');
+    END IF;
     IF worker_seen.host IS NULL OR worker_seen.pid IS NULL THEN
         RAISE EXCEPTION 'treadle: host and pid must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
@@ -3148,19 +3154,20 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    INSERT INTO treadle.workers AS w (id, host, pid, queues, running, concurrency, started_at, last_seen)
+    INSERT INTO treadle.workers AS w (id, host, pid, queues, running, concurrency, started_at, last_seen, names)
     VALUES (worker_seen.worker_id, worker_seen.host, worker_seen.pid, worker_seen.queues,
-            worker_seen.running, worker_seen.concurrency, v_now, v_now)
+            worker_seen.running, worker_seen.concurrency, v_now, v_now, worker_seen.names)
     ON CONFLICT (id) DO UPDATE
        SET host = excluded.host, pid = excluded.pid, queues = excluded.queues,
-           running = excluded.running, concurrency = excluded.concurrency, last_seen = excluded.last_seen;
+           running = excluded.running, concurrency = excluded.concurrency, last_seen = excluded.last_seen,
+           names = excluded.names;
 
     -- forget processes that have been silent for a day
     DELETE FROM treadle.workers AS w WHERE w.last_seen < v_now - interval '1 day';
 END;
 $$;
-COMMENT ON FUNCTION treadle.worker_seen(text, text, integer, text[], integer, integer) IS
-    'Record that a worker process is alive, and how many jobs it runs.';
+COMMENT ON FUNCTION treadle.worker_seen(text, text, integer, text[], integer, integer, text[]) IS
+    'Record that a worker process is alive, how many jobs it runs, and the job names it handles.';
 
 --------------------------------------------------------------------------------
 -- treadle.worker_stopped(worker_id) -> boolean
@@ -3473,7 +3480,8 @@ COMMENT ON FUNCTION treadle.job_counts(bigint) IS
 -- stable key (reason), a sentence (message) and the time it names, if any (at).
 --   available, retryable: not_due (run_at later), retrying (attempt n of m
 --     failed), paused, concurrency_limit (N running), rate_limit (next slot at),
---     no_worker (no live worker serves the queue), behind (K jobs a claim takes
+--     no_worker (no live worker serves the queue, or none of those that do
+--     handles the job's name), behind (K jobs a claim takes
 --     first, counted up to 1000), ready (nothing holds it back);
 --   running: running (worker, attempt, lease), worker (its last report, or that
 --     it is not in the registry), lease_expired, cancel_requested;
@@ -3499,6 +3507,7 @@ DECLARE
     v_queue  treadle.queues;
     v_worker record;
     v_count  bigint;
+    v_handlers bigint;  -- live workers on the queue that handle the job's name
     v_tokens double precision;
     v_held   boolean := false;  -- some reason keeps a waiting job from being claimed
 BEGIN
@@ -3601,13 +3610,23 @@ BEGIN
                                 v_now + v_queue.rate_period * ((1 - v_tokens) / v_queue.rate_limit);
         END IF;
     END IF;
-    -- the registry records queues, not handler names
-    IF NOT EXISTS (SELECT 1 FROM treadle.workers AS w
-                    WHERE w.last_seen > v_now - c_live AND v_job.queue = ANY (w.queues)) THEN
+    -- live workers on the queue, and whether one handles the job's name (a worker
+    -- that did not say its names, as before 0.3.0, may)
+    SELECT count(*), count(*) FILTER (WHERE w.names IS NULL OR v_job.name = ANY (w.names))
+      INTO v_count, v_handlers
+      FROM treadle.workers AS w
+     WHERE w.last_seen > v_now - c_live AND v_job.queue = ANY (w.queues);
+    IF v_count = 0 THEN
         v_held := true;
         RETURN QUERY SELECT 'no_worker',
                             format('no live worker serves queue %s (none reported in the last 30 seconds); '
                                    'it needs one that handles %s', v_job.queue, v_job.name),
+                            NULL::timestamptz;
+    ELSIF v_handlers = 0 THEN
+        v_held := true;
+        RETURN QUERY SELECT 'no_worker',
+                            format('no live worker handles %s on queue %s: the %s live worker(s) serving it '
+                                   'handle other job names', v_job.name, v_job.queue, v_count),
                             NULL::timestamptz;
     END IF;
     IF v_job.run_at <= v_now THEN
@@ -3703,7 +3722,7 @@ BEGIN
         ('work',    'treadle.fail(bigint, uuid, text, interval)'),
         ('work',    'treadle.release(bigint, uuid)'),
         ('work',    'treadle.define_workflow(text, text[])'),
-        ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer)'),
+        ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer, text[])'),
         ('work',    'treadle.worker_stopped(text)'),
         ('queues',  'treadle.set_queue(text, integer, integer, interval, integer, interval, interval)'),
         ('queues',  'treadle.pause(text)'),

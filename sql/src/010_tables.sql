@@ -132,6 +132,7 @@ CREATE TABLE treadle.workers (
     concurrency integer     NOT NULL,
     started_at  timestamptz NOT NULL,
     last_seen   timestamptz NOT NULL,
+    names       text[],                          -- the job names it handles (null: not said)
     CONSTRAINT workers_id_check CHECK (id <> '')
 );
 

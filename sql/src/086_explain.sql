@@ -5,7 +5,8 @@
 -- stable key (reason), a sentence (message) and the time it names, if any (at).
 --   available, retryable: not_due (run_at later), retrying (attempt n of m
 --     failed), paused, concurrency_limit (N running), rate_limit (next slot at),
---     no_worker (no live worker serves the queue), behind (K jobs a claim takes
+--     no_worker (no live worker serves the queue, or none of those that do
+--     handles the job's name), behind (K jobs a claim takes
 --     first, counted up to 1000), ready (nothing holds it back);
 --   running: running (worker, attempt, lease), worker (its last report, or that
 --     it is not in the registry), lease_expired, cancel_requested;
@@ -31,6 +32,7 @@ DECLARE
     v_queue  treadle.queues;
     v_worker record;
     v_count  bigint;
+    v_handlers bigint;  -- live workers on the queue that handle the job's name
     v_tokens double precision;
     v_held   boolean := false;  -- some reason keeps a waiting job from being claimed
 BEGIN
@@ -133,13 +135,23 @@ BEGIN
                                 v_now + v_queue.rate_period * ((1 - v_tokens) / v_queue.rate_limit);
         END IF;
     END IF;
-    -- the registry records queues, not handler names
-    IF NOT EXISTS (SELECT 1 FROM treadle.workers AS w
-                    WHERE w.last_seen > v_now - c_live AND v_job.queue = ANY (w.queues)) THEN
+    -- live workers on the queue, and whether one handles the job's name (a worker
+    -- that did not say its names, as before 0.3.0, may)
+    SELECT count(*), count(*) FILTER (WHERE w.names IS NULL OR v_job.name = ANY (w.names))
+      INTO v_count, v_handlers
+      FROM treadle.workers AS w
+     WHERE w.last_seen > v_now - c_live AND v_job.queue = ANY (w.queues);
+    IF v_count = 0 THEN
         v_held := true;
         RETURN QUERY SELECT 'no_worker',
                             format('no live worker serves queue %s (none reported in the last 30 seconds); '
                                    'it needs one that handles %s', v_job.queue, v_job.name),
+                            NULL::timestamptz;
+    ELSIF v_handlers = 0 THEN
+        v_held := true;
+        RETURN QUERY SELECT 'no_worker',
+                            format('no live worker handles %s on queue %s: the %s live worker(s) serving it '
+                                   'handle other job names', v_job.name, v_job.queue, v_count),
                             NULL::timestamptz;
     END IF;
     IF v_job.run_at <= v_now THEN

@@ -63,7 +63,7 @@ BEGIN
         ('work',    'treadle.fail(bigint, uuid, text, interval)'),
         ('work',    'treadle.release(bigint, uuid)'),
         ('work',    'treadle.define_workflow(text, text[])'),
-        ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer)'),
+        ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer, text[])'),
         ('work',    'treadle.worker_stopped(text)'),
         ('queues',  'treadle.set_queue(text, integer, integer, interval, integer, interval, interval)'),
         ('queues',  'treadle.pause(text)'),

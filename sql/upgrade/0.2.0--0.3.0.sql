@@ -59,3 +59,7 @@ CREATE POLICY queues_tenant_read ON treadle.queues FOR SELECT
     USING (starts_with(queue, coalesce(
         (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
 SELECT pg_catalog.pg_extension_config_dump('treadle.queues', '');
+
+-- the worker registry records the job names each worker handles (explain's no_worker)
+ALTER TABLE treadle.workers ADD COLUMN names text[];
+DROP FUNCTION treadle.worker_seen(text, text, integer, text[], integer, integer);

@@ -92,3 +92,17 @@ def test_workers_keep_to_a_concurrency_limit_and_drain_the_queue(
     wait_for(lambda: completed() == 30, "the limited queue to drain", timeout=PATIENCE)
     assert most_running <= 2, f"{most_running} handlers ran at once under a concurrency limit of 2"
     assert most_running == 2, "the queue never ran at its limit"
+
+
+def test_explain_says_no_live_worker_handles_a_name_the_workers_lack(
+    conn: psycopg.Connection[Any], make_worker: Callable[..., Worker]
+) -> None:
+    worker = make_worker(queues=["default"])
+    worker.register("known")(lambda args, ctx: None)
+    worker.start()  # it reports itself, with the names it handles, before it claims
+    job_id = enqueue(conn, "unknown")
+    reasons = dict(conn.execute("select reason, message from treadle.explain(%s)", (job_id,)).fetchall())
+    assert reasons["no_worker"] == (
+        "no live worker handles unknown on queue default: the 1 live worker(s) serving it handle other job names"
+    )
+    assert "ready" not in reasons

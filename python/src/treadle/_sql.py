@@ -175,7 +175,7 @@ SELECT treadle.define_workflow(name => %(name)s::text, steps => %(steps)s::text[
 WORKER_SEEN: Final[LiteralString] = """
 SELECT treadle.worker_seen(worker_id => %(worker_id)s::text, host => %(host)s::text, pid => %(pid)s::integer,
                            queues => %(queues)s::text[], concurrency => %(concurrency)s::integer,
-                           running => %(running)s::integer)
+                           running => %(running)s::integer, names => %(names)s::text[])
 """
 WORKER_STOPPED: Final[LiteralString] = "SELECT treadle.worker_stopped(worker_id => %(worker_id)s::text)"
 # the queues' counts, for `treadle status`

@@ -669,6 +669,7 @@ class Worker:
             "queues": self.queues,
             "concurrency": self.concurrency,
             "running": self.running_jobs,
+            "names": self._registry.claim_names() or None,
         }
 
     def _rescued(self, count: int) -> None:
