@@ -203,6 +203,11 @@ def json_value(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
+def either(words: Sequence[str]) -> str:
+    """a, b or c"""
+    return " or ".join([", ".join(words[:-1]), words[-1]]) if len(words) > 1 else "".join(words)
+
+
 def print_json(value: Any) -> None:
     print(json.dumps(value, default=json_value, indent=2, ensure_ascii=False))
 

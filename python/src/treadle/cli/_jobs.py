@@ -29,6 +29,7 @@ from ._base import (
     command,
     confirm,
     connect,
+    either,
     one_line,
     positive_id,
     print_json,
@@ -54,7 +55,7 @@ class Action:
     def why_not(self, job: Job) -> str:
         if self.verb == "cancel" and job.state == "running":
             return "it is running and its cancel was already requested"
-        return f"it is {job.state}; {self.verb} applies to {', '.join(self.states[:-1])} or {self.states[-1]} jobs"
+        return f"it is {job.state}; {self.verb} applies to {either(self.states)} jobs"
 
 
 RETRY = Action("retry", "retried", "retrying", ("discarded", "cancelled", "retryable"), client.retry)
@@ -332,6 +333,6 @@ def _act_on_filter(conn: Connection, action: Action, options: argparse.Namespace
 
 
 def _described(options: argparse.Namespace, states: list[str]) -> str:
-    parts = [f"state {' or '.join(states)}"]
+    parts = [f"state {either(states)}"]
     parts += [f"{column} {getattr(options, column)}" for column in ("queue", "name") if getattr(options, column)]
     return ", ".join(parts)
