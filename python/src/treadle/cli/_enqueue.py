@@ -30,7 +30,8 @@ from ._base import (
 
 BATCH = 1000
 MAX_BATCH = 10_000
-_ELEMENT = re.compile(r"jobs\[(\d+)\](?:\['(\w+)'\])?")  # how enqueue_many names a refused element (and key)
+# how the client (jobs[3]['priority']) and the SQL layer (jobs element 3) name a refused element
+_ELEMENT = re.compile(r"jobs(?:\[| element )(\d+)\]?(?:\['(\w+)'\])?")
 
 
 def add_command(commands: Any) -> None:
@@ -196,7 +197,8 @@ def _refused(
     lines = [number for number, _ in batch]
     found = _ELEMENT.search(str(error))
     line = lines[int(found.group(1))] if found and int(found.group(1)) < len(lines) else None
-    message = _ELEMENT.sub(lambda m: m.group(2) or "the job", str(error)) if line else str(error)
+    text = str(error).removeprefix("treadle: ")
+    message = _ELEMENT.sub(lambda m: m.group(2) or "the job", text) if line else text
     at = f"{where} line {line}" if line else f"{where} lines {lines[0]}-{lines[-1]}"
     if atomic or not ids:
         return UsageError(f"{at}: {message}; nothing was enqueued")
