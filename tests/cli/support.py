@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -22,7 +23,8 @@ from typing import Any
 import psycopg
 
 TREADLE = Path(sys.executable).with_name("treadle")  # the console script pip installed
-PATIENCE = 60.0  # a bound on waiting, so a broken behaviour fails instead of hanging
+PATIENCE = 60.0
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # a bound on waiting, so a broken behaviour fails instead of hanging
 
 
 @dataclass
@@ -66,9 +68,9 @@ def expect(done: Done, code: int, *, err: str | None = None) -> Done:
 class Terminal:
     """`treadle ARGS` on a pseudo-terminal: what a person at a terminal sees and types."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.args = args
-        environment = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+        environment = {**{k: v for k, v in os.environ.items() if k != "DATABASE_URL"}, **(env or {})}
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: the pty is its stdin, stdout and stderr
             os.execve(str(TREADLE), [str(TREADLE), *args], {**environment, "COLUMNS": "120", "TERM": "xterm"})
@@ -92,6 +94,11 @@ class Terminal:
             except OSError:
                 return False
         return True
+
+    @property
+    def text(self) -> str:
+        """What the terminal shows, without its escape sequences (colours, cursor moves)."""
+        return ANSI.sub("", self.seen)
 
     def type(self, text: str) -> None:
         os.write(self.fd, text.encode())
