@@ -162,5 +162,3 @@ SELECT treadle.worker_seen(worker_id => %(worker_id)s::text, host => %(host)s::t
                            running => %(running)s::integer)
 """
 WORKER_STOPPED: Final[LiteralString] = "SELECT treadle.worker_stopped(worker_id => %(worker_id)s::text)"
-# the queues' counts, for `treadle status`
-QUEUE_STATS: Final[LiteralString] = "SELECT queue, state, jobs, oldest_available_age FROM treadle.queue_stats"

@@ -25,7 +25,7 @@ import psycopg
 
 from treadle.errors import InvalidArgument, TreadleError, translate
 
-from . import _enqueue, _jobs, _prune, _schedules, _status, _worker
+from . import _enqueue, _jobs, _prune, _queues, _schedules, _status, _worker
 from ._base import (
     ERROR,
     OK,
@@ -115,6 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     _enqueue.add_command(commands)
     _jobs.add_commands(commands)
     _status.add_commands(commands)
+    _queues.add_commands(commands)
     _schedules.add_commands(commands)
     _prune.add_command(commands)
     command(commands, "dashboard", "serve the dashboard (its options: treadle dashboard --help)")

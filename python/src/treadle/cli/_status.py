@@ -1,10 +1,7 @@
-"""treadle status [--watch] and treadle queues list: counts that stay cheap on millions of rows.
+"""treadle status [--watch]: counts that stay cheap on millions of rows.
 
-Both read treadle.job_counts(), which counts exactly up to a size and then takes the finished
+It reads treadle.job_counts(), which counts exactly up to a size and then takes the finished
 states from the planner's statistics (shown with a ~), as the dashboard does.
-
-The queues group is where the queue controls go: `queues pause|resume|set` will call
-treadle.pause, treadle.resume and treadle.set_queue once the extension has them.
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ import argparse
 import json
 import sys
 import time
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from psycopg.rows import DictRow
@@ -31,7 +28,6 @@ from ._base import (
     connect,
     json_value,
     print_json,
-    print_table,
     table,
 )
 
@@ -71,18 +67,6 @@ def add_commands(commands: Any) -> None:
     add_dsn(status)
     status.set_defaults(command=show_status)
 
-    queues = command(
-        commands,
-        "queues",
-        "the queues and their controls",
-        examples=["treadle queues list", "treadle queues list --json"],
-    )
-    sub = queues.add_subparsers(title="commands", required=True, metavar="COMMAND")
-    listing = command(sub, "list", "every queue that has jobs: waiting, running, failed, oldest waiting")
-    add_json(listing)
-    add_dsn(listing)
-    listing.set_defaults(command=list_queues)
-
 
 def _seconds(text: str) -> float:
     try:
@@ -94,7 +78,7 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _counts(conn: Connection) -> list[DictRow]:
+def counts(conn: Connection) -> list[DictRow]:
     return conn.execute(JOB_COUNTS, {"states": list(JOB_STATES)}).fetchall()
 
 
@@ -105,13 +89,13 @@ def _jobs_json(rows: list[DictRow]) -> list[dict[str, Any]]:
             "state": row["state"],
             "jobs": row["jobs"],
             "estimated": row["estimated"],
-            "oldest_waiting_seconds": _seconds_of(row),
+            "oldest_waiting_seconds": seconds_of(row),
         }
         for row in rows
     ]
 
 
-def _seconds_of(row: DictRow) -> float | None:
+def seconds_of(row: DictRow) -> float | None:
     wait = row["oldest_available_age"]
     return None if wait is None else wait.total_seconds()
 
@@ -137,7 +121,7 @@ def show_status(options: argparse.Namespace) -> int:
     with connect(options) as conn:
         if options.watch:
             return _watch(conn, options)
-        rows = _counts(conn)
+        rows = counts(conn)
         if options.json:
             print_json({"jobs": _jobs_json(rows), "workers": conn.execute(LIVE_WORKERS).fetchall()})
         else:
@@ -160,13 +144,13 @@ def _watch(conn: Connection, options: argparse.Namespace) -> int:
             if live is not None:
                 live.update(_rich_view(conn, options), refresh=True)
             elif options.json:
-                rows = _counts(conn)
+                rows = counts(conn)
                 workers = conn.execute(LIVE_WORKERS).fetchall()
                 snapshot = {"at": datetime.now().astimezone(), "jobs": _jobs_json(rows), "workers": workers}
                 print(json.dumps(snapshot, default=json_value), flush=True)
             else:
                 print(f"-- {datetime.now().astimezone().isoformat(timespec='seconds')}")
-                print("\n".join(_status_lines(_counts(conn))), flush=True)
+                print("\n".join(_status_lines(counts(conn))), flush=True)
             time.sleep(options.interval)
     except KeyboardInterrupt:
         return OK
@@ -179,7 +163,7 @@ def _rich_view(conn: Connection, options: argparse.Namespace) -> Any:
     from rich.console import Group
     from rich.table import Table
 
-    rows = _counts(conn)
+    rows = counts(conn)
     workers = conn.execute(LIVE_WORKERS).fetchall()
     jobs = Table(
         title=f"treadle status: {conn.info.dbname}, {datetime.now().astimezone():%H:%M:%S} "
@@ -205,39 +189,3 @@ def _rich_view(conn: Connection, options: argparse.Namespace) -> Any:
             f"{worker['running_jobs']}/{worker['concurrency']}",
         )
     return Group(jobs, busy)
-
-
-# -- treadle queues list ----------------------------------------------------------------------------
-
-
-def list_queues(options: argparse.Namespace) -> int:
-    with connect(options) as conn:
-        rows = _counts(conn)
-    queues: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        queue = queues.setdefault(
-            row["queue"], {"queue": row["queue"], **dict.fromkeys(JOB_STATES, 0), "oldest_waiting_seconds": None}
-        )
-        queue[row["state"]] = row["jobs"]
-        if row["oldest_available_age"] is not None:
-            queue["oldest_waiting_seconds"] = _seconds_of(row)
-    if options.json:
-        print_json(list(queues.values()))
-        return OK
-    if not queues:
-        print("no queues: no job has been enqueued")
-        return OK
-    shown = ("available", "retryable", "running", "discarded")
-    print_table(
-        ("QUEUE", *(state.upper() for state in shown), "OLDEST WAITING"),
-        [
-            (
-                q["queue"],
-                *(f"{q[state]:,}" for state in shown),
-                "-" if q["oldest_waiting_seconds"] is None else age(timedelta(seconds=q["oldest_waiting_seconds"])),
-            )
-            for q in queues.values()
-        ],
-        right=frozenset({1, 2, 3, 4}),
-    )
-    return OK
