@@ -7,7 +7,7 @@ Three pairs, each on the same rows, side by side in every run:
   Python client's enqueue_many with the same batches in this process;
 - retry: `treadle jobs retry --state discarded --yes` (a count, then batches of 500, one
   transaction each) beside one statement, SELECT treadle.retry(id) over every discarded job;
-- prune: `treadle prune --older-than 1d` (20 windows, one treadle.prune call each) beside
+- prune: `treadle prune --older-than 1d` (windows of 10,000 jobs, one treadle.prune call each) beside
   one treadle.prune call.
 
 What the CLI adds is its process, its checks and the transactions it splits the work into,
@@ -123,7 +123,7 @@ def main() -> None:
     labels = {
         "enqueue": ("treadle enqueue --from FILE", "enqueue_many in-process, same batches"),
         "retry": ("treadle jobs retry --state discarded --yes", "one SELECT treadle.retry(id) statement"),
-        "prune": ("treadle prune --older-than 1d (20 windows)", "one treadle.prune call"),
+        "prune": ("treadle prune --older-than 1d (windows of 10,000)", "one treadle.prune call"),
     }
     for key, (command, baseline) in labels.items():
         with_cli, alone = seconds[key]

@@ -121,17 +121,31 @@ def test_prune_walks_to_the_cutoff_and_reports(dsn: str, conn: psycopg.Connectio
     assert dry.out.startswith("3 jobs finished before ")
     assert conn.execute("SELECT count(*) FROM treadle.jobs").fetchone() == (7,)
 
-    pruned = expect(treadle("prune", "--older-than", "3d12h", "--steps", "3", "--dsn", dsn), 0)
+    pruned = expect(treadle("prune", "--older-than", "3d12h", "--batch-size", "1", "--dsn", dsn), 0)
     assert pruned.out.startswith("deleted 3 jobs that finished before ")
-    assert [line.split(" jobs deleted")[0] for line in pruned.err.splitlines()] == [
-        "pruning: 1/3 1",
-        "pruning: 2/3 2",
-        "pruning: 3/3 3",
+    assert [line.split(" jobs, finished before ")[0] for line in pruned.err.splitlines()] == [
+        "pruning: 1/3",
+        "pruning: 2/3",
+        "pruning: 3/3",
     ]
     left = conn.execute("SELECT id FROM treadle.jobs ORDER BY id").fetchall()
     assert [row[0] for row in left] == [*done[:3], *waiting]
     assert expect(treadle("prune", "--older-than", "0s", "--json", "--dsn", dsn), 0).json()["deleted"] == 3
     assert expect(treadle("prune", "--dsn", dsn), 0).out.startswith("deleted 0 jobs"), "the default: 7 days"
+
+
+def test_prune_gets_past_more_jobs_finished_at_one_instant_than_a_batch(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    enqueue(conn, "many", "q", 7)
+    claimed = conn.execute("SELECT id, lease_token FROM treadle.claim('w', queues => array['q'], batch => 7)")
+    ids, tokens = zip(*claimed.fetchall(), strict=True)
+    conn.execute("SELECT treadle.complete_many(%s, %s, array_fill(null::jsonb, array[7]))", [list(ids), list(tokens)])
+    conn.execute("UPDATE treadle.jobs SET finished_at = '2020-01-01 00:00+00' WHERE id <> %s", [ids[-1]])
+    conn.execute("UPDATE treadle.jobs SET finished_at = '2020-01-02 00:00+00' WHERE id = %s", [ids[-1]])
+    done = expect(treadle("prune", "--older-than", "1d", "--batch-size", "2", "--json", "--dsn", dsn), 0)
+    assert done.json()["deleted"] == 7
+    assert conn.execute("SELECT count(*) FROM treadle.jobs").fetchone() == (0,)
 
 
 @pytest.mark.parametrize(
@@ -140,7 +154,7 @@ def test_prune_walks_to_the_cutoff_and_reports(dsn: str, conn: psycopg.Connectio
         (["--older-than", "a week"], "'a week' is not a duration"),
         (["--older-than=-1d"], "'-1d' is not a duration"),
         (["--older-than", "6000w"], "older_than must be zero or more and at most 100 years"),
-        (["--steps", "0"], "must be between 1 and 1000"),
+        (["--batch-size", "0"], "must be between 1 and 1000000"),
     ],
 )
 def test_prune_refuses_a_bad_duration(dsn: str, conn: psycopg.Connection[Any], args: list[str], message: str) -> None:

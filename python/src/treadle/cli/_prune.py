@@ -1,18 +1,22 @@
-"""treadle prune: delete finished jobs older than a duration, a window of time per transaction.
+"""treadle prune: delete finished jobs older than a duration, about --batch-size jobs per transaction.
 
 treadle.prune(older_than) deletes in one statement whatever finished before now - older_than.
 On a big backlog that is one long transaction and no sign of life, so this command walks
-from the oldest finished job up to the cutoff in --steps windows, one prune call (and one
-transaction) each, and reports after each.
+the finished jobs in finished_at order (jobs_finished_at_idx), finds the time before which
+the next --batch-size of them finished, calls prune up to that time, and reports; then the
+next window, up to the cutoff.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 from ._base import (
     OK,
+    Connection,
     Progress,
     add_dsn,
     add_json,
@@ -24,19 +28,28 @@ from ._base import (
     when,
 )
 
-STEPS = 20
-# the cutoff on the database's clock, and the oldest finished job (jobs_finished_at_idx finds it)
+BATCH = 10_000
+# the cutoff on the database's clock, and how many finished jobs lie before it (step jobs go with their runs)
 BOUNDS = """
 SELECT treadle.now() - %(older_than)s::interval AS cutoff,
-       (SELECT min(finished_at) FROM treadle.jobs WHERE finished_at IS NOT NULL) AS oldest
+       (SELECT count(*) FROM treadle.jobs
+         WHERE finished_at < treadle.now() - %(older_than)s::interval) AS jobs
 """
-# how many finished jobs lie before the cutoff (--dry-run; step jobs go with their runs)
-BEFORE = "SELECT count(*) AS jobs FROM treadle.jobs WHERE finished_at < treadle.now() - %(older_than)s::interval"
-# one window: never later than the cutoff, however long the walk takes
-PRUNE_BEFORE = """
-SELECT treadle.prune(older_than => greatest(treadle.now() - %(before)s::timestamptz, %(older_than)s::interval))
-    AS deleted
+# the end of the next window: the finish time of the job --batch-size places on from the oldest left
+# (prune deletes step jobs with their runs only, so they are not counted)
+WINDOW_END = """
+SELECT finished_at FROM treadle.jobs
+ WHERE finished_at >= coalesce(%(start)s::timestamptz, '-infinity') AND finished_at < %(cutoff)s::timestamptz
+   AND workflow_run_id IS NULL
+ ORDER BY finished_at OFFSET %(size)s LIMIT 1
 """
+# when more than a batch finished at one instant: the next instant after it
+NEXT_INSTANT = """
+SELECT min(finished_at) AS finished_at FROM treadle.jobs
+ WHERE finished_at > %(start)s::timestamptz AND finished_at < %(cutoff)s::timestamptz AND workflow_run_id IS NULL
+"""
+# one window: prune's cutoff is `before` exactly (treadle.now() is one value in a statement)
+PRUNE_BEFORE = "SELECT treadle.prune(older_than => treadle.now() - %(before)s::timestamptz) AS deleted"
 
 
 def add_command(commands: Any) -> None:
@@ -46,8 +59,8 @@ def add_command(commands: Any) -> None:
         "delete finished jobs (and finished workflow runs) older than a duration",
         description=(
             "Delete completed, discarded and cancelled jobs that finished more than --older-than ago, and "
-            "finished workflow runs with their step jobs (treadle.prune). It walks from the oldest finished "
-            "job to the cutoff in --steps windows, one transaction each, reporting after each."
+            "finished workflow runs with their step jobs (treadle.prune), oldest first, about --batch-size "
+            "jobs per transaction, reporting after each."
         ),
         examples=["treadle prune --older-than 7d", "treadle prune --older-than 12h --dry-run", "treadle prune --json"],
     )
@@ -55,7 +68,10 @@ def add_command(commands: Any) -> None:
         "--older-than", default="7d", metavar="DURATION", help="finished longer ago than this (default: 7d)"
     )
     prune.add_argument(
-        "--steps", type=bounded_int(1, 1000), default=STEPS, help=f"windows, one transaction each (default: {STEPS})"
+        "--batch-size",
+        type=bounded_int(1, 1_000_000),
+        default=BATCH,
+        help=f"about this many jobs per transaction (default: {BATCH:,})",
     )
     prune.add_argument("--dry-run", action="store_true", help="count the finished jobs it would delete, and stop")
     add_json(prune)
@@ -68,26 +84,37 @@ def run(options: argparse.Namespace) -> int:
     with connect(options) as conn:
         bounds = conn.execute(BOUNDS, {"older_than": older_than}).fetchone()
         assert bounds is not None
-        cutoff, oldest = bounds["cutoff"], bounds["oldest"]
+        cutoff, total = bounds["cutoff"], int(bounds["jobs"])
         if options.dry_run:
-            counted = conn.execute(BEFORE, {"older_than": older_than}).fetchone()
-            assert counted is not None
             if options.json:
-                print_json({"would_delete": counted["jobs"], "finished_before": cutoff})
+                print_json({"would_delete": total, "finished_before": cutoff})
             else:
-                print(f"{counted['jobs']:,} jobs finished before {when(cutoff)} (step jobs go with their runs)")
+                print(f"{total:,} jobs finished before {when(cutoff)} (step jobs go with their runs)")
             return OK
-        steps = options.steps if oldest is not None and oldest < cutoff else 1
         deleted = 0
-        with Progress("pruning", steps) as bar:
-            for step in range(1, steps + 1):
-                before = cutoff if step == steps else oldest + (cutoff - oldest) * step / steps
-                row = conn.execute(PRUNE_BEFORE, {"before": before, "older_than": older_than}).fetchone()
+        with Progress("pruning", total) as bar:
+            for before in _windows(conn, cutoff, options.batch_size):
+                row = conn.execute(PRUNE_BEFORE, {"before": before}).fetchone()
                 assert row is not None
                 deleted += row["deleted"]
-                bar.advance(1, f"{deleted:,} jobs deleted, finished before {when(before)}")
+                bar.advance(row["deleted"], f"jobs, finished before {when(before)}")
     if options.json:
         print_json({"deleted": deleted, "finished_before": cutoff})
     else:
         print(f"deleted {deleted:,} jobs that finished before {when(cutoff)}")
     return OK
+
+
+def _windows(conn: Connection, cutoff: datetime, size: int) -> Iterator[datetime]:
+    """The end of each window, rising strictly, the last one the cutoff."""
+    start: datetime | None = None
+    while True:
+        row = conn.execute(WINDOW_END, {"start": start, "cutoff": cutoff, "size": size}).fetchone()
+        end = cutoff if row is None else row["finished_at"]
+        if start is not None and end <= start:  # the whole batch finished at `start`: take that instant
+            row = conn.execute(NEXT_INSTANT, {"start": start, "cutoff": cutoff}).fetchone()
+            end = cutoff if row is None or row["finished_at"] is None else row["finished_at"]
+        yield end
+        if end >= cutoff:
+            return
+        start = end
