@@ -12,7 +12,7 @@
     treadle install | upgrade         install or upgrade treadle's SQL (see treadle.install)
 
 The database is `--dsn`, or the environment variable DATABASE_URL. Every listing takes
---json; exit codes are in _base (0 ok, 1 error, 2 usage, 3 not found, 4 refused).
+--json; the exit codes are _base.EXIT_CODES (treadle --help prints them).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from treadle.errors import InvalidArgument, TreadleError, translate
 from . import _enqueue, _jobs, _prune, _queues, _schedules, _status, _worker
 from ._base import (
     ERROR,
+    EXIT_CODES,
     OK,
     REFUSED,
     USAGE,
@@ -46,12 +47,6 @@ from ._worker import load_worker
 __all__ = ["CommandError", "age", "load_worker", "main"]
 
 DASHBOARD_HINT = "the dashboard needs Flask: pip install 'treadle[dashboard]'"
-EXIT_CODES = """exit codes:
-  0  done
-  1  error: the database is unreachable, treadle is not installed, a statement failed
-  2  usage: a bad option or value (JSON, a time, a duration); nothing was written
-  3  not found: a job id that no job has
-  4  refused: a job's state does not allow it, a tenant's limit, or a bulk action not confirmed"""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,14 +1,4 @@
-"""What every command shares: exit codes, errors, the database connection, output and parsing.
-
-Exit codes (docs/cli.md lists them for users):
-
-    0  done
-    1  error: the database is unreachable, treadle is not installed, a statement failed
-    2  usage: a bad option or a bad value (JSON, a time, a duration), before anything is written
-    3  not found: a job id that no job has
-    4  refused: a job whose state does not allow the action, a tenant's limit, or a bulk action
-       that was not confirmed
-"""
+"""What every command shares: exit codes, errors, the database connection, output and parsing."""
 
 from __future__ import annotations
 
@@ -31,6 +21,12 @@ from psycopg.rows import DictRow, dict_row
 from treadle._compat import read_extension_version
 
 OK, ERROR, USAGE, NOT_FOUND, REFUSED = 0, 1, 2, 3, 4
+EXIT_CODES = """exit codes:
+  0  done
+  1  error: the database is unreachable, treadle is not installed, a statement failed
+  2  usage: a bad option or value (JSON, a time, a duration); nothing was written
+  3  not found: a job id that no job has
+  4  refused: a job's state does not allow it, a tenant's limit, or a bulk action not confirmed"""
 DSN_ENV = "DATABASE_URL"
 
 Connection: TypeAlias = "psycopg.Connection[DictRow]"
