@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 
 from harness import PYTHON, database, paired_ratio, parser, print_settings, progress, reset_tables, runs_text, server
-from harness import spread, table
+from harness import median, spread, table
 from treadle.client import enqueue_many
 
 TITLE = "The treadle command's bulk actions beside the same work in one place"
@@ -73,11 +73,14 @@ def timed(work: Callable[[], None]) -> float:
 
 def measure(url: str, jobs: int, runs: int, lines: Path) -> dict[str, tuple[list[float], list[float]]]:
     """Seconds per run for each pair: (the command, the one-place baseline)."""
-    seconds: dict[str, tuple[list[float], list[float]]] = {"enqueue": ([], []), "retry": ([], []), "prune": ([], [])}
+    seconds: dict[str, tuple[list[float], list[float]]] = {
+        "enqueue": ([], []), "retry": ([], []), "prune": ([], []), "start-up": ([], []),
+    }
     specs = [json.loads(line) for line in lines.read_text().splitlines()]
     with psycopg.connect(url, autocommit=True) as conn:
         for run in range(runs):
             progress(f"run {run + 1}/{runs}, {jobs:,} jobs")
+            seconds["start-up"][0].append(timed(lambda: cli(url, "--version")))  # a process that connects once
             cli_first = run % 2 == 0  # alternate which side goes first
             for side in ((True, False) if cli_first else (False, True)):
                 reset_tables(conn)
@@ -131,12 +134,14 @@ def main() -> None:
         rates_alone = [jobs / s for s in alone]
         rows.append([command, spread(rates_cli, 0), baseline, spread(rates_alone, 0),
                      paired_ratio(rates_cli, rates_alone)])
+    startup = median(seconds["start-up"][0])
     table(
         TITLE,
         ["command", "jobs/s", "baseline", "jobs/s", "ratio to baseline"],
         rows,
         notes=[f"{runs_text(args.runs)} of {jobs:,} jobs per action and side: median (range). The command's "
-               "figures include starting its process. The machine is shared: compare the ratios, not the rates."],
+               "figures include starting its process: `treadle --version --dsn` alone took "
+               f"{startup:.2f} s (median). The machine is shared: compare the ratios, not the rates."],
     )
 
 
