@@ -100,6 +100,13 @@ def test_the_dashboard_without_its_extra_says_which_pip_install(tmp_path: Path) 
     expect(done, 1, err="treadle: error: the dashboard needs Flask: pip install 'treadle[dashboard]'")
 
 
+def test_worker_metrics_without_their_extra_say_which_pip_install(dsn: str, tmp_path: Path) -> None:
+    app = tmp_path / "app.py"
+    app.write_text("import os, treadle\nworker = treadle.Worker(os.environ['DATABASE_URL'])\n")
+    done = treadle("worker", str(app), "--metrics-port", "0", "--dsn", dsn, env=without(tmp_path, "prometheus_client"))
+    expect(done, 1, err="treadle: error: treadle's metrics need prometheus_client: pip install 'treadle[metrics]'")
+
+
 def test_status_watch_without_rich_says_which_pip_install(dsn: str, tmp_path: Path) -> None:
     terminal = Terminal("status", "--watch", "--dsn", dsn, env=without(tmp_path, "rich"))
     assert terminal.exit_code() == 1

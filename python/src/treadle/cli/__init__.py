@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     except TreadleError as error:
         error_line(_message(error))
         return ERROR
+    except ImportError as error:  # a missing extra: the message says which pip install gives it
+        error_line(str(error))
+        return ERROR
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
