@@ -11,6 +11,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from treadle.errors import InvalidArgument
 from treadle.logs import configure_logging
 
 from ._base import DSN_ENV, CommandError, add_dsn, command
@@ -66,11 +67,14 @@ def run(options: argparse.Namespace) -> int:
         os.environ[DSN_ENV] = options.dsn  # the module may build its Worker from it
     configure_logging(options.log_level, options.log_format)
     worker = load_worker(options.target, options.dsn or os.environ.get(DSN_ENV))
-    if options.metrics_port is not None:
-        worker.serve_metrics(options.metrics_port, host=options.metrics_host, database=options.metrics_database)
-    elif options.metrics_database:
+    if options.metrics_database and options.metrics_port is None:
         raise CommandError("--metrics-database needs --metrics-port")
-    worker.run()
+    try:
+        if options.metrics_port is not None:
+            worker.serve_metrics(options.metrics_port, host=options.metrics_host, database=options.metrics_database)
+        worker.run()
+    except InvalidArgument as error:  # such as a metrics port in use: the machine's state, not a bad option
+        raise CommandError(str(error)) from None
     return 0
 
 
