@@ -15,7 +15,15 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 SCENARIOS = [
-    "claim_latency", "storm", "enqueue_rate", "load", "recovery", "pickup", "held_snapshot", "memory", "cli_bulk",
+    "claim_latency",
+    "storm",
+    "enqueue_rate",
+    "load",
+    "recovery",
+    "pickup",
+    "held_snapshot",
+    "memory",
+    "cli_bulk",
 ]
 
 
