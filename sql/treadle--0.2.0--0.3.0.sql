@@ -9,9 +9,34 @@
 -- install; sql/upgrade/0.2.0--0.3.0.after.sql finishes after them.
 --------------------------------------------------------------------------------
 
+-- The parts each role was given by 0.2.0's grant helpers, read from the ACL of one
+-- function of each part (the role's own entry, not what it reaches by membership).
+-- The after-script gives each the same parts again: the views are created anew, and
+-- a part may hold functions 0.2.0 did not have.
+CREATE TEMPORARY TABLE treadle_upgrade_parts ON COMMIT DROP AS
+SELECT r.rolname AS role_name, array_agg(p.part ORDER BY p.part) AS parts
+  FROM (VALUES ('read',    'treadle.job_counts(bigint)'),
+               ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval)'),
+               ('control', 'treadle.cancel(bigint)'),
+               ('work',    'treadle.claim(text, text[], text[], integer, interval, uuid)'),
+               ('recover', 'treadle.rescue()'),
+               ('prune',   'treadle.prune(interval)')) AS p(part, signature)
+  JOIN pg_catalog.pg_proc AS f ON f.oid = p.signature::regprocedure
+ CROSS JOIN aclexplode(f.proacl) AS a
+  JOIN pg_catalog.pg_roles AS r ON r.oid = a.grantee
+ WHERE a.privilege_type = 'EXECUTE'
+   AND r.oid <> (SELECT n.nspowner FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'treadle')
+ GROUP BY r.rolname;
+
+-- Views are created again from sql/src.
+DROP VIEW treadle.queue_stats, treadle.throughput, treadle.recent_failures,
+          treadle.workflow_run_overview, treadle.job_details, treadle.workflow_run_steps,
+          treadle.live_workers, treadle.schedules;
+
 --------------------------------------------------------------------------------
 -- cycle: treadle.complete_and_claim and treadle.heartbeat_many are new functions
--- (sql/src/045_cycle.sql); no table changes. Their grants: the .after.sql.
+-- (sql/src/045_cycle.sql) in the work part; no table changes. The after-script's
+-- re-grant of each role's parts gives them to the roles that work.
 --------------------------------------------------------------------------------
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
@@ -3277,13 +3302,10 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA treadle FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint),
     treadle.cron_next(text, text, timestamptz) TO PUBLIC;
 --------------------------------------------------------------------------------
--- cycle: roles given the work part by 0.2.0 (they execute complete_many) get the
--- part again, which now holds complete_and_claim and heartbeat_many.
+-- Migration 0.2.0 -> 0.3.0, after the definitions.
 --------------------------------------------------------------------------------
-SELECT treadle._grant_parts(a.grantee::regrole, ARRAY['work'])
-  FROM pg_catalog.pg_proc AS p
- CROSS JOIN aclexplode(p.proacl) AS a
- WHERE p.oid = 'treadle.complete_many(bigint[], uuid[], jsonb[])'::regprocedure
-   AND a.privilege_type = 'EXECUTE'
-   AND a.grantee <> p.proowner
-   AND a.grantee <> 0;
+
+-- The roles 0.2.0 set up get their parts again, with 0.3.0's functions and views.
+SELECT treadle.grant_reader(u.role_name::regrole) FROM treadle_upgrade_parts AS u WHERE 'read' = ANY (u.parts);
+SELECT treadle._grant_parts(u.role_name::regrole, u.parts) FROM treadle_upgrade_parts AS u;
+DROP TABLE treadle_upgrade_parts;

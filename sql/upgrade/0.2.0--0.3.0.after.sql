@@ -1,11 +1,8 @@
 --------------------------------------------------------------------------------
--- cycle: roles given the work part by 0.2.0 (they execute complete_many) get the
--- part again, which now holds complete_and_claim and heartbeat_many.
+-- Migration 0.2.0 -> 0.3.0, after the definitions.
 --------------------------------------------------------------------------------
-SELECT treadle._grant_parts(a.grantee::regrole, ARRAY['work'])
-  FROM pg_catalog.pg_proc AS p
- CROSS JOIN aclexplode(p.proacl) AS a
- WHERE p.oid = 'treadle.complete_many(bigint[], uuid[], jsonb[])'::regprocedure
-   AND a.privilege_type = 'EXECUTE'
-   AND a.grantee <> p.proowner
-   AND a.grantee <> 0;
+
+-- The roles 0.2.0 set up get their parts again, with 0.3.0's functions and views.
+SELECT treadle.grant_reader(u.role_name::regrole) FROM treadle_upgrade_parts AS u WHERE 'read' = ANY (u.parts);
+SELECT treadle._grant_parts(u.role_name::regrole, u.parts) FROM treadle_upgrade_parts AS u;
+DROP TABLE treadle_upgrade_parts;
