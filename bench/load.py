@@ -132,7 +132,8 @@ def drain(url: str, kind: str, workers: int, concurrency: int, jobs: int,
             row = conn.execute(f"SELECT extract(epoch FROM max(finished_at))::float8 FROM {TABLE[kind]}").fetchone()
             if cpu is not None:
                 worker_s, server_s = meter.used()
-                cpu.append((None if worker_s is None else worker_s / jobs, None if server_s is None else server_s / jobs))
+                cpu.append((None if worker_s is None else worker_s / jobs,
+                            None if server_s is None else server_s / jobs))
         end = float(row[0])  # type: ignore[index]
     return jobs / (end - start), [p.maxrss_kib or 0 for p in procs]
 

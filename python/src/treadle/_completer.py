@@ -339,7 +339,11 @@ class CompletionBuffer(Generic[T]):
             if self._closing:
                 raise RuntimeError("the completion buffer is closed")
             self._items.append(item)
-            self._cond.notify_all()
+            # wake the writer only when it has something to decide: each wake-up costs a
+            # thread switch, and the writer waits for the GIL behind the handlers
+            count = len(self._items)
+            if count == 1 or count >= self._flush_at or (self._idle is not None and self._idle()):
+                self._cond.notify_all()
 
     def pending(self) -> int:
         """Items added whose write has not finished."""

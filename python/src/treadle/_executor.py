@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -96,6 +97,12 @@ class Executor:
         self._on_error = on_error
         self._slot_freed = slot_freed
         self._ran = ran
+        self._lock = threading.Lock()
+        self._handlers_running = 0
+
+    def idle(self) -> bool:
+        """No handler is running (cheaper than counting the worker's jobs)."""
+        return self._handlers_running == 0
 
     def submit(self, run: RunState, claimed: Claimed, step_run: dict[str, Any] | None) -> None:
         self._threads.submit(lambda: self.execute(run, claimed, step_run))
@@ -111,7 +118,13 @@ class Executor:
                 if claimed.undecodable is not None:
                     raise claimed.undecodable
                 began = time.monotonic()
-                value = self._call_handler(run, step_run)
+                with self._lock:
+                    self._handlers_running += 1
+                try:
+                    value = self._call_handler(run, step_run)
+                finally:
+                    with self._lock:
+                        self._handlers_running -= 1
                 if self._ran is not None:
                     self._ran(time.monotonic() - began)
                 encoded = to_jsonb(value, "the handler's result")

@@ -373,7 +373,7 @@ class Worker:
                 emit=self._emit,
                 done=self._done,
                 retry_in=lambda attempt: retry_delay(self._backoff, attempt),
-                idle=lambda: self.busy_handlers == 0,
+                idle=lambda: self._executor is None or self._executor.idle(),
                 delay=COMPLETION_DELAY,
                 flush_at=max(1, self.concurrency // 2),
                 claim_along=_ClaimAlong(self),
