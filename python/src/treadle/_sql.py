@@ -23,6 +23,9 @@ SELECT treadle.enqueue(
     max_attempts => %(max_attempts)s::integer,
     idempotency_key => %(idempotency_key)s::text, every => %(every)s::interval)
 """
+# treadle.enqueue_many, the jobs as given: none has a "run_in" delay (the common case;
+# ENQUEUE_MANY's rewrite would rebuild and sort the whole array for nothing)
+ENQUEUE_MANY_AS_GIVEN: Final[LiteralString] = "SELECT id FROM treadle.enqueue_many(jobs => %(jobs)s::jsonb) AS id"
 # treadle.enqueue_many: a job's "run_in" delay becomes run_at on the database's clock
 ENQUEUE_MANY: Final[LiteralString] = """
 SELECT id FROM treadle.enqueue_many(jobs => (
