@@ -31,6 +31,8 @@ def create_app(
     recent_rows: int = 20,
     secure_cookies: bool = False,
     trusted_hosts: list[str] | None = None,
+    search_window: int = 100_000,
+    bulk_limit: int = 10_000,
 ) -> Flask:
     """A Flask app showing the treadle database behind `dsn_or_pool`.
 
@@ -54,6 +56,10 @@ def create_app(
         addressed to; others get 400. `treadle dashboard` without auth trusts only
         the loopback names, so a web page that rebinds its own name to 127.0.0.1
         cannot reach the dashboard.
+    search_window: a search by args, worker, error text or (without a queue)
+        idempotency key has no index to use, so each page of it reads at most this
+        many jobs, newest first (1 to 10,000,000); the page says so.
+    bulk_limit: the most jobs one bulk retry or cancel acts on (1 to 1,000,000).
     """
     _check_arguments(
         auth=auth,
@@ -64,6 +70,8 @@ def create_app(
         page_size=page_size,
         recent_rows=recent_rows,
         trusted_hosts=trusted_hosts,
+        search_window=search_window,
+        bulk_limit=bulk_limit,
     )
     if isinstance(dsn_or_pool, str):
         if not dsn_or_pool.strip():
@@ -108,6 +116,8 @@ def create_app(
         auth=auth,
         basic_auth=basic_auth,
         trusted_hosts=frozenset(name.lower() for name in trusted_hosts) if trusted_hosts is not None else None,
+        search_window=search_window,
+        bulk_limit=bulk_limit,
     )
     store = Store(
         pool,
@@ -135,6 +145,8 @@ def _check_arguments(
     page_size: int,
     recent_rows: int,
     trusted_hosts: object,
+    search_window: int,
+    bulk_limit: int,
 ) -> None:
     if auth is not None and not callable(auth):
         raise TypeError("auth must be a callable taking the request, or None")
@@ -156,6 +168,10 @@ def _check_arguments(
         raise ValueError(f"page_size must be between 1 and 500, got {page_size}")
     if not 1 <= recent_rows <= 500:
         raise ValueError(f"recent_rows must be between 1 and 500, got {recent_rows}")
+    if not 1 <= search_window <= 10_000_000:
+        raise ValueError(f"search_window must be between 1 and 10000000, got {search_window}")
+    if not 1 <= bulk_limit <= 1_000_000:
+        raise ValueError(f"bulk_limit must be between 1 and 1000000, got {bulk_limit}")
     if trusted_hosts is not None and not (
         isinstance(trusted_hosts, (list, tuple, set, frozenset))
         and trusted_hosts
