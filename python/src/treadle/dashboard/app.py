@@ -14,7 +14,7 @@ from werkzeug.wrappers import Response as BaseResponse
 from . import formatting, security
 from .queries import Store
 from .state import EXTENSION_KEY, Dashboard, Settings, current
-from .views import blueprint, wants_json
+from .views import GRANT_HINT, blueprint, wants_json
 
 
 def create_app(
@@ -249,12 +249,7 @@ def _database_error(error: psycopg.Error) -> Any:
     message = (error.diag.message_primary if error.diag else None) or type(error).__name__
     if isinstance(error, psycopg.errors.InsufficientPrivilege):
         # a missing grant (permission denied for ...), or treadle's own refusal (a tenant's bounds)
-        hint = (
-            ". The extension's owner gives a role what the dashboard needs with "
-            "treadle.grant_dashboard(role) (read_only => true to only read)."
-            if message.startswith("permission denied")
-            else "."
-        )
+        hint = f". {GRANT_HINT}" if message.startswith("permission denied") else "."
         return _error_page(403, "Not allowed", f"The database refused this to the dashboard's role: {message}{hint}")
     if isinstance(error, psycopg.OperationalError):
         return _error_page(503, "Database unreachable", "The dashboard cannot reach its database right now.")

@@ -219,11 +219,18 @@ class DepthChart:
     latest_waiting: int
     latest_running: int
     since: str  # the first sample's time, UTC
+    start: str  # the chart's left edge, UTC
     estimated: bool
 
 
-def depth_chart(samples: list[Any], now: datetime, span: timedelta = timedelta(hours=1)) -> DepthChart:
-    """Lines of waiting (available + retryable) and running jobs over the last `span`."""
+DEPTH_SPAN_MIN = timedelta(minutes=5)
+DEPTH_SPAN_MAX = timedelta(hours=1)
+
+
+def depth_chart(samples: list[Any], now: datetime) -> DepthChart:
+    """Lines of waiting (available + retryable) and running jobs, from the first sample
+    (at least 5 minutes, at most an hour ago) to now."""
+    span = min(max(now - samples[0].at, DEPTH_SPAN_MIN) if samples else DEPTH_SPAN_MIN, DEPTH_SPAN_MAX)
     peak = max((max(s.waiting, s.running) for s in samples), default=0)
     scale = (CHART_HEIGHT - 2) / peak if peak else 0.0
 
@@ -247,6 +254,7 @@ def depth_chart(samples: list[Any], now: datetime, span: timedelta = timedelta(h
         latest_waiting=latest.waiting if latest else 0,
         latest_running=latest.running if latest else 0,
         since=clock(samples[0].at) if samples else "",
+        start=clock(now - span),
         estimated=any(s.estimated for s in samples),
     )
 

@@ -24,6 +24,10 @@ blueprint = Blueprint("treadle", __name__)
 BIGINT_MAX = 2**63 - 1
 MAX_FILTER_LENGTH = 200
 MAX_ARGS_FILTER_LENGTH = 2000
+GRANT_HINT = (
+    "The extension's owner gives a role what the dashboard needs with "
+    "treadle.grant_dashboard(role) (read_only => true to only read)."
+)
 BULK_BATCH_SIZE = 500  # jobs per transaction in a bulk action
 # the states each bulk action applies to (what treadle.retry and treadle.cancel accept)
 BULK_STATES = {"retry": formatting.RETRY_FROM, "cancel": formatting.CANCEL_FROM | {"running"}}
@@ -169,6 +173,7 @@ def _bulk_message(action: str, outcome: BulkOutcome) -> tuple[int, str]:
         return status, (
             f"Stopped after {outcome.attempted:,} of {outcome.total:,} jobs ({outcome.changed:,} {done}): "
             f"the database refused the next batch: {reason}"
+            + (f". {GRANT_HINT}" if reason.startswith("permission denied") else "")
         )
     if outcome.total == 0:
         return 409, "No job matches any more: nothing changed."
