@@ -17,6 +17,7 @@ no-match args search without a window, once per run, to show what the window sav
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -70,6 +71,7 @@ def cases(store: Store, rows: int) -> list[tuple[str, str, Callable[[], Any]]]:
     def search(where: SearchFilter) -> Callable[[], Any]:
         return lambda: store.search(where, page_size=PAGE, window=WINDOW)
 
+    hour_ago = datetime.now(timezone.utc) - timedelta(hours=1)
     some_key = f"key-{(rows // 10) * 10}"
     its_queue = f"q{(rows // 10 * 10) % 20}"
     return [
@@ -87,10 +89,30 @@ def cases(store: Store, rows: int) -> list[tuple[str, str, Callable[[], Any]]]:
         ),
         ("idempotency key, no queue, none match", "window", search(SearchFilter(key="nothing"))),
         (
+            "failed in the hour before the last, error 'refused'",
+            "failed_at index",
+            search(SearchFilter(failed_after=hour_ago - timedelta(hours=1), failed_before=hour_ago, error="refused")),
+        ),
+        (
+            "failed in that hour, error 'timeout': none match",
+            "failed_at index",
+            search(SearchFilter(failed_after=hour_ago - timedelta(hours=1), failed_before=hour_ago, error="timeout")),
+        ),
+        (
             "bulk retry count: q3 discarded",
             "window",
             lambda: store.plan_bulk(
                 SearchFilter(queue="q3", state="discarded"),
+                states=frozenset({"discarded", "cancelled", "retryable"}),
+                window=WINDOW,
+                limit=10_000,
+            ),
+        ),
+        (
+            "bulk retry count: failed in that hour, 'refused'",
+            "failed_at index",
+            lambda: store.plan_bulk(
+                SearchFilter(failed_after=hour_ago - timedelta(hours=1), failed_before=hour_ago, error="refused"),
                 states=frozenset({"discarded", "cancelled", "retryable"}),
                 window=WINDOW,
                 limit=10_000,

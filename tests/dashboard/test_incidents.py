@@ -127,6 +127,50 @@ def test_a_windowed_search_reads_the_next_window_on_the_next_page(operator_dsn: 
         dashboard_of(app).close()
 
 
+def fail_at(conn: psycopg.Connection, when: str, queue: str, error: str = OUTAGE_ERROR) -> int:
+    """A job of `queue` discarded at `when` (treadle's clock, moved in the superuser's session)."""
+    conn.execute("SELECT set_config('treadle.now', %s, false)", (when,))
+    try:
+        job_id = enqueue(conn, "sync_account", queue, max_attempts=1)
+        claimed, token = claim(conn, queue)
+        conn.execute("SELECT treadle.fail(%s, %s::uuid, %s, interval '1 hour')", (claimed, token, error))
+    finally:
+        conn.execute("SELECT set_config('treadle.now', '', false)")
+    return job_id
+
+
+def test_search_by_failure_time_reads_every_failed_job_in_the_range(
+    operator_dsn: str, conn: psycopg.Connection
+) -> None:
+    before_outage = fail_at(conn, "2026-11-30 01:59:00+00", "sync")
+    during = [fail_at(conn, f"2026-11-30 02:{m:02}:00+00", "sync") for m in (0, 30, 59)]
+    other_error = fail_at(conn, "2026-11-30 02:10:00+00", "sync", "KeyError: 'account'")
+    after_outage = fail_at(conn, "2026-11-30 03:00:00+00", "sync")
+    for _ in range(5):
+        enqueue(conn, "newer", "sync")  # newer jobs that push the outage out of a small window
+    app = create_app(operator_dsn, secret_key="test-secret", search_window=3)
+    try:
+        client = app.test_client()
+        in_range = "failed_after=2026-11-30T02:00&failed_before=2026-11-30T03:00"
+        html = text(client, f"/jobs?{in_range}")
+        assert found_ids(html) == sorted([*during, other_error], reverse=True)
+        assert 'id="window"' not in html and 'value="2026-11-30T02:00:00"' in html
+        html = text(client, f"/jobs?{in_range}&error=refused")  # unindexed text, bounded by the range
+        assert found_ids(html) == sorted(during, reverse=True) and 'id="window"' not in html
+        assert found_ids(text(client, "/jobs?error=refused")) == []  # the window alone misses them
+        assert found_ids(text(client, "/jobs?failed_before=2026-11-30T02:00Z")) == [before_outage]
+        assert found_ids(text(client, "/jobs?failed_after=2026-11-30T04:00%2B01:00")) == [after_outage]
+
+        html = text(client, f"/jobs/bulk/retry?{in_range}&error=refused")
+        assert "Retry 3 jobs?" in html and "every job still failed with its last failure in the time range" in html
+        fields = confirm(client, "retry", f"{in_range}&error=refused")
+        assert client.post("/jobs/bulk/retry", data=fields, headers=JSON).status_code == 200
+        assert [job_state(conn, j) for j in during] == ["available"] * 3
+        assert job_state(conn, other_error) == "discarded" and job_state(conn, before_outage) == "discarded"
+    finally:
+        dashboard_of(app).close()
+
+
 @pytest.mark.parametrize(
     ("query", "says"),
     [
@@ -140,6 +184,9 @@ def test_a_windowed_search_reads_the_next_window_on_the_next_page(operator_dsn: 
         ("error=" + "e" * 201, "printable text"),
         ("worker=tab%09in", "printable text"),
         ("key=" + "k" * 201, "printable text"),
+        ("failed_after=yesterday", "must be a time like"),
+        ("failed_before=2026-13-01T00:00", "must be a time like"),
+        ("failed_after=" + "2" * 41, "must be a time like"),
     ],
 )
 def test_bad_search_input_is_refused(client: FlaskClient, query: str, says: str) -> None:

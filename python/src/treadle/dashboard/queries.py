@@ -77,7 +77,10 @@ RUN_STATE: Final = "SELECT state FROM treadle.workflow_run_overview WHERE id = %
 # A filter left null drops out when the statement is planned for its values.
 # Name, queue, state and (with a queue) idempotency key are served by indexes or
 # stop at the page's end; args, worker and error text have no index, so a search
-# using them reads only a window of jobs, between floor and before (see Store.search).
+# using them reads only a window of jobs, between floor and before (see Store.search),
+# unless it asks for jobs still failed whose last failure falls in a time range: the
+# failed_at index (the one recent_failures reads) then bounds what it reads. Its
+# predicate is repeated word for word, so the planner can use it.
 SEARCH_COLUMNS: Final = """id, queue, name, state, attempt, max_attempts, priority, run_at, created_at, finished_at,
        workflow_run_id, step, last_error, cancel_requested, worker_id, idempotency_key"""
 FILTERS: Final = """(%(name)s::text IS NULL OR starts_with(name, %(name)s::text))
@@ -91,6 +94,10 @@ FILTERS: Final = """(%(name)s::text IS NULL OR starts_with(name, %(name)s::text)
         OR EXISTS (SELECT 1
                      FROM jsonb_array_elements(CASE jsonb_typeof(errors) WHEN 'array' THEN errors END) AS e
                     WHERE strpos(lower(e.value ->> 'error'), lower(%(error)s::text)) > 0))
+   AND (%(failed_after)s::timestamptz IS NULL AND %(failed_before)s::timestamptz IS NULL
+        OR (state = ANY (ARRAY['retryable', 'discarded']) AND last_error IS NOT NULL
+            AND failed_at >= coalesce(%(failed_after)s::timestamptz, '-infinity')
+            AND failed_at < coalesce(%(failed_before)s::timestamptz, 'infinity')))
    AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
    AND (%(floor)s::bigint IS NULL OR id >= %(floor)s::bigint)"""
 SEARCH: Final = f"""
@@ -255,13 +262,21 @@ class SearchFilter:
     args: Any = None  # a decoded JSON object or array the job's args must contain
     worker: str | None = None  # the start of the id of the worker that last ran it
     error: str | None = None  # text in its last error or its error history, any case
+    failed_after: datetime | None = None  # still failed, its last failure at or after this
+    failed_before: datetime | None = None  # ... and before this
     before: int | None = None
 
     @property
+    def failed_range(self) -> bool:
+        return self.failed_after is not None or self.failed_before is not None
+
+    @property
     def windowed(self) -> bool:
-        """Whether a filter without an index is set, so the search reads a window of jobs."""
+        """Whether a filter without an index is set, and no failure time range bounds
+        what the search reads: it then reads a window of jobs."""
         unindexed_key = self.key is not None and self.queue is None
-        return unindexed_key or any(v is not None for v in (self.args, self.worker, self.error))
+        unindexed = unindexed_key or any(v is not None for v in (self.args, self.worker, self.error))
+        return unindexed and not self.failed_range
 
     def params(self) -> dict[str, Any]:
         return {
@@ -272,6 +287,8 @@ class SearchFilter:
             "args": Jsonb(self.args) if self.args is not None else None,
             "worker": self.worker,
             "error": self.error,
+            "failed_after": self.failed_after,
+            "failed_before": self.failed_before,
             "before": self.before,
         }
 
@@ -422,14 +439,16 @@ class Store:
 
     def plan_bulk(self, where: SearchFilter, *, states: frozenset[str], window: int, limit: int) -> BulkPlan:
         """Count what a bulk action on this search would touch: the jobs in the states
-        it applies to, among the `window` newest jobs below `before`, at most `limit`."""
+        it applies to, among the `window` newest jobs below `before` (or, for a search
+        by failure time, every job it finds), at most `limit`."""
         with self._cursor(read_only=True) as cur:
             now = _now(cur)
             upto_row = cur.execute(NEWEST_ID, {"before": where.before}).fetchone()
             upto = upto_row["id"] if upto_row else None
             if upto is None:
                 return BulkPlan(now=now, matches=0, more=False, upto=None, floor=None)
-            floor = _window_floor(cur, where.before, window)
+            # a failure time range is bounded by its index; anything else, by the window
+            floor = None if where.failed_range else _window_floor(cur, where.before, window)
             ids = self._bulk_ids(cur, where, states=states, upto=upto, floor=floor, limit=limit + 1)
         return BulkPlan(now=now, matches=min(len(ids), limit), more=len(ids) > limit, upto=upto, floor=floor)
 

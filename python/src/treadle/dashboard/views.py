@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
@@ -196,6 +197,8 @@ def _search_filter(args: MultiDict[str, str]) -> SearchFilter:
         args=_json_filter(args, "args"),
         worker=_text_filter(args, "worker"),
         error=_text_filter(args, "error"),
+        failed_after=_time_filter(args, "failed_after"),
+        failed_before=_time_filter(args, "failed_before"),
         before=_optional_id(args, "before", "a job id"),
     )
 
@@ -210,8 +213,15 @@ def _filter_args(where: SearchFilter) -> dict[str, Any]:
         "args": json.dumps(where.args, ensure_ascii=False) if where.args is not None else None,
         "worker": where.worker,
         "error": where.error,
+        "failed_after": _time_text(where.failed_after),
+        "failed_before": _time_text(where.failed_before),
     }
     return {name: value for name, value in given.items() if value is not None}
+
+
+def _time_text(value: datetime | None) -> str | None:
+    """A time as a datetime-local field holds it, in UTC."""
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") if value is not None else None
 
 
 @blueprint.get("/jobs/<int:job_id>")
@@ -357,6 +367,20 @@ def _json_filter(args: MultiDict[str, str], name: str) -> Any:
     if "\\u0000" in json.dumps(value):
         abort(400, description=f"{name} must not hold the character U+0000, which PostgreSQL's jsonb refuses.")
     return value
+
+
+def _time_filter(args: MultiDict[str, str], name: str) -> datetime | None:
+    """A time in ISO 8601 ('2026-12-01T02:30', what a datetime-local field sends), UTC unless it says."""
+    raw = args.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = datetime.fromisoformat(raw) if len(raw) <= 40 else None
+    except ValueError:
+        value = None
+    if value is None or not 1 <= value.year <= 9999:
+        abort(400, description=f"{name} must be a time like 2026-12-01T02:30 (UTC); got {raw[:40]!r}.")
+    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
 
 
 def _text_filter(args: MultiDict[str, str], name: str) -> str | None:
