@@ -238,6 +238,17 @@ def test_a_running_attempt_and_a_job_never_run(client: FlaskClient, conn: psycop
     assert [(r[0], r[1]) for r in rows] == [("1", "worker-b"), ("1", "—")]
 
 
+def test_a_long_history_says_older_failures_were_dropped(client: FlaskClient, conn: psycopg.Connection) -> None:
+    job_id = enqueue(conn, "hopeless", "hopeless", max_attempts=25)
+    for attempt in range(1, 23):
+        claimed, token = claim(conn, "hopeless")
+        conn.execute("SELECT treadle.fail(%s, %s::uuid, %s, interval '0')", (claimed, token, f"Error {attempt}"))
+    html = text(client, f"/jobs/{job_id}")
+    rows = attempt_rows(html)
+    assert [r[0] for r in rows] == [str(n) for n in range(22, 2, -1)]  # the newest 20 kept
+    assert "Only the newest 20 failures are kept." in html
+
+
 # --- bulk actions ----------------------------------------------------------------------
 
 
