@@ -238,6 +238,22 @@ def test_a_running_attempt_and_a_job_never_run(client: FlaskClient, conn: psycop
     assert [(r[0], r[1]) for r in rows] == [("1", "worker-b"), ("1", "—")]
 
 
+def test_an_entry_that_records_its_worker_and_start_shows_them(
+    client: FlaskClient, conn: psycopg.Connection, seeded: Seeded
+) -> None:
+    """Entries as _append_error would write them if it kept each attempt's worker and start."""
+    conn.execute(
+        "UPDATE treadle.jobs SET errors = jsonb_build_array("
+        "  jsonb_build_object('attempt', 1, 'at', '2026-11-30T02:00:05+00:00', 'error', 'first',"
+        "                     'worker', 'host-7:worker', 'started_at', '2026-11-30T02:00:00+00:00'),"
+        "  errors -> 0)"
+        " WHERE id = %s",
+        (seeded.retryable,),
+    )
+    rows = attempt_rows(text(client, f"/jobs/{seeded.retryable}"))
+    assert rows[1][:5] == ["1", "host-7:worker", "2026-11-30 02:00:00", "2026-11-30 02:00:05", "5 s"]
+
+
 def test_a_long_history_says_older_failures_were_dropped(client: FlaskClient, conn: psycopg.Connection) -> None:
     job_id = enqueue(conn, "hopeless", "hopeless", max_attempts=25)
     for attempt in range(1, 23):

@@ -4,7 +4,8 @@ Each failed attempt leaves an entry in the job's `errors` (attempt number, time
 of the failure, error text; the newest 20 are kept). The job itself keeps only
 its latest claim: `started_at` and `worker_id`. So the worker and start of an
 attempt are known for the latest one (and, for a lease that expired, the worker
-named in its error); for older attempts they are not recorded.
+named in its error); for older attempts they are not recorded. An entry that
+carries `worker` and `started_at` (should _append_error record them) shows them.
 """
 
 from __future__ import annotations
@@ -65,10 +66,11 @@ def _failed(entry: dict[str, Any]) -> Attempt:
         error = json.dumps(raw_error, ensure_ascii=False)
     expired = LEASE_EXPIRED.match(error or "")
     number = entry.get("attempt")
+    worker = entry.get("worker")
     return Attempt(
         number=number if isinstance(number, int) and not isinstance(number, bool) else None,
-        worker=expired.group(1) if expired else None,
-        started=None,
+        worker=worker if isinstance(worker, str) else expired.group(1) if expired else None,
+        started=_timestamp(entry.get("started_at")),
         ended=_timestamp(entry.get("at")),
         outcome="failed",
         error=error,
