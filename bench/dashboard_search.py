@@ -26,6 +26,7 @@ from psycopg_pool import ConnectionPool
 
 from treadle.dashboard.queries import SEARCH, SearchFilter, Store
 
+TITLE = "Dashboard search on a large jobs table: milliseconds per page"
 WINDOW = 100_000
 PAGE = 50
 FILL = """
@@ -168,10 +169,11 @@ def main() -> None:
         ]
         table_rows.append(["args {account: -1} with no window", "all rows", spread(full), ratio(median(full), base)])
         table(
-            f"Dashboard search on {rows:,} jobs: milliseconds per page (median of {args.runs} runs)",
+            TITLE,
             ["search", "reads", "ms: median (range)", "x baseline"],
             table_rows,
             [
+                f"{rows:,} jobs; median (range) of {args.runs} runs; "
                 f"window: the newest {WINDOW:,} jobs; page: {PAGE} jobs; each run's figure is the median of "
                 f"{args.samples} timings after one warm-up, through the dashboard's Store.",
                 "The machine is shared and noisy (2 cores, other work running): read ratios, not absolutes.",
