@@ -70,7 +70,7 @@ def test_search_by_args_containment(client: FlaskClient, conn: psycopg.Connectio
     assert found_ids(html) == [pro]
     assert found_ids(text(client, "/jobs?args=" + json.dumps({"tags": ["vip"]}))) == [pro]
     assert len(found_ids(text(client, '/jobs?args={"plan": "pro"}&queue=bills'))) == 2
-    assert 'id="window"' in html and "have no index" in html  # the page says what it read
+    assert 'id="window"' in html and "No index serves this search" in html  # the page says what it read
     assert 'value="{&#34;user&#34;: {&#34;id&#34;: 42}}"' in html  # the form keeps the search
 
 
@@ -162,7 +162,7 @@ def test_search_by_failure_time_reads_every_failed_job_in_the_range(
         assert found_ids(text(client, "/jobs?failed_after=2026-11-30T04:00%2B01:00")) == [after_outage]
 
         html = text(client, f"/jobs/bulk/retry?{in_range}&error=refused")
-        assert "Retry 3 jobs?" in html and "every job still failed with its last failure in the time range" in html
+        assert "Retry 3 jobs?" in html and "every job the search finds (an index bounds it)" in html
         fields = confirm(client, "retry", f"{in_range}&error=refused")
         assert client.post("/jobs/bulk/retry", data=fields, headers=JSON).status_code == 200
         assert [job_state(conn, j) for j in during] == ["available"] * 3

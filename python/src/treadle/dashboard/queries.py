@@ -75,12 +75,13 @@ JOB_STATE: Final = "SELECT state, cancel_requested FROM treadle.job_details WHER
 RUN_STATE: Final = "SELECT state FROM treadle.workflow_run_overview WHERE id = %(run_id)s"
 # Keyset pagination: newest first, the next page starts below the last id shown.
 # A filter left null drops out when the statement is planned for its values.
-# Name, queue, state and (with a queue) idempotency key are served by indexes or
-# stop at the page's end; args, worker and error text have no index, so a search
-# using them reads only a window of jobs, between floor and before (see Store.search),
-# unless it asks for jobs still failed whose last failure falls in a time range: the
-# failed_at index (the one recent_failures reads) then bounds what it reads. Its
-# predicate is repeated word for word, so the planner can use it.
+# Three searches are bounded by an index: an idempotency key with its queue (the
+# unique index), jobs still failed whose last failure falls in a time range (the
+# failed_at index that recent_failures reads: its predicate is repeated word for
+# word, so the planner can use it), and the newest jobs with no filter (the primary
+# key). Any other filter (name, queue, state, args, worker, error text) has no index
+# over finished jobs, so such a search reads only a window of jobs, between floor
+# and before (see Store.search), rather than the whole table when matches are rare.
 SEARCH_COLUMNS: Final = """id, queue, name, state, attempt, max_attempts, priority, run_at, created_at, finished_at,
        workflow_run_id, step, last_error, cancel_requested, worker_id, idempotency_key"""
 FILTERS: Final = """(%(name)s::text IS NULL OR starts_with(name, %(name)s::text))
@@ -271,12 +272,15 @@ class SearchFilter:
         return self.failed_after is not None or self.failed_before is not None
 
     @property
+    def indexed(self) -> bool:
+        """Whether an index bounds what the search reads, whatever else it filters by."""
+        return self.failed_range or (self.key is not None and self.queue is not None)
+
+    @property
     def windowed(self) -> bool:
-        """Whether a filter without an index is set, and no failure time range bounds
-        what the search reads: it then reads a window of jobs."""
-        unindexed_key = self.key is not None and self.queue is None
-        unindexed = unindexed_key or any(v is not None for v in (self.args, self.worker, self.error))
-        return unindexed and not self.failed_range
+        """Whether the search reads a window of jobs: it filters, and no index bounds it."""
+        filters = (self.name, self.queue, self.state, self.key, self.args, self.worker, self.error)
+        return any(v is not None for v in filters) and not self.indexed
 
     def params(self) -> dict[str, Any]:
         return {
@@ -439,16 +443,16 @@ class Store:
 
     def plan_bulk(self, where: SearchFilter, *, states: frozenset[str], window: int, limit: int) -> BulkPlan:
         """Count what a bulk action on this search would touch: the jobs in the states
-        it applies to, among the `window` newest jobs below `before` (or, for a search
-        by failure time, every job it finds), at most `limit`."""
+        it applies to, among the `window` newest jobs below `before` (or, for an
+        indexed search, every job it finds), at most `limit`."""
         with self._cursor(read_only=True) as cur:
             now = _now(cur)
             upto_row = cur.execute(NEWEST_ID, {"before": where.before}).fetchone()
             upto = upto_row["id"] if upto_row else None
             if upto is None:
                 return BulkPlan(now=now, matches=0, more=False, upto=None, floor=None)
-            # a failure time range is bounded by its index; anything else, by the window
-            floor = None if where.failed_range else _window_floor(cur, where.before, window)
+            # an indexed search is bounded by its index; anything else, by the window
+            floor = None if where.indexed else _window_floor(cur, where.before, window)
             ids = self._bulk_ids(cur, where, states=states, upto=upto, floor=floor, limit=limit + 1)
         return BulkPlan(now=now, matches=min(len(ids), limit), more=len(ids) > limit, upto=upto, floor=floor)
 
