@@ -17,6 +17,7 @@ no-match args search without a window, once per run, to show what the window sav
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -69,57 +70,40 @@ def fill(url: str, rows: int) -> None:
 
 
 def cases(store: Store, rows: int) -> list[tuple[str, str, Callable[[], Any]]]:
-    def search(where: SearchFilter) -> Callable[[], Any]:
-        return lambda: store.search(where, page_size=PAGE, window=WINDOW)
+    """(label, what bounds what it reads, the call): searches and bulk counts as the pages make them.
 
+    q11 holds discarded jobs (ids whose last two digits are 90 to 94 are discarded;
+    q3 holds none, the worst case of a rare match)."""
     hour_ago = datetime.now(timezone.utc) - timedelta(hours=1)
+    then = SearchFilter(failed_after=hour_ago - timedelta(hours=1), failed_before=hour_ago)  # the hour before last
     some_key = f"key-{(rows // 10) * 10}"
-    its_queue = f"q{(rows // 10 * 10) % 20}"
+    retry_states = frozenset({"discarded", "cancelled", "retryable"})
+
+    def bound(where: SearchFilter) -> str:
+        return "window" if where.windowed else "index"
+
+    def search(label: str, where: SearchFilter) -> tuple[str, str, Callable[[], Any]]:
+        return label, bound(where), lambda: store.search(where, page_size=PAGE, window=WINDOW)
+
+    def bulk(label: str, where: SearchFilter) -> tuple[str, str, Callable[[], Any]]:
+        return label, bound(where), lambda: store.plan_bulk(where, states=retry_states, window=WINDOW, limit=10_000)
+
     return [
-        ("newest page, no filter (baseline)", "index", search(SearchFilter())),
-        ("queue and state discarded", "index", search(SearchFilter(queue="q3", state="discarded"))),
-        ("idempotency key with its queue", "index", search(SearchFilter(queue=its_queue, key=some_key))),
-        ("args {region: eu}: many match", "window", search(SearchFilter(args={"region": "eu"}))),
-        ("args {account: -1}: none match", "window", search(SearchFilter(args={"account": -1}))),
-        ("worker 'nobody': none match", "window", search(SearchFilter(worker="nobody"))),
-        ("error text 'timeout': none match", "window", search(SearchFilter(error="timeout"))),
-        (
-            "error text 'refused' in q3, discarded",
-            "window",
-            search(SearchFilter(queue="q3", state="discarded", error="refused")),
-        ),
-        ("idempotency key, no queue, none match", "window", search(SearchFilter(key="nothing"))),
-        (
-            "failed in the hour before the last, error 'refused'",
-            "failed_at index",
-            search(SearchFilter(failed_after=hour_ago - timedelta(hours=1), failed_before=hour_ago, error="refused")),
-        ),
-        (
-            "failed in that hour, error 'timeout': none match",
-            "failed_at index",
-            search(SearchFilter(failed_after=hour_ago - timedelta(hours=1), failed_before=hour_ago, error="timeout")),
-        ),
-        (
-            "bulk retry count: q3 discarded",
-            "window",
-            lambda: store.plan_bulk(
-                SearchFilter(queue="q3", state="discarded"),
-                states=frozenset({"discarded", "cancelled", "retryable"}),
-                window=WINDOW,
-                limit=10_000,
-            ),
-        ),
-        (
-            "bulk retry count: failed in that hour, 'refused'",
-            "failed_at index",
-            lambda: store.plan_bulk(
-                SearchFilter(failed_after=hour_ago - timedelta(hours=1), failed_before=hour_ago, error="refused"),
-                states=frozenset({"discarded", "cancelled", "retryable"}),
-                window=WINDOW,
-                limit=10_000,
-            ),
-        ),
-        ("queue page q3", "index", lambda: store.queue("q3", failures=20)),
+        search("newest page, no filter (baseline)", SearchFilter()),
+        search("queue q11, state discarded", SearchFilter(queue="q11", state="discarded")),
+        search("queue q3, state discarded: none match", SearchFilter(queue="q3", state="discarded")),
+        search("idempotency key with its queue", SearchFilter(queue=f"q{(rows // 10 * 10) % 20}", key=some_key)),
+        search("idempotency key, no queue, none match", SearchFilter(key="nothing")),
+        search("args {region: eu}: many match", SearchFilter(args={"region": "eu"})),
+        search("args {account: -1}: none match", SearchFilter(args={"account": -1})),
+        search("worker 'nobody': none match", SearchFilter(worker="nobody")),
+        search("error text 'timeout': none match", SearchFilter(error="timeout")),
+        search("error 'refused', q11, discarded", SearchFilter(queue="q11", state="discarded", error="refused")),
+        search("failed in the hour before last, 'refused'", replace(then, error="refused")),
+        search("failed then, 'timeout': none match", replace(then, error="timeout")),
+        bulk("bulk retry count: q11 discarded", SearchFilter(queue="q11", state="discarded")),
+        bulk("bulk retry count: failed then, 'refused'", replace(then, error="refused")),
+        ("queue page q11", "index", lambda: store.queue("q11", failures=20)),
     ]
 
 
