@@ -73,7 +73,7 @@ def cases(store: Store, rows: int) -> list[tuple[str, str, Callable[[], Any]]]:
     """(label, what bounds what it reads, the call): searches and bulk counts as the pages make them.
 
     q11 holds discarded jobs (ids whose last two digits are 90 to 94 are discarded;
-    q3 holds none, the worst case of a rare match)."""
+    q3 holds none, the worst case of a rare match); q15 holds 100,000 waiting jobs."""
     hour_ago = datetime.now(timezone.utc) - timedelta(hours=1)
     then = SearchFilter(failed_after=hour_ago - timedelta(hours=1), failed_before=hour_ago)  # the hour before last
     some_key = f"key-{(rows // 10) * 10}"
@@ -103,7 +103,8 @@ def cases(store: Store, rows: int) -> list[tuple[str, str, Callable[[], Any]]]:
         search("failed then, 'timeout': none match", replace(then, error="timeout")),
         bulk("bulk retry count: q11 discarded", SearchFilter(queue="q11", state="discarded")),
         bulk("bulk retry count: failed then, 'refused'", replace(then, error="refused")),
-        ("queue page q11", "index", lambda: store.queue("q11", failures=20)),
+        ("queue page q11: 25k failed jobs", "index", lambda: store.queue("q11", failures=20)),
+        ("queue page q15: 100k waiting, no failure", "index", lambda: store.queue("q15", failures=20)),
     ]
 
 

@@ -473,6 +473,25 @@ def test_the_queue_page(client: FlaskClient, conn: psycopg.Connection, seeded: S
     assert "No live worker serves this queue." in text(client, "/queues/mail")
 
 
+def test_the_queue_page_of_a_large_table_estimates_finished_states_only(
+    operator_dsn: str, conn: psycopg.Connection
+) -> None:
+    outage(conn, 40)
+    enqueue(conn, "sync_account", "outage")
+    enqueue(conn, "sync_account", "outage")
+    claim(conn, "outage", worker="worker-q")
+    conn.execute("ANALYZE treadle.jobs")
+    app = create_app(operator_dsn, secret_key="test-secret", exact_counts_up_to=10)  # 42 rows: "large"
+    try:
+        html = text(app.test_client(), "/queues/outage")
+    finally:
+        dashboard_of(app).close()
+    assert re.search(r'<b class="estimate"[^>]*>≈\d+</b>\s*<span class="state-discarded">', html)
+    assert re.search(r"<b>1</b>\s*<span class=\"state-available\">", html)  # from the claim index
+    assert re.search(r"<b>1</b>\s*<span class=\"state-running\">", html)  # from the lease index
+    assert re.search(r"<b>0</b>\s*<span class=\"state-retryable\">", html)
+
+
 def test_a_queue_without_jobs_and_bad_queue_names(client: FlaskClient, seeded: Seeded) -> None:
     assert "This queue holds no jobs now." in text(client, "/queues/nothing-here")
     assert client.get("/queues/" + "q" * 201).status_code == 404
