@@ -191,9 +191,12 @@ SELECT treadle.now() - min(run_at) AS age
   FROM treadle.job_details
  WHERE queue = %(queue)s AND state = ANY (ARRAY['available', 'retryable']) AND run_at <= treadle.now()
 """
-QUEUE_FAILURES: Final = """
+# A queue's failures among the newest FAILURES_WINDOW of all queues: the failed_at
+# index is not by queue, so a queue with no failure would otherwise walk all of it.
+FAILURES_WINDOW: Final = 10_000
+QUEUE_FAILURES: Final = f"""
 SELECT id, queue, name, state, attempt, max_attempts, last_error, failed_at, workflow_run_id, step
-  FROM treadle.recent_failures
+  FROM (SELECT * FROM treadle.recent_failures LIMIT {FAILURES_WINDOW}) AS f
  WHERE queue = %(queue)s
  LIMIT %(limit)s
 """

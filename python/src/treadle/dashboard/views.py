@@ -17,7 +17,7 @@ from werkzeug.datastructures import MultiDict
 
 from ..models import JOB_STATES
 from . import formatting, history
-from .queries import BulkOutcome, Outcome, RawJson, SearchFilter, decode_json
+from .queries import FAILURES_WINDOW, BulkOutcome, Outcome, RawJson, SearchFilter, decode_json
 from .state import current
 
 blueprint = Blueprint("treadle", __name__)
@@ -256,6 +256,7 @@ def queue(queue: str) -> str:
         chart=formatting.chart(data.throughput),
         depth=formatting.depth_chart(depth, data.now),
         common_errors=formatting.common_errors(data.failures),
+        failures_window=FAILURES_WINDOW,
     )
 
 
