@@ -27,3 +27,9 @@ SELECT r.rolname AS role_name, array_agg(p.part ORDER BY p.part) AS parts
 DROP VIEW treadle.queue_stats, treadle.throughput, treadle.recent_failures,
           treadle.workflow_run_overview, treadle.job_details, treadle.workflow_run_steps,
           treadle.live_workers, treadle.schedules;
+
+--------------------------------------------------------------------------------
+-- cycle: treadle.complete_and_claim and treadle.heartbeat_many are new functions
+-- (sql/src/045_cycle.sql) in the work part; no table changes. The after-script's
+-- re-grant of each role's parts gives them to the roles that work.
+--------------------------------------------------------------------------------
