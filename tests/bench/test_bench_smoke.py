@@ -24,6 +24,7 @@ SCENARIOS = [
     "limits",
     "held_snapshot",
     "memory",
+    "dashboard_search",
     "cli_bulk",
 ]
 
