@@ -45,7 +45,7 @@ SELECT set_eq(
           'treadle.heartbeat(bigint,uuid,interval)', 'treadle.progress(bigint,uuid,double precision,text)',
           'treadle.complete(bigint,uuid,jsonb)', 'treadle.complete_many(bigint[],uuid[],jsonb[])',
           'treadle.fail(bigint,uuid,text,interval)', 'treadle.release(bigint,uuid)', 'treadle.rescue()',
-          'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.prune(interval)',
+          'treadle.apply_retention(integer)', 'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.prune(interval)',
           'treadle.define_workflow(text,text[])',
           'treadle.start_workflow(text,jsonb,text[],text,integer,integer,text)',
           'treadle.cancel_workflow(bigint)',
@@ -63,7 +63,7 @@ SELECT set_eq(
     $$ SELECT unnest(extconfig)::regclass::text FROM pg_extension WHERE extname = 'treadle' $$,
     ARRAY['treadle.jobs', 'treadle.jobs_id_seq', 'treadle.workflow_runs',
           'treadle.workflow_runs_id_seq', 'treadle.workflows', 'treadle.settings', 'treadle.tenants',
-          'treadle.cron_schedules'],
+          'treadle.cron_schedules', 'treadle.queues'],
     'tables with user data and their sequences are kept by pg_dump');
 SELECT is_empty(
     $$ SELECT c.relname FROM pg_class AS c
