@@ -46,6 +46,7 @@ from harness import (
     table,
 )
 
+TITLE = "A large history: claim latency (ms) and drain (jobs/s)"
 SMALL = 10_000  # waiting jobs in the baseline case
 SAMPLES = 500  # claims timed per run
 WARMUP = 20
@@ -306,7 +307,7 @@ def main() -> None:
         rows.append([case.label, spread(case.p50), ratio(median(case.p50), median(base.p50)),
                      spread(case.p99), ratio(median(case.p99), median(base.p99)),
                      spread(case.drain, 0), ratio(median(case.drain), median(base.drain))])
-    table(f"A large history: claim latency (ms) and drain (jobs/s), {fmt(finished, 0)} finished jobs",
+    table(f"{TITLE}, {fmt(finished, 0)} finished jobs",
           ["case", "claim p50", "x small", "claim p99", "x small", "drain jobs/s", "x small"], rows,
           notes=[f"{SAMPLES} claims of one job per run, then a drain of {drain_jobs:,} jobs (claim {DRAIN_BATCH} + "
                  f"complete_many, one connection); {runs_text(args.runs)}: median (range). Goal: the large case "
