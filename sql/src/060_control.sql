@@ -110,7 +110,8 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 -- Transition: deletes at most `batch` finished jobs (completed, discarded,
 -- cancelled) whose retention has passed, oldest first, and finished workflow
 -- runs whose retention has passed together with all their steps (a kept run
--- keeps its whole history; its step jobs count towards the batch). A job's
+-- keeps its whole history; its step jobs count towards the batch, and the oldest
+-- run goes whole even when it has more steps than the batch). A job's
 -- retention is its queue's (treadle.queues.retain_completed for completed,
 -- retain_failed for discarded and cancelled; a failed run is kept as long as a
 -- discarded job), or where that is null the global one (treadle.configure);
