@@ -1730,19 +1730,20 @@ BEGIN
     END IF;
 
     IF v_jobs < apply_retention.batch THEN
-        WITH expired AS (
-            SELECT j.id
-              FROM treadle.jobs AS j
-              LEFT JOIN treadle.queues AS q ON q.queue = j.queue
-             WHERE j.finished_at < v_now - v_shortest
-               AND j.workflow_run_id IS NULL
-               AND j.finished_at < v_now - CASE WHEN j.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
+        -- Deleted by the row versions just locked (a TID scan): no second lookup by id.
+        -- A row locked by this transaction cannot move before the delete.
+        DELETE FROM treadle.jobs AS j
+         WHERE j.ctid = ANY (ARRAY(
+            SELECT e.ctid
+              FROM treadle.jobs AS e
+              LEFT JOIN treadle.queues AS q ON q.queue = e.queue
+             WHERE e.finished_at < v_now - v_shortest
+               AND e.workflow_run_id IS NULL
+               AND e.finished_at < v_now - CASE WHEN e.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
                                                 ELSE coalesce(q.retain_failed, v_failed) END
-             ORDER BY j.finished_at
+             ORDER BY e.finished_at
              LIMIT apply_retention.batch - v_jobs
-               FOR UPDATE OF j SKIP LOCKED
-        )
-        DELETE FROM treadle.jobs AS j USING expired AS e WHERE j.id = e.id;
+               FOR UPDATE OF e SKIP LOCKED));
         GET DIAGNOSTICS v_steps = ROW_COUNT;
         v_jobs := v_jobs + v_steps;
     END IF;
