@@ -1,13 +1,15 @@
 """Scenario: a large history. Claims and the drain with N finished jobs in treadle.jobs,
-beside a table of 10,000 waiting jobs in the same run; then retention of 90% of them.
+beside tables of 10,000 and of 100,000 waiting jobs in the same run; then retention of
+90% of the finished jobs.
 
-The rows are written by INSERT ... SELECT as the owner (enqueue would take far longer).
-Part 1, for each case (10,000 waiting; N finished + 100,000 waiting), per run:
+The rows are written by INSERT ... SELECT as the owner (enqueue would take far longer),
+each case in a database of its own: 10,000 waiting; 100,000 waiting (the large case's
+backlog alone); N finished + 100,000 waiting. Then the runs go round the cases; per run:
   - claim latency: p50 and p99 of claiming one job (autocommit treadle.claim, batch 1);
   - drain: claim 10 + treadle.complete_many in a loop on one connection, D jobs
     (D = 10,000 less the claims timed, so that the small case ends empty).
-  The claimed jobs are put back between runs.
-Part 2, retention of the 0.9 N jobs finished more than 7 days ago (the defaults: 7 days):
+  The claimed jobs are put back after each run.
+Then retention of the 0.9 N jobs finished more than 7 days ago (the default: 7 days):
   - one treadle.prune('7 days'): one statement;
   - the same rows written again, then treadle.apply_retention(batch) in a loop on one
     connection until it returns less than the batch (what the workers' housekeeping does);
@@ -16,7 +18,7 @@ Part 2, retention of the 0.9 N jobs finished more than 7 days ago (the defaults:
   while, against the same claimer in the 10 s before.
 
     .build/venv/bin/python bench/scale.py [--finished 1000000] [--waiting 100000] [--batch 1000] [--runs 3]
-    .build/venv/bin/python bench/scale.py --finished 10000000     # the 10M-row run (took ... here)
+    .build/venv/bin/python bench/scale.py --finished 10000000     # the 10M-row run: about 25 minutes here
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,8 +87,10 @@ UPDATE treadle.jobs
 @dataclass
 class Case:
     label: str
+    name: str  # of its database
     waiting: int
     finished: int = 0
+    url: str = ""
     p50: list[float] = field(default_factory=list)
     p99: list[float] = field(default_factory=list)
     drain: list[float] = field(default_factory=list)
@@ -139,6 +144,7 @@ def fill(conn: psycopg.Connection[Any], case: Case) -> float:
         fill_finished(conn, 1, case.finished, case.finished)
     conn.execute(FILL_WAITING, {"waiting": case.waiting})
     conn.execute("VACUUM ANALYZE treadle.jobs")
+    conn.execute("CHECKPOINT")  # so that flushing what was written does not land in the measurement
     return time.monotonic() - started
 
 
@@ -155,18 +161,17 @@ def reset(conn: psycopg.Connection[Any]) -> None:
     conn.execute("VACUUM treadle.jobs")
 
 
-def measure_claims(url: str, case: Case, runs: int, drain_jobs: int) -> None:
+def measure_run(url: str, case: Case, drain_jobs: int) -> None:
+    """One run of a case: claims timed one by one, a drain, and the jobs put back."""
     with psycopg.connect(url, autocommit=True) as admin, psycopg.connect(url, autocommit=True) as conn:
         cur = conn.cursor()
-        for run in range(runs):
-            progress(f"{case.label}: run {run + 1}/{runs}: {SAMPLES} claims, then a drain of {drain_jobs:,}")
-            for _ in range(WARMUP):
-                claim_once(cur)
-            samples = [claim_once(cur) for _ in range(SAMPLES)]
-            case.p50.append(percentile(samples, 50))
-            case.p99.append(percentile(samples, 99))
-            case.drain.append(drain(conn, drain_jobs))
-            reset(admin)
+        for _ in range(WARMUP):
+            claim_once(cur)
+        samples = [claim_once(cur) for _ in range(SAMPLES)]
+        case.p50.append(percentile(samples, 50))
+        case.p99.append(percentile(samples, 99))
+        case.drain.append(drain(conn, drain_jobs))
+        reset(admin)
 
 
 class Claimer:
@@ -270,20 +275,30 @@ def main() -> None:
     if args.smoke:
         small, finished, waiting, SAMPLES, QUIET = 1_000, 20_000, 2_000, 30, 1.0
     drain_jobs = small - SAMPLES - WARMUP
-    cases = [Case(f"{small:,} waiting", waiting=small),
-             Case(f"{finished:,} finished + {waiting:,} waiting", waiting=waiting, finished=finished)]
+    # Each case in a database of its own, all written first; then the runs go round
+    # the cases, so that a quieter or busier minute on the machine falls on every case.
+    cases = [Case(f"{small:,} waiting", "scale_small", waiting=small),
+             Case(f"{waiting:,} waiting", "scale_backlog", waiting=waiting),
+             Case(f"{finished:,} finished + {waiting:,} waiting", "scale", waiting=waiting, finished=finished)]
     old = finished * 9 // 10  # finished more than 7 days ago: past the default retention
     removals: list[Removal] = []
     began = time.monotonic()
-    with server() as url, database(url, "scale") as db:
-        print_settings(db)
+    with server() as url, ExitStack() as stack:
+        for case in cases:
+            case.url = stack.enter_context(database(url, case.name))
+        print_settings(cases[0].url)
         fills = []
-        with psycopg.connect(db, autocommit=True) as conn:
-            for case in cases:
-                progress(f"{case.label}: filling")
+        for case in cases:
+            progress(f"{case.label}: filling")
+            with psycopg.connect(case.url, autocommit=True) as conn:
                 fills.append(fill(conn, case))
-                progress(f"  {fills[-1]:.0f} s")
-                measure_claims(db, case, args.runs, drain_jobs)
+            progress(f"  {fills[-1]:.0f} s")
+        for run in range(args.runs):
+            for case in cases if run % 2 == 0 else cases[::-1]:
+                progress(f"{case.label}: run {run + 1}/{args.runs}: {SAMPLES} claims, then a drain of {drain_jobs:,}")
+                measure_run(case.url, case, drain_jobs)
+        db = cases[-1].url
+        with psycopg.connect(db, autocommit=True) as conn:
             sizes = conn.execute("SELECT pg_size_pretty(pg_table_size('treadle.jobs')), "
                                  "pg_size_pretty(pg_indexes_size('treadle.jobs'))").fetchone()
             assert sizes is not None
@@ -295,8 +310,9 @@ def main() -> None:
                 started = time.monotonic()
                 fill_finished(conn, 1, old, finished)
                 conn.execute("VACUUM ANALYZE treadle.jobs")
-                refill = time.monotonic() - started
                 reset(conn)
+                conn.execute("CHECKPOINT")
+                refill = time.monotonic() - started
             removals.append(timed_removal(db, f"apply_retention({args.batch}) until done: {old:,} jobs",
                                           retention_batches(args.batch)))
     total = time.monotonic() - began
@@ -312,7 +328,7 @@ def main() -> None:
           notes=[f"{SAMPLES} claims of one job per run, then a drain of {drain_jobs:,} jobs (claim {DRAIN_BATCH} + "
                  f"complete_many, one connection); {runs_text(args.runs)}: median (range). Goal: the large case "
                  "within 1.2x of the small one. Writing the large case took "
-                 f"{fills[1]:.0f} s (INSERT ... SELECT, then VACUUM ANALYZE); treadle.jobs then held "
+                 f"{fills[-1]:.0f} s (INSERT ... SELECT, VACUUM ANALYZE, CHECKPOINT); treadle.jobs then held "
                  f"{sizes[0]} of table and {sizes[1]} of indexes. Shared two-core machine: noisy."])
     if removals:
         rrows = []
