@@ -29,6 +29,7 @@ SCENARIOS: list[tuple[str, list[str]]] = [
     ("scale.py", []),  # 1M finished jobs; the 10M-row run: bench/scale.py --finished 10000000
     ("held_snapshot.py", ["--warmup", "10", "--hold", "60", "--after", "20"]),
     ("memory.py", ["--runs", "1"]),
+    ("cli_bulk.py", []),
 ]
 # scenarios that start a cluster of their own, with settings of their own (pg_stat_statements)
 OWN_CLUSTER = {"held_snapshot.py"}

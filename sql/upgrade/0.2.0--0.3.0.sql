@@ -29,6 +29,12 @@ DROP VIEW treadle.queue_stats, treadle.throughput, treadle.recent_failures,
           treadle.live_workers, treadle.schedules;
 
 --------------------------------------------------------------------------------
+-- cycle: treadle.complete_and_claim and treadle.heartbeat_many are new functions
+-- (sql/src/045_cycle.sql) in the work part; no table changes. The after-script's
+-- re-grant of each role's parts gives them to the roles that work.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
 -- Retention (treadle.apply_retention, treadle.configure(retain_completed, retain_failed))
 --------------------------------------------------------------------------------
 ALTER TABLE treadle.settings
@@ -48,3 +54,4 @@ CREATE TABLE treadle.queues (
 SELECT pg_catalog.pg_extension_config_dump('treadle.queues', '');
 
 CREATE INDEX workflow_runs_finished_at_idx ON treadle.workflow_runs (finished_at) WHERE finished_at IS NOT NULL;
+

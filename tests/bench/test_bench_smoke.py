@@ -23,6 +23,8 @@ SCENARIOS = [
     "pickup",
     "held_snapshot",
     "memory",
+    "dashboard_search",
+    "cli_bulk",
     "scale",
 ]
 

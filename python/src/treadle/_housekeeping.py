@@ -17,7 +17,6 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from psycopg.rows import tuple_row
 
 from . import _sql
 from ._pool import WorkerPool
@@ -31,8 +30,8 @@ RETENTION_CATCH_UP = 0.05  # seconds between retention batches while a backlog i
 
 
 class Housekeeper:
-    """A thread that heartbeats `running()` jobs, calls treadle.rescue(), treadle.worker_seen() and,
-    unless `retention_interval` is None, treadle.apply_retention(retention_batch)."""
+    """A thread that heartbeats `running()` jobs (one statement for all), calls rescue(), worker_seen() and,
+    unless `retention_interval` is None, apply_retention(retention_batch)."""
 
     def __init__(
         self,
@@ -103,16 +102,20 @@ class Housekeeper:
         running = self._running()
         due = [run for run in running if now - run.last_beat >= self._heartbeat_interval]
         if due:
-            with self._pool.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
-                for run in due:
-                    cur.execute(
-                        _sql.HEARTBEAT, {"job_id": run.job_id, "lease_token": run.lease_token, "lease": self._lease}
-                    )
-                    row = cur.fetchone()
-                    answer = HeartbeatAnswer(row[0]) if row and row[0] else HeartbeatAnswer.LOST
-                    if answer is HeartbeatAnswer.CANCEL and not run.cancel_requested:
-                        log.info("job %d (%s): cancel requested; its handler sees ctx.cancelled", run.job_id, run.name)
-                    run.apply_heartbeat(answer)
+            # one statement for every due lease of the worker
+            answers = self._pool.tuples(
+                _sql.HEARTBEAT_MANY,
+                {
+                    "job_ids": [run.job_id for run in due],
+                    "lease_tokens": [run.lease_token for run in due],
+                    "lease": self._lease,
+                },
+            )
+            for run, (answer,) in zip(due, answers, strict=True):
+                parsed = HeartbeatAnswer(answer)
+                if parsed is HeartbeatAnswer.CANCEL and not run.cancel_requested:
+                    log.info("job %d (%s): cancel requested; its handler sees ctx.cancelled", run.job_id, run.name)
+                run.apply_heartbeat(parsed)
         return min(
             (run.last_beat + self._heartbeat_interval for run in running), default=now + self._heartbeat_interval
         )
