@@ -47,7 +47,7 @@ SELECT set_eq(
           'treadle.complete_and_claim(bigint[],uuid[],jsonb[],text,text[],text[],integer,interval,uuid)',
           'treadle.heartbeat_many(bigint[],uuid[],interval)',
           'treadle.fail(bigint,uuid,text,interval)', 'treadle.release(bigint,uuid)', 'treadle.rescue()',
-          'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.prune(interval)',
+          'treadle.apply_retention(integer)', 'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.prune(interval)',
           'treadle.define_workflow(text,text[])',
           'treadle.start_workflow(text,jsonb,text[],text,integer,integer,text)',
           'treadle.cancel_workflow(bigint)',

@@ -162,12 +162,15 @@ CREATE INDEX jobs_lease_idx ON treadle.jobs (lease_until) WHERE lease_until IS N
 CREATE UNIQUE INDEX jobs_idempotency_key_idx
     ON treadle.jobs (queue, idempotency_key) WHERE idempotency_key IS NOT NULL;
 
--- the throughput view and prune() read finished jobs by time
+-- the throughput view, apply_retention() and prune() read finished jobs by time
 CREATE INDEX jobs_finished_at_idx ON treadle.jobs (finished_at) WHERE finished_at IS NOT NULL;
 
 -- the recent_failures view, newest first
 CREATE INDEX jobs_failed_at_idx ON treadle.jobs (failed_at)
     WHERE state = ANY (ARRAY['retryable', 'discarded']) AND last_error IS NOT NULL;
+
+-- apply_retention() and prune() read finished workflow runs by time
+CREATE INDEX workflow_runs_finished_at_idx ON treadle.workflow_runs (finished_at) WHERE finished_at IS NOT NULL;
 
 -- a workflow run's steps
 CREATE INDEX jobs_workflow_run_idx ON treadle.jobs (workflow_run_id) WHERE workflow_run_id IS NOT NULL;
@@ -191,11 +194,20 @@ CREATE TABLE treadle.workers (
 );
 
 -- Limits the owner may change (treadle.configure); no row means the defaults.
+-- Retention (treadle.apply_retention): how long finished jobs and workflow runs are
+-- kept, completed ones and discarded or cancelled ones; null keeps them forever. The
+-- defaults are treadle._retention()'s, written when the row is made.
 CREATE TABLE treadle.settings (
     only_row          boolean PRIMARY KEY DEFAULT true,
     max_payload_bytes integer NOT NULL,
+    retain_completed  interval,
+    retain_failed     interval,
     CONSTRAINT settings_only_row_check CHECK (only_row),
-    CONSTRAINT settings_max_payload_bytes_check CHECK (max_payload_bytes BETWEEN 1024 AND 268435456)
+    CONSTRAINT settings_max_payload_bytes_check CHECK (max_payload_bytes BETWEEN 1024 AND 268435456),
+    CONSTRAINT settings_retain_completed_check
+        CHECK (retain_completed BETWEEN interval '0' AND interval '100 years'),
+    CONSTRAINT settings_retain_failed_check
+        CHECK (retain_failed BETWEEN interval '0' AND interval '100 years')
 );
 
 -- Cron schedules (treadle.schedule). Each has one current occurrence, a job whose
@@ -278,13 +290,13 @@ CREATE POLICY queues_tenant_read ON treadle.queues FOR SELECT
 
 SELECT pg_catalog.pg_extension_config_dump('treadle.settings', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.tenants', '');
+SELECT pg_catalog.pg_extension_config_dump('treadle.queues', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflows', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_runs', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_runs_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.jobs', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.jobs_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.cron_schedules', '');
-SELECT pg_catalog.pg_extension_config_dump('treadle.queues', '');
 --------------------------------------------------------------------------------
 -- The clock, and private helpers.
 --
@@ -475,6 +487,27 @@ BEGIN ATOMIC
 END;
 COMMENT ON FUNCTION treadle._max_payload_bytes() IS
     'The payload size limit: treadle.settings, or 1 MiB.';
+
+--------------------------------------------------------------------------------
+-- treadle._retention() -> (retain_completed, retain_failed)
+--
+-- How long finished jobs and workflow runs are kept before apply_retention deletes
+-- them: completed ones, and discarded or cancelled ones; null keeps them forever.
+-- treadle.settings, or the defaults: 7 days for completed work (prune's default: a
+-- week of results to look at, and idempotency keys held as long) and 30 days for
+-- failures, which someone may still need to read or retry.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._retention(OUT retain_completed interval, OUT retain_failed interval)
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT CASE WHEN s.only_row THEN s.retain_completed ELSE interval '7 days' END,
+           CASE WHEN s.only_row THEN s.retain_failed ELSE interval '30 days' END
+      FROM (SELECT) AS one
+      LEFT JOIN treadle.settings AS s ON true;
+END;
+COMMENT ON FUNCTION treadle._retention() IS
+    'Global retention of finished work: treadle.settings, or 7 days completed and 30 days failed.';
 
 --------------------------------------------------------------------------------
 -- treadle._too_deep(value) -> boolean
@@ -1918,7 +1951,7 @@ $$;
 COMMENT ON FUNCTION treadle.release(bigint, uuid) IS
     'Hand a running job back (running -> available, attempt given back); null when the lease is lost.';
 --------------------------------------------------------------------------------
--- Operator controls: cancel, retry, prune.
+-- Operator controls: cancel, retry, retention and prune.
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
@@ -2024,12 +2057,130 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
     'Make a discarded, cancelled or retryable job available now with attempt 0; true when it did.';
 
 --------------------------------------------------------------------------------
+-- treadle.apply_retention(batch) -> bigint
+--
+-- Transition: deletes at most `batch` finished jobs (completed, discarded,
+-- cancelled) whose retention has passed, oldest first, and finished workflow
+-- runs whose retention has passed together with all their steps (a kept run
+-- keeps its whole history; its step jobs count towards the batch, and the oldest
+-- run goes whole even when it has more steps than the batch). A job's
+-- retention is its queue's (treadle.queues.retain_completed for completed,
+-- retain_failed for discarded and cancelled; a failed run is kept as long as a
+-- discarded job), or where that is null the global one (treadle.configure);
+-- null there too keeps it forever. Rows another transaction holds are skipped
+-- (SKIP LOCKED): a run with a held step waits for a later call. So any number of
+-- sessions may call it at once, each a short transaction; the workers'
+-- housekeeping does, every minute and again while there is more. Returns how
+-- many jobs it deleted, step jobs included: less than `batch` means it caught up.
+-- Raises 22004: batch null. 22023: batch outside 1..100000.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.apply_retention(batch integer DEFAULT 1000)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now        timestamptz := treadle.now();
+    v_completed  interval;
+    v_failed     interval;
+    v_shortest   interval;
+    v_runs       bigint[];
+    v_step_ids   bigint[];
+    v_step_runs  bigint[];
+    v_busy_runs  bigint[];
+    v_steps      bigint;
+    v_jobs       bigint := 0;
+BEGIN
+    IF apply_retention.batch IS NULL THEN
+        RAISE EXCEPTION 'treadle: batch must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF apply_retention.batch NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'treadle: batch must be between 1 and 100000, got %', apply_retention.batch
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT r.retain_completed, r.retain_failed INTO v_completed, v_failed FROM treadle._retention() AS r;
+    -- The shortest retention anywhere bounds the range of finished_at read.
+    SELECT min(t.retain) INTO v_shortest
+      FROM (SELECT v_completed UNION ALL SELECT v_failed
+            UNION ALL SELECT q.retain_completed FROM treadle.queues AS q
+            UNION ALL SELECT q.retain_failed FROM treadle.queues AS q) AS t(retain);
+    IF v_shortest IS NULL THEN
+        RETURN 0;  -- everything is kept forever
+    END IF;
+
+    -- Finished runs first, oldest first, as many as fit in the batch by their step count.
+    WITH expired AS (
+        SELECT r.id, r.finished_at, cardinality(r.steps) AS steps
+          FROM treadle.workflow_runs AS r
+          LEFT JOIN treadle.queues AS q ON q.queue = r.queue
+         WHERE r.finished_at < v_now - v_shortest
+           AND r.finished_at < v_now - CASE WHEN r.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
+                                            ELSE coalesce(q.retain_failed, v_failed) END
+         ORDER BY r.finished_at, r.id
+         LIMIT apply_retention.batch
+           FOR UPDATE OF r SKIP LOCKED
+    ), fitting AS (
+        SELECT e.id, row_number() OVER w AS n, sum(e.steps) OVER w AS steps_so_far
+          FROM expired AS e
+        WINDOW w AS (ORDER BY e.finished_at, e.id)
+    )
+    SELECT array_agg(f.id) INTO v_runs FROM fitting AS f WHERE f.n = 1 OR f.steps_so_far <= apply_retention.batch;
+
+    IF v_runs IS NOT NULL THEN
+        -- A run goes only with every step: one whose step someone holds (a retry) stays.
+        SELECT array_agg(s.id), array_agg(s.workflow_run_id) INTO v_step_ids, v_step_runs
+          FROM (SELECT j.id, j.workflow_run_id FROM treadle.jobs AS j
+                 WHERE j.workflow_run_id = ANY (v_runs)
+                   FOR UPDATE SKIP LOCKED) AS s;
+        SELECT array_agg(DISTINCT j.workflow_run_id) INTO v_busy_runs
+          FROM treadle.jobs AS j
+         WHERE j.workflow_run_id = ANY (v_runs)
+           AND j.id <> ALL (coalesce(v_step_ids, '{}'));
+        v_busy_runs := coalesce(v_busy_runs, '{}');
+        SELECT count(*) INTO v_steps
+          FROM unnest(v_step_ids, v_step_runs) AS s(id, run_id)
+         WHERE s.run_id <> ALL (v_busy_runs);
+        DELETE FROM treadle.workflow_runs AS r
+         WHERE r.id = ANY (v_runs) AND r.id <> ALL (v_busy_runs);  -- their steps go by the cascade
+        v_jobs := v_steps;
+    END IF;
+
+    IF v_jobs < apply_retention.batch THEN
+        -- Deleted by the row versions just locked (a TID scan): no second lookup by id.
+        -- A row locked by this transaction cannot move before the delete.
+        DELETE FROM treadle.jobs AS j
+         WHERE j.ctid = ANY (ARRAY(
+            SELECT e.ctid
+              FROM treadle.jobs AS e
+              LEFT JOIN treadle.queues AS q ON q.queue = e.queue
+             WHERE e.finished_at < v_now - v_shortest
+               AND e.workflow_run_id IS NULL
+               AND e.finished_at < v_now - CASE WHEN e.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
+                                                ELSE coalesce(q.retain_failed, v_failed) END
+             ORDER BY e.finished_at
+             LIMIT apply_retention.batch - v_jobs
+               FOR UPDATE OF e SKIP LOCKED));
+        GET DIAGNOSTICS v_steps = ROW_COUNT;
+        v_jobs := v_jobs + v_steps;
+    END IF;
+    RETURN v_jobs;
+END;
+$$;
+COMMENT ON FUNCTION treadle.apply_retention(integer) IS
+    'Delete at most batch finished jobs (and finished runs with their steps) past their retention; returns how many jobs went.';
+
+--------------------------------------------------------------------------------
 -- treadle.prune(older_than) -> bigint
 --
 -- Transition: deletes finished jobs (completed, discarded, cancelled) and
 -- finished workflow runs whose finished_at is older than now - older_than. Step
 -- jobs go only with their run, so a kept run keeps its whole history. Returns
--- how many jobs it deleted (step jobs included).
+-- how many jobs it deleted (step jobs included). The one-off manual form: one
+-- statement, one transaction however many rows go; apply_retention deletes in
+-- small batches by the configured retention.
 -- Raises 22004: older_than null. 22023: older_than negative or over 100 years.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.prune(older_than interval DEFAULT '7 days')
@@ -3821,8 +3972,8 @@ COMMENT ON FUNCTION treadle.explain(bigint) IS
 --
 --   treadle.grant_reader(role)     the views, and the tables' columns but lease tokens
 --   treadle.grant_producer(role)   reader + enqueue, workflows, schedules, cancel, retry
---   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, registry
---   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue
+--   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, retention, registry
+--   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue, retention
 --   treadle.grant_dashboard(role, read_only)   reader + cancel, retry, unschedule unless read_only
 --
 -- and keeps a role to the queues under a prefix with treadle.set_tenant.
@@ -3840,7 +3991,7 @@ COMMENT ON FUNCTION treadle.explain(bigint) IS
 --            complete_many, complete_and_claim, fail, release, define_workflow,
 --            worker_seen, worker_stopped
 --   queues   set_queue, pause, resume
---   recover  rescue
+--   recover  rescue, apply_retention (the housekeeping every worker does)
 --   prune    prune
 -- Each function is listed here once; the grant helpers combine the parts.
 --------------------------------------------------------------------------------
@@ -3886,6 +4037,7 @@ BEGIN
         ('queues',  'treadle.pause(text)'),
         ('queues',  'treadle.resume(text)'),
         ('recover', 'treadle.rescue()'),
+        ('recover', 'treadle.apply_retention(integer)'),
         ('prune',   'treadle.prune(interval)')
       ) AS f(part, signature)
      WHERE f.part = ANY (parts);
@@ -3952,7 +4104,7 @@ COMMENT ON FUNCTION treadle.grant_producer(regrole) IS
 -- treadle.grant_worker(role) -> void
 --
 -- grant_producer (handlers enqueue follow-up work), plus claiming, heartbeats,
--- progress, finishing, rescue, workflow definitions and the worker registry.
+-- progress, finishing, rescue, retention, workflow definitions and the worker registry.
 -- Raises 22004: role null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_worker(role regrole)
@@ -3972,8 +4124,9 @@ COMMENT ON FUNCTION treadle.grant_worker(regrole) IS
 --------------------------------------------------------------------------------
 -- treadle.grant_admin(role) -> void
 --
--- grant_reader, plus the operator's controls: cancel, retry, prune, rescue, and
--- the queues' pause, resume and limits. Raises 22004: role null. Owner only.
+-- grant_reader, plus the operator's controls: cancel, retry, prune, rescue,
+-- apply_retention, and the queues' pause, resume and limits. Raises 22004: role
+-- null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_admin(role regrole)
 RETURNS void
@@ -4069,12 +4222,44 @@ BEGIN
         RAISE EXCEPTION 'treadle: max_payload_bytes must be between 1024 and 268435456, got %', configure.max_payload_bytes
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO treadle.settings AS s (max_payload_bytes) VALUES (configure.max_payload_bytes)
+    INSERT INTO treadle.settings AS s (max_payload_bytes, retain_completed, retain_failed)
+    SELECT configure.max_payload_bytes, r.retain_completed, r.retain_failed FROM treadle._retention() AS r
     ON CONFLICT (only_row) DO UPDATE SET max_payload_bytes = excluded.max_payload_bytes;
 END;
 $$;
 COMMENT ON FUNCTION treadle.configure(integer) IS
     'Set the owner''s limits (max_payload_bytes).';
+
+--------------------------------------------------------------------------------
+-- treadle.configure(retain_completed, retain_failed) -> void
+--
+-- The global retention that treadle.apply_retention applies to queues that set
+-- none of their own (treadle.queues): how long completed jobs and runs are kept,
+-- and how long discarded and cancelled jobs and failed and cancelled runs are.
+-- Null keeps them forever. Both are given, so a call says the whole policy.
+-- Defaults until the first call: 7 days and 30 days (treadle._retention). Owner only.
+-- Raises 22023: a period negative or over 100 years.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.configure(retain_completed interval, retain_failed interval)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM treadle._check_interval(configure.retain_completed, 'retain_completed', interval '100 years',
+                                    may_be_zero => true);
+    PERFORM treadle._check_interval(configure.retain_failed, 'retain_failed', interval '100 years',
+                                    may_be_zero => true);
+    INSERT INTO treadle.settings AS s (max_payload_bytes, retain_completed, retain_failed)
+    VALUES (treadle._max_payload_bytes(), configure.retain_completed, configure.retain_failed)
+    ON CONFLICT (only_row) DO UPDATE SET retain_completed = excluded.retain_completed,
+                                         retain_failed = excluded.retain_failed;
+END;
+$$;
+COMMENT ON FUNCTION treadle.configure(interval, interval) IS
+    'Set how long finished work is kept (completed, failed); null keeps it forever.';
 
 --------------------------------------------------------------------------------
 -- Every function, table and sequence: nothing for PUBLIC, but the read-only

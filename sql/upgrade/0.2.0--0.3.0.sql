@@ -69,3 +69,17 @@ SELECT pg_catalog.pg_extension_config_dump('treadle.queues', '');
 -- the worker registry records the job names each worker handles (explain's no_worker)
 ALTER TABLE treadle.workers ADD COLUMN names text[];
 DROP FUNCTION treadle.worker_seen(text, text, integer, text[], integer, integer);
+
+--------------------------------------------------------------------------------
+-- Retention (treadle.apply_retention, treadle.configure(retain_completed, retain_failed))
+--------------------------------------------------------------------------------
+ALTER TABLE treadle.settings
+    ADD COLUMN retain_completed interval
+        CONSTRAINT settings_retain_completed_check CHECK (retain_completed BETWEEN interval '0' AND interval '100 years'),
+    ADD COLUMN retain_failed interval
+        CONSTRAINT settings_retain_failed_check CHECK (retain_failed BETWEEN interval '0' AND interval '100 years');
+-- a settings row made by 0.2.0 gets treadle._retention()'s defaults, as a new row does
+UPDATE treadle.settings SET retain_completed = interval '7 days', retain_failed = interval '30 days';
+
+CREATE INDEX workflow_runs_finished_at_idx ON treadle.workflow_runs (finished_at) WHERE finished_at IS NOT NULL;
+
