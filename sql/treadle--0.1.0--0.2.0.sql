@@ -93,6 +93,13 @@ SELECT pg_catalog.pg_extension_config_dump('treadle.tenants', '');
 
 -- Schema: nobody but the owner creates objects in it.
 REVOKE ALL ON SCHEMA treadle FROM PUBLIC;
+
+-- Claims that resume where they stopped (040_claim.sql): the transaction that last made
+-- each job claimable, and its index. Rows of 0.1.0 keep null: a claim's full sweep finds them.
+ALTER TABLE treadle.jobs ADD COLUMN ready_txid xid8;
+ALTER TABLE treadle.jobs ALTER COLUMN ready_txid SET DEFAULT pg_current_xact_id();
+CREATE INDEX jobs_ready_txid_idx ON treadle.jobs (ready_txid)
+    WHERE state = ANY (ARRAY['available', 'retryable']);
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -808,6 +815,158 @@ $$;
 COMMENT ON FUNCTION treadle.enqueue_many(jsonb) IS
     'Enqueue a JSON array of jobs in one statement; returns their ids in input order.';
 --------------------------------------------------------------------------------
+-- Claim cursors' helpers. A cursor is kept as a bigint[] in a session setting, so
+-- times are kept as microseconds since 1970 (null for an infinite time).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._us(t timestamptz)
+RETURNS bigint
+LANGUAGE sql
+IMMUTABLE
+RETURN CASE WHEN isfinite(t) THEN (extract(epoch FROM t) * 1000000)::bigint END;
+COMMENT ON FUNCTION treadle._us(timestamptz) IS
+    'A time as microseconds since 1970; null for an infinite time.';
+
+CREATE OR REPLACE FUNCTION treadle._from_us(us bigint)
+RETURNS timestamptz
+LANGUAGE sql
+STABLE
+-- null (an infinite time, or a cursor that lost a value) reads from the very start
+RETURN CASE WHEN us IS NULL THEN '-infinity'::timestamptz
+            ELSE '1970-01-01 00:00:00+00'::timestamptz + us * interval '1 microsecond' END;
+COMMENT ON FUNCTION treadle._from_us(bigint) IS
+    'The time treadle._us gave as microseconds; -infinity for null.';
+
+--------------------------------------------------------------------------------
+-- treadle._claim_plain(queues, names, batch, now) -> bigint[]
+--
+-- Locks and returns the ids of the best `batch` due jobs, reading each
+-- (queue[, name]) range from the front of its claim index: the claim without a
+-- cursor, for claimers whose jobs are spread over too many priorities for one.
+-- queues and names are distinct. Runs inside treadle.claim, under its settings.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._claim_plain(queues text[], names text[], batch integer, now timestamptz)
+RETURNS bigint[]
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF names IS NULL THEN
+        RETURN ARRAY(
+            SELECT c.id
+              FROM unnest(queues) AS u(q)
+             CROSS JOIN LATERAL (
+                    SELECT j.id, j.priority, j.run_at
+                      FROM treadle.jobs AS j
+                     WHERE j.queue = u.q
+                       AND j.state = ANY (ARRAY['available', 'retryable'])
+                       AND j.run_at <= _claim_plain.now
+                     ORDER BY j.priority, j.run_at, j.id
+                     LIMIT _claim_plain.batch
+                       FOR UPDATE SKIP LOCKED) AS c
+             ORDER BY c.priority, c.run_at, c.id
+             LIMIT _claim_plain.batch);
+    END IF;
+    RETURN ARRAY(
+        SELECT c.id
+          FROM unnest(queues) AS u(q)
+         CROSS JOIN unnest(names) AS n(n)
+         CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at
+                  FROM treadle.jobs AS j
+                 WHERE j.queue = u.q
+                   AND j.name = n.n
+                   AND j.state = ANY (ARRAY['available', 'retryable'])
+                   AND j.run_at <= _claim_plain.now
+                 ORDER BY j.priority, j.run_at, j.id
+                 LIMIT _claim_plain.batch
+                   FOR UPDATE SKIP LOCKED) AS c
+         ORDER BY c.priority, c.run_at, c.id
+         LIMIT _claim_plain.batch);
+END;
+$$;
+COMMENT ON FUNCTION treadle._claim_plain(text[], text[], integer, timestamptz) IS
+    'Lock the best batch of due jobs reading each (queue[, name]) range from its front.';
+
+--------------------------------------------------------------------------------
+-- treadle._claim_next_lane(queue, name, after) -> (priority, run_at, id)
+--
+-- The first claimable row (due or not) of the first priority above `after` (any,
+-- when null) among `queue`'s jobs (named `name`, when given), in claim order:
+-- where a claim cursor's lane starts. It reads the index from the front of that
+-- priority, dead entries included. Runs inside treadle.claim, under its settings.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._claim_next_lane(queue text, name text, after integer)
+RETURNS TABLE (priority integer, run_at timestamptz, id bigint)
+LANGUAGE plpgsql
+STABLE
+ROWS 1
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF _claim_next_lane.name IS NULL THEN
+        RETURN QUERY
+        SELECT j.priority, j.run_at, j.id FROM treadle.jobs AS j
+         WHERE j.queue = _claim_next_lane.queue
+           AND j.state = ANY (ARRAY['available', 'retryable'])
+           AND j.priority > coalesce(_claim_next_lane.after, -2147483648)
+         ORDER BY j.priority, j.run_at, j.id
+         LIMIT 1;
+    ELSE
+        RETURN QUERY
+        SELECT j.priority, j.run_at, j.id FROM treadle.jobs AS j
+         WHERE j.queue = _claim_next_lane.queue
+           AND j.name = _claim_next_lane.name
+           AND j.state = ANY (ARRAY['available', 'retryable'])
+           AND j.priority > coalesce(_claim_next_lane.after, -2147483648)
+         ORDER BY j.priority, j.run_at, j.id
+         LIMIT 1;
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._claim_next_lane(text, text, integer) IS
+    'The first claimable row of the next priority of a queue (and name): where a claim lane starts.';
+
+--------------------------------------------------------------------------------
+-- treadle._claim_stragglers(xmax, xip, now_snapshot) -> setof (queue, name,
+--     priority, run_at, id)
+--
+-- The claimable rows (due or not) that a snapshot with this xmax and these
+-- in-progress transaction ids did not see: made claimable by one of those
+-- transactions, or by one that began after it and before now_snapshot (a
+-- ready_txid beyond the server's is one from another cluster, restored: such
+-- rows are found from their lanes' keys). Reads the ready_txid index from xmax
+-- on, and once per listed id. Runs inside treadle.claim, under its settings.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._claim_stragglers(xmax bigint, xip bigint[], now_snapshot pg_snapshot)
+RETURNS TABLE (queue text, name text, priority integer, run_at timestamptz, id bigint)
+LANGUAGE plpgsql
+STABLE
+ROWS 10
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_from xid8 := _claim_stragglers.xmax::text::xid8;
+    v_to   xid8 := pg_snapshot_xmax(_claim_stragglers.now_snapshot);
+BEGIN
+    RETURN QUERY
+    SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
+     WHERE j.state = ANY (ARRAY['available', 'retryable'])
+       AND j.ready_txid >= v_from AND j.ready_txid < v_to;
+    IF cardinality(_claim_stragglers.xip) > 0 THEN
+        RETURN QUERY
+        SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
+         WHERE j.state = ANY (ARRAY['available', 'retryable'])
+           AND j.ready_txid = ANY (_claim_stragglers.xip::text[]::xid8[]);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._claim_stragglers(bigint, bigint[], pg_snapshot) IS
+    'The claimable rows a claim cursor''s snapshot did not see: made claimable since, by ready_txid.';
+
+--------------------------------------------------------------------------------
 -- treadle.claim(worker_id, queues, names, batch, lease, lease_token)
 --     -> setof treadle.jobs
 --
@@ -821,6 +980,21 @@ COMMENT ON FUNCTION treadle.enqueue_many(jsonb) IS
 -- took), otherwise a fresh random one per job. Returns the claimed rows.
 -- Each (queue[, name]) pair is read from its own index range, so a backlog of
 -- jobs whose names the claimer does not handle is never walked past.
+--
+-- Where a claim starts reading. A claimed job leaves a dead entry at the front of
+-- the claim index, and while any snapshot older than the claim stays open (a long
+-- transaction, a replication slot) nothing removes it: a claim that starts at the
+-- front walks every one. So each session remembers, per (queues, names) it claims
+-- for, a cursor (a setting named treadle.claim_<hash>): for each lane, a (queue[, name], priority),
+-- the key (run_at, id) below which it found nothing left to take, and the snapshot
+-- its previous claim read with. A claim reads each lane from its key, and besides
+-- the rows made claimable by transactions that snapshot did not see (ready_txid:
+-- late commits, retries, releases, rescues, new priorities), which can lie below
+-- a key. A row can hide below every key only when a transaction locked it and then
+-- rolled back without writing it (a claim that failed after locking): a full sweep
+-- every 30 s finds it. The cursor only narrows what this
+-- session reads: a cursor set by hand can delay this session's claims, never let
+-- it take a job twice or hide one from the others.
 -- Raises 22004: worker_id or queues null. 22023: worker_id or a queue or name
 -- that is not a valid name; queues or names empty or over 1000; batch outside
 -- 1..1000; lease not positive or over 1 day. 42501: a tenant's queue outside its
@@ -843,10 +1017,10 @@ SET search_path = pg_catalog, pg_temp
 -- Planning the claim costs as much as running it, so it is planned once per session.
 -- A generic plan does not know the batch and guesses that LIMIT takes a tenth of the
 -- rows; with sorts, sequential and bitmap scans off, the one plan left reads each
--- (queue[, name]) range in claim order from its index and stops after `batch` rows,
--- whatever the table holds. The rows to update are found by id = ANY(...), not by a
--- join whose size the planner would have to guess. The penalty those settings add to
--- the plan's cost would start JIT compiling, which never pays off here: off too.
+-- lane in claim order from its index and stops after `batch` rows, whatever the
+-- table holds. The rows to update are found by id = ANY(...), not by a join whose
+-- size the planner would have to guess. The penalty those settings add to the
+-- plan's cost would start JIT compiling, which never pays off here: off too.
 SET plan_cache_mode = force_generic_plan
 SET enable_sort = off
 SET enable_seqscan = off
@@ -855,8 +1029,20 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle.now();
-    v_ids bigint[];
+    v_now     timestamptz := treadle.now();
+    v_now_us  bigint := treadle._us(v_now);
+    v_snap    pg_snapshot := pg_current_snapshot();  -- taken before any row is read
+    v_queues  text[];
+    v_names   text[];
+    v_setting text;       -- this session's cursor for these queues and names
+    v_text    text;
+    v_cursor  bigint[];   -- 1, now, swept, xmax, #xip, xip..., lanes
+    v_swept   bigint;     -- when the lanes were last found from the front of the index
+    v_lanes   bigint[];   -- per lane: queue no, name no (0 without names), priority, run_at, id
+    v_lane    bigint[];   -- per candidate, in claim order: its lane's first subscript
+    v_cand    bigint[];   -- the candidates' ids, in claim order
+    v_cand_us bigint[];   -- their run_at
+    v_ids     bigint[];
 BEGIN
     PERFORM treadle._check_text(claim.worker_id, 'worker_id');
     PERFORM treadle._check_names(claim.queues, 'queues');
@@ -877,42 +1063,157 @@ BEGIN
         PERFORM treadle._check_queue_allowed(q.q) FROM unnest(claim.queues) AS q(q);
     END IF;
 
-    -- Lock the candidates: each (queue[, name]) range in claim order, skipping rows
-    -- other claimers hold, then the best `batch` of them.
-    IF claim.names IS NULL THEN
-        v_ids := ARRAY(
-            SELECT c.id
-              FROM (SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q)) AS u
-             CROSS JOIN LATERAL (
-                    SELECT j.id, j.priority, j.run_at
-                      FROM treadle.jobs AS j
-                     WHERE j.queue = u.q
-                       AND j.state = ANY (ARRAY['available', 'retryable'])
-                       AND j.run_at <= v_now
-                     ORDER BY j.priority, j.run_at, j.id
-                     LIMIT claim.batch
-                       FOR UPDATE SKIP LOCKED) AS c
-             ORDER BY c.priority, c.run_at, c.id
-             LIMIT claim.batch);
-    ELSE
-        v_ids := ARRAY(
-            SELECT c.id
-              FROM (SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q)) AS u
-             CROSS JOIN (SELECT DISTINCT n.n FROM unnest(claim.names) AS n(n)) AS n
-             CROSS JOIN LATERAL (
-                    SELECT j.id, j.priority, j.run_at
-                      FROM treadle.jobs AS j
-                     WHERE j.queue = u.q
-                       AND j.name = n.n
-                       AND j.state = ANY (ARRAY['available', 'retryable'])
-                       AND j.run_at <= v_now
-                     ORDER BY j.priority, j.run_at, j.id
-                     LIMIT claim.batch
-                       FOR UPDATE SKIP LOCKED) AS c
-             ORDER BY c.priority, c.run_at, c.id
-             LIMIT claim.batch);
+    v_queues := ARRAY(SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q) ORDER BY 1);
+    IF claim.names IS NOT NULL THEN
+        v_names := ARRAY(SELECT DISTINCT n.n FROM unnest(claim.names) AS n(n) ORDER BY 1);
     END IF;
-    IF cardinality(v_ids) = 0 THEN
+
+    -- The cursor, when this session has a usable one: well formed (anything else is
+    -- ignored, never an error), from a clock that did not go back, swept less than
+    -- 30 s ago, its lanes within these queues and names.
+    v_setting := 'treadle.claim_' || to_hex(hashtextextended(
+        array_to_string(v_queues, chr(1)) || chr(2) || coalesce(array_to_string(v_names, chr(1)), ''), 0));
+    v_text := current_setting(v_setting, true);
+    IF v_text ~ '^\{1(,-?[0-9]{1,18}){2,}\}$' THEN
+        v_cursor := v_text::bigint[];
+        IF v_cursor[2] > v_now_us OR v_cursor[3] > v_now_us OR v_cursor[3] < v_now_us - 30000000 THEN
+            v_cursor := NULL;
+        ELSIF cardinality(v_cursor) > 3 AND NOT (
+                v_cursor[4] >= 0 AND v_cursor[5] >= 0
+                AND (cardinality(v_cursor) - 5 - v_cursor[5]) % 5 = 0
+                AND cardinality(v_cursor) - 5 - v_cursor[5] >= 0
+                AND NOT EXISTS (SELECT 1 FROM generate_series(6, 5 + v_cursor[5]) AS i WHERE v_cursor[i] < 0)
+                AND NOT EXISTS (
+                    SELECT 1 FROM generate_series(6 + v_cursor[5], cardinality(v_cursor), 5) AS i
+                     WHERE v_cursor[i] NOT BETWEEN 1 AND cardinality(v_queues)
+                        OR v_cursor[i + 1] NOT BETWEEN CASE WHEN v_names IS NULL THEN 0 ELSE 1 END
+                                                    AND coalesce(cardinality(v_names), 0)
+                        OR v_cursor[i + 2] NOT BETWEEN -2147483648 AND 2147483647)) THEN
+            v_cursor := NULL;
+        END IF;
+    END IF;
+    v_swept := coalesce(v_cursor[3], v_now_us);
+
+    IF cardinality(v_cursor) = 3 THEN
+        -- jobs over too many priorities for a cursor: the plain claim until the next sweep
+        v_lanes := NULL;
+    ELSIF v_cursor IS NULL THEN
+        -- Sweep: each lane's first claimable row, due or not, read from the front of the
+        -- index: the one read that walks every dead entry, once per lane.
+        v_lanes := ARRAY(
+            WITH RECURSIVE lanes AS (
+                SELECT r.qi, r.ni, f.priority, f.run_at, f.id, 1 AS n
+                  FROM (SELECT u.qi, 0 AS ni FROM generate_subscripts(v_queues, 1) AS u(qi)
+                         WHERE v_names IS NULL
+                        UNION ALL
+                        SELECT u.qi, n.ni FROM generate_subscripts(v_queues, 1) AS u(qi),
+                                               generate_subscripts(v_names, 1) AS n(ni)) AS r
+                 CROSS JOIN LATERAL treadle._claim_next_lane(v_queues[r.qi], v_names[r.ni], NULL) AS f
+                UNION ALL
+                SELECT l.qi, l.ni, f.priority, f.run_at, f.id, l.n + 1
+                  FROM lanes AS l
+                 CROSS JOIN LATERAL treadle._claim_next_lane(v_queues[l.qi], v_names[l.ni], l.priority) AS f
+                 WHERE l.n <= 32
+            )
+            SELECT x FROM lanes AS l, unnest(ARRAY[l.qi, l.ni, l.priority, treadle._us(l.run_at), l.id]) AS x);
+    ELSE
+        -- Resume: the cursor's lanes, each moved back to the first row made claimable
+        -- by a transaction the previous snapshot did not see (or this one's), wherever
+        -- that row lies, and new lanes for such rows of other priorities.
+        v_lanes := ARRAY(
+            SELECT x
+              FROM (SELECT m.qi, m.ni, m.p, min(m.k) AS k
+                      FROM (SELECT v_cursor[i] AS qi, v_cursor[i + 1] AS ni, v_cursor[i + 2] AS p,
+                                   ARRAY[v_cursor[i + 3], v_cursor[i + 4]] AS k
+                              FROM generate_series(6 + v_cursor[5], cardinality(v_cursor), 5) AS i
+                            UNION ALL
+                            SELECT array_position(v_queues, s.queue),
+                                   coalesce(array_position(v_names, s.name), 0), s.priority,
+                                   ARRAY[treadle._us(s.run_at), s.id]
+                              FROM treadle._claim_stragglers(v_cursor[4], v_cursor[6:5 + v_cursor[5]], v_snap) AS s
+                             WHERE s.queue = ANY (v_queues)
+                               AND (v_names IS NULL OR s.name = ANY (v_names))) AS m
+                     GROUP BY m.qi, m.ni, m.p) AS g,
+                   unnest(ARRAY[g.qi, g.ni, g.p, g.k[1], g.k[2]]) AS x);
+    END IF;
+
+    IF v_lanes IS NULL OR cardinality(v_lanes) > 5 * 32 THEN
+        v_ids := treadle._claim_plain(v_queues, v_names, claim.batch, v_now);
+        IF NOT cardinality(v_cursor) = 3 THEN
+            PERFORM set_config(v_setting, ARRAY[1, v_now_us, v_swept]::text, false);
+        END IF;
+    ELSE
+        -- Lock the candidates: each lane from its key in claim order, skipping rows
+        -- other claimers hold, then the best `batch` of them.
+        IF v_names IS NULL THEN
+            SELECT array_agg(l.i ORDER BY c.priority, c.run_at, c.id),
+                   array_agg(c.id ORDER BY c.priority, c.run_at, c.id),
+                   array_agg(treadle._us(c.run_at) ORDER BY c.priority, c.run_at, c.id)
+              INTO v_lane, v_cand, v_cand_us
+              FROM generate_series(1, cardinality(v_lanes), 5) AS l(i)
+             CROSS JOIN LATERAL (
+                    SELECT j.id, j.priority, j.run_at
+                      FROM treadle.jobs AS j
+                     WHERE j.queue = v_queues[v_lanes[l.i]::integer]
+                       AND j.priority = v_lanes[l.i + 2]
+                       AND j.state = ANY (ARRAY['available', 'retryable'])
+                       AND (j.run_at, j.id) >= (treadle._from_us(v_lanes[l.i + 3]), v_lanes[l.i + 4])
+                       AND j.run_at <= v_now
+                     ORDER BY j.priority, j.run_at, j.id
+                     LIMIT claim.batch
+                       FOR UPDATE SKIP LOCKED) AS c;
+        ELSE
+            SELECT array_agg(l.i ORDER BY c.priority, c.run_at, c.id),
+                   array_agg(c.id ORDER BY c.priority, c.run_at, c.id),
+                   array_agg(treadle._us(c.run_at) ORDER BY c.priority, c.run_at, c.id)
+              INTO v_lane, v_cand, v_cand_us
+              FROM generate_series(1, cardinality(v_lanes), 5) AS l(i)
+             CROSS JOIN LATERAL (
+                    SELECT j.id, j.priority, j.run_at
+                      FROM treadle.jobs AS j
+                     WHERE j.queue = v_queues[v_lanes[l.i]::integer]
+                       AND j.name = v_names[v_lanes[l.i + 1]::integer]
+                       AND j.priority = v_lanes[l.i + 2]
+                       AND j.state = ANY (ARRAY['available', 'retryable'])
+                       AND (j.run_at, j.id) >= (treadle._from_us(v_lanes[l.i + 3]), v_lanes[l.i + 4])
+                       AND j.run_at <= v_now
+                     ORDER BY j.priority, j.run_at, j.id
+                     LIMIT claim.batch
+                       FOR UPDATE SKIP LOCKED) AS c;
+        END IF;
+        v_ids := v_cand[1:claim.batch];
+
+        -- The next cursor. A lane's new key: its first candidate left unclaimed; past
+        -- now when it had fewer than `batch` due rows (all taken, or held by others);
+        -- else just past its last claimed row. The snapshot: the one taken before
+        -- reading, with this transaction's own id among those it did not see.
+        PERFORM set_config(v_setting, (
+            ARRAY[1, v_now_us, v_swept, pg_snapshot_xmax(v_snap)::text::bigint]
+            || ARRAY(SELECT count(*) FROM (SELECT pg_snapshot_xip(v_snap)
+                                           UNION ALL SELECT pg_current_xact_id_if_assigned()) AS x(x)
+                      WHERE x.x IS NOT NULL)
+            || ARRAY(SELECT x.x::text::bigint FROM pg_snapshot_xip(v_snap) AS x(x))
+            || ARRAY(SELECT x.x::text::bigint FROM pg_current_xact_id_if_assigned() AS x(x) WHERE x.x IS NOT NULL)
+            || ARRAY(
+                SELECT x
+                  FROM generate_series(1, cardinality(v_lanes), 5) AS l(i)
+                 CROSS JOIN LATERAL (
+                        SELECT count(*) AS n,
+                               min(p.p) FILTER (WHERE p.p > claim.batch) AS left_at,
+                               max(p.p) FILTER (WHERE p.p <= claim.batch) AS last_at
+                          FROM generate_subscripts(v_lane, 1) AS p(p)
+                         WHERE v_lane[p.p] = l.i) AS s
+                 CROSS JOIN LATERAL unnest(ARRAY[
+                        v_lanes[l.i], v_lanes[l.i + 1], v_lanes[l.i + 2],
+                        CASE WHEN s.left_at IS NOT NULL THEN v_cand_us[s.left_at]
+                             WHEN s.n < claim.batch THEN v_now_us + 1
+                             ELSE v_cand_us[s.last_at] END,
+                        CASE WHEN s.left_at IS NOT NULL THEN v_cand[s.left_at]
+                             WHEN s.n < claim.batch THEN 0
+                             ELSE v_cand[s.last_at] + 1 END]) AS x)
+            )::text, false);
+    END IF;
+    IF coalesce(cardinality(v_ids), 0) = 0 THEN
         RETURN;
     END IF;
 
@@ -1385,7 +1686,8 @@ BEGIN
            lease_until = NULL,
            last_error = v_error,
            failed_at = v_now,
-           errors = treadle._append_error(j.errors, j.attempt, v_now, v_error)
+           errors = treadle._append_error(j.errors, j.attempt, v_now, v_error),
+           ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
      WHERE j.id = fail.job_id
        AND j.state = 'running'
        AND j.lease_token = fail.lease_token
@@ -1415,6 +1717,13 @@ COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval) IS
 -- (treadle._failed_state). The lease token is dropped: the rescued claim's
 -- writes, repeats included, find nothing. Returns how many jobs it moved. Safe
 -- from many sessions at once: each job is counted once.
+-- Each session remembers when it last rescued (the setting treadle.rescue_cursor)
+-- and reads only the leases that ran out since, less a second: every finished
+-- job leaves a dead entry in the lease index, which an open old snapshot keeps
+-- there, and a pass over all of them would grow with the snapshot's age. A lease
+-- committed later than a second after it was granted or extended, or a job that
+-- another session held while this one looked, is found by the full pass this
+-- session makes every 30 s, and whenever the setting treadle.now is in use.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.rescue()
 RETURNS integer
@@ -1424,13 +1733,28 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now  timestamptz := treadle.now();
-    v_done treadle.jobs[];
+    v_now    timestamptz := treadle.now();
+    v_now_us bigint := treadle._us(v_now);
+    v_text   text := current_setting('treadle.rescue_cursor', true);
+    v_cursor bigint[];    -- 1, the previous rescue's now, the last full pass's
+    v_from   timestamptz := '-infinity';
+    v_swept  bigint := v_now_us;
+    v_done   treadle.jobs[];
 BEGIN
+    IF v_text ~ '^\{1,-?[0-9]{1,18},-?[0-9]{1,18}\}$' AND v_now = statement_timestamp() THEN
+        v_cursor := v_text::bigint[];
+        IF v_cursor[2] <= v_now_us AND v_cursor[3] <= v_now_us AND v_cursor[3] >= v_now_us - 30000000 THEN
+            v_from := treadle._from_us(v_cursor[2] - 1000000);
+            v_swept := v_cursor[3];
+        END IF;
+    END IF;
+    PERFORM set_config('treadle.rescue_cursor', ARRAY[1, v_now_us, v_swept]::text, false);
+
     WITH expired AS (
         SELECT j.id
           FROM treadle.jobs AS j
          WHERE j.state = 'running'
+           AND j.lease_until >= v_from
            AND j.lease_until < v_now
            FOR UPDATE SKIP LOCKED
     ), done AS (
@@ -1444,7 +1768,8 @@ BEGIN
                last_error = 'lease expired: worker ' || j.worker_id || ' stopped heartbeating',
                failed_at = v_now,
                errors = treadle._append_error(j.errors, j.attempt, v_now,
-                                              'lease expired: worker ' || j.worker_id || ' stopped heartbeating')
+                                              'lease expired: worker ' || j.worker_id || ' stopped heartbeating'),
+               ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
           FROM expired AS e
          WHERE j.id = e.id
         RETURNING j AS job
@@ -1491,7 +1816,8 @@ BEGIN
            attempt = CASE WHEN j.cancel_requested THEN j.attempt ELSE greatest(j.attempt - 1, 0) END,
            run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE v_now END,
            finished_at = CASE WHEN j.cancel_requested THEN v_now END,
-           lease_until = NULL
+           lease_until = NULL,
+           ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
      WHERE j.id = release.job_id
        AND j.state = 'running'
        AND j.lease_token = release.lease_token
@@ -1596,7 +1922,8 @@ BEGIN
            attempt = 0,
            finished_at = NULL,
            cancel_requested = false,
-           lease_token = NULL
+           lease_token = NULL,
+           ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
      WHERE j.id = retry.job_id
        AND j.state = ANY (ARRAY['discarded', 'cancelled', 'retryable'])
     RETURNING j.* INTO v_job;

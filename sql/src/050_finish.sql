@@ -322,7 +322,8 @@ BEGIN
            lease_until = NULL,
            last_error = v_error,
            failed_at = v_now,
-           errors = treadle._append_error(j.errors, j.attempt, v_now, v_error)
+           errors = treadle._append_error(j.errors, j.attempt, v_now, v_error),
+           ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
      WHERE j.id = fail.job_id
        AND j.state = 'running'
        AND j.lease_token = fail.lease_token
@@ -352,6 +353,13 @@ COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval) IS
 -- (treadle._failed_state). The lease token is dropped: the rescued claim's
 -- writes, repeats included, find nothing. Returns how many jobs it moved. Safe
 -- from many sessions at once: each job is counted once.
+-- Each session remembers when it last rescued (the setting treadle.rescue_cursor)
+-- and reads only the leases that ran out since, less a second: every finished
+-- job leaves a dead entry in the lease index, which an open old snapshot keeps
+-- there, and a pass over all of them would grow with the snapshot's age. A lease
+-- committed later than a second after it was granted or extended, or a job that
+-- another session held while this one looked, is found by the full pass this
+-- session makes every 30 s, and whenever the setting treadle.now is in use.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.rescue()
 RETURNS integer
@@ -361,13 +369,28 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now  timestamptz := treadle.now();
-    v_done treadle.jobs[];
+    v_now    timestamptz := treadle.now();
+    v_now_us bigint := treadle._us(v_now);
+    v_text   text := current_setting('treadle.rescue_cursor', true);
+    v_cursor bigint[];    -- 1, the previous rescue's now, the last full pass's
+    v_from   timestamptz := '-infinity';
+    v_swept  bigint := v_now_us;
+    v_done   treadle.jobs[];
 BEGIN
+    IF v_text ~ '^\{1,-?[0-9]{1,18},-?[0-9]{1,18}\}$' AND v_now = statement_timestamp() THEN
+        v_cursor := v_text::bigint[];
+        IF v_cursor[2] <= v_now_us AND v_cursor[3] <= v_now_us AND v_cursor[3] >= v_now_us - 30000000 THEN
+            v_from := treadle._from_us(v_cursor[2] - 1000000);
+            v_swept := v_cursor[3];
+        END IF;
+    END IF;
+    PERFORM set_config('treadle.rescue_cursor', ARRAY[1, v_now_us, v_swept]::text, false);
+
     WITH expired AS (
         SELECT j.id
           FROM treadle.jobs AS j
          WHERE j.state = 'running'
+           AND j.lease_until >= v_from
            AND j.lease_until < v_now
            FOR UPDATE SKIP LOCKED
     ), done AS (
@@ -381,7 +404,8 @@ BEGIN
                last_error = 'lease expired: worker ' || j.worker_id || ' stopped heartbeating',
                failed_at = v_now,
                errors = treadle._append_error(j.errors, j.attempt, v_now,
-                                              'lease expired: worker ' || j.worker_id || ' stopped heartbeating')
+                                              'lease expired: worker ' || j.worker_id || ' stopped heartbeating'),
+               ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
           FROM expired AS e
          WHERE j.id = e.id
         RETURNING j AS job
@@ -428,7 +452,8 @@ BEGIN
            attempt = CASE WHEN j.cancel_requested THEN j.attempt ELSE greatest(j.attempt - 1, 0) END,
            run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE v_now END,
            finished_at = CASE WHEN j.cancel_requested THEN v_now END,
-           lease_until = NULL
+           lease_until = NULL,
+           ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
      WHERE j.id = release.job_id
        AND j.state = 'running'
        AND j.lease_token = release.lease_token

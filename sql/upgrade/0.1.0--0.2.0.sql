@@ -88,3 +88,10 @@ SELECT pg_catalog.pg_extension_config_dump('treadle.tenants', '');
 
 -- Schema: nobody but the owner creates objects in it.
 REVOKE ALL ON SCHEMA treadle FROM PUBLIC;
+
+-- Claims that resume where they stopped (040_claim.sql): the transaction that last made
+-- each job claimable, and its index. Rows of 0.1.0 keep null: a claim's full sweep finds them.
+ALTER TABLE treadle.jobs ADD COLUMN ready_txid xid8;
+ALTER TABLE treadle.jobs ALTER COLUMN ready_txid SET DEFAULT pg_current_xact_id();
+CREATE INDEX jobs_ready_txid_idx ON treadle.jobs (ready_txid)
+    WHERE state = ANY (ARRAY['available', 'retryable']);
