@@ -832,7 +832,8 @@ LANGUAGE sql
 STABLE
 -- null (an infinite time, or a cursor that lost a value) reads from the very start
 RETURN CASE WHEN us IS NULL THEN '-infinity'::timestamptz
-            ELSE '1970-01-01 00:00:00+00'::timestamptz + us * interval '1 microsecond' END;
+            -- whole seconds and the rest apart: exact where a float of microseconds is not
+            ELSE to_timestamp(us / 1000000) + (us % 1000000) * interval '1 microsecond' END;
 COMMENT ON FUNCTION treadle._from_us(bigint) IS
     'The time treadle._us gave as microseconds; -infinity for null.';
 
@@ -1039,10 +1040,18 @@ DECLARE
     v_cursor  bigint[];   -- 1, now, swept, xmax, #xip, xip..., lanes
     v_swept   bigint;     -- when the lanes were last found from the front of the index
     v_lanes   bigint[];   -- per lane: queue no, name no (0 without names), priority, run_at, id
-    v_lane    bigint[];   -- per candidate, in claim order: its lane's first subscript
-    v_cand    bigint[];   -- the candidates' ids, in claim order
-    v_cand_us bigint[];   -- their run_at
-    v_ids     bigint[];
+    v_priority bigint;
+    v_left    integer;    -- jobs still wanted
+    v_read_p  bigint[] := '{}';   -- the priorities read, and how many rows were asked of each lane
+    v_read_limit integer[] := '{}';
+    v_lane_p  bigint[];   -- one priority's candidates, in claim order: their lane's first subscript,
+    v_cand_p  bigint[];   -- ids
+    v_cand_us_p bigint[]; -- and run_at
+    v_lane    bigint[] := '{}';   -- every priority's candidates, in claim order
+    v_cand    bigint[] := '{}';
+    v_cand_us bigint[] := '{}';
+    v_taken   boolean[] := '{}';  -- claimed, or left to the next claim
+    v_ids     bigint[] := '{}';
 BEGIN
     PERFORM treadle._check_text(claim.worker_id, 'worker_id');
     PERFORM treadle._check_names(claim.queues, 'queues');
@@ -1139,54 +1148,70 @@ BEGIN
 
     IF v_lanes IS NULL OR cardinality(v_lanes) > 5 * 32 THEN
         v_ids := treadle._claim_plain(v_queues, v_names, claim.batch, v_now);
-        IF NOT cardinality(v_cursor) = 3 THEN
+        IF v_cursor IS NULL OR cardinality(v_cursor) <> 3 THEN
             PERFORM set_config(v_setting, ARRAY[1, v_now_us, v_swept]::text, false);
         END IF;
     ELSE
-        -- Lock the candidates: each lane from its key in claim order, skipping rows
-        -- other claimers hold, then the best `batch` of them.
-        IF v_names IS NULL THEN
-            SELECT array_agg(l.i ORDER BY c.priority, c.run_at, c.id),
-                   array_agg(c.id ORDER BY c.priority, c.run_at, c.id),
-                   array_agg(treadle._us(c.run_at) ORDER BY c.priority, c.run_at, c.id)
-              INTO v_lane, v_cand, v_cand_us
-              FROM generate_series(1, cardinality(v_lanes), 5) AS l(i)
-             CROSS JOIN LATERAL (
-                    SELECT j.id, j.priority, j.run_at
-                      FROM treadle.jobs AS j
-                     WHERE j.queue = v_queues[v_lanes[l.i]::integer]
-                       AND j.priority = v_lanes[l.i + 2]
-                       AND j.state = ANY (ARRAY['available', 'retryable'])
-                       AND (j.run_at, j.id) >= (treadle._from_us(v_lanes[l.i + 3]), v_lanes[l.i + 4])
-                       AND j.run_at <= v_now
-                     ORDER BY j.priority, j.run_at, j.id
-                     LIMIT claim.batch
-                       FOR UPDATE SKIP LOCKED) AS c;
-        ELSE
-            SELECT array_agg(l.i ORDER BY c.priority, c.run_at, c.id),
-                   array_agg(c.id ORDER BY c.priority, c.run_at, c.id),
-                   array_agg(treadle._us(c.run_at) ORDER BY c.priority, c.run_at, c.id)
-              INTO v_lane, v_cand, v_cand_us
-              FROM generate_series(1, cardinality(v_lanes), 5) AS l(i)
-             CROSS JOIN LATERAL (
-                    SELECT j.id, j.priority, j.run_at
-                      FROM treadle.jobs AS j
-                     WHERE j.queue = v_queues[v_lanes[l.i]::integer]
-                       AND j.name = v_names[v_lanes[l.i + 1]::integer]
-                       AND j.priority = v_lanes[l.i + 2]
-                       AND j.state = ANY (ARRAY['available', 'retryable'])
-                       AND (j.run_at, j.id) >= (treadle._from_us(v_lanes[l.i + 3]), v_lanes[l.i + 4])
-                       AND j.run_at <= v_now
-                     ORDER BY j.priority, j.run_at, j.id
-                     LIMIT claim.batch
-                       FOR UPDATE SKIP LOCKED) AS c;
-        END IF;
-        v_ids := v_cand[1:claim.batch];
+        -- Lock the candidates one priority at a time, the best first: each lane of that
+        -- priority read from its key in claim order, skipping rows other claimers hold,
+        -- as many as are still wanted; the best of them are claimed. Lanes of the
+        -- priorities not reached keep their keys.
+        v_left := claim.batch;
+        FOREACH v_priority IN ARRAY ARRAY(SELECT DISTINCT v_lanes[i + 2]
+                                            FROM generate_series(1, cardinality(v_lanes), 5) AS i ORDER BY 1) LOOP
+            IF v_names IS NULL THEN
+                SELECT array_agg(l.i ORDER BY c.run_at, c.id),
+                       array_agg(c.id ORDER BY c.run_at, c.id),
+                       array_agg(treadle._us(c.run_at) ORDER BY c.run_at, c.id)
+                  INTO v_lane_p, v_cand_p, v_cand_us_p
+                  FROM generate_series(1, cardinality(v_lanes), 5) AS l(i)
+                 CROSS JOIN LATERAL (
+                        SELECT j.id, j.run_at
+                          FROM treadle.jobs AS j
+                         WHERE j.queue = v_queues[v_lanes[l.i]::integer]
+                           AND j.priority = v_priority
+                           AND j.state = ANY (ARRAY['available', 'retryable'])
+                           AND (j.run_at, j.id) >= (treadle._from_us(v_lanes[l.i + 3]), v_lanes[l.i + 4])
+                           AND j.run_at <= v_now
+                         ORDER BY j.priority, j.run_at, j.id
+                         LIMIT v_left
+                           FOR UPDATE SKIP LOCKED) AS c
+                 WHERE v_lanes[l.i + 2] = v_priority;
+            ELSE
+                SELECT array_agg(l.i ORDER BY c.run_at, c.id),
+                       array_agg(c.id ORDER BY c.run_at, c.id),
+                       array_agg(treadle._us(c.run_at) ORDER BY c.run_at, c.id)
+                  INTO v_lane_p, v_cand_p, v_cand_us_p
+                  FROM generate_series(1, cardinality(v_lanes), 5) AS l(i)
+                 CROSS JOIN LATERAL (
+                        SELECT j.id, j.run_at
+                          FROM treadle.jobs AS j
+                         WHERE j.queue = v_queues[v_lanes[l.i]::integer]
+                           AND j.name = v_names[v_lanes[l.i + 1]::integer]
+                           AND j.priority = v_priority
+                           AND j.state = ANY (ARRAY['available', 'retryable'])
+                           AND (j.run_at, j.id) >= (treadle._from_us(v_lanes[l.i + 3]), v_lanes[l.i + 4])
+                           AND j.run_at <= v_now
+                         ORDER BY j.priority, j.run_at, j.id
+                         LIMIT v_left
+                           FOR UPDATE SKIP LOCKED) AS c
+                 WHERE v_lanes[l.i + 2] = v_priority;
+            END IF;
+            v_read_p := v_read_p || v_priority;
+            v_read_limit := v_read_limit || v_left;
+            v_lane := v_lane || v_lane_p;
+            v_cand := v_cand || v_cand_p;
+            v_cand_us := v_cand_us || v_cand_us_p;
+            v_taken := v_taken || ARRAY(SELECT g <= v_left FROM generate_subscripts(v_cand_p, 1) AS g);
+            v_ids := v_ids || v_cand_p[1:v_left];
+            v_left := claim.batch - coalesce(cardinality(v_ids), 0);
+            EXIT WHEN v_left = 0;
+        END LOOP;
 
-        -- The next cursor. A lane's new key: its first candidate left unclaimed; past
-        -- now when it had fewer than `batch` due rows (all taken, or held by others);
-        -- else just past its last claimed row. The snapshot: the one taken before
-        -- reading, with this transaction's own id among those it did not see.
+        -- The next cursor. A lane read now gets as key its first candidate left
+        -- unclaimed; past now when it had fewer rows than asked for (all taken, or
+        -- held by others); else just past its last claimed row. The snapshot: the one
+        -- taken before reading, with this transaction's own id among those it missed.
         PERFORM set_config(v_setting, (
             ARRAY[1, v_now_us, v_swept, pg_snapshot_xmax(v_snap)::text::bigint]
             || ARRAY(SELECT count(*) FROM (SELECT pg_snapshot_xip(v_snap)
@@ -1198,18 +1223,21 @@ BEGIN
                 SELECT x
                   FROM generate_series(1, cardinality(v_lanes), 5) AS l(i)
                  CROSS JOIN LATERAL (
-                        SELECT count(*) AS n,
-                               min(p.p) FILTER (WHERE p.p > claim.batch) AS left_at,
-                               max(p.p) FILTER (WHERE p.p <= claim.batch) AS last_at
+                        SELECT v_read_limit[array_position(v_read_p, v_lanes[l.i + 2])] AS asked,
+                               count(*) AS n,
+                               min(p.p) FILTER (WHERE NOT v_taken[p.p]) AS left_at,
+                               max(p.p) FILTER (WHERE v_taken[p.p]) AS last_at
                           FROM generate_subscripts(v_lane, 1) AS p(p)
                          WHERE v_lane[p.p] = l.i) AS s
                  CROSS JOIN LATERAL unnest(ARRAY[
                         v_lanes[l.i], v_lanes[l.i + 1], v_lanes[l.i + 2],
-                        CASE WHEN s.left_at IS NOT NULL THEN v_cand_us[s.left_at]
-                             WHEN s.n < claim.batch THEN v_now_us + 1
+                        CASE WHEN s.asked IS NULL THEN v_lanes[l.i + 3]
+                             WHEN s.left_at IS NOT NULL THEN v_cand_us[s.left_at]
+                             WHEN s.n < s.asked THEN v_now_us + 1
                              ELSE v_cand_us[s.last_at] END,
-                        CASE WHEN s.left_at IS NOT NULL THEN v_cand[s.left_at]
-                             WHEN s.n < claim.batch THEN 0
+                        CASE WHEN s.asked IS NULL THEN v_lanes[l.i + 4]
+                             WHEN s.left_at IS NOT NULL THEN v_cand[s.left_at]
+                             WHEN s.n < s.asked THEN 0
                              ELSE v_cand[s.last_at] + 1 END]) AS x)
             )::text, false);
     END IF;
