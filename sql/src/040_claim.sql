@@ -5,7 +5,7 @@
 CREATE OR REPLACE FUNCTION treadle._us(t timestamptz)
 RETURNS bigint
 LANGUAGE sql
-IMMUTABLE
+STABLE  -- as extract is for a timestamptz: a function no more volatile than its body is inlined
 RETURN CASE WHEN isfinite(t) THEN (extract(epoch FROM t) * 1000000)::bigint END;
 COMMENT ON FUNCTION treadle._us(timestamptz) IS
     'A time as microseconds since 1970; null for an infinite time.';
@@ -20,58 +20,6 @@ RETURN CASE WHEN us IS NULL THEN '-infinity'::timestamptz
             ELSE to_timestamp(us / 1000000) + (us % 1000000) * interval '1 microsecond' END;
 COMMENT ON FUNCTION treadle._from_us(bigint) IS
     'The time treadle._us gave as microseconds; -infinity for null.';
-
---------------------------------------------------------------------------------
--- treadle._claim_plain(queues, names, batch, now) -> bigint[]
---
--- Locks and returns the ids of the best `batch` due jobs, reading each
--- (queue[, name]) range from the front of its claim index: the claim without a
--- cursor, for claimers whose jobs are spread over too many priorities for one.
--- queues and names are distinct. Runs inside treadle.claim, under its settings.
---------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._claim_plain(queues text[], names text[], batch integer, now timestamptz)
-RETURNS bigint[]
-LANGUAGE plpgsql
-VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF names IS NULL THEN
-        RETURN ARRAY(
-            SELECT c.id
-              FROM unnest(queues) AS u(q)
-             CROSS JOIN LATERAL (
-                    SELECT j.id, j.priority, j.run_at
-                      FROM treadle.jobs AS j
-                     WHERE j.queue = u.q
-                       AND j.state = ANY (ARRAY['available', 'retryable'])
-                       AND j.run_at <= _claim_plain.now
-                     ORDER BY j.priority, j.run_at, j.id
-                     LIMIT _claim_plain.batch
-                       FOR UPDATE SKIP LOCKED) AS c
-             ORDER BY c.priority, c.run_at, c.id
-             LIMIT _claim_plain.batch);
-    END IF;
-    RETURN ARRAY(
-        SELECT c.id
-          FROM unnest(queues) AS u(q)
-         CROSS JOIN unnest(names) AS n(n)
-         CROSS JOIN LATERAL (
-                SELECT j.id, j.priority, j.run_at
-                  FROM treadle.jobs AS j
-                 WHERE j.queue = u.q
-                   AND j.name = n.n
-                   AND j.state = ANY (ARRAY['available', 'retryable'])
-                   AND j.run_at <= _claim_plain.now
-                 ORDER BY j.priority, j.run_at, j.id
-                 LIMIT _claim_plain.batch
-                   FOR UPDATE SKIP LOCKED) AS c
-         ORDER BY c.priority, c.run_at, c.id
-         LIMIT _claim_plain.batch);
-END;
-$$;
-COMMENT ON FUNCTION treadle._claim_plain(text[], text[], integer, timestamptz) IS
-    'Lock the best batch of due jobs reading each (queue[, name]) range from its front.';
 
 --------------------------------------------------------------------------------
 -- treadle._claim_next_lane(queue, name, after) -> (priority, run_at, id)
@@ -169,17 +117,19 @@ COMMENT ON FUNCTION treadle._claim_stragglers(bigint, bigint[], pg_snapshot) IS
 -- Where a claim starts reading. A claimed job leaves a dead entry at the front of
 -- the claim index, and while any snapshot older than the claim stays open (a long
 -- transaction, a replication slot) nothing removes it: a claim that starts at the
--- front walks every one. So each session remembers, per (queues, names) it claims
--- for, a cursor (a setting named treadle.claim_<hash>): for each lane, a (queue[, name], priority),
--- the key (run_at, id) below which it found nothing left to take, and the snapshot
--- its previous claim read with. A claim reads each lane from its key, and besides
--- the rows made claimable by transactions that snapshot did not see (ready_txid:
--- late commits, retries, releases, rescues, new priorities), which can lie below
--- a key. A row can hide below every key only when a transaction locked it and then
--- rolled back without writing it (a claim that failed after locking): a full sweep
--- every 30 s finds it. The cursor only narrows what this
--- session reads: a cursor set by hand can delay this session's claims, never let
--- it take a job twice or hide one from the others.
+-- front walks every one. So a session whose claims take over 1 ms switches to a
+-- cursor, kept per (queues, names) in a setting (treadle.claim_<hash>): for each
+-- lane, a (queue[, name], priority), the key (run_at, id) below which it found
+-- nothing left to take, and the snapshot its previous claim read with. A claim reads
+-- each lane from its key, and besides the rows made claimable by transactions that
+-- snapshot did not see (ready_txid: late commits, retries, releases, rescues, new
+-- priorities), which can lie below a key. A row can hide below every key only when
+-- a transaction locked it and then rolled back without writing it (a claim that
+-- failed after locking), or a writer made it claimable without setting ready_txid:
+-- a sweep from the front every 30 s finds it, and a quick sweep ends the cursor.
+-- The cursor only narrows what this session reads: a setting changed by hand can
+-- delay this session's claims, never let it take a job twice or hide one from
+-- other sessions.
 -- Raises 22004: worker_id or queues null. 22023: worker_id or a queue or name
 -- that is not a valid name; queues or names empty or over 1000; batch outside
 -- 1..1000; lease not positive or over 1 day. 42501: a tenant's queue outside its
@@ -215,27 +165,30 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now     timestamptz := treadle.now();
-    v_now_us  bigint := treadle._us(v_now);
-    v_snap    pg_snapshot := pg_current_snapshot();  -- taken before any row is read
-    v_queues  text[];
-    v_names   text[];
     v_setting text;       -- this session's cursor for these queues and names
     v_text    text;
+    v_plain   boolean;    -- the plain claim, without a cursor
+    v_started timestamptz;
+    v_ids     bigint[];
+    -- the cursor's
+    v_now_us  bigint;
+    v_snap    pg_snapshot;  -- taken before any row is read
+    v_queues  text[];     -- distinct, sorted: lanes name them by number
+    v_names   text[];
     v_cursor  bigint[];   -- 1, now, swept, xmax, #xip, xip..., lanes
     v_swept   bigint;     -- when the lanes were last found from the front of the index
+    v_sweep_at timestamptz;
+    v_quick   boolean;    -- a sweep that found few dead entries: back to the plain claim
     v_lanes   bigint[];   -- per lane: queue no, name no (0 without names), priority, run_at, id
+    v_straggler bigint[];
     v_priority bigint;
     v_left    integer;    -- jobs still wanted
-    v_read_p  bigint[] := '{}';   -- the priorities read, and how many rows were asked of each lane
-    v_read_limit integer[] := '{}';
-    v_lane_p  bigint[];   -- one priority's candidates, in claim order: their lane's first subscript,
-    v_cand_p  bigint[];   -- ids
-    v_cand_us_p bigint[]; -- and run_at
-    v_lane    bigint[] := '{}';   -- every priority's candidates, in claim order
-    v_cand    bigint[] := '{}';
-    v_cand_us bigint[] := '{}';
-    v_taken   boolean[] := '{}';  -- claimed, or left to the next claim
-    v_ids     bigint[] := '{}';
+    v_read_p  bigint[];   -- per priority read: the priority,
+    v_read_limit integer[];  -- the rows asked of each of its lanes,
+    v_read_from integer[];   -- and where its candidates start in v_cand
+    v_lane    bigint[];   -- the candidates, a priority after the other, each in claim
+    v_cand    bigint[];   -- order: their lane's first subscript in v_lanes, ids, run_at
+    v_cand_us bigint[];
 BEGIN
     PERFORM treadle._check_text(claim.worker_id, 'worker_id');
     PERFORM treadle._check_names(claim.queues, 'queues');
@@ -256,84 +209,142 @@ BEGIN
         PERFORM treadle._check_queue_allowed(q.q) FROM unnest(claim.queues) AS q(q);
     END IF;
 
-    v_queues := ARRAY(SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q) ORDER BY 1);
-    IF claim.names IS NOT NULL THEN
-        v_names := ARRAY(SELECT DISTINCT n.n FROM unnest(claim.names) AS n(n) ORDER BY 1);
-    END IF;
-
-    -- The cursor, when this session has a usable one: well formed (anything else is
-    -- ignored, never an error), from a clock that did not go back, swept less than
-    -- 30 s ago, its lanes within these queues and names.
+    -- A session claims from the front of each range (the plain claim) until two in a
+    -- row take over 1 ms, as when dead entries pile up in front; then it sweeps and
+    -- keeps a cursor, back to the plain claim once a sweep (every 30 s) is quick
+    -- again. The setting holds nothing or 'slow' (plain), 'sweep' (or 'pin': sweep and
+    -- keep the cursor however quick, for tests), or the cursor.
     v_setting := 'treadle.claim_' || to_hex(hashtextextended(
-        array_to_string(v_queues, chr(1)) || chr(2) || coalesce(array_to_string(v_names, chr(1)), ''), 0));
+        array_to_string(claim.queues, chr(1)) || chr(2) || coalesce(array_to_string(claim.names, chr(1)), ''), 0));
     v_text := current_setting(v_setting, true);
-    IF v_text ~ '^\{1(,-?[0-9]{1,18}){2,}\}$' THEN
-        v_cursor := v_text::bigint[];
-        IF v_cursor[2] > v_now_us OR v_cursor[3] > v_now_us OR v_cursor[3] < v_now_us - 30000000 THEN
-            v_cursor := NULL;
-        ELSIF cardinality(v_cursor) > 3 AND NOT (
-                v_cursor[4] >= 0 AND v_cursor[5] >= 0
-                AND (cardinality(v_cursor) - 5 - v_cursor[5]) % 5 = 0
-                AND cardinality(v_cursor) - 5 - v_cursor[5] >= 0
-                AND NOT EXISTS (SELECT 1 FROM generate_series(6, 5 + v_cursor[5]) AS i WHERE v_cursor[i] < 0)
-                AND NOT EXISTS (
-                    SELECT 1 FROM generate_series(6 + v_cursor[5], cardinality(v_cursor), 5) AS i
-                     WHERE v_cursor[i] NOT BETWEEN 1 AND cardinality(v_queues)
-                        OR v_cursor[i + 1] NOT BETWEEN CASE WHEN v_names IS NULL THEN 0 ELSE 1 END
-                                                    AND coalesce(cardinality(v_names), 0)
-                        OR v_cursor[i + 2] NOT BETWEEN -2147483648 AND 2147483647)) THEN
-            v_cursor := NULL;
+    IF coalesce(v_text, '') IN ('', 'slow') THEN
+        v_started := clock_timestamp();
+    ELSE
+        v_now_us := treadle._us(v_now);
+        v_snap := pg_current_snapshot();
+        v_queues := ARRAY(SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q) ORDER BY 1);
+        IF claim.names IS NOT NULL THEN
+            v_names := ARRAY(SELECT DISTINCT n.n FROM unnest(claim.names) AS n(n) ORDER BY 1);
+        END IF;
+        v_quick := false;
+        v_plain := false;
+        -- A usable cursor: well formed (anything else means a sweep, never an error),
+        -- from a clock that did not go back, swept less than 30 s ago.
+        IF v_text ~ '^\{[12](,-?[0-9]{1,18}){2,}\}$' THEN
+            v_cursor := v_text::bigint[];
+            IF v_cursor[2] > v_now_us OR v_cursor[3] > v_now_us OR v_cursor[3] < v_now_us - 30000000 THEN
+                v_cursor := NULL;
+            ELSIF cardinality(v_cursor) > 3 AND NOT (
+                    v_cursor[4] >= 0 AND v_cursor[5] >= 0
+                    AND cardinality(v_cursor) >= 5 + v_cursor[5]
+                    AND (cardinality(v_cursor) - 5 - v_cursor[5]) % 5 = 0) THEN
+                -- (a lane's queue or name number out of range reads nothing: see below)
+                v_cursor := NULL;
+            END IF;
+        END IF;
+        v_swept := coalesce(v_cursor[3], v_now_us);
+
+        IF cardinality(v_cursor) = 3 THEN
+            -- jobs over too many priorities for a cursor: the plain claim until the next sweep
+            v_plain := true;
+        ELSIF v_cursor IS NULL THEN
+            -- Sweep: each lane's first claimable row, due or not, read from the front of
+            -- the index: the one read that walks every dead entry, once per lane.
+            v_sweep_at := clock_timestamp();
+            v_lanes := ARRAY(
+                WITH RECURSIVE lanes AS (
+                    SELECT r.qi, r.ni, f.priority, f.run_at, f.id, 1 AS n
+                      FROM (SELECT u.qi, 0 AS ni FROM generate_subscripts(v_queues, 1) AS u(qi)
+                             WHERE v_names IS NULL
+                            UNION ALL
+                            SELECT u.qi, n.ni FROM generate_subscripts(v_queues, 1) AS u(qi),
+                                                   generate_subscripts(v_names, 1) AS n(ni)) AS r
+                     CROSS JOIN LATERAL treadle._claim_next_lane(v_queues[r.qi], v_names[r.ni], NULL) AS f
+                    UNION ALL
+                    SELECT l.qi, l.ni, f.priority, f.run_at, f.id, l.n + 1
+                      FROM lanes AS l
+                     CROSS JOIN LATERAL treadle._claim_next_lane(v_queues[l.qi], v_names[l.ni], l.priority) AS f
+                     WHERE l.n <= 32
+                )
+                SELECT x FROM lanes AS l, unnest(ARRAY[l.qi, l.ni, l.priority, treadle._us(l.run_at), l.id]) AS x);
+            -- ('pin', and a cursor made from it, keep the cursor: for tests)
+            v_quick := clock_timestamp() - v_sweep_at < interval '1 ms' AND v_text <> 'pin'
+                       AND v_text NOT LIKE '{2,%';
+            IF cardinality(v_lanes) > 5 * 32 THEN
+                v_plain := true;
+                PERFORM set_config(v_setting, CASE WHEN v_quick THEN '' ELSE ARRAY[1, v_now_us, v_now_us]::text END,
+                                   false);
+            END IF;
+        ELSE
+            -- Resume: the cursor's lanes, each moved back to the first row made claimable
+            -- by a transaction the previous snapshot did not see (or this one's), wherever
+            -- that row lies, and new lanes for such rows of other priorities.
+            v_lanes := v_cursor[6 + v_cursor[5]:];
+            v_straggler := ARRAY(
+                SELECT x
+                  FROM treadle._claim_stragglers(v_cursor[4], v_cursor[6:5 + v_cursor[5]], v_snap) AS s,
+                       unnest(ARRAY[array_position(v_queues, s.queue), coalesce(array_position(v_names, s.name), 0),
+                                    s.priority, treadle._us(s.run_at), s.id]) AS x
+                 WHERE s.queue = ANY (v_queues)
+                   AND (v_names IS NULL OR s.name = ANY (v_names)));
+            IF cardinality(v_straggler) > 0 THEN
+                v_lanes := ARRAY(
+                    SELECT x
+                      FROM (SELECT m.qi, m.ni, m.p, min(m.k) AS k
+                              FROM (SELECT c[i] AS qi, c[i + 1] AS ni, c[i + 2] AS p, ARRAY[c[i + 3], c[i + 4]] AS k
+                                      FROM (SELECT v_lanes || v_straggler) AS a(c),
+                                           generate_series(1, cardinality(a.c), 5) AS i) AS m
+                             GROUP BY m.qi, m.ni, m.p) AS g,
+                           unnest(ARRAY[g.qi, g.ni, g.p, g.k[1], g.k[2]]) AS x);
+                IF cardinality(v_lanes) > 5 * 32 THEN
+                    v_plain := true;
+                    PERFORM set_config(v_setting, ARRAY[1, v_now_us, v_swept]::text, false);
+                END IF;
+            END IF;
         END IF;
     END IF;
-    v_swept := coalesce(v_cursor[3], v_now_us);
 
-    IF cardinality(v_cursor) = 3 THEN
-        -- jobs over too many priorities for a cursor: the plain claim until the next sweep
-        v_lanes := NULL;
-    ELSIF v_cursor IS NULL THEN
-        -- Sweep: each lane's first claimable row, due or not, read from the front of the
-        -- index: the one read that walks every dead entry, once per lane.
-        v_lanes := ARRAY(
-            WITH RECURSIVE lanes AS (
-                SELECT r.qi, r.ni, f.priority, f.run_at, f.id, 1 AS n
-                  FROM (SELECT u.qi, 0 AS ni FROM generate_subscripts(v_queues, 1) AS u(qi)
-                         WHERE v_names IS NULL
-                        UNION ALL
-                        SELECT u.qi, n.ni FROM generate_subscripts(v_queues, 1) AS u(qi),
-                                               generate_subscripts(v_names, 1) AS n(ni)) AS r
-                 CROSS JOIN LATERAL treadle._claim_next_lane(v_queues[r.qi], v_names[r.ni], NULL) AS f
-                UNION ALL
-                SELECT l.qi, l.ni, f.priority, f.run_at, f.id, l.n + 1
-                  FROM lanes AS l
-                 CROSS JOIN LATERAL treadle._claim_next_lane(v_queues[l.qi], v_names[l.ni], l.priority) AS f
-                 WHERE l.n <= 32
-            )
-            SELECT x FROM lanes AS l, unnest(ARRAY[l.qi, l.ni, l.priority, treadle._us(l.run_at), l.id]) AS x);
-    ELSE
-        -- Resume: the cursor's lanes, each moved back to the first row made claimable
-        -- by a transaction the previous snapshot did not see (or this one's), wherever
-        -- that row lies, and new lanes for such rows of other priorities.
-        v_lanes := ARRAY(
-            SELECT x
-              FROM (SELECT m.qi, m.ni, m.p, min(m.k) AS k
-                      FROM (SELECT v_cursor[i] AS qi, v_cursor[i + 1] AS ni, v_cursor[i + 2] AS p,
-                                   ARRAY[v_cursor[i + 3], v_cursor[i + 4]] AS k
-                              FROM generate_series(6 + v_cursor[5], cardinality(v_cursor), 5) AS i
-                            UNION ALL
-                            SELECT array_position(v_queues, s.queue),
-                                   coalesce(array_position(v_names, s.name), 0), s.priority,
-                                   ARRAY[treadle._us(s.run_at), s.id]
-                              FROM treadle._claim_stragglers(v_cursor[4], v_cursor[6:5 + v_cursor[5]], v_snap) AS s
-                             WHERE s.queue = ANY (v_queues)
-                               AND (v_names IS NULL OR s.name = ANY (v_names))) AS m
-                     GROUP BY m.qi, m.ni, m.p) AS g,
-                   unnest(ARRAY[g.qi, g.ni, g.p, g.k[1], g.k[2]]) AS x);
-    END IF;
-
-    IF v_lanes IS NULL OR cardinality(v_lanes) > 5 * 32 THEN
-        v_ids := treadle._claim_plain(v_queues, v_names, claim.batch, v_now);
-        IF v_cursor IS NULL OR cardinality(v_cursor) <> 3 THEN
-            PERFORM set_config(v_setting, ARRAY[1, v_now_us, v_swept]::text, false);
+    IF v_started IS NOT NULL OR v_plain THEN
+        -- Lock the candidates: each (queue[, name]) range from its front in claim
+        -- order, skipping rows other claimers hold, then the best `batch` of them.
+        IF claim.names IS NULL THEN
+            v_ids := ARRAY(
+                SELECT c.id
+                  FROM (SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q)) AS u
+                 CROSS JOIN LATERAL (
+                        SELECT j.id, j.priority, j.run_at
+                          FROM treadle.jobs AS j
+                         WHERE j.queue = u.q
+                           AND j.state = ANY (ARRAY['available', 'retryable'])
+                           AND j.run_at <= v_now
+                         ORDER BY j.priority, j.run_at, j.id
+                         LIMIT claim.batch
+                           FOR UPDATE SKIP LOCKED) AS c
+                 ORDER BY c.priority, c.run_at, c.id
+                 LIMIT claim.batch);
+        ELSE
+            v_ids := ARRAY(
+                SELECT c.id
+                  FROM (SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q)) AS u
+                 CROSS JOIN (SELECT DISTINCT n.n FROM unnest(claim.names) AS n(n)) AS n
+                 CROSS JOIN LATERAL (
+                        SELECT j.id, j.priority, j.run_at
+                          FROM treadle.jobs AS j
+                         WHERE j.queue = u.q
+                           AND j.name = n.n
+                           AND j.state = ANY (ARRAY['available', 'retryable'])
+                           AND j.run_at <= v_now
+                         ORDER BY j.priority, j.run_at, j.id
+                         LIMIT claim.batch
+                           FOR UPDATE SKIP LOCKED) AS c
+                 ORDER BY c.priority, c.run_at, c.id
+                 LIMIT claim.batch);
+        END IF;
+        -- two slow claims in a row (the first claim of a session is also planned)
+        IF clock_timestamp() - v_started > interval '1 ms' OR v_text = 'slow' THEN
+            -- (v_started is null for the plain claim of too many priorities)
+            PERFORM set_config(v_setting, CASE WHEN clock_timestamp() - v_started <= interval '1 ms' THEN ''
+                                               WHEN v_text = 'slow' THEN 'sweep' ELSE 'slow' END, false);
         END IF;
     ELSE
         -- Lock the candidates one priority at a time, the best first: each lane of that
@@ -341,18 +352,22 @@ BEGIN
         -- as many as are still wanted; the best of them are claimed. Lanes of the
         -- priorities not reached keep their keys.
         v_left := claim.batch;
+        v_ids := '{}'; v_read_p := '{}'; v_read_limit := '{}'; v_read_from := '{}';
+        v_lane := '{}'; v_cand := '{}'; v_cand_us := '{}';
         FOREACH v_priority IN ARRAY ARRAY(SELECT DISTINCT v_lanes[i + 2]
                                             FROM generate_series(1, cardinality(v_lanes), 5) AS i ORDER BY 1) LOOP
             IF v_names IS NULL THEN
-                SELECT array_agg(l.i ORDER BY c.run_at, c.id),
-                       array_agg(c.id ORDER BY c.run_at, c.id),
-                       array_agg(treadle._us(c.run_at) ORDER BY c.run_at, c.id)
-                  INTO v_lane_p, v_cand_p, v_cand_us_p
+                SELECT v_lane || array_agg(l.i ORDER BY c.run_at, c.id),
+                       v_cand || array_agg(c.id ORDER BY c.run_at, c.id),
+                       v_cand_us || array_agg(treadle._us(c.run_at) ORDER BY c.run_at, c.id),
+                       v_ids || (array_agg(c.id ORDER BY c.run_at, c.id))[1:v_left],
+                       v_read_p || v_priority, v_read_limit || v_left, v_read_from || cardinality(v_cand) + 1
+                  INTO v_lane, v_cand, v_cand_us, v_ids, v_read_p, v_read_limit, v_read_from
                   FROM generate_series(1, cardinality(v_lanes), 5) AS l(i)
                  CROSS JOIN LATERAL (
                         SELECT j.id, j.run_at
                           FROM treadle.jobs AS j
-                         WHERE j.queue = v_queues[v_lanes[l.i]::integer]
+                         WHERE j.queue = v_queues[greatest(least(v_lanes[l.i], 1001), 0)::integer]
                            AND j.priority = v_priority
                            AND j.state = ANY (ARRAY['available', 'retryable'])
                            AND (j.run_at, j.id) >= (treadle._from_us(v_lanes[l.i + 3]), v_lanes[l.i + 4])
@@ -362,16 +377,18 @@ BEGIN
                            FOR UPDATE SKIP LOCKED) AS c
                  WHERE v_lanes[l.i + 2] = v_priority;
             ELSE
-                SELECT array_agg(l.i ORDER BY c.run_at, c.id),
-                       array_agg(c.id ORDER BY c.run_at, c.id),
-                       array_agg(treadle._us(c.run_at) ORDER BY c.run_at, c.id)
-                  INTO v_lane_p, v_cand_p, v_cand_us_p
+                SELECT v_lane || array_agg(l.i ORDER BY c.run_at, c.id),
+                       v_cand || array_agg(c.id ORDER BY c.run_at, c.id),
+                       v_cand_us || array_agg(treadle._us(c.run_at) ORDER BY c.run_at, c.id),
+                       v_ids || (array_agg(c.id ORDER BY c.run_at, c.id))[1:v_left],
+                       v_read_p || v_priority, v_read_limit || v_left, v_read_from || cardinality(v_cand) + 1
+                  INTO v_lane, v_cand, v_cand_us, v_ids, v_read_p, v_read_limit, v_read_from
                   FROM generate_series(1, cardinality(v_lanes), 5) AS l(i)
                  CROSS JOIN LATERAL (
                         SELECT j.id, j.run_at
                           FROM treadle.jobs AS j
-                         WHERE j.queue = v_queues[v_lanes[l.i]::integer]
-                           AND j.name = v_names[v_lanes[l.i + 1]::integer]
+                         WHERE j.queue = v_queues[greatest(least(v_lanes[l.i], 1001), 0)::integer]
+                           AND j.name = v_names[greatest(least(v_lanes[l.i + 1], 1001), 0)::integer]
                            AND j.priority = v_priority
                            AND j.state = ANY (ARRAY['available', 'retryable'])
                            AND (j.run_at, j.id) >= (treadle._from_us(v_lanes[l.i + 3]), v_lanes[l.i + 4])
@@ -381,14 +398,7 @@ BEGIN
                            FOR UPDATE SKIP LOCKED) AS c
                  WHERE v_lanes[l.i + 2] = v_priority;
             END IF;
-            v_read_p := v_read_p || v_priority;
-            v_read_limit := v_read_limit || v_left;
-            v_lane := v_lane || v_lane_p;
-            v_cand := v_cand || v_cand_p;
-            v_cand_us := v_cand_us || v_cand_us_p;
-            v_taken := v_taken || ARRAY(SELECT g <= v_left FROM generate_subscripts(v_cand_p, 1) AS g);
-            v_ids := v_ids || v_cand_p[1:v_left];
-            v_left := claim.batch - coalesce(cardinality(v_ids), 0);
+            v_left := claim.batch - cardinality(v_ids);
             EXIT WHEN v_left = 0;
         END LOOP;
 
@@ -396,8 +406,9 @@ BEGIN
         -- unclaimed; past now when it had fewer rows than asked for (all taken, or
         -- held by others); else just past its last claimed row. The snapshot: the one
         -- taken before reading, with this transaction's own id among those it missed.
-        PERFORM set_config(v_setting, (
-            ARRAY[1, v_now_us, v_swept, pg_snapshot_xmax(v_snap)::text::bigint]
+        PERFORM set_config(v_setting, CASE WHEN v_quick THEN '' ELSE (
+            ARRAY[CASE WHEN v_text = 'pin' OR v_text LIKE '{2,%' THEN 2 ELSE 1 END,
+                  v_now_us, v_swept, pg_snapshot_xmax(v_snap)::text::bigint]
             || ARRAY(SELECT count(*) FROM (SELECT pg_snapshot_xip(v_snap)
                                            UNION ALL SELECT pg_current_xact_id_if_assigned()) AS x(x)
                       WHERE x.x IS NOT NULL)
@@ -407,12 +418,13 @@ BEGIN
                 SELECT x
                   FROM generate_series(1, cardinality(v_lanes), 5) AS l(i)
                  CROSS JOIN LATERAL (
-                        SELECT v_read_limit[array_position(v_read_p, v_lanes[l.i + 2])] AS asked,
-                               count(*) AS n,
-                               min(p.p) FILTER (WHERE NOT v_taken[p.p]) AS left_at,
-                               max(p.p) FILTER (WHERE v_taken[p.p]) AS last_at
-                          FROM generate_subscripts(v_lane, 1) AS p(p)
-                         WHERE v_lane[p.p] = l.i) AS s
+                        SELECT r.asked, count(p.p) AS n,
+                               min(p.p) FILTER (WHERE p.p - r.from_at >= r.asked) AS left_at,
+                               max(p.p) FILTER (WHERE p.p - r.from_at < r.asked) AS last_at
+                          FROM (SELECT v_read_limit[k.k] AS asked, v_read_from[k.k] AS from_at
+                                  FROM array_position(v_read_p, v_lanes[l.i + 2]) AS k(k)) AS r
+                          LEFT JOIN generate_subscripts(v_lane, 1) AS p(p) ON v_lane[p.p] = l.i
+                         GROUP BY r.asked) AS s
                  CROSS JOIN LATERAL unnest(ARRAY[
                         v_lanes[l.i], v_lanes[l.i + 1], v_lanes[l.i + 2],
                         CASE WHEN s.asked IS NULL THEN v_lanes[l.i + 3]
@@ -423,7 +435,7 @@ BEGIN
                              WHEN s.left_at IS NOT NULL THEN v_cand[s.left_at]
                              WHEN s.n < s.asked THEN 0
                              ELSE v_cand[s.last_at] + 1 END]) AS x)
-            )::text, false);
+            )::text END, false);
     END IF;
     IF coalesce(cardinality(v_ids), 0) = 0 THEN
         RETURN;

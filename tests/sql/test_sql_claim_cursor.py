@@ -26,6 +26,12 @@ CURSOR_NAME = """select 'treadle.claim_' || to_hex(hashtextextended(
     array_to_string(%s::text[], chr(1)) || chr(2) || coalesce(array_to_string(%s::text[], chr(1)), ''), 0))"""
 
 
+def pin_cursor(conn: psycopg.Connection, queue: str) -> None:
+    """Make this session claim from `queue` with a cursor from its next claim on, however
+    quick its claims (a session switches to one only when its claims get slow)."""
+    conn.execute("select set_config((%s), 'pin', false)" % CURSOR_NAME, ([queue], None))
+
+
 def enqueue(conn: psycopg.Connection, queue: str, **options: object) -> int:
     columns = ", ".join(f"{k} => %({k})s" for k in options)
     sql = f"select treadle.enqueue('work', queue => %(queue)s{', ' if columns else ''}{columns})"
@@ -52,6 +58,7 @@ def drain(conn: psycopg.Connection, queue: str) -> list[int]:
 
 def test_a_job_committed_late_below_the_cursor_is_claimed(connect: Connect) -> None:
     claimer, producer, other = connect(), connect(autocommit=False), connect()
+    pin_cursor(claimer, "late")
     enqueue(other, "late")
     assert len(claim(claimer, "late")) == 1  # the session has a cursor now
     late = enqueue(producer, "late")  # run_at: now, before the jobs below; not committed yet
@@ -67,6 +74,7 @@ def test_a_late_commit_is_claimed_while_an_old_snapshot_is_held(connect: Connect
     claimer, producer, other, holder = connect(), connect(autocommit=False), connect(), connect(autocommit=False)
     holder.execute("set transaction isolation level repeatable read")
     holder.execute("select count(*) from treadle.workflows").fetchall()  # the snapshot stays
+    pin_cursor(claimer, "held")
     for _ in range(200):
         enqueue(other, "held")
     assert len(drain(claimer, "held")) == 200  # 200 dead entries the holder keeps
@@ -80,6 +88,7 @@ def test_a_late_commit_is_claimed_while_an_old_snapshot_is_held(connect: Connect
 
 def test_a_past_run_at_and_a_better_priority_are_claimed_first(connect: Connect) -> None:
     claimer, other = connect(), connect()
+    pin_cursor(claimer, "order")
     for _ in range(3):
         enqueue(other, "order", priority=5)
     assert len(claim(claimer, "order")) == 1
@@ -90,6 +99,7 @@ def test_a_past_run_at_and_a_better_priority_are_claimed_first(connect: Connect)
 
 def test_a_better_priority_job_that_comes_due_is_claimed_first(connect: Connect) -> None:
     claimer, other = connect(), connect()
+    pin_cursor(claimer, "due")
     claimer.execute("set treadle.now = '2999-01-01 12:00:00+00'")
     other.execute("set treadle.now = '2999-01-01 12:00:00+00'")
     soon = enqueue(other, "due", priority=-1, run_at="2999-01-01 12:00:05+00")
@@ -104,6 +114,7 @@ def test_a_better_priority_job_that_comes_due_is_claimed_first(connect: Connect)
 def test_jobs_made_claimable_again_are_claimed_by_the_cursor_holder(connect: Connect) -> None:
     """fail, release, retry and rescue put a job back; the claimer's next claims find it."""
     claimer, admin = connect(), connect()
+    pin_cursor(claimer, "again")
     ids = [enqueue(admin, "again", priority=-1, max_attempts=5) for _ in range(4)]
     rows = claimer.execute(
         "select id, lease_token from treadle.claim('w', array['again'], batch => 4, lease => '1 second')"
@@ -123,6 +134,7 @@ def test_jobs_made_claimable_again_are_claimed_by_the_cursor_holder(connect: Con
 
 def test_rows_a_rolled_back_claim_held_are_claimed_after_the_sweep(connect: Connect) -> None:
     claimer, aborter, other = connect(), connect(autocommit=False), connect()
+    pin_cursor(claimer, "abort")
     for conn in (claimer, aborter, other):
         conn.execute("set treadle.now = '2999-01-01 12:00:00+00'")
     ids = [enqueue(other, "abort") for _ in range(6)]
@@ -136,10 +148,11 @@ def test_rows_a_rolled_back_claim_held_are_claimed_after_the_sweep(connect: Conn
 
 def test_a_tampered_cursor_delays_only_its_own_session(connect: Connect) -> None:
     tamperer, other, producer = connect(), connect(), connect()
+    pin_cursor(tamperer, "tamper")
     first = enqueue(producer, "tamper")
     assert claim(tamperer, "tamper") == [first]
     name = value(tamperer, CURSOR_NAME, (["tamper"], None))
-    assert value(tamperer, "select current_setting(%s)", (name,)).startswith("{1,")
+    assert value(tamperer, "select current_setting(%s)", (name,)).startswith("{2,")
     for junk in ["garbage", "{1,2}", "{1,99999999999999999999,1,1,1}", "{1,1,1,-5,1}", "{}", "",
                  "{1,1,1,1,0,99,99,99,99,99}"]:
         job = enqueue(producer, "tamper")
@@ -148,6 +161,7 @@ def test_a_tampered_cursor_delays_only_its_own_session(connect: Connect) -> None
 
     for conn in (tamperer, other, producer):
         conn.execute("set treadle.now = '2999-01-01 12:00:00+00'")
+    pin_cursor(tamperer, "tamper")
     assert claim(tamperer, "tamper") == []  # a fresh cursor from a claim at 12:00:00
     hidden = enqueue(producer, "tamper")
     # a cursor whose lanes start far in the future and whose snapshot saw everything
@@ -197,6 +211,8 @@ def test_many_claimers_and_producers_with_a_held_snapshot_claim_every_job_once(c
 
     def work(n: int) -> Counter[int]:
         conn = connect()
+        if n % 2:
+            pin_cursor(conn, "mix")  # half the claimers with a cursor, half without
         rnd = random.Random(100 + n)
         completed: Counter[int] = Counter()
         idle_since: float | None = None
