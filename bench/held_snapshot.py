@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,11 @@ BACKLOG = 5000  # jobs the producer keeps waiting
 CHUNK = 1000  # jobs per producer statement
 TABLE = {"treadle": "treadle.jobs", "raw": "bench_raw.jobs"}
 CLAIM_INDEX = {"treadle": "treadle.jobs_claim_name_idx", "raw": "bench_raw.jobs_queue_name_priority_run_at_id_idx"}
+# the probe's claim with a lease token, so that the meter can finish what EXPLAIN claimed
+METER_CLAIM = """
+SELECT * FROM treadle.claim(worker_id => %(worker_id)s, queues => ARRAY[%(queue)s], names => %(names)s,
+                            batch => %(batch)s, lease => %(lease)s::interval, lease_token => %(token)s)
+"""
 PROBE = {"worker_id": "probe", "queue": "default", "names": ["bench"], "name": "bench", "batch": 1,
          "lease": "30 seconds"}
 
@@ -57,7 +63,8 @@ class Trace:
     """What one side's run recorded, in seconds since its start."""
 
     probes: list[tuple[float, float]] = field(default_factory=list)  # (at, claim ms)
-    stats: list[tuple[float, int, int]] = field(default_factory=list)  # (at, dead tuples, claim index bytes)
+    stats: list[tuple[float, int, int, int]] = field(default_factory=list)  # (at, dead, claim index, all indexes)
+    meter: list[tuple[float, float, float]] = field(default_factory=list)  # (at, buffers per claim, rescue ms)
     finished: list[float] = field(default_factory=list)  # each job's finished_at
     hold: tuple[float, float] = (0.0, 0.0)  # when the snapshot was taken and released
 
@@ -101,7 +108,33 @@ def probe(url: str, kind: str, stop: threading.Event, start: float, trace: Trace
                     cur.execute(RAW_FINISH, {"ids": [row[0]]}, prepare=True)
 
 
-def run_side(url: str, kind: str, warmup: float, hold: float, after: float) -> Trace:
+def explain(conn: psycopg.Connection[Any], sql: str, params: dict[str, Any]) -> tuple[float, float]:
+    """(shared buffers, server ms) of one statement, under EXPLAIN (ANALYZE, BUFFERS)."""
+    row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) " + sql, params).fetchone()
+    assert row is not None
+    plan = row[0][0]
+    top = plan["Plan"]
+    return float(top["Shared Hit Blocks"] + top["Shared Read Blocks"]), float(plan["Execution Time"])
+
+
+def meter(conn: psycopg.Connection[Any], kind: str) -> tuple[float, float]:
+    """One claim's buffers, then a rescue's milliseconds (raw: the scan a plain rescue makes)."""
+    token = uuid.uuid4()
+    params = {**PROBE, "worker_id": "meter", "token": token}
+    if kind == "treadle":
+        buffers, _ = explain(conn, METER_CLAIM, params)
+        conn.execute("SELECT treadle.complete(c.id, c.lease_token) FROM treadle.claimed(%s) AS c", [token])
+        _, rescue_ms = explain(conn, "SELECT treadle.rescue()", {})
+    else:
+        buffers, _ = explain(conn, raw_claim(1), params)
+        conn.execute("UPDATE bench_raw.jobs SET state = 'completed', finished_at = now(), lease_until = NULL "
+                     "WHERE state = 'running' AND worker_id = 'meter'")
+        _, rescue_ms = explain(conn, "SELECT count(*) FROM bench_raw.jobs WHERE state = 'running' "
+                                     "AND lease_until < now()", {})
+    return buffers, rescue_ms
+
+
+def run_side(url: str, kind: str, warmup: float, hold: float, after: float, holder_kind: str = "read") -> Trace:
     trace = Trace()
     stop = threading.Event()
     with psycopg.connect(url, autocommit=True) as conn:
@@ -115,12 +148,15 @@ def run_side(url: str, kind: str, warmup: float, hold: float, after: float) -> T
             for t in threads:
                 t.start()
             holder = psycopg.connect(url, autocommit=True)  # BEGIN and COMMIT are ours
+            metered = psycopg.connect(url, autocommit=True)
             try:
                 end = warmup + hold + after
                 while (now := time.monotonic() - start) < end:
                     if now >= warmup and trace.hold == (0.0, 0.0):
                         holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
                         holder.execute("SELECT count(*) FROM treadle.workflows")
+                        if holder_kind == "write":
+                            holder.execute("SELECT pg_current_xact_id()")  # a transaction id: a writer
                         trace.hold = (now, 0.0)
                         progress(f"{kind}: snapshot held for {hold:g} s")
                     if trace.hold[0] and not trace.hold[1] and now >= warmup + hold:
@@ -128,12 +164,15 @@ def run_side(url: str, kind: str, warmup: float, hold: float, after: float) -> T
                         trace.hold = (trace.hold[0], now)
                         progress(f"{kind}: snapshot released")
                     row = conn.execute(
-                        "SELECT n_dead_tup, pg_relation_size(%s::regclass) FROM pg_stat_user_tables "
-                        "WHERE relid = %s::regclass", [CLAIM_INDEX[kind], TABLE[kind]]).fetchone()
-                    trace.stats.append((now, int(row[0]), int(row[1])))  # type: ignore[index]
+                        "SELECT n_dead_tup, pg_relation_size(%s::regclass), pg_indexes_size(%s::regclass) "
+                        "FROM pg_stat_user_tables WHERE relid = %s::regclass",
+                        [CLAIM_INDEX[kind], TABLE[kind], TABLE[kind]]).fetchone()
+                    trace.stats.append((now, int(row[0]), int(row[1]), int(row[2])))  # type: ignore[index]
+                    trace.meter.append((now, *meter(metered, kind)))
                     time.sleep(1.0)
             finally:
                 holder.close()
+                metered.close()
                 stop.set()
                 for t in threads:
                     t.join(10)
@@ -152,8 +191,11 @@ def windows(trace: Trace, end: float, size: float) -> list[dict[str, Any]]:
         stats = [s for s in trace.stats if t <= s[0] < hi] or trace.stats[-1:]
         held, released = trace.hold
         phase = "before" if hi <= held else ("held" if hi <= released else ("after" if t >= released else "release"))
+        metered = [m for m in trace.meter if t <= m[0] < hi] or trace.meter[-1:]
         out.append({"from": t, "phase": phase, "rate": sum(1 for f in trace.finished if t <= f < hi) / (hi - t),
-                    "p99": percentile(probes, 99), "dead": stats[-1][1], "index": stats[-1][2]})
+                    "p99": percentile(probes, 99), "dead": stats[-1][1], "index": stats[-1][2],
+                    "indexes": stats[-1][3], "buffers": median([m[1] for m in metered]),
+                    "rescue": median([m[2] for m in metered])})
         t = hi
     return out
 
@@ -178,6 +220,8 @@ def main() -> None:
     p.add_argument("--hold", type=float, default=300, help="seconds the snapshot is held (default 300)")
     p.add_argument("--after", type=float, default=60, help="seconds of load after the release (default 60)")
     p.add_argument("--window", type=float, default=10, help="seconds per reported row (default 10)")
+    p.add_argument("--holder", choices=["read", "write"], default="read",
+                   help="the held transaction: a reader (default) or a writer (it has a transaction id)")
     args = p.parse_args()
     warmup, hold, after, size = args.warmup, args.hold, args.after, args.window
     if args.smoke:
@@ -188,15 +232,17 @@ def main() -> None:
         print_settings(db)
         for kind in ("treadle", "raw"):
             progress(f"{kind}: {warmup:g} s warm-up, {hold:g} s held, {after:g} s after")
-            traces[kind] = run_side(db, kind, warmup, hold, after)
+            traces[kind] = run_side(db, kind, warmup, hold, after, args.holder)
 
     end = warmup + hold + after
     per_side = {kind: windows(trace, end, size) for kind, trace in traces.items()}
     rows = []
     for t, r in zip(per_side["treadle"], per_side["raw"], strict=True):
         rows.append([f"{t['from']:.0f}-{t['from'] + size:.0f} s", t["phase"], fmt(t["rate"], 0), fmt(r["rate"], 0),
-                     ratio(t["rate"], r["rate"]), fmt(t["p99"]), fmt(r["p99"]), f"{t['dead']:,}", f"{r['dead']:,}",
-                     f"{t['index'] / 2**20:.1f}", f"{r['index'] / 2**20:.1f}"])
+                     ratio(t["rate"], r["rate"]), fmt(t["p99"]), fmt(r["p99"]), fmt(t["buffers"], 0),
+                     fmt(r["buffers"], 0), fmt(t["rescue"]), fmt(r["rescue"]), f"{t['dead']:,}", f"{r['dead']:,}",
+                     f"{t['index'] / 2**20:.1f} / {t['indexes'] / 2**20:.1f}",
+                     f"{r['index'] / 2**20:.1f} / {r['indexes'] / 2**20:.1f}"])
 
     def level(kind: str, phase: str, last: bool = False) -> float:
         rates = [w["rate"] for w in per_side[kind] if w["phase"] == phase]
@@ -204,7 +250,9 @@ def main() -> None:
 
     notes = [f"The hold from {traces['treadle'].hold[0]:.0f} s to {traces['treadle'].hold[1]:.0f} s; "
              f"one worker process (concurrency 10), a backlog of about {BACKLOG:,} jobs, a probe claim every 50 ms. "
-             "Columns: jobs/s, probe claim p99 in ms, dead tuples and claim index MiB, treadle then raw."]
+             f"The held transaction: a {'writer (it has a transaction id)' if args.holder == 'write' else 'reader'}. "
+             "Columns, treadle then raw: jobs/s; probe claim p99, ms; buffers per claim and rescue ms (raw: the "
+             "scan of a rescue without a cursor), the meter's median; dead tuples; claim index / all indexes, MiB."]
     for kind in ("treadle", "raw"):
         before, held_end = level(kind, "before"), level(kind, "held", last=True)
         change = f"{100 * (held_end / before - 1):+.0f}%" if before else "-"
@@ -212,7 +260,8 @@ def main() -> None:
                      f"({change}); back to 90% of the rate before within {fmt(recovery_seconds(traces[kind]), 1)} s "
                      "of the release.")
     table(TITLE, ["window", "phase", "treadle jobs/s", "raw jobs/s", "ratio", "treadle p99", "raw p99",
-                  "treadle dead", "raw dead", "treadle idx MiB", "raw idx MiB"], rows, notes)
+                  "treadle buf", "raw buf", "treadle rescue", "raw rescue", "treadle dead", "raw dead",
+                  "treadle idx MiB", "raw idx MiB"], rows, notes)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ SCENARIOS: list[tuple[str, list[str]]] = [
     ("load.py", []),
     ("recovery.py", []),
     ("pickup.py", []),
-    ("held_snapshot.py", ["--warmup", "10", "--hold", "40", "--after", "20"]),
+    ("held_snapshot.py", ["--warmup", "10", "--hold", "60", "--after", "20"]),
     ("memory.py", ["--runs", "1"]),
 ]
 
