@@ -62,44 +62,6 @@ COMMENT ON FUNCTION treadle._claim_next_lane(text, text, integer) IS
     'The first claimable row of the next priority of a queue (and name): where a claim lane starts.';
 
 --------------------------------------------------------------------------------
--- treadle._claim_stragglers(xmax, xip, now_snapshot) -> setof (queue, name,
---     priority, run_at, id)
---
--- The claimable rows (due or not) that a snapshot with this xmax and these
--- in-progress transaction ids did not see: made claimable by one of those
--- transactions, or by one that began after it and before now_snapshot (a
--- ready_txid beyond the server's is one from another cluster, restored: such
--- rows are found from their lanes' keys). Reads the ready_txid index from xmax
--- on, and once per listed id. Runs inside treadle.claim, under its settings.
---------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._claim_stragglers(xmax bigint, xip bigint[], now_snapshot pg_snapshot)
-RETURNS TABLE (queue text, name text, priority integer, run_at timestamptz, id bigint)
-LANGUAGE plpgsql
-STABLE
-ROWS 10
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    v_from xid8 := _claim_stragglers.xmax::text::xid8;
-    v_to   xid8 := pg_snapshot_xmax(_claim_stragglers.now_snapshot);
-BEGIN
-    RETURN QUERY
-    SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
-     WHERE j.state = ANY (ARRAY['available', 'retryable'])
-       AND j.ready_txid >= v_from AND j.ready_txid < v_to;
-    IF cardinality(_claim_stragglers.xip) > 0 THEN
-        RETURN QUERY
-        SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
-         WHERE j.state = ANY (ARRAY['available', 'retryable'])
-           AND j.ready_txid = ANY (_claim_stragglers.xip::text[]::xid8[]);
-    END IF;
-END;
-$$;
-COMMENT ON FUNCTION treadle._claim_stragglers(bigint, bigint[], pg_snapshot) IS
-    'The claimable rows a claim cursor''s snapshot did not see: made claimable since, by ready_txid.';
-
---------------------------------------------------------------------------------
 -- treadle.claim(worker_id, queues, names, batch, lease, lease_token)
 --     -> setof treadle.jobs
 --
@@ -117,7 +79,7 @@ COMMENT ON FUNCTION treadle._claim_stragglers(bigint, bigint[], pg_snapshot) IS
 -- Where a claim starts reading. A claimed job leaves a dead entry at the front of
 -- the claim index, and while any snapshot older than the claim stays open (a long
 -- transaction, a replication slot) nothing removes it: a claim that starts at the
--- front walks every one. So a session whose claims take over 1 ms switches to a
+-- front walks every one. So a session whose claims take over 2 ms switches to a
 -- cursor, kept per (queues, names) in a setting (treadle.claim_<hash>): for each
 -- lane, a (queue[, name], priority), the key (run_at, id) below which it found
 -- nothing left to take, and the snapshot its previous claim read with. A claim reads
@@ -173,6 +135,7 @@ DECLARE
     -- the cursor's
     v_now_us  bigint;
     v_snap    pg_snapshot;  -- taken before any row is read
+    v_own     xid8;
     v_queues  text[];     -- distinct, sorted: lanes name them by number
     v_names   text[];
     v_cursor  bigint[];   -- 1, now, swept, xmax, #xip, xip..., lanes
@@ -209,19 +172,22 @@ BEGIN
         PERFORM treadle._check_queue_allowed(q.q) FROM unnest(claim.queues) AS q(q);
     END IF;
 
-    -- A session claims from the front of each range (the plain claim) until two in a
-    -- row take over 1 ms, as when dead entries pile up in front; then it sweeps and
-    -- keeps a cursor, back to the plain claim once a sweep (every 30 s) is quick
-    -- again. The setting holds nothing or 'slow' (plain), 'sweep' (or 'pin': sweep and
-    -- keep the cursor however quick, for tests), or the cursor.
+    -- A session claims from the front of each range (the plain claim) until three in
+    -- a row take over 2 ms, as when dead entries pile up in front (not just one: the
+    -- first claim of a session is also planned, and a busy server has slow moments);
+    -- then it sweeps and keeps a cursor, back to the plain claim once a sweep (every
+    -- 30 s) is quick again. The setting holds nothing, 'slow' or 'slow2' (plain),
+    -- 'sweep' (or 'pin': sweep, and keep the cursor however quick: for tests), or the
+    -- cursor.
     v_setting := 'treadle.claim_' || to_hex(hashtextextended(
         array_to_string(claim.queues, chr(1)) || chr(2) || coalesce(array_to_string(claim.names, chr(1)), ''), 0));
     v_text := current_setting(v_setting, true);
-    IF coalesce(v_text, '') IN ('', 'slow') THEN
+    IF coalesce(v_text, '') IN ('', 'slow', 'slow2') THEN
         v_started := clock_timestamp();
     ELSE
         v_now_us := treadle._us(v_now);
         v_snap := pg_current_snapshot();
+        v_own := pg_current_xact_id_if_assigned();  -- a snapshot lists every running id but its own
         v_queues := ARRAY(SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q) ORDER BY 1);
         IF claim.names IS NOT NULL THEN
             v_names := ARRAY(SELECT DISTINCT n.n FROM unnest(claim.names) AS n(n) ORDER BY 1);
@@ -268,7 +234,7 @@ BEGIN
                 )
                 SELECT x FROM lanes AS l, unnest(ARRAY[l.qi, l.ni, l.priority, treadle._us(l.run_at), l.id]) AS x);
             -- ('pin', and a cursor made from it, keep the cursor: for tests)
-            v_quick := clock_timestamp() - v_sweep_at < interval '1 ms' AND v_text <> 'pin'
+            v_quick := clock_timestamp() - v_sweep_at < interval '2 ms' AND v_text <> 'pin'
                        AND v_text NOT LIKE '{2,%';
             IF cardinality(v_lanes) > 5 * 32 THEN
                 v_plain := true;
@@ -282,7 +248,16 @@ BEGIN
             v_lanes := v_cursor[6 + v_cursor[5]:];
             v_straggler := ARRAY(
                 SELECT x
-                  FROM treadle._claim_stragglers(v_cursor[4], v_cursor[6:5 + v_cursor[5]], v_snap) AS s,
+                  FROM (SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
+                         WHERE j.state = ANY (ARRAY['available', 'retryable'])
+                           AND j.ready_txid >= v_cursor[4]::text::xid8
+                           -- a ready_txid beyond the server's came from another cluster
+                           -- (restored): such rows are found from their lanes' keys
+                           AND j.ready_txid < pg_snapshot_xmax(v_snap)
+                        UNION ALL
+                        SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
+                         WHERE j.state = ANY (ARRAY['available', 'retryable'])
+                           AND j.ready_txid = ANY (v_cursor[6:5 + v_cursor[5]]::text[]::xid8[])) AS s,
                        unnest(ARRAY[array_position(v_queues, s.queue), coalesce(array_position(v_names, s.name), 0),
                                     s.priority, treadle._us(s.run_at), s.id]) AS x
                  WHERE s.queue = ANY (v_queues)
@@ -341,10 +316,11 @@ BEGIN
                  LIMIT claim.batch);
         END IF;
         -- two slow claims in a row (the first claim of a session is also planned)
-        IF clock_timestamp() - v_started > interval '1 ms' OR v_text = 'slow' THEN
+        IF clock_timestamp() - v_started > interval '2 ms' OR v_text LIKE 'slow%' THEN
             -- (v_started is null for the plain claim of too many priorities)
-            PERFORM set_config(v_setting, CASE WHEN clock_timestamp() - v_started <= interval '1 ms' THEN ''
-                                               WHEN v_text = 'slow' THEN 'sweep' ELSE 'slow' END, false);
+            PERFORM set_config(v_setting, CASE WHEN clock_timestamp() - v_started <= interval '2 ms' THEN ''
+                                               WHEN v_text = 'slow2' THEN 'sweep'
+                                               WHEN v_text = 'slow' THEN 'slow2' ELSE 'slow' END, false);
         END IF;
     ELSE
         -- Lock the candidates one priority at a time, the best first: each lane of that
@@ -405,15 +381,15 @@ BEGIN
         -- The next cursor. A lane read now gets as key its first candidate left
         -- unclaimed; past now when it had fewer rows than asked for (all taken, or
         -- held by others); else just past its last claimed row. The snapshot: the one
-        -- taken before reading, with this transaction's own id among those it missed.
+        -- taken before reading, with this transaction's own id, when it had one, among
+        -- those it did not see.
         PERFORM set_config(v_setting, CASE WHEN v_quick THEN '' ELSE (
             ARRAY[CASE WHEN v_text = 'pin' OR v_text LIKE '{2,%' THEN 2 ELSE 1 END,
                   v_now_us, v_swept, pg_snapshot_xmax(v_snap)::text::bigint]
-            || ARRAY(SELECT count(*) FROM (SELECT pg_snapshot_xip(v_snap)
-                                           UNION ALL SELECT pg_current_xact_id_if_assigned()) AS x(x)
+            || ARRAY(SELECT count(*) FROM (SELECT pg_snapshot_xip(v_snap) UNION ALL SELECT v_own) AS x(x)
                       WHERE x.x IS NOT NULL)
-            || ARRAY(SELECT x.x::text::bigint FROM pg_snapshot_xip(v_snap) AS x(x))
-            || ARRAY(SELECT x.x::text::bigint FROM pg_current_xact_id_if_assigned() AS x(x) WHERE x.x IS NOT NULL)
+            || ARRAY(SELECT x.x::text::bigint FROM (SELECT pg_snapshot_xip(v_snap) UNION ALL SELECT v_own) AS x(x)
+                      WHERE x.x IS NOT NULL)
             || ARRAY(
                 SELECT x
                   FROM generate_series(1, cardinality(v_lanes), 5) AS l(i)
