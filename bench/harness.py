@@ -109,8 +109,9 @@ def parser(description: str) -> argparse.ArgumentParser:
 # --- server and database --------------------------------------------------------------------
 
 @contextmanager
-def server() -> Iterator[str]:
-    """The URL of a server: DATABASE_URL, or a throwaway cluster started for this script."""
+def server(extra_settings: dict[str, str] | None = None) -> Iterator[str]:
+    """The URL of a server: DATABASE_URL, or a throwaway cluster started for this script
+    (with extra_settings besides SERVER_SETTINGS)."""
     url = os.environ.get("DATABASE_URL")
     if url:
         yield url
@@ -120,19 +121,19 @@ def server() -> Iterator[str]:
     progress(f"starting a throwaway cluster in {folder}")
     url = subprocess.run([script, "start", str(folder)], check=True, capture_output=True, text=True).stdout.strip()
     try:
-        _restart_with_settings(folder)
+        _restart_with_settings(folder, {**SERVER_SETTINGS, **(extra_settings or {})})
         yield url
     finally:
         subprocess.run([script, "stop", str(folder)], check=False)
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _restart_with_settings(folder: Path) -> None:
+def _restart_with_settings(folder: Path, settings: dict[str, str]) -> None:
     # scripts/pgcluster starts test clusters without fsync; a benchmark runs durable.
     # Options given on the command line win over the configuration files, so restart with ours.
     port = (folder / "port").read_text().strip()
     options = [f"-p {port}", "-c listen_addresses=127.0.0.1", f"-c unix_socket_directories='{folder}'"]
-    options += [f"-c {key}={value}" for key, value in SERVER_SETTINGS.items()]
+    options += [f"-c {key}={value}" for key, value in settings.items()]
     pg_config = os.environ.get("PG_CONFIG", "pg_config")
     bindir = subprocess.run([pg_config, "--bindir"], check=True, capture_output=True, text=True).stdout.strip()
     pg_ctl = Path(bindir) / "pg_ctl"

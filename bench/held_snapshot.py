@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,11 +48,6 @@ BACKLOG = 5000  # jobs the producer keeps waiting
 CHUNK = 1000  # jobs per producer statement
 TABLE = {"treadle": "treadle.jobs", "raw": "bench_raw.jobs"}
 CLAIM_INDEX = {"treadle": "treadle.jobs_claim_name_idx", "raw": "bench_raw.jobs_queue_name_priority_run_at_id_idx"}
-# the probe's claim with a lease token, so that the meter can finish what EXPLAIN claimed
-METER_CLAIM = """
-SELECT * FROM treadle.claim(worker_id => %(worker_id)s, queues => ARRAY[%(queue)s], names => %(names)s,
-                            batch => %(batch)s, lease => %(lease)s::interval, lease_token => %(token)s)
-"""
 PROBE = {"worker_id": "probe", "queue": "default", "names": ["bench"], "name": "bench", "batch": 1,
          "lease": "30 seconds"}
 
@@ -64,7 +58,8 @@ class Trace:
 
     probes: list[tuple[float, float]] = field(default_factory=list)  # (at, claim ms)
     stats: list[tuple[float, int, int, int]] = field(default_factory=list)  # (at, dead, claim index, all indexes)
-    meter: list[tuple[float, float, float]] = field(default_factory=list)  # (at, buffers per claim, rescue ms)
+    # (at, {statement kind: (calls, total ms, shared buffers)}), pg_stat_statements' running totals
+    statements: list[tuple[float, dict[str, tuple[int, float, int]]]] = field(default_factory=list)
     finished: list[float] = field(default_factory=list)  # each job's finished_at
     hold: tuple[float, float] = (0.0, 0.0)  # when the snapshot was taken and released
 
@@ -108,30 +103,27 @@ def probe(url: str, kind: str, stop: threading.Event, start: float, trace: Trace
                     cur.execute(RAW_FINISH, {"ids": [row[0]]}, prepare=True)
 
 
-def explain(conn: psycopg.Connection[Any], sql: str, params: dict[str, Any]) -> tuple[float, float]:
-    """(shared buffers, server ms) of one statement, under EXPLAIN (ANALYZE, BUFFERS)."""
-    row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) " + sql, params).fetchone()
-    assert row is not None
-    plan = row[0][0]
-    top = plan["Plan"]
-    return float(top["Shared Hit Blocks"] + top["Shared Read Blocks"]), float(plan["Execution Time"])
+# pg_stat_statements rows per kind of statement, by their text
+STATEMENT_KINDS = {"claim": "%treadle.claim(%", "raw claim": "%FROM bench_raw.jobs%FOR UPDATE SKIP LOCKED%",
+                   "rescue": "%treadle.rescue()%", "raw rescue": "%RAW RESCUE SCAN%"}
+# what a rescue without a cursor reads on the raw side: every running entry whose lease ran out
+RAW_RESCUE_SCAN = ("SELECT count(*) /* RAW RESCUE SCAN */ FROM bench_raw.jobs "
+                   "WHERE state = 'running' AND lease_until < now()")
 
 
-def meter(conn: psycopg.Connection[Any], kind: str) -> tuple[float, float]:
-    """One claim's buffers, then a rescue's milliseconds (raw: the scan a plain rescue makes)."""
-    token = uuid.uuid4()
-    params = {**PROBE, "worker_id": "meter", "token": token}
-    if kind == "treadle":
-        buffers, _ = explain(conn, METER_CLAIM, params)
-        conn.execute("SELECT treadle.complete(c.id, c.lease_token) FROM treadle.claimed(%s) AS c", [token])
-        _, rescue_ms = explain(conn, "SELECT treadle.rescue()", {})
-    else:
-        buffers, _ = explain(conn, raw_claim(1), params)
-        conn.execute("UPDATE bench_raw.jobs SET state = 'completed', finished_at = now(), lease_until = NULL "
-                     "WHERE state = 'running' AND worker_id = 'meter'")
-        _, rescue_ms = explain(conn, "SELECT count(*) FROM bench_raw.jobs WHERE state = 'running' "
-                                     "AND lease_until < now()", {})
-    return buffers, rescue_ms
+def statement_totals(conn: psycopg.Connection[Any]) -> dict[str, tuple[int, float, int]]:
+    """Running totals of pg_stat_statements per kind, or nothing without the extension."""
+    try:
+        rows = conn.execute(
+            "SELECT k.kind, sum(s.calls)::bigint, sum(s.total_exec_time)::float8, "
+            "       sum(s.shared_blks_hit + s.shared_blks_read)::bigint "
+            "  FROM pg_stat_statements AS s JOIN unnest(%s::text[], %s::text[]) AS k(kind, pattern) "
+            "    ON s.query LIKE k.pattern AND s.query NOT LIKE '%%pg_stat_statements%%' "
+            " WHERE s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            " GROUP BY k.kind", [list(STATEMENT_KINDS), list(STATEMENT_KINDS.values())]).fetchall()
+    except psycopg.Error:
+        return {}
+    return {kind: (int(calls), float(ms), int(buffers)) for kind, calls, ms, buffers in rows}
 
 
 def run_side(url: str, kind: str, warmup: float, hold: float, after: float, holder_kind: str = "read") -> Trace:
@@ -148,7 +140,10 @@ def run_side(url: str, kind: str, warmup: float, hold: float, after: float, hold
             for t in threads:
                 t.start()
             holder = psycopg.connect(url, autocommit=True)  # BEGIN and COMMIT are ours
-            metered = psycopg.connect(url, autocommit=True)
+            try:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            except psycopg.Error:
+                pass  # a server without it: those columns stay empty
             try:
                 end = warmup + hold + after
                 while (now := time.monotonic() - start) < end:
@@ -168,11 +163,12 @@ def run_side(url: str, kind: str, warmup: float, hold: float, after: float, hold
                         "FROM pg_stat_user_tables WHERE relid = %s::regclass",
                         [CLAIM_INDEX[kind], TABLE[kind], TABLE[kind]]).fetchone()
                     trace.stats.append((now, int(row[0]), int(row[1]), int(row[2])))  # type: ignore[index]
-                    trace.meter.append((now, *meter(metered, kind)))
+                    if kind == "raw":
+                        conn.execute(RAW_RESCUE_SCAN)
+                    trace.statements.append((now, statement_totals(conn)))
                     time.sleep(1.0)
             finally:
                 holder.close()
-                metered.close()
                 stop.set()
                 for t in threads:
                     t.join(10)
@@ -182,7 +178,7 @@ def run_side(url: str, kind: str, warmup: float, hold: float, after: float, hold
     return trace
 
 
-def windows(trace: Trace, end: float, size: float) -> list[dict[str, Any]]:
+def windows(trace: Trace, side: str, end: float, size: float) -> list[dict[str, Any]]:
     out = []
     t = 0.0
     while t < end - 0.5:
@@ -191,13 +187,25 @@ def windows(trace: Trace, end: float, size: float) -> list[dict[str, Any]]:
         stats = [s for s in trace.stats if t <= s[0] < hi] or trace.stats[-1:]
         held, released = trace.hold
         phase = "before" if hi <= held else ("held" if hi <= released else ("after" if t >= released else "release"))
-        metered = [m for m in trace.meter if t <= m[0] < hi] or trace.meter[-1:]
+        claim, rescue = ("claim", "rescue") if side == "treadle" else ("raw claim", "raw rescue")
         out.append({"from": t, "phase": phase, "rate": sum(1 for f in trace.finished if t <= f < hi) / (hi - t),
                     "p99": percentile(probes, 99), "dead": stats[-1][1], "index": stats[-1][2],
-                    "indexes": stats[-1][3], "buffers": median([m[1] for m in metered]),
-                    "rescue": median([m[2] for m in metered])})
+                    "indexes": stats[-1][3], "claim": per_call(trace, claim, t, hi),
+                    "rescue": per_call(trace, rescue, t, hi)})
         t = hi
     return out
+
+
+def per_call(trace: Trace, kind: str, lo: float, hi: float) -> tuple[float, float]:
+    """(ms, shared buffers) per call of a kind of statement between two samples."""
+    inside = [totals.get(kind) for at, totals in trace.statements if lo <= at < hi]
+    before = [totals.get(kind) for at, totals in trace.statements if at < lo]
+    first = before[-1] if before and before[-1] else (0, 0.0, 0)
+    last = inside[-1] if inside and inside[-1] else None
+    if last is None or last[0] == first[0]:
+        return float("nan"), float("nan")
+    calls = last[0] - first[0]
+    return (last[1] - first[1]) / calls, (last[2] - first[2]) / calls
 
 
 def recovery_seconds(trace: Trace) -> float:
@@ -228,19 +236,23 @@ def main() -> None:
         warmup, hold, after, size = 3.0, 2.0, 2.0, 1.0
 
     traces: dict[str, Trace] = {}
-    with server() as url, database(url, "held") as db:
+    statements = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "top"}
+    with server(statements) as url, database(url, "held") as db:
         print_settings(db)
         for kind in ("treadle", "raw"):
             progress(f"{kind}: {warmup:g} s warm-up, {hold:g} s held, {after:g} s after")
             traces[kind] = run_side(db, kind, warmup, hold, after, args.holder)
 
     end = warmup + hold + after
-    per_side = {kind: windows(trace, end, size) for kind, trace in traces.items()}
+    per_side = {kind: windows(trace, kind, end, size) for kind, trace in traces.items()}
     rows = []
     for t, r in zip(per_side["treadle"], per_side["raw"], strict=True):
         rows.append([f"{t['from']:.0f}-{t['from'] + size:.0f} s", t["phase"], fmt(t["rate"], 0), fmt(r["rate"], 0),
-                     ratio(t["rate"], r["rate"]), fmt(t["p99"]), fmt(r["p99"]), fmt(t["buffers"], 0),
-                     fmt(r["buffers"], 0), fmt(t["rescue"]), fmt(r["rescue"]), f"{t['dead']:,}", f"{r['dead']:,}",
+                     ratio(t["rate"], r["rate"]), fmt(t["p99"]), fmt(r["p99"]),
+                     f"{fmt(t['claim'][0], 2)} / {fmt(t['claim'][1], 0)}",
+                     f"{fmt(r['claim'][0], 2)} / {fmt(r['claim'][1], 0)}",
+                     f"{fmt(t['rescue'][0], 2)} / {fmt(t['rescue'][1], 0)}",
+                     f"{fmt(r['rescue'][0], 2)} / {fmt(r['rescue'][1], 0)}", f"{t['dead']:,}", f"{r['dead']:,}",
                      f"{t['index'] / 2**20:.1f} / {t['indexes'] / 2**20:.1f}",
                      f"{r['index'] / 2**20:.1f} / {r['indexes'] / 2**20:.1f}"])
 
@@ -251,8 +263,9 @@ def main() -> None:
     notes = [f"The hold from {traces['treadle'].hold[0]:.0f} s to {traces['treadle'].hold[1]:.0f} s; "
              f"one worker process (concurrency 10), a backlog of about {BACKLOG:,} jobs, a probe claim every 50 ms. "
              f"The held transaction: a {'writer (it has a transaction id)' if args.holder == 'write' else 'reader'}. "
-             "Columns, treadle then raw: jobs/s; probe claim p99, ms; buffers per claim and rescue ms (raw: the "
-             "scan of a rescue without a cursor), the meter's median; dead tuples; claim index / all indexes, MiB."]
+             "Columns, treadle then raw: jobs/s; probe claim p99, ms; per claim and per rescue, server ms / shared "
+             "buffers (pg_stat_statements; raw rescue: the scan of a rescue without a cursor, once a second); "
+             "dead tuples; claim index / all indexes, MiB."]
     for kind in ("treadle", "raw"):
         before, held_end = level(kind, "before"), level(kind, "held", last=True)
         change = f"{100 * (held_end / before - 1):+.0f}%" if before else "-"
@@ -260,7 +273,7 @@ def main() -> None:
                      f"({change}); back to 90% of the rate before within {fmt(recovery_seconds(traces[kind]), 1)} s "
                      "of the release.")
     table(TITLE, ["window", "phase", "treadle jobs/s", "raw jobs/s", "ratio", "treadle p99", "raw p99",
-                  "treadle buf", "raw buf", "treadle rescue", "raw rescue", "treadle dead", "raw dead",
+                  "treadle claim", "raw claim", "treadle rescue", "raw rescue", "treadle dead", "raw dead",
                   "treadle idx MiB", "raw idx MiB"], rows, notes)
 
 
