@@ -1,6 +1,6 @@
 """Every benchmark scenario, one after the other, on one throwaway cluster (`make bench`).
 
-Sizes are each script's defaults, but for the held snapshot (a 40 s hold instead
+Sizes are each script's defaults, but for the held snapshot (a 60 s hold instead
 of 300 s) and the memory scenario (one run), so that the whole run takes about
 ten minutes. Options after the script name go to every scenario (`--runs 5`,
 `--smoke`).

@@ -1018,7 +1018,7 @@ COMMENT ON FUNCTION treadle._claim_next_lane(text, text, integer) IS
 -- priorities), which can lie below a key. A row can hide below every key only when
 -- a transaction locked it and then rolled back without writing it (a claim that
 -- failed after locking), or a writer made it claimable without setting ready_txid:
--- a sweep from the front every 30 s finds it, and a quick sweep ends the cursor.
+-- a sweep from the front every 60 s finds it, and a quick sweep ends the cursor.
 -- The cursor only narrows what this session reads: a setting changed by hand can
 -- delay this session's claims, never let it take a job twice or hide one from
 -- other sessions.
@@ -1106,7 +1106,7 @@ BEGIN
     -- a row take over 2 ms, as when dead entries pile up in front (not just one: the
     -- first claim of a session is also planned, and a busy server has slow moments);
     -- then it sweeps and keeps a cursor, back to the plain claim once a sweep (every
-    -- 30 s) is quick again. The setting holds nothing, 'slow' or 'slow2' (plain),
+    -- 60 s) is quick again. The setting holds nothing, 'slow' or 'slow2' (plain),
     -- 'sweep' (or 'pin': sweep, and keep the cursor however quick: for tests), or the
     -- cursor.
     v_setting := 'treadle.claim_' || to_hex(hashtextextended(
@@ -1125,10 +1125,10 @@ BEGIN
         v_quick := false;
         v_plain := false;
         -- A usable cursor: well formed (anything else means a sweep, never an error),
-        -- from a clock that did not go back, swept less than 30 s ago.
+        -- from a clock that did not go back, swept less than 60 s ago.
         IF v_text ~ '^\{[12](,-?[0-9]{1,18}){2,}\}$' THEN
             v_cursor := v_text::bigint[];
-            IF v_cursor[2] > v_now_us OR v_cursor[3] > v_now_us OR v_cursor[3] < v_now_us - 30000000 THEN
+            IF v_cursor[2] > v_now_us OR v_cursor[3] > v_now_us OR v_cursor[3] < v_now_us - 60000000 THEN
                 v_cursor := NULL;
             ELSIF cardinality(v_cursor) > 3 AND NOT (
                     v_cursor[4] >= 0 AND v_cursor[5] >= 0
@@ -1853,7 +1853,7 @@ COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval) IS
 -- there, and a pass over all of them would grow with the snapshot's age. A lease
 -- committed later than a second after it was granted or extended, or a job that
 -- another session held while this one looked, is found by the full pass this
--- session makes every 30 s, and whenever the setting treadle.now is in use.
+-- session makes every 60 s, and whenever the setting treadle.now is in use.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.rescue()
 RETURNS integer
@@ -1873,7 +1873,7 @@ DECLARE
 BEGIN
     IF v_text ~ '^\{1,-?[0-9]{1,18},-?[0-9]{1,18}\}$' AND v_now = statement_timestamp() THEN
         v_cursor := v_text::bigint[];
-        IF v_cursor[2] <= v_now_us AND v_cursor[3] <= v_now_us AND v_cursor[3] >= v_now_us - 30000000 THEN
+        IF v_cursor[2] <= v_now_us AND v_cursor[3] <= v_now_us AND v_cursor[3] >= v_now_us - 60000000 THEN
             v_from := treadle._from_us(v_cursor[2] - 1000000);
             v_swept := v_cursor[3];
         END IF;

@@ -359,7 +359,7 @@ COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval) IS
 -- there, and a pass over all of them would grow with the snapshot's age. A lease
 -- committed later than a second after it was granted or extended, or a job that
 -- another session held while this one looked, is found by the full pass this
--- session makes every 30 s, and whenever the setting treadle.now is in use.
+-- session makes every 60 s, and whenever the setting treadle.now is in use.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.rescue()
 RETURNS integer
@@ -379,7 +379,7 @@ DECLARE
 BEGIN
     IF v_text ~ '^\{1,-?[0-9]{1,18},-?[0-9]{1,18}\}$' AND v_now = statement_timestamp() THEN
         v_cursor := v_text::bigint[];
-        IF v_cursor[2] <= v_now_us AND v_cursor[3] <= v_now_us AND v_cursor[3] >= v_now_us - 30000000 THEN
+        IF v_cursor[2] <= v_now_us AND v_cursor[3] <= v_now_us AND v_cursor[3] >= v_now_us - 60000000 THEN
             v_from := treadle._from_us(v_cursor[2] - 1000000);
             v_swept := v_cursor[3];
         END IF;

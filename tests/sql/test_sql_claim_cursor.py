@@ -142,7 +142,7 @@ def test_rows_a_rolled_back_claim_held_are_claimed_after_the_sweep(connect: Conn
     assert claim(claimer, "abort", batch=2) == ids[2:4]  # skipped them: the cursor is past
     aborter.rollback()
     assert claim(claimer, "abort", batch=5) == ids[4:]  # hidden from this cursor for now
-    claimer.execute("set treadle.now = '2999-01-01 12:00:31+00'")  # past the 30 s sweep
+    claimer.execute("set treadle.now = '2999-01-01 12:01:01+00'")  # past the 60 s sweep
     assert claim(claimer, "abort", batch=5) == ids[:2]
 
 
@@ -173,7 +173,7 @@ def test_a_tampered_cursor_delays_only_its_own_session(connect: Connect) -> None
     assert claim(tamperer, "tamper") == []  # its own claims are delayed
     assert claim(other, "tamper") == [hidden]  # nobody else's
     again = enqueue(producer, "tamper")
-    tamperer.execute("set treadle.now = '2999-01-01 12:00:31+00'")
+    tamperer.execute("set treadle.now = '2999-01-01 12:01:01+00'")
     assert claim(tamperer, "tamper") == [again]  # the sweep replaces the cursor
     assert value(producer, "select count(*) from treadle.jobs where queue = 'tamper' and attempt <> 1") == 0
 
