@@ -60,7 +60,7 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 # The one command: tools, install, a throwaway cluster, pgTAP then pytest, cluster stopped.
-test: check-generated test-deps venv
+test: lint check-generated test-deps venv
 	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
 	PG_CONFIG=$(PG_CONFIG) VENV=$(VENV) scripts/run-tests $(BUILD)/test-cluster
 	$(MAKE) test-pg16
@@ -90,3 +90,18 @@ demo:
 bench: venv
 	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
 	$(VENV)/bin/python bench/run_all.py
+
+# Static checks: ruff and mypy --strict over the Python scripts/lint lists, plpgsql_check
+# over every function in schema treadle (scripts/lint says which checks are on).
+.PHONY: lint
+lint: test-deps venv
+	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
+	PG_CONFIG=$(PG_CONFIG) VENV=$(VENV) scripts/lint $(BUILD)/lint-cluster
+
+# The edit-test loop: pgTAP, then pytest without the tests marked slow, browser or
+# subprocess, on one throwaway cluster.
+.PHONY: test-fast
+test-fast: test-deps venv
+	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
+	PG_CONFIG=$(PG_CONFIG) VENV=$(VENV) scripts/run-tests $(BUILD)/test-fast-cluster \
+		-m "not slow and not browser and not subprocess" tests

@@ -13,7 +13,7 @@ SELECT columns_are('treadle', 'jobs', ARRAY[
     'lease_until', 'lease_token', 'worker_id', 'idempotency_key', 'result', 'last_error',
     'created_at', 'finished_at', 'workflow_run_id', 'step',
     'every', 'next_id', 'cancel_requested', 'started_at', 'failed_at', 'errors', 'progress',
-    'progress_message', 'ready_txid'], 'treadle.jobs has the contract columns, then its own');
+    'progress_message', 'schedule', 'ready_txid'], 'treadle.jobs has the contract columns, then its own');
 SELECT results_eq(
     $$ SELECT attname::text COLLATE "default" FROM pg_attribute
         WHERE attrelid = 'treadle.jobs'::regclass AND attnum > 0 AND NOT attisdropped
@@ -49,16 +49,21 @@ SELECT set_eq(
           'treadle.define_workflow(text,text[])',
           'treadle.start_workflow(text,jsonb,text[],text,integer,integer,text)',
           'treadle.cancel_workflow(bigint)',
-          'treadle.worker_seen(text,text,integer,text[],integer,integer)', 'treadle.worker_stopped(text)'],
-    'exactly the public functions that write run as the owner (SECURITY DEFINER)');
+          'treadle.schedule(text,text,text,jsonb,text,text,integer,integer,boolean)', 'treadle.unschedule(text)',
+          'treadle.worker_seen(text,text,integer,text[],integer,integer)', 'treadle.worker_stopped(text)',
+          'treadle.job_counts(bigint)', 'treadle.estimated_jobs(text,text)',
+          'treadle.cron_next(text,text,timestamp with time zone)'],
+    'exactly the public functions that write, the two that read statistics, and cron_next (for the private parser), run as the owner (SECURITY DEFINER)');
 SELECT set_eq(
     $$ SELECT signature FROM treadle_functions WHERE has_function_privilege('public', oid, 'EXECUTE') $$,
-    ARRAY['treadle.version()', 'treadle.now()', 'treadle.workflow_results(bigint)'],
-    'PUBLIC executes only the read-only functions that run with the caller''s rights');
+    ARRAY['treadle.version()', 'treadle.now()', 'treadle.workflow_results(bigint)',
+          'treadle.cron_next(text,text,timestamp with time zone)'],
+    'PUBLIC executes only the read-only functions that run with the caller''s rights, and cron_next');
 SELECT set_eq(
     $$ SELECT unnest(extconfig)::regclass::text FROM pg_extension WHERE extname = 'treadle' $$,
     ARRAY['treadle.jobs', 'treadle.jobs_id_seq', 'treadle.workflow_runs',
-          'treadle.workflow_runs_id_seq', 'treadle.workflows', 'treadle.settings', 'treadle.tenants'],
+          'treadle.workflow_runs_id_seq', 'treadle.workflows', 'treadle.settings', 'treadle.tenants',
+          'treadle.cron_schedules'],
     'tables with user data and their sequences are kept by pg_dump');
 SELECT is_empty(
     $$ SELECT c.relname FROM pg_class AS c

@@ -4,7 +4,7 @@
 -- nothing changed; the clock no role but the owner can move; tenants.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(62);
+SELECT plan(68);
 
 -- pg_temp.as_role(role, statement): run one statement as role; 'ok', or the SQLSTATE it raised.
 CREATE FUNCTION pg_temp.as_role(role name, statement text) RETURNS text LANGUAGE plpgsql AS $$
@@ -53,6 +53,7 @@ INSERT INTO may_execute VALUES
     ('treadle.version()',                        '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.now()',                            '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.workflow_results(bigint)',         '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
+    ('treadle.cron_next(text,text,timestamp with time zone)', '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.job_counts(bigint)',               '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
     ('treadle.estimated_jobs(text,text)',        '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
     ('treadle.enqueue(text,jsonb,text,integer,timestamp with time zone,integer,text,interval)', '{producer,worker}'),
@@ -61,6 +62,8 @@ INSERT INTO may_execute VALUES
     ('treadle.cancel(bigint)',                   '{producer,worker,admin,dashboard}'),
     ('treadle.retry(bigint)',                    '{producer,worker,admin,dashboard}'),
     ('treadle.cancel_workflow(bigint)',          '{producer,worker,admin,dashboard}'),
+    ('treadle.schedule(text,text,text,jsonb,text,text,integer,integer,boolean)', '{producer,worker}'),
+    ('treadle.unschedule(text)',                 '{producer,worker,admin,dashboard}'),
     ('treadle.claim(text,text[],text[],integer,interval,uuid)', '{worker}'),
     ('treadle.claimed(uuid)',                    '{worker}'),
     ('treadle.heartbeat(bigint,uuid,interval)',  '{worker}'),
@@ -119,6 +122,12 @@ SELECT is_empty(
           AND NOT has_table_privilege(r.role, c.oid, 'SELECT') $$,
     'every part but nobody reads every view');
 SELECT is_empty(
+    $$ SELECT c.relname, pg_temp.as_role('trust_reader', format('SELECT * FROM %s LIMIT 0', c.oid::regclass)) AS sqlstate
+         FROM pg_class AS c
+        WHERE c.relnamespace = 'treadle'::regnamespace AND c.relkind = 'v'
+          AND pg_temp.as_role('trust_reader', format('SELECT * FROM %s LIMIT 0', c.oid::regclass)) <> 'ok' $$,
+    'a reader can select every column of every view (none reaches a lease token)');
+SELECT is_empty(
     $$ SELECT c.relname FROM pg_class AS c
         WHERE c.relnamespace = 'treadle'::regnamespace AND c.relkind = 'v'
           AND NOT coalesce(c.reloptions @> ARRAY['security_invoker=true'], false) $$,
@@ -128,8 +137,9 @@ SELECT is_empty(
     'no part may create objects in schema treadle');
 SELECT is_empty(
     $$ SELECT c.relname FROM pg_class AS c
-        WHERE c.oid IN ('treadle.jobs'::regclass, 'treadle.workflow_runs'::regclass) AND NOT c.relrowsecurity $$,
-    'row-level security is on for jobs and workflow runs');
+        WHERE c.oid IN ('treadle.jobs'::regclass, 'treadle.workflow_runs'::regclass, 'treadle.cron_schedules'::regclass)
+          AND NOT c.relrowsecurity $$,
+    'row-level security is on for jobs, workflow runs and schedules');
 
 --------------------------------------------------------------------------------
 -- The attacks of a producer on the tables, each refused, nothing changed
@@ -252,6 +262,14 @@ CREATE ROLE trust_tenant_worker; SELECT treadle.grant_worker('trust_tenant_worke
 SELECT treadle.set_tenant('trust_tenant_worker', 'a.');
 SELECT is(pg_temp.as_role('trust_tenant_worker', $$ SELECT treadle.claim('w', ARRAY['b.mail']) $$), '42501',
           'a tenant''s worker cannot claim another tenant''s queue');
+SELECT is(pg_temp.as_role_value('trust_tenant_a',
+              $$ SELECT count(*) FROM treadle.job_counts() WHERE queue NOT LIKE 'a.%' $$), '0',
+          'job_counts shows tenant a only its queues');
+SELECT is(pg_temp.as_role_value('trust_tenant_a',
+              $$ SELECT sum(jobs) FROM treadle.job_counts() WHERE queue IS NULL $$), '2',
+          'and totals over its queues only');
+SELECT is(pg_temp.as_role_value('trust_tenant_a', $$ SELECT treadle.estimated_jobs('b.mail', 'available') $$), '0',
+          'estimated_jobs of another tenant''s queue is 0');
 SELECT lives_ok($$ SELECT treadle.set_tenant('trust_tenant_a', NULL) $$, 'a null prefix lifts the rule');
 SELECT is(pg_temp.as_role('trust_tenant_a', format($$ SELECT treadle.cancel(%s) $$, :b_job)), 'ok',
           'and the role may act on every queue again');
@@ -265,6 +283,19 @@ SELECT lives_ok($$ SELECT treadle.configure(max_payload_bytes => 2048) $$, 'the 
 SELECT throws_ok($$ SELECT treadle.enqueue('big', jsonb_build_object('blob', repeat('b', 3000))) $$, '22023', NULL,
                  'args over the configured limit raise 22023');
 SELECT throws_ok($$ SELECT treadle.configure(max_payload_bytes => 10) $$, '22023', NULL, 'a limit under 1 KiB raises 22023');
+
+--------------------------------------------------------------------------------
+-- Estimates on a large table: a reader gets the owner's figure (row-level
+-- security would hide the statistics from it and bend the planner's guess)
+--------------------------------------------------------------------------------
+SELECT treadle.enqueue_many((SELECT jsonb_agg(jsonb_build_object('name', 'est', 'queue', 'estimates'))
+                               FROM generate_series(1, 3000)));
+ANALYZE treadle.jobs;
+SELECT is(pg_temp.as_role_value('trust_reader', $$ SELECT treadle.estimated_jobs('estimates', 'available') $$),
+          (SELECT treadle.estimated_jobs('estimates', 'available'))::text,
+          'a reader''s estimate is the owner''s');
+SELECT ok((SELECT treadle.estimated_jobs('estimates', 'available')) BETWEEN 2700 AND 3300,
+          'and close to the 3,000 jobs there');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -122,6 +122,7 @@ CREATE TABLE treadle.jobs (
     errors           jsonb       NOT NULL DEFAULT '[]',  -- every failed attempt: {attempt, at, error}
     progress         double precision,                   -- 0..1, set by the running handler
     progress_message text,
+    schedule         text,                               -- the cron schedule this job is an occurrence of
     -- the transaction that last made the job claimable: a claim that resumes from where
     -- it stopped finds rows committed since its previous snapshot by this (040_claim.sql)
     ready_txid       xid8        DEFAULT pg_current_xact_id(),
@@ -201,6 +202,26 @@ CREATE TABLE treadle.settings (
     CONSTRAINT settings_max_payload_bytes_check CHECK (max_payload_bytes BETWEEN 1024 AND 268435456)
 );
 
+-- Cron schedules (treadle.schedule). Each has one current occurrence, a job whose
+-- schedule column names it; finishing that job inserts the next (treadle._follow_up).
+CREATE TABLE treadle.cron_schedules (
+    name         text        PRIMARY KEY,
+    cron         text        NOT NULL,
+    tz           text        NOT NULL,
+    job          text        NOT NULL,                -- the job name the occurrences run
+    args         jsonb       NOT NULL DEFAULT '{}',
+    queue        text        NOT NULL,
+    priority     integer     NOT NULL,
+    max_attempts integer     NOT NULL,
+    catch_up     boolean     NOT NULL,                -- run every missed time, not once
+    job_id       bigint,                              -- the current occurrence
+    next_run_at  timestamptz NOT NULL,                -- the time the current occurrence is for
+    created_at   timestamptz NOT NULL,
+    updated_at   timestamptz NOT NULL,
+    CONSTRAINT cron_schedules_name_check CHECK (name <> ''),
+    CONSTRAINT cron_schedules_max_attempts_check CHECK (max_attempts >= 1)
+);
+
 -- Tenants: a role listed here sees and acts on only the queues whose names start with
 -- its prefix (treadle.set_tenant). Row-level security applies it to every read through
 -- the views; the functions apply it to every write.
@@ -214,10 +235,15 @@ CREATE TABLE treadle.tenants (
 -- not a tenant). The owner, whose functions do every write, is not subject to it.
 ALTER TABLE treadle.jobs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.workflow_runs ENABLE ROW LEVEL SECURITY;
+ALTER TABLE treadle.cron_schedules ENABLE ROW LEVEL SECURITY;
 CREATE POLICY jobs_tenant_read ON treadle.jobs FOR SELECT
     USING (starts_with(queue, coalesce(
         (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
 CREATE POLICY workflow_runs_tenant_read ON treadle.workflow_runs FOR SELECT
+    USING (starts_with(queue, coalesce(
+        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
+
+CREATE POLICY cron_schedules_tenant_read ON treadle.cron_schedules FOR SELECT
     USING (starts_with(queue, coalesce(
         (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
 
@@ -228,6 +254,7 @@ SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_runs', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_runs_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.jobs', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.jobs_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('treadle.cron_schedules', '');
 --------------------------------------------------------------------------------
 -- The clock, and private helpers.
 --
@@ -290,6 +317,22 @@ COMMENT ON FUNCTION treadle._caller() IS
     'The role a call is made for: SET ROLE''s role, or the session''s login role.';
 
 --------------------------------------------------------------------------------
+-- treadle._caller_prefix() -> text
+--
+-- The queue prefix the caller is kept to (treadle.set_tenant), or '' for a role
+-- that is not a tenant: every queue starts with ''.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._caller_prefix()
+RETURNS text
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = treadle._caller()), '');
+END;
+COMMENT ON FUNCTION treadle._caller_prefix() IS
+    'The queue prefix a tenant caller is kept to, or '''' for any other role.';
+
+--------------------------------------------------------------------------------
 -- treadle._check_queue_allowed(queue) -> void
 --
 -- Raises 42501 when the caller is a tenant (treadle.tenants) and the queue is not
@@ -303,10 +346,9 @@ STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_prefix text;
+    v_prefix text := treadle._caller_prefix();
 BEGIN
-    SELECT t.queue_prefix INTO v_prefix FROM treadle.tenants AS t WHERE t.role_name = treadle._caller();
-    IF FOUND AND NOT starts_with(queue, v_prefix) THEN
+    IF NOT starts_with(queue, v_prefix) THEN
         RAISE EXCEPTION 'treadle: role % may not use queue %', treadle._caller(), queue
             USING ERRCODE = 'insufficient_privilege',
                   DETAIL = format('Its queues start with %L.', v_prefix);
@@ -1575,6 +1617,8 @@ COMMENT ON FUNCTION treadle._advance_run(treadle.jobs) IS
 --   a periodic occurrence that completed or was discarded inserts the series'
 --   next one at finished_at + every, once (next_id records it, so a retried
 --   occurrence never starts a second one); a cancelled occurrence ends the series;
+--   an occurrence of a cron schedule that completed, was discarded or was
+--   cancelled inserts the schedule's next one (treadle._schedule_next);
 --   a workflow step moves its run (treadle._advance_run);
 --   listeners of channel treadle_done hear each queue where jobs finished.
 --------------------------------------------------------------------------------
@@ -1592,6 +1636,7 @@ BEGIN
         SELECT d.* FROM unnest(done) AS d
          WHERE d.workflow_run_id IS NOT NULL
             OR (d.every IS NOT NULL AND d.state = ANY (ARRAY['completed', 'discarded']))
+            OR (d.schedule IS NOT NULL AND d.state = ANY (ARRAY['completed', 'discarded', 'cancelled']))
          ORDER BY d.id
     LOOP
         IF v_job.every IS NOT NULL AND v_job.state = ANY (ARRAY['completed', 'discarded']) THEN
@@ -1607,6 +1652,9 @@ BEGIN
                      v_job.finished_at + v_job.every, v_job.max_attempts, v_job.every, treadle.now());
             END IF;
         END IF;
+        IF v_job.schedule IS NOT NULL AND v_job.state = ANY (ARRAY['completed', 'discarded', 'cancelled']) THEN
+            PERFORM treadle._schedule_next(v_job);
+        END IF;
         IF v_job.workflow_run_id IS NOT NULL THEN
             PERFORM treadle._advance_run(v_job);
         END IF;
@@ -1618,7 +1666,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
-    'Insert periodic successors, advance workflow runs and notify, for jobs that just changed state.';
+    'Insert periodic and scheduled successors, advance workflow runs and notify, for jobs that just changed state.';
 
 --------------------------------------------------------------------------------
 -- Finishing keeps the lease token on the job: the token of the claim that finished
@@ -2343,6 +2391,648 @@ END;
 COMMENT ON FUNCTION treadle.workflow_results(bigint) IS
     'A workflow run''s step results keyed by step name; null for an unknown run.';
 --------------------------------------------------------------------------------
+-- Cron schedules: a named schedule enqueues a job at the times a cron expression
+-- names, read on the wall clock of a time zone.
+--
+-- A schedule rides on the periodic mechanism: it has one current occurrence, a
+-- job (jobs.schedule names the schedule), and the statement that finishes that
+-- occurrence (complete, fail for good, cancel) inserts the next one
+-- (treadle._follow_up -> treadle._schedule_next). Claims never look at schedules.
+--
+-- The rules, documented in docs/scheduling.md:
+--   cron: five fields (minute hour day-of-month month day-of-week) with *, ranges
+--     a-b, steps */n a-b/n a/n, lists, month and weekday names, 0 or 7 for Sunday,
+--     or @yearly @annually @monthly @weekly @daily @midnight @hourly. When both
+--     day fields are restricted (neither starts with *), a day matches either
+--     (Vixie cron).
+--   time zones: times are read on the zone's wall clock. A job at fixed hours
+--     (30 2 * * *, 0 */2 * * *) runs once on each day it names: a time that a
+--     spring-forward change skips runs at the instant the clocks jump (the
+--     skipped times of one change run together, once), a time that a fall-back
+--     change repeats runs at its first pass only. A job whose hour field is *
+--     (hourly, every 5 minutes) follows real time instead: its skipped times do
+--     not run, and it runs in both passes of a repeated hour.
+--   missed times: an occurrence that runs late (no worker for a day) runs once,
+--     and the next one is the first time after it finished; with catch_up, every
+--     missed time runs, one after another.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._cron_field(field, field_no) -> integer[]
+--
+-- The values one cron field allows, sorted: field_no 1 minute (0-59), 2 hour
+-- (0-23), 3 day of month (1-31), 4 month (1-12 or jan-dec), 5 day of week (0-7
+-- or sun-sat, 7 read as 0). Raises 22023 for anything else.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._cron_field(field text, field_no integer)
+RETURNS integer[]
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c_what  CONSTANT text[] := ARRAY['minute', 'hour', 'day of month', 'month', 'day of week'];
+    c_low   CONSTANT integer[] := ARRAY[0, 0, 1, 1, 0];
+    c_high  CONSTANT integer[] := ARRAY[59, 23, 31, 12, 7];
+    c_names CONSTANT text[] := CASE field_no
+        WHEN 4 THEN ARRAY['jan', 'feb', 'mar', 'apr', 'may', 'jun', 'jul', 'aug', 'sep', 'oct', 'nov', 'dec']
+        WHEN 5 THEN ARRAY['sun', 'mon', 'tue', 'wed', 'thu', 'fri', 'sat']
+        END;
+    v_low    integer := c_low[field_no];
+    v_high   integer := c_high[field_no];
+    v_values integer[] := '{}'::integer[];
+    v_item   text;
+    v_parts  text[];
+    v_from   integer;
+    v_to     integer;
+    v_step   integer;
+BEGIN
+    FOREACH v_item IN ARRAY string_to_array(field, ',') LOOP
+        -- *, a, a-b, each with an optional /step
+        v_parts := regexp_match(lower(v_item), '^(\*|([0-9]{1,2}|[a-z]{3})(-([0-9]{1,2}|[a-z]{3}))?)(/([0-9]{1,2}))?$');
+        IF v_parts IS NULL THEN
+            RAISE EXCEPTION 'treadle: cron % field "%" is not *, a number, a range or a list of them', c_what[field_no], field
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF v_parts[1] = '*' THEN
+            v_from := v_low;
+            v_to := CASE field_no WHEN 5 THEN 6 ELSE v_high END;
+        ELSE
+            v_from := CASE WHEN v_parts[2] ~ '^[0-9]' THEN v_parts[2]::integer
+                           ELSE array_position(c_names, v_parts[2]) - 1 + v_low END;
+            v_to := CASE WHEN v_parts[4] IS NULL THEN v_from
+                         WHEN v_parts[4] ~ '^[0-9]' THEN v_parts[4]::integer
+                         ELSE array_position(c_names, v_parts[4]) - 1 + v_low END;
+            -- a weekday range may end on Sunday: fri-sun, 5-0
+            IF field_no = 5 AND v_parts[4] IS NOT NULL AND v_to = 0 AND v_from > 0 THEN
+                v_to := 7;
+            END IF;
+            -- a/n: from a to the end of the field
+            IF v_parts[4] IS NULL AND v_parts[6] IS NOT NULL THEN
+                v_to := CASE field_no WHEN 5 THEN 6 ELSE v_high END;
+            END IF;
+        END IF;
+        v_step := coalesce(v_parts[6]::integer, 1);
+        IF v_from IS NULL OR v_to IS NULL OR v_from < v_low OR v_to > v_high OR v_from > v_to
+           OR v_step < 1 OR v_step > v_high - v_low + 1 THEN
+            RAISE EXCEPTION 'treadle: cron % field "%" has "%": values must be % to %, ranges low-high, steps 1 to %',
+                            c_what[field_no], field, v_item, v_low, v_high, v_high - v_low + 1
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = coalesce('Names: ' || array_to_string(c_names, ' ') || '.',
+                                      format('Values %s to %s.', v_low, v_high));
+        END IF;
+        v_values := v_values || ARRAY(SELECT g FROM generate_series(v_from, v_to, v_step) AS g);
+    END LOOP;
+    IF field_no = 5 THEN
+        v_values := array_replace(v_values, 7, 0);
+    END IF;
+    RETURN ARRAY(SELECT DISTINCT v FROM unnest(v_values) AS u(v) ORDER BY v);
+END;
+$$;
+COMMENT ON FUNCTION treadle._cron_field(text, integer) IS
+    'The sorted values one cron field allows (1 minute .. 5 day of week); 22023 for a bad field.';
+
+--------------------------------------------------------------------------------
+-- treadle._cron_parse(cron) -> (minutes, hours, days, months, weekdays, day_or,
+--                               real_time)
+--
+-- A cron expression's five fields as value lists (weekdays 0-6, Sunday 0).
+-- day_or: both day fields are restricted, so a day matches either of them.
+-- real_time: the hour field is *, so across a change of the clocks the
+-- job follows real time (skipped times do not run, repeated ones run twice).
+-- Raises 22023: not five fields or a macro, or a bad field.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._cron_parse(
+    cron            text,
+    OUT minutes     integer[],
+    OUT hours       integer[],
+    OUT days        integer[],
+    OUT months      integer[],
+    OUT weekdays    integer[],
+    OUT day_or      boolean,
+    OUT real_time   boolean
+)
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_fields text[];
+BEGIN
+    v_fields := regexp_split_to_array(btrim(CASE lower(btrim(cron))
+        WHEN '@yearly' THEN '0 0 1 1 *'
+        WHEN '@annually' THEN '0 0 1 1 *'
+        WHEN '@monthly' THEN '0 0 1 * *'
+        WHEN '@weekly' THEN '0 0 * * 0'
+        WHEN '@daily' THEN '0 0 * * *'
+        WHEN '@midnight' THEN '0 0 * * *'
+        WHEN '@hourly' THEN '0 * * * *'
+        ELSE cron END), ' +');
+    IF cardinality(v_fields) <> 5 THEN
+        RAISE EXCEPTION 'treadle: cron must have five fields (minute hour day-of-month month day-of-week) or be a macro, got "%"', cron
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Macros: @yearly @annually @monthly @weekly @daily @midnight @hourly.';
+    END IF;
+    minutes := treadle._cron_field(v_fields[1], 1);
+    hours := treadle._cron_field(v_fields[2], 2);
+    days := treadle._cron_field(v_fields[3], 3);
+    months := treadle._cron_field(v_fields[4], 4);
+    weekdays := treadle._cron_field(v_fields[5], 5);
+    day_or := left(v_fields[3], 1) <> '*' AND left(v_fields[5], 1) <> '*';
+    real_time := v_fields[2] = '*';
+END;
+$$;
+COMMENT ON FUNCTION treadle._cron_parse(text) IS
+    'Parse a cron expression into its value lists and day and DST rules; 22023 for a bad one.';
+
+--------------------------------------------------------------------------------
+-- treadle._cron_day(day, days, weekdays, day_or) -> boolean
+--
+-- Whether a date matches cron's day fields: both (day of month and day of
+-- week), or with day_or either one.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._cron_day(day date, days integer[], weekdays integer[], day_or boolean)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+BEGIN ATOMIC
+    SELECT CASE WHEN day_or
+                THEN extract(day FROM day)::integer = ANY (days) OR extract(dow FROM day)::integer = ANY (weekdays)
+                ELSE extract(day FROM day)::integer = ANY (days) AND extract(dow FROM day)::integer = ANY (weekdays) END;
+END;
+COMMENT ON FUNCTION treadle._cron_day(date, integer[], integer[], boolean) IS
+    'Whether a date matches cron''s day-of-month and day-of-week fields (both, or either with day_or).';
+
+--------------------------------------------------------------------------------
+-- treadle._utc_offset(at, tz) -> interval
+--
+-- The offset from UTC of zone tz at instant at (positive east of Greenwich).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._utc_offset(at timestamptz, tz text)
+RETURNS interval
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT (at AT TIME ZONE tz) - (at AT TIME ZONE 'UTC');
+END;
+COMMENT ON FUNCTION treadle._utc_offset(timestamptz, text) IS
+    'The UTC offset of a time zone at an instant.';
+
+--------------------------------------------------------------------------------
+-- treadle._wall_instant(wall, tz, last_pass) -> timestamptz
+--
+-- The instant when the clocks of zone tz show wall. A wall time that a change
+-- skips maps to the instant the clocks jump; one that a change repeats maps to
+-- its first pass, or to its second with last_pass.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._wall_instant(wall timestamp, tz text, last_pass boolean)
+RETURNS timestamptz
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    -- the offsets a day either side: a wall time near a change is one of them
+    v_before timestamptz := (wall - treadle._utc_offset((wall - interval '1 day') AT TIME ZONE 'UTC', tz)) AT TIME ZONE 'UTC';
+    v_after  timestamptz := (wall - treadle._utc_offset((wall + interval '1 day') AT TIME ZONE 'UTC', tz)) AT TIME ZONE 'UTC';
+    v_low    timestamptz;
+    v_high   timestamptz;
+    v_mid    timestamptz;
+BEGIN
+    IF (v_before AT TIME ZONE tz) = wall AND (v_after AT TIME ZONE tz) = wall THEN
+        RETURN CASE WHEN last_pass THEN greatest(v_before, v_after) ELSE least(v_before, v_after) END;
+    ELSIF (v_before AT TIME ZONE tz) = wall THEN
+        RETURN v_before;
+    ELSIF (v_after AT TIME ZONE tz) = wall THEN
+        RETURN v_after;
+    END IF;
+    -- Skipped: the clocks jump over wall between the two readings (v_after shows
+    -- a time before wall, v_before one after it). Find the jump to the second.
+    v_low := least(v_before, v_after);
+    v_high := greatest(v_before, v_after);
+    WHILE v_high - v_low > interval '1 second' LOOP
+        v_mid := date_trunc('second', v_low + (v_high - v_low) / 2);
+        IF (v_mid AT TIME ZONE tz) > wall THEN
+            v_high := v_mid;
+        ELSE
+            v_low := v_mid;
+        END IF;
+    END LOOP;
+    RETURN v_high;
+END;
+$$;
+COMMENT ON FUNCTION treadle._wall_instant(timestamp, text, boolean) IS
+    'The instant a zone''s clocks show a wall time (a skipped one: when they jump; a repeated one: its first or last pass).';
+
+--------------------------------------------------------------------------------
+-- treadle._cron_next(cron, tz, after) -> timestamptz
+--
+-- The first instant after `after` that cron names on the wall clock of zone tz,
+-- by the rules at the top of this file; null when there is none within 10
+-- years (February 30th). tz is not checked here (treadle._check_tz).
+-- Raises 22023: a bad cron expression.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._cron_next(cron text, tz text, after timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_cron  record;
+    v_best  timestamptz;
+    v_found timestamptz;
+    v_last  boolean;
+    v_wall  timestamp;
+    v_limit timestamp := (after AT TIME ZONE tz) + interval '10 years';
+    v_min   integer;
+BEGIN
+    SELECT * INTO v_cron FROM treadle._cron_parse(cron);
+    -- Walk the wall-clock times that match, mapping each to an instant: its first
+    -- pass, then (for a job that follows real time) its last pass too, and keep
+    -- the earlier result. The first-pass walk starts at the wall time of `after`;
+    -- the last-pass walk three hours earlier, since a repeated hour's second pass
+    -- comes after the first passes of later wall times.
+    FOREACH v_last IN ARRAY CASE WHEN v_cron.real_time THEN ARRAY[false, true] ELSE ARRAY[false] END LOOP
+        v_found := NULL;
+        v_wall := date_trunc('minute', after AT TIME ZONE tz)
+                  - CASE WHEN v_last THEN interval '3 hours' ELSE interval '0' END;
+        WHILE v_found IS NULL AND v_wall <= v_limit LOOP
+            IF extract(month FROM v_wall)::integer <> ALL (v_cron.months) THEN
+                v_wall := date_trunc('month', v_wall) + interval '1 month';
+            ELSIF NOT treadle._cron_day(v_wall::date, v_cron.days, v_cron.weekdays, v_cron.day_or) THEN
+                v_wall := date_trunc('day', v_wall) + interval '1 day';
+            ELSIF extract(hour FROM v_wall)::integer <> ALL (v_cron.hours) THEN
+                v_wall := date_trunc('hour', v_wall) + interval '1 hour';
+            ELSE
+                SELECT min(m) INTO v_min FROM unnest(v_cron.minutes) AS u(m) WHERE m >= extract(minute FROM v_wall);
+                IF v_min IS NULL THEN
+                    v_wall := date_trunc('hour', v_wall) + interval '1 hour';
+                ELSE
+                    v_wall := date_trunc('hour', v_wall) + make_interval(mins => v_min);
+                    v_found := treadle._wall_instant(v_wall, tz, v_last);
+                    -- a skipped time (the clocks jumped over it) of a job that follows real time
+                    IF v_found <= after OR (v_cron.real_time AND (v_found AT TIME ZONE tz) <> v_wall) THEN
+                        v_found := NULL;
+                        v_wall := v_wall + interval '1 minute';
+                    END IF;
+                END IF;
+            END IF;
+        END LOOP;
+        v_best := least(v_best, v_found);
+    END LOOP;
+    RETURN v_best;
+END;
+$$;
+COMMENT ON FUNCTION treadle._cron_next(text, text, timestamptz) IS
+    'The first instant after a given one that a cron expression names in a time zone; null when none within 10 years.';
+
+--------------------------------------------------------------------------------
+-- treadle._check_tz(tz) -> void
+--
+-- A time zone name as the IANA database spells it (Europe/Paris, UTC) that
+-- this server knows. Names PostgreSQL would read as a fixed abbreviation (CET,
+-- EST) and POSIX rules (UTC+3, whose sign is the reverse of ISO's) are refused:
+-- they do not follow a place's summer time.
+-- Raises 22004: tz null. 22023: any other name.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_tz(tz text)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF tz IS NULL THEN
+        RAISE EXCEPTION 'treadle: tz must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF length(tz) > 100 OR tz !~ '^[A-Za-z_]+(/[A-Za-z0-9_+-]+)*$'
+       OR (tz !~ '/' AND upper(tz) NOT IN ('UTC', 'GMT')
+           AND EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_abbrevs AS a WHERE a.abbrev = upper(tz))) THEN
+        RAISE EXCEPTION 'treadle: tz must name a time zone such as Europe/Paris or UTC, got "%"', tz
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Use a name from pg_timezone_names; abbreviations and POSIX rules do not follow summer time.';
+    END IF;
+    BEGIN
+        PERFORM timestamptz '2000-01-01 00:00:00+00' AT TIME ZONE tz;
+    EXCEPTION WHEN invalid_parameter_value THEN
+        RAISE EXCEPTION 'treadle: tz must name a time zone such as Europe/Paris or UTC, got "%"', tz
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Use a name from pg_timezone_names.';
+    END;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_tz(text) IS
+    'Raise 22004 for a null time zone, 22023 for one that is not a known IANA zone name.';
+
+--------------------------------------------------------------------------------
+-- treadle.cron_next(cron, tz, after) -> timestamptz
+--
+-- Read only: the first time after `after` that a cron expression names on the
+-- wall clock of zone tz (docs/scheduling.md has the rules); null when there is
+-- none within 10 years. What a schedule with this expression would do. It runs
+-- as the owner only to reach the private parser; it reads no table and writes
+-- nothing, so anyone may call it.
+-- Raises 22004: an argument null. 22023: a bad cron expression or time zone;
+-- after outside the years 1 to 9999.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.cron_next(cron text, tz text DEFAULT 'UTC', after timestamptz DEFAULT treadle.now())
+RETURNS timestamptz
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM treadle._check_text(cron, 'cron');
+    PERFORM treadle._check_tz(tz);
+    IF after IS NULL THEN
+        RAISE EXCEPTION 'treadle: after must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT (after BETWEEN timestamptz '0001-01-02 00:00:00+00' AND timestamptz '9989-01-01 00:00:00+00') THEN
+        RAISE EXCEPTION 'treadle: after must be in the years 1 to 9988, got %', after
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN treadle._cron_next(cron, tz, after);
+END;
+$$;
+COMMENT ON FUNCTION treadle.cron_next(text, text, timestamptz) IS
+    'The next time a cron expression names in a time zone, after a given time (read only).';
+
+--------------------------------------------------------------------------------
+-- treadle._schedule_next(occurrence treadle.jobs) -> void
+--
+-- Transition, called by treadle._follow_up when a schedule's occurrence is
+-- completed, discarded or cancelled: (none) -> available, the schedule's next
+-- occurrence, due at the next time its cron names after the finished one's time
+-- (after the finish too, unless catch_up). Only the schedule's current
+-- occurrence starts another, once: an occurrence of a schedule that was since
+-- unscheduled or replaced, or one retried after it started its successor,
+-- starts nothing. Locks the job first, then the schedule, as every writer does.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._schedule_next(occurrence treadle.jobs)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_schedule treadle.cron_schedules;
+    v_at       timestamptz;
+    v_id       bigint;
+BEGIN
+    SELECT s.* INTO v_schedule FROM treadle.cron_schedules AS s
+     WHERE s.name = occurrence.schedule AND s.job_id = occurrence.id
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    v_at := treadle._cron_next(v_schedule.cron, v_schedule.tz,
+                               CASE WHEN v_schedule.catch_up THEN v_schedule.next_run_at
+                                    ELSE greatest(v_schedule.next_run_at, occurrence.finished_at) END);
+    IF v_at IS NULL THEN
+        RETURN;  -- no time within ten years: treadle.schedule refuses such expressions
+    END IF;
+    UPDATE treadle.jobs AS j
+       SET next_id = nextval('treadle.jobs_id_seq'::regclass)
+     WHERE j.id = occurrence.id AND j.next_id IS NULL
+    RETURNING j.next_id INTO v_id;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    INSERT INTO treadle.jobs (id, queue, name, args, priority, run_at, max_attempts, created_at, schedule)
+    VALUES (v_id, v_schedule.queue, v_schedule.job, v_schedule.args, v_schedule.priority, v_at,
+            v_schedule.max_attempts, treadle.now(), v_schedule.name);
+    UPDATE treadle.cron_schedules AS s SET job_id = v_id, next_run_at = v_at WHERE s.name = v_schedule.name;
+    IF v_at <= treadle.now() THEN
+        PERFORM treadle._notify('treadle_jobs', v_schedule.queue);  -- a missed time, caught up at once
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._schedule_next(treadle.jobs) IS
+    'Insert a schedule''s next occurrence after its current one finished.';
+
+--------------------------------------------------------------------------------
+-- treadle._lock_schedule(name) -> treadle.cron_schedules
+--
+-- The schedule named `name`, locked, after its current occurrence's job row:
+-- the order in which finishing an occurrence locks them too, so a schedule
+-- changed while its occurrence finishes never deadlocks. Null when there is none.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._lock_schedule(name text)
+RETURNS treadle.cron_schedules
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_job_id   bigint;
+    v_schedule treadle.cron_schedules;
+BEGIN
+    LOOP
+        SELECT s.job_id INTO v_job_id FROM treadle.cron_schedules AS s WHERE s.name = _lock_schedule.name;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+        PERFORM 1 FROM treadle.jobs AS j WHERE j.id = v_job_id FOR UPDATE;
+        SELECT s.* INTO v_schedule FROM treadle.cron_schedules AS s WHERE s.name = _lock_schedule.name FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+        IF v_schedule.job_id IS NOT DISTINCT FROM v_job_id THEN
+            RETURN v_schedule;
+        END IF;
+        -- its occurrence finished meanwhile and started the next: lock that one
+    END LOOP;
+    RETURN NULL;  -- not reached: the loop returns
+END;
+$$;
+COMMENT ON FUNCTION treadle._lock_schedule(text) IS
+    'Lock a schedule after its current occurrence (the order finishing uses); null when there is none.';
+
+--------------------------------------------------------------------------------
+-- treadle.schedule(name, cron, job, args, tz, queue, priority, max_attempts,
+--                  catch_up) -> bigint
+--
+-- Transition: creates or replaces the schedule `name`, idempotently. A new
+-- schedule's first occurrence, job `job` with `args` in `queue`, is inserted
+-- (available, due at the next time cron names after now on the wall clock of
+-- tz). The same call again changes nothing. A changed definition applies at
+-- once to a waiting occurrence (its job, args, queue, priority, max_attempts,
+-- and when cron or tz changed, its time: the next after now) and, for a running
+-- one, to the occurrence its finish inserts. A schedule whose occurrence is gone
+-- (pruned) gets a new one. Returns the current occurrence's job id.
+-- Raises 22004: an argument null (args aside). 22023: name, job or queue as
+-- enqueue refuses them; a bad cron expression (docs/scheduling.md) or one that
+-- names no time within ten years; tz not a time zone name; args as enqueue
+-- refuses them; max_attempts < 1. 42501: a tenant's queue outside its prefix,
+-- or a schedule of that name in such a queue.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.schedule(
+    name         text,
+    cron         text,
+    job          text,
+    args         jsonb   DEFAULT '{}',
+    tz           text    DEFAULT 'UTC',
+    queue        text    DEFAULT 'default',
+    priority     integer DEFAULT 0,
+    max_attempts integer DEFAULT 25,
+    catch_up     boolean DEFAULT false
+)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now      timestamptz := treadle.now();
+    v_args     jsonb;
+    v_first    timestamptz;
+    v_schedule treadle.cron_schedules;
+    v_current  treadle.jobs;
+    v_retimed  boolean;
+    v_id       bigint;
+BEGIN
+    PERFORM treadle._check_text(schedule.name, 'name');
+    PERFORM treadle._check_text(schedule.cron, 'cron');
+    PERFORM treadle._check_text(schedule.job, 'job');
+    PERFORM treadle._check_text(schedule.queue, 'queue');
+    PERFORM treadle._check_tz(schedule.tz);
+    IF schedule.priority IS NULL OR schedule.max_attempts IS NULL OR schedule.catch_up IS NULL THEN
+        RAISE EXCEPTION 'treadle: % must not be null',
+                        CASE WHEN schedule.priority IS NULL THEN 'priority'
+                             WHEN schedule.max_attempts IS NULL THEN 'max_attempts' ELSE 'catch_up' END
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF schedule.max_attempts < 1 THEN
+        RAISE EXCEPTION 'treadle: max_attempts must be at least 1, got %', schedule.max_attempts
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_args := treadle._payload(schedule.args, 'args');
+    v_first := treadle._cron_next(schedule.cron, schedule.tz, v_now);
+    IF v_first IS NULL THEN
+        RAISE EXCEPTION 'treadle: cron "%" names no time in the next ten years', schedule.cron
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM treadle._check_queue_allowed(schedule.queue);
+
+    v_schedule := treadle._lock_schedule(schedule.name);
+    IF v_schedule.name IS NULL THEN
+        INSERT INTO treadle.cron_schedules AS s
+            (name, cron, tz, job, args, queue, priority, max_attempts, catch_up, next_run_at, created_at, updated_at)
+        VALUES (schedule.name, schedule.cron, schedule.tz, schedule.job, v_args, schedule.queue, schedule.priority,
+                schedule.max_attempts, schedule.catch_up, v_first, v_now, v_now)
+        ON CONFLICT (name) DO NOTHING
+        RETURNING s.* INTO v_schedule;
+        IF NOT FOUND THEN
+            -- created by a concurrent call that committed meanwhile: replace that one
+            v_schedule := treadle._lock_schedule(schedule.name);
+        END IF;
+    END IF;
+    PERFORM treadle._check_queue_allowed(v_schedule.queue);
+    SELECT j.* INTO v_current FROM treadle.jobs AS j WHERE j.id = v_schedule.job_id;
+
+    IF (v_schedule.cron, v_schedule.tz, v_schedule.job, v_schedule.args, v_schedule.queue, v_schedule.priority,
+        v_schedule.max_attempts, v_schedule.catch_up)
+       IS DISTINCT FROM (schedule.cron, schedule.tz, schedule.job, v_args, schedule.queue, schedule.priority,
+                         schedule.max_attempts, schedule.catch_up) THEN
+        v_retimed := (v_schedule.cron, v_schedule.tz) IS DISTINCT FROM (schedule.cron, schedule.tz);
+        UPDATE treadle.cron_schedules AS s
+           SET cron = schedule.cron, tz = schedule.tz, job = schedule.job, args = v_args, queue = schedule.queue,
+               priority = schedule.priority, max_attempts = schedule.max_attempts, catch_up = schedule.catch_up,
+               updated_at = v_now
+         WHERE s.name = schedule.name
+        RETURNING s.* INTO v_schedule;
+        IF v_current.state = ANY (ARRAY['available', 'retryable']) THEN
+            UPDATE treadle.jobs AS j
+               SET name = schedule.job, args = v_args, queue = schedule.queue, priority = schedule.priority,
+                   max_attempts = schedule.max_attempts,
+                   run_at = CASE WHEN v_retimed THEN v_first ELSE j.run_at END,
+                   ready_txid = pg_current_xact_id()  -- moved, maybe below a claim cursor (040_claim.sql)
+             WHERE j.id = v_current.id
+            RETURNING j.* INTO v_current;
+            IF v_retimed THEN
+                UPDATE treadle.cron_schedules AS s SET next_run_at = v_first WHERE s.name = schedule.name;
+            END IF;
+            IF v_current.run_at <= v_now THEN
+                PERFORM treadle._notify('treadle_jobs', schedule.queue);  -- due now, in its new queue
+            END IF;
+        END IF;
+    END IF;
+
+    IF v_current.id IS NOT NULL AND v_current.state = ANY (ARRAY['available', 'retryable', 'running']) THEN
+        RETURN v_current.id;
+    END IF;
+    -- new, or its occurrence is gone (pruned, or finished without a successor): start one
+    v_id := nextval('treadle.jobs_id_seq'::regclass);
+    INSERT INTO treadle.jobs (id, queue, name, args, priority, run_at, max_attempts, created_at, schedule)
+    VALUES (v_id, schedule.queue, schedule.job, v_args, schedule.priority, v_first, schedule.max_attempts,
+            v_now, schedule.name);
+    UPDATE treadle.cron_schedules AS s SET job_id = v_id, next_run_at = v_first WHERE s.name = schedule.name;
+    RETURN v_id;
+END;
+$$;
+COMMENT ON FUNCTION treadle.schedule(text, text, text, jsonb, text, text, integer, integer, boolean) IS
+    'Create or replace a cron schedule by name (idempotent); returns its current occurrence''s job id.';
+
+--------------------------------------------------------------------------------
+-- treadle.unschedule(name) -> boolean
+--
+-- Transition: deletes the schedule `name`; its waiting occurrence (available or
+-- retryable) -> cancelled. A running occurrence finishes as usual, and nothing
+-- follows it. Returns false when there is no such schedule.
+-- Raises 22004: name null. 22023: name empty, blank, over 200 characters or
+-- with a control character. 42501: a tenant's schedule outside its queues.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.unschedule(name text)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_schedule treadle.cron_schedules;
+    v_job      treadle.jobs;
+BEGIN
+    PERFORM treadle._check_text(unschedule.name, 'name');
+    v_schedule := treadle._lock_schedule(unschedule.name);
+    IF v_schedule.name IS NULL THEN
+        RETURN false;
+    END IF;
+    PERFORM treadle._check_queue_allowed(v_schedule.queue);
+    DELETE FROM treadle.cron_schedules AS s WHERE s.name = unschedule.name;
+    UPDATE treadle.jobs AS j
+       SET state = 'cancelled', finished_at = treadle.now()
+     WHERE j.id = v_schedule.job_id AND j.state = ANY (ARRAY['available', 'retryable'])
+    RETURNING j.* INTO v_job;
+    IF FOUND THEN
+        PERFORM treadle._follow_up(ARRAY[v_job]);  -- tells listeners; the schedule is gone, so nothing follows
+    END IF;
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION treadle.unschedule(text) IS
+    'Delete a cron schedule and cancel its waiting occurrence; false when there is none.';
+
+-- The schedules with the time each one's current occurrence is for, as an instant
+-- and as the clocks of the schedule's zone show it.
+CREATE VIEW treadle.schedules WITH (security_invoker = true) AS
+SELECT s.name, s.cron, s.tz, s.job, s.queue, s.args, s.priority, s.max_attempts, s.catch_up,
+       s.next_run_at,
+       s.next_run_at AT TIME ZONE s.tz AS next_run_local,
+       s.job_id, j.state AS job_state,
+       s.created_at, s.updated_at
+  FROM treadle.cron_schedules AS s
+  LEFT JOIN treadle.jobs AS j ON j.id = s.job_id
+ ORDER BY s.name;
+COMMENT ON VIEW treadle.schedules IS
+    'Cron schedules: expression, time zone, job, queue, and the next run as an instant and on the zone''s clock.';
+--------------------------------------------------------------------------------
 -- Workers: a registry of live worker processes, for dashboards and monitoring.
 -- It is advisory: leases, not this table, decide who holds a job. A worker
 -- reports itself every few seconds; one that stops reporting drops out of
@@ -2516,7 +3206,7 @@ CREATE VIEW treadle.job_details WITH (security_invoker = true) AS
 SELECT j.id, j.queue, j.name, j.args, j.state, j.priority, j.run_at, j.attempt, j.max_attempts,
        j.lease_until, j.worker_id, j.idempotency_key, j.result, j.last_error, j.created_at,
        j.finished_at, j.workflow_run_id, j.step, j.every, j.next_id, j.cancel_requested,
-       j.started_at, j.failed_at, j.errors, j.progress, j.progress_message
+       j.started_at, j.failed_at, j.errors, j.progress, j.progress_message, j.schedule
   FROM treadle.jobs AS j;
 COMMENT ON VIEW treadle.job_details IS
     'Every job with all its columns but the lease token; filter by id, queue, name or state.';
@@ -2535,7 +3225,9 @@ SELECT r.id AS run_id, s.position, s.step,
   FROM treadle.workflow_runs AS r
  CROSS JOIN LATERAL unnest(r.steps) WITH ORDINALITY AS s(step, position)
   LEFT JOIN LATERAL (
-        SELECT j.* FROM treadle.jobs AS j
+        SELECT j.id, j.state, j.attempt, j.max_attempts, j.cancel_requested, j.last_error, j.errors,
+               j.progress, j.progress_message, j.run_at, j.started_at, j.finished_at
+          FROM treadle.jobs AS j
          WHERE j.workflow_run_id = r.id AND j.step = s.step
          ORDER BY j.id DESC
          LIMIT 1) AS j ON true;
@@ -2546,23 +3238,37 @@ COMMENT ON VIEW treadle.workflow_run_steps IS
 -- treadle.estimated_jobs(queue, state) -> bigint
 --
 -- The planner's estimate of how many jobs are in a state (in one queue, or in all
--- when queue is null), from the table's statistics: no row is read. Never below 1,
--- as the planner rounds up. VOLATILE because it runs EXPLAIN; runs with the
--- caller's rights; treadle.grant_reader grants it.
+-- the caller's queues when queue is null), from the table's statistics: no row is
+-- read. Never below 1 (the planner rounds up), but 0 for a queue a tenant may not
+-- see. It runs as the owner, since row-level security would hide the statistics
+-- from readers and bend the estimate; a tenant gets estimates of its queues only.
+-- VOLATILE because it runs EXPLAIN (a constant statement, the values passed as
+-- parameters). treadle.grant_reader grants it.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.estimated_jobs(queue text, state text)
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_plan json;
+    v_prefix text := treadle._caller_prefix();
+    v_plan   json;
 BEGIN
-    EXECUTE format('EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE j.state = %L%s',
-                   state,
-                   CASE WHEN queue IS NULL THEN '' ELSE format(' AND j.queue = %L', queue) END)
-       INTO v_plan;
+    IF queue IS NOT NULL AND NOT starts_with(queue, v_prefix) THEN
+        RETURN 0;
+    END IF;
+    IF queue IS NOT NULL THEN
+        EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE j.state = $1 AND j.queue = $2'
+           INTO v_plan USING state, queue;
+    ELSIF v_prefix <> '' THEN
+        EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE j.state = $1 AND j.queue LIKE $2'
+           INTO v_plan USING state, replace(replace(replace(v_prefix, '\', '\\'), '%', '\%'), '_', '\_') || '%';
+    ELSE
+        EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE j.state = $1'
+           INTO v_plan USING state;
+    END IF;
     RETURN round((v_plan -> 0 -> 'Plan' ->> 'Plan Rows')::numeric)::bigint;
 END;
 $$;
@@ -2582,19 +3288,22 @@ COMMENT ON FUNCTION treadle.estimated_jobs(text, text) IS
 -- (estimated = true) when it must be: finished states always, since counting them
 -- would read the whole table; available, retryable and running only when their own
 -- estimate passes exact_up_to (otherwise their indexes give an exact count).
--- It changes nothing, but is VOLATILE (it runs EXPLAIN); it runs with the
--- caller's rights (row-level security applies); treadle.grant_reader grants it.
+-- A tenant's counts cover its queues only. It runs as the owner, so that the
+-- statistics estimates rest on are not hidden from readers; it changes nothing,
+-- but is VOLATILE (it runs EXPLAIN); treadle.grant_reader grants it.
 -- Raises 22004: exact_up_to null. 22023: exact_up_to negative.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.job_counts(exact_up_to bigint DEFAULT 100000)
 RETURNS TABLE (queue text, state text, jobs bigint, estimated boolean, oldest_available_age interval)
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
     c_states CONSTANT text[] := ARRAY['available', 'running', 'retryable', 'completed', 'discarded', 'cancelled'];
+    v_prefix text := treadle._caller_prefix();  -- '' unless the caller is a tenant
     v_now   timestamptz := treadle.now();
     v_rows  real;
     v_small boolean;
@@ -2624,7 +3333,7 @@ BEGIN
         -- a small table: one pass over it
         SELECT j.queue, j.state, count(*) AS jobs
           FROM treadle.jobs AS j
-         WHERE v_small
+         WHERE v_small AND starts_with(j.queue, v_prefix)
          GROUP BY j.queue, j.state
         UNION ALL
         -- a large one: waiting and running states from their partial indexes
@@ -2633,6 +3342,7 @@ BEGIN
          WHERE NOT v_small
            AND j.state = ANY (ARRAY['available', 'retryable'])
            AND j.state = ANY (v_exact)
+           AND starts_with(j.queue, v_prefix)
          GROUP BY j.queue, j.state
         UNION ALL
         SELECT j.queue, j.state, count(*)
@@ -2640,6 +3350,7 @@ BEGIN
          WHERE NOT v_small
            AND j.state = 'running'
            AND 'running' = ANY (v_exact)
+           AND starts_with(j.queue, v_prefix)
          GROUP BY j.queue, j.state
     ), queues AS (
         -- the queues an estimate is given for: those with counted work, and those
@@ -2650,6 +3361,7 @@ BEGIN
           FROM pg_catalog.pg_stats AS st
          CROSS JOIN unnest(st.most_common_vals::text::text[]) AS m(queue)
          WHERE st.schemaname = 'treadle' AND st.tablename = 'jobs' AND st.attname = 'queue'
+           AND starts_with(m.queue, v_prefix)
     ), per_queue AS (
         SELECT e.queue, e.state, e.jobs, false AS estimated FROM exact AS e
         UNION ALL
@@ -2663,6 +3375,7 @@ BEGIN
           FROM treadle.jobs AS j
          WHERE j.state = ANY (ARRAY['available', 'retryable'])
            AND j.run_at <= v_now
+           AND starts_with(j.queue, v_prefix)
          GROUP BY j.queue
     )
     SELECT r.queue, r.state, r.jobs, r.estimated, r.age
@@ -2691,38 +3404,74 @@ COMMENT ON FUNCTION treadle.job_counts(bigint) IS
 -- creates no roles: the owner gives roles what their part needs with
 --
 --   treadle.grant_reader(role)     the views, and the tables' columns but lease tokens
---   treadle.grant_producer(role)   reader + enqueue, workflows, cancel, retry
+--   treadle.grant_producer(role)   reader + enqueue, workflows, schedules, cancel, retry
 --   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, registry
---   treadle.grant_admin(role)      reader + cancel, retry, prune, rescue
---   treadle.grant_dashboard(role, read_only)   reader + cancel and retry unless read_only
+--   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue
+--   treadle.grant_dashboard(role, read_only)   reader + cancel, retry, unschedule unless read_only
 --
 -- and keeps a role to the queues under a prefix with treadle.set_tenant.
 -- docs/operations.md has the table of who may do what.
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
--- treadle._grant(role, functions) -> void
+-- treadle._grant_parts(role, parts) -> void
 --
--- Grants USAGE on the schema and EXECUTE on the named functions (signatures as
--- regprocedure text) to role.
+-- Grants USAGE on the schema and EXECUTE on the functions of each named part:
+--   read     job_counts, estimated_jobs
+--   produce  enqueue, enqueue_many, start_workflow, schedule
+--   control  cancel, retry, cancel_workflow, unschedule
+--   work     claim, claimed, heartbeat, progress, complete, complete_many, fail,
+--            release, define_workflow, worker_seen, worker_stopped
+--   recover  rescue
+--   prune    prune
+-- Each function is listed here once; the grant helpers combine the parts.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._grant(role regrole, functions text[])
+CREATE OR REPLACE FUNCTION treadle._grant_parts(role regrole, parts text[])
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_functions text[];
 BEGIN
     IF role IS NULL THEN
         RAISE EXCEPTION 'treadle: role must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    SELECT array_agg(f.signature) INTO v_functions
+      FROM (VALUES
+        ('read',    'treadle.job_counts(bigint)'),
+        ('read',    'treadle.estimated_jobs(text, text)'),
+        ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval)'),
+        ('produce', 'treadle.enqueue_many(jsonb)'),
+        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text)'),
+        ('produce', 'treadle.schedule(text, text, text, jsonb, text, text, integer, integer, boolean)'),
+        ('control', 'treadle.cancel(bigint)'),
+        ('control', 'treadle.retry(bigint)'),
+        ('control', 'treadle.cancel_workflow(bigint)'),
+        ('control', 'treadle.unschedule(text)'),
+        ('work',    'treadle.claim(text, text[], text[], integer, interval, uuid)'),
+        ('work',    'treadle.claimed(uuid)'),
+        ('work',    'treadle.heartbeat(bigint, uuid, interval)'),
+        ('work',    'treadle.progress(bigint, uuid, double precision, text)'),
+        ('work',    'treadle.complete(bigint, uuid, jsonb)'),
+        ('work',    'treadle.complete_many(bigint[], uuid[], jsonb[])'),
+        ('work',    'treadle.fail(bigint, uuid, text, interval)'),
+        ('work',    'treadle.release(bigint, uuid)'),
+        ('work',    'treadle.define_workflow(text, text[])'),
+        ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer)'),
+        ('work',    'treadle.worker_stopped(text)'),
+        ('recover', 'treadle.rescue()'),
+        ('prune',   'treadle.prune(interval)')
+      ) AS f(part, signature)
+     WHERE f.part = ANY (parts);
     EXECUTE format('GRANT USAGE ON SCHEMA treadle TO %s', role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s',
-                   (SELECT string_agg(f::regprocedure::text, ', ') FROM unnest(functions) AS u(f)), role);
+                   (SELECT string_agg(f::regprocedure::text, ', ') FROM unnest(v_functions) AS u(f)), role);
 END;
 $$;
-COMMENT ON FUNCTION treadle._grant(regrole, text[]) IS
-    'Grant schema usage and EXECUTE on a list of functions to a role.';
+COMMENT ON FUNCTION treadle._grant_parts(regrole, text[]) IS
+    'Grant schema usage and the functions of the named parts (read, produce, control, work, recover, prune) to a role.';
 
 --------------------------------------------------------------------------------
 -- treadle.grant_reader(role) -> void
@@ -2738,7 +3487,7 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM treadle._grant(role, ARRAY['treadle.job_counts(bigint)', 'treadle.estimated_jobs(text, text)']);
+    PERFORM treadle._grant_parts(role, ARRAY['read']);
     EXECUTE format('GRANT SELECT (%s) ON treadle.jobs TO %s',
                    (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum)
                       FROM pg_catalog.pg_attribute AS a
@@ -2748,7 +3497,8 @@ BEGIN
     EXECUTE format('GRANT SELECT ON treadle.workflow_runs, treadle.workflows, treadle.workers,
         treadle.tenants, treadle.settings,
         treadle.queue_stats, treadle.throughput, treadle.recent_failures, treadle.workflow_run_overview,
-        treadle.live_workers, treadle.job_details, treadle.workflow_run_steps TO %s', role);
+        treadle.live_workers, treadle.job_details, treadle.workflow_run_steps,
+        treadle.cron_schedules, treadle.schedules TO %s', role);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_reader(regrole) IS
@@ -2768,11 +3518,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM treadle.grant_reader(role);
-    PERFORM treadle._grant(role, ARRAY[
-        'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval)',
-        'treadle.enqueue_many(jsonb)',
-        'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text)',
-        'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.cancel_workflow(bigint)']);
+    PERFORM treadle._grant_parts(role, ARRAY['produce', 'control']);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_producer(regrole) IS
@@ -2793,13 +3539,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM treadle.grant_producer(role);
-    PERFORM treadle._grant(role, ARRAY[
-        'treadle.claim(text, text[], text[], integer, interval, uuid)', 'treadle.claimed(uuid)',
-        'treadle.heartbeat(bigint, uuid, interval)', 'treadle.progress(bigint, uuid, double precision, text)',
-        'treadle.complete(bigint, uuid, jsonb)', 'treadle.complete_many(bigint[], uuid[], jsonb[])',
-        'treadle.fail(bigint, uuid, text, interval)', 'treadle.release(bigint, uuid)', 'treadle.rescue()',
-        'treadle.define_workflow(text, text[])',
-        'treadle.worker_seen(text, text, integer, text[], integer, integer)', 'treadle.worker_stopped(text)']);
+    PERFORM treadle._grant_parts(role, ARRAY['work', 'recover']);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_worker(regrole) IS
@@ -2819,9 +3559,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM treadle.grant_reader(role);
-    PERFORM treadle._grant(role, ARRAY[
-        'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.cancel_workflow(bigint)',
-        'treadle.prune(interval)', 'treadle.rescue()']);
+    PERFORM treadle._grant_parts(role, ARRAY['control', 'recover', 'prune']);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_admin(regrole) IS
@@ -2846,8 +3584,7 @@ BEGIN
     END IF;
     PERFORM treadle.grant_reader(role);
     IF NOT read_only THEN
-        PERFORM treadle._grant(role, ARRAY[
-            'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.cancel_workflow(bigint)']);
+        PERFORM treadle._grant_parts(role, ARRAY['control']);
     END IF;
 END;
 $$;
@@ -2925,5 +3662,6 @@ REVOKE ALL ON ALL TABLES IN SCHEMA treadle FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA treadle FROM PUBLIC;
 
 -- Read-only functions that run with the caller's rights: anyone may call them, and
--- see only what the caller may see.
-GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint) TO PUBLIC;
+-- see only what the caller may see. And cron_next, which reads no table.
+GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint),
+    treadle.cron_next(text, text, timestamptz) TO PUBLIC;

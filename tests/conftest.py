@@ -1,31 +1,52 @@
-"""Fixtures shared by every test: a real PostgreSQL server and fresh databases.
+"""Fixtures shared by every test: a real PostgreSQL server and throwaway databases.
 
 The server is the one `make test` started (TREADLE_TEST_SERVER, a postgres URL),
 or, when that is unset, a throwaway cluster this session starts itself with
 scripts/pgcluster (the extension must be installed: `make install`).
-Each test gets a database of its own, cloned from a template that has
-`CREATE EXTENSION treadle` done, so tests never see each other's jobs.
+
+Every database a test uses comes from one factory, `new_database` (or
+`new_module_database` for a database one module's tests share): by default a
+clone of a template that has `CREATE EXTENSION treadle` done, so tests never see
+each other's jobs; `new_database(template=None)` gives an empty one. Each is
+dropped when its test (or module) ends.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# the extension's version, from its one source
+EXTENSION_VERSION = re.findall(r"^default_version\s*=\s*'([^']+)'", (ROOT / "treadle.control").read_text(), re.M)[0]
 TEMPLATE = f"treadle_template_{os.getpid()}"
 
 
+class NewDatabase(Protocol):
+    """new_database(template=TEMPLATE) -> the URL of a new database on the test server."""
+
+    def __call__(self, template: str | None = TEMPLATE) -> str: ...
+
+
 def with_db(url: str, dbname: str) -> str:
-    """The same server URL, naming another database."""
-    return url.rsplit("/", 1)[0] + "/" + dbname
+    """The same server URL (postgresql://...), naming another database."""
+    return urlunsplit(urlsplit(url)._replace(path=f"/{dbname}"))
+
+
+def as_role(url: str, role: str) -> str:
+    """The same database URL, logging in as another role (the test cluster trusts local logins)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{role}@{parts.netloc.rpartition('@')[2]}"))
 
 
 @pytest.fixture(scope="session")
@@ -55,19 +76,77 @@ def template_db(pg_server: str) -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
 
 
+class Databases:
+    """Creates databases on the test server and drops every one it created."""
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+        self.created: list[str] = []
+
+    def new(self, template: str | None = TEMPLATE) -> str:
+        """A new database: a clone of `template` (treadle's template by default), or empty for None."""
+        name = f"treadle_t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(self.server, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+        self.created.append(name)
+        return with_db(self.server, name)
+
+    def drop_all(self) -> None:
+        with psycopg.connect(self.server, autocommit=True) as conn:
+            for name in reversed(self.created):
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self.created.clear()
+
+
 @pytest.fixture
-def dsn(pg_server: str, template_db: str) -> Iterator[str]:
+def new_database(pg_server: str, template_db: str) -> Iterator[NewDatabase]:
+    """new_database(template=TEMPLATE): a database for this test, dropped after it."""
+    databases = Databases(pg_server)
+    yield databases.new
+    databases.drop_all()
+
+
+@pytest.fixture(scope="module")
+def new_module_database(pg_server: str, template_db: str) -> Iterator[NewDatabase]:
+    """The same factory, for databases a module's tests share (dropped after the module)."""
+    databases = Databases(pg_server)
+    yield databases.new
+    databases.drop_all()
+
+
+@pytest.fixture
+def dsn(new_database: NewDatabase) -> str:
     """A fresh database with treadle installed; dropped after the test."""
-    name = f"treadle_t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield with_db(pg_server, name)
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return new_database()
 
 
 @pytest.fixture
-def conn(dsn: str) -> Iterator[psycopg.Connection]:
-    """An autocommit connection to the test's database."""
+def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to the test's database, as the superuser."""
     with psycopg.connect(dsn, autocommit=True) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def make_role(pg_server: str) -> Iterator[Callable[[str], str]]:
+    """make_role(purpose) -> the name of a new login role, dropped when the session ends.
+
+    Roles belong to the cluster, not to a database: grant them what they need in the
+    test's database, which is dropped (taking those grants with it) before the role is.
+    """
+    made: list[str] = []
+
+    def make(purpose: str) -> str:
+        name = f"treadle_{purpose}_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(f'CREATE ROLE "{name}" LOGIN')
+        made.append(name)
+        return name
+
+    yield make
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        for name in made:
+            try:
+                conn.execute(f'DROP ROLE IF EXISTS "{name}"')
+            except psycopg.errors.DependentObjectsStillExist:
+                pass  # a database that still holds its grants outlived its test; the cluster is throwaway

@@ -68,6 +68,7 @@ CREATE TABLE treadle.jobs (
     errors           jsonb       NOT NULL DEFAULT '[]',  -- every failed attempt: {attempt, at, error}
     progress         double precision,                   -- 0..1, set by the running handler
     progress_message text,
+    schedule         text,                               -- the cron schedule this job is an occurrence of
     -- the transaction that last made the job claimable: a claim that resumes from where
     -- it stopped finds rows committed since its previous snapshot by this (040_claim.sql)
     ready_txid       xid8        DEFAULT pg_current_xact_id(),
@@ -147,6 +148,26 @@ CREATE TABLE treadle.settings (
     CONSTRAINT settings_max_payload_bytes_check CHECK (max_payload_bytes BETWEEN 1024 AND 268435456)
 );
 
+-- Cron schedules (treadle.schedule). Each has one current occurrence, a job whose
+-- schedule column names it; finishing that job inserts the next (treadle._follow_up).
+CREATE TABLE treadle.cron_schedules (
+    name         text        PRIMARY KEY,
+    cron         text        NOT NULL,
+    tz           text        NOT NULL,
+    job          text        NOT NULL,                -- the job name the occurrences run
+    args         jsonb       NOT NULL DEFAULT '{}',
+    queue        text        NOT NULL,
+    priority     integer     NOT NULL,
+    max_attempts integer     NOT NULL,
+    catch_up     boolean     NOT NULL,                -- run every missed time, not once
+    job_id       bigint,                              -- the current occurrence
+    next_run_at  timestamptz NOT NULL,                -- the time the current occurrence is for
+    created_at   timestamptz NOT NULL,
+    updated_at   timestamptz NOT NULL,
+    CONSTRAINT cron_schedules_name_check CHECK (name <> ''),
+    CONSTRAINT cron_schedules_max_attempts_check CHECK (max_attempts >= 1)
+);
+
 -- Tenants: a role listed here sees and acts on only the queues whose names start with
 -- its prefix (treadle.set_tenant). Row-level security applies it to every read through
 -- the views; the functions apply it to every write.
@@ -160,10 +181,15 @@ CREATE TABLE treadle.tenants (
 -- not a tenant). The owner, whose functions do every write, is not subject to it.
 ALTER TABLE treadle.jobs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.workflow_runs ENABLE ROW LEVEL SECURITY;
+ALTER TABLE treadle.cron_schedules ENABLE ROW LEVEL SECURITY;
 CREATE POLICY jobs_tenant_read ON treadle.jobs FOR SELECT
     USING (starts_with(queue, coalesce(
         (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
 CREATE POLICY workflow_runs_tenant_read ON treadle.workflow_runs FOR SELECT
+    USING (starts_with(queue, coalesce(
+        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
+
+CREATE POLICY cron_schedules_tenant_read ON treadle.cron_schedules FOR SELECT
     USING (starts_with(queue, coalesce(
         (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
 
@@ -174,3 +200,4 @@ SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_runs', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_runs_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.jobs', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.jobs_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('treadle.cron_schedules', '');

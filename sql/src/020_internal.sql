@@ -60,6 +60,22 @@ COMMENT ON FUNCTION treadle._caller() IS
     'The role a call is made for: SET ROLE''s role, or the session''s login role.';
 
 --------------------------------------------------------------------------------
+-- treadle._caller_prefix() -> text
+--
+-- The queue prefix the caller is kept to (treadle.set_tenant), or '' for a role
+-- that is not a tenant: every queue starts with ''.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._caller_prefix()
+RETURNS text
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = treadle._caller()), '');
+END;
+COMMENT ON FUNCTION treadle._caller_prefix() IS
+    'The queue prefix a tenant caller is kept to, or '''' for any other role.';
+
+--------------------------------------------------------------------------------
 -- treadle._check_queue_allowed(queue) -> void
 --
 -- Raises 42501 when the caller is a tenant (treadle.tenants) and the queue is not
@@ -73,10 +89,9 @@ STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_prefix text;
+    v_prefix text := treadle._caller_prefix();
 BEGIN
-    SELECT t.queue_prefix INTO v_prefix FROM treadle.tenants AS t WHERE t.role_name = treadle._caller();
-    IF FOUND AND NOT starts_with(queue, v_prefix) THEN
+    IF NOT starts_with(queue, v_prefix) THEN
         RAISE EXCEPTION 'treadle: role % may not use queue %', treadle._caller(), queue
             USING ERRCODE = 'insufficient_privilege',
                   DETAIL = format('Its queues start with %L.', v_prefix);

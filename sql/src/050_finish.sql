@@ -81,6 +81,8 @@ COMMENT ON FUNCTION treadle._advance_run(treadle.jobs) IS
 --   a periodic occurrence that completed or was discarded inserts the series'
 --   next one at finished_at + every, once (next_id records it, so a retried
 --   occurrence never starts a second one); a cancelled occurrence ends the series;
+--   an occurrence of a cron schedule that completed, was discarded or was
+--   cancelled inserts the schedule's next one (treadle._schedule_next);
 --   a workflow step moves its run (treadle._advance_run);
 --   listeners of channel treadle_done hear each queue where jobs finished.
 --------------------------------------------------------------------------------
@@ -98,6 +100,7 @@ BEGIN
         SELECT d.* FROM unnest(done) AS d
          WHERE d.workflow_run_id IS NOT NULL
             OR (d.every IS NOT NULL AND d.state = ANY (ARRAY['completed', 'discarded']))
+            OR (d.schedule IS NOT NULL AND d.state = ANY (ARRAY['completed', 'discarded', 'cancelled']))
          ORDER BY d.id
     LOOP
         IF v_job.every IS NOT NULL AND v_job.state = ANY (ARRAY['completed', 'discarded']) THEN
@@ -113,6 +116,9 @@ BEGIN
                      v_job.finished_at + v_job.every, v_job.max_attempts, v_job.every, treadle.now());
             END IF;
         END IF;
+        IF v_job.schedule IS NOT NULL AND v_job.state = ANY (ARRAY['completed', 'discarded', 'cancelled']) THEN
+            PERFORM treadle._schedule_next(v_job);
+        END IF;
         IF v_job.workflow_run_id IS NOT NULL THEN
             PERFORM treadle._advance_run(v_job);
         END IF;
@@ -124,7 +130,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
-    'Insert periodic successors, advance workflow runs and notify, for jobs that just changed state.';
+    'Insert periodic and scheduled successors, advance workflow runs and notify, for jobs that just changed state.';
 
 --------------------------------------------------------------------------------
 -- Finishing keeps the lease token on the job: the token of the claim that finished

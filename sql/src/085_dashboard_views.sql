@@ -10,7 +10,7 @@ CREATE VIEW treadle.job_details WITH (security_invoker = true) AS
 SELECT j.id, j.queue, j.name, j.args, j.state, j.priority, j.run_at, j.attempt, j.max_attempts,
        j.lease_until, j.worker_id, j.idempotency_key, j.result, j.last_error, j.created_at,
        j.finished_at, j.workflow_run_id, j.step, j.every, j.next_id, j.cancel_requested,
-       j.started_at, j.failed_at, j.errors, j.progress, j.progress_message
+       j.started_at, j.failed_at, j.errors, j.progress, j.progress_message, j.schedule
   FROM treadle.jobs AS j;
 COMMENT ON VIEW treadle.job_details IS
     'Every job with all its columns but the lease token; filter by id, queue, name or state.';
@@ -29,7 +29,9 @@ SELECT r.id AS run_id, s.position, s.step,
   FROM treadle.workflow_runs AS r
  CROSS JOIN LATERAL unnest(r.steps) WITH ORDINALITY AS s(step, position)
   LEFT JOIN LATERAL (
-        SELECT j.* FROM treadle.jobs AS j
+        SELECT j.id, j.state, j.attempt, j.max_attempts, j.cancel_requested, j.last_error, j.errors,
+               j.progress, j.progress_message, j.run_at, j.started_at, j.finished_at
+          FROM treadle.jobs AS j
          WHERE j.workflow_run_id = r.id AND j.step = s.step
          ORDER BY j.id DESC
          LIMIT 1) AS j ON true;
@@ -40,23 +42,37 @@ COMMENT ON VIEW treadle.workflow_run_steps IS
 -- treadle.estimated_jobs(queue, state) -> bigint
 --
 -- The planner's estimate of how many jobs are in a state (in one queue, or in all
--- when queue is null), from the table's statistics: no row is read. Never below 1,
--- as the planner rounds up. VOLATILE because it runs EXPLAIN; runs with the
--- caller's rights; treadle.grant_reader grants it.
+-- the caller's queues when queue is null), from the table's statistics: no row is
+-- read. Never below 1 (the planner rounds up), but 0 for a queue a tenant may not
+-- see. It runs as the owner, since row-level security would hide the statistics
+-- from readers and bend the estimate; a tenant gets estimates of its queues only.
+-- VOLATILE because it runs EXPLAIN (a constant statement, the values passed as
+-- parameters). treadle.grant_reader grants it.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.estimated_jobs(queue text, state text)
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_plan json;
+    v_prefix text := treadle._caller_prefix();
+    v_plan   json;
 BEGIN
-    EXECUTE format('EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE j.state = %L%s',
-                   state,
-                   CASE WHEN queue IS NULL THEN '' ELSE format(' AND j.queue = %L', queue) END)
-       INTO v_plan;
+    IF queue IS NOT NULL AND NOT starts_with(queue, v_prefix) THEN
+        RETURN 0;
+    END IF;
+    IF queue IS NOT NULL THEN
+        EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE j.state = $1 AND j.queue = $2'
+           INTO v_plan USING state, queue;
+    ELSIF v_prefix <> '' THEN
+        EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE j.state = $1 AND j.queue LIKE $2'
+           INTO v_plan USING state, replace(replace(replace(v_prefix, '\', '\\'), '%', '\%'), '_', '\_') || '%';
+    ELSE
+        EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE j.state = $1'
+           INTO v_plan USING state;
+    END IF;
     RETURN round((v_plan -> 0 -> 'Plan' ->> 'Plan Rows')::numeric)::bigint;
 END;
 $$;
@@ -76,19 +92,22 @@ COMMENT ON FUNCTION treadle.estimated_jobs(text, text) IS
 -- (estimated = true) when it must be: finished states always, since counting them
 -- would read the whole table; available, retryable and running only when their own
 -- estimate passes exact_up_to (otherwise their indexes give an exact count).
--- It changes nothing, but is VOLATILE (it runs EXPLAIN); it runs with the
--- caller's rights (row-level security applies); treadle.grant_reader grants it.
+-- A tenant's counts cover its queues only. It runs as the owner, so that the
+-- statistics estimates rest on are not hidden from readers; it changes nothing,
+-- but is VOLATILE (it runs EXPLAIN); treadle.grant_reader grants it.
 -- Raises 22004: exact_up_to null. 22023: exact_up_to negative.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.job_counts(exact_up_to bigint DEFAULT 100000)
 RETURNS TABLE (queue text, state text, jobs bigint, estimated boolean, oldest_available_age interval)
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
     c_states CONSTANT text[] := ARRAY['available', 'running', 'retryable', 'completed', 'discarded', 'cancelled'];
+    v_prefix text := treadle._caller_prefix();  -- '' unless the caller is a tenant
     v_now   timestamptz := treadle.now();
     v_rows  real;
     v_small boolean;
@@ -118,7 +137,7 @@ BEGIN
         -- a small table: one pass over it
         SELECT j.queue, j.state, count(*) AS jobs
           FROM treadle.jobs AS j
-         WHERE v_small
+         WHERE v_small AND starts_with(j.queue, v_prefix)
          GROUP BY j.queue, j.state
         UNION ALL
         -- a large one: waiting and running states from their partial indexes
@@ -127,6 +146,7 @@ BEGIN
          WHERE NOT v_small
            AND j.state = ANY (ARRAY['available', 'retryable'])
            AND j.state = ANY (v_exact)
+           AND starts_with(j.queue, v_prefix)
          GROUP BY j.queue, j.state
         UNION ALL
         SELECT j.queue, j.state, count(*)
@@ -134,6 +154,7 @@ BEGIN
          WHERE NOT v_small
            AND j.state = 'running'
            AND 'running' = ANY (v_exact)
+           AND starts_with(j.queue, v_prefix)
          GROUP BY j.queue, j.state
     ), queues AS (
         -- the queues an estimate is given for: those with counted work, and those
@@ -144,6 +165,7 @@ BEGIN
           FROM pg_catalog.pg_stats AS st
          CROSS JOIN unnest(st.most_common_vals::text::text[]) AS m(queue)
          WHERE st.schemaname = 'treadle' AND st.tablename = 'jobs' AND st.attname = 'queue'
+           AND starts_with(m.queue, v_prefix)
     ), per_queue AS (
         SELECT e.queue, e.state, e.jobs, false AS estimated FROM exact AS e
         UNION ALL
@@ -157,6 +179,7 @@ BEGIN
           FROM treadle.jobs AS j
          WHERE j.state = ANY (ARRAY['available', 'retryable'])
            AND j.run_at <= v_now
+           AND starts_with(j.queue, v_prefix)
          GROUP BY j.queue
     )
     SELECT r.queue, r.state, r.jobs, r.estimated, r.age

@@ -6,38 +6,74 @@
 -- creates no roles: the owner gives roles what their part needs with
 --
 --   treadle.grant_reader(role)     the views, and the tables' columns but lease tokens
---   treadle.grant_producer(role)   reader + enqueue, workflows, cancel, retry
+--   treadle.grant_producer(role)   reader + enqueue, workflows, schedules, cancel, retry
 --   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, registry
---   treadle.grant_admin(role)      reader + cancel, retry, prune, rescue
---   treadle.grant_dashboard(role, read_only)   reader + cancel and retry unless read_only
+--   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue
+--   treadle.grant_dashboard(role, read_only)   reader + cancel, retry, unschedule unless read_only
 --
 -- and keeps a role to the queues under a prefix with treadle.set_tenant.
 -- docs/operations.md has the table of who may do what.
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
--- treadle._grant(role, functions) -> void
+-- treadle._grant_parts(role, parts) -> void
 --
--- Grants USAGE on the schema and EXECUTE on the named functions (signatures as
--- regprocedure text) to role.
+-- Grants USAGE on the schema and EXECUTE on the functions of each named part:
+--   read     job_counts, estimated_jobs
+--   produce  enqueue, enqueue_many, start_workflow, schedule
+--   control  cancel, retry, cancel_workflow, unschedule
+--   work     claim, claimed, heartbeat, progress, complete, complete_many, fail,
+--            release, define_workflow, worker_seen, worker_stopped
+--   recover  rescue
+--   prune    prune
+-- Each function is listed here once; the grant helpers combine the parts.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._grant(role regrole, functions text[])
+CREATE OR REPLACE FUNCTION treadle._grant_parts(role regrole, parts text[])
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_functions text[];
 BEGIN
     IF role IS NULL THEN
         RAISE EXCEPTION 'treadle: role must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    SELECT array_agg(f.signature) INTO v_functions
+      FROM (VALUES
+        ('read',    'treadle.job_counts(bigint)'),
+        ('read',    'treadle.estimated_jobs(text, text)'),
+        ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval)'),
+        ('produce', 'treadle.enqueue_many(jsonb)'),
+        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text)'),
+        ('produce', 'treadle.schedule(text, text, text, jsonb, text, text, integer, integer, boolean)'),
+        ('control', 'treadle.cancel(bigint)'),
+        ('control', 'treadle.retry(bigint)'),
+        ('control', 'treadle.cancel_workflow(bigint)'),
+        ('control', 'treadle.unschedule(text)'),
+        ('work',    'treadle.claim(text, text[], text[], integer, interval, uuid)'),
+        ('work',    'treadle.claimed(uuid)'),
+        ('work',    'treadle.heartbeat(bigint, uuid, interval)'),
+        ('work',    'treadle.progress(bigint, uuid, double precision, text)'),
+        ('work',    'treadle.complete(bigint, uuid, jsonb)'),
+        ('work',    'treadle.complete_many(bigint[], uuid[], jsonb[])'),
+        ('work',    'treadle.fail(bigint, uuid, text, interval)'),
+        ('work',    'treadle.release(bigint, uuid)'),
+        ('work',    'treadle.define_workflow(text, text[])'),
+        ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer)'),
+        ('work',    'treadle.worker_stopped(text)'),
+        ('recover', 'treadle.rescue()'),
+        ('prune',   'treadle.prune(interval)')
+      ) AS f(part, signature)
+     WHERE f.part = ANY (parts);
     EXECUTE format('GRANT USAGE ON SCHEMA treadle TO %s', role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s',
-                   (SELECT string_agg(f::regprocedure::text, ', ') FROM unnest(functions) AS u(f)), role);
+                   (SELECT string_agg(f::regprocedure::text, ', ') FROM unnest(v_functions) AS u(f)), role);
 END;
 $$;
-COMMENT ON FUNCTION treadle._grant(regrole, text[]) IS
-    'Grant schema usage and EXECUTE on a list of functions to a role.';
+COMMENT ON FUNCTION treadle._grant_parts(regrole, text[]) IS
+    'Grant schema usage and the functions of the named parts (read, produce, control, work, recover, prune) to a role.';
 
 --------------------------------------------------------------------------------
 -- treadle.grant_reader(role) -> void
@@ -53,7 +89,7 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM treadle._grant(role, ARRAY['treadle.job_counts(bigint)', 'treadle.estimated_jobs(text, text)']);
+    PERFORM treadle._grant_parts(role, ARRAY['read']);
     EXECUTE format('GRANT SELECT (%s) ON treadle.jobs TO %s',
                    (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum)
                       FROM pg_catalog.pg_attribute AS a
@@ -63,7 +99,8 @@ BEGIN
     EXECUTE format('GRANT SELECT ON treadle.workflow_runs, treadle.workflows, treadle.workers,
         treadle.tenants, treadle.settings,
         treadle.queue_stats, treadle.throughput, treadle.recent_failures, treadle.workflow_run_overview,
-        treadle.live_workers, treadle.job_details, treadle.workflow_run_steps TO %s', role);
+        treadle.live_workers, treadle.job_details, treadle.workflow_run_steps,
+        treadle.cron_schedules, treadle.schedules TO %s', role);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_reader(regrole) IS
@@ -83,11 +120,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM treadle.grant_reader(role);
-    PERFORM treadle._grant(role, ARRAY[
-        'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval)',
-        'treadle.enqueue_many(jsonb)',
-        'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text)',
-        'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.cancel_workflow(bigint)']);
+    PERFORM treadle._grant_parts(role, ARRAY['produce', 'control']);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_producer(regrole) IS
@@ -108,13 +141,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM treadle.grant_producer(role);
-    PERFORM treadle._grant(role, ARRAY[
-        'treadle.claim(text, text[], text[], integer, interval, uuid)', 'treadle.claimed(uuid)',
-        'treadle.heartbeat(bigint, uuid, interval)', 'treadle.progress(bigint, uuid, double precision, text)',
-        'treadle.complete(bigint, uuid, jsonb)', 'treadle.complete_many(bigint[], uuid[], jsonb[])',
-        'treadle.fail(bigint, uuid, text, interval)', 'treadle.release(bigint, uuid)', 'treadle.rescue()',
-        'treadle.define_workflow(text, text[])',
-        'treadle.worker_seen(text, text, integer, text[], integer, integer)', 'treadle.worker_stopped(text)']);
+    PERFORM treadle._grant_parts(role, ARRAY['work', 'recover']);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_worker(regrole) IS
@@ -134,9 +161,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM treadle.grant_reader(role);
-    PERFORM treadle._grant(role, ARRAY[
-        'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.cancel_workflow(bigint)',
-        'treadle.prune(interval)', 'treadle.rescue()']);
+    PERFORM treadle._grant_parts(role, ARRAY['control', 'recover', 'prune']);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_admin(regrole) IS
@@ -161,8 +186,7 @@ BEGIN
     END IF;
     PERFORM treadle.grant_reader(role);
     IF NOT read_only THEN
-        PERFORM treadle._grant(role, ARRAY[
-            'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.cancel_workflow(bigint)']);
+        PERFORM treadle._grant_parts(role, ARRAY['control']);
     END IF;
 END;
 $$;
@@ -240,5 +264,6 @@ REVOKE ALL ON ALL TABLES IN SCHEMA treadle FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA treadle FROM PUBLIC;
 
 -- Read-only functions that run with the caller's rights: anyone may call them, and
--- see only what the caller may see.
-GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint) TO PUBLIC;
+-- see only what the caller may see. And cron_next, which reads no table.
+GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint),
+    treadle.cron_next(text, text, timestamptz) TO PUBLIC;

@@ -89,8 +89,38 @@ SELECT pg_catalog.pg_extension_config_dump('treadle.tenants', '');
 -- Schema: nobody but the owner creates objects in it.
 REVOKE ALL ON SCHEMA treadle FROM PUBLIC;
 
--- Claims that resume where they stopped (040_claim.sql): the transaction that last made
--- each job claimable, and its index. Rows of 0.1.0 keep null: a claim's full sweep finds them.
+--------------------------------------------------------------------------------
+-- Cron schedules (sql/src/072_schedules.sql), as in sql/src/010_tables.sql.
+--------------------------------------------------------------------------------
+ALTER TABLE treadle.jobs ADD COLUMN schedule text;
+CREATE TABLE treadle.cron_schedules (
+    name         text        PRIMARY KEY,
+    cron         text        NOT NULL,
+    tz           text        NOT NULL,
+    job          text        NOT NULL,
+    args         jsonb       NOT NULL DEFAULT '{}',
+    queue        text        NOT NULL,
+    priority     integer     NOT NULL,
+    max_attempts integer     NOT NULL,
+    catch_up     boolean     NOT NULL,
+    job_id       bigint,
+    next_run_at  timestamptz NOT NULL,
+    created_at   timestamptz NOT NULL,
+    updated_at   timestamptz NOT NULL,
+    CONSTRAINT cron_schedules_name_check CHECK (name <> ''),
+    CONSTRAINT cron_schedules_max_attempts_check CHECK (max_attempts >= 1)
+);
+ALTER TABLE treadle.cron_schedules ENABLE ROW LEVEL SECURITY;
+CREATE POLICY cron_schedules_tenant_read ON treadle.cron_schedules FOR SELECT
+    USING (starts_with(queue, coalesce(
+        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
+SELECT pg_catalog.pg_extension_config_dump('treadle.cron_schedules', '');
+
+--------------------------------------------------------------------------------
+-- Claims that resume where they stopped (sql/src/040_claim.sql): the transaction
+-- that last made each job claimable, and its index, as in sql/src/010_tables.sql.
+-- Rows of 0.1.0 keep null: a claim's sweep from the front finds them.
+--------------------------------------------------------------------------------
 ALTER TABLE treadle.jobs ADD COLUMN ready_txid xid8;
 ALTER TABLE treadle.jobs ALTER COLUMN ready_txid SET DEFAULT pg_current_xact_id();
 CREATE INDEX jobs_ready_txid_idx ON treadle.jobs (ready_txid)

@@ -25,11 +25,16 @@ def title(script: Path) -> str:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_scenario_runs_and_prints_its_table(pg_server: str, scenario: str) -> None:
     script = BENCH / f"{scenario}.py"
     done = subprocess.run(
         [sys.executable, str(script), "--smoke", "--runs", "1"],
-        env={**os.environ, "DATABASE_URL": pg_server}, capture_output=True, text=True, timeout=240,
+        env={**os.environ, "DATABASE_URL": pg_server},
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"### {title(script)}" in done.stdout

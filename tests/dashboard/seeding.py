@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,14 +52,14 @@ def enqueue(
 
 
 def start_workflow(
-    conn: psycopg.Connection, name: str, steps: list[str], queue: str, input: str = "{}", max_attempts: int = 3
+    conn: psycopg.Connection, name: str, steps: list[str], queue: str, run_input: str = "{}", max_attempts: int = 3
 ) -> int:
     return int(
         one(
             conn,
             "SELECT treadle.start_workflow(%s, %s::jsonb, %s, %s, max_attempts => %s)",
             name,
-            input,
+            run_input,
             steps,
             queue,
             max_attempts,
@@ -124,3 +125,57 @@ def csrf_from(client: FlaskClient, path: str = "/") -> str:
 
 def job_state(conn: psycopg.Connection, job_id: int) -> str:
     return str(one(conn, "SELECT state FROM treadle.jobs WHERE id = %s", job_id))
+
+
+# JSON nested deeper than Python's json module decodes (it raises RecursionError);
+# 0.2.0 refuses such payloads, but rows written by 0.1.0 may hold them
+DEEP_JSON = "[" * 1500 + "]" * 1500
+
+
+@dataclass(frozen=True)
+class DeepRows:
+    job: int  # a finished step job whose args, result and error history are DEEP_JSON
+    run: int  # its workflow run, whose input and step result are DEEP_JSON
+
+
+def deep_rows(conn: psycopg.Connection) -> DeepRows:
+    """Rows as 0.1.0 could have written them, put there directly by the superuser."""
+    run = start_workflow(conn, "legacy", ["first", "second"], "legacy")
+    job = complete(conn, "legacy")
+    conn.execute(
+        "UPDATE treadle.workflow_runs"
+        " SET input = %(deep)s::jsonb, results = jsonb_build_object('first', %(deep)s::jsonb)"
+        " WHERE id = %(run)s",
+        {"deep": DEEP_JSON, "run": run},
+    )
+    conn.execute(
+        "UPDATE treadle.jobs SET args = %(deep)s::jsonb, result = %(deep)s::jsonb,"
+        " errors = jsonb_build_array(jsonb_build_object('attempt', 1, 'at', now(), 'error', %(deep)s::jsonb))"
+        " WHERE id = %(job)s",
+        {"deep": DEEP_JSON, "job": job},
+    )
+    return DeepRows(job=job, run=run)
+
+
+def lease_token(conn: psycopg.Connection, job_id: int) -> str:
+    """A running job's lease token, read as the superuser."""
+    return str(one(conn, "SELECT lease_token FROM treadle.jobs WHERE id = %s", job_id))
+
+
+def python_traceback() -> str:
+    """The traceback of a real exception raised while handling another, as a worker records it."""
+    feed: dict[str, list[str]] = {}
+    try:
+        try:
+            feed["items"]
+        except KeyError as missing:
+            raise ValueError("feed 7 has no items") from missing
+    except ValueError:
+        return traceback.format_exc()
+    raise AssertionError("unreachable")
+
+
+def fail_with_traceback(conn: psycopg.Connection) -> int:
+    """A retryable job whose error is a Python traceback (python_traceback())."""
+    enqueue(conn, "parse_feed", "feeds")
+    return fail(conn, "feeds", python_traceback())

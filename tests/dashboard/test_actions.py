@@ -5,7 +5,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 from flask.testing import FlaskClient
-from seeding import Seeded, csrf_from, job_state
+
+from tests.dashboard.seeding import Seeded, csrf_from, job_state
 
 JSON = {"Accept": "application/json"}
 

@@ -13,10 +13,21 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
-from seeding import XSS_ARGS, XSS_ERROR, XSS_NAME, Seeded, enqueue, job_state
+from playwright.sync_api import Browser, ConsoleMessage, Dialog, Locator, Page, expect, sync_playwright
 from werkzeug.serving import make_server
 
+from tests.dashboard.seeding import (
+    DEEP_JSON,
+    XSS_ARGS,
+    XSS_ERROR,
+    XSS_NAME,
+    Seeded,
+    deep_rows,
+    enqueue,
+    fail_with_traceback,
+    job_state,
+    lease_token,
+)
 from treadle.dashboard import create_app, dashboard_of
 
 CHROMIUM = "/usr/bin/chromium"
@@ -33,6 +44,7 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 XSS_MARKERS = "[window.__xss_name, window.__xss_args, window.__xss_error]"
 
 expect.set_options(timeout=20_000)
+pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +73,8 @@ class Served:
 
 
 @pytest.fixture
-def served(dsn: str) -> Iterator[Served]:
-    server = Served(dsn)
+def served(operator_dsn: str) -> Iterator[Served]:
+    server = Served(operator_dsn)
     yield server
     server.stop()
     dashboard_of(server.app).close()
@@ -75,9 +87,18 @@ def page(browser: Browser) -> Iterator[Page]:
     dialogs: list[str] = []
     errors: list[str] = []
     refused: list[str] = []
-    opened.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+
+    def on_dialog(dialog: Dialog) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    def on_console(message: ConsoleMessage) -> None:
+        if "Content Security Policy" in message.text:
+            refused.append(message.text)
+
+    opened.on("dialog", on_dialog)
     opened.on("pageerror", lambda error: errors.append(str(error)))
-    opened.on("console", lambda message: "Content Security Policy" in message.text and refused.append(message.text))
+    opened.on("console", on_console)
     yield opened
     context.close()
     assert dialogs == [], "a page opened a dialog"
@@ -111,6 +132,29 @@ def test_overview_renders_every_part_and_markup_stays_text(page: Page, served: S
     page.screenshot(path=str(ARTIFACTS / "dashboard-job.png"), full_page=True)
 
 
+def test_pages_of_payloads_too_deep_to_decode_show_their_text(
+    page: Page, served: Served, conn: psycopg.Connection, seeded: Seeded
+) -> None:
+    deep = deep_rows(conn)
+    page.goto(f"{served.url}jobs/{deep.job}")
+    expect(page.locator("#job h1")).to_contain_text("workflow:legacy")
+    shown = page.locator("#job pre.json")
+    expect(shown).to_have_count(3)  # args, result, and the error history
+    assert shown.nth(0).inner_text() == shown.nth(1).inner_text() == DEEP_JSON
+    assert DEEP_JSON in shown.nth(2).inner_text()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-deep-job.png"), full_page=True)
+
+    page.goto(f"{served.url}runs/{deep.run}")
+    expect(page.locator("#run table.steps")).to_contain_text(DEEP_JSON[:150])
+    assert page.locator("#run pre.json").inner_text() == DEEP_JSON
+    page.screenshot(path=str(ARTIFACTS / "dashboard-deep-run.png"), full_page=True)
+
+    page.goto(f"{served.url}jobs/{seeded.running}")
+    expect(page.locator("#job")).to_contain_text("Lease until")
+    assert lease_token(conn, seeded.running) not in page.content()
+
+
 def test_the_full_error_opens_on_demand(page: Page, served: Served, seeded: Seeded) -> None:
     page.goto(served.url)
     details = row(page, "failures", "sync_crm").locator("details")
@@ -121,6 +165,30 @@ def test_the_full_error_opens_on_demand(page: Page, served: Served, seeded: Seed
     shown = page.locator("#updated").inner_text()
     expect(page.locator("#updated")).not_to_have_text(shown)  # a refresh replaced the section...
     expect(row(page, "failures", "sync_crm").locator("details pre")).to_be_visible()  # ...and kept it open
+
+
+def test_a_traceback_shows_its_exception_and_opens_whole(
+    page: Page, served: Served, conn: psycopg.Connection, seeded: Seeded
+) -> None:
+    job_id = fail_with_traceback(conn)
+    page.goto(served.url)
+    details = row(page, "failures", "parse_feed").locator("details")
+    expect(details.locator("summary")).to_have_text("ValueError: feed 7 has no items")
+    expect(details.locator("pre")).not_to_be_visible()
+    details.locator("summary").click()
+    expect(details.locator("pre")).to_be_visible()
+    expect(details.locator("pre")).to_contain_text("Traceback (most recent call last):")
+    expect(details.locator("pre")).to_contain_text("KeyError: 'items'")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-traceback-overview.png"), full_page=True)
+
+    page.goto(f"{served.url}jobs?queue=feeds")
+    expect(page.locator("#results tr", has_text="parse_feed")).to_contain_text("ValueError: feed 7 has no items")
+    page.goto(f"{served.url}jobs/{job_id}")
+    history = page.locator("#job ol.errors pre")
+    expect(history).to_contain_text("The above exception was the direct cause of the following exception:")
+    expect(history).to_contain_text("ValueError: feed 7 has no items")
+    page.screenshot(path=str(ARTIFACTS / "dashboard-traceback-job.png"), full_page=True)
 
 
 def test_retry_and_cancel_change_the_state(
@@ -145,9 +213,9 @@ def test_retry_and_cancel_change_the_state(
 
 
 def test_an_action_that_no_longer_applies_says_so(
-    page: Page, dsn: str, conn: psycopg.Connection, seeded: Seeded
+    page: Page, operator_dsn: str, conn: psycopg.Connection, seeded: Seeded
 ) -> None:
-    served = Served(dsn, refresh_seconds=3600)  # the page stays as loaded until the click
+    served = Served(operator_dsn, refresh_seconds=3600)  # the page stays as loaded until the click
     try:
         page.goto(served.url)
         button = row(page, "failures", "charge_card").get_by_role("button", name="Retry now")

@@ -71,7 +71,7 @@ def serving(args: list[str], env: dict[str, str] | None = None) -> Iterator[tupl
     finally:
         if process.poll() is None:
             process.kill()
-            process.wait()
+        process.communicate()  # waits, and closes both pipes
 
 
 def get(url: str, headers: dict[str, str] | None = None) -> int:
@@ -82,8 +82,9 @@ def get(url: str, headers: dict[str, str] | None = None) -> int:
         return int(error.code)
 
 
-def test_serves_on_loopback_under_a_prefix_and_stops_on_sigterm(dsn: str) -> None:
-    with serving(["--dsn", dsn, "--port", "0", "--prefix", "/admin/jobs"]) as (process, url):
+@pytest.mark.subprocess
+def test_serves_on_loopback_under_a_prefix_and_stops_on_sigterm(operator_dsn: str) -> None:
+    with serving(["--dsn", operator_dsn, "--port", "0", "--prefix", "/admin/jobs"]) as (process, url):
         assert url.startswith("http://127.0.0.1:") and url.endswith("/admin/jobs/")
         assert get(url) == 200
         assert get(url + "health") == 200
@@ -94,9 +95,10 @@ def test_serves_on_loopback_under_a_prefix_and_stops_on_sigterm(dsn: str) -> Non
         assert process.stderr is not None and "no authentication, so serving 127.0.0.1 only" in process.stderr.read()
 
 
-def test_serves_with_basic_auth(dsn: str) -> None:
+@pytest.mark.subprocess
+def test_serves_with_basic_auth(reader_dsn: str) -> None:
     env = {"TREADLE_DASHBOARD_PASSWORD": "s3cret"}
-    with serving(["--dsn", dsn, "--port", "0", "--basic-auth", "admin", "--read-only"], env) as (process, url):
+    with serving(["--dsn", reader_dsn, "--port", "0", "--basic-auth", "admin", "--read-only"], env) as (process, url):
         assert get(url) == 401
         token = base64.b64encode(b"admin:s3cret").decode()
         assert get(url, {"Authorization": f"Basic {token}"}) == 200
@@ -105,11 +107,15 @@ def test_serves_with_basic_auth(dsn: str) -> None:
         assert process.stderr is not None and "no authentication" not in process.stderr.read()
 
 
-def test_a_busy_port_is_an_error(dsn: str) -> None:
-    with serving(["--dsn", dsn, "--port", "0"]) as (process, url):
+@pytest.mark.subprocess
+def test_a_busy_port_is_an_error(operator_dsn: str) -> None:
+    with serving(["--dsn", operator_dsn, "--port", "0"]) as (process, url):
         port = url.rsplit(":", 1)[1].strip("/")
         second = subprocess.run(
-            [sys.executable, "-c", SERVE, "--dsn", dsn, "--port", port], capture_output=True, text=True, timeout=60
+            [sys.executable, "-c", SERVE, "--dsn", operator_dsn, "--port", port],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert second.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in second.stderr
         process.send_signal(signal.SIGTERM)

@@ -19,6 +19,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
+
 ROOT = Path(__file__).resolve().parents[2]
 SECONDS = 10
 NOT_COPIED = shutil.ignore_patterns(
@@ -109,35 +111,37 @@ def run_demo(place: Place, python: str) -> tuple[str, str]:
         TREADLE_DEMO_PYTHON=python,
         PORT="0",
     )
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert process.stdout is not None and process.stderr is not None
-        lines = [process.stdout.readline() for _ in range(3)]
-        assert lines[0] == "treadle demo\n", (lines, process.stderr.read() if lines[0] == "" else "")
-        dashboard = lines[1].split("dashboard: ", 1)[1].strip()
-        database = lines[2].split("database: ", 1)[1].strip()
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:  # closes both pipes
+        try:
+            assert process.stdout is not None and process.stderr is not None
+            lines = [process.stdout.readline() for _ in range(3)]
+            assert lines[0] == "treadle demo\n", (lines, process.stderr.read() if lines[0] == "" else "")
+            dashboard = lines[1].split("dashboard: ", 1)[1].strip()
+            database = lines[2].split("database: ", 1)[1].strip()
 
-        with urllib.request.urlopen(dashboard, timeout=30) as response:
-            assert response.status == 200 and b'<section id="states"' in response.read()
-        done = 0
-        with psycopg.connect(database, autocommit=True) as conn:
-            server_version = conn.execute("show server_version").fetchone()
-            deadline = time.monotonic() + SECONDS
-            while done == 0 and time.monotonic() < deadline:
-                row = conn.execute("SELECT count(*) FROM treadle.jobs WHERE state = 'completed'").fetchone()
-                done = row[0] if row else 0
-                time.sleep(0.5)
-            kinds = {name for (name,) in conn.execute("SELECT DISTINCT name FROM treadle.jobs").fetchall()}
-        assert server_version is not None and server_version[0].startswith("16."), server_version
-        assert done > 0, "the demo's worker completed no job"
-        assert {"send_email", "sync_crm", "charge_card", "nightly_report", "workflow:order"} <= kinds
+            with urllib.request.urlopen(dashboard, timeout=30) as response:
+                assert response.status == 200 and b'<section id="states"' in response.read()
+            done = 0
+            with psycopg.connect(database, autocommit=True) as conn:
+                server_version = conn.execute("show server_version").fetchone()
+                deadline = time.monotonic() + SECONDS
+                while done == 0 and time.monotonic() < deadline:
+                    row = conn.execute("SELECT count(*) FROM treadle.jobs WHERE state = 'completed'").fetchone()
+                    done = row[0] if row else 0
+                    time.sleep(0.5)
+                kinds = {name for (name,) in conn.execute("SELECT DISTINCT name FROM treadle.jobs").fetchall()}
+            assert server_version is not None and server_version[0].startswith("16."), server_version
+            assert done > 0, "the demo's worker completed no job"
+            assert {"send_email", "sync_crm", "charge_card", "nightly_report", "workflow:order"} <= kinds
 
-        assert process.wait(timeout=SECONDS + 60) == 0
-        said = process.stderr.read()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+            assert process.wait(timeout=SECONDS + 60) == 0
+            said = process.stderr.read()
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     return database, said
 
 

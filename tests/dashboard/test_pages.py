@@ -8,9 +8,21 @@ import psycopg
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
-from seeding import Seeded, enqueue, one
+from markupsafe import escape
 
+from tests.conftest import EXTENSION_VERSION
+from tests.dashboard.seeding import (
+    DEEP_JSON,
+    Seeded,
+    deep_rows,
+    enqueue,
+    fail_with_traceback,
+    lease_token,
+    one,
+    python_traceback,
+)
 from treadle.dashboard import create_app, dashboard_of
+from treadle.dashboard.formatting import error_summary
 
 
 def text(client: FlaskClient, path: str, status: int = 200) -> str:
@@ -47,13 +59,13 @@ def test_overview_lists_queues_with_their_oldest_waiting_age(client: FlaskClient
     assert mail and re.search(r'<td class="num[^"]*">\d+ s</td>', mail.group(1))
 
 
-def test_overview_shows_estimates_as_estimates(dsn: str, conn: psycopg.Connection) -> None:
+def test_overview_shows_estimates_as_estimates(operator_dsn: str, conn: psycopg.Connection) -> None:
     conn.execute(
         "INSERT INTO treadle.jobs (queue, name, state, run_at, created_at, finished_at)"
         " SELECT 'bulk', 'n', 'completed', now(), now(), now() FROM generate_series(1, 500)"
     )
     conn.execute("ANALYZE treadle.jobs")
-    app = create_app(dsn, exact_counts_up_to=100)
+    app = create_app(operator_dsn, exact_counts_up_to=100)
     try:
         html = text(app.test_client(), "/")
     finally:
@@ -87,6 +99,41 @@ def test_overview_failures_show_first_line_and_whole_error(client: FlaskClient, 
     assert cancel_forms == [str(seeded.retryable)]  # a discarded job is finished: nothing to cancel
 
 
+def test_a_traceback_is_summed_up_by_its_exception_and_shown_whole_on_demand(
+    client: FlaskClient, conn: psycopg.Connection
+) -> None:
+    job_id = fail_with_traceback(conn)
+    whole = str(escape(python_traceback()))
+    failures = section(text(client, "/"), "failures")
+    assert f"<summary>ValueError: feed 7 has no items</summary><pre>{whole}</pre>" in failures
+    assert "<summary>Traceback" not in failures
+    found = section(text(client, "/jobs?queue=feeds"), "results")
+    assert '<span class="error">ValueError: feed 7 has no items</span>' in found
+    assert f"<pre>{whole}</pre>" in text(client, f"/jobs/{job_id}")  # the job page: the whole traceback
+
+
+@pytest.mark.parametrize(
+    ("error", "summary"),
+    [
+        (python_traceback(), "ValueError: feed 7 has no items"),
+        (
+            "Traceback (most recent call last):\n  File \"w.py\", line 1, in f\n    g()\nKeyError: 'x'\n",
+            "KeyError: 'x'",
+        ),
+        (
+            '  + Exception Group Traceback (most recent call last):\n  |   File "w.py", line 3, in <module>\n'
+            "  | ExceptionGroup: two failed (2 sub-exceptions)\n  +-+---------------- 1 ----------------\n"
+            "    | ValueError: a\n    +------------------------------------\n",
+            "ExceptionGroup: two failed (2 sub-exceptions)",
+        ),
+        ("CardDeclined: insufficient funds\n  at charge()", "CardDeclined: insufficient funds"),
+        ("\n  only indented\n", "only indented"),
+    ],
+)
+def test_error_summary_names_the_exception(error: str, summary: str) -> None:
+    assert error_summary(error) == summary
+
+
 def test_overview_lists_runs_and_opens_one(client: FlaskClient, seeded: Seeded) -> None:
     runs = section(text(client, "/"), "runs")
     assert f'data-run="{seeded.failed_run}" aria-expanded="false"' in runs
@@ -103,10 +150,12 @@ def test_overview_lists_runs_and_opens_one(client: FlaskClient, seeded: Seeded) 
     assert '{"hold": "h-1"}' in opened.replace("&#34;", '"')
 
 
-def test_overview_opens_a_run_that_is_not_among_the_recent(dsn: str, conn: psycopg.Connection, seeded: Seeded) -> None:
+def test_overview_opens_a_run_that_is_not_among_the_recent(
+    operator_dsn: str, conn: psycopg.Connection, seeded: Seeded
+) -> None:
     for _ in range(3):
         conn.execute("SELECT treadle.start_workflow('later', '{}', ARRAY['x'])")
-    app = create_app(dsn, recent_rows=2)
+    app = create_app(operator_dsn, recent_rows=2)
     try:
         runs = section(text(app.test_client(), f"/?run={seeded.failed_run}"), "runs")
     finally:
@@ -161,6 +210,22 @@ def test_job_page_shows_everything_about_a_job(client: FlaskClient, seeded: Seed
     assert f'<a href="/runs/{seeded.failed_run}">#{seeded.failed_run}</a>, step charge' in step
 
 
+def test_job_page_never_shows_a_lease_token(client: FlaskClient, conn: psycopg.Connection, seeded: Seeded) -> None:
+    running = text(client, f"/jobs/{seeded.running}")
+    assert "Lease until" in running and lease_token(conn, seeded.running) not in running
+
+
+def test_payloads_too_deep_to_decode_are_shown_as_their_text(client: FlaskClient, conn: psycopg.Connection) -> None:
+    deep = deep_rows(conn)
+    job = text(client, f"/jobs/{deep.job}")
+    assert job.count(f'<pre class="json">{DEEP_JSON}</pre>') == 2  # args and result
+    assert '<pre class="json">[{&#34;at&#34;: ' in job and DEEP_JSON in job.split("<h2>Errors</h2>")[1]
+    run = text(client, f"/runs/{deep.run}")
+    assert f'<pre class="json">{DEEP_JSON}</pre>' in run  # the input
+    assert f'<code class="result">{DEEP_JSON[:199]}…</code>' in run  # the first step's result, cut
+    assert DEEP_JSON[:199] in text(client, f"/?run={deep.run}")  # and opened on the overview
+
+
 def test_job_page_shows_a_periodic_series(client: FlaskClient, conn: psycopg.Connection) -> None:
     job_id = one(conn, "SELECT treadle.enqueue('tick', every => interval '5 minutes')")
     assert "<dt>Repeats every</dt><dd>5 min" in text(client, f"/jobs/{job_id}")
@@ -205,9 +270,9 @@ def test_search_by_id_opens_the_job(client: FlaskClient, seeded: Seeded) -> None
     assert "There is no job 424242." in text(client, "/jobs?id=424242", 404)
 
 
-def test_search_pages_by_keyset(dsn: str, conn: psycopg.Connection) -> None:
+def test_search_pages_by_keyset(operator_dsn: str, conn: psycopg.Connection) -> None:
     ids = [enqueue(conn, "page_me", "paging") for _ in range(5)]
-    app = create_app(dsn, page_size=2)
+    app = create_app(operator_dsn, page_size=2)
     try:
         client = app.test_client()
         first = text(client, "/jobs?queue=paging")
@@ -239,14 +304,14 @@ def test_search_refuses_bad_input(client: FlaskClient, query: str, message: str)
 
 def test_health_answers_without_a_session(client: FlaskClient) -> None:
     response = client.get("/health")
-    assert response.status_code == 200 and response.get_data(as_text=True) == "ok treadle 0.1.0\n"
+    assert response.status_code == 200 and response.get_data(as_text=True) == f"ok treadle {EXTENSION_VERSION}\n"
 
 
 def test_static_files_are_served(client: FlaskClient) -> None:
-    script = client.get("/static/dashboard.js")
+    script = client.get("/static/dashboard.js", buffered=True)  # read and closed
     assert script.status_code == 200 and script.mimetype in ("text/javascript", "application/javascript")
     assert "DOMParser" in script.get_data(as_text=True)
-    assert client.get("/static/dashboard.css").mimetype == "text/css"
+    assert client.get("/static/dashboard.css", buffered=True).mimetype == "text/css"
 
 
 def test_pages_refresh_themselves_but_search_does_not(client: FlaskClient, seeded: Seeded) -> None:

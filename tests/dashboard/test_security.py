@@ -13,8 +13,9 @@ from flask import Flask, Request
 from flask.testing import FlaskClient
 from markupsafe import escape
 from werkzeug.wrappers import Response as BaseResponse
-from seeding import XSS_ARGS, XSS_ERROR, XSS_NAME, Seeded, csrf_from, job_state
 
+from tests.conftest import as_role
+from tests.dashboard.seeding import XSS_ARGS, XSS_ERROR, XSS_NAME, Seeded, csrf_from, job_state
 from treadle.dashboard import create_app, dashboard_of
 
 JSON = {"Accept": "application/json"}
@@ -24,11 +25,14 @@ MakeApp = Callable[..., Flask]
 
 
 @pytest.fixture
-def make_app(dsn: str) -> Iterator[MakeApp]:
-    """create_app over the test's database with the options given; closed after the test."""
+def make_app(operator_dsn: str, reader_dsn: str) -> Iterator[MakeApp]:
+    """create_app over the test's database with the options given; closed after the test.
+
+    A read-only dashboard connects as a role granted only reading."""
     made: list[Flask] = []
 
     def make(**options: Any) -> Flask:
+        dsn = reader_dsn if options.get("read_only") else operator_dsn
         app = create_app(dsn, secret_key="test-secret", **options)
         made.append(app)
         return app
@@ -113,6 +117,44 @@ def test_read_only_hides_and_refuses_actions(make_app: MakeApp, conn: psycopg.Co
         response = client.post(path, data={"csrf_token": token}, headers=JSON)
         assert response.status_code == 403 and "read-only" in response.get_json()["message"]
     assert job_state(conn, seeded.discarded) == "discarded" and job_state(conn, seeded.available) == "available"
+
+
+def test_a_role_without_grants_is_told_how_to_get_them(
+    dsn: str, seeded: Seeded, make_role: Callable[[str], str]
+) -> None:
+    app = create_app(as_role(dsn, make_role("ungranted")), secret_key="test-secret")
+    try:
+        page = app.test_client().get("/")
+        assert page.status_code == 403
+        assert "permission denied" in page.get_data(as_text=True)
+        assert "treadle.grant_dashboard(role)" in page.get_data(as_text=True)
+    finally:
+        dashboard_of(app).close()
+
+
+def test_a_tenants_dashboard_shows_and_acts_on_its_queues_only(
+    dsn: str, conn: psycopg.Connection, seeded: Seeded, make_role: Callable[[str], str]
+) -> None:
+    tenant = make_role("tenant")
+    conn.execute("SELECT treadle.grant_dashboard(%s)", (tenant,))
+    conn.execute("SELECT treadle.set_tenant(%s, 'billing')", (tenant,))
+    app = create_app(as_role(dsn, tenant), secret_key="test-secret")
+    try:
+        client = app.test_client()
+        overview = client.get("/").get_data(as_text=True)
+        assert "charge_card" in overview and "sync_crm" not in overview and ">mail<" not in overview
+        found = client.get("/jobs").get_data(as_text=True)
+        assert f"#{seeded.discarded}<" in found and f"#{seeded.available}<" not in found
+        assert client.get(f"/jobs/{seeded.available}").status_code == 404  # another tenant's job
+        token = csrf_from(client)
+        refused = client.post(f"/jobs/{seeded.available}/cancel", data={"csrf_token": token}, headers=JSON)
+        assert refused.status_code == 403
+        assert f"role {tenant} may not use queue" in refused.get_json()["message"]
+        assert job_state(conn, seeded.available) == "available"
+        retried = client.post(f"/jobs/{seeded.discarded}/retry", data={"csrf_token": token}, headers=JSON)
+        assert retried.status_code == 200 and job_state(conn, seeded.discarded) == "available"
+    finally:
+        dashboard_of(app).close()
 
 
 # the auth hook
@@ -201,7 +243,7 @@ def test_trusted_hosts_turn_away_other_host_names(make_app: MakeApp, seeded: See
 
 def test_every_answer_carries_the_security_headers(client: FlaskClient, seeded: Seeded) -> None:
     for path in ("/", "/jobs", "/nowhere", "/health", "/static/dashboard.js"):
-        headers = client.get(path).headers
+        headers = client.get(path, buffered=True).headers  # a file's answer read and closed
         policy = headers["Content-Security-Policy"]
         assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy and "unsafe-inline" not in policy
         assert headers["X-Content-Type-Options"] == "nosniff" and headers["X-Frame-Options"] == "DENY"

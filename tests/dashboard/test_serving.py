@@ -12,10 +12,10 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 from psycopg_pool import ConnectionPool
-from seeding import Seeded, job_state
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 from werkzeug.test import Client
 
+from tests.dashboard.seeding import Seeded, job_state
 from treadle.dashboard import create_app, dashboard_of
 
 JSON = {"Accept": "application/json"}
@@ -30,7 +30,7 @@ def test_mounted_under_a_prefix_every_link_and_action_stays_under_it(
     page = client.get("/admin/jobs/").get_data(as_text=True)
     links = re.findall(r'(?:href|src|action)="([^"]+)"', page)
     assert links and all(link.startswith("/admin/jobs/") for link in links), links
-    assert client.get("/admin/jobs/static/dashboard.js").status_code == 200
+    assert client.get("/admin/jobs/static/dashboard.js", buffered=True).status_code == 200
     assert client.get("/admin/jobs/jobs/" + str(seeded.running)).status_code == 200
 
     token = re.search(r'name="csrf_token" value="([^"]+)"', page)
@@ -43,8 +43,8 @@ def test_mounted_under_a_prefix_every_link_and_action_stays_under_it(
     assert client.get("/jobs").status_code == 404  # the host's own paths are the host's
 
 
-def test_runs_on_the_host_applications_pool(dsn: str, conn: psycopg.Connection, seeded: Seeded) -> None:
-    with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
+def test_runs_on_the_host_applications_pool(operator_dsn: str, conn: psycopg.Connection, seeded: Seeded) -> None:
+    with ConnectionPool(operator_dsn, min_size=1, max_size=2, open=True) as pool:
         app = create_app(pool, secret_key="k")
         client = app.test_client()
         assert client.get("/").status_code == 200
@@ -90,12 +90,12 @@ def test_a_database_without_the_extension_is_named_as_such(pg_server: str) -> No
         dashboard_of(app).close()
 
 
-def test_a_query_over_its_time_is_a_503(dsn: str, conn: psycopg.Connection) -> None:
+def test_a_query_over_its_time_is_a_503(reader_dsn: str, conn: psycopg.Connection) -> None:
     conn.execute(
         "INSERT INTO treadle.jobs (queue, name, state, run_at, created_at, finished_at)"
         " SELECT 'bulk', 'n', 'completed', now(), now(), now() FROM generate_series(1, 100000)"
     )
-    app = create_app(dsn, secret_key="k", statement_timeout_ms=1)
+    app = create_app(reader_dsn, secret_key="k", statement_timeout_ms=1)
     try:
         page = app.test_client().get("/jobs?name=nothing-has-this-name")
         assert page.status_code == 503 and "took too long" in page.get_data(as_text=True)

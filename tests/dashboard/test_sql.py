@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import psycopg
 import pytest
-from seeding import Seeded, claim, enqueue
+from psycopg.rows import dict_row
+
+from tests.dashboard.seeding import Seeded, claim, enqueue, one
+from treadle.dashboard.formatting import can_cancel, can_retry
+from treadle.models import JOB_STATES
 
 
 def counts(conn: psycopg.Connection, exact_up_to: int = 100_000) -> dict[tuple[str | None, str], tuple[int, bool]]:
@@ -15,7 +21,7 @@ def counts(conn: psycopg.Connection, exact_up_to: int = 100_000) -> dict[tuple[s
 def test_counts_are_exact_on_a_small_table(conn: psycopg.Connection, seeded: Seeded) -> None:
     got = counts(conn)
     totals = {s: got[(None, s)] for s in ("available", "running", "retryable", "completed", "discarded", "cancelled")}
-    expected = dict(conn.execute("SELECT state, count(*) FROM treadle.jobs GROUP BY state").fetchall())
+    expected: dict[str, int] = dict(conn.execute("SELECT state, count(*) FROM treadle.jobs GROUP BY state").fetchall())
     assert {s: n for s, (n, _) in totals.items()} == {s: expected.get(s, 0) for s in totals}
     assert not any(e for _, e in got.values())
     assert got[("mail", "available")] == (1, False)
@@ -129,3 +135,26 @@ def test_grant_dashboard_lets_a_role_read_what_the_dashboard_reads(conn: psycopg
     finally:
         conn.execute(f'DROP OWNED BY "{role}"')
         conn.execute(f'DROP ROLE "{role}"')
+
+
+def test_the_job_states_are_the_tables(conn: psycopg.Connection) -> None:
+    definition = one(conn, "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'jobs_state_check'")
+    assert tuple(re.findall(r"'(\w+)'::text", definition)) == JOB_STATES
+
+
+def test_the_pages_offer_retry_and_cancel_exactly_where_the_functions_apply(
+    conn: psycopg.Connection, seeded: Seeded
+) -> None:
+    cancel_requested = enqueue(conn, "long_export", "exports")
+    claim(conn, "exports")
+    conn.execute("SELECT treadle.cancel(%s)", (cancel_requested,))
+    every_state = [seeded.available, seeded.running, seeded.retryable, seeded.discarded, seeded.completed]
+    jobs = [*every_state, seeded.cancelled, cancel_requested]  # and a running job asked to cancel
+    with conn.cursor(row_factory=dict_row) as cur:
+        for job_id in jobs:
+            job = cur.execute("SELECT * FROM treadle.job_details WHERE id = %s", (job_id,)).fetchone()
+            assert job is not None
+            for action, offered in (("retry", can_retry(job)), ("cancel", can_cancel(job))):
+                with conn.transaction(force_rollback=True):
+                    applied = cur.execute(f"SELECT treadle.{action}(%s) AS changed", (job_id,)).fetchone()
+                assert applied is not None and applied["changed"] is offered, (action, job["state"])

@@ -27,13 +27,8 @@ import os
 import re
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-import psycopg
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -59,7 +54,7 @@ class Block:
 
 def pages() -> list[Path]:
     """Every documentation page, in a stable order."""
-    return [ROOT / "README.md"] + sorted(DOCS.rglob("*.md")) + [ROOT / "CHANGELOG.md"]
+    return [ROOT / "README.md", *sorted(DOCS.rglob("*.md")), ROOT / "CHANGELOG.md"]
 
 
 def page_id(path: Path) -> str:
@@ -122,31 +117,11 @@ def split_marked(output: str, count: int) -> list[str]:
 
 
 def check_outputs(done: list[Block], outputs: list[str]) -> None:
-    for block, output in zip(done, outputs):
+    for block, output in zip(done, outputs, strict=True):
         if block.expected is not None:
             assert normalise(output) == normalise(block.expected), (
                 f"{block.where}: the {block.lang} block printed\n{output}\nbut the page shows\n{block.expected}"
             )
-
-
-def with_db(url: str, dbname: str) -> str:
-    return url.rsplit("/", 1)[0] + "/" + dbname
-
-
-@contextmanager
-def fresh_database(server: str, template: str | None) -> Iterator[str]:
-    """A new database (a copy of template when given), dropped afterwards."""
-    name = f"treadle_doc_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        if template:
-            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-        else:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield with_db(server, name)
-    finally:
-        with psycopg.connect(server, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def creates_extension(page: list[Block]) -> bool:

@@ -7,7 +7,8 @@ matches its file shows code that runs.
 from __future__ import annotations
 
 import pytest
-from docblocks import ROOT, Block, excerpts
+
+from tests.docs.docblocks import ROOT, Block, excerpts
 
 EXCERPTS = excerpts()
 

@@ -11,7 +11,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from docblocks import FENCE, ROOT, pages
+
+from tests.docs.docblocks import FENCE, ROOT, pages
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$", re.M)
@@ -31,8 +32,7 @@ def anchors(path: Path) -> set[str]:
 
 
 def links(path: Path) -> list[str]:
-    return [target for target in LINK.findall(FENCE.sub("", path.read_text()))
-            if not re.match(r"^[a-z]+:", target)]
+    return [target for target in LINK.findall(FENCE.sub("", path.read_text())) if not re.match(r"^[a-z]+:", target)]
 
 
 CASES = [(doc, target) for doc in DOCUMENTS for target in links(doc)]
@@ -50,4 +50,6 @@ def test_link_resolves(doc: Path, target: str) -> None:
     assert destination.is_relative_to(ROOT), f"{doc.relative_to(ROOT)}: {target} leaves the repository"
     if anchor:
         assert destination.suffix == ".md", f"{doc.relative_to(ROOT)}: {target} has an anchor on a non-page"
-        assert anchor in anchors(destination), f"{doc.relative_to(ROOT)}: no heading #{anchor} in {path_part or 'this page'}"
+        assert anchor in anchors(destination), (
+            f"{doc.relative_to(ROOT)}: no heading #{anchor} in {path_part or 'this page'}"
+        )

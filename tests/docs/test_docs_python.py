@@ -9,7 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from docblocks import Block, fresh_database, page_blocks, run_python
+
+from tests.conftest import NewDatabase
+from tests.docs.docblocks import Block, page_blocks, run_python
 
 PAGES = page_blocks("python")
 
@@ -20,6 +22,7 @@ def test_pages_have_python() -> None:
 
 
 @pytest.mark.parametrize("page", [blocks for _, blocks in PAGES], ids=[name for name, _ in PAGES])
-def test_python_blocks_run(page: list[Block], pg_server: str, template_db: str, tmp_path: Path) -> None:
-    with fresh_database(pg_server, template_db) as url:
-        run_python(url, page, tmp_path)
+@pytest.mark.subprocess
+def test_python_blocks_run(page: list[Block], new_database: NewDatabase, tmp_path: Path) -> None:
+    url = new_database()
+    run_python(url, page, tmp_path)

@@ -12,7 +12,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from docblocks import ROOT, Block, check_outputs, fresh_database, page_blocks, python_env
+
+from tests.conftest import NewDatabase
+from tests.docs.docblocks import ROOT, Block, check_outputs, page_blocks, python_env
 
 # Blocks the suite cannot run as written, by their exact text, and what covers them instead.
 NOT_RUN = {
@@ -26,9 +28,7 @@ NOT_RUN = {
     "python -m pip install -e '.[dashboard]'": (
         "installs into the active environment; `make test` installs the package the same way"
     ),
-    'treadle dashboard --dsn "$DATABASE_URL" --port 5000': (
-        "serves until stopped, on a port another program may hold"
-    ),
+    'treadle dashboard --dsn "$DATABASE_URL" --port 5000': ("serves until stopped, on a port another program may hold"),
     "treadle worker examples/worker_process.py": (
         "runs until stopped; examples/worker_process.py runs this command and stops it with SIGTERM"
     ),
@@ -58,15 +58,16 @@ def test_example_command_names_an_example(block: Block) -> None:
 
 
 @pytest.mark.parametrize("block", RUN, ids=[b.where for b in RUN])
-def test_shell_block_runs(block: Block, pg_server: str, template_db: str, tmp_path: Path) -> None:
-    with fresh_database(pg_server, template_db) as url:
-        run = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", block.code],
-            capture_output=True,
-            text=True,
-            env=python_env(url),
-            cwd=tmp_path,
-            timeout=120,
-        )
+@pytest.mark.subprocess
+def test_shell_block_runs(block: Block, new_database: NewDatabase, tmp_path: Path) -> None:
+    url = new_database()
+    run = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block.code],
+        capture_output=True,
+        text=True,
+        env=python_env(url),
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert run.returncode == 0, f"{block.where}: exit {run.returncode}\n{run.stdout}\n{run.stderr}"
     check_outputs([block], [run.stdout])

@@ -11,7 +11,9 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from docblocks import Block, creates_extension, fresh_database, page_blocks, run_psql
+
+from tests.conftest import TEMPLATE, NewDatabase
+from tests.docs.docblocks import Block, creates_extension, page_blocks, run_psql
 
 PAGES = page_blocks("sql")
 
@@ -40,9 +42,10 @@ def test_pages_have_sql() -> None:
 
 
 @pytest.mark.parametrize("page", [blocks for _, blocks in PAGES], ids=[name for name, _ in PAGES])
-def test_sql_blocks_run(page: list[Block], pg_server: str, template_db: str, page_roles: list[str]) -> None:
+@pytest.mark.subprocess
+def test_sql_blocks_run(page: list[Block], pg_server: str, page_roles: list[str], new_database: NewDatabase) -> None:
     page_roles.extend(roles_created(page))
     drop_roles(pg_server, page_roles)
-    template = None if creates_extension(page) else template_db
-    with fresh_database(pg_server, template) as url:
-        run_psql(url, page)
+    # (page_roles comes first, so its roles are dropped after the database that holds their grants)
+    url = new_database(template=None if creates_extension(page) else TEMPLATE)
+    run_psql(url, page)

@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from docblocks import DOCS, ROOT, fresh_database, python_env
+
+from tests.conftest import NewDatabase
+from tests.docs.docblocks import DOCS, ROOT, python_env
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 
@@ -25,16 +27,17 @@ def test_every_example_is_on_a_page() -> None:
 
 
 @pytest.mark.parametrize("script", EXAMPLES, ids=[e.stem for e in EXAMPLES])
-def test_example_runs(script: Path, pg_server: str, template_db: str) -> None:
-    with fresh_database(pg_server, template_db) as url:
-        for run_number in (1, 2):
-            run = subprocess.run(
-                [sys.executable, str(script.relative_to(ROOT))],
-                capture_output=True,
-                text=True,
-                env=python_env(url),
-                cwd=ROOT,
-                timeout=150,
-            )
-            assert run.returncode == 0, f"run {run_number} of {script.name}:\n{run.stdout}\n{run.stderr}"
-            assert run.stdout.strip(), f"{script.name} prints what it did"
+@pytest.mark.subprocess
+def test_example_runs(script: Path, new_database: NewDatabase) -> None:
+    url = new_database()
+    for run_number in (1, 2):
+        run = subprocess.run(
+            [sys.executable, str(script.relative_to(ROOT))],
+            capture_output=True,
+            text=True,
+            env=python_env(url),
+            cwd=ROOT,
+            timeout=150,
+        )
+        assert run.returncode == 0, f"run {run_number} of {script.name}:\n{run.stdout}\n{run.stderr}"
+        assert run.stdout.strip(), f"{script.name} prints what it did"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 import subprocess
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+
+from tests.conftest import NewDatabase
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -19,15 +19,11 @@ def sql_blocks(text: str) -> list[str]:
 
 
 @pytest.fixture
-def empty_db(pg_server: str) -> Iterator[str]:
-    name = f"treadle_readme_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield pg_server.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+def empty_db(new_database: NewDatabase) -> str:
+    return new_database(template=None)
 
 
+@pytest.mark.subprocess
 def test_readme_psql_session(empty_db: str) -> None:
     blocks = sql_blocks(README.read_text())
     assert blocks, "the README has a psql session"

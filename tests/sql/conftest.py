@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from sqlcalls import Connect, WaitBlocked
+from tests.sql.sqlcalls import Connect, WaitBlocked
 
 
 @pytest.fixture
@@ -39,9 +39,7 @@ def wait_until_blocked(dsn: str) -> Iterator[WaitBlocked]:
         def wait(pid: int) -> None:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                row = watcher.execute(
-                    "select wait_event_type from pg_stat_activity where pid = %s", (pid,)
-                ).fetchone()
+                row = watcher.execute("select wait_event_type from pg_stat_activity where pid = %s", (pid,)).fetchone()
                 if row is not None and row[0] == "Lock":
                     return
                 time.sleep(0.01)

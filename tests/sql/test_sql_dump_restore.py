@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-
 from sqlcalls import Connect, value
 
+from tests.conftest import NewDatabase
 
 BINDIR = Path(subprocess.run(["pg_config", "--bindir"], check=True, capture_output=True, text=True).stdout.strip())
 
@@ -24,14 +23,9 @@ ROWS = {
 
 
 @pytest.fixture
-def restored_url(pg_server: str) -> Iterator[str]:
+def restored_url(new_database: NewDatabase) -> str:
     """The URL of an empty database to restore into (dropped afterwards)."""
-    name = f"treadle_restore_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield pg_server.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return new_database(template=None)
 
 
 def fill(conn: psycopg.Connection) -> uuid.UUID:
@@ -57,6 +51,7 @@ def fill(conn: psycopg.Connection) -> uuid.UUID:
     return row[0]
 
 
+@pytest.mark.subprocess
 def test_dump_and_restore_keeps_rows_and_sequences(connect: Connect, dsn: str, restored_url: str, tmp_path: Path) -> None:
     source = connect()
     live_token = fill(source)

@@ -95,6 +95,8 @@ def create_app(
         SESSION_COOKIE_SECURE=secure_cookies,
     )
     app.jinja_env.filters.update(formatting.FILTERS)
+    app.jinja_env.tests.update(formatting.TESTS)
+    app.jinja_env.globals.update(formatting.GLOBALS)
     app.jinja_env.trim_blocks = True
     app.jinja_env.lstrip_blocks = True
     settings = Settings(
@@ -227,7 +229,16 @@ def _database_error(error: psycopg.Error) -> Any:
             "This database lacks the treadle extension or its dashboard views: "
             "run CREATE EXTENSION treadle (or ALTER EXTENSION treadle UPDATE).",
         )
+    message = (error.diag.message_primary if error.diag else None) or type(error).__name__
+    if isinstance(error, psycopg.errors.InsufficientPrivilege):
+        # a missing grant (permission denied for ...), or treadle's own refusal (a tenant's bounds)
+        hint = (
+            ". The extension's owner gives a role what the dashboard needs with "
+            "treadle.grant_dashboard(role) (read_only => true to only read)."
+            if message.startswith("permission denied")
+            else "."
+        )
+        return _error_page(403, "Not allowed", f"The database refused this to the dashboard's role: {message}{hint}")
     if isinstance(error, psycopg.OperationalError):
         return _error_page(503, "Database unreachable", "The dashboard cannot reach its database right now.")
-    message = (error.diag.message_primary if error.diag else None) or type(error).__name__
     return _error_page(500, "Database error", f"The database refused a query: {message}")

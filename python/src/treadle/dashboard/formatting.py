@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .queries import Row, StateCount
+from ..models import JOB_STATES
+from .queries import RawJson, Row, StateCount
 
 
 def when(value: datetime | None) -> str:
@@ -68,27 +69,48 @@ def count(value: StateCount | None) -> str:
     return f"≈{n}"
 
 
-def first_line(text: str | None, limit: int = 160) -> str:
-    """The first non-blank line of an error, cut to `limit` characters."""
+def error_summary(text: str | None, limit: int = 160) -> str:
+    """What an error says in one line, cut to `limit` characters.
+
+    For a Python traceback that is the exception's type and message (of the last
+    exception raised, when one was raised while handling another; of the group, for
+    an exception group): the first unindented line after the last frame, not
+    "Traceback (most recent call last):".
+    For any other text, its first non-blank line.
+    """
     if not text:
         return ""
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    lines = text.splitlines()
+    if lines[0].startswith("  + Exception Group Traceback"):
+        lines = [ln[4:] for ln in lines if ln.startswith("  | ")]  # the outer group, out of its box
+    frames = [i for i, ln in enumerate(lines) if ln.startswith('  File "')]
+    if frames:
+        after = [ln for ln in lines[frames[-1] + 1 :] if ln.strip() and not ln[:1].isspace()]
+        lines = after or lines
+    line = next((ln.strip() for ln in lines if ln.strip()), "")
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def needs_more(text: str | None, limit: int = 160) -> bool:
-    """Whether an error has more than its first line shows."""
-    return bool(text) and first_line(text, limit) != (text or "").strip()
+    """Whether an error has more than its summary shows."""
+    return bool(text) and error_summary(text, limit) != (text or "").strip()
 
 
 def pretty_json(value: Any) -> str:
+    """JSON indented; a value too deep to decode, as the database's text."""
+    if isinstance(value, RawJson):
+        return value.text
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
 def compact_json(value: Any, limit: int = 200) -> str:
     """JSON on one line, cut to `limit` characters."""
-    text = json.dumps(value, ensure_ascii=False, default=str)
+    text = value.text if isinstance(value, RawJson) else json.dumps(value, ensure_ascii=False, default=str)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def is_raw_json(value: Any) -> bool:
+    return isinstance(value, RawJson)
 
 
 def percent(fraction: float | None) -> str:
@@ -103,6 +125,25 @@ def error_time(value: Any) -> str:
         return when(datetime.fromisoformat(value))
     except ValueError:
         return value
+
+
+# What treadle.retry and treadle.cancel accept (sql/src/060_control.sql), so the pages
+# offer only actions that can apply; a test holds these to what the functions do.
+RETRY_FROM = frozenset({"discarded", "cancelled", "retryable"})
+CANCEL_FROM = frozenset({"available", "retryable"})  # and running, until a cancel is requested
+
+
+def can_retry(job: Row) -> bool:
+    return job["state"] in RETRY_FROM
+
+
+def can_cancel(job: Row) -> bool:
+    return job["state"] in CANCEL_FROM or (job["state"] == "running" and not job.get("cancel_requested"))
+
+
+def can_retry_step(step: Row) -> bool:
+    """A step's job that finished without a result; a retryable one runs again by itself."""
+    return step["job_id"] is not None and step["state"] in RETRY_FROM - {"retryable"}
 
 
 @dataclass(frozen=True)
@@ -173,10 +214,14 @@ FILTERS = {
     "age": age,
     "relative": relative,
     "count": count,
-    "first_line": first_line,
+    "error_summary": error_summary,
     "needs_more": needs_more,
     "pretty_json": pretty_json,
     "compact_json": compact_json,
     "percent": percent,
     "error_time": error_time,
 }
+
+TESTS = {"raw_json": is_raw_json}
+
+GLOBALS = {"JOB_STATES": JOB_STATES, "can_retry": can_retry, "can_cancel": can_cancel, "can_retry_step": can_retry_step}

@@ -1,13 +1,20 @@
 """Every SQL statement the dashboard sends, and the reads built on them.
 
-Reads go only to the extension's views and read functions, all of a page's reads
-in one read-only REPEATABLE READ transaction (one consistent snapshot, and a
+Reads go only to the extension's views and public read functions, all of a page's
+reads in one read-only REPEATABLE READ transaction (one consistent snapshot, and a
 guarantee that showing a page changes nothing). Changes go only through
-treadle.cancel, treadle.retry and treadle.cancel_workflow.
+treadle.cancel, treadle.retry and treadle.cancel_workflow. So a role set up with
+treadle.grant_dashboard (read_only => true for a dashboard that only reads) is all
+the dashboard needs.
+
+JSON values are decoded here, never with a risk of failing: a value nested deeper
+than 0.2.0 accepts (rows written by 0.1.0 may hold one) reaches the pages as its
+text (RawJson) instead of stopping the page with a RecursionError.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool
 
 from ..models import JOB_STATES
@@ -28,7 +36,7 @@ Row = dict[str, Any]
 READ_ONLY: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 # a short timeout bounds a page's cost; JIT only slows queries this small down
 SESSION_LIMITS: Final = "SELECT set_config('statement_timeout', %(timeout)s, true), set_config('jit', 'off', true)"
-NOW: Final = "SELECT treadle._now() AS now"
+NOW: Final = "SELECT treadle.now() AS now"  # treadle's clock, which a test may move
 VERSION: Final = "SELECT treadle.version() AS version"
 
 COUNTS: Final = """
@@ -55,7 +63,14 @@ LIVE_WORKERS: Final = """
 SELECT id, host, pid, queues, concurrency, running_jobs, started_at, last_seen
   FROM treadle.live_workers
 """
-JOB: Final = "SELECT * FROM treadle.job_details WHERE id = %(job_id)s"
+# every column a reader may see (never the lease token: a worker's write credential)
+JOB: Final = """
+SELECT id, queue, name, args, state, priority, run_at, attempt, max_attempts, lease_until, worker_id,
+       idempotency_key, result, last_error, created_at, finished_at, workflow_run_id, step, every, next_id,
+       cancel_requested, started_at, failed_at, errors, progress, progress_message
+  FROM treadle.job_details
+ WHERE id = %(job_id)s
+"""
 JOB_STATE: Final = "SELECT state, cancel_requested FROM treadle.job_details WHERE id = %(job_id)s"
 RUN_STATE: Final = "SELECT state FROM treadle.workflow_run_overview WHERE id = %(run_id)s"
 # Keyset pagination: newest first, the next page starts below the last id shown.
@@ -75,6 +90,41 @@ SELECT id, queue, name, state, attempt, max_attempts, priority, run_at, created_
 CANCEL: Final = "SELECT treadle.cancel(%(job_id)s) AS changed"
 RETRY: Final = "SELECT treadle.retry(%(job_id)s) AS changed"
 CANCEL_RUN: Final = "SELECT treadle.cancel_workflow(%(run_id)s) AS changed"
+
+
+# the deepest JSON nesting extension 0.2.0 accepts; anything deeper is shown as text
+MAX_JSON_DEPTH: Final = 100
+
+
+@dataclass(frozen=True)
+class RawJson:
+    """A JSON value too deeply nested to decode safely, kept as the text the database sent."""
+
+    text: str
+
+
+def decode_json(data: str | bytes) -> Any:
+    """json.loads, or RawJson when the value nests deeper than MAX_JSON_DEPTH."""
+    text = data.decode() if isinstance(data, bytes) else data
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        return RawJson(text)
+    return RawJson(text) if _nests_deeper(value, MAX_JSON_DEPTH) else value
+
+
+def _nests_deeper(value: Any, limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` levels (walked without recursion)."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        pending.extend((child, depth + 1) for child in children)
+    return False
 
 
 @dataclass(frozen=True)
@@ -163,6 +213,7 @@ class Store:
     def _cursor(self, *, read_only: bool) -> Iterator[psycopg.Cursor[Row]]:
         with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
+            set_json_loads(decode_json, cur)
             if read_only:
                 cur.execute(READ_ONLY)
             cur.execute(SESSION_LIMITS, {"timeout": f"{self.statement_timeout_ms}ms"})
