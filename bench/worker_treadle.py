@@ -21,7 +21,6 @@ import threading
 import time
 from typing import Any
 
-import treadle.worker
 from treadle.worker import Worker
 
 _print_lock = threading.Lock()
@@ -46,19 +45,6 @@ def hang(args: Any, ctx: Any) -> None:
     time.sleep(3600)
 
 
-class NoListener:
-    """Stands in for the worker's LISTEN thread: the worker then finds work by polling only."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def start(self) -> None:
-        pass
-
-    def stop(self, timeout: float = 0) -> None:
-        pass
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("dsn")
@@ -72,10 +58,9 @@ def main() -> None:
     p.add_argument("--no-listen", action="store_true")
     args = p.parse_args()
 
-    if args.no_listen:
-        setattr(treadle.worker, "Listener", NoListener)  # noqa: B010 - the worker reads it by this name
     worker = Worker(
         args.dsn, queues=[args.queue], concurrency=args.concurrency, poll_interval=args.poll_interval,
+        listen=not args.no_listen,
         lease=args.lease, heartbeat_interval=args.heartbeat_interval, rescue_interval=args.rescue_interval,
         stop_timeout=0)
     worker.register("bench", {"noop": noop, "record": record, "hang": hang}[args.handler])

@@ -2,9 +2,11 @@
 
 import psycopg
 
+from tests.conftest import EXTENSION_VERSION
+
 
 def test_drop_and_create_again(conn: psycopg.Connection) -> None:
-    assert conn.execute("select treadle.version()").fetchone() == ("0.1.0",)
+    assert conn.execute("select treadle.version()").fetchone() == (EXTENSION_VERSION,)
     conn.execute("drop extension treadle")
     leftover = conn.execute(
         "select count(*) from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = 'treadle'"

@@ -78,7 +78,7 @@ def until_job_read(conn: psycopg.Connection[Any], pid: int) -> None:
     deadline = time.monotonic() + PATIENCE
     while time.monotonic() < deadline:
         row = conn.execute("SELECT state, query FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()
-        if row is not None and row[0] in ("idle", "idle in transaction") and "FROM treadle.jobs WHERE id" in row[1]:
+        if row is not None and row[0] in ("idle", "idle in transaction") and "FROM treadle.job_details WHERE id" in row[1]:
             return
         time.sleep(0.02)
     raise AssertionError(f"backend {pid} never read the job")

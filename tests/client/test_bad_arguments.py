@@ -21,30 +21,30 @@ from psycopg_pool import ConnectionPool
 Call = Callable[[psycopg.Connection[Any]], Any]
 
 REFUSED_BY_SQL: list[tuple[str, Call, str, str]] = [
-    ("empty name", lambda c: treadle.enqueue(c, ""), "22023", "name must not be empty"),
-    ("blank name", lambda c: treadle.enqueue(c, "   "), "22023", "name must not be empty"),
-    ("empty queue", lambda c: treadle.enqueue(c, "x", queue=""), "22023", "queue must not be empty"),
+    ("empty name", lambda c: treadle.enqueue(c, ""), "22023", "name must be 1 to 200 characters, not only spaces"),
+    ("blank name", lambda c: treadle.enqueue(c, "   "), "22023", "name must be 1 to 200 characters, not only spaces"),
+    ("empty queue", lambda c: treadle.enqueue(c, "x", queue=""), "22023", "queue must be 1 to 200 characters, not only spaces"),
     ("max_attempts 0", lambda c: treadle.enqueue(c, "x", max_attempts=0), "22023", "max_attempts must be at least 1"),
     ("every of 0", lambda c: treadle.enqueue(c, "x", every=timedelta(0)), "22023", "every must be positive"),
     ("negative every", lambda c: treadle.enqueue(c, "x", every=timedelta(seconds=-1)), "22023",
      "every must be positive"),
     ("scalar args", lambda c: treadle.enqueue(c, "x", 5), "22023", "args must be a JSON object or array"),
     ("string args", lambda c: treadle.enqueue(c, "x", "text"), "22023", "args must be a JSON object or array"),
-    ("workflow empty name", lambda c: treadle.start_workflow(c, "", steps=["a"]), "22023", "name must not be empty"),
+    ("workflow empty name", lambda c: treadle.start_workflow(c, "", steps=["a"]), "22023", "name must be 1 to 200 characters, not only spaces"),
     ("workflow bad queue", lambda c: treadle.start_workflow(c, "w", steps=["a"], queue=" "), "22023",
-     "queue must not be empty"),
+     "queue must be 1 to 200 characters, not only spaces"),
     ("workflow max_attempts 0", lambda c: treadle.start_workflow(c, "w", steps=["a"], max_attempts=0), "22023",
      "max_attempts must be at least 1"),
     ("scalar input", lambda c: treadle.start_workflow(c, "w", 1.5, steps=["a"]), "22023",
      "input must be a JSON object or array"),
     ("duplicate steps", lambda c: treadle.start_workflow(c, "w", steps=["a", "b", "a"]), "22023",
      "steps must not repeat a name"),
-    ("no steps", lambda c: treadle.start_workflow(c, "w", steps=[]), "22023", "steps must not be empty"),
+    ("no steps", lambda c: treadle.start_workflow(c, "w", steps=[]), "22023", "steps must be a list of 1 to 1000 names"),
     ("empty step name", lambda c: treadle.start_workflow(c, "w", steps=["a", ""]), "22023",
-     "steps must not contain null or empty names"),
+     "steps must hold names of 1 to 200 characters, not only spaces"),
     ("unknown workflow", lambda c: treadle.start_workflow(c, "never_defined"), "22023", "unknown workflow"),
     ("enqueue_many without name", lambda c: treadle.enqueue_many(c, [{"args": {}}]), "22023",
-     'needs a non-empty string "name"'),
+     'jobs element 0 needs a "name" of 1 to 200 characters, not only spaces'),
 ]
 
 

@@ -12,7 +12,7 @@ import psycopg.rows
 import pytest
 import treadle
 from psycopg.pq import TransactionStatus
-from treadle import _sql
+from treadle import _compat
 
 
 def test_missing_extension_names_the_fix(dsn: str) -> None:
@@ -42,19 +42,19 @@ def test_a_missing_extension_is_not_remembered(dsn: str) -> None:
 
 
 def test_unsupported_version_names_the_fix(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_sql, "SUPPORTED_VERSIONS", frozenset({"9.9.9"}))
+    monkeypatch.setattr(_compat, "SUPPORTED_VERSIONS", frozenset({"9.9.9"}))
     with psycopg.connect(dsn) as conn:
         with pytest.raises(treadle.UnsupportedVersion, match="ALTER EXTENSION treadle UPDATE") as unsupported:
             treadle.start_workflow(conn, "w", steps=["a"])
         message = str(unsupported.value)
-        assert "has treadle 0.1.0" in message and "speaks 9.9.9" in message
+        assert "has treadle 0.2.0" in message and "speaks 9.9.9" in message
         assert conn.info.transaction_status == TransactionStatus.INTRANS  # not in error
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM treadle.workflow_runs").fetchone() == (0,)
 
 
 def test_async_check(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_sql, "SUPPORTED_VERSIONS", frozenset({"0.0.1"}))
+    monkeypatch.setattr(_compat, "SUPPORTED_VERSIONS", frozenset({"0.0.1"}))
 
     async def scenario() -> None:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
@@ -71,7 +71,7 @@ def test_checked_once_per_connection(dsn: str, monkeypatch: pytest.MonkeyPatch) 
     with psycopg.connect(dsn, autocommit=True) as checked:
         treadle.enqueue(checked, "x")
         # the answer is kept for this connection: no further check sees the new rule
-        monkeypatch.setattr(_sql, "SUPPORTED_VERSIONS", frozenset())
+        monkeypatch.setattr(_compat, "SUPPORTED_VERSIONS", frozenset())
         assert treadle.enqueue(checked, "y") > 0
         with psycopg.connect(dsn, autocommit=True) as fresh, pytest.raises(treadle.UnsupportedVersion):
             treadle.enqueue(fresh, "z")
@@ -88,13 +88,30 @@ def test_the_check_does_not_keep_connections_alive(dsn: str) -> None:
 
 
 def test_version_reads_the_sql_api(conn: psycopg.Connection[Any]) -> None:
-    assert treadle.version(conn) in _sql.SUPPORTED_VERSIONS
+    assert treadle.version(conn) in _compat.SUPPORTED_VERSIONS
 
 
 @pytest.mark.parametrize("row_factory", [psycopg.rows.dict_row, psycopg.rows.namedtuple_row])
 def test_connections_with_their_own_row_factory(dsn: str, row_factory: Any) -> None:
     with psycopg.connect(dsn, autocommit=True, row_factory=row_factory) as conn:
         job_id = treadle.enqueue(conn, "x")
-        assert treadle.version(conn) == "0.1.0"
+        assert treadle.version(conn) == "0.2.0"
         job = treadle.get_job(conn, job_id)
         assert job is not None and job.name == "x"
+
+
+def test_a_0_1_0_database_is_refused_naming_the_upgrade(dsn: str) -> None:
+    # the released 0.1.0 script is installable as it was; its functions differ from 0.2.0's
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("DROP EXTENSION treadle")
+        admin.execute("CREATE EXTENSION treadle VERSION '0.1.0'")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with pytest.raises(treadle.UnsupportedVersion) as refused:
+            treadle.enqueue(conn, "x")
+        message = str(refused.value)
+        assert "has treadle 0.1.0" in message and "speaks 0.2.0" in message
+        assert "treadle upgrade" in message and "ALTER EXTENSION treadle UPDATE" in message
+        assert conn.execute("SELECT count(*) FROM treadle.jobs").fetchone() == (0,)
+        conn.execute("ALTER EXTENSION treadle UPDATE")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert treadle.version(conn) == "0.2.0"

@@ -6,9 +6,12 @@ It runs a treadle Worker (settings from CHILD_* environment variables) with:
   record(args)      records an effect, then works for args["seconds"] (a number, or
                     a map from worker id to a number), looking at ctx.cancelled and
                     recording 'aborted' when it fires; returns {"by": WORKER_ID, "attempt": n}
+  misbehave(args)   does what args["do"] names (see MISDEEDS): raises a BaseException,
+                    returns a value JSON cannot hold, or an object of no JSON kind
   workflow "trip"   steps reserve, charge, notify; each records an effect and returns
                     {"step": name, "by": WORKER_ID, "seen": [earlier steps]}
-Effects and the events lease_lost and released go to the table `effects`.
+Effects and the events lease_lost and released (or those CHILD_EVENTS lists, comma
+separated) go to the table `effects`.
 
 KILL_AT picks where the process stops itself:
   none                         never
@@ -37,6 +40,7 @@ from treadle.worker import WorkerEvent
 
 dsn, worker_id, kill_at = sys.argv[1:4]
 stopped_once = False
+RECORDED_EVENTS = set(os.environ.get("CHILD_EVENTS", "lease_lost,released").split(","))
 
 
 def setting(name: str, default: float) -> float:
@@ -70,6 +74,39 @@ def record_handler(args: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return {"by": worker_id, "attempt": ctx.attempt}
 
 
+def deep_list(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def _raise(error: BaseException) -> Any:
+    raise error
+
+
+def _generator() -> Any:
+    yield 1
+
+
+MISDEEDS: dict[str, Any] = {
+    "keyboard_interrupt": lambda: _raise(KeyboardInterrupt()),
+    "system_exit": lambda: _raise(SystemExit(3)),
+    "generator_exit": lambda: _raise(GeneratorExit()),
+    "long_error": lambda: _raise(ValueError("head " + "x" * 100_000 + " tail")),
+    "set": lambda: {1, 2},
+    "nan": lambda: {"ratio": float("nan")},
+    "deep_list": lambda: deep_list(10_000),
+    "object": lambda: object(),
+    "generator": _generator,
+}
+
+
+def misbehave(args: dict[str, Any], ctx: JobContext) -> Any:
+    record(ctx, "ran")
+    return MISDEEDS[args["do"]]()
+
+
 def step(name: str):  # type: ignore[no-untyped-def]
     def run(input: dict[str, Any], results: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         record(ctx, "ran")
@@ -81,7 +118,7 @@ def step(name: str):  # type: ignore[no-untyped-def]
 
 def on_event(event: WorkerEvent) -> None:
     global stopped_once
-    if event.kind in ("lease_lost", "released"):
+    if event.kind in RECORDED_EVENTS:
         record(event, event.kind)
     if kill_at == "after_claim" and event.kind == "claimed":
         die()
@@ -106,6 +143,7 @@ def main() -> None:
         stop_timeout=setting("STOP_TIMEOUT", 5.0), on_event=on_event,
     )
     worker.register("record", record_handler)
+    worker.register("misbehave", misbehave)
     worker.workflow("trip", [Step("reserve", step("reserve")), Step("charge", step("charge")),
                              ("notify", step("notify"))])
     worker.run()

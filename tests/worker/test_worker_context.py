@@ -209,7 +209,7 @@ def test_complete_in_joins_a_transaction_block(dsn: str, conn: psycopg.Connectio
     assert conn.execute("SELECT note FROM ledger").fetchone() == ("in a block",)
 
 
-def test_acomplete_in_serves_async_handlers(dsn: str, conn: psycopg.Connection[Any],
+def test_complete_in_async_serves_async_handlers(dsn: str, conn: psycopg.Connection[Any],
                                             make_worker: MakeWorker) -> None:
     conn.execute(LEDGER)
     worker = make_worker()
@@ -218,7 +218,7 @@ def test_acomplete_in_serves_async_handlers(dsn: str, conn: psycopg.Connection[A
     async def transfer(args: Any, ctx: JobContext) -> None:
         async with await psycopg.AsyncConnection.connect(dsn) as own:
             await own.execute("INSERT INTO ledger VALUES (%s, 'async')", [ctx.job_id])
-            await ctx.acomplete_in(own, {"async": True})
+            await ctx.complete_in_async(own, {"async": True})
 
     job_id = enqueue(conn, "transfer")
     worker.start()

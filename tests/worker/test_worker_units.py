@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from treadle import InvalidArgument, Step, Worker
-from treadle._batcher import CompletionBuffer
-from treadle._db import Backoff, one_line
+from treadle._completer import CompletionBuffer
+from treadle._retry import Backoff, one_line
 from treadle.cli import _age
 
 DSN = "postgresql://nobody@127.0.0.1:1/none"  # never connected to: nothing here runs a worker
@@ -76,7 +76,7 @@ def test_default_worker_ids_differ() -> None:
 
 
 # registration
-def test_handlers_register_three_ways() -> None:
+def test_handlers_register_four_ways() -> None:
     worker = Worker(DSN)
     assert worker.register("plain", handler) is handler
 
@@ -92,7 +92,7 @@ def test_handlers_register_three_ways() -> None:
     def other(args: Any, ctx: Any) -> None:
         return None
 
-    assert worker._claim_names() == ["plain", "bare", "named", "decorated"]
+    assert worker._registry.claim_names() == ["plain", "bare", "named", "decorated"]
     assert callable(bare) and callable(something) and callable(other)
 
 
@@ -106,7 +106,7 @@ def test_bad_handlers_are_refused(name: Any, fn: Any, message: str) -> None:
     worker = Worker(DSN)
     with pytest.raises(InvalidArgument, match=message):
         worker.register(name, fn)
-    assert worker._claim_names() == []
+    assert worker._registry.claim_names() == []
 
 
 def test_a_name_has_one_handler() -> None:
@@ -119,8 +119,8 @@ def test_a_name_has_one_handler() -> None:
 def test_workflows_take_steps_or_pairs() -> None:
     worker = Worker(DSN)
     worker.workflow("trip", [Step("reserve", handler), ("charge", handler)])
-    assert worker._claim_names() == ["workflow:trip"]
-    assert list(worker._workflows["trip"]) == ["reserve", "charge"]
+    assert worker._registry.claim_names() == ["workflow:trip"]
+    assert list(worker._registry.workflows["trip"]) == ["reserve", "charge"]
 
 
 @pytest.mark.parametrize("steps, message", [
@@ -136,7 +136,7 @@ def test_bad_workflows_are_refused(steps: Any, message: str) -> None:
     worker = Worker(DSN)
     with pytest.raises(InvalidArgument, match=message):
         worker.workflow("trip", steps)
-    assert worker._workflows == {}
+    assert worker._registry.workflows == {}
 
 
 def test_a_worker_without_handlers_does_not_run() -> None:

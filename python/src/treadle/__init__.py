@@ -12,9 +12,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+def _package_version() -> str:
+    # the one version is the extension's (treadle.control); pyproject.toml's is the package's build of it
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("treadle")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0.0.0+unknown"
+
+
 if TYPE_CHECKING:  # type checkers see the real signatures; at run time names load lazily
     from .client import (
-        WatchEvent,
+        EnqueueOptions,
+        WorkflowOptions,
         cancel,
         cancel_workflow,
         enqueue,
@@ -23,9 +34,6 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
         retry,
         start_workflow,
         version,
-        wait,
-        wait_workflow,
-        watch,
         workflow_results,
     )
     from .errors import (
@@ -36,6 +44,7 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
         JobNotFound,
         LeaseLost,
         TreadleError,
+        UndecodablePayload,
         UnsupportedVersion,
         WaitTimeout,
         WorkflowCancelled,
@@ -43,9 +52,10 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
         WorkflowNotFound,
     )
     from .models import Job
+    from .results import WaitOptions, WatchEvent, wait, wait_workflow, watch
     from .worker import JobContext, Step, Worker, WorkerEvent
 
-__version__ = "0.1.0"
+__version__ = _package_version()
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
@@ -59,10 +69,13 @@ _EXPORTS: dict[str, str] = {
     "get_job": "client",
     "workflow_results": "client",
     "version": "client",
-    "wait": "client",
-    "wait_workflow": "client",
-    "watch": "client",
-    "WatchEvent": "client",
+    "EnqueueOptions": "client",
+    "WorkflowOptions": "client",
+    "wait": "results",
+    "wait_workflow": "results",
+    "watch": "results",
+    "WatchEvent": "results",
+    "WaitOptions": "results",
     # worker side
     "Worker": "worker",
     "Step": "worker",
@@ -74,6 +87,7 @@ _EXPORTS: dict[str, str] = {
     "InvalidArgument": "errors",
     "ExtensionMissing": "errors",
     "UnsupportedVersion": "errors",
+    "UndecodablePayload": "errors",
     "LeaseLost": "errors",
     "JobCancelled": "errors",
     "JobFailed": "errors",

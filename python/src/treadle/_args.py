@@ -2,8 +2,10 @@
 
 They check what Python can know for certain (types, integer ranges, time zones)
 and raise `InvalidArgument` without touching the caller's transaction. Rules
-about values (a name must not be empty, max_attempts must be at least 1, ...)
-belong to the SQL layer, which refuses them with a stable SQLSTATE.
+about values (max_attempts must be at least 1, how long a name may be, ...)
+belong to the SQL layer, which refuses them with a stable SQLSTATE. The one
+exception is `name`: the worker checks the names it registers and claims with
+before it starts, so that a blank one fails at registration, not at the first claim.
 """
 
 from __future__ import annotations
@@ -86,3 +88,11 @@ def seconds(value: Any, what: str, *, allow_zero: bool) -> float:
 def interval_text(delta: timedelta) -> str:
     """A PostgreSQL interval literal for `delta`, exact to the microsecond."""
     return f"{delta.days} days {delta.seconds}.{delta.microseconds:06d} seconds"
+
+
+def name(value: Any, what: str) -> str:
+    """A name the worker registers or claims with (handler, workflow, step, queue, worker id): not blank."""
+    checked = text(value, what)
+    if not checked.strip():
+        raise InvalidArgument(f"{what} must not be empty")
+    return checked

@@ -1,4 +1,4 @@
-"""The connections producer calls accept, and the extension check made once per connection.
+"""The caller's connection: what producer calls accept, and the extension check made once per connection.
 
 A call runs one statement on the caller's connection, inside whatever transaction
 that connection is in; treadle never commits or rolls it back. Accepted:
@@ -22,10 +22,10 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, overload
 
 import psycopg
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import dict_row
 
-from . import _sql
-from .errors import ExtensionMissing, UnsupportedVersion, mapped_errors
+from ._compat import read_extension_version, read_extension_version_async
+from .errors import mapped_errors
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection as SAConnection
@@ -132,11 +132,7 @@ def ensure_extension(conn: psycopg.Connection[Any]) -> None:
     """
     if conn in _verified:
         return
-    # the caller's connection may have any row factory: ask for a tuple
-    with conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(_sql.EXTENSION_VERSION)
-        row = cur.fetchone()
-    check_version(None if row is None else row[0], conn.info.dbname)
+    read_extension_version(conn)
     _verified.add(conn)
 
 
@@ -144,23 +140,5 @@ async def ensure_extension_async(conn: psycopg.AsyncConnection[Any]) -> None:
     """`ensure_extension` for an AsyncConnection."""
     if conn in _verified:
         return
-    async with conn.cursor(row_factory=tuple_row) as cur:
-        await cur.execute(_sql.EXTENSION_VERSION)
-        row = await cur.fetchone()
-    check_version(None if row is None else row[0], conn.info.dbname)
+    await read_extension_version_async(conn)
     _verified.add(conn)
-
-
-def check_version(installed: Any, dbname: str) -> None:
-    """Raise ExtensionMissing or UnsupportedVersion for what pg_extension says is installed."""
-    if installed is None:
-        raise ExtensionMissing(
-            f"the treadle extension is not installed in database {dbname!r}: "
-            "run CREATE EXTENSION treadle (after make install on the server)"
-        )
-    if installed not in _sql.SUPPORTED_VERSIONS:
-        supported = ", ".join(sorted(_sql.SUPPORTED_VERSIONS))
-        raise UnsupportedVersion(
-            f"database {dbname!r} has treadle {installed}, but this client speaks {supported}: "
-            "run ALTER EXTENSION treadle UPDATE, or install the Python package that matches"
-        )

@@ -16,9 +16,10 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
-from treadle import _sql
-from treadle._context import JobContext
-from treadle._db import Backoff, Database, one_line
+from . import _sql
+from ._pool import WorkerPool
+from ._retry import Backoff, one_line
+from ._run_state import HeartbeatAnswer, RunState
 
 log = logging.getLogger("treadle.worker")
 
@@ -28,10 +29,10 @@ SEEN_INTERVAL = 5.0  # how often the worker reports itself in treadle.workers
 class Housekeeper:
     """A thread that heartbeats `running()` jobs, calls treadle.rescue() and treadle.worker_seen()."""
 
-    def __init__(self, db: Database, worker_id: str, *, lease: float, heartbeat_interval: float,
-                 rescue_interval: float, running: Callable[[], list[JobContext]],
+    def __init__(self, pool: WorkerPool, worker_id: str, *, lease: float, heartbeat_interval: float,
+                 rescue_interval: float, running: Callable[[], list[RunState]],
                  on_rescued: Callable[[], None], seen_params: Callable[[], dict[str, Any]]) -> None:
-        self._db = db
+        self._pool = pool
         self._worker_id = worker_id
         self._lease = timedelta(seconds=lease)
         self._heartbeat_interval = heartbeat_interval
@@ -62,7 +63,7 @@ class Housekeeper:
                     self._rescue()
                     next_rescue = now + self._rescue_interval
                 if now >= next_seen:
-                    self._db.value(_sql.WORKER_SEEN, self._seen_params())
+                    self._pool.value(_sql.WORKER_SEEN, self._seen_params())
                     next_seen = now + SEEN_INTERVAL
                 backoff.reset()
                 delay = min(next_beat, next_rescue, next_seen) - time.monotonic()
@@ -75,23 +76,23 @@ class Housekeeper:
     def _heartbeat_due(self, now: float) -> float:
         """Extend the leases whose heartbeat is due; returns when the next one is."""
         running = self._running()
-        due = [ctx for ctx in running if now - ctx._last_beat >= self._heartbeat_interval]
+        due = [run for run in running if now - run.last_beat >= self._heartbeat_interval]
         if due:
-            with self._db.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
-                for ctx in due:
-                    cur.execute(_sql.HEARTBEAT, {"job_id": ctx.job_id, "lease_token": ctx.lease_token,
+            with self._pool.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
+                for run in due:
+                    cur.execute(_sql.HEARTBEAT, {"job_id": run.job_id, "lease_token": run.lease_token,
                                                  "lease": self._lease})
                     row = cur.fetchone()
-                    answer = str(row[0]) if row else "lost"
-                    if answer == "cancel" and not ctx.cancel_requested:
+                    answer = HeartbeatAnswer(row[0]) if row and row[0] else HeartbeatAnswer.LOST
+                    if answer is HeartbeatAnswer.CANCEL and not run.cancel_requested:
                         log.info("job %d (%s): cancel requested; its handler sees ctx.cancelled",
-                                 ctx.job_id, ctx.name)
-                    ctx._apply_heartbeat(answer)
-        return min((ctx._last_beat + self._heartbeat_interval for ctx in running),
+                                 run.job_id, run.name)
+                    run.apply_heartbeat(answer)
+        return min((run.last_beat + self._heartbeat_interval for run in running),
                    default=now + self._heartbeat_interval)
 
     def _rescue(self) -> None:
-        rescued = self._db.value(_sql.RESCUE)
+        rescued = self._pool.value(_sql.RESCUE)
         if rescued:
             log.info("worker %s rescued %d jobs whose lease expired", self._worker_id, rescued)
             self._on_rescued()

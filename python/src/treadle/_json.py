@@ -16,7 +16,7 @@ from typing import Any, TypeAlias
 
 from psycopg.types.json import Jsonb
 
-from .errors import InvalidArgument
+from .errors import InvalidArgument, UndecodablePayload
 
 _SCALARS = (str, int, float, bool, type(None))
 
@@ -29,6 +29,19 @@ def to_json(value: Any, what: str) -> str:
         return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except RecursionError:
         raise InvalidArgument(f"{what} is nested too deeply to encode as JSON") from None
+
+
+def from_json(text: str | None, what: str) -> Any:
+    """The value of JSON `text` read from the database (None stays None); UndecodablePayload when it cannot be."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise UndecodablePayload(
+            f"{what} is nested too deeply for Python's JSON decoder ({len(text)} characters)") from None
+    except ValueError as error:
+        raise UndecodablePayload(f"{what} is not valid JSON: {error}") from None
 
 
 def to_jsonb(value: Any, what: str) -> Jsonb | None:

@@ -1,88 +1,159 @@
-"""Every SQL statement the Python package sends. Nothing else builds SQL.
+"""The catalogue of the statements the client and the worker send (the dashboard keeps its own).
 
-Each statement calls one function or reads one view of the extension; the state
-machine itself lives in the database.
+Grouped by caller; each statement calls one function of the extension in named
+notation, or reads one table or view, and says in one line what it is for. The
+state machine itself lives in the database.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-# the extension versions this client speaks
-SUPPORTED_VERSIONS: Final = frozenset({"0.1.0"})
+if TYPE_CHECKING:
+    from typing_extensions import LiteralString
 
-VERSION: Final = "SELECT treadle.version()"
-EXTENSION_VERSION: Final = "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'treadle'"
+# -- producer (client.py) -----------------------------------------------------------------
 
-ENQUEUE: Final = """
+# treadle.enqueue: one job; a run_at given as a delay counts from the database's clock
+ENQUEUE: Final[LiteralString] = """
 SELECT treadle.enqueue(
-    name => %(name)s, args => %(args)s, queue => %(queue)s, priority => %(priority)s,
-    run_at => coalesce(%(run_at)s::timestamptz, treadle._now() + %(delay)s::interval),
-    max_attempts => %(max_attempts)s,
-    idempotency_key => %(idempotency_key)s, every => %(every)s)
+    name => %(name)s::text, args => %(args)s::jsonb, queue => %(queue)s::text,
+    priority => %(priority)s::integer,
+    run_at => coalesce(%(run_at)s::timestamptz, treadle.now() + %(delay)s::interval),
+    max_attempts => %(max_attempts)s::integer,
+    idempotency_key => %(idempotency_key)s::text, every => %(every)s::interval)
 """
-ENQUEUE_MANY: Final = "SELECT id FROM treadle.enqueue_many(%(jobs)s) AS id"
-START_WORKFLOW: Final = """
-SELECT treadle.start_workflow(
-    name => %(name)s, input => %(input)s, steps => %(steps)s, queue => %(queue)s,
-    priority => %(priority)s, max_attempts => %(max_attempts)s, idempotency_key => %(idempotency_key)s)
-"""
-DEFINE_WORKFLOW: Final = "SELECT treadle.define_workflow(%(name)s, %(steps)s)"
-CANCEL: Final = "SELECT treadle.cancel(%(job_id)s)"
-RETRY: Final = "SELECT treadle.retry(%(job_id)s)"
-CANCEL_WORKFLOW: Final = "SELECT treadle.cancel_workflow(%(run_id)s)"
-WORKFLOW_RESULTS: Final = "SELECT treadle.workflow_results(%(run_id)s)"
-GET_JOB: Final = "SELECT * FROM treadle.jobs WHERE id = %(job_id)s"
-QUEUE_STATS: Final = "SELECT queue, state, jobs, oldest_available_age FROM treadle.queue_stats"
-
-CLAIM: Final = """
-SELECT * FROM treadle.claim(
-    worker_id => %(worker_id)s, queues => %(queues)s, names => %(names)s,
-    batch => %(batch)s, lease => %(lease)s)
-"""
-# the run input and earlier results a workflow step is called with
-STEP_CONTEXT: Final = "SELECT id, input, results FROM treadle.workflow_runs WHERE id = ANY(%(run_ids)s)"
-HEARTBEAT: Final = "SELECT treadle.heartbeat(%(job_id)s, %(lease_token)s, %(lease)s)"
-PROGRESS: Final = "SELECT treadle.progress(%(job_id)s, %(lease_token)s, %(fraction)s, %(message)s)"
-COMPLETE: Final = "SELECT treadle.complete(%(job_id)s, %(lease_token)s, %(result)s)"
-COMPLETE_MANY: Final = "SELECT job_id, state FROM treadle.complete_many(%(job_ids)s, %(lease_tokens)s, %(results)s)"
-FAIL: Final = "SELECT treadle.fail(%(job_id)s, %(lease_token)s, %(error)s, %(retry_in)s)"
-RESCUE: Final = "SELECT treadle.rescue()"
-WORKER_SEEN: Final = """
-SELECT treadle.worker_seen(%(worker_id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(running)s)
-"""
-WORKER_STOPPED: Final = "SELECT treadle.worker_stopped(%(worker_id)s)"
-
-# LISTEN/NOTIFY channels: wake-up hints whose payload is a queue name
-CHANNEL_JOBS: Final = "treadle_jobs"  # work became claimable
-CHANNEL_DONE: Final = "treadle_done"  # jobs finished
-LISTEN_JOBS: Final = "LISTEN treadle_jobs"
-LISTEN_DONE: Final = "LISTEN treadle_done"
-RELEASE: Final = "SELECT treadle.release(%(job_id)s, %(lease_token)s)"
-
-# producer side: a run_at given as a delay counts from the database's clock (treadle._now());
-# with neither run_at nor delay the function takes that clock itself
-ENQUEUE_MANY_DELAYED: Final = """
-SELECT id FROM treadle.enqueue_many((
+# treadle.enqueue_many: a job's "run_in" delay becomes run_at on the database's clock
+ENQUEUE_MANY: Final[LiteralString] = """
+SELECT id FROM treadle.enqueue_many(jobs => (
     SELECT coalesce(jsonb_agg(
                CASE WHEN s.spec ? 'run_in'
                     THEN (s.spec - 'run_in')
-                         || jsonb_build_object('run_at', treadle._now() + (s.spec ->> 'run_in')::interval)
+                         || jsonb_build_object('run_at', treadle.now() + (s.spec ->> 'run_in')::interval)
                     ELSE s.spec END
                ORDER BY s.ord), '[]')
-      FROM jsonb_array_elements(%(jobs)s) WITH ORDINALITY AS s(spec, ord))) AS id
+      FROM jsonb_array_elements(%(jobs)s::jsonb) WITH ORDINALITY AS s(spec, ord))) AS id
 """
-JOB_OUTCOME: Final = "SELECT queue, state, result, last_error FROM treadle.jobs WHERE id = %(job_id)s"
-TRANSACTION_ISOLATION: Final = "SELECT pg_catalog.current_setting('transaction_isolation') AS isolation"
-LISTENING_CHANNELS: Final = "SELECT pg_catalog.pg_listening_channels() AS channel"
-UNLISTEN_DONE: Final = "UNLISTEN treadle_done"
-# a run and, once it failed, the step whose job was discarded (its latest step job), in one read
-RUN_OUTCOME: Final = """
-SELECT r.queue, r.state, r.results, s.step, s.last_error
+# treadle.start_workflow: a run and its first step job
+START_WORKFLOW: Final[LiteralString] = """
+SELECT treadle.start_workflow(
+    name => %(name)s::text, input => %(input)s::jsonb, steps => %(steps)s::text[], queue => %(queue)s::text,
+    priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,
+    idempotency_key => %(idempotency_key)s::text)
+"""
+# treadle.cancel, retry, cancel_workflow, workflow_results: operator controls
+CANCEL: Final[LiteralString] = "SELECT treadle.cancel(job_id => %(job_id)s::bigint)"
+RETRY: Final[LiteralString] = "SELECT treadle.retry(job_id => %(job_id)s::bigint)"
+CANCEL_WORKFLOW: Final[LiteralString] = "SELECT treadle.cancel_workflow(run_id => %(run_id)s::bigint)"
+WORKFLOW_RESULTS: Final[LiteralString] = "SELECT treadle.workflow_results(run_id => %(run_id)s::bigint)"
+# one job without its lease token (job_details is what every reader role may select); jsonb as text
+GET_JOB: Final[LiteralString] = """
+SELECT id, queue, name, args::text AS args, state, priority, run_at, attempt, max_attempts, lease_until,
+       worker_id, idempotency_key, result::text AS result, last_error, created_at, finished_at,
+       workflow_run_id, step, every, next_id, cancel_requested, started_at, failed_at, errors::text AS errors,
+       progress, progress_message
+  FROM treadle.job_details WHERE id = %(job_id)s::bigint
+"""
+# treadle.version: the installed SQL API's version
+VERSION: Final[LiteralString] = "SELECT treadle.version()"
+
+# -- wait and watch (_wait.py, _watch.py) ---------------------------------------------------
+
+# how a job ended; jsonb as text, so that a result this client cannot decode fails one wait clearly
+JOB_OUTCOME: Final[LiteralString] = """
+SELECT queue, state, result::text AS result, last_error FROM treadle.job_details WHERE id = %(job_id)s::bigint
+"""
+# how a run ended and, once it failed, the step whose job was discarded (its latest step job)
+RUN_OUTCOME: Final[LiteralString] = """
+SELECT r.queue, r.state, r.results::text AS results, s.step, s.last_error
   FROM treadle.workflow_runs AS r
   LEFT JOIN LATERAL (
-        SELECT j.step, j.last_error FROM treadle.jobs AS j
+        SELECT j.step, j.last_error FROM treadle.job_details AS j
          WHERE j.workflow_run_id = r.id AND r.state = 'failed'
          ORDER BY j.id DESC LIMIT 1) AS s ON true
- WHERE r.id = %(run_id)s
+ WHERE r.id = %(run_id)s::bigint
 """
+# whether a wait inside the caller's transaction can see other transactions commit
+TRANSACTION_ISOLATION: Final[LiteralString] = (
+    "SELECT pg_catalog.current_setting('transaction_isolation') AS isolation")
+# whether the caller's connection listens already (then wait does not borrow it)
+LISTENING_CHANNELS: Final[LiteralString] = "SELECT pg_catalog.pg_listening_channels() AS channel"
+
+# the server's own port: a connection whose port differs goes through a pooler or proxy
+SERVER_PORT: Final[LiteralString] = "SELECT pg_catalog.current_setting('port')::integer"
+
+# LISTEN/NOTIFY channels: wake-up hints whose payload is a queue name
+CHANNEL_JOBS: Final[LiteralString] = "treadle_jobs"  # work became claimable
+CHANNEL_DONE: Final[LiteralString] = "treadle_done"  # jobs finished
+LISTEN_JOBS: Final[LiteralString] = "LISTEN treadle_jobs"
+LISTEN_DONE: Final[LiteralString] = "LISTEN treadle_done"
+UNLISTEN_DONE: Final[LiteralString] = "UNLISTEN treadle_done"
+
+# -- worker (worker.py, _executor.py, _completer.py, _housekeeping.py) ----------------------
+
+# the columns of a claimed job; jsonb as text, so that each job's payload is decoded alone
+_CLAIMED_COLUMNS: Final[LiteralString] = """
+id, queue, name, args::text AS args, state, priority, run_at, attempt, max_attempts, lease_until,
+lease_token, worker_id, idempotency_key, result::text AS result, last_error, created_at, finished_at,
+workflow_run_id, step, every, next_id, cancel_requested, started_at, failed_at, errors::text AS errors,
+progress, progress_message
+"""
+# treadle.claim: every job this call claims holds the call's own lease token
+CLAIM: Final[LiteralString] = "SELECT " + _CLAIMED_COLUMNS + """
+  FROM treadle.claim(
+    worker_id => %(worker_id)s::text, queues => %(queues)s::text[], names => %(names)s::text[],
+    batch => %(batch)s::integer, lease => %(lease)s::interval, lease_token => %(lease_token)s::uuid)
+"""
+# treadle.claimed: what a claim whose answer was lost committed (nothing when it did not)
+CLAIMED: Final[LiteralString] = "SELECT " + _CLAIMED_COLUMNS + """
+  FROM treadle.claimed(lease_token => %(lease_token)s::uuid)
+"""
+# the workflow, input and earlier results the claimed steps are called with
+STEP_CONTEXT: Final[LiteralString] = """
+SELECT id, name, input::text AS input, results::text AS results
+  FROM treadle.workflow_runs WHERE id = ANY(%(run_ids)s::bigint[])
+"""
+# treadle.heartbeat: extend a lease; 'held', 'cancel' or 'lost'
+HEARTBEAT: Final[LiteralString] = """
+SELECT treadle.heartbeat(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid,
+                         lease => %(lease)s::interval)
+"""
+# treadle.progress: a running handler's fraction and note
+PROGRESS: Final[LiteralString] = """
+SELECT treadle.progress(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid,
+                        fraction => %(fraction)s::double precision, message => %(message)s::text)
+"""
+# treadle.complete: one job, in complete_in's transaction or after complete_many was refused
+COMPLETE: Final[LiteralString] = """
+SELECT treadle.complete(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid,
+                        result => %(result)s::jsonb)
+"""
+# treadle.complete_many: the buffered successes in one statement
+COMPLETE_MANY: Final[LiteralString] = """
+SELECT job_id, state FROM treadle.complete_many(
+    job_ids => %(job_ids)s::bigint[], lease_tokens => %(lease_tokens)s::uuid[], results => %(results)s::jsonb[])
+"""
+# treadle.fail: a failed attempt; retryable, discarded or cancelled
+FAIL: Final[LiteralString] = """
+SELECT treadle.fail(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid,
+                    error => %(error)s::text, retry_in => %(retry_in)s::interval)
+"""
+# treadle.release: hand a job back at shutdown, its attempt given back
+RELEASE: Final[LiteralString] = """
+SELECT treadle.release(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid)
+"""
+# treadle.rescue: return the jobs of workers whose lease expired
+RESCUE: Final[LiteralString] = "SELECT treadle.rescue()"
+# treadle.define_workflow: record a registered workflow's steps
+DEFINE_WORKFLOW: Final[LiteralString] = """
+SELECT treadle.define_workflow(name => %(name)s::text, steps => %(steps)s::text[])
+"""
+# treadle.worker_seen, worker_stopped: the registry of live workers
+WORKER_SEEN: Final[LiteralString] = """
+SELECT treadle.worker_seen(worker_id => %(worker_id)s::text, host => %(host)s::text, pid => %(pid)s::integer,
+                           queues => %(queues)s::text[], concurrency => %(concurrency)s::integer,
+                           running => %(running)s::integer)
+"""
+WORKER_STOPPED: Final[LiteralString] = "SELECT treadle.worker_stopped(worker_id => %(worker_id)s::text)"
+# the queues' counts, for `treadle status`
+QUEUE_STATS: Final[LiteralString] = "SELECT queue, state, jobs, oldest_available_age FROM treadle.queue_stats"

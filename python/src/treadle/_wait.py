@@ -9,10 +9,13 @@ statement that reads the row, and the notification that wakes the wait), so
 every way of waiting decides the same way.
 
 How the connection is used:
-- a DSN: a connection of our own (autocommit) that LISTENs, opened again if it
-  breaks; closed when the wait ends;
-- an autocommit connection outside a transaction that listens to nothing else:
-  LISTEN on it for the wait, UNLISTEN afterwards;
+- with `listen_dsn`: LISTEN on a connection of our own to that server (a direct
+  one, when reads go through a pooler), opened for the wait; reads as below;
+- a DSN: a connection of our own (autocommit) that LISTENs when it reaches the
+  server directly (polling through a pooler), opened again if it breaks; closed
+  when the wait ends;
+- an autocommit connection outside a transaction that listens to nothing else
+  and reaches the server directly: LISTEN on it for the wait, UNLISTEN afterwards;
 - a connection inside a transaction: reads in that transaction, polling only (it
   must be READ COMMITTED, or it would never see the row change);
 - a non-autocommit connection outside a transaction: each read is followed by a
@@ -22,6 +25,7 @@ How the connection is used:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
@@ -31,7 +35,9 @@ import psycopg
 from psycopg import Notify
 from psycopg.pq import TransactionStatus
 
-from . import _conn, _listen, _sql
+from . import _conn, _sql
+from ._json import from_json
+from ._notifier import Notifier, is_direct, listen, listen_async
 from .errors import (
     InvalidArgument,
     JobCancelled,
@@ -46,9 +52,20 @@ from .errors import (
 if TYPE_CHECKING:
     from typing_extensions import LiteralString
 
+log = logging.getLogger("treadle")
+
+
+class _Marker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
 READ = "read"  # the loop asks for the row
-UNKNOWN: Any = object()  # the row could not be read this time (our own connection was lost)
-PENDING: Any = object()  # the row was read and has not finished yet
+UNKNOWN = _Marker("UNKNOWN")  # the row could not be read this time (our own connection was lost)
+PENDING = _Marker("PENDING")  # the row was read and has not finished yet
 _VISIBLE_ISOLATIONS = frozenset({"read committed", "read uncommitted"})
 
 Row = dict[str, Any]
@@ -100,7 +117,7 @@ def outcome(job_id: int, timeout: float | None, poll_interval: float) -> Loop:
         if row is None:
             raise JobNotFound(job_id)
         if row["state"] == "completed":
-            return row["result"]
+            return from_json(row["result"], f"job {job_id}'s result")
         if row["state"] == "discarded":
             raise JobFailed(job_id, row["last_error"])
         if row["state"] == "cancelled":
@@ -117,7 +134,7 @@ def run_outcome(run_id: int, timeout: float | None, poll_interval: float) -> Loo
         if row is None:
             raise WorkflowNotFound(run_id)
         if row["state"] == "completed":
-            return row["results"]
+            return from_json(row["results"], f"workflow run {run_id}'s results")
         if row["state"] == "failed":
             raise WorkflowFailed(run_id, row["step"], row["last_error"])
         if row["state"] == "cancelled":
@@ -198,42 +215,79 @@ async def _sleep_async(pause: Pause) -> None:
 # -- a DSN: a listening connection of our own -------------------------------------------------
 
 
-def wait_dsn(dsn: str, watched: Watched, loop: Loop, listen: bool) -> Any:
-    listener = _listen.Listener(dsn, [watched.listen] if listen else [])
-    listener.open()
+def _direct(dsn: str) -> Callable[[], psycopg.Connection[Any]]:
+    return lambda: psycopg.connect(dsn, autocommit=True)
+
+
+def hints_from(listen_dsn: str, watched: Watched) -> Notifier:
+    """A notifier on the connection the caller named for LISTEN (trusted: it reaches the server)."""
+    hints = Notifier(_direct(listen_dsn), [watched.listen], log, trusted=True)
+    hints.open()
+    return hints
+
+
+def pause_on(hints: Notifier, watched: Watched) -> Callable[[Pause], None]:
+    def pause(request: Pause) -> None:
+        end = time.monotonic() + request.seconds
+        while (left := end - time.monotonic()) > 0:
+            if any(wakes(notify, request, watched) for notify in hints.receive(left)):
+                return
+    return pause
+
+
+def wait_dsn(dsn: str, watched: Watched, loop: Loop, listen: bool, listen_dsn: str | None) -> Any:
+    reader = Notifier(_direct(dsn), [watched.listen] if listen and listen_dsn is None else [], log)
+    reader.open()
+    hints = hints_from(listen_dsn, watched) if listen and listen_dsn is not None else reader
 
     def read() -> Any:
         try:
-            conn = listener.connection()
+            conn = reader.connection()
         except psycopg.OperationalError:
             return UNKNOWN
         try:
             return _conn.execute(conn, watched.query, watched.params, _first)
         except psycopg.OperationalError as error:
-            listener.lost(error)
+            reader.lost(error)
             return UNKNOWN
 
-    def pause(request: Pause) -> None:
-        end = time.monotonic() + request.seconds
-        while (left := end - time.monotonic()) > 0:
-            if any(wakes(notify, request, watched) for notify in listener.receive(left)):
-                return
-
     try:
-        return drive(loop, read, pause)
+        return drive(loop, read, pause_on(hints, watched))
     finally:
-        listener.close()
+        reader.close()
+        hints.close()
 
 
 # -- the caller's synchronous connection ------------------------------------------------------
 
 
-def wait_connection(conn: psycopg.Connection[Any], watched: Watched, loop: Loop, listen: bool) -> Any:
+def can_borrow(conn: psycopg.Connection[Any]) -> bool:
+    """Whether `wait` may LISTEN on the caller's connection and undo it afterwards.
+
+    Only an autocommit connection outside a transaction that listens to nothing
+    else and reaches the server directly: LISTEN there touches no transaction, no
+    notification of the caller's can be consumed by mistake, and no pooler hands
+    the LISTEN on to another client.
+    """
+    if not conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+        return False
+    return not _conn.execute(conn, _sql.LISTENING_CHANNELS, {}, bool) and is_direct(conn, log)
+
+
+def wait_connection(conn: psycopg.Connection[Any], watched: Watched, loop: Loop, listen_on: bool,
+                    listen_dsn: str | None) -> Any:
     def read() -> Any:
         return _conn.execute(conn, watched.query, watched.params, _first)
 
-    if listen and _listen.can_borrow(conn):
-        if not _listen.listen(conn, [watched.listen]):
+    if listen_on and listen_dsn is not None:
+        hints = hints_from(listen_dsn, watched)
+        try:
+            return _drive_polling(conn, watched, loop, read, pause_on(hints, watched))
+        finally:
+            hints.close()
+
+    if listen_on and can_borrow(conn):
+        if not listen(conn, [watched.listen], log):
             return drive(loop, read, _sleep)
 
         def pause(request: Pause) -> None:
@@ -249,12 +303,18 @@ def wait_connection(conn: psycopg.Connection[Any], watched: Watched, loop: Loop,
                 for _ in conn.notifies(timeout=0):
                     pass  # drop hints that arrived before UNLISTEN: the caller listens to nothing
 
+    return _drive_polling(conn, watched, loop, read, _sleep)
+
+
+def _drive_polling(conn: psycopg.Connection[Any], watched: Watched, loop: Loop, read: Callable[[], Any],
+                   pause: Callable[[Pause], None]) -> Any:
+    """Reads on the caller's connection without LISTEN on it, leaving its transaction as it was."""
     status = conn.info.transaction_status
     if status != TransactionStatus.IDLE:
         _require_visible(_conn.execute(conn, _sql.TRANSACTION_ISOLATION, {}, _isolation), watched)
-        return drive(loop, read, _sleep)
+        return drive(loop, read, pause)
     if conn.autocommit:
-        return drive(loop, read, _sleep)
+        return drive(loop, read, pause)
 
     def read_and_end() -> Any:
         try:
@@ -262,39 +322,72 @@ def wait_connection(conn: psycopg.Connection[Any], watched: Watched, loop: Loop,
         finally:
             conn.rollback()  # ends only the transaction this read opened
 
-    return drive(loop, read_and_end, _sleep)
+    return drive(loop, read_and_end, pause)
 
 
 # -- the caller's asynchronous connection -----------------------------------------------------
 
 
-async def wait_async(conn: psycopg.AsyncConnection[Any], watched: Watched, loop: Loop, listen: bool) -> Any:
+async def can_borrow_async(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """`can_borrow` for an AsyncConnection."""
+    if not conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+        return False
+    if await _conn.execute(conn, _sql.LISTENING_CHANNELS, {}, bool):
+        return False
+    port = await _conn.execute(conn, _sql.SERVER_PORT, {}, _port)
+    if port is not None and port != conn.info.port:
+        log.info("treadle: port %s is not the server's own (%s): polling instead of LISTEN through a pooler",
+                 conn.info.port, port)
+        return False
+    return True
+
+
+async def wait_async(conn: psycopg.AsyncConnection[Any], watched: Watched, loop: Loop, listen_on: bool,
+                     listen_dsn: str | None) -> Any:
     async def read() -> Any:
         return await _conn.execute(conn, watched.query, watched.params, _first)
 
-    if listen and await _listen.can_borrow_async(conn):
-        if not await _listen.listen_async(conn, [watched.listen]):
+    if listen_on and listen_dsn is not None:
+        hints = await psycopg.AsyncConnection.connect(listen_dsn, autocommit=True)
+        try:
+            if not await listen_async(hints, [watched.listen], log):
+                return await _drive_polling_async(conn, watched, loop, read, _sleep_async)
+            return await _drive_polling_async(conn, watched, loop, read, _pause_on_async(hints, watched))
+        finally:
+            await hints.close()
+
+    if listen_on and await can_borrow_async(conn):
+        if not await listen_async(conn, [watched.listen], log):
             return await drive_async(loop, read, _sleep_async)
 
-        async def pause(request: Pause) -> None:
-            async for notify in conn.notifies(timeout=request.seconds):
-                if wakes(notify, request, watched):
-                    return
-
         try:
-            return await drive_async(loop, read, pause)
+            return await drive_async(loop, read, _pause_on_async(conn, watched))
         finally:
             if not conn.broken:
                 await conn.execute(watched.unlisten)
                 async for _ in conn.notifies(timeout=0):
                     pass  # drop hints that arrived before UNLISTEN: the caller listens to nothing
 
+    return await _drive_polling_async(conn, watched, loop, read, _sleep_async)
+
+
+def _pause_on_async(conn: psycopg.AsyncConnection[Any], watched: Watched) -> Callable[[Pause], Awaitable[None]]:
+    async def pause(request: Pause) -> None:
+        async for notify in conn.notifies(timeout=request.seconds):
+            if wakes(notify, request, watched):
+                return
+    return pause
+
+
+async def _drive_polling_async(conn: psycopg.AsyncConnection[Any], watched: Watched, loop: Loop,
+                               read: Callable[[], Awaitable[Any]],
+                               pause: Callable[[Pause], Awaitable[None]]) -> Any:
     status = conn.info.transaction_status
     if status != TransactionStatus.IDLE:
         _require_visible(await _conn.execute(conn, _sql.TRANSACTION_ISOLATION, {}, _isolation), watched)
-        return await drive_async(loop, read, _sleep_async)
+        return await drive_async(loop, read, pause)
     if conn.autocommit:
-        return await drive_async(loop, read, _sleep_async)
+        return await drive_async(loop, read, pause)
 
     async def read_and_end() -> Any:
         try:
@@ -302,7 +395,11 @@ async def wait_async(conn: psycopg.AsyncConnection[Any], watched: Watched, loop:
         finally:
             await conn.rollback()  # ends only the transaction this read opened
 
-    return await drive_async(loop, read_and_end, _sleep_async)
+    return await drive_async(loop, read_and_end, pause)
+
+
+def _port(rows: _conn.Rows) -> int | None:
+    return None if not rows else next(iter(rows[0].values()))
 
 
 def _isolation(rows: _conn.Rows) -> str:

@@ -10,14 +10,19 @@ refused or a connection breaks, only slower there.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Generator
 from typing import Literal, NamedTuple
 
+import psycopg
 from psycopg import Notify
 
-from . import _listen, _sql
+from . import _sql
+from ._notifier import Notifier
+
+log = logging.getLogger("treadle")
 
 _KINDS = {_sql.CHANNEL_JOBS: "queued", _sql.CHANNEL_DONE: "done"}
 
@@ -33,15 +38,19 @@ POLL = WatchEvent("poll", None)
 
 
 def events(
-    dsn: str, queues: frozenset[str] | None, poll_interval: float, listen: bool, stop: threading.Event | None
+    dsn: str, queues: frozenset[str] | None, poll_interval: float, listen: bool, stop: threading.Event | None,
+    listen_dsn: str | None = None,
 ) -> Generator[WatchEvent, None, None]:
     """The signals, until `stop` is set (or the consumer stops iterating).
 
-    The first signal is a poll sent once listening has begun, so a consumer that
+    LISTEN runs on `listen_dsn` when given (a direct connection beside a pooler),
+    else on `dsn` when that reaches the server directly. The first signal is a poll sent once listening has begun, so a consumer that
     reads on every signal cannot miss a change made before it started; another
     follows each reconnection, for the notifications the outage swallowed.
     """
-    listener = _listen.Listener(dsn, [_sql.LISTEN_JOBS, _sql.LISTEN_DONE] if listen else [])
+    target = dsn if listen_dsn is None else listen_dsn
+    listener = Notifier(lambda: psycopg.connect(target, autocommit=True),
+                        [_sql.LISTEN_JOBS, _sql.LISTEN_DONE] if listen else [], log, trusted=listen_dsn is not None)
     listener.open()  # a wrong DSN or a missing extension is raised here, not hidden
     if not listen:
         listener.close()  # the timer needs no connection; opening one checked the extension

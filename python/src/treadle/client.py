@@ -3,7 +3,7 @@
 The transactional contract
 --------------------------
 Every function here takes the caller's connection and runs one statement inside
-the caller's transaction. treadle never commits and never rolls back: a job
+the caller's transaction (the waits, which may also take a DSN, are in `results`). treadle never commits and never rolls back: a job
 enqueued in a transaction exists once that transaction commits and never existed
 if it rolls back, so a job and the rows it is about are saved together or not at
 all::
@@ -46,31 +46,30 @@ connection that passed is not asked again.
 
 Results
 -------
-A handler's return value is stored as its job's result. `wait` blocks until a job
-finishes and returns that result, `wait_workflow` until a workflow run finishes and
-returns its steps' results; `watch` tells a consumer when to look again.
+A handler's return value is stored as its job's result: `results.wait`,
+`results.wait_workflow` and `results.watch` (also `treadle.wait`, ...) read them.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import closing
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeAlias, overload
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypedDict, overload
 
 import psycopg
 
-from . import _args, _conn, _json, _sql, _wait, _watch
-from ._watch import WatchEvent
+from . import _args, _conn, _json, _sql
 from .errors import InvalidArgument
 from .models import Job
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from ._conn import AnyConnection, SyncConnection
 
 __all__ = [
-    "WatchEvent",
+    "EnqueueOptions",
+    "WorkflowOptions",
     "cancel",
     "cancel_workflow",
     "enqueue",
@@ -79,79 +78,82 @@ __all__ = [
     "retry",
     "start_workflow",
     "version",
-    "wait",
-    "wait_workflow",
-    "watch",
     "workflow_results",
 ]
 
 JsonPayload: TypeAlias = Mapping[str, Any] | Sequence[Any] | None
 AsyncConnection: TypeAlias = "psycopg.AsyncConnection[Any]"
 
-_ENQUEUE_KEYS = ("name", "args", "queue", "priority", "run_at", "max_attempts", "idempotency_key", "every")
+
+class EnqueueOptions(TypedDict, total=False):
+    """`enqueue`'s keyword options (and the keys of an `enqueue_many` element besides name and args)."""
+
+    queue: str  # default "default"
+    priority: int  # default 0; lower runs first
+    run_at: datetime | timedelta | None  # an aware datetime, or a delay on the database's clock; None: now
+    max_attempts: int  # default 25
+    idempotency_key: str | None
+    every: timedelta | None  # periodic: each finished occurrence enqueues the next one `every` later
+
+
+class WorkflowOptions(TypedDict, total=False):
+    """`start_workflow`'s keyword options."""
+
+    steps: Sequence[str] | None  # default: the steps a worker registered for the name
+    queue: str
+    priority: int
+    max_attempts: int
+    idempotency_key: str | None
+
+
+ENQUEUE_DEFAULTS: Final[EnqueueOptions] = {
+    "queue": "default", "priority": 0, "run_at": None, "max_attempts": 25, "idempotency_key": None, "every": None,
+}
+WORKFLOW_DEFAULTS: Final[WorkflowOptions] = {
+    "steps": None, "queue": "default", "priority": 0, "max_attempts": 25, "idempotency_key": None,
+}
+_ENQUEUE_KEYS = ("name", "args", *ENQUEUE_DEFAULTS)
+
+
+def _with_defaults(function: str, options: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = [key for key in options if key not in defaults]
+    if unknown:
+        raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
+    return {**defaults, **options}
 
 
 # -- enqueue --------------------------------------------------------------------------------
 
 
 @overload
-def enqueue(
-    conn: AsyncConnection,
-    name: str,
-    args: JsonPayload = None,
-    *,
-    queue: str = "default",
-    priority: int = 0,
-    run_at: datetime | timedelta | None = None,
-    max_attempts: int = 25,
-    idempotency_key: str | None = None,
-    every: timedelta | None = None,
-) -> Awaitable[int]: ...
+def enqueue(conn: AsyncConnection, name: str, args: JsonPayload = None,
+            **options: Unpack[EnqueueOptions]) -> Awaitable[int]: ...
 @overload
-def enqueue(
-    conn: SyncConnection,
-    name: str,
-    args: JsonPayload = None,
-    *,
-    queue: str = "default",
-    priority: int = 0,
-    run_at: datetime | timedelta | None = None,
-    max_attempts: int = 25,
-    idempotency_key: str | None = None,
-    every: timedelta | None = None,
-) -> int: ...
-def enqueue(
-    conn: AnyConnection,
-    name: str,
-    args: JsonPayload = None,
-    *,
-    queue: str = "default",
-    priority: int = 0,
-    run_at: datetime | timedelta | None = None,
-    max_attempts: int = 25,
-    idempotency_key: str | None = None,
-    every: timedelta | None = None,
-) -> int | Awaitable[int]:
+def enqueue(conn: SyncConnection, name: str, args: JsonPayload = None, **options: Unpack[EnqueueOptions]) -> int: ...
+def enqueue(conn: AnyConnection, name: str, args: JsonPayload = None,
+            **options: Unpack[EnqueueOptions]) -> int | Awaitable[int]:
     """Enqueue one job in the caller's transaction and return its id.
 
     ``args`` is a JSON object or array (None means ``{}``). ``run_at`` is an aware
     datetime, or a timedelta counted from the database's clock; None means now.
-    Lower ``priority`` runs first. With an ``idempotency_key`` that a job already
-    holds, no job is added and that job's id is returned, whatever its state.
-    ``every`` makes the job periodic: each occurrence that finishes enqueues the
-    next one ``every`` later.
+    Lower ``priority`` runs first. With an ``idempotency_key`` that a job of the
+    same queue already holds, no job is added and that job's id is returned,
+    whatever its state. ``every`` makes the job periodic: each occurrence that
+    finishes enqueues the next one ``every`` later. The options and their
+    defaults: `EnqueueOptions`.
     """
-    moment = _args.moment(run_at, "run_at")
+    given = _with_defaults("enqueue", options, ENQUEUE_DEFAULTS)
+    moment = _args.moment(given["run_at"], "run_at")
     params = {
         "name": _args.text(name, "name"),
         "args": _json.to_jsonb(args, "args"),
-        "queue": _args.text(queue, "queue"),
-        "priority": _args.integer(priority, "priority"),
+        "queue": _args.text(given["queue"], "queue"),
+        "priority": _args.integer(given["priority"], "priority"),
         "run_at": moment if isinstance(moment, datetime) else None,
         "delay": moment if isinstance(moment, timedelta) else None,
-        "max_attempts": _args.integer(max_attempts, "max_attempts"),
-        "idempotency_key": _args.optional_text(idempotency_key, "idempotency_key"),
-        "every": _args.interval(every, "every"),
+        "max_attempts": _args.integer(given["max_attempts"], "max_attempts"),
+        "idempotency_key": _args.optional_text(given["idempotency_key"], "idempotency_key"),
+        "every": _args.interval(given["every"], "every"),
     }
     return _conn.execute(conn, _sql.ENQUEUE, params, _scalar)
 
@@ -163,17 +165,15 @@ def enqueue_many(conn: SyncConnection, jobs: Iterable[Mapping[str, Any]]) -> lis
 def enqueue_many(conn: AnyConnection, jobs: Iterable[Mapping[str, Any]]) -> list[int] | Awaitable[list[int]]:
     """Enqueue many jobs in one statement, in the caller's transaction; ids in input order.
 
-    Each job is a dict with `enqueue`'s keyword names (``name`` required) and the
-    same kinds of values. An idempotency key that a job holds, or that an earlier
-    element of the same call uses, gives that job's id. If any element is refused,
-    no job is added.
+    Each job is a dict with ``name``, ``args`` and `EnqueueOptions`' keys, with the
+    same kinds of values as `enqueue`. An idempotency key that a job of the same
+    queue holds, or that an earlier element of the same call uses, gives that
+    job's id. If any element is refused, no job is added.
     """
     if isinstance(jobs, (str, bytes, Mapping)) or not isinstance(jobs, Iterable):
         raise InvalidArgument(f"jobs must be a list of dicts, not {type(jobs).__name__}")
     specs = [_job_spec(index, spec) for index, spec in enumerate(jobs)]
-    delayed = any(isinstance(spec, dict) and "run_in" in spec for spec in specs)
-    query = _sql.ENQUEUE_MANY_DELAYED if delayed else _sql.ENQUEUE_MANY
-    return _conn.execute(conn, query, {"jobs": _json.to_jsonb(specs, "jobs")}, _ids)
+    return _conn.execute(conn, _sql.ENQUEUE_MANY, {"jobs": _json.to_jsonb(specs, "jobs")}, _ids)
 
 
 def _job_spec(index: int, spec: Any) -> Any:
@@ -215,55 +215,30 @@ def _job_spec(index: int, spec: Any) -> Any:
 
 
 @overload
-def start_workflow(
-    conn: AsyncConnection,
-    name: str,
-    input: JsonPayload = None,
-    *,
-    steps: Sequence[str] | None = None,
-    queue: str = "default",
-    priority: int = 0,
-    max_attempts: int = 25,
-    idempotency_key: str | None = None,
-) -> Awaitable[int]: ...
+def start_workflow(conn: AsyncConnection, name: str, input: JsonPayload = None,
+                   **options: Unpack[WorkflowOptions]) -> Awaitable[int]: ...
 @overload
-def start_workflow(
-    conn: SyncConnection,
-    name: str,
-    input: JsonPayload = None,
-    *,
-    steps: Sequence[str] | None = None,
-    queue: str = "default",
-    priority: int = 0,
-    max_attempts: int = 25,
-    idempotency_key: str | None = None,
-) -> int: ...
-def start_workflow(
-    conn: AnyConnection,
-    name: str,
-    input: JsonPayload = None,
-    *,
-    steps: Sequence[str] | None = None,
-    queue: str = "default",
-    priority: int = 0,
-    max_attempts: int = 25,
-    idempotency_key: str | None = None,
-) -> int | Awaitable[int]:
+def start_workflow(conn: SyncConnection, name: str, input: JsonPayload = None,
+                   **options: Unpack[WorkflowOptions]) -> int: ...
+def start_workflow(conn: AnyConnection, name: str, input: JsonPayload = None,
+                   **options: Unpack[WorkflowOptions]) -> int | Awaitable[int]:
     """Start a workflow run in the caller's transaction and return the run id.
 
     The run's steps are ``steps``, or when None the ones a worker registered for
     ``name``. Its first step is enqueued now; each completed step enqueues the
     next. A workflow idempotency key (apart from jobs' keys) that a run holds
-    returns that run's id and starts nothing.
+    returns that run's id and starts nothing. The options and their defaults:
+    `WorkflowOptions`.
     """
+    given = _with_defaults("start_workflow", options, WORKFLOW_DEFAULTS)
     params = {
         "name": _args.text(name, "name"),
         "input": _json.to_jsonb(input, "input"),
-        "steps": _args.names(steps, "steps"),
-        "queue": _args.text(queue, "queue"),
-        "priority": _args.integer(priority, "priority"),
-        "max_attempts": _args.integer(max_attempts, "max_attempts"),
-        "idempotency_key": _args.optional_text(idempotency_key, "idempotency_key"),
+        "steps": _args.names(given["steps"], "steps"),
+        "queue": _args.text(given["queue"], "queue"),
+        "priority": _args.integer(given["priority"], "priority"),
+        "max_attempts": _args.integer(given["max_attempts"], "max_attempts"),
+        "idempotency_key": _args.optional_text(given["idempotency_key"], "idempotency_key"),
     }
     return _conn.execute(conn, _sql.START_WORKFLOW, params, _scalar)
 
@@ -324,7 +299,11 @@ def get_job(conn: AsyncConnection, job_id: int) -> Awaitable[Job | None]: ...
 @overload
 def get_job(conn: SyncConnection, job_id: int) -> Job | None: ...
 def get_job(conn: AnyConnection, job_id: int) -> Job | Awaitable[Job | None] | None:
-    """The job as it is now in the caller's transaction, or None for an unknown id."""
+    """The job as it is now in the caller's transaction, or None for an unknown id.
+
+    Read from treadle.job_details, which every reader role may select: the job's
+    lease token (a running worker's write credential) is not part of it.
+    """
     return _conn.execute(conn, _sql.GET_JOB, {"job_id": _args.row_id(job_id, "job_id")}, _job)
 
 
@@ -341,194 +320,6 @@ def version(conn: AnyConnection) -> str | Awaitable[str]:
     return _conn.execute(conn, _sql.VERSION, {}, _scalar)
 
 
-# -- results --------------------------------------------------------------------------------
-
-
-@overload
-def wait(
-    conn_or_dsn: AsyncConnection,
-    job_id: int,
-    timeout: float | timedelta | None = None,
-    *,
-    poll_interval: float | timedelta = 1.0,
-    listen: bool = True,
-) -> Awaitable[Any]: ...
-@overload
-def wait(
-    conn_or_dsn: str | SyncConnection,
-    job_id: int,
-    timeout: float | timedelta | None = None,
-    *,
-    poll_interval: float | timedelta = 1.0,
-    listen: bool = True,
-) -> Any: ...
-def wait(
-    conn_or_dsn: str | AnyConnection,
-    job_id: int,
-    timeout: float | timedelta | None = None,
-    *,
-    poll_interval: float | timedelta = 1.0,
-    listen: bool = True,
-) -> Any:
-    """Block until the job finishes and return its result (awaitable with an AsyncConnection).
-
-    Raises JobFailed (discarded after its last attempt; ``.error`` is the last
-    error), JobCancelled, JobNotFound, or WaitTimeout once ``timeout`` seconds
-    have passed; a timeout never touches the job, so waiting again later works.
-
-    The job row is read on a timer every ``poll_interval`` seconds, and at once
-    when a treadle_done notification names its queue; notifications are hints,
-    never trusted for the outcome. With a DSN, wait opens (and closes) a
-    connection of its own and LISTENs there. With a connection: it LISTENs on it
-    only when it is autocommit, outside a transaction and listening to nothing
-    else (undone afterwards); otherwise it polls without disturbing the caller's
-    transaction, which must then be READ COMMITTED. Waiting inside a transaction
-    for a job that same transaction enqueued never ends: no worker sees the job
-    before the commit. ``listen=False`` polls only, for poolers that lose
-    notifications (PgBouncer in transaction mode); a LISTEN the server refuses
-    falls back to polling by itself.
-    """
-    job = _args.row_id(job_id, "job_id")
-    limit, interval = _wait_times(timeout, poll_interval, listen)
-    return _wait_on(conn_or_dsn, _wait.job(job), _wait.outcome(job, limit, interval), listen)
-
-
-@overload
-def wait_workflow(
-    conn_or_dsn: AsyncConnection,
-    run_id: int,
-    timeout: float | timedelta | None = None,
-    *,
-    poll_interval: float | timedelta = 1.0,
-    listen: bool = True,
-) -> Awaitable[dict[str, Any]]: ...
-@overload
-def wait_workflow(
-    conn_or_dsn: str | SyncConnection,
-    run_id: int,
-    timeout: float | timedelta | None = None,
-    *,
-    poll_interval: float | timedelta = 1.0,
-    listen: bool = True,
-) -> dict[str, Any]: ...
-def wait_workflow(
-    conn_or_dsn: str | AnyConnection,
-    run_id: int,
-    timeout: float | timedelta | None = None,
-    *,
-    poll_interval: float | timedelta = 1.0,
-    listen: bool = True,
-) -> dict[str, Any] | Awaitable[dict[str, Any]]:
-    """Block until the workflow run finishes and return its results (awaitable with an AsyncConnection).
-
-    The results are the finished steps' results keyed by step name, as
-    `workflow_results` gives them. Raises WorkflowFailed (``.step`` is the step
-    whose job was discarded, ``.error`` that job's last error), WorkflowCancelled,
-    WorkflowNotFound, or WaitTimeout once ``timeout`` seconds have passed; a
-    timeout never touches the run.
-
-    The run is read as `wait` reads a job, and the connection is used the same
-    way: every ``poll_interval`` seconds, and at once when a treadle_done
-    notification names the run's queue (where its steps run). Waiting inside the
-    transaction that started the run never ends: no worker sees its first step
-    before the commit.
-    """
-    run = _args.row_id(run_id, "run_id")
-    limit, interval = _wait_times(timeout, poll_interval, listen)
-    return _wait_on(conn_or_dsn, _wait.workflow_run(run), _wait.run_outcome(run, limit, interval), listen)
-
-
-def _wait_times(timeout: Any, poll_interval: Any, listen: Any) -> tuple[float | None, float]:
-    """The checked timeout and poll interval, in seconds; a listen that is not a bool is refused too."""
-    limit = None if timeout is None else _args.seconds(timeout, "timeout", allow_zero=True)
-    interval = _args.seconds(poll_interval, "poll_interval", allow_zero=False)
-    if not isinstance(listen, bool):
-        raise InvalidArgument(f"listen must be True or False, not {type(listen).__name__}")
-    return limit, interval
-
-
-def _wait_on(conn_or_dsn: str | AnyConnection, watched: _wait.Watched, loop: _wait.Loop, listen: bool) -> Any:
-    if isinstance(conn_or_dsn, str):
-        return _wait.wait_dsn(conn_or_dsn, watched, loop, listen)
-    if isinstance(conn_or_dsn, psycopg.AsyncConnection):
-        return _wait.wait_async(conn_or_dsn, watched, loop, listen)
-    return _wait.wait_connection(_conn.sync_connection(conn_or_dsn), watched, loop, listen)
-
-
-@overload
-def watch(
-    dsn: str,
-    queues: Iterable[str] | None,
-    callback: None = None,
-    *,
-    poll_interval: float | timedelta = 2.0,
-    listen: bool = True,
-    stop: threading.Event | None = None,
-) -> Iterator[WatchEvent]: ...
-@overload
-def watch(
-    dsn: str,
-    queues: Iterable[str] | None,
-    callback: Callable[[WatchEvent], object],
-    *,
-    poll_interval: float | timedelta = 2.0,
-    listen: bool = True,
-    stop: threading.Event | None = None,
-) -> None: ...
-def watch(
-    dsn: str,
-    queues: Iterable[str] | None,
-    callback: Callable[[WatchEvent], object] | None = None,
-    *,
-    poll_interval: float | timedelta = 2.0,
-    listen: bool = True,
-    stop: threading.Event | None = None,
-) -> Iterator[WatchEvent] | None:
-    """Signal that jobs on ``queues`` (None: every queue) may have changed.
-
-    Events are `WatchEvent` tuples: ``("queued", queue)`` when work became
-    claimable, ``("done", queue)`` when jobs finished, ``("poll", None)`` every
-    ``poll_interval`` seconds whatever LISTEN does. A signal means "re-read now";
-    the database holds the answer. The first event is a poll sent once listening
-    has begun, and another follows each reconnection, so a consumer that re-reads
-    on every event never misses a change. ``listen=False`` (or a LISTEN the
-    server refuses) leaves the timer alone.
-
-    With a ``callback``, calls it for each event until ``stop`` (a
-    threading.Event) is set, then returns; without one, returns an iterator of
-    events that ends when ``stop`` is set or the consumer stops iterating. The
-    connection (opened from ``dsn``, closed at the end) is only for LISTEN and
-    the extension check.
-    """
-    if not isinstance(dsn, str):
-        raise InvalidArgument(f"dsn must be a connection string, not {type(dsn).__name__}")
-    names = _watched_queues(queues)
-    interval = _args.seconds(poll_interval, "poll_interval", allow_zero=False)
-    if not isinstance(listen, bool):
-        raise InvalidArgument(f"listen must be True or False, not {type(listen).__name__}")
-    if stop is not None and not isinstance(stop, threading.Event):
-        raise InvalidArgument(f"stop must be a threading.Event, not {type(stop).__name__}")
-    if callback is not None and not callable(callback):
-        raise InvalidArgument(f"callback must be callable, not {type(callback).__name__}")
-    events = _watch.events(dsn, names, interval, listen, stop)
-    if callback is None:
-        return events
-    with closing(events):  # a callback that raises still closes the connection at once
-        for event in events:
-            callback(event)
-    return None
-
-
-def _watched_queues(queues: Iterable[str] | None) -> frozenset[str] | None:
-    if queues is None:
-        return None
-    checked = _args.names(queues, "queues")
-    assert checked is not None
-    if not checked or any(not name.strip() for name in checked):
-        raise InvalidArgument("queues must be None (every queue) or a list of non-empty queue names")
-    return frozenset(checked)
-
-
 # -- reading rows ---------------------------------------------------------------------------
 
 
@@ -541,4 +332,11 @@ def _ids(rows: _conn.Rows) -> list[int]:
 
 
 def _job(rows: _conn.Rows) -> Job | None:
-    return Job.from_row(rows[0]) if rows else None
+    """A job_details row, its JSON columns (read as text) decoded one by one."""
+    if not rows:
+        return None
+    row = rows[0]
+    where = f"job {row['id']}'s"
+    return Job.from_row({**row, "args": _json.from_json(row["args"], f"{where} args"),
+                         "result": _json.from_json(row["result"], f"{where} result"),
+                         "errors": _json.from_json(row["errors"], f"{where} errors")})

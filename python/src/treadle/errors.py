@@ -34,6 +34,11 @@ class UnsupportedVersion(TreadleError):
     """The installed extension's version is not one this client speaks."""
 
 
+class UndecodablePayload(TreadleError, ValueError):
+    """A stored JSON value (args, input, a result) that this client cannot decode, such as one
+    nested deeper than Python's JSON decoder goes (rows written before 0.2.0 bounded the depth)."""
+
+
 class LeaseLost(TreadleError):
     """The job's lease token no longer holds it: another worker or a rescue took it over."""
 

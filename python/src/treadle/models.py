@@ -14,7 +14,7 @@ FINISHED_STATES: frozenset[str] = frozenset({"completed", "discarded", "cancelle
 
 @dataclass(frozen=True)
 class Job:
-    """One row of treadle.jobs."""
+    """One row of treadle.jobs (from treadle.job_details, which leaves out the lease token)."""
 
     id: int
     queue: str
@@ -26,7 +26,6 @@ class Job:
     attempt: int
     max_attempts: int
     lease_until: datetime | None
-    lease_token: Any
     worker_id: str | None
     idempotency_key: str | None
     result: Any
@@ -35,6 +34,7 @@ class Job:
     finished_at: datetime | None
     workflow_run_id: int | None
     step: str | None
+    lease_token: Any = None  # the worker's write credential: only claimed rows carry it
     every: timedelta | None = None
     next_id: int | None = None
     cancel_requested: bool = False

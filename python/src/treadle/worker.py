@@ -2,11 +2,21 @@
 
 Every state decision is the extension's: the worker asks a SQL function (claim,
 heartbeat, complete_many, fail, release, rescue) and obeys its answer.
+
+The path of a job through the modules:
+- here, the claim loop claims a batch with treadle.claim (a lease token per call;
+  after a lost answer, treadle.claimed says what it took) and makes a RunState
+  (_run_state.py) for each job;
+- _executor.py decodes the job alone, finds its handler or step (_registry.py)
+  and calls it with a JobContext (_context.py) on a handler thread (_handler_threads.py);
+- _completer.py writes the outcome: successes batched into treadle.complete_many,
+  failures with treadle.fail, hand-backs at shutdown with treadle.release;
+- meanwhile _housekeeping.py heartbeats the leases and rescues expired ones, and
+  _notifier.py wakes the claim loop when NOTIFY says work arrived.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import signal
@@ -16,49 +26,40 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
-from functools import partial
 from types import FrameType
-from typing import Any, NamedTuple, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 import psycopg
-from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from treadle import _args, _sql
-from treadle._batcher import CompletionBuffer
-from treadle._context import COMPLETED, FINISHING, RUNNING, JobContext
-from treadle._db import Backoff, Database, check_extension, is_transient, one_line
-from treadle._events import EventKind, WorkerEvent
-from treadle._execution import HandlerThreads
-from treadle._housekeeping import Housekeeper
-from treadle._json import to_jsonb
-from treadle._listener import Listener
-from treadle._outcomes import UNWRITTEN, Completion, Outcomes
-from treadle.errors import InvalidArgument, LeaseLost
-from treadle.models import Job
+from . import _args, _sql
+from ._compat import read_extension_version
+from ._completer import Completer
+from ._context import JobContext
+from ._events import EventKind, WorkerEvent
+from ._executor import Claimed, Executor, decode_claimed, retry_delay
+from ._handler_threads import HandlerThreads
+from ._housekeeping import Housekeeper
+from ._notifier import Notifier, WakeOnNotify
+from ._pool import WorkerPool, connect_direct
+from ._registry import Handler, Registry, Step, StepFunction
+from ._retry import Backoff, is_transient, one_line
+from ._run_state import RunState, RunStatus
+from .errors import InvalidArgument
+from .models import Job
 
 __all__ = ["Handler", "JobContext", "Step", "StepFunction", "Worker", "WorkerEvent"]
 
 log = logging.getLogger("treadle.worker")
 
-Handler = Callable[[Any, JobContext], Any]
-StepFunction = Callable[[Any, dict[str, Any], JobContext], Any]
 Duration = float | timedelta  # seconds, or a timedelta
 F = TypeVar("F", bound=Callable[..., Any])
 
-WORKFLOW_PREFIX = "workflow:"  # a workflow's step jobs are named workflow:<name>
 COMPLETION_DELAY = 0.005  # how long a success waits to be finished together with others
 WAIT_SLICE = 0.1  # longest single wait in run(): signal handlers only set flags
 RELEASE_GRACE = 5.0  # how long a graceful stop retries hand-backs while the database is away
 FINISH_GRACE = 2.0  # how long a stop waits for outcomes already being written
 MAX_CONCURRENCY = 1000  # treadle.claim takes at most this many jobs at once
-
-
-class Step(NamedTuple):
-    """One step of a workflow: its name and `fn(input, results, ctx)`."""
-
-    name: str
-    fn: StepFunction
 
 
 class Worker:
@@ -74,6 +75,13 @@ class Worker:
     None). `on_error(exc, job)` hears every exception a handler raised;
     `on_event(WorkerEvent)` hears claimed, started, completing, completed, failed,
     cancelled, lease_lost and released.
+
+    Wake-ups: with `listen` (the default) a connection of its own LISTENs for new
+    work, on `listen_dsn` when given, else on the worker's own server when it is
+    reached directly; through a pooler or proxy the worker polls (a LISTEN there
+    would land on a server connection other clients share). `listen=False` polls
+    only. Prepared statements are off unless `prepared_statements` (a pooler in
+    transaction mode breaks them unless it supports them).
 
     Handlers are called as `fn(args, ctx)` in a pool of `concurrency` threads
     (`async def` handlers run on an event loop thread); their JSON return value
@@ -104,6 +112,9 @@ class Worker:
         on_error: Callable[[BaseException, Job], None] | None = None,
         on_event: Callable[[WorkerEvent], None] | None = None,
         worker_id: str | None = None,
+        listen: bool = True,
+        listen_dsn: str | None = None,
+        prepared_statements: bool = False,
     ) -> None:
         self.queues = _check_queues(queues)
         self.concurrency = _args.integer(concurrency, "concurrency", (1, MAX_CONCURRENCY))
@@ -118,19 +129,24 @@ class Worker:
         for option, callback in (("backoff", backoff), ("on_error", on_error), ("on_event", on_event)):
             if callback is not None and not callable(callback):
                 raise InvalidArgument(f"{option} must be callable or None, not {type(callback).__name__}")
+        for option, flag in (("listen", listen), ("prepared_statements", prepared_statements)):
+            if not isinstance(flag, bool):
+                raise InvalidArgument(f"{option} must be True or False, not {type(flag).__name__}")
+        if listen_dsn is not None and not (isinstance(listen_dsn, str) and listen_dsn.strip()):
+            raise InvalidArgument("listen_dsn must be a connection string or None")
         self._backoff = backoff
         self._on_error = on_error
         self._on_event = on_event
         if worker_id is None:
             worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.worker_id = _check_name(worker_id, "worker_id")
-        self._db = Database(dsn_or_pool, f"treadle-worker:{self.worker_id}", min(self.concurrency, 16) + 3)
-        self._outcomes = Outcomes(self._db, self.worker_id, emit=self._emit, done=self._done,
-                                  retry_in=self._retry_in)
+        self.worker_id = _args.name(worker_id, "worker_id")
+        self._pool = WorkerPool(dsn_or_pool, f"treadle-worker:{self.worker_id}", min(self.concurrency, 16) + 3,
+                                prepared_statements=prepared_statements)
+        self._listen = listen
+        self._listen_dsn = listen_dsn
 
-        self._handlers: dict[str, Handler] = {}
-        self._workflows: dict[str, dict[str, StepFunction]] = {}
-        self._active: set[JobContext] = set()  # claimed and not yet settled, keyed by run, not job id
+        self._registry = Registry()
+        self._active: set[RunState] = set()  # claimed and not yet settled, keyed by run, not job id
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._ready = threading.Event()
@@ -143,7 +159,8 @@ class Worker:
         self._thread: threading.Thread | None = None
         self._background_error: BaseException | None = None
         self._threads: HandlerThreads | None = None
-        self._buffer: CompletionBuffer[Completion] | None = None
+        self._completer: Completer | None = None
+        self._executor: Executor | None = None
 
     # registration
     @overload
@@ -163,20 +180,11 @@ class Worker:
                 return self.register(name.__name__, name)
             return lambda f: self.register(name, f)
         self._check_not_started()
-        job_name = _check_name(name, "handler name")
-        if job_name.startswith(WORKFLOW_PREFIX):
-            raise InvalidArgument(
-                f"handler name {job_name!r}: names starting with {WORKFLOW_PREFIX!r} belong to workflow "
-                "steps; register workflows with worker.workflow()")
-        if not callable(fn):
-            raise InvalidArgument(f"the handler for {job_name!r} must be callable, not {type(fn).__name__}")
-        if job_name in self._handlers:
-            raise InvalidArgument(f"a handler for {job_name!r} is already registered")
-        self._handlers[job_name] = fn
+        self._registry.add_handler(name, fn)
         return fn
 
     def handler(self, name: str) -> Callable[[F], F]:
-        """Decorator: `@worker.handler("send_email")`."""
+        """Decorator: `@worker.handler("send_email")`, the same as `@worker.register("send_email")`."""
         def decorate(fn: F) -> F:
             self.register(name, fn)
             return fn
@@ -188,25 +196,7 @@ class Worker:
         The definition is recorded with treadle.define_workflow when the worker starts.
         """
         self._check_not_started()
-        workflow_name = _check_name(name, "workflow name")
-        if workflow_name in self._workflows:
-            raise InvalidArgument(f"a workflow {workflow_name!r} is already registered")
-        if isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable):
-            raise InvalidArgument(
-                f"steps must be a list of Step(name, fn) or (name, fn) pairs, not {type(steps).__name__}")
-        parsed: dict[str, StepFunction] = {}
-        for item in steps:
-            if not isinstance(item, tuple) or len(item) != 2:
-                raise InvalidArgument(f"a workflow step is a Step(name, fn) or a (name, fn) pair, not {item!r}")
-            step_name = _check_name(item[0], "step name")
-            if not callable(item[1]):
-                raise InvalidArgument(f"step {step_name!r} of workflow {workflow_name!r} needs a callable")
-            if step_name in parsed:
-                raise InvalidArgument(f"workflow {workflow_name!r} repeats the step name {step_name!r}")
-            parsed[step_name] = item[1]
-        if not parsed:
-            raise InvalidArgument(f"workflow {workflow_name!r} needs at least one step")
-        self._workflows[workflow_name] = parsed
+        self._registry.add_workflow(name, steps)
 
     # running and stopping
     def run(self) -> None:
@@ -263,13 +253,13 @@ class Worker:
         holds a slot, so the next claim overlaps that write.
         """
         with self._lock:
-            return sum(1 for ctx in self._active if ctx._status == RUNNING)
+            return sum(1 for run in self._active if run.holds_slot)
 
     def _begin(self) -> None:
         with self._lock:
             if self._used:
                 raise RuntimeError("this Worker has already run; create a new one")
-            if not self._handlers and not self._workflows:
+            if not self._registry:
                 raise RuntimeError("register at least one handler or workflow before running the worker")
             self._used = True
 
@@ -304,47 +294,61 @@ class Worker:
         self._signals.append(signum)
 
     def _serve(self) -> None:
-        self._db.open()
-        listener: Listener | None = None
+        self._pool.open()
+        notifier: WakeOnNotify | None = None
         housekeeper: Housekeeper | None = None
         try:
             if not self._startup():
                 return
             self._threads = HandlerThreads(self.concurrency, name=f"treadle-handler-{self.worker_id}")
-            # no handler still running means no success is on its way: write at once
-            self._buffer = CompletionBuffer(self._outcomes.complete_batch, delay=COMPLETION_DELAY,
-                                            idle=lambda: self.busy_handlers == 0)
-            listener = Listener(self._db.listen_connection, self.queues, self._wake.set)
-            listener.start()
+            self._completer = Completer(
+                self._pool, self.worker_id, emit=self._emit, done=self._done,
+                retry_in=lambda attempt: retry_delay(self._backoff, attempt),
+                idle=lambda: self.busy_handlers == 0, delay=COMPLETION_DELAY)
+            self._executor = Executor(
+                self._registry, self._threads, self._completer, self._pool, worker_id=self.worker_id,
+                lease=self.lease, emit=self._emit, done=self._done, on_error=self._on_error,
+                slot_freed=self._slot_freed)
+            if self._listen:
+                notifier = WakeOnNotify(self._notifier(), self.queues, self._wake.set)
+                notifier.start()
             housekeeper = Housekeeper(
-                self._db, self.worker_id, lease=self.lease, heartbeat_interval=self.heartbeat_interval,
-                rescue_interval=self.rescue_interval, running=self._running_contexts,
-                on_rescued=self._wake.set, seen_params=self._seen_params)
+                self._pool, self.worker_id, lease=self.lease, heartbeat_interval=self.heartbeat_interval,
+                rescue_interval=self.rescue_interval, running=self._running, on_rescued=self._wake.set,
+                seen_params=self._seen_params)
             housekeeper.start()
             self._ready.set()
             log.info("worker %s started: queues %s, concurrency %d, handling %s", self.worker_id,
-                     ", ".join(self.queues), self.concurrency, ", ".join(self._claim_names()))
+                     ", ".join(self.queues), self.concurrency, ", ".join(self._registry.claim_names()))
             self._claim_loop()
-            listener.stop()
+            if notifier is not None:
+                notifier.stop()
             self._shutdown(housekeeper)
         finally:
-            self._outcomes.abandon.set()
-            if listener is not None:
-                listener.stop()
+            if self._completer is not None:
+                self._completer.abandon.set()
+            if notifier is not None:
+                notifier.stop()
             if housekeeper is not None:
                 housekeeper.stop()
             if self._threads is not None:
                 self._threads.close()
-            self._db.close()
+            self._pool.close()
+
+    def _notifier(self) -> Notifier:
+        conninfo = self._listen_dsn or self._pool.conninfo
+        name = self._pool.application_name
+        return Notifier(lambda: connect_direct(conninfo, name), [_sql.LISTEN_JOBS], log,
+                        trusted=self._listen_dsn is not None)
 
     def _startup(self) -> bool:
         """Check the extension, record the workflows, report the worker; False if stopped first."""
         backoff = Backoff()
         while not self._stop_requested:
             try:
-                with self._db.connection() as conn:
-                    check_extension(conn)
-                    for name, steps in self._workflows.items():
+                with self._pool.connection() as conn:
+                    read_extension_version(conn)
+                    for name, steps in self._registry.workflows.items():
                         conn.execute(_sql.DEFINE_WORKFLOW, {"name": name, "steps": list(steps)})
                     conn.execute(_sql.WORKER_SEEN, self._seen_params())
                 return True
@@ -358,6 +362,8 @@ class Worker:
         return False
 
     def _shutdown(self, housekeeper: Housekeeper) -> None:
+        assert self._completer is not None
+        completer = self._completer
         why = f"signal {signal.Signals(self._signals[0]).name}" if self._signals else "stop()"
         if self._stop_immediate:
             log.info("worker %s stopping at once (%s): handing back %d running jobs",
@@ -371,53 +377,80 @@ class Worker:
 
         # hand back what has not finished; heartbeats go on meanwhile
         with self._lock:
-            unfinished = [ctx for ctx in self._active if ctx._release()]
-        give_up = threading.Timer(0 if self._stop_immediate else RELEASE_GRACE, self._outcomes.abandon.set)
+            unfinished = [run for run in self._active if run.release()]
+        give_up = threading.Timer(0 if self._stop_immediate else RELEASE_GRACE, completer.abandon.set)
         give_up.daemon = True
         give_up.start()
-        for ctx in unfinished:
-            self._outcomes.release(ctx)
+        for run in unfinished:
+            completer.release(run)
 
         # outcomes already on their way to the database
         finish_by = time.monotonic() + FINISH_GRACE
         while time.monotonic() < finish_by and self._finishing():
             time.sleep(0.01)
         give_up.cancel()
-        self._outcomes.abandon.set()
-        if self._buffer is not None:
-            self._buffer.close(timeout=FINISH_GRACE)
+        completer.abandon.set()
+        completer.close(timeout=FINISH_GRACE)
         housekeeper.stop()
         try:
-            self._db.value(_sql.WORKER_STOPPED, {"worker_id": self.worker_id})
+            self._pool.value(_sql.WORKER_STOPPED, {"worker_id": self.worker_id})
         except psycopg.Error as error:
             log.warning("worker %s: could not record its stop (%s)", self.worker_id, one_line(error))
         log.info("worker %s stopped", self.worker_id)
 
     # the claim loop
-    def _claim_names(self) -> list[str]:
-        return [*self._handlers, *(WORKFLOW_PREFIX + name for name in self._workflows)]
-
     def _claim_loop(self) -> None:
-        names = self._claim_names()
+        names = self._registry.claim_names()
         backoff = Backoff()
         while not self._stop_requested:
             free = self.concurrency - self.busy_handlers
             if free > 0:
-                try:
-                    rows = self._db.rows(_sql.CLAIM, {
-                        "worker_id": self.worker_id, "queues": self.queues, "names": names,
-                        "batch": free, "lease": timedelta(seconds=self.lease)})
-                except psycopg.Error as error:
-                    delay = backoff.next()
-                    log.warning("worker %s: claim failed (%s); retrying in %.1f s",
-                                self.worker_id, one_line(error), delay)
-                    self._sleep(delay)
+                rows = self._claim(names, free, backoff)
+                if rows is None:
                     continue
                 backoff.reset()
                 self._more_waiting = len(rows) == free
                 if rows:
                     self._dispatch(rows)
             self._wait_for_work()
+
+    def _claim(self, names: list[str], free: int, backoff: Backoff) -> list[dict[str, Any]] | None:
+        """Claim up to `free` jobs; None after a failure (the loop then tries again).
+
+        Each call has a lease token of its own. When the connection fails during the
+        claim, the claim may have committed with its answer lost on the way back:
+        the jobs holding that token are read back and adopted, not left running
+        under a token nobody holds until a rescue spends their attempt.
+        """
+        token = uuid.uuid4()
+        try:
+            return self._pool.rows(_sql.CLAIM, {
+                "worker_id": self.worker_id, "queues": self.queues, "names": names, "batch": free,
+                "lease": timedelta(seconds=self.lease), "lease_token": token})
+        except psycopg.Error as error:
+            delay = backoff.next()
+            log.warning("worker %s: claim failed (%s); retrying in %.1f s", self.worker_id, one_line(error), delay)
+            if is_transient(error):
+                adopted = self._claimed(token)
+                if adopted:
+                    log.warning("worker %s: the lost claim had committed; running its %d jobs",
+                                self.worker_id, len(adopted))
+                    return adopted
+            self._sleep(delay)
+            return None
+
+    def _claimed(self, token: uuid.UUID) -> list[dict[str, Any]]:
+        """The jobs a claim whose answer was lost committed, read back on a fresh connection."""
+        backoff = Backoff()
+        while not self._stop_requested:
+            try:
+                return self._pool.rows(_sql.CLAIMED, {"lease_token": token})
+            except psycopg.Error as error:
+                delay = backoff.next()
+                log.warning("worker %s: could not ask what the lost claim committed (%s); retrying in %.1f s",
+                            self.worker_id, one_line(error), delay)
+                self._sleep(delay)
+        return []  # stopping: whatever it claimed keeps its lease until a rescue returns it
 
     def _wait_for_work(self) -> None:
         """Until the poll interval passes, NOTIFY or a freed slot wakes the loop, or a stop."""
@@ -436,161 +469,69 @@ class Worker:
             time.sleep(min(remaining, WAIT_SLICE))
 
     def _dispatch(self, rows: list[dict[str, Any]]) -> None:
-        assert self._threads is not None
-        runs = self._step_contexts(rows)
+        assert self._executor is not None
+        step_runs = self._step_runs(rows)
         for row in rows:
-            ctx = JobContext(Job.from_row(row), self.worker_id, self._db, self.lease, on_lost=self._lease_lost)
+            claimed: Claimed = decode_claimed(row)
+            run = RunState(claimed.job, on_lost=self._lease_lost)
             with self._lock:
-                self._active.add(ctx)
-            self._emit("claimed", ctx)
-            self._threads.submit(partial(self._execute, ctx, runs.get(ctx.run_id)))
+                self._active.add(run)
+            self._emit("claimed", run)
+            self._executor.submit(run, claimed, step_runs.get(run.run_id))
 
-    def _step_contexts(self, rows: list[dict[str, Any]]) -> dict[int | None, dict[str, Any]]:
-        """The run input and earlier results of the workflow steps just claimed, in one query."""
+    def _step_runs(self, rows: list[dict[str, Any]]) -> dict[int | None, dict[str, Any]]:
+        """The workflow, input and earlier results of the steps just claimed, in one query."""
         run_ids = sorted({row["workflow_run_id"] for row in rows if row["workflow_run_id"] is not None})
         if not run_ids:
             return {}
         try:
-            return {run["id"]: run for run in self._db.rows(_sql.STEP_CONTEXT, {"run_ids": run_ids})}
+            return {run["id"]: run for run in self._pool.rows(_sql.STEP_CONTEXT, {"run_ids": run_ids})}
         except psycopg.Error as error:
             # each step then reads its own run before it starts
             log.warning("worker %s: reading workflow runs failed (%s)", self.worker_id, one_line(error))
             return {}
 
-    # running one job
-    def _execute(self, ctx: JobContext, run: dict[str, Any] | None) -> None:
-        try:
-            self._emit("started", ctx)
-            try:
-                value = self._call_handler(ctx, run)
-                encoded = to_jsonb(value, "the handler's result")
-            except BaseException as error:  # whatever a handler raises fails its job, not the worker
-                self._handler_failed(ctx, error)
-            else:
-                self._handler_succeeded(ctx, encoded)
-        except Exception:
-            # a fault of the worker itself: free the slot; the lease lapses and a rescue returns the job
-            log.exception("job %d: recording its outcome failed", ctx.job_id)
-            self._done(ctx)
-
-    def _call_handler(self, ctx: JobContext, run: dict[str, Any] | None) -> Any:
-        assert self._threads is not None
-        if ctx.run_id is None:
-            value = self._handlers[ctx.name](ctx.args, ctx)
-        else:
-            workflow = ctx.name[len(WORKFLOW_PREFIX):]
-            steps = self._workflows[workflow]
-            fn = steps.get(ctx.step or "")
-            if fn is None:
-                raise LookupError(f"workflow {workflow!r} has no step {ctx.step!r} in this worker "
-                                  f"(it knows {', '.join(steps)})")
-            if run is None:
-                found = self._outcomes.retrying(_sql.STEP_CONTEXT, {"run_ids": [ctx.run_id]},
-                                                f"read workflow run {ctx.run_id}", rows=True)
-                if found is UNWRITTEN or not found:
-                    raise LookupError(f"workflow run {ctx.run_id} could not be read")
-                run = found[0]
-            value = fn(run["input"], dict(run["results"] or {}), ctx)
-        if inspect.isawaitable(value):
-            value = self._threads.await_in_loop(value, ctx)
-        return value
-
-    def _handler_succeeded(self, ctx: JobContext, encoded: Jsonb | None) -> None:
-        outcome = ctx._begin_finishing()
-        if outcome != FINISHING:
-            self._settled_elsewhere(ctx, outcome)
-            return
-        self._emit("completing", ctx)
-        assert self._buffer is not None
-        try:
-            self._buffer.add(Completion(ctx, encoded))
-        except RuntimeError:
-            log.warning("job %d finished after the worker stopped; its lease will lapse", ctx.job_id)
-            self._done(ctx)
-            return
-        if self._more_waiting:
-            self._wake.set()  # its slot is free: claim while the completion is written
-
-    def _handler_failed(self, ctx: JobContext, error: BaseException) -> None:
-        outcome = ctx._begin_finishing()
-        if outcome != FINISHING:
-            if outcome == COMPLETED:
-                log.warning("job %d raised after complete_in completed it: %s", ctx.job_id, one_line(error))
-            self._settled_elsewhere(ctx, outcome)
-            return
-        if isinstance(error, LeaseLost):
-            ctx._mark_lost()
-            self._done(ctx)
-            return
-        if self._on_error is not None:
-            try:
-                self._on_error(error, ctx.job)
-            except Exception:
-                log.exception("on_error raised for job %d", ctx.job_id)
-        self._outcomes.fail(ctx, error)
-
-    def _settled_elsewhere(self, ctx: JobContext, outcome: str) -> None:
-        """The handler is done with a job that complete_in, a lost lease or a hand-back already settled."""
-        if outcome == COMPLETED:
-            state = ctx._completed_state
-            self._emit("cancelled" if state == "cancelled" else "completed", ctx, state=state)
-        self._done(ctx)
-
-    def _retry_in(self, attempt: int) -> timedelta | None:
-        if self._backoff is None:
-            return None
-        try:
-            return timedelta(seconds=_args.seconds(self._backoff(attempt), "backoff(attempt)", allow_zero=True))
-        except Exception:
-            log.exception("backoff(%d) failed; using the default delay", attempt)
-            return None
-
     # bookkeeping
-    def _done(self, ctx: JobContext) -> None:
+    def _done(self, run: RunState) -> None:
         with self._lock:
-            self._active.discard(ctx)
+            self._active.discard(run)
+        self._slot_freed()
+
+    def _slot_freed(self) -> None:
         if self._more_waiting:
             self._wake.set()
 
-    def _running_contexts(self) -> list[JobContext]:
+    def _running(self) -> list[RunState]:
         with self._lock:
-            return [ctx for ctx in self._active if ctx._status == RUNNING and not ctx.lease_lost]
+            return [run for run in self._active if run.needs_heartbeat]
 
     def _finishing(self) -> bool:
         with self._lock:
-            return any(ctx._status == FINISHING for ctx in self._active)
+            return any(run.status is RunStatus.FINISHING for run in self._active)
 
     def _seen_params(self) -> dict[str, Any]:
         return {"worker_id": self.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
                 "queues": self.queues, "concurrency": self.concurrency, "running": self.running_jobs}
 
-    def _lease_lost(self, ctx: JobContext) -> None:
+    def _lease_lost(self, run: RunState) -> None:
         log.warning("job %d (%s): lease lost, another worker or a rescue took it over; "
-                    "nothing from this run is written", ctx.job_id, ctx.name)
-        self._emit("lease_lost", ctx)
+                    "nothing from this run is written", run.job_id, run.name)
+        self._emit("lease_lost", run)
 
-    def _emit(self, kind: EventKind, ctx: JobContext, *, state: str | None = None, error: str | None = None) -> None:
-        log.debug("job %d (%s): %s%s", ctx.job_id, ctx.name, kind, f" -> {state}" if state else "")
+    def _emit(self, kind: EventKind, run: RunState, *, state: str | None = None, error: str | None = None) -> None:
+        log.debug("job %d (%s): %s%s", run.job_id, run.name, kind, f" -> {state}" if state else "")
         if self._on_event is None:
             return
         try:
-            self._on_event(WorkerEvent(kind, ctx.job, self.worker_id, state, error))
-        except Exception:
-            log.exception("on_event raised for %s of job %d", kind, ctx.job_id)
-
-
-def _check_name(value: object, what: str) -> str:
-    if not isinstance(value, str):
-        raise InvalidArgument(f"{what} must be a string, not {type(value).__name__}")
-    if not value.strip():
-        raise InvalidArgument(f"{what} must not be empty")
-    return value
+            self._on_event(WorkerEvent(kind, run.job, self.worker_id, state, error))
+        except BaseException:  # a callback's failure, whatever it is, stays with the callback
+            log.exception("on_event raised for %s of job %d", kind, run.job_id)
 
 
 def _check_queues(queues: object) -> list[str]:
     if isinstance(queues, (str, bytes)) or not isinstance(queues, Iterable):
         raise InvalidArgument(f"queues must be a list of queue names, not {type(queues).__name__}")
-    names = [_check_name(queue, "queue name") for queue in queues]
+    names = [_args.name(queue, "queue name") for queue in queues]
     if not names:
         raise InvalidArgument("queues must name at least one queue")
     return list(dict.fromkeys(names))

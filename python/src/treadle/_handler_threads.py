@@ -7,13 +7,15 @@ alive after the worker stopped (its job was handed back by then).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import logging
 import queue
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from treadle._context import JobContext
+from ._run_state import RunState
+
+log = logging.getLogger("treadle.worker")
 
 T = TypeVar("T")
 
@@ -42,19 +44,15 @@ class HandlerThreads:
         if loop is not None:
             loop.call_soon_threadsafe(_cancel_all_and_stop, loop)
 
-    def await_in_loop(self, awaitable: Awaitable[T], ctx: JobContext) -> T:
+    def await_in_loop(self, awaitable: Awaitable[T], run: RunState) -> T:
         """Run a coroutine on the event loop thread and wait for it.
 
         When the job's `cancelled` fires, the coroutine is cancelled: an async
-        handler is aborted at its next await.
+        handler is aborted at its next await (the caller then asks the context why).
         """
         future = asyncio.run_coroutine_threadsafe(_as_coroutine(awaitable), self._event_loop())
-        ctx._add_cancel_hook(future.cancel)
-        try:
-            return future.result()
-        except concurrent.futures.CancelledError:
-            ctx.check_cancelled()
-            raise
+        run.on_cancelled(future.cancel)
+        return future.result()
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._loop_lock:
@@ -70,7 +68,10 @@ class HandlerThreads:
             call = self._calls.get()
             if call is None:
                 return
-            call()
+            try:
+                call()
+            except BaseException:  # a call settles its own job; whatever escapes must not end the thread
+                log.exception("a handler thread's call raised")
 
 
 async def _as_coroutine(awaitable: Awaitable[T]) -> T:

@@ -1,0 +1,49 @@
+"""Which extension versions this package speaks, and the one read of the installed version."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import psycopg
+from psycopg.rows import tuple_row
+
+from .errors import ExtensionMissing, UnsupportedVersion
+
+# the extension versions this client speaks (0.1.0's functions differ: claim, claimed, now)
+SUPPORTED_VERSIONS: Final = frozenset({"0.2.0"})
+
+# reads pg_catalog and cannot fail, so it never puts a caller's transaction into an error state
+EXTENSION_VERSION: Final = "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'treadle'"
+
+
+def read_extension_version(conn: psycopg.Connection[Any]) -> None:
+    """Raise ExtensionMissing or UnsupportedVersion unless `conn`'s database has a treadle this package speaks."""
+    # the caller's connection may have any row factory: ask for a tuple
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(EXTENSION_VERSION)
+        row = cur.fetchone()
+    check_version(None if row is None else row[0], conn.info.dbname)
+
+
+async def read_extension_version_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """`read_extension_version` for an AsyncConnection."""
+    async with conn.cursor(row_factory=tuple_row) as cur:
+        await cur.execute(EXTENSION_VERSION)
+        row = await cur.fetchone()
+    check_version(None if row is None else row[0], conn.info.dbname)
+
+
+def check_version(installed: object, dbname: str) -> None:
+    """Raise ExtensionMissing or UnsupportedVersion for what pg_extension says is installed."""
+    if installed is None:
+        raise ExtensionMissing(
+            f"the treadle extension is not installed in database {dbname!r}: "
+            "run CREATE EXTENSION treadle (after make install on the server), or `treadle install`"
+        )
+    if installed not in SUPPORTED_VERSIONS:
+        supported = ", ".join(sorted(SUPPORTED_VERSIONS))
+        raise UnsupportedVersion(
+            f"database {dbname!r} has treadle {installed}, but this client speaks {supported}: "
+            "run `treadle upgrade` (or ALTER EXTENSION treadle UPDATE), "
+            "or install the Python package that matches"
+        )

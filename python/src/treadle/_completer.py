@@ -1,0 +1,262 @@
+"""Writing what became of a job: completions (buffered, many per statement), failures and hand-backs.
+
+A worker finishing hundreds of short jobs a second would otherwise spend a round
+trip and a commit on each, so successes wait a few milliseconds and finish
+together with `treadle.complete_many`.
+
+Each write names the job's lease token. A null answer means the token no longer
+holds the job: that is reported as a lost lease and never retried. A write that
+cannot reach the database, or whose answer was lost on the way back, is repeated
+with the same arguments on a fresh connection until `abandon` is set (the worker
+is stopping); finishing is idempotent per token, so a repeat of a write that
+committed answers the state it left. A write given up on leaves the job's lease
+to lapse; a rescue then returns it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from . import _sql
+from ._pool import WorkerPool
+from ._retry import Backoff, is_transient, one_line
+from ._run_state import RunState
+
+if TYPE_CHECKING:
+    from typing_extensions import LiteralString
+
+    from ._events import EventKind
+
+log = logging.getLogger("treadle.worker")
+
+T = TypeVar("T")
+
+# The SQL keeps at most this much of an error, its head and its tail; trimming here first
+# keeps a deep traceback from crossing the wire whole.
+MAX_ERROR_CHARS = 16_384
+ERROR_KEEP = 8_000  # characters kept from each end of a longer error
+
+
+class Unwritten:
+    """A write given up on (the database refused it, or the worker is stopping)."""
+
+
+UNWRITTEN = Unwritten()
+
+
+class Emit(Protocol):
+    def __call__(self, kind: EventKind, run: RunState, *, state: str | None = None,
+                 error: str | None = None) -> None: ...
+
+
+class Completion(NamedTuple):
+    run: RunState
+    result: Jsonb | None
+
+
+class Completer:
+    """The worker's writes after a handler returned or raised."""
+
+    def __init__(self, pool: WorkerPool, worker_id: str, *, emit: Emit, done: Callable[[RunState], None],
+                 retry_in: Callable[[int], timedelta | None], idle: Callable[[], bool], delay: float) -> None:
+        self._pool = pool
+        self._worker_id = worker_id
+        self._emit = emit
+        self._done = done
+        self._retry_in = retry_in
+        self.abandon = threading.Event()
+        # no handler still running means no success is on its way: write at once
+        self._buffer = CompletionBuffer(self._complete_batch, delay=delay, idle=idle)
+
+    def complete(self, run: RunState, result: Jsonb | None) -> None:
+        """Queue a success; RuntimeError once the completer is closed."""
+        self._buffer.add(Completion(run, result))
+
+    def close(self, timeout: float) -> None:
+        self._buffer.close(timeout=timeout)
+
+    def fail(self, run: RunState, error: BaseException) -> None:
+        """Record a failed attempt: retryable (after the backoff), discarded, or cancelled."""
+        message = one_line(error)
+        state = self.retrying(_sql.FAIL, {
+            "job_id": run.job_id, "lease_token": run.lease_token, "error": describe(error),
+            "retry_in": self._retry_in(run.attempt)}, f"record the failure of job {run.job_id}")
+        if state is None:
+            run.mark_lost()
+        elif state == "cancelled":
+            log.info("job %d (%s) cancelled", run.job_id, run.name)
+            self._emit("cancelled", run, state=state, error=message)
+        elif not isinstance(state, Unwritten):
+            log.warning("job %d (%s) attempt %d of %d failed, now %s: %s", run.job_id, run.name, run.attempt,
+                        run.max_attempts, state, message)
+            self._emit("failed", run, state=state, error=message)
+        self._done(run)
+
+    def release(self, run: RunState) -> None:
+        """Hand a job back at shutdown: available again, its attempt given back."""
+        state = self.retrying(_sql.RELEASE, {"job_id": run.job_id, "lease_token": run.lease_token},
+                              f"hand back job {run.job_id}")
+        if not isinstance(state, Unwritten):
+            log.info("job %d (%s) handed back: %s", run.job_id, run.name, state or "its lease was already lost")
+            self._emit("released", run, state=state)
+
+    def retrying(self, query: LiteralString, params: dict[str, Any], what: str, *, rows: bool = False) -> Any:
+        """Run a statement, repeating it while the database is unreachable; UNWRITTEN when given up."""
+        backoff = Backoff()
+        while True:
+            try:
+                return self._pool.rows(query, params) if rows else self._pool.value(query, params)
+            except psycopg.Error as error:
+                if not is_transient(error):
+                    log.error("worker %s: could not %s: %s", self._worker_id, what, one_line(error))
+                    return UNWRITTEN
+                if self.abandon.is_set():
+                    log.warning("worker %s: could not %s (%s); the lease will lapse and a rescue returns the job",
+                                self._worker_id, what, one_line(error))
+                    return UNWRITTEN
+                delay = backoff.next()
+                log.warning("worker %s: could not %s (%s); trying again in %.1f s",
+                            self._worker_id, what, one_line(error), delay)
+                self.abandon.wait(delay)
+
+    def _complete_batch(self, batch: list[Completion]) -> None:
+        """Finish buffered successes with one treadle.complete_many."""
+        try:
+            params = {"job_ids": [c.run.job_id for c in batch],
+                      "lease_tokens": [c.run.lease_token for c in batch],
+                      "results": [c.result for c in batch]}
+            rows = self.retrying(_sql.COMPLETE_MANY, params, f"complete {len(batch)} jobs", rows=True)
+            for index, completion in enumerate(batch):
+                if isinstance(rows, Unwritten):
+                    self._complete_one(completion)
+                else:
+                    self._completed(completion.run, rows[index]["state"])
+        except Exception:
+            # a fault of the worker itself: free the slots; the leases lapse and a rescue returns the jobs
+            log.exception("worker %s: completing %d jobs failed", self._worker_id, len(batch))
+            for completion in batch:
+                self._done(completion.run)
+
+    def _complete_one(self, completion: Completion) -> None:
+        """After complete_many failed for good: each job alone, so one bad row does not hold the rest."""
+        run = completion.run
+        if self.abandon.is_set():
+            self._done(run)
+            return
+        state = self.retrying(_sql.COMPLETE, {"job_id": run.job_id, "lease_token": run.lease_token,
+                                              "result": completion.result}, f"complete job {run.job_id}")
+        if isinstance(state, Unwritten) and not self.abandon.is_set():
+            # the database refused this result: that is the attempt's failure
+            self.fail(run, ValueError("the database refused to store the handler's result"))
+            return
+        self._completed(run, state)
+
+    def _completed(self, run: RunState, state: Any) -> None:
+        if state is None:
+            run.mark_lost()
+        elif not isinstance(state, Unwritten):
+            self._emit("cancelled" if state == "cancelled" else "completed", run, state=state)
+        self._done(run)
+
+
+def describe(error: BaseException) -> str:
+    """The error stored on the job: the exception and its traceback, its head and tail when long.
+
+    The exception's own line is the last one, so the tail is kept whole; text
+    columns take no NUL.
+    """
+    try:
+        text = "".join(traceback.format_exception(error)).strip()
+    except BaseException:  # a traceback that cannot even be formatted still fails its job
+        text = f"{type(error).__name__} (its traceback could not be formatted)"
+    text = text.replace("\x00", "\\0")
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    cut = len(text) - 2 * ERROR_KEEP
+    return f"{text[:ERROR_KEEP]}\n... [{cut} characters of the traceback cut] ...\n{text[-ERROR_KEEP:]}"
+
+
+class CompletionBuffer(Generic[T]):
+    """Collects items and hands them to `write` in batches, from a thread of its own.
+
+    A batch is written `delay` seconds after its first item arrived, or at once when
+    it holds `max_batch` items, when `idle()` says no more items are on their way
+    (waiting would only delay these), or when the buffer is closing. `write` must
+    deal with its own failures: an exception it raises is logged and its batch is
+    dropped. `idle` is called with the buffer's lock held: it must not call back
+    into the buffer.
+    """
+
+    def __init__(self, write: Callable[[list[T]], None], *, delay: float = 0.005,
+                 max_batch: int = 500, idle: Callable[[], bool] | None = None,
+                 name: str = "treadle-completer") -> None:
+        if delay < 0:
+            raise ValueError(f"delay must not be negative, got {delay}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        self._write = write
+        self._delay = delay
+        self._max_batch = max_batch
+        self._idle = idle
+        self._items: list[T] = []
+        self._writing = 0  # items taken from the buffer whose write has not returned
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def add(self, item: T) -> None:
+        with self._cond:
+            if self._closing:
+                raise RuntimeError("the completion buffer is closed")
+            self._items.append(item)
+            self._cond.notify_all()
+
+    def pending(self) -> int:
+        """Items added whose write has not finished."""
+        with self._cond:
+            return len(self._items) + self._writing
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Write what is buffered now, then stop. True when everything was written in time."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._items and not self._closing:
+                    self._cond.wait()
+                if not self._items:
+                    return  # closing, and nothing left
+                deadline = time.monotonic() + self._delay
+                while len(self._items) < self._max_batch and not self._closing:
+                    if self._idle is not None and self._idle():
+                        break
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                batch = self._items[: self._max_batch]
+                del self._items[: self._max_batch]
+                self._writing = len(batch)
+            try:
+                self._write(batch)
+            except Exception:
+                log.exception("writing %d buffered completions failed", len(batch))
+            finally:
+                with self._cond:
+                    self._writing = 0
+                    self._cond.notify_all()

@@ -1,0 +1,177 @@
+"""Running one claimed job: call its handler or workflow step, then hand the outcome to the completer.
+
+Whatever the job holds or its handler does, the job ends with an outcome and the
+worker goes on: a payload that cannot be decoded, a handler that raises anything
+(BaseException included), and a result that cannot be encoded each fail that job
+alone, with an error that says why.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from . import _args, _sql
+from ._completer import Completer, Unwritten
+from ._context import JobContext
+from ._handler_threads import HandlerThreads
+from ._json import from_json, to_jsonb
+from ._pool import WorkerPool
+from ._registry import Registry
+from ._retry import one_line
+from ._run_state import RunState, RunStatus
+from .errors import LeaseLost, UndecodablePayload
+from .models import Job
+
+if TYPE_CHECKING:
+    from ._completer import Emit
+
+log = logging.getLogger("treadle.worker")
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A job as the claim returned it: decoded, or with the reason it could not be."""
+
+    job: Job
+    undecodable: UndecodablePayload | None = None
+
+
+def decode_claimed(row: dict[str, Any]) -> Claimed:
+    """Decode one claimed row's JSON columns (the claim sends them as text); never raises for a payload."""
+    job_id = row["id"]
+    problem: UndecodablePayload | None = None
+    try:
+        args = from_json(row["args"], f"job {job_id}'s args")
+    except UndecodablePayload as error:
+        args, problem = None, error
+    decoded = {**row, "args": args, "result": _or_none(row["result"]), "errors": _or_none(row["errors"])}
+    return Claimed(Job.from_row(decoded), problem)
+
+
+def _or_none(text: str | None) -> Any:
+    # a claimed job's earlier result and errors are for show only: one that cannot be decoded is dropped
+    try:
+        return from_json(text, "a column")
+    except UndecodablePayload:
+        return None
+
+
+class Executor:
+    """Runs claimed jobs on the handler threads and settles each one."""
+
+    def __init__(self, registry: Registry, threads: HandlerThreads, completer: Completer, pool: WorkerPool, *,
+                 worker_id: str, lease: float, emit: Emit, done: Callable[[RunState], None],
+                 on_error: Callable[[BaseException, Job], None] | None, slot_freed: Callable[[], None]) -> None:
+        self._registry = registry
+        self._threads = threads
+        self._completer = completer
+        self._pool = pool
+        self._worker_id = worker_id
+        self._lease = lease
+        self._emit = emit
+        self._done = done
+        self._on_error = on_error
+        self._slot_freed = slot_freed
+
+    def submit(self, run: RunState, claimed: Claimed, step_run: dict[str, Any] | None) -> None:
+        self._threads.submit(lambda: self.execute(run, claimed, step_run))
+
+    def execute(self, run: RunState, claimed: Claimed, step_run: dict[str, Any] | None) -> None:
+        """Run the job's handler and settle the job (on a handler thread)."""
+        try:
+            self._emit("started", run)
+            try:
+                if claimed.undecodable is not None:
+                    raise claimed.undecodable
+                value = self._call_handler(run, step_run)
+                encoded = to_jsonb(value, "the handler's result")
+            except BaseException as error:  # whatever a handler raises fails its job, not the worker
+                self._handler_failed(run, error)
+            else:
+                self._handler_succeeded(run, encoded)
+        except BaseException:
+            # a fault of the worker itself: free the slot; the lease lapses and a rescue returns the job
+            log.exception("job %d: recording its outcome failed", run.job_id)
+            self._done(run)
+
+    def _call_handler(self, run: RunState, step_run: dict[str, Any] | None) -> Any:
+        ctx = JobContext(run, self._worker_id, self._pool, self._lease)
+        if run.run_id is None:
+            value = self._registry.handler(run.name)(run.args, ctx)
+        else:
+            if step_run is None:
+                step_run = self._read_step_run(run.run_id)
+            fn = self._registry.step(step_run["name"], run.step)
+            workflow_input = from_json(step_run["input"], f"workflow run {run.run_id}'s input")
+            results = from_json(step_run["results"], f"workflow run {run.run_id}'s results")
+            value = fn(workflow_input, dict(results or {}), ctx)
+        if inspect.isawaitable(value):
+            try:
+                value = self._threads.await_in_loop(value, run)
+            except concurrent.futures.CancelledError:
+                ctx.check_cancelled()  # says why: a lost lease, a cancel or a hand-back
+                raise
+        return value
+
+    def _read_step_run(self, run_id: int) -> dict[str, Any]:
+        found = self._completer.retrying(_sql.STEP_CONTEXT, {"run_ids": [run_id]},
+                                         f"read workflow run {run_id}", rows=True)
+        if isinstance(found, Unwritten) or not found:
+            raise LookupError(f"workflow run {run_id} could not be read")
+        return dict(found[0])
+
+    def _handler_succeeded(self, run: RunState, encoded: Any) -> None:
+        outcome = run.begin_finishing()
+        if outcome is not RunStatus.FINISHING:
+            self._settled_elsewhere(run, outcome)
+            return
+        self._emit("completing", run)
+        try:
+            self._completer.complete(run, encoded)
+        except RuntimeError:
+            log.warning("job %d finished after the worker stopped; its lease will lapse", run.job_id)
+            self._done(run)
+            return
+        self._slot_freed()  # claim while the completion is written
+
+    def _handler_failed(self, run: RunState, error: BaseException) -> None:
+        outcome = run.begin_finishing()
+        if outcome is not RunStatus.FINISHING:
+            if outcome is RunStatus.COMPLETED:
+                log.warning("job %d raised after complete_in completed it: %s", run.job_id, one_line(error))
+            self._settled_elsewhere(run, outcome)
+            return
+        if isinstance(error, LeaseLost):
+            run.mark_lost()
+            self._done(run)
+            return
+        if self._on_error is not None:
+            try:
+                self._on_error(error, run.job)
+            except BaseException:
+                log.exception("on_error raised for job %d", run.job_id)
+        self._completer.fail(run, error)
+
+    def _settled_elsewhere(self, run: RunState, outcome: RunStatus) -> None:
+        """The handler is done with a job that complete_in, a lost lease or a hand-back already settled."""
+        if outcome is RunStatus.COMPLETED:
+            state = run.completed_state
+            self._emit("cancelled" if state == "cancelled" else "completed", run, state=state)
+        self._done(run)
+
+
+def retry_delay(backoff: Callable[[int], float | timedelta] | None, attempt: int) -> timedelta | None:
+    """The user's `backoff(attempt)` as an interval; None (the SQL default) when unset or when it fails."""
+    if backoff is None:
+        return None
+    try:
+        return timedelta(seconds=_args.seconds(backoff(attempt), "backoff(attempt)", allow_zero=True))
+    except Exception:
+        log.exception("backoff(%d) failed; using the default delay", attempt)
+        return None

@@ -1,0 +1,90 @@
+"""The handlers and workflows a worker runs, and which one a claimed job calls."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+from ._args import name as check_name
+from .errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from ._context import JobContext
+
+Handler = Callable[[Any, "JobContext"], Any]
+StepFunction = Callable[[Any, dict[str, Any], "JobContext"], Any]
+F = TypeVar("F", bound=Callable[..., Any])
+
+# The SQL names a workflow's step jobs workflow:<workflow name>; the worker claims them by
+# that name, and tells a step from a plain job by its workflow_run_id.
+STEP_JOB_PREFIX = "workflow:"
+
+
+class Step(NamedTuple):
+    """One step of a workflow: its name and `fn(input, results, ctx)`."""
+
+    name: str
+    fn: StepFunction
+
+
+class Registry:
+    """Job name -> handler, and workflow name -> its steps in order."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, Handler] = {}
+        self.workflows: dict[str, dict[str, StepFunction]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.handlers or self.workflows)
+
+    def add_handler(self, name: object, fn: object) -> None:
+        job_name = check_name(name, "handler name")
+        if job_name.startswith(STEP_JOB_PREFIX):
+            raise InvalidArgument(
+                f"handler name {job_name!r}: names starting with {STEP_JOB_PREFIX!r} belong to workflow "
+                "steps; register workflows with worker.workflow()")
+        if not callable(fn):
+            raise InvalidArgument(f"the handler for {job_name!r} must be callable, not {type(fn).__name__}")
+        if job_name in self.handlers:
+            raise InvalidArgument(f"a handler for {job_name!r} is already registered")
+        self.handlers[job_name] = fn
+
+    def add_workflow(self, name: object, steps: object) -> None:
+        workflow_name = check_name(name, "workflow name")
+        if workflow_name in self.workflows:
+            raise InvalidArgument(f"a workflow {workflow_name!r} is already registered")
+        if isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable):
+            raise InvalidArgument(
+                f"steps must be a list of Step(name, fn) or (name, fn) pairs, not {type(steps).__name__}")
+        parsed: dict[str, StepFunction] = {}
+        for item in steps:
+            if not isinstance(item, tuple) or len(item) != 2:
+                raise InvalidArgument(f"a workflow step is a Step(name, fn) or a (name, fn) pair, not {item!r}")
+            step_name = check_name(item[0], "step name")
+            if not callable(item[1]):
+                raise InvalidArgument(f"step {step_name!r} of workflow {workflow_name!r} needs a callable")
+            if step_name in parsed:
+                raise InvalidArgument(f"workflow {workflow_name!r} repeats the step name {step_name!r}")
+            parsed[step_name] = item[1]
+        if not parsed:
+            raise InvalidArgument(f"workflow {workflow_name!r} needs at least one step")
+        self.workflows[workflow_name] = parsed
+
+    def claim_names(self) -> list[str]:
+        """The job names this worker claims: its handlers', and its workflows' step jobs."""
+        return [*self.handlers, *(STEP_JOB_PREFIX + name for name in self.workflows)]
+
+    def handler(self, job_name: str) -> Handler:
+        fn = self.handlers.get(job_name)
+        if fn is None:
+            raise LookupError(f"this worker has no handler for {job_name!r}")
+        return fn
+
+    def step(self, workflow: str, step: str | None) -> StepFunction:
+        steps = self.workflows.get(workflow)
+        if steps is None:
+            raise LookupError(f"this worker has no workflow {workflow!r}")
+        fn = steps.get(step or "")
+        if fn is None:
+            raise LookupError(f"workflow {workflow!r} has no step {step!r} in this worker (it knows {', '.join(steps)})")
+        return fn

@@ -1,0 +1,158 @@
+"""The worker's own view of one claimed run of a job: its status, its lease, and who settles it.
+
+A handler sees a `JobContext`; the worker's pieces (executor, completer,
+housekeeper, the claim loop) see this. Exactly one way out of RUNNING wins, under
+the lock: the handler finishes (FINISHING, then the completer writes), the
+handler completes the job itself (COMPLETED, `complete_in`), the worker hands it
+back at shutdown (RELEASED), or the lease is found gone (`lost`).
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable
+from uuid import UUID
+
+from .models import Job, JobFields
+
+
+class RunStatus(enum.Enum):
+    RUNNING = "running"      # the handler works
+    FINISHING = "finishing"  # the handler is done; the worker writes its outcome
+    COMPLETED = "completed"  # the handler completed the job itself (complete_in)
+    RELEASED = "released"    # handed back at shutdown; nothing more is written
+    LOST = "lost"            # the lease no longer holds the job; nothing more is written
+
+
+class HeartbeatAnswer(enum.Enum):
+    HELD = "held"
+    CANCEL = "cancel"  # held, and a cancel was requested
+    LOST = "lost"
+
+
+class RunState(JobFields):
+    """One claimed job as the worker tracks it; `cancelled` is what its handler watches."""
+
+    def __init__(self, job: Job, on_lost: Callable[[RunState], None] | None = None) -> None:
+        token = job.lease_token
+        assert token is not None, "a claimed job always has a lease token"
+        self.job = job
+        self.lease_token: UUID = token if isinstance(token, UUID) else UUID(str(token))
+        self.cancelled = threading.Event()
+        self._on_lost = on_lost
+        self._lock = threading.Lock()
+        self._status = RunStatus.RUNNING
+        self._handler_returned = False
+        self._cancel_requested = False
+        self._hooks: list[Callable[[], object]] = []
+        self._completed_state: str | None = None
+        self._last_beat = time.monotonic()
+
+    def __repr__(self) -> str:
+        return f"<RunState job {self.job_id} {self.name!r} attempt {self.attempt} {self._status.value}>"
+
+    # what the worker reads
+    @property
+    def status(self) -> RunStatus:
+        return self._status
+
+    @property
+    def lost(self) -> bool:
+        return self._status is RunStatus.LOST
+
+    @property
+    def holds_slot(self) -> bool:
+        """Its handler has not returned, and nobody settled the job without it: `concurrency` counts it."""
+        return not self._handler_returned and self._status in (RunStatus.RUNNING, RunStatus.LOST)
+
+    @property
+    def needs_heartbeat(self) -> bool:
+        return self._status is RunStatus.RUNNING
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self._cancel_requested
+
+    @property
+    def completed_state(self) -> str | None:
+        """The state complete_in left the job in ('completed' or 'cancelled')."""
+        return self._completed_state
+
+    @property
+    def last_beat(self) -> float:
+        """When the lease was last extended (time.monotonic())."""
+        return self._last_beat
+
+    # the ways out of RUNNING
+    def begin_finishing(self) -> RunStatus:
+        """The handler returned: FINISHING when its outcome is for the worker to write.
+
+        Otherwise the status that already settled the job (COMPLETED, RELEASED or LOST).
+        """
+        with self._lock:
+            self._handler_returned = True
+            if self._status is RunStatus.RUNNING:
+                self._status = RunStatus.FINISHING
+                return RunStatus.FINISHING
+            if self._status is RunStatus.FINISHING:
+                return RunStatus.LOST  # a second finish of the same run cannot write again
+            return self._status
+
+    def complete(self, state: str) -> None:
+        """The handler completed the job itself; the worker writes nothing more."""
+        with self._lock:
+            self._status = RunStatus.COMPLETED
+            self._completed_state = state
+
+    def release(self) -> bool:
+        """Mark the job handed back at shutdown; False when its handler already finished or the lease is gone."""
+        with self._lock:
+            if self._status is not RunStatus.RUNNING:
+                return False
+            self._status = RunStatus.RELEASED
+        self._fire()
+        return True
+
+    def mark_lost(self, *, only_while_running: bool = False) -> bool:
+        """Record that the lease is gone; True the first time.
+
+        A job handed back or completed by its handler has no lease to lose; with
+        `only_while_running`, neither has one whose outcome is being written (the
+        token may be gone because that outcome was just written).
+        """
+        with self._lock:
+            allowed = (RunStatus.RUNNING,) if only_while_running else (RunStatus.RUNNING, RunStatus.FINISHING)
+            if self._status not in allowed:
+                return False
+            self._status = RunStatus.LOST
+        self._fire()
+        if self._on_lost is not None:
+            self._on_lost(self)
+        return True
+
+    # the lease
+    def apply_heartbeat(self, answer: HeartbeatAnswer) -> None:
+        if answer is HeartbeatAnswer.LOST:
+            self.mark_lost(only_while_running=True)
+            return
+        self._last_beat = time.monotonic()
+        if answer is HeartbeatAnswer.CANCEL:
+            self._cancel_requested = True
+            self._fire()
+
+    def on_cancelled(self, hook: Callable[[], object]) -> None:
+        """Call `hook` when `cancelled` is set (at once if it is already)."""
+        with self._lock:
+            if not self.cancelled.is_set():
+                self._hooks.append(hook)
+                return
+        hook()
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.cancelled.set()
+            hooks, self._hooks = self._hooks, []
+        for hook in hooks:
+            hook()
