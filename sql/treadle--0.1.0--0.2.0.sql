@@ -940,7 +940,7 @@ COMMENT ON FUNCTION treadle._claim_next_lane(text, text, integer) IS
 -- Where a claim starts reading. A claimed job leaves a dead entry at the front of
 -- the claim index, and while any snapshot older than the claim stays open (a long
 -- transaction, a replication slot) nothing removes it: a claim that starts at the
--- front walks every one. So a session whose claims take over 2 ms switches to a
+-- front walks every one. So a session whose claims take over 5 ms switches to a
 -- cursor, kept per (queues, names) in a setting (treadle.claim_<hash>): for each
 -- lane, a (queue[, name], priority), the key (run_at, id) below which it found
 -- nothing left to take, and the snapshot its previous claim read with. A claim reads
@@ -1034,7 +1034,7 @@ BEGIN
     END IF;
 
     -- A session claims from the front of each range (the plain claim) until three in
-    -- a row take over 2 ms, as when dead entries pile up in front (not just one: the
+    -- a row take over 5 ms, as when dead entries pile up in front (not just one: the
     -- first claim of a session is also planned, and a busy server has slow moments);
     -- then it sweeps and keeps a cursor, back to the plain claim once a sweep (every
     -- 60 s) is quick again. The setting holds nothing, 'slow' or 'slow2' (plain),
@@ -1095,7 +1095,7 @@ BEGIN
                 )
                 SELECT x FROM lanes AS l, unnest(ARRAY[l.qi, l.ni, l.priority, treadle._us(l.run_at), l.id]) AS x);
             -- ('pin', and a cursor made from it, keep the cursor: for tests)
-            v_quick := clock_timestamp() - v_sweep_at < interval '2 ms' AND v_text <> 'pin'
+            v_quick := clock_timestamp() - v_sweep_at < interval '5 ms' AND v_text <> 'pin'
                        AND v_text NOT LIKE '{2,%';
             IF cardinality(v_lanes) > 5 * 32 THEN
                 v_plain := true;
@@ -1177,9 +1177,9 @@ BEGIN
                  LIMIT claim.batch);
         END IF;
         -- two slow claims in a row (the first claim of a session is also planned)
-        IF clock_timestamp() - v_started > interval '2 ms' OR v_text LIKE 'slow%' THEN
+        IF clock_timestamp() - v_started > interval '5 ms' OR v_text LIKE 'slow%' THEN
             -- (v_started is null for the plain claim of too many priorities)
-            PERFORM set_config(v_setting, CASE WHEN clock_timestamp() - v_started <= interval '2 ms' THEN ''
+            PERFORM set_config(v_setting, CASE WHEN clock_timestamp() - v_started <= interval '5 ms' THEN ''
                                                WHEN v_text = 'slow2' THEN 'sweep'
                                                WHEN v_text = 'slow' THEN 'slow2' ELSE 'slow' END, false);
         END IF;
