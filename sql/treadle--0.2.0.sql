@@ -1915,7 +1915,7 @@ DECLARE
     v_now_us bigint := treadle._us(v_now);
     v_text   text := current_setting('treadle.rescue_cursor', true);
     v_cursor bigint[];    -- 1, the previous rescue's now, the last full pass's
-    v_from   timestamptz := '-infinity';
+    v_from   timestamptz := '-infinity'::timestamptz;
     v_swept  bigint := v_now_us;
     v_done   treadle.jobs[];
 BEGIN
