@@ -3,20 +3,31 @@
 #   make              build sql/treadle--$(EXTVERSION).sql from sql/src/*.sql
 #   make install      install the control file and scripts into $(PG_CONFIG)'s server
 #   make test         everything, from a fresh machine: tools, a throwaway cluster, all tests
-#   make test-pg16    pgTAP and the SQL-level tests on PostgreSQL 16 from pgserver (make test runs it)
-#   make check-generated   fail when the committed script is not what sql/src builds
+#   make test-pgN     pgTAP and the SQL contract tests on PostgreSQL N (16, 17, 18) from a package
+#                     (make test runs them); make test-all-versions: the whole suite on each
+#   make dist         dist/: the plain SQL install (psql -f, no extension files) and the
+#                     pg_tle registration script (docs/operations.md#installing)
+#   make check-generated   fail when a committed script is not what sql/src builds
 #   make demo         a local cluster, a worker on example jobs and the dashboard (Ctrl-C stops it)
 #   make bench        every benchmark in bench/, each against its raw SQL baseline (bench/README.md)
 
 EXTENSION  = treadle
-EXTVERSION = $(shell sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*\)'.*/\1/p" $(EXTENSION).control)
+EXTVERSION = $(shell scripts/build-sql version)
 SRC        = $(sort $(wildcard sql/src/*.sql))
-# the full script of this version, and the upgrade script from each release before it
+# the full script of this version, and the upgrade script from each release that has a
+# migration in sql/upgrade
 # (sql/treadle--0.1.0.sql is the released 0.1.0 script, kept as released)
-UPGRADES_FROM = 0.1.0
-GENERATED  = sql/$(EXTENSION)--$(EXTVERSION).sql \
+UPGRADES_FROM = $(patsubst sql/upgrade/%--$(EXTVERSION).sql,%,$(wildcard sql/upgrade/*--$(EXTVERSION).sql))
+# the plain (not extension) scripts, shipped in the Python package for `treadle install`;
+# plain upgrades start from the releases that had a plain install (0.2.0 is the first)
+PLAIN_DIR  = python/src/treadle/plain_sql
+PLAIN_UPGRADES_FROM =
+PLAIN      = $(PLAIN_DIR)/$(EXTENSION)-$(EXTVERSION).sql \
+             $(foreach v,$(PLAIN_UPGRADES_FROM),$(PLAIN_DIR)/$(EXTENSION)-$(v)--$(EXTVERSION).sql)
+EXTENSION_SCRIPTS = sql/$(EXTENSION)--$(EXTVERSION).sql \
              $(foreach v,$(UPGRADES_FROM),sql/$(EXTENSION)--$(v)--$(EXTVERSION).sql)
-DATA       = $(sort $(wildcard sql/$(EXTENSION)--*.sql) $(GENERATED))
+GENERATED  = $(EXTENSION_SCRIPTS) $(PLAIN)
+DATA       = $(sort $(wildcard sql/$(EXTENSION)--*.sql) $(EXTENSION_SCRIPTS))
 
 PG_CONFIG ?= pg_config
 PGXS      := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
@@ -28,24 +39,47 @@ endif
 
 all: $(GENERATED)
 
+ifeq ($(PGXS),)
+# A server without PGXS (PostgreSQL 17 from npm: scripts/pgserver): install copies the
+# control file and the scripts, which is all that PGXS installs of treadle.
+install: $(GENERATED)
+	dir=$$($(PG_CONFIG) --sharedir)/extension && mkdir -p "$$dir" && cp $(EXTENSION).control $(DATA) "$$dir"/
+endif
+
 sql/$(EXTENSION)--$(EXTVERSION).sql: $(SRC) $(EXTENSION).control scripts/build-sql
 	scripts/build-sql install > $@
 
 sql/$(EXTENSION)--%--$(EXTVERSION).sql: sql/upgrade/%--$(EXTVERSION).sql $(wildcard sql/upgrade/*.after.sql) $(SRC) $(EXTENSION).control scripts/build-sql
 	scripts/build-sql upgrade $* > $@
 
+$(PLAIN_DIR)/$(EXTENSION)-$(EXTVERSION).sql: $(SRC) $(EXTENSION).control scripts/build-sql
+	scripts/build-sql plain > $@
+
+$(PLAIN_DIR)/$(EXTENSION)-%--$(EXTVERSION).sql: sql/upgrade/%--$(EXTVERSION).sql $(wildcard sql/upgrade/*.after.sql) $(SRC) $(EXTENSION).control scripts/build-sql
+	scripts/build-sql plain-upgrade $* > $@
+
+# What a managed server needs: the plain scripts, and the pg_tle registration.
+DIST ?= dist
+.PHONY: dist
+dist: $(PLAIN)
+	mkdir -p $(DIST)
+	cp $(PLAIN) $(DIST)/
+	scripts/build-sql pgtle $(UPGRADES_FROM) > $(DIST)/$(EXTENSION)-$(EXTVERSION).pgtle.sql
+
 # Throwaway clusters and the Python environment live under .build/ (git-ignored).
 BUILD   ?= $(CURDIR)/.build
 VENV    ?= $(BUILD)/venv
 PYTHON  ?= python3
 
-.PHONY: check-generated test test-deps test-pg16 test-pgtap test-python venv
+.PHONY: check-generated test test-all-versions test-deps test-pgtap test-plain test-python venv
 
+# $(call same,FILE,BUILD-SQL ARGUMENTS): fail unless FILE is what build-sql writes now
+same = scripts/build-sql $(2) | cmp -s - $(1) || { echo "$(1) is stale: run make and commit it" >&2; exit 1; };
 check-generated:
-	@scripts/build-sql install | cmp -s - sql/$(EXTENSION)--$(EXTVERSION).sql \
-		|| { echo "sql/$(EXTENSION)--$(EXTVERSION).sql is stale: run make and commit it" >&2; exit 1; }
-	@for v in $(UPGRADES_FROM); do scripts/build-sql upgrade $$v | cmp -s - sql/$(EXTENSION)--$$v--$(EXTVERSION).sql \
-		|| { echo "sql/$(EXTENSION)--$$v--$(EXTVERSION).sql is stale: run make and commit it" >&2; exit 1; }; done
+	@$(call same,sql/$(EXTENSION)--$(EXTVERSION).sql,install) \
+	 $(foreach v,$(UPGRADES_FROM),$(call same,sql/$(EXTENSION)--$(v)--$(EXTVERSION).sql,upgrade $(v))) \
+	 $(call same,$(PLAIN_DIR)/$(EXTENSION)-$(EXTVERSION).sql,plain) \
+	 $(foreach v,$(PLAIN_UPGRADES_FROM),$(call same,$(PLAIN_DIR)/$(EXTENSION)-$(v)--$(EXTVERSION).sql,plain-upgrade $(v)))
 
 # Debian packages the tests need: pgTAP for this server's major version, pg_prove.
 test-deps:
@@ -59,18 +93,41 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-# The one command: tools, install, a throwaway cluster, pgTAP then pytest, cluster stopped.
+# The SQL contract: pgTAP (scripts/run-tests runs it first) and these pytest suites run on
+# every supported major version and against the plain SQL install as well; the client's
+# tests run on every major too. PostgreSQL 14 is not supported: views are security_invoker.
+SQL_CONTRACT_TESTS = tests/sql tests/test_install.py tests/upgrade tests/install
+OTHER_MAJORS = 16 17 18
+OTHER_MAJOR_TESTS = $(SQL_CONTRACT_TESTS) tests/client
+
+# The one command: tools, install, a throwaway cluster, pgTAP then pytest, cluster stopped;
+# then the plain SQL install, then the other major versions.
 test: lint check-generated test-deps venv
 	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
 	PG_CONFIG=$(PG_CONFIG) VENV=$(VENV) scripts/run-tests $(BUILD)/test-cluster
-	$(MAKE) test-pg16
+	$(MAKE) test-plain $(foreach m,$(OTHER_MAJORS),test-pg$(m))
 
-# A second major version: PostgreSQL 16 from the pgserver wheel (scripts/pgserver), with
-# pgTAP copied from the system server's; pgTAP and the SQL-level pytest suites.
-test-pg16: test-deps venv
-	pg16=$$(PYTHON=$(PYTHON) scripts/pgserver pgtap $(PG_CONFIG)) && \
-	$(MAKE) install PG_CONFIG=$$pg16 && \
-	PG_CONFIG=$$pg16 VENV=$(VENV) scripts/run-tests $(BUILD)/pg16-test-cluster tests/sql tests/test_install.py tests/client
+# pgTAP, the SQL contract and the client against the plain SQL install, made by a role that has only
+# CREATE on its database (scripts/run-tests), on this server.
+test-plain: test-deps venv
+	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
+	TREADLE_TEST_INSTALL=plain PG_CONFIG=$(PG_CONFIG) VENV=$(VENV) \
+		scripts/run-tests $(BUILD)/plain-test-cluster tests/sql tests/client
+
+# Another major version from a wheel (scripts/pgserver), with pgTAP copied from the
+# system server's: make test-pg16, make test-pg17, make test-pg18.
+test-pg%: test-deps venv
+	pg=$$(PYTHON=$(PYTHON) scripts/pgserver --major $* pgtap $(PG_CONFIG)) && \
+	$(MAKE) install PG_CONFIG=$$pg && \
+	PG_CONFIG=$$pg VENV=$(VENV) scripts/run-tests $(BUILD)/pg$*-test-cluster $(OTHER_MAJOR_TESTS)
+
+# Longer than CI allows: the whole suite on every other major version too.
+test-all-versions: test
+	for m in $(OTHER_MAJORS); do \
+		pg=$$(PYTHON=$(PYTHON) scripts/pgserver --major $$m pgtap $(PG_CONFIG)) && \
+		$(MAKE) install PG_CONFIG=$$pg && \
+		PG_CONFIG=$$pg VENV=$(VENV) scripts/run-tests $(BUILD)/pg$$m-all-cluster tests || exit 1; \
+	done
 
 # Against a database that has pgTAP available: make test-pgtap DATABASE_URL=...
 test-pgtap:

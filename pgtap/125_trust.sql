@@ -78,11 +78,11 @@ INSERT INTO may_execute VALUES
     ('treadle.worker_stopped(text)',             '{worker}'),
     ('treadle.prune(interval)',                  '{admin}');
 
+-- every function in schema treadle, whether installed as an extension or as plain SQL
 CREATE TEMP VIEW extension_functions AS
 SELECT p.oid, p.oid::regprocedure::text AS signature, p.proname
   FROM pg_proc AS p
-  JOIN pg_depend AS d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'
-  JOIN pg_extension AS e ON e.oid = d.refobjid AND e.extname = 'treadle';
+ WHERE p.pronamespace = 'treadle'::regnamespace;
 
 SELECT set_eq(
     $$ SELECT f.signature, r.part FROM extension_functions AS f CROSS JOIN roles AS r

@@ -9,6 +9,10 @@ Every database a test uses comes from one factory, `new_database` (or
 clone of a template that has `CREATE EXTENSION treadle` done, so tests never see
 each other's jobs; `new_database(template=None)` gives an empty one. Each is
 dropped when its test (or module) ends.
+
+With TREADLE_TEST_INSTALL=plain (scripts/run-tests sets it) the template has the plain
+SQL install instead, made by a role that has only CREATE on it; tests marked
+`extension_only` are skipped then.
 """
 
 from __future__ import annotations
@@ -29,7 +33,21 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # the extension's version, from its one source
 EXTENSION_VERSION = re.findall(r"^default_version\s*=\s*'([^']+)'", (ROOT / "treadle.control").read_text(), re.M)[0]
+# the releases it upgrades from: those with a migration in sql/upgrade, oldest first
+UPGRADES_FROM = sorted(
+    (p.name.split("--")[0] for p in (ROOT / "sql" / "upgrade").glob(f"*--{EXTENSION_VERSION}.sql")),
+    key=lambda v: tuple(int(n) for n in v.split(".")),
+)
 TEMPLATE = f"treadle_template_{os.getpid()}"
+INSTALL = os.environ.get("TREADLE_TEST_INSTALL", "extension")  # or "plain"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if INSTALL == "plain":
+        skip = pytest.mark.skip(reason="an extension's own behaviour: this run tests the plain SQL install")
+        for item in items:
+            if item.get_closest_marker("extension_only"):
+                item.add_marker(skip)
 
 
 class NewDatabase(Protocol):
@@ -69,8 +87,13 @@ def template_db(pg_server: str) -> Iterator[str]:
     with psycopg.connect(pg_server, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}"')
         conn.execute(f'CREATE DATABASE "{TEMPLATE}"')
-    with psycopg.connect(with_db(pg_server, TEMPLATE), autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION treadle")
+    if INSTALL == "plain":
+        from tests.plain_install import install_plain
+
+        install_plain(pg_server, TEMPLATE)
+    else:
+        with psycopg.connect(with_db(pg_server, TEMPLATE), autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION treadle")
     yield TEMPLATE
     with psycopg.connect(pg_server, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')

@@ -1,8 +1,11 @@
 """The extension installs, drops and installs again in a database of a real server."""
 
 import psycopg
+import pytest
 
 from tests.conftest import EXTENSION_VERSION
+
+pytestmark = pytest.mark.extension_only  # DROP and CREATE EXTENSION
 
 
 def test_drop_and_create_again(conn: psycopg.Connection) -> None:

@@ -15,6 +15,7 @@ from psycopg.pq import TransactionStatus
 from treadle import _compat
 
 
+@pytest.mark.extension_only  # drops or replaces the extension
 def test_missing_extension_names_the_fix(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute("DROP EXTENSION treadle")
@@ -32,6 +33,7 @@ def test_missing_extension_names_the_fix(dsn: str) -> None:
             treadle.version(conn)
 
 
+@pytest.mark.extension_only  # drops or replaces the extension
 def test_a_missing_extension_is_not_remembered(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DROP EXTENSION treadle")
@@ -53,6 +55,7 @@ def test_unsupported_version_names_the_fix(dsn: str, monkeypatch: pytest.MonkeyP
         assert conn.execute("SELECT count(*) FROM treadle.workflow_runs").fetchone() == (0,)
 
 
+@pytest.mark.extension_only  # drops or replaces the extension
 def test_async_check(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_compat, "SUPPORTED_VERSIONS", frozenset({"0.0.1"}))
 
@@ -100,6 +103,7 @@ def test_connections_with_their_own_row_factory(dsn: str, row_factory: Any) -> N
         assert job is not None and job.name == "x"
 
 
+@pytest.mark.extension_only  # drops or replaces the extension
 def test_a_0_1_0_database_is_refused_naming_the_upgrade(dsn: str) -> None:
     # the released 0.1.0 script is installable as it was; its functions differ from 0.2.0's
     with psycopg.connect(dsn, autocommit=True) as admin:

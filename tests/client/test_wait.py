@@ -261,6 +261,7 @@ def test_dsn_wait_survives_losing_its_connection(dsn: str, conn: psycopg.Connect
     assert any("connection lost" in record.getMessage() for record in caplog.records)
 
 
+@pytest.mark.extension_only  # drops or replaces the extension
 def test_a_database_without_the_extension(dsn: str, conn: psycopg.Connection[Any]) -> None:
     conn.execute("DROP EXTENSION treadle")
     with pytest.raises(treadle.ExtensionMissing):

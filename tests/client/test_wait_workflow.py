@@ -301,6 +301,7 @@ def test_async_wait_in_a_transaction_and_outcomes(dsn: str, conn: psycopg.Connec
     assert asyncio.run(scenario()) == RESULTS
 
 
+@pytest.mark.extension_only  # drops or replaces the extension
 def test_a_database_without_the_extension(dsn: str, conn: psycopg.Connection[Any]) -> None:
     conn.execute("DROP EXTENSION treadle")
     with pytest.raises(treadle.ExtensionMissing):

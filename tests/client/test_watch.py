@@ -139,6 +139,7 @@ def test_closing_the_iterator_closes_the_connection(dsn: str, conn: psycopg.Conn
     until_gone(conn, "closing")
 
 
+@pytest.mark.extension_only  # drops or replaces the extension
 def test_a_database_without_the_extension(dsn: str, conn: psycopg.Connection[Any]) -> None:
     conn.execute("DROP EXTENSION treadle")
     with pytest.raises(treadle.ExtensionMissing):

@@ -32,8 +32,16 @@ NOT_RUN = {
     "treadle worker examples/worker_process.py": (
         "runs until stopped; examples/worker_process.py runs this command and stops it with SIGTERM"
     ),
+    "treadle worker tasks --metrics-port 9181": (
+        "runs until stopped, on a port another program may hold; tests/metrics/test_serving.py runs "
+        "a worker with --metrics-port and scrapes it"
+    ),
     'treadle dashboard --dsn "$DATABASE_URL" --port 5000 --read-only': (
         "serves until stopped, on a port another program may hold"
+    ),
+    'psql "postgresql://app_owner@db.example.com/app" -v ON_ERROR_STOP=1 -f dist/treadle-0.2.0.sql': (
+        "names the reader's server; tests/install/test_plain_install.py runs psql -f on this script "
+        "as a role that has only CREATE on its database"
     ),
 }
 

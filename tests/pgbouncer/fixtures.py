@@ -69,18 +69,21 @@ pidfile = {folder / "pgbouncer.pid"}
         for path in folder.iterdir():
             shutil.chown(path, "postgres")
         command[1:1] = ["-u", "postgres"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"postgresql://{server.get('user', 'postgres')}@127.0.0.1:{port}/postgres"
-    try:
-        _until_it_answers(url, process, folder)
-        yield url
-    finally:
-        process.terminate()
+    # it logs to its logfile; what it says before that goes to the log too
+    with (folder / "pgbouncer.stderr").open("wb") as stderr, \
+            subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr) as process:
         try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        shutil.rmtree(folder, ignore_errors=True)
+            _until_it_answers(url, process, folder)
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _until_it_answers(url: str, process: subprocess.Popen[bytes], folder: Path) -> None:

@@ -11,6 +11,8 @@ import pytest
 
 from sqlcalls import Connect
 
+pytestmark = pytest.mark.extension_only  # DROP and CREATE EXTENSION
+
 
 # Every kind of object a script could leave in the schema
 LEFTOVERS = """

@@ -144,9 +144,11 @@ def test_spent_attempts_discard_the_job_with_one_log_line_each(
     assert row["attempt"] == 2
     assert [e["attempt"] for e in row["errors"]] == [1, 2]
     assert [(e.state, e.attempt) for e in events if e.kind == "failed"] == [("retryable", 1), ("discarded", 2)]
-    lines = [r.getMessage() for r in caplog.records if f"job {job_id} " in r.getMessage()]
-    assert lines == [f"job {job_id} (doomed) attempt 1 of 2 failed, now retryable: OSError: disk full",
-                     f"job {job_id} (doomed) attempt 2 of 2 failed, now discarded: OSError: disk full"]
+    lines = [r.getMessage() for r in caplog.records if getattr(r, "job_id", None) == job_id]
+    fields = f"job_id={job_id} job_name=doomed queue=default attempt={{}} max_attempts=2 state={{}}"
+    tail = f'error_type=OSError error="disk full" worker_id={worker.worker_id}'
+    assert lines == [f"job failed {fields.format(1, 'retryable')} {tail}",
+                     f"job failed {fields.format(2, 'discarded')} {tail}"]
 
 
 def test_events_follow_a_job_and_a_failing_callback_is_only_logged(

@@ -12,8 +12,16 @@ from .errors import ExtensionMissing, UnsupportedVersion
 # the extension versions this client speaks (0.1.0's functions differ: claim, claimed, now)
 SUPPORTED_VERSIONS: Final = frozenset({"0.2.0"})
 
-# reads pg_catalog and cannot fail, so it never puts a caller's transaction into an error state
-EXTENSION_VERSION: Final = "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'treadle'"
+# The installed version: the extension's, or else a plain install's (`treadle install
+# --mode plain`), read from its treadle.version() body in the catalog rather than by a call:
+# a call to a function that may not exist would put the caller's transaction into an error
+# state. It reads pg_catalog only and cannot fail.
+EXTENSION_VERSION: Final = (
+    "SELECT coalesce("
+    "(SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'treadle'), "
+    "substring(pg_catalog.pg_get_function_sqlbody(pg_catalog.to_regprocedure('treadle.version()')) "
+    "FROM '''([^'']+)'''))"
+)
 
 
 def read_extension_version(conn: psycopg.Connection[Any]) -> None:
@@ -34,7 +42,7 @@ async def read_extension_version_async(conn: psycopg.AsyncConnection[Any]) -> No
 
 
 def check_version(installed: object, dbname: str) -> None:
-    """Raise ExtensionMissing or UnsupportedVersion for what pg_extension says is installed."""
+    """Raise ExtensionMissing or UnsupportedVersion for what the database says is installed."""
     if installed is None:
         raise ExtensionMissing(
             f"the treadle extension is not installed in database {dbname!r}: "

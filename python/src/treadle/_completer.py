@@ -30,6 +30,7 @@ from . import _sql
 from ._pool import WorkerPool
 from ._retry import Backoff, is_transient, one_line
 from ._run_state import RunState
+from .logs import logfmt
 
 if TYPE_CHECKING:
     from typing_extensions import LiteralString
@@ -96,10 +97,17 @@ class Completer:
             log.info("job %d (%s) cancelled", run.job_id, run.name)
             self._emit("cancelled", run, state=state, error=message)
         elif not isinstance(state, Unwritten):
-            log.warning("job %d (%s) attempt %d of %d failed, now %s: %s", run.job_id, run.name, run.attempt,
-                        run.max_attempts, state, message)
+            self._log_failure(run, state, error)
             self._emit("failed", run, state=state, error=message)
         self._done(run)
+
+    def _log_failure(self, run: RunState, state: str, error: BaseException) -> None:
+        """One line per failed attempt, its fields as key=value pairs (and as record attributes: logs.py)."""
+        lines = str(error).strip().splitlines()
+        fields = {"job_id": run.job_id, "job_name": run.name, "queue": run.queue, "attempt": run.attempt,
+                  "max_attempts": run.max_attempts, "state": state, "error_type": type(error).__name__,
+                  "error": lines[0] if lines else None, "worker_id": self._worker_id}
+        log.warning("job failed %s", logfmt(fields), extra=fields)
 
     def release(self, run: RunState) -> None:
         """Hand a job back at shutdown: available again, its attempt given back."""

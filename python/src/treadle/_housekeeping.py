@@ -31,7 +31,7 @@ class Housekeeper:
 
     def __init__(self, pool: WorkerPool, worker_id: str, *, lease: float, heartbeat_interval: float,
                  rescue_interval: float, running: Callable[[], list[RunState]],
-                 on_rescued: Callable[[], None], seen_params: Callable[[], dict[str, Any]]) -> None:
+                 on_rescued: Callable[[int], None], seen_params: Callable[[], dict[str, Any]]) -> None:
         self._pool = pool
         self._worker_id = worker_id
         self._lease = timedelta(seconds=lease)
@@ -95,4 +95,4 @@ class Housekeeper:
         rescued = self._pool.value(_sql.RESCUE)
         if rescued:
             log.info("worker %s rescued %d jobs whose lease expired", self._worker_id, rescued)
-            self._on_rescued()
+            self._on_rescued(int(rescued))

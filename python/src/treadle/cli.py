@@ -4,6 +4,7 @@
     treadle enqueue NAME [JSON]       enqueue a job and print its id
     treadle status                    jobs per queue and state (the queue_stats view)
     treadle dashboard [ARGS...]       serve the dashboard (see `treadle dashboard --help`)
+    treadle install | upgrade         install or upgrade treadle's SQL (see treadle.install)
 
 The database is `--dsn`, or the environment variable DATABASE_URL.
 """
@@ -15,7 +16,6 @@ import importlib
 import importlib.util
 import inspect
 import json
-import logging
 import os
 import sys
 from datetime import timedelta
@@ -26,6 +26,7 @@ import psycopg
 
 from treadle import _sql
 from treadle.errors import TreadleError
+from treadle.logs import configure_logging
 
 DSN_ENV = "DATABASE_URL"
 
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     options = _parser().parse_args(args)
     try:
         return int(options.command(options))
-    except (CommandError, TreadleError, psycopg.Error) as error:
+    except (CommandError, TreadleError, psycopg.Error, ImportError) as error:
         message = str(error).strip().removeprefix("treadle: ")  # the SQL layer's messages carry it too
         print(f"treadle: error: {message}", file=sys.stderr)
         return 1
@@ -55,10 +56,21 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
 
     worker = commands.add_parser("worker", help="run a Worker defined in a module")
-    worker.add_argument("target", metavar="MODULE[:ATTR]",
-                        help="a module (dotted name or .py file) and the attribute holding the Worker, or a "
-                             "function returning one given the DSN (default attribute: worker)")
+    worker.add_argument(
+        "target",
+        metavar="MODULE[:ATTR]",
+        help="a module (dotted name or .py file) and the attribute holding the Worker, or a "
+        "function returning one given the DSN (default attribute: worker)",
+    )
     worker.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    worker.add_argument("--log-format", default="text", choices=["text", "json"],
+                        help="text lines, or one JSON object per line (default: text)")
+    worker.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (needs the metrics extra)")
+    worker.add_argument("--metrics-host", default="0.0.0.0", metavar="HOST",
+                        help="the address the metrics listen on (default: every interface)")
+    worker.add_argument("--metrics-database", action="store_true",
+                        help="serve the database's metrics too (jobs per queue and state, live workers)")
     _add_dsn(worker, "exported as DATABASE_URL before the module is imported")
     worker.set_defaults(command=_worker)
 
@@ -77,6 +89,14 @@ def _parser() -> argparse.ArgumentParser:
     status.set_defaults(command=_status)
 
     commands.add_parser("dashboard", help="serve the dashboard (its options: treadle dashboard --help)")
+
+    from treadle import install
+
+    for name, (_, help_text) in install.COMMANDS.items():
+        sub = commands.add_parser(name, help=help_text)
+        install.add_arguments(sub)
+        _add_dsn(sub)
+        sub.set_defaults(command=_install, install_command=name)
     return parser
 
 
@@ -95,8 +115,12 @@ def _dsn(options: argparse.Namespace) -> str:
 def _worker(options: argparse.Namespace) -> int:
     if options.dsn:
         os.environ[DSN_ENV] = options.dsn  # the module may build its Worker from it
-    logging.basicConfig(level=options.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(options.log_level, options.log_format)
     worker = load_worker(options.target, options.dsn or os.environ.get(DSN_ENV))
+    if options.metrics_port is not None:
+        worker.serve_metrics(options.metrics_port, host=options.metrics_host, database=options.metrics_database)
+    elif options.metrics_database:
+        raise CommandError("--metrics-database needs --metrics-port")
     worker.run()
     return 0
 
@@ -147,14 +171,25 @@ def _takes_an_argument(fn: Any) -> bool:
     return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in parameters)
 
 
+# treadle install, treadle upgrade
+def _install(options: argparse.Namespace) -> int:
+    from treadle import install
+
+    return install.run_command(options.install_command, _dsn(options), options.mode, options.dry_run)
+
+
 # treadle enqueue
 def _enqueue(options: argparse.Namespace) -> int:
     try:
         args = json.loads(options.args)
     except json.JSONDecodeError as error:
         raise CommandError(f"JSON is not valid JSON: {error}") from error
-    settings = {"queue": options.queue, "priority": options.priority, "max_attempts": options.max_attempts,
-                "idempotency_key": options.idempotency_key}
+    settings = {
+        "queue": options.queue,
+        "priority": options.priority,
+        "max_attempts": options.max_attempts,
+        "idempotency_key": options.idempotency_key,
+    }
     from treadle.client import enqueue
 
     with psycopg.connect(_dsn(options)) as conn:

@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from types import FrameType
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -47,6 +47,9 @@ from ._retry import Backoff, is_transient, one_line
 from ._run_state import RunState, RunStatus
 from .errors import InvalidArgument
 from .models import Job
+
+if TYPE_CHECKING:
+    from .metrics import MetricsServer, WorkerMetrics
 
 __all__ = ["Handler", "JobContext", "Step", "StepFunction", "Worker", "WorkerEvent"]
 
@@ -75,6 +78,12 @@ class Worker:
     None). `on_error(exc, job)` hears every exception a handler raised;
     `on_event(WorkerEvent)` hears claimed, started, completing, completed, failed,
     cancelled, lease_lost and released.
+
+    Metrics: with `metrics_port` the worker serves Prometheus metrics of what it
+    does at http://`metrics_host`:`metrics_port`/metrics while it runs (port 0: any
+    free port, which the log names), and with `metrics_database` the database's
+    metrics too (docs/metrics.md). They need the `metrics` extra
+    (pip install 'treadle[metrics]'); `serve_metrics()` sets the same before a start.
 
     Wake-ups: with `listen` (the default) a connection of its own LISTENs for new
     work, on `listen_dsn` when given, else on the worker's own server when it is
@@ -115,6 +124,9 @@ class Worker:
         listen: bool = True,
         listen_dsn: str | None = None,
         prepared_statements: bool = False,
+        metrics_port: int | None = None,
+        metrics_host: str = "0.0.0.0",
+        metrics_database: bool = False,
     ) -> None:
         self.queues = _check_queues(queues)
         self.concurrency = _args.integer(concurrency, "concurrency", (1, MAX_CONCURRENCY))
@@ -161,6 +173,11 @@ class Worker:
         self._threads: HandlerThreads | None = None
         self._completer: Completer | None = None
         self._executor: Executor | None = None
+        self._metrics: WorkerMetrics | None = None
+        self._metrics_address: tuple[str, int] | None = None
+        self._metrics_database = False
+        if metrics_port is not None:
+            self.serve_metrics(metrics_port, host=metrics_host, database=metrics_database)
 
     # registration
     @overload
@@ -197,6 +214,25 @@ class Worker:
         """
         self._check_not_started()
         self._registry.add_workflow(name, steps)
+
+    def serve_metrics(self, port: int, *, host: str = "0.0.0.0", database: bool = False) -> None:
+        """Serve Prometheus metrics at http://host:port/metrics while the worker runs (before it starts).
+
+        `database` adds the database's metrics, read through the worker's pool at each
+        scrape. ImportError, naming the `pip install` that gives it, without prometheus_client.
+        """
+        self._check_not_started()
+        port = _args.integer(port, "metrics_port", (0, 65535))
+        if not (isinstance(host, str) and host.strip()):
+            raise InvalidArgument("metrics_host must be a host name or address")
+        if not isinstance(database, bool):
+            raise InvalidArgument(f"metrics_database must be True or False, not {type(database).__name__}")
+        from .metrics import WorkerMetrics
+
+        self._metrics = WorkerMetrics()
+        self._metrics.track_slots(lambda: self.busy_handlers, self.concurrency)
+        self._metrics_address = (host, port)
+        self._metrics_database = database
 
     # running and stopping
     def run(self) -> None:
@@ -297,9 +333,11 @@ class Worker:
         self._pool.open()
         notifier: WakeOnNotify | None = None
         housekeeper: Housekeeper | None = None
+        metrics_server: MetricsServer | None = None
         try:
             if not self._startup():
                 return
+            metrics_server = self._start_metrics_server()
             self._threads = HandlerThreads(self.concurrency, name=f"treadle-handler-{self.worker_id}")
             self._completer = Completer(
                 self._pool, self.worker_id, emit=self._emit, done=self._done,
@@ -314,7 +352,7 @@ class Worker:
                 notifier.start()
             housekeeper = Housekeeper(
                 self._pool, self.worker_id, lease=self.lease, heartbeat_interval=self.heartbeat_interval,
-                rescue_interval=self.rescue_interval, running=self._running, on_rescued=self._wake.set,
+                rescue_interval=self.rescue_interval, running=self._running, on_rescued=self._rescued,
                 seen_params=self._seen_params)
             housekeeper.start()
             self._ready.set()
@@ -333,7 +371,24 @@ class Worker:
                 housekeeper.stop()
             if self._threads is not None:
                 self._threads.close()
+            if metrics_server is not None:
+                metrics_server.close()
             self._pool.close()
+
+    def _start_metrics_server(self) -> MetricsServer | None:
+        if self._metrics is None or self._metrics_address is None:
+            return None
+        from .metrics import DatabaseCollector, MetricsServer
+
+        if self._metrics_database:
+            self._metrics.registry.register(DatabaseCollector(self._pool.connection))
+        host, port = self._metrics_address
+        try:
+            server = MetricsServer(self._metrics.registry, port, host)
+        except OSError as error:
+            raise InvalidArgument(f"cannot serve metrics on {host}:{port}: {error.strerror or error}") from error
+        log.info("worker %s serving metrics at http://%s:%d/metrics", self.worker_id, host, server.port)
+        return server
 
     def _notifier(self) -> Notifier:
         conninfo = self._listen_dsn or self._pool.conninfo
@@ -513,6 +568,11 @@ class Worker:
         return {"worker_id": self.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
                 "queues": self.queues, "concurrency": self.concurrency, "running": self.running_jobs}
 
+    def _rescued(self, count: int) -> None:
+        if self._metrics is not None:
+            self._metrics.rescued(count)
+        self._wake.set()  # rescued jobs are due at once
+
     def _lease_lost(self, run: RunState) -> None:
         log.warning("job %d (%s): lease lost, another worker or a rescue took it over; "
                     "nothing from this run is written", run.job_id, run.name)
@@ -520,10 +580,15 @@ class Worker:
 
     def _emit(self, kind: EventKind, run: RunState, *, state: str | None = None, error: str | None = None) -> None:
         log.debug("job %d (%s): %s%s", run.job_id, run.name, kind, f" -> {state}" if state else "")
+        if self._on_event is None and self._metrics is None:
+            return
+        event = WorkerEvent(kind, run.job, self.worker_id, state, error)
+        if self._metrics is not None:
+            self._metrics.observe(event)
         if self._on_event is None:
             return
         try:
-            self._on_event(WorkerEvent(kind, run.job, self.worker_id, state, error))
+            self._on_event(event)
         except BaseException:  # a callback's failure, whatever it is, stays with the callback
             log.exception("on_event raised for %s of job %d", kind, run.job_id)
 

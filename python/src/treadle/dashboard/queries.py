@@ -219,6 +219,14 @@ class Store:
             cur.execute(SESSION_LIMITS, {"timeout": f"{self.statement_timeout_ms}ms"})
             yield cur
 
+    @contextmanager
+    def reading(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection in a read-only transaction under the dashboard's limits (for /metrics)."""
+        with self.pool.connection() as conn, conn.transaction():
+            conn.execute(READ_ONLY)
+            conn.execute(SESSION_LIMITS, {"timeout": f"{self.statement_timeout_ms}ms"})
+            yield conn
+
     def version(self) -> str:
         with self._cursor(read_only=True) as cur:
             row = cur.execute(VERSION).fetchone()

@@ -37,6 +37,18 @@ def health() -> Response:
     return Response(f"ok treadle {version}\n", mimetype="text/plain")
 
 
+@blueprint.get("/metrics")
+def metrics() -> Response:
+    """Prometheus metrics of the database (docs/metrics.md), behind the dashboard's authentication."""
+    try:
+        registry = current().metrics_registry()
+        from treadle.metrics import exposition
+    except ImportError as error:
+        return Response(f"{error}\n", status=501, mimetype="text/plain")
+    body, content_type = exposition(registry)
+    return Response(body, content_type=content_type)
+
+
 @blueprint.get("/")
 def overview() -> str:
     run_id = _optional_id(request.args, "run", "a workflow run id")

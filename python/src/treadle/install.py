@@ -1,0 +1,260 @@
+"""Install and upgrade treadle's SQL in a database: `treadle install` and `treadle upgrade`.
+
+treadle comes in two forms, with the same schema, functions and rights:
+
+- extension: `CREATE EXTENSION treadle`, then `ALTER EXTENSION treadle UPDATE`. The server
+  must have treadle's extension files (`make install` on it, the Docker image), or pg_tle
+  must have them registered in the database (dist/treadle-VERSION.pgtle.sql).
+- plain: the plain SQL scripts this package ships (plain_sql/, built from the same sources),
+  which any role with CREATE on the database may run: managed servers, where nobody can
+  copy extension files.
+
+The version this package installs is its own: the package and the extension share one
+version. Both commands find what is installed, refuse what they cannot do (a downgrade,
+the other form), and do nothing when the database is already at this version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.resources
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import psycopg
+from psycopg.rows import tuple_row
+
+from treadle._compat import EXTENSION_VERSION as _EXTENSION
+from treadle.errors import TreadleError
+
+Mode = Literal["extension", "plain"]
+MODES: Final = ("extension", "plain")
+
+# the version of the scripts this package ships and installs
+VERSION: Final = importlib.metadata.version("treadle")
+
+# (to_regprocedure raises when the role may not use the schema: that is asked first)
+_SCHEMA = (
+    "SELECT pg_catalog.to_regnamespace('treadle') IS NOT NULL,"
+    " coalesce(pg_catalog.has_schema_privilege(pg_catalog.to_regnamespace('treadle'), 'USAGE'), false)"
+)
+_HAS_PLAIN = "SELECT pg_catalog.to_regprocedure('treadle.version()') IS NOT NULL"
+_PLAIN_VERSION = "SELECT treadle.version()"
+_AVAILABLE = (
+    "SELECT EXISTS (SELECT FROM pg_catalog.pg_available_extension_versions WHERE name = 'treadle' AND version = %s)"
+)
+# extensions registered through pg_tle are not in pg_available_extension_versions
+_HAS_PGTLE = "SELECT pg_catalog.to_regprocedure('pgtle.available_extension_versions()') IS NOT NULL"
+_PGTLE_AVAILABLE = (
+    "SELECT EXISTS (SELECT FROM pgtle.available_extension_versions() WHERE name = 'treadle' AND version = %s)"
+)
+
+
+class InstallError(TreadleError):
+    """What is installed does not allow what was asked (the message says what to do instead)."""
+
+
+@dataclass(frozen=True)
+class Installed:
+    """treadle as a database has it."""
+
+    mode: Mode
+    version: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a command will run: its SQL (empty when there is nothing to do) and what it does."""
+
+    summary: str
+    sql: str = ""
+
+
+def installed(conn: psycopg.Connection[Any]) -> Installed | None:
+    """The form and version of treadle in the database, or None when it has none."""
+    extension = _value(conn, _EXTENSION)
+    if extension is not None:
+        return Installed("extension", str(extension))
+    with conn.cursor(row_factory=tuple_row) as cur:
+        exists, usable = cur.execute(_SCHEMA).fetchone() or (False, False)
+    if not exists:
+        return None
+    if not usable:
+        raise InstallError(
+            f"schema treadle exists, but role {_user(conn)} may not use it: run this as the role that owns it"
+        )
+    if _value(conn, _HAS_PLAIN):
+        return Installed("plain", str(_value(conn, _PLAIN_VERSION)))
+    return None
+
+
+def _value(conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...] = ()) -> Any:
+    """The first column of a query's first row (None when it has none), whatever the
+    connection's row factory."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(query, params or None).fetchone()
+    return None if row is None else row[0]
+
+
+def plan_install(conn: psycopg.Connection[Any], mode: Mode | None = None) -> Plan:
+    """Install this version: as an extension when the server offers it (or `mode` says so),
+    else as plain SQL; nothing when it is installed already."""
+    current = installed(conn)
+    if current is not None:
+        _check_mode(current, mode)
+        if current.version == VERSION:
+            return Plan(f"treadle {VERSION} is already installed ({current.mode}): nothing to do")
+        if _newer(current.version, VERSION):
+            raise _downgrade(current)
+        raise InstallError(
+            f"treadle {current.version} is installed ({current.mode}): run `treadle upgrade` to bring it to {VERSION}"
+        )
+    if mode is None:
+        mode = "extension" if _offered(conn) else "plain"
+    if mode == "extension":
+        _require_offered(conn)
+        return Plan(f"install treadle {VERSION} as an extension", f"CREATE EXTENSION treadle VERSION '{VERSION}';\n")
+    return Plan(
+        f"install treadle {VERSION} as plain SQL (schema treadle, owned by {_user(conn)})",
+        plain_script(f"treadle-{VERSION}.sql"),
+    )
+
+
+def plan_upgrade(conn: psycopg.Connection[Any], mode: Mode | None = None) -> Plan:
+    """Upgrade what is installed to this version, in the form it has; nothing when it is there."""
+    current = installed(conn)
+    if current is None:
+        raise InstallError("treadle is not installed in this database: run `treadle install`")
+    _check_mode(current, mode)
+    if current.version == VERSION:
+        return Plan(f"treadle {VERSION} is installed ({current.mode}): nothing to upgrade")
+    if _newer(current.version, VERSION):
+        raise _downgrade(current)
+    if current.mode == "extension":
+        _require_offered(conn)
+        return Plan(
+            f"upgrade the treadle extension from {current.version} to {VERSION}",
+            f"ALTER EXTENSION treadle UPDATE TO '{VERSION}';\n",
+        )
+    name = f"treadle-{current.version}--{VERSION}.sql"
+    if not _shipped(name):
+        raise InstallError(
+            f"this package ({VERSION}) has no upgrade of a plain install from "
+            f"{current.version}: upgrade with the package of a version in between first"
+        )
+    return Plan(f"upgrade plain treadle from {current.version} to {VERSION}", plain_script(name))
+
+
+def apply(conn: psycopg.Connection[Any], plan: Plan) -> None:
+    """Run a plan's SQL. Each script is one transaction of its own (it says BEGIN and COMMIT),
+    so the connection must be in autocommit mode."""
+    if plan.sql:
+        run_script(conn, plan.sql)
+
+
+def run_script(conn: psycopg.Connection[Any], sql: str) -> None:
+    """Run a script of several statements on an autocommit connection. When it fails inside
+    its own BEGIN, the server keeps that transaction open and aborted: roll it back."""
+    if not conn.autocommit:
+        raise InstallError("a script runs on a connection in autocommit mode")
+    try:
+        conn.execute(sql)  # no parameters: sent as one simple query, several statements
+    except psycopg.Error:
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def plain_script(name: str) -> str:
+    """A plain SQL script this package ships (plain_sql/NAME)."""
+    return (importlib.resources.files("treadle") / "plain_sql" / name).read_text(encoding="utf-8")
+
+
+def _shipped(name: str) -> bool:
+    return (importlib.resources.files("treadle") / "plain_sql" / name).is_file()
+
+
+def _check_mode(current: Installed, mode: Mode | None) -> None:
+    if mode is not None and mode != current.mode:
+        raise InstallError(
+            f"treadle {current.version} is installed as {_form(current.mode)}, "
+            f"not as {_form(mode)}: drop it first to change its form"
+        )
+
+
+def _form(mode: Mode) -> str:
+    return "an extension" if mode == "extension" else "plain SQL"
+
+
+def _offered(conn: psycopg.Connection[Any]) -> bool:
+    """Whether CREATE EXTENSION can install this version: the server has its files, or
+    pg_tle has it registered."""
+    return bool(_value(conn, _AVAILABLE, (VERSION,))) or registered_in_pgtle(conn)
+
+
+def registered_in_pgtle(conn: psycopg.Connection[Any]) -> bool:
+    """Whether pg_tle has this version of treadle registered in the database."""
+    return bool(_value(conn, _HAS_PGTLE)) and bool(_value(conn, _PGTLE_AVAILABLE, (VERSION,)))
+
+
+def _require_offered(conn: psycopg.Connection[Any]) -> None:
+    if not _offered(conn):
+        raise InstallError(
+            f"the server has no files of the treadle {VERSION} extension: run `make install` on the "
+            "server, or register it through pg_tle (dist/treadle-VERSION.pgtle.sql), "
+            "or install plain SQL instead (--mode plain)"
+        )
+
+
+def _user(conn: psycopg.Connection[Any]) -> str:
+    return str(_value(conn, "SELECT current_user"))
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in version.split("."))
+    except ValueError:
+        raise InstallError(f"cannot compare version {version!r} with {VERSION}") from None
+
+
+def _newer(version: str, than: str) -> bool:
+    return _version_key(version) > _version_key(than)
+
+
+def _downgrade(current: Installed) -> InstallError:
+    return InstallError(
+        f"the database has treadle {current.version}, newer than this package's "
+        f"{VERSION}: treadle never downgrades; use the Python package {current.version}"
+    )
+
+
+# the command line: `treadle install` and `treadle upgrade` (cli.py wires them in)
+COMMANDS: Final = {
+    "install": (plan_install, "install treadle's SQL in a database (extension or plain SQL)"),
+    "upgrade": (plan_upgrade, "upgrade treadle's SQL in a database to this package's version"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--mode",
+        choices=MODES,
+        help="the form to install: extension (the server has its files, or pg_tle) or plain "
+        "(SQL any role with CREATE on the database may run); default: what is installed, "
+        "else extension when the server offers it, else plain",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the SQL it would run, and run nothing")
+
+
+def run_command(name: str, dsn: str, mode: Mode | None, dry_run: bool) -> int:
+    """`treadle install` or `treadle upgrade`: print what it does (or the SQL, with dry_run)."""
+    planner = COMMANDS[name][0]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        plan = planner(conn, mode)
+        if dry_run:
+            print(f"-- {plan.summary}\n{plan.sql}", end="")
+            return 0
+        apply(conn, plan)
+    print(plan.summary if not plan.sql else f"done: {plan.summary}")
+    return 0
