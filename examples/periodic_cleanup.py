@@ -61,8 +61,8 @@ def ensure_series(conn: psycopg.Connection) -> int:
 def expire_sessions(args: dict, ctx: treadle.JobContext) -> dict:
     with psycopg.connect(DSN) as conn:
         deleted = conn.execute("delete from pc_sessions where expires_at < now()").rowcount
-        # treadle.prune needs the extension owner's rights; grant it to this role, or
-        # run this job's worker as the owner.
+        # treadle.prune belongs to the admin part: treadle.grant_admin(role) gives it to
+        # this worker's role (docs/operations.md#roles-and-grants).
         (pruned,) = conn.execute("select treadle.prune(older_than => '7 days')").fetchone()
     return {"sessions_deleted": deleted, "jobs_pruned": pruned}
 

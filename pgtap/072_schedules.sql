@@ -250,29 +250,6 @@ SELECT ok(NOT EXISTS (SELECT * FROM treadle.jobs EXCEPT SELECT * FROM before_job
 --------------------------------------------------------------------------------
 -- Tenants: a role kept to a queue prefix schedules only there, and sees only its schedules
 --------------------------------------------------------------------------------
-CREATE FUNCTION pg_temp.as_role(role name, statement text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE format('SET LOCAL ROLE %I', role);
-    BEGIN
-        EXECUTE statement;
-    EXCEPTION WHEN OTHERS THEN
-        RESET ROLE;
-        RETURN SQLSTATE;
-    END;
-    RESET ROLE;
-    RETURN 'ok';
-END;
-$$;
-CREATE FUNCTION pg_temp.as_role_value(role name, query text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE
-    v text;
-BEGIN
-    EXECUTE format('SET LOCAL ROLE %I', role);
-    EXECUTE query INTO v;
-    RESET ROLE;
-    RETURN v;
-END;
-$$;
 CREATE ROLE cron_tenant_a;
 SELECT treadle.grant_producer('cron_tenant_a');
 SELECT treadle.set_tenant('cron_tenant_a', 'a.');

@@ -105,8 +105,11 @@ CREATE INDEX jobs_claim_name_idx ON treadle.jobs (queue, name, priority, run_at,
 CREATE INDEX jobs_ready_txid_idx ON treadle.jobs (ready_txid)
     WHERE state = ANY (ARRAY['available', 'retryable']);
 
--- rescue() finds expired leases
-CREATE INDEX jobs_lease_idx ON treadle.jobs (lease_until) WHERE state = 'running';
+-- rescue() finds expired leases (lease_until is set exactly while a job runs). The
+-- predicate is not `state = 'running'`: the writes a worker makes to its running job
+-- (heartbeat, complete, fail) name that state, and the planner, counting this small
+-- index cheaper than the primary key, would then walk it, dead entries and all.
+CREATE INDEX jobs_lease_idx ON treadle.jobs (lease_until) WHERE lease_until IS NOT NULL;
 
 -- An idempotency key belongs to its job for as long as the row exists. Keys are per
 -- queue, so that tenants kept apart by queue can neither see nor suppress each other's.

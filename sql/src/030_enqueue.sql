@@ -153,6 +153,8 @@ DECLARE
                                     'idempotency_key', 'every'];
     v_now      timestamptz := treadle.now();
     v_max_size integer := treadle._max_payload_bytes();
+    v_big      boolean;  -- the whole array is over the size limit, so an element may be
+    v_deep     boolean;  -- the whole array nests deep enough for an element's args to be too deep
     v_bad      record;
     a_name     text[];
     a_args     jsonb[];
@@ -172,6 +174,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    -- Size and depth are tested on the whole array first (an element's args lie two
+    -- levels down): only a batch that could hold a bad one pays for a test per element.
+    v_big := pg_column_size(jobs) > v_max_size;
+    v_deep := jsonb_path_exists(jobs, 'strict $.**{102} ? (@.type() == "object" || @.type() == "array")');
+
     -- The shape of every element, in one pass; the first bad one is reported.
     SELECT e.ord, e.problem INTO v_bad
       FROM (SELECT s.ord, CASE
@@ -184,9 +191,9 @@ BEGIN
                     THEN 'has a "queue" that is not 1 to 200 characters, not only spaces, without control characters'
                 WHEN s.spec ? 'args' AND jsonb_typeof(s.spec -> 'args') <> ALL (ARRAY['object', 'array', 'null'])
                     THEN 'has "args" that are neither an object nor an array'
-                WHEN pg_column_size(s.spec -> 'args') > v_max_size
+                WHEN v_big AND pg_column_size(s.spec -> 'args') > v_max_size
                     THEN format('has "args" larger than the limit of %s bytes', v_max_size)
-                WHEN treadle._too_deep(s.spec -> 'args')
+                WHEN v_deep AND treadle._too_deep(s.spec -> 'args')
                     THEN 'has "args" nested more than 100 levels deep'
                 WHEN s.spec ? 'priority' AND NOT treadle._is_int(s.spec -> 'priority', -2147483648, 2147483647)
                     THEN 'has a "priority" that is not an integer'

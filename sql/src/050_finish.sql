@@ -139,6 +139,23 @@ COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
+-- treadle._left_by(job_id, lease_token, states) -> text
+--
+-- The state of a job that this token finished, when it is one of `states` (what a
+-- finish repeated after a lost answer returns); null otherwise.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._left_by(job_id bigint, lease_token uuid, states text[])
+RETURNS text
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT j.state FROM treadle.jobs AS j
+     WHERE j.id = _left_by.job_id AND j.lease_token = _left_by.lease_token AND j.state = ANY (_left_by.states);
+END;
+COMMENT ON FUNCTION treadle._left_by(bigint, uuid, text[]) IS
+    'The state a token''s finish left a job in, when it is one of states; null otherwise.';
+
+--------------------------------------------------------------------------------
 -- treadle.complete(job_id, lease_token, result) -> text
 --
 -- Transition: running -> completed, or -> cancelled when a cancel was requested
@@ -180,9 +197,7 @@ BEGIN
     RETURNING j.* INTO v_job;
 
     IF NOT FOUND THEN
-        RETURN (SELECT j.state FROM treadle.jobs AS j
-                 WHERE j.id = complete.job_id AND j.lease_token = complete.lease_token
-                   AND j.state = ANY (ARRAY['completed', 'cancelled']));
+        RETURN treadle._left_by(complete.job_id, complete.lease_token, ARRAY['completed', 'cancelled']);
     END IF;
     PERFORM treadle._follow_up(ARRAY[v_job]);
     RETURN v_job.state;
@@ -336,9 +351,7 @@ BEGIN
     RETURNING j.* INTO v_job;
 
     IF NOT FOUND THEN
-        RETURN (SELECT j.state FROM treadle.jobs AS j
-                 WHERE j.id = fail.job_id AND j.lease_token = fail.lease_token
-                   AND j.state = ANY (ARRAY['retryable', 'discarded', 'cancelled']));
+        RETURN treadle._left_by(fail.job_id, fail.lease_token, ARRAY['retryable', 'discarded', 'cancelled']);
     END IF;
     PERFORM treadle._follow_up(ARRAY[v_job]);
     IF v_job.state = 'retryable' AND v_job.run_at <= v_now THEN
@@ -466,9 +479,7 @@ BEGIN
     RETURNING j.* INTO v_job;
 
     IF NOT FOUND THEN
-        RETURN (SELECT j.state FROM treadle.jobs AS j
-                 WHERE j.id = release.job_id AND j.lease_token = release.lease_token
-                   AND j.state = ANY (ARRAY['available', 'cancelled']));
+        RETURN treadle._left_by(release.job_id, release.lease_token, ARRAY['available', 'cancelled']);
     END IF;
     PERFORM treadle._follow_up(ARRAY[v_job]);
     IF v_job.state = 'available' THEN

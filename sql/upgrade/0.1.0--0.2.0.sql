@@ -55,6 +55,11 @@ ALTER TABLE treadle.jobs ADD CONSTRAINT jobs_lease_check CHECK (
     (state = 'running') = (lease_until IS NOT NULL)
     AND (state <> 'running' OR (lease_token IS NOT NULL AND worker_id IS NOT NULL)));
 
+-- The lease index by lease_until alone, so that a worker's writes to its running job
+-- read the primary key (see sql/src/010_tables.sql).
+DROP INDEX treadle.jobs_lease_idx;
+CREATE INDEX jobs_lease_idx ON treadle.jobs (lease_until) WHERE lease_until IS NOT NULL;
+
 -- Idempotency keys become per queue (a key global in 0.1.0 is unique per queue too).
 DROP INDEX treadle.jobs_idempotency_key_idx;
 CREATE UNIQUE INDEX jobs_idempotency_key_idx
@@ -115,13 +120,3 @@ CREATE POLICY cron_schedules_tenant_read ON treadle.cron_schedules FOR SELECT
     USING (starts_with(queue, coalesce(
         (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
 SELECT pg_catalog.pg_extension_config_dump('treadle.cron_schedules', '');
-
---------------------------------------------------------------------------------
--- Claims that resume where they stopped (sql/src/040_claim.sql): the transaction
--- that last made each job claimable, and its index, as in sql/src/010_tables.sql.
--- Rows of 0.1.0 keep null: a claim's sweep from the front finds them.
---------------------------------------------------------------------------------
-ALTER TABLE treadle.jobs ADD COLUMN ready_txid xid8;
-ALTER TABLE treadle.jobs ALTER COLUMN ready_txid SET DEFAULT pg_current_xact_id();
-CREATE INDEX jobs_ready_txid_idx ON treadle.jobs (ready_txid)
-    WHERE state = ANY (ARRAY['available', 'retryable']);

@@ -8,7 +8,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from producer_support import SqlWorker
+
+from tests.client.producer_support import SqlWorker
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 # how long a test waits for something that should happen at once; only a bound, so a
@@ -58,6 +59,11 @@ class SqlWorker:
         self.conn.close()
 
 
+def transaction_status(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> TransactionStatus:
+    """The connection's transaction status now: a call, so a type checker carries no earlier reading over."""
+    return conn.info.transaction_status
+
+
 def with_app_name(dsn: str, name: str) -> str:
     return f"{dsn}{'&' if '?' in dsn else '?'}application_name={name}"
 
@@ -78,7 +84,11 @@ def until_job_read(conn: psycopg.Connection[Any], pid: int) -> None:
     deadline = time.monotonic() + PATIENCE
     while time.monotonic() < deadline:
         row = conn.execute("SELECT state, query FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()
-        if row is not None and row[0] in ("idle", "idle in transaction") and "FROM treadle.job_details WHERE id" in row[1]:
+        if (
+            row is not None
+            and row[0] in ("idle", "idle in transaction")
+            and "FROM treadle.job_details WHERE id" in row[1]
+        ):
             return
         time.sleep(0.02)
     raise AssertionError(f"backend {pid} never read the job")

@@ -5,6 +5,9 @@ anything is sent, so the caller's transaction is exactly as it was. Values the S
 layer judges arrive as InvalidArgument carrying the database's SQLSTATE.
 """
 
+# The calls here pass wrong types on purpose: the type checker would refuse them.
+# mypy: disable-error-code="call-overload, dict-item, list-item"
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -14,52 +17,100 @@ from typing import Any
 
 import psycopg
 import pytest
-import treadle
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
+
+import treadle
+from tests.client.producer_support import transaction_status
 
 Call = Callable[[psycopg.Connection[Any]], Any]
 
 REFUSED_BY_SQL: list[tuple[str, Call, str, str]] = [
     ("empty name", lambda c: treadle.enqueue(c, ""), "22023", "name must be 1 to 200 characters, not only spaces"),
     ("blank name", lambda c: treadle.enqueue(c, "   "), "22023", "name must be 1 to 200 characters, not only spaces"),
-    ("empty queue", lambda c: treadle.enqueue(c, "x", queue=""), "22023", "queue must be 1 to 200 characters, not only spaces"),
+    (
+        "empty queue",
+        lambda c: treadle.enqueue(c, "x", queue=""),
+        "22023",
+        "queue must be 1 to 200 characters, not only spaces",
+    ),
     ("max_attempts 0", lambda c: treadle.enqueue(c, "x", max_attempts=0), "22023", "max_attempts must be at least 1"),
     ("every of 0", lambda c: treadle.enqueue(c, "x", every=timedelta(0)), "22023", "every must be positive"),
-    ("negative every", lambda c: treadle.enqueue(c, "x", every=timedelta(seconds=-1)), "22023",
-     "every must be positive"),
+    (
+        "negative every",
+        lambda c: treadle.enqueue(c, "x", every=timedelta(seconds=-1)),
+        "22023",
+        "every must be positive",
+    ),
     ("scalar args", lambda c: treadle.enqueue(c, "x", 5), "22023", "args must be a JSON object or array"),
     ("string args", lambda c: treadle.enqueue(c, "x", "text"), "22023", "args must be a JSON object or array"),
-    ("workflow empty name", lambda c: treadle.start_workflow(c, "", steps=["a"]), "22023", "name must be 1 to 200 characters, not only spaces"),
-    ("workflow bad queue", lambda c: treadle.start_workflow(c, "w", steps=["a"], queue=" "), "22023",
-     "queue must be 1 to 200 characters, not only spaces"),
-    ("workflow max_attempts 0", lambda c: treadle.start_workflow(c, "w", steps=["a"], max_attempts=0), "22023",
-     "max_attempts must be at least 1"),
-    ("scalar input", lambda c: treadle.start_workflow(c, "w", 1.5, steps=["a"]), "22023",
-     "input must be a JSON object or array"),
-    ("duplicate steps", lambda c: treadle.start_workflow(c, "w", steps=["a", "b", "a"]), "22023",
-     "steps must not repeat a name"),
-    ("no steps", lambda c: treadle.start_workflow(c, "w", steps=[]), "22023", "steps must be a list of 1 to 1000 names"),
-    ("empty step name", lambda c: treadle.start_workflow(c, "w", steps=["a", ""]), "22023",
-     "steps must hold names of 1 to 200 characters, not only spaces"),
+    (
+        "workflow empty name",
+        lambda c: treadle.start_workflow(c, "", steps=["a"]),
+        "22023",
+        "name must be 1 to 200 characters, not only spaces",
+    ),
+    (
+        "workflow bad queue",
+        lambda c: treadle.start_workflow(c, "w", steps=["a"], queue=" "),
+        "22023",
+        "queue must be 1 to 200 characters, not only spaces",
+    ),
+    (
+        "workflow max_attempts 0",
+        lambda c: treadle.start_workflow(c, "w", steps=["a"], max_attempts=0),
+        "22023",
+        "max_attempts must be at least 1",
+    ),
+    (
+        "scalar input",
+        lambda c: treadle.start_workflow(c, "w", 1.5, steps=["a"]),
+        "22023",
+        "input must be a JSON object or array",
+    ),
+    (
+        "duplicate steps",
+        lambda c: treadle.start_workflow(c, "w", steps=["a", "b", "a"]),
+        "22023",
+        "steps must not repeat a name",
+    ),
+    (
+        "no steps",
+        lambda c: treadle.start_workflow(c, "w", steps=[]),
+        "22023",
+        "steps must be a list of 1 to 1000 names",
+    ),
+    (
+        "empty step name",
+        lambda c: treadle.start_workflow(c, "w", steps=["a", ""]),
+        "22023",
+        "steps must hold names of 1 to 200 characters, not only spaces",
+    ),
     ("unknown workflow", lambda c: treadle.start_workflow(c, "never_defined"), "22023", "unknown workflow"),
-    ("enqueue_many without name", lambda c: treadle.enqueue_many(c, [{"args": {}}]), "22023",
-     'jobs element 0 needs a "name" of 1 to 200 characters, not only spaces'),
+    (
+        "enqueue_many without name",
+        lambda c: treadle.enqueue_many(c, [{"args": {}}]),
+        "22023",
+        'jobs element 0 needs a "name" of 1 to 200 characters, not only spaces',
+    ),
 ]
 
 
-@pytest.mark.parametrize(("call", "sqlstate", "message"), [case[1:] for case in REFUSED_BY_SQL],
-                         ids=[case[0] for case in REFUSED_BY_SQL])
-def test_refused_by_the_sql_layer(module_conn: psycopg.Connection[Any], call: Call, sqlstate: str,
-                                  message: str) -> None:
+@pytest.mark.parametrize(
+    ("call", "sqlstate", "message"), [case[1:] for case in REFUSED_BY_SQL], ids=[case[0] for case in REFUSED_BY_SQL]
+)
+def test_refused_by_the_sql_layer(
+    module_conn: psycopg.Connection[Any], call: Call, sqlstate: str, message: str
+) -> None:
     conn = module_conn
     with pytest.raises(treadle.InvalidArgument, match=message) as refused:
         call(conn)
     assert refused.value.sqlstate == sqlstate
     assert isinstance(refused.value.__cause__, psycopg.Error)
     assert isinstance(refused.value, ValueError)  # InvalidArgument is a ValueError too
-    assert conn.execute("SELECT (SELECT count(*) FROM treadle.jobs), (SELECT count(*) FROM treadle.workflow_runs)"
-                        ).fetchone() == (0, 0)
+    assert conn.execute(
+        "SELECT (SELECT count(*) FROM treadle.jobs), (SELECT count(*) FROM treadle.workflow_runs)"
+    ).fetchone() == (0, 0)
 
 
 def test_negative_priority_is_fine(conn: psycopg.Connection[Any]) -> None:
@@ -110,8 +161,9 @@ REFUSED_BY_CLIENT: list[tuple[str, Call, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("call", "message"), [case[1:] for case in REFUSED_BY_CLIENT],
-                         ids=[case[0] for case in REFUSED_BY_CLIENT])
+@pytest.mark.parametrize(
+    ("call", "message"), [case[1:] for case in REFUSED_BY_CLIENT], ids=[case[0] for case in REFUSED_BY_CLIENT]
+)
 def test_refused_before_anything_is_sent(module_dsn: str, call: Call, message: str) -> None:
     with psycopg.connect(module_dsn) as conn:
         # idle: any statement sent would open a transaction
@@ -125,7 +177,7 @@ def test_refused_before_anything_is_sent(module_dsn: str, call: Call, message: s
         conn.execute("INSERT INTO mine VALUES (1)")
         with pytest.raises(treadle.InvalidArgument, match=message):
             call(conn)
-        assert conn.info.transaction_status == TransactionStatus.INTRANS
+        assert transaction_status(conn) == TransactionStatus.INTRANS
         conn.commit()
         assert conn.execute("SELECT count(*) FROM mine").fetchone() == (1,)
         assert conn.execute("SELECT count(*) FROM treadle.jobs").fetchone() == (0,)

@@ -6,8 +6,9 @@ from typing import Any
 
 import psycopg
 import pytest
+
 import treadle
-from producer_support import SqlWorker
+from tests.client.producer_support import SqlWorker
 
 
 def test_get_job_reads_every_column(conn: psycopg.Connection[Any], sql_worker: SqlWorker) -> None:
@@ -15,7 +16,13 @@ def test_get_job_reads_every_column(conn: psycopg.Connection[Any], sql_worker: S
     job = treadle.get_job(conn, job_id)
     assert job is not None
     assert (job.id, job.name, job.args, job.queue, job.priority, job.max_attempts) == (
-        job_id, "resize", {"w": 10}, "img", 2, 3)
+        job_id,
+        "resize",
+        {"w": 10},
+        "img",
+        2,
+        3,
+    )
     assert (job.state, job.attempt, job.finished, job.result) == ("available", 0, False, None)
     sql_worker.complete(job_id, {"ok": True, "pixels": [1, 2]})
     done = treadle.get_job(conn, job_id)
@@ -52,13 +59,17 @@ def test_cancel_and_retry_of_unknown_ids(conn: psycopg.Connection[Any]) -> None:
 
 
 def test_start_workflow_with_steps_and_options(conn: psycopg.Connection[Any], sql_worker: SqlWorker) -> None:
-    run_id = treadle.start_workflow(conn, "checkout", {"cart": 5}, steps=("reserve", "charge"), queue="shop",
-                                    priority=4, max_attempts=2)
-    run = conn.execute("SELECT name, input, steps, queue, priority, max_attempts, state "
-                       "FROM treadle.workflow_runs WHERE id = %s", [run_id]).fetchone()
+    run_id = treadle.start_workflow(
+        conn, "checkout", {"cart": 5}, steps=("reserve", "charge"), queue="shop", priority=4, max_attempts=2
+    )
+    run = conn.execute(
+        "SELECT name, input, steps, queue, priority, max_attempts, state FROM treadle.workflow_runs WHERE id = %s",
+        [run_id],
+    ).fetchone()
     assert run == ("checkout", {"cart": 5}, ["reserve", "charge"], "shop", 4, 2, "running")
-    step = conn.execute("SELECT id, name, step, queue, priority, max_attempts FROM treadle.jobs "
-                        "WHERE workflow_run_id = %s", [run_id]).fetchone()
+    step = conn.execute(
+        "SELECT id, name, step, queue, priority, max_attempts FROM treadle.jobs WHERE workflow_run_id = %s", [run_id]
+    ).fetchone()
     assert step is not None and step[1:] == ("workflow:checkout", "reserve", "shop", 4, 2)
     assert treadle.workflow_results(conn, run_id) == {}
     sql_worker.complete(step[0], {"hold": "h1"})
@@ -68,8 +79,10 @@ def test_start_workflow_with_steps_and_options(conn: psycopg.Connection[Any], sq
 def test_start_workflow_uses_the_registered_definition(conn: psycopg.Connection[Any]) -> None:
     conn.execute("SELECT treadle.define_workflow('signup', ARRAY['create', 'welcome'])")
     run_id = treadle.start_workflow(conn, "signup")
-    assert conn.execute("SELECT steps, input FROM treadle.workflow_runs WHERE id = %s", [run_id]
-                        ).fetchone() == (["create", "welcome"], {})
+    assert conn.execute("SELECT steps, input FROM treadle.workflow_runs WHERE id = %s", [run_id]).fetchone() == (
+        ["create", "welcome"],
+        {},
+    )
 
 
 def test_start_workflow_idempotency_key(conn: psycopg.Connection[Any]) -> None:
@@ -79,8 +92,7 @@ def test_start_workflow_idempotency_key(conn: psycopg.Connection[Any]) -> None:
     job_id = treadle.enqueue(conn, "x", idempotency_key="order:1")
     assert first == again
     assert conn.execute("SELECT count(*) FROM treadle.workflow_runs").fetchone() == (1,)
-    assert conn.execute("SELECT count(*) FROM treadle.jobs WHERE id = %s AND step IS NULL", [job_id]
-                        ).fetchone() == (1,)
+    assert conn.execute("SELECT count(*) FROM treadle.jobs WHERE id = %s AND step IS NULL", [job_id]).fetchone() == (1,)
 
 
 def test_cancel_workflow(conn: psycopg.Connection[Any]) -> None:

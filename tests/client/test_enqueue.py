@@ -8,8 +8,9 @@ from typing import Any
 
 import psycopg
 import pytest
-import treadle
 from psycopg.pq import TransactionStatus
+
+import treadle
 
 
 def row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
@@ -29,7 +30,12 @@ def count_jobs(dsn: str) -> int:
 def test_defaults(conn: psycopg.Connection[Any]) -> None:
     job = row(conn, treadle.enqueue(conn, "send_email"))
     assert (job["name"], job["args"], job["queue"], job["priority"], job["max_attempts"]) == (
-        "send_email", {}, "default", 0, 25)
+        "send_email",
+        {},
+        "default",
+        0,
+        25,
+    )
     assert job["state"] == "available" and job["every"] is None and job["idempotency_key"] is None
     assert job["run_at"] == job["created_at"]
 
@@ -37,9 +43,16 @@ def test_defaults(conn: psycopg.Connection[Any]) -> None:
 def test_every_option_is_stored(conn: psycopg.Connection[Any]) -> None:
     at = datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=timezone(timedelta(hours=2)))
     job_id = treadle.enqueue(
-        conn, "report", {"user": 7, "tags": ["a", "b"], "nested": {"x": None, "ok": True, "f": 1.5}},
-        queue="reports", priority=-3, run_at=at, max_attempts=2, idempotency_key="report:7",
-        every=timedelta(hours=1, microseconds=5))
+        conn,
+        "report",
+        {"user": 7, "tags": ["a", "b"], "nested": {"x": None, "ok": True, "f": 1.5}},
+        queue="reports",
+        priority=-3,
+        run_at=at,
+        max_attempts=2,
+        idempotency_key="report:7",
+        every=timedelta(hours=1, microseconds=5),
+    )
     job = row(conn, job_id)
     assert job["args"] == {"user": 7, "tags": ["a", "b"], "nested": {"x": None, "ok": True, "f": 1.5}}
     assert (job["queue"], job["priority"], job["run_at"], job["max_attempts"]) == ("reports", -3, at, 2)
@@ -150,12 +163,21 @@ def test_enqueue_many_returns_ids_in_input_order(conn: psycopg.Connection[Any]) 
 def test_enqueue_many_options_and_conversions(conn: psycopg.Connection[Any]) -> None:
     conn.execute("SET treadle.now = '2030-01-01 00:00:00+00'")
     at = datetime(2031, 2, 3, 4, 5, 6, 7, tzinfo=timezone.utc)
-    first, second, third = treadle.enqueue_many(conn, [
-        {"name": "a", "queue": "q", "priority": 5, "max_attempts": 3, "run_at": at,
-         "every": timedelta(days=1, seconds=2, microseconds=3)},
-        {"name": "b", "run_at": timedelta(minutes=10), "args": ["x"]},
-        {"name": "c", "run_at": None, "every": None, "idempotency_key": None, "args": None},
-    ])
+    first, second, third = treadle.enqueue_many(
+        conn,
+        [
+            {
+                "name": "a",
+                "queue": "q",
+                "priority": 5,
+                "max_attempts": 3,
+                "run_at": at,
+                "every": timedelta(days=1, seconds=2, microseconds=3),
+            },
+            {"name": "b", "run_at": timedelta(minutes=10), "args": ["x"]},
+            {"name": "c", "run_at": None, "every": None, "idempotency_key": None, "args": None},
+        ],
+    )
     a, b, c = row(conn, first), row(conn, second), row(conn, third)
     assert (a["queue"], a["priority"], a["max_attempts"], a["run_at"]) == ("q", 5, 3, at)
     assert a["every"] == timedelta(days=1, seconds=2, microseconds=3)
@@ -165,12 +187,15 @@ def test_enqueue_many_options_and_conversions(conn: psycopg.Connection[Any]) -> 
 
 def test_enqueue_many_idempotency_keys(conn: psycopg.Connection[Any]) -> None:
     held = treadle.enqueue(conn, "x", idempotency_key="held")
-    ids = treadle.enqueue_many(conn, [
-        {"name": "a", "idempotency_key": "k"},
-        {"name": "b", "idempotency_key": "held"},
-        {"name": "c", "idempotency_key": "k"},
-        {"name": "d"},
-    ])
+    ids = treadle.enqueue_many(
+        conn,
+        [
+            {"name": "a", "idempotency_key": "k"},
+            {"name": "b", "idempotency_key": "held"},
+            {"name": "c", "idempotency_key": "k"},
+            {"name": "d"},
+        ],
+    )
     assert ids[1] == held and ids[0] == ids[2] and len(set(ids)) == 3
     assert conn.execute("SELECT count(*) FROM treadle.jobs").fetchone() == (3,)
 
@@ -184,25 +209,28 @@ def test_enqueue_many_refused_element_writes_nothing(conn: psycopg.Connection[An
         treadle.enqueue_many(conn, [{"name": "fine"}, {"name": "x", "max_attempts": 0}])
     assert refused.value.sqlstate == "22023"
     with pytest.raises(treadle.InvalidArgument, match="element 1") as refused:
-        treadle.enqueue_many(conn, [{"name": "fine"}, ["not", "an", "object"]])
+        treadle.enqueue_many(conn, [{"name": "fine"}, ["not", "an", "object"]])  # type: ignore[list-item]
     assert refused.value.sqlstate == "22023"
     assert conn.execute("SELECT count(*) FROM treadle.jobs").fetchone() == (0,)
 
 
-@pytest.mark.parametrize(("jobs", "message"), [
-    ([{"name": "a", "run_in": "5 minutes"}], r"jobs\[0\] has 'run_in', which enqueue does not take"),
-    ([{"name": "a"}, {"nam": "typo"}], r"jobs\[1\] has 'nam'"),
-    ([{"name": 5}], r"jobs\[0\]\['name'\] must be a string"),
-    ([{"name": "a", "priority": "high"}], r"jobs\[0\]\['priority'\] must be an integer"),
-    ([{"name": "a", "max_attempts": 2**40}], r"jobs\[0\]\['max_attempts'\] must be between"),
-    ([{"name": "a", "run_at": datetime(2030, 1, 1)}], r"jobs\[0\]\['run_at'\] must be an aware datetime"),
-    ([{"name": "a", "run_at": "2030-01-01"}], r"jobs\[0\]\['run_at'\] must be an aware datetime"),
-    ([{"name": "a", "every": 60}], r"jobs\[0\]\['every'\] must be a datetime.timedelta"),
-    ([{"name": "a", "args": {"v": float("nan")}}], r"jobs\[0\]\['args'\]\['v'\] is nan"),
-    ("name", "jobs must be a list of dicts, not str"),
-    ({"name": "a"}, "jobs must be a list of dicts, not dict"),
-    (None, "jobs must be a list of dicts, not NoneType"),
-])
+@pytest.mark.parametrize(
+    ("jobs", "message"),
+    [
+        ([{"name": "a", "run_in": "5 minutes"}], r"jobs\[0\] has 'run_in', which enqueue does not take"),
+        ([{"name": "a"}, {"nam": "typo"}], r"jobs\[1\] has 'nam'"),
+        ([{"name": 5}], r"jobs\[0\]\['name'\] must be a string"),
+        ([{"name": "a", "priority": "high"}], r"jobs\[0\]\['priority'\] must be an integer"),
+        ([{"name": "a", "max_attempts": 2**40}], r"jobs\[0\]\['max_attempts'\] must be between"),
+        ([{"name": "a", "run_at": datetime(2030, 1, 1)}], r"jobs\[0\]\['run_at'\] must be an aware datetime"),
+        ([{"name": "a", "run_at": "2030-01-01"}], r"jobs\[0\]\['run_at'\] must be an aware datetime"),
+        ([{"name": "a", "every": 60}], r"jobs\[0\]\['every'\] must be a datetime.timedelta"),
+        ([{"name": "a", "args": {"v": float("nan")}}], r"jobs\[0\]\['args'\]\['v'\] is nan"),
+        ("name", "jobs must be a list of dicts, not str"),
+        ({"name": "a"}, "jobs must be a list of dicts, not dict"),
+        (None, "jobs must be a list of dicts, not NoneType"),
+    ],
+)
 def test_enqueue_many_bad_arguments_send_nothing(module_dsn: str, jobs: Any, message: str) -> None:
     with psycopg.connect(module_dsn) as conn:
         with pytest.raises(treadle.InvalidArgument, match=message) as refused:

@@ -9,6 +9,7 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
+
 from treadle import InvalidArgument
 from treadle._json import to_json, to_jsonb
 
@@ -20,9 +21,17 @@ class Level(IntEnum):
 def test_what_json_holds_goes_through_unchanged() -> None:
     shared = {"k": [1, 2]}
     value = {
-        "text": "héllo ☃ \u2028", "int": 10**30, "float": -1.25e-7, "bool": False, "none": None,
-        "list": [1, [2, [3]]], "tuple": (1, 2), "shared": [shared, shared], "ordered": OrderedDict(a=1),
-        "enum": Level.HIGH, "": "empty key",
+        "text": "héllo ☃ \u2028",
+        "int": 10**30,
+        "float": -1.25e-7,
+        "bool": False,
+        "none": None,
+        "list": [1, [2, [3]]],
+        "tuple": (1, 2),
+        "shared": [shared, shared],
+        "ordered": OrderedDict(a=1),
+        "enum": Level.HIGH,
+        "": "empty key",
     }
     assert json.loads(to_json(value, "args")) == json.loads(json.dumps(value))
 
@@ -48,21 +57,24 @@ def test_nesting_too_deep_to_encode() -> None:
         to_json(value, "args")
 
 
-@pytest.mark.parametrize(("value", "message"), [
-    (float("nan"), "args is nan: JSON has no NaN or infinity"),
-    ({"a": {"b": [0, float("inf")]}}, r"args\['a'\]\['b'\]\[1\] is inf"),
-    ([float("-inf")], r"args\[0\] is -inf"),
-    ({"s": frozenset()}, r"args\['s'\] is a frozenset.*use a list"),
-    ({"b": bytearray(b"x")}, "is a bytearray.*base64"),
-    ({"u": uuid4()}, r"is a UUID.*str\(uuid\)"),
-    ({(1, 2): "tuple key"}, r"key \(1, 2\) of type tuple"),
-    ({None: 1}, "key None of type NoneType"),
-    ({True: 1}, "key True of type bool"),
-    ({"nul": "a\x00b"}, r"args\['nul'\] contains a NUL character"),
-    ({"a\x00": 1}, "key 'a\\\\x00' contains a NUL character"),
-    ({"bad": "\ud800"}, r"args\['bad'\] is not valid Unicode text"),
-    ({"f": print}, "is a builtin_function_or_method"),
-])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (float("nan"), "args is nan: JSON has no NaN or infinity"),
+        ({"a": {"b": [0, float("inf")]}}, r"args\['a'\]\['b'\]\[1\] is inf"),
+        ([float("-inf")], r"args\[0\] is -inf"),
+        ({"s": frozenset()}, r"args\['s'\] is a frozenset.*use a list"),
+        ({"b": bytearray(b"x")}, "is a bytearray.*base64"),
+        ({"u": uuid4()}, r"is a UUID.*str\(uuid\)"),
+        ({(1, 2): "tuple key"}, r"key \(1, 2\) of type tuple"),
+        ({None: 1}, "key None of type NoneType"),
+        ({True: 1}, "key True of type bool"),
+        ({"nul": "a\x00b"}, r"args\['nul'\] contains a NUL character"),
+        ({"a\x00": 1}, "key 'a\\\\x00' contains a NUL character"),
+        ({"bad": "\ud800"}, r"args\['bad'\] is not valid Unicode text"),
+        ({"f": print}, "is a builtin_function_or_method"),
+    ],
+)
 def test_refused_values_name_where_they_are(value: Any, message: str) -> None:
     with pytest.raises(InvalidArgument, match=message) as refused:
         to_json(value, "args")

@@ -7,10 +7,11 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-import treadle
 from sqlalchemy import Engine, Integer, String, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+import treadle
 
 
 class Base(DeclarativeBase):
@@ -116,16 +117,18 @@ def test_asyncio_sessions_use_the_connection_underneath(dsn: str) -> None:
                 await conn.run_sync(Base.metadata.create_all)
             async with AsyncSession(engine) as session:
                 with pytest.raises(TypeError, match="get_raw_connection"):
-                    treadle.enqueue(session, "x")
+                    treadle.enqueue(session, "x")  # type: ignore[call-overload]
                 session.add(Order(id=1, item="book"))
                 # the one-liner the client documents
                 raw = await (await session.connection()).get_raw_connection()
+                assert raw.driver_connection is not None
                 job_id = await treadle.enqueue(raw.driver_connection, "ship", {"order": 1})
                 assert job_id > 0
                 await session.commit()
             async with AsyncSession(engine) as session:
                 session.add(Order(id=2, item="pen"))
                 raw = await (await session.connection()).get_raw_connection()
+                assert raw.driver_connection is not None
                 await treadle.enqueue(raw.driver_connection, "ship", {"order": 2})
                 await session.rollback()
         finally:

@@ -9,8 +9,9 @@ from typing import Any
 
 import psycopg
 import pytest
+
 import treadle
-from producer_support import SqlWorker
+from tests.client.producer_support import SqlWorker
 
 DEEP = "[" * 1500 + "]" * 1500
 STEPS = ["only"]
@@ -21,8 +22,9 @@ def deepen(conn: psycopg.Connection[Any], sql: str, row_id: int) -> None:
     conn.execute(sql, {"deep": DEEP, "id": row_id})
 
 
-def test_wait_and_get_job_on_a_result_too_deep_to_decode(dsn: str, conn: psycopg.Connection[Any],
-                                                          sql_worker: SqlWorker) -> None:
+def test_wait_and_get_job_on_a_result_too_deep_to_decode(
+    dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker
+) -> None:
     job_id = treadle.enqueue(conn, "x")
     sql_worker.complete(job_id, {"fine": True})
     deepen(conn, "UPDATE treadle.jobs SET result = %(deep)s::jsonb WHERE id = %(id)s", job_id)
@@ -41,14 +43,18 @@ def test_wait_and_get_job_on_a_result_too_deep_to_decode(dsn: str, conn: psycopg
     asyncio.run(scenario())
 
 
-def test_wait_workflow_on_results_too_deep_to_decode(dsn: str, conn: psycopg.Connection[Any],
-                                                     sql_worker: SqlWorker) -> None:
+def test_wait_workflow_on_results_too_deep_to_decode(
+    dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker
+) -> None:
     run_id = treadle.start_workflow(conn, "w", {}, steps=STEPS)
     row = conn.execute("SELECT id FROM treadle.jobs WHERE workflow_run_id = %s", [run_id]).fetchone()
     assert row is not None
     sql_worker.complete(row[0], {"fine": True})
-    deepen(conn, "UPDATE treadle.workflow_runs SET results = jsonb_build_object('only', %(deep)s::jsonb) "
-                 "WHERE id = %(id)s", run_id)
+    deepen(
+        conn,
+        "UPDATE treadle.workflow_runs SET results = jsonb_build_object('only', %(deep)s::jsonb) WHERE id = %(id)s",
+        run_id,
+    )
     with pytest.raises(treadle.UndecodablePayload, match=f"workflow run {run_id}'s results is nested too deeply"):
         treadle.wait_workflow(dsn, run_id, timeout=5)
     with pytest.raises(treadle.UndecodablePayload):

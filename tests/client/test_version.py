@@ -10,8 +10,9 @@ from typing import Any
 import psycopg
 import psycopg.rows
 import pytest
-import treadle
 from psycopg.pq import TransactionStatus
+
+import treadle
 from treadle import _compat
 
 

@@ -14,9 +14,19 @@ from typing import Any
 
 import psycopg
 import pytest
-import treadle
-from producer_support import PATIENCE, Background, SqlWorker, backend_of, until_gone, until_job_read, with_app_name
 from psycopg.pq import TransactionStatus
+
+import treadle
+from tests.client.producer_support import (
+    PATIENCE,
+    Background,
+    SqlWorker,
+    backend_of,
+    transaction_status,
+    until_gone,
+    until_job_read,
+    with_app_name,
+)
 from treadle import _sql
 
 HOUR = 3600.0
@@ -109,8 +119,9 @@ def test_unknown_job(dsn: str, conn: psycopg.Connection[Any]) -> None:
         treadle.wait(conn, 424242)
 
 
-def test_borrows_an_idle_autocommit_connection_for_listen(conn: psycopg.Connection[Any], dsn: str,
-                                                          sql_worker: SqlWorker) -> None:
+def test_borrows_an_idle_autocommit_connection_for_listen(
+    conn: psycopg.Connection[Any], dsn: str, sql_worker: SqlWorker
+) -> None:
     job_id = treadle.enqueue(conn, "x", queue="q1")
     with psycopg.connect(dsn, autocommit=True) as caller:
         pid = caller.info.backend_pid
@@ -126,8 +137,9 @@ def test_borrows_an_idle_autocommit_connection_for_listen(conn: psycopg.Connecti
         assert list(caller.notifies(timeout=0)) == []
 
 
-def test_a_connection_listening_to_its_own_channels_is_only_polled(conn: psycopg.Connection[Any], dsn: str,
-                                                                    sql_worker: SqlWorker) -> None:
+def test_a_connection_listening_to_its_own_channels_is_only_polled(
+    conn: psycopg.Connection[Any], dsn: str, sql_worker: SqlWorker
+) -> None:
     job_id = treadle.enqueue(conn, "x")
     with psycopg.connect(dsn, autocommit=True) as caller:
         caller.execute("LISTEN mine")
@@ -141,8 +153,9 @@ def test_a_connection_listening_to_its_own_channels_is_only_polled(conn: psycopg
         assert [n.payload for n in caller.notifies(timeout=PATIENCE, stop_after=1)] == ["for the caller"]
 
 
-def test_inside_the_callers_transaction_it_polls_and_leaves_it_open(dsn: str, conn: psycopg.Connection[Any],
-                                                                    sql_worker: SqlWorker) -> None:
+def test_inside_the_callers_transaction_it_polls_and_leaves_it_open(
+    dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker
+) -> None:
     job_id = treadle.enqueue(conn, "x")
     with psycopg.connect(dsn) as caller:
         caller.execute("CREATE TABLE mine (v int)")
@@ -157,8 +170,9 @@ def test_inside_the_callers_transaction_it_polls_and_leaves_it_open(dsn: str, co
     assert conn.execute("SELECT count(*) FROM mine").fetchone() == (1,)
 
 
-def test_a_non_autocommit_idle_connection_is_left_idle(dsn: str, conn: psycopg.Connection[Any],
-                                                       sql_worker: SqlWorker) -> None:
+def test_a_non_autocommit_idle_connection_is_left_idle(
+    dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker
+) -> None:
     job_id = treadle.enqueue(conn, "x")
     with psycopg.connect(dsn) as caller:
         with pytest.raises(treadle.WaitTimeout):
@@ -198,8 +212,9 @@ def test_async_wait_borrows_listen(dsn: str, conn: psycopg.Connection[Any], sql_
     assert asyncio.run(scenario()) == ({"async": True}, (0,))
 
 
-def test_async_wait_in_a_transaction_and_outcomes(dsn: str, conn: psycopg.Connection[Any],
-                                                  sql_worker: SqlWorker) -> None:
+def test_async_wait_in_a_transaction_and_outcomes(
+    dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker
+) -> None:
     job_id = treadle.enqueue(conn, "x")
     failed = treadle.enqueue(conn, "y", max_attempts=1)
     sql_worker.fail(failed, "nope")
@@ -218,7 +233,7 @@ def test_async_wait_in_a_transaction_and_outcomes(dsn: str, conn: psycopg.Connec
 
             await asyncio.to_thread(finish)
             result = await asyncio.wait_for(waiting, PATIENCE)
-            assert aconn.info.transaction_status == TransactionStatus.INTRANS
+            assert transaction_status(aconn) == TransactionStatus.INTRANS
             with pytest.raises(treadle.WaitTimeout):
                 await treadle.wait(aconn, treadle.enqueue(conn, "z"), timeout=0.1, poll_interval=0.05)
             return result
@@ -226,9 +241,13 @@ def test_async_wait_in_a_transaction_and_outcomes(dsn: str, conn: psycopg.Connec
     assert asyncio.run(scenario()) == 5
 
 
-def test_a_refused_listen_falls_back_to_polling(dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker,
-                                                monkeypatch: pytest.MonkeyPatch,
-                                                caplog: pytest.LogCaptureFixture) -> None:
+def test_a_refused_listen_falls_back_to_polling(
+    dsn: str,
+    conn: psycopg.Connection[Any],
+    sql_worker: SqlWorker,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # a statement the server refuses stands in for a pooler that refuses LISTEN
     monkeypatch.setattr(_sql, "LISTEN_DONE", "LISTEN")
     job_id = treadle.enqueue(conn, "x")
@@ -248,8 +267,9 @@ def test_a_refused_listen_falls_back_to_polling(dsn: str, conn: psycopg.Connecti
     assert sum("LISTEN refused" in record.getMessage() for record in caplog.records) == 2
 
 
-def test_dsn_wait_survives_losing_its_connection(dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker,
-                                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_dsn_wait_survives_losing_its_connection(
+    dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker, caplog: pytest.LogCaptureFixture
+) -> None:
     job_id = treadle.enqueue(conn, "x")
     with caplog.at_level(logging.WARNING, logger="treadle"):
         waiter = Background(lambda: treadle.wait(with_app_name(dsn, "doomed"), job_id, poll_interval=0.05))
@@ -270,14 +290,17 @@ def test_a_database_without_the_extension(dsn: str, conn: psycopg.Connection[Any
         treadle.wait(conn, 1, timeout=PATIENCE)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"job_id": "1"}, "job_id must be an integer"),
-    ({"timeout": -1}, "timeout must be at least 0"),
-    ({"timeout": float("nan")}, "timeout must be a finite number"),
-    ({"timeout": "5"}, "timeout must be a number of seconds or a timedelta"),
-    ({"poll_interval": 0}, "poll_interval must be positive"),
-    ({"listen": "yes"}, "listen must be True or False"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"job_id": "1"}, "job_id must be an integer"),
+        ({"timeout": -1}, "timeout must be at least 0"),
+        ({"timeout": float("nan")}, "timeout must be a finite number"),
+        ({"timeout": "5"}, "timeout must be a number of seconds or a timedelta"),
+        ({"poll_interval": 0}, "poll_interval must be positive"),
+        ({"listen": "yes"}, "listen must be True or False"),
+    ],
+)
 def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
     call: dict[str, Any] = {"job_id": 1, **kwargs}
     with pytest.raises(treadle.InvalidArgument, match=message):
@@ -286,7 +309,7 @@ def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
 
 def test_not_a_connection() -> None:
     with pytest.raises(TypeError, match="psycopg Connection or AsyncConnection"):
-        treadle.wait(42, 1)
+        treadle.wait(42, 1)  # type: ignore[call-overload]
 
 
 def test_a_dsn_that_cannot_connect_is_an_error_at_once() -> None:

@@ -16,10 +16,19 @@ from typing import Any
 
 import psycopg
 import pytest
-import treadle
-from producer_support import PATIENCE, Background, SqlWorker, backend_of, until_gone, with_app_name
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
+
+import treadle
+from tests.client.producer_support import (
+    PATIENCE,
+    Background,
+    SqlWorker,
+    backend_of,
+    transaction_status,
+    until_gone,
+    with_app_name,
+)
 from treadle import _sql
 
 HOUR = 3600.0
@@ -61,14 +70,16 @@ def until_run_read(conn: psycopg.Connection[Any], pid: int) -> None:
 
 
 def run_row(conn: psycopg.Connection[Any], run_id: int) -> tuple[Any, ...]:
-    row = conn.execute("SELECT state, results, finished_at FROM treadle.workflow_runs WHERE id = %s",
-                       [run_id]).fetchone()
+    row = conn.execute(
+        "SELECT state, results, finished_at FROM treadle.workflow_runs WHERE id = %s", [run_id]
+    ).fetchone()
     assert row is not None
     return tuple(row)
 
 
-def test_dsn_wait_is_woken_by_listen_and_returns_every_steps_result(dsn: str, conn: psycopg.Connection[Any],
-                                                                    sql_worker: SqlWorker) -> None:
+def test_dsn_wait_is_woken_by_listen_and_returns_every_steps_result(
+    dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker
+) -> None:
     run_id = start(conn)
     waiter = Background(lambda: treadle.wait_workflow(with_app_name(dsn, "run-waiter"), run_id, poll_interval=HOUR))
     until_run_read(conn, backend_of(conn, "run-waiter"))
@@ -78,28 +89,39 @@ def test_dsn_wait_is_woken_by_listen_and_returns_every_steps_result(dsn: str, co
     until_gone(conn, "run-waiter")  # the waiter closed its own connection
 
 
-def test_dsn_wait_polls_without_listen(dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker,
-                                       monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_dsn_wait_polls_without_listen(
+    dsn: str,
+    conn: psycopg.Connection[Any],
+    sql_worker: SqlWorker,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # a LISTEN the server refuses would log a warning: none is logged, so none was sent
     monkeypatch.setattr(_sql, "LISTEN_DONE", "LISTEN")
     run_id = start(conn)
     with caplog.at_level(logging.WARNING, logger="treadle"):
-        waiter = Background(lambda: treadle.wait_workflow(with_app_name(dsn, "run-poller"), run_id, listen=False,
-                                                          poll_interval=0.05))
+        waiter = Background(
+            lambda: treadle.wait_workflow(with_app_name(dsn, "run-poller"), run_id, listen=False, poll_interval=0.05)
+        )
         until_run_read(conn, backend_of(conn, "run-poller"))
         finish_run(sql_worker, run_id)
         assert waiter.outcome() == RESULTS
     assert not [record for record in caplog.records if "LISTEN" in record.getMessage()]
 
 
-def test_a_refused_listen_falls_back_to_polling(dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker,
-                                                monkeypatch: pytest.MonkeyPatch,
-                                                caplog: pytest.LogCaptureFixture) -> None:
+def test_a_refused_listen_falls_back_to_polling(
+    dsn: str,
+    conn: psycopg.Connection[Any],
+    sql_worker: SqlWorker,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     monkeypatch.setattr(_sql, "LISTEN_DONE", "LISTEN")
     run_id = start(conn)
     with caplog.at_level(logging.WARNING, logger="treadle"):
-        waiter = Background(lambda: treadle.wait_workflow(with_app_name(dsn, "run-refused"), run_id,
-                                                          poll_interval=0.05))
+        waiter = Background(
+            lambda: treadle.wait_workflow(with_app_name(dsn, "run-refused"), run_id, poll_interval=0.05)
+        )
         until_run_read(conn, backend_of(conn, "run-refused"))
         finish_run(sql_worker, run_id)
         assert waiter.outcome() == RESULTS
@@ -117,7 +139,10 @@ def test_finished_runs_answer_at_once(conn: psycopg.Connection[Any], sql_worker:
     with pytest.raises(treadle.WorkflowFailed) as run_failed:
         treadle.wait_workflow(conn, failed, timeout=0)
     assert (run_failed.value.run_id, run_failed.value.step, run_failed.value.error) == (
-        failed, "charge", "card declined")
+        failed,
+        "charge",
+        "card declined",
+    )
     assert "card declined" in str(run_failed.value) and "'charge'" in str(run_failed.value)
     assert isinstance(run_failed.value, treadle.TreadleError)
 
@@ -129,8 +154,9 @@ def test_finished_runs_answer_at_once(conn: psycopg.Connection[Any], sql_worker:
     assert isinstance(run_cancelled.value, treadle.TreadleError)
 
 
-def test_sync_connection_borrowed_for_listen_sees_the_failing_step(conn: psycopg.Connection[Any], dsn: str,
-                                                                  sql_worker: SqlWorker) -> None:
+def test_sync_connection_borrowed_for_listen_sees_the_failing_step(
+    conn: psycopg.Connection[Any], dsn: str, sql_worker: SqlWorker
+) -> None:
     run_id = start(conn, max_attempts=1)
     with psycopg.connect(dsn, autocommit=True) as caller:
         waiter = Background(lambda: treadle.wait_workflow(caller, run_id, poll_interval=HOUR))
@@ -149,8 +175,9 @@ def test_sync_connection_borrowed_for_listen_sees_the_failing_step(conn: psycopg
     assert run_row(conn, run_id)[0] == "failed"
 
 
-def test_a_retried_step_resumes_the_run_and_the_wait(dsn: str, conn: psycopg.Connection[Any],
-                                                     sql_worker: SqlWorker) -> None:
+def test_a_retried_step_resumes_the_run_and_the_wait(
+    dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker
+) -> None:
     run_id = start(conn, max_attempts=1)
     finish_step(sql_worker, run_id, RESULTS["reserve"])
     charge = pending_step(conn, run_id)
@@ -180,10 +207,13 @@ def test_timeout_leaves_the_run_alone(dsn: str, conn: psycopg.Connection[Any], s
     with pytest.raises(treadle.WaitTimeout):
         treadle.wait_workflow(conn, run_id, timeout=0)
     assert run_row(conn, run_id) == ("running", {"reserve": RESULTS["reserve"]}, None)
-    assert conn.execute(
-        "SELECT id, state, attempt, cancel_requested FROM treadle.jobs WHERE workflow_run_id = %s ORDER BY id",
-        [run_id],
-    ).fetchall() == before
+    assert (
+        conn.execute(
+            "SELECT id, state, attempt, cancel_requested FROM treadle.jobs WHERE workflow_run_id = %s ORDER BY id",
+            [run_id],
+        ).fetchall()
+        == before
+    )
     # waiting again later picks the same run up
     finish_step(sql_worker, run_id, RESULTS["charge"])
     finish_step(sql_worker, run_id, RESULTS["ship"])
@@ -203,8 +233,9 @@ def test_unknown_run(dsn: str, conn: psycopg.Connection[Any]) -> None:
         treadle.wait_workflow(conn, job_id)
 
 
-def test_inside_the_callers_transaction_it_polls_and_leaves_it_open(dsn: str, conn: psycopg.Connection[Any],
-                                                                    sql_worker: SqlWorker) -> None:
+def test_inside_the_callers_transaction_it_polls_and_leaves_it_open(
+    dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker
+) -> None:
     run_id = start(conn)
     with psycopg.connect(dsn) as caller:
         caller.execute("CREATE TABLE mine (v int)")
@@ -219,8 +250,9 @@ def test_inside_the_callers_transaction_it_polls_and_leaves_it_open(dsn: str, co
     assert conn.execute("SELECT count(*) FROM mine").fetchone() == (1,)
 
 
-def test_a_non_autocommit_idle_connection_is_left_idle(dsn: str, conn: psycopg.Connection[Any],
-                                                       sql_worker: SqlWorker) -> None:
+def test_a_non_autocommit_idle_connection_is_left_idle(
+    dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker
+) -> None:
     run_id = start(conn)
     with psycopg.connect(dsn) as caller:
         with pytest.raises(treadle.WaitTimeout):
@@ -236,14 +268,16 @@ def test_a_repeatable_read_transaction_is_refused(dsn: str, conn: psycopg.Connec
     with psycopg.connect(dsn) as caller:
         caller.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         caller.execute("SELECT 1")
-        with pytest.raises(treadle.InvalidArgument,
-                           match="wait_workflow cannot see .* the workflow run .* repeatable read"):
+        with pytest.raises(
+            treadle.InvalidArgument, match=r"wait_workflow cannot see .* the workflow run .* repeatable read"
+        ):
             treadle.wait_workflow(caller, run_id, timeout=PATIENCE)
         assert caller.info.transaction_status == TransactionStatus.INTRANS
 
 
-def test_async_wait_borrows_listen_and_sees_a_cancel(dsn: str, conn: psycopg.Connection[Any],
-                                                     sql_worker: SqlWorker) -> None:
+def test_async_wait_borrows_listen_and_sees_a_cancel(
+    dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker
+) -> None:
     run_id = start(conn)
     finish_step(sql_worker, run_id, RESULTS["reserve"])
     charge = pending_step(conn, run_id)
@@ -269,8 +303,9 @@ def test_async_wait_borrows_listen_and_sees_a_cancel(dsn: str, conn: psycopg.Con
     assert asyncio.run(scenario()) == (run_id, (0,))
 
 
-def test_async_wait_in_a_transaction_and_outcomes(dsn: str, conn: psycopg.Connection[Any],
-                                                  sql_worker: SqlWorker) -> None:
+def test_async_wait_in_a_transaction_and_outcomes(
+    dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker
+) -> None:
     failed = start(conn, "failing", max_attempts=1)
     sql_worker.fail(pending_step(conn, failed), "out of stock")
     run_id = start(conn)
@@ -292,7 +327,7 @@ def test_async_wait_in_a_transaction_and_outcomes(dsn: str, conn: psycopg.Connec
 
             await asyncio.to_thread(finish)
             result = await asyncio.wait_for(waiting, PATIENCE)
-            assert aconn.info.transaction_status == TransactionStatus.INTRANS
+            assert transaction_status(aconn) == TransactionStatus.INTRANS
             with pytest.raises(treadle.WaitTimeout) as timed_out:
                 await treadle.wait_workflow(aconn, start(conn, "slow"), timeout=0.1, poll_interval=0.05)
             assert timed_out.value.job_id is None
@@ -310,16 +345,19 @@ def test_a_database_without_the_extension(dsn: str, conn: psycopg.Connection[Any
         treadle.wait_workflow(conn, 1, timeout=PATIENCE)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"run_id": "1"}, "run_id must be an integer"),
-    ({"run_id": True}, "run_id must be an integer"),
-    ({"run_id": 2**63}, "run_id must be between"),
-    ({"timeout": -1}, "timeout must be at least 0"),
-    ({"timeout": float("nan")}, "timeout must be a finite number"),
-    ({"timeout": "5"}, "timeout must be a number of seconds or a timedelta"),
-    ({"poll_interval": 0}, "poll_interval must be positive"),
-    ({"listen": "yes"}, "listen must be True or False"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"run_id": "1"}, "run_id must be an integer"),
+        ({"run_id": True}, "run_id must be an integer"),
+        ({"run_id": 2**63}, "run_id must be between"),
+        ({"timeout": -1}, "timeout must be at least 0"),
+        ({"timeout": float("nan")}, "timeout must be a finite number"),
+        ({"timeout": "5"}, "timeout must be a number of seconds or a timedelta"),
+        ({"poll_interval": 0}, "poll_interval must be positive"),
+        ({"listen": "yes"}, "listen must be True or False"),
+    ],
+)
 def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
     call: dict[str, Any] = {"run_id": 1, **kwargs}
     with pytest.raises(treadle.InvalidArgument, match=message):
@@ -328,4 +366,4 @@ def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
 
 def test_not_a_connection() -> None:
     with pytest.raises(TypeError, match="psycopg Connection or AsyncConnection"):
-        treadle.wait_workflow(42, 1)
+        treadle.wait_workflow(42, 1)  # type: ignore[call-overload]

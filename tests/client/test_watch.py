@@ -15,8 +15,9 @@ from typing import Any
 
 import psycopg
 import pytest
+
 import treadle
-from producer_support import PATIENCE, Background, SqlWorker, backend_of, until_gone, with_app_name
+from tests.client.producer_support import PATIENCE, Background, SqlWorker, backend_of, until_gone, with_app_name
 from treadle import WatchEvent, _sql
 
 HOUR = 3600.0
@@ -28,12 +29,15 @@ class Watcher:
         self.events: queue.Queue[WatchEvent] = queue.Queue()
         self.stop = threading.Event()
         if iterator:
+
             def run() -> None:
                 for event in treadle.watch(dsn, queues, stop=self.stop, **options):
                     self.events.put(event)
         else:
+
             def run() -> None:
                 treadle.watch(dsn, queues, self.events.put, stop=self.stop, **options)
+
         self.runner = Background(run)
 
     def next(self) -> WatchEvent:
@@ -53,9 +57,9 @@ def watchers() -> Iterator[list[Watcher]]:
 
 
 @pytest.mark.parametrize("iterator", [False, True], ids=["callback", "iterator"])
-def test_queued_and_done_events_for_the_watched_queues(dsn: str, conn: psycopg.Connection[Any],
-                                                       sql_worker: SqlWorker, watchers: list[Watcher],
-                                                       iterator: bool) -> None:
+def test_queued_and_done_events_for_the_watched_queues(
+    dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker, watchers: list[Watcher], iterator: bool
+) -> None:
     watcher = Watcher(with_app_name(dsn, "watcher"), ["mail", "sms"], iterator=iterator, poll_interval=HOUR)
     watchers.append(watcher)
     assert watcher.next() == POLL  # listening has begun: read now
@@ -64,7 +68,7 @@ def test_queued_and_done_events_for_the_watched_queues(dsn: str, conn: psycopg.C
     treadle.enqueue(conn, "resize", queue="images")  # not watched
     sql_worker.complete(job_id, {"sent": True})
     event = watcher.next()
-    assert event == ("done", "mail") and (event.kind, event.queue) == ("done", "mail")
+    assert (event.kind, event.queue) == ("done", "mail") and event == ("done", "mail")
     treadle.start_workflow(conn, "notify", steps=["a"], queue="sms")
     assert watcher.next() == ("queued", "sms")
     watcher.close()
@@ -72,8 +76,9 @@ def test_queued_and_done_events_for_the_watched_queues(dsn: str, conn: psycopg.C
     until_gone(conn, "watcher")
 
 
-def test_every_queue_when_queues_is_none(dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker,
-                                         watchers: list[Watcher]) -> None:
+def test_every_queue_when_queues_is_none(
+    dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker, watchers: list[Watcher]
+) -> None:
     watcher = Watcher(dsn, None, poll_interval=HOUR)
     watchers.append(watcher)
     assert watcher.next() == POLL
@@ -100,9 +105,13 @@ def test_the_timer_ticks_alongside_listen(dsn: str, conn: psycopg.Connection[Any
     watcher.close()
 
 
-def test_a_refused_listen_leaves_the_timer(dsn: str, conn: psycopg.Connection[Any], watchers: list[Watcher],
-                                           monkeypatch: pytest.MonkeyPatch,
-                                           caplog: pytest.LogCaptureFixture) -> None:
+def test_a_refused_listen_leaves_the_timer(
+    dsn: str,
+    conn: psycopg.Connection[Any],
+    watchers: list[Watcher],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     monkeypatch.setattr(_sql, "LISTEN_JOBS", "LISTEN")  # the server refuses it, as a pooler might
     with caplog.at_level(logging.WARNING, logger="treadle"):
         watcher = Watcher(dsn, ["default"], poll_interval=0.05)
@@ -114,8 +123,9 @@ def test_a_refused_listen_leaves_the_timer(dsn: str, conn: psycopg.Connection[An
     assert any("LISTEN refused" in record.getMessage() for record in caplog.records)
 
 
-def test_reconnects_after_losing_its_connection(dsn: str, conn: psycopg.Connection[Any], watchers: list[Watcher],
-                                                caplog: pytest.LogCaptureFixture) -> None:
+def test_reconnects_after_losing_its_connection(
+    dsn: str, conn: psycopg.Connection[Any], watchers: list[Watcher], caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.WARNING, logger="treadle"):
         watcher = Watcher(with_app_name(dsn, "fragile"), ["default"], poll_interval=HOUR)
         watchers.append(watcher)
@@ -148,18 +158,21 @@ def test_a_database_without_the_extension(dsn: str, conn: psycopg.Connection[Any
         treadle.watch(dsn, ["default"], print, listen=False)
 
 
-@pytest.mark.parametrize(("args", "kwargs", "message"), [
-    ((42, ["q"]), {}, "dsn must be a connection string"),
-    (("dsn", "mail"), {}, "queues must be a list of names, not str"),
-    (("dsn", []), {}, "queues must be None"),
-    (("dsn", ["mail", " "]), {}, "queues must be None"),
-    (("dsn", ["mail", 3]), {}, r"queues\[1\] must be a string"),
-    (("dsn", ["q"]), {"poll_interval": 0}, "poll_interval must be positive"),
-    (("dsn", ["q"]), {"poll_interval": -1.5}, "poll_interval must be positive"),
-    (("dsn", ["q"]), {"listen": 1}, "listen must be True or False"),
-    (("dsn", ["q"]), {"stop": True}, "stop must be a threading.Event"),
-    (("dsn", ["q"], "not callable"), {}, "callback must be callable"),
-])
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        ((42, ["q"]), {}, "dsn must be a connection string"),
+        (("dsn", "mail"), {}, "queues must be a list of names, not str"),
+        (("dsn", []), {}, "queues must be None"),
+        (("dsn", ["mail", " "]), {}, "queues must be None"),
+        (("dsn", ["mail", 3]), {}, r"queues\[1\] must be a string"),
+        (("dsn", ["q"]), {"poll_interval": 0}, "poll_interval must be positive"),
+        (("dsn", ["q"]), {"poll_interval": -1.5}, "poll_interval must be positive"),
+        (("dsn", ["q"]), {"listen": 1}, "listen must be True or False"),
+        (("dsn", ["q"]), {"stop": True}, "stop must be a threading.Event"),
+        (("dsn", ["q"], "not callable"), {}, "callback must be callable"),
+    ],
+)
 def test_bad_arguments(args: tuple[Any, ...], kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(treadle.InvalidArgument, match=message):
         treadle.watch(*args, **kwargs)

@@ -22,12 +22,14 @@ def echo(args: Any, ctx: JobContext) -> Any:
 def step(name: str) -> Any:
     def run(input: Any, results: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         return {"step": name, "seen": sorted(results), "input": input}
+
     return run
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(threadName)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(threadName)s %(levelname)s %(message)s"
+    )
     worker = Worker(sys.argv[1])  # every option at its default
     worker.register("echo", echo)
     worker.workflow("pair", [Step("first", step("first")), Step("second", step("second"))])

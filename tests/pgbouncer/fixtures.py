@@ -71,8 +71,10 @@ pidfile = {folder / "pgbouncer.pid"}
         command[1:1] = ["-u", "postgres"]
     url = f"postgresql://{server.get('user', 'postgres')}@127.0.0.1:{port}/postgres"
     # it logs to its logfile; what it says before that goes to the log too
-    with (folder / "pgbouncer.stderr").open("wb") as stderr, \
-            subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr) as process:
+    with (
+        (folder / "pgbouncer.stderr").open("wb") as stderr,
+        subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr) as process,
+    ):
         try:
             _until_it_answers(url, process, folder)
             yield url
@@ -103,4 +105,4 @@ def _until_it_answers(url: str, process: subprocess.Popen[bytes], folder: Path) 
 @pytest.fixture
 def bouncer_dsn(pgbouncer_url: str, dsn: str) -> str:
     """The test's own database (the `dsn` fixture's), reached through PgBouncer in transaction mode."""
-    return _with_db(pgbouncer_url, psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
+    return _with_db(pgbouncer_url, str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]))

@@ -80,15 +80,19 @@ def counts(conn: psycopg.Connection[Any]) -> dict[str, int]:
 
 
 def listening_backends(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%%' "
-                       "AND datname = current_database()").fetchone()
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%%' AND datname = current_database()"
+    ).fetchone()
     assert row is not None
     return int(row[0])
 
 
 def test_a_worker_with_default_options_drains_jobs_through_pgbouncer(
-        producer: psycopg.Connection[Any], conn: psycopg.Connection[Any], bouncer_dsn: str,
-        start_worker: Callable[[str], WorkerProcess]) -> None:
+    producer: psycopg.Connection[Any],
+    conn: psycopg.Connection[Any],
+    bouncer_dsn: str,
+    start_worker: Callable[[str], WorkerProcess],
+) -> None:
     with producer.transaction():
         ids = treadle.enqueue_many(producer, [{"name": "echo", "args": {"n": n}} for n in range(JOBS - 20)])
         ids += [treadle.enqueue(producer, "echo", {"n": n}) for n in range(JOBS - 20, JOBS)]
@@ -106,8 +110,11 @@ def test_a_worker_with_default_options_drains_jobs_through_pgbouncer(
 
 
 def test_a_workflow_and_the_waits_through_pgbouncer(
-        producer: psycopg.Connection[Any], conn: psycopg.Connection[Any], bouncer_dsn: str,
-        start_worker: Callable[[str], WorkerProcess]) -> None:
+    producer: psycopg.Connection[Any],
+    conn: psycopg.Connection[Any],
+    bouncer_dsn: str,
+    start_worker: Callable[[str], WorkerProcess],
+) -> None:
     worker = start_worker(bouncer_dsn)
     job_id = treadle.enqueue(producer, "echo", {"hello": "pooler"})
     assert treadle.wait(bouncer_dsn, job_id, timeout=PATIENCE) == {"hello": "pooler"}
@@ -124,14 +131,18 @@ def test_a_workflow_and_the_waits_through_pgbouncer(
 
     # a direct listen_dsn beside the pooler: the wait is woken by NOTIFY, not by its (hour-long) timer
     later = treadle.enqueue(producer, "echo", {"woken": True})
-    assert treadle.wait(bouncer_dsn, later, timeout=PATIENCE, poll_interval=3600,
-                        listen_dsn=conn.info.dsn) == {"woken": True}
+    assert treadle.wait(bouncer_dsn, later, timeout=PATIENCE, poll_interval=3600, listen_dsn=conn.info.dsn) == {
+        "woken": True
+    }
     assert worker.stop() == 0, worker.log()
 
 
 def test_watch_through_pgbouncer_polls_and_listens_on_listen_dsn(
-        producer: psycopg.Connection[Any], conn: psycopg.Connection[Any], bouncer_dsn: str,
-        start_worker: Callable[[str], WorkerProcess]) -> None:
+    producer: psycopg.Connection[Any],
+    conn: psycopg.Connection[Any],
+    bouncer_dsn: str,
+    start_worker: Callable[[str], WorkerProcess],
+) -> None:
     stop = threading.Event()
     polled = treadle.watch(bouncer_dsn, ["default"], poll_interval=0.1, stop=stop)
     assert [next(polled) for _ in range(3)] == [treadle.WatchEvent("poll", None)] * 3
@@ -139,8 +150,11 @@ def test_watch_through_pgbouncer_polls_and_listens_on_listen_dsn(
     polled.close()
 
     heard: list[treadle.WatchEvent] = []
-    watcher = threading.Thread(target=treadle.watch, args=(bouncer_dsn, ["default"], heard.append),
-                               kwargs={"poll_interval": 3600, "stop": stop, "listen_dsn": conn.info.dsn})
+    watcher = threading.Thread(
+        target=treadle.watch,
+        args=(bouncer_dsn, ["default"], heard.append),
+        kwargs={"poll_interval": 3600, "stop": stop, "listen_dsn": conn.info.dsn},
+    )
     watcher.start()
     try:
         wait_for(lambda: heard, "the first poll")

@@ -9,8 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 
-from sqlcalls import Connect
-
+from tests.sql.sqlcalls import Connect
 
 BACKLOG = 2000
 CLAIMERS = 8

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from croniter import croniter
 
-from sqlcalls import Connect, WaitBlocked, value
+from tests.sql.sqlcalls import Connect, WaitBlocked, value
 
 UTC = timezone.utc
 STEPS = 6  # occurrences compared after each start time
@@ -116,8 +116,12 @@ def transitions(zone: str, year_from: int = 2024, year_to: int = 2026) -> list[d
 def starts(zone: str) -> list[datetime]:
     """Ordinary start times, and times shortly before and on each change of the clocks."""
     tz = ZoneInfo(zone)
-    chosen = [datetime(2024, 1, 15, 10, 17, 23, tzinfo=tz), datetime(2025, 7, 4, 23, 59, 59, tzinfo=tz),
-              datetime(2024, 2, 28, 23, 30, tzinfo=tz), datetime(2025, 12, 31, 23, 59, tzinfo=tz)]
+    chosen = [
+        datetime(2024, 1, 15, 10, 17, 23, tzinfo=tz),
+        datetime(2025, 7, 4, 23, 59, 59, tzinfo=tz),
+        datetime(2024, 2, 28, 23, 30, tzinfo=tz),
+        datetime(2025, 12, 31, 23, 59, tzinfo=tz),
+    ]
     for change in transitions(zone):
         for before in (timedelta(hours=26), timedelta(hours=3), timedelta(minutes=61), timedelta(minutes=1)):
             chosen.append((change - before).astimezone(tz))
@@ -147,7 +151,8 @@ def treadle_chains(conn: psycopg.Connection, cases: list[tuple[str, str, datetim
     """For each (expression, zone, start): the next STEPS times, each cron_next of the one before."""
     rows = conn.execute(
         """with recursive input as (
-               select * from unnest(%s::text[], %s::text[], %s::timestamptz[]) with ordinality as i(cron, tz, start, ord)
+               select * from unnest(%s::text[], %s::text[], %s::timestamptz[])
+                        with ordinality as i(cron, tz, start, ord)
            ), chain(ord, n, at) as (
                select i.ord, 0, i.start from input as i
                union all
@@ -168,7 +173,7 @@ def test_cron_next_agrees_with_croniter(conn: psycopg.Connection, zone: str) -> 
     assert len(got) == len(cases)
     disagreements = [
         (expression, start.isoformat(), [m.isoformat() for m in want], [m.isoformat() for m in have])
-        for (expression, _, start), have in zip(cases, got)
+        for (expression, _, start), have in zip(cases, got, strict=True)
         if not croniter_half_hour_quirk(zone, expression, have)
         and have != (want := croniter_expects(expression, start))
     ]
@@ -186,9 +191,14 @@ def test_the_comparison_covers_clock_changes() -> None:
 
 def local(conn: psycopg.Connection, cron: str, zone: str, after: str) -> str:
     """The next time as the zone's clocks show it, with its UTC offset."""
-    return str(value(conn, "select to_char(treadle.cron_next(%s, %s, %s) at time zone %s, 'YYYY-MM-DD HH24:MI')"
-                           " || ' ' || to_char(treadle.cron_next(%s, %s, %s), 'TZH:TZM')",
-                     [cron, zone, after, zone, cron, zone, after]))
+    return str(
+        value(
+            conn,
+            "select to_char(treadle.cron_next(%s, %s, %s) at time zone %s, 'YYYY-MM-DD HH24:MI')"
+            " || ' ' || to_char(treadle.cron_next(%s, %s, %s), 'TZH:TZM')",
+            [cron, zone, after, zone, cron, zone, after],
+        )
+    )
 
 
 def test_a_skipped_time_runs_once_when_the_clocks_jump(conn: psycopg.Connection) -> None:
@@ -277,5 +287,7 @@ def test_replacing_a_schedule_while_its_occurrence_finishes(connect: Connect, wa
     replacer.commit()
 
     assert current == value(setup, "select next_id from treadle.jobs where id = %s", [job_id])
-    rows = setup.execute("select args, state from treadle.jobs where schedule = 'report' and id <> %s", [job_id]).fetchall()
+    rows = setup.execute(
+        "select args, state from treadle.jobs where schedule = 'report' and id <> %s", [job_id]
+    ).fetchall()
     assert rows == [({"v": 2}, "available")], "one waiting occurrence, with the new args"

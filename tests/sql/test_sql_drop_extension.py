@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from sqlcalls import Connect
+from tests.sql.sqlcalls import Connect
 
 pytestmark = pytest.mark.extension_only  # DROP and CREATE EXTENSION
 

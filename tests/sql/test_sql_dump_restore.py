@@ -9,9 +9,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from sqlcalls import Connect, value
 
 from tests.conftest import NewDatabase
+from tests.sql.sqlcalls import Connect, value
 
 BINDIR = Path(subprocess.run(["pg_config", "--bindir"], check=True, capture_output=True, text=True).stdout.strip())
 
@@ -31,7 +31,8 @@ def restored_url(new_database: NewDatabase) -> str:
 def fill(conn: psycopg.Connection) -> uuid.UUID:
     """Jobs in every state, a periodic series, workflow runs and a definition; returns a live lease token."""
     conn.execute(
-        """select treadle.enqueue_many((select jsonb_agg(jsonb_build_object('name', 'bulk', 'args', jsonb_build_object('n', g)))
+        """select treadle.enqueue_many((select jsonb_agg(jsonb_build_object('name', 'bulk',
+                                                                      'args', jsonb_build_object('n', g)))
                                           from generate_series(1, 50) as g))"""
     )
     conn.execute("select treadle.enqueue('keyed', idempotency_key => 'invoice-1')")
@@ -42,17 +43,21 @@ def fill(conn: psycopg.Connection) -> uuid.UUID:
     conn.execute("select treadle.define_workflow('signup', array['create', 'welcome'])")
     run_id = value(conn, "select treadle.start_workflow('signup', '{\"user\": 1}')")
     conn.execute(
-        "select treadle.complete(id, lease_token, '{\"account\": 9}') from treadle.claim('w', names => array['workflow:signup'])"
+        "select treadle.complete(id, lease_token, '{\"account\": 9}') "
+        "from treadle.claim('w', names => array['workflow:signup'])"
     )
     conn.execute("select treadle.start_workflow('other', steps => array['x'], idempotency_key => 'run-1')")
     assert conn.execute("select treadle.workflow_results(%s)", (run_id,)).fetchone() == ({"create": {"account": 9}},)
     row = conn.execute("select lease_token from treadle.claim('w', lease => '1 hour')").fetchone()
     assert row is not None
-    return row[0]
+    token: uuid.UUID = row[0]
+    return token
 
 
 @pytest.mark.subprocess
-def test_dump_and_restore_keeps_rows_and_sequences(connect: Connect, dsn: str, restored_url: str, tmp_path: Path) -> None:
+def test_dump_and_restore_keeps_rows_and_sequences(
+    connect: Connect, dsn: str, restored_url: str, tmp_path: Path
+) -> None:
     source = connect()
     live_token = fill(source)
     before = {table: source.execute(sql).fetchall() for table, sql in ROWS.items()}
@@ -71,17 +76,24 @@ def test_dump_and_restore_keeps_rows_and_sequences(connect: Connect, dsn: str, r
         new_job = value(restored, "select treadle.enqueue('after-restore')")
         assert new_job > max_job
         new_runs = restored.execute(
-            "select treadle.start_workflow('signup'), treadle.start_workflow('other', steps => array['x'], idempotency_key => 'run-1')"
+            "select treadle.start_workflow('signup'), "
+            "treadle.start_workflow('other', steps => array['x'], idempotency_key => 'run-1')"
         ).fetchone()
         assert new_runs is not None and new_runs[0] > max_run
-        assert restored.execute("select id from treadle.workflow_runs where idempotency_key = 'run-1'").fetchone() == (new_runs[1],)
+        assert restored.execute("select id from treadle.workflow_runs where idempotency_key = 'run-1'").fetchone() == (
+            new_runs[1],
+        )
         assert new_runs[1] <= max_run, "a restored workflow key still returns its run"
         keyed = next(row[0]["id"] for row in before["jobs"] if row[0]["idempotency_key"] == "invoice-1")
-        assert restored.execute("select treadle.enqueue('keyed', idempotency_key => 'invoice-1')").fetchone() == (keyed,)
+        assert restored.execute("select treadle.enqueue('keyed', idempotency_key => 'invoice-1')").fetchone() == (
+            keyed,
+        )
 
         # the restored queue works: the job that was running completes with the token it had
         running_id = next(row[0]["id"] for row in before["jobs"] if row[0]["state"] == "running")
-        assert restored.execute("select treadle.complete(%s, %s)", (running_id, live_token)).fetchone() == ("completed",)
+        assert restored.execute("select treadle.complete(%s, %s)", (running_id, live_token)).fetchone() == (
+            "completed",
+        )
         # and the restored run goes on to its end
         step = restored.execute(
             "select workflow_run_id, treadle.complete(id, lease_token, '\"hi\"') "

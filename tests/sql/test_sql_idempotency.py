@@ -11,18 +11,20 @@ import random
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from sqlcalls import Connect, WaitBlocked
-
+from tests.sql.sqlcalls import Connect, WaitBlocked
 
 CONNECTIONS = 50
 CALLS = 1000
 
 
-def run_on_pool(conns: list[psycopg.Connection], calls: int, call: Callable[[psycopg.Connection, int], object]) -> list:
+def run_on_pool(
+    conns: list[psycopg.Connection], calls: int, call: Callable[[psycopg.Connection, int], object]
+) -> list[Any]:
     """Run call(conn, i) for i in range(calls) on a thread per connection, each call in its own transaction."""
     free: queue.Queue[psycopg.Connection] = queue.Queue()
     for conn in conns:
@@ -50,7 +52,7 @@ def test_a_thousand_concurrent_enqueues_of_one_key_make_one_row(connect: Connect
         # a little more work in the same transaction keeps the key's insert uncommitted for longer
         conn.execute("select count(*) from treadle.jobs")
         assert row is not None
-        return row[0]
+        return int(row[0])
 
     ids = run_on_pool(conns, CALLS, enqueue)
 
@@ -72,11 +74,11 @@ def test_concurrent_enqueue_many_with_shared_keys(connect: Connect) -> None:
         specs.append({"name": "unkeyed", "args": {"by": i}})
         ids = [r[0] for r in conn.execute("select * from treadle.enqueue_many(%s)", (Jsonb(specs),)).fetchall()]
         assert len(ids) == len(specs)
-        return dict(zip(order + ["unkeyed"], ids))
+        return dict(zip([*order, "unkeyed"], ids, strict=True))
 
     results = run_on_pool(conns, 200, enqueue_many)
 
-    held = dict(
+    held: dict[str, int] = dict(
         conns[0].execute("select idempotency_key, id from treadle.jobs where idempotency_key is not null").fetchall()
     )
     assert sorted(held) == sorted(keys)
@@ -96,23 +98,25 @@ def test_concurrent_start_workflow_with_one_key_starts_one_run(connect: Connect)
             (Jsonb({"caller": i}),),
         ).fetchone()
         assert row is not None
-        return row[0]
+        return int(row[0])
 
     ids = run_on_pool(conns, 200, start)
 
     assert len(set(ids)) == 1
     assert conns[0].execute("select count(*) from treadle.workflow_runs").fetchone() == (1,)
-    assert conns[0].execute("select count(*) from treadle.jobs where workflow_run_id = %s", (ids[0],)).fetchone() == (1,)
+    assert conns[0].execute("select count(*) from treadle.jobs where workflow_run_id = %s", (ids[0],)).fetchone() == (
+        1,
+    )
 
 
 class Waiter(threading.Thread):
     """Runs one statement on its own connection and keeps the first column of every row."""
 
-    def __init__(self, conn: psycopg.Connection, sql: str, params: tuple = ()) -> None:
+    def __init__(self, conn: psycopg.Connection, sql: str, params: tuple[Any, ...] = ()) -> None:
         super().__init__(daemon=True)
         self.conn, self.sql, self.params = conn, sql, params
         self.pid = conn.info.backend_pid
-        self.result: list = []
+        self.result: list[Any] = []
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -121,7 +125,7 @@ class Waiter(threading.Thread):
         except BaseException as exc:  # handed to the test thread
             self.error = exc
 
-    def outcome(self) -> list:
+    def outcome(self) -> list[Any]:
         self.join(60)
         assert not self.is_alive(), "the waiting statement never returned"
         if self.error is not None:
@@ -212,4 +216,3 @@ def test_start_workflow_waiting_on_an_uncommitted_key_gets_its_run_after_commit(
     holder.commit()
     assert waiter.outcome() == [row[0]]
     assert holder.execute("select count(*) from treadle.jobs").fetchone() == (1,)
-

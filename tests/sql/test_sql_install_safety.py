@@ -34,8 +34,7 @@ def test_a_schema_made_by_another_role_is_refused(pg_server: str, empty_db: str)
         conn.execute(f'SET ROLE "{empty_db}"')
         conn.execute("CREATE SCHEMA treadle")
         conn.execute(
-            "CREATE FUNCTION treadle.enqueue(name text, args json) RETURNS bigint"
-            " LANGUAGE sql AS 'SELECT 0::bigint'"
+            "CREATE FUNCTION treadle.enqueue(name text, args json) RETURNS bigint LANGUAGE sql AS 'SELECT 0::bigint'"
         )
         conn.execute("RESET ROLE")
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"belongs to role {empty_db}"):

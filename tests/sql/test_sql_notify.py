@@ -8,10 +8,9 @@ was never sent.
 
 from __future__ import annotations
 
-
 import psycopg
 
-from sqlcalls import Connect, row, value
+from tests.sql.sqlcalls import Connect, row, value
 
 
 def listener_for(connect: Connect) -> psycopg.Connection:
@@ -62,7 +61,9 @@ def test_one_notification_per_queue_per_transaction_and_none_for_future_jobs(con
     for _ in range(3):
         producer.execute("select treadle.enqueue('a', queue => 'busy')")
     producer.execute("select treadle.enqueue('later', queue => 'future', run_at => now() + interval '1 hour')")
-    producer.execute("""select treadle.enqueue_many('[{"name": "b", "queue": "busy"}, {"name": "c", "queue": "many"}]')""")
+    producer.execute(
+        """select treadle.enqueue_many('[{"name": "b", "queue": "busy"}, {"name": "c", "queue": "many"}]')"""
+    )
     producer.commit()
     mark(producer, "marker-3")
     producer.commit()

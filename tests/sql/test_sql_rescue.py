@@ -6,11 +6,11 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import psycopg
 
-from sqlcalls import Connect, WaitBlocked, row, value
-
+from tests.sql.sqlcalls import Connect, WaitBlocked, row, value
 
 # Each fenced write, and its answer to a token that no longer holds the job
 STALE_WRITES = [
@@ -39,7 +39,9 @@ def rescue_until(conn: psycopg.Connection, expected: int) -> int:
 def test_an_expired_lease_is_rescued_and_its_token_refused(connect: Connect) -> None:
     producer, dead_worker, rescuer, new_worker = connect(), connect(), connect(), connect()
     job_id = value(producer, "select treadle.enqueue('slow', queue => 'r')")
-    old = dead_worker.execute("select id, lease_token from treadle.claim('dead', array['r'], lease => '1 second')").fetchone()
+    old = dead_worker.execute(
+        "select id, lease_token from treadle.claim('dead', array['r'], lease => '1 second')"
+    ).fetchone()
     assert old is not None and old[0] == job_id
     old_token = old[1]
 
@@ -50,7 +52,9 @@ def test_an_expired_lease_is_rescued_and_its_token_refused(connect: Connect) -> 
     # the dead worker comes back: every fenced write is refused and changes nothing
     for sql, refused in STALE_WRITES:
         assert dead_worker.execute(sql, (job_id, old_token)).fetchone() == refused, sql
-    after = producer.execute("select state, attempt, result, progress from treadle.jobs where id = %s", (job_id,)).fetchone()
+    after = producer.execute(
+        "select state, attempt, result, progress from treadle.jobs where id = %s", (job_id,)
+    ).fetchone()
     assert after == ("retryable", 1, None, None)
 
     # claimed again at once, by another worker, with a new token; the old one stays refused
@@ -61,7 +65,7 @@ def test_an_expired_lease_is_rescued_and_its_token_refused(connect: Connect) -> 
         assert dead_worker.execute(sql, (job_id, old_token)).fetchone() == refused, sql
     assert new_worker.execute("select treadle.heartbeat(%s, %s)", (job_id, new_token)).fetchone() == ("held",)
     assert new_worker.execute("select treadle.progress(%s, %s, 0.9)", (job_id, new_token)).fetchone() == (True,)
-    assert new_worker.execute("select treadle.complete(%s, %s, '{\"by\": \"new\"}')", (job_id, new_token)).fetchone() == (
+    assert new_worker.execute('select treadle.complete(%s, %s, \'{"by": "new"}\')', (job_id, new_token)).fetchone() == (
         "completed",
     )
     final = producer.execute("select state, result, worker_id from treadle.jobs where id = %s", (job_id,)).fetchone()
@@ -76,7 +80,7 @@ def test_a_slow_complete_waits_for_a_rescue_and_is_refused(connect: Connect, wai
     rescuer.execute("select set_config('treadle.now', (now() + interval '1 hour')::text, false)")
     assert rescuer.execute("select treadle.rescue()").fetchone() == (1,)
 
-    answer: list = []
+    answer: list[Any] = []
     late = connect()
     thread = threading.Thread(
         target=lambda: answer.append(late.execute("select treadle.complete(%s, %s)", (job_id, token)).fetchone())
@@ -99,7 +103,10 @@ def test_a_rescue_skips_a_job_being_completed(connect: Connect) -> None:
     rescuer.execute("select set_config('treadle.now', (now() + interval '1 hour')::text, false)")
     assert rescuer.execute("select treadle.rescue()").fetchone() == (0,)
     worker.commit()
-    assert rescuer.execute("select state, attempt from treadle.jobs where id = %s", (job_id,)).fetchone() == ("completed", 1)
+    assert rescuer.execute("select state, attempt from treadle.jobs where id = %s", (job_id,)).fetchone() == (
+        "completed",
+        1,
+    )
 
 
 def test_rescuers_at_once_count_each_job_once(connect: Connect) -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import psycopg
 
-from sqlcalls import Connect, WaitBlocked, row, value
-
+from tests.sql.sqlcalls import Connect, WaitBlocked, row, value
 
 RUNS = 40
 STEPS = ["fetch", "parse", "store"]
@@ -31,9 +31,11 @@ def test_rescue_then_reclaim_while_the_slow_worker_completes(connect: Connect, w
     ahead = "select set_config('treadle.now', (now() + interval '1 hour')::text, false)"
     rescuer.execute(ahead)
     assert rescuer.execute("select treadle.rescue()").fetchone() == (1,)
-    answer: list = []
+    answer: list[Any] = []
     thread = threading.Thread(
-        target=lambda: answer.append(slow.execute("select treadle.complete(%s, %s, '1')", (step_id, old_token)).fetchone())
+        target=lambda: answer.append(
+            slow.execute("select treadle.complete(%s, %s, '1')", (step_id, old_token)).fetchone()
+        )
     )
     thread.start()
     wait_until_blocked(slow.info.backend_pid)
@@ -77,7 +79,9 @@ def test_many_runs_raced_at_once_never_enqueue_a_step_twice(connect: Connect) ->
     ).fetchall()
     assert len(leases) == RUNS
     # let every lease expire (by the database's clock), so the race below is real
-    while setup.execute("select count(*) from treadle.jobs where state = 'running' and lease_until >= clock_timestamp()").fetchone() != (0,):
+    while setup.execute(
+        "select count(*) from treadle.jobs where state = 'running' and lease_until >= clock_timestamp()"
+    ).fetchone() != (0,):
         time.sleep(0.1)
 
     slow_conns = [connect() for _ in range(4)]
@@ -126,7 +130,9 @@ def test_many_runs_raced_at_once_never_enqueue_a_step_twice(connect: Connect) ->
 
     # drive every run to its end
     while True:
-        rows = setup.execute("select id, lease_token from treadle.claim('finisher', array['race'], batch => 100)").fetchall()
+        rows = setup.execute(
+            "select id, lease_token from treadle.claim('finisher', array['race'], batch => 100)"
+        ).fetchall()
         if not rows:
             break
         for job_id, token in rows:
@@ -155,11 +161,15 @@ def test_cancel_workflow_racing_workers_ends_every_run_cleanly(connect: Connect)
         start.wait()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            rows = conn.execute("select id, lease_token from treadle.claim('w', array['cancel-race'], batch => 3)").fetchall()
+            rows = conn.execute(
+                "select id, lease_token from treadle.claim('w', array['cancel-race'], batch => 3)"
+            ).fetchall()
             for job_id, token in rows:
                 state = conn.execute("select treadle.complete(%s, %s)", (job_id, token)).fetchone()
                 assert state in {("completed",), ("cancelled",)}
-            if not rows and conn.execute("select count(*) from treadle.workflow_runs where state = 'running'").fetchone() == (0,):
+            if not rows and conn.execute(
+                "select count(*) from treadle.workflow_runs where state = 'running'"
+            ).fetchone() == (0,):
                 return
         raise AssertionError("runs never settled")
 
@@ -176,7 +186,7 @@ def test_cancel_workflow_racing_workers_ends_every_run_cleanly(connect: Connect)
         for future in done:
             future.result()
 
-    states = dict(setup.execute("select id, state from treadle.workflow_runs").fetchall())
+    states: dict[int, str] = dict(setup.execute("select id, state from treadle.workflow_runs").fetchall())
     assert {run_id: states[run_id] == "cancelled" for run_id in run_ids} == said
     assert set(states.values()) <= {"completed", "cancelled"}
     assert setup.execute(
@@ -186,5 +196,8 @@ def test_cancel_workflow_racing_workers_ends_every_run_cleanly(connect: Connect)
         assert count == 1, (run_id, step)
     # a cancelled run stopped at its first unfinished step: one job per step up to there
     for run_id in run_ids:
-        steps = [s for (s,) in setup.execute("select step from treadle.jobs where workflow_run_id = %s order by id", (run_id,))]
+        steps = [
+            s
+            for (s,) in setup.execute("select step from treadle.jobs where workflow_run_id = %s order by id", (run_id,))
+        ]
         assert steps == STEPS[: len(steps)]

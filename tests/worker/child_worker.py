@@ -50,8 +50,10 @@ def setting(name: str, default: float) -> float:
 def record(source: JobContext | WorkerEvent, what: str) -> None:
     """One row in `effects` for the job that `source` (a context or an event) is about."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO effects (job_id, step, attempt, worker, what) VALUES (%s, %s, %s, %s, %s)",
-                     [source.job_id, source.step, source.attempt, worker_id, what])
+        conn.execute(
+            "INSERT INTO effects (job_id, step, attempt, worker, what) VALUES (%s, %s, %s, %s, %s)",
+            [source.job_id, source.step, source.attempt, worker_id, what],
+        )
 
 
 def die() -> None:
@@ -113,6 +115,7 @@ def step(name: str):  # type: ignore[no-untyped-def]
         if kill_at == f"step_after_effect:{name}":
             die()
         return {"step": name, "by": worker_id, "seen": sorted(results), "input": input}
+
     return run
 
 
@@ -134,18 +137,25 @@ def on_event(event: WorkerEvent) -> None:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(threadName)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(threadName)s %(levelname)s %(message)s"
+    )
     worker = Worker(
-        dsn, concurrency=int(setting("CONCURRENCY", 2)), worker_id=worker_id,
-        lease=setting("LEASE", 1.0), heartbeat_interval=setting("HEARTBEAT", 0.2),
-        rescue_interval=setting("RESCUE", 0.2), poll_interval=setting("POLL", 0.2),
-        stop_timeout=setting("STOP_TIMEOUT", 5.0), on_event=on_event,
+        dsn,
+        concurrency=int(setting("CONCURRENCY", 2)),
+        worker_id=worker_id,
+        lease=setting("LEASE", 1.0),
+        heartbeat_interval=setting("HEARTBEAT", 0.2),
+        rescue_interval=setting("RESCUE", 0.2),
+        poll_interval=setting("POLL", 0.2),
+        stop_timeout=setting("STOP_TIMEOUT", 5.0),
+        on_event=on_event,
     )
     worker.register("record", record_handler)
     worker.register("misbehave", misbehave)
-    worker.workflow("trip", [Step("reserve", step("reserve")), Step("charge", step("charge")),
-                             ("notify", step("notify"))])
+    worker.workflow(
+        "trip", [Step("reserve", step("reserve")), Step("charge", step("charge")), ("notify", step("notify"))]
+    )
     worker.run()
     print(f"worker {worker_id} exited cleanly", file=sys.stderr)
 

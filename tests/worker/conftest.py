@@ -8,8 +8,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from worker_support import EFFECTS_TABLE, HEARTBEAT, LEASE, POLL, RESCUE, Child
 
+from tests.worker.worker_support import EFFECTS_TABLE, HEARTBEAT, LEASE, POLL, RESCUE, Child
 from treadle import Worker
 
 
@@ -20,8 +20,12 @@ def make_worker(dsn: str) -> Iterator[Callable[..., Worker]]:
 
     def make(**options: Any) -> Worker:
         settings: dict[str, Any] = {
-            "poll_interval": POLL, "lease": LEASE, "heartbeat_interval": HEARTBEAT,
-            "rescue_interval": RESCUE, "stop_timeout": 2.0, "concurrency": 4,
+            "poll_interval": POLL,
+            "lease": LEASE,
+            "heartbeat_interval": HEARTBEAT,
+            "rescue_interval": RESCUE,
+            "stop_timeout": 2.0,
+            "concurrency": 4,
         }
         settings.update(options)
         worker = Worker(settings.pop("dsn", dsn), **settings)

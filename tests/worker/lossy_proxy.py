@@ -38,8 +38,7 @@ class LossyProxy:
             self._marker, self._times = marker.encode(), times
 
     def dsn(self, dbname: str, user: str = "postgres") -> str:
-        return (f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}"
-                "?sslmode=disable&gssencmode=disable")
+        return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}?sslmode=disable&gssencmode=disable"
 
     def close(self) -> None:
         self._closed = True
@@ -86,7 +85,7 @@ class LossyProxy:
             while data := server.recv(65536):
                 buffer += data
                 for kind, message in _messages(buffer):
-                    buffer = buffer[len(message):]
+                    buffer = buffer[len(message) :]
                     if not doomed.is_set():
                         client.sendall(message)
                     elif kind == b"Z":  # the statement's transaction is over: committed, answer never sent
@@ -105,11 +104,11 @@ def _messages(buffer: bytes) -> Iterator[tuple[bytes, bytes]]:
     """The complete (type, whole message) at the head of `buffer`, in order."""
     offset = 0
     while len(buffer) - offset >= 5:
-        (length,) = struct.unpack("!I", buffer[offset + 1:offset + 5])
+        (length,) = struct.unpack("!I", buffer[offset + 1 : offset + 5])
         end = offset + 1 + length
         if end > len(buffer):
             return
-        yield buffer[offset:offset + 1], buffer[offset:end]
+        yield buffer[offset : offset + 1], buffer[offset:end]
         offset = end
 
 

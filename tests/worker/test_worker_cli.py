@@ -11,14 +11,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from worker_support import PATIENCE, enqueue, job, until_state
 
+from tests.worker.worker_support import PATIENCE, enqueue, job, until_state
 from treadle import Worker
 from treadle.cli import CommandError, load_worker, main
 
 TREADLE = Path(sys.executable).parent / "treadle"  # the console script pip installed
 
-APP = '''
+APP = """
 import os
 from treadle import Worker
 
@@ -33,7 +33,7 @@ def make(dsn):
 
 
 not_a_worker = 42
-'''
+"""
 
 
 @pytest.fixture
@@ -43,8 +43,9 @@ def app(tmp_path: Path) -> Path:
     return path
 
 
-def test_status_prints_an_aligned_table(dsn: str, conn: psycopg.Connection[Any],
-                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_status_prints_an_aligned_table(
+    dsn: str, conn: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
     for _ in range(12):
         enqueue(conn, "send", queue="mail")
     enqueue(conn, "report", queue="reports-weekly")
@@ -63,8 +64,9 @@ def test_status_of_an_empty_queue(dsn: str, capsys: pytest.CaptureFixture[str]) 
     assert capsys.readouterr().out == "no jobs\n"
 
 
-def test_the_database_comes_from_dsn_or_database_url(dsn: str, monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_database_comes_from_dsn_or_database_url(
+    dsn: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.delenv("DATABASE_URL", raising=False)
     assert main(["status"]) == 1
     assert capsys.readouterr().err == "treadle: error: no database: pass --dsn or set DATABASE_URL\n"
@@ -73,35 +75,61 @@ def test_the_database_comes_from_dsn_or_database_url(dsn: str, monkeypatch: pyte
     assert capsys.readouterr().out == "no jobs\n"
 
 
-def test_enqueue_prints_the_new_jobs_id(dsn: str, conn: psycopg.Connection[Any],
-                                        capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["enqueue", "send", '{"to": "ada@example.org"}', "--queue", "mail", "--priority", "-1",
-                 "--max-attempts", "3", "--dsn", dsn]) == 0
+def test_enqueue_prints_the_new_jobs_id(
+    dsn: str, conn: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(
+            [
+                "enqueue",
+                "send",
+                '{"to": "ada@example.org"}',
+                "--queue",
+                "mail",
+                "--priority",
+                "-1",
+                "--max-attempts",
+                "3",
+                "--dsn",
+                dsn,
+            ]
+        )
+        == 0
+    )
     row = job(conn, int(capsys.readouterr().out))
     assert (row["name"], row["args"], row["queue"], row["priority"], row["max_attempts"]) == (
-        "send", {"to": "ada@example.org"}, "mail", -1, 3)
+        "send",
+        {"to": "ada@example.org"},
+        "mail",
+        -1,
+        3,
+    )
     assert main(["enqueue", "tick", "--dsn", dsn]) == 0
     assert job(conn, int(capsys.readouterr().out))["args"] == {}
 
 
-@pytest.mark.parametrize("payload, message", [
-    ("{to: 1}", "treadle: error: JSON is not valid JSON: Expecting property name"),
-    ("5", "treadle: error: args must be a JSON object or array, not number"),
-])
-def test_enqueue_refuses_bad_json_and_writes_nothing(dsn: str, conn: psycopg.Connection[Any], payload: str,
-                                                     message: str, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "payload, message",
+    [
+        ("{to: 1}", "treadle: error: JSON is not valid JSON: Expecting property name"),
+        ("5", "treadle: error: args must be a JSON object or array, not number"),
+    ],
+)
+def test_enqueue_refuses_bad_json_and_writes_nothing(
+    dsn: str, conn: psycopg.Connection[Any], payload: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["enqueue", "send", payload, "--dsn", dsn]) == 1
     error = capsys.readouterr().err
     assert error.startswith("treadle: error:") and message in error
     assert conn.execute("SELECT count(*) FROM treadle.jobs").fetchone() == (0,)
 
 
-def test_treadle_worker_runs_a_modules_worker_until_sigterm(dsn: str, conn: psycopg.Connection[Any],
-                                                            app: Path) -> None:
+def test_treadle_worker_runs_a_modules_worker_until_sigterm(dsn: str, conn: psycopg.Connection[Any], app: Path) -> None:
     job_id = enqueue(conn, "greet", {"who": "you"})
     with open(app.parent / "worker.log", "wb") as log:
-        process = subprocess.Popen([TREADLE, "worker", "jobs_app", "--dsn", dsn], cwd=app.parent,
-                                   stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [TREADLE, "worker", "jobs_app", "--dsn", dsn], cwd=app.parent, stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         assert until_state(conn, job_id, "completed")["result"] == "hello you"
         process.send_signal(signal.SIGTERM)
@@ -113,8 +141,9 @@ def test_treadle_worker_runs_a_modules_worker_until_sigterm(dsn: str, conn: psyc
     assert "stopping (signal SIGTERM)" in (app.parent / "worker.log").read_text()
 
 
-def test_a_worker_is_found_by_module_path_file_path_or_factory(dsn: str, app: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_is_found_by_module_path_file_path_or_factory(
+    dsn: str, app: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DATABASE_URL", dsn)
     monkeypatch.chdir(app.parent)
     monkeypatch.delitem(sys.modules, "jobs_app", raising=False)
@@ -123,15 +152,19 @@ def test_a_worker_is_found_by_module_path_file_path_or_factory(dsn: str, app: Pa
     assert isinstance(made, Worker) and made.poll_interval == 1.0
 
 
-@pytest.mark.parametrize("target, message", [
-    ("no_such_module_here", "cannot import 'no_such_module_here': ModuleNotFoundError"),
-    ("jobs_app:missing", "module 'jobs_app' has no attribute 'missing'"),
-    ("jobs_app:not_a_worker", "jobs_app:not_a_worker is not a treadle Worker but a value of type int"),
-    (":worker", "names no module"),
-    ("/no/such/file.py", "no such file: /no/such/file.py"),
-])
-def test_a_target_that_is_not_a_worker_is_refused(dsn: str, app: Path, target: str, message: str,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "target, message",
+    [
+        ("no_such_module_here", "cannot import 'no_such_module_here': ModuleNotFoundError"),
+        ("jobs_app:missing", "module 'jobs_app' has no attribute 'missing'"),
+        ("jobs_app:not_a_worker", "jobs_app:not_a_worker is not a treadle Worker but a value of type int"),
+        (":worker", "names no module"),
+        ("/no/such/file.py", "no such file: /no/such/file.py"),
+    ],
+)
+def test_a_target_that_is_not_a_worker_is_refused(
+    dsn: str, app: Path, target: str, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DATABASE_URL", dsn)
     monkeypatch.chdir(app.parent)
     with pytest.raises(CommandError, match=message):

@@ -11,8 +11,8 @@ from uuid import UUID
 
 import psycopg
 import pytest
-from worker_support import LEASE, PATIENCE, enqueue, job, until_state, wait_for
 
+from tests.worker.worker_support import LEASE, PATIENCE, enqueue, job, until_state, wait_for
 from treadle import InvalidArgument, JobContext, LeaseLost, Worker, WorkerEvent
 
 MakeWorker = Callable[..., Worker]
@@ -61,8 +61,7 @@ def test_a_cancel_reaches_a_running_sync_handler(conn: psycopg.Connection[Any], 
     assert "completed" not in kinds(events)
 
 
-def test_a_cancel_aborts_an_async_handler_at_its_await(conn: psycopg.Connection[Any],
-                                                       make_worker: MakeWorker) -> None:
+def test_a_cancel_aborts_an_async_handler_at_its_await(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
     worker = make_worker()
     started = threading.Event()
     aborted = threading.Event()
@@ -103,8 +102,9 @@ def test_heartbeats_keep_a_long_job_past_its_lease(conn: psycopg.Connection[Any]
     assert (row["result"], row["attempt"], row["errors"]) == ("held", 1, [])
 
 
-def test_a_lost_lease_sets_cancelled_and_nothing_is_written(dsn: str, conn: psycopg.Connection[Any],
-                                                             make_worker: MakeWorker) -> None:
+def test_a_lost_lease_sets_cancelled_and_nothing_is_written(
+    dsn: str, conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
     events: list[WorkerEvent] = []
     worker = make_worker(on_event=events.append)
     started = threading.Event()
@@ -128,7 +128,11 @@ def test_a_lost_lease_sets_cancelled_and_nothing_is_written(dsn: str, conn: psyc
     assert seen == {"fired": True, "lost": True, "checked": True}
     row = job(conn, job_id)
     assert (row["state"], row["worker_id"], row["lease_token"], row["result"]) == (
-        "running", "thief", thief_token, None)
+        "running",
+        "thief",
+        thief_token,
+        None,
+    )
     assert kinds(events) == ["claimed", "started", "lease_lost"]
 
 
@@ -136,7 +140,8 @@ LEDGER = "CREATE TABLE ledger (job_id bigint PRIMARY KEY, note text)"
 
 
 def test_complete_in_commits_the_handlers_writes_with_the_completion(
-        dsn: str, conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
+    dsn: str, conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
     conn.execute(LEDGER)
     events: list[WorkerEvent] = []
     worker = make_worker(on_event=events.append)
@@ -157,7 +162,8 @@ def test_complete_in_commits_the_handlers_writes_with_the_completion(
 
 
 def test_complete_in_rolls_back_the_handlers_writes_when_the_lease_is_lost(
-        dsn: str, conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
+    dsn: str, conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
     conn.execute(LEDGER)
     events: list[WorkerEvent] = []
     worker = make_worker(on_event=events.append)
@@ -187,13 +193,18 @@ def test_complete_in_rolls_back_the_handlers_writes_when_the_lease_is_lost(
     assert conn.execute("SELECT count(*) FROM ledger").fetchone() == (0,)
     row = job(conn, job_id)
     assert (row["state"], row["worker_id"], row["result"], row["errors"][-1]["attempt"]) == (
-        "running", "thief", None, 1)
+        "running",
+        "thief",
+        None,
+        1,
+    )
     assert kinds(events).count("lease_lost") == 1
     assert "completed" not in kinds(events) and "failed" not in kinds(events)
 
 
-def test_complete_in_joins_a_transaction_block(dsn: str, conn: psycopg.Connection[Any],
-                                               make_worker: MakeWorker) -> None:
+def test_complete_in_joins_a_transaction_block(
+    dsn: str, conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
     conn.execute(LEDGER)
     worker = make_worker()
 
@@ -209,8 +220,9 @@ def test_complete_in_joins_a_transaction_block(dsn: str, conn: psycopg.Connectio
     assert conn.execute("SELECT note FROM ledger").fetchone() == ("in a block",)
 
 
-def test_complete_in_async_serves_async_handlers(dsn: str, conn: psycopg.Connection[Any],
-                                            make_worker: MakeWorker) -> None:
+def test_complete_in_async_serves_async_handlers(
+    dsn: str, conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
     conn.execute(LEDGER)
     worker = make_worker()
 
@@ -226,16 +238,21 @@ def test_complete_in_async_serves_async_handlers(dsn: str, conn: psycopg.Connect
     assert conn.execute("SELECT note FROM ledger").fetchone() == ("async",)
 
 
-def test_complete_in_refuses_what_cannot_be_one_transaction(dsn: str, conn: psycopg.Connection[Any],
-                                                            make_worker: MakeWorker) -> None:
+def test_complete_in_refuses_what_cannot_be_one_transaction(
+    dsn: str, conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
     worker = make_worker()
 
     @worker.register
     def transfer(args: Any, ctx: JobContext) -> list[str]:
         refused = []
         with psycopg.connect(dsn, autocommit=True) as own:
-            for bad in (lambda: ctx.complete_in(own), lambda: ctx.complete_in("a dsn"),  # type: ignore[arg-type]
-                        lambda: ctx.complete_in(own.pgconn)):  # type: ignore[arg-type]
+            bad_calls: list[Callable[[], object]] = [
+                lambda: ctx.complete_in(own),
+                lambda: ctx.complete_in("a dsn"),  # type: ignore[arg-type]  # wrong on purpose
+                lambda: ctx.complete_in(own.pgconn),  # type: ignore[arg-type]  # wrong on purpose
+            ]
+            for bad in bad_calls:
                 try:
                     bad()
                 except InvalidArgument as error:
@@ -258,8 +275,7 @@ def test_complete_in_refuses_what_cannot_be_one_transaction(dsn: str, conn: psyc
     assert "the job's result is a set, which JSON cannot hold" in refused[3]
 
 
-def test_check_cancelled_is_quiet_while_the_job_runs(conn: psycopg.Connection[Any],
-                                                     make_worker: MakeWorker) -> None:
+def test_check_cancelled_is_quiet_while_the_job_runs(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
     worker = make_worker()
 
     @worker.register

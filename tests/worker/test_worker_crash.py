@@ -14,7 +14,8 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from worker_support import (
+
+from tests.worker.worker_support import (
     LEASE,
     POLL,
     RESCUE,
@@ -63,7 +64,8 @@ def assert_picked_up_promptly(conn: psycopg.Connection[Any], dead: dict[str, Any
 def start_rescuer(conn: psycopg.Connection[Any], spawn: Any) -> datetime:
     """Start the second worker; returns when it started (database time)."""
     spawn("rescuer")
-    return until_registered(conn, "rescuer")["started_at"]
+    started: datetime = until_registered(conn, "rescuer")["started_at"]
+    return started
 
 
 def test_killed_after_claim_before_the_handler(effects_conn: psycopg.Connection[Any], spawn: Any) -> None:
@@ -157,7 +159,8 @@ def test_killed_after_a_step_result_is_stored(effects_conn: psycopg.Connection[A
 
 
 def test_a_running_worker_picks_up_a_killed_workers_job_within_the_bound(
-        effects_conn: psycopg.Connection[Any], spawn: Any) -> None:
+    effects_conn: psycopg.Connection[Any], spawn: Any
+) -> None:
     """Recovery measured from the kill itself (reliability.md 3.0: B = L + R + P + ε)."""
     conn = effects_conn
     job_id = enqueue(conn, "record", {"seconds": {"victim": 3600}})  # long only in the victim

@@ -12,8 +12,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from worker_support import PATIENCE, effects, enqueue, job, until_state, wait_for
 
+from tests.worker.worker_support import PATIENCE, effects, enqueue, job, until_state, wait_for
 from treadle import JobContext, Worker, WorkerEvent
 
 MakeWorker = Callable[..., Worker]
@@ -22,8 +22,9 @@ PGCLUSTER = Path(__file__).resolve().parents[2] / "scripts" / "pgcluster"
 
 def backends(conn: psycopg.Connection[Any], worker_id: str) -> dict[int, str]:
     """The worker's backends (pid -> last query), found by their application_name."""
-    rows = conn.execute("SELECT pid, query FROM pg_stat_activity WHERE application_name = %s",
-                        [f"treadle-worker:{worker_id}"]).fetchall()
+    rows = conn.execute(
+        "SELECT pid, query FROM pg_stat_activity WHERE application_name = %s", [f"treadle-worker:{worker_id}"]
+    ).fetchall()
     return {pid: query for pid, query in rows}
 
 
@@ -32,12 +33,17 @@ def listener_pid(conn: psycopg.Connection[Any], worker_id: str) -> int | None:
 
 
 def until_lease_expired(conn: psycopg.Connection[Any], job_id: int) -> None:
-    wait_for(lambda: conn.execute("SELECT lease_until < now() FROM treadle.jobs WHERE id = %s",
-                                  [job_id]).fetchone() == (True,), f"job {job_id}'s lease to expire")
+    wait_for(
+        lambda: (
+            conn.execute("SELECT lease_until < now() FROM treadle.jobs WHERE id = %s", [job_id]).fetchone() == (True,)
+        ),
+        f"job {job_id}'s lease to expire",
+    )
 
 
 def test_terminated_connections_are_replaced_and_the_job_finishes(
-        conn: psycopg.Connection[Any], make_worker: MakeWorker, caplog: pytest.LogCaptureFixture) -> None:
+    conn: psycopg.Connection[Any], make_worker: MakeWorker, caplog: pytest.LogCaptureFixture
+) -> None:
     events: list[WorkerEvent] = []
     worker = make_worker(worker_id="terminated", on_event=events.append)
     started = threading.Event()
@@ -53,8 +59,10 @@ def test_terminated_connections_are_replaced_and_the_job_finishes(
     worker.start()
     assert started.wait(PATIENCE)
     old_listener = wait_for(lambda: listener_pid(conn, "terminated"), "the listener")
-    killed = conn.execute("SELECT count(*) FROM pg_stat_activity, pg_terminate_backend(pid) "
-                          "WHERE application_name = 'treadle-worker:terminated'").fetchone()
+    killed = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity, pg_terminate_backend(pid) "
+        "WHERE application_name = 'treadle-worker:terminated'"
+    ).fetchone()
     assert killed is not None and killed[0] >= 2, "the pool's connections and the listener's"
     with caplog.at_level(logging.WARNING, logger="treadle.worker"):
         go_on.set()
@@ -68,8 +76,9 @@ def test_terminated_connections_are_replaced_and_the_job_finishes(
     assert "AdminShutdown: terminating connection due to administrator command" in caplog.text
 
 
-def test_a_paused_worker_resumed_after_a_takeover_aborts_its_handler(effects_conn: psycopg.Connection[Any],
-                                                                     spawn: Any) -> None:
+def test_a_paused_worker_resumed_after_a_takeover_aborts_its_handler(
+    effects_conn: psycopg.Connection[Any], spawn: Any
+) -> None:
     conn = effects_conn
     job_id = enqueue(conn, "record", {"seconds": {"zombie": 3600}})
     zombie = spawn("zombie")
@@ -87,13 +96,16 @@ def test_a_paused_worker_resumed_after_a_takeover_aborts_its_handler(effects_con
     wait_for(lambda: effects(conn, "lease_lost", worker="zombie"), "the zombie to report its lost lease")
     after = job(conn, job_id)
     assert (after["state"], after["result"], after["attempt"], len(after["errors"])) == (
-        "completed", {"by": "rescuer", "attempt": 2}, 2, 1), "nothing from the zombie was written"
+        "completed",
+        {"by": "rescuer", "attempt": 2},
+        2,
+        1,
+    ), "nothing from the zombie was written"
     zombie.signal(signal.SIGTERM)
     assert zombie.wait_exit() == 0, zombie.log()
 
 
-def test_a_late_completion_from_a_paused_worker_is_refused(effects_conn: psycopg.Connection[Any],
-                                                           spawn: Any) -> None:
+def test_a_late_completion_from_a_paused_worker_is_refused(effects_conn: psycopg.Connection[Any], spawn: Any) -> None:
     conn = effects_conn
     job_id = enqueue(conn, "record")
     zombie = spawn("zombie", "stop_before_complete")  # stops itself after the handler returned
@@ -152,8 +164,9 @@ def test_the_worker_outlives_a_server_restart(tmp_path: Path, make_worker: MakeW
         subprocess.run([PGCLUSTER, "stop", cluster], check=False, timeout=120)
 
 
-def test_without_listen_the_worker_still_polls(conn: psycopg.Connection[Any], make_worker: MakeWorker,
-                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_without_listen_the_worker_still_polls(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker, caplog: pytest.LogCaptureFixture
+) -> None:
     # a listen_dsn nothing answers on stands in for a LISTEN connection that never works
     worker = make_worker(poll_interval=0.2, listen_dsn="postgresql://nobody@127.0.0.1:1/nowhere")
     worker.register("ping", lambda args, ctx: "pong")

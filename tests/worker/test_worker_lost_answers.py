@@ -15,8 +15,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from lossy_proxy import LossyProxy, lossy_proxy
-from worker_support import Child, effects, enqueue, until_state, wait_for
+
+from tests.worker.lossy_proxy import LossyProxy, lossy_proxy
+from tests.worker.worker_support import Child, effects, enqueue, until_state, wait_for
 
 EVENTS = "claimed,completed,failed,cancelled,lease_lost,released"
 
@@ -33,8 +34,14 @@ def spawn_behind(proxy: LossyProxy, dsn: str, tmp_path: Path) -> Iterator[Callab
     children: list[Child] = []
 
     def start(worker_id: str) -> Child:
-        child = Child(proxy.dsn(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]), worker_id, "none", tmp_path,
-                      events=EVENTS, concurrency=4)
+        child = Child(
+            proxy.dsn(str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])),
+            worker_id,
+            "none",
+            tmp_path,
+            events=EVENTS,
+            concurrency=4,
+        )
         children.append(child)
         return child
 
@@ -48,7 +55,8 @@ def kinds_of(conn: psycopg.Connection[Any], job_id: int) -> list[str]:
 
 
 def test_a_complete_many_whose_answer_was_lost_is_reported_completed(
-        effects_conn: psycopg.Connection[Any], proxy: LossyProxy, spawn_behind: Callable[[str], Child]) -> None:
+    effects_conn: psycopg.Connection[Any], proxy: LossyProxy, spawn_behind: Callable[[str], Child]
+) -> None:
     conn = effects_conn
     proxy.lose("treadle.complete_many(")
     with conn.transaction():
@@ -56,14 +64,16 @@ def test_a_complete_many_whose_answer_was_lost_is_reported_completed(
     child = spawn_behind("unlucky-completer")
     for job_id in jobs:
         assert until_state(conn, job_id, "completed", "discarded")["state"] == "completed"
-        wait_for(lambda: "completed" in kinds_of(conn, job_id), f"job {job_id}'s completed event")
+        # called at once, inside the loop: the lambda never outlives this job_id
+        wait_for(lambda: "completed" in kinds_of(conn, job_id), f"job {job_id}'s completed event")  # noqa: B023
     assert proxy.lost == 1, child.log()
     for job_id in jobs:
         assert kinds_of(conn, job_id) == ["claimed", "ran", "completed"], child.log()
 
 
 def test_a_fail_whose_answer_was_lost_is_reported_failed(
-        effects_conn: psycopg.Connection[Any], proxy: LossyProxy, spawn_behind: Callable[[str], Child]) -> None:
+    effects_conn: psycopg.Connection[Any], proxy: LossyProxy, spawn_behind: Callable[[str], Child]
+) -> None:
     conn = effects_conn
     proxy.lose("treadle.fail(")
     job_id = enqueue(conn, "misbehave", {"do": "set"}, max_attempts=1)
@@ -77,7 +87,8 @@ def test_a_fail_whose_answer_was_lost_is_reported_failed(
 
 
 def test_a_claim_whose_answer_was_lost_is_adopted_without_spending_an_attempt(
-        effects_conn: psycopg.Connection[Any], proxy: LossyProxy, spawn_behind: Callable[[str], Child]) -> None:
+    effects_conn: psycopg.Connection[Any], proxy: LossyProxy, spawn_behind: Callable[[str], Child]
+) -> None:
     conn = effects_conn
     proxy.lose("treadle.claim(")
     # one attempt only: a rescue of the orphaned claim would discard the job unrun

@@ -8,15 +8,16 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from worker_support import PATIENCE, effects, enqueue, job, until_state, wait_for
 
+from tests.worker.worker_support import PATIENCE, effects, enqueue, job, until_state, wait_for
 from treadle import JobContext, Worker, WorkerEvent
 
 MakeWorker = Callable[..., Worker]
 
 
-def test_a_stop_lets_handlers_finish_then_hands_back_the_rest(conn: psycopg.Connection[Any],
-                                                              make_worker: MakeWorker) -> None:
+def test_a_stop_lets_handlers_finish_then_hands_back_the_rest(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
     events: list[WorkerEvent] = []
     worker = make_worker(stop_timeout=2.0, concurrency=2, on_event=events.append)
     started = {"quick": threading.Event(), "stubborn": threading.Event()}
@@ -47,7 +48,11 @@ def test_a_stop_lets_handlers_finish_then_hands_back_the_rest(conn: psycopg.Conn
     handed_back = job(conn, stubborn_id)
     # the job keeps the token that released it (a repeated release answers the same), but no lease
     assert (handed_back["state"], handed_back["attempt"], handed_back["lease_until"], handed_back["result"]) == (
-        "available", 0, None, None)
+        "available",
+        0,
+        None,
+        None,
+    )
     assert (job(conn, late_id)["state"], job(conn, late_id)["attempt"]) == ("available", 0)
     assert [(e.job_id, e.state) for e in events if e.kind == "released"] == [(stubborn_id, "available")]
     wait_for(lambda: "cancelled" in seen, "the stubborn handler to return")
@@ -55,8 +60,7 @@ def test_a_stop_lets_handlers_finish_then_hands_back_the_rest(conn: psycopg.Conn
     assert conn.execute("SELECT count(*) FROM treadle.workers").fetchone() == (0,)
 
 
-def test_an_immediate_stop_does_not_wait_for_handlers(conn: psycopg.Connection[Any],
-                                                      make_worker: MakeWorker) -> None:
+def test_an_immediate_stop_does_not_wait_for_handlers(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
     worker = make_worker(stop_timeout=3600)
     started = threading.Event()
     gate = threading.Event()

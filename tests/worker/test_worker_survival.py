@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from worker_support import Child, enqueue, job, start_workflow, until_run_finished, until_state, wait_for
+
+from tests.worker.worker_support import Child, enqueue, job, start_workflow, until_run_finished, until_state, wait_for
 
 STEPS = ["reserve", "charge", "notify"]
 DEEP = "[" * 1500 + "]" * 1500  # 1,500 levels: more than Python's decoder takes
@@ -26,7 +27,8 @@ def enqueue_all(conn: psycopg.Connection[Any], jobs: list[tuple[str, dict[str, A
 def outcome(conn: psycopg.Connection[Any], job_id: int) -> tuple[str, int, str | None]:
     row = conn.execute("SELECT state, attempt, last_error FROM treadle.jobs WHERE id = %s", [job_id]).fetchone()
     assert row is not None
-    return row
+    found: tuple[str, int, str | None] = row
+    return found
 
 
 def run_state(conn: psycopg.Connection[Any], run_id: int) -> str:
@@ -41,10 +43,10 @@ def deepen(conn: psycopg.Connection[Any], sql: str, row_id: int) -> None:
 
 
 def test_bad_jobs_fail_alone_and_the_batch_completes(
-        effects_conn: psycopg.Connection[Any], spawn: Callable[..., Child]) -> None:
+    effects_conn: psycopg.Connection[Any], spawn: Callable[..., Child]
+) -> None:
     conn = effects_conn
-    misdeeds = ["keyboard_interrupt", "system_exit", "generator_exit", "set", "nan", "deep_list", "object",
-                "generator"]
+    misdeeds = ["keyboard_interrupt", "system_exit", "generator_exit", "set", "nan", "deep_list", "object", "generator"]
     with conn.transaction():
         healthy = [enqueue(conn, "record", {}, max_attempts=1) for _ in range(3)]
         undecodable = enqueue(conn, "record", {}, max_attempts=1)
@@ -68,9 +70,11 @@ def test_bad_jobs_fail_alone_and_the_batch_completes(
         row = until_state(conn, job_id, "completed", "discarded")
         assert row["state"] == "discarded", do
         assert expected[do] in row["last_error"], (do, row["last_error"][-300:])
-    state, attempt, error = wait_for(lambda: (row := outcome(conn, undecodable))[0] != "running" and row,
-                                     "the undecodable job to finish")
+    state, attempt, error = wait_for(
+        lambda: (row := outcome(conn, undecodable))[0] != "running" and row, "the undecodable job to finish"
+    )
     assert (state, attempt) == ("discarded", 1)
+    assert error is not None
     assert f"job {undecodable}'s args is nested too deeply for Python's JSON decoder" in error
 
     # the same process, its threads still serving, runs the next job
@@ -81,7 +85,8 @@ def test_bad_jobs_fail_alone_and_the_batch_completes(
 
 
 def test_a_long_traceback_keeps_its_head_and_its_last_line(
-        effects_conn: psycopg.Connection[Any], spawn: Callable[..., Child]) -> None:
+    effects_conn: psycopg.Connection[Any], spawn: Callable[..., Child]
+) -> None:
     job_id = enqueue(effects_conn, "misbehave", {"do": "long_error"}, max_attempts=1)
     spawn("trimmer")
     error = until_state(effects_conn, job_id, "discarded")["last_error"]
@@ -92,27 +97,37 @@ def test_a_long_traceback_keeps_its_head_and_its_last_line(
 
 
 def test_a_step_whose_run_cannot_be_decoded_fails_clearly(
-        effects_conn: psycopg.Connection[Any], spawn: Callable[..., Child]) -> None:
+    effects_conn: psycopg.Connection[Any], spawn: Callable[..., Child]
+) -> None:
     conn = effects_conn
     with conn.transaction():
         deep_input = start_workflow(conn, "trip", {"id": 1}, STEPS)
-        deepen(conn, "UPDATE treadle.workflow_runs SET input = %(deep)s::jsonb, max_attempts = 1 WHERE id = %(id)s",
-               deep_input)
+        deepen(
+            conn,
+            "UPDATE treadle.workflow_runs SET input = %(deep)s::jsonb, max_attempts = 1 WHERE id = %(id)s",
+            deep_input,
+        )
         conn.execute("UPDATE treadle.jobs SET max_attempts = 1 WHERE workflow_run_id = %s", [deep_input])
         deep_results = start_workflow(conn, "trip", {"id": 2}, STEPS)
         conn.execute("UPDATE treadle.jobs SET max_attempts = 1 WHERE workflow_run_id = %s", [deep_results])
-        conn.execute("UPDATE treadle.workflow_runs SET results = jsonb_build_object('earlier', %(deep)s::jsonb) "
-                     "WHERE id = %(id)s", {"deep": DEEP, "id": deep_results})
+        conn.execute(
+            "UPDATE treadle.workflow_runs SET results = jsonb_build_object('earlier', %(deep)s::jsonb) "
+            "WHERE id = %(id)s",
+            {"deep": DEEP, "id": deep_results},
+        )
         fine = start_workflow(conn, "trip", {"id": 3}, STEPS)
     spawn("stepper", concurrency=8)
 
     assert until_run_finished(conn, fine)["state"] == "completed"
     for run_id, what in ((deep_input, "input"), (deep_results, "results")):
-        wait_for(lambda: run_state(conn, run_id) != "running", f"run {run_id} to finish")
+        # called at once, inside the loop: the lambda never outlives this run_id
+        wait_for(lambda: run_state(conn, run_id) != "running", f"run {run_id} to finish")  # noqa: B023
         assert run_state(conn, run_id) == "failed"
         step_job = conn.execute("SELECT id FROM treadle.jobs WHERE workflow_run_id = %s", [run_id]).fetchone()
         assert step_job is not None
         error = job(conn, step_job[0])["last_error"]
         assert f"workflow run {run_id}'s {what} is nested too deeply" in error, error[-300:]
-    wait_for(lambda: conn.execute("SELECT count(*) FROM treadle.jobs WHERE state = 'running'").fetchone() == (0,),
-             "no job left running")
+    wait_for(
+        lambda: conn.execute("SELECT count(*) FROM treadle.jobs WHERE state = 'running'").fetchone() == (0,),
+        "no job left running",
+    )

@@ -22,34 +22,47 @@ def handler(args: Any, ctx: Any) -> None:
     return None
 
 
+def step(input: Any, results: dict[str, Any], ctx: Any) -> None:
+    return None
+
+
 # options
 def test_durations_are_seconds_or_timedeltas() -> None:
-    worker = Worker(DSN, poll_interval=timedelta(milliseconds=250), lease=2, heartbeat_interval=0.5,
-                    rescue_interval=timedelta(seconds=3), stop_timeout=0)
+    worker = Worker(
+        DSN,
+        poll_interval=timedelta(milliseconds=250),
+        lease=2,
+        heartbeat_interval=0.5,
+        rescue_interval=timedelta(seconds=3),
+        stop_timeout=0,
+    )
     assert (worker.poll_interval, worker.lease, worker.heartbeat_interval) == (0.25, 2.0, 0.5)
     assert (worker.rescue_interval, worker.stop_timeout) == (3.0, 0.0)
 
 
-@pytest.mark.parametrize("option, value, message", [
-    ("poll_interval", 0, "poll_interval must be positive"),
-    ("lease", -1, "lease must be positive"),
-    ("lease", float("nan"), "lease must be a finite number"),
-    ("heartbeat_interval", float("inf"), "heartbeat_interval must be a finite number"),
-    ("rescue_interval", "5", "rescue_interval must be a number of seconds or a timedelta"),
-    ("stop_timeout", -0.5, "stop_timeout must be at least 0"),
-    ("lease", True, "lease must be a number of seconds"),
-    ("concurrency", 0, "concurrency must be between 1 and 1000"),
-    ("concurrency", 1001, "concurrency must be between 1 and 1000"),
-    ("concurrency", 2.5, "concurrency must be an integer"),
-    ("queues", "default", "queues must be a list of queue names, not str"),
-    ("queues", [], "queues must name at least one queue"),
-    ("queues", ["mail", " "], "queue name must not be empty"),
-    ("queues", ["mail", 3], "queue name must be a string"),
-    ("backoff", 5, "backoff must be callable"),
-    ("on_error", "log", "on_error must be callable"),
-    ("on_event", 1, "on_event must be callable"),
-    ("worker_id", "", "worker_id must not be empty"),
-])
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("poll_interval", 0, "poll_interval must be positive"),
+        ("lease", -1, "lease must be positive"),
+        ("lease", float("nan"), "lease must be a finite number"),
+        ("heartbeat_interval", float("inf"), "heartbeat_interval must be a finite number"),
+        ("rescue_interval", "5", "rescue_interval must be a number of seconds or a timedelta"),
+        ("stop_timeout", -0.5, "stop_timeout must be at least 0"),
+        ("lease", True, "lease must be a number of seconds"),
+        ("concurrency", 0, "concurrency must be between 1 and 1000"),
+        ("concurrency", 1001, "concurrency must be between 1 and 1000"),
+        ("concurrency", 2.5, "concurrency must be an integer"),
+        ("queues", "default", "queues must be a list of queue names, not str"),
+        ("queues", [], "queues must name at least one queue"),
+        ("queues", ["mail", " "], "queue name must not be empty"),
+        ("queues", ["mail", 3], "queue name must be a string"),
+        ("backoff", 5, "backoff must be callable"),
+        ("on_error", "log", "on_error must be callable"),
+        ("on_event", 1, "on_event must be callable"),
+        ("worker_id", "", "worker_id must not be empty"),
+    ],
+)
 def test_bad_options_are_refused(option: str, value: Any, message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):
         Worker(DSN, **{option: value})
@@ -96,12 +109,15 @@ def test_handlers_register_four_ways() -> None:
     assert callable(bare) and callable(something) and callable(other)
 
 
-@pytest.mark.parametrize("name, fn, message", [
-    ("", handler, "handler name must not be empty"),
-    (7, handler, "handler name must be a string"),
-    ("send", "not a function", "the handler for 'send' must be callable"),
-    ("workflow:x", handler, "belong to workflow steps"),
-])
+@pytest.mark.parametrize(
+    "name, fn, message",
+    [
+        ("", handler, "handler name must not be empty"),
+        (7, handler, "handler name must be a string"),
+        ("send", "not a function", "the handler for 'send' must be callable"),
+        ("workflow:x", handler, "belong to workflow steps"),
+    ],
+)
 def test_bad_handlers_are_refused(name: Any, fn: Any, message: str) -> None:
     worker = Worker(DSN)
     with pytest.raises(InvalidArgument, match=message):
@@ -118,20 +134,23 @@ def test_a_name_has_one_handler() -> None:
 
 def test_workflows_take_steps_or_pairs() -> None:
     worker = Worker(DSN)
-    worker.workflow("trip", [Step("reserve", handler), ("charge", handler)])
+    worker.workflow("trip", [Step("reserve", step), ("charge", step)])
     assert worker._registry.claim_names() == ["workflow:trip"]
     assert list(worker._registry.workflows["trip"]) == ["reserve", "charge"]
 
 
-@pytest.mark.parametrize("steps, message", [
-    ([], "needs at least one step"),
-    ("reserve", "steps must be a list"),
-    ([("a", handler), ("a", handler)], "repeats the step name 'a'"),
-    ([("a", handler, "extra")], "a workflow step is a Step"),
-    (["a"], "a workflow step is a Step"),
-    ([("", handler)], "step name must not be empty"),
-    ([("a", None)], "step 'a' of workflow 'trip' needs a callable"),
-])
+@pytest.mark.parametrize(
+    "steps, message",
+    [
+        ([], "needs at least one step"),
+        ("reserve", "steps must be a list"),
+        ([("a", handler), ("a", handler)], "repeats the step name 'a'"),
+        ([("a", handler, "extra")], "a workflow step is a Step"),
+        (["a"], "a workflow step is a Step"),
+        ([("", handler)], "step name must not be empty"),
+        ([("a", None)], "step 'a' of workflow 'trip' needs a callable"),
+    ],
+)
 def test_bad_workflows_are_refused(steps: Any, message: str) -> None:
     worker = Worker(DSN)
     with pytest.raises(InvalidArgument, match=message):
@@ -232,10 +251,16 @@ def test_errors_are_logged_on_one_line() -> None:
     assert one_line(KeyError()) == "KeyError"
 
 
-@pytest.mark.parametrize("age, text", [
-    (None, "-"), (timedelta(seconds=4.24), "4.2 s"), (timedelta(seconds=185), "3 min 5 s"),
-    (timedelta(hours=2, minutes=10, seconds=3), "2 h 10 min"), (timedelta(days=3, hours=4), "3 d 4 h"),
-    (timedelta(seconds=-1), "0.0 s"),
-])
+@pytest.mark.parametrize(
+    "age, text",
+    [
+        (None, "-"),
+        (timedelta(seconds=4.24), "4.2 s"),
+        (timedelta(seconds=185), "3 min 5 s"),
+        (timedelta(hours=2, minutes=10, seconds=3), "2 h 10 min"),
+        (timedelta(days=3, hours=4), "3 d 4 h"),
+        (timedelta(seconds=-1), "0.0 s"),
+    ],
+)
 def test_waits_read_as_people_say_them(age: timedelta | None, text: str) -> None:
     assert _age(age) == text

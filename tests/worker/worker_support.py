@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -36,7 +36,7 @@ POLL = 0.2
 T = TypeVar("T")
 
 
-def wait_for(check: Callable[[], T], what: str, timeout: float = PATIENCE) -> T:
+def wait_for(check: Callable[[], T | Literal[False] | None], what: str, timeout: float = PATIENCE) -> T:
     """Poll `check` until it returns something truthy; fail naming `what` after `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
@@ -51,8 +51,10 @@ def wait_for(check: Callable[[], T], what: str, timeout: float = PATIENCE) -> T:
 def enqueue(conn: psycopg.Connection[Any], name: str, args: Any = None, **options: Any) -> int:
     """treadle.enqueue in SQL; options are its named arguments (every as a timedelta or interval text)."""
     names = ["name => %(name)s", "args => %(args)s"] + [f"{key} => %({key})s" for key in options]
-    row = conn.execute(f"SELECT treadle.enqueue({', '.join(names)})",
-                       {"name": name, "args": Jsonb(args if args is not None else {}), **options}).fetchone()
+    row = conn.execute(
+        f"SELECT treadle.enqueue({', '.join(names)})",
+        {"name": name, "args": Jsonb(args if args is not None else {}), **options},
+    ).fetchone()
     assert row is not None
     return int(row[0])
 
@@ -83,8 +85,9 @@ def job_state(conn: psycopg.Connection[Any], job_id: int) -> str:
 
 def until_state(conn: psycopg.Connection[Any], job_id: int, *states: str) -> dict[str, Any]:
     """The job's row once it is in one of `states`."""
-    return wait_for(lambda: (row := job(conn, job_id))["state"] in states and row,
-                    f"job {job_id} to reach {' or '.join(states)}")
+    return wait_for(
+        lambda: (row := job(conn, job_id))["state"] in states and row, f"job {job_id} to reach {' or '.join(states)}"
+    )
 
 
 def until_run_finished(conn: psycopg.Connection[Any], run_id: int) -> dict[str, Any]:
@@ -114,8 +117,9 @@ def effects(conn: psycopg.Connection[Any], what: str | None = None, **where: Any
     """Rows of `effects`, oldest first, filtered by `what` and column values."""
     clauses = ["true"] + (["what = %(what)s"] if what else []) + [f"{key} = %({key})s" for key in where]
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(f"SELECT * FROM effects WHERE {' AND '.join(clauses)} ORDER BY id",
-                           {"what": what, **where}).fetchall()
+        return cur.execute(
+            f"SELECT * FROM effects WHERE {' AND '.join(clauses)} ORDER BY id", {"what": what, **where}
+        ).fetchall()
 
 
 class Child:
@@ -128,8 +132,9 @@ class Child:
         settings = {"lease": LEASE, "heartbeat": HEARTBEAT, "rescue": RESCUE, "poll": POLL, **settings}
         env.update({f"CHILD_{key.upper()}": str(value) for key, value in settings.items()})
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen([sys.executable, str(CHILD), dsn, worker_id, kill_at],
-                                            stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.process = subprocess.Popen(
+                [sys.executable, str(CHILD), dsn, worker_id, kill_at], stdout=log, stderr=subprocess.STDOUT, env=env
+            )
 
     @property
     def pid(self) -> int:
@@ -161,7 +166,9 @@ class Child:
 
 def until_registered(conn: psycopg.Connection[Any], worker_id: str) -> dict[str, Any]:
     """The worker's row in treadle.workers once it has started."""
+
     def row() -> dict[str, Any] | None:
         with conn.cursor(row_factory=dict_row) as cur:
             return cur.execute("SELECT * FROM treadle.workers WHERE id = %s", [worker_id]).fetchone()
+
     return wait_for(row, f"worker {worker_id} to start")

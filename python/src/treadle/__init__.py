@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+
 def _package_version() -> str:
     # the one version is the extension's (treadle.control); pyproject.toml's is the package's build of it
     from importlib.metadata import PackageNotFoundError, version
@@ -98,7 +99,44 @@ _EXPORTS: dict[str, str] = {
     "WorkflowNotFound": "errors",
 }
 
-__all__ = sorted(_EXPORTS)
+# the names of _EXPORTS, spelled out so that type checkers see what the package exports
+# (tests/client/test_public_names.py holds the two equal)
+__all__ = [
+    "EnqueueOptions",
+    "ExtensionMissing",
+    "InvalidArgument",
+    "Job",
+    "JobCancelled",
+    "JobContext",
+    "JobFailed",
+    "JobNotFound",
+    "LeaseLost",
+    "Step",
+    "TreadleError",
+    "UndecodablePayload",
+    "UnsupportedVersion",
+    "WaitOptions",
+    "WaitTimeout",
+    "WatchEvent",
+    "Worker",
+    "WorkerEvent",
+    "WorkflowCancelled",
+    "WorkflowFailed",
+    "WorkflowNotFound",
+    "WorkflowOptions",
+    "cancel",
+    "cancel_workflow",
+    "enqueue",
+    "enqueue_many",
+    "get_job",
+    "retry",
+    "start_workflow",
+    "version",
+    "wait",
+    "wait_workflow",
+    "watch",
+    "workflow_results",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -12,13 +12,15 @@ from .errors import ExtensionMissing, UnsupportedVersion
 # the extension versions this client speaks (0.1.0's functions differ: claim, claimed, now)
 SUPPORTED_VERSIONS: Final = frozenset({"0.2.0"})
 
-# The installed version: the extension's, or else a plain install's (`treadle install
-# --mode plain`), read from its treadle.version() body in the catalog rather than by a call:
-# a call to a function that may not exist would put the caller's transaction into an error
-# state. It reads pg_catalog only and cannot fail.
+# The version of the extension form (pg_extension); none for a plain install.
+EXTENSION_FORM_VERSION: Final = "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'treadle'"
+
+# The installed version, either form: the extension's, or else a plain install's (`treadle
+# install --mode plain`), read from its treadle.version() body in the catalog rather than by
+# a call: a call to a function that may not exist would put the caller's transaction into an
+# error state. It reads pg_catalog only and cannot fail.
 EXTENSION_VERSION: Final = (
-    "SELECT coalesce("
-    "(SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'treadle'), "
+    f"SELECT coalesce(({EXTENSION_FORM_VERSION}), "
     "substring(pg_catalog.pg_get_function_sqlbody(pg_catalog.to_regprocedure('treadle.version()')) "
     "FROM '''([^'']+)'''))"
 )

@@ -55,8 +55,9 @@ UNWRITTEN = Unwritten()
 
 
 class Emit(Protocol):
-    def __call__(self, kind: EventKind, run: RunState, *, state: str | None = None,
-                 error: str | None = None) -> None: ...
+    def __call__(
+        self, kind: EventKind, run: RunState, *, state: str | None = None, error: str | None = None
+    ) -> None: ...
 
 
 class Completion(NamedTuple):
@@ -67,8 +68,17 @@ class Completion(NamedTuple):
 class Completer:
     """The worker's writes after a handler returned or raised."""
 
-    def __init__(self, pool: WorkerPool, worker_id: str, *, emit: Emit, done: Callable[[RunState], None],
-                 retry_in: Callable[[int], timedelta | None], idle: Callable[[], bool], delay: float) -> None:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        worker_id: str,
+        *,
+        emit: Emit,
+        done: Callable[[RunState], None],
+        retry_in: Callable[[int], timedelta | None],
+        idle: Callable[[], bool],
+        delay: float,
+    ) -> None:
         self._pool = pool
         self._worker_id = worker_id
         self._emit = emit
@@ -88,9 +98,16 @@ class Completer:
     def fail(self, run: RunState, error: BaseException) -> None:
         """Record a failed attempt: retryable (after the backoff), discarded, or cancelled."""
         message = one_line(error)
-        state = self.retrying(_sql.FAIL, {
-            "job_id": run.job_id, "lease_token": run.lease_token, "error": describe(error),
-            "retry_in": self._retry_in(run.attempt)}, f"record the failure of job {run.job_id}")
+        state = self.retrying(
+            _sql.FAIL,
+            {
+                "job_id": run.job_id,
+                "lease_token": run.lease_token,
+                "error": describe(error),
+                "retry_in": self._retry_in(run.attempt),
+            },
+            f"record the failure of job {run.job_id}",
+        )
         if state is None:
             run.mark_lost()
         elif state == "cancelled":
@@ -104,15 +121,24 @@ class Completer:
     def _log_failure(self, run: RunState, state: str, error: BaseException) -> None:
         """One line per failed attempt, its fields as key=value pairs (and as record attributes: logs.py)."""
         lines = str(error).strip().splitlines()
-        fields = {"job_id": run.job_id, "job_name": run.name, "queue": run.queue, "attempt": run.attempt,
-                  "max_attempts": run.max_attempts, "state": state, "error_type": type(error).__name__,
-                  "error": lines[0] if lines else None, "worker_id": self._worker_id}
+        fields = {
+            "job_id": run.job_id,
+            "job_name": run.name,
+            "queue": run.queue,
+            "attempt": run.attempt,
+            "max_attempts": run.max_attempts,
+            "state": state,
+            "error_type": type(error).__name__,
+            "error": lines[0] if lines else None,
+            "worker_id": self._worker_id,
+        }
         log.warning("job failed %s", logfmt(fields), extra=fields)
 
     def release(self, run: RunState) -> None:
         """Hand a job back at shutdown: available again, its attempt given back."""
-        state = self.retrying(_sql.RELEASE, {"job_id": run.job_id, "lease_token": run.lease_token},
-                              f"hand back job {run.job_id}")
+        state = self.retrying(
+            _sql.RELEASE, {"job_id": run.job_id, "lease_token": run.lease_token}, f"hand back job {run.job_id}"
+        )
         if not isinstance(state, Unwritten):
             log.info("job %d (%s) handed back: %s", run.job_id, run.name, state or "its lease was already lost")
             self._emit("released", run, state=state)
@@ -128,20 +154,31 @@ class Completer:
                     log.error("worker %s: could not %s: %s", self._worker_id, what, one_line(error))
                     return UNWRITTEN
                 if self.abandon.is_set():
-                    log.warning("worker %s: could not %s (%s); the lease will lapse and a rescue returns the job",
-                                self._worker_id, what, one_line(error))
+                    log.warning(
+                        "worker %s: could not %s (%s); the lease will lapse and a rescue returns the job",
+                        self._worker_id,
+                        what,
+                        one_line(error),
+                    )
                     return UNWRITTEN
                 delay = backoff.next()
-                log.warning("worker %s: could not %s (%s); trying again in %.1f s",
-                            self._worker_id, what, one_line(error), delay)
+                log.warning(
+                    "worker %s: could not %s (%s); trying again in %.1f s",
+                    self._worker_id,
+                    what,
+                    one_line(error),
+                    delay,
+                )
                 self.abandon.wait(delay)
 
     def _complete_batch(self, batch: list[Completion]) -> None:
         """Finish buffered successes with one treadle.complete_many."""
         try:
-            params = {"job_ids": [c.run.job_id for c in batch],
-                      "lease_tokens": [c.run.lease_token for c in batch],
-                      "results": [c.result for c in batch]}
+            params = {
+                "job_ids": [c.run.job_id for c in batch],
+                "lease_tokens": [c.run.lease_token for c in batch],
+                "results": [c.result for c in batch],
+            }
             rows = self.retrying(_sql.COMPLETE_MANY, params, f"complete {len(batch)} jobs", rows=True)
             for index, completion in enumerate(batch):
                 if isinstance(rows, Unwritten):
@@ -160,8 +197,11 @@ class Completer:
         if self.abandon.is_set():
             self._done(run)
             return
-        state = self.retrying(_sql.COMPLETE, {"job_id": run.job_id, "lease_token": run.lease_token,
-                                              "result": completion.result}, f"complete job {run.job_id}")
+        state = self.retrying(
+            _sql.COMPLETE,
+            {"job_id": run.job_id, "lease_token": run.lease_token, "result": completion.result},
+            f"complete job {run.job_id}",
+        )
         if isinstance(state, Unwritten) and not self.abandon.is_set():
             # the database refused this result: that is the attempt's failure
             self.fail(run, ValueError("the database refused to store the handler's result"))
@@ -204,9 +244,15 @@ class CompletionBuffer(Generic[T]):
     into the buffer.
     """
 
-    def __init__(self, write: Callable[[list[T]], None], *, delay: float = 0.005,
-                 max_batch: int = 500, idle: Callable[[], bool] | None = None,
-                 name: str = "treadle-completer") -> None:
+    def __init__(
+        self,
+        write: Callable[[list[T]], None],
+        *,
+        delay: float = 0.005,
+        max_batch: int = 500,
+        idle: Callable[[], bool] | None = None,
+        name: str = "treadle-completer",
+    ) -> None:
         if delay < 0:
             raise ValueError(f"delay must not be negative, got {delay}")
         if max_batch < 1:

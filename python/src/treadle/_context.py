@@ -73,8 +73,9 @@ class JobContext(JobFields):
 
     def heartbeat(self) -> str:
         """Extend the lease now; returns 'held', 'cancel' or 'lost' and sets `cancelled` for the last two."""
-        answer = self._pool.value(_sql.HEARTBEAT, {
-            "job_id": self.job_id, "lease_token": self.lease_token, "lease": self._lease})
+        answer = self._pool.value(
+            _sql.HEARTBEAT, {"job_id": self.job_id, "lease_token": self.lease_token, "lease": self._lease}
+        )
         parsed = HeartbeatAnswer(answer) if answer is not None else HeartbeatAnswer.LOST
         self._state.apply_heartbeat(parsed)
         return parsed.value
@@ -84,14 +85,23 @@ class JobContext(JobFields):
 
         Returns False, and sets `cancelled`, when the lease no longer holds the job.
         """
-        if not isinstance(fraction, Real) or isinstance(fraction, bool):
+        given: object = fraction  # a handler may pass anything: refuse what is not a number
+        if isinstance(given, bool) or not isinstance(given, Real):
             raise InvalidArgument(f"fraction must be a number between 0 and 1, not {type(fraction).__name__}")
         if not (math.isfinite(fraction) and 0 <= fraction <= 1):
             raise InvalidArgument(f"fraction must be between 0 and 1, got {fraction!r}")
         message = _args.optional_text(message, "message")
-        held = bool(self._pool.value(_sql.PROGRESS, {
-            "job_id": self.job_id, "lease_token": self.lease_token,
-            "fraction": float(fraction), "message": message}))
+        held = bool(
+            self._pool.value(
+                _sql.PROGRESS,
+                {
+                    "job_id": self.job_id,
+                    "lease_token": self.lease_token,
+                    "fraction": float(fraction),
+                    "message": message,
+                },
+            )
+        )
         if not held:
             self._state.mark_lost(only_while_running=True)
         return held
@@ -107,10 +117,11 @@ class JobContext(JobFields):
         new state ('completed', or 'cancelled' if a cancel was requested). The worker
         then writes nothing more for this job.
         """
-        if isinstance(conn, psycopg.AsyncConnection):
+        given: object = conn  # a handler may pass anything: say what it should pass
+        if isinstance(given, psycopg.AsyncConnection):
             raise InvalidArgument("complete_in takes a sync connection; use `await ctx.complete_in_async(conn)`")
-        if not isinstance(conn, psycopg.Connection):
-            raise InvalidArgument(f"complete_in needs a psycopg Connection, not {type(conn).__name__}")
+        if not isinstance(given, psycopg.Connection):
+            raise InvalidArgument(f"complete_in needs a psycopg Connection, not {type(given).__name__}")
         encoded = to_jsonb(result, "the job's result")
         in_block = self._check_complete_in(conn.autocommit, _in_transaction_block(conn))
         with conn.cursor(row_factory=tuple_row) as cur:
@@ -133,8 +144,9 @@ class JobContext(JobFields):
         encoded = to_jsonb(result, "the job's result")
         in_block = self._check_complete_in(conn.autocommit, _in_transaction_block(conn))
         async with conn.cursor(row_factory=tuple_row) as cur:
-            await cur.execute(_sql.COMPLETE, {"job_id": self.job_id, "lease_token": self.lease_token,
-                                              "result": encoded})
+            await cur.execute(
+                _sql.COMPLETE, {"job_id": self.job_id, "lease_token": self.lease_token, "result": encoded}
+            )
             row = await cur.fetchone()
         state = None if row is None else row[0]
         if state is None:
@@ -155,7 +167,8 @@ class JobContext(JobFields):
         if autocommit and not in_block:
             raise InvalidArgument(
                 "complete_in needs the handler's writes in an open transaction: use a connection "
-                "with autocommit off, or call it inside `with conn.transaction():`")
+                "with autocommit off, or call it inside `with conn.transaction():`"
+            )
         if self._state.status is RunStatus.COMPLETED:
             raise TreadleError(f"job {self.job_id} was already completed with complete_in")
         return in_block

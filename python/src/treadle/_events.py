@@ -8,14 +8,14 @@ from typing import Literal
 from treadle.models import Job, JobFields
 
 EventKind = Literal[
-    "claimed",     # the worker holds a lease on the job
-    "started",     # its handler (or workflow step) was called
+    "claimed",  # the worker holds a lease on the job
+    "started",  # its handler (or workflow step) was called
     "completing",  # the handler returned; its completion is about to be written
-    "completed",   # the completion committed (state: completed)
-    "failed",      # a failure was recorded (state: retryable or discarded)
-    "cancelled",   # the job ended as cancelled (a cancel was requested while it ran)
+    "completed",  # the completion committed (state: completed)
+    "failed",  # a failure was recorded (state: retryable or discarded)
+    "cancelled",  # the job ended as cancelled (a cancel was requested while it ran)
     "lease_lost",  # the lease no longer holds the job: nothing from this run is written
-    "released",    # handed back at shutdown (state: available, or cancelled)
+    "released",  # handed back at shutdown (state: available, or cancelled)
 ]
 
 

@@ -65,9 +65,20 @@ def _or_none(text: str | None) -> Any:
 class Executor:
     """Runs claimed jobs on the handler threads and settles each one."""
 
-    def __init__(self, registry: Registry, threads: HandlerThreads, completer: Completer, pool: WorkerPool, *,
-                 worker_id: str, lease: float, emit: Emit, done: Callable[[RunState], None],
-                 on_error: Callable[[BaseException, Job], None] | None, slot_freed: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        threads: HandlerThreads,
+        completer: Completer,
+        pool: WorkerPool,
+        *,
+        worker_id: str,
+        lease: float,
+        emit: Emit,
+        done: Callable[[RunState], None],
+        on_error: Callable[[BaseException, Job], None] | None,
+        slot_freed: Callable[[], None],
+    ) -> None:
         self._registry = registry
         self._threads = threads
         self._completer = completer
@@ -120,8 +131,9 @@ class Executor:
         return value
 
     def _read_step_run(self, run_id: int) -> dict[str, Any]:
-        found = self._completer.retrying(_sql.STEP_CONTEXT, {"run_ids": [run_id]},
-                                         f"read workflow run {run_id}", rows=True)
+        found = self._completer.retrying(
+            _sql.STEP_CONTEXT, {"run_ids": [run_id]}, f"read workflow run {run_id}", rows=True
+        )
         if isinstance(found, Unwritten) or not found:
             raise LookupError(f"workflow run {run_id} could not be read")
         return dict(found[0])

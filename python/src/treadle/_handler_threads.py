@@ -25,8 +25,7 @@ class HandlerThreads:
 
     def __init__(self, size: int, name: str = "treadle-handler") -> None:
         self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
-                         for i in range(size)]
+        self._threads = [threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True) for i in range(size)]
         for thread in self._threads:
             thread.start()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -90,4 +89,3 @@ def _cancel_all_and_stop(loop: asyncio.AbstractEventLoop) -> None:
     for task in asyncio.all_tasks(loop):
         task.cancel()
     loop.call_soon(loop.stop)
-

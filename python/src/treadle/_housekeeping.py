@@ -29,9 +29,18 @@ SEEN_INTERVAL = 5.0  # how often the worker reports itself in treadle.workers
 class Housekeeper:
     """A thread that heartbeats `running()` jobs, calls treadle.rescue() and treadle.worker_seen()."""
 
-    def __init__(self, pool: WorkerPool, worker_id: str, *, lease: float, heartbeat_interval: float,
-                 rescue_interval: float, running: Callable[[], list[RunState]],
-                 on_rescued: Callable[[int], None], seen_params: Callable[[], dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        worker_id: str,
+        *,
+        lease: float,
+        heartbeat_interval: float,
+        rescue_interval: float,
+        running: Callable[[], list[RunState]],
+        on_rescued: Callable[[int], None],
+        seen_params: Callable[[], dict[str, Any]],
+    ) -> None:
         self._pool = pool
         self._worker_id = worker_id
         self._lease = timedelta(seconds=lease)
@@ -69,8 +78,12 @@ class Housekeeper:
                 delay = min(next_beat, next_rescue, next_seen) - time.monotonic()
             except psycopg.Error as error:
                 delay = backoff.next()
-                log.warning("worker %s: heartbeat or rescue failed (%s); retrying in %.1f s",
-                            self._worker_id, one_line(error), delay)
+                log.warning(
+                    "worker %s: heartbeat or rescue failed (%s); retrying in %.1f s",
+                    self._worker_id,
+                    one_line(error),
+                    delay,
+                )
             self._stop.wait(max(delay, 0.01))
 
     def _heartbeat_due(self, now: float) -> float:
@@ -80,16 +93,17 @@ class Housekeeper:
         if due:
             with self._pool.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
                 for run in due:
-                    cur.execute(_sql.HEARTBEAT, {"job_id": run.job_id, "lease_token": run.lease_token,
-                                                 "lease": self._lease})
+                    cur.execute(
+                        _sql.HEARTBEAT, {"job_id": run.job_id, "lease_token": run.lease_token, "lease": self._lease}
+                    )
                     row = cur.fetchone()
                     answer = HeartbeatAnswer(row[0]) if row and row[0] else HeartbeatAnswer.LOST
                     if answer is HeartbeatAnswer.CANCEL and not run.cancel_requested:
-                        log.info("job %d (%s): cancel requested; its handler sees ctx.cancelled",
-                                 run.job_id, run.name)
+                        log.info("job %d (%s): cancel requested; its handler sees ctx.cancelled", run.job_id, run.name)
                     run.apply_heartbeat(answer)
-        return min((run.last_beat + self._heartbeat_interval for run in running),
-                   default=now + self._heartbeat_interval)
+        return min(
+            (run.last_beat + self._heartbeat_interval for run in running), default=now + self._heartbeat_interval
+        )
 
     def _rescue(self) -> None:
         rescued = self._pool.value(_sql.RESCUE)

@@ -39,7 +39,8 @@ def from_json(text: str | None, what: str) -> Any:
         return json.loads(text)
     except RecursionError:
         raise UndecodablePayload(
-            f"{what} is nested too deeply for Python's JSON decoder ({len(text)} characters)") from None
+            f"{what} is nested too deeply for Python's JSON decoder ({len(text)} characters)"
+        ) from None
     except ValueError as error:
         raise UndecodablePayload(f"{what} is not valid JSON: {error}") from None
 

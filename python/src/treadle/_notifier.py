@@ -43,8 +43,14 @@ class Notifier:
     Messages go to `log` (the worker's logger, or the client's).
     """
 
-    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], statements: Sequence[LiteralString],
-                 log: logging.Logger, *, trusted: bool = False) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], psycopg.Connection[Any]],
+        statements: Sequence[LiteralString],
+        log: logging.Logger,
+        *,
+        trusted: bool = False,
+    ) -> None:
         self.statements = tuple(statements)
         self._trusted = trusted  # a listen_dsn the user named: LISTEN there even through a proxy
         self.listening = False
@@ -74,8 +80,7 @@ class Notifier:
             except psycopg.OperationalError as error:
                 delay = self._backoff.next()
                 self._retry_at = time.monotonic() + delay
-                self._log.info("LISTEN unavailable (%s); polling only, trying again in %.1f s",
-                               one_line(error), delay)
+                self._log.info("LISTEN unavailable (%s); polling only, trying again in %.1f s", one_line(error), delay)
                 raise
         assert self._conn is not None
         return self._conn
@@ -125,8 +130,11 @@ class Notifier:
         conn = self._connect_to_server()
         try:
             read_extension_version(conn)
-            self.listening = (bool(self.statements) and (self._trusted or is_direct(conn, self._log))
-                              and listen(conn, self.statements, self._log))
+            self.listening = (
+                bool(self.statements)
+                and (self._trusted or is_direct(conn, self._log))
+                and listen(conn, self.statements, self._log)
+            )
         except BaseException:
             conn.close()
             raise
@@ -138,8 +146,9 @@ class Notifier:
 class WakeOnNotify:
     """The worker's notifier thread: calls `wake()` when work becomes claimable on one of `queues`."""
 
-    def __init__(self, notifier: Notifier, queues: Iterable[str], wake: Callable[[], None],
-                 name: str = "treadle-notifier") -> None:
+    def __init__(
+        self, notifier: Notifier, queues: Iterable[str], wake: Callable[[], None], name: str = "treadle-notifier"
+    ) -> None:
         self._notifier = notifier
         self._queues = frozenset(queues)
         self._wake = wake
@@ -181,9 +190,12 @@ def is_direct(conn: psycopg.Connection[Any], log: logging.Logger) -> bool:
     server_port = None if row is None else row[0]
     if server_port is None or conn.info.port == server_port:
         return True
-    log.info("treadle: port %s is not the server's own (%s): a pooler or proxy is in between, so no LISTEN "
-             "through it; polling instead (pass listen_dsn, a direct connection, to LISTEN there)",
-             conn.info.port, server_port)
+    log.info(
+        "treadle: port %s is not the server's own (%s): a pooler or proxy is in between, so no LISTEN "
+        "through it; polling instead (pass listen_dsn, a direct connection, to LISTEN there)",
+        conn.info.port,
+        server_port,
+    )
     return False
 
 
@@ -200,8 +212,9 @@ def listen(conn: psycopg.Connection[Any], statements: Sequence[LiteralString], l
     return True
 
 
-async def listen_async(conn: psycopg.AsyncConnection[Any], statements: Sequence[LiteralString],
-                       log: logging.Logger) -> bool:
+async def listen_async(
+    conn: psycopg.AsyncConnection[Any], statements: Sequence[LiteralString], log: logging.Logger
+) -> bool:
     """`listen` for an AsyncConnection."""
     try:
         for statement in statements:

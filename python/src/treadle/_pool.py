@@ -33,8 +33,14 @@ PREPARE_THRESHOLD = 2
 class WorkerPool:
     """Runs the worker's statements on a pool, which it owns (from a DSN) or borrows."""
 
-    def __init__(self, dsn_or_pool: str | ConnectionPool, application_name: str, max_size: int, *,
-                 prepared_statements: bool = False) -> None:
+    def __init__(
+        self,
+        dsn_or_pool: str | ConnectionPool,
+        application_name: str,
+        max_size: int,
+        *,
+        prepared_statements: bool = False,
+    ) -> None:
         self.application_name = application_name
         if isinstance(dsn_or_pool, ConnectionPool):
             self.pool = dsn_or_pool
@@ -51,8 +57,13 @@ class WorkerPool:
                 "prepare_threshold": PREPARE_THRESHOLD if prepared_statements else None,
             }
             self.pool = ConnectionPool(
-                dsn_or_pool, kwargs=kwargs, min_size=2, max_size=max(max_size, 2), open=False,
-                timeout=POOL_TIMEOUT, name=application_name,
+                dsn_or_pool,
+                kwargs=kwargs,
+                min_size=2,
+                max_size=max(max_size, 2),
+                open=False,
+                timeout=POOL_TIMEOUT,
+                name=application_name,
             )
             self.owns_pool = True
             self.conninfo = dsn_or_pool

@@ -42,7 +42,8 @@ class Registry:
         if job_name.startswith(STEP_JOB_PREFIX):
             raise InvalidArgument(
                 f"handler name {job_name!r}: names starting with {STEP_JOB_PREFIX!r} belong to workflow "
-                "steps; register workflows with worker.workflow()")
+                "steps; register workflows with worker.workflow()"
+            )
         if not callable(fn):
             raise InvalidArgument(f"the handler for {job_name!r} must be callable, not {type(fn).__name__}")
         if job_name in self.handlers:
@@ -55,7 +56,8 @@ class Registry:
             raise InvalidArgument(f"a workflow {workflow_name!r} is already registered")
         if isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable):
             raise InvalidArgument(
-                f"steps must be a list of Step(name, fn) or (name, fn) pairs, not {type(steps).__name__}")
+                f"steps must be a list of Step(name, fn) or (name, fn) pairs, not {type(steps).__name__}"
+            )
         parsed: dict[str, StepFunction] = {}
         for item in steps:
             if not isinstance(item, tuple) or len(item) != 2:
@@ -86,5 +88,7 @@ class Registry:
             raise LookupError(f"this worker has no workflow {workflow!r}")
         fn = steps.get(step or "")
         if fn is None:
-            raise LookupError(f"workflow {workflow!r} has no step {step!r} in this worker (it knows {', '.join(steps)})")
+            raise LookupError(
+                f"workflow {workflow!r} has no step {step!r} in this worker (it knows {', '.join(steps)})"
+            )
         return fn

@@ -19,11 +19,11 @@ from .models import Job, JobFields
 
 
 class RunStatus(enum.Enum):
-    RUNNING = "running"      # the handler works
+    RUNNING = "running"  # the handler works
     FINISHING = "finishing"  # the handler is done; the worker writes its outcome
     COMPLETED = "completed"  # the handler completed the job itself (complete_in)
-    RELEASED = "released"    # handed back at shutdown; nothing more is written
-    LOST = "lost"            # the lease no longer holds the job; nothing more is written
+    RELEASED = "released"  # handed back at shutdown; nothing more is written
+    LOST = "lost"  # the lease no longer holds the job; nothing more is written
 
 
 class HeartbeatAnswer(enum.Enum):

@@ -74,8 +74,7 @@ SELECT r.queue, r.state, r.results::text AS results, s.step, s.last_error
  WHERE r.id = %(run_id)s::bigint
 """
 # whether a wait inside the caller's transaction can see other transactions commit
-TRANSACTION_ISOLATION: Final[LiteralString] = (
-    "SELECT pg_catalog.current_setting('transaction_isolation') AS isolation")
+TRANSACTION_ISOLATION: Final[LiteralString] = "SELECT pg_catalog.current_setting('transaction_isolation') AS isolation"
 # whether the caller's connection listens already (then wait does not borrow it)
 LISTENING_CHANNELS: Final[LiteralString] = "SELECT pg_catalog.pg_listening_channels() AS channel"
 
@@ -99,15 +98,23 @@ workflow_run_id, step, every, next_id, cancel_requested, started_at, failed_at, 
 progress, progress_message
 """
 # treadle.claim: every job this call claims holds the call's own lease token
-CLAIM: Final[LiteralString] = "SELECT " + _CLAIMED_COLUMNS + """
+CLAIM: Final[LiteralString] = (
+    "SELECT "
+    + _CLAIMED_COLUMNS
+    + """
   FROM treadle.claim(
     worker_id => %(worker_id)s::text, queues => %(queues)s::text[], names => %(names)s::text[],
     batch => %(batch)s::integer, lease => %(lease)s::interval, lease_token => %(lease_token)s::uuid)
 """
+)
 # treadle.claimed: what a claim whose answer was lost committed (nothing when it did not)
-CLAIMED: Final[LiteralString] = "SELECT " + _CLAIMED_COLUMNS + """
+CLAIMED: Final[LiteralString] = (
+    "SELECT "
+    + _CLAIMED_COLUMNS
+    + """
   FROM treadle.claimed(lease_token => %(lease_token)s::uuid)
 """
+)
 # the workflow, input and earlier results the claimed steps are called with
 STEP_CONTEXT: Final[LiteralString] = """
 SELECT id, name, input::text AS input, results::text AS results

@@ -100,14 +100,22 @@ Loop = Generator["Pause | str", Any, Any]
 
 def job(job_id: int) -> Watched:
     # built per call, so the statements in _sql are looked up when a wait starts
-    return Watched(_sql.JOB_OUTCOME, {"job_id": job_id}, _sql.CHANNEL_DONE, _sql.LISTEN_DONE, _sql.UNLISTEN_DONE,
-                   "wait", "the job")
+    return Watched(
+        _sql.JOB_OUTCOME, {"job_id": job_id}, _sql.CHANNEL_DONE, _sql.LISTEN_DONE, _sql.UNLISTEN_DONE, "wait", "the job"
+    )
 
 
 def workflow_run(run_id: int) -> Watched:
     # step jobs run in their run's queue, so treadle_done naming that queue covers every step
-    return Watched(_sql.RUN_OUTCOME, {"run_id": run_id}, _sql.CHANNEL_DONE, _sql.LISTEN_DONE, _sql.UNLISTEN_DONE,
-                   "wait_workflow", "the workflow run")
+    return Watched(
+        _sql.RUN_OUTCOME,
+        {"run_id": run_id},
+        _sql.CHANNEL_DONE,
+        _sql.LISTEN_DONE,
+        _sql.UNLISTEN_DONE,
+        "wait_workflow",
+        "the workflow run",
+    )
 
 
 def outcome(job_id: int, timeout: float | None, poll_interval: float) -> Loop:
@@ -144,8 +152,12 @@ def run_outcome(run_id: int, timeout: float | None, poll_interval: float) -> Loo
     return _loop(settle, timeout, poll_interval, lambda limit: WaitTimeout(None, limit, run_id=run_id))
 
 
-def _loop(settle: Callable[[Row | None], Any], timeout: float | None, poll_interval: float,
-          expired: Callable[[float], WaitTimeout]) -> Loop:
+def _loop(
+    settle: Callable[[Row | None], Any],
+    timeout: float | None,
+    poll_interval: float,
+    expired: Callable[[float], WaitTimeout],
+) -> Loop:
     """Read, settle, pause, again: returns what `settle` returns once it is not PENDING."""
     deadline = None if timeout is None else time.monotonic() + timeout
     queue: str | None = None
@@ -232,6 +244,7 @@ def pause_on(hints: Notifier, watched: Watched) -> Callable[[Pause], None]:
         while (left := end - time.monotonic()) > 0:
             if any(wakes(notify, request, watched) for notify in hints.receive(left)):
                 return
+
     return pause
 
 
@@ -274,8 +287,9 @@ def can_borrow(conn: psycopg.Connection[Any]) -> bool:
     return not _conn.execute(conn, _sql.LISTENING_CHANNELS, {}, bool) and is_direct(conn, log)
 
 
-def wait_connection(conn: psycopg.Connection[Any], watched: Watched, loop: Loop, listen_on: bool,
-                    listen_dsn: str | None) -> Any:
+def wait_connection(
+    conn: psycopg.Connection[Any], watched: Watched, loop: Loop, listen_on: bool, listen_dsn: str | None
+) -> Any:
     def read() -> Any:
         return _conn.execute(conn, watched.query, watched.params, _first)
 
@@ -306,8 +320,9 @@ def wait_connection(conn: psycopg.Connection[Any], watched: Watched, loop: Loop,
     return _drive_polling(conn, watched, loop, read, _sleep)
 
 
-def _drive_polling(conn: psycopg.Connection[Any], watched: Watched, loop: Loop, read: Callable[[], Any],
-                   pause: Callable[[Pause], None]) -> Any:
+def _drive_polling(
+    conn: psycopg.Connection[Any], watched: Watched, loop: Loop, read: Callable[[], Any], pause: Callable[[Pause], None]
+) -> Any:
     """Reads on the caller's connection without LISTEN on it, leaving its transaction as it was."""
     status = conn.info.transaction_status
     if status != TransactionStatus.IDLE:
@@ -336,14 +351,18 @@ async def can_borrow_async(conn: psycopg.AsyncConnection[Any]) -> bool:
         return False
     port = await _conn.execute(conn, _sql.SERVER_PORT, {}, _port)
     if port is not None and port != conn.info.port:
-        log.info("treadle: port %s is not the server's own (%s): polling instead of LISTEN through a pooler",
-                 conn.info.port, port)
+        log.info(
+            "treadle: port %s is not the server's own (%s): polling instead of LISTEN through a pooler",
+            conn.info.port,
+            port,
+        )
         return False
     return True
 
 
-async def wait_async(conn: psycopg.AsyncConnection[Any], watched: Watched, loop: Loop, listen_on: bool,
-                     listen_dsn: str | None) -> Any:
+async def wait_async(
+    conn: psycopg.AsyncConnection[Any], watched: Watched, loop: Loop, listen_on: bool, listen_dsn: str | None
+) -> Any:
     async def read() -> Any:
         return await _conn.execute(conn, watched.query, watched.params, _first)
 
@@ -376,12 +395,17 @@ def _pause_on_async(conn: psycopg.AsyncConnection[Any], watched: Watched) -> Cal
         async for notify in conn.notifies(timeout=request.seconds):
             if wakes(notify, request, watched):
                 return
+
     return pause
 
 
-async def _drive_polling_async(conn: psycopg.AsyncConnection[Any], watched: Watched, loop: Loop,
-                               read: Callable[[], Awaitable[Any]],
-                               pause: Callable[[Pause], Awaitable[None]]) -> Any:
+async def _drive_polling_async(
+    conn: psycopg.AsyncConnection[Any],
+    watched: Watched,
+    loop: Loop,
+    read: Callable[[], Awaitable[Any]],
+    pause: Callable[[Pause], Awaitable[None]],
+) -> Any:
     status = conn.info.transaction_status
     if status != TransactionStatus.IDLE:
         _require_visible(await _conn.execute(conn, _sql.TRANSACTION_ISOLATION, {}, _isolation), watched)

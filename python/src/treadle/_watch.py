@@ -38,19 +38,28 @@ POLL = WatchEvent("poll", None)
 
 
 def events(
-    dsn: str, queues: frozenset[str] | None, poll_interval: float, listen: bool, stop: threading.Event | None,
+    dsn: str,
+    queues: frozenset[str] | None,
+    poll_interval: float,
+    listen: bool,
+    stop: threading.Event | None,
     listen_dsn: str | None = None,
 ) -> Generator[WatchEvent, None, None]:
     """The signals, until `stop` is set (or the consumer stops iterating).
 
     LISTEN runs on `listen_dsn` when given (a direct connection beside a pooler),
-    else on `dsn` when that reaches the server directly. The first signal is a poll sent once listening has begun, so a consumer that
-    reads on every signal cannot miss a change made before it started; another
-    follows each reconnection, for the notifications the outage swallowed.
+    else on `dsn` when that reaches the server directly. The first signal is a
+    poll sent once listening has begun, so a consumer that reads on every signal
+    cannot miss a change made before it started; another follows each
+    reconnection, for the notifications the outage swallowed.
     """
     target = dsn if listen_dsn is None else listen_dsn
-    listener = Notifier(lambda: psycopg.connect(target, autocommit=True),
-                        [_sql.LISTEN_JOBS, _sql.LISTEN_DONE] if listen else [], log, trusted=listen_dsn is not None)
+    listener = Notifier(
+        lambda: psycopg.connect(target, autocommit=True),
+        [_sql.LISTEN_JOBS, _sql.LISTEN_DONE] if listen else [],
+        log,
+        trusted=listen_dsn is not None,
+    )
     listener.open()  # a wrong DSN or a missing extension is raised here, not hidden
     if not listen:
         listener.close()  # the timer needs no connection; opening one checked the extension

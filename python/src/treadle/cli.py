@@ -63,14 +63,29 @@ def _parser() -> argparse.ArgumentParser:
         "function returning one given the DSN (default attribute: worker)",
     )
     worker.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    worker.add_argument("--log-format", default="text", choices=["text", "json"],
-                        help="text lines, or one JSON object per line (default: text)")
-    worker.add_argument("--metrics-port", type=int, metavar="PORT",
-                        help="serve Prometheus metrics at http://HOST:PORT/metrics (needs the metrics extra)")
-    worker.add_argument("--metrics-host", default="0.0.0.0", metavar="HOST",
-                        help="the address the metrics listen on (default: every interface)")
-    worker.add_argument("--metrics-database", action="store_true",
-                        help="serve the database's metrics too (jobs per queue and state, live workers)")
+    worker.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="text lines, or one JSON object per line (default: text)",
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (needs the metrics extra)",
+    )
+    worker.add_argument(
+        "--metrics-host",
+        default="0.0.0.0",
+        metavar="HOST",
+        help="the address the metrics listen on (default: every interface)",
+    )
+    worker.add_argument(
+        "--metrics-database",
+        action="store_true",
+        help="serve the database's metrics too (jobs per queue and state, live workers)",
+    )
     _add_dsn(worker, "exported as DATABASE_URL before the module is imported")
     worker.set_defaults(command=_worker)
 

@@ -3,10 +3,10 @@
 The transactional contract
 --------------------------
 Every function here takes the caller's connection and runs one statement inside
-the caller's transaction (the waits, which may also take a DSN, are in `results`). treadle never commits and never rolls back: a job
-enqueued in a transaction exists once that transaction commits and never existed
-if it rolls back, so a job and the rows it is about are saved together or not at
-all::
+the caller's transaction (the waits, which may also take a DSN, are in `results`).
+treadle never commits and never rolls back: a job enqueued in a transaction exists
+once that transaction commits and never existed if it rolls back, so a job and the
+rows it is about are saved together or not at all::
 
     with psycopg.connect(dsn) as conn, conn.transaction():
         conn.execute("INSERT INTO orders (id) VALUES (%s)", [order_id])
@@ -107,10 +107,19 @@ class WorkflowOptions(TypedDict, total=False):
 
 
 ENQUEUE_DEFAULTS: Final[EnqueueOptions] = {
-    "queue": "default", "priority": 0, "run_at": None, "max_attempts": 25, "idempotency_key": None, "every": None,
+    "queue": "default",
+    "priority": 0,
+    "run_at": None,
+    "max_attempts": 25,
+    "idempotency_key": None,
+    "every": None,
 }
 WORKFLOW_DEFAULTS: Final[WorkflowOptions] = {
-    "steps": None, "queue": "default", "priority": 0, "max_attempts": 25, "idempotency_key": None,
+    "steps": None,
+    "queue": "default",
+    "priority": 0,
+    "max_attempts": 25,
+    "idempotency_key": None,
 }
 _ENQUEUE_KEYS = ("name", "args", *ENQUEUE_DEFAULTS)
 
@@ -126,12 +135,14 @@ def _with_defaults(function: str, options: Mapping[str, Any], defaults: Mapping[
 
 
 @overload
-def enqueue(conn: AsyncConnection, name: str, args: JsonPayload = None,
-            **options: Unpack[EnqueueOptions]) -> Awaitable[int]: ...
+def enqueue(
+    conn: AsyncConnection, name: str, args: JsonPayload = None, **options: Unpack[EnqueueOptions]
+) -> Awaitable[int]: ...
 @overload
 def enqueue(conn: SyncConnection, name: str, args: JsonPayload = None, **options: Unpack[EnqueueOptions]) -> int: ...
-def enqueue(conn: AnyConnection, name: str, args: JsonPayload = None,
-            **options: Unpack[EnqueueOptions]) -> int | Awaitable[int]:
+def enqueue(
+    conn: AnyConnection, name: str, args: JsonPayload = None, **options: Unpack[EnqueueOptions]
+) -> int | Awaitable[int]:
     """Enqueue one job in the caller's transaction and return its id.
 
     ``args`` is a JSON object or array (None means ``{}``). ``run_at`` is an aware
@@ -215,13 +226,16 @@ def _job_spec(index: int, spec: Any) -> Any:
 
 
 @overload
-def start_workflow(conn: AsyncConnection, name: str, input: JsonPayload = None,
-                   **options: Unpack[WorkflowOptions]) -> Awaitable[int]: ...
+def start_workflow(
+    conn: AsyncConnection, name: str, input: JsonPayload = None, **options: Unpack[WorkflowOptions]
+) -> Awaitable[int]: ...
 @overload
-def start_workflow(conn: SyncConnection, name: str, input: JsonPayload = None,
-                   **options: Unpack[WorkflowOptions]) -> int: ...
-def start_workflow(conn: AnyConnection, name: str, input: JsonPayload = None,
-                   **options: Unpack[WorkflowOptions]) -> int | Awaitable[int]:
+def start_workflow(
+    conn: SyncConnection, name: str, input: JsonPayload = None, **options: Unpack[WorkflowOptions]
+) -> int: ...
+def start_workflow(
+    conn: AnyConnection, name: str, input: JsonPayload = None, **options: Unpack[WorkflowOptions]
+) -> int | Awaitable[int]:
     """Start a workflow run in the caller's transaction and return the run id.
 
     The run's steps are ``steps``, or when None the ones a worker registered for
@@ -337,6 +351,11 @@ def _job(rows: _conn.Rows) -> Job | None:
         return None
     row = rows[0]
     where = f"job {row['id']}'s"
-    return Job.from_row({**row, "args": _json.from_json(row["args"], f"{where} args"),
-                         "result": _json.from_json(row["result"], f"{where} result"),
-                         "errors": _json.from_json(row["errors"], f"{where} errors")})
+    return Job.from_row(
+        {
+            **row,
+            "args": _json.from_json(row["args"], f"{where} args"),
+            "result": _json.from_json(row["result"], f"{where} result"),
+            "errors": _json.from_json(row["errors"], f"{where} errors"),
+        }
+    )

@@ -25,7 +25,7 @@ from typing import Any, Final, Literal
 import psycopg
 from psycopg.rows import tuple_row
 
-from treadle._compat import EXTENSION_VERSION as _EXTENSION
+from treadle._compat import EXTENSION_FORM_VERSION as _EXTENSION
 from treadle.errors import TreadleError
 
 Mode = Literal["extension", "plain"]

@@ -45,7 +45,7 @@ class Job:
     progress_message: str | None = None
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "Job":
+    def from_row(cls, row: dict[str, Any]) -> Job:
         """Build from a dict row of treadle.jobs; columns added by later versions are ignored."""
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in row.items() if k in known})

@@ -11,7 +11,7 @@ the server directly; otherwise it polls every `poll_interval`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterable
 from contextlib import closing
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypedDict, overload
@@ -44,13 +44,25 @@ _WAIT_DEFAULTS: WaitOptions = {"poll_interval": 1.0, "listen": True, "listen_dsn
 
 
 @overload
-def wait(conn_or_dsn: AsyncConnection[Any], job_id: int, timeout: float | timedelta | None = None,
-         **options: Unpack[WaitOptions]) -> Awaitable[Any]: ...
+def wait(
+    conn_or_dsn: AsyncConnection[Any],
+    job_id: int,
+    timeout: float | timedelta | None = None,
+    **options: Unpack[WaitOptions],
+) -> Awaitable[Any]: ...
 @overload
-def wait(conn_or_dsn: str | SyncConnection, job_id: int, timeout: float | timedelta | None = None,
-         **options: Unpack[WaitOptions]) -> Any: ...
-def wait(conn_or_dsn: str | AnyConnection, job_id: int, timeout: float | timedelta | None = None,
-         **options: Unpack[WaitOptions]) -> Any:
+def wait(
+    conn_or_dsn: str | SyncConnection,
+    job_id: int,
+    timeout: float | timedelta | None = None,
+    **options: Unpack[WaitOptions],
+) -> Any: ...
+def wait(
+    conn_or_dsn: str | AnyConnection,
+    job_id: int,
+    timeout: float | timedelta | None = None,
+    **options: Unpack[WaitOptions],
+) -> Any:
     """Block until the job finishes and return its result (awaitable with an AsyncConnection).
 
     Raises JobFailed (discarded after its last attempt; ``.error`` is the last
@@ -76,13 +88,25 @@ def wait(conn_or_dsn: str | AnyConnection, job_id: int, timeout: float | timedel
 
 
 @overload
-def wait_workflow(conn_or_dsn: AsyncConnection[Any], run_id: int, timeout: float | timedelta | None = None,
-                  **options: Unpack[WaitOptions]) -> Awaitable[dict[str, Any]]: ...
+def wait_workflow(
+    conn_or_dsn: AsyncConnection[Any],
+    run_id: int,
+    timeout: float | timedelta | None = None,
+    **options: Unpack[WaitOptions],
+) -> Awaitable[dict[str, Any]]: ...
 @overload
-def wait_workflow(conn_or_dsn: str | SyncConnection, run_id: int, timeout: float | timedelta | None = None,
-                  **options: Unpack[WaitOptions]) -> dict[str, Any]: ...
-def wait_workflow(conn_or_dsn: str | AnyConnection, run_id: int, timeout: float | timedelta | None = None,
-                  **options: Unpack[WaitOptions]) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+def wait_workflow(
+    conn_or_dsn: str | SyncConnection,
+    run_id: int,
+    timeout: float | timedelta | None = None,
+    **options: Unpack[WaitOptions],
+) -> dict[str, Any]: ...
+def wait_workflow(
+    conn_or_dsn: str | AnyConnection,
+    run_id: int,
+    timeout: float | timedelta | None = None,
+    **options: Unpack[WaitOptions],
+) -> dict[str, Any] | Awaitable[dict[str, Any]]:
     """Block until the workflow run finishes and return its results (awaitable with an AsyncConnection).
 
     The results are the finished steps' results keyed by step name, as
@@ -100,7 +124,8 @@ def wait_workflow(conn_or_dsn: str | AnyConnection, run_id: int, timeout: float 
     run = _args.row_id(run_id, "run_id")
     limit, interval, listen, listen_dsn = _wait_options(timeout, options)
     results: dict[str, Any] | Awaitable[dict[str, Any]] = _wait_on(
-        conn_or_dsn, _wait.workflow_run(run), _wait.run_outcome(run, limit, interval), listen, listen_dsn)
+        conn_or_dsn, _wait.workflow_run(run), _wait.run_outcome(run, limit, interval), listen, listen_dsn
+    )
     return results
 
 
@@ -127,8 +152,9 @@ def _listen_dsn(value: object) -> str | None:
     return value
 
 
-def _wait_on(conn_or_dsn: str | AnyConnection, watched: _wait.Watched, loop: _wait.Loop, listen: bool,
-             listen_dsn: str | None) -> Any:
+def _wait_on(
+    conn_or_dsn: str | AnyConnection, watched: _wait.Watched, loop: _wait.Loop, listen: bool, listen_dsn: str | None
+) -> Any:
     if isinstance(conn_or_dsn, str):
         return _wait.wait_dsn(conn_or_dsn, watched, loop, listen, listen_dsn)
     if isinstance(conn_or_dsn, psycopg.AsyncConnection):
@@ -137,16 +163,37 @@ def _wait_on(conn_or_dsn: str | AnyConnection, watched: _wait.Watched, loop: _wa
 
 
 @overload
-def watch(dsn: str, queues: Iterable[str] | None, callback: None = None, *,
-          poll_interval: float | timedelta = 2.0, listen: bool = True, stop: threading.Event | None = None,
-          listen_dsn: str | None = None) -> Iterator[WatchEvent]: ...
+def watch(
+    dsn: str,
+    queues: Iterable[str] | None,
+    callback: None = None,
+    *,
+    poll_interval: float | timedelta = 2.0,
+    listen: bool = True,
+    stop: threading.Event | None = None,
+    listen_dsn: str | None = None,
+) -> Generator[WatchEvent, None, None]: ...
 @overload
-def watch(dsn: str, queues: Iterable[str] | None, callback: Callable[[WatchEvent], object], *,
-          poll_interval: float | timedelta = 2.0, listen: bool = True, stop: threading.Event | None = None,
-          listen_dsn: str | None = None) -> None: ...
-def watch(dsn: str, queues: Iterable[str] | None, callback: Callable[[WatchEvent], object] | None = None, *,
-          poll_interval: float | timedelta = 2.0, listen: bool = True, stop: threading.Event | None = None,
-          listen_dsn: str | None = None) -> Iterator[WatchEvent] | None:
+def watch(
+    dsn: str,
+    queues: Iterable[str] | None,
+    callback: Callable[[WatchEvent], object],
+    *,
+    poll_interval: float | timedelta = 2.0,
+    listen: bool = True,
+    stop: threading.Event | None = None,
+    listen_dsn: str | None = None,
+) -> None: ...
+def watch(
+    dsn: str,
+    queues: Iterable[str] | None,
+    callback: Callable[[WatchEvent], object] | None = None,
+    *,
+    poll_interval: float | timedelta = 2.0,
+    listen: bool = True,
+    stop: threading.Event | None = None,
+    listen_dsn: str | None = None,
+) -> Generator[WatchEvent, None, None] | None:
     """Signal that jobs on ``queues`` (None: every queue) may have changed.
 
     Events are `WatchEvent` tuples: ``("queued", queue)`` when work became
@@ -159,10 +206,10 @@ def watch(dsn: str, queues: Iterable[str] | None, callback: Callable[[WatchEvent
     the timer alone.
 
     With a ``callback``, calls it for each event until ``stop`` (a
-    threading.Event) is set, then returns; without one, returns an iterator of
-    events that ends when ``stop`` is set or the consumer stops iterating. The
-    connection (opened from ``listen_dsn`` or ``dsn``, closed at the end) is only
-    for LISTEN and the extension check.
+    threading.Event) is set, then returns; without one, returns a generator of
+    events that ends when ``stop`` is set, the consumer stops iterating, or its
+    ``close()`` is called. The connection (opened from ``listen_dsn`` or ``dsn``,
+    closed at the end) is only for LISTEN and the extension check.
     """
     if not isinstance(dsn, str):
         raise InvalidArgument(f"dsn must be a connection string, not {type(dsn).__name__}")

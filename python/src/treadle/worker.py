@@ -137,7 +137,8 @@ class Worker:
         self.stop_timeout = _args.seconds(stop_timeout, "stop_timeout", allow_zero=True)
         if self.heartbeat_interval >= self.lease:
             raise InvalidArgument(
-                f"heartbeat_interval ({self.heartbeat_interval:g} s) must be shorter than lease ({self.lease:g} s)")
+                f"heartbeat_interval ({self.heartbeat_interval:g} s) must be shorter than lease ({self.lease:g} s)"
+            )
         for option, callback in (("backoff", backoff), ("on_error", on_error), ("on_event", on_event)):
             if callback is not None and not callable(callback):
                 raise InvalidArgument(f"{option} must be callable or None, not {type(callback).__name__}")
@@ -152,8 +153,12 @@ class Worker:
         if worker_id is None:
             worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.worker_id = _args.name(worker_id, "worker_id")
-        self._pool = WorkerPool(dsn_or_pool, f"treadle-worker:{self.worker_id}", min(self.concurrency, 16) + 3,
-                                prepared_statements=prepared_statements)
+        self._pool = WorkerPool(
+            dsn_or_pool,
+            f"treadle-worker:{self.worker_id}",
+            min(self.concurrency, 16) + 3,
+            prepared_statements=prepared_statements,
+        )
         self._listen = listen
         self._listen_dsn = listen_dsn
 
@@ -202,9 +207,11 @@ class Worker:
 
     def handler(self, name: str) -> Callable[[F], F]:
         """Decorator: `@worker.handler("send_email")`, the same as `@worker.register("send_email")`."""
+
         def decorate(fn: F) -> F:
             self.register(name, fn)
             return fn
+
         return decorate
 
     def workflow(self, name: str, steps: Iterable[Step | tuple[str, StepFunction]]) -> None:
@@ -247,8 +254,9 @@ class Worker:
         `start()` with `wait`.
         """
         self._begin()
-        self._thread = threading.Thread(target=self._run_in_background, name=f"treadle-worker-{self.worker_id}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run_in_background, name=f"treadle-worker-{self.worker_id}", daemon=True
+        )
         self._thread.start()
         if wait:
             while not (self._ready.wait(WAIT_SLICE) or self._finished.is_set()):
@@ -340,24 +348,48 @@ class Worker:
             metrics_server = self._start_metrics_server()
             self._threads = HandlerThreads(self.concurrency, name=f"treadle-handler-{self.worker_id}")
             self._completer = Completer(
-                self._pool, self.worker_id, emit=self._emit, done=self._done,
+                self._pool,
+                self.worker_id,
+                emit=self._emit,
+                done=self._done,
                 retry_in=lambda attempt: retry_delay(self._backoff, attempt),
-                idle=lambda: self.busy_handlers == 0, delay=COMPLETION_DELAY)
+                idle=lambda: self.busy_handlers == 0,
+                delay=COMPLETION_DELAY,
+            )
             self._executor = Executor(
-                self._registry, self._threads, self._completer, self._pool, worker_id=self.worker_id,
-                lease=self.lease, emit=self._emit, done=self._done, on_error=self._on_error,
-                slot_freed=self._slot_freed)
+                self._registry,
+                self._threads,
+                self._completer,
+                self._pool,
+                worker_id=self.worker_id,
+                lease=self.lease,
+                emit=self._emit,
+                done=self._done,
+                on_error=self._on_error,
+                slot_freed=self._slot_freed,
+            )
             if self._listen:
                 notifier = WakeOnNotify(self._notifier(), self.queues, self._wake.set)
                 notifier.start()
             housekeeper = Housekeeper(
-                self._pool, self.worker_id, lease=self.lease, heartbeat_interval=self.heartbeat_interval,
-                rescue_interval=self.rescue_interval, running=self._running, on_rescued=self._rescued,
-                seen_params=self._seen_params)
+                self._pool,
+                self.worker_id,
+                lease=self.lease,
+                heartbeat_interval=self.heartbeat_interval,
+                rescue_interval=self.rescue_interval,
+                running=self._running,
+                on_rescued=self._rescued,
+                seen_params=self._seen_params,
+            )
             housekeeper.start()
             self._ready.set()
-            log.info("worker %s started: queues %s, concurrency %d, handling %s", self.worker_id,
-                     ", ".join(self.queues), self.concurrency, ", ".join(self._registry.claim_names()))
+            log.info(
+                "worker %s started: queues %s, concurrency %d, handling %s",
+                self.worker_id,
+                ", ".join(self.queues),
+                self.concurrency,
+                ", ".join(self._registry.claim_names()),
+            )
             self._claim_loop()
             if notifier is not None:
                 notifier.stop()
@@ -393,8 +425,9 @@ class Worker:
     def _notifier(self) -> Notifier:
         conninfo = self._listen_dsn or self._pool.conninfo
         name = self._pool.application_name
-        return Notifier(lambda: connect_direct(conninfo, name), [_sql.LISTEN_JOBS], log,
-                        trusted=self._listen_dsn is not None)
+        return Notifier(
+            lambda: connect_direct(conninfo, name), [_sql.LISTEN_JOBS], log, trusted=self._listen_dsn is not None
+        )
 
     def _startup(self) -> bool:
         """Check the extension, record the workflows, report the worker; False if stopped first."""
@@ -411,8 +444,12 @@ class Worker:
                 if not is_transient(error):
                     raise
                 delay = backoff.next()
-                log.warning("worker %s: database unavailable at start (%s); retrying in %.1f s",
-                            self.worker_id, one_line(error), delay)
+                log.warning(
+                    "worker %s: database unavailable at start (%s); retrying in %.1f s",
+                    self.worker_id,
+                    one_line(error),
+                    delay,
+                )
                 self._sleep(delay)
         return False
 
@@ -421,11 +458,17 @@ class Worker:
         completer = self._completer
         why = f"signal {signal.Signals(self._signals[0]).name}" if self._signals else "stop()"
         if self._stop_immediate:
-            log.info("worker %s stopping at once (%s): handing back %d running jobs",
-                     self.worker_id, why, self.running_jobs)
+            log.info(
+                "worker %s stopping at once (%s): handing back %d running jobs", self.worker_id, why, self.running_jobs
+            )
         else:
-            log.info("worker %s stopping (%s): %d running jobs have %g s to finish; a second signal stops at once",
-                     self.worker_id, why, self.running_jobs, self.stop_timeout)
+            log.info(
+                "worker %s stopping (%s): %d running jobs have %g s to finish; a second signal stops at once",
+                self.worker_id,
+                why,
+                self.running_jobs,
+                self.stop_timeout,
+            )
         deadline = time.monotonic() + self.stop_timeout
         while self.running_jobs and not self._stop_immediate and time.monotonic() < deadline:
             time.sleep(min(WAIT_SLICE / 2, max(deadline - time.monotonic(), 0)))
@@ -479,17 +522,26 @@ class Worker:
         """
         token = uuid.uuid4()
         try:
-            return self._pool.rows(_sql.CLAIM, {
-                "worker_id": self.worker_id, "queues": self.queues, "names": names, "batch": free,
-                "lease": timedelta(seconds=self.lease), "lease_token": token})
+            return self._pool.rows(
+                _sql.CLAIM,
+                {
+                    "worker_id": self.worker_id,
+                    "queues": self.queues,
+                    "names": names,
+                    "batch": free,
+                    "lease": timedelta(seconds=self.lease),
+                    "lease_token": token,
+                },
+            )
         except psycopg.Error as error:
             delay = backoff.next()
             log.warning("worker %s: claim failed (%s); retrying in %.1f s", self.worker_id, one_line(error), delay)
             if is_transient(error):
                 adopted = self._claimed(token)
                 if adopted:
-                    log.warning("worker %s: the lost claim had committed; running its %d jobs",
-                                self.worker_id, len(adopted))
+                    log.warning(
+                        "worker %s: the lost claim had committed; running its %d jobs", self.worker_id, len(adopted)
+                    )
                     return adopted
             self._sleep(delay)
             return None
@@ -502,8 +554,12 @@ class Worker:
                 return self._pool.rows(_sql.CLAIMED, {"lease_token": token})
             except psycopg.Error as error:
                 delay = backoff.next()
-                log.warning("worker %s: could not ask what the lost claim committed (%s); retrying in %.1f s",
-                            self.worker_id, one_line(error), delay)
+                log.warning(
+                    "worker %s: could not ask what the lost claim committed (%s); retrying in %.1f s",
+                    self.worker_id,
+                    one_line(error),
+                    delay,
+                )
                 self._sleep(delay)
         return []  # stopping: whatever it claimed keeps its lease until a rescue returns it
 
@@ -565,8 +621,14 @@ class Worker:
             return any(run.status is RunStatus.FINISHING for run in self._active)
 
     def _seen_params(self) -> dict[str, Any]:
-        return {"worker_id": self.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
-                "queues": self.queues, "concurrency": self.concurrency, "running": self.running_jobs}
+        return {
+            "worker_id": self.worker_id,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "queues": self.queues,
+            "concurrency": self.concurrency,
+            "running": self.running_jobs,
+        }
 
     def _rescued(self, count: int) -> None:
         if self._metrics is not None:
@@ -574,8 +636,11 @@ class Worker:
         self._wake.set()  # rescued jobs are due at once
 
     def _lease_lost(self, run: RunState) -> None:
-        log.warning("job %d (%s): lease lost, another worker or a rescue took it over; "
-                    "nothing from this run is written", run.job_id, run.name)
+        log.warning(
+            "job %d (%s): lease lost, another worker or a rescue took it over; nothing from this run is written",
+            run.job_id,
+            run.name,
+        )
         self._emit("lease_lost", run)
 
     def _emit(self, kind: EventKind, run: RunState, *, state: str | None = None, error: str | None = None) -> None:

@@ -75,7 +75,8 @@ def create_app(
             timeout=5.0,
             open=True,
             name="treadle-dashboard",
-            kwargs={"autocommit": True, "application_name": "treadle-dashboard"},
+            # no prepared statements: a transaction-mode pooler (PgBouncer) cannot keep them
+            kwargs={"autocommit": True, "application_name": "treadle-dashboard", "prepare_threshold": None},
         )
         owns_pool = True
     elif isinstance(dsn_or_pool, ConnectionPool):

@@ -1,4 +1,4 @@
--- pgtap/100_views.sql: the read interface. Each view's contract columns, in order,
+-- pgtap/080_views.sql: the read interface. Each view's contract columns, in order,
 -- and what it shows for a known set of jobs and runs.
 \set ON_ERROR_STOP true
 BEGIN;

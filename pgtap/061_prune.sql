@@ -1,4 +1,4 @@
--- pgtap/130_prune.sql: treadle.prune. Finished jobs and finished workflow runs older
+-- pgtap/061_prune.sql: treadle.prune. Finished jobs and finished workflow runs older
 -- than the cutoff go; pending work and the steps of running runs stay.
 \set ON_ERROR_STOP true
 BEGIN;

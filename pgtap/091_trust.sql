@@ -1,4 +1,4 @@
--- pgtap/125_trust.sql: the trust boundary. From the catalog, who may do what with
+-- pgtap/091_trust.sql: the trust boundary. From the catalog, who may do what with
 -- every object (a new function or table that forgets its grants fails here); then
 -- each attack on the functions' monopoly of writes, as the real role, refused with
 -- nothing changed; the clock no role but the owner can move; tenants.
@@ -6,31 +6,7 @@
 BEGIN;
 SELECT plan(68);
 
--- pg_temp.as_role(role, statement): run one statement as role; 'ok', or the SQLSTATE it raised.
-CREATE FUNCTION pg_temp.as_role(role name, statement text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE format('SET LOCAL ROLE %I', role);
-    BEGIN
-        EXECUTE statement;
-    EXCEPTION WHEN OTHERS THEN
-        RESET ROLE;
-        RETURN SQLSTATE;
-    END;
-    RESET ROLE;
-    RETURN 'ok';
-END;
-$$;
--- pg_temp.as_role_value(role, query): the text of a one-value query run as role.
-CREATE FUNCTION pg_temp.as_role_value(role name, query text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE
-    v text;
-BEGIN
-    EXECUTE format('SET LOCAL ROLE %I', role);
-    EXECUTE query INTO v;
-    RESET ROLE;
-    RETURN v;
-END;
-$$;
+\ir helpers.psql
 
 CREATE ROLE trust_reader;    SELECT treadle.grant_reader('trust_reader');
 CREATE ROLE trust_producer;  SELECT treadle.grant_producer('trust_producer');

@@ -1,4 +1,4 @@
--- pgtap/090_workflows.sql: workflows in SQL. define_workflow, start_workflow, each
+-- pgtap/070_workflows.sql: workflows in SQL. define_workflow, start_workflow, each
 -- step's completion enqueuing the next, failure, retry, cancel, and workflow_results.
 \set ON_ERROR_STOP true
 BEGIN;

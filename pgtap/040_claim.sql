@@ -1,4 +1,4 @@
--- pgtap/030_claim.sql: treadle.claim. What is claimable, in which order, the
+-- pgtap/040_claim.sql: treadle.claim. What is claimable, in which order, the
 -- queues and names filters, batch bounds, the claimed row, and bad arguments.
 \set ON_ERROR_STOP true
 BEGIN;

@@ -1,4 +1,4 @@
--- pgtap/110_workers.sql: the worker registry. worker_seen, worker_stopped and the
+-- pgtap/075_workers.sql: the worker registry. worker_seen, worker_stopped and the
 -- live_workers view, which counts the jobs each live worker holds.
 \set ON_ERROR_STOP true
 BEGIN;

@@ -1,4 +1,4 @@
--- pgtap/040_finish.sql: the ways a claim ends: complete, complete_many, fail
+-- pgtap/050_finish.sql: the ways a claim ends: complete, complete_many, fail
 -- (with the default backoff) and release. Every write is fenced by the lease token.
 \set ON_ERROR_STOP true
 BEGIN;

@@ -1,4 +1,4 @@
--- pgtap/080_periodic.sql: periodic series (enqueue ... every). The next occurrence at
+-- pgtap/052_periodic.sql: periodic series (enqueue ... every). The next occurrence at
 -- finish time + every, a copy of the last without its key; at most one pending.
 \set ON_ERROR_STOP true
 BEGIN;

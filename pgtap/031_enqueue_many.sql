@@ -1,4 +1,4 @@
--- pgtap/020_enqueue_many.sql: treadle.enqueue_many. Ids in input order, enqueue's
+-- pgtap/031_enqueue_many.sql: treadle.enqueue_many. Ids in input order, enqueue's
 -- defaults, keys repeated in the array or already held, and bad arrays that write nothing.
 \set ON_ERROR_STOP true
 BEGIN;

@@ -1,4 +1,4 @@
--- pgtap/010_enqueue.sql: treadle.enqueue and treadle.version. The stored row, the
+-- pgtap/030_enqueue.sql: treadle.enqueue and treadle.version. The stored row, the
 -- defaults, named notation, idempotency keys, and every bad argument.
 \set ON_ERROR_STOP true
 BEGIN;

@@ -1,4 +1,4 @@
--- pgtap/050_heartbeat_progress.sql: what a running handler reports: heartbeat
+-- pgtap/041_heartbeat_progress.sql: what a running handler reports: heartbeat
 -- (held, cancel, lost) and progress, both fenced by the lease token.
 \set ON_ERROR_STOP true
 BEGIN;

@@ -1,4 +1,4 @@
--- pgtap/060_rescue.sql: treadle.rescue. Expired leases go back to the queue without
+-- pgtap/051_rescue.sql: treadle.rescue. Expired leases go back to the queue without
 -- backoff (or are discarded or cancelled), and the old token is refused from then on.
 \set ON_ERROR_STOP true
 BEGIN;

@@ -1,4 +1,4 @@
--- pgtap/070_cancel_retry.sql: the operator's controls. treadle.cancel (at once, or
+-- pgtap/060_cancel_retry.sql: the operator's controls. treadle.cancel (at once, or
 -- requested of a running job) and treadle.retry (a finished or waiting job runs again).
 \set ON_ERROR_STOP true
 BEGIN;

@@ -1,4 +1,4 @@
--- pgtap/126_bounds.sql: every input bounded in SQL, so every client gets the same
+-- pgtap/020_bounds.sql: every input bounded in SQL, so every client gets the same
 -- answer: names, payload sizes and depth, error text, intervals. Each refusal is
 -- 22023 (22004 for a null) and writes nothing.
 \set ON_ERROR_STOP true

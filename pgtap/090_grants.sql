@@ -1,4 +1,4 @@
--- pgtap/120_grants.sql: the grant helpers. Roles made inside this transaction get
+-- pgtap/090_grants.sql: the grant helpers. Roles made inside this transaction get
 -- grant_producer, grant_worker or grant_dashboard; each then does what its part needs
 -- and is refused (42501) what it does not. A role with no grant can do nothing.
 \set ON_ERROR_STOP true
@@ -7,21 +7,7 @@ SELECT plan(64);
 
 -- No clock setting here: as the roles below, treadle.now() is the server's time.
 
--- pg_temp.as_role(role, statement): run one statement as role; 'ok', or the SQLSTATE it raised.
--- (pgTAP itself keeps running as the superuser.)
-CREATE FUNCTION pg_temp.as_role(role name, statement text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE format('SET LOCAL ROLE %I', role);
-    BEGIN
-        EXECUTE statement;
-    EXCEPTION WHEN OTHERS THEN
-        RESET ROLE;
-        RETURN SQLSTATE;
-    END;
-    RESET ROLE;
-    RETURN 'ok';
-END;
-$$;
+\ir helpers.psql
 
 CREATE ROLE tap_producer;
 CREATE ROLE tap_worker;
