@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 
-from sqlcalls import Connect, value
+from tests.sql.sqlcalls import Connect, value
 
 CURSOR_NAME = """select 'treadle.claim_' || to_hex(hashtextextended(
     array_to_string(%s::text[], chr(1)) || chr(2) || coalesce(array_to_string(%s::text[], chr(1)), ''), 0))"""
@@ -29,7 +29,7 @@ CURSOR_NAME = """select 'treadle.claim_' || to_hex(hashtextextended(
 def pin_cursor(conn: psycopg.Connection, queue: str) -> None:
     """Make this session claim from `queue` with a cursor from its next claim on, however
     quick its claims (a session switches to one only when its claims get slow)."""
-    conn.execute("select set_config((%s), 'pin', false)" % CURSOR_NAME, ([queue], None))
+    conn.execute(f"select set_config(({CURSOR_NAME}), 'pin', false)", ([queue], None))
 
 
 def enqueue(conn: psycopg.Connection, queue: str, **options: object) -> int:
@@ -119,7 +119,7 @@ def test_jobs_made_claimable_again_are_claimed_by_the_cursor_holder(connect: Con
     rows = claimer.execute(
         "select id, lease_token from treadle.claim('w', array['again'], batch => 4, lease => '1 second')"
     ).fetchall()
-    tokens = dict(rows)
+    tokens: dict[int, uuid.UUID] = dict(rows)
     for _ in range(6):
         enqueue(admin, "again", priority=2)
     assert len(claim(claimer, "again", batch=3)) == 3  # the cursor is deep in priority 2 now
@@ -153,8 +153,15 @@ def test_a_tampered_cursor_delays_only_its_own_session(connect: Connect) -> None
     assert claim(tamperer, "tamper") == [first]
     name = value(tamperer, CURSOR_NAME, (["tamper"], None))
     assert value(tamperer, "select current_setting(%s)", (name,)).startswith("{2,")
-    for junk in ["garbage", "{1,2}", "{1,99999999999999999999,1,1,1}", "{1,1,1,-5,1}", "{}", "",
-                 "{1,1,1,1,0,99,99,99,99,99}"]:
+    for junk in [
+        "garbage",
+        "{1,2}",
+        "{1,99999999999999999999,1,1,1}",
+        "{1,1,1,-5,1}",
+        "{}",
+        "",
+        "{1,1,1,1,0,99,99,99,99,99}",
+    ]:
         job = enqueue(producer, "tamper")
         tamperer.execute("select set_config(%s, %s, false)", (name, junk))
         assert claim(tamperer, "tamper") == [job], f"a claim after the cursor {junk!r}"
@@ -198,8 +205,13 @@ def test_many_claimers_and_producers_with_a_held_snapshot_claim_every_job_once(c
         while made < per_producer:
             size = rnd.choice([1, 1, 5, 20])
             ids = [
-                enqueue(conn, "mix", priority=rnd.choice([0, 0, 1, 5]),
-                        run_at=rnd.choice([None, "2000-01-01 00:00:00+00"]), max_attempts=3)
+                enqueue(
+                    conn,
+                    "mix",
+                    priority=rnd.choice([0, 0, 1, 5]),
+                    run_at=rnd.choice([None, "2000-01-01 00:00:00+00"]),
+                    max_attempts=3,
+                )
                 for _ in range(size)
             ]
             if rnd.random() < 0.2:
@@ -232,8 +244,9 @@ def test_many_claimers_and_producers_with_a_held_snapshot_claim_every_job_once(c
             idle_since = None
             for job_id, token, attempt in rows:
                 if attempt == 1 and rnd.random() < 0.1:
-                    assert value(conn, "select treadle.fail(%s, %s, 'again', '0 seconds')",
-                                 (job_id, token)) == "retryable"
+                    assert (
+                        value(conn, "select treadle.fail(%s, %s, 'again', '0 seconds')", (job_id, token)) == "retryable"
+                    )
                 else:
                     assert value(conn, "select treadle.complete(%s, %s)", (job_id, token)) == "completed"
                     completed[job_id] += 1
@@ -277,3 +290,55 @@ def claim_with_lease(conn: psycopg.Connection, queue: str, lease: str) -> list[i
         (queue, lease, uuid.uuid4()),
     )
     return [r[0] for r in rows.fetchall()]
+
+
+def rescue_calls(conn: psycopg.Connection, seconds: float) -> int:
+    """Call rescue() every 0.1 s for `seconds`, as a worker does; how many jobs it moved."""
+    moved = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        moved += int(value(conn, "select treadle.rescue()"))
+        time.sleep(0.1)
+    return moved
+
+
+def test_rescue_finds_a_lease_committed_after_it_ran_out(connect: Connect) -> None:
+    """A claim that commits 2 s after its 1 s lease ran out lies below where the rescuer's
+    previous calls read: the same session finds it once the claim has committed."""
+    rescuer, producer, slow = connect(), connect(), connect(autocommit=False)
+    assert rescue_calls(rescuer, 0.3) == 0  # the session's cursor starts
+    job = enqueue(producer, "late-lease")
+    assert claim_with_lease(slow, "late-lease", "1 second") == [job]
+    assert rescue_calls(rescuer, 2.5) == 0, "an uncommitted claim is not seen"
+    slow.commit()
+    assert rescue_calls(rescuer, 1.0) == 1
+    assert value(producer, "select state from treadle.jobs where id = %s", (job,)) == "retryable"
+
+
+def test_rescue_finds_a_lease_that_was_locked_when_it_looked(connect: Connect) -> None:
+    """An expired lease that another session holds locked is skipped; the same rescuer
+    takes it once the lock is gone, however far its reads have moved on meanwhile."""
+    rescuer, producer, worker, locker = connect(), connect(), connect(), connect(autocommit=False)
+    assert rescue_calls(rescuer, 0.3) == 0
+    job = enqueue(producer, "locked-lease")
+    assert claim_with_lease(worker, "locked-lease", "1 second") == [job]
+    locker.execute("select id from treadle.jobs where id = %s for update", (job,))
+    assert rescue_calls(rescuer, 2.5) == 0, "a locked row is skipped"
+    locker.rollback()
+    assert rescue_calls(rescuer, 1.0) == 1
+    assert value(producer, "select state from treadle.jobs where id = %s", (job,)) == "retryable"
+
+
+def test_a_tampered_rescue_cursor_reads_from_the_start(connect: Connect) -> None:
+    """A rescue cursor set by hand (into the future, malformed) raises nothing and hides nothing."""
+    rescuer, producer, worker = connect(), connect(), connect()
+    job = enqueue(producer, "tampered-lease")
+    assert claim_with_lease(worker, "tampered-lease", "1 second") == [job]
+    time.sleep(1.1)
+    future = "{2,99999999999999999,99999999999999999,99999999999999999,1,99999999999999999}"
+    moved = []
+    for cursor in [future, "{2,1,2,3,4}", "{2,1,1,1,99999999999,1}", "garbage", "{2,NULL,NULL,NULL,NULL,NULL}", "\x01", ""]:
+        rescuer.execute("select set_config('treadle.rescue_cursor', %s, false)", (cursor,))
+        moved.append(value(rescuer, "select treadle.rescue()"))
+    assert moved == [1, 0, 0, 0, 0, 0, 0]
+    assert value(producer, "select state from treadle.jobs where id = %s", (job,)) == "retryable"
