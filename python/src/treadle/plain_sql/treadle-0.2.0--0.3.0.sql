@@ -1768,7 +1768,8 @@ COMMENT ON FUNCTION treadle._running_xids() IS
 -- a transaction that has an id stays open the floor stays; the session then reads
 -- from it once a minute and, between, only the leases that ran out since its
 -- previous call, less a second. A session's first rescue reads from the start; so
--- does every rescue while the setting treadle.now is in use. A lease written by a
+-- does every rescue while the setting treadle.now is in use, and under REPEATABLE
+-- READ a rescue reads from the floor: both leave the cursor as it was. A lease written by a
 -- statement that ran longer than that lease and a second before writing it can lie
 -- below a floor that moved meanwhile: a session's first rescue finds it.
 --------------------------------------------------------------------------------
