@@ -19,8 +19,8 @@ is the baseline.
 from __future__ import annotations
 
 import threading
-from collections import Counter
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
