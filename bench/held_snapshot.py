@@ -47,9 +47,7 @@ from harness import (
     worker_processes,
 )
 
-TITLE = {"read": "Held snapshot: steady load while a REPEATABLE READ transaction stays open",
-         "write": "Held snapshot: steady load while a writing transaction stays open",
-         "slot": "Held snapshot: steady load while an unused logical replication slot exists"}
+TITLE = "Held snapshot: steady load while a REPEATABLE READ transaction stays open"
 BACKLOG = 5000  # jobs the producer keeps waiting
 CHUNK = 1000  # jobs per producer statement
 RECOUNT = 5.0  # seconds between exact counts of the waiting jobs
@@ -320,7 +318,7 @@ def main() -> None:
         samples = sum(1 for at, _ in traces[kind].waits if held <= at < released)
         notes.append(f"{kind}: waits seen in {samples} samples of the sessions during the hold: "
                      + (", ".join(f"{w} {n}" for w, n in seen.most_common(6)) or "none"))
-    table(TITLE[args.holder], ["window", "phase", "treadle jobs/s", "raw jobs/s", "ratio", "treadle p99", "raw p99",
+    table(TITLE, ["window", "phase", "treadle jobs/s", "raw jobs/s", "ratio", "treadle p99", "raw p99",
                   "treadle claim", "raw claim", "treadle rescue", "raw rescue", "treadle dead", "raw dead",
                   "treadle idx MiB", "raw idx MiB"], rows, notes)
 
