@@ -144,7 +144,7 @@ def test_async_calls_return_awaitables(dsn: str) -> None:
             ]
 
     version, job, ids, results, cancelled, retried, run_cancelled, missing = asyncio.run(scenario())
-    assert version == "0.2.0"
+    assert version == "0.3.0"
     assert isinstance(job, treadle.Job) and job.name == "x"
     assert len(ids) == 2 and ids[0] < ids[1]
     assert (results, cancelled, retried, run_cancelled, missing) == ({}, True, True, True, None)
