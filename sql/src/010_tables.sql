@@ -69,6 +69,9 @@ CREATE TABLE treadle.jobs (
     progress         double precision,                   -- 0..1, set by the running handler
     progress_message text,
     schedule         text,                               -- the cron schedule this job is an occurrence of
+    -- the transaction that last made the job claimable: a claim that resumes from where
+    -- it stopped finds rows committed since its previous snapshot by this (040_claim.sql)
+    ready_txid       xid8        DEFAULT pg_current_xact_id(),
     CONSTRAINT jobs_state_check CHECK (state = ANY (ARRAY[
         'available', 'running', 'retryable', 'completed', 'discarded', 'cancelled'])),
     CONSTRAINT jobs_queue_check CHECK (queue <> ''),
@@ -95,6 +98,11 @@ CREATE TABLE treadle.jobs (
 CREATE INDEX jobs_claim_idx ON treadle.jobs (queue, priority, run_at, id)
     WHERE state = ANY (ARRAY['available', 'retryable']);
 CREATE INDEX jobs_claim_name_idx ON treadle.jobs (queue, name, priority, run_at, id)
+    WHERE state = ANY (ARRAY['available', 'retryable']);
+
+-- Rows made claimable since a claim's previous snapshot: ready_txid grows with every
+-- writer, so new entries go to the index's right edge.
+CREATE INDEX jobs_ready_txid_idx ON treadle.jobs (ready_txid)
     WHERE state = ANY (ARRAY['available', 'retryable']);
 
 -- rescue() finds expired leases (lease_until is set exactly while a job runs). The

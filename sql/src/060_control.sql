@@ -83,7 +83,8 @@ BEGIN
            attempt = 0,
            finished_at = NULL,
            cancel_requested = false,
-           lease_token = NULL
+           lease_token = NULL,
+           ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
      WHERE j.id = retry.job_id
        AND j.state = ANY (ARRAY['discarded', 'cancelled', 'retryable'])
     RETURNING j.* INTO v_job;

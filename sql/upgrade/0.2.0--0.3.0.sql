@@ -29,6 +29,16 @@ DROP VIEW treadle.queue_stats, treadle.throughput, treadle.recent_failures,
           treadle.live_workers, treadle.schedules;
 
 --------------------------------------------------------------------------------
+-- Claims under a held snapshot (sql/src/040_claim.sql): the transaction that last
+-- made each job claimable, and its index, as in sql/src/010_tables.sql. Rows of
+-- 0.2.0 keep null: a claim's sweep from the front finds them.
+--------------------------------------------------------------------------------
+ALTER TABLE treadle.jobs ADD COLUMN ready_txid xid8;
+ALTER TABLE treadle.jobs ALTER COLUMN ready_txid SET DEFAULT pg_current_xact_id();
+CREATE INDEX jobs_ready_txid_idx ON treadle.jobs (ready_txid)
+    WHERE state = ANY (ARRAY['available', 'retryable']);
+
+--------------------------------------------------------------------------------
 -- cycle: treadle.complete_and_claim and treadle.heartbeat_many are new functions
 -- (sql/src/045_cycle.sql) in the work part; no table changes. The after-script's
 -- re-grant of each role's parts gives them to the roles that work.
