@@ -69,6 +69,8 @@ CREATE TABLE treadle.jobs (
     progress         double precision,                   -- 0..1, set by the running handler
     progress_message text,
     schedule         text,                               -- the cron schedule this job is an occurrence of
+    timeout          interval,                           -- how long one attempt may run; null: no limit
+    backoff          interval[],                         -- delays before retries 1, 2, ...; null: the default
     CONSTRAINT jobs_state_check CHECK (state = ANY (ARRAY[
         'available', 'running', 'retryable', 'completed', 'discarded', 'cancelled'])),
     CONSTRAINT jobs_queue_check CHECK (queue <> ''),
@@ -86,7 +88,9 @@ CREATE TABLE treadle.jobs (
     CONSTRAINT jobs_finished_check CHECK (
         (state = ANY (ARRAY['completed', 'discarded', 'cancelled'])) = (finished_at IS NOT NULL)),
     CONSTRAINT jobs_step_check CHECK ((workflow_run_id IS NULL) = (step IS NULL)),
-    CONSTRAINT jobs_progress_check CHECK (progress >= 0 AND progress <= 1)
+    CONSTRAINT jobs_progress_check CHECK (progress >= 0 AND progress <= 1),
+    CONSTRAINT jobs_timeout_check CHECK (timeout > interval '0'),
+    CONSTRAINT jobs_backoff_check CHECK (cardinality(backoff) BETWEEN 1 AND 100)
 );
 
 -- Claims read only claimable rows: finished rows never slow a claim. The second index
@@ -102,6 +106,10 @@ CREATE INDEX jobs_claim_name_idx ON treadle.jobs (queue, name, priority, run_at,
 -- (heartbeat, complete, fail) name that state, and the planner, counting this small
 -- index cheaper than the primary key, would then walk it, dead entries and all.
 CREATE INDEX jobs_lease_idx ON treadle.jobs (lease_until) WHERE lease_until IS NOT NULL;
+
+-- rescue() also finds running jobs past their timeout, which heartbeats do not save:
+-- only jobs that have a timeout and run now are in this index.
+CREATE INDEX jobs_timeout_idx ON treadle.jobs (started_at) WHERE lease_until IS NOT NULL AND timeout IS NOT NULL;
 
 -- An idempotency key belongs to its job for as long as the row exists. Keys are per
 -- queue, so that tenants kept apart by queue can neither see nor suppress each other's.
