@@ -38,12 +38,15 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
         workflow_results,
     )
     from .errors import (
+        Discard,
         ExtensionMissing,
         InvalidArgument,
         JobCancelled,
         JobFailed,
         JobNotFound,
+        JobTimeout,
         LeaseLost,
+        Snooze,
         TreadleError,
         UndecodablePayload,
         UnsupportedVersion,
@@ -93,6 +96,9 @@ _EXPORTS: dict[str, str] = {
     "JobCancelled": "errors",
     "JobFailed": "errors",
     "JobNotFound": "errors",
+    "JobTimeout": "errors",
+    "Discard": "errors",
+    "Snooze": "errors",
     "WaitTimeout": "errors",
     "WorkflowCancelled": "errors",
     "WorkflowFailed": "errors",
@@ -102,6 +108,7 @@ _EXPORTS: dict[str, str] = {
 # the names of _EXPORTS, spelled out so that type checkers see what the package exports
 # (tests/client/test_public_names.py holds the two equal)
 __all__ = [
+    "Discard",
     "EnqueueOptions",
     "ExtensionMissing",
     "InvalidArgument",
@@ -110,7 +117,9 @@ __all__ = [
     "JobContext",
     "JobFailed",
     "JobNotFound",
+    "JobTimeout",
     "LeaseLost",
+    "Snooze",
     "Step",
     "TreadleError",
     "UndecodablePayload",
