@@ -4,6 +4,21 @@
 -- install.
 --------------------------------------------------------------------------------
 
+-- Rights on what is dropped here and created again (views, functions whose signature
+-- changes), to give back in 0.2.0--0.3.0.after.sql: DROP takes them with it.
+CREATE TEMPORARY TABLE treadle_upgrade_rights ON COMMIT DROP AS
+SELECT c.oid::regclass::text AS object, a.privilege_type, a.grantee
+  FROM pg_catalog.pg_class AS c
+ CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) AS a
+ WHERE c.relnamespace = 'treadle'::regnamespace AND c.relkind = 'v' AND a.grantee <> c.relowner
+UNION ALL
+SELECT p.proname::text, a.privilege_type, a.grantee
+  FROM pg_catalog.pg_proc AS p
+ CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) AS a
+ WHERE p.oid = ANY (ARRAY['treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval)'::regprocedure,
+                          'treadle.fail(bigint, uuid, text, interval)'::regprocedure])
+   AND a.grantee <> p.proowner;
+
 -- Views are created again from sql/src.
 DROP VIEW treadle.queue_stats, treadle.throughput, treadle.recent_failures, treadle.workflow_run_overview,
           treadle.job_details, treadle.workflow_run_steps, treadle.schedules, treadle.live_workers;
