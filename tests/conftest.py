@@ -38,6 +38,16 @@ UPGRADES_FROM = sorted(
     (p.name.split("--")[0] for p in (ROOT / "sql" / "upgrade").glob(f"*--{EXTENSION_VERSION}.sql")),
     key=lambda v: tuple(int(n) for n in v.split(".")),
 )
+# every earlier release, oldest first: each has its script, kept as released, and
+# ALTER EXTENSION UPDATE reaches this version from it through the upgrades between
+RELEASES = sorted(
+    (
+        m[1]
+        for p in (ROOT / "sql").glob("treadle--*.sql")
+        if (m := re.fullmatch(r"treadle--(\d+\.\d+\.\d+)\.sql", p.name)) and m[1] != EXTENSION_VERSION
+    ),
+    key=lambda v: tuple(int(n) for n in v.split(".")),
+)
 TEMPLATE = f"treadle_template_{os.getpid()}"
 INSTALL = os.environ.get("TREADLE_TEST_INSTALL", "extension")  # or "plain"
 

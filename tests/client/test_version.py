@@ -13,6 +13,7 @@ import pytest
 from psycopg.pq import TransactionStatus
 
 import treadle
+from tests.conftest import EXTENSION_VERSION
 from treadle import _compat
 
 
@@ -50,7 +51,7 @@ def test_unsupported_version_names_the_fix(dsn: str, monkeypatch: pytest.MonkeyP
         with pytest.raises(treadle.UnsupportedVersion, match="ALTER EXTENSION treadle UPDATE") as unsupported:
             treadle.start_workflow(conn, "w", steps=["a"])
         message = str(unsupported.value)
-        assert "has treadle 0.2.0" in message and "speaks 9.9.9" in message
+        assert f"has treadle {EXTENSION_VERSION}" in message and "speaks 9.9.9" in message
         assert conn.info.transaction_status == TransactionStatus.INTRANS  # not in error
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM treadle.workflow_runs").fetchone() == (0,)
@@ -99,14 +100,14 @@ def test_version_reads_the_sql_api(conn: psycopg.Connection[Any]) -> None:
 def test_connections_with_their_own_row_factory(dsn: str, row_factory: Any) -> None:
     with psycopg.connect(dsn, autocommit=True, row_factory=row_factory) as conn:
         job_id = treadle.enqueue(conn, "x")
-        assert treadle.version(conn) == "0.2.0"
+        assert treadle.version(conn) == EXTENSION_VERSION
         job = treadle.get_job(conn, job_id)
         assert job is not None and job.name == "x"
 
 
 @pytest.mark.extension_only  # drops or replaces the extension
 def test_a_0_1_0_database_is_refused_naming_the_upgrade(dsn: str) -> None:
-    # the released 0.1.0 script is installable as it was; its functions differ from 0.2.0's
+    # the released 0.1.0 script is installable as it was; its functions differ from this version's
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute("DROP EXTENSION treadle")
         admin.execute("CREATE EXTENSION treadle VERSION '0.1.0'")
@@ -114,9 +115,9 @@ def test_a_0_1_0_database_is_refused_naming_the_upgrade(dsn: str) -> None:
         with pytest.raises(treadle.UnsupportedVersion) as refused:
             treadle.enqueue(conn, "x")
         message = str(refused.value)
-        assert "has treadle 0.1.0" in message and "speaks 0.2.0" in message
+        assert "has treadle 0.1.0" in message and f"speaks {EXTENSION_VERSION}" in message
         assert "treadle upgrade" in message and "ALTER EXTENSION treadle UPDATE" in message
         assert conn.execute("SELECT count(*) FROM treadle.jobs").fetchone() == (0,)
         conn.execute("ALTER EXTENSION treadle UPDATE")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        assert treadle.version(conn) == "0.2.0"
+        assert treadle.version(conn) == EXTENSION_VERSION

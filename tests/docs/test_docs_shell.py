@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import NewDatabase
+from tests.conftest import EXTENSION_VERSION, NewDatabase
 from tests.docs.docblocks import ROOT, Block, check_outputs, page_blocks, python_env
 
 # Blocks the suite cannot run as written, by their exact text, and what covers them instead.
@@ -39,7 +39,7 @@ NOT_RUN = {
     'treadle dashboard --dsn "$DATABASE_URL" --port 5000 --read-only': (
         "serves until stopped, on a port another program may hold"
     ),
-    'psql "postgresql://app_owner@db.example.com/app" -v ON_ERROR_STOP=1 -f dist/treadle-0.2.0.sql': (
+    f'psql "postgresql://app_owner@db.example.com/app" -v ON_ERROR_STOP=1 -f dist/treadle-{EXTENSION_VERSION}.sql': (
         "names the reader's server; tests/install/test_plain_install.py runs psql -f on this script "
         "as a role that has only CREATE on its database"
     ),

@@ -18,7 +18,7 @@ from tests.plain_install import PLAIN_OWNER
 pytestmark = pytest.mark.subprocess  # the treadle command
 
 TREADLE = Path(sys.executable).with_name("treadle")
-OLD = "0.1.0"  # the release before this one
+OLD = "0.1.0"  # an earlier release, and one that had no plain install
 
 
 def treadle(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:

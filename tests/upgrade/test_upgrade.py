@@ -1,13 +1,14 @@
-"""A 0.1.0 database with jobs in every state upgrades to the current version: its catalog is
-then the same as a fresh install's, and its jobs, leases and workflow runs carry on.
+"""A database of each earlier release, with jobs in every state, upgrades to the current
+version: its catalog is then the same as a fresh install's, and its jobs, leases and
+workflow runs carry on.
 
 The extension's scripts must be installed in the server (`make install` installs the
-released 0.1.0 script, the current one and the upgrade between them).
+released scripts, the current one and the upgrades between them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from uuid import UUID
 
@@ -15,7 +16,7 @@ import psycopg
 import pytest
 
 from tests.catalog import describe_difference, snapshot
-from tests.conftest import EXTENSION_VERSION, UPGRADES_FROM, NewDatabase
+from tests.conftest import EXTENSION_VERSION, RELEASES, NewDatabase
 
 SOON = "1 hour"
 
@@ -26,14 +27,24 @@ GRANTS = {
     "treadle_up_producer": "grant_producer(%s)",
     "treadle_up_dashboard": "grant_dashboard(%s)",
     "treadle_up_viewer": "grant_dashboard(%s, true)",
+    "treadle_up_reader": "grant_reader(%s)",  # since 0.2.0
+    "treadle_up_admin": "grant_admin(%s)",  # since 0.2.0
 }
 
 
-def grant_roles(conn: psycopg.Connection) -> None:
-    """Make the GRANTS roles (once per server) and run each one's helper in this database."""
-    for role, call in GRANTS.items():
+def grant_roles(conn: psycopg.Connection, roles: Iterable[str] = GRANTS) -> list[str]:
+    """Make these GRANTS roles (once per server) and run each one's helper in this database,
+    when the installed version has it; returns the roles it granted."""
+    granted = []
+    for role in roles:
+        call = GRANTS[role]
+        helper = f"treadle.{call.split('(')[0]}"
+        if conn.execute("SELECT to_regproc(%s) IS NULL", (helper,)).fetchone() == (True,):
+            continue
         conn.execute(f"DO $$ BEGIN CREATE ROLE {role}; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
         conn.execute(f"SELECT treadle.{call % repr(role)}")
+        granted.append(role)
+    return granted
 
 
 @dataclass
@@ -43,6 +54,7 @@ class Filled:
     ids: dict[str, int] = field(default_factory=dict)  # label -> job id
     tokens: dict[str, UUID] = field(default_factory=dict)  # label -> lease token of a running job
     run_id: int = 0  # the workflow run, mid-way
+    granted: list[str] = field(default_factory=list)  # the GRANTS roles the old version set up
     rows_before: dict[str, list[dict[str, object]]] = field(default_factory=dict)  # just before the upgrade
     rows_after: dict[str, list[dict[str, object]]] = field(default_factory=dict)  # just after it
 
@@ -142,7 +154,12 @@ def fill(conn: psycopg.Connection) -> Filled:
     f.ids["step-b"], f.tokens["step-b"] = _claim(conn, "flow")
 
     conn.execute("SELECT treadle.worker_seen('old-worker', 'host', 42, ARRAY['default'], 4, 1)")
-    grant_roles(conn)
+    f.granted = grant_roles(conn)
+    if conn.execute("SELECT to_regproc('treadle.set_tenant') IS NOT NULL").fetchone() == (True,):
+        # 0.2.0's tenants, limits and cron schedules
+        conn.execute("SELECT treadle.set_tenant('treadle_up_reader', 'tenant-')")
+        conn.execute("SELECT treadle.configure(max_payload_bytes => 65536)")
+        conn.execute("SELECT treadle.schedule('nightly', '0 3 * * *', 'report', tz => 'Europe/Paris')")
 
     states = {row[0] for row in conn.execute("SELECT DISTINCT state FROM treadle.jobs")}
     assert states == {"available", "running", "retryable", "completed", "discarded", "cancelled"}
@@ -159,7 +176,7 @@ def fresh(new_module_database: NewDatabase) -> Iterator[psycopg.Connection]:
         yield conn
 
 
-@pytest.fixture(scope="module", params=UPGRADES_FROM)
+@pytest.fixture(scope="module", params=RELEASES)
 def upgraded(
     request: pytest.FixtureRequest, new_module_database: NewDatabase
 ) -> Iterator[tuple[psycopg.Connection, Filled]]:
@@ -172,6 +189,7 @@ def upgraded(
         filled.rows_before = table_rows(conn)
         conn.execute("ALTER EXTENSION treadle UPDATE")
         filled.rows_after = table_rows(conn)
+        grant_roles(conn, [r for r in GRANTS if r not in filled.granted])  # helpers the old version lacked
         yield conn, filled
 
 

@@ -9,7 +9,7 @@ from psycopg.rows import tuple_row
 
 from .errors import ExtensionMissing, UnsupportedVersion
 
-# the extension versions this client speaks (0.1.0's functions differ: claim, claimed, now)
+# the extension versions this client speaks (older ones lack functions it calls)
 SUPPORTED_VERSIONS: Final = frozenset({"0.3.0"})
 
 # The version of the extension form (pg_extension); none for a plain install.
