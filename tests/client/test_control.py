@@ -103,7 +103,7 @@ def test_cancel_workflow(conn: psycopg.Connection[Any]) -> None:
 
 
 def test_version(conn: psycopg.Connection[Any]) -> None:
-    assert treadle.version(conn) == "0.2.0"
+    assert treadle.version(conn) == "0.3.0"
 
 
 def test_calls_honour_no_row_factory_of_the_callers(dsn: str) -> None:

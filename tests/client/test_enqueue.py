@@ -59,6 +59,31 @@ def test_every_option_is_stored(conn: psycopg.Connection[Any]) -> None:
     assert (job["idempotency_key"], job["every"]) == ("report:7", timedelta(hours=1, microseconds=5))
 
 
+def test_timeout_and_backoff_are_stored(conn: psycopg.Connection[Any]) -> None:
+    delays = [timedelta(seconds=10), timedelta(minutes=1, microseconds=7)]
+    job_id = treadle.enqueue(conn, "sync", timeout=timedelta(minutes=2), backoff=delays)
+    assert (row(conn, job_id)["timeout"], row(conn, job_id)["backoff"]) == (timedelta(minutes=2), delays)
+    job = treadle.get_job(conn, job_id)
+    assert (job.timeout, job.backoff) == (timedelta(minutes=2), delays)
+    plain = treadle.get_job(conn, treadle.enqueue(conn, "sync"))
+    assert (plain.timeout, plain.backoff) == (None, None)
+
+
+def test_enqueue_many_timeout_and_backoff(conn: psycopg.Connection[Any]) -> None:
+    first, second = treadle.enqueue_many(
+        conn,
+        [
+            {"name": "a", "timeout": timedelta(seconds=90), "backoff": (timedelta(seconds=1), timedelta(hours=1))},
+            {"name": "b", "backoff": [timedelta(0)], "timeout": None},
+        ],
+    )
+    assert (row(conn, first)["timeout"], row(conn, first)["backoff"]) == (
+        timedelta(seconds=90),
+        [timedelta(seconds=1), timedelta(hours=1)],
+    )
+    assert (row(conn, second)["timeout"], row(conn, second)["backoff"]) == (None, [timedelta(0)])
+
+
 def test_args_may_be_an_array(conn: psycopg.Connection[Any]) -> None:
     assert row(conn, treadle.enqueue(conn, "x", [1, "two", [3]]))["args"] == [1, "two", [3]]
 
@@ -144,7 +169,7 @@ def test_async_calls_return_awaitables(dsn: str) -> None:
             ]
 
     version, job, ids, results, cancelled, retried, run_cancelled, missing = asyncio.run(scenario())
-    assert version == "0.2.0"
+    assert version == "0.3.0"
     assert isinstance(job, treadle.Job) and job.name == "x"
     assert len(ids) == 2 and ids[0] < ids[1]
     assert (results, cancelled, retried, run_cancelled, missing) == ({}, True, True, True, None)
