@@ -15,7 +15,16 @@ import psycopg
 import pytest
 
 import treadle
-from tests.worker.worker_support import PATIENCE, effects, enqueue, until_state, wait_for
+from tests.worker.worker_support import (
+    PATIENCE,
+    effects,
+    enqueue,
+    run_steps,
+    start_workflow,
+    until_run_finished,
+    until_state,
+    wait_for,
+)
 from treadle import Discard, InvalidArgument, Job, JobContext, JobTimeout, Snooze, Worker, WorkerEvent
 
 MakeWorker = Callable[..., Worker]
@@ -292,3 +301,42 @@ def test_a_handler_timeout_stops_the_heartbeats_of_a_hung_handler(
     row = until_state(conn, job_id, "discarded")
     assert "lease expired: worker stuck stopped heartbeating" in row["last_error"]
     assert not stuck.stopped()
+
+
+# -- workflow steps ----------------------------------------------------------------------------
+
+
+def test_a_workflows_policy_holds_for_its_steps(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
+    worker = make_worker()
+
+    def charge(input: Any, results: dict[str, Any], ctx: JobContext) -> None:
+        raise ConnectionError("payment provider down")
+
+    worker.workflow(
+        "checkout", [("reserve", lambda i, r, ctx: "held"), ("charge", charge)], max_attempts=2, backoff=lambda a: 0
+    )
+    run_id = start_workflow(conn, "checkout", {"order": 1}, ["reserve", "charge"])  # max_attempts 25
+    worker.start()
+    assert until_run_finished(conn, run_id)["state"] == "failed"
+    steps = {s["step"]: s for s in run_steps(conn, run_id)}
+    assert (steps["reserve"]["state"], steps["charge"]["state"], steps["charge"]["attempt"]) == (
+        "completed",
+        "discarded",
+        2,
+    )
+
+
+def test_a_step_that_raises_discard_fails_its_run_at_once(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
+    worker = make_worker()
+
+    def validate(input: Any, results: dict[str, Any], ctx: JobContext) -> None:
+        raise Discard("order 1 has no items")
+
+    worker.workflow("ship", [("validate", validate), ("send", lambda i, r, ctx: None)])
+    run_id = start_workflow(conn, "ship", {"order": 1}, ["validate", "send"])
+    worker.start()
+    assert until_run_finished(conn, run_id)["state"] == "failed"
+    (validate_step,) = run_steps(conn, run_id)  # the next step was never enqueued
+    assert (validate_step["step"], validate_step["state"], validate_step["attempt"]) == ("validate", "discarded", 1)

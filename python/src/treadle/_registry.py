@@ -67,10 +67,10 @@ class Registry:
         if job_name in self.handlers:
             raise InvalidArgument(f"a handler for {job_name!r} is already registered")
         self.handlers[job_name] = fn
-        if policy is not None and policy != HandlerPolicy():
+        if policy is not None and policy != NO_POLICY:
             self.policies[job_name] = policy
 
-    def add_workflow(self, name: object, steps: object) -> None:
+    def add_workflow(self, name: object, steps: object, policy: HandlerPolicy | None = None) -> None:
         workflow_name = check_name(name, "workflow name")
         if workflow_name in self.workflows:
             raise InvalidArgument(f"a workflow {workflow_name!r} is already registered")
@@ -91,13 +91,15 @@ class Registry:
         if not parsed:
             raise InvalidArgument(f"workflow {workflow_name!r} needs at least one step")
         self.workflows[workflow_name] = parsed
+        if policy is not None and policy != NO_POLICY:
+            self.policies[STEP_JOB_PREFIX + workflow_name] = policy  # keyed by the step jobs' name
 
     def claim_names(self) -> list[str]:
         """The job names this worker claims: its handlers', and its workflows' step jobs."""
         return [*self.handlers, *(STEP_JOB_PREFIX + name for name in self.workflows)]
 
     def policy(self, job_name: str) -> HandlerPolicy:
-        """The retry and timeout policy of a job name's handler (none for workflow steps)."""
+        """The retry and timeout policy of a job name's handler, or of a workflow's step jobs."""
         return self.policies.get(job_name, NO_POLICY)
 
     def handler(self, job_name: str) -> Handler:

@@ -244,13 +244,23 @@ class Worker:
 
         return decorate
 
-    def workflow(self, name: str, steps: Iterable[Step | tuple[str, StepFunction]]) -> None:
+    def workflow(
+        self,
+        name: str,
+        steps: Iterable[Step | tuple[str, StepFunction]],
+        *,
+        max_attempts: int | None = None,
+        backoff: Callable[[int], Duration] | None = None,
+        timeout: Duration | None = None,
+    ) -> None:
         """Register a workflow: its ordered steps, each a Step(name, fn) or a (name, fn) pair.
 
         The definition is recorded with treadle.define_workflow when the worker starts.
+        `max_attempts`, `backoff` and `timeout` are a policy for each of its steps, as
+        `register`'s are for a handler's jobs.
         """
         self._check_not_started()
-        self._registry.add_workflow(name, steps)
+        self._registry.add_workflow(name, steps, handler_policy(max_attempts, backoff, timeout))
 
     def serve_metrics(self, port: int, *, host: str = "0.0.0.0", database: bool = False) -> None:
         """Serve Prometheus metrics at http://host:port/metrics while the worker runs (before it starts).
