@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import date, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -166,7 +166,7 @@ REFUSED_BY_CLIENT: list[tuple[str, Call, str]] = [
     ("every seconds", lambda c: treadle.enqueue(c, "x", every=60), "every must be a datetime.timedelta"),
     ("timeout seconds", lambda c: treadle.enqueue(c, "x", timeout=60), "timeout must be a datetime.timedelta"),
     ("backoff one delay", lambda c: treadle.enqueue(c, "x", backoff=timedelta(1)), "backoff must be a list of"),
-    ("backoff string", lambda c: treadle.enqueue(c, "x", backoff="1 minute"), "backoff must be a list of"),
+    ("backoff string", lambda c: treadle.enqueue(c, "x", backoff=cast(Any, "1 minute")), "backoff must be a list of"),
     ("backoff of seconds", lambda c: treadle.enqueue(c, "x", backoff=[1, 2]), r"backoff\[0\] must be a datetime"),
     (
         "enqueue_many backoff of seconds",

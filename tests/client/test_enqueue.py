@@ -64,9 +64,9 @@ def test_timeout_and_backoff_are_stored(conn: psycopg.Connection[Any]) -> None:
     job_id = treadle.enqueue(conn, "sync", timeout=timedelta(minutes=2), backoff=delays)
     assert (row(conn, job_id)["timeout"], row(conn, job_id)["backoff"]) == (timedelta(minutes=2), delays)
     job = treadle.get_job(conn, job_id)
-    assert (job.timeout, job.backoff) == (timedelta(minutes=2), delays)
+    assert job is not None and (job.timeout, job.backoff) == (timedelta(minutes=2), delays)
     plain = treadle.get_job(conn, treadle.enqueue(conn, "sync"))
-    assert (plain.timeout, plain.backoff) == (None, None)
+    assert plain is not None and (plain.timeout, plain.backoff) == (None, None)
 
 
 def test_enqueue_many_timeout_and_backoff(conn: psycopg.Connection[Any]) -> None:
