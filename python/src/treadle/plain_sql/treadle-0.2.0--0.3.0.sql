@@ -427,6 +427,7 @@ CREATE OR REPLACE FUNCTION treadle._intervals(value jsonb)
 RETURNS interval[]
 LANGUAGE sql
 STABLE
+STRICT  -- a job without a backoff (most) costs no call
 BEGIN ATOMIC
     SELECT array_agg(e.delay::interval ORDER BY e.ord) FROM jsonb_array_elements_text(value) WITH ORDINALITY AS e(delay, ord);
 END;
