@@ -10,7 +10,8 @@ The path of a job through the modules:
 - _executor.py decodes the job alone, finds its handler or step (_registry.py)
   and calls it with a JobContext (_context.py) on a handler thread (_handler_threads.py);
 - _completer.py writes the outcome: successes batched into treadle.complete_many,
-  failures with treadle.fail, hand-backs at shutdown with treadle.release;
+  failures with treadle.fail (how: _retry.py, from the handler's policy), snoozes
+  with treadle.snooze, hand-backs at shutdown with treadle.release;
 - meanwhile _housekeeping.py heartbeats the leases and rescues expired ones, and
   _notifier.py wakes the claim loop when NOTIFY says work arrived.
 """
