@@ -81,6 +81,41 @@ UPDATE bench_raw.jobs
    SET state = 'completed', finished_at = now(), lease_until = NULL, lease_token = NULL
  WHERE id = ANY(%(ids)s)
 """
+# The raw cycle in one statement, as the treadle worker's complete_and_claim: finish the
+# jobs of the last batch and claim the next, one round trip and one commit per batch.
+RAW_FINISH_AND_CLAIM = """
+WITH done AS (
+    UPDATE bench_raw.jobs
+       SET state = 'completed', finished_at = now(), lease_until = NULL, lease_token = NULL
+     WHERE id = ANY(%(ids)s::bigint[])
+), c AS (
+    SELECT id FROM bench_raw.jobs
+     WHERE queue = %(queue)s AND name = %(name)s
+       AND state = ANY('{{available,retryable}}') AND run_at <= now()
+     ORDER BY priority, run_at, id
+     LIMIT {batch:d}
+       FOR UPDATE SKIP LOCKED)
+UPDATE bench_raw.jobs AS j
+   SET state = 'running', attempt = j.attempt + 1, lease_until = now() + %(lease)s::interval,
+       lease_token = gen_random_uuid(), worker_id = %(worker_id)s, started_at = now()
+  FROM c WHERE j.id = c.id
+RETURNING j.*
+"""
+RAW_APPLICATION = "bench-raw-worker"  # the raw worker's connections, by application_name
+
+
+def raw_finish_and_claim(batch: int) -> str:
+    """The raw finish of the last batch and claim of `batch` more, in one statement."""
+    return RAW_FINISH_AND_CLAIM.format(batch=batch)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time a process on this machine has used (/proc/PID/stat); None when gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def raw_claim(batch: int) -> str:

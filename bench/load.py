@@ -4,11 +4,15 @@ W worker processes (treadle.Worker, concurrency C) start and wait; N jobs are
 enqueued in one transaction; the figure is N over the time from that commit to
 the last job's finished_at (the database's clock, so process start-up is not
 counted). The raw baseline: W processes of bench/worker_raw.py, the bare
-SKIP LOCKED claim of C jobs plus one UPDATE finishing them, on bench_raw.jobs.
+SKIP LOCKED claim of C jobs, then one statement that finishes them and claims
+the next C, on bench_raw.jobs: the same round trips as treadle's worker.
+CPU per job: the CPU time (user + system, /proc/PID/stat) the worker processes
+and their server backends (found by application_name) used during the drain,
+over the jobs; the server must run on this machine (else "-").
 A last row runs the SQL cycle alone, with no worker process: one connection
-in this script claims C jobs and finishes them, treadle.claim plus
-treadle.complete_many against the raw pair, which splits the gap between the
-cost of the SQL functions and the cost of the worker around them.
+in this script finishes C jobs and claims C more per statement,
+treadle.complete_and_claim against the raw statement, which splits the gap
+between the cost of the SQL functions and the cost of the worker around them.
 
     .build/venv/bin/python bench/load.py [--jobs 20000] [--workers 1 2] [--concurrency 10] [--runs 3]
 """
@@ -23,10 +27,10 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from harness import (
-    RAW_FINISH,
+    RAW_APPLICATION,
     RAW_INSERT_SELECT,
-    TREADLE_CLAIM,
     WorkerProcess,
+    cpu_seconds,
     database,
     fmt,
     median,
@@ -36,6 +40,7 @@ from harness import (
     progress,
     ratio,
     raw_claim,
+    raw_finish_and_claim,
     reset_tables,
     runs_text,
     server,
@@ -48,7 +53,35 @@ TITLE = "Load: jobs per second through worker processes, empty handlers"
 SEED_ONE_WORKER = 863  # jobs/s, the seed's one worker at concurrency 10
 CHUNK = 5000  # jobs per enqueue statement
 TABLE = {"treadle": "treadle.jobs", "raw": "bench_raw.jobs"}
-COMPLETE_MANY = "SELECT job_id, state FROM treadle.complete_many(%(ids)s, %(tokens)s)"
+APPLICATION = {"treadle": "treadle-worker:%", "raw": RAW_APPLICATION}  # the workers' connections
+COMPLETE_AND_CLAIM = """
+SELECT finished_id, (job).id, (job).lease_token
+  FROM treadle.complete_and_claim(%(ids)s, %(tokens)s, NULL, %(worker_id)s, ARRAY[%(queue)s], %(names)s,
+                                  %(batch)s, %(lease)s::interval)
+"""
+
+
+class CpuMeter:
+    """CPU seconds the worker processes and their server backends use from now on (/proc/PID/stat)."""
+
+    def __init__(self, conn: psycopg.Connection[Any], kind: str, procs: list[WorkerProcess]) -> None:
+        self._conn, self._kind = conn, kind
+        self._workers = {p.proc.pid: cpu_seconds(p.proc.pid) or 0.0 for p in procs}
+        self._backends = {pid: cpu_seconds(pid) or 0.0 for pid in self._backend_pids()}
+
+    def _backend_pids(self) -> list[int]:
+        rows = self._conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s",
+                                  [APPLICATION[self._kind]]).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def used(self) -> tuple[float | None, float | None]:
+        """(worker processes, server backends) CPU seconds since the start; None where /proc cannot tell."""
+        def since(start: dict[int, float], pids: list[int]) -> float | None:
+            now = {pid: cpu_seconds(pid) for pid in pids}
+            seen = [(pid, t) for pid, t in now.items() if t is not None]
+            # a backend that started during the drain used all of its time in it
+            return sum(t - start.get(pid, 0.0) for pid, t in seen) if seen else None
+        return since(self._workers, list(self._workers)), since(self._backends, self._backend_pids())
 
 
 def enqueue_backlog(conn: psycopg.Connection[Any], kind: str, jobs: int) -> float:
@@ -70,8 +103,11 @@ def enqueue_backlog(conn: psycopg.Connection[Any], kind: str, jobs: int) -> floa
 
 def drain(url: str, kind: str, workers: int, concurrency: int, jobs: int,
           watch: Callable[[list[WorkerProcess]], None] | None = None,
-          on_ready: Callable[[list[WorkerProcess]], None] | None = None) -> tuple[float, list[int]]:
+          on_ready: Callable[[list[WorkerProcess]], None] | None = None,
+          cpu: list[tuple[float | None, float | None]] | None = None) -> tuple[float, list[int]]:
     """Jobs per second for one drain, and each worker's peak RSS in KiB.
+
+    With `cpu`, appends the (worker processes, server backends) CPU seconds per job.
 
     `on_ready(procs)` is called once the workers wait for work, `watch(procs)` about
     every 0.1 s while they drain and once after.
@@ -81,6 +117,7 @@ def drain(url: str, kind: str, workers: int, concurrency: int, jobs: int,
         with worker_processes(kind, url, workers, ["--concurrency", str(concurrency)]) as procs:
             if on_ready is not None:
                 on_ready(procs)
+            meter = CpuMeter(conn, kind, procs)
             start = enqueue_backlog(conn, kind, jobs)
             deadline = time.monotonic() + 60 + jobs / 50
             count = f"SELECT count(*) FROM {TABLE[kind]} WHERE finished_at IS NOT NULL"
@@ -93,12 +130,16 @@ def drain(url: str, kind: str, workers: int, concurrency: int, jobs: int,
             if watch is not None:
                 watch(procs)
             row = conn.execute(f"SELECT extract(epoch FROM max(finished_at))::float8 FROM {TABLE[kind]}").fetchone()
+            if cpu is not None:
+                worker_s, server_s = meter.used()
+                cpu.append((None if worker_s is None else worker_s / jobs,
+                            None if server_s is None else server_s / jobs))
         end = float(row[0])  # type: ignore[index]
     return jobs / (end - start), [p.maxrss_kib or 0 for p in procs]
 
 
 def sql_cycle(url: str, kind: str, batch: int, jobs: int) -> float:
-    """Jobs per second of claim-then-finish in a loop on one connection, no worker process."""
+    """Jobs per second of finish-and-claim in a loop on one connection, no worker process."""
     params = {"worker_id": "cycle", "queue": "default", "names": ["bench"], "name": "bench", "batch": batch,
               "lease": "30 seconds"}
     with psycopg.connect(url, autocommit=True) as conn:
@@ -106,17 +147,19 @@ def sql_cycle(url: str, kind: str, batch: int, jobs: int) -> float:
         enqueue_backlog(conn, kind, jobs)
         cur = conn.cursor()
         start = time.perf_counter()
+        ids: list[int] = []
+        tokens: list[Any] = []
         while True:
-            cur.execute(TREADLE_CLAIM if kind == "treadle" else raw_claim(batch), params, prepare=True)
-            rows = cur.fetchall()
-            if not rows:
-                break
             if kind == "treadle":
-                cur.execute(COMPLETE_MANY, {"ids": [r[0] for r in rows], "tokens": [r[10] for r in rows]},
-                            prepare=True)
-                cur.fetchall()
+                cur.execute(COMPLETE_AND_CLAIM, {**params, "ids": ids, "tokens": tokens}, prepare=True)
+                claimed = [r for r in cur.fetchall() if r[0] is None]
+                ids, tokens = [r[1] for r in claimed], [r[2] for r in claimed]
             else:
-                cur.execute(RAW_FINISH, {"ids": [r[0] for r in rows]}, prepare=True)
+                cur.execute(raw_finish_and_claim(batch) if ids else raw_claim(batch), {**params, "ids": ids},
+                            prepare=True)
+                ids = [r[0] for r in cur.fetchall()]
+            if not ids:
+                break
         return jobs / (time.perf_counter() - start)
 
 
@@ -130,13 +173,14 @@ def main() -> None:
 
     results: dict[tuple[str, int], list[float]] = {}
     rss: dict[tuple[str, int], list[int]] = {}
+    cpu: dict[tuple[str, int], list[tuple[float | None, float | None]]] = {}
     with server() as url, database(url, "load") as db:
         print_settings(db)
         for w in args.workers:
             for run in range(args.runs):
                 for kind in (("treadle", "raw") if run % 2 == 0 else ("raw", "treadle")):
                     progress(f"{w} {kind} worker(s): run {run + 1}/{args.runs}, {jobs:,} jobs")
-                    rate, peaks = drain(db, kind, w, args.concurrency, jobs)
+                    rate, peaks = drain(db, kind, w, args.concurrency, jobs, cpu=cpu.setdefault((kind, w), []))
                     results.setdefault((kind, w), []).append(rate)
                     rss.setdefault((kind, w), []).extend(peaks)
                     progress(f"  {fmt(rate, 0)} jobs/s")
@@ -145,23 +189,32 @@ def main() -> None:
                 progress(f"SQL cycle, {kind}: run {run + 1}/{args.runs}, {jobs:,} jobs")
                 results.setdefault((kind, 0), []).append(sql_cycle(db, kind, args.concurrency, jobs))
 
+    def ms_per_job(kind: str, w: int, part: int) -> str:
+        values = [c[part] * 1000 for c in cpu[(kind, w)] if c[part] is not None]
+        return spread(values, 3) if values else "-"
+
     rows = []
     for w in args.workers:
         t, r = results[("treadle", w)], results[("raw", w)]
         rows.append([f"{w} x concurrency {args.concurrency}", spread(t, 0), spread(r, 0), paired_ratio(t, r),
+                     ms_per_job("treadle", w, 0), ms_per_job("raw", w, 0),
+                     ms_per_job("treadle", w, 1), ms_per_job("raw", w, 1),
                      f"{max(rss[('treadle', w)]) / 1024:.1f}", f"{max(rss[('raw', w)]) / 1024:.1f}"])
     t, r = results[("treadle", 0)], results[("raw", 0)]
-    rows.append([f"SQL cycle only: claim {args.concurrency} + finish, one connection", spread(t, 0), spread(r, 0),
-                 paired_ratio(t, r), "-", "-"])
+    rows.append([f"SQL cycle only: finish {args.concurrency} + claim {args.concurrency} per statement, "
+                 "one connection", spread(t, 0), spread(r, 0), paired_ratio(t, r), "-", "-", "-", "-", "-", "-"])
     notes = [f"{jobs:,} jobs per drain, {runs_text(args.runs)}: median (range). The seed: {SEED_ONE_WORKER} jobs/s "
-             "for one worker, 4,750 for eight. Goals: one worker >= 0.40 of raw and "
-             f"> {10 * SEED_ONE_WORKER:,} jobs/s; two workers faster than one."]
+             "for one worker, 4,750 for eight. Goals: one worker >= 0.8 of raw and "
+             f"> {10 * SEED_ONE_WORKER:,} jobs/s, CPU per job (worker + server) <= 0.13 ms; two workers faster "
+             "than one. CPU ms per job: user + system time of the worker processes and of their server "
+             "backends during the drain, over the jobs."]
     if 1 in args.workers and 2 in args.workers:
         def scaling(kind: str) -> str:
             return ratio(median(results[(kind, 2)]), median(results[(kind, 1)]))
         notes.append(f"Two workers against one: treadle x{scaling('treadle')}, raw x{scaling('raw')}.")
-    table(TITLE, ["workers", "treadle jobs/s", "raw jobs/s", "ratio", "treadle peak RSS MiB", "raw peak RSS MiB"],
-          rows, notes)
+    table(TITLE, ["workers", "treadle jobs/s", "raw jobs/s", "ratio", "treadle worker CPU ms/job",
+                  "raw worker CPU ms/job", "treadle server CPU ms/job", "raw server CPU ms/job",
+                  "treadle peak RSS MiB", "raw peak RSS MiB"], rows, notes)
 
 
 if __name__ == "__main__":

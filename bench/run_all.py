@@ -28,6 +28,7 @@ SCENARIOS: list[tuple[str, list[str]]] = [
     ("pickup.py", []),
     ("held_snapshot.py", ["--warmup", "10", "--hold", "60", "--after", "20"]),
     ("memory.py", ["--runs", "1"]),
+    ("cli_bulk.py", []),
 ]
 # scenarios that start a cluster of their own, with settings of their own (pg_stat_statements)
 OWN_CLUSTER = {"held_snapshot.py"}

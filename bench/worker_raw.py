@@ -1,8 +1,10 @@
 """The raw baseline worker: the bare SKIP LOCKED cycle on bench_raw.jobs, in a process of its own.
 
 It claims up to `concurrency` jobs with one statement, runs the handler on each,
-finishes them all with one UPDATE, and claims again; when a claim comes back
-short it waits for a NOTIFY on bench_raw_jobs or the poll interval. No leases
+then finishes them all and claims the next batch in one statement (one round trip
+and one commit per batch, as treadle's worker with complete_and_claim); when a
+claim comes back short it finishes what it ran, then waits for a NOTIFY on
+bench_raw_jobs or the poll interval. No leases
 are renewed, nothing is rescued: this is the least work a SKIP LOCKED queue can
 do per job. Same pipe protocol and handlers as worker_treadle.py.
 
@@ -21,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from harness import RAW_FINISH, raw_claim
+from harness import RAW_APPLICATION, RAW_FINISH, raw_claim, raw_finish_and_claim
 
 CHANNEL = "bench_raw_jobs"
 
@@ -45,25 +47,31 @@ def main() -> None:
     threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
     record = args.handler == "record"
     claim = raw_claim(args.concurrency)
+    finish_and_claim = raw_finish_and_claim(args.concurrency)
     params: dict[str, Any] = {"queue": args.queue, "name": "bench", "batch": args.concurrency,
                               "lease": "30 seconds", "worker_id": f"raw:{os.getpid()}"}
 
-    with psycopg.connect(args.dsn, autocommit=True) as conn, \
-            psycopg.connect(args.dsn, autocommit=True) as listen:
+    with psycopg.connect(args.dsn, autocommit=True, application_name=RAW_APPLICATION) as conn, \
+            psycopg.connect(args.dsn, autocommit=True, application_name=RAW_APPLICATION) as listen:
         if not args.no_listen:
             listen.execute(f"LISTEN {CHANNEL}")
         cur = conn.cursor()
         print("ready", flush=True)
+        cur.execute(claim, params, prepare=True)
+        rows = cur.fetchall()
         while not stop.is_set():
-            cur.execute(claim, params, prepare=True)
-            rows = cur.fetchall()
             for row in rows:
                 if record:
                     print(f"start {row[0]} {time.time():.6f}", flush=True)
+            if len(rows) == args.concurrency:
+                cur.execute(finish_and_claim, {**params, "ids": [row[0] for row in rows]}, prepare=True)
+                rows = cur.fetchall()
+                continue
             if rows:
                 cur.execute(RAW_FINISH, {"ids": [row[0] for row in rows]}, prepare=True)
-            if len(rows) < args.concurrency:
-                wait(listen, args.poll_interval, stop, args.no_listen)
+            wait(listen, args.poll_interval, stop, args.no_listen)
+            cur.execute(claim, params, prepare=True)
+            rows = cur.fetchall()
     print(f"maxrss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}", flush=True)
 
 

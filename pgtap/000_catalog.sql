@@ -44,6 +44,8 @@ SELECT set_eq(
           'treadle.claim(text,text[],text[],integer,interval,uuid)', 'treadle.claimed(uuid)',
           'treadle.heartbeat(bigint,uuid,interval)', 'treadle.progress(bigint,uuid,double precision,text)',
           'treadle.complete(bigint,uuid,jsonb)', 'treadle.complete_many(bigint[],uuid[],jsonb[])',
+          'treadle.complete_and_claim(bigint[],uuid[],jsonb[],text,text[],text[],integer,interval,uuid)',
+          'treadle.heartbeat_many(bigint[],uuid[],interval)',
           'treadle.fail(bigint,uuid,text,interval,boolean)', 'treadle.release(bigint,uuid)',
           'treadle.snooze(bigint,uuid,interval)', 'treadle.rescue()',
           'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.prune(interval)',

@@ -46,6 +46,8 @@ INSERT INTO may_execute VALUES
     ('treadle.progress(bigint,uuid,double precision,text)', '{worker}'),
     ('treadle.complete(bigint,uuid,jsonb)',      '{worker}'),
     ('treadle.complete_many(bigint[],uuid[],jsonb[])', '{worker}'),
+    ('treadle.complete_and_claim(bigint[],uuid[],jsonb[],text,text[],text[],integer,interval,uuid)', '{worker}'),
+    ('treadle.heartbeat_many(bigint[],uuid[],interval)', '{worker}'),
     ('treadle.fail(bigint,uuid,text,interval,boolean)', '{worker}'),
     ('treadle.release(bigint,uuid)',             '{worker}'),
     ('treadle.snooze(bigint,uuid,interval)',     '{worker}'),

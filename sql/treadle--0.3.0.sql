@@ -1362,6 +1362,161 @@ $$;
 COMMENT ON FUNCTION treadle.progress(bigint, uuid, double precision, text) IS
     'Record a running job''s progress (0..1) and a message; false when the lease is lost.';
 --------------------------------------------------------------------------------
+-- A worker's cycle in one statement. A worker that finishes a batch and then
+-- claims the next pays two round trips and two commits per batch; these pay one.
+-- They add no rule of their own: complete_and_claim is treadle.complete_many
+-- followed by treadle.claim in one transaction, and heartbeat_many is
+-- treadle.heartbeat for many jobs.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle.complete_and_claim(job_ids, lease_tokens, results, worker_id, queues,
+--                            names, batch, lease, lease_token)
+--     -> table(finished_id, finished_state, job)
+--
+-- Transition: as treadle.complete_many for the jobs given (running -> completed,
+-- or cancelled when a cancel was requested), then as treadle.claim for up to
+-- `batch` more (available | retryable -> running), in one transaction: a
+-- workflow's next step or a periodic job's next occurrence written by the finish
+-- can be claimed by the same call. Returns first one row per finished input, in
+-- input order (finished_id, finished_state: null where the token does not hold
+-- the job; job null), then one row per claimed job (finished_id and
+-- finished_state null; job the claimed row), in claim order.
+-- A lost answer is recovered as for each half: repeating complete_many with the
+-- same arrays returns what the finish did, and treadle.claimed(lease_token)
+-- returns what the claim took (so give a lease_token).
+-- batch 0 only finishes; empty arrays only claim.
+-- Raises 22004: job_ids, lease_tokens, worker_id, queues, batch or lease null.
+-- 22023: arrays of different lengths; a result over the payload size limit or
+-- nested over 100 levels; batch outside 0..1000; worker_id, queues, names or
+-- lease as treadle.claim refuses them. 42501: a tenant's queue outside its
+-- prefix. Nothing is written when it raises.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.complete_and_claim(
+    job_ids      bigint[],
+    lease_tokens uuid[],
+    results      jsonb[],
+    worker_id    text,
+    queues       text[]   DEFAULT ARRAY['default'],
+    names        text[]   DEFAULT NULL,
+    batch        integer  DEFAULT 1,
+    lease        interval DEFAULT '30 seconds',
+    lease_token  uuid     DEFAULT NULL
+)
+RETURNS TABLE (finished_id bigint, finished_state text, job treadle.jobs)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+ROWS 20
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF complete_and_claim.batch IS NULL THEN
+        RAISE EXCEPTION 'treadle: batch must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF complete_and_claim.batch NOT BETWEEN 0 AND 1000 THEN
+        RAISE EXCEPTION 'treadle: batch must be between 0 and 1000, got %', complete_and_claim.batch
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF complete_and_claim.job_ids IS NULL OR complete_and_claim.lease_tokens IS NULL THEN
+        RAISE EXCEPTION 'treadle: job_ids and lease_tokens must not be null'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF complete_and_claim.batch = 0 THEN
+        -- treadle.claim is not called, so its arguments are checked here
+        PERFORM treadle._check_text(complete_and_claim.worker_id, 'worker_id');
+        PERFORM treadle._check_names(complete_and_claim.queues, 'queues');
+        IF complete_and_claim.names IS NOT NULL THEN
+            PERFORM treadle._check_names(complete_and_claim.names, 'names');
+        END IF;
+        IF complete_and_claim.lease IS NULL THEN
+            RAISE EXCEPTION 'treadle: lease must not be null' USING ERRCODE = 'null_value_not_allowed';
+        END IF;
+        PERFORM treadle._check_interval(complete_and_claim.lease, 'lease', interval '1 day');
+    END IF;
+
+    IF cardinality(complete_and_claim.job_ids) > 0 OR cardinality(complete_and_claim.lease_tokens) > 0
+       OR cardinality(complete_and_claim.results) > 0 THEN
+        RETURN QUERY
+        SELECT m.job_id, m.state, NULL::treadle.jobs
+          FROM treadle.complete_many(complete_and_claim.job_ids, complete_and_claim.lease_tokens,
+                                     complete_and_claim.results) AS m;
+    END IF;
+
+    IF complete_and_claim.batch > 0 THEN
+        RETURN QUERY
+        SELECT NULL::bigint, NULL::text, c
+          FROM treadle.claim(complete_and_claim.worker_id, complete_and_claim.queues, complete_and_claim.names,
+                             complete_and_claim.batch, complete_and_claim.lease,
+                             complete_and_claim.lease_token) AS c;
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle.complete_and_claim(bigint[], uuid[], jsonb[], text, text[], text[], integer, interval, uuid) IS
+    'Finish a batch of running jobs (as complete_many) and claim up to batch more (as claim) in one statement.';
+
+--------------------------------------------------------------------------------
+-- treadle.heartbeat_many(job_ids, lease_tokens, lease) -> table(job_id, answer)
+--
+-- Transition: none (as treadle.heartbeat, for many jobs in one statement: each
+-- lease the token holds moves to now + lease). Returns one row per input, in
+-- input order: 'held', 'cancel' (held, and a cancel was requested) or 'lost'.
+-- Raises 22004: job_ids, lease_tokens or lease null, or a null element.
+-- 22023: arrays of different lengths or over 10,000 elements; lease not positive
+-- or over 1 day.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.heartbeat_many(
+    job_ids      bigint[],
+    lease_tokens uuid[],
+    lease        interval DEFAULT '30 seconds'
+)
+RETURNS TABLE (job_id bigint, answer text)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF heartbeat_many.job_ids IS NULL OR heartbeat_many.lease_tokens IS NULL OR heartbeat_many.lease IS NULL THEN
+        RAISE EXCEPTION 'treadle: job_ids, lease_tokens and lease must not be null'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF cardinality(heartbeat_many.job_ids) <> cardinality(heartbeat_many.lease_tokens)
+       OR cardinality(heartbeat_many.job_ids) > 10000 THEN
+        RAISE EXCEPTION 'treadle: job_ids and lease_tokens must have the same length, at most 10000'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF array_position(heartbeat_many.job_ids, NULL) IS NOT NULL
+       OR array_position(heartbeat_many.lease_tokens, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'treadle: job_ids and lease_tokens must not hold nulls'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM treadle._check_interval(heartbeat_many.lease, 'lease', interval '1 day');
+
+    RETURN QUERY
+    WITH input AS (
+        SELECT i.id, i.token, i.ord
+          FROM unnest(heartbeat_many.job_ids, heartbeat_many.lease_tokens) WITH ORDINALITY AS i(id, token, ord)
+    ), held AS (
+        UPDATE treadle.jobs AS j
+           SET lease_until = treadle.now() + heartbeat_many.lease
+          FROM input AS i
+         WHERE j.id = i.id
+           AND j.state = 'running'
+           AND j.lease_token = i.token
+        RETURNING j.id, j.lease_token, j.cancel_requested
+    )
+    SELECT i.id, CASE WHEN h.id IS NULL THEN 'lost' WHEN h.cancel_requested THEN 'cancel' ELSE 'held' END
+      FROM input AS i
+      LEFT JOIN held AS h ON h.id = i.id AND h.lease_token = i.token
+     ORDER BY i.ord;
+END;
+$$;
+COMMENT ON FUNCTION treadle.heartbeat_many(bigint[], uuid[], interval) IS
+    'Extend many running jobs'' leases in one statement; held, cancel or lost for each.';
+--------------------------------------------------------------------------------
 -- Finishing. Every path that moves a job out of `running` or `available` into a
 -- new state calls treadle._follow_up with the rows it changed, in the same
 -- transaction, so a periodic job's next occurrence, a workflow's next step and a
@@ -3312,8 +3467,9 @@ COMMENT ON FUNCTION treadle.job_counts(bigint) IS
 --   read     job_counts, estimated_jobs
 --   produce  enqueue, enqueue_many, start_workflow, schedule
 --   control  cancel, retry, cancel_workflow, unschedule
---   work     claim, claimed, heartbeat, progress, complete, complete_many, fail,
---            release, define_workflow, worker_seen, worker_stopped
+--   work     claim, claimed, heartbeat, heartbeat_many, progress, complete,
+--            complete_many, complete_and_claim, fail, release, define_workflow,
+--            worker_seen, worker_stopped
 --   recover  rescue
 --   prune    prune
 -- Each function is listed here once; the grant helpers combine the parts.
@@ -3348,6 +3504,8 @@ BEGIN
         ('work',    'treadle.progress(bigint, uuid, double precision, text)'),
         ('work',    'treadle.complete(bigint, uuid, jsonb)'),
         ('work',    'treadle.complete_many(bigint[], uuid[], jsonb[])'),
+        ('work',    'treadle.complete_and_claim(bigint[], uuid[], jsonb[], text, text[], text[], integer, interval, uuid)'),
+        ('work',    'treadle.heartbeat_many(bigint[], uuid[], interval)'),
         ('work',    'treadle.fail(bigint, uuid, text, interval, boolean)'),
         ('work',    'treadle.release(bigint, uuid)'),
         ('work',    'treadle.snooze(bigint, uuid, interval)'),

@@ -22,8 +22,9 @@
 --   read     job_counts, estimated_jobs
 --   produce  enqueue, enqueue_many, start_workflow, schedule
 --   control  cancel, retry, cancel_workflow, unschedule
---   work     claim, claimed, heartbeat, progress, complete, complete_many, fail,
---            release, define_workflow, worker_seen, worker_stopped
+--   work     claim, claimed, heartbeat, heartbeat_many, progress, complete,
+--            complete_many, complete_and_claim, fail, release, define_workflow,
+--            worker_seen, worker_stopped
 --   recover  rescue
 --   prune    prune
 -- Each function is listed here once; the grant helpers combine the parts.
@@ -58,6 +59,8 @@ BEGIN
         ('work',    'treadle.progress(bigint, uuid, double precision, text)'),
         ('work',    'treadle.complete(bigint, uuid, jsonb)'),
         ('work',    'treadle.complete_many(bigint[], uuid[], jsonb[])'),
+        ('work',    'treadle.complete_and_claim(bigint[], uuid[], jsonb[], text, text[], text[], integer, interval, uuid)'),
+        ('work',    'treadle.heartbeat_many(bigint[], uuid[], interval)'),
         ('work',    'treadle.fail(bigint, uuid, text, interval, boolean)'),
         ('work',    'treadle.release(bigint, uuid)'),
         ('work',    'treadle.snooze(bigint, uuid, interval)'),

@@ -29,6 +29,12 @@ DROP VIEW treadle.queue_stats, treadle.throughput, treadle.recent_failures,
           treadle.live_workers, treadle.schedules;
 
 --------------------------------------------------------------------------------
+-- cycle: treadle.complete_and_claim and treadle.heartbeat_many are new functions
+-- (sql/src/045_cycle.sql) in the work part; no table changes. The after-script's
+-- re-grant of each role's parts gives them to the roles that work.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
 -- Retry policies and timeouts (docs/retries.md), as in sql/src/010_tables.sql.
 --------------------------------------------------------------------------------
 ALTER TABLE treadle.jobs ADD COLUMN timeout interval;

@@ -14,7 +14,17 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-SCENARIOS = ["claim_latency", "storm", "enqueue_rate", "load", "recovery", "pickup", "held_snapshot", "memory"]
+SCENARIOS = [
+    "claim_latency",
+    "storm",
+    "enqueue_rate",
+    "load",
+    "recovery",
+    "pickup",
+    "held_snapshot",
+    "memory",
+    "cli_bulk",
+]
 
 
 def title(script: Path) -> str:

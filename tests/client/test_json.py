@@ -90,3 +90,19 @@ def test_circular_structures() -> None:
     selfish.append(selfish)
     with pytest.raises(InvalidArgument, match=r"args\[0\] contains itself"):
         to_json(selfish, "args")
+
+
+def test_text_that_looks_like_an_escaped_nul_is_kept() -> None:
+    # the encoder's output holds "\\u0000" here, as it would for a NUL: only the walk tells them apart
+    value = {"path": "C:\\u0000", "note": "\\\\u0000"}
+    assert json.loads(to_json(value, "args")) == value
+
+
+def test_an_integer_key_is_refused_not_turned_into_text() -> None:
+    with pytest.raises(InvalidArgument, match="key 1 of type int"):
+        to_json({"ok": {1: "one"}}, "args")
+
+
+def test_a_large_plain_value_is_encoded_whole() -> None:
+    value = [{"i": i, "tags": ["a", "b"]} for i in range(400_000)]  # more items than the quick pass takes
+    assert json.loads(to_json(value, "args")) == value

@@ -32,6 +32,9 @@ NOT_RUN = {
     "treadle worker examples/worker_process.py": (
         "runs until stopped; examples/worker_process.py runs this command and stops it with SIGTERM"
     ),
+    "treadle status --watch": (
+        "redraws until Ctrl-C; tests/cli/test_reading.py runs it on a terminal, sees a new job appear, and stops it"
+    ),
     "treadle worker tasks --metrics-port 9181": (
         "runs until stopped, on a port another program may hold; tests/metrics/test_serving.py runs "
         "a worker with --metrics-port and scrapes it"

@@ -118,7 +118,7 @@ def test_enqueue_prints_the_new_jobs_id(
 def test_enqueue_refuses_bad_json_and_writes_nothing(
     dsn: str, conn: psycopg.Connection[Any], payload: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["enqueue", "send", payload, "--dsn", dsn]) == 1
+    assert main(["enqueue", "send", payload, "--dsn", dsn]) == 2  # usage: a bad value, nothing written
     error = capsys.readouterr().err
     assert error.startswith("treadle: error:") and message in error
     assert conn.execute("SELECT count(*) FROM treadle.jobs").fetchone() == (0,)

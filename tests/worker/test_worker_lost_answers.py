@@ -4,7 +4,9 @@ A real worker process talks to the server through lossy_proxy.LossyProxy, which
 lets a chosen statement run and commit, then drops its answer and the client's
 connection. Finishing is idempotent per lease token, so a repeated complete_many
 or fail answers what the first one did; a claim is read back by its own token
-(treadle.claimed) and its jobs run, without spending another attempt.
+(treadle.claimed) and its jobs run, without spending another attempt. The worker
+finishes successes with treadle.complete_and_claim, which claims in the same
+statement: after its answer is lost, both halves are recovered that way.
 """
 
 from __future__ import annotations
@@ -54,11 +56,11 @@ def kinds_of(conn: psycopg.Connection[Any], job_id: int) -> list[str]:
     return [row["what"] for row in effects(conn, job_id=job_id)]
 
 
-def test_a_complete_many_whose_answer_was_lost_is_reported_completed(
+def test_a_completion_whose_answer_was_lost_is_reported_completed(
     effects_conn: psycopg.Connection[Any], proxy: LossyProxy, spawn_behind: Callable[[str], Child]
 ) -> None:
     conn = effects_conn
-    proxy.lose("treadle.complete_many(")
+    proxy.lose("treadle.complete_and_claim(")
     with conn.transaction():
         jobs = [enqueue(conn, "record", {}, max_attempts=1) for _ in range(3)]
     child = spawn_behind("unlucky-completer")
@@ -101,3 +103,23 @@ def test_a_claim_whose_answer_was_lost_is_adopted_without_spending_an_attempt(
     wait_for(lambda: "completed" in kinds_of(conn, job_id), "the completed event")
     assert kinds_of(conn, job_id) == ["claimed", "ran", "completed"]
     assert "the lost claim had committed; running its 1 jobs" in child.log()
+
+
+def test_a_finish_and_claim_whose_answer_was_lost_finishes_once_and_runs_what_it_claimed(
+    effects_conn: psycopg.Connection[Any], proxy: LossyProxy, spawn_behind: Callable[[str], Child]
+) -> None:
+    conn = effects_conn
+    # the first claim fills all 4 slots, so more is waiting: the first write of successes
+    # claims too, and that is the answer lost
+    proxy.lose("treadle.complete_and_claim(")
+    with conn.transaction():
+        jobs = [enqueue(conn, "record", {}, max_attempts=1) for _ in range(12)]
+    child = spawn_behind("unlucky-cycler")
+    rows = [until_state(conn, job_id, "completed", "discarded") for job_id in jobs]
+    assert proxy.lost == 1, child.log()
+    # one attempt each: nothing was left to a rescue, nothing ran twice
+    assert [(row["state"], row["attempt"], row["errors"]) for row in rows] == [("completed", 1, [])] * 12, child.log()
+    for job_id in jobs:
+        wait_for(lambda: "completed" in kinds_of(conn, job_id), f"job {job_id}'s completed event")  # noqa: B023
+        assert kinds_of(conn, job_id) == ["claimed", "ran", "completed"], child.log()
+    assert "the lost claim had committed; running its" in child.log()

@@ -13,7 +13,7 @@ import pytest
 from treadle import InvalidArgument, Step, Worker
 from treadle._completer import CompletionBuffer
 from treadle._retry import Backoff, one_line
-from treadle.cli import _age
+from treadle.cli import age as _age
 
 DSN = "postgresql://nobody@127.0.0.1:1/none"  # never connected to: nothing here runs a worker
 

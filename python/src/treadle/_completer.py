@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
@@ -61,6 +62,28 @@ class Emit(Protocol):
     ) -> None: ...
 
 
+class ClaimAlong(Protocol):
+    """What the worker lends the completer so that each write of successes claims more work too."""
+
+    def reserve(self) -> int:
+        """How many jobs to claim with this write; held for it until `release`."""
+        ...
+
+    def params(self, batch: int, lease_token: uuid.UUID) -> dict[str, Any]:
+        """The claim's arguments (complete_and_claim's worker_id ... lease_token)."""
+        ...
+
+    def adopt(self, rows: list[dict[str, Any]], asked: int) -> None:
+        """Run the jobs claimed (`asked` were asked for)."""
+        ...
+
+    def recover(self, lease_token: uuid.UUID) -> None:
+        """The answer was lost: run what a claim under `lease_token` committed, if it did."""
+        ...
+
+    def release(self, reserved: int) -> None: ...
+
+
 class Completion(NamedTuple):
     run: RunState
     result: Jsonb | None
@@ -79,15 +102,18 @@ class Completer:
         failure: Callable[[RunState, BaseException], FailureWrite],
         idle: Callable[[], bool],
         delay: float,
+        flush_at: int | None = None,
+        claim_along: ClaimAlong | None = None,
     ) -> None:
         self._pool = pool
+        self._claim_along = claim_along
         self._worker_id = worker_id
         self._emit = emit
         self._done = done
         self._failure = failure
         self.abandon = threading.Event()
         # no handler still running means no success is on its way: write at once
-        self._buffer = CompletionBuffer(self._complete_batch, delay=delay, idle=idle)
+        self._buffer = CompletionBuffer(self._complete_batch, delay=delay, idle=idle, flush_at=flush_at)
 
     def complete(self, run: RunState, result: Jsonb | None) -> None:
         """Queue a success; RuntimeError once the completer is closed."""
@@ -95,6 +121,10 @@ class Completer:
 
     def close(self, timeout: float) -> None:
         self._buffer.close(timeout=timeout)
+
+    def pending(self) -> int:
+        """Successes queued or being written."""
+        return self._buffer.pending()
 
     def fail(self, run: RunState, error: BaseException) -> None:
         """Record a failed attempt: retryable (after the backoff), discarded, or cancelled; or a snooze."""
@@ -195,14 +225,14 @@ class Completer:
                 self.abandon.wait(delay)
 
     def _complete_batch(self, batch: list[Completion]) -> None:
-        """Finish buffered successes with one treadle.complete_many."""
+        """Finish buffered successes in one statement (and claim more with them, when lent a ClaimAlong)."""
         try:
             params = {
                 "job_ids": [c.run.job_id for c in batch],
                 "lease_tokens": [c.run.lease_token for c in batch],
                 "results": [c.result for c in batch],
             }
-            rows = self.retrying(_sql.COMPLETE_MANY, params, f"complete {len(batch)} jobs", rows=True)
+            rows = self._write_successes(params, len(batch))
             for index, completion in enumerate(batch):
                 if isinstance(rows, Unwritten):
                     self._complete_one(completion)
@@ -213,6 +243,37 @@ class Completer:
             log.exception("worker %s: completing %d jobs failed", self._worker_id, len(batch))
             for completion in batch:
                 self._done(completion.run)
+
+    def _write_successes(self, params: dict[str, Any], count: int) -> list[dict[str, Any]] | Unwritten:
+        """One (job_id, state) row per success, or UNWRITTEN.
+
+        With a ClaimAlong, one treadle.complete_and_claim finishes them and claims. When
+        it fails, the claim is read back by its token if its answer may have been lost,
+        and the successes go through complete_many, which a repeat leaves as the first
+        call did (and which, refused, falls back to one job at a time).
+        """
+        what = f"complete {count} jobs"
+        claim = self._claim_along
+        if claim is None:
+            result: list[dict[str, Any]] | Unwritten = self.retrying(_sql.COMPLETE_MANY, params, what, rows=True)
+            return result
+        reserved = claim.reserve()
+        token = uuid.uuid4()
+        try:
+            try:
+                answer = self._pool.tuples(_sql.COMPLETE_AND_CLAIM, {**params, **claim.params(reserved, token)})
+            except psycopg.Error as error:
+                if is_transient(error):
+                    log.warning("worker %s: could not %s and claim (%s)", self._worker_id, what, one_line(error))
+                    if reserved:
+                        claim.recover(token)
+                fallback: list[dict[str, Any]] | Unwritten = self.retrying(_sql.COMPLETE_MANY, params, what, rows=True)
+                return fallback
+            if reserved:
+                claim.adopt([dict(zip(_sql.CLAIMED_NAMES, row[2:], strict=True)) for row in answer[count:]], reserved)
+            return [{"state": row[1]} for row in answer[:count]]
+        finally:
+            claim.release(reserved)
 
     def _complete_one(self, completion: Completion) -> None:
         """After complete_many failed for good: each job alone, so one bad row does not hold the rest."""
@@ -260,8 +321,9 @@ class CompletionBuffer(Generic[T]):
     """Collects items and hands them to `write` in batches, from a thread of its own.
 
     A batch is written `delay` seconds after its first item arrived, or at once when
-    it holds `max_batch` items, when `idle()` says no more items are on their way
-    (waiting would only delay these), or when the buffer is closing. `write` must
+    it holds `flush_at` items (`max_batch` unless given), when `idle()` says no more
+    items are on their way (waiting would only delay these), or when the buffer is
+    closing. While a write is out, items gather for the next one. `write` must
     deal with its own failures: an exception it raises is logged and its batch is
     dropped. `idle` is called with the buffer's lock held: it must not call back
     into the buffer.
@@ -273,6 +335,7 @@ class CompletionBuffer(Generic[T]):
         *,
         delay: float = 0.005,
         max_batch: int = 500,
+        flush_at: int | None = None,
         idle: Callable[[], bool] | None = None,
         name: str = "treadle-completer",
     ) -> None:
@@ -280,7 +343,10 @@ class CompletionBuffer(Generic[T]):
             raise ValueError(f"delay must not be negative, got {delay}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        if flush_at is not None and not 1 <= flush_at <= max_batch:
+            raise ValueError(f"flush_at must be between 1 and max_batch ({max_batch}), got {flush_at}")
         self._write = write
+        self._flush_at = max_batch if flush_at is None else flush_at
         self._delay = delay
         self._max_batch = max_batch
         self._idle = idle
@@ -296,7 +362,11 @@ class CompletionBuffer(Generic[T]):
             if self._closing:
                 raise RuntimeError("the completion buffer is closed")
             self._items.append(item)
-            self._cond.notify_all()
+            # wake the writer only when it has something to decide: each wake-up costs a
+            # thread switch, and the writer waits for the GIL behind the handlers
+            count = len(self._items)
+            if count == 1 or count >= self._flush_at or (self._idle is not None and self._idle()):
+                self._cond.notify_all()
 
     def pending(self) -> int:
         """Items added whose write has not finished."""
@@ -319,7 +389,7 @@ class CompletionBuffer(Generic[T]):
                 if not self._items:
                     return  # closing, and nothing left
                 deadline = time.monotonic() + self._delay
-                while len(self._items) < self._max_batch and not self._closing:
+                while len(self._items) < self._flush_at and not self._closing:
                     if self._idle is not None and self._idle():
                         break
                     remaining = deadline - time.monotonic()

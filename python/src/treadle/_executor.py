@@ -12,6 +12,7 @@ import concurrent.futures
 import inspect
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -51,11 +52,15 @@ def decode_claimed(row: dict[str, Any]) -> Claimed:
     except UndecodablePayload as error:
         args, problem = None, error
     decoded = {**row, "args": args, "result": _or_none(row["result"]), "errors": _or_none(row["errors"])}
-    return Claimed(Job.from_row(decoded), problem)
+    return Claimed(Job(**decoded), problem)  # the claim's columns are Job's fields
 
 
 def _or_none(text: str | None) -> Any:
     # a claimed job's earlier result and errors are for show only: one that cannot be decoded is dropped
+    if text is None:
+        return None
+    if text == "[]":  # the errors of a job that never failed: most jobs
+        return []
     try:
         return from_json(text, "a column")
     except UndecodablePayload:
@@ -78,6 +83,7 @@ class Executor:
         done: Callable[[RunState], None],
         on_error: Callable[[BaseException, Job], None] | None,
         slot_freed: Callable[[], None],
+        ran: Callable[[float], None] | None = None,
     ) -> None:
         self._registry = registry
         self._threads = threads
@@ -89,6 +95,13 @@ class Executor:
         self._done = done
         self._on_error = on_error
         self._slot_freed = slot_freed
+        self._ran = ran
+        self._lock = threading.Lock()
+        self._handlers_running = 0
+
+    def idle(self) -> bool:
+        """No handler is running (cheaper than counting the worker's jobs)."""
+        return self._handlers_running == 0
 
     def submit(self, run: RunState, claimed: Claimed, step_run: dict[str, Any] | None) -> None:
         self._threads.submit(lambda: self.execute(run, claimed, step_run))
@@ -96,12 +109,24 @@ class Executor:
     def execute(self, run: RunState, claimed: Claimed, step_run: dict[str, Any] | None) -> None:
         """Run the job's handler and settle the job (on a handler thread)."""
         try:
+            if not run.begin_handler():
+                self._done(run)  # handed back or lost while it waited for a thread
+                return
             self._emit("started", run)
             watchdog = self._watch_timeout(run)
             try:
                 if claimed.undecodable is not None:
                     raise claimed.undecodable
-                value = self._call_handler(run, step_run)
+                began = time.monotonic()
+                with self._lock:
+                    self._handlers_running += 1
+                try:
+                    value = self._call_handler(run, step_run)
+                finally:
+                    with self._lock:
+                        self._handlers_running -= 1
+                if self._ran is not None:
+                    self._ran(time.monotonic() - began)
                 _raise_if_timed_out(run)  # what a handler returns past its timeout is not its result
                 encoded = to_jsonb(value, "the handler's result")
             except BaseException as error:  # whatever a handler raises fails its job, not the worker

@@ -14,7 +14,6 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from psycopg.rows import tuple_row
 
 from . import _sql
 from ._pool import WorkerPool
@@ -27,7 +26,7 @@ SEEN_INTERVAL = 5.0  # how often the worker reports itself in treadle.workers
 
 
 class Housekeeper:
-    """A thread that heartbeats `running()` jobs, calls treadle.rescue() and treadle.worker_seen()."""
+    """A thread that heartbeats `running()` jobs (one statement for all), calls rescue() and worker_seen()."""
 
     def __init__(
         self,
@@ -91,16 +90,20 @@ class Housekeeper:
         running = self._running()
         due = [run for run in running if now - run.last_beat >= self._heartbeat_interval]
         if due:
-            with self._pool.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
-                for run in due:
-                    cur.execute(
-                        _sql.HEARTBEAT, {"job_id": run.job_id, "lease_token": run.lease_token, "lease": self._lease}
-                    )
-                    row = cur.fetchone()
-                    answer = HeartbeatAnswer(row[0]) if row and row[0] else HeartbeatAnswer.LOST
-                    if answer is HeartbeatAnswer.CANCEL and not run.cancel_requested:
-                        log.info("job %d (%s): cancel requested; its handler sees ctx.cancelled", run.job_id, run.name)
-                    run.apply_heartbeat(answer)
+            # one statement for every due lease of the worker
+            answers = self._pool.tuples(
+                _sql.HEARTBEAT_MANY,
+                {
+                    "job_ids": [run.job_id for run in due],
+                    "lease_tokens": [run.lease_token for run in due],
+                    "lease": self._lease,
+                },
+            )
+            for run, (answer,) in zip(due, answers, strict=True):
+                parsed = HeartbeatAnswer(answer)
+                if parsed is HeartbeatAnswer.CANCEL and not run.cancel_requested:
+                    log.info("job %d (%s): cancel requested; its handler sees ctx.cancelled", run.job_id, run.name)
+                run.apply_heartbeat(parsed)
         return min(
             (run.last_beat + self._heartbeat_interval for run in running), default=now + self._heartbeat_interval
         )

@@ -22,13 +22,53 @@ _SCALARS = (str, int, float, bool, type(None))
 
 
 def to_json(value: Any, what: str) -> str:
-    """JSON text for `value`; raises InvalidArgument naming the first bad part of `what`."""
+    """JSON text for `value`; raises InvalidArgument naming the first bad part of `what`.
+
+    Most values are plain (dicts with string keys, lists, strings, finite numbers):
+    one quick pass over the containers says so, and the C encoder does the rest.
+    Anything else, or text the encoder made that PostgreSQL would refuse, takes the
+    slow walk, which names the bad part or finds none.
+    """
+    if _plain(value):
+        try:
+            text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+            if "\\u0000" not in text:  # a NUL, or a backslash before "u0000": the walk tells
+                text.encode("utf-8")  # a lone surrogate raises: the walk names it
+                return text
+        except (ValueError, RecursionError, UnicodeEncodeError):
+            pass  # the walk says why
     for path, item in _walk(value, what):
         _check_scalar(path, item)
     try:
         return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except RecursionError:
         raise InvalidArgument(f"{what} is nested too deeply to encode as JSON") from None
+
+
+def _plain(value: Any) -> bool:
+    """True when `value` holds only dicts with str keys, lists, tuples, str, int, float, bool and None."""
+    stack = [value]
+    pop, extend = stack.pop, stack.extend
+    seen = 0
+    while stack:
+        item = pop()
+        kind = type(item)
+        if kind is dict:
+            for key in item:
+                if type(key) is not str:
+                    return False
+            extend(item.values())
+        elif kind is list or kind is tuple:
+            extend(item)
+        elif not (kind is str or kind is int or kind is float or kind is bool or item is None):
+            return False
+        seen += 1
+        if seen > _PLAIN_LIMIT:
+            return False  # a structure this large may be circular: the walk checks
+    return True
+
+
+_PLAIN_LIMIT = 1_000_000  # items: more than a payload within the default size limit holds
 
 
 def from_json(text: str | None, what: str) -> Any:

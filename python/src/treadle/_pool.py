@@ -92,6 +92,11 @@ class WorkerPool:
             cur.execute(query, params)
             return cur.fetchall()
 
+    def tuples(self, query: LiteralString, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        with self.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query, params)
+            return cur.fetchall()
+
     def value(self, query: LiteralString, params: Mapping[str, Any] | None = None) -> Any:
         """The first column of the first row (the statements call one function)."""
         with self.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:

@@ -44,6 +44,7 @@ class RunState(JobFields):
         self._on_lost = on_lost
         self._lock = threading.Lock()
         self._status = RunStatus.RUNNING
+        self._handler_started = False
         self._handler_returned = False
         self._cancel_requested = False
         self._hooks: list[Callable[[], object]] = []
@@ -65,8 +66,13 @@ class RunState(JobFields):
 
     @property
     def holds_slot(self) -> bool:
-        """Its handler has not returned, and nobody settled the job without it: `concurrency` counts it."""
+        """Its handler has not returned (or not started), and nobody settled the job without it."""
         return not self._handler_returned and self._status in (RunStatus.RUNNING, RunStatus.LOST)
+
+    @property
+    def busy(self) -> bool:
+        """Its handler runs (it started and has not returned), unless the job was settled without it."""
+        return self._handler_started and self.holds_slot
 
     @property
     def needs_heartbeat(self) -> bool:
@@ -92,6 +98,20 @@ class RunState(JobFields):
         """When the lease was last extended (time.monotonic())."""
         return self._last_beat
 
+    # the handler's turn
+    def begin_handler(self) -> bool:
+        """A handler thread takes the job: True when its handler is to run.
+
+        False when the job was handed back or its lease lost while it waited for a
+        thread (a job claimed ahead of free slots); the job then holds no slot.
+        """
+        with self._lock:
+            if self._status is RunStatus.RUNNING:
+                self._handler_started = True
+                return True
+            self._handler_returned = True
+            return False
+
     # the ways out of RUNNING
     def begin_finishing(self) -> RunStatus:
         """The handler returned: FINISHING when its outcome is for the worker to write.
@@ -113,10 +133,13 @@ class RunState(JobFields):
             self._status = RunStatus.COMPLETED
             self._completed_state = state
 
-    def release(self) -> bool:
-        """Mark the job handed back at shutdown; False when its handler already finished or the lease is gone."""
+    def release(self, *, only_unstarted: bool = False) -> bool:
+        """Mark the job handed back at shutdown; False when its handler already finished or the lease is gone.
+
+        With `only_unstarted`, only a job whose handler has not started (claimed ahead).
+        """
         with self._lock:
-            if self._status is not RunStatus.RUNNING:
+            if self._status is not RunStatus.RUNNING or (only_unstarted and self._handler_started):
                 return False
             self._status = RunStatus.RELEASED
         self._fire()

@@ -24,6 +24,9 @@ SELECT treadle.enqueue(
     idempotency_key => %(idempotency_key)s::text, every => %(every)s::interval,
     timeout => %(timeout)s::interval, backoff => %(backoff)s::interval[])
 """
+# treadle.enqueue_many, the jobs as given: none has a "run_in" delay (the common case;
+# ENQUEUE_MANY's rewrite would rebuild and sort the whole array for nothing)
+ENQUEUE_MANY_AS_GIVEN: Final[LiteralString] = "SELECT id FROM treadle.enqueue_many(jobs => %(jobs)s::jsonb) AS id"
 # treadle.enqueue_many: a job's "run_in" delay becomes run_at on the database's clock
 ENQUEUE_MANY: Final[LiteralString] = """
 SELECT id FROM treadle.enqueue_many(jobs => (
@@ -141,6 +144,57 @@ COMPLETE_MANY: Final[LiteralString] = """
 SELECT job_id, state FROM treadle.complete_many(
     job_ids => %(job_ids)s::bigint[], lease_tokens => %(lease_tokens)s::uuid[], results => %(results)s::jsonb[])
 """
+# treadle.complete_and_claim: the buffered successes finished and up to `batch` more claimed in one
+# statement. Rows: one per finished input (finished_id, finished_state), then one per claimed job
+# (finished_id null, then the claimed columns in CLAIMED_NAMES' order).
+COMPLETE_AND_CLAIM: Final[LiteralString] = """
+SELECT c.finished_id, c.finished_state,
+       (c.job).id, (c.job).queue, (c.job).name, (c.job).args::text, (c.job).state, (c.job).priority,
+       (c.job).run_at, (c.job).attempt, (c.job).max_attempts, (c.job).lease_until, (c.job).lease_token,
+       (c.job).worker_id, (c.job).idempotency_key, (c.job).result::text, (c.job).last_error, (c.job).created_at,
+       (c.job).finished_at, (c.job).workflow_run_id, (c.job).step, (c.job).every, (c.job).next_id,
+       (c.job).cancel_requested, (c.job).started_at, (c.job).failed_at, (c.job).errors::text, (c.job).progress,
+       (c.job).progress_message
+  FROM treadle.complete_and_claim(
+    job_ids => %(job_ids)s::bigint[], lease_tokens => %(lease_tokens)s::uuid[], results => %(results)s::jsonb[],
+    worker_id => %(worker_id)s::text, queues => %(queues)s::text[], names => %(names)s::text[],
+    batch => %(batch)s::integer, lease => %(lease)s::interval, lease_token => %(lease_token)s::uuid) AS c
+"""
+# the names of COMPLETE_AND_CLAIM's claimed columns, as CLAIM names them
+CLAIMED_NAMES: Final = (
+    "id",
+    "queue",
+    "name",
+    "args",
+    "state",
+    "priority",
+    "run_at",
+    "attempt",
+    "max_attempts",
+    "lease_until",
+    "lease_token",
+    "worker_id",
+    "idempotency_key",
+    "result",
+    "last_error",
+    "created_at",
+    "finished_at",
+    "workflow_run_id",
+    "step",
+    "every",
+    "next_id",
+    "cancel_requested",
+    "started_at",
+    "failed_at",
+    "errors",
+    "progress",
+    "progress_message",
+)
+# treadle.heartbeat_many: every lease of the worker in one statement; one answer per job, in order
+HEARTBEAT_MANY: Final[LiteralString] = """
+SELECT answer FROM treadle.heartbeat_many(
+    job_ids => %(job_ids)s::bigint[], lease_tokens => %(lease_tokens)s::uuid[], lease => %(lease)s::interval)
+"""
 # treadle.fail: a failed attempt; retryable, discarded or cancelled
 FAIL: Final[LiteralString] = """
 SELECT treadle.fail(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid,
@@ -169,5 +223,3 @@ SELECT treadle.worker_seen(worker_id => %(worker_id)s::text, host => %(host)s::t
                            running => %(running)s::integer)
 """
 WORKER_STOPPED: Final[LiteralString] = "SELECT treadle.worker_stopped(worker_id => %(worker_id)s::text)"
-# the queues' counts, for `treadle status`
-QUEUE_STATS: Final[LiteralString] = "SELECT queue, state, jobs, oldest_available_age FROM treadle.queue_stats"

@@ -192,7 +192,9 @@ def enqueue_many(conn: AnyConnection, jobs: Iterable[Mapping[str, Any]]) -> list
     if isinstance(jobs, (str, bytes, Mapping)) or not isinstance(jobs, Iterable):
         raise InvalidArgument(f"jobs must be a list of dicts, not {type(jobs).__name__}")
     specs = [_job_spec(index, spec) for index, spec in enumerate(jobs)]
-    return _conn.execute(conn, _sql.ENQUEUE_MANY, {"jobs": _json.to_jsonb(specs, "jobs")}, _ids)
+    relative = any(isinstance(spec, dict) and "run_in" in spec for spec in specs)
+    query = _sql.ENQUEUE_MANY if relative else _sql.ENQUEUE_MANY_AS_GIVEN
+    return _conn.execute(conn, query, {"jobs": _json.to_jsonb(specs, "jobs")}, _ids)
 
 
 def _job_spec(index: int, spec: Any) -> Any:

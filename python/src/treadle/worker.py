@@ -9,11 +9,16 @@ The path of a job through the modules:
   (_run_state.py) for each job;
 - _executor.py decodes the job alone, finds its handler or step (_registry.py)
   and calls it with a JobContext (_context.py) on a handler thread (_handler_threads.py);
-- _completer.py writes the outcome: successes batched into treadle.complete_many,
-  failures with treadle.fail (how: _retry.py, from the handler's policy), snoozes
-  with treadle.snooze, hand-backs at shutdown with treadle.release;
-- meanwhile _housekeeping.py heartbeats the leases and rescues expired ones, and
-  _notifier.py wakes the claim loop when NOTIFY says work arrived.
+- _completer.py writes the outcome: successes batched into treadle.complete_and_claim,
+  which claims the next jobs in the same statement (ClaimAlong, here), failures with
+  treadle.fail (how: _retry.py, from the handler's policy), snoozes with
+  treadle.snooze, hand-backs at shutdown with treadle.release;
+- meanwhile _housekeeping.py heartbeats all leases in one statement and rescues
+  expired ones, and _notifier.py wakes the claim loop when NOTIFY says work arrived.
+
+While handlers are quick, the worker holds up to `claim_ahead` jobs beyond its
+free slots, waiting for a handler thread, so that a handler that returns finds its
+next job at hand instead of waiting for the round trip that finishes and claims.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from psycopg_pool import ConnectionPool
 
 from . import _args, _sql
 from ._compat import read_extension_version
-from ._completer import Completer
+from ._completer import ClaimAlong, Completer
 from ._context import JobContext
 from ._events import EventKind, WorkerEvent
 from ._executor import Claimed, Executor, decode_claimed
@@ -64,6 +69,10 @@ WAIT_SLICE = 0.1  # longest single wait in run(): signal handlers only set flags
 RELEASE_GRACE = 5.0  # how long a graceful stop retries hand-backs while the database is away
 FINISH_GRACE = 2.0  # how long a stop waits for outcomes already being written
 MAX_CONCURRENCY = 1000  # treadle.claim takes at most this many jobs at once
+# Jobs are claimed ahead of free slots only while handlers take less than this on average
+# (a longer handler gains nothing from it, and jobs held ahead would wait behind it).
+QUICK_HANDLER = 0.05
+HANDLER_TIME_WEIGHT = 0.1  # the weight of the newest run in the handler-time average
 
 
 class Worker:
@@ -74,7 +83,10 @@ class Worker:
     or timedeltas: `poll_interval` (claim at least this often; LISTEN/NOTIFY wakes
     it sooner), `lease` (how long a claim holds a job without a heartbeat),
     `heartbeat_interval` (shorter than the lease), `rescue_interval` (how often to
-    return the jobs of dead workers), `stop_timeout`. `backoff(attempt)` gives the
+    return the jobs of dead workers), `stop_timeout`. `claim_ahead`: how many jobs
+    beyond its free slots the worker may hold, claimed while handlers run, so that
+    a handler finds its next job at hand (None: as many as `concurrency`, and only
+    while handlers take under 50 ms on average; 0: never). `backoff(attempt)` gives the
     delay in seconds before a failed attempt runs again (the SQL default, 2^attempt
     seconds with jitter, when None); a handler's own `backoff` and a job's own
     (enqueue) come first: docs/retries.md. `on_error(exc, job)` hears every
@@ -130,9 +142,14 @@ class Worker:
         metrics_port: int | None = None,
         metrics_host: str = "0.0.0.0",
         metrics_database: bool = False,
+        claim_ahead: int | None = None,
     ) -> None:
         self.queues = _check_queues(queues)
         self.concurrency = _args.integer(concurrency, "concurrency", (1, MAX_CONCURRENCY))
+        self.claim_ahead = (
+            self.concurrency if claim_ahead is None else _args.integer(claim_ahead, "claim_ahead", (0, MAX_CONCURRENCY))
+        )
+        self._ahead_if_quick = claim_ahead is None  # the default applies only while handlers are quick
         self.poll_interval = _args.seconds(poll_interval, "poll_interval", allow_zero=False)
         self.lease = _args.seconds(lease, "lease", allow_zero=False)
         self.heartbeat_interval = _args.seconds(heartbeat_interval, "heartbeat_interval", allow_zero=False)
@@ -175,6 +192,8 @@ class Worker:
         self._stop_immediate = False
         self._signals: list[int] = []
         self._more_waiting = False  # the last claim filled every free slot
+        self._reserved = 0  # slots a claim under way may fill
+        self._handler_time: float | None = None  # average handler run time, seconds
         self._used = False
         self._thread: threading.Thread | None = None
         self._background_error: BaseException | None = None
@@ -332,13 +351,14 @@ class Worker:
 
     @property
     def busy_handlers(self) -> int:
-        """Claimed jobs whose handler has not returned: the slots `concurrency` counts.
+        """Claimed jobs whose handler runs: the slots `concurrency` counts.
 
         A job whose handler returned and whose outcome is being written no longer
-        holds a slot, so the next claim overlaps that write.
+        holds a slot, so the next claim overlaps that write; nor does a job claimed
+        ahead whose handler has not started.
         """
         with self._lock:
-            return sum(1 for run in self._active if run.holds_slot)
+            return sum(1 for run in self._active if run.busy)
 
     def _begin(self) -> None:
         with self._lock:
@@ -394,8 +414,10 @@ class Worker:
                 emit=self._emit,
                 done=self._done,
                 failure=self._failure_write,
-                idle=lambda: self.busy_handlers == 0,
+                idle=lambda: self._executor is None or self._executor.idle(),
                 delay=COMPLETION_DELAY,
+                flush_at=max(1, self.concurrency // 2),
+                claim_along=_ClaimAlong(self),
             )
             self._executor = Executor(
                 self._registry,
@@ -408,6 +430,7 @@ class Worker:
                 done=self._done,
                 on_error=self._on_error,
                 slot_freed=self._slot_freed,
+                ran=self._handler_ran,
             )
             if self._listen:
                 notifier = WakeOnNotify(self._notifier(), self.queues, self._wake.set)
@@ -510,6 +533,11 @@ class Worker:
                 self.running_jobs,
                 self.stop_timeout,
             )
+        # jobs claimed ahead whose handler has not started go back at once
+        with self._lock:
+            waiting = [run for run in self._active if run.release(only_unstarted=True)]
+        for run in waiting:
+            completer.release(run)
         deadline = time.monotonic() + self.stop_timeout
         while self.running_jobs and not self._stop_immediate and time.monotonic() < deadline:
             time.sleep(min(WAIT_SLICE / 2, max(deadline - time.monotonic(), 0)))
@@ -542,16 +570,60 @@ class Worker:
         names = self._registry.claim_names()
         backoff = Backoff()
         while not self._stop_requested:
-            free = self.concurrency - self.busy_handlers
+            free = self._reserve(for_loop=True)
             if free > 0:
-                rows = self._claim(names, free, backoff)
+                try:
+                    rows = self._claim(names, free, backoff)
+                finally:
+                    self._release(free)
                 if rows is None:
                     continue
                 backoff.reset()
-                self._more_waiting = len(rows) == free
-                if rows:
-                    self._dispatch(rows)
+                self._claimed_rows(rows, free)
             self._wait_for_work()
+
+    def _reserve(self, *, for_loop: bool = False) -> int:
+        """How many jobs a claim may take now, held for it until `_release`.
+
+        The claim loop leaves the claim to the next write of successes when one is on
+        its way and more work is waiting; a write of successes claims only then, or
+        when a wake-up (NOTIFY, a rescue) says work arrived.
+        """
+        assert self._completer is not None
+        if self._stop_requested:
+            return 0
+        if for_loop:
+            if self._more_waiting and self._completer.pending():
+                return 0
+        elif not (self._more_waiting or self._wake.is_set()):
+            return 0
+        with self._lock:
+            held = sum(1 for run in self._active if run.holds_slot)
+            room = self.concurrency + self._ahead() - held - self._reserved
+            if room <= 0:
+                return 0
+            room = min(room, MAX_CONCURRENCY)
+            self._reserved += room
+            return room
+
+    def _release(self, reserved: int) -> None:
+        with self._lock:
+            self._reserved -= reserved
+
+    def _ahead(self) -> int:
+        """How many jobs to hold beyond the free slots now."""
+        if self._ahead_if_quick and (self._handler_time is None or self._handler_time >= QUICK_HANDLER):
+            return 0
+        return self.claim_ahead
+
+    def _handler_ran(self, seconds: float) -> None:
+        average = self._handler_time
+        self._handler_time = seconds if average is None else average + HANDLER_TIME_WEIGHT * (seconds - average)
+
+    def _claimed_rows(self, rows: list[dict[str, Any]], asked: int) -> None:
+        self._more_waiting = len(rows) >= asked
+        if rows:
+            self._dispatch(rows)
 
     def _claim(self, names: list[str], free: int, backoff: Backoff) -> list[dict[str, Any]] | None:
         """Claim up to `free` jobs; None after a failure (the loop then tries again).
@@ -653,7 +725,8 @@ class Worker:
         self._slot_freed()
 
     def _slot_freed(self) -> None:
-        if self._more_waiting:
+        # successes on their way claim along with their write: no need to wake the loop
+        if self._more_waiting and not (self._completer is not None and self._completer.pending()):
             self._wake.set()
 
     def _running(self) -> list[RunState]:
@@ -709,3 +782,39 @@ def _check_queues(queues: object) -> list[str]:
     if not names:
         raise InvalidArgument("queues must name at least one queue")
     return list(dict.fromkeys(names))
+
+
+class _ClaimAlong(ClaimAlong):
+    """The worker's side of a write of successes that claims too (see Completer)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+        self._names = worker._registry.claim_names()
+        self._lease = timedelta(seconds=worker.lease)
+
+    def reserve(self) -> int:
+        return self._worker._reserve()
+
+    def params(self, batch: int, lease_token: uuid.UUID) -> dict[str, Any]:
+        worker = self._worker
+        return {
+            "worker_id": worker.worker_id,
+            "queues": worker.queues,
+            "names": self._names,
+            "batch": batch,
+            "lease": self._lease,
+            "lease_token": lease_token,
+        }
+
+    def adopt(self, rows: list[dict[str, Any]], asked: int) -> None:
+        self._worker._claimed_rows(rows, asked)
+
+    def recover(self, lease_token: uuid.UUID) -> None:
+        worker = self._worker
+        adopted = worker._claimed(lease_token)
+        if adopted:
+            log.warning("worker %s: the lost claim had committed; running its %d jobs", worker.worker_id, len(adopted))
+            worker._dispatch(adopted)
+
+    def release(self, reserved: int) -> None:
+        self._worker._release(reserved)
