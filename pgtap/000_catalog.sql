@@ -48,15 +48,17 @@ SELECT set_eq(
           'treadle.heartbeat_many(bigint[],uuid[],interval)',
           'treadle.fail(bigint,uuid,text,interval,boolean)', 'treadle.release(bigint,uuid)',
           'treadle.snooze(bigint,uuid,interval)', 'treadle.rescue()',
-          'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.prune(interval)',
+          'treadle.apply_retention(integer)', 'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.prune(interval)',
           'treadle.define_workflow(text,text[])',
           'treadle.start_workflow(text,jsonb,text[],text,integer,integer,text)',
           'treadle.cancel_workflow(bigint)',
           'treadle.schedule(text,text,text,jsonb,text,text,integer,integer,boolean)', 'treadle.unschedule(text)',
-          'treadle.worker_seen(text,text,integer,text[],integer,integer)', 'treadle.worker_stopped(text)',
+          'treadle.worker_seen(text,text,integer,text[],integer,integer,text[])', 'treadle.worker_stopped(text)',
           'treadle.job_counts(bigint)', 'treadle.estimated_jobs(text,text)',
-          'treadle.cron_next(text,text,timestamp with time zone)'],
-    'exactly the public functions that write, the two that read statistics, and cron_next (for the private parser), run as the owner (SECURITY DEFINER)');
+          'treadle.cron_next(text,text,timestamp with time zone)',
+          'treadle.set_queue(text,integer,integer,interval,integer,interval,interval)',
+          'treadle.pause(text)', 'treadle.resume(text)', 'treadle.explain(bigint)'],
+    'exactly the public functions that write, the two that read statistics, explain (which reads worker and queue state), and cron_next (for the private parser), run as the owner (SECURITY DEFINER)');
 SELECT set_eq(
     $$ SELECT signature FROM treadle_functions WHERE has_function_privilege('public', oid, 'EXECUTE') $$,
     ARRAY['treadle.version()', 'treadle.now()', 'treadle.workflow_results(bigint)',
@@ -66,7 +68,7 @@ SELECT set_eq(
     $$ SELECT unnest(extconfig)::regclass::text FROM pg_extension WHERE extname = 'treadle' $$,
     ARRAY['treadle.jobs', 'treadle.jobs_id_seq', 'treadle.workflow_runs',
           'treadle.workflow_runs_id_seq', 'treadle.workflows', 'treadle.settings', 'treadle.tenants',
-          'treadle.cron_schedules'],
+          'treadle.cron_schedules', 'treadle.queues'],
     'tables with user data and their sequences are kept by pg_dump');
 SELECT is_empty(
     $$ SELECT c.relname FROM pg_class AS c

@@ -6,7 +6,7 @@ SELECT plan(33);
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
-SELECT has_function('treadle', 'worker_seen', ARRAY['text', 'text', 'integer', 'text[]', 'integer', 'integer'],
+SELECT has_function('treadle', 'worker_seen', ARRAY['text', 'text', 'integer', 'text[]', 'integer', 'integer', 'text[]'],
                     'treadle.worker_seen exists');
 SELECT has_function('treadle', 'worker_stopped', ARRAY['text'], 'treadle.worker_stopped exists');
 SELECT has_view('treadle', 'live_workers', 'treadle.live_workers exists');

@@ -32,6 +32,10 @@ INSERT INTO may_execute VALUES
     ('treadle.cron_next(text,text,timestamp with time zone)', '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.job_counts(bigint)',               '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
     ('treadle.estimated_jobs(text,text)',        '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
+    ('treadle.explain(bigint)',                  '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
+    ('treadle.set_queue(text,integer,integer,interval,integer,interval,interval)', '{admin,dashboard}'),
+    ('treadle.pause(text)',                      '{admin,dashboard}'),
+    ('treadle.resume(text)',                     '{admin,dashboard}'),
     ('treadle.enqueue(text,jsonb,text,integer,timestamp with time zone,integer,text,interval,interval,interval[])', '{producer,worker}'),
     ('treadle.enqueue_many(jsonb)',              '{producer,worker}'),
     ('treadle.start_workflow(text,jsonb,text[],text,integer,integer,text)', '{producer,worker}'),
@@ -52,8 +56,9 @@ INSERT INTO may_execute VALUES
     ('treadle.release(bigint,uuid)',             '{worker}'),
     ('treadle.snooze(bigint,uuid,interval)',     '{worker}'),
     ('treadle.rescue()',                         '{worker,admin}'),
+    ('treadle.apply_retention(integer)',         '{worker,admin}'),
     ('treadle.define_workflow(text,text[])',     '{worker}'),
-    ('treadle.worker_seen(text,text,integer,text[],integer,integer)', '{worker}'),
+    ('treadle.worker_seen(text,text,integer,text[],integer,integer,text[])', '{worker}'),
     ('treadle.worker_stopped(text)',             '{worker}'),
     ('treadle.prune(interval)',                  '{admin}');
 
@@ -116,9 +121,10 @@ SELECT is_empty(
     'no part may create objects in schema treadle');
 SELECT is_empty(
     $$ SELECT c.relname FROM pg_class AS c
-        WHERE c.oid IN ('treadle.jobs'::regclass, 'treadle.workflow_runs'::regclass, 'treadle.cron_schedules'::regclass)
+        WHERE c.oid IN ('treadle.jobs'::regclass, 'treadle.workflow_runs'::regclass, 'treadle.cron_schedules'::regclass,
+                        'treadle.queues'::regclass)
           AND NOT c.relrowsecurity $$,
-    'row-level security is on for jobs, workflow runs and schedules');
+    'row-level security is on for jobs, workflow runs, schedules and queue settings');
 
 --------------------------------------------------------------------------------
 -- The attacks of a producer on the tables, each refused, nothing changed

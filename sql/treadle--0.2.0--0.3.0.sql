@@ -40,6 +40,55 @@ DROP VIEW treadle.queue_stats, treadle.throughput, treadle.recent_failures,
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
+-- queues: per-queue settings (pause, limits, backpressure, retention), explain
+--------------------------------------------------------------------------------
+CREATE TABLE treadle.queues (
+    queue            text        PRIMARY KEY,
+    paused           boolean     NOT NULL DEFAULT false,
+    concurrency      integer,                -- at most this many running at once, over all workers
+    rate_limit       integer,                -- at most this many claims per rate_period
+    rate_period      interval,
+    max_depth        integer,                -- enqueue refused (TQ001) at this many waiting jobs
+    retain_completed interval,               -- how long completed jobs are kept (null: the default)
+    retain_failed    interval,               -- how long discarded and cancelled jobs are kept
+    rate_tokens      double precision,       -- claims the bucket allows, as of rate_updated_at
+    rate_updated_at  timestamptz,
+    updated_at       timestamptz NOT NULL,
+    CONSTRAINT queues_queue_check CHECK (queue <> ''),
+    CONSTRAINT queues_concurrency_check CHECK (concurrency BETWEEN 1 AND 100000),
+    CONSTRAINT queues_rate_check CHECK (
+        (rate_limit IS NULL) = (rate_period IS NULL)
+        AND (rate_limit IS NULL) = (rate_tokens IS NULL)
+        AND (rate_limit IS NULL) = (rate_updated_at IS NULL)),
+    CONSTRAINT queues_rate_limit_check CHECK (rate_limit BETWEEN 1 AND 1000000),
+    CONSTRAINT queues_rate_period_check CHECK (rate_period > interval '0' AND rate_period <= interval '1 day'),
+    CONSTRAINT queues_max_depth_check CHECK (max_depth BETWEEN 1 AND 1000000),
+    CONSTRAINT queues_retain_check CHECK (retain_completed >= interval '0' AND retain_failed >= interval '0')
+);
+ALTER TABLE treadle.queues ENABLE ROW LEVEL SECURITY;
+CREATE POLICY queues_tenant_read ON treadle.queues FOR SELECT
+    USING (starts_with(queue, coalesce(
+        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
+SELECT pg_catalog.pg_extension_config_dump('treadle.queues', '');
+
+-- the worker registry records the job names each worker handles (explain's no_worker)
+ALTER TABLE treadle.workers ADD COLUMN names text[];
+DROP FUNCTION treadle.worker_seen(text, text, integer, text[], integer, integer);
+
+--------------------------------------------------------------------------------
+-- Retention (treadle.apply_retention, treadle.configure(retain_completed, retain_failed))
+--------------------------------------------------------------------------------
+ALTER TABLE treadle.settings
+    ADD COLUMN retain_completed interval
+        CONSTRAINT settings_retain_completed_check CHECK (retain_completed BETWEEN interval '0' AND interval '100 years'),
+    ADD COLUMN retain_failed interval
+        CONSTRAINT settings_retain_failed_check CHECK (retain_failed BETWEEN interval '0' AND interval '100 years');
+-- a settings row made by 0.2.0 gets treadle._retention()'s defaults, as a new row does
+UPDATE treadle.settings SET retain_completed = interval '7 days', retain_failed = interval '30 days';
+
+CREATE INDEX workflow_runs_finished_at_idx ON treadle.workflow_runs (finished_at) WHERE finished_at IS NOT NULL;
+
+--------------------------------------------------------------------------------
 -- Retry policies and timeouts (docs/retries.md), as in sql/src/010_tables.sql.
 --------------------------------------------------------------------------------
 ALTER TABLE treadle.jobs ADD COLUMN timeout interval;
@@ -255,6 +304,27 @@ BEGIN ATOMIC
 END;
 COMMENT ON FUNCTION treadle._max_payload_bytes() IS
     'The payload size limit: treadle.settings, or 1 MiB.';
+
+--------------------------------------------------------------------------------
+-- treadle._retention() -> (retain_completed, retain_failed)
+--
+-- How long finished jobs and workflow runs are kept before apply_retention deletes
+-- them: completed ones, and discarded or cancelled ones; null keeps them forever.
+-- treadle.settings, or the defaults: 7 days for completed work (prune's default: a
+-- week of results to look at, and idempotency keys held as long) and 30 days for
+-- failures, which someone may still need to read or retry.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._retention(OUT retain_completed interval, OUT retain_failed interval)
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT CASE WHEN s.only_row THEN s.retain_completed ELSE interval '7 days' END,
+           CASE WHEN s.only_row THEN s.retain_failed ELSE interval '30 days' END
+      FROM (SELECT) AS one
+      LEFT JOIN treadle.settings AS s ON true;
+END;
+COMMENT ON FUNCTION treadle._retention() IS
+    'Global retention of finished work: treadle.settings, or 7 days completed and 30 days failed.';
 
 --------------------------------------------------------------------------------
 -- treadle._too_deep(value) -> boolean
@@ -586,7 +656,8 @@ COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text) IS
 -- run_at infinite; every not positive, over 10 years, or so long that the next
 -- occurrence is past the last time PostgreSQL can hold; timeout not positive or
 -- over 7 days; backoff empty, over 100 delays, or with a null, negative or
--- over-366-day delay. 42501: a tenant's queue outside its prefix.
+-- over-366-day delay. 42501: a tenant's queue outside its prefix. TQ001: the queue
+-- holds its max_depth of waiting jobs (treadle.set_queue); nothing is written.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue(
     name            text,
@@ -611,6 +682,8 @@ DECLARE
     v_now  timestamptz := treadle.now();
     v_args jsonb;
     v_id   bigint;
+    v_foreign   boolean;  -- a tenant names a queue outside its prefix
+    v_max_depth integer;
 BEGIN
     -- This is the hottest path, and a PL/pgSQL helper call costs as much as the
     -- insert: the checks are inline expressions, and a helper runs only to raise.
@@ -668,10 +741,18 @@ BEGIN
         END;
     END IF;
 
-    -- treadle._check_queue_allowed's rule, inline: a helper call would cost more than the check
-    IF EXISTS (SELECT 1 FROM treadle.tenants AS t
-                WHERE t.role_name = treadle._caller() AND NOT starts_with(enqueue.queue, t.queue_prefix)) THEN
+    -- One statement reads both: treadle._check_queue_allowed's rule, inline (a helper call
+    -- would cost more than the check), and the queue's max_depth, if it has one.
+    SELECT EXISTS (SELECT 1 FROM treadle.tenants AS t
+                    WHERE t.role_name = treadle._caller() AND NOT starts_with(enqueue.queue, t.queue_prefix)),
+           (SELECT s.max_depth FROM treadle.queues AS s WHERE s.queue = enqueue.queue)
+      INTO v_foreign, v_max_depth;
+    IF v_foreign THEN
         PERFORM treadle._check_queue_allowed(enqueue.queue);
+    END IF;
+    -- backpressure: only a queue with a max_depth (treadle.set_queue) counts its waiting jobs
+    IF v_max_depth IS NOT NULL THEN
+        PERFORM treadle._check_depth(enqueue.queue, v_max_depth, 1);
     END IF;
 
     LOOP
@@ -720,8 +801,8 @@ COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, int
 -- object, an unknown key, a value of the wrong type or out of range, a name,
 -- queue, key or args that enqueue refuses, both run_at and run_in, an infinite
 -- run_at, an every, timeout or backoff as enqueue refuses it); nothing is
--- written then. 42501: a
--- tenant's queue outside its prefix.
+-- written then. 42501: a tenant's queue outside its prefix. TQ001: a queue would
+-- pass its max_depth (every element counts, keyed or not); nothing is written.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue_many(jobs jsonb)
 RETURNS SETOF bigint
@@ -864,6 +945,9 @@ BEGIN
         RETURN;  -- an empty array
     END IF;
     PERFORM treadle._check_queue_allowed(q.queue) FROM (SELECT DISTINCT u.queue FROM unnest(a_queue) AS u(queue)) AS q;
+    PERFORM treadle._check_depth(q.queue, s.max_depth, q.adding)
+       FROM (SELECT u.queue, count(*)::integer AS adding FROM unnest(a_queue) AS u(queue) GROUP BY u.queue) AS q
+       JOIN treadle.queues AS s ON s.queue = q.queue AND s.max_depth IS NOT NULL;
 
     -- One INSERT for all rows. Ids are drawn first so that each input row knows its
     -- own; a keyed row that is not inserted maps to the job holding its key. Rows go
@@ -928,6 +1012,8 @@ COMMENT ON FUNCTION treadle.enqueue_many(jsonb) IS
 -- took), otherwise a fresh random one per job. Returns the claimed rows.
 -- Each (queue[, name]) pair is read from its own index range, so a backlog of
 -- jobs whose names the claimer does not handle is never walked past.
+-- A paused queue gives nothing; a queue with a concurrency or rate limit gives at
+-- most the room it has left (treadle._queue_room, treadle.set_queue).
 -- Raises 22004: worker_id or queues null. 22023: worker_id or a queue or name
 -- that is not a valid name; queues or names empty or over 1000; batch outside
 -- 1..1000; lease not positive or over 1 day. 42501: a tenant's queue outside its
@@ -962,8 +1048,9 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle.now();
-    v_ids bigint[];
+    v_now  timestamptz := treadle.now();
+    v_ids  bigint[];
+    v_room jsonb;  -- what each queue may give, when a requested queue is paused or limited
 BEGIN
     PERFORM treadle._check_text(claim.worker_id, 'worker_id');
     PERFORM treadle._check_names(claim.queues, 'queues');
@@ -982,6 +1069,19 @@ BEGIN
     IF EXISTS (SELECT 1 FROM treadle.tenants AS t, unnest(claim.queues) AS q(q)
                 WHERE t.role_name = treadle._caller() AND NOT starts_with(q.q, t.queue_prefix)) THEN
         PERFORM treadle._check_queue_allowed(q.q) FROM unnest(claim.queues) AS q(q);
+    END IF;
+    -- Paused and limited queues (treadle.queues): claim only from those with room,
+    -- and below keep to each one's room. Queues without settings pay this probe only.
+    IF EXISTS (SELECT 1 FROM treadle.queues AS s
+                WHERE s.queue = ANY (claim.queues)
+                  AND (s.paused OR s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL)) THEN
+        v_room := treadle._queue_room(claim.queues, claim.batch);
+        claim.queues := ARRAY(SELECT r.key FROM jsonb_each(v_room) AS r WHERE r.value::integer > 0);
+        IF cardinality(claim.queues) = 0 THEN
+            RETURN;
+        END IF;
+        claim.batch := least(claim.batch, (SELECT sum(r.value::integer) FROM jsonb_each(v_room) AS r
+                                            WHERE r.value::integer > 0));
     END IF;
 
     -- Lock the candidates: each (queue[, name]) range in claim order, skipping rows
@@ -1018,6 +1118,9 @@ BEGIN
                        FOR UPDATE SKIP LOCKED) AS c
              ORDER BY c.priority, c.run_at, c.id
              LIMIT claim.batch);
+    END IF;
+    IF v_room IS NOT NULL THEN
+        v_ids := treadle._take_room(v_ids, v_room);
     END IF;
     IF cardinality(v_ids) = 0 THEN
         RETURN;
@@ -1871,7 +1974,7 @@ $$;
 COMMENT ON FUNCTION treadle.snooze(bigint, uuid, interval) IS
     'Run a running job again after delay without spending an attempt (running -> available); null when the lease is lost.';
 --------------------------------------------------------------------------------
--- Operator controls: cancel, retry, prune.
+-- Operator controls: cancel, retry, retention and prune.
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
@@ -1977,12 +2080,130 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
     'Make a discarded, cancelled or retryable job available now with attempt 0; true when it did.';
 
 --------------------------------------------------------------------------------
+-- treadle.apply_retention(batch) -> bigint
+--
+-- Transition: deletes at most `batch` finished jobs (completed, discarded,
+-- cancelled) whose retention has passed, oldest first, and finished workflow
+-- runs whose retention has passed together with all their steps (a kept run
+-- keeps its whole history; its step jobs count towards the batch, and the oldest
+-- run goes whole even when it has more steps than the batch). A job's
+-- retention is its queue's (treadle.queues.retain_completed for completed,
+-- retain_failed for discarded and cancelled; a failed run is kept as long as a
+-- discarded job), or where that is null the global one (treadle.configure);
+-- null there too keeps it forever. Rows another transaction holds are skipped
+-- (SKIP LOCKED): a run with a held step waits for a later call. So any number of
+-- sessions may call it at once, each a short transaction; the workers'
+-- housekeeping does, every minute and again while there is more. Returns how
+-- many jobs it deleted, step jobs included: less than `batch` means it caught up.
+-- Raises 22004: batch null. 22023: batch outside 1..100000.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.apply_retention(batch integer DEFAULT 1000)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now        timestamptz := treadle.now();
+    v_completed  interval;
+    v_failed     interval;
+    v_shortest   interval;
+    v_runs       bigint[];
+    v_step_ids   bigint[];
+    v_step_runs  bigint[];
+    v_busy_runs  bigint[];
+    v_steps      bigint;
+    v_jobs       bigint := 0;
+BEGIN
+    IF apply_retention.batch IS NULL THEN
+        RAISE EXCEPTION 'treadle: batch must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF apply_retention.batch NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'treadle: batch must be between 1 and 100000, got %', apply_retention.batch
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT r.retain_completed, r.retain_failed INTO v_completed, v_failed FROM treadle._retention() AS r;
+    -- The shortest retention anywhere bounds the range of finished_at read.
+    SELECT min(t.retain) INTO v_shortest
+      FROM (SELECT v_completed UNION ALL SELECT v_failed
+            UNION ALL SELECT q.retain_completed FROM treadle.queues AS q
+            UNION ALL SELECT q.retain_failed FROM treadle.queues AS q) AS t(retain);
+    IF v_shortest IS NULL THEN
+        RETURN 0;  -- everything is kept forever
+    END IF;
+
+    -- Finished runs first, oldest first, as many as fit in the batch by their step count.
+    WITH expired AS (
+        SELECT r.id, r.finished_at, cardinality(r.steps) AS steps
+          FROM treadle.workflow_runs AS r
+          LEFT JOIN treadle.queues AS q ON q.queue = r.queue
+         WHERE r.finished_at < v_now - v_shortest
+           AND r.finished_at < v_now - CASE WHEN r.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
+                                            ELSE coalesce(q.retain_failed, v_failed) END
+         ORDER BY r.finished_at, r.id
+         LIMIT apply_retention.batch
+           FOR UPDATE OF r SKIP LOCKED
+    ), fitting AS (
+        SELECT e.id, row_number() OVER w AS n, sum(e.steps) OVER w AS steps_so_far
+          FROM expired AS e
+        WINDOW w AS (ORDER BY e.finished_at, e.id)
+    )
+    SELECT array_agg(f.id) INTO v_runs FROM fitting AS f WHERE f.n = 1 OR f.steps_so_far <= apply_retention.batch;
+
+    IF v_runs IS NOT NULL THEN
+        -- A run goes only with every step: one whose step someone holds (a retry) stays.
+        SELECT array_agg(s.id), array_agg(s.workflow_run_id) INTO v_step_ids, v_step_runs
+          FROM (SELECT j.id, j.workflow_run_id FROM treadle.jobs AS j
+                 WHERE j.workflow_run_id = ANY (v_runs)
+                   FOR UPDATE SKIP LOCKED) AS s;
+        SELECT array_agg(DISTINCT j.workflow_run_id) INTO v_busy_runs
+          FROM treadle.jobs AS j
+         WHERE j.workflow_run_id = ANY (v_runs)
+           AND j.id <> ALL (coalesce(v_step_ids, '{}'));
+        v_busy_runs := coalesce(v_busy_runs, '{}');
+        SELECT count(*) INTO v_steps
+          FROM unnest(v_step_ids, v_step_runs) AS s(id, run_id)
+         WHERE s.run_id <> ALL (v_busy_runs);
+        DELETE FROM treadle.workflow_runs AS r
+         WHERE r.id = ANY (v_runs) AND r.id <> ALL (v_busy_runs);  -- their steps go by the cascade
+        v_jobs := v_steps;
+    END IF;
+
+    IF v_jobs < apply_retention.batch THEN
+        -- Deleted by the row versions just locked (a TID scan): no second lookup by id.
+        -- A row locked by this transaction cannot move before the delete.
+        DELETE FROM treadle.jobs AS j
+         WHERE j.ctid = ANY (ARRAY(
+            SELECT e.ctid
+              FROM treadle.jobs AS e
+              LEFT JOIN treadle.queues AS q ON q.queue = e.queue
+             WHERE e.finished_at < v_now - v_shortest
+               AND e.workflow_run_id IS NULL
+               AND e.finished_at < v_now - CASE WHEN e.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
+                                                ELSE coalesce(q.retain_failed, v_failed) END
+             ORDER BY e.finished_at
+             LIMIT apply_retention.batch - v_jobs
+               FOR UPDATE OF e SKIP LOCKED));
+        GET DIAGNOSTICS v_steps = ROW_COUNT;
+        v_jobs := v_jobs + v_steps;
+    END IF;
+    RETURN v_jobs;
+END;
+$$;
+COMMENT ON FUNCTION treadle.apply_retention(integer) IS
+    'Delete at most batch finished jobs (and finished runs with their steps) past their retention; returns how many jobs went.';
+
+--------------------------------------------------------------------------------
 -- treadle.prune(older_than) -> bigint
 --
 -- Transition: deletes finished jobs (completed, discarded, cancelled) and
 -- finished workflow runs whose finished_at is older than now - older_than. Step
 -- jobs go only with their run, so a kept run keeps its whole history. Returns
--- how many jobs it deleted (step jobs included).
+-- how many jobs it deleted (step jobs included). The one-off manual form: one
+-- statement, one transaction however many rows go; apply_retention deletes in
+-- small batches by the configured retention.
 -- Raises 22004: older_than null. 22023: older_than negative or over 100 years.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.prune(older_than interval DEFAULT '7 days')
@@ -2019,6 +2240,332 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.prune(interval) IS
     'Delete finished jobs and workflow runs older than older_than; returns how many jobs went.';
+--------------------------------------------------------------------------------
+-- Queues as objects: pause, resume, limits and backpressure (treadle.queues).
+--
+-- A queue needs no row: one without a row in treadle.queues has no limits and
+-- is not paused, and claims on it never read more than one index probe of that
+-- table. A row holds what set_queue, pause and resume said:
+--   paused        claim takes nothing from the queue; enqueue still works.
+--   concurrency   at most N of its jobs running at once, over every worker.
+--   rate_limit    at most N claims per rate_period: a token bucket of N tokens
+--                 refilled at N per period, so a burst of N, then N per period.
+--   max_depth     enqueue and enqueue_many refuse (SQLSTATE TQ001) a job that
+--                 would make the queue hold more than N waiting jobs.
+--   retain_completed, retain_failed   how long finished jobs are kept (read by
+--                 the retention of finished jobs).
+-- Claims on a paused or limited queue lock its row (FOR UPDATE) until they
+-- commit, so concurrent claimers take their room one after another and never
+-- exceed a limit.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._rate_tokens(rate_limit, rate_period, tokens, updated_at, at) -> double precision
+--
+-- How many claims a queue's token bucket allows at `at`: the tokens left at
+-- updated_at plus rate_limit per rate_period since, at most rate_limit.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._rate_tokens(rate_limit integer, rate_period interval,
+                                                tokens double precision, updated_at timestamptz,
+                                                at timestamptz)
+RETURNS double precision
+LANGUAGE sql
+IMMUTABLE
+BEGIN ATOMIC
+    SELECT least(rate_limit::double precision,
+                 tokens + rate_limit * greatest(extract(epoch FROM at - updated_at), 0)::double precision
+                          / extract(epoch FROM rate_period)::double precision);
+END;
+COMMENT ON FUNCTION treadle._rate_tokens(integer, interval, double precision, timestamptz, timestamptz) IS
+    'The claims a rate-limited queue''s token bucket allows at a time.';
+
+--------------------------------------------------------------------------------
+-- treadle._queue_settled(queue) -> void
+--
+-- Removes a queue's row once it holds no setting at all: such a queue is the
+-- same as one that never had a row, and claims on it take the unlimited path.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._queue_settled(queue text)
+RETURNS void
+LANGUAGE sql
+VOLATILE
+BEGIN ATOMIC
+    DELETE FROM treadle.queues AS s
+     WHERE s.queue = _queue_settled.queue
+       AND NOT s.paused AND s.concurrency IS NULL AND s.rate_limit IS NULL AND s.max_depth IS NULL
+       AND s.retain_completed IS NULL AND s.retain_failed IS NULL;
+END;
+COMMENT ON FUNCTION treadle._queue_settled(text) IS
+    'Delete a queue''s settings row when it holds no setting.';
+
+--------------------------------------------------------------------------------
+-- treadle.set_queue(queue, concurrency, rate_limit, rate_period, max_depth,
+--                   retain_completed, retain_failed) -> void
+--
+-- Transition: the queue's settings become exactly these (an argument left out or
+-- null is no limit); whether it is paused does not change (pause, resume). A
+-- queue left with no setting loses its row. Changing the rate empties nothing:
+-- the bucket starts full at the new rate; keeping it keeps the bucket.
+-- Raises 22004: queue null. 22023: queue not a valid name; concurrency outside
+-- 1..100000; rate_limit outside 1..1000000; rate_limit without rate_period or
+-- the reverse; rate_period not positive or over 1 day; max_depth outside
+-- 1..1000000; a retention negative or over 100 years. 42501: a tenant's queue
+-- outside its prefix.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.set_queue(
+    queue            text,
+    concurrency      integer  DEFAULT NULL,
+    rate_limit       integer  DEFAULT NULL,
+    rate_period      interval DEFAULT NULL,
+    max_depth        integer  DEFAULT NULL,
+    retain_completed interval DEFAULT NULL,
+    retain_failed    interval DEFAULT NULL
+)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := treadle.now();
+BEGIN
+    PERFORM treadle._check_text(set_queue.queue, 'queue');
+    IF set_queue.concurrency NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'treadle: concurrency must be between 1 and 100000, got %', set_queue.concurrency
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (set_queue.rate_limit IS NULL) <> (set_queue.rate_period IS NULL) THEN
+        RAISE EXCEPTION 'treadle: rate_limit and rate_period go together: give both or neither'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF set_queue.rate_limit NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'treadle: rate_limit must be between 1 and 1000000, got %', set_queue.rate_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM treadle._check_interval(set_queue.rate_period, 'rate_period', interval '1 day');
+    IF set_queue.max_depth NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'treadle: max_depth must be between 1 and 1000000, got %', set_queue.max_depth
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM treadle._check_interval(set_queue.retain_completed, 'retain_completed', interval '100 years', may_be_zero => true);
+    PERFORM treadle._check_interval(set_queue.retain_failed, 'retain_failed', interval '100 years', may_be_zero => true);
+    PERFORM treadle._check_queue_allowed(set_queue.queue);
+
+    INSERT INTO treadle.queues AS s
+        (queue, concurrency, rate_limit, rate_period, max_depth, retain_completed, retain_failed,
+         rate_tokens, rate_updated_at, updated_at)
+    VALUES
+        (set_queue.queue, set_queue.concurrency, set_queue.rate_limit, set_queue.rate_period,
+         set_queue.max_depth, set_queue.retain_completed, set_queue.retain_failed,
+         set_queue.rate_limit, CASE WHEN set_queue.rate_limit IS NOT NULL THEN v_now END, v_now)
+    ON CONFLICT (queue) DO UPDATE
+       SET concurrency = excluded.concurrency,
+           rate_limit = excluded.rate_limit,
+           rate_period = excluded.rate_period,
+           max_depth = excluded.max_depth,
+           retain_completed = excluded.retain_completed,
+           retain_failed = excluded.retain_failed,
+           -- the same rate keeps its bucket; a new one starts full
+           rate_tokens = CASE WHEN (s.rate_limit, s.rate_period) IS NOT DISTINCT FROM (excluded.rate_limit, excluded.rate_period)
+                              THEN s.rate_tokens ELSE excluded.rate_tokens END,
+           rate_updated_at = CASE WHEN (s.rate_limit, s.rate_period) IS NOT DISTINCT FROM (excluded.rate_limit, excluded.rate_period)
+                                  THEN s.rate_updated_at ELSE excluded.rate_updated_at END,
+           updated_at = excluded.updated_at;
+    PERFORM treadle._queue_settled(set_queue.queue);
+    -- a raised or lifted limit may let waiting jobs run now
+    PERFORM treadle._notify('treadle_jobs', set_queue.queue);
+END;
+$$;
+COMMENT ON FUNCTION treadle.set_queue(text, integer, integer, interval, integer, interval, interval) IS
+    'Set a queue''s limits (concurrency, rate, max_depth) and retention; a setting left out is none.';
+
+--------------------------------------------------------------------------------
+-- treadle.pause(queue) -> boolean
+--
+-- Transition: the queue is paused: claims take none of its jobs (those running
+-- go on); enqueue still works. True when it was not paused before.
+-- Raises 22004: queue null. 22023: queue not a valid name. 42501: a tenant's
+-- queue outside its prefix.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.pause(queue text)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_changed boolean;
+BEGIN
+    PERFORM treadle._check_text(pause.queue, 'queue');
+    PERFORM treadle._check_queue_allowed(pause.queue);
+    INSERT INTO treadle.queues AS s (queue, paused, updated_at)
+    VALUES (pause.queue, true, treadle.now())
+    ON CONFLICT (queue) DO UPDATE
+       SET paused = true, updated_at = excluded.updated_at
+     WHERE NOT s.paused
+    RETURNING true INTO v_changed;
+    RETURN coalesce(v_changed, false);
+END;
+$$;
+COMMENT ON FUNCTION treadle.pause(text) IS
+    'Pause a queue: claims take none of its jobs, enqueue still works; true when it was not paused.';
+
+--------------------------------------------------------------------------------
+-- treadle.resume(queue) -> boolean
+--
+-- Transition: a paused queue is claimable again (and workers are woken). True
+-- when it was paused.
+-- Raises 22004: queue null. 22023: queue not a valid name. 42501: a tenant's
+-- queue outside its prefix.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.resume(queue text)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM treadle._check_text(resume.queue, 'queue');
+    PERFORM treadle._check_queue_allowed(resume.queue);
+    UPDATE treadle.queues AS s
+       SET paused = false, updated_at = treadle.now()
+     WHERE s.queue = resume.queue AND s.paused;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM treadle._queue_settled(resume.queue);
+    PERFORM treadle._notify('treadle_jobs', resume.queue);
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION treadle.resume(text) IS
+    'Resume a paused queue; true when it was paused.';
+
+--------------------------------------------------------------------------------
+-- treadle._queue_room(queues, batch) -> jsonb
+--
+-- What a claim may take from each requested queue, as {queue: count}: 0 from a
+-- paused one, the room left under its concurrency and rate limits from a
+-- limited one, batch from any other. Locks the limited queues' rows until the
+-- claim commits, in queue order (claimers never deadlock), and counts running
+-- jobs only after the lock is held: that statement's snapshot then sees every
+-- claim that committed while this one waited.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._queue_room(queues text[], batch integer)
+RETURNS jsonb
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := treadle.now();
+BEGIN
+    PERFORM 1 FROM treadle.queues AS s
+      WHERE s.queue = ANY (queues) AND NOT s.paused
+        AND (s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL)
+      ORDER BY s.queue
+        FOR UPDATE;
+    RETURN (
+        SELECT jsonb_object_agg(u.q, CASE
+                   WHEN s.paused THEN 0
+                   ELSE least(batch,
+                              -- running jobs hold a lease (jobs_lease_check): their index is small
+                              s.concurrency - (SELECT count(*) FROM treadle.jobs AS j
+                                                WHERE j.lease_until IS NOT NULL AND j.queue = s.queue
+                                                  AND s.concurrency IS NOT NULL),
+                              floor(treadle._rate_tokens(s.rate_limit, s.rate_period, s.rate_tokens,
+                                                         s.rate_updated_at, v_now))::integer)
+               END)
+          FROM (SELECT DISTINCT q.q FROM unnest(queues) AS q(q)) AS u
+          LEFT JOIN treadle.queues AS s ON s.queue = u.q);
+END;
+$$;
+COMMENT ON FUNCTION treadle._queue_room(text[], integer) IS
+    'What a claim may take from each queue ({queue: count}), locking the limited queues'' rows.';
+
+--------------------------------------------------------------------------------
+-- treadle._take_room(ids, room) -> bigint[]
+--
+-- Of the jobs a claim locked, the best of each queue up to its room (priority,
+-- run_at, id order), and spends their rate tokens. Called while _queue_room's
+-- locks are held, with the same clock.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._take_room(ids bigint[], room jsonb)
+RETURNS bigint[]
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := treadle.now();
+    v_ids bigint[];
+BEGIN
+    v_ids := ARRAY(
+        SELECT c.id
+          FROM (SELECT j.id, j.queue,
+                       row_number() OVER (PARTITION BY j.queue ORDER BY j.priority, j.run_at, j.id) AS n
+                  FROM treadle.jobs AS j
+                 WHERE j.id = ANY (ids)) AS c
+         WHERE c.n <= (room ->> c.queue)::integer);
+    UPDATE treadle.queues AS s
+       SET rate_tokens = treadle._rate_tokens(s.rate_limit, s.rate_period, s.rate_tokens, s.rate_updated_at, v_now)
+                         - t.taken,
+           rate_updated_at = greatest(s.rate_updated_at, v_now)
+      FROM (SELECT j.queue, count(*) AS taken FROM treadle.jobs AS j
+             WHERE j.id = ANY (v_ids) GROUP BY j.queue) AS t
+     WHERE s.queue = t.queue AND s.rate_limit IS NOT NULL;
+    RETURN v_ids;
+END;
+$$;
+COMMENT ON FUNCTION treadle._take_room(bigint[], jsonb) IS
+    'Keep each queue''s best claimed jobs up to its room, and spend their rate tokens.';
+
+--------------------------------------------------------------------------------
+-- treadle._check_depth(queue, max_depth, adding) -> void
+--
+-- Backpressure: raises TQ001 when a queue holding its waiting jobs (available or
+-- retryable, due or not) plus `adding` more would pass max_depth. Counts at most
+-- max_depth index entries.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_depth(queue text, max_depth integer, adding integer)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_waiting bigint;
+BEGIN
+    SELECT count(*) INTO v_waiting
+      FROM (SELECT 1 FROM treadle.jobs AS j
+             WHERE j.queue = _check_depth.queue
+               AND j.state = ANY (ARRAY['available', 'retryable'])
+             LIMIT max_depth) AS w;
+    IF v_waiting + adding > max_depth THEN
+        RAISE EXCEPTION 'treadle: queue % is full: % waiting jobs, its max_depth is %', queue, v_waiting, max_depth
+            USING ERRCODE = 'TQ001',
+                  DETAIL = format('Adding %s would pass it.', adding),
+                  HINT = 'Retry later, or raise max_depth with treadle.set_queue.';
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_depth(text, integer, integer) IS
+    'Raise TQ001 when a queue''s waiting jobs plus those being added would pass its max_depth.';
+
+-- Each queue that has settings, as readers see it (tenants: their queues only).
+CREATE VIEW treadle.queue_settings WITH (security_invoker = true) AS
+SELECT s.queue, s.paused, s.concurrency, s.rate_limit, s.rate_period, s.max_depth,
+       s.retain_completed, s.retain_failed, s.updated_at
+  FROM treadle.queues AS s
+ ORDER BY s.queue;
+COMMENT ON VIEW treadle.queue_settings IS
+    'Queues that have settings: paused, concurrency, rate limit, max_depth, retention.';
 --------------------------------------------------------------------------------
 -- Workflows: a run is an ordered list of steps; each step is a job named
 -- 'workflow:<workflow name>' whose `step` column names the step. Completing a
@@ -2893,13 +3440,14 @@ COMMENT ON VIEW treadle.schedules IS
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
--- treadle.worker_seen(worker_id, host, pid, queues, concurrency, running) -> void
+-- treadle.worker_seen(worker_id, host, pid, queues, concurrency, running, names) -> void
 --
--- Transition: records (or refreshes) a live worker process and how many jobs it
--- is running now.
--- Raises 22004: worker_id, host, pid or queues null. 22023: worker_id, host or a
--- queue not a valid name (treadle._is_name), queues empty or over 1000,
--- concurrency < 1, running < 0.
+-- Transition: records (or refreshes) a live worker process, how many jobs it is
+-- running now, and the job names it handles (null: not said), which
+-- treadle.explain reads.
+-- Raises 22004: worker_id, host, pid or queues null. 22023: worker_id, host, a
+-- queue or a name not a valid name (treadle._is_name), queues or names empty or
+-- over 1000, concurrency < 1, running < 0.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.worker_seen(
     worker_id   text,
@@ -2907,7 +3455,8 @@ CREATE OR REPLACE FUNCTION treadle.worker_seen(
     pid         integer,
     queues      text[],
     concurrency integer,
-    running     integer DEFAULT 0
+    running     integer DEFAULT 0,
+    names       text[]  DEFAULT NULL
 )
 RETURNS void
 LANGUAGE plpgsql
@@ -2921,6 +3470,9 @@ DECLARE
 BEGIN
     PERFORM treadle._check_text(worker_seen.worker_id, 'worker_id');
     PERFORM treadle._check_names(worker_seen.queues, 'queues');
+    IF worker_seen.names IS NOT NULL THEN
+        PERFORM treadle._check_names(worker_seen.names, 'names');
+    END IF;
     IF worker_seen.host IS NULL OR worker_seen.pid IS NULL THEN
         RAISE EXCEPTION 'treadle: host and pid must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
@@ -2931,19 +3483,20 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    INSERT INTO treadle.workers AS w (id, host, pid, queues, running, concurrency, started_at, last_seen)
+    INSERT INTO treadle.workers AS w (id, host, pid, queues, running, concurrency, started_at, last_seen, names)
     VALUES (worker_seen.worker_id, worker_seen.host, worker_seen.pid, worker_seen.queues,
-            worker_seen.running, worker_seen.concurrency, v_now, v_now)
+            worker_seen.running, worker_seen.concurrency, v_now, v_now, worker_seen.names)
     ON CONFLICT (id) DO UPDATE
        SET host = excluded.host, pid = excluded.pid, queues = excluded.queues,
-           running = excluded.running, concurrency = excluded.concurrency, last_seen = excluded.last_seen;
+           running = excluded.running, concurrency = excluded.concurrency, last_seen = excluded.last_seen,
+           names = excluded.names;
 
     -- forget processes that have been silent for a day
     DELETE FROM treadle.workers AS w WHERE w.last_seen < v_now - interval '1 day';
 END;
 $$;
-COMMENT ON FUNCTION treadle.worker_seen(text, text, integer, text[], integer, integer) IS
-    'Record that a worker process is alive, and how many jobs it runs.';
+COMMENT ON FUNCTION treadle.worker_seen(text, text, integer, text[], integer, integer, text[]) IS
+    'Record that a worker process is alive, how many jobs it runs, and the job names it handles.';
 
 --------------------------------------------------------------------------------
 -- treadle.worker_stopped(worker_id) -> boolean
@@ -3251,6 +3804,190 @@ $$;
 COMMENT ON FUNCTION treadle.job_counts(bigint) IS
     'Jobs per state (queue null: all queues) and per queue and state, with each queue''s oldest waiting age; estimated on large tables, and flagged.';
 --------------------------------------------------------------------------------
+-- treadle.explain(job_id) -> table(reason, message, at)
+--
+-- Transition: none. Why a job is where it is, one row per reason, in words: a
+-- stable key (reason), a sentence (message) and the time it names, if any (at).
+--   available, retryable: not_due (run_at later), retrying (attempt n of m
+--     failed), paused, concurrency_limit (N running), rate_limit (next slot at),
+--     no_worker (no live worker serves the queue, or none of those that do
+--     handles the job's name), behind (K jobs a claim takes
+--     first, counted up to 1000), ready (nothing holds it back);
+--   running: running (worker, attempt, lease), worker (its last report, or that
+--     it is not in the registry), lease_expired, cancel_requested;
+--   completed, discarded (with the last error), cancelled.
+-- No rows for an unknown id, or a job of a queue a tenant may not see. Readers
+-- may call it (treadle.grant_reader); it reads as the owner and applies the
+-- tenant rule itself, as the views' row-level security does.
+-- Raises 22004: job_id null.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.explain(job_id bigint)
+RETURNS TABLE (reason text, message text, at timestamptz)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    c_live   CONSTANT interval := interval '30 seconds';  -- as treadle.live_workers
+    c_ahead  CONSTANT integer := 1000;                    -- the most jobs ahead counted
+    v_now    timestamptz := treadle.now();
+    v_job    record;
+    v_queue  treadle.queues;
+    v_worker record;
+    v_count  bigint;
+    v_handlers bigint;  -- live workers on the queue that handle the job's name
+    v_tokens double precision;
+    v_held   boolean := false;  -- some reason keeps a waiting job from being claimed
+BEGIN
+    IF explain.job_id IS NULL THEN
+        RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    -- not j.*: the lease token is nobody's business here
+    SELECT j.id, j.queue, j.name, j.state, j.priority, j.run_at, j.attempt, j.max_attempts, j.lease_until,
+           j.worker_id, j.last_error, j.finished_at, j.started_at, j.cancel_requested
+      INTO v_job
+      FROM treadle.jobs AS j
+     WHERE j.id = explain.job_id AND starts_with(j.queue, treadle._caller_prefix());
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+
+    IF v_job.state = 'completed' THEN
+        RETURN QUERY SELECT 'completed', format('completed at %s after %s attempt(s)', v_job.finished_at, v_job.attempt),
+                            v_job.finished_at;
+        RETURN;
+    ELSIF v_job.state = 'cancelled' THEN
+        RETURN QUERY SELECT 'cancelled', format('cancelled at %s', v_job.finished_at), v_job.finished_at;
+        RETURN;
+    ELSIF v_job.state = 'discarded' THEN
+        RETURN QUERY SELECT 'discarded',
+                            format('discarded at %s after attempt %s of %s failed: %s', v_job.finished_at,
+                                   v_job.attempt, v_job.max_attempts, coalesce(left(v_job.last_error, 500), 'no error given')),
+                            v_job.finished_at;
+        RETURN;
+    ELSIF v_job.state = 'running' THEN
+        RETURN QUERY SELECT 'running',
+                            format('running on worker %s since %s (attempt %s of %s), lease until %s',
+                                   v_job.worker_id, v_job.started_at, v_job.attempt, v_job.max_attempts, v_job.lease_until),
+                            v_job.lease_until;
+        SELECT w.last_seen, w.host, w.pid INTO v_worker FROM treadle.workers AS w WHERE w.id = v_job.worker_id;
+        IF FOUND THEN
+            RETURN QUERY SELECT 'worker',
+                                format('worker %s (host %s, pid %s) last reported at %s%s', v_job.worker_id,
+                                       v_worker.host, v_worker.pid, v_worker.last_seen,
+                                       CASE WHEN v_worker.last_seen <= v_now - c_live THEN ', over 30 seconds ago' ELSE '' END),
+                                v_worker.last_seen;
+        ELSE
+            RETURN QUERY SELECT 'worker',
+                                format('worker %s is not in the worker registry (not a treadle worker, or it stopped)',
+                                       v_job.worker_id),
+                                NULL::timestamptz;
+        END IF;
+        IF v_job.lease_until < v_now THEN
+            RETURN QUERY SELECT 'lease_expired',
+                                format('its lease expired at %s: the next rescue makes it retryable', v_job.lease_until),
+                                v_job.lease_until;
+        END IF;
+        IF v_job.cancel_requested THEN
+            RETURN QUERY SELECT 'cancel_requested',
+                                'a cancel was requested: the worker stops it at its next heartbeat', NULL::timestamptz;
+        END IF;
+        RETURN;
+    END IF;
+
+    -- available or retryable: what keeps it waiting
+    IF v_job.state = 'retryable' THEN
+        RETURN QUERY SELECT 'retrying',
+                            format('retrying at %s after attempt %s of %s failed: %s', v_job.run_at, v_job.attempt,
+                                   v_job.max_attempts, coalesce(left(v_job.last_error, 500), 'no error given')),
+                            v_job.run_at;
+    END IF;
+    IF v_job.run_at > v_now THEN
+        v_held := true;
+        IF v_job.state = 'available' THEN
+            RETURN QUERY SELECT 'not_due', format('not due until %s', v_job.run_at), v_job.run_at;
+        END IF;
+    END IF;
+
+    SELECT * INTO v_queue FROM treadle.queues AS s WHERE s.queue = v_job.queue;
+    IF v_queue.paused THEN
+        v_held := true;
+        RETURN QUERY SELECT 'paused', format('queue %s is paused: nothing is claimed from it until it is resumed',
+                                             v_job.queue), v_queue.updated_at;
+    END IF;
+    IF v_queue.concurrency IS NOT NULL THEN
+        SELECT count(*) INTO v_count FROM treadle.jobs AS j
+         WHERE j.lease_until IS NOT NULL AND j.queue = v_job.queue;
+        IF v_count >= v_queue.concurrency THEN
+            v_held := true;
+            RETURN QUERY SELECT 'concurrency_limit',
+                                format('queue %s is at its concurrency limit: %s running, limit %s',
+                                       v_job.queue, v_count, v_queue.concurrency),
+                                NULL::timestamptz;
+        END IF;
+    END IF;
+    IF v_queue.rate_limit IS NOT NULL THEN
+        v_tokens := treadle._rate_tokens(v_queue.rate_limit, v_queue.rate_period, v_queue.rate_tokens,
+                                         v_queue.rate_updated_at, v_now);
+        IF v_tokens < 1 THEN
+            v_held := true;
+            RETURN QUERY SELECT 'rate_limit',
+                                format('queue %s is at its rate limit of %s per %s: next slot at %s', v_job.queue,
+                                       v_queue.rate_limit, v_queue.rate_period,
+                                       v_now + v_queue.rate_period * ((1 - v_tokens) / v_queue.rate_limit)),
+                                v_now + v_queue.rate_period * ((1 - v_tokens) / v_queue.rate_limit);
+        END IF;
+    END IF;
+    -- live workers on the queue, and whether one handles the job's name (a worker
+    -- that did not say its names, as before 0.3.0, may)
+    SELECT count(*), count(*) FILTER (WHERE w.names IS NULL OR v_job.name = ANY (w.names))
+      INTO v_count, v_handlers
+      FROM treadle.workers AS w
+     WHERE w.last_seen > v_now - c_live AND v_job.queue = ANY (w.queues);
+    IF v_count = 0 THEN
+        v_held := true;
+        RETURN QUERY SELECT 'no_worker',
+                            format('no live worker serves queue %s (none reported in the last 30 seconds); '
+                                   'it needs one that handles %s', v_job.queue, v_job.name),
+                            NULL::timestamptz;
+    ELSIF v_handlers = 0 THEN
+        v_held := true;
+        RETURN QUERY SELECT 'no_worker',
+                            format('no live worker handles %s on queue %s: the %s live worker(s) serving it '
+                                   'handle other job names', v_job.name, v_job.queue, v_count),
+                            NULL::timestamptz;
+    END IF;
+    IF v_job.run_at <= v_now THEN
+        -- due jobs a claim of this queue takes first, from the claim index, bounded
+        SELECT count(*) INTO v_count
+          FROM (SELECT 1 FROM treadle.jobs AS j
+                 WHERE j.queue = v_job.queue
+                   AND j.state = ANY (ARRAY['available', 'retryable'])
+                   AND (j.priority, j.run_at, j.id) < (v_job.priority, v_job.run_at, v_job.id)
+                   AND j.run_at <= v_now
+                 LIMIT c_ahead) AS a;
+        IF v_count > 0 THEN
+            v_held := true;
+            RETURN QUERY SELECT 'behind',
+                                format('waiting behind %s%s due job(s) of queue %s that a claim takes first '
+                                       '(higher priority, or older)',
+                                       CASE WHEN v_count >= c_ahead THEN 'at least ' ELSE '' END, v_count, v_job.queue),
+                                NULL::timestamptz;
+        END IF;
+    END IF;
+    IF NOT v_held THEN
+        RETURN QUERY SELECT 'ready',
+                            format('due now and nothing holds it back: the next claim on queue %s that handles %s takes it',
+                                   v_job.queue, v_job.name),
+                            v_job.run_at;
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle.explain(bigint) IS
+    'Why a job is where it is: one row per reason (reason key, message in words, time).';
+--------------------------------------------------------------------------------
 -- Privileges. The functions are the only write path: every function that writes
 -- runs as the owner (SECURITY DEFINER, search_path pinned, names qualified, no
 -- SQL built from input), and no other role holds a right that writes a table or
@@ -3259,8 +3996,8 @@ COMMENT ON FUNCTION treadle.job_counts(bigint) IS
 --
 --   treadle.grant_reader(role)     the views, and the tables' columns but lease tokens
 --   treadle.grant_producer(role)   reader + enqueue, workflows, schedules, cancel, retry
---   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, registry
---   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue
+--   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, retention, registry
+--   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue, retention
 --   treadle.grant_dashboard(role, read_only)   reader + cancel, retry, unschedule unless read_only
 --
 -- and keeps a role to the queues under a prefix with treadle.set_tenant.
@@ -3271,13 +4008,14 @@ COMMENT ON FUNCTION treadle.job_counts(bigint) IS
 -- treadle._grant_parts(role, parts) -> void
 --
 -- Grants USAGE on the schema and EXECUTE on the functions of each named part:
---   read     job_counts, estimated_jobs
+--   read     job_counts, estimated_jobs, explain
 --   produce  enqueue, enqueue_many, start_workflow, schedule
 --   control  cancel, retry, cancel_workflow, unschedule
 --   work     claim, claimed, heartbeat, heartbeat_many, progress, complete,
 --            complete_many, complete_and_claim, fail, release, define_workflow,
 --            worker_seen, worker_stopped
---   recover  rescue
+--   queues   set_queue, pause, resume
+--   recover  rescue, apply_retention (the housekeeping every worker does)
 --   prune    prune
 -- Each function is listed here once; the grant helpers combine the parts.
 --------------------------------------------------------------------------------
@@ -3297,6 +4035,7 @@ BEGIN
       FROM (VALUES
         ('read',    'treadle.job_counts(bigint)'),
         ('read',    'treadle.estimated_jobs(text, text)'),
+        ('read',    'treadle.explain(bigint)'),
         ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[])'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
         ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text)'),
@@ -3317,9 +4056,13 @@ BEGIN
         ('work',    'treadle.release(bigint, uuid)'),
         ('work',    'treadle.snooze(bigint, uuid, interval)'),
         ('work',    'treadle.define_workflow(text, text[])'),
-        ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer)'),
+        ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer, text[])'),
         ('work',    'treadle.worker_stopped(text)'),
+        ('queues',  'treadle.set_queue(text, integer, integer, interval, integer, interval, interval)'),
+        ('queues',  'treadle.pause(text)'),
+        ('queues',  'treadle.resume(text)'),
         ('recover', 'treadle.rescue()'),
+        ('recover', 'treadle.apply_retention(integer)'),
         ('prune',   'treadle.prune(interval)')
       ) AS f(part, signature)
      WHERE f.part = ANY (parts);
@@ -3329,7 +4072,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION treadle._grant_parts(regrole, text[]) IS
-    'Grant schema usage and the functions of the named parts (read, produce, control, work, recover, prune) to a role.';
+    'Grant schema usage and the functions of the named parts (read, produce, control, work, queues, recover, prune) to a role.';
 
 --------------------------------------------------------------------------------
 -- treadle.grant_reader(role) -> void
@@ -3356,7 +4099,7 @@ BEGIN
         treadle.tenants, treadle.settings,
         treadle.queue_stats, treadle.throughput, treadle.recent_failures, treadle.workflow_run_overview,
         treadle.live_workers, treadle.job_details, treadle.workflow_run_steps,
-        treadle.cron_schedules, treadle.schedules TO %s', role);
+        treadle.cron_schedules, treadle.schedules, treadle.queues, treadle.queue_settings TO %s', role);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_reader(regrole) IS
@@ -3386,7 +4129,7 @@ COMMENT ON FUNCTION treadle.grant_producer(regrole) IS
 -- treadle.grant_worker(role) -> void
 --
 -- grant_producer (handlers enqueue follow-up work), plus claiming, heartbeats,
--- progress, finishing, rescue, workflow definitions and the worker registry.
+-- progress, finishing, rescue, retention, workflow definitions and the worker registry.
 -- Raises 22004: role null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_worker(role regrole)
@@ -3406,8 +4149,9 @@ COMMENT ON FUNCTION treadle.grant_worker(regrole) IS
 --------------------------------------------------------------------------------
 -- treadle.grant_admin(role) -> void
 --
--- grant_reader, plus the operator's controls: cancel, retry, prune and rescue.
--- Raises 22004: role null. Owner only.
+-- grant_reader, plus the operator's controls: cancel, retry, prune, rescue,
+-- apply_retention, and the queues' pause, resume and limits. Raises 22004: role
+-- null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_admin(role regrole)
 RETURNS void
@@ -3417,7 +4161,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM treadle.grant_reader(role);
-    PERFORM treadle._grant_parts(role, ARRAY['control', 'recover', 'prune']);
+    PERFORM treadle._grant_parts(role, ARRAY['control', 'queues', 'recover', 'prune']);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_admin(regrole) IS
@@ -3427,7 +4171,7 @@ COMMENT ON FUNCTION treadle.grant_admin(regrole) IS
 -- treadle.grant_dashboard(role, read_only) -> void
 --
 -- What the dashboard needs: grant_reader, and unless read_only, cancelling and
--- retrying jobs and cancelling workflow runs.
+-- retrying jobs, cancelling workflow runs, and pausing, resuming and limiting queues.
 -- Raises 22004: role or read_only null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_dashboard(role regrole, read_only boolean DEFAULT false)
@@ -3442,7 +4186,7 @@ BEGIN
     END IF;
     PERFORM treadle.grant_reader(role);
     IF NOT read_only THEN
-        PERFORM treadle._grant_parts(role, ARRAY['control']);
+        PERFORM treadle._grant_parts(role, ARRAY['control', 'queues']);
     END IF;
 END;
 $$;
@@ -3503,12 +4247,44 @@ BEGIN
         RAISE EXCEPTION 'treadle: max_payload_bytes must be between 1024 and 268435456, got %', configure.max_payload_bytes
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO treadle.settings AS s (max_payload_bytes) VALUES (configure.max_payload_bytes)
+    INSERT INTO treadle.settings AS s (max_payload_bytes, retain_completed, retain_failed)
+    SELECT configure.max_payload_bytes, r.retain_completed, r.retain_failed FROM treadle._retention() AS r
     ON CONFLICT (only_row) DO UPDATE SET max_payload_bytes = excluded.max_payload_bytes;
 END;
 $$;
 COMMENT ON FUNCTION treadle.configure(integer) IS
     'Set the owner''s limits (max_payload_bytes).';
+
+--------------------------------------------------------------------------------
+-- treadle.configure(retain_completed, retain_failed) -> void
+--
+-- The global retention that treadle.apply_retention applies to queues that set
+-- none of their own (treadle.queues): how long completed jobs and runs are kept,
+-- and how long discarded and cancelled jobs and failed and cancelled runs are.
+-- Null keeps them forever. Both are given, so a call says the whole policy.
+-- Defaults until the first call: 7 days and 30 days (treadle._retention). Owner only.
+-- Raises 22023: a period negative or over 100 years.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.configure(retain_completed interval, retain_failed interval)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM treadle._check_interval(configure.retain_completed, 'retain_completed', interval '100 years',
+                                    may_be_zero => true);
+    PERFORM treadle._check_interval(configure.retain_failed, 'retain_failed', interval '100 years',
+                                    may_be_zero => true);
+    INSERT INTO treadle.settings AS s (max_payload_bytes, retain_completed, retain_failed)
+    VALUES (treadle._max_payload_bytes(), configure.retain_completed, configure.retain_failed)
+    ON CONFLICT (only_row) DO UPDATE SET retain_completed = excluded.retain_completed,
+                                         retain_failed = excluded.retain_failed;
+END;
+$$;
+COMMENT ON FUNCTION treadle.configure(interval, interval) IS
+    'Set how long finished work is kept (completed, failed); null keeps it forever.';
 
 --------------------------------------------------------------------------------
 -- Every function, table and sequence: nothing for PUBLIC, but the read-only
@@ -3530,4 +4306,12 @@ GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_res
 -- The roles 0.2.0 set up get their parts again, with 0.3.0's functions and views.
 SELECT treadle.grant_reader(u.role_name::regrole) FROM treadle_upgrade_parts AS u WHERE 'read' = ANY (u.parts);
 SELECT treadle._grant_parts(u.role_name::regrole, u.parts) FROM treadle_upgrade_parts AS u;
+
+--------------------------------------------------------------------------------
+-- queues: the admin part and a dashboard that may act (control without produce)
+-- gained set_queue, pause and resume.
+--------------------------------------------------------------------------------
+SELECT treadle._grant_parts(u.role_name::regrole, ARRAY['queues']) FROM treadle_upgrade_parts AS u
+ WHERE 'prune' = ANY (u.parts) OR ('control' = ANY (u.parts) AND NOT 'produce' = ANY (u.parts));
+
 DROP TABLE treadle_upgrade_parts;

@@ -116,12 +116,15 @@ CREATE INDEX jobs_timeout_idx ON treadle.jobs (started_at) WHERE lease_until IS 
 CREATE UNIQUE INDEX jobs_idempotency_key_idx
     ON treadle.jobs (queue, idempotency_key) WHERE idempotency_key IS NOT NULL;
 
--- the throughput view and prune() read finished jobs by time
+-- the throughput view, apply_retention() and prune() read finished jobs by time
 CREATE INDEX jobs_finished_at_idx ON treadle.jobs (finished_at) WHERE finished_at IS NOT NULL;
 
 -- the recent_failures view, newest first
 CREATE INDEX jobs_failed_at_idx ON treadle.jobs (failed_at)
     WHERE state = ANY (ARRAY['retryable', 'discarded']) AND last_error IS NOT NULL;
+
+-- apply_retention() and prune() read finished workflow runs by time
+CREATE INDEX workflow_runs_finished_at_idx ON treadle.workflow_runs (finished_at) WHERE finished_at IS NOT NULL;
 
 -- a workflow run's steps
 CREATE INDEX jobs_workflow_run_idx ON treadle.jobs (workflow_run_id) WHERE workflow_run_id IS NOT NULL;
@@ -140,15 +143,25 @@ CREATE TABLE treadle.workers (
     concurrency integer     NOT NULL,
     started_at  timestamptz NOT NULL,
     last_seen   timestamptz NOT NULL,
+    names       text[],                          -- the job names it handles (null: not said)
     CONSTRAINT workers_id_check CHECK (id <> '')
 );
 
 -- Limits the owner may change (treadle.configure); no row means the defaults.
+-- Retention (treadle.apply_retention): how long finished jobs and workflow runs are
+-- kept, completed ones and discarded or cancelled ones; null keeps them forever. The
+-- defaults are treadle._retention()'s, written when the row is made.
 CREATE TABLE treadle.settings (
     only_row          boolean PRIMARY KEY DEFAULT true,
     max_payload_bytes integer NOT NULL,
+    retain_completed  interval,
+    retain_failed     interval,
     CONSTRAINT settings_only_row_check CHECK (only_row),
-    CONSTRAINT settings_max_payload_bytes_check CHECK (max_payload_bytes BETWEEN 1024 AND 268435456)
+    CONSTRAINT settings_max_payload_bytes_check CHECK (max_payload_bytes BETWEEN 1024 AND 268435456),
+    CONSTRAINT settings_retain_completed_check
+        CHECK (retain_completed BETWEEN interval '0' AND interval '100 years'),
+    CONSTRAINT settings_retain_failed_check
+        CHECK (retain_failed BETWEEN interval '0' AND interval '100 years')
 );
 
 -- Cron schedules (treadle.schedule). Each has one current occurrence, a job whose
@@ -171,6 +184,34 @@ CREATE TABLE treadle.cron_schedules (
     CONSTRAINT cron_schedules_max_attempts_check CHECK (max_attempts >= 1)
 );
 
+-- Per-queue settings (treadle.set_queue, pause, resume): one row per queue that has
+-- any; a queue without a row has no limits and is not paused. rate_tokens and
+-- rate_updated_at are the rate limit's token bucket, which claims spend under a
+-- lock on the row.
+CREATE TABLE treadle.queues (
+    queue            text        PRIMARY KEY,
+    paused           boolean     NOT NULL DEFAULT false,
+    concurrency      integer,                -- at most this many running at once, over all workers
+    rate_limit       integer,                -- at most this many claims per rate_period
+    rate_period      interval,
+    max_depth        integer,                -- enqueue refused (TQ001) at this many waiting jobs
+    retain_completed interval,               -- how long completed jobs are kept (null: the default)
+    retain_failed    interval,               -- how long discarded and cancelled jobs are kept
+    rate_tokens      double precision,       -- claims the bucket allows, as of rate_updated_at
+    rate_updated_at  timestamptz,
+    updated_at       timestamptz NOT NULL,
+    CONSTRAINT queues_queue_check CHECK (queue <> ''),
+    CONSTRAINT queues_concurrency_check CHECK (concurrency BETWEEN 1 AND 100000),
+    CONSTRAINT queues_rate_check CHECK (
+        (rate_limit IS NULL) = (rate_period IS NULL)
+        AND (rate_limit IS NULL) = (rate_tokens IS NULL)
+        AND (rate_limit IS NULL) = (rate_updated_at IS NULL)),
+    CONSTRAINT queues_rate_limit_check CHECK (rate_limit BETWEEN 1 AND 1000000),
+    CONSTRAINT queues_rate_period_check CHECK (rate_period > interval '0' AND rate_period <= interval '1 day'),
+    CONSTRAINT queues_max_depth_check CHECK (max_depth BETWEEN 1 AND 1000000),
+    CONSTRAINT queues_retain_check CHECK (retain_completed >= interval '0' AND retain_failed >= interval '0')
+);
+
 -- Tenants: a role listed here sees and acts on only the queues whose names start with
 -- its prefix (treadle.set_tenant). Row-level security applies it to every read through
 -- the views; the functions apply it to every write.
@@ -185,6 +226,7 @@ CREATE TABLE treadle.tenants (
 ALTER TABLE treadle.jobs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.workflow_runs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.cron_schedules ENABLE ROW LEVEL SECURITY;
+ALTER TABLE treadle.queues ENABLE ROW LEVEL SECURITY;
 CREATE POLICY jobs_tenant_read ON treadle.jobs FOR SELECT
     USING (starts_with(queue, coalesce(
         (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
@@ -196,8 +238,13 @@ CREATE POLICY cron_schedules_tenant_read ON treadle.cron_schedules FOR SELECT
     USING (starts_with(queue, coalesce(
         (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
 
+CREATE POLICY queues_tenant_read ON treadle.queues FOR SELECT
+    USING (starts_with(queue, coalesce(
+        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
+
 SELECT pg_catalog.pg_extension_config_dump('treadle.settings', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.tenants', '');
+SELECT pg_catalog.pg_extension_config_dump('treadle.queues', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflows', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_runs', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_runs_id_seq', '');

@@ -17,7 +17,8 @@
 -- run_at infinite; every not positive, over 10 years, or so long that the next
 -- occurrence is past the last time PostgreSQL can hold; timeout not positive or
 -- over 7 days; backoff empty, over 100 delays, or with a null, negative or
--- over-366-day delay. 42501: a tenant's queue outside its prefix.
+-- over-366-day delay. 42501: a tenant's queue outside its prefix. TQ001: the queue
+-- holds its max_depth of waiting jobs (treadle.set_queue); nothing is written.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue(
     name            text,
@@ -42,6 +43,8 @@ DECLARE
     v_now  timestamptz := treadle.now();
     v_args jsonb;
     v_id   bigint;
+    v_foreign   boolean;  -- a tenant names a queue outside its prefix
+    v_max_depth integer;
 BEGIN
     -- This is the hottest path, and a PL/pgSQL helper call costs as much as the
     -- insert: the checks are inline expressions, and a helper runs only to raise.
@@ -99,10 +102,18 @@ BEGIN
         END;
     END IF;
 
-    -- treadle._check_queue_allowed's rule, inline: a helper call would cost more than the check
-    IF EXISTS (SELECT 1 FROM treadle.tenants AS t
-                WHERE t.role_name = treadle._caller() AND NOT starts_with(enqueue.queue, t.queue_prefix)) THEN
+    -- One statement reads both: treadle._check_queue_allowed's rule, inline (a helper call
+    -- would cost more than the check), and the queue's max_depth, if it has one.
+    SELECT EXISTS (SELECT 1 FROM treadle.tenants AS t
+                    WHERE t.role_name = treadle._caller() AND NOT starts_with(enqueue.queue, t.queue_prefix)),
+           (SELECT s.max_depth FROM treadle.queues AS s WHERE s.queue = enqueue.queue)
+      INTO v_foreign, v_max_depth;
+    IF v_foreign THEN
         PERFORM treadle._check_queue_allowed(enqueue.queue);
+    END IF;
+    -- backpressure: only a queue with a max_depth (treadle.set_queue) counts its waiting jobs
+    IF v_max_depth IS NOT NULL THEN
+        PERFORM treadle._check_depth(enqueue.queue, v_max_depth, 1);
     END IF;
 
     LOOP
@@ -151,8 +162,8 @@ COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, int
 -- object, an unknown key, a value of the wrong type or out of range, a name,
 -- queue, key or args that enqueue refuses, both run_at and run_in, an infinite
 -- run_at, an every, timeout or backoff as enqueue refuses it); nothing is
--- written then. 42501: a
--- tenant's queue outside its prefix.
+-- written then. 42501: a tenant's queue outside its prefix. TQ001: a queue would
+-- pass its max_depth (every element counts, keyed or not); nothing is written.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue_many(jobs jsonb)
 RETURNS SETOF bigint
@@ -295,6 +306,9 @@ BEGIN
         RETURN;  -- an empty array
     END IF;
     PERFORM treadle._check_queue_allowed(q.queue) FROM (SELECT DISTINCT u.queue FROM unnest(a_queue) AS u(queue)) AS q;
+    PERFORM treadle._check_depth(q.queue, s.max_depth, q.adding)
+       FROM (SELECT u.queue, count(*)::integer AS adding FROM unnest(a_queue) AS u(queue) GROUP BY u.queue) AS q
+       JOIN treadle.queues AS s ON s.queue = q.queue AND s.max_depth IS NOT NULL;
 
     -- One INSERT for all rows. Ids are drawn first so that each input row knows its
     -- own; a keyed row that is not inserted maps to the job holding its key. Rows go

@@ -12,6 +12,8 @@
 -- took), otherwise a fresh random one per job. Returns the claimed rows.
 -- Each (queue[, name]) pair is read from its own index range, so a backlog of
 -- jobs whose names the claimer does not handle is never walked past.
+-- A paused queue gives nothing; a queue with a concurrency or rate limit gives at
+-- most the room it has left (treadle._queue_room, treadle.set_queue).
 -- Raises 22004: worker_id or queues null. 22023: worker_id or a queue or name
 -- that is not a valid name; queues or names empty or over 1000; batch outside
 -- 1..1000; lease not positive or over 1 day. 42501: a tenant's queue outside its
@@ -46,8 +48,9 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle.now();
-    v_ids bigint[];
+    v_now  timestamptz := treadle.now();
+    v_ids  bigint[];
+    v_room jsonb;  -- what each queue may give, when a requested queue is paused or limited
 BEGIN
     PERFORM treadle._check_text(claim.worker_id, 'worker_id');
     PERFORM treadle._check_names(claim.queues, 'queues');
@@ -66,6 +69,19 @@ BEGIN
     IF EXISTS (SELECT 1 FROM treadle.tenants AS t, unnest(claim.queues) AS q(q)
                 WHERE t.role_name = treadle._caller() AND NOT starts_with(q.q, t.queue_prefix)) THEN
         PERFORM treadle._check_queue_allowed(q.q) FROM unnest(claim.queues) AS q(q);
+    END IF;
+    -- Paused and limited queues (treadle.queues): claim only from those with room,
+    -- and below keep to each one's room. Queues without settings pay this probe only.
+    IF EXISTS (SELECT 1 FROM treadle.queues AS s
+                WHERE s.queue = ANY (claim.queues)
+                  AND (s.paused OR s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL)) THEN
+        v_room := treadle._queue_room(claim.queues, claim.batch);
+        claim.queues := ARRAY(SELECT r.key FROM jsonb_each(v_room) AS r WHERE r.value::integer > 0);
+        IF cardinality(claim.queues) = 0 THEN
+            RETURN;
+        END IF;
+        claim.batch := least(claim.batch, (SELECT sum(r.value::integer) FROM jsonb_each(v_room) AS r
+                                            WHERE r.value::integer > 0));
     END IF;
 
     -- Lock the candidates: each (queue[, name]) range in claim order, skipping rows
@@ -102,6 +118,9 @@ BEGIN
                        FOR UPDATE SKIP LOCKED) AS c
              ORDER BY c.priority, c.run_at, c.id
              LIMIT claim.batch);
+    END IF;
+    IF v_room IS NOT NULL THEN
+        v_ids := treadle._take_room(v_ids, v_room);
     END IF;
     IF cardinality(v_ids) = 0 THEN
         RETURN;

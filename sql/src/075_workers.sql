@@ -6,13 +6,14 @@
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
--- treadle.worker_seen(worker_id, host, pid, queues, concurrency, running) -> void
+-- treadle.worker_seen(worker_id, host, pid, queues, concurrency, running, names) -> void
 --
--- Transition: records (or refreshes) a live worker process and how many jobs it
--- is running now.
--- Raises 22004: worker_id, host, pid or queues null. 22023: worker_id, host or a
--- queue not a valid name (treadle._is_name), queues empty or over 1000,
--- concurrency < 1, running < 0.
+-- Transition: records (or refreshes) a live worker process, how many jobs it is
+-- running now, and the job names it handles (null: not said), which
+-- treadle.explain reads.
+-- Raises 22004: worker_id, host, pid or queues null. 22023: worker_id, host, a
+-- queue or a name not a valid name (treadle._is_name), queues or names empty or
+-- over 1000, concurrency < 1, running < 0.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.worker_seen(
     worker_id   text,
@@ -20,7 +21,8 @@ CREATE OR REPLACE FUNCTION treadle.worker_seen(
     pid         integer,
     queues      text[],
     concurrency integer,
-    running     integer DEFAULT 0
+    running     integer DEFAULT 0,
+    names       text[]  DEFAULT NULL
 )
 RETURNS void
 LANGUAGE plpgsql
@@ -34,6 +36,9 @@ DECLARE
 BEGIN
     PERFORM treadle._check_text(worker_seen.worker_id, 'worker_id');
     PERFORM treadle._check_names(worker_seen.queues, 'queues');
+    IF worker_seen.names IS NOT NULL THEN
+        PERFORM treadle._check_names(worker_seen.names, 'names');
+    END IF;
     IF worker_seen.host IS NULL OR worker_seen.pid IS NULL THEN
         RAISE EXCEPTION 'treadle: host and pid must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
@@ -44,19 +49,20 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    INSERT INTO treadle.workers AS w (id, host, pid, queues, running, concurrency, started_at, last_seen)
+    INSERT INTO treadle.workers AS w (id, host, pid, queues, running, concurrency, started_at, last_seen, names)
     VALUES (worker_seen.worker_id, worker_seen.host, worker_seen.pid, worker_seen.queues,
-            worker_seen.running, worker_seen.concurrency, v_now, v_now)
+            worker_seen.running, worker_seen.concurrency, v_now, v_now, worker_seen.names)
     ON CONFLICT (id) DO UPDATE
        SET host = excluded.host, pid = excluded.pid, queues = excluded.queues,
-           running = excluded.running, concurrency = excluded.concurrency, last_seen = excluded.last_seen;
+           running = excluded.running, concurrency = excluded.concurrency, last_seen = excluded.last_seen,
+           names = excluded.names;
 
     -- forget processes that have been silent for a day
     DELETE FROM treadle.workers AS w WHERE w.last_seen < v_now - interval '1 day';
 END;
 $$;
-COMMENT ON FUNCTION treadle.worker_seen(text, text, integer, text[], integer, integer) IS
-    'Record that a worker process is alive, and how many jobs it runs.';
+COMMENT ON FUNCTION treadle.worker_seen(text, text, integer, text[], integer, integer, text[]) IS
+    'Record that a worker process is alive, how many jobs it runs, and the job names it handles.';
 
 --------------------------------------------------------------------------------
 -- treadle.worker_stopped(worker_id) -> boolean

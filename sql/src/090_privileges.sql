@@ -7,8 +7,8 @@
 --
 --   treadle.grant_reader(role)     the views, and the tables' columns but lease tokens
 --   treadle.grant_producer(role)   reader + enqueue, workflows, schedules, cancel, retry
---   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, registry
---   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue
+--   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, retention, registry
+--   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue, retention
 --   treadle.grant_dashboard(role, read_only)   reader + cancel, retry, unschedule unless read_only
 --
 -- and keeps a role to the queues under a prefix with treadle.set_tenant.
@@ -19,13 +19,14 @@
 -- treadle._grant_parts(role, parts) -> void
 --
 -- Grants USAGE on the schema and EXECUTE on the functions of each named part:
---   read     job_counts, estimated_jobs
+--   read     job_counts, estimated_jobs, explain
 --   produce  enqueue, enqueue_many, start_workflow, schedule
 --   control  cancel, retry, cancel_workflow, unschedule
 --   work     claim, claimed, heartbeat, heartbeat_many, progress, complete,
 --            complete_many, complete_and_claim, fail, release, define_workflow,
 --            worker_seen, worker_stopped
---   recover  rescue
+--   queues   set_queue, pause, resume
+--   recover  rescue, apply_retention (the housekeeping every worker does)
 --   prune    prune
 -- Each function is listed here once; the grant helpers combine the parts.
 --------------------------------------------------------------------------------
@@ -45,6 +46,7 @@ BEGIN
       FROM (VALUES
         ('read',    'treadle.job_counts(bigint)'),
         ('read',    'treadle.estimated_jobs(text, text)'),
+        ('read',    'treadle.explain(bigint)'),
         ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[])'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
         ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text)'),
@@ -65,9 +67,13 @@ BEGIN
         ('work',    'treadle.release(bigint, uuid)'),
         ('work',    'treadle.snooze(bigint, uuid, interval)'),
         ('work',    'treadle.define_workflow(text, text[])'),
-        ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer)'),
+        ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer, text[])'),
         ('work',    'treadle.worker_stopped(text)'),
+        ('queues',  'treadle.set_queue(text, integer, integer, interval, integer, interval, interval)'),
+        ('queues',  'treadle.pause(text)'),
+        ('queues',  'treadle.resume(text)'),
         ('recover', 'treadle.rescue()'),
+        ('recover', 'treadle.apply_retention(integer)'),
         ('prune',   'treadle.prune(interval)')
       ) AS f(part, signature)
      WHERE f.part = ANY (parts);
@@ -77,7 +83,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION treadle._grant_parts(regrole, text[]) IS
-    'Grant schema usage and the functions of the named parts (read, produce, control, work, recover, prune) to a role.';
+    'Grant schema usage and the functions of the named parts (read, produce, control, work, queues, recover, prune) to a role.';
 
 --------------------------------------------------------------------------------
 -- treadle.grant_reader(role) -> void
@@ -104,7 +110,7 @@ BEGIN
         treadle.tenants, treadle.settings,
         treadle.queue_stats, treadle.throughput, treadle.recent_failures, treadle.workflow_run_overview,
         treadle.live_workers, treadle.job_details, treadle.workflow_run_steps,
-        treadle.cron_schedules, treadle.schedules TO %s', role);
+        treadle.cron_schedules, treadle.schedules, treadle.queues, treadle.queue_settings TO %s', role);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_reader(regrole) IS
@@ -134,7 +140,7 @@ COMMENT ON FUNCTION treadle.grant_producer(regrole) IS
 -- treadle.grant_worker(role) -> void
 --
 -- grant_producer (handlers enqueue follow-up work), plus claiming, heartbeats,
--- progress, finishing, rescue, workflow definitions and the worker registry.
+-- progress, finishing, rescue, retention, workflow definitions and the worker registry.
 -- Raises 22004: role null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_worker(role regrole)
@@ -154,8 +160,9 @@ COMMENT ON FUNCTION treadle.grant_worker(regrole) IS
 --------------------------------------------------------------------------------
 -- treadle.grant_admin(role) -> void
 --
--- grant_reader, plus the operator's controls: cancel, retry, prune and rescue.
--- Raises 22004: role null. Owner only.
+-- grant_reader, plus the operator's controls: cancel, retry, prune, rescue,
+-- apply_retention, and the queues' pause, resume and limits. Raises 22004: role
+-- null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_admin(role regrole)
 RETURNS void
@@ -165,7 +172,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM treadle.grant_reader(role);
-    PERFORM treadle._grant_parts(role, ARRAY['control', 'recover', 'prune']);
+    PERFORM treadle._grant_parts(role, ARRAY['control', 'queues', 'recover', 'prune']);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_admin(regrole) IS
@@ -175,7 +182,7 @@ COMMENT ON FUNCTION treadle.grant_admin(regrole) IS
 -- treadle.grant_dashboard(role, read_only) -> void
 --
 -- What the dashboard needs: grant_reader, and unless read_only, cancelling and
--- retrying jobs and cancelling workflow runs.
+-- retrying jobs, cancelling workflow runs, and pausing, resuming and limiting queues.
 -- Raises 22004: role or read_only null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_dashboard(role regrole, read_only boolean DEFAULT false)
@@ -190,7 +197,7 @@ BEGIN
     END IF;
     PERFORM treadle.grant_reader(role);
     IF NOT read_only THEN
-        PERFORM treadle._grant_parts(role, ARRAY['control']);
+        PERFORM treadle._grant_parts(role, ARRAY['control', 'queues']);
     END IF;
 END;
 $$;
@@ -251,12 +258,44 @@ BEGIN
         RAISE EXCEPTION 'treadle: max_payload_bytes must be between 1024 and 268435456, got %', configure.max_payload_bytes
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO treadle.settings AS s (max_payload_bytes) VALUES (configure.max_payload_bytes)
+    INSERT INTO treadle.settings AS s (max_payload_bytes, retain_completed, retain_failed)
+    SELECT configure.max_payload_bytes, r.retain_completed, r.retain_failed FROM treadle._retention() AS r
     ON CONFLICT (only_row) DO UPDATE SET max_payload_bytes = excluded.max_payload_bytes;
 END;
 $$;
 COMMENT ON FUNCTION treadle.configure(integer) IS
     'Set the owner''s limits (max_payload_bytes).';
+
+--------------------------------------------------------------------------------
+-- treadle.configure(retain_completed, retain_failed) -> void
+--
+-- The global retention that treadle.apply_retention applies to queues that set
+-- none of their own (treadle.queues): how long completed jobs and runs are kept,
+-- and how long discarded and cancelled jobs and failed and cancelled runs are.
+-- Null keeps them forever. Both are given, so a call says the whole policy.
+-- Defaults until the first call: 7 days and 30 days (treadle._retention). Owner only.
+-- Raises 22023: a period negative or over 100 years.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.configure(retain_completed interval, retain_failed interval)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM treadle._check_interval(configure.retain_completed, 'retain_completed', interval '100 years',
+                                    may_be_zero => true);
+    PERFORM treadle._check_interval(configure.retain_failed, 'retain_failed', interval '100 years',
+                                    may_be_zero => true);
+    INSERT INTO treadle.settings AS s (max_payload_bytes, retain_completed, retain_failed)
+    VALUES (treadle._max_payload_bytes(), configure.retain_completed, configure.retain_failed)
+    ON CONFLICT (only_row) DO UPDATE SET retain_completed = excluded.retain_completed,
+                                         retain_failed = excluded.retain_failed;
+END;
+$$;
+COMMENT ON FUNCTION treadle.configure(interval, interval) IS
+    'Set how long finished work is kept (completed, failed); null keeps it forever.';
 
 --------------------------------------------------------------------------------
 -- Every function, table and sequence: nothing for PUBLIC, but the read-only

@@ -21,9 +21,12 @@ SCENARIOS = [
     "load",
     "recovery",
     "pickup",
+    "limits",
     "held_snapshot",
     "memory",
+    "dashboard_search",
     "cli_bulk",
+    "scale",
 ]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -16,6 +16,7 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Dialog, Locator, Page, expect, sync_playwright
 from werkzeug.serving import make_server
 
+from tests.conftest import as_role
 from tests.dashboard.seeding import (
     DEEP_JSON,
     XSS_ARGS,
@@ -58,8 +59,8 @@ def browser() -> Iterator[Browser]:
 class Served:
     """The dashboard on a werkzeug server thread; stop() takes it off the network."""
 
-    def __init__(self, dsn: str, refresh_seconds: float = 1) -> None:
-        self.app = create_app(dsn, refresh_seconds=refresh_seconds)
+    def __init__(self, dsn: str, refresh_seconds: float = 1, read_only: bool = False) -> None:
+        self.app = create_app(dsn, refresh_seconds=refresh_seconds, read_only=read_only)
         self.server = make_server("127.0.0.1", 0, self.app, threaded=True)
         self.url = f"http://127.0.0.1:{self.server.server_port}/"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -126,7 +127,7 @@ def test_overview_renders_every_part_and_markup_stays_text(page: Page, served: S
 
     page.goto(f"{served.url}jobs/{seeded.xss}")
     expect(page.locator("#job pre.json").first).to_contain_text(XSS_ARGS["html"])
-    expect(page.locator("#job ol.errors")).to_contain_text(XSS_ERROR.splitlines()[0])
+    expect(page.locator("#job #attempts")).to_contain_text(XSS_ERROR.splitlines()[0])
     assert page.locator("#job img, #job script").count() == 0
     assert page.evaluate(XSS_MARKERS) == [None, None, None]
     page.screenshot(path=str(ARTIFACTS / "dashboard-job.png"), full_page=True)
@@ -185,7 +186,10 @@ def test_a_traceback_shows_its_exception_and_opens_whole(
     page.goto(f"{served.url}jobs?queue=feeds")
     expect(page.locator("#results tr", has_text="parse_feed")).to_contain_text("ValueError: feed 7 has no items")
     page.goto(f"{served.url}jobs/{job_id}")
-    history = page.locator("#job ol.errors pre")
+    attempt = page.locator("#job #attempts details")
+    expect(attempt.locator("summary")).to_have_text("ValueError: feed 7 has no items")
+    attempt.locator("summary").click()
+    history = attempt.locator("pre")
     expect(history).to_contain_text("The above exception was the direct cause of the following exception:")
     expect(history).to_contain_text("ValueError: feed 7 has no items")
     page.screenshot(path=str(ARTIFACTS / "dashboard-traceback-job.png"), full_page=True)
@@ -291,3 +295,175 @@ def test_a_lost_server_is_announced(page: Page, served: Served, seeded: Seeded) 
     served.stop()
     expect(page.locator("#notice")).to_contain_text("Cannot reach the dashboard; showing data from")
     expect(page.locator("#states")).to_contain_text("available")  # the last data stays
+
+
+# --- the pages for incidents: search, attempts, bulk actions, the queue page ---------------
+
+
+def test_search_by_args_and_error_text_says_what_it_read(
+    page: Page, served: Served, conn: psycopg.Connection, seeded: Seeded
+) -> None:
+    wanted = enqueue(conn, "invoice", "bills", '{"user": {"id": 42}, "plan": "pro"}')
+    enqueue(conn, "invoice", "bills", '{"user": {"id": 7}, "plan": "pro"}')
+    page.goto(f"{served.url}jobs")
+    page.get_by_label("Args contain (JSON)").fill('{"user": {"id": 42}}')
+    page.get_by_role("button", name="Search").click()
+    results = page.locator("#results tbody tr")
+    expect(results).to_have_count(1)
+    expect(results).to_contain_text(f"#{wanted}")
+    expect(page.locator("#window")).to_contain_text("only the 100,000 newest jobs")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-search-args.png"), full_page=True)
+
+    page.get_by_label("Args contain (JSON)").fill("")
+    page.get_by_label("Error text").fill("INSUFFICIENT")
+    page.get_by_role("button", name="Search").click()
+    expect(page.locator("#results tbody tr")).to_have_count(1)
+    expect(page.locator("#results tbody tr")).to_contain_text("CardDeclined: insufficient funds")
+
+    page.goto(f"{served.url}jobs?args=not-json")
+    expect(page.locator(".error-message")).to_contain_text("this is not JSON")
+
+
+def test_a_jobs_attempts_show_worker_start_end_and_error(
+    page: Page, served: Served, conn: psycopg.Connection, seeded: Seeded
+) -> None:
+    job_id = fail_with_traceback(conn)  # attempt 1 fails with a traceback
+    conn.execute("SELECT treadle.retry(%s)", (job_id,))
+    claimed = conn.execute("SELECT id FROM treadle.claim('worker-b', ARRAY['feeds'])").fetchone()
+    assert claimed == (job_id,)
+    page.goto(f"{served.url}jobs/{job_id}")
+    rows = page.locator("#attempts tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.nth(0)).to_contain_text("worker-b")
+    expect(rows.nth(0)).to_contain_text("running")
+    expect(rows.nth(1).locator("summary")).to_have_text("ValueError: feed 7 has no items")
+    rows.nth(1).locator("summary").click()
+    expect(rows.nth(1).locator("pre")).to_contain_text("KeyError: 'items'")
+    expect(page.locator("#job")).to_contain_text("Worker and start are recorded for the latest attempt only")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-attempts.png"), full_page=True)
+
+
+def discard_many(conn: psycopg.Connection, jobs: int, queue: str) -> None:
+    conn.execute(
+        "SELECT treadle.enqueue('sync_account', jsonb_build_object('account', g), %s, max_attempts => 1)"
+        "  FROM generate_series(1, %s) AS g",
+        (queue, jobs),
+    )
+    while conn.execute(
+        "SELECT count(treadle.fail(c.id, c.lease_token, 'ConnectionRefusedError: db down', interval '1 hour'))"
+        "  FROM treadle.claim('worker-outage-1', ARRAY[%s], batch => 500) AS c",
+        (queue,),
+    ).fetchone() != (0,):
+        pass
+
+
+def count_states(conn: psycopg.Connection, queue: str) -> dict[str, int]:
+    rows = conn.execute("SELECT state, count(*) FROM treadle.jobs WHERE queue = %s GROUP BY state", (queue,))
+    return {state: int(n) for state, n in rows}
+
+
+def test_bulk_retry_of_a_filtered_set(page: Page, served: Served, conn: psycopg.Connection, seeded: Seeded) -> None:
+    discard_many(conn, 1100, "outage")
+    page.goto(f"{served.url}jobs?queue=outage&state=discarded&error=refused")
+    page.get_by_role("link", name="Retry all matching…").click()
+    expect(page.locator("h1")).to_have_text("Retry 1,100 jobs?")
+    expect(page.locator("#bulk-confirm")).to_contain_text("error=refused")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-bulk-confirm.png"), full_page=True)
+    assert count_states(conn, "outage") == {"discarded": 1100}  # the confirmation changed nothing
+
+    page.get_by_role("button", name="Retry 1,100 jobs").click()
+    expect(page.locator("#notice")).to_contain_text("1,100 of 1,100 jobs retried in 3 batches.")
+    expect(page).to_have_url(re.compile(r"/jobs\?queue=outage&state=discarded&error=refused$"))
+    expect(page.locator("#results")).to_contain_text("No job matches")
+    page.screenshot(path=str(ARTIFACTS / "dashboard-bulk-done.png"), full_page=True)
+    assert count_states(conn, "outage") == {"available": 1100}
+
+
+def test_bulk_cancel_of_a_filtered_set(page: Page, served: Served, conn: psycopg.Connection, seeded: Seeded) -> None:
+    for n in range(4):
+        enqueue(conn, "render", "renders", f'{{"page": {n}}}')
+    page.goto(f'{served.url}jobs?queue=renders&args={{"page": 2}}')
+    expect(page.locator("#results tbody tr")).to_have_count(1)
+    page.get_by_role("link", name="Cancel all matching…").click()
+    expect(page.locator("h1")).to_have_text("Cancel 1 job?")
+    page.get_by_role("button", name="Cancel 1 job").click()
+    expect(page.locator("#notice")).to_contain_text("1 of 1 jobs cancelled")
+    assert count_states(conn, "renders") == {"available": 3, "cancelled": 1}
+
+
+def test_bulk_actions_as_a_read_only_dashboard_and_as_a_tenant(
+    page: Page,
+    dsn: str,
+    reader_dsn: str,
+    conn: psycopg.Connection,
+    make_role: Callable[[str], str],
+    seeded: Seeded,
+) -> None:
+    discard_many(conn, 3, "outage-eu")
+    discard_many(conn, 3, "billing-eu")
+    read_only = Served(reader_dsn, read_only=True)  # as docs/operations.md sets one up
+    try:
+        page.goto(f"{read_only.url}jobs?queue=outage-eu")
+        expect(page.locator("#results tbody tr")).to_have_count(3)
+        expect(page.get_by_role("link", name="Retry all matching…")).to_have_count(0)
+        page.goto(f"{read_only.url}jobs/bulk/retry?queue=outage-eu")
+        expect(page.locator(".error-message")).to_contain_text("This dashboard is read-only")
+    finally:
+        read_only.stop()
+        dashboard_of(read_only.app).close()
+
+    # the read-only role behind a dashboard not told so: the database refuses, the page says why
+    unaware = Served(reader_dsn)
+    try:
+        page.goto(f"{unaware.url}jobs?queue=outage-eu")
+        page.get_by_role("link", name="Retry all matching…").click()
+        page.get_by_role("button", name="Retry 3 jobs").click()
+        expect(page.locator("#notice")).to_contain_text(
+            "Stopped after 0 of 3 jobs (0 retried): the database refused the next batch: "
+            "permission denied for function retry"
+        )
+        page.screenshot(path=str(ARTIFACTS / "dashboard-bulk-refused.png"), full_page=True)
+        assert count_states(conn, "outage-eu") == {"discarded": 3}
+    finally:
+        unaware.stop()
+        dashboard_of(unaware.app).close()
+
+    tenant = make_role("tenant")
+    conn.execute("SELECT treadle.grant_dashboard(%s)", (tenant,))
+    conn.execute("SELECT treadle.set_tenant(%s, 'outage')", (tenant,))
+    served = Served(as_role(dsn, tenant))
+    try:
+        page.goto(f"{served.url}jobs?state=discarded")
+        expect(page.locator("#results tbody tr")).to_have_count(3)  # its own queues only
+        page.get_by_role("link", name="Retry all matching…").click()
+        expect(page.locator("h1")).to_have_text("Retry 3 jobs?")
+        page.get_by_role("button", name="Retry 3 jobs").click()
+        expect(page.locator("#notice")).to_contain_text("3 of 3 jobs retried in 1 batch.")
+        assert count_states(conn, "outage-eu") == {"available": 3}
+        assert count_states(conn, "billing-eu") == {"discarded": 3}
+    finally:
+        served.stop()
+        dashboard_of(served.app).close()
+
+
+def test_the_queue_page_shows_depth_throughput_failures_and_a_place_for_controls(
+    page: Page, served: Served, conn: psycopg.Connection, seeded: Seeded
+) -> None:
+    discard_many(conn, 5, "outage")
+    for _ in range(3):
+        enqueue(conn, "sync_account", "outage")
+    page.goto(served.url)
+    page.locator("#queues").get_by_role("link", name="outage", exact=True).click()
+    expect(page.locator("h1")).to_contain_text("outage")
+    expect(page.locator("#throughput h2")).to_contain_text("0 completed, 5 discarded")
+    expect(page.locator("#failures table.common-errors")).to_contain_text("ConnectionRefusedError: db down")
+    expect(page.locator("#controls")).to_contain_text("no per-queue controls")
+    expect(page.locator("#depth h2")).to_contain_text("waiting 3, running 0")
+    enqueue(conn, "sync_account", "outage")
+    expect(page.locator("#depth h2")).to_contain_text("waiting 4", timeout=30_000)  # a later sample, live
+    expect(page.locator("#depth svg polyline.waiting")).to_have_count(1)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-queue.png"), full_page=True)

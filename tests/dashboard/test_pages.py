@@ -53,9 +53,9 @@ def test_overview_counts_every_state(client: FlaskClient, seeded: Seeded) -> Non
 
 def test_overview_lists_queues_with_their_oldest_waiting_age(client: FlaskClient, seeded: Seeded) -> None:
     queues = section(text(client, "/"), "queues")
-    rows = re.findall(r'<tr>\s*<td><a href="/jobs\?queue=(\w+)">', queues)
+    rows = re.findall(r'<tr>\s*<td><a href="/queues/(\w+)">', queues)
     assert rows == sorted(rows) and {"mail", "media", "billing", "orders", "signups"} <= set(rows)
-    mail = re.search(r"queue=mail\">mail</a></td>(.*?)</tr>", queues, re.S)
+    mail = re.search(r"/queues/mail\">mail</a></td>(.*?)</tr>", queues, re.S)
     assert mail and re.search(r'<td class="num[^"]*">\d+ s</td>', mail.group(1))
 
 
@@ -200,7 +200,8 @@ def test_job_page_shows_everything_about_a_job(client: FlaskClient, seeded: Seed
     assert "/cancel" not in completed and "/retry" not in completed
 
     retryable = text(client, f"/jobs/{seeded.retryable}")
-    assert "Attempt 1," in retryable and "<pre>ConnectionError: timed out\n  at sync_crm()</pre>" in retryable
+    attempts = retryable.split('<table class="attempts" id="attempts">')[1]
+    assert '<td class="num">1</td>' in attempts and "<pre>ConnectionError: timed out\n  at sync_crm()</pre>" in attempts
     assert (
         f'action="/jobs/{seeded.retryable}/retry"' in retryable
         and f'action="/jobs/{seeded.retryable}/cancel"' in retryable
@@ -219,7 +220,7 @@ def test_payloads_too_deep_to_decode_are_shown_as_their_text(client: FlaskClient
     deep = deep_rows(conn)
     job = text(client, f"/jobs/{deep.job}")
     assert job.count(f'<pre class="json">{DEEP_JSON}</pre>') == 2  # args and result
-    assert '<pre class="json">[{&#34;at&#34;: ' in job and DEEP_JSON in job.split("<h2>Errors</h2>")[1]
+    assert '<pre class="json">[{&#34;at&#34;: ' in job and DEEP_JSON in job.split("<h2>Attempts</h2>")[1]
     run = text(client, f"/runs/{deep.run}")
     assert f'<pre class="json">{DEEP_JSON}</pre>' in run  # the input
     assert f'<code class="result">{DEEP_JSON[:199]}…</code>' in run  # the first step's result, cut

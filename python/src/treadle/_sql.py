@@ -58,6 +58,16 @@ SELECT id, queue, name, args::text AS args, state, priority, run_at, attempt, ma
        progress, progress_message, timeout, backoff
   FROM treadle.job_details WHERE id = %(job_id)s::bigint
 """
+# treadle.pause, resume, set_queue: a queue's pause and limits; explain: why a job is where it is
+PAUSE: Final[LiteralString] = "SELECT treadle.pause(queue => %(queue)s::text)"
+RESUME: Final[LiteralString] = "SELECT treadle.resume(queue => %(queue)s::text)"
+SET_QUEUE: Final[LiteralString] = """
+SELECT treadle.set_queue(
+    queue => %(queue)s::text, concurrency => %(concurrency)s::integer, rate_limit => %(rate_limit)s::integer,
+    rate_period => %(rate_period)s::interval, max_depth => %(max_depth)s::integer,
+    retain_completed => %(retain_completed)s::interval, retain_failed => %(retain_failed)s::interval)
+"""
+EXPLAIN: Final[LiteralString] = "SELECT reason, message, at FROM treadle.explain(job_id => %(job_id)s::bigint)"
 # treadle.version: the installed SQL API's version
 VERSION: Final[LiteralString] = "SELECT treadle.version()"
 
@@ -111,6 +121,12 @@ CLAIM: Final[LiteralString] = (
     batch => %(batch)s::integer, lease => %(lease)s::interval, lease_token => %(lease_token)s::uuid)
 """
 )
+# whether the worker's queues have a concurrency or rate limit, and the shortest rate slot in seconds
+QUEUE_LIMITS: Final[LiteralString] = """
+SELECT coalesce(bool_or(concurrency IS NOT NULL OR rate_limit IS NOT NULL), false) AS limited,
+       min(extract(epoch FROM rate_period) / rate_limit)::float8 AS rate_slot
+  FROM treadle.queue_settings WHERE queue = ANY (%(queues)s::text[])
+"""
 # treadle.claimed: what a claim whose answer was lost committed (nothing when it did not)
 CLAIMED: Final[LiteralString] = (
     "SELECT "
@@ -212,6 +228,8 @@ SELECT treadle.release(job_id => %(job_id)s::bigint, lease_token => %(lease_toke
 """
 # treadle.rescue: return the jobs of workers whose lease expired
 RESCUE: Final[LiteralString] = "SELECT treadle.rescue()"
+# treadle.apply_retention: delete one batch of finished work past its retention
+APPLY_RETENTION: Final[LiteralString] = "SELECT treadle.apply_retention(batch => %(batch)s::integer)"
 # treadle.define_workflow: record a registered workflow's steps
 DEFINE_WORKFLOW: Final[LiteralString] = """
 SELECT treadle.define_workflow(name => %(name)s::text, steps => %(steps)s::text[])
@@ -220,6 +238,6 @@ SELECT treadle.define_workflow(name => %(name)s::text, steps => %(steps)s::text[
 WORKER_SEEN: Final[LiteralString] = """
 SELECT treadle.worker_seen(worker_id => %(worker_id)s::text, host => %(host)s::text, pid => %(pid)s::integer,
                            queues => %(queues)s::text[], concurrency => %(concurrency)s::integer,
-                           running => %(running)s::integer)
+                           running => %(running)s::integer, names => %(names)s::text[])
 """
 WORKER_STOPPED: Final[LiteralString] = "SELECT treadle.worker_stopped(worker_id => %(worker_id)s::text)"

@@ -59,8 +59,8 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypedDict, overload
 import psycopg
 
 from . import _args, _conn, _json, _sql
-from .errors import InvalidArgument
-from .models import Job
+from .errors import InvalidArgument, JobNotFound
+from .models import Explanation, Job
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -74,8 +74,12 @@ __all__ = [
     "cancel_workflow",
     "enqueue",
     "enqueue_many",
+    "explain",
     "get_job",
+    "pause",
+    "resume",
     "retry",
+    "set_queue",
     "start_workflow",
     "version",
     "workflow_results",
@@ -336,6 +340,110 @@ def get_job(conn: AnyConnection, job_id: int) -> Job | Awaitable[Job | None] | N
 
 
 @overload
+def explain(conn: AsyncConnection, job_id: int) -> Awaitable[list[Explanation]]: ...
+@overload
+def explain(conn: SyncConnection, job_id: int) -> list[Explanation]: ...
+def explain(conn: AnyConnection, job_id: int) -> list[Explanation] | Awaitable[list[Explanation]]:
+    """Why the job is where it is: one `Explanation` per reason, in words (treadle.explain).
+
+    A waiting job says what holds it (not due, its queue paused or at a limit, no
+    live worker on its queue, jobs ahead of it) or that nothing does; a running
+    one where and until when; a finished one how it ended. Raises `JobNotFound`
+    for an id the caller cannot see.
+    """
+    job_id = _args.row_id(job_id, "job_id")
+
+    def read(rows: _conn.Rows) -> list[Explanation]:
+        if not rows:
+            raise JobNotFound(job_id)
+        return [Explanation(reason=row["reason"], message=row["message"], at=row["at"]) for row in rows]
+
+    return _conn.execute(conn, _sql.EXPLAIN, {"job_id": job_id}, read)
+
+
+# -- queues ---------------------------------------------------------------------------------
+
+
+@overload
+def pause(conn: AsyncConnection, queue: str) -> Awaitable[bool]: ...
+@overload
+def pause(conn: SyncConnection, queue: str) -> bool: ...
+def pause(conn: AnyConnection, queue: str) -> bool | Awaitable[bool]:
+    """Pause a queue: workers claim none of its jobs (running ones go on); enqueue still works.
+
+    True when it was not paused before.
+    """
+    return _conn.execute(conn, _sql.PAUSE, {"queue": _args.text(queue, "queue")}, _scalar)
+
+
+@overload
+def resume(conn: AsyncConnection, queue: str) -> Awaitable[bool]: ...
+@overload
+def resume(conn: SyncConnection, queue: str) -> bool: ...
+def resume(conn: AnyConnection, queue: str) -> bool | Awaitable[bool]:
+    """Resume a paused queue (its workers are woken). True when it was paused."""
+    return _conn.execute(conn, _sql.RESUME, {"queue": _args.text(queue, "queue")}, _scalar)
+
+
+@overload
+def set_queue(
+    conn: AsyncConnection,
+    queue: str,
+    *,
+    concurrency: int | None = None,
+    rate_limit: int | None = None,
+    rate_period: timedelta | None = None,
+    max_depth: int | None = None,
+    retain_completed: timedelta | None = None,
+    retain_failed: timedelta | None = None,
+) -> Awaitable[None]: ...
+@overload
+def set_queue(
+    conn: SyncConnection,
+    queue: str,
+    *,
+    concurrency: int | None = None,
+    rate_limit: int | None = None,
+    rate_period: timedelta | None = None,
+    max_depth: int | None = None,
+    retain_completed: timedelta | None = None,
+    retain_failed: timedelta | None = None,
+) -> None: ...
+def set_queue(
+    conn: AnyConnection,
+    queue: str,
+    *,
+    concurrency: int | None = None,
+    rate_limit: int | None = None,
+    rate_period: timedelta | None = None,
+    max_depth: int | None = None,
+    retain_completed: timedelta | None = None,
+    retain_failed: timedelta | None = None,
+) -> Awaitable[None] | None:
+    """Set a queue's limits and retention to exactly these; a setting left out is none.
+
+    ``concurrency``: at most this many of its jobs running at once, over every
+    worker. ``rate_limit`` per ``rate_period``: at most that many claims, with
+    bursts up to ``rate_limit``. ``max_depth``: an enqueue that would leave more
+    waiting jobs raises `QueueFull`. ``retain_completed`` and ``retain_failed``:
+    how long finished jobs are kept. Whether the queue is paused does not change.
+    """
+    params = {
+        "queue": _args.text(queue, "queue"),
+        "concurrency": None if concurrency is None else _args.integer(concurrency, "concurrency"),
+        "rate_limit": None if rate_limit is None else _args.integer(rate_limit, "rate_limit"),
+        "rate_period": _args.interval(rate_period, "rate_period"),
+        "max_depth": None if max_depth is None else _args.integer(max_depth, "max_depth"),
+        "retain_completed": _args.interval(retain_completed, "retain_completed"),
+        "retain_failed": _args.interval(retain_failed, "retain_failed"),
+    }
+    return _conn.execute(conn, _sql.SET_QUEUE, params, _nothing)
+
+
+# -- the extension --------------------------------------------------------------------------
+
+
+@overload
 def version(conn: AsyncConnection) -> Awaitable[str]: ...
 @overload
 def version(conn: SyncConnection) -> str: ...
@@ -353,6 +461,10 @@ def version(conn: AnyConnection) -> str | Awaitable[str]:
 
 def _scalar(rows: _conn.Rows) -> Any:
     return next(iter(rows[0].values()))
+
+
+def _nothing(rows: _conn.Rows) -> None:
+    return None
 
 
 def _ids(rows: _conn.Rows) -> list[int]:

@@ -2,7 +2,8 @@
 
 Every bad argument the SQL layer refuses arrives as SQLSTATE 22023
 (invalid_parameter_value) or 22004 (null_value_not_allowed); the client raises
-`InvalidArgument` for both, chained to the database error.
+`InvalidArgument` for both, chained to the database error. An enqueue refused
+because its queue is full (SQLSTATE TQ001, a queue's max_depth) raises `QueueFull`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,18 @@ class InvalidArgument(TreadleError, ValueError):
     """An argument was refused, by the client or by the SQL layer (22023, 22004)."""
 
     def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class QueueFull(TreadleError):
+    """Backpressure: an enqueue would pass its queue's max_depth of waiting jobs (SQLSTATE TQ001).
+
+    Nothing was written; slow down and try again later, or raise the limit with
+    `set_queue`. Like any failed statement, it aborts the caller's transaction.
+    """
+
+    def __init__(self, message: str, sqlstate: str = "TQ001") -> None:
         super().__init__(message)
         self.sqlstate = sqlstate
 
@@ -149,21 +162,24 @@ class WorkflowNotFound(TreadleError, LookupError):
 
 
 ARGUMENT_SQLSTATES = frozenset({"22023", "22004"})
+QUEUE_FULL_SQLSTATE = "TQ001"
 
 
 def translate(error: BaseException) -> BaseException:
     """The treadle exception for a database error, or the error itself."""
     sqlstate = getattr(error, "sqlstate", None)
-    if sqlstate in ARGUMENT_SQLSTATES:
-        diag: Any = getattr(error, "diag", None)
-        message = (diag.message_primary if diag is not None else None) or str(error)
-        return InvalidArgument(message, sqlstate)
-    return error
+    if sqlstate not in ARGUMENT_SQLSTATES and sqlstate != QUEUE_FULL_SQLSTATE:
+        return error
+    diag: Any = getattr(error, "diag", None)
+    message = (diag.message_primary if diag is not None else None) or str(error)
+    if sqlstate == QUEUE_FULL_SQLSTATE:
+        return QueueFull(message, sqlstate)
+    return InvalidArgument(message, sqlstate)
 
 
 @contextmanager
 def mapped_errors() -> Iterator[None]:
-    """Re-raise the SQL layer's argument errors as `InvalidArgument`."""
+    """Re-raise the SQL layer's argument errors as `InvalidArgument`, a full queue as `QueueFull`."""
     try:
         yield
     except psycopg.Error as error:

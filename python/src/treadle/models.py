@@ -57,6 +57,22 @@ class Job:
         return self.state in FINISHED_STATES
 
 
+@dataclass(frozen=True)
+class Explanation:
+    """One reason `explain` gives for where a job is (a row of treadle.explain).
+
+    ``reason`` is a stable key (``not_due``, ``paused``, ``concurrency_limit``,
+    ``rate_limit``, ``no_worker``, ``behind``, ``ready``, ``retrying``, ``running``,
+    ``worker``, ``lease_expired``, ``cancel_requested``, ``completed``,
+    ``discarded``, ``cancelled``), ``message`` says it in words, ``at`` is the
+    time it names, if any.
+    """
+
+    reason: str
+    message: str
+    at: datetime | None
+
+
 class JobFields:
     """Shortcuts to the fields of `self.job` that handlers and event hooks use most."""
 

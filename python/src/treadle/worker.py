@@ -69,10 +69,14 @@ WAIT_SLICE = 0.1  # longest single wait in run(): signal handlers only set flags
 RELEASE_GRACE = 5.0  # how long a graceful stop retries hand-backs while the database is away
 FINISH_GRACE = 2.0  # how long a stop waits for outcomes already being written
 MAX_CONCURRENCY = 1000  # treadle.claim takes at most this many jobs at once
+MAX_RETENTION_BATCH = 100_000  # treadle.apply_retention deletes at most this many jobs at once
 # Jobs are claimed ahead of free slots only while handlers take less than this on average
 # (a longer handler gains nothing from it, and jobs held ahead would wait behind it).
 QUICK_HANDLER = 0.05
 HANDLER_TIME_WEIGHT = 0.1  # the weight of the newest run in the handler-time average
+EMPTY_CLAIM_GAP = 0.02  # after empty claims that wake-ups started, the next wake-up waits this, doubling
+LIMITS_INTERVAL = 5.0  # how often the worker reads its queues' limits (treadle.queue_settings)
+RATE_WAIT_FLOOR = 0.05  # the shortest wait between claims on a rate-limited queue
 
 
 class Worker:
@@ -83,7 +87,10 @@ class Worker:
     or timedeltas: `poll_interval` (claim at least this often; LISTEN/NOTIFY wakes
     it sooner), `lease` (how long a claim holds a job without a heartbeat),
     `heartbeat_interval` (shorter than the lease), `rescue_interval` (how often to
-    return the jobs of dead workers), `stop_timeout`. `claim_ahead`: how many jobs
+    return the jobs of dead workers), `retention_interval` (how often to delete
+    finished work past its retention with treadle.apply_retention, at most
+    `retention_batch` jobs per transaction, sooner while there is more; None turns
+    it off, as where pg_cron does it), `stop_timeout`. `claim_ahead`: how many jobs
     beyond its free slots the worker may hold, claimed while handlers run, so that
     a handler finds its next job at hand (None: as many as `concurrency`, and only
     while handlers take under 50 ms on average; 0: never). `backoff(attempt)` gives the
@@ -131,6 +138,8 @@ class Worker:
         lease: Duration = 30,
         heartbeat_interval: Duration = 10,
         rescue_interval: Duration = 0.5,
+        retention_interval: Duration | None = 60,
+        retention_batch: int = 1000,
         stop_timeout: Duration = 30,
         backoff: Callable[[int], Duration] | None = None,
         on_error: Callable[[BaseException, Job], None] | None = None,
@@ -154,6 +163,12 @@ class Worker:
         self.lease = _args.seconds(lease, "lease", allow_zero=False)
         self.heartbeat_interval = _args.seconds(heartbeat_interval, "heartbeat_interval", allow_zero=False)
         self.rescue_interval = _args.seconds(rescue_interval, "rescue_interval", allow_zero=False)
+        self.retention_interval = (
+            None
+            if retention_interval is None
+            else _args.seconds(retention_interval, "retention_interval", allow_zero=False)
+        )
+        self.retention_batch = _args.integer(retention_batch, "retention_batch", (1, MAX_RETENTION_BATCH))
         self.stop_timeout = _args.seconds(stop_timeout, "stop_timeout", allow_zero=True)
         if self.heartbeat_interval >= self.lease:
             raise InvalidArgument(
@@ -191,9 +206,13 @@ class Worker:
         self._stop_requested = False
         self._stop_immediate = False
         self._signals: list[int] = []
-        self._more_waiting = False  # the last claim filled every free slot
+        self._more_waiting = False  # a freed slot should claim again: the last claim filled every slot, or hit a limit
         self._reserved = 0  # slots a claim under way may fill
         self._handler_time: float | None = None  # average handler run time, seconds
+        self._woken_empty = 0  # claims in a row that a wake-up started and that found nothing
+        self._limited = False  # some queue of this worker has a concurrency or rate limit
+        self._rate_wait: float | None = None  # the longest wait between claims, on a rate-limited queue
+        self._limits_read_at = -LIMITS_INTERVAL
         self._used = False
         self._thread: threading.Thread | None = None
         self._background_error: BaseException | None = None
@@ -441,6 +460,8 @@ class Worker:
                 lease=self.lease,
                 heartbeat_interval=self.heartbeat_interval,
                 rescue_interval=self.rescue_interval,
+                retention_interval=self.retention_interval,
+                retention_batch=self.retention_batch,
                 running=self._running,
                 on_rescued=self._rescued,
                 seen_params=self._seen_params,
@@ -569,7 +590,9 @@ class Worker:
     def _claim_loop(self) -> None:
         names = self._registry.claim_names()
         backoff = Backoff()
+        woken = False
         while not self._stop_requested:
+            self._read_limits()
             free = self._reserve(for_loop=True)
             if free > 0:
                 try:
@@ -579,8 +602,24 @@ class Worker:
                 if rows is None:
                     continue
                 backoff.reset()
+                self._woken_empty = self._woken_empty + 1 if woken and not rows else 0
                 self._claimed_rows(rows, free)
-            self._wait_for_work()
+            woken = self._wait_for_work()
+
+    def _read_limits(self) -> None:
+        """Every few seconds, whether this worker's queues are limited (treadle.queue_settings)."""
+        now = time.monotonic()
+        if now - self._limits_read_at < LIMITS_INTERVAL:
+            return
+        self._limits_read_at = now
+        try:
+            row = self._pool.rows(_sql.QUEUE_LIMITS, {"queues": self.queues})[0]
+        except psycopg.Error as error:  # a role granted before 0.3.0 may not read the view: no limits then
+            log.debug("worker %s: could not read queue limits (%s)", self.worker_id, one_line(error))
+            return
+        self._limited = bool(row["limited"])
+        slot = row["rate_slot"]
+        self._rate_wait = None if slot is None else min(self.poll_interval, max(RATE_WAIT_FLOOR, slot))
 
     def _reserve(self, *, for_loop: bool = False) -> int:
         """How many jobs a claim may take now, held for it until `_release`.
@@ -621,7 +660,8 @@ class Worker:
         self._handler_time = seconds if average is None else average + HANDLER_TIME_WEIGHT * (seconds - average)
 
     def _claimed_rows(self, rows: list[dict[str, Any]], asked: int) -> None:
-        self._more_waiting = len(rows) >= asked
+        # a limited queue may give fewer than asked while more wait: a freed slot claims again
+        self._more_waiting = len(rows) >= asked or (self._limited and bool(rows))
         if rows:
             self._dispatch(rows)
 
@@ -676,16 +716,31 @@ class Worker:
                 self._sleep(delay)
         return []  # stopping: whatever it claimed keeps its lease until a rescue returns it
 
-    def _wait_for_work(self) -> None:
-        """Until the poll interval passes, NOTIFY or a freed slot wakes the loop, or a stop."""
-        deadline = time.monotonic() + self.poll_interval
+    def _wait_for_work(self) -> bool:
+        """Until the poll interval passes, NOTIFY or a freed slot wakes the loop, or a stop; True when woken.
+
+        On a rate-limited queue the wait is at most a slot's length (at least 50 ms),
+        so the queue drains at its rate. After claims that wake-ups started found
+        nothing (a paused or full queue that NOTIFY keeps announcing, jobs other
+        workers took), a wake-up first waits out a gap that doubles from 20 ms up
+        to the poll interval: such a queue is never claimed in a hot loop.
+        """
+        start = time.monotonic()
+        deadline = start + (self._rate_wait or self.poll_interval)
+        gap = 0.0 if self._woken_empty < 1 else min(self.poll_interval, EMPTY_CLAIM_GAP * 2 ** (self._woken_empty - 1))
+        woken = False
         while not self._stop_requested:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            if self._wake.wait(min(remaining, WAIT_SLICE)):
+            now = time.monotonic()
+            if now >= deadline:
+                return woken
+            if woken:
+                if now >= start + gap:
+                    return True
+                time.sleep(min(start + gap - now, WAIT_SLICE))
+            elif self._wake.wait(min(deadline - now, WAIT_SLICE)):
                 self._wake.clear()
-                return
+                woken = True
+        return woken
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -745,6 +800,7 @@ class Worker:
             "queues": self.queues,
             "concurrency": self.concurrency,
             "running": self.running_jobs,
+            "names": self._registry.claim_names() or None,
         }
 
     def _rescued(self, count: int) -> None:

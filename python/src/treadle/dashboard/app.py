@@ -14,7 +14,7 @@ from werkzeug.wrappers import Response as BaseResponse
 from . import formatting, security
 from .queries import Store
 from .state import EXTENSION_KEY, Dashboard, Settings, current
-from .views import blueprint, wants_json
+from .views import GRANT_HINT, blueprint, wants_json
 
 
 def create_app(
@@ -31,6 +31,8 @@ def create_app(
     recent_rows: int = 20,
     secure_cookies: bool = False,
     trusted_hosts: list[str] | None = None,
+    search_window: int = 100_000,
+    bulk_limit: int = 10_000,
 ) -> Flask:
     """A Flask app showing the treadle database behind `dsn_or_pool`.
 
@@ -54,6 +56,10 @@ def create_app(
         addressed to; others get 400. `treadle dashboard` without auth trusts only
         the loopback names, so a web page that rebinds its own name to 127.0.0.1
         cannot reach the dashboard.
+    search_window: a search by args, worker, error text or (without a queue)
+        idempotency key has no index to use, so each page of it reads at most this
+        many jobs, newest first (1 to 10,000,000); the page says so.
+    bulk_limit: the most jobs one bulk retry or cancel acts on (1 to 1,000,000).
     """
     _check_arguments(
         auth=auth,
@@ -64,6 +70,8 @@ def create_app(
         page_size=page_size,
         recent_rows=recent_rows,
         trusted_hosts=trusted_hosts,
+        search_window=search_window,
+        bulk_limit=bulk_limit,
     )
     if isinstance(dsn_or_pool, str):
         if not dsn_or_pool.strip():
@@ -108,6 +116,8 @@ def create_app(
         auth=auth,
         basic_auth=basic_auth,
         trusted_hosts=frozenset(name.lower() for name in trusted_hosts) if trusted_hosts is not None else None,
+        search_window=search_window,
+        bulk_limit=bulk_limit,
     )
     store = Store(
         pool,
@@ -135,6 +145,8 @@ def _check_arguments(
     page_size: int,
     recent_rows: int,
     trusted_hosts: object,
+    search_window: int,
+    bulk_limit: int,
 ) -> None:
     if auth is not None and not callable(auth):
         raise TypeError("auth must be a callable taking the request, or None")
@@ -156,6 +168,10 @@ def _check_arguments(
         raise ValueError(f"page_size must be between 1 and 500, got {page_size}")
     if not 1 <= recent_rows <= 500:
         raise ValueError(f"recent_rows must be between 1 and 500, got {recent_rows}")
+    if not 1 <= search_window <= 10_000_000:
+        raise ValueError(f"search_window must be between 1 and 10000000, got {search_window}")
+    if not 1 <= bulk_limit <= 1_000_000:
+        raise ValueError(f"bulk_limit must be between 1 and 1000000, got {bulk_limit}")
     if trusted_hosts is not None and not (
         isinstance(trusted_hosts, (list, tuple, set, frozenset))
         and trusted_hosts
@@ -233,12 +249,7 @@ def _database_error(error: psycopg.Error) -> Any:
     message = (error.diag.message_primary if error.diag else None) or type(error).__name__
     if isinstance(error, psycopg.errors.InsufficientPrivilege):
         # a missing grant (permission denied for ...), or treadle's own refusal (a tenant's bounds)
-        hint = (
-            ". The extension's owner gives a role what the dashboard needs with "
-            "treadle.grant_dashboard(role) (read_only => true to only read)."
-            if message.startswith("permission denied")
-            else "."
-        )
+        hint = f". {GRANT_HINT}" if message.startswith("permission denied") else "."
         return _error_page(403, "Not allowed", f"The database refused this to the dashboard's role: {message}{hint}")
     if isinstance(error, psycopg.OperationalError):
         return _error_page(503, "Database unreachable", "The dashboard cannot reach its database right now.")

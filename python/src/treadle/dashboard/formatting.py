@@ -208,6 +208,73 @@ def chart(rows: list[Row]) -> Chart:
     )
 
 
+@dataclass(frozen=True)
+class DepthChart:
+    width: int
+    height: int
+    waiting: str  # SVG polyline points
+    running: str
+    samples: int
+    peak: int
+    latest_waiting: int
+    latest_running: int
+    since: str  # the first sample's time, UTC
+    start: str  # the chart's left edge, UTC
+    estimated: bool
+
+
+DEPTH_SPAN_MIN = timedelta(minutes=5)
+DEPTH_SPAN_MAX = timedelta(hours=1)
+
+
+def depth_chart(samples: list[Any], now: datetime) -> DepthChart:
+    """Lines of waiting (available + retryable) and running jobs, from the first sample
+    (at least 5 minutes, at most an hour ago) to now."""
+    span = min(max(now - samples[0].at, DEPTH_SPAN_MIN) if samples else DEPTH_SPAN_MIN, DEPTH_SPAN_MAX)
+    peak = max((max(s.waiting, s.running) for s in samples), default=0)
+    scale = (CHART_HEIGHT - 2) / peak if peak else 0.0
+
+    def points(values: list[tuple[datetime, int]]) -> str:
+        coords = []
+        if len(values) == 1:  # one sample: a short tick, since a line needs two points
+            values = [(values[0][0] - span / 120, values[0][1]), values[0]]
+        for at, value in values:
+            x = CHART_WIDTH * max(0.0, 1 - (now - at) / span)
+            coords.append(f"{x:.1f},{CHART_HEIGHT - 1 - value * scale:.1f}")
+        return " ".join(coords)
+
+    latest = samples[-1] if samples else None
+    return DepthChart(
+        width=CHART_WIDTH,
+        height=CHART_HEIGHT,
+        waiting=points([(s.at, s.waiting) for s in samples]),
+        running=points([(s.at, s.running) for s in samples]),
+        samples=len(samples),
+        peak=peak,
+        latest_waiting=latest.waiting if latest else 0,
+        latest_running=latest.running if latest else 0,
+        since=clock(samples[0].at) if samples else "",
+        start=clock(now - span),
+        estimated=any(s.estimated for s in samples),
+    )
+
+
+@dataclass(frozen=True)
+class CommonError:
+    summary: str
+    jobs: int
+    example: int  # the newest job that failed this way
+
+
+def common_errors(failures: list[Row], top: int = 5) -> list[CommonError]:
+    """The errors most of these failures share, by their one-line summary, most first."""
+    groups: dict[str, list[int]] = {}
+    for failure in failures:
+        groups.setdefault(error_summary(failure["last_error"]), []).append(int(failure["id"]))
+    ranked = sorted(groups.items(), key=lambda item: (-len(item[1]), -item[1][0]))
+    return [CommonError(summary, len(ids), ids[0]) for summary, ids in ranked[:top]]
+
+
 FILTERS = {
     "when": when,
     "clock": clock,

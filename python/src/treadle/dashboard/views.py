@@ -6,21 +6,32 @@ a plain form post, a redirect back to the page with a message.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
-from flask import Blueprint, Response, abort, flash, jsonify, redirect, render_template, request, url_for
+import psycopg
+from flask import Blueprint, Response, abort, flash, g, jsonify, redirect, render_template, request, url_for
 from werkzeug.datastructures import MultiDict
 
 from ..models import JOB_STATES
-from . import formatting
-from .queries import Outcome, SearchFilter
+from . import formatting, history
+from .queries import FAILURES_WINDOW, BulkOutcome, Outcome, RawJson, SearchFilter, decode_json
 from .state import current
 
 blueprint = Blueprint("treadle", __name__)
 
 BIGINT_MAX = 2**63 - 1
 MAX_FILTER_LENGTH = 200
+MAX_ARGS_FILTER_LENGTH = 2000
+GRANT_HINT = (
+    "The extension's owner gives a role what the dashboard needs with "
+    "treadle.grant_dashboard(role) (read_only => true to only read)."
+)
+BULK_BATCH_SIZE = 500  # jobs per transaction in a bulk action
+# the states each bulk action applies to (what treadle.retry and treadle.cancel accept)
+BULK_STATES = {"retry": formatting.RETRY_FROM, "cancel": formatting.CANCEL_FROM | {"running"}}
 
 
 def wants_json() -> bool:
@@ -57,6 +68,7 @@ def overview() -> str:
     data = dashboard.store.overview(failures=limit, runs=limit, open_run=run_id)
     if data is None:
         abort(404, description=f"There is no workflow run {run_id}.")
+    dashboard.depth.record(data.now, data.queues)
     listed = {row["id"] for row in data.runs}
     return render_template(
         "overview.html",
@@ -78,17 +90,138 @@ def search() -> Any:
         if found is None:
             abort(404, description=f"There is no job {job_id}.")
         return redirect(url_for(".job", job_id=job_id), 303)
+    where = _search_filter(args)
+    dashboard = current()
+    settings = dashboard.settings
+    page = dashboard.store.search(where, page_size=settings.page_size, window=settings.search_window)
+    return render_template(
+        "jobs.html",
+        page="jobs",
+        live=False,
+        now=page.now,
+        where=where,
+        result=page,
+        filters=_filter_args(where),
+        search_window=settings.search_window,
+    )
+
+
+@blueprint.get("/jobs/bulk/<action>")
+def confirm_bulk(action: str) -> str:
+    """The confirmation of a bulk action: how many jobs of the search it would change."""
+    states = _bulk_states(action)
+    if not _can_act():
+        abort(403, description="This dashboard is read-only: actions are turned off.")
+    where = _search_filter(request.args)
+    dashboard = current()
+    plan = dashboard.store.plan_bulk(
+        where, states=states, window=dashboard.settings.search_window, limit=dashboard.settings.bulk_limit
+    )
+    return render_template(
+        "bulk.html",
+        page="jobs",
+        live=False,
+        now=plan.now,
+        action=action,
+        states=sorted(states),
+        where=where,
+        filters=_filter_args(where),
+        plan=plan,
+        window=dashboard.settings.search_window,
+        limit=dashboard.settings.bulk_limit,
+        batch_size=BULK_BATCH_SIZE,
+    )
+
+
+@blueprint.post("/jobs/bulk/<action>")
+def act_in_bulk(action: str) -> Any:
+    """Retry or cancel what the confirmation counted, in batches."""
+    states = _bulk_states(action)
+    form = request.form
+    where = _search_filter(form)
+    upto = _optional_id(form, "upto", "a job id")
+    floor = _optional_id(form, "floor", "a job id")
+    expected = _optional_id(form, "expected", "a count of jobs")
+    settings = current().settings
+    if upto is None or expected is None:
+        abort(400, description="A bulk action needs the upto and expected its confirmation gives.")
+    limit = min(expected, settings.bulk_limit)
+    outcome = current().store.act_in_bulk(
+        action, where, states=states, upto=upto, floor=floor, limit=limit, batch_size=BULK_BATCH_SIZE
+    )
+    status, message = _bulk_message(action, outcome)
+    if wants_json():
+        return jsonify(ok=status == 200, message=message, changed=outcome.changed, batches=outcome.batches), status
+    flash(message, "done" if status == 200 else "problem")
+    return redirect(url_for(".search", **_filter_args(where)), 303)
+
+
+def _bulk_states(action: str) -> frozenset[str]:
+    if action not in BULK_STATES:
+        abort(404, description=f"There is no bulk action {action[:40]!r}: only retry and cancel.")
+    return frozenset(BULK_STATES[action])
+
+
+def _bulk_message(action: str, outcome: BulkOutcome) -> tuple[int, str]:
+    done = "retried" if action == "retry" else "cancelled (or asked to cancel, when running)"
+    batches = f"in {outcome.batches} batch{'es' if outcome.batches != 1 else ''}"
+    unchanged = outcome.attempted - outcome.changed
+    left = f"; {unchanged:,} had changed state since and were left as they are" if unchanged else ""
+    if outcome.refused is not None:
+        error = outcome.refused
+        reason = (error.diag.message_primary if error.diag else None) or type(error).__name__
+        status = 403 if isinstance(error, psycopg.errors.InsufficientPrivilege) else 503
+        return status, (
+            f"Stopped after {outcome.attempted:,} of {outcome.total:,} jobs ({outcome.changed:,} {done}): "
+            f"the database refused the next batch: {reason}"
+            + (f". {GRANT_HINT}" if reason.startswith("permission denied") else "")
+        )
+    if outcome.total == 0:
+        return 409, "No job matches any more: nothing changed."
+    return 200, f"{outcome.changed:,} of {outcome.total:,} jobs {done} {batches}{left}."
+
+
+def _can_act() -> bool:
+    return bool(g.get("can_act", False))
+
+
+def _search_filter(args: MultiDict[str, str]) -> SearchFilter:
     state = _text_filter(args, "state")
     if state is not None and state not in JOB_STATES:
         abort(400, description=f"state must be one of {', '.join(JOB_STATES)}; got {state!r}.")
-    where = SearchFilter(
+    return SearchFilter(
         name=_text_filter(args, "name"),
         queue=_text_filter(args, "queue"),
         state=state,
+        key=_text_filter(args, "key"),
+        args=_json_filter(args, "args"),
+        worker=_text_filter(args, "worker"),
+        error=_text_filter(args, "error"),
+        failed_after=_time_filter(args, "failed_after"),
+        failed_before=_time_filter(args, "failed_before"),
         before=_optional_id(args, "before", "a job id"),
     )
-    page = current().store.search(where, page_size=current().settings.page_size)
-    return render_template("jobs.html", page="jobs", live=False, now=page.now, where=where, result=page)
+
+
+def _filter_args(where: SearchFilter) -> dict[str, Any]:
+    """The search as query arguments (without its page cursor)."""
+    given = {
+        "name": where.name,
+        "queue": where.queue,
+        "state": where.state,
+        "key": where.key,
+        "args": json.dumps(where.args, ensure_ascii=False) if where.args is not None else None,
+        "worker": where.worker,
+        "error": where.error,
+        "failed_after": _time_text(where.failed_after),
+        "failed_before": _time_text(where.failed_before),
+    }
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def _time_text(value: datetime | None) -> str | None:
+    """A time as a datetime-local field holds it, in UTC."""
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") if value is not None else None
 
 
 @blueprint.get("/jobs/<int:job_id>")
@@ -96,7 +229,35 @@ def job(job_id: int) -> str:
     now, row = current().store.job(_bigint(job_id, "job"))
     if row is None:
         abort(404, description=f"There is no job {job_id}.")
-    return render_template("job.html", page="job", live=True, now=now, job=row)
+    return render_template(
+        "job.html",
+        page="job",
+        live=True,
+        now=now,
+        job=row,
+        attempts=history.attempts(row),
+        history_truncated=history.truncated(row),
+    )
+
+
+@blueprint.get("/queues/<path:queue>")
+def queue(queue: str) -> str:
+    if not queue or len(queue) > MAX_FILTER_LENGTH or not queue.isprintable():
+        abort(404, description="There is no such queue.")
+    dashboard = current()
+    data = dashboard.store.queue(queue, failures=dashboard.settings.recent_rows)
+    depth = dashboard.depth.record(data.now, [data.counts]).get(queue, [])
+    return render_template(
+        "queue.html",
+        page="queue",
+        live=True,
+        now=data.now,
+        q=data,
+        chart=formatting.chart(data.throughput),
+        depth=formatting.depth_chart(depth, data.now),
+        common_errors=formatting.common_errors(data.failures),
+        failures_window=FAILURES_WINDOW,
+    )
 
 
 @blueprint.get("/runs/<int:run_id>")
@@ -188,6 +349,39 @@ def _optional_id(args: MultiDict[str, str], name: str, what: str) -> int | None:
     if not raw.isdigit() or not raw.isascii() or not 1 <= int(raw) <= BIGINT_MAX:
         abort(400, description=f"{name} must be {what}: a whole number from 1 to {BIGINT_MAX}; got {raw[:40]!r}.")
     return int(raw)
+
+
+def _json_filter(args: MultiDict[str, str], name: str) -> Any:
+    """A JSON object or array to match jobs' args against (jsonb @>)."""
+    raw = args.get(name, "").strip()
+    if not raw:
+        return None
+    problem = f"{name} must be a JSON object or array of at most {MAX_ARGS_FILTER_LENGTH} characters"
+    if len(raw) > MAX_ARGS_FILTER_LENGTH:
+        abort(400, description=f"{problem}.")
+    try:
+        value = decode_json(raw)
+    except ValueError as error:
+        abort(400, description=f"{problem}; this is not JSON: {error}.")
+    if isinstance(value, RawJson) or not isinstance(value, (dict, list)):
+        abort(400, description=f"{problem}, nested at most 100 deep.")
+    if "\\u0000" in json.dumps(value):
+        abort(400, description=f"{name} must not hold the character U+0000, which PostgreSQL's jsonb refuses.")
+    return value
+
+
+def _time_filter(args: MultiDict[str, str], name: str) -> datetime | None:
+    """A time in ISO 8601 ('2026-12-01T02:30', what a datetime-local field sends), UTC unless it says."""
+    raw = args.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = datetime.fromisoformat(raw) if len(raw) <= 40 else None
+    except ValueError:
+        value = None
+    if value is None or not 1 <= value.year <= 9999:
+        abort(400, description=f"{name} must be a time like 2026-12-01T02:30 (UTC); got {raw[:40]!r}.")
+    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
 
 
 def _text_filter(args: MultiDict[str, str], name: str) -> str | None:

@@ -1,0 +1,326 @@
+--------------------------------------------------------------------------------
+-- Queues as objects: pause, resume, limits and backpressure (treadle.queues).
+--
+-- A queue needs no row: one without a row in treadle.queues has no limits and
+-- is not paused, and claims on it never read more than one index probe of that
+-- table. A row holds what set_queue, pause and resume said:
+--   paused        claim takes nothing from the queue; enqueue still works.
+--   concurrency   at most N of its jobs running at once, over every worker.
+--   rate_limit    at most N claims per rate_period: a token bucket of N tokens
+--                 refilled at N per period, so a burst of N, then N per period.
+--   max_depth     enqueue and enqueue_many refuse (SQLSTATE TQ001) a job that
+--                 would make the queue hold more than N waiting jobs.
+--   retain_completed, retain_failed   how long finished jobs are kept (read by
+--                 the retention of finished jobs).
+-- Claims on a paused or limited queue lock its row (FOR UPDATE) until they
+-- commit, so concurrent claimers take their room one after another and never
+-- exceed a limit.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._rate_tokens(rate_limit, rate_period, tokens, updated_at, at) -> double precision
+--
+-- How many claims a queue's token bucket allows at `at`: the tokens left at
+-- updated_at plus rate_limit per rate_period since, at most rate_limit.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._rate_tokens(rate_limit integer, rate_period interval,
+                                                tokens double precision, updated_at timestamptz,
+                                                at timestamptz)
+RETURNS double precision
+LANGUAGE sql
+IMMUTABLE
+BEGIN ATOMIC
+    SELECT least(rate_limit::double precision,
+                 tokens + rate_limit * greatest(extract(epoch FROM at - updated_at), 0)::double precision
+                          / extract(epoch FROM rate_period)::double precision);
+END;
+COMMENT ON FUNCTION treadle._rate_tokens(integer, interval, double precision, timestamptz, timestamptz) IS
+    'The claims a rate-limited queue''s token bucket allows at a time.';
+
+--------------------------------------------------------------------------------
+-- treadle._queue_settled(queue) -> void
+--
+-- Removes a queue's row once it holds no setting at all: such a queue is the
+-- same as one that never had a row, and claims on it take the unlimited path.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._queue_settled(queue text)
+RETURNS void
+LANGUAGE sql
+VOLATILE
+BEGIN ATOMIC
+    DELETE FROM treadle.queues AS s
+     WHERE s.queue = _queue_settled.queue
+       AND NOT s.paused AND s.concurrency IS NULL AND s.rate_limit IS NULL AND s.max_depth IS NULL
+       AND s.retain_completed IS NULL AND s.retain_failed IS NULL;
+END;
+COMMENT ON FUNCTION treadle._queue_settled(text) IS
+    'Delete a queue''s settings row when it holds no setting.';
+
+--------------------------------------------------------------------------------
+-- treadle.set_queue(queue, concurrency, rate_limit, rate_period, max_depth,
+--                   retain_completed, retain_failed) -> void
+--
+-- Transition: the queue's settings become exactly these (an argument left out or
+-- null is no limit); whether it is paused does not change (pause, resume). A
+-- queue left with no setting loses its row. Changing the rate empties nothing:
+-- the bucket starts full at the new rate; keeping it keeps the bucket.
+-- Raises 22004: queue null. 22023: queue not a valid name; concurrency outside
+-- 1..100000; rate_limit outside 1..1000000; rate_limit without rate_period or
+-- the reverse; rate_period not positive or over 1 day; max_depth outside
+-- 1..1000000; a retention negative or over 100 years. 42501: a tenant's queue
+-- outside its prefix.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.set_queue(
+    queue            text,
+    concurrency      integer  DEFAULT NULL,
+    rate_limit       integer  DEFAULT NULL,
+    rate_period      interval DEFAULT NULL,
+    max_depth        integer  DEFAULT NULL,
+    retain_completed interval DEFAULT NULL,
+    retain_failed    interval DEFAULT NULL
+)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := treadle.now();
+BEGIN
+    PERFORM treadle._check_text(set_queue.queue, 'queue');
+    IF set_queue.concurrency NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'treadle: concurrency must be between 1 and 100000, got %', set_queue.concurrency
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (set_queue.rate_limit IS NULL) <> (set_queue.rate_period IS NULL) THEN
+        RAISE EXCEPTION 'treadle: rate_limit and rate_period go together: give both or neither'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF set_queue.rate_limit NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'treadle: rate_limit must be between 1 and 1000000, got %', set_queue.rate_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM treadle._check_interval(set_queue.rate_period, 'rate_period', interval '1 day');
+    IF set_queue.max_depth NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'treadle: max_depth must be between 1 and 1000000, got %', set_queue.max_depth
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM treadle._check_interval(set_queue.retain_completed, 'retain_completed', interval '100 years', may_be_zero => true);
+    PERFORM treadle._check_interval(set_queue.retain_failed, 'retain_failed', interval '100 years', may_be_zero => true);
+    PERFORM treadle._check_queue_allowed(set_queue.queue);
+
+    INSERT INTO treadle.queues AS s
+        (queue, concurrency, rate_limit, rate_period, max_depth, retain_completed, retain_failed,
+         rate_tokens, rate_updated_at, updated_at)
+    VALUES
+        (set_queue.queue, set_queue.concurrency, set_queue.rate_limit, set_queue.rate_period,
+         set_queue.max_depth, set_queue.retain_completed, set_queue.retain_failed,
+         set_queue.rate_limit, CASE WHEN set_queue.rate_limit IS NOT NULL THEN v_now END, v_now)
+    ON CONFLICT (queue) DO UPDATE
+       SET concurrency = excluded.concurrency,
+           rate_limit = excluded.rate_limit,
+           rate_period = excluded.rate_period,
+           max_depth = excluded.max_depth,
+           retain_completed = excluded.retain_completed,
+           retain_failed = excluded.retain_failed,
+           -- the same rate keeps its bucket; a new one starts full
+           rate_tokens = CASE WHEN (s.rate_limit, s.rate_period) IS NOT DISTINCT FROM (excluded.rate_limit, excluded.rate_period)
+                              THEN s.rate_tokens ELSE excluded.rate_tokens END,
+           rate_updated_at = CASE WHEN (s.rate_limit, s.rate_period) IS NOT DISTINCT FROM (excluded.rate_limit, excluded.rate_period)
+                                  THEN s.rate_updated_at ELSE excluded.rate_updated_at END,
+           updated_at = excluded.updated_at;
+    PERFORM treadle._queue_settled(set_queue.queue);
+    -- a raised or lifted limit may let waiting jobs run now
+    PERFORM treadle._notify('treadle_jobs', set_queue.queue);
+END;
+$$;
+COMMENT ON FUNCTION treadle.set_queue(text, integer, integer, interval, integer, interval, interval) IS
+    'Set a queue''s limits (concurrency, rate, max_depth) and retention; a setting left out is none.';
+
+--------------------------------------------------------------------------------
+-- treadle.pause(queue) -> boolean
+--
+-- Transition: the queue is paused: claims take none of its jobs (those running
+-- go on); enqueue still works. True when it was not paused before.
+-- Raises 22004: queue null. 22023: queue not a valid name. 42501: a tenant's
+-- queue outside its prefix.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.pause(queue text)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_changed boolean;
+BEGIN
+    PERFORM treadle._check_text(pause.queue, 'queue');
+    PERFORM treadle._check_queue_allowed(pause.queue);
+    INSERT INTO treadle.queues AS s (queue, paused, updated_at)
+    VALUES (pause.queue, true, treadle.now())
+    ON CONFLICT (queue) DO UPDATE
+       SET paused = true, updated_at = excluded.updated_at
+     WHERE NOT s.paused
+    RETURNING true INTO v_changed;
+    RETURN coalesce(v_changed, false);
+END;
+$$;
+COMMENT ON FUNCTION treadle.pause(text) IS
+    'Pause a queue: claims take none of its jobs, enqueue still works; true when it was not paused.';
+
+--------------------------------------------------------------------------------
+-- treadle.resume(queue) -> boolean
+--
+-- Transition: a paused queue is claimable again (and workers are woken). True
+-- when it was paused.
+-- Raises 22004: queue null. 22023: queue not a valid name. 42501: a tenant's
+-- queue outside its prefix.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.resume(queue text)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM treadle._check_text(resume.queue, 'queue');
+    PERFORM treadle._check_queue_allowed(resume.queue);
+    UPDATE treadle.queues AS s
+       SET paused = false, updated_at = treadle.now()
+     WHERE s.queue = resume.queue AND s.paused;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM treadle._queue_settled(resume.queue);
+    PERFORM treadle._notify('treadle_jobs', resume.queue);
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION treadle.resume(text) IS
+    'Resume a paused queue; true when it was paused.';
+
+--------------------------------------------------------------------------------
+-- treadle._queue_room(queues, batch) -> jsonb
+--
+-- What a claim may take from each requested queue, as {queue: count}: 0 from a
+-- paused one, the room left under its concurrency and rate limits from a
+-- limited one, batch from any other. Locks the limited queues' rows until the
+-- claim commits, in queue order (claimers never deadlock), and counts running
+-- jobs only after the lock is held: that statement's snapshot then sees every
+-- claim that committed while this one waited.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._queue_room(queues text[], batch integer)
+RETURNS jsonb
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := treadle.now();
+BEGIN
+    PERFORM 1 FROM treadle.queues AS s
+      WHERE s.queue = ANY (queues) AND NOT s.paused
+        AND (s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL)
+      ORDER BY s.queue
+        FOR UPDATE;
+    RETURN (
+        SELECT jsonb_object_agg(u.q, CASE
+                   WHEN s.paused THEN 0
+                   ELSE least(batch,
+                              -- running jobs hold a lease (jobs_lease_check): their index is small
+                              s.concurrency - (SELECT count(*) FROM treadle.jobs AS j
+                                                WHERE j.lease_until IS NOT NULL AND j.queue = s.queue
+                                                  AND s.concurrency IS NOT NULL),
+                              floor(treadle._rate_tokens(s.rate_limit, s.rate_period, s.rate_tokens,
+                                                         s.rate_updated_at, v_now))::integer)
+               END)
+          FROM (SELECT DISTINCT q.q FROM unnest(queues) AS q(q)) AS u
+          LEFT JOIN treadle.queues AS s ON s.queue = u.q);
+END;
+$$;
+COMMENT ON FUNCTION treadle._queue_room(text[], integer) IS
+    'What a claim may take from each queue ({queue: count}), locking the limited queues'' rows.';
+
+--------------------------------------------------------------------------------
+-- treadle._take_room(ids, room) -> bigint[]
+--
+-- Of the jobs a claim locked, the best of each queue up to its room (priority,
+-- run_at, id order), and spends their rate tokens. Called while _queue_room's
+-- locks are held, with the same clock.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._take_room(ids bigint[], room jsonb)
+RETURNS bigint[]
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := treadle.now();
+    v_ids bigint[];
+BEGIN
+    v_ids := ARRAY(
+        SELECT c.id
+          FROM (SELECT j.id, j.queue,
+                       row_number() OVER (PARTITION BY j.queue ORDER BY j.priority, j.run_at, j.id) AS n
+                  FROM treadle.jobs AS j
+                 WHERE j.id = ANY (ids)) AS c
+         WHERE c.n <= (room ->> c.queue)::integer);
+    UPDATE treadle.queues AS s
+       SET rate_tokens = treadle._rate_tokens(s.rate_limit, s.rate_period, s.rate_tokens, s.rate_updated_at, v_now)
+                         - t.taken,
+           rate_updated_at = greatest(s.rate_updated_at, v_now)
+      FROM (SELECT j.queue, count(*) AS taken FROM treadle.jobs AS j
+             WHERE j.id = ANY (v_ids) GROUP BY j.queue) AS t
+     WHERE s.queue = t.queue AND s.rate_limit IS NOT NULL;
+    RETURN v_ids;
+END;
+$$;
+COMMENT ON FUNCTION treadle._take_room(bigint[], jsonb) IS
+    'Keep each queue''s best claimed jobs up to its room, and spend their rate tokens.';
+
+--------------------------------------------------------------------------------
+-- treadle._check_depth(queue, max_depth, adding) -> void
+--
+-- Backpressure: raises TQ001 when a queue holding its waiting jobs (available or
+-- retryable, due or not) plus `adding` more would pass max_depth. Counts at most
+-- max_depth index entries.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_depth(queue text, max_depth integer, adding integer)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_waiting bigint;
+BEGIN
+    SELECT count(*) INTO v_waiting
+      FROM (SELECT 1 FROM treadle.jobs AS j
+             WHERE j.queue = _check_depth.queue
+               AND j.state = ANY (ARRAY['available', 'retryable'])
+             LIMIT max_depth) AS w;
+    IF v_waiting + adding > max_depth THEN
+        RAISE EXCEPTION 'treadle: queue % is full: % waiting jobs, its max_depth is %', queue, v_waiting, max_depth
+            USING ERRCODE = 'TQ001',
+                  DETAIL = format('Adding %s would pass it.', adding),
+                  HINT = 'Retry later, or raise max_depth with treadle.set_queue.';
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_depth(text, integer, integer) IS
+    'Raise TQ001 when a queue''s waiting jobs plus those being added would pass its max_depth.';
+
+-- Each queue that has settings, as readers see it (tenants: their queues only).
+CREATE VIEW treadle.queue_settings WITH (security_invoker = true) AS
+SELECT s.queue, s.paused, s.concurrency, s.rate_limit, s.rate_period, s.max_depth,
+       s.retain_completed, s.retain_failed, s.updated_at
+  FROM treadle.queues AS s
+ ORDER BY s.queue;
+COMMENT ON VIEW treadle.queue_settings IS
+    'Queues that have settings: paused, concurrency, rate limit, max_depth, retention.';
