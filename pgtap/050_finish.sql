@@ -2,7 +2,7 @@
 -- (with the default backoff) and release. Every write is fenced by the lease token.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(93);
+SELECT plan(94);
 \ir helpers.psql
 
 SET LOCAL TimeZone = 'UTC';  -- errors[].at is written in the session's time zone
@@ -10,7 +10,7 @@ SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
 SELECT has_function('treadle', 'complete', ARRAY['bigint', 'uuid', 'jsonb'], 'treadle.complete exists');
 SELECT has_function('treadle', 'complete_many', ARRAY['bigint[]', 'uuid[]', 'jsonb[]'], 'treadle.complete_many exists');
-SELECT has_function('treadle', 'fail', ARRAY['bigint', 'uuid', 'text', 'interval'], 'treadle.fail exists');
+SELECT has_function('treadle', 'fail', ARRAY['bigint', 'uuid', 'text', 'interval', 'boolean'], 'treadle.fail exists');
 SELECT has_function('treadle', 'release', ARRAY['bigint', 'uuid'], 'treadle.release exists');
 
 --------------------------------------------------------------------------------
@@ -157,23 +157,28 @@ SELECT results_eq(format($$ SELECT state, lease_token, last_error FROM treadle.j
 SELECT is(treadle.fail(:g, :'g_tok', NULL), 'retryable', 'a null error is accepted');
 SELECT is((pg_temp.job(:g)).last_error, '(no error message)', 'a null error is stored as a placeholder');
 
--- The default backoff: 2^attempt seconds plus less than a second, at most an hour
+-- The default backoff: 2^attempt seconds, at most an hour, with equal jitter (half to all of it)
 SELECT id AS h, lease_token AS h_tok FROM pg_temp.leased() \gset
 SELECT is(treadle.fail(:h, :'h_tok', 'x'), 'retryable', 'fail without retry_in: retryable');
-SELECT ok((SELECT run_at - '2999-01-03 12:10:00+00'::timestamptz >= interval '2 seconds'
-              AND run_at - '2999-01-03 12:10:00+00'::timestamptz < interval '3 seconds'
+SELECT ok((SELECT run_at - '2999-01-03 12:10:00+00'::timestamptz >= interval '1 second'
+              AND run_at - '2999-01-03 12:10:00+00'::timestamptz <= interval '2 seconds'
              FROM treadle.jobs WHERE id = :h),
-          'after attempt 1 the default backoff is 2 s plus less than 1 s');
+          'after attempt 1 the default backoff is between 1 and 2 s');
 SELECT is_empty(
     $$ SELECT a, b FROM generate_series(0, 11) AS a, generate_series(1, 50) AS sample,
               LATERAL (SELECT extract(epoch FROM treadle._backoff(a)) AS b) AS s
-        WHERE b < 2 ^ a OR b >= 2 ^ a + 1 $$,
-    'for attempts 0 to 11 every backoff lies in [2^attempt, 2^attempt + 1) seconds');
+        WHERE b < 2 ^ a / 2 OR b > 2 ^ a $$,
+    'for attempts 0 to 11 every backoff lies in [2^attempt / 2, 2^attempt] seconds');
+SELECT ok((SELECT min(extract(epoch FROM treadle._backoff(10))) < 640 AND max(extract(epoch FROM treadle._backoff(10))) > 896
+             FROM generate_series(1, 200)),
+          'the jitter spreads over the range: 200 draws for attempt 10 reach below 5/8 and above 7/8 of 1024 s');
 SELECT ok((SELECT count(DISTINCT treadle._backoff(3)) > 1 FROM generate_series(1, 50)), 'the backoff has jitter');
 SELECT is_empty(
-    $$ SELECT a FROM generate_series(12, 40) AS a WHERE treadle._backoff(a) <> interval '1 hour'
-       UNION ALL SELECT 2147483647 WHERE treadle._backoff(2147483647) <> interval '1 hour' $$,
-    'from attempt 12 on the backoff is one hour');
+    $$ SELECT a FROM generate_series(12, 40) AS a
+        WHERE treadle._backoff(a) NOT BETWEEN interval '30 minutes' AND interval '1 hour'
+       UNION ALL SELECT 2147483647
+        WHERE treadle._backoff(2147483647) NOT BETWEEN interval '30 minutes' AND interval '1 hour' $$,
+    'from attempt 12 on the backoff is one hour, jittered: 30 to 60 minutes');
 
 -- the cap through fail itself: attempts 1 to 10 fail at once, then 11 and 12 back off
 SELECT id AS cap, lease_token AS cap_tok FROM pg_temp.leased(max_attempts => 20) \gset
@@ -192,14 +197,15 @@ SELECT results_eq(format($$ SELECT state, attempt FROM treadle.jobs WHERE id = %
                   $$ VALUES ('retryable'::text, 10) $$, 'ten attempts failed');
 SELECT lease_token AS cap_tok FROM treadle.claim('w', ARRAY[(pg_temp.job(:cap)).queue]) \gset
 SELECT is(treadle.fail(:cap, :'cap_tok', 'x'), 'retryable', 'attempt 11 fails with the default backoff');
-SELECT ok((SELECT run_at - '2999-01-03 12:10:00+00'::timestamptz >= interval '2048 seconds'
-              AND run_at - '2999-01-03 12:10:00+00'::timestamptz < interval '2049 seconds'
+SELECT ok((SELECT run_at - '2999-01-03 12:10:00+00'::timestamptz >= interval '1024 seconds'
+              AND run_at - '2999-01-03 12:10:00+00'::timestamptz <= interval '2048 seconds'
              FROM treadle.jobs WHERE id = :cap),
-          'after attempt 11 the backoff is 2048 s plus less than 1 s');
+          'after attempt 11 the backoff is between 1024 and 2048 s');
 SET LOCAL treadle.now = '2999-01-03 13:00:00+00';
 SELECT lease_token AS cap_tok FROM treadle.claim('w', ARRAY[(pg_temp.job(:cap)).queue]) \gset
 SELECT is(treadle.fail(:cap, :'cap_tok', 'x'), 'retryable', 'attempt 12 fails with the default backoff');
-SELECT is((pg_temp.job(:cap)).run_at, '2999-01-03 14:00:00+00'::timestamptz, 'after attempt 12 the backoff is capped at one hour');
+SELECT ok((pg_temp.job(:cap)).run_at BETWEEN '2999-01-03 13:30:00+00' AND '2999-01-03 14:00:00+00',
+          'after attempt 12 the backoff is capped at one hour (jittered: 30 to 60 minutes)');
 
 -- The error history keeps the newest 20 attempts
 SELECT id AS hist FROM pg_temp.leased('history', max_attempts => 60) \gset

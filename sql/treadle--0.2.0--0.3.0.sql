@@ -99,6 +99,18 @@ UPDATE treadle.settings SET retain_completed = interval '7 days', retain_failed 
 CREATE INDEX workflow_runs_finished_at_idx ON treadle.workflow_runs (finished_at) WHERE finished_at IS NOT NULL;
 
 --------------------------------------------------------------------------------
+-- Retry policies and timeouts (docs/retries.md), as in sql/src/010_tables.sql.
+--------------------------------------------------------------------------------
+ALTER TABLE treadle.jobs ADD COLUMN timeout interval;
+ALTER TABLE treadle.jobs ADD COLUMN backoff interval[];
+ALTER TABLE treadle.jobs ADD CONSTRAINT jobs_timeout_check CHECK (timeout > interval '0');
+ALTER TABLE treadle.jobs ADD CONSTRAINT jobs_backoff_check CHECK (cardinality(backoff) BETWEEN 1 AND 100);
+CREATE INDEX jobs_timeout_idx ON treadle.jobs (started_at) WHERE lease_until IS NOT NULL AND timeout IS NOT NULL;
+-- enqueue gains timeout and backoff, fail gains retryable: new signatures, so the old
+-- ones go (after treadle_upgrade_parts above has read who held them).
+DROP FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval);
+DROP FUNCTION treadle.fail(bigint, uuid, text, interval);
+--------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
 -- The version of the installed SQL API; clients check it when they connect.
@@ -419,10 +431,29 @@ COMMENT ON FUNCTION treadle._check_interval(interval, text, interval, boolean) I
     'Raise 22023 for an interval that is negative, zero (unless allowed) or longer than its bound.';
 
 --------------------------------------------------------------------------------
+-- treadle._jitter(delay) -> interval
+--
+-- A retry delay spread out: a time drawn uniformly between half the delay and the
+-- whole of it ("equal jitter"). Jobs that failed together (an API went down for
+-- all of them at once) would otherwise all retry at the same instant, and fail
+-- together again; half the delay is kept so a retry never comes much sooner than
+-- asked.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._jitter(delay interval)
+RETURNS interval
+LANGUAGE sql
+VOLATILE
+BEGIN ATOMIC
+    SELECT delay * (0.5 + random() / 2);
+END;
+COMMENT ON FUNCTION treadle._jitter(interval) IS
+    'A retry delay with equal jitter: uniformly between half the delay and the delay.';
+
+--------------------------------------------------------------------------------
 -- treadle._backoff(attempt) -> interval
 --
--- The default delay before a failed attempt runs again: 2^attempt seconds plus up
--- to one second of jitter, capped at one hour.
+-- The default delay before a failed attempt runs again: 2^attempt seconds, capped
+-- at one hour, with jitter (treadle._jitter).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._backoff(attempt integer)
 RETURNS interval
@@ -430,10 +461,76 @@ LANGUAGE sql
 VOLATILE
 BEGIN ATOMIC
     -- 2^12 s already passes the cap; the exponent is bounded so it never overflows
-    SELECT make_interval(secs => least(power(2, least(greatest(attempt, 0), 12)) + random(), 3600));
+    SELECT treadle._jitter(make_interval(secs => least(power(2, least(greatest(attempt, 0), 12)), 3600)));
 END;
 COMMENT ON FUNCTION treadle._backoff(integer) IS
-    'Default retry delay: 2^attempt seconds plus up to 1 s of jitter, at most one hour.';
+    'Default retry delay: 2^attempt seconds, at most one hour, with equal jitter.';
+
+--------------------------------------------------------------------------------
+-- treadle._retry_delay(attempt, backoff) -> interval
+--
+-- The delay after failed attempt `attempt` of a job whose backoff column is
+-- `backoff`: its attempt-th delay (the last one for every later attempt), with
+-- jitter; the default backoff when the job has none.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._retry_delay(attempt integer, backoff interval[])
+RETURNS interval
+LANGUAGE sql
+VOLATILE
+BEGIN ATOMIC
+    SELECT CASE WHEN backoff IS NULL THEN treadle._backoff(attempt)
+                ELSE treadle._jitter(backoff[least(greatest(attempt, 1), cardinality(backoff))]) END;
+END;
+COMMENT ON FUNCTION treadle._retry_delay(integer, interval[]) IS
+    'The jittered delay after a failed attempt: the job''s own backoff list, or the default.';
+
+--------------------------------------------------------------------------------
+-- treadle._intervals(value) -> interval[]
+--
+-- A JSON array of interval strings as interval[] (enqueue_many's backoff); null
+-- for null. A string that is not an interval raises its data exception.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._intervals(value jsonb)
+RETURNS interval[]
+LANGUAGE sql
+STABLE
+STRICT  -- a job without a backoff (most) costs no call
+BEGIN ATOMIC
+    SELECT array_agg(e.delay::interval ORDER BY e.ord) FROM jsonb_array_elements_text(value) WITH ORDINALITY AS e(delay, ord);
+END;
+COMMENT ON FUNCTION treadle._intervals(jsonb) IS
+    'A JSON array of interval strings as an interval[].';
+
+--------------------------------------------------------------------------------
+-- treadle._check_backoff(value, argument) -> void
+--
+-- A job's backoff list: raises 22023 when it is empty, not one-dimensional, longer
+-- than 100 delays, or holds a null, negative or over-366-day delay. Null passes
+-- (the default backoff).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_backoff(value interval[], argument text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value IS NULL THEN
+        RETURN;
+    END IF;
+    IF cardinality(value) = 0 OR array_ndims(value) <> 1 OR cardinality(value) > 100 THEN
+        RAISE EXCEPTION 'treadle: % must be a list of 1 to 100 delays', argument
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(value) AS v(delay)
+                WHERE v.delay IS NULL OR v.delay < interval '0' OR v.delay > interval '366 days') THEN
+        RAISE EXCEPTION 'treadle: % must hold delays of zero or more and at most 366 days, got %', argument, value
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_backoff(interval[], text) IS
+    'Raise 22023 for a backoff list that is empty, nested, over 100 long, or holds a bad delay.';
 
 --------------------------------------------------------------------------------
 -- treadle._failed_state(cancel_requested, attempt, max_attempts) -> text
@@ -552,21 +649,25 @@ COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text) IS
     'Append one failed attempt to a job''s error history, keeping the newest 20.';
 --------------------------------------------------------------------------------
 -- treadle.enqueue(name, args, queue, priority, run_at, max_attempts,
---                 idempotency_key, every) -> bigint
+--                 idempotency_key, every, timeout, backoff) -> bigint
 --
 -- Transition: (none) -> available, in the caller's transaction.
 -- Returns the new job's id. With an idempotency key that a job already holds,
 -- returns that job's id (whatever its state) and inserts nothing; a caller that
 -- meets another's uncommitted insert of the key waits for it, then gets its id
 -- (commit) or inserts its own (rollback). Keys are per queue. With `every`, the
--- job starts a periodic series (see treadle._follow_up).
+-- job starts a periodic series (see treadle._follow_up). `timeout` bounds how long
+-- one attempt may run (treadle.rescue takes back a job still running past it);
+-- `backoff` lists the delays before retries 1, 2, ... (the last one repeats), each
+-- with jitter (treadle._retry_delay); null means the default backoff.
 -- Raises 22004: name, queue or priority null. 22023: name, queue or key empty,
 -- blank, over 200 characters or with a control character; args neither an object
 -- nor an array, over the size limit or nested over 100 levels; max_attempts < 1;
 -- run_at infinite; every not positive, over 10 years, or so long that the next
--- occurrence is past the last time PostgreSQL can hold. 42501: a tenant's queue
--- outside its prefix. TQ001: the queue holds its max_depth of waiting jobs
--- (treadle.set_queue); nothing is written.
+-- occurrence is past the last time PostgreSQL can hold; timeout not positive or
+-- over 7 days; backoff empty, over 100 delays, or with a null, negative or
+-- over-366-day delay. 42501: a tenant's queue outside its prefix. TQ001: the queue
+-- holds its max_depth of waiting jobs (treadle.set_queue); nothing is written.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue(
     name            text,
@@ -576,7 +677,9 @@ CREATE OR REPLACE FUNCTION treadle.enqueue(
     run_at          timestamptz DEFAULT treadle.now(),  -- now, by treadle's one clock
     max_attempts    integer     DEFAULT 25,
     idempotency_key text        DEFAULT NULL,
-    every           interval    DEFAULT NULL
+    every           interval    DEFAULT NULL,
+    timeout         interval    DEFAULT NULL,
+    backoff         interval[]  DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -627,6 +730,12 @@ BEGIN
     IF enqueue.every IS NOT NULL THEN
         PERFORM treadle._check_interval(enqueue.every, 'every', interval '10 years');
     END IF;
+    IF enqueue.timeout IS NOT NULL THEN
+        PERFORM treadle._check_interval(enqueue.timeout, 'timeout', interval '7 days');
+    END IF;
+    IF enqueue.backoff IS NOT NULL THEN
+        PERFORM treadle._check_backoff(enqueue.backoff, 'backoff');
+    END IF;
     -- an infinite run_at never comes, and breaks every age the views compute
     IF NOT isfinite(enqueue.run_at) THEN
         RAISE EXCEPTION 'treadle: run_at must be a finite time, got %', enqueue.run_at
@@ -658,10 +767,12 @@ BEGIN
 
     LOOP
         INSERT INTO treadle.jobs AS j
-            (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at)
+            (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
+             timeout, backoff)
         VALUES
             (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
-             enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now)
+             enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
+             enqueue.timeout, enqueue.backoff)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING j.id INTO v_id;
 
@@ -682,7 +793,8 @@ BEGIN
     END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval) IS
+COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval,
+                                    interval, interval[]) IS
     'Enqueue a job in the caller''s transaction and return its id (an idempotency key returns its holder''s id).';
 
 --------------------------------------------------------------------------------
@@ -692,15 +804,15 @@ COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, int
 -- jobs is a JSON array of objects whose keys are enqueue's argument names; a
 -- missing key takes enqueue's default, run_at is an ISO 8601 string, every an
 -- interval string ("5 minutes"), run_in an interval string counted from now (an
--- alternative to run_at). Returns the ids in input order; a key repeated in the
+-- alternative to run_at), timeout an interval string, backoff an array of them. Returns the ids in input order; a key repeated in the
 -- array for the same queue, or already held by a job there, returns the first
 -- job's id. Concurrent calls sharing keys, in any order, never deadlock.
 -- Raises 22004: jobs null. 22023: jobs not an array, or any element bad (not an
 -- object, an unknown key, a value of the wrong type or out of range, a name,
 -- queue, key or args that enqueue refuses, both run_at and run_in, an infinite
--- run_at, an every as enqueue refuses it); nothing is written then. 42501: a
--- tenant's queue outside its prefix. TQ001: a queue would pass its max_depth
--- (every element counts, keyed or not); nothing is written.
+-- run_at, an every, timeout or backoff as enqueue refuses it); nothing is
+-- written then. 42501: a tenant's queue outside its prefix. TQ001: a queue would
+-- pass its max_depth (every element counts, keyed or not); nothing is written.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue_many(jobs jsonb)
 RETURNS SETOF bigint
@@ -714,7 +826,7 @@ SET jit = off
 AS $$
 DECLARE
     c_keys CONSTANT text[] := ARRAY['name', 'args', 'queue', 'priority', 'run_at', 'run_in', 'max_attempts',
-                                    'idempotency_key', 'every'];
+                                    'idempotency_key', 'every', 'timeout', 'backoff'];
     v_now      timestamptz := treadle.now();
     v_max_size integer := treadle._max_payload_bytes();
     v_big      boolean;  -- the whole array is over the size limit, so an element may be
@@ -728,6 +840,8 @@ DECLARE
     a_max      integer[];
     a_key      text[];
     a_every    interval[];
+    a_timeout  interval[];
+    a_backoff  jsonb[];      -- each job's backoff as a JSON array (interval[][] cannot be ragged)
     v_ids      bigint[];
 BEGIN
     IF jobs IS NULL THEN
@@ -775,6 +889,15 @@ BEGIN
                     THEN 'has an "idempotency_key" that is not 1 to 200 characters, not only spaces, without control characters'
                 WHEN s.spec ? 'every' AND jsonb_typeof(s.spec -> 'every') <> ALL (ARRAY['string', 'null'])
                     THEN 'has an "every" that is not an interval string'
+                WHEN s.spec ? 'timeout' AND jsonb_typeof(s.spec -> 'timeout') <> ALL (ARRAY['string', 'null'])
+                    THEN 'has a "timeout" that is not an interval string'
+                WHEN s.spec ? 'backoff' AND jsonb_typeof(s.spec -> 'backoff') <> ALL (ARRAY['array', 'null'])
+                    THEN 'has a "backoff" that is not an array of interval strings'
+                WHEN jsonb_typeof(s.spec -> 'backoff') = 'array'
+                     AND (jsonb_array_length(s.spec -> 'backoff') NOT BETWEEN 1 AND 100
+                          OR EXISTS (SELECT 1 FROM jsonb_array_elements(s.spec -> 'backoff') AS b(delay)
+                                      WHERE jsonb_typeof(b.delay) <> 'string'))
+                    THEN 'has a "backoff" that is not an array of 1 to 100 interval strings'
                 END AS problem
               FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord)) AS e
      WHERE e.problem IS NOT NULL
@@ -795,13 +918,25 @@ BEGIN
                          ORDER BY s.ord),
                array_agg(coalesce((s.spec ->> 'max_attempts')::numeric::integer, 25) ORDER BY s.ord),
                array_agg(s.spec ->> 'idempotency_key' ORDER BY s.ord),
-               array_agg((s.spec ->> 'every')::interval ORDER BY s.ord)
-          INTO a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every
+               array_agg((s.spec ->> 'every')::interval ORDER BY s.ord),
+               array_agg((s.spec ->> 'timeout')::interval ORDER BY s.ord),
+               array_agg(nullif(s.spec -> 'backoff', 'null'::jsonb) ORDER BY s.ord)
+          INTO a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff
           FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord);
+        PERFORM treadle._check_backoff(treadle._intervals(b.delays), 'a "backoff" in jobs')
+           FROM unnest(a_backoff) AS b(delays)
+          WHERE b.delays IS NOT NULL;
     EXCEPTION WHEN data_exception THEN
-        RAISE EXCEPTION 'treadle: jobs has a bad run_at, run_in or every: %', SQLERRM
+        IF SQLSTATE = '22023' THEN
+            RAISE;  -- already says what is wrong
+        END IF;
+        RAISE EXCEPTION 'treadle: jobs has a bad run_at, run_in, every, timeout or backoff: %', SQLERRM
             USING ERRCODE = 'invalid_parameter_value';
     END;
+    IF EXISTS (SELECT 1 FROM unnest(a_timeout) AS t(timeout) WHERE t.timeout <= interval '0' OR t.timeout > interval '7 days') THEN
+        RAISE EXCEPTION 'treadle: jobs has a "timeout" that is not positive or is longer than 7 days'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF EXISTS (SELECT 1 FROM unnest(a_every) AS e(every) WHERE e.every <= interval '0' OR e.every > interval '10 years') THEN
         RAISE EXCEPTION 'treadle: jobs has an "every" that is not positive or is longer than 10 years'
             USING ERRCODE = 'invalid_parameter_value';
@@ -830,13 +965,15 @@ BEGIN
     -- share keys wait for each other in the same order and never deadlock.
     WITH input AS (
         SELECT i.*, nextval('treadle.jobs_id_seq'::regclass) AS new_id
-          FROM unnest(a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every)
-               WITH ORDINALITY AS i(name, args, queue, priority, run_at, max_attempts, idempotency_key, every, ord)
+          FROM unnest(a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff)
+               WITH ORDINALITY AS i(name, args, queue, priority, run_at, max_attempts, idempotency_key, every,
+                                    timeout, backoff, ord)
     ), inserted AS (
         INSERT INTO treadle.jobs AS j
-            (id, queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at)
+            (id, queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
+             timeout, backoff)
         SELECT i.new_id, i.queue, i.name, i.args, i.priority, i.run_at, i.max_attempts,
-               i.idempotency_key, i.every, v_now
+               i.idempotency_key, i.every, v_now, i.timeout, treadle._intervals(i.backoff)
           FROM input AS i
          ORDER BY i.queue, i.idempotency_key, i.ord
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -858,7 +995,8 @@ BEGIN
     FOR v_i IN 1 .. cardinality(v_ids) LOOP
         IF v_ids[v_i] IS NULL THEN
             v_ids[v_i] := treadle.enqueue(a_name[v_i], a_args[v_i], a_queue[v_i], a_priority[v_i],
-                                          a_run_at[v_i], a_max[v_i], a_key[v_i], a_every[v_i]);
+                                          a_run_at[v_i], a_max[v_i], a_key[v_i], a_every[v_i],
+                                          a_timeout[v_i], treadle._intervals(a_backoff[v_i]));
         END IF;
     END LOOP;
 
@@ -1914,21 +2052,23 @@ COMMENT ON FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[]) IS
     'Finish many running jobs in one statement; one (job_id, state) row per input, state null when stale.';
 
 --------------------------------------------------------------------------------
--- treadle.fail(job_id, lease_token, error, retry_in) -> text
+-- treadle.fail(job_id, lease_token, error, retry_in, retryable) -> text
 --
--- Transition: running -> retryable (run_at = now + retry_in, or the default
--- backoff when retry_in is null), -> discarded when attempt >= max_attempts,
+-- Transition: running -> retryable (run_at = now + retry_in, or when retry_in is
+-- null the job's backoff, or the default, with jitter: treadle._retry_delay),
+-- -> discarded when attempt >= max_attempts or when the error is not retryable,
 -- -> cancelled when a cancel was requested (treadle._failed_state). The error,
 -- trimmed to 16,384 characters, is kept in last_error and appended to errors.
 -- Returns the new state, or null when the token does not hold the job.
--- Raises 22004: job_id or lease_token null. 22023: retry_in negative or over 366
--- days.
+-- Raises 22004: job_id, lease_token or retryable null. 22023: retry_in negative
+-- or over 366 days.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.fail(
     job_id      bigint,
     lease_token uuid,
     error       text,
-    retry_in    interval DEFAULT NULL
+    retry_in    interval DEFAULT NULL,
+    retryable   boolean  DEFAULT true
 )
 RETURNS text
 LANGUAGE plpgsql
@@ -1944,13 +2084,19 @@ DECLARE
 BEGIN
     PERFORM treadle._check_lease_args(fail.job_id, fail.lease_token);
     PERFORM treadle._check_interval(fail.retry_in, 'retry_in', interval '366 days', may_be_zero => true);
+    IF fail.retryable IS NULL THEN
+        RAISE EXCEPTION 'treadle: retryable must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
 
+    -- an error that is not retryable spends every attempt that is left
     UPDATE treadle.jobs AS j
-       SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
-           run_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) = 'retryable'
-                         THEN v_now + coalesce(fail.retry_in, treadle._backoff(j.attempt))
+       SET state = treadle._failed_state(j.cancel_requested, CASE WHEN fail.retryable THEN j.attempt ELSE j.max_attempts END,
+                                         j.max_attempts),
+           run_at = CASE WHEN fail.retryable AND treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) = 'retryable'
+                         THEN v_now + coalesce(fail.retry_in, treadle._retry_delay(j.attempt, j.backoff))
                          ELSE j.run_at END,
-           finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
+           finished_at = CASE WHEN NOT fail.retryable
+                                   OR treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
                               THEN v_now END,
            lease_until = NULL,
            last_error = v_error,
@@ -1972,7 +2118,7 @@ BEGIN
     RETURN v_job.state;
 END;
 $$;
-COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval) IS
+COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval, boolean) IS
     'Record a failed attempt (running -> retryable, discarded or cancelled); null when the lease is lost.';
 
 --------------------------------------------------------------------------------
@@ -1999,11 +2145,15 @@ COMMENT ON FUNCTION treadle._running_xids() IS
 -- treadle.rescue() -> integer
 --
 -- Transition: running with an expired lease -> retryable with run_at = now (the
--- worker died; the job did not fail, so no backoff), -> discarded when its
--- attempts are spent, -> cancelled when a cancel was requested
--- (treadle._failed_state). The lease token is dropped: the rescued claim's
--- writes, repeats included, find nothing. Returns how many jobs it moved. Safe
--- from many sessions at once: each job is counted once.
+-- worker died; the job did not fail, so no backoff); running more than 5 seconds
+-- past its timeout (started_at + timeout), heartbeats or not -> retryable after
+-- its backoff (treadle._retry_delay), failed with a timeout error: a hung handler
+-- whose worker still heartbeats is not kept forever, and a worker, which cancels
+-- its handler at the timeout itself, has 5 seconds to write that failure first.
+-- Either goes -> discarded when its attempts are spent, -> cancelled when a
+-- cancel was requested (treadle._failed_state). The lease token is dropped: the
+-- rescued claim's writes, repeats included, find nothing. Returns how many jobs
+-- it moved. Safe from many sessions at once: each job is counted once.
 -- Where a rescue reads. Every job that leaves `running` leaves a dead entry in the
 -- lease index, and while any snapshot older than it stays open (a long transaction,
 -- a replication slot) nothing removes it: a pass over all expired leases would
@@ -2078,32 +2228,51 @@ BEGIN
        AND j.lease_until < v_now
        AND j.state = 'running';
 
+    -- the expired leases found above, and the jobs running past their timeout
+    -- (read from jobs_timeout_idx), each locked unless another session holds it
+    WITH expired AS (
+        SELECT j.id, false AS overdue,
+               'lease expired: worker ' || j.worker_id || ' stopped heartbeating' AS error
+          FROM treadle.jobs AS j
+         WHERE j.id = ANY (v_ids)
+           AND j.state = 'running'
+           AND j.lease_until < v_now
+           FOR UPDATE SKIP LOCKED
+    ), overdue AS (
+        -- a lease still held (the expired ones are above)
+        SELECT j.id, true AS overdue,
+               format('timed out: attempt %s ran past its timeout of %s on worker %s',
+                      j.attempt, j.timeout, j.worker_id) AS error
+          FROM treadle.jobs AS j
+         WHERE j.state = 'running'
+           AND j.lease_until >= v_now
+           AND j.timeout IS NOT NULL
+           AND j.started_at + j.timeout + interval '5 seconds' < v_now
+           FOR UPDATE SKIP LOCKED
+    ), moved AS (
+        SELECT * FROM expired
+        UNION ALL
+        SELECT * FROM overdue
+    ), done AS (
+        UPDATE treadle.jobs AS j
+           SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
+               run_at = v_now + CASE WHEN m.overdue THEN treadle._retry_delay(j.attempt, j.backoff)
+                                     ELSE interval '0' END,
+               finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
+                                  THEN v_now END,
+               lease_until = NULL,
+               lease_token = NULL,
+               last_error = m.error,
+               failed_at = v_now,
+               errors = treadle._append_error(j.errors, j.attempt, v_now, m.error),
+               ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
+          FROM moved AS m
+         WHERE j.id = m.id
+        RETURNING j AS job
+    )
+    SELECT array_agg(d.job) INTO v_done FROM done AS d;
     IF cardinality(v_ids) > 0 THEN
-        WITH expired AS (
-            SELECT j.id
-              FROM treadle.jobs AS j
-             WHERE j.id = ANY (v_ids)
-               AND j.state = 'running'
-               AND j.lease_until < v_now
-               FOR UPDATE SKIP LOCKED
-        ), done AS (
-            UPDATE treadle.jobs AS j
-               SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
-                   run_at = v_now,
-                   finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
-                                      THEN v_now END,
-                   lease_until = NULL,
-                   lease_token = NULL,
-                   last_error = 'lease expired: worker ' || j.worker_id || ' stopped heartbeating',
-                   failed_at = v_now,
-                   errors = treadle._append_error(j.errors, j.attempt, v_now,
-                                                  'lease expired: worker ' || j.worker_id || ' stopped heartbeating'),
-                   ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
-              FROM expired AS e
-             WHERE j.id = e.id
-            RETURNING j AS job
-        )
-        SELECT array_agg(d.job) INTO v_done FROM done AS d;
+        -- the lowest expired lease another session held: the floor stays below it
         SELECT min(s.l) INTO v_missed
           FROM unnest(v_ids, v_leases) AS s(id, l)
          WHERE NOT s.id = ANY (ARRAY(SELECT d.id FROM unnest(v_done) AS d));
@@ -2135,7 +2304,7 @@ BEGIN
     END IF;
     PERFORM treadle._follow_up(v_done);
     PERFORM treadle._notify('treadle_jobs', q.queue)
-       FROM (SELECT DISTINCT d.queue FROM unnest(v_done) AS d WHERE d.state = 'retryable') AS q;
+       FROM (SELECT DISTINCT d.queue FROM unnest(v_done) AS d WHERE d.state = 'retryable' AND d.run_at <= v_now) AS q;
     RETURN cardinality(v_done);
 END;
 $$;
@@ -2189,6 +2358,59 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.release(bigint, uuid) IS
     'Hand a running job back (running -> available, attempt given back); null when the lease is lost.';
+
+--------------------------------------------------------------------------------
+-- treadle.snooze(job_id, lease_token, delay) -> text
+--
+-- Transition: running -> available at now + delay, giving back the attempt its
+-- claim took (the handler asked to run later: not a failure, so no error is
+-- recorded and no attempt is spent); -> cancelled when a cancel was requested.
+-- Returns the new state, or null when the token does not hold the job.
+-- Raises 22004: job_id, lease_token or delay null. 22023: delay negative or over
+-- 366 days.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.snooze(job_id bigint, lease_token uuid, delay interval)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := treadle.now();
+    v_job treadle.jobs;
+BEGIN
+    PERFORM treadle._check_lease_args(snooze.job_id, snooze.lease_token);
+    IF snooze.delay IS NULL THEN
+        RAISE EXCEPTION 'treadle: delay must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM treadle._check_interval(snooze.delay, 'delay', interval '366 days', may_be_zero => true);
+
+    UPDATE treadle.jobs AS j
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'available' END,
+           attempt = CASE WHEN j.cancel_requested THEN j.attempt ELSE greatest(j.attempt - 1, 0) END,
+           run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE v_now + snooze.delay END,
+           finished_at = CASE WHEN j.cancel_requested THEN v_now END,
+           lease_until = NULL,
+           ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
+     WHERE j.id = snooze.job_id
+       AND j.state = 'running'
+       AND j.lease_token = snooze.lease_token
+    RETURNING j.* INTO v_job;
+
+    IF NOT FOUND THEN
+        RETURN treadle._left_by(snooze.job_id, snooze.lease_token, ARRAY['available', 'cancelled']);
+    END IF;
+    PERFORM treadle._follow_up(ARRAY[v_job]);
+    IF v_job.state = 'available' AND v_job.run_at <= v_now THEN
+        PERFORM treadle._notify('treadle_jobs', v_job.queue);
+    END IF;
+    RETURN v_job.state;
+END;
+$$;
+COMMENT ON FUNCTION treadle.snooze(bigint, uuid, interval) IS
+    'Run a running job again after delay without spending an attempt (running -> available); null when the lease is lost.';
 --------------------------------------------------------------------------------
 -- Operator controls: cancel, retry, retention and prune.
 --------------------------------------------------------------------------------
@@ -3830,7 +4052,8 @@ CREATE VIEW treadle.job_details WITH (security_invoker = true) AS
 SELECT j.id, j.queue, j.name, j.args, j.state, j.priority, j.run_at, j.attempt, j.max_attempts,
        j.lease_until, j.worker_id, j.idempotency_key, j.result, j.last_error, j.created_at,
        j.finished_at, j.workflow_run_id, j.step, j.every, j.next_id, j.cancel_requested,
-       j.started_at, j.failed_at, j.errors, j.progress, j.progress_message, j.schedule
+       j.started_at, j.failed_at, j.errors, j.progress, j.progress_message, j.schedule,
+       j.timeout, j.backoff
   FROM treadle.jobs AS j;
 COMMENT ON VIEW treadle.job_details IS
     'Every job with all its columns but the lease token; filter by id, queue, name or state.';
@@ -4253,7 +4476,7 @@ BEGIN
         ('read',    'treadle.job_counts(bigint)'),
         ('read',    'treadle.estimated_jobs(text, text)'),
         ('read',    'treadle.explain(bigint)'),
-        ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval)'),
+        ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[])'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
         ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text)'),
         ('produce', 'treadle.schedule(text, text, text, jsonb, text, text, integer, integer, boolean)'),
@@ -4269,8 +4492,9 @@ BEGIN
         ('work',    'treadle.complete_many(bigint[], uuid[], jsonb[])'),
         ('work',    'treadle.complete_and_claim(bigint[], uuid[], jsonb[], text, text[], text[], integer, interval, uuid)'),
         ('work',    'treadle.heartbeat_many(bigint[], uuid[], interval)'),
-        ('work',    'treadle.fail(bigint, uuid, text, interval)'),
+        ('work',    'treadle.fail(bigint, uuid, text, interval, boolean)'),
         ('work',    'treadle.release(bigint, uuid)'),
+        ('work',    'treadle.snooze(bigint, uuid, interval)'),
         ('work',    'treadle.define_workflow(text, text[])'),
         ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer, text[])'),
         ('work',    'treadle.worker_stopped(text)'),

@@ -72,6 +72,8 @@ CREATE TABLE treadle.jobs (
     -- the transaction that last made the job claimable: a claim that resumes from where
     -- it stopped finds rows committed since its previous snapshot by this (040_claim.sql)
     ready_txid       xid8        DEFAULT pg_current_xact_id(),
+    timeout          interval,                           -- how long one attempt may run; null: no limit
+    backoff          interval[],                         -- delays before retries 1, 2, ...; null: the default
     CONSTRAINT jobs_state_check CHECK (state = ANY (ARRAY[
         'available', 'running', 'retryable', 'completed', 'discarded', 'cancelled'])),
     CONSTRAINT jobs_queue_check CHECK (queue <> ''),
@@ -89,7 +91,9 @@ CREATE TABLE treadle.jobs (
     CONSTRAINT jobs_finished_check CHECK (
         (state = ANY (ARRAY['completed', 'discarded', 'cancelled'])) = (finished_at IS NOT NULL)),
     CONSTRAINT jobs_step_check CHECK ((workflow_run_id IS NULL) = (step IS NULL)),
-    CONSTRAINT jobs_progress_check CHECK (progress >= 0 AND progress <= 1)
+    CONSTRAINT jobs_progress_check CHECK (progress >= 0 AND progress <= 1),
+    CONSTRAINT jobs_timeout_check CHECK (timeout > interval '0'),
+    CONSTRAINT jobs_backoff_check CHECK (cardinality(backoff) BETWEEN 1 AND 100)
 );
 
 -- Claims read only claimable rows: finished rows never slow a claim. The second index
@@ -110,6 +114,10 @@ CREATE INDEX jobs_ready_txid_idx ON treadle.jobs (ready_txid)
 -- (heartbeat, complete, fail) name that state, and the planner, counting this small
 -- index cheaper than the primary key, would then walk it, dead entries and all.
 CREATE INDEX jobs_lease_idx ON treadle.jobs (lease_until) WHERE lease_until IS NOT NULL;
+
+-- rescue() also finds running jobs past their timeout, which heartbeats do not save:
+-- only jobs that have a timeout and run now are in this index.
+CREATE INDEX jobs_timeout_idx ON treadle.jobs (started_at) WHERE lease_until IS NOT NULL AND timeout IS NOT NULL;
 
 -- An idempotency key belongs to its job for as long as the row exists. Keys are per
 -- queue, so that tenants kept apart by queue can neither see nor suppress each other's.

@@ -305,10 +305,29 @@ COMMENT ON FUNCTION treadle._check_interval(interval, text, interval, boolean) I
     'Raise 22023 for an interval that is negative, zero (unless allowed) or longer than its bound.';
 
 --------------------------------------------------------------------------------
+-- treadle._jitter(delay) -> interval
+--
+-- A retry delay spread out: a time drawn uniformly between half the delay and the
+-- whole of it ("equal jitter"). Jobs that failed together (an API went down for
+-- all of them at once) would otherwise all retry at the same instant, and fail
+-- together again; half the delay is kept so a retry never comes much sooner than
+-- asked.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._jitter(delay interval)
+RETURNS interval
+LANGUAGE sql
+VOLATILE
+BEGIN ATOMIC
+    SELECT delay * (0.5 + random() / 2);
+END;
+COMMENT ON FUNCTION treadle._jitter(interval) IS
+    'A retry delay with equal jitter: uniformly between half the delay and the delay.';
+
+--------------------------------------------------------------------------------
 -- treadle._backoff(attempt) -> interval
 --
--- The default delay before a failed attempt runs again: 2^attempt seconds plus up
--- to one second of jitter, capped at one hour.
+-- The default delay before a failed attempt runs again: 2^attempt seconds, capped
+-- at one hour, with jitter (treadle._jitter).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._backoff(attempt integer)
 RETURNS interval
@@ -316,10 +335,76 @@ LANGUAGE sql
 VOLATILE
 BEGIN ATOMIC
     -- 2^12 s already passes the cap; the exponent is bounded so it never overflows
-    SELECT make_interval(secs => least(power(2, least(greatest(attempt, 0), 12)) + random(), 3600));
+    SELECT treadle._jitter(make_interval(secs => least(power(2, least(greatest(attempt, 0), 12)), 3600)));
 END;
 COMMENT ON FUNCTION treadle._backoff(integer) IS
-    'Default retry delay: 2^attempt seconds plus up to 1 s of jitter, at most one hour.';
+    'Default retry delay: 2^attempt seconds, at most one hour, with equal jitter.';
+
+--------------------------------------------------------------------------------
+-- treadle._retry_delay(attempt, backoff) -> interval
+--
+-- The delay after failed attempt `attempt` of a job whose backoff column is
+-- `backoff`: its attempt-th delay (the last one for every later attempt), with
+-- jitter; the default backoff when the job has none.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._retry_delay(attempt integer, backoff interval[])
+RETURNS interval
+LANGUAGE sql
+VOLATILE
+BEGIN ATOMIC
+    SELECT CASE WHEN backoff IS NULL THEN treadle._backoff(attempt)
+                ELSE treadle._jitter(backoff[least(greatest(attempt, 1), cardinality(backoff))]) END;
+END;
+COMMENT ON FUNCTION treadle._retry_delay(integer, interval[]) IS
+    'The jittered delay after a failed attempt: the job''s own backoff list, or the default.';
+
+--------------------------------------------------------------------------------
+-- treadle._intervals(value) -> interval[]
+--
+-- A JSON array of interval strings as interval[] (enqueue_many's backoff); null
+-- for null. A string that is not an interval raises its data exception.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._intervals(value jsonb)
+RETURNS interval[]
+LANGUAGE sql
+STABLE
+STRICT  -- a job without a backoff (most) costs no call
+BEGIN ATOMIC
+    SELECT array_agg(e.delay::interval ORDER BY e.ord) FROM jsonb_array_elements_text(value) WITH ORDINALITY AS e(delay, ord);
+END;
+COMMENT ON FUNCTION treadle._intervals(jsonb) IS
+    'A JSON array of interval strings as an interval[].';
+
+--------------------------------------------------------------------------------
+-- treadle._check_backoff(value, argument) -> void
+--
+-- A job's backoff list: raises 22023 when it is empty, not one-dimensional, longer
+-- than 100 delays, or holds a null, negative or over-366-day delay. Null passes
+-- (the default backoff).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_backoff(value interval[], argument text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value IS NULL THEN
+        RETURN;
+    END IF;
+    IF cardinality(value) = 0 OR array_ndims(value) <> 1 OR cardinality(value) > 100 THEN
+        RAISE EXCEPTION 'treadle: % must be a list of 1 to 100 delays', argument
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(value) AS v(delay)
+                WHERE v.delay IS NULL OR v.delay < interval '0' OR v.delay > interval '366 days') THEN
+        RAISE EXCEPTION 'treadle: % must hold delays of zero or more and at most 366 days, got %', argument, value
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_backoff(interval[], text) IS
+    'Raise 22023 for a backoff list that is empty, nested, over 100 long, or holds a bad delay.';
 
 --------------------------------------------------------------------------------
 -- treadle._failed_state(cancel_requested, attempt, max_attempts) -> text

@@ -1,20 +1,24 @@
 --------------------------------------------------------------------------------
 -- treadle.enqueue(name, args, queue, priority, run_at, max_attempts,
---                 idempotency_key, every) -> bigint
+--                 idempotency_key, every, timeout, backoff) -> bigint
 --
 -- Transition: (none) -> available, in the caller's transaction.
 -- Returns the new job's id. With an idempotency key that a job already holds,
 -- returns that job's id (whatever its state) and inserts nothing; a caller that
 -- meets another's uncommitted insert of the key waits for it, then gets its id
 -- (commit) or inserts its own (rollback). Keys are per queue. With `every`, the
--- job starts a periodic series (see treadle._follow_up).
+-- job starts a periodic series (see treadle._follow_up). `timeout` bounds how long
+-- one attempt may run (treadle.rescue takes back a job still running past it);
+-- `backoff` lists the delays before retries 1, 2, ... (the last one repeats), each
+-- with jitter (treadle._retry_delay); null means the default backoff.
 -- Raises 22004: name, queue or priority null. 22023: name, queue or key empty,
 -- blank, over 200 characters or with a control character; args neither an object
 -- nor an array, over the size limit or nested over 100 levels; max_attempts < 1;
 -- run_at infinite; every not positive, over 10 years, or so long that the next
--- occurrence is past the last time PostgreSQL can hold. 42501: a tenant's queue
--- outside its prefix. TQ001: the queue holds its max_depth of waiting jobs
--- (treadle.set_queue); nothing is written.
+-- occurrence is past the last time PostgreSQL can hold; timeout not positive or
+-- over 7 days; backoff empty, over 100 delays, or with a null, negative or
+-- over-366-day delay. 42501: a tenant's queue outside its prefix. TQ001: the queue
+-- holds its max_depth of waiting jobs (treadle.set_queue); nothing is written.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue(
     name            text,
@@ -24,7 +28,9 @@ CREATE OR REPLACE FUNCTION treadle.enqueue(
     run_at          timestamptz DEFAULT treadle.now(),  -- now, by treadle's one clock
     max_attempts    integer     DEFAULT 25,
     idempotency_key text        DEFAULT NULL,
-    every           interval    DEFAULT NULL
+    every           interval    DEFAULT NULL,
+    timeout         interval    DEFAULT NULL,
+    backoff         interval[]  DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -75,6 +81,12 @@ BEGIN
     IF enqueue.every IS NOT NULL THEN
         PERFORM treadle._check_interval(enqueue.every, 'every', interval '10 years');
     END IF;
+    IF enqueue.timeout IS NOT NULL THEN
+        PERFORM treadle._check_interval(enqueue.timeout, 'timeout', interval '7 days');
+    END IF;
+    IF enqueue.backoff IS NOT NULL THEN
+        PERFORM treadle._check_backoff(enqueue.backoff, 'backoff');
+    END IF;
     -- an infinite run_at never comes, and breaks every age the views compute
     IF NOT isfinite(enqueue.run_at) THEN
         RAISE EXCEPTION 'treadle: run_at must be a finite time, got %', enqueue.run_at
@@ -106,10 +118,12 @@ BEGIN
 
     LOOP
         INSERT INTO treadle.jobs AS j
-            (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at)
+            (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
+             timeout, backoff)
         VALUES
             (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
-             enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now)
+             enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
+             enqueue.timeout, enqueue.backoff)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING j.id INTO v_id;
 
@@ -130,7 +144,8 @@ BEGIN
     END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval) IS
+COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval,
+                                    interval, interval[]) IS
     'Enqueue a job in the caller''s transaction and return its id (an idempotency key returns its holder''s id).';
 
 --------------------------------------------------------------------------------
@@ -140,15 +155,15 @@ COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, int
 -- jobs is a JSON array of objects whose keys are enqueue's argument names; a
 -- missing key takes enqueue's default, run_at is an ISO 8601 string, every an
 -- interval string ("5 minutes"), run_in an interval string counted from now (an
--- alternative to run_at). Returns the ids in input order; a key repeated in the
+-- alternative to run_at), timeout an interval string, backoff an array of them. Returns the ids in input order; a key repeated in the
 -- array for the same queue, or already held by a job there, returns the first
 -- job's id. Concurrent calls sharing keys, in any order, never deadlock.
 -- Raises 22004: jobs null. 22023: jobs not an array, or any element bad (not an
 -- object, an unknown key, a value of the wrong type or out of range, a name,
 -- queue, key or args that enqueue refuses, both run_at and run_in, an infinite
--- run_at, an every as enqueue refuses it); nothing is written then. 42501: a
--- tenant's queue outside its prefix. TQ001: a queue would pass its max_depth
--- (every element counts, keyed or not); nothing is written.
+-- run_at, an every, timeout or backoff as enqueue refuses it); nothing is
+-- written then. 42501: a tenant's queue outside its prefix. TQ001: a queue would
+-- pass its max_depth (every element counts, keyed or not); nothing is written.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue_many(jobs jsonb)
 RETURNS SETOF bigint
@@ -162,7 +177,7 @@ SET jit = off
 AS $$
 DECLARE
     c_keys CONSTANT text[] := ARRAY['name', 'args', 'queue', 'priority', 'run_at', 'run_in', 'max_attempts',
-                                    'idempotency_key', 'every'];
+                                    'idempotency_key', 'every', 'timeout', 'backoff'];
     v_now      timestamptz := treadle.now();
     v_max_size integer := treadle._max_payload_bytes();
     v_big      boolean;  -- the whole array is over the size limit, so an element may be
@@ -176,6 +191,8 @@ DECLARE
     a_max      integer[];
     a_key      text[];
     a_every    interval[];
+    a_timeout  interval[];
+    a_backoff  jsonb[];      -- each job's backoff as a JSON array (interval[][] cannot be ragged)
     v_ids      bigint[];
 BEGIN
     IF jobs IS NULL THEN
@@ -223,6 +240,15 @@ BEGIN
                     THEN 'has an "idempotency_key" that is not 1 to 200 characters, not only spaces, without control characters'
                 WHEN s.spec ? 'every' AND jsonb_typeof(s.spec -> 'every') <> ALL (ARRAY['string', 'null'])
                     THEN 'has an "every" that is not an interval string'
+                WHEN s.spec ? 'timeout' AND jsonb_typeof(s.spec -> 'timeout') <> ALL (ARRAY['string', 'null'])
+                    THEN 'has a "timeout" that is not an interval string'
+                WHEN s.spec ? 'backoff' AND jsonb_typeof(s.spec -> 'backoff') <> ALL (ARRAY['array', 'null'])
+                    THEN 'has a "backoff" that is not an array of interval strings'
+                WHEN jsonb_typeof(s.spec -> 'backoff') = 'array'
+                     AND (jsonb_array_length(s.spec -> 'backoff') NOT BETWEEN 1 AND 100
+                          OR EXISTS (SELECT 1 FROM jsonb_array_elements(s.spec -> 'backoff') AS b(delay)
+                                      WHERE jsonb_typeof(b.delay) <> 'string'))
+                    THEN 'has a "backoff" that is not an array of 1 to 100 interval strings'
                 END AS problem
               FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord)) AS e
      WHERE e.problem IS NOT NULL
@@ -243,13 +269,25 @@ BEGIN
                          ORDER BY s.ord),
                array_agg(coalesce((s.spec ->> 'max_attempts')::numeric::integer, 25) ORDER BY s.ord),
                array_agg(s.spec ->> 'idempotency_key' ORDER BY s.ord),
-               array_agg((s.spec ->> 'every')::interval ORDER BY s.ord)
-          INTO a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every
+               array_agg((s.spec ->> 'every')::interval ORDER BY s.ord),
+               array_agg((s.spec ->> 'timeout')::interval ORDER BY s.ord),
+               array_agg(nullif(s.spec -> 'backoff', 'null'::jsonb) ORDER BY s.ord)
+          INTO a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff
           FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord);
+        PERFORM treadle._check_backoff(treadle._intervals(b.delays), 'a "backoff" in jobs')
+           FROM unnest(a_backoff) AS b(delays)
+          WHERE b.delays IS NOT NULL;
     EXCEPTION WHEN data_exception THEN
-        RAISE EXCEPTION 'treadle: jobs has a bad run_at, run_in or every: %', SQLERRM
+        IF SQLSTATE = '22023' THEN
+            RAISE;  -- already says what is wrong
+        END IF;
+        RAISE EXCEPTION 'treadle: jobs has a bad run_at, run_in, every, timeout or backoff: %', SQLERRM
             USING ERRCODE = 'invalid_parameter_value';
     END;
+    IF EXISTS (SELECT 1 FROM unnest(a_timeout) AS t(timeout) WHERE t.timeout <= interval '0' OR t.timeout > interval '7 days') THEN
+        RAISE EXCEPTION 'treadle: jobs has a "timeout" that is not positive or is longer than 7 days'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF EXISTS (SELECT 1 FROM unnest(a_every) AS e(every) WHERE e.every <= interval '0' OR e.every > interval '10 years') THEN
         RAISE EXCEPTION 'treadle: jobs has an "every" that is not positive or is longer than 10 years'
             USING ERRCODE = 'invalid_parameter_value';
@@ -278,13 +316,15 @@ BEGIN
     -- share keys wait for each other in the same order and never deadlock.
     WITH input AS (
         SELECT i.*, nextval('treadle.jobs_id_seq'::regclass) AS new_id
-          FROM unnest(a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every)
-               WITH ORDINALITY AS i(name, args, queue, priority, run_at, max_attempts, idempotency_key, every, ord)
+          FROM unnest(a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff)
+               WITH ORDINALITY AS i(name, args, queue, priority, run_at, max_attempts, idempotency_key, every,
+                                    timeout, backoff, ord)
     ), inserted AS (
         INSERT INTO treadle.jobs AS j
-            (id, queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at)
+            (id, queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
+             timeout, backoff)
         SELECT i.new_id, i.queue, i.name, i.args, i.priority, i.run_at, i.max_attempts,
-               i.idempotency_key, i.every, v_now
+               i.idempotency_key, i.every, v_now, i.timeout, treadle._intervals(i.backoff)
           FROM input AS i
          ORDER BY i.queue, i.idempotency_key, i.ord
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -306,7 +346,8 @@ BEGIN
     FOR v_i IN 1 .. cardinality(v_ids) LOOP
         IF v_ids[v_i] IS NULL THEN
             v_ids[v_i] := treadle.enqueue(a_name[v_i], a_args[v_i], a_queue[v_i], a_priority[v_i],
-                                          a_run_at[v_i], a_max[v_i], a_key[v_i], a_every[v_i]);
+                                          a_run_at[v_i], a_max[v_i], a_key[v_i], a_every[v_i],
+                                          a_timeout[v_i], treadle._intervals(a_backoff[v_i]));
         END IF;
     END LOOP;
 

@@ -302,21 +302,23 @@ COMMENT ON FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[]) IS
     'Finish many running jobs in one statement; one (job_id, state) row per input, state null when stale.';
 
 --------------------------------------------------------------------------------
--- treadle.fail(job_id, lease_token, error, retry_in) -> text
+-- treadle.fail(job_id, lease_token, error, retry_in, retryable) -> text
 --
--- Transition: running -> retryable (run_at = now + retry_in, or the default
--- backoff when retry_in is null), -> discarded when attempt >= max_attempts,
+-- Transition: running -> retryable (run_at = now + retry_in, or when retry_in is
+-- null the job's backoff, or the default, with jitter: treadle._retry_delay),
+-- -> discarded when attempt >= max_attempts or when the error is not retryable,
 -- -> cancelled when a cancel was requested (treadle._failed_state). The error,
 -- trimmed to 16,384 characters, is kept in last_error and appended to errors.
 -- Returns the new state, or null when the token does not hold the job.
--- Raises 22004: job_id or lease_token null. 22023: retry_in negative or over 366
--- days.
+-- Raises 22004: job_id, lease_token or retryable null. 22023: retry_in negative
+-- or over 366 days.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.fail(
     job_id      bigint,
     lease_token uuid,
     error       text,
-    retry_in    interval DEFAULT NULL
+    retry_in    interval DEFAULT NULL,
+    retryable   boolean  DEFAULT true
 )
 RETURNS text
 LANGUAGE plpgsql
@@ -332,13 +334,19 @@ DECLARE
 BEGIN
     PERFORM treadle._check_lease_args(fail.job_id, fail.lease_token);
     PERFORM treadle._check_interval(fail.retry_in, 'retry_in', interval '366 days', may_be_zero => true);
+    IF fail.retryable IS NULL THEN
+        RAISE EXCEPTION 'treadle: retryable must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
 
+    -- an error that is not retryable spends every attempt that is left
     UPDATE treadle.jobs AS j
-       SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
-           run_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) = 'retryable'
-                         THEN v_now + coalesce(fail.retry_in, treadle._backoff(j.attempt))
+       SET state = treadle._failed_state(j.cancel_requested, CASE WHEN fail.retryable THEN j.attempt ELSE j.max_attempts END,
+                                         j.max_attempts),
+           run_at = CASE WHEN fail.retryable AND treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) = 'retryable'
+                         THEN v_now + coalesce(fail.retry_in, treadle._retry_delay(j.attempt, j.backoff))
                          ELSE j.run_at END,
-           finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
+           finished_at = CASE WHEN NOT fail.retryable
+                                   OR treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
                               THEN v_now END,
            lease_until = NULL,
            last_error = v_error,
@@ -360,7 +368,7 @@ BEGIN
     RETURN v_job.state;
 END;
 $$;
-COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval) IS
+COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval, boolean) IS
     'Record a failed attempt (running -> retryable, discarded or cancelled); null when the lease is lost.';
 
 --------------------------------------------------------------------------------
@@ -387,11 +395,15 @@ COMMENT ON FUNCTION treadle._running_xids() IS
 -- treadle.rescue() -> integer
 --
 -- Transition: running with an expired lease -> retryable with run_at = now (the
--- worker died; the job did not fail, so no backoff), -> discarded when its
--- attempts are spent, -> cancelled when a cancel was requested
--- (treadle._failed_state). The lease token is dropped: the rescued claim's
--- writes, repeats included, find nothing. Returns how many jobs it moved. Safe
--- from many sessions at once: each job is counted once.
+-- worker died; the job did not fail, so no backoff); running more than 5 seconds
+-- past its timeout (started_at + timeout), heartbeats or not -> retryable after
+-- its backoff (treadle._retry_delay), failed with a timeout error: a hung handler
+-- whose worker still heartbeats is not kept forever, and a worker, which cancels
+-- its handler at the timeout itself, has 5 seconds to write that failure first.
+-- Either goes -> discarded when its attempts are spent, -> cancelled when a
+-- cancel was requested (treadle._failed_state). The lease token is dropped: the
+-- rescued claim's writes, repeats included, find nothing. Returns how many jobs
+-- it moved. Safe from many sessions at once: each job is counted once.
 -- Where a rescue reads. Every job that leaves `running` leaves a dead entry in the
 -- lease index, and while any snapshot older than it stays open (a long transaction,
 -- a replication slot) nothing removes it: a pass over all expired leases would
@@ -466,32 +478,51 @@ BEGIN
        AND j.lease_until < v_now
        AND j.state = 'running';
 
+    -- the expired leases found above, and the jobs running past their timeout
+    -- (read from jobs_timeout_idx), each locked unless another session holds it
+    WITH expired AS (
+        SELECT j.id, false AS overdue,
+               'lease expired: worker ' || j.worker_id || ' stopped heartbeating' AS error
+          FROM treadle.jobs AS j
+         WHERE j.id = ANY (v_ids)
+           AND j.state = 'running'
+           AND j.lease_until < v_now
+           FOR UPDATE SKIP LOCKED
+    ), overdue AS (
+        -- a lease still held (the expired ones are above)
+        SELECT j.id, true AS overdue,
+               format('timed out: attempt %s ran past its timeout of %s on worker %s',
+                      j.attempt, j.timeout, j.worker_id) AS error
+          FROM treadle.jobs AS j
+         WHERE j.state = 'running'
+           AND j.lease_until >= v_now
+           AND j.timeout IS NOT NULL
+           AND j.started_at + j.timeout + interval '5 seconds' < v_now
+           FOR UPDATE SKIP LOCKED
+    ), moved AS (
+        SELECT * FROM expired
+        UNION ALL
+        SELECT * FROM overdue
+    ), done AS (
+        UPDATE treadle.jobs AS j
+           SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
+               run_at = v_now + CASE WHEN m.overdue THEN treadle._retry_delay(j.attempt, j.backoff)
+                                     ELSE interval '0' END,
+               finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
+                                  THEN v_now END,
+               lease_until = NULL,
+               lease_token = NULL,
+               last_error = m.error,
+               failed_at = v_now,
+               errors = treadle._append_error(j.errors, j.attempt, v_now, m.error),
+               ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
+          FROM moved AS m
+         WHERE j.id = m.id
+        RETURNING j AS job
+    )
+    SELECT array_agg(d.job) INTO v_done FROM done AS d;
     IF cardinality(v_ids) > 0 THEN
-        WITH expired AS (
-            SELECT j.id
-              FROM treadle.jobs AS j
-             WHERE j.id = ANY (v_ids)
-               AND j.state = 'running'
-               AND j.lease_until < v_now
-               FOR UPDATE SKIP LOCKED
-        ), done AS (
-            UPDATE treadle.jobs AS j
-               SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
-                   run_at = v_now,
-                   finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
-                                      THEN v_now END,
-                   lease_until = NULL,
-                   lease_token = NULL,
-                   last_error = 'lease expired: worker ' || j.worker_id || ' stopped heartbeating',
-                   failed_at = v_now,
-                   errors = treadle._append_error(j.errors, j.attempt, v_now,
-                                                  'lease expired: worker ' || j.worker_id || ' stopped heartbeating'),
-                   ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
-              FROM expired AS e
-             WHERE j.id = e.id
-            RETURNING j AS job
-        )
-        SELECT array_agg(d.job) INTO v_done FROM done AS d;
+        -- the lowest expired lease another session held: the floor stays below it
         SELECT min(s.l) INTO v_missed
           FROM unnest(v_ids, v_leases) AS s(id, l)
          WHERE NOT s.id = ANY (ARRAY(SELECT d.id FROM unnest(v_done) AS d));
@@ -523,7 +554,7 @@ BEGIN
     END IF;
     PERFORM treadle._follow_up(v_done);
     PERFORM treadle._notify('treadle_jobs', q.queue)
-       FROM (SELECT DISTINCT d.queue FROM unnest(v_done) AS d WHERE d.state = 'retryable') AS q;
+       FROM (SELECT DISTINCT d.queue FROM unnest(v_done) AS d WHERE d.state = 'retryable' AND d.run_at <= v_now) AS q;
     RETURN cardinality(v_done);
 END;
 $$;
@@ -577,3 +608,56 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.release(bigint, uuid) IS
     'Hand a running job back (running -> available, attempt given back); null when the lease is lost.';
+
+--------------------------------------------------------------------------------
+-- treadle.snooze(job_id, lease_token, delay) -> text
+--
+-- Transition: running -> available at now + delay, giving back the attempt its
+-- claim took (the handler asked to run later: not a failure, so no error is
+-- recorded and no attempt is spent); -> cancelled when a cancel was requested.
+-- Returns the new state, or null when the token does not hold the job.
+-- Raises 22004: job_id, lease_token or delay null. 22023: delay negative or over
+-- 366 days.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.snooze(job_id bigint, lease_token uuid, delay interval)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := treadle.now();
+    v_job treadle.jobs;
+BEGIN
+    PERFORM treadle._check_lease_args(snooze.job_id, snooze.lease_token);
+    IF snooze.delay IS NULL THEN
+        RAISE EXCEPTION 'treadle: delay must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM treadle._check_interval(snooze.delay, 'delay', interval '366 days', may_be_zero => true);
+
+    UPDATE treadle.jobs AS j
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'available' END,
+           attempt = CASE WHEN j.cancel_requested THEN j.attempt ELSE greatest(j.attempt - 1, 0) END,
+           run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE v_now + snooze.delay END,
+           finished_at = CASE WHEN j.cancel_requested THEN v_now END,
+           lease_until = NULL,
+           ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
+     WHERE j.id = snooze.job_id
+       AND j.state = 'running'
+       AND j.lease_token = snooze.lease_token
+    RETURNING j.* INTO v_job;
+
+    IF NOT FOUND THEN
+        RETURN treadle._left_by(snooze.job_id, snooze.lease_token, ARRAY['available', 'cancelled']);
+    END IF;
+    PERFORM treadle._follow_up(ARRAY[v_job]);
+    IF v_job.state = 'available' AND v_job.run_at <= v_now THEN
+        PERFORM treadle._notify('treadle_jobs', v_job.queue);
+    END IF;
+    RETURN v_job.state;
+END;
+$$;
+COMMENT ON FUNCTION treadle.snooze(bigint, uuid, interval) IS
+    'Run a running job again after delay without spending an attempt (running -> available); null when the lease is lost.';

@@ -10,7 +10,8 @@ CREATE VIEW treadle.job_details WITH (security_invoker = true) AS
 SELECT j.id, j.queue, j.name, j.args, j.state, j.priority, j.run_at, j.attempt, j.max_attempts,
        j.lease_until, j.worker_id, j.idempotency_key, j.result, j.last_error, j.created_at,
        j.finished_at, j.workflow_run_id, j.step, j.every, j.next_id, j.cancel_requested,
-       j.started_at, j.failed_at, j.errors, j.progress, j.progress_message, j.schedule
+       j.started_at, j.failed_at, j.errors, j.progress, j.progress_message, j.schedule,
+       j.timeout, j.backoff
   FROM treadle.jobs AS j;
 COMMENT ON VIEW treadle.job_details IS
     'Every job with all its columns but the lease token; filter by id, queue, name or state.';

@@ -93,3 +93,15 @@ UPDATE treadle.settings SET retain_completed = interval '7 days', retain_failed 
 
 CREATE INDEX workflow_runs_finished_at_idx ON treadle.workflow_runs (finished_at) WHERE finished_at IS NOT NULL;
 
+--------------------------------------------------------------------------------
+-- Retry policies and timeouts (docs/retries.md), as in sql/src/010_tables.sql.
+--------------------------------------------------------------------------------
+ALTER TABLE treadle.jobs ADD COLUMN timeout interval;
+ALTER TABLE treadle.jobs ADD COLUMN backoff interval[];
+ALTER TABLE treadle.jobs ADD CONSTRAINT jobs_timeout_check CHECK (timeout > interval '0');
+ALTER TABLE treadle.jobs ADD CONSTRAINT jobs_backoff_check CHECK (cardinality(backoff) BETWEEN 1 AND 100);
+CREATE INDEX jobs_timeout_idx ON treadle.jobs (started_at) WHERE lease_until IS NOT NULL AND timeout IS NOT NULL;
+-- enqueue gains timeout and backoff, fail gains retryable: new signatures, so the old
+-- ones go (after treadle_upgrade_parts above has read who held them).
+DROP FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval);
+DROP FUNCTION treadle.fail(bigint, uuid, text, interval);

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import date, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -41,6 +41,32 @@ REFUSED_BY_SQL: list[tuple[str, Call, str, str]] = [
         lambda c: treadle.enqueue(c, "x", every=timedelta(seconds=-1)),
         "22023",
         "every must be positive",
+    ),
+    ("timeout of 0", lambda c: treadle.enqueue(c, "x", timeout=timedelta(0)), "22023", "timeout must be positive"),
+    (
+        "timeout over 7 days",
+        lambda c: treadle.enqueue(c, "x", timeout=timedelta(days=7, seconds=1)),
+        "22023",
+        "timeout must be positive and at most 7 days",
+    ),
+    ("empty backoff", lambda c: treadle.enqueue(c, "x", backoff=[]), "22023", "backoff must be a list of 1 to 100"),
+    (
+        "negative backoff delay",
+        lambda c: treadle.enqueue(c, "x", backoff=[timedelta(seconds=1), timedelta(seconds=-1)]),
+        "22023",
+        "backoff must hold delays of zero or more",
+    ),
+    (
+        "backoff of 101 delays",
+        lambda c: treadle.enqueue(c, "x", backoff=[timedelta(seconds=1)] * 101),
+        "22023",
+        "backoff must be a list of 1 to 100",
+    ),
+    (
+        "enqueue_many timeout of 0",
+        lambda c: treadle.enqueue_many(c, [{"name": "x", "timeout": timedelta(0)}]),
+        "22023",
+        "timeout",
     ),
     ("scalar args", lambda c: treadle.enqueue(c, "x", 5), "22023", "args must be a JSON object or array"),
     ("string args", lambda c: treadle.enqueue(c, "x", "text"), "22023", "args must be a JSON object or array"),
@@ -138,6 +164,15 @@ REFUSED_BY_CLIENT: list[tuple[str, Call, str]] = [
     ("date run_at", lambda c: treadle.enqueue(c, "x", run_at=date(2030, 1, 1)), "not date"),
     ("seconds run_at", lambda c: treadle.enqueue(c, "x", run_at=5), "not int"),
     ("every seconds", lambda c: treadle.enqueue(c, "x", every=60), "every must be a datetime.timedelta"),
+    ("timeout seconds", lambda c: treadle.enqueue(c, "x", timeout=60), "timeout must be a datetime.timedelta"),
+    ("backoff one delay", lambda c: treadle.enqueue(c, "x", backoff=timedelta(1)), "backoff must be a list of"),
+    ("backoff string", lambda c: treadle.enqueue(c, "x", backoff=cast(Any, "1 minute")), "backoff must be a list of"),
+    ("backoff of seconds", lambda c: treadle.enqueue(c, "x", backoff=[1, 2]), r"backoff\[0\] must be a datetime"),
+    (
+        "enqueue_many backoff of seconds",
+        lambda c: treadle.enqueue_many(c, [{"name": "x", "backoff": [timedelta(1), 5]}]),
+        r"jobs\[0\]\['backoff'\]\[1\] must be a datetime",
+    ),
     ("key int", lambda c: treadle.enqueue(c, "x", idempotency_key=1), "idempotency_key must be a string"),
     ("args NaN", lambda c: treadle.enqueue(c, "x", {"v": float("nan")}), r"args\['v'\] is nan"),
     ("args infinity", lambda c: treadle.enqueue(c, "x", {"v": [float("inf")]}), r"args\['v'\]\[0\] is inf"),

@@ -59,6 +59,31 @@ def test_every_option_is_stored(conn: psycopg.Connection[Any]) -> None:
     assert (job["idempotency_key"], job["every"]) == ("report:7", timedelta(hours=1, microseconds=5))
 
 
+def test_timeout_and_backoff_are_stored(conn: psycopg.Connection[Any]) -> None:
+    delays = [timedelta(seconds=10), timedelta(minutes=1, microseconds=7)]
+    job_id = treadle.enqueue(conn, "sync", timeout=timedelta(minutes=2), backoff=delays)
+    assert (row(conn, job_id)["timeout"], row(conn, job_id)["backoff"]) == (timedelta(minutes=2), delays)
+    job = treadle.get_job(conn, job_id)
+    assert job is not None and (job.timeout, job.backoff) == (timedelta(minutes=2), delays)
+    plain = treadle.get_job(conn, treadle.enqueue(conn, "sync"))
+    assert plain is not None and (plain.timeout, plain.backoff) == (None, None)
+
+
+def test_enqueue_many_timeout_and_backoff(conn: psycopg.Connection[Any]) -> None:
+    first, second = treadle.enqueue_many(
+        conn,
+        [
+            {"name": "a", "timeout": timedelta(seconds=90), "backoff": (timedelta(seconds=1), timedelta(hours=1))},
+            {"name": "b", "backoff": [timedelta(0)], "timeout": None},
+        ],
+    )
+    assert (row(conn, first)["timeout"], row(conn, first)["backoff"]) == (
+        timedelta(seconds=90),
+        [timedelta(seconds=1), timedelta(hours=1)],
+    )
+    assert (row(conn, second)["timeout"], row(conn, second)["backoff"]) == (None, [timedelta(0)])
+
+
 def test_args_may_be_an_array(conn: psycopg.Connection[Any]) -> None:
     assert row(conn, treadle.enqueue(conn, "x", [1, "two", [3]]))["args"] == [1, "two", [3]]
 

@@ -129,12 +129,12 @@ def test_a_better_priority_job_that_comes_due_is_claimed_first(connect: Connect)
 
 
 def test_jobs_made_claimable_again_are_claimed_by_the_cursor_holder(connect: Connect) -> None:
-    """fail, release, retry and rescue put a job back; the claimer's next claims find it."""
+    """fail, release, retry, snooze and rescue put a job back; the claimer's next claims find it."""
     claimer, admin = connect(), connect()
     pin_cursor(claimer, "again")
-    ids = [enqueue(admin, "again", priority=-1, max_attempts=5) for _ in range(4)]
+    ids = [enqueue(admin, "again", priority=-1, max_attempts=5) for _ in range(5)]
     rows = claimer.execute(
-        "select id, lease_token from treadle.claim('w', array['again'], batch => 4, lease => '1 second')"
+        "select id, lease_token from treadle.claim('w', array['again'], batch => 5, lease => '1 second')"
     ).fetchall()
     tokens: dict[int, uuid.UUID] = dict(rows)
     for _ in range(6):
@@ -144,9 +144,10 @@ def test_jobs_made_claimable_again_are_claimed_by_the_cursor_holder(connect: Con
     assert value(admin, "select treadle.release(%s, %s)", (ids[1], tokens[ids[1]])) == "available"
     assert value(admin, "select treadle.fail(%s, %s, 'x', '1 hour')", (ids[2], tokens[ids[2]])) == "retryable"
     assert value(admin, "select treadle.retry(%s)", (ids[2],)) is True
+    assert value(admin, "select treadle.snooze(%s, %s, '0 seconds')", (ids[4], tokens[ids[4]])) == "available"
     time.sleep(1.1)  # ids[3]'s lease runs out
     assert value(admin, "select treadle.rescue()") == 1
-    assert sorted(claim(claimer, "again", batch=4)) == sorted(ids)
+    assert sorted(claim(claimer, "again", batch=5)) == sorted(ids)
 
 
 def test_rows_a_rolled_back_claim_held_are_claimed_after_the_sweep(connect: Connect) -> None:

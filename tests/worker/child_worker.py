@@ -8,6 +8,8 @@ It runs a treadle Worker (settings from CHILD_* environment variables) with:
                     recording 'aborted' when it fires; returns {"by": WORKER_ID, "attempt": n}
   misbehave(args)   does what args["do"] names (see MISDEEDS): raises a BaseException,
                     returns a value JSON cannot hold, or an object of no JSON kind
+  hang(args)        records an effect, then sleeps args["seconds"] without looking at
+                    ctx.cancelled; registered with timeout=CHILD_HANG_TIMEOUT seconds
   workflow "trip"   steps reserve, charge, notify; each records an effect and returns
                     {"step": name, "by": WORKER_ID, "seen": [earlier steps]}
 Effects and the events lease_lost and released (or those CHILD_EVENTS lists, comma
@@ -104,6 +106,11 @@ MISDEEDS: dict[str, Any] = {
 }
 
 
+def hang(args: dict[str, Any], ctx: JobContext) -> None:
+    record(ctx, "ran")
+    time.sleep(float(args["seconds"]))
+
+
 def misbehave(args: dict[str, Any], ctx: JobContext) -> Any:
     record(ctx, "ran")
     return MISDEEDS[args["do"]]()
@@ -155,6 +162,7 @@ def main() -> None:
     )
     worker.register("record", record_handler)
     worker.register("misbehave", misbehave)
+    worker.register("hang", hang, timeout=setting("HANG_TIMEOUT", 3600))
     worker.workflow(
         "trip", [Step("reserve", step("reserve")), Step("charge", step("charge")), ("notify", step("notify"))]
     )

@@ -126,8 +126,8 @@ def test_a_broken_backoff_falls_back_to_the_default(
     with caplog.at_level(logging.ERROR, logger="treadle.worker"):
         worker.start()
         row = until_state(conn, job_id, "retryable")
-    # the SQL default for attempt 1: 2 s plus up to 1 s of jitter
-    assert timedelta(seconds=2) <= row["run_at"] - row["failed_at"] <= timedelta(seconds=3)
+    # the SQL default for attempt 1: 2 s, jittered down to no less than half of it
+    assert timedelta(seconds=1) <= row["run_at"] - row["failed_at"] <= timedelta(seconds=2)
     assert "backoff(1) failed; using the default delay" in caplog.text
 
 

@@ -42,13 +42,16 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
         workflow_results,
     )
     from .errors import (
+        Discard,
         ExtensionMissing,
         InvalidArgument,
         JobCancelled,
         JobFailed,
         JobNotFound,
+        JobTimeout,
         LeaseLost,
         QueueFull,
+        Snooze,
         TreadleError,
         UndecodablePayload,
         UnsupportedVersion,
@@ -104,6 +107,9 @@ _EXPORTS: dict[str, str] = {
     "JobCancelled": "errors",
     "JobFailed": "errors",
     "JobNotFound": "errors",
+    "JobTimeout": "errors",
+    "Discard": "errors",
+    "Snooze": "errors",
     "WaitTimeout": "errors",
     "WorkflowCancelled": "errors",
     "WorkflowFailed": "errors",
@@ -113,6 +119,7 @@ _EXPORTS: dict[str, str] = {
 # the names of _EXPORTS, spelled out so that type checkers see what the package exports
 # (tests/client/test_public_names.py holds the two equal)
 __all__ = [
+    "Discard",
     "EnqueueOptions",
     "Explanation",
     "ExtensionMissing",
@@ -122,8 +129,10 @@ __all__ = [
     "JobContext",
     "JobFailed",
     "JobNotFound",
+    "JobTimeout",
     "LeaseLost",
     "QueueFull",
+    "Snooze",
     "Step",
     "TreadleError",
     "UndecodablePayload",

@@ -52,6 +52,19 @@ def interval(value: Any, what: str) -> timedelta | None:
     raise InvalidArgument(f"{what} must be a datetime.timedelta or None, not {type(value).__name__}")
 
 
+def intervals(value: Any, what: str) -> list[timedelta] | None:
+    """A list of timedeltas, such as a job's backoff; None stays None (the SQL layer bounds the rest)."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, timedelta)) or not isinstance(value, Iterable):
+        raise InvalidArgument(f"{what} must be a list of datetime.timedelta, not {type(value).__name__}")
+    items = list(value)
+    for index, item in enumerate(items):
+        if not isinstance(item, timedelta):
+            raise InvalidArgument(f"{what}[{index}] must be a datetime.timedelta, not {type(item).__name__}")
+    return items
+
+
 def moment(value: Any, what: str) -> datetime | timedelta | None:
     """A point in time (an aware datetime) or a delay from the database's now (a timedelta)."""
     if value is None or isinstance(value, timedelta):

@@ -29,8 +29,9 @@ from psycopg.types.json import Jsonb
 
 from . import _sql
 from ._pool import WorkerPool
-from ._retry import Backoff, is_transient, one_line
+from ._retry import Backoff, FailureWrite, is_transient, one_line
 from ._run_state import RunState
+from .errors import Snooze
 from .logs import logfmt
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ class Completer:
         *,
         emit: Emit,
         done: Callable[[RunState], None],
-        retry_in: Callable[[int], timedelta | None],
+        failure: Callable[[RunState, BaseException], FailureWrite],
         idle: Callable[[], bool],
         delay: float,
         flush_at: int | None = None,
@@ -109,7 +110,7 @@ class Completer:
         self._worker_id = worker_id
         self._emit = emit
         self._done = done
-        self._retry_in = retry_in
+        self._failure = failure
         self.abandon = threading.Event()
         # no handler still running means no success is on its way: write at once
         self._buffer = CompletionBuffer(self._complete_batch, delay=delay, idle=idle, flush_at=flush_at)
@@ -126,15 +127,20 @@ class Completer:
         return self._buffer.pending()
 
     def fail(self, run: RunState, error: BaseException) -> None:
-        """Record a failed attempt: retryable (after the backoff), discarded, or cancelled."""
+        """Record a failed attempt: retryable (after the backoff), discarded, or cancelled; or a snooze."""
+        if isinstance(error, Snooze):
+            self._snooze(run, error.delay)
+            return
         message = one_line(error)
+        write = self._failure(run, error)
         state = self.retrying(
             _sql.FAIL,
             {
                 "job_id": run.job_id,
                 "lease_token": run.lease_token,
                 "error": describe(error),
-                "retry_in": self._retry_in(run.attempt),
+                "retry_in": write.retry_in,
+                "retryable": write.retryable,
             },
             f"record the failure of job {run.job_id}",
         )
@@ -146,6 +152,23 @@ class Completer:
         elif not isinstance(state, Unwritten):
             self._log_failure(run, state, error)
             self._emit("failed", run, state=state, error=message)
+        self._done(run)
+
+    def _snooze(self, run: RunState, delay: timedelta) -> None:
+        """The handler raised Snooze: the job runs again after `delay`, its attempt given back."""
+        state = self.retrying(
+            _sql.SNOOZE,
+            {"job_id": run.job_id, "lease_token": run.lease_token, "delay": delay},
+            f"snooze job {run.job_id}",
+        )
+        if state is None:
+            run.mark_lost()
+        elif state == "cancelled":
+            log.info("job %d (%s) cancelled", run.job_id, run.name)
+            self._emit("cancelled", run, state=state)
+        elif not isinstance(state, Unwritten):
+            log.info("job %d (%s) snoozed for %g s", run.job_id, run.name, delay.total_seconds())
+            self._emit("snoozed", run, state=state)
         self._done(run)
 
     def _log_failure(self, run: RunState, state: str, error: BaseException) -> None:

@@ -16,7 +16,7 @@ from . import _args, _sql
 from ._json import to_jsonb
 from ._pool import WorkerPool
 from ._run_state import HeartbeatAnswer, RunState, RunStatus
-from .errors import InvalidArgument, JobCancelled, LeaseLost, TreadleError
+from .errors import InvalidArgument, JobCancelled, JobTimeout, LeaseLost, TreadleError
 from .models import JobFields
 
 
@@ -31,9 +31,11 @@ class JobContext(JobFields):
     """Handed to every handler and workflow step with the job it runs.
 
     `cancelled` is set when the job is cancelled, when its lease is lost (another
-    worker or a rescue took it over: nothing this run returns will be written) and
-    when the worker hands it back at shutdown. Long handlers should look at it, or
-    call `check_cancelled()`, between units of work.
+    worker or a rescue took it over: nothing this run returns will be written),
+    when the attempt runs past its timeout (`timed_out`; the attempt fails with
+    `JobTimeout` whatever the handler returns) and when the worker hands it back at
+    shutdown. Long handlers should look at it, or call `check_cancelled()`, between
+    units of work.
     """
 
     def __init__(self, state: RunState, worker_id: str, pool: WorkerPool, lease: float) -> None:
@@ -58,14 +60,26 @@ class JobContext(JobFields):
     def cancel_requested(self) -> bool:
         return self._state.cancel_requested
 
+    @property
+    def timed_out(self) -> bool:
+        """The attempt ran past its timeout (the job's, or the handler's)."""
+        return self._state.timed_out_after is not None
+
     def __repr__(self) -> str:
         return f"<JobContext job {self.job_id} {self.name!r} attempt {self.attempt} {self._state.status.value}>"
 
     # what the handler may do
     def check_cancelled(self) -> None:
-        """Raise LeaseLost if the lease is gone, JobCancelled if the job was cancelled or handed back."""
+        """Raise why the handler should stop, if it should.
+
+        LeaseLost if the lease is gone, JobTimeout if the attempt ran past its
+        timeout, JobCancelled if the job was cancelled or handed back.
+        """
         if self._state.lost:
             raise LeaseLost(f"job {self.job_id}: the lease was lost; another worker or a rescue took it over")
+        timed_out_after = self._state.timed_out_after
+        if timed_out_after is not None:
+            raise JobTimeout(self.job_id, timed_out_after)
         if self.cancelled.is_set():
             if self._state.status is RunStatus.RELEASED:
                 raise JobCancelled(self.job_id, f"job {self.job_id} was handed back: the worker is stopping")

@@ -16,6 +16,7 @@ EventKind = Literal[
     "cancelled",  # the job ended as cancelled (a cancel was requested while it ran)
     "lease_lost",  # the lease no longer holds the job: nothing from this run is written
     "released",  # handed back at shutdown (state: available, or cancelled)
+    "snoozed",  # the handler raised Snooze: available again later, its attempt given back
 ]
 
 

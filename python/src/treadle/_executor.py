@@ -15,19 +15,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from . import _args, _sql
+from . import _sql
 from ._completer import Completer, Unwritten
 from ._context import JobContext
 from ._handler_threads import HandlerThreads
 from ._json import from_json, to_jsonb
 from ._pool import WorkerPool
 from ._registry import Registry
-from ._retry import one_line
+from ._retry import attempt_timeout, one_line
 from ._run_state import RunState, RunStatus
-from .errors import LeaseLost, UndecodablePayload
+from .errors import JobTimeout, LeaseLost, Snooze, UndecodablePayload
 from .models import Job
 
 if TYPE_CHECKING:
@@ -114,6 +113,7 @@ class Executor:
                 self._done(run)  # handed back or lost while it waited for a thread
                 return
             self._emit("started", run)
+            watchdog = self._watch_timeout(run)
             try:
                 if claimed.undecodable is not None:
                     raise claimed.undecodable
@@ -127,15 +127,30 @@ class Executor:
                         self._handlers_running -= 1
                 if self._ran is not None:
                     self._ran(time.monotonic() - began)
+                _raise_if_timed_out(run)  # what a handler returns past its timeout is not its result
                 encoded = to_jsonb(value, "the handler's result")
             except BaseException as error:  # whatever a handler raises fails its job, not the worker
-                self._handler_failed(run, error)
+                self._handler_failed(run, _as_timeout(run, error))
             else:
                 self._handler_succeeded(run, encoded)
+            finally:
+                if watchdog is not None:
+                    watchdog.cancel()
         except BaseException:
             # a fault of the worker itself: free the slot; the lease lapses and a rescue returns the job
             log.exception("job %d: recording its outcome failed", run.job_id)
             self._done(run)
+
+    def _watch_timeout(self, run: RunState) -> threading.Timer | None:
+        """Time the attempt out (run.time_out) when it runs past its timeout; None without one."""
+        seconds = attempt_timeout(run.job, self._registry.policy(run.name))
+        if seconds is None:
+            return None
+        timer = threading.Timer(seconds, run.time_out, args=(seconds,))
+        timer.name = f"treadle-timeout-{run.job_id}"
+        timer.daemon = True
+        timer.start()
+        return timer
 
     def _call_handler(self, run: RunState, step_run: dict[str, Any] | None) -> Any:
         ctx = JobContext(run, self._worker_id, self._pool, self._lease)
@@ -189,7 +204,7 @@ class Executor:
             run.mark_lost()
             self._done(run)
             return
-        if self._on_error is not None:
+        if self._on_error is not None and not isinstance(error, Snooze):  # a snooze is not an error
             try:
                 self._on_error(error, run.job)
             except BaseException:
@@ -204,12 +219,15 @@ class Executor:
         self._done(run)
 
 
-def retry_delay(backoff: Callable[[int], float | timedelta] | None, attempt: int) -> timedelta | None:
-    """The user's `backoff(attempt)` as an interval; None (the SQL default) when unset or when it fails."""
-    if backoff is None:
-        return None
-    try:
-        return timedelta(seconds=_args.seconds(backoff(attempt), "backoff(attempt)", allow_zero=True))
-    except Exception:
-        log.exception("backoff(%d) failed; using the default delay", attempt)
-        return None
+def _raise_if_timed_out(run: RunState) -> None:
+    if run.timed_out_after is not None:
+        raise JobTimeout(run.job_id, run.timed_out_after)
+
+
+def _as_timeout(run: RunState, error: BaseException) -> BaseException:
+    """Past its timeout, whatever the handler raised (the cancel it was given, mostly) becomes a JobTimeout."""
+    if run.timed_out_after is None or isinstance(error, (JobTimeout, LeaseLost)):
+        return error
+    timeout = JobTimeout(run.job_id, run.timed_out_after)
+    timeout.__cause__ = error
+    return timeout

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
+from . import _args
 from ._args import name as check_name
+from ._retry import HandlerPolicy
 from .errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -20,6 +22,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 STEP_JOB_PREFIX = "workflow:"
 
 
+NO_POLICY = HandlerPolicy()
+MAX_TIMEOUT = 7 * 86400.0  # seconds: enqueue's bound on a job's timeout, for handlers too
+
+
+def handler_policy(max_attempts: object, backoff: object, timeout: object) -> HandlerPolicy:
+    """Check `worker.register`'s policy options: InvalidArgument for a bad one."""
+    checked_max = None if max_attempts is None else _args.integer(max_attempts, "max_attempts", (1, _args.INT4[1]))
+    if backoff is not None and not callable(backoff):
+        raise InvalidArgument(f"backoff must be callable (attempt -> seconds) or None, not {type(backoff).__name__}")
+    checked_timeout = None if timeout is None else _args.seconds(timeout, "timeout", allow_zero=False)
+    if checked_timeout is not None and checked_timeout > MAX_TIMEOUT:
+        raise InvalidArgument(f"timeout must be at most 7 days, got {checked_timeout:g} s")
+    return HandlerPolicy(checked_max, backoff, checked_timeout)
+
+
 class Step(NamedTuple):
     """One step of a workflow: its name and `fn(input, results, ctx)`."""
 
@@ -32,12 +49,13 @@ class Registry:
 
     def __init__(self) -> None:
         self.handlers: dict[str, Handler] = {}
+        self.policies: dict[str, HandlerPolicy] = {}  # handlers registered with a policy
         self.workflows: dict[str, dict[str, StepFunction]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.handlers or self.workflows)
 
-    def add_handler(self, name: object, fn: object) -> None:
+    def add_handler(self, name: object, fn: object, policy: HandlerPolicy | None = None) -> None:
         job_name = check_name(name, "handler name")
         if job_name.startswith(STEP_JOB_PREFIX):
             raise InvalidArgument(
@@ -49,8 +67,10 @@ class Registry:
         if job_name in self.handlers:
             raise InvalidArgument(f"a handler for {job_name!r} is already registered")
         self.handlers[job_name] = fn
+        if policy is not None and policy != NO_POLICY:
+            self.policies[job_name] = policy
 
-    def add_workflow(self, name: object, steps: object) -> None:
+    def add_workflow(self, name: object, steps: object, policy: HandlerPolicy | None = None) -> None:
         workflow_name = check_name(name, "workflow name")
         if workflow_name in self.workflows:
             raise InvalidArgument(f"a workflow {workflow_name!r} is already registered")
@@ -71,10 +91,16 @@ class Registry:
         if not parsed:
             raise InvalidArgument(f"workflow {workflow_name!r} needs at least one step")
         self.workflows[workflow_name] = parsed
+        if policy is not None and policy != NO_POLICY:
+            self.policies[STEP_JOB_PREFIX + workflow_name] = policy  # keyed by the step jobs' name
 
     def claim_names(self) -> list[str]:
         """The job names this worker claims: its handlers', and its workflows' step jobs."""
         return [*self.handlers, *(STEP_JOB_PREFIX + name for name in self.workflows)]
+
+    def policy(self, job_name: str) -> HandlerPolicy:
+        """The retry and timeout policy of a job name's handler, or of a workflow's step jobs."""
+        return self.policies.get(job_name, NO_POLICY)
 
     def handler(self, job_name: str) -> Handler:
         fn = self.handlers.get(job_name)

@@ -50,6 +50,7 @@ class RunState(JobFields):
         self._hooks: list[Callable[[], object]] = []
         self._completed_state: str | None = None
         self._last_beat = time.monotonic()
+        self._timed_out_after: float | None = None  # seconds, once the attempt ran past its timeout
 
     def __repr__(self) -> str:
         return f"<RunState job {self.job_id} {self.name!r} attempt {self.attempt} {self._status.value}>"
@@ -75,7 +76,13 @@ class RunState(JobFields):
 
     @property
     def needs_heartbeat(self) -> bool:
-        return self._status is RunStatus.RUNNING
+        # past its timeout a job is not kept: a handler that ignores the cancel loses the lease
+        return self._status is RunStatus.RUNNING and self._timed_out_after is None
+
+    @property
+    def timed_out_after(self) -> float | None:
+        """The timeout (seconds) the attempt ran past, or None."""
+        return self._timed_out_after
 
     @property
     def cancel_requested(self) -> bool:
@@ -154,6 +161,14 @@ class RunState(JobFields):
         if self._on_lost is not None:
             self._on_lost(self)
         return True
+
+    def time_out(self, seconds: float) -> None:
+        """The attempt ran past its timeout: cancel the handler (`cancelled`); its outcome becomes a timeout."""
+        with self._lock:
+            if self._status is not RunStatus.RUNNING or self._handler_returned:
+                return
+            self._timed_out_after = seconds
+        self._fire()
 
     # the lease
     def apply_heartbeat(self, answer: HeartbeatAnswer) -> None:

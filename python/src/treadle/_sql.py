@@ -21,7 +21,8 @@ SELECT treadle.enqueue(
     priority => %(priority)s::integer,
     run_at => coalesce(%(run_at)s::timestamptz, treadle.now() + %(delay)s::interval),
     max_attempts => %(max_attempts)s::integer,
-    idempotency_key => %(idempotency_key)s::text, every => %(every)s::interval)
+    idempotency_key => %(idempotency_key)s::text, every => %(every)s::interval,
+    timeout => %(timeout)s::interval, backoff => %(backoff)s::interval[])
 """
 # treadle.enqueue_many, the jobs as given: none has a "run_in" delay (the common case;
 # ENQUEUE_MANY's rewrite would rebuild and sort the whole array for nothing)
@@ -54,7 +55,7 @@ GET_JOB: Final[LiteralString] = """
 SELECT id, queue, name, args::text AS args, state, priority, run_at, attempt, max_attempts, lease_until,
        worker_id, idempotency_key, result::text AS result, last_error, created_at, finished_at,
        workflow_run_id, step, every, next_id, cancel_requested, started_at, failed_at, errors::text AS errors,
-       progress, progress_message
+       progress, progress_message, timeout, backoff
   FROM treadle.job_details WHERE id = %(job_id)s::bigint
 """
 # treadle.pause, resume, set_queue: a queue's pause and limits; explain: why a job is where it is
@@ -108,7 +109,7 @@ _CLAIMED_COLUMNS: Final[LiteralString] = """
 id, queue, name, args::text AS args, state, priority, run_at, attempt, max_attempts, lease_until,
 lease_token, worker_id, idempotency_key, result::text AS result, last_error, created_at, finished_at,
 workflow_run_id, step, every, next_id, cancel_requested, started_at, failed_at, errors::text AS errors,
-progress, progress_message
+progress, progress_message, timeout, backoff
 """
 # treadle.claim: every job this call claims holds the call's own lease token
 CLAIM: Final[LiteralString] = (
@@ -213,7 +214,13 @@ SELECT answer FROM treadle.heartbeat_many(
 # treadle.fail: a failed attempt; retryable, discarded or cancelled
 FAIL: Final[LiteralString] = """
 SELECT treadle.fail(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid,
-                    error => %(error)s::text, retry_in => %(retry_in)s::interval)
+                    error => %(error)s::text, retry_in => %(retry_in)s::interval,
+                    retryable => %(retryable)s::boolean)
+"""
+# treadle.snooze: run the job again after a delay, its attempt given back
+SNOOZE: Final[LiteralString] = """
+SELECT treadle.snooze(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid,
+                      delay => %(delay)s::interval)
 """
 # treadle.release: hand a job back at shutdown, its attempt given back
 RELEASE: Final[LiteralString] = """

@@ -98,6 +98,8 @@ class EnqueueOptions(TypedDict, total=False):
     max_attempts: int  # default 25
     idempotency_key: str | None
     every: timedelta | None  # periodic: each finished occurrence enqueues the next one `every` later
+    timeout: timedelta | None  # how long one attempt may run; None: no limit (docs/retries.md)
+    backoff: Sequence[timedelta] | None  # delays before retries 1, 2, ... (the last repeats); None: the default
 
 
 class WorkflowOptions(TypedDict, total=False):
@@ -117,6 +119,8 @@ ENQUEUE_DEFAULTS: Final[EnqueueOptions] = {
     "max_attempts": 25,
     "idempotency_key": None,
     "every": None,
+    "timeout": None,
+    "backoff": None,
 }
 WORKFLOW_DEFAULTS: Final[WorkflowOptions] = {
     "steps": None,
@@ -154,7 +158,9 @@ def enqueue(
     Lower ``priority`` runs first. With an ``idempotency_key`` that a job of the
     same queue already holds, no job is added and that job's id is returned,
     whatever its state. ``every`` makes the job periodic: each occurrence that
-    finishes enqueues the next one ``every`` later. The options and their
+    finishes enqueues the next one ``every`` later. ``timeout`` bounds how long
+    one attempt may run, and ``backoff`` lists the delays before retries 1, 2, ...
+    (jittered; the last one repeats): docs/retries.md. The options and their
     defaults: `EnqueueOptions`.
     """
     given = _with_defaults("enqueue", options, ENQUEUE_DEFAULTS)
@@ -169,6 +175,8 @@ def enqueue(
         "max_attempts": _args.integer(given["max_attempts"], "max_attempts"),
         "idempotency_key": _args.optional_text(given["idempotency_key"], "idempotency_key"),
         "every": _args.interval(given["every"], "every"),
+        "timeout": _args.interval(given["timeout"], "timeout"),
+        "backoff": _args.intervals(given["backoff"], "backoff"),
     }
     return _conn.execute(conn, _sql.ENQUEUE, params, _scalar)
 
@@ -219,10 +227,14 @@ def _job_spec(index: int, spec: Any) -> Any:
                 out["run_in"] = _args.interval_text(moment)  # resolved against the database's clock
             elif moment is not None:
                 out["run_at"] = moment.isoformat()
-        elif key == "every":
-            every = _args.interval(value, label)
-            if every is not None:
-                out["every"] = _args.interval_text(every)
+        elif key in ("every", "timeout"):
+            delta = _args.interval(value, label)
+            if delta is not None:
+                out[key] = _args.interval_text(delta)
+        elif key == "backoff":
+            delays = _args.intervals(value, label)
+            if delays is not None:
+                out[key] = [_args.interval_text(delay) for delay in delays]
         else:
             out[key] = value  # args: checked with the whole document
     return out

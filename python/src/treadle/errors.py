@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -62,6 +63,44 @@ class JobCancelled(TreadleError):
     def __init__(self, job_id: int, message: str | None = None) -> None:
         super().__init__(message or f"job {job_id} was cancelled")
         self.job_id = job_id
+
+
+class Discard(TreadleError):
+    """Raised by a handler: this job cannot succeed, so discard it now instead of retrying.
+
+    The attempt fails with this error and the job is discarded at once, with the
+    attempts it had left unspent (treadle.fail with retryable => false). For input
+    that will never be valid, a deleted record, a refused permission.
+    """
+
+
+class Snooze(TreadleError):
+    """Raised by a handler: run this job again after `delay` (seconds or a timedelta).
+
+    Not a failure: no error is recorded and the attempt is given back
+    (treadle.snooze), so a job may snooze as often as it needs while it waits for
+    something outside it. The delay is 0 to 366 days.
+    """
+
+    def __init__(self, delay: float | timedelta) -> None:
+        from . import _args  # _args imports this module
+
+        self.delay = timedelta(seconds=_args.seconds(delay, "Snooze delay", allow_zero=True))
+        if self.delay > MAX_SNOOZE:
+            raise InvalidArgument(f"Snooze delay must be at most {MAX_SNOOZE.days} days, got {self.delay}")
+        super().__init__(f"snoozed for {self.delay.total_seconds():g} s")
+
+
+MAX_SNOOZE = timedelta(days=366)  # treadle.snooze's bound
+
+
+class JobTimeout(TreadleError, TimeoutError):
+    """The attempt ran past its timeout: its handler was cancelled and the attempt failed with this."""
+
+    def __init__(self, job_id: int, timeout: float) -> None:
+        super().__init__(f"job {job_id} timed out: its attempt ran past its timeout of {timeout:g} s")
+        self.job_id = job_id
+        self.timeout = timeout
 
 
 class JobFailed(TreadleError):

@@ -252,7 +252,7 @@ class WorkerMetrics:
             # the handler returned or raised: its run time (a lost lease or a hand-back
             # ends the run while the handler may still be running: not a run time)
             started = self._started.pop(key, None)
-            if started is not None and event.kind in ("completing", "failed", "cancelled"):
+            if started is not None and event.kind in ("completing", "failed", "cancelled", "snoozed"):
                 self.run_time.labels(*labels).observe(now - started)
             if event.kind in ("lease_lost", "released"):
                 self._claimed.pop(key, None)

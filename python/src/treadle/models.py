@@ -43,6 +43,8 @@ class Job:
     errors: Any = None
     progress: float | None = None
     progress_message: str | None = None
+    timeout: timedelta | None = None  # how long one attempt may run
+    backoff: list[timedelta] | None = None  # the job's own delays before retries 1, 2, ...
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:

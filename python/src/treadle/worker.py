@@ -11,7 +11,8 @@ The path of a job through the modules:
   and calls it with a JobContext (_context.py) on a handler thread (_handler_threads.py);
 - _completer.py writes the outcome: successes batched into treadle.complete_and_claim,
   which claims the next jobs in the same statement (ClaimAlong, here), failures with
-  treadle.fail, hand-backs at shutdown with treadle.release;
+  treadle.fail (how: _retry.py, from the handler's policy), snoozes with
+  treadle.snooze, hand-backs at shutdown with treadle.release;
 - meanwhile _housekeeping.py heartbeats all leases in one statement and rescues
   expired ones, and _notifier.py wakes the claim loop when NOTIFY says work arrived.
 
@@ -42,13 +43,13 @@ from ._compat import read_extension_version
 from ._completer import ClaimAlong, Completer
 from ._context import JobContext
 from ._events import EventKind, WorkerEvent
-from ._executor import Claimed, Executor, decode_claimed, retry_delay
+from ._executor import Claimed, Executor, decode_claimed
 from ._handler_threads import HandlerThreads
 from ._housekeeping import Housekeeper
 from ._notifier import Notifier, WakeOnNotify
 from ._pool import WorkerPool, connect_direct
-from ._registry import Handler, Registry, Step, StepFunction
-from ._retry import Backoff, is_transient, one_line
+from ._registry import Handler, Registry, Step, StepFunction, handler_policy
+from ._retry import Backoff, FailureWrite, failure_write, is_transient, one_line
 from ._run_state import RunState, RunStatus
 from .errors import InvalidArgument
 from .models import Job
@@ -93,10 +94,12 @@ class Worker:
     beyond its free slots the worker may hold, claimed while handlers run, so that
     a handler finds its next job at hand (None: as many as `concurrency`, and only
     while handlers take under 50 ms on average; 0: never). `backoff(attempt)` gives the
-    delay in seconds before a failed attempt runs again (the SQL default when
-    None). `on_error(exc, job)` hears every exception a handler raised;
+    delay in seconds before a failed attempt runs again (the SQL default, 2^attempt
+    seconds with jitter, when None); a handler's own `backoff` and a job's own
+    (enqueue) come first: docs/retries.md. `on_error(exc, job)` hears every
+    exception a handler raised (not a Snooze);
     `on_event(WorkerEvent)` hears claimed, started, completing, completed, failed,
-    cancelled, lease_lost and released.
+    cancelled, lease_lost, released and snoozed.
 
     Metrics: with `metrics_port` the worker serves Prometheus metrics of what it
     does at http://`metrics_host`:`metrics_port`/metrics while it runs (port 0: any
@@ -226,21 +229,49 @@ class Worker:
     @overload
     def register(self, name: F) -> F: ...
     @overload
-    def register(self, name: str) -> Callable[[F], F]: ...
+    def register(
+        self,
+        name: str,
+        *,
+        max_attempts: int | None = None,
+        backoff: Callable[[int], Duration] | None = None,
+        timeout: Duration | None = None,
+    ) -> Callable[[F], F]: ...
     @overload
-    def register(self, name: str, fn: F) -> F: ...
-    def register(self, name: str | Callable[..., Any], fn: Callable[..., Any] | None = None) -> Any:
+    def register(
+        self,
+        name: str,
+        fn: F,
+        *,
+        max_attempts: int | None = None,
+        backoff: Callable[[int], Duration] | None = None,
+        timeout: Duration | None = None,
+    ) -> F: ...
+    def register(
+        self,
+        name: str | Callable[..., Any],
+        fn: Callable[..., Any] | None = None,
+        *,
+        max_attempts: int | None = None,
+        backoff: Callable[[int], Duration] | None = None,
+        timeout: Duration | None = None,
+    ) -> Any:
         """Register `fn(args, ctx)` for jobs called `name`; returns `fn`.
 
         Also a decorator: `@worker.register("name")`, or bare `@worker.register`
-        (the function's own name is the job name).
+        (the function's own name is the job name). The handler's policy
+        (docs/retries.md): its jobs are discarded once `max_attempts` attempts
+        failed (or their own max_attempts, whichever is lower); `backoff(attempt)`
+        gives the seconds before the next attempt (instead of the Worker's); an
+        attempt that runs longer than `timeout` is cancelled and fails with
+        JobTimeout. A job enqueued with its own backoff or timeout keeps it.
         """
         if fn is None:
             if callable(name):
                 return self.register(name.__name__, name)
-            return lambda f: self.register(name, f)
+            return lambda f: self.register(name, f, max_attempts=max_attempts, backoff=backoff, timeout=timeout)
         self._check_not_started()
-        self._registry.add_handler(name, fn)
+        self._registry.add_handler(name, fn, handler_policy(max_attempts, backoff, timeout))
         return fn
 
     def handler(self, name: str) -> Callable[[F], F]:
@@ -252,13 +283,23 @@ class Worker:
 
         return decorate
 
-    def workflow(self, name: str, steps: Iterable[Step | tuple[str, StepFunction]]) -> None:
+    def workflow(
+        self,
+        name: str,
+        steps: Iterable[Step | tuple[str, StepFunction]],
+        *,
+        max_attempts: int | None = None,
+        backoff: Callable[[int], Duration] | None = None,
+        timeout: Duration | None = None,
+    ) -> None:
         """Register a workflow: its ordered steps, each a Step(name, fn) or a (name, fn) pair.
 
         The definition is recorded with treadle.define_workflow when the worker starts.
+        `max_attempts`, `backoff` and `timeout` are a policy for each of its steps, as
+        `register`'s are for a handler's jobs.
         """
         self._check_not_started()
-        self._registry.add_workflow(name, steps)
+        self._registry.add_workflow(name, steps, handler_policy(max_attempts, backoff, timeout))
 
     def serve_metrics(self, port: int, *, host: str = "0.0.0.0", database: bool = False) -> None:
         """Serve Prometheus metrics at http://host:port/metrics while the worker runs (before it starts).
@@ -391,7 +432,7 @@ class Worker:
                 self.worker_id,
                 emit=self._emit,
                 done=self._done,
-                retry_in=lambda attempt: retry_delay(self._backoff, attempt),
+                failure=self._failure_write,
                 idle=lambda: self._executor is None or self._executor.idle(),
                 delay=COMPLETION_DELAY,
                 flush_at=max(1, self.concurrency // 2),
@@ -730,6 +771,9 @@ class Worker:
             return {}
 
     # bookkeeping
+    def _failure_write(self, run: RunState, error: BaseException) -> FailureWrite:
+        return failure_write(error, run.job, self._registry.policy(run.name), self._backoff)
+
     def _done(self, run: RunState) -> None:
         with self._lock:
             self._active.discard(run)
