@@ -26,6 +26,7 @@ from ._base import (
     duration,
     print_json,
     print_table,
+    span,
 )
 from ._status import counts, seconds_of
 
@@ -192,25 +193,14 @@ def limits_text(settings: dict[str, Any]) -> str:
     if settings["concurrency"] is not None:
         parts.append(f"concurrency {settings['concurrency']}")
     if settings["rate_limit"] is not None:
-        parts.append(f"rate {settings['rate_limit']}/{_span(settings['rate_period'])}")
+        parts.append(f"rate {settings['rate_limit']}/{span(settings['rate_period'])}")
     if settings["max_depth"] is not None:
         parts.append(f"max depth {settings['max_depth']:,}")
     if settings["retain_completed"] is not None:
-        parts.append(f"keep completed {_span(settings['retain_completed'])}")
+        parts.append(f"keep completed {span(settings['retain_completed'])}")
     if settings["retain_failed"] is not None:
-        parts.append(f"keep failed {_span(settings['retain_failed'])}")
+        parts.append(f"keep failed {span(settings['retain_failed'])}")
     return ", ".join(parts) or "-"
-
-
-def _span(value: timedelta | None) -> str:
-    """A period as set: 1s, 90s, 1m, 7d (the largest whole unit)."""
-    if value is None:
-        return "-"
-    seconds = value.total_seconds()
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
 
 
 # -- treadle queues pause | resume ----------------------------------------------------------------
