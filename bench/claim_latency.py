@@ -57,10 +57,12 @@ SELECT 'default', f.name, jsonb_build_object('i', g), f.state,
               CASE WHEN g <= %(finished)s THEN now() END AS started_at,
               CASE WHEN g <= %(finished)s THEN now() END AS finished_at) AS f
 """
-# Put claimed jobs back between runs, so that every run starts from the same rows.
+# Put claimed jobs back between runs, so that every run starts from the same rows. A
+# writer that makes a job claimable again sets ready_txid, as treadle's own do: claims
+# resume from a cursor and look for such rows by it (sql/src/040_claim.sql).
 UNCLAIM = """
 UPDATE {table} SET state = 'available', attempt = 0, lease_until = NULL, lease_token = NULL,
-                   worker_id = NULL, started_at = NULL
+                   worker_id = NULL, started_at = NULL, ready_txid = pg_current_xact_id()
  WHERE state = 'running'
 """
 TABLES = ("treadle.jobs", "bench_raw.jobs")

@@ -3,20 +3,24 @@
 A worker process drains the queue while a producer keeps a backlog of jobs
 waiting. After a warm-up, another session opens a REPEATABLE READ transaction,
 reads one row and sits idle for --hold seconds, so no dead row can be vacuumed
-and every claimed job leaves a dead index entry behind; then it commits. A probe
+and every claimed job leaves a dead index entry behind; then it commits
+(--holder write: the transaction also takes an id; --holder slot: an unused
+logical replication slot instead, created and dropped). A probe
 claims one job every 50 ms beside the worker, timing each claim. Reported every
 10 s: jobs finished per second, the probe's claim p99, dead tuples, the claim
-index size; and the time after the release until throughput is back to 90% of
+index size, server time and buffers per claim and per rescue; the wait events
+seen during the hold; and the time after the release until throughput is back to 90% of
 its level before the hold. The same run with the raw worker on bench_raw.jobs
 is the baseline.
 
-    .build/venv/bin/python bench/held_snapshot.py [--warmup 20] [--hold 300] [--after 60]
+    .build/venv/bin/python bench/held_snapshot.py [--warmup 20] [--hold 300] [--after 60] [--holder read|write|slot]
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +53,7 @@ CHUNK = 1000  # jobs per producer statement
 RECOUNT = 5.0  # seconds between exact counts of the waiting jobs
 TABLE = {"treadle": "treadle.jobs", "raw": "bench_raw.jobs"}
 CLAIM_INDEX = {"treadle": "treadle.jobs_claim_name_idx", "raw": "bench_raw.jobs_queue_name_priority_run_at_id_idx"}
+SLOT = "treadle_bench_held"  # --holder slot: an unused logical replication slot
 PROBE = {"worker_id": "probe", "queue": "default", "names": ["bench"], "name": "bench", "batch": 1,
          "lease": "30 seconds"}
 
@@ -63,6 +68,8 @@ class Trace:
     statements: list[tuple[float, dict[str, tuple[int, float, int]]]] = field(default_factory=list)
     finished: list[float] = field(default_factory=list)  # each job's finished_at
     hold: tuple[float, float] = (0.0, 0.0)  # when the snapshot was taken and released
+    # (at, wait events of the database's other active sessions, sampled once a second)
+    waits: list[tuple[float, list[str]]] = field(default_factory=list)
 
 
 def producer(url: str, kind: str, stop: threading.Event) -> None:
@@ -117,9 +124,19 @@ def probe(url: str, kind: str, stop: threading.Event, start: float, trace: Trace
 # pg_stat_statements rows per kind of statement, by their text
 STATEMENT_KINDS = {"claim": "%treadle.claim(%", "raw claim": "%FROM bench_raw.jobs%FOR UPDATE SKIP LOCKED%",
                    "rescue": "%treadle.rescue()%", "raw rescue": "%RAW RESCUE SCAN%"}
-# what a rescue reads on the raw side: every running entry whose lease ran out
+# what a rescue without a cursor reads on the raw side: every running entry whose lease ran out
 RAW_RESCUE_SCAN = ("SELECT count(*) /* RAW RESCUE SCAN */ FROM bench_raw.jobs "
                    "WHERE state = 'running' AND lease_until < now()")
+
+
+HOLDERS = {"read": "a REPEATABLE READ reader", "write": "a writing transaction (it has a transaction id)",
+           "slot": "an unused logical replication slot (wal_level=logical)"}
+
+
+# what the other sessions of the database are waiting for, when they wait
+WAITS = ("SELECT wait_event_type || ':' || wait_event FROM pg_stat_activity "
+         "WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'active' "
+         "AND wait_event IS NOT NULL")
 
 
 def statement_totals(conn: psycopg.Connection[Any]) -> dict[str, tuple[int, float, int]]:
@@ -159,14 +176,18 @@ def run_side(url: str, kind: str, warmup: float, hold: float, after: float, hold
                 end = warmup + hold + after
                 while (now := time.monotonic() - start) < end:
                     if now >= warmup and trace.hold == (0.0, 0.0):
-                        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-                        holder.execute("SELECT count(*) FROM treadle.workflows")
+                        if holder_kind == "slot":
+                            holder.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [SLOT])
+                        else:
+                            holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                            holder.execute("SELECT count(*) FROM treadle.workflows")
                         if holder_kind == "write":
                             holder.execute("SELECT pg_current_xact_id()")  # a transaction id: a writer
                         trace.hold = (now, 0.0)
                         progress(f"{kind}: snapshot held for {hold:g} s")
                     if trace.hold[0] and not trace.hold[1] and now >= warmup + hold:
-                        holder.execute("COMMIT")
+                        holder.execute("SELECT pg_drop_replication_slot(%s)" if holder_kind == "slot" else "COMMIT",
+                                       [SLOT] if holder_kind == "slot" else None)
                         trace.hold = (trace.hold[0], now)
                         progress(f"{kind}: snapshot released")
                     row = conn.execute(
@@ -174,12 +195,16 @@ def run_side(url: str, kind: str, warmup: float, hold: float, after: float, hold
                         "FROM pg_stat_user_tables WHERE relid = %s::regclass",
                         [CLAIM_INDEX[kind], TABLE[kind], TABLE[kind]]).fetchone()
                     trace.stats.append((now, int(row[0]), int(row[1]), int(row[2])))  # type: ignore[index]
+                    trace.waits.append((now, [r[0] for r in conn.execute(WAITS).fetchall()]))
                     if kind == "raw":
                         conn.execute(RAW_RESCUE_SCAN)
                     trace.statements.append((now, statement_totals(conn)))
                     time.sleep(1.0)
             finally:
                 holder.close()
+                # a slot left behind would keep its WAL and keep the database from being dropped
+                conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                             "WHERE slot_name = %s", [SLOT])
                 stop.set()
                 for t in threads:
                     t.join(10)
@@ -239,8 +264,10 @@ def main() -> None:
     p.add_argument("--hold", type=float, default=300, help="seconds the snapshot is held (default 300)")
     p.add_argument("--after", type=float, default=60, help="seconds of load after the release (default 60)")
     p.add_argument("--window", type=float, default=10, help="seconds per reported row (default 10)")
-    p.add_argument("--holder", choices=["read", "write"], default="read",
-                   help="the held transaction: a reader (default) or a writer (it has a transaction id)")
+    p.add_argument("--holder", choices=["read", "write", "slot"], default="read",
+                   help="what holds the snapshot: a REPEATABLE READ reader (default), a writer (a transaction "
+                        "that has an id), or an unused logical replication slot (the cluster runs with "
+                        "wal_level=logical)")
     args = p.parse_args()
     warmup, hold, after, size = args.warmup, args.hold, args.after, args.window
     if args.smoke:
@@ -248,6 +275,8 @@ def main() -> None:
 
     traces: dict[str, Trace] = {}
     statements = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "top"}
+    if args.holder == "slot":
+        statements["wal_level"] = "logical"
     with server(statements) as url, database(url, "held") as db:
         print_settings(db)
         for kind in ("treadle", "raw"):
@@ -273,9 +302,9 @@ def main() -> None:
 
     notes = [f"The hold from {traces['treadle'].hold[0]:.0f} s to {traces['treadle'].hold[1]:.0f} s; "
              f"one worker process (concurrency 10), a backlog of about {BACKLOG:,} jobs, a probe claim every 50 ms. "
-             f"The held transaction: a {'writer (it has a transaction id)' if args.holder == 'write' else 'reader'}. "
+             f"Held: {HOLDERS[args.holder]}. "
              "Columns, treadle then raw: jobs/s; probe claim p99, ms; per claim and per rescue, server ms / shared "
-             "buffers (pg_stat_statements; raw rescue: the scan a rescue makes, once a second); "
+             "buffers (pg_stat_statements; raw rescue: the scan of a rescue without a cursor, once a second); "
              "dead tuples; claim index / all indexes, MiB."]
     for kind in ("treadle", "raw"):
         before, held_end = level(kind, "before"), level(kind, "held", last=True)
@@ -283,6 +312,12 @@ def main() -> None:
         notes.append(f"{kind}: {fmt(before, 0)} jobs/s before, {fmt(held_end, 0)} in the last window of the hold "
                      f"({change}); back to 90% of the rate before within {fmt(recovery_seconds(traces[kind]), 1)} s "
                      "of the release.")
+    for kind in ("treadle", "raw"):
+        held, released = traces[kind].hold
+        seen = Counter(w for at, waits in traces[kind].waits if held <= at < released for w in waits)
+        samples = sum(1 for at, _ in traces[kind].waits if held <= at < released)
+        notes.append(f"{kind}: waits seen in {samples} samples of the sessions during the hold: "
+                     + (", ".join(f"{w} {n}" for w, n in seen.most_common(6)) or "none"))
     table(TITLE, ["window", "phase", "treadle jobs/s", "raw jobs/s", "ratio", "treadle p99", "raw p99",
                   "treadle claim", "raw claim", "treadle rescue", "raw rescue", "treadle dead", "raw dead",
                   "treadle idx MiB", "raw idx MiB"], rows, notes)

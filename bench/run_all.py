@@ -3,7 +3,7 @@ the held snapshot on a cluster of its own, which loads pg_stat_statements.
 
 Sizes are each script's defaults, but for the held snapshot (a 60 s hold instead
 of 300 s) and the memory scenario (one run), so that the whole run takes about
-ten minutes. Options after the script name go to every scenario (`--runs 5`,
+ten minutes (and scale.py, with 1M finished jobs, about three more). Options after the script name go to every scenario (`--runs 5`,
 `--smoke`).
 
     .build/venv/bin/python bench/run_all.py [--runs N] [--smoke]
@@ -27,6 +27,7 @@ SCENARIOS: list[tuple[str, list[str]]] = [
     ("recovery.py", []),
     ("pickup.py", []),
     ("limits.py", []),
+    ("scale.py", []),  # 1M finished jobs; the 10M-row run: bench/scale.py --finished 10000000
     ("held_snapshot.py", ["--warmup", "10", "--hold", "60", "--after", "20"]),
     ("memory.py", ["--runs", "1"]),
     ("cli_bulk.py", []),

@@ -13,7 +13,7 @@ SELECT columns_are('treadle', 'jobs', ARRAY[
     'lease_until', 'lease_token', 'worker_id', 'idempotency_key', 'result', 'last_error',
     'created_at', 'finished_at', 'workflow_run_id', 'step',
     'every', 'next_id', 'cancel_requested', 'started_at', 'failed_at', 'errors', 'progress',
-    'progress_message', 'schedule'], 'treadle.jobs has the contract columns, then its own');
+    'progress_message', 'schedule', 'ready_txid'], 'treadle.jobs has the contract columns, then its own');
 SELECT results_eq(
     $$ SELECT attname::text COLLATE "default" FROM pg_attribute
         WHERE attrelid = 'treadle.jobs'::regclass AND attnum > 0 AND NOT attisdropped
@@ -47,7 +47,7 @@ SELECT set_eq(
           'treadle.complete_and_claim(bigint[],uuid[],jsonb[],text,text[],text[],integer,interval,uuid)',
           'treadle.heartbeat_many(bigint[],uuid[],interval)',
           'treadle.fail(bigint,uuid,text,interval)', 'treadle.release(bigint,uuid)', 'treadle.rescue()',
-          'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.prune(interval)',
+          'treadle.apply_retention(integer)', 'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.prune(interval)',
           'treadle.define_workflow(text,text[])',
           'treadle.start_workflow(text,jsonb,text[],text,integer,integer,text)',
           'treadle.cancel_workflow(bigint)',

@@ -2,7 +2,7 @@
 -- queues and names filters, batch bounds, the claimed row, and bad arguments.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(59);
+SELECT plan(67);
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
@@ -119,6 +119,46 @@ SELECT results_eq($$ SELECT id FROM treadle.claimed('00000000-0000-4000-8000-000
                   format($$ VALUES (%s::bigint) $$, :t2), 'a finished job is no longer claimed');
 SELECT is_empty($$ SELECT * FROM treadle.claimed(gen_random_uuid()) $$, 'an unknown token holds nothing');
 SELECT throws_ok($$ SELECT treadle.claimed(NULL) $$, '22004', NULL, 'a null token raises 22004');
+
+-- A claim from a cursor (a session whose claims got slow, forced here by 'pin') takes
+-- the same jobs in the same order as the plain claim: priorities, run_at, ids, jobs
+-- that come due, and a job made claimable again below where the cursor stands.
+SET LOCAL treadle.now = '2999-01-02 12:00:00+00';
+SELECT set_config('treadle.claim_' || to_hex(hashtextextended('cur' || chr(2), 0)), 'pin', true);
+SELECT treadle.enqueue('c', queue => 'cur', priority => 2, run_at => '2999-01-02 11:00:00+00') AS c_p2 \gset
+SELECT treadle.enqueue('c', queue => 'cur', priority => 1, run_at => '2999-01-02 11:30:00+00') AS c_p1_late \gset
+SELECT treadle.enqueue('c', queue => 'cur', priority => 1, run_at => '2999-01-02 11:00:00+00') AS c_p1 \gset
+SELECT treadle.enqueue('c', queue => 'cur', priority => 0, run_at => '2999-01-02 12:00:05+00') AS c_soon \gset
+SELECT results_eq($$ SELECT id FROM treadle.claim('w', ARRAY['cur'], batch => 2) $$,
+                  format($$ VALUES (%s::bigint), (%s) $$, :c_p1, :c_p1_late), 'a cursor claims in claim order');
+SELECT ok(current_setting('treadle.claim_' || to_hex(hashtextextended('cur' || chr(2), 0))) LIKE '{2,%',
+          'the session keeps a cursor');
+SELECT treadle.enqueue('c', queue => 'cur', priority => 1, run_at => '2999-01-01 00:00:00+00') AS c_past \gset
+SELECT is((SELECT id FROM treadle.claim('w', ARRAY['cur'])), :c_past::bigint,
+          'a job enqueued below the cursor (a past run_at) is claimed first');
+SET LOCAL treadle.now = '2999-01-02 12:00:06+00';
+SELECT results_eq($$ SELECT id FROM treadle.claim('w', ARRAY['cur'], batch => 5) $$,
+                  format($$ VALUES (%s::bigint), (%s) $$, :c_soon, :c_p2),
+                  'a better priority that came due is claimed before the rest');
+SELECT lives_ok($$ SELECT set_config('treadle.claim_' || to_hex(hashtextextended('cur' || chr(2), 0)),
+                                     format('{2,%1$s,%1$s,1,0,1,0,-2147483649,1,1,99999,99999,0,1,1}',
+                                            treadle._us(treadle.now())), true);
+                   SELECT treadle.claim('w', ARRAY['cur']) $$,
+                'a cursor set by hand (lanes out of range) raises nothing');
+
+-- Every writer that makes a job claimable again marks it with its transaction
+SELECT treadle.enqueue('c', queue => 'cur2') AS m1 \gset
+SELECT treadle.enqueue('c', queue => 'cur2') AS m2 \gset
+SELECT treadle.enqueue('c', queue => 'cur2') AS m3 \gset
+CREATE TEMP TABLE m AS SELECT * FROM treadle.claim('w', ARRAY['cur2'], batch => 3, lease => '1 second');
+UPDATE treadle.jobs SET ready_txid = '1' WHERE queue = 'cur2';
+SELECT treadle.fail(:m1, (SELECT lease_token FROM m WHERE id = :m1), 'x', '0 seconds');
+SELECT treadle.release(:m2, (SELECT lease_token FROM m WHERE id = :m2));
+SET LOCAL treadle.now = '2999-01-02 12:10:00+00';
+SELECT ok(treadle.rescue() > 0, 'rescue ran');
+SELECT is((SELECT state FROM treadle.jobs WHERE id = :m3), 'retryable', 'the third lease ran out: rescued');
+SELECT results_eq($$ SELECT count(*) FROM treadle.jobs WHERE queue = 'cur2' AND ready_txid = pg_current_xact_id() $$,
+                  $$ VALUES (3::bigint) $$, 'fail, release and rescue set ready_txid');
 
 -- Bad input: each raises its SQLSTATE and claims nothing
 SELECT treadle.enqueue('bad', queue => 'bad') AS untouched \gset

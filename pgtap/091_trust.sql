@@ -55,6 +55,7 @@ INSERT INTO may_execute VALUES
     ('treadle.fail(bigint,uuid,text,interval)',  '{worker}'),
     ('treadle.release(bigint,uuid)',             '{worker}'),
     ('treadle.rescue()',                         '{worker,admin}'),
+    ('treadle.apply_retention(integer)',         '{worker,admin}'),
     ('treadle.define_workflow(text,text[])',     '{worker}'),
     ('treadle.worker_seen(text,text,integer,text[],integer,integer,text[])', '{worker}'),
     ('treadle.worker_stopped(text)',             '{worker}'),

@@ -69,6 +69,9 @@ CREATE TABLE treadle.jobs (
     progress         double precision,                   -- 0..1, set by the running handler
     progress_message text,
     schedule         text,                               -- the cron schedule this job is an occurrence of
+    -- the transaction that last made the job claimable: a claim that resumes from where
+    -- it stopped finds rows committed since its previous snapshot by this (040_claim.sql)
+    ready_txid       xid8        DEFAULT pg_current_xact_id(),
     CONSTRAINT jobs_state_check CHECK (state = ANY (ARRAY[
         'available', 'running', 'retryable', 'completed', 'discarded', 'cancelled'])),
     CONSTRAINT jobs_queue_check CHECK (queue <> ''),
@@ -97,6 +100,11 @@ CREATE INDEX jobs_claim_idx ON treadle.jobs (queue, priority, run_at, id)
 CREATE INDEX jobs_claim_name_idx ON treadle.jobs (queue, name, priority, run_at, id)
     WHERE state = ANY (ARRAY['available', 'retryable']);
 
+-- Rows made claimable since a claim's previous snapshot: ready_txid grows with every
+-- writer, so new entries go to the index's right edge.
+CREATE INDEX jobs_ready_txid_idx ON treadle.jobs (ready_txid)
+    WHERE state = ANY (ARRAY['available', 'retryable']);
+
 -- rescue() finds expired leases (lease_until is set exactly while a job runs). The
 -- predicate is not `state = 'running'`: the writes a worker makes to its running job
 -- (heartbeat, complete, fail) name that state, and the planner, counting this small
@@ -108,12 +116,15 @@ CREATE INDEX jobs_lease_idx ON treadle.jobs (lease_until) WHERE lease_until IS N
 CREATE UNIQUE INDEX jobs_idempotency_key_idx
     ON treadle.jobs (queue, idempotency_key) WHERE idempotency_key IS NOT NULL;
 
--- the throughput view and prune() read finished jobs by time
+-- the throughput view, apply_retention() and prune() read finished jobs by time
 CREATE INDEX jobs_finished_at_idx ON treadle.jobs (finished_at) WHERE finished_at IS NOT NULL;
 
 -- the recent_failures view, newest first
 CREATE INDEX jobs_failed_at_idx ON treadle.jobs (failed_at)
     WHERE state = ANY (ARRAY['retryable', 'discarded']) AND last_error IS NOT NULL;
+
+-- apply_retention() and prune() read finished workflow runs by time
+CREATE INDEX workflow_runs_finished_at_idx ON treadle.workflow_runs (finished_at) WHERE finished_at IS NOT NULL;
 
 -- a workflow run's steps
 CREATE INDEX jobs_workflow_run_idx ON treadle.jobs (workflow_run_id) WHERE workflow_run_id IS NOT NULL;
@@ -137,11 +148,20 @@ CREATE TABLE treadle.workers (
 );
 
 -- Limits the owner may change (treadle.configure); no row means the defaults.
+-- Retention (treadle.apply_retention): how long finished jobs and workflow runs are
+-- kept, completed ones and discarded or cancelled ones; null keeps them forever. The
+-- defaults are treadle._retention()'s, written when the row is made.
 CREATE TABLE treadle.settings (
     only_row          boolean PRIMARY KEY DEFAULT true,
     max_payload_bytes integer NOT NULL,
+    retain_completed  interval,
+    retain_failed     interval,
     CONSTRAINT settings_only_row_check CHECK (only_row),
-    CONSTRAINT settings_max_payload_bytes_check CHECK (max_payload_bytes BETWEEN 1024 AND 268435456)
+    CONSTRAINT settings_max_payload_bytes_check CHECK (max_payload_bytes BETWEEN 1024 AND 268435456),
+    CONSTRAINT settings_retain_completed_check
+        CHECK (retain_completed BETWEEN interval '0' AND interval '100 years'),
+    CONSTRAINT settings_retain_failed_check
+        CHECK (retain_failed BETWEEN interval '0' AND interval '100 years')
 );
 
 -- Cron schedules (treadle.schedule). Each has one current occurrence, a job whose
@@ -224,10 +244,10 @@ CREATE POLICY queues_tenant_read ON treadle.queues FOR SELECT
 
 SELECT pg_catalog.pg_extension_config_dump('treadle.settings', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.tenants', '');
+SELECT pg_catalog.pg_extension_config_dump('treadle.queues', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflows', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_runs', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_runs_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.jobs', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.jobs_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.cron_schedules', '');
-SELECT pg_catalog.pg_extension_config_dump('treadle.queues', '');

@@ -190,6 +190,27 @@ COMMENT ON FUNCTION treadle._max_payload_bytes() IS
     'The payload size limit: treadle.settings, or 1 MiB.';
 
 --------------------------------------------------------------------------------
+-- treadle._retention() -> (retain_completed, retain_failed)
+--
+-- How long finished jobs and workflow runs are kept before apply_retention deletes
+-- them: completed ones, and discarded or cancelled ones; null keeps them forever.
+-- treadle.settings, or the defaults: 7 days for completed work (prune's default: a
+-- week of results to look at, and idempotency keys held as long) and 30 days for
+-- failures, which someone may still need to read or retry.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._retention(OUT retain_completed interval, OUT retain_failed interval)
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT CASE WHEN s.only_row THEN s.retain_completed ELSE interval '7 days' END,
+           CASE WHEN s.only_row THEN s.retain_failed ELSE interval '30 days' END
+      FROM (SELECT) AS one
+      LEFT JOIN treadle.settings AS s ON true;
+END;
+COMMENT ON FUNCTION treadle._retention() IS
+    'Global retention of finished work: treadle.settings, or 7 days completed and 30 days failed.';
+
+--------------------------------------------------------------------------------
 -- treadle._too_deep(value) -> boolean
 --
 -- True when a JSON value nests objects or arrays more than 100 levels deep (an

@@ -343,7 +343,8 @@ BEGIN
            lease_until = NULL,
            last_error = v_error,
            failed_at = v_now,
-           errors = treadle._append_error(j.errors, j.attempt, v_now, v_error)
+           errors = treadle._append_error(j.errors, j.attempt, v_now, v_error),
+           ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
      WHERE j.id = fail.job_id
        AND j.state = 'running'
        AND j.lease_token = fail.lease_token
@@ -363,6 +364,26 @@ COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval) IS
     'Record a failed attempt (running -> retryable, discarded or cancelled); null when the lease is lost.';
 
 --------------------------------------------------------------------------------
+-- treadle._running_xids() -> setof xid
+--
+-- The transaction ids running now, prepared ones included: which transactions
+-- could still commit a lease (treadle.rescue). Read once per transaction, when
+-- first asked: every id taken before that is either listed or has ended.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._running_xids()
+RETURNS SETOF xid
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT a.backend_xid FROM pg_stat_get_activity(NULL) AS a WHERE a.backend_xid IS NOT NULL
+    UNION ALL
+    SELECT p.transaction FROM pg_prepared_xacts AS p;
+END;
+COMMENT ON FUNCTION treadle._running_xids() IS
+    'The transaction ids running now, prepared ones included (treadle.rescue).';
+
+--------------------------------------------------------------------------------
 -- treadle.rescue() -> integer
 --
 -- Transition: running with an expired lease -> retryable with run_at = now (the
@@ -371,6 +392,23 @@ COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval) IS
 -- (treadle._failed_state). The lease token is dropped: the rescued claim's
 -- writes, repeats included, find nothing. Returns how many jobs it moved. Safe
 -- from many sessions at once: each job is counted once.
+-- Where a rescue reads. Every job that leaves `running` leaves a dead entry in the
+-- lease index, and while any snapshot older than it stays open (a long transaction,
+-- a replication slot) nothing removes it: a pass over all expired leases would
+-- grow with the snapshot's age. So each session keeps a floor (the setting
+-- treadle.rescue_cursor) and reads the leases that ran out at or above it. After a
+-- pass from the floor, the floor may move up to where that pass read (less a
+-- second, and less any expired lease it found held by another session), but only
+-- at a later pass, once every transaction that was running at the first one has
+-- ended: a lease such a transaction committed could lie below where the first
+-- pass read, and the later pass, still reading from the old floor, sees it. While
+-- a transaction that has an id stays open the floor stays; the session then reads
+-- from it once a minute and, between, only the leases that ran out since its
+-- previous call, less a second. A session's first rescue reads from the start; so
+-- does every rescue while the setting treadle.now is in use, and under REPEATABLE
+-- READ a rescue reads from the floor: both leave the cursor as it was. A lease written by a
+-- statement that ran longer than that lease and a second before writing it can lie
+-- below a floor that moved meanwhile: a session's first rescue finds it.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.rescue()
 RETURNS integer
@@ -380,32 +418,105 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now  timestamptz := treadle.now();
-    v_done treadle.jobs[];
+    v_now    timestamptz := treadle.now();
+    v_now_us bigint := treadle._us(v_now);
+    v_text   text := current_setting('treadle.rescue_cursor', true);
+    -- the cursor: 2, the previous call's now, the floor (null: from the start), where
+    -- the floor moves next, the newest transaction id running when that was set
+    -- (null: none), the last pass from the floor
+    v_cursor bigint[];
+    v_from   timestamptz;
+    v_full   boolean := true;  -- this call reads from the floor
+    v_moves  boolean := false; -- and the floor moves up after it
+    v_fixed  boolean;          -- a clock set by hand, or an older snapshot: the cursor stays
+    v_ids    bigint[];
+    v_leases bigint[];
+    v_done   treadle.jobs[];
+    v_missed bigint;      -- the earliest expired lease read and not rescued here
 BEGIN
-    WITH expired AS (
-        SELECT j.id
-          FROM treadle.jobs AS j
-         WHERE j.state = 'running'
-           AND j.lease_until < v_now
-           FOR UPDATE SKIP LOCKED
-    ), done AS (
-        UPDATE treadle.jobs AS j
-           SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
-               run_at = v_now,
-               finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
-                                  THEN v_now END,
-               lease_until = NULL,
-               lease_token = NULL,
-               last_error = 'lease expired: worker ' || j.worker_id || ' stopped heartbeating',
-               failed_at = v_now,
-               errors = treadle._append_error(j.errors, j.attempt, v_now,
-                                              'lease expired: worker ' || j.worker_id || ' stopped heartbeating')
-          FROM expired AS e
-         WHERE j.id = e.id
-        RETURNING j AS job
-    )
-    SELECT array_agg(d.job) INTO v_done FROM done AS d;
+    -- (under REPEATABLE READ or SERIALIZABLE a rescue reads with its transaction's
+    -- first snapshot: from the floor, and the floor stays)
+    v_fixed := v_now <> statement_timestamp() OR current_setting('transaction_isolation') <> 'read committed';
+    IF v_now = statement_timestamp() AND v_text ~ '^\{2(,(-?[0-9]{1,18}|NULL)){5}\}$' THEN
+        v_cursor := v_text::bigint[];
+        -- a clock that went back, or a cursor set by hand (into the future, a
+        -- transaction id out of range): from the start
+        IF v_cursor[2] > v_now_us OR v_cursor[3] > v_now_us OR v_cursor[4] > v_now_us
+           OR v_cursor[6] > v_now_us OR v_cursor[2] IS NULL OR v_cursor[6] IS NULL
+           OR v_cursor[5] NOT BETWEEN 3 AND 4294967295 THEN
+            v_cursor := NULL;
+        END IF;
+    END IF;
+    IF v_cursor IS NOT NULL THEN
+        v_moves := NOT v_fixed AND v_cursor[4] IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM treadle._running_xids() AS x(x) WHERE age(x.x) >= age(v_cursor[5]::text::xid));
+        -- from the floor when it moves up after, or a minute after the last pass from it
+        v_full := v_moves OR v_fixed OR v_cursor[6] <= v_now_us - 60000000;
+        v_from := treadle._from_us(CASE WHEN v_full THEN v_cursor[3] ELSE v_cursor[2] - 1000000 END);
+    ELSE
+        v_from := '-infinity';
+    END IF;
+
+    -- the expired leases, read without locks (the one read that walks dead entries),
+    -- then locked by id, skipping those others hold
+    SELECT coalesce(array_agg(j.id), '{}'), coalesce(array_agg(treadle._us(j.lease_until)), '{}')
+      INTO v_ids, v_leases
+      FROM treadle.jobs AS j
+     WHERE j.lease_until >= v_from
+       AND j.lease_until < v_now
+       AND j.state = 'running';
+
+    IF cardinality(v_ids) > 0 THEN
+        WITH expired AS (
+            SELECT j.id
+              FROM treadle.jobs AS j
+             WHERE j.id = ANY (v_ids)
+               AND j.state = 'running'
+               AND j.lease_until < v_now
+               FOR UPDATE SKIP LOCKED
+        ), done AS (
+            UPDATE treadle.jobs AS j
+               SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
+                   run_at = v_now,
+                   finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
+                                      THEN v_now END,
+                   lease_until = NULL,
+                   lease_token = NULL,
+                   last_error = 'lease expired: worker ' || j.worker_id || ' stopped heartbeating',
+                   failed_at = v_now,
+                   errors = treadle._append_error(j.errors, j.attempt, v_now,
+                                                  'lease expired: worker ' || j.worker_id || ' stopped heartbeating'),
+                   ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
+              FROM expired AS e
+             WHERE j.id = e.id
+            RETURNING j AS job
+        )
+        SELECT array_agg(d.job) INTO v_done FROM done AS d;
+        SELECT min(s.l) INTO v_missed
+          FROM unnest(v_ids, v_leases) AS s(id, l)
+         WHERE NOT s.id = ANY (ARRAY(SELECT d.id FROM unnest(v_done) AS d));
+    END IF;
+
+    IF NOT v_fixed THEN
+        IF v_cursor IS NULL THEN
+            v_cursor := ARRAY[2, NULL, NULL, NULL, NULL, NULL];
+        END IF;
+        IF v_full THEN
+            -- the transactions running at the pass that set the next floor have all
+            -- ended: what they wrote below it, this pass has read
+            IF v_moves THEN
+                v_cursor[3] := least(v_cursor[4], v_missed);
+            END IF;
+            v_cursor[4] := least(v_now_us, v_missed) - 1000000;
+            -- (the ids running now, not when this transaction first read them: the
+            -- read above may have missed what any of them wrote)
+            PERFORM pg_stat_clear_snapshot();
+            v_cursor[5] := (SELECT x.x::text::bigint FROM treadle._running_xids() AS x(x) ORDER BY age(x.x) LIMIT 1);
+            v_cursor[6] := v_now_us;
+        END IF;
+        v_cursor[2] := v_now_us;
+        PERFORM set_config('treadle.rescue_cursor', v_cursor::text, false);
+    END IF;
 
     IF v_done IS NULL THEN
         RETURN 0;
@@ -447,7 +558,8 @@ BEGIN
            attempt = CASE WHEN j.cancel_requested THEN j.attempt ELSE greatest(j.attempt - 1, 0) END,
            run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE v_now END,
            finished_at = CASE WHEN j.cancel_requested THEN v_now END,
-           lease_until = NULL
+           lease_until = NULL,
+           ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
      WHERE j.id = release.job_id
        AND j.state = 'running'
        AND j.lease_token = release.lease_token

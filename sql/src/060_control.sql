@@ -1,5 +1,5 @@
 --------------------------------------------------------------------------------
--- Operator controls: cancel, retry, prune.
+-- Operator controls: cancel, retry, retention and prune.
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
@@ -83,7 +83,8 @@ BEGIN
            attempt = 0,
            finished_at = NULL,
            cancel_requested = false,
-           lease_token = NULL
+           lease_token = NULL,
+           ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
      WHERE j.id = retry.job_id
        AND j.state = ANY (ARRAY['discarded', 'cancelled', 'retryable'])
     RETURNING j.* INTO v_job;
@@ -105,12 +106,130 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
     'Make a discarded, cancelled or retryable job available now with attempt 0; true when it did.';
 
 --------------------------------------------------------------------------------
+-- treadle.apply_retention(batch) -> bigint
+--
+-- Transition: deletes at most `batch` finished jobs (completed, discarded,
+-- cancelled) whose retention has passed, oldest first, and finished workflow
+-- runs whose retention has passed together with all their steps (a kept run
+-- keeps its whole history; its step jobs count towards the batch, and the oldest
+-- run goes whole even when it has more steps than the batch). A job's
+-- retention is its queue's (treadle.queues.retain_completed for completed,
+-- retain_failed for discarded and cancelled; a failed run is kept as long as a
+-- discarded job), or where that is null the global one (treadle.configure);
+-- null there too keeps it forever. Rows another transaction holds are skipped
+-- (SKIP LOCKED): a run with a held step waits for a later call. So any number of
+-- sessions may call it at once, each a short transaction; the workers'
+-- housekeeping does, every minute and again while there is more. Returns how
+-- many jobs it deleted, step jobs included: less than `batch` means it caught up.
+-- Raises 22004: batch null. 22023: batch outside 1..100000.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.apply_retention(batch integer DEFAULT 1000)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now        timestamptz := treadle.now();
+    v_completed  interval;
+    v_failed     interval;
+    v_shortest   interval;
+    v_runs       bigint[];
+    v_step_ids   bigint[];
+    v_step_runs  bigint[];
+    v_busy_runs  bigint[];
+    v_steps      bigint;
+    v_jobs       bigint := 0;
+BEGIN
+    IF apply_retention.batch IS NULL THEN
+        RAISE EXCEPTION 'treadle: batch must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF apply_retention.batch NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'treadle: batch must be between 1 and 100000, got %', apply_retention.batch
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT r.retain_completed, r.retain_failed INTO v_completed, v_failed FROM treadle._retention() AS r;
+    -- The shortest retention anywhere bounds the range of finished_at read.
+    SELECT min(t.retain) INTO v_shortest
+      FROM (SELECT v_completed UNION ALL SELECT v_failed
+            UNION ALL SELECT q.retain_completed FROM treadle.queues AS q
+            UNION ALL SELECT q.retain_failed FROM treadle.queues AS q) AS t(retain);
+    IF v_shortest IS NULL THEN
+        RETURN 0;  -- everything is kept forever
+    END IF;
+
+    -- Finished runs first, oldest first, as many as fit in the batch by their step count.
+    WITH expired AS (
+        SELECT r.id, r.finished_at, cardinality(r.steps) AS steps
+          FROM treadle.workflow_runs AS r
+          LEFT JOIN treadle.queues AS q ON q.queue = r.queue
+         WHERE r.finished_at < v_now - v_shortest
+           AND r.finished_at < v_now - CASE WHEN r.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
+                                            ELSE coalesce(q.retain_failed, v_failed) END
+         ORDER BY r.finished_at, r.id
+         LIMIT apply_retention.batch
+           FOR UPDATE OF r SKIP LOCKED
+    ), fitting AS (
+        SELECT e.id, row_number() OVER w AS n, sum(e.steps) OVER w AS steps_so_far
+          FROM expired AS e
+        WINDOW w AS (ORDER BY e.finished_at, e.id)
+    )
+    SELECT array_agg(f.id) INTO v_runs FROM fitting AS f WHERE f.n = 1 OR f.steps_so_far <= apply_retention.batch;
+
+    IF v_runs IS NOT NULL THEN
+        -- A run goes only with every step: one whose step someone holds (a retry) stays.
+        SELECT array_agg(s.id), array_agg(s.workflow_run_id) INTO v_step_ids, v_step_runs
+          FROM (SELECT j.id, j.workflow_run_id FROM treadle.jobs AS j
+                 WHERE j.workflow_run_id = ANY (v_runs)
+                   FOR UPDATE SKIP LOCKED) AS s;
+        SELECT array_agg(DISTINCT j.workflow_run_id) INTO v_busy_runs
+          FROM treadle.jobs AS j
+         WHERE j.workflow_run_id = ANY (v_runs)
+           AND j.id <> ALL (coalesce(v_step_ids, '{}'));
+        v_busy_runs := coalesce(v_busy_runs, '{}');
+        SELECT count(*) INTO v_steps
+          FROM unnest(v_step_ids, v_step_runs) AS s(id, run_id)
+         WHERE s.run_id <> ALL (v_busy_runs);
+        DELETE FROM treadle.workflow_runs AS r
+         WHERE r.id = ANY (v_runs) AND r.id <> ALL (v_busy_runs);  -- their steps go by the cascade
+        v_jobs := v_steps;
+    END IF;
+
+    IF v_jobs < apply_retention.batch THEN
+        -- Deleted by the row versions just locked (a TID scan): no second lookup by id.
+        -- A row locked by this transaction cannot move before the delete.
+        DELETE FROM treadle.jobs AS j
+         WHERE j.ctid = ANY (ARRAY(
+            SELECT e.ctid
+              FROM treadle.jobs AS e
+              LEFT JOIN treadle.queues AS q ON q.queue = e.queue
+             WHERE e.finished_at < v_now - v_shortest
+               AND e.workflow_run_id IS NULL
+               AND e.finished_at < v_now - CASE WHEN e.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
+                                                ELSE coalesce(q.retain_failed, v_failed) END
+             ORDER BY e.finished_at
+             LIMIT apply_retention.batch - v_jobs
+               FOR UPDATE OF e SKIP LOCKED));
+        GET DIAGNOSTICS v_steps = ROW_COUNT;
+        v_jobs := v_jobs + v_steps;
+    END IF;
+    RETURN v_jobs;
+END;
+$$;
+COMMENT ON FUNCTION treadle.apply_retention(integer) IS
+    'Delete at most batch finished jobs (and finished runs with their steps) past their retention; returns how many jobs went.';
+
+--------------------------------------------------------------------------------
 -- treadle.prune(older_than) -> bigint
 --
 -- Transition: deletes finished jobs (completed, discarded, cancelled) and
 -- finished workflow runs whose finished_at is older than now - older_than. Step
 -- jobs go only with their run, so a kept run keeps its whole history. Returns
--- how many jobs it deleted (step jobs included).
+-- how many jobs it deleted (step jobs included). The one-off manual form: one
+-- statement, one transaction however many rows go; apply_retention deletes in
+-- small batches by the configured retention.
 -- Raises 22004: older_than null. 22023: older_than negative or over 100 years.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.prune(older_than interval DEFAULT '7 days')

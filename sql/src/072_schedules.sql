@@ -558,7 +558,8 @@ BEGIN
             UPDATE treadle.jobs AS j
                SET name = schedule.job, args = v_args, queue = schedule.queue, priority = schedule.priority,
                    max_attempts = schedule.max_attempts,
-                   run_at = CASE WHEN v_retimed THEN v_first ELSE j.run_at END
+                   run_at = CASE WHEN v_retimed THEN v_first ELSE j.run_at END,
+                   ready_txid = pg_current_xact_id()  -- moved, maybe below a claim cursor (040_claim.sql)
              WHERE j.id = v_current.id
             RETURNING j.* INTO v_current;
             IF v_retimed THEN

@@ -7,8 +7,8 @@
 --
 --   treadle.grant_reader(role)     the views, and the tables' columns but lease tokens
 --   treadle.grant_producer(role)   reader + enqueue, workflows, schedules, cancel, retry
---   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, registry
---   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue
+--   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, retention, registry
+--   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue, retention
 --   treadle.grant_dashboard(role, read_only)   reader + cancel, retry, unschedule unless read_only
 --
 -- and keeps a role to the queues under a prefix with treadle.set_tenant.
@@ -26,7 +26,7 @@
 --            complete_many, complete_and_claim, fail, release, define_workflow,
 --            worker_seen, worker_stopped
 --   queues   set_queue, pause, resume
---   recover  rescue
+--   recover  rescue, apply_retention (the housekeeping every worker does)
 --   prune    prune
 -- Each function is listed here once; the grant helpers combine the parts.
 --------------------------------------------------------------------------------
@@ -72,6 +72,7 @@ BEGIN
         ('queues',  'treadle.pause(text)'),
         ('queues',  'treadle.resume(text)'),
         ('recover', 'treadle.rescue()'),
+        ('recover', 'treadle.apply_retention(integer)'),
         ('prune',   'treadle.prune(interval)')
       ) AS f(part, signature)
      WHERE f.part = ANY (parts);
@@ -138,7 +139,7 @@ COMMENT ON FUNCTION treadle.grant_producer(regrole) IS
 -- treadle.grant_worker(role) -> void
 --
 -- grant_producer (handlers enqueue follow-up work), plus claiming, heartbeats,
--- progress, finishing, rescue, workflow definitions and the worker registry.
+-- progress, finishing, rescue, retention, workflow definitions and the worker registry.
 -- Raises 22004: role null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_worker(role regrole)
@@ -158,8 +159,9 @@ COMMENT ON FUNCTION treadle.grant_worker(regrole) IS
 --------------------------------------------------------------------------------
 -- treadle.grant_admin(role) -> void
 --
--- grant_reader, plus the operator's controls: cancel, retry, prune, rescue, and
--- the queues' pause, resume and limits. Raises 22004: role null. Owner only.
+-- grant_reader, plus the operator's controls: cancel, retry, prune, rescue,
+-- apply_retention, and the queues' pause, resume and limits. Raises 22004: role
+-- null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_admin(role regrole)
 RETURNS void
@@ -255,12 +257,44 @@ BEGIN
         RAISE EXCEPTION 'treadle: max_payload_bytes must be between 1024 and 268435456, got %', configure.max_payload_bytes
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO treadle.settings AS s (max_payload_bytes) VALUES (configure.max_payload_bytes)
+    INSERT INTO treadle.settings AS s (max_payload_bytes, retain_completed, retain_failed)
+    SELECT configure.max_payload_bytes, r.retain_completed, r.retain_failed FROM treadle._retention() AS r
     ON CONFLICT (only_row) DO UPDATE SET max_payload_bytes = excluded.max_payload_bytes;
 END;
 $$;
 COMMENT ON FUNCTION treadle.configure(integer) IS
     'Set the owner''s limits (max_payload_bytes).';
+
+--------------------------------------------------------------------------------
+-- treadle.configure(retain_completed, retain_failed) -> void
+--
+-- The global retention that treadle.apply_retention applies to queues that set
+-- none of their own (treadle.queues): how long completed jobs and runs are kept,
+-- and how long discarded and cancelled jobs and failed and cancelled runs are.
+-- Null keeps them forever. Both are given, so a call says the whole policy.
+-- Defaults until the first call: 7 days and 30 days (treadle._retention). Owner only.
+-- Raises 22023: a period negative or over 100 years.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.configure(retain_completed interval, retain_failed interval)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM treadle._check_interval(configure.retain_completed, 'retain_completed', interval '100 years',
+                                    may_be_zero => true);
+    PERFORM treadle._check_interval(configure.retain_failed, 'retain_failed', interval '100 years',
+                                    may_be_zero => true);
+    INSERT INTO treadle.settings AS s (max_payload_bytes, retain_completed, retain_failed)
+    VALUES (treadle._max_payload_bytes(), configure.retain_completed, configure.retain_failed)
+    ON CONFLICT (only_row) DO UPDATE SET retain_completed = excluded.retain_completed,
+                                         retain_failed = excluded.retain_failed;
+END;
+$$;
+COMMENT ON FUNCTION treadle.configure(interval, interval) IS
+    'Set how long finished work is kept (completed, failed); null keeps it forever.';
 
 --------------------------------------------------------------------------------
 -- Every function, table and sequence: nothing for PUBLIC, but the read-only

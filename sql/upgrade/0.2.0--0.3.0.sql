@@ -29,6 +29,16 @@ DROP VIEW treadle.queue_stats, treadle.throughput, treadle.recent_failures,
           treadle.live_workers, treadle.schedules;
 
 --------------------------------------------------------------------------------
+-- Claims under a held snapshot (sql/src/040_claim.sql): the transaction that last
+-- made each job claimable, and its index, as in sql/src/010_tables.sql. Rows of
+-- 0.2.0 keep null: a claim's sweep from the front finds them.
+--------------------------------------------------------------------------------
+ALTER TABLE treadle.jobs ADD COLUMN ready_txid xid8;
+ALTER TABLE treadle.jobs ALTER COLUMN ready_txid SET DEFAULT pg_current_xact_id();
+CREATE INDEX jobs_ready_txid_idx ON treadle.jobs (ready_txid)
+    WHERE state = ANY (ARRAY['available', 'retryable']);
+
+--------------------------------------------------------------------------------
 -- cycle: treadle.complete_and_claim and treadle.heartbeat_many are new functions
 -- (sql/src/045_cycle.sql) in the work part; no table changes. The after-script's
 -- re-grant of each role's parts gives them to the roles that work.
@@ -69,3 +79,17 @@ SELECT pg_catalog.pg_extension_config_dump('treadle.queues', '');
 -- the worker registry records the job names each worker handles (explain's no_worker)
 ALTER TABLE treadle.workers ADD COLUMN names text[];
 DROP FUNCTION treadle.worker_seen(text, text, integer, text[], integer, integer);
+
+--------------------------------------------------------------------------------
+-- Retention (treadle.apply_retention, treadle.configure(retain_completed, retain_failed))
+--------------------------------------------------------------------------------
+ALTER TABLE treadle.settings
+    ADD COLUMN retain_completed interval
+        CONSTRAINT settings_retain_completed_check CHECK (retain_completed BETWEEN interval '0' AND interval '100 years'),
+    ADD COLUMN retain_failed interval
+        CONSTRAINT settings_retain_failed_check CHECK (retain_failed BETWEEN interval '0' AND interval '100 years');
+-- a settings row made by 0.2.0 gets treadle._retention()'s defaults, as a new row does
+UPDATE treadle.settings SET retain_completed = interval '7 days', retain_failed = interval '30 days';
+
+CREATE INDEX workflow_runs_finished_at_idx ON treadle.workflow_runs (finished_at) WHERE finished_at IS NOT NULL;
+

@@ -26,6 +26,7 @@ SCENARIOS = [
     "memory",
     "dashboard_search",
     "cli_bulk",
+    "scale",
 ]
 
 

@@ -149,6 +149,8 @@ def main() -> None:
         rescue_interval=setting("RESCUE", 0.2),
         poll_interval=setting("POLL", 0.2),
         stop_timeout=setting("STOP_TIMEOUT", 5.0),
+        retention_interval=None if os.environ.get("CHILD_RETENTION") == "off" else setting("RETENTION", 60.0),
+        retention_batch=int(setting("RETENTION_BATCH", 1000)),
         on_event=on_event,
     )
     worker.register("record", record_handler)

@@ -1,12 +1,15 @@
-"""The worker's timed chores: heartbeats for running jobs, rescue of expired leases, the registry.
+"""The worker's timed chores: heartbeats for running jobs, rescue of expired leases, the registry,
+and retention (deleting finished work past its retention, one small batch at a time).
 
-One thread does all three; each statement that fails (the database went away) is
-tried again soon, and a chore never stops the others for long.
+One thread does them all; each statement that fails (the database went away) is
+tried again soon, and a chore never stops the others for long: retention deletes one
+batch per turn, a short transaction, and comes back at once only while there is more.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -23,10 +26,12 @@ from ._run_state import HeartbeatAnswer, RunState
 log = logging.getLogger("treadle.worker")
 
 SEEN_INTERVAL = 5.0  # how often the worker reports itself in treadle.workers
+RETENTION_CATCH_UP = 0.05  # seconds between retention batches while a backlog is deleted
 
 
 class Housekeeper:
-    """A thread that heartbeats `running()` jobs (one statement for all), calls rescue() and worker_seen()."""
+    """A thread that heartbeats `running()` jobs (one statement for all), calls rescue(), worker_seen() and,
+    unless `retention_interval` is None, apply_retention(retention_batch)."""
 
     def __init__(
         self,
@@ -36,6 +41,8 @@ class Housekeeper:
         lease: float,
         heartbeat_interval: float,
         rescue_interval: float,
+        retention_interval: float | None,
+        retention_batch: int,
         running: Callable[[], list[RunState]],
         on_rescued: Callable[[int], None],
         seen_params: Callable[[], dict[str, Any]],
@@ -45,6 +52,8 @@ class Housekeeper:
         self._lease = timedelta(seconds=lease)
         self._heartbeat_interval = heartbeat_interval
         self._rescue_interval = rescue_interval
+        self._retention_interval = retention_interval
+        self._retention_batch = retention_batch
         self._running = running
         self._on_rescued = on_rescued
         self._seen_params = seen_params
@@ -62,6 +71,7 @@ class Housekeeper:
     def _run(self) -> None:
         next_rescue = time.monotonic()
         next_seen = time.monotonic() + SEEN_INTERVAL  # the worker reported itself at start
+        next_retention = time.monotonic() if self._retention_interval is not None else math.inf
         backoff = Backoff(cap=1.0)
         while not self._stop.is_set():
             now = time.monotonic()
@@ -73,12 +83,14 @@ class Housekeeper:
                 if now >= next_seen:
                     self._pool.value(_sql.WORKER_SEEN, self._seen_params())
                     next_seen = now + SEEN_INTERVAL
+                if now >= next_retention:
+                    next_retention = self._retain(now)
                 backoff.reset()
-                delay = min(next_beat, next_rescue, next_seen) - time.monotonic()
+                delay = min(next_beat, next_rescue, next_seen, next_retention) - time.monotonic()
             except psycopg.Error as error:
                 delay = backoff.next()
                 log.warning(
-                    "worker %s: heartbeat or rescue failed (%s); retrying in %.1f s",
+                    "worker %s: heartbeat, rescue or retention failed (%s); retrying in %.1f s",
                     self._worker_id,
                     one_line(error),
                     delay,
@@ -113,3 +125,21 @@ class Housekeeper:
         if rescued:
             log.info("worker %s rescued %d jobs whose lease expired", self._worker_id, rescued)
             self._on_rescued(int(rescued))
+
+    def _retain(self, now: float) -> float:
+        """Delete one batch of finished work past its retention; returns when to go again."""
+        assert self._retention_interval is not None
+        try:
+            deleted = int(self._pool.value(_sql.APPLY_RETENTION, {"batch": self._retention_batch}) or 0)
+        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedFunction) as error:
+            log.warning(
+                "worker %s: retention is off: %s (grant_worker gives treadle.apply_retention; "
+                "retention_interval=None turns it off)",
+                self._worker_id,
+                one_line(error),
+            )
+            return math.inf
+        if deleted:
+            log.info("worker %s deleted %d finished jobs past their retention", self._worker_id, deleted)
+        # a full batch says there may be more: the next one soon, between the other chores
+        return now + (RETENTION_CATCH_UP if deleted >= self._retention_batch else self._retention_interval)

@@ -68,6 +68,7 @@ WAIT_SLICE = 0.1  # longest single wait in run(): signal handlers only set flags
 RELEASE_GRACE = 5.0  # how long a graceful stop retries hand-backs while the database is away
 FINISH_GRACE = 2.0  # how long a stop waits for outcomes already being written
 MAX_CONCURRENCY = 1000  # treadle.claim takes at most this many jobs at once
+MAX_RETENTION_BATCH = 100_000  # treadle.apply_retention deletes at most this many jobs at once
 # Jobs are claimed ahead of free slots only while handlers take less than this on average
 # (a longer handler gains nothing from it, and jobs held ahead would wait behind it).
 QUICK_HANDLER = 0.05
@@ -85,7 +86,10 @@ class Worker:
     or timedeltas: `poll_interval` (claim at least this often; LISTEN/NOTIFY wakes
     it sooner), `lease` (how long a claim holds a job without a heartbeat),
     `heartbeat_interval` (shorter than the lease), `rescue_interval` (how often to
-    return the jobs of dead workers), `stop_timeout`. `claim_ahead`: how many jobs
+    return the jobs of dead workers), `retention_interval` (how often to delete
+    finished work past its retention with treadle.apply_retention, at most
+    `retention_batch` jobs per transaction, sooner while there is more; None turns
+    it off, as where pg_cron does it), `stop_timeout`. `claim_ahead`: how many jobs
     beyond its free slots the worker may hold, claimed while handlers run, so that
     a handler finds its next job at hand (None: as many as `concurrency`, and only
     while handlers take under 50 ms on average; 0: never). `backoff(attempt)` gives the
@@ -131,6 +135,8 @@ class Worker:
         lease: Duration = 30,
         heartbeat_interval: Duration = 10,
         rescue_interval: Duration = 0.5,
+        retention_interval: Duration | None = 60,
+        retention_batch: int = 1000,
         stop_timeout: Duration = 30,
         backoff: Callable[[int], Duration] | None = None,
         on_error: Callable[[BaseException, Job], None] | None = None,
@@ -154,6 +160,12 @@ class Worker:
         self.lease = _args.seconds(lease, "lease", allow_zero=False)
         self.heartbeat_interval = _args.seconds(heartbeat_interval, "heartbeat_interval", allow_zero=False)
         self.rescue_interval = _args.seconds(rescue_interval, "rescue_interval", allow_zero=False)
+        self.retention_interval = (
+            None
+            if retention_interval is None
+            else _args.seconds(retention_interval, "retention_interval", allow_zero=False)
+        )
+        self.retention_batch = _args.integer(retention_batch, "retention_batch", (1, MAX_RETENTION_BATCH))
         self.stop_timeout = _args.seconds(stop_timeout, "stop_timeout", allow_zero=True)
         if self.heartbeat_interval >= self.lease:
             raise InvalidArgument(
@@ -407,6 +419,8 @@ class Worker:
                 lease=self.lease,
                 heartbeat_interval=self.heartbeat_interval,
                 rescue_interval=self.rescue_interval,
+                retention_interval=self.retention_interval,
+                retention_batch=self.retention_batch,
                 running=self._running,
                 on_rescued=self._rescued,
                 seen_params=self._seen_params,

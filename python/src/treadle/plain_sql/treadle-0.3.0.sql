@@ -136,6 +136,9 @@ CREATE TABLE treadle.jobs (
     progress         double precision,                   -- 0..1, set by the running handler
     progress_message text,
     schedule         text,                               -- the cron schedule this job is an occurrence of
+    -- the transaction that last made the job claimable: a claim that resumes from where
+    -- it stopped finds rows committed since its previous snapshot by this (040_claim.sql)
+    ready_txid       xid8        DEFAULT pg_current_xact_id(),
     CONSTRAINT jobs_state_check CHECK (state = ANY (ARRAY[
         'available', 'running', 'retryable', 'completed', 'discarded', 'cancelled'])),
     CONSTRAINT jobs_queue_check CHECK (queue <> ''),
@@ -164,6 +167,11 @@ CREATE INDEX jobs_claim_idx ON treadle.jobs (queue, priority, run_at, id)
 CREATE INDEX jobs_claim_name_idx ON treadle.jobs (queue, name, priority, run_at, id)
     WHERE state = ANY (ARRAY['available', 'retryable']);
 
+-- Rows made claimable since a claim's previous snapshot: ready_txid grows with every
+-- writer, so new entries go to the index's right edge.
+CREATE INDEX jobs_ready_txid_idx ON treadle.jobs (ready_txid)
+    WHERE state = ANY (ARRAY['available', 'retryable']);
+
 -- rescue() finds expired leases (lease_until is set exactly while a job runs). The
 -- predicate is not `state = 'running'`: the writes a worker makes to its running job
 -- (heartbeat, complete, fail) name that state, and the planner, counting this small
@@ -175,12 +183,15 @@ CREATE INDEX jobs_lease_idx ON treadle.jobs (lease_until) WHERE lease_until IS N
 CREATE UNIQUE INDEX jobs_idempotency_key_idx
     ON treadle.jobs (queue, idempotency_key) WHERE idempotency_key IS NOT NULL;
 
--- the throughput view and prune() read finished jobs by time
+-- the throughput view, apply_retention() and prune() read finished jobs by time
 CREATE INDEX jobs_finished_at_idx ON treadle.jobs (finished_at) WHERE finished_at IS NOT NULL;
 
 -- the recent_failures view, newest first
 CREATE INDEX jobs_failed_at_idx ON treadle.jobs (failed_at)
     WHERE state = ANY (ARRAY['retryable', 'discarded']) AND last_error IS NOT NULL;
+
+-- apply_retention() and prune() read finished workflow runs by time
+CREATE INDEX workflow_runs_finished_at_idx ON treadle.workflow_runs (finished_at) WHERE finished_at IS NOT NULL;
 
 -- a workflow run's steps
 CREATE INDEX jobs_workflow_run_idx ON treadle.jobs (workflow_run_id) WHERE workflow_run_id IS NOT NULL;
@@ -204,11 +215,20 @@ CREATE TABLE treadle.workers (
 );
 
 -- Limits the owner may change (treadle.configure); no row means the defaults.
+-- Retention (treadle.apply_retention): how long finished jobs and workflow runs are
+-- kept, completed ones and discarded or cancelled ones; null keeps them forever. The
+-- defaults are treadle._retention()'s, written when the row is made.
 CREATE TABLE treadle.settings (
     only_row          boolean PRIMARY KEY DEFAULT true,
     max_payload_bytes integer NOT NULL,
+    retain_completed  interval,
+    retain_failed     interval,
     CONSTRAINT settings_only_row_check CHECK (only_row),
-    CONSTRAINT settings_max_payload_bytes_check CHECK (max_payload_bytes BETWEEN 1024 AND 268435456)
+    CONSTRAINT settings_max_payload_bytes_check CHECK (max_payload_bytes BETWEEN 1024 AND 268435456),
+    CONSTRAINT settings_retain_completed_check
+        CHECK (retain_completed BETWEEN interval '0' AND interval '100 years'),
+    CONSTRAINT settings_retain_failed_check
+        CHECK (retain_failed BETWEEN interval '0' AND interval '100 years')
 );
 
 -- Cron schedules (treadle.schedule). Each has one current occurrence, a job whose
@@ -479,6 +499,27 @@ BEGIN ATOMIC
 END;
 COMMENT ON FUNCTION treadle._max_payload_bytes() IS
     'The payload size limit: treadle.settings, or 1 MiB.';
+
+--------------------------------------------------------------------------------
+-- treadle._retention() -> (retain_completed, retain_failed)
+--
+-- How long finished jobs and workflow runs are kept before apply_retention deletes
+-- them: completed ones, and discarded or cancelled ones; null keeps them forever.
+-- treadle.settings, or the defaults: 7 days for completed work (prune's default: a
+-- week of results to look at, and idempotency keys held as long) and 30 days for
+-- failures, which someone may still need to read or retry.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._retention(OUT retain_completed interval, OUT retain_failed interval)
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT CASE WHEN s.only_row THEN s.retain_completed ELSE interval '7 days' END,
+           CASE WHEN s.only_row THEN s.retain_failed ELSE interval '30 days' END
+      FROM (SELECT) AS one
+      LEFT JOIN treadle.settings AS s ON true;
+END;
+COMMENT ON FUNCTION treadle._retention() IS
+    'Global retention of finished work: treadle.settings, or 7 days completed and 30 days failed.';
 
 --------------------------------------------------------------------------------
 -- treadle._too_deep(value) -> boolean
@@ -1027,6 +1068,69 @@ $$;
 COMMENT ON FUNCTION treadle.enqueue_many(jsonb) IS
     'Enqueue a JSON array of jobs in one statement; returns their ids in input order.';
 --------------------------------------------------------------------------------
+-- Claim cursors' helpers. A cursor is kept as a bigint[] in a session setting, so
+-- times are kept as microseconds since 1970 (null for an infinite time).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._us(t timestamptz)
+RETURNS bigint
+LANGUAGE sql
+STABLE  -- as extract is for a timestamptz: a function no more volatile than its body is inlined
+RETURN CASE WHEN isfinite(t) THEN (extract(epoch FROM t) * 1000000)::bigint END;
+COMMENT ON FUNCTION treadle._us(timestamptz) IS
+    'A time as microseconds since 1970; null for an infinite time.';
+
+CREATE OR REPLACE FUNCTION treadle._from_us(us bigint)
+RETURNS timestamptz
+LANGUAGE sql
+STABLE
+-- null (an infinite time, or a cursor that lost a value) reads from the very start
+RETURN CASE WHEN us IS NULL THEN '-infinity'::timestamptz
+            -- whole seconds and the rest apart: exact where a float of microseconds is not
+            ELSE to_timestamp(us / 1000000) + (us % 1000000) * interval '1 microsecond' END;
+COMMENT ON FUNCTION treadle._from_us(bigint) IS
+    'The time treadle._us gave as microseconds; -infinity for null.';
+
+--------------------------------------------------------------------------------
+-- treadle._claim_next_lane(queue, name, after) -> (priority, run_at, id)
+--
+-- The first claimable row (due or not) of the first priority above `after` (any,
+-- when null) among `queue`'s jobs (named `name`, when given), in claim order:
+-- where a claim cursor's lane starts. It reads the index from the front of that
+-- priority, dead entries included. Runs inside treadle.claim, under its settings.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._claim_next_lane(queue text, name text, after integer)
+RETURNS TABLE (priority integer, run_at timestamptz, id bigint)
+LANGUAGE plpgsql
+STABLE
+ROWS 1
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF _claim_next_lane.name IS NULL THEN
+        RETURN QUERY
+        SELECT j.priority, j.run_at, j.id FROM treadle.jobs AS j
+         WHERE j.queue = _claim_next_lane.queue
+           AND j.state = ANY (ARRAY['available', 'retryable'])
+           AND j.priority > coalesce(_claim_next_lane.after, -2147483648)
+         ORDER BY j.priority, j.run_at, j.id
+         LIMIT 1;
+    ELSE
+        RETURN QUERY
+        SELECT j.priority, j.run_at, j.id FROM treadle.jobs AS j
+         WHERE j.queue = _claim_next_lane.queue
+           AND j.name = _claim_next_lane.name
+           AND j.state = ANY (ARRAY['available', 'retryable'])
+           AND j.priority > coalesce(_claim_next_lane.after, -2147483648)
+         ORDER BY j.priority, j.run_at, j.id
+         LIMIT 1;
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._claim_next_lane(text, text, integer) IS
+    'The first claimable row of the next priority of a queue (and name): where a claim lane starts.';
+
+--------------------------------------------------------------------------------
 -- treadle.claim(worker_id, queues, names, batch, lease, lease_token)
 --     -> setof treadle.jobs
 --
@@ -1042,6 +1146,23 @@ COMMENT ON FUNCTION treadle.enqueue_many(jsonb) IS
 -- jobs whose names the claimer does not handle is never walked past.
 -- A paused queue gives nothing; a queue with a concurrency or rate limit gives at
 -- most the room it has left (treadle._queue_room, treadle.set_queue).
+--
+-- Where a claim starts reading. A claimed job leaves a dead entry at the front of
+-- the claim index, and while any snapshot older than the claim stays open (a long
+-- transaction, a replication slot) nothing removes it: a claim that starts at the
+-- front walks every one. So a session whose claims take over 5 ms switches to a
+-- cursor, kept per (queues, names) in a setting (treadle.claim_<hash>): for each
+-- lane, a (queue[, name], priority), the key (run_at, id) below which it found
+-- nothing left to take, and the snapshot its previous claim read with. A claim reads
+-- each lane from its key, and besides the rows made claimable by transactions that
+-- snapshot did not see (ready_txid: late commits, retries, releases, rescues, new
+-- priorities), which can lie below a key. A row can hide below every key only when
+-- a transaction locked it and then rolled back without writing it (a claim that
+-- failed after locking), or a writer made it claimable without setting ready_txid:
+-- a sweep from the front every 60 s finds it, and a quick sweep ends the cursor.
+-- The cursor only narrows what this session reads: a setting changed by hand can
+-- delay this session's claims, never let it take a job twice or hide one from
+-- other sessions.
 -- Raises 22004: worker_id or queues null. 22023: worker_id or a queue or name
 -- that is not a valid name; queues or names empty or over 1000; batch outside
 -- 1..1000; lease not positive or over 1 day. 42501: a tenant's queue outside its
@@ -1064,10 +1185,10 @@ SET search_path = pg_catalog, pg_temp
 -- Planning the claim costs as much as running it, so it is planned once per session.
 -- A generic plan does not know the batch and guesses that LIMIT takes a tenth of the
 -- rows; with sorts, sequential and bitmap scans off, the one plan left reads each
--- (queue[, name]) range in claim order from its index and stops after `batch` rows,
--- whatever the table holds. The rows to update are found by id = ANY(...), not by a
--- join whose size the planner would have to guess. The penalty those settings add to
--- the plan's cost would start JIT compiling, which never pays off here: off too.
+-- lane in claim order from its index and stops after `batch` rows, whatever the
+-- table holds. The rows to update are found by id = ANY(...), not by a join whose
+-- size the planner would have to guess. The penalty those settings add to the
+-- plan's cost would start JIT compiling, which never pays off here: off too.
 SET plan_cache_mode = force_generic_plan
 SET enable_sort = off
 SET enable_seqscan = off
@@ -1076,9 +1197,33 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now  timestamptz := treadle.now();
-    v_ids  bigint[];
-    v_room jsonb;  -- what each queue may give, when a requested queue is paused or limited
+    v_now     timestamptz := treadle.now();
+    v_setting text;       -- this session's cursor for these queues and names
+    v_text    text;
+    v_plain   boolean;    -- the plain claim, without a cursor
+    v_started timestamptz;
+    v_ids     bigint[];
+    v_room    jsonb;      -- what each queue may give, when a requested queue is paused or limited
+    -- the cursor's
+    v_now_us  bigint;
+    v_snap    pg_snapshot;  -- taken before any row is read
+    v_own     xid8;
+    v_queues  text[];     -- distinct, sorted: lanes name them by number
+    v_names   text[];
+    v_cursor  bigint[];   -- 1, now, swept, xmax, #xip, xip..., lanes
+    v_swept   bigint;     -- when the lanes were last found from the front of the index
+    v_sweep_at timestamptz;
+    v_quick   boolean;    -- a sweep that found few dead entries: back to the plain claim
+    v_lanes   bigint[];   -- per lane: queue no, name no (0 without names), priority, run_at, id
+    v_straggler bigint[];
+    v_priority bigint;
+    v_left    integer;    -- jobs still wanted
+    v_read_p  bigint[];   -- per priority read: the priority,
+    v_read_limit integer[];  -- the rows asked of each of its lanes,
+    v_read_from integer[];   -- and where its candidates start in v_cand
+    v_lane    bigint[];   -- the candidates, a priority after the other, each in claim
+    v_cand    bigint[];   -- order: their lane's first subscript in v_lanes, ids, run_at
+    v_cand_us bigint[];
 BEGIN
     PERFORM treadle._check_text(claim.worker_id, 'worker_id');
     PERFORM treadle._check_names(claim.queues, 'queues');
@@ -1112,45 +1257,253 @@ BEGIN
                                             WHERE r.value::integer > 0));
     END IF;
 
-    -- Lock the candidates: each (queue[, name]) range in claim order, skipping rows
-    -- other claimers hold, then the best `batch` of them.
-    IF claim.names IS NULL THEN
-        v_ids := ARRAY(
-            SELECT c.id
-              FROM (SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q)) AS u
-             CROSS JOIN LATERAL (
-                    SELECT j.id, j.priority, j.run_at
-                      FROM treadle.jobs AS j
-                     WHERE j.queue = u.q
-                       AND j.state = ANY (ARRAY['available', 'retryable'])
-                       AND j.run_at <= v_now
-                     ORDER BY j.priority, j.run_at, j.id
-                     LIMIT claim.batch
-                       FOR UPDATE SKIP LOCKED) AS c
-             ORDER BY c.priority, c.run_at, c.id
-             LIMIT claim.batch);
+    -- A session claims from the front of each range (the plain claim) until three in
+    -- a row take over 5 ms, as when dead entries pile up in front (not just one: the
+    -- first claim of a session is also planned, and a busy server has slow moments);
+    -- then it sweeps and keeps a cursor, back to the plain claim once a sweep (every
+    -- 60 s) is quick again. The setting holds nothing, 'slow' or 'slow2' (plain),
+    -- 'sweep' (or 'pin': sweep, and keep the cursor however quick: for tests), or the
+    -- cursor.
+    v_setting := 'treadle.claim_' || to_hex(hashtextextended(
+        array_to_string(claim.queues, chr(1)) || chr(2) || coalesce(array_to_string(claim.names, chr(1)), ''), 0));
+    v_text := current_setting(v_setting, true);
+    -- A paused or limited queue is claimed plainly: its room may leave candidates
+    -- unclaimed, which a cursor would count as taken.
+    IF v_room IS NOT NULL OR coalesce(v_text, '') IN ('', 'slow', 'slow2') THEN
+        v_started := clock_timestamp();
     ELSE
-        v_ids := ARRAY(
-            SELECT c.id
-              FROM (SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q)) AS u
-             CROSS JOIN (SELECT DISTINCT n.n FROM unnest(claim.names) AS n(n)) AS n
-             CROSS JOIN LATERAL (
-                    SELECT j.id, j.priority, j.run_at
-                      FROM treadle.jobs AS j
-                     WHERE j.queue = u.q
-                       AND j.name = n.n
-                       AND j.state = ANY (ARRAY['available', 'retryable'])
-                       AND j.run_at <= v_now
-                     ORDER BY j.priority, j.run_at, j.id
-                     LIMIT claim.batch
-                       FOR UPDATE SKIP LOCKED) AS c
-             ORDER BY c.priority, c.run_at, c.id
-             LIMIT claim.batch);
+        v_now_us := treadle._us(v_now);
+        v_snap := pg_current_snapshot();
+        v_own := pg_current_xact_id_if_assigned();  -- a snapshot lists every running id but its own
+        v_queues := ARRAY(SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q) ORDER BY 1);
+        IF claim.names IS NOT NULL THEN
+            v_names := ARRAY(SELECT DISTINCT n.n FROM unnest(claim.names) AS n(n) ORDER BY 1);
+        END IF;
+        v_quick := false;
+        v_plain := false;
+        -- A usable cursor: well formed (anything else means a sweep, never an error),
+        -- from a clock that did not go back, swept less than 60 s ago.
+        IF v_text ~ '^\{[12](,-?[0-9]{1,18}){2,}\}$' THEN
+            v_cursor := v_text::bigint[];
+            IF v_cursor[2] > v_now_us OR v_cursor[3] > v_now_us OR v_cursor[3] < v_now_us - 60000000 THEN
+                v_cursor := NULL;
+            ELSIF cardinality(v_cursor) > 3 AND NOT (
+                    v_cursor[4] >= 0 AND v_cursor[5] >= 0
+                    AND cardinality(v_cursor) >= 5 + v_cursor[5]
+                    AND (cardinality(v_cursor) - 5 - v_cursor[5]) % 5 = 0) THEN
+                -- (a lane's queue or name number out of range reads nothing: see below)
+                v_cursor := NULL;
+            END IF;
+        END IF;
+        v_swept := coalesce(v_cursor[3], v_now_us);
+
+        IF cardinality(v_cursor) = 3 THEN
+            -- jobs over too many priorities for a cursor: the plain claim until the next sweep
+            v_plain := true;
+        ELSIF v_cursor IS NULL THEN
+            -- Sweep: each lane's first claimable row, due or not, read from the front of
+            -- the index: the one read that walks every dead entry, once per lane.
+            v_sweep_at := clock_timestamp();
+            v_lanes := ARRAY(
+                WITH RECURSIVE lanes AS (
+                    SELECT r.qi, r.ni, f.priority, f.run_at, f.id, 1 AS n
+                      FROM (SELECT u.qi, 0 AS ni FROM generate_subscripts(v_queues, 1) AS u(qi)
+                             WHERE v_names IS NULL
+                            UNION ALL
+                            SELECT u.qi, n.ni FROM generate_subscripts(v_queues, 1) AS u(qi),
+                                                   generate_subscripts(v_names, 1) AS n(ni)) AS r
+                     CROSS JOIN LATERAL treadle._claim_next_lane(v_queues[r.qi], v_names[r.ni], NULL) AS f
+                    UNION ALL
+                    SELECT l.qi, l.ni, f.priority, f.run_at, f.id, l.n + 1
+                      FROM lanes AS l
+                     CROSS JOIN LATERAL treadle._claim_next_lane(v_queues[l.qi], v_names[l.ni], l.priority) AS f
+                     WHERE l.n <= 32
+                )
+                SELECT x FROM lanes AS l, unnest(ARRAY[l.qi, l.ni, l.priority, treadle._us(l.run_at), l.id]) AS x);
+            -- ('pin', and a cursor made from it, keep the cursor: for tests)
+            v_quick := clock_timestamp() - v_sweep_at < interval '5 ms' AND v_text <> 'pin'
+                       AND v_text NOT LIKE '{2,%';
+            IF cardinality(v_lanes) > 5 * 32 THEN
+                v_plain := true;
+                PERFORM set_config(v_setting, CASE WHEN v_quick THEN '' ELSE ARRAY[1, v_now_us, v_now_us]::text END,
+                                   false);
+            END IF;
+        ELSE
+            -- Resume: the cursor's lanes, each moved back to the first row made claimable
+            -- by a transaction the previous snapshot did not see (or this one's), wherever
+            -- that row lies, and new lanes for such rows of other priorities.
+            v_lanes := v_cursor[6 + v_cursor[5]:];
+            v_straggler := ARRAY(
+                SELECT x
+                  FROM (SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
+                         WHERE j.state = ANY (ARRAY['available', 'retryable'])
+                           AND j.ready_txid >= v_cursor[4]::text::xid8
+                           -- a ready_txid beyond the server's came from another cluster
+                           -- (restored): such rows are found from their lanes' keys
+                           AND j.ready_txid < pg_snapshot_xmax(v_snap)
+                        UNION ALL
+                        SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
+                         WHERE j.state = ANY (ARRAY['available', 'retryable'])
+                           AND j.ready_txid = ANY (v_cursor[6:5 + v_cursor[5]]::text[]::xid8[])) AS s,
+                       unnest(ARRAY[array_position(v_queues, s.queue), coalesce(array_position(v_names, s.name), 0),
+                                    s.priority, treadle._us(s.run_at), s.id]) AS x
+                 WHERE s.queue = ANY (v_queues)
+                   AND (v_names IS NULL OR s.name = ANY (v_names)));
+            IF cardinality(v_straggler) > 0 THEN
+                v_lanes := ARRAY(
+                    SELECT x
+                      FROM (SELECT m.qi, m.ni, m.p, min(m.k) AS k
+                              FROM (SELECT c[i] AS qi, c[i + 1] AS ni, c[i + 2] AS p, ARRAY[c[i + 3], c[i + 4]] AS k
+                                      FROM (SELECT v_lanes || v_straggler) AS a(c),
+                                           generate_series(1, cardinality(a.c), 5) AS i) AS m
+                             GROUP BY m.qi, m.ni, m.p) AS g,
+                           unnest(ARRAY[g.qi, g.ni, g.p, g.k[1], g.k[2]]) AS x);
+                IF cardinality(v_lanes) > 5 * 32 THEN
+                    v_plain := true;
+                    PERFORM set_config(v_setting, ARRAY[1, v_now_us, v_swept]::text, false);
+                END IF;
+            END IF;
+        END IF;
+    END IF;
+
+    IF v_started IS NOT NULL OR v_plain THEN
+        -- Lock the candidates: each (queue[, name]) range from its front in claim
+        -- order, skipping rows other claimers hold, then the best `batch` of them.
+        IF claim.names IS NULL THEN
+            v_ids := ARRAY(
+                SELECT c.id
+                  FROM (SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q)) AS u
+                 CROSS JOIN LATERAL (
+                        SELECT j.id, j.priority, j.run_at
+                          FROM treadle.jobs AS j
+                         WHERE j.queue = u.q
+                           AND j.state = ANY (ARRAY['available', 'retryable'])
+                           AND j.run_at <= v_now
+                         ORDER BY j.priority, j.run_at, j.id
+                         LIMIT claim.batch
+                           FOR UPDATE SKIP LOCKED) AS c
+                 ORDER BY c.priority, c.run_at, c.id
+                 LIMIT claim.batch);
+        ELSE
+            v_ids := ARRAY(
+                SELECT c.id
+                  FROM (SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q)) AS u
+                 CROSS JOIN (SELECT DISTINCT n.n FROM unnest(claim.names) AS n(n)) AS n
+                 CROSS JOIN LATERAL (
+                        SELECT j.id, j.priority, j.run_at
+                          FROM treadle.jobs AS j
+                         WHERE j.queue = u.q
+                           AND j.name = n.n
+                           AND j.state = ANY (ARRAY['available', 'retryable'])
+                           AND j.run_at <= v_now
+                         ORDER BY j.priority, j.run_at, j.id
+                         LIMIT claim.batch
+                           FOR UPDATE SKIP LOCKED) AS c
+                 ORDER BY c.priority, c.run_at, c.id
+                 LIMIT claim.batch);
+        END IF;
+        -- two slow claims in a row (the first claim of a session is also planned)
+        IF clock_timestamp() - v_started > interval '5 ms' OR v_text LIKE 'slow%' THEN
+            -- (v_started is null for the plain claim of too many priorities)
+            PERFORM set_config(v_setting, CASE WHEN clock_timestamp() - v_started <= interval '5 ms' THEN ''
+                                               WHEN v_text = 'slow2' THEN 'sweep'
+                                               WHEN v_text = 'slow' THEN 'slow2' ELSE 'slow' END, false);
+        END IF;
+    ELSE
+        -- Lock the candidates one priority at a time, the best first: each lane of that
+        -- priority read from its key in claim order, skipping rows other claimers hold,
+        -- as many as are still wanted; the best of them are claimed. Lanes of the
+        -- priorities not reached keep their keys.
+        v_left := claim.batch;
+        v_ids := '{}'; v_read_p := '{}'; v_read_limit := '{}'; v_read_from := '{}';
+        v_lane := '{}'; v_cand := '{}'; v_cand_us := '{}';
+        FOREACH v_priority IN ARRAY ARRAY(SELECT DISTINCT v_lanes[i + 2]
+                                            FROM generate_series(1, cardinality(v_lanes), 5) AS i ORDER BY 1) LOOP
+            IF v_names IS NULL THEN
+                SELECT v_lane || array_agg(l.i ORDER BY c.run_at, c.id),
+                       v_cand || array_agg(c.id ORDER BY c.run_at, c.id),
+                       v_cand_us || array_agg(treadle._us(c.run_at) ORDER BY c.run_at, c.id),
+                       v_ids || (array_agg(c.id ORDER BY c.run_at, c.id))[1:v_left],
+                       v_read_p || v_priority, v_read_limit || v_left, v_read_from || cardinality(v_cand) + 1
+                  INTO v_lane, v_cand, v_cand_us, v_ids, v_read_p, v_read_limit, v_read_from
+                  FROM generate_series(1, cardinality(v_lanes), 5) AS l(i)
+                 CROSS JOIN LATERAL (
+                        SELECT j.id, j.run_at
+                          FROM treadle.jobs AS j
+                         WHERE j.queue = v_queues[greatest(least(v_lanes[l.i], 1001), 0)::integer]
+                           AND j.priority = v_priority
+                           AND j.state = ANY (ARRAY['available', 'retryable'])
+                           AND (j.run_at, j.id) >= (treadle._from_us(v_lanes[l.i + 3]), v_lanes[l.i + 4])
+                           AND j.run_at <= v_now
+                         ORDER BY j.priority, j.run_at, j.id
+                         LIMIT v_left
+                           FOR UPDATE SKIP LOCKED) AS c
+                 WHERE v_lanes[l.i + 2] = v_priority;
+            ELSE
+                SELECT v_lane || array_agg(l.i ORDER BY c.run_at, c.id),
+                       v_cand || array_agg(c.id ORDER BY c.run_at, c.id),
+                       v_cand_us || array_agg(treadle._us(c.run_at) ORDER BY c.run_at, c.id),
+                       v_ids || (array_agg(c.id ORDER BY c.run_at, c.id))[1:v_left],
+                       v_read_p || v_priority, v_read_limit || v_left, v_read_from || cardinality(v_cand) + 1
+                  INTO v_lane, v_cand, v_cand_us, v_ids, v_read_p, v_read_limit, v_read_from
+                  FROM generate_series(1, cardinality(v_lanes), 5) AS l(i)
+                 CROSS JOIN LATERAL (
+                        SELECT j.id, j.run_at
+                          FROM treadle.jobs AS j
+                         WHERE j.queue = v_queues[greatest(least(v_lanes[l.i], 1001), 0)::integer]
+                           AND j.name = v_names[greatest(least(v_lanes[l.i + 1], 1001), 0)::integer]
+                           AND j.priority = v_priority
+                           AND j.state = ANY (ARRAY['available', 'retryable'])
+                           AND (j.run_at, j.id) >= (treadle._from_us(v_lanes[l.i + 3]), v_lanes[l.i + 4])
+                           AND j.run_at <= v_now
+                         ORDER BY j.priority, j.run_at, j.id
+                         LIMIT v_left
+                           FOR UPDATE SKIP LOCKED) AS c
+                 WHERE v_lanes[l.i + 2] = v_priority;
+            END IF;
+            v_left := claim.batch - cardinality(v_ids);
+            EXIT WHEN v_left = 0;
+        END LOOP;
+
+        -- The next cursor. A lane read now gets as key its first candidate left
+        -- unclaimed; past now when it had fewer rows than asked for (all taken, or
+        -- held by others); else just past its last claimed row. The snapshot: the one
+        -- taken before reading, with this transaction's own id, when it had one, among
+        -- those it did not see.
+        PERFORM set_config(v_setting, CASE WHEN v_quick THEN '' ELSE (
+            ARRAY[CASE WHEN v_text = 'pin' OR v_text LIKE '{2,%' THEN 2 ELSE 1 END,
+                  v_now_us, v_swept, pg_snapshot_xmax(v_snap)::text::bigint]
+            || ARRAY(SELECT count(*) FROM (SELECT pg_snapshot_xip(v_snap) UNION ALL SELECT v_own) AS x(x)
+                      WHERE x.x IS NOT NULL)
+            || ARRAY(SELECT x.x::text::bigint FROM (SELECT pg_snapshot_xip(v_snap) UNION ALL SELECT v_own) AS x(x)
+                      WHERE x.x IS NOT NULL)
+            || ARRAY(
+                SELECT x
+                  FROM generate_series(1, cardinality(v_lanes), 5) AS l(i)
+                 CROSS JOIN LATERAL (
+                        SELECT r.asked, count(p.p) AS n,
+                               min(p.p) FILTER (WHERE p.p - r.from_at >= r.asked) AS left_at,
+                               max(p.p) FILTER (WHERE p.p - r.from_at < r.asked) AS last_at
+                          FROM (SELECT v_read_limit[k.k] AS asked, v_read_from[k.k] AS from_at
+                                  FROM array_position(v_read_p, v_lanes[l.i + 2]) AS k(k)) AS r
+                          LEFT JOIN generate_subscripts(v_lane, 1) AS p(p) ON v_lane[p.p] = l.i
+                         GROUP BY r.asked) AS s
+                 CROSS JOIN LATERAL unnest(ARRAY[
+                        v_lanes[l.i], v_lanes[l.i + 1], v_lanes[l.i + 2],
+                        CASE WHEN s.asked IS NULL THEN v_lanes[l.i + 3]
+                             WHEN s.left_at IS NOT NULL THEN v_cand_us[s.left_at]
+                             WHEN s.n < s.asked THEN v_now_us + 1
+                             ELSE v_cand_us[s.last_at] END,
+                        CASE WHEN s.asked IS NULL THEN v_lanes[l.i + 4]
+                             WHEN s.left_at IS NOT NULL THEN v_cand[s.left_at]
+                             WHEN s.n < s.asked THEN 0
+                             ELSE v_cand[s.last_at] + 1 END]) AS x)
+            )::text END, false);
     END IF;
     IF v_room IS NOT NULL THEN
         v_ids := treadle._take_room(v_ids, v_room);
     END IF;
-    IF cardinality(v_ids) = 0 THEN
+    IF coalesce(cardinality(v_ids), 0) = 0 THEN
         RETURN;
     END IF;
 
@@ -1799,7 +2152,8 @@ BEGIN
            lease_until = NULL,
            last_error = v_error,
            failed_at = v_now,
-           errors = treadle._append_error(j.errors, j.attempt, v_now, v_error)
+           errors = treadle._append_error(j.errors, j.attempt, v_now, v_error),
+           ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
      WHERE j.id = fail.job_id
        AND j.state = 'running'
        AND j.lease_token = fail.lease_token
@@ -1819,6 +2173,26 @@ COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval) IS
     'Record a failed attempt (running -> retryable, discarded or cancelled); null when the lease is lost.';
 
 --------------------------------------------------------------------------------
+-- treadle._running_xids() -> setof xid
+--
+-- The transaction ids running now, prepared ones included: which transactions
+-- could still commit a lease (treadle.rescue). Read once per transaction, when
+-- first asked: every id taken before that is either listed or has ended.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._running_xids()
+RETURNS SETOF xid
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT a.backend_xid FROM pg_stat_get_activity(NULL) AS a WHERE a.backend_xid IS NOT NULL
+    UNION ALL
+    SELECT p.transaction FROM pg_prepared_xacts AS p;
+END;
+COMMENT ON FUNCTION treadle._running_xids() IS
+    'The transaction ids running now, prepared ones included (treadle.rescue).';
+
+--------------------------------------------------------------------------------
 -- treadle.rescue() -> integer
 --
 -- Transition: running with an expired lease -> retryable with run_at = now (the
@@ -1827,6 +2201,23 @@ COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval) IS
 -- (treadle._failed_state). The lease token is dropped: the rescued claim's
 -- writes, repeats included, find nothing. Returns how many jobs it moved. Safe
 -- from many sessions at once: each job is counted once.
+-- Where a rescue reads. Every job that leaves `running` leaves a dead entry in the
+-- lease index, and while any snapshot older than it stays open (a long transaction,
+-- a replication slot) nothing removes it: a pass over all expired leases would
+-- grow with the snapshot's age. So each session keeps a floor (the setting
+-- treadle.rescue_cursor) and reads the leases that ran out at or above it. After a
+-- pass from the floor, the floor may move up to where that pass read (less a
+-- second, and less any expired lease it found held by another session), but only
+-- at a later pass, once every transaction that was running at the first one has
+-- ended: a lease such a transaction committed could lie below where the first
+-- pass read, and the later pass, still reading from the old floor, sees it. While
+-- a transaction that has an id stays open the floor stays; the session then reads
+-- from it once a minute and, between, only the leases that ran out since its
+-- previous call, less a second. A session's first rescue reads from the start; so
+-- does every rescue while the setting treadle.now is in use, and under REPEATABLE
+-- READ a rescue reads from the floor: both leave the cursor as it was. A lease written by a
+-- statement that ran longer than that lease and a second before writing it can lie
+-- below a floor that moved meanwhile: a session's first rescue finds it.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.rescue()
 RETURNS integer
@@ -1836,32 +2227,105 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now  timestamptz := treadle.now();
-    v_done treadle.jobs[];
+    v_now    timestamptz := treadle.now();
+    v_now_us bigint := treadle._us(v_now);
+    v_text   text := current_setting('treadle.rescue_cursor', true);
+    -- the cursor: 2, the previous call's now, the floor (null: from the start), where
+    -- the floor moves next, the newest transaction id running when that was set
+    -- (null: none), the last pass from the floor
+    v_cursor bigint[];
+    v_from   timestamptz;
+    v_full   boolean := true;  -- this call reads from the floor
+    v_moves  boolean := false; -- and the floor moves up after it
+    v_fixed  boolean;          -- a clock set by hand, or an older snapshot: the cursor stays
+    v_ids    bigint[];
+    v_leases bigint[];
+    v_done   treadle.jobs[];
+    v_missed bigint;      -- the earliest expired lease read and not rescued here
 BEGIN
-    WITH expired AS (
-        SELECT j.id
-          FROM treadle.jobs AS j
-         WHERE j.state = 'running'
-           AND j.lease_until < v_now
-           FOR UPDATE SKIP LOCKED
-    ), done AS (
-        UPDATE treadle.jobs AS j
-           SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
-               run_at = v_now,
-               finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
-                                  THEN v_now END,
-               lease_until = NULL,
-               lease_token = NULL,
-               last_error = 'lease expired: worker ' || j.worker_id || ' stopped heartbeating',
-               failed_at = v_now,
-               errors = treadle._append_error(j.errors, j.attempt, v_now,
-                                              'lease expired: worker ' || j.worker_id || ' stopped heartbeating')
-          FROM expired AS e
-         WHERE j.id = e.id
-        RETURNING j AS job
-    )
-    SELECT array_agg(d.job) INTO v_done FROM done AS d;
+    -- (under REPEATABLE READ or SERIALIZABLE a rescue reads with its transaction's
+    -- first snapshot: from the floor, and the floor stays)
+    v_fixed := v_now <> statement_timestamp() OR current_setting('transaction_isolation') <> 'read committed';
+    IF v_now = statement_timestamp() AND v_text ~ '^\{2(,(-?[0-9]{1,18}|NULL)){5}\}$' THEN
+        v_cursor := v_text::bigint[];
+        -- a clock that went back, or a cursor set by hand (into the future, a
+        -- transaction id out of range): from the start
+        IF v_cursor[2] > v_now_us OR v_cursor[3] > v_now_us OR v_cursor[4] > v_now_us
+           OR v_cursor[6] > v_now_us OR v_cursor[2] IS NULL OR v_cursor[6] IS NULL
+           OR v_cursor[5] NOT BETWEEN 3 AND 4294967295 THEN
+            v_cursor := NULL;
+        END IF;
+    END IF;
+    IF v_cursor IS NOT NULL THEN
+        v_moves := NOT v_fixed AND v_cursor[4] IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM treadle._running_xids() AS x(x) WHERE age(x.x) >= age(v_cursor[5]::text::xid));
+        -- from the floor when it moves up after, or a minute after the last pass from it
+        v_full := v_moves OR v_fixed OR v_cursor[6] <= v_now_us - 60000000;
+        v_from := treadle._from_us(CASE WHEN v_full THEN v_cursor[3] ELSE v_cursor[2] - 1000000 END);
+    ELSE
+        v_from := '-infinity';
+    END IF;
+
+    -- the expired leases, read without locks (the one read that walks dead entries),
+    -- then locked by id, skipping those others hold
+    SELECT coalesce(array_agg(j.id), '{}'), coalesce(array_agg(treadle._us(j.lease_until)), '{}')
+      INTO v_ids, v_leases
+      FROM treadle.jobs AS j
+     WHERE j.lease_until >= v_from
+       AND j.lease_until < v_now
+       AND j.state = 'running';
+
+    IF cardinality(v_ids) > 0 THEN
+        WITH expired AS (
+            SELECT j.id
+              FROM treadle.jobs AS j
+             WHERE j.id = ANY (v_ids)
+               AND j.state = 'running'
+               AND j.lease_until < v_now
+               FOR UPDATE SKIP LOCKED
+        ), done AS (
+            UPDATE treadle.jobs AS j
+               SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
+                   run_at = v_now,
+                   finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
+                                      THEN v_now END,
+                   lease_until = NULL,
+                   lease_token = NULL,
+                   last_error = 'lease expired: worker ' || j.worker_id || ' stopped heartbeating',
+                   failed_at = v_now,
+                   errors = treadle._append_error(j.errors, j.attempt, v_now,
+                                                  'lease expired: worker ' || j.worker_id || ' stopped heartbeating'),
+                   ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
+              FROM expired AS e
+             WHERE j.id = e.id
+            RETURNING j AS job
+        )
+        SELECT array_agg(d.job) INTO v_done FROM done AS d;
+        SELECT min(s.l) INTO v_missed
+          FROM unnest(v_ids, v_leases) AS s(id, l)
+         WHERE NOT s.id = ANY (ARRAY(SELECT d.id FROM unnest(v_done) AS d));
+    END IF;
+
+    IF NOT v_fixed THEN
+        IF v_cursor IS NULL THEN
+            v_cursor := ARRAY[2, NULL, NULL, NULL, NULL, NULL];
+        END IF;
+        IF v_full THEN
+            -- the transactions running at the pass that set the next floor have all
+            -- ended: what they wrote below it, this pass has read
+            IF v_moves THEN
+                v_cursor[3] := least(v_cursor[4], v_missed);
+            END IF;
+            v_cursor[4] := least(v_now_us, v_missed) - 1000000;
+            -- (the ids running now, not when this transaction first read them: the
+            -- read above may have missed what any of them wrote)
+            PERFORM pg_stat_clear_snapshot();
+            v_cursor[5] := (SELECT x.x::text::bigint FROM treadle._running_xids() AS x(x) ORDER BY age(x.x) LIMIT 1);
+            v_cursor[6] := v_now_us;
+        END IF;
+        v_cursor[2] := v_now_us;
+        PERFORM set_config('treadle.rescue_cursor', v_cursor::text, false);
+    END IF;
 
     IF v_done IS NULL THEN
         RETURN 0;
@@ -1903,7 +2367,8 @@ BEGIN
            attempt = CASE WHEN j.cancel_requested THEN j.attempt ELSE greatest(j.attempt - 1, 0) END,
            run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE v_now END,
            finished_at = CASE WHEN j.cancel_requested THEN v_now END,
-           lease_until = NULL
+           lease_until = NULL,
+           ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
      WHERE j.id = release.job_id
        AND j.state = 'running'
        AND j.lease_token = release.lease_token
@@ -1922,7 +2387,7 @@ $$;
 COMMENT ON FUNCTION treadle.release(bigint, uuid) IS
     'Hand a running job back (running -> available, attempt given back); null when the lease is lost.';
 --------------------------------------------------------------------------------
--- Operator controls: cancel, retry, prune.
+-- Operator controls: cancel, retry, retention and prune.
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
@@ -2006,7 +2471,8 @@ BEGIN
            attempt = 0,
            finished_at = NULL,
            cancel_requested = false,
-           lease_token = NULL
+           lease_token = NULL,
+           ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
      WHERE j.id = retry.job_id
        AND j.state = ANY (ARRAY['discarded', 'cancelled', 'retryable'])
     RETURNING j.* INTO v_job;
@@ -2028,12 +2494,130 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
     'Make a discarded, cancelled or retryable job available now with attempt 0; true when it did.';
 
 --------------------------------------------------------------------------------
+-- treadle.apply_retention(batch) -> bigint
+--
+-- Transition: deletes at most `batch` finished jobs (completed, discarded,
+-- cancelled) whose retention has passed, oldest first, and finished workflow
+-- runs whose retention has passed together with all their steps (a kept run
+-- keeps its whole history; its step jobs count towards the batch, and the oldest
+-- run goes whole even when it has more steps than the batch). A job's
+-- retention is its queue's (treadle.queues.retain_completed for completed,
+-- retain_failed for discarded and cancelled; a failed run is kept as long as a
+-- discarded job), or where that is null the global one (treadle.configure);
+-- null there too keeps it forever. Rows another transaction holds are skipped
+-- (SKIP LOCKED): a run with a held step waits for a later call. So any number of
+-- sessions may call it at once, each a short transaction; the workers'
+-- housekeeping does, every minute and again while there is more. Returns how
+-- many jobs it deleted, step jobs included: less than `batch` means it caught up.
+-- Raises 22004: batch null. 22023: batch outside 1..100000.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.apply_retention(batch integer DEFAULT 1000)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now        timestamptz := treadle.now();
+    v_completed  interval;
+    v_failed     interval;
+    v_shortest   interval;
+    v_runs       bigint[];
+    v_step_ids   bigint[];
+    v_step_runs  bigint[];
+    v_busy_runs  bigint[];
+    v_steps      bigint;
+    v_jobs       bigint := 0;
+BEGIN
+    IF apply_retention.batch IS NULL THEN
+        RAISE EXCEPTION 'treadle: batch must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF apply_retention.batch NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'treadle: batch must be between 1 and 100000, got %', apply_retention.batch
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT r.retain_completed, r.retain_failed INTO v_completed, v_failed FROM treadle._retention() AS r;
+    -- The shortest retention anywhere bounds the range of finished_at read.
+    SELECT min(t.retain) INTO v_shortest
+      FROM (SELECT v_completed UNION ALL SELECT v_failed
+            UNION ALL SELECT q.retain_completed FROM treadle.queues AS q
+            UNION ALL SELECT q.retain_failed FROM treadle.queues AS q) AS t(retain);
+    IF v_shortest IS NULL THEN
+        RETURN 0;  -- everything is kept forever
+    END IF;
+
+    -- Finished runs first, oldest first, as many as fit in the batch by their step count.
+    WITH expired AS (
+        SELECT r.id, r.finished_at, cardinality(r.steps) AS steps
+          FROM treadle.workflow_runs AS r
+          LEFT JOIN treadle.queues AS q ON q.queue = r.queue
+         WHERE r.finished_at < v_now - v_shortest
+           AND r.finished_at < v_now - CASE WHEN r.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
+                                            ELSE coalesce(q.retain_failed, v_failed) END
+         ORDER BY r.finished_at, r.id
+         LIMIT apply_retention.batch
+           FOR UPDATE OF r SKIP LOCKED
+    ), fitting AS (
+        SELECT e.id, row_number() OVER w AS n, sum(e.steps) OVER w AS steps_so_far
+          FROM expired AS e
+        WINDOW w AS (ORDER BY e.finished_at, e.id)
+    )
+    SELECT array_agg(f.id) INTO v_runs FROM fitting AS f WHERE f.n = 1 OR f.steps_so_far <= apply_retention.batch;
+
+    IF v_runs IS NOT NULL THEN
+        -- A run goes only with every step: one whose step someone holds (a retry) stays.
+        SELECT array_agg(s.id), array_agg(s.workflow_run_id) INTO v_step_ids, v_step_runs
+          FROM (SELECT j.id, j.workflow_run_id FROM treadle.jobs AS j
+                 WHERE j.workflow_run_id = ANY (v_runs)
+                   FOR UPDATE SKIP LOCKED) AS s;
+        SELECT array_agg(DISTINCT j.workflow_run_id) INTO v_busy_runs
+          FROM treadle.jobs AS j
+         WHERE j.workflow_run_id = ANY (v_runs)
+           AND j.id <> ALL (coalesce(v_step_ids, '{}'));
+        v_busy_runs := coalesce(v_busy_runs, '{}');
+        SELECT count(*) INTO v_steps
+          FROM unnest(v_step_ids, v_step_runs) AS s(id, run_id)
+         WHERE s.run_id <> ALL (v_busy_runs);
+        DELETE FROM treadle.workflow_runs AS r
+         WHERE r.id = ANY (v_runs) AND r.id <> ALL (v_busy_runs);  -- their steps go by the cascade
+        v_jobs := v_steps;
+    END IF;
+
+    IF v_jobs < apply_retention.batch THEN
+        -- Deleted by the row versions just locked (a TID scan): no second lookup by id.
+        -- A row locked by this transaction cannot move before the delete.
+        DELETE FROM treadle.jobs AS j
+         WHERE j.ctid = ANY (ARRAY(
+            SELECT e.ctid
+              FROM treadle.jobs AS e
+              LEFT JOIN treadle.queues AS q ON q.queue = e.queue
+             WHERE e.finished_at < v_now - v_shortest
+               AND e.workflow_run_id IS NULL
+               AND e.finished_at < v_now - CASE WHEN e.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
+                                                ELSE coalesce(q.retain_failed, v_failed) END
+             ORDER BY e.finished_at
+             LIMIT apply_retention.batch - v_jobs
+               FOR UPDATE OF e SKIP LOCKED));
+        GET DIAGNOSTICS v_steps = ROW_COUNT;
+        v_jobs := v_jobs + v_steps;
+    END IF;
+    RETURN v_jobs;
+END;
+$$;
+COMMENT ON FUNCTION treadle.apply_retention(integer) IS
+    'Delete at most batch finished jobs (and finished runs with their steps) past their retention; returns how many jobs went.';
+
+--------------------------------------------------------------------------------
 -- treadle.prune(older_than) -> bigint
 --
 -- Transition: deletes finished jobs (completed, discarded, cancelled) and
 -- finished workflow runs whose finished_at is older than now - older_than. Step
 -- jobs go only with their run, so a kept run keeps its whole history. Returns
--- how many jobs it deleted (step jobs included).
+-- how many jobs it deleted (step jobs included). The one-off manual form: one
+-- statement, one transaction however many rows go; apply_retention deletes in
+-- small batches by the configured retention.
 -- Raises 22004: older_than null. 22023: older_than negative or over 100 years.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.prune(older_than interval DEFAULT '7 days')
@@ -3181,7 +3765,8 @@ BEGIN
             UPDATE treadle.jobs AS j
                SET name = schedule.job, args = v_args, queue = schedule.queue, priority = schedule.priority,
                    max_attempts = schedule.max_attempts,
-                   run_at = CASE WHEN v_retimed THEN v_first ELSE j.run_at END
+                   run_at = CASE WHEN v_retimed THEN v_first ELSE j.run_at END,
+                   ready_txid = pg_current_xact_id()  -- moved, maybe below a claim cursor (040_claim.sql)
              WHERE j.id = v_current.id
             RETURNING j.* INTO v_current;
             IF v_retimed THEN
@@ -3825,8 +4410,8 @@ COMMENT ON FUNCTION treadle.explain(bigint) IS
 --
 --   treadle.grant_reader(role)     the views, and the tables' columns but lease tokens
 --   treadle.grant_producer(role)   reader + enqueue, workflows, schedules, cancel, retry
---   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, registry
---   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue
+--   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, retention, registry
+--   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue, retention
 --   treadle.grant_dashboard(role, read_only)   reader + cancel, retry, unschedule unless read_only
 --
 -- and keeps a role to the queues under a prefix with treadle.set_tenant.
@@ -3844,7 +4429,7 @@ COMMENT ON FUNCTION treadle.explain(bigint) IS
 --            complete_many, complete_and_claim, fail, release, define_workflow,
 --            worker_seen, worker_stopped
 --   queues   set_queue, pause, resume
---   recover  rescue
+--   recover  rescue, apply_retention (the housekeeping every worker does)
 --   prune    prune
 -- Each function is listed here once; the grant helpers combine the parts.
 --------------------------------------------------------------------------------
@@ -3890,6 +4475,7 @@ BEGIN
         ('queues',  'treadle.pause(text)'),
         ('queues',  'treadle.resume(text)'),
         ('recover', 'treadle.rescue()'),
+        ('recover', 'treadle.apply_retention(integer)'),
         ('prune',   'treadle.prune(interval)')
       ) AS f(part, signature)
      WHERE f.part = ANY (parts);
@@ -3956,7 +4542,7 @@ COMMENT ON FUNCTION treadle.grant_producer(regrole) IS
 -- treadle.grant_worker(role) -> void
 --
 -- grant_producer (handlers enqueue follow-up work), plus claiming, heartbeats,
--- progress, finishing, rescue, workflow definitions and the worker registry.
+-- progress, finishing, rescue, retention, workflow definitions and the worker registry.
 -- Raises 22004: role null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_worker(role regrole)
@@ -3976,8 +4562,9 @@ COMMENT ON FUNCTION treadle.grant_worker(regrole) IS
 --------------------------------------------------------------------------------
 -- treadle.grant_admin(role) -> void
 --
--- grant_reader, plus the operator's controls: cancel, retry, prune, rescue, and
--- the queues' pause, resume and limits. Raises 22004: role null. Owner only.
+-- grant_reader, plus the operator's controls: cancel, retry, prune, rescue,
+-- apply_retention, and the queues' pause, resume and limits. Raises 22004: role
+-- null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_admin(role regrole)
 RETURNS void
@@ -4073,12 +4660,44 @@ BEGIN
         RAISE EXCEPTION 'treadle: max_payload_bytes must be between 1024 and 268435456, got %', configure.max_payload_bytes
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO treadle.settings AS s (max_payload_bytes) VALUES (configure.max_payload_bytes)
+    INSERT INTO treadle.settings AS s (max_payload_bytes, retain_completed, retain_failed)
+    SELECT configure.max_payload_bytes, r.retain_completed, r.retain_failed FROM treadle._retention() AS r
     ON CONFLICT (only_row) DO UPDATE SET max_payload_bytes = excluded.max_payload_bytes;
 END;
 $$;
 COMMENT ON FUNCTION treadle.configure(integer) IS
     'Set the owner''s limits (max_payload_bytes).';
+
+--------------------------------------------------------------------------------
+-- treadle.configure(retain_completed, retain_failed) -> void
+--
+-- The global retention that treadle.apply_retention applies to queues that set
+-- none of their own (treadle.queues): how long completed jobs and runs are kept,
+-- and how long discarded and cancelled jobs and failed and cancelled runs are.
+-- Null keeps them forever. Both are given, so a call says the whole policy.
+-- Defaults until the first call: 7 days and 30 days (treadle._retention). Owner only.
+-- Raises 22023: a period negative or over 100 years.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.configure(retain_completed interval, retain_failed interval)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM treadle._check_interval(configure.retain_completed, 'retain_completed', interval '100 years',
+                                    may_be_zero => true);
+    PERFORM treadle._check_interval(configure.retain_failed, 'retain_failed', interval '100 years',
+                                    may_be_zero => true);
+    INSERT INTO treadle.settings AS s (max_payload_bytes, retain_completed, retain_failed)
+    VALUES (treadle._max_payload_bytes(), configure.retain_completed, configure.retain_failed)
+    ON CONFLICT (only_row) DO UPDATE SET retain_completed = excluded.retain_completed,
+                                         retain_failed = excluded.retain_failed;
+END;
+$$;
+COMMENT ON FUNCTION treadle.configure(interval, interval) IS
+    'Set how long finished work is kept (completed, failed); null keeps it forever.';
 
 --------------------------------------------------------------------------------
 -- Every function, table and sequence: nothing for PUBLIC, but the read-only
