@@ -227,3 +227,18 @@ def test_the_schedules_page_shows_next_runs_on_their_zones_clock(
     assert next(local for name, local, _ in rows if name == "nightly").endswith(" 02:30")
     assert next(local for name, local, _ in rows if name == "hourly").endswith(":00")
     assert page.index("<td>hourly</td>") < page.index("<td>nightly</td>")
+
+
+def test_a_plain_form_post_redirects_back_to_the_queue_with_a_message(
+    client: FlaskClient, conn: psycopg.Connection[Any], seeded: Seeded
+) -> None:
+    token = csrf_from(client, "/queues/mail")
+    done = client.post("/queues/mail/pause", data={"csrf_token": token, "next": "/queues/mail"})
+    assert done.status_code == 303 and done.headers["Location"].endswith("/queues/mail")
+    assert "Queue mail paused." in client.get("/queues/mail").get_data(as_text=True)
+    refused = client.post("/queues/mail/limits", data={"csrf_token": token, "next": "/queues/mail", "concurrency": "0"})
+    assert refused.status_code == 303
+    assert "Queue mail: concurrency must be between 1 and 100000, got 0." in client.get("/queues/mail").get_data(
+        as_text=True
+    )
+    assert settings(conn, "mail") == (True, None, None, None, None, None, None)

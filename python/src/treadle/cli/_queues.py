@@ -72,8 +72,8 @@ SETTINGS_FLAGS = (
     Setting("rate_limit", "count", "at most N claims per --rate-period (1..1000000; needs a rate period)"),
     Setting("rate_period", "duration", "the rate limit's period, such as 1s or 1m (over 0, at most 1d)"),
     Setting("max_depth", "count", "an enqueue that would leave more than N waiting jobs fails (1..1000000)"),
-    Setting("retain_completed", "duration", "keep completed jobs this long, such as 7d (0 to 100 years)"),
-    Setting("retain_failed", "duration", "keep discarded and cancelled jobs this long, such as 30d"),
+    Setting("retain_completed", "duration", "keep its completed jobs this long, such as 7d (0 to 100 years)"),
+    Setting("retain_failed", "duration", "keep its discarded and cancelled jobs this long, such as 30d"),
 )
 
 
@@ -124,7 +124,8 @@ def add_commands(commands: Any) -> None:
     setting.add_argument("queue", help="the queue's name")
     for s in SETTINGS_FLAGS:
         metavar = "N" if s.kind == "count" else "DURATION"
-        setting.add_argument(s.flag, dest=s.name, metavar=metavar, help=f"{s.help}; 'none' removes it")
+        removed = "the global retention (treadle.configure)" if s.name.startswith("retain") else "no limit"
+        setting.add_argument(s.flag, dest=s.name, metavar=metavar, help=f"{s.help}; 'none' removes it: {removed}")
         setting.add_argument(
             f"--clear-{s.flag[2:]}", dest=f"clear_{s.name}", action="store_true", help=f"remove {s.flag[2:]}"
         )
