@@ -78,7 +78,7 @@ def test_the_limits_form_sets_every_limit_and_shows_them(
     assert settings(conn, "mail") == (True, 2, 10, 1, 500, 7 * 86400, 30 * 86400)  # still paused
     page = client.get("/queues/mail").get_data(as_text=True)
     assert 'name="concurrency" inputmode="numeric" size="7" placeholder="no limit" value="2"' in page
-    assert 'name="retain_failed" size="5" placeholder="30d" value="30d"' in page
+    assert 'name="retain_failed" size="5" placeholder="global" value="30d"' in page
     assert "<dt>Rate limit</dt><dd>10 per 1s</dd>" in page
     # an empty field is no limit: the form holds every setting
     status, body = post(client, "/queues/mail/limits", **(EMPTY_LIMITS | {"max_depth": "9"}))
