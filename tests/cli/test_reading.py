@@ -77,9 +77,10 @@ def test_status_watch_off_a_terminal_prints_a_snapshot_per_interval(dsn: str, co
 
 def test_queues_list(dsn: str, mixed: None) -> None:
     lines = expect(treadle("queues", "list", "--dsn", dsn), 0).out.splitlines()
-    assert lines[0].split() == ["QUEUE", "AVAILABLE", "RETRYABLE", "RUNNING", "DISCARDED", "OLDEST", "WAITING"]
-    assert lines[1].split()[:5] == ["mail", "12", "0", "0", "2"]
-    assert lines[2].split() == ["reports-weekly", "0", "0", "0", "0", "-"]
+    headers = ["QUEUE", "PAUSED", "AVAILABLE", "RETRYABLE", "RUNNING", "DISCARDED", "OLDEST", "WAITING", "LIMITS"]
+    assert lines[0].split() == headers
+    assert lines[1].split()[:6] == ["mail", "-", "12", "0", "0", "2"]
+    assert lines[2].split() == ["reports-weekly", "-", "0", "0", "0", "0", "-", "-"]
     queues = expect(treadle("queues", "list", "--json", "--dsn", dsn), 0).json()
     assert [(q["queue"], q["available"], q["discarded"], q["cancelled"]) for q in queues] == [
         ("mail", 12, 2, 0),
@@ -89,7 +90,10 @@ def test_queues_list(dsn: str, mixed: None) -> None:
 
 def test_empty_listings(dsn: str) -> None:
     assert expect(treadle("status", "--dsn", dsn), 0).out == "no jobs\n"
-    assert expect(treadle("queues", "list", "--dsn", dsn), 0).out == "no queues: no job has been enqueued\n"
+    assert (
+        expect(treadle("queues", "list", "--dsn", dsn), 0).out
+        == "no queues: no job has been enqueued and no queue has settings\n"
+    )
     assert expect(treadle("schedules", "list", "--dsn", dsn), 0).out == "no schedules\n"
     assert expect(treadle("schedules", "list", "--json", "--dsn", dsn), 0).json() == []
 

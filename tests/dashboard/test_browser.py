@@ -449,7 +449,7 @@ def test_bulk_actions_as_a_read_only_dashboard_and_as_a_tenant(
         dashboard_of(served.app).close()
 
 
-def test_the_queue_page_shows_depth_throughput_failures_and_a_place_for_controls(
+def test_the_queue_page_shows_depth_throughput_failures_and_controls(
     page: Page, served: Served, conn: psycopg.Connection, seeded: Seeded
 ) -> None:
     discard_many(conn, 5, "outage")
@@ -460,10 +460,63 @@ def test_the_queue_page_shows_depth_throughput_failures_and_a_place_for_controls
     expect(page.locator("h1")).to_contain_text("outage")
     expect(page.locator("#throughput h2")).to_contain_text("0 completed, 5 discarded")
     expect(page.locator("#failures table.common-errors")).to_contain_text("ConnectionRefusedError: db down")
-    expect(page.locator("#controls")).to_contain_text("no per-queue controls")
+    expect(page.locator("#controls").get_by_role("button", name="Pause")).to_be_visible()
     expect(page.locator("#depth h2")).to_contain_text("waiting 3, running 0")
     enqueue(conn, "sync_account", "outage")
     expect(page.locator("#depth h2")).to_contain_text("waiting 4", timeout=30_000)  # a later sample, live
     expect(page.locator("#depth svg polyline.waiting")).to_have_count(1)
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "dashboard-queue.png"), full_page=True)
+
+
+def test_pausing_a_queue_and_setting_its_limits_from_the_queue_page(
+    page: Page, served: Served, conn: psycopg.Connection, seeded: Seeded
+) -> None:
+    settings = "SELECT paused, concurrency, rate_limit, rate_period::text, max_depth FROM treadle.queue_settings"
+    page.goto(served.url + "/queues/mail")
+    controls = page.locator("#controls")
+    controls.get_by_role("button", name="Pause").click()
+    expect(page.locator("#notice")).to_contain_text("Queue mail paused.")
+    expect(controls.locator(".flag.paused")).to_have_text("paused")
+    expect(controls.get_by_role("button", name="Resume")).to_be_visible()
+    assert conn.execute(settings).fetchall() == [(True, None, None, None, None)]
+
+    controls.get_by_label("Concurrency").fill("2")
+    controls.get_by_label("Rate limit").fill("10")
+    controls.get_by_label("per").fill("1s")
+    controls.get_by_label("Max depth").fill("500")
+    controls.get_by_role("button", name="Save limits").click()
+    expect(page.locator("#notice")).to_contain_text("Queue mail: concurrency 2, rate 10/1s, max depth 500.")
+    expect(controls.locator("dl.limits")).to_contain_text("10 per 1s")
+    assert conn.execute(settings).fetchall() == [(True, 2, 10, "00:00:01", 500)]
+
+    controls.get_by_label("Concurrency").fill("0")
+    controls.get_by_role("button", name="Save limits").click()
+    expect(page.locator("#notice")).to_contain_text("Did not apply:")
+    assert conn.execute(settings).fetchall() == [(True, 2, 10, "00:00:01", 500)]
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-queue-controls.png"), full_page=True)
+
+    page.goto(served.url)
+    expect(page.locator("#queues .flag.paused")).to_have_count(1)
+    page.goto(served.url + f"/jobs/{seeded.available}")
+    expect(page.locator("#reasons")).to_contain_text("paused")
+    page.screenshot(path=str(ARTIFACTS / "dashboard-job-explain.png"), full_page=True)
+
+    page.goto(served.url + "/queues/mail")
+    controls.get_by_role("button", name="Resume").click()
+    expect(page.locator("#notice")).to_contain_text("Queue mail resumed.")
+    expect(controls.get_by_role("button", name="Pause")).to_be_visible()
+    assert conn.execute(settings).fetchall() == [(False, 2, 10, "00:00:01", 500)]
+
+
+def test_the_schedules_page(page: Page, served: Served, conn: psycopg.Connection, seeded: Seeded) -> None:
+    conn.execute("SELECT treadle.schedule('nightly', '30 2 * * *', 'build_report', tz => 'Europe/Paris')")
+    page.goto(served.url)
+    page.get_by_role("link", name="Schedules").click()
+    row = page.locator("#schedules tbody tr")
+    expect(row).to_have_count(1)
+    expect(row.locator("td.next-local")).to_contain_text(" 02:30")
+    expect(row).to_contain_text("Europe/Paris")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-schedules.png"), full_page=True)

@@ -468,7 +468,7 @@ def test_the_queue_page(client: FlaskClient, conn: psycopg.Connection, seeded: S
     assert re.search(r'<td class="num">4</td><td><span class="error">ConnectionRefusedError', common)
     assert re.search(r"<td class=\"num\">2</td><td><span class=\"error\">KeyError: &#39;account&#39;", common)
     assert "<td>worker-q</td>" in html and "<td>worker-a</td>" not in html  # worker-a serves media
-    assert 'id="controls"' in html and "no per-queue controls" in html
+    assert 'id="controls"' in html and 'action="/queues/outage/pause"' in html  # test_queue_controls tests them
     assert "<polyline" in html and "1 sample" in html  # the first depth sample
     assert "No live worker serves this queue." in text(client, "/queues/mail")
 

@@ -3,9 +3,10 @@
     treadle --version [--dsn URL]     the package's version, and the database's treadle
     treadle worker MODULE[:ATTR]      run the Worker a module defines
     treadle enqueue NAME [JSON]       enqueue a job (or many, --from a file or stdin)
-    treadle jobs list|show|retry|cancel
+    treadle jobs list|show|explain|retry|cancel
+    treadle explain ID                why a job is where it is (jobs explain)
     treadle status [--watch]          jobs per queue and state
-    treadle queues list               the queues (and, later, their controls)
+    treadle queues list|pause|resume|set   the queues, their settings and controls
     treadle schedules list            the cron schedules
     treadle prune --older-than 7d     delete finished jobs
     treadle dashboard [ARGS...]       serve the dashboard (see `treadle dashboard --help`)
@@ -112,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     _worker.add_command(commands)
     _enqueue.add_command(commands)
     _jobs.add_commands(commands)
+    _jobs.add_explain(commands)
     _status.add_commands(commands)
     _queues.add_commands(commands)
     _schedules.add_commands(commands)

@@ -146,6 +146,17 @@ def duration(text: str, what: str) -> timedelta:
         raise UsageError(f"{what}: {text!r} is too long a duration") from None
 
 
+def span(value: timedelta | None) -> str:
+    """A duration as `duration` reads it back: 1s, 90s, 1m, 7d (its largest whole unit); - for none."""
+    if value is None:
+        return "-"
+    seconds = value.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
 def moment(text: str, what: str) -> datetime | timedelta:
     """An ISO 8601 time with its zone (Z for UTC), or a duration from now; UsageError otherwise."""
     if _DURATION.match(text.strip().lower()):

@@ -13,6 +13,7 @@ import psycopg
 from psycopg import sql
 
 from treadle import client
+from treadle.errors import JobNotFound
 from treadle.models import JOB_STATES, Job
 
 from ._base import (
@@ -108,6 +109,8 @@ def add_commands(commands: Any) -> None:
     add_dsn(show)
     show.set_defaults(command=show_job)
 
+    add_explain(sub)
+
     for action in (RETRY, CANCEL):
         states = ", ".join(action.states)
         parser = command(
@@ -137,6 +140,20 @@ def add_commands(commands: Any) -> None:
         add_json(parser)
         add_dsn(parser)
         parser.set_defaults(command=act, action=action)
+
+
+def add_explain(commands: Any) -> None:
+    """`jobs explain ID`; also added at the top level as `treadle explain ID`."""
+    explain = command(
+        commands,
+        "explain",
+        "why a job is where it is: what holds a waiting job, where a running one runs, how one ended",
+        examples=["treadle jobs explain 42", "treadle explain 42 --json"],
+    )
+    explain.add_argument("id", type=positive_id, help="the job's id")
+    add_json(explain)
+    add_dsn(explain)
+    explain.set_defaults(command=explain_job)
 
 
 def _add_filters(parser: argparse.ArgumentParser, states: tuple[str, ...] = JOB_STATES) -> None:
@@ -242,6 +259,25 @@ def show_job(options: argparse.Namespace) -> int:
             print(f"    {line}")
     if job.last_error and not history:
         print(f"last error:\n    {job.last_error}")
+    return OK
+
+
+# -- treadle jobs explain ------------------------------------------------------------------------
+
+
+def explain_job(options: argparse.Namespace) -> int:
+    with connect(options) as conn:
+        try:
+            reasons = client.explain(conn, options.id)
+        except JobNotFound:
+            raise NotFound(f"no job with id {options.id}") from None
+    if options.json:
+        print_json([dataclasses.asdict(reason) for reason in reasons])
+        return OK
+    print(f"job {options.id}")
+    width = max(len(reason.reason) for reason in reasons)
+    for reason in reasons:
+        print(f"  {reason.reason:<{width}}  {reason.message}")
     return OK
 
 

@@ -1,36 +1,137 @@
-"""treadle queues: the queues, and the place for their controls.
+"""treadle queues list | pause | resume | set: the queues and their controls.
 
-`queues list` reads the same counts as `treadle status`, one line per queue. The queue
-controls join this group as subcommands once the extension has them: `queues pause QUEUE`
-and `queues resume QUEUE` calling treadle.pause(queue) and treadle.resume(queue), and
-`queues set QUEUE --option VALUE` calling treadle.set_queue(queue, ...), each a parser
-in add_commands and a function that runs one statement on `connect(options)`.
+`queues list` reads the same counts as `treadle status`, one line per queue, beside each
+queue's settings (treadle.queue_settings: paused, limits, retention). `pause` and `resume`
+call treadle.pause and treadle.resume; `set` changes only the settings it is given, since
+treadle.set_queue clears any setting left out.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from treadle.models import JOB_STATES
 
-from ._base import OK, add_dsn, add_json, age, command, connect, print_json, print_table
+from ._base import (
+    OK,
+    UsageError,
+    add_dsn,
+    add_json,
+    age,
+    command,
+    connect,
+    duration,
+    print_json,
+    print_table,
+    span,
+)
 from ._status import counts, seconds_of
+
+SETTINGS = """
+SELECT queue, paused, concurrency, rate_limit, rate_period, max_depth, retain_completed, retain_failed, updated_at
+  FROM treadle.queue_settings
+"""
+PAUSE = "SELECT treadle.pause(queue => %(queue)s::text) AS changed"
+RESUME = "SELECT treadle.resume(queue => %(queue)s::text) AS changed"
+# One statement: the queue's current settings with the given ones laid over them, so a
+# concurrent change between reading and writing cannot be lost to a second round trip.
+SET_QUEUE = """
+SELECT treadle.set_queue(
+    queue => q.queue,
+    concurrency => CASE WHEN %(given_concurrency)s THEN %(concurrency)s::integer ELSE s.concurrency END,
+    rate_limit => CASE WHEN %(given_rate_limit)s THEN %(rate_limit)s::integer ELSE s.rate_limit END,
+    rate_period => CASE WHEN %(given_rate_period)s THEN %(rate_period)s::interval ELSE s.rate_period END,
+    max_depth => CASE WHEN %(given_max_depth)s THEN %(max_depth)s::integer ELSE s.max_depth END,
+    retain_completed => CASE WHEN %(given_retain_completed)s THEN %(retain_completed)s::interval
+                             ELSE s.retain_completed END,
+    retain_failed => CASE WHEN %(given_retain_failed)s THEN %(retain_failed)s::interval ELSE s.retain_failed END)
+  FROM (VALUES (%(queue)s::text)) AS q(queue)
+  LEFT JOIN treadle.queue_settings AS s ON s.queue = q.queue
+"""
+NONE_WORDS = ("none", "off", "unlimited")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One of set_queue's settings as `queues set` takes it: a flag, and how to read its value."""
+
+    name: str  # set_queue's argument: rate_limit
+    kind: str  # "count" or "duration"
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+SETTINGS_FLAGS = (
+    Setting("concurrency", "count", "at most N of its jobs running at once, over every worker (1..100000)"),
+    Setting("rate_limit", "count", "at most N claims per --rate-period (1..1000000; needs a rate period)"),
+    Setting("rate_period", "duration", "the rate limit's period, such as 1s or 1m (over 0, at most 1d)"),
+    Setting("max_depth", "count", "an enqueue that would leave more than N waiting jobs fails (1..1000000)"),
+    Setting("retain_completed", "duration", "keep its completed jobs this long, such as 7d (0 to 100 years)"),
+    Setting("retain_failed", "duration", "keep its discarded and cancelled jobs this long, such as 30d"),
+)
 
 
 def add_commands(commands: Any) -> None:
     queues = command(
         commands,
         "queues",
-        "the queues and their controls",
-        examples=["treadle queues list", "treadle queues list --json"],
+        "the queues and their controls: list, pause, resume, set",
+        examples=[
+            "treadle queues list",
+            "treadle queues pause mail",
+            "treadle queues resume mail",
+            "treadle queues set partner-api --concurrency 2 --rate-limit 10 --rate-period 1s",
+            "treadle queues set partner-api --concurrency none",
+        ],
     )
     sub = queues.add_subparsers(title="commands", required=True, metavar="COMMAND")
-    listing = command(sub, "list", "every queue that has jobs: waiting, running, failed, oldest waiting")
+    listing = command(sub, "list", "every queue that has jobs or settings: paused, limits, waiting, running, failed")
     add_json(listing)
     add_dsn(listing)
     listing.set_defaults(command=list_queues)
+
+    for verb, statement, help_text in (
+        ("pause", PAUSE, "pause a queue: workers claim none of its jobs (running ones go on); enqueue still works"),
+        ("resume", RESUME, "resume a paused queue: its jobs are claimable again and its workers are woken"),
+    ):
+        parser = command(sub, verb, help_text, examples=[f"treadle queues {verb} mail"])
+        parser.add_argument("queue", help="the queue's name")
+        add_json(parser)
+        add_dsn(parser)
+        parser.set_defaults(command=pause_or_resume, verb=verb, statement=statement)
+
+    setting = command(
+        sub,
+        "set",
+        "change a queue's limits and retention; the settings not named stay as they are",
+        description=(
+            "Change the settings named and keep the others. A count or duration of 'none' (or --clear-NAME) "
+            "removes that setting. Whether the queue is paused does not change."
+        ),
+        examples=[
+            "treadle queues set partner-api --concurrency 2",
+            "treadle queues set partner-api --rate-limit 10 --rate-period 1s",
+            "treadle queues set mail --max-depth 10000 --retain-completed 7d --retain-failed 30d",
+            "treadle queues set partner-api --clear-concurrency",
+        ],
+    )
+    setting.add_argument("queue", help="the queue's name")
+    for s in SETTINGS_FLAGS:
+        metavar = "N" if s.kind == "count" else "DURATION"
+        removed = "the global retention (treadle.configure)" if s.name.startswith("retain") else "no limit"
+        setting.add_argument(s.flag, dest=s.name, metavar=metavar, help=f"{s.help}; 'none' removes it: {removed}")
+        setting.add_argument(
+            f"--clear-{s.flag[2:]}", dest=f"clear_{s.name}", action="store_true", help=f"remove {s.flag[2:]}"
+        )
+    add_json(setting)
+    add_dsn(setting)
+    setting.set_defaults(command=set_queue)
 
 
 # -- treadle queues list ----------------------------------------------------------------------------
@@ -39,31 +140,131 @@ def add_commands(commands: Any) -> None:
 def list_queues(options: argparse.Namespace) -> int:
     with connect(options) as conn:
         rows = counts(conn)
+        settings = {row["queue"]: row for row in conn.execute(SETTINGS).fetchall()}
     queues: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        queue = queues.setdefault(
-            row["queue"], {"queue": row["queue"], **dict.fromkeys(JOB_STATES, 0), "oldest_waiting_seconds": None}
+
+    def entry(name: str) -> dict[str, Any]:
+        return queues.setdefault(
+            name, {"queue": name, **dict.fromkeys(JOB_STATES, 0), "oldest_waiting_seconds": None, **_settings(None)}
         )
+
+    for row in rows:
+        queue = entry(row["queue"])
         queue[row["state"]] = row["jobs"]
         if row["oldest_available_age"] is not None:
             queue["oldest_waiting_seconds"] = seconds_of(row)
+    for name, row in settings.items():  # a queue with settings and no job yet is listed too
+        entry(name).update(_settings(row))
+    listed = [queues[name] for name in sorted(queues)]
     if options.json:
-        print_json(list(queues.values()))
+        print_json(listed)
         return OK
-    if not queues:
-        print("no queues: no job has been enqueued")
+    if not listed:
+        print("no queues: no job has been enqueued and no queue has settings")
         return OK
     shown = ("available", "retryable", "running", "discarded")
     print_table(
-        ("QUEUE", *(state.upper() for state in shown), "OLDEST WAITING"),
+        ("QUEUE", "PAUSED", *(state.upper() for state in shown), "OLDEST WAITING", "LIMITS"),
         [
             (
                 q["queue"],
+                "paused" if q["paused"] else "-",
                 *(f"{q[state]:,}" for state in shown),
                 "-" if q["oldest_waiting_seconds"] is None else age(timedelta(seconds=q["oldest_waiting_seconds"])),
+                limits_text(q),
             )
-            for q in queues.values()
+            for q in listed
         ],
-        right=frozenset({1, 2, 3, 4}),
+        right=frozenset({2, 3, 4, 5}),
     )
     return OK
+
+
+def _settings(row: dict[str, Any] | None) -> dict[str, Any]:
+    """A queue's settings as --json gives them: durations in seconds, null for none."""
+    names = ("paused", *(s.name for s in SETTINGS_FLAGS))
+    if row is None:
+        return {"paused": False, **dict.fromkeys(names[1:])}
+    return {name: row[name] for name in names}
+
+
+def limits_text(settings: dict[str, Any]) -> str:
+    """concurrency 2, 10/1 s, max depth 100, keep completed 7 d, keep failed 30 d (or -)."""
+    parts = []
+    if settings["concurrency"] is not None:
+        parts.append(f"concurrency {settings['concurrency']}")
+    if settings["rate_limit"] is not None:
+        parts.append(f"rate {settings['rate_limit']}/{span(settings['rate_period'])}")
+    if settings["max_depth"] is not None:
+        parts.append(f"max depth {settings['max_depth']:,}")
+    if settings["retain_completed"] is not None:
+        parts.append(f"keep completed {span(settings['retain_completed'])}")
+    if settings["retain_failed"] is not None:
+        parts.append(f"keep failed {span(settings['retain_failed'])}")
+    return ", ".join(parts) or "-"
+
+
+# -- treadle queues pause | resume ----------------------------------------------------------------
+
+
+def pause_or_resume(options: argparse.Namespace) -> int:
+    queue = _queue_name(options.queue)
+    with connect(options) as conn:
+        row = conn.execute(options.statement, {"queue": queue}).fetchone()
+    changed = bool(row and row["changed"])
+    done = "paused" if options.verb == "pause" else "resumed"
+    if options.json:
+        print_json({"queue": queue, "paused": options.verb == "pause", "changed": changed})
+    elif changed:
+        print(f"queue {queue}: {done}")
+    else:
+        print(f"queue {queue}: already {'paused' if options.verb == 'pause' else 'not paused'}")
+    return OK
+
+
+def _queue_name(text: str) -> str:
+    # the SQL refuses the rest (empty, too long, control characters) with 22023; NUL never reaches it
+    if "\x00" in text:
+        raise UsageError("the queue's name contains a NUL character")
+    return text
+
+
+# -- treadle queues set ---------------------------------------------------------------------------
+
+
+def set_queue(options: argparse.Namespace) -> int:
+    queue = _queue_name(options.queue)
+    params: dict[str, Any] = {"queue": queue}
+    for s in SETTINGS_FLAGS:
+        raw, clear = getattr(options, s.name), getattr(options, f"clear_{s.name}")
+        if raw is not None and clear:
+            raise UsageError(f"{s.flag} and --clear-{s.flag[2:]} contradict each other: give one")
+        params[f"given_{s.name}"] = raw is not None or clear
+        params[s.name] = None if clear or raw is None else _value(s, raw)
+    if not any(params[f"given_{s.name}"] for s in SETTINGS_FLAGS):
+        flags = ", ".join(s.flag for s in SETTINGS_FLAGS)
+        raise UsageError(f"name a setting to change: {flags} (or --clear-...)")
+    with connect(options) as conn, conn.transaction():
+        conn.execute(SET_QUEUE, params)
+        row = conn.execute(SETTINGS + " WHERE queue = %(queue)s", {"queue": queue}).fetchone()
+    settings = _settings(row)
+    if options.json:
+        print_json({"queue": queue, **settings})
+    else:
+        print(f"queue {queue}: {limits_text(settings)}{' (paused)' if settings['paused'] else ''}")
+    return OK
+
+
+def _value(setting: Setting, raw: str) -> int | timedelta | None:
+    text = raw.strip()
+    if text.lower() in NONE_WORDS:
+        return None
+    if setting.kind == "duration":
+        return duration(text, setting.flag)
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{setting.flag}: {raw!r} is not a whole number (or 'none' to remove it)") from None
+    if not -(2**31) <= value < 2**31:  # the SQL checks the real bounds; this keeps its integer cast whole
+        raise UsageError(f"{setting.flag}: {value} is out of range")
+    return value

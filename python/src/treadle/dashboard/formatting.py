@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from ..cli._base import span
 from ..models import JOB_STATES
 from .queries import RawJson, Row, StateCount
 
@@ -275,7 +276,16 @@ def common_errors(failures: list[Row], top: int = 5) -> list[CommonError]:
     return [CommonError(summary, len(ids), ids[0]) for summary, ids in ranked[:top]]
 
 
+def local_time(value: datetime | None) -> str:
+    """A wall-clock time as a zone's clock shows it (a timestamp without time zone), to the minute."""
+    if value is None:
+        return "—"
+    return value.strftime("%Y-%m-%d %H:%M")
+
+
 FILTERS = {
+    "span": span,
+    "local_time": local_time,
     "when": when,
     "clock": clock,
     "age": age,

@@ -3,7 +3,8 @@
 Reads go only to the extension's views and public read functions, all of a page's
 reads in one read-only REPEATABLE READ transaction (one consistent snapshot, and a
 guarantee that showing a page changes nothing). Changes go only through
-treadle.cancel, treadle.retry and treadle.cancel_workflow. So a role set up with
+treadle.cancel, treadle.retry, treadle.cancel_workflow and the queue controls
+(treadle.pause, treadle.resume, treadle.set_queue). So a role set up with
 treadle.grant_dashboard (read_only => true for a dashboard that only reads) is all
 the dashboard needs.
 
@@ -204,6 +205,30 @@ QUEUE_WORKERS: Final = f"""{LIVE_WORKERS.rstrip()}
  WHERE %(queue)s = ANY (queues)
 """
 
+# The queues' settings (tenants see their own), the reasons of treadle.explain, the schedules.
+QUEUE_SETTINGS_COLUMNS: Final = (
+    "queue, paused, concurrency, rate_limit, rate_period, max_depth, retain_completed, retain_failed, updated_at"
+)
+PAUSED_QUEUES: Final = "SELECT queue FROM treadle.queue_settings WHERE paused"
+QUEUE_SETTINGS: Final = f"SELECT {QUEUE_SETTINGS_COLUMNS} FROM treadle.queue_settings WHERE queue = %(queue)s"
+EXPLAIN: Final = "SELECT reason, message, at FROM treadle.explain(job_id => %(job_id)s::bigint)"
+SCHEDULES: Final = """
+SELECT name, cron, tz, job, queue, args, priority, max_attempts, catch_up, next_run_at, next_run_local,
+       job_id, job_state
+  FROM treadle.schedules
+ ORDER BY name
+"""
+PAUSE: Final = "SELECT treadle.pause(queue => %(queue)s::text) AS changed"
+RESUME: Final = "SELECT treadle.resume(queue => %(queue)s::text) AS changed"
+SET_QUEUE: Final = """
+SELECT treadle.set_queue(
+    queue => %(queue)s::text, concurrency => %(concurrency)s::integer, rate_limit => %(rate_limit)s::integer,
+    rate_period => %(rate_period)s::interval, max_depth => %(max_depth)s::integer,
+    retain_completed => %(retain_completed)s::interval, retain_failed => %(retain_failed)s::interval)
+"""
+# set_queue's settings, in its order: what the queue page's form holds
+QUEUE_LIMITS: Final = ("concurrency", "rate_limit", "rate_period", "max_depth", "retain_completed", "retain_failed")
+
 CANCEL: Final = "SELECT treadle.cancel(%(job_id)s) AS changed"
 RETRY: Final = "SELECT treadle.retry(%(job_id)s) AS changed"
 CANCEL_RUN: Final = "SELECT treadle.cancel_workflow(%(run_id)s) AS changed"
@@ -269,6 +294,7 @@ class Overview:
     runs: list[Row]
     workers: list[Row]
     open_run: RunDetail | None
+    paused: frozenset[str] = frozenset()  # the queues that are paused
 
     @property
     def estimated(self) -> bool:
@@ -283,6 +309,7 @@ class QueuePage:
     throughput: list[Row]
     failures: list[Row]
     workers: list[Row]
+    settings: Row | None  # treadle.queue_settings' row; None: no setting, not paused
 
 
 @dataclass(frozen=True)
@@ -441,11 +468,37 @@ class Store:
                 runs=cur.execute(RECENT_RUNS, {"limit": runs}).fetchall(),
                 workers=cur.execute(LIVE_WORKERS).fetchall(),
                 open_run=detail,
+                paused=frozenset(row["queue"] for row in cur.execute(PAUSED_QUEUES).fetchall()),
             )
 
     def job(self, job_id: int) -> tuple[datetime, Row | None]:
         with self._cursor(read_only=True) as cur:
             return _now(cur), cur.execute(JOB, {"job_id": job_id}).fetchone()
+
+    def explain(self, job_id: int) -> list[Row]:
+        """treadle.explain's reasons: why the job is where it is (none for a job the role cannot see)."""
+        with self._cursor(read_only=True) as cur:
+            return cur.execute(EXPLAIN, {"job_id": job_id}).fetchall()
+
+    def schedules(self) -> tuple[datetime, list[Row]]:
+        with self._cursor(read_only=True) as cur:
+            return _now(cur), cur.execute(SCHEDULES).fetchall()
+
+    def pause_queue(self, queue: str) -> bool:
+        return self._queue_switch(PAUSE, queue)
+
+    def resume_queue(self, queue: str) -> bool:
+        return self._queue_switch(RESUME, queue)
+
+    def _queue_switch(self, statement: LiteralString, queue: str) -> bool:
+        with self._cursor(read_only=False) as cur:
+            return _changed(cur.execute(statement, {"queue": queue}).fetchone())
+
+    def set_queue(self, queue: str, limits: dict[str, Any]) -> Row | None:
+        """Set every one of the queue's limits (QUEUE_LIMITS; None clears one); its settings after."""
+        with self._cursor(read_only=False) as cur:
+            cur.execute(SET_QUEUE, {"queue": queue, **{name: limits.get(name) for name in QUEUE_LIMITS}})
+            return cur.execute(QUEUE_SETTINGS, {"queue": queue}).fetchone()
 
     def run(self, run_id: int) -> tuple[datetime, RunDetail | None]:
         with self._cursor(read_only=True) as cur:
@@ -574,6 +627,7 @@ class Store:
                 throughput=cur.execute(QUEUE_THROUGHPUT, {"queue": queue}).fetchall(),
                 failures=cur.execute(QUEUE_FAILURES, {"queue": queue, "limit": failures}).fetchall(),
                 workers=cur.execute(QUEUE_WORKERS, {"queue": queue}).fetchall(),
+                settings=cur.execute(QUEUE_SETTINGS, {"queue": queue}).fetchone(),
             )
 
     def retry_job(self, job_id: int) -> Outcome:

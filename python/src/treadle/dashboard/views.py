@@ -15,9 +15,11 @@ import psycopg
 from flask import Blueprint, Response, abort, flash, g, jsonify, redirect, render_template, request, url_for
 from werkzeug.datastructures import MultiDict
 
+from ..cli._base import CommandError, duration
+from ..cli._queues import limits_text
 from ..models import JOB_STATES
 from . import formatting, history
-from .queries import FAILURES_WINDOW, BulkOutcome, Outcome, RawJson, SearchFilter, decode_json
+from .queries import FAILURES_WINDOW, QUEUE_LIMITS, BulkOutcome, Outcome, RawJson, Row, SearchFilter, decode_json
 from .state import current
 
 blueprint = Blueprint("treadle", __name__)
@@ -235,6 +237,7 @@ def job(job_id: int) -> str:
         live=True,
         now=now,
         job=row,
+        reasons=current().store.explain(job_id),
         attempts=history.attempts(row),
         history_truncated=history.truncated(row),
     )
@@ -242,8 +245,7 @@ def job(job_id: int) -> str:
 
 @blueprint.get("/queues/<path:queue>")
 def queue(queue: str) -> str:
-    if not queue or len(queue) > MAX_FILTER_LENGTH or not queue.isprintable():
-        abort(404, description="There is no such queue.")
+    _check_queue(queue)
     dashboard = current()
     data = dashboard.store.queue(queue, failures=dashboard.settings.recent_rows)
     depth = dashboard.depth.record(data.now, [data.counts]).get(queue, [])
@@ -258,6 +260,94 @@ def queue(queue: str) -> str:
         common_errors=formatting.common_errors(data.failures),
         failures_window=FAILURES_WINDOW,
     )
+
+
+def _check_queue(queue: str) -> None:
+    if not queue or len(queue) > MAX_FILTER_LENGTH or not queue.isprintable():
+        abort(404, description="There is no such queue.")
+
+
+@blueprint.get("/schedules")
+def schedules() -> str:
+    now, rows = current().store.schedules()
+    return render_template("schedules.html", page="schedules", live=True, now=now, schedules=rows)
+
+
+# -- the queue controls: POSTs, refused in read-only mode and without the CSRF token (app._authenticate)
+
+
+@blueprint.post("/queues/<path:queue>/pause")
+def pause_queue(queue: str) -> Any:
+    _check_queue(queue)
+    return _queue_done(queue, lambda: _switched(queue, current().store.pause_queue(queue), "paused"))
+
+
+@blueprint.post("/queues/<path:queue>/resume")
+def resume_queue(queue: str) -> Any:
+    _check_queue(queue)
+    return _queue_done(queue, lambda: _switched(queue, current().store.resume_queue(queue), "resumed"))
+
+
+@blueprint.post("/queues/<path:queue>/limits")
+def set_queue(queue: str) -> Any:
+    _check_queue(queue)
+    limits = _limits(request.form)
+    return _queue_done(
+        queue, lambda: (200, f"Queue {queue}: {_limits_text(current().store.set_queue(queue, limits))}.")
+    )
+
+
+def _switched(queue: str, changed: bool, done: str) -> tuple[int, str]:
+    if changed:
+        return 200, f"Queue {queue} {done}."
+    return 409, f"Queue {queue} was already {'paused' if done == 'paused' else 'running'}: nothing changed."
+
+
+def _queue_done(queue: str, act: Callable[[], tuple[int, str]]) -> Any:
+    """Run a queue control; the database's refusals (a bad value, a tenant's bounds) become answers."""
+    try:
+        status, message = act()
+    except (psycopg.errors.InvalidParameterValue, psycopg.errors.NullValueNotAllowed) as error:
+        status, message = 400, f"Queue {queue}: {_primary(error)}."
+    except psycopg.errors.InsufficientPrivilege as error:
+        reason = _primary(error)
+        status = 403
+        message = f"The database refused this to the dashboard's role: {reason}" + (
+            f". {GRANT_HINT}" if reason.startswith("permission denied") else "."
+        )
+    if wants_json():
+        return jsonify(ok=status == 200, message=message), status
+    flash(message, "done" if status == 200 else "problem")
+    return redirect(_back() if request.form.get("next") else url_for(".queue", queue=queue), 303)
+
+
+def _primary(error: psycopg.Error) -> str:
+    return ((error.diag.message_primary if error.diag else None) or type(error).__name__).removeprefix("treadle: ")
+
+
+def _limits(form: MultiDict[str, str]) -> dict[str, Any]:
+    """The limits form: every field of set_queue, an empty one none; counts whole numbers, durations like 7d."""
+    limits: dict[str, Any] = {}
+    for name in QUEUE_LIMITS:
+        raw = form.get(name, "").strip()
+        label = name.replace("_", " ")
+        if not raw:
+            limits[name] = None
+        elif name in ("rate_period", "retain_completed", "retain_failed"):
+            try:
+                limits[name] = duration(raw, label)
+            except CommandError as error:
+                abort(400, description=f"{error}.")
+        elif raw.isascii() and raw.isdigit() and len(raw) <= 9:  # the SQL checks the bounds
+            limits[name] = int(raw)
+        else:
+            abort(400, description=f"{label} must be a whole number, or empty for no limit; got {raw[:40]!r}.")
+    return limits
+
+
+def _limits_text(settings: Row | None) -> str:
+    described = "-" if settings is None else limits_text(settings)
+    return "no limits" if described == "-" else described
 
 
 @blueprint.get("/runs/<int:run_id>")
