@@ -135,8 +135,9 @@ SELECT results_eq(
                 FROM treadle.jobs WHERE id = %s $$, :f),
     format($$ VALUES ('retryable'::text, '2999-01-03 12:10:00+00'::timestamptz, 1, 'smtp timeout'::text,
                '2999-01-03 12:00:00+00'::timestamptz, NULL::timestamptz, NULL::timestamptz, %L::uuid,
-               '[{"attempt": 1, "at": "2999-01-03T12:00:00+00:00", "error": "smtp timeout"}]'::jsonb) $$, :'f_tok'),
-    'a retryable job: due at now + retry_in, the error kept, the lease time cleared, not finished');
+               '[{"attempt": 1, "at": "2999-01-03T12:00:00+00:00", "error": "smtp timeout", "worker": "w",
+                  "started_at": "2999-01-03T12:00:00+00:00"}]'::jsonb) $$, :'f_tok'),
+    'a retryable job: due at now + retry_in, the error kept with the attempt''s worker and start, the lease time cleared, not finished');
 SELECT is(treadle.fail(:f, :'f_tok', 'again'), 'retryable', 'failing again with the same token says what the first call did');
 SELECT is(treadle.complete(:f, :'f_tok'), NULL, 'completing a job the token failed returns null');
 SELECT is((pg_temp.job(:f)).last_error, 'smtp timeout', 'a stale fail changes nothing');

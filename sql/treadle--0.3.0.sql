@@ -820,11 +820,15 @@ COMMENT ON FUNCTION treadle._trim_error(text) IS
     'Keep error text to 16,384 characters: its first and last 8,000 when longer.';
 
 --------------------------------------------------------------------------------
--- treadle._append_error(errors, attempt, at, error) -> jsonb
+-- treadle._append_error(errors, attempt, at, error, worker, started_at) -> jsonb
 --
--- A job's error history with one more failed attempt; the newest 20 are kept.
+-- A job's error history with one more failed attempt: its number, when it failed,
+-- the error, and the worker that ran it and when it started (what the dashboard's
+-- attempt history shows); the newest 20 are kept.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._append_error(errors jsonb, attempt integer, at timestamptz, error text)
+CREATE OR REPLACE FUNCTION treadle._append_error(
+    errors jsonb, attempt integer, at timestamptz, error text, worker text, started_at timestamptz
+)
 RETURNS jsonb
 LANGUAGE sql
 IMMUTABLE
@@ -832,9 +836,10 @@ BEGIN ATOMIC
     SELECT coalesce((SELECT jsonb_agg(e.value ORDER BY e.ord)
                        FROM jsonb_array_elements(errors) WITH ORDINALITY AS e(value, ord)
                       WHERE e.ord > jsonb_array_length(errors) - 19), '[]'::jsonb)
-           || jsonb_build_array(jsonb_build_object('attempt', attempt, 'at', at, 'error', error));
+           || jsonb_build_array(jsonb_build_object('attempt', attempt, 'at', at, 'error', error,
+                                                   'worker', worker, 'started_at', started_at));
 END;
-COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text) IS
+COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text, text, timestamptz) IS
     'Append one failed attempt to a job''s error history, keeping the newest 20.';
 --------------------------------------------------------------------------------
 -- treadle.enqueue(name, args, queue, priority, run_at, max_attempts,
@@ -2290,7 +2295,7 @@ BEGIN
            lease_until = NULL,
            last_error = v_error,
            failed_at = v_now,
-           errors = treadle._append_error(j.errors, j.attempt, v_now, v_error),
+           errors = treadle._append_error(j.errors, j.attempt, v_now, v_error, j.worker_id, j.started_at),
            ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
      WHERE j.id = fail.job_id
        AND j.state = 'running'
@@ -2453,7 +2458,7 @@ BEGIN
                lease_token = NULL,
                last_error = m.error,
                failed_at = v_now,
-               errors = treadle._append_error(j.errors, j.attempt, v_now, m.error),
+               errors = treadle._append_error(j.errors, j.attempt, v_now, m.error, j.worker_id, j.started_at),
                ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
           FROM moved AS m
          WHERE j.id = m.id

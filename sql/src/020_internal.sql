@@ -505,11 +505,15 @@ COMMENT ON FUNCTION treadle._trim_error(text) IS
     'Keep error text to 16,384 characters: its first and last 8,000 when longer.';
 
 --------------------------------------------------------------------------------
--- treadle._append_error(errors, attempt, at, error) -> jsonb
+-- treadle._append_error(errors, attempt, at, error, worker, started_at) -> jsonb
 --
--- A job's error history with one more failed attempt; the newest 20 are kept.
+-- A job's error history with one more failed attempt: its number, when it failed,
+-- the error, and the worker that ran it and when it started (what the dashboard's
+-- attempt history shows); the newest 20 are kept.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._append_error(errors jsonb, attempt integer, at timestamptz, error text)
+CREATE OR REPLACE FUNCTION treadle._append_error(
+    errors jsonb, attempt integer, at timestamptz, error text, worker text, started_at timestamptz
+)
 RETURNS jsonb
 LANGUAGE sql
 IMMUTABLE
@@ -517,7 +521,8 @@ BEGIN ATOMIC
     SELECT coalesce((SELECT jsonb_agg(e.value ORDER BY e.ord)
                        FROM jsonb_array_elements(errors) WITH ORDINALITY AS e(value, ord)
                       WHERE e.ord > jsonb_array_length(errors) - 19), '[]'::jsonb)
-           || jsonb_build_array(jsonb_build_object('attempt', attempt, 'at', at, 'error', error));
+           || jsonb_build_array(jsonb_build_object('attempt', attempt, 'at', at, 'error', error,
+                                                   'worker', worker, 'started_at', started_at));
 END;
-COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text) IS
+COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text, text, timestamptz) IS
     'Append one failed attempt to a job''s error history, keeping the newest 20.';

@@ -351,7 +351,7 @@ BEGIN
            lease_until = NULL,
            last_error = v_error,
            failed_at = v_now,
-           errors = treadle._append_error(j.errors, j.attempt, v_now, v_error),
+           errors = treadle._append_error(j.errors, j.attempt, v_now, v_error, j.worker_id, j.started_at),
            ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
      WHERE j.id = fail.job_id
        AND j.state = 'running'
@@ -514,7 +514,7 @@ BEGIN
                lease_token = NULL,
                last_error = m.error,
                failed_at = v_now,
-               errors = treadle._append_error(j.errors, j.attempt, v_now, m.error),
+               errors = treadle._append_error(j.errors, j.attempt, v_now, m.error, j.worker_id, j.started_at),
                ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
           FROM moved AS m
          WHERE j.id = m.id

@@ -105,3 +105,8 @@ CREATE INDEX jobs_timeout_idx ON treadle.jobs (started_at) WHERE lease_until IS 
 -- ones go (after treadle_upgrade_parts above has read who held them).
 DROP FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval);
 DROP FUNCTION treadle.fail(bigint, uuid, text, interval);
+
+--------------------------------------------------------------------------------
+-- Each failed attempt's entry in jobs.errors records its worker and start.
+--------------------------------------------------------------------------------
+DROP FUNCTION treadle._append_error(jsonb, integer, timestamptz, text);

@@ -218,10 +218,10 @@ def test_the_attempts_of_a_job_newest_first(client: FlaskClient, conn: psycopg.C
     conn.execute("SELECT treadle.complete(%s, %s::uuid, '{}')", (job_id, token))
 
     rows = attempt_rows(text(client, f"/jobs/{job_id}"))
-    assert [(r[0], r[1]) for r in rows] == [("3", "worker-three"), ("2", "worker-two"), ("1", "—")]
+    assert [(r[0], r[1]) for r in rows] == [("3", "worker-three"), ("2", "worker-two"), ("1", "worker-one")]
     assert rows[0][5] == "completed" and rows[0][2] != "—" and rows[0][3] != "—"
     assert rows[1][5].startswith("lease expired: worker worker-two stopped heartbeating")
-    assert rows[2][5] == "TimeoutError: feed slow" and rows[2][2] == "—"  # no start recorded for it
+    assert rows[2][5] == "TimeoutError: feed slow" and rows[2][2] != "—"  # each attempt keeps its start
 
 
 def test_a_running_attempt_and_a_job_never_run(client: FlaskClient, conn: psycopg.Connection, seeded: Seeded) -> None:
@@ -235,7 +235,7 @@ def test_a_running_attempt_and_a_job_never_run(client: FlaskClient, conn: psycop
     claim(conn, "billing", worker="worker-b")
     rows = attempt_rows(text(client, f"/jobs/{seeded.discarded}"))
     # the new claim is the one the job records: the old attempt's worker is no longer known
-    assert [(r[0], r[1]) for r in rows] == [("1", "worker-b"), ("1", "—")]
+    assert [(r[0], r[1]) for r in rows] == [("1", "worker-b"), ("1", "worker-a")]
 
 
 def test_an_entry_that_records_its_worker_and_start_shows_them(

@@ -1,11 +1,10 @@
 """A job's attempts, oldest first, from what the database keeps of them.
 
 Each failed attempt leaves an entry in the job's `errors` (attempt number, time
-of the failure, error text; the newest 20 are kept). The job itself keeps only
-its latest claim: `started_at` and `worker_id`. So the worker and start of an
-attempt are known for the latest one (and, for a lease that expired, the worker
-named in its error); for older attempts they are not recorded. An entry that
-carries `worker` and `started_at` (should _append_error record them) shows them.
+of the failure, error text, and since 0.3.0 the worker that ran it and when it
+started; the newest 20 are kept). The job itself keeps its latest claim:
+`started_at` and `worker_id`. Entries written by 0.2.0 lack worker and start: for
+those the worker is known only when a lease expired (its error names it).
 """
 
 from __future__ import annotations
