@@ -153,6 +153,7 @@ BEGIN
         SELECT j.queue, j.state, count(*)
           FROM treadle.jobs AS j
          WHERE NOT v_small
+           AND j.lease_until IS NOT NULL  -- = running (jobs_lease_check): read from jobs_lease_idx
            AND j.state = 'running'
            AND 'running' = ANY (v_exact)
            AND starts_with(j.queue, v_prefix)
