@@ -6,6 +6,7 @@ depend on the command alone.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import pty
@@ -75,6 +76,8 @@ class Terminal:
         if self.pid == 0:  # the child: the pty is its stdin, stdout and stderr
             os.execve(str(TREADLE), [str(TREADLE), *args], {**environment, "COLUMNS": "120", "TERM": "xterm"})
         self.seen = ""
+        # a read can end inside a character (a box-drawing one is 3 bytes): decode across reads
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def read_until(self, found: Callable[[str], bool], what: str) -> str:
         deadline = time.monotonic() + PATIENCE
@@ -90,7 +93,7 @@ class Terminal:
         ready, _, _ = select.select([self.fd], [], [], timeout)
         if ready:
             try:
-                self.seen += os.read(self.fd, 65536).decode(errors="replace")
+                self.seen += self._decoder.decode(os.read(self.fd, 65536))
             except OSError:
                 return False
         return True

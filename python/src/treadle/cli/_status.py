@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
-import time
+import threading
 from datetime import datetime
 from typing import Any
 
@@ -139,8 +140,12 @@ def _watch(conn: Connection, options: argparse.Namespace) -> int:
             raise CommandError(RICH_HINT) from None
         live = Live(_rich_view(conn, options), auto_refresh=False, screen=False)
         live.start()
+    # Ctrl-C ends the loop between refreshes: a KeyboardInterrupt inside a query would
+    # leave the connection waiting on a cancelled statement as the command exits
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        while True:
+        while not stop.is_set():
             if live is not None:
                 live.update(_rich_view(conn, options), refresh=True)
             elif options.json:
@@ -151,10 +156,10 @@ def _watch(conn: Connection, options: argparse.Namespace) -> int:
             else:
                 print(f"-- {datetime.now().astimezone().isoformat(timespec='seconds')}")
                 print("\n".join(_status_lines(counts(conn))), flush=True)
-            time.sleep(options.interval)
-    except KeyboardInterrupt:
+            stop.wait(options.interval)
         return OK
     finally:
+        signal.signal(signal.SIGINT, previous)
         if live is not None:
             live.stop()
 
