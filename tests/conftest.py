@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import tempfile
 import uuid
@@ -75,6 +76,21 @@ def as_role(url: str, role: str) -> str:
     """The same database URL, logging in as another role (the test cluster trusts local logins)."""
     parts = urlsplit(url)
     return urlunsplit(parts._replace(netloc=f"{role}@{parts.netloc.rpartition('@')[2]}"))
+
+
+def _sigint_handled() -> None:
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True)
+def sigint_reaches_children() -> Iterator[None]:
+    """Keep this process's SIGINT handler Python's own, before and after each test. A child
+    process inherits an ignored SIGINT (the browser tests' driver leaves it ignored), and a
+    test that stops a child with Ctrl-C would then wait on it forever."""
+    _sigint_handled()
+    yield
+    _sigint_handled()
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import os
 import signal
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -79,7 +80,20 @@ def get(url: str, headers: dict[str, str] | None = None) -> int:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=30) as response:
             return int(response.status)
     except urllib.error.HTTPError as error:
+        error.close()
         return int(error.code)
+
+
+@pytest.mark.subprocess
+def test_stops_while_a_browser_keeps_its_connection_open(operator_dsn: str) -> None:
+    with serving(["--dsn", operator_dsn, "--port", "0"]) as (process, url):
+        host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as browser:
+            browser.sendall(f"GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: keep-alive\r\n\r\n".encode())
+            assert browser.recv(4096).startswith(b"HTTP/1.1 200")  # answered, and the connection stays open
+            process.send_signal(signal.SIGINT)
+            process.communicate(timeout=30)
+        assert process.returncode == 0
 
 
 @pytest.mark.subprocess
