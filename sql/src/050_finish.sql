@@ -489,15 +489,19 @@ BEGIN
            AND j.lease_until < v_now
            FOR UPDATE SKIP LOCKED
     ), overdue AS (
-        -- a lease still held (the expired ones are above)
+        -- the rest (the expired ones read above are taken as expired), read from
+        -- jobs_timeout_idx by started_at: a condition on lease_until here would let the
+        -- planner read jobs_lease_idx, whose dead entries a held snapshot keeps
         SELECT j.id, true AS overdue,
                format('timed out: attempt %s ran past its timeout of %s on worker %s',
                       j.attempt, j.timeout, j.worker_id) AS error
           FROM treadle.jobs AS j
-         WHERE j.state = 'running'
-           AND j.lease_until >= v_now
+         WHERE j.lease_until IS NOT NULL
            AND j.timeout IS NOT NULL
+           AND j.started_at < v_now - interval '5 seconds'
            AND j.started_at + j.timeout + interval '5 seconds' < v_now
+           AND j.state = 'running'
+           AND NOT j.id = ANY (v_ids)
            FOR UPDATE SKIP LOCKED
     ), moved AS (
         SELECT * FROM expired
