@@ -1119,7 +1119,7 @@ COMMENT ON FUNCTION treadle._claim_next_lane(text, text, integer) IS
 -- Where a claim starts reading. A claimed job leaves a dead entry at the front of
 -- the claim index, and while any snapshot older than the claim stays open (a long
 -- transaction, a replication slot) nothing removes it: a claim that starts at the
--- front walks every one. So a session whose claims take over 5 ms switches to a
+-- front walks every one. So a session whose claims take over 2 ms switches to a
 -- cursor, kept per (queues, names) in a setting (treadle.claim_<hash>): for each
 -- lane, a (queue[, name], priority), the key (run_at, id) below which it found
 -- nothing left to take, and the snapshot its previous claim read with. A claim reads
@@ -1167,6 +1167,8 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now     timestamptz := treadle.now();
+    v_slow    CONSTANT interval := '2 ms';         -- a plain claim this slow, 3 in a row: a cursor
+    v_quick_sweep CONSTANT interval := '1 ms';     -- a sweep this quick: back to the plain claim
     v_setting text;       -- this session's cursor for these queues and names
     v_text    text;
     v_plain   boolean;    -- the plain claim, without a cursor
@@ -1227,10 +1229,13 @@ BEGIN
     END IF;
 
     -- A session claims from the front of each range (the plain claim) until three in
-    -- a row take over 5 ms, as when dead entries pile up in front (not just one: the
+    -- a row take over v_slow, as when dead entries pile up in front (not just one: the
     -- first claim of a session is also planned, and a busy server has slow moments);
-    -- then it sweeps and keeps a cursor, back to the plain claim once a sweep (every
-    -- 60 s) is quick again. The setting holds nothing, 'slow' or 'slow2' (plain),
+    -- then it sweeps and keeps a cursor, back to the plain claim once a sweep (at once,
+    -- then every 60 s) reads its lanes within v_quick_sweep. A plain claim without dead
+    -- entries in front takes well under a millisecond, and one that walks 10,000 takes
+    -- about 2; a cursor claim costs at most a few tenths of a millisecond more than a plain
+    -- one, so a switch made in vain costs little and a late one costs throughput. The setting holds nothing, 'slow' or 'slow2' (plain),
     -- 'sweep' (or 'pin': sweep, and keep the cursor however quick: for tests), or the
     -- cursor.
     v_setting := 'treadle.claim_' || to_hex(hashtextextended(
@@ -1290,7 +1295,7 @@ BEGIN
                 )
                 SELECT x FROM lanes AS l, unnest(ARRAY[l.qi, l.ni, l.priority, treadle._us(l.run_at), l.id]) AS x);
             -- ('pin', and a cursor made from it, keep the cursor: for tests)
-            v_quick := clock_timestamp() - v_sweep_at < interval '5 ms' AND v_text <> 'pin'
+            v_quick := clock_timestamp() - v_sweep_at < v_quick_sweep AND v_text <> 'pin'
                        AND v_text NOT LIKE '{2,%';
             IF cardinality(v_lanes) > 5 * 32 THEN
                 v_plain := true;
@@ -1303,21 +1308,26 @@ BEGIN
             -- that row lies, and new lanes for such rows of other priorities.
             v_lanes := v_cursor[6 + v_cursor[5]:];
             v_straggler := ARRAY(
+                -- each lane's first such row: rows of many commits (a producer's, a
+                -- release's) come down to one key per lane here, not in the merge below
                 SELECT x
-                  FROM (SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
-                         WHERE j.state = ANY (ARRAY['available', 'retryable'])
-                           AND j.ready_txid >= v_cursor[4]::text::xid8
-                           -- a ready_txid beyond the server's came from another cluster
-                           -- (restored): such rows are found from their lanes' keys
-                           AND j.ready_txid < pg_snapshot_xmax(v_snap)
-                        UNION ALL
-                        SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
-                         WHERE j.state = ANY (ARRAY['available', 'retryable'])
-                           AND j.ready_txid = ANY (v_cursor[6:5 + v_cursor[5]]::text[]::xid8[])) AS s,
-                       unnest(ARRAY[array_position(v_queues, s.queue), coalesce(array_position(v_names, s.name), 0),
-                                    s.priority, treadle._us(s.run_at), s.id]) AS x
-                 WHERE s.queue = ANY (v_queues)
-                   AND (v_names IS NULL OR s.name = ANY (v_names)));
+                  FROM (SELECT array_position(v_queues, s.queue) AS qi,
+                               coalesce(array_position(v_names, s.name), 0) AS ni, s.priority AS p,
+                               min(ARRAY[treadle._us(s.run_at), s.id]) AS k
+                          FROM (SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
+                                 WHERE j.state = ANY (ARRAY['available', 'retryable'])
+                                   AND j.ready_txid >= v_cursor[4]::text::xid8
+                                   -- a ready_txid beyond the server's came from another cluster
+                                   -- (restored): such rows are found from their lanes' keys
+                                   AND j.ready_txid < pg_snapshot_xmax(v_snap)
+                                UNION ALL
+                                SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
+                                 WHERE j.state = ANY (ARRAY['available', 'retryable'])
+                                   AND j.ready_txid = ANY (v_cursor[6:5 + v_cursor[5]]::text[]::xid8[])) AS s
+                         WHERE s.queue = ANY (v_queues)
+                           AND (v_names IS NULL OR s.name = ANY (v_names))
+                         GROUP BY 1, 2, 3) AS g,
+                       unnest(ARRAY[g.qi, g.ni, g.p, g.k[1], g.k[2]]) AS x);
             IF cardinality(v_straggler) > 0 THEN
                 v_lanes := ARRAY(
                     SELECT x
@@ -1372,9 +1382,9 @@ BEGIN
                  LIMIT claim.batch);
         END IF;
         -- two slow claims in a row (the first claim of a session is also planned)
-        IF clock_timestamp() - v_started > interval '5 ms' OR v_text LIKE 'slow%' THEN
+        IF clock_timestamp() - v_started > v_slow OR v_text LIKE 'slow%' THEN
             -- (v_started is null for the plain claim of too many priorities)
-            PERFORM set_config(v_setting, CASE WHEN clock_timestamp() - v_started <= interval '5 ms' THEN ''
+            PERFORM set_config(v_setting, CASE WHEN clock_timestamp() - v_started <= v_slow THEN ''
                                                WHEN v_text = 'slow2' THEN 'sweep'
                                                WHEN v_text = 'slow' THEN 'slow2' ELSE 'slow' END, false);
         END IF;
@@ -2267,15 +2277,19 @@ BEGIN
            AND j.lease_until < v_now
            FOR UPDATE SKIP LOCKED
     ), overdue AS (
-        -- a lease still held (the expired ones are above)
+        -- the rest (the expired ones read above are taken as expired), read from
+        -- jobs_timeout_idx by started_at: a condition on lease_until here would let the
+        -- planner read jobs_lease_idx, whose dead entries a held snapshot keeps
         SELECT j.id, true AS overdue,
                format('timed out: attempt %s ran past its timeout of %s on worker %s',
                       j.attempt, j.timeout, j.worker_id) AS error
           FROM treadle.jobs AS j
-         WHERE j.state = 'running'
-           AND j.lease_until >= v_now
+         WHERE j.lease_until IS NOT NULL
            AND j.timeout IS NOT NULL
+           AND j.started_at < v_now - interval '5 seconds'
            AND j.started_at + j.timeout + interval '5 seconds' < v_now
+           AND j.state = 'running'
+           AND NOT j.id = ANY (v_ids)
            FOR UPDATE SKIP LOCKED
     ), moved AS (
         SELECT * FROM expired
