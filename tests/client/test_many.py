@@ -149,8 +149,9 @@ def test_bad_ids_are_refused_before_anything_is_sent(conn: psycopg.Connection[An
 
 def test_a_bad_id_from_an_iterator_stops_at_its_batch(conn: psycopg.Connection[Any]) -> None:
     ids = [treadle.enqueue(conn, "x") for _ in range(3)]
+    given: list[Any] = [*ids, "4"]
     with pytest.raises(treadle.InvalidArgument, match=r"ids\[3\] must be an integer, not str"):
-        treadle.cancel_many(conn, iter([*ids, "4"]), batch_size=2)
+        treadle.cancel_many(conn, iter(given), batch_size=2)
     # the batch before it committed; its own batch was never sent
     assert states(conn, ids) == ["cancelled", "cancelled", "available"]
 

@@ -61,9 +61,7 @@ class Action:
         return f"it is {job.state}; {self.verb} applies to {either(self.states)} jobs"
 
 
-RETRY = Action(
-    "retry", "retried", "retrying", ("discarded", "cancelled", "retryable"), client.retry, client.retry_many
-)
+RETRY = Action("retry", "retried", "retrying", ("discarded", "cancelled", "retryable"), client.retry, client.retry_many)
 CANCEL = Action(
     "cancel", "cancelled", "cancelling", ("available", "retryable", "running"), client.cancel, client.cancel_many
 )
