@@ -1,4 +1,5 @@
-"""The catalogue of the statements the client and the worker send (the dashboard keeps its own).
+"""The catalogue of the statements the client and the worker send (the dashboard keeps its own,
+but for its bulk actions, which run on the client's retry_many and cancel_many).
 
 Grouped by caller; each statement calls one function of the extension in named
 notation, or reads one table or view, and says in one line what it is for. The
