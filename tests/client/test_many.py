@@ -99,7 +99,7 @@ def test_a_connection_outside_autocommit_commits_each_batch_too(dsn: str, sql_wo
         assert states(conn, ids) == ["cancelled"] * 3
 
 
-def test_inside_the_callers_transaction_the_batches_are_its_savepoints(dsn: str, conn: psycopg.Connection[Any]) -> None:
+def test_inside_the_callers_transaction_the_batches_are_its_statements(dsn: str, conn: psycopg.Connection[Any]) -> None:
     ids = [treadle.enqueue(conn, "x") for _ in range(3)]
     with psycopg.connect(dsn) as tx:
         tx.execute("SELECT 1")  # a transaction is open

@@ -58,10 +58,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypedDict, overload
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from . import _args, _conn, _json, _sql
 from .errors import InvalidArgument, JobNotFound
@@ -397,20 +399,21 @@ def cancel_many(
 ) -> int | Awaitable[int]:
     """`cancel` each job of `ids`, `batch_size` jobs to a transaction; how many it changed.
 
-    On a connection outside a transaction (autocommit, or idle) each batch is a
-    transaction of its own, committed before the next begins, so no batch holds
-    many row locks for long; inside the caller's transaction each batch is a
-    savepoint of it, and the caller's commit decides. After each committed batch
-    ``on_batch(jobs, changed)`` is called with its size and how many of it changed.
-    ``statement_timeout`` bounds each batch's statement (set for its transaction
-    only). Ids are acted on in the order given; an unknown one changes nothing.
+    On a psycopg connection outside a transaction (autocommit, or idle) each batch
+    is a transaction of its own, committed before the next begins, so no batch
+    holds many row locks for long; a failed batch is rolled back and its error
+    raised, and the batches before it stay committed. Inside the caller's
+    transaction (a SQLAlchemy Connection or Session is always in one) the batches
+    are statements of it, like any other call's, and the caller's commit decides.
+    After each batch ``on_batch(jobs, changed)`` is called with its size and how
+    many of it changed. ``statement_timeout`` bounds each batch's statement (set
+    for the transaction it runs in, so inside the caller's, until that ends). Ids
+    are acted on in the order given; an unknown one changes nothing.
 
     A list (any collection) of ids is checked whole before anything is sent; an
     iterator is read and checked a batch at a time, so it may read the next ids
     from the database once the batch before is done. A value that is not an
-    integer raises `InvalidArgument`. A failed batch (a missing grant, a tenant's
-    job outside its queues, the timeout) is rolled back and its error raised; the
-    batches before it stay committed.
+    integer raises `InvalidArgument`.
     """
     return _act_on_many(conn, _sql.CANCEL_MANY, ids, batch_size, on_batch, statement_timeout)
 
@@ -436,9 +439,11 @@ def _act_on_many(
     if isinstance(conn, psycopg.AsyncConnection):
         return _act_on_many_async(conn, query, batches, on_batch, limit)
     target = _conn.sync_connection(conn)
+    # a transaction per batch, unless the caller has one (SQLAlchemy's may not have reached the server yet)
+    own = conn is target and target.info.transaction_status == TransactionStatus.IDLE
     changed = 0
     for batch in batches:
-        with target.transaction():
+        with target.transaction() if own else nullcontext():
             if limit is not None:
                 _conn.execute(target, _sql.BATCH_TIMEOUT, {"timeout": limit}, _nothing)
             done: int = _conn.execute(target, query, {"ids": batch}, _scalar)
@@ -455,9 +460,10 @@ async def _act_on_many_async(
     on_batch: OnBatch | None,
     limit: str | None,
 ) -> int:
+    own = conn.info.transaction_status == TransactionStatus.IDLE
     changed = 0
     for batch in batches:
-        async with conn.transaction():
+        async with conn.transaction() if own else nullcontext():
             if limit is not None:
                 await _conn.execute(conn, _sql.BATCH_TIMEOUT, {"timeout": limit}, _nothing)
             done: int = await _conn.execute(conn, query, {"ids": batch}, _scalar)
