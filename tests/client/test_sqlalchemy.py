@@ -146,3 +146,24 @@ def test_wait_reads_in_the_session(engine: Engine, dsn: str) -> None:
         conn.execute("SELECT treadle.complete(%s, %s, '{\"ok\": 1}')", [job_id, token[0]])
     with Session(engine) as session:
         assert treadle.wait(session, job_id, timeout=0) == {"ok": 1}
+
+
+def test_cancel_many_in_a_session_is_the_sessions_to_commit(engine: Engine, dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        ids = [treadle.enqueue(conn, "ship") for _ in range(3)]
+
+    def cancelled() -> int:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT count(*) FROM treadle.jobs WHERE state = 'cancelled'").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    with Session(engine) as session:
+        assert treadle.cancel_many(session, ids, batch_size=2) == 3  # the batches are statements of its transaction
+        assert cancelled() == 0
+        session.rollback()
+    assert cancelled() == 0
+    with Session(engine) as session:
+        assert treadle.cancel_many(session, ids, batch_size=2) == 3
+        session.commit()
+    assert cancelled() == 3

@@ -1,4 +1,5 @@
-"""The catalogue of the statements the client and the worker send (the dashboard keeps its own).
+"""The catalogue of the statements the client and the worker send (the dashboard keeps its own,
+but for its bulk actions, which run on the client's retry_many and cancel_many).
 
 Grouped by caller; each statement calls one function of the extension in named
 notation, or reads one table or view, and says in one line what it is for. The
@@ -50,6 +51,17 @@ CANCEL: Final[LiteralString] = "SELECT treadle.cancel(job_id => %(job_id)s::bigi
 RETRY: Final[LiteralString] = "SELECT treadle.retry(job_id => %(job_id)s::bigint)"
 CANCEL_WORKFLOW: Final[LiteralString] = "SELECT treadle.cancel_workflow(run_id => %(run_id)s::bigint)"
 WORKFLOW_RESULTS: Final[LiteralString] = "SELECT treadle.workflow_results(run_id => %(run_id)s::bigint)"
+# treadle.retry, treadle.cancel over one batch of retry_many's, cancel_many's ids: how many changed
+RETRY_MANY: Final[LiteralString] = """
+SELECT count(*) FILTER (WHERE changed) AS changed
+  FROM (SELECT treadle.retry(job_id => u.id) AS changed FROM unnest(%(ids)s::bigint[]) AS u(id)) AS done
+"""
+CANCEL_MANY: Final[LiteralString] = """
+SELECT count(*) FILTER (WHERE changed) AS changed
+  FROM (SELECT treadle.cancel(job_id => u.id) AS changed FROM unnest(%(ids)s::bigint[]) AS u(id)) AS done
+"""
+# a batch's own statement timeout: set_config's local form lasts until its transaction ends
+BATCH_TIMEOUT: Final[LiteralString] = "SELECT set_config('statement_timeout', %(timeout)s, true)"
 # one job without its lease token (job_details is what every reader role may select); jsonb as text
 GET_JOB: Final[LiteralString] = """
 SELECT id, queue, name, args::text AS args, state, priority, run_at, attempt, max_attempts, lease_until,

@@ -14,6 +14,9 @@ rows it is about are saved together or not at all::
 
 On an autocommit connection outside a transaction block, each call is a
 transaction of its own. Workers cannot see a job before its transaction commits.
+`retry_many` and `cancel_many` are the exception: on a connection outside a
+transaction they make each batch a transaction of its own, so that acting on
+thousands of jobs never holds their row locks at once.
 
 Connections
 -----------
@@ -52,18 +55,22 @@ A handler's return value is stored as its job's result: `results.wait`,
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+import itertools
+import math
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypedDict, overload
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from . import _args, _conn, _json, _sql
 from .errors import InvalidArgument, JobNotFound
 from .models import Explanation, Job
 
 if TYPE_CHECKING:
-    from typing_extensions import Unpack
+    from typing_extensions import LiteralString, Unpack
 
     from ._conn import AnyConnection, SyncConnection
 
@@ -71,6 +78,7 @@ __all__ = [
     "EnqueueOptions",
     "WorkflowOptions",
     "cancel",
+    "cancel_many",
     "cancel_workflow",
     "enqueue",
     "enqueue_many",
@@ -79,6 +87,7 @@ __all__ = [
     "pause",
     "resume",
     "retry",
+    "retry_many",
     "set_queue",
     "start_workflow",
     "version",
@@ -87,6 +96,9 @@ __all__ = [
 
 JsonPayload: TypeAlias = Mapping[str, Any] | Sequence[Any] | None
 AsyncConnection: TypeAlias = "psycopg.AsyncConnection[Any]"
+# retry_many's and cancel_many's report after each committed batch: (jobs in it, of those changed)
+OnBatch: TypeAlias = Callable[[int, int], None]
+BATCH_SIZE: Final = 500
 
 
 class EnqueueOptions(TypedDict, total=False):
@@ -324,6 +336,159 @@ def retry(conn: AnyConnection, job_id: int) -> bool | Awaitable[bool]:
     workflow step resumes its run.
     """
     return _conn.execute(conn, _sql.RETRY, {"job_id": _args.row_id(job_id, "job_id")}, _scalar)
+
+
+@overload
+def retry_many(
+    conn: AsyncConnection,
+    ids: Iterable[int],
+    *,
+    batch_size: int = BATCH_SIZE,
+    on_batch: OnBatch | None = None,
+    statement_timeout: timedelta | None = None,
+) -> Awaitable[int]: ...
+@overload
+def retry_many(
+    conn: SyncConnection,
+    ids: Iterable[int],
+    *,
+    batch_size: int = BATCH_SIZE,
+    on_batch: OnBatch | None = None,
+    statement_timeout: timedelta | None = None,
+) -> int: ...
+def retry_many(
+    conn: AnyConnection,
+    ids: Iterable[int],
+    *,
+    batch_size: int = BATCH_SIZE,
+    on_batch: OnBatch | None = None,
+    statement_timeout: timedelta | None = None,
+) -> int | Awaitable[int]:
+    """`retry` each job of `ids`, `batch_size` jobs to a transaction; how many it retried.
+
+    See `cancel_many` for the batches, the callback and the errors.
+    """
+    return _act_on_many(conn, _sql.RETRY_MANY, ids, batch_size, on_batch, statement_timeout)
+
+
+@overload
+def cancel_many(
+    conn: AsyncConnection,
+    ids: Iterable[int],
+    *,
+    batch_size: int = BATCH_SIZE,
+    on_batch: OnBatch | None = None,
+    statement_timeout: timedelta | None = None,
+) -> Awaitable[int]: ...
+@overload
+def cancel_many(
+    conn: SyncConnection,
+    ids: Iterable[int],
+    *,
+    batch_size: int = BATCH_SIZE,
+    on_batch: OnBatch | None = None,
+    statement_timeout: timedelta | None = None,
+) -> int: ...
+def cancel_many(
+    conn: AnyConnection,
+    ids: Iterable[int],
+    *,
+    batch_size: int = BATCH_SIZE,
+    on_batch: OnBatch | None = None,
+    statement_timeout: timedelta | None = None,
+) -> int | Awaitable[int]:
+    """`cancel` each job of `ids`, `batch_size` jobs to a transaction; how many it changed.
+
+    On a psycopg connection outside a transaction (autocommit, or idle) each batch
+    is a transaction of its own, committed before the next begins, so no batch
+    holds many row locks for long; a failed batch is rolled back and its error
+    raised, and the batches before it stay committed. Inside the caller's
+    transaction (a SQLAlchemy Connection or Session is always in one) the batches
+    are statements of it, like any other call's, and the caller's commit decides.
+    After each batch ``on_batch(jobs, changed)`` is called with its size and how
+    many of it changed. ``statement_timeout`` bounds each batch's statement (set
+    for the transaction it runs in, so inside the caller's, until that ends). Ids
+    are acted on in the order given; an unknown one changes nothing.
+
+    A list (any collection) of ids is checked whole before anything is sent; an
+    iterator is read and checked a batch at a time, so it may read the next ids
+    from the database once the batch before is done. A value that is not an
+    integer raises `InvalidArgument`.
+    """
+    return _act_on_many(conn, _sql.CANCEL_MANY, ids, batch_size, on_batch, statement_timeout)
+
+
+def _act_on_many(
+    conn: AnyConnection,
+    query: LiteralString,
+    ids: Iterable[int],
+    batch_size: int,
+    on_batch: OnBatch | None,
+    statement_timeout: timedelta | None,
+) -> int | Awaitable[int]:
+    if _args.integer(batch_size, "batch_size") < 1:
+        raise InvalidArgument(f"batch_size must be at least 1, got {batch_size}")
+    if on_batch is not None and not callable(on_batch):
+        raise InvalidArgument(f"on_batch must be a function or None, not {type(on_batch).__name__}")
+    timeout = _args.interval(statement_timeout, "statement_timeout")
+    if timeout is not None and timeout <= timedelta(0):
+        raise InvalidArgument(f"statement_timeout must be positive, got {timeout}")
+    # whole milliseconds, rounded up: a timeout of 0 would mean none
+    limit = None if timeout is None else f"{math.ceil(timeout / timedelta(milliseconds=1))}ms"
+    batches = _id_batches(ids, batch_size)
+    if isinstance(conn, psycopg.AsyncConnection):
+        return _act_on_many_async(conn, query, batches, on_batch, limit)
+    target = _conn.sync_connection(conn)
+    # a transaction per batch, unless the caller has one (SQLAlchemy's may not have reached the server yet)
+    own = conn is target and target.info.transaction_status == TransactionStatus.IDLE
+    changed = 0
+    for batch in batches:
+        with target.transaction() if own else nullcontext():
+            if limit is not None:
+                _conn.execute(target, _sql.BATCH_TIMEOUT, {"timeout": limit}, _nothing)
+            done: int = _conn.execute(target, query, {"ids": batch}, _scalar)
+        changed += done
+        if on_batch is not None:
+            on_batch(len(batch), done)
+    return changed
+
+
+async def _act_on_many_async(
+    conn: psycopg.AsyncConnection[Any],
+    query: LiteralString,
+    batches: Iterator[list[int]],
+    on_batch: OnBatch | None,
+    limit: str | None,
+) -> int:
+    own = conn.info.transaction_status == TransactionStatus.IDLE
+    changed = 0
+    for batch in batches:
+        async with conn.transaction() if own else nullcontext():
+            if limit is not None:
+                await _conn.execute(conn, _sql.BATCH_TIMEOUT, {"timeout": limit}, _nothing)
+            done: int = await _conn.execute(conn, query, {"ids": batch}, _scalar)
+        changed += done
+        if on_batch is not None:
+            on_batch(len(batch), done)
+    return changed
+
+
+def _id_batches(ids: Any, size: int) -> Iterator[list[int]]:
+    """Job ids in lists of `size`: a collection checked whole now, an iterator as each list is taken."""
+    if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
+        raise InvalidArgument(f"ids must be a list of job ids, not {type(ids).__name__}")
+    if isinstance(ids, Collection):
+        checked = [_args.row_id(value, f"ids[{index}]") for index, value in enumerate(ids)]
+        return iter([checked[start : start + size] for start in range(0, len(checked), size)])
+    return _checked_batches(iter(ids), size)
+
+
+def _checked_batches(ids: Iterator[Any], size: int) -> Iterator[list[int]]:
+    taken = 0
+    # islice takes `size` ids and no more: the next are read only when the next batch is due
+    while batch := [_args.row_id(value, f"ids[{taken + n}]") for n, value in enumerate(itertools.islice(ids, size))]:
+        taken += len(batch)
+        yield batch
 
 
 @overload

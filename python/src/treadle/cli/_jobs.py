@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,7 @@ class Action:
     doing: str  # retrying
     states: tuple[str, ...]
     call: Any  # client.retry or client.cancel
+    call_many: Any  # client.retry_many or client.cancel_many
 
     def why_not(self, job: Job) -> str:
         if self.verb == "cancel" and job.state == "running":
@@ -59,8 +61,10 @@ class Action:
         return f"it is {job.state}; {self.verb} applies to {either(self.states)} jobs"
 
 
-RETRY = Action("retry", "retried", "retrying", ("discarded", "cancelled", "retryable"), client.retry)
-CANCEL = Action("cancel", "cancelled", "cancelling", ("available", "retryable", "running"), client.cancel)
+RETRY = Action("retry", "retried", "retrying", ("discarded", "cancelled", "retryable"), client.retry, client.retry_many)
+CANCEL = Action(
+    "cancel", "cancelled", "cancelling", ("available", "retryable", "running"), client.cancel, client.cancel_many
+)
 
 
 def add_commands(commands: Any) -> None:
@@ -345,20 +349,14 @@ def _act_on_filter(conn: Connection, action: Action, options: argparse.Namespace
             print(f"{count:,} jobs ({described}) would be {action.done}" if options.dry_run else "no jobs match")
         return OK
     confirm(f"{action.verb} {count:,} jobs ({described})", options.yes, f"pass --yes to {action.verb} them")
-    batch = sql.SQL(
-        "SELECT id, treadle.{}(job_id => id) AS done FROM ("
-        " SELECT id FROM treadle.job_details WHERE {} AND id > %(after)s AND id <= %(last)s"
-        " ORDER BY id LIMIT %(size)s) AS batch ORDER BY id"
-    ).format(sql.Identifier(action.verb), where)
-    changed = after = 0
+    page = sql.SQL(
+        "SELECT id FROM treadle.job_details WHERE {} AND id > %(after)s AND id <= %(last)s ORDER BY id LIMIT %(size)s"
+    ).format(where)
+    selected_ids = _pages(conn, page, {**params, "last": last, "size": options.batch_size})
     with Progress(action.doing, count) as bar:
-        while True:
-            rows = conn.execute(batch, {**params, "after": after, "last": last, "size": options.batch_size}).fetchall()
-            if not rows:
-                break
-            after = rows[-1]["id"]
-            changed += sum(1 for row in rows if row["done"])
-            bar.advance(len(rows))
+        changed = action.call_many(
+            conn, selected_ids, batch_size=options.batch_size, on_batch=lambda jobs, _: bar.advance(jobs)
+        )
     skipped = count - changed
     if options.json:
         print_json({"selected": count, action.done: changed})
@@ -366,6 +364,15 @@ def _act_on_filter(conn: Connection, action: Action, options: argparse.Namespace
         note = f" ({skipped:,} had changed state meanwhile)" if skipped else ""
         print(f"{action.done} {changed:,} of {count:,} jobs{note}")
     return OK
+
+
+def _pages(conn: Connection, page: sql.Composed, params: dict[str, Any]) -> Iterator[int]:
+    """The ids `page` selects, in id order, a page at a time: each page is read when the
+    batch before it is done, so a job that no longer matches the filter is left alone."""
+    after = 0
+    while rows := conn.execute(page, {**params, "after": after}).fetchall():
+        yield from (row["id"] for row in rows)
+        after = rows[-1]["id"]
 
 
 def _described(options: argparse.Namespace, states: list[str]) -> str:

@@ -1,6 +1,7 @@
 """treadle prune: delete finished jobs older than a duration, about --batch-size jobs per transaction.
 
-treadle.prune(older_than) deletes in one statement whatever finished before now - older_than.
+treadle.prune(older_than) deletes in one statement whatever finished before now - older_than,
+with no batch size (apply_retention's batches follow the configured retention, not a cutoff).
 On a big backlog that is one long transaction and no sign of life, so this command walks
 the finished jobs in finished_at order (jobs_finished_at_idx), finds the time before which
 the next --batch-size of them finished, calls prune up to that time, and reports; then the
@@ -35,18 +36,17 @@ SELECT treadle.now() - %(older_than)s::interval AS cutoff,
        (SELECT count(*) FROM treadle.jobs
          WHERE finished_at < treadle.now() - %(older_than)s::interval) AS jobs
 """
-# the end of the next window: the finish time of the job --batch-size places on from the oldest left
-# (prune deletes step jobs with their runs only, so they are not counted)
+# the end of the next window: the first finish time after `start` of the jobs --batch-size places
+# on from the oldest left, so after more than a batch that finished at one instant, the next instant
+# (prune deletes step jobs with their runs only, so they are not counted); none: the cutoff is near
 WINDOW_END = """
-SELECT finished_at FROM treadle.jobs
- WHERE finished_at >= coalesce(%(start)s::timestamptz, '-infinity') AND finished_at < %(cutoff)s::timestamptz
-   AND workflow_run_id IS NULL
- ORDER BY finished_at OFFSET %(size)s LIMIT 1
-"""
-# when more than a batch finished at one instant: the next instant after it
-NEXT_INSTANT = """
-SELECT min(finished_at) AS finished_at FROM treadle.jobs
- WHERE finished_at > %(start)s::timestamptz AND finished_at < %(cutoff)s::timestamptz AND workflow_run_id IS NULL
+SELECT finished_at FROM (
+    SELECT finished_at FROM treadle.jobs
+     WHERE finished_at >= coalesce(%(start)s::timestamptz, '-infinity') AND finished_at < %(cutoff)s::timestamptz
+       AND workflow_run_id IS NULL
+     ORDER BY finished_at OFFSET %(size)s) AS beyond
+ WHERE finished_at > coalesce(%(start)s::timestamptz, '-infinity')
+ ORDER BY finished_at LIMIT 1
 """
 # one window: prune's cutoff is `before` exactly (treadle.now() is one value in a statement)
 PRUNE_BEFORE = "SELECT treadle.prune(older_than => treadle.now() - %(before)s::timestamptz) AS deleted"
@@ -108,13 +108,7 @@ def run(options: argparse.Namespace) -> int:
 def _windows(conn: Connection, cutoff: datetime, size: int) -> Iterator[datetime]:
     """The end of each window, rising strictly, the last one the cutoff."""
     start: datetime | None = None
-    while True:
+    while start is None or start < cutoff:
         row = conn.execute(WINDOW_END, {"start": start, "cutoff": cutoff, "size": size}).fetchone()
-        end = cutoff if row is None else row["finished_at"]
-        if start is not None and end <= start:  # the whole batch finished at `start`: take that instant
-            row = conn.execute(NEXT_INSTANT, {"start": start, "cutoff": cutoff}).fetchone()
-            end = cutoff if row is None or row["finished_at"] is None else row["finished_at"]
-        yield end
-        if end >= cutoff:
-            return
-        start = end
+        start = cutoff if row is None else row["finished_at"]
+        yield start

@@ -3,8 +3,9 @@
 Reads go only to the extension's views and public read functions, all of a page's
 reads in one read-only REPEATABLE READ transaction (one consistent snapshot, and a
 guarantee that showing a page changes nothing). Changes go only through
-treadle.cancel, treadle.retry, treadle.cancel_workflow and the queue controls
-(treadle.pause, treadle.resume, treadle.set_queue). So a role set up with
+treadle.cancel, treadle.retry (in bulk, through the client's retry_many and
+cancel_many), treadle.cancel_workflow and the queue controls (treadle.pause,
+treadle.resume, treadle.set_queue). So a role set up with
 treadle.grant_dashboard (read_only => true for a dashboard that only reads) is all
 the dashboard needs.
 
@@ -27,6 +28,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import ConnectionPool
 
+from .. import client
 from ..models import JOB_STATES
 
 if TYPE_CHECKING:
@@ -130,14 +132,6 @@ SELECT id FROM treadle.job_details
    AND NOT (state = 'running' AND cancel_requested)
  ORDER BY id DESC
  LIMIT %(limit)s
-"""
-BULK_RETRY: Final = """
-SELECT count(*) FILTER (WHERE changed) AS changed
-  FROM (SELECT treadle.retry(u.id) AS changed FROM unnest(%(ids)s::bigint[]) AS u(id)) AS done
-"""
-BULK_CANCEL: Final = """
-SELECT count(*) FILTER (WHERE changed) AS changed
-  FROM (SELECT treadle.cancel(u.id) AS changed FROM unnest(%(ids)s::bigint[]) AS u(id)) AS done
 """
 
 # The queue page. Finished jobs per minute come from the finished_at index, like the
@@ -560,23 +554,27 @@ class Store:
         batch_size: int,
     ) -> BulkOutcome:
         """Retry or cancel the jobs plan_bulk counted (those that still match), newest
-        first, `batch_size` to a transaction, so no batch holds many row locks for long.
-        A refusal (a tenant's bounds, a missing grant) stops it after the batches done."""
-        statement = BULK_RETRY if action == "retry" else BULK_CANCEL
+        first, `batch_size` to a transaction (client.retry_many, cancel_many), each under
+        the dashboard's statement timeout. A refusal (a tenant's bounds, a missing grant)
+        stops it after the batches done."""
+        act = client.retry_many if action == "retry" else client.cancel_many
         with self._cursor(read_only=True) as cur:
             ids = self._bulk_ids(cur, where, states=states, upto=upto, floor=floor, limit=limit)
-        attempted = changed = batches = 0
-        for start in range(0, len(ids), batch_size):
-            batch = ids[start : start + batch_size]
-            try:
-                with self._cursor(read_only=False) as cur:
-                    row = cur.execute(statement, {"ids": batch}).fetchone()
-            except psycopg.Error as error:
-                return BulkOutcome(attempted, changed, batches, len(ids), refused=error)
-            attempted += len(batch)
-            changed += int(row["changed"]) if row else 0
-            batches += 1
-        return BulkOutcome(attempted, changed, batches, len(ids))
+        done: list[tuple[int, int]] = []  # (jobs, changed) of each committed batch
+        refused: psycopg.Error | None = None
+        try:
+            with self.pool.connection() as conn:
+                act(
+                    conn,
+                    ids,
+                    batch_size=batch_size,
+                    on_batch=lambda jobs, changed: done.append((jobs, changed)),
+                    statement_timeout=timedelta(milliseconds=self.statement_timeout_ms),
+                )
+        except psycopg.Error as error:
+            refused = error
+        attempted, changed = sum(jobs for jobs, _ in done), sum(changed for _, changed in done)
+        return BulkOutcome(attempted, changed, len(done), len(ids), refused=refused)
 
     def _queue_counts(self, cur: psycopg.Cursor[Row], queue: str) -> QueueCounts:
         params: dict[str, Any] = {"queue": queue, "exact_up_to": self.exact_counts_up_to}
