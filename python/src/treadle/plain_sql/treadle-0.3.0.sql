@@ -1338,8 +1338,8 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now     timestamptz := treadle.now();
-    v_slow    CONSTANT interval := '2 ms';         -- a plain claim this slow, 3 in a row: a cursor
-    v_quick_sweep CONSTANT interval := '1 ms';     -- a sweep this quick: back to the plain claim
+    v_slow    CONSTANT interval := interval '2 ms';        -- a plain claim this slow, 3 in a row: a cursor
+    v_quick_sweep CONSTANT interval := interval '1 ms';    -- a sweep this quick: back to the plain claim
     v_setting text;       -- this session's cursor for these queues and names
     v_text    text;
     v_plain   boolean;    -- the plain claim, without a cursor
