@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
 import psycopg
 
-from treadle.models import JOB_STATES
+from treadle._sql import CLAIMED_NAMES
+from treadle.models import JOB_STATES, Job
 
 
 def test_job_states_are_the_check_constraints(conn: psycopg.Connection[Any]) -> None:
@@ -16,3 +18,17 @@ def test_job_states_are_the_check_constraints(conn: psycopg.Connection[Any]) -> 
     ).fetchone()
     assert row is not None
     assert tuple(re.findall(r"'(\w+)'::text", row[0])) == JOB_STATES
+
+
+def test_a_claimed_row_is_jobs_fields_in_order_and_every_column_of_the_table(conn: psycopg.Connection[Any]) -> None:
+    """Every statement that claims selects _sql.CLAIMED_NAMES, and the worker makes each
+    row a Job by position: a column missing there is a field the handler never gets."""
+    assert CLAIMED_NAMES == tuple(field.name for field in dataclasses.fields(Job))
+    columns = [
+        name
+        for (name,) in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = 'treadle.jobs'::regclass"
+            " AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
+        )
+    ]
+    assert set(CLAIMED_NAMES) == set(columns) - {"schedule", "ready_txid"}

@@ -261,6 +261,31 @@ def test_a_job_within_its_timeout_completes(conn: psycopg.Connection[Any], make_
     assert until_state(conn, job_id, "completed")["result"] == "done"
 
 
+def test_a_jobs_own_timeout_and_backoff_hold_when_a_success_write_claims_it(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
+    """The worker's usual claim, made by the statement that finishes its successes
+    (complete_and_claim), hands the handler the job's own timeout and backoff too."""
+    worker = make_worker(concurrency=1, claim_ahead=0, backoff=lambda attempt: 60)
+    worker.register("quick", lambda args, ctx: None)
+
+    @worker.register
+    def slow(args: Any, ctx: JobContext) -> None:
+        ctx.cancelled.wait(PATIENCE)
+
+    # the claim loop takes the first job; with every slot full it leaves the next claims
+    # to the writes of successes, so the slow job comes with the last quick one's
+    quick = [enqueue(conn, "quick") for _ in range(3)]
+    slow_id = treadle.enqueue(
+        conn, "slow", timeout=timedelta(seconds=0.5), backoff=[timedelta(hours=2)], max_attempts=2
+    )
+    worker.start()
+    row = until_state(conn, slow_id, "retryable")
+    assert "JobTimeout" in row["last_error"] and "timeout of 0.5 s" in row["last_error"]
+    assert row["run_at"] - row["failed_at"] >= timedelta(hours=1), "the job's own backoff, not the worker's 60 s"
+    assert all(until_state(conn, job_id, "completed") for job_id in quick)
+
+
 # -- timeouts, with worker processes -----------------------------------------------------------
 
 

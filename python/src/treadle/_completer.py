@@ -73,8 +73,8 @@ class ClaimAlong(Protocol):
         """The claim's arguments (complete_and_claim's worker_id ... lease_token)."""
         ...
 
-    def adopt(self, rows: list[dict[str, Any]], asked: int) -> None:
-        """Run the jobs claimed (`asked` were asked for)."""
+    def adopt(self, rows: list[tuple[Any, ...]], asked: int) -> None:
+        """Run the jobs claimed (`asked` were asked for): rows of _sql.CLAIMED_NAMES."""
         ...
 
     def recover(self, lease_token: uuid.UUID) -> None:
@@ -270,7 +270,7 @@ class Completer:
                 fallback: list[dict[str, Any]] | Unwritten = self.retrying(_sql.COMPLETE_MANY, params, what, rows=True)
                 return fallback
             if reserved:
-                claim.adopt([dict(zip(_sql.CLAIMED_NAMES, row[2:], strict=True)) for row in answer[count:]], reserved)
+                claim.adopt([row[2:] for row in answer[count:]], reserved)
             return [{"state": row[1]} for row in answer[:count]]
         finally:
             claim.release(reserved)

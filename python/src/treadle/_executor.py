@@ -13,7 +13,7 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,16 +43,25 @@ class Claimed:
     undecodable: UndecodablePayload | None = None
 
 
-def decode_claimed(row: dict[str, Any]) -> Claimed:
-    """Decode one claimed row's JSON columns (the claim sends them as text); never raises for a payload."""
-    job_id = row["id"]
+# where a claimed row (_sql.CLAIMED_NAMES) holds what is decoded here
+_ARGS, _RESULT, _ERRORS = (_sql.CLAIMED_NAMES.index(column) for column in ("args", "result", "errors"))
+STEP_RUN = _sql.CLAIMED_NAMES.index("workflow_run_id")
+
+
+def decode_claimed(row: Sequence[Any]) -> Claimed:
+    """Decode one claimed row's JSON columns (the claim sends them as text); never raises for a payload.
+
+    The row's columns are Job's fields in their order (_sql.CLAIMED_NAMES).
+    """
+    values = list(row)
     problem: UndecodablePayload | None = None
     try:
-        args = from_json(row["args"], f"job {job_id}'s args")
+        values[_ARGS] = from_json(values[_ARGS], f"job {values[0]}'s args")
     except UndecodablePayload as error:
-        args, problem = None, error
-    decoded = {**row, "args": args, "result": _or_none(row["result"]), "errors": _or_none(row["errors"])}
-    return Claimed(Job(**decoded), problem)  # the claim's columns are Job's fields
+        values[_ARGS], problem = None, error
+    values[_RESULT] = _or_none(values[_RESULT])
+    values[_ERRORS] = _or_none(values[_ERRORS])
+    return Claimed(Job(*values), problem)
 
 
 def _or_none(text: str | None) -> Any:

@@ -116,17 +116,27 @@ UNLISTEN_DONE: Final[LiteralString] = "UNLISTEN treadle_done"
 
 # -- worker (worker.py, _executor.py, _completer.py, _housekeeping.py) ----------------------
 
-# the columns of a claimed job; jsonb as text, so that each job's payload is decoded alone
-_CLAIMED_COLUMNS: Final[LiteralString] = """
-id, queue, name, args::text AS args, state, priority, run_at, attempt, max_attempts, lease_until,
-lease_token, worker_id, idempotency_key, result::text AS result, last_error, created_at, finished_at,
-workflow_run_id, step, every, next_id, cancel_requested, started_at, failed_at, errors::text AS errors,
-progress, progress_message, timeout, backoff
-"""
+# A claimed job's columns, in the order of Job's fields (tests/client/test_models.py pins
+# it), so that a claimed row is the arguments of its Job; each statement that claims
+# selects them all. jsonb comes as text, so that each job's payload is decoded alone.
+CLAIMED_NAMES: Final = (
+    "id", "queue", "name", "args", "state", "priority", "run_at", "attempt", "max_attempts", "lease_until",
+    "worker_id", "idempotency_key", "result", "last_error", "created_at", "finished_at", "workflow_run_id",
+    "step", "lease_token", "every", "next_id", "cancel_requested", "started_at", "failed_at", "errors",
+    "progress", "progress_message", "timeout", "backoff",
+)  # fmt: skip
+_CLAIMED_AS_TEXT: Final = frozenset({"args", "result", "errors"})
+
+
+def _claimed_columns(row: LiteralString) -> LiteralString:
+    """The select list of a claimed job's columns, each read from `row` ('' for a table's own)."""
+    return ", ".join(row + name + ("::text" if name in _CLAIMED_AS_TEXT else "") for name in CLAIMED_NAMES)
+
+
 # treadle.claim: every job this call claims holds the call's own lease token
 CLAIM: Final[LiteralString] = (
     "SELECT "
-    + _CLAIMED_COLUMNS
+    + _claimed_columns("")
     + """
   FROM treadle.claim(
     worker_id => %(worker_id)s::text, queues => %(queues)s::text[], names => %(names)s::text[],
@@ -142,7 +152,7 @@ SELECT coalesce(bool_or(concurrency IS NOT NULL OR rate_limit IS NOT NULL), fals
 # treadle.claimed: what a claim whose answer was lost committed (nothing when it did not)
 CLAIMED: Final[LiteralString] = (
     "SELECT "
-    + _CLAIMED_COLUMNS
+    + _claimed_columns("")
     + """
   FROM treadle.claimed(lease_token => %(lease_token)s::uuid)
 """
@@ -174,49 +184,16 @@ SELECT job_id, state FROM treadle.complete_many(
 """
 # treadle.complete_and_claim: the buffered successes finished and up to `batch` more claimed in one
 # statement. Rows: one per finished input (finished_id, finished_state), then one per claimed job
-# (finished_id null, then the claimed columns in CLAIMED_NAMES' order).
-COMPLETE_AND_CLAIM: Final[LiteralString] = """
-SELECT c.finished_id, c.finished_state,
-       (c.job).id, (c.job).queue, (c.job).name, (c.job).args::text, (c.job).state, (c.job).priority,
-       (c.job).run_at, (c.job).attempt, (c.job).max_attempts, (c.job).lease_until, (c.job).lease_token,
-       (c.job).worker_id, (c.job).idempotency_key, (c.job).result::text, (c.job).last_error, (c.job).created_at,
-       (c.job).finished_at, (c.job).workflow_run_id, (c.job).step, (c.job).every, (c.job).next_id,
-       (c.job).cancel_requested, (c.job).started_at, (c.job).failed_at, (c.job).errors::text, (c.job).progress,
-       (c.job).progress_message
+# (finished_id null, then the claimed columns, in CLAIMED_NAMES' order).
+COMPLETE_AND_CLAIM: Final[LiteralString] = (
+    "SELECT c.finished_id, c.finished_state, "
+    + _claimed_columns("(c.job).")
+    + """
   FROM treadle.complete_and_claim(
     job_ids => %(job_ids)s::bigint[], lease_tokens => %(lease_tokens)s::uuid[], results => %(results)s::jsonb[],
     worker_id => %(worker_id)s::text, queues => %(queues)s::text[], names => %(names)s::text[],
     batch => %(batch)s::integer, lease => %(lease)s::interval, lease_token => %(lease_token)s::uuid) AS c
 """
-# the names of COMPLETE_AND_CLAIM's claimed columns, as CLAIM names them
-CLAIMED_NAMES: Final = (
-    "id",
-    "queue",
-    "name",
-    "args",
-    "state",
-    "priority",
-    "run_at",
-    "attempt",
-    "max_attempts",
-    "lease_until",
-    "lease_token",
-    "worker_id",
-    "idempotency_key",
-    "result",
-    "last_error",
-    "created_at",
-    "finished_at",
-    "workflow_run_id",
-    "step",
-    "every",
-    "next_id",
-    "cancel_requested",
-    "started_at",
-    "failed_at",
-    "errors",
-    "progress",
-    "progress_message",
 )
 # treadle.heartbeat_many: every lease of the worker in one statement; one answer per job, in order
 HEARTBEAT_MANY: Final[LiteralString] = """

@@ -43,7 +43,7 @@ from ._compat import read_extension_version
 from ._completer import ClaimAlong, Completer
 from ._context import JobContext
 from ._events import EventKind, WorkerEvent
-from ._executor import Claimed, Executor, decode_claimed
+from ._executor import STEP_RUN, Claimed, Executor, decode_claimed
 from ._handler_threads import HandlerThreads
 from ._housekeeping import Housekeeper
 from ._notifier import Notifier, WakeOnNotify
@@ -659,13 +659,13 @@ class Worker:
         average = self._handler_time
         self._handler_time = seconds if average is None else average + HANDLER_TIME_WEIGHT * (seconds - average)
 
-    def _claimed_rows(self, rows: list[dict[str, Any]], asked: int) -> None:
+    def _claimed_rows(self, rows: list[tuple[Any, ...]], asked: int) -> None:
         # a limited queue may give fewer than asked while more wait: a freed slot claims again
         self._more_waiting = len(rows) >= asked or (self._limited and bool(rows))
         if rows:
             self._dispatch(rows)
 
-    def _claim(self, names: list[str], free: int, backoff: Backoff) -> list[dict[str, Any]] | None:
+    def _claim(self, names: list[str], free: int, backoff: Backoff) -> list[tuple[Any, ...]] | None:
         """Claim up to `free` jobs; None after a failure (the loop then tries again).
 
         Each call has a lease token of its own. When the connection fails during the
@@ -675,7 +675,7 @@ class Worker:
         """
         token = uuid.uuid4()
         try:
-            return self._pool.rows(
+            return self._pool.tuples(
                 _sql.CLAIM,
                 {
                     "worker_id": self.worker_id,
@@ -699,12 +699,12 @@ class Worker:
             self._sleep(delay)
             return None
 
-    def _claimed(self, token: uuid.UUID) -> list[dict[str, Any]]:
+    def _claimed(self, token: uuid.UUID) -> list[tuple[Any, ...]]:
         """The jobs a claim whose answer was lost committed, read back on a fresh connection."""
         backoff = Backoff()
         while not self._stop_requested:
             try:
-                return self._pool.rows(_sql.CLAIMED, {"lease_token": token})
+                return self._pool.tuples(_sql.CLAIMED, {"lease_token": token})
             except psycopg.Error as error:
                 delay = backoff.next()
                 log.warning(
@@ -747,7 +747,7 @@ class Worker:
         while not self._stop_requested and (remaining := deadline - time.monotonic()) > 0:
             time.sleep(min(remaining, WAIT_SLICE))
 
-    def _dispatch(self, rows: list[dict[str, Any]]) -> None:
+    def _dispatch(self, rows: list[tuple[Any, ...]]) -> None:
         assert self._executor is not None
         step_runs = self._step_runs(rows)
         for row in rows:
@@ -758,9 +758,9 @@ class Worker:
             self._emit("claimed", run)
             self._executor.submit(run, claimed, step_runs.get(run.run_id))
 
-    def _step_runs(self, rows: list[dict[str, Any]]) -> dict[int | None, dict[str, Any]]:
+    def _step_runs(self, rows: list[tuple[Any, ...]]) -> dict[int | None, dict[str, Any]]:
         """The workflow, input and earlier results of the steps just claimed, in one query."""
-        run_ids = sorted({row["workflow_run_id"] for row in rows if row["workflow_run_id"] is not None})
+        run_ids = sorted({row[STEP_RUN] for row in rows if row[STEP_RUN] is not None})
         if not run_ids:
             return {}
         try:
@@ -862,7 +862,7 @@ class _ClaimAlong(ClaimAlong):
             "lease_token": lease_token,
         }
 
-    def adopt(self, rows: list[dict[str, Any]], asked: int) -> None:
+    def adopt(self, rows: list[tuple[Any, ...]], asked: int) -> None:
         self._worker._claimed_rows(rows, asked)
 
     def recover(self, lease_token: uuid.UUID) -> None:
