@@ -480,7 +480,7 @@ BEGIN
         RAISE EXCEPTION 'treadle: % must be a list of 1 to 1000 names', argument
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(value) AS v(x) WHERE x IS NULL OR NOT treadle._is_name(x)) THEN
+    IF NOT treadle._are_names(value) THEN
         RAISE EXCEPTION 'treadle: % must hold names of 1 to 200 characters, not only spaces, without control characters', argument
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -488,6 +488,36 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._check_names(text[], text) IS
     'Raise 22004 for a null list of names, 22023 for an empty, nested or over-long one or a bad name.';
+
+--------------------------------------------------------------------------------
+-- treadle._are_names(value) -> boolean
+--
+-- True for a list that treadle._check_names accepts: 1 to 1,000 names, one
+-- dimension, each one treadle._is_name accepts. A loop, not a subquery over
+-- unnest: claims test their lists with it at every call.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._are_names(value text[])
+RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_name text;
+BEGIN
+    IF value IS NULL OR cardinality(value) NOT BETWEEN 1 AND 1000 OR array_ndims(value) <> 1 THEN
+        RETURN false;
+    END IF;
+    FOREACH v_name IN ARRAY value LOOP
+        IF v_name IS NULL OR NOT treadle._is_name(v_name) THEN
+            RETURN false;
+        END IF;
+    END LOOP;
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION treadle._are_names(text[]) IS
+    'True for a list of 1 to 1000 names, one-dimensional, each a valid name.';
 
 --------------------------------------------------------------------------------
 -- treadle._max_payload_bytes() -> integer
@@ -1363,9 +1393,15 @@ DECLARE
     v_cand    bigint[];   -- order: their lane's first subscript in v_lanes, ids, run_at
     v_cand_us bigint[];
 BEGIN
-    PERFORM treadle._check_text(claim.worker_id, 'worker_id');
-    PERFORM treadle._check_names(claim.queues, 'queues');
-    IF claim.names IS NOT NULL THEN
+    -- Each argument is tested inline, as enqueue does, and its helper called only to
+    -- raise: a call costs more than the test, and a worker claims all the time.
+    IF claim.worker_id IS NULL OR NOT treadle._is_name(claim.worker_id) THEN
+        PERFORM treadle._check_text(claim.worker_id, 'worker_id');
+    END IF;
+    IF NOT treadle._are_names(claim.queues) THEN
+        PERFORM treadle._check_names(claim.queues, 'queues');
+    END IF;
+    IF claim.names IS NOT NULL AND NOT treadle._are_names(claim.names) THEN
         PERFORM treadle._check_names(claim.names, 'names');
     END IF;
     IF claim.batch IS NULL OR claim.batch NOT BETWEEN 1 AND 1000 THEN
@@ -1375,7 +1411,9 @@ BEGIN
     IF claim.lease IS NULL THEN
         RAISE EXCEPTION 'treadle: lease must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_interval(claim.lease, 'lease', interval '1 day');
+    IF claim.lease <= interval '0' OR claim.lease > interval '1 day' THEN
+        PERFORM treadle._check_interval(claim.lease, 'lease', interval '1 day');
+    END IF;
     -- treadle._check_queue_allowed's rule, inline: a helper call would cost more than the check
     IF EXISTS (SELECT 1 FROM treadle.tenants AS t, unnest(claim.queues) AS q(q)
                 WHERE t.role_name = treadle._caller() AND NOT starts_with(q.q, t.queue_prefix)) THEN
@@ -2188,7 +2226,8 @@ DECLARE
     v_bad    bigint;
     v_ords   bigint[];
     v_states text[];
-    v_done   treadle.jobs[];
+    v_queues text[];
+    v_done   treadle.jobs[];  -- only the rows that something follows (_follow_up)
 BEGIN
     IF complete_many.job_ids IS NULL OR complete_many.lease_tokens IS NULL THEN
         RAISE EXCEPTION 'treadle: job_ids and lease_tokens must not be null'
@@ -2226,14 +2265,23 @@ BEGIN
          WHERE j.id = i.id
            AND j.state = 'running'
            AND j.lease_token = i.token
-        RETURNING i.ord, j AS job
+        RETURNING i.ord, j.state, j.queue,
+                  CASE WHEN j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
+                       THEN j END AS job
     )
-    SELECT array_agg(d.ord), array_agg((d.job).state), array_agg(d.job)
-      INTO v_ords, v_states, v_done
+    -- Most batches are plain jobs: whole rows are gathered (and _follow_up called)
+    -- only for steps and periodic or scheduled occurrences; the others' queues are
+    -- told here, as _follow_up would.
+    SELECT array_agg(d.ord), array_agg(d.state), array_agg(DISTINCT d.queue) FILTER (WHERE (d.job).id IS NULL),
+           array_agg(d.job) FILTER (WHERE (d.job).id IS NOT NULL)
+      INTO v_ords, v_states, v_queues, v_done
       FROM done AS d;
 
     IF v_done IS NOT NULL THEN
         PERFORM treadle._follow_up(v_done);
+    END IF;
+    IF v_queues IS NOT NULL THEN
+        PERFORM treadle._notify('treadle_done', q.q) FROM unnest(v_queues) AS q(q);
     END IF;
 
     IF coalesce(cardinality(v_ords), 0) < cardinality(complete_many.job_ids) THEN

@@ -165,7 +165,7 @@ BEGIN
         RAISE EXCEPTION 'treadle: % must be a list of 1 to 1000 names', argument
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(value) AS v(x) WHERE x IS NULL OR NOT treadle._is_name(x)) THEN
+    IF NOT treadle._are_names(value) THEN
         RAISE EXCEPTION 'treadle: % must hold names of 1 to 200 characters, not only spaces, without control characters', argument
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -173,6 +173,36 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._check_names(text[], text) IS
     'Raise 22004 for a null list of names, 22023 for an empty, nested or over-long one or a bad name.';
+
+--------------------------------------------------------------------------------
+-- treadle._are_names(value) -> boolean
+--
+-- True for a list that treadle._check_names accepts: 1 to 1,000 names, one
+-- dimension, each one treadle._is_name accepts. A loop, not a subquery over
+-- unnest: claims test their lists with it at every call.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._are_names(value text[])
+RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_name text;
+BEGIN
+    IF value IS NULL OR cardinality(value) NOT BETWEEN 1 AND 1000 OR array_ndims(value) <> 1 THEN
+        RETURN false;
+    END IF;
+    FOREACH v_name IN ARRAY value LOOP
+        IF v_name IS NULL OR NOT treadle._is_name(v_name) THEN
+            RETURN false;
+        END IF;
+    END LOOP;
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION treadle._are_names(text[]) IS
+    'True for a list of 1 to 1000 names, one-dimensional, each a valid name.';
 
 --------------------------------------------------------------------------------
 -- treadle._max_payload_bytes() -> integer

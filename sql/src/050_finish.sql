@@ -233,7 +233,8 @@ DECLARE
     v_bad    bigint;
     v_ords   bigint[];
     v_states text[];
-    v_done   treadle.jobs[];
+    v_queues text[];
+    v_done   treadle.jobs[];  -- only the rows that something follows (_follow_up)
 BEGIN
     IF complete_many.job_ids IS NULL OR complete_many.lease_tokens IS NULL THEN
         RAISE EXCEPTION 'treadle: job_ids and lease_tokens must not be null'
@@ -271,14 +272,23 @@ BEGIN
          WHERE j.id = i.id
            AND j.state = 'running'
            AND j.lease_token = i.token
-        RETURNING i.ord, j AS job
+        RETURNING i.ord, j.state, j.queue,
+                  CASE WHEN j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
+                       THEN j END AS job
     )
-    SELECT array_agg(d.ord), array_agg((d.job).state), array_agg(d.job)
-      INTO v_ords, v_states, v_done
+    -- Most batches are plain jobs: whole rows are gathered (and _follow_up called)
+    -- only for steps and periodic or scheduled occurrences; the others' queues are
+    -- told here, as _follow_up would.
+    SELECT array_agg(d.ord), array_agg(d.state), array_agg(DISTINCT d.queue) FILTER (WHERE (d.job).id IS NULL),
+           array_agg(d.job) FILTER (WHERE (d.job).id IS NOT NULL)
+      INTO v_ords, v_states, v_queues, v_done
       FROM done AS d;
 
     IF v_done IS NOT NULL THEN
         PERFORM treadle._follow_up(v_done);
+    END IF;
+    IF v_queues IS NOT NULL THEN
+        PERFORM treadle._notify('treadle_done', q.q) FROM unnest(v_queues) AS q(q);
     END IF;
 
     IF coalesce(cardinality(v_ords), 0) < cardinality(complete_many.job_ids) THEN
