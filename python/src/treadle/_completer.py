@@ -227,10 +227,12 @@ class Completer:
     def _complete_batch(self, batch: list[Completion]) -> None:
         """Finish buffered successes in one statement (and claim more with them, when lent a ClaimAlong)."""
         try:
+            results = [c.result for c in batch]
             params = {
                 "job_ids": [c.run.job_id for c in batch],
                 "lease_tokens": [c.run.lease_token for c in batch],
-                "results": [c.result for c in batch],
+                # no array of nulls to send when no handler returned anything (most batches)
+                "results": None if all(r is None for r in results) else results,
             }
             rows = self._write_successes(params, len(batch))
             for index, completion in enumerate(batch):

@@ -172,7 +172,7 @@ class Executor:
             workflow_input = from_json(step_run["input"], f"workflow run {run.run_id}'s input")
             results = from_json(step_run["results"], f"workflow run {run.run_id}'s results")
             value = fn(workflow_input, dict(results or {}), ctx)
-        if inspect.isawaitable(value):
+        if value is not None and inspect.isawaitable(value):  # most handlers return None
             try:
                 value = self._threads.await_in_loop(value, run)
             except concurrent.futures.CancelledError:

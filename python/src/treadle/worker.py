@@ -817,7 +817,9 @@ class Worker:
         self._emit("lease_lost", run)
 
     def _emit(self, kind: EventKind, run: RunState, *, state: str | None = None, error: str | None = None) -> None:
-        log.debug("job %d (%s): %s%s", run.job_id, run.name, kind, f" -> {state}" if state else "")
+        # four events a job: without a listener, and unless debug logging is on, nothing is built
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("job %d (%s): %s%s", run.job_id, run.name, kind, f" -> {state}" if state else "")
         if self._on_event is None and self._metrics is None:
             return
         event = WorkerEvent(kind, run.job, self.worker_id, state, error)
