@@ -9,6 +9,8 @@ the next C, on bench_raw.jobs: the same round trips as treadle's worker.
 CPU per job: the CPU time (user + system, /proc/PID/stat) the worker processes
 and their server backends (found by application_name) used during the drain,
 over the jobs; the server must run on this machine (else "-").
+A row with a handler timeout (30 s, never reached) measures what timing every
+attempt costs; the raw worker has no timeouts, so it is the same baseline.
 A last row runs the SQL cycle alone, with no worker process: one connection
 in this script finishes C jobs and claims C more per statement,
 treadle.complete_and_claim against the raw statement, which splits the gap
@@ -52,6 +54,7 @@ from harness import (
 TITLE = "Load: jobs per second through worker processes, empty handlers"
 SEED_ONE_WORKER = 863  # jobs/s, the seed's one worker at concurrency 10
 CHUNK = 5000  # jobs per enqueue statement
+TIMED = -1  # the row of one worker whose handler has a timeout
 TABLE = {"treadle": "treadle.jobs", "raw": "bench_raw.jobs"}
 APPLICATION = {"treadle": "treadle-worker:%", "raw": RAW_APPLICATION}  # the workers' connections
 COMPLETE_AND_CLAIM = """
@@ -104,7 +107,8 @@ def enqueue_backlog(conn: psycopg.Connection[Any], kind: str, jobs: int) -> floa
 def drain(url: str, kind: str, workers: int, concurrency: int, jobs: int,
           watch: Callable[[list[WorkerProcess]], None] | None = None,
           on_ready: Callable[[list[WorkerProcess]], None] | None = None,
-          cpu: list[tuple[float | None, float | None]] | None = None) -> tuple[float, list[int]]:
+          cpu: list[tuple[float | None, float | None]] | None = None,
+          options: list[str] | None = None) -> tuple[float, list[int]]:
     """Jobs per second for one drain, and each worker's peak RSS in KiB.
 
     With `cpu`, appends the (worker processes, server backends) CPU seconds per job.
@@ -114,7 +118,7 @@ def drain(url: str, kind: str, workers: int, concurrency: int, jobs: int,
     """
     with psycopg.connect(url, autocommit=True) as conn:
         reset_tables(conn)
-        with worker_processes(kind, url, workers, ["--concurrency", str(concurrency)]) as procs:
+        with worker_processes(kind, url, workers, ["--concurrency", str(concurrency), *(options or [])]) as procs:
             if on_ready is not None:
                 on_ready(procs)
             meter = CpuMeter(conn, kind, procs)
@@ -171,16 +175,21 @@ def main() -> None:
     args = p.parse_args()
     jobs = 300 if args.smoke else args.jobs
 
+    # a row: (workers, the treadle worker's options); TIMED: one worker whose handler has a timeout
+    rows_run: list[tuple[int, list[str]]] = [(w, []) for w in args.workers] + [(TIMED, ["--timeout", "30"])]
     results: dict[tuple[str, int], list[float]] = {}
     rss: dict[tuple[str, int], list[int]] = {}
     cpu: dict[tuple[str, int], list[tuple[float | None, float | None]]] = {}
     with server() as url, database(url, "load") as db:
         print_settings(db)
-        for w in args.workers:
+        for w, options in rows_run:
             for run in range(args.runs):
                 for kind in (("treadle", "raw") if run % 2 == 0 else ("raw", "treadle")):
-                    progress(f"{w} {kind} worker(s): run {run + 1}/{args.runs}, {jobs:,} jobs")
-                    rate, peaks = drain(db, kind, w, args.concurrency, jobs, cpu=cpu.setdefault((kind, w), []))
+                    progress(f"{'1 timed' if w == TIMED else w} {kind} worker(s): run {run + 1}/{args.runs}, "
+                             f"{jobs:,} jobs")
+                    rate, peaks = drain(db, kind, max(w, 1), args.concurrency, jobs,
+                                        cpu=cpu.setdefault((kind, w), []),
+                                        options=options if kind == "treadle" else [])
                     results.setdefault((kind, w), []).append(rate)
                     rss.setdefault((kind, w), []).extend(peaks)
                     progress(f"  {fmt(rate, 0)} jobs/s")
@@ -194,9 +203,11 @@ def main() -> None:
         return spread(values, 3) if values else "-"
 
     rows = []
-    for w in args.workers:
+    for w, _ in rows_run:
         t, r = results[("treadle", w)], results[("raw", w)]
-        rows.append([f"{w} x concurrency {args.concurrency}", spread(t, 0), spread(r, 0), paired_ratio(t, r),
+        label = (f"1 x concurrency {args.concurrency}, handler timeout 30 s" if w == TIMED
+                 else f"{w} x concurrency {args.concurrency}")
+        rows.append([label, spread(t, 0), spread(r, 0), paired_ratio(t, r),
                      ms_per_job("treadle", w, 0), ms_per_job("raw", w, 0),
                      ms_per_job("treadle", w, 1), ms_per_job("raw", w, 1),
                      f"{max(rss[('treadle', w)]) / 1024:.1f}", f"{max(rss[('raw', w)]) / 1024:.1f}"])

@@ -7,7 +7,8 @@ Handlers, all registered for the job name `bench`:
   record  prints `start <job id> <unix time>` when it starts;
   hang    prints the same line, then sleeps (a job to kill a worker in).
 `--no-listen` turns off the LISTEN connection, so the worker only polls (what it
-does where LISTEN is refused, behind PgBouncer in transaction mode).
+does where LISTEN is refused, behind PgBouncer in transaction mode). `--timeout S`
+gives the handler a timeout of S seconds (its policy: every attempt is timed).
 
     python bench/worker_treadle.py DSN [--concurrency 10] [--handler noop] [--no-listen] ...
 """
@@ -56,6 +57,7 @@ def main() -> None:
     p.add_argument("--heartbeat-interval", type=float, default=10.0)
     p.add_argument("--rescue-interval", type=float, default=5.0)
     p.add_argument("--no-listen", action="store_true")
+    p.add_argument("--timeout", type=float, default=None)
     args = p.parse_args()
 
     worker = Worker(
@@ -63,7 +65,7 @@ def main() -> None:
         listen=not args.no_listen,
         lease=args.lease, heartbeat_interval=args.heartbeat_interval, rescue_interval=args.rescue_interval,
         stop_timeout=0)
-    worker.register("bench", {"noop": noop, "record": record, "hang": hang}[args.handler])
+    worker.register("bench", {"noop": noop, "record": record, "hang": hang}[args.handler], timeout=args.timeout)
     worker.start()
     say("ready")
     sys.stdin.read()  # until the benchmark closes the pipe

@@ -1,4 +1,5 @@
-"""Pure pieces of the worker, without a database: options, registration, the completion buffer."""
+"""Pure pieces of the worker, without a database: options, registration, the completion buffer,
+the timeouts' deadlines."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from treadle import InvalidArgument, Step, Worker
 from treadle._completer import CompletionBuffer
+from treadle._deadlines import PURGE_AT, Deadlines
 from treadle._retry import Backoff, one_line
 from treadle.cli import age as _age
 
@@ -264,3 +266,71 @@ def test_errors_are_logged_on_one_line() -> None:
 )
 def test_waits_read_as_people_say_them(age: timedelta | None, text: str) -> None:
     assert _age(age) == text
+
+
+# the timeouts' deadlines
+def test_deadlines_call_in_the_order_they_fall_due_from_one_thread() -> None:
+    deadlines = Deadlines()
+    calls: list[tuple[str, str]] = []
+    done = threading.Event()
+
+    def call(label: str) -> None:
+        calls.append((label, threading.current_thread().name))
+        if len(calls) == 3:
+            done.set()
+
+    deadlines.call_later(0.3, lambda: call("third"))
+    deadlines.call_later(0.1, lambda: call("first"))  # earlier than the one the thread sleeps for
+    deadlines.call_later(0.2, lambda: call("second"))
+    assert done.wait(10)
+    assert [label for label, _ in calls] == ["first", "second", "third"]
+    assert {thread for _, thread in calls} == {"treadle-deadlines"}
+    assert deadlines.pending() == 0
+    deadlines.close()
+
+
+def test_a_cancelled_deadline_is_never_called_and_the_heap_sheds_cancelled_entries() -> None:
+    deadlines = Deadlines()
+    called = threading.Event()
+    kept = deadlines.call_later(0.2, called.set)
+    wrong: list[str] = []
+    cancelled = [deadlines.call_later(0.1, lambda: wrong.append("cancelled")) for _ in range(3)]
+    for deadline in cancelled:
+        deadline.cancel()
+        deadline.cancel()  # twice is once
+    assert deadlines.pending() == 1
+    assert called.wait(10)
+    assert wrong == []
+    kept.cancel()  # after its call: nothing
+    later = [deadlines.call_later(3600, lambda: None) for _ in range(2 * PURGE_AT)]
+    for deadline in later:
+        deadline.cancel()
+    assert deadlines.pending() == 0 and len(deadlines._heap) < PURGE_AT
+    deadlines.close()
+
+
+def test_a_deadline_that_raises_is_logged_and_the_others_are_still_called(caplog: pytest.LogCaptureFixture) -> None:
+    deadlines = Deadlines()
+    called = threading.Event()
+
+    def broken() -> None:
+        raise RuntimeError("boom")
+
+    with caplog.at_level(logging.ERROR, logger="treadle.worker"):
+        deadlines.call_later(0.01, broken)
+        deadlines.call_later(0.05, called.set)
+        assert called.wait(10)
+    assert "a deadline's call raised" in caplog.text
+    deadlines.close()
+
+
+def test_closed_deadlines_call_nothing_and_their_thread_ends() -> None:
+    deadlines = Deadlines(name="treadle-deadlines-closing")
+    calls: list[str] = []
+    deadlines.call_later(0.2, lambda: calls.append("before close"))
+    deadlines.close()
+    deadlines.call_later(0, lambda: calls.append("after close"))
+    assert deadlines.pending() == 0
+    assert not [t for t in threading.enumerate() if t.name == "treadle-deadlines-closing"]
+    time.sleep(0.3)
+    assert calls == []

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from . import _sql
 from ._completer import Completer, Unwritten
 from ._context import JobContext
+from ._deadlines import Deadline
 from ._handler_threads import HandlerThreads
 from ._json import from_json, to_jsonb
 from ._pool import WorkerPool
@@ -150,16 +151,12 @@ class Executor:
             log.exception("job %d: recording its outcome failed", run.job_id)
             self._done(run)
 
-    def _watch_timeout(self, run: RunState) -> threading.Timer | None:
+    def _watch_timeout(self, run: RunState) -> Deadline | None:
         """Time the attempt out (run.time_out) when it runs past its timeout; None without one."""
         seconds = attempt_timeout(run.job, self._registry.policy(run.name))
         if seconds is None:
             return None
-        timer = threading.Timer(seconds, run.time_out, args=(seconds,))
-        timer.name = f"treadle-timeout-{run.job_id}"
-        timer.daemon = True
-        timer.start()
-        return timer
+        return self._threads.deadlines.call_later(seconds, lambda: run.time_out(seconds))
 
     def _call_handler(self, run: RunState, step_run: dict[str, Any] | None) -> Any:
         ctx = JobContext(run, self._worker_id, self._pool, self._lease)

@@ -1,4 +1,5 @@
-"""Where handlers run: daemon threads for calls, and one event loop thread for coroutines.
+"""Where handlers run: daemon threads for calls, one event loop thread for coroutines, and
+one thread for their timeouts (_deadlines.py).
 
 Threads are daemons so that a handler that never returns cannot keep the process
 alive after the worker stopped (its job was handed back by then).
@@ -13,6 +14,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from ._deadlines import Deadlines
 from ._run_state import RunState
 
 log = logging.getLogger("treadle.worker")
@@ -30,12 +32,14 @@ class HandlerThreads:
             thread.start()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
+        self.deadlines = Deadlines(name=f"{name}-timeouts")
 
     def submit(self, call: Callable[[], None]) -> None:
         self._calls.put(call)
 
     def close(self) -> None:
-        """Let idle threads end; busy ones end when their call returns."""
+        """Let idle threads end; busy ones end when their call returns. No timeout fires after this."""
+        self.deadlines.close()
         for _ in self._threads:
             self._calls.put(None)
         with self._loop_lock:
