@@ -10,7 +10,8 @@ CPU per job: the CPU time (user + system, /proc/PID/stat) the worker processes
 and their server backends (found by application_name) used during the drain,
 over the jobs; the server must run on this machine (else "-").
 A row with a handler timeout (30 s, never reached) measures what timing every
-attempt costs; the raw worker has no timeouts, so it is the same baseline.
+attempt costs, and a row with an `async def` handler what running it on the
+worker's event loop costs; the raw worker has neither, so it is the same baseline.
 A last row runs the SQL cycle alone, with no worker process: one connection
 in this script finishes C jobs and claims C more per statement,
 treadle.complete_and_claim against the raw statement, which splits the gap
@@ -54,7 +55,8 @@ from harness import (
 TITLE = "Load: jobs per second through worker processes, empty handlers"
 SEED_ONE_WORKER = 863  # jobs/s, the seed's one worker at concurrency 10
 CHUNK = 5000  # jobs per enqueue statement
-TIMED = -1  # the row of one worker whose handler has a timeout
+# the rows of one worker whose handler has a timeout, and whose handler is an async def
+TIMED, ASYNC = -1, -2
 TABLE = {"treadle": "treadle.jobs", "raw": "bench_raw.jobs"}
 APPLICATION = {"treadle": "treadle-worker:%", "raw": RAW_APPLICATION}  # the workers' connections
 COMPLETE_AND_CLAIM = """
@@ -175,19 +177,22 @@ def main() -> None:
     args = p.parse_args()
     jobs = 300 if args.smoke else args.jobs
 
-    # a row: (workers, the treadle worker's options); TIMED: one worker whose handler has a timeout
-    rows_run: list[tuple[int, list[str]]] = [(w, []) for w in args.workers] + [(TIMED, ["--timeout", "30"])]
+    # a row: (its key, its label, worker processes, the treadle worker's options)
+    rows_run: list[tuple[int, str, int, list[str]]] = [
+        *((w, f"{w} x concurrency {args.concurrency}", w, []) for w in args.workers),
+        (TIMED, f"1 x concurrency {args.concurrency}, handler timeout 30 s", 1, ["--timeout", "30"]),
+        (ASYNC, f"1 x concurrency {args.concurrency}, async def handler", 1, ["--handler", "async-noop"]),
+    ]
     results: dict[tuple[str, int], list[float]] = {}
     rss: dict[tuple[str, int], list[int]] = {}
     cpu: dict[tuple[str, int], list[tuple[float | None, float | None]]] = {}
     with server() as url, database(url, "load") as db:
         print_settings(db)
-        for w, options in rows_run:
+        for w, label, processes, options in rows_run:
             for run in range(args.runs):
                 for kind in (("treadle", "raw") if run % 2 == 0 else ("raw", "treadle")):
-                    progress(f"{'1 timed' if w == TIMED else w} {kind} worker(s): run {run + 1}/{args.runs}, "
-                             f"{jobs:,} jobs")
-                    rate, peaks = drain(db, kind, max(w, 1), args.concurrency, jobs,
+                    progress(f"{label}, {kind}: run {run + 1}/{args.runs}, {jobs:,} jobs")
+                    rate, peaks = drain(db, kind, processes, args.concurrency, jobs,
                                         cpu=cpu.setdefault((kind, w), []),
                                         options=options if kind == "treadle" else [])
                     results.setdefault((kind, w), []).append(rate)
@@ -203,10 +208,8 @@ def main() -> None:
         return spread(values, 3) if values else "-"
 
     rows = []
-    for w, _ in rows_run:
+    for w, label, _, _ in rows_run:
         t, r = results[("treadle", w)], results[("raw", w)]
-        label = (f"1 x concurrency {args.concurrency}, handler timeout 30 s" if w == TIMED
-                 else f"{w} x concurrency {args.concurrency}")
         rows.append([label, spread(t, 0), spread(r, 0), paired_ratio(t, r),
                      ms_per_job("treadle", w, 0), ms_per_job("raw", w, 0),
                      ms_per_job("treadle", w, 1), ms_per_job("raw", w, 1),

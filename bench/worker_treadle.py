@@ -4,6 +4,7 @@ It prints `ready` once the worker claims, then works until its stdin closes, the
 stops gracefully and prints `maxrss <KiB>` (the process's peak resident size).
 Handlers, all registered for the job name `bench`:
   noop    returns at once;
+  async-noop  the same, as an async def;
   record  prints `start <job id> <unix time>` when it starts;
   hang    prints the same line, then sleeps (a job to kill a worker in).
 `--no-listen` turns off the LISTEN connection, so the worker only polls (what it
@@ -37,6 +38,10 @@ def noop(args: Any, ctx: Any) -> None:
     return None
 
 
+async def async_noop(args: Any, ctx: Any) -> None:
+    return None
+
+
 def record(args: Any, ctx: Any) -> None:
     say(f"start {ctx.job_id} {time.time():.6f}")
 
@@ -51,7 +56,7 @@ def main() -> None:
     p.add_argument("dsn")
     p.add_argument("--queue", default="default")
     p.add_argument("--concurrency", type=int, default=10)
-    p.add_argument("--handler", choices=("noop", "record", "hang"), default="noop")
+    p.add_argument("--handler", choices=("noop", "async-noop", "record", "hang"), default="noop")
     p.add_argument("--poll-interval", type=float, default=1.0)
     p.add_argument("--lease", type=float, default=30.0)
     p.add_argument("--heartbeat-interval", type=float, default=10.0)
@@ -65,7 +70,8 @@ def main() -> None:
         listen=not args.no_listen,
         lease=args.lease, heartbeat_interval=args.heartbeat_interval, rescue_interval=args.rescue_interval,
         stop_timeout=0)
-    worker.register("bench", {"noop": noop, "record": record, "hang": hang}[args.handler], timeout=args.timeout)
+    handlers = {"noop": noop, "async-noop": async_noop, "record": record, "hang": hang}
+    worker.register("bench", handlers[args.handler], timeout=args.timeout)
     worker.start()
     say("ready")
     sys.stdin.read()  # until the benchmark closes the pipe

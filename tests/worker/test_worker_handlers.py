@@ -50,6 +50,63 @@ def test_an_async_handler_runs_on_the_event_loop(conn: psycopg.Connection[Any], 
     assert until_state(conn, job_id, "completed")["result"] == ["https://example.org", "ok"]
 
 
+def test_async_handlers_wait_together_on_the_event_loop_and_their_failures_are_recorded(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
+    """An async def runs as a task of the worker's event loop: a claimed batch waits on
+    it all at once, and what one raises is written as its failure and heard by on_error."""
+    errors: list[tuple[str, int]] = []
+    worker = make_worker(concurrency=6, on_error=lambda exc, j: errors.append((str(exc), j.id)))
+    threads: set[str] = set()
+    waiting = 0
+    all_in: asyncio.Event | None = None
+
+    @worker.register
+    async def gather(args: dict[str, int], ctx: JobContext) -> int:
+        nonlocal waiting, all_in
+        threads.add(threading.current_thread().name)
+        all_in = all_in or asyncio.Event()
+        waiting += 1
+        if waiting == 6:
+            all_in.set()
+        await asyncio.wait_for(all_in.wait(), PATIENCE)  # only when all six wait together
+        if args["n"] == 0:
+            raise ValueError("number 0 fails")
+        return args["n"]
+
+    ids = [enqueue(conn, "gather", {"n": n}, max_attempts=1) for n in range(6)]
+    worker.start()
+    failed = until_state(conn, ids[0], "discarded")
+    assert "ValueError: number 0 fails" in failed["last_error"]
+    assert [until_state(conn, job_id, "completed")["result"] for job_id in ids[1:]] == [1, 2, 3, 4, 5]
+    assert threads == {"treadle-asyncio"}
+    assert errors == [("number 0 fails", ids[0])]
+
+
+def test_a_stop_cancels_a_running_async_handler_and_hands_its_job_back(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
+    worker = make_worker(stop_timeout=0.2)
+    started, cancelled = threading.Event(), threading.Event()
+
+    @worker.register
+    async def sleepy(args: Any, ctx: JobContext) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(PATIENCE)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    job_id = enqueue(conn, "sleepy")
+    worker.start()
+    assert started.wait(PATIENCE)
+    worker.stop()
+    assert cancelled.wait(PATIENCE)
+    row = job(conn, job_id)
+    assert (row["state"], row["attempt"], row["lease_until"]) == ("available", 0, None)
+
+
 def test_handlers_run_concurrently_up_to_concurrency(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
     worker = make_worker(concurrency=3)
     together = threading.Barrier(3, timeout=PATIENCE)  # passes only when three run at once

@@ -8,6 +8,7 @@ alone, with an error that says why.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import inspect
 import logging
@@ -114,31 +115,27 @@ class Executor:
         return self._handlers_running == 0
 
     def submit(self, run: RunState, claimed: Claimed, step_run: dict[str, Any] | None) -> None:
-        self._threads.submit(lambda: self.execute(run, claimed, step_run))
+        """Run the job: a coroutine handler as a task on the event loop, any other on a handler thread."""
+        if claimed.undecodable is None and self._is_coroutine(run, step_run):
+            self._threads.start_task(self.execute_async(run, step_run))
+        else:
+            self._threads.submit(lambda: self.execute(run, claimed, step_run))
 
     def execute(self, run: RunState, claimed: Claimed, step_run: dict[str, Any] | None) -> None:
         """Run the job's handler and settle the job (on a handler thread)."""
         try:
-            if not run.begin_handler():
-                self._done(run)  # handed back or lost while it waited for a thread
+            if not self._begin(run):
                 return
-            self._emit("started", run)
             watchdog = self._watch_timeout(run)
             try:
                 if claimed.undecodable is not None:
                     raise claimed.undecodable
-                began = time.monotonic()
-                with self._lock:
-                    self._handlers_running += 1
+                began = self._handler_starts()
                 try:
                     value = self._call_handler(run, step_run)
                 finally:
-                    with self._lock:
-                        self._handlers_running -= 1
-                if self._ran is not None:
-                    self._ran(time.monotonic() - began)
-                _raise_if_timed_out(run)  # what a handler returns past its timeout is not its result
-                encoded = to_jsonb(value, "the handler's result")
+                    self._handler_ends(began)
+                encoded = _result(run, value)
             except BaseException as error:  # whatever a handler raises fails its job, not the worker
                 self._handler_failed(run, _as_timeout(run, error))
             else:
@@ -151,6 +148,80 @@ class Executor:
             log.exception("job %d: recording its outcome failed", run.job_id)
             self._done(run)
 
+    async def execute_async(self, run: RunState, step_run: dict[str, Any] | None) -> None:
+        """`execute` for a coroutine handler, as a task on the event loop: no handler thread waits on it.
+
+        A cancel, a lost lease, a timeout or a hand-back cancels the task (the handler
+        gets CancelledError at its next await). A failure is written from a handler
+        thread, so that the loop never waits on the database.
+        """
+        try:
+            if not self._begin(run):
+                return
+            run.on_cancelled(_canceller(asyncio.get_running_loop(), asyncio.current_task()))
+            watchdog = self._watch_timeout(run)
+            try:
+                began = self._handler_starts()
+                try:
+                    ctx = JobContext(run, self._worker_id, self._pool, self._lease)
+                    fn, args = self._target(run, step_run)
+                    try:
+                        value = await fn(*args, ctx)
+                    except asyncio.CancelledError:
+                        ctx.check_cancelled()  # says why: a lost lease, a timeout, a cancel or a hand-back
+                        raise
+                finally:
+                    self._handler_ends(began)
+                encoded = _result(run, value)
+            except BaseException as error:  # whatever a handler raises fails its job, not the worker
+                failure = _as_timeout(run, error)
+                self._threads.submit(lambda: self._fail_or_free(run, failure))
+            else:
+                self._handler_succeeded(run, encoded)  # only queues the write: it does not wait
+            finally:
+                if watchdog is not None:
+                    watchdog.cancel()
+        except BaseException:
+            log.exception("job %d: recording its outcome failed", run.job_id)
+            self._done(run)
+
+    def _fail_or_free(self, run: RunState, error: BaseException) -> None:
+        try:
+            self._handler_failed(run, error)
+        except BaseException:
+            log.exception("job %d: recording its outcome failed", run.job_id)
+            self._done(run)
+
+    def _is_coroutine(self, run: RunState, step_run: dict[str, Any] | None) -> bool:
+        """Whether the job's handler (or step) is an `async def`, known without reading anything."""
+        try:
+            if run.run_id is None:
+                return inspect.iscoroutinefunction(self._registry.handler(run.name))
+            if step_run is not None:
+                return inspect.iscoroutinefunction(self._registry.step(step_run["name"], run.step))
+        except LookupError:
+            pass  # the thread's run says so
+        return False
+
+    def _begin(self, run: RunState) -> bool:
+        """The handler may start: False when the job was handed back or lost while it waited."""
+        if not run.begin_handler():
+            self._done(run)
+            return False
+        self._emit("started", run)
+        return True
+
+    def _handler_starts(self) -> float:
+        with self._lock:
+            self._handlers_running += 1
+        return time.monotonic()
+
+    def _handler_ends(self, began: float) -> None:
+        with self._lock:
+            self._handlers_running -= 1
+        if self._ran is not None:
+            self._ran(time.monotonic() - began)
+
     def _watch_timeout(self, run: RunState) -> Deadline | None:
         """Time the attempt out (run.time_out) when it runs past its timeout; None without one."""
         seconds = attempt_timeout(run.job, self._registry.policy(run.name))
@@ -158,18 +229,22 @@ class Executor:
             return None
         return self._threads.deadlines.call_later(seconds, lambda: run.time_out(seconds))
 
+    def _target(self, run: RunState, step_run: dict[str, Any] | None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        """The handler or step to call, and its arguments before the context."""
+        if run.run_id is None:
+            return self._registry.handler(run.name), (run.args,)
+        if step_run is None:
+            step_run = self._read_step_run(run.run_id)
+        fn = self._registry.step(step_run["name"], run.step)
+        workflow_input = from_json(step_run["input"], f"workflow run {run.run_id}'s input")
+        results = from_json(step_run["results"], f"workflow run {run.run_id}'s results")
+        return fn, (workflow_input, dict(results or {}))
+
     def _call_handler(self, run: RunState, step_run: dict[str, Any] | None) -> Any:
         ctx = JobContext(run, self._worker_id, self._pool, self._lease)
-        if run.run_id is None:
-            value = self._registry.handler(run.name)(run.args, ctx)
-        else:
-            if step_run is None:
-                step_run = self._read_step_run(run.run_id)
-            fn = self._registry.step(step_run["name"], run.step)
-            workflow_input = from_json(step_run["input"], f"workflow run {run.run_id}'s input")
-            results = from_json(step_run["results"], f"workflow run {run.run_id}'s results")
-            value = fn(workflow_input, dict(results or {}), ctx)
-        if value is not None and inspect.isawaitable(value):  # most handlers return None
+        fn, args = self._target(run, step_run)
+        value = fn(*args, ctx)
+        if value is not None and inspect.isawaitable(value):  # an awaitable from a plain function
             try:
                 value = self._threads.await_in_loop(value, run)
             except concurrent.futures.CancelledError:
@@ -225,9 +300,24 @@ class Executor:
         self._done(run)
 
 
-def _raise_if_timed_out(run: RunState) -> None:
+def _result(run: RunState, value: Any) -> Any:
+    """The handler's return value as the job's result; JobTimeout past its timeout (not its result)."""
     if run.timed_out_after is not None:
         raise JobTimeout(run.job_id, run.timed_out_after)
+    return to_jsonb(value, "the handler's result")
+
+
+def _canceller(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any] | None) -> Callable[[], None]:
+    """A hook, safe from any thread, that cancels `task` (a no-op once it is done or the loop is gone)."""
+
+    def cancel() -> None:
+        if task is not None:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # the loop is closed: the worker stopped
+                pass
+
+    return cancel
 
 
 def _as_timeout(run: RunState, error: BaseException) -> BaseException:

@@ -11,8 +11,8 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from ._deadlines import Deadlines
 from ._run_state import RunState
@@ -33,9 +33,33 @@ class HandlerThreads:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
         self.deadlines = Deadlines(name=f"{name}-timeouts")
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._starting: list[Coroutine[Any, Any, None]] = []  # given to start_task, not yet tasks
+        self._starting_lock = threading.Lock()
 
     def submit(self, call: Callable[[], None]) -> None:
         self._calls.put(call)
+
+    def start_task(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run a coroutine as a task of the event loop (no thread waits on it); it settles its own job.
+
+        Coroutines given while the loop has not yet taken the last ones go with them:
+        a claimed batch wakes the loop once, not once a job.
+        """
+        with self._starting_lock:
+            self._starting.append(coroutine)
+            if len(self._starting) > 1:
+                return
+        self._event_loop().call_soon_threadsafe(self._create_tasks)
+
+    def _create_tasks(self) -> None:
+        with self._starting_lock:
+            coroutines, self._starting = self._starting, []
+        loop = asyncio.get_running_loop()
+        for coroutine in coroutines:
+            task = loop.create_task(coroutine)
+            self._tasks.add(task)  # the loop keeps only a weak reference
+            task.add_done_callback(self._tasks.discard)
 
     def close(self) -> None:
         """Let idle threads end; busy ones end when their call returns. No timeout fires after this."""

@@ -115,7 +115,7 @@ class Worker:
     transaction mode breaks them unless it supports them).
 
     Handlers are called as `fn(args, ctx)` in a pool of `concurrency` threads
-    (`async def` handlers run on an event loop thread); their JSON return value
+    (`async def` handlers run as tasks on one event loop thread); their JSON return value
     becomes the job's result. Workflow steps are called as `fn(input, results, ctx)`.
 
     Stopping: SIGTERM or SIGINT (when `run()` is in the main thread) or `stop()`
