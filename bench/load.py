@@ -10,8 +10,10 @@ CPU per job: the CPU time (user + system, /proc/PID/stat) the worker processes
 and their server backends (found by application_name) used during the drain,
 over the jobs; the server must run on this machine (else "-").
 A row with a handler timeout (30 s, never reached) measures what timing every
-attempt costs, and a row with an `async def` handler what running it on the
-worker's event loop costs; the raw worker has neither, so it is the same baseline.
+attempt costs, a row with an `async def` handler what running it on the worker's
+event loop costs, and a row with prepared statements (off by default, for poolers)
+what parsing and planning each statement costs; the raw worker has none of these
+and always prepares, so it is the same baseline.
 A last row runs the SQL cycle alone, with no worker process: one connection
 in this script finishes C jobs and claims C more per statement,
 treadle.complete_and_claim against the raw statement, which splits the gap
@@ -55,8 +57,9 @@ from harness import (
 TITLE = "Load: jobs per second through worker processes, empty handlers"
 SEED_ONE_WORKER = 863  # jobs/s, the seed's one worker at concurrency 10
 CHUNK = 5000  # jobs per enqueue statement
-# the rows of one worker whose handler has a timeout, and whose handler is an async def
-TIMED, ASYNC = -1, -2
+# the rows of one worker whose handler has a timeout, whose handler is an async def, and
+# with prepared statements
+TIMED, ASYNC, PREPARED = -1, -2, -3
 TABLE = {"treadle": "treadle.jobs", "raw": "bench_raw.jobs"}
 APPLICATION = {"treadle": "treadle-worker:%", "raw": RAW_APPLICATION}  # the workers' connections
 COMPLETE_AND_CLAIM = """
@@ -182,6 +185,7 @@ def main() -> None:
         *((w, f"{w} x concurrency {args.concurrency}", w, []) for w in args.workers),
         (TIMED, f"1 x concurrency {args.concurrency}, handler timeout 30 s", 1, ["--timeout", "30"]),
         (ASYNC, f"1 x concurrency {args.concurrency}, async def handler", 1, ["--handler", "async-noop"]),
+        (PREPARED, f"1 x concurrency {args.concurrency}, prepared_statements=True", 1, ["--prepared"]),
     ]
     results: dict[tuple[str, int], list[float]] = {}
     rss: dict[tuple[str, int], list[int]] = {}

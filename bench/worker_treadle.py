@@ -10,6 +10,7 @@ Handlers, all registered for the job name `bench`:
 `--no-listen` turns off the LISTEN connection, so the worker only polls (what it
 does where LISTEN is refused, behind PgBouncer in transaction mode). `--timeout S`
 gives the handler a timeout of S seconds (its policy: every attempt is timed).
+`--prepared` turns on prepared statements (`Worker(prepared_statements=True)`).
 
     python bench/worker_treadle.py DSN [--concurrency 10] [--handler noop] [--no-listen] ...
 """
@@ -63,11 +64,12 @@ def main() -> None:
     p.add_argument("--rescue-interval", type=float, default=5.0)
     p.add_argument("--no-listen", action="store_true")
     p.add_argument("--timeout", type=float, default=None)
+    p.add_argument("--prepared", action="store_true")
     args = p.parse_args()
 
     worker = Worker(
         args.dsn, queues=[args.queue], concurrency=args.concurrency, poll_interval=args.poll_interval,
-        listen=not args.no_listen,
+        listen=not args.no_listen, prepared_statements=args.prepared,
         lease=args.lease, heartbeat_interval=args.heartbeat_interval, rescue_interval=args.rescue_interval,
         stop_timeout=0)
     handlers = {"noop": noop, "async-noop": async_noop, "record": record, "hang": hang}
