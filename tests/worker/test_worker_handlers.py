@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -81,6 +82,46 @@ def test_async_handlers_wait_together_on_the_event_loop_and_their_failures_are_r
     assert [until_state(conn, job_id, "completed")["result"] for job_id in ids[1:]] == [1, 2, 3, 4, 5]
     assert threads == {"treadle-asyncio"}
     assert errors == [("number 0 fails", ids[0])]
+
+
+@pytest.mark.parametrize("kinds", [("async",) * 6, ("async", "sync") * 3], ids=["async", "mixed"])
+def test_no_more_handlers_run_at_once_than_concurrency_async_ones_included(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker, kinds: tuple[str, ...]
+) -> None:
+    """Async handlers hold no thread, yet count against `concurrency` as sync ones do,
+    jobs claimed ahead included: two at a time here, whatever the mix."""
+    worker = make_worker(concurrency=2, claim_ahead=4)
+    lock = threading.Lock()
+    running, most = 0, 0
+
+    def enter() -> None:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+
+    def leave() -> None:
+        nonlocal running
+        with lock:
+            running -= 1
+
+    @worker.register("async")
+    async def async_job(args: Any, ctx: JobContext) -> None:
+        enter()
+        await asyncio.sleep(0.2)
+        leave()
+
+    @worker.register("sync")
+    def sync_job(args: Any, ctx: JobContext) -> None:
+        enter()
+        time.sleep(0.2)
+        leave()
+
+    ids = [enqueue(conn, kind) for kind in kinds]
+    worker.start()
+    for job_id in ids:
+        until_state(conn, job_id, "completed")
+    assert most == 2
 
 
 def test_a_stop_cancels_a_running_async_handler_and_hands_its_job_back(

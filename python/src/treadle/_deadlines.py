@@ -5,7 +5,8 @@ every job that has a timeout, and most production handlers set one: at a few
 thousand jobs a second that halved a worker's throughput. Here a timeout is an
 entry in a heap, and one thread sleeps until the earliest. A timeout that is
 cancelled (its handler returned in time, nearly always) is only marked, and
-dropped when it reaches the top or when marked entries make up half the heap.
+dropped when it reaches the top, or when at least PURGE_AT marked entries make up
+half the heap.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class Deadlines:
         with self._cond:
             self._closed = True
             self._heap.clear()
+            self._cancelled = 0
             self._cond.notify()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():

@@ -9,12 +9,13 @@ alone, with an error that says why.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -79,7 +80,7 @@ def _or_none(text: str | None) -> Any:
 
 
 class Executor:
-    """Runs claimed jobs on the handler threads and settles each one."""
+    """Runs claimed jobs, on the handler threads or (async ones) on the event loop, and settles each one."""
 
     def __init__(
         self,
@@ -95,6 +96,7 @@ class Executor:
         on_error: Callable[[BaseException, Job], None] | None,
         slot_freed: Callable[[], None],
         ran: Callable[[float], None] | None = None,
+        concurrency: int,
     ) -> None:
         self._registry = registry
         self._threads = threads
@@ -109,6 +111,13 @@ class Executor:
         self._ran = ran
         self._lock = threading.Lock()
         self._handlers_running = 0
+        # Handlers running, sync or async, and settling their jobs: at most `concurrency`,
+        # as when every handler held a thread. Sync ones wait on the condition, in their
+        # thread; async ones wait in the deque, and a freed slot starts the next.
+        self._concurrency = concurrency
+        self._slots = threading.Condition()
+        self._in_slots = 0
+        self._waiting_tasks: collections.deque[Coroutine[Any, Any, None]] = collections.deque()
 
     def idle(self) -> bool:
         """No handler is running (cheaper than counting the worker's jobs)."""
@@ -117,12 +126,50 @@ class Executor:
     def submit(self, run: RunState, claimed: Claimed, step_run: dict[str, Any] | None) -> None:
         """Run the job: a coroutine handler as a task on the event loop, any other on a handler thread."""
         if claimed.undecodable is None and self._is_coroutine(run, step_run):
-            self._threads.start_task(self.execute_async(run, step_run))
+            self._start_async(self.execute_async(run, step_run))
         else:
             self._threads.submit(lambda: self.execute(run, claimed, step_run))
 
+    def close(self) -> None:
+        """The async jobs still waiting for a slot never start (the worker handed them back)."""
+        with self._slots:
+            waiting, self._waiting_tasks = list(self._waiting_tasks), collections.deque()
+        for coroutine in waiting:
+            coroutine.close()
+
+    def _start_async(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        with self._slots:
+            if self._in_slots >= self._concurrency:
+                self._waiting_tasks.append(coroutine)
+                return
+            self._in_slots += 1
+        self._threads.start_task(coroutine)
+
+    def _take_slot(self) -> None:
+        with self._slots:
+            while self._in_slots >= self._concurrency:
+                self._slots.wait()
+            self._in_slots += 1
+
+    def _give_slot(self) -> None:
+        """A handler is done with its job: its slot goes to the next async job waiting, or is freed."""
+        with self._slots:
+            if not self._waiting_tasks:
+                self._in_slots -= 1
+                self._slots.notify()
+                return
+            coroutine = self._waiting_tasks.popleft()
+        self._threads.start_task(coroutine)
+
     def execute(self, run: RunState, claimed: Claimed, step_run: dict[str, Any] | None) -> None:
         """Run the job's handler and settle the job (on a handler thread)."""
+        self._take_slot()
+        try:
+            self._execute(run, claimed, step_run)
+        finally:
+            self._give_slot()
+
+    def _execute(self, run: RunState, claimed: Claimed, step_run: dict[str, Any] | None) -> None:
         try:
             if not self._begin(run):
                 return
@@ -151,10 +198,18 @@ class Executor:
     async def execute_async(self, run: RunState, step_run: dict[str, Any] | None) -> None:
         """`execute` for a coroutine handler, as a task on the event loop: no handler thread waits on it.
 
-        A cancel, a lost lease, a timeout or a hand-back cancels the task (the handler
-        gets CancelledError at its next await). A failure is written from a handler
-        thread, so that the loop never waits on the database.
+        It holds one of the `concurrency` slots, as a sync handler does (`_start_async`
+        took it), until its job is settled. A cancel, a lost lease, a timeout or a
+        hand-back cancels the task (the handler gets CancelledError at its next await).
+        A failure is written from the loop's executor, so that the loop never waits on
+        the database.
         """
+        try:
+            await self._execute_async(run, step_run)
+        finally:
+            self._give_slot()
+
+    async def _execute_async(self, run: RunState, step_run: dict[str, Any] | None) -> None:
         try:
             if not self._begin(run):
                 return
@@ -173,14 +228,18 @@ class Executor:
                 finally:
                     self._handler_ends(began)
                 encoded = _result(run, value)
+            except GeneratorExit:
+                raise  # the loop is gone and the task with it: nothing more runs
             except BaseException as error:  # whatever a handler raises fails its job, not the worker
                 failure = _as_timeout(run, error)
-                self._threads.submit(lambda: self._fail_or_free(run, failure))
+                await asyncio.get_running_loop().run_in_executor(None, self._fail_or_free, run, failure)
             else:
                 self._handler_succeeded(run, encoded)  # only queues the write: it does not wait
             finally:
                 if watchdog is not None:
                     watchdog.cancel()
+        except GeneratorExit:
+            raise
         except BaseException:
             log.exception("job %d: recording its outcome failed", run.job_id)
             self._done(run)

@@ -36,6 +36,7 @@ class HandlerThreads:
         self._tasks: set[asyncio.Task[None]] = set()
         self._starting: list[Coroutine[Any, Any, None]] = []  # given to start_task, not yet tasks
         self._starting_lock = threading.Lock()
+        self._closed = False
 
     def submit(self, call: Callable[[], None]) -> None:
         self._calls.put(call)
@@ -47,10 +48,19 @@ class HandlerThreads:
         a claimed batch wakes the loop once, not once a job.
         """
         with self._starting_lock:
+            if self._closed:
+                coroutine.close()  # the worker stopped: its job's lease lapses, and a rescue returns it
+                return
             self._starting.append(coroutine)
             if len(self._starting) > 1:
                 return
-        self._event_loop().call_soon_threadsafe(self._create_tasks)
+        try:
+            self._event_loop().call_soon_threadsafe(self._create_tasks)
+        except RuntimeError:  # the loop closed meanwhile
+            with self._starting_lock:
+                stranded, self._starting = self._starting, []
+            for waiting in stranded:
+                waiting.close()
 
     def _create_tasks(self) -> None:
         with self._starting_lock:
@@ -62,7 +72,10 @@ class HandlerThreads:
             task.add_done_callback(self._tasks.discard)
 
     def close(self) -> None:
-        """Let idle threads end; busy ones end when their call returns. No timeout fires after this."""
+        """Let idle threads end; busy ones end when their call returns. No timeout fires after this,
+        and no task starts."""
+        with self._starting_lock:
+            self._closed = True
         self.deadlines.close()
         for _ in self._threads:
             self._calls.put(None)

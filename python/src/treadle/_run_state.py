@@ -100,10 +100,11 @@ class RunState(JobFields):
 
     # the handler's turn
     def begin_handler(self) -> bool:
-        """A handler thread takes the job: True when its handler is to run.
+        """A slot takes the job (a handler thread, or the event loop for an async handler):
+        True when its handler is to run.
 
         False when the job was handed back or its lease lost while it waited for a
-        thread (a job claimed ahead of free slots); the job then holds no slot.
+        slot (a job claimed ahead of free slots); the job then holds no slot.
         """
         with self._lock:
             if self._status is RunStatus.RUNNING:

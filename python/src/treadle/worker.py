@@ -8,7 +8,8 @@ The path of a job through the modules:
   after a lost answer, treadle.claimed says what it took) and makes a RunState
   (_run_state.py) for each job;
 - _executor.py decodes the job alone, finds its handler or step (_registry.py)
-  and calls it with a JobContext (_context.py) on a handler thread (_handler_threads.py);
+  and calls it with a JobContext (_context.py) on a handler thread, or an `async def`
+  as a task on the worker's event loop (_handler_threads.py), `concurrency` at a time;
 - _completer.py writes the outcome: successes batched into treadle.complete_and_claim,
   which claims the next jobs in the same statement (ClaimAlong, here), failures with
   treadle.fail (how: _retry.py, from the handler's policy), snoozes with
@@ -17,7 +18,7 @@ The path of a job through the modules:
   expired ones, and _notifier.py wakes the claim loop when NOTIFY says work arrived.
 
 While handlers are quick, the worker holds up to `claim_ahead` jobs beyond its
-free slots, waiting for a handler thread, so that a handler that returns finds its
+free slots, waiting for a free slot, so that a handler that returns finds its
 next job at hand instead of waiting for the round trip that finishes and claims.
 """
 
@@ -450,6 +451,7 @@ class Worker:
                 on_error=self._on_error,
                 slot_freed=self._slot_freed,
                 ran=self._handler_ran,
+                concurrency=self.concurrency,
             )
             if self._listen:
                 notifier = WakeOnNotify(self._notifier(), self.queues, self._wake.set)
@@ -486,6 +488,8 @@ class Worker:
                 notifier.stop()
             if housekeeper is not None:
                 housekeeper.stop()
+            if self._executor is not None:
+                self._executor.close()
             if self._threads is not None:
                 self._threads.close()
             if metrics_server is not None:
