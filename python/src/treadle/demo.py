@@ -185,10 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     options = parse(sys.argv[1:] if argv is None else argv)
     install(options.dsn)
 
-    stopping = threading.Event()
+    stopping = threading.Event()  # tells the feeder thread
+    signalled: list[int] = []
 
     def on_signal(signum: int, frame: Any) -> None:
-        stopping.set()
+        # a flag only: setting the Event here could deadlock on its lock, held by the main thread
+        signalled.append(signum)
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -211,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  database:  {options.dsn}")
     print("  a worker runs example jobs; new ones arrive every few seconds. Ctrl-C stops it all.", flush=True)
 
-    stopping.wait(options.seconds or None)
+    deadline = time.monotonic() + options.seconds if options.seconds else None
+    while not signalled and (deadline is None or time.monotonic() < deadline):
+        time.sleep(0.1)
     stopping.set()
     print("demo: stopping", file=sys.stderr)
     if server is not None and app is not None:

@@ -10,7 +10,7 @@ import argparse
 import json
 import signal
 import sys
-import threading
+import time
 from datetime import datetime
 from typing import Any
 
@@ -141,11 +141,13 @@ def _watch(conn: Connection, options: argparse.Namespace) -> int:
         live = Live(_rich_view(conn, options), auto_refresh=False, screen=False)
         live.start()
     # Ctrl-C ends the loop between refreshes: a KeyboardInterrupt inside a query would
-    # leave the connection waiting on a cancelled statement as the command exits
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # leave the connection waiting on a cancelled statement as the command exits. The
+    # handler only sets a flag: one that set a threading.Event could deadlock on the
+    # Event's own lock, were the signal to arrive while the loop held it in wait().
+    stopping: list[bool] = []
+    previous = signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
     try:
-        while not stop.is_set():
+        while not stopping:
             if live is not None:
                 live.update(_rich_view(conn, options), refresh=True)
             elif options.json:
@@ -156,12 +158,19 @@ def _watch(conn: Connection, options: argparse.Namespace) -> int:
             else:
                 print(f"-- {datetime.now().astimezone().isoformat(timespec='seconds')}")
                 print("\n".join(_status_lines(counts(conn))), flush=True)
-            stop.wait(options.interval)
+            _sleep_unless(stopping, options.interval)
         return OK
     finally:
         signal.signal(signal.SIGINT, previous)
         if live is not None:
             live.stop()
+
+
+def _sleep_unless(stopping: list[bool], seconds: float) -> None:
+    """Sleep `seconds`, in slices short enough that Ctrl-C is answered at once."""
+    deadline = time.monotonic() + seconds
+    while not stopping and (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, 0.05))
 
 
 def _rich_view(conn: Connection, options: argparse.Namespace) -> Any:
