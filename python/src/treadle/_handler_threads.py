@@ -44,16 +44,22 @@ class HandlerThreads:
     def start_task(self, coroutine: Coroutine[Any, Any, None]) -> None:
         """Run a coroutine as a task of the event loop (no thread waits on it); it settles its own job.
 
-        Coroutines given while the loop has not yet taken the last ones go with them:
-        a claimed batch wakes the loop once, not once a job.
+        From the loop's own thread (a task that freed its slot starts the next) the task
+        starts at once. From another, coroutines given while the loop has not yet taken
+        the last ones go with them: a claimed batch wakes the loop once, not once a job.
         """
         with self._starting_lock:
             if self._closed:
                 coroutine.close()  # the worker stopped: its job's lease lapses, and a rescue returns it
                 return
-            self._starting.append(coroutine)
-            if len(self._starting) > 1:
-                return
+            on_loop = self._on_loop()
+            if not on_loop:
+                self._starting.append(coroutine)
+                if len(self._starting) > 1:
+                    return
+        if on_loop:
+            self._spawn(asyncio.get_running_loop(), coroutine)
+            return
         try:
             self._event_loop().call_soon_threadsafe(self._create_tasks)
         except RuntimeError:  # the loop closed meanwhile
@@ -67,9 +73,19 @@ class HandlerThreads:
             coroutines, self._starting = self._starting, []
         loop = asyncio.get_running_loop()
         for coroutine in coroutines:
-            task = loop.create_task(coroutine)
-            self._tasks.add(task)  # the loop keeps only a weak reference
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(loop, coroutine)
+
+    def _spawn(self, loop: asyncio.AbstractEventLoop, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = loop.create_task(coroutine)
+        self._tasks.add(task)  # the loop keeps only a weak reference
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_loop(self) -> bool:
+        """Whether this runs on the event loop's own thread."""
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
 
     def close(self) -> None:
         """Let idle threads end; busy ones end when their call returns. No timeout fires after this,
