@@ -1,10 +1,13 @@
-"""Scenario: a large history. Claims and the drain with N finished jobs in treadle.jobs,
+"""Scenario: a large history. Claims and the drain with N finished jobs in treadle.jobs
+(jobs that keep an idempotency key stay there, and all do until archived), and with
+N finished jobs in treadle.job_history (where treadle.archive moves the others),
 beside tables of 10,000 and of 100,000 waiting jobs in the same run; then retention of
 90% of the finished jobs.
 
 The rows are written by INSERT ... SELECT as the owner (enqueue would take far longer),
 each case in a database of its own: 10,000 waiting; 100,000 waiting (the large case's
-backlog alone); N finished + 100,000 waiting. Then the runs go round the cases; per run:
+backlog alone); N finished + 100,000 waiting; the same with the finished jobs in the
+history, in the partitions treadle.archive would have put them in. Then the runs go round the cases; per run:
   - claim latency: p50 and p99 of claiming one job (autocommit treadle.claim, batch 1);
   - drain: claim 10 + treadle.complete_many in a loop on one connection, D jobs
     (D = 10,000 less the claims timed, so that the small case ends empty).
@@ -13,6 +16,8 @@ Then retention of the 0.9 N jobs finished more than 7 days ago (the default: 7 d
   - one treadle.prune('7 days'): one statement;
   - the same rows written again, then treadle.apply_retention(batch) in a loop on one
     connection until it returns less than the batch (what the workers' housekeeping does);
+  - in the history case, apply_retention(batch) in the same loop: it empties the 30
+    partitions whose day has passed with TRUNCATE;
   each: seconds, WAL written (pg_current_wal_lsn before and after), the longest
   transaction, and the claim p50/p99 of a claimer claiming one job every 20 ms all the
   while, against the same claimer in the 10 s before.
@@ -70,6 +75,32 @@ SELECT 'default', 'done', jsonb_build_object('i', g), 'completed', t.at, 1, 'ben
   FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
  CROSS JOIN LATERAL (SELECT now() - interval '70 days' + g * (interval '70 days' / %(total)s) AS at) AS t
 """
+# The same finished jobs as treadle.archive leaves them in treadle.job_history: each with
+# its purge time (finished_at + 7 days) in the partition of its day. The 0.9 N past
+# their retention fill 30 partitions (a stretch of days each, as if retention had not
+# run for a while); the rest, the 8 days ahead of now, one partition per day.
+FILL_HISTORY = """
+INSERT INTO treadle.job_history (id, queue, name, args, state, priority, run_at, attempt, max_attempts,
+                                 worker_id, lease_token, result, created_at, started_at, finished_at,
+                                 cancel_requested, errors, purge_at, slot)
+SELECT nextval('treadle.jobs_id_seq'), 'default', 'done', jsonb_build_object('i', g), 'completed', 0, t.at, 1, 25,
+       'bench', gen_random_uuid(), '{"ok": true}', t.at, t.at, t.at, false, '[]', t.at + interval '7 days',
+       CASE WHEN t.at + interval '7 days' <= now()
+            THEN 1 + least(29, floor((g - 1) * 30.0 / (%(total)s * 0.9)))::integer
+            ELSE 31 + extract(day FROM treadle._history_day(t.at + interval '7 days')
+                                     - treadle._history_day(now()))::integer END
+  FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
+ CROSS JOIN LATERAL (SELECT now() - interval '70 days' + g * (interval '70 days' / %(total)s) AS at) AS t
+"""
+HISTORY_SLOTS = """
+INSERT INTO treadle.history_slots (slot, starts, ends)
+SELECT h.slot,
+       CASE WHEN h.slot <= 30 THEN min(h.purge_at) ELSE treadle._history_day(min(h.purge_at)) END,
+       CASE WHEN h.slot <= 30 THEN max(h.purge_at) + interval '1 microsecond'
+            ELSE treadle._history_day(min(h.purge_at)) + interval '1 day' END
+  FROM treadle.job_history AS h
+ GROUP BY h.slot
+"""
 FILL_WAITING = """
 INSERT INTO treadle.jobs (queue, name, args, run_at, created_at)
 SELECT 'default', 'bench', jsonb_build_object('i', g), now() - interval '1 hour', now() - interval '1 hour'
@@ -90,6 +121,7 @@ class Case:
     name: str  # of its database
     waiting: int
     finished: int = 0
+    in_history: bool = False  # the finished jobs in treadle.job_history, not in treadle.jobs
     url: str = ""
     p50: list[float] = field(default_factory=list)
     p99: list[float] = field(default_factory=list)
@@ -139,21 +171,26 @@ def drain(conn: psycopg.Connection[Any], jobs: int) -> float:
 def fill(conn: psycopg.Connection[Any], case: Case) -> float:
     """Empty the tables and write the case's rows; returns the seconds it took."""
     started = time.monotonic()
-    conn.execute("TRUNCATE treadle.jobs, treadle.workflow_runs")
+    conn.execute("TRUNCATE treadle.jobs, treadle.workflow_runs, treadle.job_history, treadle.history_slots")
     if case.finished:
-        fill_finished(conn, 1, case.finished, case.finished)
+        fill_finished(conn, 1, case.finished, case.finished, FILL_HISTORY if case.in_history else FILL_FINISHED)
+    if case.in_history:
+        conn.execute(HISTORY_SLOTS)
     conn.execute(FILL_WAITING, {"waiting": case.waiting})
     conn.execute("VACUUM ANALYZE treadle.jobs")
+    for (partition,) in conn.execute("SELECT inhrelid::regclass::text FROM pg_inherits "
+                                     "WHERE inhparent = 'treadle.job_history'::regclass").fetchall():
+        conn.execute(f"VACUUM ANALYZE {partition}")
     conn.execute("CHECKPOINT")  # so that flushing what was written does not land in the measurement
     return time.monotonic() - started
 
 
-def fill_finished(conn: psycopg.Connection[Any], first: int, last: int, total: int) -> None:
+def fill_finished(conn: psycopg.Connection[Any], first: int, last: int, total: int, sql: str = FILL_FINISHED) -> None:
     """Write finished jobs first..last (of total), a million per statement."""
     for start in range(first, last + 1, 1_000_000):
         end = min(start + 999_999, last)
         progress(f"  writing finished jobs {start:,}..{end:,}")
-        conn.execute(FILL_FINISHED, {"first": start, "last": end, "total": total})
+        conn.execute(sql, {"first": start, "last": end, "total": total})
 
 
 def reset(conn: psycopg.Connection[Any]) -> None:
@@ -279,7 +316,9 @@ def main() -> None:
     # the cases, so that a quieter or busier minute on the machine falls on every case.
     cases = [Case(f"{small:,} waiting", "scale_small", waiting=small),
              Case(f"{waiting:,} waiting", "scale_backlog", waiting=waiting),
-             Case(f"{finished:,} finished + {waiting:,} waiting", "scale", waiting=waiting, finished=finished)]
+             Case(f"{finished:,} finished + {waiting:,} waiting", "scale", waiting=waiting, finished=finished),
+             Case(f"{finished:,} finished in the history + {waiting:,} waiting", "scale_history", waiting=waiting,
+                  finished=finished, in_history=True)]
     old = finished * 9 // 10  # finished more than 7 days ago: past the default retention
     removals: list[Removal] = []
     began = time.monotonic()
@@ -297,7 +336,7 @@ def main() -> None:
             for case in cases if run % 2 == 0 else cases[::-1]:
                 progress(f"{case.label}: run {run + 1}/{args.runs}: {SAMPLES} claims, then a drain of {drain_jobs:,}")
                 measure_run(case.url, case, drain_jobs)
-        db = cases[-1].url
+        db = cases[2].url
         with psycopg.connect(db, autocommit=True) as conn:
             sizes = conn.execute("SELECT pg_size_pretty(pg_table_size('treadle.jobs')), "
                                  "pg_size_pretty(pg_indexes_size('treadle.jobs'))").fetchone()
@@ -315,6 +354,8 @@ def main() -> None:
                 refill = time.monotonic() - started
             removals.append(timed_removal(db, f"apply_retention({args.batch}) until done: {old:,} jobs",
                                           retention_batches(args.batch)))
+            removals.append(timed_removal(cases[3].url, f"apply_retention({args.batch}) until done: {old:,} jobs "
+                                          "in 30 partitions of treadle.job_history", retention_batches(args.batch)))
     total = time.monotonic() - began
 
     base = cases[0]

@@ -48,7 +48,7 @@ SELECT set_eq(
           'treadle.heartbeat_many(bigint[],uuid[],interval)',
           'treadle.fail(bigint,uuid,text,interval,boolean)', 'treadle.release(bigint,uuid)',
           'treadle.snooze(bigint,uuid,interval)', 'treadle.rescue()',
-          'treadle.apply_retention(integer)', 'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.prune(interval)',
+          'treadle.apply_retention(integer)', 'treadle.archive(integer)', 'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.prune(interval)',
           'treadle.define_workflow(text,text[])',
           'treadle.start_workflow(text,jsonb,text[],text,integer,integer,text)',
           'treadle.cancel_workflow(bigint)',
@@ -66,10 +66,12 @@ SELECT set_eq(
     'PUBLIC executes only the read-only functions that run with the caller''s rights, and cron_next');
 SELECT set_eq(
     $$ SELECT unnest(extconfig)::regclass::text FROM pg_extension WHERE extname = 'treadle' $$,
-    ARRAY['treadle.jobs', 'treadle.jobs_id_seq', 'treadle.workflow_runs',
-          'treadle.workflow_runs_id_seq', 'treadle.workflows', 'treadle.settings', 'treadle.tenants',
-          'treadle.cron_schedules', 'treadle.queues'],
-    'tables with user data and their sequences are kept by pg_dump');
+    $$ SELECT unnest(ARRAY['treadle.jobs', 'treadle.jobs_id_seq', 'treadle.workflow_runs',
+                           'treadle.workflow_runs_id_seq', 'treadle.workflows', 'treadle.settings', 'treadle.tenants',
+                           'treadle.cron_schedules', 'treadle.queues', 'treadle.history_slots'])
+       UNION ALL
+       SELECT format('treadle.job_history_%s', lpad(n::text, 2, '0')) FROM generate_series(0, 40) AS n $$,
+    'tables with user data and their sequences are kept by pg_dump: the history''s 41 partitions too');
 SELECT is_empty(
     $$ SELECT c.relname FROM pg_class AS c
         WHERE c.relnamespace = 'treadle'::regnamespace AND c.relkind IN ('r', 'v')

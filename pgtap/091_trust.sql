@@ -57,6 +57,7 @@ INSERT INTO may_execute VALUES
     ('treadle.snooze(bigint,uuid,interval)',     '{worker}'),
     ('treadle.rescue()',                         '{worker,admin}'),
     ('treadle.apply_retention(integer)',         '{worker,admin}'),
+    ('treadle.archive(integer)',                 '{worker,admin}'),
     ('treadle.define_workflow(text,text[])',     '{worker}'),
     ('treadle.worker_seen(text,text,integer,text[],integer,integer,text[])', '{worker}'),
     ('treadle.worker_stopped(text)',             '{worker}'),
@@ -121,10 +122,10 @@ SELECT is_empty(
     'no part may create objects in schema treadle');
 SELECT is_empty(
     $$ SELECT c.relname FROM pg_class AS c
-        WHERE c.oid IN ('treadle.jobs'::regclass, 'treadle.workflow_runs'::regclass, 'treadle.cron_schedules'::regclass,
-                        'treadle.queues'::regclass)
+        WHERE c.oid IN ('treadle.jobs'::regclass, 'treadle.job_history'::regclass, 'treadle.workflow_runs'::regclass,
+                        'treadle.cron_schedules'::regclass, 'treadle.queues'::regclass)
           AND NOT c.relrowsecurity $$,
-    'row-level security is on for jobs, workflow runs, schedules and queue settings');
+    'row-level security is on for jobs, their history, workflow runs, schedules and queue settings');
 
 --------------------------------------------------------------------------------
 -- The attacks of a producer on the tables, each refused, nothing changed

@@ -137,6 +137,45 @@ CREATE INDEX workflow_runs_finished_at_idx ON treadle.workflow_runs (finished_at
 -- a workflow run's steps
 CREATE INDEX jobs_workflow_run_idx ON treadle.jobs (workflow_run_id) WHERE workflow_run_id IS NOT NULL;
 
+-- History: finished jobs that treadle.archive moved out of treadle.jobs, so that the
+-- live table stays small and retention empties whole partitions (TRUNCATE: no dead
+-- rows, no long delete, whatever snapshots are open) instead of deleting rows. The
+-- columns are treadle.jobs' in the same order, then the time retention deletes the
+-- row (finished_at plus the retention in force when it moved; infinity: kept forever)
+-- and the partition it is in. Partitions 1..40 each hold the jobs whose purge_at
+-- falls in one day (treadle.history_slots); partition 0 holds the rest (a longer
+-- retention, or no free partition), which retention deletes row by row. The
+-- partitions are made here, once: nothing creates or drops one at run time.
+CREATE TABLE treadle.job_history (
+    LIKE treadle.jobs,
+    purge_at timestamptz NOT NULL,
+    slot     smallint    NOT NULL
+) PARTITION BY LIST (slot);
+DO $$
+BEGIN
+    FOR n IN 0..40 LOOP
+        EXECUTE format('CREATE TABLE treadle.%I PARTITION OF treadle.job_history FOR VALUES IN (%s)',
+                       'job_history_' || lpad(n::text, 2, '0'), n);
+        PERFORM pg_catalog.pg_extension_config_dump(format('treadle.job_history_%s', lpad(n::text, 2, '0'))::regclass, '');
+    END LOOP;
+END
+$$;
+CREATE INDEX job_history_id_idx ON treadle.job_history (id);
+CREATE INDEX job_history_finished_at_idx ON treadle.job_history (finished_at);
+CREATE INDEX job_history_purge_at_idx ON treadle.job_history (purge_at);
+CREATE INDEX job_history_failed_at_idx ON treadle.job_history (failed_at)
+    WHERE state = 'discarded' AND last_error IS NOT NULL;
+
+-- Which day of purge times each history partition holds; no row: the partition is
+-- empty and free.
+CREATE TABLE treadle.history_slots (
+    slot   smallint    PRIMARY KEY,
+    starts timestamptz NOT NULL,
+    ends   timestamptz NOT NULL,
+    CONSTRAINT history_slots_slot_check CHECK (slot BETWEEN 1 AND 40),
+    CONSTRAINT history_slots_window_check CHECK (ends > starts)
+);
+
 -- Joint statistics of queue and state: estimated counts per queue then follow each
 -- queue's own mix of states instead of assuming queue and state are independent.
 CREATE STATISTICS treadle.jobs_queue_state_stats (mcv) ON queue, state FROM treadle.jobs;
@@ -232,10 +271,14 @@ CREATE TABLE treadle.tenants (
 -- Readers see rows of the queues their tenant prefix allows (all, for a role that is
 -- not a tenant). The owner, whose functions do every write, is not subject to it.
 ALTER TABLE treadle.jobs ENABLE ROW LEVEL SECURITY;
+ALTER TABLE treadle.job_history ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.workflow_runs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.cron_schedules ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.queues ENABLE ROW LEVEL SECURITY;
 CREATE POLICY jobs_tenant_read ON treadle.jobs FOR SELECT
+    USING (starts_with(queue, coalesce(
+        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
+CREATE POLICY job_history_tenant_read ON treadle.job_history FOR SELECT
     USING (starts_with(queue, coalesce(
         (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
 CREATE POLICY workflow_runs_tenant_read ON treadle.workflow_runs FOR SELECT
@@ -259,3 +302,4 @@ SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_runs_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.jobs', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.jobs_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.cron_schedules', '');
+SELECT pg_catalog.pg_extension_config_dump('treadle.history_slots', '');

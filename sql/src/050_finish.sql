@@ -142,7 +142,8 @@ COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
 -- treadle._left_by(job_id, lease_token, states) -> text
 --
 -- The state of a job that this token finished, when it is one of `states` (what a
--- finish repeated after a lost answer returns); null otherwise.
+-- finish repeated after a lost answer returns), in treadle.jobs or its history;
+-- null otherwise.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._left_by(job_id bigint, lease_token uuid, states text[])
 RETURNS text
@@ -150,7 +151,11 @@ LANGUAGE sql
 STABLE
 BEGIN ATOMIC
     SELECT j.state FROM treadle.jobs AS j
-     WHERE j.id = _left_by.job_id AND j.lease_token = _left_by.lease_token AND j.state = ANY (_left_by.states);
+     WHERE j.id = _left_by.job_id AND j.lease_token = _left_by.lease_token AND j.state = ANY (_left_by.states)
+    UNION ALL
+    SELECT h.state FROM treadle.job_history AS h
+     WHERE h.id = _left_by.job_id AND h.lease_token = _left_by.lease_token AND h.state = ANY (_left_by.states)
+    LIMIT 1;
 END;
 COMMENT ON FUNCTION treadle._left_by(bigint, uuid, text[]) IS
     'The state a token''s finish left a job in, when it is one of states; null otherwise.';

@@ -28,6 +28,7 @@ BEGIN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     PERFORM treadle._check_queue_allowed(j.queue) FROM treadle.jobs AS j WHERE j.id = cancel.job_id;
+    PERFORM treadle._check_queue_allowed(h.queue) FROM treadle.job_history AS h WHERE h.id = cancel.job_id;
 
     UPDATE treadle.jobs AS j
        SET state = 'cancelled',
@@ -55,7 +56,8 @@ COMMENT ON FUNCTION treadle.cancel(bigint) IS
 -- treadle.retry(job_id) -> boolean
 --
 -- Transition: discarded | cancelled | retryable -> available now, attempt reset
--- to 0. A retried workflow step resumes its failed or cancelled run. A retried
+-- to 0 (from treadle.job_history too, back into treadle.jobs). A retried workflow
+-- step resumes its failed or cancelled run. A retried
 -- periodic occurrence that already started its successor runs once more without
 -- starting another. Returns false for any other state or an unknown id.
 -- Raises 22004: job_id null. 42501: a tenant's job outside its queues.
@@ -76,6 +78,21 @@ BEGIN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     PERFORM treadle._check_queue_allowed(j.queue) FROM treadle.jobs AS j WHERE j.id = retry.job_id;
+    PERFORM treadle._check_queue_allowed(h.queue) FROM treadle.job_history AS h WHERE h.id = retry.job_id;
+
+    -- A job in history comes back to treadle.jobs first, as it was.
+    WITH back AS (
+        DELETE FROM treadle.job_history AS h
+         WHERE h.id = retry.job_id AND h.state = ANY (ARRAY['discarded', 'cancelled'])
+        RETURNING h.*
+    )
+    INSERT INTO treadle.jobs
+    SELECT b.id, b.queue, b.name, b.args, b.state, b.priority, b.run_at, b.attempt, b.max_attempts,
+           b.lease_until, b.lease_token, b.worker_id, b.idempotency_key, b.result, b.last_error,
+           b.created_at, b.finished_at, b.workflow_run_id, b.step, b.every, b.next_id,
+           b.cancel_requested, b.started_at, b.failed_at, b.errors, b.progress, b.progress_message,
+           b.schedule, b.ready_txid, b.timeout, b.backoff
+      FROM back AS b;
 
     UPDATE treadle.jobs AS j
        SET state = 'available',
@@ -108,7 +125,10 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 --------------------------------------------------------------------------------
 -- treadle.apply_retention(batch) -> bigint
 --
--- Transition: deletes at most `batch` finished jobs (completed, discarded,
+-- Transition: empties the partitions of treadle.job_history whose purge times
+-- have passed (TRUNCATE; one that a reader holds waits for a later call), and
+-- deletes expired rows of its partition 0. Then deletes, up to `batch` jobs in all,
+-- finished jobs (completed, discarded,
 -- cancelled) whose retention has passed, oldest first, and finished workflow
 -- runs whose retention has passed together with all their steps (a kept run
 -- keeps its whole history; its step jobs count towards the batch, and the oldest
@@ -120,7 +140,9 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 -- (SKIP LOCKED): a run with a held step waits for a later call. So any number of
 -- sessions may call it at once, each a short transaction; the workers'
 -- housekeeping does, every minute and again while there is more. Returns how
--- many jobs it deleted, step jobs included: less than `batch` means it caught up.
+-- many jobs it deleted, step jobs and emptied partitions included: less than
+-- `batch` means it caught up. A job in history keeps the retention in force when
+-- it moved there (treadle.archive); its partition goes within the UTC day after.
 -- Raises 22004: batch null. 22023: batch outside 1..100000.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.apply_retention(batch integer DEFAULT 1000)
@@ -141,7 +163,8 @@ DECLARE
     v_step_runs  bigint[];
     v_busy_runs  bigint[];
     v_steps      bigint;
-    v_jobs       bigint := 0;
+    v_jobs       bigint;
+    v_room       integer;
 BEGIN
     IF apply_retention.batch IS NULL THEN
         RAISE EXCEPTION 'treadle: batch must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -150,6 +173,13 @@ BEGIN
         RAISE EXCEPTION 'treadle: batch must be between 1 and 100000, got %', apply_retention.batch
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- History first: its partitions go whole, its rows have their purge time.
+    v_jobs := treadle._purge_history(v_now, apply_retention.batch);
+    IF v_jobs >= apply_retention.batch THEN
+        RETURN v_jobs;
+    END IF;
+    v_room := apply_retention.batch - v_jobs;
+
     SELECT r.retain_completed, r.retain_failed INTO v_completed, v_failed FROM treadle._retention() AS r;
     -- The shortest retention anywhere bounds the range of finished_at read.
     SELECT min(t.retain) INTO v_shortest
@@ -157,7 +187,7 @@ BEGIN
             UNION ALL SELECT q.retain_completed FROM treadle.queues AS q
             UNION ALL SELECT q.retain_failed FROM treadle.queues AS q) AS t(retain);
     IF v_shortest IS NULL THEN
-        RETURN 0;  -- everything is kept forever
+        RETURN v_jobs;  -- everything is kept forever
     END IF;
 
     -- Finished runs first, oldest first, as many as fit in the batch by their step count.
@@ -169,14 +199,14 @@ BEGIN
            AND r.finished_at < v_now - CASE WHEN r.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
                                             ELSE coalesce(q.retain_failed, v_failed) END
          ORDER BY r.finished_at, r.id
-         LIMIT apply_retention.batch
+         LIMIT v_room
            FOR UPDATE OF r SKIP LOCKED
     ), fitting AS (
         SELECT e.id, row_number() OVER w AS n, sum(e.steps) OVER w AS steps_so_far
           FROM expired AS e
         WINDOW w AS (ORDER BY e.finished_at, e.id)
     )
-    SELECT array_agg(f.id) INTO v_runs FROM fitting AS f WHERE f.n = 1 OR f.steps_so_far <= apply_retention.batch;
+    SELECT array_agg(f.id) INTO v_runs FROM fitting AS f WHERE f.n = 1 OR f.steps_so_far <= v_room;
 
     IF v_runs IS NOT NULL THEN
         -- A run goes only with every step: one whose step someone holds (a retry) stays.
@@ -194,7 +224,7 @@ BEGIN
          WHERE s.run_id <> ALL (v_busy_runs);
         DELETE FROM treadle.workflow_runs AS r
          WHERE r.id = ANY (v_runs) AND r.id <> ALL (v_busy_runs);  -- their steps go by the cascade
-        v_jobs := v_steps;
+        v_jobs := v_jobs + v_steps;
     END IF;
 
     IF v_jobs < apply_retention.batch THEN
@@ -224,7 +254,8 @@ COMMENT ON FUNCTION treadle.apply_retention(integer) IS
 --------------------------------------------------------------------------------
 -- treadle.prune(older_than) -> bigint
 --
--- Transition: deletes finished jobs (completed, discarded, cancelled) and
+-- Transition: deletes finished jobs (completed, discarded, cancelled; in
+-- treadle.jobs and in its history) and
 -- finished workflow runs whose finished_at is older than now - older_than. Step
 -- jobs go only with their run, so a kept run keeps its whole history. Returns
 -- how many jobs it deleted (step jobs included). The one-off manual form: one
@@ -260,6 +291,9 @@ BEGIN
     DELETE FROM treadle.jobs AS j
      WHERE j.finished_at < v_cutoff
        AND j.workflow_run_id IS NULL;
+    GET DIAGNOSTICS v_jobs = ROW_COUNT;
+    v_steps := v_steps + v_jobs;
+    DELETE FROM treadle.job_history AS h WHERE h.finished_at < v_cutoff;
     GET DIAGNOSTICS v_jobs = ROW_COUNT;
     RETURN v_jobs + v_steps;
 END;

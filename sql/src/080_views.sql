@@ -1,5 +1,6 @@
 --------------------------------------------------------------------------------
--- Views: the read interface for dashboards and monitoring.
+-- Views: the read interface for dashboards and monitoring. Finished jobs are in
+-- treadle.jobs and, once archived, in treadle.job_history: the views read both.
 --------------------------------------------------------------------------------
 
 -- One row per queue and state present, with the age of the queue's oldest
@@ -7,7 +8,9 @@
 CREATE VIEW treadle.queue_stats WITH (security_invoker = true) AS
 WITH counts AS (
     SELECT j.queue, j.state, count(*) AS jobs
-      FROM treadle.jobs AS j
+      FROM (SELECT j.queue, j.state FROM treadle.jobs AS j
+            UNION ALL
+            SELECT h.queue, h.state FROM treadle.job_history AS h) AS j
      GROUP BY j.queue, j.state
 ), ages AS (
     SELECT j.queue, treadle.now() - min(j.run_at) AS oldest_available_age
@@ -31,7 +34,11 @@ SELECT m.minute,
   FROM generate_series(date_trunc('minute', treadle.now()) - interval '59 minutes',
                        date_trunc('minute', treadle.now()),
                        interval '1 minute') AS m(minute)
-  LEFT JOIN treadle.jobs AS j
+  LEFT JOIN (SELECT j.state, j.finished_at FROM treadle.jobs AS j
+              WHERE j.finished_at >= date_trunc('minute', treadle.now()) - interval '59 minutes'
+             UNION ALL
+             SELECT h.state, h.finished_at FROM treadle.job_history AS h
+              WHERE h.finished_at >= date_trunc('minute', treadle.now()) - interval '59 minutes') AS j
     ON j.finished_at >= m.minute
    AND j.finished_at < m.minute + interval '1 minute'
    AND j.state = ANY (ARRAY['completed', 'discarded'])
@@ -47,7 +54,13 @@ SELECT j.id, j.queue, j.name, j.state, j.attempt, j.max_attempts, j.last_error, 
   FROM treadle.jobs AS j
  WHERE j.state = ANY (ARRAY['retryable', 'discarded'])
    AND j.last_error IS NOT NULL
- ORDER BY j.failed_at DESC, j.id DESC;
+UNION ALL
+SELECT h.id, h.queue, h.name, h.state, h.attempt, h.max_attempts, h.last_error, h.failed_at,
+       h.workflow_run_id, h.step
+  FROM treadle.job_history AS h
+ WHERE h.state = 'discarded'
+   AND h.last_error IS NOT NULL
+ ORDER BY failed_at DESC, id DESC;
 COMMENT ON VIEW treadle.recent_failures IS
     'Retryable and discarded jobs with an error, newest failure first.';
 

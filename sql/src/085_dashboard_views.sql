@@ -5,14 +5,22 @@
 --------------------------------------------------------------------------------
 
 -- One job as a reader sees it: every column but the lease token, which is a
--- worker's write credential that nobody reading needs.
+-- worker's write credential that nobody reading needs. Jobs archived to
+-- treadle.job_history are here too.
 CREATE VIEW treadle.job_details WITH (security_invoker = true) AS
 SELECT j.id, j.queue, j.name, j.args, j.state, j.priority, j.run_at, j.attempt, j.max_attempts,
        j.lease_until, j.worker_id, j.idempotency_key, j.result, j.last_error, j.created_at,
        j.finished_at, j.workflow_run_id, j.step, j.every, j.next_id, j.cancel_requested,
        j.started_at, j.failed_at, j.errors, j.progress, j.progress_message, j.schedule,
        j.timeout, j.backoff
-  FROM treadle.jobs AS j;
+  FROM treadle.jobs AS j
+UNION ALL
+SELECT h.id, h.queue, h.name, h.args, h.state, h.priority, h.run_at, h.attempt, h.max_attempts,
+       h.lease_until, h.worker_id, h.idempotency_key, h.result, h.last_error, h.created_at,
+       h.finished_at, h.workflow_run_id, h.step, h.every, h.next_id, h.cancel_requested,
+       h.started_at, h.failed_at, h.errors, h.progress, h.progress_message, h.schedule,
+       h.timeout, h.backoff
+  FROM treadle.job_history AS h;
 COMMENT ON VIEW treadle.job_details IS
     'Every job with all its columns but the lease token; filter by id, queue, name or state.';
 
@@ -58,22 +66,29 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_prefix text := treadle._caller_prefix();
-    v_plan   json;
+    v_prefix  text := treadle._caller_prefix();
+    v_plan    json;
+    v_where   text;
+    v_history text;
+    v_queue   text := queue;
 BEGIN
     IF queue IS NOT NULL AND NOT starts_with(queue, v_prefix) THEN
         RETURN 0;
     END IF;
+    -- finished jobs are in treadle.jobs and in its history; waiting and running ones only in jobs
+    v_history := CASE WHEN state = ANY (ARRAY['completed', 'discarded', 'cancelled'])
+                      THEN ' UNION ALL SELECT 1 FROM treadle.job_history AS j WHERE ' ELSE NULL END;
     IF queue IS NOT NULL THEN
-        EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE j.state = $1 AND j.queue = $2'
-           INTO v_plan USING state, queue;
+        v_where := 'j.state = $1 AND j.queue = $2';
     ELSIF v_prefix <> '' THEN
-        EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE j.state = $1 AND j.queue LIKE $2'
-           INTO v_plan USING state, replace(replace(replace(v_prefix, '\', '\\'), '%', '\%'), '_', '\_') || '%';
+        v_where := 'j.state = $1 AND j.queue LIKE $2';
+        v_queue := replace(replace(replace(v_prefix, '\', '\\'), '%', '\%'), '_', '\_') || '%';
     ELSE
-        EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE j.state = $1'
-           INTO v_plan USING state;
+        v_where := 'j.state = $1';
     END IF;
+    EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE ' || v_where
+            || coalesce(v_history || v_where, '')
+       INTO v_plan USING state, v_queue;
     RETURN round((v_plan -> 0 -> 'Plan' ->> 'Plan Rows')::numeric)::bigint;
 END;
 $$;
@@ -124,6 +139,9 @@ BEGIN
 
     -- reltuples is -1 until the table is first vacuumed or analyzed: count exactly then
     SELECT c.reltuples INTO v_rows FROM pg_catalog.pg_class AS c WHERE c.oid = 'treadle.jobs'::regclass;
+    SELECT v_rows + coalesce(sum(greatest(c.reltuples, 0)), 0) INTO v_rows
+      FROM pg_catalog.pg_inherits AS i JOIN pg_catalog.pg_class AS c ON c.oid = i.inhrelid
+     WHERE i.inhparent = 'treadle.job_history'::regclass;
     v_small := v_rows < 0 OR v_rows <= job_counts.exact_up_to;
     IF v_small THEN
         v_exact := c_states;
@@ -137,7 +155,9 @@ BEGIN
     WITH exact AS (
         -- a small table: one pass over it
         SELECT j.queue, j.state, count(*) AS jobs
-          FROM treadle.jobs AS j
+          FROM (SELECT j.queue, j.state FROM treadle.jobs AS j
+                UNION ALL
+                SELECT h.queue, h.state FROM treadle.job_history AS h) AS j
          WHERE v_small AND starts_with(j.queue, v_prefix)
          GROUP BY j.queue, j.state
         UNION ALL
@@ -166,7 +186,8 @@ BEGIN
         SELECT m.queue
           FROM pg_catalog.pg_stats AS st
          CROSS JOIN unnest(st.most_common_vals::text::text[]) AS m(queue)
-         WHERE st.schemaname = 'treadle' AND st.tablename = 'jobs' AND st.attname = 'queue'
+         WHERE st.schemaname = 'treadle' AND st.attname = 'queue'
+           AND (st.tablename = 'jobs' OR st.tablename ~ '^job_history_[0-9]{2}$')
            AND starts_with(m.queue, v_prefix)
     ), per_queue AS (
         SELECT e.queue, e.state, e.jobs, false AS estimated FROM exact AS e

@@ -43,7 +43,7 @@ BEGIN
     SELECT j.id, j.queue, j.name, j.state, j.priority, j.run_at, j.attempt, j.max_attempts, j.lease_until,
            j.worker_id, j.last_error, j.finished_at, j.started_at, j.cancel_requested
       INTO v_job
-      FROM treadle.jobs AS j
+      FROM treadle.job_details AS j  -- treadle.jobs and its history
      WHERE j.id = explain.job_id AND starts_with(j.queue, treadle._caller_prefix());
     IF NOT FOUND THEN
         RETURN;

@@ -74,6 +74,7 @@ BEGIN
         ('queues',  'treadle.resume(text)'),
         ('recover', 'treadle.rescue()'),
         ('recover', 'treadle.apply_retention(integer)'),
+        ('recover', 'treadle.archive(integer)'),
         ('prune',   'treadle.prune(interval)')
       ) AS f(part, signature)
      WHERE f.part = ANY (parts);
@@ -88,8 +89,8 @@ COMMENT ON FUNCTION treadle._grant_parts(regrole, text[]) IS
 --------------------------------------------------------------------------------
 -- treadle.grant_reader(role) -> void
 --
--- Lets a role read: the views, every column of the tables but jobs.lease_token
--- (a worker's write credential), and the job count estimates. Row-level security
+-- Lets a role read: the views, every column of the tables but the lease token of
+-- jobs and job_history (a worker's write credential), and the job count estimates. Row-level security
 -- keeps a tenant to its queues. Raises 22004: role null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_reader(role regrole)
@@ -98,16 +99,20 @@ LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_table regclass;
 BEGIN
     PERFORM treadle._grant_parts(role, ARRAY['read']);
-    EXECUTE format('GRANT SELECT (%s) ON treadle.jobs TO %s',
-                   (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum)
-                      FROM pg_catalog.pg_attribute AS a
-                     WHERE a.attrelid = 'treadle.jobs'::regclass AND a.attnum > 0
-                       AND NOT a.attisdropped AND a.attname <> 'lease_token'),
-                   role);
+    FOR v_table IN SELECT unnest(ARRAY['treadle.jobs', 'treadle.job_history']::regclass[]) LOOP
+        EXECUTE format('GRANT SELECT (%s) ON %s TO %s',
+                       (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum)
+                          FROM pg_catalog.pg_attribute AS a
+                         WHERE a.attrelid = v_table AND a.attnum > 0
+                           AND NOT a.attisdropped AND a.attname <> 'lease_token'),
+                       v_table, role);
+    END LOOP;
     EXECUTE format('GRANT SELECT ON treadle.workflow_runs, treadle.workflows, treadle.workers,
-        treadle.tenants, treadle.settings,
+        treadle.tenants, treadle.settings, treadle.history_slots,
         treadle.queue_stats, treadle.throughput, treadle.recent_failures, treadle.workflow_run_overview,
         treadle.live_workers, treadle.job_details, treadle.workflow_run_steps,
         treadle.cron_schedules, treadle.schedules, treadle.queues, treadle.queue_settings TO %s', role);

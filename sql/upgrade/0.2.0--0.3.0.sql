@@ -110,3 +110,52 @@ DROP FUNCTION treadle.fail(bigint, uuid, text, interval);
 -- Each failed attempt's entry in jobs.errors records its worker and start.
 --------------------------------------------------------------------------------
 DROP FUNCTION treadle._append_error(jsonb, integer, timestamptz, text);
+
+--------------------------------------------------------------------------------
+-- history: finished jobs move to treadle.job_history (sql/src/062_history.sql),
+-- as in sql/src/010_tables.sql. Jobs finished under 0.2.0 move there too, as the
+-- housekeeping's treadle.archive reaches them.
+--------------------------------------------------------------------------------
+-- History: finished jobs that treadle.archive moved out of treadle.jobs, so that the
+-- live table stays small and retention empties whole partitions (TRUNCATE: no dead
+-- rows, no long delete, whatever snapshots are open) instead of deleting rows. The
+-- columns are treadle.jobs' in the same order, then the time retention deletes the
+-- row (finished_at plus the retention in force when it moved; infinity: kept forever)
+-- and the partition it is in. Partitions 1..40 each hold the jobs whose purge_at
+-- falls in one day (treadle.history_slots); partition 0 holds the rest (a longer
+-- retention, or no free partition), which retention deletes row by row. The
+-- partitions are made here, once: nothing creates or drops one at run time.
+CREATE TABLE treadle.job_history (
+    LIKE treadle.jobs,
+    purge_at timestamptz NOT NULL,
+    slot     smallint    NOT NULL
+) PARTITION BY LIST (slot);
+DO $$
+BEGIN
+    FOR n IN 0..40 LOOP
+        EXECUTE format('CREATE TABLE treadle.%I PARTITION OF treadle.job_history FOR VALUES IN (%s)',
+                       'job_history_' || lpad(n::text, 2, '0'), n);
+        PERFORM pg_catalog.pg_extension_config_dump(format('treadle.job_history_%s', lpad(n::text, 2, '0'))::regclass, '');
+    END LOOP;
+END
+$$;
+CREATE INDEX job_history_id_idx ON treadle.job_history (id);
+CREATE INDEX job_history_finished_at_idx ON treadle.job_history (finished_at);
+CREATE INDEX job_history_purge_at_idx ON treadle.job_history (purge_at);
+CREATE INDEX job_history_failed_at_idx ON treadle.job_history (failed_at)
+    WHERE state = 'discarded' AND last_error IS NOT NULL;
+
+-- Which day of purge times each history partition holds; no row: the partition is
+-- empty and free.
+CREATE TABLE treadle.history_slots (
+    slot   smallint    PRIMARY KEY,
+    starts timestamptz NOT NULL,
+    ends   timestamptz NOT NULL,
+    CONSTRAINT history_slots_slot_check CHECK (slot BETWEEN 1 AND 40),
+    CONSTRAINT history_slots_window_check CHECK (ends > starts)
+);
+ALTER TABLE treadle.job_history ENABLE ROW LEVEL SECURITY;
+CREATE POLICY job_history_tenant_read ON treadle.job_history FOR SELECT
+    USING (starts_with(queue, coalesce(
+        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
+SELECT pg_catalog.pg_extension_config_dump('treadle.history_slots', '');

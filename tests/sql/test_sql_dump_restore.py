@@ -1,4 +1,4 @@
-"""pg_dump keeps treadle's data: a database with jobs and workflow runs, dumped and restored
+"""pg_dump keeps treadle's data: a database with jobs, their history and workflow runs, dumped and restored
 into a new database, has every row back, its sequences past every restored id, and works."""
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ ROWS = {
     "jobs": "select to_jsonb(j) from treadle.jobs as j order by id",
     "workflow_runs": "select to_jsonb(r) from treadle.workflow_runs as r order by id",
     "workflows": "select to_jsonb(w) from treadle.workflows as w order by name",
+    "job_history": "select to_jsonb(h) from treadle.job_history as h order by id",
+    "history_slots": "select to_jsonb(s) from treadle.history_slots as s order by slot",
 }
 
 
@@ -48,6 +50,10 @@ def fill(conn: psycopg.Connection) -> uuid.UUID:
     )
     conn.execute("select treadle.start_workflow('other', steps => array['x'], idempotency_key => 'run-1')")
     assert conn.execute("select treadle.workflow_results(%s)", (run_id,)).fetchone() == ({"create": {"account": 9}},)
+    # two minutes on, the finished jobs without a key or a run move to the history
+    conn.execute("select set_config('treadle.now', (now() + interval '2 minutes')::text, false)")
+    assert value(conn, "select treadle.archive()") > 0
+    conn.execute("select set_config('treadle.now', '', false)")
     row = conn.execute("select lease_token from treadle.claim('w', lease => '1 hour')").fetchone()
     assert row is not None
     token: uuid.UUID = row[0]
@@ -61,7 +67,8 @@ def test_dump_and_restore_keeps_rows_and_sequences(
     source = connect()
     live_token = fill(source)
     before = {table: source.execute(sql).fetchall() for table, sql in ROWS.items()}
-    assert len(before["jobs"]) > 50 and len(before["workflow_runs"]) == 2
+    assert len(before["jobs"]) > 40 and len(before["workflow_runs"]) == 2
+    assert len(before["job_history"]) >= 10 and len(before["history_slots"]) >= 1
 
     dump = tmp_path / "treadle.dump"
     subprocess.run([str(BINDIR / "pg_dump"), "--format=custom", "--file", str(dump), dsn], check=True)
@@ -71,7 +78,7 @@ def test_dump_and_restore_keeps_rows_and_sequences(
         after = {table: restored.execute(sql).fetchall() for table, sql in ROWS.items()}
         assert after == before
 
-        max_job = max(row[0]["id"] for row in before["jobs"])
+        max_job = max(row[0]["id"] for row in before["jobs"] + before["job_history"])
         max_run = max(row[0]["id"] for row in before["workflow_runs"])
         new_job = value(restored, "select treadle.enqueue('after-restore')")
         assert new_job > max_job
@@ -103,3 +110,11 @@ def test_dump_and_restore_keeps_rows_and_sequences(
         assert restored.execute(
             "select state, treadle.workflow_results(id) from treadle.workflow_runs where id = %s", (step[0],)
         ).fetchone() == ("completed", {"create": {"account": 9}, "welcome": "hi"})
+
+        # the restored history is read and emptied by retention like the one dumped
+        moved = [row[0]["id"] for row in before["job_history"]]
+        assert value(restored, "select count(*) from treadle.job_details where id = any(%s)", (moved,)) == len(moved)
+        restored.execute("select set_config('treadle.now', (now() + interval '40 days')::text, false)")
+        assert value(restored, "select treadle.apply_retention(100000)") >= len(moved)
+        assert value(restored, "select count(*) from treadle.job_history") == 0
+        assert value(restored, "select count(*) from treadle.history_slots") == 0

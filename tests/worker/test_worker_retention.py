@@ -1,6 +1,7 @@
 """Retention by the worker's housekeeping: a real worker process deletes finished work
 past its retention in small batches (treadle.apply_retention), keeps what is not past
-it, and does nothing of the kind when retention_interval is None."""
+it and moves that to the history (treadle.archive), and does nothing of the kind when
+retention_interval is None."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def test_the_worker_deletes_finished_work_past_its_retention(
     child = spawn("keeper", retention=0.2, retention_batch=100)
 
     wait_for(
-        lambda: count(conn, "select count(*) from treadle.jobs where id = any(%s)", made["old"]) == 0,
+        lambda: count(conn, "select count(*) from treadle.job_details where id = any(%s)", made["old"]) == 0,
         "the worker deleted every job completed 10 days ago",
     )
     wait_for(
@@ -68,10 +69,15 @@ def test_the_worker_deletes_finished_work_past_its_retention(
         "and the run completed 10 days ago",
     )
     assert count(conn, "select count(*) from treadle.jobs where workflow_run_id = %s", made["run"]) == 0
-    assert count(conn, "select count(*) from treadle.jobs where id = %s", made["discarded"]) == 1, (
-        "a job discarded 10 days ago stays: failures are kept 30 days"
+    wait_for(
+        lambda: count(conn, "select count(*) from treadle.job_history where id = %s", made["discarded"]) == 1,
+        "a job discarded 10 days ago stays, moved to the history: failures are kept 30 days",
     )
-    assert count(conn, "select count(*) from treadle.jobs where id = %s", made["recent"]) == 1
+    assert count(conn, "select count(*) from treadle.jobs where id = %s", made["discarded"]) == 0
+    assert count(conn, "select count(*) from treadle.job_details where id = %s", made["discarded"]) == 1
+    assert count(conn, "select count(*) from treadle.jobs where id = %s", made["recent"]) == 1, (
+        "a job finished now stays in treadle.jobs: archive moves jobs finished over a minute ago"
+    )
     # the worker still works, and says what retention did
     job_id = enqueue(conn, "record", {})
     until_state(conn, job_id, "completed")
@@ -89,6 +95,7 @@ def test_a_worker_with_retention_off_deletes_nothing(
     for _ in range(3):
         until_state(conn, enqueue(conn, "record", {"seconds": 0.3}), "completed")
     assert count(conn, "select count(*) from treadle.jobs where id = any(%s)", made["old"]) == OLD_JOBS
+    assert count(conn, "select count(*) from treadle.jobs where id = %s", made["discarded"]) == 1, "nor moved"
     assert "past their retention" not in child.log()
 
 

@@ -1,5 +1,6 @@
 """The worker's timed chores: heartbeats for running jobs, rescue of expired leases, the registry,
-and retention (deleting finished work past its retention, one small batch at a time).
+and retention (deleting finished work past its retention, and moving finished jobs to treadle.job_history,
+one small batch at a time).
 
 One thread does them all; each statement that fails (the database went away) is
 tried again soon, and a chore never stops the others for long: retention deletes one
@@ -31,7 +32,7 @@ RETENTION_CATCH_UP = 0.05  # seconds between retention batches while a backlog i
 
 class Housekeeper:
     """A thread that heartbeats `running()` jobs (one statement for all), calls rescue(), worker_seen() and,
-    unless `retention_interval` is None, apply_retention(retention_batch)."""
+    unless `retention_interval` is None, apply_retention(retention_batch) and archive(retention_batch)."""
 
     def __init__(
         self,
@@ -127,13 +128,16 @@ class Housekeeper:
             self._on_rescued(int(rescued))
 
     def _retain(self, now: float) -> float:
-        """Delete one batch of finished work past its retention; returns when to go again."""
+        """Delete one batch of finished work past its retention, then move one batch of finished jobs to
+        treadle.job_history; returns when to go again."""
         assert self._retention_interval is not None
+        params = {"batch": self._retention_batch}
         try:
-            deleted = int(self._pool.value(_sql.APPLY_RETENTION, {"batch": self._retention_batch}) or 0)
+            deleted = int(self._pool.value(_sql.APPLY_RETENTION, params) or 0)
+            moved = int(self._pool.value(_sql.ARCHIVE, params) or 0)
         except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedFunction) as error:
             log.warning(
-                "worker %s: retention is off: %s (grant_worker gives treadle.apply_retention; "
+                "worker %s: retention is off: %s (grant_worker gives treadle.apply_retention and treadle.archive; "
                 "retention_interval=None turns it off)",
                 self._worker_id,
                 one_line(error),
@@ -141,5 +145,8 @@ class Housekeeper:
             return math.inf
         if deleted:
             log.info("worker %s deleted %d finished jobs past their retention", self._worker_id, deleted)
+        if moved:
+            log.debug("worker %s moved %d finished jobs to treadle.job_history", self._worker_id, moved)
         # a full batch says there may be more: the next one soon, between the other chores
-        return now + (RETENTION_CATCH_UP if deleted >= self._retention_batch else self._retention_interval)
+        more = max(deleted, moved) >= self._retention_batch
+        return now + (RETENTION_CATCH_UP if more else self._retention_interval)

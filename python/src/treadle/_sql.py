@@ -219,6 +219,8 @@ SELECT treadle.release(job_id => %(job_id)s::bigint, lease_token => %(lease_toke
 RESCUE: Final[LiteralString] = "SELECT treadle.rescue()"
 # treadle.apply_retention: delete one batch of finished work past its retention
 APPLY_RETENTION: Final[LiteralString] = "SELECT treadle.apply_retention(batch => %(batch)s::integer)"
+# treadle.archive: move one batch of finished jobs to treadle.job_history
+ARCHIVE: Final[LiteralString] = "SELECT treadle.archive(batch => %(batch)s::integer)"
 # treadle.define_workflow: record a registered workflow's steps
 DEFINE_WORKFLOW: Final[LiteralString] = """
 SELECT treadle.define_workflow(name => %(name)s::text, steps => %(steps)s::text[])

@@ -89,9 +89,10 @@ class Worker:
     it sooner), `lease` (how long a claim holds a job without a heartbeat),
     `heartbeat_interval` (shorter than the lease), `rescue_interval` (how often to
     return the jobs of dead workers), `retention_interval` (how often to delete
-    finished work past its retention with treadle.apply_retention, at most
-    `retention_batch` jobs per transaction, sooner while there is more; None turns
-    it off, as where pg_cron does it), `stop_timeout`. `claim_ahead`: how many jobs
+    finished work past its retention with treadle.apply_retention and move finished
+    jobs to treadle.job_history with treadle.archive, at most `retention_batch` jobs
+    per transaction, sooner while there is more; None turns it off, as where pg_cron
+    does it), `stop_timeout`. `claim_ahead`: how many jobs
     beyond its free slots the worker may hold, claimed while handlers run, so that
     a handler finds its next job at hand (None: as many as `concurrency`, and only
     while handlers take under 50 ms on average; 0: never). `backoff(attempt)` gives the

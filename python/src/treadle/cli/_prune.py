@@ -33,7 +33,7 @@ BATCH = 10_000
 # the cutoff on the database's clock, and how many finished jobs lie before it (step jobs go with their runs)
 BOUNDS = """
 SELECT treadle.now() - %(older_than)s::interval AS cutoff,
-       (SELECT count(*) FROM treadle.jobs
+       (SELECT count(*) FROM treadle.job_details
          WHERE finished_at < treadle.now() - %(older_than)s::interval) AS jobs
 """
 # the end of the next window: the first finish time after `start` of the jobs --batch-size places
@@ -41,7 +41,7 @@ SELECT treadle.now() - %(older_than)s::interval AS cutoff,
 # (prune deletes step jobs with their runs only, so they are not counted); none: the cutoff is near
 WINDOW_END = """
 SELECT finished_at FROM (
-    SELECT finished_at FROM treadle.jobs
+    SELECT finished_at FROM treadle.job_details
      WHERE finished_at >= coalesce(%(start)s::timestamptz, '-infinity') AND finished_at < %(cutoff)s::timestamptz
        AND workflow_run_id IS NULL
      ORDER BY finished_at OFFSET %(size)s) AS beyond

@@ -155,12 +155,15 @@ SELECT m.minute, coalesce(c.completed, 0) AS completed, coalesce(c.discarded, 0)
  ORDER BY m.minute
 """
 # One queue's counts, as job_counts gives them but reading only that queue's rows:
-# exactly on a small table; on a large one, waiting states from the claim index
+# exactly on small tables (treadle.jobs and its history together); on a large one, waiting states from the claim index
 # (queue first) when their estimate is small enough, running from the lease index,
 # finished states estimated (no index covers them).
 TABLE_IS_SMALL: Final = """
-SELECT c.reltuples < 0 OR c.reltuples <= %(exact_up_to)s AS small
-  FROM pg_catalog.pg_class AS c
+SELECT c.reltuples < 0 OR c.reltuples + h.reltuples <= %(exact_up_to)s AS small
+  FROM pg_catalog.pg_class AS c,
+       (SELECT coalesce(sum(greatest(p.reltuples, 0)), 0) AS reltuples
+          FROM pg_catalog.pg_inherits AS i JOIN pg_catalog.pg_class AS p ON p.oid = i.inhrelid
+         WHERE i.inhparent = 'treadle.job_history'::regclass) AS h
  WHERE c.oid = 'treadle.jobs'::regclass
 """
 QUEUE_EXACT_COUNTS: Final = """

@@ -204,6 +204,44 @@ CREATE INDEX workflow_runs_finished_at_idx ON treadle.workflow_runs (finished_at
 -- a workflow run's steps
 CREATE INDEX jobs_workflow_run_idx ON treadle.jobs (workflow_run_id) WHERE workflow_run_id IS NOT NULL;
 
+-- History: finished jobs that treadle.archive moved out of treadle.jobs, so that the
+-- live table stays small and retention empties whole partitions (TRUNCATE: no dead
+-- rows, no long delete, whatever snapshots are open) instead of deleting rows. The
+-- columns are treadle.jobs' in the same order, then the time retention deletes the
+-- row (finished_at plus the retention in force when it moved; infinity: kept forever)
+-- and the partition it is in. Partitions 1..40 each hold the jobs whose purge_at
+-- falls in one day (treadle.history_slots); partition 0 holds the rest (a longer
+-- retention, or no free partition), which retention deletes row by row. The
+-- partitions are made here, once: nothing creates or drops one at run time.
+CREATE TABLE treadle.job_history (
+    LIKE treadle.jobs,
+    purge_at timestamptz NOT NULL,
+    slot     smallint    NOT NULL
+) PARTITION BY LIST (slot);
+DO $$
+BEGIN
+    FOR n IN 0..40 LOOP
+        EXECUTE format('CREATE TABLE treadle.%I PARTITION OF treadle.job_history FOR VALUES IN (%s)',
+                       'job_history_' || lpad(n::text, 2, '0'), n);
+    END LOOP;
+END
+$$;
+CREATE INDEX job_history_id_idx ON treadle.job_history (id);
+CREATE INDEX job_history_finished_at_idx ON treadle.job_history (finished_at);
+CREATE INDEX job_history_purge_at_idx ON treadle.job_history (purge_at);
+CREATE INDEX job_history_failed_at_idx ON treadle.job_history (failed_at)
+    WHERE state = 'discarded' AND last_error IS NOT NULL;
+
+-- Which day of purge times each history partition holds; no row: the partition is
+-- empty and free.
+CREATE TABLE treadle.history_slots (
+    slot   smallint    PRIMARY KEY,
+    starts timestamptz NOT NULL,
+    ends   timestamptz NOT NULL,
+    CONSTRAINT history_slots_slot_check CHECK (slot BETWEEN 1 AND 40),
+    CONSTRAINT history_slots_window_check CHECK (ends > starts)
+);
+
 -- Joint statistics of queue and state: estimated counts per queue then follow each
 -- queue's own mix of states instead of assuming queue and state are independent.
 CREATE STATISTICS treadle.jobs_queue_state_stats (mcv) ON queue, state FROM treadle.jobs;
@@ -299,10 +337,14 @@ CREATE TABLE treadle.tenants (
 -- Readers see rows of the queues their tenant prefix allows (all, for a role that is
 -- not a tenant). The owner, whose functions do every write, is not subject to it.
 ALTER TABLE treadle.jobs ENABLE ROW LEVEL SECURITY;
+ALTER TABLE treadle.job_history ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.workflow_runs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.cron_schedules ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.queues ENABLE ROW LEVEL SECURITY;
 CREATE POLICY jobs_tenant_read ON treadle.jobs FOR SELECT
+    USING (starts_with(queue, coalesce(
+        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
+CREATE POLICY job_history_tenant_read ON treadle.job_history FOR SELECT
     USING (starts_with(queue, coalesce(
         (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
 CREATE POLICY workflow_runs_tenant_read ON treadle.workflow_runs FOR SELECT
@@ -2139,7 +2181,8 @@ COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
 -- treadle._left_by(job_id, lease_token, states) -> text
 --
 -- The state of a job that this token finished, when it is one of `states` (what a
--- finish repeated after a lost answer returns); null otherwise.
+-- finish repeated after a lost answer returns), in treadle.jobs or its history;
+-- null otherwise.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._left_by(job_id bigint, lease_token uuid, states text[])
 RETURNS text
@@ -2147,7 +2190,11 @@ LANGUAGE sql
 STABLE
 BEGIN ATOMIC
     SELECT j.state FROM treadle.jobs AS j
-     WHERE j.id = _left_by.job_id AND j.lease_token = _left_by.lease_token AND j.state = ANY (_left_by.states);
+     WHERE j.id = _left_by.job_id AND j.lease_token = _left_by.lease_token AND j.state = ANY (_left_by.states)
+    UNION ALL
+    SELECT h.state FROM treadle.job_history AS h
+     WHERE h.id = _left_by.job_id AND h.lease_token = _left_by.lease_token AND h.state = ANY (_left_by.states)
+    LIMIT 1;
 END;
 COMMENT ON FUNCTION treadle._left_by(bigint, uuid, text[]) IS
     'The state a token''s finish left a job in, when it is one of states; null otherwise.';
@@ -2702,6 +2749,7 @@ BEGIN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     PERFORM treadle._check_queue_allowed(j.queue) FROM treadle.jobs AS j WHERE j.id = cancel.job_id;
+    PERFORM treadle._check_queue_allowed(h.queue) FROM treadle.job_history AS h WHERE h.id = cancel.job_id;
 
     UPDATE treadle.jobs AS j
        SET state = 'cancelled',
@@ -2729,7 +2777,8 @@ COMMENT ON FUNCTION treadle.cancel(bigint) IS
 -- treadle.retry(job_id) -> boolean
 --
 -- Transition: discarded | cancelled | retryable -> available now, attempt reset
--- to 0. A retried workflow step resumes its failed or cancelled run. A retried
+-- to 0 (from treadle.job_history too, back into treadle.jobs). A retried workflow
+-- step resumes its failed or cancelled run. A retried
 -- periodic occurrence that already started its successor runs once more without
 -- starting another. Returns false for any other state or an unknown id.
 -- Raises 22004: job_id null. 42501: a tenant's job outside its queues.
@@ -2750,6 +2799,21 @@ BEGIN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     PERFORM treadle._check_queue_allowed(j.queue) FROM treadle.jobs AS j WHERE j.id = retry.job_id;
+    PERFORM treadle._check_queue_allowed(h.queue) FROM treadle.job_history AS h WHERE h.id = retry.job_id;
+
+    -- A job in history comes back to treadle.jobs first, as it was.
+    WITH back AS (
+        DELETE FROM treadle.job_history AS h
+         WHERE h.id = retry.job_id AND h.state = ANY (ARRAY['discarded', 'cancelled'])
+        RETURNING h.*
+    )
+    INSERT INTO treadle.jobs
+    SELECT b.id, b.queue, b.name, b.args, b.state, b.priority, b.run_at, b.attempt, b.max_attempts,
+           b.lease_until, b.lease_token, b.worker_id, b.idempotency_key, b.result, b.last_error,
+           b.created_at, b.finished_at, b.workflow_run_id, b.step, b.every, b.next_id,
+           b.cancel_requested, b.started_at, b.failed_at, b.errors, b.progress, b.progress_message,
+           b.schedule, b.ready_txid, b.timeout, b.backoff
+      FROM back AS b;
 
     UPDATE treadle.jobs AS j
        SET state = 'available',
@@ -2782,7 +2846,10 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 --------------------------------------------------------------------------------
 -- treadle.apply_retention(batch) -> bigint
 --
--- Transition: deletes at most `batch` finished jobs (completed, discarded,
+-- Transition: empties the partitions of treadle.job_history whose purge times
+-- have passed (TRUNCATE; one that a reader holds waits for a later call), and
+-- deletes expired rows of its partition 0. Then deletes, up to `batch` jobs in all,
+-- finished jobs (completed, discarded,
 -- cancelled) whose retention has passed, oldest first, and finished workflow
 -- runs whose retention has passed together with all their steps (a kept run
 -- keeps its whole history; its step jobs count towards the batch, and the oldest
@@ -2794,7 +2861,9 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 -- (SKIP LOCKED): a run with a held step waits for a later call. So any number of
 -- sessions may call it at once, each a short transaction; the workers'
 -- housekeeping does, every minute and again while there is more. Returns how
--- many jobs it deleted, step jobs included: less than `batch` means it caught up.
+-- many jobs it deleted, step jobs and emptied partitions included: less than
+-- `batch` means it caught up. A job in history keeps the retention in force when
+-- it moved there (treadle.archive); its partition goes within the UTC day after.
 -- Raises 22004: batch null. 22023: batch outside 1..100000.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.apply_retention(batch integer DEFAULT 1000)
@@ -2815,7 +2884,8 @@ DECLARE
     v_step_runs  bigint[];
     v_busy_runs  bigint[];
     v_steps      bigint;
-    v_jobs       bigint := 0;
+    v_jobs       bigint;
+    v_room       integer;
 BEGIN
     IF apply_retention.batch IS NULL THEN
         RAISE EXCEPTION 'treadle: batch must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -2824,6 +2894,13 @@ BEGIN
         RAISE EXCEPTION 'treadle: batch must be between 1 and 100000, got %', apply_retention.batch
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- History first: its partitions go whole, its rows have their purge time.
+    v_jobs := treadle._purge_history(v_now, apply_retention.batch);
+    IF v_jobs >= apply_retention.batch THEN
+        RETURN v_jobs;
+    END IF;
+    v_room := apply_retention.batch - v_jobs;
+
     SELECT r.retain_completed, r.retain_failed INTO v_completed, v_failed FROM treadle._retention() AS r;
     -- The shortest retention anywhere bounds the range of finished_at read.
     SELECT min(t.retain) INTO v_shortest
@@ -2831,7 +2908,7 @@ BEGIN
             UNION ALL SELECT q.retain_completed FROM treadle.queues AS q
             UNION ALL SELECT q.retain_failed FROM treadle.queues AS q) AS t(retain);
     IF v_shortest IS NULL THEN
-        RETURN 0;  -- everything is kept forever
+        RETURN v_jobs;  -- everything is kept forever
     END IF;
 
     -- Finished runs first, oldest first, as many as fit in the batch by their step count.
@@ -2843,14 +2920,14 @@ BEGIN
            AND r.finished_at < v_now - CASE WHEN r.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
                                             ELSE coalesce(q.retain_failed, v_failed) END
          ORDER BY r.finished_at, r.id
-         LIMIT apply_retention.batch
+         LIMIT v_room
            FOR UPDATE OF r SKIP LOCKED
     ), fitting AS (
         SELECT e.id, row_number() OVER w AS n, sum(e.steps) OVER w AS steps_so_far
           FROM expired AS e
         WINDOW w AS (ORDER BY e.finished_at, e.id)
     )
-    SELECT array_agg(f.id) INTO v_runs FROM fitting AS f WHERE f.n = 1 OR f.steps_so_far <= apply_retention.batch;
+    SELECT array_agg(f.id) INTO v_runs FROM fitting AS f WHERE f.n = 1 OR f.steps_so_far <= v_room;
 
     IF v_runs IS NOT NULL THEN
         -- A run goes only with every step: one whose step someone holds (a retry) stays.
@@ -2868,7 +2945,7 @@ BEGIN
          WHERE s.run_id <> ALL (v_busy_runs);
         DELETE FROM treadle.workflow_runs AS r
          WHERE r.id = ANY (v_runs) AND r.id <> ALL (v_busy_runs);  -- their steps go by the cascade
-        v_jobs := v_steps;
+        v_jobs := v_jobs + v_steps;
     END IF;
 
     IF v_jobs < apply_retention.batch THEN
@@ -2898,7 +2975,8 @@ COMMENT ON FUNCTION treadle.apply_retention(integer) IS
 --------------------------------------------------------------------------------
 -- treadle.prune(older_than) -> bigint
 --
--- Transition: deletes finished jobs (completed, discarded, cancelled) and
+-- Transition: deletes finished jobs (completed, discarded, cancelled; in
+-- treadle.jobs and in its history) and
 -- finished workflow runs whose finished_at is older than now - older_than. Step
 -- jobs go only with their run, so a kept run keeps its whole history. Returns
 -- how many jobs it deleted (step jobs included). The one-off manual form: one
@@ -2935,11 +3013,271 @@ BEGIN
      WHERE j.finished_at < v_cutoff
        AND j.workflow_run_id IS NULL;
     GET DIAGNOSTICS v_jobs = ROW_COUNT;
+    v_steps := v_steps + v_jobs;
+    DELETE FROM treadle.job_history AS h WHERE h.finished_at < v_cutoff;
+    GET DIAGNOSTICS v_jobs = ROW_COUNT;
     RETURN v_jobs + v_steps;
 END;
 $$;
 COMMENT ON FUNCTION treadle.prune(interval) IS
     'Delete finished jobs and workflow runs older than older_than; returns how many jobs went.';
+--------------------------------------------------------------------------------
+-- History: finished jobs move out of treadle.jobs into treadle.job_history
+-- (010_tables.sql), whose partitions retention empties whole. Readers see both
+-- tables through the views (job_details, recent_failures, throughput, queue_stats).
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._history_partition(slot) -> regclass
+--
+-- The history partition that holds a slot's rows.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._history_partition(slot smallint)
+RETURNS regclass
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+RETURN ('treadle.job_history_' || lpad(slot::text, 2, '0'))::regclass;
+COMMENT ON FUNCTION treadle._history_partition(smallint) IS
+    'The partition of treadle.job_history that holds a slot''s rows.';
+
+--------------------------------------------------------------------------------
+-- treadle._history_day(purge_at) -> timestamptz
+--
+-- The start of the day (UTC) that purge_at falls in; infinity for infinity.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._history_day(purge_at timestamptz)
+RETURNS timestamptz
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN isfinite(purge_at)
+            THEN date_bin(interval '1 day', purge_at, timestamptz '2000-01-01 00:00+00')
+            ELSE purge_at END;
+COMMENT ON FUNCTION treadle._history_day(timestamptz) IS
+    'The start of the UTC day purge_at falls in; infinity for infinity.';
+
+--------------------------------------------------------------------------------
+-- treadle._history_slot(purge_at, now) -> smallint
+--
+-- The partition for a job that retention deletes at purge_at: the one that holds
+-- purge_at's day, taking a free one for a new day; 0 (deleted row by row) for a
+-- day 40 days or more after now, infinity, or when all 40 are taken (the 40 days
+-- ahead need at most 40: days that far ahead would take them from nearer ones), and
+-- when another transaction is taking a partition for a new day.
+-- Locks the slot's row FOR SHARE, so that apply_retention cannot empty it before
+-- this transaction commits.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._history_slot(purge_at timestamptz, now timestamptz)
+RETURNS smallint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_starts timestamptz;
+    v_slot   smallint;
+BEGIN
+    IF NOT isfinite(_history_slot.purge_at) OR _history_slot.purge_at >= _history_slot.now + interval '40 days' THEN
+        RETURN 0;
+    END IF;
+    v_starts := treadle._history_day(_history_slot.purge_at);
+    SELECT s.slot INTO v_slot FROM treadle.history_slots AS s WHERE s.starts = v_starts
+     ORDER BY s.slot LIMIT 1 FOR SHARE;
+    IF FOUND THEN
+        RETURN v_slot;
+    END IF;
+    -- A new day: one archiver at a time takes a free partition for it. Another that
+    -- meets it then puts its rows in partition 0 rather than wait for its commit.
+    IF NOT pg_try_advisory_xact_lock(hashtext('treadle.history_slots')) THEN
+        RETURN 0;
+    END IF;
+    SELECT s.slot INTO v_slot FROM treadle.history_slots AS s WHERE s.starts = v_starts
+     ORDER BY s.slot LIMIT 1 FOR SHARE;
+    IF FOUND THEN
+        RETURN v_slot;
+    END IF;
+    INSERT INTO treadle.history_slots AS s (slot, starts, ends)
+    SELECT n, v_starts, v_starts + interval '1 day'
+      FROM generate_series(1, 40) AS n
+     WHERE NOT EXISTS (SELECT FROM treadle.history_slots AS t WHERE t.slot = n)
+     ORDER BY n
+     LIMIT 1
+    RETURNING s.slot INTO v_slot;
+    RETURN coalesce(v_slot, 0);
+END;
+$$;
+COMMENT ON FUNCTION treadle._history_slot(timestamptz, timestamptz) IS
+    'The history partition for a job deleted at purge_at: its day''s, a free one, or 0.';
+
+--------------------------------------------------------------------------------
+-- treadle.archive(batch) -> bigint
+--
+-- Transition: moves at most `batch` finished jobs (completed, discarded,
+-- cancelled) that finished over a minute ago from treadle.jobs to
+-- treadle.job_history, oldest first, each with the time its retention ends
+-- (its queue's or the global retention now; never: infinity). Jobs stay in
+-- treadle.jobs while they hold an idempotency key (the key stays unique there)
+-- or belong to a workflow run (they go with their run), and when their
+-- retention has already passed (apply_retention deletes them). Rows another
+-- transaction holds are skipped (SKIP LOCKED). The workers' housekeeping calls
+-- it after apply_retention. Returns how many jobs moved: less than `batch` means
+-- it caught up.
+-- Raises 22004: batch null. 22023: batch outside 1..100000.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.archive(batch integer DEFAULT 1000)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now       timestamptz := treadle.now();
+    v_completed interval;
+    v_failed    interval;
+    v_tids      tid[];
+    v_ids       bigint[];
+    v_purge     timestamptz[];
+    v_slots     smallint[];
+    v_moved     bigint;
+BEGIN
+    IF archive.batch IS NULL THEN
+        RAISE EXCEPTION 'treadle: batch must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF archive.batch NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'treadle: batch must be between 1 and 100000, got %', archive.batch
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT r.retain_completed, r.retain_failed INTO v_completed, v_failed FROM treadle._retention() AS r;
+
+    SELECT array_agg(p.tid), array_agg(p.id), array_agg(p.purge_at)
+      INTO v_tids, v_ids, v_purge
+      FROM (SELECT e.ctid AS tid, e.id,
+                   coalesce(e.finished_at + CASE WHEN e.state = 'completed'
+                                                 THEN coalesce(q.retain_completed, v_completed)
+                                                 ELSE coalesce(q.retain_failed, v_failed) END,
+                            'infinity') AS purge_at
+              FROM treadle.jobs AS e
+              LEFT JOIN treadle.queues AS q ON q.queue = e.queue
+             WHERE e.finished_at < v_now - interval '1 minute'
+               AND e.workflow_run_id IS NULL
+               AND e.idempotency_key IS NULL
+             ORDER BY e.finished_at
+             LIMIT archive.batch
+               FOR UPDATE OF e SKIP LOCKED) AS p
+     WHERE p.purge_at > v_now;
+    IF v_tids IS NULL THEN
+        RETURN 0;
+    END IF;
+
+    -- One partition per day of purge times: look each day up once.
+    SELECT array_agg(d.slot ORDER BY u.n) INTO v_slots
+      FROM unnest(v_purge) WITH ORDINALITY AS u(purge_at, n)
+      JOIN (SELECT w.day, treadle._history_slot(w.day, v_now) AS slot
+              FROM (SELECT DISTINCT treadle._history_day(x.purge_at) AS day
+                      FROM unnest(v_purge) AS x(purge_at)) AS w) AS d
+        ON d.day = treadle._history_day(u.purge_at);
+
+    -- Rows locked above by this transaction cannot move before the delete.
+    WITH moved AS (
+        DELETE FROM treadle.jobs AS j WHERE j.ctid = ANY (v_tids) RETURNING j.*
+    )
+    INSERT INTO treadle.job_history
+    SELECT m.*, p.purge_at, p.slot
+      FROM moved AS m
+      JOIN unnest(v_ids, v_purge, v_slots) AS p(id, purge_at, slot) ON p.id = m.id;
+    GET DIAGNOSTICS v_moved = ROW_COUNT;
+    RETURN v_moved;
+END;
+$$;
+COMMENT ON FUNCTION treadle.archive(integer) IS
+    'Move at most batch finished jobs to treadle.job_history; returns how many moved.';
+
+--------------------------------------------------------------------------------
+-- treadle._empty_slot(slot, now) -> bigint
+--
+-- Transition: empties a history partition whose day of purge times has ended
+-- (TRUNCATE) and frees its slot; returns how many jobs went. A partition that holds
+-- a later purge_at than its day (rows written there by hand) loses only its expired
+-- rows, row by row, and keeps its slot until its last row expires.
+-- Raises 55P03 when a reader holds the partition for over a second.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._empty_slot(slot smallint, now timestamptz)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '1s'
+AS $$
+DECLARE
+    v_partition regclass := treadle._history_partition(_empty_slot.slot);
+    v_latest    timestamptz;
+    v_jobs      bigint;
+BEGIN
+    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', v_partition);
+    SELECT max(h.purge_at) INTO v_latest FROM treadle.job_history AS h WHERE h.slot = _empty_slot.slot;
+    IF v_latest > _empty_slot.now THEN
+        DELETE FROM treadle.job_history AS h
+         WHERE h.slot = _empty_slot.slot AND h.purge_at <= _empty_slot.now;
+        GET DIAGNOSTICS v_jobs = ROW_COUNT;
+        UPDATE treadle.history_slots AS s SET ends = v_latest WHERE s.slot = _empty_slot.slot;
+        RETURN v_jobs;
+    END IF;
+    -- the answer: how many go (the lock keeps anyone from adding or taking any)
+    SELECT count(*) INTO v_jobs FROM treadle.job_history AS h WHERE h.slot = _empty_slot.slot;
+    EXECUTE format('TRUNCATE %s', v_partition);
+    DELETE FROM treadle.history_slots AS s WHERE s.slot = _empty_slot.slot;
+    RETURN v_jobs;
+END;
+$$;
+COMMENT ON FUNCTION treadle._empty_slot(smallint, timestamptz) IS
+    'Empty a history partition whose day has ended, and free its slot; returns how many jobs went.';
+
+--------------------------------------------------------------------------------
+-- treadle._purge_history(now, batch) -> bigint
+--
+-- Transition: empties every history partition whose day of purge times has ended
+-- (treadle._empty_slot), then deletes at most `batch` rows of partition 0 whose
+-- purge_at has passed. A partition that a reader holds, or that another call is
+-- emptying, is left for the next call. Returns how many jobs went.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._purge_history(now timestamptz, batch integer)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_slot  smallint;
+    v_count bigint;
+    v_jobs  bigint := 0;
+BEGIN
+    FOR v_slot IN
+        SELECT s.slot FROM treadle.history_slots AS s WHERE s.ends <= _purge_history.now
+         ORDER BY s.ends FOR UPDATE SKIP LOCKED
+    LOOP
+        BEGIN
+            v_jobs := v_jobs + treadle._empty_slot(v_slot, _purge_history.now);
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;  -- a reader holds it: the next call empties it
+        END;
+    END LOOP;
+
+    DELETE FROM treadle.job_history_00 AS h
+     WHERE h.ctid = ANY (ARRAY(
+        SELECT e.ctid FROM treadle.job_history_00 AS e
+         WHERE e.purge_at <= _purge_history.now
+         ORDER BY e.purge_at
+         LIMIT _purge_history.batch
+           FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_jobs + v_count;
+END;
+$$;
+COMMENT ON FUNCTION treadle._purge_history(timestamptz, integer) IS
+    'Empty the history partitions whose day has ended, and delete expired rows of partition 0.';
 --------------------------------------------------------------------------------
 -- Queues as objects: pause, resume, limits and backpressure (treadle.queues).
 --
@@ -4232,7 +4570,8 @@ SELECT w.id, w.host, w.pid, w.queues, w.concurrency,
 COMMENT ON VIEW treadle.live_workers IS
     'Worker processes seen in the last 30 seconds, with the jobs they hold.';
 --------------------------------------------------------------------------------
--- Views: the read interface for dashboards and monitoring.
+-- Views: the read interface for dashboards and monitoring. Finished jobs are in
+-- treadle.jobs and, once archived, in treadle.job_history: the views read both.
 --------------------------------------------------------------------------------
 
 -- One row per queue and state present, with the age of the queue's oldest
@@ -4240,7 +4579,9 @@ COMMENT ON VIEW treadle.live_workers IS
 CREATE VIEW treadle.queue_stats WITH (security_invoker = true) AS
 WITH counts AS (
     SELECT j.queue, j.state, count(*) AS jobs
-      FROM treadle.jobs AS j
+      FROM (SELECT j.queue, j.state FROM treadle.jobs AS j
+            UNION ALL
+            SELECT h.queue, h.state FROM treadle.job_history AS h) AS j
      GROUP BY j.queue, j.state
 ), ages AS (
     SELECT j.queue, treadle.now() - min(j.run_at) AS oldest_available_age
@@ -4264,7 +4605,11 @@ SELECT m.minute,
   FROM generate_series(date_trunc('minute', treadle.now()) - interval '59 minutes',
                        date_trunc('minute', treadle.now()),
                        interval '1 minute') AS m(minute)
-  LEFT JOIN treadle.jobs AS j
+  LEFT JOIN (SELECT j.state, j.finished_at FROM treadle.jobs AS j
+              WHERE j.finished_at >= date_trunc('minute', treadle.now()) - interval '59 minutes'
+             UNION ALL
+             SELECT h.state, h.finished_at FROM treadle.job_history AS h
+              WHERE h.finished_at >= date_trunc('minute', treadle.now()) - interval '59 minutes') AS j
     ON j.finished_at >= m.minute
    AND j.finished_at < m.minute + interval '1 minute'
    AND j.state = ANY (ARRAY['completed', 'discarded'])
@@ -4280,7 +4625,13 @@ SELECT j.id, j.queue, j.name, j.state, j.attempt, j.max_attempts, j.last_error, 
   FROM treadle.jobs AS j
  WHERE j.state = ANY (ARRAY['retryable', 'discarded'])
    AND j.last_error IS NOT NULL
- ORDER BY j.failed_at DESC, j.id DESC;
+UNION ALL
+SELECT h.id, h.queue, h.name, h.state, h.attempt, h.max_attempts, h.last_error, h.failed_at,
+       h.workflow_run_id, h.step
+  FROM treadle.job_history AS h
+ WHERE h.state = 'discarded'
+   AND h.last_error IS NOT NULL
+ ORDER BY failed_at DESC, id DESC;
 COMMENT ON VIEW treadle.recent_failures IS
     'Retryable and discarded jobs with an error, newest failure first.';
 
@@ -4308,14 +4659,22 @@ COMMENT ON VIEW treadle.workflow_run_overview IS
 --------------------------------------------------------------------------------
 
 -- One job as a reader sees it: every column but the lease token, which is a
--- worker's write credential that nobody reading needs.
+-- worker's write credential that nobody reading needs. Jobs archived to
+-- treadle.job_history are here too.
 CREATE VIEW treadle.job_details WITH (security_invoker = true) AS
 SELECT j.id, j.queue, j.name, j.args, j.state, j.priority, j.run_at, j.attempt, j.max_attempts,
        j.lease_until, j.worker_id, j.idempotency_key, j.result, j.last_error, j.created_at,
        j.finished_at, j.workflow_run_id, j.step, j.every, j.next_id, j.cancel_requested,
        j.started_at, j.failed_at, j.errors, j.progress, j.progress_message, j.schedule,
        j.timeout, j.backoff
-  FROM treadle.jobs AS j;
+  FROM treadle.jobs AS j
+UNION ALL
+SELECT h.id, h.queue, h.name, h.args, h.state, h.priority, h.run_at, h.attempt, h.max_attempts,
+       h.lease_until, h.worker_id, h.idempotency_key, h.result, h.last_error, h.created_at,
+       h.finished_at, h.workflow_run_id, h.step, h.every, h.next_id, h.cancel_requested,
+       h.started_at, h.failed_at, h.errors, h.progress, h.progress_message, h.schedule,
+       h.timeout, h.backoff
+  FROM treadle.job_history AS h;
 COMMENT ON VIEW treadle.job_details IS
     'Every job with all its columns but the lease token; filter by id, queue, name or state.';
 
@@ -4361,22 +4720,29 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_prefix text := treadle._caller_prefix();
-    v_plan   json;
+    v_prefix  text := treadle._caller_prefix();
+    v_plan    json;
+    v_where   text;
+    v_history text;
+    v_queue   text := queue;
 BEGIN
     IF queue IS NOT NULL AND NOT starts_with(queue, v_prefix) THEN
         RETURN 0;
     END IF;
+    -- finished jobs are in treadle.jobs and in its history; waiting and running ones only in jobs
+    v_history := CASE WHEN state = ANY (ARRAY['completed', 'discarded', 'cancelled'])
+                      THEN ' UNION ALL SELECT 1 FROM treadle.job_history AS j WHERE ' ELSE NULL END;
     IF queue IS NOT NULL THEN
-        EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE j.state = $1 AND j.queue = $2'
-           INTO v_plan USING state, queue;
+        v_where := 'j.state = $1 AND j.queue = $2';
     ELSIF v_prefix <> '' THEN
-        EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE j.state = $1 AND j.queue LIKE $2'
-           INTO v_plan USING state, replace(replace(replace(v_prefix, '\', '\\'), '%', '\%'), '_', '\_') || '%';
+        v_where := 'j.state = $1 AND j.queue LIKE $2';
+        v_queue := replace(replace(replace(v_prefix, '\', '\\'), '%', '\%'), '_', '\_') || '%';
     ELSE
-        EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE j.state = $1'
-           INTO v_plan USING state;
+        v_where := 'j.state = $1';
     END IF;
+    EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM treadle.jobs AS j WHERE ' || v_where
+            || coalesce(v_history || v_where, '')
+       INTO v_plan USING state, v_queue;
     RETURN round((v_plan -> 0 -> 'Plan' ->> 'Plan Rows')::numeric)::bigint;
 END;
 $$;
@@ -4427,6 +4793,9 @@ BEGIN
 
     -- reltuples is -1 until the table is first vacuumed or analyzed: count exactly then
     SELECT c.reltuples INTO v_rows FROM pg_catalog.pg_class AS c WHERE c.oid = 'treadle.jobs'::regclass;
+    SELECT v_rows + coalesce(sum(greatest(c.reltuples, 0)), 0) INTO v_rows
+      FROM pg_catalog.pg_inherits AS i JOIN pg_catalog.pg_class AS c ON c.oid = i.inhrelid
+     WHERE i.inhparent = 'treadle.job_history'::regclass;
     v_small := v_rows < 0 OR v_rows <= job_counts.exact_up_to;
     IF v_small THEN
         v_exact := c_states;
@@ -4440,7 +4809,9 @@ BEGIN
     WITH exact AS (
         -- a small table: one pass over it
         SELECT j.queue, j.state, count(*) AS jobs
-          FROM treadle.jobs AS j
+          FROM (SELECT j.queue, j.state FROM treadle.jobs AS j
+                UNION ALL
+                SELECT h.queue, h.state FROM treadle.job_history AS h) AS j
          WHERE v_small AND starts_with(j.queue, v_prefix)
          GROUP BY j.queue, j.state
         UNION ALL
@@ -4469,7 +4840,8 @@ BEGIN
         SELECT m.queue
           FROM pg_catalog.pg_stats AS st
          CROSS JOIN unnest(st.most_common_vals::text::text[]) AS m(queue)
-         WHERE st.schemaname = 'treadle' AND st.tablename = 'jobs' AND st.attname = 'queue'
+         WHERE st.schemaname = 'treadle' AND st.attname = 'queue'
+           AND (st.tablename = 'jobs' OR st.tablename ~ '^job_history_[0-9]{2}$')
            AND starts_with(m.queue, v_prefix)
     ), per_queue AS (
         SELECT e.queue, e.state, e.jobs, false AS estimated FROM exact AS e
@@ -4550,7 +4922,7 @@ BEGIN
     SELECT j.id, j.queue, j.name, j.state, j.priority, j.run_at, j.attempt, j.max_attempts, j.lease_until,
            j.worker_id, j.last_error, j.finished_at, j.started_at, j.cancel_requested
       INTO v_job
-      FROM treadle.jobs AS j
+      FROM treadle.job_details AS j  -- treadle.jobs and its history
      WHERE j.id = explain.job_id AND starts_with(j.queue, treadle._caller_prefix());
     IF NOT FOUND THEN
         RETURN;
@@ -4765,6 +5137,7 @@ BEGIN
         ('queues',  'treadle.resume(text)'),
         ('recover', 'treadle.rescue()'),
         ('recover', 'treadle.apply_retention(integer)'),
+        ('recover', 'treadle.archive(integer)'),
         ('prune',   'treadle.prune(interval)')
       ) AS f(part, signature)
      WHERE f.part = ANY (parts);
@@ -4779,8 +5152,8 @@ COMMENT ON FUNCTION treadle._grant_parts(regrole, text[]) IS
 --------------------------------------------------------------------------------
 -- treadle.grant_reader(role) -> void
 --
--- Lets a role read: the views, every column of the tables but jobs.lease_token
--- (a worker's write credential), and the job count estimates. Row-level security
+-- Lets a role read: the views, every column of the tables but the lease token of
+-- jobs and job_history (a worker's write credential), and the job count estimates. Row-level security
 -- keeps a tenant to its queues. Raises 22004: role null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_reader(role regrole)
@@ -4789,16 +5162,20 @@ LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_table regclass;
 BEGIN
     PERFORM treadle._grant_parts(role, ARRAY['read']);
-    EXECUTE format('GRANT SELECT (%s) ON treadle.jobs TO %s',
-                   (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum)
-                      FROM pg_catalog.pg_attribute AS a
-                     WHERE a.attrelid = 'treadle.jobs'::regclass AND a.attnum > 0
-                       AND NOT a.attisdropped AND a.attname <> 'lease_token'),
-                   role);
+    FOR v_table IN SELECT unnest(ARRAY['treadle.jobs', 'treadle.job_history']::regclass[]) LOOP
+        EXECUTE format('GRANT SELECT (%s) ON %s TO %s',
+                       (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum)
+                          FROM pg_catalog.pg_attribute AS a
+                         WHERE a.attrelid = v_table AND a.attnum > 0
+                           AND NOT a.attisdropped AND a.attname <> 'lease_token'),
+                       v_table, role);
+    END LOOP;
     EXECUTE format('GRANT SELECT ON treadle.workflow_runs, treadle.workflows, treadle.workers,
-        treadle.tenants, treadle.settings,
+        treadle.tenants, treadle.settings, treadle.history_slots,
         treadle.queue_stats, treadle.throughput, treadle.recent_failures, treadle.workflow_run_overview,
         treadle.live_workers, treadle.job_details, treadle.workflow_run_steps,
         treadle.cron_schedules, treadle.schedules, treadle.queues, treadle.queue_settings TO %s', role);
