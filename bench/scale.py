@@ -17,13 +17,15 @@ Then retention of the 0.9 N jobs finished more than 7 days ago (the default: 7 d
   - the same rows written again, then treadle.apply_retention(batch) in a loop on one
     connection until it returns less than the batch (what the workers' housekeeping does);
   - in the history case, apply_retention(batch) in the same loop: it empties the 30
-    partitions whose day has passed with TRUNCATE;
+    partitions whose day has passed with TRUNCATE; then the cost of the history itself:
+    0.1 N jobs finished two minutes ago moved by treadle.archive(batch) in a loop;
   each: seconds, WAL written (pg_current_wal_lsn before and after), the longest
   transaction, and the claim p50/p99 of a claimer claiming one job every 20 ms all the
   while, against the same claimer in the 10 s before.
 
     .build/venv/bin/python bench/scale.py [--finished 1000000] [--waiting 100000] [--batch 1000] [--runs 3]
-    .build/venv/bin/python bench/scale.py --finished 10000000     # the 10M-row run: about 25 minutes here
+    .build/venv/bin/python bench/scale.py --finished 10000000     # the 10M-row run: about 35 minutes here
+    .build/venv/bin/python bench/scale.py --finished 10000000 --history-only  # without the rows in treadle.jobs
 """
 
 from __future__ import annotations
@@ -67,14 +69,17 @@ COMPLETE_MANY = "SELECT job_id, state FROM treadle.complete_many(%(ids)s, %(toke
 
 # Finished jobs, oldest first, spread over the last 70 days: the 0.9 N finished more
 # than 7 days ago are past the default retention. `first`..`last` picks a part of them.
-FILL_FINISHED = """
+FILL_COMPLETED = """
 INSERT INTO treadle.jobs (queue, name, args, state, run_at, attempt, worker_id, lease_token, result,
                           created_at, started_at, finished_at)
 SELECT 'default', 'done', jsonb_build_object('i', g), 'completed', t.at, 1, 'bench', gen_random_uuid(),
-       '{"ok": true}', t.at, t.at, t.at
+       '{{"ok": true}}', t.at, t.at, t.at
   FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
- CROSS JOIN LATERAL (SELECT now() - interval '70 days' + g * (interval '70 days' / %(total)s) AS at) AS t
+ CROSS JOIN LATERAL (SELECT {finished_at} AS at) AS t
 """
+FILL_FINISHED = FILL_COMPLETED.format(finished_at="now() - interval '70 days' + g * (interval '70 days' / %(total)s)")
+# jobs that finished two minutes ago: what treadle.archive moves next
+FILL_RECENT = FILL_COMPLETED.format(finished_at="now() - interval '2 minutes'")
 # The same finished jobs as treadle.archive leaves them in treadle.job_history: each with
 # its purge time (finished_at + 7 days) in the partition of its day. The 0.9 N past
 # their retention fill 30 partitions (a stretch of days each, as if retention had not
@@ -281,14 +286,16 @@ def prune_once(conn: psycopg.Connection[Any]) -> tuple[int, int, float]:
     return int(row[0]), 1, s.ms
 
 
-def retention_batches(batch: int) -> Callable[[psycopg.Connection[Any]], tuple[int, int, float]]:
+def retention_batches(batch: int, function: str = "apply_retention"
+                      ) -> Callable[[psycopg.Connection[Any]], tuple[int, int, float]]:
+    """treadle.apply_retention (or treadle.archive) in a loop until it returns less than batch."""
     def run(conn: psycopg.Connection[Any]) -> tuple[int, int, float]:
         cur = conn.cursor()
         deleted = calls = 0
         longest = 0.0
         while True:
             with Stopwatch() as s:
-                cur.execute("SELECT treadle.apply_retention(%s)", [batch], prepare=True)
+                cur.execute(f"SELECT treadle.{function}(%s)", [batch], prepare=True)
                 row = cur.fetchone()
             assert row is not None
             calls += 1
@@ -306,6 +313,8 @@ def main() -> None:
     p.add_argument("--waiting", type=int, default=100_000, help="waiting jobs in the large case (default 100,000)")
     p.add_argument("--batch", type=int, default=1000, help="apply_retention's batch (default 1000)")
     p.add_argument("--no-retention", action="store_true", help="part 1 only")
+    p.add_argument("--history-only", action="store_true",
+                   help="leave out the case with the finished jobs in treadle.jobs (and its two removals)")
     args = p.parse_args()
     global SAMPLES, QUIET
     small, finished, waiting = SMALL, args.finished, args.waiting
@@ -319,6 +328,9 @@ def main() -> None:
              Case(f"{finished:,} finished + {waiting:,} waiting", "scale", waiting=waiting, finished=finished),
              Case(f"{finished:,} finished in the history + {waiting:,} waiting", "scale_history", waiting=waiting,
                   finished=finished, in_history=True)]
+    if args.history_only:
+        del cases[2]
+    history = cases[-1]
     old = finished * 9 // 10  # finished more than 7 days ago: past the default retention
     removals: list[Removal] = []
     began = time.monotonic()
@@ -341,7 +353,8 @@ def main() -> None:
             sizes = conn.execute("SELECT pg_size_pretty(pg_table_size('treadle.jobs')), "
                                  "pg_size_pretty(pg_indexes_size('treadle.jobs'))").fetchone()
             assert sizes is not None
-        if not args.no_retention:
+        refill = 0.0
+        if not args.no_retention and not args.history_only:
             removals.append(timed_removal(db, f"prune('7 days'): {old:,} jobs in one statement", prune_once))
             with psycopg.connect(db, autocommit=True) as conn:
                 progress("vacuum, and the same jobs again")
@@ -354,8 +367,18 @@ def main() -> None:
                 refill = time.monotonic() - started
             removals.append(timed_removal(db, f"apply_retention({args.batch}) until done: {old:,} jobs",
                                           retention_batches(args.batch)))
-            removals.append(timed_removal(cases[3].url, f"apply_retention({args.batch}) until done: {old:,} jobs "
+        if not args.no_retention:
+            removals.append(timed_removal(history.url, f"apply_retention({args.batch}) until done: {old:,} jobs "
                                           "in 30 partitions of treadle.job_history", retention_batches(args.batch)))
+            # what the history costs: moving jobs there, here the 0.1 N finished a minute ago
+            moving = finished - old
+            with psycopg.connect(history.url, autocommit=True) as conn:
+                progress(f"{moving:,} jobs finished two minutes ago, in treadle.jobs")
+                conn.execute(FILL_RECENT, {"first": 1, "last": moving})
+                conn.execute("VACUUM ANALYZE treadle.jobs")
+                conn.execute("CHECKPOINT")
+            removals.append(timed_removal(history.url, f"archive({args.batch}) until done: {moving:,} jobs moved "
+                                          "to the history", retention_batches(args.batch, "archive")))
     total = time.monotonic() - began
 
     base = cases[0]
