@@ -127,6 +127,12 @@ CREATE UNIQUE INDEX jobs_idempotency_key_idx
 -- the throughput view, apply_retention() and prune() read finished jobs by time
 CREATE INDEX jobs_finished_at_idx ON treadle.jobs (finished_at) WHERE finished_at IS NOT NULL;
 
+-- treadle.archive reads the jobs it may move, oldest first: a finished job stays in this
+-- index for the minute before it moves, so the index stays small, and keyed jobs and
+-- workflow steps, which never move, are never walked past.
+CREATE INDEX jobs_archive_idx ON treadle.jobs (finished_at)
+    WHERE finished_at IS NOT NULL AND idempotency_key IS NULL AND workflow_run_id IS NULL;
+
 -- the recent_failures view, newest first
 CREATE INDEX jobs_failed_at_idx ON treadle.jobs (failed_at)
     WHERE state = ANY (ARRAY['retryable', 'discarded']) AND last_error IS NOT NULL;

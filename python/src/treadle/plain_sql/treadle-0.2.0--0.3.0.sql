@@ -161,6 +161,11 @@ BEGIN
     END LOOP;
 END
 $$;
+-- treadle.archive reads the jobs it may move, oldest first: a finished job stays in this
+-- index for the minute before it moves, so the index stays small, and keyed jobs and
+-- workflow steps, which never move, are never walked past.
+CREATE INDEX jobs_archive_idx ON treadle.jobs (finished_at)
+    WHERE finished_at IS NOT NULL AND idempotency_key IS NULL AND workflow_run_id IS NULL;
 CREATE INDEX job_history_id_idx ON treadle.job_history (id);
 CREATE INDEX job_history_finished_at_idx ON treadle.job_history (finished_at);
 CREATE INDEX job_history_purge_at_idx ON treadle.job_history (purge_at);
