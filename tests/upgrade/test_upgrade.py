@@ -288,3 +288,22 @@ def test_finished_jobs_and_the_worker_are_kept(upgraded: tuple[psycopg.Connectio
     assert conn.execute("SELECT host, pid FROM treadle.workers WHERE id = 'old-worker'").fetchone() == ("host", 42)
     conn.execute("SELECT treadle.worker_stopped('old-worker')")
     assert conn.execute("SELECT count(*) FROM treadle.workers").fetchone() == (0,)
+
+
+def test_jobs_finished_before_the_upgrade_move_to_the_history(upgraded: tuple[psycopg.Connection, Filled]) -> None:
+    conn, f = upgraded
+    finished = [f.ids[state] for state in ("completed", "discarded", "cancelled")]
+    with conn.transaction():  # the clock moved in this transaction only; the moves undone after
+        conn.execute("SELECT set_config('treadle.now', (now() + interval '2 minutes')::text, true)")
+        assert _value(conn, "SELECT treadle.archive()") >= len(finished)
+        moved = conn.execute(
+            "SELECT id, state FROM treadle.job_history WHERE id = ANY(%s) ORDER BY id", (finished,)
+        ).fetchall()
+        assert moved == sorted(zip(finished, ("completed", "discarded", "cancelled"), strict=True))
+        assert _value(conn, "SELECT count(*) FROM treadle.job_details WHERE id = ANY(%s)", finished) == 3
+        assert conn.execute("SELECT treadle.retry(%s)", (f.ids["discarded"],)).fetchone() == (True,)
+        assert (
+            _value(conn, "SELECT count(*) FROM treadle.jobs WHERE id = %s AND state = 'available'", f.ids["discarded"])
+            == 1
+        )
+        raise psycopg.Rollback()
