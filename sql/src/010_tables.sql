@@ -168,9 +168,10 @@ END
 $$;
 CREATE INDEX job_history_id_idx ON treadle.job_history (id);
 CREATE INDEX job_history_finished_at_idx ON treadle.job_history (finished_at);
-CREATE INDEX job_history_purge_at_idx ON treadle.job_history (purge_at);
 CREATE INDEX job_history_failed_at_idx ON treadle.job_history (failed_at)
     WHERE state = 'discarded' AND last_error IS NOT NULL;
+-- partition 0 is deleted from row by row, by purge time (the others go whole)
+CREATE INDEX job_history_00_purge_at_idx ON treadle.job_history_00 (purge_at);
 
 -- Which day of purge times each history partition holds; no row: the partition is
 -- empty and free.

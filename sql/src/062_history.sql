@@ -194,7 +194,10 @@ DECLARE
     v_jobs      bigint;
 BEGIN
     EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', v_partition);
-    SELECT max(h.purge_at) INTO v_latest FROM treadle.job_history AS h WHERE h.slot = _empty_slot.slot;
+    -- the answer (how many go), and the check that all of them are due, in one pass; the
+    -- lock keeps anyone from adding or taking rows meanwhile
+    SELECT count(*), max(h.purge_at) INTO v_jobs, v_latest
+      FROM treadle.job_history AS h WHERE h.slot = _empty_slot.slot;
     IF v_latest > _empty_slot.now THEN
         DELETE FROM treadle.job_history AS h
          WHERE h.slot = _empty_slot.slot AND h.purge_at <= _empty_slot.now;
@@ -202,8 +205,6 @@ BEGIN
         UPDATE treadle.history_slots AS s SET ends = v_latest WHERE s.slot = _empty_slot.slot;
         RETURN v_jobs;
     END IF;
-    -- the answer: how many go (the lock keeps anyone from adding or taking any)
-    SELECT count(*) INTO v_jobs FROM treadle.job_history AS h WHERE h.slot = _empty_slot.slot;
     EXECUTE format('TRUNCATE %s', v_partition);
     DELETE FROM treadle.history_slots AS s WHERE s.slot = _empty_slot.slot;
     RETURN v_jobs;

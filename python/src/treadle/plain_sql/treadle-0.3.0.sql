@@ -234,9 +234,10 @@ END
 $$;
 CREATE INDEX job_history_id_idx ON treadle.job_history (id);
 CREATE INDEX job_history_finished_at_idx ON treadle.job_history (finished_at);
-CREATE INDEX job_history_purge_at_idx ON treadle.job_history (purge_at);
 CREATE INDEX job_history_failed_at_idx ON treadle.job_history (failed_at)
     WHERE state = 'discarded' AND last_error IS NOT NULL;
+-- partition 0 is deleted from row by row, by purge time (the others go whole)
+CREATE INDEX job_history_00_purge_at_idx ON treadle.job_history_00 (purge_at);
 
 -- Which day of purge times each history partition holds; no row: the partition is
 -- empty and free.
@@ -3223,7 +3224,10 @@ DECLARE
     v_jobs      bigint;
 BEGIN
     EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', v_partition);
-    SELECT max(h.purge_at) INTO v_latest FROM treadle.job_history AS h WHERE h.slot = _empty_slot.slot;
+    -- the answer (how many go), and the check that all of them are due, in one pass; the
+    -- lock keeps anyone from adding or taking rows meanwhile
+    SELECT count(*), max(h.purge_at) INTO v_jobs, v_latest
+      FROM treadle.job_history AS h WHERE h.slot = _empty_slot.slot;
     IF v_latest > _empty_slot.now THEN
         DELETE FROM treadle.job_history AS h
          WHERE h.slot = _empty_slot.slot AND h.purge_at <= _empty_slot.now;
@@ -3231,8 +3235,6 @@ BEGIN
         UPDATE treadle.history_slots AS s SET ends = v_latest WHERE s.slot = _empty_slot.slot;
         RETURN v_jobs;
     END IF;
-    -- the answer: how many go (the lock keeps anyone from adding or taking any)
-    SELECT count(*) INTO v_jobs FROM treadle.job_history AS h WHERE h.slot = _empty_slot.slot;
     EXECUTE format('TRUNCATE %s', v_partition);
     DELETE FROM treadle.history_slots AS s WHERE s.slot = _empty_slot.slot;
     RETURN v_jobs;
