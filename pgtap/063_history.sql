@@ -3,7 +3,7 @@
 -- finish still find the jobs there.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(46);
+SELECT plan(51);
 \ir helpers.psql
 
 SELECT has_function('treadle', 'archive', ARRAY['integer'], 'treadle.archive(integer) exists');
@@ -158,6 +158,19 @@ SET LOCAL treadle.now = '3099-02-02 00:05:00+00';
 SELECT is(treadle.archive(), 1::bigint, 'a job moved');
 SELECT is(treadle.prune('1 minute'), 1::bigint, 'prune counts the job it deleted from the history');
 SELECT is(pg_temp.where_is(:pruned), 'gone', 'it went');
+
+-- one call empties partitions until its batch is full, so a transaction holds few of them
+SET LOCAL treadle.now = '3100-01-01 12:00:00+00';
+SELECT pg_temp.finished('b', 'completed') AS b1 \gset
+SET LOCAL treadle.now = '3100-01-02 12:00:00+00';
+SELECT pg_temp.finished('b', 'completed') AS b2 \gset
+SET LOCAL treadle.now = '3100-01-02 12:05:00+00';
+SELECT is(treadle.archive(), 2::bigint, 'two jobs moved, to the partitions of two days');
+SET LOCAL treadle.now = '3100-01-10 00:30:00+00';
+SELECT is(treadle.apply_retention(1), 1::bigint, 'with a batch of 1, one partition is emptied');
+SELECT is((SELECT count(*)::integer FROM treadle.history_slots), 1, 'the other waits');
+SELECT is(treadle.apply_retention(1), 1::bigint, 'the next call empties it');
+SELECT is(pg_temp.where_is(:b1) || pg_temp.where_is(:b2), 'gonegone', 'both jobs went');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -3203,15 +3203,14 @@ COMMENT ON FUNCTION treadle.archive(integer) IS
     'Move at most batch finished jobs to treadle.job_history; returns how many moved.';
 
 --------------------------------------------------------------------------------
--- treadle._empty_slot(slot, now) -> bigint
+-- treadle._empty_slot(slot) -> bigint
 --
 -- Transition: empties a history partition whose day of purge times has ended
--- (TRUNCATE) and frees its slot; returns how many jobs went. A partition that holds
--- a later purge_at than its day (rows written there by hand) loses only its expired
--- rows, row by row, and keeps its slot until its last row expires.
+-- (TRUNCATE) and frees its slot; returns how many jobs went. The rows of a
+-- partition are the ones treadle.archive put there for that day: all are due.
 -- Raises 55P03 when a reader holds the partition for over a second.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._empty_slot(slot smallint, now timestamptz)
+CREATE OR REPLACE FUNCTION treadle._empty_slot(slot smallint)
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
@@ -3220,36 +3219,28 @@ SET lock_timeout = '1s'
 AS $$
 DECLARE
     v_partition regclass := treadle._history_partition(_empty_slot.slot);
-    v_latest    timestamptz;
     v_jobs      bigint;
 BEGIN
     EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', v_partition);
-    -- the answer (how many go), and the check that all of them are due, in one pass; the
+    -- the answer, from the id index where vacuum has marked the pages all-visible; the
     -- lock keeps anyone from adding or taking rows meanwhile
-    SELECT count(*), max(h.purge_at) INTO v_jobs, v_latest
-      FROM treadle.job_history AS h WHERE h.slot = _empty_slot.slot;
-    IF v_latest > _empty_slot.now THEN
-        DELETE FROM treadle.job_history AS h
-         WHERE h.slot = _empty_slot.slot AND h.purge_at <= _empty_slot.now;
-        GET DIAGNOSTICS v_jobs = ROW_COUNT;
-        UPDATE treadle.history_slots AS s SET ends = v_latest WHERE s.slot = _empty_slot.slot;
-        RETURN v_jobs;
-    END IF;
+    SELECT count(*) INTO v_jobs FROM treadle.job_history AS h WHERE h.slot = _empty_slot.slot;
     EXECUTE format('TRUNCATE %s', v_partition);
     DELETE FROM treadle.history_slots AS s WHERE s.slot = _empty_slot.slot;
     RETURN v_jobs;
 END;
 $$;
-COMMENT ON FUNCTION treadle._empty_slot(smallint, timestamptz) IS
+COMMENT ON FUNCTION treadle._empty_slot(smallint) IS
     'Empty a history partition whose day has ended, and free its slot; returns how many jobs went.';
 
 --------------------------------------------------------------------------------
 -- treadle._purge_history(now, batch) -> bigint
 --
--- Transition: empties every history partition whose day of purge times has ended
--- (treadle._empty_slot), then deletes at most `batch` rows of partition 0 whose
--- purge_at has passed. A partition that a reader holds, or that another call is
--- emptying, is left for the next call. Returns how many jobs went.
+-- Transition: empties history partitions whose day of purge times has ended
+-- (treadle._empty_slot), oldest first, until `batch` jobs have gone, so that one
+-- transaction holds few of them; then deletes what is left of `batch` in rows of
+-- partition 0 whose purge_at has passed. A partition that a reader holds, or that
+-- another call is emptying, is left for a later call. Returns how many jobs went.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._purge_history(now timestamptz, batch integer)
 RETURNS bigint
@@ -3267,18 +3258,22 @@ BEGIN
          ORDER BY s.ends FOR UPDATE SKIP LOCKED
     LOOP
         BEGIN
-            v_jobs := v_jobs + treadle._empty_slot(v_slot, _purge_history.now);
+            v_jobs := v_jobs + treadle._empty_slot(v_slot);
         EXCEPTION WHEN lock_not_available THEN
             NULL;  -- a reader holds it: the next call empties it
         END;
+        EXIT WHEN v_jobs >= _purge_history.batch;
     END LOOP;
+    IF v_jobs >= _purge_history.batch THEN
+        RETURN v_jobs;
+    END IF;
 
     DELETE FROM treadle.job_history_00 AS h
      WHERE h.ctid = ANY (ARRAY(
         SELECT e.ctid FROM treadle.job_history_00 AS e
          WHERE e.purge_at <= _purge_history.now
          ORDER BY e.purge_at
-         LIMIT _purge_history.batch
+         LIMIT _purge_history.batch - v_jobs
            FOR UPDATE SKIP LOCKED));
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_jobs + v_count;
