@@ -2672,8 +2672,8 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 -- treadle.apply_retention(batch) -> bigint
 --
 -- Transition: empties the partitions of treadle.job_history whose purge times
--- have passed (TRUNCATE; one that a reader holds waits for a later call), and
--- deletes expired rows of its partition 0. Then deletes, up to `batch` jobs in all,
+-- have passed, until `batch` jobs have gone (TRUNCATE; one that a reader holds
+-- waits for a later call), and deletes expired rows of its partition 0. Then deletes, up to `batch` jobs in all,
 -- finished jobs (completed, discarded,
 -- cancelled) whose retention has passed, oldest first, and finished workflow
 -- runs whose retention has passed together with all their steps (a kept run
