@@ -3,17 +3,17 @@
 -- finish still find the jobs there.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(51);
+SELECT plan(52);
 \ir helpers.psql
 
 SELECT has_function('treadle', 'archive', ARRAY['integer'], 'treadle.archive(integer) exists');
 SELECT is(
     (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute AS a
       WHERE a.attrelid = 'treadle.job_history'::regclass AND a.attnum > 0 AND NOT a.attisdropped),
-    (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute AS a
-      WHERE a.attrelid = 'treadle.jobs'::regclass AND a.attnum > 0 AND NOT a.attisdropped)
-    || ARRAY['purge_at', 'slot'],
-    'job_history has the columns of jobs in their order, then purge_at and slot');
+    ARRAY['purge_at', 'slot']
+    || (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute AS a
+         WHERE a.attrelid = 'treadle.jobs'::regclass AND a.attnum > 0 AND NOT a.attisdropped),
+    'job_history has purge_at and slot, then the columns of jobs in their order');
 SELECT is((SELECT count(*)::integer FROM pg_inherits WHERE inhparent = 'treadle.job_history'::regclass), 41,
           'job_history has 41 partitions, made at install');
 
@@ -124,7 +124,16 @@ SELECT is(treadle.cancel(:completed), false, 'cancel of a moved job changes noth
 
 -- retry brings a job back to treadle.jobs, as it was but for what retry resets
 SELECT is(treadle.retry(:completed), false, 'a completed job in the history is not retried');
+CREATE TEMP TABLE moved_discarded AS SELECT * FROM treadle.job_history WHERE id = :discarded;
 SELECT is(treadle.retry(:discarded), true, 'a discarded job in the history is retried');
+SELECT is(
+    (SELECT to_jsonb(j) - ARRAY['state', 'run_at', 'attempt', 'finished_at', 'cancel_requested', 'lease_token',
+                                'ready_txid']
+       FROM treadle.jobs AS j WHERE j.id = :discarded),
+    (SELECT to_jsonb(m) - ARRAY['state', 'run_at', 'attempt', 'finished_at', 'cancel_requested', 'lease_token',
+                                'ready_txid', 'purge_at', 'slot']
+       FROM moved_discarded AS m),
+    'every column comes back as it was in the history, but those retry resets');
 SELECT is(pg_temp.where_is(:discarded), 'jobs', 'it is back in treadle.jobs');
 SELECT results_eq(
     format($$ SELECT state, attempt, last_error, finished_at FROM treadle.jobs WHERE id = %s $$, :discarded),

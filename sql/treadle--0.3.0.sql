@@ -200,16 +200,17 @@ CREATE INDEX jobs_workflow_run_idx ON treadle.jobs (workflow_run_id) WHERE workf
 -- History: finished jobs that treadle.archive moved out of treadle.jobs, so that the
 -- live table stays small and retention empties whole partitions (TRUNCATE: no dead
 -- rows, no long delete, whatever snapshots are open) instead of deleting rows. The
--- columns are treadle.jobs' in the same order, then the time retention deletes the
--- row (finished_at plus the retention in force when it moved; infinity: kept forever)
--- and the partition it is in. Partitions 1..40 each hold the jobs whose purge_at
+-- columns are the time retention deletes the row (finished_at plus the retention in
+-- force when it moved; infinity: kept forever) and the partition it is in, then
+-- treadle.jobs' in the same order: a column that a later version adds to both tables
+-- then stands last in both, in an upgraded database as in a fresh one. Partitions 1..40 each hold the jobs whose purge_at
 -- falls in one day (treadle.history_slots); partition 0 holds the rest (a longer
 -- retention, or no free partition), which retention deletes row by row. The
 -- partitions are made here, once: nothing creates or drops one at run time.
 CREATE TABLE treadle.job_history (
-    LIKE treadle.jobs,
     purge_at timestamptz NOT NULL,
-    slot     smallint    NOT NULL
+    slot     smallint    NOT NULL,
+    LIKE treadle.jobs
 ) PARTITION BY LIST (slot);
 DO $$
 BEGIN
@@ -2806,19 +2807,15 @@ BEGIN
     PERFORM treadle._check_queue_allowed(j.queue) FROM treadle.jobs AS j WHERE j.id = retry.job_id;
     PERFORM treadle._check_queue_allowed(h.queue) FROM treadle.job_history AS h WHERE h.id = retry.job_id;
 
-    -- A job in history comes back to treadle.jobs first, as it was.
+    -- A job in history comes back to treadle.jobs first, as it was: its row as a
+    -- treadle.jobs row, every column of jobs by name (purge_at and slot left behind).
     WITH back AS (
         DELETE FROM treadle.job_history AS h
          WHERE h.id = retry.job_id AND h.state = ANY (ARRAY['discarded', 'cancelled'])
         RETURNING h.*
     )
     INSERT INTO treadle.jobs
-    SELECT b.id, b.queue, b.name, b.args, b.state, b.priority, b.run_at, b.attempt, b.max_attempts,
-           b.lease_until, b.lease_token, b.worker_id, b.idempotency_key, b.result, b.last_error,
-           b.created_at, b.finished_at, b.workflow_run_id, b.step, b.every, b.next_id,
-           b.cancel_requested, b.started_at, b.failed_at, b.errors, b.progress, b.progress_message,
-           b.schedule, b.ready_txid, b.timeout, b.backoff
-      FROM back AS b;
+    SELECT (jsonb_populate_record(NULL::treadle.jobs, to_jsonb(b))).* FROM back AS b;
 
     UPDATE treadle.jobs AS j
        SET state = 'available',
@@ -2853,8 +2850,8 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 --
 -- Transition: empties the partitions of treadle.job_history whose purge times
 -- have passed, until `batch` jobs have gone (TRUNCATE; one that a reader holds
--- waits for a later call), and deletes expired rows of its partition 0. Then deletes, up to `batch` jobs in all,
--- finished jobs (completed, discarded,
+-- waits for a later call), and deletes expired rows of its partition 0. Then
+-- deletes, up to `batch` jobs in all, finished jobs (completed, discarded,
 -- cancelled) whose retention has passed, oldest first, and finished workflow
 -- runs whose retention has passed together with all their steps (a kept run
 -- keeps its whole history; its step jobs count towards the batch, and the oldest
@@ -3190,7 +3187,7 @@ BEGIN
         DELETE FROM treadle.jobs AS j WHERE j.ctid = ANY (v_tids) RETURNING j.*
     )
     INSERT INTO treadle.job_history
-    SELECT m.*, p.purge_at, p.slot
+    SELECT p.purge_at, p.slot, m.*
       FROM moved AS m
       JOIN unnest(v_ids, v_purge, v_slots) AS p(id, purge_at, slot) ON p.id = m.id;
     GET DIAGNOSTICS v_moved = ROW_COUNT;

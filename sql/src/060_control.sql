@@ -80,19 +80,15 @@ BEGIN
     PERFORM treadle._check_queue_allowed(j.queue) FROM treadle.jobs AS j WHERE j.id = retry.job_id;
     PERFORM treadle._check_queue_allowed(h.queue) FROM treadle.job_history AS h WHERE h.id = retry.job_id;
 
-    -- A job in history comes back to treadle.jobs first, as it was.
+    -- A job in history comes back to treadle.jobs first, as it was: its row as a
+    -- treadle.jobs row, every column of jobs by name (purge_at and slot left behind).
     WITH back AS (
         DELETE FROM treadle.job_history AS h
          WHERE h.id = retry.job_id AND h.state = ANY (ARRAY['discarded', 'cancelled'])
         RETURNING h.*
     )
     INSERT INTO treadle.jobs
-    SELECT b.id, b.queue, b.name, b.args, b.state, b.priority, b.run_at, b.attempt, b.max_attempts,
-           b.lease_until, b.lease_token, b.worker_id, b.idempotency_key, b.result, b.last_error,
-           b.created_at, b.finished_at, b.workflow_run_id, b.step, b.every, b.next_id,
-           b.cancel_requested, b.started_at, b.failed_at, b.errors, b.progress, b.progress_message,
-           b.schedule, b.ready_txid, b.timeout, b.backoff
-      FROM back AS b;
+    SELECT (jsonb_populate_record(NULL::treadle.jobs, to_jsonb(b))).* FROM back AS b;
 
     UPDATE treadle.jobs AS j
        SET state = 'available',
@@ -127,8 +123,8 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 --
 -- Transition: empties the partitions of treadle.job_history whose purge times
 -- have passed, until `batch` jobs have gone (TRUNCATE; one that a reader holds
--- waits for a later call), and deletes expired rows of its partition 0. Then deletes, up to `batch` jobs in all,
--- finished jobs (completed, discarded,
+-- waits for a later call), and deletes expired rows of its partition 0. Then
+-- deletes, up to `batch` jobs in all, finished jobs (completed, discarded,
 -- cancelled) whose retention has passed, oldest first, and finished workflow
 -- runs whose retention has passed together with all their steps (a kept run
 -- keeps its whole history; its step jobs count towards the batch, and the oldest

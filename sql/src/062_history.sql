@@ -162,7 +162,7 @@ BEGIN
         DELETE FROM treadle.jobs AS j WHERE j.ctid = ANY (v_tids) RETURNING j.*
     )
     INSERT INTO treadle.job_history
-    SELECT m.*, p.purge_at, p.slot
+    SELECT p.purge_at, p.slot, m.*
       FROM moved AS m
       JOIN unnest(v_ids, v_purge, v_slots) AS p(id, purge_at, slot) ON p.id = m.id;
     GET DIAGNOSTICS v_moved = ROW_COUNT;

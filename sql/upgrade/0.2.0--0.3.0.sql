@@ -119,16 +119,17 @@ DROP FUNCTION treadle._append_error(jsonb, integer, timestamptz, text);
 -- History: finished jobs that treadle.archive moved out of treadle.jobs, so that the
 -- live table stays small and retention empties whole partitions (TRUNCATE: no dead
 -- rows, no long delete, whatever snapshots are open) instead of deleting rows. The
--- columns are treadle.jobs' in the same order, then the time retention deletes the
--- row (finished_at plus the retention in force when it moved; infinity: kept forever)
--- and the partition it is in. Partitions 1..40 each hold the jobs whose purge_at
+-- columns are the time retention deletes the row (finished_at plus the retention in
+-- force when it moved; infinity: kept forever) and the partition it is in, then
+-- treadle.jobs' in the same order: a column that a later version adds to both tables
+-- then stands last in both, in an upgraded database as in a fresh one. Partitions 1..40 each hold the jobs whose purge_at
 -- falls in one day (treadle.history_slots); partition 0 holds the rest (a longer
 -- retention, or no free partition), which retention deletes row by row. The
 -- partitions are made here, once: nothing creates or drops one at run time.
 CREATE TABLE treadle.job_history (
-    LIKE treadle.jobs,
     purge_at timestamptz NOT NULL,
-    slot     smallint    NOT NULL
+    slot     smallint    NOT NULL,
+    LIKE treadle.jobs
 ) PARTITION BY LIST (slot);
 DO $$
 BEGIN
