@@ -19,10 +19,11 @@ SRC        = $(sort $(wildcard sql/src/*.sql))
 # (sql/treadle--0.1.0.sql is the released 0.1.0 script, kept as released)
 UPGRADES_FROM = $(patsubst sql/upgrade/%--$(EXTVERSION).sql,%,$(wildcard sql/upgrade/*--$(EXTVERSION).sql))
 # the plain (not extension) scripts, shipped in the Python package for `treadle install`;
-# plain upgrades start from the releases that had a plain install (0.2.0 is the first;
-# its released plain script is sql/plain/treadle-0.2.0.sql)
+# plain upgrades start from the last release (sql/plain keeps each release's plain scripts
+# as released; the package also ships the released upgrades, and `treadle upgrade` chains
+# them: 0.2.0 -> 0.3.0 -> this version)
 PLAIN_DIR  = python/src/treadle/plain_sql
-PLAIN_UPGRADES_FROM = 0.2.0
+PLAIN_UPGRADES_FROM = 0.3.0
 PLAIN      = $(PLAIN_DIR)/$(EXTENSION)-$(EXTVERSION).sql \
              $(foreach v,$(PLAIN_UPGRADES_FROM),$(PLAIN_DIR)/$(EXTENSION)-$(v)--$(EXTVERSION).sql)
 EXTENSION_SCRIPTS = sql/$(EXTENSION)--$(EXTVERSION).sql \

@@ -10,7 +10,7 @@ from psycopg.rows import tuple_row
 from .errors import ExtensionMissing, UnsupportedVersion
 
 # the extension versions this client speaks (older ones lack functions it calls)
-SUPPORTED_VERSIONS: Final = frozenset({"0.3.0"})
+SUPPORTED_VERSIONS: Final = frozenset({"0.4.0"})
 
 # The version of the extension form (pg_extension); none for a plain install.
 EXTENSION_FORM_VERSION: Final = "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'treadle'"

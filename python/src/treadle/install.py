@@ -137,13 +137,36 @@ def plan_upgrade(conn: psycopg.Connection[Any], mode: Mode | None = None) -> Pla
             f"upgrade the treadle extension from {current.version} to {VERSION}",
             f"ALTER EXTENSION treadle UPDATE TO '{VERSION}';\n",
         )
-    name = f"treadle-{current.version}--{VERSION}.sql"
-    if not _shipped(name):
+    steps = _plain_upgrade_path(current.version)
+    if steps is None:
         raise InstallError(
             f"this package ({VERSION}) has no upgrade of a plain install from "
             f"{current.version}: upgrade with the package of a version in between first"
         )
-    return Plan(f"upgrade plain treadle from {current.version} to {VERSION}", plain_script(name))
+    return Plan(
+        f"upgrade plain treadle from {current.version} to {VERSION}"
+        + (f" (through {', '.join(to for to in steps[:-1])})" if len(steps) > 1 else ""),
+        "".join(plain_script(f"treadle-{start}--{to}.sql") for start, to in zip([current.version, *steps], steps)),
+    )
+
+
+def _plain_upgrade_path(start: str) -> list[str] | None:
+    """The versions a plain install of `start` passes through to reach this one, by the
+    upgrade scripts this package ships (each one transaction, run in turn); None when they
+    do not reach it."""
+    shipped = [p.name for p in (importlib.resources.files("treadle") / "plain_sql").iterdir()]
+    steps: list[str] = []
+    version = start
+    while version != VERSION:
+        following = sorted(
+            (name[len(f"treadle-{version}--") : -len(".sql")] for name in shipped if name.startswith(f"treadle-{version}--")),
+            key=_version_key,
+        )
+        if not following:
+            return None
+        version = following[-1]  # the longest step the package has
+        steps.append(version)
+    return steps
 
 
 def apply(conn: psycopg.Connection[Any], plan: Plan) -> None:
@@ -169,10 +192,6 @@ def run_script(conn: psycopg.Connection[Any], sql: str) -> None:
 def plain_script(name: str) -> str:
     """A plain SQL script this package ships (plain_sql/NAME)."""
     return (importlib.resources.files("treadle") / "plain_sql" / name).read_text(encoding="utf-8")
-
-
-def _shipped(name: str) -> bool:
-    return (importlib.resources.files("treadle") / "plain_sql" / name).is_file()
 
 
 def _check_mode(current: Installed, mode: Mode | None) -> None:

@@ -1,0 +1,9 @@
+--------------------------------------------------------------------------------
+-- Migration 0.3.0 -> 0.4.0, after the definitions.
+--------------------------------------------------------------------------------
+
+-- The roles 0.3.0 set up get their parts again, with 0.4.0's functions and views.
+SELECT treadle.grant_reader(u.role_name::regrole) FROM treadle_upgrade_parts AS u WHERE 'read' = ANY (u.parts);
+SELECT treadle._grant_parts(u.role_name::regrole, u.parts) FROM treadle_upgrade_parts AS u;
+
+DROP TABLE treadle_upgrade_parts;

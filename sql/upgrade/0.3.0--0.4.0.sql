@@ -1,0 +1,30 @@
+--------------------------------------------------------------------------------
+-- Migration 0.3.0 -> 0.4.0, before the definitions: what CREATE OR REPLACE
+-- cannot do. The functions and views that follow come from sql/src, as in a fresh
+-- install; sql/upgrade/0.3.0--0.4.0.after.sql finishes after them.
+--------------------------------------------------------------------------------
+
+-- The parts each role was given by 0.3.0's grant helpers, read from the ACL of one
+-- function of each part (the role's own entry, not what it reaches by membership).
+-- The after-script gives each the same parts again: the views are created anew, and
+-- a part may hold functions 0.3.0 did not have.
+CREATE TEMPORARY TABLE treadle_upgrade_parts ON COMMIT DROP AS
+SELECT r.rolname AS role_name, array_agg(p.part ORDER BY p.part) AS parts
+  FROM (VALUES ('read',    'treadle.job_counts(bigint)'),
+               ('produce', 'treadle.enqueue_many(jsonb)'),
+               ('control', 'treadle.cancel(bigint)'),
+               ('work',    'treadle.claimed(uuid)'),
+               ('queues',  'treadle.pause(text)'),
+               ('recover', 'treadle.rescue()'),
+               ('prune',   'treadle.prune(interval)')) AS p(part, signature)
+  JOIN pg_catalog.pg_proc AS f ON f.oid = p.signature::regprocedure
+ CROSS JOIN pg_catalog.aclexplode(f.proacl) AS a
+  JOIN pg_catalog.pg_roles AS r ON r.oid = a.grantee
+ WHERE a.privilege_type = 'EXECUTE'
+   AND r.oid <> (SELECT n.nspowner FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'treadle')
+ GROUP BY r.rolname;
+
+-- Views are created again from sql/src.
+DROP VIEW treadle.queue_settings, treadle.schedules, treadle.live_workers, treadle.queue_stats,
+          treadle.throughput, treadle.recent_failures, treadle.workflow_run_overview,
+          treadle.job_details, treadle.workflow_run_steps;
