@@ -26,6 +26,8 @@ PLAIN_DIR  = python/src/treadle/plain_sql
 PLAIN_UPGRADES_FROM = 0.3.0
 PLAIN      = $(PLAIN_DIR)/$(EXTENSION)-$(EXTVERSION).sql \
              $(foreach v,$(PLAIN_UPGRADES_FROM),$(PLAIN_DIR)/$(EXTENSION)-$(v)--$(EXTVERSION).sql)
+# the released plain upgrades the package ships as well, copied from sql/plain as released
+PLAIN_RELEASED = $(PLAIN_DIR)/$(EXTENSION)-0.2.0--0.3.0.sql
 EXTENSION_SCRIPTS = sql/$(EXTENSION)--$(EXTVERSION).sql \
              $(foreach v,$(UPGRADES_FROM),sql/$(EXTENSION)--$(v)--$(EXTVERSION).sql)
 GENERATED  = $(EXTENSION_SCRIPTS) $(PLAIN)
@@ -65,7 +67,7 @@ DIST ?= dist
 .PHONY: dist
 dist: $(PLAIN)
 	mkdir -p $(DIST)
-	cp $(PLAIN) $(DIST)/
+	cp $(PLAIN) $(PLAIN_RELEASED) $(DIST)/
 	scripts/build-sql pgtle $(UPGRADES_FROM) > $(DIST)/$(EXTENSION)-$(EXTVERSION).pgtle.sql
 
 # Throwaway clusters and the Python environment live under .build/ (git-ignored).
@@ -87,6 +89,13 @@ check-generated:
 test-deps:
 	@scripts/install-test-deps $(PG_CONFIG)
 
+# The tests' server: a private copy of PG_CONFIG's under .build (scripts/pgcopy), so that
+# `make install` for a test never touches the system's server, and checkouts test side by side.
+TEST_PG_CONFIG = $(BUILD)/pg$(shell $(PG_CONFIG) --bindir)/pg_config
+.PHONY: test-server
+test-server: test-deps
+	@scripts/pgcopy $(PG_CONFIG) $(BUILD)/pg >/dev/null
+
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
@@ -104,16 +113,16 @@ OTHER_MAJOR_TESTS = $(SQL_CONTRACT_TESTS) tests/client
 
 # The one command: tools, install, a throwaway cluster, pgTAP then pytest, cluster stopped;
 # then the plain SQL install, then the other major versions.
-test: lint check-generated test-deps venv
-	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
-	PG_CONFIG=$(PG_CONFIG) VENV=$(VENV) scripts/run-tests $(BUILD)/test-cluster
+test: lint check-generated test-server venv
+	$(MAKE) install PG_CONFIG=$(TEST_PG_CONFIG)
+	PG_CONFIG=$(TEST_PG_CONFIG) VENV=$(VENV) scripts/run-tests $(BUILD)/test-cluster
 	$(MAKE) test-plain $(foreach m,$(OTHER_MAJORS),test-pg$(m))
 
 # pgTAP, the SQL contract and the client against the plain SQL install, made by a role that has only
 # CREATE on its database (scripts/run-tests), on this server.
-test-plain: test-deps venv
-	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
-	TREADLE_TEST_INSTALL=plain PG_CONFIG=$(PG_CONFIG) VENV=$(VENV) \
+test-plain: test-server venv
+	$(MAKE) install PG_CONFIG=$(TEST_PG_CONFIG)
+	TREADLE_TEST_INSTALL=plain PG_CONFIG=$(TEST_PG_CONFIG) VENV=$(VENV) \
 		scripts/run-tests $(BUILD)/plain-test-cluster tests/sql tests/client
 
 # Another major version from a wheel (scripts/pgserver), with pgTAP copied from the
@@ -153,14 +162,22 @@ bench: venv
 # Static checks: ruff and mypy --strict over the Python scripts/lint lists, plpgsql_check
 # over every function in schema treadle (scripts/lint says which checks are on).
 .PHONY: lint
-lint: test-deps venv
-	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
-	PG_CONFIG=$(PG_CONFIG) VENV=$(VENV) scripts/lint $(BUILD)/lint-cluster
+lint: test-server venv
+	$(MAKE) install PG_CONFIG=$(TEST_PG_CONFIG)
+	PG_CONFIG=$(TEST_PG_CONFIG) VENV=$(VENV) scripts/lint $(BUILD)/lint-cluster
 
 # The edit-test loop: pgTAP, then pytest without the tests marked slow, browser or
 # subprocess, on one throwaway cluster.
 .PHONY: test-fast
-test-fast: test-deps venv
-	$(MAKE) install PG_CONFIG=$(PG_CONFIG)
-	PG_CONFIG=$(PG_CONFIG) VENV=$(VENV) scripts/run-tests $(BUILD)/test-fast-cluster \
+test-fast: test-server venv
+	$(MAKE) install PG_CONFIG=$(TEST_PG_CONFIG)
+	PG_CONFIG=$(TEST_PG_CONFIG) VENV=$(VENV) scripts/run-tests $(BUILD)/test-fast-cluster \
 		-m "not slow and not browser and not subprocess" tests
+
+# What an edit touches, on its own cluster: make test-only T="tests/sql/test_x.py -k name"
+# (pytest arguments), PGTAP="pgtap/070_workflows.sql" (pgTAP files; none unless named).
+.PHONY: test-only
+test-only: test-server venv
+	$(MAKE) install PG_CONFIG=$(TEST_PG_CONFIG)
+	TREADLE_PGTAP="$(PGTAP)" PG_CONFIG=$(TEST_PG_CONFIG) VENV=$(VENV) \
+		scripts/run-tests $(BUILD)/test-only-cluster $(or $(T),--collect-only -q tests/client/test_version.py)

@@ -176,3 +176,23 @@ def test_what_is_installed_reads_with_any_row_factory(plain: str, extension: psy
     with psycopg.connect(plain, row_factory=dict_row) as conn:
         assert install.installed(conn) == install.Installed("plain", EXTENSION_VERSION)
     assert install.installed(extension) == install.Installed("extension", EXTENSION_VERSION)
+
+
+def test_treadle_upgrade_chains_the_released_plain_upgrades(new_database: NewDatabase, plain: str) -> None:
+    """A 0.2.0 plain install reaches this version through every upgrade the package ships,
+    each in turn, and ends equal to a plain install of this version."""
+    url = new_database(None)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'GRANT CREATE ON DATABASE "{url.rsplit("/", 1)[1]}" TO {PLAIN_OWNER}')
+    with psycopg.connect(as_role(url, PLAIN_OWNER), autocommit=True) as conn:
+        run_script(conn, plain_release("0.2.0"))
+        conn.execute("SELECT treadle.enqueue('from-0.2.0')")
+        plan = install.plan_upgrade(conn)
+        assert plan.summary == f"upgrade plain treadle from 0.2.0 to {EXTENSION_VERSION} (through 0.3.0)"
+        install.apply(conn, plan)
+        assert install.installed(conn) == install.Installed("plain", EXTENSION_VERSION)
+        assert conn.execute("SELECT name FROM treadle.jobs").fetchall() == [("from-0.2.0",)]
+        upgraded = snapshot(conn, extension=False)
+    with psycopg.connect(plain) as conn:
+        fresh = snapshot(conn, extension=False)
+    assert describe_difference(upgraded, fresh, "plain upgraded", "plain fresh") == ""
