@@ -146,7 +146,10 @@ def plan_upgrade(conn: psycopg.Connection[Any], mode: Mode | None = None) -> Pla
     return Plan(
         f"upgrade plain treadle from {current.version} to {VERSION}"
         + (f" (through {', '.join(to for to in steps[:-1])})" if len(steps) > 1 else ""),
-        "".join(plain_script(f"treadle-{start}--{to}.sql") for start, to in zip([current.version, *steps], steps)),
+        "".join(
+            plain_script(f"treadle-{start}--{to}.sql")
+            for start, to in zip([current.version, *steps[:-1]], steps, strict=True)
+        ),
     )
 
 
@@ -158,8 +161,9 @@ def _plain_upgrade_path(start: str) -> list[str] | None:
     steps: list[str] = []
     version = start
     while version != VERSION:
+        prefix = f"treadle-{version}--"
         following = sorted(
-            (name[len(f"treadle-{version}--") : -len(".sql")] for name in shipped if name.startswith(f"treadle-{version}--")),
+            (name[len(prefix) : -len(".sql")] for name in shipped if name.startswith(prefix)),
             key=_version_key,
         )
         if not following:
