@@ -9,6 +9,7 @@ import pytest
 
 import treadle
 from tests.client.producer_support import SqlWorker
+from tests.conftest import EXTENSION_VERSION
 
 
 def test_get_job_reads_every_column(conn: psycopg.Connection[Any], sql_worker: SqlWorker) -> None:
@@ -103,7 +104,7 @@ def test_cancel_workflow(conn: psycopg.Connection[Any]) -> None:
 
 
 def test_version(conn: psycopg.Connection[Any]) -> None:
-    assert treadle.version(conn) == "0.3.0"
+    assert treadle.version(conn) == EXTENSION_VERSION
 
 
 def test_calls_honour_no_row_factory_of_the_callers(dsn: str) -> None:

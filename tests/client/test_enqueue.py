@@ -11,6 +11,7 @@ import pytest
 from psycopg.pq import TransactionStatus
 
 import treadle
+from tests.conftest import EXTENSION_VERSION
 
 
 def row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
@@ -169,7 +170,7 @@ def test_async_calls_return_awaitables(dsn: str) -> None:
             ]
 
     version, job, ids, results, cancelled, retried, run_cancelled, missing = asyncio.run(scenario())
-    assert version == "0.3.0"
+    assert version == EXTENSION_VERSION
     assert isinstance(job, treadle.Job) and job.name == "x"
     assert len(ids) == 2 and ids[0] < ids[1]
     assert (results, cancelled, retried, run_cancelled, missing) == ({}, True, True, True, None)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 import urllib.request
+from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,3 +34,15 @@ def fetch(url: str) -> tuple[str, str]:
     """GET a metrics endpoint: its body and content type."""
     with urllib.request.urlopen(url, timeout=10) as response:
         return response.read().decode(), response.headers["Content-Type"]
+
+
+def scrape_when(url: str, ready: Callable[[dict[Sample, float]], bool], timeout: float = 10.0) -> dict[Sample, float]:
+    """Scrape until `ready` holds of the samples (or `timeout` passes), and return them: a
+    worker counts a job's outcome just after its finish commits, so a scrape taken when the
+    database shows the job finished may be a moment early."""
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = parse(fetch(url)[0])
+        if ready(samples) or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.02)

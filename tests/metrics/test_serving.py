@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from tests.metrics.scraping import fetch, named, parse, value
+from tests.metrics.scraping import fetch, named, parse, scrape_when, value
 from tests.metrics.worker_process import wait_for_jobs, worker_process
 
 
@@ -28,11 +28,12 @@ def test_a_worker_serves_what_it_did(dsn: str, conn: psycopg.Connection[Any], tm
         port = worker.metrics_port()
         wait_for_jobs(conn, "completed", 5)
         wait_for_jobs(conn, "discarded", 1)
-        body, content_type = fetch(f"http://127.0.0.1:{port}/metrics")
+        url = f"http://127.0.0.1:{port}/metrics"
+        samples = scrape_when(url, lambda s: sum(named(s, "treadle_worker_jobs_total").values()) == 7)
+        content_type = fetch(url)[1]
         assert worker.stop() == 0
 
     assert content_type.startswith("text/plain; version=")
-    samples = parse(body)
     assert named(samples, "treadle_worker_jobs_total") == {
         (("name", "send"), ("outcome", "completed"), ("queue", "mail")): 5,
         (("name", "boom"), ("outcome", "failed"), ("queue", "mail")): 1,
@@ -55,7 +56,10 @@ def test_with_metrics_database_it_serves_the_databases_too(
     with worker_process(dsn, tmp_path, "--metrics-port", "0", "--metrics-database") as worker:
         port = worker.metrics_port()
         wait_for_jobs(conn, "completed", 3)
-        samples = parse(fetch(f"http://127.0.0.1:{port}/metrics")[0])
+        samples = scrape_when(
+            f"http://127.0.0.1:{port}/metrics",
+            lambda s: value(s, "treadle_worker_jobs_total", queue="mail", name="send", outcome="completed") == 3,
+        )
         worker.stop()
 
     assert value(samples, "treadle_database_up") == 1
