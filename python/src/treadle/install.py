@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.resources
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -76,7 +78,7 @@ def installed(conn: psycopg.Connection[Any]) -> Installed | None:
     extension = _value(conn, _EXTENSION)
     if extension is not None:
         return Installed("extension", str(extension))
-    with conn.cursor(row_factory=tuple_row) as cur:
+    with _pinned(conn) as cur:
         exists, usable = cur.execute(_SCHEMA).fetchone() or (False, False)
     if not exists:
         return None
@@ -92,8 +94,29 @@ def installed(conn: psycopg.Connection[Any]) -> Installed | None:
 def _value(conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...] = ()) -> Any:
     """The first column of a query's first row (None when it has none), whatever the
     connection's row factory."""
-    with conn.cursor(row_factory=tuple_row) as cur:
+    with _pinned(conn) as cur:
         row = cur.execute(query, params or None).fetchone()
+    return None if row is None else row[0]
+
+
+# the search_path this module's own queries and the scripts it runs bind with
+_PATH: Final = "pg_catalog, pg_temp"
+
+
+@contextmanager
+def _pinned(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Cursor[Any]]:
+    """A cursor whose queries bind to pg_catalog only, whatever the session's search_path:
+    an `=` or a function another role planted in a schema on that path (public, first)
+    would otherwise run as the role that installs. The path is the transaction's own
+    (one of its own, on an autocommit connection) and is put back after."""
+    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        before = _first(cur.execute("SELECT pg_catalog.current_setting('search_path')").fetchone())
+        cur.execute("SELECT pg_catalog.set_config('search_path', %s, true)", (_PATH,))
+        yield cur
+        cur.execute("SELECT pg_catalog.set_config('search_path', %s, true)", (before,))
+
+
+def _first(row: tuple[Any, ...] | None) -> Any:
     return None if row is None else row[0]
 
 
@@ -175,9 +198,20 @@ def _plain_upgrade_path(start: str) -> list[str] | None:
 
 def apply(conn: psycopg.Connection[Any], plan: Plan) -> None:
     """Run a plan's SQL. Each script is one transaction of its own (it says BEGIN and COMMIT),
-    so the connection must be in autocommit mode."""
-    if plan.sql:
-        run_script(conn, plan.sql)
+    so the connection must be in autocommit mode. The scripts run with the session's
+    search_path set to pg_catalog alone, and the session's own put back after: each script
+    of this version sets it itself, but a released upgrade on the way (0.2.0 -> 0.3.0) did not."""
+    if not plan.sql:
+        return
+    if not conn.autocommit:
+        raise InstallError("a script runs on a connection in autocommit mode")
+    with conn.cursor(row_factory=tuple_row) as cur:
+        before = _first(cur.execute("SELECT pg_catalog.current_setting('search_path')").fetchone())
+        cur.execute("SELECT pg_catalog.set_config('search_path', %s, false)", (_PATH,))
+        try:
+            run_script(conn, plan.sql)
+        finally:
+            cur.execute("SELECT pg_catalog.set_config('search_path', %s, false)", (before,))
 
 
 def run_script(conn: psycopg.Connection[Any], sql: str) -> None:
