@@ -89,6 +89,12 @@ SELECT pg_describe_object(d.classid, d.objid, d.objsubid) || ' -> '
  WHERE (pg_identify_object(d.refclassid, d.refobjid, 0)).schema NOT IN ('pg_catalog', 'treadle')
  ORDER BY 1
 """
+# the shorter query docs/operations.md gives the reader, word for word
+DOCS_QUERY = r"""SELECT pg_describe_object(d.classid, d.objid, d.objsubid) AS treadle_object,
+       pg_describe_object(d.refclassid, d.refobjid, d.refobjsubid) AS depends_on
+  FROM pg_depend AS d
+ WHERE (pg_identify_object(d.refclassid, d.refobjid, 0)).schema NOT IN ('pg_catalog', 'treadle')
+   AND pg_describe_object(d.classid, d.objid, d.objsubid) ~ '\mtreadle\.';"""
 # how many dependencies among treadle's own objects the same query sees (it must see some)
 OWN_DEPENDENCIES = FOREIGN_DEPENDENCIES.replace("NOT IN ('pg_catalog', 'treadle')", "= 'treadle'").replace(
     "ORDER BY 1", ""
@@ -269,3 +275,8 @@ def test_the_check_sees_what_the_released_0_3_0_plain_script_bound(database: tup
         too_deep = [line for line in bound if line.startswith("function treadle._too_deep(")]
         assert any("jsonb_path_exists" in line for line in too_deep), bound
         assert "jsonb_path_exists" in planted_calls_of_a_job(conn)
+    # the query the docs give lists the same
+    assert DOCS_QUERY in (ROOT / "docs" / "operations.md").read_text()
+    with psycopg.connect(url, options="-c search_path=pg_catalog") as conn:
+        listed = conn.execute(DOCS_QUERY.encode()).fetchall()
+    assert sorted(f"{row[0]} -> {row[1]}" for row in listed) == sorted(bound)
