@@ -247,6 +247,8 @@ def test_the_plain_upgrade_binds_nothing_planted(database: tuple[str, str], old:
     with installer(url) as conn:
         plan = install.plan_upgrade(conn)
         assert plan.summary.startswith(f"upgrade plain treadle from {old} to {install.VERSION}")
+        # what --dry-run prints binds so too, run by psql
+        assert plan.sql.splitlines()[1] == "SET search_path = pg_catalog, pg_temp;"
         install.apply(conn, plan)
         assert conn.execute("SHOW search_path").fetchone() == ("public,pg_catalog",)  # the session's, put back
         assert install.installed(conn) == install.Installed("plain", install.VERSION)

@@ -232,11 +232,17 @@ def plan_upgrade(conn: psycopg.Connection[Any], mode: Mode | None = None) -> Pla
     return Plan(
         f"upgrade plain treadle from {current.version} to {VERSION}"
         + (f" (through {', '.join(to for to in steps[:-1])})" if len(steps) > 1 else ""),
-        "".join(
+        _PIN_SESSION
+        + "".join(
             plain_script(f"treadle-{start}--{to}.sql")
             for start, to in zip([current.version, *steps[:-1]], steps, strict=True)
         ),
     )
+
+
+# first in a plain upgrade's SQL, for whoever runs what --dry-run prints: a released upgrade
+# on the way (0.2.0 -> 0.3.0) sets no search_path of its own
+_PIN_SESSION: Final = f"-- bind every name to pg_catalog, whatever this session's path\nSET search_path = {_PATH};\n\n"
 
 
 def _plain_upgrade_path(start: str) -> list[str] | None:
