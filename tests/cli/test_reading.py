@@ -12,7 +12,8 @@ import psycopg
 import pytest
 
 from tests.cli.support import PATIENCE, TREADLE, Terminal, enqueue, expect, fail_jobs, treadle
-from tests.conftest import EXTENSION_VERSION, NewDatabase
+from tests.conftest import EXTENSION_VERSION, INSTALL, NewDatabase
+from tests.plain_install import PLAIN_OWNER
 from treadle import __version__
 
 pytestmark = pytest.mark.subprocess
@@ -31,7 +32,9 @@ def mixed(conn: psycopg.Connection[Any]) -> None:
 def test_status_table_and_json(dsn: str, mixed: None) -> None:
     lines = expect(treadle("status", "--dsn", dsn), 0).out.splitlines()
     assert lines[0].split() == ["QUEUE", "STATE", "JOBS", "OLDEST", "WAITING"]
-    assert [line.split()[:3] for line in lines[1:]] == [
+    form, owner = ("plain", PLAIN_OWNER) if INSTALL == "plain" else ("extension", "postgres")
+    assert lines[-1] == f"treadle {EXTENSION_VERSION} ({form}), owned by role {owner}"
+    assert [line.split()[:3] for line in lines[1:-1]] == [
         ["mail", "available", "12"],
         ["mail", "discarded", "2"],
         ["reports-weekly", "cancelled", "1"],
@@ -45,6 +48,13 @@ def test_status_table_and_json(dsn: str, mixed: None) -> None:
     ]
     assert status["jobs"][0]["oldest_waiting_seconds"] >= 0 and status["jobs"][2]["oldest_waiting_seconds"] is None
     assert status["workers"] == []
+    assert status["treadle"] == {
+        "version": EXTENSION_VERSION,
+        "form": form,
+        "owner": owner,
+        "user": "postgres",
+        "user_may_act_as_owner": True,
+    }
 
 
 def test_status_watch_refreshes_in_place_until_ctrl_c(dsn: str, conn: psycopg.Connection[Any]) -> None:
@@ -89,7 +99,7 @@ def test_queues_list(dsn: str, mixed: None) -> None:
 
 
 def test_empty_listings(dsn: str) -> None:
-    assert expect(treadle("status", "--dsn", dsn), 0).out == "no jobs\n"
+    assert expect(treadle("status", "--dsn", dsn), 0).out.splitlines()[:-1] == ["no jobs"]
     assert (
         expect(treadle("queues", "list", "--dsn", dsn), 0).out
         == "no queues: no job has been enqueued and no queue has settings\n"

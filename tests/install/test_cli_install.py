@@ -81,7 +81,7 @@ def test_plain_install_by_a_role_with_create_only(empty: str) -> None:
     assert "CREATE SCHEMA treadle;" in dry.stdout and installed(empty) is None
     treadle("install", "--dsn", owner, "--mode", "plain")
     assert installed(empty) == ("plain", EXTENSION_VERSION)
-    assert "already installed (plain)" in treadle("install", "--dsn", owner).stdout
+    assert f"already installed (plain, owned by {PLAIN_OWNER})" in treadle("install", "--dsn", owner).stdout
     assert "nothing to upgrade" in treadle("upgrade", "--dsn", owner).stdout
     changed = treadle("install", "--dsn", owner, "--mode", "extension", ok=False)
     assert "installed as plain SQL, not as an extension" in changed.stderr

@@ -12,6 +12,13 @@ treadle comes in two forms, with the same schema, functions and rights:
 The version this package installs is its own: the package and the extension share one
 version. Both commands find what is installed, refuse what they cannot do (a downgrade,
 the other form), and do nothing when the database is already at this version.
+
+Whoever installs treadle owns it: its definer functions, its clock, its tenant rules run as
+that role. So both commands name the owner (the extension's, or for plain SQL the owner of
+schema treadle), and refuse to go on, installed or not yet upgraded, when the connecting role
+may not act as that owner: only the owner, a member of it that has its privileges (INHERIT,
+as PostgreSQL's own ownership checks ask) or a superuser may. A treadle someone else
+installed first is then reported, never taken for the application's.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.resources
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -40,6 +49,15 @@ _SCHEMA = (
     " coalesce(pg_catalog.has_schema_privilege(pg_catalog.to_regnamespace('treadle'), 'USAGE'), false)"
 )
 _HAS_PLAIN = "SELECT pg_catalog.to_regprocedure('treadle.version()') IS NOT NULL"
+# the owner of each form, and whether the connecting role has its privileges (a superuser has)
+_EXTENSION_OWNER = (
+    "SELECT pg_catalog.pg_get_userbyid(e.extowner), pg_catalog.pg_has_role(e.extowner, 'USAGE'), current_user"
+    " FROM pg_catalog.pg_extension AS e WHERE e.extname = 'treadle'"
+)
+_SCHEMA_OWNER = (
+    "SELECT pg_catalog.pg_get_userbyid(n.nspowner), pg_catalog.pg_has_role(n.nspowner, 'USAGE'), current_user"
+    " FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'treadle'"
+)
 _PLAIN_VERSION = "SELECT treadle.version()"
 _AVAILABLE = (
     "SELECT EXISTS (SELECT FROM pg_catalog.pg_available_extension_versions WHERE name = 'treadle' AND version = %s)"
@@ -55,12 +73,25 @@ class InstallError(TreadleError):
     """What is installed does not allow what was asked (the message says what to do instead)."""
 
 
+class NotOwner(InstallError):
+    """treadle is installed, owned by a role the connecting role may not act as."""
+
+
 @dataclass(frozen=True)
 class Installed:
     """treadle as a database has it."""
 
     mode: Mode
     version: str
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who owns treadle in a database, who asks, and whether the asker may act as the owner."""
+
+    name: str
+    user: str
+    may_act: bool
 
 
 @dataclass(frozen=True)
@@ -76,24 +107,72 @@ def installed(conn: psycopg.Connection[Any]) -> Installed | None:
     extension = _value(conn, _EXTENSION)
     if extension is not None:
         return Installed("extension", str(extension))
-    with conn.cursor(row_factory=tuple_row) as cur:
+    with _pinned(conn) as cur:
         exists, usable = cur.execute(_SCHEMA).fetchone() or (False, False)
     if not exists:
         return None
     if not usable:
-        raise InstallError(
-            f"schema treadle exists, but role {_user(conn)} may not use it: run this as the role that owns it"
+        holder = owner(conn, "plain")
+        raise NotOwner(
+            f"schema treadle exists, owned by role {holder.name}, but role {holder.user} may not use it: "
+            f"run this as {holder.name}, the role that owns it"
         )
     if _value(conn, _HAS_PLAIN):
         return Installed("plain", str(_value(conn, _PLAIN_VERSION)))
     return None
 
 
+def owner(conn: psycopg.Connection[Any], mode: Mode) -> Owner:
+    """The owner of the treadle installed in `mode`: the extension's, or schema treadle's."""
+    with _pinned(conn) as cur:
+        row = cur.execute(_EXTENSION_OWNER if mode == "extension" else _SCHEMA_OWNER).fetchone()
+    if row is None:
+        raise InstallError("treadle is not installed in this database")
+    return Owner(str(row[0]), str(row[2]), bool(row[1]))
+
+
+def check_owner(conn: psycopg.Connection[Any], current: Installed, command: str) -> Owner:
+    """The owner of what is installed; NotOwner unless the connecting role may act as it."""
+    found = owner(conn, current.mode)
+    if not found.may_act:
+        drop = "DROP EXTENSION treadle CASCADE" if current.mode == "extension" else "DROP SCHEMA treadle CASCADE"
+        raise NotOwner(
+            f"treadle {current.version} ({current.mode}) in this database is owned by role {found.name}, "
+            f"not by {found.user}, the role connecting: `treadle {command}` does nothing to it. "
+            f"Whoever installed it first owns it, and its definer functions run as {found.name}. "
+            f"If {found.name} is the intended owner, run this as {found.name} (or a member of it); if not, "
+            f"check what it has done, then drop it ({drop}, as {found.name} or a superuser) and install "
+            "as the intended owner (docs/operations.md, who owns treadle)"
+        )
+    return found
+
+
 def _value(conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...] = ()) -> Any:
     """The first column of a query's first row (None when it has none), whatever the
     connection's row factory."""
-    with conn.cursor(row_factory=tuple_row) as cur:
+    with _pinned(conn) as cur:
         row = cur.execute(query, params or None).fetchone()
+    return None if row is None else row[0]
+
+
+# the search_path this module's own queries and the scripts it runs bind with
+_PATH: Final = "pg_catalog, pg_temp"
+
+
+@contextmanager
+def _pinned(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Cursor[Any]]:
+    """A cursor whose queries bind to pg_catalog only, whatever the session's search_path:
+    an `=` or a function another role planted in a schema on that path (public, first)
+    would otherwise run as the role that installs. The path is the transaction's own
+    (one of its own, on an autocommit connection) and is put back after."""
+    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        before = _first(cur.execute("SELECT pg_catalog.current_setting('search_path')").fetchone())
+        cur.execute("SELECT pg_catalog.set_config('search_path', %s, true)", (_PATH,))
+        yield cur
+        cur.execute("SELECT pg_catalog.set_config('search_path', %s, true)", (before,))
+
+
+def _first(row: tuple[Any, ...] | None) -> Any:
     return None if row is None else row[0]
 
 
@@ -103,8 +182,11 @@ def plan_install(conn: psycopg.Connection[Any], mode: Mode | None = None) -> Pla
     current = installed(conn)
     if current is not None:
         _check_mode(current, mode)
+        found = check_owner(conn, current, "install")
         if current.version == VERSION:
-            return Plan(f"treadle {VERSION} is already installed ({current.mode}): nothing to do")
+            return Plan(
+                f"treadle {VERSION} is already installed ({current.mode}, owned by {found.name}): nothing to do"
+            )
         if _newer(current.version, VERSION):
             raise _downgrade(current)
         raise InstallError(
@@ -114,7 +196,10 @@ def plan_install(conn: psycopg.Connection[Any], mode: Mode | None = None) -> Pla
         mode = "extension" if _offered(conn) else "plain"
     if mode == "extension":
         _require_offered(conn)
-        return Plan(f"install treadle {VERSION} as an extension", f"CREATE EXTENSION treadle VERSION '{VERSION}';\n")
+        return Plan(
+            f"install treadle {VERSION} as an extension (owned by {_user(conn)})",
+            f"CREATE EXTENSION treadle VERSION '{VERSION}';\n",
+        )
     return Plan(
         f"install treadle {VERSION} as plain SQL (schema treadle, owned by {_user(conn)})",
         plain_script(f"treadle-{VERSION}.sql"),
@@ -127,8 +212,9 @@ def plan_upgrade(conn: psycopg.Connection[Any], mode: Mode | None = None) -> Pla
     if current is None:
         raise InstallError("treadle is not installed in this database: run `treadle install`")
     _check_mode(current, mode)
+    found = check_owner(conn, current, "upgrade")
     if current.version == VERSION:
-        return Plan(f"treadle {VERSION} is installed ({current.mode}): nothing to upgrade")
+        return Plan(f"treadle {VERSION} is installed ({current.mode}, owned by {found.name}): nothing to upgrade")
     if _newer(current.version, VERSION):
         raise _downgrade(current)
     if current.mode == "extension":
@@ -146,11 +232,17 @@ def plan_upgrade(conn: psycopg.Connection[Any], mode: Mode | None = None) -> Pla
     return Plan(
         f"upgrade plain treadle from {current.version} to {VERSION}"
         + (f" (through {', '.join(to for to in steps[:-1])})" if len(steps) > 1 else ""),
-        "".join(
+        _PIN_SESSION
+        + "".join(
             plain_script(f"treadle-{start}--{to}.sql")
             for start, to in zip([current.version, *steps[:-1]], steps, strict=True)
         ),
     )
+
+
+# first in a plain upgrade's SQL, for whoever runs what --dry-run prints: a released upgrade
+# on the way (0.2.0 -> 0.3.0) sets no search_path of its own
+_PIN_SESSION: Final = f"-- bind every name to pg_catalog, whatever this session's path\nSET search_path = {_PATH};\n\n"
 
 
 def _plain_upgrade_path(start: str) -> list[str] | None:
@@ -175,9 +267,20 @@ def _plain_upgrade_path(start: str) -> list[str] | None:
 
 def apply(conn: psycopg.Connection[Any], plan: Plan) -> None:
     """Run a plan's SQL. Each script is one transaction of its own (it says BEGIN and COMMIT),
-    so the connection must be in autocommit mode."""
-    if plan.sql:
-        run_script(conn, plan.sql)
+    so the connection must be in autocommit mode. The scripts run with the session's
+    search_path set to pg_catalog alone, and the session's own put back after: each script
+    of this version sets it itself, but a released upgrade on the way (0.2.0 -> 0.3.0) did not."""
+    if not plan.sql:
+        return
+    if not conn.autocommit:
+        raise InstallError("a script runs on a connection in autocommit mode")
+    with conn.cursor(row_factory=tuple_row) as cur:
+        before = _first(cur.execute("SELECT pg_catalog.current_setting('search_path')").fetchone())
+        cur.execute("SELECT pg_catalog.set_config('search_path', %s, false)", (_PATH,))
+        try:
+            run_script(conn, plan.sql)
+        finally:
+            cur.execute("SELECT pg_catalog.set_config('search_path', %s, false)", (before,))
 
 
 def run_script(conn: psycopg.Connection[Any], sql: str) -> None:

@@ -34,6 +34,7 @@ from ._base import (
     REFUSED,
     USAGE,
     CommandError,
+    Refused,
     add_dsn,
     add_json,
     age,
@@ -168,4 +169,7 @@ def _version(options: argparse.Namespace) -> int:
 def _install(options: argparse.Namespace) -> int:
     from treadle import install
 
-    return install.run_command(options.install_command, dsn_of(options), options.mode, options.dry_run)
+    try:
+        return install.run_command(options.install_command, dsn_of(options), options.mode, options.dry_run)
+    except install.NotOwner as error:  # someone else's treadle: refused, exit 4
+        raise Refused(str(error)) from None

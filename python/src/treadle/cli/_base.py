@@ -26,7 +26,8 @@ EXIT_CODES = """exit codes:
   1  error: the database is unreachable, treadle is not installed, a statement failed
   2  usage: a bad option or value (JSON, a time, a duration); nothing was written
   3  not found: a job id that no job has
-  4  refused: a job's state does not allow it, a tenant's limit, or a bulk action not confirmed"""
+  4  refused: a job's state does not allow it, a tenant's limit, a bulk action not confirmed,
+     or an install or upgrade of a treadle another role owns"""
 DSN_ENV = "DATABASE_URL"
 
 Connection: TypeAlias = "psycopg.Connection[DictRow]"

@@ -123,11 +123,35 @@ def show_status(options: argparse.Namespace) -> int:
         if options.watch:
             return _watch(conn, options)
         rows = counts(conn)
+        treadle = installed_treadle(conn)
         if options.json:
-            print_json({"jobs": _jobs_json(rows), "workers": conn.execute(LIVE_WORKERS).fetchall()})
+            print_json({"treadle": treadle, "jobs": _jobs_json(rows), "workers": conn.execute(LIVE_WORKERS).fetchall()})
         else:
             print("\n".join(_status_lines(rows)))
+            print(_treadle_line(treadle))
     return OK
+
+
+def installed_treadle(conn: Connection) -> dict[str, Any]:
+    """The installed treadle's version, form and owner (who runs its definer functions), and
+    whether the connecting role may act as that owner."""
+    from treadle import install
+
+    current = install.installed(conn)
+    if current is None:  # connect() checked it is there
+        raise CommandError("treadle is not installed in this database")
+    found = install.owner(conn, current.mode)
+    return {
+        "version": current.version,
+        "form": current.mode,
+        "owner": found.name,
+        "user": found.user,
+        "user_may_act_as_owner": found.may_act,
+    }
+
+
+def _treadle_line(treadle: dict[str, Any]) -> str:
+    return f"treadle {treadle['version']} ({treadle['form']}), owned by role {treadle['owner']}"
 
 
 def _watch(conn: Connection, options: argparse.Namespace) -> int:
@@ -180,7 +204,8 @@ def _rich_view(conn: Connection, options: argparse.Namespace) -> Any:
     rows = counts(conn)
     workers = conn.execute(LIVE_WORKERS).fetchall()
     jobs = Table(
-        title=f"treadle status: {conn.info.dbname}, {datetime.now().astimezone():%H:%M:%S} "
+        title=f"treadle status: {conn.info.dbname} ({_treadle_line(installed_treadle(conn))}), "
+        f"{datetime.now().astimezone():%H:%M:%S} "
         f"(every {options.interval:g} s, Ctrl-C to stop)",
         title_justify="left",
     )

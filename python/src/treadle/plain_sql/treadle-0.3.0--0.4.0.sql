@@ -3,6 +3,8 @@
 -- Upgrades a plain (not extension) install of treadle 0.3.0 to 0.4.0:
 -- psql -v ON_ERROR_STOP=1 -f this-file. One transaction: all of it, or nothing.
 BEGIN;
+-- bind every name to pg_catalog (the sources name treadle's own objects in full)
+SET LOCAL search_path = pg_catalog, pg_temp;
 
 DO $$
 BEGIN

@@ -4,6 +4,8 @@
 -- Needs only CREATE on the database. Its tables are ordinary tables of schema treadle,
 -- so pg_dump keeps their rows like any other. One transaction: all of it, or nothing.
 BEGIN;
+-- bind every name to pg_catalog (the sources name treadle's own objects in full)
+SET LOCAL search_path = pg_catalog, pg_temp;
 
 DO $$
 BEGIN
