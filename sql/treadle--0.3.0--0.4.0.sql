@@ -3984,11 +3984,17 @@ COMMENT ON FUNCTION treadle._cron_next(text, text, timestamptz) IS
 --------------------------------------------------------------------------------
 -- treadle._check_tz(tz) -> void
 --
--- A time zone name exactly as pg_timezone_names lists it (Europe/Paris, UTC), in
--- its own case. Anything else is refused: names PostgreSQL would read as a fixed
--- abbreviation (CET, EST) or as a POSIX rule (UTC+3, whose sign is the reverse of
--- ISO's; Foo/Bar+5), which do not follow a place's summer time, and zones that
--- count leap seconds (right/UTC), whose minutes are not the clock's.
+-- A time zone name that pg_timezone_names lists (Europe/Paris, UTC; any case, as
+-- PostgreSQL reads names), read as that zone. Anything else is refused: names
+-- PostgreSQL would read as a fixed abbreviation (CET, EST, though listed there
+-- too) or as a POSIX rule (UTC+3, whose sign is the reverse of ISO's; Foo/Bar+5),
+-- which do not follow a place's summer time, and zones that count leap seconds
+-- (right/UTC), whose minutes are not the clock's. Reading pg_timezone_names
+-- costs tens of milliseconds, so only a name with a digit (the only names a POSIX
+-- rule can take: Etc/GMT+5 is a zone, Foo/Bar+5 a rule) is looked up there; any
+-- other name that PostgreSQL reads at all is a zone file, and its offset on
+-- 2000-01-01 in whole minutes tells a leap-second zone from the others (the test
+-- pg_timezone_names applies).
 -- Raises 22004: tz null. 22023: any other name.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_tz(tz text)
@@ -3997,16 +4003,30 @@ LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_ok boolean;
 BEGIN
     IF tz IS NULL THEN
         RAISE EXCEPTION 'treadle: tz must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    -- the pattern first: it refuses most bad names without reading the zone list
-    IF length(tz) > 100 OR tz !~ '^[A-Za-z_]+(/[A-Za-z0-9_+-]+)*$'
-       OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_names AS z WHERE z.name = tz) THEN
+    v_ok := length(tz) <= 100 AND tz ~ '^[A-Za-z_]+(/[A-Za-z0-9_+-]+)*$'
+            -- a name that is also an abbreviation (CET, EST) is read as the abbreviation
+            AND NOT (tz !~ '/' AND upper(tz) NOT IN ('UTC', 'GMT')
+                     AND EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_abbrevs AS a WHERE a.abbrev = upper(tz)));
+    IF v_ok THEN
+        BEGIN
+            v_ok := extract(second FROM timestamptz '2000-01-01 00:00:00+00' AT TIME ZONE tz) = 0;
+        EXCEPTION WHEN invalid_parameter_value THEN
+            v_ok := false;
+        END;
+    END IF;
+    IF v_ok AND tz ~ '[0-9]' THEN
+        v_ok := EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_names AS z WHERE lower(z.name) = lower(tz));
+    END IF;
+    IF NOT v_ok THEN
         RAISE EXCEPTION 'treadle: tz must name a time zone such as Europe/Paris or UTC, got "%"', tz
             USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Use a name from pg_timezone_names, spelt as it lists it; abbreviations and POSIX rules do not follow summer time.';
+                  HINT = 'Use a name from pg_timezone_names; abbreviations, POSIX rules and leap-second zones do not keep the clock.';
     END IF;
 END;
 $$;
