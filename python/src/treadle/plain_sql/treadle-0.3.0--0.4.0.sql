@@ -68,6 +68,9 @@ ALTER TABLE treadle.tenants ENABLE ROW LEVEL SECURITY;
 -- Tenants are kept by role OID, not name: a rename keeps the rule. 0.3.0 stored the
 -- role as regrole's text, which reads back as the same role; a row whose role is
 -- gone no longer applies to anyone and goes.
+-- 0.3.0's _caller_prefix (a SQL-standard body) depends on the column: it is made
+-- again from sql/src.
+DROP FUNCTION treadle._caller_prefix();
 DELETE FROM treadle.tenants AS t WHERE pg_catalog.to_regrole(t.role_name::text) IS NULL;
 ALTER TABLE treadle.tenants RENAME COLUMN role_name TO tenant_role;
 ALTER TABLE treadle.tenants ALTER COLUMN tenant_role TYPE regrole USING tenant_role::text::regrole;
