@@ -6,8 +6,8 @@ queues' history."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
