@@ -127,7 +127,7 @@ COMMENT ON FUNCTION treadle.now() IS
 --
 -- The role a call is made for: the session's role (SET ROLE's, or the login's).
 -- Inside a SECURITY DEFINER function current_user is the owner, so tenant rules
--- read this instead.
+-- read this instead. Anyone may call it: it names the caller's own role.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._caller()
 RETURNS name
@@ -144,15 +144,14 @@ COMMENT ON FUNCTION treadle._caller() IS
 --
 -- The caller's role (treadle._caller) by its OID: the tenant rule is keyed by
 -- OID, so renaming a role does not lift it. Null for a role that no longer exists.
--- Anyone may call it (the policies in 088_policies.sql do): it tells a role of
--- itself only.
+-- Anyone may call it and treadle._caller (the policies in 088_policies.sql do, as
+-- the reader): they tell a role of itself only. Neither runs as the owner, so
+-- enqueue and claim, which test the tenant rule inline, pay no definer call for it.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._caller_role()
 RETURNS regrole
 LANGUAGE sql
 STABLE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
     SELECT pg_catalog.to_regrole(pg_catalog.quote_ident(treadle._caller()));
 END;
@@ -4990,7 +4989,7 @@ CREATE POLICY tenants_tenant_read ON treadle.tenants FOR SELECT
 -- Privileges. The functions are the only write path: every function that writes
 -- runs as the owner (SECURITY DEFINER, search_path pinned, names qualified, no
 -- SQL built from input), and no other role holds a right that writes a table or
--- draws from a sequence. Helpers named _* are the owner's alone (but the two that
+-- draws from a sequence. Helpers named _* are the owner's alone (but the three that
 -- the row-level security policies call, which tell a role of itself). The extension
 -- creates no roles: the owner gives roles what their part needs with
 --
@@ -5346,9 +5345,9 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA treadle FROM PUBLIC;
 -- see only what the caller may see. And cron_next, which reads no table.
 GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint),
     treadle.cron_next(text, text, timestamptz) TO PUBLIC;
--- The two helpers the row-level security policies call as the reader: each tells a
--- role of itself only (its OID, its own tenant prefix).
-GRANT EXECUTE ON FUNCTION treadle._caller_role(), treadle._caller_prefix() TO PUBLIC;
+-- The helpers the row-level security policies call as the reader: each tells a role
+-- of itself only (its name, its OID, its own tenant prefix).
+GRANT EXECUTE ON FUNCTION treadle._caller(), treadle._caller_role(), treadle._caller_prefix() TO PUBLIC;
 --------------------------------------------------------------------------------
 -- Migration 0.3.0 -> 0.4.0, after the definitions.
 --------------------------------------------------------------------------------

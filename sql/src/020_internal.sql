@@ -47,7 +47,7 @@ COMMENT ON FUNCTION treadle.now() IS
 --
 -- The role a call is made for: the session's role (SET ROLE's, or the login's).
 -- Inside a SECURITY DEFINER function current_user is the owner, so tenant rules
--- read this instead.
+-- read this instead. Anyone may call it: it names the caller's own role.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._caller()
 RETURNS name
@@ -64,15 +64,14 @@ COMMENT ON FUNCTION treadle._caller() IS
 --
 -- The caller's role (treadle._caller) by its OID: the tenant rule is keyed by
 -- OID, so renaming a role does not lift it. Null for a role that no longer exists.
--- Anyone may call it (the policies in 088_policies.sql do): it tells a role of
--- itself only.
+-- Anyone may call it and treadle._caller (the policies in 088_policies.sql do, as
+-- the reader): they tell a role of itself only. Neither runs as the owner, so
+-- enqueue and claim, which test the tenant rule inline, pay no definer call for it.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._caller_role()
 RETURNS regrole
 LANGUAGE sql
 STABLE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
     SELECT pg_catalog.to_regrole(pg_catalog.quote_ident(treadle._caller()));
 END;

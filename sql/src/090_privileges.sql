@@ -2,7 +2,7 @@
 -- Privileges. The functions are the only write path: every function that writes
 -- runs as the owner (SECURITY DEFINER, search_path pinned, names qualified, no
 -- SQL built from input), and no other role holds a right that writes a table or
--- draws from a sequence. Helpers named _* are the owner's alone (but the two that
+-- draws from a sequence. Helpers named _* are the owner's alone (but the three that
 -- the row-level security policies call, which tell a role of itself). The extension
 -- creates no roles: the owner gives roles what their part needs with
 --
@@ -358,6 +358,6 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA treadle FROM PUBLIC;
 -- see only what the caller may see. And cron_next, which reads no table.
 GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint),
     treadle.cron_next(text, text, timestamptz) TO PUBLIC;
--- The two helpers the row-level security policies call as the reader: each tells a
--- role of itself only (its OID, its own tenant prefix).
-GRANT EXECUTE ON FUNCTION treadle._caller_role(), treadle._caller_prefix() TO PUBLIC;
+-- The helpers the row-level security policies call as the reader: each tells a role
+-- of itself only (its name, its OID, its own tenant prefix).
+GRANT EXECUTE ON FUNCTION treadle._caller(), treadle._caller_role(), treadle._caller_prefix() TO PUBLIC;
