@@ -9,7 +9,7 @@
 -- the time zones pg_timezone_names lists.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(52);
+SELECT plan(54);
 
 \ir helpers.psql
 
@@ -115,6 +115,12 @@ SELECT is(pg_temp.as_role('ten_a_renamed', $$ SELECT treadle.enqueue('x', queue 
 SELECT is(pg_temp.as_role_value('ten_a_renamed', $$ SELECT count(*) FROM treadle.jobs WHERE queue LIKE 'b.%' $$), '0',
           'and still reads none of tenant b''s jobs');
 ALTER ROLE ten_a_renamed RENAME TO ten_a;
+-- and a role whose name needs quoting is kept as well (its name was stored quoted before)
+CREATE ROLE "Ten Mixed"; SELECT treadle.grant_producer('"Ten Mixed"'); SELECT treadle.set_tenant('"Ten Mixed"', 'm.');
+SELECT is(pg_temp.as_role('Ten Mixed', $$ SELECT treadle.enqueue('x', queue => 'b.payroll') $$), '42501',
+          'a tenant whose name needs quoting is kept to its prefix');
+SELECT is(pg_temp.as_role_value('Ten Mixed', $$ SELECT count(*) FROM treadle.jobs WHERE queue NOT LIKE 'm.%' $$), '0',
+          'and reads nothing outside it');
 
 -- job_counts follows row-level security: an operator's RESTRICTIVE policy keeps a reader to one queue
 CREATE ROLE ten_narrow; SELECT treadle.grant_reader('ten_narrow');
