@@ -54,16 +54,18 @@ SELECT set_eq(
           'treadle.cancel_workflow(bigint)',
           'treadle.schedule(text,text,text,jsonb,text,text,integer,integer,boolean)', 'treadle.unschedule(text)',
           'treadle.worker_seen(text,text,integer,text[],integer,integer,text[])', 'treadle.worker_stopped(text)',
-          'treadle.job_counts(bigint)', 'treadle.estimated_jobs(text,text)',
+          'treadle.estimated_jobs(text,text)',
           'treadle.cron_next(text,text,timestamp with time zone)',
           'treadle.set_queue(text,integer,integer,interval,integer,interval,interval)',
-          'treadle.pause(text)', 'treadle.resume(text)', 'treadle.explain(bigint)'],
-    'exactly the public functions that write, the two that read statistics, explain (which reads worker and queue state), and cron_next (for the private parser), run as the owner (SECURITY DEFINER)');
+          'treadle.pause(text)', 'treadle.resume(text)', 'treadle.explain(bigint)',
+          'treadle._caller_prefix()'],
+    'exactly the public functions that write, estimated_jobs (which reads statistics), explain (which reads worker and queue state), cron_next (for the private parser), and _caller_prefix (which the row-level security policies call to read treadle.tenants), run as the owner (SECURITY DEFINER)');
 SELECT set_eq(
     $$ SELECT signature FROM treadle_functions WHERE has_function_privilege('public', oid, 'EXECUTE') $$,
     ARRAY['treadle.version()', 'treadle.now()', 'treadle.workflow_results(bigint)',
-          'treadle.cron_next(text,text,timestamp with time zone)'],
-    'PUBLIC executes only the read-only functions that run with the caller''s rights, and cron_next');
+          'treadle.cron_next(text,text,timestamp with time zone)',
+          'treadle._caller()', 'treadle._caller_role()', 'treadle._caller_prefix()'],
+    'PUBLIC executes only the read-only functions that run with the caller''s rights, cron_next, and the policies'' three helpers (each tells a role of itself)');
 SELECT set_eq(
     $$ SELECT unnest(extconfig)::regclass::text FROM pg_extension WHERE extname = 'treadle' $$,
     $$ SELECT unnest(ARRAY['treadle.jobs', 'treadle.jobs_id_seq', 'treadle.workflow_runs',

@@ -30,6 +30,10 @@ INSERT INTO may_execute VALUES
     ('treadle.now()',                            '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.workflow_results(bigint)',         '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.cron_next(text,text,timestamp with time zone)', '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
+    -- the helpers the row-level security policies call as the reader: each tells a role of itself only
+    ('treadle._caller()',                        '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
+    ('treadle._caller_role()',                   '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
+    ('treadle._caller_prefix()',                 '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.job_counts(bigint)',               '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
     ('treadle.estimated_jobs(text,text)',        '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
     ('treadle.explain(bigint)',                  '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
@@ -83,8 +87,9 @@ SELECT is_empty(
 SELECT is_empty(
     $$ SELECT f.signature, r.part FROM extension_functions AS f CROSS JOIN roles AS r
         WHERE (f.proname LIKE '\_%' OR f.proname LIKE 'grant\_%' OR f.proname IN ('set_tenant', 'configure'))
+          AND f.proname NOT IN ('_caller', '_caller_role', '_caller_prefix')
           AND has_function_privilege(r.role, f.oid, 'EXECUTE') $$,
-    'internal helpers, grant helpers, set_tenant and configure are the owner''s alone');
+    'internal helpers (but the policies'' three), grant helpers, set_tenant and configure are the owner''s alone');
 
 -- Tables, views and sequences: no part may write anything, or read a lease token.
 SELECT is_empty(

@@ -205,18 +205,26 @@ CREATE TABLE treadle.workers (
 -- Limits the owner may change (treadle.configure); no row means the defaults.
 -- Retention (treadle.apply_retention): how long finished jobs and workflow runs are
 -- kept, completed ones and discarded or cancelled ones; null keeps them forever. The
--- defaults are treadle._retention()'s, written when the row is made.
+-- defaults are treadle._retention()'s, written when the row is made. max_queues and
+-- retention_floor bound what a role without the admin part (treadle.grant_admin)
+-- may do to queues: create settings rows for at most max_queues queues in all, and
+-- set no queue's retention below retention_floor (treadle._check_queue_limits).
 CREATE TABLE treadle.settings (
     only_row          boolean PRIMARY KEY DEFAULT true,
     max_payload_bytes integer NOT NULL,
     retain_completed  interval,
     retain_failed     interval,
+    max_queues        integer  NOT NULL DEFAULT 1000,
+    retention_floor   interval NOT NULL DEFAULT interval '1 day',
     CONSTRAINT settings_only_row_check CHECK (only_row),
     CONSTRAINT settings_max_payload_bytes_check CHECK (max_payload_bytes BETWEEN 1024 AND 268435456),
     CONSTRAINT settings_retain_completed_check
         CHECK (retain_completed BETWEEN interval '0' AND interval '100 years'),
     CONSTRAINT settings_retain_failed_check
-        CHECK (retain_failed BETWEEN interval '0' AND interval '100 years')
+        CHECK (retain_failed BETWEEN interval '0' AND interval '100 years'),
+    CONSTRAINT settings_max_queues_check CHECK (max_queues BETWEEN 1 AND 1000000),
+    CONSTRAINT settings_retention_floor_check
+        CHECK (retention_floor BETWEEN interval '0' AND interval '100 years')
 );
 
 -- Cron schedules (treadle.schedule). Each has one current occurrence, a job whose
@@ -267,39 +275,27 @@ CREATE TABLE treadle.queues (
     CONSTRAINT queues_retain_check CHECK (retain_completed >= interval '0' AND retain_failed >= interval '0')
 );
 
--- Tenants: a role listed here sees and acts on only the queues whose names start with
--- its prefix (treadle.set_tenant). Row-level security applies it to every read through
--- the views; the functions apply it to every write.
+-- Tenants: a role listed here sees and acts on only the queues (and the workflow
+-- definitions) whose names start with its prefix (treadle.set_tenant). The role is
+-- kept by OID, so renaming it keeps the rule. Row-level security (088_policies.sql)
+-- applies it to every read; the functions apply it to every write.
 CREATE TABLE treadle.tenants (
-    role_name    name PRIMARY KEY,
+    tenant_role  regrole PRIMARY KEY,
     queue_prefix text NOT NULL,
     CONSTRAINT tenants_queue_prefix_check CHECK (queue_prefix <> '')
 );
 
 -- Readers see rows of the queues their tenant prefix allows (all, for a role that is
--- not a tenant). The owner, whose functions do every write, is not subject to it.
+-- not a tenant). The owner, whose functions do every write, is not subject to it. The
+-- policies are in 088_policies.sql, after the functions they call.
 ALTER TABLE treadle.jobs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.job_history ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.workflow_runs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.cron_schedules ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.queues ENABLE ROW LEVEL SECURITY;
-CREATE POLICY jobs_tenant_read ON treadle.jobs FOR SELECT
-    USING (starts_with(queue, coalesce(
-        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
-CREATE POLICY job_history_tenant_read ON treadle.job_history FOR SELECT
-    USING (starts_with(queue, coalesce(
-        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
-CREATE POLICY workflow_runs_tenant_read ON treadle.workflow_runs FOR SELECT
-    USING (starts_with(queue, coalesce(
-        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
-
-CREATE POLICY cron_schedules_tenant_read ON treadle.cron_schedules FOR SELECT
-    USING (starts_with(queue, coalesce(
-        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
-
-CREATE POLICY queues_tenant_read ON treadle.queues FOR SELECT
-    USING (starts_with(queue, coalesce(
-        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
+ALTER TABLE treadle.workflows ENABLE ROW LEVEL SECURITY;
+ALTER TABLE treadle.workers ENABLE ROW LEVEL SECURITY;
+ALTER TABLE treadle.tenants ENABLE ROW LEVEL SECURITY;
 
 SELECT pg_catalog.pg_extension_config_dump('treadle.settings', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.tenants', '');

@@ -47,7 +47,7 @@ COMMENT ON FUNCTION treadle.now() IS
 --
 -- The role a call is made for: the session's role (SET ROLE's, or the login's).
 -- Inside a SECURITY DEFINER function current_user is the owner, so tenant rules
--- read this instead.
+-- read this instead. Anyone may call it: it names the caller's own role.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._caller()
 RETURNS name
@@ -60,17 +60,41 @@ COMMENT ON FUNCTION treadle._caller() IS
     'The role a call is made for: SET ROLE''s role, or the session''s login role.';
 
 --------------------------------------------------------------------------------
+-- treadle._caller_role() -> regrole
+--
+-- The caller's role (treadle._caller) by its OID: the tenant rule is keyed by
+-- OID, so renaming a role does not lift it. Null for a role that no longer exists.
+-- Anyone may call it and treadle._caller (the policies in 088_policies.sql do, as
+-- the reader): they tell a role of itself only. Neither runs as the owner, so
+-- enqueue and claim, which test the tenant rule inline, pay no definer call for it.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._caller_role()
+RETURNS regrole
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT pg_catalog.to_regrole(pg_catalog.quote_ident(treadle._caller()));
+END;
+COMMENT ON FUNCTION treadle._caller_role() IS
+    'The role a call is made for, by OID (null when it no longer exists).';
+
+--------------------------------------------------------------------------------
 -- treadle._caller_prefix() -> text
 --
 -- The queue prefix the caller is kept to (treadle.set_tenant), or '' for a role
--- that is not a tenant: every queue starts with ''.
+-- that is not a tenant: every queue starts with ''. It runs as the owner, so the
+-- row-level security policies (088_policies.sql), which call it as the reader,
+-- read treadle.tenants through it without reading each other; anyone may call it:
+-- it tells a role its own prefix only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._caller_prefix()
 RETURNS text
 LANGUAGE sql
 STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    SELECT coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = treadle._caller()), '');
+    SELECT coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.tenant_role = treadle._caller_role()), '');
 END;
 COMMENT ON FUNCTION treadle._caller_prefix() IS
     'The queue prefix a tenant caller is kept to, or '''' for any other role.';
@@ -78,9 +102,9 @@ COMMENT ON FUNCTION treadle._caller_prefix() IS
 --------------------------------------------------------------------------------
 -- treadle._check_queue_allowed(queue) -> void
 --
--- Raises 42501 when the caller is a tenant (treadle.tenants) and the queue is not
--- one of its queues. enqueue and claim test the same rule inline first (a call
--- costs more than the test) and call this only to raise.
+-- Raises 42501 when the caller is a tenant (treadle.tenants) and the queue, which
+-- the caller named, is not one of its queues. enqueue and claim test the same rule
+-- inline first (a call costs more than the test) and call this only to raise.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_queue_allowed(queue text)
 RETURNS void
@@ -100,6 +124,58 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._check_queue_allowed(text) IS
     'Raise 42501 when a tenant caller names a queue outside its prefix.';
+
+--------------------------------------------------------------------------------
+-- treadle._check_row_allowed(queue, what) -> void
+--
+-- treadle._check_queue_allowed for a row the caller named by id or name (a job, a
+-- run, a schedule): the refusal names neither the row's queue nor anything else
+-- of it, so a tenant learns nothing of another tenant's rows from it.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_row_allowed(queue text, what text)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_prefix text := treadle._caller_prefix();
+BEGIN
+    IF NOT starts_with(queue, v_prefix) THEN
+        RAISE EXCEPTION 'treadle: role % may not use queue of this %: it is not one of its queues',
+                        treadle._caller(), what
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = format('Its queues start with %L.', v_prefix);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_row_allowed(text, text) IS
+    'Raise 42501, naming nothing of the row, when a tenant caller names a row outside its queues.';
+
+--------------------------------------------------------------------------------
+-- treadle._check_workflow_allowed(name) -> void
+--
+-- Workflow definitions belong to a tenant: a tenant's workflow names start with
+-- its queue prefix, as its queues do. Raises 42501 for any other name.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_workflow_allowed(name text)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_prefix text := treadle._caller_prefix();
+BEGIN
+    IF NOT starts_with(name, v_prefix) THEN
+        RAISE EXCEPTION 'treadle: role % may not use workflow %', treadle._caller(), name
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = format('Its workflows'' names start with %L, as its queues do.', v_prefix);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_workflow_allowed(text) IS
+    'Raise 42501 when a tenant caller names a workflow outside its prefix.';
 
 --------------------------------------------------------------------------------
 -- treadle._is_name(value) -> boolean

@@ -105,7 +105,7 @@ BEGIN
     -- One statement reads both: treadle._check_queue_allowed's rule, inline (a helper call
     -- would cost more than the check), and the queue's max_depth, if it has one.
     SELECT EXISTS (SELECT 1 FROM treadle.tenants AS t
-                    WHERE t.role_name = treadle._caller() AND NOT starts_with(enqueue.queue, t.queue_prefix)),
+                    WHERE t.tenant_role = treadle._caller_role() AND NOT starts_with(enqueue.queue, t.queue_prefix)),
            (SELECT s.max_depth FROM treadle.queues AS s WHERE s.queue = enqueue.queue)
       INTO v_foreign, v_max_depth;
     IF v_foreign THEN

@@ -181,7 +181,7 @@ BEGIN
     END IF;
     -- treadle._check_queue_allowed's rule, inline: a helper call would cost more than the check
     IF EXISTS (SELECT 1 FROM treadle.tenants AS t, unnest(claim.queues) AS q(q)
-                WHERE t.role_name = treadle._caller() AND NOT starts_with(q.q, t.queue_prefix)) THEN
+                WHERE t.tenant_role = treadle._caller_role() AND NOT starts_with(q.q, t.queue_prefix)) THEN
         PERFORM treadle._check_queue_allowed(q.q) FROM unnest(claim.queues) AS q(q);
     END IF;
     -- Paused and limited queues (treadle.queues): claim only from those with room,

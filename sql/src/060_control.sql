@@ -27,8 +27,8 @@ BEGIN
     IF cancel.job_id IS NULL THEN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_queue_allowed(j.queue) FROM treadle.jobs AS j WHERE j.id = cancel.job_id;
-    PERFORM treadle._check_queue_allowed(h.queue) FROM treadle.job_history AS h WHERE h.id = cancel.job_id;
+    PERFORM treadle._check_row_allowed(j.queue, 'job') FROM treadle.jobs AS j WHERE j.id = cancel.job_id;
+    PERFORM treadle._check_row_allowed(h.queue, 'job') FROM treadle.job_history AS h WHERE h.id = cancel.job_id;
 
     UPDATE treadle.jobs AS j
        SET state = 'cancelled',
@@ -77,8 +77,8 @@ BEGIN
     IF retry.job_id IS NULL THEN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_queue_allowed(j.queue) FROM treadle.jobs AS j WHERE j.id = retry.job_id;
-    PERFORM treadle._check_queue_allowed(h.queue) FROM treadle.job_history AS h WHERE h.id = retry.job_id;
+    PERFORM treadle._check_row_allowed(j.queue, 'job') FROM treadle.jobs AS j WHERE j.id = retry.job_id;
+    PERFORM treadle._check_row_allowed(h.queue, 'job') FROM treadle.job_history AS h WHERE h.id = retry.job_id;
 
     -- A job in history comes back to treadle.jobs first, as it was: its row as a
     -- treadle.jobs row, every column of jobs by name (purge_at and slot left behind).
@@ -123,7 +123,8 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 --
 -- Transition: empties the partitions of treadle.job_history whose purge times
 -- have passed, until `batch` jobs have gone (TRUNCATE; one that a reader holds
--- waits for a later call), and deletes expired rows of its partition 0. Then
+-- is left for a later call at once, without waiting for its lock, so no reader
+-- queues behind retention), and deletes expired rows of its partition 0. Then
 -- deletes, up to `batch` jobs in all, finished jobs (completed, discarded,
 -- cancelled) whose retention has passed, oldest first, and finished workflow
 -- runs whose retention has passed together with all their steps (a kept run

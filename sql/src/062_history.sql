@@ -178,20 +178,21 @@ COMMENT ON FUNCTION treadle.archive(integer) IS
 -- Transition: empties a history partition whose day of purge times has ended
 -- (TRUNCATE) and frees its slot; returns how many jobs went. The rows of a
 -- partition are the ones treadle.archive put there for that day: all are due.
--- Raises 55P03 when a reader holds the partition for over a second.
+-- Raises 55P03 at once when anyone holds the partition (a reader's open
+-- transaction): it never waits for the lock, so no reader of the history ever
+-- queues behind a pending ACCESS EXCLUSIVE request of its.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._empty_slot(slot smallint)
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
-SET lock_timeout = '1s'
 AS $$
 DECLARE
     v_partition regclass := treadle._history_partition(_empty_slot.slot);
     v_jobs      bigint;
 BEGIN
-    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', v_partition);
+    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE NOWAIT', v_partition);
     -- the answer, from the id index where vacuum has marked the pages all-visible; the
     -- lock keeps anyone from adding or taking rows meanwhile
     SELECT count(*) INTO v_jobs FROM treadle.job_history AS h WHERE h.slot = _empty_slot.slot;
@@ -210,7 +211,8 @@ COMMENT ON FUNCTION treadle._empty_slot(smallint) IS
 -- (treadle._empty_slot), oldest first, until `batch` jobs have gone, so that one
 -- transaction holds few of them; then deletes what is left of `batch` in rows of
 -- partition 0 whose purge_at has passed. A partition that a reader holds, or that
--- another call is emptying, is left for a later call. Returns how many jobs went.
+-- another call is emptying, is left for a later call at once (no lock wait).
+-- Returns how many jobs went.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._purge_history(now timestamptz, batch integer)
 RETURNS bigint

@@ -57,6 +57,65 @@ COMMENT ON FUNCTION treadle._queue_settled(text) IS
     'Delete a queue''s settings row when it holds no setting.';
 
 --------------------------------------------------------------------------------
+-- treadle._is_admin() -> boolean
+--
+-- Whether the caller holds the admin part (treadle.grant_admin): the right to
+-- prune, which the owner and superusers hold too.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._is_admin()
+RETURNS boolean
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT coalesce(pg_catalog.has_function_privilege(treadle._caller_role()::oid,
+                                                      'treadle.prune(interval)'::regprocedure, 'EXECUTE'), false);
+END;
+COMMENT ON FUNCTION treadle._is_admin() IS
+    'Whether the caller holds the admin part (the right to prune).';
+
+--------------------------------------------------------------------------------
+-- treadle._check_queue_limits(queue, retain_completed, retain_failed) -> void
+--
+-- What a role without the admin part may not do to queues (treadle.settings):
+-- make a settings row for a queue that has none once max_queues queues have one
+-- (pausing or limiting arbitrary names would otherwise fill treadle.queues, and
+-- every page and scrape that lists the queues), and set a retention below
+-- retention_floor (which would prune the queue without the right to prune).
+-- Raises 54000: max_queues reached. 42501: a retention below the floor.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_queue_limits(queue text, retain_completed interval,
+                                                       retain_failed interval)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_max   integer;
+    v_floor interval;
+BEGIN
+    IF treadle._is_admin() THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(max(s.max_queues), 1000), coalesce(max(s.retention_floor), interval '1 day')
+      INTO v_max, v_floor FROM treadle.settings AS s;
+    IF _check_queue_limits.retain_completed < v_floor OR _check_queue_limits.retain_failed < v_floor THEN
+        RAISE EXCEPTION 'treadle: role % may not set a retention below %', treadle._caller(), v_floor
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'A shorter retention prunes the queue: it needs the admin part (treadle.grant_admin).';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM treadle.queues AS q WHERE q.queue = _check_queue_limits.queue)
+       AND (SELECT count(*) FROM treadle.queues) >= v_max THEN
+        RAISE EXCEPTION 'treadle: % queues have settings already: role % may not add another', v_max, treadle._caller()
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'An admin (treadle.grant_admin) may, or the owner raises max_queues (treadle.configure).';
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_queue_limits(text, interval, interval) IS
+    'Raise 54000 past max_queues queue rows, 42501 for a retention below the floor, for a caller without the admin part.';
+
+--------------------------------------------------------------------------------
 -- treadle.set_queue(queue, concurrency, rate_limit, rate_period, max_depth,
 --                   retain_completed, retain_failed) -> void
 --
@@ -68,7 +127,9 @@ COMMENT ON FUNCTION treadle._queue_settled(text) IS
 -- 1..100000; rate_limit outside 1..1000000; rate_limit without rate_period or
 -- the reverse; rate_period not positive or over 1 day; max_depth outside
 -- 1..1000000; a retention negative or over 100 years. 42501: a tenant's queue
--- outside its prefix.
+-- outside its prefix; a retention below treadle.settings.retention_floor without
+-- the admin part. 54000: a new queue past max_queues without the admin part
+-- (treadle._check_queue_limits).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.set_queue(
     queue            text,
@@ -110,6 +171,7 @@ BEGIN
     PERFORM treadle._check_interval(set_queue.retain_completed, 'retain_completed', interval '100 years', may_be_zero => true);
     PERFORM treadle._check_interval(set_queue.retain_failed, 'retain_failed', interval '100 years', may_be_zero => true);
     PERFORM treadle._check_queue_allowed(set_queue.queue);
+    PERFORM treadle._check_queue_limits(set_queue.queue, set_queue.retain_completed, set_queue.retain_failed);
 
     INSERT INTO treadle.queues AS s
         (queue, concurrency, rate_limit, rate_period, max_depth, retain_completed, retain_failed,
@@ -145,7 +207,8 @@ COMMENT ON FUNCTION treadle.set_queue(text, integer, integer, interval, integer,
 -- Transition: the queue is paused: claims take none of its jobs (those running
 -- go on); enqueue still works. True when it was not paused before.
 -- Raises 22004: queue null. 22023: queue not a valid name. 42501: a tenant's
--- queue outside its prefix.
+-- queue outside its prefix. 54000: a new queue past max_queues without the admin
+-- part (treadle._check_queue_limits).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.pause(queue text)
 RETURNS boolean
@@ -160,6 +223,7 @@ DECLARE
 BEGIN
     PERFORM treadle._check_text(pause.queue, 'queue');
     PERFORM treadle._check_queue_allowed(pause.queue);
+    PERFORM treadle._check_queue_limits(pause.queue, NULL, NULL);
     INSERT INTO treadle.queues AS s (queue, paused, updated_at)
     VALUES (pause.queue, true, treadle.now())
     ON CONFLICT (queue) DO UPDATE

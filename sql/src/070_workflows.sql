@@ -36,7 +36,8 @@ COMMENT ON FUNCTION treadle._check_steps(text[]) IS
 -- keep the steps they started with.
 -- Raises 22004: name or steps null. 22023: a name that is not a valid name (see
 -- treadle._is_name); steps empty, nested, over 1000, with a bad name, or
--- repeating one.
+-- repeating one. 42501: a tenant's workflow name outside its prefix (a tenant's
+-- definitions are named under its queue prefix, so no tenant replaces another's).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[])
 RETURNS void
@@ -48,6 +49,7 @@ AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM treadle._check_text(define_workflow.name, 'name');
+    PERFORM treadle._check_workflow_allowed(define_workflow.name);
     PERFORM treadle._check_steps(define_workflow.steps);
 
     INSERT INTO treadle.workflows AS w (name, steps, updated_at)
@@ -72,8 +74,8 @@ COMMENT ON FUNCTION treadle.define_workflow(text, text[]) IS
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
 -- input neither an object nor an array, over the size limit or nested over 100
 -- levels; max_attempts < 1; steps as define_workflow refuses them; no steps given
--- and no definition (unknown workflow). 42501: a tenant's queue outside its
--- prefix.
+-- and no definition (unknown workflow). 42501: a tenant's queue or workflow name
+-- outside its prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.start_workflow(
     name            text,
@@ -99,6 +101,7 @@ DECLARE
     v_id    bigint;
 BEGIN
     PERFORM treadle._check_text(start_workflow.name, 'name');
+    PERFORM treadle._check_workflow_allowed(start_workflow.name);
     PERFORM treadle._check_text(start_workflow.queue, 'queue');
     IF start_workflow.idempotency_key IS NOT NULL THEN
         PERFORM treadle._check_text(start_workflow.idempotency_key, 'idempotency_key');
@@ -172,7 +175,7 @@ BEGIN
     IF cancel_workflow.run_id IS NULL THEN
         RAISE EXCEPTION 'treadle: run_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_queue_allowed(r.queue) FROM treadle.workflow_runs AS r WHERE r.id = cancel_workflow.run_id;
+    PERFORM treadle._check_row_allowed(r.queue, 'workflow run') FROM treadle.workflow_runs AS r WHERE r.id = cancel_workflow.run_id;
 
     -- Jobs are locked before runs on every path; a step that finishes while we
     -- look hands over to the next one, so look again.

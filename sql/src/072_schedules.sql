@@ -298,10 +298,17 @@ COMMENT ON FUNCTION treadle._cron_next(text, text, timestamptz) IS
 --------------------------------------------------------------------------------
 -- treadle._check_tz(tz) -> void
 --
--- A time zone name as the IANA database spells it (Europe/Paris, UTC) that
--- this server knows. Names PostgreSQL would read as a fixed abbreviation (CET,
--- EST) and POSIX rules (UTC+3, whose sign is the reverse of ISO's) are refused:
--- they do not follow a place's summer time.
+-- A time zone name that pg_timezone_names lists (Europe/Paris, UTC; any case, as
+-- PostgreSQL reads names), read as that zone. Anything else is refused: names
+-- PostgreSQL would read as a fixed abbreviation (CET, EST, though listed there
+-- too) or as a POSIX rule (UTC+3, whose sign is the reverse of ISO's; Foo/Bar+5),
+-- which do not follow a place's summer time, and zones that count leap seconds
+-- (right/UTC), whose minutes are not the clock's. Reading pg_timezone_names
+-- costs tens of milliseconds, so only a name with a digit (the only names a POSIX
+-- rule can take: Etc/GMT+5 is a zone, Foo/Bar+5 a rule) is looked up there; any
+-- other name that PostgreSQL reads at all is a zone file, and its offset on
+-- 2000-01-01 in whole minutes tells a leap-second zone from the others (the test
+-- pg_timezone_names applies).
 -- Raises 22004: tz null. 22023: any other name.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_tz(tz text)
@@ -310,24 +317,31 @@ LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_ok boolean;
 BEGIN
     IF tz IS NULL THEN
         RAISE EXCEPTION 'treadle: tz must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF length(tz) > 100 OR tz !~ '^[A-Za-z_]+(/[A-Za-z0-9_+-]+)*$'
-       OR (tz !~ '/' AND upper(tz) NOT IN ('UTC', 'GMT')
-           AND EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_abbrevs AS a WHERE a.abbrev = upper(tz))) THEN
-        RAISE EXCEPTION 'treadle: tz must name a time zone such as Europe/Paris or UTC, got "%"', tz
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Use a name from pg_timezone_names; abbreviations and POSIX rules do not follow summer time.';
+    v_ok := length(tz) <= 100 AND tz ~ '^[A-Za-z_]+(/[A-Za-z0-9_+-]+)*$'
+            -- a name that is also an abbreviation (CET, EST) is read as the abbreviation
+            AND NOT (tz !~ '/' AND upper(tz) NOT IN ('UTC', 'GMT')
+                     AND EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_abbrevs AS a WHERE a.abbrev = upper(tz)));
+    IF v_ok THEN
+        BEGIN
+            v_ok := extract(second FROM timestamptz '2000-01-01 00:00:00+00' AT TIME ZONE tz) = 0;
+        EXCEPTION WHEN invalid_parameter_value THEN
+            v_ok := false;
+        END;
     END IF;
-    BEGIN
-        PERFORM timestamptz '2000-01-01 00:00:00+00' AT TIME ZONE tz;
-    EXCEPTION WHEN invalid_parameter_value THEN
+    IF v_ok AND tz ~ '[0-9]' THEN
+        v_ok := EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_names AS z WHERE lower(z.name) = lower(tz));
+    END IF;
+    IF NOT v_ok THEN
         RAISE EXCEPTION 'treadle: tz must name a time zone such as Europe/Paris or UTC, got "%"', tz
             USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Use a name from pg_timezone_names.';
-    END;
+                  HINT = 'Use a name from pg_timezone_names; abbreviations, POSIX rules and leap-second zones do not keep the clock.';
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._check_tz(text) IS
@@ -540,7 +554,7 @@ BEGIN
             v_schedule := treadle._lock_schedule(schedule.name);
         END IF;
     END IF;
-    PERFORM treadle._check_queue_allowed(v_schedule.queue);
+    PERFORM treadle._check_row_allowed(v_schedule.queue, 'schedule');
     SELECT j.* INTO v_current FROM treadle.jobs AS j WHERE j.id = v_schedule.job_id;
 
     IF (v_schedule.cron, v_schedule.tz, v_schedule.job, v_schedule.args, v_schedule.queue, v_schedule.priority,
@@ -612,7 +626,7 @@ BEGIN
     IF v_schedule.name IS NULL THEN
         RETURN false;
     END IF;
-    PERFORM treadle._check_queue_allowed(v_schedule.queue);
+    PERFORM treadle._check_row_allowed(v_schedule.queue, 'schedule');
     DELETE FROM treadle.cron_schedules AS s WHERE s.name = unschedule.name;
     UPDATE treadle.jobs AS j
        SET state = 'cancelled', finished_at = treadle.now()

@@ -13,7 +13,9 @@
 -- treadle.explain reads.
 -- Raises 22004: worker_id, host, pid or queues null. 22023: worker_id, host, a
 -- queue or a name not a valid name (treadle._is_name), queues or names empty or
--- over 1000, concurrency < 1, running < 0.
+-- over 1000, concurrency < 1, running < 0. 42501: a tenant's queue outside its
+-- prefix. 23505: worker_id is another tenant's worker (a tenant's worker serves
+-- only its queues, and refreshes or removes only such workers).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.worker_seen(
     worker_id   text,
@@ -32,7 +34,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle.now();
+    v_now    timestamptz := treadle.now();
+    v_prefix text := treadle._caller_prefix();  -- '' unless the caller is a tenant
 BEGIN
     PERFORM treadle._check_text(worker_seen.worker_id, 'worker_id');
     PERFORM treadle._check_names(worker_seen.queues, 'queues');
@@ -49,13 +52,22 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    PERFORM treadle._check_queue_allowed(q.q) FROM unnest(worker_seen.queues) AS q(q)
+      WHERE NOT starts_with(q.q, v_prefix);
+
     INSERT INTO treadle.workers AS w (id, host, pid, queues, running, concurrency, started_at, last_seen, names)
     VALUES (worker_seen.worker_id, worker_seen.host, worker_seen.pid, worker_seen.queues,
             worker_seen.running, worker_seen.concurrency, v_now, v_now, worker_seen.names)
     ON CONFLICT (id) DO UPDATE
        SET host = excluded.host, pid = excluded.pid, queues = excluded.queues,
            running = excluded.running, concurrency = excluded.concurrency, last_seen = excluded.last_seen,
-           names = excluded.names;
+           names = excluded.names
+     WHERE NOT EXISTS (SELECT 1 FROM unnest(w.queues) AS q(q) WHERE NOT starts_with(q.q, v_prefix));
+    IF NOT FOUND THEN
+        -- the id is a worker outside the caller's queues: say no more than that it is taken
+        RAISE EXCEPTION 'treadle: worker_id % is taken', worker_seen.worker_id
+            USING ERRCODE = 'unique_violation';
+    END IF;
 
     -- forget processes that have been silent for a day
     DELETE FROM treadle.workers AS w WHERE w.last_seen < v_now - interval '1 day';
@@ -67,7 +79,8 @@ COMMENT ON FUNCTION treadle.worker_seen(text, text, integer, text[], integer, in
 --------------------------------------------------------------------------------
 -- treadle.worker_stopped(worker_id) -> boolean
 --
--- Transition: removes a worker that shut down cleanly. False when unknown.
+-- Transition: removes a worker that shut down cleanly. False when unknown (or,
+-- for a tenant, when it serves a queue outside the tenant's prefix).
 -- Raises 22004: worker_id null.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.worker_stopped(worker_id text)
@@ -80,7 +93,10 @@ AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM treadle._check_text(worker_stopped.worker_id, 'worker_id');
-    DELETE FROM treadle.workers AS w WHERE w.id = worker_stopped.worker_id;
+    DELETE FROM treadle.workers AS w
+     WHERE w.id = worker_stopped.worker_id
+       AND NOT EXISTS (SELECT 1 FROM unnest(w.queues) AS q(q)
+                        WHERE NOT starts_with(q.q, treadle._caller_prefix()));
     RETURN FOUND;
 END;
 $$;

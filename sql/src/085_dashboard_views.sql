@@ -108,16 +108,20 @@ COMMENT ON FUNCTION treadle.estimated_jobs(text, text) IS
 -- (estimated = true) when it must be: finished states always, since counting them
 -- would read the whole table; available, retryable and running only when their own
 -- estimate passes exact_up_to (otherwise their indexes give an exact count).
--- A tenant's counts cover its queues only. It runs as the owner, so that the
--- statistics estimates rest on are not hidden from readers; it changes nothing,
--- but is VOLATILE (it runs EXPLAIN); treadle.grant_reader grants it.
+-- It runs with the caller's rights, so every count it reads follows row-level
+-- security: a tenant's cover its queues only, and so do those of a role that an
+-- operator's RESTRICTIVE policy keeps to fewer queues. Estimates come from
+-- treadle.estimated_jobs (the owner's statistics, kept to a tenant's prefix but
+-- not to an operator's own policies); the queues it estimates for a reader are
+-- those it counted, since the column statistics of a table with row-level
+-- security are hidden from readers. It changes nothing, but is VOLATILE (it runs
+-- EXPLAIN); treadle.grant_reader grants it.
 -- Raises 22004: exact_up_to null. 22023: exact_up_to negative.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.job_counts(exact_up_to bigint DEFAULT 100000)
 RETURNS TABLE (queue text, state text, jobs bigint, estimated boolean, oldest_available_age interval)
 LANGUAGE plpgsql
 VOLATILE
-SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column

@@ -2,7 +2,8 @@
 -- Privileges. The functions are the only write path: every function that writes
 -- runs as the owner (SECURITY DEFINER, search_path pinned, names qualified, no
 -- SQL built from input), and no other role holds a right that writes a table or
--- draws from a sequence. Helpers named _* are the owner's alone. The extension
+-- draws from a sequence. Helpers named _* are the owner's alone (but the three that
+-- the row-level security policies call, which tell a role of itself). The extension
 -- creates no roles: the owner gives roles what their part needs with
 --
 --   treadle.grant_reader(role)     the views, and the tables' columns but lease tokens
@@ -212,11 +213,13 @@ COMMENT ON FUNCTION treadle.grant_dashboard(regrole, boolean) IS
 --------------------------------------------------------------------------------
 -- treadle.set_tenant(role, queue_prefix) -> void
 --
--- Keeps a role to the queues whose names start with queue_prefix: it sees only
--- their jobs and runs (row-level security, through the views), and enqueue,
--- start_workflow, claim, cancel, retry and cancel_workflow refuse it any other
--- queue (42501). A null prefix lifts the rule. Idempotency keys are per queue,
--- so tenants never share one. Owner only.
+-- Keeps a role (by OID: a rename keeps the rule) to the queues whose names start
+-- with queue_prefix: it sees only their jobs, runs and schedules, the workflow
+-- definitions named under the prefix, the workers that serve only its queues and
+-- its own tenant row (row-level security, 088_policies.sql); every function that
+-- names a queue, a workflow or a worker refuses it any other (42501). A null
+-- prefix lifts the rule. Idempotency keys are per queue, so tenants never share
+-- one. Owner only.
 -- Raises 22004: role null. 22023: a prefix that is not a valid name.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.set_tenant(role regrole, queue_prefix text)
@@ -230,12 +233,12 @@ BEGIN
         RAISE EXCEPTION 'treadle: role must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF queue_prefix IS NULL THEN
-        DELETE FROM treadle.tenants AS t WHERE t.role_name = role::text;
+        DELETE FROM treadle.tenants AS t WHERE t.tenant_role = role;
         RETURN;
     END IF;
     PERFORM treadle._check_text(queue_prefix, 'queue_prefix');
-    INSERT INTO treadle.tenants AS t (role_name, queue_prefix) VALUES (role::text, queue_prefix)
-    ON CONFLICT (role_name) DO UPDATE SET queue_prefix = excluded.queue_prefix;
+    INSERT INTO treadle.tenants AS t (tenant_role, queue_prefix) VALUES (role, queue_prefix)
+    ON CONFLICT (tenant_role) DO UPDATE SET queue_prefix = excluded.queue_prefix;
 END;
 $$;
 COMMENT ON FUNCTION treadle.set_tenant(regrole, text) IS
@@ -303,6 +306,46 @@ COMMENT ON FUNCTION treadle.configure(interval, interval) IS
     'Set how long finished work is kept (completed, failed); null keeps it forever.';
 
 --------------------------------------------------------------------------------
+-- treadle.configure(max_queues, retention_floor) -> void
+--
+-- What a role without the admin part (treadle.grant_admin: the dashboard's) may do
+-- to queues: make settings rows (set_queue, pause) for at most max_queues queues in
+-- all (default 1000), and set no queue's retention below retention_floor (default
+-- 1 day). Admins, the owner and superusers are not held to either. Both are given,
+-- so a call says the whole policy. Owner only.
+-- Raises 22004: either null. 22023: max_queues outside 1..1000000, retention_floor
+-- negative or over 100 years.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.configure(max_queues integer, retention_floor interval)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF configure.max_queues IS NULL OR configure.retention_floor IS NULL THEN
+        RAISE EXCEPTION 'treadle: max_queues and retention_floor must not be null'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF configure.max_queues NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'treadle: max_queues must be between 1 and 1000000, got %', configure.max_queues
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM treadle._check_interval(configure.retention_floor, 'retention_floor', interval '100 years',
+                                    may_be_zero => true);
+    INSERT INTO treadle.settings AS s (max_payload_bytes, retain_completed, retain_failed, max_queues, retention_floor)
+    SELECT treadle._max_payload_bytes(), r.retain_completed, r.retain_failed,
+           configure.max_queues, configure.retention_floor
+      FROM treadle._retention() AS r
+    ON CONFLICT (only_row) DO UPDATE SET max_queues = excluded.max_queues,
+                                         retention_floor = excluded.retention_floor;
+END;
+$$;
+COMMENT ON FUNCTION treadle.configure(integer, interval) IS
+    'Set what roles without the admin part may do to queues (max_queues, retention_floor).';
+
+--------------------------------------------------------------------------------
 -- Every function, table and sequence: nothing for PUBLIC, but the read-only
 -- functions that run with the caller's rights (they show only what the caller may
 -- see). This file comes last, so it covers every object the sources create.
@@ -315,3 +358,6 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA treadle FROM PUBLIC;
 -- see only what the caller may see. And cron_next, which reads no table.
 GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint),
     treadle.cron_next(text, text, timestamptz) TO PUBLIC;
+-- The helpers the row-level security policies call as the reader: each tells a role
+-- of itself only (its name, its OID, its own tenant prefix).
+GRANT EXECUTE ON FUNCTION treadle._caller(), treadle._caller_role(), treadle._caller_prefix() TO PUBLIC;

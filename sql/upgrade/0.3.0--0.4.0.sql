@@ -28,3 +28,34 @@ SELECT r.rolname AS role_name, array_agg(p.part ORDER BY p.part) AS parts
 DROP VIEW treadle.queue_settings, treadle.schedules, treadle.live_workers, treadle.queue_stats,
           treadle.throughput, treadle.recent_failures, treadle.workflow_run_overview,
           treadle.job_details, treadle.workflow_run_steps;
+
+-- Row-level security: 0.4.0's policies (088_policies.sql) read the caller's prefix
+-- through treadle._caller_prefix and cover the workflow definitions, the worker
+-- registry and the tenants table too; 0.3.0's are dropped first.
+DROP POLICY jobs_tenant_read ON treadle.jobs;
+DROP POLICY job_history_tenant_read ON treadle.job_history;
+DROP POLICY workflow_runs_tenant_read ON treadle.workflow_runs;
+DROP POLICY cron_schedules_tenant_read ON treadle.cron_schedules;
+DROP POLICY queues_tenant_read ON treadle.queues;
+ALTER TABLE treadle.workflows ENABLE ROW LEVEL SECURITY;
+ALTER TABLE treadle.workers ENABLE ROW LEVEL SECURITY;
+ALTER TABLE treadle.tenants ENABLE ROW LEVEL SECURITY;
+
+-- Tenants are kept by role OID, not name: a rename keeps the rule. 0.3.0 stored the
+-- role as regrole's text, which reads back as the same role; a row whose role is
+-- gone no longer applies to anyone and goes.
+-- 0.3.0's _caller_prefix (a SQL-standard body) depends on the column: it is made
+-- again from sql/src.
+DROP FUNCTION treadle._caller_prefix();
+DELETE FROM treadle.tenants AS t WHERE pg_catalog.to_regrole(t.role_name::text) IS NULL;
+ALTER TABLE treadle.tenants RENAME COLUMN role_name TO tenant_role;
+ALTER TABLE treadle.tenants ALTER COLUMN tenant_role TYPE regrole USING tenant_role::text::regrole;
+
+-- What roles without the admin part may do to queues (treadle.configure(max_queues,
+-- retention_floor)).
+ALTER TABLE treadle.settings
+    ADD COLUMN max_queues integer NOT NULL DEFAULT 1000,
+    ADD COLUMN retention_floor interval NOT NULL DEFAULT interval '1 day',
+    ADD CONSTRAINT settings_max_queues_check CHECK (max_queues BETWEEN 1 AND 1000000),
+    ADD CONSTRAINT settings_retention_floor_check
+        CHECK (retention_floor BETWEEN interval '0' AND interval '100 years');

@@ -1,10 +1,12 @@
 """treadle.job_history across sessions: archivers at once move each job once, retention
-never waits long on a reader that holds a partition (and empties it on a later call),
+never waits on a reader that holds a partition (and empties it on a later call), so
+no reader of the history queues behind it,
 claims and completes go on while a partition is emptied, and a tenant reads only its
 queues' history."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -86,6 +88,52 @@ def test_retention_does_not_wait_on_a_reader_and_empties_the_partition_later(con
     assert value(keeper, "select treadle.apply_retention()") == 20, "the next call empties it"
     assert history(keeper, ids) == []
     assert value(keeper, "select count(*) from treadle.history_slots") == 0
+
+
+def test_retention_gives_way_at_once_and_leaves_no_reader_waiting(
+    connect: Connect, dsn: str, make_role: Callable[[str], str]
+) -> None:
+    """A reader's open transaction holds the history partitions: retention gives up on
+    them at once (no lock wait) and so leaves no ACCESS EXCLUSIVE request pending that
+    retry, job_details and the others would queue behind, even while its own
+    transaction stays open."""
+    setup = connect()
+    ids = completed_jobs(setup, 20)
+    setup.execute(LATER)
+    assert value(setup, "select treadle.archive()") == 20
+    reader_role, admin_role = make_role("history_reader"), make_role("history_admin")
+    setup.execute("select treadle.grant_reader(%s), treadle.grant_admin(%s)", (reader_role, admin_role))
+
+    reader = psycopg.connect(as_role(dsn, reader_role), autocommit=False)
+    admin = psycopg.connect(as_role(dsn, admin_role), autocommit=True)
+    try:
+        assert value(reader, "select count(*) from treadle.job_details where id = any(%s)", (ids,)) == 20
+        keeper = connect(autocommit=False)  # a worker's housekeeping, its transaction left open
+        keeper.execute(MUCH_LATER)
+        admin.execute("set statement_timeout = '500ms'")
+
+        def retention() -> tuple[int, float]:
+            started = time.monotonic()
+            deleted = int(value(keeper, "select treadle.apply_retention()"))
+            return deleted, time.monotonic() - started
+
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(retention)
+            time.sleep(0.1)  # were retention to wait for the lock, it would be waiting now
+            # each reads the history: none may queue behind a pending lock request
+            assert value(admin, "select treadle.retry(%s)", (ids[0],)) is False
+            assert value(admin, "select count(*) from treadle.job_details where id = any(%s)", (ids,)) == 20
+            deleted, took = pending.result()
+        assert deleted == 0, "the partition the reader holds is left for a later call"
+        assert took < 0.25, f"retention waited {took:.2f} s for the reader's lock"
+        assert value(admin, "select count(*) from treadle.job_details where id = any(%s)", (ids,)) == 20
+        keeper.commit()
+        reader.commit()
+        assert value(keeper, "select treadle.apply_retention()") == 20, "the next call empties it"
+        keeper.commit()
+    finally:
+        reader.close()
+        admin.close()
 
 
 def test_archive_waits_for_nothing_a_retention_holds(connect: Connect) -> None:

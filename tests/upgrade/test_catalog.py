@@ -33,7 +33,7 @@ CHANGES = [
     ("CREATE INDEX jobs_extra_idx ON treadle.jobs (created_at)", "jobs_extra_idx"),
     ("ALTER SEQUENCE treadle.jobs_id_seq CACHE 10", "cache 10"),
     ("ALTER VIEW treadle.job_details SET (security_barrier = true)", "security_barrier=true"),
-    ("ALTER TABLE treadle.workflows ENABLE ROW LEVEL SECURITY", "row level security: true"),
+    ("ALTER TABLE treadle.history_slots ENABLE ROW LEVEL SECURITY", "row level security: true"),
     ("CREATE POLICY only_mine ON treadle.workflows USING (name = current_user)", "workflows.only_mine"),
     ("ALTER STATISTICS treadle.jobs_queue_state_stats SET STATISTICS 50", "target: 50"),
     (
