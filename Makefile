@@ -5,6 +5,7 @@
 #   make test         everything, from a fresh machine: tools, a throwaway cluster, all tests
 #   make test-pgN     pgTAP and the SQL contract tests on PostgreSQL N (16, 17, 18) from a package
 #                     (make test runs them); make test-all-versions: the whole suite on each
+#   make test-pgtle   pgTAP, the SQL, client and upgrade tests on treadle registered through pg_tle
 #   make dist         dist/: the plain SQL install (psql -f, no extension files) and the
 #                     pg_tle registration script (docs/operations.md#installing)
 #   make check-generated   fail when a committed script is not what sql/src builds
@@ -28,9 +29,11 @@ PLAIN      = $(PLAIN_DIR)/$(EXTENSION)-$(EXTVERSION).sql \
              $(foreach v,$(PLAIN_UPGRADES_FROM),$(PLAIN_DIR)/$(EXTENSION)-$(v)--$(EXTVERSION).sql)
 # the released plain upgrades the package ships as well, copied from sql/plain as released
 PLAIN_RELEASED = $(PLAIN_DIR)/$(EXTENSION)-0.2.0--0.3.0.sql
+# the pg_tle registration, shipped too (treadle install --mode pgtle)
+PGTLE      = $(PLAIN_DIR)/$(EXTENSION)-$(EXTVERSION).pgtle.sql
 EXTENSION_SCRIPTS = sql/$(EXTENSION)--$(EXTVERSION).sql \
              $(foreach v,$(UPGRADES_FROM),sql/$(EXTENSION)--$(v)--$(EXTVERSION).sql)
-GENERATED  = $(EXTENSION_SCRIPTS) $(PLAIN)
+GENERATED  = $(EXTENSION_SCRIPTS) $(PLAIN) $(PGTLE)
 DATA       = $(sort $(wildcard sql/$(EXTENSION)--*.sql) $(EXTENSION_SCRIPTS))
 
 PG_CONFIG ?= pg_config
@@ -62,13 +65,15 @@ $(PLAIN_DIR)/$(EXTENSION)-$(EXTVERSION).sql: $(SRC) $(EXTENSION).control scripts
 $(PLAIN_DIR)/$(EXTENSION)-%--$(EXTVERSION).sql: sql/upgrade/%--$(EXTVERSION).sql $(wildcard sql/upgrade/*.after.sql) $(SRC) $(EXTENSION).control scripts/build-sql
 	scripts/build-sql plain-upgrade $* > $@
 
+$(PGTLE): $(SRC) $(wildcard sql/upgrade/*.sql) $(wildcard sql/$(EXTENSION)--*--*.sql) $(EXTENSION).control scripts/build-sql
+	scripts/build-sql pgtle $(UPGRADES_FROM) > $@
+
 # What a managed server needs: the plain scripts, and the pg_tle registration.
 DIST ?= dist
 .PHONY: dist
-dist: $(PLAIN)
+dist: $(PLAIN) $(PGTLE)
 	mkdir -p $(DIST)
-	cp $(PLAIN) $(PLAIN_RELEASED) $(DIST)/
-	scripts/build-sql pgtle $(UPGRADES_FROM) > $(DIST)/$(EXTENSION)-$(EXTVERSION).pgtle.sql
+	cp $(PLAIN) $(PLAIN_RELEASED) $(PGTLE) $(DIST)/
 
 # Throwaway clusters and the Python environment live under .build/ (git-ignored).
 BUILD   ?= $(CURDIR)/.build
@@ -83,7 +88,8 @@ check-generated:
 	@$(call same,sql/$(EXTENSION)--$(EXTVERSION).sql,install) \
 	 $(foreach v,$(UPGRADES_FROM),$(call same,sql/$(EXTENSION)--$(v)--$(EXTVERSION).sql,upgrade $(v))) \
 	 $(call same,$(PLAIN_DIR)/$(EXTENSION)-$(EXTVERSION).sql,plain) \
-	 $(foreach v,$(PLAIN_UPGRADES_FROM),$(call same,$(PLAIN_DIR)/$(EXTENSION)-$(v)--$(EXTVERSION).sql,plain-upgrade $(v)))
+	 $(foreach v,$(PLAIN_UPGRADES_FROM),$(call same,$(PLAIN_DIR)/$(EXTENSION)-$(v)--$(EXTVERSION).sql,plain-upgrade $(v))) \
+	 $(call same,$(PGTLE),pgtle $(UPGRADES_FROM))
 
 # Debian packages the tests need: pgTAP for this server's major version, pg_prove.
 test-deps:
@@ -124,6 +130,18 @@ test-plain: test-server venv
 	$(MAKE) install PG_CONFIG=$(TEST_PG_CONFIG)
 	TREADLE_TEST_INSTALL=plain PG_CONFIG=$(TEST_PG_CONFIG) VENV=$(VENV) \
 		scripts/run-tests $(BUILD)/plain-test-cluster tests/sql tests/client
+
+# pgTAP, the SQL contract, the client and the upgrades against treadle registered through a
+# real pg_tle (built from PGTLE_SRC into a second copy of the server, .build/pgtle, which has
+# no treadle files: pg_tle refuses to register an extension whose control file exists),
+# installed by a role with pgtle_admin and CREATE on its database (scripts/run-tests).
+PGTLE_SRC ?= $(CURDIR)/../shared/vendor/pg_tle/pg_tle-1.5.2-src.tar.gz
+PGTLE_TESTS = tests/sql tests/client tests/upgrade tests/install
+.PHONY: test-pgtle
+test-pgtle: test-deps venv $(GENERATED)
+	pg=$$(scripts/pgtle-server $(PG_CONFIG) $(BUILD)/pgtle "$(PGTLE_SRC)") && \
+	TREADLE_TEST_INSTALL=pgtle PGCLUSTER_OPTIONS="-c shared_preload_libraries=pg_tle" PG_CONFIG=$$pg VENV=$(VENV) \
+		scripts/run-tests $(BUILD)/pgtle-test-cluster $(or $(T),$(PGTLE_TESTS))
 
 # Another major version from a wheel (scripts/pgserver), with pgTAP copied from the
 # system server's: make test-pg16, make test-pg17, make test-pg18.

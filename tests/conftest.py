@@ -12,7 +12,10 @@ dropped when its test (or module) ends.
 
 With TREADLE_TEST_INSTALL=plain (scripts/run-tests sets it) the template has the plain
 SQL install instead, made by a role that has only CREATE on it; tests marked
-`extension_only` are skipped then.
+`extension_only` are skipped then. With TREADLE_TEST_INSTALL=pgtle (make test-pgtle) the
+template has treadle registered through pg_tle and created by a member of pgtle_admin
+(tests/pgtle_install.py); the server has no treadle files, so tests marked `extension_only`
+(they create the extension from the server's files) are skipped too.
 """
 
 from __future__ import annotations
@@ -50,12 +53,12 @@ RELEASES = sorted(
     key=lambda v: tuple(int(n) for n in v.split(".")),
 )
 TEMPLATE = f"treadle_template_{os.getpid()}"
-INSTALL = os.environ.get("TREADLE_TEST_INSTALL", "extension")  # or "plain"
+INSTALL = os.environ.get("TREADLE_TEST_INSTALL", "extension")  # or "plain", "pgtle"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if INSTALL == "plain":
-        skip = pytest.mark.skip(reason="an extension's own behaviour: this run tests the plain SQL install")
+    if INSTALL != "extension":
+        skip = pytest.mark.skip(reason=f"the extension from the server's files: this run tests the {INSTALL} install")
         for item in items:
             if item.get_closest_marker("extension_only"):
                 item.add_marker(skip)
@@ -117,6 +120,10 @@ def template_db(pg_server: str) -> Iterator[str]:
         from tests.plain_install import install_plain
 
         install_plain(pg_server, TEMPLATE)
+    elif INSTALL == "pgtle":
+        from tests.pgtle_install import install_pgtle
+
+        install_pgtle(pg_server, TEMPLATE)
     else:
         with psycopg.connect(with_db(pg_server, TEMPLATE), autocommit=True) as conn:
             conn.execute("CREATE EXTENSION treadle")

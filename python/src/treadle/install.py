@@ -1,10 +1,14 @@
 """Install and upgrade treadle's SQL in a database: `treadle install` and `treadle upgrade`.
 
-treadle comes in two forms, with the same schema, functions and rights:
+treadle comes in three forms, with the same schema, functions and rights:
 
 - extension: `CREATE EXTENSION treadle`, then `ALTER EXTENSION treadle UPDATE`. The server
-  must have treadle's extension files (`make install` on it, the Docker image), or pg_tle
-  must have them registered in the database (dist/treadle-VERSION.pgtle.sql).
+  must have treadle's extension files (`make install` on it, the Docker image).
+- pgtle: the same extension, its scripts registered in the database through pg_tle
+  (Trusted Language Extensions: the registration script this package ships, the same as
+  dist/treadle-VERSION.pgtle.sql), then `CREATE EXTENSION treadle`; a member of
+  pgtle_admin with CREATE on the database may run both. An upgrade registers the new
+  version, then `ALTER EXTENSION treadle UPDATE`.
 - plain: the plain SQL scripts this package ships (plain_sql/, built from the same sources),
   which any role with CREATE on the database may run: managed servers, where nobody can
   copy extension files.
@@ -37,8 +41,8 @@ from psycopg.rows import tuple_row
 from treadle._compat import EXTENSION_FORM_VERSION as _EXTENSION
 from treadle.errors import TreadleError
 
-Mode = Literal["extension", "plain"]
-MODES: Final = ("extension", "plain")
+Mode = Literal["extension", "plain", "pgtle"]
+MODES: Final = ("extension", "plain", "pgtle")
 
 # the version of the scripts this package ships and installs
 VERSION: Final = importlib.metadata.version("treadle")
@@ -67,6 +71,10 @@ _HAS_PGTLE = "SELECT pg_catalog.to_regprocedure('pgtle.available_extension_versi
 _PGTLE_AVAILABLE = (
     "SELECT EXISTS (SELECT FROM pgtle.available_extension_versions() WHERE name = 'treadle' AND version = %s)"
 )
+_PGTLE_REGISTERED = "SELECT EXISTS (SELECT FROM pgtle.available_extensions() WHERE name = 'treadle')"
+# the server's own files of treadle (any version): pg_tle refuses to register an extension
+# of the same name then ("control file already exists")
+_FILES = "SELECT EXISTS (SELECT FROM pg_catalog.pg_available_extensions WHERE name = 'treadle')"
 
 
 class InstallError(TreadleError):
@@ -106,7 +114,8 @@ def installed(conn: psycopg.Connection[Any]) -> Installed | None:
     """The form and version of treadle in the database, or None when it has none."""
     extension = _value(conn, _EXTENSION)
     if extension is not None:
-        return Installed("extension", str(extension))
+        pgtle = _value(conn, _HAS_PGTLE) and _value(conn, _PGTLE_REGISTERED) and not _value(conn, _FILES)
+        return Installed("pgtle" if pgtle else "extension", str(extension))
     with _pinned(conn) as cur:
         exists, usable = cur.execute(_SCHEMA).fetchone() or (False, False)
     if not exists:
@@ -125,7 +134,7 @@ def installed(conn: psycopg.Connection[Any]) -> Installed | None:
 def owner(conn: psycopg.Connection[Any], mode: Mode) -> Owner:
     """The owner of the treadle installed in `mode`: the extension's, or schema treadle's."""
     with _pinned(conn) as cur:
-        row = cur.execute(_EXTENSION_OWNER if mode == "extension" else _SCHEMA_OWNER).fetchone()
+        row = cur.execute(_SCHEMA_OWNER if mode == "plain" else _EXTENSION_OWNER).fetchone()
     if row is None:
         raise InstallError("treadle is not installed in this database")
     return Owner(str(row[0]), str(row[2]), bool(row[1]))
@@ -135,7 +144,7 @@ def check_owner(conn: psycopg.Connection[Any], current: Installed, command: str)
     """The owner of what is installed; NotOwner unless the connecting role may act as it."""
     found = owner(conn, current.mode)
     if not found.may_act:
-        drop = "DROP EXTENSION treadle CASCADE" if current.mode == "extension" else "DROP SCHEMA treadle CASCADE"
+        drop = "DROP SCHEMA treadle CASCADE" if current.mode == "plain" else "DROP EXTENSION treadle CASCADE"
         raise NotOwner(
             f"treadle {current.version} ({current.mode}) in this database is owned by role {found.name}, "
             f"not by {found.user}, the role connecting: `treadle {command}` does nothing to it. "
@@ -200,6 +209,12 @@ def plan_install(conn: psycopg.Connection[Any], mode: Mode | None = None) -> Pla
             f"install treadle {VERSION} as an extension (owned by {_user(conn)})",
             f"CREATE EXTENSION treadle VERSION '{VERSION}';\n",
         )
+    if mode == "pgtle":
+        _require_pgtle(conn)
+        return Plan(
+            f"register treadle {VERSION} through pg_tle and install it as an extension (owned by {_user(conn)})",
+            pgtle_script() + f"\nCREATE EXTENSION treadle VERSION '{VERSION}';\n",
+        )
     return Plan(
         f"install treadle {VERSION} as plain SQL (schema treadle, owned by {_user(conn)})",
         plain_script(f"treadle-{VERSION}.sql"),
@@ -217,6 +232,12 @@ def plan_upgrade(conn: psycopg.Connection[Any], mode: Mode | None = None) -> Pla
         return Plan(f"treadle {VERSION} is installed ({current.mode}, owned by {found.name}): nothing to upgrade")
     if _newer(current.version, VERSION):
         raise _downgrade(current)
+    if current.mode == "pgtle":
+        _require_pgtle(conn)
+        return Plan(
+            f"register treadle {VERSION} through pg_tle and upgrade the extension from {current.version}",
+            pgtle_script() + f"\nALTER EXTENSION treadle UPDATE TO '{VERSION}';\n",
+        )
     if current.mode == "extension":
         _require_offered(conn)
         return Plan(
@@ -301,6 +322,12 @@ def plain_script(name: str) -> str:
     return (importlib.resources.files("treadle") / "plain_sql" / name).read_text(encoding="utf-8")
 
 
+def pgtle_script() -> str:
+    """The pg_tle registration of this version (plain_sql/treadle-VERSION.pgtle.sql): the
+    extension's own scripts, with the upgrades from earlier releases."""
+    return plain_script(f"treadle-{VERSION}.pgtle.sql")
+
+
 def _check_mode(current: Installed, mode: Mode | None) -> None:
     if mode is not None and mode != current.mode:
         raise InstallError(
@@ -310,7 +337,7 @@ def _check_mode(current: Installed, mode: Mode | None) -> None:
 
 
 def _form(mode: Mode) -> str:
-    return "an extension" if mode == "extension" else "plain SQL"
+    return {"extension": "an extension", "plain": "plain SQL", "pgtle": "an extension through pg_tle"}[mode]
 
 
 def _offered(conn: psycopg.Connection[Any]) -> bool:
@@ -330,6 +357,19 @@ def _require_offered(conn: psycopg.Connection[Any]) -> None:
             f"the server has no files of the treadle {VERSION} extension: run `make install` on the "
             "server, or register it through pg_tle (dist/treadle-VERSION.pgtle.sql), "
             "or install plain SQL instead (--mode plain)"
+        )
+
+
+def _require_pgtle(conn: psycopg.Connection[Any]) -> None:
+    if not _value(conn, _HAS_PGTLE):
+        raise InstallError(
+            "pg_tle is not installed in this database: CREATE EXTENSION pg_tle first (the server "
+            "needs shared_preload_libraries = 'pg_tle'), or install plain SQL instead (--mode plain)"
+        )
+    if _value(conn, _FILES):
+        raise InstallError(
+            "the server has treadle's extension files, and pg_tle registers no extension of the same "
+            "name: install it as an extension instead (--mode extension)"
         )
 
 
@@ -366,8 +406,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mode",
         choices=MODES,
-        help="the form to install: extension (the server has its files, or pg_tle) or plain "
-        "(SQL any role with CREATE on the database may run); default: what is installed, "
+        help="the form to install: extension (the server has its files, or pg_tle has them "
+        "registered), plain (SQL any role with CREATE on the database may run) or pgtle "
+        "(registered through pg_tle, by a member of pgtle_admin); default: what is installed, "
         "else extension when the server offers it, else plain",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the SQL it would run, and run nothing")

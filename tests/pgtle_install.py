@@ -1,0 +1,46 @@
+"""treadle registered through pg_tle as the tests make it (make test-pgtle: the server
+preloads pg_tle and has no treadle files): by a role that may log in, is a member of
+pgtle_admin and has CREATE on the one database it installs into, as on a managed server."""
+
+from __future__ import annotations
+
+import psycopg
+
+from tests.conftest import ROOT, as_role, with_db
+
+PGTLE_OWNER = "treadle_pgtle_owner"
+
+
+def prepare_pgtle(server: str, dbname: str) -> str:
+    """pg_tle in dbname, and PGTLE_OWNER allowed to register and create there: the URL of
+    dbname as PGTLE_OWNER."""
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"""DO $$ BEGIN
+                             CREATE ROLE {PGTLE_OWNER} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE;
+                         EXCEPTION WHEN duplicate_object THEN NULL;
+                         END $$""")
+    with psycopg.connect(with_db(server, dbname), autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_tle")
+        conn.execute(f"GRANT pgtle_admin TO {PGTLE_OWNER}")
+        conn.execute(f'GRANT CREATE ON DATABASE "{dbname}" TO {PGTLE_OWNER}')
+    return as_role(with_db(server, dbname), PGTLE_OWNER)
+
+
+def install_pgtle(server: str, dbname: str) -> None:
+    """Register this package's treadle through pg_tle in dbname and create it, as PGTLE_OWNER."""
+    from treadle import install
+
+    with psycopg.connect(prepare_pgtle(server, dbname), autocommit=True) as conn:
+        install.apply(conn, install.plan_install(conn, mode="pgtle"))
+
+
+def install_release(conn: psycopg.Connection, version: str) -> None:
+    """A release installed through pg_tle as its own documentation said: its script
+    registered (with no schema: releases up to 0.3.0 named none), schema treadle created,
+    then CREATE EXTENSION. conn: as PGTLE_OWNER, in a database prepare_pgtle set up."""
+    text = (ROOT / "sql" / f"treadle--{version}.sql").read_text().split("\\quit\n", 1)[1].removeprefix("\n")
+    conn.execute(
+        "SELECT pgtle.install_extension('treadle', %s, 'treadle', %s, ARRAY[]::text[])", (version, text)
+    )
+    conn.execute("CREATE SCHEMA treadle")
+    conn.execute(f"CREATE EXTENSION treadle VERSION '{version}'")
