@@ -123,7 +123,7 @@ def template_db(pg_server: str) -> Iterator[str]:
     elif INSTALL == "pgtle":
         from tests.pgtle_install import install_pgtle
 
-        install_pgtle(pg_server, TEMPLATE)
+        install_pgtle(with_db(pg_server, TEMPLATE))
     else:
         with psycopg.connect(with_db(pg_server, TEMPLATE), autocommit=True) as conn:
             conn.execute("CREATE EXTENSION treadle")

@@ -6,32 +6,37 @@ from __future__ import annotations
 
 import psycopg
 
-from tests.conftest import ROOT, as_role, with_db
+from urllib.parse import urlsplit
+
+from tests.conftest import ROOT, as_role
 
 PGTLE_OWNER = "treadle_pgtle_owner"
 
 
-def prepare_pgtle(server: str, dbname: str) -> str:
-    """pg_tle in dbname, and PGTLE_OWNER allowed to register and create there: the URL of
-    dbname as PGTLE_OWNER."""
-    with psycopg.connect(server, autocommit=True) as conn:
+def prepare_pgtle(url: str) -> str:
+    """pg_tle in the database of url (a superuser's), and PGTLE_OWNER allowed to register and
+    create there: the URL of that database as PGTLE_OWNER."""
+    dbname = urlsplit(url).path.lstrip("/")
+    with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"""DO $$ BEGIN
                              CREATE ROLE {PGTLE_OWNER} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE;
                          EXCEPTION WHEN duplicate_object THEN NULL;
                          END $$""")
-    with psycopg.connect(with_db(server, dbname), autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_tle")
         conn.execute(f"GRANT pgtle_admin TO {PGTLE_OWNER}")
         conn.execute(f'GRANT CREATE ON DATABASE "{dbname}" TO {PGTLE_OWNER}')
-    return as_role(with_db(server, dbname), PGTLE_OWNER)
+    return as_role(url, PGTLE_OWNER)
 
 
-def install_pgtle(server: str, dbname: str) -> None:
-    """Register this package's treadle through pg_tle in dbname and create it, as PGTLE_OWNER."""
+def install_pgtle(url: str) -> str:
+    """Register this package's treadle through pg_tle in the database of url and create it,
+    as PGTLE_OWNER (`treadle install --mode pgtle`); returns the URL as PGTLE_OWNER."""
     from treadle import install
 
-    with psycopg.connect(prepare_pgtle(server, dbname), autocommit=True) as conn:
+    owner_url = prepare_pgtle(url)
+    with psycopg.connect(owner_url, autocommit=True) as conn:
         install.apply(conn, install.plan_install(conn, mode="pgtle"))
+    return owner_url
 
 
 def install_release(conn: psycopg.Connection, version: str) -> None:

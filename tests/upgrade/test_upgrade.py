@@ -3,7 +3,11 @@ version: its catalog is then the same as a fresh install's, and its jobs, leases
 workflow runs carry on.
 
 The extension's scripts must be installed in the server (`make install` installs the
-released scripts, the current one and the upgrades between them).
+released scripts, the current one and the upgrades between them). Against pg_tle (make
+test-pgtle) both databases are made by a member of pgtle_admin: the old one as each
+release's documentation said (its script registered, CREATE SCHEMA, CREATE EXTENSION),
+upgraded by `treadle upgrade` (this version registered, then ALTER EXTENSION UPDATE); the
+fresh one by `treadle install --mode pgtle`. 0.2.0 was the first release with a pg_tle form.
 """
 
 from __future__ import annotations
@@ -16,7 +20,13 @@ import psycopg
 import pytest
 
 from tests.catalog import describe_difference, snapshot
-from tests.conftest import EXTENSION_VERSION, RELEASES, NewDatabase
+from tests.conftest import EXTENSION_VERSION, INSTALL, RELEASES, NewDatabase
+from tests.pgtle_install import install_pgtle, install_release, prepare_pgtle
+from treadle import install
+
+PGTLE = INSTALL == "pgtle"
+# the releases a database upgrades from: with pg_tle, those that had a pg_tle form
+UPGRADED_FROM = [r for r in RELEASES if not PGTLE or tuple(map(int, r.split("."))) >= (0, 2, 0)]
 
 SOON = "1 hour"
 
@@ -170,24 +180,36 @@ def fill(conn: psycopg.Connection) -> Filled:
 def fresh(new_module_database: NewDatabase) -> Iterator[psycopg.Connection]:
     """A database with the current version installed by CREATE EXTENSION, and the GRANTS."""
     url = new_module_database(None)
+    if PGTLE:
+        install_pgtle(url)
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION treadle")
+        if not PGTLE:
+            conn.execute("CREATE EXTENSION treadle")
         grant_roles(conn)
         yield conn
 
 
-@pytest.fixture(scope="module", params=RELEASES)
+@pytest.fixture(scope="module", params=UPGRADED_FROM)
 def upgraded(
     request: pytest.FixtureRequest, new_module_database: NewDatabase
 ) -> Iterator[tuple[psycopg.Connection, Filled]]:
     """A database installed at an old version, filled, then `ALTER EXTENSION treadle UPDATE`d."""
     old = request.param
     url = new_module_database(None)
+    owner_url = prepare_pgtle(url) if PGTLE else url
+    if PGTLE:
+        with psycopg.connect(owner_url, autocommit=True) as owner:
+            install_release(owner, old)
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"CREATE EXTENSION treadle VERSION '{old}'")
+        if not PGTLE:
+            conn.execute(f"CREATE EXTENSION treadle VERSION '{old}'")
         filled = fill(conn)
         filled.rows_before = table_rows(conn)
-        conn.execute("ALTER EXTENSION treadle UPDATE")
+        if PGTLE:
+            with psycopg.connect(owner_url, autocommit=True) as owner:
+                install.apply(owner, install.plan_upgrade(owner))
+        else:
+            conn.execute("ALTER EXTENSION treadle UPDATE")
         filled.rows_after = table_rows(conn)
         grant_roles(conn, [r for r in GRANTS if r not in filled.granted])  # helpers the old version lacked
         yield conn, filled
