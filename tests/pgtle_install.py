@@ -4,9 +4,9 @@ pgtle_admin and has CREATE on the one database it installs into, as on a managed
 
 from __future__ import annotations
 
-import psycopg
-
 from urllib.parse import urlsplit
+
+import psycopg
 
 from tests.conftest import ROOT, as_role
 
@@ -44,8 +44,6 @@ def install_release(conn: psycopg.Connection, version: str) -> None:
     registered (with no schema: releases up to 0.3.0 named none), schema treadle created,
     then CREATE EXTENSION. conn: as PGTLE_OWNER, in a database prepare_pgtle set up."""
     text = (ROOT / "sql" / f"treadle--{version}.sql").read_text().split("\\quit\n", 1)[1].removeprefix("\n")
-    conn.execute(
-        "SELECT pgtle.install_extension('treadle', %s, 'treadle', %s, ARRAY[]::text[])", (version, text)
-    )
+    conn.execute("SELECT pgtle.install_extension('treadle', %s, 'treadle', %s, ARRAY[]::text[])", (version, text))
     conn.execute("CREATE SCHEMA treadle")
     conn.execute(f"CREATE EXTENSION treadle VERSION '{version}'")

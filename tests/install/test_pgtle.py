@@ -27,7 +27,10 @@ from treadle.install import InstallError, run_script
 real_pgtle = pytest.mark.skipif(INSTALL != "pgtle", reason="needs a real pg_tle: make test-pgtle")
 # the released upgrades, registered as released, then this version's
 RELEASED_STEPS = sorted(
-    (tuple(p.name.removeprefix("treadle--").removesuffix(".sql").split("--")) for p in (ROOT / "sql").glob("treadle--*--*.sql")),
+    (
+        tuple(p.name.removeprefix("treadle--").removesuffix(".sql").split("--"))
+        for p in (ROOT / "sql").glob("treadle--*--*.sql")
+    ),
     key=lambda step: tuple(int(n) for n in step[1].split(".")),
 )
 STEPS = [s for s in RELEASED_STEPS if s[1] != EXTENSION_VERSION] + [(old, EXTENSION_VERSION) for old in UPGRADES_FROM]
@@ -139,9 +142,7 @@ def test_an_older_registration_gets_this_version_beside_it(stand_in: psycopg.Con
     ]
 
 
-def test_an_unused_registration_without_a_schema_is_made_again(
-    stand_in: psycopg.Connection, pgtle_script: str
-) -> None:
+def test_an_unused_registration_without_a_schema_is_made_again(stand_in: psycopg.Connection, pgtle_script: str) -> None:
     """Registered by 0.3.0 or earlier (no schema, so CREATE EXTENSION could not work) and
     not created in this database: registered again, with the schema."""
     stand_in.execute("SELECT pgtle.install_extension('treadle', '0.3.0', 'old', 'SELECT 1')")
@@ -178,7 +179,7 @@ def test_pgtle_mode_needs_pg_tle_in_the_database(new_database: NewDatabase) -> N
 @pytest.mark.skipif(INSTALL != "extension", reason="needs treadle's files on the server")
 def test_pgtle_mode_refuses_a_server_with_treadle_files(stand_in: psycopg.Connection) -> None:
     """pg_tle refuses to register an extension whose control file the server has: say so first."""
-    with pytest.raises(InstallError, match="extension files.*--mode extension"):
+    with pytest.raises(InstallError, match=r"extension files.*--mode extension"):
         install.plan_install(stand_in, mode="pgtle")
     assert calls(stand_in) == []
 
@@ -198,7 +199,7 @@ def test_create_extension_makes_schema_treadle_for_its_role(
 ) -> None:
     """docs/operations.md: the registration script, then CREATE EXTENSION, as a member of
     pgtle_admin with CREATE on the database; no CREATE SCHEMA beforehand."""
-    admin, owner = pgtle_db
+    _, owner = pgtle_db
     run_script(owner, pgtle_script)
     owner.execute("CREATE EXTENSION treadle")
     assert owner.execute(

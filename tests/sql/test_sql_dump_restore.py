@@ -61,6 +61,7 @@ def fill(conn: psycopg.Connection) -> uuid.UUID:
 
 
 @pytest.mark.subprocess
+@pytest.mark.needs_files  # the restore creates the extension from the files
 def test_dump_and_restore_keeps_rows_and_sequences(
     connect: Connect, dsn: str, restored_url: str, tmp_path: Path
 ) -> None:

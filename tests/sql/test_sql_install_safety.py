@@ -15,6 +15,9 @@ def _url(server: str, dbname: str) -> str:
     return server.rsplit("/", 1)[0] + "/" + dbname
 
 
+pytestmark = pytest.mark.needs_files  # CREATE EXTENSION in an empty database
+
+
 @pytest.fixture
 def empty_db(pg_server: str) -> Iterator[str]:
     """A database without treadle, and a role that may create schemas in it."""
