@@ -62,11 +62,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for item in items:
             if item.get_closest_marker("extension_only"):
                 item.add_marker(skip)
-    if INSTALL == "pgtle":
-        skip = pytest.mark.skip(reason="the server's treadle files: make test-pgtle's server has none")
-        for item in items:
-            if item.get_closest_marker("needs_files"):
-                item.add_marker(skip)
 
 
 class NewDatabase(Protocol):

@@ -14,7 +14,9 @@ pgtle_admin with CREATE on the database, as docs/operations.md says.
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -247,3 +249,34 @@ def test_drop_and_uninstall_then_install_again(
     install.apply(owner, install.plan_install(owner, mode="pgtle"))
     assert install.installed(owner) == install.Installed("pgtle", EXTENSION_VERSION)
     assert owner.execute("SELECT count(*) FROM treadle.jobs").fetchone() == (0,)
+
+
+@real_pgtle
+@pytest.mark.subprocess  # the treadle command
+def test_the_commands_install_and_upgrade_through_pg_tle(
+    pgtle_db: tuple[psycopg.Connection, psycopg.Connection],
+) -> None:
+    """`treadle install --mode pgtle`, run as a user runs it, then `treadle upgrade`, which
+    finds the pg_tle install and has nothing to do; --dry-run prints the registration."""
+    _, owner = pgtle_db
+    url = owner.info.dsn
+    dry = treadle_command("install", "--mode", "pgtle", "--dsn", url, "--dry-run")
+    assert (
+        "pgtle.install_extension('treadle'" in dry and f"CREATE EXTENSION treadle VERSION '{EXTENSION_VERSION}';" in dry
+    )
+    assert install.installed(owner) is None
+    assert treadle_command("install", "--mode", "pgtle", "--dsn", url) == (
+        f"done: register treadle {EXTENSION_VERSION} through pg_tle and install it as an extension\n"
+    )
+    assert treadle_command("upgrade", "--dsn", url) == (
+        f"treadle {EXTENSION_VERSION} is installed (pgtle): nothing to upgrade\n"
+    )
+    assert install.installed(owner) == install.Installed("pgtle", EXTENSION_VERSION)
+
+
+def treadle_command(*args: str) -> str:
+    done = subprocess.run(
+        [Path(sys.executable).with_name("treadle"), *args], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, f"treadle {' '.join(args)} exited {done.returncode}:\n{done.stderr}"
+    return done.stdout

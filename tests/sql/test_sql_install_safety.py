@@ -1,6 +1,8 @@
 """CREATE EXTENSION installs only into a schema treadle the installing role owns and
 that holds nothing yet: a role that made the schema beforehand (schema squatting)
-could otherwise plant objects that treadle's functions would run as their owner."""
+could otherwise plant objects that treadle's functions would run as their owner.
+Through pg_tle (make test-pgtle) the same: the registration names schema treadle, and
+CREATE EXTENSION takes a schema of that name that exists."""
 
 from __future__ import annotations
 
@@ -10,12 +12,12 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from tests.conftest import INSTALL
+from treadle import install
+
 
 def _url(server: str, dbname: str) -> str:
     return server.rsplit("/", 1)[0] + "/" + dbname
-
-
-pytestmark = pytest.mark.needs_files  # CREATE EXTENSION in an empty database
 
 
 @pytest.fixture
@@ -26,6 +28,10 @@ def empty_db(pg_server: str) -> Iterator[str]:
         conn.execute(f'CREATE DATABASE "{name}"')
         conn.execute(f'CREATE ROLE "{name}"')
         conn.execute(f'GRANT CREATE ON DATABASE "{name}" TO "{name}"')
+    if INSTALL == "pgtle":  # registered, not created
+        with psycopg.connect(_url(pg_server, name), autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION pg_tle")
+            install.run_script(conn, install.pgtle_script())
     yield name
     with psycopg.connect(pg_server, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
