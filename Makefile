@@ -136,7 +136,7 @@ test-plain: test-server venv
 # no treadle files: pg_tle refuses to register an extension whose control file exists),
 # installed by a role with pgtle_admin and CREATE on its database (scripts/run-tests).
 PGTLE_SRC ?= $(CURDIR)/../shared/vendor/pg_tle/pg_tle-1.5.2-src.tar.gz
-PGTLE_TESTS = tests/sql tests/client tests/upgrade/test_upgrade.py tests/install/test_pgtle.py
+PGTLE_TESTS = tests/sql tests/client tests/test_install.py tests/upgrade/test_upgrade.py tests/install/test_pgtle.py
 .PHONY: test-pgtle
 test-pgtle: test-deps venv $(GENERATED)
 	pg=$$(scripts/pgtle-server $(PG_CONFIG) $(BUILD)/pgtle "$(PGTLE_SRC)") && \

@@ -47,3 +47,20 @@ def install_release(conn: psycopg.Connection, version: str) -> None:
     conn.execute("SELECT pgtle.install_extension('treadle', %s, 'treadle', %s, ARRAY[]::text[])", (version, text))
     conn.execute("CREATE SCHEMA treadle")
     conn.execute(f"CREATE EXTENSION treadle VERSION '{version}'")
+
+
+def create_extension(conn: psycopg.Connection) -> None:
+    """CREATE EXTENSION treadle again after a DROP EXTENSION, on a superuser's connection, as
+    the role that installs it in this run: the superuser itself, or through pg_tle
+    PGTLE_OWNER, whose schema treadle DROP EXTENSION leaves (the schema guard admits its
+    owner only)."""
+    from tests.conftest import INSTALL
+
+    if INSTALL != "pgtle":
+        conn.execute("CREATE EXTENSION treadle")
+        return
+    conn.execute(f"SET ROLE {PGTLE_OWNER}")
+    try:
+        conn.execute("CREATE EXTENSION treadle")
+    finally:
+        conn.execute("RESET ROLE")

@@ -4,6 +4,7 @@ import psycopg
 import pytest
 
 from tests.conftest import EXTENSION_VERSION
+from tests.pgtle_install import create_extension
 
 pytestmark = pytest.mark.extension_only  # DROP and CREATE EXTENSION
 
@@ -15,6 +16,6 @@ def test_drop_and_create_again(conn: psycopg.Connection) -> None:
         "select count(*) from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = 'treadle'"
     ).fetchone()
     assert leftover == (0,)
-    conn.execute("create extension treadle")
+    create_extension(conn)
     job = conn.execute("select treadle.enqueue('x')").fetchone()
     assert job is not None and job[0] >= 1

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from tests.pgtle_install import create_extension
 from tests.sql.sqlcalls import Connect
 
 pytestmark = pytest.mark.extension_only  # DROP and CREATE EXTENSION
@@ -60,7 +61,7 @@ def test_drop_extension_leaves_nothing_and_create_works_again(connect: Connect, 
         "and refobjid not in (select oid from pg_extension)"
     ).fetchone() == (0,)
 
-    conn.execute("create extension treadle")
+    create_extension(conn)
     job_id = conn.execute("select treadle.enqueue('again')").fetchone()
     assert job_id == (1,)
     claimed = conn.execute("select id, attempt from treadle.claim('w')").fetchall()
