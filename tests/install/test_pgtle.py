@@ -13,6 +13,7 @@ pgtle_admin with CREATE on the database, as docs/operations.md says.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -280,3 +281,29 @@ def treadle_command(*args: str) -> str:
     )
     assert done.returncode == 0, f"treadle {' '.join(args)} exited {done.returncode}:\n{done.stderr}"
     return done.stdout
+
+
+@real_pgtle
+def test_a_server_with_treadle_files_refuses_the_registration(
+    pgtle_db: tuple[psycopg.Connection, psycopg.Connection], pgtle_script: str
+) -> None:
+    """docs/operations.md: pg_tle registers no extension whose control file the server has,
+    and `treadle install --mode pgtle` says so first. The control file is put in the test
+    server's extension folder for this test only."""
+    _, owner = pgtle_db
+    sharedir = subprocess.run(["pg_config", "--sharedir"], check=True, capture_output=True, text=True).stdout
+    control = Path(sharedir.strip()) / "extension" / "treadle.control"
+    assert not control.exists(), "make test-pgtle's server has no treadle files"
+    shutil.copyfile(ROOT / "treadle.control", control)
+    try:
+        with pytest.raises(
+            psycopg.errors.ObjectNotInPrerequisiteState, match="control file already exists for the treadle extension"
+        ):
+            run_script(owner, pgtle_script)
+        with pytest.raises(InstallError, match=r"extension files.*--mode extension"):
+            install.plan_install(owner, mode="pgtle")
+    finally:
+        control.unlink()
+    assert owner.execute("SELECT count(*) FROM pgtle.available_extensions() WHERE name = 'treadle'").fetchone() == (0,)
+    run_script(owner, pgtle_script)  # without the file, it registers
+    assert install.registered_in_pgtle(owner)
