@@ -267,10 +267,11 @@ def test_the_commands_install_and_upgrade_through_pg_tle(
     )
     assert install.installed(owner) is None
     assert treadle_command("install", "--mode", "pgtle", "--dsn", url) == (
-        f"done: register treadle {EXTENSION_VERSION} through pg_tle and install it as an extension\n"
+        f"done: register treadle {EXTENSION_VERSION} through pg_tle and install it as an extension "
+        f"(owned by {PGTLE_OWNER})\n"
     )
     assert treadle_command("upgrade", "--dsn", url) == (
-        f"treadle {EXTENSION_VERSION} is installed (pgtle): nothing to upgrade\n"
+        f"treadle {EXTENSION_VERSION} is installed (pgtle, owned by {PGTLE_OWNER}): nothing to upgrade\n"
     )
     assert install.installed(owner) == install.Installed("pgtle", EXTENSION_VERSION)
 

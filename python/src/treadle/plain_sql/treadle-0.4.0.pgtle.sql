@@ -6,6 +6,11 @@
 -- The registered scripts are the extension's own, word for word; running this again
 -- registers nothing twice. The registration names schema treadle, as the extension's
 -- control file does, so CREATE EXTENSION makes the schema, owned by the role that runs it.
+
+-- bind every name to pg_catalog (this script names pg_tle's functions in full), not to
+-- look-alikes another role may have planted on the session's path
+SET search_path = pg_catalog, pg_temp;
+
 DO $pgtle$
 DECLARE
     script text := $_treadle_pgtle_$-- treadle: a job queue and step-workflow engine inside PostgreSQL.
