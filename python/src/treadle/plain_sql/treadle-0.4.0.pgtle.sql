@@ -269,18 +269,26 @@ CREATE TABLE treadle.workers (
 -- Limits the owner may change (treadle.configure); no row means the defaults.
 -- Retention (treadle.apply_retention): how long finished jobs and workflow runs are
 -- kept, completed ones and discarded or cancelled ones; null keeps them forever. The
--- defaults are treadle._retention()'s, written when the row is made.
+-- defaults are treadle._retention()'s, written when the row is made. max_queues and
+-- retention_floor bound what a role without the admin part (treadle.grant_admin)
+-- may do to queues: create settings rows for at most max_queues queues in all, and
+-- set no queue's retention below retention_floor (treadle._check_queue_limits).
 CREATE TABLE treadle.settings (
     only_row          boolean PRIMARY KEY DEFAULT true,
     max_payload_bytes integer NOT NULL,
     retain_completed  interval,
     retain_failed     interval,
+    max_queues        integer  NOT NULL DEFAULT 1000,
+    retention_floor   interval NOT NULL DEFAULT interval '1 day',
     CONSTRAINT settings_only_row_check CHECK (only_row),
     CONSTRAINT settings_max_payload_bytes_check CHECK (max_payload_bytes BETWEEN 1024 AND 268435456),
     CONSTRAINT settings_retain_completed_check
         CHECK (retain_completed BETWEEN interval '0' AND interval '100 years'),
     CONSTRAINT settings_retain_failed_check
-        CHECK (retain_failed BETWEEN interval '0' AND interval '100 years')
+        CHECK (retain_failed BETWEEN interval '0' AND interval '100 years'),
+    CONSTRAINT settings_max_queues_check CHECK (max_queues BETWEEN 1 AND 1000000),
+    CONSTRAINT settings_retention_floor_check
+        CHECK (retention_floor BETWEEN interval '0' AND interval '100 years')
 );
 
 -- Cron schedules (treadle.schedule). Each has one current occurrence, a job whose
@@ -331,39 +339,27 @@ CREATE TABLE treadle.queues (
     CONSTRAINT queues_retain_check CHECK (retain_completed >= interval '0' AND retain_failed >= interval '0')
 );
 
--- Tenants: a role listed here sees and acts on only the queues whose names start with
--- its prefix (treadle.set_tenant). Row-level security applies it to every read through
--- the views; the functions apply it to every write.
+-- Tenants: a role listed here sees and acts on only the queues (and the workflow
+-- definitions) whose names start with its prefix (treadle.set_tenant). The role is
+-- kept by OID, so renaming it keeps the rule. Row-level security (088_policies.sql)
+-- applies it to every read; the functions apply it to every write.
 CREATE TABLE treadle.tenants (
-    role_name    name PRIMARY KEY,
+    tenant_role  regrole PRIMARY KEY,
     queue_prefix text NOT NULL,
     CONSTRAINT tenants_queue_prefix_check CHECK (queue_prefix <> '')
 );
 
 -- Readers see rows of the queues their tenant prefix allows (all, for a role that is
--- not a tenant). The owner, whose functions do every write, is not subject to it.
+-- not a tenant). The owner, whose functions do every write, is not subject to it. The
+-- policies are in 088_policies.sql, after the functions they call.
 ALTER TABLE treadle.jobs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.job_history ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.workflow_runs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.cron_schedules ENABLE ROW LEVEL SECURITY;
 ALTER TABLE treadle.queues ENABLE ROW LEVEL SECURITY;
-CREATE POLICY jobs_tenant_read ON treadle.jobs FOR SELECT
-    USING (starts_with(queue, coalesce(
-        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
-CREATE POLICY job_history_tenant_read ON treadle.job_history FOR SELECT
-    USING (starts_with(queue, coalesce(
-        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
-CREATE POLICY workflow_runs_tenant_read ON treadle.workflow_runs FOR SELECT
-    USING (starts_with(queue, coalesce(
-        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
-
-CREATE POLICY cron_schedules_tenant_read ON treadle.cron_schedules FOR SELECT
-    USING (starts_with(queue, coalesce(
-        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
-
-CREATE POLICY queues_tenant_read ON treadle.queues FOR SELECT
-    USING (starts_with(queue, coalesce(
-        (SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = current_user), '')));
+ALTER TABLE treadle.workflows ENABLE ROW LEVEL SECURITY;
+ALTER TABLE treadle.workers ENABLE ROW LEVEL SECURITY;
+ALTER TABLE treadle.tenants ENABLE ROW LEVEL SECURITY;
 
 SELECT pg_catalog.pg_extension_config_dump('treadle.settings', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.tenants', '');
@@ -424,7 +420,7 @@ COMMENT ON FUNCTION treadle.now() IS
 --
 -- The role a call is made for: the session's role (SET ROLE's, or the login's).
 -- Inside a SECURITY DEFINER function current_user is the owner, so tenant rules
--- read this instead.
+-- read this instead. Anyone may call it: it names the caller's own role.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._caller()
 RETURNS name
@@ -437,17 +433,41 @@ COMMENT ON FUNCTION treadle._caller() IS
     'The role a call is made for: SET ROLE''s role, or the session''s login role.';
 
 --------------------------------------------------------------------------------
+-- treadle._caller_role() -> regrole
+--
+-- The caller's role (treadle._caller) by its OID: the tenant rule is keyed by
+-- OID, so renaming a role does not lift it. Null for a role that no longer exists.
+-- Anyone may call it and treadle._caller (the policies in 088_policies.sql do, as
+-- the reader): they tell a role of itself only. Neither runs as the owner, so
+-- enqueue and claim, which test the tenant rule inline, pay no definer call for it.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._caller_role()
+RETURNS regrole
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT pg_catalog.to_regrole(pg_catalog.quote_ident(treadle._caller()));
+END;
+COMMENT ON FUNCTION treadle._caller_role() IS
+    'The role a call is made for, by OID (null when it no longer exists).';
+
+--------------------------------------------------------------------------------
 -- treadle._caller_prefix() -> text
 --
 -- The queue prefix the caller is kept to (treadle.set_tenant), or '' for a role
--- that is not a tenant: every queue starts with ''.
+-- that is not a tenant: every queue starts with ''. It runs as the owner, so the
+-- row-level security policies (088_policies.sql), which call it as the reader,
+-- read treadle.tenants through it without reading each other; anyone may call it:
+-- it tells a role its own prefix only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._caller_prefix()
 RETURNS text
 LANGUAGE sql
 STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    SELECT coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = treadle._caller()), '');
+    SELECT coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.tenant_role = treadle._caller_role()), '');
 END;
 COMMENT ON FUNCTION treadle._caller_prefix() IS
     'The queue prefix a tenant caller is kept to, or '''' for any other role.';
@@ -455,9 +475,9 @@ COMMENT ON FUNCTION treadle._caller_prefix() IS
 --------------------------------------------------------------------------------
 -- treadle._check_queue_allowed(queue) -> void
 --
--- Raises 42501 when the caller is a tenant (treadle.tenants) and the queue is not
--- one of its queues. enqueue and claim test the same rule inline first (a call
--- costs more than the test) and call this only to raise.
+-- Raises 42501 when the caller is a tenant (treadle.tenants) and the queue, which
+-- the caller named, is not one of its queues. enqueue and claim test the same rule
+-- inline first (a call costs more than the test) and call this only to raise.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_queue_allowed(queue text)
 RETURNS void
@@ -477,6 +497,58 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._check_queue_allowed(text) IS
     'Raise 42501 when a tenant caller names a queue outside its prefix.';
+
+--------------------------------------------------------------------------------
+-- treadle._check_row_allowed(queue, what) -> void
+--
+-- treadle._check_queue_allowed for a row the caller named by id or name (a job, a
+-- run, a schedule): the refusal names neither the row's queue nor anything else
+-- of it, so a tenant learns nothing of another tenant's rows from it.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_row_allowed(queue text, what text)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_prefix text := treadle._caller_prefix();
+BEGIN
+    IF NOT starts_with(queue, v_prefix) THEN
+        RAISE EXCEPTION 'treadle: role % may not use queue of this %: it is not one of its queues',
+                        treadle._caller(), what
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = format('Its queues start with %L.', v_prefix);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_row_allowed(text, text) IS
+    'Raise 42501, naming nothing of the row, when a tenant caller names a row outside its queues.';
+
+--------------------------------------------------------------------------------
+-- treadle._check_workflow_allowed(name) -> void
+--
+-- Workflow definitions belong to a tenant: a tenant's workflow names start with
+-- its queue prefix, as its queues do. Raises 42501 for any other name.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_workflow_allowed(name text)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_prefix text := treadle._caller_prefix();
+BEGIN
+    IF NOT starts_with(name, v_prefix) THEN
+        RAISE EXCEPTION 'treadle: role % may not use workflow %', treadle._caller(), name
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = format('Its workflows'' names start with %L, as its queues do.', v_prefix);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_workflow_allowed(text) IS
+    'Raise 42501 when a tenant caller names a workflow outside its prefix.';
 
 --------------------------------------------------------------------------------
 -- treadle._is_name(value) -> boolean
@@ -1040,7 +1112,7 @@ BEGIN
     -- One statement reads both: treadle._check_queue_allowed's rule, inline (a helper call
     -- would cost more than the check), and the queue's max_depth, if it has one.
     SELECT EXISTS (SELECT 1 FROM treadle.tenants AS t
-                    WHERE t.role_name = treadle._caller() AND NOT starts_with(enqueue.queue, t.queue_prefix)),
+                    WHERE t.tenant_role = treadle._caller_role() AND NOT starts_with(enqueue.queue, t.queue_prefix)),
            (SELECT s.max_depth FROM treadle.queues AS s WHERE s.queue = enqueue.queue)
       INTO v_foreign, v_max_depth;
     IF v_foreign THEN
@@ -1478,7 +1550,7 @@ BEGIN
     END IF;
     -- treadle._check_queue_allowed's rule, inline: a helper call would cost more than the check
     IF EXISTS (SELECT 1 FROM treadle.tenants AS t, unnest(claim.queues) AS q(q)
-                WHERE t.role_name = treadle._caller() AND NOT starts_with(q.q, t.queue_prefix)) THEN
+                WHERE t.tenant_role = treadle._caller_role() AND NOT starts_with(q.q, t.queue_prefix)) THEN
         PERFORM treadle._check_queue_allowed(q.q) FROM unnest(claim.queues) AS q(q);
     END IF;
     -- Paused and limited queues (treadle.queues): claim only from those with room,
@@ -2764,8 +2836,8 @@ BEGIN
     IF cancel.job_id IS NULL THEN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_queue_allowed(j.queue) FROM treadle.jobs AS j WHERE j.id = cancel.job_id;
-    PERFORM treadle._check_queue_allowed(h.queue) FROM treadle.job_history AS h WHERE h.id = cancel.job_id;
+    PERFORM treadle._check_row_allowed(j.queue, 'job') FROM treadle.jobs AS j WHERE j.id = cancel.job_id;
+    PERFORM treadle._check_row_allowed(h.queue, 'job') FROM treadle.job_history AS h WHERE h.id = cancel.job_id;
 
     UPDATE treadle.jobs AS j
        SET state = 'cancelled',
@@ -2814,8 +2886,8 @@ BEGIN
     IF retry.job_id IS NULL THEN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_queue_allowed(j.queue) FROM treadle.jobs AS j WHERE j.id = retry.job_id;
-    PERFORM treadle._check_queue_allowed(h.queue) FROM treadle.job_history AS h WHERE h.id = retry.job_id;
+    PERFORM treadle._check_row_allowed(j.queue, 'job') FROM treadle.jobs AS j WHERE j.id = retry.job_id;
+    PERFORM treadle._check_row_allowed(h.queue, 'job') FROM treadle.job_history AS h WHERE h.id = retry.job_id;
 
     -- A job in history comes back to treadle.jobs first, as it was: its row as a
     -- treadle.jobs row, every column of jobs by name (purge_at and slot left behind).
@@ -2860,7 +2932,8 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 --
 -- Transition: empties the partitions of treadle.job_history whose purge times
 -- have passed, until `batch` jobs have gone (TRUNCATE; one that a reader holds
--- waits for a later call), and deletes expired rows of its partition 0. Then
+-- is left for a later call at once, without waiting for its lock, so no reader
+-- queues behind retention), and deletes expired rows of its partition 0. Then
 -- deletes, up to `batch` jobs in all, finished jobs (completed, discarded,
 -- cancelled) whose retention has passed, oldest first, and finished workflow
 -- runs whose retention has passed together with all their steps (a kept run
@@ -3213,20 +3286,21 @@ COMMENT ON FUNCTION treadle.archive(integer) IS
 -- Transition: empties a history partition whose day of purge times has ended
 -- (TRUNCATE) and frees its slot; returns how many jobs went. The rows of a
 -- partition are the ones treadle.archive put there for that day: all are due.
--- Raises 55P03 when a reader holds the partition for over a second.
+-- Raises 55P03 at once when anyone holds the partition (a reader's open
+-- transaction): it never waits for the lock, so no reader of the history ever
+-- queues behind a pending ACCESS EXCLUSIVE request of its.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._empty_slot(slot smallint)
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
-SET lock_timeout = '1s'
 AS $$
 DECLARE
     v_partition regclass := treadle._history_partition(_empty_slot.slot);
     v_jobs      bigint;
 BEGIN
-    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', v_partition);
+    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE NOWAIT', v_partition);
     -- the answer, from the id index where vacuum has marked the pages all-visible; the
     -- lock keeps anyone from adding or taking rows meanwhile
     SELECT count(*) INTO v_jobs FROM treadle.job_history AS h WHERE h.slot = _empty_slot.slot;
@@ -3245,7 +3319,8 @@ COMMENT ON FUNCTION treadle._empty_slot(smallint) IS
 -- (treadle._empty_slot), oldest first, until `batch` jobs have gone, so that one
 -- transaction holds few of them; then deletes what is left of `batch` in rows of
 -- partition 0 whose purge_at has passed. A partition that a reader holds, or that
--- another call is emptying, is left for a later call. Returns how many jobs went.
+-- another call is emptying, is left for a later call at once (no lock wait).
+-- Returns how many jobs went.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._purge_history(now timestamptz, batch integer)
 RETURNS bigint
@@ -3345,6 +3420,65 @@ COMMENT ON FUNCTION treadle._queue_settled(text) IS
     'Delete a queue''s settings row when it holds no setting.';
 
 --------------------------------------------------------------------------------
+-- treadle._is_admin() -> boolean
+--
+-- Whether the caller holds the admin part (treadle.grant_admin): the right to
+-- prune, which the owner and superusers hold too.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._is_admin()
+RETURNS boolean
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT coalesce(pg_catalog.has_function_privilege(treadle._caller_role()::oid,
+                                                      'treadle.prune(interval)'::regprocedure, 'EXECUTE'), false);
+END;
+COMMENT ON FUNCTION treadle._is_admin() IS
+    'Whether the caller holds the admin part (the right to prune).';
+
+--------------------------------------------------------------------------------
+-- treadle._check_queue_limits(queue, retain_completed, retain_failed) -> void
+--
+-- What a role without the admin part may not do to queues (treadle.settings):
+-- make a settings row for a queue that has none once max_queues queues have one
+-- (pausing or limiting arbitrary names would otherwise fill treadle.queues, and
+-- every page and scrape that lists the queues), and set a retention below
+-- retention_floor (which would prune the queue without the right to prune).
+-- Raises 54000: max_queues reached. 42501: a retention below the floor.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_queue_limits(queue text, retain_completed interval,
+                                                       retain_failed interval)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_max   integer;
+    v_floor interval;
+BEGIN
+    IF treadle._is_admin() THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(max(s.max_queues), 1000), coalesce(max(s.retention_floor), interval '1 day')
+      INTO v_max, v_floor FROM treadle.settings AS s;
+    IF _check_queue_limits.retain_completed < v_floor OR _check_queue_limits.retain_failed < v_floor THEN
+        RAISE EXCEPTION 'treadle: role % may not set a retention below %', treadle._caller(), v_floor
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'A shorter retention prunes the queue: it needs the admin part (treadle.grant_admin).';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM treadle.queues AS q WHERE q.queue = _check_queue_limits.queue)
+       AND (SELECT count(*) FROM treadle.queues) >= v_max THEN
+        RAISE EXCEPTION 'treadle: % queues have settings already: role % may not add another', v_max, treadle._caller()
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'An admin (treadle.grant_admin) may, or the owner raises max_queues (treadle.configure).';
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_queue_limits(text, interval, interval) IS
+    'Raise 54000 past max_queues queue rows, 42501 for a retention below the floor, for a caller without the admin part.';
+
+--------------------------------------------------------------------------------
 -- treadle.set_queue(queue, concurrency, rate_limit, rate_period, max_depth,
 --                   retain_completed, retain_failed) -> void
 --
@@ -3356,7 +3490,9 @@ COMMENT ON FUNCTION treadle._queue_settled(text) IS
 -- 1..100000; rate_limit outside 1..1000000; rate_limit without rate_period or
 -- the reverse; rate_period not positive or over 1 day; max_depth outside
 -- 1..1000000; a retention negative or over 100 years. 42501: a tenant's queue
--- outside its prefix.
+-- outside its prefix; a retention below treadle.settings.retention_floor without
+-- the admin part. 54000: a new queue past max_queues without the admin part
+-- (treadle._check_queue_limits).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.set_queue(
     queue            text,
@@ -3398,6 +3534,7 @@ BEGIN
     PERFORM treadle._check_interval(set_queue.retain_completed, 'retain_completed', interval '100 years', may_be_zero => true);
     PERFORM treadle._check_interval(set_queue.retain_failed, 'retain_failed', interval '100 years', may_be_zero => true);
     PERFORM treadle._check_queue_allowed(set_queue.queue);
+    PERFORM treadle._check_queue_limits(set_queue.queue, set_queue.retain_completed, set_queue.retain_failed);
 
     INSERT INTO treadle.queues AS s
         (queue, concurrency, rate_limit, rate_period, max_depth, retain_completed, retain_failed,
@@ -3433,7 +3570,8 @@ COMMENT ON FUNCTION treadle.set_queue(text, integer, integer, interval, integer,
 -- Transition: the queue is paused: claims take none of its jobs (those running
 -- go on); enqueue still works. True when it was not paused before.
 -- Raises 22004: queue null. 22023: queue not a valid name. 42501: a tenant's
--- queue outside its prefix.
+-- queue outside its prefix. 54000: a new queue past max_queues without the admin
+-- part (treadle._check_queue_limits).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.pause(queue text)
 RETURNS boolean
@@ -3448,6 +3586,7 @@ DECLARE
 BEGIN
     PERFORM treadle._check_text(pause.queue, 'queue');
     PERFORM treadle._check_queue_allowed(pause.queue);
+    PERFORM treadle._check_queue_limits(pause.queue, NULL, NULL);
     INSERT INTO treadle.queues AS s (queue, paused, updated_at)
     VALUES (pause.queue, true, treadle.now())
     ON CONFLICT (queue) DO UPDATE
@@ -3650,7 +3789,8 @@ COMMENT ON FUNCTION treadle._check_steps(text[]) IS
 -- keep the steps they started with.
 -- Raises 22004: name or steps null. 22023: a name that is not a valid name (see
 -- treadle._is_name); steps empty, nested, over 1000, with a bad name, or
--- repeating one.
+-- repeating one. 42501: a tenant's workflow name outside its prefix (a tenant's
+-- definitions are named under its queue prefix, so no tenant replaces another's).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[])
 RETURNS void
@@ -3662,6 +3802,7 @@ AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM treadle._check_text(define_workflow.name, 'name');
+    PERFORM treadle._check_workflow_allowed(define_workflow.name);
     PERFORM treadle._check_steps(define_workflow.steps);
 
     INSERT INTO treadle.workflows AS w (name, steps, updated_at)
@@ -3686,8 +3827,8 @@ COMMENT ON FUNCTION treadle.define_workflow(text, text[]) IS
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
 -- input neither an object nor an array, over the size limit or nested over 100
 -- levels; max_attempts < 1; steps as define_workflow refuses them; no steps given
--- and no definition (unknown workflow). 42501: a tenant's queue outside its
--- prefix.
+-- and no definition (unknown workflow). 42501: a tenant's queue or workflow name
+-- outside its prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.start_workflow(
     name            text,
@@ -3713,6 +3854,7 @@ DECLARE
     v_id    bigint;
 BEGIN
     PERFORM treadle._check_text(start_workflow.name, 'name');
+    PERFORM treadle._check_workflow_allowed(start_workflow.name);
     PERFORM treadle._check_text(start_workflow.queue, 'queue');
     IF start_workflow.idempotency_key IS NOT NULL THEN
         PERFORM treadle._check_text(start_workflow.idempotency_key, 'idempotency_key');
@@ -3786,7 +3928,7 @@ BEGIN
     IF cancel_workflow.run_id IS NULL THEN
         RAISE EXCEPTION 'treadle: run_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_queue_allowed(r.queue) FROM treadle.workflow_runs AS r WHERE r.id = cancel_workflow.run_id;
+    PERFORM treadle._check_row_allowed(r.queue, 'workflow run') FROM treadle.workflow_runs AS r WHERE r.id = cancel_workflow.run_id;
 
     -- Jobs are locked before runs on every path; a step that finishes while we
     -- look hands over to the next one, so look again.
@@ -4137,10 +4279,17 @@ COMMENT ON FUNCTION treadle._cron_next(text, text, timestamptz) IS
 --------------------------------------------------------------------------------
 -- treadle._check_tz(tz) -> void
 --
--- A time zone name as the IANA database spells it (Europe/Paris, UTC) that
--- this server knows. Names PostgreSQL would read as a fixed abbreviation (CET,
--- EST) and POSIX rules (UTC+3, whose sign is the reverse of ISO's) are refused:
--- they do not follow a place's summer time.
+-- A time zone name that pg_timezone_names lists (Europe/Paris, UTC; any case, as
+-- PostgreSQL reads names), read as that zone. Anything else is refused: names
+-- PostgreSQL would read as a fixed abbreviation (CET, EST, though listed there
+-- too) or as a POSIX rule (UTC+3, whose sign is the reverse of ISO's; Foo/Bar+5),
+-- which do not follow a place's summer time, and zones that count leap seconds
+-- (right/UTC), whose minutes are not the clock's. Reading pg_timezone_names
+-- costs tens of milliseconds, so only a name with a digit (the only names a POSIX
+-- rule can take: Etc/GMT+5 is a zone, Foo/Bar+5 a rule) is looked up there; any
+-- other name that PostgreSQL reads at all is a zone file, and its offset on
+-- 2000-01-01 in whole minutes tells a leap-second zone from the others (the test
+-- pg_timezone_names applies).
 -- Raises 22004: tz null. 22023: any other name.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_tz(tz text)
@@ -4149,24 +4298,31 @@ LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_ok boolean;
 BEGIN
     IF tz IS NULL THEN
         RAISE EXCEPTION 'treadle: tz must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF length(tz) > 100 OR tz !~ '^[A-Za-z_]+(/[A-Za-z0-9_+-]+)*$'
-       OR (tz !~ '/' AND upper(tz) NOT IN ('UTC', 'GMT')
-           AND EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_abbrevs AS a WHERE a.abbrev = upper(tz))) THEN
-        RAISE EXCEPTION 'treadle: tz must name a time zone such as Europe/Paris or UTC, got "%"', tz
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Use a name from pg_timezone_names; abbreviations and POSIX rules do not follow summer time.';
+    v_ok := length(tz) <= 100 AND tz ~ '^[A-Za-z_]+(/[A-Za-z0-9_+-]+)*$'
+            -- a name that is also an abbreviation (CET, EST) is read as the abbreviation
+            AND NOT (tz !~ '/' AND upper(tz) NOT IN ('UTC', 'GMT')
+                     AND EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_abbrevs AS a WHERE a.abbrev = upper(tz)));
+    IF v_ok THEN
+        BEGIN
+            v_ok := extract(second FROM timestamptz '2000-01-01 00:00:00+00' AT TIME ZONE tz) = 0;
+        EXCEPTION WHEN invalid_parameter_value THEN
+            v_ok := false;
+        END;
     END IF;
-    BEGIN
-        PERFORM timestamptz '2000-01-01 00:00:00+00' AT TIME ZONE tz;
-    EXCEPTION WHEN invalid_parameter_value THEN
+    IF v_ok AND tz ~ '[0-9]' THEN
+        v_ok := EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_names AS z WHERE lower(z.name) = lower(tz));
+    END IF;
+    IF NOT v_ok THEN
         RAISE EXCEPTION 'treadle: tz must name a time zone such as Europe/Paris or UTC, got "%"', tz
             USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Use a name from pg_timezone_names.';
-    END;
+                  HINT = 'Use a name from pg_timezone_names; abbreviations, POSIX rules and leap-second zones do not keep the clock.';
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._check_tz(text) IS
@@ -4379,7 +4535,7 @@ BEGIN
             v_schedule := treadle._lock_schedule(schedule.name);
         END IF;
     END IF;
-    PERFORM treadle._check_queue_allowed(v_schedule.queue);
+    PERFORM treadle._check_row_allowed(v_schedule.queue, 'schedule');
     SELECT j.* INTO v_current FROM treadle.jobs AS j WHERE j.id = v_schedule.job_id;
 
     IF (v_schedule.cron, v_schedule.tz, v_schedule.job, v_schedule.args, v_schedule.queue, v_schedule.priority,
@@ -4451,7 +4607,7 @@ BEGIN
     IF v_schedule.name IS NULL THEN
         RETURN false;
     END IF;
-    PERFORM treadle._check_queue_allowed(v_schedule.queue);
+    PERFORM treadle._check_row_allowed(v_schedule.queue, 'schedule');
     DELETE FROM treadle.cron_schedules AS s WHERE s.name = unschedule.name;
     UPDATE treadle.jobs AS j
        SET state = 'cancelled', finished_at = treadle.now()
@@ -4494,7 +4650,9 @@ COMMENT ON VIEW treadle.schedules IS
 -- treadle.explain reads.
 -- Raises 22004: worker_id, host, pid or queues null. 22023: worker_id, host, a
 -- queue or a name not a valid name (treadle._is_name), queues or names empty or
--- over 1000, concurrency < 1, running < 0.
+-- over 1000, concurrency < 1, running < 0. 42501: a tenant's queue outside its
+-- prefix. 23505: worker_id is another tenant's worker (a tenant's worker serves
+-- only its queues, and refreshes or removes only such workers).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.worker_seen(
     worker_id   text,
@@ -4513,7 +4671,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle.now();
+    v_now    timestamptz := treadle.now();
+    v_prefix text := treadle._caller_prefix();  -- '' unless the caller is a tenant
 BEGIN
     PERFORM treadle._check_text(worker_seen.worker_id, 'worker_id');
     PERFORM treadle._check_names(worker_seen.queues, 'queues');
@@ -4530,13 +4689,22 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    PERFORM treadle._check_queue_allowed(q.q) FROM unnest(worker_seen.queues) AS q(q)
+      WHERE NOT starts_with(q.q, v_prefix);
+
     INSERT INTO treadle.workers AS w (id, host, pid, queues, running, concurrency, started_at, last_seen, names)
     VALUES (worker_seen.worker_id, worker_seen.host, worker_seen.pid, worker_seen.queues,
             worker_seen.running, worker_seen.concurrency, v_now, v_now, worker_seen.names)
     ON CONFLICT (id) DO UPDATE
        SET host = excluded.host, pid = excluded.pid, queues = excluded.queues,
            running = excluded.running, concurrency = excluded.concurrency, last_seen = excluded.last_seen,
-           names = excluded.names;
+           names = excluded.names
+     WHERE NOT EXISTS (SELECT 1 FROM unnest(w.queues) AS q(q) WHERE NOT starts_with(q.q, v_prefix));
+    IF NOT FOUND THEN
+        -- the id is a worker outside the caller's queues: say no more than that it is taken
+        RAISE EXCEPTION 'treadle: worker_id % is taken', worker_seen.worker_id
+            USING ERRCODE = 'unique_violation';
+    END IF;
 
     -- forget processes that have been silent for a day
     DELETE FROM treadle.workers AS w WHERE w.last_seen < v_now - interval '1 day';
@@ -4548,7 +4716,8 @@ COMMENT ON FUNCTION treadle.worker_seen(text, text, integer, text[], integer, in
 --------------------------------------------------------------------------------
 -- treadle.worker_stopped(worker_id) -> boolean
 --
--- Transition: removes a worker that shut down cleanly. False when unknown.
+-- Transition: removes a worker that shut down cleanly. False when unknown (or,
+-- for a tenant, when it serves a queue outside the tenant's prefix).
 -- Raises 22004: worker_id null.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.worker_stopped(worker_id text)
@@ -4561,7 +4730,10 @@ AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM treadle._check_text(worker_stopped.worker_id, 'worker_id');
-    DELETE FROM treadle.workers AS w WHERE w.id = worker_stopped.worker_id;
+    DELETE FROM treadle.workers AS w
+     WHERE w.id = worker_stopped.worker_id
+       AND NOT EXISTS (SELECT 1 FROM unnest(w.queues) AS q(q)
+                        WHERE NOT starts_with(q.q, treadle._caller_prefix()));
     RETURN FOUND;
 END;
 $$;
@@ -4770,16 +4942,20 @@ COMMENT ON FUNCTION treadle.estimated_jobs(text, text) IS
 -- (estimated = true) when it must be: finished states always, since counting them
 -- would read the whole table; available, retryable and running only when their own
 -- estimate passes exact_up_to (otherwise their indexes give an exact count).
--- A tenant's counts cover its queues only. It runs as the owner, so that the
--- statistics estimates rest on are not hidden from readers; it changes nothing,
--- but is VOLATILE (it runs EXPLAIN); treadle.grant_reader grants it.
+-- It runs with the caller's rights, so every count it reads follows row-level
+-- security: a tenant's cover its queues only, and so do those of a role that an
+-- operator's RESTRICTIVE policy keeps to fewer queues. Estimates come from
+-- treadle.estimated_jobs (the owner's statistics, kept to a tenant's prefix but
+-- not to an operator's own policies); the queues it estimates for a reader are
+-- those it counted, since the column statistics of a table with row-level
+-- security are hidden from readers. It changes nothing, but is VOLATILE (it runs
+-- EXPLAIN); treadle.grant_reader grants it.
 -- Raises 22004: exact_up_to null. 22023: exact_up_to negative.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.job_counts(exact_up_to bigint DEFAULT 100000)
 RETURNS TABLE (queue text, state text, jobs bigint, estimated boolean, oldest_available_age interval)
 LANGUAGE plpgsql
 VOLATILE
-SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -5070,10 +5246,44 @@ $$;
 COMMENT ON FUNCTION treadle.explain(bigint) IS
     'Why a job is where it is: one row per reason (reason key, message in words, time).';
 --------------------------------------------------------------------------------
+-- Row-level security: what each reader sees. A tenant (treadle.set_tenant) sees the
+-- rows of its queues, the workflow definitions named under its prefix, the workers
+-- that serve only its queues, and its own tenant row: nothing of another tenant,
+-- not even that it exists. A role that is not a tenant sees every row. The owner,
+-- whose functions do every write, is not subject to them.
+--
+-- These policies are PERMISSIVE: an operator who keeps a role to less (one queue,
+-- say) adds a RESTRICTIVE policy of its own, which every reader's query then meets
+-- as well (docs/operations.md). Each reads the caller's prefix once per query
+-- (treadle._caller_prefix, which runs as the owner, so that no policy reads
+-- treadle.tenants through another). An upgrade drops the previous version's
+-- policies before this file makes them again.
+--------------------------------------------------------------------------------
+CREATE POLICY jobs_tenant_read ON treadle.jobs FOR SELECT
+    USING (starts_with(queue, (SELECT treadle._caller_prefix())));
+CREATE POLICY job_history_tenant_read ON treadle.job_history FOR SELECT
+    USING (starts_with(queue, (SELECT treadle._caller_prefix())));
+CREATE POLICY workflow_runs_tenant_read ON treadle.workflow_runs FOR SELECT
+    USING (starts_with(queue, (SELECT treadle._caller_prefix())));
+CREATE POLICY cron_schedules_tenant_read ON treadle.cron_schedules FOR SELECT
+    USING (starts_with(queue, (SELECT treadle._caller_prefix())));
+CREATE POLICY queues_tenant_read ON treadle.queues FOR SELECT
+    USING (starts_with(queue, (SELECT treadle._caller_prefix())));
+CREATE POLICY workflows_tenant_read ON treadle.workflows FOR SELECT
+    USING (starts_with(name, (SELECT treadle._caller_prefix())));
+-- a worker is a tenant's when every queue it serves is (worker_seen keeps a tenant's
+-- worker to its queues)
+CREATE POLICY workers_tenant_read ON treadle.workers FOR SELECT
+    USING (NOT EXISTS (SELECT 1 FROM unnest(queues) AS q(q) WHERE NOT starts_with(q.q, (SELECT treadle._caller_prefix()))));
+-- a tenant sees its own row; a role that is not a tenant, every row
+CREATE POLICY tenants_tenant_read ON treadle.tenants FOR SELECT
+    USING ((SELECT treadle._caller_prefix()) = '' OR tenant_role = (SELECT treadle._caller_role()));
+--------------------------------------------------------------------------------
 -- Privileges. The functions are the only write path: every function that writes
 -- runs as the owner (SECURITY DEFINER, search_path pinned, names qualified, no
 -- SQL built from input), and no other role holds a right that writes a table or
--- draws from a sequence. Helpers named _* are the owner's alone. The extension
+-- draws from a sequence. Helpers named _* are the owner's alone (but the three that
+-- the row-level security policies call, which tell a role of itself). The extension
 -- creates no roles: the owner gives roles what their part needs with
 --
 --   treadle.grant_reader(role)     the views, and the tables' columns but lease tokens
@@ -5283,11 +5493,13 @@ COMMENT ON FUNCTION treadle.grant_dashboard(regrole, boolean) IS
 --------------------------------------------------------------------------------
 -- treadle.set_tenant(role, queue_prefix) -> void
 --
--- Keeps a role to the queues whose names start with queue_prefix: it sees only
--- their jobs and runs (row-level security, through the views), and enqueue,
--- start_workflow, claim, cancel, retry and cancel_workflow refuse it any other
--- queue (42501). A null prefix lifts the rule. Idempotency keys are per queue,
--- so tenants never share one. Owner only.
+-- Keeps a role (by OID: a rename keeps the rule) to the queues whose names start
+-- with queue_prefix: it sees only their jobs, runs and schedules, the workflow
+-- definitions named under the prefix, the workers that serve only its queues and
+-- its own tenant row (row-level security, 088_policies.sql); every function that
+-- names a queue, a workflow or a worker refuses it any other (42501). A null
+-- prefix lifts the rule. Idempotency keys are per queue, so tenants never share
+-- one. Owner only.
 -- Raises 22004: role null. 22023: a prefix that is not a valid name.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.set_tenant(role regrole, queue_prefix text)
@@ -5301,12 +5513,12 @@ BEGIN
         RAISE EXCEPTION 'treadle: role must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF queue_prefix IS NULL THEN
-        DELETE FROM treadle.tenants AS t WHERE t.role_name = role::text;
+        DELETE FROM treadle.tenants AS t WHERE t.tenant_role = role;
         RETURN;
     END IF;
     PERFORM treadle._check_text(queue_prefix, 'queue_prefix');
-    INSERT INTO treadle.tenants AS t (role_name, queue_prefix) VALUES (role::text, queue_prefix)
-    ON CONFLICT (role_name) DO UPDATE SET queue_prefix = excluded.queue_prefix;
+    INSERT INTO treadle.tenants AS t (tenant_role, queue_prefix) VALUES (role, queue_prefix)
+    ON CONFLICT (tenant_role) DO UPDATE SET queue_prefix = excluded.queue_prefix;
 END;
 $$;
 COMMENT ON FUNCTION treadle.set_tenant(regrole, text) IS
@@ -5374,6 +5586,46 @@ COMMENT ON FUNCTION treadle.configure(interval, interval) IS
     'Set how long finished work is kept (completed, failed); null keeps it forever.';
 
 --------------------------------------------------------------------------------
+-- treadle.configure(max_queues, retention_floor) -> void
+--
+-- What a role without the admin part (treadle.grant_admin: the dashboard's) may do
+-- to queues: make settings rows (set_queue, pause) for at most max_queues queues in
+-- all (default 1000), and set no queue's retention below retention_floor (default
+-- 1 day). Admins, the owner and superusers are not held to either. Both are given,
+-- so a call says the whole policy. Owner only.
+-- Raises 22004: either null. 22023: max_queues outside 1..1000000, retention_floor
+-- negative or over 100 years.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.configure(max_queues integer, retention_floor interval)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF configure.max_queues IS NULL OR configure.retention_floor IS NULL THEN
+        RAISE EXCEPTION 'treadle: max_queues and retention_floor must not be null'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF configure.max_queues NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'treadle: max_queues must be between 1 and 1000000, got %', configure.max_queues
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM treadle._check_interval(configure.retention_floor, 'retention_floor', interval '100 years',
+                                    may_be_zero => true);
+    INSERT INTO treadle.settings AS s (max_payload_bytes, retain_completed, retain_failed, max_queues, retention_floor)
+    SELECT treadle._max_payload_bytes(), r.retain_completed, r.retain_failed,
+           configure.max_queues, configure.retention_floor
+      FROM treadle._retention() AS r
+    ON CONFLICT (only_row) DO UPDATE SET max_queues = excluded.max_queues,
+                                         retention_floor = excluded.retention_floor;
+END;
+$$;
+COMMENT ON FUNCTION treadle.configure(integer, interval) IS
+    'Set what roles without the admin part may do to queues (max_queues, retention_floor).';
+
+--------------------------------------------------------------------------------
 -- Every function, table and sequence: nothing for PUBLIC, but the read-only
 -- functions that run with the caller's rights (they show only what the caller may
 -- see). This file comes last, so it covers every object the sources create.
@@ -5386,6 +5638,9 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA treadle FROM PUBLIC;
 -- see only what the caller may see. And cron_next, which reads no table.
 GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint),
     treadle.cron_next(text, text, timestamptz) TO PUBLIC;
+-- The helpers the row-level security policies call as the reader: each tells a role
+-- of itself only (its name, its OID, its own tenant prefix).
+GRANT EXECUTE ON FUNCTION treadle._caller(), treadle._caller_role(), treadle._caller_prefix() TO PUBLIC;
 $_treadle_pgtle_$;
 BEGIN
     -- registered by 0.3.0 or earlier (no schema) and not created in this database: again
@@ -13913,6 +14168,37 @@ SELECT r.rolname AS role_name, array_agg(p.part ORDER BY p.part) AS parts
 DROP VIEW treadle.queue_settings, treadle.schedules, treadle.live_workers, treadle.queue_stats,
           treadle.throughput, treadle.recent_failures, treadle.workflow_run_overview,
           treadle.job_details, treadle.workflow_run_steps;
+
+-- Row-level security: 0.4.0's policies (088_policies.sql) read the caller's prefix
+-- through treadle._caller_prefix and cover the workflow definitions, the worker
+-- registry and the tenants table too; 0.3.0's are dropped first.
+DROP POLICY jobs_tenant_read ON treadle.jobs;
+DROP POLICY job_history_tenant_read ON treadle.job_history;
+DROP POLICY workflow_runs_tenant_read ON treadle.workflow_runs;
+DROP POLICY cron_schedules_tenant_read ON treadle.cron_schedules;
+DROP POLICY queues_tenant_read ON treadle.queues;
+ALTER TABLE treadle.workflows ENABLE ROW LEVEL SECURITY;
+ALTER TABLE treadle.workers ENABLE ROW LEVEL SECURITY;
+ALTER TABLE treadle.tenants ENABLE ROW LEVEL SECURITY;
+
+-- Tenants are kept by role OID, not name: a rename keeps the rule. 0.3.0 stored the
+-- role as regrole's text, which reads back as the same role; a row whose role is
+-- gone no longer applies to anyone and goes.
+-- 0.3.0's _caller_prefix (a SQL-standard body) depends on the column: it is made
+-- again from sql/src.
+DROP FUNCTION treadle._caller_prefix();
+DELETE FROM treadle.tenants AS t WHERE pg_catalog.to_regrole(t.role_name::text) IS NULL;
+ALTER TABLE treadle.tenants RENAME COLUMN role_name TO tenant_role;
+ALTER TABLE treadle.tenants ALTER COLUMN tenant_role TYPE regrole USING tenant_role::text::regrole;
+
+-- What roles without the admin part may do to queues (treadle.configure(max_queues,
+-- retention_floor)).
+ALTER TABLE treadle.settings
+    ADD COLUMN max_queues integer NOT NULL DEFAULT 1000,
+    ADD COLUMN retention_floor interval NOT NULL DEFAULT interval '1 day',
+    ADD CONSTRAINT settings_max_queues_check CHECK (max_queues BETWEEN 1 AND 1000000),
+    ADD CONSTRAINT settings_retention_floor_check
+        CHECK (retention_floor BETWEEN interval '0' AND interval '100 years');
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -13976,7 +14262,7 @@ COMMENT ON FUNCTION treadle.now() IS
 --
 -- The role a call is made for: the session's role (SET ROLE's, or the login's).
 -- Inside a SECURITY DEFINER function current_user is the owner, so tenant rules
--- read this instead.
+-- read this instead. Anyone may call it: it names the caller's own role.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._caller()
 RETURNS name
@@ -13989,17 +14275,41 @@ COMMENT ON FUNCTION treadle._caller() IS
     'The role a call is made for: SET ROLE''s role, or the session''s login role.';
 
 --------------------------------------------------------------------------------
+-- treadle._caller_role() -> regrole
+--
+-- The caller's role (treadle._caller) by its OID: the tenant rule is keyed by
+-- OID, so renaming a role does not lift it. Null for a role that no longer exists.
+-- Anyone may call it and treadle._caller (the policies in 088_policies.sql do, as
+-- the reader): they tell a role of itself only. Neither runs as the owner, so
+-- enqueue and claim, which test the tenant rule inline, pay no definer call for it.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._caller_role()
+RETURNS regrole
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT pg_catalog.to_regrole(pg_catalog.quote_ident(treadle._caller()));
+END;
+COMMENT ON FUNCTION treadle._caller_role() IS
+    'The role a call is made for, by OID (null when it no longer exists).';
+
+--------------------------------------------------------------------------------
 -- treadle._caller_prefix() -> text
 --
 -- The queue prefix the caller is kept to (treadle.set_tenant), or '' for a role
--- that is not a tenant: every queue starts with ''.
+-- that is not a tenant: every queue starts with ''. It runs as the owner, so the
+-- row-level security policies (088_policies.sql), which call it as the reader,
+-- read treadle.tenants through it without reading each other; anyone may call it:
+-- it tells a role its own prefix only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._caller_prefix()
 RETURNS text
 LANGUAGE sql
 STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    SELECT coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.role_name = treadle._caller()), '');
+    SELECT coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.tenant_role = treadle._caller_role()), '');
 END;
 COMMENT ON FUNCTION treadle._caller_prefix() IS
     'The queue prefix a tenant caller is kept to, or '''' for any other role.';
@@ -14007,9 +14317,9 @@ COMMENT ON FUNCTION treadle._caller_prefix() IS
 --------------------------------------------------------------------------------
 -- treadle._check_queue_allowed(queue) -> void
 --
--- Raises 42501 when the caller is a tenant (treadle.tenants) and the queue is not
--- one of its queues. enqueue and claim test the same rule inline first (a call
--- costs more than the test) and call this only to raise.
+-- Raises 42501 when the caller is a tenant (treadle.tenants) and the queue, which
+-- the caller named, is not one of its queues. enqueue and claim test the same rule
+-- inline first (a call costs more than the test) and call this only to raise.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_queue_allowed(queue text)
 RETURNS void
@@ -14029,6 +14339,58 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._check_queue_allowed(text) IS
     'Raise 42501 when a tenant caller names a queue outside its prefix.';
+
+--------------------------------------------------------------------------------
+-- treadle._check_row_allowed(queue, what) -> void
+--
+-- treadle._check_queue_allowed for a row the caller named by id or name (a job, a
+-- run, a schedule): the refusal names neither the row's queue nor anything else
+-- of it, so a tenant learns nothing of another tenant's rows from it.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_row_allowed(queue text, what text)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_prefix text := treadle._caller_prefix();
+BEGIN
+    IF NOT starts_with(queue, v_prefix) THEN
+        RAISE EXCEPTION 'treadle: role % may not use queue of this %: it is not one of its queues',
+                        treadle._caller(), what
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = format('Its queues start with %L.', v_prefix);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_row_allowed(text, text) IS
+    'Raise 42501, naming nothing of the row, when a tenant caller names a row outside its queues.';
+
+--------------------------------------------------------------------------------
+-- treadle._check_workflow_allowed(name) -> void
+--
+-- Workflow definitions belong to a tenant: a tenant's workflow names start with
+-- its queue prefix, as its queues do. Raises 42501 for any other name.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_workflow_allowed(name text)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_prefix text := treadle._caller_prefix();
+BEGIN
+    IF NOT starts_with(name, v_prefix) THEN
+        RAISE EXCEPTION 'treadle: role % may not use workflow %', treadle._caller(), name
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = format('Its workflows'' names start with %L, as its queues do.', v_prefix);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_workflow_allowed(text) IS
+    'Raise 42501 when a tenant caller names a workflow outside its prefix.';
 
 --------------------------------------------------------------------------------
 -- treadle._is_name(value) -> boolean
@@ -14592,7 +14954,7 @@ BEGIN
     -- One statement reads both: treadle._check_queue_allowed's rule, inline (a helper call
     -- would cost more than the check), and the queue's max_depth, if it has one.
     SELECT EXISTS (SELECT 1 FROM treadle.tenants AS t
-                    WHERE t.role_name = treadle._caller() AND NOT starts_with(enqueue.queue, t.queue_prefix)),
+                    WHERE t.tenant_role = treadle._caller_role() AND NOT starts_with(enqueue.queue, t.queue_prefix)),
            (SELECT s.max_depth FROM treadle.queues AS s WHERE s.queue = enqueue.queue)
       INTO v_foreign, v_max_depth;
     IF v_foreign THEN
@@ -15030,7 +15392,7 @@ BEGIN
     END IF;
     -- treadle._check_queue_allowed's rule, inline: a helper call would cost more than the check
     IF EXISTS (SELECT 1 FROM treadle.tenants AS t, unnest(claim.queues) AS q(q)
-                WHERE t.role_name = treadle._caller() AND NOT starts_with(q.q, t.queue_prefix)) THEN
+                WHERE t.tenant_role = treadle._caller_role() AND NOT starts_with(q.q, t.queue_prefix)) THEN
         PERFORM treadle._check_queue_allowed(q.q) FROM unnest(claim.queues) AS q(q);
     END IF;
     -- Paused and limited queues (treadle.queues): claim only from those with room,
@@ -16316,8 +16678,8 @@ BEGIN
     IF cancel.job_id IS NULL THEN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_queue_allowed(j.queue) FROM treadle.jobs AS j WHERE j.id = cancel.job_id;
-    PERFORM treadle._check_queue_allowed(h.queue) FROM treadle.job_history AS h WHERE h.id = cancel.job_id;
+    PERFORM treadle._check_row_allowed(j.queue, 'job') FROM treadle.jobs AS j WHERE j.id = cancel.job_id;
+    PERFORM treadle._check_row_allowed(h.queue, 'job') FROM treadle.job_history AS h WHERE h.id = cancel.job_id;
 
     UPDATE treadle.jobs AS j
        SET state = 'cancelled',
@@ -16366,8 +16728,8 @@ BEGIN
     IF retry.job_id IS NULL THEN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_queue_allowed(j.queue) FROM treadle.jobs AS j WHERE j.id = retry.job_id;
-    PERFORM treadle._check_queue_allowed(h.queue) FROM treadle.job_history AS h WHERE h.id = retry.job_id;
+    PERFORM treadle._check_row_allowed(j.queue, 'job') FROM treadle.jobs AS j WHERE j.id = retry.job_id;
+    PERFORM treadle._check_row_allowed(h.queue, 'job') FROM treadle.job_history AS h WHERE h.id = retry.job_id;
 
     -- A job in history comes back to treadle.jobs first, as it was: its row as a
     -- treadle.jobs row, every column of jobs by name (purge_at and slot left behind).
@@ -16412,7 +16774,8 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 --
 -- Transition: empties the partitions of treadle.job_history whose purge times
 -- have passed, until `batch` jobs have gone (TRUNCATE; one that a reader holds
--- waits for a later call), and deletes expired rows of its partition 0. Then
+-- is left for a later call at once, without waiting for its lock, so no reader
+-- queues behind retention), and deletes expired rows of its partition 0. Then
 -- deletes, up to `batch` jobs in all, finished jobs (completed, discarded,
 -- cancelled) whose retention has passed, oldest first, and finished workflow
 -- runs whose retention has passed together with all their steps (a kept run
@@ -16765,20 +17128,21 @@ COMMENT ON FUNCTION treadle.archive(integer) IS
 -- Transition: empties a history partition whose day of purge times has ended
 -- (TRUNCATE) and frees its slot; returns how many jobs went. The rows of a
 -- partition are the ones treadle.archive put there for that day: all are due.
--- Raises 55P03 when a reader holds the partition for over a second.
+-- Raises 55P03 at once when anyone holds the partition (a reader's open
+-- transaction): it never waits for the lock, so no reader of the history ever
+-- queues behind a pending ACCESS EXCLUSIVE request of its.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._empty_slot(slot smallint)
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
-SET lock_timeout = '1s'
 AS $$
 DECLARE
     v_partition regclass := treadle._history_partition(_empty_slot.slot);
     v_jobs      bigint;
 BEGIN
-    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', v_partition);
+    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE NOWAIT', v_partition);
     -- the answer, from the id index where vacuum has marked the pages all-visible; the
     -- lock keeps anyone from adding or taking rows meanwhile
     SELECT count(*) INTO v_jobs FROM treadle.job_history AS h WHERE h.slot = _empty_slot.slot;
@@ -16797,7 +17161,8 @@ COMMENT ON FUNCTION treadle._empty_slot(smallint) IS
 -- (treadle._empty_slot), oldest first, until `batch` jobs have gone, so that one
 -- transaction holds few of them; then deletes what is left of `batch` in rows of
 -- partition 0 whose purge_at has passed. A partition that a reader holds, or that
--- another call is emptying, is left for a later call. Returns how many jobs went.
+-- another call is emptying, is left for a later call at once (no lock wait).
+-- Returns how many jobs went.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._purge_history(now timestamptz, batch integer)
 RETURNS bigint
@@ -16897,6 +17262,65 @@ COMMENT ON FUNCTION treadle._queue_settled(text) IS
     'Delete a queue''s settings row when it holds no setting.';
 
 --------------------------------------------------------------------------------
+-- treadle._is_admin() -> boolean
+--
+-- Whether the caller holds the admin part (treadle.grant_admin): the right to
+-- prune, which the owner and superusers hold too.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._is_admin()
+RETURNS boolean
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT coalesce(pg_catalog.has_function_privilege(treadle._caller_role()::oid,
+                                                      'treadle.prune(interval)'::regprocedure, 'EXECUTE'), false);
+END;
+COMMENT ON FUNCTION treadle._is_admin() IS
+    'Whether the caller holds the admin part (the right to prune).';
+
+--------------------------------------------------------------------------------
+-- treadle._check_queue_limits(queue, retain_completed, retain_failed) -> void
+--
+-- What a role without the admin part may not do to queues (treadle.settings):
+-- make a settings row for a queue that has none once max_queues queues have one
+-- (pausing or limiting arbitrary names would otherwise fill treadle.queues, and
+-- every page and scrape that lists the queues), and set a retention below
+-- retention_floor (which would prune the queue without the right to prune).
+-- Raises 54000: max_queues reached. 42501: a retention below the floor.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_queue_limits(queue text, retain_completed interval,
+                                                       retain_failed interval)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_max   integer;
+    v_floor interval;
+BEGIN
+    IF treadle._is_admin() THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(max(s.max_queues), 1000), coalesce(max(s.retention_floor), interval '1 day')
+      INTO v_max, v_floor FROM treadle.settings AS s;
+    IF _check_queue_limits.retain_completed < v_floor OR _check_queue_limits.retain_failed < v_floor THEN
+        RAISE EXCEPTION 'treadle: role % may not set a retention below %', treadle._caller(), v_floor
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'A shorter retention prunes the queue: it needs the admin part (treadle.grant_admin).';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM treadle.queues AS q WHERE q.queue = _check_queue_limits.queue)
+       AND (SELECT count(*) FROM treadle.queues) >= v_max THEN
+        RAISE EXCEPTION 'treadle: % queues have settings already: role % may not add another', v_max, treadle._caller()
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'An admin (treadle.grant_admin) may, or the owner raises max_queues (treadle.configure).';
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_queue_limits(text, interval, interval) IS
+    'Raise 54000 past max_queues queue rows, 42501 for a retention below the floor, for a caller without the admin part.';
+
+--------------------------------------------------------------------------------
 -- treadle.set_queue(queue, concurrency, rate_limit, rate_period, max_depth,
 --                   retain_completed, retain_failed) -> void
 --
@@ -16908,7 +17332,9 @@ COMMENT ON FUNCTION treadle._queue_settled(text) IS
 -- 1..100000; rate_limit outside 1..1000000; rate_limit without rate_period or
 -- the reverse; rate_period not positive or over 1 day; max_depth outside
 -- 1..1000000; a retention negative or over 100 years. 42501: a tenant's queue
--- outside its prefix.
+-- outside its prefix; a retention below treadle.settings.retention_floor without
+-- the admin part. 54000: a new queue past max_queues without the admin part
+-- (treadle._check_queue_limits).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.set_queue(
     queue            text,
@@ -16950,6 +17376,7 @@ BEGIN
     PERFORM treadle._check_interval(set_queue.retain_completed, 'retain_completed', interval '100 years', may_be_zero => true);
     PERFORM treadle._check_interval(set_queue.retain_failed, 'retain_failed', interval '100 years', may_be_zero => true);
     PERFORM treadle._check_queue_allowed(set_queue.queue);
+    PERFORM treadle._check_queue_limits(set_queue.queue, set_queue.retain_completed, set_queue.retain_failed);
 
     INSERT INTO treadle.queues AS s
         (queue, concurrency, rate_limit, rate_period, max_depth, retain_completed, retain_failed,
@@ -16985,7 +17412,8 @@ COMMENT ON FUNCTION treadle.set_queue(text, integer, integer, interval, integer,
 -- Transition: the queue is paused: claims take none of its jobs (those running
 -- go on); enqueue still works. True when it was not paused before.
 -- Raises 22004: queue null. 22023: queue not a valid name. 42501: a tenant's
--- queue outside its prefix.
+-- queue outside its prefix. 54000: a new queue past max_queues without the admin
+-- part (treadle._check_queue_limits).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.pause(queue text)
 RETURNS boolean
@@ -17000,6 +17428,7 @@ DECLARE
 BEGIN
     PERFORM treadle._check_text(pause.queue, 'queue');
     PERFORM treadle._check_queue_allowed(pause.queue);
+    PERFORM treadle._check_queue_limits(pause.queue, NULL, NULL);
     INSERT INTO treadle.queues AS s (queue, paused, updated_at)
     VALUES (pause.queue, true, treadle.now())
     ON CONFLICT (queue) DO UPDATE
@@ -17202,7 +17631,8 @@ COMMENT ON FUNCTION treadle._check_steps(text[]) IS
 -- keep the steps they started with.
 -- Raises 22004: name or steps null. 22023: a name that is not a valid name (see
 -- treadle._is_name); steps empty, nested, over 1000, with a bad name, or
--- repeating one.
+-- repeating one. 42501: a tenant's workflow name outside its prefix (a tenant's
+-- definitions are named under its queue prefix, so no tenant replaces another's).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[])
 RETURNS void
@@ -17214,6 +17644,7 @@ AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM treadle._check_text(define_workflow.name, 'name');
+    PERFORM treadle._check_workflow_allowed(define_workflow.name);
     PERFORM treadle._check_steps(define_workflow.steps);
 
     INSERT INTO treadle.workflows AS w (name, steps, updated_at)
@@ -17238,8 +17669,8 @@ COMMENT ON FUNCTION treadle.define_workflow(text, text[]) IS
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
 -- input neither an object nor an array, over the size limit or nested over 100
 -- levels; max_attempts < 1; steps as define_workflow refuses them; no steps given
--- and no definition (unknown workflow). 42501: a tenant's queue outside its
--- prefix.
+-- and no definition (unknown workflow). 42501: a tenant's queue or workflow name
+-- outside its prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.start_workflow(
     name            text,
@@ -17265,6 +17696,7 @@ DECLARE
     v_id    bigint;
 BEGIN
     PERFORM treadle._check_text(start_workflow.name, 'name');
+    PERFORM treadle._check_workflow_allowed(start_workflow.name);
     PERFORM treadle._check_text(start_workflow.queue, 'queue');
     IF start_workflow.idempotency_key IS NOT NULL THEN
         PERFORM treadle._check_text(start_workflow.idempotency_key, 'idempotency_key');
@@ -17338,7 +17770,7 @@ BEGIN
     IF cancel_workflow.run_id IS NULL THEN
         RAISE EXCEPTION 'treadle: run_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_queue_allowed(r.queue) FROM treadle.workflow_runs AS r WHERE r.id = cancel_workflow.run_id;
+    PERFORM treadle._check_row_allowed(r.queue, 'workflow run') FROM treadle.workflow_runs AS r WHERE r.id = cancel_workflow.run_id;
 
     -- Jobs are locked before runs on every path; a step that finishes while we
     -- look hands over to the next one, so look again.
@@ -17689,10 +18121,17 @@ COMMENT ON FUNCTION treadle._cron_next(text, text, timestamptz) IS
 --------------------------------------------------------------------------------
 -- treadle._check_tz(tz) -> void
 --
--- A time zone name as the IANA database spells it (Europe/Paris, UTC) that
--- this server knows. Names PostgreSQL would read as a fixed abbreviation (CET,
--- EST) and POSIX rules (UTC+3, whose sign is the reverse of ISO's) are refused:
--- they do not follow a place's summer time.
+-- A time zone name that pg_timezone_names lists (Europe/Paris, UTC; any case, as
+-- PostgreSQL reads names), read as that zone. Anything else is refused: names
+-- PostgreSQL would read as a fixed abbreviation (CET, EST, though listed there
+-- too) or as a POSIX rule (UTC+3, whose sign is the reverse of ISO's; Foo/Bar+5),
+-- which do not follow a place's summer time, and zones that count leap seconds
+-- (right/UTC), whose minutes are not the clock's. Reading pg_timezone_names
+-- costs tens of milliseconds, so only a name with a digit (the only names a POSIX
+-- rule can take: Etc/GMT+5 is a zone, Foo/Bar+5 a rule) is looked up there; any
+-- other name that PostgreSQL reads at all is a zone file, and its offset on
+-- 2000-01-01 in whole minutes tells a leap-second zone from the others (the test
+-- pg_timezone_names applies).
 -- Raises 22004: tz null. 22023: any other name.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_tz(tz text)
@@ -17701,24 +18140,31 @@ LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_ok boolean;
 BEGIN
     IF tz IS NULL THEN
         RAISE EXCEPTION 'treadle: tz must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF length(tz) > 100 OR tz !~ '^[A-Za-z_]+(/[A-Za-z0-9_+-]+)*$'
-       OR (tz !~ '/' AND upper(tz) NOT IN ('UTC', 'GMT')
-           AND EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_abbrevs AS a WHERE a.abbrev = upper(tz))) THEN
-        RAISE EXCEPTION 'treadle: tz must name a time zone such as Europe/Paris or UTC, got "%"', tz
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Use a name from pg_timezone_names; abbreviations and POSIX rules do not follow summer time.';
+    v_ok := length(tz) <= 100 AND tz ~ '^[A-Za-z_]+(/[A-Za-z0-9_+-]+)*$'
+            -- a name that is also an abbreviation (CET, EST) is read as the abbreviation
+            AND NOT (tz !~ '/' AND upper(tz) NOT IN ('UTC', 'GMT')
+                     AND EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_abbrevs AS a WHERE a.abbrev = upper(tz)));
+    IF v_ok THEN
+        BEGIN
+            v_ok := extract(second FROM timestamptz '2000-01-01 00:00:00+00' AT TIME ZONE tz) = 0;
+        EXCEPTION WHEN invalid_parameter_value THEN
+            v_ok := false;
+        END;
     END IF;
-    BEGIN
-        PERFORM timestamptz '2000-01-01 00:00:00+00' AT TIME ZONE tz;
-    EXCEPTION WHEN invalid_parameter_value THEN
+    IF v_ok AND tz ~ '[0-9]' THEN
+        v_ok := EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_names AS z WHERE lower(z.name) = lower(tz));
+    END IF;
+    IF NOT v_ok THEN
         RAISE EXCEPTION 'treadle: tz must name a time zone such as Europe/Paris or UTC, got "%"', tz
             USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Use a name from pg_timezone_names.';
-    END;
+                  HINT = 'Use a name from pg_timezone_names; abbreviations, POSIX rules and leap-second zones do not keep the clock.';
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._check_tz(text) IS
@@ -17931,7 +18377,7 @@ BEGIN
             v_schedule := treadle._lock_schedule(schedule.name);
         END IF;
     END IF;
-    PERFORM treadle._check_queue_allowed(v_schedule.queue);
+    PERFORM treadle._check_row_allowed(v_schedule.queue, 'schedule');
     SELECT j.* INTO v_current FROM treadle.jobs AS j WHERE j.id = v_schedule.job_id;
 
     IF (v_schedule.cron, v_schedule.tz, v_schedule.job, v_schedule.args, v_schedule.queue, v_schedule.priority,
@@ -18003,7 +18449,7 @@ BEGIN
     IF v_schedule.name IS NULL THEN
         RETURN false;
     END IF;
-    PERFORM treadle._check_queue_allowed(v_schedule.queue);
+    PERFORM treadle._check_row_allowed(v_schedule.queue, 'schedule');
     DELETE FROM treadle.cron_schedules AS s WHERE s.name = unschedule.name;
     UPDATE treadle.jobs AS j
        SET state = 'cancelled', finished_at = treadle.now()
@@ -18046,7 +18492,9 @@ COMMENT ON VIEW treadle.schedules IS
 -- treadle.explain reads.
 -- Raises 22004: worker_id, host, pid or queues null. 22023: worker_id, host, a
 -- queue or a name not a valid name (treadle._is_name), queues or names empty or
--- over 1000, concurrency < 1, running < 0.
+-- over 1000, concurrency < 1, running < 0. 42501: a tenant's queue outside its
+-- prefix. 23505: worker_id is another tenant's worker (a tenant's worker serves
+-- only its queues, and refreshes or removes only such workers).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.worker_seen(
     worker_id   text,
@@ -18065,7 +18513,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle.now();
+    v_now    timestamptz := treadle.now();
+    v_prefix text := treadle._caller_prefix();  -- '' unless the caller is a tenant
 BEGIN
     PERFORM treadle._check_text(worker_seen.worker_id, 'worker_id');
     PERFORM treadle._check_names(worker_seen.queues, 'queues');
@@ -18082,13 +18531,22 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    PERFORM treadle._check_queue_allowed(q.q) FROM unnest(worker_seen.queues) AS q(q)
+      WHERE NOT starts_with(q.q, v_prefix);
+
     INSERT INTO treadle.workers AS w (id, host, pid, queues, running, concurrency, started_at, last_seen, names)
     VALUES (worker_seen.worker_id, worker_seen.host, worker_seen.pid, worker_seen.queues,
             worker_seen.running, worker_seen.concurrency, v_now, v_now, worker_seen.names)
     ON CONFLICT (id) DO UPDATE
        SET host = excluded.host, pid = excluded.pid, queues = excluded.queues,
            running = excluded.running, concurrency = excluded.concurrency, last_seen = excluded.last_seen,
-           names = excluded.names;
+           names = excluded.names
+     WHERE NOT EXISTS (SELECT 1 FROM unnest(w.queues) AS q(q) WHERE NOT starts_with(q.q, v_prefix));
+    IF NOT FOUND THEN
+        -- the id is a worker outside the caller's queues: say no more than that it is taken
+        RAISE EXCEPTION 'treadle: worker_id % is taken', worker_seen.worker_id
+            USING ERRCODE = 'unique_violation';
+    END IF;
 
     -- forget processes that have been silent for a day
     DELETE FROM treadle.workers AS w WHERE w.last_seen < v_now - interval '1 day';
@@ -18100,7 +18558,8 @@ COMMENT ON FUNCTION treadle.worker_seen(text, text, integer, text[], integer, in
 --------------------------------------------------------------------------------
 -- treadle.worker_stopped(worker_id) -> boolean
 --
--- Transition: removes a worker that shut down cleanly. False when unknown.
+-- Transition: removes a worker that shut down cleanly. False when unknown (or,
+-- for a tenant, when it serves a queue outside the tenant's prefix).
 -- Raises 22004: worker_id null.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.worker_stopped(worker_id text)
@@ -18113,7 +18572,10 @@ AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM treadle._check_text(worker_stopped.worker_id, 'worker_id');
-    DELETE FROM treadle.workers AS w WHERE w.id = worker_stopped.worker_id;
+    DELETE FROM treadle.workers AS w
+     WHERE w.id = worker_stopped.worker_id
+       AND NOT EXISTS (SELECT 1 FROM unnest(w.queues) AS q(q)
+                        WHERE NOT starts_with(q.q, treadle._caller_prefix()));
     RETURN FOUND;
 END;
 $$;
@@ -18322,16 +18784,20 @@ COMMENT ON FUNCTION treadle.estimated_jobs(text, text) IS
 -- (estimated = true) when it must be: finished states always, since counting them
 -- would read the whole table; available, retryable and running only when their own
 -- estimate passes exact_up_to (otherwise their indexes give an exact count).
--- A tenant's counts cover its queues only. It runs as the owner, so that the
--- statistics estimates rest on are not hidden from readers; it changes nothing,
--- but is VOLATILE (it runs EXPLAIN); treadle.grant_reader grants it.
+-- It runs with the caller's rights, so every count it reads follows row-level
+-- security: a tenant's cover its queues only, and so do those of a role that an
+-- operator's RESTRICTIVE policy keeps to fewer queues. Estimates come from
+-- treadle.estimated_jobs (the owner's statistics, kept to a tenant's prefix but
+-- not to an operator's own policies); the queues it estimates for a reader are
+-- those it counted, since the column statistics of a table with row-level
+-- security are hidden from readers. It changes nothing, but is VOLATILE (it runs
+-- EXPLAIN); treadle.grant_reader grants it.
 -- Raises 22004: exact_up_to null. 22023: exact_up_to negative.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.job_counts(exact_up_to bigint DEFAULT 100000)
 RETURNS TABLE (queue text, state text, jobs bigint, estimated boolean, oldest_available_age interval)
 LANGUAGE plpgsql
 VOLATILE
-SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -18622,10 +19088,44 @@ $$;
 COMMENT ON FUNCTION treadle.explain(bigint) IS
     'Why a job is where it is: one row per reason (reason key, message in words, time).';
 --------------------------------------------------------------------------------
+-- Row-level security: what each reader sees. A tenant (treadle.set_tenant) sees the
+-- rows of its queues, the workflow definitions named under its prefix, the workers
+-- that serve only its queues, and its own tenant row: nothing of another tenant,
+-- not even that it exists. A role that is not a tenant sees every row. The owner,
+-- whose functions do every write, is not subject to them.
+--
+-- These policies are PERMISSIVE: an operator who keeps a role to less (one queue,
+-- say) adds a RESTRICTIVE policy of its own, which every reader's query then meets
+-- as well (docs/operations.md). Each reads the caller's prefix once per query
+-- (treadle._caller_prefix, which runs as the owner, so that no policy reads
+-- treadle.tenants through another). An upgrade drops the previous version's
+-- policies before this file makes them again.
+--------------------------------------------------------------------------------
+CREATE POLICY jobs_tenant_read ON treadle.jobs FOR SELECT
+    USING (starts_with(queue, (SELECT treadle._caller_prefix())));
+CREATE POLICY job_history_tenant_read ON treadle.job_history FOR SELECT
+    USING (starts_with(queue, (SELECT treadle._caller_prefix())));
+CREATE POLICY workflow_runs_tenant_read ON treadle.workflow_runs FOR SELECT
+    USING (starts_with(queue, (SELECT treadle._caller_prefix())));
+CREATE POLICY cron_schedules_tenant_read ON treadle.cron_schedules FOR SELECT
+    USING (starts_with(queue, (SELECT treadle._caller_prefix())));
+CREATE POLICY queues_tenant_read ON treadle.queues FOR SELECT
+    USING (starts_with(queue, (SELECT treadle._caller_prefix())));
+CREATE POLICY workflows_tenant_read ON treadle.workflows FOR SELECT
+    USING (starts_with(name, (SELECT treadle._caller_prefix())));
+-- a worker is a tenant's when every queue it serves is (worker_seen keeps a tenant's
+-- worker to its queues)
+CREATE POLICY workers_tenant_read ON treadle.workers FOR SELECT
+    USING (NOT EXISTS (SELECT 1 FROM unnest(queues) AS q(q) WHERE NOT starts_with(q.q, (SELECT treadle._caller_prefix()))));
+-- a tenant sees its own row; a role that is not a tenant, every row
+CREATE POLICY tenants_tenant_read ON treadle.tenants FOR SELECT
+    USING ((SELECT treadle._caller_prefix()) = '' OR tenant_role = (SELECT treadle._caller_role()));
+--------------------------------------------------------------------------------
 -- Privileges. The functions are the only write path: every function that writes
 -- runs as the owner (SECURITY DEFINER, search_path pinned, names qualified, no
 -- SQL built from input), and no other role holds a right that writes a table or
--- draws from a sequence. Helpers named _* are the owner's alone. The extension
+-- draws from a sequence. Helpers named _* are the owner's alone (but the three that
+-- the row-level security policies call, which tell a role of itself). The extension
 -- creates no roles: the owner gives roles what their part needs with
 --
 --   treadle.grant_reader(role)     the views, and the tables' columns but lease tokens
@@ -18835,11 +19335,13 @@ COMMENT ON FUNCTION treadle.grant_dashboard(regrole, boolean) IS
 --------------------------------------------------------------------------------
 -- treadle.set_tenant(role, queue_prefix) -> void
 --
--- Keeps a role to the queues whose names start with queue_prefix: it sees only
--- their jobs and runs (row-level security, through the views), and enqueue,
--- start_workflow, claim, cancel, retry and cancel_workflow refuse it any other
--- queue (42501). A null prefix lifts the rule. Idempotency keys are per queue,
--- so tenants never share one. Owner only.
+-- Keeps a role (by OID: a rename keeps the rule) to the queues whose names start
+-- with queue_prefix: it sees only their jobs, runs and schedules, the workflow
+-- definitions named under the prefix, the workers that serve only its queues and
+-- its own tenant row (row-level security, 088_policies.sql); every function that
+-- names a queue, a workflow or a worker refuses it any other (42501). A null
+-- prefix lifts the rule. Idempotency keys are per queue, so tenants never share
+-- one. Owner only.
 -- Raises 22004: role null. 22023: a prefix that is not a valid name.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.set_tenant(role regrole, queue_prefix text)
@@ -18853,12 +19355,12 @@ BEGIN
         RAISE EXCEPTION 'treadle: role must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF queue_prefix IS NULL THEN
-        DELETE FROM treadle.tenants AS t WHERE t.role_name = role::text;
+        DELETE FROM treadle.tenants AS t WHERE t.tenant_role = role;
         RETURN;
     END IF;
     PERFORM treadle._check_text(queue_prefix, 'queue_prefix');
-    INSERT INTO treadle.tenants AS t (role_name, queue_prefix) VALUES (role::text, queue_prefix)
-    ON CONFLICT (role_name) DO UPDATE SET queue_prefix = excluded.queue_prefix;
+    INSERT INTO treadle.tenants AS t (tenant_role, queue_prefix) VALUES (role, queue_prefix)
+    ON CONFLICT (tenant_role) DO UPDATE SET queue_prefix = excluded.queue_prefix;
 END;
 $$;
 COMMENT ON FUNCTION treadle.set_tenant(regrole, text) IS
@@ -18926,6 +19428,46 @@ COMMENT ON FUNCTION treadle.configure(interval, interval) IS
     'Set how long finished work is kept (completed, failed); null keeps it forever.';
 
 --------------------------------------------------------------------------------
+-- treadle.configure(max_queues, retention_floor) -> void
+--
+-- What a role without the admin part (treadle.grant_admin: the dashboard's) may do
+-- to queues: make settings rows (set_queue, pause) for at most max_queues queues in
+-- all (default 1000), and set no queue's retention below retention_floor (default
+-- 1 day). Admins, the owner and superusers are not held to either. Both are given,
+-- so a call says the whole policy. Owner only.
+-- Raises 22004: either null. 22023: max_queues outside 1..1000000, retention_floor
+-- negative or over 100 years.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.configure(max_queues integer, retention_floor interval)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF configure.max_queues IS NULL OR configure.retention_floor IS NULL THEN
+        RAISE EXCEPTION 'treadle: max_queues and retention_floor must not be null'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF configure.max_queues NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'treadle: max_queues must be between 1 and 1000000, got %', configure.max_queues
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM treadle._check_interval(configure.retention_floor, 'retention_floor', interval '100 years',
+                                    may_be_zero => true);
+    INSERT INTO treadle.settings AS s (max_payload_bytes, retain_completed, retain_failed, max_queues, retention_floor)
+    SELECT treadle._max_payload_bytes(), r.retain_completed, r.retain_failed,
+           configure.max_queues, configure.retention_floor
+      FROM treadle._retention() AS r
+    ON CONFLICT (only_row) DO UPDATE SET max_queues = excluded.max_queues,
+                                         retention_floor = excluded.retention_floor;
+END;
+$$;
+COMMENT ON FUNCTION treadle.configure(integer, interval) IS
+    'Set what roles without the admin part may do to queues (max_queues, retention_floor).';
+
+--------------------------------------------------------------------------------
 -- Every function, table and sequence: nothing for PUBLIC, but the read-only
 -- functions that run with the caller's rights (they show only what the caller may
 -- see). This file comes last, so it covers every object the sources create.
@@ -18938,6 +19480,9 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA treadle FROM PUBLIC;
 -- see only what the caller may see. And cron_next, which reads no table.
 GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint),
     treadle.cron_next(text, text, timestamptz) TO PUBLIC;
+-- The helpers the row-level security policies call as the reader: each tells a role
+-- of itself only (its name, its OID, its own tenant prefix).
+GRANT EXECUTE ON FUNCTION treadle._caller(), treadle._caller_role(), treadle._caller_prefix() TO PUBLIC;
 --------------------------------------------------------------------------------
 -- Migration 0.3.0 -> 0.4.0, after the definitions.
 --------------------------------------------------------------------------------
