@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from . import _args, _sql
+from . import _args, _dsn, _sql
 from ._compat import read_extension_version
 from ._completer import ClaimAlong, Completer
 from ._context import JobContext
@@ -184,6 +184,8 @@ class Worker:
                 raise InvalidArgument(f"{option} must be True or False, not {type(flag).__name__}")
         if listen_dsn is not None and not (isinstance(listen_dsn, str) and listen_dsn.strip()):
             raise InvalidArgument("listen_dsn must be a connection string or None")
+        if listen_dsn is not None:
+            _dsn.check(listen_dsn, "listen_dsn")
         self._backoff = backoff
         self._on_error = on_error
         self._on_event = on_event
@@ -196,6 +198,7 @@ class Worker:
             min(self.concurrency, 16) + 3,
             prepared_statements=prepared_statements,
         )
+        self._pool.redactor = _dsn.Redactor(self._pool.conninfo, listen_dsn)
         self._listen = listen
         self._listen_dsn = listen_dsn
 

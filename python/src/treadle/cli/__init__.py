@@ -42,6 +42,7 @@ from ._base import (
     dsn_of,
     error_line,
     print_json,
+    remember_dsns,
 )
 from ._worker import load_worker
 
@@ -52,6 +53,7 @@ DASHBOARD_HINT = "the dashboard needs Flask: pip install 'treadle[dashboard]'"
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    remember_dsns(args)
     try:
         if args[:1] == ["dashboard"]:
             return _dashboard(args[1:])

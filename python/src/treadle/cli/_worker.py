@@ -14,7 +14,7 @@ from typing import Any
 from treadle.errors import InvalidArgument
 from treadle.logs import configure_logging
 
-from ._base import DSN_ENV, CommandError, add_dsn, command
+from ._base import DSN_ENV, CommandError, add_dsn, command, dsn_of
 
 
 def add_command(commands: Any) -> None:
@@ -63,6 +63,8 @@ def add_command(commands: Any) -> None:
 
 
 def run(options: argparse.Namespace) -> int:
+    if options.dsn or os.environ.get(DSN_ENV):
+        dsn_of(options)  # a connection string libpq cannot read stops here, before the module is imported
     if options.dsn:
         os.environ[DSN_ENV] = options.dsn  # the module may build its Worker from it
     configure_logging(options.log_level, options.log_format)

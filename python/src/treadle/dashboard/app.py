@@ -11,6 +11,9 @@ from psycopg_pool import ConnectionPool
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from werkzeug.wrappers import Response as BaseResponse
 
+from treadle._dsn import Redactor
+from treadle._dsn import check as check_dsn
+
 from . import formatting, security
 from .queries import Store
 from .state import EXTENSION_KEY, Dashboard, Settings, current
@@ -73,9 +76,13 @@ def create_app(
         search_window=search_window,
         bulk_limit=bulk_limit,
     )
+    redactor: Redactor | None = None
     if isinstance(dsn_or_pool, str):
         if not dsn_or_pool.strip():
             raise ValueError("dsn_or_pool must not be an empty connection string")
+        check_dsn(dsn_or_pool)  # read once: a string libpq cannot read stops here, not at every retry
+        redactor = Redactor(dsn_or_pool)
+        redactor.install()  # the pool's retries log libpq's messages: never with the password
         pool: ConnectionPool[Any] = ConnectionPool(
             dsn_or_pool,
             min_size=1,
@@ -124,6 +131,7 @@ def create_app(
         owns_pool=owns_pool,
         statement_timeout_ms=statement_timeout_ms,
         exact_counts_up_to=exact_counts_up_to,
+        redactor=redactor,
     )
     app.extensions[EXTENSION_KEY] = Dashboard(store=store, settings=settings)
     app.register_blueprint(blueprint)

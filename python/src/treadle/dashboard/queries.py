@@ -29,6 +29,7 @@ from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import ConnectionPool
 
 from .. import client
+from .._dsn import Redactor
 from ..models import JOB_STATES
 
 if TYPE_CHECKING:
@@ -415,15 +416,21 @@ class Store:
         owns_pool: bool,
         statement_timeout_ms: int,
         exact_counts_up_to: int,
+        redactor: Redactor | None = None,
     ) -> None:
         self.pool = pool
         self.owns_pool = owns_pool
         self.statement_timeout_ms = statement_timeout_ms
         self.exact_counts_up_to = exact_counts_up_to
+        self.redactor = redactor  # installed while the pool it opened from a DSN runs
 
     def close(self) -> None:
-        if self.owns_pool:
-            self.pool.close()
+        try:
+            if self.owns_pool:
+                self.pool.close()
+        finally:
+            if self.redactor is not None:
+                self.redactor.remove()
 
     @contextmanager
     def _cursor(self, *, read_only: bool) -> Iterator[psycopg.Cursor[Row]]:
