@@ -49,9 +49,6 @@ worker.register("noop", lambda args, ctx: None)
 def test_an_unreadable_dsn_is_refused_without_its_password(command: list[str], given: str) -> None:
     if given == "env":
         done = treadle(*command, env={"DATABASE_URL": UNREADABLE})
-        if command == ["--version"]:  # --version reads the database only when --dsn asks it to
-            assert done.code == 0, done
-            return
     elif given == "--dsn=":
         done = treadle(*command, f"--dsn={UNREADABLE}")
     else:

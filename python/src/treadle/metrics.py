@@ -271,7 +271,7 @@ def _outcome(event: WorkerEvent) -> str:
 class MetricsServer:
     """prometheus_client's HTTP server for one registry, in a daemon thread, until `close()`."""
 
-    def __init__(self, registry: CollectorRegistry, port: int, host: str = "0.0.0.0") -> None:
+    def __init__(self, registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> None:
         from prometheus_client import start_http_server
 
         self._server, self._thread = start_http_server(port, addr=host, registry=registry)

@@ -151,7 +151,7 @@ class Worker:
         listen_dsn: str | None = None,
         prepared_statements: bool = False,
         metrics_port: int | None = None,
-        metrics_host: str = "0.0.0.0",
+        metrics_host: str = "127.0.0.1",
         metrics_database: bool = False,
         claim_ahead: int | None = None,
     ) -> None:
@@ -306,7 +306,7 @@ class Worker:
         self._check_not_started()
         self._registry.add_workflow(name, steps, handler_policy(max_attempts, backoff, timeout))
 
-    def serve_metrics(self, port: int, *, host: str = "0.0.0.0", database: bool = False) -> None:
+    def serve_metrics(self, port: int, *, host: str = "127.0.0.1", database: bool = False) -> None:
         """Serve Prometheus metrics at http://host:port/metrics while the worker runs (before it starts).
 
         `database` adds the database's metrics, read through the worker's pool at each

@@ -1,6 +1,6 @@
 """The `treadle` command: subcommands in the manner of git and kubectl.
 
-    treadle --version [--dsn URL]     the package's version, and the database's treadle
+    treadle --version                 the package's version, and the database's treadle (when one is given)
     treadle worker MODULE[:ATTR]      run the Worker a module defines
     treadle enqueue NAME [JSON]       enqueue a job (or many, --from a file or stdin)
     treadle jobs list|show|explain|retry|cancel
@@ -28,6 +28,7 @@ from treadle.errors import InvalidArgument, TreadleError, translate
 
 from . import _enqueue, _jobs, _prune, _queues, _schedules, _status, _worker
 from ._base import (
+    DSN_ENV,
     ERROR,
     EXIT_CODES,
     OK,
@@ -105,10 +106,12 @@ def _parser() -> argparse.ArgumentParser:
         prog="treadle",
         description="Jobs and workflows inside PostgreSQL. The database is --dsn, or $DATABASE_URL.",
         epilog=EXIT_CODES + "\n\nexamples:\n  treadle status --watch\n  treadle jobs list --state discarded\n"
-        "  treadle jobs retry --state discarded --queue mail --yes\n  treadle --version --dsn postgresql:///app",
+        "  treadle jobs retry --state discarded --queue mail --yes\n  DATABASE_URL=postgresql:///app treadle --version",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="store_true", help="print the version (with --dsn: the database's too)")
+    parser.add_argument(
+        "--version", action="store_true", help="print the version (with --dsn or $DATABASE_URL: the database's too)"
+    )
     add_dsn(parser, "with --version: read the database's treadle version")
     add_json(parser)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
@@ -143,12 +146,12 @@ def _dashboard(args: list[str]) -> int:
 
 
 def _version(options: argparse.Namespace) -> int:
-    """treadle --version: the package's; with --dsn, the database's treadle too (and its form)."""
+    """treadle --version: the package's; with --dsn or $DATABASE_URL, the database's treadle too (and its form)."""
     from treadle import __version__
     from treadle._compat import EXTENSION_FORM_VERSION, EXTENSION_VERSION
 
     found: dict[str, str | None] = {"package": __version__}
-    if options.dsn:
+    if options.dsn or os.environ.get(DSN_ENV):
         with connect(options, check_installed=False) as conn:
             installed = conn.execute(EXTENSION_VERSION).fetchone()
             extension = conn.execute(EXTENSION_FORM_VERSION).fetchone()

@@ -49,9 +49,10 @@ def add_command(commands: Any) -> None:
     )
     worker.add_argument(
         "--metrics-host",
-        default="0.0.0.0",
+        default="127.0.0.1",
         metavar="HOST",
-        help="the address the metrics listen on (default: every interface)",
+        help="the address the metrics listen on (default: 127.0.0.1, this machine only; "
+        "0.0.0.0 serves every interface, without authentication)",
     )
     worker.add_argument(
         "--metrics-database",
