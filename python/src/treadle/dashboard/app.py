@@ -11,6 +11,7 @@ from psycopg_pool import ConnectionPool
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from werkzeug.wrappers import Response as BaseResponse
 
+from treadle import __version__
 from treadle._dsn import Redactor
 from treadle._dsn import check as check_dsn
 
@@ -136,6 +137,7 @@ def create_app(
     app.extensions[EXTENSION_KEY] = Dashboard(store=store, settings=settings)
     app.register_blueprint(blueprint)
     app.before_request(_authenticate)
+    app.before_request(_check_version)
     app.after_request(security.add_security_headers)
     app.context_processor(_template_globals)
     app.register_error_handler(HTTPException, _http_error)
@@ -217,6 +219,19 @@ def _authenticate() -> BaseResponse | None:
             abort(403, description="This dashboard is read-only: actions are turned off.")
         security.check_csrf(request)
     return None
+
+
+def _check_version() -> Any:
+    """Every page, action and /metrics: a database whose treadle is not this package's says so, and how to fix it."""
+    if request.endpoint in ("treadle.health", "static"):
+        return None
+    problem = current().version_problem()
+    if problem is None:
+        return None
+    title = "treadle is not installed" if "not installed" in problem else "treadle needs an upgrade"
+    if "older than" not in problem and "not installed" not in problem:
+        title = "treadle's versions differ"
+    return _error_page(503, title, f"This dashboard is treadle {__version__}; {problem}.")
 
 
 def _template_globals() -> dict[str, Any]:

@@ -24,11 +24,12 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import ConnectionPool
 
 from .. import client
+from .._compat import EXTENSION_VERSION, version_problem
 from .._dsn import Redactor
 from ..models import JOB_STATES
 
@@ -423,6 +424,12 @@ class Store:
         self.statement_timeout_ms = statement_timeout_ms
         self.exact_counts_up_to = exact_counts_up_to
         self.redactor = redactor  # installed while the pool it opened from a DSN runs
+
+    def version_problem(self) -> str | None:
+        """What is wrong with the database's treadle for this package (older, newer, missing), or None."""
+        with self.pool.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
+            row = cur.execute(EXTENSION_VERSION).fetchone()
+            return version_problem(None if row is None else row[0], conn.info.dbname)
 
     def close(self) -> None:
         try:
