@@ -59,6 +59,13 @@ def add_command(commands: Any) -> None:
         action="store_true",
         help="serve the database's metrics too (jobs per queue and state, live workers)",
     )
+    worker.add_argument(
+        "--metrics-top-queues",
+        type=int,
+        default=50,
+        metavar="N",
+        help="with --metrics-database: the queues named, the busiest first; the rest are summed (default: 50)",
+    )
     add_dsn(worker, "exported as DATABASE_URL before the module is imported")
     worker.set_defaults(command=run)
 
@@ -74,7 +81,12 @@ def run(options: argparse.Namespace) -> int:
         raise CommandError("--metrics-database needs --metrics-port")
     try:
         if options.metrics_port is not None:
-            worker.serve_metrics(options.metrics_port, host=options.metrics_host, database=options.metrics_database)
+            worker.serve_metrics(
+                options.metrics_port,
+                host=options.metrics_host,
+                database=options.metrics_database,
+                top_queues=options.metrics_top_queues,
+            )
         worker.run()
     except InvalidArgument as error:  # such as a metrics port in use: the machine's state, not a bad option
         raise CommandError(str(error)) from None

@@ -37,6 +37,7 @@ def create_app(
     trusted_hosts: list[str] | None = None,
     search_window: int = 100_000,
     bulk_limit: int = 10_000,
+    top_queues: int = 50,
 ) -> Flask:
     """A Flask app showing the treadle database behind `dsn_or_pool`.
 
@@ -64,6 +65,8 @@ def create_app(
         idempotency key has no index to use, so each page of it reads at most this
         many jobs, newest first (1 to 10,000,000); the page says so.
     bulk_limit: the most jobs one bulk retry or cancel acts on (1 to 1,000,000).
+    top_queues: queues per page of the overview, and the queues /metrics names
+        (the rest summed under one label), the busiest first (1 to 10,000).
     """
     _check_arguments(
         auth=auth,
@@ -76,6 +79,7 @@ def create_app(
         trusted_hosts=trusted_hosts,
         search_window=search_window,
         bulk_limit=bulk_limit,
+        top_queues=top_queues,
     )
     redactor: Redactor | None = None
     if isinstance(dsn_or_pool, str):
@@ -126,6 +130,7 @@ def create_app(
         trusted_hosts=frozenset(name.lower() for name in trusted_hosts) if trusted_hosts is not None else None,
         search_window=search_window,
         bulk_limit=bulk_limit,
+        top_queues=top_queues,
     )
     store = Store(
         pool,
@@ -157,6 +162,7 @@ def _check_arguments(
     trusted_hosts: object,
     search_window: int,
     bulk_limit: int,
+    top_queues: int,
 ) -> None:
     if auth is not None and not callable(auth):
         raise TypeError("auth must be a callable taking the request, or None")
@@ -182,6 +188,8 @@ def _check_arguments(
         raise ValueError(f"search_window must be between 1 and 10000000, got {search_window}")
     if not 1 <= bulk_limit <= 1_000_000:
         raise ValueError(f"bulk_limit must be between 1 and 1000000, got {bulk_limit}")
+    if isinstance(top_queues, bool) or not isinstance(top_queues, int) or not 1 <= top_queues <= 10_000:
+        raise ValueError(f"top_queues must be an integer between 1 and 10000, got {top_queues!r}")
     if trusted_hosts is not None and not (
         isinstance(trusted_hosts, (list, tuple, set, frozenset))
         and trusted_hosts

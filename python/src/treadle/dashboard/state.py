@@ -30,6 +30,7 @@ class Settings:
     trusted_hosts: frozenset[str] | None
     search_window: int = 100_000
     bulk_limit: int = 10_000
+    top_queues: int = 50  # queues per overview page, and named by /metrics
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,9 @@ class Dashboard:
             if self._metrics is None:
                 from treadle.metrics import database_registry
 
-                self._metrics = database_registry(self.store.reading, exact_up_to=self.store.exact_counts_up_to)
+                self._metrics = database_registry(
+                    self.store.reading, exact_up_to=self.store.exact_counts_up_to, top_queues=self.settings.top_queues
+                )
             return self._metrics
 
     def version_problem(self) -> str | None:
