@@ -32,6 +32,7 @@ def pages(dsn: str) -> dict[str, tuple[int, str]]:
         dashboard_of(app).close()
 
 
+@pytest.mark.subprocess  # treadle status
 def test_every_page_names_an_older_version_and_the_upgrade(new_database: NewDatabase) -> None:
     dsn = new_database(None)
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -13,8 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.worker.worker_support import Child, effects, enqueue, wait_for
+
+pytestmark = pytest.mark.subprocess
 
 
 def finished(conn: psycopg.Connection[Any], job_id: int, timeout: float = 20.0) -> dict[str, Any]:
