@@ -46,6 +46,15 @@ def test_every_page_names_an_older_version_and_the_upgrade(new_database: NewData
         assert done.code == 1, done
         assert f"has treadle {OLD}, older than this package, which speaks {EXTENSION_VERSION}" in done.err
         assert "`treadle upgrade`" in done.err
+        version = treadle("--version", env={"DATABASE_URL": dsn})
+        assert version.code == 0, version
+        lines = version.out.splitlines()
+        assert lines[1] == f"database: treadle {OLD} (extension)"
+        assert f"older than this package, which speaks {EXTENSION_VERSION}" in lines[2]
+        assert "treadle upgrade" in lines[2]
+        # the package's version comes first, whatever the database answers
+        down = treadle("--version", env={"DATABASE_URL": "postgresql://app@127.0.0.1:1/app"})
+        assert down.code == 1 and down.out.startswith("treadle ") and "cannot connect" in down.err
 
         conn.execute("ALTER EXTENSION treadle UPDATE")
         after = pages(dsn)

@@ -148,24 +148,30 @@ def _dashboard(args: list[str]) -> int:
 def _version(options: argparse.Namespace) -> int:
     """treadle --version: the package's; with --dsn or $DATABASE_URL, the database's treadle too (and its form)."""
     from treadle import __version__
-    from treadle._compat import EXTENSION_FORM_VERSION, EXTENSION_VERSION
+    from treadle._compat import EXTENSION_FORM_VERSION, EXTENSION_VERSION, version_problem
 
     found: dict[str, str | None] = {"package": __version__}
+    problem: str | None = None
+    if not options.json:
+        print(f"treadle {__version__}", flush=True)  # first: whatever the database answers
     if options.dsn or os.environ.get(DSN_ENV):
         with connect(options, check_installed=False) as conn:
             installed = conn.execute(EXTENSION_VERSION).fetchone()
             extension = conn.execute(EXTENSION_FORM_VERSION).fetchone()
+            dbname = conn.info.dbname
         found["database"] = None if installed is None else next(iter(installed.values()))
         found["form"] = None if found["database"] is None else "extension" if extension else "plain"
+        problem = None if found["database"] is None else version_problem(found["database"], dbname)
     if options.json:
         print_json(found)
         return OK
-    print(f"treadle {found['package']}")
     if "database" in found:
         if found["database"] is None:
             print("database: treadle is not installed (treadle install, or CREATE EXTENSION treadle)")
         else:
             print(f"database: treadle {found['database']} ({found['form']})")
+            if problem is not None:
+                print(f"  {problem}")
     return OK
 
 
