@@ -117,3 +117,18 @@ def test_the_worker_pool_logs_no_password(dsn: str, caplog: pytest.LogCaptureFix
     with caplog.at_level(logging.INFO):
         logging.getLogger("psycopg.pool").warning("after %s", "close")
     assert "after close" in caplog.text
+
+
+def test_every_connection_string_is_read_once_in_python(dsn: str) -> None:
+    from treadle import InvalidArgument, Worker
+    from treadle.dashboard import create_app
+
+    for make in (
+        lambda: Worker(UNREADABLE),
+        lambda: Worker(dsn, listen_dsn=UNREADABLE),
+        lambda: create_app(UNREADABLE),
+    ):
+        with pytest.raises(InvalidArgument) as refused:
+            make()
+        assert "cannot be read: invalid percent-encoded token" in str(refused.value)
+        assert SECRET not in str(refused.value) and "zz-s3cret" not in str(refused.value)
