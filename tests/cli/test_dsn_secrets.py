@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -132,3 +133,48 @@ def test_every_connection_string_is_read_once_in_python(dsn: str) -> None:
             make()
         assert "cannot be read: invalid percent-encoded token" in str(refused.value)
         assert SECRET not in str(refused.value) and "zz-s3cret" not in str(refused.value)
+
+
+LEAKY_MODULE = """
+import os
+from treadle import Worker
+
+worker = Worker(os.environ["DATABASE_URL"], poll_interval=0.1)
+
+
+@worker.register("leak")
+def leak(args, ctx):
+    raise ConnectionError("could not reach " + os.environ["DATABASE_URL"])
+"""
+
+
+def test_a_worker_process_logs_no_password(dsn: str, conn: psycopg.Connection[Any], tmp_path: Path) -> None:
+    secret = "s3cr%et-w0rd"
+    with_password = psycopg.conninfo.make_conninfo(dsn, password=secret)
+    (tmp_path / "leaky.py").write_text(LEAKY_MODULE)
+    job_id = conn.execute("SELECT treadle.enqueue('leak', max_attempts => 1)").fetchone()
+    assert job_id is not None
+    log_path = tmp_path / "worker.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [str(TREADLE), "worker", "leaky"],
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path), "DATABASE_URL": with_password},
+            cwd=tmp_path,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while conn.execute("SELECT state FROM treadle.jobs WHERE id = %s", job_id).fetchone() != ("discarded",):
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)
+        deadline = time.monotonic() + 10
+        while "job failed" not in log_path.read_text():
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    logged = log_path.read_text()
+    assert "could not reach" in logged and "***" in logged, logged
+    assert secret not in logged, logged
