@@ -54,7 +54,8 @@ def test_overview_counts_every_state(client: FlaskClient, seeded: Seeded) -> Non
 def test_overview_lists_queues_with_their_oldest_waiting_age(client: FlaskClient, seeded: Seeded) -> None:
     queues = section(text(client, "/"), "queues")
     rows = re.findall(r'<tr>\s*<td><a href="/queues/(\w+)">', queues)
-    assert rows == sorted(rows) and {"mail", "media", "billing", "orders", "signups"} <= set(rows)
+    # the busiest first (test_many_queues.py pins the order)
+    assert len(rows) == len(set(rows)) and {"mail", "media", "billing", "orders", "signups"} <= set(rows)
     mail = re.search(r"/queues/mail\">mail</a></td>(.*?)</tr>", queues, re.S)
     assert mail and re.search(r'<td class="num[^"]*">\d+ s</td>', mail.group(1))
 

@@ -28,7 +28,7 @@ NOT_RUN = {
     "python -m pip install -e '.[dashboard]'": (
         "installs into the active environment; `make test` installs the package the same way"
     ),
-    'treadle dashboard --dsn "$DATABASE_URL" --port 5000': ("serves until stopped, on a port another program may hold"),
+    "treadle dashboard --port 5000": ("serves until stopped, on a port another program may hold"),
     "treadle worker examples/worker_process.py": (
         "runs until stopped; examples/worker_process.py runs this command and stops it with SIGTERM"
     ),
@@ -39,9 +39,7 @@ NOT_RUN = {
         "runs until stopped, on a port another program may hold; tests/metrics/test_serving.py runs "
         "a worker with --metrics-port and scrapes it"
     ),
-    'treadle dashboard --dsn "$DATABASE_URL" --port 5000 --read-only': (
-        "serves until stopped, on a port another program may hold"
-    ),
+    "treadle dashboard --port 5000 --read-only": ("serves until stopped, on a port another program may hold"),
     f'psql "postgresql://app_owner@db.example.com/app" -v ON_ERROR_STOP=1 -f dist/treadle-{EXTENSION_VERSION}.sql': (
         "names the reader's server; tests/install/test_plain_install.py runs psql -f on this script "
         "as a role that has only CREATE on its database"

@@ -114,3 +114,34 @@ def test_a_port_in_use_is_one_line_and_exit_1(dsn: str, tmp_path: Path) -> None:
     assert worker.stderr.strip().splitlines()[-1] == (
         f"treadle: error: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
     )
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses the machine's TCP sockets listen on at `port` (from /proc/net/tcp and tcp6)."""
+    found: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.rsplit(":", 1)
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+def test_a_worker_serves_its_metrics_on_this_machine_only_unless_told(
+    dsn: str, conn: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    with worker_process(dsn, tmp_path, "--metrics-port", "0") as worker:
+        port = worker.metrics_port()
+        assert f"serving metrics at http://127.0.0.1:{port}/metrics" in worker.stderr
+        assert listening_addresses(port) == {"0100007F"}  # 127.0.0.1, not 0.0.0.0 (00000000)
+        assert fetch(f"http://127.0.0.1:{port}/metrics")[0]
+        worker.stop()
+    with worker_process(dsn, tmp_path, "--metrics-port", "0", "--metrics-host", "0.0.0.0") as worker:
+        port = worker.metrics_port()
+        assert listening_addresses(port) == {"00000000"}  # every interface, when asked
+        worker.stop()

@@ -8,6 +8,7 @@ It runs a treadle Worker (settings from CHILD_* environment variables) with:
                     recording 'aborted' when it fires; returns {"by": WORKER_ID, "attempt": n}
   misbehave(args)   does what args["do"] names (see MISDEEDS): raises a BaseException,
                     returns a value JSON cannot hold, or an object of no JSON kind
+  amisbehave(args)  misbehave as an async handler
   hang(args)        records an effect, then sleeps args["seconds"] without looking at
                     ctx.cancelled; registered with timeout=CHILD_HANG_TIMEOUT seconds
   workflow "trip"   steps reserve, charge, notify; each records an effect and returns
@@ -93,12 +94,21 @@ def _generator() -> Any:
     yield 1
 
 
+class UnprintableError(Exception):
+    """An exception whose message cannot be read: its __str__ raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no message for you")
+
+
 MISDEEDS: dict[str, Any] = {
     "keyboard_interrupt": lambda: _raise(KeyboardInterrupt()),
     "system_exit": lambda: _raise(SystemExit(3)),
     "generator_exit": lambda: _raise(GeneratorExit()),
     "long_error": lambda: _raise(ValueError("head " + "x" * 100_000 + " tail")),
+    "unprintable": lambda: _raise(UnprintableError()),
     "set": lambda: {1, 2},
+    "int_keys": lambda: {1: "one"},
     "nan": lambda: {"ratio": float("nan")},
     "deep_list": lambda: deep_list(10_000),
     "object": lambda: object(),
@@ -112,6 +122,11 @@ def hang(args: dict[str, Any], ctx: JobContext) -> None:
 
 
 def misbehave(args: dict[str, Any], ctx: JobContext) -> Any:
+    record(ctx, "ran")
+    return MISDEEDS[args["do"]]()
+
+
+async def amisbehave(args: dict[str, Any], ctx: JobContext) -> Any:
     record(ctx, "ran")
     return MISDEEDS[args["do"]]()
 
@@ -162,6 +177,7 @@ def main() -> None:
     )
     worker.register("record", record_handler)
     worker.register("misbehave", misbehave)
+    worker.register("amisbehave", amisbehave)
     worker.register("hang", hang, timeout=setting("HANG_TIMEOUT", 3600))
     worker.workflow(
         "trip", [Step("reserve", step("reserve")), Step("charge", step("charge")), ("notify", step("notify"))]

@@ -45,15 +45,34 @@ async def read_extension_version_async(conn: psycopg.AsyncConnection[Any]) -> No
 
 def check_version(installed: object, dbname: str) -> None:
     """Raise ExtensionMissing or UnsupportedVersion for what the database says is installed."""
+    problem = version_problem(installed, dbname)
+    if problem is not None:
+        raise ExtensionMissing(problem) if installed is None else UnsupportedVersion(problem)
+
+
+def version_problem(installed: object, dbname: str) -> str | None:
+    """What is wrong with the treadle `installed` in database `dbname`, and the command that fixes it; None: nothing."""
     if installed is None:
-        raise ExtensionMissing(
+        return (
             f"the treadle extension is not installed in database {dbname!r}: "
             "run CREATE EXTENSION treadle (after make install on the server), or `treadle install`"
         )
-    if installed not in SUPPORTED_VERSIONS:
-        supported = ", ".join(sorted(SUPPORTED_VERSIONS))
-        raise UnsupportedVersion(
-            f"database {dbname!r} has treadle {installed}, but this client speaks {supported}: "
-            "run `treadle upgrade` (or ALTER EXTENSION treadle UPDATE), "
-            "or install the Python package that matches"
+    if installed in SUPPORTED_VERSIONS:
+        return None
+    supported = ", ".join(sorted(SUPPORTED_VERSIONS))
+    oldest = min((_release(version) for version in SUPPORTED_VERSIONS), default=None)
+    if oldest is not None and _release(str(installed)) < oldest:
+        return (
+            f"database {dbname!r} has treadle {installed}, older than this package, which speaks {supported}: "
+            f"upgrade it with `treadle upgrade` (or ALTER EXTENSION treadle UPDATE)"
         )
+    return (
+        f"database {dbname!r} has treadle {installed}, but this package speaks {supported}: "
+        f"install the Python package that matches (pip install 'treadle=={installed}'), "
+        "or, for an older database, `treadle upgrade` (or ALTER EXTENSION treadle UPDATE)"
+    )
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """A version's numbers, for ordering (parts that are not numbers count as 0)."""
+    return tuple(int(part) if part.isdigit() else 0 for part in version.split("."))

@@ -29,7 +29,7 @@ from psycopg.types.json import Jsonb
 
 from . import _sql
 from ._pool import WorkerPool
-from ._retry import Backoff, FailureWrite, is_transient, one_line
+from ._retry import Backoff, FailureWrite, is_transient, message_of, one_line
 from ._run_state import RunState
 from .errors import Snooze
 from .logs import logfmt
@@ -173,7 +173,7 @@ class Completer:
 
     def _log_failure(self, run: RunState, state: str, error: BaseException) -> None:
         """One line per failed attempt, its fields as key=value pairs (and as record attributes: logs.py)."""
-        lines = str(error).strip().splitlines()
+        lines = message_of(error).strip().splitlines()
         fields = {
             "job_id": run.job_id,
             "job_name": run.name,

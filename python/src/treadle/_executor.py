@@ -29,7 +29,7 @@ from ._pool import WorkerPool
 from ._registry import Registry
 from ._retry import attempt_timeout, one_line
 from ._run_state import RunState, RunStatus
-from .errors import JobTimeout, LeaseLost, Snooze, UndecodablePayload
+from .errors import Discard, InvalidArgument, JobTimeout, LeaseLost, Snooze, UndecodablePayload
 from .models import Job
 
 if TYPE_CHECKING:
@@ -213,7 +213,8 @@ class Executor:
         try:
             if not self._begin(run):
                 return
-            run.on_cancelled(_canceller(asyncio.get_running_loop(), asyncio.current_task()))
+            task = asyncio.current_task()
+            run.on_cancelled(_canceller(asyncio.get_running_loop(), task))
             watchdog = self._watch_timeout(run)
             try:
                 began = self._handler_starts()
@@ -228,9 +229,10 @@ class Executor:
                 finally:
                     self._handler_ends(began)
                 encoded = _result(run, value)
-            except GeneratorExit:
-                raise  # the loop is gone and the task with it: nothing more runs
             except BaseException as error:  # whatever a handler raises fails its job, not the worker
+                if isinstance(error, GeneratorExit) and _closed(task):
+                    raise  # the loop is gone and the task with it: nothing more runs
+                # (a GeneratorExit the handler raised itself fails its job like any other exception)
                 failure = _as_timeout(run, error)
                 await asyncio.get_running_loop().run_in_executor(None, self._fail_or_free, run, failure)
             else:
@@ -360,10 +362,26 @@ class Executor:
 
 
 def _result(run: RunState, value: Any) -> Any:
-    """The handler's return value as the job's result; JobTimeout past its timeout (not its result)."""
+    """The handler's return value as the job's result; JobTimeout past its timeout (not its result).
+
+    A value JSON cannot hold (a set, a dict with non-string keys, NaN, an object)
+    could never be stored, however often the handler ran: the job is discarded at
+    once (Discard) rather than run again for the same result.
+    """
     if run.timed_out_after is not None:
         raise JobTimeout(run.job_id, run.timed_out_after)
-    return to_jsonb(value, "the handler's result")
+    try:
+        return to_jsonb(value, "the handler's result")
+    except InvalidArgument as error:
+        raise Discard(f"{error}; a result that cannot be stored as JSON discards its job without a retry") from None
+
+
+def _closed(task: asyncio.Task[Any] | None) -> bool:
+    """True when GeneratorExit came from outside: the task's coroutine closed, not run by its loop."""
+    try:
+        return task is None or asyncio.current_task() is not task
+    except RuntimeError:  # no loop is running: the coroutine is being closed by the garbage collector
+        return True
 
 
 def _canceller(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any] | None) -> Callable[[], None]:

@@ -19,6 +19,7 @@ import psycopg
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import ConnectionPool
 
+from ._dsn import Redactor, check
 from .errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -49,8 +50,7 @@ class WorkerPool:
             conninfo = dsn_or_pool.conninfo
             self.conninfo: str = conninfo() if callable(conninfo) else conninfo
         elif isinstance(dsn_or_pool, str):
-            if not dsn_or_pool.strip():
-                raise InvalidArgument("the connection string must not be empty")
+            check(dsn_or_pool)  # read once: a string libpq cannot read stops the worker now, not every retry
             kwargs = {
                 "autocommit": True,
                 "application_name": application_name,
@@ -71,15 +71,20 @@ class WorkerPool:
             raise InvalidArgument(
                 f"Worker needs a connection string or a psycopg_pool.ConnectionPool, not {type(dsn_or_pool).__name__}"
             )
+        self.redactor = Redactor(self.conninfo)
 
     def open(self) -> None:
+        self.redactor.install()  # the pool's retries log libpq's messages: never with the password
         if self.owns_pool:
             # do not wait: a server that is down now is retried by every statement
             self.pool.open(wait=False)
 
     def close(self) -> None:
-        if self.owns_pool:
-            self.pool.close(timeout=5.0)
+        try:
+            if self.owns_pool:
+                self.pool.close(timeout=5.0)
+        finally:
+            self.redactor.remove()
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:

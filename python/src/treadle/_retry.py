@@ -48,8 +48,16 @@ class Backoff:
 
 def one_line(error: BaseException) -> str:
     """An exception as one log-friendly line: its type and the first line of its message."""
-    lines = str(error).strip().splitlines()
+    lines = message_of(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+def message_of(error: BaseException) -> str:
+    """str(error), or a fallback that says why not when the exception's __str__ itself raises."""
+    try:
+        return str(error)
+    except BaseException as broken:  # an exception's own __str__ may raise anything
+        return f"<its message could not be read: str() raised {type(broken).__name__}>"
 
 
 class HandlerPolicy(NamedTuple):

@@ -232,3 +232,17 @@ SELECT treadle.worker_seen(worker_id => %(worker_id)s::text, host => %(host)s::t
                            running => %(running)s::integer, names => %(names)s::text[])
 """
 WORKER_STOPPED: Final[LiteralString] = "SELECT treadle.worker_stopped(worker_id => %(worker_id)s::text)"
+
+# -- the faces' counts (metrics.py, dashboard/queries.py) ----------------------------------
+
+# A CTE over `counts` (job_counts' rows) that ranks the queues for a bounded view (the
+# metrics' top N, the overview's pages): the most jobs waiting or running first, then the
+# most jobs, then by name.
+QUEUE_RANKS: Final[LiteralString] = """
+ranked AS (
+    SELECT queue, row_number() OVER (
+               ORDER BY coalesce(sum(jobs) FILTER (WHERE state IN ('available', 'retryable', 'running')), 0) DESC,
+                        sum(jobs) DESC, queue) AS rank
+      FROM counts
+     WHERE queue IS NOT NULL
+     GROUP BY queue)"""

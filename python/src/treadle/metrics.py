@@ -28,6 +28,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from treadle._events import WorkerEvent
+from treadle._sql import QUEUE_RANKS
 
 INSTALL_HINT: Final = "treadle's metrics need prometheus_client: pip install 'treadle[metrics]'"
 
@@ -52,14 +53,32 @@ log = logging.getLogger("treadle.metrics")
 
 Connect = Callable[[], AbstractContextManager[psycopg.Connection[Any]]]
 
-# One statement, one snapshot: counts per queue and state (estimated on large tables),
+# The queue label of the series that sum every queue beyond the top `top_queues`
+# (a label value, so that sum(treadle_jobs) stays the whole); see docs/metrics.md.
+OTHER_QUEUES: Final = "(other queues)"
+TOP_QUEUES: Final = 50  # the default number of queues a scrape names
+
+# One statement, one snapshot: counts per queue and state (estimated on large tables) for
+# the top %(top)s queues, the rest summed (queue null) with how many queues they are,
 # the live workers, and the leases that expired without a rescue (jobs_lease_idx).
-DATABASE_READ: Final = """
+DATABASE_READ: Final = (
+    """
+WITH counts AS MATERIALIZED (
+    SELECT queue, state, jobs, oldest_available_age
+      FROM treadle.job_counts(exact_up_to => %(exact_up_to)s)
+     WHERE queue IS NOT NULL),"""
+    + QUEUE_RANKS
+    + """
 SELECT (SELECT coalesce(json_agg(json_build_object(
-                    'queue', c.queue, 'state', c.state, 'jobs', c.jobs,
-                    'oldest_waiting', extract(epoch FROM c.oldest_available_age))), '[]')::text
-          FROM treadle.job_counts(exact_up_to => %(exact_up_to)s) AS c
-         WHERE c.queue IS NOT NULL) AS counts,
+                    'queue', t.queue, 'state', t.state, 'jobs', t.jobs,
+                    'oldest_waiting', t.oldest_waiting)), '[]')::text
+          FROM (SELECT CASE WHEN r.rank <= %(top)s THEN c.queue END AS queue, c.state, sum(c.jobs) AS jobs,
+                       extract(epoch FROM max(c.oldest_available_age)) AS oldest_waiting
+                  FROM counts AS c JOIN ranked AS r USING (queue)
+                 GROUP BY 1, 2) AS t) AS counts,
+       (SELECT coalesce(json_agg(q.queue), '[]')::text
+          FROM ranked AS q WHERE q.rank <= %(top)s) AS top,
+       (SELECT count(*) FROM ranked AS q WHERE q.rank > %(top)s) AS other_queues,
        (SELECT coalesce(json_agg(json_build_object(
                     'worker_id', w.id, 'host', w.host, 'queues', w.queues,
                     'concurrency', w.concurrency, 'running', w.running_jobs)), '[]')::text
@@ -68,6 +87,7 @@ SELECT (SELECT coalesce(json_agg(json_build_object(
           FROM treadle.jobs AS j
          WHERE j.state = 'running' AND j.lease_until < treadle.now()) AS expired_leases
 """
+)
 
 # The outcome label of treadle_worker_jobs_total, by the event that ends a run and the
 # state it wrote. A failed attempt that will run again is "failed"; its last, "discarded".
@@ -84,11 +104,19 @@ class DatabaseCollector(Collector):
     `connection`, or `lambda: psycopg.connect(dsn)`). Above `exact_up_to` jobs, counts
     of finished states are estimates (treadle.job_counts). When the database cannot
     be read, the scrape still answers, with treadle_database_up 0.
+
+    A scrape names at most `top_queues` queues (those with the most jobs waiting or
+    running, then the most jobs): the others are summed under the queue label
+    OTHER_QUEUES, and treadle_other_queues says how many they are. So however many
+    queues producers make, a scrape stays about the same size.
     """
 
-    def __init__(self, connect: Connect, *, exact_up_to: int = 100_000) -> None:
+    def __init__(self, connect: Connect, *, exact_up_to: int = 100_000, top_queues: int = TOP_QUEUES) -> None:
+        if isinstance(top_queues, bool) or not isinstance(top_queues, int) or not 1 <= top_queues <= 10_000:
+            raise ValueError(f"top_queues must be an integer from 1 to 10000, got {top_queues!r}")
         self._connect = connect
         self._exact_up_to = exact_up_to
+        self._top = top_queues
 
     def describe(self) -> list[GaugeMetricFamily]:
         # Without describe() the registry would collect (read the database) at registration.
@@ -98,7 +126,7 @@ class DatabaseCollector(Collector):
         families = self._families()
         started = time.monotonic()
         try:
-            counts, workers, expired = self._read()
+            counts, top, other_queues, workers, expired = self._read()
         except psycopg.Error as error:
             log.warning("metrics: reading the database failed: %s", str(error).strip().splitlines()[0])
             families["up"].add_metric([], 0)
@@ -110,29 +138,40 @@ class DatabaseCollector(Collector):
         families["scrape"].add_metric([], time.monotonic() - started)
         oldest: dict[str, float] = {}
         for count in counts:
-            families["jobs"].add_metric([count["queue"], count["state"]], count["jobs"])
-            oldest[count["queue"]] = max(float(count["oldest_waiting"] or 0.0), 0.0)
+            queue = OTHER_QUEUES if count["queue"] is None else count["queue"]
+            families["jobs"].add_metric([queue, count["state"]], count["jobs"])
+            oldest[queue] = max(oldest.get(queue, 0.0), float(count["oldest_waiting"] or 0.0), 0.0)
         serving = dict.fromkeys(oldest, 0)  # every queue with jobs, 0 until a live worker claims from it
+        named = set(top)
+        beyond: set[str] = set()  # the live workers claiming from a queue that is not named
         for worker in workers:
             families["worker_slots"].add_metric([worker["worker_id"], worker["host"]], worker["concurrency"])
             families["worker_busy"].add_metric([worker["worker_id"], worker["host"]], worker["running"])
             for queue in worker["queues"]:
+                if queue not in named and (other_queues or len(named) >= self._top):
+                    beyond.add(worker["worker_id"])  # among the others, or past the bound: summed
+                    continue
+                named.add(queue)  # a queue without jobs, while there is room for it
                 serving[queue] = serving.get(queue, 0) + 1
+        if beyond:
+            serving[OTHER_QUEUES] = len(beyond)
         for queue, age in sorted(oldest.items()):
             families["oldest"].add_metric([queue], age)
         for queue, live in sorted(serving.items()):
             families["live"].add_metric([queue], live)
+        families["other"].add_metric([], other_queues)
         families["expired"].add_metric([], expired)
         yield from families.values()
 
-    def _read(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
-        """(per-queue counts, live workers, expired leases), in one statement."""
+    def _read(self) -> tuple[list[dict[str, Any]], list[str], int, list[dict[str, Any]], int]:
+        """(counts of the top queues and of the rest, the top queues, how many the rest are, live workers,
+        expired leases), in one statement."""
         # a tuple row and JSON as text: whatever row factory or loaders the connection has
         with self._connect() as conn, conn.cursor(row_factory=tuple_row) as cur:
-            row = cur.execute(DATABASE_READ, {"exact_up_to": self._exact_up_to}).fetchone()
+            row = cur.execute(DATABASE_READ, {"exact_up_to": self._exact_up_to, "top": self._top}).fetchone()
         assert row is not None
-        counts, workers, expired = row
-        return json.loads(counts), json.loads(workers), int(expired)
+        counts, top, other_queues, workers, expired = row
+        return json.loads(counts), json.loads(top), int(other_queues), json.loads(workers), int(expired)
 
     @staticmethod
     def _families() -> dict[str, GaugeMetricFamily]:
@@ -162,16 +201,22 @@ class DatabaseCollector(Collector):
             "worker_busy": GaugeMetricFamily(
                 "treadle_live_worker_busy_slots", "Running jobs a live worker holds", labels=["worker_id", "host"]
             ),
+            "other": GaugeMetricFamily(
+                "treadle_other_queues",
+                f"Queues beyond the scrape's top N, their jobs summed under queue={OTHER_QUEUES!r}",
+            ),
             "expired": GaugeMetricFamily(
                 "treadle_expired_leases", "Running jobs whose lease expired and that no rescue has returned yet"
             ),
         }
 
 
-def database_registry(connect: Connect, *, exact_up_to: int = 100_000) -> CollectorRegistry:
+def database_registry(
+    connect: Connect, *, exact_up_to: int = 100_000, top_queues: int = TOP_QUEUES
+) -> CollectorRegistry:
     """A registry holding a DatabaseCollector only (for the dashboard's /metrics)."""
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(DatabaseCollector(connect, exact_up_to=exact_up_to))
+    registry.register(DatabaseCollector(connect, exact_up_to=exact_up_to, top_queues=top_queues))
     return registry
 
 
@@ -271,7 +316,7 @@ def _outcome(event: WorkerEvent) -> str:
 class MetricsServer:
     """prometheus_client's HTTP server for one registry, in a daemon thread, until `close()`."""
 
-    def __init__(self, registry: CollectorRegistry, port: int, host: str = "0.0.0.0") -> None:
+    def __init__(self, registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> None:
         from prometheus_client import start_http_server
 
         self._server, self._thread = start_http_server(port, addr=host, registry=registry)

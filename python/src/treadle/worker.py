@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from . import _args, _sql
+from . import _args, _dsn, _sql
 from ._compat import read_extension_version
 from ._completer import ClaimAlong, Completer
 from ._context import JobContext
@@ -151,7 +151,7 @@ class Worker:
         listen_dsn: str | None = None,
         prepared_statements: bool = False,
         metrics_port: int | None = None,
-        metrics_host: str = "0.0.0.0",
+        metrics_host: str = "127.0.0.1",
         metrics_database: bool = False,
         claim_ahead: int | None = None,
     ) -> None:
@@ -184,6 +184,8 @@ class Worker:
                 raise InvalidArgument(f"{option} must be True or False, not {type(flag).__name__}")
         if listen_dsn is not None and not (isinstance(listen_dsn, str) and listen_dsn.strip()):
             raise InvalidArgument("listen_dsn must be a connection string or None")
+        if listen_dsn is not None:
+            _dsn.check(listen_dsn, "listen_dsn")
         self._backoff = backoff
         self._on_error = on_error
         self._on_event = on_event
@@ -196,6 +198,7 @@ class Worker:
             min(self.concurrency, 16) + 3,
             prepared_statements=prepared_statements,
         )
+        self._pool.redactor = _dsn.Redactor(self._pool.conninfo, listen_dsn)
         self._listen = listen
         self._listen_dsn = listen_dsn
 
@@ -224,6 +227,7 @@ class Worker:
         self._metrics: WorkerMetrics | None = None
         self._metrics_address: tuple[str, int] | None = None
         self._metrics_database = False
+        self._metrics_top_queues = 50
         if metrics_port is not None:
             self.serve_metrics(metrics_port, host=metrics_host, database=metrics_database)
 
@@ -303,11 +307,14 @@ class Worker:
         self._check_not_started()
         self._registry.add_workflow(name, steps, handler_policy(max_attempts, backoff, timeout))
 
-    def serve_metrics(self, port: int, *, host: str = "0.0.0.0", database: bool = False) -> None:
+    def serve_metrics(
+        self, port: int, *, host: str = "127.0.0.1", database: bool = False, top_queues: int = 50
+    ) -> None:
         """Serve Prometheus metrics at http://host:port/metrics while the worker runs (before it starts).
 
         `database` adds the database's metrics, read through the worker's pool at each
-        scrape. ImportError, naming the `pip install` that gives it, without prometheus_client.
+        scrape, naming the `top_queues` busiest queues and summing the rest.
+        ImportError, naming the `pip install` that gives it, without prometheus_client.
         """
         self._check_not_started()
         port = _args.integer(port, "metrics_port", (0, 65535))
@@ -315,6 +322,7 @@ class Worker:
             raise InvalidArgument("metrics_host must be a host name or address")
         if not isinstance(database, bool):
             raise InvalidArgument(f"metrics_database must be True or False, not {type(database).__name__}")
+        self._metrics_top_queues = _args.integer(top_queues, "top_queues", (1, 10_000))
         from .metrics import WorkerMetrics
 
         self._metrics = WorkerMetrics()
@@ -503,7 +511,9 @@ class Worker:
         from .metrics import DatabaseCollector, MetricsServer
 
         if self._metrics_database:
-            self._metrics.registry.register(DatabaseCollector(self._pool.connection))
+            self._metrics.registry.register(
+                DatabaseCollector(self._pool.connection, top_queues=self._metrics_top_queues)
+            )
         host, port = self._metrics_address
         try:
             server = MetricsServer(self._metrics.registry, port, host)

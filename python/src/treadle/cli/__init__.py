@@ -1,6 +1,6 @@
 """The `treadle` command: subcommands in the manner of git and kubectl.
 
-    treadle --version [--dsn URL]     the package's version, and the database's treadle
+    treadle --version                 the package's version, and the database's treadle (when one is given)
     treadle worker MODULE[:ATTR]      run the Worker a module defines
     treadle enqueue NAME [JSON]       enqueue a job (or many, --from a file or stdin)
     treadle jobs list|show|explain|retry|cancel
@@ -28,6 +28,7 @@ from treadle.errors import InvalidArgument, TreadleError, translate
 
 from . import _enqueue, _jobs, _prune, _queues, _schedules, _status, _worker
 from ._base import (
+    DSN_ENV,
     ERROR,
     EXIT_CODES,
     OK,
@@ -43,6 +44,7 @@ from ._base import (
     dsn_of,
     error_line,
     print_json,
+    remember_dsns,
 )
 from ._worker import load_worker
 
@@ -53,6 +55,7 @@ DASHBOARD_HINT = "the dashboard needs Flask: pip install 'treadle[dashboard]'"
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    remember_dsns(args)
     try:
         if args[:1] == ["dashboard"]:
             return _dashboard(args[1:])
@@ -104,10 +107,12 @@ def _parser() -> argparse.ArgumentParser:
         prog="treadle",
         description="Jobs and workflows inside PostgreSQL. The database is --dsn, or $DATABASE_URL.",
         epilog=EXIT_CODES + "\n\nexamples:\n  treadle status --watch\n  treadle jobs list --state discarded\n"
-        "  treadle jobs retry --state discarded --queue mail --yes\n  treadle --version --dsn postgresql:///app",
+        "  treadle jobs retry --state discarded --queue mail --yes\n  DATABASE_URL=postgresql:///app treadle --version",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="store_true", help="print the version (with --dsn: the database's too)")
+    parser.add_argument(
+        "--version", action="store_true", help="print the version (with --dsn or $DATABASE_URL: the database's too)"
+    )
     add_dsn(parser, "with --version: read the database's treadle version")
     add_json(parser)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
@@ -142,26 +147,32 @@ def _dashboard(args: list[str]) -> int:
 
 
 def _version(options: argparse.Namespace) -> int:
-    """treadle --version: the package's; with --dsn, the database's treadle too (and its form)."""
+    """treadle --version: the package's; with --dsn or $DATABASE_URL, the database's treadle too (and its form)."""
     from treadle import __version__
-    from treadle._compat import EXTENSION_FORM_VERSION, EXTENSION_VERSION
+    from treadle._compat import EXTENSION_FORM_VERSION, EXTENSION_VERSION, version_problem
 
     found: dict[str, str | None] = {"package": __version__}
-    if options.dsn:
+    problem: str | None = None
+    if not options.json:
+        print(f"treadle {__version__}", flush=True)  # first: whatever the database answers
+    if options.dsn or os.environ.get(DSN_ENV):
         with connect(options, check_installed=False) as conn:
             installed = conn.execute(EXTENSION_VERSION).fetchone()
             extension = conn.execute(EXTENSION_FORM_VERSION).fetchone()
+            dbname = conn.info.dbname
         found["database"] = None if installed is None else next(iter(installed.values()))
         found["form"] = None if found["database"] is None else "extension" if extension else "plain"
+        problem = None if found["database"] is None else version_problem(found["database"], dbname)
     if options.json:
         print_json(found)
         return OK
-    print(f"treadle {found['package']}")
     if "database" in found:
         if found["database"] is None:
             print("database: treadle is not installed (treadle install, or CREATE EXTENSION treadle)")
         else:
             print(f"database: treadle {found['database']} ({found['form']})")
+            if problem is not None:
+                print(f"  {problem}")
     return OK
 
 

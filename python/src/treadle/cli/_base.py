@@ -18,7 +18,9 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import DictRow, dict_row
 
+from treadle import _dsn
 from treadle._compat import read_extension_version
+from treadle.errors import InvalidArgument
 
 OK, ERROR, USAGE, NOT_FOUND, REFUSED = 0, 1, 2, 3, 4
 EXIT_CODES = """exit codes:
@@ -52,7 +54,25 @@ class Refused(CommandError):
 
 
 def error_line(message: str) -> None:
-    print(f"treadle: error: {message}", file=sys.stderr)
+    """One line on stderr; never with the password of a connection string the command was given."""
+    print(f"treadle: error: {_dsn.redact(message, given_dsns())}", file=sys.stderr)
+
+
+_argv_dsns: list[str] = []
+
+
+def remember_dsns(args: Sequence[str]) -> None:
+    """Note the --dsn values in `args`, whose passwords error lines cut out (with $DATABASE_URL's)."""
+    _argv_dsns.clear()
+    for index, arg in enumerate(args):
+        if arg == "--dsn" and index + 1 < len(args):
+            _argv_dsns.append(args[index + 1])
+        elif arg.startswith("--dsn="):
+            _argv_dsns.append(arg.removeprefix("--dsn="))
+
+
+def given_dsns() -> list[str | None]:
+    return [os.environ.get(DSN_ENV), *_argv_dsns]
 
 
 # -- the command line ------------------------------------------------------------------------
@@ -84,6 +104,10 @@ def dsn_of(options: argparse.Namespace) -> str:
     dsn = options.dsn or os.environ.get(DSN_ENV)
     if not dsn:
         raise CommandError(f"no database: pass --dsn or set {DSN_ENV}")
+    try:
+        _dsn.check(str(dsn), f"the connection string in {where_from(options)}")
+    except InvalidArgument as error:
+        raise UsageError(str(error)) from None
     return str(dsn)
 
 

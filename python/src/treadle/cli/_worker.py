@@ -14,7 +14,7 @@ from typing import Any
 from treadle.errors import InvalidArgument
 from treadle.logs import configure_logging
 
-from ._base import DSN_ENV, CommandError, add_dsn, command
+from ._base import DSN_ENV, CommandError, add_dsn, command, dsn_of
 
 
 def add_command(commands: Any) -> None:
@@ -49,20 +49,30 @@ def add_command(commands: Any) -> None:
     )
     worker.add_argument(
         "--metrics-host",
-        default="0.0.0.0",
+        default="127.0.0.1",
         metavar="HOST",
-        help="the address the metrics listen on (default: every interface)",
+        help="the address the metrics listen on (default: 127.0.0.1, this machine only; "
+        "0.0.0.0 serves every interface, without authentication)",
     )
     worker.add_argument(
         "--metrics-database",
         action="store_true",
         help="serve the database's metrics too (jobs per queue and state, live workers)",
     )
+    worker.add_argument(
+        "--metrics-top-queues",
+        type=int,
+        default=50,
+        metavar="N",
+        help="with --metrics-database: the queues named, the busiest first; the rest are summed (default: 50)",
+    )
     add_dsn(worker, "exported as DATABASE_URL before the module is imported")
     worker.set_defaults(command=run)
 
 
 def run(options: argparse.Namespace) -> int:
+    if options.dsn or os.environ.get(DSN_ENV):
+        dsn_of(options)  # a connection string libpq cannot read stops here, before the module is imported
     if options.dsn:
         os.environ[DSN_ENV] = options.dsn  # the module may build its Worker from it
     configure_logging(options.log_level, options.log_format)
@@ -71,7 +81,12 @@ def run(options: argparse.Namespace) -> int:
         raise CommandError("--metrics-database needs --metrics-port")
     try:
         if options.metrics_port is not None:
-            worker.serve_metrics(options.metrics_port, host=options.metrics_host, database=options.metrics_database)
+            worker.serve_metrics(
+                options.metrics_port,
+                host=options.metrics_host,
+                database=options.metrics_database,
+                top_queues=options.metrics_top_queues,
+            )
         worker.run()
     except InvalidArgument as error:  # such as a metrics port in use: the machine's state, not a bad option
         raise CommandError(str(error)) from None

@@ -11,6 +11,10 @@ from psycopg_pool import ConnectionPool
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from werkzeug.wrappers import Response as BaseResponse
 
+from treadle import __version__
+from treadle._dsn import Redactor
+from treadle._dsn import check as check_dsn
+
 from . import formatting, security
 from .queries import Store
 from .state import EXTENSION_KEY, Dashboard, Settings, current
@@ -33,6 +37,7 @@ def create_app(
     trusted_hosts: list[str] | None = None,
     search_window: int = 100_000,
     bulk_limit: int = 10_000,
+    top_queues: int = 50,
 ) -> Flask:
     """A Flask app showing the treadle database behind `dsn_or_pool`.
 
@@ -60,6 +65,8 @@ def create_app(
         idempotency key has no index to use, so each page of it reads at most this
         many jobs, newest first (1 to 10,000,000); the page says so.
     bulk_limit: the most jobs one bulk retry or cancel acts on (1 to 1,000,000).
+    top_queues: queues per page of the overview, and the queues /metrics names
+        (the rest summed under one label), the busiest first (1 to 10,000).
     """
     _check_arguments(
         auth=auth,
@@ -72,10 +79,15 @@ def create_app(
         trusted_hosts=trusted_hosts,
         search_window=search_window,
         bulk_limit=bulk_limit,
+        top_queues=top_queues,
     )
+    redactor: Redactor | None = None
     if isinstance(dsn_or_pool, str):
         if not dsn_or_pool.strip():
             raise ValueError("dsn_or_pool must not be an empty connection string")
+        check_dsn(dsn_or_pool)  # read once: a string libpq cannot read stops here, not at every retry
+        redactor = Redactor(dsn_or_pool)
+        redactor.install()  # the pool's retries log libpq's messages: never with the password
         pool: ConnectionPool[Any] = ConnectionPool(
             dsn_or_pool,
             min_size=1,
@@ -118,16 +130,19 @@ def create_app(
         trusted_hosts=frozenset(name.lower() for name in trusted_hosts) if trusted_hosts is not None else None,
         search_window=search_window,
         bulk_limit=bulk_limit,
+        top_queues=top_queues,
     )
     store = Store(
         pool,
         owns_pool=owns_pool,
         statement_timeout_ms=statement_timeout_ms,
         exact_counts_up_to=exact_counts_up_to,
+        redactor=redactor,
     )
     app.extensions[EXTENSION_KEY] = Dashboard(store=store, settings=settings)
     app.register_blueprint(blueprint)
     app.before_request(_authenticate)
+    app.before_request(_check_version)
     app.after_request(security.add_security_headers)
     app.context_processor(_template_globals)
     app.register_error_handler(HTTPException, _http_error)
@@ -147,6 +162,7 @@ def _check_arguments(
     trusted_hosts: object,
     search_window: int,
     bulk_limit: int,
+    top_queues: int,
 ) -> None:
     if auth is not None and not callable(auth):
         raise TypeError("auth must be a callable taking the request, or None")
@@ -172,6 +188,8 @@ def _check_arguments(
         raise ValueError(f"search_window must be between 1 and 10000000, got {search_window}")
     if not 1 <= bulk_limit <= 1_000_000:
         raise ValueError(f"bulk_limit must be between 1 and 1000000, got {bulk_limit}")
+    if isinstance(top_queues, bool) or not isinstance(top_queues, int) or not 1 <= top_queues <= 10_000:
+        raise ValueError(f"top_queues must be an integer between 1 and 10000, got {top_queues!r}")
     if trusted_hosts is not None and not (
         isinstance(trusted_hosts, (list, tuple, set, frozenset))
         and trusted_hosts
@@ -209,6 +227,19 @@ def _authenticate() -> BaseResponse | None:
             abort(403, description="This dashboard is read-only: actions are turned off.")
         security.check_csrf(request)
     return None
+
+
+def _check_version() -> Any:
+    """Every page, action and /metrics: a database whose treadle is not this package's says so, and how to fix it."""
+    if request.endpoint in ("treadle.health", "static"):
+        return None
+    problem = current().version_problem()
+    if problem is None:
+        return None
+    title = "treadle is not installed" if "not installed" in problem else "treadle needs an upgrade"
+    if "older than" not in problem and "not installed" not in problem:
+        title = "treadle's versions differ"
+    return _error_page(503, title, f"This dashboard is treadle {__version__}; {problem}.")
 
 
 def _template_globals() -> dict[str, Any]:

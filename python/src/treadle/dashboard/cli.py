@@ -41,6 +41,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--read-only", action="store_true", help="hide and refuse every action")
     parser.add_argument("--prefix", default="", help="serve under this path, e.g. /admin/jobs")
     parser.add_argument("--refresh", type=float, default=5.0, help="seconds between page refreshes (default: 5)")
+    parser.add_argument(
+        "--top-queues",
+        type=int,
+        default=50,
+        metavar="N",
+        help="queues per page of the overview, and named by /metrics, the rest summed (default: 50)",
+    )
     return parser
 
 
@@ -99,6 +106,7 @@ def run_cli(args: list[str]) -> int:
             secret_key=os.environ.get(SECRET_ENV) or None,
             refresh_seconds=options.refresh,
             trusted_hosts=None if basic_auth else LOOPBACK_NAMES,
+            top_queues=options.top_queues,
         )
     except (TypeError, ValueError) as error:
         return _fail(str(error))

@@ -24,11 +24,14 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import ConnectionPool
 
 from .. import client
+from .._compat import EXTENSION_VERSION, version_problem
+from .._dsn import Redactor
+from .._sql import QUEUE_RANKS
 from ..models import JOB_STATES
 
 if TYPE_CHECKING:
@@ -42,10 +45,34 @@ SESSION_LIMITS: Final = "SELECT set_config('statement_timeout', %(timeout)s, tru
 NOW: Final = "SELECT treadle.now() AS now"  # treadle's clock, which a test may move
 VERSION: Final = "SELECT treadle.version() AS version"
 
-COUNTS: Final = """
-SELECT queue, state, jobs, estimated, oldest_available_age
-  FROM treadle.job_counts(exact_up_to => %(exact_up_to)s)
+# The overview's page of queues: the totals (queue null), the counts of the queues ranked
+# %(offset)s + 1 to %(offset)s + %(limit)s (_sql.QUEUE_RANKS: the most jobs waiting or
+# running first), whether each is paused, how many queues have jobs, and up to %(limit)s
+# paused queues that have none (state null). However many queues there are, a page holds
+# at most %(limit)s of them.
+OVERVIEW_COUNTS: Final = (
+    """
+WITH counts AS MATERIALIZED (
+    SELECT queue, state, jobs, estimated, oldest_available_age
+      FROM treadle.job_counts(exact_up_to => %(exact_up_to)s)),"""
+    + QUEUE_RANKS
+    + """
+SELECT *
+  FROM (SELECT c.queue, c.state, c.jobs, c.estimated, c.oldest_available_age, r.rank,
+               coalesce(s.paused, false) AS paused, (SELECT count(*) FROM ranked) AS queue_count
+          FROM counts AS c
+          LEFT JOIN ranked AS r ON r.queue = c.queue
+          LEFT JOIN treadle.queue_settings AS s ON s.queue = c.queue
+         WHERE c.queue IS NULL OR (r.rank > %(offset)s AND r.rank <= %(offset)s + %(limit)s)
+        UNION ALL
+        (SELECT s.queue, NULL, NULL, NULL, NULL, NULL, true, NULL
+           FROM treadle.queue_settings AS s
+          WHERE s.paused AND NOT EXISTS (SELECT FROM ranked AS r WHERE r.queue = s.queue)
+          ORDER BY s.queue
+          LIMIT %(limit)s)) AS page
+ ORDER BY rank NULLS FIRST, queue
 """
+)
 THROUGHPUT: Final = "SELECT minute, completed, discarded FROM treadle.throughput"
 RECENT_FAILURES: Final = """
 SELECT id, queue, name, state, attempt, max_attempts, last_error, failed_at, workflow_run_id, step
@@ -206,7 +233,6 @@ QUEUE_WORKERS: Final = f"""{LIVE_WORKERS.rstrip()}
 QUEUE_SETTINGS_COLUMNS: Final = (
     "queue, paused, concurrency, rate_limit, rate_period, max_depth, retain_completed, retain_failed, updated_at"
 )
-PAUSED_QUEUES: Final = "SELECT queue FROM treadle.queue_settings WHERE paused"
 QUEUE_SETTINGS: Final = f"SELECT {QUEUE_SETTINGS_COLUMNS} FROM treadle.queue_settings WHERE queue = %(queue)s"
 EXPLAIN: Final = "SELECT reason, message, at FROM treadle.explain(job_id => %(job_id)s::bigint)"
 SCHEDULES: Final = """
@@ -291,7 +317,11 @@ class Overview:
     runs: list[Row]
     workers: list[Row]
     open_run: RunDetail | None
-    paused: frozenset[str] = frozenset()  # the queues that are paused
+    paused: frozenset[str] = frozenset()  # the queues that are paused, among those shown
+    queue_count: int = 0  # how many queues have jobs (the page shows some of them)
+    queue_offset: int = 0  # the queues ranked before this page's
+    queue_limit: int = 50  # the most queues a page shows
+    paused_empty: list[str] = field(default_factory=list)  # paused queues without jobs (at most queue_limit)
 
     @property
     def estimated(self) -> bool:
@@ -415,15 +445,27 @@ class Store:
         owns_pool: bool,
         statement_timeout_ms: int,
         exact_counts_up_to: int,
+        redactor: Redactor | None = None,
     ) -> None:
         self.pool = pool
         self.owns_pool = owns_pool
         self.statement_timeout_ms = statement_timeout_ms
         self.exact_counts_up_to = exact_counts_up_to
+        self.redactor = redactor  # installed while the pool it opened from a DSN runs
+
+    def version_problem(self) -> str | None:
+        """What is wrong with the database's treadle for this package (older, newer, missing), or None."""
+        with self.pool.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
+            row = cur.execute(EXTENSION_VERSION).fetchone()
+            return version_problem(None if row is None else row[0], conn.info.dbname)
 
     def close(self) -> None:
-        if self.owns_pool:
-            self.pool.close()
+        try:
+            if self.owns_pool:
+                self.pool.close()
+        finally:
+            if self.redactor is not None:
+                self.redactor.remove()
 
     @contextmanager
     def _cursor(self, *, read_only: bool) -> Iterator[psycopg.Cursor[Row]]:
@@ -448,24 +490,32 @@ class Store:
             row = cur.execute(VERSION).fetchone()
             return str(row["version"]) if row else ""
 
-    def overview(self, *, failures: int, runs: int, open_run: int | None) -> Overview | None:
-        """The front page; None when `open_run` names no run."""
+    def overview(
+        self, *, failures: int, runs: int, open_run: int | None, queue_offset: int = 0, queues: int = 50
+    ) -> Overview | None:
+        """The front page, with the queues ranked `queue_offset` + 1 to `queue_offset` + `queues`;
+        None when `open_run` names no run."""
         with self._cursor(read_only=True) as cur:
             now = _now(cur)
             detail = _run_detail(cur, open_run) if open_run is not None else None
             if open_run is not None and detail is None:
                 return None
-            totals, queues = _counts(cur.execute(COUNTS, {"exact_up_to": self.exact_counts_up_to}).fetchall())
+            params = {"exact_up_to": self.exact_counts_up_to, "offset": queue_offset, "limit": queues}
+            page = _counts(cur.execute(OVERVIEW_COUNTS, params).fetchall())
             return Overview(
                 now=now,
-                totals=totals,
-                queues=queues,
+                totals=page.totals,
+                queues=page.queues,
+                queue_count=page.queue_count,
+                queue_offset=queue_offset,
+                queue_limit=queues,
+                paused_empty=page.paused_empty,
                 throughput=cur.execute(THROUGHPUT).fetchall(),
                 failures=cur.execute(RECENT_FAILURES, {"limit": failures}).fetchall(),
                 runs=cur.execute(RECENT_RUNS, {"limit": runs}).fetchall(),
                 workers=cur.execute(LIVE_WORKERS).fetchall(),
                 open_run=detail,
-                paused=frozenset(row["queue"] for row in cur.execute(PAUSED_QUEUES).fetchall()),
+                paused=page.paused,
             )
 
     def job(self, job_id: int) -> tuple[datetime, Row | None]:
@@ -675,16 +725,37 @@ def _run_detail(cur: psycopg.Cursor[Row], run_id: int) -> RunDetail | None:
     return RunDetail(run=run, steps=cur.execute(RUN_STEPS, {"run_id": run_id}).fetchall())
 
 
-def _counts(rows: list[Row]) -> tuple[list[StateCount], list[QueueCounts]]:
-    """Split job_counts rows into the per-state totals and one entry per queue."""
+@dataclass(frozen=True)
+class CountsPage:
+    totals: list[StateCount]
+    queues: list[QueueCounts]  # in rank order
+    queue_count: int  # the queues that have jobs, on every page
+    paused: frozenset[str]  # the paused queues among `queues` and `paused_empty`
+    paused_empty: list[str]
+
+
+def _counts(rows: list[Row]) -> CountsPage:
+    """Split OVERVIEW_COUNTS rows into the per-state totals, the page's queues and the paused ones."""
     totals = {state: StateCount(state, 0, False) for state in JOB_STATES}
     queues: dict[str, QueueCounts] = {}
+    paused: set[str] = set()
+    paused_empty: list[str] = []
+    queue_count = 0
     for row in rows:
+        if row["state"] is None:  # a paused queue with no jobs
+            paused_empty.append(row["queue"])
+            paused.add(row["queue"])
+            continue
         count = StateCount(row["state"], int(row["jobs"]), bool(row["estimated"]))
+        queue_count = max(queue_count, int(row["queue_count"] or 0))
         if row["queue"] is None:
             totals[count.state] = count
             continue
         entry = queues.setdefault(row["queue"], QueueCounts(row["queue"]))
         entry.counts[count.state] = count
         entry.oldest_available_age = row["oldest_available_age"]
-    return [totals[s] for s in JOB_STATES], list(queues.values())
+        if row["paused"]:
+            paused.add(row["queue"])
+    return CountsPage(
+        [totals[s] for s in JOB_STATES], list(queues.values()), queue_count, frozenset(paused), paused_empty
+    )

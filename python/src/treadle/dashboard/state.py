@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from .queries import QueueCounts, Store
 from .security import AuthHook
 
 EXTENSION_KEY = "treadle_dashboard"
+VERSION_RECHECK = 10.0  # seconds a good answer about the installed version is kept
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class Settings:
     trusted_hosts: frozenset[str] | None
     search_window: int = 100_000
     bulk_limit: int = 10_000
+    top_queues: int = 50  # queues per overview page, and named by /metrics
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ class Dashboard:
     depth: DepthHistory = field(default_factory=lambda: DepthHistory())
     _metrics: Any = field(default=None, repr=False)  # the /metrics registry, made at the first scrape
     _metrics_lock: Lock = field(default_factory=Lock, repr=False)
+    _version_ok_at: float | None = field(default=None, repr=False)  # when the installed version was last found good
 
     def metrics_registry(self) -> Any:
         """The registry /metrics serves: the database's metrics, read through the store.
@@ -98,8 +102,23 @@ class Dashboard:
             if self._metrics is None:
                 from treadle.metrics import database_registry
 
-                self._metrics = database_registry(self.store.reading, exact_up_to=self.store.exact_counts_up_to)
+                self._metrics = database_registry(
+                    self.store.reading, exact_up_to=self.store.exact_counts_up_to, top_queues=self.settings.top_queues
+                )
             return self._metrics
+
+    def version_problem(self) -> str | None:
+        """The database's treadle is not the one this package speaks: why, and the command that fixes it.
+
+        Read at most every VERSION_RECHECK seconds while the answer is good; at each
+        request while it is not, so that a page works again as soon as the upgrade ran.
+        """
+        now = time.monotonic()
+        if self._version_ok_at is not None and now - self._version_ok_at < VERSION_RECHECK:
+            return None
+        problem = self.store.version_problem()
+        self._version_ok_at = now if problem is None else None
+        return problem
 
     def close(self) -> None:
         """Close the connection pool, when the dashboard opened it from a DSN."""

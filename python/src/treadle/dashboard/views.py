@@ -27,6 +27,7 @@ blueprint = Blueprint("treadle", __name__)
 BIGINT_MAX = 2**63 - 1
 MAX_FILTER_LENGTH = 200
 MAX_ARGS_FILTER_LENGTH = 2000
+MAX_QUEUE_PAGE = 1_000_000  # the overview's pages of queues: past this, an offset the database would only walk
 GRANT_HINT = (
     "The extension's owner gives a role what the dashboard needs with "
     "treadle.grant_dashboard(role) (read_only => true to only read)."
@@ -67,7 +68,13 @@ def overview() -> str:
     run_id = _optional_id(request.args, "run", "a workflow run id")
     dashboard = current()
     limit = dashboard.settings.recent_rows
-    data = dashboard.store.overview(failures=limit, runs=limit, open_run=run_id)
+    per_page = dashboard.settings.top_queues
+    queue_page = _optional_id(request.args, "queues", "a page of queues") or 1
+    if queue_page > MAX_QUEUE_PAGE:
+        abort(400, description=f"queues must be a page number from 1 to {MAX_QUEUE_PAGE}; got {queue_page}.")
+    data = dashboard.store.overview(
+        failures=limit, runs=limit, open_run=run_id, queue_offset=(queue_page - 1) * per_page, queues=per_page
+    )
     if data is None:
         abort(404, description=f"There is no workflow run {run_id}.")
     dashboard.depth.record(data.now, data.queues)
