@@ -5,12 +5,16 @@
 --------------------------------------------------------------------------------
 
 -- Step lists that workers register for a workflow name (treadle.define_workflow).
+-- `after` maps each step to the steps it depends on; null: each step after the
+-- one before it (a linear list).
 CREATE TABLE treadle.workflows (
     name        text        PRIMARY KEY,
     steps       text[]      NOT NULL,
     updated_at  timestamptz NOT NULL,
+    after       jsonb,
     CONSTRAINT workflows_name_check CHECK (name <> ''),
-    CONSTRAINT workflows_steps_check CHECK (cardinality(steps) > 0)
+    CONSTRAINT workflows_steps_check CHECK (cardinality(steps) > 0),
+    CONSTRAINT workflows_after_check CHECK (jsonb_typeof(after) = 'object')
 );
 
 -- One row per workflow run. Its steps are jobs (treadle.jobs.workflow_run_id).
@@ -27,11 +31,13 @@ CREATE TABLE treadle.workflow_runs (
     idempotency_key  text,
     created_at       timestamptz NOT NULL,
     finished_at      timestamptz,
+    after            jsonb,  -- step -> the steps it depends on; null: a linear list
     CONSTRAINT workflow_runs_state_check
         CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled'])),
     CONSTRAINT workflow_runs_finished_check
         CHECK ((state = 'running') = (finished_at IS NULL)),
-    CONSTRAINT workflow_runs_steps_check CHECK (cardinality(steps) > 0)
+    CONSTRAINT workflow_runs_steps_check CHECK (cardinality(steps) > 0),
+    CONSTRAINT workflow_runs_after_check CHECK (jsonb_typeof(after) = 'object')
 );
 
 -- Workflow idempotency keys are a namespace of their own, apart from jobs', per queue.

@@ -6,33 +6,65 @@
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
--- treadle._enqueue_step(run, step, at) -> void
+-- treadle._enqueue_steps(run, steps, at) -> void
 --
--- Transition: (none) -> available for one step of a workflow run: a job named
--- 'workflow:<workflow name>' whose `step` column names the step.
+-- Transition: (none) -> available for steps of a workflow run, in one
+-- statement: each a job named 'workflow:<workflow name>' whose `step` column
+-- names the step.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._enqueue_step(run treadle.workflow_runs, step text, at timestamptz)
+CREATE OR REPLACE FUNCTION treadle._enqueue_steps(run treadle.workflow_runs, steps text[], at timestamptz)
 RETURNS void
 LANGUAGE sql
 VOLATILE
 BEGIN ATOMIC
     INSERT INTO treadle.jobs
         (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
-    VALUES
-        ((run).queue, 'workflow:' || (run).name, '{}', (run).priority, at, (run).max_attempts, at, (run).id, step);
-    SELECT treadle._notify('treadle_jobs', (run).queue);
+    SELECT (run).queue, 'workflow:' || (run).name, '{}', (run).priority, at, (run).max_attempts, at, (run).id, s.step
+      FROM unnest(steps) WITH ORDINALITY AS s(step, i)
+     ORDER BY s.i;
+    SELECT treadle._notify('treadle_jobs', (run).queue) WHERE cardinality(steps) > 0;
 END;
-COMMENT ON FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamptz) IS
-    'Enqueue the job that runs one step of a workflow run.';
+COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timestamptz) IS
+    'Enqueue the jobs that run steps of a workflow run.';
+
+--------------------------------------------------------------------------------
+-- treadle._ready_steps(run) -> text[]
+--
+-- The steps of a graph run (run.after not null) that may start now: every step
+-- it runs after has a result, it has none itself, and no job of the run runs
+-- it yet. In step order. Callers hold the run row's lock, so what this reads
+-- cannot change before they enqueue what it returns.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._ready_steps(run treadle.workflow_runs)
+RETURNS text[]
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT coalesce(array_agg(u.s ORDER BY u.i), '{}')
+      FROM unnest((run).steps) WITH ORDINALITY AS u(s, i)
+     WHERE NOT (run).results ? u.s
+       AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text((run).after -> u.s) AS d(v)
+                        WHERE NOT (run).results ? d.v)
+       AND NOT EXISTS (SELECT 1 FROM treadle.jobs AS j
+                        WHERE j.workflow_run_id = (run).id AND j.step = u.s);
+END;
+COMMENT ON FUNCTION treadle._ready_steps(treadle.workflow_runs) IS
+    'The steps of a workflow graph run whose dependencies have all completed and that have no job yet.';
 
 --------------------------------------------------------------------------------
 -- treadle._advance_run(step treadle.jobs) -> void
 --
 -- A workflow step reached `step.state`:
---   completed: its result joins the run's results; the next step is enqueued,
---              or the run becomes completed after the last step;
+--   completed: its result joins the run's results; the next step is enqueued
+--              (a graph: every step whose dependencies now all have results),
+--              or the run becomes completed once every step has a result;
 --   discarded: the run becomes failed;  cancelled: the run becomes cancelled.
--- Only a running run moves. Locks the run after the job (the order every path keeps).
+-- Only a running run moves; but a graph's step that completes in a failed or
+-- cancelled run still records its result (its branch ran on), so that a retry
+-- of the run resumes from it. Locks the run after the job (the order every path
+-- keeps): two branches that complete at once on two connections take turns on
+-- the run row, and the second sees the first's result, so a join step is
+-- enqueued once.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._advance_run(step treadle.jobs)
 RETURNS void
@@ -46,7 +78,14 @@ DECLARE
     v_index integer;
 BEGIN
     SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = step.workflow_run_id FOR UPDATE;
-    IF NOT FOUND OR v_run.state <> 'running' THEN
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v_run.after IS NOT NULL THEN
+        PERFORM treadle._advance_graph(v_run, step);
+        RETURN;
+    END IF;
+    IF v_run.state <> 'running' THEN
         RETURN;
     END IF;
 
@@ -56,7 +95,7 @@ BEGIN
             UPDATE treadle.workflow_runs AS r
                SET results = r.results || jsonb_build_object(step.step, step.result)
              WHERE r.id = v_run.id;
-            PERFORM treadle._enqueue_step(v_run, v_run.steps[v_index + 1], v_now);
+            PERFORM treadle._enqueue_steps(v_run, ARRAY[v_run.steps[v_index + 1]], v_now);
         ELSE
             UPDATE treadle.workflow_runs AS r
                SET results = r.results || jsonb_build_object(step.step, step.result),
@@ -73,6 +112,47 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._advance_run(treadle.jobs) IS
     'Move a workflow run on after one of its steps changed state.';
+
+--------------------------------------------------------------------------------
+-- treadle._advance_graph(run, step) -> void
+--
+-- treadle._advance_run for a run whose steps form a graph (run.after not null),
+-- with the run row locked by the caller.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._advance_graph(run treadle.workflow_runs, step treadle.jobs)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := treadle.now();
+    v_run treadle.workflow_runs;
+BEGIN
+    IF step.state = 'completed' THEN
+        UPDATE treadle.workflow_runs AS r
+           SET results = r.results || jsonb_build_object(step.step, step.result)
+         WHERE r.id = run.id
+        RETURNING r.* INTO v_run;
+        IF v_run.state <> 'running' THEN
+            RETURN;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM unnest(v_run.steps) AS u(s) WHERE NOT v_run.results ? u.s) THEN
+            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now WHERE r.id = run.id;
+        ELSE
+            PERFORM treadle._enqueue_steps(v_run, treadle._ready_steps(v_run), v_now);
+        END IF;
+    ELSIF run.state <> 'running' THEN
+        RETURN;
+    ELSIF step.state = 'discarded' THEN
+        UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now WHERE r.id = run.id;
+    ELSIF step.state = 'cancelled' THEN
+        UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now WHERE r.id = run.id;
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) IS
+    'Move a workflow graph run on after one of its steps changed state: record a result, enqueue the steps now ready.';
 
 --------------------------------------------------------------------------------
 -- treadle._follow_up(done treadle.jobs[]) -> void

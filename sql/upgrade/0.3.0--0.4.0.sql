@@ -28,3 +28,16 @@ SELECT r.rolname AS role_name, array_agg(p.part ORDER BY p.part) AS parts
 DROP VIEW treadle.queue_settings, treadle.schedules, treadle.live_workers, treadle.queue_stats,
           treadle.throughput, treadle.recent_failures, treadle.workflow_run_overview,
           treadle.job_details, treadle.workflow_run_steps;
+
+-- Workflows as a graph: each step's dependencies (null keeps a linear list, as
+-- every 0.3.0 definition and run is). define_workflow and start_workflow take
+-- them as a new argument, so their 0.3.0 signatures go.
+ALTER TABLE treadle.workflows
+    ADD COLUMN after jsonb,
+    ADD CONSTRAINT workflows_after_check CHECK (jsonb_typeof(after) = 'object');
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN after jsonb,
+    ADD CONSTRAINT workflow_runs_after_check CHECK (jsonb_typeof(after) = 'object');
+DROP FUNCTION treadle.define_workflow(text, text[]);
+DROP FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text);
+DROP FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamptz);
