@@ -76,6 +76,23 @@ def test_start_workflow_with_steps_and_options(conn: psycopg.Connection[Any], sq
     assert treadle.workflow_results(conn, run_id) == {"reserve": {"hold": "h1"}}
 
 
+def test_start_workflow_with_a_graph(conn: psycopg.Connection[Any], sql_worker: SqlWorker) -> None:
+    run_id = treadle.start_workflow(conn, "etl", steps=["a", "b", "join"], after={"join": ["a", "b"]}, queue="etl")
+    assert conn.execute("SELECT after FROM treadle.workflow_runs WHERE id = %s", [run_id]).fetchone() == (
+        {"a": [], "b": [], "join": ["a", "b"]},
+    )
+    steps = conn.execute(
+        "SELECT id, step FROM treadle.jobs WHERE workflow_run_id = %s ORDER BY id", [run_id]
+    ).fetchall()
+    assert [step for _, step in steps] == ["a", "b"]
+    for job_id, step in steps:
+        sql_worker.complete(job_id, step.upper())
+    assert conn.execute(
+        "SELECT step, state FROM treadle.jobs WHERE workflow_run_id = %s ORDER BY id", [run_id]
+    ).fetchall() == [("a", "completed"), ("b", "completed"), ("join", "available")]
+    assert treadle.workflow_results(conn, run_id) == {"a": "A", "b": "B"}
+
+
 def test_start_workflow_uses_the_registered_definition(conn: psycopg.Connection[Any]) -> None:
     conn.execute("SELECT treadle.define_workflow('signup', ARRAY['create', 'welcome'])")
     run_id = treadle.start_workflow(conn, "signup")

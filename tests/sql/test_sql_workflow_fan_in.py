@@ -50,7 +50,7 @@ def test_the_second_branch_waits_for_the_first_and_enqueues_the_join(
     run_id = value(
         second,
         "select treadle.start_workflow('pair', steps => array['x', 'y', 'join'], queue => 'pair', "
-        "after => '{\"join\": [\"x\", \"y\"]}')",
+        'after => \'{"join": ["x", "y"]}\')',
     )
     held = leases(second, "pair")
     x_id, x_token = held[(run_id, "x")]
@@ -78,7 +78,7 @@ def test_a_branch_rolled_back_leaves_the_join_to_the_other(connect: Connect, wai
     run_id = value(
         second,
         "select treadle.start_workflow('pair', steps => array['x', 'y', 'join'], queue => 'pair', "
-        "after => '{\"join\": [\"x\", \"y\"]}')",
+        'after => \'{"join": ["x", "y"]}\')',
     )
     held = leases(second, "pair")
     assert value(first, "select treadle.complete(%s, %s, '1')", held[(run_id, "x")]) == "completed"
@@ -110,9 +110,7 @@ def check_every_run(conn: psycopg.Connection, queue: str, run_ids: list[int]) ->
         "select state, count(*) from treadle.workflow_runs where queue = %s group by state", (queue,)
     ).fetchall()
     assert states == [("completed", len(run_ids))]
-    results = conn.execute(
-        "select distinct results from treadle.workflow_runs where queue = %s", (queue,)
-    ).fetchall()
+    results = conn.execute("select distinct results from treadle.workflow_runs where queue = %s", (queue,)).fetchall()
     assert results == [({"b1": "b1", "b2": "b2", "b3": "b3", "b4": "b4", "join": "joined"},)]
 
 
