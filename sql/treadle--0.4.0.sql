@@ -3793,7 +3793,6 @@ DECLARE
     v_head   integer := 1;
     v_tail   integer := 0;
     v_i      integer;
-    v_t      integer;
     v_path   text[];
 BEGIN
     IF after IS NULL THEN
