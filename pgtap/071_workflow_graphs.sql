@@ -4,7 +4,7 @@
 -- the results a step receives, failure, retry and cancel of a graph run.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(60);
+SELECT plan(88);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -156,7 +156,7 @@ SELECT throws_ok($$ SELECT treadle.start_workflow('etl', steps => ARRAY['a', 'b'
 SELECT throws_ok($$ SELECT treadle.start_workflow('etl', steps => ARRAY['a', 'b'], after => '["a"]') $$,
                  '22023', NULL, 'after that is not an object is refused');
 SELECT throws_ok($$ SELECT treadle.start_workflow('etl', after => '{}') $$,
-                 '22023', 'treadle: after needs steps', 'after without steps is refused');
+                 '22023', 'treadle: after and sleeps need steps', 'after without steps is refused');
 SELECT throws_ok($$ SELECT treadle.define_workflow('etl', ARRAY['a', 'a'], after => '{}') $$,
                  '22023', NULL, 'a repeated step name is refused with after too');
 SELECT throws_ok(format($$ SELECT treadle.define_workflow('big', %L, after => %L) $$,
@@ -178,6 +178,60 @@ SELECT lives_ok(format($$ SELECT treadle.define_workflow('long', %L, after => %L
                        (SELECT array_agg('s' || i ORDER BY i DESC) FROM generate_series(1, 1000) AS i),
                        (SELECT jsonb_object_agg('s' || i, jsonb_build_array('s' || (i - 1))) FROM generate_series(2, 1000) AS i)),
                 '1,000 steps in a chain, listed backwards, are a graph');
+
+--------------------------------------------------------------------------------
+-- Sleep steps: no job, no worker; rescue ends them on treadle's clock
+--------------------------------------------------------------------------------
+SELECT lives_ok($$ SELECT treadle.define_workflow('signup', ARRAY['create', 'wait', 'remind'], sleeps => '{"wait": "1 day"}') $$,
+                'define_workflow takes sleep steps');
+SELECT results_eq($$ SELECT after, sleeps FROM treadle.workflows WHERE name = 'signup' $$,
+                  $$ VALUES ('{"create": [], "wait": ["create"], "remind": ["wait"]}'::jsonb, '{"wait": "1 day"}'::jsonb) $$,
+                  'a list with a sleep is recorded as the graph it spells');
+SELECT treadle.start_workflow('signup', '{"user": 1}', queue => 'mail') AS r7 \gset
+SELECT is(pg_temp.finish_step(:r7, 'create', '{"id": 1}'), 'completed', 'the step before the sleep completes');
+SELECT is(pg_temp.steps(:r7), ARRAY['create:completed'], 'a sleep step is no job');
+SELECT is((SELECT wake_at FROM treadle.workflow_runs WHERE id = :r7), '2999-01-02 12:00:00+00'::timestamptz,
+          'the run records when the sleep ends, on treadle''s clock');
+SET LOCAL treadle.now = '2999-01-02 11:59:59+00';
+SELECT lives_ok('SELECT treadle.rescue()', 'rescue a second before the sleep ends');
+SELECT is(pg_temp.steps(:r7), ARRAY['create:completed'], 'a sleep never ends early');
+SET LOCAL treadle.now = '2999-01-02 12:00:00+00';
+SELECT lives_ok('SELECT treadle.rescue()', 'rescue when it is due');
+SELECT is(pg_temp.steps(:r7), ARRAY['create:completed', 'remind:available'], 'the sleep ends and the next step starts');
+SELECT results_eq(format($$ SELECT results -> 'wait', wakes, wake_at FROM treadle.workflow_runs WHERE id = %s $$, :r7),
+                  $$ VALUES (to_jsonb('2999-01-02 12:00:00+00'::timestamptz), NULL::jsonb, NULL::timestamptz) $$,
+                  'the sleep''s result is when it ended, and nothing is under way');
+SELECT is(treadle.workflow_step_results(:r7, 'remind') ? 'wait', true, 'the next step receives it');
+SELECT lives_ok('SELECT treadle.rescue()', 'rescue again');
+SELECT is(pg_temp.steps(:r7), ARRAY['create:completed', 'remind:available'], 'a sleep ends once');
+SELECT is(pg_temp.finish_step(:r7, 'remind'), 'completed', 'the last step completes');
+SELECT is((SELECT state FROM treadle.workflow_runs WHERE id = :r7), 'completed', 'the run completes');
+
+-- a run cancelled while it sleeps stays cancelled when the sleep falls due
+SELECT treadle.start_workflow('nap', steps => ARRAY['zz', 'after_zz'], sleeps => '{"zz": "1 hour"}', queue => 'mail') AS r8 \gset
+SELECT is(pg_temp.steps(:r8), ARRAY[]::text[], 'a run can start with a sleep');
+SELECT ok(treadle.cancel_workflow(:r8), 'a sleeping run is cancelled');
+SELECT is((SELECT state FROM treadle.workflow_runs WHERE id = :r8), 'cancelled', 'at once');
+SET LOCAL treadle.now = '2999-01-03 12:00:00+00';
+SELECT lives_ok('SELECT treadle.rescue()', 'rescue after its sleep would have ended');
+SELECT is(pg_temp.steps(:r8), ARRAY[]::text[], 'a cancelled run starts nothing');
+
+-- bad sleeps: 22023 naming the step, nothing written
+SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a', 'b'], sleeps => '{"b": "soon"}') $$,
+                 '22023', 'treadle: sleep step "b" must wait an interval such as "1 hour", not "soon"', 'not an interval');
+SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a', 'b'], sleeps => '{"b": 60}') $$,
+                 '22023', NULL, 'a number is not an interval');
+SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a', 'b'], sleeps => '{"b": "0 seconds"}') $$,
+                 '22023', 'treadle: sleep step "b" must wait more than 0 and at most 366 days, got 00:00:00', 'a zero sleep');
+SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a', 'b'], sleeps => '{"b": "367 days"}') $$,
+                 '22023', NULL, 'a sleep over 366 days');
+SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a', 'b'], sleeps => '{"c": "1 hour"}') $$,
+                 '22023', 'treadle: sleeps names step "c", which is not one of the steps', 'an unknown sleep step');
+SELECT throws_ok($$ SELECT treadle.start_workflow('bad', steps => ARRAY['a'], sleeps => '["a"]') $$,
+                 '22023', NULL, 'sleeps that is not an object');
+SELECT throws_ok($$ SELECT treadle.start_workflow('signup', sleeps => '{"wait": "1 hour"}') $$,
+                 '22023', 'treadle: after and sleeps need steps', 'sleeps without steps');
+SELECT is((SELECT count(*) FROM treadle.workflows WHERE name = 'bad'), 0::bigint, 'no bad sleep wrote a definition');
 
 SELECT * FROM finish();
 ROLLBACK;

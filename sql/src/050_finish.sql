@@ -31,8 +31,8 @@ COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timest
 -- treadle._ready_steps(run) -> text[]
 --
 -- The steps of a graph run (run.after not null) that may start now: every step
--- it runs after has a result, it has none itself, and no job of the run runs
--- it yet. In step order. Callers hold the run row's lock, so what this reads
+-- it runs after has a result, it has none itself, no job of the run runs it
+-- yet, and it is not a sleep under way. In step order. Callers hold the run row's lock, so what this reads
 -- cannot change before they enqueue what it returns.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._ready_steps(run treadle.workflow_runs)
@@ -43,6 +43,7 @@ BEGIN ATOMIC
     SELECT coalesce(array_agg(u.s ORDER BY u.i), '{}')
       FROM unnest((run).steps) WITH ORDINALITY AS u(s, i)
      WHERE NOT (run).results ? u.s
+       AND NOT coalesce((run).wakes ? u.s, false)
        AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text((run).after -> u.s) AS d(v)
                         WHERE NOT (run).results ? d.v)
        AND NOT EXISTS (SELECT 1 FROM treadle.jobs AS j
@@ -50,6 +51,97 @@ BEGIN ATOMIC
 END;
 COMMENT ON FUNCTION treadle._ready_steps(treadle.workflow_runs) IS
     'The steps of a workflow graph run whose dependencies have all completed and that have no job yet.';
+
+--------------------------------------------------------------------------------
+-- treadle._enqueue_ready(run, at) -> void
+--
+-- Transition: the ready steps of a graph run (treadle._ready_steps) start: a
+-- step -> a job, available now (treadle._enqueue_steps); a sleep step -> a sleep
+-- under way on the run (wakes: step -> at + its interval; wake_at, the earliest,
+-- is where treadle.rescue looks). The caller holds the run row's lock.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._enqueue_ready(run treadle.workflow_runs, at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_ready  text[] := treadle._ready_steps(run);
+    v_sleeps jsonb;
+BEGIN
+    IF run.sleeps IS NOT NULL THEN
+        SELECT jsonb_object_agg(u.s, at + (run.sleeps ->> u.s)::interval) INTO v_sleeps
+          FROM unnest(v_ready) AS u(s)
+         WHERE run.sleeps ? u.s;
+    END IF;
+    IF v_sleeps IS NOT NULL THEN
+        v_ready := ARRAY(SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i)
+                          WHERE NOT v_sleeps ? u.s ORDER BY u.i);
+        UPDATE treadle.workflow_runs AS r
+           SET wakes = coalesce(r.wakes, '{}'::jsonb) || v_sleeps,
+               wake_at = (SELECT min(e.value::text::timestamptz)
+                            FROM jsonb_each(coalesce(r.wakes, '{}'::jsonb) || v_sleeps) AS e)
+         WHERE r.id = run.id;
+    END IF;
+    PERFORM treadle._enqueue_steps(run, v_ready, at);
+END;
+$$;
+COMMENT ON FUNCTION treadle._enqueue_ready(treadle.workflow_runs, timestamptz) IS
+    'Start the ready steps of a workflow graph run: a job each, or a sleep under way for a sleep step.';
+
+--------------------------------------------------------------------------------
+-- treadle._wake_runs(at) -> integer
+--
+-- Transition: the sleeps under way that are due at `at` end: each sleep step
+-- completes (its result is the time it ended), and its run moves on as after a
+-- completed step (treadle._enqueue_ready, or the run completes). Only running
+-- runs, at most 1000 per call, each locked unless another session holds it
+-- (SKIP LOCKED: a later call takes it). Returns how many runs moved.
+-- treadle.rescue calls it, so a sleep ends at most one rescue interval late, and
+-- never early: the time is treadle's clock.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._wake_runs(at timestamptz)
+RETURNS integer
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_run   treadle.workflow_runs;
+    v_due   jsonb;
+    v_moved integer := 0;
+BEGIN
+    FOR v_run IN
+        SELECT * FROM treadle.workflow_runs AS r
+         WHERE r.wake_at <= at AND r.wake_at IS NOT NULL AND r.state = 'running'
+         ORDER BY r.wake_at
+         LIMIT 1000
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        SELECT jsonb_object_agg(e.key, e.value) INTO v_due
+          FROM jsonb_each(v_run.wakes) AS e
+         WHERE e.value::text::timestamptz <= at;
+        CONTINUE WHEN v_due IS NULL;
+        UPDATE treadle.workflow_runs AS r
+           SET results = r.results || v_due,
+               wakes = nullif(r.wakes - ARRAY(SELECT jsonb_object_keys(v_due)), '{}'::jsonb),
+               wake_at = (SELECT min(e.value::text::timestamptz)
+                            FROM jsonb_each(r.wakes - ARRAY(SELECT jsonb_object_keys(v_due))) AS e)
+         WHERE r.id = v_run.id
+        RETURNING r.* INTO v_run;
+        IF NOT EXISTS (SELECT 1 FROM unnest(v_run.steps) AS u(s) WHERE NOT v_run.results ? u.s) THEN
+            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at WHERE r.id = v_run.id;
+        ELSE
+            PERFORM treadle._enqueue_ready(v_run, at);
+        END IF;
+        v_moved := v_moved + 1;
+    END LOOP;
+    RETURN v_moved;
+END;
+$$;
+COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
+    'End the sleep steps of running workflow runs that are due; returns how many runs moved.';
 
 --------------------------------------------------------------------------------
 -- treadle._advance_run(step treadle.jobs) -> void
@@ -140,7 +232,7 @@ BEGIN
         IF NOT EXISTS (SELECT 1 FROM unnest(v_run.steps) AS u(s) WHERE NOT v_run.results ? u.s) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now WHERE r.id = run.id;
         ELSE
-            PERFORM treadle._enqueue_steps(v_run, treadle._ready_steps(v_run), v_now);
+            PERFORM treadle._enqueue_ready(v_run, v_now);
         END IF;
     ELSIF run.state <> 'running' THEN
         RETURN;
@@ -647,6 +739,9 @@ BEGIN
         v_cursor[2] := v_now_us;
         PERFORM set_config('treadle.rescue_cursor', v_cursor::text, false);
     END IF;
+
+    -- workflow sleep steps that are due end here too
+    PERFORM treadle._wake_runs(v_now);
 
     IF v_done IS NULL THEN
         RETURN 0;

@@ -131,7 +131,8 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 --
 -- A workflow graph run that treadle.retry just made running again: its other
 -- discarded and cancelled steps are retried (treadle.retry), and the steps whose
--- dependencies all completed while it was stopped are enqueued.
+-- dependencies all completed while it was stopped start (a sleep under way when it
+-- stopped ends at its time, at the next treadle.rescue).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._resume_graph(run treadle.workflow_runs)
 RETURNS void
@@ -150,7 +151,7 @@ BEGIN
     LOOP
         PERFORM treadle.retry(v_id);
     END LOOP;
-    PERFORM treadle._enqueue_steps(run, treadle._ready_steps(run), treadle.now());
+    PERFORM treadle._enqueue_ready(run, treadle.now());
 END;
 $$;
 COMMENT ON FUNCTION treadle._resume_graph(treadle.workflow_runs) IS

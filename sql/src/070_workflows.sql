@@ -176,36 +176,96 @@ COMMENT ON FUNCTION treadle._check_after(text[], jsonb) IS
     'Check the dependencies of workflow steps (22023 naming the step: unknown, repeated, a cycle); null for a linear list.';
 
 --------------------------------------------------------------------------------
--- treadle._first_steps(steps, after) -> text[]
+-- treadle._check_sleeps(steps, sleeps) -> jsonb
 --
--- The steps a run starts with: those without dependencies, in step order.
+-- The sleep steps of a workflow: null or {} is none (null). Otherwise a JSON
+-- object mapping a step to how long it waits, an interval as text ('1 hour'); a
+-- sleep step has no handler: it completes by itself that long after it becomes
+-- ready (treadle.rescue ends it). Returns the map with each interval normalised.
+-- Raises 22023, naming the step: sleeps not an object; a key that is not a step;
+-- a value that is not an interval, not positive or over 366 days.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._first_steps(steps text[], after jsonb)
-RETURNS text[]
+CREATE OR REPLACE FUNCTION treadle._check_sleeps(steps text[], sleeps jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_step  text;
+    v_value jsonb;
+    v_for   interval;
+    v_map   jsonb := '{}'::jsonb;
+BEGIN
+    IF sleeps IS NULL OR sleeps = '{}'::jsonb THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(sleeps) <> 'object' THEN
+        RAISE EXCEPTION 'treadle: sleeps must be a JSON object mapping a step to an interval, not %', jsonb_typeof(sleeps)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR v_step, v_value IN SELECT e.key, e.value FROM jsonb_each(sleeps) AS e LOOP
+        IF NOT v_step = ANY (steps) THEN
+            RAISE EXCEPTION 'treadle: sleeps names step "%", which is not one of the steps', v_step
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        v_for := NULL;
+        IF jsonb_typeof(v_value) = 'string' THEN
+            BEGIN
+                v_for := (v_value #>> '{}')::interval;
+            EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
+                v_for := NULL;
+            END;
+        END IF;
+        IF v_for IS NULL THEN
+            RAISE EXCEPTION 'treadle: sleep step "%" must wait an interval such as "1 hour", not %', v_step, v_value
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF v_for <= interval '0' OR v_for > interval '366 days' THEN
+            RAISE EXCEPTION 'treadle: sleep step "%" must wait more than 0 and at most 366 days, got %', v_step, v_for
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        v_map := v_map || jsonb_build_object(v_step, v_for::text);
+    END LOOP;
+    RETURN v_map;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_sleeps(text[], jsonb) IS
+    'Check the sleep steps of a workflow (22023 naming the step); null for none.';
+
+--------------------------------------------------------------------------------
+-- treadle._linear_after(steps) -> jsonb
+--
+-- The graph of a list, spelled out: each step after the one before it.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._linear_after(steps text[])
+RETURNS jsonb
 LANGUAGE sql
 IMMUTABLE
 BEGIN ATOMIC
-    SELECT CASE WHEN after IS NULL THEN ARRAY[steps[1]]
-                ELSE ARRAY(SELECT u.s FROM unnest(steps) WITH ORDINALITY AS u(s, i)
-                            WHERE jsonb_array_length(after -> u.s) = 0 ORDER BY u.i) END;
+    SELECT jsonb_object_agg(u.s, CASE WHEN u.i = 1 THEN '[]'::jsonb ELSE jsonb_build_array(steps[u.i - 1]) END)
+      FROM unnest(steps) WITH ORDINALITY AS u(s, i);
 END;
-COMMENT ON FUNCTION treadle._first_steps(text[], jsonb) IS
-    'The steps a workflow run starts with: the first one of a list, the ones without dependencies of a graph.';
+COMMENT ON FUNCTION treadle._linear_after(text[]) IS
+    'The dependencies of a list of steps spelled out as a graph: each step after the one before it.';
 
 --------------------------------------------------------------------------------
--- treadle.define_workflow(name, steps, after) -> void
+-- treadle.define_workflow(name, steps, after, sleeps) -> void
 --
 -- Records the step names of a workflow and, in `after`, the steps each one runs
 -- after (a JSON object: step -> [steps]; a step it leaves out starts with the
--- run). Without `after`, each step runs after the one before it. Workers call it
+-- run). Without `after`, each step runs after the one before it. `sleeps` names
+-- the sleep steps and how long each waits (treadle._check_sleeps). Workers call it
 -- when they register a workflow. Replaces an earlier definition for new runs;
 -- existing runs keep the steps they started with.
 -- Raises 22004: name or steps null. 22023: a name that is not a valid name (see
 -- treadle._is_name); steps empty, nested, over 1000, with a bad name, or
 -- repeating one; after as treadle._check_after refuses it (an unknown or
--- repeated dependency, a cycle: the message names the step).
+-- repeated dependency, a cycle: the message names the step); sleeps as
+-- treadle._check_sleeps refuses it.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[], after jsonb DEFAULT NULL)
+CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[], after jsonb DEFAULT NULL,
+                                                   sleeps jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -214,37 +274,43 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_after jsonb;
+    v_after  jsonb;
+    v_sleeps jsonb;
 BEGIN
     PERFORM treadle._check_text(define_workflow.name, 'name');
     PERFORM treadle._check_steps(define_workflow.steps);
     v_after := treadle._check_after(define_workflow.steps, define_workflow.after);
+    v_sleeps := treadle._check_sleeps(define_workflow.steps, define_workflow.sleeps);
+    IF v_sleeps IS NOT NULL THEN
+        v_after := coalesce(v_after, treadle._linear_after(define_workflow.steps));
+    END IF;
 
-    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after)
-    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after)
+    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps)
+    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps)
     ON CONFLICT (name) DO UPDATE
-       SET steps = excluded.steps, updated_at = excluded.updated_at, after = excluded.after
-     WHERE w.steps IS DISTINCT FROM excluded.steps OR w.after IS DISTINCT FROM excluded.after;
+       SET steps = excluded.steps, updated_at = excluded.updated_at, after = excluded.after, sleeps = excluded.sleeps
+     WHERE w.steps IS DISTINCT FROM excluded.steps OR w.after IS DISTINCT FROM excluded.after
+        OR w.sleeps IS DISTINCT FROM excluded.sleeps;
 END;
 $$;
-COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb) IS
+COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb) IS
     'Record (or replace) the steps of a workflow and the steps each one runs after.';
 
 --------------------------------------------------------------------------------
 -- treadle.start_workflow(name, input, steps, queue, priority, max_attempts,
---                        idempotency_key, after) -> bigint
+--                        idempotency_key, after, sleeps) -> bigint
 --
 -- Transition: (none) -> a running run, and the job of each step it starts with
 -- (the first step of a list, every step without dependencies of a graph) ->
 -- available, in the caller's transaction. The run records its steps and their
--- dependencies: `steps` and `after` (as define_workflow takes them), or when
+-- dependencies: `steps`, `after` and `sleeps` (as define_workflow takes them), or when
 -- steps is null the definition from treadle.define_workflow. Returns the run id; a
 -- workflow idempotency key (a namespace apart from jobs') that a run already
 -- holds returns that run's id and starts nothing.
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
 -- input neither an object nor an array, over the size limit or nested over 100
--- levels; max_attempts < 1; steps or after as define_workflow refuses them;
--- after without steps; no steps given and no definition (unknown workflow).
+-- levels; max_attempts < 1; steps, after or sleeps as define_workflow refuses
+-- them; after or sleeps without steps; no steps given and no definition (unknown workflow).
 -- 42501: a tenant's queue outside its prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.start_workflow(
@@ -255,7 +321,8 @@ CREATE OR REPLACE FUNCTION treadle.start_workflow(
     priority        integer DEFAULT 0,
     max_attempts    integer DEFAULT 25,
     idempotency_key text    DEFAULT NULL,
-    after           jsonb   DEFAULT NULL
+    after           jsonb   DEFAULT NULL,
+    sleeps          jsonb   DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -269,6 +336,7 @@ DECLARE
     v_input jsonb;
     v_steps text[] := start_workflow.steps;
     v_after jsonb;
+    v_sleeps jsonb;
     v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
@@ -287,10 +355,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF v_steps IS NULL THEN
-        IF start_workflow.after IS NOT NULL THEN
-            RAISE EXCEPTION 'treadle: after needs steps' USING ERRCODE = 'invalid_parameter_value';
+        IF start_workflow.after IS NOT NULL OR start_workflow.sleeps IS NOT NULL THEN
+            RAISE EXCEPTION 'treadle: after and sleeps need steps' USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        SELECT w.steps, w.after INTO v_steps, v_after FROM treadle.workflows AS w WHERE w.name = start_workflow.name;
+        SELECT w.steps, w.after, w.sleeps INTO v_steps, v_after, v_sleeps
+          FROM treadle.workflows AS w WHERE w.name = start_workflow.name;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'treadle: unknown workflow %', start_workflow.name
                 USING ERRCODE = 'invalid_parameter_value',
@@ -299,20 +368,28 @@ BEGIN
     ELSE
         PERFORM treadle._check_steps(v_steps);
         v_after := treadle._check_after(v_steps, start_workflow.after);
+        v_sleeps := treadle._check_sleeps(v_steps, start_workflow.sleeps);
+        IF v_sleeps IS NOT NULL THEN
+            v_after := coalesce(v_after, treadle._linear_after(v_steps));
+        END IF;
     END IF;
     PERFORM treadle._check_queue_allowed(start_workflow.queue);
 
     LOOP
         INSERT INTO treadle.workflow_runs AS r
-            (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after)
+            (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps)
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
-             start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after)
+             start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING r.* INTO v_run;
 
         IF v_run.id IS NOT NULL THEN
-            PERFORM treadle._enqueue_steps(v_run, treadle._first_steps(v_steps, v_after), v_now);
+            IF v_after IS NULL THEN
+                PERFORM treadle._enqueue_steps(v_run, ARRAY[v_steps[1]], v_now);
+            ELSE
+                PERFORM treadle._enqueue_ready(v_run, v_now);
+            END IF;
             RETURN v_run.id;
         END IF;
 
@@ -324,7 +401,7 @@ BEGIN
     END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb) IS
+COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb) IS
     'Start a workflow run and enqueue the steps it starts with; returns the run id.';
 
 --------------------------------------------------------------------------------
@@ -333,7 +410,8 @@ COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, i
 -- Transition: a running run's pending steps are cancelled (the run becomes
 -- cancelled at once), and its running steps get a cancel request (the run
 -- becomes cancelled when the first of them finishes, if no pending step was
--- cancelled). Returns false for an unknown run, one that is not running, or one
+-- cancelled); a run with no step job pending (only sleeps under way) becomes
+-- cancelled at once. Returns false for an unknown run, one that is not running, or one
 -- whose steps all have their cancel requested already.
 -- Raises 22004: run_id null. 42501: a tenant's run outside its queues.
 --------------------------------------------------------------------------------
@@ -389,7 +467,8 @@ BEGIN
     IF FOUND THEN
         RETURN false;  -- its cancel is requested already
     END IF;
-    -- a running run without a pending step (its step rows were deleted by hand)
+    -- a running run without a pending step job (only sleeps under way, or its step
+    -- rows were deleted by hand)
     UPDATE treadle.workflow_runs AS r
        SET state = 'cancelled', finished_at = treadle.now()
      WHERE r.id = cancel_workflow.run_id AND r.state = 'running';

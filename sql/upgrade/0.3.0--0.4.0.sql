@@ -32,12 +32,21 @@ DROP VIEW treadle.queue_settings, treadle.schedules, treadle.live_workers, tread
 -- Workflows as a graph: each step's dependencies (null keeps a linear list, as
 -- every 0.3.0 definition and run is). define_workflow and start_workflow take
 -- them as a new argument, so their 0.3.0 signatures go.
+-- Sleep steps: how long each waits, and on a run the sleeps under way.
 ALTER TABLE treadle.workflows
     ADD COLUMN after jsonb,
-    ADD CONSTRAINT workflows_after_check CHECK (jsonb_typeof(after) = 'object');
+    ADD COLUMN sleeps jsonb,
+    ADD CONSTRAINT workflows_after_check CHECK (jsonb_typeof(after) = 'object'),
+    ADD CONSTRAINT workflows_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL));
 ALTER TABLE treadle.workflow_runs
     ADD COLUMN after jsonb,
-    ADD CONSTRAINT workflow_runs_after_check CHECK (jsonb_typeof(after) = 'object');
+    ADD COLUMN sleeps jsonb,
+    ADD COLUMN wakes jsonb,
+    ADD COLUMN wake_at timestamptz,
+    ADD CONSTRAINT workflow_runs_after_check CHECK (jsonb_typeof(after) = 'object'),
+    ADD CONSTRAINT workflow_runs_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL));
+CREATE INDEX workflow_runs_wake_at_idx ON treadle.workflow_runs (wake_at)
+    WHERE wake_at IS NOT NULL AND state = 'running';
 DROP FUNCTION treadle.define_workflow(text, text[]);
 DROP FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text);
 DROP FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamptz);

@@ -73,15 +73,17 @@ COMMENT ON FUNCTION treadle.version() IS 'The version of the installed treadle S
 
 -- Step lists that workers register for a workflow name (treadle.define_workflow).
 -- `after` maps each step to the steps it depends on; null: each step after the
--- one before it (a linear list).
+-- one before it (a linear list). `sleeps` maps a sleep step to how long it waits.
 CREATE TABLE treadle.workflows (
     name        text        PRIMARY KEY,
     steps       text[]      NOT NULL,
     updated_at  timestamptz NOT NULL,
     after       jsonb,
+    sleeps      jsonb,
     CONSTRAINT workflows_name_check CHECK (name <> ''),
     CONSTRAINT workflows_steps_check CHECK (cardinality(steps) > 0),
-    CONSTRAINT workflows_after_check CHECK (jsonb_typeof(after) = 'object')
+    CONSTRAINT workflows_after_check CHECK (jsonb_typeof(after) = 'object'),
+    CONSTRAINT workflows_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL))
 );
 
 -- One row per workflow run. Its steps are jobs (treadle.jobs.workflow_run_id).
@@ -99,13 +101,21 @@ CREATE TABLE treadle.workflow_runs (
     created_at       timestamptz NOT NULL,
     finished_at      timestamptz,
     after            jsonb,  -- step -> the steps it depends on; null: a linear list
+    sleeps           jsonb,  -- sleep step -> how long it waits (an interval as text)
+    wakes            jsonb,  -- sleep step under way -> when it ends
+    wake_at          timestamptz,  -- the earliest of wakes: rescue() ends due sleeps
     CONSTRAINT workflow_runs_state_check
         CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled'])),
     CONSTRAINT workflow_runs_finished_check
         CHECK ((state = 'running') = (finished_at IS NULL)),
     CONSTRAINT workflow_runs_steps_check CHECK (cardinality(steps) > 0),
-    CONSTRAINT workflow_runs_after_check CHECK (jsonb_typeof(after) = 'object')
+    CONSTRAINT workflow_runs_after_check CHECK (jsonb_typeof(after) = 'object'),
+    CONSTRAINT workflow_runs_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL))
 );
+
+-- rescue() reads the running runs whose sleep steps are due
+CREATE INDEX workflow_runs_wake_at_idx ON treadle.workflow_runs (wake_at)
+    WHERE wake_at IS NOT NULL AND state = 'running';
 
 -- Workflow idempotency keys are a namespace of their own, apart from jobs', per queue.
 CREATE UNIQUE INDEX workflow_runs_idempotency_key_idx
@@ -2084,8 +2094,8 @@ COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timest
 -- treadle._ready_steps(run) -> text[]
 --
 -- The steps of a graph run (run.after not null) that may start now: every step
--- it runs after has a result, it has none itself, and no job of the run runs
--- it yet. In step order. Callers hold the run row's lock, so what this reads
+-- it runs after has a result, it has none itself, no job of the run runs it
+-- yet, and it is not a sleep under way. In step order. Callers hold the run row's lock, so what this reads
 -- cannot change before they enqueue what it returns.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._ready_steps(run treadle.workflow_runs)
@@ -2096,6 +2106,7 @@ BEGIN ATOMIC
     SELECT coalesce(array_agg(u.s ORDER BY u.i), '{}')
       FROM unnest((run).steps) WITH ORDINALITY AS u(s, i)
      WHERE NOT (run).results ? u.s
+       AND NOT coalesce((run).wakes ? u.s, false)
        AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text((run).after -> u.s) AS d(v)
                         WHERE NOT (run).results ? d.v)
        AND NOT EXISTS (SELECT 1 FROM treadle.jobs AS j
@@ -2103,6 +2114,97 @@ BEGIN ATOMIC
 END;
 COMMENT ON FUNCTION treadle._ready_steps(treadle.workflow_runs) IS
     'The steps of a workflow graph run whose dependencies have all completed and that have no job yet.';
+
+--------------------------------------------------------------------------------
+-- treadle._enqueue_ready(run, at) -> void
+--
+-- Transition: the ready steps of a graph run (treadle._ready_steps) start: a
+-- step -> a job, available now (treadle._enqueue_steps); a sleep step -> a sleep
+-- under way on the run (wakes: step -> at + its interval; wake_at, the earliest,
+-- is where treadle.rescue looks). The caller holds the run row's lock.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._enqueue_ready(run treadle.workflow_runs, at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_ready  text[] := treadle._ready_steps(run);
+    v_sleeps jsonb;
+BEGIN
+    IF run.sleeps IS NOT NULL THEN
+        SELECT jsonb_object_agg(u.s, at + (run.sleeps ->> u.s)::interval) INTO v_sleeps
+          FROM unnest(v_ready) AS u(s)
+         WHERE run.sleeps ? u.s;
+    END IF;
+    IF v_sleeps IS NOT NULL THEN
+        v_ready := ARRAY(SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i)
+                          WHERE NOT v_sleeps ? u.s ORDER BY u.i);
+        UPDATE treadle.workflow_runs AS r
+           SET wakes = coalesce(r.wakes, '{}'::jsonb) || v_sleeps,
+               wake_at = (SELECT min(e.value::text::timestamptz)
+                            FROM jsonb_each(coalesce(r.wakes, '{}'::jsonb) || v_sleeps) AS e)
+         WHERE r.id = run.id;
+    END IF;
+    PERFORM treadle._enqueue_steps(run, v_ready, at);
+END;
+$$;
+COMMENT ON FUNCTION treadle._enqueue_ready(treadle.workflow_runs, timestamptz) IS
+    'Start the ready steps of a workflow graph run: a job each, or a sleep under way for a sleep step.';
+
+--------------------------------------------------------------------------------
+-- treadle._wake_runs(at) -> integer
+--
+-- Transition: the sleeps under way that are due at `at` end: each sleep step
+-- completes (its result is the time it ended), and its run moves on as after a
+-- completed step (treadle._enqueue_ready, or the run completes). Only running
+-- runs, at most 1000 per call, each locked unless another session holds it
+-- (SKIP LOCKED: a later call takes it). Returns how many runs moved.
+-- treadle.rescue calls it, so a sleep ends at most one rescue interval late, and
+-- never early: the time is treadle's clock.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._wake_runs(at timestamptz)
+RETURNS integer
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_run   treadle.workflow_runs;
+    v_due   jsonb;
+    v_moved integer := 0;
+BEGIN
+    FOR v_run IN
+        SELECT * FROM treadle.workflow_runs AS r
+         WHERE r.wake_at <= at AND r.wake_at IS NOT NULL AND r.state = 'running'
+         ORDER BY r.wake_at
+         LIMIT 1000
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        SELECT jsonb_object_agg(e.key, e.value) INTO v_due
+          FROM jsonb_each(v_run.wakes) AS e
+         WHERE e.value::text::timestamptz <= at;
+        CONTINUE WHEN v_due IS NULL;
+        UPDATE treadle.workflow_runs AS r
+           SET results = r.results || v_due,
+               wakes = nullif(r.wakes - ARRAY(SELECT jsonb_object_keys(v_due)), '{}'::jsonb),
+               wake_at = (SELECT min(e.value::text::timestamptz)
+                            FROM jsonb_each(r.wakes - ARRAY(SELECT jsonb_object_keys(v_due))) AS e)
+         WHERE r.id = v_run.id
+        RETURNING r.* INTO v_run;
+        IF NOT EXISTS (SELECT 1 FROM unnest(v_run.steps) AS u(s) WHERE NOT v_run.results ? u.s) THEN
+            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at WHERE r.id = v_run.id;
+        ELSE
+            PERFORM treadle._enqueue_ready(v_run, at);
+        END IF;
+        v_moved := v_moved + 1;
+    END LOOP;
+    RETURN v_moved;
+END;
+$$;
+COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
+    'End the sleep steps of running workflow runs that are due; returns how many runs moved.';
 
 --------------------------------------------------------------------------------
 -- treadle._advance_run(step treadle.jobs) -> void
@@ -2193,7 +2295,7 @@ BEGIN
         IF NOT EXISTS (SELECT 1 FROM unnest(v_run.steps) AS u(s) WHERE NOT v_run.results ? u.s) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now WHERE r.id = run.id;
         ELSE
-            PERFORM treadle._enqueue_steps(v_run, treadle._ready_steps(v_run), v_now);
+            PERFORM treadle._enqueue_ready(v_run, v_now);
         END IF;
     ELSIF run.state <> 'running' THEN
         RETURN;
@@ -2701,6 +2803,9 @@ BEGIN
         PERFORM set_config('treadle.rescue_cursor', v_cursor::text, false);
     END IF;
 
+    -- workflow sleep steps that are due end here too
+    PERFORM treadle._wake_runs(v_now);
+
     IF v_done IS NULL THEN
         RETURN 0;
     END IF;
@@ -2946,7 +3051,8 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 --
 -- A workflow graph run that treadle.retry just made running again: its other
 -- discarded and cancelled steps are retried (treadle.retry), and the steps whose
--- dependencies all completed while it was stopped are enqueued.
+-- dependencies all completed while it was stopped start (a sleep under way when it
+-- stopped ends at its time, at the next treadle.rescue).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._resume_graph(run treadle.workflow_runs)
 RETURNS void
@@ -2965,7 +3071,7 @@ BEGIN
     LOOP
         PERFORM treadle.retry(v_id);
     END LOOP;
-    PERFORM treadle._enqueue_steps(run, treadle._ready_steps(run), treadle.now());
+    PERFORM treadle._enqueue_ready(run, treadle.now());
 END;
 $$;
 COMMENT ON FUNCTION treadle._resume_graph(treadle.workflow_runs) IS
@@ -3906,36 +4012,96 @@ COMMENT ON FUNCTION treadle._check_after(text[], jsonb) IS
     'Check the dependencies of workflow steps (22023 naming the step: unknown, repeated, a cycle); null for a linear list.';
 
 --------------------------------------------------------------------------------
--- treadle._first_steps(steps, after) -> text[]
+-- treadle._check_sleeps(steps, sleeps) -> jsonb
 --
--- The steps a run starts with: those without dependencies, in step order.
+-- The sleep steps of a workflow: null or {} is none (null). Otherwise a JSON
+-- object mapping a step to how long it waits, an interval as text ('1 hour'); a
+-- sleep step has no handler: it completes by itself that long after it becomes
+-- ready (treadle.rescue ends it). Returns the map with each interval normalised.
+-- Raises 22023, naming the step: sleeps not an object; a key that is not a step;
+-- a value that is not an interval, not positive or over 366 days.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._first_steps(steps text[], after jsonb)
-RETURNS text[]
+CREATE OR REPLACE FUNCTION treadle._check_sleeps(steps text[], sleeps jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_step  text;
+    v_value jsonb;
+    v_for   interval;
+    v_map   jsonb := '{}'::jsonb;
+BEGIN
+    IF sleeps IS NULL OR sleeps = '{}'::jsonb THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(sleeps) <> 'object' THEN
+        RAISE EXCEPTION 'treadle: sleeps must be a JSON object mapping a step to an interval, not %', jsonb_typeof(sleeps)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR v_step, v_value IN SELECT e.key, e.value FROM jsonb_each(sleeps) AS e LOOP
+        IF NOT v_step = ANY (steps) THEN
+            RAISE EXCEPTION 'treadle: sleeps names step "%", which is not one of the steps', v_step
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        v_for := NULL;
+        IF jsonb_typeof(v_value) = 'string' THEN
+            BEGIN
+                v_for := (v_value #>> '{}')::interval;
+            EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
+                v_for := NULL;
+            END;
+        END IF;
+        IF v_for IS NULL THEN
+            RAISE EXCEPTION 'treadle: sleep step "%" must wait an interval such as "1 hour", not %', v_step, v_value
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF v_for <= interval '0' OR v_for > interval '366 days' THEN
+            RAISE EXCEPTION 'treadle: sleep step "%" must wait more than 0 and at most 366 days, got %', v_step, v_for
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        v_map := v_map || jsonb_build_object(v_step, v_for::text);
+    END LOOP;
+    RETURN v_map;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_sleeps(text[], jsonb) IS
+    'Check the sleep steps of a workflow (22023 naming the step); null for none.';
+
+--------------------------------------------------------------------------------
+-- treadle._linear_after(steps) -> jsonb
+--
+-- The graph of a list, spelled out: each step after the one before it.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._linear_after(steps text[])
+RETURNS jsonb
 LANGUAGE sql
 IMMUTABLE
 BEGIN ATOMIC
-    SELECT CASE WHEN after IS NULL THEN ARRAY[steps[1]]
-                ELSE ARRAY(SELECT u.s FROM unnest(steps) WITH ORDINALITY AS u(s, i)
-                            WHERE jsonb_array_length(after -> u.s) = 0 ORDER BY u.i) END;
+    SELECT jsonb_object_agg(u.s, CASE WHEN u.i = 1 THEN '[]'::jsonb ELSE jsonb_build_array(steps[u.i - 1]) END)
+      FROM unnest(steps) WITH ORDINALITY AS u(s, i);
 END;
-COMMENT ON FUNCTION treadle._first_steps(text[], jsonb) IS
-    'The steps a workflow run starts with: the first one of a list, the ones without dependencies of a graph.';
+COMMENT ON FUNCTION treadle._linear_after(text[]) IS
+    'The dependencies of a list of steps spelled out as a graph: each step after the one before it.';
 
 --------------------------------------------------------------------------------
--- treadle.define_workflow(name, steps, after) -> void
+-- treadle.define_workflow(name, steps, after, sleeps) -> void
 --
 -- Records the step names of a workflow and, in `after`, the steps each one runs
 -- after (a JSON object: step -> [steps]; a step it leaves out starts with the
--- run). Without `after`, each step runs after the one before it. Workers call it
+-- run). Without `after`, each step runs after the one before it. `sleeps` names
+-- the sleep steps and how long each waits (treadle._check_sleeps). Workers call it
 -- when they register a workflow. Replaces an earlier definition for new runs;
 -- existing runs keep the steps they started with.
 -- Raises 22004: name or steps null. 22023: a name that is not a valid name (see
 -- treadle._is_name); steps empty, nested, over 1000, with a bad name, or
 -- repeating one; after as treadle._check_after refuses it (an unknown or
--- repeated dependency, a cycle: the message names the step).
+-- repeated dependency, a cycle: the message names the step); sleeps as
+-- treadle._check_sleeps refuses it.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[], after jsonb DEFAULT NULL)
+CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[], after jsonb DEFAULT NULL,
+                                                   sleeps jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -3944,37 +4110,43 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_after jsonb;
+    v_after  jsonb;
+    v_sleeps jsonb;
 BEGIN
     PERFORM treadle._check_text(define_workflow.name, 'name');
     PERFORM treadle._check_steps(define_workflow.steps);
     v_after := treadle._check_after(define_workflow.steps, define_workflow.after);
+    v_sleeps := treadle._check_sleeps(define_workflow.steps, define_workflow.sleeps);
+    IF v_sleeps IS NOT NULL THEN
+        v_after := coalesce(v_after, treadle._linear_after(define_workflow.steps));
+    END IF;
 
-    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after)
-    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after)
+    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps)
+    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps)
     ON CONFLICT (name) DO UPDATE
-       SET steps = excluded.steps, updated_at = excluded.updated_at, after = excluded.after
-     WHERE w.steps IS DISTINCT FROM excluded.steps OR w.after IS DISTINCT FROM excluded.after;
+       SET steps = excluded.steps, updated_at = excluded.updated_at, after = excluded.after, sleeps = excluded.sleeps
+     WHERE w.steps IS DISTINCT FROM excluded.steps OR w.after IS DISTINCT FROM excluded.after
+        OR w.sleeps IS DISTINCT FROM excluded.sleeps;
 END;
 $$;
-COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb) IS
+COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb) IS
     'Record (or replace) the steps of a workflow and the steps each one runs after.';
 
 --------------------------------------------------------------------------------
 -- treadle.start_workflow(name, input, steps, queue, priority, max_attempts,
---                        idempotency_key, after) -> bigint
+--                        idempotency_key, after, sleeps) -> bigint
 --
 -- Transition: (none) -> a running run, and the job of each step it starts with
 -- (the first step of a list, every step without dependencies of a graph) ->
 -- available, in the caller's transaction. The run records its steps and their
--- dependencies: `steps` and `after` (as define_workflow takes them), or when
+-- dependencies: `steps`, `after` and `sleeps` (as define_workflow takes them), or when
 -- steps is null the definition from treadle.define_workflow. Returns the run id; a
 -- workflow idempotency key (a namespace apart from jobs') that a run already
 -- holds returns that run's id and starts nothing.
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
 -- input neither an object nor an array, over the size limit or nested over 100
--- levels; max_attempts < 1; steps or after as define_workflow refuses them;
--- after without steps; no steps given and no definition (unknown workflow).
+-- levels; max_attempts < 1; steps, after or sleeps as define_workflow refuses
+-- them; after or sleeps without steps; no steps given and no definition (unknown workflow).
 -- 42501: a tenant's queue outside its prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.start_workflow(
@@ -3985,7 +4157,8 @@ CREATE OR REPLACE FUNCTION treadle.start_workflow(
     priority        integer DEFAULT 0,
     max_attempts    integer DEFAULT 25,
     idempotency_key text    DEFAULT NULL,
-    after           jsonb   DEFAULT NULL
+    after           jsonb   DEFAULT NULL,
+    sleeps          jsonb   DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -3999,6 +4172,7 @@ DECLARE
     v_input jsonb;
     v_steps text[] := start_workflow.steps;
     v_after jsonb;
+    v_sleeps jsonb;
     v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
@@ -4017,10 +4191,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF v_steps IS NULL THEN
-        IF start_workflow.after IS NOT NULL THEN
-            RAISE EXCEPTION 'treadle: after needs steps' USING ERRCODE = 'invalid_parameter_value';
+        IF start_workflow.after IS NOT NULL OR start_workflow.sleeps IS NOT NULL THEN
+            RAISE EXCEPTION 'treadle: after and sleeps need steps' USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        SELECT w.steps, w.after INTO v_steps, v_after FROM treadle.workflows AS w WHERE w.name = start_workflow.name;
+        SELECT w.steps, w.after, w.sleeps INTO v_steps, v_after, v_sleeps
+          FROM treadle.workflows AS w WHERE w.name = start_workflow.name;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'treadle: unknown workflow %', start_workflow.name
                 USING ERRCODE = 'invalid_parameter_value',
@@ -4029,20 +4204,28 @@ BEGIN
     ELSE
         PERFORM treadle._check_steps(v_steps);
         v_after := treadle._check_after(v_steps, start_workflow.after);
+        v_sleeps := treadle._check_sleeps(v_steps, start_workflow.sleeps);
+        IF v_sleeps IS NOT NULL THEN
+            v_after := coalesce(v_after, treadle._linear_after(v_steps));
+        END IF;
     END IF;
     PERFORM treadle._check_queue_allowed(start_workflow.queue);
 
     LOOP
         INSERT INTO treadle.workflow_runs AS r
-            (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after)
+            (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps)
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
-             start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after)
+             start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING r.* INTO v_run;
 
         IF v_run.id IS NOT NULL THEN
-            PERFORM treadle._enqueue_steps(v_run, treadle._first_steps(v_steps, v_after), v_now);
+            IF v_after IS NULL THEN
+                PERFORM treadle._enqueue_steps(v_run, ARRAY[v_steps[1]], v_now);
+            ELSE
+                PERFORM treadle._enqueue_ready(v_run, v_now);
+            END IF;
             RETURN v_run.id;
         END IF;
 
@@ -4054,7 +4237,7 @@ BEGIN
     END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb) IS
+COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb) IS
     'Start a workflow run and enqueue the steps it starts with; returns the run id.';
 
 --------------------------------------------------------------------------------
@@ -4063,7 +4246,8 @@ COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, i
 -- Transition: a running run's pending steps are cancelled (the run becomes
 -- cancelled at once), and its running steps get a cancel request (the run
 -- becomes cancelled when the first of them finishes, if no pending step was
--- cancelled). Returns false for an unknown run, one that is not running, or one
+-- cancelled); a run with no step job pending (only sleeps under way) becomes
+-- cancelled at once. Returns false for an unknown run, one that is not running, or one
 -- whose steps all have their cancel requested already.
 -- Raises 22004: run_id null. 42501: a tenant's run outside its queues.
 --------------------------------------------------------------------------------
@@ -4119,7 +4303,8 @@ BEGIN
     IF FOUND THEN
         RETURN false;  -- its cancel is requested already
     END IF;
-    -- a running run without a pending step (its step rows were deleted by hand)
+    -- a running run without a pending step job (only sleeps under way, or its step
+    -- rows were deleted by hand)
     UPDATE treadle.workflow_runs AS r
        SET state = 'cancelled', finished_at = treadle.now()
      WHERE r.id = cancel_workflow.run_id AND r.state = 'running';
@@ -5466,7 +5651,7 @@ BEGIN
         ('read',    'treadle.explain(bigint)'),
         ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[])'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
-        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb)'),
+        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb)'),
         ('produce', 'treadle.schedule(text, text, text, jsonb, text, text, integer, integer, boolean)'),
         ('control', 'treadle.cancel(bigint)'),
         ('control', 'treadle.retry(bigint)'),
@@ -5483,7 +5668,7 @@ BEGIN
         ('work',    'treadle.fail(bigint, uuid, text, interval, boolean)'),
         ('work',    'treadle.release(bigint, uuid)'),
         ('work',    'treadle.snooze(bigint, uuid, interval)'),
-        ('work',    'treadle.define_workflow(text, text[], jsonb)'),
+        ('work',    'treadle.define_workflow(text, text[], jsonb, jsonb)'),
         ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer, text[])'),
         ('work',    'treadle.worker_stopped(text)'),
         ('queues',  'treadle.set_queue(text, integer, integer, interval, integer, interval, interval)'),
