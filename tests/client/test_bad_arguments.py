@@ -107,6 +107,12 @@ REFUSED_BY_SQL: list[tuple[str, Call, str, str]] = [
         'step "a" is in a dependency cycle: a after b after a',
     ),
     (
+        "a zero sleep",
+        lambda c: treadle.start_workflow(c, "w", steps=["a"], sleeps={"a": timedelta(0)}),
+        "22023",
+        'sleep step "a" must wait more than 0 and at most 366 days',
+    ),
+    (
         "an unknown dependency",
         lambda c: treadle.start_workflow(c, "w", steps=["a", "b"], after={"b": ["c"]}),
         "22023",
@@ -201,6 +207,12 @@ REFUSED_BY_CLIENT: list[tuple[str, Call, str]] = [
     ("steps as a string", lambda c: treadle.start_workflow(c, "w", steps="abc"), "steps must be a list of names"),
     ("steps not names", lambda c: treadle.start_workflow(c, "w", steps=["a", 2]), r"steps\[1\] must be a string"),
     ("after a list", lambda c: treadle.start_workflow(c, "w", steps=["a"], after=["a"]), "after must be a mapping"),
+    ("sleeps a list", lambda c: treadle.start_workflow(c, "w", steps=["a"], sleeps=["a"]), "sleeps must be a mapping"),
+    (
+        "sleeps of seconds",
+        lambda c: treadle.start_workflow(c, "w", steps=["a"], sleeps={"a": 60}),
+        r"sleeps\['a'\] must be a datetime.timedelta",
+    ),
     (
         "after not names",
         lambda c: treadle.start_workflow(c, "w", steps=["a", "b"], after={"b": "a"}),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -11,7 +12,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from tests.worker.worker_support import run_steps, start_workflow, until_run_finished
-from treadle import InvalidArgument, JobContext, Step, Worker
+from treadle import InvalidArgument, JobContext, Sleep, Step, Worker
 from treadle._registry import StepFunction
 
 MakeWorker = Callable[..., Worker]
@@ -183,3 +184,34 @@ def test_a_cycle_stops_the_worker_at_start(make_worker: MakeWorker) -> None:
         psycopg.errors.InvalidParameterValue, match='step "a" is in a dependency cycle: a after b after a'
     ):
         worker.start()
+
+
+def test_a_sleep_step_holds_no_worker_and_ends_on_time(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
+    worker = make_worker()
+    worker.workflow(
+        "remind",
+        [("signup", lambda i, r, c: "ok"), Sleep("pause", timedelta(seconds=1)), ("mail", lambda i, r, c: sorted(r))],
+    )
+    worker.start()
+    assert conn.execute("SELECT steps, sleeps FROM treadle.workflows WHERE name = 'remind'").fetchone() == (
+        ["signup", "pause", "mail"],
+        {"pause": "00:00:01"},
+    )
+    run_id = start_workflow(conn, "remind", {})
+    finished = until_run_finished(conn, run_id)
+    assert finished["state"] == "completed"
+    assert finished["results"]["mail"] == ["pause", "signup"]
+    steps = {s["step"]: s for s in run_steps(conn, run_id)}
+    assert sorted(steps) == ["mail", "signup"]  # the sleep was no job
+    # the next step started no earlier than the sleep's end, on the database's clock
+    assert steps["mail"]["created_at"] - steps["signup"]["finished_at"] >= timedelta(seconds=1)
+
+
+def test_a_bad_sleep_is_refused_when_it_is_registered(make_worker: MakeWorker) -> None:
+    worker = make_worker()
+    with pytest.raises(InvalidArgument, match=r"needs a datetime\.timedelta, not int"):
+        worker.workflow("bad", [Sleep("pause", 5)])  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="must sleep more than 0 and at most 366 days"):
+        worker.workflow("bad", [Sleep("pause", timedelta(days=400))])
+    with pytest.raises(InvalidArgument, match="repeats the step name 'a'"):
+        worker.workflow("bad", [("a", lambda i, r, c: 1), Sleep("a", timedelta(seconds=1))])

@@ -44,7 +44,7 @@ START_WORKFLOW: Final[LiteralString] = """
 SELECT treadle.start_workflow(
     name => %(name)s::text, input => %(input)s::jsonb, steps => %(steps)s::text[], queue => %(queue)s::text,
     priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,
-    idempotency_key => %(idempotency_key)s::text, after => %(after)s::jsonb)
+    idempotency_key => %(idempotency_key)s::text, after => %(after)s::jsonb, sleeps => %(sleeps)s::jsonb)
 """
 # treadle.cancel, retry, cancel_workflow, workflow_results: operator controls
 CANCEL: Final[LiteralString] = "SELECT treadle.cancel(job_id => %(job_id)s::bigint)"
@@ -225,7 +225,8 @@ APPLY_RETENTION: Final[LiteralString] = "SELECT treadle.apply_retention(batch =>
 ARCHIVE: Final[LiteralString] = "SELECT treadle.archive(batch => %(batch)s::integer)"
 # treadle.define_workflow: record a registered workflow's steps
 DEFINE_WORKFLOW: Final[LiteralString] = """
-SELECT treadle.define_workflow(name => %(name)s::text, steps => %(steps)s::text[], after => %(after)s::jsonb)
+SELECT treadle.define_workflow(name => %(name)s::text, steps => %(steps)s::text[], after => %(after)s::jsonb,
+                               sleeps => %(sleeps)s::jsonb)
 """
 # treadle.worker_seen, worker_stopped: the registry of live workers
 WORKER_SEEN: Final[LiteralString] = """

@@ -120,6 +120,7 @@ class WorkflowOptions(TypedDict, total=False):
 
     steps: Sequence[str] | None  # default: the steps a worker registered for the name
     after: Mapping[str, Sequence[str]] | None  # step -> the steps it runs after; None: each after the one before
+    sleeps: Mapping[str, timedelta] | None  # sleep step -> how long it waits (no handler runs it)
     queue: str
     priority: int
     max_attempts: int
@@ -139,6 +140,7 @@ ENQUEUE_DEFAULTS: Final[EnqueueOptions] = {
 WORKFLOW_DEFAULTS: Final[WorkflowOptions] = {
     "steps": None,
     "after": None,
+    "sleeps": None,
     "queue": "default",
     "priority": 0,
     "max_attempts": 25,
@@ -274,7 +276,8 @@ def start_workflow(
     The run's steps are ``steps``, or when None the ones a worker registered for
     ``name``. ``after`` maps a step to the steps it runs after (a graph; a step it
     leaves out starts with the run); without it each step runs after the one
-    before. The steps it starts with are enqueued now; each completed step
+    before. ``sleeps`` maps a sleep step (no handler runs it) to how long the run
+    waits there. The steps it starts with are enqueued now; each completed step
     enqueues those whose dependencies have all completed. A workflow idempotency
     key (apart from jobs' keys) that a run holds returns that run's id and starts
     nothing. The options and their defaults:
@@ -286,12 +289,28 @@ def start_workflow(
         "input": _json.to_jsonb(input, "input"),
         "steps": _args.names(given["steps"], "steps"),
         "after": _after(given["after"]),
+        "sleeps": _sleeps(given["sleeps"]),
         "queue": _args.text(given["queue"], "queue"),
         "priority": _args.integer(given["priority"], "priority"),
         "max_attempts": _args.integer(given["max_attempts"], "max_attempts"),
         "idempotency_key": _args.optional_text(given["idempotency_key"], "idempotency_key"),
     }
     return _conn.execute(conn, _sql.START_WORKFLOW, params, _scalar)
+
+
+def _sleeps(value: Any) -> Jsonb | None:
+    """start_workflow's `sleeps`: a mapping of step name -> timedelta; the database checks the bounds."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"sleeps must be a mapping of step name -> timedelta, not {type(value).__name__}")
+    out = {}
+    for step, duration in value.items():
+        if not isinstance(duration, timedelta):
+            raise InvalidArgument(f"sleeps[{step!r}] must be a datetime.timedelta, not {type(duration).__name__}")
+        interval = f"{duration.days} days {duration.seconds} seconds {duration.microseconds} microseconds"
+        out[_args.text(step, "sleeps' step")] = interval
+    return Jsonb(out)
 
 
 def _after(value: Any) -> Jsonb | None:

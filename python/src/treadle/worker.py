@@ -50,7 +50,7 @@ from ._handler_threads import HandlerThreads
 from ._housekeeping import Housekeeper
 from ._notifier import Notifier, WakeOnNotify
 from ._pool import WorkerPool, connect_direct
-from ._registry import Handler, Registry, Step, StepFunction, handler_policy
+from ._registry import Handler, Registry, Sleep, Step, StepFunction, handler_policy
 from ._retry import Backoff, FailureWrite, failure_write, is_transient, one_line
 from ._run_state import RunState, RunStatus
 from .errors import InvalidArgument
@@ -59,7 +59,7 @@ from .models import Job
 if TYPE_CHECKING:
     from .metrics import MetricsServer, WorkerMetrics
 
-__all__ = ["Handler", "JobContext", "Step", "StepFunction", "Worker", "WorkerEvent"]
+__all__ = ["Handler", "JobContext", "Sleep", "Step", "StepFunction", "Worker", "WorkerEvent"]
 
 log = logging.getLogger("treadle.worker")
 
@@ -289,7 +289,7 @@ class Worker:
     def workflow(
         self,
         name: str,
-        steps: Iterable[Step | tuple[str, StepFunction]],
+        steps: Iterable[Step | Sleep | tuple[str, StepFunction]],
         *,
         max_attempts: int | None = None,
         backoff: Callable[[int], Duration] | None = None,
@@ -300,8 +300,10 @@ class Worker:
         Without `after` the steps run in order, each after the one before it. With
         `Step("report", fn, after=["extract_a", "extract_b"])` the steps form a graph: a
         step runs once the steps it names completed, and receives their results (and those
-        of the steps before them); a step without `after` starts with the run. The
-        definition is recorded with treadle.define_workflow when the worker starts.
+        of the steps before them); a step without `after` starts with the run. A
+        `Sleep(name, timedelta)` step has no handler: the run waits that long in the
+        database. The definition is recorded with treadle.define_workflow when the worker
+        starts.
         `max_attempts`, `backoff` and `timeout` are a policy for each of its steps, as
         `register`'s are for a handler's jobs.
         """
@@ -533,9 +535,14 @@ class Worker:
                     read_extension_version(conn)
                     for name in self._registry.workflows:
                         definition = self._registry.definition(name)
-                        after = definition["after"]
+                        after, sleeps = definition["after"], definition["sleeps"]
                         conn.execute(
-                            _sql.DEFINE_WORKFLOW, {**definition, "after": None if after is None else Jsonb(after)}
+                            _sql.DEFINE_WORKFLOW,
+                            {
+                                **definition,
+                                "after": None if after is None else Jsonb(after),
+                                "sleeps": None if sleeps is None else Jsonb(sleeps),
+                            },
                         )
                     conn.execute(_sql.WORKER_SEEN, self._seen_params())
                 return True
