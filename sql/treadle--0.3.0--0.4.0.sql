@@ -54,7 +54,6 @@ CREATE INDEX workflow_runs_wake_at_idx ON treadle.workflow_runs (wake_at)
     WHERE wake_at IS NOT NULL AND state = 'running';
 DROP FUNCTION treadle.define_workflow(text, text[]);
 DROP FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text);
-DROP FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamptz);
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -1755,6 +1754,27 @@ COMMENT ON FUNCTION treadle.heartbeat_many(bigint[], uuid[], interval) IS
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
+-- treadle._enqueue_step(run, step, at) -> void
+--
+-- Transition: (none) -> available for one step of a workflow run: a job named
+-- 'workflow:<workflow name>' whose `step` column names the step (the next step of
+-- a list; treadle._enqueue_steps does several).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._enqueue_step(run treadle.workflow_runs, step text, at timestamptz)
+RETURNS void
+LANGUAGE sql
+VOLATILE
+BEGIN ATOMIC
+    INSERT INTO treadle.jobs
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+    VALUES
+        ((run).queue, 'workflow:' || (run).name, '{}', (run).priority, at, (run).max_attempts, at, (run).id, step);
+    SELECT treadle._notify('treadle_jobs', (run).queue);
+END;
+COMMENT ON FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamptz) IS
+    'Enqueue the job that runs one step of a workflow run.';
+
+--------------------------------------------------------------------------------
 -- treadle._enqueue_steps(run, steps, at) -> void
 --
 -- Transition: (none) -> available for steps of a workflow run, in one
@@ -1936,7 +1956,7 @@ BEGIN
             UPDATE treadle.workflow_runs AS r
                SET results = r.results || jsonb_build_object(step.step, step.result)
              WHERE r.id = v_run.id;
-            PERFORM treadle._enqueue_steps(v_run, ARRAY[v_run.steps[v_index + 1]], v_now);
+            PERFORM treadle._enqueue_step(v_run, v_run.steps[v_index + 1], v_now);
         ELSE
             UPDATE treadle.workflow_runs AS r
                SET results = r.results || jsonb_build_object(step.step, step.result),
@@ -3908,7 +3928,7 @@ BEGIN
 
         IF v_run.id IS NOT NULL THEN
             IF v_after IS NULL THEN
-                PERFORM treadle._enqueue_steps(v_run, ARRAY[v_steps[1]], v_now);
+                PERFORM treadle._enqueue_step(v_run, v_steps[1], v_now);
             ELSE
                 PERFORM treadle._enqueue_ready(v_run, v_now);
             END IF;
@@ -4027,31 +4047,42 @@ COMMENT ON FUNCTION treadle.workflow_results(bigint) IS
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.workflow_step_results(run_id bigint, step text)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
-BEGIN ATOMIC
-    WITH RECURSIVE run AS (
-        SELECT r.steps, r.after, r.results FROM treadle.workflow_runs AS r WHERE r.id = workflow_step_results.run_id
-    ), before(step) AS (
-        SELECT d.step
-          FROM run
-         CROSS JOIN LATERAL (
-            SELECT u.s FROM unnest(run.steps) WITH ORDINALITY AS u(s, i)
-             WHERE run.after IS NULL AND u.i < array_position(run.steps, workflow_step_results.step)
-            UNION ALL
-            SELECT d.v FROM jsonb_array_elements_text(run.after -> workflow_step_results.step) AS d(v)
-             WHERE run.after IS NOT NULL) AS d(step)
-        UNION
-        SELECT d.v
-          FROM before AS b, run
-         CROSS JOIN LATERAL jsonb_array_elements_text(run.after -> b.step) AS d(v)
-         WHERE run.after IS NOT NULL
-    )
-    SELECT coalesce((SELECT jsonb_object_agg(e.key, e.value)
-                       FROM jsonb_each(run.results) AS e
-                      WHERE e.key IN (SELECT b.step FROM before AS b)), '{}'::jsonb)
-      FROM run;
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_steps   text[];
+    v_after   jsonb;
+    v_results jsonb;
+    v_before  text[];
+    v_todo    text[];
+    v_step    text;
+BEGIN
+    SELECT r.steps, r.after, r.results INTO v_steps, v_after, v_results
+      FROM treadle.workflow_runs AS r WHERE r.id = workflow_step_results.run_id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF v_after IS NULL THEN
+        -- a list: the steps before it
+        v_before := v_steps[1 : coalesce(array_position(v_steps, workflow_step_results.step), 1) - 1];
+    ELSE
+        -- a graph: walk back along the dependencies
+        v_before := '{}';
+        v_todo := ARRAY(SELECT d.v FROM jsonb_array_elements_text(v_after -> workflow_step_results.step) AS d(v));
+        WHILE cardinality(v_todo) > 0 LOOP
+            v_step := v_todo[cardinality(v_todo)];
+            v_todo := v_todo[1 : cardinality(v_todo) - 1];
+            CONTINUE WHEN v_step = ANY (v_before);
+            v_before := v_before || v_step;
+            v_todo := v_todo || ARRAY(SELECT d.v FROM jsonb_array_elements_text(v_after -> v_step) AS d(v));
+        END LOOP;
+    END IF;
+    RETURN coalesce((SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each(v_results) AS e
+                      WHERE e.key = ANY (v_before)), '{}'::jsonb);
 END;
+$$;
 COMMENT ON FUNCTION treadle.workflow_step_results(bigint, text) IS
     'The results a workflow step receives: those of the steps it runs after, directly or not; null for an unknown run.';
 --------------------------------------------------------------------------------

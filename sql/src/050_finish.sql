@@ -6,6 +6,27 @@
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
+-- treadle._enqueue_step(run, step, at) -> void
+--
+-- Transition: (none) -> available for one step of a workflow run: a job named
+-- 'workflow:<workflow name>' whose `step` column names the step (the next step of
+-- a list; treadle._enqueue_steps does several).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._enqueue_step(run treadle.workflow_runs, step text, at timestamptz)
+RETURNS void
+LANGUAGE sql
+VOLATILE
+BEGIN ATOMIC
+    INSERT INTO treadle.jobs
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+    VALUES
+        ((run).queue, 'workflow:' || (run).name, '{}', (run).priority, at, (run).max_attempts, at, (run).id, step);
+    SELECT treadle._notify('treadle_jobs', (run).queue);
+END;
+COMMENT ON FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamptz) IS
+    'Enqueue the job that runs one step of a workflow run.';
+
+--------------------------------------------------------------------------------
 -- treadle._enqueue_steps(run, steps, at) -> void
 --
 -- Transition: (none) -> available for steps of a workflow run, in one
@@ -187,7 +208,7 @@ BEGIN
             UPDATE treadle.workflow_runs AS r
                SET results = r.results || jsonb_build_object(step.step, step.result)
              WHERE r.id = v_run.id;
-            PERFORM treadle._enqueue_steps(v_run, ARRAY[v_run.steps[v_index + 1]], v_now);
+            PERFORM treadle._enqueue_step(v_run, v_run.steps[v_index + 1], v_now);
         ELSE
             UPDATE treadle.workflow_runs AS r
                SET results = r.results || jsonb_build_object(step.step, step.result),

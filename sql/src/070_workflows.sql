@@ -386,7 +386,7 @@ BEGIN
 
         IF v_run.id IS NOT NULL THEN
             IF v_after IS NULL THEN
-                PERFORM treadle._enqueue_steps(v_run, ARRAY[v_steps[1]], v_now);
+                PERFORM treadle._enqueue_step(v_run, v_steps[1], v_now);
             ELSE
                 PERFORM treadle._enqueue_ready(v_run, v_now);
             END IF;
@@ -505,30 +505,41 @@ COMMENT ON FUNCTION treadle.workflow_results(bigint) IS
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.workflow_step_results(run_id bigint, step text)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
-BEGIN ATOMIC
-    WITH RECURSIVE run AS (
-        SELECT r.steps, r.after, r.results FROM treadle.workflow_runs AS r WHERE r.id = workflow_step_results.run_id
-    ), before(step) AS (
-        SELECT d.step
-          FROM run
-         CROSS JOIN LATERAL (
-            SELECT u.s FROM unnest(run.steps) WITH ORDINALITY AS u(s, i)
-             WHERE run.after IS NULL AND u.i < array_position(run.steps, workflow_step_results.step)
-            UNION ALL
-            SELECT d.v FROM jsonb_array_elements_text(run.after -> workflow_step_results.step) AS d(v)
-             WHERE run.after IS NOT NULL) AS d(step)
-        UNION
-        SELECT d.v
-          FROM before AS b, run
-         CROSS JOIN LATERAL jsonb_array_elements_text(run.after -> b.step) AS d(v)
-         WHERE run.after IS NOT NULL
-    )
-    SELECT coalesce((SELECT jsonb_object_agg(e.key, e.value)
-                       FROM jsonb_each(run.results) AS e
-                      WHERE e.key IN (SELECT b.step FROM before AS b)), '{}'::jsonb)
-      FROM run;
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_steps   text[];
+    v_after   jsonb;
+    v_results jsonb;
+    v_before  text[];
+    v_todo    text[];
+    v_step    text;
+BEGIN
+    SELECT r.steps, r.after, r.results INTO v_steps, v_after, v_results
+      FROM treadle.workflow_runs AS r WHERE r.id = workflow_step_results.run_id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF v_after IS NULL THEN
+        -- a list: the steps before it
+        v_before := v_steps[1 : coalesce(array_position(v_steps, workflow_step_results.step), 1) - 1];
+    ELSE
+        -- a graph: walk back along the dependencies
+        v_before := '{}';
+        v_todo := ARRAY(SELECT d.v FROM jsonb_array_elements_text(v_after -> workflow_step_results.step) AS d(v));
+        WHILE cardinality(v_todo) > 0 LOOP
+            v_step := v_todo[cardinality(v_todo)];
+            v_todo := v_todo[1 : cardinality(v_todo) - 1];
+            CONTINUE WHEN v_step = ANY (v_before);
+            v_before := v_before || v_step;
+            v_todo := v_todo || ARRAY(SELECT d.v FROM jsonb_array_elements_text(v_after -> v_step) AS d(v));
+        END LOOP;
+    END IF;
+    RETURN coalesce((SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each(v_results) AS e
+                      WHERE e.key = ANY (v_before)), '{}'::jsonb);
 END;
+$$;
 COMMENT ON FUNCTION treadle.workflow_step_results(bigint, text) IS
     'The results a workflow step receives: those of the steps it runs after, directly or not; null for an unknown run.';

@@ -49,4 +49,3 @@ CREATE INDEX workflow_runs_wake_at_idx ON treadle.workflow_runs (wake_at)
     WHERE wake_at IS NOT NULL AND state = 'running';
 DROP FUNCTION treadle.define_workflow(text, text[]);
 DROP FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text);
-DROP FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamptz);
