@@ -167,3 +167,35 @@ def test_many_runs_completed_in_batches_across_runs_join_once(connect: Connect) 
         answers = [a for f in [pool.submit(complete_branch, i) for i in range(len(BRANCHES))] for a in f.result()]
     assert answers == ["completed"] * (RUNS * len(BRANCHES))
     check_every_run(setup, "fan-batch", run_ids)
+
+
+def test_sleeps_ended_by_rescues_racing_each_other_end_once(connect: Connect) -> None:
+    """Many runs asleep; four sessions call rescue at once after the sleeps are due: each
+    sleep ends once, and the step after it is enqueued once."""
+    setup = connect()
+    run_ids = [
+        value(
+            setup,
+            "select treadle.start_workflow('nap', steps => array['zz', 'wake'], sleeps => '{\"zz\": \"1 hour\"}',"
+            " queue => 'nap')",
+        )
+        for _ in range(RUNS)
+    ]
+    assert jobs_per_step(setup, "nap") == {}
+    conns = [connect() for _ in range(4)]
+    for conn in conns:
+        conn.execute("select set_config('treadle.now', (now() + interval '2 hours')::text, false)")
+    barrier = threading.Barrier(len(conns))
+
+    def rescue(conn: psycopg.Connection) -> None:
+        barrier.wait(60)
+        for _ in range(3):
+            conn.execute("select treadle.rescue()")
+
+    with ThreadPoolExecutor(len(conns)) as pool:
+        for future in [pool.submit(rescue, conn) for conn in conns]:
+            future.result()
+    assert jobs_per_step(setup, "nap") == {(run_id, "wake"): 1 for run_id in run_ids}
+    assert setup.execute(
+        "select count(*) from treadle.workflow_runs where queue = 'nap' and results ? 'zz' and wakes is null"
+    ).fetchone() == (RUNS,)
