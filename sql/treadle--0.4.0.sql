@@ -2110,46 +2110,96 @@ COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timest
     'Enqueue the jobs that run steps of a workflow run.';
 
 --------------------------------------------------------------------------------
--- treadle._ready_steps(run) -> text[]
+-- treadle._ready_steps(run, done) -> text[]
 --
 -- The steps of a graph run (run.after not null) that may start now: every step
 -- it runs after has a result, it has none itself, no job of the run runs it
--- yet, and it is not a sleep under way. In step order. Callers hold the run row's lock, so what this reads
--- cannot change before they enqueue what it returns.
+-- yet, and it is not a sleep under way. In step order. With `done` (a step that
+-- just completed) only the steps that run after it are looked at: no other can
+-- have become ready. Callers hold the run row's lock, so what this reads cannot
+-- change before they enqueue what it returns.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._ready_steps(run treadle.workflow_runs)
+CREATE OR REPLACE FUNCTION treadle._ready_steps(run treadle.workflow_runs, done text DEFAULT NULL)
 RETURNS text[]
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
-BEGIN ATOMIC
-    SELECT coalesce(array_agg(u.s ORDER BY u.i), '{}')
-      FROM unnest((run).steps) WITH ORDINALITY AS u(s, i)
-     WHERE NOT (run).results ? u.s
-       AND NOT coalesce((run).wakes ? u.s, false)
-       AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text((run).after -> u.s) AS d(v)
-                        WHERE NOT (run).results ? d.v)
-       AND NOT EXISTS (SELECT 1 FROM treadle.jobs AS j
-                        WHERE j.workflow_run_id = (run).id AND j.step = u.s);
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_ready   text[] := '{}'::text[];
+    v_jobs    jsonb;
+    v_step    text;
+    -- the run's maps, decompressed once (read from the table they may be compressed,
+    -- and each lookup below would decompress them again)
+    v_after   jsonb := '{}'::jsonb || run.after;
+    v_results jsonb := '{}'::jsonb || run.results;
+    v_wakes   jsonb := '{}'::jsonb || coalesce(run.wakes, '{}'::jsonb);
+BEGIN
+    IF done IS NULL THEN
+        -- every step with a job, read once
+        SELECT coalesce(jsonb_object_agg(j.step, true), '{}'::jsonb) INTO v_jobs
+          FROM treadle.jobs AS j WHERE j.workflow_run_id = run.id;
+    END IF;
+    FOR v_step IN
+        SELECT u.s FROM unnest(run.steps) WITH ORDINALITY AS u(s, i)
+         WHERE (done IS NULL OR (v_after -> u.s) ? done)
+           AND NOT v_results ? u.s
+           AND NOT v_wakes ? u.s
+         ORDER BY u.i
+    LOOP
+        CONTINUE WHEN EXISTS (SELECT 1 FROM jsonb_array_elements_text(v_after -> v_step) AS d(v)
+                               WHERE NOT v_results ? d.v);
+        IF done IS NULL THEN
+            CONTINUE WHEN v_jobs ? v_step;
+        ELSE
+            CONTINUE WHEN EXISTS (SELECT 1 FROM treadle.jobs AS j
+                                   WHERE j.workflow_run_id = run.id AND j.step = v_step);
+        END IF;
+        v_ready := v_ready || v_step;
+    END LOOP;
+    RETURN v_ready;
 END;
-COMMENT ON FUNCTION treadle._ready_steps(treadle.workflow_runs) IS
+$$;
+COMMENT ON FUNCTION treadle._ready_steps(treadle.workflow_runs, text) IS
     'The steps of a workflow graph run whose dependencies have all completed and that have no job yet.';
 
 --------------------------------------------------------------------------------
--- treadle._enqueue_ready(run, at) -> void
+-- treadle._has_every_result(run) -> boolean
 --
--- Transition: the ready steps of a graph run (treadle._ready_steps) start: a
+-- Whether every step of the run has a result (the run is done).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._has_every_result(run treadle.workflow_runs)
+RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_results jsonb := '{}'::jsonb || run.results;  -- decompressed once
+BEGIN
+    RETURN NOT EXISTS (SELECT 1 FROM unnest(run.steps) AS u(s) WHERE NOT v_results ? u.s);
+END;
+$$;
+COMMENT ON FUNCTION treadle._has_every_result(treadle.workflow_runs) IS
+    'Whether every step of a workflow run has a result.';
+
+--------------------------------------------------------------------------------
+-- treadle._enqueue_ready(run, at, done) -> void
+--
+-- Transition: the ready steps of a graph run (treadle._ready_steps, with `done`
+-- the step that just completed, or null to look at every step) start: a
 -- step -> a job, available now (treadle._enqueue_steps); a sleep step -> a sleep
 -- under way on the run (wakes: step -> at + its interval; wake_at, the earliest,
 -- is where treadle.rescue looks). The caller holds the run row's lock.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._enqueue_ready(run treadle.workflow_runs, at timestamptz)
+CREATE OR REPLACE FUNCTION treadle._enqueue_ready(run treadle.workflow_runs, at timestamptz, done text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_ready  text[] := treadle._ready_steps(run);
+    v_ready  text[] := treadle._ready_steps(run, done);
     v_sleeps jsonb;
 BEGIN
     IF run.sleeps IS NOT NULL THEN
@@ -2169,7 +2219,7 @@ BEGIN
     PERFORM treadle._enqueue_steps(run, v_ready, at);
 END;
 $$;
-COMMENT ON FUNCTION treadle._enqueue_ready(treadle.workflow_runs, timestamptz) IS
+COMMENT ON FUNCTION treadle._enqueue_ready(treadle.workflow_runs, timestamptz, text) IS
     'Start the ready steps of a workflow graph run: a job each, or a sleep under way for a sleep step.';
 
 --------------------------------------------------------------------------------
@@ -2212,7 +2262,7 @@ BEGIN
                             FROM jsonb_each(r.wakes - ARRAY(SELECT jsonb_object_keys(v_due))) AS e)
          WHERE r.id = v_run.id
         RETURNING r.* INTO v_run;
-        IF NOT EXISTS (SELECT 1 FROM unnest(v_run.steps) AS u(s) WHERE NOT v_run.results ? u.s) THEN
+        IF treadle._has_every_result(v_run) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at WHERE r.id = v_run.id;
         ELSE
             PERFORM treadle._enqueue_ready(v_run, at);
@@ -2311,10 +2361,10 @@ BEGIN
         IF v_run.state <> 'running' THEN
             RETURN;
         END IF;
-        IF NOT EXISTS (SELECT 1 FROM unnest(v_run.steps) AS u(s) WHERE NOT v_run.results ? u.s) THEN
+        IF treadle._has_every_result(v_run) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now WHERE r.id = run.id;
         ELSE
-            PERFORM treadle._enqueue_ready(v_run, v_now);
+            PERFORM treadle._enqueue_ready(v_run, v_now, step.step);
         END IF;
     ELSIF run.state <> 'running' THEN
         RETURN;
@@ -4370,30 +4420,32 @@ DECLARE
     v_results jsonb;
     v_before  text[];
     v_todo    text[];
-    v_step    text;
+    v_seen    jsonb;
 BEGIN
-    SELECT r.steps, r.after, r.results INTO v_steps, v_after, v_results
+    SELECT r.steps, '{}'::jsonb || r.after, '{}'::jsonb || r.results INTO v_steps, v_after, v_results
       FROM treadle.workflow_runs AS r WHERE r.id = workflow_step_results.run_id;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
+    -- (the maps are decompressed once, above: each lookup below would do it again)
     IF v_after IS NULL THEN
         -- a list: the steps before it
         v_before := v_steps[1 : coalesce(array_position(v_steps, workflow_step_results.step), 1) - 1];
-    ELSE
-        -- a graph: walk back along the dependencies
-        v_before := '{}';
-        v_todo := ARRAY(SELECT d.v FROM jsonb_array_elements_text(v_after -> workflow_step_results.step) AS d(v));
-        WHILE cardinality(v_todo) > 0 LOOP
-            v_step := v_todo[cardinality(v_todo)];
-            v_todo := v_todo[1 : cardinality(v_todo) - 1];
-            CONTINUE WHEN v_step = ANY (v_before);
-            v_before := v_before || v_step;
-            v_todo := v_todo || ARRAY(SELECT d.v FROM jsonb_array_elements_text(v_after -> v_step) AS d(v));
-        END LOOP;
+        RETURN coalesce((SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each(v_results) AS e
+                          WHERE e.key = ANY (v_before)), '{}'::jsonb);
     END IF;
+    -- a graph: walk back along the dependencies, a layer at a time
+    v_seen := '{}'::jsonb;
+    v_todo := ARRAY(SELECT d.v FROM jsonb_array_elements_text(v_after -> workflow_step_results.step) AS d(v));
+    WHILE cardinality(v_todo) > 0 LOOP
+        v_seen := v_seen || (SELECT jsonb_object_agg(t.s, true) FROM unnest(v_todo) AS t(s));
+        v_todo := ARRAY(SELECT DISTINCT d.v
+                          FROM unnest(v_todo) AS t(s)
+                         CROSS JOIN LATERAL jsonb_array_elements_text(v_after -> t.s) AS d(v)
+                         WHERE NOT v_seen ? d.v);
+    END LOOP;
     RETURN coalesce((SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each(v_results) AS e
-                      WHERE e.key = ANY (v_before)), '{}'::jsonb);
+                      WHERE v_seen ? e.key), '{}'::jsonb);
 END;
 $$;
 COMMENT ON FUNCTION treadle.workflow_step_results(bigint, text) IS

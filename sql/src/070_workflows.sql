@@ -515,30 +515,32 @@ DECLARE
     v_results jsonb;
     v_before  text[];
     v_todo    text[];
-    v_step    text;
+    v_seen    jsonb;
 BEGIN
-    SELECT r.steps, r.after, r.results INTO v_steps, v_after, v_results
+    SELECT r.steps, '{}'::jsonb || r.after, '{}'::jsonb || r.results INTO v_steps, v_after, v_results
       FROM treadle.workflow_runs AS r WHERE r.id = workflow_step_results.run_id;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
+    -- (the maps are decompressed once, above: each lookup below would do it again)
     IF v_after IS NULL THEN
         -- a list: the steps before it
         v_before := v_steps[1 : coalesce(array_position(v_steps, workflow_step_results.step), 1) - 1];
-    ELSE
-        -- a graph: walk back along the dependencies
-        v_before := '{}';
-        v_todo := ARRAY(SELECT d.v FROM jsonb_array_elements_text(v_after -> workflow_step_results.step) AS d(v));
-        WHILE cardinality(v_todo) > 0 LOOP
-            v_step := v_todo[cardinality(v_todo)];
-            v_todo := v_todo[1 : cardinality(v_todo) - 1];
-            CONTINUE WHEN v_step = ANY (v_before);
-            v_before := v_before || v_step;
-            v_todo := v_todo || ARRAY(SELECT d.v FROM jsonb_array_elements_text(v_after -> v_step) AS d(v));
-        END LOOP;
+        RETURN coalesce((SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each(v_results) AS e
+                          WHERE e.key = ANY (v_before)), '{}'::jsonb);
     END IF;
+    -- a graph: walk back along the dependencies, a layer at a time
+    v_seen := '{}'::jsonb;
+    v_todo := ARRAY(SELECT d.v FROM jsonb_array_elements_text(v_after -> workflow_step_results.step) AS d(v));
+    WHILE cardinality(v_todo) > 0 LOOP
+        v_seen := v_seen || (SELECT jsonb_object_agg(t.s, true) FROM unnest(v_todo) AS t(s));
+        v_todo := ARRAY(SELECT DISTINCT d.v
+                          FROM unnest(v_todo) AS t(s)
+                         CROSS JOIN LATERAL jsonb_array_elements_text(v_after -> t.s) AS d(v)
+                         WHERE NOT v_seen ? d.v);
+    END LOOP;
     RETURN coalesce((SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each(v_results) AS e
-                      WHERE e.key = ANY (v_before)), '{}'::jsonb);
+                      WHERE v_seen ? e.key), '{}'::jsonb);
 END;
 $$;
 COMMENT ON FUNCTION treadle.workflow_step_results(bigint, text) IS
