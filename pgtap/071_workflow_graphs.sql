@@ -4,7 +4,7 @@
 -- the results a step receives, failure, retry and cancel of a graph run.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(88);
+SELECT plan(90);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -164,6 +164,15 @@ SELECT throws_ok(format($$ SELECT treadle.define_workflow('big', %L, after => %L
                         (SELECT jsonb_object_agg('s' || i, (SELECT jsonb_agg('s' || k) FROM generate_series(1, i - 1) AS k))
                            FROM generate_series(150, 1000) AS i)),
                  '22023', NULL, 'over 10,000 dependencies are refused');
+SELECT treadle.configure(max_payload_bytes => 4096);
+SELECT throws_ok(format($$ SELECT treadle.define_workflow('big', %L, after => %L) $$,
+                        (SELECT array_agg('s' || i) FROM generate_series(1, 300) AS i),
+                        (SELECT jsonb_object_agg('s' || i, jsonb_build_array('s' || (i - 1))) FROM generate_series(2, 300) AS i)),
+                 '22023', NULL, 'after over the payload size limit is refused');
+SELECT throws_ok(format($$ SELECT treadle.define_workflow('big', ARRAY['a'], sleeps => %L) $$,
+                        jsonb_build_object('a', repeat('1 second ', 1000))),
+                 '22023', NULL, 'sleeps over the payload size limit are refused');
+SELECT treadle.configure(max_payload_bytes => 1048576);
 SELECT results_eq(
     $$ SELECT (SELECT count(*) FROM treadle.workflow_runs), (SELECT count(*) FROM treadle.jobs),
               (SELECT count(*) FROM treadle.workflows) $$,

@@ -3946,12 +3946,13 @@ COMMENT ON FUNCTION treadle._check_steps(text[]) IS
 -- for a first step), or null when it describes the linear list itself.
 -- Raises 22023, naming the step: after not an object; a key that is not a step;
 -- a list that is not a list of step names, names an unknown step, the step
--- itself or a step twice; over 10,000 dependencies in all; a cycle.
+-- itself or a step twice; over 10,000 dependencies in all or over the payload
+-- size limit; a cycle.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_after(steps text[], after jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql
-IMMUTABLE
+STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -3980,8 +3981,18 @@ BEGIN
                         jsonb_typeof(after)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- bounded before anything walks it
+    PERFORM treadle._check_payload(after, 'after', treadle._max_payload_bytes());
+    SELECT coalesce(sum(CASE WHEN jsonb_typeof(e.value) = 'array' THEN jsonb_array_length(e.value) END), 0)
+      INTO v_edges FROM jsonb_each(after) AS e;
+    IF v_edges > 10000 THEN
+        RAISE EXCEPTION 'treadle: after must hold at most 10000 dependencies in all, got %', v_edges
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT jsonb_object_agg(u.s, u.i) INTO v_index FROM unnest(steps) WITH ORDINALITY AS u(s, i);
+
     FOR v_step, v_deps IN SELECT e.key, e.value FROM jsonb_each(after) AS e LOOP
-        IF NOT v_step = ANY (steps) THEN
+        IF NOT v_index ? v_step THEN
             RAISE EXCEPTION 'treadle: after names step "%", which is not one of the steps', v_step
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
@@ -3990,7 +4001,7 @@ BEGIN
             RAISE EXCEPTION 'treadle: step "%": after must list step names (a JSON array of strings)', v_step
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        SELECT d.v INTO v_bad FROM jsonb_array_elements_text(v_deps) AS d(v) WHERE NOT d.v = ANY (steps) LIMIT 1;
+        SELECT d.v INTO v_bad FROM jsonb_array_elements_text(v_deps) AS d(v) WHERE NOT v_index ? d.v LIMIT 1;
         IF FOUND THEN
             RAISE EXCEPTION 'treadle: step "%" runs after "%", which is not one of the steps', v_step, v_bad
                 USING ERRCODE = 'invalid_parameter_value';
@@ -4005,15 +4016,8 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
     END LOOP;
-    SELECT coalesce(sum(jsonb_array_length(e.value)), 0) INTO v_edges FROM jsonb_each(after) AS e;
-    IF v_edges > 10000 THEN
-        RAISE EXCEPTION 'treadle: after must hold at most 10000 dependencies in all, got %', v_edges
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
 
-    SELECT jsonb_object_agg(u.s, coalesce(after -> u.s, '[]'::jsonb)), jsonb_object_agg(u.s, u.i)
-      INTO v_map, v_index
-      FROM unnest(steps) WITH ORDINALITY AS u(s, i);
+    SELECT jsonb_object_agg(u.s, coalesce(after -> u.s, '[]'::jsonb)) INTO v_map FROM unnest(steps) AS u(s);
 
     -- Cycles: Kahn's algorithm over the step positions, O(steps + dependencies).
     -- The edges dependency -> step, sorted by dependency; v_start[i] is where the
@@ -4088,12 +4092,13 @@ COMMENT ON FUNCTION treadle._check_after(text[], jsonb) IS
 -- sleep step has no handler: it completes by itself that long after it becomes
 -- ready (treadle.rescue ends it). Returns the map with each interval normalised.
 -- Raises 22023, naming the step: sleeps not an object; a key that is not a step;
--- a value that is not an interval, not positive or over 366 days.
+-- a value that is not an interval, not positive or over 366 days; sleeps over the
+-- payload size limit.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_sleeps(steps text[], sleeps jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql
-IMMUTABLE
+STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -4109,6 +4114,7 @@ BEGIN
         RAISE EXCEPTION 'treadle: sleeps must be a JSON object mapping a step to an interval, not %', jsonb_typeof(sleeps)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    PERFORM treadle._check_payload(sleeps, 'sleeps', treadle._max_payload_bytes());
     FOR v_step, v_value IN SELECT e.key, e.value FROM jsonb_each(sleeps) AS e LOOP
         IF NOT v_step = ANY (steps) THEN
             RAISE EXCEPTION 'treadle: sleeps names step "%", which is not one of the steps', v_step
