@@ -4,7 +4,7 @@
 -- the results a step receives, failure, retry and cancel of a graph run.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(90);
+SELECT plan(102);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -224,6 +224,28 @@ SELECT is((SELECT state FROM treadle.workflow_runs WHERE id = :r8), 'cancelled',
 SET LOCAL treadle.now = '2999-01-03 12:00:00+00';
 SELECT lives_ok('SELECT treadle.rescue()', 'rescue after its sleep would have ended');
 SELECT is(pg_temp.steps(:r8), ARRAY[]::text[], 'a cancelled run starts nothing');
+
+-- a cancel while one branch runs and the other sleeps: the sleep starts nothing after
+-- it; a retry of the cancelled branch wakes the sleep again
+SET LOCAL treadle.now = '2999-01-04 12:00:00+00';
+SELECT treadle.start_workflow('both', steps => ARRAY['work', 'nap', 'done'], after => '{"done": ["work", "nap"]}',
+                              sleeps => '{"nap": "1 hour"}', queue => 'mail') AS r9 \gset
+SELECT is((pg_temp.lease_step(:r9, 'work')).state, 'running', 'one branch runs, the other sleeps');
+SELECT ok(treadle.cancel_workflow(:r9), 'the run is cancelled');
+SELECT is((SELECT wake_at FROM treadle.workflow_runs WHERE id = :r9), NULL, 'its sleep no longer wakes it');
+SET LOCAL treadle.now = '2999-01-04 14:00:00+00';
+SELECT lives_ok('SELECT treadle.rescue()', 'rescue after the sleep would have ended');
+SELECT is((SELECT state FROM treadle.jobs WHERE workflow_run_id = :r9 AND step = 'work'), 'cancelled',
+          'the running branch ends cancelled (its lease ran out by then)');
+SELECT results_eq(format($$ SELECT state, results ? 'nap' FROM treadle.workflow_runs WHERE id = %s $$, :r9),
+                  $$ VALUES ('cancelled', false) $$, 'the run is cancelled and its sleep did not end');
+SELECT ok(treadle.retry((SELECT id FROM treadle.jobs WHERE workflow_run_id = :r9 AND step = 'work')), 'a retry resumes it');
+SELECT is((SELECT wake_at FROM treadle.workflow_runs WHERE id = :r9), '2999-01-04 13:00:00+00'::timestamptz,
+          'its sleep wakes it again');
+SELECT lives_ok('SELECT treadle.rescue()', 'rescue');
+SELECT is((SELECT results ? 'nap' FROM treadle.workflow_runs WHERE id = :r9), true, 'the sleep ends');
+SELECT is(pg_temp.finish_step(:r9, 'work'), 'completed', 'the retried branch completes');
+SELECT is(pg_temp.steps(:r9), ARRAY['work:completed', 'done:available'], 'the join starts once');
 
 -- bad sleeps: 22023 naming the step, nothing written
 SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a', 'b'], sleeps => '{"b": "soon"}') $$,

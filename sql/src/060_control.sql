@@ -151,6 +151,10 @@ BEGIN
     LOOP
         PERFORM treadle.retry(v_id);
     END LOOP;
+    -- its sleeps under way wake it again (a cancel stopped them)
+    UPDATE treadle.workflow_runs AS r
+       SET wake_at = (SELECT min(e.value::timestamptz) FROM jsonb_each_text(r.wakes) AS e)
+     WHERE r.id = run.id AND r.wakes IS NOT NULL;
     PERFORM treadle._enqueue_ready(run, treadle.now());
 END;
 $$;

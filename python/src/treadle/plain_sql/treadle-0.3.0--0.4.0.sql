@@ -2846,6 +2846,10 @@ BEGIN
     LOOP
         PERFORM treadle.retry(v_id);
     END LOOP;
+    -- its sleeps under way wake it again (a cancel stopped them)
+    UPDATE treadle.workflow_runs AS r
+       SET wake_at = (SELECT min(e.value::timestamptz) FROM jsonb_each_text(r.wakes) AS e)
+     WHERE r.id = run.id AND r.wakes IS NOT NULL;
     PERFORM treadle._enqueue_ready(run, treadle.now());
 END;
 $$;
@@ -4028,7 +4032,8 @@ COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, i
 -- cancelled at once), and its running steps get a cancel request (the run
 -- becomes cancelled when the first of them finishes, if no pending step was
 -- cancelled); a run with no step job pending (only sleeps under way) becomes
--- cancelled at once. Returns false for an unknown run, one that is not running, or one
+-- cancelled at once. Its sleeps under way stop waking it (wake_at null), so no
+-- step starts after the cancel. Returns false for an unknown run, one that is not running, or one
 -- whose steps all have their cancel requested already.
 -- Raises 22004: run_id null. 42501: a tenant's run outside its queues.
 --------------------------------------------------------------------------------
@@ -4075,6 +4080,8 @@ BEGIN
         EXIT WHEN NOT v_looked;
     END LOOP;
     IF v_any THEN
+        UPDATE treadle.workflow_runs AS r SET wake_at = NULL
+         WHERE r.id = cancel_workflow.run_id AND r.wake_at IS NOT NULL;
         RETURN true;
     END IF;
 
