@@ -49,8 +49,8 @@ SELECT set_eq(
           'treadle.fail(bigint,uuid,text,interval,boolean)', 'treadle.release(bigint,uuid)',
           'treadle.snooze(bigint,uuid,interval)', 'treadle.rescue()',
           'treadle.apply_retention(integer)', 'treadle.archive(integer)', 'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.prune(interval)',
-          'treadle.define_workflow(text,text[])',
-          'treadle.start_workflow(text,jsonb,text[],text,integer,integer,text)',
+          'treadle.define_workflow(text,text[],jsonb,jsonb)',
+          'treadle.start_workflow(text,jsonb,text[],text,integer,integer,text,jsonb,jsonb)',
           'treadle.cancel_workflow(bigint)',
           'treadle.schedule(text,text,text,jsonb,text,text,integer,integer,boolean)', 'treadle.unschedule(text)',
           'treadle.worker_seen(text,text,integer,text[],integer,integer,text[])', 'treadle.worker_stopped(text)',
@@ -63,7 +63,7 @@ SELECT set_eq(
 SELECT set_eq(
     $$ SELECT signature FROM treadle_functions WHERE has_function_privilege('public', oid, 'EXECUTE') $$,
     ARRAY['treadle.version()', 'treadle.now()', 'treadle.workflow_results(bigint)',
-          'treadle.cron_next(text,text,timestamp with time zone)',
+          'treadle.workflow_step_results(bigint,text)', 'treadle.cron_next(text,text,timestamp with time zone)',
           'treadle._caller()', 'treadle._caller_role()', 'treadle._caller_prefix()'],
     'PUBLIC executes only the read-only functions that run with the caller''s rights, cron_next, and the policies'' three helpers (each tells a role of itself)');
 SELECT set_eq(

@@ -4,7 +4,7 @@
 -- nothing changed; the clock no role but the owner can move; tenants.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(68);
+SELECT plan(69);
 
 \ir helpers.psql
 
@@ -29,6 +29,7 @@ INSERT INTO may_execute VALUES
     ('treadle.version()',                        '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.now()',                            '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.workflow_results(bigint)',         '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
+    ('treadle.workflow_step_results(bigint,text)', '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.cron_next(text,text,timestamp with time zone)', '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     -- the helpers the row-level security policies call as the reader: each tells a role of itself only
     ('treadle._caller()',                        '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
@@ -42,7 +43,7 @@ INSERT INTO may_execute VALUES
     ('treadle.resume(text)',                     '{admin,dashboard}'),
     ('treadle.enqueue(text,jsonb,text,integer,timestamp with time zone,integer,text,interval,interval,interval[])', '{producer,worker}'),
     ('treadle.enqueue_many(jsonb)',              '{producer,worker}'),
-    ('treadle.start_workflow(text,jsonb,text[],text,integer,integer,text)', '{producer,worker}'),
+    ('treadle.start_workflow(text,jsonb,text[],text,integer,integer,text,jsonb,jsonb)', '{producer,worker}'),
     ('treadle.cancel(bigint)',                   '{producer,worker,admin,dashboard}'),
     ('treadle.retry(bigint)',                    '{producer,worker,admin,dashboard}'),
     ('treadle.cancel_workflow(bigint)',          '{producer,worker,admin,dashboard}'),
@@ -62,7 +63,7 @@ INSERT INTO may_execute VALUES
     ('treadle.rescue()',                         '{worker,admin}'),
     ('treadle.apply_retention(integer)',         '{worker,admin}'),
     ('treadle.archive(integer)',                 '{worker,admin}'),
-    ('treadle.define_workflow(text,text[])',     '{worker}'),
+    ('treadle.define_workflow(text,text[],jsonb,jsonb)', '{worker}'),
     ('treadle.worker_seen(text,text,integer,text[],integer,integer,text[])', '{worker}'),
     ('treadle.worker_stopped(text)',             '{worker}'),
     ('treadle.prune(interval)',                  '{admin}');
@@ -238,6 +239,8 @@ SELECT is(pg_temp.as_role_value('trust_tenant_a', $$ SELECT count(*) FROM treadl
           '0', 'nor tenant b''s workflow runs');
 SELECT is(pg_temp.as_role_value('trust_tenant_a', format($$ SELECT treadle.workflow_results(%s) $$, :b_run)), NULL,
           'nor their results');
+SELECT is(pg_temp.as_role_value('trust_tenant_a', format($$ SELECT treadle.workflow_step_results(%s, 'one') $$, :b_run)), NULL,
+          'nor the results one of their steps receives');
 SELECT is(pg_temp.as_role('trust_tenant_a', format($$ SELECT treadle.cancel(%s) $$, :b_job)), '42501',
           'tenant a cannot cancel tenant b''s job');
 SELECT is(pg_temp.as_role('trust_tenant_a', format($$ SELECT treadle.retry(%s) $$, :b_job)), '42501',

@@ -64,6 +64,26 @@ ALTER TABLE treadle.settings
     ADD CONSTRAINT settings_max_queues_check CHECK (max_queues BETWEEN 1 AND 1000000),
     ADD CONSTRAINT settings_retention_floor_check
         CHECK (retention_floor BETWEEN interval '0' AND interval '100 years');
+-- Workflows as a graph: each step's dependencies (null keeps a linear list, as
+-- every 0.3.0 definition and run is). define_workflow and start_workflow take
+-- them as a new argument, so their 0.3.0 signatures go.
+-- Sleep steps: how long each waits, and on a run the sleeps under way.
+ALTER TABLE treadle.workflows
+    ADD COLUMN after jsonb,
+    ADD COLUMN sleeps jsonb,
+    ADD CONSTRAINT workflows_after_check CHECK (jsonb_typeof(after) = 'object'),
+    ADD CONSTRAINT workflows_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL));
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN after jsonb,
+    ADD COLUMN sleeps jsonb,
+    ADD COLUMN wakes jsonb,
+    ADD COLUMN wake_at timestamptz,
+    ADD CONSTRAINT workflow_runs_after_check CHECK (jsonb_typeof(after) = 'object'),
+    ADD CONSTRAINT workflow_runs_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL));
+CREATE INDEX workflow_runs_wake_at_idx ON treadle.workflow_runs (wake_at)
+    WHERE wake_at IS NOT NULL AND state = 'running';
+DROP FUNCTION treadle.define_workflow(text, text[]);
+DROP FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text);
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -1843,7 +1863,8 @@ COMMENT ON FUNCTION treadle.heartbeat_many(bigint[], uuid[], interval) IS
 -- treadle._enqueue_step(run, step, at) -> void
 --
 -- Transition: (none) -> available for one step of a workflow run: a job named
--- 'workflow:<workflow name>' whose `step` column names the step.
+-- 'workflow:<workflow name>' whose `step` column names the step (the next step of
+-- a list; treadle._enqueue_steps does several).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_step(run treadle.workflow_runs, step text, at timestamptz)
 RETURNS void
@@ -1860,13 +1881,207 @@ COMMENT ON FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamp
     'Enqueue the job that runs one step of a workflow run.';
 
 --------------------------------------------------------------------------------
+-- treadle._enqueue_steps(run, steps, at) -> void
+--
+-- Transition: (none) -> available for steps of a workflow run, in one
+-- statement: each a job named 'workflow:<workflow name>' whose `step` column
+-- names the step.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._enqueue_steps(run treadle.workflow_runs, steps text[], at timestamptz)
+RETURNS void
+LANGUAGE sql
+VOLATILE
+BEGIN ATOMIC
+    INSERT INTO treadle.jobs
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+    SELECT (run).queue, 'workflow:' || (run).name, '{}', (run).priority, at, (run).max_attempts, at, (run).id, s.step
+      FROM unnest(steps) WITH ORDINALITY AS s(step, i)
+     ORDER BY s.i;
+    SELECT treadle._notify('treadle_jobs', (run).queue) WHERE cardinality(steps) > 0;
+END;
+COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timestamptz) IS
+    'Enqueue the jobs that run steps of a workflow run.';
+
+--------------------------------------------------------------------------------
+-- treadle._ready_steps(run, done) -> text[]
+--
+-- The steps of a graph run (run.after not null) that may start now: every step
+-- it runs after has a result, it has none itself, no job of the run runs it
+-- yet, and it is not a sleep under way. In step order. With `done` (a step that
+-- just completed) only the steps that run after it are looked at: no other can
+-- have become ready. Callers hold the run row's lock, so what this reads cannot
+-- change before they enqueue what it returns.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._ready_steps(run treadle.workflow_runs, done text DEFAULT NULL)
+RETURNS text[]
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_ready   text[] := '{}'::text[];
+    v_jobs    jsonb;
+    v_step    text;
+    -- the run's maps, decompressed once (read from the table they may be compressed,
+    -- and each lookup below would decompress them again)
+    v_after   jsonb := '{}'::jsonb || run.after;
+    v_results jsonb := '{}'::jsonb || run.results;
+    v_wakes   jsonb := '{}'::jsonb || coalesce(run.wakes, '{}'::jsonb);
+BEGIN
+    IF done IS NULL THEN
+        -- every step with a job, read once
+        SELECT coalesce(jsonb_object_agg(j.step, true), '{}'::jsonb) INTO v_jobs
+          FROM treadle.jobs AS j WHERE j.workflow_run_id = run.id;
+    END IF;
+    FOR v_step IN
+        SELECT u.s FROM unnest(run.steps) WITH ORDINALITY AS u(s, i)
+         WHERE (done IS NULL OR (v_after -> u.s) ? done)
+           AND NOT v_results ? u.s
+           AND NOT v_wakes ? u.s
+         ORDER BY u.i
+    LOOP
+        CONTINUE WHEN EXISTS (SELECT 1 FROM jsonb_array_elements_text(v_after -> v_step) AS d(v)
+                               WHERE NOT v_results ? d.v);
+        IF done IS NULL THEN
+            CONTINUE WHEN v_jobs ? v_step;
+        ELSE
+            CONTINUE WHEN EXISTS (SELECT 1 FROM treadle.jobs AS j
+                                   WHERE j.workflow_run_id = run.id AND j.step = v_step);
+        END IF;
+        v_ready := v_ready || v_step;
+    END LOOP;
+    RETURN v_ready;
+END;
+$$;
+COMMENT ON FUNCTION treadle._ready_steps(treadle.workflow_runs, text) IS
+    'The steps of a workflow graph run whose dependencies have all completed and that have no job yet.';
+
+--------------------------------------------------------------------------------
+-- treadle._has_every_result(run) -> boolean
+--
+-- Whether every step of the run has a result (the run is done).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._has_every_result(run treadle.workflow_runs)
+RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_results jsonb := '{}'::jsonb || run.results;  -- decompressed once
+BEGIN
+    RETURN NOT EXISTS (SELECT 1 FROM unnest(run.steps) AS u(s) WHERE NOT v_results ? u.s);
+END;
+$$;
+COMMENT ON FUNCTION treadle._has_every_result(treadle.workflow_runs) IS
+    'Whether every step of a workflow run has a result.';
+
+--------------------------------------------------------------------------------
+-- treadle._enqueue_ready(run, at, done) -> void
+--
+-- Transition: the ready steps of a graph run (treadle._ready_steps, with `done`
+-- the step that just completed, or null to look at every step) start: a
+-- step -> a job, available now (treadle._enqueue_steps); a sleep step -> a sleep
+-- under way on the run (wakes: step -> at + its interval; wake_at, the earliest,
+-- is where treadle.rescue looks). The caller holds the run row's lock.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._enqueue_ready(run treadle.workflow_runs, at timestamptz, done text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_ready  text[] := treadle._ready_steps(run, done);
+    v_sleeps jsonb;
+BEGIN
+    IF run.sleeps IS NOT NULL THEN
+        SELECT jsonb_object_agg(u.s, at + (run.sleeps ->> u.s)::interval) INTO v_sleeps
+          FROM unnest(v_ready) AS u(s)
+         WHERE run.sleeps ? u.s;
+    END IF;
+    IF v_sleeps IS NOT NULL THEN
+        v_ready := ARRAY(SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i)
+                          WHERE NOT v_sleeps ? u.s ORDER BY u.i);
+        UPDATE treadle.workflow_runs AS r
+           SET wakes = coalesce(r.wakes, '{}'::jsonb) || v_sleeps,
+               wake_at = (SELECT min(e.value::text::timestamptz)
+                            FROM jsonb_each(coalesce(r.wakes, '{}'::jsonb) || v_sleeps) AS e)
+         WHERE r.id = run.id;
+    END IF;
+    PERFORM treadle._enqueue_steps(run, v_ready, at);
+END;
+$$;
+COMMENT ON FUNCTION treadle._enqueue_ready(treadle.workflow_runs, timestamptz, text) IS
+    'Start the ready steps of a workflow graph run: a job each, or a sleep under way for a sleep step.';
+
+--------------------------------------------------------------------------------
+-- treadle._wake_runs(at) -> integer
+--
+-- Transition: the sleeps under way that are due at `at` end: each sleep step
+-- completes (its result is the time it ended), and its run moves on as after a
+-- completed step (treadle._enqueue_ready, or the run completes). Only running
+-- runs, at most 1000 per call, each locked unless another session holds it
+-- (SKIP LOCKED: a later call takes it). Returns how many runs moved.
+-- treadle.rescue calls it, so a sleep ends at most one rescue interval late, and
+-- never early: the time is treadle's clock.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._wake_runs(at timestamptz)
+RETURNS integer
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_run   treadle.workflow_runs;
+    v_due   jsonb;
+    v_moved integer := 0;
+BEGIN
+    FOR v_run IN
+        SELECT * FROM treadle.workflow_runs AS r
+         WHERE r.wake_at <= at AND r.wake_at IS NOT NULL AND r.state = 'running'
+         ORDER BY r.wake_at
+         LIMIT 1000
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        SELECT jsonb_object_agg(e.key, e.value) INTO v_due
+          FROM jsonb_each(v_run.wakes) AS e
+         WHERE e.value::text::timestamptz <= at;
+        CONTINUE WHEN v_due IS NULL;
+        UPDATE treadle.workflow_runs AS r
+           SET results = r.results || v_due,
+               wakes = nullif(r.wakes - ARRAY(SELECT jsonb_object_keys(v_due)), '{}'::jsonb),
+               wake_at = (SELECT min(e.value::text::timestamptz)
+                            FROM jsonb_each(r.wakes - ARRAY(SELECT jsonb_object_keys(v_due))) AS e)
+         WHERE r.id = v_run.id
+        RETURNING r.* INTO v_run;
+        IF treadle._has_every_result(v_run) THEN
+            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at WHERE r.id = v_run.id;
+        ELSE
+            PERFORM treadle._enqueue_ready(v_run, at);
+        END IF;
+        v_moved := v_moved + 1;
+    END LOOP;
+    RETURN v_moved;
+END;
+$$;
+COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
+    'End the sleep steps of running workflow runs that are due; returns how many runs moved.';
+
+--------------------------------------------------------------------------------
 -- treadle._advance_run(step treadle.jobs) -> void
 --
 -- A workflow step reached `step.state`:
---   completed: its result joins the run's results; the next step is enqueued,
---              or the run becomes completed after the last step;
+--   completed: its result joins the run's results; the next step is enqueued
+--              (a graph: every step whose dependencies now all have results),
+--              or the run becomes completed once every step has a result;
 --   discarded: the run becomes failed;  cancelled: the run becomes cancelled.
--- Only a running run moves. Locks the run after the job (the order every path keeps).
+-- Only a running run moves; but a graph's step that completes in a failed or
+-- cancelled run still records its result (its branch ran on), so that a retry
+-- of the run resumes from it. Locks the run after the job (the order every path
+-- keeps): two branches that complete at once on two connections take turns on
+-- the run row, and the second sees the first's result, so a join step is
+-- enqueued once.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._advance_run(step treadle.jobs)
 RETURNS void
@@ -1880,7 +2095,14 @@ DECLARE
     v_index integer;
 BEGIN
     SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = step.workflow_run_id FOR UPDATE;
-    IF NOT FOUND OR v_run.state <> 'running' THEN
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v_run.after IS NOT NULL THEN
+        PERFORM treadle._advance_graph(v_run, step);
+        RETURN;
+    END IF;
+    IF v_run.state <> 'running' THEN
         RETURN;
     END IF;
 
@@ -1907,6 +2129,47 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._advance_run(treadle.jobs) IS
     'Move a workflow run on after one of its steps changed state.';
+
+--------------------------------------------------------------------------------
+-- treadle._advance_graph(run, step) -> void
+--
+-- treadle._advance_run for a run whose steps form a graph (run.after not null),
+-- with the run row locked by the caller.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._advance_graph(run treadle.workflow_runs, step treadle.jobs)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := treadle.now();
+    v_run treadle.workflow_runs;
+BEGIN
+    IF step.state = 'completed' THEN
+        UPDATE treadle.workflow_runs AS r
+           SET results = r.results || jsonb_build_object(step.step, step.result)
+         WHERE r.id = run.id
+        RETURNING r.* INTO v_run;
+        IF v_run.state <> 'running' THEN
+            RETURN;
+        END IF;
+        IF treadle._has_every_result(v_run) THEN
+            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now WHERE r.id = run.id;
+        ELSE
+            PERFORM treadle._enqueue_ready(v_run, v_now, step.step);
+        END IF;
+    ELSIF run.state <> 'running' THEN
+        RETURN;
+    ELSIF step.state = 'discarded' THEN
+        UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now WHERE r.id = run.id;
+    ELSIF step.state = 'cancelled' THEN
+        UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now WHERE r.id = run.id;
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) IS
+    'Move a workflow graph run on after one of its steps changed state: record a result, enqueue the steps now ready.';
 
 --------------------------------------------------------------------------------
 -- treadle._follow_up(done treadle.jobs[]) -> void
@@ -2402,6 +2665,9 @@ BEGIN
         PERFORM set_config('treadle.rescue_cursor', v_cursor::text, false);
     END IF;
 
+    -- workflow sleep steps that are due end here too
+    PERFORM treadle._wake_runs(v_now);
+
     IF v_done IS NULL THEN
         RETURN 0;
     END IF;
@@ -2573,7 +2839,10 @@ COMMENT ON FUNCTION treadle.cancel(bigint) IS
 --
 -- Transition: discarded | cancelled | retryable -> available now, attempt reset
 -- to 0 (from treadle.job_history too, back into treadle.jobs). A retried workflow
--- step resumes its failed or cancelled run. A retried
+-- step resumes its failed or cancelled run; a run whose steps form a graph
+-- resumes whole (treadle._resume_graph): its other discarded and cancelled steps
+-- are retried too, and the steps whose dependencies completed meanwhile start.
+-- Completed steps never run again. A retried
 -- periodic occurrence that already started its successor runs once more without
 -- starting another. Returns false for any other state or an unknown id.
 -- Raises 22004: job_id null. 42501: a tenant's job outside its queues.
@@ -2589,6 +2858,7 @@ AS $$
 DECLARE
     v_now timestamptz := treadle.now();
     v_job treadle.jobs;
+    v_run treadle.workflow_runs;
 BEGIN
     IF retry.job_id IS NULL THEN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -2625,7 +2895,11 @@ BEGIN
         UPDATE treadle.workflow_runs AS r
            SET state = 'running', finished_at = NULL
          WHERE r.id = v_job.workflow_run_id
-           AND r.state = ANY (ARRAY['failed', 'cancelled']);
+           AND r.state = ANY (ARRAY['failed', 'cancelled'])
+        RETURNING r.* INTO v_run;
+        IF v_run.after IS NOT NULL THEN
+            PERFORM treadle._resume_graph(v_run);
+        END IF;
     END IF;
     PERFORM treadle._notify('treadle_jobs', v_job.queue);
     RETURN true;
@@ -2633,6 +2907,41 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.retry(bigint) IS
     'Make a discarded, cancelled or retryable job available now with attempt 0; true when it did.';
+
+--------------------------------------------------------------------------------
+-- treadle._resume_graph(run) -> void
+--
+-- A workflow graph run that treadle.retry just made running again: its other
+-- discarded and cancelled steps are retried (treadle.retry), and the steps whose
+-- dependencies all completed while it was stopped start (a sleep under way when it
+-- stopped ends at its time, at the next treadle.rescue).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._resume_graph(run treadle.workflow_runs)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    FOR v_id IN
+        SELECT j.id FROM treadle.jobs AS j
+         WHERE j.workflow_run_id = run.id
+           AND j.state = ANY (ARRAY['discarded', 'cancelled'])
+         ORDER BY j.id
+    LOOP
+        PERFORM treadle.retry(v_id);
+    END LOOP;
+    -- its sleeps under way wake it again (a cancel stopped them)
+    UPDATE treadle.workflow_runs AS r
+       SET wake_at = (SELECT min(e.value::timestamptz) FROM jsonb_each_text(r.wakes) AS e)
+     WHERE r.id = run.id AND r.wakes IS NOT NULL;
+    PERFORM treadle._enqueue_ready(run, treadle.now());
+END;
+$$;
+COMMENT ON FUNCTION treadle._resume_graph(treadle.workflow_runs) IS
+    'Resume a workflow graph run that a retry made running: retry its other failed steps, enqueue the ready ones.';
 
 --------------------------------------------------------------------------------
 -- treadle.apply_retention(batch) -> bigint
@@ -3459,10 +3768,13 @@ SELECT s.queue, s.paused, s.concurrency, s.rate_limit, s.rate_period, s.max_dept
 COMMENT ON VIEW treadle.queue_settings IS
     'Queues that have settings: paused, concurrency, rate limit, max_depth, retention.';
 --------------------------------------------------------------------------------
--- Workflows: a run is an ordered list of steps; each step is a job named
--- 'workflow:<workflow name>' whose `step` column names the step. Completing a
--- step stores its result on the run and enqueues the next step in the same
--- transaction (treadle._advance_run), so a completed step never runs again.
+-- Workflows: a run is a set of named steps, each after the steps it depends on
+-- (a graph without cycles; a plain list is the shorthand for each step after the
+-- one before it). Each step is a job named 'workflow:<workflow name>' whose
+-- `step` column names the step. Completing a step stores its result on the run
+-- and, in the same transaction and under the run row's lock, enqueues every
+-- step whose dependencies have now all completed (treadle._advance_run), so a
+-- completed step never runs again and a join is enqueued exactly once.
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
@@ -3489,17 +3801,248 @@ COMMENT ON FUNCTION treadle._check_steps(text[]) IS
     'Raise 22004/22023 for a step list that is null, empty, has empty names or repeats one.';
 
 --------------------------------------------------------------------------------
--- treadle.define_workflow(name, steps) -> void
+-- treadle._check_after(steps, after) -> jsonb
 --
--- Records the ordered step names of a workflow (workers call it when they
--- register one). Replaces an earlier definition for new runs; existing runs
--- keep the steps they started with.
+-- The dependencies of a workflow's steps, checked against its (checked) step
+-- names: null stays null (a linear list). Otherwise `after` is a JSON object
+-- mapping a step to the list of steps it runs after; a step it leaves out runs
+-- when the run starts. Returns the map with every step as a key (an empty list
+-- for a first step), or null when it describes the linear list itself.
+-- Raises 22023, naming the step: after not an object; a key that is not a step;
+-- a list that is not a list of step names, names an unknown step, the step
+-- itself or a step twice; over 10,000 dependencies in all or over the payload
+-- size limit; a cycle.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_after(steps text[], after jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_n      integer := cardinality(steps);
+    v_step   text;
+    v_deps   jsonb;
+    v_bad    text;
+    v_edges  bigint;
+    v_map    jsonb;
+    v_index  jsonb;
+    v_from   integer[];
+    v_to     integer[];
+    v_indeg  integer[];
+    v_start  integer[];
+    v_queue  integer[];
+    v_head   integer := 1;
+    v_tail   integer := 0;
+    v_i      integer;
+    v_path   text[];
+BEGIN
+    IF after IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(after) <> 'object' THEN
+        RAISE EXCEPTION 'treadle: after must be a JSON object mapping a step to the steps it runs after, not %',
+                        jsonb_typeof(after)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- bounded before anything walks it
+    PERFORM treadle._check_payload(after, 'after', treadle._max_payload_bytes());
+    SELECT coalesce(sum(CASE WHEN jsonb_typeof(e.value) = 'array' THEN jsonb_array_length(e.value) END), 0)
+      INTO v_edges FROM jsonb_each(after) AS e;
+    IF v_edges > 10000 THEN
+        RAISE EXCEPTION 'treadle: after must hold at most 10000 dependencies in all, got %', v_edges
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT jsonb_object_agg(u.s, u.i) INTO v_index FROM unnest(steps) WITH ORDINALITY AS u(s, i);
+
+    FOR v_step, v_deps IN SELECT e.key, e.value FROM jsonb_each(after) AS e LOOP
+        IF NOT v_index ? v_step THEN
+            RAISE EXCEPTION 'treadle: after names step "%", which is not one of the steps', v_step
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF jsonb_typeof(v_deps) <> 'array'
+           OR EXISTS (SELECT 1 FROM jsonb_array_elements(v_deps) AS d(v) WHERE jsonb_typeof(d.v) <> 'string') THEN
+            RAISE EXCEPTION 'treadle: step "%": after must list step names (a JSON array of strings)', v_step
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        SELECT d.v INTO v_bad FROM jsonb_array_elements_text(v_deps) AS d(v) WHERE NOT v_index ? d.v LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'treadle: step "%" runs after "%", which is not one of the steps', v_step, v_bad
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF v_deps ? v_step THEN
+            RAISE EXCEPTION 'treadle: step "%" runs after itself (a dependency cycle)', v_step
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        SELECT d.v INTO v_bad FROM jsonb_array_elements_text(v_deps) AS d(v) GROUP BY d.v HAVING count(*) > 1 LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'treadle: step "%" names "%" twice in after', v_step, v_bad
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+
+    SELECT jsonb_object_agg(u.s, coalesce(after -> u.s, '[]'::jsonb)) INTO v_map FROM unnest(steps) AS u(s);
+
+    -- Cycles: Kahn's algorithm over the step positions, O(steps + dependencies).
+    -- The edges dependency -> step, sorted by dependency; v_start[i] is where the
+    -- edges leaving step i begin.
+    SELECT coalesce(array_agg(e.f ORDER BY e.f, e.t), '{}'), coalesce(array_agg(e.t ORDER BY e.f, e.t), '{}')
+      INTO v_from, v_to
+      FROM (SELECT (v_index ->> d.v)::integer AS f, (v_index ->> kv.key)::integer AS t
+              FROM jsonb_each(after) AS kv
+             CROSS JOIN LATERAL jsonb_array_elements_text(kv.value) AS d(v)) AS e;
+    v_indeg := array_fill(0, ARRAY[v_n]);
+    v_start := array_fill(0, ARRAY[v_n + 1]);
+    FOR v_i IN 1 .. cardinality(v_from) LOOP
+        v_indeg[v_to[v_i]] := v_indeg[v_to[v_i]] + 1;
+        v_start[v_from[v_i] + 1] := v_start[v_from[v_i] + 1] + 1;
+    END LOOP;
+    v_start[1] := 1;
+    FOR v_i IN 1 .. v_n LOOP
+        v_start[v_i + 1] := v_start[v_i] + v_start[v_i + 1];
+    END LOOP;
+    v_queue := array_fill(0, ARRAY[v_n]);
+    FOR v_i IN 1 .. v_n LOOP
+        IF v_indeg[v_i] = 0 THEN
+            v_tail := v_tail + 1;
+            v_queue[v_tail] := v_i;
+        END IF;
+    END LOOP;
+    WHILE v_head <= v_tail LOOP
+        v_i := v_queue[v_head];
+        v_head := v_head + 1;
+        FOR v_t IN v_start[v_i] .. v_start[v_i + 1] - 1 LOOP
+            v_indeg[v_to[v_t]] := v_indeg[v_to[v_t]] - 1;
+            IF v_indeg[v_to[v_t]] = 0 THEN
+                v_tail := v_tail + 1;
+                v_queue[v_tail] := v_to[v_t];
+            END IF;
+        END LOOP;
+    END LOOP;
+    IF v_tail < v_n THEN
+        -- Every step left over waits on another one left over: walk back along
+        -- those dependencies until a step comes round again; that is the cycle.
+        SELECT u.s INTO v_step FROM unnest(steps) WITH ORDINALITY AS u(s, i) WHERE v_indeg[u.i] > 0 ORDER BY u.i LIMIT 1;
+        v_path := ARRAY[v_step];
+        LOOP
+            SELECT d.v INTO v_step
+              FROM jsonb_array_elements_text(v_map -> v_step) AS d(v)
+             WHERE v_indeg[(v_index ->> d.v)::integer] > 0
+             LIMIT 1;
+            EXIT WHEN v_step = ANY (v_path);
+            v_path := v_path || v_step;
+        END LOOP;
+        v_path := v_path[array_position(v_path, v_step):] || v_step;
+        RAISE EXCEPTION 'treadle: step "%" is in a dependency cycle: %', v_step, array_to_string(v_path, ' after ')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- the linear list itself: each step after exactly the one before it
+    IF NOT EXISTS (SELECT 1 FROM unnest(steps) WITH ORDINALITY AS u(s, i)
+                    WHERE v_map -> u.s <> CASE WHEN u.i = 1 THEN '[]'::jsonb ELSE jsonb_build_array(steps[u.i - 1]) END) THEN
+        RETURN NULL;
+    END IF;
+    RETURN v_map;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_after(text[], jsonb) IS
+    'Check the dependencies of workflow steps (22023 naming the step: unknown, repeated, a cycle); null for a linear list.';
+
+--------------------------------------------------------------------------------
+-- treadle._check_sleeps(steps, sleeps) -> jsonb
+--
+-- The sleep steps of a workflow: null or {} is none (null). Otherwise a JSON
+-- object mapping a step to how long it waits, an interval as text ('1 hour'); a
+-- sleep step has no handler: it completes by itself that long after it becomes
+-- ready (treadle.rescue ends it). Returns the map with each interval normalised.
+-- Raises 22023, naming the step: sleeps not an object; a key that is not a step;
+-- a value that is not an interval, not positive or over 366 days; sleeps over the
+-- payload size limit.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_sleeps(steps text[], sleeps jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_step  text;
+    v_value jsonb;
+    v_for   interval;
+    v_map   jsonb := '{}'::jsonb;
+BEGIN
+    IF sleeps IS NULL OR sleeps = '{}'::jsonb THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(sleeps) <> 'object' THEN
+        RAISE EXCEPTION 'treadle: sleeps must be a JSON object mapping a step to an interval, not %', jsonb_typeof(sleeps)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM treadle._check_payload(sleeps, 'sleeps', treadle._max_payload_bytes());
+    FOR v_step, v_value IN SELECT e.key, e.value FROM jsonb_each(sleeps) AS e LOOP
+        IF NOT v_step = ANY (steps) THEN
+            RAISE EXCEPTION 'treadle: sleeps names step "%", which is not one of the steps', v_step
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        v_for := NULL;
+        IF jsonb_typeof(v_value) = 'string' THEN
+            BEGIN
+                v_for := (v_value #>> '{}')::interval;
+            EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
+                v_for := NULL;
+            END;
+        END IF;
+        IF v_for IS NULL THEN
+            RAISE EXCEPTION 'treadle: sleep step "%" must wait an interval such as "1 hour", not %', v_step, v_value
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF v_for <= interval '0' OR v_for > interval '366 days' THEN
+            RAISE EXCEPTION 'treadle: sleep step "%" must wait more than 0 and at most 366 days, got %', v_step, v_for
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        v_map := v_map || jsonb_build_object(v_step, v_for::text);
+    END LOOP;
+    RETURN v_map;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_sleeps(text[], jsonb) IS
+    'Check the sleep steps of a workflow (22023 naming the step); null for none.';
+
+--------------------------------------------------------------------------------
+-- treadle._linear_after(steps) -> jsonb
+--
+-- The graph of a list, spelled out: each step after the one before it.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._linear_after(steps text[])
+RETURNS jsonb
+LANGUAGE sql
+IMMUTABLE
+BEGIN ATOMIC
+    SELECT jsonb_object_agg(u.s, CASE WHEN u.i = 1 THEN '[]'::jsonb ELSE jsonb_build_array(steps[u.i - 1]) END)
+      FROM unnest(steps) WITH ORDINALITY AS u(s, i);
+END;
+COMMENT ON FUNCTION treadle._linear_after(text[]) IS
+    'The dependencies of a list of steps spelled out as a graph: each step after the one before it.';
+
+--------------------------------------------------------------------------------
+-- treadle.define_workflow(name, steps, after, sleeps) -> void
+--
+-- Records the step names of a workflow and, in `after`, the steps each one runs
+-- after (a JSON object: step -> [steps]; a step it leaves out starts with the
+-- run). Without `after`, each step runs after the one before it. `sleeps` names
+-- the sleep steps and how long each waits (treadle._check_sleeps). Workers call it
+-- when they register a workflow. Replaces an earlier definition for new runs;
+-- existing runs keep the steps they started with.
 -- Raises 22004: name or steps null. 22023: a name that is not a valid name (see
 -- treadle._is_name); steps empty, nested, over 1000, with a bad name, or
--- repeating one. 42501: a tenant's workflow name outside its prefix (a tenant's
--- definitions are named under its queue prefix, so no tenant replaces another's).
+-- repeating one; after as treadle._check_after refuses it (an unknown or
+-- repeated dependency, a cycle: the message names the step); sleeps as
+-- treadle._check_sleeps refuses it. 42501: a tenant's workflow name outside its
+-- prefix (a tenant's definitions are named under its queue prefix, so no tenant
+-- replaces another's).
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[])
+CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[], after jsonb DEFAULT NULL,
+                                                   sleeps jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -3507,35 +4050,46 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_after  jsonb;
+    v_sleeps jsonb;
 BEGIN
     PERFORM treadle._check_text(define_workflow.name, 'name');
     PERFORM treadle._check_workflow_allowed(define_workflow.name);
     PERFORM treadle._check_steps(define_workflow.steps);
+    v_after := treadle._check_after(define_workflow.steps, define_workflow.after);
+    v_sleeps := treadle._check_sleeps(define_workflow.steps, define_workflow.sleeps);
+    IF v_sleeps IS NOT NULL THEN
+        v_after := coalesce(v_after, treadle._linear_after(define_workflow.steps));
+    END IF;
 
-    INSERT INTO treadle.workflows AS w (name, steps, updated_at)
-    VALUES (define_workflow.name, define_workflow.steps, treadle.now())
+    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps)
+    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps)
     ON CONFLICT (name) DO UPDATE
-       SET steps = excluded.steps, updated_at = excluded.updated_at
-     WHERE w.steps IS DISTINCT FROM excluded.steps;
+       SET steps = excluded.steps, updated_at = excluded.updated_at, after = excluded.after, sleeps = excluded.sleeps
+     WHERE w.steps IS DISTINCT FROM excluded.steps OR w.after IS DISTINCT FROM excluded.after
+        OR w.sleeps IS DISTINCT FROM excluded.sleeps;
 END;
 $$;
-COMMENT ON FUNCTION treadle.define_workflow(text, text[]) IS
-    'Record (or replace) the ordered step names of a workflow.';
+COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb) IS
+    'Record (or replace) the steps of a workflow and the steps each one runs after.';
 
 --------------------------------------------------------------------------------
 -- treadle.start_workflow(name, input, steps, queue, priority, max_attempts,
---                        idempotency_key) -> bigint
+--                        idempotency_key, after, sleeps) -> bigint
 --
--- Transition: (none) -> a running run, and its first step job -> available, in
--- the caller's transaction. The run records its step names: `steps`, or when
--- null the definition from treadle.define_workflow. Returns the run id; a
+-- Transition: (none) -> a running run, and the job of each step it starts with
+-- (the first step of a list, every step without dependencies of a graph) ->
+-- available, in the caller's transaction. The run records its steps and their
+-- dependencies: `steps`, `after` and `sleeps` (as define_workflow takes them), or when
+-- steps is null the definition from treadle.define_workflow. Returns the run id; a
 -- workflow idempotency key (a namespace apart from jobs') that a run already
 -- holds returns that run's id and starts nothing.
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
 -- input neither an object nor an array, over the size limit or nested over 100
--- levels; max_attempts < 1; steps as define_workflow refuses them; no steps given
--- and no definition (unknown workflow). 42501: a tenant's queue or workflow name
--- outside its prefix.
+-- levels; max_attempts < 1; steps, after or sleeps as define_workflow refuses
+-- them; after or sleeps without steps; no steps given and no definition (unknown
+-- workflow). 42501: a tenant's queue or workflow name outside its prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.start_workflow(
     name            text,
@@ -3544,7 +4098,9 @@ CREATE OR REPLACE FUNCTION treadle.start_workflow(
     queue           text    DEFAULT 'default',
     priority        integer DEFAULT 0,
     max_attempts    integer DEFAULT 25,
-    idempotency_key text    DEFAULT NULL
+    idempotency_key text    DEFAULT NULL,
+    after           jsonb   DEFAULT NULL,
+    sleeps          jsonb   DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -3557,6 +4113,8 @@ DECLARE
     v_now   timestamptz := treadle.now();
     v_input jsonb;
     v_steps text[] := start_workflow.steps;
+    v_after jsonb;
+    v_sleeps jsonb;
     v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
@@ -3576,7 +4134,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF v_steps IS NULL THEN
-        SELECT w.steps INTO v_steps FROM treadle.workflows AS w WHERE w.name = start_workflow.name;
+        IF start_workflow.after IS NOT NULL OR start_workflow.sleeps IS NOT NULL THEN
+            RAISE EXCEPTION 'treadle: after and sleeps need steps' USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        SELECT w.steps, w.after, w.sleeps INTO v_steps, v_after, v_sleeps
+          FROM treadle.workflows AS w WHERE w.name = start_workflow.name;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'treadle: unknown workflow %', start_workflow.name
                 USING ERRCODE = 'invalid_parameter_value',
@@ -3584,20 +4146,29 @@ BEGIN
         END IF;
     ELSE
         PERFORM treadle._check_steps(v_steps);
+        v_after := treadle._check_after(v_steps, start_workflow.after);
+        v_sleeps := treadle._check_sleeps(v_steps, start_workflow.sleeps);
+        IF v_sleeps IS NOT NULL THEN
+            v_after := coalesce(v_after, treadle._linear_after(v_steps));
+        END IF;
     END IF;
     PERFORM treadle._check_queue_allowed(start_workflow.queue);
 
     LOOP
         INSERT INTO treadle.workflow_runs AS r
-            (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at)
+            (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps)
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
-             start_workflow.max_attempts, start_workflow.idempotency_key, v_now)
+             start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING r.* INTO v_run;
 
         IF v_run.id IS NOT NULL THEN
-            PERFORM treadle._enqueue_step(v_run, v_steps[1], v_now);
+            IF v_after IS NULL THEN
+                PERFORM treadle._enqueue_step(v_run, v_steps[1], v_now);
+            ELSE
+                PERFORM treadle._enqueue_ready(v_run, v_now);
+            END IF;
             RETURN v_run.id;
         END IF;
 
@@ -3609,16 +4180,19 @@ BEGIN
     END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text) IS
-    'Start a workflow run and enqueue its first step; returns the run id.';
+COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb) IS
+    'Start a workflow run and enqueue the steps it starts with; returns the run id.';
 
 --------------------------------------------------------------------------------
 -- treadle.cancel_workflow(run_id) -> boolean
 --
--- Transition: a running run's pending step is cancelled (the run becomes
--- cancelled at once), or its running step gets a cancel request (the run becomes
--- cancelled when that step finishes). Returns false for an unknown run, one that
--- is not running, or one whose cancel is already requested.
+-- Transition: a running run's pending steps are cancelled (the run becomes
+-- cancelled at once), and its running steps get a cancel request (the run
+-- becomes cancelled when the first of them finishes, if no pending step was
+-- cancelled); a run with no step job pending (only sleeps under way) becomes
+-- cancelled at once. Its sleeps under way stop waking it (wake_at null), so no
+-- step starts after the cancel. Returns false for an unknown run, one that is not running, or one
+-- whose steps all have their cancel requested already.
 -- Raises 22004: run_id null. 42501: a tenant's run outside its queues.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel_workflow(run_id bigint)
@@ -3630,45 +4204,61 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_step treadle.jobs;
+    v_step   treadle.jobs;
+    v_any    boolean := false;
+    v_looked boolean;
 BEGIN
     IF cancel_workflow.run_id IS NULL THEN
         RAISE EXCEPTION 'treadle: run_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     PERFORM treadle._check_row_allowed(r.queue, 'workflow run') FROM treadle.workflow_runs AS r WHERE r.id = cancel_workflow.run_id;
 
-    -- Jobs are locked before runs on every path; a step that finishes while we
-    -- look hands over to the next one, so look again.
-    LOOP
-        PERFORM 1 FROM treadle.workflow_runs AS r
-         WHERE r.id = cancel_workflow.run_id AND r.state = 'running';
-        IF NOT FOUND THEN
-            RETURN false;
-        END IF;
+    PERFORM 1 FROM treadle.workflow_runs AS r
+     WHERE r.id = cancel_workflow.run_id AND r.state = 'running';
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
 
-        SELECT * INTO v_step FROM treadle.jobs AS j
-         WHERE j.workflow_run_id = cancel_workflow.run_id
-           AND j.state = ANY (ARRAY['available', 'retryable', 'running'])
-         ORDER BY j.id DESC
-         LIMIT 1;
-        IF NOT FOUND THEN
-            -- a running run without a pending step (its step rows were deleted by hand)
-            UPDATE treadle.workflow_runs AS r
-               SET state = 'cancelled', finished_at = treadle.now()
-             WHERE r.id = cancel_workflow.run_id AND r.state = 'running';
-            RETURN FOUND;
-        END IF;
-        IF v_step.cancel_requested THEN
-            RETURN false;
-        END IF;
-        IF treadle.cancel(v_step.id) THEN
-            RETURN true;
-        END IF;
+    -- Jobs are locked before runs on every path; a step that finishes while we
+    -- look may hand over to the next ones, so look again until none is left.
+    LOOP
+        v_looked := false;
+        FOR v_step IN
+            SELECT * FROM treadle.jobs AS j
+             WHERE j.workflow_run_id = cancel_workflow.run_id
+               AND j.state = ANY (ARRAY['available', 'retryable', 'running'])
+               AND NOT j.cancel_requested
+             ORDER BY j.id
+        LOOP
+            v_looked := true;
+            IF treadle.cancel(v_step.id) THEN
+                v_any := true;
+            END IF;
+        END LOOP;
+        EXIT WHEN NOT v_looked;
     END LOOP;
+    IF v_any THEN
+        UPDATE treadle.workflow_runs AS r SET wake_at = NULL
+         WHERE r.id = cancel_workflow.run_id AND r.wake_at IS NOT NULL;
+        RETURN true;
+    END IF;
+
+    PERFORM 1 FROM treadle.jobs AS j
+     WHERE j.workflow_run_id = cancel_workflow.run_id
+       AND j.state = ANY (ARRAY['available', 'retryable', 'running']);
+    IF FOUND THEN
+        RETURN false;  -- its cancel is requested already
+    END IF;
+    -- a running run without a pending step job (only sleeps under way, or its step
+    -- rows were deleted by hand)
+    UPDATE treadle.workflow_runs AS r
+       SET state = 'cancelled', finished_at = treadle.now()
+     WHERE r.id = cancel_workflow.run_id AND r.state = 'running';
+    RETURN FOUND;
 END;
 $$;
 COMMENT ON FUNCTION treadle.cancel_workflow(bigint) IS
-    'Cancel a running workflow run (its pending step now, or its running step when it finishes).';
+    'Cancel a running workflow run (its pending steps now, its running steps when they finish).';
 
 --------------------------------------------------------------------------------
 -- treadle.workflow_results(run_id) -> jsonb
@@ -3686,6 +4276,57 @@ BEGIN ATOMIC
 END;
 COMMENT ON FUNCTION treadle.workflow_results(bigint) IS
     'A workflow run''s step results keyed by step name; null for an unknown run.';
+
+--------------------------------------------------------------------------------
+-- treadle.workflow_step_results(run_id, step) -> jsonb
+--
+-- What a step receives: the results of the steps it runs after, directly or
+-- through others, keyed by step name (for a linear list, every step before it).
+-- {} for a step without dependencies or a step that is not the run's; null for an
+-- unknown run (or one the caller may not see: it runs with the caller's rights).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.workflow_step_results(run_id bigint, step text)
+RETURNS jsonb
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_steps   text[];
+    v_after   jsonb;
+    v_results jsonb;
+    v_before  text[];
+    v_todo    text[];
+    v_seen    jsonb;
+BEGIN
+    SELECT r.steps, '{}'::jsonb || r.after, '{}'::jsonb || r.results INTO v_steps, v_after, v_results
+      FROM treadle.workflow_runs AS r WHERE r.id = workflow_step_results.run_id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    -- (the maps are decompressed once, above: each lookup below would do it again)
+    IF v_after IS NULL THEN
+        -- a list: the steps before it
+        v_before := v_steps[1 : coalesce(array_position(v_steps, workflow_step_results.step), 1) - 1];
+        RETURN coalesce((SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each(v_results) AS e
+                          WHERE e.key = ANY (v_before)), '{}'::jsonb);
+    END IF;
+    -- a graph: walk back along the dependencies, a layer at a time
+    v_seen := '{}'::jsonb;
+    v_todo := ARRAY(SELECT d.v FROM jsonb_array_elements_text(v_after -> workflow_step_results.step) AS d(v));
+    WHILE cardinality(v_todo) > 0 LOOP
+        v_seen := v_seen || (SELECT jsonb_object_agg(t.s, true) FROM unnest(v_todo) AS t(s));
+        v_todo := ARRAY(SELECT DISTINCT d.v
+                          FROM unnest(v_todo) AS t(s)
+                         CROSS JOIN LATERAL jsonb_array_elements_text(v_after -> t.s) AS d(v)
+                         WHERE NOT v_seen ? d.v);
+    END LOOP;
+    RETURN coalesce((SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each(v_results) AS e
+                      WHERE v_seen ? e.key), '{}'::jsonb);
+END;
+$$;
+COMMENT ON FUNCTION treadle.workflow_step_results(bigint, text) IS
+    'The results a workflow step receives: those of the steps it runs after, directly or not; null for an unknown run.';
 --------------------------------------------------------------------------------
 -- Cron schedules: a named schedule enqueues a job at the times a cron expression
 -- names, read on the wall clock of a time zone.
@@ -4566,16 +5207,23 @@ COMMENT ON VIEW treadle.job_details IS
     'Every job with all its columns but the lease token; filter by id, queue, name or state.';
 
 -- A run's steps in order, each with the job that runs it; a step whose job is not
--- enqueued yet has state 'pending' and no job.
+-- enqueued yet has state 'pending' and no job. A sleep step has no job: its state
+-- is 'sleeping' until sleeps_until, then 'completed'. `after`: the steps it runs
+-- after in a graph; null in a list (each step after the one before it).
 CREATE VIEW treadle.workflow_run_steps WITH (security_invoker = true) AS
 SELECT r.id AS run_id, s.position, s.step,
        j.id AS job_id,
-       coalesce(j.state, 'pending') AS state,
+       coalesce(j.state, CASE WHEN r.wakes ? s.step THEN 'sleeping'
+                              WHEN r.results ? s.step THEN 'completed'
+                              ELSE 'pending' END) AS state,
        j.attempt, j.max_attempts, j.cancel_requested,
        r.results ? s.step AS has_result,
        r.results -> s.step AS result,
        j.last_error, j.errors, j.progress, j.progress_message,
-       j.run_at, j.started_at, j.finished_at
+       j.run_at, j.started_at, j.finished_at,
+       CASE WHEN r.after IS NOT NULL
+            THEN ARRAY(SELECT d.v FROM jsonb_array_elements_text(r.after -> s.step) AS d(v)) END AS after,
+       (r.wakes ->> s.step)::timestamptz AS sleeps_until
   FROM treadle.workflow_runs AS r
  CROSS JOIN LATERAL unnest(r.steps) WITH ORDINALITY AS s(step, position)
   LEFT JOIN LATERAL (
@@ -4586,7 +5234,7 @@ SELECT r.id AS run_id, s.position, s.step,
          ORDER BY j.id DESC
          LIMIT 1) AS j ON true;
 COMMENT ON VIEW treadle.workflow_run_steps IS
-    'A workflow run''s steps in order, with each step''s job, state, attempt, result and error.';
+    'A workflow run''s steps in order, with each step''s job, state, attempt, result, error, dependencies and sleep.';
 
 --------------------------------------------------------------------------------
 -- treadle.estimated_jobs(queue, state) -> bigint
@@ -5037,7 +5685,7 @@ BEGIN
         ('read',    'treadle.explain(bigint)'),
         ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[])'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
-        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text)'),
+        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb)'),
         ('produce', 'treadle.schedule(text, text, text, jsonb, text, text, integer, integer, boolean)'),
         ('control', 'treadle.cancel(bigint)'),
         ('control', 'treadle.retry(bigint)'),
@@ -5054,7 +5702,7 @@ BEGIN
         ('work',    'treadle.fail(bigint, uuid, text, interval, boolean)'),
         ('work',    'treadle.release(bigint, uuid)'),
         ('work',    'treadle.snooze(bigint, uuid, interval)'),
-        ('work',    'treadle.define_workflow(text, text[])'),
+        ('work',    'treadle.define_workflow(text, text[], jsonb, jsonb)'),
         ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer, text[])'),
         ('work',    'treadle.worker_stopped(text)'),
         ('queues',  'treadle.set_queue(text, integer, integer, interval, integer, interval, interval)'),
@@ -5344,6 +5992,7 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA treadle FROM PUBLIC;
 -- Read-only functions that run with the caller's rights: anyone may call them, and
 -- see only what the caller may see. And cron_next, which reads no table.
 GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint),
+    treadle.workflow_step_results(bigint, text),
     treadle.cron_next(text, text, timestamptz) TO PUBLIC;
 -- The helpers the row-level security policies call as the reader: each tells a role
 -- of itself only (its name, its OID, its own tenant prefix).

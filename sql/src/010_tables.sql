@@ -5,12 +5,18 @@
 --------------------------------------------------------------------------------
 
 -- Step lists that workers register for a workflow name (treadle.define_workflow).
+-- `after` maps each step to the steps it depends on; null: each step after the
+-- one before it (a linear list). `sleeps` maps a sleep step to how long it waits.
 CREATE TABLE treadle.workflows (
     name        text        PRIMARY KEY,
     steps       text[]      NOT NULL,
     updated_at  timestamptz NOT NULL,
+    after       jsonb,
+    sleeps      jsonb,
     CONSTRAINT workflows_name_check CHECK (name <> ''),
-    CONSTRAINT workflows_steps_check CHECK (cardinality(steps) > 0)
+    CONSTRAINT workflows_steps_check CHECK (cardinality(steps) > 0),
+    CONSTRAINT workflows_after_check CHECK (jsonb_typeof(after) = 'object'),
+    CONSTRAINT workflows_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL))
 );
 
 -- One row per workflow run. Its steps are jobs (treadle.jobs.workflow_run_id).
@@ -27,12 +33,22 @@ CREATE TABLE treadle.workflow_runs (
     idempotency_key  text,
     created_at       timestamptz NOT NULL,
     finished_at      timestamptz,
+    after            jsonb,  -- step -> the steps it depends on; null: a linear list
+    sleeps           jsonb,  -- sleep step -> how long it waits (an interval as text)
+    wakes            jsonb,  -- sleep step under way -> when it ends
+    wake_at          timestamptz,  -- the earliest of wakes: rescue() ends due sleeps
     CONSTRAINT workflow_runs_state_check
         CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled'])),
     CONSTRAINT workflow_runs_finished_check
         CHECK ((state = 'running') = (finished_at IS NULL)),
-    CONSTRAINT workflow_runs_steps_check CHECK (cardinality(steps) > 0)
+    CONSTRAINT workflow_runs_steps_check CHECK (cardinality(steps) > 0),
+    CONSTRAINT workflow_runs_after_check CHECK (jsonb_typeof(after) = 'object'),
+    CONSTRAINT workflow_runs_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL))
 );
+
+-- rescue() reads the running runs whose sleep steps are due
+CREATE INDEX workflow_runs_wake_at_idx ON treadle.workflow_runs (wake_at)
+    WHERE wake_at IS NOT NULL AND state = 'running';
 
 -- Workflow idempotency keys are a namespace of their own, apart from jobs', per queue.
 CREATE UNIQUE INDEX workflow_runs_idempotency_key_idx

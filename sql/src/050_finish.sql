@@ -9,7 +9,8 @@
 -- treadle._enqueue_step(run, step, at) -> void
 --
 -- Transition: (none) -> available for one step of a workflow run: a job named
--- 'workflow:<workflow name>' whose `step` column names the step.
+-- 'workflow:<workflow name>' whose `step` column names the step (the next step of
+-- a list; treadle._enqueue_steps does several).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_step(run treadle.workflow_runs, step text, at timestamptz)
 RETURNS void
@@ -26,13 +27,207 @@ COMMENT ON FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamp
     'Enqueue the job that runs one step of a workflow run.';
 
 --------------------------------------------------------------------------------
+-- treadle._enqueue_steps(run, steps, at) -> void
+--
+-- Transition: (none) -> available for steps of a workflow run, in one
+-- statement: each a job named 'workflow:<workflow name>' whose `step` column
+-- names the step.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._enqueue_steps(run treadle.workflow_runs, steps text[], at timestamptz)
+RETURNS void
+LANGUAGE sql
+VOLATILE
+BEGIN ATOMIC
+    INSERT INTO treadle.jobs
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+    SELECT (run).queue, 'workflow:' || (run).name, '{}', (run).priority, at, (run).max_attempts, at, (run).id, s.step
+      FROM unnest(steps) WITH ORDINALITY AS s(step, i)
+     ORDER BY s.i;
+    SELECT treadle._notify('treadle_jobs', (run).queue) WHERE cardinality(steps) > 0;
+END;
+COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timestamptz) IS
+    'Enqueue the jobs that run steps of a workflow run.';
+
+--------------------------------------------------------------------------------
+-- treadle._ready_steps(run, done) -> text[]
+--
+-- The steps of a graph run (run.after not null) that may start now: every step
+-- it runs after has a result, it has none itself, no job of the run runs it
+-- yet, and it is not a sleep under way. In step order. With `done` (a step that
+-- just completed) only the steps that run after it are looked at: no other can
+-- have become ready. Callers hold the run row's lock, so what this reads cannot
+-- change before they enqueue what it returns.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._ready_steps(run treadle.workflow_runs, done text DEFAULT NULL)
+RETURNS text[]
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_ready   text[] := '{}'::text[];
+    v_jobs    jsonb;
+    v_step    text;
+    -- the run's maps, decompressed once (read from the table they may be compressed,
+    -- and each lookup below would decompress them again)
+    v_after   jsonb := '{}'::jsonb || run.after;
+    v_results jsonb := '{}'::jsonb || run.results;
+    v_wakes   jsonb := '{}'::jsonb || coalesce(run.wakes, '{}'::jsonb);
+BEGIN
+    IF done IS NULL THEN
+        -- every step with a job, read once
+        SELECT coalesce(jsonb_object_agg(j.step, true), '{}'::jsonb) INTO v_jobs
+          FROM treadle.jobs AS j WHERE j.workflow_run_id = run.id;
+    END IF;
+    FOR v_step IN
+        SELECT u.s FROM unnest(run.steps) WITH ORDINALITY AS u(s, i)
+         WHERE (done IS NULL OR (v_after -> u.s) ? done)
+           AND NOT v_results ? u.s
+           AND NOT v_wakes ? u.s
+         ORDER BY u.i
+    LOOP
+        CONTINUE WHEN EXISTS (SELECT 1 FROM jsonb_array_elements_text(v_after -> v_step) AS d(v)
+                               WHERE NOT v_results ? d.v);
+        IF done IS NULL THEN
+            CONTINUE WHEN v_jobs ? v_step;
+        ELSE
+            CONTINUE WHEN EXISTS (SELECT 1 FROM treadle.jobs AS j
+                                   WHERE j.workflow_run_id = run.id AND j.step = v_step);
+        END IF;
+        v_ready := v_ready || v_step;
+    END LOOP;
+    RETURN v_ready;
+END;
+$$;
+COMMENT ON FUNCTION treadle._ready_steps(treadle.workflow_runs, text) IS
+    'The steps of a workflow graph run whose dependencies have all completed and that have no job yet.';
+
+--------------------------------------------------------------------------------
+-- treadle._has_every_result(run) -> boolean
+--
+-- Whether every step of the run has a result (the run is done).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._has_every_result(run treadle.workflow_runs)
+RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_results jsonb := '{}'::jsonb || run.results;  -- decompressed once
+BEGIN
+    RETURN NOT EXISTS (SELECT 1 FROM unnest(run.steps) AS u(s) WHERE NOT v_results ? u.s);
+END;
+$$;
+COMMENT ON FUNCTION treadle._has_every_result(treadle.workflow_runs) IS
+    'Whether every step of a workflow run has a result.';
+
+--------------------------------------------------------------------------------
+-- treadle._enqueue_ready(run, at, done) -> void
+--
+-- Transition: the ready steps of a graph run (treadle._ready_steps, with `done`
+-- the step that just completed, or null to look at every step) start: a
+-- step -> a job, available now (treadle._enqueue_steps); a sleep step -> a sleep
+-- under way on the run (wakes: step -> at + its interval; wake_at, the earliest,
+-- is where treadle.rescue looks). The caller holds the run row's lock.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._enqueue_ready(run treadle.workflow_runs, at timestamptz, done text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_ready  text[] := treadle._ready_steps(run, done);
+    v_sleeps jsonb;
+BEGIN
+    IF run.sleeps IS NOT NULL THEN
+        SELECT jsonb_object_agg(u.s, at + (run.sleeps ->> u.s)::interval) INTO v_sleeps
+          FROM unnest(v_ready) AS u(s)
+         WHERE run.sleeps ? u.s;
+    END IF;
+    IF v_sleeps IS NOT NULL THEN
+        v_ready := ARRAY(SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i)
+                          WHERE NOT v_sleeps ? u.s ORDER BY u.i);
+        UPDATE treadle.workflow_runs AS r
+           SET wakes = coalesce(r.wakes, '{}'::jsonb) || v_sleeps,
+               wake_at = (SELECT min(e.value::text::timestamptz)
+                            FROM jsonb_each(coalesce(r.wakes, '{}'::jsonb) || v_sleeps) AS e)
+         WHERE r.id = run.id;
+    END IF;
+    PERFORM treadle._enqueue_steps(run, v_ready, at);
+END;
+$$;
+COMMENT ON FUNCTION treadle._enqueue_ready(treadle.workflow_runs, timestamptz, text) IS
+    'Start the ready steps of a workflow graph run: a job each, or a sleep under way for a sleep step.';
+
+--------------------------------------------------------------------------------
+-- treadle._wake_runs(at) -> integer
+--
+-- Transition: the sleeps under way that are due at `at` end: each sleep step
+-- completes (its result is the time it ended), and its run moves on as after a
+-- completed step (treadle._enqueue_ready, or the run completes). Only running
+-- runs, at most 1000 per call, each locked unless another session holds it
+-- (SKIP LOCKED: a later call takes it). Returns how many runs moved.
+-- treadle.rescue calls it, so a sleep ends at most one rescue interval late, and
+-- never early: the time is treadle's clock.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._wake_runs(at timestamptz)
+RETURNS integer
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_run   treadle.workflow_runs;
+    v_due   jsonb;
+    v_moved integer := 0;
+BEGIN
+    FOR v_run IN
+        SELECT * FROM treadle.workflow_runs AS r
+         WHERE r.wake_at <= at AND r.wake_at IS NOT NULL AND r.state = 'running'
+         ORDER BY r.wake_at
+         LIMIT 1000
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        SELECT jsonb_object_agg(e.key, e.value) INTO v_due
+          FROM jsonb_each(v_run.wakes) AS e
+         WHERE e.value::text::timestamptz <= at;
+        CONTINUE WHEN v_due IS NULL;
+        UPDATE treadle.workflow_runs AS r
+           SET results = r.results || v_due,
+               wakes = nullif(r.wakes - ARRAY(SELECT jsonb_object_keys(v_due)), '{}'::jsonb),
+               wake_at = (SELECT min(e.value::text::timestamptz)
+                            FROM jsonb_each(r.wakes - ARRAY(SELECT jsonb_object_keys(v_due))) AS e)
+         WHERE r.id = v_run.id
+        RETURNING r.* INTO v_run;
+        IF treadle._has_every_result(v_run) THEN
+            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at WHERE r.id = v_run.id;
+        ELSE
+            PERFORM treadle._enqueue_ready(v_run, at);
+        END IF;
+        v_moved := v_moved + 1;
+    END LOOP;
+    RETURN v_moved;
+END;
+$$;
+COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
+    'End the sleep steps of running workflow runs that are due; returns how many runs moved.';
+
+--------------------------------------------------------------------------------
 -- treadle._advance_run(step treadle.jobs) -> void
 --
 -- A workflow step reached `step.state`:
---   completed: its result joins the run's results; the next step is enqueued,
---              or the run becomes completed after the last step;
+--   completed: its result joins the run's results; the next step is enqueued
+--              (a graph: every step whose dependencies now all have results),
+--              or the run becomes completed once every step has a result;
 --   discarded: the run becomes failed;  cancelled: the run becomes cancelled.
--- Only a running run moves. Locks the run after the job (the order every path keeps).
+-- Only a running run moves; but a graph's step that completes in a failed or
+-- cancelled run still records its result (its branch ran on), so that a retry
+-- of the run resumes from it. Locks the run after the job (the order every path
+-- keeps): two branches that complete at once on two connections take turns on
+-- the run row, and the second sees the first's result, so a join step is
+-- enqueued once.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._advance_run(step treadle.jobs)
 RETURNS void
@@ -46,7 +241,14 @@ DECLARE
     v_index integer;
 BEGIN
     SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = step.workflow_run_id FOR UPDATE;
-    IF NOT FOUND OR v_run.state <> 'running' THEN
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v_run.after IS NOT NULL THEN
+        PERFORM treadle._advance_graph(v_run, step);
+        RETURN;
+    END IF;
+    IF v_run.state <> 'running' THEN
         RETURN;
     END IF;
 
@@ -73,6 +275,47 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._advance_run(treadle.jobs) IS
     'Move a workflow run on after one of its steps changed state.';
+
+--------------------------------------------------------------------------------
+-- treadle._advance_graph(run, step) -> void
+--
+-- treadle._advance_run for a run whose steps form a graph (run.after not null),
+-- with the run row locked by the caller.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._advance_graph(run treadle.workflow_runs, step treadle.jobs)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := treadle.now();
+    v_run treadle.workflow_runs;
+BEGIN
+    IF step.state = 'completed' THEN
+        UPDATE treadle.workflow_runs AS r
+           SET results = r.results || jsonb_build_object(step.step, step.result)
+         WHERE r.id = run.id
+        RETURNING r.* INTO v_run;
+        IF v_run.state <> 'running' THEN
+            RETURN;
+        END IF;
+        IF treadle._has_every_result(v_run) THEN
+            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now WHERE r.id = run.id;
+        ELSE
+            PERFORM treadle._enqueue_ready(v_run, v_now, step.step);
+        END IF;
+    ELSIF run.state <> 'running' THEN
+        RETURN;
+    ELSIF step.state = 'discarded' THEN
+        UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now WHERE r.id = run.id;
+    ELSIF step.state = 'cancelled' THEN
+        UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now WHERE r.id = run.id;
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) IS
+    'Move a workflow graph run on after one of its steps changed state: record a result, enqueue the steps now ready.';
 
 --------------------------------------------------------------------------------
 -- treadle._follow_up(done treadle.jobs[]) -> void
@@ -567,6 +810,9 @@ BEGIN
         v_cursor[2] := v_now_us;
         PERFORM set_config('treadle.rescue_cursor', v_cursor::text, false);
     END IF;
+
+    -- workflow sleep steps that are due end here too
+    PERFORM treadle._wake_runs(v_now);
 
     IF v_done IS NULL THEN
         RETURN 0;

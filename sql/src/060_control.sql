@@ -57,7 +57,10 @@ COMMENT ON FUNCTION treadle.cancel(bigint) IS
 --
 -- Transition: discarded | cancelled | retryable -> available now, attempt reset
 -- to 0 (from treadle.job_history too, back into treadle.jobs). A retried workflow
--- step resumes its failed or cancelled run. A retried
+-- step resumes its failed or cancelled run; a run whose steps form a graph
+-- resumes whole (treadle._resume_graph): its other discarded and cancelled steps
+-- are retried too, and the steps whose dependencies completed meanwhile start.
+-- Completed steps never run again. A retried
 -- periodic occurrence that already started its successor runs once more without
 -- starting another. Returns false for any other state or an unknown id.
 -- Raises 22004: job_id null. 42501: a tenant's job outside its queues.
@@ -73,6 +76,7 @@ AS $$
 DECLARE
     v_now timestamptz := treadle.now();
     v_job treadle.jobs;
+    v_run treadle.workflow_runs;
 BEGIN
     IF retry.job_id IS NULL THEN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -109,7 +113,11 @@ BEGIN
         UPDATE treadle.workflow_runs AS r
            SET state = 'running', finished_at = NULL
          WHERE r.id = v_job.workflow_run_id
-           AND r.state = ANY (ARRAY['failed', 'cancelled']);
+           AND r.state = ANY (ARRAY['failed', 'cancelled'])
+        RETURNING r.* INTO v_run;
+        IF v_run.after IS NOT NULL THEN
+            PERFORM treadle._resume_graph(v_run);
+        END IF;
     END IF;
     PERFORM treadle._notify('treadle_jobs', v_job.queue);
     RETURN true;
@@ -117,6 +125,41 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.retry(bigint) IS
     'Make a discarded, cancelled or retryable job available now with attempt 0; true when it did.';
+
+--------------------------------------------------------------------------------
+-- treadle._resume_graph(run) -> void
+--
+-- A workflow graph run that treadle.retry just made running again: its other
+-- discarded and cancelled steps are retried (treadle.retry), and the steps whose
+-- dependencies all completed while it was stopped start (a sleep under way when it
+-- stopped ends at its time, at the next treadle.rescue).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._resume_graph(run treadle.workflow_runs)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    FOR v_id IN
+        SELECT j.id FROM treadle.jobs AS j
+         WHERE j.workflow_run_id = run.id
+           AND j.state = ANY (ARRAY['discarded', 'cancelled'])
+         ORDER BY j.id
+    LOOP
+        PERFORM treadle.retry(v_id);
+    END LOOP;
+    -- its sleeps under way wake it again (a cancel stopped them)
+    UPDATE treadle.workflow_runs AS r
+       SET wake_at = (SELECT min(e.value::timestamptz) FROM jsonb_each_text(r.wakes) AS e)
+     WHERE r.id = run.id AND r.wakes IS NOT NULL;
+    PERFORM treadle._enqueue_ready(run, treadle.now());
+END;
+$$;
+COMMENT ON FUNCTION treadle._resume_graph(treadle.workflow_runs) IS
+    'Resume a workflow graph run that a retry made running: retry its other failed steps, enqueue the ready ones.';
 
 --------------------------------------------------------------------------------
 -- treadle.apply_retention(batch) -> bigint

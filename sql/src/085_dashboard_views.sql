@@ -25,16 +25,23 @@ COMMENT ON VIEW treadle.job_details IS
     'Every job with all its columns but the lease token; filter by id, queue, name or state.';
 
 -- A run's steps in order, each with the job that runs it; a step whose job is not
--- enqueued yet has state 'pending' and no job.
+-- enqueued yet has state 'pending' and no job. A sleep step has no job: its state
+-- is 'sleeping' until sleeps_until, then 'completed'. `after`: the steps it runs
+-- after in a graph; null in a list (each step after the one before it).
 CREATE VIEW treadle.workflow_run_steps WITH (security_invoker = true) AS
 SELECT r.id AS run_id, s.position, s.step,
        j.id AS job_id,
-       coalesce(j.state, 'pending') AS state,
+       coalesce(j.state, CASE WHEN r.wakes ? s.step THEN 'sleeping'
+                              WHEN r.results ? s.step THEN 'completed'
+                              ELSE 'pending' END) AS state,
        j.attempt, j.max_attempts, j.cancel_requested,
        r.results ? s.step AS has_result,
        r.results -> s.step AS result,
        j.last_error, j.errors, j.progress, j.progress_message,
-       j.run_at, j.started_at, j.finished_at
+       j.run_at, j.started_at, j.finished_at,
+       CASE WHEN r.after IS NOT NULL
+            THEN ARRAY(SELECT d.v FROM jsonb_array_elements_text(r.after -> s.step) AS d(v)) END AS after,
+       (r.wakes ->> s.step)::timestamptz AS sleeps_until
   FROM treadle.workflow_runs AS r
  CROSS JOIN LATERAL unnest(r.steps) WITH ORDINALITY AS s(step, position)
   LEFT JOIN LATERAL (
@@ -45,7 +52,7 @@ SELECT r.id AS run_id, s.position, s.step,
          ORDER BY j.id DESC
          LIMIT 1) AS j ON true;
 COMMENT ON VIEW treadle.workflow_run_steps IS
-    'A workflow run''s steps in order, with each step''s job, state, attempt, result and error.';
+    'A workflow run''s steps in order, with each step''s job, state, attempt, result, error, dependencies and sleep.';
 
 --------------------------------------------------------------------------------
 -- treadle.estimated_jobs(queue, state) -> bigint

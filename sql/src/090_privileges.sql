@@ -50,7 +50,7 @@ BEGIN
         ('read',    'treadle.explain(bigint)'),
         ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[])'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
-        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text)'),
+        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb)'),
         ('produce', 'treadle.schedule(text, text, text, jsonb, text, text, integer, integer, boolean)'),
         ('control', 'treadle.cancel(bigint)'),
         ('control', 'treadle.retry(bigint)'),
@@ -67,7 +67,7 @@ BEGIN
         ('work',    'treadle.fail(bigint, uuid, text, interval, boolean)'),
         ('work',    'treadle.release(bigint, uuid)'),
         ('work',    'treadle.snooze(bigint, uuid, interval)'),
-        ('work',    'treadle.define_workflow(text, text[])'),
+        ('work',    'treadle.define_workflow(text, text[], jsonb, jsonb)'),
         ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer, text[])'),
         ('work',    'treadle.worker_stopped(text)'),
         ('queues',  'treadle.set_queue(text, integer, integer, interval, integer, interval, interval)'),
@@ -357,6 +357,7 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA treadle FROM PUBLIC;
 -- Read-only functions that run with the caller's rights: anyone may call them, and
 -- see only what the caller may see. And cron_next, which reads no table.
 GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint),
+    treadle.workflow_step_results(bigint, text),
     treadle.cron_next(text, text, timestamptz) TO PUBLIC;
 -- The helpers the row-level security policies call as the reader: each tells a role
 -- of itself only (its name, its OID, its own tenant prefix).

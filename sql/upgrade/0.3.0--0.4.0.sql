@@ -59,3 +59,23 @@ ALTER TABLE treadle.settings
     ADD CONSTRAINT settings_max_queues_check CHECK (max_queues BETWEEN 1 AND 1000000),
     ADD CONSTRAINT settings_retention_floor_check
         CHECK (retention_floor BETWEEN interval '0' AND interval '100 years');
+-- Workflows as a graph: each step's dependencies (null keeps a linear list, as
+-- every 0.3.0 definition and run is). define_workflow and start_workflow take
+-- them as a new argument, so their 0.3.0 signatures go.
+-- Sleep steps: how long each waits, and on a run the sleeps under way.
+ALTER TABLE treadle.workflows
+    ADD COLUMN after jsonb,
+    ADD COLUMN sleeps jsonb,
+    ADD CONSTRAINT workflows_after_check CHECK (jsonb_typeof(after) = 'object'),
+    ADD CONSTRAINT workflows_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL));
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN after jsonb,
+    ADD COLUMN sleeps jsonb,
+    ADD COLUMN wakes jsonb,
+    ADD COLUMN wake_at timestamptz,
+    ADD CONSTRAINT workflow_runs_after_check CHECK (jsonb_typeof(after) = 'object'),
+    ADD CONSTRAINT workflow_runs_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL));
+CREATE INDEX workflow_runs_wake_at_idx ON treadle.workflow_runs (wake_at)
+    WHERE wake_at IS NOT NULL AND state = 'running';
+DROP FUNCTION treadle.define_workflow(text, text[]);
+DROP FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text);

@@ -101,6 +101,24 @@ REFUSED_BY_SQL: list[tuple[str, Call, str, str]] = [
         "steps must not repeat a name",
     ),
     (
+        "a cycle",
+        lambda c: treadle.start_workflow(c, "w", steps=["a", "b"], after={"a": ["b"], "b": ["a"]}),
+        "22023",
+        'step "a" is in a dependency cycle: a after b after a',
+    ),
+    (
+        "a zero sleep",
+        lambda c: treadle.start_workflow(c, "w", steps=["a"], sleeps={"a": timedelta(0)}),
+        "22023",
+        'sleep step "a" must wait more than 0 and at most 366 days',
+    ),
+    (
+        "an unknown dependency",
+        lambda c: treadle.start_workflow(c, "w", steps=["a", "b"], after={"b": ["c"]}),
+        "22023",
+        'step "b" runs after "c", which is not one of the steps',
+    ),
+    (
         "no steps",
         lambda c: treadle.start_workflow(c, "w", steps=[]),
         "22023",
@@ -188,6 +206,18 @@ REFUSED_BY_CLIENT: list[tuple[str, Call, str]] = [
     ("input NaN", lambda c: treadle.start_workflow(c, "w", {"v": float("nan")}, steps=["a"]), r"input\['v'\] is nan"),
     ("steps as a string", lambda c: treadle.start_workflow(c, "w", steps="abc"), "steps must be a list of names"),
     ("steps not names", lambda c: treadle.start_workflow(c, "w", steps=["a", 2]), r"steps\[1\] must be a string"),
+    ("after a list", lambda c: treadle.start_workflow(c, "w", steps=["a"], after=["a"]), "after must be a mapping"),
+    ("sleeps a list", lambda c: treadle.start_workflow(c, "w", steps=["a"], sleeps=["a"]), "sleeps must be a mapping"),
+    (
+        "sleeps of seconds",
+        lambda c: treadle.start_workflow(c, "w", steps=["a"], sleeps={"a": 60}),
+        r"sleeps\['a'\] must be a datetime.timedelta",
+    ),
+    (
+        "after not names",
+        lambda c: treadle.start_workflow(c, "w", steps=["a", "b"], after={"b": "a"}),
+        "after\\['b'\\] must be a list of names",
+    ),
     ("job_id None", lambda c: treadle.cancel(c, None), "job_id must be an integer"),
     ("job_id str", lambda c: treadle.retry(c, "1"), "job_id must be an integer"),
     ("job_id too big", lambda c: treadle.get_job(c, 2**63), "job_id must be between"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -75,6 +76,31 @@ def test_start_workflow_with_steps_and_options(conn: psycopg.Connection[Any], sq
     assert treadle.workflow_results(conn, run_id) == {}
     sql_worker.complete(step[0], {"hold": "h1"})
     assert treadle.workflow_results(conn, run_id) == {"reserve": {"hold": "h1"}}
+
+
+def test_start_workflow_with_a_graph(conn: psycopg.Connection[Any], sql_worker: SqlWorker) -> None:
+    run_id = treadle.start_workflow(conn, "etl", steps=["a", "b", "join"], after={"join": ["a", "b"]}, queue="etl")
+    assert conn.execute("SELECT after FROM treadle.workflow_runs WHERE id = %s", [run_id]).fetchone() == (
+        {"a": [], "b": [], "join": ["a", "b"]},
+    )
+    steps = conn.execute(
+        "SELECT id, step FROM treadle.jobs WHERE workflow_run_id = %s ORDER BY id", [run_id]
+    ).fetchall()
+    assert [step for _, step in steps] == ["a", "b"]
+    for job_id, step in steps:
+        sql_worker.complete(job_id, step.upper())
+    assert conn.execute(
+        "SELECT step, state FROM treadle.jobs WHERE workflow_run_id = %s ORDER BY id", [run_id]
+    ).fetchall() == [("a", "completed"), ("b", "completed"), ("join", "available")]
+    assert treadle.workflow_results(conn, run_id) == {"a": "A", "b": "B"}
+
+
+def test_start_workflow_with_a_sleep(conn: psycopg.Connection[Any]) -> None:
+    run_id = treadle.start_workflow(conn, "nap", steps=["zz", "wake"], sleeps={"zz": timedelta(hours=1)})
+    assert conn.execute(
+        "SELECT sleeps, wakes IS NOT NULL, wake_at > now() FROM treadle.workflow_runs WHERE id = %s", [run_id]
+    ).fetchone() == ({"zz": "01:00:00"}, True, True)
+    assert conn.execute("SELECT count(*) FROM treadle.jobs WHERE workflow_run_id = %s", [run_id]).fetchone() == (0,)
 
 
 def test_start_workflow_uses_the_registered_definition(conn: psycopg.Connection[Any]) -> None:

@@ -335,3 +335,33 @@ def test_a_page_read_changes_nothing(app: Flask, client: FlaskClient, conn: psyc
     ):
         client.get(path)
     assert conn.execute("SELECT id, state, attempt, run_at FROM treadle.jobs ORDER BY id").fetchall() == before
+
+
+def test_run_page_shows_a_graph_and_its_sleep(client: FlaskClient, conn: psycopg.Connection) -> None:
+    run_id = one(
+        conn,
+        "SELECT treadle.start_workflow('digest', steps => ARRAY['fetch_a', 'fetch_b', 'pause', 'send'],"
+        ' after => \'{"pause": ["fetch_a", "fetch_b"], "send": ["pause"]}\', sleeps => \'{"pause": "1 hour"}\','
+        " queue => 'digest')",
+    )
+    for job_id, token in conn.execute(
+        "SELECT id, lease_token FROM treadle.claim('w', ARRAY['digest'], batch => 10)"
+    ).fetchall():
+        conn.execute("SELECT treadle.complete(%s, %s)", (job_id, token))
+    steps = conn.execute(
+        "SELECT step, state, after, sleeps_until IS NOT NULL FROM treadle.workflow_run_steps"
+        " WHERE run_id = %s ORDER BY position",
+        (run_id,),
+    ).fetchall()
+    assert steps == [
+        ("fetch_a", "completed", [], False),
+        ("fetch_b", "completed", [], False),
+        ("pause", "sleeping", ["fetch_a", "fetch_b"], True),
+        ("send", "pending", ["pause"], False),
+    ]
+    page = text(client, f"/runs/{run_id}")
+    assert '<td class="after">fetch_a, fetch_b</td>' in page
+    assert '<span class="state state-sleeping">sleeping</span> <span class="muted">until ' in page
+    assert "<th>After</th>" in page
+    listed = one(conn, "SELECT treadle.start_workflow('plain', steps => ARRAY['a', 'b'], queue => 'digest')")
+    assert "<th>After</th>" not in text(client, f"/runs/{listed}")  # a list needs no After column

@@ -284,6 +284,24 @@ def test_the_workflow_run_goes_on_to_its_next_step(upgraded: tuple[psycopg.Conne
     )
 
 
+def test_the_0_3_0_definition_stays_a_list_and_a_graph_runs(upgraded: tuple[psycopg.Connection, Filled]) -> None:
+    conn, f = upgraded
+    assert conn.execute("SELECT steps, after FROM treadle.workflows WHERE name = 'pipeline'").fetchone() == (
+        ["a", "b", "c"],
+        None,
+    )
+    assert conn.execute("SELECT after FROM treadle.workflow_runs WHERE id = %s", (f.run_id,)).fetchone() == (None,)
+    conn.execute("SELECT treadle.define_workflow('pipeline', ARRAY['a', 'b', 'c'], after => '{\"c\": [\"a\", \"b\"]}')")
+    run_id = _value(conn, "SELECT treadle.start_workflow(name => 'pipeline', queue => 'graph')")
+    first = conn.execute("SELECT step FROM treadle.jobs WHERE workflow_run_id = %s ORDER BY id", (run_id,)).fetchall()
+    assert first == [("a",), ("b",)]
+    for _ in range(2):
+        job, token = _claim(conn, "graph")
+        assert conn.execute("SELECT treadle.complete(%s, %s)", (job, token)).fetchone() == ("completed",)
+    job, token = _claim(conn, "graph")
+    assert conn.execute("SELECT step FROM treadle.jobs WHERE id = %s", (job,)).fetchone() == ("c",)
+
+
 def test_waiting_jobs_are_claimed_when_due(upgraded: tuple[psycopg.Connection, Filled]) -> None:
     conn, f = upgraded
     assert _claim(conn, "available")[0] == f.ids["available"]

@@ -13,6 +13,7 @@ It runs a treadle Worker (settings from CHILD_* environment variables) with:
                     ctx.cancelled; registered with timeout=CHILD_HANG_TIMEOUT seconds
   workflow "trip"   steps reserve, charge, notify; each records an effect and returns
                     {"step": name, "by": WORKER_ID, "seen": [earlier steps]}
+  workflow "fork"   a graph: left and right at once, join after both; steps as trip's
 Effects and the events lease_lost and released (or those CHILD_EVENTS lists, comma
 separated) go to the table `effects`.
 
@@ -181,6 +182,14 @@ def main() -> None:
     worker.register("hang", hang, timeout=setting("HANG_TIMEOUT", 3600))
     worker.workflow(
         "trip", [Step("reserve", step("reserve")), Step("charge", step("charge")), ("notify", step("notify"))]
+    )
+    worker.workflow(
+        "fork",
+        [
+            Step("left", step("left"), after=[]),
+            Step("right", step("right"), after=[]),
+            Step("join", step("join"), after=["left", "right"]),
+        ],
     )
     worker.run()
     print(f"worker {worker_id} exited cleanly", file=sys.stderr)

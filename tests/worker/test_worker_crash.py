@@ -158,6 +158,34 @@ def test_killed_after_a_step_result_is_stored(effects_conn: psycopg.Connection[A
         assert_picked_up_promptly(conn, row, rescuer_started)
 
 
+def test_killed_inside_one_branch_of_a_graph(effects_conn: psycopg.Connection[Any], spawn: Any) -> None:
+    """Both branches run at once in the victim, which dies inside `right`: the rescuer runs
+    what did not complete, a completed branch never runs again, and the join runs once."""
+    conn = effects_conn
+    row = conn.execute(
+        "SELECT treadle.start_workflow('fork', '{\"order\": 9}', steps => ARRAY['left', 'right', 'join'],"
+        ' after => \'{"join": ["left", "right"]}\')'
+    ).fetchone()
+    assert row is not None
+    run_id = row[0]
+    victim = spawn("victim", "step_after_effect:right", concurrency=2)
+    assert victim.wait_exit() == -signal.SIGKILL, victim.log()
+
+    start_rescuer(conn, spawn)
+    finished = until_run_finished(conn, run_id)
+    assert finished["state"] == "completed"
+    assert finished["results"]["right"]["by"] == "rescuer"
+    assert finished["results"]["join"]["seen"] == ["left", "right"]
+    assert [e["worker"] for e in effects(conn, "ran", step="join")] == ["rescuer"]
+    left = [e["worker"] for e in effects(conn, "ran", step="left")]
+    if finished["results"]["left"]["by"] == "victim":
+        assert left == ["victim"]  # completed before the kill: never again
+    else:
+        assert left in (["rescuer"], ["victim", "rescuer"])
+    assert [e["worker"] for e in effects(conn, "ran", step="right")] == ["victim", "rescuer"]
+    assert sorted(s["step"] for s in run_steps(conn, run_id)) == ["join", "left", "right"]
+
+
 def test_a_running_worker_picks_up_a_killed_workers_job_within_the_bound(
     effects_conn: psycopg.Connection[Any], spawn: Any
 ) -> None:

@@ -110,11 +110,13 @@ def test_a_step_whose_run_cannot_be_decoded_fails_clearly(
         conn.execute("UPDATE treadle.jobs SET max_attempts = 1 WHERE workflow_run_id = %s", [deep_input])
         deep_results = start_workflow(conn, "trip", {"id": 2}, STEPS)
         conn.execute("UPDATE treadle.jobs SET max_attempts = 1 WHERE workflow_run_id = %s", [deep_results])
+        # as if its first step had completed with that result: the second step receives it
         conn.execute(
-            "UPDATE treadle.workflow_runs SET results = jsonb_build_object('earlier', %(deep)s::jsonb) "
+            "UPDATE treadle.workflow_runs SET results = jsonb_build_object(%(first)s::text, %(deep)s::jsonb) "
             "WHERE id = %(id)s",
-            {"deep": DEEP, "id": deep_results},
+            {"first": STEPS[0], "deep": DEEP, "id": deep_results},
         )
+        conn.execute("UPDATE treadle.jobs SET step = %s WHERE workflow_run_id = %s", [STEPS[1], deep_results])
         fine = start_workflow(conn, "trip", {"id": 3}, STEPS)
     spawn("stepper", concurrency=8)
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.types.json import Jsonb
 
 from tests.worker.worker_support import run_steps, start_workflow, until_run_finished
-from treadle import JobContext, Step, Worker
+from treadle import InvalidArgument, JobContext, Sleep, Step, Worker
+from treadle._registry import StepFunction
 
 MakeWorker = Callable[..., Worker]
 
@@ -95,3 +99,119 @@ def test_a_step_this_worker_does_not_know_fails_clearly(conn: psycopg.Connection
     assert finished["state"] == "failed"
     refund = run_steps(conn, row[0])[1]
     assert "workflow 'withdraw' has no step 'refund' in this worker (it knows reserve)" in refund["last_error"]
+
+
+def test_a_graph_runs_its_branches_and_joins_them_once(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
+    """extract_a and extract_b run in parallel (on two handler threads at once), report after
+    both with exactly their results, mail after report with every result before it."""
+    worker = make_worker(concurrency=4)
+    both_running = threading.Barrier(2, timeout=30)
+    calls: dict[str, dict[str, Any]] = {}
+
+    def extract(name: str) -> StepFunction:
+        def fn(input: dict[str, Any], results: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+            both_running.wait()  # the other branch runs at the same time, or this raises
+            calls[name] = results
+            return {"rows": input[name]}
+
+        return fn
+
+    def report(input: Any, results: dict[str, Any], ctx: JobContext) -> int:
+        calls["report"] = results
+        return int(results["extract_a"]["rows"] + results["extract_b"]["rows"])
+
+    def mail(input: Any, results: dict[str, Any], ctx: JobContext) -> str:
+        calls["mail"] = results
+        return f"sum {results['report']}"
+
+    worker.workflow(
+        "etl",
+        [
+            Step("extract_a", extract("extract_a"), after=[]),
+            Step("extract_b", extract("extract_b"), after=[]),
+            Step("report", report, after=["extract_a", "extract_b"]),
+            Step("mail", mail, after=["report"]),
+        ],
+    )
+    worker.start()
+    assert conn.execute("SELECT steps, after FROM treadle.workflows WHERE name = 'etl'").fetchone() == (
+        ["extract_a", "extract_b", "report", "mail"],
+        {"extract_a": [], "extract_b": [], "report": ["extract_a", "extract_b"], "mail": ["report"]},
+    )
+    run_id = start_workflow(conn, "etl", {"extract_a": 1, "extract_b": 2})
+
+    finished = until_run_finished(conn, run_id)
+    assert finished["state"] == "completed"
+    assert finished["results"] == {
+        "extract_a": {"rows": 1},
+        "extract_b": {"rows": 2},
+        "report": 3,
+        "mail": "sum 3",
+    }
+    assert calls == {
+        "extract_a": {},
+        "extract_b": {},
+        "report": {"extract_a": {"rows": 1}, "extract_b": {"rows": 2}},
+        "mail": {"extract_a": {"rows": 1}, "extract_b": {"rows": 2}, "report": 3},
+    }
+    assert sorted(s["step"] for s in run_steps(conn, run_id)) == ["extract_a", "extract_b", "mail", "report"]
+
+
+def test_a_list_of_steps_is_still_recorded_as_a_list(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
+    worker = make_worker()
+    worker.workflow("pair", [("one", lambda i, r, c: 1), Step("two", lambda i, r, c: 2)])
+    worker.start()
+    assert conn.execute("SELECT steps, after FROM treadle.workflows WHERE name = 'pair'").fetchone() == (
+        ["one", "two"],
+        None,
+    )
+
+
+def test_a_bad_graph_is_refused_when_it_is_registered(make_worker: MakeWorker) -> None:
+    worker = make_worker()
+    with pytest.raises(InvalidArgument, match="runs after 'nope', which is not one of its steps"):
+        worker.workflow("bad", [Step("a", lambda i, r, c: 1, after=["nope"])])
+    with pytest.raises(InvalidArgument, match="must be a list of step names"):
+        worker.workflow("bad", [Step("a", lambda i, r, c: 1, after="a")])
+    with pytest.raises(InvalidArgument, match="names a step twice"):
+        worker.workflow("bad", [Step("a", lambda i, r, c: 1), Step("b", lambda i, r, c: 1, after=["a", "a"])])
+
+
+def test_a_cycle_stops_the_worker_at_start(make_worker: MakeWorker) -> None:
+    worker = make_worker()
+    worker.workflow("loop", [Step("a", lambda i, r, c: 1, after=["b"]), Step("b", lambda i, r, c: 1, after=["a"])])
+    with pytest.raises(
+        psycopg.errors.InvalidParameterValue, match='step "a" is in a dependency cycle: a after b after a'
+    ):
+        worker.start()
+
+
+def test_a_sleep_step_holds_no_worker_and_ends_on_time(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
+    worker = make_worker()
+    worker.workflow(
+        "remind",
+        [("signup", lambda i, r, c: "ok"), Sleep("pause", timedelta(seconds=1)), ("mail", lambda i, r, c: sorted(r))],
+    )
+    worker.start()
+    assert conn.execute("SELECT steps, sleeps FROM treadle.workflows WHERE name = 'remind'").fetchone() == (
+        ["signup", "pause", "mail"],
+        {"pause": "00:00:01"},
+    )
+    run_id = start_workflow(conn, "remind", {})
+    finished = until_run_finished(conn, run_id)
+    assert finished["state"] == "completed"
+    assert finished["results"]["mail"] == ["pause", "signup"]
+    steps = {s["step"]: s for s in run_steps(conn, run_id)}
+    assert sorted(steps) == ["mail", "signup"]  # the sleep was no job
+    # the next step started no earlier than the sleep's end, on the database's clock
+    assert steps["mail"]["created_at"] - steps["signup"]["finished_at"] >= timedelta(seconds=1)
+
+
+def test_a_bad_sleep_is_refused_when_it_is_registered(make_worker: MakeWorker) -> None:
+    worker = make_worker()
+    with pytest.raises(InvalidArgument, match=r"needs a datetime\.timedelta, not int"):
+        worker.workflow("bad", [Sleep("pause", 5)])  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="must sleep more than 0 and at most 366 days"):
+        worker.workflow("bad", [Sleep("pause", timedelta(days=400))])
+    with pytest.raises(InvalidArgument, match="repeats the step name 'a'"):
+        worker.workflow("bad", [("a", lambda i, r, c: 1), Sleep("a", timedelta(seconds=1))])

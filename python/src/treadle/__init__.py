@@ -64,7 +64,7 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
     )
     from .models import Explanation, Job
     from .results import WaitOptions, WatchEvent, wait, wait_workflow, watch
-    from .worker import JobContext, Step, Worker, WorkerEvent
+    from .worker import JobContext, Sleep, Step, Worker, WorkerEvent
 
 __version__ = _package_version()
 
@@ -96,6 +96,7 @@ _EXPORTS: dict[str, str] = {
     # worker side
     "Worker": "worker",
     "Step": "worker",
+    "Sleep": "worker",
     "JobContext": "worker",
     "WorkerEvent": "worker",
     # data and errors
@@ -136,6 +137,7 @@ __all__ = [
     "JobTimeout",
     "LeaseLost",
     "QueueFull",
+    "Sleep",
     "Snooze",
     "Step",
     "TreadleError",

@@ -49,6 +49,7 @@ class Claimed:
 # where a claimed row (_sql.CLAIMED_NAMES) holds what is decoded here
 _ARGS, _RESULT, _ERRORS = (_sql.CLAIMED_NAMES.index(column) for column in ("args", "result", "errors"))
 STEP_RUN = _sql.CLAIMED_NAMES.index("workflow_run_id")
+STEP_NAME = _sql.CLAIMED_NAMES.index("step")
 
 
 def decode_claimed(row: Sequence[Any]) -> Claimed:
@@ -295,7 +296,7 @@ class Executor:
         if run.run_id is None:
             return self._registry.handler(run.name), (run.args,)
         if step_run is None:
-            step_run = self._read_step_run(run.run_id)
+            step_run = self._read_step_run(run.run_id, run.step)
         fn = self._registry.step(step_run["name"], run.step)
         workflow_input = from_json(step_run["input"], f"workflow run {run.run_id}'s input")
         results = from_json(step_run["results"], f"workflow run {run.run_id}'s results")
@@ -313,9 +314,9 @@ class Executor:
                 raise
         return value
 
-    def _read_step_run(self, run_id: int) -> dict[str, Any]:
+    def _read_step_run(self, run_id: int, step: str | None) -> dict[str, Any]:
         found = self._completer.retrying(
-            _sql.STEP_CONTEXT, {"run_ids": [run_id]}, f"read workflow run {run_id}", rows=True
+            _sql.STEP_CONTEXT, {"run_ids": [run_id], "steps": [step]}, f"read workflow run {run_id}", rows=True
         )
         if isinstance(found, Unwritten) or not found:
             raise LookupError(f"workflow run {run_id} could not be read")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from . import _args
@@ -38,10 +39,32 @@ def handler_policy(max_attempts: object, backoff: object, timeout: object) -> Ha
 
 
 class Step(NamedTuple):
-    """One step of a workflow: its name and `fn(input, results, ctx)`."""
+    """One step of a workflow: its name, `fn(input, results, ctx)`, and the steps it runs after.
+
+    `after` None: in a workflow where no step names `after`, each step runs after the one
+    before it (a list). Once a step names `after`, the workflow is a graph: each step runs
+    once the steps it names have completed, and a step without `after` starts with the run.
+    `results` holds the results of the steps a step runs after, directly or through others.
+    """
 
     name: str
     fn: StepFunction
+    after: Iterable[str] | None = None
+
+
+class Sleep(NamedTuple):
+    """A sleep step: it has no handler and completes by itself `duration` after it becomes ready.
+
+    The run waits in the database (treadle.rescue ends the sleep on its clock): no worker,
+    connection or attempt is held. `after` as for Step. Its result is when it ended.
+    """
+
+    name: str
+    duration: timedelta
+    after: Iterable[str] | None = None
+
+
+MAX_SLEEP = timedelta(days=366)
 
 
 class Registry:
@@ -51,6 +74,9 @@ class Registry:
         self.handlers: dict[str, Handler] = {}
         self.policies: dict[str, HandlerPolicy] = {}  # handlers registered with a policy
         self.workflows: dict[str, dict[str, StepFunction]] = {}
+        self.workflow_after: dict[str, dict[str, list[str]] | None] = {}  # None: a list
+        self.workflow_sleeps: dict[str, dict[str, str] | None] = {}  # sleep step -> interval text
+        self.workflow_steps: dict[str, list[str]] = {}  # every step, sleeps too, in order
 
     def __bool__(self) -> bool:
         return bool(self.handlers or self.workflows)
@@ -79,20 +105,57 @@ class Registry:
                 f"steps must be a list of Step(name, fn) or (name, fn) pairs, not {type(steps).__name__}"
             )
         parsed: dict[str, StepFunction] = {}
+        after: dict[str, list[str]] = {}
+        sleeps: dict[str, str] = {}
+        names: list[str] = []
+        graph = False
         for item in steps:
-            if not isinstance(item, tuple) or len(item) != 2:
-                raise InvalidArgument(f"a workflow step is a Step(name, fn) or a (name, fn) pair, not {item!r}")
+            if isinstance(item, Sleep):
+                step_name = check_name(item.name, "step name")
+                if step_name in parsed or step_name in sleeps:
+                    raise InvalidArgument(f"workflow {workflow_name!r} repeats the step name {step_name!r}")
+                sleeps[step_name] = _sleep_interval(item.duration, workflow_name, step_name)
+                names.append(step_name)
+                if item.after is not None:
+                    graph = True
+                    after[step_name] = _after_names(item.after, workflow_name, step_name)
+                continue
+            if not isinstance(item, tuple) or len(item) not in (2, 3):
+                raise InvalidArgument(f"a workflow step is a Step(name, fn, after) or a (name, fn) pair, not {item!r}")
             step_name = check_name(item[0], "step name")
             if not callable(item[1]):
                 raise InvalidArgument(f"step {step_name!r} of workflow {workflow_name!r} needs a callable")
-            if step_name in parsed:
+            if step_name in parsed or step_name in sleeps:
                 raise InvalidArgument(f"workflow {workflow_name!r} repeats the step name {step_name!r}")
             parsed[step_name] = item[1]
-        if not parsed:
+            names.append(step_name)
+            if len(item) == 3 and item[2] is not None:
+                graph = True
+                after[step_name] = _after_names(item[2], workflow_name, step_name)
+        if not names:
             raise InvalidArgument(f"workflow {workflow_name!r} needs at least one step")
+        for step_name, deps in after.items():
+            unknown = [n for n in deps if n not in names]
+            if unknown:
+                raise InvalidArgument(
+                    f"step {step_name!r} of workflow {workflow_name!r} runs after {unknown[0]!r}, "
+                    "which is not one of its steps"
+                )
         self.workflows[workflow_name] = parsed
+        self.workflow_steps[workflow_name] = names
+        self.workflow_after[workflow_name] = after if graph else None
+        self.workflow_sleeps[workflow_name] = sleeps or None
         if policy is not None and policy != NO_POLICY:
             self.policies[STEP_JOB_PREFIX + workflow_name] = policy  # keyed by the step jobs' name
+
+    def definition(self, workflow: str) -> dict[str, Any]:
+        """define_workflow's arguments for a registered workflow: its steps and their `after`."""
+        return {
+            "name": workflow,
+            "steps": self.workflow_steps[workflow],
+            "after": self.workflow_after[workflow],
+            "sleeps": self.workflow_sleeps[workflow],
+        }
 
     def claim_names(self) -> list[str]:
         """The job names this worker claims: its handlers', and its workflows' step jobs."""
@@ -118,3 +181,28 @@ class Registry:
                 f"workflow {workflow!r} has no step {step!r} in this worker (it knows {', '.join(steps)})"
             )
         return fn
+
+
+def _after_names(value: object, workflow: str, step: str) -> list[str]:
+    """A step's `after`: a list of step names (checked against the steps by the caller)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidArgument(
+            f"after of step {step!r} of workflow {workflow!r} must be a list of step names, not {type(value).__name__}"
+        )
+    names = [check_name(n, "step name in after") for n in value]
+    if len(set(names)) != len(names):
+        raise InvalidArgument(f"step {step!r} of workflow {workflow!r} names a step twice in after")
+    return names
+
+
+def _sleep_interval(value: object, workflow: str, step: str) -> str:
+    """A Sleep's duration as the interval text define_workflow takes."""
+    if not isinstance(value, timedelta):
+        raise InvalidArgument(
+            f"sleep step {step!r} of workflow {workflow!r} needs a datetime.timedelta, not {type(value).__name__}"
+        )
+    if not timedelta(0) < value <= MAX_SLEEP:
+        raise InvalidArgument(
+            f"sleep step {step!r} of workflow {workflow!r} must sleep more than 0 and at most 366 days"
+        )
+    return f"{value.days} days {value.seconds} seconds {value.microseconds} microseconds"

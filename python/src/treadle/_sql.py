@@ -44,7 +44,7 @@ START_WORKFLOW: Final[LiteralString] = """
 SELECT treadle.start_workflow(
     name => %(name)s::text, input => %(input)s::jsonb, steps => %(steps)s::text[], queue => %(queue)s::text,
     priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,
-    idempotency_key => %(idempotency_key)s::text)
+    idempotency_key => %(idempotency_key)s::text, after => %(after)s::jsonb, sleeps => %(sleeps)s::jsonb)
 """
 # treadle.cancel, retry, cancel_workflow, workflow_results: operator controls
 CANCEL: Final[LiteralString] = "SELECT treadle.cancel(job_id => %(job_id)s::bigint)"
@@ -157,10 +157,12 @@ CLAIMED: Final[LiteralString] = (
   FROM treadle.claimed(lease_token => %(lease_token)s::uuid)
 """
 )
-# the workflow, input and earlier results the claimed steps are called with
+# the workflow, input and the results of the steps it runs after, for each claimed step
 STEP_CONTEXT: Final[LiteralString] = """
-SELECT id, name, input::text AS input, results::text AS results
-  FROM treadle.workflow_runs WHERE id = ANY(%(run_ids)s::bigint[])
+SELECT r.id, s.step, r.name, r.input::text AS input,
+       treadle.workflow_step_results(run_id => r.id, step => s.step)::text AS results
+  FROM unnest(%(run_ids)s::bigint[], %(steps)s::text[]) AS s(run_id, step)
+  JOIN treadle.workflow_runs AS r ON r.id = s.run_id
 """
 # treadle.heartbeat: extend a lease; 'held', 'cancel' or 'lost'
 HEARTBEAT: Final[LiteralString] = """
@@ -223,7 +225,8 @@ APPLY_RETENTION: Final[LiteralString] = "SELECT treadle.apply_retention(batch =>
 ARCHIVE: Final[LiteralString] = "SELECT treadle.archive(batch => %(batch)s::integer)"
 # treadle.define_workflow: record a registered workflow's steps
 DEFINE_WORKFLOW: Final[LiteralString] = """
-SELECT treadle.define_workflow(name => %(name)s::text, steps => %(steps)s::text[])
+SELECT treadle.define_workflow(name => %(name)s::text, steps => %(steps)s::text[], after => %(after)s::jsonb,
+                               sleeps => %(sleeps)s::jsonb)
 """
 # treadle.worker_seen, worker_stopped: the registry of live workers
 WORKER_SEEN: Final[LiteralString] = """

@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypedDict, overload
 
 import psycopg
 from psycopg.pq import TransactionStatus
+from psycopg.types.json import Jsonb
 
 from . import _args, _conn, _json, _sql
 from .errors import InvalidArgument, JobNotFound
@@ -118,6 +119,8 @@ class WorkflowOptions(TypedDict, total=False):
     """`start_workflow`'s keyword options."""
 
     steps: Sequence[str] | None  # default: the steps a worker registered for the name
+    after: Mapping[str, Sequence[str]] | None  # step -> the steps it runs after; None: each after the one before
+    sleeps: Mapping[str, timedelta] | None  # sleep step -> how long it waits (no handler runs it)
     queue: str
     priority: int
     max_attempts: int
@@ -136,6 +139,8 @@ ENQUEUE_DEFAULTS: Final[EnqueueOptions] = {
 }
 WORKFLOW_DEFAULTS: Final[WorkflowOptions] = {
     "steps": None,
+    "after": None,
+    "sleeps": None,
     "queue": "default",
     "priority": 0,
     "max_attempts": 25,
@@ -269,9 +274,13 @@ def start_workflow(
     """Start a workflow run in the caller's transaction and return the run id.
 
     The run's steps are ``steps``, or when None the ones a worker registered for
-    ``name``. Its first step is enqueued now; each completed step enqueues the
-    next. A workflow idempotency key (apart from jobs' keys) that a run holds
-    returns that run's id and starts nothing. The options and their defaults:
+    ``name``. ``after`` maps a step to the steps it runs after (a graph; a step it
+    leaves out starts with the run); without it each step runs after the one
+    before. ``sleeps`` maps a sleep step (no handler runs it) to how long the run
+    waits there. The steps it starts with are enqueued now; each completed step
+    enqueues those whose dependencies have all completed. A workflow idempotency
+    key (apart from jobs' keys) that a run holds returns that run's id and starts
+    nothing. The options and their defaults:
     `WorkflowOptions`.
     """
     given = _with_defaults("start_workflow", options, WORKFLOW_DEFAULTS)
@@ -279,12 +288,40 @@ def start_workflow(
         "name": _args.text(name, "name"),
         "input": _json.to_jsonb(input, "input"),
         "steps": _args.names(given["steps"], "steps"),
+        "after": _after(given["after"]),
+        "sleeps": _sleeps(given["sleeps"]),
         "queue": _args.text(given["queue"], "queue"),
         "priority": _args.integer(given["priority"], "priority"),
         "max_attempts": _args.integer(given["max_attempts"], "max_attempts"),
         "idempotency_key": _args.optional_text(given["idempotency_key"], "idempotency_key"),
     }
     return _conn.execute(conn, _sql.START_WORKFLOW, params, _scalar)
+
+
+def _sleeps(value: Any) -> Jsonb | None:
+    """start_workflow's `sleeps`: a mapping of step name -> timedelta; the database checks the bounds."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"sleeps must be a mapping of step name -> timedelta, not {type(value).__name__}")
+    out = {}
+    for step, duration in value.items():
+        if not isinstance(duration, timedelta):
+            raise InvalidArgument(f"sleeps[{step!r}] must be a datetime.timedelta, not {type(duration).__name__}")
+        interval = f"{duration.days} days {duration.seconds} seconds {duration.microseconds} microseconds"
+        out[_args.text(step, "sleeps' step")] = interval
+    return Jsonb(out)
+
+
+def _after(value: Any) -> Jsonb | None:
+    """start_workflow's `after`: a mapping of step name -> step names; the database checks the graph."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"after must be a mapping of step name -> step names, not {type(value).__name__}")
+    return Jsonb(
+        {_args.text(step, "after's step"): _args.names(deps, f"after[{step!r}]") for step, deps in value.items()}
+    )
 
 
 @overload

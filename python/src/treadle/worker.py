@@ -37,6 +37,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import psycopg
+from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from . import _args, _dsn, _sql
@@ -44,12 +45,12 @@ from ._compat import read_extension_version
 from ._completer import ClaimAlong, Completer
 from ._context import JobContext
 from ._events import EventKind, WorkerEvent
-from ._executor import STEP_RUN, Claimed, Executor, decode_claimed
+from ._executor import STEP_NAME, STEP_RUN, Claimed, Executor, decode_claimed
 from ._handler_threads import HandlerThreads
 from ._housekeeping import Housekeeper
 from ._notifier import Notifier, WakeOnNotify
 from ._pool import WorkerPool, connect_direct
-from ._registry import Handler, Registry, Step, StepFunction, handler_policy
+from ._registry import Handler, Registry, Sleep, Step, StepFunction, handler_policy
 from ._retry import Backoff, FailureWrite, failure_write, is_transient, one_line
 from ._run_state import RunState, RunStatus
 from .errors import InvalidArgument
@@ -58,7 +59,7 @@ from .models import Job
 if TYPE_CHECKING:
     from .metrics import MetricsServer, WorkerMetrics
 
-__all__ = ["Handler", "JobContext", "Step", "StepFunction", "Worker", "WorkerEvent"]
+__all__ = ["Handler", "JobContext", "Sleep", "Step", "StepFunction", "Worker", "WorkerEvent"]
 
 log = logging.getLogger("treadle.worker")
 
@@ -292,15 +293,21 @@ class Worker:
     def workflow(
         self,
         name: str,
-        steps: Iterable[Step | tuple[str, StepFunction]],
+        steps: Iterable[Step | Sleep | tuple[str, StepFunction]],
         *,
         max_attempts: int | None = None,
         backoff: Callable[[int], Duration] | None = None,
         timeout: Duration | None = None,
     ) -> None:
-        """Register a workflow: its ordered steps, each a Step(name, fn) or a (name, fn) pair.
+        """Register a workflow: its steps, each a Step(name, fn, after=...) or a (name, fn) pair.
 
-        The definition is recorded with treadle.define_workflow when the worker starts.
+        Without `after` the steps run in order, each after the one before it. With
+        `Step("report", fn, after=["extract_a", "extract_b"])` the steps form a graph: a
+        step runs once the steps it names completed, and receives their results (and those
+        of the steps before them); a step without `after` starts with the run. A
+        `Sleep(name, timedelta)` step has no handler: the run waits that long in the
+        database. The definition is recorded with treadle.define_workflow when the worker
+        starts.
         `max_attempts`, `backoff` and `timeout` are a policy for each of its steps, as
         `register`'s are for a handler's jobs.
         """
@@ -536,8 +543,17 @@ class Worker:
             try:
                 with self._pool.connection() as conn:
                     read_extension_version(conn)
-                    for name, steps in self._registry.workflows.items():
-                        conn.execute(_sql.DEFINE_WORKFLOW, {"name": name, "steps": list(steps)})
+                    for name in self._registry.workflows:
+                        definition = self._registry.definition(name)
+                        after, sleeps = definition["after"], definition["sleeps"]
+                        conn.execute(
+                            _sql.DEFINE_WORKFLOW,
+                            {
+                                **definition,
+                                "after": None if after is None else Jsonb(after),
+                                "sleeps": None if sleeps is None else Jsonb(sleeps),
+                            },
+                        )
                     conn.execute(_sql.WORKER_SEEN, self._seen_params())
                 return True
             except psycopg.Error as error:
@@ -771,15 +787,16 @@ class Worker:
             with self._lock:
                 self._active.add(run)
             self._emit("claimed", run)
-            self._executor.submit(run, claimed, step_runs.get(run.run_id))
+            self._executor.submit(run, claimed, step_runs.get((run.run_id, run.step)))
 
-    def _step_runs(self, rows: list[tuple[Any, ...]]) -> dict[int | None, dict[str, Any]]:
-        """The workflow, input and earlier results of the steps just claimed, in one query."""
-        run_ids = sorted({row[STEP_RUN] for row in rows if row[STEP_RUN] is not None})
-        if not run_ids:
+    def _step_runs(self, rows: list[tuple[Any, ...]]) -> dict[tuple[int | None, str | None], dict[str, Any]]:
+        """The workflow, input and dependencies' results of the steps just claimed, in one query."""
+        steps = sorted({(row[STEP_RUN], row[STEP_NAME]) for row in rows if row[STEP_RUN] is not None})
+        if not steps:
             return {}
+        params = {"run_ids": [run_id for run_id, _ in steps], "steps": [step for _, step in steps]}
         try:
-            return {run["id"]: run for run in self._pool.rows(_sql.STEP_CONTEXT, {"run_ids": run_ids})}
+            return {(run["id"], run["step"]): run for run in self._pool.rows(_sql.STEP_CONTEXT, params)}
         except psycopg.Error as error:
             # each step then reads its own run before it starts
             log.warning("worker %s: reading workflow runs failed (%s)", self.worker_id, one_line(error))
