@@ -2,9 +2,12 @@
 #
 #   make              build sql/treadle--$(EXTVERSION).sql from sql/src/*.sql
 #   make install      install the control file and scripts into $(PG_CONFIG)'s server
-#   make test         everything, from a fresh machine: tools, a throwaway cluster, all tests
-#   make test-pgN     pgTAP and the SQL contract tests on PostgreSQL N (16, 17, 18) from a package
-#                     (make test runs them); make test-all-versions: the whole suite on each
+#   make test         everything a change can break, from a fresh machine: lint, then every
+#                     pgTAP and pytest test on this server, then the plain SQL install's
+#   make test-all-versions   pgTAP, the SQL contract and the client tests on PostgreSQL 16,
+#                     17 and 18 from packages (make test-pgN: one of them); .ci/run runs
+#                     make test, then this
+#   make test-fast    the edit-test loop: no slow, browser or subprocess test
 #   make test-pgtle   pgTAP, the SQL, client and upgrade tests on treadle registered through pg_tle
 #   make dist         dist/: the plain SQL install (psql -f, no extension files) and the
 #                     pg_tle registration script (docs/operations.md#installing)
@@ -117,19 +120,26 @@ SQL_CONTRACT_TESTS = tests/sql tests/test_install.py tests/upgrade tests/install
 OTHER_MAJORS = 16 17 18
 OTHER_MAJOR_TESTS = $(SQL_CONTRACT_TESTS) tests/client
 
-# The one command: tools, install, a throwaway cluster, pgTAP then pytest, cluster stopped;
-# then the plain SQL install, then the other major versions.
+# How many tests run at once: pytest-xdist's workers (each with its own template database,
+# tests/conftest.py) and pg_prove's jobs (each file in its own database). Most tests wait on
+# the server, a worker or a child process more than they compute, so more workers than
+# cores pays; 1 runs each in turn, in one process.
+TEST_JOBS ?= 4
+RUN_TESTS = TREADLE_TEST_JOBS=$(TEST_JOBS) VENV=$(VENV) scripts/run-tests
+
+# The one command: tools, lint, install, a throwaway cluster, pgTAP then pytest, cluster
+# stopped; then the plain SQL install. The other major versions: make test-all-versions.
 test: lint check-generated test-server venv
 	$(MAKE) install PG_CONFIG=$(TEST_PG_CONFIG)
-	PG_CONFIG=$(TEST_PG_CONFIG) VENV=$(VENV) scripts/run-tests $(BUILD)/test-cluster
-	$(MAKE) test-plain $(foreach m,$(OTHER_MAJORS),test-pg$(m))
+	PG_CONFIG=$(TEST_PG_CONFIG) $(RUN_TESTS) $(BUILD)/test-cluster
+	$(MAKE) test-plain
 
 # pgTAP, the SQL contract and the client against the plain SQL install, made by a role that has only
 # CREATE on its database (scripts/run-tests), on this server.
 test-plain: test-server venv
 	$(MAKE) install PG_CONFIG=$(TEST_PG_CONFIG)
-	TREADLE_TEST_INSTALL=plain PG_CONFIG=$(TEST_PG_CONFIG) VENV=$(VENV) \
-		scripts/run-tests $(BUILD)/plain-test-cluster tests/sql tests/client
+	TREADLE_TEST_INSTALL=plain PG_CONFIG=$(TEST_PG_CONFIG) $(RUN_TESTS) \
+		$(BUILD)/plain-test-cluster tests/sql tests/client
 
 # pgTAP, the SQL contract, the client and the upgrades against treadle registered through a
 # real pg_tle (built from PGTLE_SRC into a second copy of the server, .build/pgtle, which has
@@ -148,14 +158,19 @@ test-pgtle: test-deps venv $(GENERATED)
 test-pg%: test-deps venv
 	pg=$$(PYTHON=$(PYTHON) scripts/pgserver --major $* pgtap $(PG_CONFIG)) && \
 	$(MAKE) install PG_CONFIG=$$pg && \
-	PG_CONFIG=$$pg VENV=$(VENV) scripts/run-tests $(BUILD)/pg$*-test-cluster $(OTHER_MAJOR_TESTS)
+	PG_CONFIG=$$pg $(RUN_TESTS) $(BUILD)/pg$*-test-cluster $(OTHER_MAJOR_TESTS)
 
-# Longer than CI allows: the whole suite on every other major version too.
-test-all-versions: test
+# The version matrix: pgTAP, the SQL contract and the client on every other major version
+# (.ci/run runs it after make test, so CI proves PostgreSQL 15 to 18).
+test-all-versions: $(foreach m,$(OTHER_MAJORS),test-pg$(m))
+
+# The whole suite, not only the contract, on every other major version (not run by CI).
+.PHONY: test-all-versions-full
+test-all-versions-full: test-deps venv
 	for m in $(OTHER_MAJORS); do \
 		pg=$$(PYTHON=$(PYTHON) scripts/pgserver --major $$m pgtap $(PG_CONFIG)) && \
 		$(MAKE) install PG_CONFIG=$$pg && \
-		PG_CONFIG=$$pg VENV=$(VENV) scripts/run-tests $(BUILD)/pg$$m-all-cluster tests || exit 1; \
+		PG_CONFIG=$$pg $(RUN_TESTS) $(BUILD)/pg$$m-all-cluster tests || exit 1; \
 	done
 
 # Against a database that has pgTAP available: make test-pgtap DATABASE_URL=...
@@ -163,7 +178,7 @@ test-pgtap:
 	pg_prove --ext .sql -d "$(DATABASE_URL)" pgtap/
 
 test-python: venv
-	cd $(CURDIR) && $(VENV)/bin/pytest -q tests
+	cd $(CURDIR) && $(VENV)/bin/pytest -q -n $(TEST_JOBS) tests
 
 # The newcomer's first command: scripts/demo says what it sets up.
 .PHONY: demo
@@ -189,7 +204,7 @@ lint: test-server venv
 .PHONY: test-fast
 test-fast: test-server venv
 	$(MAKE) install PG_CONFIG=$(TEST_PG_CONFIG)
-	PG_CONFIG=$(TEST_PG_CONFIG) VENV=$(VENV) scripts/run-tests $(BUILD)/test-fast-cluster \
+	PG_CONFIG=$(TEST_PG_CONFIG) $(RUN_TESTS) $(BUILD)/test-fast-cluster \
 		-m "not slow and not browser and not subprocess" tests
 
 # What an edit touches, on its own cluster: make test-only T="tests/sql/test_x.py -k name"

@@ -16,6 +16,15 @@ SQL install instead, made by a role that has only CREATE on it; tests marked
 template has treadle registered through pg_tle and created by a member of pgtle_admin
 (tests/pgtle_install.py); tests marked `extension_only` run (pg_tle's is an extension too),
 and a test that creates the extension again does it as that role (create_extension).
+
+Under pytest-xdist (make test runs `-n`) each worker is its own process with its own
+template (TEMPLATE names the process), so workers share only the server.
+
+The markers `subprocess` and `browser` follow from what a test uses: a fixture that starts a
+process or a browser says so (`@marks_users(pytest.mark.subprocess)`), and every test that
+uses it, however indirectly, is marked at collection. A test that starts a process while
+it carries neither marker fails before the process starts (`no_unmarked_processes`), so
+no test can slip into `make test-fast`'s tier by forgetting its marker.
 """
 
 from __future__ import annotations
@@ -33,6 +42,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
+
+from tests.markers import mark_fixture_users, no_unmarked_processes, processes_allowed
 
 ROOT = Path(__file__).resolve().parent.parent
 # the extension's version, from its one source
@@ -57,11 +68,24 @@ INSTALL = os.environ.get("TREADLE_TEST_INSTALL", "extension")  # or "plain", "pg
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    mark_fixture_users(items)
     if INSTALL == "plain":
         skip = pytest.mark.skip(reason="an extension's own behaviour: this run tests the plain SQL install")
         for item in items:
             if item.get_closest_marker("extension_only"):
                 item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with no_unmarked_processes(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with no_unmarked_processes(item):
+        return (yield)
 
 
 class NewDatabase(Protocol):
@@ -104,11 +128,13 @@ def pg_server() -> Iterator[str]:
         return
     folder = tempfile.mkdtemp(prefix="treadle-test-")
     script = str(ROOT / "scripts" / "pgcluster")
-    url = subprocess.run([script, "start", folder], check=True, capture_output=True, text=True).stdout.strip()
+    with processes_allowed():
+        url = subprocess.run([script, "start", folder], check=True, capture_output=True, text=True).stdout.strip()
     try:
         yield url
     finally:
-        subprocess.run([script, "stop", folder], check=False)
+        with processes_allowed():
+            subprocess.run([script, "stop", folder], check=False)
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,7 @@ from tests.dashboard.seeding import (
     job_state,
     lease_token,
 )
+from tests.markers import marks_users
 from treadle.dashboard import create_app, dashboard_of
 
 CHROMIUM = "/usr/bin/chromium"
@@ -49,6 +50,7 @@ pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
+@marks_users(pytest.mark.browser)
 def browser() -> Iterator[Browser]:
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from tests.conftest import EXTENSION_VERSION, INSTALL, ROOT, UPGRADES_FROM, NewDatabase
+from tests.markers import marks_users
 from tests.pgtle_install import PGTLE_OWNER, prepare_pgtle
 from treadle import install
 from treadle.install import InstallError, run_script
@@ -86,6 +87,7 @@ def extension_script(name: str) -> str:
 
 
 @pytest.fixture(scope="module")
+@marks_users(pytest.mark.subprocess)
 def pgtle_script() -> str:
     return subprocess.run(
         [ROOT / "scripts" / "build-sql", "pgtle", *UPGRADES_FROM], check=True, capture_output=True, text=True

@@ -74,6 +74,7 @@ def test_the_plain_install_works(plain: str) -> None:
         assert conn.execute("SELECT treadle.version()").fetchone() == (EXTENSION_VERSION,)
 
 
+@pytest.mark.subprocess
 def test_it_refuses_to_run_twice_and_changes_nothing(plain: str) -> None:
     script = build_sql("plain")
     with psycopg.connect(plain, autocommit=True) as conn:
@@ -129,6 +130,7 @@ def plain_release(version: str) -> str:
     return f"BEGIN;\nCREATE SCHEMA treadle;\n{text}\nCOMMIT;\n"
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("old", UPGRADES_FROM)
 def test_a_plain_upgrade_gives_the_plain_install(new_database: NewDatabase, plain: str, old: str) -> None:
     upgrade = build_sql("plain-upgrade", old)
@@ -147,6 +149,7 @@ def test_a_plain_upgrade_gives_the_plain_install(new_database: NewDatabase, plai
     assert difference == "", "a plain upgrade differs from a plain install:\n" + difference
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("old", UPGRADES_FROM)
 def test_a_plain_upgrade_checks_the_installed_version_first(
     plain: str, extension: psycopg.Connection, old: str
@@ -164,6 +167,7 @@ def test_a_plain_upgrade_checks_the_installed_version_first(
         run_script(extension, upgrade)
 
 
+@pytest.mark.subprocess
 def test_a_plain_upgrade_needs_a_plain_install(new_database: NewDatabase) -> None:
     url = new_database(None)
     with psycopg.connect(url, autocommit=True) as conn:

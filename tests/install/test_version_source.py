@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import subprocess
 
+import pytest
+
 import treadle
 from tests.conftest import EXTENSION_VERSION, ROOT
 from treadle import _compat, install
@@ -22,6 +24,7 @@ def test_the_client_speaks_the_version_it_installs() -> None:
     assert EXTENSION_VERSION in _compat.SUPPORTED_VERSIONS
 
 
+@pytest.mark.subprocess
 def test_build_sql_reads_the_control_file() -> None:
     built = subprocess.run([ROOT / "scripts" / "build-sql", "version"], check=True, capture_output=True, text=True)
     assert built.stdout.strip() == EXTENSION_VERSION

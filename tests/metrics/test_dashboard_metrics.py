@@ -74,6 +74,7 @@ def test_metrics_need_the_dashboards_authentication(make_app: Callable[..., Flas
     assert hooked.get("/metrics", headers={"X-Token": "let-me"}).status_code == 200
 
 
+@pytest.mark.subprocess
 def test_without_prometheus_client_metrics_say_what_to_install(dsn: str) -> None:
     script = textwrap.dedent(f"""
         import sys

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.metrics.worker_process import one_row, wait_for_jobs, worker_process
 from treadle.logs import JsonFormatter, logfmt
@@ -16,6 +17,7 @@ from treadle.logs import JsonFormatter, logfmt
 FAILED_LINE = r"WARNING treadle\.worker: job failed job_id={id} .*"
 
 
+@pytest.mark.subprocess
 def test_each_failed_attempt_is_one_line_with_its_fields(
     dsn: str, conn: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
@@ -33,6 +35,7 @@ def test_each_failed_attempt_is_one_line_with_its_fields(
         ) in line, line
 
 
+@pytest.mark.subprocess
 def test_json_logs_one_object_per_line(dsn: str, conn: psycopg.Connection[Any], tmp_path: Path) -> None:
     (job_id,) = one_row(conn, "SELECT treadle.enqueue('boom', queue => 'mail', max_attempts => 1)")
     conn.execute("SELECT treadle.enqueue('send', queue => 'mail')")

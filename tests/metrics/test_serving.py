@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.metrics.scraping import fetch, named, parse, scrape_when, value
 from tests.metrics.worker_process import wait_for_jobs, worker_process
@@ -21,6 +22,7 @@ def enqueue(conn: psycopg.Connection[Any], name: str, count: int, **options: Any
         conn.execute(f"SELECT treadle.enqueue(%(name)s, queue => 'mail'{extra})", {"name": name, **options})
 
 
+@pytest.mark.subprocess
 def test_a_worker_serves_what_it_did(dsn: str, conn: psycopg.Connection[Any], tmp_path: Path) -> None:
     enqueue(conn, "send", 5)
     enqueue(conn, "boom", 1, max_attempts=2)
@@ -48,6 +50,7 @@ def test_a_worker_serves_what_it_did(dsn: str, conn: psycopg.Connection[Any], tm
     assert named(samples, "treadle_jobs") == {}
 
 
+@pytest.mark.subprocess
 def test_with_metrics_database_it_serves_the_databases_too(
     dsn: str, conn: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
@@ -70,6 +73,7 @@ def test_with_metrics_database_it_serves_the_databases_too(
     assert value(samples, "treadle_worker_jobs_total", queue="mail", name="send", outcome="completed") == 3
 
 
+@pytest.mark.subprocess
 def test_a_worker_counts_the_leases_its_rescues_return(dsn: str, conn: psycopg.Connection[Any], tmp_path: Path) -> None:
     # two jobs claimed an hour ago by a worker that died: their leases ran out long since
     for _ in range(2):
@@ -85,6 +89,7 @@ def test_a_worker_counts_the_leases_its_rescues_return(dsn: str, conn: psycopg.C
     assert value(samples, "treadle_worker_rescued_jobs_total") == 2
 
 
+@pytest.mark.subprocess
 def test_without_prometheus_client_the_worker_says_what_to_install(dsn: str, tmp_path: Path) -> None:
     tasks = tmp_path / "tasks.py"
     tasks.write_text(
@@ -104,6 +109,7 @@ def test_without_prometheus_client_the_worker_says_what_to_install(dsn: str, tmp
     )
 
 
+@pytest.mark.subprocess
 def test_a_port_in_use_is_one_line_and_exit_1(dsn: str, tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -24,6 +24,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.markers import marks_users
+
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 START_PATIENCE = 30.0
 
@@ -39,6 +41,7 @@ def _with_db(url: str, dbname: str) -> str:
 
 
 @pytest.fixture(scope="session")
+@marks_users(pytest.mark.subprocess)
 def pgbouncer_url(pg_server: str) -> Iterator[str]:
     if not os.path.exists(PGBOUNCER):
         pytest.fail("pgbouncer is not installed: run scripts/install-test-deps (Debian's pgbouncer package)")

@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.markers import marks_users
 from tests.worker.worker_support import EFFECTS_TABLE, HEARTBEAT, LEASE, POLL, RESCUE, Child
 from treadle import Worker
 
@@ -45,6 +46,7 @@ def effects_conn(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
 
 
 @pytest.fixture
+@marks_users(pytest.mark.subprocess)
 def spawn(dsn: str, tmp_path: Path) -> Iterator[Callable[..., Child]]:
     """Start child worker processes (child_worker.py); any still alive are killed after the test."""
     children: list[Child] = []

@@ -124,6 +124,7 @@ def test_enqueue_refuses_bad_json_and_writes_nothing(
     assert conn.execute("SELECT count(*) FROM treadle.jobs").fetchone() == (0,)
 
 
+@pytest.mark.subprocess
 def test_treadle_worker_runs_a_modules_worker_until_sigterm(dsn: str, conn: psycopg.Connection[Any], app: Path) -> None:
     job_id = enqueue(conn, "greet", {"who": "you"})
     with open(app.parent / "worker.log", "wb") as log:
@@ -181,6 +182,7 @@ def test_dashboard_options_go_to_the_dashboard(capsys: pytest.CaptureFixture[str
     assert "--port must be between 0 and 65535, got 70000" in capsys.readouterr().err
 
 
+@pytest.mark.subprocess
 def test_the_console_script_is_installed(dsn: str) -> None:
     done = subprocess.run([TREADLE, "status", "--dsn", dsn], capture_output=True, text=True, timeout=PATIENCE)
     assert (done.returncode, done.stdout) == (0, "no jobs\n")

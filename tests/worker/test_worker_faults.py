@@ -141,6 +141,7 @@ def start_cluster(folder: Path) -> str:
     raise AssertionError(f"pgcluster could not start a cluster in {folder}")
 
 
+@pytest.mark.subprocess
 def test_the_worker_outlives_a_server_restart(tmp_path: Path, make_worker: MakeWorker) -> None:
     cluster = tmp_path / "restarted"
     url = start_cluster(cluster)

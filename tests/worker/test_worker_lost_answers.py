@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.markers import marks_users
 from tests.worker.lossy_proxy import LossyProxy, lossy_proxy
 from tests.worker.worker_support import Child, effects, enqueue, until_state, wait_for
 
@@ -31,6 +32,7 @@ def proxy(pg_server: str) -> Iterator[LossyProxy]:
 
 
 @pytest.fixture
+@marks_users(pytest.mark.subprocess)
 def spawn_behind(proxy: LossyProxy, dsn: str, tmp_path: Path) -> Iterator[Callable[[str], Child]]:
     """Start a child worker whose every connection goes through the proxy."""
     children: list[Child] = []
