@@ -65,7 +65,7 @@ _fork = os.fork
 
 def _checked_popen_init(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
     if _guarded:
-        self._child_created = False  # Popen.__del__ then has nothing to clean up
+        self._child_created = False  # type: ignore[attr-defined]  # Popen.__del__ then has nothing to clean up
         _refuse(args[0] if args else kwargs.get("args"))
     _popen_init(self, *args, **kwargs)
 
