@@ -61,6 +61,7 @@ def _refuse(command: object) -> NoReturn:
 
 _popen_init = subprocess.Popen.__init__
 _fork = os.fork
+_forkpty = os.forkpty
 
 
 def _checked_popen_init(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
@@ -76,8 +77,17 @@ def _checked_fork() -> int:
     return _fork()
 
 
+def _checked_forkpty() -> tuple[int, int]:
+    if _guarded:
+        _refuse("os.forkpty()")
+    return _forkpty()
+
+
+# subprocess.run, asyncio's subprocesses and Playwright's driver all go through Popen; pty.fork
+# through os.forkpty
 subprocess.Popen.__init__ = _checked_popen_init  # type: ignore[method-assign]
 os.fork = _checked_fork
+os.forkpty = _checked_forkpty
 
 
 @contextlib.contextmanager
