@@ -120,10 +120,10 @@ SQL_CONTRACT_TESTS = tests/sql tests/test_install.py tests/upgrade tests/install
 OTHER_MAJORS = 16 17 18
 OTHER_MAJOR_TESTS = $(SQL_CONTRACT_TESTS) tests/client
 
-# How many tests run at once: pytest-xdist's workers (each with its own template database,
-# tests/conftest.py) and pg_prove's jobs (each file in its own database). Most tests wait on
-# the server, a worker or a child process more than they compute, so more workers than
-# cores pays; 1 runs each in turn, in one process.
+# How many pytest tests run at once: pytest-xdist's workers, each with its own template
+# database (tests/conftest.py). Most tests wait on the server, a worker or a child process
+# more than they compute, so more workers than cores pays; 1 runs each in turn, in one
+# process. pgTAP's files run one after another (scripts/run-tests says why).
 TEST_JOBS ?= 4
 RUN_TESTS = TREADLE_TEST_JOBS=$(TEST_JOBS) VENV=$(VENV) scripts/run-tests
 
