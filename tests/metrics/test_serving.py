@@ -138,6 +138,7 @@ def listening_addresses(port: int) -> set[str]:
     return found
 
 
+@pytest.mark.subprocess
 def test_a_worker_serves_its_metrics_on_this_machine_only_unless_told(
     dsn: str, conn: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
