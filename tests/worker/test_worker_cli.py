@@ -12,11 +12,14 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.conftest import EXTENSION_VERSION
 from tests.worker.worker_support import PATIENCE, enqueue, job, until_state
 from treadle import Worker
 from treadle.cli import CommandError, load_worker, main
 
 TREADLE = Path(sys.executable).parent / "treadle"  # the console script pip installed
+# status of an empty database: no rows, then what is installed and who owns it
+NO_JOBS = f"no jobs\ntreadle {EXTENSION_VERSION} (extension), owned by role postgres\n"
 
 APP = """
 import os
@@ -51,7 +54,8 @@ def test_status_prints_an_aligned_table(
     enqueue(conn, "report", queue="reports-weekly")
     conn.execute("SELECT treadle.cancel(id) FROM treadle.jobs WHERE name = 'report'")
     assert main(["status", "--dsn", dsn]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    *lines, installed = capsys.readouterr().out.splitlines()
+    assert installed == f"treadle {EXTENSION_VERSION} (extension), owned by role postgres"
     assert lines[0].split() == ["QUEUE", "STATE", "JOBS", "OLDEST", "WAITING"]
     assert lines[1].split()[:3] == ["mail", "available", "12"]
     assert lines[1].split()[4] == "s"
@@ -61,7 +65,7 @@ def test_status_prints_an_aligned_table(
 
 def test_status_of_an_empty_queue(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status", "--dsn", dsn]) == 0
-    assert capsys.readouterr().out == "no jobs\n"
+    assert capsys.readouterr().out == NO_JOBS
 
 
 def test_the_database_comes_from_dsn_or_database_url(
@@ -72,7 +76,7 @@ def test_the_database_comes_from_dsn_or_database_url(
     assert capsys.readouterr().err == "treadle: error: no database: pass --dsn or set DATABASE_URL\n"
     monkeypatch.setenv("DATABASE_URL", dsn)
     assert main(["status"]) == 0
-    assert capsys.readouterr().out == "no jobs\n"
+    assert capsys.readouterr().out == NO_JOBS
 
 
 def test_enqueue_prints_the_new_jobs_id(
@@ -185,6 +189,6 @@ def test_dashboard_options_go_to_the_dashboard(capsys: pytest.CaptureFixture[str
 @pytest.mark.subprocess
 def test_the_console_script_is_installed(dsn: str) -> None:
     done = subprocess.run([TREADLE, "status", "--dsn", dsn], capture_output=True, text=True, timeout=PATIENCE)
-    assert (done.returncode, done.stdout) == (0, "no jobs\n")
+    assert (done.returncode, done.stdout) == (0, NO_JOBS)
     usage = subprocess.run([TREADLE], capture_output=True, text=True, timeout=PATIENCE)
     assert usage.returncode == 2 and "usage: treadle" in usage.stderr
