@@ -28,3 +28,23 @@ SELECT r.rolname AS role_name, array_agg(p.part ORDER BY p.part) AS parts
 DROP VIEW treadle.queue_settings, treadle.schedules, treadle.live_workers, treadle.queue_stats,
           treadle.throughput, treadle.recent_failures, treadle.workflow_run_overview,
           treadle.job_details, treadle.workflow_run_steps;
+
+-- A claim cursor is a composite type now (sql/src/010_tables.sql has the same definition).
+-- A claim cursor (treadle.claim, sql/src/040_claim.sql), kept as this type's text in
+-- a session setting. Times are microseconds since 1970 (treadle._us); a lane is the
+-- same subscript of the six lane_ arrays.
+CREATE TYPE treadle._claim_cursor AS (
+    version       integer,   -- of this layout: 1
+    taken_at      bigint,    -- when the claim that wrote it ran (a clock that went back voids it)
+    swept_at      bigint,    -- when its lanes were last read from the front of the claim index
+    plain         boolean,   -- too many lanes: claims are plain until the next sweep (no more fields)
+    xmax          bigint,    -- the snapshot the claim read with: it did not see the ids >= xmax,
+    xip           bigint[],  -- nor these (its own among them)
+    lane_queue    bigint[],  -- the lane's queue: its number among the claim's queues, sorted
+    lane_name     bigint[],  -- its name's number among the claim's names, sorted (0: without names)
+    lane_priority bigint[],  -- its priority
+    lane_run_at   bigint[],  -- the key (run_at, id) below which the lane has nothing left to take
+    lane_id       bigint[]
+);
+COMMENT ON TYPE treadle._claim_cursor IS
+    'A session''s claim cursor: its snapshot and, per (queue, name, priority) lane, where claims resume.';
