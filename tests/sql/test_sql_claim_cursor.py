@@ -212,9 +212,9 @@ def test_a_tampered_cursor_delays_only_its_own_session(connect: Connect) -> None
         f"(1,{now},{now},f,0,{{}},{{1}},{{1}},{{1}},{{1}},{{1}})",  # a name without names
         f'(1,{now},{now},f,0,{{}},{{1}},{{0}},"{{1,2}}",{{1}},{{1}})',  # lanes of different lengths
         f"(1,{now},{now},f,0,{{}},{{1}},{{0}},{{99999999999}},{{1}},{{1}})",  # a priority out of range
-        f"(1,{now},{now},f,0,{{}},{{1}},{{0}},{{NULL}},{{1}},{{1}})",
-        f"(1,{now},{now},f,0,{{}},{{1}},{{0}},{{1}},{{-999999999999999999}},{{1}})",  # before any time
-        f"(1,{now},{now},f,0,{{}},{{1}},{{0}},{{1}},{{999999999999999999}},{{1}})",  # after any time
+        f"(1,{now},{now},f,0,{{}},{{1}},{{0}},{{0}},{{NULL}},{{1}})",
+        f"(1,{now},{now},f,0,{{}},{{1}},{{0}},{{0}},{{-999999999999999999}},{{1}})",  # before any time
+        f"(1,{now},{now},f,0,{{}},{{1}},{{0}},{{0}},{{999999999999999999}},{{1}})",  # after any time
     ]:
         job = enqueue(producer, "tamper")
         tamperer.execute("select set_config(%s, %s, false)", (name, junk))
