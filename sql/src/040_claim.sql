@@ -247,7 +247,7 @@ DECLARE
     v_started timestamptz;
     v_priority bigint;
     v_left    integer := batch;  -- jobs still wanted
-    v_ids     bigint[] := '{}';
+    v_ids     bigint[] := '{}'::bigint[];
     v_lane    bigint[];   -- a priority's candidates in claim order: their lane's number,
     v_cand    bigint[];   -- their ids,
     v_cand_us bigint[];   -- and run_at
