@@ -182,6 +182,20 @@ CREATE TYPE treadle._claim_cursor AS (
 COMMENT ON TYPE treadle._claim_cursor IS
     'A session''s claim cursor: its snapshot and, per (queue, name, priority) lane, where claims resume.';
 
+-- A rescue cursor (treadle.rescue, sql/src/050_finish.sql), kept as this type's text
+-- in the session setting treadle.rescue_cursor, as a claim cursor is. Times are
+-- microseconds since 1970 (treadle._us).
+CREATE TYPE treadle._rescue_cursor AS (
+    version     integer,  -- of this layout: 1
+    taken_at    bigint,   -- the previous rescue's now (a clock that went back voids the cursor)
+    floor       bigint,   -- rescues read the leases that ran out at or above it (null: all)
+    next_floor  bigint,   -- where the floor moves once the transactions below have ended
+    newest_xid  bigint,   -- the newest transaction id running when next_floor was set (null: none)
+    swept_at    bigint    -- when a rescue last read from the floor
+);
+COMMENT ON TYPE treadle._rescue_cursor IS
+    'A session''s rescue cursor: the floor of the expired leases its rescues read, and where it moves next.';
+
 -- rescue() finds expired leases (lease_until is set exactly while a job runs). The
 -- predicate is not `state = 'running'`: the writes a worker makes to its running job
 -- (heartbeat, complete, fail) name that state, and the planner, counting this small
@@ -1329,6 +1343,36 @@ COMMENT ON FUNCTION treadle._from_us(bigint) IS
     'The time treadle._us gave as microseconds; -infinity for null.';
 
 --------------------------------------------------------------------------------
+-- treadle._cursor_form(kinds) -> text
+--
+-- The regular expression that matches, in full, the text of a session's cursor
+-- (a treadle._claim_cursor, a treadle._rescue_cursor) of version 1 whose further
+-- fields are of `kinds`: 'number' (a bigint of at most 18 digits), 'number or null',
+-- 'boolean', 'numbers' (a bigint[] of such numbers or nulls; quoted when it has a
+-- comma, as a composite's text has it). A setting is cast to its cursor type only
+-- once it matched: no field is then out of its type's range, so a setting changed
+-- by hand, whatever it holds, never raises. Immutable: called with constant kinds,
+-- it is computed once when the caller's statement is planned.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._cursor_form(kinds text[])
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    WITH p AS (SELECT '-?[0-9]{1,18}' AS number, '(-?[0-9]{1,18}|NULL)' AS element)
+    SELECT '^\(1' || string_agg(',' || CASE k.kind
+                    WHEN 'number' THEN p.number
+                    WHEN 'number or null' THEN '(' || p.number || ')?'
+                    WHEN 'boolean' THEN '[tf]'
+                    WHEN 'numbers' THEN '(\{' || p.element || '?\}|"\{' || p.element || '(,' || p.element || ')+\}")'
+                    END, '' ORDER BY k.n) || '\)$'
+      FROM p, unnest(kinds) WITH ORDINALITY AS k(kind, n);
+END;
+COMMENT ON FUNCTION treadle._cursor_form(text[]) IS
+    'The regular expression a session cursor''s text must match in full before it is cast.';
+
+--------------------------------------------------------------------------------
 -- treadle._claim_cursor_read(setting, now_us, queues, names) -> treadle._claim_cursor
 --
 -- The cursor a session setting holds, when it is one this session may resume
@@ -1348,18 +1392,11 @@ DECLARE
     -- claim locked and then rolled back without writing them), so this bounds their
     -- delay; a sweep walks every dead entry once, so it is not done on every claim.
     c_sweep_every CONSTANT bigint := 60 * 1000000;  -- microseconds
-    -- The text form of a cursor: version 1, taken_at, swept_at, then either plain (t)
-    -- and nothing else, or f, xmax, and six arrays of numbers (an array with a comma
-    -- comes in quotes). Anything else means a sweep.
-    c_number  CONSTANT text := '-?[0-9]{1,18}';
-    c_element CONSTANT text := '(' || c_number || '|NULL)';
-    c_first_us CONSTANT bigint := -210866803200000000;
-    c_array   CONSTANT text := '(\{' || c_element || '?\}|"\{' || c_element || '(,' || c_element || ')+\}")';
-    c_form    CONSTANT text := '^\(1,' || c_number || ',' || c_number || ',(t,,,,,,,|f,' || c_number
-                               || repeat(',' || c_array, 6) || ')\)$';
+    c_first_us CONSTANT bigint := -210866803200000000;  -- 4714 BC: the first time treadle._from_us gives
     c treadle._claim_cursor;
 BEGIN
-    IF setting IS NULL OR setting !~ c_form THEN
+    IF setting IS NULL OR setting !~ treadle._cursor_form(
+            '{number,number,boolean,number,numbers,numbers,numbers,numbers,numbers,numbers}') THEN
         RETURN NULL;
     END IF;
     c := setting::treadle._claim_cursor;
@@ -1379,8 +1416,7 @@ BEGIN
                  ELSE 1 <= ALL (c.lane_name) AND names >= ALL (c.lane_name) END
         AND -2147483648 <= ALL (c.lane_priority) AND 2147483647 >= ALL (c.lane_priority)
         AND 0 <= ALL (c.lane_id)) IS NOT TRUE
-       -- a run_at before the first time treadle._from_us can give (4714 BC); a null one
-       -- (an infinite time) reads from the start
+       -- (a null run_at, an infinite time, reads from the start)
        OR c_first_us > ANY (c.lane_run_at) THEN
         RETURN NULL;  -- (a null anywhere but in lane_run_at ends here too)
     END IF;
@@ -1571,8 +1607,8 @@ BEGIN
     END IF;
     IF cardinality(c.lane_queue) > c_max_lanes THEN
         PERFORM set_config(setting, CASE WHEN v_quick THEN ''
-                                         ELSE ROW(1, v_now_us, c.swept_at, true, NULL, NULL, NULL, NULL, NULL, NULL,
-                                                  NULL)::treadle._claim_cursor::text END, false);
+                                         ELSE ROW(1, v_now_us, c.swept_at, true, 0, '{}', '{}', '{}', '{}', '{}',
+                                                  '{}')::treadle._claim_cursor::text END, false);
         RETURN NULL;
     END IF;
 
@@ -2573,7 +2609,7 @@ COMMENT ON FUNCTION treadle._running_xids() IS
 -- lease index, and while any snapshot older than it stays open (a long transaction,
 -- a replication slot) nothing removes it: a pass over all expired leases would
 -- grow with the snapshot's age. So each session keeps a floor (the setting
--- treadle.rescue_cursor) and reads the leases that ran out at or above it. After a
+-- treadle.rescue_cursor, a treadle._rescue_cursor) and reads the leases that ran out at or above it. After a
 -- pass from the floor, the floor may move up to where that pass read (less a
 -- second, and less any expired lease it found held by another session), but only
 -- at a later pass, once every transaction that was running at the first one has
@@ -2597,11 +2633,15 @@ AS $$
 DECLARE
     v_now    timestamptz := treadle.now();
     v_now_us bigint := treadle._us(v_now);
+    -- Read from the floor at least this often (microseconds), as claims sweep: it
+    -- finds what the reads since the previous call can miss, below, at a cost that
+    -- grows with the dead entries a held snapshot keeps.
+    c_sweep_every CONSTANT bigint := 60 * 1000000;
+    -- Reads reach this far (microseconds) below where the previous one stopped: a
+    -- lease is written with its statement's now and committed a moment later.
+    c_margin CONSTANT bigint := 1000000;
     v_text   text := current_setting('treadle.rescue_cursor', true);
-    -- the cursor: 2, the previous call's now, the floor (null: from the start), where
-    -- the floor moves next, the newest transaction id running when that was set
-    -- (null: none), the last pass from the floor
-    v_cursor bigint[];
+    v_cursor treadle._rescue_cursor;
     v_from   timestamptz;
     v_full   boolean := true;  -- this call reads from the floor
     v_moves  boolean := false; -- and the floor moves up after it
@@ -2614,22 +2654,23 @@ BEGIN
     -- (under REPEATABLE READ or SERIALIZABLE a rescue reads with its transaction's
     -- first snapshot: from the floor, and the floor stays)
     v_fixed := v_now <> statement_timestamp() OR current_setting('transaction_isolation') <> 'read committed';
-    IF v_now = statement_timestamp() AND v_text ~ '^\{2(,(-?[0-9]{1,18}|NULL)){5}\}$' THEN
-        v_cursor := v_text::bigint[];
+    -- (a setting that is not a cursor's text, as treadle._cursor_form says, is none)
+    IF v_now = statement_timestamp() AND v_text ~ treadle._cursor_form(
+            '{number,number or null,number or null,number or null,number}') THEN
+        v_cursor := v_text::treadle._rescue_cursor;
         -- a clock that went back, or a cursor set by hand (into the future, a
         -- transaction id out of range): from the start
-        IF v_cursor[2] > v_now_us OR v_cursor[3] > v_now_us OR v_cursor[4] > v_now_us
-           OR v_cursor[6] > v_now_us OR v_cursor[2] IS NULL OR v_cursor[6] IS NULL
-           OR v_cursor[5] NOT BETWEEN 3 AND 4294967295 THEN
+        IF v_cursor.taken_at > v_now_us OR v_cursor.floor > v_now_us OR v_cursor.next_floor > v_now_us
+           OR v_cursor.swept_at > v_now_us OR v_cursor.newest_xid NOT BETWEEN 3 AND 4294967295 THEN
             v_cursor := NULL;
         END IF;
     END IF;
-    IF v_cursor IS NOT NULL THEN
-        v_moves := NOT v_fixed AND v_cursor[4] IS NOT NULL AND NOT EXISTS (
-            SELECT 1 FROM treadle._running_xids() AS x(x) WHERE age(x.x) >= age(v_cursor[5]::text::xid));
+    IF v_cursor.version IS NOT NULL THEN  -- (not `v_cursor IS NOT NULL`: true only when no field is null)
+        v_moves := NOT v_fixed AND v_cursor.next_floor IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM treadle._running_xids() AS x(x) WHERE age(x.x) >= age(v_cursor.newest_xid::text::xid));
         -- from the floor when it moves up after, or a minute after the last pass from it
-        v_full := v_moves OR v_fixed OR v_cursor[6] <= v_now_us - 60000000;
-        v_from := treadle._from_us(CASE WHEN v_full THEN v_cursor[3] ELSE v_cursor[2] - 1000000 END);
+        v_full := v_moves OR v_fixed OR v_cursor.swept_at <= v_now_us - c_sweep_every;
+        v_from := treadle._from_us(CASE WHEN v_full THEN v_cursor.floor ELSE v_cursor.taken_at - c_margin END);
     ELSE
         v_from := '-infinity';
     END IF;
@@ -2698,23 +2739,22 @@ BEGIN
     END IF;
 
     IF NOT v_fixed THEN
-        IF v_cursor IS NULL THEN
-            v_cursor := ARRAY[2, NULL, NULL, NULL, NULL, NULL];
-        END IF;
+        v_cursor.version := 1;
         IF v_full THEN
             -- the transactions running at the pass that set the next floor have all
             -- ended: what they wrote below it, this pass has read
             IF v_moves THEN
-                v_cursor[3] := least(v_cursor[4], v_missed);
+                v_cursor.floor := least(v_cursor.next_floor, v_missed);
             END IF;
-            v_cursor[4] := least(v_now_us, v_missed) - 1000000;
+            v_cursor.next_floor := least(v_now_us, v_missed) - c_margin;
             -- (the ids running now, not when this transaction first read them: the
             -- read above may have missed what any of them wrote)
             PERFORM pg_stat_clear_snapshot();
-            v_cursor[5] := (SELECT x.x::text::bigint FROM treadle._running_xids() AS x(x) ORDER BY age(x.x) LIMIT 1);
-            v_cursor[6] := v_now_us;
+            v_cursor.newest_xid := (SELECT x.x::text::bigint FROM treadle._running_xids() AS x(x)
+                                     ORDER BY age(x.x) LIMIT 1);
+            v_cursor.swept_at := v_now_us;
         END IF;
-        v_cursor[2] := v_now_us;
+        v_cursor.taken_at := v_now_us;
         PERFORM set_config('treadle.rescue_cursor', v_cursor::text, false);
     END IF;
 

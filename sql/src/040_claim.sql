@@ -23,6 +23,36 @@ COMMENT ON FUNCTION treadle._from_us(bigint) IS
     'The time treadle._us gave as microseconds; -infinity for null.';
 
 --------------------------------------------------------------------------------
+-- treadle._cursor_form(kinds) -> text
+--
+-- The regular expression that matches, in full, the text of a session's cursor
+-- (a treadle._claim_cursor, a treadle._rescue_cursor) of version 1 whose further
+-- fields are of `kinds`: 'number' (a bigint of at most 18 digits), 'number or null',
+-- 'boolean', 'numbers' (a bigint[] of such numbers or nulls; quoted when it has a
+-- comma, as a composite's text has it). A setting is cast to its cursor type only
+-- once it matched: no field is then out of its type's range, so a setting changed
+-- by hand, whatever it holds, never raises. Immutable: called with constant kinds,
+-- it is computed once when the caller's statement is planned.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._cursor_form(kinds text[])
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    WITH p AS (SELECT '-?[0-9]{1,18}' AS number, '(-?[0-9]{1,18}|NULL)' AS element)
+    SELECT '^\(1' || string_agg(',' || CASE k.kind
+                    WHEN 'number' THEN p.number
+                    WHEN 'number or null' THEN '(' || p.number || ')?'
+                    WHEN 'boolean' THEN '[tf]'
+                    WHEN 'numbers' THEN '(\{' || p.element || '?\}|"\{' || p.element || '(,' || p.element || ')+\}")'
+                    END, '' ORDER BY k.n) || '\)$'
+      FROM p, unnest(kinds) WITH ORDINALITY AS k(kind, n);
+END;
+COMMENT ON FUNCTION treadle._cursor_form(text[]) IS
+    'The regular expression a session cursor''s text must match in full before it is cast.';
+
+--------------------------------------------------------------------------------
 -- treadle._claim_cursor_read(setting, now_us, queues, names) -> treadle._claim_cursor
 --
 -- The cursor a session setting holds, when it is one this session may resume
@@ -42,18 +72,11 @@ DECLARE
     -- claim locked and then rolled back without writing them), so this bounds their
     -- delay; a sweep walks every dead entry once, so it is not done on every claim.
     c_sweep_every CONSTANT bigint := 60 * 1000000;  -- microseconds
-    -- The text form of a cursor: version 1, taken_at, swept_at, then either plain (t)
-    -- and nothing else, or f, xmax, and six arrays of numbers (an array with a comma
-    -- comes in quotes). Anything else means a sweep.
-    c_number  CONSTANT text := '-?[0-9]{1,18}';
-    c_element CONSTANT text := '(' || c_number || '|NULL)';
-    c_first_us CONSTANT bigint := -210866803200000000;
-    c_array   CONSTANT text := '(\{' || c_element || '?\}|"\{' || c_element || '(,' || c_element || ')+\}")';
-    c_form    CONSTANT text := '^\(1,' || c_number || ',' || c_number || ',(t,,,,,,,|f,' || c_number
-                               || repeat(',' || c_array, 6) || ')\)$';
+    c_first_us CONSTANT bigint := -210866803200000000;  -- 4714 BC: the first time treadle._from_us gives
     c treadle._claim_cursor;
 BEGIN
-    IF setting IS NULL OR setting !~ c_form THEN
+    IF setting IS NULL OR setting !~ treadle._cursor_form(
+            '{number,number,boolean,number,numbers,numbers,numbers,numbers,numbers,numbers}') THEN
         RETURN NULL;
     END IF;
     c := setting::treadle._claim_cursor;
@@ -73,8 +96,7 @@ BEGIN
                  ELSE 1 <= ALL (c.lane_name) AND names >= ALL (c.lane_name) END
         AND -2147483648 <= ALL (c.lane_priority) AND 2147483647 >= ALL (c.lane_priority)
         AND 0 <= ALL (c.lane_id)) IS NOT TRUE
-       -- a run_at before the first time treadle._from_us can give (4714 BC); a null one
-       -- (an infinite time) reads from the start
+       -- (a null run_at, an infinite time, reads from the start)
        OR c_first_us > ANY (c.lane_run_at) THEN
         RETURN NULL;  -- (a null anywhere but in lane_run_at ends here too)
     END IF;
@@ -265,8 +287,8 @@ BEGIN
     END IF;
     IF cardinality(c.lane_queue) > c_max_lanes THEN
         PERFORM set_config(setting, CASE WHEN v_quick THEN ''
-                                         ELSE ROW(1, v_now_us, c.swept_at, true, NULL, NULL, NULL, NULL, NULL, NULL,
-                                                  NULL)::treadle._claim_cursor::text END, false);
+                                         ELSE ROW(1, v_now_us, c.swept_at, true, 0, '{}', '{}', '{}', '{}', '{}',
+                                                  '{}')::treadle._claim_cursor::text END, false);
         RETURN NULL;
     END IF;
 

@@ -29,7 +29,7 @@ DROP VIEW treadle.queue_settings, treadle.schedules, treadle.live_workers, tread
           treadle.throughput, treadle.recent_failures, treadle.workflow_run_overview,
           treadle.job_details, treadle.workflow_run_steps;
 
--- A claim cursor is a composite type now (sql/src/010_tables.sql has the same definition).
+-- Claim and rescue cursors are composite types now (sql/src/010_tables.sql has the same definitions).
 -- A claim cursor (treadle.claim, sql/src/040_claim.sql), kept as this type's text in
 -- a session setting. Times are microseconds since 1970 (treadle._us); a lane is the
 -- same subscript of the six lane_ arrays.
@@ -48,3 +48,17 @@ CREATE TYPE treadle._claim_cursor AS (
 );
 COMMENT ON TYPE treadle._claim_cursor IS
     'A session''s claim cursor: its snapshot and, per (queue, name, priority) lane, where claims resume.';
+
+-- A rescue cursor (treadle.rescue, sql/src/050_finish.sql), kept as this type's text
+-- in the session setting treadle.rescue_cursor, as a claim cursor is. Times are
+-- microseconds since 1970 (treadle._us).
+CREATE TYPE treadle._rescue_cursor AS (
+    version     integer,  -- of this layout: 1
+    taken_at    bigint,   -- the previous rescue's now (a clock that went back voids the cursor)
+    floor       bigint,   -- rescues read the leases that ran out at or above it (null: all)
+    next_floor  bigint,   -- where the floor moves once the transactions below have ended
+    newest_xid  bigint,   -- the newest transaction id running when next_floor was set (null: none)
+    swept_at    bigint    -- when a rescue last read from the floor
+);
+COMMENT ON TYPE treadle._rescue_cursor IS
+    'A session''s rescue cursor: the floor of the expired leases its rescues read, and where it moves next.';

@@ -393,18 +393,22 @@ def test_a_tampered_rescue_cursor_reads_from_the_start(connect: Connect) -> None
     job = enqueue(producer, "tampered-lease")
     assert claim_with_lease(worker, "tampered-lease", "1 second") == [job]
     time.sleep(1.1)
-    future = "{2,99999999999999999,99999999999999999,99999999999999999,1,99999999999999999}"
+    future = "(1,99999999999999999,99999999999999999,99999999999999999,1,99999999999999999)"
     moved = []
     for cursor in [
         future,
-        "{2,1,2,3,4}",
-        "{2,1,1,1,99999999999,1}",
+        "(1,1,2,3,4)",
+        "(1,1,1,1,99999999999,1)",
+        "(1,1,1,1,1,999999999999999999999)",
+        "(2,1,,,,1)",
+        "(1,,,,,)",
         "garbage",
+        "{2,1,1,1,1,1}",
         "{2,NULL,NULL,NULL,NULL,NULL}",
         "\x01",
         "",
     ]:
         rescuer.execute("select set_config('treadle.rescue_cursor', %s, false)", (cursor,))
         moved.append(value(rescuer, "select treadle.rescue()"))
-    assert moved == [1, 0, 0, 0, 0, 0, 0]
+    assert moved == [1] + [0] * 10
     assert value(producer, "select state from treadle.jobs where id = %s", (job,)) == "retryable"
