@@ -184,6 +184,24 @@ def test_rows_a_rolled_back_claim_held_are_claimed_after_the_sweep(connect: Conn
     assert claim(claimer, "abort", batch=5) == ids[:2]
 
 
+def test_a_cursor_over_too_many_priorities_claims_plainly_until_the_sweep(connect: Connect) -> None:
+    claimer, other = connect(), connect()
+    for conn in (claimer, other):
+        conn.execute("set treadle.now = '2999-01-01 12:00:00+00'")
+    start_cursor(claimer, ["many"])
+    name = value(claimer, CURSOR_NAME, (["many"], None))
+    ids = {p: enqueue(other, "many", priority=p) for p in range(40, 0, -1)}
+    assert claim(claimer, "many", batch=3) == [ids[1], ids[2], ids[3]]
+    cursor = cursor_of(claimer, name)
+    assert cursor is not None and cursor[3] is True, "40 lanes: a plain cursor"
+    past = enqueue(other, "many", priority=4, run_at="2000-01-01 00:00:00+00")
+    assert claim(claimer, "many", batch=2) == [past, ids[4]]
+    claimer.execute("set treadle.now = '2999-01-01 12:01:01+00'")
+    assert claim(claimer, "many") == [ids[5]]  # the sweep finds 36 lanes: plain claims
+    after = cursor_of(claimer, name)  # none when the sweep was quick, else a plain one from it
+    assert after is None or (after[3] is True and after[2] == value(claimer, "select treadle._us(treadle.now())"))
+
+
 def test_a_tampered_cursor_delays_only_its_own_session(connect: Connect) -> None:
     tamperer, other, producer = connect(), connect(), connect()
     start_cursor(tamperer, ["tamper"])
