@@ -1375,60 +1375,6 @@ COMMENT ON FUNCTION treadle._cursor_form(text[]) IS
     'The regular expression a session cursor''s text must match in full before it is cast.';
 
 --------------------------------------------------------------------------------
--- treadle._claim_cursor_read(setting, now_us, queues, names) -> treadle._claim_cursor
---
--- The cursor a session setting holds, when it is one this session may resume
--- from: well formed (the text of a treadle._claim_cursor, matched in full before
--- it is cast, so that no text raises), from a clock that did not go back, swept
--- less than c_sweep_every ago, its lanes naming one of `queues` queues and (when
--- `names` is not null) one of `names` names. Null otherwise: the caller sweeps.
---------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._claim_cursor_read(setting text, now_us bigint, queues integer, names integer)
-RETURNS treadle._claim_cursor
-LANGUAGE plpgsql
-STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    -- Sweep at least this often: the sweep finds rows a cursor can miss (rows that a
-    -- claim locked and then rolled back without writing them), so this bounds their
-    -- delay; a sweep walks every dead entry once, so it is not done on every claim.
-    c_sweep_every CONSTANT bigint := 60 * 1000000;  -- microseconds
-    c_first_us CONSTANT bigint := -210866803200000000;  -- 4714 BC: the first time treadle._from_us gives
-    c treadle._claim_cursor;
-BEGIN
-    IF setting IS NULL OR setting !~ treadle._cursor_form(
-            '{number,number,boolean,number,numbers,numbers,numbers,numbers,numbers,numbers}') THEN
-        RETURN NULL;
-    END IF;
-    c := setting::treadle._claim_cursor;
-    IF c.taken_at > now_us OR c.swept_at > now_us OR c.swept_at < now_us - c_sweep_every THEN
-        RETURN NULL;
-    END IF;
-    IF c.plain THEN
-        RETURN c;
-    END IF;
-    IF (c.xmax >= 0 AND 0 <= ALL (c.xip)
-        AND cardinality(c.lane_name) = cardinality(c.lane_queue)
-        AND cardinality(c.lane_priority) = cardinality(c.lane_queue)
-        AND cardinality(c.lane_run_at) = cardinality(c.lane_queue)
-        AND cardinality(c.lane_id) = cardinality(c.lane_queue)
-        AND 1 <= ALL (c.lane_queue) AND queues >= ALL (c.lane_queue)
-        AND CASE WHEN names IS NULL THEN 0 = ALL (c.lane_name)
-                 ELSE 1 <= ALL (c.lane_name) AND names >= ALL (c.lane_name) END
-        AND -2147483648 <= ALL (c.lane_priority) AND 2147483647 >= ALL (c.lane_priority)
-        AND 0 <= ALL (c.lane_id)) IS NOT TRUE
-       -- (a null run_at, an infinite time, reads from the start)
-       OR c_first_us > ANY (c.lane_run_at) THEN
-        RETURN NULL;  -- (a null anywhere but in lane_run_at ends here too)
-    END IF;
-    RETURN c;
-END;
-$$;
-COMMENT ON FUNCTION treadle._claim_cursor_read(text, bigint, integer, integer) IS
-    'The claim cursor a session setting holds, or null (sweep) when it is malformed, stale or out of range.';
-
---------------------------------------------------------------------------------
 -- treadle._claim_next_lane(queue, name, after) -> (priority, run_at, id)
 --
 -- The first claimable row (due or not) of the first priority above `after` (any,
@@ -1512,60 +1458,16 @@ COMMENT ON FUNCTION treadle._claim_sweep(text[], text[], integer) IS
     'A claim cursor''s lanes read from the front of the claim index: each queue''s (and name''s) first row per priority.';
 
 --------------------------------------------------------------------------------
--- treadle._claim_resume(cursor, queues, names, snap) -> treadle._claim_cursor
---
--- The cursor's lanes, each moved back to the first row made claimable by a
--- transaction the cursor's snapshot did not see (ready_txid at or above its xmax,
--- or in its xip), wherever that row lies, and new lanes for such rows of other
--- priorities. `snap` is the snapshot the claim reads with: a ready_txid at or
--- beyond its xmax came from another cluster (restored), and such rows are found
--- from their lanes' keys. Runs inside treadle.claim, under its settings.
---------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._claim_resume(
-    cursor treadle._claim_cursor, queues text[], names text[], snap pg_snapshot)
-RETURNS treadle._claim_cursor
-LANGUAGE plpgsql
-STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    c treadle._claim_cursor := cursor;
-BEGIN
-    SELECT coalesce(array_agg(g.qi), '{}'), coalesce(array_agg(g.ni), '{}'), coalesce(array_agg(g.p), '{}'),
-           coalesce(array_agg(g.k[1]), '{}'), coalesce(array_agg(g.k[2]), '{}')
-      INTO c.lane_queue, c.lane_name, c.lane_priority, c.lane_run_at, c.lane_id
-      FROM (SELECT m.qi, m.ni, m.p, min(m.k) AS k
-              FROM (SELECT l.qi, l.ni, l.p, ARRAY[l.run_at, l.id] AS k
-                      FROM unnest(c.lane_queue, c.lane_name, c.lane_priority, c.lane_run_at, c.lane_id)
-                           AS l(qi, ni, p, run_at, id)
-                    UNION ALL
-                    SELECT array_position(queues, s.queue), coalesce(array_position(names, s.name), 0), s.priority,
-                           ARRAY[treadle._us(s.run_at), s.id]
-                      FROM (SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
-                             WHERE j.state = ANY (ARRAY['available', 'retryable'])
-                               AND j.ready_txid >= c.xmax::text::xid8
-                               AND j.ready_txid < pg_snapshot_xmax(snap)
-                            UNION ALL
-                            SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
-                             WHERE j.state = ANY (ARRAY['available', 'retryable'])
-                               AND j.ready_txid = ANY (c.xip::text[]::xid8[])) AS s
-                     WHERE s.queue = ANY (queues)
-                       AND (names IS NULL OR s.name = ANY (names))) AS m
-             GROUP BY m.qi, m.ni, m.p) AS g;
-    RETURN c;
-END;
-$$;
-COMMENT ON FUNCTION treadle._claim_resume(treadle._claim_cursor, text[], text[], pg_snapshot) IS
-    'A claim cursor''s lanes moved back to the rows made claimable since its snapshot.';
-
---------------------------------------------------------------------------------
 -- treadle._claim_by_cursor(setting, mode, queues, names, batch, now) -> bigint[]
 --
 -- treadle.claim's candidates for a session in cursor mode (see treadle.claim):
--- up to `batch` due jobs locked, the ids of those to claim, read from the cursor's
--- lanes; the next cursor saved in `setting`. `mode` is the setting's text. Null:
--- this claim reads plainly (the cursor has too many lanes). Runs inside
--- treadle.claim, under its settings.
+-- up to `batch` due jobs locked, the ids of those to claim, read from the lanes
+-- of the cursor that `mode` (the setting's text) holds, moved back to the rows
+-- made claimable since its snapshot, or found by a sweep (treadle._claim_sweep)
+-- when it holds none; the next cursor saved in `setting`. Null: this claim reads
+-- plainly (the cursor has too many lanes). Runs inside treadle.claim, under its
+-- settings. (One function: each call of a function that pins search_path costs
+-- a claim about as much as a small query.)
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._claim_by_cursor(
     setting text, mode text, queues text[], names text[], batch integer, now timestamptz)
@@ -1575,12 +1477,17 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    -- Sweep at least this often: the sweep finds rows a cursor can miss (rows that a
+    -- claim locked and then rolled back without writing them), so this bounds their
+    -- delay; a sweep walks every dead entry once, so it is not done on every claim.
+    c_sweep_every CONSTANT bigint := 60 * 1000000;  -- microseconds
     -- A sweep this quick finds few dead entries in front: back to the plain claim,
     -- which then costs less than a cursor.
     c_quick_sweep CONSTANT interval := interval '1 ms';
     -- Lanes a cursor keeps at most: each costs an index descent per claim, so a
     -- session whose queues hold more priorities claims plainly until the next sweep.
     c_max_lanes CONSTANT integer := 32;
+    c_first_us CONSTANT bigint := -210866803200000000;  -- 4714 BC: the first time treadle._from_us gives
     v_now_us  bigint := treadle._us(now);
     v_snap    pg_snapshot := pg_current_snapshot();  -- taken before any row is read
     v_own     xid8 := pg_current_xact_id_if_assigned();  -- a snapshot lists every running id but its own
@@ -1596,7 +1503,31 @@ DECLARE
     v_cand    bigint[];   -- their ids,
     v_cand_us bigint[];   -- and run_at
 BEGIN
-    c := treadle._claim_cursor_read(mode, v_now_us, cardinality(v_queues), cardinality(v_names));
+    -- The cursor: one this session may resume from, when the setting holds one. Well
+    -- formed (cast only once its text matched the form, so that no text raises), from
+    -- a clock that did not go back, swept less than c_sweep_every ago, its lanes in
+    -- range: each names one of the queues, and one of the names (0 without names).
+    -- Anything else means a sweep.
+    IF mode ~ treadle._cursor_form('{number,number,boolean,number,numbers,numbers,numbers,numbers,numbers,numbers}') THEN
+        c := mode::treadle._claim_cursor;
+        IF (c.taken_at <= v_now_us AND c.swept_at <= v_now_us AND c.swept_at >= v_now_us - c_sweep_every
+            AND (c.plain OR (
+                c.xmax >= 0 AND 0 <= ALL (c.xip)
+                AND cardinality(c.lane_name) = cardinality(c.lane_queue)
+                AND cardinality(c.lane_priority) = cardinality(c.lane_queue)
+                AND cardinality(c.lane_run_at) = cardinality(c.lane_queue)
+                AND cardinality(c.lane_id) = cardinality(c.lane_queue)
+                AND 1 <= ALL (c.lane_queue) AND cardinality(v_queues) >= ALL (c.lane_queue)
+                AND CASE WHEN v_names IS NULL THEN 0 = ALL (c.lane_name)
+                         ELSE 1 <= ALL (c.lane_name) AND cardinality(v_names) >= ALL (c.lane_name) END
+                AND -2147483648 <= ALL (c.lane_priority) AND 2147483647 >= ALL (c.lane_priority)
+                AND 0 <= ALL (c.lane_id)
+                -- (a null run_at, an infinite time, reads from the start)
+                AND NOT coalesce(c_first_us > ANY (c.lane_run_at), false)))) IS NOT TRUE THEN
+            c := NULL;  -- (a null anywhere but in lane_run_at ends here too)
+        END IF;
+    END IF;
+
     IF c IS NULL THEN
         v_started := clock_timestamp();
         c := treadle._claim_sweep(v_queues, v_names, c_max_lanes);
@@ -1605,7 +1536,32 @@ BEGIN
     ELSIF c.plain THEN
         RETURN NULL;
     ELSE
-        c := treadle._claim_resume(c, v_queues, v_names, v_snap);
+        -- Resume: the cursor's lanes, each moved back to the first row made claimable
+        -- by a transaction the cursor's snapshot did not see (ready_txid at or above its
+        -- xmax, or in its xip), wherever that row lies, and new lanes for such rows of
+        -- other priorities. (A ready_txid at or beyond this snapshot's xmax came from
+        -- another cluster, restored: such rows are found from their lanes' keys.)
+        SELECT coalesce(array_agg(g.qi), '{}'), coalesce(array_agg(g.ni), '{}'), coalesce(array_agg(g.p), '{}'),
+               coalesce(array_agg(g.k[1]), '{}'), coalesce(array_agg(g.k[2]), '{}')
+          INTO c.lane_queue, c.lane_name, c.lane_priority, c.lane_run_at, c.lane_id
+          FROM (SELECT m.qi, m.ni, m.p, min(m.k) AS k
+                  FROM (SELECT l.qi, l.ni, l.p, ARRAY[l.run_at, l.id] AS k
+                          FROM unnest(c.lane_queue, c.lane_name, c.lane_priority, c.lane_run_at, c.lane_id)
+                               AS l(qi, ni, p, run_at, id)
+                        UNION ALL
+                        SELECT array_position(v_queues, s.queue), coalesce(array_position(v_names, s.name), 0),
+                               s.priority, ARRAY[treadle._us(s.run_at), s.id]
+                          FROM (SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
+                                 WHERE j.state = ANY (ARRAY['available', 'retryable'])
+                                   AND j.ready_txid >= c.xmax::text::xid8
+                                   AND j.ready_txid < pg_snapshot_xmax(v_snap)
+                                UNION ALL
+                                SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
+                                 WHERE j.state = ANY (ARRAY['available', 'retryable'])
+                                   AND j.ready_txid = ANY (c.xip::text[]::xid8[])) AS s
+                         WHERE s.queue = ANY (v_queues)
+                           AND (v_names IS NULL OR s.name = ANY (v_names))) AS m
+                 GROUP BY m.qi, m.ni, m.p) AS g;
     END IF;
     IF cardinality(c.lane_queue) > c_max_lanes THEN
         PERFORM set_config(setting, CASE WHEN v_quick THEN ''
