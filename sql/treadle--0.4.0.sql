@@ -1344,33 +1344,44 @@ COMMENT ON FUNCTION treadle._from_us(bigint) IS
 
 --------------------------------------------------------------------------------
 -- treadle._cursor_form(kinds) -> text
+-- treadle._is_cursor_text(setting, kinds) -> boolean
 --
--- The regular expression that matches, in full, the text of a session's cursor
--- (a treadle._claim_cursor, a treadle._rescue_cursor) of version 1 whose further
--- fields are of `kinds`: 'number' (a bigint of at most 18 digits), 'number or null',
--- 'boolean', 'numbers' (a bigint[] of such numbers or nulls; quoted when it has a
--- comma, as a composite's text has it). A setting is cast to its cursor type only
--- once it matched: no field is then out of its type's range, so a setting changed
--- by hand, whatever it holds, never raises. Immutable: called with constant kinds,
--- it is computed once when the caller's statement is planned.
+-- Whether `setting` is, in full, the text of a session's cursor (a
+-- treadle._claim_cursor, a treadle._rescue_cursor) of version 1 whose further
+-- fields are of `kinds`: 'number' (a bigint of at most 18 digits), 'number or
+-- null', 'boolean', 'numbers' (a bigint[] of such numbers or nulls; quoted when it
+-- has a comma, as a composite's text has it); _cursor_form gives the regular
+-- expression. A setting is cast to its cursor type only once it passed: no field
+-- is then out of its type's range, so a setting changed by hand, whatever it
+-- holds, never raises. Called with constant kinds, the expression is computed once
+-- when the caller's statement is planned (immutable, and _is_cursor_text is
+-- inlined). The digits are counted apart: a bound in the expression makes a match
+-- several times slower, and a claim from a cursor makes one each time.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._cursor_form(kinds text[])
 RETURNS text
 LANGUAGE sql
 IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    WITH p AS (SELECT '-?[0-9]{1,18}' AS number, '(-?[0-9]{1,18}|NULL)' AS element)
+    WITH p AS (SELECT '-?[0-9]+' AS number, '(?:-?[0-9]+|NULL)' AS element)
     SELECT '^\(1' || string_agg(',' || CASE k.kind
                     WHEN 'number' THEN p.number
-                    WHEN 'number or null' THEN '(' || p.number || ')?'
+                    WHEN 'number or null' THEN '(?:' || p.number || ')?'
                     WHEN 'boolean' THEN '[tf]'
-                    WHEN 'numbers' THEN '(\{' || p.element || '?\}|"\{' || p.element || '(,' || p.element || ')+\}")'
+                    WHEN 'numbers' THEN '(?:\{' || p.element || '?\}|"\{' || p.element || '(?:,' || p.element || ')+\}")'
                     END, '' ORDER BY k.n) || '\)$'
       FROM p, unnest(kinds) WITH ORDINALITY AS k(kind, n);
 END;
 COMMENT ON FUNCTION treadle._cursor_form(text[]) IS
     'The regular expression a session cursor''s text must match in full before it is cast.';
+
+CREATE OR REPLACE FUNCTION treadle._is_cursor_text(setting text, kinds text[])
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+RETURN setting ~ treadle._cursor_form(kinds) AND setting !~ '[0-9]{19}';
+COMMENT ON FUNCTION treadle._is_cursor_text(text, text[]) IS
+    'Whether a setting holds the text of a session cursor whose fields are of the kinds given: safe to cast.';
 
 --------------------------------------------------------------------------------
 -- treadle._claim_next_lane(queue, name, after) -> (priority, run_at, id)
@@ -1492,6 +1503,7 @@ DECLARE
     v_queues  text[] := ARRAY(SELECT DISTINCT u.q FROM unnest(queues) AS u(q) ORDER BY 1);  -- lanes name them by number
     v_names   text[] := CASE WHEN names IS NOT NULL THEN ARRAY(SELECT DISTINCT n.n FROM unnest(names) AS n(n) ORDER BY 1) END;
     c         treadle._claim_cursor;
+    v_since   treadle._claim_cursor;  -- lanes of the rows made claimable since c's snapshot
     v_quick   boolean := false;
     v_started timestamptz;
     v_priority bigint;
@@ -1506,7 +1518,7 @@ BEGIN
     -- a clock that did not go back, swept less than c_sweep_every ago, its lanes in
     -- range: each names one of the queues, and one of the names (0 without names).
     -- Anything else means a sweep.
-    IF mode ~ treadle._cursor_form('{number,number,boolean,number,numbers,numbers,numbers,numbers,numbers,numbers}') THEN
+    IF treadle._is_cursor_text(mode, '{number,number,boolean,number,numbers,numbers,numbers,numbers,numbers,numbers}') THEN
         c := mode::treadle._claim_cursor;
         IF (c.taken_at <= v_now_us AND c.swept_at <= v_now_us AND c.swept_at >= v_now_us - c_sweep_every
             AND (c.plain OR (
@@ -1541,25 +1553,34 @@ BEGIN
         -- another cluster, restored: such rows are found from their lanes' keys.)
         SELECT coalesce(array_agg(g.qi), '{}'), coalesce(array_agg(g.ni), '{}'), coalesce(array_agg(g.p), '{}'),
                coalesce(array_agg(g.k[1]), '{}'), coalesce(array_agg(g.k[2]), '{}')
-          INTO c.lane_queue, c.lane_name, c.lane_priority, c.lane_run_at, c.lane_id
-          FROM (SELECT m.qi, m.ni, m.p, min(m.k) AS k
-                  FROM (SELECT l.qi, l.ni, l.p, ARRAY[l.run_at, l.id] AS k
-                          FROM unnest(c.lane_queue, c.lane_name, c.lane_priority, c.lane_run_at, c.lane_id)
-                               AS l(qi, ni, p, run_at, id)
+          INTO v_since.lane_queue, v_since.lane_name, v_since.lane_priority, v_since.lane_run_at,
+               v_since.lane_id
+          FROM (SELECT array_position(v_queues, r.queue) AS qi, coalesce(array_position(v_names, r.name), 0) AS ni,
+                       r.priority AS p, min(ARRAY[treadle._us(r.run_at), r.id]) AS k
+                  FROM (SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
+                         WHERE j.state = ANY (ARRAY['available', 'retryable'])
+                           AND j.ready_txid >= c.xmax::text::xid8
+                           AND j.ready_txid < pg_snapshot_xmax(v_snap)
                         UNION ALL
-                        SELECT array_position(v_queues, s.queue), coalesce(array_position(v_names, s.name), 0),
-                               s.priority, ARRAY[treadle._us(s.run_at), s.id]
-                          FROM (SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
-                                 WHERE j.state = ANY (ARRAY['available', 'retryable'])
-                                   AND j.ready_txid >= c.xmax::text::xid8
-                                   AND j.ready_txid < pg_snapshot_xmax(v_snap)
-                                UNION ALL
-                                SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
-                                 WHERE j.state = ANY (ARRAY['available', 'retryable'])
-                                   AND j.ready_txid = ANY (c.xip::text[]::xid8[])) AS s
-                         WHERE s.queue = ANY (v_queues)
-                           AND (v_names IS NULL OR s.name = ANY (v_names))) AS m
-                 GROUP BY m.qi, m.ni, m.p) AS g;
+                        SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
+                         WHERE j.state = ANY (ARRAY['available', 'retryable'])
+                           AND j.ready_txid = ANY (c.xip::text[]::xid8[])) AS r
+                 WHERE r.queue = ANY (v_queues)
+                   AND (v_names IS NULL OR r.name = ANY (v_names))
+                 GROUP BY 1, 2, 3) AS g;
+        IF cardinality(v_since.lane_queue) > 0 THEN
+            -- (rows of many commits, a producer's, a release's, come down to one key
+            -- per lane above; here, per lane, the lower of its two keys)
+            SELECT array_agg(g.qi), array_agg(g.ni), array_agg(g.p), array_agg(g.k[1]), array_agg(g.k[2])
+              INTO c.lane_queue, c.lane_name, c.lane_priority, c.lane_run_at, c.lane_id
+              FROM (SELECT l.qi, l.ni, l.p, min(ARRAY[l.run_at, l.id]) AS k
+                      FROM (SELECT * FROM unnest(c.lane_queue, c.lane_name, c.lane_priority, c.lane_run_at, c.lane_id)
+                            UNION ALL
+                            SELECT * FROM unnest(v_since.lane_queue, v_since.lane_name, v_since.lane_priority,
+                                               v_since.lane_run_at, v_since.lane_id))
+                           AS l(qi, ni, p, run_at, id)
+                     GROUP BY l.qi, l.ni, l.p) AS g;
+        END IF;
     END IF;
     IF cardinality(c.lane_queue) > c_max_lanes THEN
         PERFORM set_config(setting, CASE WHEN v_quick THEN ''
@@ -2610,9 +2631,9 @@ BEGIN
     -- (under REPEATABLE READ or SERIALIZABLE a rescue reads with its transaction's
     -- first snapshot: from the floor, and the floor stays)
     v_fixed := v_now <> statement_timestamp() OR current_setting('transaction_isolation') <> 'read committed';
-    -- (a setting that is not a cursor's text, as treadle._cursor_form says, is none)
-    IF v_now = statement_timestamp() AND v_text ~ treadle._cursor_form(
-            '{number,number or null,number or null,number or null,number}') THEN
+    -- (a setting that is not a cursor's text, as treadle._is_cursor_text says, is none)
+    IF v_now = statement_timestamp() AND treadle._is_cursor_text(
+            v_text, '{number,number or null,number or null,number or null,number}') THEN
         v_cursor := v_text::treadle._rescue_cursor;
         -- a clock that went back, or a cursor set by hand (into the future, a
         -- transaction id out of range): from the start

@@ -468,9 +468,9 @@ BEGIN
     -- (under REPEATABLE READ or SERIALIZABLE a rescue reads with its transaction's
     -- first snapshot: from the floor, and the floor stays)
     v_fixed := v_now <> statement_timestamp() OR current_setting('transaction_isolation') <> 'read committed';
-    -- (a setting that is not a cursor's text, as treadle._cursor_form says, is none)
-    IF v_now = statement_timestamp() AND v_text ~ treadle._cursor_form(
-            '{number,number or null,number or null,number or null,number}') THEN
+    -- (a setting that is not a cursor's text, as treadle._is_cursor_text says, is none)
+    IF v_now = statement_timestamp() AND treadle._is_cursor_text(
+            v_text, '{number,number or null,number or null,number or null,number}') THEN
         v_cursor := v_text::treadle._rescue_cursor;
         -- a clock that went back, or a cursor set by hand (into the future, a
         -- transaction id out of range): from the start
