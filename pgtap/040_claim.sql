@@ -120,19 +120,24 @@ SELECT results_eq($$ SELECT id FROM treadle.claimed('00000000-0000-4000-8000-000
 SELECT is_empty($$ SELECT * FROM treadle.claimed(gen_random_uuid()) $$, 'an unknown token holds nothing');
 SELECT throws_ok($$ SELECT treadle.claimed(NULL) $$, '22004', NULL, 'a null token raises 22004');
 
--- A claim from a cursor (a session whose claims got slow, forced here by 'pin') takes
--- the same jobs in the same order as the plain claim: priorities, run_at, ids, jobs
--- that come due, and a job made claimable again below where the cursor stands.
+-- A claim from a cursor (a session whose claims got slow; here a cursor written by
+-- hand, taken now and blind to every transaction, this one's included, so that its
+-- first claim finds each lane among the rows made claimable since) takes the same
+-- jobs in the same order as the plain claim: priorities, run_at, ids, jobs that come
+-- due, and a job made claimable again below where the cursor stands.
 SET LOCAL treadle.now = '2999-01-02 12:00:00+00';
-SELECT set_config('treadle.claim_' || to_hex(hashtextextended('cur' || chr(2), 0)), 'pin', true);
+SELECT set_config('treadle.claim_' || to_hex(hashtextextended('cur' || chr(2), 0)),
+                  format('(1,%1$s,%1$s,f,0,{%2$s},{},{},{},{},{})', treadle._us(treadle.now()), pg_current_xact_id()),
+                  true);
 SELECT treadle.enqueue('c', queue => 'cur', priority => 2, run_at => '2999-01-02 11:00:00+00') AS c_p2 \gset
 SELECT treadle.enqueue('c', queue => 'cur', priority => 1, run_at => '2999-01-02 11:30:00+00') AS c_p1_late \gset
 SELECT treadle.enqueue('c', queue => 'cur', priority => 1, run_at => '2999-01-02 11:00:00+00') AS c_p1 \gset
 SELECT treadle.enqueue('c', queue => 'cur', priority => 0, run_at => '2999-01-02 12:00:05+00') AS c_soon \gset
 SELECT results_eq($$ SELECT id FROM treadle.claim('w', ARRAY['cur'], batch => 2) $$,
                   format($$ VALUES (%s::bigint), (%s) $$, :c_p1, :c_p1_late), 'a cursor claims in claim order');
-SELECT ok(current_setting('treadle.claim_' || to_hex(hashtextextended('cur' || chr(2), 0))) LIKE '{2,%',
-          'the session keeps a cursor');
+SELECT is(ARRAY(SELECT p FROM unnest((current_setting('treadle.claim_' || to_hex(hashtextextended('cur' || chr(2), 0)))
+                                      ::treadle._claim_cursor).lane_priority) AS p ORDER BY 1),
+          '{0,1,2}'::bigint[], 'the session keeps a cursor, a lane per priority');
 SELECT treadle.enqueue('c', queue => 'cur', priority => 1, run_at => '2999-01-01 00:00:00+00') AS c_past \gset
 SELECT is((SELECT id FROM treadle.claim('w', ARRAY['cur'])), :c_past::bigint,
           'a job enqueued below the cursor (a past run_at) is claimed first');
@@ -141,7 +146,7 @@ SELECT results_eq($$ SELECT id FROM treadle.claim('w', ARRAY['cur'], batch => 5)
                   format($$ VALUES (%s::bigint), (%s) $$, :c_soon, :c_p2),
                   'a better priority that came due is claimed before the rest');
 SELECT lives_ok($$ SELECT set_config('treadle.claim_' || to_hex(hashtextextended('cur' || chr(2), 0)),
-                                     format('{2,%1$s,%1$s,1,0,1,0,-2147483649,1,1,99999,99999,0,1,1}',
+                                     format('(1,%1$s,%1$s,f,1,{},"{1,99999}","{0,1}","{-2147483649,0}","{1,1}","{1,1}")',
                                             treadle._us(treadle.now())), true);
                    SELECT treadle.claim('w', ARRAY['cur']) $$,
                 'a cursor set by hand (lanes out of range) raises nothing');

@@ -179,6 +179,39 @@ CREATE INDEX jobs_claim_name_idx ON treadle.jobs (queue, name, priority, run_at,
 CREATE INDEX jobs_ready_txid_idx ON treadle.jobs (ready_txid)
     WHERE state = ANY (ARRAY['available', 'retryable']);
 
+-- A claim cursor (treadle.claim, sql/src/040_claim.sql), kept as this type's text in
+-- a session setting. Times are microseconds since 1970 (treadle._us); a lane is the
+-- same subscript of the six lane_ arrays.
+CREATE TYPE treadle._claim_cursor AS (
+    version       integer,   -- of this layout: 1
+    taken_at      bigint,    -- when the claim that wrote it ran (a clock that went back voids it)
+    swept_at      bigint,    -- when its lanes were last read from the front of the claim index
+    plain         boolean,   -- too many lanes: claims are plain until the next sweep (no more fields)
+    xmax          bigint,    -- the snapshot the claim read with: it did not see the ids >= xmax,
+    xip           bigint[],  -- nor these (its own among them)
+    lane_queue    bigint[],  -- the lane's queue: its number among the claim's queues, sorted
+    lane_name     bigint[],  -- its name's number among the claim's names, sorted (0: without names)
+    lane_priority bigint[],  -- its priority
+    lane_run_at   bigint[],  -- the key (run_at, id) below which the lane has nothing left to take
+    lane_id       bigint[]
+);
+COMMENT ON TYPE treadle._claim_cursor IS
+    'A session''s claim cursor: its snapshot and, per (queue, name, priority) lane, where claims resume.';
+
+-- A rescue cursor (treadle.rescue, sql/src/050_finish.sql), kept as this type's text
+-- in the session setting treadle.rescue_cursor, as a claim cursor is. Times are
+-- microseconds since 1970 (treadle._us).
+CREATE TYPE treadle._rescue_cursor AS (
+    version     integer,  -- of this layout: 1
+    taken_at    bigint,   -- the previous rescue's now (a clock that went back voids the cursor)
+    floor       bigint,   -- rescues read the leases that ran out at or above it (null: all)
+    next_floor  bigint,   -- where the floor moves once the transactions below have ended
+    newest_xid  bigint,   -- the newest transaction id running when next_floor was set (null: none)
+    swept_at    bigint    -- when a rescue last read from the floor
+);
+COMMENT ON TYPE treadle._rescue_cursor IS
+    'A session''s rescue cursor: the floor of the expired leases its rescues read, and where it moves next.';
+
 -- rescue() finds expired leases (lease_until is set exactly while a job runs). The
 -- predicate is not `state = 'running'`: the writes a worker makes to its running job
 -- (heartbeat, complete, fail) name that state, and the planner, counting this small
@@ -1374,8 +1407,9 @@ $$;
 COMMENT ON FUNCTION treadle.enqueue_many(jsonb) IS
     'Enqueue a JSON array of jobs in one statement; returns their ids in input order.';
 --------------------------------------------------------------------------------
--- Claim cursors' helpers. A cursor is kept as a bigint[] in a session setting, so
--- times are kept as microseconds since 1970 (null for an infinite time).
+-- Claim cursors' helpers. A cursor (treadle._claim_cursor) is kept as text in a
+-- session setting, so times are kept as microseconds since 1970 (null for an
+-- infinite time).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._us(t timestamptz)
 RETURNS bigint
@@ -1395,6 +1429,47 @@ RETURN CASE WHEN us IS NULL THEN '-infinity'::timestamptz
             ELSE to_timestamp(us / 1000000) + (us % 1000000) * interval '1 microsecond' END;
 COMMENT ON FUNCTION treadle._from_us(bigint) IS
     'The time treadle._us gave as microseconds; -infinity for null.';
+
+--------------------------------------------------------------------------------
+-- treadle._cursor_form(kinds) -> text
+-- treadle._is_cursor_text(setting, kinds) -> boolean
+--
+-- Whether `setting` is, in full, the text of a session's cursor (a
+-- treadle._claim_cursor, a treadle._rescue_cursor) of version 1 whose further
+-- fields are of `kinds`: 'number' (a bigint of at most 18 digits), 'number or
+-- null', 'boolean', 'numbers' (a bigint[] of such numbers or nulls; quoted when it
+-- has a comma, as a composite's text has it); _cursor_form gives the regular
+-- expression. A setting is cast to its cursor type only once it passed: no field
+-- is then out of its type's range, so a setting changed by hand, whatever it
+-- holds, never raises. Called with constant kinds, the expression is computed once
+-- when the caller's statement is planned (immutable, and _is_cursor_text is
+-- inlined). The digits are counted apart: a bound in the expression makes a match
+-- several times slower, and a claim from a cursor makes one each time.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._cursor_form(kinds text[])
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+BEGIN ATOMIC
+    WITH p AS (SELECT '-?[0-9]+' AS number, '(?:-?[0-9]+|NULL)' AS element)
+    SELECT '^\(1' || string_agg(',' || CASE k.kind
+                    WHEN 'number' THEN p.number
+                    WHEN 'number or null' THEN '(?:' || p.number || ')?'
+                    WHEN 'boolean' THEN '[tf]'
+                    WHEN 'numbers' THEN '(?:\{' || p.element || '?\}|"\{' || p.element || '(?:,' || p.element || ')+\}")'
+                    END, '' ORDER BY k.n) || '\)$'
+      FROM p, unnest(kinds) WITH ORDINALITY AS k(kind, n);
+END;
+COMMENT ON FUNCTION treadle._cursor_form(text[]) IS
+    'The regular expression a session cursor''s text must match in full before it is cast.';
+
+CREATE OR REPLACE FUNCTION treadle._is_cursor_text(setting text, kinds text[])
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+RETURN setting ~ treadle._cursor_form(kinds) AND setting !~ '[0-9]{19}';
+COMMENT ON FUNCTION treadle._is_cursor_text(text, text[]) IS
+    'Whether a setting holds the text of a session cursor whose fields are of the kinds given: safe to cast.';
 
 --------------------------------------------------------------------------------
 -- treadle._claim_next_lane(queue, name, after) -> (priority, run_at, id)
@@ -1437,6 +1512,255 @@ COMMENT ON FUNCTION treadle._claim_next_lane(text, text, integer) IS
     'The first claimable row of the next priority of a queue (and name): where a claim lane starts.';
 
 --------------------------------------------------------------------------------
+-- treadle._claim_sweep(queues, names, max_lanes) -> treadle._claim_cursor
+--
+-- A cursor's lanes found from the front of the index: for each (queue[, name]) of
+-- `queues` and `names` (sorted, distinct; null names: every name), the first
+-- claimable row, due or not, of each of its priorities, up to max_lanes + 1 of
+-- them (more than max_lanes: too many for a cursor). The one read that walks
+-- every dead entry, once per lane. Only the lanes are filled in. Runs inside
+-- treadle.claim, under its settings.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._claim_sweep(queues text[], names text[], max_lanes integer)
+RETURNS treadle._claim_cursor
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c treadle._claim_cursor;
+BEGIN
+    WITH RECURSIVE lanes AS (
+        SELECT r.qi, r.ni, f.priority, f.run_at, f.id, 1 AS n
+          FROM (SELECT u.qi, 0 AS ni FROM generate_subscripts(queues, 1) AS u(qi)
+                 WHERE names IS NULL
+                UNION ALL
+                SELECT u.qi, n.ni FROM generate_subscripts(queues, 1) AS u(qi),
+                                       generate_subscripts(names, 1) AS n(ni)) AS r
+         CROSS JOIN LATERAL treadle._claim_next_lane(queues[r.qi], names[r.ni], NULL) AS f
+        UNION ALL
+        SELECT l.qi, l.ni, f.priority, f.run_at, f.id, l.n + 1
+          FROM lanes AS l
+         CROSS JOIN LATERAL treadle._claim_next_lane(queues[l.qi], names[l.ni], l.priority) AS f
+         WHERE l.n <= max_lanes
+    )
+    SELECT coalesce(array_agg(l.qi), '{}'), coalesce(array_agg(l.ni), '{}'), coalesce(array_agg(l.priority), '{}'),
+           coalesce(array_agg(treadle._us(l.run_at)), '{}'), coalesce(array_agg(l.id), '{}')
+      INTO c.lane_queue, c.lane_name, c.lane_priority, c.lane_run_at, c.lane_id
+      FROM lanes AS l;
+    RETURN c;
+END;
+$$;
+COMMENT ON FUNCTION treadle._claim_sweep(text[], text[], integer) IS
+    'A claim cursor''s lanes read from the front of the claim index: each queue''s (and name''s) first row per priority.';
+
+--------------------------------------------------------------------------------
+-- treadle._claim_by_cursor(setting, mode, queues, names, batch, now) -> bigint[]
+--
+-- treadle.claim's candidates for a session in cursor mode (see treadle.claim):
+-- up to `batch` due jobs locked, the ids of those to claim, read from the lanes
+-- of the cursor that `mode` (the setting's text) holds, moved back to the rows
+-- made claimable since its snapshot, or found by a sweep (treadle._claim_sweep)
+-- when it holds none; the next cursor saved in `setting`. Null: this claim reads
+-- plainly (the cursor has too many lanes). Runs inside treadle.claim, under its
+-- settings. (One function: each call of a function that pins search_path costs
+-- a claim about as much as a small query.)
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._claim_by_cursor(
+    setting text, mode text, queues text[], names text[], batch integer, now timestamptz)
+RETURNS bigint[]
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    -- Sweep at least this often: the sweep finds rows a cursor can miss (rows that a
+    -- claim locked and then rolled back without writing them), so this bounds their
+    -- delay; a sweep walks every dead entry once, so it is not done on every claim.
+    c_sweep_every CONSTANT bigint := 60 * 1000000;  -- microseconds
+    -- A sweep this quick finds few dead entries in front: back to the plain claim,
+    -- which then costs less than a cursor.
+    c_quick_sweep CONSTANT interval := interval '1 ms';
+    -- Lanes a cursor keeps at most: each costs an index descent per claim, so a
+    -- session whose queues hold more priorities claims plainly until the next sweep.
+    c_max_lanes CONSTANT integer := 32;
+    c_first_us CONSTANT bigint := -210866803200000000;  -- 4714 BC: the first time treadle._from_us gives
+    v_now_us  bigint := treadle._us(now);
+    v_snap    pg_snapshot := pg_current_snapshot();  -- taken before any row is read
+    v_own     xid8 := pg_current_xact_id_if_assigned();  -- a snapshot lists every running id but its own
+    v_queues  text[] := ARRAY(SELECT DISTINCT u.q FROM unnest(queues) AS u(q) ORDER BY 1);  -- lanes name them by number
+    v_names   text[] := CASE WHEN names IS NOT NULL THEN ARRAY(SELECT DISTINCT n.n FROM unnest(names) AS n(n) ORDER BY 1) END;
+    c         treadle._claim_cursor;
+    v_since   treadle._claim_cursor;  -- lanes of the rows made claimable since c's snapshot
+    v_quick   boolean := false;
+    v_started timestamptz;
+    v_priority bigint;
+    v_left    integer := batch;  -- jobs still wanted
+    v_ids     bigint[] := '{}'::bigint[];
+    v_lane    bigint[];   -- a priority's candidates in claim order: their lane's number,
+    v_cand    bigint[];   -- their ids,
+    v_cand_us bigint[];   -- and run_at
+BEGIN
+    -- The cursor: one this session may resume from, when the setting holds one. Well
+    -- formed (cast only once its text matched the form, so that no text raises), from
+    -- a clock that did not go back, swept less than c_sweep_every ago, its lanes in
+    -- range: each names one of the queues, and one of the names (0 without names).
+    -- Anything else means a sweep.
+    IF treadle._is_cursor_text(mode, '{number,number,boolean,number,numbers,numbers,numbers,numbers,numbers,numbers}') THEN
+        c := mode::treadle._claim_cursor;
+        IF (c.taken_at <= v_now_us AND c.swept_at <= v_now_us AND c.swept_at >= v_now_us - c_sweep_every
+            AND (c.plain OR (
+                c.xmax >= 0 AND 0 <= ALL (c.xip)
+                AND cardinality(c.lane_name) = cardinality(c.lane_queue)
+                AND cardinality(c.lane_priority) = cardinality(c.lane_queue)
+                AND cardinality(c.lane_run_at) = cardinality(c.lane_queue)
+                AND cardinality(c.lane_id) = cardinality(c.lane_queue)
+                AND 1 <= ALL (c.lane_queue) AND cardinality(v_queues) >= ALL (c.lane_queue)
+                AND CASE WHEN v_names IS NULL THEN 0 = ALL (c.lane_name)
+                         ELSE 1 <= ALL (c.lane_name) AND cardinality(v_names) >= ALL (c.lane_name) END
+                AND -2147483648 <= ALL (c.lane_priority) AND 2147483647 >= ALL (c.lane_priority)
+                AND 0 <= ALL (c.lane_id)
+                -- (a null run_at, an infinite time, reads from the start)
+                AND NOT coalesce(c_first_us > ANY (c.lane_run_at), false)))) IS NOT TRUE THEN
+            c := NULL;  -- (a null anywhere but in lane_run_at ends here too)
+        END IF;
+    END IF;
+
+    IF c IS NULL THEN
+        v_started := clock_timestamp();
+        c := treadle._claim_sweep(v_queues, v_names, c_max_lanes);
+        c.swept_at := v_now_us;
+        v_quick := clock_timestamp() - v_started < c_quick_sweep;
+    ELSIF c.plain THEN
+        RETURN NULL;
+    ELSE
+        -- Resume: the cursor's lanes, each moved back to the first row made claimable
+        -- by a transaction the cursor's snapshot did not see (ready_txid at or above its
+        -- xmax, or in its xip), wherever that row lies, and new lanes for such rows of
+        -- other priorities. (A ready_txid at or beyond this snapshot's xmax came from
+        -- another cluster, restored: such rows are found from their lanes' keys.)
+        SELECT coalesce(array_agg(g.qi), '{}'), coalesce(array_agg(g.ni), '{}'), coalesce(array_agg(g.p), '{}'),
+               coalesce(array_agg(g.k[1]), '{}'), coalesce(array_agg(g.k[2]), '{}')
+          INTO v_since.lane_queue, v_since.lane_name, v_since.lane_priority, v_since.lane_run_at,
+               v_since.lane_id
+          FROM (SELECT array_position(v_queues, r.queue) AS qi, coalesce(array_position(v_names, r.name), 0) AS ni,
+                       r.priority AS p, min(ARRAY[treadle._us(r.run_at), r.id]) AS k
+                  FROM (SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
+                         WHERE j.state = ANY (ARRAY['available', 'retryable'])
+                           AND j.ready_txid >= c.xmax::text::xid8
+                           AND j.ready_txid < pg_snapshot_xmax(v_snap)
+                        UNION ALL
+                        SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
+                         WHERE j.state = ANY (ARRAY['available', 'retryable'])
+                           AND j.ready_txid = ANY (c.xip::text[]::xid8[])) AS r
+                 WHERE r.queue = ANY (v_queues)
+                   AND (v_names IS NULL OR r.name = ANY (v_names))
+                 GROUP BY 1, 2, 3) AS g;
+        IF cardinality(v_since.lane_queue) > 0 THEN
+            -- (rows of many commits, a producer's, a release's, come down to one key
+            -- per lane above; here, per lane, the lower of its two keys)
+            SELECT array_agg(g.qi), array_agg(g.ni), array_agg(g.p), array_agg(g.k[1]), array_agg(g.k[2])
+              INTO c.lane_queue, c.lane_name, c.lane_priority, c.lane_run_at, c.lane_id
+              FROM (SELECT l.qi, l.ni, l.p, min(ARRAY[l.run_at, l.id]) AS k
+                      FROM (SELECT * FROM unnest(c.lane_queue, c.lane_name, c.lane_priority, c.lane_run_at, c.lane_id)
+                            UNION ALL
+                            SELECT * FROM unnest(v_since.lane_queue, v_since.lane_name, v_since.lane_priority,
+                                               v_since.lane_run_at, v_since.lane_id))
+                           AS l(qi, ni, p, run_at, id)
+                     GROUP BY l.qi, l.ni, l.p) AS g;
+        END IF;
+    END IF;
+    IF cardinality(c.lane_queue) > c_max_lanes THEN
+        PERFORM set_config(setting, CASE WHEN v_quick THEN ''
+                                         ELSE ROW(1, v_now_us, c.swept_at, true, 0, '{}', '{}', '{}', '{}', '{}',
+                                                  '{}')::treadle._claim_cursor::text END, false);
+        RETURN NULL;
+    END IF;
+
+    -- Lock the candidates one priority at a time, the best first: each lane of that
+    -- priority read from its key in claim order, skipping rows other claimers hold,
+    -- as many as are still wanted; the best of them are claimed. Each lane read gets
+    -- a new key: its first candidate left unclaimed; past now when it had fewer rows
+    -- than asked for (all taken, or held by others); else just past its last claimed
+    -- row. Lanes of the priorities not reached keep their keys.
+    FOREACH v_priority IN ARRAY ARRAY(SELECT DISTINCT p.p FROM unnest(c.lane_priority) AS p(p) ORDER BY 1) LOOP
+        -- the candidates in claim order, each with its lane's number
+        IF v_names IS NULL THEN
+            SELECT coalesce(array_agg(l.n ORDER BY r.run_at, r.id), '{}'),
+                   coalesce(array_agg(r.id ORDER BY r.run_at, r.id), '{}'),
+                   coalesce(array_agg(treadle._us(r.run_at) ORDER BY r.run_at, r.id), '{}')
+              INTO v_lane, v_cand, v_cand_us
+              FROM unnest(c.lane_queue, c.lane_priority, c.lane_run_at, c.lane_id) WITH ORDINALITY
+                   AS l(qi, p, run_at, id, n)
+             CROSS JOIN LATERAL (
+                    SELECT j.id, j.run_at
+                      FROM treadle.jobs AS j
+                     WHERE j.queue = v_queues[l.qi::integer]
+                       AND j.priority = v_priority
+                       AND j.state = ANY (ARRAY['available', 'retryable'])
+                       AND (j.run_at, j.id) >= (treadle._from_us(l.run_at), l.id)
+                       AND j.run_at <= now
+                     ORDER BY j.priority, j.run_at, j.id
+                     LIMIT v_left
+                       FOR UPDATE SKIP LOCKED) AS r
+             WHERE l.p = v_priority;
+        ELSE
+            SELECT coalesce(array_agg(l.n ORDER BY r.run_at, r.id), '{}'),
+                   coalesce(array_agg(r.id ORDER BY r.run_at, r.id), '{}'),
+                   coalesce(array_agg(treadle._us(r.run_at) ORDER BY r.run_at, r.id), '{}')
+              INTO v_lane, v_cand, v_cand_us
+              FROM unnest(c.lane_queue, c.lane_name, c.lane_priority, c.lane_run_at, c.lane_id) WITH ORDINALITY
+                   AS l(qi, ni, p, run_at, id, n)
+             CROSS JOIN LATERAL (
+                    SELECT j.id, j.run_at
+                      FROM treadle.jobs AS j
+                     WHERE j.queue = v_queues[l.qi::integer]
+                       AND j.name = v_names[l.ni::integer]
+                       AND j.priority = v_priority
+                       AND j.state = ANY (ARRAY['available', 'retryable'])
+                       AND (j.run_at, j.id) >= (treadle._from_us(l.run_at), l.id)
+                       AND j.run_at <= now
+                     ORDER BY j.priority, j.run_at, j.id
+                     LIMIT v_left
+                       FOR UPDATE SKIP LOCKED) AS r
+             WHERE l.p = v_priority;
+        END IF;
+        v_ids := v_ids || v_cand[1:v_left];
+        -- the lanes' keys: candidate i is claimed when i <= v_left
+        SELECT array_agg(k.k[1] ORDER BY l.n), array_agg(k.k[2] ORDER BY l.n)
+          INTO c.lane_run_at, c.lane_id
+          FROM unnest(c.lane_priority, c.lane_run_at, c.lane_id) WITH ORDINALITY AS l(p, run_at, id, n)
+         CROSS JOIN LATERAL (
+                SELECT count(*) AS got, min(x.i) FILTER (WHERE x.i > v_left) AS first_left, max(x.i) AS last
+                  FROM generate_subscripts(v_lane, 1) AS x(i)
+                 WHERE v_lane[x.i] = l.n) AS s
+         CROSS JOIN LATERAL (
+                SELECT CASE WHEN l.p <> v_priority THEN ARRAY[l.run_at, l.id]
+                            WHEN s.first_left IS NOT NULL THEN ARRAY[v_cand_us[s.first_left], v_cand[s.first_left]]
+                            WHEN s.got < v_left THEN ARRAY[v_now_us + 1, 0]
+                            ELSE ARRAY[v_cand_us[s.last], v_cand[s.last] + 1] END AS k) AS k;
+        v_left := batch - cardinality(v_ids);
+        EXIT WHEN v_left = 0;
+    END LOOP;
+
+    -- The next cursor. Its snapshot: the one taken before reading, with this
+    -- transaction's own id, when it had one, among those it did not see. After a
+    -- quick sweep, none: back to the plain claim.
+    c.version := 1;
+    c.taken_at := v_now_us;
+    c.plain := false;
+    c.xmax := pg_snapshot_xmax(v_snap)::text::bigint;
+    c.xip := ARRAY(SELECT x.x::text::bigint FROM pg_snapshot_xip(v_snap) AS x(x)
+                   UNION ALL
+                   SELECT v_own::text::bigint WHERE v_own IS NOT NULL);
+    PERFORM set_config(setting, CASE WHEN v_quick THEN '' ELSE c::text END, false);
+    RETURN v_ids;
+END;
+$$;
+COMMENT ON FUNCTION treadle._claim_by_cursor(text, text, text[], text[], integer, timestamptz) IS
+    'The candidates of a claim made from the session''s cursor, and the next cursor; null: claim plainly.';
+
+--------------------------------------------------------------------------------
 -- treadle.claim(worker_id, queues, names, batch, lease, lease_token)
 --     -> setof treadle.jobs
 --
@@ -1456,19 +1780,20 @@ COMMENT ON FUNCTION treadle._claim_next_lane(text, text, integer) IS
 -- Where a claim starts reading. A claimed job leaves a dead entry at the front of
 -- the claim index, and while any snapshot older than the claim stays open (a long
 -- transaction, a replication slot) nothing removes it: a claim that starts at the
--- front walks every one. So a session whose claims take over 2 ms switches to a
--- cursor, kept per (queues, names) in a setting (treadle.claim_<hash>): for each
--- lane, a (queue[, name], priority), the key (run_at, id) below which it found
--- nothing left to take, and the snapshot its previous claim read with. A claim reads
--- each lane from its key, and besides the rows made claimable by transactions that
--- snapshot did not see (ready_txid: late commits, retries, releases, rescues, new
--- priorities), which can lie below a key. A row can hide below every key only when
--- a transaction locked it and then rolled back without writing it (a claim that
+-- front walks every one. So a session whose claims get slow switches to a cursor
+-- (treadle._claim_by_cursor), kept per (queues, names) in a setting
+-- (treadle.claim_<hash>): for each lane, a (queue[, name], priority), the key
+-- (run_at, id) below which it found nothing left to take, and the snapshot its
+-- previous claim read with (a treadle._claim_cursor). A claim reads each lane from
+-- its key, and besides the rows made claimable by transactions that snapshot did
+-- not see (ready_txid: late commits, retries, releases, rescues, new priorities),
+-- which can lie below a key. A row can hide below every key only when a
+-- transaction locked it and then rolled back without writing it (a claim that
 -- failed after locking), or a writer made it claimable without setting ready_txid:
 -- a sweep from the front every 60 s finds it, and a quick sweep ends the cursor.
 -- The cursor only narrows what this session reads: a setting changed by hand can
 -- delay this session's claims, never let it take a job twice or hide one from
--- other sessions.
+-- other sessions; one that is not a usable cursor means a sweep.
 -- Raises 22004: worker_id or queues null. 22023: worker_id or a queue or name
 -- that is not a valid name; queues or names empty or over 1000; batch outside
 -- 1..1000; lease not positive or over 1 day. 42501: a tenant's queue outside its
@@ -1495,6 +1820,7 @@ SET search_path = pg_catalog, pg_temp
 -- table holds. The rows to update are found by id = ANY(...), not by a join whose
 -- size the planner would have to guess. The penalty those settings add to the
 -- plan's cost would start JIT compiling, which never pays off here: off too.
+-- (The cursor's helpers run under these settings too.)
 SET plan_cache_mode = force_generic_plan
 SET enable_sort = off
 SET enable_seqscan = off
@@ -1503,35 +1829,18 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
+    -- A plain claim this slow walks about 10,000 dead entries; one without dead
+    -- entries in front takes well under a millisecond. A cursor claim costs at most
+    -- a few tenths of a millisecond more than a plain one, so a switch made in vain
+    -- costs little and a late one costs throughput.
+    c_slow    CONSTANT interval := interval '2 ms';
     v_now     timestamptz := treadle.now();
-    v_slow    CONSTANT interval := interval '2 ms';        -- a plain claim this slow, 3 in a row: a cursor
-    v_quick_sweep CONSTANT interval := interval '1 ms';    -- a sweep this quick: back to the plain claim
-    v_setting text;       -- this session's cursor for these queues and names
-    v_text    text;
-    v_plain   boolean;    -- the plain claim, without a cursor
+    v_setting text;       -- this session's claim mode for these queues and names
+    v_mode    text;
+    v_plain   boolean;    -- the session claims plainly, without a cursor
     v_started timestamptz;
     v_ids     bigint[];
     v_room    jsonb;      -- what each queue may give, when a requested queue is paused or limited
-    -- the cursor's
-    v_now_us  bigint;
-    v_snap    pg_snapshot;  -- taken before any row is read
-    v_own     xid8;
-    v_queues  text[];     -- distinct, sorted: lanes name them by number
-    v_names   text[];
-    v_cursor  bigint[];   -- 1, now, swept, xmax, #xip, xip..., lanes
-    v_swept   bigint;     -- when the lanes were last found from the front of the index
-    v_sweep_at timestamptz;
-    v_quick   boolean;    -- a sweep that found few dead entries: back to the plain claim
-    v_lanes   bigint[];   -- per lane: queue no, name no (0 without names), priority, run_at, id
-    v_straggler bigint[];
-    v_priority bigint;
-    v_left    integer;    -- jobs still wanted
-    v_read_p  bigint[];   -- per priority read: the priority,
-    v_read_limit integer[];  -- the rows asked of each of its lanes,
-    v_read_from integer[];   -- and where its candidates start in v_cand
-    v_lane    bigint[];   -- the candidates, a priority after the other, each in claim
-    v_cand    bigint[];   -- order: their lane's first subscript in v_lanes, ids, run_at
-    v_cand_us bigint[];
 BEGIN
     -- Each argument is tested inline, as enqueue does, and its helper called only to
     -- raise: a call costs more than the test, and a worker claims all the time.
@@ -1573,126 +1882,25 @@ BEGIN
                                             WHERE r.value::integer > 0));
     END IF;
 
-    -- A session claims from the front of each range (the plain claim) until three in
-    -- a row take over v_slow, as when dead entries pile up in front (not just one: the
-    -- first claim of a session is also planned, and a busy server has slow moments);
-    -- then it sweeps and keeps a cursor, back to the plain claim once a sweep (at once,
-    -- then every 60 s) reads its lanes within v_quick_sweep. A plain claim without dead
-    -- entries in front takes well under a millisecond, and one that walks 10,000 takes
-    -- about 2; a cursor claim costs at most a few tenths of a millisecond more than a plain
-    -- one, so a switch made in vain costs little and a late one costs throughput. The setting holds nothing, 'slow' or 'slow2' (plain),
-    -- 'sweep' (or 'pin': sweep, and keep the cursor however quick: for tests), or the
-    -- cursor.
+    -- The session's mode for these queues and names: nothing, 'slow' or 'slow2' (the
+    -- plain claim, after one or two slow claims in a row), 'sweep' (after the third:
+    -- not just one, as the first claim of a session is also planned, and a busy
+    -- server has slow moments) or a cursor. A paused or limited queue is claimed
+    -- plainly: its room may leave candidates unclaimed, which a cursor would count
+    -- as taken.
     v_setting := 'treadle.claim_' || to_hex(hashtextextended(
         array_to_string(claim.queues, chr(1)) || chr(2) || coalesce(array_to_string(claim.names, chr(1)), ''), 0));
-    v_text := current_setting(v_setting, true);
-    -- A paused or limited queue is claimed plainly: its room may leave candidates
-    -- unclaimed, which a cursor would count as taken.
-    IF v_room IS NOT NULL OR coalesce(v_text, '') IN ('', 'slow', 'slow2') THEN
-        v_started := clock_timestamp();
-    ELSE
-        v_now_us := treadle._us(v_now);
-        v_snap := pg_current_snapshot();
-        v_own := pg_current_xact_id_if_assigned();  -- a snapshot lists every running id but its own
-        v_queues := ARRAY(SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q) ORDER BY 1);
-        IF claim.names IS NOT NULL THEN
-            v_names := ARRAY(SELECT DISTINCT n.n FROM unnest(claim.names) AS n(n) ORDER BY 1);
-        END IF;
-        v_quick := false;
-        v_plain := false;
-        -- A usable cursor: well formed (anything else means a sweep, never an error),
-        -- from a clock that did not go back, swept less than 60 s ago.
-        IF v_text ~ '^\{[12](,-?[0-9]{1,18}){2,}\}$' THEN
-            v_cursor := v_text::bigint[];
-            IF v_cursor[2] > v_now_us OR v_cursor[3] > v_now_us OR v_cursor[3] < v_now_us - 60000000 THEN
-                v_cursor := NULL;
-            ELSIF cardinality(v_cursor) > 3 AND NOT (
-                    v_cursor[4] >= 0 AND v_cursor[5] >= 0
-                    AND cardinality(v_cursor) >= 5 + v_cursor[5]
-                    AND (cardinality(v_cursor) - 5 - v_cursor[5]) % 5 = 0) THEN
-                -- (a lane's queue or name number out of range reads nothing: see below)
-                v_cursor := NULL;
-            END IF;
-        END IF;
-        v_swept := coalesce(v_cursor[3], v_now_us);
-
-        IF cardinality(v_cursor) = 3 THEN
-            -- jobs over too many priorities for a cursor: the plain claim until the next sweep
-            v_plain := true;
-        ELSIF v_cursor IS NULL THEN
-            -- Sweep: each lane's first claimable row, due or not, read from the front of
-            -- the index: the one read that walks every dead entry, once per lane.
-            v_sweep_at := clock_timestamp();
-            v_lanes := ARRAY(
-                WITH RECURSIVE lanes AS (
-                    SELECT r.qi, r.ni, f.priority, f.run_at, f.id, 1 AS n
-                      FROM (SELECT u.qi, 0 AS ni FROM generate_subscripts(v_queues, 1) AS u(qi)
-                             WHERE v_names IS NULL
-                            UNION ALL
-                            SELECT u.qi, n.ni FROM generate_subscripts(v_queues, 1) AS u(qi),
-                                                   generate_subscripts(v_names, 1) AS n(ni)) AS r
-                     CROSS JOIN LATERAL treadle._claim_next_lane(v_queues[r.qi], v_names[r.ni], NULL) AS f
-                    UNION ALL
-                    SELECT l.qi, l.ni, f.priority, f.run_at, f.id, l.n + 1
-                      FROM lanes AS l
-                     CROSS JOIN LATERAL treadle._claim_next_lane(v_queues[l.qi], v_names[l.ni], l.priority) AS f
-                     WHERE l.n <= 32
-                )
-                SELECT x FROM lanes AS l, unnest(ARRAY[l.qi, l.ni, l.priority, treadle._us(l.run_at), l.id]) AS x);
-            -- ('pin', and a cursor made from it, keep the cursor: for tests)
-            v_quick := clock_timestamp() - v_sweep_at < v_quick_sweep AND v_text <> 'pin'
-                       AND v_text NOT LIKE '{2,%';
-            IF cardinality(v_lanes) > 5 * 32 THEN
-                v_plain := true;
-                PERFORM set_config(v_setting, CASE WHEN v_quick THEN '' ELSE ARRAY[1, v_now_us, v_now_us]::text END,
-                                   false);
-            END IF;
-        ELSE
-            -- Resume: the cursor's lanes, each moved back to the first row made claimable
-            -- by a transaction the previous snapshot did not see (or this one's), wherever
-            -- that row lies, and new lanes for such rows of other priorities.
-            v_lanes := v_cursor[6 + v_cursor[5]:];
-            v_straggler := ARRAY(
-                -- each lane's first such row: rows of many commits (a producer's, a
-                -- release's) come down to one key per lane here, not in the merge below
-                SELECT x
-                  FROM (SELECT array_position(v_queues, s.queue) AS qi,
-                               coalesce(array_position(v_names, s.name), 0) AS ni, s.priority AS p,
-                               min(ARRAY[treadle._us(s.run_at), s.id]) AS k
-                          FROM (SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
-                                 WHERE j.state = ANY (ARRAY['available', 'retryable'])
-                                   AND j.ready_txid >= v_cursor[4]::text::xid8
-                                   -- a ready_txid beyond the server's came from another cluster
-                                   -- (restored): such rows are found from their lanes' keys
-                                   AND j.ready_txid < pg_snapshot_xmax(v_snap)
-                                UNION ALL
-                                SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
-                                 WHERE j.state = ANY (ARRAY['available', 'retryable'])
-                                   AND j.ready_txid = ANY (v_cursor[6:5 + v_cursor[5]]::text[]::xid8[])) AS s
-                         WHERE s.queue = ANY (v_queues)
-                           AND (v_names IS NULL OR s.name = ANY (v_names))
-                         GROUP BY 1, 2, 3) AS g,
-                       unnest(ARRAY[g.qi, g.ni, g.p, g.k[1], g.k[2]]) AS x);
-            IF cardinality(v_straggler) > 0 THEN
-                v_lanes := ARRAY(
-                    SELECT x
-                      FROM (SELECT m.qi, m.ni, m.p, min(m.k) AS k
-                              FROM (SELECT c[i] AS qi, c[i + 1] AS ni, c[i + 2] AS p, ARRAY[c[i + 3], c[i + 4]] AS k
-                                      FROM (SELECT v_lanes || v_straggler) AS a(c),
-                                           generate_series(1, cardinality(a.c), 5) AS i) AS m
-                             GROUP BY m.qi, m.ni, m.p) AS g,
-                           unnest(ARRAY[g.qi, g.ni, g.p, g.k[1], g.k[2]]) AS x);
-                IF cardinality(v_lanes) > 5 * 32 THEN
-                    v_plain := true;
-                    PERFORM set_config(v_setting, ARRAY[1, v_now_us, v_swept]::text, false);
-                END IF;
-            END IF;
-        END IF;
+    v_mode := coalesce(current_setting(v_setting, true), '');
+    v_plain := v_room IS NOT NULL OR v_mode IN ('', 'slow', 'slow2');
+    IF NOT v_plain THEN
+        v_ids := treadle._claim_by_cursor(v_setting, v_mode, claim.queues, claim.names, claim.batch, v_now);
     END IF;
 
-    IF v_started IS NOT NULL OR v_plain THEN
-        -- Lock the candidates: each (queue[, name]) range from its front in claim
-        -- order, skipping rows other claimers hold, then the best `batch` of them.
+    IF v_ids IS NULL THEN
+        -- The claim: lock the candidates, each (queue[, name]) range read from its
+        -- front in claim order, skipping rows other claimers hold, then take the best
+        -- `batch` of them.
+        v_started := clock_timestamp();
         IF claim.names IS NULL THEN
             v_ids := ARRAY(
                 SELECT c.id
@@ -1726,103 +1934,13 @@ BEGIN
                  ORDER BY c.priority, c.run_at, c.id
                  LIMIT claim.batch);
         END IF;
-        -- two slow claims in a row (the first claim of a session is also planned)
-        IF clock_timestamp() - v_started > v_slow OR v_text LIKE 'slow%' THEN
-            -- (v_started is null for the plain claim of too many priorities)
-            PERFORM set_config(v_setting, CASE WHEN clock_timestamp() - v_started <= v_slow THEN ''
-                                               WHEN v_text = 'slow2' THEN 'sweep'
-                                               WHEN v_text = 'slow' THEN 'slow2' ELSE 'slow' END, false);
+        -- A slow claim moves the mode on ('' -> 'slow' -> 'slow2' -> 'sweep'); a quick
+        -- one after a slow one starts it again.
+        IF v_plain AND (clock_timestamp() - v_started > c_slow OR v_mode LIKE 'slow%') THEN
+            PERFORM set_config(v_setting, CASE WHEN clock_timestamp() - v_started <= c_slow THEN ''
+                                               WHEN v_mode = 'slow2' THEN 'sweep'
+                                               WHEN v_mode = 'slow' THEN 'slow2' ELSE 'slow' END, false);
         END IF;
-    ELSE
-        -- Lock the candidates one priority at a time, the best first: each lane of that
-        -- priority read from its key in claim order, skipping rows other claimers hold,
-        -- as many as are still wanted; the best of them are claimed. Lanes of the
-        -- priorities not reached keep their keys.
-        v_left := claim.batch;
-        v_ids := '{}'; v_read_p := '{}'; v_read_limit := '{}'; v_read_from := '{}';
-        v_lane := '{}'; v_cand := '{}'; v_cand_us := '{}';
-        FOREACH v_priority IN ARRAY ARRAY(SELECT DISTINCT v_lanes[i + 2]
-                                            FROM generate_series(1, cardinality(v_lanes), 5) AS i ORDER BY 1) LOOP
-            IF v_names IS NULL THEN
-                SELECT v_lane || array_agg(l.i ORDER BY c.run_at, c.id),
-                       v_cand || array_agg(c.id ORDER BY c.run_at, c.id),
-                       v_cand_us || array_agg(treadle._us(c.run_at) ORDER BY c.run_at, c.id),
-                       v_ids || (array_agg(c.id ORDER BY c.run_at, c.id))[1:v_left],
-                       v_read_p || v_priority, v_read_limit || v_left, v_read_from || cardinality(v_cand) + 1
-                  INTO v_lane, v_cand, v_cand_us, v_ids, v_read_p, v_read_limit, v_read_from
-                  FROM generate_series(1, cardinality(v_lanes), 5) AS l(i)
-                 CROSS JOIN LATERAL (
-                        SELECT j.id, j.run_at
-                          FROM treadle.jobs AS j
-                         WHERE j.queue = v_queues[greatest(least(v_lanes[l.i], 1001), 0)::integer]
-                           AND j.priority = v_priority
-                           AND j.state = ANY (ARRAY['available', 'retryable'])
-                           AND (j.run_at, j.id) >= (treadle._from_us(v_lanes[l.i + 3]), v_lanes[l.i + 4])
-                           AND j.run_at <= v_now
-                         ORDER BY j.priority, j.run_at, j.id
-                         LIMIT v_left
-                           FOR UPDATE SKIP LOCKED) AS c
-                 WHERE v_lanes[l.i + 2] = v_priority;
-            ELSE
-                SELECT v_lane || array_agg(l.i ORDER BY c.run_at, c.id),
-                       v_cand || array_agg(c.id ORDER BY c.run_at, c.id),
-                       v_cand_us || array_agg(treadle._us(c.run_at) ORDER BY c.run_at, c.id),
-                       v_ids || (array_agg(c.id ORDER BY c.run_at, c.id))[1:v_left],
-                       v_read_p || v_priority, v_read_limit || v_left, v_read_from || cardinality(v_cand) + 1
-                  INTO v_lane, v_cand, v_cand_us, v_ids, v_read_p, v_read_limit, v_read_from
-                  FROM generate_series(1, cardinality(v_lanes), 5) AS l(i)
-                 CROSS JOIN LATERAL (
-                        SELECT j.id, j.run_at
-                          FROM treadle.jobs AS j
-                         WHERE j.queue = v_queues[greatest(least(v_lanes[l.i], 1001), 0)::integer]
-                           AND j.name = v_names[greatest(least(v_lanes[l.i + 1], 1001), 0)::integer]
-                           AND j.priority = v_priority
-                           AND j.state = ANY (ARRAY['available', 'retryable'])
-                           AND (j.run_at, j.id) >= (treadle._from_us(v_lanes[l.i + 3]), v_lanes[l.i + 4])
-                           AND j.run_at <= v_now
-                         ORDER BY j.priority, j.run_at, j.id
-                         LIMIT v_left
-                           FOR UPDATE SKIP LOCKED) AS c
-                 WHERE v_lanes[l.i + 2] = v_priority;
-            END IF;
-            v_left := claim.batch - cardinality(v_ids);
-            EXIT WHEN v_left = 0;
-        END LOOP;
-
-        -- The next cursor. A lane read now gets as key its first candidate left
-        -- unclaimed; past now when it had fewer rows than asked for (all taken, or
-        -- held by others); else just past its last claimed row. The snapshot: the one
-        -- taken before reading, with this transaction's own id, when it had one, among
-        -- those it did not see.
-        PERFORM set_config(v_setting, CASE WHEN v_quick THEN '' ELSE (
-            ARRAY[CASE WHEN v_text = 'pin' OR v_text LIKE '{2,%' THEN 2 ELSE 1 END,
-                  v_now_us, v_swept, pg_snapshot_xmax(v_snap)::text::bigint]
-            || ARRAY(SELECT count(*) FROM (SELECT pg_snapshot_xip(v_snap) UNION ALL SELECT v_own) AS x(x)
-                      WHERE x.x IS NOT NULL)
-            || ARRAY(SELECT x.x::text::bigint FROM (SELECT pg_snapshot_xip(v_snap) UNION ALL SELECT v_own) AS x(x)
-                      WHERE x.x IS NOT NULL)
-            || ARRAY(
-                SELECT x
-                  FROM generate_series(1, cardinality(v_lanes), 5) AS l(i)
-                 CROSS JOIN LATERAL (
-                        SELECT r.asked, count(p.p) AS n,
-                               min(p.p) FILTER (WHERE p.p - r.from_at >= r.asked) AS left_at,
-                               max(p.p) FILTER (WHERE p.p - r.from_at < r.asked) AS last_at
-                          FROM (SELECT v_read_limit[k.k] AS asked, v_read_from[k.k] AS from_at
-                                  FROM array_position(v_read_p, v_lanes[l.i + 2]) AS k(k)) AS r
-                          LEFT JOIN generate_subscripts(v_lane, 1) AS p(p) ON v_lane[p.p] = l.i
-                         GROUP BY r.asked) AS s
-                 CROSS JOIN LATERAL unnest(ARRAY[
-                        v_lanes[l.i], v_lanes[l.i + 1], v_lanes[l.i + 2],
-                        CASE WHEN s.asked IS NULL THEN v_lanes[l.i + 3]
-                             WHEN s.left_at IS NOT NULL THEN v_cand_us[s.left_at]
-                             WHEN s.n < s.asked THEN v_now_us + 1
-                             ELSE v_cand_us[s.last_at] END,
-                        CASE WHEN s.asked IS NULL THEN v_lanes[l.i + 4]
-                             WHEN s.left_at IS NOT NULL THEN v_cand[s.left_at]
-                             WHEN s.n < s.asked THEN 0
-                             ELSE v_cand[s.last_at] + 1 END]) AS x)
-            )::text END, false);
     END IF;
     IF v_room IS NOT NULL THEN
         v_ids := treadle._take_room(v_ids, v_room);
@@ -2799,7 +2917,7 @@ COMMENT ON FUNCTION treadle._running_xids() IS
 -- lease index, and while any snapshot older than it stays open (a long transaction,
 -- a replication slot) nothing removes it: a pass over all expired leases would
 -- grow with the snapshot's age. So each session keeps a floor (the setting
--- treadle.rescue_cursor) and reads the leases that ran out at or above it. After a
+-- treadle.rescue_cursor, a treadle._rescue_cursor) and reads the leases that ran out at or above it. After a
 -- pass from the floor, the floor may move up to where that pass read (less a
 -- second, and less any expired lease it found held by another session), but only
 -- at a later pass, once every transaction that was running at the first one has
@@ -2823,11 +2941,15 @@ AS $$
 DECLARE
     v_now    timestamptz := treadle.now();
     v_now_us bigint := treadle._us(v_now);
+    -- Read from the floor at least this often (microseconds), as claims sweep: it
+    -- finds what the reads since the previous call can miss, below, at a cost that
+    -- grows with the dead entries a held snapshot keeps.
+    c_sweep_every CONSTANT bigint := 60 * 1000000;
+    -- Reads reach this far (microseconds) below where the previous one stopped: a
+    -- lease is written with its statement's now and committed a moment later.
+    c_margin CONSTANT bigint := 1000000;
     v_text   text := current_setting('treadle.rescue_cursor', true);
-    -- the cursor: 2, the previous call's now, the floor (null: from the start), where
-    -- the floor moves next, the newest transaction id running when that was set
-    -- (null: none), the last pass from the floor
-    v_cursor bigint[];
+    v_cursor treadle._rescue_cursor;
     v_from   timestamptz;
     v_full   boolean := true;  -- this call reads from the floor
     v_moves  boolean := false; -- and the floor moves up after it
@@ -2840,22 +2962,23 @@ BEGIN
     -- (under REPEATABLE READ or SERIALIZABLE a rescue reads with its transaction's
     -- first snapshot: from the floor, and the floor stays)
     v_fixed := v_now <> statement_timestamp() OR current_setting('transaction_isolation') <> 'read committed';
-    IF v_now = statement_timestamp() AND v_text ~ '^\{2(,(-?[0-9]{1,18}|NULL)){5}\}$' THEN
-        v_cursor := v_text::bigint[];
+    -- (a setting that is not a cursor's text, as treadle._is_cursor_text says, is none)
+    IF v_now = statement_timestamp() AND treadle._is_cursor_text(
+            v_text, '{number,number or null,number or null,number or null,number}') THEN
+        v_cursor := v_text::treadle._rescue_cursor;
         -- a clock that went back, or a cursor set by hand (into the future, a
         -- transaction id out of range): from the start
-        IF v_cursor[2] > v_now_us OR v_cursor[3] > v_now_us OR v_cursor[4] > v_now_us
-           OR v_cursor[6] > v_now_us OR v_cursor[2] IS NULL OR v_cursor[6] IS NULL
-           OR v_cursor[5] NOT BETWEEN 3 AND 4294967295 THEN
+        IF v_cursor.taken_at > v_now_us OR v_cursor.floor > v_now_us OR v_cursor.next_floor > v_now_us
+           OR v_cursor.swept_at > v_now_us OR v_cursor.newest_xid NOT BETWEEN 3 AND 4294967295 THEN
             v_cursor := NULL;
         END IF;
     END IF;
-    IF v_cursor IS NOT NULL THEN
-        v_moves := NOT v_fixed AND v_cursor[4] IS NOT NULL AND NOT EXISTS (
-            SELECT 1 FROM treadle._running_xids() AS x(x) WHERE age(x.x) >= age(v_cursor[5]::text::xid));
+    IF v_cursor.version IS NOT NULL THEN  -- (not `v_cursor IS NOT NULL`: true only when no field is null)
+        v_moves := NOT v_fixed AND v_cursor.next_floor IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM treadle._running_xids() AS x(x) WHERE age(x.x) >= age(v_cursor.newest_xid::text::xid));
         -- from the floor when it moves up after, or a minute after the last pass from it
-        v_full := v_moves OR v_fixed OR v_cursor[6] <= v_now_us - 60000000;
-        v_from := treadle._from_us(CASE WHEN v_full THEN v_cursor[3] ELSE v_cursor[2] - 1000000 END);
+        v_full := v_moves OR v_fixed OR v_cursor.swept_at <= v_now_us - c_sweep_every;
+        v_from := treadle._from_us(CASE WHEN v_full THEN v_cursor.floor ELSE v_cursor.taken_at - c_margin END);
     ELSE
         v_from := '-infinity';
     END IF;
@@ -2924,23 +3047,22 @@ BEGIN
     END IF;
 
     IF NOT v_fixed THEN
-        IF v_cursor IS NULL THEN
-            v_cursor := ARRAY[2, NULL, NULL, NULL, NULL, NULL];
-        END IF;
+        v_cursor.version := 1;
         IF v_full THEN
             -- the transactions running at the pass that set the next floor have all
             -- ended: what they wrote below it, this pass has read
             IF v_moves THEN
-                v_cursor[3] := least(v_cursor[4], v_missed);
+                v_cursor.floor := least(v_cursor.next_floor, v_missed);
             END IF;
-            v_cursor[4] := least(v_now_us, v_missed) - 1000000;
+            v_cursor.next_floor := least(v_now_us, v_missed) - c_margin;
             -- (the ids running now, not when this transaction first read them: the
             -- read above may have missed what any of them wrote)
             PERFORM pg_stat_clear_snapshot();
-            v_cursor[5] := (SELECT x.x::text::bigint FROM treadle._running_xids() AS x(x) ORDER BY age(x.x) LIMIT 1);
-            v_cursor[6] := v_now_us;
+            v_cursor.newest_xid := (SELECT x.x::text::bigint FROM treadle._running_xids() AS x(x)
+                                     ORDER BY age(x.x) LIMIT 1);
+            v_cursor.swept_at := v_now_us;
         END IF;
-        v_cursor[2] := v_now_us;
+        v_cursor.taken_at := v_now_us;
         PERFORM set_config('treadle.rescue_cursor', v_cursor::text, false);
     END IF;
 

@@ -666,7 +666,7 @@ COMMENT ON FUNCTION treadle._running_xids() IS
 -- lease index, and while any snapshot older than it stays open (a long transaction,
 -- a replication slot) nothing removes it: a pass over all expired leases would
 -- grow with the snapshot's age. So each session keeps a floor (the setting
--- treadle.rescue_cursor) and reads the leases that ran out at or above it. After a
+-- treadle.rescue_cursor, a treadle._rescue_cursor) and reads the leases that ran out at or above it. After a
 -- pass from the floor, the floor may move up to where that pass read (less a
 -- second, and less any expired lease it found held by another session), but only
 -- at a later pass, once every transaction that was running at the first one has
@@ -690,11 +690,15 @@ AS $$
 DECLARE
     v_now    timestamptz := treadle.now();
     v_now_us bigint := treadle._us(v_now);
+    -- Read from the floor at least this often (microseconds), as claims sweep: it
+    -- finds what the reads since the previous call can miss, below, at a cost that
+    -- grows with the dead entries a held snapshot keeps.
+    c_sweep_every CONSTANT bigint := 60 * 1000000;
+    -- Reads reach this far (microseconds) below where the previous one stopped: a
+    -- lease is written with its statement's now and committed a moment later.
+    c_margin CONSTANT bigint := 1000000;
     v_text   text := current_setting('treadle.rescue_cursor', true);
-    -- the cursor: 2, the previous call's now, the floor (null: from the start), where
-    -- the floor moves next, the newest transaction id running when that was set
-    -- (null: none), the last pass from the floor
-    v_cursor bigint[];
+    v_cursor treadle._rescue_cursor;
     v_from   timestamptz;
     v_full   boolean := true;  -- this call reads from the floor
     v_moves  boolean := false; -- and the floor moves up after it
@@ -707,22 +711,23 @@ BEGIN
     -- (under REPEATABLE READ or SERIALIZABLE a rescue reads with its transaction's
     -- first snapshot: from the floor, and the floor stays)
     v_fixed := v_now <> statement_timestamp() OR current_setting('transaction_isolation') <> 'read committed';
-    IF v_now = statement_timestamp() AND v_text ~ '^\{2(,(-?[0-9]{1,18}|NULL)){5}\}$' THEN
-        v_cursor := v_text::bigint[];
+    -- (a setting that is not a cursor's text, as treadle._is_cursor_text says, is none)
+    IF v_now = statement_timestamp() AND treadle._is_cursor_text(
+            v_text, '{number,number or null,number or null,number or null,number}') THEN
+        v_cursor := v_text::treadle._rescue_cursor;
         -- a clock that went back, or a cursor set by hand (into the future, a
         -- transaction id out of range): from the start
-        IF v_cursor[2] > v_now_us OR v_cursor[3] > v_now_us OR v_cursor[4] > v_now_us
-           OR v_cursor[6] > v_now_us OR v_cursor[2] IS NULL OR v_cursor[6] IS NULL
-           OR v_cursor[5] NOT BETWEEN 3 AND 4294967295 THEN
+        IF v_cursor.taken_at > v_now_us OR v_cursor.floor > v_now_us OR v_cursor.next_floor > v_now_us
+           OR v_cursor.swept_at > v_now_us OR v_cursor.newest_xid NOT BETWEEN 3 AND 4294967295 THEN
             v_cursor := NULL;
         END IF;
     END IF;
-    IF v_cursor IS NOT NULL THEN
-        v_moves := NOT v_fixed AND v_cursor[4] IS NOT NULL AND NOT EXISTS (
-            SELECT 1 FROM treadle._running_xids() AS x(x) WHERE age(x.x) >= age(v_cursor[5]::text::xid));
+    IF v_cursor.version IS NOT NULL THEN  -- (not `v_cursor IS NOT NULL`: true only when no field is null)
+        v_moves := NOT v_fixed AND v_cursor.next_floor IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM treadle._running_xids() AS x(x) WHERE age(x.x) >= age(v_cursor.newest_xid::text::xid));
         -- from the floor when it moves up after, or a minute after the last pass from it
-        v_full := v_moves OR v_fixed OR v_cursor[6] <= v_now_us - 60000000;
-        v_from := treadle._from_us(CASE WHEN v_full THEN v_cursor[3] ELSE v_cursor[2] - 1000000 END);
+        v_full := v_moves OR v_fixed OR v_cursor.swept_at <= v_now_us - c_sweep_every;
+        v_from := treadle._from_us(CASE WHEN v_full THEN v_cursor.floor ELSE v_cursor.taken_at - c_margin END);
     ELSE
         v_from := '-infinity';
     END IF;
@@ -791,23 +796,22 @@ BEGIN
     END IF;
 
     IF NOT v_fixed THEN
-        IF v_cursor IS NULL THEN
-            v_cursor := ARRAY[2, NULL, NULL, NULL, NULL, NULL];
-        END IF;
+        v_cursor.version := 1;
         IF v_full THEN
             -- the transactions running at the pass that set the next floor have all
             -- ended: what they wrote below it, this pass has read
             IF v_moves THEN
-                v_cursor[3] := least(v_cursor[4], v_missed);
+                v_cursor.floor := least(v_cursor.next_floor, v_missed);
             END IF;
-            v_cursor[4] := least(v_now_us, v_missed) - 1000000;
+            v_cursor.next_floor := least(v_now_us, v_missed) - c_margin;
             -- (the ids running now, not when this transaction first read them: the
             -- read above may have missed what any of them wrote)
             PERFORM pg_stat_clear_snapshot();
-            v_cursor[5] := (SELECT x.x::text::bigint FROM treadle._running_xids() AS x(x) ORDER BY age(x.x) LIMIT 1);
-            v_cursor[6] := v_now_us;
+            v_cursor.newest_xid := (SELECT x.x::text::bigint FROM treadle._running_xids() AS x(x)
+                                     ORDER BY age(x.x) LIMIT 1);
+            v_cursor.swept_at := v_now_us;
         END IF;
-        v_cursor[2] := v_now_us;
+        v_cursor.taken_at := v_now_us;
         PERFORM set_config('treadle.rescue_cursor', v_cursor::text, false);
     END IF;
 

@@ -79,3 +79,36 @@ CREATE INDEX workflow_runs_wake_at_idx ON treadle.workflow_runs (wake_at)
     WHERE wake_at IS NOT NULL AND state = 'running';
 DROP FUNCTION treadle.define_workflow(text, text[]);
 DROP FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text);
+-- Claim and rescue cursors are composite types now (sql/src/010_tables.sql has the same definitions).
+-- A claim cursor (treadle.claim, sql/src/040_claim.sql), kept as this type's text in
+-- a session setting. Times are microseconds since 1970 (treadle._us); a lane is the
+-- same subscript of the six lane_ arrays.
+CREATE TYPE treadle._claim_cursor AS (
+    version       integer,   -- of this layout: 1
+    taken_at      bigint,    -- when the claim that wrote it ran (a clock that went back voids it)
+    swept_at      bigint,    -- when its lanes were last read from the front of the claim index
+    plain         boolean,   -- too many lanes: claims are plain until the next sweep (no more fields)
+    xmax          bigint,    -- the snapshot the claim read with: it did not see the ids >= xmax,
+    xip           bigint[],  -- nor these (its own among them)
+    lane_queue    bigint[],  -- the lane's queue: its number among the claim's queues, sorted
+    lane_name     bigint[],  -- its name's number among the claim's names, sorted (0: without names)
+    lane_priority bigint[],  -- its priority
+    lane_run_at   bigint[],  -- the key (run_at, id) below which the lane has nothing left to take
+    lane_id       bigint[]
+);
+COMMENT ON TYPE treadle._claim_cursor IS
+    'A session''s claim cursor: its snapshot and, per (queue, name, priority) lane, where claims resume.';
+
+-- A rescue cursor (treadle.rescue, sql/src/050_finish.sql), kept as this type's text
+-- in the session setting treadle.rescue_cursor, as a claim cursor is. Times are
+-- microseconds since 1970 (treadle._us).
+CREATE TYPE treadle._rescue_cursor AS (
+    version     integer,  -- of this layout: 1
+    taken_at    bigint,   -- the previous rescue's now (a clock that went back voids the cursor)
+    floor       bigint,   -- rescues read the leases that ran out at or above it (null: all)
+    next_floor  bigint,   -- where the floor moves once the transactions below have ended
+    newest_xid  bigint,   -- the newest transaction id running when next_floor was set (null: none)
+    swept_at    bigint    -- when a rescue last read from the floor
+);
+COMMENT ON TYPE treadle._rescue_cursor IS
+    'A session''s rescue cursor: the floor of the expired leases its rescues read, and where it moves next.';

@@ -26,10 +26,27 @@ CURSOR_NAME = """select 'treadle.claim_' || to_hex(hashtextextended(
     array_to_string(%s::text[], chr(1)) || chr(2) || coalesce(array_to_string(%s::text[], chr(1)), ''), 0))"""
 
 
-def pin_cursor(conn: psycopg.Connection, queue: str) -> None:
-    """Make this session claim from `queue` with a cursor from its next claim on, however
-    quick its claims (a session switches to one only when its claims get slow)."""
-    conn.execute(f"select set_config(({CURSOR_NAME}), 'pin', false)", ([queue], None))
+# A cursor taken now by the session's clock that saw no transaction: the next claim
+# finds each lane among the rows made claimable since (all of them).
+BLIND_CURSOR = "format('(1,%%1$s,%%1$s,f,0,{},{},{},{},{},{})', treadle._us(treadle.now()))"
+
+
+def start_cursor(conn: psycopg.Connection, queues: list[str]) -> None:
+    """Put this session's claims from `queues` in cursor mode, as slow claims would (a
+    session switches to a cursor only when its claims get slow): it resumes from the
+    cursor each claim leaves until its next sweep, 60 s later by the session's clock,
+    which ends the cursor when it is quick. Set treadle.now before, if at all."""
+    conn.execute(f"select set_config(({CURSOR_NAME}), {BLIND_CURSOR}, false)", (queues, None))
+
+
+def cursor_of(conn: psycopg.Connection, name: str) -> tuple[object, ...] | None:
+    """The session's cursor of that setting name, as a row; None when it has none."""
+    row = conn.execute(
+        "select (c).* from (select current_setting(%s)::treadle._claim_cursor as c) as s"
+        " where current_setting(%s) like '(%%'",
+        (name, name),
+    ).fetchone()
+    return None if row is None else tuple(row)
 
 
 def enqueue(conn: psycopg.Connection, queue: str, **options: object) -> int:
@@ -58,7 +75,7 @@ def drain(conn: psycopg.Connection, queue: str) -> list[int]:
 
 def test_a_job_committed_late_below_the_cursor_is_claimed(connect: Connect) -> None:
     claimer, producer, other = connect(), connect(autocommit=False), connect()
-    pin_cursor(claimer, "late")
+    start_cursor(claimer, ["late"])
     enqueue(other, "late")
     assert len(claim(claimer, "late")) == 1  # the session has a cursor now
     late = enqueue(producer, "late")  # run_at: now, before the jobs below; not committed yet
@@ -74,7 +91,7 @@ def test_a_late_commit_is_claimed_while_an_old_snapshot_is_held(connect: Connect
     claimer, producer, other, holder = connect(), connect(autocommit=False), connect(), connect(autocommit=False)
     holder.execute("set transaction isolation level repeatable read")
     holder.execute("select count(*) from treadle.workflows").fetchall()  # the snapshot stays
-    pin_cursor(claimer, "held")
+    start_cursor(claimer, ["held"])
     for _ in range(200):
         enqueue(other, "held")
     assert len(drain(claimer, "held")) == 200  # 200 dead entries the holder keeps
@@ -92,7 +109,7 @@ def test_a_limited_queue_leaves_nothing_below_a_cursor(connect: Connect) -> None
     that has a cursor for those queues."""
     claimer, owner = connect(), connect()
     # a claim that names a limited queue keys its cursor by the queues with room, sorted
-    claimer.execute(f"select set_config(({CURSOR_NAME}), 'pin', false)", (["free", "limited"], None))
+    start_cursor(claimer, ["free", "limited"])
     owner.execute("select treadle.set_queue('limited', concurrency => 1)")
     limited = [enqueue(owner, "limited") for _ in range(3)]
     free = [enqueue(owner, "free") for _ in range(3)]
@@ -105,7 +122,7 @@ def test_a_limited_queue_leaves_nothing_below_a_cursor(connect: Connect) -> None
 
 def test_a_past_run_at_and_a_better_priority_are_claimed_first(connect: Connect) -> None:
     claimer, other = connect(), connect()
-    pin_cursor(claimer, "order")
+    start_cursor(claimer, ["order"])
     for _ in range(3):
         enqueue(other, "order", priority=5)
     assert len(claim(claimer, "order")) == 1
@@ -116,12 +133,13 @@ def test_a_past_run_at_and_a_better_priority_are_claimed_first(connect: Connect)
 
 def test_a_better_priority_job_that_comes_due_is_claimed_first(connect: Connect) -> None:
     claimer, other = connect(), connect()
-    pin_cursor(claimer, "due")
     claimer.execute("set treadle.now = '2999-01-01 12:00:00+00'")
     other.execute("set treadle.now = '2999-01-01 12:00:00+00'")
+    start_cursor(claimer, ["due"])
     soon = enqueue(other, "due", priority=-1, run_at="2999-01-01 12:00:05+00")
     waiting = [enqueue(other, "due", priority=3) for _ in range(4)]
-    assert claim(claimer, "due") == waiting[:1]  # the sweep saw the future lane
+    assert claim(claimer, "due") == waiting[:1]  # the first claim saw the future lane
+    assert cursor_of(claimer, value(claimer, CURSOR_NAME, (["due"], None))) is not None
     claimer.execute("set treadle.now = '2999-01-01 12:00:04+00'")
     assert claim(claimer, "due") == waiting[1:2]
     claimer.execute("set treadle.now = '2999-01-01 12:00:06+00'")
@@ -131,7 +149,7 @@ def test_a_better_priority_job_that_comes_due_is_claimed_first(connect: Connect)
 def test_jobs_made_claimable_again_are_claimed_by_the_cursor_holder(connect: Connect) -> None:
     """fail, release, retry, snooze and rescue put a job back; the claimer's next claims find it."""
     claimer, admin = connect(), connect()
-    pin_cursor(claimer, "again")
+    start_cursor(claimer, ["again"])
     ids = [enqueue(admin, "again", priority=-1, max_attempts=5) for _ in range(5)]
     rows = claimer.execute(
         "select id, lease_token from treadle.claim('w', array['again'], batch => 5, lease => '1 second')"
@@ -152,25 +170,46 @@ def test_jobs_made_claimable_again_are_claimed_by_the_cursor_holder(connect: Con
 
 def test_rows_a_rolled_back_claim_held_are_claimed_after_the_sweep(connect: Connect) -> None:
     claimer, aborter, other = connect(), connect(autocommit=False), connect()
-    pin_cursor(claimer, "abort")
     for conn in (claimer, aborter, other):
         conn.execute("set treadle.now = '2999-01-01 12:00:00+00'")
+    start_cursor(claimer, ["abort"])
     ids = [enqueue(other, "abort") for _ in range(6)]
     assert claim(aborter, "abort", batch=2) == ids[:2]  # locked, not yet committed
     assert claim(claimer, "abort", batch=2) == ids[2:4]  # skipped them: the cursor is past
     aborter.rollback()
     assert claim(claimer, "abort", batch=5) == ids[4:]  # hidden from this cursor for now
+    assert claim(claimer, "abort", batch=5) == []
+    assert cursor_of(claimer, value(claimer, CURSOR_NAME, (["abort"], None))) is not None
     claimer.execute("set treadle.now = '2999-01-01 12:01:01+00'")  # past the 60 s sweep
     assert claim(claimer, "abort", batch=5) == ids[:2]
 
 
+def test_a_cursor_over_too_many_priorities_claims_plainly_until_the_sweep(connect: Connect) -> None:
+    claimer, other = connect(), connect()
+    for conn in (claimer, other):
+        conn.execute("set treadle.now = '2999-01-01 12:00:00+00'")
+    start_cursor(claimer, ["many"])
+    name = value(claimer, CURSOR_NAME, (["many"], None))
+    ids = {p: enqueue(other, "many", priority=p) for p in range(40, 0, -1)}
+    assert claim(claimer, "many", batch=3) == [ids[1], ids[2], ids[3]]
+    cursor = cursor_of(claimer, name)
+    assert cursor is not None and cursor[3] is True, "40 lanes: a plain cursor"
+    past = enqueue(other, "many", priority=4, run_at="2000-01-01 00:00:00+00")
+    assert claim(claimer, "many", batch=2) == [past, ids[4]]
+    claimer.execute("set treadle.now = '2999-01-01 12:01:01+00'")
+    assert claim(claimer, "many") == [ids[5]]  # the sweep finds 36 lanes: plain claims
+    after = cursor_of(claimer, name)  # none when the sweep was quick, else a plain one from it
+    assert after is None or (after[3] is True and after[2] == value(claimer, "select treadle._us(treadle.now())"))
+
+
 def test_a_tampered_cursor_delays_only_its_own_session(connect: Connect) -> None:
     tamperer, other, producer = connect(), connect(), connect()
-    pin_cursor(tamperer, "tamper")
+    start_cursor(tamperer, ["tamper"])
     first = enqueue(producer, "tamper")
     assert claim(tamperer, "tamper") == [first]
     name = value(tamperer, CURSOR_NAME, (["tamper"], None))
-    assert value(tamperer, "select current_setting(%s)", (name,)).startswith("{2,")
+    assert cursor_of(tamperer, name) is not None
+    now = value(tamperer, "select treadle._us(treadle.now())")
     for junk in [
         "garbage",
         "{1,2}",
@@ -179,6 +218,23 @@ def test_a_tampered_cursor_delays_only_its_own_session(connect: Connect) -> None
         "{}",
         "",
         "{1,1,1,1,0,99,99,99,99,99}",
+        "(1,2)",
+        "(1,1,1,t,,,,,,,)",  # plain, but swept long ago
+        f"(2,{now},{now},f,0,{{}},{{}},{{}},{{}},{{}},{{}})",  # another layout
+        f"(1,99999999999999999,{now},f,0,{{}},{{}},{{}},{{}},{{}},{{}})",  # taken in the future
+        f"(1,{now},{now},f,-5,{{}},{{}},{{}},{{}},{{}},{{}})",
+        f"(1,{now},{now},f,9999999999999999999,{{}},{{}},{{}},{{}},{{}},{{}})",  # 19 digits: over a bigint
+        f'(1,{now},{now},f,0,"{{1,99999999999999999999}}",{{}},{{}},{{}},{{}},{{}})',
+        f"(1,{now},{now},f,0,{{-1}},{{}},{{}},{{}},{{}},{{}})",
+        f'(1,{now},{now},f,0,"{{}},{{}},{{}},{{}},{{}},{{}})',  # an open quote
+        f"(1,{now},{now},f,0,{{}},{{1,1}},{{0}},{{1}},{{1}},{{1}})",  # a comma out of quotes
+        f"(1,{now},{now},f,0,{{}},{{2}},{{0}},{{1}},{{1}},{{1}})",  # a queue out of range
+        f"(1,{now},{now},f,0,{{}},{{1}},{{1}},{{1}},{{1}},{{1}})",  # a name without names
+        f'(1,{now},{now},f,0,{{}},{{1}},{{0}},"{{1,2}}",{{1}},{{1}})',  # lanes of different lengths
+        f"(1,{now},{now},f,0,{{}},{{1}},{{0}},{{99999999999}},{{1}},{{1}})",  # a priority out of range
+        f"(1,{now},{now},f,0,{{}},{{1}},{{0}},{{0}},{{NULL}},{{1}})",
+        f"(1,{now},{now},f,0,{{}},{{1}},{{0}},{{0}},{{-999999999999999999}},{{1}})",  # before any time
+        f"(1,{now},{now},f,0,{{}},{{1}},{{0}},{{0}},{{999999999999999999}},{{1}})",  # after any time
     ]:
         job = enqueue(producer, "tamper")
         tamperer.execute("select set_config(%s, %s, false)", (name, junk))
@@ -186,15 +242,19 @@ def test_a_tampered_cursor_delays_only_its_own_session(connect: Connect) -> None
 
     for conn in (tamperer, other, producer):
         conn.execute("set treadle.now = '2999-01-01 12:00:00+00'")
-    pin_cursor(tamperer, "tamper")
+    start_cursor(tamperer, ["tamper"])
     assert claim(tamperer, "tamper") == []  # a fresh cursor from a claim at 12:00:00
+    assert cursor_of(tamperer, name) is not None
     hidden = enqueue(producer, "tamper")
     # a cursor whose lanes start far in the future and whose snapshot saw everything
-    parts = value(tamperer, "select current_setting(%s)", (name,)).strip("{}").split(",")
-    parts[3] = str(2**59)
-    for i in range(5 + int(parts[4]), len(parts), 5):
-        parts[i + 3] = str(10**17)
-    tamperer.execute("select set_config(%s, %s, false)", (name, "{" + ",".join(parts) + "}"))
+    tamperer.execute(
+        """select set_config(%(name)s, row(c.version, c.taken_at, c.swept_at, c.plain, 2 ^ 59, c.xip,
+                                           c.lane_queue, c.lane_name, c.lane_priority,
+                                           array_fill(10 ^ 17, array[cardinality(c.lane_queue)]), c.lane_id
+                                       )::treadle._claim_cursor::text, false)
+             from (select (current_setting(%(name)s)::treadle._claim_cursor).*) as c""",
+        {"name": name},
+    )
     assert claim(tamperer, "tamper") == []  # its own claims are delayed
     assert claim(other, "tamper") == [hidden]  # nobody else's
     again = enqueue(producer, "tamper")
@@ -242,7 +302,7 @@ def test_many_claimers_and_producers_with_a_held_snapshot_claim_every_job_once(c
     def work(n: int) -> Counter[int]:
         conn = connect()
         if n % 2:
-            pin_cursor(conn, "mix")  # half the claimers with a cursor, half without
+            start_cursor(conn, ["mix"])  # half the claimers with a cursor, half without
         rnd = random.Random(100 + n)
         completed: Counter[int] = Counter()
         idle_since: float | None = None
@@ -353,18 +413,22 @@ def test_a_tampered_rescue_cursor_reads_from_the_start(connect: Connect) -> None
     job = enqueue(producer, "tampered-lease")
     assert claim_with_lease(worker, "tampered-lease", "1 second") == [job]
     time.sleep(1.1)
-    future = "{2,99999999999999999,99999999999999999,99999999999999999,1,99999999999999999}"
+    future = "(1,99999999999999999,99999999999999999,99999999999999999,1,99999999999999999)"
     moved = []
     for cursor in [
         future,
-        "{2,1,2,3,4}",
-        "{2,1,1,1,99999999999,1}",
+        "(1,1,2,3,4)",
+        "(1,1,1,1,99999999999,1)",
+        "(1,1,1,1,1,999999999999999999999)",
+        "(2,1,,,,1)",
+        "(1,,,,,)",
         "garbage",
+        "{2,1,1,1,1,1}",
         "{2,NULL,NULL,NULL,NULL,NULL}",
         "\x01",
         "",
     ]:
         rescuer.execute("select set_config('treadle.rescue_cursor', %s, false)", (cursor,))
         moved.append(value(rescuer, "select treadle.rescue()"))
-    assert moved == [1, 0, 0, 0, 0, 0, 0]
+    assert moved == [1] + [0] * 10
     assert value(producer, "select state from treadle.jobs where id = %s", (job,)) == "retryable"
