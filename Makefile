@@ -22,21 +22,15 @@ SRC        = $(sort $(wildcard sql/src/*.sql))
 # migration in sql/upgrade
 # (sql/treadle--0.1.0.sql is the released 0.1.0 script, kept as released)
 UPGRADES_FROM = $(patsubst sql/upgrade/%--$(EXTVERSION).sql,%,$(wildcard sql/upgrade/*--$(EXTVERSION).sql))
-# the plain (not extension) scripts, shipped in the Python package for `treadle install`;
-# plain upgrades start from the last release (sql/plain keeps each release's plain scripts
-# as released; the package also ships the released upgrades, and `treadle upgrade` chains
-# them: 0.2.0 -> 0.3.0 -> this version)
+# the scripts the Python package ships for `treadle install` and `treadle upgrade` (the plain
+# install, the plain upgrades, the released ones among them, the pg_tle registration):
+# built here and by the package's own build (setup.py), never committed; the stamp stands
+# for them all (scripts/build-sql package says which they are)
 PLAIN_DIR  = python/src/treadle/plain_sql
-PLAIN_UPGRADES_FROM = 0.3.0
-PLAIN      = $(PLAIN_DIR)/$(EXTENSION)-$(EXTVERSION).sql \
-             $(foreach v,$(PLAIN_UPGRADES_FROM),$(PLAIN_DIR)/$(EXTENSION)-$(v)--$(EXTVERSION).sql)
-# the released plain upgrades the package ships as well, copied from sql/plain as released
-PLAIN_RELEASED = $(PLAIN_DIR)/$(EXTENSION)-0.2.0--0.3.0.sql
-# the pg_tle registration, shipped too (treadle install --mode pgtle)
-PGTLE      = $(PLAIN_DIR)/$(EXTENSION)-$(EXTVERSION).pgtle.sql
+PACKAGE_SQL = $(PLAIN_DIR)/.built
 EXTENSION_SCRIPTS = sql/$(EXTENSION)--$(EXTVERSION).sql \
              $(foreach v,$(UPGRADES_FROM),sql/$(EXTENSION)--$(v)--$(EXTVERSION).sql)
-GENERATED  = $(EXTENSION_SCRIPTS) $(PLAIN) $(PGTLE)
+GENERATED  = $(EXTENSION_SCRIPTS) $(PACKAGE_SQL)
 DATA       = $(sort $(wildcard sql/$(EXTENSION)--*.sql) $(EXTENSION_SCRIPTS))
 
 PG_CONFIG ?= pg_config
@@ -62,21 +56,15 @@ sql/$(EXTENSION)--$(EXTVERSION).sql: $(SRC) $(EXTENSION).control scripts/build-s
 sql/$(EXTENSION)--%--$(EXTVERSION).sql: sql/upgrade/%--$(EXTVERSION).sql $(wildcard sql/upgrade/*.after.sql) $(SRC) $(EXTENSION).control scripts/build-sql
 	scripts/build-sql upgrade $* > $@
 
-$(PLAIN_DIR)/$(EXTENSION)-$(EXTVERSION).sql: $(SRC) $(EXTENSION).control scripts/build-sql
-	scripts/build-sql plain > $@
-
-$(PLAIN_DIR)/$(EXTENSION)-%--$(EXTVERSION).sql: sql/upgrade/%--$(EXTVERSION).sql $(wildcard sql/upgrade/*.after.sql) $(SRC) $(EXTENSION).control scripts/build-sql
-	scripts/build-sql plain-upgrade $* > $@
-
-$(PGTLE): $(SRC) $(wildcard sql/upgrade/*.sql) $(wildcard sql/$(EXTENSION)--*--*.sql) $(EXTENSION).control scripts/build-sql
-	scripts/build-sql pgtle $(UPGRADES_FROM) > $@
+$(PACKAGE_SQL): $(SRC) $(wildcard sql/upgrade/*.sql) $(wildcard sql/plain/*.sql) $(wildcard sql/$(EXTENSION)--*--*.sql) $(EXTENSION).control scripts/build-sql
+	scripts/build-sql package $(PLAIN_DIR) && touch $@
 
 # What a managed server needs: the plain scripts, and the pg_tle registration.
 DIST ?= dist
 .PHONY: dist
-dist: $(PLAIN) $(PGTLE)
+dist: $(PACKAGE_SQL)
 	mkdir -p $(DIST)
-	cp $(PLAIN) $(PLAIN_RELEASED) $(PGTLE) $(DIST)/
+	cp $(PLAIN_DIR)/*.sql $(DIST)/
 
 # Throwaway clusters and the Python environment live under .build/ (git-ignored).
 BUILD   ?= $(CURDIR)/.build
@@ -89,10 +77,7 @@ PYTHON  ?= python3
 same = scripts/build-sql $(2) | cmp -s - $(1) || { echo "$(1) is stale: run make and commit it" >&2; exit 1; };
 check-generated:
 	@$(call same,sql/$(EXTENSION)--$(EXTVERSION).sql,install) \
-	 $(foreach v,$(UPGRADES_FROM),$(call same,sql/$(EXTENSION)--$(v)--$(EXTVERSION).sql,upgrade $(v))) \
-	 $(call same,$(PLAIN_DIR)/$(EXTENSION)-$(EXTVERSION).sql,plain) \
-	 $(foreach v,$(PLAIN_UPGRADES_FROM),$(call same,$(PLAIN_DIR)/$(EXTENSION)-$(v)--$(EXTVERSION).sql,plain-upgrade $(v))) \
-	 $(call same,$(PGTLE),pgtle $(UPGRADES_FROM))
+	 $(foreach v,$(UPGRADES_FROM),$(call same,sql/$(EXTENSION)--$(v)--$(EXTVERSION).sql,upgrade $(v)))
 
 # Debian packages the tests need: pgTAP for this server's major version, pg_prove.
 test-deps:
@@ -111,7 +96,7 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $@
 
-venv: $(VENV)/.installed
+venv: $(VENV)/.installed $(PACKAGE_SQL)
 
 # The SQL contract: pgTAP (scripts/run-tests runs it first) and these pytest suites run on
 # every supported major version and against the plain SQL install as well; the client's
