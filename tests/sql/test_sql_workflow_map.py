@@ -21,7 +21,7 @@ def start(conn: psycopg.Connection, queue: str) -> int:
     run_id: int = value(
         conn,
         "select treadle.start_workflow('thumbs', '{}', steps => array['load', 'resize', 'report'],"
-        " maps => '{\"resize\": \"load\"}', queue => %s)",
+        ' maps => \'{"resize": "load"}\', queue => %s)',
         (queue,),
     )
     return run_id
@@ -103,7 +103,7 @@ def test_the_last_two_elements_completed_at_once_join_once(connect: Connect, wai
     first, second = connect(autocommit=False), connect()
     run_id = start(second, "map-pair")
     [(load_id, _, _, load_token)] = claim_all(second, "map-pair")
-    assert value(second, "select treadle.complete(%s, %s, '[\"a\", \"b\"]')", (load_id, load_token)) == "completed"
+    assert value(second, 'select treadle.complete(%s, %s, \'["a", "b"]\')', (load_id, load_token)) == "completed"
     (a_id, _, _, a_token), (b_id, _, _, b_token) = sorted(claim_all(second, "map-pair"), key=lambda h: h[2]["index"])
     assert value(first, "select treadle.complete(%s, %s, '\"A\"')", (a_id, a_token)) == "completed"
     answer: list[str] = []
