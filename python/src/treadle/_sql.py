@@ -226,7 +226,7 @@ ARCHIVE: Final[LiteralString] = "SELECT treadle.archive(batch => %(batch)s::inte
 # treadle.define_workflow: record a registered workflow's steps
 DEFINE_WORKFLOW: Final[LiteralString] = """
 SELECT treadle.define_workflow(name => %(name)s::text, steps => %(steps)s::text[], after => %(after)s::jsonb,
-                               sleeps => %(sleeps)s::jsonb)
+                               sleeps => %(sleeps)s::jsonb, maps => %(maps)s::jsonb)
 """
 # treadle.worker_seen, worker_stopped: the registry of live workers
 WORKER_SEEN: Final[LiteralString] = """
