@@ -1,10 +1,11 @@
 -- pgtap/073_workflow_maps.sql: map steps (define_workflow's and start_workflow's
 -- `maps`): a step that becomes one job per element of the array a step it runs
--- after returned, completes once every element job completed, and hands the
--- results on in element order; checks at define time and at the fan-out.
+-- after returned (or its run's input holds), completes once every element job
+-- completed, and hands the results on in element order; checks at define time and
+-- at the fan-out.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(31);
+SELECT plan(39);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -103,6 +104,32 @@ SELECT results_eq(format($$ SELECT state, results -> 'each' FROM treadle.workflo
                   $$ VALUES ('completed', '[{"doubled": 10}, {"doubled": 12}]'::jsonb) $$, 'the run completes with the map''s results');
 
 --------------------------------------------------------------------------------
+-- a map over the run's input: {"input": key}
+--------------------------------------------------------------------------------
+SELECT treadle.start_workflow('fromin', '{"images": [7, 8]}', steps => ARRAY['each', 'done'],
+                              maps => '{"each": {"input": "images"}}', queue => 'maps') AS r5 \gset
+SELECT results_eq(format($$ SELECT step, args FROM treadle.jobs WHERE workflow_run_id = %s ORDER BY id $$, :r5),
+                  $$ VALUES ('each', '{"element": 7, "index": 0}'::jsonb), ('each', '{"element": 8, "index": 1}') $$,
+                  'a map over the input starts with the run, a job per element');
+SELECT is(pg_temp.finish_elements(:r5, 'each'), 2, 'its element jobs complete');
+SELECT results_eq(format($$ SELECT results -> 'each', pg_temp.steps(%s) FROM treadle.workflow_runs WHERE id = %s $$, :r5, :r5),
+                  $$ VALUES ('[{"doubled": 14}, {"doubled": 16}]'::jsonb, ARRAY['each:completed', 'each:completed', 'done:available']) $$,
+                  'the map step completes in element order and the next step starts');
+SELECT throws_ok($$ SELECT treadle.start_workflow('fromin', '{"images": "x"}', steps => ARRAY['each'],
+                                                  maps => '{"each": {"input": "images"}}', queue => 'maps') $$,
+                 '22023', 'treadle: map step "each" maps over the input''s "images", which must be a JSON array, not string',
+                 'an input whose key is not an array');
+SELECT throws_ok($$ SELECT treadle.start_workflow('fromin', '{}', steps => ARRAY['each'],
+                                                  maps => '{"each": {"input": "images"}}', queue => 'maps') $$,
+                 '22023', 'treadle: map step "each" maps over the input''s "images", which must be a JSON array, not missing',
+                 'an input without the key');
+SELECT is((SELECT count(*) FROM treadle.workflow_runs WHERE name = 'fromin'), 1::bigint, 'neither started a run');
+SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a'], maps => '{"a": {"input": 5}}') $$,
+                 '22023', 'treadle: map step "a" maps over a step name or {"input": key}, not {"input": 5}', 'an input key that is not text');
+SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a'], maps => '{"a": {"input": "k", "x": 1}}') $$,
+                 '22023', NULL, 'an input map with another key');
+
+--------------------------------------------------------------------------------
 -- bad input: 22023 naming the step, nothing written
 --------------------------------------------------------------------------------
 SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a', 'b', 'c'], after => '{"c": ["b"]}', maps => '{"c": "a"}') $$,
@@ -122,7 +149,7 @@ SELECT throws_ok(format($$ SELECT pg_temp.finish(%s, 'load', '{"not": "an array"
                  '22023', 'treadle: map step "resize" maps over the result of step "load", which must be a JSON array, not object',
                  'a result that is not an array');
 SELECT throws_ok(format($$ SELECT pg_temp.finish(%s, 'load', (SELECT jsonb_agg(NULL::integer) FROM generate_series(1, 100001))) $$, :r4),
-                 '22023', 'treadle: map step "resize" maps over at most 100000 elements, step "load" returned 100001',
+                 '22023', 'treadle: map step "resize" maps over at most 100000 elements, the result of step "load" holds 100001',
                  'a result over 100,000 elements');
 SELECT results_eq(format($$ SELECT pg_temp.steps(%s), results FROM treadle.workflow_runs WHERE id = %s $$, :r4, :r4),
                   $$ VALUES (ARRAY['load:available'], '{}'::jsonb) $$, 'neither changed the run');

@@ -1988,14 +1988,16 @@ COMMENT ON FUNCTION treadle._has_every_result(treadle.workflow_runs) IS
 --------------------------------------------------------------------------------
 -- treadle._enqueue_map(run, step, at) -> boolean
 --
--- Transition: a map step of a run (run.maps) starts: the result of the step it
--- maps over, a JSON array of N elements, becomes N jobs available now, in one
--- statement, each with args {"element": <element>, "index": <0-based position>};
--- run.map_left counts the N that have not completed. An empty array completes
--- the step at once with the result [] and returns true (the caller looks for
--- the steps that became ready). The caller holds the run row's lock.
--- Raises 22023, naming the step: the result it maps over is not a JSON array,
--- or holds over 100,000 elements (the step that returned it stays running).
+-- Transition: a map step of a run (run.maps) starts: the array it maps over (the
+-- result of a step it runs after, or {"input": key}: that key of the run's input),
+-- N elements, becomes N jobs available now, in one statement, each with args
+-- {"element": <element>, "index": <0-based position>}; run.map_left counts the N
+-- that have not completed. An empty array completes the step at once with the
+-- result [] and returns true (the caller looks for the steps that became ready).
+-- The caller holds the run row's lock.
+-- Raises 22023, naming the step: what it maps over is not a JSON array, or holds
+-- over 100,000 elements (the step that returned it stays running; a run that would
+-- start with it does not start).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_map(run treadle.workflow_runs, step text, at timestamptz)
 RETURNS boolean
@@ -2004,18 +2006,26 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_over  text := run.maps ->> step;
-    v_array jsonb := run.results -> (run.maps ->> step);
+    v_over  jsonb := run.maps -> step;
+    v_what  text;
+    v_array jsonb;
     v_n     integer;
 BEGIN
+    IF jsonb_typeof(v_over) = 'object' THEN
+        v_what := format('the input''s "%s"', v_over ->> 'input');
+        v_array := run.input -> (v_over ->> 'input');
+    ELSE
+        v_what := format('the result of step "%s"', v_over #>> '{}');
+        v_array := run.results -> (v_over #>> '{}');
+    END IF;
     IF jsonb_typeof(v_array) IS DISTINCT FROM 'array' THEN
-        RAISE EXCEPTION 'treadle: map step "%" maps over the result of step "%", which must be a JSON array, not %',
-                        step, v_over, coalesce(jsonb_typeof(v_array), 'null')
+        RAISE EXCEPTION 'treadle: map step "%" maps over %, which must be a JSON array, not %',
+                        step, v_what, coalesce(jsonb_typeof(v_array), 'missing')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     v_n := jsonb_array_length(v_array);
     IF v_n > 100000 THEN
-        RAISE EXCEPTION 'treadle: map step "%" maps over at most 100000 elements, step "%" returned %', step, v_over, v_n
+        RAISE EXCEPTION 'treadle: map step "%" maps over at most 100000 elements, % holds %', step, v_what, v_n
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF v_n = 0 THEN
@@ -4122,13 +4132,14 @@ COMMENT ON FUNCTION treadle._check_sleeps(text[], jsonb) IS
 --
 -- The map steps of a workflow, checked against its step names, its (checked)
 -- graph `after` and its sleep steps: null or {} is none (null). Otherwise a JSON
--- object mapping a step to the step whose result it maps over, which it must run
--- after directly: when that step completes with a JSON array of N elements, the
--- map step becomes N jobs, one per element, and completes with their N results in
--- element order once all N completed.
+-- object mapping a step to what it maps over: the name of a step it runs after
+-- directly, whose result is then the array, or {"input": key}, the run's input
+-- holding the array under that key. The map step becomes one job per element of
+-- the array, and completes with their results in element order once all
+-- completed (treadle._enqueue_map).
 -- Raises 22023, naming the step: maps not an object; a key that is not a step or
--- is a sleep step; a value that is not a step name or a step the key does not run
--- after directly; maps over the payload size limit.
+-- is a sleep step; a value that is neither a step the key runs after directly nor
+-- {"input": key} with a valid key; maps over the payload size limit.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_maps(steps text[], after jsonb, sleeps jsonb, maps jsonb)
 RETURNS jsonb
@@ -4158,8 +4169,16 @@ BEGIN
             RAISE EXCEPTION 'treadle: step "%" is a sleep step and cannot map', v_step
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
+        IF jsonb_typeof(v_value) = 'object' THEN
+            IF (SELECT count(*) FROM jsonb_object_keys(v_value)) <> 1 OR jsonb_typeof(v_value -> 'input') IS DISTINCT FROM 'string'
+               OR NOT coalesce(treadle._is_name(v_value ->> 'input'), false) THEN
+                RAISE EXCEPTION 'treadle: map step "%" maps over a step name or {"input": key}, not %', v_step, v_value
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            CONTINUE;
+        END IF;
         IF jsonb_typeof(v_value) <> 'string' THEN
-            RAISE EXCEPTION 'treadle: map step "%" must name the step whose result it maps over, not %', v_step, v_value
+            RAISE EXCEPTION 'treadle: map step "%" maps over a step name or {"input": key}, not %', v_step, v_value
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
         IF NOT (after -> v_step) ? (v_value #>> '{}') THEN
@@ -4196,7 +4215,7 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
 -- after (a JSON object: step -> [steps]; a step it leaves out starts with the
 -- run). Without `after`, each step runs after the one before it. `sleeps` names
 -- the sleep steps and how long each waits (treadle._check_sleeps); `maps` the map
--- steps and the step each maps over (treadle._check_maps). Workers call it
+-- steps and what each maps over (treadle._check_maps). Workers call it
 -- when they register a workflow. Replaces an earlier definition for new runs;
 -- existing runs keep the steps they started with.
 -- Raises 22004: name or steps null. 22023: a name that is not a valid name (see

@@ -125,14 +125,16 @@ COMMENT ON FUNCTION treadle._has_every_result(treadle.workflow_runs) IS
 --------------------------------------------------------------------------------
 -- treadle._enqueue_map(run, step, at) -> boolean
 --
--- Transition: a map step of a run (run.maps) starts: the result of the step it
--- maps over, a JSON array of N elements, becomes N jobs available now, in one
--- statement, each with args {"element": <element>, "index": <0-based position>};
--- run.map_left counts the N that have not completed. An empty array completes
--- the step at once with the result [] and returns true (the caller looks for
--- the steps that became ready). The caller holds the run row's lock.
--- Raises 22023, naming the step: the result it maps over is not a JSON array,
--- or holds over 100,000 elements (the step that returned it stays running).
+-- Transition: a map step of a run (run.maps) starts: the array it maps over (the
+-- result of a step it runs after, or {"input": key}: that key of the run's input),
+-- N elements, becomes N jobs available now, in one statement, each with args
+-- {"element": <element>, "index": <0-based position>}; run.map_left counts the N
+-- that have not completed. An empty array completes the step at once with the
+-- result [] and returns true (the caller looks for the steps that became ready).
+-- The caller holds the run row's lock.
+-- Raises 22023, naming the step: what it maps over is not a JSON array, or holds
+-- over 100,000 elements (the step that returned it stays running; a run that would
+-- start with it does not start).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_map(run treadle.workflow_runs, step text, at timestamptz)
 RETURNS boolean
@@ -141,18 +143,26 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_over  text := run.maps ->> step;
-    v_array jsonb := run.results -> (run.maps ->> step);
+    v_over  jsonb := run.maps -> step;
+    v_what  text;
+    v_array jsonb;
     v_n     integer;
 BEGIN
+    IF jsonb_typeof(v_over) = 'object' THEN
+        v_what := format('the input''s "%s"', v_over ->> 'input');
+        v_array := run.input -> (v_over ->> 'input');
+    ELSE
+        v_what := format('the result of step "%s"', v_over #>> '{}');
+        v_array := run.results -> (v_over #>> '{}');
+    END IF;
     IF jsonb_typeof(v_array) IS DISTINCT FROM 'array' THEN
-        RAISE EXCEPTION 'treadle: map step "%" maps over the result of step "%", which must be a JSON array, not %',
-                        step, v_over, coalesce(jsonb_typeof(v_array), 'null')
+        RAISE EXCEPTION 'treadle: map step "%" maps over %, which must be a JSON array, not %',
+                        step, v_what, coalesce(jsonb_typeof(v_array), 'missing')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     v_n := jsonb_array_length(v_array);
     IF v_n > 100000 THEN
-        RAISE EXCEPTION 'treadle: map step "%" maps over at most 100000 elements, step "%" returned %', step, v_over, v_n
+        RAISE EXCEPTION 'treadle: map step "%" maps over at most 100000 elements, % holds %', step, v_what, v_n
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF v_n = 0 THEN

@@ -244,13 +244,14 @@ COMMENT ON FUNCTION treadle._check_sleeps(text[], jsonb) IS
 --
 -- The map steps of a workflow, checked against its step names, its (checked)
 -- graph `after` and its sleep steps: null or {} is none (null). Otherwise a JSON
--- object mapping a step to the step whose result it maps over, which it must run
--- after directly: when that step completes with a JSON array of N elements, the
--- map step becomes N jobs, one per element, and completes with their N results in
--- element order once all N completed.
+-- object mapping a step to what it maps over: the name of a step it runs after
+-- directly, whose result is then the array, or {"input": key}, the run's input
+-- holding the array under that key. The map step becomes one job per element of
+-- the array, and completes with their results in element order once all
+-- completed (treadle._enqueue_map).
 -- Raises 22023, naming the step: maps not an object; a key that is not a step or
--- is a sleep step; a value that is not a step name or a step the key does not run
--- after directly; maps over the payload size limit.
+-- is a sleep step; a value that is neither a step the key runs after directly nor
+-- {"input": key} with a valid key; maps over the payload size limit.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_maps(steps text[], after jsonb, sleeps jsonb, maps jsonb)
 RETURNS jsonb
@@ -280,8 +281,16 @@ BEGIN
             RAISE EXCEPTION 'treadle: step "%" is a sleep step and cannot map', v_step
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
+        IF jsonb_typeof(v_value) = 'object' THEN
+            IF (SELECT count(*) FROM jsonb_object_keys(v_value)) <> 1 OR jsonb_typeof(v_value -> 'input') IS DISTINCT FROM 'string'
+               OR NOT coalesce(treadle._is_name(v_value ->> 'input'), false) THEN
+                RAISE EXCEPTION 'treadle: map step "%" maps over a step name or {"input": key}, not %', v_step, v_value
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            CONTINUE;
+        END IF;
         IF jsonb_typeof(v_value) <> 'string' THEN
-            RAISE EXCEPTION 'treadle: map step "%" must name the step whose result it maps over, not %', v_step, v_value
+            RAISE EXCEPTION 'treadle: map step "%" maps over a step name or {"input": key}, not %', v_step, v_value
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
         IF NOT (after -> v_step) ? (v_value #>> '{}') THEN
@@ -318,7 +327,7 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
 -- after (a JSON object: step -> [steps]; a step it leaves out starts with the
 -- run). Without `after`, each step runs after the one before it. `sleeps` names
 -- the sleep steps and how long each waits (treadle._check_sleeps); `maps` the map
--- steps and the step each maps over (treadle._check_maps). Workers call it
+-- steps and what each maps over (treadle._check_maps). Workers call it
 -- when they register a workflow. Replaces an earlier definition for new runs;
 -- existing runs keep the steps they started with.
 -- Raises 22004: name or steps null. 22023: a name that is not a valid name (see

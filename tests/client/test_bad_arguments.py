@@ -119,6 +119,12 @@ REFUSED_BY_SQL: list[tuple[str, Call, str, str]] = [
         'map step "c" maps over step "a", which it does not run after',
     ),
     (
+        "a map over an input key that is no name",
+        lambda c: treadle.start_workflow(c, "w", steps=["a"], maps={"a": {"input": ""}}),
+        "22023",
+        'map step "a" maps over a step name or {"input": key}, not {"input": ""}',
+    ),
+    (
         "an unknown dependency",
         lambda c: treadle.start_workflow(c, "w", steps=["a", "b"], after={"b": ["c"]}),
         "22023",

@@ -253,6 +253,24 @@ def test_a_map_step_runs_once_per_element_and_hands_on_the_results_in_order(
     assert [s["step"] for s in run_steps(conn, run_id)].count("resize") == 4
 
 
+def test_a_map_over_the_input_starts_with_the_run(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
+    worker = make_worker()
+    with pytest.raises(InvalidArgument, match="must be a step name"):
+        worker.workflow("bad", [Step("a", lambda i, r, c: 1, over=5)])  # type: ignore[arg-type]
+    worker.workflow(
+        "tally",
+        [
+            Step("each", lambda i, r, c: c.args["element"] + 1, over={"input": "items"}),
+            ("sum", lambda i, r, c: sum(r["each"])),
+        ],
+    )
+    worker.start()
+    run_id = start_workflow(conn, "tally", {"items": [1, 2, 3]})
+    finished = until_run_finished(conn, run_id)
+    assert finished["state"] == "completed"
+    assert finished["results"] == {"each": [2, 3, 4], "sum": 9}
+
+
 def test_a_map_over_a_step_it_does_not_run_after_stops_the_worker_at_start(make_worker: MakeWorker) -> None:
     worker = make_worker()
     worker.workflow(

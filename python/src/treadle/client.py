@@ -121,7 +121,7 @@ class WorkflowOptions(TypedDict, total=False):
     steps: Sequence[str] | None  # default: the steps a worker registered for the name
     after: Mapping[str, Sequence[str]] | None  # step -> the steps it runs after; None: each after the one before
     sleeps: Mapping[str, timedelta] | None  # sleep step -> how long it waits (no handler runs it)
-    maps: Mapping[str, str] | None  # map step -> the step whose result (a list) it runs once per element of
+    maps: Mapping[str, str | Mapping[str, str]] | None  # map step -> a step (its result, a list), or {"input": key}
     queue: str
     priority: int
     max_attempts: int
@@ -280,8 +280,8 @@ def start_workflow(
     leaves out starts with the run); without it each step runs after the one
     before. ``sleeps`` maps a sleep step (no handler runs it) to how long the run
     waits there. ``maps`` maps a map step to a step it runs after whose result is
-    a list: it runs once per element, and hands on their results in element
-    order. The steps it starts with are enqueued now; each completed step
+    a list (or to ``{"input": key}``, a list in the input): it runs once per
+    element, and hands on their results in element order. The steps it starts with are enqueued now; each completed step
     enqueues those whose dependencies have all completed. A workflow idempotency
     key (apart from jobs' keys) that a run holds returns that run's id and starts
     nothing. The options and their defaults:
@@ -319,12 +319,21 @@ def _sleeps(value: Any) -> Jsonb | None:
 
 
 def _maps(value: Any) -> Jsonb | None:
-    """start_workflow's `maps`: a mapping of step name -> step name; the database checks the graph."""
+    """start_workflow's `maps`: step name -> step name or {"input": key}; the database checks the graph."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
         raise InvalidArgument(f"maps must be a mapping of step name -> step name, not {type(value).__name__}")
-    return Jsonb({_args.text(step, "maps' step"): _args.text(over, "maps' step") for step, over in value.items()})
+    return Jsonb(
+        {
+            _args.text(step, "maps' step"): (
+                {_args.text(k, "maps' key"): _args.text(v, "maps' input key") for k, v in over.items()}
+                if isinstance(over, Mapping)
+                else _args.text(over, "maps' step")
+            )
+            for step, over in value.items()
+        }
+    )
 
 
 def _after(value: Any) -> Jsonb | None:
