@@ -5,7 +5,7 @@
 -- at the fan-out.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(39);
+SELECT plan(49);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -102,6 +102,28 @@ SELECT is(pg_temp.finish(:r3, 'load', '[5, 6]'), 'completed', 'a run whose last 
 SELECT is(pg_temp.finish_elements(:r3, 'each'), 2, 'its element jobs complete');
 SELECT results_eq(format($$ SELECT state, results -> 'each' FROM treadle.workflow_runs WHERE id = %s $$, :r3),
                   $$ VALUES ('completed', '[{"doubled": 10}, {"doubled": 12}]'::jsonb) $$, 'the run completes with the map''s results');
+
+--------------------------------------------------------------------------------
+-- an element job that fails for good fails the run; a retry resumes it
+--------------------------------------------------------------------------------
+SELECT treadle.start_workflow('thumbs', '{}', queue => 'maps') AS r6 \gset
+SELECT is(pg_temp.finish(:r6, 'load', '[1, 2, 3]'), 'completed', 'load completes');
+SELECT is(pg_temp.finish_elements(:r6, 'resize', 1), 1, 'the last element completes');
+SELECT is(treadle.fail(j.id, j.lease_token, 'boom', retryable => false), 'discarded', 'the middle element fails for good')
+  FROM (SELECT id, lease_token FROM treadle.claim('w', ARRAY['maps'], batch => 10)) AS j
+  JOIN treadle.jobs AS k ON k.id = j.id AND k.workflow_run_id = :r6 AND k.args ->> 'index' = '1';
+SELECT is(pg_temp.finish_elements(:r6, 'resize'), 0, 'the first element is claimed (running), none available');
+SELECT is(treadle.complete(k.id, k.lease_token, '{"doubled": 2}'), 'completed', 'the first element completes in the failed run')
+  FROM treadle.jobs AS k WHERE k.workflow_run_id = :r6 AND k.step = 'resize' AND k.args ->> 'index' = '0';
+SELECT results_eq(format($$ SELECT state, map_left, results ? 'resize' FROM treadle.workflow_runs WHERE id = %s $$, :r6),
+                  $$ VALUES ('failed', '{"resize": 1}'::jsonb, false) $$, 'the run failed, one element left');
+SELECT ok(treadle.retry((SELECT id FROM treadle.jobs WHERE workflow_run_id = :r6 AND step = 'resize' AND state = 'discarded')),
+          'a retry of the failed element resumes the run');
+SELECT is(pg_temp.finish_elements(:r6, 'resize'), 1, 'the retried element completes');
+SELECT results_eq(format($$ SELECT state, results -> 'resize' FROM treadle.workflow_runs WHERE id = %s $$, :r6),
+                  $$ VALUES ('running', '[{"doubled": 2}, {"doubled": 4}, {"doubled": 6}]'::jsonb) $$,
+                  'the map step completes with every element''s result in order');
+SELECT is((SELECT count(*) FROM treadle.jobs WHERE workflow_run_id = :r6 AND step = 'report'), 1::bigint, 'report starts once');
 
 --------------------------------------------------------------------------------
 -- a map over the run's input: {"input": key}
