@@ -67,10 +67,12 @@ CREATE TABLE treadle.workflows (
     updated_at  timestamptz NOT NULL,
     after       jsonb,
     sleeps      jsonb,
+    maps        jsonb,
     CONSTRAINT workflows_name_check CHECK (name <> ''),
     CONSTRAINT workflows_steps_check CHECK (cardinality(steps) > 0),
     CONSTRAINT workflows_after_check CHECK (jsonb_typeof(after) = 'object'),
-    CONSTRAINT workflows_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL))
+    CONSTRAINT workflows_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL)),
+    CONSTRAINT workflows_maps_check CHECK (maps IS NULL OR (jsonb_typeof(maps) = 'object' AND after IS NOT NULL))
 );
 
 -- One row per workflow run. Its steps are jobs (treadle.jobs.workflow_run_id).
@@ -91,13 +93,16 @@ CREATE TABLE treadle.workflow_runs (
     sleeps           jsonb,  -- sleep step -> how long it waits (an interval as text)
     wakes            jsonb,  -- sleep step under way -> when it ends
     wake_at          timestamptz,  -- the earliest of wakes: rescue() ends due sleeps
+    maps             jsonb,  -- map step -> the step whose result (a JSON array) it maps over
+    map_left         jsonb,  -- map step under way -> how many of its element jobs have not completed
     CONSTRAINT workflow_runs_state_check
         CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled'])),
     CONSTRAINT workflow_runs_finished_check
         CHECK ((state = 'running') = (finished_at IS NULL)),
     CONSTRAINT workflow_runs_steps_check CHECK (cardinality(steps) > 0),
     CONSTRAINT workflow_runs_after_check CHECK (jsonb_typeof(after) = 'object'),
-    CONSTRAINT workflow_runs_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL))
+    CONSTRAINT workflow_runs_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL)),
+    CONSTRAINT workflow_runs_maps_check CHECK (maps IS NULL OR (jsonb_typeof(maps) = 'object' AND after IS NOT NULL))
 );
 
 -- rescue() reads the running runs whose sleep steps are due
@@ -2374,13 +2379,79 @@ COMMENT ON FUNCTION treadle._has_every_result(treadle.workflow_runs) IS
     'Whether every step of a workflow run has a result.';
 
 --------------------------------------------------------------------------------
+-- treadle._enqueue_map(run, step, at) -> boolean
+--
+-- Transition: a map step of a run (run.maps) starts: the array it maps over (the
+-- result of a step it runs after, or {"input": key}: that key of the run's input),
+-- N elements, becomes N jobs available now, in one statement, each with args
+-- {"element": <element>, "index": <0-based position>}; run.map_left counts the N
+-- that have not completed. An empty array completes the step at once with the
+-- result [] and returns true (the caller looks for the steps that became ready).
+-- The caller holds the run row's lock.
+-- Raises 22023, naming the step: what it maps over is not a JSON array, or holds
+-- over 100,000 elements (the step that returned it stays running; a run that would
+-- start with it does not start).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._enqueue_map(run treadle.workflow_runs, step text, at timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_over  jsonb := run.maps -> step;
+    v_what  text;
+    v_array jsonb;
+    v_n     integer;
+BEGIN
+    IF jsonb_typeof(v_over) = 'object' THEN
+        v_what := format('the input''s "%s"', v_over ->> 'input');
+        v_array := run.input -> (v_over ->> 'input');
+    ELSE
+        v_what := format('the result of step "%s"', v_over #>> '{}');
+        v_array := run.results -> (v_over #>> '{}');
+    END IF;
+    IF jsonb_typeof(v_array) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'treadle: map step "%" maps over %, which must be a JSON array, not %',
+                        step, v_what, coalesce(jsonb_typeof(v_array), 'missing')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_n := jsonb_array_length(v_array);
+    IF v_n > 100000 THEN
+        RAISE EXCEPTION 'treadle: map step "%" maps over at most 100000 elements, % holds %', step, v_what, v_n
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF v_n = 0 THEN
+        UPDATE treadle.workflow_runs AS r SET results = r.results || jsonb_build_object(step, '[]'::jsonb)
+         WHERE r.id = run.id;
+        RETURN true;
+    END IF;
+    INSERT INTO treadle.jobs
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+    SELECT run.queue, 'workflow:' || run.name, jsonb_build_object('element', e.value, 'index', e.i - 1),
+           run.priority, at, run.max_attempts, at, run.id, step
+      FROM jsonb_array_elements(v_array) WITH ORDINALITY AS e(value, i)
+     ORDER BY e.i;
+    UPDATE treadle.workflow_runs AS r
+       SET map_left = coalesce(r.map_left, '{}'::jsonb) || jsonb_build_object(step, v_n)
+     WHERE r.id = run.id;
+    PERFORM treadle._notify('treadle_jobs', run.queue);
+    RETURN false;
+END;
+$$;
+COMMENT ON FUNCTION treadle._enqueue_map(treadle.workflow_runs, text, timestamptz) IS
+    'Start a map step of a workflow run: one job per element of the array it maps over.';
+
+--------------------------------------------------------------------------------
 -- treadle._enqueue_ready(run, at, done) -> void
 --
 -- Transition: the ready steps of a graph run (treadle._ready_steps, with `done`
 -- the step that just completed, or null to look at every step) start: a
 -- step -> a job, available now (treadle._enqueue_steps); a sleep step -> a sleep
 -- under way on the run (wakes: step -> at + its interval; wake_at, the earliest,
--- is where treadle.rescue looks). The caller holds the run row's lock.
+-- is where treadle.rescue looks); a map step -> a job per element
+-- (treadle._enqueue_map; one over an empty array completes at once, and the
+-- run moves on from it, or completes). The caller holds the run row's lock.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_ready(run treadle.workflow_runs, at timestamptz, done text DEFAULT NULL)
 RETURNS void
@@ -2391,6 +2462,8 @@ AS $$
 DECLARE
     v_ready  text[] := treadle._ready_steps(run, done);
     v_sleeps jsonb;
+    v_step   text;
+    v_empty  boolean := false;
 BEGIN
     IF run.sleeps IS NOT NULL THEN
         SELECT jsonb_object_agg(u.s, at + (run.sleeps ->> u.s)::interval) INTO v_sleeps
@@ -2406,11 +2479,30 @@ BEGIN
                             FROM jsonb_each(coalesce(r.wakes, '{}'::jsonb) || v_sleeps) AS e)
          WHERE r.id = run.id;
     END IF;
+    IF run.maps IS NOT NULL THEN
+        FOR v_step IN SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i) WHERE run.maps ? u.s ORDER BY u.i LOOP
+            IF treadle._enqueue_map(run, v_step, at) THEN
+                v_empty := true;
+            END IF;
+        END LOOP;
+        v_ready := ARRAY(SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i)
+                          WHERE NOT run.maps ? u.s ORDER BY u.i);
+    END IF;
     PERFORM treadle._enqueue_steps(run, v_ready, at);
+    IF v_empty THEN
+        -- a map over an empty array completed: what runs after it may start now
+        SELECT * INTO run FROM treadle.workflow_runs AS r WHERE r.id = run.id;
+        IF treadle._has_every_result(run) THEN
+            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at
+             WHERE r.id = run.id AND r.state = 'running';
+        ELSE
+            PERFORM treadle._enqueue_ready(run, at);
+        END IF;
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._enqueue_ready(treadle.workflow_runs, timestamptz, text) IS
-    'Start the ready steps of a workflow graph run: a job each, or a sleep under way for a sleep step.';
+    'Start the ready steps of a workflow graph run: a job each, a sleep under way for a sleep step, a job per element for a map step.';
 
 --------------------------------------------------------------------------------
 -- treadle._wake_runs(at) -> integer
@@ -2531,7 +2623,9 @@ COMMENT ON FUNCTION treadle._advance_run(treadle.jobs) IS
 -- treadle._advance_graph(run, step) -> void
 --
 -- treadle._advance_run for a run whose steps form a graph (run.after not null),
--- with the run row locked by the caller.
+-- with the run row locked by the caller. An element job of a map step counts
+-- down run.map_left; the last one records the step's result, the element jobs'
+-- results in element order, and the run moves on as after any completed step.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._advance_graph(run treadle.workflow_runs, step treadle.jobs)
 RETURNS void
@@ -2540,14 +2634,35 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now timestamptz := treadle.now();
-    v_run treadle.workflow_runs;
+    v_now    timestamptz := treadle.now();
+    v_run    treadle.workflow_runs;
+    v_left   integer;
+    v_result jsonb;
 BEGIN
-    IF step.state = 'completed' THEN
+    IF step.state = 'completed' AND run.maps IS NOT NULL AND run.maps ? step.step THEN
+        -- one element of a map step: counted under the run row's lock, so the step
+        -- completes (and what runs after it starts) exactly once, with the last one
+        v_left := (run.map_left ->> step.step)::integer - 1;
+        IF v_left > 0 THEN
+            UPDATE treadle.workflow_runs AS r SET map_left = r.map_left || jsonb_build_object(step.step, v_left)
+             WHERE r.id = run.id;
+            RETURN;
+        END IF;
+        SELECT jsonb_agg(j.result ORDER BY (j.args ->> 'index')::integer) INTO v_result
+          FROM treadle.jobs AS j
+         WHERE j.workflow_run_id = run.id AND j.step = step.step;
+        UPDATE treadle.workflow_runs AS r
+           SET results = r.results || jsonb_build_object(step.step, v_result),
+               map_left = nullif(r.map_left - step.step, '{}'::jsonb)
+         WHERE r.id = run.id
+        RETURNING r.* INTO v_run;
+    ELSIF step.state = 'completed' THEN
         UPDATE treadle.workflow_runs AS r
            SET results = r.results || jsonb_build_object(step.step, step.result)
          WHERE r.id = run.id
         RETURNING r.* INTO v_run;
+    END IF;
+    IF step.state = 'completed' THEN
         IF v_run.state <> 'running' THEN
             RETURN;
         END IF;
@@ -4410,6 +4525,71 @@ COMMENT ON FUNCTION treadle._check_sleeps(text[], jsonb) IS
     'Check the sleep steps of a workflow (22023 naming the step); null for none.';
 
 --------------------------------------------------------------------------------
+-- treadle._check_maps(steps, after, sleeps, maps) -> jsonb
+--
+-- The map steps of a workflow, checked against its step names, its (checked)
+-- graph `after` and its sleep steps: null or {} is none (null). Otherwise a JSON
+-- object mapping a step to what it maps over: the name of a step it runs after
+-- directly, whose result is then the array, or {"input": key}, the run's input
+-- holding the array under that key. The map step becomes one job per element of
+-- the array, and completes with their results in element order once all
+-- completed (treadle._enqueue_map).
+-- Raises 22023, naming the step: maps not an object; a key that is not a step or
+-- is a sleep step; a value that is neither a step the key runs after directly nor
+-- {"input": key} with a valid key; maps over the payload size limit.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_maps(steps text[], after jsonb, sleeps jsonb, maps jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_step  text;
+    v_value jsonb;
+BEGIN
+    IF maps IS NULL OR maps = '{}'::jsonb THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(maps) <> 'object' THEN
+        RAISE EXCEPTION 'treadle: maps must be a JSON object mapping a step to the step whose result it maps over, not %',
+                        jsonb_typeof(maps)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM treadle._check_payload(maps, 'maps', treadle._max_payload_bytes());
+    FOR v_step, v_value IN SELECT e.key, e.value FROM jsonb_each(maps) AS e LOOP
+        IF NOT v_step = ANY (steps) THEN
+            RAISE EXCEPTION 'treadle: maps names step "%", which is not one of the steps', v_step
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF sleeps IS NOT NULL AND sleeps ? v_step THEN
+            RAISE EXCEPTION 'treadle: step "%" is a sleep step and cannot map', v_step
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF jsonb_typeof(v_value) = 'object' THEN
+            IF (SELECT count(*) FROM jsonb_object_keys(v_value)) <> 1 OR jsonb_typeof(v_value -> 'input') IS DISTINCT FROM 'string'
+               OR NOT coalesce(treadle._is_name(v_value ->> 'input'), false) THEN
+                RAISE EXCEPTION 'treadle: map step "%" maps over a step name or {"input": key}, not %', v_step, v_value
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            CONTINUE;
+        END IF;
+        IF jsonb_typeof(v_value) <> 'string' THEN
+            RAISE EXCEPTION 'treadle: map step "%" maps over a step name or {"input": key}, not %', v_step, v_value
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF NOT (after -> v_step) ? (v_value #>> '{}') THEN
+            RAISE EXCEPTION 'treadle: map step "%" maps over step "%", which it does not run after', v_step, v_value #>> '{}'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+    RETURN maps;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_maps(text[], jsonb, jsonb, jsonb) IS
+    'Check the map steps of a workflow (22023 naming the step); null for none.';
+
+--------------------------------------------------------------------------------
 -- treadle._linear_after(steps) -> jsonb
 --
 -- The graph of a list, spelled out: each step after the one before it.
@@ -4426,24 +4606,26 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
     'The dependencies of a list of steps spelled out as a graph: each step after the one before it.';
 
 --------------------------------------------------------------------------------
--- treadle.define_workflow(name, steps, after, sleeps) -> void
+-- treadle.define_workflow(name, steps, after, sleeps, maps) -> void
 --
 -- Records the step names of a workflow and, in `after`, the steps each one runs
 -- after (a JSON object: step -> [steps]; a step it leaves out starts with the
 -- run). Without `after`, each step runs after the one before it. `sleeps` names
--- the sleep steps and how long each waits (treadle._check_sleeps). Workers call it
+-- the sleep steps and how long each waits (treadle._check_sleeps); `maps` the map
+-- steps and what each maps over (treadle._check_maps). Workers call it
 -- when they register a workflow. Replaces an earlier definition for new runs;
 -- existing runs keep the steps they started with.
 -- Raises 22004: name or steps null. 22023: a name that is not a valid name (see
 -- treadle._is_name); steps empty, nested, over 1000, with a bad name, or
 -- repeating one; after as treadle._check_after refuses it (an unknown or
 -- repeated dependency, a cycle: the message names the step); sleeps as
--- treadle._check_sleeps refuses it. 42501: a tenant's workflow name outside its
+-- treadle._check_sleeps refuses it; maps as treadle._check_maps refuses it. 42501:
+-- a tenant's workflow name outside its
 -- prefix (a tenant's definitions are named under its queue prefix, so no tenant
 -- replaces another's).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[], after jsonb DEFAULT NULL,
-                                                   sleeps jsonb DEFAULT NULL)
+                                                   sleeps jsonb DEFAULT NULL, maps jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -4454,42 +4636,47 @@ AS $$
 DECLARE
     v_after  jsonb;
     v_sleeps jsonb;
+    v_maps   jsonb;
 BEGIN
     PERFORM treadle._check_text(define_workflow.name, 'name');
     PERFORM treadle._check_workflow_allowed(define_workflow.name);
     PERFORM treadle._check_steps(define_workflow.steps);
     v_after := treadle._check_after(define_workflow.steps, define_workflow.after);
     v_sleeps := treadle._check_sleeps(define_workflow.steps, define_workflow.sleeps);
-    IF v_sleeps IS NOT NULL THEN
+    v_maps := treadle._check_maps(define_workflow.steps,
+                                  coalesce(v_after, treadle._linear_after(define_workflow.steps)),
+                                  v_sleeps, define_workflow.maps);
+    IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL THEN
         v_after := coalesce(v_after, treadle._linear_after(define_workflow.steps));
     END IF;
 
-    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps)
-    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps)
+    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps, maps)
+    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps, v_maps)
     ON CONFLICT (name) DO UPDATE
-       SET steps = excluded.steps, updated_at = excluded.updated_at, after = excluded.after, sleeps = excluded.sleeps
+       SET steps = excluded.steps, updated_at = excluded.updated_at, after = excluded.after, sleeps = excluded.sleeps,
+           maps = excluded.maps
      WHERE w.steps IS DISTINCT FROM excluded.steps OR w.after IS DISTINCT FROM excluded.after
-        OR w.sleeps IS DISTINCT FROM excluded.sleeps;
+        OR w.sleeps IS DISTINCT FROM excluded.sleeps OR w.maps IS DISTINCT FROM excluded.maps;
 END;
 $$;
-COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb) IS
     'Record (or replace) the steps of a workflow and the steps each one runs after.';
 
 --------------------------------------------------------------------------------
 -- treadle.start_workflow(name, input, steps, queue, priority, max_attempts,
---                        idempotency_key, after, sleeps) -> bigint
+--                        idempotency_key, after, sleeps, maps) -> bigint
 --
 -- Transition: (none) -> a running run, and the job of each step it starts with
 -- (the first step of a list, every step without dependencies of a graph) ->
 -- available, in the caller's transaction. The run records its steps and their
--- dependencies: `steps`, `after` and `sleeps` (as define_workflow takes them), or when
+-- dependencies: `steps`, `after`, `sleeps` and `maps` (as define_workflow takes them), or when
 -- steps is null the definition from treadle.define_workflow. Returns the run id; a
 -- workflow idempotency key (a namespace apart from jobs') that a run already
 -- holds returns that run's id and starts nothing.
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
 -- input neither an object nor an array, over the size limit or nested over 100
--- levels; max_attempts < 1; steps, after or sleeps as define_workflow refuses
--- them; after or sleeps without steps; no steps given and no definition (unknown
+-- levels; max_attempts < 1; steps, after, sleeps or maps as define_workflow
+-- refuses them; after, sleeps or maps without steps; no steps given and no definition (unknown
 -- workflow). 42501: a tenant's queue or workflow name outside its prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.start_workflow(
@@ -4501,7 +4688,8 @@ CREATE OR REPLACE FUNCTION treadle.start_workflow(
     max_attempts    integer DEFAULT 25,
     idempotency_key text    DEFAULT NULL,
     after           jsonb   DEFAULT NULL,
-    sleeps          jsonb   DEFAULT NULL
+    sleeps          jsonb   DEFAULT NULL,
+    maps            jsonb   DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -4516,6 +4704,7 @@ DECLARE
     v_steps text[] := start_workflow.steps;
     v_after jsonb;
     v_sleeps jsonb;
+    v_maps  jsonb;
     v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
@@ -4535,10 +4724,10 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF v_steps IS NULL THEN
-        IF start_workflow.after IS NOT NULL OR start_workflow.sleeps IS NOT NULL THEN
-            RAISE EXCEPTION 'treadle: after and sleeps need steps' USING ERRCODE = 'invalid_parameter_value';
+        IF start_workflow.after IS NOT NULL OR start_workflow.sleeps IS NOT NULL OR start_workflow.maps IS NOT NULL THEN
+            RAISE EXCEPTION 'treadle: after, sleeps and maps need steps' USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        SELECT w.steps, w.after, w.sleeps INTO v_steps, v_after, v_sleeps
+        SELECT w.steps, w.after, w.sleeps, w.maps INTO v_steps, v_after, v_sleeps, v_maps
           FROM treadle.workflows AS w WHERE w.name = start_workflow.name;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'treadle: unknown workflow %', start_workflow.name
@@ -4549,7 +4738,9 @@ BEGIN
         PERFORM treadle._check_steps(v_steps);
         v_after := treadle._check_after(v_steps, start_workflow.after);
         v_sleeps := treadle._check_sleeps(v_steps, start_workflow.sleeps);
-        IF v_sleeps IS NOT NULL THEN
+        v_maps := treadle._check_maps(v_steps, coalesce(v_after, treadle._linear_after(v_steps)),
+                                      v_sleeps, start_workflow.maps);
+        IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL THEN
             v_after := coalesce(v_after, treadle._linear_after(v_steps));
         END IF;
     END IF;
@@ -4557,10 +4748,10 @@ BEGIN
 
     LOOP
         INSERT INTO treadle.workflow_runs AS r
-            (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps)
+            (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps, maps)
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
-             start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps)
+             start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps, v_maps)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING r.* INTO v_run;
 
@@ -4581,7 +4772,7 @@ BEGIN
     END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb) IS
     'Start a workflow run and enqueue the steps it starts with; returns the run id.';
 
 --------------------------------------------------------------------------------
@@ -6086,7 +6277,7 @@ BEGIN
         ('read',    'treadle.explain(bigint)'),
         ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[])'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
-        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb)'),
+        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb)'),
         ('produce', 'treadle.schedule(text, text, text, jsonb, text, text, integer, integer, boolean)'),
         ('control', 'treadle.cancel(bigint)'),
         ('control', 'treadle.retry(bigint)'),
@@ -6103,7 +6294,7 @@ BEGIN
         ('work',    'treadle.fail(bigint, uuid, text, interval, boolean)'),
         ('work',    'treadle.release(bigint, uuid)'),
         ('work',    'treadle.snooze(bigint, uuid, interval)'),
-        ('work',    'treadle.define_workflow(text, text[], jsonb, jsonb)'),
+        ('work',    'treadle.define_workflow(text, text[], jsonb, jsonb, jsonb)'),
         ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer, text[])'),
         ('work',    'treadle.worker_stopped(text)'),
         ('queues',  'treadle.set_queue(text, integer, integer, interval, integer, interval, interval)'),

@@ -13,10 +13,12 @@ CREATE TABLE treadle.workflows (
     updated_at  timestamptz NOT NULL,
     after       jsonb,
     sleeps      jsonb,
+    maps        jsonb,
     CONSTRAINT workflows_name_check CHECK (name <> ''),
     CONSTRAINT workflows_steps_check CHECK (cardinality(steps) > 0),
     CONSTRAINT workflows_after_check CHECK (jsonb_typeof(after) = 'object'),
-    CONSTRAINT workflows_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL))
+    CONSTRAINT workflows_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL)),
+    CONSTRAINT workflows_maps_check CHECK (maps IS NULL OR (jsonb_typeof(maps) = 'object' AND after IS NOT NULL))
 );
 
 -- One row per workflow run. Its steps are jobs (treadle.jobs.workflow_run_id).
@@ -37,13 +39,16 @@ CREATE TABLE treadle.workflow_runs (
     sleeps           jsonb,  -- sleep step -> how long it waits (an interval as text)
     wakes            jsonb,  -- sleep step under way -> when it ends
     wake_at          timestamptz,  -- the earliest of wakes: rescue() ends due sleeps
+    maps             jsonb,  -- map step -> the step whose result (a JSON array) it maps over
+    map_left         jsonb,  -- map step under way -> how many of its element jobs have not completed
     CONSTRAINT workflow_runs_state_check
         CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled'])),
     CONSTRAINT workflow_runs_finished_check
         CHECK ((state = 'running') = (finished_at IS NULL)),
     CONSTRAINT workflow_runs_steps_check CHECK (cardinality(steps) > 0),
     CONSTRAINT workflow_runs_after_check CHECK (jsonb_typeof(after) = 'object'),
-    CONSTRAINT workflow_runs_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL))
+    CONSTRAINT workflow_runs_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL)),
+    CONSTRAINT workflow_runs_maps_check CHECK (maps IS NULL OR (jsonb_typeof(maps) = 'object' AND after IS NOT NULL))
 );
 
 -- rescue() reads the running runs whose sleep steps are due

@@ -123,13 +123,79 @@ COMMENT ON FUNCTION treadle._has_every_result(treadle.workflow_runs) IS
     'Whether every step of a workflow run has a result.';
 
 --------------------------------------------------------------------------------
+-- treadle._enqueue_map(run, step, at) -> boolean
+--
+-- Transition: a map step of a run (run.maps) starts: the array it maps over (the
+-- result of a step it runs after, or {"input": key}: that key of the run's input),
+-- N elements, becomes N jobs available now, in one statement, each with args
+-- {"element": <element>, "index": <0-based position>}; run.map_left counts the N
+-- that have not completed. An empty array completes the step at once with the
+-- result [] and returns true (the caller looks for the steps that became ready).
+-- The caller holds the run row's lock.
+-- Raises 22023, naming the step: what it maps over is not a JSON array, or holds
+-- over 100,000 elements (the step that returned it stays running; a run that would
+-- start with it does not start).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._enqueue_map(run treadle.workflow_runs, step text, at timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_over  jsonb := run.maps -> step;
+    v_what  text;
+    v_array jsonb;
+    v_n     integer;
+BEGIN
+    IF jsonb_typeof(v_over) = 'object' THEN
+        v_what := format('the input''s "%s"', v_over ->> 'input');
+        v_array := run.input -> (v_over ->> 'input');
+    ELSE
+        v_what := format('the result of step "%s"', v_over #>> '{}');
+        v_array := run.results -> (v_over #>> '{}');
+    END IF;
+    IF jsonb_typeof(v_array) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'treadle: map step "%" maps over %, which must be a JSON array, not %',
+                        step, v_what, coalesce(jsonb_typeof(v_array), 'missing')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_n := jsonb_array_length(v_array);
+    IF v_n > 100000 THEN
+        RAISE EXCEPTION 'treadle: map step "%" maps over at most 100000 elements, % holds %', step, v_what, v_n
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF v_n = 0 THEN
+        UPDATE treadle.workflow_runs AS r SET results = r.results || jsonb_build_object(step, '[]'::jsonb)
+         WHERE r.id = run.id;
+        RETURN true;
+    END IF;
+    INSERT INTO treadle.jobs
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+    SELECT run.queue, 'workflow:' || run.name, jsonb_build_object('element', e.value, 'index', e.i - 1),
+           run.priority, at, run.max_attempts, at, run.id, step
+      FROM jsonb_array_elements(v_array) WITH ORDINALITY AS e(value, i)
+     ORDER BY e.i;
+    UPDATE treadle.workflow_runs AS r
+       SET map_left = coalesce(r.map_left, '{}'::jsonb) || jsonb_build_object(step, v_n)
+     WHERE r.id = run.id;
+    PERFORM treadle._notify('treadle_jobs', run.queue);
+    RETURN false;
+END;
+$$;
+COMMENT ON FUNCTION treadle._enqueue_map(treadle.workflow_runs, text, timestamptz) IS
+    'Start a map step of a workflow run: one job per element of the array it maps over.';
+
+--------------------------------------------------------------------------------
 -- treadle._enqueue_ready(run, at, done) -> void
 --
 -- Transition: the ready steps of a graph run (treadle._ready_steps, with `done`
 -- the step that just completed, or null to look at every step) start: a
 -- step -> a job, available now (treadle._enqueue_steps); a sleep step -> a sleep
 -- under way on the run (wakes: step -> at + its interval; wake_at, the earliest,
--- is where treadle.rescue looks). The caller holds the run row's lock.
+-- is where treadle.rescue looks); a map step -> a job per element
+-- (treadle._enqueue_map; one over an empty array completes at once, and the
+-- run moves on from it, or completes). The caller holds the run row's lock.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_ready(run treadle.workflow_runs, at timestamptz, done text DEFAULT NULL)
 RETURNS void
@@ -140,6 +206,8 @@ AS $$
 DECLARE
     v_ready  text[] := treadle._ready_steps(run, done);
     v_sleeps jsonb;
+    v_step   text;
+    v_empty  boolean := false;
 BEGIN
     IF run.sleeps IS NOT NULL THEN
         SELECT jsonb_object_agg(u.s, at + (run.sleeps ->> u.s)::interval) INTO v_sleeps
@@ -155,11 +223,30 @@ BEGIN
                             FROM jsonb_each(coalesce(r.wakes, '{}'::jsonb) || v_sleeps) AS e)
          WHERE r.id = run.id;
     END IF;
+    IF run.maps IS NOT NULL THEN
+        FOR v_step IN SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i) WHERE run.maps ? u.s ORDER BY u.i LOOP
+            IF treadle._enqueue_map(run, v_step, at) THEN
+                v_empty := true;
+            END IF;
+        END LOOP;
+        v_ready := ARRAY(SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i)
+                          WHERE NOT run.maps ? u.s ORDER BY u.i);
+    END IF;
     PERFORM treadle._enqueue_steps(run, v_ready, at);
+    IF v_empty THEN
+        -- a map over an empty array completed: what runs after it may start now
+        SELECT * INTO run FROM treadle.workflow_runs AS r WHERE r.id = run.id;
+        IF treadle._has_every_result(run) THEN
+            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at
+             WHERE r.id = run.id AND r.state = 'running';
+        ELSE
+            PERFORM treadle._enqueue_ready(run, at);
+        END IF;
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._enqueue_ready(treadle.workflow_runs, timestamptz, text) IS
-    'Start the ready steps of a workflow graph run: a job each, or a sleep under way for a sleep step.';
+    'Start the ready steps of a workflow graph run: a job each, a sleep under way for a sleep step, a job per element for a map step.';
 
 --------------------------------------------------------------------------------
 -- treadle._wake_runs(at) -> integer
@@ -280,7 +367,9 @@ COMMENT ON FUNCTION treadle._advance_run(treadle.jobs) IS
 -- treadle._advance_graph(run, step) -> void
 --
 -- treadle._advance_run for a run whose steps form a graph (run.after not null),
--- with the run row locked by the caller.
+-- with the run row locked by the caller. An element job of a map step counts
+-- down run.map_left; the last one records the step's result, the element jobs'
+-- results in element order, and the run moves on as after any completed step.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._advance_graph(run treadle.workflow_runs, step treadle.jobs)
 RETURNS void
@@ -289,14 +378,35 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now timestamptz := treadle.now();
-    v_run treadle.workflow_runs;
+    v_now    timestamptz := treadle.now();
+    v_run    treadle.workflow_runs;
+    v_left   integer;
+    v_result jsonb;
 BEGIN
-    IF step.state = 'completed' THEN
+    IF step.state = 'completed' AND run.maps IS NOT NULL AND run.maps ? step.step THEN
+        -- one element of a map step: counted under the run row's lock, so the step
+        -- completes (and what runs after it starts) exactly once, with the last one
+        v_left := (run.map_left ->> step.step)::integer - 1;
+        IF v_left > 0 THEN
+            UPDATE treadle.workflow_runs AS r SET map_left = r.map_left || jsonb_build_object(step.step, v_left)
+             WHERE r.id = run.id;
+            RETURN;
+        END IF;
+        SELECT jsonb_agg(j.result ORDER BY (j.args ->> 'index')::integer) INTO v_result
+          FROM treadle.jobs AS j
+         WHERE j.workflow_run_id = run.id AND j.step = step.step;
+        UPDATE treadle.workflow_runs AS r
+           SET results = r.results || jsonb_build_object(step.step, v_result),
+               map_left = nullif(r.map_left - step.step, '{}'::jsonb)
+         WHERE r.id = run.id
+        RETURNING r.* INTO v_run;
+    ELSIF step.state = 'completed' THEN
         UPDATE treadle.workflow_runs AS r
            SET results = r.results || jsonb_build_object(step.step, step.result)
          WHERE r.id = run.id
         RETURNING r.* INTO v_run;
+    END IF;
+    IF step.state = 'completed' THEN
         IF v_run.state <> 'running' THEN
             RETURN;
         END IF;

@@ -240,6 +240,71 @@ COMMENT ON FUNCTION treadle._check_sleeps(text[], jsonb) IS
     'Check the sleep steps of a workflow (22023 naming the step); null for none.';
 
 --------------------------------------------------------------------------------
+-- treadle._check_maps(steps, after, sleeps, maps) -> jsonb
+--
+-- The map steps of a workflow, checked against its step names, its (checked)
+-- graph `after` and its sleep steps: null or {} is none (null). Otherwise a JSON
+-- object mapping a step to what it maps over: the name of a step it runs after
+-- directly, whose result is then the array, or {"input": key}, the run's input
+-- holding the array under that key. The map step becomes one job per element of
+-- the array, and completes with their results in element order once all
+-- completed (treadle._enqueue_map).
+-- Raises 22023, naming the step: maps not an object; a key that is not a step or
+-- is a sleep step; a value that is neither a step the key runs after directly nor
+-- {"input": key} with a valid key; maps over the payload size limit.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_maps(steps text[], after jsonb, sleeps jsonb, maps jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_step  text;
+    v_value jsonb;
+BEGIN
+    IF maps IS NULL OR maps = '{}'::jsonb THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(maps) <> 'object' THEN
+        RAISE EXCEPTION 'treadle: maps must be a JSON object mapping a step to the step whose result it maps over, not %',
+                        jsonb_typeof(maps)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM treadle._check_payload(maps, 'maps', treadle._max_payload_bytes());
+    FOR v_step, v_value IN SELECT e.key, e.value FROM jsonb_each(maps) AS e LOOP
+        IF NOT v_step = ANY (steps) THEN
+            RAISE EXCEPTION 'treadle: maps names step "%", which is not one of the steps', v_step
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF sleeps IS NOT NULL AND sleeps ? v_step THEN
+            RAISE EXCEPTION 'treadle: step "%" is a sleep step and cannot map', v_step
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF jsonb_typeof(v_value) = 'object' THEN
+            IF (SELECT count(*) FROM jsonb_object_keys(v_value)) <> 1 OR jsonb_typeof(v_value -> 'input') IS DISTINCT FROM 'string'
+               OR NOT coalesce(treadle._is_name(v_value ->> 'input'), false) THEN
+                RAISE EXCEPTION 'treadle: map step "%" maps over a step name or {"input": key}, not %', v_step, v_value
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            CONTINUE;
+        END IF;
+        IF jsonb_typeof(v_value) <> 'string' THEN
+            RAISE EXCEPTION 'treadle: map step "%" maps over a step name or {"input": key}, not %', v_step, v_value
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF NOT (after -> v_step) ? (v_value #>> '{}') THEN
+            RAISE EXCEPTION 'treadle: map step "%" maps over step "%", which it does not run after', v_step, v_value #>> '{}'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+    RETURN maps;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_maps(text[], jsonb, jsonb, jsonb) IS
+    'Check the map steps of a workflow (22023 naming the step); null for none.';
+
+--------------------------------------------------------------------------------
 -- treadle._linear_after(steps) -> jsonb
 --
 -- The graph of a list, spelled out: each step after the one before it.
@@ -256,24 +321,26 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
     'The dependencies of a list of steps spelled out as a graph: each step after the one before it.';
 
 --------------------------------------------------------------------------------
--- treadle.define_workflow(name, steps, after, sleeps) -> void
+-- treadle.define_workflow(name, steps, after, sleeps, maps) -> void
 --
 -- Records the step names of a workflow and, in `after`, the steps each one runs
 -- after (a JSON object: step -> [steps]; a step it leaves out starts with the
 -- run). Without `after`, each step runs after the one before it. `sleeps` names
--- the sleep steps and how long each waits (treadle._check_sleeps). Workers call it
+-- the sleep steps and how long each waits (treadle._check_sleeps); `maps` the map
+-- steps and what each maps over (treadle._check_maps). Workers call it
 -- when they register a workflow. Replaces an earlier definition for new runs;
 -- existing runs keep the steps they started with.
 -- Raises 22004: name or steps null. 22023: a name that is not a valid name (see
 -- treadle._is_name); steps empty, nested, over 1000, with a bad name, or
 -- repeating one; after as treadle._check_after refuses it (an unknown or
 -- repeated dependency, a cycle: the message names the step); sleeps as
--- treadle._check_sleeps refuses it. 42501: a tenant's workflow name outside its
+-- treadle._check_sleeps refuses it; maps as treadle._check_maps refuses it. 42501:
+-- a tenant's workflow name outside its
 -- prefix (a tenant's definitions are named under its queue prefix, so no tenant
 -- replaces another's).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[], after jsonb DEFAULT NULL,
-                                                   sleeps jsonb DEFAULT NULL)
+                                                   sleeps jsonb DEFAULT NULL, maps jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -284,42 +351,47 @@ AS $$
 DECLARE
     v_after  jsonb;
     v_sleeps jsonb;
+    v_maps   jsonb;
 BEGIN
     PERFORM treadle._check_text(define_workflow.name, 'name');
     PERFORM treadle._check_workflow_allowed(define_workflow.name);
     PERFORM treadle._check_steps(define_workflow.steps);
     v_after := treadle._check_after(define_workflow.steps, define_workflow.after);
     v_sleeps := treadle._check_sleeps(define_workflow.steps, define_workflow.sleeps);
-    IF v_sleeps IS NOT NULL THEN
+    v_maps := treadle._check_maps(define_workflow.steps,
+                                  coalesce(v_after, treadle._linear_after(define_workflow.steps)),
+                                  v_sleeps, define_workflow.maps);
+    IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL THEN
         v_after := coalesce(v_after, treadle._linear_after(define_workflow.steps));
     END IF;
 
-    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps)
-    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps)
+    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps, maps)
+    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps, v_maps)
     ON CONFLICT (name) DO UPDATE
-       SET steps = excluded.steps, updated_at = excluded.updated_at, after = excluded.after, sleeps = excluded.sleeps
+       SET steps = excluded.steps, updated_at = excluded.updated_at, after = excluded.after, sleeps = excluded.sleeps,
+           maps = excluded.maps
      WHERE w.steps IS DISTINCT FROM excluded.steps OR w.after IS DISTINCT FROM excluded.after
-        OR w.sleeps IS DISTINCT FROM excluded.sleeps;
+        OR w.sleeps IS DISTINCT FROM excluded.sleeps OR w.maps IS DISTINCT FROM excluded.maps;
 END;
 $$;
-COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb) IS
     'Record (or replace) the steps of a workflow and the steps each one runs after.';
 
 --------------------------------------------------------------------------------
 -- treadle.start_workflow(name, input, steps, queue, priority, max_attempts,
---                        idempotency_key, after, sleeps) -> bigint
+--                        idempotency_key, after, sleeps, maps) -> bigint
 --
 -- Transition: (none) -> a running run, and the job of each step it starts with
 -- (the first step of a list, every step without dependencies of a graph) ->
 -- available, in the caller's transaction. The run records its steps and their
--- dependencies: `steps`, `after` and `sleeps` (as define_workflow takes them), or when
+-- dependencies: `steps`, `after`, `sleeps` and `maps` (as define_workflow takes them), or when
 -- steps is null the definition from treadle.define_workflow. Returns the run id; a
 -- workflow idempotency key (a namespace apart from jobs') that a run already
 -- holds returns that run's id and starts nothing.
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
 -- input neither an object nor an array, over the size limit or nested over 100
--- levels; max_attempts < 1; steps, after or sleeps as define_workflow refuses
--- them; after or sleeps without steps; no steps given and no definition (unknown
+-- levels; max_attempts < 1; steps, after, sleeps or maps as define_workflow
+-- refuses them; after, sleeps or maps without steps; no steps given and no definition (unknown
 -- workflow). 42501: a tenant's queue or workflow name outside its prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.start_workflow(
@@ -331,7 +403,8 @@ CREATE OR REPLACE FUNCTION treadle.start_workflow(
     max_attempts    integer DEFAULT 25,
     idempotency_key text    DEFAULT NULL,
     after           jsonb   DEFAULT NULL,
-    sleeps          jsonb   DEFAULT NULL
+    sleeps          jsonb   DEFAULT NULL,
+    maps            jsonb   DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -346,6 +419,7 @@ DECLARE
     v_steps text[] := start_workflow.steps;
     v_after jsonb;
     v_sleeps jsonb;
+    v_maps  jsonb;
     v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
@@ -365,10 +439,10 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF v_steps IS NULL THEN
-        IF start_workflow.after IS NOT NULL OR start_workflow.sleeps IS NOT NULL THEN
-            RAISE EXCEPTION 'treadle: after and sleeps need steps' USING ERRCODE = 'invalid_parameter_value';
+        IF start_workflow.after IS NOT NULL OR start_workflow.sleeps IS NOT NULL OR start_workflow.maps IS NOT NULL THEN
+            RAISE EXCEPTION 'treadle: after, sleeps and maps need steps' USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        SELECT w.steps, w.after, w.sleeps INTO v_steps, v_after, v_sleeps
+        SELECT w.steps, w.after, w.sleeps, w.maps INTO v_steps, v_after, v_sleeps, v_maps
           FROM treadle.workflows AS w WHERE w.name = start_workflow.name;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'treadle: unknown workflow %', start_workflow.name
@@ -379,7 +453,9 @@ BEGIN
         PERFORM treadle._check_steps(v_steps);
         v_after := treadle._check_after(v_steps, start_workflow.after);
         v_sleeps := treadle._check_sleeps(v_steps, start_workflow.sleeps);
-        IF v_sleeps IS NOT NULL THEN
+        v_maps := treadle._check_maps(v_steps, coalesce(v_after, treadle._linear_after(v_steps)),
+                                      v_sleeps, start_workflow.maps);
+        IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL THEN
             v_after := coalesce(v_after, treadle._linear_after(v_steps));
         END IF;
     END IF;
@@ -387,10 +463,10 @@ BEGIN
 
     LOOP
         INSERT INTO treadle.workflow_runs AS r
-            (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps)
+            (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps, maps)
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
-             start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps)
+             start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps, v_maps)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING r.* INTO v_run;
 
@@ -411,7 +487,7 @@ BEGIN
     END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb) IS
     'Start a workflow run and enqueue the steps it starts with; returns the run id.';
 
 --------------------------------------------------------------------------------

@@ -75,6 +75,15 @@ ALTER TABLE treadle.workflow_runs
     ADD COLUMN wake_at timestamptz,
     ADD CONSTRAINT workflow_runs_after_check CHECK (jsonb_typeof(after) = 'object'),
     ADD CONSTRAINT workflow_runs_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL));
+-- Map steps: the step whose result each maps over, and on a run the element jobs
+-- of each map step under way that have not completed.
+ALTER TABLE treadle.workflows
+    ADD COLUMN maps jsonb,
+    ADD CONSTRAINT workflows_maps_check CHECK (maps IS NULL OR (jsonb_typeof(maps) = 'object' AND after IS NOT NULL));
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN maps jsonb,
+    ADD COLUMN map_left jsonb,
+    ADD CONSTRAINT workflow_runs_maps_check CHECK (maps IS NULL OR (jsonb_typeof(maps) = 'object' AND after IS NOT NULL));
 CREATE INDEX workflow_runs_wake_at_idx ON treadle.workflow_runs (wake_at)
     WHERE wake_at IS NOT NULL AND state = 'running';
 DROP FUNCTION treadle.define_workflow(text, text[]);

@@ -27,6 +27,7 @@ SCENARIOS = [
     "dashboard_search",
     "cli_bulk",
     "scale",
+    "workflow_map",
 ]
 
 

@@ -113,6 +113,18 @@ REFUSED_BY_SQL: list[tuple[str, Call, str, str]] = [
         'sleep step "a" must wait more than 0 and at most 366 days',
     ),
     (
+        "a map over a step it does not run after",
+        lambda c: treadle.start_workflow(c, "w", steps=["a", "b", "c"], maps={"c": "a"}),
+        "22023",
+        'map step "c" maps over step "a", which it does not run after',
+    ),
+    (
+        "a map over an input key that is no name",
+        lambda c: treadle.start_workflow(c, "w", steps=["a"], maps={"a": {"input": ""}}),
+        "22023",
+        'map step "a" maps over a step name or {"input": key}, not {"input": ""}',
+    ),
+    (
         "an unknown dependency",
         lambda c: treadle.start_workflow(c, "w", steps=["a", "b"], after={"b": ["c"]}),
         "22023",
@@ -208,6 +220,7 @@ REFUSED_BY_CLIENT: list[tuple[str, Call, str]] = [
     ("steps not names", lambda c: treadle.start_workflow(c, "w", steps=["a", 2]), r"steps\[1\] must be a string"),
     ("after a list", lambda c: treadle.start_workflow(c, "w", steps=["a"], after=["a"]), "after must be a mapping"),
     ("sleeps a list", lambda c: treadle.start_workflow(c, "w", steps=["a"], sleeps=["a"]), "sleeps must be a mapping"),
+    ("maps a list", lambda c: treadle.start_workflow(c, "w", steps=["a", "b"], maps=["b"]), "maps must be a mapping"),
     (
         "sleeps of seconds",
         lambda c: treadle.start_workflow(c, "w", steps=["a"], sleeps={"a": 60}),

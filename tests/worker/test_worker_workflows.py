@@ -215,3 +215,66 @@ def test_a_bad_sleep_is_refused_when_it_is_registered(make_worker: MakeWorker) -
         worker.workflow("bad", [Sleep("pause", timedelta(days=400))])
     with pytest.raises(InvalidArgument, match="repeats the step name 'a'"):
         worker.workflow("bad", [("a", lambda i, r, c: 1), Sleep("a", timedelta(seconds=1))])
+
+
+def test_a_map_step_runs_once_per_element_and_hands_on_the_results_in_order(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
+    worker = make_worker(backoff=lambda attempt: 0)
+    seen: list[tuple[int, int, int]] = []
+    lock = threading.Lock()
+
+    def resize(input: Any, results: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        element, index = ctx.args["element"], ctx.args["index"]
+        with lock:
+            seen.append((index, element, ctx.attempt))
+        if element == 30 and ctx.attempt == 1:
+            raise RuntimeError("flaky")  # this element alone runs again
+        return {"size": element * 2}
+
+    got: list[Any] = []
+    worker.workflow(
+        "thumbs",
+        [
+            ("load", lambda i, r, c: [10, 20, 30, 40]),
+            Step("resize", resize, over="load"),
+            ("report", lambda i, r, c: got.append(r["resize"])),
+        ],
+    )
+    worker.start()
+    assert conn.execute("SELECT maps FROM treadle.workflows WHERE name = 'thumbs'").fetchone() == ({"resize": "load"},)
+    run_id = start_workflow(conn, "thumbs", {})
+
+    finished = until_run_finished(conn, run_id)
+    assert finished["state"] == "completed"
+    assert finished["results"]["resize"] == [{"size": 20}, {"size": 40}, {"size": 60}, {"size": 80}]
+    assert got == [[{"size": 20}, {"size": 40}, {"size": 60}, {"size": 80}]]
+    assert sorted(seen) == [(0, 10, 1), (1, 20, 1), (2, 30, 1), (2, 30, 2), (3, 40, 1)]
+    assert [s["step"] for s in run_steps(conn, run_id)].count("resize") == 4
+
+
+def test_a_map_over_the_input_starts_with_the_run(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
+    worker = make_worker()
+    with pytest.raises(InvalidArgument, match="must be a step name"):
+        worker.workflow("bad", [Step("a", lambda i, r, c: 1, over=5)])  # type: ignore[arg-type]
+    worker.workflow(
+        "tally",
+        [
+            Step("each", lambda i, r, c: c.args["element"] + 1, over={"input": "items"}),
+            ("sum", lambda i, r, c: sum(r["each"])),
+        ],
+    )
+    worker.start()
+    run_id = start_workflow(conn, "tally", {"items": [1, 2, 3]})
+    finished = until_run_finished(conn, run_id)
+    assert finished["state"] == "completed"
+    assert finished["results"] == {"each": [2, 3, 4], "sum": 9}
+
+
+def test_a_map_over_a_step_it_does_not_run_after_stops_the_worker_at_start(make_worker: MakeWorker) -> None:
+    worker = make_worker()
+    worker.workflow(
+        "bad", [("a", lambda i, r, c: [1]), ("b", lambda i, r, c: None), Step("c", lambda i, r, c: None, over="a")]
+    )
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match='map step "c" maps over step "a"'):
+        worker.start()

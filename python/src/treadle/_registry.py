@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -45,11 +45,17 @@ class Step(NamedTuple):
     before it (a list). Once a step names `after`, the workflow is a graph: each step runs
     once the steps it names have completed, and a step without `after` starts with the run.
     `results` holds the results of the steps a step runs after, directly or through others.
+    `over` names a step it runs after whose result is a JSON array (or is
+    `{"input": key}`: the run's input holds the array under that key): the step then runs
+    once per element (`ctx.args` is `{"element": ..., "index": ...}`, each call with its
+    own attempts), and its result, for the steps after it, is the list of those results
+    in element order.
     """
 
     name: str
     fn: StepFunction
     after: Iterable[str] | None = None
+    over: str | Mapping[str, str] | None = None
 
 
 class Sleep(NamedTuple):
@@ -76,6 +82,7 @@ class Registry:
         self.workflows: dict[str, dict[str, StepFunction]] = {}
         self.workflow_after: dict[str, dict[str, list[str]] | None] = {}  # None: a list
         self.workflow_sleeps: dict[str, dict[str, str] | None] = {}  # sleep step -> interval text
+        self.workflow_maps: dict[str, dict[str, str | dict[str, str]] | None] = {}  # map step -> what it maps over
         self.workflow_steps: dict[str, list[str]] = {}  # every step, sleeps too, in order
 
     def __bool__(self) -> bool:
@@ -107,6 +114,7 @@ class Registry:
         parsed: dict[str, StepFunction] = {}
         after: dict[str, list[str]] = {}
         sleeps: dict[str, str] = {}
+        maps: dict[str, str | dict[str, str]] = {}
         names: list[str] = []
         graph = False
         for item in steps:
@@ -120,7 +128,7 @@ class Registry:
                     graph = True
                     after[step_name] = _after_names(item.after, workflow_name, step_name)
                 continue
-            if not isinstance(item, tuple) or len(item) not in (2, 3):
+            if not isinstance(item, tuple) or len(item) not in ((2, 3, 4) if isinstance(item, Step) else (2, 3)):
                 raise InvalidArgument(f"a workflow step is a Step(name, fn, after) or a (name, fn) pair, not {item!r}")
             step_name = check_name(item[0], "step name")
             if not callable(item[1]):
@@ -129,9 +137,11 @@ class Registry:
                 raise InvalidArgument(f"workflow {workflow_name!r} repeats the step name {step_name!r}")
             parsed[step_name] = item[1]
             names.append(step_name)
-            if len(item) == 3 and item[2] is not None:
+            if len(item) >= 3 and item[2] is not None:
                 graph = True
                 after[step_name] = _after_names(item[2], workflow_name, step_name)
+            if isinstance(item, Step) and item.over is not None:
+                maps[step_name] = _over(item.over, workflow_name, step_name)
         if not names:
             raise InvalidArgument(f"workflow {workflow_name!r} needs at least one step")
         for step_name, deps in after.items():
@@ -145,6 +155,7 @@ class Registry:
         self.workflow_steps[workflow_name] = names
         self.workflow_after[workflow_name] = after if graph else None
         self.workflow_sleeps[workflow_name] = sleeps or None
+        self.workflow_maps[workflow_name] = maps or None
         if policy is not None and policy != NO_POLICY:
             self.policies[STEP_JOB_PREFIX + workflow_name] = policy  # keyed by the step jobs' name
 
@@ -155,6 +166,7 @@ class Registry:
             "steps": self.workflow_steps[workflow],
             "after": self.workflow_after[workflow],
             "sleeps": self.workflow_sleeps[workflow],
+            "maps": self.workflow_maps[workflow],
         }
 
     def claim_names(self) -> list[str]:
@@ -181,6 +193,18 @@ class Registry:
                 f"workflow {workflow!r} has no step {step!r} in this worker (it knows {', '.join(steps)})"
             )
         return fn
+
+
+def _over(value: object, workflow: str, step: str) -> str | dict[str, str]:
+    """A Step's `over`: a step name, or {"input": key}; the database checks the rest."""
+    if isinstance(value, Mapping):
+        return {check_name(k, "over's key"): check_name(v, "over's input key") for k, v in value.items()}
+    if isinstance(value, str):
+        return check_name(value, "step name in over")
+    raise InvalidArgument(
+        f"over of step {step!r} of workflow {workflow!r} must be a step name or {{'input': key}}, "
+        f"not {type(value).__name__}"
+    )
 
 
 def _after_names(value: object, workflow: str, step: str) -> list[str]:

@@ -121,6 +121,7 @@ class WorkflowOptions(TypedDict, total=False):
     steps: Sequence[str] | None  # default: the steps a worker registered for the name
     after: Mapping[str, Sequence[str]] | None  # step -> the steps it runs after; None: each after the one before
     sleeps: Mapping[str, timedelta] | None  # sleep step -> how long it waits (no handler runs it)
+    maps: Mapping[str, str | Mapping[str, str]] | None  # map step -> a step (its result, a list), or {"input": key}
     queue: str
     priority: int
     max_attempts: int
@@ -141,6 +142,7 @@ WORKFLOW_DEFAULTS: Final[WorkflowOptions] = {
     "steps": None,
     "after": None,
     "sleeps": None,
+    "maps": None,
     "queue": "default",
     "priority": 0,
     "max_attempts": 25,
@@ -277,7 +279,9 @@ def start_workflow(
     ``name``. ``after`` maps a step to the steps it runs after (a graph; a step it
     leaves out starts with the run); without it each step runs after the one
     before. ``sleeps`` maps a sleep step (no handler runs it) to how long the run
-    waits there. The steps it starts with are enqueued now; each completed step
+    waits there. ``maps`` maps a map step to a step it runs after whose result is
+    a list (or to ``{"input": key}``, a list in the input): it runs once per
+    element, and hands on their results in element order. The steps it starts with are enqueued now; each completed step
     enqueues those whose dependencies have all completed. A workflow idempotency
     key (apart from jobs' keys) that a run holds returns that run's id and starts
     nothing. The options and their defaults:
@@ -290,6 +294,7 @@ def start_workflow(
         "steps": _args.names(given["steps"], "steps"),
         "after": _after(given["after"]),
         "sleeps": _sleeps(given["sleeps"]),
+        "maps": _maps(given["maps"]),
         "queue": _args.text(given["queue"], "queue"),
         "priority": _args.integer(given["priority"], "priority"),
         "max_attempts": _args.integer(given["max_attempts"], "max_attempts"),
@@ -311,6 +316,24 @@ def _sleeps(value: Any) -> Jsonb | None:
         interval = f"{duration.days} days {duration.seconds} seconds {duration.microseconds} microseconds"
         out[_args.text(step, "sleeps' step")] = interval
     return Jsonb(out)
+
+
+def _maps(value: Any) -> Jsonb | None:
+    """start_workflow's `maps`: step name -> step name or {"input": key}; the database checks the graph."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"maps must be a mapping of step name -> step name, not {type(value).__name__}")
+    return Jsonb(
+        {
+            _args.text(step, "maps' step"): (
+                {_args.text(k, "maps' key"): _args.text(v, "maps' input key") for k, v in over.items()}
+                if isinstance(over, Mapping)
+                else _args.text(over, "maps' step")
+            )
+            for step, over in value.items()
+        }
+    )
 
 
 def _after(value: Any) -> Jsonb | None:

@@ -545,13 +545,14 @@ class Worker:
                     read_extension_version(conn)
                     for name in self._registry.workflows:
                         definition = self._registry.definition(name)
-                        after, sleeps = definition["after"], definition["sleeps"]
+                        after, sleeps, maps = definition["after"], definition["sleeps"], definition["maps"]
                         conn.execute(
                             _sql.DEFINE_WORKFLOW,
                             {
                                 **definition,
                                 "after": None if after is None else Jsonb(after),
                                 "sleeps": None if sleeps is None else Jsonb(sleeps),
+                                "maps": None if maps is None else Jsonb(maps),
                             },
                         )
                     conn.execute(_sql.WORKER_SEEN, self._seen_params())
