@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from treadle import _sql, client
 from treadle.models import JOB_STATES
 
 from ._base import (
@@ -30,27 +31,6 @@ from ._base import (
 )
 from ._status import counts, seconds_of
 
-SETTINGS = """
-SELECT queue, paused, concurrency, rate_limit, rate_period, max_depth, retain_completed, retain_failed, updated_at
-  FROM treadle.queue_settings
-"""
-PAUSE = "SELECT treadle.pause(queue => %(queue)s::text) AS changed"
-RESUME = "SELECT treadle.resume(queue => %(queue)s::text) AS changed"
-# One statement: the queue's current settings with the given ones laid over them, so a
-# concurrent change between reading and writing cannot be lost to a second round trip.
-SET_QUEUE = """
-SELECT treadle.set_queue(
-    queue => q.queue,
-    concurrency => CASE WHEN %(given_concurrency)s THEN %(concurrency)s::integer ELSE s.concurrency END,
-    rate_limit => CASE WHEN %(given_rate_limit)s THEN %(rate_limit)s::integer ELSE s.rate_limit END,
-    rate_period => CASE WHEN %(given_rate_period)s THEN %(rate_period)s::interval ELSE s.rate_period END,
-    max_depth => CASE WHEN %(given_max_depth)s THEN %(max_depth)s::integer ELSE s.max_depth END,
-    retain_completed => CASE WHEN %(given_retain_completed)s THEN %(retain_completed)s::interval
-                             ELSE s.retain_completed END,
-    retain_failed => CASE WHEN %(given_retain_failed)s THEN %(retain_failed)s::interval ELSE s.retain_failed END)
-  FROM (VALUES (%(queue)s::text)) AS q(queue)
-  LEFT JOIN treadle.queue_settings AS s ON s.queue = q.queue
-"""
 NONE_WORDS = ("none", "off", "unlimited")
 
 
@@ -96,15 +76,15 @@ def add_commands(commands: Any) -> None:
     add_dsn(listing)
     listing.set_defaults(command=list_queues)
 
-    for verb, statement, help_text in (
-        ("pause", PAUSE, "pause a queue: workers claim none of its jobs (running ones go on); enqueue still works"),
-        ("resume", RESUME, "resume a paused queue: its jobs are claimable again and its workers are woken"),
+    for verb, help_text in (
+        ("pause", "pause a queue: workers claim none of its jobs (running ones go on); enqueue still works"),
+        ("resume", "resume a paused queue: its jobs are claimable again and its workers are woken"),
     ):
         parser = command(sub, verb, help_text, examples=[f"treadle queues {verb} mail"])
         parser.add_argument("queue", help="the queue's name")
         add_json(parser)
         add_dsn(parser)
-        parser.set_defaults(command=pause_or_resume, verb=verb, statement=statement)
+        parser.set_defaults(command=pause_or_resume, verb=verb)
 
     setting = command(
         sub,
@@ -140,7 +120,7 @@ def add_commands(commands: Any) -> None:
 def list_queues(options: argparse.Namespace) -> int:
     with connect(options) as conn:
         rows = counts(conn)
-        settings = {row["queue"]: row for row in conn.execute(SETTINGS).fetchall()}
+        settings = {row["queue"]: row for row in conn.execute(_sql.QUEUE_SETTINGS).fetchall()}
     queues: dict[str, dict[str, Any]] = {}
 
     def entry(name: str) -> dict[str, Any]:
@@ -210,8 +190,7 @@ def limits_text(settings: dict[str, Any]) -> str:
 def pause_or_resume(options: argparse.Namespace) -> int:
     queue = _queue_name(options.queue)
     with connect(options) as conn:
-        row = conn.execute(options.statement, {"queue": queue}).fetchone()
-    changed = bool(row and row["changed"])
+        changed = (client.pause if options.verb == "pause" else client.resume)(conn, queue)
     done = "paused" if options.verb == "pause" else "resumed"
     if options.json:
         print_json({"queue": queue, "paused": options.verb == "pause", "changed": changed})
@@ -245,8 +224,8 @@ def set_queue(options: argparse.Namespace) -> int:
         flags = ", ".join(s.flag for s in SETTINGS_FLAGS)
         raise UsageError(f"name a setting to change: {flags} (or --clear-...)")
     with connect(options) as conn, conn.transaction():
-        conn.execute(SET_QUEUE, params)
-        row = conn.execute(SETTINGS + " WHERE queue = %(queue)s", {"queue": queue}).fetchone()
+        conn.execute(_sql.SET_QUEUE_GIVEN, params)
+        row = conn.execute(_sql.QUEUE_SETTINGS_OF, {"queue": queue}).fetchone()
     settings = _settings(row)
     if options.json:
         print_json({"queue": queue, **settings})
