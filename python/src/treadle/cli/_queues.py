@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from treadle import _sql, client
+from treadle._display import age, limits_text
 from treadle.models import JOB_STATES
 
 from ._base import (
@@ -21,13 +22,11 @@ from ._base import (
     UsageError,
     add_dsn,
     add_json,
-    age,
     command,
     connect,
     duration,
     print_json,
     print_table,
-    span,
 )
 from ._status import counts, seconds_of
 
@@ -166,22 +165,6 @@ def _settings(row: dict[str, Any] | None) -> dict[str, Any]:
     if row is None:
         return {"paused": False, **dict.fromkeys(names[1:])}
     return {name: row[name] for name in names}
-
-
-def limits_text(settings: dict[str, Any]) -> str:
-    """concurrency 2, 10/1 s, max depth 100, keep completed 7 d, keep failed 30 d (or -)."""
-    parts = []
-    if settings["concurrency"] is not None:
-        parts.append(f"concurrency {settings['concurrency']}")
-    if settings["rate_limit"] is not None:
-        parts.append(f"rate {settings['rate_limit']}/{span(settings['rate_period'])}")
-    if settings["max_depth"] is not None:
-        parts.append(f"max depth {settings['max_depth']:,}")
-    if settings["retain_completed"] is not None:
-        parts.append(f"keep completed {span(settings['retain_completed'])}")
-    if settings["retain_failed"] is not None:
-        parts.append(f"keep failed {span(settings['retain_failed'])}")
-    return ", ".join(parts) or "-"
 
 
 # -- treadle queues pause | resume ----------------------------------------------------------------

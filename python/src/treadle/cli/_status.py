@@ -17,6 +17,7 @@ from typing import Any
 from psycopg.rows import DictRow
 
 from treadle import _sql
+from treadle._display import age
 from treadle.models import JOB_STATES
 
 from ._base import (
@@ -25,7 +26,6 @@ from ._base import (
     Connection,
     add_dsn,
     add_json,
-    age,
     command,
     connect,
     json_value,
