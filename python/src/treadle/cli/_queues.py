@@ -15,7 +15,6 @@ from typing import Any
 
 from treadle import _sql, client
 from treadle._display import age, limits_text
-from treadle.models import JOB_STATES
 
 from ._base import (
     OK,
@@ -28,8 +27,33 @@ from ._base import (
     print_json,
     print_table,
 )
-from ._status import counts, seconds_of
 
+# One row per queue that has jobs or settings, by name: its jobs in each state (job_counts,
+# as `treadle status` reads them), how long its oldest due job has waited, and its settings
+# (treadle.queue_settings; none and not paused when it has no row there).
+QUEUES = """
+WITH counts AS (
+    SELECT queue,
+           coalesce(sum(jobs) FILTER (WHERE state = 'available'), 0)::bigint AS available,
+           coalesce(sum(jobs) FILTER (WHERE state = 'running'), 0)::bigint AS running,
+           coalesce(sum(jobs) FILTER (WHERE state = 'retryable'), 0)::bigint AS retryable,
+           coalesce(sum(jobs) FILTER (WHERE state = 'completed'), 0)::bigint AS completed,
+           coalesce(sum(jobs) FILTER (WHERE state = 'discarded'), 0)::bigint AS discarded,
+           coalesce(sum(jobs) FILTER (WHERE state = 'cancelled'), 0)::bigint AS cancelled,
+           extract(epoch FROM max(oldest_available_age))::float8 AS oldest_waiting_seconds
+      FROM treadle.job_counts()
+     WHERE queue IS NOT NULL
+     GROUP BY queue)
+SELECT coalesce(c.queue, s.queue) AS queue,
+       coalesce(c.available, 0) AS available, coalesce(c.running, 0) AS running,
+       coalesce(c.retryable, 0) AS retryable, coalesce(c.completed, 0) AS completed,
+       coalesce(c.discarded, 0) AS discarded, coalesce(c.cancelled, 0) AS cancelled,
+       c.oldest_waiting_seconds, coalesce(s.paused, false) AS paused, s.concurrency, s.rate_limit,
+       s.rate_period, s.max_depth, s.retain_completed, s.retain_failed
+  FROM counts AS c
+  FULL JOIN treadle.queue_settings AS s ON s.queue = c.queue
+ ORDER BY coalesce(c.queue, s.queue) COLLATE "C"
+"""
 NONE_WORDS = ("none", "off", "unlimited")
 
 
@@ -118,23 +142,7 @@ def add_commands(commands: Any) -> None:
 
 def list_queues(options: argparse.Namespace) -> int:
     with connect(options) as conn:
-        rows = counts(conn)
-        settings = {row["queue"]: row for row in conn.execute(_sql.QUEUE_SETTINGS).fetchall()}
-    queues: dict[str, dict[str, Any]] = {}
-
-    def entry(name: str) -> dict[str, Any]:
-        return queues.setdefault(
-            name, {"queue": name, **dict.fromkeys(JOB_STATES, 0), "oldest_waiting_seconds": None, **_settings(None)}
-        )
-
-    for row in rows:
-        queue = entry(row["queue"])
-        queue[row["state"]] = row["jobs"]
-        if row["oldest_available_age"] is not None:
-            queue["oldest_waiting_seconds"] = seconds_of(row)
-    for name, row in settings.items():  # a queue with settings and no job yet is listed too
-        entry(name).update(_settings(row))
-    listed = [queues[name] for name in sorted(queues)]
+        listed = conn.execute(QUEUES).fetchall()
     if options.json:
         print_json(listed)
         return OK
