@@ -1,11 +1,11 @@
-"""Every SQL statement the dashboard sends, and the reads built on them.
+"""The dashboard's reads, and the statements only the dashboard sends (those it shares
+with the CLI or the client come from _sql.py).
 
 Reads go only to the extension's views and public read functions, all of a page's
 reads in one read-only REPEATABLE READ transaction (one consistent snapshot, and a
-guarantee that showing a page changes nothing). Changes go only through
-treadle.cancel, treadle.retry (in bulk, through the client's retry_many and
-cancel_many), treadle.cancel_workflow and the queue controls (treadle.pause,
-treadle.resume, treadle.set_queue). So a role set up with
+guarantee that showing a page changes nothing). Changes go only through the client's
+functions: cancel, retry (in bulk, retry_many and cancel_many), cancel_workflow and
+the queue controls (pause, resume, set_queue). So a role set up with
 treadle.grant_dashboard (read_only => true for a dashboard that only reads) is all
 the dashboard needs.
 

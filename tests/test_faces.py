@@ -1,10 +1,11 @@
-"""One display module (treadle._display) writes values for both faces: the CLI and the
-dashboard say a wait, a time, a duration and a queue's limits the same way, and the
-dashboard imports nothing from the CLI."""
+"""One route from each face to the database, one way to write a value: the CLI and the
+dashboard say a wait, a time, a duration and a queue's limits the same way (treadle._display),
+the dashboard imports nothing from the CLI, and neither restates a statement of _sql.py."""
 
 from __future__ import annotations
 
 import ast
+import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -96,3 +97,20 @@ def test_the_dashboard_imports_nothing_from_the_cli() -> None:
                 imported.extend(f"{source.name}: {a.name}" for a in node.names if a.name.startswith("treadle.cli"))
     # its own cli.py (the `treadle dashboard` command) is the dashboard's, not treadle.cli
     assert [entry for entry in imported if not entry.endswith(": .cli")] == []
+
+
+def test_the_faces_state_no_statement_the_client_sends() -> None:
+    """The operator controls and the readers both faces show are written once, in _sql.py."""
+    shared = re.compile(
+        r"treadle\.(pause|resume|set_queue|cancel|retry|cancel_workflow|explain|version)\s*\("
+        r"|FROM\s+treadle\.(live_workers|schedules)\b"
+    )
+    package = Path(treadle.dashboard.__file__).parent.parent
+    found = [
+        f"{source.relative_to(package)}: {match.group(0)}"
+        for face in ("cli", "dashboard")
+        for source in sorted((package / face).glob("*.py"))
+        for match in shared.finditer(source.read_text(encoding="utf-8"))
+    ]
+    assert found == []
+    assert shared.search((package / "_sql.py").read_text(encoding="utf-8"))  # the pattern finds what it looks for
