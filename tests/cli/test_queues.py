@@ -10,6 +10,7 @@ import pytest
 
 from tests.cli.support import enqueue, expect, treadle
 from tests.conftest import as_role
+from treadle.models import JOB_STATES
 
 pytestmark = pytest.mark.subprocess
 
@@ -78,6 +79,27 @@ def test_list_marks_paused_queues_and_shows_limits(dsn: str, conn: psycopg.Conne
     assert rows["mail"]["paused"] is True and rows["mail"]["available"] == 3
     assert rows["partner-api"]["concurrency"] == 2 and rows["partner-api"]["rate_period"] == 60.0
     assert rows["reports"]["paused"] is False and rows["reports"]["concurrency"] is None
+
+
+def test_list_counts_every_state_of_each_queue_in_sql(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    enqueue(conn, "send", "b", 2)
+    enqueue(conn, "send", "a")
+    enqueue(conn, "send", "Z")
+    conn.execute("SELECT treadle.set_queue('y-settings-only', max_depth => 5)")
+    claimed = conn.execute("SELECT id FROM treadle.claim('w', queues => array['b'], batch => 1)").fetchall()
+    assert len(claimed) == 1
+    listed = expect(treadle("queues", "list", "--json", "--dsn", dsn), 0).json()
+    assert [row["queue"] for row in listed] == ["Z", "a", "b", "y-settings-only"]  # by code point, as sorted() did
+    settings_names = ["concurrency", "rate_limit", "rate_period", "max_depth", "retain_completed", "retain_failed"]
+    assert [list(row) for row in listed] == [
+        ["queue", *JOB_STATES, "oldest_waiting_seconds", "paused", *settings_names]
+    ] * 4
+    b = listed[2]
+    assert {state: b[state] for state in JOB_STATES} == dict.fromkeys(JOB_STATES, 0) | {"available": 1, "running": 1}
+    assert isinstance(b["oldest_waiting_seconds"], float) and b["oldest_waiting_seconds"] >= 0
+    only = listed[3]
+    assert {state: only[state] for state in JOB_STATES} == dict.fromkeys(JOB_STATES, 0)
+    assert (only["oldest_waiting_seconds"], only["paused"], only["max_depth"]) == (None, False, 5)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,6 @@ from treadle import InvalidArgument, Step, Worker
 from treadle._completer import CompletionBuffer
 from treadle._deadlines import PURGE_AT, Deadlines
 from treadle._retry import Backoff, one_line
-from treadle.cli import age as _age
 
 DSN = "postgresql://nobody@127.0.0.1:1/none"  # never connected to: nothing here runs a worker
 
@@ -252,21 +251,6 @@ def test_backoff_doubles_up_to_its_cap_and_resets() -> None:
 def test_errors_are_logged_on_one_line() -> None:
     assert one_line(ValueError("first\nsecond")) == "ValueError: first"
     assert one_line(KeyError()) == "KeyError"
-
-
-@pytest.mark.parametrize(
-    "age, text",
-    [
-        (None, "-"),
-        (timedelta(seconds=4.24), "4.2 s"),
-        (timedelta(seconds=185), "3 min 5 s"),
-        (timedelta(hours=2, minutes=10, seconds=3), "2 h 10 min"),
-        (timedelta(days=3, hours=4), "3 d 4 h"),
-        (timedelta(seconds=-1), "0.0 s"),
-    ],
-)
-def test_waits_read_as_people_say_them(age: timedelta | None, text: str) -> None:
-    assert _age(age) == text
 
 
 # the timeouts' deadlines

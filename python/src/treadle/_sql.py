@@ -1,5 +1,9 @@
-"""The catalogue of the statements the client and the worker send (the dashboard keeps its own,
-but for its bulk actions, which run on the client's retry_many and cancel_many).
+"""The catalogue of the statements the client, the worker, the CLI and the dashboard share.
+
+A statement either face sends that another also sends lives here once: the operator
+controls run through the client's functions (pause, resume, set_queue, cancel, retry,
+cancel_workflow, retry_many, cancel_many); the readers both faces show (queue settings,
+live workers, schedules) are read from here. What only one face asks stays beside it.
 
 Grouped by caller; each statement calls one function of the extension in named
 notation, or reads one table or view, and says in one line what it is for. The
@@ -81,6 +85,21 @@ SELECT treadle.set_queue(
     retain_completed => %(retain_completed)s::interval, retain_failed => %(retain_failed)s::interval)
 """
 EXPLAIN: Final[LiteralString] = "SELECT reason, message, at FROM treadle.explain(job_id => %(job_id)s::bigint)"
+# treadle.set_queue over the queue's current settings: only the settings given (given_NAME)
+# change. One statement, so a concurrent change between a read and a write cannot be lost.
+SET_QUEUE_GIVEN: Final[LiteralString] = """
+SELECT treadle.set_queue(
+    queue => q.queue,
+    concurrency => CASE WHEN %(given_concurrency)s THEN %(concurrency)s::integer ELSE s.concurrency END,
+    rate_limit => CASE WHEN %(given_rate_limit)s THEN %(rate_limit)s::integer ELSE s.rate_limit END,
+    rate_period => CASE WHEN %(given_rate_period)s THEN %(rate_period)s::interval ELSE s.rate_period END,
+    max_depth => CASE WHEN %(given_max_depth)s THEN %(max_depth)s::integer ELSE s.max_depth END,
+    retain_completed => CASE WHEN %(given_retain_completed)s THEN %(retain_completed)s::interval
+                             ELSE s.retain_completed END,
+    retain_failed => CASE WHEN %(given_retain_failed)s THEN %(retain_failed)s::interval ELSE s.retain_failed END)
+  FROM (VALUES (%(queue)s::text)) AS q(queue)
+  LEFT JOIN treadle.queue_settings AS s ON s.queue = q.queue
+"""
 # treadle.version: the installed SQL API's version
 VERSION: Final[LiteralString] = "SELECT treadle.version()"
 
@@ -237,7 +256,29 @@ SELECT treadle.worker_seen(worker_id => %(worker_id)s::text, host => %(host)s::t
 """
 WORKER_STOPPED: Final[LiteralString] = "SELECT treadle.worker_stopped(worker_id => %(worker_id)s::text)"
 
-# -- the faces' counts (metrics.py, dashboard/queries.py) ----------------------------------
+# -- the faces' readers (cli/, dashboard/queries.py, metrics.py) ---------------------------
+
+# treadle.queue_settings: every queue's pause, limits and retention (a tenant sees its own)
+QUEUE_SETTINGS: Final[LiteralString] = """
+SELECT queue, paused, concurrency, rate_limit, rate_period, max_depth, retain_completed, retain_failed, updated_at
+  FROM treadle.queue_settings
+"""
+# ... one queue's (no row: no setting, not paused)
+QUEUE_SETTINGS_OF: Final[LiteralString] = QUEUE_SETTINGS + " WHERE queue = %(queue)s::text"
+# treadle.live_workers: the workers seen lately, what they serve and how busy they are
+LIVE_WORKERS: Final[LiteralString] = """
+SELECT id, host, pid, queues, concurrency, running_jobs, started_at, last_seen
+  FROM treadle.live_workers
+"""
+# ... those that serve one queue
+QUEUE_WORKERS: Final[LiteralString] = LIVE_WORKERS + " WHERE %(queue)s::text = ANY (queues)"
+# treadle.schedules: the cron schedules, each next run in its own zone
+SCHEDULES: Final[LiteralString] = """
+SELECT name, cron, tz, job, queue, args, priority, max_attempts, catch_up, next_run_at, next_run_local,
+       job_id, job_state
+  FROM treadle.schedules
+ ORDER BY name
+"""
 
 # A CTE over `counts` (job_counts' rows) that ranks the queues for a bounded view (the
 # metrics' top N, the overview's pages): the most jobs waiting or running first, then the

@@ -24,6 +24,7 @@ import sys
 
 import psycopg
 
+from treadle._display import age
 from treadle.errors import InvalidArgument, TreadleError, translate
 
 from . import _enqueue, _jobs, _prune, _queues, _schedules, _status, _worker
@@ -38,7 +39,6 @@ from ._base import (
     Refused,
     add_dsn,
     add_json,
-    age,
     command,
     connect,
     dsn_of,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -18,8 +17,9 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import DictRow, dict_row
 
-from treadle import _dsn
+from treadle import _display, _dsn
 from treadle._compat import read_extension_version
+from treadle._display import DURATION_HINT, DURATION_PATTERN
 from treadle.errors import InvalidArgument
 
 OK, ERROR, USAGE, NOT_FOUND, REFUSED = 0, 1, 2, 3, 4
@@ -154,37 +154,18 @@ def connect(options: argparse.Namespace, *, check_installed: bool = True) -> Ite
 
 # -- values on the command line ---------------------------------------------------------------
 
-_UNITS = {"w": 604800.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "min": 60.0, "s": 1.0, "ms": 0.001}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|min|w|d|h|m|s)")
-DURATION_HINT = "write it like 30s, 10m, 2h, 7d, 1w or 1h30m"
-
 
 def duration(text: str, what: str) -> timedelta:
     """A duration such as 90s, 10m, 2h, 7d or 1h30m; UsageError otherwise."""
-    compact = text.strip().lower()
-    pieces = _DURATION.findall(compact)
-    if not compact or "".join(f"{n}{u}" for n, u in pieces) != compact.replace(" ", ""):
-        raise UsageError(f"{what}: {text!r} is not a duration: {DURATION_HINT}")
     try:
-        return timedelta(seconds=sum(float(n) * _UNITS[u] for n, u in pieces))
-    except OverflowError:
-        raise UsageError(f"{what}: {text!r} is too long a duration") from None
-
-
-def span(value: timedelta | None) -> str:
-    """A duration as `duration` reads it back: 1s, 90s, 1m, 7d (its largest whole unit); - for none."""
-    if value is None:
-        return "-"
-    seconds = value.total_seconds()
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
+        return _display.duration(text, what)
+    except _display.DurationError as error:
+        raise UsageError(str(error)) from None
 
 
 def moment(text: str, what: str) -> datetime | timedelta:
     """An ISO 8601 time with its zone (Z for UTC), or a duration from now; UsageError otherwise."""
-    if _DURATION.match(text.strip().lower()):
+    if DURATION_PATTERN.match(text.strip().lower()):
         return duration(text, what)
     stamp = text.strip()
     try:
@@ -242,30 +223,6 @@ def either(words: Sequence[str]) -> str:
 
 def print_json(value: Any) -> None:
     print(json.dumps(value, default=json_value, indent=2, ensure_ascii=False))
-
-
-def when(value: datetime | None) -> str:
-    """A time as the table shows it: to the second, with its offset."""
-    if value is None:
-        return "-"
-    return value.isoformat(sep=" ", timespec="seconds")
-
-
-def age(delta: timedelta | None) -> str:
-    """A wait as people read it: 4.2 s, 3 min 5 s, 2 h 10 min, 3 d 4 h."""
-    if delta is None:
-        return "-"
-    seconds = max(delta.total_seconds(), 0.0)
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs} s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours} h {minutes} min"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h"
 
 
 def one_line(text: str | None, width: int = 60) -> str:

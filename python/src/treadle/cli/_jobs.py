@@ -14,6 +14,7 @@ import psycopg
 from psycopg import sql
 
 from treadle import client
+from treadle._display import when
 from treadle.errors import JobNotFound
 from treadle.models import JOB_STATES, Job
 
@@ -36,7 +37,6 @@ from ._base import (
     positive_id,
     print_json,
     print_table,
-    when,
 )
 
 LIST_LIMIT = 50

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+from treadle._display import when
+
 from ._base import (
     OK,
     Connection,
@@ -26,7 +28,6 @@ from ._base import (
     connect,
     duration,
     print_json,
-    when,
 )
 
 BATCH = 10_000

@@ -13,43 +13,46 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from treadle.models import JOB_STATES
+from treadle import _sql, client
+from treadle._display import age, limits_text
 
 from ._base import (
     OK,
     UsageError,
     add_dsn,
     add_json,
-    age,
     command,
     connect,
     duration,
     print_json,
     print_table,
-    span,
 )
-from ._status import counts, seconds_of
 
-SETTINGS = """
-SELECT queue, paused, concurrency, rate_limit, rate_period, max_depth, retain_completed, retain_failed, updated_at
-  FROM treadle.queue_settings
-"""
-PAUSE = "SELECT treadle.pause(queue => %(queue)s::text) AS changed"
-RESUME = "SELECT treadle.resume(queue => %(queue)s::text) AS changed"
-# One statement: the queue's current settings with the given ones laid over them, so a
-# concurrent change between reading and writing cannot be lost to a second round trip.
-SET_QUEUE = """
-SELECT treadle.set_queue(
-    queue => q.queue,
-    concurrency => CASE WHEN %(given_concurrency)s THEN %(concurrency)s::integer ELSE s.concurrency END,
-    rate_limit => CASE WHEN %(given_rate_limit)s THEN %(rate_limit)s::integer ELSE s.rate_limit END,
-    rate_period => CASE WHEN %(given_rate_period)s THEN %(rate_period)s::interval ELSE s.rate_period END,
-    max_depth => CASE WHEN %(given_max_depth)s THEN %(max_depth)s::integer ELSE s.max_depth END,
-    retain_completed => CASE WHEN %(given_retain_completed)s THEN %(retain_completed)s::interval
-                             ELSE s.retain_completed END,
-    retain_failed => CASE WHEN %(given_retain_failed)s THEN %(retain_failed)s::interval ELSE s.retain_failed END)
-  FROM (VALUES (%(queue)s::text)) AS q(queue)
-  LEFT JOIN treadle.queue_settings AS s ON s.queue = q.queue
+# One row per queue that has jobs or settings, by name: its jobs in each state (job_counts,
+# as `treadle status` reads them), how long its oldest due job has waited, and its settings
+# (treadle.queue_settings; none and not paused when it has no row there).
+QUEUES = """
+WITH counts AS (
+    SELECT queue,
+           coalesce(sum(jobs) FILTER (WHERE state = 'available'), 0)::bigint AS available,
+           coalesce(sum(jobs) FILTER (WHERE state = 'running'), 0)::bigint AS running,
+           coalesce(sum(jobs) FILTER (WHERE state = 'retryable'), 0)::bigint AS retryable,
+           coalesce(sum(jobs) FILTER (WHERE state = 'completed'), 0)::bigint AS completed,
+           coalesce(sum(jobs) FILTER (WHERE state = 'discarded'), 0)::bigint AS discarded,
+           coalesce(sum(jobs) FILTER (WHERE state = 'cancelled'), 0)::bigint AS cancelled,
+           extract(epoch FROM max(oldest_available_age))::float8 AS oldest_waiting_seconds
+      FROM treadle.job_counts()
+     WHERE queue IS NOT NULL
+     GROUP BY queue)
+SELECT coalesce(c.queue, s.queue) AS queue,
+       coalesce(c.available, 0) AS available, coalesce(c.running, 0) AS running,
+       coalesce(c.retryable, 0) AS retryable, coalesce(c.completed, 0) AS completed,
+       coalesce(c.discarded, 0) AS discarded, coalesce(c.cancelled, 0) AS cancelled,
+       c.oldest_waiting_seconds, coalesce(s.paused, false) AS paused, s.concurrency, s.rate_limit,
+       s.rate_period, s.max_depth, s.retain_completed, s.retain_failed
+  FROM counts AS c
+  FULL JOIN treadle.queue_settings AS s ON s.queue = c.queue
+ ORDER BY coalesce(c.queue, s.queue) COLLATE "C"
 """
 NONE_WORDS = ("none", "off", "unlimited")
 
@@ -96,15 +99,15 @@ def add_commands(commands: Any) -> None:
     add_dsn(listing)
     listing.set_defaults(command=list_queues)
 
-    for verb, statement, help_text in (
-        ("pause", PAUSE, "pause a queue: workers claim none of its jobs (running ones go on); enqueue still works"),
-        ("resume", RESUME, "resume a paused queue: its jobs are claimable again and its workers are woken"),
+    for verb, help_text in (
+        ("pause", "pause a queue: workers claim none of its jobs (running ones go on); enqueue still works"),
+        ("resume", "resume a paused queue: its jobs are claimable again and its workers are woken"),
     ):
         parser = command(sub, verb, help_text, examples=[f"treadle queues {verb} mail"])
         parser.add_argument("queue", help="the queue's name")
         add_json(parser)
         add_dsn(parser)
-        parser.set_defaults(command=pause_or_resume, verb=verb, statement=statement)
+        parser.set_defaults(command=pause_or_resume, verb=verb)
 
     setting = command(
         sub,
@@ -139,23 +142,7 @@ def add_commands(commands: Any) -> None:
 
 def list_queues(options: argparse.Namespace) -> int:
     with connect(options) as conn:
-        rows = counts(conn)
-        settings = {row["queue"]: row for row in conn.execute(SETTINGS).fetchall()}
-    queues: dict[str, dict[str, Any]] = {}
-
-    def entry(name: str) -> dict[str, Any]:
-        return queues.setdefault(
-            name, {"queue": name, **dict.fromkeys(JOB_STATES, 0), "oldest_waiting_seconds": None, **_settings(None)}
-        )
-
-    for row in rows:
-        queue = entry(row["queue"])
-        queue[row["state"]] = row["jobs"]
-        if row["oldest_available_age"] is not None:
-            queue["oldest_waiting_seconds"] = seconds_of(row)
-    for name, row in settings.items():  # a queue with settings and no job yet is listed too
-        entry(name).update(_settings(row))
-    listed = [queues[name] for name in sorted(queues)]
+        listed = conn.execute(QUEUES).fetchall()
     if options.json:
         print_json(listed)
         return OK
@@ -188,30 +175,13 @@ def _settings(row: dict[str, Any] | None) -> dict[str, Any]:
     return {name: row[name] for name in names}
 
 
-def limits_text(settings: dict[str, Any]) -> str:
-    """concurrency 2, 10/1 s, max depth 100, keep completed 7 d, keep failed 30 d (or -)."""
-    parts = []
-    if settings["concurrency"] is not None:
-        parts.append(f"concurrency {settings['concurrency']}")
-    if settings["rate_limit"] is not None:
-        parts.append(f"rate {settings['rate_limit']}/{span(settings['rate_period'])}")
-    if settings["max_depth"] is not None:
-        parts.append(f"max depth {settings['max_depth']:,}")
-    if settings["retain_completed"] is not None:
-        parts.append(f"keep completed {span(settings['retain_completed'])}")
-    if settings["retain_failed"] is not None:
-        parts.append(f"keep failed {span(settings['retain_failed'])}")
-    return ", ".join(parts) or "-"
-
-
 # -- treadle queues pause | resume ----------------------------------------------------------------
 
 
 def pause_or_resume(options: argparse.Namespace) -> int:
     queue = _queue_name(options.queue)
     with connect(options) as conn:
-        row = conn.execute(options.statement, {"queue": queue}).fetchone()
-    changed = bool(row and row["changed"])
+        changed = (client.pause if options.verb == "pause" else client.resume)(conn, queue)
     done = "paused" if options.verb == "pause" else "resumed"
     if options.json:
         print_json({"queue": queue, "paused": options.verb == "pause", "changed": changed})
@@ -245,8 +215,8 @@ def set_queue(options: argparse.Namespace) -> int:
         flags = ", ".join(s.flag for s in SETTINGS_FLAGS)
         raise UsageError(f"name a setting to change: {flags} (or --clear-...)")
     with connect(options) as conn, conn.transaction():
-        conn.execute(SET_QUEUE, params)
-        row = conn.execute(SETTINGS + " WHERE queue = %(queue)s", {"queue": queue}).fetchone()
+        conn.execute(_sql.SET_QUEUE_GIVEN, params)
+        row = conn.execute(_sql.QUEUE_SETTINGS_OF, {"queue": queue}).fetchone()
     settings = _settings(row)
     if options.json:
         print_json({"queue": queue, **settings})

@@ -5,14 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._base import OK, add_dsn, add_json, command, connect, print_json, print_table
+from treadle import _sql
 
-SCHEDULES = """
-SELECT name, cron, tz, job, queue, args, priority, max_attempts, catch_up, next_run_at,
-       next_run_local, job_id, job_state
-  FROM treadle.schedules
- ORDER BY name
-"""
+from ._base import OK, add_dsn, add_json, command, connect, print_json, print_table
 
 
 def add_commands(commands: Any) -> None:
@@ -31,7 +26,7 @@ def add_commands(commands: Any) -> None:
 
 def list_schedules(options: argparse.Namespace) -> int:
     with connect(options) as conn:
-        rows = conn.execute(SCHEDULES).fetchall()
+        rows = conn.execute(_sql.SCHEDULES).fetchall()
     if options.json:
         print_json(rows)
         return OK

@@ -16,6 +16,8 @@ from typing import Any
 
 from psycopg.rows import DictRow
 
+from treadle import _sql
+from treadle._display import age
 from treadle.models import JOB_STATES
 
 from ._base import (
@@ -24,7 +26,6 @@ from ._base import (
     Connection,
     add_dsn,
     add_json,
-    age,
     command,
     connect,
     json_value,
@@ -37,9 +38,6 @@ SELECT queue, state, jobs, estimated, oldest_available_age
   FROM treadle.job_counts()
  WHERE queue IS NOT NULL
  ORDER BY queue, array_position(%(states)s::text[], state)
-"""
-LIVE_WORKERS = """
-SELECT id, host, pid, queues, concurrency, running_jobs, started_at, last_seen FROM treadle.live_workers
 """
 RICH_HINT = "status --watch draws with rich: pip install 'treadle[cli]'"
 WAITING = ("available", "retryable")
@@ -125,7 +123,8 @@ def show_status(options: argparse.Namespace) -> int:
         rows = counts(conn)
         treadle = installed_treadle(conn)
         if options.json:
-            print_json({"treadle": treadle, "jobs": _jobs_json(rows), "workers": conn.execute(LIVE_WORKERS).fetchall()})
+            workers = conn.execute(_sql.LIVE_WORKERS).fetchall()
+            print_json({"treadle": treadle, "jobs": _jobs_json(rows), "workers": workers})
         else:
             print("\n".join(_status_lines(rows)))
             print(_treadle_line(treadle))
@@ -176,7 +175,7 @@ def _watch(conn: Connection, options: argparse.Namespace) -> int:
                 live.update(_rich_view(conn, options), refresh=True)
             elif options.json:
                 rows = counts(conn)
-                workers = conn.execute(LIVE_WORKERS).fetchall()
+                workers = conn.execute(_sql.LIVE_WORKERS).fetchall()
                 snapshot = {"at": datetime.now().astimezone(), "jobs": _jobs_json(rows), "workers": workers}
                 print(json.dumps(snapshot, default=json_value), flush=True)
             else:
@@ -202,7 +201,7 @@ def _rich_view(conn: Connection, options: argparse.Namespace) -> Any:
     from rich.table import Table
 
     rows = counts(conn)
-    workers = conn.execute(LIVE_WORKERS).fetchall()
+    workers = conn.execute(_sql.LIVE_WORKERS).fetchall()
     jobs = Table(
         title=f"treadle status: {conn.info.dbname} ({_treadle_line(installed_treadle(conn))}), "
         f"{datetime.now().astimezone():%H:%M:%S} "

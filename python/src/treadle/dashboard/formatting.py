@@ -11,37 +11,24 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from ..cli._base import span
+from .. import _display
+from .._display import span
 from ..models import JOB_STATES
 from .queries import RawJson, Row, StateCount
 
 
 def when(value: datetime | None) -> str:
-    """A timestamp in UTC to the second."""
-    if value is None:
-        return "—"
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    """A timestamp in UTC (the pages' clock) to the second."""
+    return _display.when(value, utc=True, missing="—")
+
+
+def age(value: timedelta | None) -> str:
+    """A duration in its two largest units, as the CLI writes it."""
+    return _display.age(value, missing="—")
 
 
 def clock(value: datetime) -> str:
     return value.astimezone(timezone.utc).strftime("%H:%M:%S")
-
-
-def age(value: timedelta | None) -> str:
-    """A duration in its two largest units: '45 s', '3 min 5 s', '2 h 10 min', '4 d 3 h'."""
-    if value is None:
-        return "—"
-    seconds = int(value.total_seconds())
-    if seconds < 60:
-        return f"{max(seconds, 0)} s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes} min {seconds} s" if seconds else f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h" if hours else f"{days} d"
 
 
 def relative(value: datetime | None, now: datetime) -> str:

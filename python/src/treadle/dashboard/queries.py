@@ -1,11 +1,11 @@
-"""Every SQL statement the dashboard sends, and the reads built on them.
+"""The dashboard's reads, and the statements only the dashboard sends (those it shares
+with the CLI or the client come from _sql.py).
 
 Reads go only to the extension's views and public read functions, all of a page's
 reads in one read-only REPEATABLE READ transaction (one consistent snapshot, and a
-guarantee that showing a page changes nothing). Changes go only through
-treadle.cancel, treadle.retry (in bulk, through the client's retry_many and
-cancel_many), treadle.cancel_workflow and the queue controls (treadle.pause,
-treadle.resume, treadle.set_queue). So a role set up with
+guarantee that showing a page changes nothing). Changes go only through the client's
+functions: cancel, retry (in bulk, retry_many and cancel_many), cancel_workflow and
+the queue controls (pause, resume, set_queue). So a role set up with
 treadle.grant_dashboard (read_only => true for a dashboard that only reads) is all
 the dashboard needs.
 
@@ -17,33 +17,31 @@ text (RawJson) instead of stopping the page with a RecursionError.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import ConnectionPool
 
-from .. import client
+from .. import _sql, client
 from .._compat import EXTENSION_VERSION, version_problem
 from .._dsn import Redactor
 from .._sql import QUEUE_RANKS
+from ..errors import TreadleError
 from ..models import JOB_STATES
 
-if TYPE_CHECKING:
-    from typing_extensions import LiteralString
-
 Row = dict[str, Any]
+T = TypeVar("T")
 
 READ_ONLY: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 # a short timeout bounds a page's cost; JIT only slows queries this small down
 SESSION_LIMITS: Final = "SELECT set_config('statement_timeout', %(timeout)s, true), set_config('jit', 'off', true)"
 NOW: Final = "SELECT treadle.now() AS now"  # treadle's clock, which a test may move
-VERSION: Final = "SELECT treadle.version() AS version"
 
 # The overview's page of queues: the totals (queue null), the counts of the queues ranked
 # %(offset)s + 1 to %(offset)s + %(limit)s (_sql.QUEUE_RANKS: the most jobs waiting or
@@ -88,10 +86,6 @@ SELECT position, step, job_id, state, attempt, max_attempts, cancel_requested, h
   FROM treadle.workflow_run_steps
  WHERE run_id = %(run_id)s
  ORDER BY position
-"""
-LIVE_WORKERS: Final = """
-SELECT id, host, pid, queues, concurrency, running_jobs, started_at, last_seen
-  FROM treadle.live_workers
 """
 # every column a reader may see (never the lease token: a worker's write credential)
 JOB: Final = """
@@ -225,36 +219,9 @@ SELECT id, queue, name, state, attempt, max_attempts, last_error, failed_at, wor
  WHERE queue = %(queue)s
  LIMIT %(limit)s
 """
-QUEUE_WORKERS: Final = f"""{LIVE_WORKERS.rstrip()}
- WHERE %(queue)s = ANY (queues)
-"""
 
-# The queues' settings (tenants see their own), the reasons of treadle.explain, the schedules.
-QUEUE_SETTINGS_COLUMNS: Final = (
-    "queue, paused, concurrency, rate_limit, rate_period, max_depth, retain_completed, retain_failed, updated_at"
-)
-QUEUE_SETTINGS: Final = f"SELECT {QUEUE_SETTINGS_COLUMNS} FROM treadle.queue_settings WHERE queue = %(queue)s"
-EXPLAIN: Final = "SELECT reason, message, at FROM treadle.explain(job_id => %(job_id)s::bigint)"
-SCHEDULES: Final = """
-SELECT name, cron, tz, job, queue, args, priority, max_attempts, catch_up, next_run_at, next_run_local,
-       job_id, job_state
-  FROM treadle.schedules
- ORDER BY name
-"""
-PAUSE: Final = "SELECT treadle.pause(queue => %(queue)s::text) AS changed"
-RESUME: Final = "SELECT treadle.resume(queue => %(queue)s::text) AS changed"
-SET_QUEUE: Final = """
-SELECT treadle.set_queue(
-    queue => %(queue)s::text, concurrency => %(concurrency)s::integer, rate_limit => %(rate_limit)s::integer,
-    rate_period => %(rate_period)s::interval, max_depth => %(max_depth)s::integer,
-    retain_completed => %(retain_completed)s::interval, retain_failed => %(retain_failed)s::interval)
-"""
 # set_queue's settings, in its order: what the queue page's form holds
 QUEUE_LIMITS: Final = ("concurrency", "rate_limit", "rate_period", "max_depth", "retain_completed", "retain_failed")
-
-CANCEL: Final = "SELECT treadle.cancel(%(job_id)s) AS changed"
-RETRY: Final = "SELECT treadle.retry(%(job_id)s) AS changed"
-CANCEL_RUN: Final = "SELECT treadle.cancel_workflow(%(run_id)s) AS changed"
 
 
 # the deepest JSON nesting extension 0.2.0 accepts; anything deeper is shown as text
@@ -487,8 +454,9 @@ class Store:
 
     def version(self) -> str:
         with self._cursor(read_only=True) as cur:
-            row = cur.execute(VERSION).fetchone()
-            return str(row["version"]) if row else ""
+            # the statement, not client.version: /health answers an unsupported version too
+            row = cur.execute(_sql.VERSION).fetchone()
+            return str(next(iter(row.values()))) if row else ""
 
     def overview(
         self, *, failures: int, runs: int, open_run: int | None, queue_offset: int = 0, queues: int = 50
@@ -513,7 +481,7 @@ class Store:
                 throughput=cur.execute(THROUGHPUT).fetchall(),
                 failures=cur.execute(RECENT_FAILURES, {"limit": failures}).fetchall(),
                 runs=cur.execute(RECENT_RUNS, {"limit": runs}).fetchall(),
-                workers=cur.execute(LIVE_WORKERS).fetchall(),
+                workers=cur.execute(_sql.LIVE_WORKERS).fetchall(),
                 open_run=detail,
                 paused=page.paused,
             )
@@ -525,27 +493,25 @@ class Store:
     def explain(self, job_id: int) -> list[Row]:
         """treadle.explain's reasons: why the job is where it is (none for a job the role cannot see)."""
         with self._cursor(read_only=True) as cur:
-            return cur.execute(EXPLAIN, {"job_id": job_id}).fetchall()
+            return cur.execute(_sql.EXPLAIN, {"job_id": job_id}).fetchall()
 
     def schedules(self) -> tuple[datetime, list[Row]]:
         with self._cursor(read_only=True) as cur:
-            return _now(cur), cur.execute(SCHEDULES).fetchall()
+            return _now(cur), cur.execute(_sql.SCHEDULES).fetchall()
 
     def pause_queue(self, queue: str) -> bool:
-        return self._queue_switch(PAUSE, queue)
+        with self._cursor(read_only=False) as cur:
+            return bool(_via_client(client.pause, cur.connection, queue))
 
     def resume_queue(self, queue: str) -> bool:
-        return self._queue_switch(RESUME, queue)
-
-    def _queue_switch(self, statement: LiteralString, queue: str) -> bool:
         with self._cursor(read_only=False) as cur:
-            return _changed(cur.execute(statement, {"queue": queue}).fetchone())
+            return bool(_via_client(client.resume, cur.connection, queue))
 
     def set_queue(self, queue: str, limits: dict[str, Any]) -> Row | None:
         """Set every one of the queue's limits (QUEUE_LIMITS; None clears one); its settings after."""
         with self._cursor(read_only=False) as cur:
-            cur.execute(SET_QUEUE, {"queue": queue, **{name: limits.get(name) for name in QUEUE_LIMITS}})
-            return cur.execute(QUEUE_SETTINGS, {"queue": queue}).fetchone()
+            _via_client(client.set_queue, cur.connection, queue, **{name: limits.get(name) for name in QUEUE_LIMITS})
+            return cur.execute(_sql.QUEUE_SETTINGS_OF, {"queue": queue}).fetchone()
 
     def run(self, run_id: int) -> tuple[datetime, RunDetail | None]:
         with self._cursor(read_only=True) as cur:
@@ -677,25 +643,25 @@ class Store:
                 exists=any(c.jobs > (1 if c.estimated else 0) for c in counts.counts.values()),
                 throughput=cur.execute(QUEUE_THROUGHPUT, {"queue": queue}).fetchall(),
                 failures=cur.execute(QUEUE_FAILURES, {"queue": queue, "limit": failures}).fetchall(),
-                workers=cur.execute(QUEUE_WORKERS, {"queue": queue}).fetchall(),
-                settings=cur.execute(QUEUE_SETTINGS, {"queue": queue}).fetchone(),
+                workers=cur.execute(_sql.QUEUE_WORKERS, {"queue": queue}).fetchall(),
+                settings=cur.execute(_sql.QUEUE_SETTINGS_OF, {"queue": queue}).fetchone(),
             )
 
     def retry_job(self, job_id: int) -> Outcome:
-        return self._act_on_job(RETRY, job_id)
+        return self._act_on_job(client.retry, job_id)
 
     def cancel_job(self, job_id: int) -> Outcome:
-        return self._act_on_job(CANCEL, job_id)
+        return self._act_on_job(client.cancel, job_id)
 
     def cancel_run(self, run_id: int) -> Outcome:
         with self._cursor(read_only=False) as cur:
-            changed = _changed(cur.execute(CANCEL_RUN, {"run_id": run_id}).fetchone())
+            changed = bool(_via_client(client.cancel_workflow, cur.connection, run_id))
             row = cur.execute(RUN_STATE, {"run_id": run_id}).fetchone()
         return Outcome(changed=changed, state=row["state"] if row else None)
 
-    def _act_on_job(self, statement: LiteralString, job_id: int) -> Outcome:
+    def _act_on_job(self, act: Callable[[psycopg.Connection[Any], int], bool], job_id: int) -> Outcome:
         with self._cursor(read_only=False) as cur:
-            changed = _changed(cur.execute(statement, {"job_id": job_id}).fetchone())
+            changed = bool(_via_client(act, cur.connection, job_id))
             row = cur.execute(JOB_STATE, {"job_id": job_id}).fetchone()
         if row is None:
             return Outcome(changed=changed, state=None)
@@ -714,8 +680,15 @@ def _window_floor(cur: psycopg.Cursor[Row], before: int | None, window: int) -> 
     return int(row["id"]) if row else None
 
 
-def _changed(row: Row | None) -> bool:
-    return bool(row and row["changed"])
+def _via_client(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """A client function's result; the database's refusal re-raised as the psycopg error it was
+    (the client maps 22023 and 22004 to InvalidArgument; the views answer psycopg errors)."""
+    try:
+        return call(*args, **kwargs)
+    except TreadleError as error:
+        if isinstance(error.__cause__, psycopg.Error):
+            raise error.__cause__ from None
+        raise
 
 
 def _run_detail(cur: psycopg.Cursor[Row], run_id: int) -> RunDetail | None:

@@ -15,8 +15,7 @@ import psycopg
 from flask import Blueprint, Response, abort, flash, g, jsonify, redirect, render_template, request, url_for
 from werkzeug.datastructures import MultiDict
 
-from ..cli._base import CommandError, duration
-from ..cli._queues import limits_text
+from .._display import DurationError, duration, limits_text
 from ..models import JOB_STATES
 from . import formatting, history
 from .queries import FAILURES_WINDOW, QUEUE_LIMITS, BulkOutcome, Outcome, RawJson, Row, SearchFilter, decode_json
@@ -343,7 +342,7 @@ def _limits(form: MultiDict[str, str]) -> dict[str, Any]:
         elif name in ("rate_period", "retain_completed", "retain_failed"):
             try:
                 limits[name] = duration(raw, label)
-            except CommandError as error:
+            except DurationError as error:
                 abort(400, description=f"{error}.")
         elif raw.isascii() and raw.isdigit() and len(raw) <= 9:  # the SQL checks the bounds
             limits[name] = int(raw)
