@@ -55,6 +55,16 @@ DROP FUNCTION treadle._caller_prefix();
 DELETE FROM treadle.tenants AS t WHERE pg_catalog.to_regrole(t.role_name::text) IS NULL;
 ALTER TABLE treadle.tenants RENAME COLUMN role_name TO tenant_role;
 ALTER TABLE treadle.tenants ALTER COLUMN tenant_role TYPE regrole USING tenant_role::text::regrole;
+-- PostgreSQL 18 names NOT NULL constraints after their column, and a rename keeps the
+-- old name: give it the name a fresh install has.
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_constraint
+                WHERE conrelid = 'treadle.tenants'::pg_catalog.regclass AND conname = 'tenants_role_name_not_null') THEN
+        ALTER TABLE treadle.tenants RENAME CONSTRAINT tenants_role_name_not_null TO tenants_tenant_role_not_null;
+    END IF;
+END
+$$;
 
 -- What roles without the admin part may do to queues (treadle.configure(max_queues,
 -- retention_floor)).
