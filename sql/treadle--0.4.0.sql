@@ -3197,6 +3197,50 @@ COMMENT ON FUNCTION treadle.rescue() IS
     'Return running jobs whose lease expired to the queue (or discard/cancel them); returns how many.';
 
 --------------------------------------------------------------------------------
+-- treadle._hand_back(job_id, lease_token, delay) -> text
+--
+-- What release and snooze share, their arguments checked: running -> available
+-- at now + delay, giving back the attempt its claim took (no error recorded, no
+-- attempt spent); -> cancelled when a cancel was requested. Returns the new
+-- state, or what treadle._left_by says when the token does not hold the job.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._hand_back(job_id bigint, lease_token uuid, delay interval)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := treadle.now();
+    v_job treadle.jobs;
+BEGIN
+    UPDATE treadle.jobs AS j
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'available' END,
+           attempt = CASE WHEN j.cancel_requested THEN j.attempt ELSE greatest(j.attempt - 1, 0) END,
+           run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE v_now + _hand_back.delay END,
+           finished_at = CASE WHEN j.cancel_requested THEN v_now END,
+           lease_until = NULL,
+           ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
+     WHERE j.id = _hand_back.job_id
+       AND j.state = 'running'
+       AND j.lease_token = _hand_back.lease_token
+    RETURNING j.* INTO v_job;
+
+    IF NOT FOUND THEN
+        RETURN treadle._left_by(_hand_back.job_id, _hand_back.lease_token, ARRAY['available', 'cancelled']);
+    END IF;
+    PERFORM treadle._follow_up(ARRAY[v_job]);
+    IF v_job.state = 'available' AND v_job.run_at <= v_now THEN
+        PERFORM treadle._notify('treadle_jobs', v_job.queue);
+    END IF;
+    RETURN v_job.state;
+END;
+$$;
+COMMENT ON FUNCTION treadle._hand_back(bigint, uuid, interval) IS
+    'Hand a running job back for now + delay without spending an attempt (release and snooze).';
+
+--------------------------------------------------------------------------------
 -- treadle.release(job_id, lease_token) -> text
 --
 -- Transition: running -> available now, giving back the attempt its claim took
@@ -3212,33 +3256,9 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-#variable_conflict use_column
-DECLARE
-    v_now timestamptz := treadle.now();
-    v_job treadle.jobs;
 BEGIN
     PERFORM treadle._check_lease_args(release.job_id, release.lease_token);
-
-    UPDATE treadle.jobs AS j
-       SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'available' END,
-           attempt = CASE WHEN j.cancel_requested THEN j.attempt ELSE greatest(j.attempt - 1, 0) END,
-           run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE v_now END,
-           finished_at = CASE WHEN j.cancel_requested THEN v_now END,
-           lease_until = NULL,
-           ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
-     WHERE j.id = release.job_id
-       AND j.state = 'running'
-       AND j.lease_token = release.lease_token
-    RETURNING j.* INTO v_job;
-
-    IF NOT FOUND THEN
-        RETURN treadle._left_by(release.job_id, release.lease_token, ARRAY['available', 'cancelled']);
-    END IF;
-    PERFORM treadle._follow_up(ARRAY[v_job]);
-    IF v_job.state = 'available' THEN
-        PERFORM treadle._notify('treadle_jobs', v_job.queue);
-    END IF;
-    RETURN v_job.state;
+    RETURN treadle._hand_back(release.job_id, release.lease_token, interval '0');
 END;
 $$;
 COMMENT ON FUNCTION treadle.release(bigint, uuid) IS
@@ -3261,37 +3281,13 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-#variable_conflict use_column
-DECLARE
-    v_now timestamptz := treadle.now();
-    v_job treadle.jobs;
 BEGIN
     PERFORM treadle._check_lease_args(snooze.job_id, snooze.lease_token);
     IF snooze.delay IS NULL THEN
         RAISE EXCEPTION 'treadle: delay must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     PERFORM treadle._check_interval(snooze.delay, 'delay', interval '366 days', may_be_zero => true);
-
-    UPDATE treadle.jobs AS j
-       SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'available' END,
-           attempt = CASE WHEN j.cancel_requested THEN j.attempt ELSE greatest(j.attempt - 1, 0) END,
-           run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE v_now + snooze.delay END,
-           finished_at = CASE WHEN j.cancel_requested THEN v_now END,
-           lease_until = NULL,
-           ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
-     WHERE j.id = snooze.job_id
-       AND j.state = 'running'
-       AND j.lease_token = snooze.lease_token
-    RETURNING j.* INTO v_job;
-
-    IF NOT FOUND THEN
-        RETURN treadle._left_by(snooze.job_id, snooze.lease_token, ARRAY['available', 'cancelled']);
-    END IF;
-    PERFORM treadle._follow_up(ARRAY[v_job]);
-    IF v_job.state = 'available' AND v_job.run_at <= v_now THEN
-        PERFORM treadle._notify('treadle_jobs', v_job.queue);
-    END IF;
-    RETURN v_job.state;
+    RETURN treadle._hand_back(snooze.job_id, snooze.lease_token, snooze.delay);
 END;
 $$;
 COMMENT ON FUNCTION treadle.snooze(bigint, uuid, interval) IS

@@ -60,7 +60,8 @@ def test_an_exception_whose_str_raises_is_written(
         row = finished(conn, job_id)
         assert row["state"] == "discarded", row
         assert "UnprintableError" in row["last_error"]
-    assert "its message could not be read" in child.log()
+    # the warning is logged just after the job's row is written
+    wait_for(lambda: "its message could not be read" in child.log(), "the worker to log the unreadable message")
 
 
 def test_a_result_json_cannot_hold_discards_the_job_at_once(
