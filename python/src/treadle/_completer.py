@@ -77,7 +77,7 @@ class CompleterHost(Protocol):
 
 
 class ClaimAlong(Protocol):
-    """What the worker lends the completer so that each write of successes claims more work too."""
+    """What the producer (_producer.py) lends the completer so that each write of successes claims more work too."""
 
     def reserve(self) -> int:
         """How many jobs to claim with this write; held for it until `release`."""
