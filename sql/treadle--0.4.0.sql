@@ -3307,6 +3307,7 @@ COMMENT ON FUNCTION treadle.snooze(bigint, uuid, interval) IS
 -- the job is due at once. Returns the new job's id; null when prev_id has a
 -- successor already (or is gone). Callers hold prev_id's row lock, and check
 -- the arguments: they come from a job or a schedule that was checked.
+-- Raises nothing of its own (treadle.jobs' checks hold as for any insert).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._successor(
     prev_id      bigint,
