@@ -12,6 +12,7 @@
 #   make dist         dist/: the plain SQL install (psql -f, no extension files) and the
 #                     pg_tle registration script (docs/operations.md#installing)
 #   make check-generated   fail when a committed script is not what sql/src builds
+#   make release-check     the docs against the code, for a release (CONTRIBUTING.md)
 #   make demo         a local cluster, a worker on example jobs and the dashboard (Ctrl-C stops it)
 #   make bench        every benchmark in bench/, each against its raw SQL baseline (bench/README.md)
 
@@ -164,6 +165,15 @@ test-pgtap:
 
 test-python: venv
 	cd $(CURDIR) && $(VENV)/bin/pytest -q -n $(TEST_JOBS) tests
+
+# The docs against the code, for a release (CONTRIBUTING.md's checklist): what the docs
+# say is missing is listed and still missing, the versions they print are this one or
+# released ones, and the generated scripts are current. Seconds, on its own cluster.
+.PHONY: release-check
+release-check: check-generated test-server venv
+	$(MAKE) install PG_CONFIG=$(TEST_PG_CONFIG)
+	TREADLE_PGTAP="" PG_CONFIG=$(TEST_PG_CONFIG) VENV=$(VENV) \
+		scripts/run-tests $(BUILD)/release-check-cluster -q tests/docs/test_release_check.py
 
 # The newcomer's first command: scripts/demo says what it sets up.
 .PHONY: demo

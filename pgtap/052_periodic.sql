@@ -2,7 +2,7 @@
 -- finish time + every, a copy of the last without its key; at most one pending.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(34);
+SELECT plan(38);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -93,6 +93,18 @@ SELECT results_eq(
 SELECT results_eq($$ SELECT run_at, every FROM treadle.jobs WHERE queue = 'cron-many' AND state = 'available' $$,
                   $$ VALUES ('2999-01-01 13:12:00+00'::timestamptz, '1 hour'::interval) $$,
                   'complete_many starts its next occurrence');
+
+-- Every successor (a periodic occurrence's, a schedule's next, a schedule's first) is
+-- inserted by one function, at most once per predecessor
+SELECT is(treadle._successor(:s0, 'cron', 'tick', '{}', 0, '2999-01-02 00:00:00+00', 2, '10 minutes', NULL), NULL,
+          'a job that has a successor starts no second one');
+SELECT is((SELECT count(*) FROM treadle.jobs WHERE run_at = '2999-01-02 00:00:00+00'), 0::bigint, 'and nothing is inserted');
+SELECT treadle._successor(NULL, 'cron-none', 'first', '{}', 0, '2999-01-02 00:00:00+00', 2, NULL, NULL) AS first \gset
+SELECT is((SELECT name FROM treadle.jobs WHERE id = :first AND state = 'available'), 'first',
+          'one that follows nothing is inserted, available, and its id returned');
+SELECT is(ARRAY(SELECT p.proname::text FROM pg_proc AS p
+                 WHERE p.pronamespace = 'treadle'::regnamespace AND p.prosrc ~* 'next_id\s*=\s*nextval'),
+          ARRAY['_successor'], 'no other function claims a successor''s id');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -2688,8 +2688,9 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --
 -- What follows from jobs that just changed state (rows as they are now):
 --   a periodic occurrence that completed or was discarded inserts the series'
---   next one at finished_at + every, once (next_id records it, so a retried
---   occurrence never starts a second one); a cancelled occurrence ends the series;
+--   next one at finished_at + every, once (treadle._successor: next_id records
+--   it, so a retried occurrence never starts a second one); a cancelled
+--   occurrence ends the series;
 --   an occurrence of a cron schedule that completed, was discarded or was
 --   cancelled inserts the schedule's next one (treadle._schedule_next);
 --   a workflow step moves its run (treadle._advance_run);
@@ -2703,7 +2704,6 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_job  treadle.jobs;
-    v_next bigint;
 BEGIN
     FOR v_job IN
         SELECT d.* FROM unnest(done) AS d
@@ -2713,17 +2713,8 @@ BEGIN
          ORDER BY d.id
     LOOP
         IF v_job.every IS NOT NULL AND v_job.state = ANY (ARRAY['completed', 'discarded']) THEN
-            UPDATE treadle.jobs AS j
-               SET next_id = nextval('treadle.jobs_id_seq'::regclass)
-             WHERE j.id = v_job.id AND j.next_id IS NULL
-            RETURNING j.next_id INTO v_next;
-            IF FOUND THEN
-                INSERT INTO treadle.jobs
-                    (id, queue, name, args, priority, run_at, max_attempts, every, created_at)
-                VALUES
-                    (v_next, v_job.queue, v_job.name, v_job.args, v_job.priority,
-                     v_job.finished_at + v_job.every, v_job.max_attempts, v_job.every, treadle.now());
-            END IF;
+            PERFORM treadle._successor(v_job.id, v_job.queue, v_job.name, v_job.args, v_job.priority,
+                                       v_job.finished_at + v_job.every, v_job.max_attempts, v_job.every, NULL);
         END IF;
         IF v_job.schedule IS NOT NULL AND v_job.state = ANY (ARRAY['completed', 'discarded', 'cancelled']) THEN
             PERFORM treadle._schedule_next(v_job);
@@ -2962,16 +2953,19 @@ BEGIN
         RAISE EXCEPTION 'treadle: retryable must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
 
-    -- an error that is not retryable spends every attempt that is left
+    -- the failed state, evaluated once for the row (f), decides the rest: a retry is
+    -- due after retry_in or the backoff, any other state is finished. An error that
+    -- is not retryable spends every attempt that is left.
     UPDATE treadle.jobs AS j
-       SET state = treadle._failed_state(j.cancel_requested, CASE WHEN fail.retryable THEN j.attempt ELSE j.max_attempts END,
-                                         j.max_attempts),
-           run_at = CASE WHEN fail.retryable AND treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) = 'retryable'
-                         THEN v_now + coalesce(fail.retry_in, treadle._retry_delay(j.attempt, j.backoff))
-                         ELSE j.run_at END,
-           finished_at = CASE WHEN NOT fail.retryable
-                                   OR treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
-                              THEN v_now END,
+       SET (state, run_at, finished_at) = (
+               SELECT f.state,
+                      CASE WHEN f.state = 'retryable'
+                           THEN v_now + coalesce(fail.retry_in, treadle._retry_delay(j.attempt, j.backoff))
+                           ELSE j.run_at END,
+                      CASE WHEN f.state <> 'retryable' THEN v_now END
+                 FROM (SELECT treadle._failed_state(j.cancel_requested,
+                                                    CASE WHEN fail.retryable THEN j.attempt ELSE j.max_attempts END,
+                                                    j.max_attempts) AS state) AS f),
            lease_until = NULL,
            last_error = v_error,
            failed_at = v_now,
@@ -3138,11 +3132,12 @@ BEGIN
         SELECT * FROM overdue
     ), done AS (
         UPDATE treadle.jobs AS j
-           SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
-               run_at = v_now + CASE WHEN m.overdue THEN treadle._retry_delay(j.attempt, j.backoff)
-                                     ELSE interval '0' END,
-               finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
-                                  THEN v_now END,
+           SET (state, run_at, finished_at) = (
+                   SELECT f.state,
+                          v_now + CASE WHEN m.overdue THEN treadle._retry_delay(j.attempt, j.backoff)
+                                       ELSE interval '0' END,
+                          CASE WHEN f.state <> 'retryable' THEN v_now END
+                     FROM (SELECT treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) AS state) AS f),
                lease_until = NULL,
                lease_token = NULL,
                last_error = m.error,
@@ -3292,6 +3287,72 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.snooze(bigint, uuid, interval) IS
     'Run a running job again after delay without spending an attempt (running -> available); null when the lease is lost.';
+--------------------------------------------------------------------------------
+-- Successors: the job that a periodic occurrence or a schedule starts. One
+-- function inserts every one of them (treadle._follow_up for a periodic job's
+-- next occurrence, treadle._schedule_next for a schedule's next one,
+-- treadle.schedule for a schedule's first), so they are written once.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._successor(prev_id, queue, name, args, priority, run_at,
+--                    max_attempts, every, schedule) -> bigint
+--
+-- Transition: (none) -> available, a job due at run_at, created now, that
+-- follows job prev_id: at most once per predecessor, which records it in its
+-- next_id (a retried occurrence that already started its successor starts no
+-- second one). With prev_id null the job follows nothing (a schedule's first
+-- occurrence). `every` is a periodic series' period, `schedule` a schedule's
+-- name (one of them, or neither). Listeners of treadle_jobs hear the queue when
+-- the job is due at once. Returns the new job's id; null when prev_id has a
+-- successor already (or is gone). Callers hold prev_id's row lock, and check
+-- the arguments: they come from a job or a schedule that was checked.
+-- Raises nothing of its own (treadle.jobs' checks hold as for any insert).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._successor(
+    prev_id      bigint,
+    queue        text,
+    name         text,
+    args         jsonb,
+    priority     integer,
+    run_at       timestamptz,
+    max_attempts integer,
+    every        interval,
+    schedule     text
+)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := treadle.now();
+    v_id  bigint;
+BEGIN
+    IF prev_id IS NULL THEN
+        v_id := nextval('treadle.jobs_id_seq'::regclass);
+    ELSE
+        UPDATE treadle.jobs AS j
+           SET next_id = nextval('treadle.jobs_id_seq'::regclass)
+         WHERE j.id = _successor.prev_id AND j.next_id IS NULL
+        RETURNING j.next_id INTO v_id;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    INSERT INTO treadle.jobs AS j
+        (id, queue, name, args, priority, run_at, max_attempts, every, schedule, created_at)
+    VALUES
+        (v_id, _successor.queue, _successor.name, _successor.args, _successor.priority, _successor.run_at,
+         _successor.max_attempts, _successor.every, _successor.schedule, v_now);
+    IF _successor.run_at <= v_now THEN
+        PERFORM treadle._notify('treadle_jobs', _successor.queue);  -- due at once (a missed time caught up)
+    END IF;
+    RETURN v_id;
+END;
+$$;
+COMMENT ON FUNCTION treadle._successor(bigint, text, text, jsonb, integer, timestamptz, integer, interval, text) IS
+    'Insert the job that follows another (a periodic or scheduled occurrence), once; null when it has one.';
 --------------------------------------------------------------------------------
 -- Operator controls: cancel, retry, retention and prune.
 --------------------------------------------------------------------------------
@@ -5332,20 +5393,13 @@ BEGIN
     IF v_at IS NULL THEN
         RETURN;  -- no time within ten years: treadle.schedule refuses such expressions
     END IF;
-    UPDATE treadle.jobs AS j
-       SET next_id = nextval('treadle.jobs_id_seq'::regclass)
-     WHERE j.id = occurrence.id AND j.next_id IS NULL
-    RETURNING j.next_id INTO v_id;
-    IF NOT FOUND THEN
+    -- (a missed time is due at once: treadle._successor wakes the queue)
+    v_id := treadle._successor(occurrence.id, v_schedule.queue, v_schedule.job, v_schedule.args,
+                               v_schedule.priority, v_at, v_schedule.max_attempts, NULL, v_schedule.name);
+    IF v_id IS NULL THEN
         RETURN;
     END IF;
-    INSERT INTO treadle.jobs (id, queue, name, args, priority, run_at, max_attempts, created_at, schedule)
-    VALUES (v_id, v_schedule.queue, v_schedule.job, v_schedule.args, v_schedule.priority, v_at,
-            v_schedule.max_attempts, treadle.now(), v_schedule.name);
     UPDATE treadle.cron_schedules AS s SET job_id = v_id, next_run_at = v_at WHERE s.name = v_schedule.name;
-    IF v_at <= treadle.now() THEN
-        PERFORM treadle._notify('treadle_jobs', v_schedule.queue);  -- a missed time, caught up at once
-    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._schedule_next(treadle.jobs) IS
@@ -5506,10 +5560,8 @@ BEGIN
         RETURN v_current.id;
     END IF;
     -- new, or its occurrence is gone (pruned, or finished without a successor): start one
-    v_id := nextval('treadle.jobs_id_seq'::regclass);
-    INSERT INTO treadle.jobs (id, queue, name, args, priority, run_at, max_attempts, created_at, schedule)
-    VALUES (v_id, schedule.queue, schedule.job, v_args, schedule.priority, v_first, schedule.max_attempts,
-            v_now, schedule.name);
+    v_id := treadle._successor(NULL, schedule.queue, schedule.job, v_args, schedule.priority, v_first,
+                               schedule.max_attempts, NULL, schedule.name);
     UPDATE treadle.cron_schedules AS s SET job_id = v_id, next_run_at = v_first WHERE s.name = schedule.name;
     RETURN v_id;
 END;

@@ -432,8 +432,9 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --
 -- What follows from jobs that just changed state (rows as they are now):
 --   a periodic occurrence that completed or was discarded inserts the series'
---   next one at finished_at + every, once (next_id records it, so a retried
---   occurrence never starts a second one); a cancelled occurrence ends the series;
+--   next one at finished_at + every, once (treadle._successor: next_id records
+--   it, so a retried occurrence never starts a second one); a cancelled
+--   occurrence ends the series;
 --   an occurrence of a cron schedule that completed, was discarded or was
 --   cancelled inserts the schedule's next one (treadle._schedule_next);
 --   a workflow step moves its run (treadle._advance_run);
@@ -447,7 +448,6 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_job  treadle.jobs;
-    v_next bigint;
 BEGIN
     FOR v_job IN
         SELECT d.* FROM unnest(done) AS d
@@ -457,17 +457,8 @@ BEGIN
          ORDER BY d.id
     LOOP
         IF v_job.every IS NOT NULL AND v_job.state = ANY (ARRAY['completed', 'discarded']) THEN
-            UPDATE treadle.jobs AS j
-               SET next_id = nextval('treadle.jobs_id_seq'::regclass)
-             WHERE j.id = v_job.id AND j.next_id IS NULL
-            RETURNING j.next_id INTO v_next;
-            IF FOUND THEN
-                INSERT INTO treadle.jobs
-                    (id, queue, name, args, priority, run_at, max_attempts, every, created_at)
-                VALUES
-                    (v_next, v_job.queue, v_job.name, v_job.args, v_job.priority,
-                     v_job.finished_at + v_job.every, v_job.max_attempts, v_job.every, treadle.now());
-            END IF;
+            PERFORM treadle._successor(v_job.id, v_job.queue, v_job.name, v_job.args, v_job.priority,
+                                       v_job.finished_at + v_job.every, v_job.max_attempts, v_job.every, NULL);
         END IF;
         IF v_job.schedule IS NOT NULL AND v_job.state = ANY (ARRAY['completed', 'discarded', 'cancelled']) THEN
             PERFORM treadle._schedule_next(v_job);
@@ -706,16 +697,19 @@ BEGIN
         RAISE EXCEPTION 'treadle: retryable must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
 
-    -- an error that is not retryable spends every attempt that is left
+    -- the failed state, evaluated once for the row (f), decides the rest: a retry is
+    -- due after retry_in or the backoff, any other state is finished. An error that
+    -- is not retryable spends every attempt that is left.
     UPDATE treadle.jobs AS j
-       SET state = treadle._failed_state(j.cancel_requested, CASE WHEN fail.retryable THEN j.attempt ELSE j.max_attempts END,
-                                         j.max_attempts),
-           run_at = CASE WHEN fail.retryable AND treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) = 'retryable'
-                         THEN v_now + coalesce(fail.retry_in, treadle._retry_delay(j.attempt, j.backoff))
-                         ELSE j.run_at END,
-           finished_at = CASE WHEN NOT fail.retryable
-                                   OR treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
-                              THEN v_now END,
+       SET (state, run_at, finished_at) = (
+               SELECT f.state,
+                      CASE WHEN f.state = 'retryable'
+                           THEN v_now + coalesce(fail.retry_in, treadle._retry_delay(j.attempt, j.backoff))
+                           ELSE j.run_at END,
+                      CASE WHEN f.state <> 'retryable' THEN v_now END
+                 FROM (SELECT treadle._failed_state(j.cancel_requested,
+                                                    CASE WHEN fail.retryable THEN j.attempt ELSE j.max_attempts END,
+                                                    j.max_attempts) AS state) AS f),
            lease_until = NULL,
            last_error = v_error,
            failed_at = v_now,
@@ -882,11 +876,12 @@ BEGIN
         SELECT * FROM overdue
     ), done AS (
         UPDATE treadle.jobs AS j
-           SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
-               run_at = v_now + CASE WHEN m.overdue THEN treadle._retry_delay(j.attempt, j.backoff)
-                                     ELSE interval '0' END,
-               finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
-                                  THEN v_now END,
+           SET (state, run_at, finished_at) = (
+                   SELECT f.state,
+                          v_now + CASE WHEN m.overdue THEN treadle._retry_delay(j.attempt, j.backoff)
+                                       ELSE interval '0' END,
+                          CASE WHEN f.state <> 'retryable' THEN v_now END
+                     FROM (SELECT treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) AS state) AS f),
                lease_until = NULL,
                lease_token = NULL,
                last_error = m.error,

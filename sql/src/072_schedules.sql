@@ -415,20 +415,13 @@ BEGIN
     IF v_at IS NULL THEN
         RETURN;  -- no time within ten years: treadle.schedule refuses such expressions
     END IF;
-    UPDATE treadle.jobs AS j
-       SET next_id = nextval('treadle.jobs_id_seq'::regclass)
-     WHERE j.id = occurrence.id AND j.next_id IS NULL
-    RETURNING j.next_id INTO v_id;
-    IF NOT FOUND THEN
+    -- (a missed time is due at once: treadle._successor wakes the queue)
+    v_id := treadle._successor(occurrence.id, v_schedule.queue, v_schedule.job, v_schedule.args,
+                               v_schedule.priority, v_at, v_schedule.max_attempts, NULL, v_schedule.name);
+    IF v_id IS NULL THEN
         RETURN;
     END IF;
-    INSERT INTO treadle.jobs (id, queue, name, args, priority, run_at, max_attempts, created_at, schedule)
-    VALUES (v_id, v_schedule.queue, v_schedule.job, v_schedule.args, v_schedule.priority, v_at,
-            v_schedule.max_attempts, treadle.now(), v_schedule.name);
     UPDATE treadle.cron_schedules AS s SET job_id = v_id, next_run_at = v_at WHERE s.name = v_schedule.name;
-    IF v_at <= treadle.now() THEN
-        PERFORM treadle._notify('treadle_jobs', v_schedule.queue);  -- a missed time, caught up at once
-    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._schedule_next(treadle.jobs) IS
@@ -589,10 +582,8 @@ BEGIN
         RETURN v_current.id;
     END IF;
     -- new, or its occurrence is gone (pruned, or finished without a successor): start one
-    v_id := nextval('treadle.jobs_id_seq'::regclass);
-    INSERT INTO treadle.jobs (id, queue, name, args, priority, run_at, max_attempts, created_at, schedule)
-    VALUES (v_id, schedule.queue, schedule.job, v_args, schedule.priority, v_first, schedule.max_attempts,
-            v_now, schedule.name);
+    v_id := treadle._successor(NULL, schedule.queue, schedule.job, v_args, schedule.priority, v_first,
+                               schedule.max_attempts, NULL, schedule.name);
     UPDATE treadle.cron_schedules AS s SET job_id = v_id, next_run_at = v_first WHERE s.name = schedule.name;
     RETURN v_id;
 END;

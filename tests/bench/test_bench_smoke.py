@@ -23,6 +23,7 @@ SCENARIOS = [
     "pickup",
     "limits",
     "held_snapshot",
+    "versions",
     "memory",
     "dashboard_search",
     "cli_bulk",
