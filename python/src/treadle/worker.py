@@ -50,7 +50,7 @@ from ._handler_threads import HandlerThreads
 from ._housekeeping import Housekeeper
 from ._notifier import Notifier, WakeOnNotify
 from ._pool import WorkerPool, connect_direct
-from ._registry import Handler, Registry, Sleep, Step, StepFunction, handler_policy
+from ._registry import Handler, Registry, Sleep, Step, StepFunction, Wait, handler_policy
 from ._retry import Backoff, FailureWrite, failure_write, is_transient, one_line
 from ._run_state import RunState, RunStatus
 from .errors import InvalidArgument
@@ -59,7 +59,7 @@ from .models import Job
 if TYPE_CHECKING:
     from .metrics import MetricsServer, WorkerMetrics
 
-__all__ = ["Handler", "JobContext", "Sleep", "Step", "StepFunction", "Worker", "WorkerEvent"]
+__all__ = ["Handler", "JobContext", "Sleep", "Step", "StepFunction", "Wait", "Worker", "WorkerEvent"]
 
 log = logging.getLogger("treadle.worker")
 
@@ -293,7 +293,7 @@ class Worker:
     def workflow(
         self,
         name: str,
-        steps: Iterable[Step | Sleep | tuple[str, StepFunction]],
+        steps: Iterable[Step | Sleep | Wait | tuple[str, StepFunction]],
         *,
         max_attempts: int | None = None,
         backoff: Callable[[int], Duration] | None = None,
@@ -306,7 +306,9 @@ class Worker:
         step runs once the steps it names completed, and receives their results (and those
         of the steps before them); a step without `after` starts with the run. A
         `Sleep(name, timedelta)` step has no handler: the run waits that long in the
-        database. The definition is recorded with treadle.define_workflow when the worker
+        database. A `Wait(name, signal, timeout=None)` step has no handler either: it
+        completes with the payload of the signal `signal` sent to the run
+        (treadle.signal). The definition is recorded with treadle.define_workflow when the worker
         starts.
         `max_attempts`, `backoff` and `timeout` are a policy for each of its steps, as
         `register`'s are for a handler's jobs.
@@ -546,6 +548,7 @@ class Worker:
                     for name in self._registry.workflows:
                         definition = self._registry.definition(name)
                         after, sleeps, maps = definition["after"], definition["sleeps"], definition["maps"]
+                        waits = definition["waits"]
                         conn.execute(
                             _sql.DEFINE_WORKFLOW,
                             {
@@ -553,6 +556,7 @@ class Worker:
                                 "after": None if after is None else Jsonb(after),
                                 "sleeps": None if sleeps is None else Jsonb(sleeps),
                                 "maps": None if maps is None else Jsonb(maps),
+                                "waits": None if waits is None else Jsonb(waits),
                             },
                         )
                     conn.execute(_sql.WORKER_SEEN, self._seen_params())
