@@ -105,4 +105,4 @@ def test_a_bad_wait_is_refused_when_it_is_registered(make_worker: MakeWorker) ->
     with pytest.raises(InvalidArgument, match="repeats the step name 'a'"):
         worker.workflow("bad", [("a", lambda i, r, c: 1), Wait("a", "go")])
     with pytest.raises(InvalidArgument, match="waits"):
-        client.start_workflow(None, "x", waits={"a": {"signal": "go", "branch": "b"}})  # type: ignore[arg-type]
+        client.start_workflow(None, "x", waits={"a": {"signal": "go", "branch": "b"}})  # type: ignore[call-overload]
