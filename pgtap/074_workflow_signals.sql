@@ -4,7 +4,7 @@
 -- bad input that changes nothing; roles and tenants.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(97);
+SELECT plan(105);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -89,6 +89,12 @@ SELECT throws_like($$ SELECT treadle.define_workflow('orders', ARRAY['a', 'b'],
 SELECT throws_like($$ SELECT treadle.define_workflow('orders', ARRAY['a', 'b'],
                                                      waits => '{"b": {"signal": "go", "timeout": "367 days"}}') $$,
                    '%wait step "b" must time out after more than 0 and at most 366 days%', 'a timeout is bounded');
+SELECT throws_like($$ SELECT treadle.define_workflow('orders', ARRAY['a', 'b'],
+                                                     waits => '{"b": {"signal": "go", "timeout": "1 hour", "on_timeout": "skip"}}') $$,
+                   '%wait step "b" takes "on_timeout": "fail" or "continue", with a timeout%', 'on_timeout is fail or continue');
+SELECT throws_like($$ SELECT treadle.define_workflow('orders', ARRAY['a', 'b'],
+                                                     waits => '{"b": {"signal": "go", "on_timeout": "continue"}}') $$,
+                   '%wait step "b" takes "on_timeout"%with a timeout%', 'on_timeout needs a timeout');
 SELECT throws_ok($$ SELECT treadle.start_workflow('orders', waits => '{"b": {"signal": "go"}}') $$,
                  '22023', 'treadle: waits need steps', 'waits without steps');
 SELECT throws_like($$ SELECT treadle.start_workflow('adhoc', steps => ARRAY['a', 'b'], waits => '{"z": {"signal": "go"}}') $$,
@@ -224,6 +230,24 @@ SELECT is((SELECT state FROM treadle.workflow_run_steps WHERE run_id = :run7 AND
           'the steps view says so');
 SELECT is(treadle.signal(:run7, 'approved'), 'finished', 'a signal after the timeout finds the run finished');
 SELECT is(pg_temp.steps(:run7), ARRAY['order:completed'], 'and starts nothing');
+SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
+
+-- "on_timeout": "continue": the wait completes as timed out and the run moves on
+SELECT lives_ok($$ SELECT treadle.define_workflow('soft', ARRAY['approve', 'ship'],
+                        waits => '{"approve": {"signal": "go", "timeout": "1 hour", "on_timeout": "continue"}}') $$,
+                'a wait that continues on timeout is defined');
+SELECT lives_ok($$ SELECT treadle.define_workflow('hard', ARRAY['approve', 'ship'],
+                        waits => '{"approve": {"signal": "go", "timeout": "1 hour", "on_timeout": "fail"}}') $$,
+                'on_timeout fail is the default, said out loud');
+SELECT is((SELECT waits FROM treadle.workflows WHERE name = 'hard'),
+          '{"approve": {"signal": "go", "timeout": "01:00:00"}}'::jsonb, 'and stored as the default');
+SELECT treadle.start_workflow('soft', queue => 'sig') AS run9 \gset
+SET LOCAL treadle.now = '2999-01-01 13:00:00+00';
+SELECT treadle.rescue();
+SELECT is((SELECT row(state, results, waiting, wait_until)::text FROM treadle.workflow_runs WHERE id = :run9),
+          '(running,"{""approve"": {""timed_out"": true}}",,)', 'at its timeout the wait completes as timed out');
+SELECT is(pg_temp.steps(:run9), ARRAY['ship:available'], 'and the step after it starts, to take the timeout path');
+SELECT is(treadle.signal(:run9, 'go'), 'ignored', 'a signal after that is ignored');
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
 --------------------------------------------------------------------------------

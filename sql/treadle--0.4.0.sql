@@ -5636,7 +5636,8 @@ COMMENT ON VIEW treadle.schedules IS
 -- and consumed when the wait step becomes ready. Both happen under the run row's
 -- lock, so each signal completes one wait step at most, and each wait step takes
 -- one signal. A wait with a timeout that passes (treadle's clock, at a
--- treadle.rescue) fails the run.
+-- treadle.rescue) fails the run, or with "on_timeout": "continue" completes with
+-- the result {"timed_out": true}, so the steps after it take the timeout path.
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
@@ -5644,13 +5645,16 @@ COMMENT ON VIEW treadle.schedules IS
 --
 -- The wait steps of a workflow, checked against its step names and its (checked)
 -- sleep and map steps: null or {} is none (null). Otherwise a JSON object mapping
--- a step to {"signal": name} or {"signal": name, "timeout": interval}: the name
--- of the signal it waits for and how long it waits at most. Returns the map with
--- each timeout normalised.
+-- a step to {"signal": name} or {"signal": name, "timeout": interval} and
+-- optionally "on_timeout": "fail" (the default) or "continue": the name of the
+-- signal it waits for, how long it waits at most, and what a timeout does.
+-- Returns the map with each timeout normalised ("on_timeout" kept only as
+-- "continue").
 -- Raises 22023, naming the step: waits not an object; a key that is not a step,
 -- or is a sleep or map step; a value that is not such an object (another key, a
 -- signal name that is not a valid name, a timeout that is not an interval, not
--- positive or over 366 days); waits over the payload size limit.
+-- positive or over 366 days, an on_timeout other than "fail" or "continue", or
+-- one without a timeout); waits over the payload size limit.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_waits(steps text[], sleeps jsonb, maps jsonb, waits jsonb)
 RETURNS jsonb
@@ -5687,11 +5691,18 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
         IF jsonb_typeof(v_value) <> 'object'
-           OR EXISTS (SELECT 1 FROM jsonb_object_keys(v_value) AS k(k) WHERE k.k <> ALL (ARRAY['signal', 'timeout']))
+           OR EXISTS (SELECT 1 FROM jsonb_object_keys(v_value) AS k(k)
+                       WHERE k.k <> ALL (ARRAY['signal', 'timeout', 'on_timeout']))
            OR jsonb_typeof(v_value -> 'signal') IS DISTINCT FROM 'string'
            OR NOT coalesce(treadle._is_name(v_value ->> 'signal'), false) THEN
             RAISE EXCEPTION 'treadle: wait step "%" must be {"signal": name} or {"signal": name, "timeout": interval}, not %',
                             v_step, left(v_value::text, 200)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF v_value ? 'on_timeout' AND (NOT v_value ? 'timeout'
+                                        OR v_value -> 'on_timeout' NOT IN ('"fail"'::jsonb, '"continue"'::jsonb)) THEN
+            RAISE EXCEPTION 'treadle: wait step "%" takes "on_timeout": "fail" or "continue", with a timeout, not %',
+                            v_step, left((v_value -> 'on_timeout')::text, 200)
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
         IF v_value ? 'timeout' THEN
@@ -5714,7 +5725,10 @@ BEGIN
                     USING ERRCODE = 'invalid_parameter_value';
             END IF;
             v_map := v_map || jsonb_build_object(v_step, jsonb_build_object('signal', v_value ->> 'signal',
-                                                                            'timeout', v_timeout::text));
+                                                                            'timeout', v_timeout::text)
+                                                         || CASE WHEN v_value ->> 'on_timeout' = 'continue'
+                                                                 THEN '{"on_timeout": "continue"}'::jsonb
+                                                                 ELSE '{}'::jsonb END);
         ELSE
             v_map := v_map || jsonb_build_object(v_step, jsonb_build_object('signal', v_value ->> 'signal'));
         END IF;
@@ -5783,12 +5797,15 @@ COMMENT ON FUNCTION treadle._start_waits(treadle.workflow_runs, text[], timestam
 --------------------------------------------------------------------------------
 -- treadle._time_out_waits(at) -> integer
 --
--- Transition: a running run with a signal wait under way whose timeout is due at
--- `at` -> failed (finished_at = at): the wait step failed. Its waits under way
--- stay in run.waiting, each that timed out marked "timed_out": true; wait_until
--- becomes null. Step jobs of the run still running finish as in any failed run.
--- Only running runs, at most 1000 per call, each locked unless another session
--- holds it (SKIP LOCKED: a later call takes it). Returns how many runs failed.
+-- Transition: the signal waits under way whose timeout is due at `at` time out.
+-- A wait whose definition says "on_timeout": "continue" completes with the result
+-- {"timed_out": true}, and the run moves on as after any completed step (or
+-- completes). Any other fails the step: the run -> failed (finished_at = at); its
+-- waits under way stay in run.waiting, each that timed out marked "timed_out":
+-- true, and wait_until becomes null; step jobs of the run still running finish as
+-- in any failed run. Only running runs, at most 1000 per call, each locked unless
+-- another session holds it (SKIP LOCKED: a later call takes it). Returns how many
+-- runs moved.
 -- treadle.rescue calls it, so a wait times out at most one rescue interval late,
 -- and never early: the time is treadle's clock.
 --------------------------------------------------------------------------------
@@ -5800,6 +5817,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_run    treadle.workflow_runs;
+    v_due    jsonb;
     v_failed integer := 0;
 BEGIN
     FOR v_run IN
@@ -5809,6 +5827,34 @@ BEGIN
          LIMIT 1000
            FOR UPDATE SKIP LOCKED
     LOOP
+        v_failed := v_failed + 1;
+        SELECT jsonb_object_agg(e.key, v_run.waits -> e.key ->> 'on_timeout') INTO v_due
+          FROM jsonb_each(v_run.waiting) AS e
+         WHERE (e.value ->> 'until')::timestamptz <= at;
+        IF v_due IS NULL THEN
+            -- (nothing due after all: wait_until is set again from the waits)
+            UPDATE treadle.workflow_runs AS r
+               SET wait_until = (SELECT min((e.value ->> 'until')::timestamptz) FROM jsonb_each(r.waiting) AS e)
+             WHERE r.id = v_run.id;
+            CONTINUE;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM jsonb_each_text(v_due) AS d WHERE d.value IS DISTINCT FROM 'continue') THEN
+            -- every wait due continues: it completes as timed out
+            UPDATE treadle.workflow_runs AS r
+               SET results = r.results || (SELECT jsonb_object_agg(d.key, '{"timed_out": true}'::jsonb)
+                                             FROM jsonb_each(v_due) AS d),
+                   waiting = nullif(r.waiting - ARRAY(SELECT jsonb_object_keys(v_due)), '{}'::jsonb),
+                   wait_until = (SELECT min((e.value ->> 'until')::timestamptz)
+                                   FROM jsonb_each(r.waiting - ARRAY(SELECT jsonb_object_keys(v_due))) AS e)
+             WHERE r.id = v_run.id
+            RETURNING r.* INTO v_run;
+            IF treadle._has_every_result(v_run) THEN
+                UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at WHERE r.id = v_run.id;
+            ELSE
+                PERFORM treadle._enqueue_ready(v_run, at);
+            END IF;
+            CONTINUE;
+        END IF;
         UPDATE treadle.workflow_runs AS r
            SET state = 'failed', finished_at = at, wait_until = NULL,
                waiting = (SELECT jsonb_object_agg(e.key, CASE WHEN (e.value ->> 'until')::timestamptz <= at
@@ -5816,13 +5862,12 @@ BEGIN
                                                               ELSE e.value END)
                             FROM jsonb_each(r.waiting) AS e)
          WHERE r.id = v_run.id;
-        v_failed := v_failed + 1;
     END LOOP;
     RETURN v_failed;
 END;
 $$;
 COMMENT ON FUNCTION treadle._time_out_waits(timestamptz) IS
-    'Fail the running workflow runs whose signal wait timed out; returns how many.';
+    'Time out the due signal waits of running workflow runs (fail the run, or continue); returns how many runs moved.';
 
 --------------------------------------------------------------------------------
 -- treadle._signal(run_id, name, payload) -> text

@@ -78,6 +78,27 @@ def test_a_wait_that_times_out_fails_the_run(conn: psycopg.Connection[Any], make
     assert client.signal(conn, run_id, "approved") == "finished"
 
 
+def test_a_wait_that_continues_on_timeout_takes_the_timeout_path(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
+    def ship_or_not(input: dict[str, Any], results: dict[str, Any], ctx: JobContext) -> str:
+        return "cancelled order" if results["approve"].get("timed_out") else "shipped"
+
+    worker = make_worker()
+    worker.workflow(
+        "patient",
+        [Wait("approve", "approved", timeout=timedelta(seconds=1), on_timeout="continue"), ("ship", ship_or_not)],
+    )
+    worker.start()
+    assert conn.execute("SELECT waits FROM treadle.workflows WHERE name = 'patient'").fetchone() == (
+        {"approve": {"signal": "approved", "timeout": "00:00:01", "on_timeout": "continue"}},
+    )
+    run_id = start_workflow(conn, "patient", {})
+    finished = until_run_finished(conn, run_id)
+    assert finished["state"] == "completed"
+    assert finished["results"] == {"approve": {"timed_out": True}, "ship": "cancelled order"}
+
+
 def test_a_run_started_from_the_client_with_waits(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
     worker = make_worker()
     worker.workflow("adhoc", [Wait("approve", "approved"), ("ship", ship)])
@@ -104,5 +125,9 @@ def test_a_bad_wait_is_refused_when_it_is_registered(make_worker: MakeWorker) ->
         worker.workflow("bad", [Wait("w", "go", timeout=timedelta(days=400))])
     with pytest.raises(InvalidArgument, match="repeats the step name 'a'"):
         worker.workflow("bad", [("a", lambda i, r, c: 1), Wait("a", "go")])
+    with pytest.raises(InvalidArgument, match="on_timeout is 'fail' or 'continue', not 'skip'"):
+        worker.workflow("bad", [Wait("w", "go", timeout=timedelta(hours=1), on_timeout="skip")])
+    with pytest.raises(InvalidArgument, match="on_timeout='continue' needs a timeout"):
+        worker.workflow("bad", [Wait("w", "go", on_timeout="continue")])
     with pytest.raises(InvalidArgument, match="waits"):
         client.start_workflow(None, "x", waits={"a": {"signal": "go", "branch": "b"}})  # type: ignore[call-overload]

@@ -79,13 +79,16 @@ class Wait(NamedTuple):
     `treadle.signal(run_id, signal, payload)` (or `treadle.client.signal`) delivers it, and the
     payload is the step's result; a signal sent before the run reaches the step is kept for
     it. With `timeout`, the run fails when no signal came that long after the step became
-    ready (treadle.rescue times it out on its clock). `after` as for Step.
+    ready (treadle.rescue times it out on its clock), or with `on_timeout="continue"` the
+    step completes with the result `{"timed_out": True}` and the steps after it run.
+    `after` as for Step.
     """
 
     name: str
     signal: str
     timeout: timedelta | None = None
     after: Iterable[str] | None = None
+    on_timeout: str = "fail"
 
 
 class Registry:
@@ -262,6 +265,14 @@ def _wait(item: Wait, workflow: str, step: str) -> dict[str, str]:
                 f"wait step {step!r} of workflow {workflow!r} must time out after more than 0 and at most 366 days"
             )
         wait["timeout"] = _interval_text(item.timeout)
+    if item.on_timeout not in ("fail", "continue"):
+        raise InvalidArgument(
+            f"wait step {step!r} of workflow {workflow!r}: on_timeout is 'fail' or 'continue', not {item.on_timeout!r}"
+        )
+    if item.on_timeout == "continue":
+        if item.timeout is None:
+            raise InvalidArgument(f"wait step {step!r} of workflow {workflow!r}: on_timeout='continue' needs a timeout")
+        wait["on_timeout"] = "continue"
     return wait
 
 

@@ -126,7 +126,7 @@ class WorkflowOptions(TypedDict, total=False):
     priority: int
     max_attempts: int
     idempotency_key: str | None
-    # wait step -> the signal it waits for, or {"signal": name, "timeout": timedelta} (no handler runs it)
+    # wait step -> the signal it waits for, or {"signal": name, "timeout": timedelta, "on_timeout": "continue"}
     waits: Mapping[str, str | Mapping[str, str | timedelta]] | None
 
 
@@ -287,8 +287,9 @@ def start_workflow(
     element, and hands on their results in element order. ``waits`` maps a wait
     step (no handler runs it) to the signal it waits for (`signal`), or to
     ``{"signal": name, "timeout": timedelta}``: the run fails when no signal came in
-    time. The steps it starts with are enqueued now; each completed step
-    enqueues those whose dependencies have all completed. A workflow idempotency
+    time (or, with ``"on_timeout": "continue"``, the step completes as
+    ``{"timed_out": true}``). The steps it starts with are enqueued now; each
+    completed step enqueues those whose dependencies have all completed. A workflow idempotency
     key (apart from jobs' keys) that a run holds returns that run's id and starts
     nothing. The options and their defaults:
     `WorkflowOptions`.
@@ -336,9 +337,12 @@ def _waits(value: Any) -> Jsonb | None:
         spec = dict(wait) if isinstance(wait, Mapping) else {"signal": wait}
         timeout = spec.pop("timeout", None)
         signal_name = spec.pop("signal", None)
+        on_timeout = spec.pop("on_timeout", None)
         if spec:
-            raise InvalidArgument(f"waits[{step!r}] takes signal and timeout, not {next(iter(spec))!r}")
+            raise InvalidArgument(f"waits[{step!r}] takes signal, timeout and on_timeout, not {next(iter(spec))!r}")
         entry = {"signal": _args.text(signal_name, f"waits[{step!r}]'s signal")}
+        if on_timeout is not None:
+            entry["on_timeout"] = _args.text(on_timeout, f"waits[{step!r}]'s on_timeout")  # the database checks it
         if timeout is not None:
             if not isinstance(timeout, timedelta):
                 raise InvalidArgument(
