@@ -264,7 +264,7 @@ def _wait(item: Wait, workflow: str, step: str) -> dict[str, str]:
             raise InvalidArgument(
                 f"wait step {step!r} of workflow {workflow!r} must time out after more than 0 and at most 366 days"
             )
-        wait["timeout"] = _interval_text(item.timeout)
+        wait["timeout"] = _args.interval_text(item.timeout)
     if item.on_timeout not in ("fail", "continue"):
         raise InvalidArgument(
             f"wait step {step!r} of workflow {workflow!r}: on_timeout is 'fail' or 'continue', not {item.on_timeout!r}"
@@ -274,10 +274,6 @@ def _wait(item: Wait, workflow: str, step: str) -> dict[str, str]:
             raise InvalidArgument(f"wait step {step!r} of workflow {workflow!r}: on_timeout='continue' needs a timeout")
         wait["on_timeout"] = "continue"
     return wait
-
-
-def _interval_text(value: timedelta) -> str:
-    return f"{value.days} days {value.seconds} seconds {value.microseconds} microseconds"
 
 
 def _sleep_interval(value: object, workflow: str, step: str) -> str:

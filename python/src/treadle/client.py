@@ -348,7 +348,7 @@ def _waits(value: Any) -> Jsonb | None:
                 raise InvalidArgument(
                     f"waits[{step!r}]'s timeout must be a datetime.timedelta, not {type(timeout).__name__}"
                 )
-            entry["timeout"] = f"{timeout.days} days {timeout.seconds} seconds {timeout.microseconds} microseconds"
+            entry["timeout"] = _args.interval_text(timeout)
         out[_args.text(step, "waits' step")] = entry
     return Jsonb(out)
 
