@@ -49,8 +49,9 @@ SELECT set_eq(
           'treadle.fail(bigint,uuid,text,interval,boolean)', 'treadle.release(bigint,uuid)',
           'treadle.snooze(bigint,uuid,interval)', 'treadle.rescue()',
           'treadle.apply_retention(integer)', 'treadle.archive(integer)', 'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.prune(interval)',
-          'treadle.define_workflow(text,text[],jsonb,jsonb,jsonb)',
-          'treadle.start_workflow(text,jsonb,text[],text,integer,integer,text,jsonb,jsonb,jsonb)',
+          'treadle.define_workflow(text,text[],jsonb,jsonb,jsonb,jsonb)',
+          'treadle.start_workflow(text,jsonb,text[],text,integer,integer,text,jsonb,jsonb,jsonb,jsonb)',
+          'treadle.signal(bigint,text,jsonb)', 'treadle.signal_by_key(text,text,text,jsonb)',
           'treadle.cancel_workflow(bigint)',
           'treadle.schedule(text,text,text,jsonb,text,text,integer,integer,boolean)', 'treadle.unschedule(text)',
           'treadle.worker_seen(text,text,integer,text[],integer,integer,text[])', 'treadle.worker_stopped(text)',
@@ -70,7 +71,8 @@ SELECT set_eq(
     $$ SELECT unnest(extconfig)::regclass::text FROM pg_extension WHERE extname = 'treadle' $$,
     $$ SELECT unnest(ARRAY['treadle.jobs', 'treadle.jobs_id_seq', 'treadle.workflow_runs',
                            'treadle.workflow_runs_id_seq', 'treadle.workflows', 'treadle.settings', 'treadle.tenants',
-                           'treadle.cron_schedules', 'treadle.queues', 'treadle.history_slots'])
+                           'treadle.cron_schedules', 'treadle.queues', 'treadle.history_slots',
+                           'treadle.workflow_signals', 'treadle.workflow_signals_id_seq'])
        UNION ALL
        SELECT format('treadle.job_history_%s', lpad(n::text, 2, '0')) FROM generate_series(0, 40) AS n $$,
     'tables with user data and their sequences are kept by pg_dump: the history''s 41 partitions too');

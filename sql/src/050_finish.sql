@@ -53,7 +53,7 @@ COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timest
 --
 -- The steps of a graph run (run.after not null) that may start now: every step
 -- it runs after has a result, it has none itself, no job of the run runs it
--- yet, and it is not a sleep under way. In step order. With `done` (a step that
+-- yet, and it is not a sleep or a signal wait under way. In step order. With `done` (a step that
 -- just completed) only the steps that run after it are looked at: no other can
 -- have become ready. Callers hold the run row's lock, so what this reads cannot
 -- change before they enqueue what it returns.
@@ -73,6 +73,7 @@ DECLARE
     v_after   jsonb := '{}'::jsonb || run.after;
     v_results jsonb := '{}'::jsonb || run.results;
     v_wakes   jsonb := '{}'::jsonb || coalesce(run.wakes, '{}'::jsonb);
+    v_waiting jsonb := coalesce(run.waiting, '{}'::jsonb);
 BEGIN
     IF done IS NULL THEN
         -- every step with a job, read once
@@ -84,6 +85,7 @@ BEGIN
          WHERE (done IS NULL OR (v_after -> u.s) ? done)
            AND NOT v_results ? u.s
            AND NOT v_wakes ? u.s
+           AND NOT v_waiting ? u.s
          ORDER BY u.i
     LOOP
         CONTINUE WHEN EXISTS (SELECT 1 FROM jsonb_array_elements_text(v_after -> v_step) AS d(v)
@@ -195,7 +197,9 @@ COMMENT ON FUNCTION treadle._enqueue_map(treadle.workflow_runs, text, timestampt
 -- under way on the run (wakes: step -> at + its interval; wake_at, the earliest,
 -- is where treadle.rescue looks); a map step -> a job per element
 -- (treadle._enqueue_map; one over an empty array completes at once, and the
--- run moves on from it, or completes). The caller holds the run row's lock.
+-- run moves on from it, or completes); a wait step -> a signal wait under way, or
+-- completed at once by a signal kept for it (treadle._start_waits), and the run
+-- moves on from it. The caller holds the run row's lock.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_ready(run treadle.workflow_runs, at timestamptz, done text DEFAULT NULL)
 RETURNS void
@@ -232,9 +236,18 @@ BEGIN
         v_ready := ARRAY(SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i)
                           WHERE NOT run.maps ? u.s ORDER BY u.i);
     END IF;
+    IF run.waits IS NOT NULL THEN
+        IF treadle._start_waits(run, ARRAY(SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i)
+                                            WHERE run.waits ? u.s ORDER BY u.i), at) THEN
+            v_empty := true;
+        END IF;
+        v_ready := ARRAY(SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i)
+                          WHERE NOT run.waits ? u.s ORDER BY u.i);
+    END IF;
     PERFORM treadle._enqueue_steps(run, v_ready, at);
     IF v_empty THEN
-        -- a map over an empty array completed: what runs after it may start now
+        -- a map over an empty array, or a wait with a kept signal, completed: what
+        -- runs after it may start now
         SELECT * INTO run FROM treadle.workflow_runs AS r WHERE r.id = run.id;
         IF treadle._has_every_result(run) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at
@@ -765,7 +778,9 @@ COMMENT ON FUNCTION treadle._running_xids() IS
 -- Either goes -> discarded when its attempts are spent, -> cancelled when a
 -- cancel was requested (treadle._failed_state). The lease token is dropped: the
 -- rescued claim's writes, repeats included, find nothing. Returns how many jobs
--- it moved. Safe from many sessions at once: each job is counted once.
+-- it moved. Safe from many sessions at once: each job is counted once. It also
+-- ends the workflow sleeps that are due (treadle._wake_runs) and times out the
+-- signal waits whose timeout passed (treadle._time_out_waits).
 -- Where a rescue reads. Every job that leaves `running` leaves a dead entry in the
 -- lease index, and while any snapshot older than it stays open (a long transaction,
 -- a replication slot) nothing removes it: a pass over all expired leases would
@@ -920,8 +935,9 @@ BEGIN
         PERFORM set_config('treadle.rescue_cursor', v_cursor::text, false);
     END IF;
 
-    -- workflow sleep steps that are due end here too
+    -- workflow sleep steps that are due end here too, and signal waits time out
     PERFORM treadle._wake_runs(v_now);
+    PERFORM treadle._time_out_waits(v_now);
 
     IF v_done IS NULL THEN
         RETURN 0;

@@ -321,26 +321,29 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
     'The dependencies of a list of steps spelled out as a graph: each step after the one before it.';
 
 --------------------------------------------------------------------------------
--- treadle.define_workflow(name, steps, after, sleeps, maps) -> void
+-- treadle.define_workflow(name, steps, after, sleeps, maps, waits) -> void
 --
 -- Records the step names of a workflow and, in `after`, the steps each one runs
 -- after (a JSON object: step -> [steps]; a step it leaves out starts with the
 -- run). Without `after`, each step runs after the one before it. `sleeps` names
 -- the sleep steps and how long each waits (treadle._check_sleeps); `maps` the map
--- steps and what each maps over (treadle._check_maps). Workers call it
+-- steps and what each maps over (treadle._check_maps); `waits` the wait steps and
+-- the signal each waits for (treadle._check_waits). Workers call it
 -- when they register a workflow. Replaces an earlier definition for new runs;
 -- existing runs keep the steps they started with.
 -- Raises 22004: name or steps null. 22023: a name that is not a valid name (see
 -- treadle._is_name); steps empty, nested, over 1000, with a bad name, or
 -- repeating one; after as treadle._check_after refuses it (an unknown or
 -- repeated dependency, a cycle: the message names the step); sleeps as
--- treadle._check_sleeps refuses it; maps as treadle._check_maps refuses it. 42501:
+-- treadle._check_sleeps refuses it; maps as treadle._check_maps refuses it; waits
+-- as treadle._check_waits refuses it. 42501:
 -- a tenant's workflow name outside its
 -- prefix (a tenant's definitions are named under its queue prefix, so no tenant
 -- replaces another's).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[], after jsonb DEFAULT NULL,
-                                                   sleeps jsonb DEFAULT NULL, maps jsonb DEFAULT NULL)
+                                                   sleeps jsonb DEFAULT NULL, maps jsonb DEFAULT NULL,
+                                                   waits jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -352,6 +355,7 @@ DECLARE
     v_after  jsonb;
     v_sleeps jsonb;
     v_maps   jsonb;
+    v_waits  jsonb;
 BEGIN
     PERFORM treadle._check_text(define_workflow.name, 'name');
     PERFORM treadle._check_workflow_allowed(define_workflow.name);
@@ -361,37 +365,39 @@ BEGIN
     v_maps := treadle._check_maps(define_workflow.steps,
                                   coalesce(v_after, treadle._linear_after(define_workflow.steps)),
                                   v_sleeps, define_workflow.maps);
-    IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL THEN
+    v_waits := treadle._check_waits(define_workflow.steps, v_sleeps, v_maps, define_workflow.waits);
+    IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_waits IS NOT NULL THEN
         v_after := coalesce(v_after, treadle._linear_after(define_workflow.steps));
     END IF;
 
-    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps, maps)
-    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps, v_maps)
+    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps, maps, waits)
+    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps, v_maps, v_waits)
     ON CONFLICT (name) DO UPDATE
        SET steps = excluded.steps, updated_at = excluded.updated_at, after = excluded.after, sleeps = excluded.sleeps,
-           maps = excluded.maps
+           maps = excluded.maps, waits = excluded.waits
      WHERE w.steps IS DISTINCT FROM excluded.steps OR w.after IS DISTINCT FROM excluded.after
-        OR w.sleeps IS DISTINCT FROM excluded.sleeps OR w.maps IS DISTINCT FROM excluded.maps;
+        OR w.sleeps IS DISTINCT FROM excluded.sleeps OR w.maps IS DISTINCT FROM excluded.maps
+        OR w.waits IS DISTINCT FROM excluded.waits;
 END;
 $$;
-COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb) IS
     'Record (or replace) the steps of a workflow and the steps each one runs after.';
 
 --------------------------------------------------------------------------------
 -- treadle.start_workflow(name, input, steps, queue, priority, max_attempts,
---                        idempotency_key, after, sleeps, maps) -> bigint
+--                        idempotency_key, after, sleeps, maps, waits) -> bigint
 --
 -- Transition: (none) -> a running run, and the job of each step it starts with
 -- (the first step of a list, every step without dependencies of a graph) ->
 -- available, in the caller's transaction. The run records its steps and their
--- dependencies: `steps`, `after`, `sleeps` and `maps` (as define_workflow takes them), or when
+-- dependencies: `steps`, `after`, `sleeps`, `maps` and `waits` (as define_workflow takes them), or when
 -- steps is null the definition from treadle.define_workflow. Returns the run id; a
 -- workflow idempotency key (a namespace apart from jobs') that a run already
 -- holds returns that run's id and starts nothing.
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
 -- input neither an object nor an array, over the size limit or nested over 100
--- levels; max_attempts < 1; steps, after, sleeps or maps as define_workflow
--- refuses them; after, sleeps or maps without steps; no steps given and no definition (unknown
+-- levels; max_attempts < 1; steps, after, sleeps, maps or waits as define_workflow
+-- refuses them; after, sleeps, maps or waits without steps; no steps given and no definition (unknown
 -- workflow). 42501: a tenant's queue or workflow name outside its prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.start_workflow(
@@ -404,7 +410,8 @@ CREATE OR REPLACE FUNCTION treadle.start_workflow(
     idempotency_key text    DEFAULT NULL,
     after           jsonb   DEFAULT NULL,
     sleeps          jsonb   DEFAULT NULL,
-    maps            jsonb   DEFAULT NULL
+    maps            jsonb   DEFAULT NULL,
+    waits           jsonb   DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -420,6 +427,7 @@ DECLARE
     v_after jsonb;
     v_sleeps jsonb;
     v_maps  jsonb;
+    v_waits jsonb;
     v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
@@ -442,7 +450,10 @@ BEGIN
         IF start_workflow.after IS NOT NULL OR start_workflow.sleeps IS NOT NULL OR start_workflow.maps IS NOT NULL THEN
             RAISE EXCEPTION 'treadle: after, sleeps and maps need steps' USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        SELECT w.steps, w.after, w.sleeps, w.maps INTO v_steps, v_after, v_sleeps, v_maps
+        IF start_workflow.waits IS NOT NULL THEN
+            RAISE EXCEPTION 'treadle: waits need steps' USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        SELECT w.steps, w.after, w.sleeps, w.maps, w.waits INTO v_steps, v_after, v_sleeps, v_maps, v_waits
           FROM treadle.workflows AS w WHERE w.name = start_workflow.name;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'treadle: unknown workflow %', start_workflow.name
@@ -455,7 +466,8 @@ BEGIN
         v_sleeps := treadle._check_sleeps(v_steps, start_workflow.sleeps);
         v_maps := treadle._check_maps(v_steps, coalesce(v_after, treadle._linear_after(v_steps)),
                                       v_sleeps, start_workflow.maps);
-        IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL THEN
+        v_waits := treadle._check_waits(v_steps, v_sleeps, v_maps, start_workflow.waits);
+        IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_waits IS NOT NULL THEN
             v_after := coalesce(v_after, treadle._linear_after(v_steps));
         END IF;
     END IF;
@@ -463,10 +475,12 @@ BEGIN
 
     LOOP
         INSERT INTO treadle.workflow_runs AS r
-            (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps, maps)
+            (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps, maps,
+             waits)
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
-             start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps, v_maps)
+             start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps, v_maps,
+             v_waits)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING r.* INTO v_run;
 
@@ -487,7 +501,7 @@ BEGIN
     END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb) IS
     'Start a workflow run and enqueue the steps it starts with; returns the run id.';
 
 --------------------------------------------------------------------------------
@@ -497,8 +511,9 @@ COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, i
 -- cancelled at once), and its running steps get a cancel request (the run
 -- becomes cancelled when the first of them finishes, if no pending step was
 -- cancelled); a run with no step job pending (only sleeps under way) becomes
--- cancelled at once. Its sleeps under way stop waking it (wake_at null), so no
--- step starts after the cancel. Returns false for an unknown run, one that is not running, or one
+-- cancelled at once. Its sleeps under way stop waking it (wake_at null) and its
+-- signal waits under way end (waiting, wait_until null: a signal is then kept, and a
+-- retried run waits again), so no step starts after the cancel. Returns false for an unknown run, one that is not running, or one
 -- whose steps all have their cancel requested already.
 -- Raises 22004: run_id null. 42501: a tenant's run outside its queues.
 --------------------------------------------------------------------------------
@@ -545,8 +560,8 @@ BEGIN
         EXIT WHEN NOT v_looked;
     END LOOP;
     IF v_any THEN
-        UPDATE treadle.workflow_runs AS r SET wake_at = NULL
-         WHERE r.id = cancel_workflow.run_id AND r.wake_at IS NOT NULL;
+        UPDATE treadle.workflow_runs AS r SET wake_at = NULL, waiting = NULL, wait_until = NULL
+         WHERE r.id = cancel_workflow.run_id AND (r.wake_at IS NOT NULL OR r.waiting IS NOT NULL);
         RETURN true;
     END IF;
 

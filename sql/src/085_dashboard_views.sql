@@ -26,12 +26,16 @@ COMMENT ON VIEW treadle.job_details IS
 
 -- A run's steps in order, each with the job that runs it; a step whose job is not
 -- enqueued yet has state 'pending' and no job. A sleep step has no job: its state
--- is 'sleeping' until sleeps_until, then 'completed'. `after`: the steps it runs
--- after in a graph; null in a list (each step after the one before it).
+-- is 'sleeping' until sleeps_until, then 'completed'. A wait step has no job either:
+-- it is 'waiting' for the signal waits_for names, then 'completed' (or 'timed_out').
+-- `after`: the steps it runs after in a graph; null in a list (each step after the
+-- one before it).
 CREATE VIEW treadle.workflow_run_steps WITH (security_invoker = true) AS
 SELECT r.id AS run_id, s.position, s.step,
        j.id AS job_id,
        coalesce(j.state, CASE WHEN r.wakes ? s.step THEN 'sleeping'
+                              WHEN r.waiting -> s.step ? 'timed_out' THEN 'timed_out'
+                              WHEN r.waiting ? s.step THEN 'waiting'
                               WHEN r.results ? s.step THEN 'completed'
                               ELSE 'pending' END) AS state,
        j.attempt, j.max_attempts, j.cancel_requested,
@@ -41,7 +45,8 @@ SELECT r.id AS run_id, s.position, s.step,
        j.run_at, j.started_at, j.finished_at,
        CASE WHEN r.after IS NOT NULL
             THEN ARRAY(SELECT d.v FROM jsonb_array_elements_text(r.after -> s.step) AS d(v)) END AS after,
-       (r.wakes ->> s.step)::timestamptz AS sleeps_until
+       (r.wakes ->> s.step)::timestamptz AS sleeps_until,
+       r.waits -> s.step ->> 'signal' AS waits_for
   FROM treadle.workflow_runs AS r
  CROSS JOIN LATERAL unnest(r.steps) WITH ORDINALITY AS s(step, position)
   LEFT JOIN LATERAL (
@@ -52,7 +57,7 @@ SELECT r.id AS run_id, s.position, s.step,
          ORDER BY j.id DESC
          LIMIT 1) AS j ON true;
 COMMENT ON VIEW treadle.workflow_run_steps IS
-    'A workflow run''s steps in order, with each step''s job, state, attempt, result, error, dependencies and sleep.';
+    'A workflow run''s steps in order, with each step''s job, state, attempt, result, error, dependencies, sleep and signal.';
 
 --------------------------------------------------------------------------------
 -- treadle.estimated_jobs(queue, state) -> bigint

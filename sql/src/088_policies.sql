@@ -22,6 +22,8 @@ CREATE POLICY cron_schedules_tenant_read ON treadle.cron_schedules FOR SELECT
     USING (starts_with(queue, (SELECT treadle._caller_prefix())));
 CREATE POLICY queues_tenant_read ON treadle.queues FOR SELECT
     USING (starts_with(queue, (SELECT treadle._caller_prefix())));
+CREATE POLICY workflow_signals_tenant_read ON treadle.workflow_signals FOR SELECT
+    USING (starts_with(queue, (SELECT treadle._caller_prefix())));
 CREATE POLICY workflows_tenant_read ON treadle.workflows FOR SELECT
     USING (starts_with(name, (SELECT treadle._caller_prefix())));
 -- a worker is a tenant's when every queue it serves is (worker_seen keeps a tenant's

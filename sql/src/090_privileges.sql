@@ -21,7 +21,7 @@
 --
 -- Grants USAGE on the schema and EXECUTE on the functions of each named part:
 --   read     job_counts, estimated_jobs, explain
---   produce  enqueue, enqueue_many, start_workflow, schedule
+--   produce  enqueue, enqueue_many, start_workflow, schedule, signal, signal_by_key
 --   control  cancel, retry, cancel_workflow, unschedule
 --   work     claim, claimed, heartbeat, heartbeat_many, progress, complete,
 --            complete_many, complete_and_claim, fail, release, define_workflow,
@@ -50,7 +50,9 @@ BEGIN
         ('read',    'treadle.explain(bigint)'),
         ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[])'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
-        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb)'),
+        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb)'),
+        ('produce', 'treadle.signal(bigint, text, jsonb)'),
+        ('produce', 'treadle.signal_by_key(text, text, text, jsonb)'),
         ('produce', 'treadle.schedule(text, text, text, jsonb, text, text, integer, integer, boolean)'),
         ('control', 'treadle.cancel(bigint)'),
         ('control', 'treadle.retry(bigint)'),
@@ -67,7 +69,7 @@ BEGIN
         ('work',    'treadle.fail(bigint, uuid, text, interval, boolean)'),
         ('work',    'treadle.release(bigint, uuid)'),
         ('work',    'treadle.snooze(bigint, uuid, interval)'),
-        ('work',    'treadle.define_workflow(text, text[], jsonb, jsonb, jsonb)'),
+        ('work',    'treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb)'),
         ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer, text[])'),
         ('work',    'treadle.worker_stopped(text)'),
         ('queues',  'treadle.set_queue(text, integer, integer, interval, integer, interval, interval)'),
@@ -112,7 +114,7 @@ BEGIN
                            AND NOT a.attisdropped AND a.attname <> 'lease_token'),
                        v_table, role);
     END LOOP;
-    EXECUTE format('GRANT SELECT ON treadle.workflow_runs, treadle.workflows, treadle.workers,
+    EXECUTE format('GRANT SELECT ON treadle.workflow_runs, treadle.workflow_signals, treadle.workflows, treadle.workers,
         treadle.tenants, treadle.settings, treadle.history_slots,
         treadle.queue_stats, treadle.throughput, treadle.recent_failures, treadle.workflow_run_overview,
         treadle.live_workers, treadle.job_details, treadle.workflow_run_steps,

@@ -34,6 +34,7 @@ RUN_COLUMNS = {  # start_workflow's options stored in treadle.workflow_runs
     "after",
     "sleeps",
     "maps",
+    "waits",
 }
 
 
@@ -132,6 +133,16 @@ def test_the_longest_snooze_is_treadle_snoozes(conn: psycopg.Connection[Any]) ->
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="delay"):
         conn.execute("SELECT treadle.snooze(%s, %s, %s)", [job_id, token, MAX_SNOOZE + ONE_MICROSECOND])
     assert value(conn, "SELECT treadle.snooze(%s, %s, %s)", [job_id, token, MAX_SNOOZE]) == "available"
+
+
+def test_the_longest_wait_timeout_is_treadle_define_workflows(conn: psycopg.Connection[Any]) -> None:
+    define = "SELECT treadle.define_workflow('pinned', ARRAY['wait', 'after'], waits => %s::jsonb)"
+    conn.execute(define, [json.dumps({"wait": {"signal": "go", "timeout": _args.interval_text(MAX_SLEEP)}})])
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="wait step"):
+        conn.execute(
+            define,
+            [json.dumps({"wait": {"signal": "go", "timeout": _args.interval_text(MAX_SLEEP + ONE_MICROSECOND)}})],
+        )
 
 
 def test_the_longest_sleep_step_is_treadle_define_workflows(conn: psycopg.Connection[Any]) -> None:

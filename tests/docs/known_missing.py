@@ -20,12 +20,6 @@ from __future__ import annotations
 MISSING: list[dict[str, str]] = [
     {
         "page": "docs/comparison.md",
-        "says": "wait for a signal",
-        "sql": """SELECT NOT EXISTS (SELECT 1 FROM pg_proc WHERE pronamespace = 'treadle'::regnamespace
-                                     AND proname ~* 'signal')""",
-    },
-    {
-        "page": "docs/comparison.md",
         "says": "call child workflows",
         "sql": """SELECT NOT EXISTS (SELECT 1 FROM information_schema.columns
                              WHERE table_schema = 'treadle' AND table_name = 'workflow_runs'

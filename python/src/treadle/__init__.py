@@ -39,6 +39,8 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
         retry,
         retry_many,
         set_queue,
+        signal,
+        signal_by_key,
         start_workflow,
         version,
         workflow_results,
@@ -64,7 +66,7 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
     )
     from .models import Explanation, Job
     from .results import WaitOptions, WatchEvent, wait, wait_workflow, watch
-    from .worker import JobContext, Sleep, Step, Worker, WorkerEvent
+    from .worker import JobContext, Sleep, Step, Wait, Worker, WorkerEvent
 
 __version__ = _package_version()
 
@@ -79,6 +81,8 @@ _EXPORTS: dict[str, str] = {
     "cancel_many": "client",
     "retry_many": "client",
     "cancel_workflow": "client",
+    "signal": "client",
+    "signal_by_key": "client",
     "get_job": "client",
     "explain": "client",
     "pause": "client",
@@ -97,6 +101,7 @@ _EXPORTS: dict[str, str] = {
     "Worker": "worker",
     "Step": "worker",
     "Sleep": "worker",
+    "Wait": "worker",
     "JobContext": "worker",
     "WorkerEvent": "worker",
     # data and errors
@@ -143,6 +148,7 @@ __all__ = [
     "TreadleError",
     "UndecodablePayload",
     "UnsupportedVersion",
+    "Wait",
     "WaitOptions",
     "WaitTimeout",
     "WatchEvent",
@@ -164,6 +170,8 @@ __all__ = [
     "retry",
     "retry_many",
     "set_queue",
+    "signal",
+    "signal_by_key",
     "start_workflow",
     "version",
     "wait",

@@ -73,6 +73,24 @@ class Sleep(NamedTuple):
 MAX_SLEEP = timedelta(days=366)
 
 
+class Wait(NamedTuple):
+    """A wait step: it has no handler and completes when the run receives the signal `signal`.
+
+    `treadle.signal(run_id, signal, payload)` (or `treadle.client.signal`) delivers it, and the
+    payload is the step's result; a signal sent before the run reaches the step is kept for
+    it. With `timeout`, the run fails when no signal came that long after the step became
+    ready (treadle.rescue times it out on its clock), or with `on_timeout="continue"` the
+    step completes with the result `{"timed_out": True}` and the steps after it run.
+    `after` as for Step.
+    """
+
+    name: str
+    signal: str
+    timeout: timedelta | None = None
+    after: Iterable[str] | None = None
+    on_timeout: str = "fail"
+
+
 class Registry:
     """Job name -> handler, and workflow name -> its steps in order."""
 
@@ -83,6 +101,7 @@ class Registry:
         self.workflow_after: dict[str, dict[str, list[str]] | None] = {}  # None: a list
         self.workflow_sleeps: dict[str, dict[str, str] | None] = {}  # sleep step -> interval text
         self.workflow_maps: dict[str, dict[str, str | dict[str, str]] | None] = {}  # map step -> what it maps over
+        self.workflow_waits: dict[str, dict[str, dict[str, str]] | None] = {}  # wait step -> {"signal", "timeout"}
         self.workflow_steps: dict[str, list[str]] = {}  # every step, sleeps too, in order
 
     def __bool__(self) -> bool:
@@ -115,12 +134,23 @@ class Registry:
         after: dict[str, list[str]] = {}
         sleeps: dict[str, str] = {}
         maps: dict[str, str | dict[str, str]] = {}
+        waits: dict[str, dict[str, str]] = {}
         names: list[str] = []
         graph = False
         for item in steps:
+            if isinstance(item, Wait):
+                step_name = check_name(item.name, "step name")
+                if step_name in names:
+                    raise InvalidArgument(f"workflow {workflow_name!r} repeats the step name {step_name!r}")
+                waits[step_name] = _wait(item, workflow_name, step_name)
+                names.append(step_name)
+                if item.after is not None:
+                    graph = True
+                    after[step_name] = _after_names(item.after, workflow_name, step_name)
+                continue
             if isinstance(item, Sleep):
                 step_name = check_name(item.name, "step name")
-                if step_name in parsed or step_name in sleeps:
+                if step_name in names:
                     raise InvalidArgument(f"workflow {workflow_name!r} repeats the step name {step_name!r}")
                 sleeps[step_name] = _sleep_interval(item.duration, workflow_name, step_name)
                 names.append(step_name)
@@ -133,7 +163,7 @@ class Registry:
             step_name = check_name(item[0], "step name")
             if not callable(item[1]):
                 raise InvalidArgument(f"step {step_name!r} of workflow {workflow_name!r} needs a callable")
-            if step_name in parsed or step_name in sleeps:
+            if step_name in names:
                 raise InvalidArgument(f"workflow {workflow_name!r} repeats the step name {step_name!r}")
             parsed[step_name] = item[1]
             names.append(step_name)
@@ -156,6 +186,7 @@ class Registry:
         self.workflow_after[workflow_name] = after if graph else None
         self.workflow_sleeps[workflow_name] = sleeps or None
         self.workflow_maps[workflow_name] = maps or None
+        self.workflow_waits[workflow_name] = waits or None
         if policy is not None and policy != NO_POLICY:
             self.policies[STEP_JOB_PREFIX + workflow_name] = policy  # keyed by the step jobs' name
 
@@ -167,6 +198,7 @@ class Registry:
             "after": self.workflow_after[workflow],
             "sleeps": self.workflow_sleeps[workflow],
             "maps": self.workflow_maps[workflow],
+            "waits": self.workflow_waits[workflow],
         }
 
     def claim_names(self) -> list[str]:
@@ -217,6 +249,31 @@ def _after_names(value: object, workflow: str, step: str) -> list[str]:
     if len(set(names)) != len(names):
         raise InvalidArgument(f"step {step!r} of workflow {workflow!r} names a step twice in after")
     return names
+
+
+def _wait(item: Wait, workflow: str, step: str) -> dict[str, str]:
+    """A Wait as define_workflow's `waits` value: {"signal": name, "timeout": interval text}."""
+    wait = {"signal": check_name(item.signal, f"signal of wait step {step!r}")}
+    if item.timeout is not None:
+        if not isinstance(item.timeout, timedelta):
+            raise InvalidArgument(
+                f"wait step {step!r} of workflow {workflow!r} needs a datetime.timedelta timeout, "
+                f"not {type(item.timeout).__name__}"
+            )
+        if not timedelta(0) < item.timeout <= MAX_SLEEP:
+            raise InvalidArgument(
+                f"wait step {step!r} of workflow {workflow!r} must time out after more than 0 and at most 366 days"
+            )
+        wait["timeout"] = _args.interval_text(item.timeout)
+    if item.on_timeout not in ("fail", "continue"):
+        raise InvalidArgument(
+            f"wait step {step!r} of workflow {workflow!r}: on_timeout is 'fail' or 'continue', not {item.on_timeout!r}"
+        )
+    if item.on_timeout == "continue":
+        if item.timeout is None:
+            raise InvalidArgument(f"wait step {step!r} of workflow {workflow!r}: on_timeout='continue' needs a timeout")
+        wait["on_timeout"] = "continue"
+    return wait
 
 
 def _sleep_interval(value: object, workflow: str, step: str) -> str:

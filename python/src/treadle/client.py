@@ -126,6 +126,8 @@ class WorkflowOptions(TypedDict, total=False):
     priority: int
     max_attempts: int
     idempotency_key: str | None
+    # wait step -> the signal it waits for, or {"signal": name, "timeout": timedelta, "on_timeout": "continue"}
+    waits: Mapping[str, str | Mapping[str, str | timedelta]] | None
 
 
 ENQUEUE_DEFAULTS: Final[EnqueueOptions] = {
@@ -147,6 +149,7 @@ WORKFLOW_DEFAULTS: Final[WorkflowOptions] = {
     "priority": 0,
     "max_attempts": 25,
     "idempotency_key": None,
+    "waits": None,
 }
 _ENQUEUE_KEYS = ("name", "args", *ENQUEUE_DEFAULTS)
 
@@ -281,8 +284,12 @@ def start_workflow(
     before. ``sleeps`` maps a sleep step (no handler runs it) to how long the run
     waits there. ``maps`` maps a map step to a step it runs after whose result is
     a list (or to ``{"input": key}``, a list in the input): it runs once per
-    element, and hands on their results in element order. The steps it starts with are enqueued now; each completed step
-    enqueues those whose dependencies have all completed. A workflow idempotency
+    element, and hands on their results in element order. ``waits`` maps a wait
+    step (no handler runs it) to the signal it waits for (`signal`), or to
+    ``{"signal": name, "timeout": timedelta}``: the run fails when no signal came in
+    time (or, with ``"on_timeout": "continue"``, the step completes as
+    ``{"timed_out": true}``). The steps it starts with are enqueued now; each
+    completed step enqueues those whose dependencies have all completed. A workflow idempotency
     key (apart from jobs' keys) that a run holds returns that run's id and starts
     nothing. The options and their defaults:
     `WorkflowOptions`.
@@ -295,6 +302,7 @@ def start_workflow(
         "after": _after(given["after"]),
         "sleeps": _sleeps(given["sleeps"]),
         "maps": _maps(given["maps"]),
+        "waits": _waits(given["waits"]),
         "queue": _args.text(given["queue"], "queue"),
         "priority": _args.integer(given["priority"], "priority"),
         "max_attempts": _args.integer(given["max_attempts"], "max_attempts"),
@@ -315,6 +323,33 @@ def _sleeps(value: Any) -> Jsonb | None:
             raise InvalidArgument(f"sleeps[{step!r}] must be a datetime.timedelta, not {type(duration).__name__}")
         interval = f"{duration.days} days {duration.seconds} seconds {duration.microseconds} microseconds"
         out[_args.text(step, "sleeps' step")] = interval
+    return Jsonb(out)
+
+
+def _waits(value: Any) -> Jsonb | None:
+    """start_workflow's `waits`: step -> signal name or {"signal": name, "timeout": timedelta}."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"waits must be a mapping of step name -> signal name, not {type(value).__name__}")
+    out: dict[str, dict[str, str]] = {}
+    for step, wait in value.items():
+        spec = dict(wait) if isinstance(wait, Mapping) else {"signal": wait}
+        timeout = spec.pop("timeout", None)
+        signal_name = spec.pop("signal", None)
+        on_timeout = spec.pop("on_timeout", None)
+        if spec:
+            raise InvalidArgument(f"waits[{step!r}] takes signal, timeout and on_timeout, not {next(iter(spec))!r}")
+        entry = {"signal": _args.text(signal_name, f"waits[{step!r}]'s signal")}
+        if on_timeout is not None:
+            entry["on_timeout"] = _args.text(on_timeout, f"waits[{step!r}]'s on_timeout")  # the database checks it
+        if timeout is not None:
+            if not isinstance(timeout, timedelta):
+                raise InvalidArgument(
+                    f"waits[{step!r}]'s timeout must be a datetime.timedelta, not {type(timeout).__name__}"
+                )
+            entry["timeout"] = _args.interval_text(timeout)
+        out[_args.text(step, "waits' step")] = entry
     return Jsonb(out)
 
 
@@ -358,6 +393,48 @@ def cancel_workflow(conn: AnyConnection, run_id: int) -> bool | Awaitable[bool]:
     finished, or one whose cancel was already asked.
     """
     return _conn.execute(conn, _sql.CANCEL_WORKFLOW, {"run_id": _args.row_id(run_id, "run_id")}, _scalar)
+
+
+@overload
+def signal(conn: AsyncConnection, run_id: int, name: str, payload: JsonPayload = None) -> Awaitable[str]: ...
+@overload
+def signal(conn: SyncConnection, run_id: int, name: str, payload: JsonPayload = None) -> str: ...
+def signal(conn: AnyConnection, run_id: int, name: str, payload: JsonPayload = None) -> str | Awaitable[str]:
+    """Send the signal `name` to a workflow run, in the caller's transaction (rolled back: never sent).
+
+    Returns what became of it: "delivered" (a wait step for it was waiting, and
+    completed with `payload` as its result), "kept" (a wait step for it has not
+    started; it takes the signal when it does), "ignored" (the run waits for no
+    further signal of that name), "finished" (the run is not running) or "unknown"
+    (no such run). Only "delivered" and "kept" write anything.
+    """
+    params = {
+        "run_id": _args.row_id(run_id, "run_id"),
+        "name": _args.text(name, "name"),
+        "payload": _json.to_jsonb(payload, "payload"),
+    }
+    return _conn.execute(conn, _sql.SIGNAL, params, _scalar)
+
+
+@overload
+def signal_by_key(
+    conn: AsyncConnection, queue: str, idempotency_key: str, name: str, payload: JsonPayload = None
+) -> Awaitable[str]: ...
+@overload
+def signal_by_key(
+    conn: SyncConnection, queue: str, idempotency_key: str, name: str, payload: JsonPayload = None
+) -> str: ...
+def signal_by_key(
+    conn: AnyConnection, queue: str, idempotency_key: str, name: str, payload: JsonPayload = None
+) -> str | Awaitable[str]:
+    """`signal` for the run started in `queue` with the workflow idempotency key `idempotency_key`."""
+    params = {
+        "queue": _args.text(queue, "queue"),
+        "idempotency_key": _args.text(idempotency_key, "idempotency_key"),
+        "name": _args.text(name, "name"),
+        "payload": _json.to_jsonb(payload, "payload"),
+    }
+    return _conn.execute(conn, _sql.SIGNAL_BY_KEY, params, _scalar)
 
 
 @overload

@@ -52,7 +52,7 @@ from ._notifier import Notifier, WakeOnNotify
 from ._options import Duration, WorkerOptions
 from ._pool import WorkerPool, connect_direct
 from ._producer import WAIT_SLICE, Producer, sleep_until_stopped
-from ._registry import Handler, Registry, Sleep, Step, StepFunction, handler_policy
+from ._registry import Handler, Registry, Sleep, Step, StepFunction, Wait, handler_policy
 from ._retry import Backoff, FailureWrite, failure_write, is_transient, one_line
 from ._run_state import RunState, RunStatus
 from .errors import InvalidArgument
@@ -61,7 +61,7 @@ from .models import Job
 if TYPE_CHECKING:
     from .metrics import MetricsServer, WorkerMetrics
 
-__all__ = ["Handler", "JobContext", "Sleep", "Step", "StepFunction", "Worker", "WorkerEvent"]
+__all__ = ["Handler", "JobContext", "Sleep", "Step", "StepFunction", "Wait", "Worker", "WorkerEvent"]
 
 log = logging.getLogger("treadle.worker")
 
@@ -304,7 +304,7 @@ class Worker:
     def workflow(
         self,
         name: str,
-        steps: Iterable[Step | Sleep | tuple[str, StepFunction]],
+        steps: Iterable[Step | Sleep | Wait | tuple[str, StepFunction]],
         *,
         max_attempts: int | None = None,
         backoff: Callable[[int], Duration] | None = None,
@@ -317,7 +317,9 @@ class Worker:
         step runs once the steps it names completed, and receives their results (and those
         of the steps before them); a step without `after` starts with the run. A
         `Sleep(name, timedelta)` step has no handler: the run waits that long in the
-        database. The definition is recorded with treadle.define_workflow when the worker
+        database. A `Wait(name, signal, timeout=None)` step has no handler either: it
+        completes with the payload of the signal `signal` sent to the run
+        (treadle.signal). The definition is recorded with treadle.define_workflow when the worker
         starts.
         `max_attempts`, `backoff` and `timeout` are a policy for each of its steps, as
         `register`'s are for a handler's jobs.
@@ -552,6 +554,7 @@ class Worker:
                     for name in self._registry.workflows:
                         definition = self._registry.definition(name)
                         after, sleeps, maps = definition["after"], definition["sleeps"], definition["maps"]
+                        waits = definition["waits"]
                         conn.execute(
                             _sql.DEFINE_WORKFLOW,
                             {
@@ -559,6 +562,7 @@ class Worker:
                                 "after": None if after is None else Jsonb(after),
                                 "sleeps": None if sleeps is None else Jsonb(sleeps),
                                 "maps": None if maps is None else Jsonb(maps),
+                                "waits": None if waits is None else Jsonb(waits),
                             },
                         )
                     conn.execute(_sql.WORKER_SEEN, self._seen_params())

@@ -8,6 +8,7 @@
     treadle status [--watch]          jobs per queue and state
     treadle queues list|pause|resume|set   the queues, their settings and controls
     treadle schedules list            the cron schedules
+    treadle workflows signal RUN NAME send a signal to a workflow run
     treadle prune --older-than 7d     delete finished jobs
     treadle dashboard [ARGS...]       serve the dashboard (see `treadle dashboard --help`)
     treadle install | upgrade         install or upgrade treadle's SQL (see treadle.install)
@@ -27,7 +28,7 @@ import psycopg
 from treadle._display import age
 from treadle.errors import InvalidArgument, TreadleError, translate
 
-from . import _enqueue, _jobs, _prune, _queues, _schedules, _status, _worker
+from . import _enqueue, _jobs, _prune, _queues, _schedules, _status, _worker, _workflows
 from ._base import (
     DSN_ENV,
     ERROR,
@@ -123,6 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     _status.add_commands(commands)
     _queues.add_commands(commands)
     _schedules.add_commands(commands)
+    _workflows.add_commands(commands)
     _prune.add_command(commands)
     command(commands, "dashboard", "serve the dashboard (its options: treadle dashboard --help)")
 

@@ -82,7 +82,7 @@ RECENT_RUNS: Final = f"SELECT {RUN_COLUMNS} FROM treadle.workflow_run_overview L
 RUN: Final = f"SELECT {RUN_COLUMNS}, steps, input FROM treadle.workflow_run_overview WHERE id = %(run_id)s"
 RUN_STEPS: Final = """
 SELECT position, step, job_id, state, attempt, max_attempts, cancel_requested, has_result, result,
-       last_error, progress, progress_message, run_at, started_at, finished_at, after, sleeps_until
+       last_error, progress, progress_message, run_at, started_at, finished_at, after, sleeps_until, waits_for
   FROM treadle.workflow_run_steps
  WHERE run_id = %(run_id)s
  ORDER BY position
