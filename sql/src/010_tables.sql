@@ -7,6 +7,8 @@
 -- Step lists that workers register for a workflow name (treadle.define_workflow).
 -- `after` maps each step to the steps it depends on; null: each step after the
 -- one before it (a linear list). `sleeps` maps a sleep step to how long it waits.
+-- `version` counts the definitions: 1 for the first, one more each time
+-- define_workflow changes it (a run records the version it started with).
 CREATE TABLE treadle.workflows (
     name        text        PRIMARY KEY,
     steps       text[]      NOT NULL,
@@ -14,11 +16,13 @@ CREATE TABLE treadle.workflows (
     after       jsonb,
     sleeps      jsonb,
     maps        jsonb,
+    version     bigint      NOT NULL DEFAULT 1,
     CONSTRAINT workflows_name_check CHECK (name <> ''),
     CONSTRAINT workflows_steps_check CHECK (cardinality(steps) > 0),
     CONSTRAINT workflows_after_check CHECK (jsonb_typeof(after) = 'object'),
     CONSTRAINT workflows_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL)),
-    CONSTRAINT workflows_maps_check CHECK (maps IS NULL OR (jsonb_typeof(maps) = 'object' AND after IS NOT NULL))
+    CONSTRAINT workflows_maps_check CHECK (maps IS NULL OR (jsonb_typeof(maps) = 'object' AND after IS NOT NULL)),
+    CONSTRAINT workflows_version_check CHECK (version >= 1)
 );
 
 -- One row per workflow run. Its steps are jobs (treadle.jobs.workflow_run_id).
@@ -41,6 +45,7 @@ CREATE TABLE treadle.workflow_runs (
     wake_at          timestamptz,  -- the earliest of wakes: rescue() ends due sleeps
     maps             jsonb,  -- map step -> the step whose result (a JSON array) it maps over
     map_left         jsonb,  -- map step under way -> how many of its element jobs have not completed
+    version          bigint, -- the definition's version it started with (treadle.workflows.version); null: steps given to start_workflow
     CONSTRAINT workflow_runs_state_check
         CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled'])),
     CONSTRAINT workflow_runs_finished_check

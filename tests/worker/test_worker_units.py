@@ -136,7 +136,7 @@ def test_a_name_has_one_handler() -> None:
 def test_workflows_take_steps_or_pairs() -> None:
     worker = Worker(DSN)
     worker.workflow("trip", [Step("reserve", step), ("charge", step)])
-    assert worker._registry.claim_names() == ["workflow:trip"]
+    assert worker._registry.claim_names() == ["workflow:trip/reserve", "workflow:trip/charge"]
     assert list(worker._registry.workflows["trip"]) == ["reserve", "charge"]
 
 

@@ -11,7 +11,16 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.worker.worker_support import run_steps, start_workflow, until_run_finished
+from tests.worker.worker_support import (
+    enqueue,
+    run,
+    run_steps,
+    start_workflow,
+    until_registered,
+    until_run_finished,
+    until_state,
+    wait_for,
+)
 from treadle import InvalidArgument, JobContext, Sleep, Step, Worker
 from treadle._registry import StepFunction
 
@@ -50,9 +59,9 @@ def test_three_steps_pass_their_results_along(conn: psycopg.Connection[Any], mak
         ("settle", {"order": 42}, {"reserve": {"hold": "H-42"}, "charge": {"ref": "H-42/paid"}}, "settle", run_id),
     ]
     assert [(s["name"], s["step"], s["attempt"]) for s in run_steps(conn, run_id)] == [
-        ("workflow:withdraw", "reserve", 1),
-        ("workflow:withdraw", "charge", 1),
-        ("workflow:withdraw", "settle", 1),
+        ("workflow:withdraw/reserve", "reserve", 1),
+        ("workflow:withdraw/charge", "charge", 1),
+        ("workflow:withdraw/settle", "settle", 1),
     ]
 
 
@@ -87,18 +96,35 @@ def test_a_failing_step_fails_the_run(conn: psycopg.Connection[Any], make_worker
     assert later == []
 
 
-def test_a_step_this_worker_does_not_know_fails_clearly(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
+def test_a_step_this_worker_does_not_know_waits_for_one_that_does(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
+    """The worker claims only the steps it has: the other one stays available, no attempt
+    spent, the run running, and explain names the step nobody runs."""
     worker = make_worker()
     worker.workflow("withdraw", [("reserve", lambda i, r, c: 1)])
+    worker.register("ping", lambda args, ctx: None)
     row = conn.execute(
         "SELECT treadle.start_workflow('withdraw', '{}', %s, max_attempts => 1)", [["reserve", "refund"]]
     ).fetchone()
     assert row is not None
     worker.start()
-    finished = until_run_finished(conn, row[0])
-    assert finished["state"] == "failed"
+    wait_for(lambda: len(run_steps(conn, row[0])) == 2, "the refund step's job")
+    # a job enqueued after it and run by the worker: its claims have looked since
+    ping = enqueue(conn, "ping")
+    until_state(conn, ping, "completed")
+    until_registered(conn, worker.worker_id)
     refund = run_steps(conn, row[0])[1]
-    assert "workflow 'withdraw' has no step 'refund' in this worker (it knows reserve)" in refund["last_error"]
+    assert (refund["name"], refund["state"], refund["attempt"], refund["last_error"]) == (
+        "workflow:withdraw/refund",
+        "available",
+        0,
+        None,
+    )
+    assert run(conn, row[0])["state"] == "running"
+    reasons = conn.execute("SELECT reason, message FROM treadle.explain(%s)", [refund["id"]]).fetchall()
+    no_worker = [message for reason, message in reasons if reason == "no_worker"]
+    assert len(no_worker) == 1 and "no live worker runs step refund of workflow withdraw" in no_worker[0], reasons
 
 
 def test_a_graph_runs_its_branches_and_joins_them_once(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:

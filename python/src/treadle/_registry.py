@@ -18,9 +18,17 @@ Handler = Callable[[Any, "JobContext"], Any]
 StepFunction = Callable[[Any, dict[str, Any], "JobContext"], Any]
 F = TypeVar("F", bound=Callable[..., Any])
 
-# The SQL names a workflow's step jobs workflow:<workflow name>; the worker claims them by
-# that name, and tells a step from a plain job by its workflow_run_id.
+# The SQL names a workflow's step jobs workflow:<workflow name>/<step>; the worker claims
+# the steps it has a function for by those names (so in a rolling deploy it never claims a
+# step of a definition it does not have), and tells a step from a plain job by its
+# workflow_run_id.
 STEP_JOB_PREFIX = "workflow:"
+MAX_CLAIM_NAMES = 1000  # treadle.claim's bound on its list of names
+
+
+def step_job_name(workflow: str, step: str) -> str:
+    """The name of the jobs that run `step` of `workflow`'s runs."""
+    return f"{STEP_JOB_PREFIX}{workflow}/{step}"
 
 
 NO_POLICY = HandlerPolicy()
@@ -99,9 +107,18 @@ class Registry:
             raise InvalidArgument(f"the handler for {job_name!r} must be callable, not {type(fn).__name__}")
         if job_name in self.handlers:
             raise InvalidArgument(f"a handler for {job_name!r} is already registered")
+        self._check_claim_names(1)
         self.handlers[job_name] = fn
         if policy is not None and policy != NO_POLICY:
             self.policies[job_name] = policy
+
+    def _check_claim_names(self, more: int) -> None:
+        count = len(self.handlers) + sum(len(steps) for steps in self.workflows.values()) + more
+        if count > MAX_CLAIM_NAMES:
+            raise InvalidArgument(
+                f"a worker runs at most {MAX_CLAIM_NAMES} handlers and workflow steps (treadle.claim's "
+                f"bound on its names), this one would run {count}: split them among workers"
+            )
 
     def add_workflow(self, name: object, steps: object, policy: HandlerPolicy | None = None) -> None:
         workflow_name = check_name(name, "workflow name")
@@ -151,13 +168,15 @@ class Registry:
                     f"step {step_name!r} of workflow {workflow_name!r} runs after {unknown[0]!r}, "
                     "which is not one of its steps"
                 )
+        self._check_claim_names(len(parsed))
         self.workflows[workflow_name] = parsed
         self.workflow_steps[workflow_name] = names
         self.workflow_after[workflow_name] = after if graph else None
         self.workflow_sleeps[workflow_name] = sleeps or None
         self.workflow_maps[workflow_name] = maps or None
         if policy is not None and policy != NO_POLICY:
-            self.policies[STEP_JOB_PREFIX + workflow_name] = policy  # keyed by the step jobs' name
+            for step_name in parsed:  # keyed by the step jobs' names
+                self.policies[step_job_name(workflow_name, step_name)] = policy
 
     def definition(self, workflow: str) -> dict[str, Any]:
         """define_workflow's arguments for a registered workflow: its steps and their `after`."""
@@ -170,8 +189,15 @@ class Registry:
         }
 
     def claim_names(self) -> list[str]:
-        """The job names this worker claims: its handlers', and its workflows' step jobs."""
-        return [*self.handlers, *(STEP_JOB_PREFIX + name for name in self.workflows)]
+        """The job names this worker claims: its handlers', and those of its workflows' steps.
+
+        Only the steps it has a function for (a sleep step has no job): a step of another
+        definition of the workflow waits for a worker that has it.
+        """
+        return [
+            *self.handlers,
+            *(step_job_name(name, step) for name, steps in self.workflows.items() for step in steps),
+        ]
 
     def policy(self, job_name: str) -> HandlerPolicy:
         """The retry and timeout policy of a job name's handler, or of a workflow's step jobs."""
