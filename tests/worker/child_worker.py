@@ -135,11 +135,11 @@ async def amisbehave(args: dict[str, Any], ctx: JobContext) -> Any:
 
 
 def step(name: str):  # type: ignore[no-untyped-def]
-    def run(input: dict[str, Any], results: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    def run(input: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         record(ctx, "ran")
         if kill_at == f"step_after_effect:{name}":
             die()
-        return {"step": name, "by": worker_id, "seen": sorted(results), "input": input}
+        return {"step": name, "by": worker_id, "seen": sorted(ctx.results), "input": input}
 
     return run
 
@@ -198,7 +198,8 @@ def main() -> None:
         worker.workflow("deploy", [Step("a", step("a")), Step("b", step("b"))])
     elif deploy == "new":
         worker.workflow(
-            "deploy", [Step("a", step("a"), after=[]), Step("b2", step("b2"), after=["a"]), Step("c", step("c"), after=["a"])]
+            "deploy",
+            [Step("a", step("a"), after=[]), Step("b2", step("b2"), after=["a"]), Step("c", step("c"), after=["a"])],
         )
     worker.run()
     print(f"worker {worker_id} exited cleanly", file=sys.stderr)

@@ -23,7 +23,7 @@ def handler(args: Any, ctx: Any) -> None:
     return None
 
 
-def step(input: Any, results: dict[str, Any], ctx: Any) -> None:
+def step(input: Any, ctx: Any) -> None:
     return None
 
 

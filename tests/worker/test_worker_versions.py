@@ -29,6 +29,10 @@ def _start(conn: psycopg.Connection[Any], n: int) -> list[int]:
     ]
 
 
+def _two_steps(conn: psycopg.Connection[Any], run_id: int) -> list[dict[str, Any]]:
+    return wait_for(lambda: len(steps := run_steps(conn, run_id)) == 2 and steps, f"run {run_id}'s step b")
+
+
 def test_a_rolling_deploy_finishes_every_run_without_spending_an_attempt(
     effects_conn: psycopg.Connection[Any], spawn: Any
 ) -> None:
@@ -50,8 +54,7 @@ def test_a_rolling_deploy_finishes_every_run_without_spending_an_attempt(
     # the old runs' first step was the new worker's to run (both definitions have it);
     # their b, which only the old definition has, waits unclaimed
     for run_id in old_runs:
-        wait_for(lambda run_id=run_id: len(run_steps(conn, run_id)) == 2, f"run {run_id}'s step b")
-        a, b = run_steps(conn, run_id)
+        a, b = _two_steps(conn, run_id)
         assert (a["step"], a["state"], a["result"]["by"]) == ("a", "completed", "new")
         assert (b["name"], b["state"], b["attempt"], b["last_error"]) == ("workflow:deploy/b", "available", 0, None)
         assert run(conn, run_id)["state"] == "running"

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping
 from datetime import timedelta
 from numbers import Real
+from types import MappingProxyType
 from typing import Any
 from uuid import UUID
 
@@ -18,6 +20,8 @@ from ._pool import WorkerPool
 from ._run_state import HeartbeatAnswer, RunState, RunStatus
 from .errors import InvalidArgument, JobCancelled, JobTimeout, LeaseLost, TreadleError
 from .models import JobFields
+
+NO_RESULTS: Mapping[str, Any] = MappingProxyType({})
 
 
 def _in_transaction_block(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
@@ -45,12 +49,26 @@ class JobContext(JobFields):
         self._state = state
         self._pool = pool
         self._lease = timedelta(seconds=lease)
+        self._results: Mapping[str, Any] = NO_RESULTS
 
     # what the job is: job_id, name, queue, args, attempt, max_attempts, run_id, step (JobFields)
     @property
     def lease_token(self) -> UUID:
         """The token that fences this run's writes (treadle.complete and friends take it)."""
         return self._state.lease_token
+
+    @property
+    def results(self) -> Mapping[str, Any]:
+        """A workflow step's earlier results, keyed by step name (read-only).
+
+        Those of the steps it runs after, directly or through others (for a list, every
+        step before it); empty for the first steps, and for a plain job.
+        """
+        return self._results
+
+    def _set_results(self, results: dict[str, Any]) -> None:
+        """Set by the worker before a step runs."""
+        self._results = MappingProxyType(results)
 
     @property
     def lease_lost(self) -> bool:
