@@ -3,10 +3,11 @@
 -- keeps the definition it started with whatever define_workflow does after; the
 -- definition counts its versions and a run records its own; claim and worker_seen
 -- take step job names (up to 410 characters) and refuse what is not one; explain
--- names the step no live worker runs.
+-- names the step no live worker runs; step_sleep (ctx.sleep) records a step's wake
+-- times once and tells how long is left.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(44);
+SELECT plan(70);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -140,6 +141,64 @@ SELECT treadle.start_workflow('ver2', queue => 'ver') AS r6 \gset
 SELECT id AS q6 FROM treadle.jobs WHERE workflow_run_id = :r6 \gset
 SELECT is((SELECT count(*) FROM treadle.explain(:q6) WHERE reason = 'no_worker' AND message LIKE '%definition version 1)%'),
           1::bigint, 'explain: a run started from a definition names its version');
+
+-- step_sleep: ctx.sleep's wake times, recorded once per (step job, seq)
+SELECT treadle.start_workflow('napper', steps => ARRAY['nap'], queue => 'naps') AS r7 \gset
+SELECT id AS nap, lease_token AS nap_tok FROM treadle.claim('w', ARRAY['naps'], names => ARRAY['workflow:napper/nap']) \gset
+SELECT is(treadle.step_sleep(:nap, :'nap_tok', 0, delay => '1 hour'), interval '1 hour',
+          'step_sleep: the first sleep is recorded, an hour left');
+SELECT is((SELECT step_sleeps FROM treadle.workflow_runs WHERE id = :r7),
+          jsonb_build_object(:'nap', jsonb_build_array('2999-01-01 13:00:00+00'::timestamptz)),
+          'its wake time is on the run, under the step job''s id, on treadle''s clock');
+SELECT is(treadle.step_sleep(:nap, :'nap_tok', 0, delay => '5 hours'), interval '1 hour',
+          'asked again, the recorded wake time holds');
+SELECT is(treadle.step_sleep(:nap, gen_random_uuid(), 1, delay => '1 hour'), NULL,
+          'a token that does not hold the job gets null');
+SELECT throws_ok(format($$ SELECT treadle.step_sleep(%s, %L, 2, delay => '1 hour') $$, :nap, :'nap_tok'), '22023', NULL,
+                 'step_sleep: a seq that skips a sleep raises 22023');
+SELECT throws_ok(format($$ SELECT treadle.step_sleep(%s, %L, 100, delay => '1 hour') $$, :nap, :'nap_tok'), '22023', NULL,
+                 'step_sleep: seq 100 raises 22023');
+SELECT throws_ok(format($$ SELECT treadle.step_sleep(%s, %L, -1, delay => '1 hour') $$, :nap, :'nap_tok'), '22023', NULL,
+                 'step_sleep: a negative seq raises 22023');
+SELECT throws_ok(format($$ SELECT treadle.step_sleep(%s, %L, NULL, delay => '1 hour') $$, :nap, :'nap_tok'), '22004', NULL,
+                 'step_sleep: a null seq raises 22004');
+SELECT throws_ok(format($$ SELECT treadle.step_sleep(%s, NULL, 1, delay => '1 hour') $$, :nap), '22004', NULL,
+                 'step_sleep: a null token raises 22004');
+SELECT throws_ok(format($$ SELECT treadle.step_sleep(%s, %L, 1) $$, :nap, :'nap_tok'), '22004', NULL,
+                 'step_sleep: neither delay nor until raises 22004');
+SELECT throws_ok(format($$ SELECT treadle.step_sleep(%s, %L, 1, delay => '1 hour', until => '2999-01-02') $$, :nap, :'nap_tok'),
+                 '22023', NULL, 'step_sleep: both delay and until raise 22023');
+SELECT throws_ok(format($$ SELECT treadle.step_sleep(%s, %L, 1, delay => '-1 second') $$, :nap, :'nap_tok'), '22023', NULL,
+                 'step_sleep: a negative delay raises 22023');
+SELECT throws_ok(format($$ SELECT treadle.step_sleep(%s, %L, 1, delay => '367 days') $$, :nap, :'nap_tok'), '22023', NULL,
+                 'step_sleep: a delay over 366 days raises 22023');
+SELECT throws_ok(format($$ SELECT treadle.step_sleep(%s, %L, 1, until => '3000-06-01') $$, :nap, :'nap_tok'), '22023', NULL,
+                 'step_sleep: until over 366 days ahead raises 22023');
+SELECT throws_ok(format($$ SELECT treadle.step_sleep(%s, %L, 1, until => 'infinity') $$, :nap, :'nap_tok'), '22023', NULL,
+                 'step_sleep: an infinite until raises 22023');
+SELECT id AS plain, lease_token AS plain_tok FROM pg_temp.leased('plain') \gset
+SELECT throws_ok(format($$ SELECT treadle.step_sleep(%s, %L, 0, delay => '1 hour') $$, :plain, :'plain_tok'), '22023', NULL,
+                 'step_sleep: a job that is not a workflow step raises 22023');
+SELECT is((SELECT step_sleeps FROM treadle.workflow_runs WHERE id = :r7),
+          jsonb_build_object(:'nap', jsonb_build_array('2999-01-01 13:00:00+00'::timestamptz)),
+          'none of those changed what the run records');
+SELECT is(treadle.snooze(:nap, :'nap_tok', interval '1 hour'), 'available', 'the worker snoozes the step for what is left');
+SELECT results_eq(format($$ SELECT state, attempt, run_at FROM treadle.jobs WHERE id = %s $$, :nap),
+                  $$ VALUES ('available'::text, 0, '2999-01-01 13:00:00+00'::timestamptz) $$,
+                  'it waits until its wake time, its attempt given back');
+SELECT is((SELECT count(*) FROM treadle.claim('w', ARRAY['naps'], names => ARRAY['workflow:napper/nap'])), 0::bigint,
+          'no claim takes it before then');
+SET LOCAL treadle.now = '2999-01-01 13:00:00+00';
+SELECT id AS nap2, lease_token AS nap2_tok FROM treadle.claim('w', ARRAY['naps'], names => ARRAY['workflow:napper/nap']) \gset
+SELECT is(:nap2, :nap, 'at its wake time a claim takes it');
+SELECT is(treadle.step_sleep(:nap, :'nap2_tok', 0, delay => '1 hour'), interval '0',
+          'the step runs again: its first sleep has ended');
+SELECT is(treadle.step_sleep(:nap, :'nap2_tok', 1, until => '2999-01-01 12:30:00+00'), interval '0',
+          'a second sleep until a time passed is recorded and has ended');
+SELECT is(jsonb_array_length((SELECT step_sleeps -> :'nap' FROM treadle.workflow_runs WHERE id = :r7)), 2,
+          'the run holds both wake times');
+SELECT is(treadle.complete(:nap, :'nap2_tok'), 'completed', 'the step completes');
+SELECT is((SELECT attempt FROM treadle.jobs WHERE id = :nap), 1, 'with one attempt spent');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -46,6 +46,7 @@ CREATE TABLE treadle.workflow_runs (
     maps             jsonb,  -- map step -> the step whose result (a JSON array) it maps over
     map_left         jsonb,  -- map step under way -> how many of its element jobs have not completed
     version          bigint, -- the definition's version it started with (treadle.workflows.version); null: steps given to start_workflow
+    step_sleeps      jsonb,  -- ctx.sleep's wake times: step job id -> [wake time of its 1st sleep, 2nd, ...] (treadle.step_sleep)
     CONSTRAINT workflow_runs_state_check
         CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled'])),
     CONSTRAINT workflow_runs_finished_check

@@ -133,7 +133,8 @@ COMMENT ON TYPE treadle._rescue_cursor IS
     'A session''s rescue cursor: the floor of the expired leases its rescues read, and where it moves next.';
 
 -- Workflow versions and rolling deploys: a definition counts its versions and a
--- run records the one it started with; a step job is named
+-- run records the one it started with (and the wake times of its steps'
+-- ctx.sleep calls); a step job is named
 -- 'workflow:<workflow name>/<step>' (workers claim the steps they can run), so the
 -- step jobs not finished yet take that name (a 0.3.0 worker's running step still
 -- completes with its lease token; finished ones keep the name they ran under).
@@ -141,7 +142,8 @@ ALTER TABLE treadle.workflows
     ADD COLUMN version bigint NOT NULL DEFAULT 1,
     ADD CONSTRAINT workflows_version_check CHECK (version >= 1);
 ALTER TABLE treadle.workflow_runs
-    ADD COLUMN version bigint;
+    ADD COLUMN version bigint,
+    ADD COLUMN step_sleeps jsonb;
 UPDATE treadle.jobs AS j
    SET name = 'workflow:' || r.name || '/' || j.step
   FROM treadle.workflow_runs AS r
