@@ -3,6 +3,7 @@ the timeouts' deadlines."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -72,6 +73,19 @@ def test_bad_options_are_refused(option: str, value: Any, message: str) -> None:
 def test_heartbeat_must_come_before_the_lease_ends() -> None:
     with pytest.raises(InvalidArgument, match=r"heartbeat_interval \(30 s\) must be shorter than lease \(30 s\)"):
         Worker(DSN, lease=30, heartbeat_interval=30)
+
+
+def test_options_are_checked_once_into_a_frozen_object() -> None:
+    worker = Worker(DSN, queues=["mail", "sms", "mail"], concurrency=3, retention_interval=None)
+    assert (worker.queues, worker.concurrency, worker.claim_ahead) == (["mail", "sms"], 3, 3)
+    assert worker.retention_interval is None and worker.worker_id.count(":") == 2
+    worker.queues.append("changed")  # a copy: the options stay as checked
+    assert worker.queues == ["mail", "sms"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        worker._options.concurrency = 5  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        worker.concurrency = 5  # type: ignore[misc]
+    assert worker.concurrency == 3
 
 
 def test_database_must_be_a_dsn_or_a_pool() -> None:

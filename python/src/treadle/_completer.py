@@ -56,14 +56,28 @@ class Unwritten:
 UNWRITTEN = Unwritten()
 
 
-class Emit(Protocol):
-    def __call__(
-        self, kind: EventKind, run: RunState, *, state: str | None = None, error: str | None = None
-    ) -> None: ...
+class CompleterHost(Protocol):
+    """What the completer needs from the worker."""
+
+    def emit(self, kind: EventKind, run: RunState, *, state: str | None = None, error: str | None = None) -> None:
+        """Report what became of a job (WorkerEvent)."""
+        ...
+
+    def done(self, run: RunState) -> None:
+        """The job is settled (or given up on): the worker stops answering for it."""
+        ...
+
+    def failure_write(self, run: RunState, error: BaseException) -> FailureWrite:
+        """How to record the failed attempt: retry it (after how long) or not (the handler's policy)."""
+        ...
+
+    def idle(self) -> bool:
+        """No handler is running, so no success is on its way: write the ones buffered at once."""
+        ...
 
 
 class ClaimAlong(Protocol):
-    """What the worker lends the completer so that each write of successes claims more work too."""
+    """What the producer (_producer.py) lends the completer so that each write of successes claims more work too."""
 
     def reserve(self) -> int:
         """How many jobs to claim with this write; held for it until `release`."""
@@ -96,11 +110,8 @@ class Completer:
         self,
         pool: WorkerPool,
         worker_id: str,
+        host: CompleterHost,
         *,
-        emit: Emit,
-        done: Callable[[RunState], None],
-        failure: Callable[[RunState, BaseException], FailureWrite],
-        idle: Callable[[], bool],
         delay: float,
         flush_at: int | None = None,
         claim_along: ClaimAlong | None = None,
@@ -108,12 +119,10 @@ class Completer:
         self._pool = pool
         self._claim_along = claim_along
         self._worker_id = worker_id
-        self._emit = emit
-        self._done = done
-        self._failure = failure
+        self._host = host
         self.abandon = threading.Event()
         # no handler still running means no success is on its way: write at once
-        self._buffer = CompletionBuffer(self._complete_batch, delay=delay, idle=idle, flush_at=flush_at)
+        self._buffer = CompletionBuffer(self._complete_batch, delay=delay, idle=host.idle, flush_at=flush_at)
 
     def complete(self, run: RunState, result: Jsonb | None) -> None:
         """Queue a success; RuntimeError once the completer is closed."""
@@ -132,7 +141,7 @@ class Completer:
             self._snooze(run, error.delay)
             return
         message = one_line(error)
-        write = self._failure(run, error)
+        write = self._host.failure_write(run, error)
         state = self.retrying(
             _sql.FAIL,
             {
@@ -148,11 +157,11 @@ class Completer:
             run.mark_lost()
         elif state == "cancelled":
             log.info("job %d (%s) cancelled", run.job_id, run.name)
-            self._emit("cancelled", run, state=state, error=message)
+            self._host.emit("cancelled", run, state=state, error=message)
         elif not isinstance(state, Unwritten):
             self._log_failure(run, state, error)
-            self._emit("failed", run, state=state, error=message)
-        self._done(run)
+            self._host.emit("failed", run, state=state, error=message)
+        self._host.done(run)
 
     def _snooze(self, run: RunState, delay: timedelta) -> None:
         """The handler raised Snooze: the job runs again after `delay`, its attempt given back."""
@@ -165,11 +174,11 @@ class Completer:
             run.mark_lost()
         elif state == "cancelled":
             log.info("job %d (%s) cancelled", run.job_id, run.name)
-            self._emit("cancelled", run, state=state)
+            self._host.emit("cancelled", run, state=state)
         elif not isinstance(state, Unwritten):
             log.info("job %d (%s) snoozed for %g s", run.job_id, run.name, delay.total_seconds())
-            self._emit("snoozed", run, state=state)
-        self._done(run)
+            self._host.emit("snoozed", run, state=state)
+        self._host.done(run)
 
     def _log_failure(self, run: RunState, state: str, error: BaseException) -> None:
         """One line per failed attempt, its fields as key=value pairs (and as record attributes: logs.py)."""
@@ -194,7 +203,7 @@ class Completer:
         )
         if not isinstance(state, Unwritten):
             log.info("job %d (%s) handed back: %s", run.job_id, run.name, state or "its lease was already lost")
-            self._emit("released", run, state=state)
+            self._host.emit("released", run, state=state)
 
     def retrying(self, query: LiteralString, params: dict[str, Any], what: str, *, rows: bool = False) -> Any:
         """Run a statement, repeating it while the database is unreachable; UNWRITTEN when given up."""
@@ -244,7 +253,7 @@ class Completer:
             # a fault of the worker itself: free the slots; the leases lapse and a rescue returns the jobs
             log.exception("worker %s: completing %d jobs failed", self._worker_id, len(batch))
             for completion in batch:
-                self._done(completion.run)
+                self._host.done(completion.run)
 
     def _write_successes(self, params: dict[str, Any], count: int) -> list[dict[str, Any]] | Unwritten:
         """One (job_id, state) row per success, or UNWRITTEN.
@@ -281,7 +290,7 @@ class Completer:
         """After complete_many failed for good: each job alone, so one bad row does not hold the rest."""
         run = completion.run
         if self.abandon.is_set():
-            self._done(run)
+            self._host.done(run)
             return
         state = self.retrying(
             _sql.COMPLETE,
@@ -298,8 +307,8 @@ class Completer:
         if state is None:
             run.mark_lost()
         elif not isinstance(state, Unwritten):
-            self._emit("cancelled" if state == "cancelled" else "completed", run, state=state)
-        self._done(run)
+            self._host.emit("cancelled" if state == "cancelled" else "completed", run, state=state)
+        self._host.done(run)
 
 
 def describe(error: BaseException) -> str:

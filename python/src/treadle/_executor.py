@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import _sql
 from ._completer import Completer, Unwritten
@@ -33,7 +33,7 @@ from .errors import Discard, InvalidArgument, JobTimeout, LeaseLost, Snooze, Und
 from .models import Job
 
 if TYPE_CHECKING:
-    from ._completer import Emit
+    from ._events import EventKind
 
 log = logging.getLogger("treadle.worker")
 
@@ -80,6 +80,30 @@ def _or_none(text: str | None) -> Any:
         return None
 
 
+class ExecutorHost(Protocol):
+    """What the executor needs from the worker."""
+
+    def emit(self, kind: EventKind, run: RunState, *, state: str | None = None, error: str | None = None) -> None:
+        """Report what became of a job (WorkerEvent)."""
+        ...
+
+    def done(self, run: RunState) -> None:
+        """The job is settled (or given up on): the worker stops answering for it."""
+        ...
+
+    def on_error(self, error: BaseException, job: Job) -> None:
+        """A handler raised `error` (not a Snooze): the Worker's on_error hears it."""
+        ...
+
+    def slot_freed(self) -> None:
+        """A handler returned and its success is queued: its slot may take the next job."""
+        ...
+
+    def handler_ran(self, seconds: float) -> None:
+        """A handler ran for `seconds` (the claim loop keeps an average)."""
+        ...
+
+
 class Executor:
     """Runs claimed jobs, on the handler threads or (async ones) on the event loop, and settles each one."""
 
@@ -89,14 +113,10 @@ class Executor:
         threads: HandlerThreads,
         completer: Completer,
         pool: WorkerPool,
+        host: ExecutorHost,
         *,
         worker_id: str,
         lease: float,
-        emit: Emit,
-        done: Callable[[RunState], None],
-        on_error: Callable[[BaseException, Job], None] | None,
-        slot_freed: Callable[[], None],
-        ran: Callable[[float], None] | None = None,
         concurrency: int,
     ) -> None:
         self._registry = registry
@@ -105,11 +125,7 @@ class Executor:
         self._pool = pool
         self._worker_id = worker_id
         self._lease = lease
-        self._emit = emit
-        self._done = done
-        self._on_error = on_error
-        self._slot_freed = slot_freed
-        self._ran = ran
+        self._host = host
         self._lock = threading.Lock()
         self._handlers_running = 0
         # Handlers running, sync or async, and settling their jobs: at most `concurrency`,
@@ -194,7 +210,7 @@ class Executor:
         except BaseException:
             # a fault of the worker itself: free the slot; the lease lapses and a rescue returns the job
             log.exception("job %d: recording its outcome failed", run.job_id)
-            self._done(run)
+            self._host.done(run)
 
     async def execute_async(self, run: RunState, step_run: dict[str, Any] | None) -> None:
         """`execute` for a coroutine handler, as a task on the event loop: no handler thread waits on it.
@@ -245,14 +261,14 @@ class Executor:
             raise
         except BaseException:
             log.exception("job %d: recording its outcome failed", run.job_id)
-            self._done(run)
+            self._host.done(run)
 
     def _fail_or_free(self, run: RunState, error: BaseException) -> None:
         try:
             self._handler_failed(run, error)
         except BaseException:
             log.exception("job %d: recording its outcome failed", run.job_id)
-            self._done(run)
+            self._host.done(run)
 
     def _is_coroutine(self, run: RunState, step_run: dict[str, Any] | None) -> bool:
         """Whether the job's handler (or step) is an `async def`, known without reading anything."""
@@ -268,9 +284,9 @@ class Executor:
     def _begin(self, run: RunState) -> bool:
         """The handler may start: False when the job was handed back or lost while it waited."""
         if not run.begin_handler():
-            self._done(run)
+            self._host.done(run)
             return False
-        self._emit("started", run)
+        self._host.emit("started", run)
         return True
 
     def _handler_starts(self) -> float:
@@ -281,8 +297,7 @@ class Executor:
     def _handler_ends(self, began: float) -> None:
         with self._lock:
             self._handlers_running -= 1
-        if self._ran is not None:
-            self._ran(time.monotonic() - began)
+        self._host.handler_ran(time.monotonic() - began)
 
     def _watch_timeout(self, run: RunState) -> Deadline | None:
         """Time the attempt out (run.time_out) when it runs past its timeout; None without one."""
@@ -331,14 +346,14 @@ class Executor:
         if outcome is not RunStatus.FINISHING:
             self._settled_elsewhere(run, outcome)
             return
-        self._emit("completing", run)
+        self._host.emit("completing", run)
         try:
             self._completer.complete(run, encoded)
         except RuntimeError:
             log.warning("job %d finished after the worker stopped; its lease will lapse", run.job_id)
-            self._done(run)
+            self._host.done(run)
             return
-        self._slot_freed()  # claim while the completion is written
+        self._host.slot_freed()  # claim while the completion is written
 
     def _handler_failed(self, run: RunState, error: BaseException) -> None:
         outcome = run.begin_finishing()
@@ -349,11 +364,11 @@ class Executor:
             return
         if isinstance(error, LeaseLost):
             run.mark_lost()
-            self._done(run)
+            self._host.done(run)
             return
-        if self._on_error is not None and not isinstance(error, Snooze):  # a snooze is not an error
+        if not isinstance(error, Snooze):  # a snooze is not an error
             try:
-                self._on_error(error, run.job)
+                self._host.on_error(error, run.job)
             except BaseException:
                 log.exception("on_error raised for job %d", run.job_id)
         self._completer.fail(run, error)
@@ -362,8 +377,8 @@ class Executor:
         """The handler is done with a job that complete_in, a lost lease or a hand-back already settled."""
         if outcome is RunStatus.COMPLETED:
             state = run.completed_state
-            self._emit("cancelled" if state == "cancelled" else "completed", run, state=state)
-        self._done(run)
+            self._host.emit("cancelled" if state == "cancelled" else "completed", run, state=state)
+        self._host.done(run)
 
 
 def _result(run: RunState, value: Any) -> Any:

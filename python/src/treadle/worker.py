@@ -4,22 +4,24 @@ Every state decision is the extension's: the worker asks a SQL function (claim,
 heartbeat, complete_many, fail, release, rescue) and obeys its answer.
 
 The path of a job through the modules:
-- here, the claim loop claims a batch with treadle.claim (a lease token per call;
-  after a lost answer, treadle.claimed says what it took) and makes a RunState
-  (_run_state.py) for each job;
+- _producer.py, the claim loop, claims a batch with treadle.claim (a lease token per
+  call; after a lost answer, treadle.claimed says what it took) and makes a RunState
+  (_run_state.py) for each job, which the worker tracks until it is settled;
 - _executor.py decodes the job alone, finds its handler or step (_registry.py)
   and calls it with a JobContext (_context.py) on a handler thread, or an `async def`
   as a task on the worker's event loop (_handler_threads.py), `concurrency` at a time;
 - _completer.py writes the outcome: successes batched into treadle.complete_and_claim,
-  which claims the next jobs in the same statement (ClaimAlong, here), failures with
+  which claims the next jobs in the same statement (the producer is its ClaimAlong), failures with
   treadle.fail (how: _retry.py, from the handler's policy), snoozes with
   treadle.snooze, hand-backs at shutdown with treadle.release;
 - meanwhile _housekeeping.py heartbeats all leases in one statement and rescues
   expired ones, and _notifier.py wakes the claim loop when NOTIFY says work arrived.
 
-While handlers are quick, the worker holds up to `claim_ahead` jobs beyond its
-free slots, waiting for a free slot, so that a handler that returns finds its
-next job at hand instead of waiting for the round trip that finishes and claims.
+This module keeps the lifecycle: the options (checked once, _options.py),
+registration, start and stop, signals, startup and shutdown, and the jobs claimed
+and not yet settled. The producer, the executor and the completer each reach the
+worker through one small protocol (ProducerHost, ExecutorHost, CompleterHost),
+all three implemented by _Host here.
 """
 
 from __future__ import annotations
@@ -30,9 +32,7 @@ import signal
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
-from datetime import timedelta
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -42,14 +42,16 @@ from psycopg_pool import ConnectionPool
 
 from . import _args, _dsn, _sql
 from ._compat import read_extension_version
-from ._completer import ClaimAlong, Completer
+from ._completer import Completer
 from ._context import JobContext
 from ._events import EventKind, WorkerEvent
-from ._executor import STEP_NAME, STEP_RUN, Claimed, Executor, decode_claimed
+from ._executor import Executor
 from ._handler_threads import HandlerThreads
 from ._housekeeping import Housekeeper
 from ._notifier import Notifier, WakeOnNotify
+from ._options import Duration, WorkerOptions
 from ._pool import WorkerPool, connect_direct
+from ._producer import WAIT_SLICE, Producer, sleep_until_stopped
 from ._registry import Handler, Registry, Sleep, Step, StepFunction, handler_policy
 from ._retry import Backoff, FailureWrite, failure_write, is_transient, one_line
 from ._run_state import RunState, RunStatus
@@ -63,22 +65,11 @@ __all__ = ["Handler", "JobContext", "Sleep", "Step", "StepFunction", "Worker", "
 
 log = logging.getLogger("treadle.worker")
 
-Duration = float | timedelta  # seconds, or a timedelta
 F = TypeVar("F", bound=Callable[..., Any])
 
 COMPLETION_DELAY = 0.005  # how long a success waits to be finished together with others
-WAIT_SLICE = 0.1  # longest single wait in run(): signal handlers only set flags
 RELEASE_GRACE = 5.0  # how long a graceful stop retries hand-backs while the database is away
 FINISH_GRACE = 2.0  # how long a stop waits for outcomes already being written
-MAX_CONCURRENCY = 1000  # treadle.claim takes at most this many jobs at once
-MAX_RETENTION_BATCH = 100_000  # treadle.apply_retention deletes at most this many jobs at once
-# Jobs are claimed ahead of free slots only while handlers take less than this on average
-# (a longer handler gains nothing from it, and jobs held ahead would wait behind it).
-QUICK_HANDLER = 0.05
-HANDLER_TIME_WEIGHT = 0.1  # the weight of the newest run in the handler-time average
-EMPTY_CLAIM_GAP = 0.02  # after empty claims that wake-ups started, the next wake-up waits this, doubling
-LIMITS_INTERVAL = 5.0  # how often the worker reads its queues' limits (treadle.queue_settings)
-RATE_WAIT_FLOOR = 0.05  # the shortest wait between claims on a rate-limited queue
 
 
 class Worker:
@@ -157,52 +148,32 @@ class Worker:
         metrics_database: bool = False,
         claim_ahead: int | None = None,
     ) -> None:
-        self.queues = _check_queues(queues)
-        self.concurrency = _args.integer(concurrency, "concurrency", (1, MAX_CONCURRENCY))
-        self.claim_ahead = (
-            self.concurrency if claim_ahead is None else _args.integer(claim_ahead, "claim_ahead", (0, MAX_CONCURRENCY))
+        self._options = options = WorkerOptions.of(
+            queues=queues,
+            concurrency=concurrency,
+            poll_interval=poll_interval,
+            lease=lease,
+            heartbeat_interval=heartbeat_interval,
+            rescue_interval=rescue_interval,
+            retention_interval=retention_interval,
+            retention_batch=retention_batch,
+            stop_timeout=stop_timeout,
+            backoff=backoff,
+            on_error=on_error,
+            on_event=on_event,
+            worker_id=worker_id,
+            listen=listen,
+            listen_dsn=listen_dsn,
+            prepared_statements=prepared_statements,
+            claim_ahead=claim_ahead,
         )
-        self._ahead_if_quick = claim_ahead is None  # the default applies only while handlers are quick
-        self.poll_interval = _args.seconds(poll_interval, "poll_interval", allow_zero=False)
-        self.lease = _args.seconds(lease, "lease", allow_zero=False)
-        self.heartbeat_interval = _args.seconds(heartbeat_interval, "heartbeat_interval", allow_zero=False)
-        self.rescue_interval = _args.seconds(rescue_interval, "rescue_interval", allow_zero=False)
-        self.retention_interval = (
-            None
-            if retention_interval is None
-            else _args.seconds(retention_interval, "retention_interval", allow_zero=False)
-        )
-        self.retention_batch = _args.integer(retention_batch, "retention_batch", (1, MAX_RETENTION_BATCH))
-        self.stop_timeout = _args.seconds(stop_timeout, "stop_timeout", allow_zero=True)
-        if self.heartbeat_interval >= self.lease:
-            raise InvalidArgument(
-                f"heartbeat_interval ({self.heartbeat_interval:g} s) must be shorter than lease ({self.lease:g} s)"
-            )
-        for option, callback in (("backoff", backoff), ("on_error", on_error), ("on_event", on_event)):
-            if callback is not None and not callable(callback):
-                raise InvalidArgument(f"{option} must be callable or None, not {type(callback).__name__}")
-        for option, flag in (("listen", listen), ("prepared_statements", prepared_statements)):
-            if not isinstance(flag, bool):
-                raise InvalidArgument(f"{option} must be True or False, not {type(flag).__name__}")
-        if listen_dsn is not None and not (isinstance(listen_dsn, str) and listen_dsn.strip()):
-            raise InvalidArgument("listen_dsn must be a connection string or None")
-        if listen_dsn is not None:
-            _dsn.check(listen_dsn, "listen_dsn")
-        self._backoff = backoff
-        self._on_error = on_error
-        self._on_event = on_event
-        if worker_id is None:
-            worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.worker_id = _args.name(worker_id, "worker_id")
         self._pool = WorkerPool(
             dsn_or_pool,
-            f"treadle-worker:{self.worker_id}",
-            min(self.concurrency, 16) + 3,
-            prepared_statements=prepared_statements,
+            f"treadle-worker:{options.worker_id}",
+            min(options.concurrency, 16) + 3,
+            prepared_statements=options.prepared_statements,
         )
-        self._pool.redactor = _dsn.Redactor(self._pool.conninfo, listen_dsn)
-        self._listen = listen
-        self._listen_dsn = listen_dsn
+        self._pool.redactor = _dsn.Redactor(self._pool.conninfo, options.listen_dsn)
 
         self._registry = Registry()
         self._active: set[RunState] = set()  # claimed and not yet settled, keyed by run, not job id
@@ -213,25 +184,65 @@ class Worker:
         self._stop_requested = False
         self._stop_immediate = False
         self._signals: list[int] = []
-        self._more_waiting = False  # a freed slot should claim again: the last claim filled every slot, or hit a limit
-        self._reserved = 0  # slots a claim under way may fill
-        self._handler_time: float | None = None  # average handler run time, seconds
-        self._woken_empty = 0  # claims in a row that a wake-up started and that found nothing
-        self._limited = False  # some queue of this worker has a concurrency or rate limit
-        self._rate_wait: float | None = None  # the longest wait between claims, on a rate-limited queue
-        self._limits_read_at = -LIMITS_INTERVAL
         self._used = False
         self._thread: threading.Thread | None = None
         self._background_error: BaseException | None = None
         self._threads: HandlerThreads | None = None
+        self._producer: Producer | None = None
         self._completer: Completer | None = None
         self._executor: Executor | None = None
+        self._host = _Host(self)
         self._metrics: WorkerMetrics | None = None
         self._metrics_address: tuple[str, int] | None = None
         self._metrics_database = False
         self._metrics_top_queues = 50
         if metrics_port is not None:
             self.serve_metrics(metrics_port, host=metrics_host, database=metrics_database)
+
+    # the options, as given (checked: WorkerOptions)
+    @property
+    def queues(self) -> list[str]:
+        return list(self._options.queues)
+
+    @property
+    def concurrency(self) -> int:
+        return self._options.concurrency
+
+    @property
+    def claim_ahead(self) -> int:
+        return self._options.claim_ahead
+
+    @property
+    def poll_interval(self) -> float:
+        return self._options.poll_interval
+
+    @property
+    def lease(self) -> float:
+        return self._options.lease
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return self._options.heartbeat_interval
+
+    @property
+    def rescue_interval(self) -> float:
+        return self._options.rescue_interval
+
+    @property
+    def retention_interval(self) -> float | None:
+        return self._options.retention_interval
+
+    @property
+    def retention_batch(self) -> int:
+        return self._options.retention_batch
+
+    @property
+    def stop_timeout(self) -> float:
+        return self._options.stop_timeout
+
+    @property
+    def worker_id(self) -> str:
+        return self._options.worker_id
 
     # registration
     @overload
@@ -449,32 +460,28 @@ class Worker:
                 return
             metrics_server = self._start_metrics_server()
             self._threads = HandlerThreads(self.concurrency, name=f"treadle-handler-{self.worker_id}")
+            producer = Producer(self._pool, self._options, self._registry.claim_names(), self._host, self._wake)
             self._completer = Completer(
                 self._pool,
                 self.worker_id,
-                emit=self._emit,
-                done=self._done,
-                failure=self._failure_write,
-                idle=lambda: self._executor is None or self._executor.idle(),
+                self._host,
                 delay=COMPLETION_DELAY,
                 flush_at=max(1, self.concurrency // 2),
-                claim_along=_ClaimAlong(self),
+                claim_along=producer,
             )
             self._executor = Executor(
                 self._registry,
                 self._threads,
                 self._completer,
                 self._pool,
+                self._host,
                 worker_id=self.worker_id,
                 lease=self.lease,
-                emit=self._emit,
-                done=self._done,
-                on_error=self._on_error,
-                slot_freed=self._slot_freed,
-                ran=self._handler_ran,
                 concurrency=self.concurrency,
             )
-            if self._listen:
+            producer.bind(self._completer, self._executor)
+            self._producer = producer
+            if self._options.listen:
                 notifier = WakeOnNotify(self._notifier(), self.queues, self._wake.set)
                 notifier.start()
             housekeeper = Housekeeper(
@@ -498,7 +505,7 @@ class Worker:
                 self.concurrency,
                 ", ".join(self._registry.claim_names()),
             )
-            self._claim_loop()
+            producer.run()
             if notifier is not None:
                 notifier.stop()
             self._shutdown(housekeeper)
@@ -535,11 +542,10 @@ class Worker:
         return server
 
     def _notifier(self) -> Notifier:
-        conninfo = self._listen_dsn or self._pool.conninfo
+        listen_dsn = self._options.listen_dsn
+        conninfo = listen_dsn or self._pool.conninfo
         name = self._pool.application_name
-        return Notifier(
-            lambda: connect_direct(conninfo, name), [_sql.LISTEN_JOBS], log, trusted=self._listen_dsn is not None
-        )
+        return Notifier(lambda: connect_direct(conninfo, name), [_sql.LISTEN_JOBS], log, trusted=listen_dsn is not None)
 
     def _startup(self) -> bool:
         """Check the extension, record the workflows, report the worker; False if stopped first."""
@@ -572,7 +578,7 @@ class Worker:
                     one_line(error),
                     delay,
                 )
-                self._sleep(delay)
+                sleep_until_stopped(self._host, delay)
         return False
 
     def _shutdown(self, housekeeper: Housekeeper) -> None:
@@ -623,205 +629,7 @@ class Worker:
             log.warning("worker %s: could not record its stop (%s)", self.worker_id, one_line(error))
         log.info("worker %s stopped", self.worker_id)
 
-    # the claim loop
-    def _claim_loop(self) -> None:
-        names = self._registry.claim_names()
-        backoff = Backoff()
-        woken = False
-        while not self._stop_requested:
-            self._read_limits()
-            free = self._reserve(for_loop=True)
-            if free > 0:
-                try:
-                    rows = self._claim(names, free, backoff)
-                finally:
-                    self._release(free)
-                if rows is None:
-                    continue
-                backoff.reset()
-                self._woken_empty = self._woken_empty + 1 if woken and not rows else 0
-                self._claimed_rows(rows, free)
-            woken = self._wait_for_work()
-
-    def _read_limits(self) -> None:
-        """Every few seconds, whether this worker's queues are limited (treadle.queue_settings)."""
-        now = time.monotonic()
-        if now - self._limits_read_at < LIMITS_INTERVAL:
-            return
-        self._limits_read_at = now
-        try:
-            row = self._pool.rows(_sql.QUEUE_LIMITS, {"queues": self.queues})[0]
-        except psycopg.Error as error:  # a role granted before 0.3.0 may not read the view: no limits then
-            log.debug("worker %s: could not read queue limits (%s)", self.worker_id, one_line(error))
-            return
-        self._limited = bool(row["limited"])
-        slot = row["rate_slot"]
-        self._rate_wait = None if slot is None else min(self.poll_interval, max(RATE_WAIT_FLOOR, slot))
-
-    def _reserve(self, *, for_loop: bool = False) -> int:
-        """How many jobs a claim may take now, held for it until `_release`.
-
-        The claim loop leaves the claim to the next write of successes when one is on
-        its way and more work is waiting; a write of successes claims only then, or
-        when a wake-up (NOTIFY, a rescue) says work arrived.
-        """
-        assert self._completer is not None
-        if self._stop_requested:
-            return 0
-        if for_loop:
-            if self._more_waiting and self._completer.pending():
-                return 0
-        elif not (self._more_waiting or self._wake.is_set()):
-            return 0
-        with self._lock:
-            held = sum(1 for run in self._active if run.holds_slot)
-            room = self.concurrency + self._ahead() - held - self._reserved
-            if room <= 0:
-                return 0
-            room = min(room, MAX_CONCURRENCY)
-            self._reserved += room
-            return room
-
-    def _release(self, reserved: int) -> None:
-        with self._lock:
-            self._reserved -= reserved
-
-    def _ahead(self) -> int:
-        """How many jobs to hold beyond the free slots now."""
-        if self._ahead_if_quick and (self._handler_time is None or self._handler_time >= QUICK_HANDLER):
-            return 0
-        return self.claim_ahead
-
-    def _handler_ran(self, seconds: float) -> None:
-        average = self._handler_time
-        self._handler_time = seconds if average is None else average + HANDLER_TIME_WEIGHT * (seconds - average)
-
-    def _claimed_rows(self, rows: list[tuple[Any, ...]], asked: int) -> None:
-        # a limited queue may give fewer than asked while more wait: a freed slot claims again
-        self._more_waiting = len(rows) >= asked or (self._limited and bool(rows))
-        if rows:
-            self._dispatch(rows)
-
-    def _claim(self, names: list[str], free: int, backoff: Backoff) -> list[tuple[Any, ...]] | None:
-        """Claim up to `free` jobs; None after a failure (the loop then tries again).
-
-        Each call has a lease token of its own. When the connection fails during the
-        claim, the claim may have committed with its answer lost on the way back:
-        the jobs holding that token are read back and adopted, not left running
-        under a token nobody holds until a rescue spends their attempt.
-        """
-        token = uuid.uuid4()
-        try:
-            return self._pool.tuples(
-                _sql.CLAIM,
-                {
-                    "worker_id": self.worker_id,
-                    "queues": self.queues,
-                    "names": names,
-                    "batch": free,
-                    "lease": timedelta(seconds=self.lease),
-                    "lease_token": token,
-                },
-            )
-        except psycopg.Error as error:
-            delay = backoff.next()
-            log.warning("worker %s: claim failed (%s); retrying in %.1f s", self.worker_id, one_line(error), delay)
-            if is_transient(error):
-                adopted = self._claimed(token)
-                if adopted:
-                    log.warning(
-                        "worker %s: the lost claim had committed; running its %d jobs", self.worker_id, len(adopted)
-                    )
-                    return adopted
-            self._sleep(delay)
-            return None
-
-    def _claimed(self, token: uuid.UUID) -> list[tuple[Any, ...]]:
-        """The jobs a claim whose answer was lost committed, read back on a fresh connection."""
-        backoff = Backoff()
-        while not self._stop_requested:
-            try:
-                return self._pool.tuples(_sql.CLAIMED, {"lease_token": token})
-            except psycopg.Error as error:
-                delay = backoff.next()
-                log.warning(
-                    "worker %s: could not ask what the lost claim committed (%s); retrying in %.1f s",
-                    self.worker_id,
-                    one_line(error),
-                    delay,
-                )
-                self._sleep(delay)
-        return []  # stopping: whatever it claimed keeps its lease until a rescue returns it
-
-    def _wait_for_work(self) -> bool:
-        """Until the poll interval passes, NOTIFY or a freed slot wakes the loop, or a stop; True when woken.
-
-        On a rate-limited queue the wait is at most a slot's length (at least 50 ms),
-        so the queue drains at its rate. After claims that wake-ups started found
-        nothing (a paused or full queue that NOTIFY keeps announcing, jobs other
-        workers took), a wake-up first waits out a gap that doubles from 20 ms up
-        to the poll interval: such a queue is never claimed in a hot loop.
-        """
-        start = time.monotonic()
-        deadline = start + (self._rate_wait or self.poll_interval)
-        gap = 0.0 if self._woken_empty < 1 else min(self.poll_interval, EMPTY_CLAIM_GAP * 2 ** (self._woken_empty - 1))
-        woken = False
-        while not self._stop_requested:
-            now = time.monotonic()
-            if now >= deadline:
-                return woken
-            if woken:
-                if now >= start + gap:
-                    return True
-                time.sleep(min(start + gap - now, WAIT_SLICE))
-            elif self._wake.wait(min(deadline - now, WAIT_SLICE)):
-                self._wake.clear()
-                woken = True
-        return woken
-
-    def _sleep(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while not self._stop_requested and (remaining := deadline - time.monotonic()) > 0:
-            time.sleep(min(remaining, WAIT_SLICE))
-
-    def _dispatch(self, rows: list[tuple[Any, ...]]) -> None:
-        assert self._executor is not None
-        step_runs = self._step_runs(rows)
-        for row in rows:
-            claimed: Claimed = decode_claimed(row)
-            run = RunState(claimed.job, on_lost=self._lease_lost)
-            with self._lock:
-                self._active.add(run)
-            self._emit("claimed", run)
-            self._executor.submit(run, claimed, step_runs.get((run.run_id, run.step)))
-
-    def _step_runs(self, rows: list[tuple[Any, ...]]) -> dict[tuple[int | None, str | None], dict[str, Any]]:
-        """The workflow, input and dependencies' results of the steps just claimed, in one query."""
-        steps = sorted({(row[STEP_RUN], row[STEP_NAME]) for row in rows if row[STEP_RUN] is not None})
-        if not steps:
-            return {}
-        params = {"run_ids": [run_id for run_id, _ in steps], "steps": [step for _, step in steps]}
-        try:
-            return {(run["id"], run["step"]): run for run in self._pool.rows(_sql.STEP_CONTEXT, params)}
-        except psycopg.Error as error:
-            # each step then reads its own run before it starts
-            log.warning("worker %s: reading workflow runs failed (%s)", self.worker_id, one_line(error))
-            return {}
-
-    # bookkeeping
-    def _failure_write(self, run: RunState, error: BaseException) -> FailureWrite:
-        return failure_write(error, run.job, self._registry.policy(run.name), self._backoff)
-
-    def _done(self, run: RunState) -> None:
-        with self._lock:
-            self._active.discard(run)
-        self._slot_freed()
-
-    def _slot_freed(self) -> None:
-        # successes on their way claim along with their write: no need to wake the loop
-        if self._more_waiting and not (self._completer is not None and self._completer.pending()):
-            self._wake.set()
-
+    # what the housekeeper asks
     def _running(self) -> list[RunState]:
         with self._lock:
             return [run for run in self._active if run.needs_heartbeat]
@@ -846,71 +654,76 @@ class Worker:
             self._metrics.rescued(count)
         self._wake.set()  # rescued jobs are due at once
 
-    def _lease_lost(self, run: RunState) -> None:
+
+class _Host:
+    """The worker's side of the producer's, executor's and completer's protocols."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+
+    @property
+    def stopping(self) -> bool:
+        return self._worker._stop_requested
+
+    def holding(self) -> int:
+        worker = self._worker
+        with worker._lock:
+            return sum(1 for run in worker._active if run.holds_slot)
+
+    def track(self, run: RunState) -> None:
+        worker = self._worker
+        with worker._lock:
+            worker._active.add(run)
+
+    def done(self, run: RunState) -> None:
+        worker = self._worker
+        with worker._lock:
+            worker._active.discard(run)
+        self.slot_freed()
+
+    def slot_freed(self) -> None:
+        if self._worker._producer is not None:
+            self._worker._producer.slot_freed()
+
+    def handler_ran(self, seconds: float) -> None:
+        if self._worker._producer is not None:
+            self._worker._producer.handler_ran(seconds)
+
+    def idle(self) -> bool:
+        executor = self._worker._executor
+        return executor is None or executor.idle()
+
+    def failure_write(self, run: RunState, error: BaseException) -> FailureWrite:
+        worker = self._worker
+        return failure_write(error, run.job, worker._registry.policy(run.name), worker._options.backoff)
+
+    def on_error(self, error: BaseException, job: Job) -> None:
+        callback = self._worker._options.on_error
+        if callback is not None:
+            callback(error, job)
+
+    def lease_lost(self, run: RunState) -> None:
         log.warning(
             "job %d (%s): lease lost, another worker or a rescue took it over; nothing from this run is written",
             run.job_id,
             run.name,
         )
-        self._emit("lease_lost", run)
+        self.emit("lease_lost", run)
 
-    def _emit(self, kind: EventKind, run: RunState, *, state: str | None = None, error: str | None = None) -> None:
+    def emit(self, kind: EventKind, run: RunState, *, state: str | None = None, error: str | None = None) -> None:
         # four events a job: without a listener, and unless debug logging is on, nothing is built
         if log.isEnabledFor(logging.DEBUG):
             log.debug("job %d (%s): %s%s", run.job_id, run.name, kind, f" -> {state}" if state else "")
-        if self._on_event is None and self._metrics is None:
+        on_event = self._worker._options.on_event
+        metrics = self._worker._metrics
+        if on_event is None and metrics is None:
             return
-        event = WorkerEvent(kind, run.job, self.worker_id, state, error)
-        if self._metrics is not None:
-            self._metrics.observe(event)
-        if self._on_event is None:
+        event = WorkerEvent(kind, run.job, self._worker.worker_id, state, error)
+        if metrics is not None:
+            metrics.observe(event)
+        if on_event is None:
             return
         try:
-            self._on_event(event)
+            on_event(event)
         except BaseException:  # a callback's failure, whatever it is, stays with the callback
             log.exception("on_event raised for %s of job %d", kind, run.job_id)
-
-
-def _check_queues(queues: object) -> list[str]:
-    if isinstance(queues, (str, bytes)) or not isinstance(queues, Iterable):
-        raise InvalidArgument(f"queues must be a list of queue names, not {type(queues).__name__}")
-    names = [_args.name(queue, "queue name") for queue in queues]
-    if not names:
-        raise InvalidArgument("queues must name at least one queue")
-    return list(dict.fromkeys(names))
-
-
-class _ClaimAlong(ClaimAlong):
-    """The worker's side of a write of successes that claims too (see Completer)."""
-
-    def __init__(self, worker: Worker) -> None:
-        self._worker = worker
-        self._names = worker._registry.claim_names()
-        self._lease = timedelta(seconds=worker.lease)
-
-    def reserve(self) -> int:
-        return self._worker._reserve()
-
-    def params(self, batch: int, lease_token: uuid.UUID) -> dict[str, Any]:
-        worker = self._worker
-        return {
-            "worker_id": worker.worker_id,
-            "queues": worker.queues,
-            "names": self._names,
-            "batch": batch,
-            "lease": self._lease,
-            "lease_token": lease_token,
-        }
-
-    def adopt(self, rows: list[tuple[Any, ...]], asked: int) -> None:
-        self._worker._claimed_rows(rows, asked)
-
-    def recover(self, lease_token: uuid.UUID) -> None:
-        worker = self._worker
-        adopted = worker._claimed(lease_token)
-        if adopted:
-            log.warning("worker %s: the lost claim had committed; running its %d jobs", worker.worker_id, len(adopted))
-            worker._dispatch(adopted)
-
-    def release(self, reserved: int) -> None:
-        self._worker._release(reserved)

@@ -56,10 +56,16 @@ def add_command(commands: Any) -> None:
     enqueue.add_argument("name", nargs="?", help="the job's name (with --from: of every line's job)")
     enqueue.add_argument("args", nargs="?", metavar="JSON", help="its arguments, a JSON object or array (default: {})")
     enqueue.add_argument("--from", dest="source", metavar="FILE", help="one job per line from FILE, or - for stdin")
-    enqueue.add_argument("--queue", help="the queue (default: default)")
-    enqueue.add_argument("--priority", type=bounded_int(-(2**31), 2**31 - 1), help="lower runs first (default: 0)")
+    enqueue.add_argument("--queue", help=f"the queue (default: {client.ENQUEUE_DEFAULTS['queue']})")
     enqueue.add_argument(
-        "--max-attempts", type=bounded_int(1, 2**31 - 1), help="attempts before it is discarded (default: 25)"
+        "--priority",
+        type=bounded_int(-(2**31), 2**31 - 1),
+        help=f"lower runs first (default: {client.ENQUEUE_DEFAULTS['priority']})",
+    )
+    enqueue.add_argument(
+        "--max-attempts",
+        type=bounded_int(1, 2**31 - 1),
+        help=f"attempts before it is discarded (default: {client.ENQUEUE_DEFAULTS['max_attempts']})",
     )
     enqueue.add_argument("--idempotency-key", help="enqueue once per key in its queue (one job only)")
     enqueue.add_argument(
