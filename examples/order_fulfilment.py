@@ -72,11 +72,11 @@ def call(url: str, body: dict | None = None) -> dict:
         return json.loads(response.read())
 
 
-def charge(input: dict, results: dict, ctx: treadle.JobContext) -> dict:
+def charge(input: dict, ctx: treadle.JobContext) -> dict:
     return {"charged": input["total"]}
 
 
-def ship(input: dict, results: dict, ctx: treadle.JobContext) -> dict:
+def ship(input: dict, ctx: treadle.JobContext) -> dict:
     label = call(f"{input['carrier']}/labels", {"order": input["order"]})["label_id"]
     while True:
         status = call(f"{input['carrier']}/labels/{label}")
@@ -88,8 +88,8 @@ def ship(input: dict, results: dict, ctx: treadle.JobContext) -> dict:
         time.sleep(POLL_SECONDS)
 
 
-def notify(input: dict, results: dict, ctx: treadle.JobContext) -> dict:
-    return {"emailed": f"order {input['order']} ships as {results['ship']['tracking']}"}
+def notify(input: dict, ctx: treadle.JobContext) -> dict:
+    return {"emailed": f"order {input['order']} ships as {ctx.results['ship']['tracking']}"}
 
 
 def run_state(conn: psycopg.Connection, run_id: int) -> str:

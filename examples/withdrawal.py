@@ -61,7 +61,7 @@ def log_call(ctx: treadle.JobContext) -> None:
         conn.execute("insert into wd_step_calls values (%s, %s, %s)", [ctx.run_id, ctx.step, ctx.attempt])
 
 
-def reserve(input: dict, results: dict, ctx: treadle.JobContext) -> None:
+def reserve(input: dict, ctx: treadle.JobContext) -> None:
     log_call(ctx)
     with psycopg.connect(DSN) as conn:
         conn.execute(
@@ -72,20 +72,20 @@ def reserve(input: dict, results: dict, ctx: treadle.JobContext) -> None:
         ctx.complete_in(conn, {"held": input["amount"]})
 
 
-def send(input: dict, results: dict, ctx: treadle.JobContext) -> dict:
+def send(input: dict, ctx: treadle.JobContext) -> dict:
     log_call(ctx)
     reference = f"withdrawal-{input['withdrawal']}"
     with psycopg.connect(DSN) as bank:  # stands in for the bank's API
         bank.execute(
             "insert into wd_bank_transfers values (%s, %s) on conflict (reference) do nothing",
-            [reference, results["reserve"]["held"]],
+            [reference, ctx.results["reserve"]["held"]],
         )
     if CRASH_IN_SEND:
         os._exit(1)  # the process dies: the bank has the transfer, treadle has no completion
     return {"reference": reference}
 
 
-def settle(input: dict, results: dict, ctx: treadle.JobContext) -> None:
+def settle(input: dict, ctx: treadle.JobContext) -> None:
     log_call(ctx)
     with psycopg.connect(DSN) as conn:
         conn.execute(
@@ -93,7 +93,7 @@ def settle(input: dict, results: dict, ctx: treadle.JobContext) -> None:
             [input["amount"], input["amount"], input["account"]],
         )
         conn.execute("update wd_withdrawals set state = 'settled' where id = %s", [input["withdrawal"]])
-        ctx.complete_in(conn, {"settled": results["send"]["reference"]})
+        ctx.complete_in(conn, {"settled": ctx.results["send"]["reference"]})
 
 
 def make_worker(**options: object) -> treadle.Worker:

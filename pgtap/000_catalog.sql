@@ -48,6 +48,7 @@ SELECT set_eq(
           'treadle.heartbeat_many(bigint[],uuid[],interval)',
           'treadle.fail(bigint,uuid,text,interval,boolean)', 'treadle.release(bigint,uuid)',
           'treadle.snooze(bigint,uuid,interval)', 'treadle.rescue()',
+          'treadle.step_sleep(bigint,uuid,integer,interval,timestamp with time zone)',
           'treadle.apply_retention(integer)', 'treadle.archive(integer)', 'treadle.cancel(bigint)', 'treadle.retry(bigint)', 'treadle.prune(interval)',
           'treadle.define_workflow(text,text[],jsonb,jsonb,jsonb,jsonb)',
           'treadle.start_workflow(text,jsonb,text[],text,integer,integer,text,jsonb,jsonb,jsonb,jsonb)',

@@ -68,7 +68,7 @@ SELECT is((pg_temp.job(:dead)).result, '{"by": "w2"}'::jsonb, 'the result is the
 SELECT id AS tick, lease_token AS tick_tok FROM pg_temp.leased(max_attempts => 1, every => '1 hour') \gset
 SELECT treadle.start_workflow('flow', steps => ARRAY['one', 'two'], max_attempts => 1) AS run_a \gset
 SELECT treadle.start_workflow('flow', steps => ARRAY['one', 'two'], queue => 'flows-b') AS run_b \gset
-SELECT is((SELECT count(*) FROM treadle.claim('w', ARRAY['default', 'flows-b'], names => ARRAY['workflow:flow'], batch => 2)),
+SELECT is((SELECT count(*) FROM treadle.claim('w', ARRAY['default', 'flows-b'], names => ARRAY['workflow:flow/one'], batch => 2)),
           2::bigint, 'both runs'' first steps are claimed');
 SET LOCAL treadle.now = '2999-01-01 13:00:00+00';
 SELECT is(treadle.rescue(), 3, 'the periodic job and both steps are rescued');

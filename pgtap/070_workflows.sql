@@ -41,8 +41,8 @@ SELECT results_eq(
     'a run records its input and the defined steps, and is running');
 SELECT results_eq(
     format($$ SELECT name, args, step, queue, priority, max_attempts, state FROM treadle.jobs WHERE workflow_run_id = %s $$, :r1),
-    $$ VALUES ('workflow:signup'::text, '{}'::jsonb, 'create'::text, 'flows'::text, 2, 3, 'available'::text) $$,
-    'its first step is one job named workflow:<name> with args {} in the run''s queue');
+    $$ VALUES ('workflow:signup/create'::text, '{}'::jsonb, 'create'::text, 'flows'::text, 2, 3, 'available'::text) $$,
+    'its first step is one job named workflow:<name>/<step> with args {} in the run''s queue');
 SELECT is(treadle.workflow_results(:r1), '{}'::jsonb, 'workflow_results is {} before any step finished');
 SELECT is(treadle.workflow_results(-1), NULL, 'workflow_results is null for an unknown run');
 
@@ -53,7 +53,7 @@ SELECT is(treadle.complete(:s1, :'s1_tok', '{"account": 70}'), 'completed', 'the
 SELECT is(treadle.workflow_results(:r1), '{"create": {"account": 70}}'::jsonb, 'its result is stored under its step name');
 SELECT results_eq(
     format($$ SELECT step, state, name, run_at, attempt FROM treadle.jobs WHERE workflow_run_id = %s AND id <> %s $$, :r1, :s1),
-    $$ VALUES ('email'::text, 'available'::text, 'workflow:signup'::text, '2999-01-01 12:01:00+00'::timestamptz, 0) $$,
+    $$ VALUES ('email'::text, 'available'::text, 'workflow:signup/email'::text, '2999-01-01 12:01:00+00'::timestamptz, 0) $$,
     'completing a step enqueues the next, due now');
 SELECT is((SELECT state FROM treadle.workflow_runs WHERE id = :r1), 'running', 'the run goes on');
 SELECT is(treadle.complete(:s1, :'s1_tok', '{"account": 71}'), 'completed',

@@ -62,6 +62,7 @@ INSERT INTO may_execute VALUES
     ('treadle.fail(bigint,uuid,text,interval,boolean)', '{worker}'),
     ('treadle.release(bigint,uuid)',             '{worker}'),
     ('treadle.snooze(bigint,uuid,interval)',     '{worker}'),
+    ('treadle.step_sleep(bigint,uuid,integer,interval,timestamp with time zone)', '{worker}'),
     ('treadle.rescue()',                         '{worker,admin}'),
     ('treadle.apply_retention(integer)',         '{worker,admin}'),
     ('treadle.archive(integer)',                 '{worker,admin}'),

@@ -162,6 +162,25 @@ CREATE INDEX workflow_signals_run_id_idx ON treadle.workflow_signals (run_id, na
 ALTER TABLE treadle.workflow_signals ENABLE ROW LEVEL SECURITY;
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_signals', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_signals_id_seq', '');
+
+-- Workflow versions and rolling deploys: a definition counts its versions and a
+-- run records the one it started with (and the wake times of its steps'
+-- ctx.sleep calls); a step job is named
+-- 'workflow:<workflow name>/<step>' (workers claim the steps they can run), so the
+-- step jobs not finished yet take that name (a 0.3.0 worker's running step still
+-- completes with its lease token; finished ones keep the name they ran under).
+ALTER TABLE treadle.workflows
+    ADD COLUMN version bigint NOT NULL DEFAULT 1,
+    ADD CONSTRAINT workflows_version_check CHECK (version >= 1);
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN version bigint,
+    ADD COLUMN step_sleeps jsonb;
+UPDATE treadle.jobs AS j
+   SET name = 'workflow:' || r.name || '/' || j.step
+  FROM treadle.workflow_runs AS r
+ WHERE j.workflow_run_id = r.id
+   AND j.state = ANY (ARRAY['available', 'retryable', 'running'])
+   AND j.name = 'workflow:' || r.name;
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -1560,8 +1579,9 @@ COMMENT ON FUNCTION treadle._claim_by_cursor(text, text, text[], text[], integer
 -- The cursor only narrows what this session reads: a setting changed by hand can
 -- delay this session's claims, never let it take a job twice or hide one from
 -- other sessions; one that is not a usable cursor means a sweep.
--- Raises 22004: worker_id or queues null. 22023: worker_id or a queue or name
--- that is not a valid name; queues or names empty or over 1000; batch outside
+-- Raises 22004: worker_id or queues null. 22023: worker_id or a queue that is not
+-- a valid name, a name that is not a valid job name (treadle._are_job_names: up
+-- to 410 characters, a step job's name); queues or names empty or over 1000; batch outside
 -- 1..1000; lease not positive or over 1 day. 42501: a tenant's queue outside its
 -- prefix.
 --------------------------------------------------------------------------------
@@ -1616,8 +1636,8 @@ BEGIN
     IF NOT treadle._are_names(claim.queues) THEN
         PERFORM treadle._check_names(claim.queues, 'queues');
     END IF;
-    IF claim.names IS NOT NULL AND NOT treadle._are_names(claim.names) THEN
-        PERFORM treadle._check_names(claim.names, 'names');
+    IF claim.names IS NOT NULL AND NOT treadle._are_job_names(claim.names) THEN
+        PERFORM treadle._check_job_names(claim.names, 'names');
     END IF;
     IF claim.batch IS NULL OR claim.batch NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'treadle: batch must be between 1 and 1000, got %', coalesce(claim.batch::text, 'null')
@@ -1927,7 +1947,7 @@ BEGIN
         PERFORM treadle._check_text(complete_and_claim.worker_id, 'worker_id');
         PERFORM treadle._check_names(complete_and_claim.queues, 'queues');
         IF complete_and_claim.names IS NOT NULL THEN
-            PERFORM treadle._check_names(complete_and_claim.names, 'names');
+            PERFORM treadle._check_job_names(complete_and_claim.names, 'names');
         END IF;
         IF complete_and_claim.lease IS NULL THEN
             RAISE EXCEPTION 'treadle: lease must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -2026,8 +2046,9 @@ COMMENT ON FUNCTION treadle.heartbeat_many(bigint[], uuid[], interval) IS
 -- treadle._enqueue_step(run, step, at) -> void
 --
 -- Transition: (none) -> available for one step of a workflow run: a job named
--- 'workflow:<workflow name>' whose `step` column names the step (the next step of
--- a list; treadle._enqueue_steps does several).
+-- 'workflow:<workflow name>/<step>' whose `step` column names the step (the next
+-- step of a list; treadle._enqueue_steps does several). A worker claims the steps
+-- it has a handler for by that name.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_step(run treadle.workflow_runs, step text, at timestamptz)
 RETURNS void
@@ -2037,7 +2058,8 @@ BEGIN ATOMIC
     INSERT INTO treadle.jobs
         (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
     VALUES
-        ((run).queue, 'workflow:' || (run).name, '{}', (run).priority, at, (run).max_attempts, at, (run).id, step);
+        ((run).queue, 'workflow:' || (run).name || '/' || step, '{}', (run).priority, at, (run).max_attempts, at, (run).id,
+         step);
     SELECT treadle._notify('treadle_jobs', (run).queue);
 END;
 COMMENT ON FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamptz) IS
@@ -2047,8 +2069,8 @@ COMMENT ON FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamp
 -- treadle._enqueue_steps(run, steps, at) -> void
 --
 -- Transition: (none) -> available for steps of a workflow run, in one
--- statement: each a job named 'workflow:<workflow name>' whose `step` column
--- names the step.
+-- statement: each a job named 'workflow:<workflow name>/<step>' whose `step`
+-- column names the step.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_steps(run treadle.workflow_runs, steps text[], at timestamptz)
 RETURNS void
@@ -2057,7 +2079,8 @@ VOLATILE
 BEGIN ATOMIC
     INSERT INTO treadle.jobs
         (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
-    SELECT (run).queue, 'workflow:' || (run).name, '{}', (run).priority, at, (run).max_attempts, at, (run).id, s.step
+    SELECT (run).queue, 'workflow:' || (run).name || '/' || s.step, '{}', (run).priority, at, (run).max_attempts, at,
+           (run).id, s.step
       FROM unnest(steps) WITH ORDINALITY AS s(step, i)
      ORDER BY s.i;
     SELECT treadle._notify('treadle_jobs', (run).queue) WHERE cardinality(steps) > 0;
@@ -2191,7 +2214,7 @@ BEGIN
     END IF;
     INSERT INTO treadle.jobs
         (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
-    SELECT run.queue, 'workflow:' || run.name, jsonb_build_object('element', e.value, 'index', e.i - 1),
+    SELECT run.queue, 'workflow:' || run.name || '/' || step, jsonb_build_object('element', e.value, 'index', e.i - 1),
            run.priority, at, run.max_attempts, at, run.id, step
       FROM jsonb_array_elements(v_array) WITH ORDINALITY AS e(value, i)
      ORDER BY e.i;
@@ -4120,8 +4143,13 @@ COMMENT ON VIEW treadle.queue_settings IS
 --------------------------------------------------------------------------------
 -- Workflows: a run is a set of named steps, each after the steps it depends on
 -- (a graph without cycles; a plain list is the shorthand for each step after the
--- one before it). Each step is a job named 'workflow:<workflow name>' whose
--- `step` column names the step. Completing a step stores its result on the run
+-- one before it). Each step is a job named 'workflow:<workflow name>/<step>'
+-- whose `step` column names the step: a worker claims only the steps it has a
+-- handler for, so in a rolling deploy a step no live worker runs waits (and
+-- treadle.explain says so) instead of failing. A run copies the definition it
+-- starts with (steps, after, sleeps, maps) and keeps it: redefining a workflow
+-- changes only the runs that start after, and the run records the definition's
+-- version (treadle.workflows.version, one more at each change). Completing a step stores its result on the run
 -- and, in the same transaction and under the run row's lock, enqueues every
 -- step whose dependencies have now all completed (treadle._advance_run), so a
 -- completed step never runs again and a join is enqueued exactly once.
@@ -4448,7 +4476,8 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
 -- the sleep steps and how long each waits (treadle._check_sleeps); `maps` the map
 -- steps and what each maps over (treadle._check_maps); `waits` the wait steps and
 -- the signal each waits for (treadle._check_waits). Workers call it
--- when they register a workflow. Replaces an earlier definition for new runs;
+-- when they register a workflow. Replaces an earlier definition for new runs,
+-- and then counts one more version (the same definition again changes nothing);
 -- existing runs keep the steps they started with.
 -- Raises 22004: name or steps null. 22023: a name that is not a valid name (see
 -- treadle._is_name); steps empty, nested, over 1000, with a bad name, or
@@ -4493,7 +4522,7 @@ BEGIN
     VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps, v_maps, v_waits)
     ON CONFLICT (name) DO UPDATE
        SET steps = excluded.steps, updated_at = excluded.updated_at, after = excluded.after, sleeps = excluded.sleeps,
-           maps = excluded.maps, waits = excluded.waits
+           maps = excluded.maps, waits = excluded.waits, version = w.version + 1
      WHERE w.steps IS DISTINCT FROM excluded.steps OR w.after IS DISTINCT FROM excluded.after
         OR w.sleeps IS DISTINCT FROM excluded.sleeps OR w.maps IS DISTINCT FROM excluded.maps
         OR w.waits IS DISTINCT FROM excluded.waits;
@@ -4510,7 +4539,8 @@ COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, j
 -- (the first step of a list, every step without dependencies of a graph) ->
 -- available, in the caller's transaction. The run records its steps and their
 -- dependencies: `steps`, `after`, `sleeps`, `maps` and `waits` (as define_workflow takes them), or when
--- steps is null the definition from treadle.define_workflow. Returns the run id; a
+-- steps is null the definition from treadle.define_workflow, and then its version.
+-- Returns the run id; a
 -- workflow idempotency key (a namespace apart from jobs') that a run already
 -- holds returns that run's id and starts nothing.
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
@@ -4547,6 +4577,7 @@ DECLARE
     v_sleeps jsonb;
     v_maps  jsonb;
     v_waits jsonb;
+    v_version bigint;
     v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
@@ -4572,7 +4603,7 @@ BEGIN
         IF start_workflow.waits IS NOT NULL THEN
             RAISE EXCEPTION 'treadle: waits need steps' USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        SELECT w.steps, w.after, w.sleeps, w.maps, w.waits INTO v_steps, v_after, v_sleeps, v_maps, v_waits
+        SELECT w.steps, w.after, w.sleeps, w.maps, w.waits, w.version INTO v_steps, v_after, v_sleeps, v_maps, v_waits, v_version
           FROM treadle.workflows AS w WHERE w.name = start_workflow.name;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'treadle: unknown workflow %', start_workflow.name
@@ -4595,11 +4626,11 @@ BEGIN
     LOOP
         INSERT INTO treadle.workflow_runs AS r
             (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps, maps,
-             waits)
+             waits, version)
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
              start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps, v_maps,
-             v_waits)
+             v_waits, v_version)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING r.* INTO v_run;
 
@@ -5819,8 +5850,9 @@ COMMENT ON FUNCTION treadle.signal_by_key(text, text, text, jsonb) IS
 -- Transition: records (or refreshes) a live worker process, how many jobs it is
 -- running now, and the job names it handles (null: not said), which
 -- treadle.explain reads.
--- Raises 22004: worker_id, host, pid or queues null. 22023: worker_id, host, a
--- queue or a name not a valid name (treadle._is_name), queues or names empty or
+-- Raises 22004: worker_id, host, pid or queues null. 22023: worker_id, host or a
+-- queue not a valid name (treadle._is_name), a name not a valid job name
+-- (treadle._are_job_names: up to 410 characters), queues or names empty or
 -- over 1000, concurrency < 1, running < 0. 42501: a tenant's queue outside its
 -- prefix. 23505: worker_id is another tenant's worker (a tenant's worker serves
 -- only its queues, and refreshes or removes only such workers).
@@ -5848,7 +5880,7 @@ BEGIN
     PERFORM treadle._check_text(worker_seen.worker_id, 'worker_id');
     PERFORM treadle._check_names(worker_seen.queues, 'queues');
     IF worker_seen.names IS NOT NULL THEN
-        PERFORM treadle._check_names(worker_seen.names, 'names');
+        PERFORM treadle._check_job_names(worker_seen.names, 'names');
     END IF;
     IF worker_seen.host IS NULL OR worker_seen.pid IS NULL THEN
         RAISE EXCEPTION 'treadle: host and pid must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -5920,6 +5952,164 @@ SELECT w.id, w.host, w.pid, w.queues, w.concurrency,
  ORDER BY w.started_at, w.id;
 COMMENT ON VIEW treadle.live_workers IS
     'Worker processes seen in the last 30 seconds, with the jobs they hold.';
+--------------------------------------------------------------------------------
+-- Workflow versions and rolling deploys. A step job is named
+-- 'workflow:<workflow name>/<step>' (050_finish.sql), and a worker claims the
+-- step jobs of the steps it has handlers for by those names: such a name holds
+-- two names, so job names given to claim and worker_seen may be longer than
+-- other names.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._are_job_names(value) -> boolean
+--
+-- True for a list of job names that claim and worker_seen accept: 1 to 1,000
+-- names, one dimension, each as treadle._is_name accepts a name but up to 410
+-- characters long ('workflow:', a workflow name, '/' and a step name).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._are_job_names(value text[])
+RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_name text;
+BEGIN
+    IF value IS NULL OR cardinality(value) NOT BETWEEN 1 AND 1000 OR array_ndims(value) <> 1 THEN
+        RETURN false;
+    END IF;
+    FOREACH v_name IN ARRAY value LOOP
+        IF v_name IS NULL OR btrim(v_name) = '' OR length(v_name) > 410 OR v_name ~ '[[:cntrl:]]' THEN
+            RETURN false;
+        END IF;
+    END LOOP;
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION treadle._are_job_names(text[]) IS
+    'True for a list of 1 to 1000 job names (step job names included: up to 410 characters each).';
+
+--------------------------------------------------------------------------------
+-- treadle._check_job_names(value, argument) -> void
+--
+-- Raises 22004 when value is null, 22023 when treadle._are_job_names refuses it.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_job_names(value text[], argument text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value IS NULL THEN
+        RAISE EXCEPTION 'treadle: % must not be null', argument
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF cardinality(value) = 0 OR array_ndims(value) <> 1 OR cardinality(value) > 1000 THEN
+        RAISE EXCEPTION 'treadle: % must be a list of 1 to 1000 names', argument
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT treadle._are_job_names(value) THEN
+        RAISE EXCEPTION 'treadle: % must hold job names of 1 to 410 characters, not only spaces, without control characters',
+                        argument
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_job_names(text[], text) IS
+    'Raise 22004 for a null list of job names, 22023 for an empty, nested or over-long one or a bad name.';
+
+--------------------------------------------------------------------------------
+-- treadle.step_sleep(job_id, lease_token, seq, delay, until) -> interval
+--
+-- Transition: none here; what a running workflow step's `ctx.sleep` records. The
+-- step's seq-th sleep (0 for its first ctx.sleep call, 1 for the next, in the
+-- order the handler makes them) ends at a wake time recorded on its run
+-- (workflow_runs.step_sleeps: step job id -> wake times, by seq) the first time it
+-- is asked: until, or now + delay, on treadle's clock. Later attempts of the step
+-- (after a snooze, a retry or a rescue) find it there. Returns how long is left
+-- until that wake time (zero once it has passed): the worker then snoozes the job
+-- (treadle.snooze: running -> available at the wake time, its attempt given back,
+-- no worker held) and the step runs again from the start, passing the sleeps that
+-- have ended. Null when the token does not hold the job (nothing recorded).
+-- Raises 22004: job_id, lease_token or seq null, or neither delay nor until
+-- given. 22023: both given; delay negative or over 366 days; until over 366 days
+-- ahead; seq outside 0..99 or past the step's next sleep (a sleep skipped); the
+-- job not a workflow step.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.step_sleep(
+    job_id      bigint,
+    lease_token uuid,
+    seq         integer,
+    delay       interval    DEFAULT NULL,
+    until       timestamptz DEFAULT NULL
+)
+RETURNS interval
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    c_max_sleeps CONSTANT integer := 100;  -- ctx.sleep calls a step may make
+    v_now   timestamptz := treadle.now();
+    v_run   bigint;
+    v_wakes jsonb;
+    v_wake  timestamptz;
+BEGIN
+    PERFORM treadle._check_lease_args(step_sleep.job_id, step_sleep.lease_token);
+    IF step_sleep.seq IS NULL THEN
+        RAISE EXCEPTION 'treadle: seq must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF step_sleep.seq NOT BETWEEN 0 AND c_max_sleeps - 1 THEN
+        RAISE EXCEPTION 'treadle: seq must be between 0 and %, got %', c_max_sleeps - 1, step_sleep.seq
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF step_sleep.delay IS NULL AND step_sleep.until IS NULL THEN
+        RAISE EXCEPTION 'treadle: give delay or until' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF step_sleep.delay IS NOT NULL AND step_sleep.until IS NOT NULL THEN
+        RAISE EXCEPTION 'treadle: give delay or until, not both' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM treadle._check_interval(step_sleep.delay, 'delay', interval '366 days', may_be_zero => true);
+    IF step_sleep.until > v_now + interval '366 days' OR NOT isfinite(step_sleep.until) THEN
+        RAISE EXCEPTION 'treadle: until must be at most 366 days ahead, got %', step_sleep.until
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- the job first, then its run: the order of every path that locks both
+    SELECT j.workflow_run_id INTO v_run FROM treadle.jobs AS j
+     WHERE j.id = step_sleep.job_id AND j.state = 'running' AND j.lease_token = step_sleep.lease_token
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF v_run IS NULL THEN
+        RAISE EXCEPTION 'treadle: job % is not a workflow step: only steps sleep (a job snoozes)', step_sleep.job_id
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT coalesce(r.step_sleeps -> step_sleep.job_id::text, '[]'::jsonb) INTO v_wakes
+      FROM treadle.workflow_runs AS r WHERE r.id = v_run FOR UPDATE;
+    IF step_sleep.seq < jsonb_array_length(v_wakes) THEN
+        v_wake := (v_wakes ->> step_sleep.seq)::timestamptz;
+    ELSIF step_sleep.seq = jsonb_array_length(v_wakes) THEN
+        v_wake := coalesce(step_sleep.until, v_now + step_sleep.delay);
+        UPDATE treadle.workflow_runs AS r
+           SET step_sleeps = coalesce(r.step_sleeps, '{}'::jsonb)
+                             || jsonb_build_object(step_sleep.job_id::text, v_wakes || to_jsonb(v_wake))
+         WHERE r.id = v_run;
+    ELSE
+        RAISE EXCEPTION 'treadle: seq % skips a sleep: job % has recorded % sleep(s)', step_sleep.seq,
+                        step_sleep.job_id, jsonb_array_length(v_wakes)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN greatest(v_wake - v_now, interval '0');
+END;
+$$;
+COMMENT ON FUNCTION treadle.step_sleep(bigint, uuid, integer, interval, timestamptz) IS
+    'Record (once) when a running step''s seq-th ctx.sleep ends; how long is left (0 once passed), null when the lease is lost.';
 --------------------------------------------------------------------------------
 -- Views: the read interface for dashboards and monitoring. Finished jobs are in
 -- treadle.jobs and, once archived, in treadle.job_history: the views read both.
@@ -6252,7 +6442,8 @@ COMMENT ON FUNCTION treadle.job_counts(bigint) IS
 --   available, retryable: not_due (run_at later), retrying (attempt n of m
 --     failed), paused, concurrency_limit (N running), rate_limit (next slot at),
 --     no_worker (no live worker serves the queue, or none of those that do
---     handles the job's name), behind (K jobs a claim takes
+--     handles the job's name: for a workflow step, has a handler for the step
+--     of its run's definition), behind (K jobs a claim takes
 --     first, counted up to 1000), ready (nothing holds it back);
 --   running: running (worker, attempt, lease), worker (its last report, or that
 --     it is not in the registry), lease_expired, cancel_requested;
@@ -6287,7 +6478,7 @@ BEGIN
     END IF;
     -- not j.*: the lease token is nobody's business here
     SELECT j.id, j.queue, j.name, j.state, j.priority, j.run_at, j.attempt, j.max_attempts, j.lease_until,
-           j.worker_id, j.last_error, j.finished_at, j.started_at, j.cancel_requested
+           j.worker_id, j.last_error, j.finished_at, j.started_at, j.cancel_requested, j.workflow_run_id, j.step
       INTO v_job
       FROM treadle.job_details AS j  -- treadle.jobs and its history
      WHERE j.id = explain.job_id AND starts_with(j.queue, treadle._caller_prefix());
@@ -6393,6 +6584,16 @@ BEGIN
                             format('no live worker serves queue %s (none reported in the last 30 seconds); '
                                    'it needs one that handles %s', v_job.queue, v_job.name),
                             NULL::timestamptz;
+    ELSIF v_handlers = 0 AND v_job.workflow_run_id IS NOT NULL THEN
+        -- a step of a definition the live workers do not have (a rolling deploy): it waits
+        v_held := true;
+        RETURN QUERY SELECT 'no_worker',
+                            format('no live worker runs step %s of workflow %s (run %s, definition version %s) on '
+                                   'queue %s: the %s live worker(s) serving it have no handler for that step; it '
+                                   'waits for a worker that registers it', v_job.step, r.name, r.id,
+                                   coalesce(r.version::text, 'not recorded'), v_job.queue, v_count),
+                            NULL::timestamptz
+          FROM treadle.workflow_runs AS r WHERE r.id = v_job.workflow_run_id;
     ELSIF v_handlers = 0 THEN
         v_held := true;
         RETURN QUERY SELECT 'no_worker',
@@ -6489,8 +6690,8 @@ CREATE POLICY tenants_tenant_read ON treadle.tenants FOR SELECT
 --   produce  enqueue, enqueue_many, start_workflow, schedule, signal, signal_by_key
 --   control  cancel, retry, cancel_workflow, unschedule
 --   work     claim, claimed, heartbeat, heartbeat_many, progress, complete,
---            complete_many, complete_and_claim, fail, release, define_workflow,
---            worker_seen, worker_stopped
+--            complete_many, complete_and_claim, fail, release, snooze, step_sleep,
+--            define_workflow, worker_seen, worker_stopped
 --   queues   set_queue, pause, resume
 --   recover  rescue, apply_retention (the housekeeping every worker does)
 --   prune    prune
@@ -6534,6 +6735,7 @@ BEGIN
         ('work',    'treadle.fail(bigint, uuid, text, interval, boolean)'),
         ('work',    'treadle.release(bigint, uuid)'),
         ('work',    'treadle.snooze(bigint, uuid, interval)'),
+        ('work',    'treadle.step_sleep(bigint, uuid, integer, interval, timestamptz)'),
         ('work',    'treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb)'),
         ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer, text[])'),
         ('work',    'treadle.worker_stopped(text)'),

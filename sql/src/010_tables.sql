@@ -7,6 +7,8 @@
 -- Step lists that workers register for a workflow name (treadle.define_workflow).
 -- `after` maps each step to the steps it depends on; null: each step after the
 -- one before it (a linear list). `sleeps` maps a sleep step to how long it waits.
+-- `version` counts the definitions: 1 for the first, one more each time
+-- define_workflow changes it (a run records the version it started with).
 CREATE TABLE treadle.workflows (
     name        text        PRIMARY KEY,
     steps       text[]      NOT NULL,
@@ -15,12 +17,14 @@ CREATE TABLE treadle.workflows (
     sleeps      jsonb,
     maps        jsonb,
     waits       jsonb,
+    version     bigint      NOT NULL DEFAULT 1,
     CONSTRAINT workflows_name_check CHECK (name <> ''),
     CONSTRAINT workflows_steps_check CHECK (cardinality(steps) > 0),
     CONSTRAINT workflows_after_check CHECK (jsonb_typeof(after) = 'object'),
     CONSTRAINT workflows_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL)),
     CONSTRAINT workflows_maps_check CHECK (maps IS NULL OR (jsonb_typeof(maps) = 'object' AND after IS NOT NULL)),
-    CONSTRAINT workflows_waits_check CHECK (waits IS NULL OR (jsonb_typeof(waits) = 'object' AND after IS NOT NULL))
+    CONSTRAINT workflows_waits_check CHECK (waits IS NULL OR (jsonb_typeof(waits) = 'object' AND after IS NOT NULL)),
+    CONSTRAINT workflows_version_check CHECK (version >= 1)
 );
 
 -- One row per workflow run. Its steps are jobs (treadle.jobs.workflow_run_id).
@@ -46,6 +50,8 @@ CREATE TABLE treadle.workflow_runs (
     waits            jsonb,  -- wait step -> {"signal": name, "timeout": interval text (optional)}
     waiting          jsonb,  -- wait step under way -> {"signal": name, "until": its timeout or null}
     wait_until       timestamptz,  -- the earliest "until" of waiting: rescue() times the wait out
+    version          bigint, -- the definition's version it started with (treadle.workflows.version); null: steps given to start_workflow
+    step_sleeps      jsonb,  -- ctx.sleep's wake times: step job id -> [wake time of its 1st sleep, 2nd, ...] (treadle.step_sleep)
     CONSTRAINT workflow_runs_state_check
         CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled'])),
     CONSTRAINT workflow_runs_finished_check

@@ -386,8 +386,9 @@ COMMENT ON FUNCTION treadle._claim_by_cursor(text, text, text[], text[], integer
 -- The cursor only narrows what this session reads: a setting changed by hand can
 -- delay this session's claims, never let it take a job twice or hide one from
 -- other sessions; one that is not a usable cursor means a sweep.
--- Raises 22004: worker_id or queues null. 22023: worker_id or a queue or name
--- that is not a valid name; queues or names empty or over 1000; batch outside
+-- Raises 22004: worker_id or queues null. 22023: worker_id or a queue that is not
+-- a valid name, a name that is not a valid job name (treadle._are_job_names: up
+-- to 410 characters, a step job's name); queues or names empty or over 1000; batch outside
 -- 1..1000; lease not positive or over 1 day. 42501: a tenant's queue outside its
 -- prefix.
 --------------------------------------------------------------------------------
@@ -442,8 +443,8 @@ BEGIN
     IF NOT treadle._are_names(claim.queues) THEN
         PERFORM treadle._check_names(claim.queues, 'queues');
     END IF;
-    IF claim.names IS NOT NULL AND NOT treadle._are_names(claim.names) THEN
-        PERFORM treadle._check_names(claim.names, 'names');
+    IF claim.names IS NOT NULL AND NOT treadle._are_job_names(claim.names) THEN
+        PERFORM treadle._check_job_names(claim.names, 'names');
     END IF;
     IF claim.batch IS NULL OR claim.batch NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'treadle: batch must be between 1 and 1000, got %', coalesce(claim.batch::text, 'null')

@@ -65,7 +65,7 @@ BEGIN
         PERFORM treadle._check_text(complete_and_claim.worker_id, 'worker_id');
         PERFORM treadle._check_names(complete_and_claim.queues, 'queues');
         IF complete_and_claim.names IS NOT NULL THEN
-            PERFORM treadle._check_names(complete_and_claim.names, 'names');
+            PERFORM treadle._check_job_names(complete_and_claim.names, 'names');
         END IF;
         IF complete_and_claim.lease IS NULL THEN
             RAISE EXCEPTION 'treadle: lease must not be null' USING ERRCODE = 'null_value_not_allowed';

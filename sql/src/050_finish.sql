@@ -9,8 +9,9 @@
 -- treadle._enqueue_step(run, step, at) -> void
 --
 -- Transition: (none) -> available for one step of a workflow run: a job named
--- 'workflow:<workflow name>' whose `step` column names the step (the next step of
--- a list; treadle._enqueue_steps does several).
+-- 'workflow:<workflow name>/<step>' whose `step` column names the step (the next
+-- step of a list; treadle._enqueue_steps does several). A worker claims the steps
+-- it has a handler for by that name.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_step(run treadle.workflow_runs, step text, at timestamptz)
 RETURNS void
@@ -20,7 +21,8 @@ BEGIN ATOMIC
     INSERT INTO treadle.jobs
         (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
     VALUES
-        ((run).queue, 'workflow:' || (run).name, '{}', (run).priority, at, (run).max_attempts, at, (run).id, step);
+        ((run).queue, 'workflow:' || (run).name || '/' || step, '{}', (run).priority, at, (run).max_attempts, at, (run).id,
+         step);
     SELECT treadle._notify('treadle_jobs', (run).queue);
 END;
 COMMENT ON FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamptz) IS
@@ -30,8 +32,8 @@ COMMENT ON FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamp
 -- treadle._enqueue_steps(run, steps, at) -> void
 --
 -- Transition: (none) -> available for steps of a workflow run, in one
--- statement: each a job named 'workflow:<workflow name>' whose `step` column
--- names the step.
+-- statement: each a job named 'workflow:<workflow name>/<step>' whose `step`
+-- column names the step.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_steps(run treadle.workflow_runs, steps text[], at timestamptz)
 RETURNS void
@@ -40,7 +42,8 @@ VOLATILE
 BEGIN ATOMIC
     INSERT INTO treadle.jobs
         (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
-    SELECT (run).queue, 'workflow:' || (run).name, '{}', (run).priority, at, (run).max_attempts, at, (run).id, s.step
+    SELECT (run).queue, 'workflow:' || (run).name || '/' || s.step, '{}', (run).priority, at, (run).max_attempts, at,
+           (run).id, s.step
       FROM unnest(steps) WITH ORDINALITY AS s(step, i)
      ORDER BY s.i;
     SELECT treadle._notify('treadle_jobs', (run).queue) WHERE cardinality(steps) > 0;
@@ -174,7 +177,7 @@ BEGIN
     END IF;
     INSERT INTO treadle.jobs
         (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
-    SELECT run.queue, 'workflow:' || run.name, jsonb_build_object('element', e.value, 'index', e.i - 1),
+    SELECT run.queue, 'workflow:' || run.name || '/' || step, jsonb_build_object('element', e.value, 'index', e.i - 1),
            run.priority, at, run.max_attempts, at, run.id, step
       FROM jsonb_array_elements(v_array) WITH ORDINALITY AS e(value, i)
      ORDER BY e.i;

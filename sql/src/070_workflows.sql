@@ -1,8 +1,13 @@
 --------------------------------------------------------------------------------
 -- Workflows: a run is a set of named steps, each after the steps it depends on
 -- (a graph without cycles; a plain list is the shorthand for each step after the
--- one before it). Each step is a job named 'workflow:<workflow name>' whose
--- `step` column names the step. Completing a step stores its result on the run
+-- one before it). Each step is a job named 'workflow:<workflow name>/<step>'
+-- whose `step` column names the step: a worker claims only the steps it has a
+-- handler for, so in a rolling deploy a step no live worker runs waits (and
+-- treadle.explain says so) instead of failing. A run copies the definition it
+-- starts with (steps, after, sleeps, maps) and keeps it: redefining a workflow
+-- changes only the runs that start after, and the run records the definition's
+-- version (treadle.workflows.version, one more at each change). Completing a step stores its result on the run
 -- and, in the same transaction and under the run row's lock, enqueues every
 -- step whose dependencies have now all completed (treadle._advance_run), so a
 -- completed step never runs again and a join is enqueued exactly once.
@@ -329,7 +334,8 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
 -- the sleep steps and how long each waits (treadle._check_sleeps); `maps` the map
 -- steps and what each maps over (treadle._check_maps); `waits` the wait steps and
 -- the signal each waits for (treadle._check_waits). Workers call it
--- when they register a workflow. Replaces an earlier definition for new runs;
+-- when they register a workflow. Replaces an earlier definition for new runs,
+-- and then counts one more version (the same definition again changes nothing);
 -- existing runs keep the steps they started with.
 -- Raises 22004: name or steps null. 22023: a name that is not a valid name (see
 -- treadle._is_name); steps empty, nested, over 1000, with a bad name, or
@@ -374,7 +380,7 @@ BEGIN
     VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps, v_maps, v_waits)
     ON CONFLICT (name) DO UPDATE
        SET steps = excluded.steps, updated_at = excluded.updated_at, after = excluded.after, sleeps = excluded.sleeps,
-           maps = excluded.maps, waits = excluded.waits
+           maps = excluded.maps, waits = excluded.waits, version = w.version + 1
      WHERE w.steps IS DISTINCT FROM excluded.steps OR w.after IS DISTINCT FROM excluded.after
         OR w.sleeps IS DISTINCT FROM excluded.sleeps OR w.maps IS DISTINCT FROM excluded.maps
         OR w.waits IS DISTINCT FROM excluded.waits;
@@ -391,7 +397,8 @@ COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, j
 -- (the first step of a list, every step without dependencies of a graph) ->
 -- available, in the caller's transaction. The run records its steps and their
 -- dependencies: `steps`, `after`, `sleeps`, `maps` and `waits` (as define_workflow takes them), or when
--- steps is null the definition from treadle.define_workflow. Returns the run id; a
+-- steps is null the definition from treadle.define_workflow, and then its version.
+-- Returns the run id; a
 -- workflow idempotency key (a namespace apart from jobs') that a run already
 -- holds returns that run's id and starts nothing.
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
@@ -428,6 +435,7 @@ DECLARE
     v_sleeps jsonb;
     v_maps  jsonb;
     v_waits jsonb;
+    v_version bigint;
     v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
@@ -453,7 +461,7 @@ BEGIN
         IF start_workflow.waits IS NOT NULL THEN
             RAISE EXCEPTION 'treadle: waits need steps' USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        SELECT w.steps, w.after, w.sleeps, w.maps, w.waits INTO v_steps, v_after, v_sleeps, v_maps, v_waits
+        SELECT w.steps, w.after, w.sleeps, w.maps, w.waits, w.version INTO v_steps, v_after, v_sleeps, v_maps, v_waits, v_version
           FROM treadle.workflows AS w WHERE w.name = start_workflow.name;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'treadle: unknown workflow %', start_workflow.name
@@ -476,11 +484,11 @@ BEGIN
     LOOP
         INSERT INTO treadle.workflow_runs AS r
             (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps, maps,
-             waits)
+             waits, version)
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
              start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps, v_maps,
-             v_waits)
+             v_waits, v_version)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING r.* INTO v_run;
 

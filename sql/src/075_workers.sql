@@ -11,8 +11,9 @@
 -- Transition: records (or refreshes) a live worker process, how many jobs it is
 -- running now, and the job names it handles (null: not said), which
 -- treadle.explain reads.
--- Raises 22004: worker_id, host, pid or queues null. 22023: worker_id, host, a
--- queue or a name not a valid name (treadle._is_name), queues or names empty or
+-- Raises 22004: worker_id, host, pid or queues null. 22023: worker_id, host or a
+-- queue not a valid name (treadle._is_name), a name not a valid job name
+-- (treadle._are_job_names: up to 410 characters), queues or names empty or
 -- over 1000, concurrency < 1, running < 0. 42501: a tenant's queue outside its
 -- prefix. 23505: worker_id is another tenant's worker (a tenant's worker serves
 -- only its queues, and refreshes or removes only such workers).
@@ -40,7 +41,7 @@ BEGIN
     PERFORM treadle._check_text(worker_seen.worker_id, 'worker_id');
     PERFORM treadle._check_names(worker_seen.queues, 'queues');
     IF worker_seen.names IS NOT NULL THEN
-        PERFORM treadle._check_names(worker_seen.names, 'names');
+        PERFORM treadle._check_job_names(worker_seen.names, 'names');
     END IF;
     IF worker_seen.host IS NULL OR worker_seen.pid IS NULL THEN
         RAISE EXCEPTION 'treadle: host and pid must not be null' USING ERRCODE = 'null_value_not_allowed';

@@ -6,7 +6,8 @@
 --   available, retryable: not_due (run_at later), retrying (attempt n of m
 --     failed), paused, concurrency_limit (N running), rate_limit (next slot at),
 --     no_worker (no live worker serves the queue, or none of those that do
---     handles the job's name), behind (K jobs a claim takes
+--     handles the job's name: for a workflow step, has a handler for the step
+--     of its run's definition), behind (K jobs a claim takes
 --     first, counted up to 1000), ready (nothing holds it back);
 --   running: running (worker, attempt, lease), worker (its last report, or that
 --     it is not in the registry), lease_expired, cancel_requested;
@@ -41,7 +42,7 @@ BEGIN
     END IF;
     -- not j.*: the lease token is nobody's business here
     SELECT j.id, j.queue, j.name, j.state, j.priority, j.run_at, j.attempt, j.max_attempts, j.lease_until,
-           j.worker_id, j.last_error, j.finished_at, j.started_at, j.cancel_requested
+           j.worker_id, j.last_error, j.finished_at, j.started_at, j.cancel_requested, j.workflow_run_id, j.step
       INTO v_job
       FROM treadle.job_details AS j  -- treadle.jobs and its history
      WHERE j.id = explain.job_id AND starts_with(j.queue, treadle._caller_prefix());
@@ -147,6 +148,16 @@ BEGIN
                             format('no live worker serves queue %s (none reported in the last 30 seconds); '
                                    'it needs one that handles %s', v_job.queue, v_job.name),
                             NULL::timestamptz;
+    ELSIF v_handlers = 0 AND v_job.workflow_run_id IS NOT NULL THEN
+        -- a step of a definition the live workers do not have (a rolling deploy): it waits
+        v_held := true;
+        RETURN QUERY SELECT 'no_worker',
+                            format('no live worker runs step %s of workflow %s (run %s, definition version %s) on '
+                                   'queue %s: the %s live worker(s) serving it have no handler for that step; it '
+                                   'waits for a worker that registers it', v_job.step, r.name, r.id,
+                                   coalesce(r.version::text, 'not recorded'), v_job.queue, v_count),
+                            NULL::timestamptz
+          FROM treadle.workflow_runs AS r WHERE r.id = v_job.workflow_run_id;
     ELSIF v_handlers = 0 THEN
         v_held := true;
         RETURN QUERY SELECT 'no_worker',

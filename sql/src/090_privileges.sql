@@ -24,8 +24,8 @@
 --   produce  enqueue, enqueue_many, start_workflow, schedule, signal, signal_by_key
 --   control  cancel, retry, cancel_workflow, unschedule
 --   work     claim, claimed, heartbeat, heartbeat_many, progress, complete,
---            complete_many, complete_and_claim, fail, release, define_workflow,
---            worker_seen, worker_stopped
+--            complete_many, complete_and_claim, fail, release, snooze, step_sleep,
+--            define_workflow, worker_seen, worker_stopped
 --   queues   set_queue, pause, resume
 --   recover  rescue, apply_retention (the housekeeping every worker does)
 --   prune    prune
@@ -69,6 +69,7 @@ BEGIN
         ('work',    'treadle.fail(bigint, uuid, text, interval, boolean)'),
         ('work',    'treadle.release(bigint, uuid)'),
         ('work',    'treadle.snooze(bigint, uuid, interval)'),
+        ('work',    'treadle.step_sleep(bigint, uuid, integer, interval, timestamptz)'),
         ('work',    'treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb)'),
         ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer, text[])'),
         ('work',    'treadle.worker_stopped(text)'),

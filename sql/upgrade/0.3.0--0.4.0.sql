@@ -157,3 +157,22 @@ CREATE INDEX workflow_signals_run_id_idx ON treadle.workflow_signals (run_id, na
 ALTER TABLE treadle.workflow_signals ENABLE ROW LEVEL SECURITY;
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_signals', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_signals_id_seq', '');
+
+-- Workflow versions and rolling deploys: a definition counts its versions and a
+-- run records the one it started with (and the wake times of its steps'
+-- ctx.sleep calls); a step job is named
+-- 'workflow:<workflow name>/<step>' (workers claim the steps they can run), so the
+-- step jobs not finished yet take that name (a 0.3.0 worker's running step still
+-- completes with its lease token; finished ones keep the name they ran under).
+ALTER TABLE treadle.workflows
+    ADD COLUMN version bigint NOT NULL DEFAULT 1,
+    ADD CONSTRAINT workflows_version_check CHECK (version >= 1);
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN version bigint,
+    ADD COLUMN step_sleeps jsonb;
+UPDATE treadle.jobs AS j
+   SET name = 'workflow:' || r.name || '/' || j.step
+  FROM treadle.workflow_runs AS r
+ WHERE j.workflow_run_id = r.id
+   AND j.state = ANY (ARRAY['available', 'retryable', 'running'])
+   AND j.name = 'workflow:' || r.name;

@@ -72,7 +72,7 @@ def test_start_workflow_with_steps_and_options(conn: psycopg.Connection[Any], sq
     step = conn.execute(
         "SELECT id, name, step, queue, priority, max_attempts FROM treadle.jobs WHERE workflow_run_id = %s", [run_id]
     ).fetchone()
-    assert step is not None and step[1:] == ("workflow:checkout", "reserve", "shop", 4, 2)
+    assert step is not None and step[1:] == ("workflow:checkout/reserve", "reserve", "shop", 4, 2)
     assert treadle.workflow_results(conn, run_id) == {}
     sql_worker.complete(step[0], {"hold": "h1"})
     assert treadle.workflow_results(conn, run_id) == {"reserve": {"hold": "h1"}}

@@ -53,7 +53,7 @@ def run_demo(cluster: Path) -> tuple[str, str, str]:
                     time.sleep(0.5)
                 kinds = {name for (name,) in conn.execute("SELECT DISTINCT name FROM treadle.jobs").fetchall()}
             assert done > 0, "the demo's worker completed no job"
-            assert {"send_email", "sync_crm", "charge_card", "nightly_report", "workflow:order"} <= kinds
+            assert {"send_email", "sync_crm", "charge_card", "nightly_report", "workflow:order/reserve"} <= kinds
 
             assert process.wait(timeout=SECONDS + 60) == 0
         finally:

@@ -134,7 +134,7 @@ def run_demo(place: Place, python: str) -> tuple[str, str]:
                 kinds = {name for (name,) in conn.execute("SELECT DISTINCT name FROM treadle.jobs").fetchall()}
             assert server_version is not None and server_version[0].startswith("16."), server_version
             assert done > 0, "the demo's worker completed no job"
-            assert {"send_email", "sync_crm", "charge_card", "nightly_report", "workflow:order"} <= kinds
+            assert {"send_email", "sync_crm", "charge_card", "nightly_report", "workflow:order/reserve"} <= kinds
 
             assert process.wait(timeout=SECONDS + 60) == 0
             said = process.stderr.read()

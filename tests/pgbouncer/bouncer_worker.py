@@ -20,8 +20,8 @@ def echo(args: Any, ctx: JobContext) -> Any:
 
 
 def step(name: str) -> Any:
-    def run(input: Any, results: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-        return {"step": name, "seen": sorted(results), "input": input}
+    def run(input: Any, ctx: JobContext) -> dict[str, Any]:
+        return {"step": name, "seen": sorted(ctx.results), "input": input}
 
     return run
 

@@ -51,7 +51,7 @@ def fill(conn: psycopg.Connection) -> uuid.UUID:
     run_id = value(conn, "select treadle.start_workflow('signup', '{\"user\": 1}')")
     conn.execute(
         "select treadle.complete(id, lease_token, '{\"account\": 9}') "
-        "from treadle.claim('w', names => array['workflow:signup'])"
+        "from treadle.claim('w', names => array['workflow:signup/create'])"
     )
     conn.execute("select treadle.start_workflow('other', steps => array['x'], idempotency_key => 'run-1')")
     assert conn.execute("select treadle.workflow_results(%s)", (run_id,)).fetchone() == ({"create": {"account": 9}},)
@@ -131,7 +131,7 @@ def test_dump_and_restore_keeps_rows_and_sequences(
         # and the restored run goes on to its end
         step = restored.execute(
             "select workflow_run_id, treadle.complete(id, lease_token, '\"hi\"') "
-            "from treadle.claim('w', names => array['workflow:signup'])"
+            "from treadle.claim('w', names => array['workflow:signup/welcome'])"
         ).fetchone()
         assert step is not None and step[1] == "completed"
         assert restored.execute(

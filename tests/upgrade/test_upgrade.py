@@ -162,6 +162,8 @@ def fill(conn: psycopg.Connection) -> Filled:
     job, token = _claim(conn, "flow")
     assert conn.execute("SELECT treadle.complete(%s, %s, '{\"a\": 1}')", (job, token)).fetchone() == ("completed",)
     f.ids["step-b"], f.tokens["step-b"] = _claim(conn, "flow")
+    # a run whose first step waits, unclaimed
+    f.ids["waiting-run"] = _value(conn, "SELECT treadle.start_workflow(name => 'pipeline', queue => 'flow-waiting')")
 
     conn.execute("SELECT treadle.worker_seen('old-worker', 'host', 42, ARRAY['default'], 4, 1)")
     f.granted = grant_roles(conn)
@@ -225,6 +227,7 @@ def test_the_upgraded_catalog_is_a_fresh_install(
 
 # Columns an upgrade renamed: after-name -> before-name, per table.
 RENAMED_COLUMNS = {"tenants": {"tenant_role": "role_name"}}
+UNFINISHED = ("available", "retryable", "running")
 
 
 def test_every_row_keeps_its_values(upgraded: tuple[psycopg.Connection, Filled]) -> None:
@@ -232,6 +235,13 @@ def test_every_row_keeps_its_values(upgraded: tuple[psycopg.Connection, Filled])
     with the same values in the old columns (new columns may be added beside them)."""
     _, f = upgraded
     assert f.rows_before["jobs"] and f.rows_before["workflow_runs"] and f.rows_before["workers"]
+    # 0.4.0 names a step job workflow:<workflow>/<step>: the unfinished ones take that name
+    renamed_steps = [
+        row for row in f.rows_before["jobs"] if row["workflow_run_id"] is not None and row["state"] in UNFINISHED
+    ]
+    assert renamed_steps
+    for row in renamed_steps:
+        row["name"] = f"{row['name']}/{row['step']}"
     for table, rows in f.rows_before.items():
         # 0.4.0 keeps a tenant by role OID (regrole, read back as the same name)
         renamed = RENAMED_COLUMNS.get(table, {})
@@ -282,6 +292,29 @@ def test_the_workflow_run_goes_on_to_its_next_step(upgraded: tuple[psycopg.Conne
     assert conn.execute("SELECT treadle.workflow_results(%s)", (f.run_id,)).fetchone() == (
         {"a": {"a": 1}, "b": {"b": 2}, "c": {"c": 3}},
     )
+
+
+def test_step_jobs_in_flight_take_their_step_names_and_go_on(upgraded: tuple[psycopg.Connection, Filled]) -> None:
+    """The upgrade names unfinished step jobs workflow:<workflow>/<step> (the running one
+    completes with its old lease: test_the_workflow_run_goes_on_to_its_next_step); the
+    waiting one is claimed by its step's name, and the next step takes such a name."""
+    conn, f = upgraded
+    run_id = f.ids["waiting-run"]
+    assert conn.execute("SELECT name FROM treadle.jobs WHERE id = %s", (f.ids["step-b"],)).fetchone() == (
+        "workflow:pipeline/b",
+    )
+    assert conn.execute(
+        "SELECT count(*) FROM treadle.claim('new-worker', ARRAY['flow-waiting'], names => ARRAY['workflow:pipeline'])"
+    ).fetchone() == (0,)
+    row = conn.execute(
+        "SELECT id, lease_token, step, workflow_run_id FROM treadle.claim('new-worker', ARRAY['flow-waiting'],"
+        " names => ARRAY['workflow:pipeline/a'])"
+    ).fetchone()
+    assert row is not None and row[2:] == ("a", run_id)
+    assert conn.execute("SELECT treadle.complete(%s, %s)", row[:2]).fetchone() == ("completed",)
+    assert conn.execute(
+        "SELECT name, state FROM treadle.jobs WHERE workflow_run_id = %s ORDER BY id", (run_id,)
+    ).fetchall() == [("workflow:pipeline/a", "completed"), ("workflow:pipeline/b", "available")]
 
 
 def test_the_0_3_0_definition_stays_a_list_and_a_graph_runs(upgraded: tuple[psycopg.Connection, Filled]) -> None:

@@ -14,6 +14,8 @@ It runs a treadle Worker (settings from CHILD_* environment variables) with:
   workflow "trip"   steps reserve, charge, notify; each records an effect and returns
                     {"step": name, "by": WORKER_ID, "seen": [earlier steps]}
   workflow "fork"   a graph: left and right at once, join after both; steps as trip's
+  workflow "deploy" (with CHILD_DEPLOY=old or new) the old definition [a, b] or the new
+                    one [a, b2, c] with c after a only; steps as trip's
 Effects and the events lease_lost and released (or those CHILD_EVENTS lists, comma
 separated) go to the table `effects`.
 
@@ -133,11 +135,11 @@ async def amisbehave(args: dict[str, Any], ctx: JobContext) -> Any:
 
 
 def step(name: str):  # type: ignore[no-untyped-def]
-    def run(input: dict[str, Any], results: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    def run(input: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         record(ctx, "ran")
         if kill_at == f"step_after_effect:{name}":
             die()
-        return {"step": name, "by": worker_id, "seen": sorted(results), "input": input}
+        return {"step": name, "by": worker_id, "seen": sorted(ctx.results), "input": input}
 
     return run
 
@@ -191,6 +193,14 @@ def main() -> None:
             Step("join", step("join"), after=["left", "right"]),
         ],
     )
+    deploy = os.environ.get("CHILD_DEPLOY")
+    if deploy == "old":
+        worker.workflow("deploy", [Step("a", step("a")), Step("b", step("b"))])
+    elif deploy == "new":
+        worker.workflow(
+            "deploy",
+            [Step("a", step("a"), after=[]), Step("b2", step("b2"), after=["a"]), Step("c", step("c"), after=["a"])],
+        )
     worker.run()
     print(f"worker {worker_id} exited cleanly", file=sys.stderr)
 

@@ -334,11 +334,11 @@ def test_a_handler_timeout_stops_the_heartbeats_of_a_hung_handler(
 def test_a_workflows_policy_holds_for_its_steps(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
     worker = make_worker()
 
-    def charge(input: Any, results: dict[str, Any], ctx: JobContext) -> None:
+    def charge(input: Any, ctx: JobContext) -> None:
         raise ConnectionError("payment provider down")
 
     worker.workflow(
-        "checkout", [("reserve", lambda i, r, ctx: "held"), ("charge", charge)], max_attempts=2, backoff=lambda a: 0
+        "checkout", [("reserve", lambda i, ctx: "held"), ("charge", charge)], max_attempts=2, backoff=lambda a: 0
     )
     run_id = start_workflow(conn, "checkout", {"order": 1}, ["reserve", "charge"])  # max_attempts 25
     worker.start()
@@ -356,10 +356,10 @@ def test_a_step_that_raises_discard_fails_its_run_at_once(
 ) -> None:
     worker = make_worker()
 
-    def validate(input: Any, results: dict[str, Any], ctx: JobContext) -> None:
+    def validate(input: Any, ctx: JobContext) -> None:
         raise Discard("order 1 has no items")
 
-    worker.workflow("ship", [("validate", validate), ("send", lambda i, r, ctx: None)])
+    worker.workflow("ship", [("validate", validate), ("send", lambda i, ctx: None)])
     run_id = start_workflow(conn, "ship", {"order": 1}, ["validate", "send"])
     worker.start()
     assert until_run_finished(conn, run_id)["state"] == "failed"

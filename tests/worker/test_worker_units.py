@@ -24,7 +24,7 @@ def handler(args: Any, ctx: Any) -> None:
     return None
 
 
-def step(input: Any, results: dict[str, Any], ctx: Any) -> None:
+def step(input: Any, ctx: Any) -> None:
     return None
 
 
@@ -150,7 +150,7 @@ def test_a_name_has_one_handler() -> None:
 def test_workflows_take_steps_or_pairs() -> None:
     worker = Worker(DSN)
     worker.workflow("trip", [Step("reserve", step), ("charge", step)])
-    assert worker._registry.claim_names() == ["workflow:trip"]
+    assert worker._registry.claim_names() == ["workflow:trip/reserve", "workflow:trip/charge"]
     assert list(worker._registry.workflows["trip"]) == ["reserve", "charge"]
 
 
@@ -333,3 +333,18 @@ def test_closed_deadlines_call_nothing_and_their_thread_ends() -> None:
     assert not [t for t in threading.enumerate() if t.name == "treadle-deadlines-closing"]
     time.sleep(0.3)
     assert calls == []
+
+
+def test_a_worker_runs_at_most_1000_handlers_and_steps() -> None:
+    """treadle.claim takes at most 1000 names: each handler and each workflow step is one."""
+    worker = Worker(DSN)
+    for n in range(990):
+        worker.register(f"job{n}", handler)
+    worker.workflow("ten", [(f"s{n}", step) for n in range(10)])
+    assert len(worker._registry.claim_names()) == 1000
+    assert worker._registry.claim_names()[-1] == "workflow:ten/s9"
+    with pytest.raises(InvalidArgument, match="at most 1000 handlers and workflow steps"):
+        worker.workflow("more", [("one", step)])
+    with pytest.raises(InvalidArgument, match="this one would run 1001"):
+        worker.register("one_more", handler)
+    assert "more" not in worker._registry.workflows and "one_more" not in worker._registry.handlers

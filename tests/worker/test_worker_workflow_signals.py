@@ -17,8 +17,8 @@ from treadle import InvalidArgument, JobContext, Wait, Worker, client
 MakeWorker = Callable[..., Worker]
 
 
-def ship(input: dict[str, Any], results: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    return {"shipped": input["order"], "approved_by": results["approve"]["by"]}
+def ship(input: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    return {"shipped": input["order"], "approved_by": ctx.results["approve"]["by"]}
 
 
 def test_a_run_waits_for_its_signal_and_hands_on_the_payload(
@@ -28,7 +28,7 @@ def test_a_run_waits_for_its_signal_and_hands_on_the_payload(
     worker.workflow(
         "approval",
         [
-            ("order", lambda i, r, c: {"total": 10}),
+            ("order", lambda i, c: {"total": 10}),
             Wait("approve", "approved", timeout=timedelta(days=1)),
             ("ship", ship),
         ],
@@ -81,8 +81,8 @@ def test_a_wait_that_times_out_fails_the_run(conn: psycopg.Connection[Any], make
 def test_a_wait_that_continues_on_timeout_takes_the_timeout_path(
     conn: psycopg.Connection[Any], make_worker: MakeWorker
 ) -> None:
-    def ship_or_not(input: dict[str, Any], results: dict[str, Any], ctx: JobContext) -> str:
-        return "cancelled order" if results["approve"].get("timed_out") else "shipped"
+    def ship_or_not(input: dict[str, Any], ctx: JobContext) -> str:
+        return "cancelled order" if ctx.results["approve"].get("timed_out") else "shipped"
 
     worker = make_worker()
     worker.workflow(
@@ -124,7 +124,7 @@ def test_a_bad_wait_is_refused_when_it_is_registered(make_worker: MakeWorker) ->
     with pytest.raises(InvalidArgument, match="must time out after more than 0 and at most 366 days"):
         worker.workflow("bad", [Wait("w", "go", timeout=timedelta(days=400))])
     with pytest.raises(InvalidArgument, match="repeats the step name 'a'"):
-        worker.workflow("bad", [("a", lambda i, r, c: 1), Wait("a", "go")])
+        worker.workflow("bad", [("a", lambda i, c: 1), Wait("a", "go")])
     with pytest.raises(InvalidArgument, match="on_timeout is 'fail' or 'continue', not 'skip'"):
         worker.workflow("bad", [Wait("w", "go", timeout=timedelta(hours=1), on_timeout="skip")])
     with pytest.raises(InvalidArgument, match="on_timeout='continue' needs a timeout"):

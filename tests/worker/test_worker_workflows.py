@@ -11,7 +11,16 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.worker.worker_support import run_steps, start_workflow, until_run_finished
+from tests.worker.worker_support import (
+    enqueue,
+    run,
+    run_steps,
+    start_workflow,
+    until_registered,
+    until_run_finished,
+    until_state,
+    wait_for,
+)
 from treadle import InvalidArgument, JobContext, Sleep, Step, Worker
 from treadle._registry import StepFunction
 
@@ -22,15 +31,18 @@ def test_three_steps_pass_their_results_along(conn: psycopg.Connection[Any], mak
     worker = make_worker()
     calls: list[tuple[str, Any, dict[str, Any], str | None, int | None]] = []
 
-    def reserve(input: dict[str, Any], results: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    def reserve(input: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        results = dict(ctx.results)
         calls.append(("reserve", input, results, ctx.step, ctx.run_id))
         return {"hold": f"H-{input['order']}"}
 
-    async def charge(input: dict[str, Any], results: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    async def charge(input: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        results = dict(ctx.results)
         calls.append(("charge", input, results, ctx.step, ctx.run_id))
         return {"ref": results["reserve"]["hold"] + "/paid"}
 
-    def settle(input: dict[str, Any], results: dict[str, Any], ctx: JobContext) -> None:
+    def settle(input: dict[str, Any], ctx: JobContext) -> None:
+        results = dict(ctx.results)
         calls.append(("settle", input, results, ctx.step, ctx.run_id))
 
     worker.workflow("withdraw", [Step("reserve", reserve), ("charge", charge), Step("settle", settle)])
@@ -50,9 +62,9 @@ def test_three_steps_pass_their_results_along(conn: psycopg.Connection[Any], mak
         ("settle", {"order": 42}, {"reserve": {"hold": "H-42"}, "charge": {"ref": "H-42/paid"}}, "settle", run_id),
     ]
     assert [(s["name"], s["step"], s["attempt"]) for s in run_steps(conn, run_id)] == [
-        ("workflow:withdraw", "reserve", 1),
-        ("workflow:withdraw", "charge", 1),
-        ("workflow:withdraw", "settle", 1),
+        ("workflow:withdraw/reserve", "reserve", 1),
+        ("workflow:withdraw/charge", "charge", 1),
+        ("workflow:withdraw/settle", "settle", 1),
     ]
 
 
@@ -60,12 +72,12 @@ def test_a_failing_step_fails_the_run(conn: psycopg.Connection[Any], make_worker
     worker = make_worker(backoff=lambda attempt: 0)
     later: list[str] = []
 
-    def charge(input: Any, results: Any, ctx: JobContext) -> None:
+    def charge(input: Any, ctx: JobContext) -> None:
         raise RuntimeError("card declined")
 
     worker.workflow(
         "withdraw",
-        [("reserve", lambda i, r, c: "held"), ("charge", charge), ("settle", lambda i, r, c: later.append("settle"))],
+        [("reserve", lambda i, c: "held"), ("charge", charge), ("settle", lambda i, c: later.append("settle"))],
     )
     row = conn.execute(
         "SELECT treadle.start_workflow('withdraw', %s, %s, max_attempts => 2)",
@@ -87,18 +99,35 @@ def test_a_failing_step_fails_the_run(conn: psycopg.Connection[Any], make_worker
     assert later == []
 
 
-def test_a_step_this_worker_does_not_know_fails_clearly(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
+def test_a_step_this_worker_does_not_know_waits_for_one_that_does(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
+    """The worker claims only the steps it has: the other one stays available, no attempt
+    spent, the run running, and explain names the step nobody runs."""
     worker = make_worker()
-    worker.workflow("withdraw", [("reserve", lambda i, r, c: 1)])
+    worker.workflow("withdraw", [("reserve", lambda i, c: 1)])
+    worker.register("ping", lambda args, ctx: None)
     row = conn.execute(
         "SELECT treadle.start_workflow('withdraw', '{}', %s, max_attempts => 1)", [["reserve", "refund"]]
     ).fetchone()
     assert row is not None
     worker.start()
-    finished = until_run_finished(conn, row[0])
-    assert finished["state"] == "failed"
+    wait_for(lambda: len(run_steps(conn, row[0])) == 2, "the refund step's job")
+    # a job enqueued after it and run by the worker: its claims have looked since
+    ping = enqueue(conn, "ping")
+    until_state(conn, ping, "completed")
+    until_registered(conn, worker.worker_id)
     refund = run_steps(conn, row[0])[1]
-    assert "workflow 'withdraw' has no step 'refund' in this worker (it knows reserve)" in refund["last_error"]
+    assert (refund["name"], refund["state"], refund["attempt"], refund["last_error"]) == (
+        "workflow:withdraw/refund",
+        "available",
+        0,
+        None,
+    )
+    assert run(conn, row[0])["state"] == "running"
+    reasons = conn.execute("SELECT reason, message FROM treadle.explain(%s)", [refund["id"]]).fetchall()
+    no_worker = [message for reason, message in reasons if reason == "no_worker"]
+    assert len(no_worker) == 1 and "no live worker runs step refund of workflow withdraw" in no_worker[0], reasons
 
 
 def test_a_graph_runs_its_branches_and_joins_them_once(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
@@ -109,18 +138,20 @@ def test_a_graph_runs_its_branches_and_joins_them_once(conn: psycopg.Connection[
     calls: dict[str, dict[str, Any]] = {}
 
     def extract(name: str) -> StepFunction:
-        def fn(input: dict[str, Any], results: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        def fn(input: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             both_running.wait()  # the other branch runs at the same time, or this raises
-            calls[name] = results
+            calls[name] = dict(ctx.results)
             return {"rows": input[name]}
 
         return fn
 
-    def report(input: Any, results: dict[str, Any], ctx: JobContext) -> int:
+    def report(input: Any, ctx: JobContext) -> int:
+        results = dict(ctx.results)
         calls["report"] = results
         return int(results["extract_a"]["rows"] + results["extract_b"]["rows"])
 
-    def mail(input: Any, results: dict[str, Any], ctx: JobContext) -> str:
+    def mail(input: Any, ctx: JobContext) -> str:
+        results = dict(ctx.results)
         calls["mail"] = results
         return f"sum {results['report']}"
 
@@ -159,7 +190,7 @@ def test_a_graph_runs_its_branches_and_joins_them_once(conn: psycopg.Connection[
 
 def test_a_list_of_steps_is_still_recorded_as_a_list(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
     worker = make_worker()
-    worker.workflow("pair", [("one", lambda i, r, c: 1), Step("two", lambda i, r, c: 2)])
+    worker.workflow("pair", [("one", lambda i, c: 1), Step("two", lambda i, c: 2)])
     worker.start()
     assert conn.execute("SELECT steps, after FROM treadle.workflows WHERE name = 'pair'").fetchone() == (
         ["one", "two"],
@@ -170,16 +201,16 @@ def test_a_list_of_steps_is_still_recorded_as_a_list(conn: psycopg.Connection[An
 def test_a_bad_graph_is_refused_when_it_is_registered(make_worker: MakeWorker) -> None:
     worker = make_worker()
     with pytest.raises(InvalidArgument, match="runs after 'nope', which is not one of its steps"):
-        worker.workflow("bad", [Step("a", lambda i, r, c: 1, after=["nope"])])
+        worker.workflow("bad", [Step("a", lambda i, c: 1, after=["nope"])])
     with pytest.raises(InvalidArgument, match="must be a list of step names"):
-        worker.workflow("bad", [Step("a", lambda i, r, c: 1, after="a")])
+        worker.workflow("bad", [Step("a", lambda i, c: 1, after="a")])
     with pytest.raises(InvalidArgument, match="names a step twice"):
-        worker.workflow("bad", [Step("a", lambda i, r, c: 1), Step("b", lambda i, r, c: 1, after=["a", "a"])])
+        worker.workflow("bad", [Step("a", lambda i, c: 1), Step("b", lambda i, c: 1, after=["a", "a"])])
 
 
 def test_a_cycle_stops_the_worker_at_start(make_worker: MakeWorker) -> None:
     worker = make_worker()
-    worker.workflow("loop", [Step("a", lambda i, r, c: 1, after=["b"]), Step("b", lambda i, r, c: 1, after=["a"])])
+    worker.workflow("loop", [Step("a", lambda i, c: 1, after=["b"]), Step("b", lambda i, c: 1, after=["a"])])
     with pytest.raises(
         psycopg.errors.InvalidParameterValue, match='step "a" is in a dependency cycle: a after b after a'
     ):
@@ -190,7 +221,7 @@ def test_a_sleep_step_holds_no_worker_and_ends_on_time(conn: psycopg.Connection[
     worker = make_worker()
     worker.workflow(
         "remind",
-        [("signup", lambda i, r, c: "ok"), Sleep("pause", timedelta(seconds=1)), ("mail", lambda i, r, c: sorted(r))],
+        [("signup", lambda i, c: "ok"), Sleep("pause", timedelta(seconds=1)), ("mail", lambda i, c: sorted(c.results))],
     )
     worker.start()
     assert conn.execute("SELECT steps, sleeps FROM treadle.workflows WHERE name = 'remind'").fetchone() == (
@@ -214,7 +245,7 @@ def test_a_bad_sleep_is_refused_when_it_is_registered(make_worker: MakeWorker) -
     with pytest.raises(InvalidArgument, match="must sleep more than 0 and at most 366 days"):
         worker.workflow("bad", [Sleep("pause", timedelta(days=400))])
     with pytest.raises(InvalidArgument, match="repeats the step name 'a'"):
-        worker.workflow("bad", [("a", lambda i, r, c: 1), Sleep("a", timedelta(seconds=1))])
+        worker.workflow("bad", [("a", lambda i, c: 1), Sleep("a", timedelta(seconds=1))])
 
 
 def test_a_map_step_runs_once_per_element_and_hands_on_the_results_in_order(
@@ -224,7 +255,7 @@ def test_a_map_step_runs_once_per_element_and_hands_on_the_results_in_order(
     seen: list[tuple[int, int, int]] = []
     lock = threading.Lock()
 
-    def resize(input: Any, results: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    def resize(input: Any, ctx: JobContext) -> dict[str, Any]:
         element, index = ctx.args["element"], ctx.args["index"]
         with lock:
             seen.append((index, element, ctx.attempt))
@@ -236,9 +267,9 @@ def test_a_map_step_runs_once_per_element_and_hands_on_the_results_in_order(
     worker.workflow(
         "thumbs",
         [
-            ("load", lambda i, r, c: [10, 20, 30, 40]),
+            ("load", lambda i, c: [10, 20, 30, 40]),
             Step("resize", resize, over="load"),
-            ("report", lambda i, r, c: got.append(r["resize"])),
+            ("report", lambda i, c: got.append(c.results["resize"])),
         ],
     )
     worker.start()
@@ -256,12 +287,12 @@ def test_a_map_step_runs_once_per_element_and_hands_on_the_results_in_order(
 def test_a_map_over_the_input_starts_with_the_run(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
     worker = make_worker()
     with pytest.raises(InvalidArgument, match="must be a step name"):
-        worker.workflow("bad", [Step("a", lambda i, r, c: 1, over=5)])  # type: ignore[arg-type]
+        worker.workflow("bad", [Step("a", lambda i, c: 1, over=5)])  # type: ignore[arg-type]
     worker.workflow(
         "tally",
         [
-            Step("each", lambda i, r, c: c.args["element"] + 1, over={"input": "items"}),
-            ("sum", lambda i, r, c: sum(r["each"])),
+            Step("each", lambda i, c: c.args["element"] + 1, over={"input": "items"}),
+            ("sum", lambda i, c: sum(c.results["each"])),
         ],
     )
     worker.start()
@@ -273,8 +304,60 @@ def test_a_map_over_the_input_starts_with_the_run(conn: psycopg.Connection[Any],
 
 def test_a_map_over_a_step_it_does_not_run_after_stops_the_worker_at_start(make_worker: MakeWorker) -> None:
     worker = make_worker()
-    worker.workflow(
-        "bad", [("a", lambda i, r, c: [1]), ("b", lambda i, r, c: None), Step("c", lambda i, r, c: None, over="a")]
-    )
+    worker.workflow("bad", [("a", lambda i, c: [1]), ("b", lambda i, c: None), Step("c", lambda i, c: None, over="a")])
     with pytest.raises(psycopg.errors.InvalidParameterValue, match='map step "c" maps over step "a"'):
         worker.start()
+
+
+def test_steps_take_input_and_ctx_and_the_old_shape_still_runs_with_a_warning(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
+    """fn(input, ctx) reads the earlier results on ctx.results (read-only); the old
+    fn(input, results, ctx), sync or async, warns once when registered and still runs."""
+    worker = make_worker()
+    seen: dict[str, Any] = {}
+
+    def new_shape(input: Any, ctx: JobContext) -> int:
+        seen["new"] = dict(ctx.results)
+        with pytest.raises(TypeError):
+            ctx.results["first"] = 0  # type: ignore[index]
+        return int(ctx.results["first"]) + 1
+
+    def old_shape(input: Any, results: dict[str, Any], ctx: JobContext) -> int:
+        seen["old"] = results
+        results["scratch"] = True  # the old shape got a dict of its own, and still does
+        return int(results["second"]) + 1
+
+    async def old_async(input: Any, results: dict[str, Any], ctx: JobContext) -> int:
+        seen["old_async"] = (results, dict(ctx.results))
+        return int(results["third"]) + 1
+
+    with pytest.warns(DeprecationWarning) as warned:
+        worker.workflow(
+            "shapes",
+            [("first", lambda i, c: i["start"]), ("second", new_shape), ("third", old_shape), ("fourth", old_async)],
+        )
+    assert len(warned) == 1
+    message = str(warned[0].message)
+    assert "step(s) third, fourth take (input, results, ctx)" in message and "ctx.results" in message
+    assert warned[0].filename == __file__  # it points at the worker.workflow call
+
+    run_id = start_workflow(conn, "shapes", {"start": 1}, ["first", "second", "third", "fourth"])
+    worker.start()
+    finished = until_run_finished(conn, run_id)
+    assert finished["state"] == "completed"
+    assert finished["results"] == {"first": 1, "second": 2, "third": 3, "fourth": 4}
+    assert seen["new"] == {"first": 1}
+    assert seen["old"] == {"first": 1, "second": 2, "scratch": True}
+    assert seen["old_async"] == ({"first": 1, "second": 2, "third": 3}, {"first": 1, "second": 2, "third": 3})
+    assert all(step["attempt"] == 1 for step in run_steps(conn, run_id))
+
+
+def test_a_plain_jobs_context_has_no_results(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
+    worker = make_worker()
+    seen: list[Any] = []
+    worker.register("plain", lambda args, ctx: seen.append(dict(ctx.results)))
+    job_id = enqueue(conn, "plain")
+    worker.start()
+    until_state(conn, job_id, "completed")
+    assert seen == [{}]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import warnings
-from datetime import timedelta
+from collections.abc import Mapping
+from datetime import datetime, timedelta
 from numbers import Real
+from types import MappingProxyType
 from typing import Any
 from uuid import UUID
 
@@ -16,8 +18,10 @@ from . import _args, _sql
 from ._json import to_jsonb
 from ._pool import WorkerPool
 from ._run_state import HeartbeatAnswer, RunState, RunStatus
-from .errors import InvalidArgument, JobCancelled, JobTimeout, LeaseLost, TreadleError
+from .errors import MAX_SNOOZE, InvalidArgument, JobCancelled, JobTimeout, LeaseLost, Snooze, TreadleError
 from .models import JobFields
+
+NO_RESULTS: Mapping[str, Any] = MappingProxyType({})
 
 
 def _in_transaction_block(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
@@ -45,12 +49,27 @@ class JobContext(JobFields):
         self._state = state
         self._pool = pool
         self._lease = timedelta(seconds=lease)
+        self._results: Mapping[str, Any] = NO_RESULTS
+        self._sleeps = 0  # ctx.sleep calls made in this attempt
 
     # what the job is: job_id, name, queue, args, attempt, max_attempts, run_id, step (JobFields)
     @property
     def lease_token(self) -> UUID:
         """The token that fences this run's writes (treadle.complete and friends take it)."""
         return self._state.lease_token
+
+    @property
+    def results(self) -> Mapping[str, Any]:
+        """A workflow step's earlier results, keyed by step name (read-only).
+
+        Those of the steps it runs after, directly or through others (for a list, every
+        step before it); empty for the first steps, and for a plain job.
+        """
+        return self._results
+
+    def _set_results(self, results: dict[str, Any]) -> None:
+        """Set by the worker before a step runs."""
+        self._results = MappingProxyType(results)
 
     @property
     def lease_lost(self) -> bool:
@@ -119,6 +138,41 @@ class JobContext(JobFields):
         if not held:
             self._state.mark_lost(only_while_running=True)
         return held
+
+    def sleep(self, delay: float | timedelta | None = None, *, until: datetime | None = None) -> None:
+        """A workflow step waits `delay` (seconds or a timedelta) or `until` a time, durably.
+
+        The first time the step reaches this call, the wake time (on treadle's clock) is
+        recorded on its run, and the attempt ends: the job is snoozed until then
+        (treadle.snooze: no worker, connection or attempt is held meanwhile), and
+        `Snooze` is raised here: let it propagate. The step then runs again from the
+        start; this call, reached again, returns at once once its wake time has passed
+        (a retry or a rescue of the step finds it too). Calls are told apart by their
+        order in the step: make the same calls in the same order on every run. At most
+        100 a step, each at most 366 days. LeaseLost when the lease is gone.
+        """
+        if (delay is None) == (until is None):
+            raise InvalidArgument("ctx.sleep takes a delay or until=, one of them")
+        if self.run_id is None:
+            raise InvalidArgument("ctx.sleep is for workflow steps; a job waits with `raise treadle.Snooze(delay)`")
+        wait: timedelta | None = None
+        if delay is not None:
+            wait = timedelta(seconds=_args.seconds(delay, "delay", allow_zero=True))
+            if wait > MAX_SNOOZE:
+                raise InvalidArgument(f"delay must be at most {MAX_SNOOZE.days} days, got {wait}")
+        if until is not None and not (isinstance(until, datetime) and until.tzinfo is not None):
+            raise InvalidArgument(f"until must be a timezone-aware datetime, not {until!r}")
+        seq = self._sleeps
+        self._sleeps += 1
+        left = self._pool.value(
+            _sql.STEP_SLEEP,
+            {"job_id": self.job_id, "lease_token": self.lease_token, "seq": seq, "delay": wait, "until": until},
+        )
+        if left is None:
+            self._state.mark_lost(only_while_running=True)
+            raise LeaseLost(f"job {self.job_id}: the lease was lost; another worker or a rescue took it over")
+        if left > timedelta(0):
+            raise Snooze(left)
 
     def complete_in(self, conn: psycopg.Connection[Any], result: Any = None) -> str:
         """Complete the job in the transaction that holds the handler's own writes.

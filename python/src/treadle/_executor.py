@@ -237,7 +237,7 @@ class Executor:
                 began = self._handler_starts()
                 try:
                     ctx = JobContext(run, self._worker_id, self._pool, self._lease)
-                    fn, args = self._target(run, step_run)
+                    fn, args = self._target(run, step_run, ctx)
                     try:
                         value = await fn(*args, ctx)
                     except asyncio.CancelledError:
@@ -306,8 +306,11 @@ class Executor:
             return None
         return self._threads.deadlines.call_later(seconds, lambda: run.time_out(seconds))
 
-    def _target(self, run: RunState, step_run: dict[str, Any] | None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        """The handler or step to call, and its arguments before the context."""
+    def _target(
+        self, run: RunState, step_run: dict[str, Any] | None, ctx: JobContext
+    ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        """The handler or step to call, and its arguments before the context (a step's
+        earlier results go on ctx.results)."""
         if run.run_id is None:
             return self._registry.handler(run.name), (run.args,)
         if step_run is None:
@@ -315,11 +318,12 @@ class Executor:
         fn = self._registry.step(step_run["name"], run.step)
         workflow_input = from_json(step_run["input"], f"workflow run {run.run_id}'s input")
         results = from_json(step_run["results"], f"workflow run {run.run_id}'s results")
-        return fn, (workflow_input, dict(results or {}))
+        ctx._set_results(dict(results or {}))
+        return fn, (workflow_input,)
 
     def _call_handler(self, run: RunState, step_run: dict[str, Any] | None) -> Any:
         ctx = JobContext(run, self._worker_id, self._pool, self._lease)
-        fn, args = self._target(run, step_run)
+        fn, args = self._target(run, step_run, ctx)
         value = fn(*args, ctx)
         if value is not None and inspect.isawaitable(value):  # an awaitable from a plain function
             try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -15,12 +17,23 @@ if TYPE_CHECKING:
     from ._context import JobContext
 
 Handler = Callable[[Any, "JobContext"], Any]
-StepFunction = Callable[[Any, dict[str, Any], "JobContext"], Any]
+StepFunction = Callable[[Any, "JobContext"], Any]  # fn(input, ctx), earlier results on ctx.results
+# The shape before 0.4.0, fn(input, results, ctx): still called, with a DeprecationWarning
+# at registration; it goes in 0.5.0.
+LegacyStepFunction = Callable[[Any, dict[str, Any], "JobContext"], Any]
 F = TypeVar("F", bound=Callable[..., Any])
 
-# The SQL names a workflow's step jobs workflow:<workflow name>; the worker claims them by
-# that name, and tells a step from a plain job by its workflow_run_id.
+# The SQL names a workflow's step jobs workflow:<workflow name>/<step>; the worker claims
+# the steps it has a function for by those names (so in a rolling deploy it never claims a
+# step of a definition it does not have), and tells a step from a plain job by its
+# workflow_run_id.
 STEP_JOB_PREFIX = "workflow:"
+MAX_CLAIM_NAMES = 1000  # treadle.claim's bound on its list of names
+
+
+def step_job_name(workflow: str, step: str) -> str:
+    """The name of the jobs that run `step` of `workflow`'s runs."""
+    return f"{STEP_JOB_PREFIX}{workflow}/{step}"
 
 
 NO_POLICY = HandlerPolicy()
@@ -39,12 +52,15 @@ def handler_policy(max_attempts: object, backoff: object, timeout: object) -> Ha
 
 
 class Step(NamedTuple):
-    """One step of a workflow: its name, `fn(input, results, ctx)`, and the steps it runs after.
+    """One step of a workflow: its name, `fn(input, ctx)`, and the steps it runs after.
 
     `after` None: in a workflow where no step names `after`, each step runs after the one
     before it (a list). Once a step names `after`, the workflow is a graph: each step runs
     once the steps it names have completed, and a step without `after` starts with the run.
-    `results` holds the results of the steps a step runs after, directly or through others.
+    `ctx.results` (a read-only mapping) holds the results of the steps a step runs after,
+    directly or through others. A `fn(input, results, ctx)` of three required positional
+    parameters, the shape before 0.4.0, is still called that way, with a
+    DeprecationWarning when the workflow is registered.
     `over` names a step it runs after whose result is a JSON array (or is
     `{"input": key}`: the run's input holds the array under that key): the step then runs
     once per element (`ctx.args` is `{"element": ..., "index": ...}`, each call with its
@@ -53,7 +69,7 @@ class Step(NamedTuple):
     """
 
     name: str
-    fn: StepFunction
+    fn: StepFunction | Callable[..., Any]  # or, deprecated, a LegacyStepFunction
     after: Iterable[str] | None = None
     over: str | Mapping[str, str] | None = None
 
@@ -118,9 +134,18 @@ class Registry:
             raise InvalidArgument(f"the handler for {job_name!r} must be callable, not {type(fn).__name__}")
         if job_name in self.handlers:
             raise InvalidArgument(f"a handler for {job_name!r} is already registered")
+        self._check_claim_names(1)
         self.handlers[job_name] = fn
         if policy is not None and policy != NO_POLICY:
             self.policies[job_name] = policy
+
+    def _check_claim_names(self, more: int) -> None:
+        count = len(self.handlers) + sum(len(steps) for steps in self.workflows.values()) + more
+        if count > MAX_CLAIM_NAMES:
+            raise InvalidArgument(
+                f"a worker runs at most {MAX_CLAIM_NAMES} handlers and workflow steps (treadle.claim's "
+                f"bound on its names), this one would run {count}: split them among workers"
+            )
 
     def add_workflow(self, name: object, steps: object, policy: HandlerPolicy | None = None) -> None:
         workflow_name = check_name(name, "workflow name")
@@ -131,6 +156,7 @@ class Registry:
                 f"steps must be a list of Step(name, fn) or (name, fn) pairs, not {type(steps).__name__}"
             )
         parsed: dict[str, StepFunction] = {}
+        legacy: list[str] = []
         after: dict[str, list[str]] = {}
         sleeps: dict[str, str] = {}
         maps: dict[str, str | dict[str, str]] = {}
@@ -165,7 +191,7 @@ class Registry:
                 raise InvalidArgument(f"step {step_name!r} of workflow {workflow_name!r} needs a callable")
             if step_name in names:
                 raise InvalidArgument(f"workflow {workflow_name!r} repeats the step name {step_name!r}")
-            parsed[step_name] = item[1]
+            parsed[step_name] = _step_function(item[1], step_name, legacy)
             names.append(step_name)
             if len(item) >= 3 and item[2] is not None:
                 graph = True
@@ -181,6 +207,14 @@ class Registry:
                     f"step {step_name!r} of workflow {workflow_name!r} runs after {unknown[0]!r}, "
                     "which is not one of its steps"
                 )
+        self._check_claim_names(len(parsed))
+        if legacy:
+            warnings.warn(
+                f"workflow {workflow_name!r}: step(s) {', '.join(legacy)} take (input, results, ctx); steps take "
+                "(input, ctx) with the earlier results on ctx.results (the old shape goes in treadle 0.5.0)",
+                DeprecationWarning,
+                stacklevel=3,  # the caller of worker.workflow
+            )
         self.workflows[workflow_name] = parsed
         self.workflow_steps[workflow_name] = names
         self.workflow_after[workflow_name] = after if graph else None
@@ -188,7 +222,8 @@ class Registry:
         self.workflow_maps[workflow_name] = maps or None
         self.workflow_waits[workflow_name] = waits or None
         if policy is not None and policy != NO_POLICY:
-            self.policies[STEP_JOB_PREFIX + workflow_name] = policy  # keyed by the step jobs' name
+            for step_name in parsed:  # keyed by the step jobs' names
+                self.policies[step_job_name(workflow_name, step_name)] = policy
 
     def definition(self, workflow: str) -> dict[str, Any]:
         """define_workflow's arguments for a registered workflow: its steps and their `after`."""
@@ -202,8 +237,15 @@ class Registry:
         }
 
     def claim_names(self) -> list[str]:
-        """The job names this worker claims: its handlers', and its workflows' step jobs."""
-        return [*self.handlers, *(STEP_JOB_PREFIX + name for name in self.workflows)]
+        """The job names this worker claims: its handlers', and those of its workflows' steps.
+
+        Only the steps it has a function for (a sleep step has no job): a step of another
+        definition of the workflow waits for a worker that has it.
+        """
+        return [
+            *self.handlers,
+            *(step_job_name(name, step) for name, steps in self.workflows.items() for step in steps),
+        ]
 
     def policy(self, job_name: str) -> HandlerPolicy:
         """The retry and timeout policy of a job name's handler, or of a workflow's step jobs."""
@@ -225,6 +267,34 @@ class Registry:
                 f"workflow {workflow!r} has no step {step!r} in this worker (it knows {', '.join(steps)})"
             )
         return fn
+
+
+def _is_legacy(fn: Callable[..., Any]) -> bool:
+    """Whether a step function has the shape before 0.4.0: three required positional parameters."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (some builtins): the current shape
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(1 for p in parameters if p.kind in positional and p.default is inspect.Parameter.empty) == 3
+
+
+def _step_function(fn: Callable[..., Any], step: str, legacy: list[str]) -> StepFunction:
+    """A step function as the worker calls it, fn(input, ctx): an old-shaped one adapted."""
+    if not _is_legacy(fn):
+        return fn
+    legacy.append(step)
+    if inspect.iscoroutinefunction(fn):
+
+        async def adapted_async(input: Any, ctx: JobContext) -> Any:
+            return await fn(input, dict(ctx.results), ctx)
+
+        return adapted_async
+
+    def adapted(input: Any, ctx: JobContext) -> Any:
+        return fn(input, dict(ctx.results), ctx)
+
+    return adapted
 
 
 def _over(value: object, workflow: str, step: str) -> str | dict[str, str]:

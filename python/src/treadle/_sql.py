@@ -241,6 +241,11 @@ SNOOZE: Final[LiteralString] = """
 SELECT treadle.snooze(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid,
                       delay => %(delay)s::interval)
 """
+# treadle.step_sleep: when a step's seq-th ctx.sleep ends (recorded once); the time left
+STEP_SLEEP: Final[LiteralString] = """
+SELECT treadle.step_sleep(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid,
+                          seq => %(seq)s::integer, delay => %(delay)s::interval, until => %(until)s::timestamptz)
+"""
 # treadle.release: hand a job back at shutdown, its attempt given back
 RELEASE: Final[LiteralString] = """
 SELECT treadle.release(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid)

@@ -35,7 +35,7 @@ QUEUES = ["default", "mail", "media", "billing"]
 TRICKLE_EVERY = 3.0  # seconds between batches of new work
 
 
-# handlers: `fn(args, ctx)`; steps: `fn(input, results, ctx)`
+# handlers: `fn(args, ctx)`; steps: `fn(input, ctx)`, the earlier results on ctx.results
 
 
 def send_email(args: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
@@ -68,19 +68,19 @@ def nightly_report(args: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return {"rows": random.randint(100, 999)}
 
 
-def reserve(input: dict[str, Any], results: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+def reserve(input: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     time.sleep(0.4)
     return {"hold": f"hold-{input['order']}"}
 
 
-def charge(input: dict[str, Any], results: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+def charge(input: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     time.sleep(0.4)
     if input.get("card") == "expired":
         raise ValueError(f"card for order {input['order']} expired")
-    return {"payment": f"pay-{results['reserve']['hold']}"}
+    return {"payment": f"pay-{ctx.results['reserve']['hold']}"}
 
 
-def ship(input: dict[str, Any], results: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+def ship(input: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     time.sleep(0.4)
     return {"tracking": f"TRK{input['order']:06d}"}
 

@@ -110,7 +110,8 @@ class Worker:
 
     Handlers are called as `fn(args, ctx)` in a pool of `concurrency` threads
     (`async def` handlers run as tasks on one event loop thread); their JSON return value
-    becomes the job's result. Workflow steps are called as `fn(input, results, ctx)`.
+    becomes the job's result. Workflow steps are called as `fn(input, ctx)`, the earlier
+    steps' results on `ctx.results`.
 
     Stopping: SIGTERM or SIGINT (when `run()` is in the main thread) or `stop()`
     stops claiming at once and lets running handlers finish for up to
@@ -304,7 +305,7 @@ class Worker:
     def workflow(
         self,
         name: str,
-        steps: Iterable[Step | Sleep | Wait | tuple[str, StepFunction]],
+        steps: Iterable[Step | Sleep | Wait | tuple[str, StepFunction | Callable[..., Any]]],
         *,
         max_attempts: int | None = None,
         backoff: Callable[[int], Duration] | None = None,
@@ -319,8 +320,12 @@ class Worker:
         `Sleep(name, timedelta)` step has no handler: the run waits that long in the
         database. A `Wait(name, signal, timeout=None)` step has no handler either: it
         completes with the payload of the signal `signal` sent to the run
-        (treadle.signal). The definition is recorded with treadle.define_workflow when the worker
-        starts.
+        (treadle.signal). A step is called as `fn(input, ctx)` with the earlier results on
+        `ctx.results`; a `fn(input, results, ctx)` (before 0.4.0) still is, with a
+        DeprecationWarning here. The worker claims only the steps it has, so during a
+        rolling deploy a step of another definition waits for a worker that has it.
+        The definition is recorded with treadle.define_workflow when the worker starts
+        (each change counts a new version; a run keeps the definition it started with).
         `max_attempts`, `backoff` and `timeout` are a policy for each of its steps, as
         `register`'s are for a handler's jobs.
         """
