@@ -3,7 +3,7 @@
 -- retention (unique_while), and per period (unique_period); every bad option.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(79);
+SELECT plan(80);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -176,6 +176,14 @@ SELECT m.id AS mp FROM treadle.enqueue_many('[{"name": "b", "queue": "keys", "id
 SELECT results_eq(format($$ SELECT key_scope, key_period FROM treadle.jobs WHERE id = %s $$, :mp),
     $$ VALUES ('active'::text, '2999-01-01 00:00:00+00'::timestamptz) $$,
     'enqueue_many: unique_while and unique_period are stored');
+
+-- explain names a waiting job that holds its key "debounced until"
+SELECT treadle.enqueue('e', queue => 'keys', idempotency_key => 'exp', on_conflict => 'replace',
+                       run_at => '2999-01-01 12:00:30+00') AS exp \gset
+SELECT results_eq(format($$ SELECT reason, message, at FROM treadle.explain(%s) WHERE reason = 'not_due' $$, :exp),
+    $$ VALUES ('not_due'::text, 'debounced until 2999-01-01 12:00:30+00: it holds key exp, and a call with that key and on_conflict replace moves this time'::text,
+               '2999-01-01 12:00:30+00'::timestamptz) $$,
+    'explain: a waiting job that holds its key is debounced until its run_at');
 
 -- Bad options: a clear error and nothing written
 SELECT count(*) AS before FROM treadle.jobs \gset
