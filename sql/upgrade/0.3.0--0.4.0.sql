@@ -133,13 +133,17 @@ COMMENT ON TYPE treadle._rescue_cursor IS
     'A session''s rescue cursor: the floor of the expired leases its rescues read, and where it moves next.';
 
 -- Idempotency keys by scope and period, and merging into a waiting holder
--- (sql/src/032_enqueue_keys.sql): two columns at the end of treadle.jobs, the key's
--- unique index made again over them, and enqueue with three new parameters (the
--- after-script grants it again with the rest of its part).
+-- (sql/src/032_enqueue_keys.sql): two columns at the end of treadle.jobs (and of its
+-- history), the key's unique index made again over them, and enqueue with three new
+-- parameters (the after-script grants it again with the rest of its part).
 ALTER TABLE treadle.jobs
     ADD COLUMN key_scope text,
     ADD COLUMN key_period timestamptz,
     ADD CONSTRAINT jobs_key_scope_check CHECK (key_scope = ANY (ARRAY['waiting', 'active', 'retained', 'released']));
+-- the history is LIKE treadle.jobs: its partitions take the same columns
+ALTER TABLE treadle.job_history
+    ADD COLUMN key_scope text,
+    ADD COLUMN key_period timestamptz;
 DROP INDEX treadle.jobs_idempotency_key_idx;
 CREATE UNIQUE INDEX jobs_idempotency_key_idx
     ON treadle.jobs (queue, idempotency_key, key_period) NULLS NOT DISTINCT
