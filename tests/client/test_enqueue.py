@@ -119,8 +119,9 @@ def test_on_conflict_merges_into_the_waiting_holder(conn: psycopg.Connection[Any
     assert again == debounced
     job = row(conn, debounced)
     assert (job["args"], job["run_at"]) == ({"q": "ab"}, datetime(2030, 1, 1, 0, 0, 1, 500000, tzinfo=timezone.utc))
-    throttled = treadle.enqueue(conn, "t", {"v": 1}, run_at=timedelta(minutes=1), idempotency_key="t",
-                                on_conflict="replace_args")
+    throttled = treadle.enqueue(
+        conn, "t", {"v": 1}, run_at=timedelta(minutes=1), idempotency_key="t", on_conflict="replace_args"
+    )
     treadle.enqueue(conn, "t", {"v": 2}, run_at=timedelta(minutes=5), idempotency_key="t", on_conflict="replace_args")
     assert (row(conn, throttled)["args"], row(conn, throttled)["run_at"]) == (
         {"v": 2},
@@ -170,7 +171,7 @@ def test_bad_key_options_are_refused(conn: psycopg.Connection[Any], options: Any
         treadle.enqueue(conn, "x", **options)
     assert refused.value.sqlstate == sqlstate
     with pytest.raises(treadle.InvalidArgument, match="on_conflict must be a string"):
-        treadle.enqueue(conn, "x", idempotency_key="k", on_conflict=None)  # type: ignore[typeddict-item]
+        treadle.enqueue(conn, "x", idempotency_key="k", on_conflict=None)  # type: ignore[call-overload]
     assert conn.execute("SELECT count(*) FROM treadle.jobs").fetchone() == (0,)
 
 

@@ -246,9 +246,7 @@ def test_a_thousand_concurrent_debounces_leave_one_waiting_job_with_the_last_arg
         "select treadle.enqueue('search', %s, run_at => treadle.now() + interval '1 second',"
         " idempotency_key => 'search:ada', on_conflict => 'replace')",
     )
-    rows = conns[0].execute(
-        "select id, args, state from treadle.jobs where idempotency_key = 'search:ada'"
-    ).fetchall()
+    rows = conns[0].execute("select id, args, state from treadle.jobs where idempotency_key = 'search:ada'").fetchall()
     assert len(rows) == 1
     job_id, args, state = rows[0]
     assert set(ids) == {job_id}
@@ -268,7 +266,9 @@ def test_a_thousand_concurrent_appends_keep_every_element_once(connect: Connect)
                 (args,),
             ).fetchone()
         else:
-            spec = [{"name": "digest", "args": {"items": [i]}, "idempotency_key": "digest:ada", "on_conflict": "append"}]
+            spec = [
+                {"name": "digest", "args": {"items": [i]}, "idempotency_key": "digest:ada", "on_conflict": "append"}
+            ]
             row = conn.execute("select * from treadle.enqueue_many(%s)", (Jsonb(spec),)).fetchone()
         assert row is not None
         return int(row[0])
@@ -308,9 +308,11 @@ def test_debounces_while_a_worker_claims_never_change_a_running_job(connect: Con
     finally:
         done.set()
         thread.join()
-    rows = conns[0].execute(
-        "select id, args, state, key_scope from treadle.jobs where idempotency_key = 'search:bo' order by id"
-    ).fetchall()
+    rows = (
+        conns[0]
+        .execute("select id, args, state, key_scope from treadle.jobs where idempotency_key = 'search:bo' order by id")
+        .fetchall()
+    )
     assert {r[0] for r in rows} == set(ids)
     assert [r for r in rows if r[2] == "available" and r[3] != "released"] == [r for r in rows if r[2] == "available"]
     assert len([r for r in rows if r[2] == "available"]) <= 1
