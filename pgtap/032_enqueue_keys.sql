@@ -3,7 +3,7 @@
 -- retention (unique_while), and per period (unique_period); every bad option.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(80);
+SELECT plan(81);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -176,6 +176,9 @@ SELECT m.id AS mp FROM treadle.enqueue_many('[{"name": "b", "queue": "keys", "id
 SELECT results_eq(format($$ SELECT key_scope, key_period FROM treadle.jobs WHERE id = %s $$, :mp),
     $$ VALUES ('active'::text, '2999-01-01 00:00:00+00'::timestamptz) $$,
     'enqueue_many: unique_while and unique_period are stored');
+
+SELECT m.id AS plain_key FROM treadle.enqueue_many('[{"name": "b", "queue": "keys", "idempotency_key": "plain"}]') AS m(id) \gset
+SELECT is((pg_temp.job(:plain_key)).key_scope, 'retained', 'enqueue_many: a batch without key options stores a key retained');
 
 -- explain names a waiting job that holds its key "debounced until"
 SELECT treadle.enqueue('e', queue => 'keys', idempotency_key => 'exp', on_conflict => 'replace',

@@ -1344,7 +1344,8 @@ DECLARE
     a_every    interval[];
     a_timeout  interval[];
     a_backoff  jsonb[];      -- each job's backoff as a JSON array (interval[][] cannot be ragged)
-    a_mode     text[];       -- on_conflict
+    v_keyed    boolean;  -- some element names on_conflict, unique_while or unique_period
+    a_mode     text[];       -- on_conflict (null, as the three below, when no element names one)
     a_while    text[];       -- unique_while
     a_period   interval[];   -- unique_period
     a_bucket   timestamptz[];  -- the start of each key's period
@@ -1363,6 +1364,8 @@ BEGIN
     -- levels down): only a batch that could hold a bad one pays for a test per element.
     v_big := pg_column_size(jobs) > v_max_size;
     v_deep := jsonb_path_exists(jobs, 'strict $.**{102} ? (@.type() == "object" || @.type() == "array")');
+    -- The key options are read only from a batch that names one: the others pay nothing for them.
+    v_keyed := jsonb_path_exists(jobs, 'strict $[*] ? (exists(@.on_conflict) || exists(@.unique_while) || exists(@.unique_period))');
 
     -- The shape of every element, in one pass; the first bad one is reported.
     SELECT e.ord, e.problem INTO v_bad
@@ -1406,11 +1409,11 @@ BEGIN
                           OR EXISTS (SELECT 1 FROM jsonb_array_elements(s.spec -> 'backoff') AS b(delay)
                                       WHERE jsonb_typeof(b.delay) <> 'string'))
                     THEN 'has a "backoff" that is not an array of 1 to 100 interval strings'
-                WHEN s.spec ? 'on_conflict' AND jsonb_typeof(s.spec -> 'on_conflict') <> 'string'
+                WHEN v_keyed AND s.spec ? 'on_conflict' AND jsonb_typeof(s.spec -> 'on_conflict') <> 'string'
                     THEN 'has an "on_conflict" that is not a string'
-                WHEN s.spec ? 'unique_while' AND jsonb_typeof(s.spec -> 'unique_while') <> 'string'
+                WHEN v_keyed AND s.spec ? 'unique_while' AND jsonb_typeof(s.spec -> 'unique_while') <> 'string'
                     THEN 'has a "unique_while" that is not a string'
-                WHEN s.spec ? 'unique_period' AND jsonb_typeof(s.spec -> 'unique_period') <> ALL (ARRAY['string', 'null'])
+                WHEN v_keyed AND s.spec ? 'unique_period' AND jsonb_typeof(s.spec -> 'unique_period') <> ALL (ARRAY['string', 'null'])
                     THEN 'has a "unique_period" that is not an interval string'
                 END AS problem
               FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord)) AS e
@@ -1435,9 +1438,9 @@ BEGIN
                array_agg((s.spec ->> 'every')::interval ORDER BY s.ord),
                array_agg((s.spec ->> 'timeout')::interval ORDER BY s.ord),
                array_agg(nullif(s.spec -> 'backoff', 'null'::jsonb) ORDER BY s.ord),
-               array_agg(coalesce(s.spec ->> 'on_conflict', 'keep') ORDER BY s.ord),
-               array_agg(coalesce(s.spec ->> 'unique_while', 'retained') ORDER BY s.ord),
-               array_agg((s.spec ->> 'unique_period')::interval ORDER BY s.ord)
+               array_agg(coalesce(s.spec ->> 'on_conflict', 'keep') ORDER BY s.ord) FILTER (WHERE v_keyed),
+               array_agg(coalesce(s.spec ->> 'unique_while', 'retained') ORDER BY s.ord) FILTER (WHERE v_keyed),
+               array_agg((s.spec ->> 'unique_period')::interval ORDER BY s.ord) FILTER (WHERE v_keyed)
           INTO a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff,
                a_mode, a_while, a_period
           FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord);
@@ -1472,12 +1475,14 @@ BEGIN
     IF a_name IS NULL THEN
         RETURN;  -- an empty array
     END IF;
-    PERFORM treadle._check_key_options(u.key, u.args, u.mode, u.scope, u.period)
-       FROM unnest(a_key, a_args, a_mode, a_while, a_period) AS u(key, args, mode, scope, period)
-      WHERE u.mode <> 'keep' OR u.scope <> 'retained' OR u.period IS NOT NULL;
-    SELECT array_agg(date_bin(u.period, v_now, timestamptz '2000-01-01 00:00:00+00') ORDER BY u.ord)
-      INTO a_bucket
-      FROM unnest(a_period) WITH ORDINALITY AS u(period, ord);
+    IF v_keyed THEN
+        PERFORM treadle._check_key_options(u.key, u.args, u.mode, u.scope, u.period)
+           FROM unnest(a_key, a_args, a_mode, a_while, a_period) AS u(key, args, mode, scope, period)
+          WHERE u.mode <> 'keep' OR u.scope <> 'retained' OR u.period IS NOT NULL;
+        SELECT array_agg(date_bin(u.period, v_now, timestamptz '2000-01-01 00:00:00+00') ORDER BY u.ord)
+          INTO a_bucket
+          FROM unnest(a_period) WITH ORDINALITY AS u(period, ord);
+    END IF;
     PERFORM treadle._check_queue_allowed(q.queue) FROM (SELECT DISTINCT u.queue FROM unnest(a_queue) AS u(queue)) AS q;
     PERFORM treadle._check_depth(q.queue, s.max_depth, q.adding)
        FROM (SELECT u.queue, count(*)::integer AS adding FROM unnest(a_queue) AS u(queue) GROUP BY u.queue) AS q
@@ -1500,9 +1505,9 @@ BEGIN
              timeout, backoff, key_scope, key_period)
         SELECT i.new_id, i.queue, i.name, i.args, i.priority, i.run_at, i.max_attempts,
                i.idempotency_key, i.every, v_now, i.timeout, treadle._intervals(i.backoff),
-               CASE WHEN i.idempotency_key IS NOT NULL THEN i.scope END, i.bucket
+               CASE WHEN i.idempotency_key IS NOT NULL THEN coalesce(i.scope, 'retained') END, i.bucket
           FROM input AS i
-         WHERE i.mode = 'keep'
+         WHERE i.mode IS NULL OR i.mode = 'keep'
          ORDER BY i.queue, i.idempotency_key, i.ord
         ON CONFLICT (queue, idempotency_key, key_period)
            WHERE idempotency_key IS NOT NULL
@@ -1513,7 +1518,7 @@ BEGIN
         RETURNING j.id, j.queue, j.idempotency_key, j.key_period
     )
     -- Joins, not a subquery per row over `inserted`: that one grew as rows squared.
-    SELECT array_agg(CASE WHEN i.mode = 'keep' THEN coalesce(
+    SELECT array_agg(CASE WHEN i.mode IS NULL OR i.mode = 'keep' THEN coalesce(
                n.id, k.id,
                (SELECT j.id FROM treadle.jobs AS j
                  WHERE j.queue = i.queue AND j.idempotency_key = i.idempotency_key
@@ -1536,7 +1541,8 @@ BEGIN
         v_ids[v_i] := treadle.enqueue(a_name[v_i], a_args[v_i], a_queue[v_i], a_priority[v_i],
                                       a_run_at[v_i], a_max[v_i], a_key[v_i], a_every[v_i],
                                       a_timeout[v_i], treadle._intervals(a_backoff[v_i]),
-                                      a_mode[v_i], a_while[v_i], a_period[v_i]);
+                                      coalesce(a_mode[v_i], 'keep'), coalesce(a_while[v_i], 'retained'),
+                                      a_period[v_i]);
     END LOOP;
 
     PERFORM treadle._notify('treadle_jobs', q.queue)
