@@ -38,7 +38,7 @@ TREADLE_ENQUEUE = "SELECT treadle.enqueue('bench', '{}', idempotency_key => %(ke
 RAW_INSERT = """
 INSERT INTO bench_raw.jobs (queue, name, args, run_at, created_at, idempotency_key)
 VALUES ('default', 'bench', '{}', now(), now(), %(key)s)
-ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING id
 """
 RAW_LOOKUP = "SELECT id FROM bench_raw.jobs WHERE queue = 'default' AND idempotency_key = %(key)s"

@@ -178,6 +178,8 @@ CREATE TABLE treadle.jobs (
     ready_txid       xid8        DEFAULT pg_current_xact_id(),
     timeout          interval,                           -- how long one attempt may run; null: no limit
     backoff          interval[],                         -- delays before retries 1, 2, ...; null: the default
+    key_scope        text,                               -- while the key is held (032_enqueue_keys.sql); null: retained
+    key_period       timestamptz,                        -- the start of the period the key is taken for; null: none
     CONSTRAINT jobs_state_check CHECK (state = ANY (ARRAY[
         'available', 'running', 'retryable', 'completed', 'discarded', 'cancelled'])),
     CONSTRAINT jobs_queue_check CHECK (queue <> ''),
@@ -197,7 +199,8 @@ CREATE TABLE treadle.jobs (
     CONSTRAINT jobs_step_check CHECK ((workflow_run_id IS NULL) = (step IS NULL)),
     CONSTRAINT jobs_progress_check CHECK (progress >= 0 AND progress <= 1),
     CONSTRAINT jobs_timeout_check CHECK (timeout > interval '0'),
-    CONSTRAINT jobs_backoff_check CHECK (cardinality(backoff) BETWEEN 1 AND 100)
+    CONSTRAINT jobs_backoff_check CHECK (cardinality(backoff) BETWEEN 1 AND 100),
+    CONSTRAINT jobs_key_scope_check CHECK (key_scope = ANY (ARRAY['waiting', 'active', 'retained', 'released']))
 );
 
 -- Claims read only claimable rows: finished rows never slow a claim. The second index
@@ -256,10 +259,18 @@ CREATE INDEX jobs_lease_idx ON treadle.jobs (lease_until) WHERE lease_until IS N
 -- only jobs that have a timeout and run now are in this index.
 CREATE INDEX jobs_timeout_idx ON treadle.jobs (started_at) WHERE lease_until IS NOT NULL AND timeout IS NOT NULL;
 
--- An idempotency key belongs to its job for as long as the row exists. Keys are per
--- queue, so that tenants kept apart by queue can neither see nor suppress each other's.
+-- An idempotency key belongs to its job while the job is in its key_scope: until its
+-- first claim ('waiting'), until it finishes ('active'), as long as the row exists
+-- ('retained', or null), never ('released'); per period when key_period is set
+-- (032_enqueue_keys.sql). State changes move a job out of its scope and never back
+-- in, so no transition but enqueue's insert can meet the index's uniqueness. Keys are
+-- per queue, so that tenants kept apart by queue can neither see nor suppress each other's.
 CREATE UNIQUE INDEX jobs_idempotency_key_idx
-    ON treadle.jobs (queue, idempotency_key) WHERE idempotency_key IS NOT NULL;
+    ON treadle.jobs (queue, idempotency_key, key_period) NULLS NOT DISTINCT
+    WHERE idempotency_key IS NOT NULL
+      AND (key_scope IS NULL OR key_scope = 'retained'
+           OR (key_scope = 'active' AND finished_at IS NULL)
+           OR (key_scope = 'waiting' AND started_at IS NULL AND finished_at IS NULL));
 
 -- the throughput view, apply_retention() and prune() read finished jobs by time
 CREATE INDEX jobs_finished_at_idx ON treadle.jobs (finished_at) WHERE finished_at IS NOT NULL;
@@ -1083,13 +1094,26 @@ COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text, tex
     'Append one failed attempt to a job''s error history, keeping the newest 20.';
 --------------------------------------------------------------------------------
 -- treadle.enqueue(name, args, queue, priority, run_at, max_attempts,
---                 idempotency_key, every, timeout, backoff) -> bigint
+--                 idempotency_key, every, timeout, backoff,
+--                 on_conflict, unique_while, unique_period) -> bigint
 --
--- Transition: (none) -> available, in the caller's transaction.
--- Returns the new job's id. With an idempotency key that a job already holds,
--- returns that job's id (whatever its state) and inserts nothing; a caller that
--- meets another's uncommitted insert of the key waits for it, then gets its id
--- (commit) or inserts its own (rollback). Keys are per queue. With `every`, the
+-- Transition: (none) -> available, in the caller's transaction; with a key held
+-- by a waiting job and on_conflict other than 'keep': that job's args (and run_at)
+-- change instead.
+-- Returns the new job's id. With an idempotency key that a job holds (see
+-- 032_enqueue_keys.sql: the job holds it while it waits ('waiting'), waits or runs
+-- ('active') or until retention ('retained', the default), per unique_period
+-- bucket of treadle's clock when one is given), on_conflict chooses:
+--   'keep'         returns the holder's id, whatever its state; inserts nothing;
+--   'replace'      a waiting holder (available or retryable) takes the new args
+--                  and run_at (debounce: the last call wins, the timer restarts);
+--   'replace_args' a waiting holder takes the new args, keeps its run_at (throttle);
+--   'append'       a waiting holder's args (an object) get each array member of
+--                  the new args appended to theirs (batch; treadle._append_args).
+-- With the last three, a holder that runs or has finished is never changed: it
+-- gives its key up (key_scope 'released') and a new job takes it. A caller that
+-- meets another's uncommitted insert or change of the key waits for it, then acts
+-- on what it committed. Keys are per queue. With `every`, the
 -- job starts a periodic series (see treadle._follow_up). `timeout` bounds how long
 -- one attempt may run (treadle.rescue takes back a job still running past it);
 -- `backoff` lists the delays before retries 1, 2, ... (the last one repeats), each
@@ -1100,8 +1124,11 @@ COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text, tex
 -- run_at infinite; every not positive, over 10 years, or so long that the next
 -- occurrence is past the last time PostgreSQL can hold; timeout not positive or
 -- over 7 days; backoff empty, over 100 delays, or with a null, negative or
--- over-366-day delay. 42501: a tenant's queue outside its prefix. TQ001: the queue
--- holds its max_depth of waiting jobs (treadle.set_queue); nothing is written.
+-- over-366-day delay; on_conflict, unique_while or unique_period as
+-- treadle._check_key_options refuses them; merged args as treadle._append_args
+-- refuses them. 22004 also: on_conflict or unique_while null. 42501: a tenant's
+-- queue outside its prefix. TQ001: the queue holds its max_depth of waiting jobs
+-- (treadle.set_queue); nothing is written.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue(
     name            text,
@@ -1113,7 +1140,10 @@ CREATE OR REPLACE FUNCTION treadle.enqueue(
     idempotency_key text        DEFAULT NULL,
     every           interval    DEFAULT NULL,
     timeout         interval    DEFAULT NULL,
-    backoff         interval[]  DEFAULT NULL
+    backoff         interval[]  DEFAULT NULL,
+    on_conflict     text        DEFAULT 'keep',
+    unique_while    text        DEFAULT 'retained',
+    unique_period   interval    DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -1128,6 +1158,8 @@ DECLARE
     v_id   bigint;
     v_foreign   boolean;  -- a tenant names a queue outside its prefix
     v_max_depth integer;
+    v_period    timestamptz;  -- the start of the key's period (unique_period)
+    v_run_at    timestamptz;
 BEGIN
     -- This is the hottest path, and a PL/pgSQL helper call costs as much as the
     -- insert: the checks are inline expressions, and a helper runs only to raise.
@@ -1146,6 +1178,14 @@ BEGIN
     END IF;
     IF NOT treadle._is_name(enqueue.idempotency_key) THEN
         PERFORM treadle._check_text(enqueue.idempotency_key, 'idempotency_key');
+    END IF;
+    IF enqueue.on_conflict IS DISTINCT FROM 'keep' OR enqueue.unique_while IS DISTINCT FROM 'retained'
+       OR enqueue.unique_period IS NOT NULL THEN
+        PERFORM treadle._check_key_options(enqueue.idempotency_key, enqueue.args, enqueue.on_conflict,
+                                           enqueue.unique_while, enqueue.unique_period);
+        IF enqueue.unique_period IS NOT NULL THEN
+            v_period := date_bin(enqueue.unique_period, v_now, timestamptz '2000-01-01 00:00:00+00');
+        END IF;
     END IF;
     v_args := CASE WHEN enqueue.args IS NULL OR jsonb_typeof(enqueue.args) = 'null' THEN '{}' ELSE enqueue.args END;
     IF jsonb_typeof(v_args) <> ALL (ARRAY['object', 'array']) THEN
@@ -1199,15 +1239,66 @@ BEGIN
         PERFORM treadle._check_depth(enqueue.queue, v_max_depth, 1);
     END IF;
 
+    IF enqueue.on_conflict IS DISTINCT FROM 'keep' THEN
+        -- (a key and a known mode: checked above)
+        LOOP
+            INSERT INTO treadle.jobs AS j
+                (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
+                 timeout, backoff, key_scope, key_period)
+            VALUES
+                (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
+                 enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
+                 enqueue.timeout, enqueue.backoff, enqueue.unique_while, v_period)
+            ON CONFLICT (queue, idempotency_key, key_period)
+               WHERE idempotency_key IS NOT NULL
+                 AND (key_scope IS NULL OR key_scope = 'retained'
+                      OR (key_scope = 'active' AND finished_at IS NULL)
+                      OR (key_scope = 'waiting' AND started_at IS NULL AND finished_at IS NULL))
+            DO UPDATE
+               SET args = CASE WHEN enqueue.on_conflict = 'append' THEN treadle._append_args(j.args, excluded.args)
+                               ELSE excluded.args END,
+                   run_at = CASE WHEN enqueue.on_conflict = 'replace' THEN excluded.run_at ELSE j.run_at END,
+                   -- a run_at moved earlier must be found by claims that resume (040_claim.sql)
+                   ready_txid = CASE WHEN enqueue.on_conflict = 'replace' THEN pg_current_xact_id()
+                                     ELSE j.ready_txid END
+             WHERE j.state = ANY (ARRAY['available', 'retryable'])
+            RETURNING j.id, j.run_at INTO v_id, v_run_at;
+
+            IF v_id IS NOT NULL THEN
+                IF v_run_at <= v_now THEN
+                    PERFORM treadle._notify('treadle_jobs', enqueue.queue);
+                END IF;
+                RETURN v_id;
+            END IF;
+
+            -- The holder runs or has finished (the insert locked it): it gives its key up,
+            -- unchanged otherwise, and the next insert takes the key.
+            UPDATE treadle.jobs AS j
+               SET key_scope = 'released'
+             WHERE j.queue = enqueue.queue AND j.idempotency_key = enqueue.idempotency_key
+               AND j.key_period IS NOT DISTINCT FROM v_period
+               AND (j.key_scope IS NULL OR j.key_scope = 'retained'
+                    OR (j.key_scope = 'active' AND j.finished_at IS NULL)
+                    OR (j.key_scope = 'waiting' AND j.started_at IS NULL AND j.finished_at IS NULL))
+               AND j.state <> ALL (ARRAY['available', 'retryable']);
+        END LOOP;
+    END IF;
+
     LOOP
         INSERT INTO treadle.jobs AS j
             (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-             timeout, backoff)
+             timeout, backoff, key_scope, key_period)
         VALUES
             (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
              enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
-             enqueue.timeout, enqueue.backoff)
-        ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+             enqueue.timeout, enqueue.backoff,
+             CASE WHEN enqueue.idempotency_key IS NOT NULL THEN enqueue.unique_while END, v_period)
+        ON CONFLICT (queue, idempotency_key, key_period)
+           WHERE idempotency_key IS NOT NULL
+             AND (key_scope IS NULL OR key_scope = 'retained'
+                  OR (key_scope = 'active' AND finished_at IS NULL)
+                  OR (key_scope = 'waiting' AND started_at IS NULL AND finished_at IS NULL))
+        DO NOTHING
         RETURNING j.id INTO v_id;
 
         IF v_id IS NOT NULL THEN
@@ -1219,17 +1310,21 @@ BEGIN
 
         -- The key is taken: by a committed job, or by one whose insert we waited for.
         SELECT j.id INTO v_id FROM treadle.jobs AS j
-         WHERE j.queue = enqueue.queue AND j.idempotency_key = enqueue.idempotency_key;
+         WHERE j.queue = enqueue.queue AND j.idempotency_key = enqueue.idempotency_key
+           AND j.key_period IS NOT DISTINCT FROM v_period
+           AND (j.key_scope IS NULL OR j.key_scope = 'retained'
+                OR (j.key_scope = 'active' AND j.finished_at IS NULL)
+                OR (j.key_scope = 'waiting' AND j.started_at IS NULL AND j.finished_at IS NULL));
         IF FOUND THEN
             RETURN v_id;
         END IF;
-        -- The holder was deleted between the two statements: try to insert again.
+        -- The holder was deleted, or left its scope, between the two statements: try to insert again.
     END LOOP;
 END;
 $$;
 COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval,
-                                    interval, interval[]) IS
-    'Enqueue a job in the caller''s transaction and return its id (an idempotency key returns its holder''s id).';
+                                    interval, interval[], text, text, interval) IS
+    'Enqueue a job in the caller''s transaction and return its id (a held idempotency key returns its holder''s id, or merges into it: on_conflict).';
 
 --------------------------------------------------------------------------------
 -- treadle.enqueue_many(jobs jsonb) -> setof bigint
@@ -1238,14 +1333,18 @@ COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, int
 -- jobs is a JSON array of objects whose keys are enqueue's argument names; a
 -- missing key takes enqueue's default, run_at is an ISO 8601 string, every an
 -- interval string ("5 minutes"), run_in an interval string counted from now (an
--- alternative to run_at), timeout an interval string, backoff an array of them. Returns the ids in input order; a key repeated in the
+-- alternative to run_at), timeout an interval string, backoff an array of them,
+-- on_conflict and unique_while strings and unique_period an interval string, as
+-- enqueue takes them. Returns the ids in input order; a key repeated in the
 -- array for the same queue, or already held by a job there, returns the first
--- job's id. Concurrent calls sharing keys, in any order, never deadlock.
+-- job's id (with on_conflict other than 'keep', the later elements merge into it
+-- as enqueue's would, in input order). Concurrent calls sharing keys, in any
+-- order, never deadlock.
 -- Raises 22004: jobs null. 22023: jobs not an array, or any element bad (not an
 -- object, an unknown key, a value of the wrong type or out of range, a name,
 -- queue, key or args that enqueue refuses, both run_at and run_in, an infinite
--- run_at, an every, timeout or backoff as enqueue refuses it); nothing is
--- written then. 42501: a tenant's queue outside its prefix. TQ001: a queue would
+-- run_at, an every, timeout, backoff, on_conflict, unique_while or
+-- unique_period as enqueue refuses it); nothing is written then. 42501: a tenant's queue outside its prefix. TQ001: a queue would
 -- pass its max_depth (every element counts, keyed or not); nothing is written.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue_many(jobs jsonb)
@@ -1260,7 +1359,8 @@ SET jit = off
 AS $$
 DECLARE
     c_keys CONSTANT text[] := ARRAY['name', 'args', 'queue', 'priority', 'run_at', 'run_in', 'max_attempts',
-                                    'idempotency_key', 'every', 'timeout', 'backoff'];
+                                    'idempotency_key', 'every', 'timeout', 'backoff', 'on_conflict',
+                                    'unique_while', 'unique_period'];
     v_now      timestamptz := treadle.now();
     v_max_size integer := treadle._max_payload_bytes();
     v_big      boolean;  -- the whole array is over the size limit, so an element may be
@@ -1276,7 +1376,13 @@ DECLARE
     a_every    interval[];
     a_timeout  interval[];
     a_backoff  jsonb[];      -- each job's backoff as a JSON array (interval[][] cannot be ragged)
+    v_keyed    boolean;  -- some element names on_conflict, unique_while or unique_period
+    a_mode     text[];       -- on_conflict (null, as the three below, when no element names one)
+    a_while    text[];       -- unique_while
+    a_period   interval[];   -- unique_period
+    a_bucket   timestamptz[];  -- the start of each key's period
     v_ids      bigint[];
+    v_i        bigint;
 BEGIN
     IF jobs IS NULL THEN
         RAISE EXCEPTION 'treadle: jobs must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -1290,6 +1396,8 @@ BEGIN
     -- levels down): only a batch that could hold a bad one pays for a test per element.
     v_big := pg_column_size(jobs) > v_max_size;
     v_deep := jsonb_path_exists(jobs, 'strict $.**{102} ? (@.type() == "object" || @.type() == "array")');
+    -- The key options are read only from a batch that names one: the others pay nothing for them.
+    v_keyed := jsonb_path_exists(jobs, 'strict $[*] ? (exists(@.on_conflict) || exists(@.unique_while) || exists(@.unique_period))');
 
     -- The shape of every element, in one pass; the first bad one is reported.
     SELECT e.ord, e.problem INTO v_bad
@@ -1333,6 +1441,12 @@ BEGIN
                           OR EXISTS (SELECT 1 FROM jsonb_array_elements(s.spec -> 'backoff') AS b(delay)
                                       WHERE jsonb_typeof(b.delay) <> 'string'))
                     THEN 'has a "backoff" that is not an array of 1 to 100 interval strings'
+                WHEN v_keyed AND s.spec ? 'on_conflict' AND jsonb_typeof(s.spec -> 'on_conflict') <> 'string'
+                    THEN 'has an "on_conflict" that is not a string'
+                WHEN v_keyed AND s.spec ? 'unique_while' AND jsonb_typeof(s.spec -> 'unique_while') <> 'string'
+                    THEN 'has a "unique_while" that is not a string'
+                WHEN v_keyed AND s.spec ? 'unique_period' AND jsonb_typeof(s.spec -> 'unique_period') <> ALL (ARRAY['string', 'null'])
+                    THEN 'has a "unique_period" that is not an interval string'
                 END AS problem
               FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord)) AS e
      WHERE e.problem IS NOT NULL
@@ -1355,8 +1469,12 @@ BEGIN
                array_agg(s.spec ->> 'idempotency_key' ORDER BY s.ord),
                array_agg((s.spec ->> 'every')::interval ORDER BY s.ord),
                array_agg((s.spec ->> 'timeout')::interval ORDER BY s.ord),
-               array_agg(nullif(s.spec -> 'backoff', 'null'::jsonb) ORDER BY s.ord)
-          INTO a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff
+               array_agg(nullif(s.spec -> 'backoff', 'null'::jsonb) ORDER BY s.ord),
+               array_agg(coalesce(s.spec ->> 'on_conflict', 'keep') ORDER BY s.ord) FILTER (WHERE v_keyed),
+               array_agg(coalesce(s.spec ->> 'unique_while', 'retained') ORDER BY s.ord) FILTER (WHERE v_keyed),
+               array_agg((s.spec ->> 'unique_period')::interval ORDER BY s.ord) FILTER (WHERE v_keyed)
+          INTO a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff,
+               a_mode, a_while, a_period
           FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord);
         PERFORM treadle._check_backoff(treadle._intervals(b.delays), 'a "backoff" in jobs')
            FROM unnest(a_backoff) AS b(delays)
@@ -1365,7 +1483,7 @@ BEGIN
         IF SQLSTATE = '22023' THEN
             RAISE;  -- already says what is wrong
         END IF;
-        RAISE EXCEPTION 'treadle: jobs has a bad run_at, run_in, every, timeout or backoff: %', SQLERRM
+        RAISE EXCEPTION 'treadle: jobs has a bad run_at, run_in, every, timeout, backoff or unique_period: %', SQLERRM
             USING ERRCODE = 'invalid_parameter_value';
     END;
     IF EXISTS (SELECT 1 FROM unnest(a_timeout) AS t(timeout) WHERE t.timeout <= interval '0' OR t.timeout > interval '7 days') THEN
@@ -1389,6 +1507,14 @@ BEGIN
     IF a_name IS NULL THEN
         RETURN;  -- an empty array
     END IF;
+    IF v_keyed THEN
+        PERFORM treadle._check_key_options(u.key, u.args, u.mode, u.scope, u.period)
+           FROM unnest(a_key, a_args, a_mode, a_while, a_period) AS u(key, args, mode, scope, period)
+          WHERE u.mode <> 'keep' OR u.scope <> 'retained' OR u.period IS NOT NULL;
+        SELECT array_agg(date_bin(u.period, v_now, timestamptz '2000-01-01 00:00:00+00') ORDER BY u.ord)
+          INTO a_bucket
+          FROM unnest(a_period) WITH ORDINALITY AS u(period, ord);
+    END IF;
     PERFORM treadle._check_queue_allowed(q.queue) FROM (SELECT DISTINCT u.queue FROM unnest(a_queue) AS u(queue)) AS q;
     PERFORM treadle._check_depth(q.queue, s.max_depth, q.adding)
        FROM (SELECT u.queue, count(*)::integer AS adding FROM unnest(a_queue) AS u(queue) GROUP BY u.queue) AS q
@@ -1397,42 +1523,58 @@ BEGIN
     -- One INSERT for all rows. Ids are drawn first so that each input row knows its
     -- own; a keyed row that is not inserted maps to the job holding its key. Rows go
     -- in key order (the first of a repeated key wins), so concurrent batches that
-    -- share keys wait for each other in the same order and never deadlock.
+    -- share keys wait for each other in the same order and never deadlock. Rows with
+    -- on_conflict other than 'keep' go through enqueue below.
     WITH input AS (
         SELECT i.*, nextval('treadle.jobs_id_seq'::regclass) AS new_id
-          FROM unnest(a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff)
+          FROM unnest(a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff,
+                      a_mode, a_while, a_bucket)
                WITH ORDINALITY AS i(name, args, queue, priority, run_at, max_attempts, idempotency_key, every,
-                                    timeout, backoff, ord)
+                                    timeout, backoff, mode, scope, bucket, ord)
     ), inserted AS (
         INSERT INTO treadle.jobs AS j
             (id, queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-             timeout, backoff)
+             timeout, backoff, key_scope, key_period)
         SELECT i.new_id, i.queue, i.name, i.args, i.priority, i.run_at, i.max_attempts,
-               i.idempotency_key, i.every, v_now, i.timeout, treadle._intervals(i.backoff)
+               i.idempotency_key, i.every, v_now, i.timeout, treadle._intervals(i.backoff),
+               CASE WHEN i.idempotency_key IS NOT NULL THEN coalesce(i.scope, 'retained') END, i.bucket
           FROM input AS i
+         WHERE i.mode IS NULL OR i.mode = 'keep'
          ORDER BY i.queue, i.idempotency_key, i.ord
-        ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-        RETURNING j.id, j.queue, j.idempotency_key
+        ON CONFLICT (queue, idempotency_key, key_period)
+           WHERE idempotency_key IS NOT NULL
+             AND (key_scope IS NULL OR key_scope = 'retained'
+                  OR (key_scope = 'active' AND finished_at IS NULL)
+                  OR (key_scope = 'waiting' AND started_at IS NULL AND finished_at IS NULL))
+        DO NOTHING
+        RETURNING j.id, j.queue, j.idempotency_key, j.key_period
     )
     -- Joins, not a subquery per row over `inserted`: that one grew as rows squared.
-    SELECT array_agg(coalesce(
+    SELECT array_agg(CASE WHEN i.mode IS NULL OR i.mode = 'keep' THEN coalesce(
                n.id, k.id,
                (SELECT j.id FROM treadle.jobs AS j
-                 WHERE j.queue = i.queue AND j.idempotency_key = i.idempotency_key))
-           ORDER BY i.ord)
+                 WHERE j.queue = i.queue AND j.idempotency_key = i.idempotency_key
+                   AND j.key_period IS NOT DISTINCT FROM i.bucket
+                   AND (j.key_scope IS NULL OR j.key_scope = 'retained'
+                        OR (j.key_scope = 'active' AND j.finished_at IS NULL)
+                        OR (j.key_scope = 'waiting' AND j.started_at IS NULL AND j.finished_at IS NULL))))
+           END ORDER BY i.ord)
       INTO v_ids
       FROM input AS i
       LEFT JOIN inserted AS n ON n.id = i.new_id
-      LEFT JOIN inserted AS k ON n.id IS NULL AND k.queue = i.queue AND k.idempotency_key = i.idempotency_key;
+      LEFT JOIN inserted AS k ON n.id IS NULL AND k.queue = i.queue AND k.idempotency_key = i.idempotency_key
+                             AND k.key_period IS NOT DISTINCT FROM i.bucket;
 
     -- A key whose holder committed while this statement waited is not in its snapshot:
-    -- look it up again with a fresh one.
-    FOR v_i IN 1 .. cardinality(v_ids) LOOP
-        IF v_ids[v_i] IS NULL THEN
-            v_ids[v_i] := treadle.enqueue(a_name[v_i], a_args[v_i], a_queue[v_i], a_priority[v_i],
-                                          a_run_at[v_i], a_max[v_i], a_key[v_i], a_every[v_i],
-                                          a_timeout[v_i], treadle._intervals(a_backoff[v_i]));
-        END IF;
+    -- look it up again with a fresh one. Rows that merge into a held key's job go
+    -- here too. Key order again, so that concurrent batches never deadlock.
+    FOR v_i IN SELECT u.ord FROM unnest(v_ids, a_queue, a_key) WITH ORDINALITY AS u(id, queue, key, ord)
+                WHERE u.id IS NULL ORDER BY u.queue, u.key, u.ord LOOP
+        v_ids[v_i] := treadle.enqueue(a_name[v_i], a_args[v_i], a_queue[v_i], a_priority[v_i],
+                                      a_run_at[v_i], a_max[v_i], a_key[v_i], a_every[v_i],
+                                      a_timeout[v_i], treadle._intervals(a_backoff[v_i]),
+                                      coalesce(a_mode[v_i], 'keep'), coalesce(a_while[v_i], 'retained'),
+                                      a_period[v_i]);
     END LOOP;
 
     PERFORM treadle._notify('treadle_jobs', q.queue)
@@ -1443,6 +1585,117 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.enqueue_many(jsonb) IS
     'Enqueue a JSON array of jobs in one statement; returns their ids in input order.';
+--------------------------------------------------------------------------------
+-- Idempotency keys: what a call does when its key is taken (on_conflict), how
+-- long a job holds its key (unique_while) and the period a key is taken for
+-- (unique_period). treadle.enqueue and treadle.enqueue_many (030_enqueue.sql)
+-- call these helpers only when a caller asks for more than today's default.
+--
+-- A job holds its key while it is in its scope, which treadle.jobs's unique index
+-- jobs_idempotency_key_idx expresses (010_tables.sql):
+--   'waiting'  until its first claim (or until it finishes without running);
+--   'active'   until it finishes (completed, discarded or cancelled);
+--   'retained' as long as its row exists (the default);
+--   'released' never again: it gave its key up (see below), or treadle.retry
+--              brought it back after its scope had ended.
+-- A key that left its scope is free at once, and a job never takes a key back.
+-- With unique_period, the key is taken per period of treadle's clock (buckets
+-- counted from 2000-01-01 00:00 UTC): the same key in the next period is a new job.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._check_key_options(key, args, on_conflict, unique_while, unique_period) -> void
+--
+-- Raises 22004: on_conflict or unique_while null. 22023: an unknown
+-- on_conflict or unique_while; a unique_period not positive, over 366 days, or
+-- counted in months or years; any of them other than the default without an
+-- idempotency key; on_conflict 'append' with args that are not a JSON object.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_key_options(key text, args jsonb, on_conflict text,
+                                                     unique_while text, unique_period interval)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF on_conflict IS NULL OR unique_while IS NULL THEN
+        RAISE EXCEPTION 'treadle: % must not be null', CASE WHEN on_conflict IS NULL THEN 'on_conflict' ELSE 'unique_while' END
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF on_conflict <> ALL (ARRAY['keep', 'replace', 'replace_args', 'append']) THEN
+        RAISE EXCEPTION 'treadle: on_conflict must be keep, replace, replace_args or append, got "%"', on_conflict
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF unique_while <> ALL (ARRAY['waiting', 'active', 'retained']) THEN
+        RAISE EXCEPTION 'treadle: unique_while must be waiting, active or retained, got "%"', unique_while
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF unique_period IS NOT NULL THEN
+        PERFORM treadle._check_interval(unique_period, 'unique_period', interval '366 days');
+        IF date_part('month', unique_period) <> 0 OR date_part('year', unique_period) <> 0 THEN
+            RAISE EXCEPTION 'treadle: unique_period must be counted in days or less, not months or years, got %', unique_period
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+    IF key IS NULL AND (on_conflict <> 'keep' OR unique_while <> 'retained' OR unique_period IS NOT NULL) THEN
+        RAISE EXCEPTION 'treadle: on_conflict, unique_while and unique_period need an idempotency_key'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF on_conflict = 'append' AND jsonb_typeof(args) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'treadle: on_conflict append needs args that are a JSON object of arrays, not %',
+                        coalesce(jsonb_typeof(args), 'null')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_key_options(text, jsonb, text, text, interval) IS
+    'Raise 22004 or 22023 for on_conflict, unique_while or unique_period that enqueue refuses.';
+
+--------------------------------------------------------------------------------
+-- treadle._append_args(held, more) -> jsonb
+--
+-- The args of a waiting job that a call with on_conflict 'append' merges into:
+-- each member of `more` that is an array is appended to the held array of that
+-- name (a missing one starts empty); any other member replaces the held one.
+-- Raises 22023: held args not an object, a held member that is not an array
+-- where `more` appends to it, or merged args over the size limit; the caller's
+-- statement then writes nothing.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._append_args(held jsonb, more jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_bad    text;
+    v_merged jsonb;
+BEGIN
+    IF jsonb_typeof(held) <> 'object' THEN
+        RAISE EXCEPTION 'treadle: on_conflict append needs the waiting job''s args to be a JSON object, not %', jsonb_typeof(held)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT m.key INTO v_bad
+      FROM jsonb_each(more) AS m(key, value)
+     WHERE jsonb_typeof(m.value) = 'array' AND held ? m.key AND jsonb_typeof(held -> m.key) <> 'array'
+     ORDER BY m.key
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'treadle: on_conflict append cannot append to "%": the waiting job''s value there is not an array', v_bad
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT held || coalesce(jsonb_object_agg(m.key, CASE WHEN jsonb_typeof(m.value) = 'array'
+                                                         THEN coalesce(held -> m.key, '[]'::jsonb) || m.value
+                                                         ELSE m.value END), '{}'::jsonb)
+      INTO v_merged
+      FROM jsonb_each(more) AS m(key, value);
+    PERFORM treadle._check_payload(v_merged, 'args appended to', treadle._max_payload_bytes());
+    RETURN v_merged;
+END;
+$$;
+COMMENT ON FUNCTION treadle._append_args(jsonb, jsonb) IS
+    'Merge args for on_conflict append: arrays appended by member name, other members replaced.';
 --------------------------------------------------------------------------------
 -- Claim cursors' helpers. A cursor (treadle._claim_cursor) is kept as text in a
 -- session setting, so times are kept as microseconds since 1970 (null for an
@@ -3508,7 +3761,10 @@ BEGIN
            finished_at = NULL,
            cancel_requested = false,
            lease_token = NULL,
-           ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
+           ready_txid = pg_current_xact_id(),  -- claimable again: claims look for it (040_claim.sql)
+           -- a key whose scope ended when the job finished is not taken back (032_enqueue_keys.sql)
+           key_scope = CASE WHEN j.finished_at IS NOT NULL AND j.key_scope = ANY (ARRAY['waiting', 'active'])
+                            THEN 'released' ELSE j.key_scope END
      WHERE j.id = retry.job_id
        AND j.state = ANY (ARRAY['discarded', 'cancelled', 'retryable'])
     RETURNING j.* INTO v_job;
@@ -6691,7 +6947,8 @@ COMMENT ON FUNCTION treadle.job_counts(bigint) IS
 --
 -- Transition: none. Why a job is where it is, one row per reason, in words: a
 -- stable key (reason), a sentence (message) and the time it names, if any (at).
---   available, retryable: not_due (run_at later), retrying (attempt n of m
+--   available, retryable: not_due (run_at later; "debounced until" for a job
+--     that holds its idempotency key), retrying (attempt n of m
 --     failed), paused, concurrency_limit (N running), rate_limit (next slot at),
 --     no_worker (no live worker serves the queue, or none of those that do
 --     handles the job's name: for a workflow step, has a handler for the step
@@ -6730,7 +6987,8 @@ BEGIN
     END IF;
     -- not j.*: the lease token is nobody's business here
     SELECT j.id, j.queue, j.name, j.state, j.priority, j.run_at, j.attempt, j.max_attempts, j.lease_until,
-           j.worker_id, j.last_error, j.finished_at, j.started_at, j.cancel_requested, j.workflow_run_id, j.step
+           j.worker_id, j.last_error, j.finished_at, j.started_at, j.cancel_requested, j.workflow_run_id, j.step,
+           j.idempotency_key, (SELECT e.key_scope FROM treadle.jobs AS e WHERE e.id = j.id) AS key_scope
       INTO v_job
       FROM treadle.job_details AS j  -- treadle.jobs and its history
      WHERE j.id = explain.job_id AND starts_with(j.queue, treadle._caller_prefix());
@@ -6791,7 +7049,14 @@ BEGIN
     IF v_job.run_at > v_now THEN
         v_held := true;
         IF v_job.state = 'available' THEN
-            RETURN QUERY SELECT 'not_due', format('not due until %s', v_job.run_at), v_job.run_at;
+            -- a job that holds its key: a call with on_conflict 'replace' moves its time (032_enqueue_keys.sql)
+            IF v_job.idempotency_key IS NOT NULL AND v_job.key_scope IS DISTINCT FROM 'released'
+               AND NOT (v_job.key_scope = 'waiting' AND v_job.started_at IS NOT NULL) THEN
+                RETURN QUERY SELECT 'not_due', format('debounced until %s: it holds key %s, and a call with that key and on_conflict replace moves this time',
+                                                      v_job.run_at, v_job.idempotency_key), v_job.run_at;
+            ELSE
+                RETURN QUERY SELECT 'not_due', format('not due until %s', v_job.run_at), v_job.run_at;
+            END IF;
         END IF;
     END IF;
 
@@ -6966,7 +7231,7 @@ BEGIN
         ('read',    'treadle.job_counts(bigint)'),
         ('read',    'treadle.estimated_jobs(text, text)'),
         ('read',    'treadle.explain(bigint)'),
-        ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[])'),
+        ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[], text, text, interval)'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
         ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb)'),
         ('produce', 'treadle.signal(bigint, text, jsonb)'),

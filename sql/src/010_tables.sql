@@ -124,6 +124,8 @@ CREATE TABLE treadle.jobs (
     ready_txid       xid8        DEFAULT pg_current_xact_id(),
     timeout          interval,                           -- how long one attempt may run; null: no limit
     backoff          interval[],                         -- delays before retries 1, 2, ...; null: the default
+    key_scope        text,                               -- while the key is held (032_enqueue_keys.sql); null: retained
+    key_period       timestamptz,                        -- the start of the period the key is taken for; null: none
     CONSTRAINT jobs_state_check CHECK (state = ANY (ARRAY[
         'available', 'running', 'retryable', 'completed', 'discarded', 'cancelled'])),
     CONSTRAINT jobs_queue_check CHECK (queue <> ''),
@@ -143,7 +145,8 @@ CREATE TABLE treadle.jobs (
     CONSTRAINT jobs_step_check CHECK ((workflow_run_id IS NULL) = (step IS NULL)),
     CONSTRAINT jobs_progress_check CHECK (progress >= 0 AND progress <= 1),
     CONSTRAINT jobs_timeout_check CHECK (timeout > interval '0'),
-    CONSTRAINT jobs_backoff_check CHECK (cardinality(backoff) BETWEEN 1 AND 100)
+    CONSTRAINT jobs_backoff_check CHECK (cardinality(backoff) BETWEEN 1 AND 100),
+    CONSTRAINT jobs_key_scope_check CHECK (key_scope = ANY (ARRAY['waiting', 'active', 'retained', 'released']))
 );
 
 -- Claims read only claimable rows: finished rows never slow a claim. The second index
@@ -202,10 +205,18 @@ CREATE INDEX jobs_lease_idx ON treadle.jobs (lease_until) WHERE lease_until IS N
 -- only jobs that have a timeout and run now are in this index.
 CREATE INDEX jobs_timeout_idx ON treadle.jobs (started_at) WHERE lease_until IS NOT NULL AND timeout IS NOT NULL;
 
--- An idempotency key belongs to its job for as long as the row exists. Keys are per
--- queue, so that tenants kept apart by queue can neither see nor suppress each other's.
+-- An idempotency key belongs to its job while the job is in its key_scope: until its
+-- first claim ('waiting'), until it finishes ('active'), as long as the row exists
+-- ('retained', or null), never ('released'); per period when key_period is set
+-- (032_enqueue_keys.sql). State changes move a job out of its scope and never back
+-- in, so no transition but enqueue's insert can meet the index's uniqueness. Keys are
+-- per queue, so that tenants kept apart by queue can neither see nor suppress each other's.
 CREATE UNIQUE INDEX jobs_idempotency_key_idx
-    ON treadle.jobs (queue, idempotency_key) WHERE idempotency_key IS NOT NULL;
+    ON treadle.jobs (queue, idempotency_key, key_period) NULLS NOT DISTINCT
+    WHERE idempotency_key IS NOT NULL
+      AND (key_scope IS NULL OR key_scope = 'retained'
+           OR (key_scope = 'active' AND finished_at IS NULL)
+           OR (key_scope = 'waiting' AND started_at IS NULL AND finished_at IS NULL));
 
 -- the throughput view, apply_retention() and prune() read finished jobs by time
 CREATE INDEX jobs_finished_at_idx ON treadle.jobs (finished_at) WHERE finished_at IS NOT NULL;

@@ -1,12 +1,25 @@
 --------------------------------------------------------------------------------
 -- treadle.enqueue(name, args, queue, priority, run_at, max_attempts,
---                 idempotency_key, every, timeout, backoff) -> bigint
+--                 idempotency_key, every, timeout, backoff,
+--                 on_conflict, unique_while, unique_period) -> bigint
 --
--- Transition: (none) -> available, in the caller's transaction.
--- Returns the new job's id. With an idempotency key that a job already holds,
--- returns that job's id (whatever its state) and inserts nothing; a caller that
--- meets another's uncommitted insert of the key waits for it, then gets its id
--- (commit) or inserts its own (rollback). Keys are per queue. With `every`, the
+-- Transition: (none) -> available, in the caller's transaction; with a key held
+-- by a waiting job and on_conflict other than 'keep': that job's args (and run_at)
+-- change instead.
+-- Returns the new job's id. With an idempotency key that a job holds (see
+-- 032_enqueue_keys.sql: the job holds it while it waits ('waiting'), waits or runs
+-- ('active') or until retention ('retained', the default), per unique_period
+-- bucket of treadle's clock when one is given), on_conflict chooses:
+--   'keep'         returns the holder's id, whatever its state; inserts nothing;
+--   'replace'      a waiting holder (available or retryable) takes the new args
+--                  and run_at (debounce: the last call wins, the timer restarts);
+--   'replace_args' a waiting holder takes the new args, keeps its run_at (throttle);
+--   'append'       a waiting holder's args (an object) get each array member of
+--                  the new args appended to theirs (batch; treadle._append_args).
+-- With the last three, a holder that runs or has finished is never changed: it
+-- gives its key up (key_scope 'released') and a new job takes it. A caller that
+-- meets another's uncommitted insert or change of the key waits for it, then acts
+-- on what it committed. Keys are per queue. With `every`, the
 -- job starts a periodic series (see treadle._follow_up). `timeout` bounds how long
 -- one attempt may run (treadle.rescue takes back a job still running past it);
 -- `backoff` lists the delays before retries 1, 2, ... (the last one repeats), each
@@ -17,8 +30,11 @@
 -- run_at infinite; every not positive, over 10 years, or so long that the next
 -- occurrence is past the last time PostgreSQL can hold; timeout not positive or
 -- over 7 days; backoff empty, over 100 delays, or with a null, negative or
--- over-366-day delay. 42501: a tenant's queue outside its prefix. TQ001: the queue
--- holds its max_depth of waiting jobs (treadle.set_queue); nothing is written.
+-- over-366-day delay; on_conflict, unique_while or unique_period as
+-- treadle._check_key_options refuses them; merged args as treadle._append_args
+-- refuses them. 22004 also: on_conflict or unique_while null. 42501: a tenant's
+-- queue outside its prefix. TQ001: the queue holds its max_depth of waiting jobs
+-- (treadle.set_queue); nothing is written.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue(
     name            text,
@@ -30,7 +46,10 @@ CREATE OR REPLACE FUNCTION treadle.enqueue(
     idempotency_key text        DEFAULT NULL,
     every           interval    DEFAULT NULL,
     timeout         interval    DEFAULT NULL,
-    backoff         interval[]  DEFAULT NULL
+    backoff         interval[]  DEFAULT NULL,
+    on_conflict     text        DEFAULT 'keep',
+    unique_while    text        DEFAULT 'retained',
+    unique_period   interval    DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -45,6 +64,8 @@ DECLARE
     v_id   bigint;
     v_foreign   boolean;  -- a tenant names a queue outside its prefix
     v_max_depth integer;
+    v_period    timestamptz;  -- the start of the key's period (unique_period)
+    v_run_at    timestamptz;
 BEGIN
     -- This is the hottest path, and a PL/pgSQL helper call costs as much as the
     -- insert: the checks are inline expressions, and a helper runs only to raise.
@@ -63,6 +84,14 @@ BEGIN
     END IF;
     IF NOT treadle._is_name(enqueue.idempotency_key) THEN
         PERFORM treadle._check_text(enqueue.idempotency_key, 'idempotency_key');
+    END IF;
+    IF enqueue.on_conflict IS DISTINCT FROM 'keep' OR enqueue.unique_while IS DISTINCT FROM 'retained'
+       OR enqueue.unique_period IS NOT NULL THEN
+        PERFORM treadle._check_key_options(enqueue.idempotency_key, enqueue.args, enqueue.on_conflict,
+                                           enqueue.unique_while, enqueue.unique_period);
+        IF enqueue.unique_period IS NOT NULL THEN
+            v_period := date_bin(enqueue.unique_period, v_now, timestamptz '2000-01-01 00:00:00+00');
+        END IF;
     END IF;
     v_args := CASE WHEN enqueue.args IS NULL OR jsonb_typeof(enqueue.args) = 'null' THEN '{}' ELSE enqueue.args END;
     IF jsonb_typeof(v_args) <> ALL (ARRAY['object', 'array']) THEN
@@ -116,15 +145,66 @@ BEGIN
         PERFORM treadle._check_depth(enqueue.queue, v_max_depth, 1);
     END IF;
 
+    IF enqueue.on_conflict IS DISTINCT FROM 'keep' THEN
+        -- (a key and a known mode: checked above)
+        LOOP
+            INSERT INTO treadle.jobs AS j
+                (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
+                 timeout, backoff, key_scope, key_period)
+            VALUES
+                (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
+                 enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
+                 enqueue.timeout, enqueue.backoff, enqueue.unique_while, v_period)
+            ON CONFLICT (queue, idempotency_key, key_period)
+               WHERE idempotency_key IS NOT NULL
+                 AND (key_scope IS NULL OR key_scope = 'retained'
+                      OR (key_scope = 'active' AND finished_at IS NULL)
+                      OR (key_scope = 'waiting' AND started_at IS NULL AND finished_at IS NULL))
+            DO UPDATE
+               SET args = CASE WHEN enqueue.on_conflict = 'append' THEN treadle._append_args(j.args, excluded.args)
+                               ELSE excluded.args END,
+                   run_at = CASE WHEN enqueue.on_conflict = 'replace' THEN excluded.run_at ELSE j.run_at END,
+                   -- a run_at moved earlier must be found by claims that resume (040_claim.sql)
+                   ready_txid = CASE WHEN enqueue.on_conflict = 'replace' THEN pg_current_xact_id()
+                                     ELSE j.ready_txid END
+             WHERE j.state = ANY (ARRAY['available', 'retryable'])
+            RETURNING j.id, j.run_at INTO v_id, v_run_at;
+
+            IF v_id IS NOT NULL THEN
+                IF v_run_at <= v_now THEN
+                    PERFORM treadle._notify('treadle_jobs', enqueue.queue);
+                END IF;
+                RETURN v_id;
+            END IF;
+
+            -- The holder runs or has finished (the insert locked it): it gives its key up,
+            -- unchanged otherwise, and the next insert takes the key.
+            UPDATE treadle.jobs AS j
+               SET key_scope = 'released'
+             WHERE j.queue = enqueue.queue AND j.idempotency_key = enqueue.idempotency_key
+               AND j.key_period IS NOT DISTINCT FROM v_period
+               AND (j.key_scope IS NULL OR j.key_scope = 'retained'
+                    OR (j.key_scope = 'active' AND j.finished_at IS NULL)
+                    OR (j.key_scope = 'waiting' AND j.started_at IS NULL AND j.finished_at IS NULL))
+               AND j.state <> ALL (ARRAY['available', 'retryable']);
+        END LOOP;
+    END IF;
+
     LOOP
         INSERT INTO treadle.jobs AS j
             (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-             timeout, backoff)
+             timeout, backoff, key_scope, key_period)
         VALUES
             (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
              enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
-             enqueue.timeout, enqueue.backoff)
-        ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+             enqueue.timeout, enqueue.backoff,
+             CASE WHEN enqueue.idempotency_key IS NOT NULL THEN enqueue.unique_while END, v_period)
+        ON CONFLICT (queue, idempotency_key, key_period)
+           WHERE idempotency_key IS NOT NULL
+             AND (key_scope IS NULL OR key_scope = 'retained'
+                  OR (key_scope = 'active' AND finished_at IS NULL)
+                  OR (key_scope = 'waiting' AND started_at IS NULL AND finished_at IS NULL))
+        DO NOTHING
         RETURNING j.id INTO v_id;
 
         IF v_id IS NOT NULL THEN
@@ -136,17 +216,21 @@ BEGIN
 
         -- The key is taken: by a committed job, or by one whose insert we waited for.
         SELECT j.id INTO v_id FROM treadle.jobs AS j
-         WHERE j.queue = enqueue.queue AND j.idempotency_key = enqueue.idempotency_key;
+         WHERE j.queue = enqueue.queue AND j.idempotency_key = enqueue.idempotency_key
+           AND j.key_period IS NOT DISTINCT FROM v_period
+           AND (j.key_scope IS NULL OR j.key_scope = 'retained'
+                OR (j.key_scope = 'active' AND j.finished_at IS NULL)
+                OR (j.key_scope = 'waiting' AND j.started_at IS NULL AND j.finished_at IS NULL));
         IF FOUND THEN
             RETURN v_id;
         END IF;
-        -- The holder was deleted between the two statements: try to insert again.
+        -- The holder was deleted, or left its scope, between the two statements: try to insert again.
     END LOOP;
 END;
 $$;
 COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval,
-                                    interval, interval[]) IS
-    'Enqueue a job in the caller''s transaction and return its id (an idempotency key returns its holder''s id).';
+                                    interval, interval[], text, text, interval) IS
+    'Enqueue a job in the caller''s transaction and return its id (a held idempotency key returns its holder''s id, or merges into it: on_conflict).';
 
 --------------------------------------------------------------------------------
 -- treadle.enqueue_many(jobs jsonb) -> setof bigint
@@ -155,14 +239,18 @@ COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, int
 -- jobs is a JSON array of objects whose keys are enqueue's argument names; a
 -- missing key takes enqueue's default, run_at is an ISO 8601 string, every an
 -- interval string ("5 minutes"), run_in an interval string counted from now (an
--- alternative to run_at), timeout an interval string, backoff an array of them. Returns the ids in input order; a key repeated in the
+-- alternative to run_at), timeout an interval string, backoff an array of them,
+-- on_conflict and unique_while strings and unique_period an interval string, as
+-- enqueue takes them. Returns the ids in input order; a key repeated in the
 -- array for the same queue, or already held by a job there, returns the first
--- job's id. Concurrent calls sharing keys, in any order, never deadlock.
+-- job's id (with on_conflict other than 'keep', the later elements merge into it
+-- as enqueue's would, in input order). Concurrent calls sharing keys, in any
+-- order, never deadlock.
 -- Raises 22004: jobs null. 22023: jobs not an array, or any element bad (not an
 -- object, an unknown key, a value of the wrong type or out of range, a name,
 -- queue, key or args that enqueue refuses, both run_at and run_in, an infinite
--- run_at, an every, timeout or backoff as enqueue refuses it); nothing is
--- written then. 42501: a tenant's queue outside its prefix. TQ001: a queue would
+-- run_at, an every, timeout, backoff, on_conflict, unique_while or
+-- unique_period as enqueue refuses it); nothing is written then. 42501: a tenant's queue outside its prefix. TQ001: a queue would
 -- pass its max_depth (every element counts, keyed or not); nothing is written.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue_many(jobs jsonb)
@@ -177,7 +265,8 @@ SET jit = off
 AS $$
 DECLARE
     c_keys CONSTANT text[] := ARRAY['name', 'args', 'queue', 'priority', 'run_at', 'run_in', 'max_attempts',
-                                    'idempotency_key', 'every', 'timeout', 'backoff'];
+                                    'idempotency_key', 'every', 'timeout', 'backoff', 'on_conflict',
+                                    'unique_while', 'unique_period'];
     v_now      timestamptz := treadle.now();
     v_max_size integer := treadle._max_payload_bytes();
     v_big      boolean;  -- the whole array is over the size limit, so an element may be
@@ -193,7 +282,13 @@ DECLARE
     a_every    interval[];
     a_timeout  interval[];
     a_backoff  jsonb[];      -- each job's backoff as a JSON array (interval[][] cannot be ragged)
+    v_keyed    boolean;  -- some element names on_conflict, unique_while or unique_period
+    a_mode     text[];       -- on_conflict (null, as the three below, when no element names one)
+    a_while    text[];       -- unique_while
+    a_period   interval[];   -- unique_period
+    a_bucket   timestamptz[];  -- the start of each key's period
     v_ids      bigint[];
+    v_i        bigint;
 BEGIN
     IF jobs IS NULL THEN
         RAISE EXCEPTION 'treadle: jobs must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -207,6 +302,8 @@ BEGIN
     -- levels down): only a batch that could hold a bad one pays for a test per element.
     v_big := pg_column_size(jobs) > v_max_size;
     v_deep := jsonb_path_exists(jobs, 'strict $.**{102} ? (@.type() == "object" || @.type() == "array")');
+    -- The key options are read only from a batch that names one: the others pay nothing for them.
+    v_keyed := jsonb_path_exists(jobs, 'strict $[*] ? (exists(@.on_conflict) || exists(@.unique_while) || exists(@.unique_period))');
 
     -- The shape of every element, in one pass; the first bad one is reported.
     SELECT e.ord, e.problem INTO v_bad
@@ -250,6 +347,12 @@ BEGIN
                           OR EXISTS (SELECT 1 FROM jsonb_array_elements(s.spec -> 'backoff') AS b(delay)
                                       WHERE jsonb_typeof(b.delay) <> 'string'))
                     THEN 'has a "backoff" that is not an array of 1 to 100 interval strings'
+                WHEN v_keyed AND s.spec ? 'on_conflict' AND jsonb_typeof(s.spec -> 'on_conflict') <> 'string'
+                    THEN 'has an "on_conflict" that is not a string'
+                WHEN v_keyed AND s.spec ? 'unique_while' AND jsonb_typeof(s.spec -> 'unique_while') <> 'string'
+                    THEN 'has a "unique_while" that is not a string'
+                WHEN v_keyed AND s.spec ? 'unique_period' AND jsonb_typeof(s.spec -> 'unique_period') <> ALL (ARRAY['string', 'null'])
+                    THEN 'has a "unique_period" that is not an interval string'
                 END AS problem
               FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord)) AS e
      WHERE e.problem IS NOT NULL
@@ -272,8 +375,12 @@ BEGIN
                array_agg(s.spec ->> 'idempotency_key' ORDER BY s.ord),
                array_agg((s.spec ->> 'every')::interval ORDER BY s.ord),
                array_agg((s.spec ->> 'timeout')::interval ORDER BY s.ord),
-               array_agg(nullif(s.spec -> 'backoff', 'null'::jsonb) ORDER BY s.ord)
-          INTO a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff
+               array_agg(nullif(s.spec -> 'backoff', 'null'::jsonb) ORDER BY s.ord),
+               array_agg(coalesce(s.spec ->> 'on_conflict', 'keep') ORDER BY s.ord) FILTER (WHERE v_keyed),
+               array_agg(coalesce(s.spec ->> 'unique_while', 'retained') ORDER BY s.ord) FILTER (WHERE v_keyed),
+               array_agg((s.spec ->> 'unique_period')::interval ORDER BY s.ord) FILTER (WHERE v_keyed)
+          INTO a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff,
+               a_mode, a_while, a_period
           FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord);
         PERFORM treadle._check_backoff(treadle._intervals(b.delays), 'a "backoff" in jobs')
            FROM unnest(a_backoff) AS b(delays)
@@ -282,7 +389,7 @@ BEGIN
         IF SQLSTATE = '22023' THEN
             RAISE;  -- already says what is wrong
         END IF;
-        RAISE EXCEPTION 'treadle: jobs has a bad run_at, run_in, every, timeout or backoff: %', SQLERRM
+        RAISE EXCEPTION 'treadle: jobs has a bad run_at, run_in, every, timeout, backoff or unique_period: %', SQLERRM
             USING ERRCODE = 'invalid_parameter_value';
     END;
     IF EXISTS (SELECT 1 FROM unnest(a_timeout) AS t(timeout) WHERE t.timeout <= interval '0' OR t.timeout > interval '7 days') THEN
@@ -306,6 +413,14 @@ BEGIN
     IF a_name IS NULL THEN
         RETURN;  -- an empty array
     END IF;
+    IF v_keyed THEN
+        PERFORM treadle._check_key_options(u.key, u.args, u.mode, u.scope, u.period)
+           FROM unnest(a_key, a_args, a_mode, a_while, a_period) AS u(key, args, mode, scope, period)
+          WHERE u.mode <> 'keep' OR u.scope <> 'retained' OR u.period IS NOT NULL;
+        SELECT array_agg(date_bin(u.period, v_now, timestamptz '2000-01-01 00:00:00+00') ORDER BY u.ord)
+          INTO a_bucket
+          FROM unnest(a_period) WITH ORDINALITY AS u(period, ord);
+    END IF;
     PERFORM treadle._check_queue_allowed(q.queue) FROM (SELECT DISTINCT u.queue FROM unnest(a_queue) AS u(queue)) AS q;
     PERFORM treadle._check_depth(q.queue, s.max_depth, q.adding)
        FROM (SELECT u.queue, count(*)::integer AS adding FROM unnest(a_queue) AS u(queue) GROUP BY u.queue) AS q
@@ -314,42 +429,58 @@ BEGIN
     -- One INSERT for all rows. Ids are drawn first so that each input row knows its
     -- own; a keyed row that is not inserted maps to the job holding its key. Rows go
     -- in key order (the first of a repeated key wins), so concurrent batches that
-    -- share keys wait for each other in the same order and never deadlock.
+    -- share keys wait for each other in the same order and never deadlock. Rows with
+    -- on_conflict other than 'keep' go through enqueue below.
     WITH input AS (
         SELECT i.*, nextval('treadle.jobs_id_seq'::regclass) AS new_id
-          FROM unnest(a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff)
+          FROM unnest(a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff,
+                      a_mode, a_while, a_bucket)
                WITH ORDINALITY AS i(name, args, queue, priority, run_at, max_attempts, idempotency_key, every,
-                                    timeout, backoff, ord)
+                                    timeout, backoff, mode, scope, bucket, ord)
     ), inserted AS (
         INSERT INTO treadle.jobs AS j
             (id, queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-             timeout, backoff)
+             timeout, backoff, key_scope, key_period)
         SELECT i.new_id, i.queue, i.name, i.args, i.priority, i.run_at, i.max_attempts,
-               i.idempotency_key, i.every, v_now, i.timeout, treadle._intervals(i.backoff)
+               i.idempotency_key, i.every, v_now, i.timeout, treadle._intervals(i.backoff),
+               CASE WHEN i.idempotency_key IS NOT NULL THEN coalesce(i.scope, 'retained') END, i.bucket
           FROM input AS i
+         WHERE i.mode IS NULL OR i.mode = 'keep'
          ORDER BY i.queue, i.idempotency_key, i.ord
-        ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-        RETURNING j.id, j.queue, j.idempotency_key
+        ON CONFLICT (queue, idempotency_key, key_period)
+           WHERE idempotency_key IS NOT NULL
+             AND (key_scope IS NULL OR key_scope = 'retained'
+                  OR (key_scope = 'active' AND finished_at IS NULL)
+                  OR (key_scope = 'waiting' AND started_at IS NULL AND finished_at IS NULL))
+        DO NOTHING
+        RETURNING j.id, j.queue, j.idempotency_key, j.key_period
     )
     -- Joins, not a subquery per row over `inserted`: that one grew as rows squared.
-    SELECT array_agg(coalesce(
+    SELECT array_agg(CASE WHEN i.mode IS NULL OR i.mode = 'keep' THEN coalesce(
                n.id, k.id,
                (SELECT j.id FROM treadle.jobs AS j
-                 WHERE j.queue = i.queue AND j.idempotency_key = i.idempotency_key))
-           ORDER BY i.ord)
+                 WHERE j.queue = i.queue AND j.idempotency_key = i.idempotency_key
+                   AND j.key_period IS NOT DISTINCT FROM i.bucket
+                   AND (j.key_scope IS NULL OR j.key_scope = 'retained'
+                        OR (j.key_scope = 'active' AND j.finished_at IS NULL)
+                        OR (j.key_scope = 'waiting' AND j.started_at IS NULL AND j.finished_at IS NULL))))
+           END ORDER BY i.ord)
       INTO v_ids
       FROM input AS i
       LEFT JOIN inserted AS n ON n.id = i.new_id
-      LEFT JOIN inserted AS k ON n.id IS NULL AND k.queue = i.queue AND k.idempotency_key = i.idempotency_key;
+      LEFT JOIN inserted AS k ON n.id IS NULL AND k.queue = i.queue AND k.idempotency_key = i.idempotency_key
+                             AND k.key_period IS NOT DISTINCT FROM i.bucket;
 
     -- A key whose holder committed while this statement waited is not in its snapshot:
-    -- look it up again with a fresh one.
-    FOR v_i IN 1 .. cardinality(v_ids) LOOP
-        IF v_ids[v_i] IS NULL THEN
-            v_ids[v_i] := treadle.enqueue(a_name[v_i], a_args[v_i], a_queue[v_i], a_priority[v_i],
-                                          a_run_at[v_i], a_max[v_i], a_key[v_i], a_every[v_i],
-                                          a_timeout[v_i], treadle._intervals(a_backoff[v_i]));
-        END IF;
+    -- look it up again with a fresh one. Rows that merge into a held key's job go
+    -- here too. Key order again, so that concurrent batches never deadlock.
+    FOR v_i IN SELECT u.ord FROM unnest(v_ids, a_queue, a_key) WITH ORDINALITY AS u(id, queue, key, ord)
+                WHERE u.id IS NULL ORDER BY u.queue, u.key, u.ord LOOP
+        v_ids[v_i] := treadle.enqueue(a_name[v_i], a_args[v_i], a_queue[v_i], a_priority[v_i],
+                                      a_run_at[v_i], a_max[v_i], a_key[v_i], a_every[v_i],
+                                      a_timeout[v_i], treadle._intervals(a_backoff[v_i]),
+                                      coalesce(a_mode[v_i], 'keep'), coalesce(a_while[v_i], 'retained'),
+                                      a_period[v_i]);
     END LOOP;
 
     PERFORM treadle._notify('treadle_jobs', q.queue)

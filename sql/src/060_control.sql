@@ -101,7 +101,10 @@ BEGIN
            finished_at = NULL,
            cancel_requested = false,
            lease_token = NULL,
-           ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
+           ready_txid = pg_current_xact_id(),  -- claimable again: claims look for it (040_claim.sql)
+           -- a key whose scope ended when the job finished is not taken back (032_enqueue_keys.sql)
+           key_scope = CASE WHEN j.finished_at IS NOT NULL AND j.key_scope = ANY (ARRAY['waiting', 'active'])
+                            THEN 'released' ELSE j.key_scope END
      WHERE j.id = retry.job_id
        AND j.state = ANY (ARRAY['discarded', 'cancelled', 'retryable'])
     RETURNING j.* INTO v_job;

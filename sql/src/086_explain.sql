@@ -3,7 +3,8 @@
 --
 -- Transition: none. Why a job is where it is, one row per reason, in words: a
 -- stable key (reason), a sentence (message) and the time it names, if any (at).
---   available, retryable: not_due (run_at later), retrying (attempt n of m
+--   available, retryable: not_due (run_at later; "debounced until" for a job
+--     that holds its idempotency key), retrying (attempt n of m
 --     failed), paused, concurrency_limit (N running), rate_limit (next slot at),
 --     no_worker (no live worker serves the queue, or none of those that do
 --     handles the job's name: for a workflow step, has a handler for the step
@@ -42,7 +43,8 @@ BEGIN
     END IF;
     -- not j.*: the lease token is nobody's business here
     SELECT j.id, j.queue, j.name, j.state, j.priority, j.run_at, j.attempt, j.max_attempts, j.lease_until,
-           j.worker_id, j.last_error, j.finished_at, j.started_at, j.cancel_requested, j.workflow_run_id, j.step
+           j.worker_id, j.last_error, j.finished_at, j.started_at, j.cancel_requested, j.workflow_run_id, j.step,
+           j.idempotency_key, (SELECT e.key_scope FROM treadle.jobs AS e WHERE e.id = j.id) AS key_scope
       INTO v_job
       FROM treadle.job_details AS j  -- treadle.jobs and its history
      WHERE j.id = explain.job_id AND starts_with(j.queue, treadle._caller_prefix());
@@ -103,7 +105,14 @@ BEGIN
     IF v_job.run_at > v_now THEN
         v_held := true;
         IF v_job.state = 'available' THEN
-            RETURN QUERY SELECT 'not_due', format('not due until %s', v_job.run_at), v_job.run_at;
+            -- a job that holds its key: a call with on_conflict 'replace' moves its time (032_enqueue_keys.sql)
+            IF v_job.idempotency_key IS NOT NULL AND v_job.key_scope IS DISTINCT FROM 'released'
+               AND NOT (v_job.key_scope = 'waiting' AND v_job.started_at IS NOT NULL) THEN
+                RETURN QUERY SELECT 'not_due', format('debounced until %s: it holds key %s, and a call with that key and on_conflict replace moves this time',
+                                                      v_job.run_at, v_job.idempotency_key), v_job.run_at;
+            ELSE
+                RETURN QUERY SELECT 'not_due', format('not due until %s', v_job.run_at), v_job.run_at;
+            END IF;
         END IF;
     END IF;
 

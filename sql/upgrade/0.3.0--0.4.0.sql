@@ -176,3 +176,24 @@ UPDATE treadle.jobs AS j
  WHERE j.workflow_run_id = r.id
    AND j.state = ANY (ARRAY['available', 'retryable', 'running'])
    AND j.name = 'workflow:' || r.name;
+
+-- Idempotency keys by scope and period, and merging into a waiting holder
+-- (sql/src/032_enqueue_keys.sql): two columns at the end of treadle.jobs (and of its
+-- history), the key's unique index made again over them, and enqueue with three new
+-- parameters (the after-script grants it again with the rest of its part).
+ALTER TABLE treadle.jobs
+    ADD COLUMN key_scope text,
+    ADD COLUMN key_period timestamptz,
+    ADD CONSTRAINT jobs_key_scope_check CHECK (key_scope = ANY (ARRAY['waiting', 'active', 'retained', 'released']));
+-- the history is LIKE treadle.jobs: its partitions take the same columns
+ALTER TABLE treadle.job_history
+    ADD COLUMN key_scope text,
+    ADD COLUMN key_period timestamptz;
+DROP INDEX treadle.jobs_idempotency_key_idx;
+CREATE UNIQUE INDEX jobs_idempotency_key_idx
+    ON treadle.jobs (queue, idempotency_key, key_period) NULLS NOT DISTINCT
+    WHERE idempotency_key IS NOT NULL
+      AND (key_scope IS NULL OR key_scope = 'retained'
+           OR (key_scope = 'active' AND finished_at IS NULL)
+           OR (key_scope = 'waiting' AND started_at IS NULL AND finished_at IS NULL));
+DROP FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[]);

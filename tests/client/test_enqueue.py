@@ -107,6 +107,74 @@ def test_idempotency_key_returns_the_holder(conn: psycopg.Connection[Any]) -> No
     assert row(conn, first)["args"] == {"n": 1}
 
 
+def test_on_conflict_merges_into_the_waiting_holder(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("SET treadle.now = '2030-01-01 00:00:00+00'")
+    debounced = treadle.enqueue(
+        conn, "search", {"q": "a"}, run_at=timedelta(seconds=1), idempotency_key="s", on_conflict="replace"
+    )
+    conn.execute("SET treadle.now = '2030-01-01 00:00:00.5+00'")
+    again = treadle.enqueue(
+        conn, "search", {"q": "ab"}, run_at=timedelta(seconds=1), idempotency_key="s", on_conflict="replace"
+    )
+    assert again == debounced
+    job = row(conn, debounced)
+    assert (job["args"], job["run_at"]) == ({"q": "ab"}, datetime(2030, 1, 1, 0, 0, 1, 500000, tzinfo=timezone.utc))
+    throttled = treadle.enqueue(
+        conn, "t", {"v": 1}, run_at=timedelta(minutes=1), idempotency_key="t", on_conflict="replace_args"
+    )
+    treadle.enqueue(conn, "t", {"v": 2}, run_at=timedelta(minutes=5), idempotency_key="t", on_conflict="replace_args")
+    assert (row(conn, throttled)["args"], row(conn, throttled)["run_at"]) == (
+        {"v": 2},
+        datetime(2030, 1, 1, 0, 1, 0, 500000, tzinfo=timezone.utc),
+    )
+    digest = treadle.enqueue(conn, "digest", {"events": [1]}, idempotency_key="d", on_conflict="append")
+    ids = treadle.enqueue_many(
+        conn,
+        [
+            {"name": "digest", "args": {"events": [2]}, "idempotency_key": "d", "on_conflict": "append"},
+            {"name": "digest", "args": {"events": [3]}, "idempotency_key": "d", "on_conflict": "append"},
+        ],
+    )
+    assert ids == [digest, digest]
+    assert row(conn, digest)["args"] == {"events": [1, 2, 3]}
+
+
+def test_unique_while_and_unique_period_are_stored(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("SET treadle.now = '2030-01-01 10:20:00+00'")
+    job_id = treadle.enqueue(conn, "x", idempotency_key="k", unique_while="active", unique_period=timedelta(hours=1))
+    assert (row(conn, job_id)["key_scope"], row(conn, job_id)["key_period"]) == (
+        "active",
+        datetime(2030, 1, 1, 10, tzinfo=timezone.utc),
+    )
+    (many_id,) = treadle.enqueue_many(
+        conn, [{"name": "x", "idempotency_key": "m", "unique_while": "waiting", "unique_period": timedelta(days=1)}]
+    )
+    assert (row(conn, many_id)["key_scope"], row(conn, many_id)["key_period"]) == (
+        "waiting",
+        datetime(2030, 1, 1, tzinfo=timezone.utc),
+    )
+    conn.execute("SET treadle.now = '2030-01-01 11:00:00+00'")
+    assert treadle.enqueue(conn, "x", idempotency_key="k", unique_period=timedelta(hours=1)) != job_id
+
+
+@pytest.mark.parametrize(
+    ("options", "sqlstate"),
+    [
+        ({"idempotency_key": "k", "on_conflict": "merge"}, "22023"),
+        ({"idempotency_key": "k", "unique_while": "forever"}, "22023"),
+        ({"idempotency_key": "k", "unique_period": timedelta(0)}, "22023"),
+        ({"on_conflict": "replace"}, "22023"),
+    ],
+)
+def test_bad_key_options_are_refused(conn: psycopg.Connection[Any], options: Any, sqlstate: str) -> None:
+    with pytest.raises(treadle.InvalidArgument) as refused:
+        treadle.enqueue(conn, "x", **options)
+    assert refused.value.sqlstate == sqlstate
+    with pytest.raises(treadle.InvalidArgument, match="on_conflict must be a string"):
+        treadle.enqueue(conn, "x", idempotency_key="k", on_conflict=None)  # type: ignore[call-overload]
+    assert conn.execute("SELECT count(*) FROM treadle.jobs").fetchone() == (0,)
+
+
 def test_commit_keeps_the_job_with_the_callers_row(dsn: str) -> None:
     with psycopg.connect(dsn) as conn:  # not autocommit: the caller owns the transaction
         conn.execute("CREATE TABLE orders (id int)")

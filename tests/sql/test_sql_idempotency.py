@@ -216,3 +216,109 @@ def test_start_workflow_waiting_on_an_uncommitted_key_gets_its_run_after_commit(
     holder.commit()
     assert waiter.outcome() == [row[0]]
     assert holder.execute("select count(*) from treadle.jobs").fetchone() == (1,)
+
+
+def merge_on_pool(conns: list[psycopg.Connection], calls: int, sql: str) -> tuple[list[int], list[int]]:
+    """Run sql (parameters: args, i) `calls` times at once; the ids and the order in which calls held the key.
+
+    A call that has merged into (or inserted) the key's job holds its row until it commits,
+    so the order in which calls return from the statement is the order they commit in.
+    """
+    order: list[int] = []
+    lock = threading.Lock()
+
+    def call(conn: psycopg.Connection, i: int) -> int:
+        row = conn.execute(sql, (Jsonb({"q": f"typed {i}", "items": [i]}),)).fetchone()
+        assert row is not None
+        with lock:
+            order.append(i)
+        conn.execute("select count(*) from treadle.jobs")  # hold the key a little longer
+        return int(row[0])
+
+    return run_on_pool(conns, calls, call), order
+
+
+def test_a_thousand_concurrent_debounces_leave_one_waiting_job_with_the_last_args(connect: Connect) -> None:
+    conns = [connect() for _ in range(CONNECTIONS)]
+    ids, order = merge_on_pool(
+        conns,
+        CALLS,
+        "select treadle.enqueue('search', %s, run_at => treadle.now() + interval '1 second',"
+        " idempotency_key => 'search:ada', on_conflict => 'replace')",
+    )
+    rows = conns[0].execute("select id, args, state from treadle.jobs where idempotency_key = 'search:ada'").fetchall()
+    assert len(rows) == 1
+    job_id, args, state = rows[0]
+    assert set(ids) == {job_id}
+    assert state == "available"
+    assert args == {"q": f"typed {order[-1]}", "items": [order[-1]]}
+
+
+def test_a_thousand_concurrent_appends_keep_every_element_once(connect: Connect) -> None:
+    """Half the calls by enqueue, half by enqueue_many: one job whose array holds every call's element."""
+    conns = [connect() for _ in range(CONNECTIONS)]
+
+    def call(conn: psycopg.Connection, i: int) -> int:
+        args = Jsonb({"items": [i]})
+        if i % 2:
+            row = conn.execute(
+                "select treadle.enqueue('digest', %s, idempotency_key => 'digest:ada', on_conflict => 'append')",
+                (args,),
+            ).fetchone()
+        else:
+            spec = [
+                {"name": "digest", "args": {"items": [i]}, "idempotency_key": "digest:ada", "on_conflict": "append"}
+            ]
+            row = conn.execute("select * from treadle.enqueue_many(%s)", (Jsonb(spec),)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    ids = run_on_pool(conns, CALLS, call)
+    rows = conns[0].execute("select id, args from treadle.jobs where idempotency_key = 'digest:ada'").fetchall()
+    assert len(rows) == 1
+    assert set(ids) == {rows[0][0]}
+    assert sorted(rows[0][1]["items"]) == list(range(CALLS))
+
+
+def test_debounces_while_a_worker_claims_never_change_a_running_job(connect: Connect) -> None:
+    """A claimer takes the key's job again and again while callers debounce it.
+
+    Every claimed job keeps the args it was claimed with, at most one job waits with
+    the key, and the last call's args are on the newest job.
+    """
+    conns = [connect() for _ in range(20)]
+    claimer = connect()
+    done = threading.Event()
+    claimed: dict[int, Any] = {}
+
+    def claim_loop() -> None:
+        while not done.is_set():
+            for job in claimer.execute(
+                "select id, args, lease_token from treadle.claim('w', array['default'])"
+            ).fetchall():
+                claimed[job[0]] = job[1]
+                claimer.execute("select treadle.complete(%s, %s)", (job[0], job[2]))
+
+    thread = threading.Thread(target=claim_loop)
+    thread.start()
+    try:
+        ids, order = merge_on_pool(
+            conns, 300, "select treadle.enqueue('search', %s, idempotency_key => 'search:bo', on_conflict => 'replace')"
+        )
+    finally:
+        done.set()
+        thread.join()
+    rows = (
+        conns[0]
+        .execute("select id, args, state, key_scope from treadle.jobs where idempotency_key = 'search:bo' order by id")
+        .fetchall()
+    )
+    assert {r[0] for r in rows} == set(ids)
+    assert [r for r in rows if r[2] == "available" and r[3] != "released"] == [r for r in rows if r[2] == "available"]
+    assert len([r for r in rows if r[2] == "available"]) <= 1
+    for job_id, args, state, _ in rows:
+        if job_id in claimed:
+            assert state == "completed"
+            assert args == claimed[job_id]
+    assert rows[-1][1] == {"q": f"typed {order[-1]}", "items": [order[-1]]}
+    assert len(claimed) > 1, "the claimer never met a running holder"

@@ -27,7 +27,9 @@ SELECT treadle.enqueue(
     run_at => coalesce(%(run_at)s::timestamptz, treadle.now() + %(delay)s::interval),
     max_attempts => %(max_attempts)s::integer,
     idempotency_key => %(idempotency_key)s::text, every => %(every)s::interval,
-    timeout => %(timeout)s::interval, backoff => %(backoff)s::interval[])
+    timeout => %(timeout)s::interval, backoff => %(backoff)s::interval[],
+    on_conflict => %(on_conflict)s::text, unique_while => %(unique_while)s::text,
+    unique_period => %(unique_period)s::interval)
 """
 # treadle.enqueue_many, the jobs as given: none has a "run_in" delay (the common case;
 # ENQUEUE_MANY's rewrite would rebuild and sort the whole array for nothing)

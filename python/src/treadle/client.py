@@ -60,7 +60,7 @@ import math
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypedDict, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypedDict, overload
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -99,6 +99,9 @@ JsonPayload: TypeAlias = Mapping[str, Any] | Sequence[Any] | None
 AsyncConnection: TypeAlias = "psycopg.AsyncConnection[Any]"
 # retry_many's and cancel_many's report after each committed batch: (jobs in it, of those changed)
 OnBatch: TypeAlias = Callable[[int, int], None]
+# enqueue's on_conflict and unique_while (docs/queues.md, "Keys that merge")
+OnConflict: TypeAlias = Literal["keep", "replace", "replace_args", "append"]
+UniqueWhile: TypeAlias = Literal["waiting", "active", "retained"]
 BATCH_SIZE: Final = 500
 
 
@@ -113,6 +116,9 @@ class EnqueueOptions(TypedDict, total=False):
     every: timedelta | None  # periodic: each finished occurrence enqueues the next one `every` later
     timeout: timedelta | None  # how long one attempt may run; None: no limit (docs/retries.md)
     backoff: Sequence[timedelta] | None  # delays before retries 1, 2, ... (the last repeats); None: the default
+    on_conflict: OnConflict  # default "keep": what a call does when a waiting job holds its key (docs/queues.md)
+    unique_while: UniqueWhile  # default "retained": while the job holds its key
+    unique_period: timedelta | None  # the key is taken per period of the database's clock; None: for good
 
 
 class WorkflowOptions(TypedDict, total=False):
@@ -139,6 +145,9 @@ ENQUEUE_DEFAULTS: Final[EnqueueOptions] = {
     "every": None,
     "timeout": None,
     "backoff": None,
+    "on_conflict": "keep",
+    "unique_while": "retained",
+    "unique_period": None,
 }
 WORKFLOW_DEFAULTS: Final[WorkflowOptions] = {
     "steps": None,
@@ -182,8 +191,13 @@ def enqueue(
     whatever its state. ``every`` makes the job periodic: each occurrence that
     finishes enqueues the next one ``every`` later. ``timeout`` bounds how long
     one attempt may run, and ``backoff`` lists the delays before retries 1, 2, ...
-    (jittered; the last one repeats): docs/retries.md. The options and their
-    defaults: `EnqueueOptions`.
+    (jittered; the last one repeats): docs/retries.md. ``on_conflict`` chooses
+    what a call does when a waiting job holds its key: "keep" it, "replace" its
+    args and run_at (debounce), "replace_args" (throttle), or "append" the arrays
+    of ``args`` to its own (batch); a job that runs or has finished is never
+    changed, and a new job takes the key. ``unique_while`` ("waiting", "active",
+    "retained") and ``unique_period`` bound how long a job holds its key:
+    docs/queues.md. The options and their defaults: `EnqueueOptions`.
     """
     given = _with_defaults("enqueue", options, ENQUEUE_DEFAULTS)
     moment = _args.moment(given["run_at"], "run_at")
@@ -199,6 +213,9 @@ def enqueue(
         "every": _args.interval(given["every"], "every"),
         "timeout": _args.interval(given["timeout"], "timeout"),
         "backoff": _args.intervals(given["backoff"], "backoff"),
+        "on_conflict": _args.text(given["on_conflict"], "on_conflict"),
+        "unique_while": _args.text(given["unique_while"], "unique_while"),
+        "unique_period": _args.interval(given["unique_period"], "unique_period"),
     }
     return _conn.execute(conn, _sql.ENQUEUE, params, _scalar)
 
@@ -213,7 +230,8 @@ def enqueue_many(conn: AnyConnection, jobs: Iterable[Mapping[str, Any]]) -> list
     Each job is a dict with ``name``, ``args`` and `EnqueueOptions`' keys, with the
     same kinds of values as `enqueue`. An idempotency key that a job of the same
     queue holds, or that an earlier element of the same call uses, gives that
-    job's id. If any element is refused, no job is added.
+    job's id (or, with ``on_conflict``, merges into it as `enqueue` would, in
+    input order). If any element is refused, no job is added.
     """
     if isinstance(jobs, (str, bytes, Mapping)) or not isinstance(jobs, Iterable):
         raise InvalidArgument(f"jobs must be a list of dicts, not {type(jobs).__name__}")
@@ -237,7 +255,7 @@ def _job_spec(index: int, spec: Any) -> Any:
     out: dict[str, Any] = {}
     for key, value in spec.items():
         label = f"{where}[{key!r}]"
-        if key in ("name", "queue"):
+        if key in ("name", "queue", "on_conflict", "unique_while"):
             out[key] = _args.text(value, label)
         elif key == "idempotency_key":
             out[key] = _args.optional_text(value, label)
@@ -249,7 +267,7 @@ def _job_spec(index: int, spec: Any) -> Any:
                 out["run_in"] = _args.interval_text(moment)  # resolved against the database's clock
             elif moment is not None:
                 out["run_at"] = moment.isoformat()
-        elif key in ("every", "timeout"):
+        elif key in ("every", "timeout", "unique_period"):
             delta = _args.interval(value, label)
             if delta is not None:
                 out[key] = _args.interval_text(delta)
