@@ -40,14 +40,6 @@ MISSING: list[dict[str, str]] = [
     },
     {
         "page": "docs/comparison.md",
-        "says": "debouncing or replacing a waiting job by key, uniqueness by state or period",
-        "sql": """SELECT NOT EXISTS (SELECT 1 FROM pg_proc WHERE pronamespace = 'treadle'::regnamespace
-                             AND proname = ANY (ARRAY['enqueue', 'enqueue_many'])
-                             AND array_to_string(coalesce(proargnames, '{}'), ' ')
-                                 ~* 'conflict|replace|debounce|unique')""",
-    },
-    {
-        "page": "docs/comparison.md",
         "says": "tags and metadata on jobs",
         "sql": """SELECT NOT EXISTS (SELECT 1 FROM information_schema.columns
                              WHERE table_schema = 'treadle' AND table_name = 'jobs'
