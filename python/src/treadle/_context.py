@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from datetime import timedelta
 from numbers import Real
@@ -41,12 +42,16 @@ class JobContext(JobFields):
     def __init__(self, state: RunState, worker_id: str, pool: WorkerPool, lease: float) -> None:
         self.job = state.job
         self.worker_id = worker_id
-        self.cancelled = state.cancelled
         self._state = state
         self._pool = pool
         self._lease = timedelta(seconds=lease)
 
     # what the job is: job_id, name, queue, args, attempt, max_attempts, run_id, step (JobFields)
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set when the handler should stop (the class's docstring says when); made on first use."""
+        return self._state.cancelled
+
     @property
     def lease_token(self) -> UUID:
         """The token that fences this run's writes (treadle.complete and friends take it)."""
