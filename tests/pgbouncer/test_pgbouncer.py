@@ -201,9 +201,7 @@ def test_prepared_statements_by_default_only_where_the_connection_is_direct(
 
 
 @pytest.mark.parametrize("prepared, threshold", [(False, None), (True, PREPARE_THRESHOLD)])
-def test_prepared_statements_as_told_whatever_the_connection(
-    prepared: bool, threshold: int | None, dsn: str
-) -> None:
+def test_prepared_statements_as_told_whatever_the_connection(prepared: bool, threshold: int | None, dsn: str) -> None:
     pool = WorkerPool(dsn, "treadle-test", 2, prepared_statements=prepared)
     pool.open()
     try:

@@ -72,7 +72,7 @@ def decode_claimed(row: Sequence[Any]) -> Claimed:
     # sets each of its 29 fields through object.__setattr__, twice the time of filling
     # the instance's dict at once; the object is the same (Job has no __post_init__)
     job: Job = _new(Job)
-    job.__dict__.update(zip(_JOB_FIELDS, values))
+    job.__dict__.update(zip(_JOB_FIELDS, values, strict=True))
     return Claimed(job, problem)
 
 
