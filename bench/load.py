@@ -11,9 +11,10 @@ and their server backends (found by application_name) used during the drain,
 over the jobs; the server must run on this machine (else "-").
 A row with a handler timeout (30 s, never reached) measures what timing every
 attempt costs, a row with an `async def` handler what running it on the worker's
-event loop costs, and a row with prepared statements (off by default, for poolers)
-what parsing and planning each statement costs; the raw worker has none of these
-and always prepares, so it is the same baseline.
+event loop costs, and a row without prepared statements (the worker prepares by
+default on a direct connection, as here, and never through a pooler) what parsing
+and planning each statement costs there; the raw worker has none of these and
+always prepares, so it is the same baseline.
 A last row runs the SQL cycle alone, with no worker process: one connection
 in this script finishes C jobs and claims C more per statement,
 treadle.complete_and_claim against the raw statement, which splits the gap
@@ -58,8 +59,8 @@ TITLE = "Load: jobs per second through worker processes, empty handlers"
 SEED_ONE_WORKER = 863  # jobs/s, the seed's one worker at concurrency 10
 CHUNK = 5000  # jobs per enqueue statement
 # the rows of one worker whose handler has a timeout, whose handler is an async def, and
-# with prepared statements
-TIMED, ASYNC, PREPARED = -1, -2, -3
+# without prepared statements (what a worker does through a pooler)
+TIMED, ASYNC, UNPREPARED = -1, -2, -3
 TABLE = {"treadle": "treadle.jobs", "raw": "bench_raw.jobs"}
 APPLICATION = {"treadle": "treadle-worker:%", "raw": RAW_APPLICATION}  # the workers' connections
 COMPLETE_AND_CLAIM = """
@@ -185,7 +186,7 @@ def main() -> None:
         *((w, f"{w} x concurrency {args.concurrency}", w, []) for w in args.workers),
         (TIMED, f"1 x concurrency {args.concurrency}, handler timeout 30 s", 1, ["--timeout", "30"]),
         (ASYNC, f"1 x concurrency {args.concurrency}, async def handler", 1, ["--handler", "async-noop"]),
-        (PREPARED, f"1 x concurrency {args.concurrency}, prepared_statements=True", 1, ["--prepared"]),
+        (UNPREPARED, f"1 x concurrency {args.concurrency}, prepared_statements=False", 1, ["--unprepared"]),
     ]
     results: dict[tuple[str, int], list[float]] = {}
     rss: dict[tuple[str, int], list[int]] = {}

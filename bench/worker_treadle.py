@@ -10,7 +10,9 @@ Handlers, all registered for the job name `bench`:
 `--no-listen` turns off the LISTEN connection, so the worker only polls (what it
 does where LISTEN is refused, behind PgBouncer in transaction mode). `--timeout S`
 gives the handler a timeout of S seconds (its policy: every attempt is timed).
-`--prepared` turns on prepared statements (`Worker(prepared_statements=True)`).
+`--prepared` prepares statements on every connection (`Worker(prepared_statements=True)`),
+`--unprepared` on none (`False`, what a worker gets through a pooler); without either the
+worker's default (None: prepared where its connection reaches the server itself).
 
     python bench/worker_treadle.py DSN [--concurrency 10] [--handler noop] [--no-listen] ...
 """
@@ -64,7 +66,9 @@ def main() -> None:
     p.add_argument("--rescue-interval", type=float, default=5.0)
     p.add_argument("--no-listen", action="store_true")
     p.add_argument("--timeout", type=float, default=None)
-    p.add_argument("--prepared", action="store_true")
+    prepared = p.add_mutually_exclusive_group()
+    prepared.add_argument("--prepared", dest="prepared", action="store_const", const=True, default=None)
+    prepared.add_argument("--unprepared", dest="prepared", action="store_const", const=False)
     args = p.parse_args()
 
     worker = Worker(

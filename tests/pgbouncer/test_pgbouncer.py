@@ -3,7 +3,8 @@
 A worker process drains jobs and runs a workflow through the pooler; wait,
 wait_workflow and watch read through it. Behind a transaction-mode pooler no
 session state survives between transactions: prepared statements are off by
-default, and LISTEN (whose notifications never come back through the pooler,
+default there (a worker prepares only on a connection whose backend process id is the
+server's own, which a pooler's is not), and LISTEN (whose notifications never come back through the pooler,
 and which would stay on a server connection other clients get) is not sent
 through it: the waits poll, or LISTEN on `listen_dsn`, a direct connection.
 """
@@ -23,6 +24,7 @@ import psycopg
 import pytest
 
 import treadle
+from treadle._pool import PREPARE_THRESHOLD, WorkerPool, is_direct
 
 WORKER = Path(__file__).resolve().parent / "bouncer_worker.py"
 PATIENCE = 120.0  # a bound so that a broken behaviour fails, never a claim about speed
@@ -166,3 +168,44 @@ def test_watch_through_pgbouncer_polls_and_listens_on_listen_dsn(
     finally:
         stop.set()
         watcher.join(PATIENCE)
+
+
+def pooled_session(pool: WorkerPool) -> tuple[int | None, int]:
+    """A connection of the worker's pool: its prepare_threshold, and how many statements its
+    session holds prepared after one statement ran six times (in six transactions)."""
+    with pool.connection() as conn:
+        for _ in range(6):
+            conn.execute("SELECT count(*) FROM treadle.jobs WHERE state = %s", ["available"])
+        prepared = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+        assert prepared is not None
+        return conn.prepare_threshold, int(prepared[0])
+
+
+@pytest.mark.parametrize("through", ["server", "pgbouncer"])
+def test_prepared_statements_by_default_only_where_the_connection_is_direct(
+    through: str, dsn: str, bouncer_dsn: str
+) -> None:
+    target = dsn if through == "server" else bouncer_dsn
+    with psycopg.connect(target, autocommit=True, prepare_threshold=None) as conn:
+        assert is_direct(conn) is (through == "server")
+    pool = WorkerPool(target, "treadle-test", 2)
+    pool.open()
+    try:
+        session = pooled_session(pool)
+    finally:
+        pool.close()
+    if through == "server":
+        assert session == (PREPARE_THRESHOLD, 1)  # prepared at its second run: one statement
+    else:
+        assert session == (None, 0)  # PgBouncer in transaction mode would lose them
+
+
+@pytest.mark.parametrize("prepared, threshold", [(False, None), (True, PREPARE_THRESHOLD)])
+def test_prepared_statements_as_told_whatever_the_connection(prepared: bool, threshold: int | None, dsn: str) -> None:
+    pool = WorkerPool(dsn, "treadle-test", 2, prepared_statements=prepared)
+    pool.open()
+    try:
+        with pool.connection() as conn:
+            assert conn.prepare_threshold == threshold
+    finally:
+        pool.close()

@@ -63,6 +63,9 @@ def test_durations_are_seconds_or_timedeltas() -> None:
         ("on_error", "log", "on_error must be callable"),
         ("on_event", 1, "on_event must be callable"),
         ("worker_id", "", "worker_id must not be empty"),
+        ("listen", "yes", "listen must be True or False, not str"),
+        ("prepared_statements", "auto", "prepared_statements must be True, False or None, not str"),
+        ("prepared_statements", 1, "prepared_statements must be True, False or None, not int"),
     ],
 )
 def test_bad_options_are_refused(option: str, value: Any, message: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from collections.abc import Mapping
 from datetime import datetime, timedelta
@@ -45,7 +46,6 @@ class JobContext(JobFields):
     def __init__(self, state: RunState, worker_id: str, pool: WorkerPool, lease: float) -> None:
         self.job = state.job
         self.worker_id = worker_id
-        self.cancelled = state.cancelled
         self._state = state
         self._pool = pool
         self._lease = timedelta(seconds=lease)
@@ -53,6 +53,11 @@ class JobContext(JobFields):
         self._sleeps = 0  # ctx.sleep calls made in this attempt
 
     # what the job is: job_id, name, queue, args, attempt, max_attempts, run_id, step (JobFields)
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set when the handler should stop (the class's docstring says when); made on first use."""
+        return self._state.cancelled
+
     @property
     def lease_token(self) -> UUID:
         """The token that fences this run's writes (treadle.complete and friends take it)."""

@@ -50,7 +50,7 @@ class WorkerOptions:
     worker_id: str
     listen: bool
     listen_dsn: str | None
-    prepared_statements: bool
+    prepared_statements: bool | None
 
     @classmethod
     def of(
@@ -71,7 +71,7 @@ class WorkerOptions:
         worker_id: str | None,
         listen: bool,
         listen_dsn: str | None,
-        prepared_statements: bool,
+        prepared_statements: bool | None,
         claim_ahead: int | None,
     ) -> WorkerOptions:
         """Check each option once, in the order Worker always did; InvalidArgument names the first bad one."""
@@ -100,9 +100,12 @@ class WorkerOptions:
         for option, callback in (("backoff", backoff), ("on_error", on_error), ("on_event", on_event)):
             if callback is not None and not callable(callback):
                 raise InvalidArgument(f"{option} must be callable or None, not {type(callback).__name__}")
-        for option, flag in (("listen", listen), ("prepared_statements", prepared_statements)):
-            if not isinstance(flag, bool):
-                raise InvalidArgument(f"{option} must be True or False, not {type(flag).__name__}")
+        if not isinstance(listen, bool):
+            raise InvalidArgument(f"listen must be True or False, not {type(listen).__name__}")
+        if prepared_statements is not None and not isinstance(prepared_statements, bool):
+            raise InvalidArgument(
+                f"prepared_statements must be True, False or None, not {type(prepared_statements).__name__}"
+            )
         if listen_dsn is not None:
             if not (isinstance(listen_dsn, str) and listen_dsn.strip()):
                 raise InvalidArgument("listen_dsn must be a connection string or None")

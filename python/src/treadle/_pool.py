@@ -6,7 +6,9 @@ and the caller retries on a fresh one (`_retry`).
 
 Nothing here keeps session state a transaction-mode pooler (PgBouncer) would
 break: every statement is a transaction of its own (autocommit), and prepared
-statements are off unless the worker is told the server (or pooler) keeps them.
+statements are used only on a connection that reaches the server itself (`is_direct`:
+a pooler answers with a backend process id of its own), unless the worker is told
+otherwise.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import psycopg
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import ConnectionPool
 
+from . import _sql
 from ._dsn import Redactor, check
 from .errors import InvalidArgument
 
@@ -40,7 +43,7 @@ class WorkerPool:
         application_name: str,
         max_size: int,
         *,
-        prepared_statements: bool = False,
+        prepared_statements: bool | None = None,
     ) -> None:
         self.application_name = application_name
         if isinstance(dsn_or_pool, ConnectionPool):
@@ -59,6 +62,8 @@ class WorkerPool:
             self.pool = ConnectionPool(
                 dsn_or_pool,
                 kwargs=kwargs,
+                # undecided (None): each new connection prepares when it reaches the server itself
+                configure=prepare_when_direct if prepared_statements is None else None,
                 min_size=2,
                 max_size=max(max_size, 2),
                 open=False,
@@ -108,6 +113,25 @@ class WorkerPool:
             cur.execute(query, params)
             row = cur.fetchone()
             return None if row is None else row[0]
+
+
+def is_direct(conn: psycopg.Connection[Any]) -> bool:
+    """Whether `conn`'s session is a server process of its own, where prepared statements stay.
+
+    libpq learns a process id when it connects (the cancel key); the server's own
+    answers with its pg_backend_pid(). A pooler (PgBouncer in any mode, and the
+    other poolers that multiplex sessions) answers with a key of its own, so the
+    two differ; a plain TCP proxy passes the server's through, and its session is
+    the server's. One query, on an autocommit connection: it leaves no transaction.
+    """
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(_sql.BACKEND_PID, prepare=False).fetchone()
+    return row is not None and row[0] == conn.info.backend_pid
+
+
+def prepare_when_direct(conn: psycopg.Connection[Any]) -> None:
+    """The pool's `configure`: let psycopg prepare repeated statements on a direct connection only."""
+    conn.prepare_threshold = PREPARE_THRESHOLD if is_direct(conn) else None
 
 
 def connect_direct(conninfo: str, application_name: str) -> psycopg.Connection[Any]:

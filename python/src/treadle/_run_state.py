@@ -40,7 +40,10 @@ class RunState(JobFields):
         assert token is not None, "a claimed job always has a lease token"
         self.job = job
         self.lease_token: UUID = token if isinstance(token, UUID) else UUID(str(token))
-        self.cancelled = threading.Event()
+        # `cancelled`, made when first asked for: most handlers never look, and an Event
+        # costs about as much to make as the rest of a RunState
+        self._cancelled: threading.Event | None = None
+        self._fired = False  # cancelled is set, or will be when it is made
         self._on_lost = on_lost
         self._lock = threading.Lock()
         self._status = RunStatus.RUNNING
@@ -54,6 +57,19 @@ class RunState(JobFields):
 
     def __repr__(self) -> str:
         return f"<RunState job {self.job_id} {self.name!r} attempt {self.attempt} {self._status.value}>"
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set when the handler should stop: a cancel, a lost lease, a timeout or a hand-back."""
+        event = self._cancelled
+        if event is None:
+            with self._lock:
+                event = self._cancelled
+                if event is None:
+                    event = self._cancelled = threading.Event()
+                    if self._fired:
+                        event.set()
+        return event
 
     # what the worker reads
     @property
@@ -184,14 +200,16 @@ class RunState(JobFields):
     def on_cancelled(self, hook: Callable[[], object]) -> None:
         """Call `hook` when `cancelled` is set (at once if it is already)."""
         with self._lock:
-            if not self.cancelled.is_set():
+            if not self._fired:
                 self._hooks.append(hook)
                 return
         hook()
 
     def _fire(self) -> None:
         with self._lock:
-            self.cancelled.set()
+            self._fired = True
+            if self._cancelled is not None:
+                self._cancelled.set()
             hooks, self._hooks = self._hooks, []
         for hook in hooks:
             hook()

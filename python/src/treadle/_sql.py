@@ -136,6 +136,8 @@ LISTENING_CHANNELS: Final[LiteralString] = "SELECT pg_catalog.pg_listening_chann
 
 # the server's own port: a connection whose port differs goes through a pooler or proxy
 SERVER_PORT: Final[LiteralString] = "SELECT pg_catalog.current_setting('port')::integer"
+# the server process behind a session: through a pooler it is not the one libpq was told of
+BACKEND_PID: Final[LiteralString] = "SELECT pg_catalog.pg_backend_pid()"
 
 # LISTEN/NOTIFY channels: wake-up hints whose payload is a queue name
 CHANNEL_JOBS: Final[LiteralString] = "treadle_jobs"  # work became claimable

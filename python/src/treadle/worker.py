@@ -105,8 +105,11 @@ class Worker:
     work, on `listen_dsn` when given, else on the worker's own server when it is
     reached directly; through a pooler or proxy the worker polls (a LISTEN there
     would land on a server connection other clients share). `listen=False` polls
-    only. Prepared statements are off unless `prepared_statements` (a pooler in
-    transaction mode breaks them unless it supports them).
+    only. Prepared statements: with `prepared_statements=None` (the default) each
+    pooled connection prepares the statements it repeats when it reaches the server
+    itself (its backend process id is the server's), and not through a pooler (which
+    answers with an id of its own: in transaction mode it would lose them); True
+    prepares on every connection (a pooler that keeps them), False never.
 
     Handlers are called as `fn(args, ctx)` in a pool of `concurrency` threads
     (`async def` handlers run as tasks on one event loop thread); their JSON return value
@@ -142,7 +145,7 @@ class Worker:
         worker_id: str | None = None,
         listen: bool = True,
         listen_dsn: str | None = None,
-        prepared_statements: bool = False,
+        prepared_statements: bool | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
         metrics_database: bool = False,
