@@ -214,7 +214,7 @@ def print_settings(url: str) -> None:
 
 def reset_tables(conn: psycopg.Connection[Any]) -> None:
     """Empty both job tables (and what refers to them) between runs."""
-    conn.execute("TRUNCATE treadle.jobs, treadle.workflow_runs, bench_raw.jobs")
+    conn.execute("TRUNCATE treadle.jobs, treadle.workflow_runs, bench_raw.jobs CASCADE")
     conn.execute("VACUUM ANALYZE treadle.jobs")
     conn.execute("VACUUM ANALYZE bench_raw.jobs")
 

@@ -176,7 +176,7 @@ def drain(conn: psycopg.Connection[Any], jobs: int) -> float:
 def fill(conn: psycopg.Connection[Any], case: Case) -> float:
     """Empty the tables and write the case's rows; returns the seconds it took."""
     started = time.monotonic()
-    conn.execute("TRUNCATE treadle.jobs, treadle.workflow_runs, treadle.job_history, treadle.history_slots")
+    conn.execute("TRUNCATE treadle.jobs, treadle.workflow_runs, treadle.job_history, treadle.history_slots CASCADE")
     if case.finished:
         fill_finished(conn, 1, case.finished, case.finished, FILL_HISTORY if case.in_history else FILL_FINISHED)
     if case.in_history:

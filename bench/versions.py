@@ -113,7 +113,7 @@ def databases(url: str) -> Iterator[dict[str, str]]:
 
 
 def reset(conn: psycopg.Connection[Any]) -> None:
-    conn.execute("TRUNCATE treadle.jobs, treadle.workflow_runs")
+    conn.execute("TRUNCATE treadle.jobs, treadle.workflow_runs CASCADE")
     conn.execute("VACUUM ANALYZE treadle.jobs")
 
 
