@@ -136,6 +136,22 @@ CREATE TYPE treadle._rescue_cursor AS (
 );
 COMMENT ON TYPE treadle._rescue_cursor IS
     'A session''s rescue cursor: the floor of the expired leases its rescues read, and where it moves next.';
+
+-- Child workflows: a step that starts a run of another workflow, and on a run the
+-- run and step that started it (sql/src/076_workflow_children.sql).
+ALTER TABLE treadle.workflows
+    ADD COLUMN children jsonb,
+    ADD CONSTRAINT workflows_children_check
+        CHECK (children IS NULL OR (jsonb_typeof(children) = 'object' AND after IS NOT NULL));
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN children jsonb,
+    ADD COLUMN parent_run_id bigint,
+    ADD COLUMN parent_step text,
+    ADD CONSTRAINT workflow_runs_children_check
+        CHECK (children IS NULL OR (jsonb_typeof(children) = 'object' AND after IS NOT NULL)),
+    ADD CONSTRAINT workflow_runs_parent_check CHECK ((parent_run_id IS NULL) = (parent_step IS NULL));
+CREATE UNIQUE INDEX workflow_runs_parent_idx ON treadle.workflow_runs (parent_run_id, parent_step)
+    WHERE parent_run_id IS NOT NULL;
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -2044,7 +2060,7 @@ COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timest
 --
 -- The steps of a graph run (run.after not null) that may start now: every step
 -- it runs after has a result, it has none itself, no job of the run runs it
--- yet, and it is not a sleep under way. In step order. With `done` (a step that
+-- yet, it is not a sleep under way, and no child run of it is under way. In step order. With `done` (a step that
 -- just completed) only the steps that run after it are looked at: no other can
 -- have become ready. Callers hold the run row's lock, so what this reads cannot
 -- change before they enqueue what it returns.
@@ -2069,6 +2085,10 @@ BEGIN
         -- every step with a job, read once
         SELECT coalesce(jsonb_object_agg(j.step, true), '{}'::jsonb) INTO v_jobs
           FROM treadle.jobs AS j WHERE j.workflow_run_id = run.id;
+        IF run.children IS NOT NULL THEN
+            SELECT v_jobs || coalesce(jsonb_object_agg(c.parent_step, true), '{}'::jsonb) INTO v_jobs
+              FROM treadle.workflow_runs AS c WHERE c.parent_run_id = run.id;
+        END IF;
     END IF;
     FOR v_step IN
         SELECT u.s FROM unnest(run.steps) WITH ORDINALITY AS u(s, i)
@@ -2084,6 +2104,9 @@ BEGIN
         ELSE
             CONTINUE WHEN EXISTS (SELECT 1 FROM treadle.jobs AS j
                                    WHERE j.workflow_run_id = run.id AND j.step = v_step);
+            CONTINUE WHEN run.children IS NOT NULL AND run.children ? v_step
+                      AND EXISTS (SELECT 1 FROM treadle.workflow_runs AS c
+                                   WHERE c.parent_run_id = run.id AND c.parent_step = v_step);
         END IF;
         v_ready := v_ready || v_step;
     END LOOP;
@@ -2186,7 +2209,8 @@ COMMENT ON FUNCTION treadle._enqueue_map(treadle.workflow_runs, text, timestampt
 -- under way on the run (wakes: step -> at + its interval; wake_at, the earliest,
 -- is where treadle.rescue looks); a map step -> a job per element
 -- (treadle._enqueue_map; one over an empty array completes at once, and the
--- run moves on from it, or completes). The caller holds the run row's lock.
+-- run moves on from it, or completes); a child step -> its child run
+-- (treadle._start_child). The caller holds the run row's lock.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_ready(run treadle.workflow_runs, at timestamptz, done text DEFAULT NULL)
 RETURNS void
@@ -2222,6 +2246,13 @@ BEGIN
         END LOOP;
         v_ready := ARRAY(SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i)
                           WHERE NOT run.maps ? u.s ORDER BY u.i);
+    END IF;
+    IF run.children IS NOT NULL THEN
+        FOR v_step IN SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i) WHERE run.children ? u.s ORDER BY u.i LOOP
+            PERFORM treadle._start_child(run, v_step, at);
+        END LOOP;
+        v_ready := ARRAY(SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i)
+                          WHERE NOT run.children ? u.s ORDER BY u.i);
     END IF;
     PERFORM treadle._enqueue_steps(run, v_ready, at);
     IF v_empty THEN
@@ -4337,26 +4368,29 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
     'The dependencies of a list of steps spelled out as a graph: each step after the one before it.';
 
 --------------------------------------------------------------------------------
--- treadle.define_workflow(name, steps, after, sleeps, maps) -> void
+-- treadle.define_workflow(name, steps, after, sleeps, maps, children) -> void
 --
 -- Records the step names of a workflow and, in `after`, the steps each one runs
 -- after (a JSON object: step -> [steps]; a step it leaves out starts with the
 -- run). Without `after`, each step runs after the one before it. `sleeps` names
 -- the sleep steps and how long each waits (treadle._check_sleeps); `maps` the map
--- steps and what each maps over (treadle._check_maps). Workers call it
+-- steps and what each maps over (treadle._check_maps); `children` the child steps
+-- and the workflow each starts (treadle._check_children). Workers call it
 -- when they register a workflow. Replaces an earlier definition for new runs;
 -- existing runs keep the steps they started with.
 -- Raises 22004: name or steps null. 22023: a name that is not a valid name (see
 -- treadle._is_name); steps empty, nested, over 1000, with a bad name, or
 -- repeating one; after as treadle._check_after refuses it (an unknown or
 -- repeated dependency, a cycle: the message names the step); sleeps as
--- treadle._check_sleeps refuses it; maps as treadle._check_maps refuses it. 42501:
--- a tenant's workflow name outside its
+-- treadle._check_sleeps refuses it; maps as treadle._check_maps refuses it;
+-- children as treadle._check_children refuses it. 42501: a tenant's workflow name
+-- (or a child step's workflow or queue) outside its
 -- prefix (a tenant's definitions are named under its queue prefix, so no tenant
 -- replaces another's).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[], after jsonb DEFAULT NULL,
-                                                   sleeps jsonb DEFAULT NULL, maps jsonb DEFAULT NULL)
+                                                   sleeps jsonb DEFAULT NULL, maps jsonb DEFAULT NULL,
+                                                   children jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -4368,6 +4402,7 @@ DECLARE
     v_after  jsonb;
     v_sleeps jsonb;
     v_maps   jsonb;
+    v_children jsonb;
 BEGIN
     PERFORM treadle._check_text(define_workflow.name, 'name');
     PERFORM treadle._check_workflow_allowed(define_workflow.name);
@@ -4377,38 +4412,43 @@ BEGIN
     v_maps := treadle._check_maps(define_workflow.steps,
                                   coalesce(v_after, treadle._linear_after(define_workflow.steps)),
                                   v_sleeps, define_workflow.maps);
-    IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL THEN
+    v_children := treadle._check_children(define_workflow.steps, v_sleeps, v_maps, define_workflow.children);
+    IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_children IS NOT NULL THEN
         v_after := coalesce(v_after, treadle._linear_after(define_workflow.steps));
     END IF;
 
-    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps, maps)
-    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps, v_maps)
+    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps, maps, children)
+    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps, v_maps, v_children)
     ON CONFLICT (name) DO UPDATE
        SET steps = excluded.steps, updated_at = excluded.updated_at, after = excluded.after, sleeps = excluded.sleeps,
-           maps = excluded.maps
+           maps = excluded.maps, children = excluded.children
      WHERE w.steps IS DISTINCT FROM excluded.steps OR w.after IS DISTINCT FROM excluded.after
-        OR w.sleeps IS DISTINCT FROM excluded.sleeps OR w.maps IS DISTINCT FROM excluded.maps;
+        OR w.sleeps IS DISTINCT FROM excluded.sleeps OR w.maps IS DISTINCT FROM excluded.maps
+        OR w.children IS DISTINCT FROM excluded.children;
 END;
 $$;
-COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb) IS
     'Record (or replace) the steps of a workflow and the steps each one runs after.';
 
 --------------------------------------------------------------------------------
 -- treadle.start_workflow(name, input, steps, queue, priority, max_attempts,
---                        idempotency_key, after, sleeps, maps) -> bigint
+--                        idempotency_key, after, sleeps, maps, children) -> bigint
 --
 -- Transition: (none) -> a running run, and the job of each step it starts with
 -- (the first step of a list, every step without dependencies of a graph) ->
 -- available, in the caller's transaction. The run records its steps and their
--- dependencies: `steps`, `after`, `sleeps` and `maps` (as define_workflow takes them), or when
+-- dependencies: `steps`, `after`, `sleeps`, `maps` and `children` (as define_workflow
+-- takes them; a child step ready at the start starts its child run at once), or when
 -- steps is null the definition from treadle.define_workflow. Returns the run id; a
 -- workflow idempotency key (a namespace apart from jobs') that a run already
 -- holds returns that run's id and starts nothing.
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
 -- input neither an object nor an array, over the size limit or nested over 100
 -- levels; max_attempts < 1; steps, after, sleeps or maps as define_workflow
--- refuses them; after, sleeps or maps without steps; no steps given and no definition (unknown
--- workflow). 42501: a tenant's queue or workflow name outside its prefix.
+-- refuses them; after, sleeps, maps or children without steps; no steps given and no
+-- definition (unknown workflow); a child step ready at the start that
+-- treadle._start_child refuses. 42501: a tenant's queue or workflow name (or a
+-- child step's) outside its prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.start_workflow(
     name            text,
@@ -4420,7 +4460,8 @@ CREATE OR REPLACE FUNCTION treadle.start_workflow(
     idempotency_key text    DEFAULT NULL,
     after           jsonb   DEFAULT NULL,
     sleeps          jsonb   DEFAULT NULL,
-    maps            jsonb   DEFAULT NULL
+    maps            jsonb   DEFAULT NULL,
+    children        jsonb   DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -4436,6 +4477,7 @@ DECLARE
     v_after jsonb;
     v_sleeps jsonb;
     v_maps  jsonb;
+    v_children jsonb;
     v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
@@ -4455,15 +4497,20 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF v_steps IS NULL THEN
-        IF start_workflow.after IS NOT NULL OR start_workflow.sleeps IS NOT NULL OR start_workflow.maps IS NOT NULL THEN
-            RAISE EXCEPTION 'treadle: after, sleeps and maps need steps' USING ERRCODE = 'invalid_parameter_value';
+        IF start_workflow.after IS NOT NULL OR start_workflow.sleeps IS NOT NULL OR start_workflow.maps IS NOT NULL
+           OR start_workflow.children IS NOT NULL THEN
+            RAISE EXCEPTION 'treadle: after, sleeps, maps and children need steps' USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        SELECT w.steps, w.after, w.sleeps, w.maps INTO v_steps, v_after, v_sleeps, v_maps
+        SELECT w.steps, w.after, w.sleeps, w.maps, w.children INTO v_steps, v_after, v_sleeps, v_maps, v_children
           FROM treadle.workflows AS w WHERE w.name = start_workflow.name;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'treadle: unknown workflow %', start_workflow.name
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'Pass steps, or register the workflow with a worker (treadle.define_workflow).';
+        END IF;
+        IF v_children IS NOT NULL THEN
+            -- the caller's own prefix, whoever defined the workflow
+            PERFORM treadle._check_children(v_steps, v_sleeps, v_maps, v_children);
         END IF;
     ELSE
         PERFORM treadle._check_steps(v_steps);
@@ -4471,7 +4518,8 @@ BEGIN
         v_sleeps := treadle._check_sleeps(v_steps, start_workflow.sleeps);
         v_maps := treadle._check_maps(v_steps, coalesce(v_after, treadle._linear_after(v_steps)),
                                       v_sleeps, start_workflow.maps);
-        IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL THEN
+        v_children := treadle._check_children(v_steps, v_sleeps, v_maps, start_workflow.children);
+        IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_children IS NOT NULL THEN
             v_after := coalesce(v_after, treadle._linear_after(v_steps));
         END IF;
     END IF;
@@ -4479,10 +4527,12 @@ BEGIN
 
     LOOP
         INSERT INTO treadle.workflow_runs AS r
-            (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps, maps)
+            (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps, maps,
+             children)
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
-             start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps, v_maps)
+             start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps, v_maps,
+             v_children)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING r.* INTO v_run;
 
@@ -4503,7 +4553,7 @@ BEGIN
     END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb) IS
     'Start a workflow run and enqueue the steps it starts with; returns the run id.';
 
 --------------------------------------------------------------------------------
@@ -4514,8 +4564,10 @@ COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, i
 -- becomes cancelled when the first of them finishes, if no pending step was
 -- cancelled); a run with no step job pending (only sleeps under way) becomes
 -- cancelled at once. Its sleeps under way stop waking it (wake_at null), so no
--- step starts after the cancel. Returns false for an unknown run, one that is not running, or one
--- whose steps all have their cancel requested already.
+-- step starts after the cancel. Its child runs under way are cancelled the same
+-- way (a child that becomes cancelled cancels the run with it). Returns false for
+-- an unknown run, one that is not running, or one whose steps and children all
+-- have their cancel requested already.
 -- Raises 22004: run_id null. 42501: a tenant's run outside its queues.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel_workflow(run_id bigint)
@@ -4530,6 +4582,7 @@ DECLARE
     v_step   treadle.jobs;
     v_any    boolean := false;
     v_looked boolean;
+    v_child  bigint;
 BEGIN
     IF cancel_workflow.run_id IS NULL THEN
         RAISE EXCEPTION 'treadle: run_id must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -4560,6 +4613,16 @@ BEGIN
         END LOOP;
         EXIT WHEN NOT v_looked;
     END LOOP;
+    -- child runs under way: each one's cancel reaches this run when the child ends
+    FOR v_child IN
+        SELECT r.id FROM treadle.workflow_runs AS r
+         WHERE r.parent_run_id = cancel_workflow.run_id AND r.state = 'running'
+         ORDER BY r.id
+    LOOP
+        IF treadle.cancel_workflow(v_child) THEN
+            v_any := true;
+        END IF;
+    END LOOP;
     IF v_any THEN
         UPDATE treadle.workflow_runs AS r SET wake_at = NULL
          WHERE r.id = cancel_workflow.run_id AND r.wake_at IS NOT NULL;
@@ -4568,7 +4631,10 @@ BEGIN
 
     PERFORM 1 FROM treadle.jobs AS j
      WHERE j.workflow_run_id = cancel_workflow.run_id
-       AND j.state = ANY (ARRAY['available', 'retryable', 'running']);
+       AND j.state = ANY (ARRAY['available', 'retryable', 'running'])
+    UNION ALL
+    SELECT 1 FROM treadle.workflow_runs AS r
+     WHERE r.parent_run_id = cancel_workflow.run_id AND r.state = 'running';
     IF FOUND THEN
         RETURN false;  -- its cancel is requested already
     END IF;
@@ -5421,6 +5487,211 @@ SELECT w.id, w.host, w.pid, w.queues, w.concurrency,
 COMMENT ON VIEW treadle.live_workers IS
     'Worker processes seen in the last 30 seconds, with the jobs they hold.';
 --------------------------------------------------------------------------------
+-- Child workflows: a step of a graph run (run.children) that starts a run of
+-- another workflow, its child, when it becomes ready, in the same transaction
+-- and under the parent run's lock, and completes with the child's results when
+-- the child completes. The child's row names its parent (parent_run_id,
+-- parent_step; a unique index keeps it to one child per step). A child that
+-- fails fails its parent as a discarded step does; one that is cancelled cancels
+-- it; cancelling the parent cancels its children (treadle.cancel_workflow).
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._check_children(steps, sleeps, maps, children) -> jsonb
+--
+-- The child steps of a workflow, checked against its step names and its sleep
+-- and map steps: null or {} is none (null). Otherwise a JSON object mapping a
+-- step to {"workflow": name} and optionally "queue": name (the child run's
+-- queue; without it, the parent run's). Returns the map as given.
+-- Raises 22023, naming the step: children not an object; a key that is not a
+-- step, or is a sleep or a map step; a value that is not such an object, or
+-- holds a name that is not a valid name (treadle._is_name); children over the
+-- payload size limit. 42501: a tenant's child workflow or queue outside its
+-- prefix.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_children(steps text[], sleeps jsonb, maps jsonb, children jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_step  text;
+    v_value jsonb;
+BEGIN
+    IF children IS NULL OR children = '{}'::jsonb THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(children) <> 'object' THEN
+        RAISE EXCEPTION 'treadle: children must be a JSON object mapping a step to {"workflow": name}, not %',
+                        jsonb_typeof(children)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM treadle._check_payload(children, 'children', treadle._max_payload_bytes());
+    FOR v_step, v_value IN SELECT e.key, e.value FROM jsonb_each(children) AS e LOOP
+        IF NOT v_step = ANY (steps) THEN
+            RAISE EXCEPTION 'treadle: children names step "%", which is not one of the steps', v_step
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF (sleeps IS NOT NULL AND sleeps ? v_step) OR (maps IS NOT NULL AND maps ? v_step) THEN
+            RAISE EXCEPTION 'treadle: step "%" is a % step and cannot start a child workflow', v_step,
+                            CASE WHEN sleeps IS NOT NULL AND sleeps ? v_step THEN 'sleep' ELSE 'map' END
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF jsonb_typeof(v_value) IS DISTINCT FROM 'object'
+           OR jsonb_typeof(v_value -> 'workflow') IS DISTINCT FROM 'string'
+           OR NOT coalesce(treadle._is_name(v_value ->> 'workflow'), false)
+           OR (v_value ? 'queue' AND (jsonb_typeof(v_value -> 'queue') IS DISTINCT FROM 'string'
+                                      OR NOT coalesce(treadle._is_name(v_value ->> 'queue'), false)))
+           OR EXISTS (SELECT 1 FROM jsonb_object_keys(v_value) AS k(key) WHERE k.key <> ALL (ARRAY['workflow', 'queue'])) THEN
+            RAISE EXCEPTION 'treadle: child step "%" must be {"workflow": name} with an optional "queue": name, not %',
+                            v_step, left(v_value::text, 200)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        PERFORM treadle._check_workflow_allowed(v_value ->> 'workflow');
+        IF v_value ? 'queue' THEN
+            PERFORM treadle._check_queue_allowed(v_value ->> 'queue');
+        END IF;
+    END LOOP;
+    RETURN children;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_children(text[], jsonb, jsonb, jsonb) IS
+    'Check the child steps of a workflow (22023 naming the step, 42501 outside a tenant''s prefix); null for none.';
+
+--------------------------------------------------------------------------------
+-- treadle._start_child(run, step, at) -> void
+--
+-- Transition: a child step of a run (run.children) starts: (none) -> a running
+-- run of the workflow it names (its definition from treadle.define_workflow), in
+-- the queue it names or the parent's, with the parent's priority and
+-- max_attempts, and its first steps are enqueued (as treadle.start_workflow
+-- does). Its input is the parent run's input for a child step that runs after
+-- no step, otherwise what a step there receives: the results of the steps it
+-- runs after, directly or not, keyed by step name (treadle.workflow_step_results).
+-- The caller holds the parent run's lock; the unique index on (parent_run_id,
+-- parent_step) makes a second start fail rather than run twice.
+-- Raises 22023, naming the step: the workflow has no definition; the child would
+-- nest runs over 10 levels deep (a workflow that starts itself); its input over
+-- the size limit. The step that led to it stays where it was (a run that would
+-- start with it does not start).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._start_child(run treadle.workflow_runs, step text, at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_spec  jsonb := run.children -> step;
+    v_def   treadle.workflows;
+    v_depth integer;
+    v_input jsonb;
+    v_child treadle.workflow_runs;
+BEGIN
+    WITH RECURSIVE up(id, depth) AS (
+        SELECT run.parent_run_id, 1 WHERE run.parent_run_id IS NOT NULL
+        UNION ALL
+        SELECT r.parent_run_id, up.depth + 1
+          FROM up JOIN treadle.workflow_runs AS r ON r.id = up.id
+         WHERE r.parent_run_id IS NOT NULL AND up.depth <= 10
+    )
+    SELECT coalesce(max(up.depth), 0) + 1 INTO v_depth FROM up;
+    IF v_depth > 10 THEN
+        RAISE EXCEPTION 'treadle: child step "%" would nest workflow runs more than 10 levels deep', step
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A workflow that starts itself as a child must stop before that.';
+    END IF;
+    SELECT * INTO v_def FROM treadle.workflows AS w WHERE w.name = v_spec ->> 'workflow';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'treadle: child step "%" starts workflow %, which has no definition', step, v_spec ->> 'workflow'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Register the workflow with a worker (treadle.define_workflow).';
+    END IF;
+    IF jsonb_array_length(run.after -> step) = 0 THEN
+        v_input := run.input;
+    ELSE
+        v_input := treadle.workflow_step_results(run.id, step);
+    END IF;
+    PERFORM treadle._check_payload(v_input, format('the input of child step "%s"', step), treadle._max_payload_bytes());
+
+    INSERT INTO treadle.workflow_runs AS r
+        (name, input, steps, queue, priority, max_attempts, created_at, after, sleeps, maps, children,
+         parent_run_id, parent_step)
+    VALUES
+        (v_def.name, v_input, v_def.steps, coalesce(v_spec ->> 'queue', run.queue), run.priority, run.max_attempts, at,
+         v_def.after, v_def.sleeps, v_def.maps, v_def.children, run.id, step)
+    RETURNING r.* INTO v_child;
+    IF v_child.after IS NULL THEN
+        PERFORM treadle._enqueue_step(v_child, v_child.steps[1], at);
+    ELSE
+        PERFORM treadle._enqueue_ready(v_child, at);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._start_child(treadle.workflow_runs, text, timestamptz) IS
+    'Start the child run of a child step of a workflow run, and enqueue its first steps.';
+
+--------------------------------------------------------------------------------
+-- treadle._child_run_finished() -> trigger
+--
+-- After a child run (parent_run_id not null) leaves `running`, on whichever path:
+--   completed: the parent's step completes with the child's results (keyed by the
+--              child's step names), and the parent moves on as after a completed
+--              step (the steps now ready start, or the parent completes);
+--   failed:    the parent becomes failed, as after a discarded step;
+--   cancelled: the parent becomes cancelled, as after a cancelled step.
+-- As for a step's job, only a running parent moves, but a completed child's
+-- results are recorded on a parent that failed or was cancelled meanwhile.
+-- Locks the parent after the child (every path locks a child run before its
+-- parent), and tells the parent's queue's listeners of treadle_done.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._child_run_finished()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now    timestamptz := treadle.now();
+    v_parent treadle.workflow_runs;
+BEGIN
+    SELECT * INTO v_parent FROM treadle.workflow_runs AS r WHERE r.id = NEW.parent_run_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF NEW.state = 'completed' THEN
+        UPDATE treadle.workflow_runs AS r
+           SET results = r.results || jsonb_build_object(NEW.parent_step, NEW.results)
+         WHERE r.id = v_parent.id
+        RETURNING r.* INTO v_parent;
+        IF v_parent.state = 'running' THEN
+            IF treadle._has_every_result(v_parent) THEN
+                UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now WHERE r.id = v_parent.id;
+            ELSE
+                PERFORM treadle._enqueue_ready(v_parent, v_now, NEW.parent_step);
+            END IF;
+        END IF;
+    ELSIF v_parent.state = 'running' THEN
+        UPDATE treadle.workflow_runs AS r
+           SET state = CASE WHEN NEW.state = 'cancelled' THEN 'cancelled' ELSE 'failed' END, finished_at = v_now
+         WHERE r.id = v_parent.id;
+    END IF;
+    PERFORM treadle._notify('treadle_done', v_parent.queue);
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION treadle._child_run_finished() IS
+    'Trigger: a child workflow run finished; complete, fail or cancel its parent''s step and move the parent on.';
+
+CREATE TRIGGER workflow_runs_child_finished
+    AFTER UPDATE OF state ON treadle.workflow_runs
+    FOR EACH ROW
+    WHEN (OLD.state = 'running' AND NEW.state <> 'running' AND NEW.parent_run_id IS NOT NULL)
+    EXECUTE FUNCTION treadle._child_run_finished();
+COMMENT ON TRIGGER workflow_runs_child_finished ON treadle.workflow_runs IS
+    'A child run that finishes moves its parent''s step (treadle._child_run_finished).';
+--------------------------------------------------------------------------------
 -- Views: the read interface for dashboards and monitoring. Finished jobs are in
 -- treadle.jobs and, once archived, in treadle.job_history: the views read both.
 --------------------------------------------------------------------------------
@@ -6008,7 +6279,7 @@ BEGIN
         ('read',    'treadle.explain(bigint)'),
         ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[])'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
-        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb)'),
+        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb)'),
         ('produce', 'treadle.schedule(text, text, text, jsonb, text, text, integer, integer, boolean)'),
         ('control', 'treadle.cancel(bigint)'),
         ('control', 'treadle.retry(bigint)'),
@@ -6025,7 +6296,7 @@ BEGIN
         ('work',    'treadle.fail(bigint, uuid, text, interval, boolean)'),
         ('work',    'treadle.release(bigint, uuid)'),
         ('work',    'treadle.snooze(bigint, uuid, interval)'),
-        ('work',    'treadle.define_workflow(text, text[], jsonb, jsonb, jsonb)'),
+        ('work',    'treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb)'),
         ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer, text[])'),
         ('work',    'treadle.worker_stopped(text)'),
         ('queues',  'treadle.set_queue(text, integer, integer, interval, integer, interval, interval)'),

@@ -14,11 +14,14 @@ CREATE TABLE treadle.workflows (
     after       jsonb,
     sleeps      jsonb,
     maps        jsonb,
+    children    jsonb,  -- child step -> {"workflow": name, "queue": name (optional)}
     CONSTRAINT workflows_name_check CHECK (name <> ''),
     CONSTRAINT workflows_steps_check CHECK (cardinality(steps) > 0),
     CONSTRAINT workflows_after_check CHECK (jsonb_typeof(after) = 'object'),
     CONSTRAINT workflows_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL)),
-    CONSTRAINT workflows_maps_check CHECK (maps IS NULL OR (jsonb_typeof(maps) = 'object' AND after IS NOT NULL))
+    CONSTRAINT workflows_maps_check CHECK (maps IS NULL OR (jsonb_typeof(maps) = 'object' AND after IS NOT NULL)),
+    CONSTRAINT workflows_children_check
+        CHECK (children IS NULL OR (jsonb_typeof(children) = 'object' AND after IS NOT NULL))
 );
 
 -- One row per workflow run. Its steps are jobs (treadle.jobs.workflow_run_id).
@@ -41,6 +44,9 @@ CREATE TABLE treadle.workflow_runs (
     wake_at          timestamptz,  -- the earliest of wakes: rescue() ends due sleeps
     maps             jsonb,  -- map step -> the step whose result (a JSON array) it maps over
     map_left         jsonb,  -- map step under way -> how many of its element jobs have not completed
+    children         jsonb,  -- child step -> {"workflow": name, "queue": name (optional)}
+    parent_run_id    bigint,  -- the run whose child step started this one (no foreign key: prune may remove it first)
+    parent_step      text,    -- that child step
     CONSTRAINT workflow_runs_state_check
         CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled'])),
     CONSTRAINT workflow_runs_finished_check
@@ -48,8 +54,15 @@ CREATE TABLE treadle.workflow_runs (
     CONSTRAINT workflow_runs_steps_check CHECK (cardinality(steps) > 0),
     CONSTRAINT workflow_runs_after_check CHECK (jsonb_typeof(after) = 'object'),
     CONSTRAINT workflow_runs_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL)),
-    CONSTRAINT workflow_runs_maps_check CHECK (maps IS NULL OR (jsonb_typeof(maps) = 'object' AND after IS NOT NULL))
+    CONSTRAINT workflow_runs_maps_check CHECK (maps IS NULL OR (jsonb_typeof(maps) = 'object' AND after IS NOT NULL)),
+    CONSTRAINT workflow_runs_children_check
+        CHECK (children IS NULL OR (jsonb_typeof(children) = 'object' AND after IS NOT NULL)),
+    CONSTRAINT workflow_runs_parent_check CHECK ((parent_run_id IS NULL) = (parent_step IS NULL))
 );
+
+-- A child step starts one run, ever (treadle._start_child); its parent finds it here.
+CREATE UNIQUE INDEX workflow_runs_parent_idx ON treadle.workflow_runs (parent_run_id, parent_step)
+    WHERE parent_run_id IS NOT NULL;
 
 -- rescue() reads the running runs whose sleep steps are due
 CREATE INDEX workflow_runs_wake_at_idx ON treadle.workflow_runs (wake_at)

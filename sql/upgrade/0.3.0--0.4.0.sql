@@ -131,3 +131,19 @@ CREATE TYPE treadle._rescue_cursor AS (
 );
 COMMENT ON TYPE treadle._rescue_cursor IS
     'A session''s rescue cursor: the floor of the expired leases its rescues read, and where it moves next.';
+
+-- Child workflows: a step that starts a run of another workflow, and on a run the
+-- run and step that started it (sql/src/076_workflow_children.sql).
+ALTER TABLE treadle.workflows
+    ADD COLUMN children jsonb,
+    ADD CONSTRAINT workflows_children_check
+        CHECK (children IS NULL OR (jsonb_typeof(children) = 'object' AND after IS NOT NULL));
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN children jsonb,
+    ADD COLUMN parent_run_id bigint,
+    ADD COLUMN parent_step text,
+    ADD CONSTRAINT workflow_runs_children_check
+        CHECK (children IS NULL OR (jsonb_typeof(children) = 'object' AND after IS NOT NULL)),
+    ADD CONSTRAINT workflow_runs_parent_check CHECK ((parent_run_id IS NULL) = (parent_step IS NULL));
+CREATE UNIQUE INDEX workflow_runs_parent_idx ON treadle.workflow_runs (parent_run_id, parent_step)
+    WHERE parent_run_id IS NOT NULL;
