@@ -24,6 +24,7 @@ def _package_version() -> str:
 
 
 if TYPE_CHECKING:  # type checkers see the real signatures; at run time names load lazily
+    from ._registry import Child
     from .client import (
         EnqueueOptions,
         WorkflowOptions,
@@ -97,6 +98,7 @@ _EXPORTS: dict[str, str] = {
     "Worker": "worker",
     "Step": "worker",
     "Sleep": "worker",
+    "Child": "_registry",
     "JobContext": "worker",
     "WorkerEvent": "worker",
     # data and errors
@@ -124,6 +126,7 @@ _EXPORTS: dict[str, str] = {
 # the names of _EXPORTS, spelled out so that type checkers see what the package exports
 # (tests/client/test_public_names.py holds the two equal)
 __all__ = [
+    "Child",
     "Discard",
     "EnqueueOptions",
     "Explanation",

@@ -70,6 +70,23 @@ class Sleep(NamedTuple):
     after: Iterable[str] | None = None
 
 
+class Child(NamedTuple):
+    """A child step: it has no handler; it starts a run of `workflow` and completes with its results.
+
+    The child run starts when the step becomes ready, in the same transaction, in `queue`
+    (None: the parent run's). Its input is the parent run's input for a child step that
+    runs after no step, otherwise the results of the steps it runs after (as a step
+    receives them). The step's result is the child's results keyed by its step names; a
+    child that fails fails the parent, one that is cancelled cancels it, and cancelling
+    the parent cancels the child. `after` as for Step.
+    """
+
+    name: str
+    workflow: str
+    after: Iterable[str] | None = None
+    queue: str | None = None
+
+
 MAX_SLEEP = timedelta(days=366)
 
 
@@ -84,6 +101,7 @@ class Registry:
         self.workflow_sleeps: dict[str, dict[str, str] | None] = {}  # sleep step -> interval text
         self.workflow_maps: dict[str, dict[str, str | dict[str, str]] | None] = {}  # map step -> what it maps over
         self.workflow_steps: dict[str, list[str]] = {}  # every step, sleeps too, in order
+        self.workflow_children: dict[str, dict[str, dict[str, str]] | None] = {}  # child step -> its workflow, queue
 
     def __bool__(self) -> bool:
         return bool(self.handlers or self.workflows)
@@ -115,12 +133,25 @@ class Registry:
         after: dict[str, list[str]] = {}
         sleeps: dict[str, str] = {}
         maps: dict[str, str | dict[str, str]] = {}
+        children: dict[str, dict[str, str]] = {}
         names: list[str] = []
         graph = False
         for item in steps:
+            if isinstance(item, Child):
+                step_name = check_name(item.name, "step name")
+                if step_name in names:
+                    raise InvalidArgument(f"workflow {workflow_name!r} repeats the step name {step_name!r}")
+                children[step_name] = {"workflow": check_name(item.workflow, "child workflow name")}
+                if item.queue is not None:
+                    children[step_name]["queue"] = check_name(item.queue, "child queue")
+                names.append(step_name)
+                if item.after is not None:
+                    graph = True
+                    after[step_name] = _after_names(item.after, workflow_name, step_name)
+                continue
             if isinstance(item, Sleep):
                 step_name = check_name(item.name, "step name")
-                if step_name in parsed or step_name in sleeps:
+                if step_name in parsed or step_name in sleeps or step_name in children:
                     raise InvalidArgument(f"workflow {workflow_name!r} repeats the step name {step_name!r}")
                 sleeps[step_name] = _sleep_interval(item.duration, workflow_name, step_name)
                 names.append(step_name)
@@ -133,7 +164,7 @@ class Registry:
             step_name = check_name(item[0], "step name")
             if not callable(item[1]):
                 raise InvalidArgument(f"step {step_name!r} of workflow {workflow_name!r} needs a callable")
-            if step_name in parsed or step_name in sleeps:
+            if step_name in parsed or step_name in sleeps or step_name in children:
                 raise InvalidArgument(f"workflow {workflow_name!r} repeats the step name {step_name!r}")
             parsed[step_name] = item[1]
             names.append(step_name)
@@ -156,6 +187,7 @@ class Registry:
         self.workflow_after[workflow_name] = after if graph else None
         self.workflow_sleeps[workflow_name] = sleeps or None
         self.workflow_maps[workflow_name] = maps or None
+        self.workflow_children[workflow_name] = children or None
         if policy is not None and policy != NO_POLICY:
             self.policies[STEP_JOB_PREFIX + workflow_name] = policy  # keyed by the step jobs' name
 
@@ -167,6 +199,7 @@ class Registry:
             "after": self.workflow_after[workflow],
             "sleeps": self.workflow_sleeps[workflow],
             "maps": self.workflow_maps[workflow],
+            "children": self.workflow_children[workflow],
         }
 
     def claim_names(self) -> list[str]:

@@ -122,6 +122,7 @@ class WorkflowOptions(TypedDict, total=False):
     after: Mapping[str, Sequence[str]] | None  # step -> the steps it runs after; None: each after the one before
     sleeps: Mapping[str, timedelta] | None  # sleep step -> how long it waits (no handler runs it)
     maps: Mapping[str, str | Mapping[str, str]] | None  # map step -> a step (its result, a list), or {"input": key}
+    children: Mapping[str, str | Mapping[str, str]] | None  # child step -> a workflow, or {"workflow": .., "queue": ..}
     queue: str
     priority: int
     max_attempts: int
@@ -143,6 +144,7 @@ WORKFLOW_DEFAULTS: Final[WorkflowOptions] = {
     "after": None,
     "sleeps": None,
     "maps": None,
+    "children": None,
     "queue": "default",
     "priority": 0,
     "max_attempts": 25,
@@ -281,7 +283,10 @@ def start_workflow(
     before. ``sleeps`` maps a sleep step (no handler runs it) to how long the run
     waits there. ``maps`` maps a map step to a step it runs after whose result is
     a list (or to ``{"input": key}``, a list in the input): it runs once per
-    element, and hands on their results in element order. The steps it starts with are enqueued now; each completed step
+    element, and hands on their results in element order. ``children`` maps a
+    child step to a workflow name (or ``{"workflow": name, "queue": queue}``): it
+    starts a run of that workflow and completes with its results. The steps it
+    starts with are enqueued now; each completed step
     enqueues those whose dependencies have all completed. A workflow idempotency
     key (apart from jobs' keys) that a run holds returns that run's id and starts
     nothing. The options and their defaults:
@@ -295,6 +300,7 @@ def start_workflow(
         "after": _after(given["after"]),
         "sleeps": _sleeps(given["sleeps"]),
         "maps": _maps(given["maps"]),
+        "children": _children(given["children"]),
         "queue": _args.text(given["queue"], "queue"),
         "priority": _args.integer(given["priority"], "priority"),
         "max_attempts": _args.integer(given["max_attempts"], "max_attempts"),
@@ -332,6 +338,24 @@ def _maps(value: Any) -> Jsonb | None:
                 else _args.text(over, "maps' step")
             )
             for step, over in value.items()
+        }
+    )
+
+
+def _children(value: Any) -> Jsonb | None:
+    """start_workflow's `children`: step name -> workflow name or {"workflow": .., "queue": ..}; the database checks."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"children must be a mapping of step name -> workflow name, not {type(value).__name__}")
+    return Jsonb(
+        {
+            _args.text(step, "children's step"): (
+                {_args.text(k, "children's key"): _args.text(v, "children's value") for k, v in child.items()}
+                if isinstance(child, Mapping)
+                else {"workflow": _args.text(child, "child workflow")}
+            )
+            for step, child in value.items()
         }
     )
 
