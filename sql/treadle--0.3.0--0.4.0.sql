@@ -5757,14 +5757,16 @@ SELECT h.id, h.queue, h.name, h.state, h.attempt, h.max_attempts, h.last_error, 
 COMMENT ON VIEW treadle.recent_failures IS
     'Retryable and discarded jobs with an error, newest failure first.';
 
--- Workflow runs with their current step and how far they have come.
+-- Workflow runs with their current step and how far they have come; a child run
+-- names its parent run and the parent's step that started it.
 CREATE VIEW treadle.workflow_run_overview WITH (security_invoker = true) AS
 SELECT r.id, r.name, r.state,
        cur.step AS current_step,
        (SELECT count(*) FROM jsonb_object_keys(r.results))::integer AS steps_done,
        cardinality(r.steps) AS steps_total,
        r.created_at, r.finished_at,
-       r.steps, r.input
+       r.steps, r.input,
+       r.parent_run_id, r.parent_step
   FROM treadle.workflow_runs AS r
   LEFT JOIN LATERAL (
         SELECT j.step FROM treadle.jobs AS j
@@ -5803,12 +5805,15 @@ COMMENT ON VIEW treadle.job_details IS
 -- A run's steps in order, each with the job that runs it; a step whose job is not
 -- enqueued yet has state 'pending' and no job. A sleep step has no job: its state
 -- is 'sleeping' until sleeps_until, then 'completed'. `after`: the steps it runs
--- after in a graph; null in a list (each step after the one before it).
+-- after in a graph; null in a list (each step after the one before it). A child
+-- step has no job either: child_run_id is the run it started, and until the step
+-- completes its state is that run's.
 CREATE VIEW treadle.workflow_run_steps WITH (security_invoker = true) AS
 SELECT r.id AS run_id, s.position, s.step,
        j.id AS job_id,
        coalesce(j.state, CASE WHEN r.wakes ? s.step THEN 'sleeping'
                               WHEN r.results ? s.step THEN 'completed'
+                              WHEN c.state IS NOT NULL THEN c.state
                               ELSE 'pending' END) AS state,
        j.attempt, j.max_attempts, j.cancel_requested,
        r.results ? s.step AS has_result,
@@ -5817,7 +5822,8 @@ SELECT r.id AS run_id, s.position, s.step,
        j.run_at, j.started_at, j.finished_at,
        CASE WHEN r.after IS NOT NULL
             THEN ARRAY(SELECT d.v FROM jsonb_array_elements_text(r.after -> s.step) AS d(v)) END AS after,
-       (r.wakes ->> s.step)::timestamptz AS sleeps_until
+       (r.wakes ->> s.step)::timestamptz AS sleeps_until,
+       c.id AS child_run_id
   FROM treadle.workflow_runs AS r
  CROSS JOIN LATERAL unnest(r.steps) WITH ORDINALITY AS s(step, position)
   LEFT JOIN LATERAL (
@@ -5826,9 +5832,11 @@ SELECT r.id AS run_id, s.position, s.step,
           FROM treadle.jobs AS j
          WHERE j.workflow_run_id = r.id AND j.step = s.step
          ORDER BY j.id DESC
-         LIMIT 1) AS j ON true;
+         LIMIT 1) AS j ON true
+  LEFT JOIN treadle.workflow_runs AS c
+    ON r.children ? s.step AND c.parent_run_id = r.id AND c.parent_step = s.step;
 COMMENT ON VIEW treadle.workflow_run_steps IS
-    'A workflow run''s steps in order, with each step''s job, state, attempt, result, error, dependencies and sleep.';
+    'A workflow run''s steps in order, with each step''s job, state, attempt, result, error, dependencies, sleep and child run.';
 
 --------------------------------------------------------------------------------
 -- treadle.estimated_jobs(queue, state) -> bigint
