@@ -5,7 +5,7 @@
 -- and start time, the depth bound, tenants.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(68);
+SELECT plan(83);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -127,6 +127,36 @@ SELECT treadle.start_workflow('order', '{}', queue => 'shop') AS r5 \gset
 SELECT is(pg_temp.finish(:r5, 'reserve'), 'completed', 'reserve completes');
 SELECT is(treadle.cancel_workflow(pg_temp.child(:r5, 'pay')), true, 'cancel_workflow on the child itself');
 SELECT is(pg_temp.state(:r5), 'cancelled', 'a cancelled child cancels its parent');
+
+--------------------------------------------------------------------------------
+-- retry: resuming a child resumes its parent; resuming a parent resumes its children
+--------------------------------------------------------------------------------
+SELECT treadle.start_workflow('order', '{}', queue => 'shop') AS r7 \gset
+SELECT is(pg_temp.finish(:r7, 'reserve'), 'completed', 'reserve completes');
+SELECT pg_temp.child(:r7, 'pay') AS c7 \gset
+SELECT is(pg_temp.discard(:c7, 'authorize'), 'discarded', 'the child''s step fails for good');
+SELECT is(pg_temp.state(:r7), 'failed', 'the parent fails with its child');
+SELECT is(treadle.retry(j.id), true, 'retry of the child''s failed step')
+  FROM treadle.jobs AS j WHERE j.workflow_run_id = :c7 AND j.step = 'authorize';
+SELECT results_eq(format($$ SELECT state, finished_at IS NULL FROM treadle.workflow_runs WHERE id IN (%s, %s) ORDER BY id $$, :r7, :c7),
+                  $$ VALUES ('running'::text, true), ('running', true) $$, 'resumes the child and its parent');
+SELECT is(pg_temp.finish(:c7, 'authorize'), 'completed', 'the retried step completes');
+SELECT is(pg_temp.finish(:c7, 'capture'), 'completed', 'the child''s last step completes');
+SELECT is(pg_temp.steps(:r7), ARRAY['reserve:completed', 'ship:available'], 'the resumed parent moves on');
+SELECT is((SELECT count(*) FROM treadle.workflow_runs WHERE parent_run_id = :r7), 1::bigint, 'with the one child it had');
+
+SELECT treadle.start_workflow('twins', '{}', steps => ARRAY['kid', 'own'], queue => 'shop', after => '{}',
+                              children => '{"kid": {"workflow": "charge"}}') AS r8 \gset
+SELECT pg_temp.child(:r8, 'kid') AS c8 \gset
+SELECT is(pg_temp.discard(:r8, 'own'), 'discarded', 'the parent''s own step fails for good');
+SELECT is(pg_temp.discard(:c8, 'authorize'), 'discarded', 'and so does the child''s');
+SELECT results_eq(format($$ SELECT state FROM treadle.workflow_runs WHERE id IN (%s, %s) ORDER BY id $$, :r8, :c8),
+                  $$ VALUES ('failed'::text), ('failed') $$, 'both failed');
+SELECT is(treadle.retry(j.id), true, 'retry of the parent''s failed step')
+  FROM treadle.jobs AS j WHERE j.workflow_run_id = :r8 AND j.step = 'own';
+SELECT results_eq(format($$ SELECT state FROM treadle.workflow_runs WHERE id IN (%s, %s) ORDER BY id $$, :r8, :c8),
+                  $$ VALUES ('running'::text), ('running') $$, 'resumes the parent and its failed child');
+SELECT is(pg_temp.steps(:c8), ARRAY['authorize:available'], 'whose failed step is available again');
 
 --------------------------------------------------------------------------------
 -- one child per step, ever; nesting; the depth bound

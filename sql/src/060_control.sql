@@ -132,7 +132,8 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 -- A workflow graph run that treadle.retry just made running again: its other
 -- discarded and cancelled steps are retried (treadle.retry), and the steps whose
 -- dependencies all completed while it was stopped start (a sleep under way when it
--- stopped ends at its time, at the next treadle.rescue).
+-- stopped ends at its time, at the next treadle.rescue); its failed and cancelled
+-- child runs resume too (treadle._resume_children).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._resume_graph(run treadle.workflow_runs)
 RETURNS void
@@ -151,6 +152,9 @@ BEGIN
     LOOP
         PERFORM treadle.retry(v_id);
     END LOOP;
+    IF run.children IS NOT NULL THEN
+        PERFORM treadle._resume_children(run);
+    END IF;
     -- its sleeps under way wake it again (a cancel stopped them)
     UPDATE treadle.workflow_runs AS r
        SET wake_at = (SELECT min(e.value::timestamptz) FROM jsonb_each_text(r.wakes) AS e)

@@ -5,7 +5,9 @@
 -- the child completes. The child's row names its parent (parent_run_id,
 -- parent_step; a unique index keeps it to one child per step). A child that
 -- fails fails its parent as a discarded step does; one that is cancelled cancels
--- it; cancelling the parent cancels its children (treadle.cancel_workflow).
+-- it; cancelling the parent cancels its children (treadle.cancel_workflow). A
+-- retry that resumes a child resumes its parent, and one that resumes a parent
+-- resumes its failed and cancelled children (never starting a second child).
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
@@ -145,9 +147,58 @@ COMMENT ON FUNCTION treadle._start_child(treadle.workflow_runs, text, timestampt
     'Start the child run of a child step of a workflow run, and enqueue its first steps.';
 
 --------------------------------------------------------------------------------
--- treadle._child_run_finished() -> trigger
+-- treadle._resume_children(run) -> void
 --
--- After a child run (parent_run_id not null) leaves `running`, on whichever path:
+-- A run that a retry made running again (treadle._resume_graph): each of its
+-- child runs that failed or was cancelled becomes running again and resumes as a
+-- retry resumes a run: a graph child retries its discarded and cancelled steps
+-- and starts the ready ones (treadle._resume_graph), a list child retries its
+-- last discarded or cancelled step (treadle.retry). The caller holds the run's lock.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._resume_children(run treadle.workflow_runs)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_child treadle.workflow_runs;
+    v_job   bigint;
+BEGIN
+    FOR v_child IN
+        SELECT * FROM treadle.workflow_runs AS c
+         WHERE c.parent_run_id = run.id AND c.state = ANY (ARRAY['failed', 'cancelled'])
+         ORDER BY c.id
+    LOOP
+        UPDATE treadle.workflow_runs AS c SET state = 'running', finished_at = NULL
+         WHERE c.id = v_child.id
+        RETURNING c.* INTO v_child;
+        IF v_child.after IS NOT NULL THEN
+            PERFORM treadle._resume_graph(v_child);
+        ELSE
+            SELECT s.id INTO v_job
+              FROM (SELECT j.id, j.state FROM treadle.jobs AS j WHERE j.workflow_run_id = v_child.id
+                    UNION ALL
+                    SELECT h.id, h.state FROM treadle.job_history AS h WHERE h.workflow_run_id = v_child.id) AS s
+             WHERE s.state = ANY (ARRAY['discarded', 'cancelled'])
+             ORDER BY s.id DESC
+             LIMIT 1;
+            IF FOUND THEN
+                PERFORM treadle.retry(v_job);
+            END IF;
+        END IF;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION treadle._resume_children(treadle.workflow_runs) IS
+    'Resume the failed and cancelled child runs of a workflow run that a retry resumed.';
+
+--------------------------------------------------------------------------------
+-- treadle._child_run_changed() -> trigger
+--
+-- After a child run (parent_run_id not null) changes state, on whichever path:
+--   running:   a retry resumed it: a parent that failed or was cancelled becomes
+--              running again and resumes (treadle._resume_graph);
 --   completed: the parent's step completes with the child's results (keyed by the
 --              child's step names), and the parent moves on as after a completed
 --              step (the steps now ready start, or the parent completes);
@@ -158,7 +209,7 @@ COMMENT ON FUNCTION treadle._start_child(treadle.workflow_runs, text, timestampt
 -- Locks the parent after the child (every path locks a child run before its
 -- parent), and tells the parent's queue's listeners of treadle_done.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._child_run_finished()
+CREATE OR REPLACE FUNCTION treadle._child_run_changed()
 RETURNS trigger
 LANGUAGE plpgsql
 VOLATILE
@@ -170,6 +221,15 @@ DECLARE
 BEGIN
     SELECT * INTO v_parent FROM treadle.workflow_runs AS r WHERE r.id = NEW.parent_run_id FOR UPDATE;
     IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF NEW.state = 'running' THEN
+        IF v_parent.state = ANY (ARRAY['failed', 'cancelled']) THEN
+            UPDATE treadle.workflow_runs AS r SET state = 'running', finished_at = NULL
+             WHERE r.id = v_parent.id
+            RETURNING r.* INTO v_parent;
+            PERFORM treadle._resume_graph(v_parent);
+        END IF;
         RETURN NULL;
     END IF;
     IF NEW.state = 'completed' THEN
@@ -193,13 +253,13 @@ BEGIN
     RETURN NULL;
 END;
 $$;
-COMMENT ON FUNCTION treadle._child_run_finished() IS
-    'Trigger: a child workflow run finished; complete, fail or cancel its parent''s step and move the parent on.';
+COMMENT ON FUNCTION treadle._child_run_changed() IS
+    'Trigger: a child workflow run finished or resumed; complete, fail, cancel or resume its parent.';
 
-CREATE TRIGGER workflow_runs_child_finished
+CREATE TRIGGER workflow_runs_child_changed
     AFTER UPDATE OF state ON treadle.workflow_runs
     FOR EACH ROW
-    WHEN (OLD.state = 'running' AND NEW.state <> 'running' AND NEW.parent_run_id IS NOT NULL)
-    EXECUTE FUNCTION treadle._child_run_finished();
-COMMENT ON TRIGGER workflow_runs_child_finished ON treadle.workflow_runs IS
-    'A child run that finishes moves its parent''s step (treadle._child_run_finished).';
+    WHEN (OLD.state IS DISTINCT FROM NEW.state AND NEW.parent_run_id IS NOT NULL)
+    EXECUTE FUNCTION treadle._child_run_changed();
+COMMENT ON TRIGGER workflow_runs_child_changed ON treadle.workflow_runs IS
+    'A child run that finishes or resumes moves its parent (treadle._child_run_changed).';
