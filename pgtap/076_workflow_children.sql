@@ -209,7 +209,7 @@ SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a', 'b'], sleep
 SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a', 'b'], maps => '{"b": "a"}', children => '{"b": {"workflow": "c"}}') $$,
                  '22023', 'treadle: step "b" is a map step and cannot start a child workflow', 'a map step');
 SELECT throws_ok($$ SELECT treadle.start_workflow('bad', children => '{"a": {"workflow": "c"}}') $$,
-                 '22023', 'treadle: after, sleeps, maps and children need steps', 'children without steps');
+                 '22023', 'treadle: after, sleeps, maps, children and compensations need steps', 'children without steps');
 SELECT is((SELECT count(*) FROM treadle.workflows WHERE name = 'bad'), 0::bigint, 'nothing was defined');
 
 --------------------------------------------------------------------------------

@@ -152,6 +152,22 @@ ALTER TABLE treadle.workflow_runs
     ADD CONSTRAINT workflow_runs_parent_check CHECK ((parent_run_id IS NULL) = (parent_step IS NULL));
 CREATE UNIQUE INDEX workflow_runs_parent_idx ON treadle.workflow_runs (parent_run_id, parent_step)
     WHERE parent_run_id IS NOT NULL;
+
+-- Compensation: a step's compensating step, and on a run the states compensating
+-- (failed, its compensations under way) and compensated
+-- (sql/src/077_workflow_compensation.sql).
+ALTER TABLE treadle.workflows
+    ADD COLUMN compensations jsonb,
+    ADD CONSTRAINT workflows_compensations_check CHECK (jsonb_typeof(compensations) = 'object');
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN compensations jsonb,
+    DROP CONSTRAINT workflow_runs_state_check,
+    DROP CONSTRAINT workflow_runs_finished_check,
+    ADD CONSTRAINT workflow_runs_state_check
+        CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled', 'compensating', 'compensated'])),
+    ADD CONSTRAINT workflow_runs_finished_check
+        CHECK ((state = ANY (ARRAY['running', 'compensating'])) = (finished_at IS NULL)),
+    ADD CONSTRAINT workflow_runs_compensations_check CHECK (jsonb_typeof(compensations) = 'object');
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -2353,6 +2369,10 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    IF v_run.compensations IS NOT NULL AND (v_run.state = 'compensating' OR step.args ? 'compensates') THEN
+        PERFORM treadle._advance_compensation(v_run, step);
+        RETURN;
+    END IF;
     IF v_run.after IS NOT NULL THEN
         PERFORM treadle._advance_graph(v_run, step);
         RETURN;
@@ -3169,7 +3189,11 @@ BEGIN
         RETURN false;
     END IF;
 
-    IF v_job.workflow_run_id IS NOT NULL THEN
+    IF v_job.workflow_run_id IS NOT NULL AND v_job.args ? 'compensates' THEN
+        -- a compensation: its run goes on compensating
+        UPDATE treadle.workflow_runs AS r SET state = 'compensating', finished_at = NULL
+         WHERE r.id = v_job.workflow_run_id AND r.state = 'failed' AND r.compensations IS NOT NULL;
+    ELSIF v_job.workflow_run_id IS NOT NULL THEN
         UPDATE treadle.workflow_runs AS r
            SET state = 'running', finished_at = NULL
          WHERE r.id = v_job.workflow_run_id
@@ -4372,14 +4396,15 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
     'The dependencies of a list of steps spelled out as a graph: each step after the one before it.';
 
 --------------------------------------------------------------------------------
--- treadle.define_workflow(name, steps, after, sleeps, maps, children) -> void
+-- treadle.define_workflow(name, steps, after, sleeps, maps, children, compensations) -> void
 --
 -- Records the step names of a workflow and, in `after`, the steps each one runs
 -- after (a JSON object: step -> [steps]; a step it leaves out starts with the
 -- run). Without `after`, each step runs after the one before it. `sleeps` names
 -- the sleep steps and how long each waits (treadle._check_sleeps); `maps` the map
 -- steps and what each maps over (treadle._check_maps); `children` the child steps
--- and the workflow each starts (treadle._check_children). Workers call it
+-- and the workflow each starts (treadle._check_children); `compensations` the
+-- compensating step of each step that has one (treadle._check_compensations). Workers call it
 -- when they register a workflow. Replaces an earlier definition for new runs;
 -- existing runs keep the steps they started with.
 -- Raises 22004: name or steps null. 22023: a name that is not a valid name (see
@@ -4387,14 +4412,15 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
 -- repeating one; after as treadle._check_after refuses it (an unknown or
 -- repeated dependency, a cycle: the message names the step); sleeps as
 -- treadle._check_sleeps refuses it; maps as treadle._check_maps refuses it;
--- children as treadle._check_children refuses it. 42501: a tenant's workflow name
+-- children as treadle._check_children refuses it; compensations as
+-- treadle._check_compensations refuses it. 42501: a tenant's workflow name
 -- (or a child step's workflow or queue) outside its
 -- prefix (a tenant's definitions are named under its queue prefix, so no tenant
 -- replaces another's).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[], after jsonb DEFAULT NULL,
                                                    sleeps jsonb DEFAULT NULL, maps jsonb DEFAULT NULL,
-                                                   children jsonb DEFAULT NULL)
+                                                   children jsonb DEFAULT NULL, compensations jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -4407,6 +4433,7 @@ DECLARE
     v_sleeps jsonb;
     v_maps   jsonb;
     v_children jsonb;
+    v_compensations jsonb;
 BEGIN
     PERFORM treadle._check_text(define_workflow.name, 'name');
     PERFORM treadle._check_workflow_allowed(define_workflow.name);
@@ -4417,31 +4444,34 @@ BEGIN
                                   coalesce(v_after, treadle._linear_after(define_workflow.steps)),
                                   v_sleeps, define_workflow.maps);
     v_children := treadle._check_children(define_workflow.steps, v_sleeps, v_maps, define_workflow.children);
+    v_compensations := treadle._check_compensations(define_workflow.steps, v_sleeps, v_maps, v_children,
+                                                    define_workflow.compensations);
     IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_children IS NOT NULL THEN
         v_after := coalesce(v_after, treadle._linear_after(define_workflow.steps));
     END IF;
 
-    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps, maps, children)
-    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps, v_maps, v_children)
+    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps, maps, children, compensations)
+    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps, v_maps, v_children,
+            v_compensations)
     ON CONFLICT (name) DO UPDATE
        SET steps = excluded.steps, updated_at = excluded.updated_at, after = excluded.after, sleeps = excluded.sleeps,
-           maps = excluded.maps, children = excluded.children
+           maps = excluded.maps, children = excluded.children, compensations = excluded.compensations
      WHERE w.steps IS DISTINCT FROM excluded.steps OR w.after IS DISTINCT FROM excluded.after
         OR w.sleeps IS DISTINCT FROM excluded.sleeps OR w.maps IS DISTINCT FROM excluded.maps
-        OR w.children IS DISTINCT FROM excluded.children;
+        OR w.children IS DISTINCT FROM excluded.children OR w.compensations IS DISTINCT FROM excluded.compensations;
 END;
 $$;
-COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb, jsonb) IS
     'Record (or replace) the steps of a workflow and the steps each one runs after.';
 
 --------------------------------------------------------------------------------
 -- treadle.start_workflow(name, input, steps, queue, priority, max_attempts,
---                        idempotency_key, after, sleeps, maps, children) -> bigint
+--                        idempotency_key, after, sleeps, maps, children, compensations) -> bigint
 --
 -- Transition: (none) -> a running run, and the job of each step it starts with
 -- (the first step of a list, every step without dependencies of a graph) ->
 -- available, in the caller's transaction. The run records its steps and their
--- dependencies: `steps`, `after`, `sleeps`, `maps` and `children` (as define_workflow
+-- dependencies: `steps`, `after`, `sleeps`, `maps`, `children` and `compensations` (as define_workflow
 -- takes them; a child step ready at the start starts its child run at once), or when
 -- steps is null the definition from treadle.define_workflow. Returns the run id; a
 -- workflow idempotency key (a namespace apart from jobs') that a run already
@@ -4449,7 +4479,7 @@ COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, j
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
 -- input neither an object nor an array, over the size limit or nested over 100
 -- levels; max_attempts < 1; steps, after, sleeps or maps as define_workflow
--- refuses them; after, sleeps, maps or children without steps; no steps given and no
+-- refuses them; after, sleeps, maps, children or compensations without steps; no steps given and no
 -- definition (unknown workflow); a child step ready at the start that
 -- treadle._start_child refuses. 42501: a tenant's queue or workflow name (or a
 -- child step's) outside its prefix.
@@ -4465,7 +4495,8 @@ CREATE OR REPLACE FUNCTION treadle.start_workflow(
     after           jsonb   DEFAULT NULL,
     sleeps          jsonb   DEFAULT NULL,
     maps            jsonb   DEFAULT NULL,
-    children        jsonb   DEFAULT NULL
+    children        jsonb   DEFAULT NULL,
+    compensations   jsonb   DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -4482,6 +4513,7 @@ DECLARE
     v_sleeps jsonb;
     v_maps  jsonb;
     v_children jsonb;
+    v_compensations jsonb;
     v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
@@ -4502,10 +4534,12 @@ BEGIN
     END IF;
     IF v_steps IS NULL THEN
         IF start_workflow.after IS NOT NULL OR start_workflow.sleeps IS NOT NULL OR start_workflow.maps IS NOT NULL
-           OR start_workflow.children IS NOT NULL THEN
-            RAISE EXCEPTION 'treadle: after, sleeps, maps and children need steps' USING ERRCODE = 'invalid_parameter_value';
+           OR start_workflow.children IS NOT NULL OR start_workflow.compensations IS NOT NULL THEN
+            RAISE EXCEPTION 'treadle: after, sleeps, maps, children and compensations need steps'
+                USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        SELECT w.steps, w.after, w.sleeps, w.maps, w.children INTO v_steps, v_after, v_sleeps, v_maps, v_children
+        SELECT w.steps, w.after, w.sleeps, w.maps, w.children, w.compensations
+          INTO v_steps, v_after, v_sleeps, v_maps, v_children, v_compensations
           FROM treadle.workflows AS w WHERE w.name = start_workflow.name;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'treadle: unknown workflow %', start_workflow.name
@@ -4523,6 +4557,8 @@ BEGIN
         v_maps := treadle._check_maps(v_steps, coalesce(v_after, treadle._linear_after(v_steps)),
                                       v_sleeps, start_workflow.maps);
         v_children := treadle._check_children(v_steps, v_sleeps, v_maps, start_workflow.children);
+        v_compensations := treadle._check_compensations(v_steps, v_sleeps, v_maps, v_children,
+                                                        start_workflow.compensations);
         IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_children IS NOT NULL THEN
             v_after := coalesce(v_after, treadle._linear_after(v_steps));
         END IF;
@@ -4532,11 +4568,11 @@ BEGIN
     LOOP
         INSERT INTO treadle.workflow_runs AS r
             (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps, maps,
-             children)
+             children, compensations)
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
              start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps, v_maps,
-             v_children)
+             v_children, v_compensations)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING r.* INTO v_run;
 
@@ -4557,7 +4593,7 @@ BEGIN
     END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb) IS
     'Start a workflow run and enqueue the steps it starts with; returns the run id.';
 
 --------------------------------------------------------------------------------
@@ -5623,10 +5659,10 @@ BEGIN
 
     INSERT INTO treadle.workflow_runs AS r
         (name, input, steps, queue, priority, max_attempts, created_at, after, sleeps, maps, children,
-         parent_run_id, parent_step)
+         parent_run_id, parent_step, compensations)
     VALUES
         (v_def.name, v_input, v_def.steps, coalesce(v_spec ->> 'queue', run.queue), run.priority, run.max_attempts, at,
-         v_def.after, v_def.sleeps, v_def.maps, v_def.children, run.id, step)
+         v_def.after, v_def.sleeps, v_def.maps, v_def.children, run.id, step, v_def.compensations)
     RETURNING r.* INTO v_child;
     IF v_child.after IS NULL THEN
         PERFORM treadle._enqueue_step(v_child, v_child.steps[1], at);
@@ -5715,6 +5751,9 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
+    IF NEW.state = 'compensating' THEN
+        RETURN NULL;  -- it fails its parent once its compensations end
+    END IF;
     IF NEW.state = 'running' THEN
         IF v_parent.state = ANY (ARRAY['failed', 'cancelled']) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'running', finished_at = NULL
@@ -5737,6 +5776,7 @@ BEGIN
             END IF;
         END IF;
     ELSIF v_parent.state = 'running' THEN
+        -- failed or compensated: the parent fails
         UPDATE treadle.workflow_runs AS r
            SET state = CASE WHEN NEW.state = 'cancelled' THEN 'cancelled' ELSE 'failed' END, finished_at = v_now
          WHERE r.id = v_parent.id;
@@ -5755,6 +5795,238 @@ CREATE TRIGGER workflow_runs_child_changed
     EXECUTE FUNCTION treadle._child_run_changed();
 COMMENT ON TRIGGER workflow_runs_child_changed ON treadle.workflow_runs IS
     'A child run that finishes or resumes moves its parent (treadle._child_run_changed).';
+--------------------------------------------------------------------------------
+-- Compensation (sagas): a step of a run may name a compensating step
+-- (run.compensations: step -> compensation name). When the run fails for good,
+-- it becomes `compensating` instead of `failed`: its waiting step jobs are
+-- cancelled, and the compensations of its completed steps run one at a time, in
+-- reverse order of completion, each a job named 'workflow:<workflow name>' whose
+-- `step` is the compensation's name and whose args are {"compensates": step,
+-- "result": that step's result}, with the run's attempts. Each runs at least once
+-- and never again once completed (its result is recorded on the run under its
+-- name). The run ends `compensated` when every one completed, or `failed` when
+-- one fails for good (or is cancelled).
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._check_compensations(steps, sleeps, maps, children, compensations) -> jsonb
+--
+-- The compensations of a workflow: null or {} is none (null). Otherwise a JSON
+-- object mapping a step to the name of its compensating step. Returns the map.
+-- Raises 22023, naming the step: compensations not an object; a key that is not
+-- a step, or is a sleep, map or child step; a value that is not a valid name
+-- (treadle._is_name), is one of the steps, or names another step's compensation
+-- too; compensations over the payload size limit.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_compensations(steps text[], sleeps jsonb, maps jsonb, children jsonb,
+                                                        compensations jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_step  text;
+    v_value jsonb;
+    v_seen  text[] := '{}'::text[];
+BEGIN
+    IF compensations IS NULL OR compensations = '{}'::jsonb THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(compensations) <> 'object' THEN
+        RAISE EXCEPTION 'treadle: compensations must be a JSON object mapping a step to its compensation''s name, not %',
+                        jsonb_typeof(compensations)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM treadle._check_payload(compensations, 'compensations', treadle._max_payload_bytes());
+    FOR v_step, v_value IN SELECT e.key, e.value FROM jsonb_each(compensations) AS e ORDER BY e.key LOOP
+        IF NOT v_step = ANY (steps) THEN
+            RAISE EXCEPTION 'treadle: compensations names step "%", which is not one of the steps', v_step
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF (sleeps IS NOT NULL AND sleeps ? v_step) OR (maps IS NOT NULL AND maps ? v_step)
+           OR (children IS NOT NULL AND children ? v_step) THEN
+            RAISE EXCEPTION 'treadle: step "%" is a sleep, map or child step and cannot name a compensation', v_step
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF jsonb_typeof(v_value) IS DISTINCT FROM 'string' OR NOT coalesce(treadle._is_name(v_value #>> '{}'), false) THEN
+            RAISE EXCEPTION 'treadle: step "%" must name its compensation with a valid name, not %', v_step,
+                            left(v_value::text, 200)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF (v_value #>> '{}') = ANY (steps) THEN
+            RAISE EXCEPTION 'treadle: the compensation of step "%" is named "%", as a step is', v_step, v_value #>> '{}'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF (v_value #>> '{}') = ANY (v_seen) THEN
+            RAISE EXCEPTION 'treadle: the compensation of step "%" is named "%", as another step''s is',
+                            v_step, v_value #>> '{}'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        v_seen := v_seen || (v_value #>> '{}');
+    END LOOP;
+    RETURN compensations;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_compensations(text[], jsonb, jsonb, jsonb, jsonb) IS
+    'Check the compensations of a workflow''s steps (22023 naming the step); null for none.';
+
+--------------------------------------------------------------------------------
+-- treadle._compensate_next(run_id, at) -> void
+--
+-- Transition for a `compensating` run (its row locked by the caller): while one
+-- of its jobs is waiting or running (a compensation under way, or a step that
+-- ran when the run failed), nothing; otherwise the compensation of the completed
+-- step that completed last and is not compensated yet -> a job, available now;
+-- none left -> the run becomes `compensated`.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._compensate_next(run_id bigint, at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_run  treadle.workflow_runs;
+    v_step text;
+BEGIN
+    SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = _compensate_next.run_id;
+    IF NOT FOUND OR v_run.state <> 'compensating' THEN
+        RETURN;
+    END IF;
+    PERFORM 1 FROM treadle.jobs AS j
+     WHERE j.workflow_run_id = v_run.id AND j.state = ANY (ARRAY['available', 'retryable', 'running']);
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    SELECT j.step INTO v_step
+      FROM treadle.jobs AS j
+     WHERE j.workflow_run_id = v_run.id AND j.state = 'completed'
+       AND NOT j.args ? 'compensates'
+       AND v_run.compensations ? j.step
+       AND v_run.results ? j.step
+       AND NOT v_run.results ? (v_run.compensations ->> j.step)
+     ORDER BY j.finished_at DESC, j.id DESC
+     LIMIT 1;
+    IF NOT FOUND THEN
+        UPDATE treadle.workflow_runs AS r SET state = 'compensated', finished_at = at WHERE r.id = v_run.id;
+        RETURN;
+    END IF;
+    INSERT INTO treadle.jobs
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+    VALUES
+        (v_run.queue, 'workflow:' || v_run.name,
+         jsonb_build_object('compensates', v_step, 'result', v_run.results -> v_step),
+         v_run.priority, at, v_run.max_attempts, at, v_run.id, v_run.compensations ->> v_step);
+    PERFORM treadle._notify('treadle_jobs', v_run.queue);
+END;
+$$;
+COMMENT ON FUNCTION treadle._compensate_next(bigint, timestamptz) IS
+    'Enqueue the next compensation of a compensating workflow run, or end it compensated.';
+
+--------------------------------------------------------------------------------
+-- treadle._advance_compensation(run, step) -> void
+--
+-- treadle._advance_run for a run with compensations when it is `compensating`
+-- or the job is a compensation (args ? 'compensates'), the run row locked:
+--   a compensation completed: its result is recorded under its name, and the next
+--     one starts (treadle._compensate_next);
+--   a compensation discarded or cancelled: the run becomes `failed`;
+--   a step that ran when the run failed completed: its result is recorded (it is
+--     compensated first, having completed last), and compensating goes on.
+-- A compensation of a run that is not compensating changes nothing.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._advance_compensation(run treadle.workflow_runs, step treadle.jobs)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := treadle.now();
+BEGIN
+    IF run.state <> 'compensating' THEN
+        RETURN;
+    END IF;
+    IF step.args ? 'compensates' THEN
+        IF step.state = 'completed' THEN
+            UPDATE treadle.workflow_runs AS r SET results = r.results || jsonb_build_object(step.step, step.result)
+             WHERE r.id = run.id;
+        ELSIF step.state = ANY (ARRAY['discarded', 'cancelled']) THEN
+            UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now WHERE r.id = run.id;
+            RETURN;
+        END IF;
+    ELSIF step.state = 'completed' AND NOT (run.maps IS NOT NULL AND run.maps ? step.step) THEN
+        UPDATE treadle.workflow_runs AS r SET results = r.results || jsonb_build_object(step.step, step.result)
+         WHERE r.id = run.id;
+    END IF;
+    PERFORM treadle._compensate_next(run.id, v_now);
+END;
+$$;
+COMMENT ON FUNCTION treadle._advance_compensation(treadle.workflow_runs, treadle.jobs) IS
+    'Move a compensating workflow run on after one of its jobs changed state.';
+
+--------------------------------------------------------------------------------
+-- treadle._run_fails() -> trigger (BEFORE UPDATE OF state ON workflow_runs)
+--
+-- A running run with compensations that some path makes `failed` becomes
+-- `compensating` instead (not finished); treadle._run_compensates follows.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._run_fails()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    NEW.state := 'compensating';
+    NEW.finished_at := NULL;
+    RETURN NEW;
+END;
+$$;
+COMMENT ON FUNCTION treadle._run_fails() IS
+    'Trigger: a failing workflow run with compensations becomes compensating instead of failed.';
+
+CREATE TRIGGER workflow_runs_fail_compensates
+    BEFORE UPDATE OF state ON treadle.workflow_runs
+    FOR EACH ROW
+    WHEN (OLD.state = 'running' AND NEW.state = 'failed' AND NEW.compensations IS NOT NULL)
+    EXECUTE FUNCTION treadle._run_fails();
+COMMENT ON TRIGGER workflow_runs_fail_compensates ON treadle.workflow_runs IS
+    'A failing run with compensations compensates (treadle._run_fails).';
+
+--------------------------------------------------------------------------------
+-- treadle._run_compensates() -> trigger (AFTER UPDATE OF state ON workflow_runs)
+--
+-- A run that became `compensating`: its waiting step jobs are cancelled (nothing
+-- goes forward), and the first compensation starts once no step of it runs
+-- (treadle._compensate_next).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._run_compensates()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM treadle.cancel(j.id)
+       FROM treadle.jobs AS j
+      WHERE j.workflow_run_id = NEW.id AND j.state = ANY (ARRAY['available', 'retryable'])
+      ORDER BY j.id;
+    PERFORM treadle._compensate_next(NEW.id, treadle.now());
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION treadle._run_compensates() IS
+    'Trigger: a workflow run that began compensating cancels its waiting steps and starts its first compensation.';
+
+CREATE TRIGGER workflow_runs_compensating
+    AFTER UPDATE OF state ON treadle.workflow_runs
+    FOR EACH ROW
+    WHEN (OLD.state = 'running' AND NEW.state = 'compensating')
+    EXECUTE FUNCTION treadle._run_compensates();
+COMMENT ON TRIGGER workflow_runs_compensating ON treadle.workflow_runs IS
+    'A run that began compensating starts its compensations (treadle._run_compensates).';
 --------------------------------------------------------------------------------
 -- Views: the read interface for dashboards and monitoring. Finished jobs are in
 -- treadle.jobs and, once archived, in treadle.job_history: the views read both.
@@ -6351,7 +6623,7 @@ BEGIN
         ('read',    'treadle.explain(bigint)'),
         ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[])'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
-        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb)'),
+        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb)'),
         ('produce', 'treadle.schedule(text, text, text, jsonb, text, text, integer, integer, boolean)'),
         ('control', 'treadle.cancel(bigint)'),
         ('control', 'treadle.retry(bigint)'),
@@ -6368,7 +6640,7 @@ BEGIN
         ('work',    'treadle.fail(bigint, uuid, text, interval, boolean)'),
         ('work',    'treadle.release(bigint, uuid)'),
         ('work',    'treadle.snooze(bigint, uuid, interval)'),
-        ('work',    'treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb)'),
+        ('work',    'treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb, jsonb)'),
         ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer, text[])'),
         ('work',    'treadle.worker_stopped(text)'),
         ('queues',  'treadle.set_queue(text, integer, integer, interval, integer, interval, interval)'),

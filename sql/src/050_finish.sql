@@ -346,6 +346,10 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    IF v_run.compensations IS NOT NULL AND (v_run.state = 'compensating' OR step.args ? 'compensates') THEN
+        PERFORM treadle._advance_compensation(v_run, step);
+        RETURN;
+    END IF;
     IF v_run.after IS NOT NULL THEN
         PERFORM treadle._advance_graph(v_run, step);
         RETURN;

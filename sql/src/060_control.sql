@@ -109,7 +109,11 @@ BEGIN
         RETURN false;
     END IF;
 
-    IF v_job.workflow_run_id IS NOT NULL THEN
+    IF v_job.workflow_run_id IS NOT NULL AND v_job.args ? 'compensates' THEN
+        -- a compensation: its run goes on compensating
+        UPDATE treadle.workflow_runs AS r SET state = 'compensating', finished_at = NULL
+         WHERE r.id = v_job.workflow_run_id AND r.state = 'failed' AND r.compensations IS NOT NULL;
+    ELSIF v_job.workflow_run_id IS NOT NULL THEN
         UPDATE treadle.workflow_runs AS r
            SET state = 'running', finished_at = NULL
          WHERE r.id = v_job.workflow_run_id

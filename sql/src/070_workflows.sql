@@ -321,14 +321,15 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
     'The dependencies of a list of steps spelled out as a graph: each step after the one before it.';
 
 --------------------------------------------------------------------------------
--- treadle.define_workflow(name, steps, after, sleeps, maps, children) -> void
+-- treadle.define_workflow(name, steps, after, sleeps, maps, children, compensations) -> void
 --
 -- Records the step names of a workflow and, in `after`, the steps each one runs
 -- after (a JSON object: step -> [steps]; a step it leaves out starts with the
 -- run). Without `after`, each step runs after the one before it. `sleeps` names
 -- the sleep steps and how long each waits (treadle._check_sleeps); `maps` the map
 -- steps and what each maps over (treadle._check_maps); `children` the child steps
--- and the workflow each starts (treadle._check_children). Workers call it
+-- and the workflow each starts (treadle._check_children); `compensations` the
+-- compensating step of each step that has one (treadle._check_compensations). Workers call it
 -- when they register a workflow. Replaces an earlier definition for new runs;
 -- existing runs keep the steps they started with.
 -- Raises 22004: name or steps null. 22023: a name that is not a valid name (see
@@ -336,14 +337,15 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
 -- repeating one; after as treadle._check_after refuses it (an unknown or
 -- repeated dependency, a cycle: the message names the step); sleeps as
 -- treadle._check_sleeps refuses it; maps as treadle._check_maps refuses it;
--- children as treadle._check_children refuses it. 42501: a tenant's workflow name
+-- children as treadle._check_children refuses it; compensations as
+-- treadle._check_compensations refuses it. 42501: a tenant's workflow name
 -- (or a child step's workflow or queue) outside its
 -- prefix (a tenant's definitions are named under its queue prefix, so no tenant
 -- replaces another's).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[], after jsonb DEFAULT NULL,
                                                    sleeps jsonb DEFAULT NULL, maps jsonb DEFAULT NULL,
-                                                   children jsonb DEFAULT NULL)
+                                                   children jsonb DEFAULT NULL, compensations jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -356,6 +358,7 @@ DECLARE
     v_sleeps jsonb;
     v_maps   jsonb;
     v_children jsonb;
+    v_compensations jsonb;
 BEGIN
     PERFORM treadle._check_text(define_workflow.name, 'name');
     PERFORM treadle._check_workflow_allowed(define_workflow.name);
@@ -366,31 +369,34 @@ BEGIN
                                   coalesce(v_after, treadle._linear_after(define_workflow.steps)),
                                   v_sleeps, define_workflow.maps);
     v_children := treadle._check_children(define_workflow.steps, v_sleeps, v_maps, define_workflow.children);
+    v_compensations := treadle._check_compensations(define_workflow.steps, v_sleeps, v_maps, v_children,
+                                                    define_workflow.compensations);
     IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_children IS NOT NULL THEN
         v_after := coalesce(v_after, treadle._linear_after(define_workflow.steps));
     END IF;
 
-    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps, maps, children)
-    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps, v_maps, v_children)
+    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps, maps, children, compensations)
+    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps, v_maps, v_children,
+            v_compensations)
     ON CONFLICT (name) DO UPDATE
        SET steps = excluded.steps, updated_at = excluded.updated_at, after = excluded.after, sleeps = excluded.sleeps,
-           maps = excluded.maps, children = excluded.children
+           maps = excluded.maps, children = excluded.children, compensations = excluded.compensations
      WHERE w.steps IS DISTINCT FROM excluded.steps OR w.after IS DISTINCT FROM excluded.after
         OR w.sleeps IS DISTINCT FROM excluded.sleeps OR w.maps IS DISTINCT FROM excluded.maps
-        OR w.children IS DISTINCT FROM excluded.children;
+        OR w.children IS DISTINCT FROM excluded.children OR w.compensations IS DISTINCT FROM excluded.compensations;
 END;
 $$;
-COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb, jsonb) IS
     'Record (or replace) the steps of a workflow and the steps each one runs after.';
 
 --------------------------------------------------------------------------------
 -- treadle.start_workflow(name, input, steps, queue, priority, max_attempts,
---                        idempotency_key, after, sleeps, maps, children) -> bigint
+--                        idempotency_key, after, sleeps, maps, children, compensations) -> bigint
 --
 -- Transition: (none) -> a running run, and the job of each step it starts with
 -- (the first step of a list, every step without dependencies of a graph) ->
 -- available, in the caller's transaction. The run records its steps and their
--- dependencies: `steps`, `after`, `sleeps`, `maps` and `children` (as define_workflow
+-- dependencies: `steps`, `after`, `sleeps`, `maps`, `children` and `compensations` (as define_workflow
 -- takes them; a child step ready at the start starts its child run at once), or when
 -- steps is null the definition from treadle.define_workflow. Returns the run id; a
 -- workflow idempotency key (a namespace apart from jobs') that a run already
@@ -398,7 +404,7 @@ COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, j
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
 -- input neither an object nor an array, over the size limit or nested over 100
 -- levels; max_attempts < 1; steps, after, sleeps or maps as define_workflow
--- refuses them; after, sleeps, maps or children without steps; no steps given and no
+-- refuses them; after, sleeps, maps, children or compensations without steps; no steps given and no
 -- definition (unknown workflow); a child step ready at the start that
 -- treadle._start_child refuses. 42501: a tenant's queue or workflow name (or a
 -- child step's) outside its prefix.
@@ -414,7 +420,8 @@ CREATE OR REPLACE FUNCTION treadle.start_workflow(
     after           jsonb   DEFAULT NULL,
     sleeps          jsonb   DEFAULT NULL,
     maps            jsonb   DEFAULT NULL,
-    children        jsonb   DEFAULT NULL
+    children        jsonb   DEFAULT NULL,
+    compensations   jsonb   DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -431,6 +438,7 @@ DECLARE
     v_sleeps jsonb;
     v_maps  jsonb;
     v_children jsonb;
+    v_compensations jsonb;
     v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
@@ -451,10 +459,12 @@ BEGIN
     END IF;
     IF v_steps IS NULL THEN
         IF start_workflow.after IS NOT NULL OR start_workflow.sleeps IS NOT NULL OR start_workflow.maps IS NOT NULL
-           OR start_workflow.children IS NOT NULL THEN
-            RAISE EXCEPTION 'treadle: after, sleeps, maps and children need steps' USING ERRCODE = 'invalid_parameter_value';
+           OR start_workflow.children IS NOT NULL OR start_workflow.compensations IS NOT NULL THEN
+            RAISE EXCEPTION 'treadle: after, sleeps, maps, children and compensations need steps'
+                USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        SELECT w.steps, w.after, w.sleeps, w.maps, w.children INTO v_steps, v_after, v_sleeps, v_maps, v_children
+        SELECT w.steps, w.after, w.sleeps, w.maps, w.children, w.compensations
+          INTO v_steps, v_after, v_sleeps, v_maps, v_children, v_compensations
           FROM treadle.workflows AS w WHERE w.name = start_workflow.name;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'treadle: unknown workflow %', start_workflow.name
@@ -472,6 +482,8 @@ BEGIN
         v_maps := treadle._check_maps(v_steps, coalesce(v_after, treadle._linear_after(v_steps)),
                                       v_sleeps, start_workflow.maps);
         v_children := treadle._check_children(v_steps, v_sleeps, v_maps, start_workflow.children);
+        v_compensations := treadle._check_compensations(v_steps, v_sleeps, v_maps, v_children,
+                                                        start_workflow.compensations);
         IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_children IS NOT NULL THEN
             v_after := coalesce(v_after, treadle._linear_after(v_steps));
         END IF;
@@ -481,11 +493,11 @@ BEGIN
     LOOP
         INSERT INTO treadle.workflow_runs AS r
             (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps, maps,
-             children)
+             children, compensations)
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
              start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps, v_maps,
-             v_children)
+             v_children, v_compensations)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING r.* INTO v_run;
 
@@ -506,7 +518,7 @@ BEGIN
     END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb) IS
     'Start a workflow run and enqueue the steps it starts with; returns the run id.';
 
 --------------------------------------------------------------------------------

@@ -131,10 +131,10 @@ BEGIN
 
     INSERT INTO treadle.workflow_runs AS r
         (name, input, steps, queue, priority, max_attempts, created_at, after, sleeps, maps, children,
-         parent_run_id, parent_step)
+         parent_run_id, parent_step, compensations)
     VALUES
         (v_def.name, v_input, v_def.steps, coalesce(v_spec ->> 'queue', run.queue), run.priority, run.max_attempts, at,
-         v_def.after, v_def.sleeps, v_def.maps, v_def.children, run.id, step)
+         v_def.after, v_def.sleeps, v_def.maps, v_def.children, run.id, step, v_def.compensations)
     RETURNING r.* INTO v_child;
     IF v_child.after IS NULL THEN
         PERFORM treadle._enqueue_step(v_child, v_child.steps[1], at);
@@ -223,6 +223,9 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
+    IF NEW.state = 'compensating' THEN
+        RETURN NULL;  -- it fails its parent once its compensations end
+    END IF;
     IF NEW.state = 'running' THEN
         IF v_parent.state = ANY (ARRAY['failed', 'cancelled']) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'running', finished_at = NULL
@@ -245,6 +248,7 @@ BEGIN
             END IF;
         END IF;
     ELSIF v_parent.state = 'running' THEN
+        -- failed or compensated: the parent fails
         UPDATE treadle.workflow_runs AS r
            SET state = CASE WHEN NEW.state = 'cancelled' THEN 'cancelled' ELSE 'failed' END, finished_at = v_now
          WHERE r.id = v_parent.id;

@@ -24,7 +24,7 @@ def _package_version() -> str:
 
 
 if TYPE_CHECKING:  # type checkers see the real signatures; at run time names load lazily
-    from ._registry import Child
+    from ._registry import Child, Compensation
     from .client import (
         EnqueueOptions,
         WorkflowOptions,
@@ -99,6 +99,7 @@ _EXPORTS: dict[str, str] = {
     "Step": "worker",
     "Sleep": "worker",
     "Child": "_registry",
+    "Compensation": "_registry",
     "JobContext": "worker",
     "WorkerEvent": "worker",
     # data and errors
@@ -127,6 +128,7 @@ _EXPORTS: dict[str, str] = {
 # (tests/client/test_public_names.py holds the two equal)
 __all__ = [
     "Child",
+    "Compensation",
     "Discard",
     "EnqueueOptions",
     "Explanation",

@@ -87,6 +87,20 @@ class Child(NamedTuple):
     queue: str | None = None
 
 
+class Compensation(NamedTuple):
+    """The compensating step `name` of step `undoes`, called as `fn(input, results, ctx)`.
+
+    It runs only when the run fails for good: the compensations of the completed steps
+    run one at a time, in reverse order of completion, each at least once, and the run
+    ends `compensated` (or `failed` when one fails for good). `ctx.args` is
+    `{"compensates": <step>, "result": <that step's result>}`.
+    """
+
+    name: str
+    fn: StepFunction
+    undoes: str
+
+
 MAX_SLEEP = timedelta(days=366)
 
 
@@ -102,6 +116,7 @@ class Registry:
         self.workflow_maps: dict[str, dict[str, str | dict[str, str]] | None] = {}  # map step -> what it maps over
         self.workflow_steps: dict[str, list[str]] = {}  # every step, sleeps too, in order
         self.workflow_children: dict[str, dict[str, dict[str, str]] | None] = {}  # child step -> its workflow, queue
+        self.workflow_compensations: dict[str, dict[str, str] | None] = {}  # step -> its compensation's name
 
     def __bool__(self) -> bool:
         return bool(self.handlers or self.workflows)
@@ -134,9 +149,23 @@ class Registry:
         sleeps: dict[str, str] = {}
         maps: dict[str, str | dict[str, str]] = {}
         children: dict[str, dict[str, str]] = {}
+        compensations: dict[str, str] = {}
+        compensators: dict[str, StepFunction] = {}
         names: list[str] = []
         graph = False
         for item in steps:
+            if isinstance(item, Compensation):
+                comp_name = check_name(item.name, "compensation name")
+                undoes = check_name(item.undoes, "step name in undoes")
+                if not callable(item.fn):
+                    raise InvalidArgument(f"compensation {comp_name!r} of workflow {workflow_name!r} needs a callable")
+                if comp_name in compensators or undoes in compensations:
+                    raise InvalidArgument(
+                        f"workflow {workflow_name!r} repeats the compensation {comp_name!r} or of step {undoes!r}"
+                    )
+                compensations[undoes] = comp_name
+                compensators[comp_name] = item.fn
+                continue
             if isinstance(item, Child):
                 step_name = check_name(item.name, "step name")
                 if step_name in names:
@@ -175,6 +204,15 @@ class Registry:
                 maps[step_name] = _over(item.over, workflow_name, step_name)
         if not names:
             raise InvalidArgument(f"workflow {workflow_name!r} needs at least one step")
+        for undoes, comp_name in compensations.items():
+            if undoes not in names:
+                raise InvalidArgument(
+                    f"compensation {comp_name!r} of workflow {workflow_name!r} undoes {undoes!r}, "
+                    "which is not one of its steps"
+                )
+            if comp_name in names:
+                raise InvalidArgument(f"workflow {workflow_name!r} has a step and a compensation named {comp_name!r}")
+        parsed.update(compensators)
         for step_name, deps in after.items():
             unknown = [n for n in deps if n not in names]
             if unknown:
@@ -188,6 +226,7 @@ class Registry:
         self.workflow_sleeps[workflow_name] = sleeps or None
         self.workflow_maps[workflow_name] = maps or None
         self.workflow_children[workflow_name] = children or None
+        self.workflow_compensations[workflow_name] = compensations or None
         if policy is not None and policy != NO_POLICY:
             self.policies[STEP_JOB_PREFIX + workflow_name] = policy  # keyed by the step jobs' name
 
@@ -200,6 +239,7 @@ class Registry:
             "sleeps": self.workflow_sleeps[workflow],
             "maps": self.workflow_maps[workflow],
             "children": self.workflow_children[workflow],
+            "compensations": self.workflow_compensations[workflow],
         }
 
     def claim_names(self) -> list[str]:

@@ -49,7 +49,7 @@ SELECT treadle.start_workflow(
     name => %(name)s::text, input => %(input)s::jsonb, steps => %(steps)s::text[], queue => %(queue)s::text,
     priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,
     idempotency_key => %(idempotency_key)s::text, after => %(after)s::jsonb, sleeps => %(sleeps)s::jsonb,
-    maps => %(maps)s::jsonb, children => %(children)s::jsonb)
+    maps => %(maps)s::jsonb, children => %(children)s::jsonb, compensations => %(compensations)s::jsonb)
 """
 # treadle.cancel, retry, cancel_workflow, workflow_results: operator controls
 CANCEL: Final[LiteralString] = "SELECT treadle.cancel(job_id => %(job_id)s::bigint)"
@@ -123,8 +123,8 @@ SELECT r.queue, r.state, r.results::text AS results, s.step, s.last_error,
   FROM treadle.workflow_runs AS r
   LEFT JOIN LATERAL (
         SELECT j.step, j.last_error FROM treadle.job_details AS j
-         WHERE j.workflow_run_id = r.id AND r.state = 'failed'
-         ORDER BY j.id DESC LIMIT 1) AS s ON true
+         WHERE j.workflow_run_id = r.id AND r.state = ANY (ARRAY['failed', 'compensated'])
+         ORDER BY j.state = 'discarded' AND NOT j.args ? 'compensates' DESC, j.id DESC LIMIT 1) AS s ON true
  WHERE r.id = %(run_id)s::bigint
 """
 # whether a wait inside the caller's transaction can see other transactions commit
@@ -255,7 +255,7 @@ ARCHIVE: Final[LiteralString] = "SELECT treadle.archive(batch => %(batch)s::inte
 DEFINE_WORKFLOW: Final[LiteralString] = """
 SELECT treadle.define_workflow(name => %(name)s::text, steps => %(steps)s::text[], after => %(after)s::jsonb,
                                sleeps => %(sleeps)s::jsonb, maps => %(maps)s::jsonb,
-                               children => %(children)s::jsonb)
+                               children => %(children)s::jsonb, compensations => %(compensations)s::jsonb)
 """
 # treadle.worker_seen, worker_stopped: the registry of live workers
 WORKER_SEEN: Final[LiteralString] = """

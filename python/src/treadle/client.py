@@ -123,6 +123,7 @@ class WorkflowOptions(TypedDict, total=False):
     sleeps: Mapping[str, timedelta] | None  # sleep step -> how long it waits (no handler runs it)
     maps: Mapping[str, str | Mapping[str, str]] | None  # map step -> a step (its result, a list), or {"input": key}
     children: Mapping[str, str | Mapping[str, str]] | None  # child step -> a workflow, or {"workflow": .., "queue": ..}
+    compensations: Mapping[str, str] | None  # step -> the name of its compensating step
     queue: str
     priority: int
     max_attempts: int
@@ -145,6 +146,7 @@ WORKFLOW_DEFAULTS: Final[WorkflowOptions] = {
     "sleeps": None,
     "maps": None,
     "children": None,
+    "compensations": None,
     "queue": "default",
     "priority": 0,
     "max_attempts": 25,
@@ -285,7 +287,9 @@ def start_workflow(
     a list (or to ``{"input": key}``, a list in the input): it runs once per
     element, and hands on their results in element order. ``children`` maps a
     child step to a workflow name (or ``{"workflow": name, "queue": queue}``): it
-    starts a run of that workflow and completes with its results. The steps it
+    starts a run of that workflow and completes with its results.
+    ``compensations`` maps a step to the name of its compensating step, run when
+    the run fails for good (the run ends ``compensated``). The steps it
     starts with are enqueued now; each completed step
     enqueues those whose dependencies have all completed. A workflow idempotency
     key (apart from jobs' keys) that a run holds returns that run's id and starts
@@ -301,6 +305,7 @@ def start_workflow(
         "sleeps": _sleeps(given["sleeps"]),
         "maps": _maps(given["maps"]),
         "children": _children(given["children"]),
+        "compensations": _compensations(given["compensations"]),
         "queue": _args.text(given["queue"], "queue"),
         "priority": _args.integer(given["priority"], "priority"),
         "max_attempts": _args.integer(given["max_attempts"], "max_attempts"),
@@ -339,6 +344,19 @@ def _maps(value: Any) -> Jsonb | None:
             )
             for step, over in value.items()
         }
+    )
+
+
+def _compensations(value: Any) -> Jsonb | None:
+    """start_workflow's `compensations`: step name -> compensation name; the database checks the rest."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(
+            f"compensations must be a mapping of step name -> compensation name, not {type(value).__name__}"
+        )
+    return Jsonb(
+        {_args.text(step, "compensations' step"): _args.text(name, "compensation name") for step, name in value.items()}
     )
 
 

@@ -50,7 +50,7 @@ from ._handler_threads import HandlerThreads
 from ._housekeeping import Housekeeper
 from ._notifier import Notifier, WakeOnNotify
 from ._pool import WorkerPool, connect_direct
-from ._registry import Child, Handler, Registry, Sleep, Step, StepFunction, handler_policy
+from ._registry import Child, Compensation, Handler, Registry, Sleep, Step, StepFunction, handler_policy
 from ._retry import Backoff, FailureWrite, failure_write, is_transient, one_line
 from ._run_state import RunState, RunStatus
 from .errors import InvalidArgument
@@ -293,7 +293,7 @@ class Worker:
     def workflow(
         self,
         name: str,
-        steps: Iterable[Step | Sleep | Child | tuple[str, StepFunction]],
+        steps: Iterable[Step | Sleep | Child | Compensation | tuple[str, StepFunction]],
         *,
         max_attempts: int | None = None,
         backoff: Callable[[int], Duration] | None = None,
@@ -307,7 +307,8 @@ class Worker:
         of the steps before them); a step without `after` starts with the run. A
         `Sleep(name, timedelta)` step has no handler: the run waits that long in the
         database. A `Child(name, workflow)` step has no handler either: it starts a run of
-        `workflow` and completes with its results. The definition is recorded with
+        `workflow` and completes with its results. A `Compensation(name, fn, undoes=step)`
+        runs only when the run fails for good, to undo that step. The definition is recorded with
         treadle.define_workflow when the worker starts.
         `max_attempts`, `backoff` and `timeout` are a policy for each of its steps, as
         `register`'s are for a handler's jobs.
@@ -555,6 +556,9 @@ class Worker:
                                 "sleeps": None if sleeps is None else Jsonb(sleeps),
                                 "maps": None if maps is None else Jsonb(maps),
                                 "children": None if definition["children"] is None else Jsonb(definition["children"]),
+                                "compensations": (
+                                    None if definition["compensations"] is None else Jsonb(definition["compensations"])
+                                ),
                             },
                         )
                     conn.execute(_sql.WORKER_SEEN, self._seen_params())
