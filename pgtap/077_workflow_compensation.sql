@@ -4,7 +4,7 @@
 -- `compensated`, or `failed` when a compensation fails for good; the checks.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(49);
+SELECT plan(51);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -138,6 +138,14 @@ SELECT results_eq(format($$ SELECT state FROM treadle.workflow_runs WHERE id IN 
 SELECT is(pg_temp.finish(:c5, 'release'), 'completed', 'the child''s compensation completes');
 SELECT results_eq(format($$ SELECT state FROM treadle.workflow_runs WHERE id IN (%s, %s) ORDER BY id $$, :r5, :c5),
                   $$ VALUES ('failed'::text), ('compensated') $$, 'a compensated child fails its parent');
+
+SELECT treadle.start_workflow('mixed', '{}', steps => ARRAY['kid', 'own'], queue => 'trip', after => '{}',
+                              children => '{"kid": {"workflow": "transfer"}}', compensations => '{"own": "undo_own"}') AS r6 \gset
+SELECT r.id AS c6 FROM treadle.workflow_runs AS r WHERE r.parent_run_id = :r6 \gset
+SELECT is(pg_temp.discard(:r6, 'own'), 'discarded', 'the parent''s own step fails for good while its child runs');
+SELECT results_eq(format($$ SELECT state FROM treadle.workflow_runs WHERE id IN (%s, %s) ORDER BY id $$, :r6, :c6),
+                  $$ VALUES ('compensated'::text), ('cancelled') $$,
+                  'a compensating parent cancels its child (and has nothing of its own to undo)');
 
 --------------------------------------------------------------------------------
 -- bad definitions: 22023 naming the step, nothing written

@@ -6248,8 +6248,9 @@ COMMENT ON TRIGGER workflow_runs_fail_compensates ON treadle.workflow_runs IS
 --------------------------------------------------------------------------------
 -- treadle._run_compensates() -> trigger (AFTER UPDATE OF state ON workflow_runs)
 --
--- A run that became `compensating`: its waiting step jobs are cancelled (nothing
--- goes forward), and the first compensation starts once no step of it runs
+-- A run that became `compensating`: its waiting step jobs are cancelled and its
+-- child runs under way are cancelled (treadle.cancel_workflow): nothing goes
+-- forward; the first compensation starts once no step of it runs
 -- (treadle._compensate_next).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._run_compensates()
@@ -6263,6 +6264,10 @@ BEGIN
        FROM treadle.jobs AS j
       WHERE j.workflow_run_id = NEW.id AND j.state = ANY (ARRAY['available', 'retryable'])
       ORDER BY j.id;
+    PERFORM treadle.cancel_workflow(c.id)
+       FROM treadle.workflow_runs AS c
+      WHERE c.parent_run_id = NEW.id AND c.state = 'running'
+      ORDER BY c.id;
     PERFORM treadle._compensate_next(NEW.id, treadle.now());
     RETURN NULL;
 END;
