@@ -118,7 +118,8 @@ SELECT r.queue, r.state, r.results::text AS results, s.step, s.last_error,
                 UNION ALL
                 SELECT c.id, k.depth + 1 FROM kids AS k JOIN treadle.workflow_runs AS c ON c.parent_run_id = k.id
                  WHERE k.depth < 10)
-            SELECT 1 FROM kids AS k JOIN treadle.workflow_runs AS c ON c.id = k.id WHERE c.state = 'running'))
+            SELECT 1 FROM kids AS k JOIN treadle.workflow_runs AS c ON c.id = k.id
+             WHERE c.state = ANY (ARRAY['running', 'compensating'])))
            AS children_running
   FROM treadle.workflow_runs AS r
   LEFT JOIN LATERAL (
