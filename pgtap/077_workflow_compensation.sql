@@ -4,7 +4,7 @@
 -- `compensated`, or `failed` when a compensation fails for good; the checks.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(51);
+SELECT plan(57);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -94,6 +94,18 @@ SELECT is(pg_temp.finish(:r2, 'release'), 'completed', 'release follows');
 SELECT is(pg_temp.state(:r2), 'compensated', 'the run ends compensated');
 SELECT is(pg_temp.steps(:r2), ARRAY['reserve:completed', 'debit:completed', 'credit:discarded', 'refund:completed',
                                     'release:completed'], 'each compensation ran once it completed, never again');
+
+SELECT treadle.start_workflow('g', '{}', steps => ARRAY['a', 'b', 'c'], queue => 'bank',
+                              after => '{"b": ["a"], "c": ["a"]}', compensations => '{"a": "undo_a"}') AS r9 \gset
+SELECT is(pg_temp.finish(:r9, 'a'), 'completed', 'a completes');
+SELECT is(pg_temp.discard(:r9, 'b'), 'discarded', 'b fails for good (c, waiting, is cancelled)');
+SELECT is(pg_temp.discard(:r9, 'undo_a'), 'discarded', 'undo_a fails for good: the run fails');
+SELECT is(treadle.retry(j.id), true, 'retry of the failed forward step of the graph')
+  FROM treadle.jobs AS j WHERE j.workflow_run_id = :r9 AND j.step = 'b';
+SELECT results_eq(format($$ SELECT state FROM treadle.workflow_runs WHERE id = %s $$, :r9),
+                  $$ VALUES ('running'::text) $$, 'resumes the run forward');
+SELECT is(pg_temp.steps(:r9), ARRAY['a:completed', 'b:available', 'c:available', 'undo_a:discarded'],
+          'its cancelled step too, and leaves its failed compensation alone');
 
 --------------------------------------------------------------------------------
 -- a graph: waiting steps are cancelled, a running one finishes first and is

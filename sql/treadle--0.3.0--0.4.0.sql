@@ -3140,7 +3140,8 @@ COMMENT ON FUNCTION treadle.cancel(bigint) IS
 -- step resumes its failed or cancelled run; a run whose steps form a graph
 -- resumes whole (treadle._resume_graph): its other discarded and cancelled steps
 -- are retried too, and the steps whose dependencies completed meanwhile start.
--- Completed steps never run again. A retried
+-- Completed steps never run again. A retried compensation puts its failed run
+-- back to compensating (treadle._advance_compensation goes on from it). A retried
 -- periodic occurrence that already started its successor runs once more without
 -- starting another. Returns false for any other state or an unknown id.
 -- Raises 22004: job_id null. 42501: a tenant's job outside its queues.
@@ -3232,6 +3233,7 @@ BEGIN
         SELECT j.id FROM treadle.jobs AS j
          WHERE j.workflow_run_id = run.id
            AND j.state = ANY (ARRAY['discarded', 'cancelled'])
+           AND NOT j.args ? 'compensates'  -- a compensation is retried on its own
          ORDER BY j.id
     LOOP
         PERFORM treadle.retry(v_id);
@@ -5805,7 +5807,9 @@ COMMENT ON TRIGGER workflow_runs_child_changed ON treadle.workflow_runs IS
 -- "result": that step's result}, with the run's attempts. Each runs at least once
 -- and never again once completed (its result is recorded on the run under its
 -- name). The run ends `compensated` when every one completed, or `failed` when
--- one fails for good (or is cancelled).
+-- one fails for good (or is cancelled); a retry of that one (treadle.retry) puts
+-- the run back to `compensating`, and a retry of a forward step of such a run
+-- resumes it forward without running its compensations again.
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------

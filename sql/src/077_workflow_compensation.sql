@@ -8,7 +8,9 @@
 -- "result": that step's result}, with the run's attempts. Each runs at least once
 -- and never again once completed (its result is recorded on the run under its
 -- name). The run ends `compensated` when every one completed, or `failed` when
--- one fails for good (or is cancelled).
+-- one fails for good (or is cancelled); a retry of that one (treadle.retry) puts
+-- the run back to `compensating`, and a retry of a forward step of such a run
+-- resumes it forward without running its compensations again.
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
