@@ -5,7 +5,7 @@
 -- and start time, the depth bound, tenants.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(83);
+SELECT plan(87);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -208,6 +208,10 @@ SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a', 'b'], sleep
                  '22023', 'treadle: step "a" is a sleep step and cannot start a child workflow', 'a sleep step');
 SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a', 'b'], maps => '{"b": "a"}', children => '{"b": {"workflow": "c"}}') $$,
                  '22023', 'treadle: step "b" is a map step and cannot start a child workflow', 'a map step');
+SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a', 'b'], waits => '{"b": {"signal": "go"}}', children => '{"b": {"workflow": "c"}}') $$,
+                 '22023', 'treadle: step "b" is a wait step and cannot start a child workflow', 'a wait step');
+SELECT throws_ok($$ SELECT treadle.start_workflow('bad', steps => ARRAY['a', 'b'], waits => '{"a": {"signal": "go"}}', children => '{"a": {"workflow": "c"}}') $$,
+                 '22023', 'treadle: step "a" is a wait step and cannot start a child workflow', 'a wait step given to start_workflow');
 SELECT throws_ok($$ SELECT treadle.start_workflow('bad', children => '{"a": {"workflow": "c"}}') $$,
                  '22023', 'treadle: after, sleeps, maps, children and compensations need steps', 'children without steps');
 SELECT is((SELECT count(*) FROM treadle.workflows WHERE name = 'bad'), 0::bigint, 'nothing was defined');
@@ -227,6 +231,18 @@ SELECT is(pg_temp.as_role('ten_a', $$ SELECT treadle.start_workflow('a.mixed', q
           '42501', 'a tenant cannot start a definition whose child leaves its prefix');
 SELECT is(pg_temp.as_role('ten_a', $$ SELECT treadle.define_workflow('a.flow', ARRAY['x'], children => '{"x": {"workflow": "a.kid", "queue": "a.kids"}}') $$),
           'ok', 'a tenant''s child within its prefix');
+
+
+-- a child run takes its definition as start_workflow does: its wait steps, and the version
+SELECT treadle.define_workflow('waitkid', ARRAY['w', 'x'], waits => '{"w": {"signal": "go"}}');
+SELECT treadle.define_workflow('waitkid', ARRAY['w', 'x', 'y'], waits => '{"w": {"signal": "go"}}');
+SELECT treadle.start_workflow('waitparent', steps => ARRAY['kid'], after => '{}',
+                              children => '{"kid": {"workflow": "waitkid"}}') AS wp \gset
+SELECT results_eq(format($$ SELECT version, waits, waiting ? 'w' FROM treadle.workflow_runs WHERE parent_run_id = %s $$, :wp),
+                  $$ VALUES (2::bigint, '{"w": {"signal": "go"}}'::jsonb, true) $$,
+                  'a child run records its definition''s version and waits at its wait step');
+SELECT is(treadle.signal((SELECT id FROM treadle.workflow_runs WHERE parent_run_id = :wp), 'go', '{"ok": true}'), 'delivered',
+          'a signal to the child completes its wait step');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -4,7 +4,7 @@
 -- `compensated`, or `failed` when a compensation fails for good; the checks.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(57);
+SELECT plan(58);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -175,6 +175,8 @@ SELECT throws_like($$ SELECT treadle.define_workflow('bad', ARRAY['a'], compensa
                    '%step "a" must name its compensation with a valid name%', 'an empty name');
 SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a', 'b'], sleeps => '{"a": "1 hour"}', compensations => '{"a": "u"}') $$,
                  '22023', 'treadle: step "a" is a sleep, map, child or wait step and cannot name a compensation', 'a sleep step');
+SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a', 'b'], waits => '{"a": {"signal": "go"}}', compensations => '{"a": "u"}') $$,
+                 '22023', 'treadle: step "a" is a sleep, map, child or wait step and cannot name a compensation', 'a wait step');
 SELECT is((SELECT count(*) FROM treadle.workflows WHERE name = 'bad'), 0::bigint, 'nothing was defined');
 
 SELECT * FROM finish();

@@ -51,7 +51,8 @@ SELECT treadle.start_workflow(
     name => %(name)s::text, input => %(input)s::jsonb, steps => %(steps)s::text[], queue => %(queue)s::text,
     priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,
     idempotency_key => %(idempotency_key)s::text, after => %(after)s::jsonb, sleeps => %(sleeps)s::jsonb,
-    maps => %(maps)s::jsonb, waits => %(waits)s::jsonb)
+    maps => %(maps)s::jsonb, waits => %(waits)s::jsonb, children => %(children)s::jsonb,
+    compensations => %(compensations)s::jsonb)
 """
 # treadle.signal, signal_by_key: 'delivered', 'kept', 'ignored', 'finished' or 'unknown'
 SIGNAL: Final[LiteralString] = """
@@ -60,7 +61,6 @@ SELECT treadle.signal(run_id => %(run_id)s::bigint, name => %(name)s::text, payl
 SIGNAL_BY_KEY: Final[LiteralString] = """
 SELECT treadle.signal_by_key(queue => %(queue)s::text, idempotency_key => %(idempotency_key)s::text,
                              name => %(name)s::text, payload => %(payload)s::jsonb)
-    maps => %(maps)s::jsonb, children => %(children)s::jsonb, compensations => %(compensations)s::jsonb)
 """
 # treadle.cancel, retry, cancel_workflow, workflow_results: operator controls
 CANCEL: Final[LiteralString] = "SELECT treadle.cancel(job_id => %(job_id)s::bigint)"
@@ -273,8 +273,7 @@ ARCHIVE: Final[LiteralString] = "SELECT treadle.archive(batch => %(batch)s::inte
 # treadle.define_workflow: record a registered workflow's steps
 DEFINE_WORKFLOW: Final[LiteralString] = """
 SELECT treadle.define_workflow(name => %(name)s::text, steps => %(steps)s::text[], after => %(after)s::jsonb,
-                               sleeps => %(sleeps)s::jsonb, maps => %(maps)s::jsonb, waits => %(waits)s::jsonb)
-                               sleeps => %(sleeps)s::jsonb, maps => %(maps)s::jsonb,
+                               sleeps => %(sleeps)s::jsonb, maps => %(maps)s::jsonb, waits => %(waits)s::jsonb,
                                children => %(children)s::jsonb, compensations => %(compensations)s::jsonb)
 """
 # treadle.worker_seen, worker_stopped: the registry of live workers
