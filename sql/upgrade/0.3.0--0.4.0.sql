@@ -215,7 +215,7 @@ CREATE UNIQUE INDEX workflow_runs_parent_idx ON treadle.workflow_runs (parent_ru
 
 -- Compensation: a step's compensating step, and on a run the states compensating
 -- (failed, its compensations under way) and compensated
--- (sql/src/077_workflow_compensation.sql).
+-- (sql/src/078_workflow_compensation.sql).
 ALTER TABLE treadle.workflows
     ADD COLUMN compensations jsonb,
     ADD CONSTRAINT workflows_compensations_check CHECK (jsonb_typeof(compensations) = 'object');

@@ -1,4 +1,4 @@
--- pgtap/077_workflow_compensation.sql: compensations (define_workflow's and
+-- pgtap/078_workflow_compensation.sql: compensations (define_workflow's and
 -- start_workflow's `compensations`): a run that fails for good compensates its
 -- completed steps one at a time in reverse order of completion and ends
 -- `compensated`, or `failed` when a compensation fails for good; the checks.
