@@ -156,7 +156,7 @@ SELECT throws_ok($$ SELECT treadle.start_workflow('etl', steps => ARRAY['a', 'b'
 SELECT throws_ok($$ SELECT treadle.start_workflow('etl', steps => ARRAY['a', 'b'], after => '["a"]') $$,
                  '22023', NULL, 'after that is not an object is refused');
 SELECT throws_ok($$ SELECT treadle.start_workflow('etl', after => '{}') $$,
-                 '22023', 'treadle: after, sleeps and maps need steps', 'after without steps is refused');
+                 '22023', 'treadle: after, sleeps, maps, children and compensations need steps', 'after without steps is refused');
 SELECT throws_ok($$ SELECT treadle.define_workflow('etl', ARRAY['a', 'a'], after => '{}') $$,
                  '22023', NULL, 'a repeated step name is refused with after too');
 SELECT throws_ok(format($$ SELECT treadle.define_workflow('big', %L, after => %L) $$,
@@ -261,7 +261,7 @@ SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a', 'b'], sleep
 SELECT throws_ok($$ SELECT treadle.start_workflow('bad', steps => ARRAY['a'], sleeps => '["a"]') $$,
                  '22023', NULL, 'sleeps that is not an object');
 SELECT throws_ok($$ SELECT treadle.start_workflow('signup', sleeps => '{"wait": "1 hour"}') $$,
-                 '22023', 'treadle: after, sleeps and maps need steps', 'sleeps without steps');
+                 '22023', 'treadle: after, sleeps, maps, children and compensations need steps', 'sleeps without steps');
 SELECT is((SELECT count(*) FROM treadle.workflows WHERE name = 'bad'), 0::bigint, 'no bad sleep wrote a definition');
 
 SELECT * FROM finish();

@@ -163,7 +163,7 @@ SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a', 'b'], maps 
 SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a', 'b'], sleeps => '{"b": "1 hour"}', maps => '{"b": "a"}') $$,
                  '22023', 'treadle: step "b" is a sleep step and cannot map', 'a sleep step that maps');
 SELECT throws_ok($$ SELECT treadle.start_workflow('thumbs', maps => '{"resize": "load"}') $$,
-                 '22023', 'treadle: after, sleeps and maps need steps', 'maps without steps');
+                 '22023', 'treadle: after, sleeps, maps, children and compensations need steps', 'maps without steps');
 SELECT is((SELECT count(*) FROM treadle.workflows WHERE name = 'bad'), 0::bigint, 'no bad map wrote a definition');
 
 SELECT treadle.start_workflow('thumbs', '{}', queue => 'maps') AS r4 \gset

@@ -202,6 +202,37 @@ CREATE UNIQUE INDEX jobs_idempotency_key_idx
            OR (key_scope = 'active' AND finished_at IS NULL)
            OR (key_scope = 'waiting' AND started_at IS NULL AND finished_at IS NULL));
 DROP FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[]);
+-- Child workflows: a step that starts a run of another workflow, and on a run the
+-- run and step that started it (sql/src/076_workflow_children.sql).
+ALTER TABLE treadle.workflows
+    ADD COLUMN children jsonb,
+    ADD CONSTRAINT workflows_children_check
+        CHECK (children IS NULL OR (jsonb_typeof(children) = 'object' AND after IS NOT NULL));
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN children jsonb,
+    ADD COLUMN parent_run_id bigint,
+    ADD COLUMN parent_step text,
+    ADD CONSTRAINT workflow_runs_children_check
+        CHECK (children IS NULL OR (jsonb_typeof(children) = 'object' AND after IS NOT NULL)),
+    ADD CONSTRAINT workflow_runs_parent_check CHECK ((parent_run_id IS NULL) = (parent_step IS NULL));
+CREATE UNIQUE INDEX workflow_runs_parent_idx ON treadle.workflow_runs (parent_run_id, parent_step)
+    WHERE parent_run_id IS NOT NULL;
+
+-- Compensation: a step's compensating step, and on a run the states compensating
+-- (failed, its compensations under way) and compensated
+-- (sql/src/078_workflow_compensation.sql).
+ALTER TABLE treadle.workflows
+    ADD COLUMN compensations jsonb,
+    ADD CONSTRAINT workflows_compensations_check CHECK (jsonb_typeof(compensations) = 'object');
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN compensations jsonb,
+    DROP CONSTRAINT workflow_runs_state_check,
+    DROP CONSTRAINT workflow_runs_finished_check,
+    ADD CONSTRAINT workflow_runs_state_check
+        CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled', 'compensating', 'compensated'])),
+    ADD CONSTRAINT workflow_runs_finished_check
+        CHECK ((state = ANY (ARRAY['running', 'compensating'])) = (finished_at IS NULL)),
+    ADD CONSTRAINT workflow_runs_compensations_check CHECK (jsonb_typeof(compensations) = 'object');
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -2356,7 +2387,7 @@ COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timest
 --
 -- The steps of a graph run (run.after not null) that may start now: every step
 -- it runs after has a result, it has none itself, no job of the run runs it
--- yet, and it is not a sleep or a signal wait under way. In step order. With `done` (a step that
+-- yet, it is not a sleep or a signal wait under way, and no child run of it is under way. In step order. With `done` (a step that
 -- just completed) only the steps that run after it are looked at: no other can
 -- have become ready. Callers hold the run row's lock, so what this reads cannot
 -- change before they enqueue what it returns.
@@ -2382,6 +2413,10 @@ BEGIN
         -- every step with a job, read once
         SELECT coalesce(jsonb_object_agg(j.step, true), '{}'::jsonb) INTO v_jobs
           FROM treadle.jobs AS j WHERE j.workflow_run_id = run.id;
+        IF run.children IS NOT NULL THEN
+            SELECT v_jobs || coalesce(jsonb_object_agg(c.parent_step, true), '{}'::jsonb) INTO v_jobs
+              FROM treadle.workflow_runs AS c WHERE c.parent_run_id = run.id;
+        END IF;
     END IF;
     FOR v_step IN
         SELECT u.s FROM unnest(run.steps) WITH ORDINALITY AS u(s, i)
@@ -2398,6 +2433,9 @@ BEGIN
         ELSE
             CONTINUE WHEN EXISTS (SELECT 1 FROM treadle.jobs AS j
                                    WHERE j.workflow_run_id = run.id AND j.step = v_step);
+            CONTINUE WHEN run.children IS NOT NULL AND run.children ? v_step
+                      AND EXISTS (SELECT 1 FROM treadle.workflow_runs AS c
+                                   WHERE c.parent_run_id = run.id AND c.parent_step = v_step);
         END IF;
         v_ready := v_ready || v_step;
     END LOOP;
@@ -2502,7 +2540,8 @@ COMMENT ON FUNCTION treadle._enqueue_map(treadle.workflow_runs, text, timestampt
 -- (treadle._enqueue_map; one over an empty array completes at once, and the
 -- run moves on from it, or completes); a wait step -> a signal wait under way, or
 -- completed at once by a signal kept for it (treadle._start_waits), and the run
--- moves on from it. The caller holds the run row's lock.
+-- moves on from it; a child step -> its child run (treadle._start_child). The
+-- caller holds the run row's lock.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_ready(run treadle.workflow_runs, at timestamptz, done text DEFAULT NULL)
 RETURNS void
@@ -2546,6 +2585,13 @@ BEGIN
         END IF;
         v_ready := ARRAY(SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i)
                           WHERE NOT run.waits ? u.s ORDER BY u.i);
+    END IF;
+    IF run.children IS NOT NULL THEN
+        FOR v_step IN SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i) WHERE run.children ? u.s ORDER BY u.i LOOP
+            PERFORM treadle._start_child(run, v_step, at);
+        END LOOP;
+        v_ready := ARRAY(SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i)
+                          WHERE NOT run.children ? u.s ORDER BY u.i);
     END IF;
     PERFORM treadle._enqueue_steps(run, v_ready, at);
     IF v_empty THEN
@@ -2645,6 +2691,10 @@ DECLARE
 BEGIN
     SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = step.workflow_run_id FOR UPDATE;
     IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v_run.compensations IS NOT NULL AND (v_run.state = 'compensating' OR step.args ? 'compensates') THEN
+        PERFORM treadle._advance_compensation(v_run, step);
         RETURN;
     END IF;
     IF v_run.after IS NOT NULL THEN
@@ -3478,7 +3528,8 @@ COMMENT ON FUNCTION treadle.cancel(bigint) IS
 -- step resumes its failed or cancelled run; a run whose steps form a graph
 -- resumes whole (treadle._resume_graph): its other discarded and cancelled steps
 -- are retried too, and the steps whose dependencies completed meanwhile start.
--- Completed steps never run again. A retried
+-- Completed steps never run again. A retried compensation puts its failed run
+-- back to compensating (treadle._advance_compensation goes on from it). A retried
 -- periodic occurrence that already started its successor runs once more without
 -- starting another. Returns false for any other state or an unknown id.
 -- Raises 22004: job_id null. 42501: a tenant's job outside its queues.
@@ -3530,7 +3581,11 @@ BEGIN
         RETURN false;
     END IF;
 
-    IF v_job.workflow_run_id IS NOT NULL THEN
+    IF v_job.workflow_run_id IS NOT NULL AND v_job.args ? 'compensates' THEN
+        -- a compensation: its run goes on compensating
+        UPDATE treadle.workflow_runs AS r SET state = 'compensating', finished_at = NULL
+         WHERE r.id = v_job.workflow_run_id AND r.state = 'failed' AND r.compensations IS NOT NULL;
+    ELSIF v_job.workflow_run_id IS NOT NULL THEN
         UPDATE treadle.workflow_runs AS r
            SET state = 'running', finished_at = NULL
          WHERE r.id = v_job.workflow_run_id
@@ -3553,7 +3608,8 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 -- A workflow graph run that treadle.retry just made running again: its other
 -- discarded and cancelled steps are retried (treadle.retry), and the steps whose
 -- dependencies all completed while it was stopped start (a sleep under way when it
--- stopped ends at its time, at the next treadle.rescue).
+-- stopped ends at its time, at the next treadle.rescue); its failed and cancelled
+-- child runs resume too (treadle._resume_children).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._resume_graph(run treadle.workflow_runs)
 RETURNS void
@@ -3568,10 +3624,14 @@ BEGIN
         SELECT j.id FROM treadle.jobs AS j
          WHERE j.workflow_run_id = run.id
            AND j.state = ANY (ARRAY['discarded', 'cancelled'])
+           AND NOT j.args ? 'compensates'  -- a compensation is retried on its own
          ORDER BY j.id
     LOOP
         PERFORM treadle.retry(v_id);
     END LOOP;
+    IF run.children IS NOT NULL THEN
+        PERFORM treadle._resume_children(run);
+    END IF;
     -- its sleeps under way wake it again (a cancel stopped them)
     UPDATE treadle.workflow_runs AS r
        SET wake_at = (SELECT min(e.value::timestamptz) FROM jsonb_each_text(r.wakes) AS e)
@@ -4734,14 +4794,16 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
     'The dependencies of a list of steps spelled out as a graph: each step after the one before it.';
 
 --------------------------------------------------------------------------------
--- treadle.define_workflow(name, steps, after, sleeps, maps, waits) -> void
+-- treadle.define_workflow(name, steps, after, sleeps, maps, waits, children, compensations) -> void
 --
 -- Records the step names of a workflow and, in `after`, the steps each one runs
 -- after (a JSON object: step -> [steps]; a step it leaves out starts with the
 -- run). Without `after`, each step runs after the one before it. `sleeps` names
 -- the sleep steps and how long each waits (treadle._check_sleeps); `maps` the map
 -- steps and what each maps over (treadle._check_maps); `waits` the wait steps and
--- the signal each waits for (treadle._check_waits). Workers call it
+-- the signal each waits for (treadle._check_waits); `children` the child steps
+-- and the workflow each starts (treadle._check_children); `compensations` the
+-- compensating step of each step that has one (treadle._check_compensations). Workers call it
 -- when they register a workflow. Replaces an earlier definition for new runs,
 -- and then counts one more version (the same definition again changes nothing);
 -- existing runs keep the steps they started with.
@@ -4750,14 +4812,16 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
 -- repeating one; after as treadle._check_after refuses it (an unknown or
 -- repeated dependency, a cycle: the message names the step); sleeps as
 -- treadle._check_sleeps refuses it; maps as treadle._check_maps refuses it; waits
--- as treadle._check_waits refuses it. 42501:
--- a tenant's workflow name outside its
+-- as treadle._check_waits refuses it; children as treadle._check_children refuses
+-- it; compensations as treadle._check_compensations refuses it. 42501: a tenant's
+-- workflow name (or a child step's workflow or queue) outside its
 -- prefix (a tenant's definitions are named under its queue prefix, so no tenant
 -- replaces another's).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[], after jsonb DEFAULT NULL,
                                                    sleeps jsonb DEFAULT NULL, maps jsonb DEFAULT NULL,
-                                                   waits jsonb DEFAULT NULL)
+                                                   waits jsonb DEFAULT NULL, children jsonb DEFAULT NULL,
+                                                   compensations jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -4770,6 +4834,8 @@ DECLARE
     v_sleeps jsonb;
     v_maps   jsonb;
     v_waits  jsonb;
+    v_children jsonb;
+    v_compensations jsonb;
 BEGIN
     PERFORM treadle._check_text(define_workflow.name, 'name');
     PERFORM treadle._check_workflow_allowed(define_workflow.name);
@@ -4780,40 +4846,49 @@ BEGIN
                                   coalesce(v_after, treadle._linear_after(define_workflow.steps)),
                                   v_sleeps, define_workflow.maps);
     v_waits := treadle._check_waits(define_workflow.steps, v_sleeps, v_maps, define_workflow.waits);
-    IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_waits IS NOT NULL THEN
+    v_children := treadle._check_children(define_workflow.steps, v_sleeps, v_maps, define_workflow.children, v_waits);
+    v_compensations := treadle._check_compensations(define_workflow.steps, v_sleeps, v_maps, v_children,
+                                                    define_workflow.compensations, v_waits);
+    IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_waits IS NOT NULL OR v_children IS NOT NULL THEN
         v_after := coalesce(v_after, treadle._linear_after(define_workflow.steps));
     END IF;
 
-    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps, maps, waits)
-    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps, v_maps, v_waits)
+    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps, maps, waits, children, compensations)
+    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps, v_maps, v_waits, v_children,
+            v_compensations)
     ON CONFLICT (name) DO UPDATE
        SET steps = excluded.steps, updated_at = excluded.updated_at, after = excluded.after, sleeps = excluded.sleeps,
-           maps = excluded.maps, waits = excluded.waits, version = w.version + 1
+           maps = excluded.maps, waits = excluded.waits, children = excluded.children,
+           compensations = excluded.compensations, version = w.version + 1
      WHERE w.steps IS DISTINCT FROM excluded.steps OR w.after IS DISTINCT FROM excluded.after
         OR w.sleeps IS DISTINCT FROM excluded.sleeps OR w.maps IS DISTINCT FROM excluded.maps
-        OR w.waits IS DISTINCT FROM excluded.waits;
+        OR w.waits IS DISTINCT FROM excluded.waits
+        OR w.children IS DISTINCT FROM excluded.children OR w.compensations IS DISTINCT FROM excluded.compensations;
 END;
 $$;
-COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb, jsonb, jsonb) IS
     'Record (or replace) the steps of a workflow and the steps each one runs after.';
 
 --------------------------------------------------------------------------------
 -- treadle.start_workflow(name, input, steps, queue, priority, max_attempts,
---                        idempotency_key, after, sleeps, maps, waits) -> bigint
+--                        idempotency_key, after, sleeps, maps, waits, children, compensations) -> bigint
 --
 -- Transition: (none) -> a running run, and the job of each step it starts with
 -- (the first step of a list, every step without dependencies of a graph) ->
 -- available, in the caller's transaction. The run records its steps and their
--- dependencies: `steps`, `after`, `sleeps`, `maps` and `waits` (as define_workflow takes them), or when
+-- dependencies: `steps`, `after`, `sleeps`, `maps`, `waits`, `children` and `compensations` (as
+-- define_workflow takes them; a child step ready at the start starts its child run at once), or when
 -- steps is null the definition from treadle.define_workflow, and then its version.
 -- Returns the run id; a
 -- workflow idempotency key (a namespace apart from jobs') that a run already
 -- holds returns that run's id and starts nothing.
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
 -- input neither an object nor an array, over the size limit or nested over 100
--- levels; max_attempts < 1; steps, after, sleeps, maps or waits as define_workflow
--- refuses them; after, sleeps, maps or waits without steps; no steps given and no definition (unknown
--- workflow). 42501: a tenant's queue or workflow name outside its prefix.
+-- levels; max_attempts < 1; steps, after, sleeps, maps, waits, children or compensations as
+-- define_workflow refuses them; after, sleeps, maps, waits, children or compensations without
+-- steps; no steps given and no definition (unknown workflow); a child step ready at the start
+-- that treadle._start_child refuses. 42501: a tenant's queue or workflow name (or a
+-- child step's) outside its prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.start_workflow(
     name            text,
@@ -4826,7 +4901,9 @@ CREATE OR REPLACE FUNCTION treadle.start_workflow(
     after           jsonb   DEFAULT NULL,
     sleeps          jsonb   DEFAULT NULL,
     maps            jsonb   DEFAULT NULL,
-    waits           jsonb   DEFAULT NULL
+    waits           jsonb   DEFAULT NULL,
+    children        jsonb   DEFAULT NULL,
+    compensations   jsonb   DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -4844,6 +4921,8 @@ DECLARE
     v_maps  jsonb;
     v_waits jsonb;
     v_version bigint;
+    v_children jsonb;
+    v_compensations jsonb;
     v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
@@ -4863,18 +4942,25 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF v_steps IS NULL THEN
-        IF start_workflow.after IS NOT NULL OR start_workflow.sleeps IS NOT NULL OR start_workflow.maps IS NOT NULL THEN
-            RAISE EXCEPTION 'treadle: after, sleeps and maps need steps' USING ERRCODE = 'invalid_parameter_value';
+        IF start_workflow.after IS NOT NULL OR start_workflow.sleeps IS NOT NULL OR start_workflow.maps IS NOT NULL
+           OR start_workflow.children IS NOT NULL OR start_workflow.compensations IS NOT NULL THEN
+            RAISE EXCEPTION 'treadle: after, sleeps, maps, children and compensations need steps'
+                USING ERRCODE = 'invalid_parameter_value';
         END IF;
         IF start_workflow.waits IS NOT NULL THEN
             RAISE EXCEPTION 'treadle: waits need steps' USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        SELECT w.steps, w.after, w.sleeps, w.maps, w.waits, w.version INTO v_steps, v_after, v_sleeps, v_maps, v_waits, v_version
+        SELECT w.steps, w.after, w.sleeps, w.maps, w.waits, w.version, w.children, w.compensations
+          INTO v_steps, v_after, v_sleeps, v_maps, v_waits, v_version, v_children, v_compensations
           FROM treadle.workflows AS w WHERE w.name = start_workflow.name;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'treadle: unknown workflow %', start_workflow.name
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'Pass steps, or register the workflow with a worker (treadle.define_workflow).';
+        END IF;
+        IF v_children IS NOT NULL THEN
+            -- the caller's own prefix, whoever defined the workflow
+            PERFORM treadle._check_children(v_steps, v_sleeps, v_maps, v_children, v_waits);
         END IF;
     ELSE
         PERFORM treadle._check_steps(v_steps);
@@ -4883,7 +4969,10 @@ BEGIN
         v_maps := treadle._check_maps(v_steps, coalesce(v_after, treadle._linear_after(v_steps)),
                                       v_sleeps, start_workflow.maps);
         v_waits := treadle._check_waits(v_steps, v_sleeps, v_maps, start_workflow.waits);
-        IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_waits IS NOT NULL THEN
+        v_children := treadle._check_children(v_steps, v_sleeps, v_maps, start_workflow.children, v_waits);
+        v_compensations := treadle._check_compensations(v_steps, v_sleeps, v_maps, v_children,
+                                                        start_workflow.compensations, v_waits);
+        IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_waits IS NOT NULL OR v_children IS NOT NULL THEN
             v_after := coalesce(v_after, treadle._linear_after(v_steps));
         END IF;
     END IF;
@@ -4892,11 +4981,11 @@ BEGIN
     LOOP
         INSERT INTO treadle.workflow_runs AS r
             (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps, maps,
-             waits, version)
+             waits, version, children, compensations)
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
              start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps, v_maps,
-             v_waits, v_version)
+             v_waits, v_version, v_children, v_compensations)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING r.* INTO v_run;
 
@@ -4917,7 +5006,7 @@ BEGIN
     END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb) IS
     'Start a workflow run and enqueue the steps it starts with; returns the run id.';
 
 --------------------------------------------------------------------------------
@@ -4929,8 +5018,10 @@ COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, i
 -- cancelled); a run with no step job pending (only sleeps under way) becomes
 -- cancelled at once. Its sleeps under way stop waking it (wake_at null) and its
 -- signal waits under way end (waiting, wait_until null: a signal is then kept, and a
--- retried run waits again), so no step starts after the cancel. Returns false for an unknown run, one that is not running, or one
--- whose steps all have their cancel requested already.
+-- retried run waits again), so no step starts after the cancel. Its child runs
+-- under way are cancelled the same way (a child that becomes cancelled cancels the
+-- run with it). Returns false for an unknown run, one that is not running, or one
+-- whose steps and children all have their cancel requested already.
 -- Raises 22004: run_id null. 42501: a tenant's run outside its queues.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel_workflow(run_id bigint)
@@ -4945,6 +5036,7 @@ DECLARE
     v_step   treadle.jobs;
     v_any    boolean := false;
     v_looked boolean;
+    v_child  bigint;
 BEGIN
     IF cancel_workflow.run_id IS NULL THEN
         RAISE EXCEPTION 'treadle: run_id must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -4975,6 +5067,16 @@ BEGIN
         END LOOP;
         EXIT WHEN NOT v_looked;
     END LOOP;
+    -- child runs under way: each one's cancel reaches this run when the child ends
+    FOR v_child IN
+        SELECT r.id FROM treadle.workflow_runs AS r
+         WHERE r.parent_run_id = cancel_workflow.run_id AND r.state = 'running'
+         ORDER BY r.id
+    LOOP
+        IF treadle.cancel_workflow(v_child) THEN
+            v_any := true;
+        END IF;
+    END LOOP;
     IF v_any THEN
         UPDATE treadle.workflow_runs AS r SET wake_at = NULL, waiting = NULL, wait_until = NULL
          WHERE r.id = cancel_workflow.run_id AND (r.wake_at IS NOT NULL OR r.waiting IS NOT NULL);
@@ -4983,7 +5085,10 @@ BEGIN
 
     PERFORM 1 FROM treadle.jobs AS j
      WHERE j.workflow_run_id = cancel_workflow.run_id
-       AND j.state = ANY (ARRAY['available', 'retryable', 'running']);
+       AND j.state = ANY (ARRAY['available', 'retryable', 'running'])
+    UNION ALL
+    SELECT 1 FROM treadle.workflow_runs AS r
+     WHERE r.parent_run_id = cancel_workflow.run_id AND r.state = 'running';
     IF FOUND THEN
         RETURN false;  -- its cancel is requested already
     END IF;
@@ -6035,8 +6140,8 @@ COMMENT ON FUNCTION treadle._signal(bigint, text, jsonb) IS
 --   'ignored': the run is running but waits for no (further) signal of this name:
 --     no wait step for it, or each has completed, waits already or has a signal
 --     kept. Nothing is written;
---   'finished': the run is not running (completed, failed, cancelled): nothing
---     is written;
+--   'finished': the run is not running (completed, failed, cancelled,
+--     compensating, compensated): nothing is written;
 --   'unknown': no such run: nothing is written.
 -- Raises 22004: run_id or name null. 22023: name not a valid name; payload
 -- neither an object nor an array, over the size limit or nested over 100 levels
@@ -6219,6 +6324,279 @@ SELECT w.id, w.host, w.pid, w.queues, w.concurrency,
 COMMENT ON VIEW treadle.live_workers IS
     'Worker processes seen in the last 30 seconds, with the jobs they hold.';
 --------------------------------------------------------------------------------
+-- Child workflows: a step of a graph run (run.children) that starts a run of
+-- another workflow, its child, when it becomes ready, in the same transaction
+-- and under the parent run's lock, and completes with the child's results when
+-- the child completes. The child's row names its parent (parent_run_id,
+-- parent_step; a unique index keeps it to one child per step). A child that
+-- fails fails its parent as a discarded step does; one that is cancelled cancels
+-- it; cancelling the parent cancels its children (treadle.cancel_workflow). A
+-- retry that resumes a child resumes its parent, and one that resumes a parent
+-- resumes its failed and cancelled children (never starting a second child).
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._check_children(steps, sleeps, maps, children, waits) -> jsonb
+--
+-- The child steps of a workflow, checked against its step names and its sleep
+-- map and wait steps: null or {} is none (null). Otherwise a JSON object mapping a
+-- step to {"workflow": name} and optionally "queue": name (the child run's
+-- queue; without it, the parent run's). Returns the map as given.
+-- Raises 22023, naming the step: children not an object; a key that is not a
+-- step, or is a sleep, map or wait step; a value that is not such an object, or
+-- holds a name that is not a valid name (treadle._is_name); children over the
+-- payload size limit. 42501: a tenant's child workflow or queue outside its
+-- prefix.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_children(steps text[], sleeps jsonb, maps jsonb, children jsonb,
+                                                   waits jsonb DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_step  text;
+    v_value jsonb;
+BEGIN
+    IF children IS NULL OR children = '{}'::jsonb THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(children) <> 'object' THEN
+        RAISE EXCEPTION 'treadle: children must be a JSON object mapping a step to {"workflow": name}, not %',
+                        jsonb_typeof(children)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM treadle._check_payload(children, 'children', treadle._max_payload_bytes());
+    FOR v_step, v_value IN SELECT e.key, e.value FROM jsonb_each(children) AS e LOOP
+        IF NOT v_step = ANY (steps) THEN
+            RAISE EXCEPTION 'treadle: children names step "%", which is not one of the steps', v_step
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF (sleeps IS NOT NULL AND sleeps ? v_step) OR (maps IS NOT NULL AND maps ? v_step)
+           OR (waits IS NOT NULL AND waits ? v_step) THEN
+            RAISE EXCEPTION 'treadle: step "%" is a % step and cannot start a child workflow', v_step,
+                            CASE WHEN sleeps IS NOT NULL AND sleeps ? v_step THEN 'sleep'
+                                 WHEN maps IS NOT NULL AND maps ? v_step THEN 'map' ELSE 'wait' END
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF jsonb_typeof(v_value) IS DISTINCT FROM 'object'
+           OR jsonb_typeof(v_value -> 'workflow') IS DISTINCT FROM 'string'
+           OR NOT coalesce(treadle._is_name(v_value ->> 'workflow'), false)
+           OR (v_value ? 'queue' AND (jsonb_typeof(v_value -> 'queue') IS DISTINCT FROM 'string'
+                                      OR NOT coalesce(treadle._is_name(v_value ->> 'queue'), false)))
+           OR EXISTS (SELECT 1 FROM jsonb_object_keys(v_value) AS k(key) WHERE k.key <> ALL (ARRAY['workflow', 'queue'])) THEN
+            RAISE EXCEPTION 'treadle: child step "%" must be {"workflow": name} with an optional "queue": name, not %',
+                            v_step, left(v_value::text, 200)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        PERFORM treadle._check_workflow_allowed(v_value ->> 'workflow');
+        IF v_value ? 'queue' THEN
+            PERFORM treadle._check_queue_allowed(v_value ->> 'queue');
+        END IF;
+    END LOOP;
+    RETURN children;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_children(text[], jsonb, jsonb, jsonb, jsonb) IS
+    'Check the child steps of a workflow (22023 naming the step, 42501 outside a tenant''s prefix); null for none.';
+
+--------------------------------------------------------------------------------
+-- treadle._start_child(run, step, at) -> void
+--
+-- Transition: a child step of a run (run.children) starts: (none) -> a running
+-- run of the workflow it names (its definition and version from treadle.define_workflow), in
+-- the queue it names or the parent's, with the parent's priority and
+-- max_attempts, and its first steps are enqueued (as treadle.start_workflow
+-- does). Its input is the parent run's input for a child step that runs after
+-- no step, otherwise what a step there receives: the results of the steps it
+-- runs after, directly or not, keyed by step name (treadle.workflow_step_results).
+-- The caller holds the parent run's lock; the unique index on (parent_run_id,
+-- parent_step) makes a second start fail rather than run twice.
+-- Raises 22023, naming the step: the workflow has no definition; the child would
+-- nest runs over 10 levels deep (a workflow that starts itself); its input over
+-- the size limit. The step that led to it stays where it was (a run that would
+-- start with it does not start).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._start_child(run treadle.workflow_runs, step text, at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_spec  jsonb := run.children -> step;
+    v_def   treadle.workflows;
+    v_depth integer;
+    v_input jsonb;
+    v_child treadle.workflow_runs;
+BEGIN
+    WITH RECURSIVE up(id, depth) AS (
+        SELECT run.parent_run_id, 1 WHERE run.parent_run_id IS NOT NULL
+        UNION ALL
+        SELECT r.parent_run_id, up.depth + 1
+          FROM up JOIN treadle.workflow_runs AS r ON r.id = up.id
+         WHERE r.parent_run_id IS NOT NULL AND up.depth <= 10
+    )
+    SELECT coalesce(max(up.depth), 0) + 1 INTO v_depth FROM up;
+    IF v_depth > 10 THEN
+        RAISE EXCEPTION 'treadle: child step "%" would nest workflow runs more than 10 levels deep', step
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A workflow that starts itself as a child must stop before that.';
+    END IF;
+    SELECT * INTO v_def FROM treadle.workflows AS w WHERE w.name = v_spec ->> 'workflow';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'treadle: child step "%" starts workflow %, which has no definition', step, v_spec ->> 'workflow'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Register the workflow with a worker (treadle.define_workflow).';
+    END IF;
+    IF jsonb_array_length(run.after -> step) = 0 THEN
+        v_input := run.input;
+    ELSE
+        v_input := treadle.workflow_step_results(run.id, step);
+    END IF;
+    PERFORM treadle._check_payload(v_input, format('the input of child step "%s"', step), treadle._max_payload_bytes());
+
+    INSERT INTO treadle.workflow_runs AS r
+        (name, input, steps, queue, priority, max_attempts, created_at, after, sleeps, maps, waits, version,
+         children, parent_run_id, parent_step, compensations)
+    VALUES
+        (v_def.name, v_input, v_def.steps, coalesce(v_spec ->> 'queue', run.queue), run.priority, run.max_attempts, at,
+         v_def.after, v_def.sleeps, v_def.maps, v_def.waits, v_def.version, v_def.children, run.id, step,
+         v_def.compensations)
+    RETURNING r.* INTO v_child;
+    IF v_child.after IS NULL THEN
+        PERFORM treadle._enqueue_step(v_child, v_child.steps[1], at);
+    ELSE
+        PERFORM treadle._enqueue_ready(v_child, at);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._start_child(treadle.workflow_runs, text, timestamptz) IS
+    'Start the child run of a child step of a workflow run, and enqueue its first steps.';
+
+--------------------------------------------------------------------------------
+-- treadle._resume_children(run) -> void
+--
+-- A run that a retry made running again (treadle._resume_graph): each of its
+-- child runs that failed or was cancelled becomes running again and resumes as a
+-- retry resumes a run: a graph child retries its discarded and cancelled steps
+-- and starts the ready ones (treadle._resume_graph), a list child retries its
+-- last discarded or cancelled step (treadle.retry). The caller holds the run's lock.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._resume_children(run treadle.workflow_runs)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_child treadle.workflow_runs;
+    v_job   bigint;
+BEGIN
+    FOR v_child IN
+        SELECT * FROM treadle.workflow_runs AS c
+         WHERE c.parent_run_id = run.id AND c.state = ANY (ARRAY['failed', 'cancelled'])
+         ORDER BY c.id
+    LOOP
+        UPDATE treadle.workflow_runs AS c SET state = 'running', finished_at = NULL
+         WHERE c.id = v_child.id
+        RETURNING c.* INTO v_child;
+        IF v_child.after IS NOT NULL THEN
+            PERFORM treadle._resume_graph(v_child);
+        ELSE
+            SELECT s.id INTO v_job
+              FROM (SELECT j.id, j.state FROM treadle.jobs AS j WHERE j.workflow_run_id = v_child.id
+                    UNION ALL
+                    SELECT h.id, h.state FROM treadle.job_history AS h WHERE h.workflow_run_id = v_child.id) AS s
+             WHERE s.state = ANY (ARRAY['discarded', 'cancelled'])
+             ORDER BY s.id DESC
+             LIMIT 1;
+            IF FOUND THEN
+                PERFORM treadle.retry(v_job);
+            END IF;
+        END IF;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION treadle._resume_children(treadle.workflow_runs) IS
+    'Resume the failed and cancelled child runs of a workflow run that a retry resumed.';
+
+--------------------------------------------------------------------------------
+-- treadle._child_run_changed() -> trigger
+--
+-- After a child run (parent_run_id not null) changes state, on whichever path:
+--   running:   a retry resumed it: a parent that failed or was cancelled becomes
+--              running again and resumes (treadle._resume_graph);
+--   completed: the parent's step completes with the child's results (keyed by the
+--              child's step names), and the parent moves on as after a completed
+--              step (the steps now ready start, or the parent completes);
+--   failed:    the parent becomes failed, as after a discarded step;
+--   cancelled: the parent becomes cancelled, as after a cancelled step.
+-- As for a step's job, only a running parent moves, but a completed child's
+-- results are recorded on a parent that failed or was cancelled meanwhile.
+-- Locks the parent after the child (every path locks a child run before its
+-- parent), and tells the parent's queue's listeners of treadle_done.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._child_run_changed()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now    timestamptz := treadle.now();
+    v_parent treadle.workflow_runs;
+BEGIN
+    SELECT * INTO v_parent FROM treadle.workflow_runs AS r WHERE r.id = NEW.parent_run_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF NEW.state = 'compensating' THEN
+        RETURN NULL;  -- it fails its parent once its compensations end
+    END IF;
+    IF NEW.state = 'running' THEN
+        IF v_parent.state = ANY (ARRAY['failed', 'cancelled']) THEN
+            UPDATE treadle.workflow_runs AS r SET state = 'running', finished_at = NULL
+             WHERE r.id = v_parent.id
+            RETURNING r.* INTO v_parent;
+            PERFORM treadle._resume_graph(v_parent);
+        END IF;
+        RETURN NULL;
+    END IF;
+    IF NEW.state = 'completed' THEN
+        UPDATE treadle.workflow_runs AS r
+           SET results = r.results || jsonb_build_object(NEW.parent_step, NEW.results)
+         WHERE r.id = v_parent.id
+        RETURNING r.* INTO v_parent;
+        IF v_parent.state = 'running' THEN
+            IF treadle._has_every_result(v_parent) THEN
+                UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now WHERE r.id = v_parent.id;
+            ELSE
+                PERFORM treadle._enqueue_ready(v_parent, v_now, NEW.parent_step);
+            END IF;
+        END IF;
+    ELSIF v_parent.state = 'running' THEN
+        -- failed or compensated: the parent fails
+        UPDATE treadle.workflow_runs AS r
+           SET state = CASE WHEN NEW.state = 'cancelled' THEN 'cancelled' ELSE 'failed' END, finished_at = v_now
+         WHERE r.id = v_parent.id;
+    END IF;
+    PERFORM treadle._notify('treadle_done', v_parent.queue);
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION treadle._child_run_changed() IS
+    'Trigger: a child workflow run finished or resumed; complete, fail, cancel or resume its parent.';
+
+CREATE TRIGGER workflow_runs_child_changed
+    AFTER UPDATE OF state ON treadle.workflow_runs
+    FOR EACH ROW
+    WHEN (OLD.state IS DISTINCT FROM NEW.state AND NEW.parent_run_id IS NOT NULL)
+    EXECUTE FUNCTION treadle._child_run_changed();
+COMMENT ON TRIGGER workflow_runs_child_changed ON treadle.workflow_runs IS
+    'A child run that finishes or resumes moves its parent (treadle._child_run_changed).';
+--------------------------------------------------------------------------------
 -- Workflow versions and rolling deploys. A step job is named
 -- 'workflow:<workflow name>/<step>' (050_finish.sql), and a worker claims the
 -- step jobs of the steps it has handlers for by those names: such a name holds
@@ -6377,6 +6755,245 @@ $$;
 COMMENT ON FUNCTION treadle.step_sleep(bigint, uuid, integer, interval, timestamptz) IS
     'Record (once) when a running step''s seq-th ctx.sleep ends; how long is left (0 once passed), null when the lease is lost.';
 --------------------------------------------------------------------------------
+-- Compensation (sagas): a step of a run may name a compensating step
+-- (run.compensations: step -> compensation name). When the run fails for good,
+-- it becomes `compensating` instead of `failed`: its waiting step jobs are
+-- cancelled, and the compensations of its completed steps run one at a time, in
+-- reverse order of completion, each a job named 'workflow:<workflow name>/<compensation>' whose
+-- `step` is the compensation's name and whose args are {"compensates": step,
+-- "result": that step's result}, with the run's attempts. Each runs at least once
+-- and never again once completed (its result is recorded on the run under its
+-- name). The run ends `compensated` when every one completed, or `failed` when
+-- one fails for good (or is cancelled); a retry of that one (treadle.retry) puts
+-- the run back to `compensating`, and a retry of a forward step of such a run
+-- resumes it forward without running its compensations again.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._check_compensations(steps, sleeps, maps, children, compensations, waits) -> jsonb
+--
+-- The compensations of a workflow: null or {} is none (null). Otherwise a JSON
+-- object mapping a step to the name of its compensating step. Returns the map.
+-- Raises 22023, naming the step: compensations not an object; a key that is not
+-- a step, or is a sleep, map, child or wait step; a value that is not a valid name
+-- (treadle._is_name), is one of the steps, or names another step's compensation
+-- too; compensations over the payload size limit.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_compensations(steps text[], sleeps jsonb, maps jsonb, children jsonb,
+                                                        compensations jsonb, waits jsonb DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_step  text;
+    v_value jsonb;
+    v_seen  text[] := '{}'::text[];
+BEGIN
+    IF compensations IS NULL OR compensations = '{}'::jsonb THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(compensations) <> 'object' THEN
+        RAISE EXCEPTION 'treadle: compensations must be a JSON object mapping a step to its compensation''s name, not %',
+                        jsonb_typeof(compensations)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM treadle._check_payload(compensations, 'compensations', treadle._max_payload_bytes());
+    FOR v_step, v_value IN SELECT e.key, e.value FROM jsonb_each(compensations) AS e ORDER BY e.key LOOP
+        IF NOT v_step = ANY (steps) THEN
+            RAISE EXCEPTION 'treadle: compensations names step "%", which is not one of the steps', v_step
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF (sleeps IS NOT NULL AND sleeps ? v_step) OR (maps IS NOT NULL AND maps ? v_step)
+           OR (children IS NOT NULL AND children ? v_step) OR (waits IS NOT NULL AND waits ? v_step) THEN
+            RAISE EXCEPTION 'treadle: step "%" is a sleep, map, child or wait step and cannot name a compensation', v_step
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF jsonb_typeof(v_value) IS DISTINCT FROM 'string' OR NOT coalesce(treadle._is_name(v_value #>> '{}'), false) THEN
+            RAISE EXCEPTION 'treadle: step "%" must name its compensation with a valid name, not %', v_step,
+                            left(v_value::text, 200)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF (v_value #>> '{}') = ANY (steps) THEN
+            RAISE EXCEPTION 'treadle: the compensation of step "%" is named "%", as a step is', v_step, v_value #>> '{}'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF (v_value #>> '{}') = ANY (v_seen) THEN
+            RAISE EXCEPTION 'treadle: the compensation of step "%" is named "%", as another step''s is',
+                            v_step, v_value #>> '{}'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        v_seen := v_seen || (v_value #>> '{}');
+    END LOOP;
+    RETURN compensations;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_compensations(text[], jsonb, jsonb, jsonb, jsonb, jsonb) IS
+    'Check the compensations of a workflow''s steps (22023 naming the step); null for none.';
+
+--------------------------------------------------------------------------------
+-- treadle._compensate_next(run_id, at) -> void
+--
+-- Transition for a `compensating` run (its row locked by the caller): while one
+-- of its jobs is waiting or running (a compensation under way, or a step that
+-- ran when the run failed), nothing; otherwise the compensation of the completed
+-- step that completed last and is not compensated yet -> a job, available now;
+-- none left -> the run becomes `compensated`.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._compensate_next(run_id bigint, at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_run  treadle.workflow_runs;
+    v_step text;
+BEGIN
+    SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = _compensate_next.run_id;
+    IF NOT FOUND OR v_run.state <> 'compensating' THEN
+        RETURN;
+    END IF;
+    PERFORM 1 FROM treadle.jobs AS j
+     WHERE j.workflow_run_id = v_run.id AND j.state = ANY (ARRAY['available', 'retryable', 'running']);
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    SELECT j.step INTO v_step
+      FROM treadle.jobs AS j
+     WHERE j.workflow_run_id = v_run.id AND j.state = 'completed'
+       AND NOT j.args ? 'compensates'
+       AND v_run.compensations ? j.step
+       AND v_run.results ? j.step
+       AND NOT v_run.results ? (v_run.compensations ->> j.step)
+     ORDER BY j.finished_at DESC, j.id DESC
+     LIMIT 1;
+    IF NOT FOUND THEN
+        UPDATE treadle.workflow_runs AS r SET state = 'compensated', finished_at = at WHERE r.id = v_run.id;
+        RETURN;
+    END IF;
+    INSERT INTO treadle.jobs
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+    VALUES
+        (v_run.queue, 'workflow:' || v_run.name || '/' || (v_run.compensations ->> v_step),
+         jsonb_build_object('compensates', v_step, 'result', v_run.results -> v_step),
+         v_run.priority, at, v_run.max_attempts, at, v_run.id, v_run.compensations ->> v_step);
+    PERFORM treadle._notify('treadle_jobs', v_run.queue);
+END;
+$$;
+COMMENT ON FUNCTION treadle._compensate_next(bigint, timestamptz) IS
+    'Enqueue the next compensation of a compensating workflow run, or end it compensated.';
+
+--------------------------------------------------------------------------------
+-- treadle._advance_compensation(run, step) -> void
+--
+-- treadle._advance_run for a run with compensations when it is `compensating`
+-- or the job is a compensation (args ? 'compensates'), the run row locked:
+--   a compensation completed: its result is recorded under its name, and the next
+--     one starts (treadle._compensate_next);
+--   a compensation discarded or cancelled: the run becomes `failed`;
+--   a step that ran when the run failed completed: its result is recorded (it is
+--     compensated first, having completed last), and compensating goes on.
+-- A compensation of a run that is not compensating changes nothing.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._advance_compensation(run treadle.workflow_runs, step treadle.jobs)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := treadle.now();
+BEGIN
+    IF run.state <> 'compensating' THEN
+        RETURN;
+    END IF;
+    IF step.args ? 'compensates' THEN
+        IF step.state = 'completed' THEN
+            UPDATE treadle.workflow_runs AS r SET results = r.results || jsonb_build_object(step.step, step.result)
+             WHERE r.id = run.id;
+        ELSIF step.state = ANY (ARRAY['discarded', 'cancelled']) THEN
+            UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now WHERE r.id = run.id;
+            RETURN;
+        END IF;
+    ELSIF step.state = 'completed' AND NOT (run.maps IS NOT NULL AND run.maps ? step.step) THEN
+        UPDATE treadle.workflow_runs AS r SET results = r.results || jsonb_build_object(step.step, step.result)
+         WHERE r.id = run.id;
+    END IF;
+    PERFORM treadle._compensate_next(run.id, v_now);
+END;
+$$;
+COMMENT ON FUNCTION treadle._advance_compensation(treadle.workflow_runs, treadle.jobs) IS
+    'Move a compensating workflow run on after one of its jobs changed state.';
+
+--------------------------------------------------------------------------------
+-- treadle._run_fails() -> trigger (BEFORE UPDATE OF state ON workflow_runs)
+--
+-- A running run with compensations that some path makes `failed` becomes
+-- `compensating` instead (not finished); treadle._run_compensates follows.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._run_fails()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    NEW.state := 'compensating';
+    NEW.finished_at := NULL;
+    RETURN NEW;
+END;
+$$;
+COMMENT ON FUNCTION treadle._run_fails() IS
+    'Trigger: a failing workflow run with compensations becomes compensating instead of failed.';
+
+CREATE TRIGGER workflow_runs_fail_compensates
+    BEFORE UPDATE OF state ON treadle.workflow_runs
+    FOR EACH ROW
+    WHEN (OLD.state = 'running' AND NEW.state = 'failed' AND NEW.compensations IS NOT NULL)
+    EXECUTE FUNCTION treadle._run_fails();
+COMMENT ON TRIGGER workflow_runs_fail_compensates ON treadle.workflow_runs IS
+    'A failing run with compensations compensates (treadle._run_fails).';
+
+--------------------------------------------------------------------------------
+-- treadle._run_compensates() -> trigger (AFTER UPDATE OF state ON workflow_runs)
+--
+-- A run that became `compensating`: its waiting step jobs are cancelled and its
+-- child runs under way are cancelled (treadle.cancel_workflow): nothing goes
+-- forward; the first compensation starts once no step of it runs
+-- (treadle._compensate_next).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._run_compensates()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM treadle.cancel(j.id)
+       FROM treadle.jobs AS j
+      WHERE j.workflow_run_id = NEW.id AND j.state = ANY (ARRAY['available', 'retryable'])
+      ORDER BY j.id;
+    PERFORM treadle.cancel_workflow(c.id)
+       FROM treadle.workflow_runs AS c
+      WHERE c.parent_run_id = NEW.id AND c.state = 'running'
+      ORDER BY c.id;
+    PERFORM treadle._compensate_next(NEW.id, treadle.now());
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION treadle._run_compensates() IS
+    'Trigger: a workflow run that began compensating cancels its waiting steps and starts its first compensation.';
+
+CREATE TRIGGER workflow_runs_compensating
+    AFTER UPDATE OF state ON treadle.workflow_runs
+    FOR EACH ROW
+    WHEN (OLD.state = 'running' AND NEW.state = 'compensating')
+    EXECUTE FUNCTION treadle._run_compensates();
+COMMENT ON TRIGGER workflow_runs_compensating ON treadle.workflow_runs IS
+    'A run that began compensating starts its compensations (treadle._run_compensates).';
+--------------------------------------------------------------------------------
 -- Views: the read interface for dashboards and monitoring. Finished jobs are in
 -- treadle.jobs and, once archived, in treadle.job_history: the views read both.
 --------------------------------------------------------------------------------
@@ -6442,14 +7059,16 @@ SELECT h.id, h.queue, h.name, h.state, h.attempt, h.max_attempts, h.last_error, 
 COMMENT ON VIEW treadle.recent_failures IS
     'Retryable and discarded jobs with an error, newest failure first.';
 
--- Workflow runs with their current step and how far they have come.
+-- Workflow runs with their current step and how far they have come; a child run
+-- names its parent run and the parent's step that started it.
 CREATE VIEW treadle.workflow_run_overview WITH (security_invoker = true) AS
 SELECT r.id, r.name, r.state,
        cur.step AS current_step,
        (SELECT count(*) FROM jsonb_object_keys(r.results))::integer AS steps_done,
        cardinality(r.steps) AS steps_total,
        r.created_at, r.finished_at,
-       r.steps, r.input
+       r.steps, r.input,
+       r.parent_run_id, r.parent_step
   FROM treadle.workflow_runs AS r
   LEFT JOIN LATERAL (
         SELECT j.step FROM treadle.jobs AS j
@@ -6490,7 +7109,8 @@ COMMENT ON VIEW treadle.job_details IS
 -- is 'sleeping' until sleeps_until, then 'completed'. A wait step has no job either:
 -- it is 'waiting' for the signal waits_for names, then 'completed' (or 'timed_out').
 -- `after`: the steps it runs after in a graph; null in a list (each step after the
--- one before it).
+-- one before it). A child step has no job either: child_run_id is the run it
+-- started, and until the step completes its state is that run's.
 CREATE VIEW treadle.workflow_run_steps WITH (security_invoker = true) AS
 SELECT r.id AS run_id, s.position, s.step,
        j.id AS job_id,
@@ -6498,6 +7118,7 @@ SELECT r.id AS run_id, s.position, s.step,
                               WHEN r.waiting -> s.step ? 'timed_out' THEN 'timed_out'
                               WHEN r.waiting ? s.step THEN 'waiting'
                               WHEN r.results ? s.step THEN 'completed'
+                              WHEN c.state IS NOT NULL THEN c.state
                               ELSE 'pending' END) AS state,
        j.attempt, j.max_attempts, j.cancel_requested,
        r.results ? s.step AS has_result,
@@ -6507,7 +7128,8 @@ SELECT r.id AS run_id, s.position, s.step,
        CASE WHEN r.after IS NOT NULL
             THEN ARRAY(SELECT d.v FROM jsonb_array_elements_text(r.after -> s.step) AS d(v)) END AS after,
        (r.wakes ->> s.step)::timestamptz AS sleeps_until,
-       r.waits -> s.step ->> 'signal' AS waits_for
+       r.waits -> s.step ->> 'signal' AS waits_for,
+       c.id AS child_run_id
   FROM treadle.workflow_runs AS r
  CROSS JOIN LATERAL unnest(r.steps) WITH ORDINALITY AS s(step, position)
   LEFT JOIN LATERAL (
@@ -6516,9 +7138,11 @@ SELECT r.id AS run_id, s.position, s.step,
           FROM treadle.jobs AS j
          WHERE j.workflow_run_id = r.id AND j.step = s.step
          ORDER BY j.id DESC
-         LIMIT 1) AS j ON true;
+         LIMIT 1) AS j ON true
+  LEFT JOIN treadle.workflow_runs AS c
+    ON r.children ? s.step AND c.parent_run_id = r.id AND c.parent_step = s.step;
 COMMENT ON VIEW treadle.workflow_run_steps IS
-    'A workflow run''s steps in order, with each step''s job, state, attempt, result, error, dependencies, sleep and signal.';
+    'A workflow run''s steps in order, with each step''s job, state, attempt, result, error, dependencies, sleep, signal and child run.';
 
 --------------------------------------------------------------------------------
 -- treadle.estimated_jobs(queue, state) -> bigint
@@ -6991,7 +7615,7 @@ BEGIN
         ('read',    'treadle.explain(bigint)'),
         ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[], text, text, interval)'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
-        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb)'),
+        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb)'),
         ('produce', 'treadle.signal(bigint, text, jsonb)'),
         ('produce', 'treadle.signal_by_key(text, text, text, jsonb)'),
         ('produce', 'treadle.schedule(text, text, text, jsonb, text, text, integer, integer, boolean)'),
@@ -7011,7 +7635,7 @@ BEGIN
         ('work',    'treadle.release(bigint, uuid)'),
         ('work',    'treadle.snooze(bigint, uuid, interval)'),
         ('work',    'treadle.step_sleep(bigint, uuid, integer, interval, timestamptz)'),
-        ('work',    'treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb)'),
+        ('work',    'treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb, jsonb, jsonb)'),
         ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer, text[])'),
         ('work',    'treadle.worker_stopped(text)'),
         ('queues',  'treadle.set_queue(text, integer, integer, interval, integer, interval, interval)'),

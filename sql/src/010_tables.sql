@@ -18,13 +18,18 @@ CREATE TABLE treadle.workflows (
     maps        jsonb,
     waits       jsonb,
     version     bigint      NOT NULL DEFAULT 1,
+    children    jsonb,  -- child step -> {"workflow": name, "queue": name (optional)}
+    compensations jsonb,  -- step -> the name of its compensating step
     CONSTRAINT workflows_name_check CHECK (name <> ''),
     CONSTRAINT workflows_steps_check CHECK (cardinality(steps) > 0),
     CONSTRAINT workflows_after_check CHECK (jsonb_typeof(after) = 'object'),
     CONSTRAINT workflows_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL)),
     CONSTRAINT workflows_maps_check CHECK (maps IS NULL OR (jsonb_typeof(maps) = 'object' AND after IS NOT NULL)),
     CONSTRAINT workflows_waits_check CHECK (waits IS NULL OR (jsonb_typeof(waits) = 'object' AND after IS NOT NULL)),
-    CONSTRAINT workflows_version_check CHECK (version >= 1)
+    CONSTRAINT workflows_version_check CHECK (version >= 1),
+    CONSTRAINT workflows_children_check
+        CHECK (children IS NULL OR (jsonb_typeof(children) = 'object' AND after IS NOT NULL)),
+    CONSTRAINT workflows_compensations_check CHECK (jsonb_typeof(compensations) = 'object')
 );
 
 -- One row per workflow run. Its steps are jobs (treadle.jobs.workflow_run_id).
@@ -52,16 +57,28 @@ CREATE TABLE treadle.workflow_runs (
     wait_until       timestamptz,  -- the earliest "until" of waiting: rescue() times the wait out
     version          bigint, -- the definition's version it started with (treadle.workflows.version); null: steps given to start_workflow
     step_sleeps      jsonb,  -- ctx.sleep's wake times: step job id -> [wake time of its 1st sleep, 2nd, ...] (treadle.step_sleep)
+    children         jsonb,  -- child step -> {"workflow": name, "queue": name (optional)}
+    parent_run_id    bigint,  -- the run whose child step started this one (no foreign key: prune may remove it first)
+    parent_step      text,    -- that child step
+    compensations    jsonb,   -- step -> the name of its compensating step
     CONSTRAINT workflow_runs_state_check
-        CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled'])),
+        CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled', 'compensating', 'compensated'])),
     CONSTRAINT workflow_runs_finished_check
-        CHECK ((state = 'running') = (finished_at IS NULL)),
+        CHECK ((state = ANY (ARRAY['running', 'compensating'])) = (finished_at IS NULL)),
     CONSTRAINT workflow_runs_steps_check CHECK (cardinality(steps) > 0),
     CONSTRAINT workflow_runs_after_check CHECK (jsonb_typeof(after) = 'object'),
     CONSTRAINT workflow_runs_sleeps_check CHECK (sleeps IS NULL OR (jsonb_typeof(sleeps) = 'object' AND after IS NOT NULL)),
     CONSTRAINT workflow_runs_maps_check CHECK (maps IS NULL OR (jsonb_typeof(maps) = 'object' AND after IS NOT NULL)),
-    CONSTRAINT workflow_runs_waits_check CHECK (waits IS NULL OR (jsonb_typeof(waits) = 'object' AND after IS NOT NULL))
+    CONSTRAINT workflow_runs_waits_check CHECK (waits IS NULL OR (jsonb_typeof(waits) = 'object' AND after IS NOT NULL)),
+    CONSTRAINT workflow_runs_children_check
+        CHECK (children IS NULL OR (jsonb_typeof(children) = 'object' AND after IS NOT NULL)),
+    CONSTRAINT workflow_runs_parent_check CHECK ((parent_run_id IS NULL) = (parent_step IS NULL)),
+    CONSTRAINT workflow_runs_compensations_check CHECK (jsonb_typeof(compensations) = 'object')
 );
+
+-- A child step starts one run, ever (treadle._start_child); its parent finds it here.
+CREATE UNIQUE INDEX workflow_runs_parent_idx ON treadle.workflow_runs (parent_run_id, parent_step)
+    WHERE parent_run_id IS NOT NULL;
 
 -- rescue() reads the running runs whose sleep steps are due
 CREATE INDEX workflow_runs_wake_at_idx ON treadle.workflow_runs (wake_at)

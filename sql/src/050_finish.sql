@@ -56,7 +56,7 @@ COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timest
 --
 -- The steps of a graph run (run.after not null) that may start now: every step
 -- it runs after has a result, it has none itself, no job of the run runs it
--- yet, and it is not a sleep or a signal wait under way. In step order. With `done` (a step that
+-- yet, it is not a sleep or a signal wait under way, and no child run of it is under way. In step order. With `done` (a step that
 -- just completed) only the steps that run after it are looked at: no other can
 -- have become ready. Callers hold the run row's lock, so what this reads cannot
 -- change before they enqueue what it returns.
@@ -82,6 +82,10 @@ BEGIN
         -- every step with a job, read once
         SELECT coalesce(jsonb_object_agg(j.step, true), '{}'::jsonb) INTO v_jobs
           FROM treadle.jobs AS j WHERE j.workflow_run_id = run.id;
+        IF run.children IS NOT NULL THEN
+            SELECT v_jobs || coalesce(jsonb_object_agg(c.parent_step, true), '{}'::jsonb) INTO v_jobs
+              FROM treadle.workflow_runs AS c WHERE c.parent_run_id = run.id;
+        END IF;
     END IF;
     FOR v_step IN
         SELECT u.s FROM unnest(run.steps) WITH ORDINALITY AS u(s, i)
@@ -98,6 +102,9 @@ BEGIN
         ELSE
             CONTINUE WHEN EXISTS (SELECT 1 FROM treadle.jobs AS j
                                    WHERE j.workflow_run_id = run.id AND j.step = v_step);
+            CONTINUE WHEN run.children IS NOT NULL AND run.children ? v_step
+                      AND EXISTS (SELECT 1 FROM treadle.workflow_runs AS c
+                                   WHERE c.parent_run_id = run.id AND c.parent_step = v_step);
         END IF;
         v_ready := v_ready || v_step;
     END LOOP;
@@ -202,7 +209,8 @@ COMMENT ON FUNCTION treadle._enqueue_map(treadle.workflow_runs, text, timestampt
 -- (treadle._enqueue_map; one over an empty array completes at once, and the
 -- run moves on from it, or completes); a wait step -> a signal wait under way, or
 -- completed at once by a signal kept for it (treadle._start_waits), and the run
--- moves on from it. The caller holds the run row's lock.
+-- moves on from it; a child step -> its child run (treadle._start_child). The
+-- caller holds the run row's lock.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_ready(run treadle.workflow_runs, at timestamptz, done text DEFAULT NULL)
 RETURNS void
@@ -246,6 +254,13 @@ BEGIN
         END IF;
         v_ready := ARRAY(SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i)
                           WHERE NOT run.waits ? u.s ORDER BY u.i);
+    END IF;
+    IF run.children IS NOT NULL THEN
+        FOR v_step IN SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i) WHERE run.children ? u.s ORDER BY u.i LOOP
+            PERFORM treadle._start_child(run, v_step, at);
+        END LOOP;
+        v_ready := ARRAY(SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i)
+                          WHERE NOT run.children ? u.s ORDER BY u.i);
     END IF;
     PERFORM treadle._enqueue_steps(run, v_ready, at);
     IF v_empty THEN
@@ -345,6 +360,10 @@ DECLARE
 BEGIN
     SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = step.workflow_run_id FOR UPDATE;
     IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v_run.compensations IS NOT NULL AND (v_run.state = 'compensating' OR step.args ? 'compensates') THEN
+        PERFORM treadle._advance_compensation(v_run, step);
         RETURN;
     END IF;
     IF v_run.after IS NOT NULL THEN

@@ -60,7 +60,8 @@ COMMENT ON FUNCTION treadle.cancel(bigint) IS
 -- step resumes its failed or cancelled run; a run whose steps form a graph
 -- resumes whole (treadle._resume_graph): its other discarded and cancelled steps
 -- are retried too, and the steps whose dependencies completed meanwhile start.
--- Completed steps never run again. A retried
+-- Completed steps never run again. A retried compensation puts its failed run
+-- back to compensating (treadle._advance_compensation goes on from it). A retried
 -- periodic occurrence that already started its successor runs once more without
 -- starting another. Returns false for any other state or an unknown id.
 -- Raises 22004: job_id null. 42501: a tenant's job outside its queues.
@@ -112,7 +113,11 @@ BEGIN
         RETURN false;
     END IF;
 
-    IF v_job.workflow_run_id IS NOT NULL THEN
+    IF v_job.workflow_run_id IS NOT NULL AND v_job.args ? 'compensates' THEN
+        -- a compensation: its run goes on compensating
+        UPDATE treadle.workflow_runs AS r SET state = 'compensating', finished_at = NULL
+         WHERE r.id = v_job.workflow_run_id AND r.state = 'failed' AND r.compensations IS NOT NULL;
+    ELSIF v_job.workflow_run_id IS NOT NULL THEN
         UPDATE treadle.workflow_runs AS r
            SET state = 'running', finished_at = NULL
          WHERE r.id = v_job.workflow_run_id
@@ -135,7 +140,8 @@ COMMENT ON FUNCTION treadle.retry(bigint) IS
 -- A workflow graph run that treadle.retry just made running again: its other
 -- discarded and cancelled steps are retried (treadle.retry), and the steps whose
 -- dependencies all completed while it was stopped start (a sleep under way when it
--- stopped ends at its time, at the next treadle.rescue).
+-- stopped ends at its time, at the next treadle.rescue); its failed and cancelled
+-- child runs resume too (treadle._resume_children).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._resume_graph(run treadle.workflow_runs)
 RETURNS void
@@ -150,10 +156,14 @@ BEGIN
         SELECT j.id FROM treadle.jobs AS j
          WHERE j.workflow_run_id = run.id
            AND j.state = ANY (ARRAY['discarded', 'cancelled'])
+           AND NOT j.args ? 'compensates'  -- a compensation is retried on its own
          ORDER BY j.id
     LOOP
         PERFORM treadle.retry(v_id);
     END LOOP;
+    IF run.children IS NOT NULL THEN
+        PERFORM treadle._resume_children(run);
+    END IF;
     -- its sleeps under way wake it again (a cancel stopped them)
     UPDATE treadle.workflow_runs AS r
        SET wake_at = (SELECT min(e.value::timestamptz) FROM jsonb_each_text(r.wakes) AS e)

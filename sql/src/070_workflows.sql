@@ -326,14 +326,16 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
     'The dependencies of a list of steps spelled out as a graph: each step after the one before it.';
 
 --------------------------------------------------------------------------------
--- treadle.define_workflow(name, steps, after, sleeps, maps, waits) -> void
+-- treadle.define_workflow(name, steps, after, sleeps, maps, waits, children, compensations) -> void
 --
 -- Records the step names of a workflow and, in `after`, the steps each one runs
 -- after (a JSON object: step -> [steps]; a step it leaves out starts with the
 -- run). Without `after`, each step runs after the one before it. `sleeps` names
 -- the sleep steps and how long each waits (treadle._check_sleeps); `maps` the map
 -- steps and what each maps over (treadle._check_maps); `waits` the wait steps and
--- the signal each waits for (treadle._check_waits). Workers call it
+-- the signal each waits for (treadle._check_waits); `children` the child steps
+-- and the workflow each starts (treadle._check_children); `compensations` the
+-- compensating step of each step that has one (treadle._check_compensations). Workers call it
 -- when they register a workflow. Replaces an earlier definition for new runs,
 -- and then counts one more version (the same definition again changes nothing);
 -- existing runs keep the steps they started with.
@@ -342,14 +344,16 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
 -- repeating one; after as treadle._check_after refuses it (an unknown or
 -- repeated dependency, a cycle: the message names the step); sleeps as
 -- treadle._check_sleeps refuses it; maps as treadle._check_maps refuses it; waits
--- as treadle._check_waits refuses it. 42501:
--- a tenant's workflow name outside its
+-- as treadle._check_waits refuses it; children as treadle._check_children refuses
+-- it; compensations as treadle._check_compensations refuses it. 42501: a tenant's
+-- workflow name (or a child step's workflow or queue) outside its
 -- prefix (a tenant's definitions are named under its queue prefix, so no tenant
 -- replaces another's).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[], after jsonb DEFAULT NULL,
                                                    sleeps jsonb DEFAULT NULL, maps jsonb DEFAULT NULL,
-                                                   waits jsonb DEFAULT NULL)
+                                                   waits jsonb DEFAULT NULL, children jsonb DEFAULT NULL,
+                                                   compensations jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -362,6 +366,8 @@ DECLARE
     v_sleeps jsonb;
     v_maps   jsonb;
     v_waits  jsonb;
+    v_children jsonb;
+    v_compensations jsonb;
 BEGIN
     PERFORM treadle._check_text(define_workflow.name, 'name');
     PERFORM treadle._check_workflow_allowed(define_workflow.name);
@@ -372,40 +378,49 @@ BEGIN
                                   coalesce(v_after, treadle._linear_after(define_workflow.steps)),
                                   v_sleeps, define_workflow.maps);
     v_waits := treadle._check_waits(define_workflow.steps, v_sleeps, v_maps, define_workflow.waits);
-    IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_waits IS NOT NULL THEN
+    v_children := treadle._check_children(define_workflow.steps, v_sleeps, v_maps, define_workflow.children, v_waits);
+    v_compensations := treadle._check_compensations(define_workflow.steps, v_sleeps, v_maps, v_children,
+                                                    define_workflow.compensations, v_waits);
+    IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_waits IS NOT NULL OR v_children IS NOT NULL THEN
         v_after := coalesce(v_after, treadle._linear_after(define_workflow.steps));
     END IF;
 
-    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps, maps, waits)
-    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps, v_maps, v_waits)
+    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps, maps, waits, children, compensations)
+    VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps, v_maps, v_waits, v_children,
+            v_compensations)
     ON CONFLICT (name) DO UPDATE
        SET steps = excluded.steps, updated_at = excluded.updated_at, after = excluded.after, sleeps = excluded.sleeps,
-           maps = excluded.maps, waits = excluded.waits, version = w.version + 1
+           maps = excluded.maps, waits = excluded.waits, children = excluded.children,
+           compensations = excluded.compensations, version = w.version + 1
      WHERE w.steps IS DISTINCT FROM excluded.steps OR w.after IS DISTINCT FROM excluded.after
         OR w.sleeps IS DISTINCT FROM excluded.sleeps OR w.maps IS DISTINCT FROM excluded.maps
-        OR w.waits IS DISTINCT FROM excluded.waits;
+        OR w.waits IS DISTINCT FROM excluded.waits
+        OR w.children IS DISTINCT FROM excluded.children OR w.compensations IS DISTINCT FROM excluded.compensations;
 END;
 $$;
-COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb, jsonb, jsonb) IS
     'Record (or replace) the steps of a workflow and the steps each one runs after.';
 
 --------------------------------------------------------------------------------
 -- treadle.start_workflow(name, input, steps, queue, priority, max_attempts,
---                        idempotency_key, after, sleeps, maps, waits) -> bigint
+--                        idempotency_key, after, sleeps, maps, waits, children, compensations) -> bigint
 --
 -- Transition: (none) -> a running run, and the job of each step it starts with
 -- (the first step of a list, every step without dependencies of a graph) ->
 -- available, in the caller's transaction. The run records its steps and their
--- dependencies: `steps`, `after`, `sleeps`, `maps` and `waits` (as define_workflow takes them), or when
+-- dependencies: `steps`, `after`, `sleeps`, `maps`, `waits`, `children` and `compensations` (as
+-- define_workflow takes them; a child step ready at the start starts its child run at once), or when
 -- steps is null the definition from treadle.define_workflow, and then its version.
 -- Returns the run id; a
 -- workflow idempotency key (a namespace apart from jobs') that a run already
 -- holds returns that run's id and starts nothing.
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
 -- input neither an object nor an array, over the size limit or nested over 100
--- levels; max_attempts < 1; steps, after, sleeps, maps or waits as define_workflow
--- refuses them; after, sleeps, maps or waits without steps; no steps given and no definition (unknown
--- workflow). 42501: a tenant's queue or workflow name outside its prefix.
+-- levels; max_attempts < 1; steps, after, sleeps, maps, waits, children or compensations as
+-- define_workflow refuses them; after, sleeps, maps, waits, children or compensations without
+-- steps; no steps given and no definition (unknown workflow); a child step ready at the start
+-- that treadle._start_child refuses. 42501: a tenant's queue or workflow name (or a
+-- child step's) outside its prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.start_workflow(
     name            text,
@@ -418,7 +433,9 @@ CREATE OR REPLACE FUNCTION treadle.start_workflow(
     after           jsonb   DEFAULT NULL,
     sleeps          jsonb   DEFAULT NULL,
     maps            jsonb   DEFAULT NULL,
-    waits           jsonb   DEFAULT NULL
+    waits           jsonb   DEFAULT NULL,
+    children        jsonb   DEFAULT NULL,
+    compensations   jsonb   DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -436,6 +453,8 @@ DECLARE
     v_maps  jsonb;
     v_waits jsonb;
     v_version bigint;
+    v_children jsonb;
+    v_compensations jsonb;
     v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
@@ -455,18 +474,25 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF v_steps IS NULL THEN
-        IF start_workflow.after IS NOT NULL OR start_workflow.sleeps IS NOT NULL OR start_workflow.maps IS NOT NULL THEN
-            RAISE EXCEPTION 'treadle: after, sleeps and maps need steps' USING ERRCODE = 'invalid_parameter_value';
+        IF start_workflow.after IS NOT NULL OR start_workflow.sleeps IS NOT NULL OR start_workflow.maps IS NOT NULL
+           OR start_workflow.children IS NOT NULL OR start_workflow.compensations IS NOT NULL THEN
+            RAISE EXCEPTION 'treadle: after, sleeps, maps, children and compensations need steps'
+                USING ERRCODE = 'invalid_parameter_value';
         END IF;
         IF start_workflow.waits IS NOT NULL THEN
             RAISE EXCEPTION 'treadle: waits need steps' USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        SELECT w.steps, w.after, w.sleeps, w.maps, w.waits, w.version INTO v_steps, v_after, v_sleeps, v_maps, v_waits, v_version
+        SELECT w.steps, w.after, w.sleeps, w.maps, w.waits, w.version, w.children, w.compensations
+          INTO v_steps, v_after, v_sleeps, v_maps, v_waits, v_version, v_children, v_compensations
           FROM treadle.workflows AS w WHERE w.name = start_workflow.name;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'treadle: unknown workflow %', start_workflow.name
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'Pass steps, or register the workflow with a worker (treadle.define_workflow).';
+        END IF;
+        IF v_children IS NOT NULL THEN
+            -- the caller's own prefix, whoever defined the workflow
+            PERFORM treadle._check_children(v_steps, v_sleeps, v_maps, v_children, v_waits);
         END IF;
     ELSE
         PERFORM treadle._check_steps(v_steps);
@@ -475,7 +501,10 @@ BEGIN
         v_maps := treadle._check_maps(v_steps, coalesce(v_after, treadle._linear_after(v_steps)),
                                       v_sleeps, start_workflow.maps);
         v_waits := treadle._check_waits(v_steps, v_sleeps, v_maps, start_workflow.waits);
-        IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_waits IS NOT NULL THEN
+        v_children := treadle._check_children(v_steps, v_sleeps, v_maps, start_workflow.children, v_waits);
+        v_compensations := treadle._check_compensations(v_steps, v_sleeps, v_maps, v_children,
+                                                        start_workflow.compensations, v_waits);
+        IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_waits IS NOT NULL OR v_children IS NOT NULL THEN
             v_after := coalesce(v_after, treadle._linear_after(v_steps));
         END IF;
     END IF;
@@ -484,11 +513,11 @@ BEGIN
     LOOP
         INSERT INTO treadle.workflow_runs AS r
             (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps, maps,
-             waits, version)
+             waits, version, children, compensations)
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
              start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps, v_maps,
-             v_waits, v_version)
+             v_waits, v_version, v_children, v_compensations)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING r.* INTO v_run;
 
@@ -509,7 +538,7 @@ BEGIN
     END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb) IS
     'Start a workflow run and enqueue the steps it starts with; returns the run id.';
 
 --------------------------------------------------------------------------------
@@ -521,8 +550,10 @@ COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, i
 -- cancelled); a run with no step job pending (only sleeps under way) becomes
 -- cancelled at once. Its sleeps under way stop waking it (wake_at null) and its
 -- signal waits under way end (waiting, wait_until null: a signal is then kept, and a
--- retried run waits again), so no step starts after the cancel. Returns false for an unknown run, one that is not running, or one
--- whose steps all have their cancel requested already.
+-- retried run waits again), so no step starts after the cancel. Its child runs
+-- under way are cancelled the same way (a child that becomes cancelled cancels the
+-- run with it). Returns false for an unknown run, one that is not running, or one
+-- whose steps and children all have their cancel requested already.
 -- Raises 22004: run_id null. 42501: a tenant's run outside its queues.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel_workflow(run_id bigint)
@@ -537,6 +568,7 @@ DECLARE
     v_step   treadle.jobs;
     v_any    boolean := false;
     v_looked boolean;
+    v_child  bigint;
 BEGIN
     IF cancel_workflow.run_id IS NULL THEN
         RAISE EXCEPTION 'treadle: run_id must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -567,6 +599,16 @@ BEGIN
         END LOOP;
         EXIT WHEN NOT v_looked;
     END LOOP;
+    -- child runs under way: each one's cancel reaches this run when the child ends
+    FOR v_child IN
+        SELECT r.id FROM treadle.workflow_runs AS r
+         WHERE r.parent_run_id = cancel_workflow.run_id AND r.state = 'running'
+         ORDER BY r.id
+    LOOP
+        IF treadle.cancel_workflow(v_child) THEN
+            v_any := true;
+        END IF;
+    END LOOP;
     IF v_any THEN
         UPDATE treadle.workflow_runs AS r SET wake_at = NULL, waiting = NULL, wait_until = NULL
          WHERE r.id = cancel_workflow.run_id AND (r.wake_at IS NOT NULL OR r.waiting IS NOT NULL);
@@ -575,7 +617,10 @@ BEGIN
 
     PERFORM 1 FROM treadle.jobs AS j
      WHERE j.workflow_run_id = cancel_workflow.run_id
-       AND j.state = ANY (ARRAY['available', 'retryable', 'running']);
+       AND j.state = ANY (ARRAY['available', 'retryable', 'running'])
+    UNION ALL
+    SELECT 1 FROM treadle.workflow_runs AS r
+     WHERE r.parent_run_id = cancel_workflow.run_id AND r.state = 'running';
     IF FOUND THEN
         RETURN false;  -- its cancel is requested already
     END IF;

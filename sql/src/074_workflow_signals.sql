@@ -321,8 +321,8 @@ COMMENT ON FUNCTION treadle._signal(bigint, text, jsonb) IS
 --   'ignored': the run is running but waits for no (further) signal of this name:
 --     no wait step for it, or each has completed, waits already or has a signal
 --     kept. Nothing is written;
---   'finished': the run is not running (completed, failed, cancelled): nothing
---     is written;
+--   'finished': the run is not running (completed, failed, cancelled,
+--     compensating, compensated): nothing is written;
 --   'unknown': no such run: nothing is written.
 -- Raises 22004: run_id or name null. 22023: name not a valid name; payload
 -- neither an object nor an array, over the size limit or nested over 100 levels

@@ -64,14 +64,16 @@ SELECT h.id, h.queue, h.name, h.state, h.attempt, h.max_attempts, h.last_error, 
 COMMENT ON VIEW treadle.recent_failures IS
     'Retryable and discarded jobs with an error, newest failure first.';
 
--- Workflow runs with their current step and how far they have come.
+-- Workflow runs with their current step and how far they have come; a child run
+-- names its parent run and the parent's step that started it.
 CREATE VIEW treadle.workflow_run_overview WITH (security_invoker = true) AS
 SELECT r.id, r.name, r.state,
        cur.step AS current_step,
        (SELECT count(*) FROM jsonb_object_keys(r.results))::integer AS steps_done,
        cardinality(r.steps) AS steps_total,
        r.created_at, r.finished_at,
-       r.steps, r.input
+       r.steps, r.input,
+       r.parent_run_id, r.parent_step
   FROM treadle.workflow_runs AS r
   LEFT JOIN LATERAL (
         SELECT j.step FROM treadle.jobs AS j

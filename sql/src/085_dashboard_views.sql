@@ -29,7 +29,8 @@ COMMENT ON VIEW treadle.job_details IS
 -- is 'sleeping' until sleeps_until, then 'completed'. A wait step has no job either:
 -- it is 'waiting' for the signal waits_for names, then 'completed' (or 'timed_out').
 -- `after`: the steps it runs after in a graph; null in a list (each step after the
--- one before it).
+-- one before it). A child step has no job either: child_run_id is the run it
+-- started, and until the step completes its state is that run's.
 CREATE VIEW treadle.workflow_run_steps WITH (security_invoker = true) AS
 SELECT r.id AS run_id, s.position, s.step,
        j.id AS job_id,
@@ -37,6 +38,7 @@ SELECT r.id AS run_id, s.position, s.step,
                               WHEN r.waiting -> s.step ? 'timed_out' THEN 'timed_out'
                               WHEN r.waiting ? s.step THEN 'waiting'
                               WHEN r.results ? s.step THEN 'completed'
+                              WHEN c.state IS NOT NULL THEN c.state
                               ELSE 'pending' END) AS state,
        j.attempt, j.max_attempts, j.cancel_requested,
        r.results ? s.step AS has_result,
@@ -46,7 +48,8 @@ SELECT r.id AS run_id, s.position, s.step,
        CASE WHEN r.after IS NOT NULL
             THEN ARRAY(SELECT d.v FROM jsonb_array_elements_text(r.after -> s.step) AS d(v)) END AS after,
        (r.wakes ->> s.step)::timestamptz AS sleeps_until,
-       r.waits -> s.step ->> 'signal' AS waits_for
+       r.waits -> s.step ->> 'signal' AS waits_for,
+       c.id AS child_run_id
   FROM treadle.workflow_runs AS r
  CROSS JOIN LATERAL unnest(r.steps) WITH ORDINALITY AS s(step, position)
   LEFT JOIN LATERAL (
@@ -55,9 +58,11 @@ SELECT r.id AS run_id, s.position, s.step,
           FROM treadle.jobs AS j
          WHERE j.workflow_run_id = r.id AND j.step = s.step
          ORDER BY j.id DESC
-         LIMIT 1) AS j ON true;
+         LIMIT 1) AS j ON true
+  LEFT JOIN treadle.workflow_runs AS c
+    ON r.children ? s.step AND c.parent_run_id = r.id AND c.parent_step = s.step;
 COMMENT ON VIEW treadle.workflow_run_steps IS
-    'A workflow run''s steps in order, with each step''s job, state, attempt, result, error, dependencies, sleep and signal.';
+    'A workflow run''s steps in order, with each step''s job, state, attempt, result, error, dependencies, sleep, signal and child run.';
 
 --------------------------------------------------------------------------------
 -- treadle.estimated_jobs(queue, state) -> bigint

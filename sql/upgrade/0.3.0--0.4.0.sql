@@ -197,3 +197,34 @@ CREATE UNIQUE INDEX jobs_idempotency_key_idx
            OR (key_scope = 'active' AND finished_at IS NULL)
            OR (key_scope = 'waiting' AND started_at IS NULL AND finished_at IS NULL));
 DROP FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[]);
+-- Child workflows: a step that starts a run of another workflow, and on a run the
+-- run and step that started it (sql/src/076_workflow_children.sql).
+ALTER TABLE treadle.workflows
+    ADD COLUMN children jsonb,
+    ADD CONSTRAINT workflows_children_check
+        CHECK (children IS NULL OR (jsonb_typeof(children) = 'object' AND after IS NOT NULL));
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN children jsonb,
+    ADD COLUMN parent_run_id bigint,
+    ADD COLUMN parent_step text,
+    ADD CONSTRAINT workflow_runs_children_check
+        CHECK (children IS NULL OR (jsonb_typeof(children) = 'object' AND after IS NOT NULL)),
+    ADD CONSTRAINT workflow_runs_parent_check CHECK ((parent_run_id IS NULL) = (parent_step IS NULL));
+CREATE UNIQUE INDEX workflow_runs_parent_idx ON treadle.workflow_runs (parent_run_id, parent_step)
+    WHERE parent_run_id IS NOT NULL;
+
+-- Compensation: a step's compensating step, and on a run the states compensating
+-- (failed, its compensations under way) and compensated
+-- (sql/src/078_workflow_compensation.sql).
+ALTER TABLE treadle.workflows
+    ADD COLUMN compensations jsonb,
+    ADD CONSTRAINT workflows_compensations_check CHECK (jsonb_typeof(compensations) = 'object');
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN compensations jsonb,
+    DROP CONSTRAINT workflow_runs_state_check,
+    DROP CONSTRAINT workflow_runs_finished_check,
+    ADD CONSTRAINT workflow_runs_state_check
+        CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled', 'compensating', 'compensated'])),
+    ADD CONSTRAINT workflow_runs_finished_check
+        CHECK ((state = ANY (ARRAY['running', 'compensating'])) = (finished_at IS NULL)),
+    ADD CONSTRAINT workflow_runs_compensations_check CHECK (jsonb_typeof(compensations) = 'object');

@@ -522,3 +522,22 @@ def test_the_schedules_page(page: Page, served: Served, conn: psycopg.Connection
     expect(row).to_contain_text("Europe/Paris")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "dashboard-schedules.png"), full_page=True)
+
+
+def test_a_child_run_and_its_parent_link_to_each_other(page: Page, served: Served, conn: psycopg.Connection) -> None:
+    conn.execute("SELECT treadle.define_workflow('charge', ARRAY['authorize'])")
+    parent = conn.execute(
+        "SELECT treadle.start_workflow('order', steps => ARRAY['pay', 'ship'], queue => 'shop',"
+        ' children => \'{"pay": {"workflow": "charge"}}\')'
+    ).fetchone()
+    assert parent is not None
+    (child,) = conn.execute("SELECT id FROM treadle.workflow_runs WHERE parent_run_id = %s", parent).fetchone() or (0,)
+    page.goto(f"{served.url}runs/{parent[0]}")
+    step = page.locator("table.steps tbody tr").first  # pay
+    expect(step).to_contain_text("running")
+    step.get_by_role("link", name=f"run #{child}").click()
+    expect(page).to_have_url(re.compile(rf"/runs/{child}$"))
+    expect(page.locator("h1")).to_contain_text("charge")
+    page.locator("a.parent-run").click()
+    expect(page).to_have_url(re.compile(rf"/runs/{parent[0]}$"))
+    expect(page.locator("a.child-run", has_text=f"#{child}")).to_have_count(2)  # the step's row and Child runs

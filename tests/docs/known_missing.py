@@ -20,19 +20,6 @@ from __future__ import annotations
 MISSING: list[dict[str, str]] = [
     {
         "page": "docs/comparison.md",
-        "says": "call child workflows",
-        "sql": """SELECT NOT EXISTS (SELECT 1 FROM information_schema.columns
-                             WHERE table_schema = 'treadle' AND table_name = 'workflow_runs'
-                               AND column_name ~* 'parent|child')""",
-    },
-    {
-        "page": "docs/comparison.md",
-        "says": "undo earlier steps (compensation)",
-        "sql": """SELECT NOT EXISTS (SELECT 1 FROM pg_proc WHERE pronamespace = 'treadle'::regnamespace
-                             AND array_to_string(coalesce(proargnames, '{}'), ' ') ~* 'compensat|undo')""",
-    },
-    {
-        "page": "docs/comparison.md",
         "says": "concurrency limits per key inside a queue, fair share between keys, strict ordering per key",
         "sql": """SELECT NOT EXISTS (SELECT 1 FROM information_schema.columns
                              WHERE table_schema = 'treadle' AND table_name IN ('jobs', 'queues')

@@ -24,6 +24,7 @@ def _package_version() -> str:
 
 
 if TYPE_CHECKING:  # type checkers see the real signatures; at run time names load lazily
+    from ._registry import Child, Compensation
     from .client import (
         EnqueueOptions,
         WorkflowOptions,
@@ -102,6 +103,8 @@ _EXPORTS: dict[str, str] = {
     "Step": "worker",
     "Sleep": "worker",
     "Wait": "worker",
+    "Child": "_registry",
+    "Compensation": "_registry",
     "JobContext": "worker",
     "WorkerEvent": "worker",
     # data and errors
@@ -129,6 +132,8 @@ _EXPORTS: dict[str, str] = {
 # the names of _EXPORTS, spelled out so that type checkers see what the package exports
 # (tests/client/test_public_names.py holds the two equal)
 __all__ = [
+    "Child",
+    "Compensation",
     "Discard",
     "EnqueueOptions",
     "Explanation",

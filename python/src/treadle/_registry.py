@@ -86,6 +86,37 @@ class Sleep(NamedTuple):
     after: Iterable[str] | None = None
 
 
+class Child(NamedTuple):
+    """A child step: it has no handler; it starts a run of `workflow` and completes with its results.
+
+    The child run starts when the step becomes ready, in the same transaction, in `queue`
+    (None: the parent run's). Its input is the parent run's input for a child step that
+    runs after no step, otherwise the results of the steps it runs after (as a step
+    receives them). The step's result is the child's results keyed by its step names; a
+    child that fails fails the parent, one that is cancelled cancels it, and cancelling
+    the parent cancels the child. `after` as for Step.
+    """
+
+    name: str
+    workflow: str
+    after: Iterable[str] | None = None
+    queue: str | None = None
+
+
+class Compensation(NamedTuple):
+    """The compensating step `name` of step `undoes`, called as `fn(input, ctx)`.
+
+    It runs only when the run fails for good: the compensations of the completed steps
+    run one at a time, in reverse order of completion, each at least once, and the run
+    ends `compensated` (or `failed` when one fails for good). `ctx.args` is
+    `{"compensates": <step>, "result": <that step's result>}`.
+    """
+
+    name: str
+    fn: StepFunction
+    undoes: str
+
+
 MAX_SLEEP = timedelta(days=366)
 
 
@@ -119,6 +150,8 @@ class Registry:
         self.workflow_maps: dict[str, dict[str, str | dict[str, str]] | None] = {}  # map step -> what it maps over
         self.workflow_waits: dict[str, dict[str, dict[str, str]] | None] = {}  # wait step -> {"signal", "timeout"}
         self.workflow_steps: dict[str, list[str]] = {}  # every step, sleeps too, in order
+        self.workflow_children: dict[str, dict[str, dict[str, str]] | None] = {}  # child step -> its workflow, queue
+        self.workflow_compensations: dict[str, dict[str, str] | None] = {}  # step -> its compensation's name
 
     def __bool__(self) -> bool:
         return bool(self.handlers or self.workflows)
@@ -161,14 +194,41 @@ class Registry:
         sleeps: dict[str, str] = {}
         maps: dict[str, str | dict[str, str]] = {}
         waits: dict[str, dict[str, str]] = {}
+        children: dict[str, dict[str, str]] = {}
+        compensations: dict[str, str] = {}
+        compensators: dict[str, StepFunction] = {}
         names: list[str] = []
         graph = False
         for item in steps:
+            if isinstance(item, Compensation):
+                comp_name = check_name(item.name, "compensation name")
+                undoes = check_name(item.undoes, "step name in undoes")
+                if not callable(item.fn):
+                    raise InvalidArgument(f"compensation {comp_name!r} of workflow {workflow_name!r} needs a callable")
+                if comp_name in compensators or undoes in compensations:
+                    raise InvalidArgument(
+                        f"workflow {workflow_name!r} repeats the compensation {comp_name!r} or of step {undoes!r}"
+                    )
+                compensations[undoes] = comp_name
+                compensators[comp_name] = _step_function(item.fn, comp_name, legacy)
+                continue
             if isinstance(item, Wait):
                 step_name = check_name(item.name, "step name")
                 if step_name in names:
                     raise InvalidArgument(f"workflow {workflow_name!r} repeats the step name {step_name!r}")
                 waits[step_name] = _wait(item, workflow_name, step_name)
+                names.append(step_name)
+                if item.after is not None:
+                    graph = True
+                    after[step_name] = _after_names(item.after, workflow_name, step_name)
+                continue
+            if isinstance(item, Child):
+                step_name = check_name(item.name, "step name")
+                if step_name in names:
+                    raise InvalidArgument(f"workflow {workflow_name!r} repeats the step name {step_name!r}")
+                children[step_name] = {"workflow": check_name(item.workflow, "child workflow name")}
+                if item.queue is not None:
+                    children[step_name]["queue"] = check_name(item.queue, "child queue")
                 names.append(step_name)
                 if item.after is not None:
                     graph = True
@@ -200,6 +260,15 @@ class Registry:
                 maps[step_name] = _over(item.over, workflow_name, step_name)
         if not names:
             raise InvalidArgument(f"workflow {workflow_name!r} needs at least one step")
+        for undoes, comp_name in compensations.items():
+            if undoes not in names:
+                raise InvalidArgument(
+                    f"compensation {comp_name!r} of workflow {workflow_name!r} undoes {undoes!r}, "
+                    "which is not one of its steps"
+                )
+            if comp_name in names:
+                raise InvalidArgument(f"workflow {workflow_name!r} has a step and a compensation named {comp_name!r}")
+        parsed.update(compensators)
         for step_name, deps in after.items():
             unknown = [n for n in deps if n not in names]
             if unknown:
@@ -221,6 +290,8 @@ class Registry:
         self.workflow_sleeps[workflow_name] = sleeps or None
         self.workflow_maps[workflow_name] = maps or None
         self.workflow_waits[workflow_name] = waits or None
+        self.workflow_children[workflow_name] = children or None
+        self.workflow_compensations[workflow_name] = compensations or None
         if policy is not None and policy != NO_POLICY:
             for step_name in parsed:  # keyed by the step jobs' names
                 self.policies[step_job_name(workflow_name, step_name)] = policy
@@ -234,6 +305,8 @@ class Registry:
             "sleeps": self.workflow_sleeps[workflow],
             "maps": self.workflow_maps[workflow],
             "waits": self.workflow_waits[workflow],
+            "children": self.workflow_children[workflow],
+            "compensations": self.workflow_compensations[workflow],
         }
 
     def claim_names(self) -> list[str]:

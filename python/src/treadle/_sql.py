@@ -51,7 +51,8 @@ SELECT treadle.start_workflow(
     name => %(name)s::text, input => %(input)s::jsonb, steps => %(steps)s::text[], queue => %(queue)s::text,
     priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,
     idempotency_key => %(idempotency_key)s::text, after => %(after)s::jsonb, sleeps => %(sleeps)s::jsonb,
-    maps => %(maps)s::jsonb, waits => %(waits)s::jsonb)
+    maps => %(maps)s::jsonb, waits => %(waits)s::jsonb, children => %(children)s::jsonb,
+    compensations => %(compensations)s::jsonb)
 """
 # treadle.signal, signal_by_key: 'delivered', 'kept', 'ignored', 'finished' or 'unknown'
 SIGNAL: Final[LiteralString] = """
@@ -121,12 +122,21 @@ SELECT queue, state, result::text AS result, last_error FROM treadle.job_details
 """
 # how a run ended and, once it failed, the step whose job was discarded (its latest step job)
 RUN_OUTCOME: Final[LiteralString] = """
-SELECT r.queue, r.state, r.results::text AS results, s.step, s.last_error
+SELECT r.queue, r.state, r.results::text AS results, s.step, s.last_error,
+       (r.state <> 'running' AND EXISTS (
+            WITH RECURSIVE kids(id, depth) AS (
+                SELECT c.id, 1 FROM treadle.workflow_runs AS c WHERE c.parent_run_id = r.id
+                UNION ALL
+                SELECT c.id, k.depth + 1 FROM kids AS k JOIN treadle.workflow_runs AS c ON c.parent_run_id = k.id
+                 WHERE k.depth < 10)
+            SELECT 1 FROM kids AS k JOIN treadle.workflow_runs AS c ON c.id = k.id
+             WHERE c.state = ANY (ARRAY['running', 'compensating'])))
+           AS children_running
   FROM treadle.workflow_runs AS r
   LEFT JOIN LATERAL (
         SELECT j.step, j.last_error FROM treadle.job_details AS j
-         WHERE j.workflow_run_id = r.id AND r.state = 'failed'
-         ORDER BY j.id DESC LIMIT 1) AS s ON true
+         WHERE j.workflow_run_id = r.id AND r.state = ANY (ARRAY['failed', 'compensated'])
+         ORDER BY j.state = 'discarded' AND NOT j.args ? 'compensates' DESC, j.id DESC LIMIT 1) AS s ON true
  WHERE r.id = %(run_id)s::bigint
 """
 # whether a wait inside the caller's transaction can see other transactions commit
@@ -263,7 +273,8 @@ ARCHIVE: Final[LiteralString] = "SELECT treadle.archive(batch => %(batch)s::inte
 # treadle.define_workflow: record a registered workflow's steps
 DEFINE_WORKFLOW: Final[LiteralString] = """
 SELECT treadle.define_workflow(name => %(name)s::text, steps => %(steps)s::text[], after => %(after)s::jsonb,
-                               sleeps => %(sleeps)s::jsonb, maps => %(maps)s::jsonb, waits => %(waits)s::jsonb)
+                               sleeps => %(sleeps)s::jsonb, maps => %(maps)s::jsonb, waits => %(waits)s::jsonb,
+                               children => %(children)s::jsonb, compensations => %(compensations)s::jsonb)
 """
 # treadle.worker_seen, worker_stopped: the registry of live workers
 WORKER_SEEN: Final[LiteralString] = """

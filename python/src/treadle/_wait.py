@@ -141,9 +141,11 @@ def run_outcome(run_id: int, timeout: float | None, poll_interval: float) -> Loo
     def settle(row: Row | None) -> Any:
         if row is None:
             raise WorkflowNotFound(run_id)
+        if row["children_running"]:
+            return PENDING  # a run that ended before a child of it (cancelled, failed) waits for the child
         if row["state"] == "completed":
             return from_json(row["results"], f"workflow run {run_id}'s results")
-        if row["state"] == "failed":
+        if row["state"] in ("failed", "compensated"):  # compensated: failed, and its completed steps undone
             raise WorkflowFailed(run_id, row["step"], row["last_error"])
         if row["state"] == "cancelled":
             raise WorkflowCancelled(run_id)

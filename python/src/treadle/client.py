@@ -134,6 +134,8 @@ class WorkflowOptions(TypedDict, total=False):
     idempotency_key: str | None
     # wait step -> the signal it waits for, or {"signal": name, "timeout": timedelta, "on_timeout": "continue"}
     waits: Mapping[str, str | Mapping[str, str | timedelta]] | None
+    children: Mapping[str, str | Mapping[str, str]] | None  # child step -> a workflow, or {"workflow": .., "queue": ..}
+    compensations: Mapping[str, str] | None  # step -> the name of its compensating step
 
 
 ENQUEUE_DEFAULTS: Final[EnqueueOptions] = {
@@ -159,6 +161,8 @@ WORKFLOW_DEFAULTS: Final[WorkflowOptions] = {
     "max_attempts": 25,
     "idempotency_key": None,
     "waits": None,
+    "children": None,
+    "compensations": None,
 }
 _ENQUEUE_KEYS = ("name", "args", *ENQUEUE_DEFAULTS)
 
@@ -306,8 +310,12 @@ def start_workflow(
     step (no handler runs it) to the signal it waits for (`signal`), or to
     ``{"signal": name, "timeout": timedelta}``: the run fails when no signal came in
     time (or, with ``"on_timeout": "continue"``, the step completes as
-    ``{"timed_out": true}``). The steps it starts with are enqueued now; each
-    completed step enqueues those whose dependencies have all completed. A workflow idempotency
+    ``{"timed_out": true}``). ``children`` maps a child step to a workflow name (or
+    ``{"workflow": name, "queue": queue}``): it starts a run of that workflow and
+    completes with its results. ``compensations`` maps a step to the name of its
+    compensating step, run when the run fails for good (the run ends
+    ``compensated``). The steps it starts with are enqueued now; each completed step
+    enqueues those whose dependencies have all completed. A workflow idempotency
     key (apart from jobs' keys) that a run holds returns that run's id and starts
     nothing. The options and their defaults:
     `WorkflowOptions`.
@@ -321,6 +329,8 @@ def start_workflow(
         "sleeps": _sleeps(given["sleeps"]),
         "maps": _maps(given["maps"]),
         "waits": _waits(given["waits"]),
+        "children": _children(given["children"]),
+        "compensations": _compensations(given["compensations"]),
         "queue": _args.text(given["queue"], "queue"),
         "priority": _args.integer(given["priority"], "priority"),
         "max_attempts": _args.integer(given["max_attempts"], "max_attempts"),
@@ -385,6 +395,37 @@ def _maps(value: Any) -> Jsonb | None:
                 else _args.text(over, "maps' step")
             )
             for step, over in value.items()
+        }
+    )
+
+
+def _compensations(value: Any) -> Jsonb | None:
+    """start_workflow's `compensations`: step name -> compensation name; the database checks the rest."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(
+            f"compensations must be a mapping of step name -> compensation name, not {type(value).__name__}"
+        )
+    return Jsonb(
+        {_args.text(step, "compensations' step"): _args.text(name, "compensation name") for step, name in value.items()}
+    )
+
+
+def _children(value: Any) -> Jsonb | None:
+    """start_workflow's `children`: step name -> workflow name or {"workflow": .., "queue": ..}; the database checks."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"children must be a mapping of step name -> workflow name, not {type(value).__name__}")
+    return Jsonb(
+        {
+            _args.text(step, "children's step"): (
+                {_args.text(k, "children's key"): _args.text(v, "children's value") for k, v in child.items()}
+                if isinstance(child, Mapping)
+                else {"workflow": _args.text(child, "child workflow")}
+            )
+            for step, child in value.items()
         }
     )
 

@@ -111,7 +111,8 @@ def wait_workflow(
 
     The results are the finished steps' results keyed by step name, as
     `workflow_results` gives them. Raises WorkflowFailed (``.step`` is the step
-    whose job was discarded, ``.error`` that job's last error), WorkflowCancelled,
+    whose job was discarded, ``.error`` that job's last error; also for a run that
+    ended ``compensated``), WorkflowCancelled,
     WorkflowNotFound, UndecodablePayload, or WaitTimeout once ``timeout`` seconds
     have passed; a timeout never touches the run.
 
@@ -119,7 +120,9 @@ def wait_workflow(
     way: every ``poll_interval`` seconds, and at once when a treadle_done
     notification names the run's queue (where its steps run). Waiting inside the
     transaction that started the run never ends: no worker sees its first step
-    before the commit.
+    before the commit. A run that ended while a child run of it still runs (a
+    cancel reaches a running step only when it finishes) is waited for until its
+    children are done too.
     """
     run = _args.row_id(run_id, "run_id")
     limit, interval, listen, listen_dsn = _wait_options(timeout, options)

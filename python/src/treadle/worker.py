@@ -52,7 +52,7 @@ from ._notifier import Notifier, WakeOnNotify
 from ._options import Duration, WorkerOptions
 from ._pool import WorkerPool, connect_direct
 from ._producer import WAIT_SLICE, Producer, sleep_until_stopped
-from ._registry import Handler, Registry, Sleep, Step, StepFunction, Wait, handler_policy
+from ._registry import Child, Compensation, Handler, Registry, Sleep, Step, StepFunction, Wait, handler_policy
 from ._retry import Backoff, FailureWrite, failure_write, is_transient, one_line
 from ._run_state import RunState, RunStatus
 from .errors import InvalidArgument
@@ -308,7 +308,7 @@ class Worker:
     def workflow(
         self,
         name: str,
-        steps: Iterable[Step | Sleep | Wait | tuple[str, StepFunction | Callable[..., Any]]],
+        steps: Iterable[Step | Sleep | Wait | Child | Compensation | tuple[str, StepFunction | Callable[..., Any]]],
         *,
         max_attempts: int | None = None,
         backoff: Callable[[int], Duration] | None = None,
@@ -323,7 +323,10 @@ class Worker:
         `Sleep(name, timedelta)` step has no handler: the run waits that long in the
         database. A `Wait(name, signal, timeout=None)` step has no handler either: it
         completes with the payload of the signal `signal` sent to the run
-        (treadle.signal). A step is called as `fn(input, ctx)` with the earlier results on
+        (treadle.signal). A `Child(name, workflow)` step has no handler either: it starts
+        a run of `workflow` and completes with its results. A
+        `Compensation(name, fn, undoes=step)` runs only when the run fails for good, to
+        undo that step. A step is called as `fn(input, ctx)` with the earlier results on
         `ctx.results`; a `fn(input, results, ctx)` (before 0.4.0) still is, with a
         DeprecationWarning here. The worker claims only the steps it has, so during a
         rolling deploy a step of another definition waits for a worker that has it.
@@ -571,6 +574,10 @@ class Worker:
                                 "sleeps": None if sleeps is None else Jsonb(sleeps),
                                 "maps": None if maps is None else Jsonb(maps),
                                 "waits": None if waits is None else Jsonb(waits),
+                                "children": None if definition["children"] is None else Jsonb(definition["children"]),
+                                "compensations": (
+                                    None if definition["compensations"] is None else Jsonb(definition["compensations"])
+                                ),
                             },
                         )
                     conn.execute(_sql.WORKER_SEEN, self._seen_params())

@@ -79,10 +79,16 @@ SELECT id, queue, name, state, attempt, max_attempts, last_error, failed_at, wor
 """
 RUN_COLUMNS: Final = "id, name, state, current_step, steps_done, steps_total, created_at, finished_at"
 RECENT_RUNS: Final = f"SELECT {RUN_COLUMNS} FROM treadle.workflow_run_overview LIMIT %(limit)s"
-RUN: Final = f"SELECT {RUN_COLUMNS}, steps, input FROM treadle.workflow_run_overview WHERE id = %(run_id)s"
+RUN: Final = f"""
+SELECT {RUN_COLUMNS}, steps, input, parent_run_id, parent_step,
+       ARRAY(SELECT c.id FROM treadle.workflow_runs AS c WHERE c.parent_run_id = o.id ORDER BY c.id) AS children
+  FROM treadle.workflow_run_overview AS o
+ WHERE o.id = %(run_id)s
+"""
 RUN_STEPS: Final = """
 SELECT position, step, job_id, state, attempt, max_attempts, cancel_requested, has_result, result,
-       last_error, progress, progress_message, run_at, started_at, finished_at, after, sleeps_until, waits_for
+       last_error, progress, progress_message, run_at, started_at, finished_at, after, sleeps_until, waits_for,
+       child_run_id
   FROM treadle.workflow_run_steps
  WHERE run_id = %(run_id)s
  ORDER BY position

@@ -1,0 +1,273 @@
+--------------------------------------------------------------------------------
+-- Child workflows: a step of a graph run (run.children) that starts a run of
+-- another workflow, its child, when it becomes ready, in the same transaction
+-- and under the parent run's lock, and completes with the child's results when
+-- the child completes. The child's row names its parent (parent_run_id,
+-- parent_step; a unique index keeps it to one child per step). A child that
+-- fails fails its parent as a discarded step does; one that is cancelled cancels
+-- it; cancelling the parent cancels its children (treadle.cancel_workflow). A
+-- retry that resumes a child resumes its parent, and one that resumes a parent
+-- resumes its failed and cancelled children (never starting a second child).
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._check_children(steps, sleeps, maps, children, waits) -> jsonb
+--
+-- The child steps of a workflow, checked against its step names and its sleep
+-- map and wait steps: null or {} is none (null). Otherwise a JSON object mapping a
+-- step to {"workflow": name} and optionally "queue": name (the child run's
+-- queue; without it, the parent run's). Returns the map as given.
+-- Raises 22023, naming the step: children not an object; a key that is not a
+-- step, or is a sleep, map or wait step; a value that is not such an object, or
+-- holds a name that is not a valid name (treadle._is_name); children over the
+-- payload size limit. 42501: a tenant's child workflow or queue outside its
+-- prefix.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_children(steps text[], sleeps jsonb, maps jsonb, children jsonb,
+                                                   waits jsonb DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_step  text;
+    v_value jsonb;
+BEGIN
+    IF children IS NULL OR children = '{}'::jsonb THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(children) <> 'object' THEN
+        RAISE EXCEPTION 'treadle: children must be a JSON object mapping a step to {"workflow": name}, not %',
+                        jsonb_typeof(children)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM treadle._check_payload(children, 'children', treadle._max_payload_bytes());
+    FOR v_step, v_value IN SELECT e.key, e.value FROM jsonb_each(children) AS e LOOP
+        IF NOT v_step = ANY (steps) THEN
+            RAISE EXCEPTION 'treadle: children names step "%", which is not one of the steps', v_step
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF (sleeps IS NOT NULL AND sleeps ? v_step) OR (maps IS NOT NULL AND maps ? v_step)
+           OR (waits IS NOT NULL AND waits ? v_step) THEN
+            RAISE EXCEPTION 'treadle: step "%" is a % step and cannot start a child workflow', v_step,
+                            CASE WHEN sleeps IS NOT NULL AND sleeps ? v_step THEN 'sleep'
+                                 WHEN maps IS NOT NULL AND maps ? v_step THEN 'map' ELSE 'wait' END
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF jsonb_typeof(v_value) IS DISTINCT FROM 'object'
+           OR jsonb_typeof(v_value -> 'workflow') IS DISTINCT FROM 'string'
+           OR NOT coalesce(treadle._is_name(v_value ->> 'workflow'), false)
+           OR (v_value ? 'queue' AND (jsonb_typeof(v_value -> 'queue') IS DISTINCT FROM 'string'
+                                      OR NOT coalesce(treadle._is_name(v_value ->> 'queue'), false)))
+           OR EXISTS (SELECT 1 FROM jsonb_object_keys(v_value) AS k(key) WHERE k.key <> ALL (ARRAY['workflow', 'queue'])) THEN
+            RAISE EXCEPTION 'treadle: child step "%" must be {"workflow": name} with an optional "queue": name, not %',
+                            v_step, left(v_value::text, 200)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        PERFORM treadle._check_workflow_allowed(v_value ->> 'workflow');
+        IF v_value ? 'queue' THEN
+            PERFORM treadle._check_queue_allowed(v_value ->> 'queue');
+        END IF;
+    END LOOP;
+    RETURN children;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_children(text[], jsonb, jsonb, jsonb, jsonb) IS
+    'Check the child steps of a workflow (22023 naming the step, 42501 outside a tenant''s prefix); null for none.';
+
+--------------------------------------------------------------------------------
+-- treadle._start_child(run, step, at) -> void
+--
+-- Transition: a child step of a run (run.children) starts: (none) -> a running
+-- run of the workflow it names (its definition and version from treadle.define_workflow), in
+-- the queue it names or the parent's, with the parent's priority and
+-- max_attempts, and its first steps are enqueued (as treadle.start_workflow
+-- does). Its input is the parent run's input for a child step that runs after
+-- no step, otherwise what a step there receives: the results of the steps it
+-- runs after, directly or not, keyed by step name (treadle.workflow_step_results).
+-- The caller holds the parent run's lock; the unique index on (parent_run_id,
+-- parent_step) makes a second start fail rather than run twice.
+-- Raises 22023, naming the step: the workflow has no definition; the child would
+-- nest runs over 10 levels deep (a workflow that starts itself); its input over
+-- the size limit. The step that led to it stays where it was (a run that would
+-- start with it does not start).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._start_child(run treadle.workflow_runs, step text, at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_spec  jsonb := run.children -> step;
+    v_def   treadle.workflows;
+    v_depth integer;
+    v_input jsonb;
+    v_child treadle.workflow_runs;
+BEGIN
+    WITH RECURSIVE up(id, depth) AS (
+        SELECT run.parent_run_id, 1 WHERE run.parent_run_id IS NOT NULL
+        UNION ALL
+        SELECT r.parent_run_id, up.depth + 1
+          FROM up JOIN treadle.workflow_runs AS r ON r.id = up.id
+         WHERE r.parent_run_id IS NOT NULL AND up.depth <= 10
+    )
+    SELECT coalesce(max(up.depth), 0) + 1 INTO v_depth FROM up;
+    IF v_depth > 10 THEN
+        RAISE EXCEPTION 'treadle: child step "%" would nest workflow runs more than 10 levels deep', step
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A workflow that starts itself as a child must stop before that.';
+    END IF;
+    SELECT * INTO v_def FROM treadle.workflows AS w WHERE w.name = v_spec ->> 'workflow';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'treadle: child step "%" starts workflow %, which has no definition', step, v_spec ->> 'workflow'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Register the workflow with a worker (treadle.define_workflow).';
+    END IF;
+    IF jsonb_array_length(run.after -> step) = 0 THEN
+        v_input := run.input;
+    ELSE
+        v_input := treadle.workflow_step_results(run.id, step);
+    END IF;
+    PERFORM treadle._check_payload(v_input, format('the input of child step "%s"', step), treadle._max_payload_bytes());
+
+    INSERT INTO treadle.workflow_runs AS r
+        (name, input, steps, queue, priority, max_attempts, created_at, after, sleeps, maps, waits, version,
+         children, parent_run_id, parent_step, compensations)
+    VALUES
+        (v_def.name, v_input, v_def.steps, coalesce(v_spec ->> 'queue', run.queue), run.priority, run.max_attempts, at,
+         v_def.after, v_def.sleeps, v_def.maps, v_def.waits, v_def.version, v_def.children, run.id, step,
+         v_def.compensations)
+    RETURNING r.* INTO v_child;
+    IF v_child.after IS NULL THEN
+        PERFORM treadle._enqueue_step(v_child, v_child.steps[1], at);
+    ELSE
+        PERFORM treadle._enqueue_ready(v_child, at);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._start_child(treadle.workflow_runs, text, timestamptz) IS
+    'Start the child run of a child step of a workflow run, and enqueue its first steps.';
+
+--------------------------------------------------------------------------------
+-- treadle._resume_children(run) -> void
+--
+-- A run that a retry made running again (treadle._resume_graph): each of its
+-- child runs that failed or was cancelled becomes running again and resumes as a
+-- retry resumes a run: a graph child retries its discarded and cancelled steps
+-- and starts the ready ones (treadle._resume_graph), a list child retries its
+-- last discarded or cancelled step (treadle.retry). The caller holds the run's lock.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._resume_children(run treadle.workflow_runs)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_child treadle.workflow_runs;
+    v_job   bigint;
+BEGIN
+    FOR v_child IN
+        SELECT * FROM treadle.workflow_runs AS c
+         WHERE c.parent_run_id = run.id AND c.state = ANY (ARRAY['failed', 'cancelled'])
+         ORDER BY c.id
+    LOOP
+        UPDATE treadle.workflow_runs AS c SET state = 'running', finished_at = NULL
+         WHERE c.id = v_child.id
+        RETURNING c.* INTO v_child;
+        IF v_child.after IS NOT NULL THEN
+            PERFORM treadle._resume_graph(v_child);
+        ELSE
+            SELECT s.id INTO v_job
+              FROM (SELECT j.id, j.state FROM treadle.jobs AS j WHERE j.workflow_run_id = v_child.id
+                    UNION ALL
+                    SELECT h.id, h.state FROM treadle.job_history AS h WHERE h.workflow_run_id = v_child.id) AS s
+             WHERE s.state = ANY (ARRAY['discarded', 'cancelled'])
+             ORDER BY s.id DESC
+             LIMIT 1;
+            IF FOUND THEN
+                PERFORM treadle.retry(v_job);
+            END IF;
+        END IF;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION treadle._resume_children(treadle.workflow_runs) IS
+    'Resume the failed and cancelled child runs of a workflow run that a retry resumed.';
+
+--------------------------------------------------------------------------------
+-- treadle._child_run_changed() -> trigger
+--
+-- After a child run (parent_run_id not null) changes state, on whichever path:
+--   running:   a retry resumed it: a parent that failed or was cancelled becomes
+--              running again and resumes (treadle._resume_graph);
+--   completed: the parent's step completes with the child's results (keyed by the
+--              child's step names), and the parent moves on as after a completed
+--              step (the steps now ready start, or the parent completes);
+--   failed:    the parent becomes failed, as after a discarded step;
+--   cancelled: the parent becomes cancelled, as after a cancelled step.
+-- As for a step's job, only a running parent moves, but a completed child's
+-- results are recorded on a parent that failed or was cancelled meanwhile.
+-- Locks the parent after the child (every path locks a child run before its
+-- parent), and tells the parent's queue's listeners of treadle_done.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._child_run_changed()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now    timestamptz := treadle.now();
+    v_parent treadle.workflow_runs;
+BEGIN
+    SELECT * INTO v_parent FROM treadle.workflow_runs AS r WHERE r.id = NEW.parent_run_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF NEW.state = 'compensating' THEN
+        RETURN NULL;  -- it fails its parent once its compensations end
+    END IF;
+    IF NEW.state = 'running' THEN
+        IF v_parent.state = ANY (ARRAY['failed', 'cancelled']) THEN
+            UPDATE treadle.workflow_runs AS r SET state = 'running', finished_at = NULL
+             WHERE r.id = v_parent.id
+            RETURNING r.* INTO v_parent;
+            PERFORM treadle._resume_graph(v_parent);
+        END IF;
+        RETURN NULL;
+    END IF;
+    IF NEW.state = 'completed' THEN
+        UPDATE treadle.workflow_runs AS r
+           SET results = r.results || jsonb_build_object(NEW.parent_step, NEW.results)
+         WHERE r.id = v_parent.id
+        RETURNING r.* INTO v_parent;
+        IF v_parent.state = 'running' THEN
+            IF treadle._has_every_result(v_parent) THEN
+                UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now WHERE r.id = v_parent.id;
+            ELSE
+                PERFORM treadle._enqueue_ready(v_parent, v_now, NEW.parent_step);
+            END IF;
+        END IF;
+    ELSIF v_parent.state = 'running' THEN
+        -- failed or compensated: the parent fails
+        UPDATE treadle.workflow_runs AS r
+           SET state = CASE WHEN NEW.state = 'cancelled' THEN 'cancelled' ELSE 'failed' END, finished_at = v_now
+         WHERE r.id = v_parent.id;
+    END IF;
+    PERFORM treadle._notify('treadle_done', v_parent.queue);
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION treadle._child_run_changed() IS
+    'Trigger: a child workflow run finished or resumed; complete, fail, cancel or resume its parent.';
+
+CREATE TRIGGER workflow_runs_child_changed
+    AFTER UPDATE OF state ON treadle.workflow_runs
+    FOR EACH ROW
+    WHEN (OLD.state IS DISTINCT FROM NEW.state AND NEW.parent_run_id IS NOT NULL)
+    EXECUTE FUNCTION treadle._child_run_changed();
+COMMENT ON TRIGGER workflow_runs_child_changed ON treadle.workflow_runs IS
+    'A child run that finishes or resumes moves its parent (treadle._child_run_changed).';
