@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
         enqueue,
         enqueue_many,
         explain,
+        explain_run,
         get_job,
         pause,
         resume,
@@ -64,7 +65,7 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
         WorkflowFailed,
         WorkflowNotFound,
     )
-    from .models import Explanation, Job
+    from .models import Explanation, Job, RunExplanation
     from .results import WaitOptions, WatchEvent, wait, wait_workflow, watch
     from .worker import JobContext, Sleep, Step, Wait, Worker, WorkerEvent
 
@@ -85,6 +86,7 @@ _EXPORTS: dict[str, str] = {
     "signal_by_key": "client",
     "get_job": "client",
     "explain": "client",
+    "explain_run": "client",
     "pause": "client",
     "resume": "client",
     "set_queue": "client",
@@ -107,6 +109,7 @@ _EXPORTS: dict[str, str] = {
     # data and errors
     "Job": "models",
     "Explanation": "models",
+    "RunExplanation": "models",
     "TreadleError": "errors",
     "InvalidArgument": "errors",
     "ExtensionMissing": "errors",
@@ -142,6 +145,7 @@ __all__ = [
     "JobTimeout",
     "LeaseLost",
     "QueueFull",
+    "RunExplanation",
     "Sleep",
     "Snooze",
     "Step",
@@ -164,6 +168,7 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "explain",
+    "explain_run",
     "get_job",
     "pause",
     "resume",
