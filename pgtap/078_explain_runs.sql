@@ -5,7 +5,7 @@
 -- null refused; readers may call it, others not; a tenant sees only its runs.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(37);
+SELECT plan(38);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -82,6 +82,13 @@ SELECT is(pg_temp.why(:r1), ARRAY['-:run', 'b:ready', 'c:dependencies'], 'a comp
 SELECT matches(pg_temp.message(:r1, NULL, 'run'), '1 of 3 step\(s\) completed \(a\)$', 'and summed up in the run row');
 SELECT is(pg_temp.message(:r1, 'c', 'dependencies'), 'step c waits for its dependencies to complete: b',
           'a dependency that completed is no longer named');
+
+-- A run of a defined workflow names its version
+SELECT treadle.define_workflow('exv', ARRAY['one']);
+SELECT treadle.start_workflow('exv', queue => 'exv') AS rv \gset
+SELECT is(pg_temp.message(:rv, NULL, 'run'),
+          format('run %s of workflow exv (version 1) on queue exv is running since 2999-01-01 12:10:00+00: 0 of 1 step(s) completed', :rv),
+          'the summary of a run of a defined workflow names the version it started with');
 
 -- A finished run: its summary alone
 SELECT ok(treadle.cancel_workflow(:r1), 'the run is cancelled');
