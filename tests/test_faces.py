@@ -102,7 +102,7 @@ def test_the_dashboard_imports_nothing_from_the_cli() -> None:
 def test_the_faces_state_no_statement_the_client_sends() -> None:
     """The operator controls and the readers both faces show are written once, in _sql.py."""
     shared = re.compile(
-        r"treadle\.(pause|resume|set_queue|cancel|retry|cancel_workflow|explain|version)\s*\("
+        r"treadle\.(pause|resume|set_queue|cancel|retry|cancel_workflow|explain|explain_run|version)\s*\("
         r"|FROM\s+treadle\.(live_workers|schedules)\b"
     )
     package = Path(treadle.dashboard.__file__).parent.parent

@@ -65,3 +65,108 @@ def test_bad_input_writes_nothing(dsn: str, conn: psycopg.Connection[Any]) -> No
     assert "run id" in expect(treadle("workflows", "signal", "abc", "approved", "--dsn", dsn), 2).err
     assert results(conn, run_id) == {}
     assert conn.execute("SELECT count(*) FROM treadle.workflow_signals").fetchone() == (0,)
+
+
+def run_state(conn: psycopg.Connection[Any], run_id: int) -> Any:
+    row = conn.execute("SELECT state FROM treadle.workflow_runs WHERE id = %s", [run_id]).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def test_list_with_filters_and_json(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    first, second = start(conn), start(conn)
+    other = conn.execute(
+        "SELECT treadle.start_workflow('report', steps => array['build'], queue => 'reports')"
+    ).fetchone()
+    assert other is not None
+    conn.execute("SELECT treadle.cancel_workflow(%s)", [first])
+    listed = expect(treadle("workflows", "list", "--dsn", dsn), 0)
+    lines = listed.out.splitlines()
+    assert lines[0].split() == ["ID", "WORKFLOW", "QUEUE", "STATE", "STEPS", "CREATED", "FINISHED"]
+    assert [line.split()[:5] for line in lines[1:]] == [
+        [str(other[0]), "report", "reports", "running", "0/1"],
+        [str(second), "approval", "default", "running", "0/2"],
+        [str(first), "approval", "default", "cancelled", "0/2"],
+    ]
+    running = expect(
+        treadle("workflows", "list", "--state", "running", "--name", "approval", "--json", "--dsn", dsn), 0
+    )
+    assert [(r["id"], r["state"], r["steps_done"], r["steps_total"]) for r in running.json()] == [
+        (second, "running", 0, 2)
+    ]
+    queued = expect(treadle("workflows", "list", "--queue", "reports", "--json", "--dsn", dsn), 0)
+    assert [r["id"] for r in queued.json()] == [other[0]]
+    both = expect(
+        treadle(
+            "workflows", "list", "--state", "cancelled", "--state", "running", "--limit", "1", "--json", "--dsn", dsn
+        ),
+        0,
+    )
+    assert [r["id"] for r in both.json()] == [other[0]]
+    assert expect(treadle("workflows", "list", "--name", "nothing", "--dsn", dsn), 0).out == "no workflow runs\n"
+    assert "invalid choice" in expect(treadle("workflows", "list", "--state", "done", "--dsn", dsn), 2).err
+    assert "between 1 and" in expect(treadle("workflows", "list", "--limit", "0", "--dsn", dsn), 2).err
+
+
+def test_show_names_each_step_and_why(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    run_id = start(conn)
+    shown = expect(treadle("workflows", "show", str(run_id), "--dsn", dsn), 0)
+    assert shown.out.startswith(f"workflow run {run_id}\n  name ")
+    assert "  state            running\n" in shown.out
+    steps = shown.out.split("\nsteps\n")[1].split("\nwhy\n")[0].splitlines()
+    assert steps[0].split() == ["#", "STEP", "STATE", "ATTEMPT", "JOB", "STARTED", "FINISHED", "LAST", "ERROR"]
+    assert [line.split()[:3] for line in steps[1:]] == [["1", "approve", "waiting"], ["2", "ship", "pending"]]
+    why = shown.out.split("\nwhy\n")[1].splitlines()
+    assert why[0].startswith(f"  (run): run: run {run_id} of workflow approval on queue default is running since ")
+    assert why[1:] == [
+        "  approve: signal: wait step approve waits for signal approved (no timeout)",
+        "  ship: dependencies: step ship waits for its dependencies to complete: approve",
+    ]
+    as_json = expect(treadle("workflows", "show", str(run_id), "--json", "--dsn", dsn), 0).json()
+    assert as_json["run"]["id"] == run_id and as_json["run"]["input"] == {}
+    assert [(s["step"], s["state"], s["waits_for"]) for s in as_json["steps"]] == [
+        ("approve", "waiting", "approved"),
+        ("ship", "pending", None),
+    ]
+    assert [(e["step"], e["reason"]) for e in as_json["explain"]] == [
+        (None, "run"),
+        ("approve", "signal"),
+        ("ship", "dependencies"),
+    ]
+    assert "no workflow run 999999" in expect(treadle("workflows", "show", "999999", "--dsn", dsn), 3).err
+    assert "'abc' is not an integer" in expect(treadle("workflows", "show", "abc", "--dsn", dsn), 2).err
+    assert "must be between 1 and" in expect(treadle("workflows", "show", "0", "--dsn", dsn), 2).err
+
+
+def test_show_a_step_job_and_its_reasons(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    row = conn.execute("SELECT treadle.start_workflow('report', steps => array['build', 'mail'])").fetchone()
+    assert row is not None
+    conn.execute("SELECT treadle.pause('default')")
+    shown = expect(treadle("workflows", "show", str(row[0]), "--dsn", dsn), 0)
+    steps = shown.out.split("\nsteps\n")[1].split("\nwhy\n")[0].splitlines()
+    assert steps[1].split()[:4] == ["1", "build", "available", "0/25"]
+    assert "  build: paused: queue default is paused" in shown.out
+
+
+def test_cancel_a_run(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    run_id = start(conn)
+    done = expect(treadle("workflows", "cancel", str(run_id), "--dsn", dsn), 0)
+    assert done.out == f"workflow run {run_id}: cancelled\n"
+    assert run_state(conn, run_id) == "cancelled"
+    again = expect(treadle("workflows", "cancel", str(run_id), "--dsn", dsn), 4)
+    assert "it is cancelled, not running" in again.err
+    assert "no workflow run 999999" in expect(treadle("workflows", "cancel", "999999", "--dsn", dsn), 3).err
+    assert "must be between 1 and" in expect(treadle("workflows", "cancel", "-1", "--dsn", dsn), 2).err
+
+
+def test_cancel_a_running_step_with_json(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    row = conn.execute("SELECT treadle.start_workflow('report', steps => array['build', 'mail'])").fetchone()
+    assert row is not None
+    conn.execute("SELECT treadle.claim('w', array['default'])")
+    done = expect(treadle("workflows", "cancel", str(row[0]), "--json", "--dsn", dsn), 0)
+    assert done.json() == {"run": row[0], "cancelled": True, "state": "running"}
+    plain = expect(treadle("workflows", "cancel", str(row[0]), "--dsn", dsn), 4)
+    assert "its cancel was already requested" in plain.err
+    assert conn.execute(
+        "SELECT cancel_requested FROM treadle.jobs WHERE workflow_run_id = %s", [row[0]]
+    ).fetchall() == [(True,)]

@@ -1,7 +1,8 @@
-"""start_workflow, cancel, retry, cancel_workflow, get_job, workflow_results, version."""
+"""start_workflow, cancel, retry, cancel_workflow, explain_run, get_job, workflow_results, version."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -127,6 +128,38 @@ def test_cancel_workflow(conn: psycopg.Connection[Any]) -> None:
     assert treadle.cancel_workflow(conn, run_id) is True
     assert treadle.cancel_workflow(conn, run_id) is False
     assert conn.execute("SELECT state FROM treadle.workflow_runs WHERE id = %s", [run_id]).fetchone() == ("cancelled",)
+
+
+def test_explain_run(conn: psycopg.Connection[Any]) -> None:
+    run_id = treadle.start_workflow(
+        conn, "gate", steps=["wait", "ship"], waits={"wait": {"signal": "go", "timeout": timedelta(hours=1)}}
+    )
+    reasons = treadle.explain_run(conn, run_id)
+    assert [(r.step, r.reason) for r in reasons] == [(None, "run"), ("wait", "signal"), ("ship", "dependencies")]
+    assert reasons[0].message.startswith(f"run {run_id} of workflow gate on queue default is running since ")
+    assert reasons[1].message.startswith("wait step wait waits for signal go until ")
+    assert reasons[1].at is not None and reasons[1].job_id is None
+    assert reasons[2].message == "step ship waits for its dependencies to complete: wait"
+    assert treadle.cancel_workflow(conn, run_id) is True
+    assert [r.reason for r in treadle.explain_run(conn, run_id)] == ["run"]
+
+
+def test_explain_run_of_an_unknown_or_bad_id(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(treadle.WorkflowNotFound, match="no workflow run with id 999999"):
+        treadle.explain_run(conn, 999999)
+    with pytest.raises(treadle.InvalidArgument, match="run_id must be an integer"):
+        treadle.explain_run(conn, "7")  # type: ignore[call-overload]
+
+
+def test_explain_run_async(dsn: str) -> None:
+    async def scenario() -> list[treadle.RunExplanation]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            run_id = await treadle.start_workflow(aconn, "w", steps=["a"])
+            return await treadle.explain_run(aconn, run_id)
+
+    reasons = asyncio.run(scenario())
+    assert [(r.step, r.reason) for r in reasons] == [(None, "run"), ("a", "no_worker")]
+    assert reasons[1].job_id is not None
 
 
 def test_version(conn: psycopg.Connection[Any]) -> None:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
         enqueue,
         enqueue_many,
         explain,
+        explain_run,
         get_job,
         pause,
         resume,
@@ -65,7 +66,7 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
         WorkflowFailed,
         WorkflowNotFound,
     )
-    from .models import Explanation, Job
+    from .models import Explanation, Job, RunExplanation
     from .results import WaitOptions, WatchEvent, wait, wait_workflow, watch
     from .worker import JobContext, Sleep, Step, Wait, Worker, WorkerEvent
 
@@ -86,6 +87,7 @@ _EXPORTS: dict[str, str] = {
     "signal_by_key": "client",
     "get_job": "client",
     "explain": "client",
+    "explain_run": "client",
     "pause": "client",
     "resume": "client",
     "set_queue": "client",
@@ -110,6 +112,7 @@ _EXPORTS: dict[str, str] = {
     # data and errors
     "Job": "models",
     "Explanation": "models",
+    "RunExplanation": "models",
     "TreadleError": "errors",
     "InvalidArgument": "errors",
     "ExtensionMissing": "errors",
@@ -147,6 +150,7 @@ __all__ = [
     "JobTimeout",
     "LeaseLost",
     "QueueFull",
+    "RunExplanation",
     "Sleep",
     "Snooze",
     "Step",
@@ -169,6 +173,7 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "explain",
+    "explain_run",
     "get_job",
     "pause",
     "resume",

@@ -96,6 +96,34 @@ SELECT treadle.set_queue(
     retain_completed => %(retain_completed)s::interval, retain_failed => %(retain_failed)s::interval)
 """
 EXPLAIN: Final[LiteralString] = "SELECT reason, message, at FROM treadle.explain(job_id => %(job_id)s::bigint)"
+# treadle.explain_run: why a workflow run is where it is, a summary row then each step not completed
+EXPLAIN_RUN: Final[LiteralString] = (
+    "SELECT step, job_id, reason, message, at FROM treadle.explain_run(run_id => %(run_id)s::bigint)"
+)
+# workflow runs, newest first, each filter applied when given (treadle workflows list)
+LIST_WORKFLOW_RUNS: Final[LiteralString] = """
+SELECT r.id, r.name, r.queue, r.state, r.version,
+       (SELECT count(*) FROM unnest(r.steps) AS s(step) WHERE r.results ? s.step)::integer AS steps_done,
+       cardinality(r.steps) AS steps_total, r.created_at, r.finished_at
+  FROM treadle.workflow_runs AS r
+ WHERE (%(states)s::text[] IS NULL OR r.state = ANY (%(states)s::text[]))
+   AND (%(name)s::text IS NULL OR r.name = %(name)s::text)
+   AND (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
+ ORDER BY r.id DESC
+ LIMIT %(limit)s::integer
+"""
+# one workflow run (treadle workflows show); jsonb as text
+GET_WORKFLOW_RUN: Final[LiteralString] = """
+SELECT r.id, r.name, r.version, r.queue, r.state, r.priority, r.max_attempts, r.idempotency_key,
+       r.created_at, r.finished_at, r.input::text AS input
+  FROM treadle.workflow_runs AS r WHERE r.id = %(run_id)s::bigint
+"""
+# a workflow run's steps in order, with the job that runs each (treadle workflows show)
+WORKFLOW_RUN_STEPS: Final[LiteralString] = """
+SELECT s.position, s.step, s.job_id, s.state, s.attempt, s.max_attempts, s.run_at, s.started_at, s.finished_at,
+       s.after, s.sleeps_until, s.waits_for, s.last_error
+  FROM treadle.workflow_run_steps AS s WHERE s.run_id = %(run_id)s::bigint ORDER BY s.position
+"""
 # treadle.set_queue over the queue's current settings: only the settings given (given_NAME)
 # change. One statement, so a concurrent change between a read and a write cannot be lost.
 SET_QUEUE_GIVEN: Final[LiteralString] = """

@@ -67,8 +67,8 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from . import _args, _conn, _json, _sql
-from .errors import InvalidArgument, JobNotFound
-from .models import Explanation, Job
+from .errors import InvalidArgument, JobNotFound, WorkflowNotFound
+from .models import Explanation, Job, RunExplanation
 
 if TYPE_CHECKING:
     from typing_extensions import LiteralString, Unpack
@@ -84,6 +84,7 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "explain",
+    "explain_run",
     "get_job",
     "pause",
     "resume",
@@ -503,6 +504,33 @@ def workflow_results(conn: SyncConnection, run_id: int) -> dict[str, Any] | None
 def workflow_results(conn: AnyConnection, run_id: int) -> dict[str, Any] | Awaitable[dict[str, Any] | None] | None:
     """The finished steps' results keyed by step name ({} before any finished); None for an unknown run."""
     return _conn.execute(conn, _sql.WORKFLOW_RESULTS, {"run_id": _args.row_id(run_id, "run_id")}, _scalar)
+
+
+@overload
+def explain_run(conn: AsyncConnection, run_id: int) -> Awaitable[list[RunExplanation]]: ...
+@overload
+def explain_run(conn: SyncConnection, run_id: int) -> list[RunExplanation]: ...
+def explain_run(conn: AnyConnection, run_id: int) -> list[RunExplanation] | Awaitable[list[RunExplanation]]:
+    """Why a workflow run is where it is: `RunExplanation`s, in words (treadle.explain_run).
+
+    The first sums the run up (step None, reason "run"); a finished run has that
+    one alone. Then each step that has not completed says what it waits for: its
+    dependencies, a sleep, a signal, a map's element jobs, or what `explain` says
+    of its job. Raises `WorkflowNotFound` for an id the caller cannot see.
+    """
+    run_id = _args.row_id(run_id, "run_id")
+
+    def read(rows: _conn.Rows) -> list[RunExplanation]:
+        if not rows:
+            raise WorkflowNotFound(run_id)
+        return [
+            RunExplanation(
+                step=row["step"], job_id=row["job_id"], reason=row["reason"], message=row["message"], at=row["at"]
+            )
+            for row in rows
+        ]
+
+    return _conn.execute(conn, _sql.EXPLAIN_RUN, {"run_id": run_id}, read)
 
 
 # -- jobs -----------------------------------------------------------------------------------

@@ -73,6 +73,25 @@ class Explanation:
     at: datetime | None
 
 
+@dataclass(frozen=True)
+class RunExplanation:
+    """One reason `explain_run` gives for where a workflow run is (a row of treadle.explain_run).
+
+    The first has ``step`` None and ``reason`` ``run``: the run summed up (its
+    workflow, queue, state and the steps completed); a finished run has only that
+    one. Then, for each step not completed, in step order: ``dependencies`` (the
+    steps it waits for), ``sleeping`` (until ``at``), ``signal`` (the signal it
+    waits for, until ``at`` or with no timeout), ``map`` (its element jobs not
+    completed), or the reasons `explain` gives its job (``job_id``).
+    """
+
+    step: str | None
+    job_id: int | None
+    reason: str
+    message: str
+    at: datetime | None
+
+
 class JobFields:
     """Shortcuts to the fields of `self.job` that handlers and event hooks use most."""
 

@@ -1,14 +1,35 @@
-"""treadle workflows signal: send a named signal to a workflow run."""
+"""treadle workflows list | show | cancel | signal: workflow runs, read, cancelled and signalled."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any
 
-from treadle import client
+from treadle import _sql, client
+from treadle._display import when
+from treadle.errors import WorkflowNotFound
 
-from ._base import OK, NotFound, Refused, UsageError, add_dsn, add_json, command, connect, print_json
+from ._base import (
+    OK,
+    NotFound,
+    Refused,
+    UsageError,
+    add_dsn,
+    add_json,
+    bounded_int,
+    command,
+    connect,
+    one_line,
+    positive_id,
+    print_json,
+    print_table,
+)
+
+RUN_STATES = ("running", "completed", "failed", "cancelled")
+LIST_LIMIT = 50
+MAX_LIMIT = 10_000
 
 # what treadle.signal says became of a signal -> the line printed for it
 OUTCOMES = {
@@ -24,13 +45,78 @@ def add_commands(commands: Any) -> None:
     workflows = command(
         commands,
         "workflows",
-        "act on workflow runs",
+        "list, show, cancel and signal workflow runs",
         examples=[
+            "treadle workflows list --state running --name checkout",
+            "treadle workflows show 42",
+            "treadle workflows cancel 42",
             'treadle workflows signal 42 approved --payload \'{"by": "ann"}\'',
             "treadle workflows signal --queue orders --key order-7 approved",
         ],
     )
     sub = workflows.add_subparsers(title="commands", required=True, metavar="COMMAND")
+    listing = command(
+        sub,
+        "list",
+        "list workflow runs, newest first",
+        examples=[
+            "treadle workflows list",
+            "treadle workflows list --state failed --queue orders --limit 200",
+            "treadle workflows list --name checkout --json | jq '.[].id'",
+        ],
+    )
+    listing.add_argument(
+        "--state",
+        action="append",
+        choices=RUN_STATES,
+        metavar="STATE",
+        help=f"only runs in this state (repeatable): {', '.join(RUN_STATES)}",
+    )
+    listing.add_argument("--name", help="only runs of this workflow")
+    listing.add_argument("--queue", help="only runs of this queue")
+    listing.add_argument(
+        "--limit",
+        type=bounded_int(1, MAX_LIMIT),
+        default=LIST_LIMIT,
+        help=f"at most this many runs (default: {LIST_LIMIT}, at most {MAX_LIMIT:,})",
+    )
+    add_json(listing)
+    add_dsn(listing)
+    listing.set_defaults(command=list_runs)
+
+    show = command(
+        sub,
+        "show",
+        "one workflow run: its steps with state, attempts and timing, and why it is where it is",
+        description=(
+            "Show a workflow run: its fields, each step with its state, attempts and times, and what "
+            "treadle.explain_run says of it: the steps not completed and what each waits for (its "
+            "dependencies, a sleep, a signal, a map's element jobs, or what holds its job). "
+            "Exit 3 for an unknown run."
+        ),
+        examples=["treadle workflows show 42", "treadle workflows show 42 --json | jq .explain"],
+    )
+    show.add_argument("run", type=positive_id, metavar="RUN", help="the run's id")
+    add_json(show)
+    add_dsn(show)
+    show.set_defaults(command=show_run)
+
+    cancel = command(
+        sub,
+        "cancel",
+        "cancel a running workflow run (treadle.cancel_workflow)",
+        description=(
+            "Cancel a running workflow run: its waiting steps now (no step starts after this), its running "
+            "steps when they end. Exit 3 for an unknown run, 4 when it is not running or its cancel was "
+            "already requested (nothing is written then)."
+        ),
+        examples=["treadle workflows cancel 42"],
+    )
+    cancel.add_argument("run", type=positive_id, metavar="RUN", help="the run's id")
+    add_json(cancel)
+    add_dsn(cancel)
+    cancel.set_defaults(command=cancel_run)
+
     signal = command(
         sub,
         "signal",
@@ -87,4 +173,117 @@ def send_signal(options: argparse.Namespace) -> int:
         print_json({"run": run_id if run_id is not None else run, "signal": options.name, "outcome": outcome})
     else:
         print(OUTCOMES[outcome])
+    return OK
+
+
+def _text(value: str | None, option: str) -> str | None:
+    """A filter's value: UsageError for a NUL character (no text in PostgreSQL holds one)."""
+    if value is not None and "\x00" in value:
+        raise UsageError(f"{option} contains a NUL character")
+    return value
+
+
+def list_runs(options: argparse.Namespace) -> int:
+    params = {
+        "states": options.state,
+        "name": _text(options.name, "--name"),
+        "queue": _text(options.queue, "--queue"),
+        "limit": options.limit,
+    }
+    with connect(options) as conn:
+        rows = conn.execute(_sql.LIST_WORKFLOW_RUNS, params).fetchall()
+    if options.json:
+        print_json(rows)
+        return OK
+    if not rows:
+        print("no workflow runs")
+        return OK
+    print_table(
+        ("ID", "WORKFLOW", "QUEUE", "STATE", "STEPS", "CREATED", "FINISHED"),
+        [
+            (
+                str(row["id"]),
+                row["name"],
+                row["queue"],
+                row["state"],
+                f"{row['steps_done']}/{row['steps_total']}",
+                when(row["created_at"]),
+                when(row["finished_at"]),
+            )
+            for row in rows
+        ],
+        right=frozenset({0}),
+    )
+    return OK
+
+
+RUN_SHOWN = "name version queue state priority max_attempts idempotency_key created_at finished_at".split()
+
+
+def show_run(options: argparse.Namespace) -> int:
+    with connect(options) as conn:
+        run = conn.execute(_sql.GET_WORKFLOW_RUN, {"run_id": options.run}).fetchone()
+        if run is None:
+            raise NotFound(f"no workflow run {options.run}")
+        steps = conn.execute(_sql.WORKFLOW_RUN_STEPS, {"run_id": options.run}).fetchall()
+        try:
+            reasons = client.explain_run(conn, options.run)
+        except WorkflowNotFound:
+            raise NotFound(f"no workflow run {options.run}") from None
+    if options.json:
+        print_json(
+            {
+                "run": {**run, "input": json.loads(run["input"])},
+                "steps": steps,
+                "explain": [dataclasses.asdict(reason) for reason in reasons],
+            }
+        )
+        return OK
+    print(f"workflow run {run['id']}")
+    width = max(map(len, RUN_SHOWN))
+    for key in RUN_SHOWN:
+        value = run[key]
+        text = when(value) if key.endswith("_at") else "-" if value is None else str(value)
+        print(f"  {key.replace('_', ' '):<{width}}  {text}")
+    print(f"  {'input':<{width}}  {one_line(run['input'], 200)}")
+    print("steps")
+    print_table(
+        ("#", "STEP", "STATE", "ATTEMPT", "JOB", "STARTED", "FINISHED", "LAST ERROR"),
+        [
+            (
+                str(step["position"]),
+                step["step"],
+                step["state"],
+                "-" if step["attempt"] is None else f"{step['attempt']}/{step['max_attempts']}",
+                "-" if step["job_id"] is None else str(step["job_id"]),
+                when(step["started_at"]),
+                when(step["finished_at"]),
+                one_line(step["last_error"]),
+            )
+            for step in steps
+        ],
+        right=frozenset({0}),
+    )
+    print("why")
+    for reason in reasons:
+        print(f"  {reason.step or '(run)'}: {reason.reason}: {reason.message}")
+    return OK
+
+
+def cancel_run(options: argparse.Namespace) -> int:
+    with connect(options) as conn:
+        done = client.cancel_workflow(conn, options.run)
+        run = conn.execute(_sql.GET_WORKFLOW_RUN, {"run_id": options.run}).fetchone()
+    if run is None:
+        raise NotFound(f"no workflow run {options.run}")
+    if not done:
+        if run["state"] == "running":
+            raise Refused(f"workflow run {options.run}: not cancelled: its cancel was already requested")
+        raise Refused(f"workflow run {options.run}: not cancelled: it is {run['state']}, not running")
+    if options.json:
+        print_json({"run": options.run, "cancelled": True, "state": run["state"]})
+    elif run["state"] == "cancelled":
+        print(f"workflow run {options.run}: cancelled")
+    else:
+        print(f"workflow run {options.run}: cancel requested: its running steps stop when they end")
     return OK

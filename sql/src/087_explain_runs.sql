@@ -1,0 +1,127 @@
+--------------------------------------------------------------------------------
+-- treadle.explain_run(run_id) -> table(step, job_id, reason, message, at)
+--
+-- Transition: none. Why a workflow run is where it is, in words: one row that
+-- sums the run up (step null), then one row per reason for each step that has not
+-- completed, in step order, with a stable key (reason), a sentence (message) and
+-- the time it names, if any (at):
+--   run (step null): the run's workflow, version, queue, state, and how many of
+--     its steps completed, naming them (up to 20); for a finished run the only row;
+--   dependencies: a step not started, naming the steps it waits for;
+--   sleeping: a sleep step under way, until when (at);
+--   signal: a wait step under way, the signal it waits for and until when its
+--     timeout runs (at; null without a timeout);
+--   map: a map step under way, how many of its element jobs have not completed
+--     (the oldest of them is explained as a step job is);
+--   a step job that waits or runs: the reasons treadle.explain(job_id) gives it
+--     (not_due, retrying, paused, concurrency_limit, rate_limit, no_worker,
+--     behind, ready; running, worker, lease_expired, cancel_requested; and for a
+--     job that finished while its run did not move on, its end).
+-- No rows for an unknown id, or a run of a queue a tenant may not see. Readers
+-- may call it (treadle.grant_reader); it reads as the owner and applies the
+-- tenant rule itself, as treadle.explain does.
+-- Raises 22004: run_id null.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.explain_run(run_id bigint)
+RETURNS TABLE (step text, job_id bigint, reason text, message text, at timestamptz)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    c_named  CONSTANT integer := 20;  -- the most completed steps the run row names
+    v_run    treadle.workflow_runs;
+    v_after  jsonb;
+    v_done   text[];
+    v_step   text;
+    v_job    record;
+    v_deps   text[];
+BEGIN
+    IF explain_run.run_id IS NULL THEN
+        RAISE EXCEPTION 'treadle: run_id must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT * INTO v_run FROM treadle.workflow_runs AS r
+     WHERE r.id = explain_run.run_id AND starts_with(r.queue, treadle._caller_prefix());
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+
+    SELECT coalesce(array_agg(u.s ORDER BY u.i), '{}') INTO v_done
+      FROM unnest(v_run.steps) WITH ORDINALITY AS u(s, i)
+     WHERE v_run.results ? u.s;
+    RETURN QUERY SELECT NULL::text, NULL::bigint, 'run',
+        format('run %s of workflow %s%s on queue %s is %s%s: %s of %s step(s) completed%s', v_run.id, v_run.name,
+               CASE WHEN v_run.version IS NOT NULL THEN format(' (version %s)', v_run.version) ELSE '' END,
+               v_run.queue, v_run.state,
+               CASE WHEN v_run.finished_at IS NOT NULL THEN format(' since %s', v_run.finished_at)
+                    ELSE format(' since %s', v_run.created_at) END,
+               cardinality(v_done), cardinality(v_run.steps),
+               CASE WHEN cardinality(v_done) = 0 THEN ''
+                    ELSE format(' (%s%s)', array_to_string(v_done[1:c_named], ', '),
+                                CASE WHEN cardinality(v_done) > c_named THEN ', ...' ELSE '' END) END),
+        coalesce(v_run.finished_at, v_run.created_at);
+    IF v_run.state <> 'running' THEN
+        RETURN;
+    END IF;
+
+    v_after := coalesce(v_run.after, treadle._linear_after(v_run.steps));
+    FOR v_step IN SELECT u.s FROM unnest(v_run.steps) WITH ORDINALITY AS u(s, i) ORDER BY u.i LOOP
+        CONTINUE WHEN v_run.results ? v_step;
+        IF v_run.wakes IS NOT NULL AND v_run.wakes ? v_step THEN
+            RETURN QUERY SELECT v_step, NULL::bigint, 'sleeping',
+                                format('sleep step %s sleeps until %s', v_step, (v_run.wakes ->> v_step)::timestamptz),
+                                (v_run.wakes ->> v_step)::timestamptz;
+            CONTINUE;
+        END IF;
+        IF v_run.waiting IS NOT NULL AND v_run.waiting ? v_step THEN
+            RETURN QUERY SELECT v_step, NULL::bigint, 'signal',
+                                format('wait step %s waits for signal %s%s', v_step,
+                                       v_run.waiting -> v_step ->> 'signal',
+                                       CASE WHEN v_run.waiting -> v_step ->> 'until' IS NULL THEN ' (no timeout)'
+                                            ELSE format(' until %s, when it %s', (v_run.waiting -> v_step ->> 'until')::timestamptz,
+                                                        CASE WHEN v_run.waits -> v_step ->> 'on_timeout' = 'continue'
+                                                             THEN 'times out and the run goes on'
+                                                             ELSE 'times out and the run fails' END) END),
+                                (v_run.waiting -> v_step ->> 'until')::timestamptz;
+            CONTINUE;
+        END IF;
+        IF v_run.map_left IS NOT NULL AND v_run.map_left ? v_step THEN
+            RETURN QUERY SELECT v_step, NULL::bigint, 'map',
+                                format('map step %s: %s of its %s element job(s) not completed', v_step,
+                                       v_run.map_left ->> v_step,
+                                       (SELECT count(*) FROM treadle.jobs AS j
+                                         WHERE j.workflow_run_id = v_run.id AND j.step = v_step)),
+                                NULL::timestamptz;
+            SELECT j.id, j.state INTO v_job FROM treadle.jobs AS j
+             WHERE j.workflow_run_id = v_run.id AND j.step = v_step AND j.state <> 'completed'
+             ORDER BY j.id LIMIT 1;
+        ELSE
+            SELECT j.id, j.state INTO v_job FROM treadle.jobs AS j
+             WHERE j.workflow_run_id = v_run.id AND j.step = v_step
+             ORDER BY j.id DESC LIMIT 1;
+        END IF;
+        IF FOUND THEN
+            RETURN QUERY SELECT v_step, v_job.id, e.reason, e.message, e.at FROM treadle.explain(v_job.id) AS e;
+            CONTINUE;
+        END IF;
+        CONTINUE WHEN v_run.map_left IS NOT NULL AND v_run.map_left ? v_step;
+        SELECT coalesce(array_agg(d.v ORDER BY d.i), '{}') INTO v_deps
+          FROM jsonb_array_elements_text(v_after -> v_step) WITH ORDINALITY AS d(v, i)
+         WHERE NOT v_run.results ? d.v;
+        IF cardinality(v_deps) > 0 THEN
+            RETURN QUERY SELECT v_step, NULL::bigint, 'dependencies',
+                                format('step %s waits for its dependencies to complete: %s', v_step,
+                                       array_to_string(v_deps, ', ')),
+                                NULL::timestamptz;
+        ELSE
+            RETURN QUERY SELECT v_step, NULL::bigint, 'pending',
+                                format('step %s has its dependencies completed but has not started', v_step),
+                                NULL::timestamptz;
+        END IF;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION treadle.explain_run(bigint) IS
+    'Why a workflow run is where it is: a summary row, then one row per reason for each step not completed.';
