@@ -20,7 +20,7 @@
 -- treadle._grant_parts(role, parts) -> void
 --
 -- Grants USAGE on the schema and EXECUTE on the functions of each named part:
---   read     job_counts, estimated_jobs, explain
+--   read     job_counts, estimated_jobs, explain, listen_done, unlisten_done
 --   produce  enqueue, enqueue_many, start_workflow, schedule
 --   control  cancel, retry, cancel_workflow, unschedule
 --   work     claim, claimed, heartbeat, heartbeat_many, progress, complete,
@@ -48,6 +48,8 @@ BEGIN
         ('read',    'treadle.job_counts(bigint)'),
         ('read',    'treadle.estimated_jobs(text, text)'),
         ('read',    'treadle.explain(bigint)'),
+        ('read',    'treadle.listen_done(text)'),
+        ('read',    'treadle.unlisten_done()'),
         ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[])'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
         ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb)'),

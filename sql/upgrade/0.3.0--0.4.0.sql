@@ -131,3 +131,14 @@ CREATE TYPE treadle._rescue_cursor AS (
 );
 COMMENT ON TYPE treadle._rescue_cursor IS
     'A session''s rescue cursor: the floor of the expired leases its rescues read, and where it moves next.';
+
+-- Finishes notify only when someone waits (sql/src/048_done_waiters.sql): the
+-- sessions that wait, as in 010_tables.sql.
+CREATE UNLOGGED TABLE treadle.done_waiters (
+    pid           integer NOT NULL,
+    backend_start timestamptz NOT NULL,
+    queue         text,
+    queue_prefix  text NOT NULL,
+    registered_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+CREATE INDEX done_waiters_queue_idx ON treadle.done_waiters (queue);
