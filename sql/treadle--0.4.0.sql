@@ -2308,10 +2308,10 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET lock_timeout = '100ms'
 AS $$
 DECLARE
-    v_start timestamptz;
+    v_start        timestamptz;
+    v_lock_timeout text := current_setting('lock_timeout');
 BEGIN
     IF listen_done.queue IS NOT NULL THEN
         PERFORM treadle._check_text(listen_done.queue, 'queue');
@@ -2326,11 +2326,14 @@ BEGIN
     INSERT INTO treadle.done_waiters (pid, backend_start, queue, queue_prefix)
     VALUES (pg_backend_pid(), v_start, listen_done.queue, treadle._caller_prefix());
 
+    -- wait up to 100 ms for the finishes under way (a failed wait undoes this setting)
     BEGIN
+        PERFORM set_config('lock_timeout', '100ms', true);
         PERFORM pg_advisory_xact_lock(1953653092, 1685024357);
     EXCEPTION WHEN lock_not_available THEN
         RETURN false;
     END;
+    PERFORM set_config('lock_timeout', v_lock_timeout, true);
     RETURN true;
 END;
 $$;
