@@ -339,11 +339,11 @@ def test_waits_that_start_as_their_jobs_finish_all_end_without_polling(dsn: str,
             assert sorted(job_id for job_id, _ in held) == sorted(jobs)
             start = threading.Barrier(len(finishers) + 1)
 
-            def finish(finisher: psycopg.Connection[Any], share: list[tuple[int, Any]]) -> None:
+            def finish(
+                finisher: psycopg.Connection[Any], share: list[tuple[int, Any]], start: threading.Barrier
+            ) -> None:
                 start.wait(PATIENCE)
-                finisher.execute(
-                    "SELECT treadle.complete_many(%s, %s)", ([j for j, _ in share], [t for _, t in share])
-                )
+                finisher.execute("SELECT treadle.complete_many(%s, %s)", ([j for j, _ in share], [t for _, t in share]))
 
             def waited(job_id: int) -> float:
                 began = time.monotonic()
@@ -352,7 +352,7 @@ def test_waits_that_start_as_their_jobs_finish_all_end_without_polling(dsn: str,
 
             with ThreadPoolExecutor(len(jobs) + len(finishers)) as pool:
                 waits = [pool.submit(waited, job_id) for job_id in jobs]
-                done = [pool.submit(finish, f, held[n :: len(finishers)]) for n, f in enumerate(finishers)]
+                done = [pool.submit(finish, f, held[n :: len(finishers)], start) for n, f in enumerate(finishers)]
                 time.sleep(delay)
                 start.wait(PATIENCE)
                 for future in done:

@@ -223,9 +223,7 @@ def listen(conn: psycopg.Connection[Any], statements: Sequence[Query], log: logg
     return True
 
 
-async def listen_async(
-    conn: psycopg.AsyncConnection[Any], statements: Sequence[Query], log: logging.Logger
-) -> bool:
+async def listen_async(conn: psycopg.AsyncConnection[Any], statements: Sequence[Query], log: logging.Logger) -> bool:
     """`listen` for an AsyncConnection."""
     try:
         for statement in statements:

@@ -137,7 +137,9 @@ UNLISTEN_DONE: Final[LiteralString] = "UNLISTEN treadle_done"
 # named queues (on every queue: WAIT_FOR_ALL), so that finishing there sends treadle_done;
 # run before LISTEN treadle_done, the read after both (a psycopg.sql template: the ids
 # and names are literals, for the notifier's statements take no parameters)
-WAIT_FOR_JOB: Final[LiteralString] = "SELECT treadle.listen_done(queue => j.queue) FROM treadle.jobs AS j WHERE j.id = {}"
+WAIT_FOR_JOB: Final[LiteralString] = (
+    "SELECT treadle.listen_done(queue => j.queue) FROM treadle.jobs AS j WHERE j.id = {}"
+)
 WAIT_FOR_RUN: Final[LiteralString] = (
     "SELECT treadle.listen_done(queue => r.queue) FROM treadle.workflow_runs AS r WHERE r.id = {}"
 )
