@@ -1,0 +1,131 @@
+"""Scenario: finishes notify treadle_done only when a session waits on the queue.
+
+Every notifying commit takes one lock in turn (PostgreSQL's NOTIFY queue), so
+finishing jobs notifies only queues a session waits on (treadle.listen_done).
+W worker processes (default 4, concurrency 10, empty handlers) drain N jobs, as in
+load.py (jobs/s from the enqueue's commit to the last finished_at), in three
+settings that alternate run by run:
+  - nobody waits: no finish notifies;
+  - a waiter on the queue: one session registered for the queue and LISTENing
+    (a thread reads its notifications), so every finishing commit notifies;
+  - always notify: treadle._notify_done replaced, for these drains only, by the
+    behaviour before this change (NOTIFY treadle_done on every finish, nobody
+    registered or listening), then put back.
+The same number of raw worker processes (bench/worker_raw.py, which notify nothing)
+drain the same jobs in each run, as the baseline.
+
+    .build/venv/bin/python bench/notify.py [--jobs 20000] [--workers 4] [--concurrency 10] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+
+from harness import database, paired_ratio, parser, print_settings, progress, runs_text, server, spread, table
+from load import drain
+
+TITLE = "Notify: commit rate of worker processes with and without a session waiting for finishes"
+NOTIFY_DONE = "treadle._notify_done(text[])"
+ALWAYS_NOTIFY = """
+CREATE OR REPLACE FUNCTION treadle._notify_done(queues text[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pg_notify('treadle_done', q.q) FROM unnest(queues) AS q(q);
+END;
+$$
+"""
+SETTINGS = ["nobody waits", "a waiter on the queue", "always notify (before)"]
+
+
+@contextmanager
+def waiter(url: str, heard: list[int]) -> Iterator[None]:
+    """A session waiting for finishes on queue 'default', reading its notifications until the end."""
+    stop = threading.Event()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT treadle.listen_done('default')")
+        conn.execute("LISTEN treadle_done")
+
+        def read() -> None:
+            while not stop.is_set():
+                heard[0] += sum(1 for _ in conn.notifies(timeout=0.2))
+
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            conn.execute("SELECT treadle.unlisten_done()")
+
+
+@contextmanager
+def always_notify(url: str) -> Iterator[None]:
+    """treadle._notify_done as it behaved before: NOTIFY on every finish."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_get_functiondef(%s::regprocedure)", [NOTIFY_DONE]).fetchone()
+        assert row is not None
+        conn.execute(ALWAYS_NOTIFY)
+        try:
+            yield
+        finally:
+            conn.execute(row[0])
+
+
+def drain_in(url: str, setting: str, kind: str, workers: int, concurrency: int, jobs: int,
+             heard: list[int]) -> float:
+    if kind == "raw" or setting == SETTINGS[0]:
+        return drain(url, kind, workers, concurrency, jobs)[0]
+    if setting == SETTINGS[1]:
+        with waiter(url, heard):
+            return drain(url, kind, workers, concurrency, jobs)[0]
+    with always_notify(url):
+        return drain(url, kind, workers, concurrency, jobs)[0]
+
+
+def main() -> None:
+    p = parser(__doc__ or "")
+    p.add_argument("--jobs", type=int, default=20_000, help="jobs per drain (default 20,000)")
+    p.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
+    p.add_argument("--concurrency", type=int, default=10, help="each worker's concurrency (default 10)")
+    args = p.parse_args()
+    jobs = 300 if args.smoke else args.jobs
+
+    results: dict[tuple[str, str], list[float]] = {}
+    heard: dict[str, list[int]] = {s: [0] for s in SETTINGS}
+    with server() as url, database(url, "notify") as db:
+        print_settings(db)
+        for run in range(args.runs):
+            # the settings in a new order each run; treadle and raw alternate within each
+            order = SETTINGS[run % 3:] + SETTINGS[:run % 3]
+            for setting in order:
+                for kind in (("treadle", "raw") if run % 2 == 0 else ("raw", "treadle")):
+                    progress(f"{setting}, {kind}: run {run + 1}/{args.runs}, {args.workers} workers, {jobs:,} jobs")
+                    rate = drain_in(db, setting, kind, args.workers, args.concurrency, jobs, heard[setting])
+                    results.setdefault((setting, kind), []).append(rate)
+                    progress(f"  {rate:,.0f} jobs/s")
+
+    nobody = results[(SETTINGS[0], "treadle")]
+    rows = []
+    for setting in SETTINGS:
+        t, r = results[(setting, "treadle")], results[(setting, "raw")]
+        rows.append([setting, spread(t, 0), spread(r, 0), paired_ratio(t, r), paired_ratio(t, nobody),
+                     f"{heard[setting][0]:,}"])
+    notes = [f"{args.workers} worker processes x concurrency {args.concurrency}, empty handlers, {jobs:,} jobs per "
+             f"drain, {runs_text(args.runs)}: median (range). Raw workers notify nothing in every row. "
+             "Notifications: treadle_done heard by the waiter over all runs (one per finishing commit)."]
+    table(TITLE, ["setting", "treadle jobs/s", "raw jobs/s", "ratio to raw", "ratio to nobody waiting",
+                  "notifications heard"], rows, notes)
+
+
+if __name__ == "__main__":
+    main()
