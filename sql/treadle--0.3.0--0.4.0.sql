@@ -141,7 +141,6 @@ COMMENT ON TYPE treadle._rescue_cursor IS
 -- sessions that wait, as in 010_tables.sql.
 CREATE UNLOGGED TABLE treadle.done_waiters (
     pid           integer NOT NULL,
-    backend_start timestamptz NOT NULL,
     queue         text,
     queue_prefix  text NOT NULL,
     registered_at timestamptz NOT NULL DEFAULT pg_catalog.now()
@@ -2042,21 +2041,17 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_start        timestamptz;
     v_lock_timeout text := current_setting('lock_timeout');
 BEGIN
     IF listen_done.queue IS NOT NULL THEN
         PERFORM treadle._check_text(listen_done.queue, 'queue');
         PERFORM treadle._check_queue_allowed(listen_done.queue);
     END IF;
-    SELECT a.backend_start INTO v_start FROM pg_catalog.pg_stat_activity AS a WHERE a.pid = pg_backend_pid();
-
     DELETE FROM treadle.done_waiters AS w
      WHERE (w.pid = pg_backend_pid() AND w.queue IS NOT DISTINCT FROM listen_done.queue)
-        OR NOT EXISTS (SELECT FROM pg_catalog.pg_stat_activity AS a  -- another role's start may read null
-                        WHERE a.pid = w.pid AND coalesce(a.backend_start = w.backend_start, true));
-    INSERT INTO treadle.done_waiters (pid, backend_start, queue, queue_prefix)
-    VALUES (pg_backend_pid(), v_start, listen_done.queue, treadle._caller_prefix());
+        OR NOT EXISTS (SELECT FROM pg_catalog.pg_stat_activity AS a WHERE a.pid = w.pid);
+    INSERT INTO treadle.done_waiters (pid, queue, queue_prefix)
+    VALUES (pg_backend_pid(), listen_done.queue, treadle._caller_prefix());
 
     -- wait up to 100 ms for the finishes under way (a failed wait undoes this setting)
     BEGIN

@@ -342,11 +342,11 @@ CREATE TABLE treadle.tenants (
 -- Sessions that wait for jobs to finish (treadle.listen_done): finishing a job sends
 -- NOTIFY treadle_done only when a session waits on its queue (queue null: on every
 -- queue under queue_prefix, the tenant prefix of the role that registered). A row
--- names its session by pid and start, so the rows of sessions that ended are told
--- apart and removed. Unlogged and not dumped: sessions do not outlive a crash.
+-- names its session by pid; the rows of pids no longer running are removed (a pid
+-- taken again by a new session keeps them a while: finishes notify in vain, never
+-- too little). Unlogged and not dumped: sessions do not outlive a crash.
 CREATE UNLOGGED TABLE treadle.done_waiters (
     pid           integer NOT NULL,
-    backend_start timestamptz NOT NULL,
     queue         text,
     queue_prefix  text NOT NULL,
     registered_at timestamptz NOT NULL DEFAULT pg_catalog.now()

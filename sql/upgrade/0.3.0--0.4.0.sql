@@ -136,7 +136,6 @@ COMMENT ON TYPE treadle._rescue_cursor IS
 -- sessions that wait, as in 010_tables.sql.
 CREATE UNLOGGED TABLE treadle.done_waiters (
     pid           integer NOT NULL,
-    backend_start timestamptz NOT NULL,
     queue         text,
     queue_prefix  text NOT NULL,
     registered_at timestamptz NOT NULL DEFAULT pg_catalog.now()
