@@ -39,9 +39,11 @@ def test_dsn_wait_is_woken_by_listen(dsn: str, conn: psycopg.Connection[Any], sq
     job_id = treadle.enqueue(conn, "add", {"a": 1, "b": 2}, queue="math")
     waiter = Background(lambda: treadle.wait(with_app_name(dsn, "waiter"), job_id, poll_interval=HOUR))
     until_job_read(conn, backend_of(conn, "waiter"))
+    assert conn.execute("SELECT queue FROM treadle.done_waiters").fetchall() == [("math",)]  # it waits on the queue
     sql_worker.complete(job_id, {"sum": 3})
     assert waiter.outcome() == {"sum": 3}
     until_gone(conn, "waiter")  # the waiter closed its own connection
+    assert conn.execute("SELECT count(*) FROM treadle.done_waiters").fetchone() == (0,)  # unregistered first
 
 
 def test_dsn_wait_polls_without_listen(dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker) -> None:
@@ -138,6 +140,8 @@ def test_borrows_an_idle_autocommit_connection_for_listen(
         # LISTEN was undone, and no stale hint is left for the caller
         assert caller.execute("SELECT count(*) FROM pg_listening_channels()").fetchone() == (0,)
         assert list(caller.notifies(timeout=0)) == []
+        # nor a registration: finishes on q1 notify nobody again
+        assert conn.execute("SELECT count(*) FROM treadle.done_waiters").fetchone() == (0,)
 
 
 def test_a_connection_listening_to_its_own_channels_is_only_polled(
