@@ -12,6 +12,10 @@ settings that alternate run by run:
     behaviour before this change (NOTIFY treadle_done on every finish, nobody
     registered or listening), then put back.
 The figure is each setting's rate, and its ratio to nobody waiting run by run.
+A second table times the SQL cycle alone (one connection finishes 10 jobs and
+claims 10 per statement, treadle.complete_and_claim, as load.py's last row) with
+nobody waiting, always notifying, and treadle._notify_done emptied (no test, no
+NOTIFY): the difference per statement is what the test for waiters costs a finish.
 With --raw the same number of raw worker processes (bench/worker_raw.py, which
 notify nothing) drain the same jobs beside each, as a baseline; off by default,
 since four raw workers' one-statement finish-and-claim was seen to deadlock with
@@ -30,11 +34,11 @@ from typing import Any
 import psycopg
 
 from harness import database, paired_ratio, parser, print_settings, progress, runs_text, server, spread, table
-from load import drain
+from load import drain, sql_cycle
 
 TITLE = "Notify: commit rate of worker processes with and without a session waiting for finishes"
 NOTIFY_DONE = "treadle._notify_done(text[])"
-ALWAYS_NOTIFY = """
+REPLACE_NOTIFY_DONE = """
 CREATE OR REPLACE FUNCTION treadle._notify_done(queues text[])
 RETURNS void
 LANGUAGE plpgsql
@@ -42,10 +46,13 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM pg_notify('treadle_done', q.q) FROM unnest(queues) AS q(q);
+    {body}
 END;
 $$
 """
+ALWAYS_NOTIFY = REPLACE_NOTIFY_DONE.format(body="PERFORM pg_notify('treadle_done', q.q) FROM unnest(queues) AS q(q);")
+NOTHING = REPLACE_NOTIFY_DONE.format(body="NULL;")
+CYCLE_SETTINGS = ["nobody waits", "always notify (before)", "no test, no notify"]
 SETTINGS = ["nobody waits", "a waiter on the queue", "always notify (before)"]
 
 
@@ -72,12 +79,12 @@ def waiter(url: str, heard: list[int]) -> Iterator[None]:
 
 
 @contextmanager
-def always_notify(url: str) -> Iterator[None]:
-    """treadle._notify_done as it behaved before: NOTIFY on every finish."""
+def always_notify(url: str, definition: str = ALWAYS_NOTIFY) -> Iterator[None]:
+    """treadle._notify_done as it behaved before (NOTIFY on every finish), or as `definition` says."""
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SELECT pg_get_functiondef(%s::regprocedure)", [NOTIFY_DONE]).fetchone()
         assert row is not None
-        conn.execute(ALWAYS_NOTIFY)
+        conn.execute(definition)
         try:
             yield
         finally:
@@ -118,6 +125,17 @@ def main() -> None:
                     rate = drain_in(db, setting, kind, args.workers, args.concurrency, jobs, heard[setting])
                     results.setdefault((setting, kind), []).append(rate)
                     progress(f"  {rate:,.0f} jobs/s")
+        cycle: dict[str, list[float]] = {}
+        for run in range(args.runs):
+            for setting in CYCLE_SETTINGS[run % 3:] + CYCLE_SETTINGS[:run % 3]:
+                progress(f"SQL cycle, {setting}: run {run + 1}/{args.runs}, {jobs:,} jobs")
+                if setting == CYCLE_SETTINGS[0]:
+                    rate = sql_cycle(db, "treadle", args.concurrency, jobs)
+                else:
+                    with always_notify(db, ALWAYS_NOTIFY if setting == CYCLE_SETTINGS[1] else NOTHING):
+                        rate = sql_cycle(db, "treadle", args.concurrency, jobs)
+                cycle.setdefault(setting, []).append(rate)
+                progress(f"  {rate:,.0f} jobs/s")
 
     nobody = results[(SETTINGS[0], "treadle")]
     rows = []
@@ -134,6 +152,18 @@ def main() -> None:
              + (" Raw workers notify nothing in every row." if args.raw else "")]
     headers = ["setting", "treadle jobs/s", "ratio to nobody waiting", "notifications heard"]
     table(TITLE, headers + (["raw jobs/s", "ratio to raw"] if args.raw else []), rows, notes)
+
+    bare = cycle[CYCLE_SETTINGS[2]]
+    cycle_rows = []
+    for setting in CYCLE_SETTINGS:
+        rates = cycle[setting]
+        # microseconds per statement (10 finishes and 10 claims) more than without test or notify
+        extra = [(args.concurrency / r - args.concurrency / b) * 1e6 for r, b in zip(rates, bare)]
+        cycle_rows.append([setting, spread(rates, 0), paired_ratio(rates, bare), spread(extra, 1)])
+    table("Notify: the SQL cycle alone, one connection", ["setting", "jobs/s", "ratio to no test, no notify",
+          "µs per statement over it"], cycle_rows,
+          [f"finish {args.concurrency} + claim {args.concurrency} per statement (treadle.complete_and_claim), "
+           f"{jobs:,} jobs, {runs_text(args.runs)}: median (range), ratios and differences run by run."])
 
 
 if __name__ == "__main__":
