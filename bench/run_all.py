@@ -26,6 +26,7 @@ SCENARIOS: list[tuple[str, list[str]]] = [
     ("load.py", []),
     ("recovery.py", []),
     ("pickup.py", []),
+    ("notify.py", []),
     ("limits.py", []),
     ("scale.py", []),  # 1M finished jobs; the 10M-row run: bench/scale.py --finished 10000000
     ("held_snapshot.py", ["--warmup", "20", "--hold", "60", "--after", "20"]),

@@ -39,6 +39,8 @@ INSERT INTO may_execute VALUES
     ('treadle.estimated_jobs(text,text)',        '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
     ('treadle.explain(bigint)',                  '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
     ('treadle.explain_run(bigint)',              '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
+    ('treadle.listen_done(text)',                '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
+    ('treadle.unlisten_done()',                  '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
     ('treadle.set_queue(text,integer,integer,interval,integer,interval,interval)', '{admin,dashboard}'),
     ('treadle.pause(text)',                      '{admin,dashboard}'),
     ('treadle.resume(text)',                     '{admin,dashboard}'),

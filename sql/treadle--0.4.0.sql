@@ -450,6 +450,20 @@ CREATE TABLE treadle.tenants (
     CONSTRAINT tenants_queue_prefix_check CHECK (queue_prefix <> '')
 );
 
+-- Sessions that wait for jobs to finish (treadle.listen_done): finishing a job sends
+-- NOTIFY treadle_done only when a session waits on its queue (queue null: on every
+-- queue under queue_prefix, the tenant prefix of the role that registered). A row
+-- names its session by pid; the rows of pids no longer running are removed (a pid
+-- taken again by a new session keeps them a while: finishes notify in vain, never
+-- too little). Unlogged and not dumped: sessions do not outlive a crash.
+CREATE UNLOGGED TABLE treadle.done_waiters (
+    pid           integer NOT NULL,
+    queue         text,
+    queue_prefix  text NOT NULL,
+    registered_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+CREATE INDEX done_waiters_queue_idx ON treadle.done_waiters (queue);
+
 -- Readers see rows of the queues their tenant prefix allows (all, for a role that is
 -- not a tenant). The owner, whose functions do every write, is not subject to it. The
 -- policies are in 088_policies.sql, after the functions they call.
@@ -2558,6 +2572,121 @@ $$;
 COMMENT ON FUNCTION treadle.heartbeat_many(bigint[], uuid[], interval) IS
     'Extend many running jobs'' leases in one statement; held, cancel or lost for each.';
 --------------------------------------------------------------------------------
+-- Finishes notify only when someone waits. NOTIFY makes every notifying commit
+-- take one lock in turn, so finishing a job sends treadle_done only when a live
+-- session waits on its queue (treadle.done_waiters). A waiter registers, then
+-- LISTENs, then reads the state. A finish tries for one advisory lock in shared
+-- mode, held until its transaction ends, then looks for waiters; registering
+-- takes the lock exclusively, so:
+--   - a finish that holds the lock before the registration: the registration
+--     waits until that finish has committed, and the waiter's read sees it;
+--   - a finish that takes the lock after: it sees the committed registration and
+--     notifies at its commit; the waiter hears it if that commit came after its
+--     LISTEN, and reads the finished state if it came before;
+--   - a finish that cannot take the lock (a registration holds it or waits for
+--     it) never waits: it notifies without looking.
+-- A finish in a REPEATABLE READ or SERIALIZABLE transaction reads with a snapshot
+-- that may predate a registration: it notifies without looking too.
+-- The lock's key: (1953653092, 1685024357), 'trad' and 'done' in ASCII.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle.listen_done(queue) -> boolean
+--
+-- Registers the calling session as waiting for jobs of `queue` to finish (null:
+-- every queue the caller may use), so that finishing one sends NOTIFY
+-- treadle_done with its queue. Call it, then LISTEN treadle_done, then read the
+-- state: no finish is missed. Removes the rows of sessions that have ended.
+-- Returns true once every finish that was under way has committed; false when one
+-- was still open after 100 ms (a long transaction that finished a job): the
+-- session stays registered, and such a finish is seen at the next read. Call it
+-- in a transaction of its own: until that transaction ends, finishes notify
+-- without looking. Raises 22023: a queue that is empty, blank, over 200
+-- characters or holds a control character; 42501: a tenant names a queue
+-- outside its prefix.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.listen_done(queue text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_lock_timeout text := current_setting('lock_timeout');
+BEGIN
+    IF listen_done.queue IS NOT NULL THEN
+        PERFORM treadle._check_text(listen_done.queue, 'queue');
+        PERFORM treadle._check_queue_allowed(listen_done.queue);
+    END IF;
+    DELETE FROM treadle.done_waiters AS w
+     WHERE (w.pid = pg_backend_pid() AND w.queue IS NOT DISTINCT FROM listen_done.queue)
+        OR NOT EXISTS (SELECT FROM pg_catalog.pg_stat_activity AS a WHERE a.pid = w.pid);
+    INSERT INTO treadle.done_waiters (pid, queue, queue_prefix)
+    VALUES (pg_backend_pid(), listen_done.queue, treadle._caller_prefix());
+
+    -- wait up to 100 ms for the finishes under way (a failed wait undoes this setting)
+    BEGIN
+        PERFORM set_config('lock_timeout', '100ms', true);
+        PERFORM pg_advisory_xact_lock(1953653092, 1685024357);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN false;
+    END;
+    PERFORM set_config('lock_timeout', v_lock_timeout, true);
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION treadle.listen_done(text) IS
+    'Register this session as waiting for jobs of a queue (null: every queue) to finish, so finishes send NOTIFY treadle_done.';
+
+--------------------------------------------------------------------------------
+-- treadle.unlisten_done() -> void
+--
+-- The calling session no longer waits for finishes: its rows of
+-- treadle.done_waiters go (a session that ends without calling it leaves rows
+-- that the next treadle.listen_done removes). Raises nothing.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.unlisten_done()
+RETURNS void
+LANGUAGE sql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    DELETE FROM treadle.done_waiters AS w WHERE w.pid = pg_catalog.pg_backend_pid();
+END;
+COMMENT ON FUNCTION treadle.unlisten_done() IS
+    'Stop waiting for finishes in this session: remove its treadle.done_waiters rows.';
+
+--------------------------------------------------------------------------------
+-- treadle._notify_done(queues) -> void
+--
+-- After jobs of `queues` finished: NOTIFY treadle_done for each queue that a
+-- registered session waits on (treadle.listen_done); for every queue when the
+-- transaction is not READ COMMITTED or a registration holds the lock. Raises nothing.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._notify_done(queues text[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed'
+       OR NOT pg_try_advisory_xact_lock_shared(1953653092, 1685024357) THEN
+        PERFORM pg_notify('treadle_done', q.q) FROM unnest(queues) AS q(q);
+        RETURN;
+    END IF;
+    -- a statement of its own: its snapshot is taken once the lock is held
+    PERFORM pg_notify('treadle_done', q.q)
+       FROM unnest(queues) AS q(q)
+      WHERE EXISTS (SELECT FROM treadle.done_waiters AS w
+                     WHERE w.queue = q.q OR (w.queue IS NULL AND starts_with(q.q, w.queue_prefix)));
+END;
+$$;
+COMMENT ON FUNCTION treadle._notify_done(text[]) IS
+    'Notify treadle_done for the queues of finished jobs that a session waits on.';
+--------------------------------------------------------------------------------
 -- Finishing. Every path that moves a job out of `running` or `available` into a
 -- new state calls treadle._follow_up with the rows it changed, in the same
 -- transaction, so a periodic job's next occurrence, a workflow's next step and a
@@ -3032,7 +3161,8 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --   an occurrence of a cron schedule that completed, was discarded or was
 --   cancelled inserts the schedule's next one (treadle._schedule_next);
 --   a workflow step moves its run (treadle._advance_run);
---   listeners of channel treadle_done hear each queue where jobs finished.
+--   channel treadle_done hears each queue where jobs finished, when a session
+--   waits on it (treadle._notify_done).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._follow_up(done treadle.jobs[])
 RETURNS void
@@ -3062,9 +3192,10 @@ BEGIN
         END IF;
     END LOOP;
 
-    PERFORM treadle._notify('treadle_done', q.queue)
-       FROM (SELECT DISTINCT d.queue FROM unnest(done) AS d
-              WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])) AS q;
+    PERFORM treadle._notify_done(array_agg(DISTINCT d.queue))
+       FROM unnest(done) AS d
+      WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])
+     HAVING count(*) > 0;
 END;
 $$;
 COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
@@ -3231,7 +3362,7 @@ BEGIN
         PERFORM treadle._follow_up(v_done);
     END IF;
     IF v_queues IS NOT NULL THEN
-        PERFORM treadle._notify('treadle_done', q.q) FROM unnest(v_queues) AS q(q);
+        PERFORM treadle._notify_done(v_queues);
     END IF;
 
     IF coalesce(cardinality(v_ords), 0) < cardinality(complete_many.job_ids) THEN
@@ -7940,7 +8071,7 @@ CREATE POLICY tenants_tenant_read ON treadle.tenants FOR SELECT
 -- treadle._grant_parts(role, parts) -> void
 --
 -- Grants USAGE on the schema and EXECUTE on the functions of each named part:
---   read     job_counts, estimated_jobs, explain, explain_run
+--   read     job_counts, estimated_jobs, explain, explain_run, listen_done, unlisten_done
 --   produce  enqueue, enqueue_many, start_workflow, schedule, signal, signal_by_key
 --   control  cancel, retry, cancel_workflow, unschedule
 --   work     claim, claimed, heartbeat, heartbeat_many, progress, complete,
@@ -7969,6 +8100,8 @@ BEGIN
         ('read',    'treadle.estimated_jobs(text, text)'),
         ('read',    'treadle.explain(bigint)'),
         ('read',    'treadle.explain_run(bigint)'),
+        ('read',    'treadle.listen_done(text)'),
+        ('read',    'treadle.unlisten_done()'),
         ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[], text, text, interval)'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
         ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb)'),

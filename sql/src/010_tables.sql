@@ -396,6 +396,20 @@ CREATE TABLE treadle.tenants (
     CONSTRAINT tenants_queue_prefix_check CHECK (queue_prefix <> '')
 );
 
+-- Sessions that wait for jobs to finish (treadle.listen_done): finishing a job sends
+-- NOTIFY treadle_done only when a session waits on its queue (queue null: on every
+-- queue under queue_prefix, the tenant prefix of the role that registered). A row
+-- names its session by pid; the rows of pids no longer running are removed (a pid
+-- taken again by a new session keeps them a while: finishes notify in vain, never
+-- too little). Unlogged and not dumped: sessions do not outlive a crash.
+CREATE UNLOGGED TABLE treadle.done_waiters (
+    pid           integer NOT NULL,
+    queue         text,
+    queue_prefix  text NOT NULL,
+    registered_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+CREATE INDEX done_waiters_queue_idx ON treadle.done_waiters (queue);
+
 -- Readers see rows of the queues their tenant prefix allows (all, for a role that is
 -- not a tenant). The owner, whose functions do every write, is not subject to it. The
 -- policies are in 088_policies.sql, after the functions they call.

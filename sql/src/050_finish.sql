@@ -473,7 +473,8 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --   an occurrence of a cron schedule that completed, was discarded or was
 --   cancelled inserts the schedule's next one (treadle._schedule_next);
 --   a workflow step moves its run (treadle._advance_run);
---   listeners of channel treadle_done hear each queue where jobs finished.
+--   channel treadle_done hears each queue where jobs finished, when a session
+--   waits on it (treadle._notify_done).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._follow_up(done treadle.jobs[])
 RETURNS void
@@ -503,9 +504,10 @@ BEGIN
         END IF;
     END LOOP;
 
-    PERFORM treadle._notify('treadle_done', q.queue)
-       FROM (SELECT DISTINCT d.queue FROM unnest(done) AS d
-              WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])) AS q;
+    PERFORM treadle._notify_done(array_agg(DISTINCT d.queue))
+       FROM unnest(done) AS d
+      WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])
+     HAVING count(*) > 0;
 END;
 $$;
 COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
@@ -672,7 +674,7 @@ BEGIN
         PERFORM treadle._follow_up(v_done);
     END IF;
     IF v_queues IS NOT NULL THEN
-        PERFORM treadle._notify('treadle_done', q.q) FROM unnest(v_queues) AS q(q);
+        PERFORM treadle._notify_done(v_queues);
     END IF;
 
     IF coalesce(cardinality(v_ords), 0) < cardinality(complete_many.job_ids) THEN

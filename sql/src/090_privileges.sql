@@ -20,7 +20,7 @@
 -- treadle._grant_parts(role, parts) -> void
 --
 -- Grants USAGE on the schema and EXECUTE on the functions of each named part:
---   read     job_counts, estimated_jobs, explain, explain_run
+--   read     job_counts, estimated_jobs, explain, explain_run, listen_done, unlisten_done
 --   produce  enqueue, enqueue_many, start_workflow, schedule, signal, signal_by_key
 --   control  cancel, retry, cancel_workflow, unschedule
 --   work     claim, claimed, heartbeat, heartbeat_many, progress, complete,
@@ -49,6 +49,8 @@ BEGIN
         ('read',    'treadle.estimated_jobs(text, text)'),
         ('read',    'treadle.explain(bigint)'),
         ('read',    'treadle.explain_run(bigint)'),
+        ('read',    'treadle.listen_done(text)'),
+        ('read',    'treadle.unlisten_done()'),
         ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[], text, text, interval)'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
         ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb)'),

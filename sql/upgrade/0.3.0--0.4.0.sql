@@ -228,3 +228,13 @@ ALTER TABLE treadle.workflow_runs
     ADD CONSTRAINT workflow_runs_finished_check
         CHECK ((state = ANY (ARRAY['running', 'compensating'])) = (finished_at IS NULL)),
     ADD CONSTRAINT workflow_runs_compensations_check CHECK (jsonb_typeof(compensations) = 'object');
+
+-- Finishes notify only when someone waits (sql/src/048_done_waiters.sql): the
+-- sessions that wait, as in 010_tables.sql.
+CREATE UNLOGGED TABLE treadle.done_waiters (
+    pid           integer NOT NULL,
+    queue         text,
+    queue_prefix  text NOT NULL,
+    registered_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+CREATE INDEX done_waiters_queue_idx ON treadle.done_waiters (queue);

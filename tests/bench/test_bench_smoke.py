@@ -21,6 +21,7 @@ SCENARIOS = [
     "load",
     "recovery",
     "pickup",
+    "notify",
     "limits",
     "held_snapshot",
     "versions",

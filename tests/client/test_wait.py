@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -36,9 +39,11 @@ def test_dsn_wait_is_woken_by_listen(dsn: str, conn: psycopg.Connection[Any], sq
     job_id = treadle.enqueue(conn, "add", {"a": 1, "b": 2}, queue="math")
     waiter = Background(lambda: treadle.wait(with_app_name(dsn, "waiter"), job_id, poll_interval=HOUR))
     until_job_read(conn, backend_of(conn, "waiter"))
+    assert conn.execute("SELECT queue FROM treadle.done_waiters").fetchall() == [("math",)]  # it waits on the queue
     sql_worker.complete(job_id, {"sum": 3})
     assert waiter.outcome() == {"sum": 3}
     until_gone(conn, "waiter")  # the waiter closed its own connection
+    assert conn.execute("SELECT count(*) FROM treadle.done_waiters").fetchone() == (0,)  # unregistered first
 
 
 def test_dsn_wait_polls_without_listen(dsn: str, conn: psycopg.Connection[Any], sql_worker: SqlWorker) -> None:
@@ -135,6 +140,8 @@ def test_borrows_an_idle_autocommit_connection_for_listen(
         # LISTEN was undone, and no stale hint is left for the caller
         assert caller.execute("SELECT count(*) FROM pg_listening_channels()").fetchone() == (0,)
         assert list(caller.notifies(timeout=0)) == []
+        # nor a registration: finishes on q1 notify nobody again
+        assert conn.execute("SELECT count(*) FROM treadle.done_waiters").fetchone() == (0,)
 
 
 def test_a_connection_listening_to_its_own_channels_is_only_polled(
@@ -315,3 +322,46 @@ def test_not_a_connection() -> None:
 def test_a_dsn_that_cannot_connect_is_an_error_at_once() -> None:
     with pytest.raises(psycopg.OperationalError):
         treadle.wait("postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=5", 1, timeout=PATIENCE)
+
+
+def test_waits_that_start_as_their_jobs_finish_all_end_without_polling(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    """Finishes notify only registered waiters: each wait registers, LISTENs, then reads.
+
+    Rounds of 24 waits start while 4 finishers complete the same jobs in one commit
+    each, at one instant, later each round (0 to 0.8 s), so registrations fall before,
+    amid and after the finishes. The poll is an hour: a finish that neither notified a
+    wait nor was seen by its read would leave that wait hanging to its timeout.
+    """
+    queues = ["race-a", "race-b", "race-c"]
+    finishers = [psycopg.connect(dsn, autocommit=True) for _ in range(4)]
+    try:
+        for delay in (0.0, 0.05, 0.1, 0.2, 0.4, 0.8):
+            jobs = [treadle.enqueue(conn, "race", queue=queues[n % 3]) for n in range(24)]
+            held = conn.execute(
+                "SELECT id, lease_token FROM treadle.claim('racer', %s, batch => 24)", (queues,)
+            ).fetchall()
+            assert sorted(job_id for job_id, _ in held) == sorted(jobs)
+            start = threading.Barrier(len(finishers) + 1)
+
+            def finish(
+                finisher: psycopg.Connection[Any], share: list[tuple[int, Any]], start: threading.Barrier
+            ) -> None:
+                start.wait(PATIENCE)
+                finisher.execute("SELECT treadle.complete_many(%s, %s)", ([j for j, _ in share], [t for _, t in share]))
+
+            def waited(job_id: int) -> float:
+                began = time.monotonic()
+                assert treadle.wait(dsn, job_id, poll_interval=HOUR, timeout=30) is None
+                return time.monotonic() - began  # 30 s and more: it ended at its timeout, not woken
+
+            with ThreadPoolExecutor(len(jobs) + len(finishers)) as pool:
+                waits = [pool.submit(waited, job_id) for job_id in jobs]
+                done = [pool.submit(finish, f, held[n :: len(finishers)], start) for n, f in enumerate(finishers)]
+                time.sleep(delay)
+                start.wait(PATIENCE)
+                for future in done:
+                    future.result(PATIENCE)
+                assert max(future.result(PATIENCE) for future in waits) < 15
+    finally:
+        for finisher in finishers:
+            finisher.close()

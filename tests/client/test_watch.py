@@ -63,6 +63,8 @@ def test_queued_and_done_events_for_the_watched_queues(
     watcher = Watcher(with_app_name(dsn, "watcher"), ["mail", "sms"], iterator=iterator, poll_interval=HOUR)
     watchers.append(watcher)
     assert watcher.next() == POLL  # listening has begun: read now
+    # registered for finishes on its queues, so that finishing there notifies
+    assert conn.execute("SELECT queue FROM treadle.done_waiters ORDER BY queue").fetchall() == [("mail",), ("sms",)]
     job_id = treadle.enqueue(conn, "send", queue="mail")
     assert watcher.next() == ("queued", "mail")
     treadle.enqueue(conn, "resize", queue="images")  # not watched
@@ -74,6 +76,7 @@ def test_queued_and_done_events_for_the_watched_queues(
     watcher.close()
     assert watcher.events.empty()
     until_gone(conn, "watcher")
+    assert conn.execute("SELECT count(*) FROM treadle.done_waiters").fetchone() == (0,)  # and no longer
 
 
 def test_every_queue_when_queues_is_none(

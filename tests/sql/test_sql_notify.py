@@ -1,5 +1,6 @@
 """LISTEN/NOTIFY hints: treadle_jobs carries a queue name when work becomes claimable,
-treadle_done when jobs finish; both only on commit, never with job data.
+treadle_done when jobs finish, to sessions that wait on the queue (treadle.listen_done);
+both only on commit, never with job data.
 
 Absence is shown without waiting on a timeout: a session's notifications arrive in
 commit order, so once a later marker has arrived, an earlier one that never came
@@ -8,13 +9,18 @@ was never sent.
 
 from __future__ import annotations
 
+import time
+
 import psycopg
 
 from tests.sql.sqlcalls import Connect, row, value
 
 
-def listener_for(connect: Connect) -> psycopg.Connection:
+def listener_for(connect: Connect, waits_on: str | None = "every queue") -> psycopg.Connection:
+    """A session that LISTENs to both channels, waiting for finishes on a queue, on every queue, or (None) none."""
     conn = connect()
+    if waits_on is not None:
+        assert value(conn, "select treadle.listen_done(%s)", (None if waits_on == "every queue" else waits_on,))
     conn.execute("listen treadle_jobs")
     conn.execute("listen treadle_done")
     return conn
@@ -136,3 +142,130 @@ def test_complete_many_notifies_each_queue_once(connect: Connect) -> None:
     mark(worker, "marker-5")
     seen = received_until(listener, "treadle_jobs", "marker-5")
     assert sorted(seen) == [("treadle_done", "m1"), ("treadle_done", "m2"), ("treadle_jobs", "marker-5")]
+
+
+def finish_one(worker: psycopg.Connection, queue: str) -> None:
+    worker.execute("select treadle.enqueue('x', queue => %s)", (queue,))
+    job_id, token = row(worker, "select id, lease_token from treadle.claim('w', array[%s])", (queue,))
+    worker.execute("select treadle.complete(%s, %s)", (job_id, token))
+
+
+def test_a_finish_nobody_waits_for_notifies_nobody(connect: Connect) -> None:
+    listener = listener_for(connect, waits_on=None)  # LISTENs, never registered
+    worker = connect()
+    finish_one(worker, "unwatched")
+    worker.execute("select treadle.enqueue('x', queue => 'unwatched-fail', max_attempts => 1)")
+    job_id, token = row(worker, "select id, lease_token from treadle.claim('w', array['unwatched-fail'])")
+    worker.execute("select treadle.fail(%s, %s, 'boom')", (job_id, token))
+    mark(worker, "marker-6")
+    assert [note for note in received_until(listener, "treadle_jobs", "marker-6") if note[0] == "treadle_done"] == []
+
+
+def test_a_waiter_on_one_queue_hears_that_queue_only(connect: Connect) -> None:
+    listener = listener_for(connect, waits_on="watched")
+    worker = connect()
+    finish_one(worker, "other")
+    finish_one(worker, "watched")
+    mark(worker, "marker-7")
+    seen = received_until(listener, "treadle_jobs", "marker-7")
+    assert ("treadle_done", "watched") in seen
+    assert ("treadle_done", "other") not in seen
+
+
+def test_waiting_ends_with_unlisten_done_and_with_the_session(connect: Connect) -> None:
+    worker, owner = connect(), connect()
+    listener = listener_for(connect, waits_on="gone")
+    listener.execute("select treadle.unlisten_done()")
+    finish_one(worker, "gone")
+    mark(worker, "marker-8")
+    assert ("treadle_done", "gone") not in received_until(listener, "treadle_jobs", "marker-8")
+    assert value(owner, "select count(*) from treadle.done_waiters") == 0
+
+    ended = connect()
+    ended_pid = value(ended, "select pg_backend_pid()")
+    assert value(ended, "select treadle.listen_done('gone')") is True
+    ended.close()
+    while value(owner, "select count(*) from pg_stat_activity where pid = %s", (ended_pid,)):
+        pass  # the backend goes a moment after the client closes
+    assert value(owner, "select count(*) from treadle.done_waiters where pid = %s", (ended_pid,)) == 1
+    assert value(connect(), "select treadle.listen_done('other')") is True  # removes the rows of ended sessions
+    assert value(owner, "select count(*) from treadle.done_waiters where pid = %s", (ended_pid,)) == 0
+
+
+def test_registering_again_keeps_one_row_per_session_and_queue(connect: Connect) -> None:
+    waiter, owner = connect(), connect()
+    for _ in range(3):
+        assert value(waiter, "select treadle.listen_done('again')") is True
+    assert value(waiter, "select treadle.listen_done()") is True
+    rows = owner.execute("select queue, queue_prefix from treadle.done_waiters order by queue nulls last").fetchall()
+    assert rows == [("again", ""), (None, "")]
+
+
+def test_a_tenant_waiting_on_every_queue_hears_only_its_own(connect: Connect) -> None:
+    owner = connect()
+    owner.execute("create role notify_tenant")
+    owner.execute("select treadle.grant_reader('notify_tenant')")
+    owner.execute("select treadle.set_tenant('notify_tenant', 'a.')")
+    listener = connect()
+    listener.execute("set role notify_tenant")
+    assert value(listener, "select treadle.listen_done()") is True
+    listener.execute("listen treadle_done")
+    listener.execute("listen treadle_jobs")
+    assert row(owner, "select queue, queue_prefix from treadle.done_waiters") == (None, "a.")
+    finish_one(owner, "b.other")
+    finish_one(owner, "a.mine")
+    mark(owner, "marker-9")
+    seen = received_until(listener, "treadle_jobs", "marker-9")
+    assert ("treadle_done", "a.mine") in seen
+    assert ("treadle_done", "b.other") not in seen
+
+
+def test_a_repeatable_read_finish_notifies_without_looking(connect: Connect) -> None:
+    """Its snapshot may predate a registration, so it cannot trust what it reads of the waiters."""
+    listener = listener_for(connect, waits_on=None)
+    worker = connect(autocommit=False)
+    worker.execute("select treadle.enqueue('x', queue => 'rr')")
+    worker.commit()
+    worker.execute("set transaction isolation level repeatable read")
+    job_id, token = row(worker, "select id, lease_token from treadle.claim('w', array['rr'])")
+    worker.execute("select treadle.complete(%s, %s)", (job_id, token))
+    worker.commit()
+    assert ("treadle_done", "rr") in received_until(listener, "treadle_done", "rr")
+
+
+def test_registering_waits_for_finishes_under_way(connect: Connect) -> None:
+    """A finish that looked for waiters before a registration commits before the registration returns true.
+
+    Here the finishing transaction stays open past the registration's 100 ms: the
+    registration gives up waiting (false, and the session is registered all the same),
+    and the finishes that follow, which see it, notify.
+    """
+    setup = connect()
+    setup.execute("select treadle.enqueue('x', queue => 'fenced')")
+    finisher = connect(autocommit=False)
+    job_id, token = row(finisher, "select id, lease_token from treadle.claim('w', array['fenced'])")
+    finisher.execute("select treadle.complete(%s, %s)", (job_id, token))
+
+    waiter = connect()
+    started = time.monotonic()
+    assert value(waiter, "select treadle.listen_done('fenced')") is False
+    assert time.monotonic() - started >= 0.09  # it waited for the finish under way
+    assert value(setup, "select count(*) from pg_locks where locktype = 'advisory' and granted") == 1
+    finisher.commit()
+
+    assert value(waiter, "select treadle.listen_done('fenced')") is True  # nothing under way now
+    waiter.execute("listen treadle_done")
+    finish_one(setup, "fenced")
+    assert received_until(waiter, "treadle_done", "fenced") == [("treadle_done", "fenced")]
+
+
+def test_a_finish_never_waits_for_a_registration(connect: Connect) -> None:
+    """While a registration holds the lock (here in a transaction left open), finishes notify without looking."""
+    listener = listener_for(connect, waits_on=None)
+    registering = connect(autocommit=False)
+    assert value(registering, "select treadle.listen_done('elsewhere')") is True
+    worker = connect()
+    worker.execute("set statement_timeout = '10s'")  # a finish that waited would fail here
+    finish_one(worker, "meanwhile")
+    assert ("treadle_done", "meanwhile") in received_until(listener, "treadle_done", "meanwhile")
+    registering.rollback()

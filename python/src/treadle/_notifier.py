@@ -27,7 +27,7 @@ from ._compat import read_extension_version
 from ._retry import Backoff, one_line
 
 if TYPE_CHECKING:
-    from typing_extensions import LiteralString
+    from psycopg.abc import Query
 
 # how often a wait on notifications looks at its stop event
 _STOP_CHECK = 0.25
@@ -35,6 +35,9 @@ _STOP_CHECK = 0.25
 
 class Notifier:
     """An autocommit connection from `connect()`, running the LISTEN `statements`.
+
+    `closing` runs before a listening connection is closed (treadle.unlisten_done
+    after a treadle.listen_done among `statements`), and is skipped on a broken one.
 
     `open()` connects (errors propagate: a wrong DSN or a missing extension should
     be loud). After that, a broken connection is dropped and opened again on a
@@ -46,12 +49,14 @@ class Notifier:
     def __init__(
         self,
         connect: Callable[[], psycopg.Connection[Any]],
-        statements: Sequence[LiteralString],
+        statements: Sequence[Query],
         log: logging.Logger,
         *,
         trusted: bool = False,
+        closing: Sequence[Query] = (),
     ) -> None:
         self.statements = tuple(statements)
+        self._closing = tuple(closing)
         self._trusted = trusted  # a listen_dsn the user named: LISTEN there even through a proxy
         self.listening = False
         self.sessions = 0  # connections opened so far; a new one may have missed notifications
@@ -66,8 +71,14 @@ class Notifier:
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
-        self.listening = False
+        listening, self.listening = self.listening, False
         if conn is not None:
+            if listening and not conn.closed and not conn.broken:
+                try:
+                    for statement in self._closing:
+                        conn.execute(statement)
+                except psycopg.Error:
+                    pass  # the next treadle.listen_done removes the rows of a session that ended
             conn.close()
 
     def connection(self) -> psycopg.Connection[Any]:
@@ -199,7 +210,7 @@ def is_direct(conn: psycopg.Connection[Any], log: logging.Logger) -> bool:
     return False
 
 
-def listen(conn: psycopg.Connection[Any], statements: Sequence[LiteralString], log: logging.Logger) -> bool:
+def listen(conn: psycopg.Connection[Any], statements: Sequence[Query], log: logging.Logger) -> bool:
     """Run LISTEN statements on an autocommit connection; False (and a warning) when refused."""
     try:
         for statement in statements:
@@ -212,9 +223,7 @@ def listen(conn: psycopg.Connection[Any], statements: Sequence[LiteralString], l
     return True
 
 
-async def listen_async(
-    conn: psycopg.AsyncConnection[Any], statements: Sequence[LiteralString], log: logging.Logger
-) -> bool:
+async def listen_async(conn: psycopg.AsyncConnection[Any], statements: Sequence[Query], log: logging.Logger) -> bool:
     """`listen` for an AsyncConnection."""
     try:
         for statement in statements:

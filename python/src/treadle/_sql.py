@@ -183,6 +183,20 @@ CHANNEL_DONE: Final[LiteralString] = "treadle_done"  # jobs finished
 LISTEN_JOBS: Final[LiteralString] = "LISTEN treadle_jobs"
 LISTEN_DONE: Final[LiteralString] = "LISTEN treadle_done"
 UNLISTEN_DONE: Final[LiteralString] = "UNLISTEN treadle_done"
+# treadle.listen_done: this session waits for finishes on the job's, the run's or the
+# named queues (on every queue: WAIT_FOR_ALL), so that finishing there sends treadle_done;
+# run before LISTEN treadle_done, the read after both (a psycopg.sql template: the ids
+# and names are literals, for the notifier's statements take no parameters)
+WAIT_FOR_JOB: Final[LiteralString] = (
+    "SELECT treadle.listen_done(queue => j.queue) FROM treadle.jobs AS j WHERE j.id = {}"
+)
+WAIT_FOR_RUN: Final[LiteralString] = (
+    "SELECT treadle.listen_done(queue => r.queue) FROM treadle.workflow_runs AS r WHERE r.id = {}"
+)
+WAIT_FOR_QUEUES: Final[LiteralString] = "SELECT treadle.listen_done(queue => q.q) FROM unnest({}::text[]) AS q(q)"
+WAIT_FOR_ALL: Final[LiteralString] = "SELECT treadle.listen_done()"
+# treadle.unlisten_done: this session waits no more (before UNLISTEN, or closing its connection)
+STOP_WAITING: Final[LiteralString] = "SELECT treadle.unlisten_done()"
 
 # -- worker (worker.py, _executor.py, _completer.py, _housekeeping.py) ----------------------
 

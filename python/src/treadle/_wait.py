@@ -1,7 +1,10 @@
 """`wait` and `wait_workflow`: block until a job or a workflow run finishes.
 
 The row is the truth. The loop reads it, and between reads sleeps up to
-`poll_interval`, waking early when a notification names the row's queue. The
+`poll_interval`, waking early when a notification names the row's queue. Finishes
+notify only sessions that wait (treadle.listen_done): a listening connection
+registers for the row's queue, then LISTENs, and only then reads, so a finish
+either notifies it or is seen by that read. The
 logic lives in one generator per kind of row (`outcome`, `run_outcome`) that
 asks for "read the row" or "pause"; small drivers answer those requests for each
 kind of connection, synchronous or asynchronous, given a `Watched` (the
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg import Notify
+from psycopg import Notify, sql
 from psycopg.pq import TransactionStatus
 
 from . import _conn, _sql
@@ -50,6 +53,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from psycopg.abc import Query
     from typing_extensions import LiteralString
 
 log = logging.getLogger("treadle")
@@ -91,6 +95,7 @@ class Watched:
     channel: str  # a notification here whose payload is the row's queue wakes the wait
     listen: LiteralString
     unlisten: LiteralString
+    register: Query  # before `listen`: this session waits for finishes on the row's queue
     waiter: str  # the public function, and what it waits for, to name in messages
     subject: str
 
@@ -101,7 +106,14 @@ Loop = Generator["Pause | str", Any, Any]
 def job(job_id: int) -> Watched:
     # built per call, so the statements in _sql are looked up when a wait starts
     return Watched(
-        _sql.JOB_OUTCOME, {"job_id": job_id}, _sql.CHANNEL_DONE, _sql.LISTEN_DONE, _sql.UNLISTEN_DONE, "wait", "the job"
+        _sql.JOB_OUTCOME,
+        {"job_id": job_id},
+        _sql.CHANNEL_DONE,
+        _sql.LISTEN_DONE,
+        _sql.UNLISTEN_DONE,
+        sql.SQL(_sql.WAIT_FOR_JOB).format(sql.Literal(job_id)),
+        "wait",
+        "the job",
     )
 
 
@@ -113,6 +125,7 @@ def workflow_run(run_id: int) -> Watched:
         _sql.CHANNEL_DONE,
         _sql.LISTEN_DONE,
         _sql.UNLISTEN_DONE,
+        sql.SQL(_sql.WAIT_FOR_RUN).format(sql.Literal(run_id)),
         "wait_workflow",
         "the workflow run",
     )
@@ -235,9 +248,14 @@ def _direct(dsn: str) -> Callable[[], psycopg.Connection[Any]]:
 
 def hints_from(listen_dsn: str, watched: Watched) -> Notifier:
     """A notifier on the connection the caller named for LISTEN (trusted: it reaches the server)."""
-    hints = Notifier(_direct(listen_dsn), [watched.listen], log, trusted=True)
+    hints = Notifier(_direct(listen_dsn), _listening(watched), log, trusted=True, closing=[_sql.STOP_WAITING])
     hints.open()
     return hints
+
+
+def _listening(watched: Watched) -> list[Query]:
+    """Register, then LISTEN: the statements that make finishes on the row's queue notify this session."""
+    return [watched.register, watched.listen]
 
 
 def pause_on(hints: Notifier, watched: Watched) -> Callable[[Pause], None]:
@@ -251,7 +269,9 @@ def pause_on(hints: Notifier, watched: Watched) -> Callable[[Pause], None]:
 
 
 def wait_dsn(dsn: str, watched: Watched, loop: Loop, listen: bool, listen_dsn: str | None) -> Any:
-    reader = Notifier(_direct(dsn), [watched.listen] if listen and listen_dsn is None else [], log)
+    reader = Notifier(
+        _direct(dsn), _listening(watched) if listen and listen_dsn is None else [], log, closing=[_sql.STOP_WAITING]
+    )
     reader.open()
     hints = hints_from(listen_dsn, watched) if listen and listen_dsn is not None else reader
 
@@ -303,7 +323,7 @@ def wait_connection(
             hints.close()
 
     if listen_on and can_borrow(conn):
-        if not listen(conn, [watched.listen], log):
+        if not listen(conn, _listening(watched), log):
             return drive(loop, read, _sleep)
 
         def pause(request: Pause) -> None:
@@ -316,6 +336,7 @@ def wait_connection(
         finally:
             if not conn.broken:
                 conn.execute(watched.unlisten)
+                conn.execute(_sql.STOP_WAITING)
                 for _ in conn.notifies(timeout=0):
                     pass  # drop hints that arrived before UNLISTEN: the caller listens to nothing
 
@@ -371,14 +392,18 @@ async def wait_async(
     if listen_on and listen_dsn is not None:
         hints = await psycopg.AsyncConnection.connect(listen_dsn, autocommit=True)
         try:
-            if not await listen_async(hints, [watched.listen], log):
+            if not await listen_async(hints, _listening(watched), log):
                 return await _drive_polling_async(conn, watched, loop, read, _sleep_async)
-            return await _drive_polling_async(conn, watched, loop, read, _pause_on_async(hints, watched))
+            try:
+                return await _drive_polling_async(conn, watched, loop, read, _pause_on_async(hints, watched))
+            finally:
+                if not hints.broken:
+                    await hints.execute(_sql.STOP_WAITING)
         finally:
             await hints.close()
 
     if listen_on and await can_borrow_async(conn):
-        if not await listen_async(conn, [watched.listen], log):
+        if not await listen_async(conn, _listening(watched), log):
             return await drive_async(loop, read, _sleep_async)
 
         try:
@@ -386,6 +411,7 @@ async def wait_async(
         finally:
             if not conn.broken:
                 await conn.execute(watched.unlisten)
+                await conn.execute(_sql.STOP_WAITING)
                 async for _ in conn.notifies(timeout=0):
                     pass  # drop hints that arrived before UNLISTEN: the caller listens to nothing
 

@@ -14,13 +14,16 @@ import logging
 import threading
 import time
 from collections.abc import Generator
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import psycopg
-from psycopg import Notify
+from psycopg import Notify, sql
 
 from . import _sql
 from ._notifier import Notifier
+
+if TYPE_CHECKING:
+    from psycopg.abc import Query
 
 log = logging.getLogger("treadle")
 
@@ -54,11 +57,16 @@ def events(
     reconnection, for the notifications the outage swallowed.
     """
     target = dsn if listen_dsn is None else listen_dsn
+    # finishes notify only sessions that wait on their queues: register before LISTEN
+    register: Query = (
+        _sql.WAIT_FOR_ALL if queues is None else sql.SQL(_sql.WAIT_FOR_QUEUES).format(sql.Literal(sorted(queues)))
+    )
     listener = Notifier(
         lambda: psycopg.connect(target, autocommit=True),
-        [_sql.LISTEN_JOBS, _sql.LISTEN_DONE] if listen else [],
+        [register, _sql.LISTEN_JOBS, _sql.LISTEN_DONE] if listen else [],
         log,
         trusted=listen_dsn is not None,
+        closing=[_sql.STOP_WAITING],
     )
     listener.open()  # a wrong DSN or a missing extension is raised here, not hidden
     if not listen:
