@@ -48,7 +48,7 @@ BEGIN
         ('read',    'treadle.job_counts(bigint)'),
         ('read',    'treadle.estimated_jobs(text, text)'),
         ('read',    'treadle.explain(bigint)'),
-        ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[], text, text, interval)'),
+        ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[], text, text, interval, jsonb)'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
         ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb)'),
         ('produce', 'treadle.signal(bigint, text, jsonb)'),

@@ -197,3 +197,12 @@ CREATE UNIQUE INDEX jobs_idempotency_key_idx
            OR (key_scope = 'active' AND finished_at IS NULL)
            OR (key_scope = 'waiting' AND started_at IS NULL AND finished_at IS NULL));
 DROP FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[]);
+
+-- Metadata on jobs (sql/src/030_enqueue.sql): a column at the end of treadle.jobs and
+-- of its history; enqueue's new last parameter replaces the signature above (it is
+-- new in 0.4.0, so nothing of 0.3.0's is dropped for it).
+ALTER TABLE treadle.jobs
+    ADD COLUMN meta jsonb,
+    ADD CONSTRAINT jobs_meta_check CHECK (jsonb_typeof(meta) = 'object');
+ALTER TABLE treadle.job_history
+    ADD COLUMN meta jsonb;

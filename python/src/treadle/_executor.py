@@ -47,7 +47,7 @@ class Claimed:
 
 
 # where a claimed row (_sql.CLAIMED_NAMES) holds what is decoded here
-_ARGS, _RESULT, _ERRORS = (_sql.CLAIMED_NAMES.index(column) for column in ("args", "result", "errors"))
+_ARGS, _RESULT, _ERRORS, _META = (_sql.CLAIMED_NAMES.index(column) for column in ("args", "result", "errors", "meta"))
 STEP_RUN = _sql.CLAIMED_NAMES.index("workflow_run_id")
 STEP_NAME = _sql.CLAIMED_NAMES.index("step")
 _JOB_FIELDS: tuple[str, ...] = tuple(field.name for field in fields(Job))
@@ -68,8 +68,9 @@ def decode_claimed(row: Sequence[Any]) -> Claimed:
         values[_ARGS], problem = None, error
     values[_RESULT] = _or_none(values[_RESULT])
     values[_ERRORS] = _or_none(values[_ERRORS])
+    values[_META] = _or_none(values[_META])
     # Job(*values) as the worker builds thousands a second: a frozen dataclass's __init__
-    # sets each of its 29 fields through object.__setattr__, twice the time of filling
+    # sets each of its 30 fields through object.__setattr__, twice the time of filling
     # the instance's dict at once; the object is the same (Job has no __post_init__)
     job: Job = _new(Job)
     job.__dict__.update(zip(_JOB_FIELDS, values, strict=True))

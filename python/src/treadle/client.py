@@ -119,6 +119,7 @@ class EnqueueOptions(TypedDict, total=False):
     on_conflict: OnConflict  # default "keep": what a call does when a waiting job holds its key (docs/queues.md)
     unique_while: UniqueWhile  # default "retained": while the job holds its key
     unique_period: timedelta | None  # the key is taken per period of the database's clock; None: for good
+    meta: Mapping[str, Any] | None  # metadata for the handler and tools (a JSON object); None: none
 
 
 class WorkflowOptions(TypedDict, total=False):
@@ -148,6 +149,7 @@ ENQUEUE_DEFAULTS: Final[EnqueueOptions] = {
     "on_conflict": "keep",
     "unique_while": "retained",
     "unique_period": None,
+    "meta": None,
 }
 WORKFLOW_DEFAULTS: Final[WorkflowOptions] = {
     "steps": None,
@@ -197,7 +199,9 @@ def enqueue(
     of ``args`` to its own (batch); a job that runs or has finished is never
     changed, and a new job takes the key. ``unique_while`` ("waiting", "active",
     "retained") and ``unique_period`` bound how long a job holds its key:
-    docs/queues.md. The options and their defaults: `EnqueueOptions`.
+    docs/queues.md. ``meta`` is a JSON object stored with the job (its handler
+    reads ``ctx.meta``; a periodic job's next occurrence keeps it). The options
+    and their defaults: `EnqueueOptions`.
     """
     given = _with_defaults("enqueue", options, ENQUEUE_DEFAULTS)
     moment = _args.moment(given["run_at"], "run_at")
@@ -216,8 +220,18 @@ def enqueue(
         "on_conflict": _args.text(given["on_conflict"], "on_conflict"),
         "unique_while": _args.text(given["unique_while"], "unique_while"),
         "unique_period": _args.interval(given["unique_period"], "unique_period"),
+        "meta": _json.to_jsonb(_meta(given["meta"], "meta"), "meta"),
     }
     return _conn.execute(conn, _sql.ENQUEUE, params, _scalar)
+
+
+def _meta(value: Any, label: str) -> Any:
+    """enqueue's meta: a mapping (as a dict) or None; anything else is refused here."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"{label} must be a dict (a JSON object), not {type(value).__name__}")
+    return dict(value)
 
 
 @overload
@@ -271,6 +285,8 @@ def _job_spec(index: int, spec: Any) -> Any:
             delta = _args.interval(value, label)
             if delta is not None:
                 out[key] = _args.interval_text(delta)
+        elif key == "meta":
+            out[key] = _meta(value, label)
         elif key == "backoff":
             delays = _args.intervals(value, label)
             if delays is not None:
