@@ -82,7 +82,7 @@ GET_JOB: Final[LiteralString] = """
 SELECT id, queue, name, args::text AS args, state, priority, run_at, attempt, max_attempts, lease_until,
        worker_id, idempotency_key, result::text AS result, last_error, created_at, finished_at,
        workflow_run_id, step, every, next_id, cancel_requested, started_at, failed_at, errors::text AS errors,
-       progress, progress_message, timeout, backoff
+       progress, progress_message, timeout, backoff, meta::text AS meta
   FROM treadle.job_details WHERE id = %(job_id)s::bigint
 """
 # treadle.pause, resume, set_queue: a queue's pause and limits; explain: why a job is where it is

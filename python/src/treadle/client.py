@@ -819,5 +819,6 @@ def _job(rows: _conn.Rows) -> Job | None:
             "args": _json.from_json(row["args"], f"{where} args"),
             "result": _json.from_json(row["result"], f"{where} result"),
             "errors": _json.from_json(row["errors"], f"{where} errors"),
+            "meta": _json.from_json(row["meta"], f"{where} meta"),
         }
     )
