@@ -40,7 +40,9 @@ def test_enqueue_meta_one_job_and_from_lines(dsn: str, conn: psycopg.Connection[
 def test_enqueue_refuses_bad_meta(dsn: str, conn: psycopg.Connection[Any], meta: str, message: str) -> None:
     done = expect(treadle("enqueue", "send", "--meta", meta, "--dsn", dsn), 2)
     assert message in done.err
-    lines_with_bad_meta = expect(treadle("enqueue", "--from", "-", "--dsn", dsn, stdin='{"name": "a", "meta": [1]}\n'), 2)
+    lines_with_bad_meta = expect(
+        treadle("enqueue", "--from", "-", "--dsn", dsn, stdin='{"name": "a", "meta": [1]}\n'), 2
+    )
     assert "meta" in lines_with_bad_meta.err and "nothing was enqueued" in lines_with_bad_meta.err
     assert metas(conn) == []
 
@@ -64,5 +66,5 @@ def test_list_filters_by_meta_and_show_prints_it(dsn: str, conn: psycopg.Connect
     bad = expect(treadle("jobs", "list", "--meta", "tenant", "--dsn", dsn), 2)
     assert "--meta takes KEY=VALUE" in bad.err
     shown = expect(treadle("jobs", "show", str(ids[2]), "--dsn", dsn), 0).out
-    assert 'meta' in shown and '{"tenant": "zeta"}' in shown
+    assert "meta" in shown and '{"tenant": "zeta"}' in shown
     assert expect(treadle("jobs", "show", str(ids[2]), "--json", "--dsn", dsn), 0).json()["meta"] == {"tenant": "zeta"}
