@@ -19,7 +19,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import _sql
+from . import _otel, _sql
 from ._completer import Completer, Unwritten
 from ._context import JobContext
 from ._deadlines import Deadline
@@ -205,7 +205,8 @@ class Executor:
                     raise claimed.undecodable
                 began = self._handler_starts()
                 try:
-                    value = self._call_handler(run, step_run)
+                    with _otel.attempt(run.job):
+                        value = self._call_handler(run, step_run)
                 finally:
                     self._handler_ends(began)
                 encoded = _result(run, value)
@@ -248,7 +249,8 @@ class Executor:
                     ctx = JobContext(run, self._worker_id, self._pool, self._lease)
                     fn, args = self._target(run, step_run, ctx)
                     try:
-                        value = await fn(*args, ctx)
+                        with _otel.attempt(run.job):
+                            value = await fn(*args, ctx)
                     except asyncio.CancelledError:
                         ctx.check_cancelled()  # says why: a lost lease, a timeout, a cancel or a hand-back
                         raise

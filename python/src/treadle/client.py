@@ -66,7 +66,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
-from . import _args, _conn, _json, _sql
+from . import _args, _conn, _json, _otel, _sql
 from .errors import InvalidArgument, JobNotFound
 from .models import Explanation, Job
 
@@ -200,8 +200,9 @@ def enqueue(
     changed, and a new job takes the key. ``unique_while`` ("waiting", "active",
     "retained") and ``unique_period`` bound how long a job holds its key:
     docs/queues.md. ``meta`` is a JSON object stored with the job (its handler
-    reads ``ctx.meta``; a periodic job's next occurrence keeps it). The options
-    and their defaults: `EnqueueOptions`.
+    reads ``ctx.meta``; a periodic job's next occurrence keeps it); with the
+    ``otel`` extra, the current trace context is added to it (docs/concepts.md,
+    "Tracing"). The options and their defaults: `EnqueueOptions`.
     """
     given = _with_defaults("enqueue", options, ENQUEUE_DEFAULTS)
     moment = _args.moment(given["run_at"], "run_at")
@@ -220,7 +221,7 @@ def enqueue(
         "on_conflict": _args.text(given["on_conflict"], "on_conflict"),
         "unique_while": _args.text(given["unique_while"], "unique_while"),
         "unique_period": _args.interval(given["unique_period"], "unique_period"),
-        "meta": _json.to_jsonb(_meta(given["meta"], "meta"), "meta"),
+        "meta": _json.to_jsonb(_otel.with_trace_context(_meta(given["meta"], "meta")), "meta"),
     }
     return _conn.execute(conn, _sql.ENQUEUE, params, _scalar)
 
@@ -250,6 +251,10 @@ def enqueue_many(conn: AnyConnection, jobs: Iterable[Mapping[str, Any]]) -> list
     if isinstance(jobs, (str, bytes, Mapping)) or not isinstance(jobs, Iterable):
         raise InvalidArgument(f"jobs must be a list of dicts, not {type(jobs).__name__}")
     specs = [_job_spec(index, spec) for index, spec in enumerate(jobs)]
+    traced = _otel.trace_context()
+    if traced:
+        specs = [{**spec, "meta": {**traced, **(spec.get("meta") or {})}} if isinstance(spec, dict) else spec
+                 for spec in specs]  # fmt: skip
     relative = any(isinstance(spec, dict) and "run_in" in spec for spec in specs)
     query = _sql.ENQUEUE_MANY if relative else _sql.ENQUEUE_MANY_AS_GIVEN
     return _conn.execute(conn, query, {"jobs": _json.to_jsonb(specs, "jobs")}, _ids)
