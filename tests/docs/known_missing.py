@@ -47,11 +47,6 @@ MISSING: list[dict[str, str]] = [
     },
     {
         "page": "docs/comparison.md",
-        "says": "OpenTelemetry tracing",
-        "python": "opentelemetry",
-    },
-    {
-        "page": "docs/comparison.md",
         "says": "a test mode that runs jobs inline without a database",
         "python": "(?i)def run_inline|inline_mode|InlineWorker|testing_mode",
     },
