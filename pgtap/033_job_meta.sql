@@ -3,7 +3,7 @@
 -- every bad meta refused with nothing written.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(33);
+SELECT plan(37);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -95,6 +95,14 @@ SELECT is(treadle.complete(:h1, :'h1_tok', NULL), 'completed', 'a job with meta 
 UPDATE treadle.jobs SET finished_at = '2999-01-01 11:58:00+00' WHERE id = :h1;
 SELECT cmp_ok(treadle.archive(1000), '>=', 1::bigint, 'archive moves it');
 SELECT is((SELECT meta FROM treadle.job_history WHERE id = :h1), '{"kept": true}'::jsonb, 'the history row has its meta');
+-- a retry brings a job back from the history, meta and all
+SELECT treadle.enqueue('hc', queue => 'meta-h', meta => '{"back": 1}', run_at => '2999-01-01') AS h2 \gset
+SELECT is(treadle.cancel(:h2), true, 'a job with meta is cancelled');
+UPDATE treadle.jobs SET finished_at = '2999-01-01 11:58:00+00' WHERE id = :h2;
+SELECT cmp_ok(treadle.archive(1000), '>=', 1::bigint, 'archive moves it');
+SELECT is(treadle.retry(:h2), true, 'the cancelled job is retried from the history');
+SELECT is((SELECT meta FROM treadle.jobs WHERE id = :h2 AND state = 'available'), '{"back": 1}'::jsonb,
+          'a retry from the history keeps meta');
 
 -- a producer (the produce part) may pass meta
 CREATE ROLE treadle_meta_producer;
