@@ -13,7 +13,7 @@ SELECT columns_are('treadle', 'jobs', ARRAY[
     'lease_until', 'lease_token', 'worker_id', 'idempotency_key', 'result', 'last_error',
     'created_at', 'finished_at', 'workflow_run_id', 'step',
     'every', 'next_id', 'cancel_requested', 'started_at', 'failed_at', 'errors', 'progress',
-    'progress_message', 'schedule', 'ready_txid', 'timeout', 'backoff', 'key_scope', 'key_period'], 'treadle.jobs has the contract columns, then its own');
+    'progress_message', 'schedule', 'ready_txid', 'timeout', 'backoff', 'key_scope', 'key_period', 'meta'], 'treadle.jobs has the contract columns, then its own');
 SELECT results_eq(
     $$ SELECT attname::text COLLATE "default" FROM pg_attribute
         WHERE attrelid = 'treadle.jobs'::regclass AND attnum > 0 AND NOT attisdropped
@@ -39,7 +39,7 @@ SELECT is_empty(
     'every function pins search_path = pg_catalog, pg_temp (or has a SQL-standard body)');
 SELECT set_eq(
     $$ SELECT signature FROM treadle_functions WHERE prosecdef $$,
-    ARRAY['treadle.enqueue(text,jsonb,text,integer,timestamp with time zone,integer,text,interval,interval,interval[],text,text,interval)',
+    ARRAY['treadle.enqueue(text,jsonb,text,integer,timestamp with time zone,integer,text,interval,interval,interval[],text,text,interval,jsonb)',
           'treadle.enqueue_many(jsonb)',
           'treadle.claim(text,text[],text[],integer,interval,uuid)', 'treadle.claimed(uuid)',
           'treadle.heartbeat(bigint,uuid,interval)', 'treadle.progress(bigint,uuid,double precision,text)',

@@ -44,7 +44,7 @@ INSERT INTO may_execute VALUES
     ('treadle.set_queue(text,integer,integer,interval,integer,interval,interval)', '{admin,dashboard}'),
     ('treadle.pause(text)',                      '{admin,dashboard}'),
     ('treadle.resume(text)',                     '{admin,dashboard}'),
-    ('treadle.enqueue(text,jsonb,text,integer,timestamp with time zone,integer,text,interval,interval,interval[],text,text,interval)', '{producer,worker}'),
+    ('treadle.enqueue(text,jsonb,text,integer,timestamp with time zone,integer,text,interval,interval,interval[],text,text,interval,jsonb)', '{producer,worker}'),
     ('treadle.enqueue_many(jsonb)',              '{producer,worker}'),
     ('treadle.start_workflow(text,jsonb,text[],text,integer,integer,text,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb)', '{producer,worker}'),
     ('treadle.signal(bigint,text,jsonb)',        '{producer,worker}'),

@@ -243,6 +243,16 @@ CREATE UNLOGGED TABLE treadle.done_waiters (
     registered_at timestamptz NOT NULL DEFAULT pg_catalog.now()
 );
 CREATE INDEX done_waiters_queue_idx ON treadle.done_waiters (queue);
+
+
+-- Metadata on jobs (sql/src/030_enqueue.sql): a column at the end of treadle.jobs and
+-- of its history; enqueue's new last parameter replaces the signature above (it is
+-- new in 0.4.0, so nothing of 0.3.0's is dropped for it).
+ALTER TABLE treadle.jobs
+    ADD COLUMN meta jsonb,
+    ADD CONSTRAINT jobs_meta_check CHECK (jsonb_typeof(meta) = 'object');
+ALTER TABLE treadle.job_history
+    ADD COLUMN meta jsonb;
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -894,7 +904,7 @@ COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text, tex
 --------------------------------------------------------------------------------
 -- treadle.enqueue(name, args, queue, priority, run_at, max_attempts,
 --                 idempotency_key, every, timeout, backoff,
---                 on_conflict, unique_while, unique_period) -> bigint
+--                 on_conflict, unique_while, unique_period, meta) -> bigint
 --
 -- Transition: (none) -> available, in the caller's transaction; with a key held
 -- by a waiting job and on_conflict other than 'keep': that job's args (and run_at)
@@ -916,7 +926,10 @@ COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text, tex
 -- job starts a periodic series (see treadle._follow_up). `timeout` bounds how long
 -- one attempt may run (treadle.rescue takes back a job still running past it);
 -- `backoff` lists the delays before retries 1, 2, ... (the last one repeats), each
--- with jitter (treadle._retry_delay); null means the default backoff.
+-- with jitter (treadle._retry_delay); null means the default backoff. `meta` is
+-- the producer's metadata (a JSON object, e.g. trace context; SQL or JSON null:
+-- none): stored on the job, read by its handler, copied to a periodic job's next
+-- occurrence; a merge into a held key's job keeps that job's meta.
 -- Raises 22004: name, queue or priority null. 22023: name, queue or key empty,
 -- blank, over 200 characters or with a control character; args neither an object
 -- nor an array, over the size limit or nested over 100 levels; max_attempts < 1;
@@ -925,7 +938,8 @@ COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text, tex
 -- over 7 days; backoff empty, over 100 delays, or with a null, negative or
 -- over-366-day delay; on_conflict, unique_while or unique_period as
 -- treadle._check_key_options refuses them; merged args as treadle._append_args
--- refuses them. 22004 also: on_conflict or unique_while null. 42501: a tenant's
+-- refuses them; meta not an object, over the size limit or nested over 100
+-- levels. 22004 also: on_conflict or unique_while null. 42501: a tenant's
 -- queue outside its prefix. TQ001: the queue holds its max_depth of waiting jobs
 -- (treadle.set_queue); nothing is written.
 --------------------------------------------------------------------------------
@@ -942,7 +956,8 @@ CREATE OR REPLACE FUNCTION treadle.enqueue(
     backoff         interval[]  DEFAULT NULL,
     on_conflict     text        DEFAULT 'keep',
     unique_while    text        DEFAULT 'retained',
-    unique_period   interval    DEFAULT NULL
+    unique_period   interval    DEFAULT NULL,
+    meta            jsonb       DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -959,6 +974,7 @@ DECLARE
     v_max_depth integer;
     v_period    timestamptz;  -- the start of the key's period (unique_period)
     v_run_at    timestamptz;
+    v_meta      jsonb;
 BEGIN
     -- This is the hottest path, and a PL/pgSQL helper call costs as much as the
     -- insert: the checks are inline expressions, and a helper runs only to raise.
@@ -995,6 +1011,17 @@ BEGIN
     IF (pg_column_size(v_args) > 1024 AND pg_column_size(v_args) > treadle._max_payload_bytes())
        OR treadle._too_deep(v_args) THEN
         PERFORM treadle._check_payload(v_args, 'args', treadle._max_payload_bytes());
+    END IF;
+    IF enqueue.meta IS NOT NULL AND jsonb_typeof(enqueue.meta) <> 'null' THEN
+        IF jsonb_typeof(enqueue.meta) <> 'object' THEN
+            RAISE EXCEPTION 'treadle: meta must be a JSON object, not %', jsonb_typeof(enqueue.meta)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF (pg_column_size(enqueue.meta) > 1024 AND pg_column_size(enqueue.meta) > treadle._max_payload_bytes())
+           OR treadle._too_deep(enqueue.meta) THEN
+            PERFORM treadle._check_payload(enqueue.meta, 'meta', treadle._max_payload_bytes());
+        END IF;
+        v_meta := enqueue.meta;
     END IF;
     IF enqueue.max_attempts IS NULL OR enqueue.max_attempts < 1 THEN
         RAISE EXCEPTION 'treadle: max_attempts must be at least 1, got %', coalesce(enqueue.max_attempts::text, 'null')
@@ -1043,11 +1070,11 @@ BEGIN
         LOOP
             INSERT INTO treadle.jobs AS j
                 (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-                 timeout, backoff, key_scope, key_period)
+                 timeout, backoff, key_scope, key_period, meta)
             VALUES
                 (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
                  enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
-                 enqueue.timeout, enqueue.backoff, enqueue.unique_while, v_period)
+                 enqueue.timeout, enqueue.backoff, enqueue.unique_while, v_period, v_meta)
             ON CONFLICT (queue, idempotency_key, key_period)
                WHERE idempotency_key IS NOT NULL
                  AND (key_scope IS NULL OR key_scope = 'retained'
@@ -1086,12 +1113,12 @@ BEGIN
     LOOP
         INSERT INTO treadle.jobs AS j
             (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-             timeout, backoff, key_scope, key_period)
+             timeout, backoff, key_scope, key_period, meta)
         VALUES
             (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
              enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
              enqueue.timeout, enqueue.backoff,
-             CASE WHEN enqueue.idempotency_key IS NOT NULL THEN enqueue.unique_while END, v_period)
+             CASE WHEN enqueue.idempotency_key IS NOT NULL THEN enqueue.unique_while END, v_period, v_meta)
         ON CONFLICT (queue, idempotency_key, key_period)
            WHERE idempotency_key IS NOT NULL
              AND (key_scope IS NULL OR key_scope = 'retained'
@@ -1122,7 +1149,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval,
-                                    interval, interval[], text, text, interval) IS
+                                    interval, interval[], text, text, interval, jsonb) IS
     'Enqueue a job in the caller''s transaction and return its id (a held idempotency key returns its holder''s id, or merges into it: on_conflict).';
 
 --------------------------------------------------------------------------------
@@ -1143,7 +1170,8 @@ COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, int
 -- object, an unknown key, a value of the wrong type or out of range, a name,
 -- queue, key or args that enqueue refuses, both run_at and run_in, an infinite
 -- run_at, an every, timeout, backoff, on_conflict, unique_while or
--- unique_period as enqueue refuses it); nothing is written then. 42501: a tenant's queue outside its prefix. TQ001: a queue would
+-- unique_period as enqueue refuses it, a meta that is not an object, too large
+-- or too deep); nothing is written then. 42501: a tenant's queue outside its prefix. TQ001: a queue would
 -- pass its max_depth (every element counts, keyed or not); nothing is written.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue_many(jobs jsonb)
@@ -1159,7 +1187,7 @@ AS $$
 DECLARE
     c_keys CONSTANT text[] := ARRAY['name', 'args', 'queue', 'priority', 'run_at', 'run_in', 'max_attempts',
                                     'idempotency_key', 'every', 'timeout', 'backoff', 'on_conflict',
-                                    'unique_while', 'unique_period'];
+                                    'unique_while', 'unique_period', 'meta'];
     v_now      timestamptz := treadle.now();
     v_max_size integer := treadle._max_payload_bytes();
     v_big      boolean;  -- the whole array is over the size limit, so an element may be
@@ -1180,6 +1208,7 @@ DECLARE
     a_while    text[];       -- unique_while
     a_period   interval[];   -- unique_period
     a_bucket   timestamptz[];  -- the start of each key's period
+    a_meta     jsonb[];
     v_ids      bigint[];
     v_i        bigint;
 BEGIN
@@ -1246,6 +1275,12 @@ BEGIN
                     THEN 'has a "unique_while" that is not a string'
                 WHEN v_keyed AND s.spec ? 'unique_period' AND jsonb_typeof(s.spec -> 'unique_period') <> ALL (ARRAY['string', 'null'])
                     THEN 'has a "unique_period" that is not an interval string'
+                WHEN s.spec ? 'meta' AND jsonb_typeof(s.spec -> 'meta') <> ALL (ARRAY['object', 'null'])
+                    THEN 'has a "meta" that is not an object'
+                WHEN v_big AND pg_column_size(s.spec -> 'meta') > v_max_size
+                    THEN format('has a "meta" larger than the limit of %s bytes', v_max_size)
+                WHEN v_deep AND treadle._too_deep(s.spec -> 'meta')
+                    THEN 'has a "meta" nested more than 100 levels deep'
                 END AS problem
               FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord)) AS e
      WHERE e.problem IS NOT NULL
@@ -1271,9 +1306,10 @@ BEGIN
                array_agg(nullif(s.spec -> 'backoff', 'null'::jsonb) ORDER BY s.ord),
                array_agg(coalesce(s.spec ->> 'on_conflict', 'keep') ORDER BY s.ord) FILTER (WHERE v_keyed),
                array_agg(coalesce(s.spec ->> 'unique_while', 'retained') ORDER BY s.ord) FILTER (WHERE v_keyed),
-               array_agg((s.spec ->> 'unique_period')::interval ORDER BY s.ord) FILTER (WHERE v_keyed)
+               array_agg((s.spec ->> 'unique_period')::interval ORDER BY s.ord) FILTER (WHERE v_keyed),
+               array_agg(nullif(s.spec -> 'meta', 'null'::jsonb) ORDER BY s.ord)
           INTO a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff,
-               a_mode, a_while, a_period
+               a_mode, a_while, a_period, a_meta
           FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord);
         PERFORM treadle._check_backoff(treadle._intervals(b.delays), 'a "backoff" in jobs')
            FROM unnest(a_backoff) AS b(delays)
@@ -1327,16 +1363,16 @@ BEGIN
     WITH input AS (
         SELECT i.*, nextval('treadle.jobs_id_seq'::regclass) AS new_id
           FROM unnest(a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff,
-                      a_mode, a_while, a_bucket)
+                      a_mode, a_while, a_bucket, a_meta)
                WITH ORDINALITY AS i(name, args, queue, priority, run_at, max_attempts, idempotency_key, every,
-                                    timeout, backoff, mode, scope, bucket, ord)
+                                    timeout, backoff, mode, scope, bucket, meta, ord)
     ), inserted AS (
         INSERT INTO treadle.jobs AS j
             (id, queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-             timeout, backoff, key_scope, key_period)
+             timeout, backoff, key_scope, key_period, meta)
         SELECT i.new_id, i.queue, i.name, i.args, i.priority, i.run_at, i.max_attempts,
                i.idempotency_key, i.every, v_now, i.timeout, treadle._intervals(i.backoff),
-               CASE WHEN i.idempotency_key IS NOT NULL THEN coalesce(i.scope, 'retained') END, i.bucket
+               CASE WHEN i.idempotency_key IS NOT NULL THEN coalesce(i.scope, 'retained') END, i.bucket, i.meta
           FROM input AS i
          WHERE i.mode IS NULL OR i.mode = 'keep'
          ORDER BY i.queue, i.idempotency_key, i.ord
@@ -1373,7 +1409,7 @@ BEGIN
                                       a_run_at[v_i], a_max[v_i], a_key[v_i], a_every[v_i],
                                       a_timeout[v_i], treadle._intervals(a_backoff[v_i]),
                                       coalesce(a_mode[v_i], 'keep'), coalesce(a_while[v_i], 'retained'),
-                                      a_period[v_i]);
+                                      a_period[v_i], a_meta[v_i]);
     END LOOP;
 
     PERFORM treadle._notify('treadle_jobs', q.queue)
@@ -3542,7 +3578,7 @@ COMMENT ON FUNCTION treadle.snooze(bigint, uuid, interval) IS
 -- follows job prev_id: at most once per predecessor, which records it in its
 -- next_id (a retried occurrence that already started its successor starts no
 -- second one). With prev_id null the job follows nothing (a schedule's first
--- occurrence). `every` is a periodic series' period, `schedule` a schedule's
+-- occurrence); otherwise it takes prev_id's meta. `every` is a periodic series' period, `schedule` a schedule's
 -- name (one of them, or neither). Listeners of treadle_jobs hear the queue when
 -- the job is due at once. Returns the new job's id; null when prev_id has a
 -- successor already (or is gone). Callers hold prev_id's row lock, and check
@@ -3568,6 +3604,7 @@ AS $$
 DECLARE
     v_now timestamptz := treadle.now();
     v_id  bigint;
+    v_meta jsonb;
 BEGIN
     IF prev_id IS NULL THEN
         v_id := nextval('treadle.jobs_id_seq'::regclass);
@@ -3575,16 +3612,16 @@ BEGIN
         UPDATE treadle.jobs AS j
            SET next_id = nextval('treadle.jobs_id_seq'::regclass)
          WHERE j.id = _successor.prev_id AND j.next_id IS NULL
-        RETURNING j.next_id INTO v_id;
+        RETURNING j.next_id, j.meta INTO v_id, v_meta;
         IF NOT FOUND THEN
             RETURN NULL;
         END IF;
     END IF;
     INSERT INTO treadle.jobs AS j
-        (id, queue, name, args, priority, run_at, max_attempts, every, schedule, created_at)
+        (id, queue, name, args, priority, run_at, max_attempts, every, schedule, created_at, meta)
     VALUES
         (v_id, _successor.queue, _successor.name, _successor.args, _successor.priority, _successor.run_at,
-         _successor.max_attempts, _successor.every, _successor.schedule, v_now);
+         _successor.max_attempts, _successor.every, _successor.schedule, v_now, v_meta);
     IF _successor.run_at <= v_now THEN
         PERFORM treadle._notify('treadle_jobs', _successor.queue);  -- due at once (a missed time caught up)
     END IF;
@@ -7219,17 +7256,17 @@ SELECT j.id, j.queue, j.name, j.args, j.state, j.priority, j.run_at, j.attempt, 
        j.lease_until, j.worker_id, j.idempotency_key, j.result, j.last_error, j.created_at,
        j.finished_at, j.workflow_run_id, j.step, j.every, j.next_id, j.cancel_requested,
        j.started_at, j.failed_at, j.errors, j.progress, j.progress_message, j.schedule,
-       j.timeout, j.backoff
+       j.timeout, j.backoff, j.meta
   FROM treadle.jobs AS j
 UNION ALL
 SELECT h.id, h.queue, h.name, h.args, h.state, h.priority, h.run_at, h.attempt, h.max_attempts,
        h.lease_until, h.worker_id, h.idempotency_key, h.result, h.last_error, h.created_at,
        h.finished_at, h.workflow_run_id, h.step, h.every, h.next_id, h.cancel_requested,
        h.started_at, h.failed_at, h.errors, h.progress, h.progress_message, h.schedule,
-       h.timeout, h.backoff
+       h.timeout, h.backoff, h.meta
   FROM treadle.job_history AS h;
 COMMENT ON VIEW treadle.job_details IS
-    'Every job with all its columns but the lease token; filter by id, queue, name or state.';
+    'Every job with all its columns but the lease token; filter by id, queue, name, state or meta (@>).';
 
 -- A run's steps in order, each with the job that runs it; a step whose job is not
 -- enqueued yet has state 'pending' and no job. A sleep step has no job: its state
@@ -7870,7 +7907,7 @@ BEGIN
         ('read',    'treadle.explain_run(bigint)'),
         ('read',    'treadle.listen_done(text)'),
         ('read',    'treadle.unlisten_done()'),
-        ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[], text, text, interval)'),
+        ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[], text, text, interval, jsonb)'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
         ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb)'),
         ('produce', 'treadle.signal(bigint, text, jsonb)'),

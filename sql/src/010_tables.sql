@@ -143,6 +143,7 @@ CREATE TABLE treadle.jobs (
     backoff          interval[],                         -- delays before retries 1, 2, ...; null: the default
     key_scope        text,                               -- while the key is held (032_enqueue_keys.sql); null: retained
     key_period       timestamptz,                        -- the start of the period the key is taken for; null: none
+    meta             jsonb,                              -- the producer's metadata (an object, e.g. trace context); null: none
     CONSTRAINT jobs_state_check CHECK (state = ANY (ARRAY[
         'available', 'running', 'retryable', 'completed', 'discarded', 'cancelled'])),
     CONSTRAINT jobs_queue_check CHECK (queue <> ''),
@@ -163,7 +164,8 @@ CREATE TABLE treadle.jobs (
     CONSTRAINT jobs_progress_check CHECK (progress >= 0 AND progress <= 1),
     CONSTRAINT jobs_timeout_check CHECK (timeout > interval '0'),
     CONSTRAINT jobs_backoff_check CHECK (cardinality(backoff) BETWEEN 1 AND 100),
-    CONSTRAINT jobs_key_scope_check CHECK (key_scope = ANY (ARRAY['waiting', 'active', 'retained', 'released']))
+    CONSTRAINT jobs_key_scope_check CHECK (key_scope = ANY (ARRAY['waiting', 'active', 'retained', 'released'])),
+    CONSTRAINT jobs_meta_check CHECK (jsonb_typeof(meta) = 'object')
 );
 
 -- Claims read only claimable rows: finished rows never slow a claim. The second index

@@ -1,7 +1,7 @@
 --------------------------------------------------------------------------------
 -- treadle.enqueue(name, args, queue, priority, run_at, max_attempts,
 --                 idempotency_key, every, timeout, backoff,
---                 on_conflict, unique_while, unique_period) -> bigint
+--                 on_conflict, unique_while, unique_period, meta) -> bigint
 --
 -- Transition: (none) -> available, in the caller's transaction; with a key held
 -- by a waiting job and on_conflict other than 'keep': that job's args (and run_at)
@@ -23,7 +23,10 @@
 -- job starts a periodic series (see treadle._follow_up). `timeout` bounds how long
 -- one attempt may run (treadle.rescue takes back a job still running past it);
 -- `backoff` lists the delays before retries 1, 2, ... (the last one repeats), each
--- with jitter (treadle._retry_delay); null means the default backoff.
+-- with jitter (treadle._retry_delay); null means the default backoff. `meta` is
+-- the producer's metadata (a JSON object, e.g. trace context; SQL or JSON null:
+-- none): stored on the job, read by its handler, copied to a periodic job's next
+-- occurrence; a merge into a held key's job keeps that job's meta.
 -- Raises 22004: name, queue or priority null. 22023: name, queue or key empty,
 -- blank, over 200 characters or with a control character; args neither an object
 -- nor an array, over the size limit or nested over 100 levels; max_attempts < 1;
@@ -32,7 +35,8 @@
 -- over 7 days; backoff empty, over 100 delays, or with a null, negative or
 -- over-366-day delay; on_conflict, unique_while or unique_period as
 -- treadle._check_key_options refuses them; merged args as treadle._append_args
--- refuses them. 22004 also: on_conflict or unique_while null. 42501: a tenant's
+-- refuses them; meta not an object, over the size limit or nested over 100
+-- levels. 22004 also: on_conflict or unique_while null. 42501: a tenant's
 -- queue outside its prefix. TQ001: the queue holds its max_depth of waiting jobs
 -- (treadle.set_queue); nothing is written.
 --------------------------------------------------------------------------------
@@ -49,7 +53,8 @@ CREATE OR REPLACE FUNCTION treadle.enqueue(
     backoff         interval[]  DEFAULT NULL,
     on_conflict     text        DEFAULT 'keep',
     unique_while    text        DEFAULT 'retained',
-    unique_period   interval    DEFAULT NULL
+    unique_period   interval    DEFAULT NULL,
+    meta            jsonb       DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -66,6 +71,7 @@ DECLARE
     v_max_depth integer;
     v_period    timestamptz;  -- the start of the key's period (unique_period)
     v_run_at    timestamptz;
+    v_meta      jsonb;
 BEGIN
     -- This is the hottest path, and a PL/pgSQL helper call costs as much as the
     -- insert: the checks are inline expressions, and a helper runs only to raise.
@@ -102,6 +108,17 @@ BEGIN
     IF (pg_column_size(v_args) > 1024 AND pg_column_size(v_args) > treadle._max_payload_bytes())
        OR treadle._too_deep(v_args) THEN
         PERFORM treadle._check_payload(v_args, 'args', treadle._max_payload_bytes());
+    END IF;
+    IF enqueue.meta IS NOT NULL AND jsonb_typeof(enqueue.meta) <> 'null' THEN
+        IF jsonb_typeof(enqueue.meta) <> 'object' THEN
+            RAISE EXCEPTION 'treadle: meta must be a JSON object, not %', jsonb_typeof(enqueue.meta)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF (pg_column_size(enqueue.meta) > 1024 AND pg_column_size(enqueue.meta) > treadle._max_payload_bytes())
+           OR treadle._too_deep(enqueue.meta) THEN
+            PERFORM treadle._check_payload(enqueue.meta, 'meta', treadle._max_payload_bytes());
+        END IF;
+        v_meta := enqueue.meta;
     END IF;
     IF enqueue.max_attempts IS NULL OR enqueue.max_attempts < 1 THEN
         RAISE EXCEPTION 'treadle: max_attempts must be at least 1, got %', coalesce(enqueue.max_attempts::text, 'null')
@@ -150,11 +167,11 @@ BEGIN
         LOOP
             INSERT INTO treadle.jobs AS j
                 (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-                 timeout, backoff, key_scope, key_period)
+                 timeout, backoff, key_scope, key_period, meta)
             VALUES
                 (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
                  enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
-                 enqueue.timeout, enqueue.backoff, enqueue.unique_while, v_period)
+                 enqueue.timeout, enqueue.backoff, enqueue.unique_while, v_period, v_meta)
             ON CONFLICT (queue, idempotency_key, key_period)
                WHERE idempotency_key IS NOT NULL
                  AND (key_scope IS NULL OR key_scope = 'retained'
@@ -193,12 +210,12 @@ BEGIN
     LOOP
         INSERT INTO treadle.jobs AS j
             (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-             timeout, backoff, key_scope, key_period)
+             timeout, backoff, key_scope, key_period, meta)
         VALUES
             (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
              enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
              enqueue.timeout, enqueue.backoff,
-             CASE WHEN enqueue.idempotency_key IS NOT NULL THEN enqueue.unique_while END, v_period)
+             CASE WHEN enqueue.idempotency_key IS NOT NULL THEN enqueue.unique_while END, v_period, v_meta)
         ON CONFLICT (queue, idempotency_key, key_period)
            WHERE idempotency_key IS NOT NULL
              AND (key_scope IS NULL OR key_scope = 'retained'
@@ -229,7 +246,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval,
-                                    interval, interval[], text, text, interval) IS
+                                    interval, interval[], text, text, interval, jsonb) IS
     'Enqueue a job in the caller''s transaction and return its id (a held idempotency key returns its holder''s id, or merges into it: on_conflict).';
 
 --------------------------------------------------------------------------------
@@ -250,7 +267,8 @@ COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, int
 -- object, an unknown key, a value of the wrong type or out of range, a name,
 -- queue, key or args that enqueue refuses, both run_at and run_in, an infinite
 -- run_at, an every, timeout, backoff, on_conflict, unique_while or
--- unique_period as enqueue refuses it); nothing is written then. 42501: a tenant's queue outside its prefix. TQ001: a queue would
+-- unique_period as enqueue refuses it, a meta that is not an object, too large
+-- or too deep); nothing is written then. 42501: a tenant's queue outside its prefix. TQ001: a queue would
 -- pass its max_depth (every element counts, keyed or not); nothing is written.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue_many(jobs jsonb)
@@ -266,7 +284,7 @@ AS $$
 DECLARE
     c_keys CONSTANT text[] := ARRAY['name', 'args', 'queue', 'priority', 'run_at', 'run_in', 'max_attempts',
                                     'idempotency_key', 'every', 'timeout', 'backoff', 'on_conflict',
-                                    'unique_while', 'unique_period'];
+                                    'unique_while', 'unique_period', 'meta'];
     v_now      timestamptz := treadle.now();
     v_max_size integer := treadle._max_payload_bytes();
     v_big      boolean;  -- the whole array is over the size limit, so an element may be
@@ -287,6 +305,7 @@ DECLARE
     a_while    text[];       -- unique_while
     a_period   interval[];   -- unique_period
     a_bucket   timestamptz[];  -- the start of each key's period
+    a_meta     jsonb[];
     v_ids      bigint[];
     v_i        bigint;
 BEGIN
@@ -353,6 +372,12 @@ BEGIN
                     THEN 'has a "unique_while" that is not a string'
                 WHEN v_keyed AND s.spec ? 'unique_period' AND jsonb_typeof(s.spec -> 'unique_period') <> ALL (ARRAY['string', 'null'])
                     THEN 'has a "unique_period" that is not an interval string'
+                WHEN s.spec ? 'meta' AND jsonb_typeof(s.spec -> 'meta') <> ALL (ARRAY['object', 'null'])
+                    THEN 'has a "meta" that is not an object'
+                WHEN v_big AND pg_column_size(s.spec -> 'meta') > v_max_size
+                    THEN format('has a "meta" larger than the limit of %s bytes', v_max_size)
+                WHEN v_deep AND treadle._too_deep(s.spec -> 'meta')
+                    THEN 'has a "meta" nested more than 100 levels deep'
                 END AS problem
               FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord)) AS e
      WHERE e.problem IS NOT NULL
@@ -378,9 +403,10 @@ BEGIN
                array_agg(nullif(s.spec -> 'backoff', 'null'::jsonb) ORDER BY s.ord),
                array_agg(coalesce(s.spec ->> 'on_conflict', 'keep') ORDER BY s.ord) FILTER (WHERE v_keyed),
                array_agg(coalesce(s.spec ->> 'unique_while', 'retained') ORDER BY s.ord) FILTER (WHERE v_keyed),
-               array_agg((s.spec ->> 'unique_period')::interval ORDER BY s.ord) FILTER (WHERE v_keyed)
+               array_agg((s.spec ->> 'unique_period')::interval ORDER BY s.ord) FILTER (WHERE v_keyed),
+               array_agg(nullif(s.spec -> 'meta', 'null'::jsonb) ORDER BY s.ord)
           INTO a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff,
-               a_mode, a_while, a_period
+               a_mode, a_while, a_period, a_meta
           FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord);
         PERFORM treadle._check_backoff(treadle._intervals(b.delays), 'a "backoff" in jobs')
            FROM unnest(a_backoff) AS b(delays)
@@ -434,16 +460,16 @@ BEGIN
     WITH input AS (
         SELECT i.*, nextval('treadle.jobs_id_seq'::regclass) AS new_id
           FROM unnest(a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff,
-                      a_mode, a_while, a_bucket)
+                      a_mode, a_while, a_bucket, a_meta)
                WITH ORDINALITY AS i(name, args, queue, priority, run_at, max_attempts, idempotency_key, every,
-                                    timeout, backoff, mode, scope, bucket, ord)
+                                    timeout, backoff, mode, scope, bucket, meta, ord)
     ), inserted AS (
         INSERT INTO treadle.jobs AS j
             (id, queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-             timeout, backoff, key_scope, key_period)
+             timeout, backoff, key_scope, key_period, meta)
         SELECT i.new_id, i.queue, i.name, i.args, i.priority, i.run_at, i.max_attempts,
                i.idempotency_key, i.every, v_now, i.timeout, treadle._intervals(i.backoff),
-               CASE WHEN i.idempotency_key IS NOT NULL THEN coalesce(i.scope, 'retained') END, i.bucket
+               CASE WHEN i.idempotency_key IS NOT NULL THEN coalesce(i.scope, 'retained') END, i.bucket, i.meta
           FROM input AS i
          WHERE i.mode IS NULL OR i.mode = 'keep'
          ORDER BY i.queue, i.idempotency_key, i.ord
@@ -480,7 +506,7 @@ BEGIN
                                       a_run_at[v_i], a_max[v_i], a_key[v_i], a_every[v_i],
                                       a_timeout[v_i], treadle._intervals(a_backoff[v_i]),
                                       coalesce(a_mode[v_i], 'keep'), coalesce(a_while[v_i], 'retained'),
-                                      a_period[v_i]);
+                                      a_period[v_i], a_meta[v_i]);
     END LOOP;
 
     PERFORM treadle._notify('treadle_jobs', q.queue)

@@ -13,7 +13,7 @@
 -- follows job prev_id: at most once per predecessor, which records it in its
 -- next_id (a retried occurrence that already started its successor starts no
 -- second one). With prev_id null the job follows nothing (a schedule's first
--- occurrence). `every` is a periodic series' period, `schedule` a schedule's
+-- occurrence); otherwise it takes prev_id's meta. `every` is a periodic series' period, `schedule` a schedule's
 -- name (one of them, or neither). Listeners of treadle_jobs hear the queue when
 -- the job is due at once. Returns the new job's id; null when prev_id has a
 -- successor already (or is gone). Callers hold prev_id's row lock, and check
@@ -39,6 +39,7 @@ AS $$
 DECLARE
     v_now timestamptz := treadle.now();
     v_id  bigint;
+    v_meta jsonb;
 BEGIN
     IF prev_id IS NULL THEN
         v_id := nextval('treadle.jobs_id_seq'::regclass);
@@ -46,16 +47,16 @@ BEGIN
         UPDATE treadle.jobs AS j
            SET next_id = nextval('treadle.jobs_id_seq'::regclass)
          WHERE j.id = _successor.prev_id AND j.next_id IS NULL
-        RETURNING j.next_id INTO v_id;
+        RETURNING j.next_id, j.meta INTO v_id, v_meta;
         IF NOT FOUND THEN
             RETURN NULL;
         END IF;
     END IF;
     INSERT INTO treadle.jobs AS j
-        (id, queue, name, args, priority, run_at, max_attempts, every, schedule, created_at)
+        (id, queue, name, args, priority, run_at, max_attempts, every, schedule, created_at, meta)
     VALUES
         (v_id, _successor.queue, _successor.name, _successor.args, _successor.priority, _successor.run_at,
-         _successor.max_attempts, _successor.every, _successor.schedule, v_now);
+         _successor.max_attempts, _successor.every, _successor.schedule, v_now, v_meta);
     IF _successor.run_at <= v_now THEN
         PERFORM treadle._notify('treadle_jobs', _successor.queue);  -- due at once (a missed time caught up)
     END IF;

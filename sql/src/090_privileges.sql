@@ -51,7 +51,7 @@ BEGIN
         ('read',    'treadle.explain_run(bigint)'),
         ('read',    'treadle.listen_done(text)'),
         ('read',    'treadle.unlisten_done()'),
-        ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[], text, text, interval)'),
+        ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[], text, text, interval, jsonb)'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
         ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb)'),
         ('produce', 'treadle.signal(bigint, text, jsonb)'),

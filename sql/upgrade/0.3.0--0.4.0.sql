@@ -238,3 +238,13 @@ CREATE UNLOGGED TABLE treadle.done_waiters (
     registered_at timestamptz NOT NULL DEFAULT pg_catalog.now()
 );
 CREATE INDEX done_waiters_queue_idx ON treadle.done_waiters (queue);
+
+
+-- Metadata on jobs (sql/src/030_enqueue.sql): a column at the end of treadle.jobs and
+-- of its history; enqueue's new last parameter replaces the signature above (it is
+-- new in 0.4.0, so nothing of 0.3.0's is dropped for it).
+ALTER TABLE treadle.jobs
+    ADD COLUMN meta jsonb,
+    ADD CONSTRAINT jobs_meta_check CHECK (jsonb_typeof(meta) = 'object');
+ALTER TABLE treadle.job_history
+    ADD COLUMN meta jsonb;

@@ -27,15 +27,10 @@ MISSING: list[dict[str, str]] = [
     },
     {
         "page": "docs/comparison.md",
-        "says": "tags and metadata on jobs",
+        "says": "tags on jobs",
         "sql": """SELECT NOT EXISTS (SELECT 1 FROM information_schema.columns
                              WHERE table_schema = 'treadle' AND table_name = 'jobs'
-                               AND column_name ~* 'tag|meta')""",
-    },
-    {
-        "page": "docs/comparison.md",
-        "says": "OpenTelemetry tracing",
-        "python": "opentelemetry",
+                               AND column_name ~* 'tag')""",
     },
     {
         "page": "docs/comparison.md",

@@ -19,7 +19,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import _sql
+from . import _otel, _sql
 from ._completer import Completer, Unwritten
 from ._context import JobContext
 from ._deadlines import Deadline
@@ -47,7 +47,7 @@ class Claimed:
 
 
 # where a claimed row (_sql.CLAIMED_NAMES) holds what is decoded here
-_ARGS, _RESULT, _ERRORS = (_sql.CLAIMED_NAMES.index(column) for column in ("args", "result", "errors"))
+_ARGS, _RESULT, _ERRORS, _META = (_sql.CLAIMED_NAMES.index(column) for column in ("args", "result", "errors", "meta"))
 STEP_RUN = _sql.CLAIMED_NAMES.index("workflow_run_id")
 STEP_NAME = _sql.CLAIMED_NAMES.index("step")
 _JOB_FIELDS: tuple[str, ...] = tuple(field.name for field in fields(Job))
@@ -68,8 +68,9 @@ def decode_claimed(row: Sequence[Any]) -> Claimed:
         values[_ARGS], problem = None, error
     values[_RESULT] = _or_none(values[_RESULT])
     values[_ERRORS] = _or_none(values[_ERRORS])
+    values[_META] = _or_none(values[_META])
     # Job(*values) as the worker builds thousands a second: a frozen dataclass's __init__
-    # sets each of its 29 fields through object.__setattr__, twice the time of filling
+    # sets each of its 30 fields through object.__setattr__, twice the time of filling
     # the instance's dict at once; the object is the same (Job has no __post_init__)
     job: Job = _new(Job)
     job.__dict__.update(zip(_JOB_FIELDS, values, strict=True))
@@ -204,7 +205,8 @@ class Executor:
                     raise claimed.undecodable
                 began = self._handler_starts()
                 try:
-                    value = self._call_handler(run, step_run)
+                    with _otel.attempt(run.job):
+                        value = self._call_handler(run, step_run)
                 finally:
                     self._handler_ends(began)
                 encoded = _result(run, value)
@@ -247,7 +249,8 @@ class Executor:
                     ctx = JobContext(run, self._worker_id, self._pool, self._lease)
                     fn, args = self._target(run, step_run, ctx)
                     try:
-                        value = await fn(*args, ctx)
+                        with _otel.attempt(run.job):
+                            value = await fn(*args, ctx)
                     except asyncio.CancelledError:
                         ctx.check_cancelled()  # says why: a lost lease, a timeout, a cancel or a hand-back
                         raise

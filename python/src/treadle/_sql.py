@@ -29,7 +29,7 @@ SELECT treadle.enqueue(
     idempotency_key => %(idempotency_key)s::text, every => %(every)s::interval,
     timeout => %(timeout)s::interval, backoff => %(backoff)s::interval[],
     on_conflict => %(on_conflict)s::text, unique_while => %(unique_while)s::text,
-    unique_period => %(unique_period)s::interval)
+    unique_period => %(unique_period)s::interval, meta => %(meta)s::jsonb)
 """
 # treadle.enqueue_many, the jobs as given: none has a "run_in" delay (the common case;
 # ENQUEUE_MANY's rewrite would rebuild and sort the whole array for nothing)
@@ -83,7 +83,7 @@ GET_JOB: Final[LiteralString] = """
 SELECT id, queue, name, args::text AS args, state, priority, run_at, attempt, max_attempts, lease_until,
        worker_id, idempotency_key, result::text AS result, last_error, created_at, finished_at,
        workflow_run_id, step, every, next_id, cancel_requested, started_at, failed_at, errors::text AS errors,
-       progress, progress_message, timeout, backoff
+       progress, progress_message, timeout, backoff, meta::text AS meta
   FROM treadle.job_details WHERE id = %(job_id)s::bigint
 """
 # treadle.pause, resume, set_queue: a queue's pause and limits; explain: why a job is where it is
@@ -207,9 +207,9 @@ CLAIMED_NAMES: Final = (
     "id", "queue", "name", "args", "state", "priority", "run_at", "attempt", "max_attempts", "lease_until",
     "worker_id", "idempotency_key", "result", "last_error", "created_at", "finished_at", "workflow_run_id",
     "step", "lease_token", "every", "next_id", "cancel_requested", "started_at", "failed_at", "errors",
-    "progress", "progress_message", "timeout", "backoff",
+    "progress", "progress_message", "timeout", "backoff", "meta",
 )  # fmt: skip
-_CLAIMED_AS_TEXT: Final = frozenset({"args", "result", "errors"})
+_CLAIMED_AS_TEXT: Final = frozenset({"args", "result", "errors", "meta"})
 
 
 def _claimed_columns(row: LiteralString) -> LiteralString:

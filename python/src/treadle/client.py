@@ -66,7 +66,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
-from . import _args, _conn, _json, _sql
+from . import _args, _conn, _json, _otel, _sql
 from .errors import InvalidArgument, JobNotFound, WorkflowNotFound
 from .models import Explanation, Job, RunExplanation
 
@@ -120,6 +120,7 @@ class EnqueueOptions(TypedDict, total=False):
     on_conflict: OnConflict  # default "keep": what a call does when a waiting job holds its key (docs/queues.md)
     unique_while: UniqueWhile  # default "retained": while the job holds its key
     unique_period: timedelta | None  # the key is taken per period of the database's clock; None: for good
+    meta: Mapping[str, Any] | None  # metadata for the handler and tools (a JSON object); None: none
 
 
 class WorkflowOptions(TypedDict, total=False):
@@ -151,6 +152,7 @@ ENQUEUE_DEFAULTS: Final[EnqueueOptions] = {
     "on_conflict": "keep",
     "unique_while": "retained",
     "unique_period": None,
+    "meta": None,
 }
 WORKFLOW_DEFAULTS: Final[WorkflowOptions] = {
     "steps": None,
@@ -202,7 +204,10 @@ def enqueue(
     of ``args`` to its own (batch); a job that runs or has finished is never
     changed, and a new job takes the key. ``unique_while`` ("waiting", "active",
     "retained") and ``unique_period`` bound how long a job holds its key:
-    docs/queues.md. The options and their defaults: `EnqueueOptions`.
+    docs/queues.md. ``meta`` is a JSON object stored with the job (its handler
+    reads ``ctx.meta``; a periodic job's next occurrence keeps it); with the
+    ``otel`` extra, the current trace context is added to it (docs/concepts.md,
+    "Tracing"). The options and their defaults: `EnqueueOptions`.
     """
     given = _with_defaults("enqueue", options, ENQUEUE_DEFAULTS)
     moment = _args.moment(given["run_at"], "run_at")
@@ -221,8 +226,18 @@ def enqueue(
         "on_conflict": _args.text(given["on_conflict"], "on_conflict"),
         "unique_while": _args.text(given["unique_while"], "unique_while"),
         "unique_period": _args.interval(given["unique_period"], "unique_period"),
+        "meta": _json.to_jsonb(_otel.with_trace_context(_meta(given["meta"], "meta")), "meta"),
     }
     return _conn.execute(conn, _sql.ENQUEUE, params, _scalar)
+
+
+def _meta(value: Any, label: str) -> Any:
+    """enqueue's meta: a mapping (as a dict) or None; anything else is refused here."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"{label} must be a dict (a JSON object), not {type(value).__name__}")
+    return dict(value)
 
 
 @overload
@@ -241,6 +256,10 @@ def enqueue_many(conn: AnyConnection, jobs: Iterable[Mapping[str, Any]]) -> list
     if isinstance(jobs, (str, bytes, Mapping)) or not isinstance(jobs, Iterable):
         raise InvalidArgument(f"jobs must be a list of dicts, not {type(jobs).__name__}")
     specs = [_job_spec(index, spec) for index, spec in enumerate(jobs)]
+    traced = _otel.trace_context()
+    if traced:
+        specs = [{**spec, "meta": {**traced, **(spec.get("meta") or {})}} if isinstance(spec, dict) else spec
+                 for spec in specs]  # fmt: skip
     relative = any(isinstance(spec, dict) and "run_in" in spec for spec in specs)
     query = _sql.ENQUEUE_MANY if relative else _sql.ENQUEUE_MANY_AS_GIVEN
     return _conn.execute(conn, query, {"jobs": _json.to_jsonb(specs, "jobs")}, _ids)
@@ -276,6 +295,8 @@ def _job_spec(index: int, spec: Any) -> Any:
             delta = _args.interval(value, label)
             if delta is not None:
                 out[key] = _args.interval_text(delta)
+        elif key == "meta":
+            out[key] = _meta(value, label)
         elif key == "backoff":
             delays = _args.intervals(value, label)
             if delays is not None:
@@ -872,5 +893,6 @@ def _job(rows: _conn.Rows) -> Job | None:
             "args": _json.from_json(row["args"], f"{where} args"),
             "result": _json.from_json(row["result"], f"{where} result"),
             "errors": _json.from_json(row["errors"], f"{where} errors"),
+            "meta": _json.from_json(row["meta"], f"{where} meta"),
         }
     )

@@ -45,6 +45,7 @@ class Job:
     progress_message: str | None = None
     timeout: timedelta | None = None  # how long one attempt may run
     backoff: list[timedelta] | None = None  # the job's own delays before retries 1, 2, ...
+    meta: Any = None  # the producer's metadata (a dict, e.g. trace context), or None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:
@@ -116,6 +117,11 @@ class JobFields:
     @property
     def attempt(self) -> int:
         return self.job.attempt
+
+    @property
+    def meta(self) -> Any:
+        """The metadata the producer passed to enqueue (a dict), or None."""
+        return self.job.meta
 
     @property
     def max_attempts(self) -> int:

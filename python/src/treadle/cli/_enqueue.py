@@ -43,12 +43,13 @@ def add_command(commands: Any) -> None:
             "Enqueue a job and print its id. With --from FILE (or - for stdin), enqueue one job per line in "
             "batches through enqueue_many and print their ids: with NAME, each line is a job's args (a JSON "
             "object or array); without, each line is a JSON object with name, args and any of queue, "
-            "priority, run_at, every, max_attempts, idempotency_key. The options set the defaults of every line."
+            "priority, run_at, every, max_attempts, idempotency_key, meta. The options set the defaults of every line."
         ),
         examples=[
             'treadle enqueue send_email \'{"to": "ada@example.com"}\' --queue mail',
             "treadle enqueue report --run-at 2026-12-24T08:00:00+01:00",
             "treadle enqueue cleanup --run-at 10m --every 1h --idempotency-key cleanup",
+            'treadle enqueue send_email \'{"to": "ada@example.com"}\' --meta \'{"tenant": "acme"}\'',
             "treadle enqueue send_email --from addresses.jsonl --queue mail",
             "jq -c '.[]' jobs.json | treadle enqueue --from -",
         ],
@@ -72,6 +73,7 @@ def add_command(commands: Any) -> None:
         "--run-at", metavar="TIME", help="not before TIME: 2026-12-01T09:30:00+01:00, Z for UTC, or a delay: 10m"
     )
     enqueue.add_argument("--every", metavar="DURATION", help="periodic: the next occurrence this long after each one")
+    enqueue.add_argument("--meta", metavar="JSON", help="metadata stored with the job, a JSON object")
     enqueue.add_argument(
         "--batch-size",
         type=bounded_int(1, MAX_BATCH),
@@ -105,8 +107,16 @@ def _defaults(options: argparse.Namespace) -> dict[str, Any]:
         "idempotency_key": options.idempotency_key,
         "run_at": None if options.run_at is None else moment(options.run_at, "--run-at"),
         "every": None if options.every is None else duration(options.every, "--every"),
+        "meta": None if options.meta is None else _meta(options.meta),
     }
     return {key: value for key, value in given.items() if value is not None}
+
+
+def _meta(text: str) -> Any:
+    meta = _json(text, "--meta")
+    if not isinstance(meta, dict):
+        raise UsageError(f"--meta must be a JSON object, not {'an array' if isinstance(meta, list) else _kind(meta)}")
+    return meta
 
 
 def _one(options: argparse.Namespace, defaults: dict[str, Any]) -> int:

@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from treadle import client
 from treadle._display import when
@@ -89,9 +90,16 @@ def add_commands(commands: Any) -> None:
             "treadle jobs list",
             "treadle jobs list --queue mail --state discarded --state retryable --limit 200",
             "treadle jobs list --name send_email --json | jq '.[].id'",
+            "treadle jobs list --meta tenant=acme --meta region=eu",
         ],
     )
     _add_filters(listing)
+    listing.add_argument(
+        "--meta",
+        action="append",
+        metavar="KEY=VALUE",
+        help="only jobs whose meta has KEY with the string VALUE (repeatable: all must match)",
+    )
     listing.add_argument(
         "--limit",
         type=bounded_int(1, MAX_LIMIT),
@@ -193,12 +201,31 @@ def _where(options: argparse.Namespace, states: list[str] | None) -> tuple[sql.C
 
 LIST_COLUMNS = sql.SQL(
     "id, queue, name, state, attempt, max_attempts, priority, run_at, created_at, finished_at, "
-    "last_error, workflow_run_id, step"
+    "last_error, workflow_run_id, step, meta"
 )
+
+
+def _meta_filter(pairs: list[str] | None) -> dict[str, str] | None:
+    """--meta KEY=VALUE, repeated: the object the jobs' meta must contain (jsonb @>)."""
+    if not pairs:
+        return None
+    wanted: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--meta takes KEY=VALUE, not {pair!r}")
+        if "\x00" in pair:
+            raise UsageError("--meta contains a NUL character")
+        wanted[key] = value
+    return wanted
 
 
 def list_jobs(options: argparse.Namespace) -> int:
     where, params = _where(options, options.state)
+    meta = _meta_filter(options.meta)
+    if meta is not None:
+        where = sql.SQL("{} AND meta @> %(meta)s::jsonb").format(where)
+        params["meta"] = Jsonb(meta)
     query = sql.SQL("SELECT {} FROM treadle.job_details WHERE {} ORDER BY id DESC LIMIT %(limit)s").format(
         LIST_COLUMNS, where
     )
@@ -255,6 +282,7 @@ def show_job(options: argparse.Namespace) -> int:
         print(f"  {key.replace('_', ' '):<{width}}  {text}")
     print(f"  {'args':<{width}}  {_json_text(job.args)}")
     print(f"  {'result':<{width}}  {_json_text(job.result)}")
+    print(f"  {'meta':<{width}}  {_json_text(job.meta)}")
     history = job.errors or []
     print(f"errors ({len(history)})" if history else "errors: none")
     for entry in history:

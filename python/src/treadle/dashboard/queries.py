@@ -97,7 +97,7 @@ SELECT position, step, job_id, state, attempt, max_attempts, cancel_requested, h
 JOB: Final = """
 SELECT id, queue, name, args, state, priority, run_at, attempt, max_attempts, lease_until, worker_id,
        idempotency_key, result, last_error, created_at, finished_at, workflow_run_id, step, every, next_id,
-       cancel_requested, started_at, failed_at, errors, progress, progress_message
+       cancel_requested, started_at, failed_at, errors, progress, progress_message, meta
   FROM treadle.job_details
  WHERE id = %(job_id)s
 """
@@ -109,7 +109,7 @@ RUN_STATE: Final = "SELECT state FROM treadle.workflow_run_overview WHERE id = %
 # unique index), jobs still failed whose last failure falls in a time range (the
 # failed_at index that recent_failures reads: its predicate is repeated word for
 # word, so the planner can use it), and the newest jobs with no filter (the primary
-# key). Any other filter (name, queue, state, args, worker, error text) has no index
+# key). Any other filter (name, queue, state, args, meta, worker, error text) has no index
 # over finished jobs, so such a search reads only a window of jobs, between floor
 # and before (see Store.search), rather than the whole table when matches are rare.
 SEARCH_COLUMNS: Final = """id, queue, name, state, attempt, max_attempts, priority, run_at, created_at, finished_at,
@@ -119,6 +119,7 @@ FILTERS: Final = """(%(name)s::text IS NULL OR starts_with(name, %(name)s::text)
    AND (%(state)s::text IS NULL OR state = %(state)s::text)
    AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
    AND (%(args)s::jsonb IS NULL OR args @> %(args)s::jsonb)
+   AND (%(meta)s::jsonb IS NULL OR meta @> %(meta)s::jsonb)
    AND (%(worker)s::text IS NULL OR starts_with(worker_id, %(worker)s::text))
    AND (%(error)s::text IS NULL
         OR strpos(lower(last_error), lower(%(error)s::text)) > 0
@@ -332,6 +333,7 @@ class SearchFilter:
     failed_after: datetime | None = None  # still failed, its last failure at or after this
     failed_before: datetime | None = None  # ... and before this
     before: int | None = None
+    meta: Any = None  # a decoded JSON object the job's meta must contain
 
     @property
     def failed_range(self) -> bool:
@@ -345,7 +347,7 @@ class SearchFilter:
     @property
     def windowed(self) -> bool:
         """Whether the search reads a window of jobs: it filters, and no index bounds it."""
-        filters = (self.name, self.queue, self.state, self.key, self.args, self.worker, self.error)
+        filters = (self.name, self.queue, self.state, self.key, self.args, self.worker, self.error, self.meta)
         return any(v is not None for v in filters) and not self.indexed
 
     def params(self) -> dict[str, Any]:
@@ -360,6 +362,7 @@ class SearchFilter:
             "failed_after": self.failed_after,
             "failed_before": self.failed_before,
             "before": self.before,
+            "meta": Jsonb(self.meta) if self.meta is not None else None,
         }
 
 

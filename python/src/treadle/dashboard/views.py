@@ -208,6 +208,7 @@ def _search_filter(args: MultiDict[str, str]) -> SearchFilter:
         failed_after=_time_filter(args, "failed_after"),
         failed_before=_time_filter(args, "failed_before"),
         before=_optional_id(args, "before", "a job id"),
+        meta=_json_filter(args, "meta", objects_only=True),
     )
 
 
@@ -223,6 +224,7 @@ def _filter_args(where: SearchFilter) -> dict[str, Any]:
         "error": where.error,
         "failed_after": _time_text(where.failed_after),
         "failed_before": _time_text(where.failed_before),
+        "meta": json.dumps(where.meta, ensure_ascii=False) if where.meta is not None else None,
     }
     return {name: value for name, value in given.items() if value is not None}
 
@@ -447,19 +449,20 @@ def _optional_id(args: MultiDict[str, str], name: str, what: str) -> int | None:
     return int(raw)
 
 
-def _json_filter(args: MultiDict[str, str], name: str) -> Any:
-    """A JSON object or array to match jobs' args against (jsonb @>)."""
+def _json_filter(args: MultiDict[str, str], name: str, *, objects_only: bool = False) -> Any:
+    """A JSON object or array (only an object: `objects_only`) to match jobs' args or meta against (jsonb @>)."""
     raw = args.get(name, "").strip()
     if not raw:
         return None
-    problem = f"{name} must be a JSON object or array of at most {MAX_ARGS_FILTER_LENGTH} characters"
+    kinds = "a JSON object" if objects_only else "a JSON object or array"
+    problem = f"{name} must be {kinds} of at most {MAX_ARGS_FILTER_LENGTH} characters"
     if len(raw) > MAX_ARGS_FILTER_LENGTH:
         abort(400, description=f"{problem}.")
     try:
         value = decode_json(raw)
     except ValueError as error:
         abort(400, description=f"{problem}; this is not JSON: {error}.")
-    if isinstance(value, RawJson) or not isinstance(value, (dict, list)):
+    if isinstance(value, RawJson) or not isinstance(value, dict if objects_only else (dict, list)):
         abort(400, description=f"{problem}, nested at most 100 deep.")
     if "\\u0000" in json.dumps(value):
         abort(400, description=f"{name} must not hold the character U+0000, which PostgreSQL's jsonb refuses.")
