@@ -16,7 +16,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from psycopg.types.json import Jsonb
 
 from tests.markers import marks_users
 from tests.worker.test_worker_faults import PGCLUSTER, pgcluster, start_cluster
-from tests.worker.worker_support import EFFECTS_TABLE, HERE, Child, run, until_registered, wait_for
+from tests.worker.worker_support import EFFECTS_TABLE, HERE, PATIENCE, Child, run, until_registered, wait_for
 from treadle import client
 
 WORKER = HERE / "workflow_fault_worker.py"
@@ -44,7 +44,55 @@ CREATE TABLE completions (
 )
 """
 
+KILLS_TABLE = "CREATE TABLE kills (point text PRIMARY KEY, worker text NOT NULL)"
+# where workers SIGKILL themselves (workflow_fault_worker.py), once each: inside a branch,
+# a map element, the join, a child run's step, a compensation; and just after the
+# completion of others committed, before their handler returned
+KILL_PLAN = [
+    "after:start",
+    "mid:right",
+    "after:left",
+    "mid:each/7",
+    "after:each/3",
+    "mid:k1",
+    "after:k2",
+    "mid:join",
+    "after:join",
+    "after:reserve",
+    "mid:refund",
+    "after:release",
+]
+
 Spawn = Callable[..., Child]
+
+
+class Fleet:
+    """Worker processes under one DSN; a dead one is replaced by a new one (a new id)."""
+
+    def __init__(self, spawn: Spawn, dsn: str, size: int, **settings: Any) -> None:
+        self.spawn, self.dsn, self.settings = spawn, dsn, settings
+        self.started = 0
+        self.workers: dict[str, Child] = {}
+        self.deaths = 0
+        for _ in range(size):
+            self.add()
+
+    def add(self) -> None:
+        self.started += 1
+        name = f"w{self.started}"
+        self.workers[name] = self.spawn(self.dsn, name, **self.settings)
+
+    def replace_dead(self) -> None:
+        for name, child in list(self.workers.items()):
+            if child.process.poll() is not None:
+                assert child.process.returncode == -signal.SIGKILL, child.log()
+                del self.workers[name]
+                self.deaths += 1
+                self.add()
+
+    def kill(self, name: str) -> None:
+        self.workers[name].signal(signal.SIGKILL)
+        self.workers[name].wait_exit()
 
 
 @pytest.fixture
@@ -66,6 +114,7 @@ def spawn_wf(tmp_path: Path) -> Iterator[Spawn]:
 def prepare(conn: psycopg.Connection[Any]) -> None:
     conn.execute(EFFECTS_TABLE)
     conn.execute(COMPLETIONS_TABLE)
+    conn.execute(KILLS_TABLE)
 
 
 def start_runs(conn: psycopg.Connection[Any], everything: int, doomed: int) -> tuple[list[int], list[int]]:
@@ -96,19 +145,26 @@ def work_left(conn: psycopg.Connection[Any], everything: list[int], doomed: list
 
 def end_sleeps(conn: psycopg.Connection[Any], everything: list[int]) -> None:
     """Move treadle's clock (this session's) past the sleeps: a rescue a minute early ends
-    none, one just past their wake time ends them all and the runs complete."""
+    none; one just past their wake times ends them all (each step's result is its wake
+    time), and the runs complete then."""
     wakes = [run(conn, run_id)["wake_at"] for run_id in everything]
     assert all(wakes), "each run sleeps"
-    conn.execute("SELECT set_config('treadle.now', %s, false)", [(min(wakes) - timedelta(minutes=1)).isoformat()])
+    early, late = min(wakes) - timedelta(minutes=1), max(wakes) + timedelta(seconds=1)
+    conn.execute("SELECT set_config('treadle.now', %s, false)", [early.isoformat()])
     conn.execute("SELECT treadle.rescue()")
     assert all("nap" not in run(conn, run_id)["results"] for run_id in everything), "a sleep ended early"
-    conn.execute("SELECT set_config('treadle.now', %s, false)", [(max(wakes) + timedelta(seconds=1)).isoformat()])
+    conn.execute("SELECT set_config('treadle.now', %s, false)", [late.isoformat()])
     conn.execute("SELECT treadle.rescue()")
     conn.execute("SELECT set_config('treadle.now', '', false)")
+    for run_id, wake in zip(everything, wakes, strict=True):
+        woke = run(conn, run_id)
+        assert woke["state"] == "completed" and woke["finished_at"] == late
+        assert datetime.fromisoformat(woke["results"]["nap"]) == wake
 
 
 def check_outcome(conn: psycopg.Connection[Any], everything: list[int], doomed: list[int]) -> None:
     expected: list[tuple[int, str, int | None]] = []
+    runs: list[int] = list(doomed)
     for run_id in everything:
         done = run(conn, run_id)
         assert done["state"] == "completed", done
@@ -126,17 +182,22 @@ def check_outcome(conn: psycopg.Connection[Any], everything: list[int], doomed: 
         expected += [(run_id, s, None) for s in ("start", "left", "right", "join")]
         expected += [(run_id, "each", e) for e in ELEMENTS]
         expected += [(kid[0], "k1", None), (kid[0], "k2", None)]
-        jobs = conn.execute(
-            "SELECT step, (args->>'index')::int, count(*) FROM treadle.jobs WHERE workflow_run_id = %s"
-            " GROUP BY 1, 2 HAVING count(*) > 1",
-            [run_id],
-        ).fetchall()
-        assert jobs == [], "one job per step (one join, one per map element)"
+        runs += [run_id, kid[0]]
     for run_id in doomed:
         done = run(conn, run_id)
         assert done["state"] == "compensated", done
         assert set(done["results"]) >= {"reserve", "debit", "release", "refund"}
         expected += [(run_id, s, None) for s in ("reserve", "debit", "release", "refund")]
+    jobs = conn.execute(
+        "SELECT workflow_run_id, step, (args->>'index')::int, count(*) FROM treadle.jobs"
+        " WHERE workflow_run_id = ANY (%s) GROUP BY 1, 2, 3 HAVING count(*) > 1",
+        [runs],
+    ).fetchall()
+    assert jobs == [], "one job per step of a run (one join, one per map element)"
+    joins = conn.execute(
+        "SELECT count(*) FROM treadle.jobs WHERE workflow_run_id = ANY (%s) AND step = 'join'", [everything]
+    ).fetchone()
+    assert joins == (len(everything),), "one join job per run"
     rows = conn.execute("SELECT run_id, step, element, count(*) FROM completions GROUP BY 1, 2, 3").fetchall()
     twice = [row for row in rows if row[3] != 1]
     assert twice == [], "a step completed more than once"
@@ -165,29 +226,33 @@ def mid_step(conn: psycopg.Connection[Any], live: list[str]) -> str | None:
 def test_workers_sigkilled_mid_step_lose_no_run_and_rerun_no_completed_step(
     conn: psycopg.Connection[Any], dsn: str, spawn_wf: Spawn
 ) -> None:
+    """Workers die at each point of KILL_PLAN, and the test SIGKILLs two more mid-step;
+    each dead worker is replaced, and the new ones rescue what the dead held."""
     prepare(conn)
-    workers = {name: spawn_wf(dsn, name) for name in ("w1", "w2", "w3")}
+    fleet = Fleet(spawn_wf, dsn, 3, kills=",".join(KILL_PLAN))
     until_registered(conn, "w1")
     everything, doomed = start_runs(conn, everything=3, doomed=2)
     signal_runs(dsn, everything[:1])  # before its wait is ready: kept
-    kills = 0
-    while kills < 4 and work_left(conn, everything, doomed):
-        victim = wait_for(
-            lambda: mid_step(conn, list(workers)) or (not work_left(conn, everything, doomed) and "-"),
-            "a worker mid-step",
-        )
-        if victim == "-":
-            break
-        workers.pop(victim).signal(signal.SIGKILL)
-        kills += 1
-        workers[f"w{3 + kills}"] = spawn_wf(dsn, f"w{3 + kills}")
-        if kills == 2:
-            signal_runs(dsn, everything[1:])
-    wait_for(lambda: not work_left(conn, everything, doomed), "every run to reach its sleep or its end")
-    print(f"{kills} workers killed mid-step, {reruns(conn)} handler runs that did not complete")
-    assert kills >= 2 and reruns(conn) >= 2, "the faults hit running steps"
+    killed = 0
+    deadline = time.monotonic() + PATIENCE
+    while work_left(conn, everything, doomed):
+        assert time.monotonic() < deadline, "the runs did not reach their sleeps or ends in time"
+        fleet.replace_dead()
+        if killed < 2 and (victim := mid_step(conn, list(fleet.workers))):
+            fleet.kill(victim)
+            killed += 1
+            if killed == 2:
+                signal_runs(dsn, everything[1:])
+        time.sleep(0.05)
+    if killed < 2:
+        signal_runs(dsn, everything[1:])
+    print(
+        f"{fleet.deaths} workers died ({killed} killed by the test mid-step), {reruns(conn)} handler runs not completed"
+    )
+    fired = [point for (point,) in conn.execute("SELECT point FROM kills ORDER BY point")]
+    assert fired == sorted(KILL_PLAN), "every kill point was reached"
+    assert reruns(conn) >= 2, "the faults hit running steps"
     end_sleeps(conn, everything)
-    wait_for(lambda: all(run(conn, r)["state"] != "running" for r in everything), "the runs to complete")
     check_outcome(conn, everything, doomed)
 
 
@@ -215,10 +280,9 @@ def test_terminated_backends_lose_no_run_and_rerun_no_completed_step(
             signal_runs(dsn, everything)
         time.sleep(0.3)
     wait_for(lambda: not work_left(conn, everything, doomed), "every run to reach its sleep or its end")
-    print(f"{terminated} backends terminated, {reruns(conn)} handler runs that did not complete")
+    print(f"{terminated} backends terminated, {reruns(conn)} handler runs not completed")
     assert terminated >= 6 and reruns(conn) >= 1, "the faults hit running steps"
     end_sleeps(conn, everything)
-    wait_for(lambda: all(run(conn, r)["state"] != "running" for r in everything), "the runs to complete")
     check_outcome(conn, everything, doomed)
 
 
@@ -241,10 +305,9 @@ def test_a_server_restart_mid_run_loses_no_run_and_reruns_no_completed_step(tmp_
         with psycopg.connect(url, autocommit=True) as conn:
             signal_runs(url, everything)
             wait_for(lambda: not work_left(conn, everything, doomed), "every run to reach its sleep or its end")
-            print(f"{reruns(conn)} handler runs that did not complete")
+            print(f"{reruns(conn)} handler runs not completed")
             assert reruns(conn) >= 1, "the restart hit running steps"
             end_sleeps(conn, everything)
-            wait_for(lambda: all(run(conn, r)["state"] != "running" for r in everything), "the runs to complete")
             check_outcome(conn, everything, doomed)
     finally:
         subprocess.run([PGCLUSTER, "stop", cluster], check=False, timeout=120)

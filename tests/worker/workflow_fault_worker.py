@@ -14,12 +14,18 @@ Each handler records 'ran' in `effects` (autocommit, so a handler killed before 
 completion leaves its row), then writes (run, step, element, attempt, job, worker) to
 `completions` and completes the job with ctx.complete_in on the same connection: a row
 in `completions` is there exactly when the step's completion committed.
+
+CHILD_KILLS (comma separated) names where a worker SIGKILLs itself: `mid:POINT` inside the
+handler after its 'ran' row, `after:POINT` once its completion is committed, before the
+handler returns. POINT is a step name, or `each/N` for element N of the map. Each fires
+once across all workers: the first to reach it claims it in the table `kills`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -32,6 +38,7 @@ from treadle import Child, Compensation, Discard, JobContext, Sleep, Step, Wait,
 dsn, worker_id = sys.argv[1:3]
 STEP_SECONDS = float(os.environ.get("CHILD_STEP_SECONDS", "0.2"))
 ELEMENTS = 20
+KILLS = set(filter(None, os.environ.get("CHILD_KILLS", "").split(",")))
 
 
 def setting(name: str, default: float) -> float:
@@ -43,6 +50,19 @@ def connect(autocommit: bool) -> psycopg.Connection[Any]:
     return psycopg.connect(dsn, autocommit=autocommit, application_name=f"treadle-step:{worker_id}")
 
 
+def die_at(when: str, step: str | None, element: int | None) -> None:
+    """SIGKILL this process if `when:point` is a kill point no worker has reached yet."""
+    point = f"{when}:{step}" if element is None else f"{when}:{step}/{element}"
+    if point not in KILLS:
+        return
+    with connect(autocommit=True) as conn:
+        claimed = conn.execute(
+            "INSERT INTO kills (point, worker) VALUES (%s, %s) ON CONFLICT DO NOTHING RETURNING 1", [point, worker_id]
+        ).fetchone()
+    if claimed:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def step(name: str, result: Any = None):  # type: ignore[no-untyped-def]
     def run(input: Any, ctx: JobContext) -> Any:
         element = ctx.args.get("index") if isinstance(ctx.args, dict) else None
@@ -51,6 +71,7 @@ def step(name: str, result: Any = None):  # type: ignore[no-untyped-def]
                 "INSERT INTO effects (job_id, step, attempt, worker, what) VALUES (%s, %s, %s, %s, 'ran')",
                 [ctx.job_id, ctx.step, ctx.attempt, worker_id],
             )
+        die_at("mid", ctx.step, element)
         time.sleep(STEP_SECONDS)
         value = result(input, ctx) if callable(result) else {"step": name, "by": worker_id}
         with connect(autocommit=False) as conn:
@@ -60,6 +81,7 @@ def step(name: str, result: Any = None):  # type: ignore[no-untyped-def]
                 [ctx.run_id, ctx.step, element, ctx.attempt, ctx.job_id, worker_id],
             )
             ctx.complete_in(conn, value)
+        die_at("after", ctx.step, element)
         return None
 
     return run
