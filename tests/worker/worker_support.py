@@ -123,9 +123,11 @@ def effects(conn: psycopg.Connection[Any], what: str | None = None, **where: Any
 
 
 class Child:
-    """A worker process running child_worker.py; its output goes to a log file."""
+    """A worker process running child_worker.py (or `script`); its output goes to a log file."""
 
-    def __init__(self, dsn: str, worker_id: str, kill_at: str, log_dir: Path, **settings: Any) -> None:
+    def __init__(
+        self, dsn: str, worker_id: str, kill_at: str, log_dir: Path, script: Path = CHILD, **settings: Any
+    ) -> None:
         self.worker_id = worker_id
         self.log_path = log_dir / f"{worker_id}.log"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -133,7 +135,7 @@ class Child:
         env.update({f"CHILD_{key.upper()}": str(value) for key, value in settings.items()})
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, str(CHILD), dsn, worker_id, kill_at], stdout=log, stderr=subprocess.STDOUT, env=env
+                [sys.executable, str(script), dsn, worker_id, kill_at], stdout=log, stderr=subprocess.STDOUT, env=env
             )
 
     @property
