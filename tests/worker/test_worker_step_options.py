@@ -12,7 +12,7 @@ import pytest
 
 import treadle
 from tests.worker.worker_support import run, run_steps, start_workflow, until_run_finished, wait_for
-from treadle import InvalidArgument, JobContext, Step, Worker
+from treadle import Compensation, Discard, InvalidArgument, JobContext, Step, Worker
 
 MakeWorker = Callable[..., Worker]
 
@@ -94,6 +94,35 @@ def test_a_steps_max_attempts_and_backoff_hold(conn: psycopg.Connection[Any], ma
     assert steps["charge"]["backoff"] == [timedelta(0)]
     assert attempts == [1, 2, 3]
     assert steps["reserve"]["max_attempts"] == 25
+
+
+def test_a_compensations_options_hold(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
+    worker = make_worker(queues=["default", "refunds"])
+
+    def settle(input: Any, ctx: JobContext) -> None:
+        raise Discard("the bank refused")
+
+    worker.workflow(
+        "withdrawal",
+        [
+            Step("reserve", lambda i, ctx: {"hold": "h-1"}),
+            Step("settle", settle),
+            Compensation("release", lambda i, ctx: "released", undoes="reserve", queue="refunds", max_attempts=4),
+        ],
+    )
+    worker.start()
+    run_id = wait_for(lambda: _start(conn, "withdrawal"), "the definition to be recorded")
+    finished = wait_for(
+        lambda: (row := run(conn, run_id))["state"] in ("compensated", "failed") and row, "the run to end"
+    )
+    assert finished["state"] == "compensated"
+    steps = {s["step"]: s for s in run_steps(conn, run_id)}
+    assert (steps["release"]["queue"], steps["release"]["max_attempts"], steps["release"]["state"]) == (
+        "refunds",
+        4,
+        "completed",
+    )
+    assert (steps["reserve"]["queue"], steps["reserve"]["max_attempts"]) == ("default", 25)
 
 
 def test_start_workflow_takes_step_options(conn: psycopg.Connection[Any]) -> None:

@@ -145,12 +145,18 @@ class Compensation(NamedTuple):
     It runs only when the run fails for good: the compensations of the completed steps
     run one at a time, in reverse order of completion, each at least once, and the run
     ends `compensated` (or `failed` when one fails for good). `ctx.args` is
-    `{"compensates": <step>, "result": <that step's result>}`.
+    `{"compensates": <step>, "result": <that step's result>}`. `queue`, `priority`,
+    `max_attempts`, `timeout` and `backoff` are its own job options, as for Step.
     """
 
     name: str
     fn: StepFunction
     undoes: str
+    queue: str | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
+    timeout: timedelta | None = None
+    backoff: Sequence[timedelta] | None = None
 
 
 MAX_SLEEP = timedelta(days=366)
@@ -249,6 +255,12 @@ class Registry:
                     )
                 compensations[undoes] = comp_name
                 compensators[comp_name] = _step_function(item.fn, comp_name, legacy)
+                entry = step_options_entry(
+                    {key: getattr(item, key) for key in STEP_OPTION_KEYS},
+                    f"compensation {comp_name!r} of workflow {workflow_name!r}",
+                )
+                if entry:
+                    step_options[comp_name] = entry
                 continue
             if isinstance(item, Wait):
                 step_name = check_name(item.name, "step name")
