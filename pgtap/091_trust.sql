@@ -46,7 +46,7 @@ INSERT INTO may_execute VALUES
     ('treadle.resume(text)',                     '{admin,dashboard}'),
     ('treadle.enqueue(text,jsonb,text,integer,timestamp with time zone,integer,text,interval,interval,interval[],text,text,interval,jsonb)', '{producer,worker}'),
     ('treadle.enqueue_many(jsonb)',              '{producer,worker}'),
-    ('treadle.start_workflow(text,jsonb,text[],text,integer,integer,text,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb)', '{producer,worker}'),
+    ('treadle.start_workflow(text,jsonb,text[],text,integer,integer,text,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb)', '{producer,worker}'),
     ('treadle.signal(bigint,text,jsonb)',        '{producer,worker}'),
     ('treadle.signal_by_key(text,text,text,jsonb)', '{producer,worker}'),
     ('treadle.cancel(bigint)',                   '{producer,worker,admin,dashboard}'),
@@ -69,7 +69,7 @@ INSERT INTO may_execute VALUES
     ('treadle.rescue()',                         '{worker,admin}'),
     ('treadle.apply_retention(integer)',         '{worker,admin}'),
     ('treadle.archive(integer)',                 '{worker,admin}'),
-    ('treadle.define_workflow(text,text[],jsonb,jsonb,jsonb,jsonb,jsonb,jsonb)', '{worker}'),
+    ('treadle.define_workflow(text,text[],jsonb,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb)', '{worker}'),
     ('treadle.worker_seen(text,text,integer,text[],integer,integer,text[])', '{worker}'),
     ('treadle.worker_stopped(text)',             '{worker}'),
     ('treadle.prune(interval)',                  '{admin}');

@@ -253,6 +253,16 @@ ALTER TABLE treadle.jobs
     ADD CONSTRAINT jobs_meta_check CHECK (jsonb_typeof(meta) = 'object');
 ALTER TABLE treadle.job_history
     ADD COLUMN meta jsonb;
+
+-- Per-step options (sql/src/079_workflow_step_options.sql): a step's own queue, priority,
+-- max_attempts, timeout and backoff, on definitions and runs (define_workflow and
+-- start_workflow take them as a new last parameter; both are new in 0.4.0).
+ALTER TABLE treadle.workflows
+    ADD COLUMN step_options jsonb,
+    ADD CONSTRAINT workflows_step_options_check CHECK (jsonb_typeof(step_options) = 'object');
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN step_options jsonb,
+    ADD CONSTRAINT workflow_runs_step_options_check CHECK (jsonb_typeof(step_options) = 'object');
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -2511,11 +2521,14 @@ LANGUAGE sql
 VOLATILE
 BEGIN ATOMIC
     INSERT INTO treadle.jobs
-        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
     VALUES
-        ((run).queue, 'workflow:' || (run).name || '/' || step, '{}', (run).priority, at, (run).max_attempts, at, (run).id,
-         step);
-    SELECT treadle._notify('treadle_jobs', (run).queue);
+        (coalesce((run).step_options -> step ->> 'queue', (run).queue), 'workflow:' || (run).name || '/' || step, '{}',
+         coalesce(((run).step_options -> step ->> 'priority')::integer, (run).priority), at,
+         coalesce(((run).step_options -> step ->> 'max_attempts')::integer, (run).max_attempts), at, (run).id,
+         step, ((run).step_options -> step ->> 'timeout')::interval,
+         treadle._intervals((run).step_options -> step -> 'backoff'));
+    SELECT treadle._notify('treadle_jobs', coalesce((run).step_options -> step ->> 'queue', (run).queue));
 END;
 COMMENT ON FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamptz) IS
     'Enqueue the job that runs one step of a workflow run.';
@@ -2533,12 +2546,17 @@ LANGUAGE sql
 VOLATILE
 BEGIN ATOMIC
     INSERT INTO treadle.jobs
-        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
-    SELECT (run).queue, 'workflow:' || (run).name || '/' || s.step, '{}', (run).priority, at, (run).max_attempts, at,
-           (run).id, s.step
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
+    SELECT coalesce((run).step_options -> s.step ->> 'queue', (run).queue), 'workflow:' || (run).name || '/' || s.step,
+           '{}', coalesce(((run).step_options -> s.step ->> 'priority')::integer, (run).priority), at,
+           coalesce(((run).step_options -> s.step ->> 'max_attempts')::integer, (run).max_attempts), at,
+           (run).id, s.step, ((run).step_options -> s.step ->> 'timeout')::interval,
+           treadle._intervals((run).step_options -> s.step -> 'backoff')
       FROM unnest(steps) WITH ORDINALITY AS s(step, i)
      ORDER BY s.i;
-    SELECT treadle._notify('treadle_jobs', (run).queue) WHERE cardinality(steps) > 0;
+    SELECT treadle._notify('treadle_jobs', q.queue)
+      FROM (SELECT DISTINCT coalesce((run).step_options -> s.step ->> 'queue', (run).queue) AS queue
+              FROM unnest(steps) AS s(step)) AS q;
 END;
 COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timestamptz) IS
     'Enqueue the jobs that run steps of a workflow run.';
@@ -2651,6 +2669,11 @@ DECLARE
     v_what  text;
     v_array jsonb;
     v_n     integer;
+    v_queue text := coalesce(run.step_options -> step ->> 'queue', run.queue);
+    v_priority integer := coalesce((run.step_options -> step ->> 'priority')::integer, run.priority);
+    v_max_attempts integer := coalesce((run.step_options -> step ->> 'max_attempts')::integer, run.max_attempts);
+    v_timeout interval := (run.step_options -> step ->> 'timeout')::interval;
+    v_backoff interval[] := treadle._intervals(run.step_options -> step -> 'backoff');
 BEGIN
     IF jsonb_typeof(v_over) = 'object' THEN
         v_what := format('the input''s "%s"', v_over ->> 'input');
@@ -2675,15 +2698,15 @@ BEGIN
         RETURN true;
     END IF;
     INSERT INTO treadle.jobs
-        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
-    SELECT run.queue, 'workflow:' || run.name || '/' || step, jsonb_build_object('element', e.value, 'index', e.i - 1),
-           run.priority, at, run.max_attempts, at, run.id, step
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
+    SELECT v_queue, 'workflow:' || run.name || '/' || step, jsonb_build_object('element', e.value, 'index', e.i - 1),
+           v_priority, at, v_max_attempts, at, run.id, step, v_timeout, v_backoff
       FROM jsonb_array_elements(v_array) WITH ORDINALITY AS e(value, i)
      ORDER BY e.i;
     UPDATE treadle.workflow_runs AS r
        SET map_left = coalesce(r.map_left, '{}'::jsonb) || jsonb_build_object(step, v_n)
      WHERE r.id = run.id;
-    PERFORM treadle._notify('treadle_jobs', run.queue);
+    PERFORM treadle._notify('treadle_jobs', v_queue);
     RETURN false;
 END;
 $$;
@@ -4958,7 +4981,8 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
     'The dependencies of a list of steps spelled out as a graph: each step after the one before it.';
 
 --------------------------------------------------------------------------------
--- treadle.define_workflow(name, steps, after, sleeps, maps, waits, children, compensations) -> void
+-- treadle.define_workflow(name, steps, after, sleeps, maps, waits, children, compensations,
+--                         step_options) -> void
 --
 -- Records the step names of a workflow and, in `after`, the steps each one runs
 -- after (a JSON object: step -> [steps]; a step it leaves out starts with the
@@ -4967,7 +4991,9 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
 -- steps and what each maps over (treadle._check_maps); `waits` the wait steps and
 -- the signal each waits for (treadle._check_waits); `children` the child steps
 -- and the workflow each starts (treadle._check_children); `compensations` the
--- compensating step of each step that has one (treadle._check_compensations). Workers call it
+-- compensating step of each step that has one (treadle._check_compensations);
+-- `step_options` each step's own queue, priority, max_attempts, timeout and
+-- backoff (treadle._check_step_options). Workers call it
 -- when they register a workflow. Replaces an earlier definition for new runs,
 -- and then counts one more version (the same definition again changes nothing);
 -- existing runs keep the steps they started with.
@@ -4977,15 +5003,17 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
 -- repeated dependency, a cycle: the message names the step); sleeps as
 -- treadle._check_sleeps refuses it; maps as treadle._check_maps refuses it; waits
 -- as treadle._check_waits refuses it; children as treadle._check_children refuses
--- it; compensations as treadle._check_compensations refuses it. 42501: a tenant's
--- workflow name (or a child step's workflow or queue) outside its
+-- it; compensations as treadle._check_compensations refuses it; step_options as
+-- treadle._check_step_options refuses it. 42501: a tenant's
+-- workflow name (or a child step's workflow or queue, or a step's queue) outside its
 -- prefix (a tenant's definitions are named under its queue prefix, so no tenant
 -- replaces another's).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[], after jsonb DEFAULT NULL,
                                                    sleeps jsonb DEFAULT NULL, maps jsonb DEFAULT NULL,
                                                    waits jsonb DEFAULT NULL, children jsonb DEFAULT NULL,
-                                                   compensations jsonb DEFAULT NULL)
+                                                   compensations jsonb DEFAULT NULL,
+                                                   step_options jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -5000,6 +5028,7 @@ DECLARE
     v_waits  jsonb;
     v_children jsonb;
     v_compensations jsonb;
+    v_step_options jsonb;
 BEGIN
     PERFORM treadle._check_text(define_workflow.name, 'name');
     PERFORM treadle._check_workflow_allowed(define_workflow.name);
@@ -5013,34 +5042,40 @@ BEGIN
     v_children := treadle._check_children(define_workflow.steps, v_sleeps, v_maps, define_workflow.children, v_waits);
     v_compensations := treadle._check_compensations(define_workflow.steps, v_sleeps, v_maps, v_children,
                                                     define_workflow.compensations, v_waits);
+    v_step_options := treadle._check_step_options(define_workflow.steps, v_sleeps, v_waits, v_children,
+                                                  v_compensations, define_workflow.step_options);
     IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_waits IS NOT NULL OR v_children IS NOT NULL THEN
         v_after := coalesce(v_after, treadle._linear_after(define_workflow.steps));
     END IF;
 
-    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps, maps, waits, children, compensations)
+    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps, maps, waits, children, compensations,
+                                        step_options)
     VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps, v_maps, v_waits, v_children,
-            v_compensations)
+            v_compensations, v_step_options)
     ON CONFLICT (name) DO UPDATE
        SET steps = excluded.steps, updated_at = excluded.updated_at, after = excluded.after, sleeps = excluded.sleeps,
            maps = excluded.maps, waits = excluded.waits, children = excluded.children,
-           compensations = excluded.compensations, version = w.version + 1
+           compensations = excluded.compensations, step_options = excluded.step_options, version = w.version + 1
      WHERE w.steps IS DISTINCT FROM excluded.steps OR w.after IS DISTINCT FROM excluded.after
         OR w.sleeps IS DISTINCT FROM excluded.sleeps OR w.maps IS DISTINCT FROM excluded.maps
         OR w.waits IS DISTINCT FROM excluded.waits
-        OR w.children IS DISTINCT FROM excluded.children OR w.compensations IS DISTINCT FROM excluded.compensations;
+        OR w.children IS DISTINCT FROM excluded.children OR w.compensations IS DISTINCT FROM excluded.compensations
+        OR w.step_options IS DISTINCT FROM excluded.step_options;
 END;
 $$;
-COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb) IS
     'Record (or replace) the steps of a workflow and the steps each one runs after.';
 
 --------------------------------------------------------------------------------
 -- treadle.start_workflow(name, input, steps, queue, priority, max_attempts,
---                        idempotency_key, after, sleeps, maps, waits, children, compensations) -> bigint
+--                        idempotency_key, after, sleeps, maps, waits, children, compensations,
+--                        step_options) -> bigint
 --
 -- Transition: (none) -> a running run, and the job of each step it starts with
 -- (the first step of a list, every step without dependencies of a graph) ->
 -- available, in the caller's transaction. The run records its steps and their
--- dependencies: `steps`, `after`, `sleeps`, `maps`, `waits`, `children` and `compensations` (as
+-- dependencies: `steps`, `after`, `sleeps`, `maps`, `waits`, `children`, `compensations` and
+-- `step_options` (each step job's own queue, priority, max_attempts, timeout, backoff; the run's otherwise) (as
 -- define_workflow takes them; a child step ready at the start starts its child run at once), or when
 -- steps is null the definition from treadle.define_workflow, and then its version.
 -- Returns the run id; a
@@ -5048,11 +5083,11 @@ COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, j
 -- holds returns that run's id and starts nothing.
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
 -- input neither an object nor an array, over the size limit or nested over 100
--- levels; max_attempts < 1; steps, after, sleeps, maps, waits, children or compensations as
--- define_workflow refuses them; after, sleeps, maps, waits, children or compensations without
+-- levels; max_attempts < 1; steps, after, sleeps, maps, waits, children, compensations or step_options as
+-- define_workflow refuses them; after, sleeps, maps, waits, children, compensations or step_options without
 -- steps; no steps given and no definition (unknown workflow); a child step ready at the start
 -- that treadle._start_child refuses. 42501: a tenant's queue or workflow name (or a
--- child step's) outside its prefix.
+-- child step's, or a step's queue, the definition's too) outside its prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.start_workflow(
     name            text,
@@ -5067,7 +5102,8 @@ CREATE OR REPLACE FUNCTION treadle.start_workflow(
     maps            jsonb   DEFAULT NULL,
     waits           jsonb   DEFAULT NULL,
     children        jsonb   DEFAULT NULL,
-    compensations   jsonb   DEFAULT NULL
+    compensations   jsonb   DEFAULT NULL,
+    step_options    jsonb   DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -5087,6 +5123,7 @@ DECLARE
     v_version bigint;
     v_children jsonb;
     v_compensations jsonb;
+    v_step_options jsonb;
     v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
@@ -5111,11 +5148,14 @@ BEGIN
             RAISE EXCEPTION 'treadle: after, sleeps, maps, children and compensations need steps'
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
+        IF start_workflow.step_options IS NOT NULL THEN
+            RAISE EXCEPTION 'treadle: step_options need steps' USING ERRCODE = 'invalid_parameter_value';
+        END IF;
         IF start_workflow.waits IS NOT NULL THEN
             RAISE EXCEPTION 'treadle: waits need steps' USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        SELECT w.steps, w.after, w.sleeps, w.maps, w.waits, w.version, w.children, w.compensations
-          INTO v_steps, v_after, v_sleeps, v_maps, v_waits, v_version, v_children, v_compensations
+        SELECT w.steps, w.after, w.sleeps, w.maps, w.waits, w.version, w.children, w.compensations, w.step_options
+          INTO v_steps, v_after, v_sleeps, v_maps, v_waits, v_version, v_children, v_compensations, v_step_options
           FROM treadle.workflows AS w WHERE w.name = start_workflow.name;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'treadle: unknown workflow %', start_workflow.name
@@ -5125,6 +5165,9 @@ BEGIN
         IF v_children IS NOT NULL THEN
             -- the caller's own prefix, whoever defined the workflow
             PERFORM treadle._check_children(v_steps, v_sleeps, v_maps, v_children, v_waits);
+        END IF;
+        IF v_step_options IS NOT NULL THEN
+            PERFORM treadle._check_step_queues(v_step_options);  -- the caller's prefix, as for children
         END IF;
     ELSE
         PERFORM treadle._check_steps(v_steps);
@@ -5136,6 +5179,8 @@ BEGIN
         v_children := treadle._check_children(v_steps, v_sleeps, v_maps, start_workflow.children, v_waits);
         v_compensations := treadle._check_compensations(v_steps, v_sleeps, v_maps, v_children,
                                                         start_workflow.compensations, v_waits);
+        v_step_options := treadle._check_step_options(v_steps, v_sleeps, v_waits, v_children, v_compensations,
+                                                      start_workflow.step_options);
         IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_waits IS NOT NULL OR v_children IS NOT NULL THEN
             v_after := coalesce(v_after, treadle._linear_after(v_steps));
         END IF;
@@ -5145,11 +5190,11 @@ BEGIN
     LOOP
         INSERT INTO treadle.workflow_runs AS r
             (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps, maps,
-             waits, version, children, compensations)
+             waits, version, children, compensations, step_options)
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
              start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps, v_maps,
-             v_waits, v_version, v_children, v_compensations)
+             v_waits, v_version, v_children, v_compensations, v_step_options)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING r.* INTO v_run;
 
@@ -5170,7 +5215,7 @@ BEGIN
     END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb) IS
     'Start a workflow run and enqueue the steps it starts with; returns the run id.';
 
 --------------------------------------------------------------------------------
@@ -6623,11 +6668,11 @@ BEGIN
 
     INSERT INTO treadle.workflow_runs AS r
         (name, input, steps, queue, priority, max_attempts, created_at, after, sleeps, maps, waits, version,
-         children, parent_run_id, parent_step, compensations)
+         children, parent_run_id, parent_step, compensations, step_options)
     VALUES
         (v_def.name, v_input, v_def.steps, coalesce(v_spec ->> 'queue', run.queue), run.priority, run.max_attempts, at,
          v_def.after, v_def.sleeps, v_def.maps, v_def.waits, v_def.version, v_def.children, run.id, step,
-         v_def.compensations)
+         v_def.compensations, v_def.step_options)
     RETURNING r.* INTO v_child;
     IF v_child.after IS NULL THEN
         PERFORM treadle._enqueue_step(v_child, v_child.steps[1], at);
@@ -7014,6 +7059,8 @@ AS $$
 DECLARE
     v_run  treadle.workflow_runs;
     v_step text;
+    v_comp text;
+    v_queue text;
 BEGIN
     SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = _compensate_next.run_id;
     IF NOT FOUND OR v_run.state <> 'compensating' THEN
@@ -7037,13 +7084,18 @@ BEGIN
         UPDATE treadle.workflow_runs AS r SET state = 'compensated', finished_at = at WHERE r.id = v_run.id;
         RETURN;
     END IF;
+    v_comp := v_run.compensations ->> v_step;
+    v_queue := coalesce(v_run.step_options -> v_comp ->> 'queue', v_run.queue);
     INSERT INTO treadle.jobs
-        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
     VALUES
-        (v_run.queue, 'workflow:' || v_run.name || '/' || (v_run.compensations ->> v_step),
+        (v_queue, 'workflow:' || v_run.name || '/' || v_comp,
          jsonb_build_object('compensates', v_step, 'result', v_run.results -> v_step),
-         v_run.priority, at, v_run.max_attempts, at, v_run.id, v_run.compensations ->> v_step);
-    PERFORM treadle._notify('treadle_jobs', v_run.queue);
+         coalesce((v_run.step_options -> v_comp ->> 'priority')::integer, v_run.priority), at,
+         coalesce((v_run.step_options -> v_comp ->> 'max_attempts')::integer, v_run.max_attempts), at, v_run.id, v_comp,
+         (v_run.step_options -> v_comp ->> 'timeout')::interval,
+         treadle._intervals(v_run.step_options -> v_comp -> 'backoff'));
+    PERFORM treadle._notify('treadle_jobs', v_queue);
 END;
 $$;
 COMMENT ON FUNCTION treadle._compensate_next(bigint, timestamptz) IS
@@ -7157,6 +7209,168 @@ CREATE TRIGGER workflow_runs_compensating
     EXECUTE FUNCTION treadle._run_compensates();
 COMMENT ON TRIGGER workflow_runs_compensating ON treadle.workflow_runs IS
     'A run that began compensating starts its compensations (treadle._run_compensates).';
+--------------------------------------------------------------------------------
+-- Per-step options. A step of a workflow can have its own queue, priority,
+-- max_attempts, timeout and backoff; a step without one takes the run's (queue,
+-- priority, max_attempts) or none (timeout, backoff: no limit, the default
+-- backoff). The run keeps them in workflow_runs.step_options, and every insert of
+-- a step job (treadle._enqueue_step(s), treadle._enqueue_map's elements,
+-- treadle._compensate_next) reads them.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._check_step_options(steps, sleeps, waits, children, compensations, step_options) -> jsonb
+--
+-- The per-step options of a workflow: null or {} is none (null). Otherwise a
+-- JSON object mapping a step (one that runs as a job: not a sleep, wait or child
+-- step; a compensating step too) to an object of options, each optional:
+-- "queue" a queue name, "priority" an integer, "max_attempts" an integer of 1 or
+-- more, "timeout" an interval string over 0 and at most 7 days, "backoff" an array
+-- of 1 to 100 interval strings each of 0 to 366 days (as treadle.enqueue bounds
+-- them). Returns the map with intervals normalised and empty option objects left
+-- out (null when none is left).
+-- Raises 22023, naming the step: step_options not an object; a key that is not a
+-- step that runs as a job; options not an object, an unknown option, a value out
+-- of its bounds; step_options over the payload size limit. 42501: a tenant's step
+-- queue outside its prefix.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_step_options(steps text[], sleeps jsonb, waits jsonb, children jsonb,
+                                                       compensations jsonb, step_options jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_step    text;
+    v_opts    jsonb;
+    v_key     text;
+    v_value   jsonb;
+    v_out     jsonb;
+    v_map     jsonb := '{}'::jsonb;
+    v_for     interval;
+    v_delays  interval[];
+BEGIN
+    IF step_options IS NULL OR step_options = '{}'::jsonb OR jsonb_typeof(step_options) = 'null' THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(step_options) <> 'object' THEN
+        RAISE EXCEPTION 'treadle: step_options must be a JSON object mapping a step to its options, not %',
+                        jsonb_typeof(step_options)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM treadle._check_payload(step_options, 'step_options', treadle._max_payload_bytes());
+    FOR v_step, v_opts IN SELECT e.key, e.value FROM jsonb_each(step_options) AS e LOOP
+        IF NOT (v_step = ANY (steps)
+                OR EXISTS (SELECT 1 FROM jsonb_each_text(compensations) AS c WHERE c.value = v_step)) THEN
+            RAISE EXCEPTION 'treadle: step_options names step "%", which is not one of the steps', v_step
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF (sleeps IS NOT NULL AND sleeps ? v_step) OR (waits IS NOT NULL AND waits ? v_step)
+           OR (children IS NOT NULL AND children ? v_step) THEN
+            RAISE EXCEPTION 'treadle: step "%" is a sleep, wait or child step: it runs no job to set options for', v_step
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF jsonb_typeof(v_opts) <> 'object' THEN
+            RAISE EXCEPTION 'treadle: the options of step "%" must be a JSON object, not %', v_step, jsonb_typeof(v_opts)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        v_out := '{}'::jsonb;
+        FOR v_key, v_value IN SELECT o.key, o.value FROM jsonb_each(v_opts) AS o LOOP
+            CONTINUE WHEN jsonb_typeof(v_value) = 'null';
+            CASE v_key
+            WHEN 'queue' THEN
+                IF jsonb_typeof(v_value) <> 'string' OR NOT coalesce(treadle._is_name(v_value #>> '{}'), false) THEN
+                    RAISE EXCEPTION 'treadle: step "%" has a "queue" that is not a valid queue name: %', v_step,
+                                    left(v_value::text, 200)
+                        USING ERRCODE = 'invalid_parameter_value';
+                END IF;
+                PERFORM treadle._check_queue_allowed(v_value #>> '{}');
+            WHEN 'priority' THEN
+                IF NOT treadle._is_int(v_value, -2147483648, 2147483647) THEN
+                    RAISE EXCEPTION 'treadle: step "%" has a "priority" that is not an integer: %', v_step,
+                                    left(v_value::text, 200)
+                        USING ERRCODE = 'invalid_parameter_value';
+                END IF;
+                v_value := to_jsonb((v_value #>> '{}')::numeric::integer);
+            WHEN 'max_attempts' THEN
+                IF NOT treadle._is_int(v_value, 1, 2147483647) THEN
+                    RAISE EXCEPTION 'treadle: step "%" has a "max_attempts" that is not an integer of at least 1: %',
+                                    v_step, left(v_value::text, 200)
+                        USING ERRCODE = 'invalid_parameter_value';
+                END IF;
+                v_value := to_jsonb((v_value #>> '{}')::numeric::integer);
+            WHEN 'timeout' THEN
+                v_for := NULL;
+                IF jsonb_typeof(v_value) = 'string' THEN
+                    BEGIN
+                        v_for := (v_value #>> '{}')::interval;
+                    EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
+                        v_for := NULL;
+                    END;
+                END IF;
+                IF v_for IS NULL OR v_for <= interval '0' OR v_for > interval '7 days' THEN
+                    RAISE EXCEPTION 'treadle: step "%" has a "timeout" that is not an interval over 0 and at most 7 days: %',
+                                    v_step, left(v_value::text, 200)
+                        USING ERRCODE = 'invalid_parameter_value';
+                END IF;
+                v_value := to_jsonb(v_for::text);
+            WHEN 'backoff' THEN
+                v_delays := NULL;
+                IF jsonb_typeof(v_value) = 'array' AND jsonb_array_length(v_value) BETWEEN 1 AND 100
+                   AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(v_value) AS b(delay)
+                                    WHERE jsonb_typeof(b.delay) <> 'string') THEN
+                    BEGIN
+                        v_delays := treadle._intervals(v_value);
+                    EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
+                        v_delays := NULL;
+                    END;
+                END IF;
+                IF v_delays IS NULL OR EXISTS (SELECT 1 FROM unnest(v_delays) AS d(delay)
+                                                WHERE d.delay < interval '0' OR d.delay > interval '366 days') THEN
+                    RAISE EXCEPTION 'treadle: step "%" has a "backoff" that is not a list of 1 to 100 intervals of 0 to 366 days: %',
+                                    v_step, left(v_value::text, 200)
+                        USING ERRCODE = 'invalid_parameter_value';
+                END IF;
+                v_value := (SELECT jsonb_agg(d.delay::text ORDER BY d.i) FROM unnest(v_delays) WITH ORDINALITY AS d(delay, i));
+            ELSE
+                RAISE EXCEPTION 'treadle: step "%" has an unknown option "%" (queue, priority, max_attempts, timeout, backoff)',
+                                v_step, left(v_key, 200)
+                    USING ERRCODE = 'invalid_parameter_value';
+            END CASE;
+            v_out := v_out || jsonb_build_object(v_key, v_value);
+        END LOOP;
+        IF v_out <> '{}'::jsonb THEN
+            v_map := v_map || jsonb_build_object(v_step, v_out);
+        END IF;
+    END LOOP;
+    RETURN nullif(v_map, '{}'::jsonb);
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_step_options(text[], jsonb, jsonb, jsonb, jsonb, jsonb) IS
+    'Check the per-step options of a workflow (22023 naming the step, 42501 outside a tenant''s prefix); null for none.';
+
+--------------------------------------------------------------------------------
+-- treadle._check_step_queues(step_options) -> void
+--
+-- The step queues of a definition, checked against the caller's prefix when a
+-- run of it starts (whoever defined it).
+-- Raises 42501: a tenant's step queue outside its prefix.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_step_queues(step_options jsonb)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM treadle._check_queue_allowed(o.value ->> 'queue')
+       FROM jsonb_each(step_options) AS o
+      WHERE o.value ? 'queue';
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_step_queues(jsonb) IS
+    'Raise 42501 for a step queue of a workflow outside a tenant''s prefix.';
 --------------------------------------------------------------------------------
 -- Views: the read interface for dashboards and monitoring. Finished jobs are in
 -- treadle.jobs and, once archived, in treadle.job_history: the views read both.
@@ -7909,7 +8123,7 @@ BEGIN
         ('read',    'treadle.unlisten_done()'),
         ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[], text, text, interval, jsonb)'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
-        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb)'),
+        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb)'),
         ('produce', 'treadle.signal(bigint, text, jsonb)'),
         ('produce', 'treadle.signal_by_key(text, text, text, jsonb)'),
         ('produce', 'treadle.schedule(text, text, text, jsonb, text, text, integer, integer, boolean)'),
@@ -7929,7 +8143,7 @@ BEGIN
         ('work',    'treadle.release(bigint, uuid)'),
         ('work',    'treadle.snooze(bigint, uuid, interval)'),
         ('work',    'treadle.step_sleep(bigint, uuid, integer, interval, timestamptz)'),
-        ('work',    'treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb, jsonb, jsonb)'),
+        ('work',    'treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb)'),
         ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer, text[])'),
         ('work',    'treadle.worker_stopped(text)'),
         ('queues',  'treadle.set_queue(text, integer, integer, interval, integer, interval, interval)'),

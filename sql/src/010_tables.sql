@@ -20,6 +20,7 @@ CREATE TABLE treadle.workflows (
     version     bigint      NOT NULL DEFAULT 1,
     children    jsonb,  -- child step -> {"workflow": name, "queue": name (optional)}
     compensations jsonb,  -- step -> the name of its compensating step
+    step_options jsonb,  -- step -> its job options: queue, priority, max_attempts, timeout, backoff
     CONSTRAINT workflows_name_check CHECK (name <> ''),
     CONSTRAINT workflows_steps_check CHECK (cardinality(steps) > 0),
     CONSTRAINT workflows_after_check CHECK (jsonb_typeof(after) = 'object'),
@@ -29,7 +30,8 @@ CREATE TABLE treadle.workflows (
     CONSTRAINT workflows_version_check CHECK (version >= 1),
     CONSTRAINT workflows_children_check
         CHECK (children IS NULL OR (jsonb_typeof(children) = 'object' AND after IS NOT NULL)),
-    CONSTRAINT workflows_compensations_check CHECK (jsonb_typeof(compensations) = 'object')
+    CONSTRAINT workflows_compensations_check CHECK (jsonb_typeof(compensations) = 'object'),
+    CONSTRAINT workflows_step_options_check CHECK (jsonb_typeof(step_options) = 'object')
 );
 
 -- One row per workflow run. Its steps are jobs (treadle.jobs.workflow_run_id).
@@ -61,6 +63,7 @@ CREATE TABLE treadle.workflow_runs (
     parent_run_id    bigint,  -- the run whose child step started this one (no foreign key: prune may remove it first)
     parent_step      text,    -- that child step
     compensations    jsonb,   -- step -> the name of its compensating step
+    step_options     jsonb,   -- step -> its job options: queue, priority, max_attempts, timeout, backoff
     CONSTRAINT workflow_runs_state_check
         CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled', 'compensating', 'compensated'])),
     CONSTRAINT workflow_runs_finished_check
@@ -73,7 +76,8 @@ CREATE TABLE treadle.workflow_runs (
     CONSTRAINT workflow_runs_children_check
         CHECK (children IS NULL OR (jsonb_typeof(children) = 'object' AND after IS NOT NULL)),
     CONSTRAINT workflow_runs_parent_check CHECK ((parent_run_id IS NULL) = (parent_step IS NULL)),
-    CONSTRAINT workflow_runs_compensations_check CHECK (jsonb_typeof(compensations) = 'object')
+    CONSTRAINT workflow_runs_compensations_check CHECK (jsonb_typeof(compensations) = 'object'),
+    CONSTRAINT workflow_runs_step_options_check CHECK (jsonb_typeof(step_options) = 'object')
 );
 
 -- A child step starts one run, ever (treadle._start_child); its parent finds it here.

@@ -19,11 +19,14 @@ LANGUAGE sql
 VOLATILE
 BEGIN ATOMIC
     INSERT INTO treadle.jobs
-        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
     VALUES
-        ((run).queue, 'workflow:' || (run).name || '/' || step, '{}', (run).priority, at, (run).max_attempts, at, (run).id,
-         step);
-    SELECT treadle._notify('treadle_jobs', (run).queue);
+        (coalesce((run).step_options -> step ->> 'queue', (run).queue), 'workflow:' || (run).name || '/' || step, '{}',
+         coalesce(((run).step_options -> step ->> 'priority')::integer, (run).priority), at,
+         coalesce(((run).step_options -> step ->> 'max_attempts')::integer, (run).max_attempts), at, (run).id,
+         step, ((run).step_options -> step ->> 'timeout')::interval,
+         treadle._intervals((run).step_options -> step -> 'backoff'));
+    SELECT treadle._notify('treadle_jobs', coalesce((run).step_options -> step ->> 'queue', (run).queue));
 END;
 COMMENT ON FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamptz) IS
     'Enqueue the job that runs one step of a workflow run.';
@@ -41,12 +44,17 @@ LANGUAGE sql
 VOLATILE
 BEGIN ATOMIC
     INSERT INTO treadle.jobs
-        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
-    SELECT (run).queue, 'workflow:' || (run).name || '/' || s.step, '{}', (run).priority, at, (run).max_attempts, at,
-           (run).id, s.step
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
+    SELECT coalesce((run).step_options -> s.step ->> 'queue', (run).queue), 'workflow:' || (run).name || '/' || s.step,
+           '{}', coalesce(((run).step_options -> s.step ->> 'priority')::integer, (run).priority), at,
+           coalesce(((run).step_options -> s.step ->> 'max_attempts')::integer, (run).max_attempts), at,
+           (run).id, s.step, ((run).step_options -> s.step ->> 'timeout')::interval,
+           treadle._intervals((run).step_options -> s.step -> 'backoff')
       FROM unnest(steps) WITH ORDINALITY AS s(step, i)
      ORDER BY s.i;
-    SELECT treadle._notify('treadle_jobs', (run).queue) WHERE cardinality(steps) > 0;
+    SELECT treadle._notify('treadle_jobs', q.queue)
+      FROM (SELECT DISTINCT coalesce((run).step_options -> s.step ->> 'queue', (run).queue) AS queue
+              FROM unnest(steps) AS s(step)) AS q;
 END;
 COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timestamptz) IS
     'Enqueue the jobs that run steps of a workflow run.';
@@ -159,6 +167,11 @@ DECLARE
     v_what  text;
     v_array jsonb;
     v_n     integer;
+    v_queue text := coalesce(run.step_options -> step ->> 'queue', run.queue);
+    v_priority integer := coalesce((run.step_options -> step ->> 'priority')::integer, run.priority);
+    v_max_attempts integer := coalesce((run.step_options -> step ->> 'max_attempts')::integer, run.max_attempts);
+    v_timeout interval := (run.step_options -> step ->> 'timeout')::interval;
+    v_backoff interval[] := treadle._intervals(run.step_options -> step -> 'backoff');
 BEGIN
     IF jsonb_typeof(v_over) = 'object' THEN
         v_what := format('the input''s "%s"', v_over ->> 'input');
@@ -183,15 +196,15 @@ BEGIN
         RETURN true;
     END IF;
     INSERT INTO treadle.jobs
-        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
-    SELECT run.queue, 'workflow:' || run.name || '/' || step, jsonb_build_object('element', e.value, 'index', e.i - 1),
-           run.priority, at, run.max_attempts, at, run.id, step
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
+    SELECT v_queue, 'workflow:' || run.name || '/' || step, jsonb_build_object('element', e.value, 'index', e.i - 1),
+           v_priority, at, v_max_attempts, at, run.id, step, v_timeout, v_backoff
       FROM jsonb_array_elements(v_array) WITH ORDINALITY AS e(value, i)
      ORDER BY e.i;
     UPDATE treadle.workflow_runs AS r
        SET map_left = coalesce(r.map_left, '{}'::jsonb) || jsonb_build_object(step, v_n)
      WHERE r.id = run.id;
-    PERFORM treadle._notify('treadle_jobs', run.queue);
+    PERFORM treadle._notify('treadle_jobs', v_queue);
     RETURN false;
 END;
 $$;

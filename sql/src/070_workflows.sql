@@ -326,7 +326,8 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
     'The dependencies of a list of steps spelled out as a graph: each step after the one before it.';
 
 --------------------------------------------------------------------------------
--- treadle.define_workflow(name, steps, after, sleeps, maps, waits, children, compensations) -> void
+-- treadle.define_workflow(name, steps, after, sleeps, maps, waits, children, compensations,
+--                         step_options) -> void
 --
 -- Records the step names of a workflow and, in `after`, the steps each one runs
 -- after (a JSON object: step -> [steps]; a step it leaves out starts with the
@@ -335,7 +336,9 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
 -- steps and what each maps over (treadle._check_maps); `waits` the wait steps and
 -- the signal each waits for (treadle._check_waits); `children` the child steps
 -- and the workflow each starts (treadle._check_children); `compensations` the
--- compensating step of each step that has one (treadle._check_compensations). Workers call it
+-- compensating step of each step that has one (treadle._check_compensations);
+-- `step_options` each step's own queue, priority, max_attempts, timeout and
+-- backoff (treadle._check_step_options). Workers call it
 -- when they register a workflow. Replaces an earlier definition for new runs,
 -- and then counts one more version (the same definition again changes nothing);
 -- existing runs keep the steps they started with.
@@ -345,15 +348,17 @@ COMMENT ON FUNCTION treadle._linear_after(text[]) IS
 -- repeated dependency, a cycle: the message names the step); sleeps as
 -- treadle._check_sleeps refuses it; maps as treadle._check_maps refuses it; waits
 -- as treadle._check_waits refuses it; children as treadle._check_children refuses
--- it; compensations as treadle._check_compensations refuses it. 42501: a tenant's
--- workflow name (or a child step's workflow or queue) outside its
+-- it; compensations as treadle._check_compensations refuses it; step_options as
+-- treadle._check_step_options refuses it. 42501: a tenant's
+-- workflow name (or a child step's workflow or queue, or a step's queue) outside its
 -- prefix (a tenant's definitions are named under its queue prefix, so no tenant
 -- replaces another's).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.define_workflow(name text, steps text[], after jsonb DEFAULT NULL,
                                                    sleeps jsonb DEFAULT NULL, maps jsonb DEFAULT NULL,
                                                    waits jsonb DEFAULT NULL, children jsonb DEFAULT NULL,
-                                                   compensations jsonb DEFAULT NULL)
+                                                   compensations jsonb DEFAULT NULL,
+                                                   step_options jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -368,6 +373,7 @@ DECLARE
     v_waits  jsonb;
     v_children jsonb;
     v_compensations jsonb;
+    v_step_options jsonb;
 BEGIN
     PERFORM treadle._check_text(define_workflow.name, 'name');
     PERFORM treadle._check_workflow_allowed(define_workflow.name);
@@ -381,34 +387,40 @@ BEGIN
     v_children := treadle._check_children(define_workflow.steps, v_sleeps, v_maps, define_workflow.children, v_waits);
     v_compensations := treadle._check_compensations(define_workflow.steps, v_sleeps, v_maps, v_children,
                                                     define_workflow.compensations, v_waits);
+    v_step_options := treadle._check_step_options(define_workflow.steps, v_sleeps, v_waits, v_children,
+                                                  v_compensations, define_workflow.step_options);
     IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_waits IS NOT NULL OR v_children IS NOT NULL THEN
         v_after := coalesce(v_after, treadle._linear_after(define_workflow.steps));
     END IF;
 
-    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps, maps, waits, children, compensations)
+    INSERT INTO treadle.workflows AS w (name, steps, updated_at, after, sleeps, maps, waits, children, compensations,
+                                        step_options)
     VALUES (define_workflow.name, define_workflow.steps, treadle.now(), v_after, v_sleeps, v_maps, v_waits, v_children,
-            v_compensations)
+            v_compensations, v_step_options)
     ON CONFLICT (name) DO UPDATE
        SET steps = excluded.steps, updated_at = excluded.updated_at, after = excluded.after, sleeps = excluded.sleeps,
            maps = excluded.maps, waits = excluded.waits, children = excluded.children,
-           compensations = excluded.compensations, version = w.version + 1
+           compensations = excluded.compensations, step_options = excluded.step_options, version = w.version + 1
      WHERE w.steps IS DISTINCT FROM excluded.steps OR w.after IS DISTINCT FROM excluded.after
         OR w.sleeps IS DISTINCT FROM excluded.sleeps OR w.maps IS DISTINCT FROM excluded.maps
         OR w.waits IS DISTINCT FROM excluded.waits
-        OR w.children IS DISTINCT FROM excluded.children OR w.compensations IS DISTINCT FROM excluded.compensations;
+        OR w.children IS DISTINCT FROM excluded.children OR w.compensations IS DISTINCT FROM excluded.compensations
+        OR w.step_options IS DISTINCT FROM excluded.step_options;
 END;
 $$;
-COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb) IS
     'Record (or replace) the steps of a workflow and the steps each one runs after.';
 
 --------------------------------------------------------------------------------
 -- treadle.start_workflow(name, input, steps, queue, priority, max_attempts,
---                        idempotency_key, after, sleeps, maps, waits, children, compensations) -> bigint
+--                        idempotency_key, after, sleeps, maps, waits, children, compensations,
+--                        step_options) -> bigint
 --
 -- Transition: (none) -> a running run, and the job of each step it starts with
 -- (the first step of a list, every step without dependencies of a graph) ->
 -- available, in the caller's transaction. The run records its steps and their
--- dependencies: `steps`, `after`, `sleeps`, `maps`, `waits`, `children` and `compensations` (as
+-- dependencies: `steps`, `after`, `sleeps`, `maps`, `waits`, `children`, `compensations` and
+-- `step_options` (each step job's own queue, priority, max_attempts, timeout, backoff; the run's otherwise) (as
 -- define_workflow takes them; a child step ready at the start starts its child run at once), or when
 -- steps is null the definition from treadle.define_workflow, and then its version.
 -- Returns the run id; a
@@ -416,11 +428,11 @@ COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, j
 -- holds returns that run's id and starts nothing.
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
 -- input neither an object nor an array, over the size limit or nested over 100
--- levels; max_attempts < 1; steps, after, sleeps, maps, waits, children or compensations as
--- define_workflow refuses them; after, sleeps, maps, waits, children or compensations without
+-- levels; max_attempts < 1; steps, after, sleeps, maps, waits, children, compensations or step_options as
+-- define_workflow refuses them; after, sleeps, maps, waits, children, compensations or step_options without
 -- steps; no steps given and no definition (unknown workflow); a child step ready at the start
 -- that treadle._start_child refuses. 42501: a tenant's queue or workflow name (or a
--- child step's) outside its prefix.
+-- child step's, or a step's queue, the definition's too) outside its prefix.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.start_workflow(
     name            text,
@@ -435,7 +447,8 @@ CREATE OR REPLACE FUNCTION treadle.start_workflow(
     maps            jsonb   DEFAULT NULL,
     waits           jsonb   DEFAULT NULL,
     children        jsonb   DEFAULT NULL,
-    compensations   jsonb   DEFAULT NULL
+    compensations   jsonb   DEFAULT NULL,
+    step_options    jsonb   DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -455,6 +468,7 @@ DECLARE
     v_version bigint;
     v_children jsonb;
     v_compensations jsonb;
+    v_step_options jsonb;
     v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
@@ -479,11 +493,14 @@ BEGIN
             RAISE EXCEPTION 'treadle: after, sleeps, maps, children and compensations need steps'
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
+        IF start_workflow.step_options IS NOT NULL THEN
+            RAISE EXCEPTION 'treadle: step_options need steps' USING ERRCODE = 'invalid_parameter_value';
+        END IF;
         IF start_workflow.waits IS NOT NULL THEN
             RAISE EXCEPTION 'treadle: waits need steps' USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        SELECT w.steps, w.after, w.sleeps, w.maps, w.waits, w.version, w.children, w.compensations
-          INTO v_steps, v_after, v_sleeps, v_maps, v_waits, v_version, v_children, v_compensations
+        SELECT w.steps, w.after, w.sleeps, w.maps, w.waits, w.version, w.children, w.compensations, w.step_options
+          INTO v_steps, v_after, v_sleeps, v_maps, v_waits, v_version, v_children, v_compensations, v_step_options
           FROM treadle.workflows AS w WHERE w.name = start_workflow.name;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'treadle: unknown workflow %', start_workflow.name
@@ -493,6 +510,9 @@ BEGIN
         IF v_children IS NOT NULL THEN
             -- the caller's own prefix, whoever defined the workflow
             PERFORM treadle._check_children(v_steps, v_sleeps, v_maps, v_children, v_waits);
+        END IF;
+        IF v_step_options IS NOT NULL THEN
+            PERFORM treadle._check_step_queues(v_step_options);  -- the caller's prefix, as for children
         END IF;
     ELSE
         PERFORM treadle._check_steps(v_steps);
@@ -504,6 +524,8 @@ BEGIN
         v_children := treadle._check_children(v_steps, v_sleeps, v_maps, start_workflow.children, v_waits);
         v_compensations := treadle._check_compensations(v_steps, v_sleeps, v_maps, v_children,
                                                         start_workflow.compensations, v_waits);
+        v_step_options := treadle._check_step_options(v_steps, v_sleeps, v_waits, v_children, v_compensations,
+                                                      start_workflow.step_options);
         IF v_sleeps IS NOT NULL OR v_maps IS NOT NULL OR v_waits IS NOT NULL OR v_children IS NOT NULL THEN
             v_after := coalesce(v_after, treadle._linear_after(v_steps));
         END IF;
@@ -513,11 +535,11 @@ BEGIN
     LOOP
         INSERT INTO treadle.workflow_runs AS r
             (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps, maps,
-             waits, version, children, compensations)
+             waits, version, children, compensations, step_options)
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
              start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps, v_maps,
-             v_waits, v_version, v_children, v_compensations)
+             v_waits, v_version, v_children, v_compensations, v_step_options)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING r.* INTO v_run;
 
@@ -538,7 +560,7 @@ BEGIN
     END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb) IS
     'Start a workflow run and enqueue the steps it starts with; returns the run id.';
 
 --------------------------------------------------------------------------------

@@ -94,6 +94,8 @@ AS $$
 DECLARE
     v_run  treadle.workflow_runs;
     v_step text;
+    v_comp text;
+    v_queue text;
 BEGIN
     SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = _compensate_next.run_id;
     IF NOT FOUND OR v_run.state <> 'compensating' THEN
@@ -117,13 +119,18 @@ BEGIN
         UPDATE treadle.workflow_runs AS r SET state = 'compensated', finished_at = at WHERE r.id = v_run.id;
         RETURN;
     END IF;
+    v_comp := v_run.compensations ->> v_step;
+    v_queue := coalesce(v_run.step_options -> v_comp ->> 'queue', v_run.queue);
     INSERT INTO treadle.jobs
-        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
     VALUES
-        (v_run.queue, 'workflow:' || v_run.name || '/' || (v_run.compensations ->> v_step),
+        (v_queue, 'workflow:' || v_run.name || '/' || v_comp,
          jsonb_build_object('compensates', v_step, 'result', v_run.results -> v_step),
-         v_run.priority, at, v_run.max_attempts, at, v_run.id, v_run.compensations ->> v_step);
-    PERFORM treadle._notify('treadle_jobs', v_run.queue);
+         coalesce((v_run.step_options -> v_comp ->> 'priority')::integer, v_run.priority), at,
+         coalesce((v_run.step_options -> v_comp ->> 'max_attempts')::integer, v_run.max_attempts), at, v_run.id, v_comp,
+         (v_run.step_options -> v_comp ->> 'timeout')::interval,
+         treadle._intervals(v_run.step_options -> v_comp -> 'backoff'));
+    PERFORM treadle._notify('treadle_jobs', v_queue);
 END;
 $$;
 COMMENT ON FUNCTION treadle._compensate_next(bigint, timestamptz) IS

@@ -248,3 +248,13 @@ ALTER TABLE treadle.jobs
     ADD CONSTRAINT jobs_meta_check CHECK (jsonb_typeof(meta) = 'object');
 ALTER TABLE treadle.job_history
     ADD COLUMN meta jsonb;
+
+-- Per-step options (sql/src/079_workflow_step_options.sql): a step's own queue, priority,
+-- max_attempts, timeout and backoff, on definitions and runs (define_workflow and
+-- start_workflow take them as a new last parameter; both are new in 0.4.0).
+ALTER TABLE treadle.workflows
+    ADD COLUMN step_options jsonb,
+    ADD CONSTRAINT workflows_step_options_check CHECK (jsonb_typeof(step_options) = 'object');
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN step_options jsonb,
+    ADD CONSTRAINT workflow_runs_step_options_check CHECK (jsonb_typeof(step_options) = 'object');

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -66,12 +66,48 @@ class Step(NamedTuple):
     once per element (`ctx.args` is `{"element": ..., "index": ...}`, each call with its
     own attempts), and its result, for the steps after it, is the list of those results
     in element order.
+    `queue`, `priority`, `max_attempts`, `timeout` and `backoff` (a list of delays before
+    retries 1, 2, ...; the last repeats) are the step's own job options, kept in the
+    database with the definition (define_workflow's `step_options`): None takes the
+    run's queue, priority and max_attempts, no timeout and the default backoff.
     """
 
     name: str
     fn: StepFunction | Callable[..., Any]  # or, deprecated, a LegacyStepFunction
     after: Iterable[str] | None = None
     over: str | Mapping[str, str] | None = None
+    queue: str | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
+    timeout: timedelta | None = None
+    backoff: Sequence[timedelta] | None = None
+
+
+STEP_OPTION_KEYS = ("queue", "priority", "max_attempts", "timeout", "backoff")
+
+
+def step_options_entry(options: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """One step's options as define_workflow's `step_options` holds them (InvalidArgument for a bad one).
+
+    The database bounds the values as enqueue bounds a job's (22023 naming the step).
+    """
+    unknown = [key for key in options if key not in STEP_OPTION_KEYS]
+    if unknown:
+        raise InvalidArgument(f"{what} has an unknown option {unknown[0]!r} (one of {', '.join(STEP_OPTION_KEYS)})")
+    out: dict[str, Any] = {}
+    if options.get("queue") is not None:
+        out["queue"] = check_name(options["queue"], f"{what}'s queue")
+    if options.get("priority") is not None:
+        out["priority"] = _args.integer(options["priority"], f"{what}'s priority")
+    if options.get("max_attempts") is not None:
+        out["max_attempts"] = _args.integer(options["max_attempts"], f"{what}'s max_attempts", (1, _args.INT4[1]))
+    timeout = _args.interval(options.get("timeout"), f"{what}'s timeout")
+    if timeout is not None:
+        out["timeout"] = _args.interval_text(timeout)
+    backoff = _args.intervals(options.get("backoff"), f"{what}'s backoff")
+    if backoff is not None:
+        out["backoff"] = [_args.interval_text(delay) for delay in backoff]
+    return out
 
 
 class Sleep(NamedTuple):
@@ -109,12 +145,18 @@ class Compensation(NamedTuple):
     It runs only when the run fails for good: the compensations of the completed steps
     run one at a time, in reverse order of completion, each at least once, and the run
     ends `compensated` (or `failed` when one fails for good). `ctx.args` is
-    `{"compensates": <step>, "result": <that step's result>}`.
+    `{"compensates": <step>, "result": <that step's result>}`. `queue`, `priority`,
+    `max_attempts`, `timeout` and `backoff` are its own job options, as for Step.
     """
 
     name: str
     fn: StepFunction
     undoes: str
+    queue: str | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
+    timeout: timedelta | None = None
+    backoff: Sequence[timedelta] | None = None
 
 
 MAX_SLEEP = timedelta(days=366)
@@ -152,6 +194,7 @@ class Registry:
         self.workflow_steps: dict[str, list[str]] = {}  # every step, sleeps too, in order
         self.workflow_children: dict[str, dict[str, dict[str, str]] | None] = {}  # child step -> its workflow, queue
         self.workflow_compensations: dict[str, dict[str, str] | None] = {}  # step -> its compensation's name
+        self.workflow_step_options: dict[str, dict[str, dict[str, Any]] | None] = {}  # step -> its job options
 
     def __bool__(self) -> bool:
         return bool(self.handlers or self.workflows)
@@ -197,6 +240,7 @@ class Registry:
         children: dict[str, dict[str, str]] = {}
         compensations: dict[str, str] = {}
         compensators: dict[str, StepFunction] = {}
+        step_options: dict[str, dict[str, Any]] = {}
         names: list[str] = []
         graph = False
         for item in steps:
@@ -211,6 +255,12 @@ class Registry:
                     )
                 compensations[undoes] = comp_name
                 compensators[comp_name] = _step_function(item.fn, comp_name, legacy)
+                entry = step_options_entry(
+                    {key: getattr(item, key) for key in STEP_OPTION_KEYS},
+                    f"compensation {comp_name!r} of workflow {workflow_name!r}",
+                )
+                if entry:
+                    step_options[comp_name] = entry
                 continue
             if isinstance(item, Wait):
                 step_name = check_name(item.name, "step name")
@@ -244,7 +294,7 @@ class Registry:
                     graph = True
                     after[step_name] = _after_names(item.after, workflow_name, step_name)
                 continue
-            if not isinstance(item, tuple) or len(item) not in ((2, 3, 4) if isinstance(item, Step) else (2, 3)):
+            if not isinstance(item, tuple) or (not isinstance(item, Step) and len(item) not in (2, 3)):
                 raise InvalidArgument(f"a workflow step is a Step(name, fn, after) or a (name, fn) pair, not {item!r}")
             step_name = check_name(item[0], "step name")
             if not callable(item[1]):
@@ -258,6 +308,13 @@ class Registry:
                 after[step_name] = _after_names(item[2], workflow_name, step_name)
             if isinstance(item, Step) and item.over is not None:
                 maps[step_name] = _over(item.over, workflow_name, step_name)
+            if isinstance(item, Step):
+                entry = step_options_entry(
+                    {key: getattr(item, key) for key in STEP_OPTION_KEYS},
+                    f"step {step_name!r} of workflow {workflow_name!r}",
+                )
+                if entry:
+                    step_options[step_name] = entry
         if not names:
             raise InvalidArgument(f"workflow {workflow_name!r} needs at least one step")
         for undoes, comp_name in compensations.items():
@@ -292,6 +349,7 @@ class Registry:
         self.workflow_waits[workflow_name] = waits or None
         self.workflow_children[workflow_name] = children or None
         self.workflow_compensations[workflow_name] = compensations or None
+        self.workflow_step_options[workflow_name] = step_options or None
         if policy is not None and policy != NO_POLICY:
             for step_name in parsed:  # keyed by the step jobs' names
                 self.policies[step_job_name(workflow_name, step_name)] = policy
@@ -307,6 +365,7 @@ class Registry:
             "waits": self.workflow_waits[workflow],
             "children": self.workflow_children[workflow],
             "compensations": self.workflow_compensations[workflow],
+            "step_options": self.workflow_step_options[workflow],
         }
 
     def claim_names(self) -> list[str]:

@@ -52,7 +52,7 @@ SELECT treadle.start_workflow(
     priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,
     idempotency_key => %(idempotency_key)s::text, after => %(after)s::jsonb, sleeps => %(sleeps)s::jsonb,
     maps => %(maps)s::jsonb, waits => %(waits)s::jsonb, children => %(children)s::jsonb,
-    compensations => %(compensations)s::jsonb)
+    compensations => %(compensations)s::jsonb, step_options => %(step_options)s::jsonb)
 """
 # treadle.signal, signal_by_key: 'delivered', 'kept', 'ignored', 'finished' or 'unknown'
 SIGNAL: Final[LiteralString] = """
@@ -316,7 +316,8 @@ ARCHIVE: Final[LiteralString] = "SELECT treadle.archive(batch => %(batch)s::inte
 DEFINE_WORKFLOW: Final[LiteralString] = """
 SELECT treadle.define_workflow(name => %(name)s::text, steps => %(steps)s::text[], after => %(after)s::jsonb,
                                sleeps => %(sleeps)s::jsonb, maps => %(maps)s::jsonb, waits => %(waits)s::jsonb,
-                               children => %(children)s::jsonb, compensations => %(compensations)s::jsonb)
+                               children => %(children)s::jsonb, compensations => %(compensations)s::jsonb,
+                               step_options => %(step_options)s::jsonb)
 """
 # treadle.worker_seen, worker_stopped: the registry of live workers
 WORKER_SEEN: Final[LiteralString] = """

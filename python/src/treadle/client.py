@@ -67,6 +67,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from . import _args, _conn, _json, _otel, _sql
+from ._registry import step_options_entry
 from .errors import InvalidArgument, JobNotFound, WorkflowNotFound
 from .models import Explanation, Job, RunExplanation
 
@@ -138,6 +139,8 @@ class WorkflowOptions(TypedDict, total=False):
     waits: Mapping[str, str | Mapping[str, str | timedelta]] | None
     children: Mapping[str, str | Mapping[str, str]] | None  # child step -> a workflow, or {"workflow": .., "queue": ..}
     compensations: Mapping[str, str] | None  # step -> the name of its compensating step
+    # step -> its job options: queue, priority, max_attempts, timeout (timedelta), backoff (timedeltas)
+    step_options: Mapping[str, Mapping[str, Any]] | None
 
 
 ENQUEUE_DEFAULTS: Final[EnqueueOptions] = {
@@ -166,6 +169,7 @@ WORKFLOW_DEFAULTS: Final[WorkflowOptions] = {
     "waits": None,
     "children": None,
     "compensations": None,
+    "step_options": None,
 }
 _ENQUEUE_KEYS = ("name", "args", *ENQUEUE_DEFAULTS)
 
@@ -336,10 +340,13 @@ def start_workflow(
     ``{"workflow": name, "queue": queue}``): it starts a run of that workflow and
     completes with its results. ``compensations`` maps a step to the name of its
     compensating step, run when the run fails for good (the run ends
-    ``compensated``). The steps it starts with are enqueued now; each completed step
-    enqueues those whose dependencies have all completed. A workflow idempotency
-    key (apart from jobs' keys) that a run holds returns that run's id and starts
-    nothing. The options and their defaults:
+    ``compensated``). ``step_options`` maps a step (or a compensating step) to its
+    own job options: ``queue``, ``priority``, ``max_attempts``, ``timeout`` (a
+    timedelta) and ``backoff`` (a list of timedeltas); the run's otherwise (it needs
+    ``steps``: a registered workflow's steps carry their own). The steps it starts
+    with are enqueued now; each completed step enqueues those whose dependencies
+    have all completed. A workflow idempotency key (apart from jobs' keys) that a
+    run holds returns that run's id and starts nothing. The options and their defaults:
     `WorkflowOptions`.
     """
     given = _with_defaults("start_workflow", options, WORKFLOW_DEFAULTS)
@@ -353,6 +360,7 @@ def start_workflow(
         "waits": _waits(given["waits"]),
         "children": _children(given["children"]),
         "compensations": _compensations(given["compensations"]),
+        "step_options": _step_options(given["step_options"]),
         "queue": _args.text(given["queue"], "queue"),
         "priority": _args.integer(given["priority"], "priority"),
         "max_attempts": _args.integer(given["max_attempts"], "max_attempts"),
@@ -419,6 +427,21 @@ def _maps(value: Any) -> Jsonb | None:
             for step, over in value.items()
         }
     )
+
+
+def _step_options(value: Any) -> Jsonb | None:
+    """start_workflow's `step_options`: step name -> its options; the database checks the bounds."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"step_options must be a mapping of step name -> options, not {type(value).__name__}")
+    out: dict[str, dict[str, Any]] = {}
+    for step, options in value.items():
+        step_name = _args.text(step, "step_options' step")
+        if not isinstance(options, Mapping):
+            raise InvalidArgument(f"step_options[{step_name!r}] must be a mapping, not {type(options).__name__}")
+        out[step_name] = step_options_entry(options, f"step_options[{step_name!r}]")
+    return Jsonb(out)
 
 
 def _compensations(value: Any) -> Jsonb | None:

@@ -333,7 +333,10 @@ class Worker:
         The definition is recorded with treadle.define_workflow when the worker starts
         (each change counts a new version; a run keeps the definition it started with).
         `max_attempts`, `backoff` and `timeout` are a policy for each of its steps, as
-        `register`'s are for a handler's jobs.
+        `register`'s are for a handler's jobs; a Step's own `queue`, `priority`,
+        `max_attempts`, `timeout` and `backoff` are kept in the database with the
+        definition and set on its jobs (a worker claims a step in another queue only
+        when it works that queue).
         """
         self._check_not_started()
         self._registry.add_workflow(name, steps, handler_policy(max_attempts, backoff, timeout))
@@ -577,6 +580,9 @@ class Worker:
                                 "children": None if definition["children"] is None else Jsonb(definition["children"]),
                                 "compensations": (
                                     None if definition["compensations"] is None else Jsonb(definition["compensations"])
+                                ),
+                                "step_options": (
+                                    None if definition["step_options"] is None else Jsonb(definition["step_options"])
                                 ),
                             },
                         )
