@@ -32,7 +32,19 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import psycopg
-from harness import database, fmt, median, paired_ratio, parser, print_settings, progress, server, spread, table
+from harness import (
+    cpu_seconds,
+    database,
+    fmt,
+    median,
+    paired_ratio,
+    parser,
+    print_settings,
+    progress,
+    server,
+    spread,
+    table,
+)
 from psycopg.types.json import Jsonb
 from workflow_map import one_run as map_run
 
@@ -73,40 +85,59 @@ def no_notify(url: str) -> Iterator[None]:
             conn.execute(row[0])
 
 
+def backend_cpu(conn: psycopg.Connection[Any]) -> float:
+    """CPU seconds the connection's server backend has used (nan when the server is on another machine)."""
+    seconds = cpu_seconds(conn.info.backend_pid)
+    return float("nan") if seconds is None else seconds
+
+
 def drain(url: str, queue: str, names: list[str], total: int, batch: int, progress_: list[int],
-          lock: threading.Lock, deadlocks: list[int], timeout: float = 600) -> None:
-    """Claim `batch` and complete them, on one connection, until `total` jobs are done (by all drainers)."""
+          lock: threading.Lock, deadlocks: list[int], cpu: list[float], timeout: float = 600) -> None:
+    """Claim `batch` and complete them, on one connection, until `total` jobs are done (by all drainers);
+    adds its backend's CPU seconds to cpu[0]."""
     deadline = time.monotonic() + timeout
     with psycopg.connect(url, autocommit=True, application_name=DRAIN_APP) as conn:
-        while True:
-            rows = conn.execute(CLAIM, (queue, names, batch)).fetchall()
-            if rows:
-                ids, tokens = [r[0] for r in rows], [r[1] for r in rows]
-                while True:
-                    try:
-                        conn.execute(COMPLETE, (ids, tokens))
-                        break
-                    except psycopg.errors.DeadlockDetected:  # rolled back; the jobs are still ours
-                        with lock:
-                            deadlocks[0] += 1
-                with lock:
-                    progress_[0] += len(rows)
-            elif progress_[0] >= total:
-                return
-            elif time.monotonic() > deadline:
-                raise TimeoutError(f"{progress_[0]} of {total} jobs done in {timeout:g} s")
-            else:
-                time.sleep(0.001)
+        began = backend_cpu(conn)
+        try:
+            drain_on(conn, queue, names, total, batch, progress_, lock, deadlocks, deadline)
+        finally:
+            with lock:
+                cpu[0] += backend_cpu(conn) - began
 
 
-def drain_all(url: str, queue: str, names: list[str], total: int, batch: int, connections: int) -> int:
-    """Drain with `connections` threads, each on its connection; the deadlocks met (retried)."""
-    done, deadlocks, lock = [0], [0], threading.Lock()
+def drain_on(conn: psycopg.Connection[Any], queue: str, names: list[str], total: int, batch: int,
+             progress_: list[int], lock: threading.Lock, deadlocks: list[int], deadline: float) -> None:
+    while True:
+        rows = conn.execute(CLAIM, (queue, names, batch)).fetchall()
+        if rows:
+            ids, tokens = [r[0] for r in rows], [r[1] for r in rows]
+            while True:
+                try:
+                    conn.execute(COMPLETE, (ids, tokens))
+                    break
+                except psycopg.errors.DeadlockDetected:  # rolled back; the jobs are still ours
+                    with lock:
+                        deadlocks[0] += 1
+            with lock:
+                progress_[0] += len(rows)
+        elif progress_[0] >= total:
+            return
+        elif time.monotonic() > deadline:
+            raise TimeoutError(f"{progress_[0]} of {total} jobs done before the deadline")
+        else:
+            time.sleep(0.001)
+
+
+def drain_all(url: str, queue: str, names: list[str], total: int, batch: int,
+              connections: int) -> tuple[int, float]:
+    """Drain with `connections` threads, each on its connection: the deadlocks met (retried), and
+    the CPU seconds of their server backends."""
+    done, deadlocks, cpu, lock = [0], [0], [0.0], threading.Lock()
     errors: list[BaseException] = []
 
     def target() -> None:
         try:
-            drain(url, queue, names, total, batch, done, lock, deadlocks)
+            drain(url, queue, names, total, batch, done, lock, deadlocks, cpu)
         except BaseException as exc:  # reported below, in the main thread
             errors.append(exc)
             done[0] = total  # let the others stop
@@ -118,7 +149,7 @@ def drain_all(url: str, queue: str, names: list[str], total: int, batch: int, co
         t.join()
     if errors:
         raise errors[0]
-    return deadlocks[0]
+    return deadlocks[0], cpu[0]
 
 
 class Sampler:
@@ -182,12 +213,15 @@ def function_times(url: str) -> dict[str, tuple[int, float]]:
 PROFILE: dict[str, dict[str, float]] = {"run": {}, "plain": {}}  # side -> function -> self ms
 
 
-def linear_side(url: str, side: str, runs: int, batch: int, queue: str, profile: bool = False) -> float:
-    """Seconds to start and drain `runs` three-step runs (side 'run') or 3 x runs plain jobs ('plain')."""
+def linear_side(url: str, side: str, runs: int, batch: int, queue: str,
+                profile: bool = False) -> tuple[float, float]:
+    """Seconds to start and drain `runs` three-step runs (side 'run') or 3 x runs plain jobs ('plain'),
+    and the CPU seconds of the server backends that did it."""
     reset(url)
     before = function_times(url) if profile else {}
     with no_notify(url) if side == QUIET else nullcontext(), psycopg.connect(url, autocommit=True) as conn:
         began = time.perf_counter()
+        cpu = backend_cpu(conn)
         if side != "plain":
             conn.execute(
                 "SELECT count(treadle.start_workflow('lin', '{}', steps => ARRAY['a', 'b', 'c'], queue => %s))"
@@ -201,7 +235,8 @@ def linear_side(url: str, side: str, runs: int, batch: int, queue: str, profile:
                 (queue, 3 * runs),
             )
             names = ["plain"]
-        drain_all(url, queue, names, 3 * runs, batch, 1)
+        cpu = backend_cpu(conn) - cpu
+        cpu += drain_all(url, queue, names, 3 * runs, batch, 1)[1]
         seconds = time.perf_counter() - began
     if profile and side in PROFILE:
         for name, (_, self_ms) in function_times(url).items():
@@ -210,7 +245,7 @@ def linear_side(url: str, side: str, runs: int, batch: int, queue: str, profile:
         with psycopg.connect(url, autocommit=True) as conn:
             left = conn.execute("SELECT count(*) FROM treadle.workflow_runs WHERE state <> 'completed'").fetchone()
             assert left is not None and left[0] == 0, f"{left} runs not completed"
-    return seconds
+    return seconds, cpu
 
 
 def fan_out_side(url: str, side: str, elements: int, run: int) -> dict[str, float]:
@@ -230,6 +265,7 @@ def parallel_side(url: str, side: str, runs: int, batch: int, queue: str) -> dic
     reset(url)
     total = len(PARALLEL_STEPS) * runs
     with no_notify(url) if side == QUIET else nullcontext(), psycopg.connect(url, autocommit=True) as conn:
+        cpu = backend_cpu(conn)
         if side != "plain":
             conn.execute(
                 "SELECT count(treadle.start_workflow('par', '{}', steps => %s, after => %s::jsonb, queue => %s))"
@@ -243,9 +279,10 @@ def parallel_side(url: str, side: str, runs: int, batch: int, queue: str) -> dic
                 (queue, total),
             )
             names = ["plain"]
+        cpu = backend_cpu(conn) - cpu
         with Sampler(url) as sampler:
             began = time.perf_counter()
-            deadlocks = drain_all(url, queue, names, total, batch, 4)
+            deadlocks, drain_cpu = drain_all(url, queue, names, total, batch, 4)
             seconds = time.perf_counter() - began
     if side != "plain":
         with psycopg.connect(url, autocommit=True) as conn:
@@ -254,7 +291,8 @@ def parallel_side(url: str, side: str, runs: int, batch: int, queue: str) -> dic
                 " (SELECT count(*) FROM treadle.jobs WHERE step = 'join') FROM treadle.workflow_runs"
             ).fetchone()
             assert row == (runs, runs), f"completed runs and join jobs: {row}, expected {runs} each"
-    return {"jobs_s": total / seconds, "share": sampler.share, "samples": sampler.samples,
+    return {"jobs_s": total / seconds, "cpu_ms": (cpu + drain_cpu) * 1000 / total, "share": sampler.share,
+            "samples": sampler.samples,
             "events": sampler.events, "deadlocks": deadlocks}
 
 
@@ -271,7 +309,7 @@ def main() -> None:
     elements = 100 if args.smoke else args.elements
     parallel_runs = 20 if args.smoke else args.parallel_runs
     sides = ["run", "plain", QUIET]
-    lin: dict[str, list[float]] = {side: [] for side in sides}
+    lin: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
     fan: dict[str, list[dict[str, float]]] = {"map": [], "many": []}
     par: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     with server() as url:
@@ -294,28 +332,38 @@ def main() -> None:
                     par[side].append(parallel_side(db, side, parallel_runs, args.batch, f"par-{run}-{len(par[side])}"))
 
     lin_jobs = 3 * linear_runs
-    lin_rate = {side: [lin_jobs / s for s in values] for side, values in lin.items()}
+    lin_time = {side: [s for s, _ in values] for side, values in lin.items()}
+    lin_rate = {side: [lin_jobs / s for s, _ in values] for side, values in lin.items()}
+    lin_cpu = {side: [c * 1000 / lin_jobs for _, c in values] for side, values in lin.items()}
     map_rate = [elements / (s["fan_out"] / 1000) for s in fan["map"]]
     many_rate = [elements / (s["fan_out"] / 1000) for s in fan["many"]]
     joins = [s["join"] for s in fan["map"]]
     par_rate = {side: [s["jobs_s"] for s in values] for side, values in par.items()}
+    par_cpu = {side: [s["cpu_ms"] for s in values] for side, values in par.items()}
     par_share = {side: [s["share"] for s in values] for side, values in par.items()}
     table(
         f"{TITLE} (median (range) of {args.runs} runs, batch {args.batch})",
         ["scenario", "workflow", "plain jobs", "workflow / plain", "goal"],
         [
             [f"linear: {linear_runs} runs of 3 steps, 1 connection: jobs/s", spread(lin_rate["run"], 0),
-             spread(lin_rate["plain"], 0), "time x" + paired_ratio(lin["run"], lin["plain"]), "time x <= 1.2"],
+             spread(lin_rate["plain"], 0), "time x" + paired_ratio(lin_time["run"], lin_time["plain"]),
+             "time x <= 1.2"],
+            ["linear: server CPU ms per job", spread(lin_cpu["run"], 3), spread(lin_cpu["plain"], 3),
+             "x" + paired_ratio(lin_cpu["run"], lin_cpu["plain"]), "x <= 1.2"],
             [f"fan-out: {elements} element jobs enqueued (map step's completion / enqueue_many): jobs/s",
              spread(map_rate, 0), spread(many_rate, 0), "rate x" + paired_ratio(map_rate, many_rate), ">= 0.6"],
             ["fan-in: the last element's completion, the join enqueued (ms)", spread(joins), "-", "-", "< 1000 ms"],
             [f"parallel: {parallel_runs} runs a -> b1..b4 -> join, 4 connections: jobs/s", spread(par_rate["run"], 0),
              spread(par_rate["plain"], 0), "rate x" + paired_ratio(par_rate["run"], par_rate["plain"]), "-"],
+            ["parallel: server CPU ms per job", spread(par_cpu["run"], 3), spread(par_cpu["plain"], 3),
+             "x" + paired_ratio(par_cpu["run"], par_cpu["plain"]), "-"],
             ["parallel: samples with a backend waiting on a Lock (%)", spread(par_share["run"]),
              spread(par_share["plain"]), "-", "<= 5%"],
             ["where the time goes, treadle._notify emptied:", "", "", "", ""],
             ["linear, no NOTIFY: jobs/s", spread(lin_rate[QUIET], 0), spread(lin_rate["plain"], 0),
-             "time x" + paired_ratio(lin[QUIET], lin["plain"]), "-"],
+             "time x" + paired_ratio(lin_time[QUIET], lin_time["plain"]), "-"],
+            ["linear, no NOTIFY: server CPU ms per job", spread(lin_cpu[QUIET], 3), spread(lin_cpu["plain"], 3),
+             "x" + paired_ratio(lin_cpu[QUIET], lin_cpu["plain"]), "-"],
             ["parallel, no NOTIFY: jobs/s", spread(par_rate[QUIET], 0), spread(par_rate["plain"], 0),
              "rate x" + paired_ratio(par_rate[QUIET], par_rate["plain"]), "-"],
             ["parallel, no NOTIFY: samples with a Lock wait (%)", spread(par_share[QUIET]),
