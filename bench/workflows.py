@@ -18,6 +18,12 @@
    waits on a Lock (goal at most 5%), and the wait events seen. Beside it the same number
    of jobs (six per run) as plain jobs, drained and sampled the same way.
 
+Beside wall-clock rates, the CPU seconds of the server backends that did the work
+(/proc/PID/stat; "-" when the server is on another machine), which a shared machine's
+load moves far less. Where the time goes: a third side runs each workflow scenario again
+with treadle._notify emptied (no NOTIFY treadle_jobs when a step is enqueued), and
+--profile reports the linear sides' server self time per function (track_functions = pl).
+
     .build/venv/bin/python bench/workflows.py [--runs 3] [--linear-runs 2000] [--elements 10000]
                                               [--parallel-runs 1000] [--batch 10]
 """
@@ -29,6 +35,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -87,7 +94,12 @@ def no_notify(url: str) -> Iterator[None]:
 
 def backend_cpu(conn: psycopg.Connection[Any]) -> float:
     """CPU seconds the connection's server backend has used (nan when the server is on another machine)."""
-    seconds = cpu_seconds(conn.info.backend_pid)
+    pid = conn.info.backend_pid
+    try:  # a process of this machine with the backend's pid, but is it a server process?
+        local = b"postgres" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        local = False
+    seconds = cpu_seconds(pid) if local else None
     return float("nan") if seconds is None else seconds
 
 
