@@ -32,6 +32,7 @@ SCENARIOS: list[tuple[str, list[str]]] = [
     ("held_snapshot.py", ["--warmup", "20", "--hold", "60", "--after", "20"]),
     ("memory.py", ["--runs", "1"]),
     ("cli_bulk.py", []),
+    ("workflows.py", []),
 ]
 # scenarios that start a cluster of their own, with settings of their own (pg_stat_statements)
 OWN_CLUSTER = {"held_snapshot.py"}

@@ -30,6 +30,7 @@ SCENARIOS = [
     "cli_bulk",
     "scale",
     "workflow_map",
+    "workflows",
 ]
 
 
