@@ -197,7 +197,7 @@ def main() -> None:
           ms_per_job(q, 0), ms_per_job(q, 1)] for q in cases],
         [f"{jobs:,} jobs per drain, spread evenly over the queues; one worker process, concurrency "
          f"{args.concurrency}, empty handlers; {runs_text(args.runs)}: median (range), the two alternating run by "
-         f"run. Goal: {args.queues} queues within 10% of 1 queue (measured x{ratio(median(many), median(one))})."],
+         f"run. Goal: {args.queues} queues within 10% of 1 queue (measured x{paired_ratio(many, one)})."],
     )
     rows = []
     for count in counts:

@@ -95,3 +95,52 @@ def test_a_rolled_back_claim_leaves_the_job_claimable(connect: Connect) -> None:
     claimer.rollback()
     row = setup.execute("select id, attempt from treadle.claim('w2', array['undo'])").fetchone()
     assert row == (job_id, 1)
+
+
+def test_a_claim_over_several_queues_locks_only_what_it_takes(connect: Connect) -> None:
+    """A claim naming many queues leaves the other queues' heads to other claimers."""
+    setup = connect()
+    queues = [f"many-{i}" for i in range(50)]
+    for i, queue in enumerate(queues):  # the first queue's job is the oldest
+        setup.execute(
+            "select treadle.enqueue('work', queue => %s, run_at => now() - %s * interval '1 second')",
+            (queue, 100 - i),
+        )
+    holder = connect(autocommit=False)
+    taken = holder.execute(
+        "select queue from treadle.claim('many', %s, array['work'], batch => 1)", (queues,)
+    ).fetchall()
+    assert taken == [("many-0",)]
+    # while the claim's transaction is open, every other queue's job can still be claimed
+    other = connect()
+    for queue in queues[1:]:
+        rows = other.execute("select queue from treadle.claim('other', array[%s], batch => 1)", (queue,)).fetchall()
+        assert rows == [(queue,)], f"{queue}'s job was held by a claim that did not take it"
+    holder.commit()
+
+
+def test_claimers_over_many_queues_take_every_job_once(connect: Connect) -> None:
+    """Claimers naming the same 40 queues contend for their heads: no job is lost or taken twice."""
+    setup = connect()
+    queues = [f"contended-{i}" for i in range(40)]
+    ids: set[int] = set()
+    for queue in queues:
+        ids |= fill_backlog(setup, queue, 25)
+    conns = [connect() for _ in range(4)]
+    start = threading.Barrier(4)
+
+    def claim_all(i: int) -> list[int]:
+        start.wait()
+        got: list[int] = []
+        while rows := conns[i].execute(
+            "select id, lease_token from treadle.claim(%s, %s, batch => %s)", (f"w{i}", queues, 3 + i)
+        ).fetchall():
+            got.extend(r[0] for r in rows)
+            conns[i].execute("select treadle.complete_many(%s, %s)", ([r[0] for r in rows], [r[1] for r in rows]))
+        return got
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(claim_all, range(4)))
+    claims = Counter(job_id for result in results for job_id in result)
+    assert set(claims) == ids
+    assert max(claims.values()) == 1
