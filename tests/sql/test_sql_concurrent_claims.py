@@ -132,9 +132,8 @@ def test_claimers_over_many_queues_take_every_job_once(connect: Connect) -> None
     def claim_all(i: int) -> list[int]:
         start.wait()
         got: list[int] = []
-        while rows := conns[i].execute(
-            "select id, lease_token from treadle.claim(%s, %s, batch => %s)", (f"w{i}", queues, 3 + i)
-        ).fetchall():
+        claim = "select id, lease_token from treadle.claim(%s, %s, batch => %s)"
+        while rows := conns[i].execute(claim, (f"w{i}", queues, 3 + i)).fetchall():
             got.extend(r[0] for r in rows)
             conns[i].execute("select treadle.complete_many(%s, %s)", ([r[0] for r in rows], [r[1] for r in rows]))
         return got
