@@ -1898,8 +1898,7 @@ COMMENT ON FUNCTION treadle._claim_by_cursor(text, text, text[], text[], integer
 -- call, so that a worker whose answer was lost can ask treadle.claimed what it
 -- took), otherwise a fresh random one per job. Returns the claimed rows.
 -- Each (queue[, name]) pair is read from its own index range, so a backlog of
--- jobs whose names the claimer does not handle is never walked past. Over several
--- ranges, the best `batch` rows are found first and only they are locked.
+-- jobs whose names the claimer does not handle is never walked past.
 -- A paused queue gives nothing; a queue with a concurrency or rate limit gives at
 -- most the room it has left (treadle._queue_room, treadle.set_queue).
 --
@@ -1967,7 +1966,6 @@ DECLARE
     v_plain   boolean;    -- the session claims plainly, without a cursor
     v_started timestamptz;
     v_ids     bigint[];
-    v_cand    bigint[];   -- over several ranges: the best rows, found before any is locked
     v_room    jsonb;      -- what each queue may give, when a requested queue is paused or limited
 BEGIN
     -- Each argument is tested inline, as enqueue does, and its helper called only to
@@ -2025,62 +2023,10 @@ BEGIN
     END IF;
 
     IF v_ids IS NULL THEN
-        v_started := clock_timestamp();
-        -- Over several (queue[, name]) ranges, the best `batch` rows are first found
-        -- without locks, and only they are locked: the claim below locks up to `batch`
-        -- rows in every range before it keeps `batch` of them, and each row lock writes
-        -- the row, so a claim naming 1,000 queues wrote 1,000 rows for one job (and held
-        -- them from other claimers until it committed). When another claimer took
-        -- one of them meanwhile (fewer locked than found), the claim below runs as well.
-        IF cardinality(claim.queues) * coalesce(cardinality(claim.names), 1) > 1 THEN
-            IF claim.names IS NULL THEN
-                v_cand := ARRAY(
-                    SELECT c.id
-                      FROM (SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q)) AS u
-                     CROSS JOIN LATERAL (
-                            SELECT j.id, j.priority, j.run_at
-                              FROM treadle.jobs AS j
-                             WHERE j.queue = u.q
-                               AND j.state = ANY (ARRAY['available', 'retryable'])
-                               AND j.run_at <= v_now
-                             ORDER BY j.priority, j.run_at, j.id
-                             LIMIT claim.batch) AS c
-                     ORDER BY c.priority, c.run_at, c.id
-                     LIMIT claim.batch);
-            ELSE
-                v_cand := ARRAY(
-                    SELECT c.id
-                      FROM (SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q)) AS u
-                     CROSS JOIN (SELECT DISTINCT n.n FROM unnest(claim.names) AS n(n)) AS n
-                     CROSS JOIN LATERAL (
-                            SELECT j.id, j.priority, j.run_at
-                              FROM treadle.jobs AS j
-                             WHERE j.queue = u.q
-                               AND j.name = n.n
-                               AND j.state = ANY (ARRAY['available', 'retryable'])
-                               AND j.run_at <= v_now
-                             ORDER BY j.priority, j.run_at, j.id
-                             LIMIT claim.batch) AS c
-                     ORDER BY c.priority, c.run_at, c.id
-                     LIMIT claim.batch);
-            END IF;
-            -- locked, each row's state and run_at read again: another claim may have taken it
-            v_ids := ARRAY(
-                SELECT j.id FROM treadle.jobs AS j
-                 WHERE j.id = ANY (v_cand)
-                   AND j.state = ANY (ARRAY['available', 'retryable'])
-                   AND j.run_at <= v_now
-                   FOR UPDATE SKIP LOCKED);
-            IF cardinality(v_ids) < cardinality(v_cand) THEN
-                v_ids := NULL;
-            END IF;
-        END IF;
-    END IF;
-
-    IF v_ids IS NULL THEN
         -- The claim: lock the candidates, each (queue[, name]) range read from its
         -- front in claim order, skipping rows other claimers hold, then take the best
         -- `batch` of them.
+        v_started := clock_timestamp();
         IF claim.names IS NULL THEN
             v_ids := ARRAY(
                 SELECT c.id
@@ -2114,13 +2060,13 @@ BEGIN
                  ORDER BY c.priority, c.run_at, c.id
                  LIMIT claim.batch);
         END IF;
-    END IF;
-    -- A slow plain claim moves the mode on ('' -> 'slow' -> 'slow2' -> 'sweep'); a
-    -- quick one after a slow one starts it again.
-    IF v_started IS NOT NULL AND v_plain AND (clock_timestamp() - v_started > c_slow OR v_mode LIKE 'slow%') THEN
-        PERFORM set_config(v_setting, CASE WHEN clock_timestamp() - v_started <= c_slow THEN ''
-                                           WHEN v_mode = 'slow2' THEN 'sweep'
-                                           WHEN v_mode = 'slow' THEN 'slow2' ELSE 'slow' END, false);
+        -- A slow claim moves the mode on ('' -> 'slow' -> 'slow2' -> 'sweep'); a quick
+        -- one after a slow one starts it again.
+        IF v_plain AND (clock_timestamp() - v_started > c_slow OR v_mode LIKE 'slow%') THEN
+            PERFORM set_config(v_setting, CASE WHEN clock_timestamp() - v_started <= c_slow THEN ''
+                                               WHEN v_mode = 'slow2' THEN 'sweep'
+                                               WHEN v_mode = 'slow' THEN 'slow2' ELSE 'slow' END, false);
+        END IF;
     END IF;
     IF v_room IS NOT NULL THEN
         v_ids := treadle._take_room(v_ids, v_room);

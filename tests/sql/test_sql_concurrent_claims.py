@@ -97,28 +97,6 @@ def test_a_rolled_back_claim_leaves_the_job_claimable(connect: Connect) -> None:
     assert row == (job_id, 1)
 
 
-def test_a_claim_over_several_queues_locks_only_what_it_takes(connect: Connect) -> None:
-    """A claim naming many queues leaves the other queues' heads to other claimers."""
-    setup = connect()
-    queues = [f"many-{i}" for i in range(50)]
-    for i, queue in enumerate(queues):  # the first queue's job is the oldest
-        setup.execute(
-            "select treadle.enqueue('work', queue => %s, run_at => now() - %s * interval '1 second')",
-            (queue, 100 - i),
-        )
-    holder = connect(autocommit=False)
-    taken = holder.execute(
-        "select queue from treadle.claim('many', %s, array['work'], batch => 1)", (queues,)
-    ).fetchall()
-    assert taken == [("many-0",)]
-    # while the claim's transaction is open, every other queue's job can still be claimed
-    other = connect()
-    for queue in queues[1:]:
-        rows = other.execute("select queue from treadle.claim('other', array[%s], batch => 1)", (queue,)).fetchall()
-        assert rows == [(queue,)], f"{queue}'s job was held by a claim that did not take it"
-    holder.commit()
-
-
 def test_claimers_over_many_queues_take_every_job_once(connect: Connect) -> None:
     """Claimers naming the same 40 queues contend for their heads: no job is lost or taken twice."""
     setup = connect()
