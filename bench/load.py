@@ -215,7 +215,7 @@ def main() -> None:
                 results.setdefault((kind, 0), []).append(sql_cycle(db, kind, args.concurrency, jobs))
 
     def ms_per_job(kind: str, w: int, part: int) -> str:
-        values = [c[part] * 1000 for c in cpu[(kind, w)] if c[part] is not None]
+        values = [v * 1000 for c in cpu[(kind, w)] if (v := c[part]) is not None]
         return spread(values, 3) if values else "-"
 
     rows = []

@@ -30,13 +30,11 @@ from harness import (
     Stopwatch,
     database,
     fmt,
-    median,
     paired_ratio,
     parser,
     percentile,
     print_settings,
     progress,
-    ratio,
     reset_tables,
     runs_text,
     server,
@@ -186,7 +184,7 @@ def main() -> None:
         figures = claim_cost(db, counts, samples, args.runs)
 
     def ms_per_job(queues: int, part: int) -> str:
-        values = [c[part] * 1000 for c in cpu[queues] if c[part] is not None]
+        values = [v * 1000 for c in cpu[queues] if (v := c[part]) is not None]
         return spread(values, 3) if values else "-"
 
     one, many = rates[1], rates[args.queues]
@@ -205,8 +203,8 @@ def main() -> None:
         r50, r99 = figures[("raw", count, 50)], figures[("raw", count, 99)]
         rows.append([f"{count:,}", spread(t50), paired_ratio(t50, figures[("treadle", 1, 50)]), spread(t99),
                      paired_ratio(t99, figures[("treadle", 1, 99)]), spread(r50),
-                     paired_ratio(r50, figures[("raw", 1, 50)]), spread(r99), paired_ratio(r99, figures[("raw", 1, 99)]),
-                     paired_ratio(t50, r50)])
+                     paired_ratio(r50, figures[("raw", 1, 50)]), spread(r99),
+                     paired_ratio(r99, figures[("raw", 1, 99)]), paired_ratio(t50, r50)])
     table(
         TITLE + ": claim, milliseconds",
         ["queues named", "treadle p50", "x 1 queue", "treadle p99", "x 1 queue", "raw p50", "x 1 queue", "raw p99",
