@@ -20,7 +20,10 @@ in this script finishes C jobs and claims C more per statement,
 treadle.complete_and_claim against the raw statement, which splits the gap
 between the cost of the SQL functions and the cost of the worker around them.
 
-    .build/venv/bin/python bench/load.py [--jobs 20000] [--workers 1 2] [--concurrency 10] [--runs 3]
+The curve: jobs/s against worker processes, treadle and raw side by side, the ratio
+at each count, and each side against its own one process.
+
+    .build/venv/bin/python bench/load.py [--jobs 20000] [--workers 1 2 4] [--concurrency 10] [--runs 3]
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from harness import (
 )
 
 TITLE = "Load: jobs per second through worker processes, empty handlers"
+CURVE_TITLE = "Load: the curve over worker processes, jobs per second"
 SEED_ONE_WORKER = 863  # jobs/s, the seed's one worker at concurrency 10
 CHUNK = 5000  # jobs per enqueue statement
 # the rows of one worker whose handler has a timeout, whose handler is an async def, and
@@ -176,9 +180,11 @@ def sql_cycle(url: str, kind: str, batch: int, jobs: int) -> float:
 def main() -> None:
     p = parser(__doc__ or "")
     p.add_argument("--jobs", type=int, default=20_000, help="jobs per drain (default 20,000)")
-    p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker process counts (default 1 2)")
+    p.add_argument("--workers", type=lambda v: [int(w) for w in v.split(",")], nargs="+", default=[[1, 2, 4]],
+                   help="worker process counts, as 1 2 4 or 1,2,4 (default 1 2 4)")
     p.add_argument("--concurrency", type=int, default=10, help="each worker's concurrency (default 10)")
     args = p.parse_args()
+    args.workers = sorted({w for group in args.workers for w in group})
     jobs = 300 if args.smoke else args.jobs
 
     # a row: (its key, its label, worker processes, the treadle worker's options)
@@ -209,7 +215,7 @@ def main() -> None:
                 results.setdefault((kind, 0), []).append(sql_cycle(db, kind, args.concurrency, jobs))
 
     def ms_per_job(kind: str, w: int, part: int) -> str:
-        values = [c[part] * 1000 for c in cpu[(kind, w)] if c[part] is not None]
+        values = [v * 1000 for c in cpu[(kind, w)] if (v := c[part]) is not None]
         return spread(values, 3) if values else "-"
 
     rows = []
@@ -234,6 +240,18 @@ def main() -> None:
     table(TITLE, ["workers", "treadle jobs/s", "raw jobs/s", "ratio", "treadle worker CPU ms/job",
                   "raw worker CPU ms/job", "treadle server CPU ms/job", "raw server CPU ms/job",
                   "treadle peak RSS MiB", "raw peak RSS MiB"], rows, notes)
+
+    if len(args.workers) > 1:
+        curve = []
+        first = args.workers[0]
+        for w in args.workers:
+            t, r = results[("treadle", w)], results[("raw", w)]
+            curve.append([str(w), spread(t, 0), paired_ratio(t, results[("treadle", first)]), spread(r, 0),
+                          paired_ratio(r, results[("raw", first)]), paired_ratio(t, r)])
+        table(CURVE_TITLE, ["worker processes", "treadle jobs/s", f"x {first}", "raw jobs/s", f"x {first}",
+                            "ratio treadle / raw"], curve,
+              [f"The rows above by process count (concurrency {args.concurrency} each). Goal: each count >= 0.8 of "
+               "the same number of raw processes."])
 
 
 if __name__ == "__main__":

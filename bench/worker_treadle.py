@@ -7,6 +7,7 @@ Handlers, all registered for the job name `bench`:
   async-noop  the same, as an async def;
   record  prints `start <job id> <unix time>` when it starts;
   hang    prints the same line, then sleeps (a job to kill a worker in).
+`--queue-count N` serves N queues, `<queue>-0` to `<queue>-<N-1>`, instead of one.
 `--no-listen` turns off the LISTEN connection, so the worker only polls (what it
 does where LISTEN is refused, behind PgBouncer in transaction mode). `--timeout S`
 gives the handler a timeout of S seconds (its policy: every attempt is timed).
@@ -58,6 +59,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("dsn")
     p.add_argument("--queue", default="default")
+    p.add_argument("--queue-count", type=int, default=0, help="serve this many queues named <queue>-<i>")
     p.add_argument("--concurrency", type=int, default=10)
     p.add_argument("--handler", choices=("noop", "async-noop", "record", "hang"), default="noop")
     p.add_argument("--poll-interval", type=float, default=1.0)
@@ -71,8 +73,9 @@ def main() -> None:
     prepared.add_argument("--unprepared", dest="prepared", action="store_const", const=False)
     args = p.parse_args()
 
+    queues = [f"{args.queue}-{i}" for i in range(args.queue_count)] if args.queue_count else [args.queue]
     worker = Worker(
-        args.dsn, queues=[args.queue], concurrency=args.concurrency, poll_interval=args.poll_interval,
+        args.dsn, queues=queues, concurrency=args.concurrency, poll_interval=args.poll_interval,
         listen=not args.no_listen, prepared_statements=args.prepared,
         lease=args.lease, heartbeat_interval=args.heartbeat_interval, rescue_interval=args.rescue_interval,
         stop_timeout=0)

@@ -23,6 +23,7 @@ SCENARIOS = [
     "pickup",
     "notify",
     "limits",
+    "queues",
     "held_snapshot",
     "versions",
     "memory",

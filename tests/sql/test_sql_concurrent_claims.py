@@ -95,3 +95,29 @@ def test_a_rolled_back_claim_leaves_the_job_claimable(connect: Connect) -> None:
     claimer.rollback()
     row = setup.execute("select id, attempt from treadle.claim('w2', array['undo'])").fetchone()
     assert row == (job_id, 1)
+
+
+def test_claimers_over_many_queues_take_every_job_once(connect: Connect) -> None:
+    """Claimers naming the same 40 queues contend for their heads: no job is lost or taken twice."""
+    setup = connect()
+    queues = [f"contended-{i}" for i in range(40)]
+    ids: set[int] = set()
+    for queue in queues:
+        ids |= fill_backlog(setup, queue, 25)
+    conns = [connect() for _ in range(4)]
+    start = threading.Barrier(4)
+
+    def claim_all(i: int) -> list[int]:
+        start.wait()
+        got: list[int] = []
+        claim = "select id, lease_token from treadle.claim(%s, %s, batch => %s)"
+        while rows := conns[i].execute(claim, (f"w{i}", queues, 3 + i)).fetchall():
+            got.extend(r[0] for r in rows)
+            conns[i].execute("select treadle.complete_many(%s, %s)", ([r[0] for r in rows], [r[1] for r in rows]))
+        return got
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(claim_all, range(4)))
+    claims = Counter(job_id for result in results for job_id in result)
+    assert set(claims) == ids
+    assert max(claims.values()) == 1

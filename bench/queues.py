@@ -1,0 +1,221 @@
+"""Scenario, many queues: a worker that names many queues, against one that names one.
+
+Drain: one treadle worker process (concurrency 10, empty handlers) serves 100
+queues, each holding an equal share of the jobs (all of them hold work while it
+drains), against one that serves 1 queue holding all of them: the same total,
+enqueued in one transaction, jobs/s from that commit to the last finished_at
+(as bench/load.py), and the CPU milliseconds per job of the worker process and its
+server backends. The two alternate run by run, and the ratio is taken run by run.
+
+Claim cost: p50 and p99 of one `treadle.claim(..., names => ARRAY['bench'],
+batch => 1)` (what a worker calls) naming 1, 10, 100 and 1,000 queues, each queue
+holding a few waiting jobs; the four cases interleaved sample by sample, each
+beside the raw SKIP LOCKED claim of one job from the same queues (`queue = ANY(...)`)
+on a bare copy of the same rows. The figure to read is each side against its own
+1-queue case.
+
+    .build/venv/bin/python bench/queues.py [--jobs 20000] [--queues 100] [--claim-queues 1 10 100 1000]
+                                          [--samples 500] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from harness import (
+    Stopwatch,
+    database,
+    fmt,
+    paired_ratio,
+    parser,
+    percentile,
+    print_settings,
+    progress,
+    reset_tables,
+    runs_text,
+    server,
+    spread,
+    table,
+    worker_processes,
+)
+from load import CpuMeter
+
+TITLE = "Many queues: one worker over N queues, and the claim's cost against the queues it names"
+CHUNK = 5000  # jobs per enqueue statement
+WARMUP = 20
+TREADLE_CLAIM = """
+SELECT * FROM treadle.claim(worker_id => 'bench', queues => %(queues)s, names => ARRAY['bench'],
+                            batch => 1, lease => '30 seconds'::interval)
+"""
+RAW_CLAIM = """
+WITH c AS (
+    SELECT id FROM bench_raw.jobs
+     WHERE queue = ANY(%(queues)s) AND name = 'bench'
+       AND state = ANY('{available,retryable}') AND run_at <= now()
+     ORDER BY priority, run_at, id
+     LIMIT 1
+       FOR UPDATE SKIP LOCKED)
+UPDATE bench_raw.jobs AS j
+   SET state = 'running', attempt = j.attempt + 1, lease_until = now() + '30 seconds'::interval,
+       lease_token = gen_random_uuid(), worker_id = 'bench', started_at = now()
+  FROM c WHERE j.id = c.id
+RETURNING j.*
+"""
+# The same rows in both tables: `per_queue` jobs in each queue `c<count>-<i>`, one queue
+# after the other in run_at order, so that claims go round the queues.
+FILL = """
+INSERT INTO {table} (queue, name, args, run_at, created_at)
+SELECT %(prefix)s || (g %% %(count)s), 'bench', jsonb_build_object('i', g),
+       now() - interval '1 hour' + g * interval '1 millisecond', now() - interval '1 hour'
+  FROM generate_series(0, %(count)s * %(per_queue)s - 1) AS g
+"""
+
+
+def queue_names(prefix: str, count: int) -> list[str]:
+    return [f"{prefix}{i}" for i in range(count)]
+
+
+# --- drain ------------------------------------------------------------------------------------
+
+def drain(url: str, queues: int, concurrency: int, jobs: int, cpu: list[tuple[float | None, float | None]]) -> float:
+    """Jobs per second of one worker serving `queues` queues (`q-<i>`), the jobs spread evenly over them."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        reset_tables(conn)
+        options = ["--concurrency", str(concurrency), "--queue", "q", "--queue-count", str(queues)]
+        with worker_processes("treadle", url, 1, options) as procs:
+            meter = CpuMeter(conn, "treadle", procs)
+            with conn.transaction():
+                for first in range(0, jobs, CHUNK):
+                    specs = [{"name": "bench", "queue": f"q-{i % queues}", "args": {"i": i}}
+                             for i in range(first, min(first + CHUNK, jobs))]
+                    conn.execute("SELECT count(*) FROM treadle.enqueue_many(%s)", [Jsonb(specs)])
+            row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+            assert row is not None
+            start = float(row[0])
+            deadline = time.monotonic() + 60 + jobs / 50
+            count = "SELECT count(*) FROM treadle.jobs WHERE finished_at IS NOT NULL"
+            while (done := conn.execute(count).fetchone()[0]) < jobs:  # type: ignore[index]
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{queues} queues: {done} of {jobs} jobs finished in time")
+                time.sleep(0.1)
+            end = conn.execute("SELECT extract(epoch FROM max(finished_at))::float8 FROM treadle.jobs").fetchone()
+            worker_s, server_s = meter.used()
+            cpu.append((None if worker_s is None else worker_s / jobs, None if server_s is None else server_s / jobs))
+    return jobs / (float(end[0]) - start)  # type: ignore[index]
+
+
+# --- claim cost -------------------------------------------------------------------------------
+
+def fill(conn: psycopg.Connection[Any], counts: list[int], claims: int) -> None:
+    """For each count, `count` queues holding enough jobs between them for `claims` claims, 2 at least each."""
+    reset_tables(conn)
+    for count in counts:
+        per_queue = max(2, -(-claims // count) + 1)
+        for name in ("treadle.jobs", "bench_raw.jobs"):
+            conn.execute(FILL.format(table=name), {"prefix": f"c{count}-", "count": count, "per_queue": per_queue})
+    for name in ("treadle.jobs", "bench_raw.jobs"):
+        conn.execute(f"VACUUM ANALYZE {name}")
+
+
+def claim_cost(url: str, counts: list[int], samples: int, runs: int) -> dict[tuple[str, int, int], list[float]]:
+    """Per (side, count, percentile): each run's figure. Cases and sides interleaved sample by sample."""
+    figures: dict[tuple[str, int, int], list[float]] = {}
+    with psycopg.connect(url, autocommit=True) as admin, \
+            psycopg.connect(url, autocommit=True) as tconn, psycopg.connect(url, autocommit=True) as rconn:
+        tcur, rcur = tconn.cursor(), rconn.cursor()
+
+        def claim(side: str, count: int) -> float:
+            cur, query = (tcur, TREADLE_CLAIM) if side == "treadle" else (rcur, RAW_CLAIM)
+            with Stopwatch() as s:
+                cur.execute(query, {"queues": queue_names(f"c{count}-", count)}, prepare=True)
+                got = len(cur.fetchall())
+            if got != 1:
+                raise RuntimeError(f"{side}, {count} queues: a claim returned {got} jobs, expected 1")
+            return s.ms
+
+        for run in range(runs):
+            progress(f"claim cost: run {run + 1}/{runs}, filling {len(counts)} cases")
+            fill(admin, counts, samples + WARMUP)
+            times: dict[tuple[str, int], list[float]] = {}
+            for i in range(WARMUP + samples):
+                # rotate the order of cases and sides, so that none always follows another
+                order = counts[i % len(counts):] + counts[:i % len(counts)]
+                for count in order:
+                    for side in (("treadle", "raw") if (i + run) % 2 == 0 else ("raw", "treadle")):
+                        ms = claim(side, count)
+                        if i >= WARMUP:
+                            times.setdefault((side, count), []).append(ms)
+            for (side, count), values in times.items():
+                figures.setdefault((side, count, 50), []).append(percentile(values, 50))
+                figures.setdefault((side, count, 99), []).append(percentile(values, 99))
+    return figures
+
+
+def main() -> None:
+    p = parser(__doc__ or "")
+    p.add_argument("--jobs", type=int, default=20_000, help="jobs per drain (default 20,000)")
+    p.add_argument("--queues", type=int, default=100, help="queues the many-queue worker serves (default 100)")
+    p.add_argument("--concurrency", type=int, default=10, help="the worker's concurrency (default 10)")
+    p.add_argument("--claim-queues", type=int, nargs="+", default=[1, 10, 100, 1000],
+                   help="queue counts of the claim cases (default 1 10 100 1000)")
+    p.add_argument("--samples", type=int, default=500, help="claims timed per run, case and side (default 500)")
+    args = p.parse_args()
+    jobs, samples, counts = args.jobs, args.samples, sorted(set(args.claim_queues))
+    if args.smoke:
+        jobs, samples = 300, 30
+    if 1 not in counts:
+        p.error("--claim-queues must include 1: every case is read against it")
+
+    rates: dict[int, list[float]] = {}
+    cpu: dict[int, list[tuple[float | None, float | None]]] = {}
+    cases = [1, args.queues]
+    with server() as url, database(url, "queues") as db:
+        print_settings(db)
+        for run in range(args.runs):
+            for queues in (cases if run % 2 == 0 else cases[::-1]):
+                progress(f"drain, 1 worker over {queues} queues: run {run + 1}/{args.runs}, {jobs:,} jobs")
+                rate = drain(db, queues, args.concurrency, jobs, cpu.setdefault(queues, []))
+                rates.setdefault(queues, []).append(rate)
+                progress(f"  {fmt(rate, 0)} jobs/s")
+        figures = claim_cost(db, counts, samples, args.runs)
+
+    def ms_per_job(queues: int, part: int) -> str:
+        values = [v * 1000 for c in cpu[queues] if (v := c[part]) is not None]
+        return spread(values, 3) if values else "-"
+
+    one, many = rates[1], rates[args.queues]
+    table(
+        TITLE + ": drain",
+        ["worker serves", "jobs/s", "x 1 queue", "worker CPU ms/job", "server CPU ms/job"],
+        [[f"{q:,} queue{'s' if q > 1 else ''}", spread(rates[q], 0), paired_ratio(rates[q], one) if q > 1 else "1.00",
+          ms_per_job(q, 0), ms_per_job(q, 1)] for q in cases],
+        [f"{jobs:,} jobs per drain, spread evenly over the queues; one worker process, concurrency "
+         f"{args.concurrency}, empty handlers; {runs_text(args.runs)}: median (range), the two alternating run by "
+         f"run. Goal: {args.queues} queues within 10% of 1 queue (measured x{paired_ratio(many, one)})."],
+    )
+    rows = []
+    for count in counts:
+        t50, t99 = figures[("treadle", count, 50)], figures[("treadle", count, 99)]
+        r50, r99 = figures[("raw", count, 50)], figures[("raw", count, 99)]
+        rows.append([f"{count:,}", spread(t50), paired_ratio(t50, figures[("treadle", 1, 50)]), spread(t99),
+                     paired_ratio(t99, figures[("treadle", 1, 99)]), spread(r50),
+                     paired_ratio(r50, figures[("raw", 1, 50)]), spread(r99),
+                     paired_ratio(r99, figures[("raw", 1, 99)]), paired_ratio(t50, r50)])
+    table(
+        TITLE + ": claim, milliseconds",
+        ["queues named", "treadle p50", "x 1 queue", "treadle p99", "x 1 queue", "raw p50", "x 1 queue", "raw p99",
+         "x 1 queue", "p50 treadle / raw"],
+        rows,
+        [f"One job per claim, names => ARRAY['bench'], each queue holding at least 2 waiting jobs; {samples} claims "
+         f"per run, case and side, the cases and sides interleaved sample by sample; {runs_text(args.runs)}: median "
+         "(range) of the runs' percentiles. Raw: one SKIP LOCKED claim with queue = ANY(...) on a bare copy of the "
+         "same rows. Goal: the claim's cost does not grow with the queues named."],
+    )
+
+
+if __name__ == "__main__":
+    main()
