@@ -10,16 +10,21 @@ from tests.conftest import as_role, with_db
 PLAIN_OWNER = "treadle_plain_owner"
 
 
-def install_plain(server: str, dbname: str) -> None:
-    """Install treadle in dbname as plain SQL (this package's script), made by PLAIN_OWNER."""
-    from treadle import install
-
-    with psycopg.connect(server, autocommit=True) as conn:
+def grant_plain_owner(url: str) -> None:
+    """Make PLAIN_OWNER (roles are the cluster's: any test may be the first to need it) and
+    give it CREATE on the database `url` names."""
+    with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"""DO $$ BEGIN
                              CREATE ROLE {PLAIN_OWNER} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE;
                          EXCEPTION WHEN duplicate_object THEN NULL;
                          END $$""")
-    with psycopg.connect(with_db(server, dbname), autocommit=True) as conn:
-        conn.execute(f'GRANT CREATE ON DATABASE "{dbname}" TO {PLAIN_OWNER}')
+        conn.execute(f'GRANT CREATE ON DATABASE "{url.rsplit("/", 1)[1]}" TO {PLAIN_OWNER}')
+
+
+def install_plain(server: str, dbname: str) -> None:
+    """Install treadle in dbname as plain SQL (this package's script), made by PLAIN_OWNER."""
+    from treadle import install
+
+    grant_plain_owner(with_db(server, dbname))
     with psycopg.connect(as_role(with_db(server, dbname), PLAIN_OWNER), autocommit=True) as conn:
         install.apply(conn, install.plan_install(conn, mode="plain"))

@@ -15,7 +15,7 @@ from psycopg.rows import dict_row
 
 from tests.catalog import describe_difference, snapshot
 from tests.conftest import EXTENSION_VERSION, ROOT, UPGRADES_FROM, NewDatabase, as_role
-from tests.plain_install import PLAIN_OWNER, install_plain
+from tests.plain_install import PLAIN_OWNER, grant_plain_owner, install_plain
 from treadle import install
 from treadle.install import run_script
 
@@ -88,8 +88,7 @@ def test_it_refuses_to_run_twice_and_changes_nothing(plain: str) -> None:
 def test_psql_runs_it_without_extension_files(new_database: NewDatabase) -> None:
     """What a user of a managed server runs: psql -f, as a role with CREATE on the database."""
     url = new_database(None)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'GRANT CREATE ON DATABASE "{url.rsplit("/", 1)[1]}" TO {PLAIN_OWNER}')
+    grant_plain_owner(url)
     script = ROOT / "python" / "src" / "treadle" / "plain_sql" / f"treadle-{EXTENSION_VERSION}.sql"
     subprocess.run(
         [bindir() / "psql", as_role(url, PLAIN_OWNER), "-q", "-v", "ON_ERROR_STOP=1", "-f", script],
@@ -135,8 +134,7 @@ def plain_release(version: str) -> str:
 def test_a_plain_upgrade_gives_the_plain_install(new_database: NewDatabase, plain: str, old: str) -> None:
     upgrade = build_sql("plain-upgrade", old)
     url = new_database(None)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'GRANT CREATE ON DATABASE "{url.rsplit("/", 1)[1]}" TO {PLAIN_OWNER}')
+    grant_plain_owner(url)
     with psycopg.connect(as_role(url, PLAIN_OWNER), autocommit=True) as conn:
         run_script(conn, plain_release(old))
         conn.execute("SELECT treadle.enqueue('from-before')")
@@ -186,8 +184,7 @@ def test_treadle_upgrade_chains_the_released_plain_upgrades(new_database: NewDat
     """A 0.2.0 plain install reaches this version through every upgrade the package ships,
     each in turn, and ends equal to a plain install of this version."""
     url = new_database(None)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'GRANT CREATE ON DATABASE "{url.rsplit("/", 1)[1]}" TO {PLAIN_OWNER}')
+    grant_plain_owner(url)
     with psycopg.connect(as_role(url, PLAIN_OWNER), autocommit=True) as conn:
         run_script(conn, plain_release("0.2.0"))
         conn.execute("SELECT treadle.enqueue('from-0.2.0')")
