@@ -2508,32 +2508,6 @@ COMMENT ON FUNCTION treadle._notify_done(text[]) IS
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
--- treadle._enqueue_step(run, step, at) -> void
---
--- Transition: (none) -> available for one step of a workflow run: a job named
--- 'workflow:<workflow name>/<step>' whose `step` column names the step (the next
--- step of a list; treadle._enqueue_steps does several). A worker claims the steps
--- it has a handler for by that name.
---------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._enqueue_step(run treadle.workflow_runs, step text, at timestamptz)
-RETURNS void
-LANGUAGE sql
-VOLATILE
-BEGIN ATOMIC
-    INSERT INTO treadle.jobs
-        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
-    VALUES
-        (coalesce((run).step_options -> step ->> 'queue', (run).queue), 'workflow:' || (run).name || '/' || step, '{}',
-         coalesce(((run).step_options -> step ->> 'priority')::integer, (run).priority), at,
-         coalesce(((run).step_options -> step ->> 'max_attempts')::integer, (run).max_attempts), at, (run).id,
-         step, ((run).step_options -> step ->> 'timeout')::interval,
-         treadle._intervals((run).step_options -> step -> 'backoff'));
-    SELECT treadle._notify('treadle_jobs', coalesce((run).step_options -> step ->> 'queue', (run).queue));
-END;
-COMMENT ON FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamptz) IS
-    'Enqueue the job that runs one step of a workflow run.';
-
---------------------------------------------------------------------------------
 -- treadle._enqueue_steps(run, steps, at) -> void
 --
 -- Transition: (none) -> available for steps of a workflow run, in one
@@ -2560,6 +2534,24 @@ BEGIN ATOMIC
 END;
 COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timestamptz) IS
     'Enqueue the jobs that run steps of a workflow run.';
+
+--------------------------------------------------------------------------------
+-- treadle._enqueue_step(run, step, at) -> void
+--
+-- Transition: (none) -> available for one step of a workflow run: a job named
+-- 'workflow:<workflow name>/<step>' whose `step` column names the step (the next
+-- step of a list): treadle._enqueue_steps with the one step. A worker claims the
+-- steps it has a handler for by that name.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._enqueue_step(run treadle.workflow_runs, step text, at timestamptz)
+RETURNS void
+LANGUAGE sql
+VOLATILE
+BEGIN ATOMIC
+    SELECT treadle._enqueue_steps(run, ARRAY[step], at);
+END;
+COMMENT ON FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamptz) IS
+    'Enqueue the job that runs one step of a workflow run.';
 
 --------------------------------------------------------------------------------
 -- treadle._ready_steps(run, done) -> text[]
