@@ -256,6 +256,10 @@ DECLARE
     v_runs       bigint[];
     v_step_ids   bigint[];
     v_busy_runs  bigint[];
+    v_queue      text;
+    v_count      bigint;
+    v_cut_completed timestamptz;
+    v_cut_failed    timestamptz;
     v_steps      bigint;
     v_jobs       bigint;
     v_room       integer;
@@ -326,22 +330,39 @@ BEGIN
     END IF;
 
     IF v_jobs < apply_retention.batch THEN
-        -- Deleted by the row versions just locked (a TID scan): no second lookup by id.
-        -- A row locked by this transaction cannot move before the delete.
-        DELETE FROM treadle.jobs AS j
-         WHERE j.ctid = ANY (ARRAY(
-            SELECT e.ctid
-              FROM treadle.jobs AS e
+        -- Queue by queue (on Citus each statement is then one shard's): the oldest
+        -- expired jobs are read without a lock, and from each of their queues as many
+        -- are then locked and deleted by key, oldest first.
+        FOR v_queue, v_count, v_cut_completed, v_cut_failed IN
+            SELECT e.queue, count(*), v_now - coalesce(q.retain_completed, v_completed),
+                   v_now - coalesce(q.retain_failed, v_failed)
+              FROM (SELECT e.queue
+                      FROM treadle.jobs AS e
+                      LEFT JOIN treadle.queues AS q ON q.queue = e.queue
+                     WHERE e.finished_at < v_now - v_shortest
+                       AND e.workflow_run_id IS NULL
+                       AND e.finished_at < v_now - CASE WHEN e.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
+                                                        ELSE coalesce(q.retain_failed, v_failed) END
+                     ORDER BY e.finished_at
+                     LIMIT apply_retention.batch - v_jobs) AS e
               LEFT JOIN treadle.queues AS q ON q.queue = e.queue
-             WHERE e.finished_at < v_now - v_shortest
-               AND e.workflow_run_id IS NULL
-               AND e.finished_at < v_now - CASE WHEN e.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
-                                                ELSE coalesce(q.retain_failed, v_failed) END
-             ORDER BY e.finished_at
-             LIMIT apply_retention.batch - v_jobs
-               FOR UPDATE OF e SKIP LOCKED));
-        GET DIAGNOSTICS v_steps = ROW_COUNT;
-        v_jobs := v_jobs + v_steps;
+             GROUP BY e.queue, q.retain_completed, q.retain_failed
+        LOOP
+            DELETE FROM treadle.jobs AS j
+             WHERE j.queue = v_queue
+               AND j.id = ANY (ARRAY(
+                SELECT e.id
+                  FROM treadle.jobs AS e
+                 WHERE e.queue = v_queue
+                   AND e.finished_at < v_now - v_shortest
+                   AND e.workflow_run_id IS NULL
+                   AND e.finished_at < CASE WHEN e.state = 'completed' THEN v_cut_completed ELSE v_cut_failed END
+                 ORDER BY e.finished_at
+                 LIMIT v_count
+                   FOR UPDATE SKIP LOCKED));
+            GET DIAGNOSTICS v_steps = ROW_COUNT;
+            v_jobs := v_jobs + v_steps;
+        END LOOP;
     END IF;
     RETURN v_jobs;
 END;
