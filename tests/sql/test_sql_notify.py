@@ -233,6 +233,13 @@ def test_a_repeatable_read_finish_notifies_without_looking(connect: Connect) -> 
     assert ("treadle_done", "rr") in received_until(listener, "treadle_done", "rr")
 
 
+# advisory locks granted in this database (other tests run beside this one on the server)
+ADVISORY_LOCKS_HERE = """
+    select count(*) from pg_locks
+     where locktype = 'advisory' and granted
+       and database = (select oid from pg_database where datname = current_database())"""
+
+
 def test_registering_waits_for_finishes_under_way(connect: Connect) -> None:
     """A finish that looked for waiters before a registration commits before the registration returns true.
 
@@ -250,11 +257,7 @@ def test_registering_waits_for_finishes_under_way(connect: Connect) -> None:
     started = time.monotonic()
     assert value(waiter, "select treadle.listen_done('fenced')") is False
     assert time.monotonic() - started >= 0.09  # it waited for the finish under way
-    # only this database's locks: other tests run beside this one on the same server
-    assert value(setup, """
-        select count(*) from pg_locks
-         where locktype = 'advisory' and granted
-           and database = (select oid from pg_database where datname = current_database())""") == 1
+    assert value(setup, ADVISORY_LOCKS_HERE) == 1
     finisher.commit()
 
     assert value(waiter, "select treadle.listen_done('fenced')") is True  # nothing under way now
