@@ -21,7 +21,14 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_ids bigint[];
+    v_id         bigint;
+    v_queue      text;
+    v_name       text;
+    v_priority   integer;
+    v_ids        bigint[];
+    v_queues     text[];
+    v_names      text[];
+    v_priorities integer[];
 BEGIN
     IF cardinality(steps) = 1 AND run.step_options IS NULL THEN
         -- the common case: the next step of a run without per-step options
@@ -29,7 +36,8 @@ BEGIN
             (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
         VALUES (run.queue, 'workflow:' || run.name || '/' || steps[1], '{}', run.priority, at, run.max_attempts, at,
                 run.id, steps[1])
-        RETURNING ARRAY[id] INTO v_ids;
+        RETURNING id, queue, name, priority INTO v_id, v_queue, v_name, v_priority;
+        PERFORM treadle._notify_steps(ARRAY[v_id], ARRAY[v_queue], ARRAY[v_name], ARRAY[v_priority], at);
     ELSIF cardinality(steps) > 0 THEN
         WITH added AS (
             INSERT INTO treadle.jobs
@@ -41,13 +49,13 @@ BEGIN
                    treadle._intervals(run.step_options -> s.step -> 'backoff')
               FROM unnest(steps) WITH ORDINALITY AS s(step, i)
              ORDER BY s.i
-            RETURNING id
+            RETURNING id, queue, name, priority
         )
-        SELECT array_agg(a.id) INTO v_ids FROM added AS a;
-    ELSE
-        RETURN;
+        SELECT array_agg(a.id), array_agg(a.queue), array_agg(a.name), array_agg(a.priority)
+          INTO v_ids, v_queues, v_names, v_priorities
+          FROM added AS a;
+        PERFORM treadle._notify_steps(v_ids, v_queues, v_names, v_priorities, at);
     END IF;
-    PERFORM treadle._notify_steps(v_ids);
 END;
 $$;
 COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timestamptz) IS

@@ -17,20 +17,29 @@
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
--- treadle._notify_steps(ids) -> void
+-- treadle._notify_steps(ids, queues, names, priorities, at) -> void
 --
--- Step jobs `ids` were just written: NOTIFY treadle_jobs for each queue where
--- one of them waits that no job of its queue and name waiting claimable for
--- 50 ms or more stands before. Inside treadle.complete_and_claim (setting
--- treadle.claim_follows 'on' for the transaction) the ids are kept (setting
--- treadle.steps_written) for treadle._notify_left_steps instead.
+-- Step jobs `ids` (in `queues`, named `names`, of `priorities`) were just written
+-- at `at`: NOTIFY treadle_jobs for each of their queues unless each of them there
+-- stands behind a backlog of its name: a job of the same queue, name and priority
+-- that has waited, claimable, since between 2 s and 50 ms before `at` (its
+-- workers have no free slot: an idle one would have taken it). That look reads
+-- the claim index backwards from 50 ms before `at`, where a backlog's newest jobs
+-- wait, and never past 2 s before it, so that the jobs claimed since cannot make
+-- it long. Inside treadle.complete_and_claim (setting treadle.claim_follows 'on'
+-- for the transaction) the ids are kept (setting treadle.steps_written) for
+-- treadle._notify_left_steps instead.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._notify_steps(ids bigint[])
+CREATE OR REPLACE FUNCTION treadle._notify_steps(ids bigint[], queues text[], names text[], priorities integer[],
+                                                 at timestamptz)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_told text[] := '{}';
+    v_i    integer;
 BEGIN
     IF ids IS NULL OR cardinality(ids) = 0 THEN
         RETURN;
@@ -42,19 +51,23 @@ BEGIN
                            true);
         RETURN;
     END IF;
-    PERFORM treadle._notify('treadle_jobs', q.queue)
-       FROM (SELECT DISTINCT j.queue
-               FROM treadle.jobs AS j
-              WHERE j.id = ANY (ids)
-                AND j.state = 'available'
-                AND NOT EXISTS (SELECT 1 FROM treadle.jobs AS o
-                                 WHERE o.queue = j.queue AND o.name = j.name
-                                   AND o.state = ANY (ARRAY['available', 'retryable'])
-                                   AND o.run_at <= j.run_at - interval '50 milliseconds')) AS q;
+    FOR v_i IN 1 .. cardinality(ids) LOOP
+        CONTINUE WHEN queues[v_i] = ANY (v_told);
+        -- a scalar subquery, not EXISTS (which would drop the ORDER BY that reads backwards)
+        CONTINUE WHEN (SELECT true FROM treadle.jobs AS o
+                        WHERE o.queue = queues[v_i] AND o.name = names[v_i] AND o.priority = priorities[v_i]
+                          AND o.state = ANY (ARRAY['available', 'retryable'])
+                          AND o.run_at <= at - interval '50 milliseconds'
+                          AND o.run_at > at - interval '2 seconds'
+                        ORDER BY o.priority DESC, o.run_at DESC
+                        LIMIT 1) IS NOT NULL;
+        PERFORM treadle._notify('treadle_jobs', queues[v_i]);
+        v_told := v_told || queues[v_i];
+    END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle._notify_steps(bigint[]) IS
-    'Wake workers for step jobs just written, unless the queue''s workers are busy or the finishing worker claims them.';
+COMMENT ON FUNCTION treadle._notify_steps(bigint[], text[], text[], integer[], timestamptz) IS
+    'Wake workers for step jobs just written, unless their workers are busy or the finishing worker claims them.';
 
 --------------------------------------------------------------------------------
 -- treadle._notify_left_steps() -> void
@@ -71,13 +84,32 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_written text := nullif(current_setting('treadle.steps_written', true), '');
+    v_written    text := nullif(current_setting('treadle.steps_written', true), '');
+    v_id         bigint;
+    v_job        record;
+    v_at         timestamptz;
+    v_ids        bigint[] := '{}';
+    v_queues     text[] := '{}';
+    v_names      text[] := '{}';
+    v_priorities integer[] := '{}';
 BEGIN
     PERFORM set_config('treadle.claim_follows', '', true);
-    IF v_written IS NOT NULL THEN
-        PERFORM set_config('treadle.steps_written', '', true);
-        PERFORM treadle._notify_steps(string_to_array(v_written, ',')::bigint[]);
+    IF v_written IS NULL THEN
+        RETURN;
     END IF;
+    PERFORM set_config('treadle.steps_written', '', true);
+    FOREACH v_id IN ARRAY string_to_array(v_written, ',')::bigint[] LOOP
+        -- one row by its key at a time: the plan stays the primary key's
+        SELECT j.queue, j.name, j.priority, j.run_at INTO v_job
+          FROM treadle.jobs AS j WHERE j.id = v_id AND j.state = 'available';
+        CONTINUE WHEN NOT FOUND;
+        v_ids := v_ids || v_id;
+        v_queues := v_queues || v_job.queue;
+        v_names := v_names || v_job.name;
+        v_priorities := v_priorities || v_job.priority;
+        v_at := v_job.run_at;  -- the transaction's time: every step it wrote was due then
+    END LOOP;
+    PERFORM treadle._notify_steps(v_ids, v_queues, v_names, v_priorities, v_at);
 END;
 $$;
 COMMENT ON FUNCTION treadle._notify_left_steps() IS
