@@ -5691,7 +5691,8 @@ COMMENT ON FUNCTION treadle.workflow_step_results(bigint, text) IS
 -- workers have no free slot: an idle one would have taken it). That look reads
 -- the claim index backwards from 50 ms before `at`, where a backlog's newest jobs
 -- wait, and never past 2 s before it, so that the jobs claimed since cannot make
--- it long. Inside treadle.complete_and_claim (setting treadle.claim_follows 'on'
+-- it long. Each queue is told, and each backlog looked for, once per transaction
+-- (setting treadle.steps_seen). Inside treadle.complete_and_claim (setting treadle.claim_follows 'on'
 -- for the transaction) the ids are kept (setting treadle.steps_written) for
 -- treadle._notify_left_steps instead.
 --------------------------------------------------------------------------------
@@ -5703,8 +5704,12 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_told text[] := '{}';
-    v_i    integer;
+    -- what this transaction settled already, one line each: a queue told, or a
+    -- queue, name and priority found behind a backlog (one look per transaction)
+    v_seen text := coalesce(current_setting('treadle.steps_seen', true), '');
+    v_told text;
+    v_busy text;
+    v_new  boolean := false;
 BEGIN
     IF ids IS NULL OR cardinality(ids) = 0 THEN
         RETURN;
@@ -5717,18 +5722,27 @@ BEGIN
         RETURN;
     END IF;
     FOR v_i IN 1 .. cardinality(ids) LOOP
-        CONTINUE WHEN queues[v_i] = ANY (v_told);
+        v_told := E'\ntold ' || queues[v_i] || E'\n';
+        v_busy := E'\nbusy ' || queues[v_i] || E'\t' || names[v_i] || E'\t' || priorities[v_i] || E'\n';
+        CONTINUE WHEN strpos(v_seen, v_told) > 0 OR strpos(v_seen, v_busy) > 0;
+        v_new := true;
         -- a scalar subquery, not EXISTS (which would drop the ORDER BY that reads backwards)
-        CONTINUE WHEN (SELECT true FROM treadle.jobs AS o
-                        WHERE o.queue = queues[v_i] AND o.name = names[v_i] AND o.priority = priorities[v_i]
-                          AND o.state = ANY (ARRAY['available', 'retryable'])
-                          AND o.run_at <= at - interval '50 milliseconds'
-                          AND o.run_at > at - interval '2 seconds'
-                        ORDER BY o.priority DESC, o.run_at DESC
-                        LIMIT 1) IS NOT NULL;
-        PERFORM treadle._notify('treadle_jobs', queues[v_i]);
-        v_told := v_told || queues[v_i];
+        IF (SELECT true FROM treadle.jobs AS o
+             WHERE o.queue = queues[v_i] AND o.name = names[v_i] AND o.priority = priorities[v_i]
+               AND o.state = ANY (ARRAY['available', 'retryable'])
+               AND o.run_at <= at - interval '50 milliseconds'
+               AND o.run_at > at - interval '2 seconds'
+             ORDER BY o.priority DESC, o.run_at DESC
+             LIMIT 1) THEN
+            v_seen := v_seen || v_busy;
+        ELSE
+            PERFORM treadle._notify('treadle_jobs', queues[v_i]);
+            v_seen := v_seen || v_told;
+        END IF;
     END LOOP;
+    IF v_new THEN
+        PERFORM set_config('treadle.steps_seen', v_seen, true);
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._notify_steps(bigint[], text[], text[], integer[], timestamptz) IS
@@ -5753,10 +5767,10 @@ DECLARE
     v_id         bigint;
     v_job        record;
     v_at         timestamptz;
-    v_ids        bigint[] := '{}';
-    v_queues     text[] := '{}';
-    v_names      text[] := '{}';
-    v_priorities integer[] := '{}';
+    v_ids        bigint[] := '{}'::bigint[];
+    v_queues     text[] := '{}'::text[];
+    v_names      text[] := '{}'::text[];
+    v_priorities integer[] := '{}'::integer[];
 BEGIN
     PERFORM set_config('treadle.claim_follows', '', true);
     IF v_written IS NULL THEN

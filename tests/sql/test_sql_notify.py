@@ -134,8 +134,8 @@ def test_workflow_steps_wake_workers_of_their_queue(connect: Connect) -> None:
 
 def claim_step(worker: psycopg.Connection, queue: str, step: str) -> tuple[int, object]:
     """Claim one job of `step` of workflow 'flow' in `queue`: (id, lease_token)."""
-    return row(worker, "select id, lease_token from treadle.claim('w', array[%s], names => array[%s])",
-               (queue, f"workflow:flow/{step}"))
+    claim = "select id, lease_token from treadle.claim('w', array[%s], names => array[%s])"
+    return row(worker, claim, (queue, f"workflow:flow/{step}"))
 
 
 def test_a_step_behind_a_backlog_of_its_name_wakes_nobody(connect: Connect) -> None:
@@ -169,13 +169,15 @@ def test_complete_and_claim_that_takes_the_next_step_wakes_nobody(connect: Conne
 
     job_id, token = claim_step(worker, "along", "a")
     rows = worker.execute(
-        "select finished_state, (job).step from treadle.complete_and_claim(%s, %s, null, 'w', array['along'], batch => 5)",
+        "select finished_state, (job).step"
+        " from treadle.complete_and_claim(%s, %s, null, 'w', array['along'], batch => 5)",
         ([job_id], [token]),
     ).fetchall()
     assert rows == [("completed", None), (None, "b")]  # it runs b next itself
     mark(worker, "marker-c1")
     assert ("treadle_jobs", "along") not in received_until(listener, "treadle_jobs", "marker-c1")
-    assert value(worker, "select state from treadle.jobs where workflow_run_id = %s and step = 'b'", (run_id,)) == "running"
+    state = value(worker, "select state from treadle.jobs where workflow_run_id = %s and step = 'b'", (run_id,))
+    assert state == "running"
 
 
 def test_complete_and_claim_that_leaves_the_next_step_wakes_its_workers(connect: Connect) -> None:
@@ -202,8 +204,8 @@ def test_a_graph_step_left_by_complete_and_claim_wakes_its_workers(connect: Conn
     listener = listener_for(connect, waits_on=None)
     producer, worker = connect(), connect()
     producer.execute(
-        "select treadle.start_workflow('flow', steps => array['a', 'b', 'c'],"
-        " after => '{\"b\": [\"a\"], \"c\": [\"a\"]}', queue => 'split')"
+        "select treadle.start_workflow('flow', steps => array['a', 'b', 'c'], after => %s::jsonb, queue => 'split')",
+        ('{"b": ["a"], "c": ["a"]}',),
     )
     assert received_until(listener, "treadle_jobs", "split") == [("treadle_jobs", "split")]
     job_id, token = claim_step(worker, "split", "a")
@@ -335,10 +337,16 @@ def test_registering_waits_for_finishes_under_way(connect: Connect) -> None:
     assert value(waiter, "select treadle.listen_done('fenced')") is False
     assert time.monotonic() - started >= 0.09  # it waited for the finish under way
     # only this database's locks: other tests run beside this one on the same server
-    assert value(setup, """
+    assert (
+        value(
+            setup,
+            """
         select count(*) from pg_locks
          where locktype = 'advisory' and granted
-           and database = (select oid from pg_database where datname = current_database())""") == 1
+           and database = (select oid from pg_database where datname = current_database())""",
+        )
+        == 1
+    )
     finisher.commit()
 
     assert value(waiter, "select treadle.listen_done('fenced')") is True  # nothing under way now
