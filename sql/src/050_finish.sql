@@ -381,7 +381,8 @@ COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
 -- of the run resumes from it. Locks the run after the job (the order every path
 -- keeps): two branches that complete at once on two connections take turns on
 -- the run row, and the second sees the first's result, so a join step is
--- enqueued once.
+-- enqueued once. A step of a running run that completed (not a map element, not
+-- a compensation) is recorded by the UPDATE that takes that lock.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._advance_run(step treadle.jobs)
 RETURNS void
