@@ -2525,6 +2525,10 @@ BEGIN
 
     IF cardinality(complete_and_claim.job_ids) > 0 OR cardinality(complete_and_claim.lease_tokens) > 0
        OR cardinality(complete_and_claim.results) > 0 THEN
+        IF complete_and_claim.batch > 0 THEN
+            -- workflow steps the finish writes are told of after the claim, if it left them
+            PERFORM set_config('treadle.claim_follows', 'on', true), set_config('treadle.steps_written', '', true);
+        END IF;
         RETURN QUERY
         SELECT m.job_id, m.state, NULL::treadle.jobs
           FROM treadle.complete_many(complete_and_claim.job_ids, complete_and_claim.lease_tokens,
@@ -2537,6 +2541,7 @@ BEGIN
           FROM treadle.claim(complete_and_claim.worker_id, complete_and_claim.queues, complete_and_claim.names,
                              complete_and_claim.batch, complete_and_claim.lease,
                              complete_and_claim.lease_token) AS c;
+        PERFORM treadle._notify_left_steps();
     END IF;
 END;
 $$;
@@ -2730,26 +2735,54 @@ COMMENT ON FUNCTION treadle._notify_done(text[]) IS
 --
 -- Transition: (none) -> available for steps of a workflow run, in one
 -- statement: each a job named 'workflow:<workflow name>/<step>' whose `step`
--- column names the step.
+-- column names the step. Workers of its queue hear of it when nobody else will
+-- take it at once (treadle._notify_steps). PL/pgSQL, so that its statements are
+-- planned once per session (a SQL function's are planned at every call).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_steps(run treadle.workflow_runs, steps text[], at timestamptz)
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
-BEGIN ATOMIC
-    INSERT INTO treadle.jobs
-        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
-    SELECT coalesce((run).step_options -> s.step ->> 'queue', (run).queue), 'workflow:' || (run).name || '/' || s.step,
-           '{}', coalesce(((run).step_options -> s.step ->> 'priority')::integer, (run).priority), at,
-           coalesce(((run).step_options -> s.step ->> 'max_attempts')::integer, (run).max_attempts), at,
-           (run).id, s.step, ((run).step_options -> s.step ->> 'timeout')::interval,
-           treadle._intervals((run).step_options -> s.step -> 'backoff')
-      FROM unnest(steps) WITH ORDINALITY AS s(step, i)
-     ORDER BY s.i;
-    SELECT treadle._notify('treadle_jobs', q.queue)
-      FROM (SELECT DISTINCT coalesce((run).step_options -> s.step ->> 'queue', (run).queue) AS queue
-              FROM unnest(steps) AS s(step)) AS q;
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id         bigint;
+    v_queue      text;
+    v_name       text;
+    v_priority   integer;
+    v_ids        bigint[];
+    v_queues     text[];
+    v_names      text[];
+    v_priorities integer[];
+BEGIN
+    IF cardinality(steps) = 1 AND run.step_options IS NULL THEN
+        -- the common case: the next step of a run without per-step options
+        INSERT INTO treadle.jobs
+            (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+        VALUES (run.queue, 'workflow:' || run.name || '/' || steps[1], '{}', run.priority, at, run.max_attempts, at,
+                run.id, steps[1])
+        RETURNING id, queue, name, priority INTO v_id, v_queue, v_name, v_priority;
+        PERFORM treadle._notify_steps(ARRAY[v_id], ARRAY[v_queue], ARRAY[v_name], ARRAY[v_priority], at);
+    ELSIF cardinality(steps) > 0 THEN
+        WITH added AS (
+            INSERT INTO treadle.jobs
+                (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
+            SELECT coalesce(run.step_options -> s.step ->> 'queue', run.queue), 'workflow:' || run.name || '/' || s.step,
+                   '{}', coalesce((run.step_options -> s.step ->> 'priority')::integer, run.priority), at,
+                   coalesce((run.step_options -> s.step ->> 'max_attempts')::integer, run.max_attempts), at,
+                   run.id, s.step, (run.step_options -> s.step ->> 'timeout')::interval,
+                   treadle._intervals(run.step_options -> s.step -> 'backoff')
+              FROM unnest(steps) WITH ORDINALITY AS s(step, i)
+             ORDER BY s.i
+            RETURNING id, queue, name, priority
+        )
+        SELECT array_agg(a.id), array_agg(a.queue), array_agg(a.name), array_agg(a.priority)
+          INTO v_ids, v_queues, v_names, v_priorities
+          FROM added AS a;
+        PERFORM treadle._notify_steps(v_ids, v_queues, v_names, v_priorities, at);
+    END IF;
 END;
+$$;
 COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timestamptz) IS
     'Enqueue the jobs that run steps of a workflow run.';
 
@@ -2763,11 +2796,14 @@ COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timest
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_step(run treadle.workflow_runs, step text, at timestamptz)
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
-BEGIN ATOMIC
-    SELECT treadle._enqueue_steps(run, ARRAY[step], at);
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM treadle._enqueue_steps(run, ARRAY[step], at);
 END;
+$$;
 COMMENT ON FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamptz) IS
     'Enqueue the job that runs one step of a workflow run.';
 
@@ -3070,7 +3106,8 @@ COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
 -- of the run resumes from it. Locks the run after the job (the order every path
 -- keeps): two branches that complete at once on two connections take turns on
 -- the run row, and the second sees the first's result, so a join step is
--- enqueued once.
+-- enqueued once. A step of a running run that completed (not a map element, not
+-- a compensation) is recorded by the UPDATE that takes that lock.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._advance_run(step treadle.jobs)
 RETURNS void
@@ -3083,6 +3120,40 @@ DECLARE
     v_run   treadle.workflow_runs;
     v_index integer;
 BEGIN
+    IF step.state = 'completed' THEN
+        -- The common case: a step of a running run completed (not an element of a
+        -- map step, not a compensation). Its result is recorded, and the run row
+        -- locked, by one statement; a list's last step completes the run in it.
+        UPDATE treadle.workflow_runs AS r
+           SET results = r.results || jsonb_build_object(step.step, step.result),
+               state = CASE WHEN r.after IS NOT NULL OR array_position(r.steps, step.step) < cardinality(r.steps)
+                            THEN r.state ELSE 'completed' END,
+               finished_at = CASE WHEN r.after IS NOT NULL OR array_position(r.steps, step.step) < cardinality(r.steps)
+                                  THEN r.finished_at ELSE v_now END
+         WHERE r.id = step.workflow_run_id
+           AND r.state = 'running'
+           AND (r.maps IS NULL OR NOT r.maps ? step.step)
+           AND (r.compensations IS NULL OR NOT step.args ? 'compensates')
+        RETURNING r.* INTO v_run;
+        IF FOUND THEN
+            IF v_run.after IS NOT NULL THEN
+                -- a graph: as treadle._advance_graph does after recording the result
+                IF treadle._has_every_result(v_run) THEN
+                    UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now
+                     WHERE r.id = v_run.id;
+                ELSE
+                    PERFORM treadle._enqueue_ready(v_run, v_now, step.step);
+                END IF;
+                RETURN;
+            END IF;
+            v_index := array_position(v_run.steps, step.step);
+            IF v_index < cardinality(v_run.steps) THEN
+                PERFORM treadle._enqueue_steps(v_run, ARRAY[v_run.steps[v_index + 1]], v_now);
+            END IF;
+            RETURN;
+        END IF;
+    END IF;
+
     SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = step.workflow_run_id FOR UPDATE;
     IF NOT FOUND THEN
         RETURN;
@@ -5379,6 +5450,10 @@ BEGIN
         IF v_step_options IS NOT NULL THEN
             PERFORM treadle._check_step_queues(v_step_options);  -- the caller's prefix, as for children
         END IF;
+    ELSIF start_workflow.after IS NULL AND start_workflow.sleeps IS NULL AND start_workflow.maps IS NULL
+          AND start_workflow.waits IS NULL AND start_workflow.children IS NULL
+          AND start_workflow.compensations IS NULL AND start_workflow.step_options IS NULL THEN
+        PERFORM treadle._check_steps(v_steps);  -- a list of steps and nothing more: no other check has work
     ELSE
         PERFORM treadle._check_steps(v_steps);
         v_after := treadle._check_after(v_steps, start_workflow.after);
@@ -5410,7 +5485,7 @@ BEGIN
 
         IF v_run.id IS NOT NULL THEN
             IF v_after IS NULL THEN
-                PERFORM treadle._enqueue_step(v_run, v_steps[1], v_now);
+                PERFORM treadle._enqueue_steps(v_run, ARRAY[v_steps[1]], v_now);
             ELSE
                 PERFORM treadle._enqueue_ready(v_run, v_now);
             END IF;
@@ -5589,6 +5664,136 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.workflow_step_results(bigint, text) IS
     'The results a workflow step receives: those of the steps it runs after, directly or not; null for an unknown run.';
+--------------------------------------------------------------------------------
+-- Waking workers for workflow steps. A step job is written by the transaction
+-- that finishes the step before it, most often a worker's. A transaction that
+-- sent NOTIFY takes one lock at commit, the same for every session, and holds it
+-- through the commit's WAL flush: finishing workers that notify commit one at a
+-- time. So a step's queue is told (NOTIFY treadle_jobs) only when a worker may
+-- be idle and waiting for it:
+--   - not when a job of the same queue and name has waited, claimable, for
+--     50 ms or more: the workers that run it have no free slot (an idle one would
+--     have taken it), and each takes the next waiting job when one frees, with
+--     the claim that goes along its finish;
+--   - not from treadle.complete_and_claim when its own claim took the step: the
+--     finishing worker runs it next. The steps it writes are told of after its
+--     claim, and only those still waiting (treadle._notify_left_steps).
+-- NOTIFY stays a hint: a worker polls anyway (poll_interval), so a wake-up left
+-- out on a race delays a step by at most that long.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._notify_steps(ids, queues, names, priorities, at) -> void
+--
+-- Step jobs `ids` (in `queues`, named `names`, of `priorities`) were just written
+-- at `at`: NOTIFY treadle_jobs for each of their queues unless each of them there
+-- stands behind a backlog of its name: a job of the same queue, name and priority
+-- that has waited, claimable, since between 2 s and 50 ms before `at` (its
+-- workers have no free slot: an idle one would have taken it). That look reads
+-- the claim index backwards from 50 ms before `at`, where a backlog's newest jobs
+-- wait, and never past 2 s before it, so that the jobs claimed since cannot make
+-- it long. Each queue is told, and each backlog looked for, once per transaction
+-- (setting treadle.steps_seen). Inside treadle.complete_and_claim (setting treadle.claim_follows 'on'
+-- for the transaction) the ids are kept (setting treadle.steps_written) for
+-- treadle._notify_left_steps instead.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._notify_steps(ids bigint[], queues text[], names text[], priorities integer[],
+                                                 at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    -- what this transaction settled already, one line each: a queue told, or a
+    -- queue, name and priority found behind a backlog (one look per transaction)
+    v_seen text := coalesce(current_setting('treadle.steps_seen', true), '');
+    v_told text;
+    v_busy text;
+    v_new  boolean := false;
+BEGIN
+    IF ids IS NULL OR cardinality(ids) = 0 THEN
+        RETURN;
+    END IF;
+    IF current_setting('treadle.claim_follows', true) = 'on' THEN
+        PERFORM set_config('treadle.steps_written',
+                           concat_ws(',', nullif(current_setting('treadle.steps_written', true), ''),
+                                     array_to_string(ids, ',')),
+                           true);
+        RETURN;
+    END IF;
+    FOR v_i IN 1 .. cardinality(ids) LOOP
+        v_told := E'\ntold ' || queues[v_i] || E'\n';
+        v_busy := E'\nbusy ' || queues[v_i] || E'\t' || names[v_i] || E'\t' || priorities[v_i] || E'\n';
+        CONTINUE WHEN strpos(v_seen, v_told) > 0 OR strpos(v_seen, v_busy) > 0;
+        v_new := true;
+        -- a scalar subquery, not EXISTS (which would drop the ORDER BY that reads backwards)
+        IF (SELECT true FROM treadle.jobs AS o
+             WHERE o.queue = queues[v_i] AND o.name = names[v_i] AND o.priority = priorities[v_i]
+               AND o.state = ANY (ARRAY['available', 'retryable'])
+               AND o.run_at <= at - interval '50 milliseconds'
+               AND o.run_at > at - interval '2 seconds'
+             ORDER BY o.priority DESC, o.run_at DESC
+             LIMIT 1) THEN
+            v_seen := v_seen || v_busy;
+        ELSE
+            PERFORM treadle._notify('treadle_jobs', queues[v_i]);
+            v_seen := v_seen || v_told;
+        END IF;
+    END LOOP;
+    IF v_new THEN
+        PERFORM set_config('treadle.steps_seen', v_seen, true);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._notify_steps(bigint[], text[], text[], integer[], timestamptz) IS
+    'Wake workers for step jobs just written, unless their workers are busy or the finishing worker claims them.';
+
+--------------------------------------------------------------------------------
+-- treadle._notify_left_steps() -> void
+--
+-- The end of treadle.complete_and_claim: the step jobs its finish wrote
+-- (setting treadle.steps_written) that its claim left waiting are told of as
+-- treadle._notify_steps tells them; both settings are cleared for the rest of
+-- the transaction.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._notify_left_steps()
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_written    text := nullif(current_setting('treadle.steps_written', true), '');
+    v_id         bigint;
+    v_job        record;
+    v_at         timestamptz;
+    v_ids        bigint[] := '{}'::bigint[];
+    v_queues     text[] := '{}'::text[];
+    v_names      text[] := '{}'::text[];
+    v_priorities integer[] := '{}'::integer[];
+BEGIN
+    PERFORM set_config('treadle.claim_follows', '', true);
+    IF v_written IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM set_config('treadle.steps_written', '', true);
+    FOREACH v_id IN ARRAY string_to_array(v_written, ',')::bigint[] LOOP
+        -- one row by its key at a time: the plan stays the primary key's
+        SELECT j.queue, j.name, j.priority, j.run_at INTO v_job
+          FROM treadle.jobs AS j WHERE j.id = v_id AND j.state = 'available';
+        CONTINUE WHEN NOT FOUND;
+        v_ids := v_ids || v_id;
+        v_queues := v_queues || v_job.queue;
+        v_names := v_names || v_job.name;
+        v_priorities := v_priorities || v_job.priority;
+        v_at := v_job.run_at;  -- the transaction's time: every step it wrote was due then
+    END LOOP;
+    PERFORM treadle._notify_steps(v_ids, v_queues, v_names, v_priorities, v_at);
+END;
+$$;
+COMMENT ON FUNCTION treadle._notify_left_steps() IS
+    'Wake workers for the step jobs a complete_and_claim wrote and did not claim itself.';
 --------------------------------------------------------------------------------
 -- Cron schedules: a named schedule enqueues a job at the times a cron expression
 -- names, read on the wall clock of a time zone.
