@@ -52,6 +52,8 @@ INSERT INTO may_execute VALUES
     ('treadle.cancel(bigint)',                   '{producer,worker,admin,dashboard}'),
     ('treadle.retry(bigint)',                    '{producer,worker,admin,dashboard}'),
     ('treadle.cancel_workflow(bigint)',          '{producer,worker,admin,dashboard}'),
+    ('treadle.retry_run(bigint)',                '{admin,dashboard}'),
+    ('treadle.fork_run(bigint,text,jsonb)',      '{admin,dashboard}'),
     ('treadle.schedule(text,text,text,jsonb,text,text,integer,integer,boolean)', '{producer,worker}'),
     ('treadle.unschedule(text)',                 '{producer,worker,admin,dashboard}'),
     ('treadle.claim(text,text[],text[],integer,interval,uuid)', '{worker}'),
