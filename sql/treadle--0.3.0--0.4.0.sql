@@ -822,6 +822,7 @@ COMMENT ON FUNCTION treadle._failed_state(boolean, integer, integer) IS
 --
 -- A hint to listeners that a queue changed; never the truth, never job data.
 -- Channel treadle_jobs: work became claimable. Channel treadle_done: jobs finished.
+-- Channel treadle_cancel (payload: a job id): a cancel was requested of a running job.
 -- Identical notifications in one transaction are sent once. A queue name is at
 -- most 200 characters, far inside NOTIFY's payload limit.
 --------------------------------------------------------------------------------
@@ -3661,7 +3662,9 @@ COMMENT ON FUNCTION treadle._successor(bigint, text, text, jsonb, integer, times
 --
 -- Transition: available | retryable -> cancelled at once; running -> running
 -- with a cancel request (heartbeat then answers 'cancel'; complete or fail
--- finish it as cancelled). A cancelled workflow step cancels its run; a
+-- finish it as cancelled), and a NOTIFY on channel treadle_cancel with the job id
+-- as payload, on which the worker running it heartbeats it at once (a hint: the
+-- heartbeat's answer is the truth). A cancelled workflow step cancels its run; a
 -- cancelled periodic occurrence ends its series. Returns true when this call
 -- changed something; false for a finished job, a job whose cancel is already
 -- requested, or an unknown id.
@@ -3700,7 +3703,12 @@ BEGIN
      WHERE j.id = cancel.job_id
        AND j.state = 'running'
        AND NOT j.cancel_requested;
-    RETURN FOUND;
+    IF FOUND THEN
+        -- the worker that runs it looks at once (its heartbeat confirms the request)
+        PERFORM treadle._notify('treadle_cancel', cancel.job_id::text);
+        RETURN true;
+    END IF;
+    RETURN false;
 END;
 $$;
 COMMENT ON FUNCTION treadle.cancel(bigint) IS

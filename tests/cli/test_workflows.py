@@ -219,9 +219,10 @@ def test_fork_a_run_from_a_step(dsn: str, conn: psycopg.Connection[Any]) -> None
     assert state(conn, run_id) == "failed"  # the source is not changed
     runs = conn.execute("SELECT count(*) FROM treadle.workflow_runs").fetchone()
     assert 'has no step "ship"' in expect(treadle("workflows", "fork", str(run_id), "ship", "--dsn", dsn), 2).err
-    assert "not valid JSON" in expect(
-        treadle("workflows", "fork", str(run_id), "charge", "--input", "{", "--dsn", dsn), 2
-    ).err
+    assert (
+        "not valid JSON"
+        in expect(treadle("workflows", "fork", str(run_id), "charge", "--input", "{", "--dsn", dsn), 2).err
+    )
     assert "no workflow run 999999" in expect(treadle("workflows", "fork", "999999", "charge", "--dsn", dsn), 3).err
     assert conn.execute("SELECT count(*) FROM treadle.workflow_runs").fetchone() == runs
     text = expect(treadle("workflows", "fork", str(run_id), "reserve", "--input", '{"n": 2}', "--dsn", dsn), 0)

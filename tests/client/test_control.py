@@ -230,7 +230,7 @@ def test_retry_run_and_fork_run_refuse_bad_input(conn: psycopg.Connection[Any]) 
     with pytest.raises(treadle.InvalidArgument, match='has no step "ship"'):
         treadle.fork_run(conn, run_id, "ship")
     with pytest.raises(treadle.InvalidArgument, match="run_id must be an integer"):
-        treadle.retry_run(conn, "7")  # type: ignore[arg-type]
+        treadle.retry_run(conn, "7")  # type: ignore[call-overload]
     with pytest.raises(treadle.InvalidArgument):
         treadle.fork_run(conn, run_id, "reserve", input="text")
     assert conn.execute("SELECT count(*) FROM treadle.workflow_runs").fetchone() == runs

@@ -186,6 +186,8 @@ BACKEND_PID: Final[LiteralString] = "SELECT pg_catalog.pg_backend_pid()"
 CHANNEL_JOBS: Final[LiteralString] = "treadle_jobs"  # work became claimable
 CHANNEL_DONE: Final[LiteralString] = "treadle_done"  # jobs finished
 LISTEN_JOBS: Final[LiteralString] = "LISTEN treadle_jobs"
+# treadle.cancel of a running job: payload the job id (the worker running it heartbeats it now)
+LISTEN_CANCEL: Final[LiteralString] = "LISTEN treadle_cancel"
 LISTEN_DONE: Final[LiteralString] = "LISTEN treadle_done"
 UNLISTEN_DONE: Final[LiteralString] = "UNLISTEN treadle_done"
 # treadle.listen_done: this session waits for finishes on the job's, the run's or the

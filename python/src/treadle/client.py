@@ -518,9 +518,7 @@ def retry_run(conn: AnyConnection, run_id: int) -> str | Awaitable[str]:
 
 
 @overload
-def fork_run(
-    conn: AsyncConnection, run_id: int, from_step: str, *, input: JsonPayload = None
-) -> Awaitable[int]: ...
+def fork_run(conn: AsyncConnection, run_id: int, from_step: str, *, input: JsonPayload = None) -> Awaitable[int]: ...
 @overload
 def fork_run(conn: SyncConnection, run_id: int, from_step: str, *, input: JsonPayload = None) -> int: ...
 def fork_run(conn: AnyConnection, run_id: int, from_step: str, *, input: JsonPayload = None) -> int | Awaitable[int]:
