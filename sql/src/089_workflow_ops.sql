@@ -68,6 +68,7 @@ DECLARE
     v_ids   bigint[];
     v_id    bigint;
     v_first integer;
+    v_state text;
 BEGIN
     IF v_run.state = 'compensated' THEN
         RAISE EXCEPTION 'treadle: workflow run % is compensated: its completed steps were undone', v_run.id
@@ -111,6 +112,11 @@ BEGIN
         UPDATE treadle.workflow_runs AS r SET state = 'running', finished_at = NULL
          WHERE r.id = v_run.id AND r.state = ANY (ARRAY['failed', 'cancelled'])
         RETURNING r.* INTO v_run;
+        IF NOT FOUND THEN
+            -- another session resumed it first
+            SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = retry_run.run_id;
+            RETURN v_state;
+        END IF;
         IF v_run.after IS NOT NULL THEN
             PERFORM treadle._resume_graph(v_run);
         ELSE
@@ -121,8 +127,8 @@ BEGIN
             END IF;
         END IF;
     END IF;
-    SELECT r.state INTO v_run.state FROM treadle.workflow_runs AS r WHERE r.id = v_run.id;
-    RETURN v_run.state;
+    SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = v_run.id;
+    RETURN v_state;
 END;
 $$;
 COMMENT ON FUNCTION treadle.retry_run(bigint) IS
