@@ -34,14 +34,12 @@ def racing_retries(connect: Connect, wait_until_blocked: WaitBlocked, run_id: in
     return said
 
 
-def test_two_retries_of_a_failed_run_at_once_resume_it_once(
-    connect: Connect, wait_until_blocked: WaitBlocked
-) -> None:
+def test_two_retries_of_a_failed_run_at_once_resume_it_once(connect: Connect, wait_until_blocked: WaitBlocked) -> None:
     conn = connect()
     run_id = value(
         conn,
         "select treadle.start_workflow('fan', steps => array['a', 'b', 'join'], queue => 'fan', max_attempts => 1,"
-        " after => '{\"join\": [\"a\", \"b\"]}')",
+        ' after => \'{"join": ["a", "b"]}\')',
     )
     finish(conn, "fan", None)  # a fails for good, and the run with it
     finish(conn, "fan", None)  # b fails too, in the failed run
@@ -60,7 +58,7 @@ def test_two_retries_of_a_cancelled_sleeping_run_at_once_resume_it_once(
     run_id = value(
         conn,
         "select treadle.start_workflow('nap', steps => array['wait', 'go'], queue => 'nap',"
-        " sleeps => '{\"wait\": \"1 hour\"}')",
+        ' sleeps => \'{"wait": "1 hour"}\')',
     )
     assert value(conn, "select treadle.cancel_workflow(%s)", (run_id,)) is True  # only a sleep under way
     assert racing_retries(connect, wait_until_blocked, run_id) == ["running", "running"]
@@ -73,7 +71,9 @@ def test_two_retries_of_a_cancelled_sleeping_run_at_once_resume_it_once(
 
 def test_a_fork_of_a_running_run_keeps_what_it_carried(connect: Connect) -> None:
     conn = connect()
-    run_id = value(conn, "select treadle.start_workflow('trip', steps => array['book', 'pay', 'mail'], queue => 'trip')")
+    run_id = value(
+        conn, "select treadle.start_workflow('trip', steps => array['book', 'pay', 'mail'], queue => 'trip')"
+    )
     finish(conn, "trip", '"booked"')
     fork = value(conn, "select treadle.fork_run(%s, 'pay')", (run_id,))
     finish(conn, "trip", '"paid-by-source"')  # the source's pay (the older job) runs on
