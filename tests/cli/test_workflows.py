@@ -227,3 +227,5 @@ def test_fork_a_run_from_a_step(dsn: str, conn: psycopg.Connection[Any]) -> None
     assert conn.execute("SELECT count(*) FROM treadle.workflow_runs").fetchone() == runs
     text = expect(treadle("workflows", "fork", str(run_id), "reserve", "--input", '{"n": 2}', "--dsn", dsn), 0)
     assert text.out.endswith(f": forked from run {run_id} at step reserve\n")
+    shown = expect(treadle("workflows", "show", str(fork), "--dsn", dsn), 0).out
+    assert f"  forked from      {run_id}\n  forked step      charge\n" in shown

@@ -120,7 +120,8 @@ SELECT r.id, r.name, r.queue, r.state, r.version,
 # one workflow run (treadle workflows show); jsonb as text
 GET_WORKFLOW_RUN: Final[LiteralString] = """
 SELECT r.id, r.name, r.version, r.queue, r.state, r.priority, r.max_attempts, r.idempotency_key,
-       r.created_at, r.finished_at, r.input::text AS input
+       r.created_at, r.finished_at, r.input::text AS input, r.parent_run_id, r.parent_step, r.forked_from,
+       r.forked_step
   FROM treadle.workflow_runs AS r WHERE r.id = %(run_id)s::bigint
 """
 # a workflow run's steps in order, with the job that runs each (treadle workflows show)

@@ -559,7 +559,7 @@ class Worker:
         name = self._pool.application_name
         return Notifier(
             lambda: connect_direct(conninfo, name),
-            [_sql.LISTEN_JOBS, _sql.LISTEN_CANCEL],
+            [_sql.LISTEN_CANCEL, _sql.LISTEN_JOBS],  # the listener's last query: LISTEN treadle_jobs
             log,
             trusted=listen_dsn is not None,
         )

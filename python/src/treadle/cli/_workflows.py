@@ -257,7 +257,10 @@ def list_runs(options: argparse.Namespace) -> int:
     return OK
 
 
-RUN_SHOWN = "name version queue state priority max_attempts idempotency_key created_at finished_at".split()
+RUN_SHOWN = (
+    "name version queue state priority max_attempts idempotency_key created_at finished_at "
+    "parent_run_id parent_step forked_from forked_step"
+).split()
 
 
 def show_run(options: argparse.Namespace) -> int:
