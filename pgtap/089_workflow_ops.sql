@@ -1,17 +1,18 @@
 -- pgtap/089_workflow_ops.sql: operating workflow runs. retry_run resumes a failed or
 -- cancelled run from its failed steps (completed steps never run again); fork_run
 -- starts a new run of the same definition from a step, with the results recorded
--- before it. Every refusal has a stable SQLSTATE and writes nothing; only the
+-- before it; compensate_run undoes a cancelled run's completed steps. Every refusal has a stable SQLSTATE and writes nothing; only the
 -- operator's roles may call them, and a tenant reaches only its queues' runs.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(71);
+SELECT plan(89);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
 SELECT has_function('treadle', 'retry_run', ARRAY['bigint'], 'treadle.retry_run exists');
 SELECT has_function('treadle', 'fork_run', ARRAY['bigint', 'text', 'jsonb'], 'treadle.fork_run exists');
+SELECT has_function('treadle', 'compensate_run', ARRAY['bigint'], 'treadle.compensate_run exists');
 SELECT is((SELECT array_agg(column_name::text ORDER BY ordinal_position DESC) FROM
             (SELECT column_name, ordinal_position FROM information_schema.columns
               WHERE table_schema = 'treadle' AND table_name = 'workflow_runs'
@@ -187,6 +188,40 @@ SELECT throws_ok(format($$ SELECT treadle.fork_run(%s, 'a', input => '"text"') $
 SELECT is(pg_temp.picture(), :'before', 'the refusals wrote nothing');
 
 --------------------------------------------------------------------------------
+-- compensate_run: a cancelled run undoes its completed steps when asked
+--------------------------------------------------------------------------------
+SELECT treadle.start_workflow('saga', steps => ARRAY['debit', 'credit'], queue => 'ops',
+                              compensations => '{"debit": "refund"}') AS k1 \gset
+SELECT is(pg_temp.finish(:k1, 'debit', '{"id": 1}'), 'completed', 'the first step completes');
+SELECT ok(treadle.cancel_workflow(:k1), 'the run is cancelled while its second step waits');
+SELECT is((SELECT state FROM treadle.workflow_runs WHERE id = :k1), 'cancelled', 'it is cancelled, not compensated');
+SELECT is(treadle.compensate_run(:k1), 'compensating', 'compensate_run starts its compensations');
+SELECT results_eq(format($$ SELECT step, state, args FROM treadle.jobs WHERE workflow_run_id = %s AND step = 'refund' $$, :k1),
+                  $$ VALUES ('refund'::text, 'available'::text, '{"compensates": "debit", "result": {"id": 1}}'::jsonb) $$,
+                  'the compensation of the completed step is a job with its result');
+SELECT is(pg_temp.finish(:k1, 'refund', '"refunded"'), 'completed', 'the compensation completes');
+SELECT results_eq(format($$ SELECT state, finished_at IS NOT NULL FROM treadle.workflow_runs WHERE id = %s $$, :k1),
+                  $$ VALUES ('compensated'::text, true) $$, 'the run ends compensated');
+
+SELECT treadle.start_workflow('saga', steps => ARRAY['debit', 'credit'], queue => 'ops',
+                              compensations => '{"debit": "refund"}') AS k2 \gset
+SELECT ok(treadle.cancel_workflow(:k2), 'a run cancelled before any step completed');
+SELECT is(treadle.compensate_run(:k2), 'compensated', 'has nothing to undo: compensated at once');
+
+SELECT treadle.start_workflow('saga', steps => ARRAY['debit', 'credit'], queue => 'ops',
+                              compensations => '{"debit": "refund"}') AS k3 \gset
+SELECT pg_temp.picture() AS before \gset
+SELECT throws_ok('SELECT treadle.compensate_run(NULL)', '22004', NULL, 'compensate_run: a null id, 22004');
+SELECT throws_ok('SELECT treadle.compensate_run(-1)', 'P0002', NULL, 'an unknown run, P0002');
+SELECT throws_ok(format('SELECT treadle.compensate_run(%s)', :k3), '55000',
+                 format('treadle: workflow run %s is running: only a cancelled run is compensated on request', :k3),
+                 'a running run, 55000');
+SELECT throws_ok(format('SELECT treadle.compensate_run(%s)', :k1), '55000', NULL, 'a compensated run, 55000');
+SELECT throws_ok(format('SELECT treadle.compensate_run(%s)', :c1), '55000',
+                 format('treadle: workflow run %s has no compensations', :c1), 'a run without compensations, 55000');
+SELECT is(pg_temp.picture(), :'before', 'the refusals wrote nothing');
+
+--------------------------------------------------------------------------------
 -- Who may: the operator's roles; a tenant only its queues' runs
 --------------------------------------------------------------------------------
 CREATE ROLE ops_producer; SELECT treadle.grant_producer('ops_producer');
@@ -204,6 +239,10 @@ SELECT is(pg_temp.as_role('ops_tenant', format('SELECT treadle.retry_run(%s)', :
           'a tenant retries its own queue''s run');
 SELECT is(pg_temp.as_role('ops_admin', format('SELECT treadle.fork_run(%s, ''a'')', :g2)), 'ok',
           'an admin forks a run');
+SELECT is(pg_temp.as_role('ops_producer', format('SELECT treadle.compensate_run(%s)', :k2)), '42501',
+          'a producer may not compensate a run');
+SELECT is(pg_temp.as_role('ops_tenant', format('SELECT treadle.compensate_run(%s)', :k2)), '42501',
+          'nor a tenant another queue''s run');
 
 SELECT * FROM finish();
 ROLLBACK;

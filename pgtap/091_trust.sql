@@ -54,6 +54,7 @@ INSERT INTO may_execute VALUES
     ('treadle.cancel_workflow(bigint)',          '{producer,worker,admin,dashboard}'),
     ('treadle.retry_run(bigint)',                '{admin,dashboard}'),
     ('treadle.fork_run(bigint,text,jsonb)',      '{admin,dashboard}'),
+    ('treadle.compensate_run(bigint)',           '{admin,dashboard}'),
     ('treadle.schedule(text,text,text,jsonb,text,text,integer,integer,boolean)', '{producer,worker}'),
     ('treadle.unschedule(text)',                 '{producer,worker,admin,dashboard}'),
     ('treadle.claim(text,text[],text[],integer,interval,uuid)', '{worker}'),

@@ -8292,7 +8292,7 @@ CREATE POLICY tenants_tenant_read ON treadle.tenants FOR SELECT
 --------------------------------------------------------------------------------
 -- Operating workflow runs: retry a run from its failed steps, fork a run from a
 -- named step (a new run of the same pinned definition that carries the results
--- recorded before that step). Both are the operator's (treadle.grant_admin,
+-- recorded before that step), compensate a cancelled run. All are the operator's (treadle.grant_admin,
 -- treadle.grant_dashboard unless read-only); a tenant reaches only its queues'
 -- runs. Cancel is treadle.cancel_workflow (070_workflows.sql).
 --------------------------------------------------------------------------------
@@ -8530,6 +8530,54 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.fork_run(bigint, text, jsonb) IS
     'Start a new run of a workflow run''s definition from a step, with the results recorded before it; returns its id.';
+
+--------------------------------------------------------------------------------
+-- treadle.compensate_run(run_id) -> text
+--
+-- Transition: a cancelled run with compensations -> `compensating`: the
+-- compensations of its completed steps run one at a time, in reverse order of
+-- completion, as for a run that failed (treadle._compensate_next; a step of it
+-- still running finishes first), and it ends `compensated`, or `failed` if one
+-- fails for good (treadle.retry_run then runs that one again). Its cancelled child
+-- runs are not compensated by it (compensate each). Returns the state it is in
+-- now: `compensating`, or `compensated` when no completed step has a compensation.
+-- So a cancel undoes what the run did when asked: treadle.cancel_workflow, then,
+-- once the run is cancelled, treadle.compensate_run.
+-- Raises 22004: run_id null. P0002: no run has that id. 42501: a tenant's run
+-- outside its queues. 55000: a run that is not cancelled (a running one whose
+-- cancel is under way too: its running steps have not finished), or one without
+-- compensations.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.compensate_run(run_id bigint)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_run   treadle.workflow_runs := treadle._run_for_operation(compensate_run.run_id);
+    v_state text;
+BEGIN
+    IF v_run.compensations IS NULL THEN
+        RAISE EXCEPTION 'treadle: workflow run % has no compensations', v_run.id
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    UPDATE treadle.workflow_runs AS r SET state = 'compensating', finished_at = NULL
+     WHERE r.id = v_run.id AND r.state = 'cancelled';
+    IF NOT FOUND THEN
+        SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = v_run.id;
+        RAISE EXCEPTION 'treadle: workflow run % is %: only a cancelled run is compensated on request', v_run.id, v_state
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'A run whose cancel was requested is cancelled once its running steps finish.';
+    END IF;
+    PERFORM treadle._compensate_next(v_run.id, treadle.now());
+    SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = v_run.id;
+    RETURN v_state;
+END;
+$$;
+COMMENT ON FUNCTION treadle.compensate_run(bigint) IS
+    'Run the compensations of a cancelled workflow run''s completed steps; returns its state.';
 --------------------------------------------------------------------------------
 -- Privileges. The functions are the only write path: every function that writes
 -- runs as the owner (SECURITY DEFINER, search_path pinned, names qualified, no
@@ -8542,9 +8590,9 @@ COMMENT ON FUNCTION treadle.fork_run(bigint, text, jsonb) IS
 --   treadle.grant_producer(role)   reader + enqueue, workflows, schedules, cancel, retry
 --   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, retention, registry
 --   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue, retention,
---                                  retry_run, fork_run
+--                                  retry_run, fork_run, compensate_run
 --   treadle.grant_dashboard(role, read_only)   reader + cancel, retry, unschedule, retry_run,
---                                  fork_run unless read_only
+--                                  fork_run, compensate_run unless read_only
 --
 -- and keeps a role to the queues under a prefix with treadle.set_tenant.
 -- docs/operations.md has the table of who may do what.
@@ -8561,7 +8609,7 @@ COMMENT ON FUNCTION treadle.fork_run(bigint, text, jsonb) IS
 --            complete_many, complete_and_claim, fail, release, snooze, step_sleep,
 --            define_workflow, worker_seen, worker_stopped
 --   queues   set_queue, pause, resume
---   runs     retry_run, fork_run (the operator's: not a producer's)
+--   runs     retry_run, fork_run, compensate_run (the operator's: not a producer's)
 --   recover  rescue, apply_retention (the housekeeping every worker does)
 --   prune    prune
 -- Each function is listed here once; the grant helpers combine the parts.
@@ -8616,6 +8664,7 @@ BEGIN
         ('queues',  'treadle.resume(text)'),
         ('runs',    'treadle.retry_run(bigint)'),
         ('runs',    'treadle.fork_run(bigint, text, jsonb)'),
+        ('runs',    'treadle.compensate_run(bigint)'),
         ('recover', 'treadle.rescue()'),
         ('recover', 'treadle.apply_retention(integer)'),
         ('recover', 'treadle.archive(integer)'),
@@ -8710,8 +8759,8 @@ COMMENT ON FUNCTION treadle.grant_worker(regrole) IS
 -- treadle.grant_admin(role) -> void
 --
 -- grant_reader, plus the operator's controls: cancel, retry, prune, rescue,
--- apply_retention, the queues' pause, resume and limits, and retrying and forking
--- workflow runs. Raises 22004: role null. Owner only.
+-- apply_retention, the queues' pause, resume and limits, and retrying, forking and
+-- compensating workflow runs. Raises 22004: role null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_admin(role regrole)
 RETURNS void
@@ -8731,7 +8780,7 @@ COMMENT ON FUNCTION treadle.grant_admin(regrole) IS
 -- treadle.grant_dashboard(role, read_only) -> void
 --
 -- What the dashboard needs: grant_reader, and unless read_only, cancelling and
--- retrying jobs, cancelling, retrying and forking workflow runs, and pausing,
+-- retrying jobs, cancelling, retrying, forking and compensating workflow runs, and pausing,
 -- resuming and limiting queues.
 -- Raises 22004: role or read_only null. Owner only.
 --------------------------------------------------------------------------------

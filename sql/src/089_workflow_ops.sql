@@ -1,7 +1,7 @@
 --------------------------------------------------------------------------------
 -- Operating workflow runs: retry a run from its failed steps, fork a run from a
 -- named step (a new run of the same pinned definition that carries the results
--- recorded before that step). Both are the operator's (treadle.grant_admin,
+-- recorded before that step), compensate a cancelled run. All are the operator's (treadle.grant_admin,
 -- treadle.grant_dashboard unless read-only); a tenant reaches only its queues'
 -- runs. Cancel is treadle.cancel_workflow (070_workflows.sql).
 --------------------------------------------------------------------------------
@@ -239,3 +239,51 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.fork_run(bigint, text, jsonb) IS
     'Start a new run of a workflow run''s definition from a step, with the results recorded before it; returns its id.';
+
+--------------------------------------------------------------------------------
+-- treadle.compensate_run(run_id) -> text
+--
+-- Transition: a cancelled run with compensations -> `compensating`: the
+-- compensations of its completed steps run one at a time, in reverse order of
+-- completion, as for a run that failed (treadle._compensate_next; a step of it
+-- still running finishes first), and it ends `compensated`, or `failed` if one
+-- fails for good (treadle.retry_run then runs that one again). Its cancelled child
+-- runs are not compensated by it (compensate each). Returns the state it is in
+-- now: `compensating`, or `compensated` when no completed step has a compensation.
+-- So a cancel undoes what the run did when asked: treadle.cancel_workflow, then,
+-- once the run is cancelled, treadle.compensate_run.
+-- Raises 22004: run_id null. P0002: no run has that id. 42501: a tenant's run
+-- outside its queues. 55000: a run that is not cancelled (a running one whose
+-- cancel is under way too: its running steps have not finished), or one without
+-- compensations.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.compensate_run(run_id bigint)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_run   treadle.workflow_runs := treadle._run_for_operation(compensate_run.run_id);
+    v_state text;
+BEGIN
+    IF v_run.compensations IS NULL THEN
+        RAISE EXCEPTION 'treadle: workflow run % has no compensations', v_run.id
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    UPDATE treadle.workflow_runs AS r SET state = 'compensating', finished_at = NULL
+     WHERE r.id = v_run.id AND r.state = 'cancelled';
+    IF NOT FOUND THEN
+        SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = v_run.id;
+        RAISE EXCEPTION 'treadle: workflow run % is %: only a cancelled run is compensated on request', v_run.id, v_state
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'A run whose cancel was requested is cancelled once its running steps finish.';
+    END IF;
+    PERFORM treadle._compensate_next(v_run.id, treadle.now());
+    SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = v_run.id;
+    RETURN v_state;
+END;
+$$;
+COMMENT ON FUNCTION treadle.compensate_run(bigint) IS
+    'Run the compensations of a cancelled workflow run''s completed steps; returns its state.';

@@ -10,9 +10,9 @@
 --   treadle.grant_producer(role)   reader + enqueue, workflows, schedules, cancel, retry
 --   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, retention, registry
 --   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue, retention,
---                                  retry_run, fork_run
+--                                  retry_run, fork_run, compensate_run
 --   treadle.grant_dashboard(role, read_only)   reader + cancel, retry, unschedule, retry_run,
---                                  fork_run unless read_only
+--                                  fork_run, compensate_run unless read_only
 --
 -- and keeps a role to the queues under a prefix with treadle.set_tenant.
 -- docs/operations.md has the table of who may do what.
@@ -29,7 +29,7 @@
 --            complete_many, complete_and_claim, fail, release, snooze, step_sleep,
 --            define_workflow, worker_seen, worker_stopped
 --   queues   set_queue, pause, resume
---   runs     retry_run, fork_run (the operator's: not a producer's)
+--   runs     retry_run, fork_run, compensate_run (the operator's: not a producer's)
 --   recover  rescue, apply_retention (the housekeeping every worker does)
 --   prune    prune
 -- Each function is listed here once; the grant helpers combine the parts.
@@ -84,6 +84,7 @@ BEGIN
         ('queues',  'treadle.resume(text)'),
         ('runs',    'treadle.retry_run(bigint)'),
         ('runs',    'treadle.fork_run(bigint, text, jsonb)'),
+        ('runs',    'treadle.compensate_run(bigint)'),
         ('recover', 'treadle.rescue()'),
         ('recover', 'treadle.apply_retention(integer)'),
         ('recover', 'treadle.archive(integer)'),
@@ -178,8 +179,8 @@ COMMENT ON FUNCTION treadle.grant_worker(regrole) IS
 -- treadle.grant_admin(role) -> void
 --
 -- grant_reader, plus the operator's controls: cancel, retry, prune, rescue,
--- apply_retention, the queues' pause, resume and limits, and retrying and forking
--- workflow runs. Raises 22004: role null. Owner only.
+-- apply_retention, the queues' pause, resume and limits, and retrying, forking and
+-- compensating workflow runs. Raises 22004: role null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_admin(role regrole)
 RETURNS void
@@ -199,7 +200,7 @@ COMMENT ON FUNCTION treadle.grant_admin(regrole) IS
 -- treadle.grant_dashboard(role, read_only) -> void
 --
 -- What the dashboard needs: grant_reader, and unless read_only, cancelling and
--- retrying jobs, cancelling, retrying and forking workflow runs, and pausing,
+-- retrying jobs, cancelling, retrying, forking and compensating workflow runs, and pausing,
 -- resuming and limiting queues.
 -- Raises 22004: role or read_only null. Owner only.
 --------------------------------------------------------------------------------

@@ -229,3 +229,22 @@ def test_fork_a_run_from_a_step(dsn: str, conn: psycopg.Connection[Any]) -> None
     assert text.out.endswith(f": forked from run {run_id} at step reserve\n")
     shown = expect(treadle("workflows", "show", str(fork), "--dsn", dsn), 0).out
     assert f"  forked from      {run_id}\n  forked step      charge\n" in shown
+
+
+def test_compensate_a_cancelled_run(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    row = conn.execute(
+        "SELECT treadle.start_workflow('saga', steps => array['debit', 'credit'], queue => 'saga',"
+        ' compensations => \'{"debit": "refund"}\')'
+    ).fetchone()
+    assert row is not None
+    run_id = int(row[0])
+    refused = expect(treadle("workflows", "compensate", str(run_id), "--dsn", dsn), 4)
+    assert f"workflow run {run_id} is running: only a cancelled run is compensated" in refused.err
+    claimed = conn.execute("SELECT id, lease_token FROM treadle.claim('w', array['saga'])").fetchone()
+    assert claimed is not None
+    conn.execute("SELECT treadle.complete(%s, %s, '{\"id\": 1}')", claimed)
+    expect(treadle("workflows", "cancel", str(run_id), "--dsn", dsn), 0)
+    done = expect(treadle("workflows", "compensate", str(run_id), "--json", "--dsn", dsn), 0)
+    assert done.json() == {"run": run_id, "state": "compensating"}
+    assert state(conn, run_id) == "compensating"
+    assert "no workflow run 999999" in expect(treadle("workflows", "compensate", "999999", "--dsn", dsn), 3).err

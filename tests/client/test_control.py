@@ -245,3 +245,16 @@ def test_retry_run_and_fork_run_async(dsn: str) -> None:
 
     state, fork = asyncio.run(go())
     assert state == "running" and fork > 0
+
+
+def test_compensate_run(conn: psycopg.Connection[Any], sql_worker: SqlWorker) -> None:
+    run_id = treadle.start_workflow(conn, "saga", steps=["debit", "credit"], compensations={"debit": "refund"})
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="only a cancelled run"):
+        treadle.compensate_run(conn, run_id)
+    sql_worker.complete(_step_job(conn, run_id, "debit"), {"id": 1})
+    assert treadle.cancel_workflow(conn, run_id) is True
+    assert treadle.compensate_run(conn, run_id) == "compensating"
+    sql_worker.complete(_step_job(conn, run_id, "refund"), "refunded")
+    assert _run(conn, run_id)[:2] == ("compensated", {"debit": {"id": 1}, "refund": "refunded"})
+    with pytest.raises(psycopg.errors.NoDataFound):
+        treadle.compensate_run(conn, 999999)

@@ -189,3 +189,22 @@ def test_the_run_page_shows_step_times_and_run_actions(client: FlaskClient, seed
     assert page.count(f'action="/runs/{seeded.failed_run}/fork"') == 3  # one per step
     running = client.get(f"/runs/{seeded.running_run}").get_data(as_text=True)
     assert "/retry" not in running.split("<h2>Steps</h2>")[0]  # a running run is cancelled, not retried
+
+
+def test_compensate_run_undoes_a_cancelled_run(client: FlaskClient, conn: psycopg.Connection, seeded: Seeded) -> None:
+    row = conn.execute(
+        "SELECT treadle.start_workflow('saga', steps => array['debit', 'credit'], queue => 'saga',"
+        ' compensations => \'{"debit": "refund"}\')'
+    ).fetchone()
+    assert row is not None
+    run = row[0]
+    status, body = post(client, f"/runs/{run}/compensate")
+    assert status == 409 and isinstance(body, dict)
+    assert body["message"] == f"Workflow run {run} is running: only a cancelled run is compensated on request."
+    conn.execute("SELECT treadle.cancel_workflow(%s)", (run,))
+    assert f'action="/runs/{run}/compensate"' in client.get(f"/runs/{run}").get_data(as_text=True)
+    status, body = post(client, f"/runs/{run}/compensate")
+    assert (status, body) == (200, {"ok": True, "message": f"Workflow run {run} is compensated."})  # nothing to undo
+    status, body = post(client, f"/runs/{seeded.failed_run}/compensate")
+    assert (status, body) == (409, {"ok": False, "message": f"Workflow run {seeded.failed_run} has no compensations."})
+    assert "/compensate" not in client.get(f"/runs/{seeded.failed_run}").get_data(as_text=True)

@@ -67,8 +67,9 @@ CANCEL: Final[LiteralString] = "SELECT treadle.cancel(job_id => %(job_id)s::bigi
 RETRY: Final[LiteralString] = "SELECT treadle.retry(job_id => %(job_id)s::bigint)"
 CANCEL_WORKFLOW: Final[LiteralString] = "SELECT treadle.cancel_workflow(run_id => %(run_id)s::bigint)"
 WORKFLOW_RESULTS: Final[LiteralString] = "SELECT treadle.workflow_results(run_id => %(run_id)s::bigint)"
-# treadle.retry_run, fork_run: the operator's run controls
+# treadle.retry_run, compensate_run, fork_run: the operator's run controls
 RETRY_RUN: Final[LiteralString] = "SELECT treadle.retry_run(run_id => %(run_id)s::bigint)"
+COMPENSATE_RUN: Final[LiteralString] = "SELECT treadle.compensate_run(run_id => %(run_id)s::bigint)"
 FORK_RUN: Final[LiteralString] = """
 SELECT treadle.fork_run(run_id => %(run_id)s::bigint, from_step => %(from_step)s::text, input => %(input)s::jsonb)
 """

@@ -518,6 +518,21 @@ def retry_run(conn: AnyConnection, run_id: int) -> str | Awaitable[str]:
 
 
 @overload
+def compensate_run(conn: AsyncConnection, run_id: int) -> Awaitable[str]: ...
+@overload
+def compensate_run(conn: SyncConnection, run_id: int) -> str: ...
+def compensate_run(conn: AnyConnection, run_id: int) -> str | Awaitable[str]:
+    """Run the compensations of a cancelled workflow run's completed steps; returns its state now.
+
+    "compensating" (its compensations run, last completed step first), or "compensated"
+    when it has nothing to undo. The operator's call. Raises psycopg.errors.NoDataFound
+    (P0002) for an unknown run, psycopg.errors.ObjectNotInPrerequisiteState (55000) for
+    one that is not cancelled (a cancel still under way too) or has no compensations.
+    """
+    return _conn.execute(conn, _sql.COMPENSATE_RUN, {"run_id": _args.row_id(run_id, "run_id")}, _scalar)
+
+
+@overload
 def fork_run(conn: AsyncConnection, run_id: int, from_step: str, *, input: JsonPayload = None) -> Awaitable[int]: ...
 @overload
 def fork_run(conn: SyncConnection, run_id: int, from_step: str, *, input: JsonPayload = None) -> int: ...

@@ -1,4 +1,4 @@
-"""treadle workflows list | show | cancel | retry | fork | signal: workflow runs, read, operated and signalled."""
+"""treadle workflows list | show | cancel | retry | compensate | fork | signal: runs read, operated, signalled."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def add_commands(commands: Any) -> None:
     workflows = command(
         commands,
         "workflows",
-        "list, show, cancel, retry, fork and signal workflow runs",
+        "list, show, cancel, retry, compensate, fork and signal workflow runs",
         examples=[
             "treadle workflows list --state running --name checkout",
             "treadle workflows show 42",
@@ -137,6 +137,23 @@ def add_commands(commands: Any) -> None:
     add_json(retry)
     add_dsn(retry)
     retry.set_defaults(command=retry_run)
+
+    compensate = command(
+        sub,
+        "compensate",
+        "undo a cancelled workflow run's completed steps (treadle.compensate_run)",
+        description=(
+            "Run the compensations of a cancelled workflow run's completed steps, the last completed first; "
+            "the run is compensating, then compensated (or failed if a compensation fails for good). Exit 3 "
+            "for an unknown run, 4 for a run that is not cancelled (a cancel still under way too) or has no "
+            "compensations (nothing is written then)."
+        ),
+        examples=["treadle workflows cancel 42 && treadle workflows compensate 42"],
+    )
+    compensate.add_argument("run", type=positive_id, metavar="RUN", help="the run's id")
+    add_json(compensate)
+    add_dsn(compensate)
+    compensate.set_defaults(command=compensate_run)
 
     fork = command(
         sub,
@@ -344,6 +361,21 @@ def retry_run(options: argparse.Namespace) -> int:
         print_json({"run": options.run, "retried": True, "state": state})
     else:
         print(f"workflow run {options.run}: retried: it is {state}")
+    return OK
+
+
+def compensate_run(options: argparse.Namespace) -> int:
+    with connect(options) as conn:
+        try:
+            state = client.compensate_run(conn, options.run)
+        except psycopg.errors.NoDataFound:
+            raise NotFound(f"no workflow run {options.run}") from None
+        except psycopg.errors.ObjectNotInPrerequisiteState as error:
+            raise Refused(f"workflow run {options.run}: not compensated: {_primary(error)}") from None
+    if options.json:
+        print_json({"run": options.run, "state": state})
+    else:
+        print(f"workflow run {options.run}: {state}")
     return OK
 
 

@@ -84,6 +84,7 @@ SELECT {RUN_COLUMNS}, steps, input, parent_run_id, parent_step,
        ARRAY(SELECT c.id FROM treadle.workflow_runs AS c WHERE c.parent_run_id = o.id ORDER BY c.id) AS children,
        (SELECT r.forked_from FROM treadle.workflow_runs AS r WHERE r.id = o.id) AS forked_from,
        (SELECT r.forked_step FROM treadle.workflow_runs AS r WHERE r.id = o.id) AS forked_step,
+       (SELECT r.compensations IS NOT NULL FROM treadle.workflow_runs AS r WHERE r.id = o.id) AS compensable,
        ARRAY(SELECT f.id FROM treadle.workflow_runs AS f WHERE f.forked_from = o.id ORDER BY f.id LIMIT 100) AS forks
   FROM treadle.workflow_run_overview AS o
  WHERE o.id = %(run_id)s
@@ -685,6 +686,14 @@ class Store:
         try:
             with self._cursor(read_only=False) as cur:
                 return RunOutcome(state=str(_via_client(client.retry_run, cur.connection, run_id)))
+        except (psycopg.errors.NoDataFound, psycopg.errors.ObjectNotInPrerequisiteState) as error:
+            return RunOutcome(refused=error)
+
+    def compensate_run(self, run_id: int) -> RunOutcome:
+        """treadle.compensate_run: the run's state after it, or why it was refused (P0002, 55000)."""
+        try:
+            with self._cursor(read_only=False) as cur:
+                return RunOutcome(state=str(_via_client(client.compensate_run, cur.connection, run_id)))
         except (psycopg.errors.NoDataFound, psycopg.errors.ObjectNotInPrerequisiteState) as error:
             return RunOutcome(refused=error)
 

@@ -389,6 +389,14 @@ def retry_run(run_id: int) -> Any:
     return _answer(200, f"Workflow run {run_id} retried: it is {outcome.state}.")
 
 
+@blueprint.post("/runs/<int:run_id>/compensate")
+def compensate_run(run_id: int) -> Any:
+    outcome = current().store.compensate_run(_bigint(run_id, "workflow run"))
+    if outcome.refused is not None:
+        return _answer(*_run_refused(run_id, outcome.refused))
+    return _answer(200, f"Workflow run {run_id} is {outcome.state}.")
+
+
 @blueprint.post("/runs/<int:run_id>/fork")
 def fork_run(run_id: int) -> Any:
     step = request.form.get("step", "")
