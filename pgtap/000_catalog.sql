@@ -61,8 +61,8 @@ SELECT set_eq(
           'treadle.set_queue(text,integer,integer,interval,integer,interval,interval)',
           'treadle.pause(text)', 'treadle.resume(text)', 'treadle.explain(bigint,text)', 'treadle.explain_run(bigint)',
           'treadle.listen_done(text)', 'treadle.unlisten_done()',
-          'treadle._caller_prefix()', 'treadle._reader_prefix()'],
-    'exactly the public functions that write, estimated_jobs (which reads statistics), explain and explain_run (which read worker and queue state), cron_next (for the private parser), listen_done and unlisten_done (which register a waiting session), and _caller_prefix and _reader_prefix (which the row-level security policies call to read treadle.tenants), run as the owner (SECURITY DEFINER)');
+          'treadle._caller_prefix()'],
+    'exactly the public functions that write, estimated_jobs (which reads statistics), explain and explain_run (which read worker and queue state), cron_next (for the private parser), listen_done and unlisten_done (which register a waiting session), and _caller_prefix (which the row-level security policies call, through _reader_prefix, to read treadle.tenants), run as the owner (SECURITY DEFINER)');
 SELECT set_eq(
     $$ SELECT signature FROM treadle_functions WHERE has_function_privilege('public', oid, 'EXECUTE') $$,
     ARRAY['treadle.version()', 'treadle.now()', 'treadle.workflow_results(bigint)',

@@ -4,7 +4,7 @@
 -- longer holds: a change of role or of the tenants plans it again.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(16);
+SELECT plan(20);
 \ir helpers.psql
 
 SELECT is_empty($$
@@ -64,6 +64,32 @@ SELECT treadle.set_tenant('pp_other', 'b.');
 SELECT is(pg_temp.visible(), ARRAY['a.one', 'a.two', 'b.one'], 'the reader still sees every queue');
 SET ROLE pp_other;
 SELECT is((SELECT array_agg(queue ORDER BY queue) FROM treadle.jobs), ARRAY['b.one'], 'the other tenant sees its own');
+RESET ROLE;
+
+-- a SECURITY DEFINER function of another role reads as that role (current_user), and a
+-- cached plan in it is that role's: one tenant's prefix never reaches another caller
+CREATE ROLE pp_definer;
+SELECT treadle.grant_reader('pp_definer');
+SELECT treadle.set_tenant('pp_reader', 'a.');
+CREATE FUNCTION public.pp_peek() RETURNS text[] LANGUAGE plpgsql SECURITY DEFINER
+SET plan_cache_mode = force_generic_plan AS $$
+BEGIN
+    RETURN (SELECT coalesce(array_agg(queue ORDER BY queue), '{}') FROM treadle.jobs);
+END;
+$$;
+ALTER FUNCTION public.pp_peek() OWNER TO pp_definer;
+GRANT EXECUTE ON FUNCTION public.pp_peek() TO pp_reader, pp_other;
+SET ROLE pp_reader;
+SELECT is(public.pp_peek(), '{}'::text[], 'a tenant calling another role''s definer function reads no row through it');
+RESET ROLE;
+SET ROLE pp_other;
+SELECT is(public.pp_peek(), '{}'::text[], 'nor does the next tenant: the first caller''s prefix is not kept');
+RESET ROLE;
+DISCARD PLANS;
+SET ROLE pp_definer;
+SELECT is(public.pp_peek(), ARRAY['a.one', 'a.two', 'b.one'], 'the definer itself, not a tenant, reads every row once planned as itself');
+SELECT is((SELECT array_agg(queue ORDER BY queue) FROM treadle.jobs), ARRAY['a.one', 'a.two', 'b.one'],
+          'and so directly');
 RESET ROLE;
 
 -- bad input: set_tenant refuses

@@ -8810,28 +8810,31 @@ COMMENT ON FUNCTION treadle.explain_run(bigint) IS
 --------------------------------------------------------------------------------
 -- treadle._reader_prefix() -> text
 --
--- treadle._caller_prefix for the policies, declared IMMUTABLE so that the planner
+-- The prefix the policies keep a reader to, declared IMMUTABLE so that the planner
 -- computes it once, into the plan, rather than once per row (a STABLE call in a
 -- policy runs for every row read: 100,000 jobs counted in 0.5 s instead of 20 ms).
 -- What makes that sound: PostgreSQL plans a query under row-level security again
--- when the role changes (a plan records the role it was made for), and every
+-- when current_user changes (a plan records the role it was made for), and every
 -- change to treadle.tenants touches this function's catalog row
 -- (treadle._tenants_changed), which makes every session plan again each cached
--- plan that computed it. Only the policies call it; a function that runs as the
--- owner must call treadle._caller_prefix (its plans are not tied to a role).
--- Anyone may call it: it tells a role its own prefix only.
+-- plan that computed it. So the value must depend on current_user and on
+-- treadle.tenants only: it is the caller's tenant prefix (treadle._caller_prefix)
+-- when current_user is the caller's role, and null (no row passes) inside a
+-- SECURITY DEFINER function of another role, whose cached plans would otherwise
+-- keep the first caller's prefix for the next. Not a definer itself and not
+-- inlined (the SET), so it sees the reader's current_user. Only the policies
+-- call it; anyone may: it tells a role its own prefix only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._reader_prefix()
 RETURNS text
 LANGUAGE sql
 IMMUTABLE
-SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    SELECT treadle._caller_prefix();
+    SELECT CASE WHEN CURRENT_USER = treadle._caller() THEN treadle._caller_prefix() END;
 END;
 COMMENT ON FUNCTION treadle._reader_prefix() IS
-    'The caller''s tenant prefix for the row-level security policies, computed once per plan.';
+    'The reader''s tenant prefix for the row-level security policies, computed once per plan (null inside another role''s definer function).';
 
 --------------------------------------------------------------------------------
 -- treadle._tenants_changed() -> trigger
