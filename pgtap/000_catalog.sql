@@ -61,14 +61,15 @@ SELECT set_eq(
           'treadle.set_queue(text,integer,integer,interval,integer,interval,interval)',
           'treadle.pause(text)', 'treadle.resume(text)', 'treadle.explain(bigint)', 'treadle.explain_run(bigint)',
           'treadle.listen_done(text)', 'treadle.unlisten_done()',
-          'treadle._caller_prefix()'],
-    'exactly the public functions that write, estimated_jobs (which reads statistics), explain and explain_run (which read worker and queue state), cron_next (for the private parser), listen_done and unlisten_done (which register a waiting session), and _caller_prefix (which the row-level security policies call to read treadle.tenants), run as the owner (SECURITY DEFINER)');
+          'treadle._caller_prefix()', 'treadle._reader_prefix()'],
+    'exactly the public functions that write, estimated_jobs (which reads statistics), explain and explain_run (which read worker and queue state), cron_next (for the private parser), listen_done and unlisten_done (which register a waiting session), and _caller_prefix and _reader_prefix (which the row-level security policies call to read treadle.tenants), run as the owner (SECURITY DEFINER)');
 SELECT set_eq(
     $$ SELECT signature FROM treadle_functions WHERE has_function_privilege('public', oid, 'EXECUTE') $$,
     ARRAY['treadle.version()', 'treadle.now()', 'treadle.workflow_results(bigint)',
           'treadle.workflow_step_results(bigint,text)', 'treadle.cron_next(text,text,timestamp with time zone)',
-          'treadle._caller()', 'treadle._caller_role()', 'treadle._caller_prefix()'],
-    'PUBLIC executes only the read-only functions that run with the caller''s rights, cron_next, and the policies'' three helpers (each tells a role of itself)');
+          'treadle._caller()', 'treadle._caller_role()', 'treadle._caller_prefix()', 'treadle._reader_prefix()',
+          'treadle._all_start_with(text[],text)'],
+    'PUBLIC executes only the read-only functions that run with the caller''s rights, cron_next, and the policies'' helpers (each tells a role of itself, or reads no table)');
 SELECT set_eq(
     $$ SELECT unnest(extconfig)::regclass::text FROM pg_extension WHERE extname = 'treadle' $$,
     $$ SELECT unnest(ARRAY['treadle.jobs', 'treadle.jobs_id_seq', 'treadle.workflow_runs',

@@ -35,6 +35,8 @@ INSERT INTO may_execute VALUES
     ('treadle._caller()',                        '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle._caller_role()',                   '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle._caller_prefix()',                 '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
+    ('treadle._reader_prefix()',                 '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
+    ('treadle._all_start_with(text[],text)',     '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.job_counts(bigint)',               '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
     ('treadle.estimated_jobs(text,text)',        '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
     ('treadle.explain(bigint)',                  '{reader,producer,worker,admin,dashboard,dashboard_ro}'),
@@ -94,9 +96,9 @@ SELECT is_empty(
 SELECT is_empty(
     $$ SELECT f.signature, r.part FROM extension_functions AS f CROSS JOIN roles AS r
         WHERE (f.proname LIKE '\_%' OR f.proname LIKE 'grant\_%' OR f.proname IN ('set_tenant', 'configure'))
-          AND f.proname NOT IN ('_caller', '_caller_role', '_caller_prefix')
+          AND f.proname NOT IN ('_caller', '_caller_role', '_caller_prefix', '_reader_prefix', '_all_start_with')
           AND has_function_privilege(r.role, f.oid, 'EXECUTE') $$,
-    'internal helpers (but the policies'' three), grant helpers, set_tenant and configure are the owner''s alone');
+    'internal helpers (but the policies'' five), grant helpers, set_tenant and configure are the owner''s alone');
 
 -- Tables, views and sequences: no part may write anything, or read a lease token.
 SELECT is_empty(

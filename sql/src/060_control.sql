@@ -213,7 +213,6 @@ DECLARE
     v_shortest   interval;
     v_runs       bigint[];
     v_step_ids   bigint[];
-    v_step_runs  bigint[];
     v_busy_runs  bigint[];
     v_steps      bigint;
     v_jobs       bigint;
@@ -263,8 +262,8 @@ BEGIN
 
     IF v_runs IS NOT NULL THEN
         -- A run goes only with every step: one whose step someone holds (a retry) stays.
-        SELECT array_agg(s.id), array_agg(s.workflow_run_id) INTO v_step_ids, v_step_runs
-          FROM (SELECT j.id, j.workflow_run_id FROM treadle.jobs AS j
+        SELECT array_agg(s.id) INTO v_step_ids
+          FROM (SELECT j.id FROM treadle.jobs AS j
                  WHERE j.workflow_run_id = ANY (v_runs)
                    FOR UPDATE SKIP LOCKED) AS s;
         SELECT array_agg(DISTINCT j.workflow_run_id) INTO v_busy_runs
@@ -272,11 +271,15 @@ BEGIN
          WHERE j.workflow_run_id = ANY (v_runs)
            AND j.id <> ALL (coalesce(v_step_ids, '{}'));
         v_busy_runs := coalesce(v_busy_runs, '{}');
-        SELECT count(*) INTO v_steps
-          FROM unnest(v_step_ids, v_step_runs) AS s(id, run_id)
-         WHERE s.run_id <> ALL (v_busy_runs);
-        DELETE FROM treadle.workflow_runs AS r
-         WHERE r.id = ANY (v_runs) AND r.id <> ALL (v_busy_runs);  -- their steps go by the cascade
+        -- the runs go, then their steps (jobs.workflow_run_id has no foreign key)
+        WITH gone AS (
+            DELETE FROM treadle.workflow_runs AS r
+             WHERE r.id = ANY (v_runs) AND r.id <> ALL (v_busy_runs)
+            RETURNING r.id
+        )
+        SELECT array_agg(g.id) INTO v_runs FROM gone AS g;
+        DELETE FROM treadle.jobs AS j WHERE j.workflow_run_id = ANY (v_runs);
+        GET DIAGNOSTICS v_steps = ROW_COUNT;
         v_jobs := v_jobs + v_steps;
     END IF;
 
@@ -328,6 +331,7 @@ DECLARE
     v_cutoff timestamptz;
     v_jobs   bigint;
     v_steps  bigint;
+    v_runs   bigint[];
 BEGIN
     IF prune.older_than IS NULL THEN
         RAISE EXCEPTION 'treadle: older_than must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -335,11 +339,14 @@ BEGIN
     PERFORM treadle._check_interval(prune.older_than, 'older_than', interval '100 years', may_be_zero => true);
     v_cutoff := treadle.now() - prune.older_than;
 
-    SELECT count(*) INTO v_steps
-      FROM treadle.jobs AS j
-      JOIN treadle.workflow_runs AS r ON r.id = j.workflow_run_id
-     WHERE r.state <> 'running' AND r.finished_at < v_cutoff;
-    DELETE FROM treadle.workflow_runs AS r WHERE r.state <> 'running' AND r.finished_at < v_cutoff;
+    -- the runs go, then their steps (jobs.workflow_run_id has no foreign key)
+    WITH gone AS (
+        DELETE FROM treadle.workflow_runs AS r WHERE r.state <> 'running' AND r.finished_at < v_cutoff
+        RETURNING r.id
+    )
+    SELECT array_agg(g.id) INTO v_runs FROM gone AS g;
+    DELETE FROM treadle.jobs AS j WHERE j.workflow_run_id = ANY (v_runs);
+    GET DIAGNOSTICS v_steps = ROW_COUNT;
 
     DELETE FROM treadle.jobs AS j
      WHERE j.finished_at < v_cutoff

@@ -7,29 +7,100 @@
 --
 -- These policies are PERMISSIVE: an operator who keeps a role to less (one queue,
 -- say) adds a RESTRICTIVE policy of its own, which every reader's query then meets
--- as well (docs/operations.md). Each reads the caller's prefix once per query
--- (treadle._caller_prefix, which runs as the owner, so that no policy reads
--- treadle.tenants through another). An upgrade drops the previous version's
--- policies before this file makes them again.
+-- as well (docs/operations.md). Each reads the caller's prefix once per plan
+-- (treadle._reader_prefix, below), through no subquery: Citus distributes no
+-- table whose policy has one. An upgrade drops the previous version's policies
+-- before this file makes them again.
 --------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._reader_prefix() -> text
+--
+-- treadle._caller_prefix for the policies, declared IMMUTABLE so that the planner
+-- computes it once, into the plan, rather than once per row (a STABLE call in a
+-- policy runs for every row read: 100,000 jobs counted in 0.5 s instead of 20 ms).
+-- What makes that sound: PostgreSQL plans a query under row-level security again
+-- when the role changes (a plan records the role it was made for), and every
+-- change to treadle.tenants touches this function's catalog row
+-- (treadle._tenants_changed), which makes every session plan again each cached
+-- plan that computed it. Only the policies call it; a function that runs as the
+-- owner must call treadle._caller_prefix (its plans are not tied to a role).
+-- Anyone may call it: it tells a role its own prefix only.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._reader_prefix()
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT treadle._caller_prefix();
+END;
+COMMENT ON FUNCTION treadle._reader_prefix() IS
+    'The caller''s tenant prefix for the row-level security policies, computed once per plan.';
+
+--------------------------------------------------------------------------------
+-- treadle._tenants_changed() -> trigger
+--
+-- After any change to treadle.tenants: a change to treadle._reader_prefix's catalog
+-- row that leaves it as it is, so that every session plans again the cached plans
+-- that computed a tenant prefix. Its writer must own that function (set_tenant is
+-- owner only). Writers are serialized (the lock), so that two such changes never
+-- meet on the one catalog row.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._tenants_changed()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    LOCK TABLE treadle.tenants IN SHARE ROW EXCLUSIVE MODE;
+    ALTER FUNCTION treadle._reader_prefix() IMMUTABLE;
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION treadle._tenants_changed() IS
+    'After a change to the tenants: plans that computed a tenant prefix are made again.';
+CREATE OR REPLACE TRIGGER tenants_changed
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON treadle.tenants
+    FOR EACH STATEMENT EXECUTE FUNCTION treadle._tenants_changed();
+
+--------------------------------------------------------------------------------
+-- treadle._all_start_with(names, prefix) -> boolean
+--
+-- Whether every one of names starts with prefix (the workers policy: a worker is
+-- a tenant's when every queue it serves is).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._all_start_with(names text[], prefix text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT NOT EXISTS (SELECT FROM unnest(names) AS n(n) WHERE NOT starts_with(n.n, prefix));
+END;
+COMMENT ON FUNCTION treadle._all_start_with(text[], text) IS
+    'Whether every one of names starts with prefix.';
+
 CREATE POLICY jobs_tenant_read ON treadle.jobs FOR SELECT
-    USING (starts_with(queue, (SELECT treadle._caller_prefix())));
+    USING (starts_with(queue, treadle._reader_prefix()));
 CREATE POLICY job_history_tenant_read ON treadle.job_history FOR SELECT
-    USING (starts_with(queue, (SELECT treadle._caller_prefix())));
+    USING (starts_with(queue, treadle._reader_prefix()));
 CREATE POLICY workflow_runs_tenant_read ON treadle.workflow_runs FOR SELECT
-    USING (starts_with(queue, (SELECT treadle._caller_prefix())));
+    USING (starts_with(queue, treadle._reader_prefix()));
 CREATE POLICY cron_schedules_tenant_read ON treadle.cron_schedules FOR SELECT
-    USING (starts_with(queue, (SELECT treadle._caller_prefix())));
+    USING (starts_with(queue, treadle._reader_prefix()));
 CREATE POLICY queues_tenant_read ON treadle.queues FOR SELECT
-    USING (starts_with(queue, (SELECT treadle._caller_prefix())));
+    USING (starts_with(queue, treadle._reader_prefix()));
 CREATE POLICY workflow_signals_tenant_read ON treadle.workflow_signals FOR SELECT
-    USING (starts_with(queue, (SELECT treadle._caller_prefix())));
+    USING (starts_with(queue, treadle._reader_prefix()));
 CREATE POLICY workflows_tenant_read ON treadle.workflows FOR SELECT
-    USING (starts_with(name, (SELECT treadle._caller_prefix())));
+    USING (starts_with(name, treadle._reader_prefix()));
 -- a worker is a tenant's when every queue it serves is (worker_seen keeps a tenant's
 -- worker to its queues)
 CREATE POLICY workers_tenant_read ON treadle.workers FOR SELECT
-    USING (NOT EXISTS (SELECT 1 FROM unnest(queues) AS q(q) WHERE NOT starts_with(q.q, (SELECT treadle._caller_prefix()))));
+    USING (treadle._all_start_with(queues, treadle._reader_prefix()));
 -- a tenant sees its own row; a role that is not a tenant, every row
 CREATE POLICY tenants_tenant_read ON treadle.tenants FOR SELECT
-    USING ((SELECT treadle._caller_prefix()) = '' OR tenant_role = (SELECT treadle._caller_role()));
+    USING (treadle._reader_prefix() = '' OR tenant_role = treadle._caller_role());

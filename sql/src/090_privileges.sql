@@ -367,4 +367,5 @@ GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_res
     treadle.cron_next(text, text, timestamptz) TO PUBLIC;
 -- The helpers the row-level security policies call as the reader: each tells a role
 -- of itself only (its name, its OID, its own tenant prefix).
-GRANT EXECUTE ON FUNCTION treadle._caller(), treadle._caller_role(), treadle._caller_prefix() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION treadle._caller(), treadle._caller_role(), treadle._caller_prefix(), treadle._reader_prefix(),
+    treadle._all_start_with(text[], text) TO PUBLIC;

@@ -258,3 +258,25 @@ ALTER TABLE treadle.workflows
 ALTER TABLE treadle.workflow_runs
     ADD COLUMN step_options jsonb,
     ADD CONSTRAINT workflow_runs_step_options_check CHECK (jsonb_typeof(step_options) = 'object');
+
+-- Citus-ready keys and policies (sql/src/010_tables.sql, 088_policies.sql): every
+-- primary key is (id, queue), id first; a run's signals reference it by (id, queue);
+-- a run's steps have no foreign key (a step may run in another queue), so prune and
+-- apply_retention delete them with their run; a child run's unique index names its
+-- queue.
+ALTER TABLE treadle.jobs DROP CONSTRAINT jobs_workflow_run_id_fkey;
+ALTER TABLE treadle.workflow_signals DROP CONSTRAINT workflow_signals_run_id_fkey;
+ALTER TABLE treadle.workflow_runs
+    DROP CONSTRAINT workflow_runs_pkey,
+    ADD CONSTRAINT workflow_runs_pkey PRIMARY KEY (id, queue);
+ALTER TABLE treadle.jobs
+    DROP CONSTRAINT jobs_pkey,
+    ADD CONSTRAINT jobs_pkey PRIMARY KEY (id, queue);
+ALTER TABLE treadle.workflow_signals
+    DROP CONSTRAINT workflow_signals_pkey,
+    ADD CONSTRAINT workflow_signals_pkey PRIMARY KEY (id, queue),
+    ADD CONSTRAINT workflow_signals_run_id_fkey FOREIGN KEY (run_id, queue)
+        REFERENCES treadle.workflow_runs (id, queue) ON DELETE CASCADE;
+DROP INDEX treadle.workflow_runs_parent_idx;
+CREATE UNIQUE INDEX workflow_runs_parent_idx ON treadle.workflow_runs (parent_run_id, parent_step, queue)
+    WHERE parent_run_id IS NOT NULL;
