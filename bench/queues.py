@@ -15,11 +15,17 @@ on a bare copy of the same rows. The figure to read is each side against its own
 1-queue case.
 
     .build/venv/bin/python bench/queues.py [--jobs 20000] [--queues 100] [--claim-queues 1 10 100 1000]
-                                          [--samples 500] [--runs 3]
+                                          [--samples 500] [--runs 3] [--against FILE]
+
+--against FILE: a file that creates another treadle.claim (say, the previous
+release's, as `CREATE OR REPLACE FUNCTION treadle.claim(...)`); every drain and claim
+case is then also run with it, the two claims alternating drain by drain (swapped in
+between) and sample by sample (the other one installed as treadle_against.claim).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -121,15 +127,19 @@ def fill(conn: psycopg.Connection[Any], counts: list[int], claims: int) -> None:
         conn.execute(f"VACUUM ANALYZE {name}")
 
 
-def claim_cost(url: str, counts: list[int], samples: int, runs: int) -> dict[tuple[str, int, int], list[float]]:
+def claim_cost(url: str, counts: list[int], samples: int, runs: int,
+               against: bool = False) -> dict[tuple[str, int, int], list[float]]:
     """Per (side, count, percentile): each run's figure. Cases and sides interleaved sample by sample."""
     figures: dict[tuple[str, int, int], list[float]] = {}
-    with psycopg.connect(url, autocommit=True) as admin, \
-            psycopg.connect(url, autocommit=True) as tconn, psycopg.connect(url, autocommit=True) as rconn:
-        tcur, rcur = tconn.cursor(), rconn.cursor()
+    with psycopg.connect(url, autocommit=True) as admin, psycopg.connect(url, autocommit=True) as tconn, \
+            psycopg.connect(url, autocommit=True) as rconn, psycopg.connect(url, autocommit=True) as aconn:
+        tcur, rcur, acur = tconn.cursor(), rconn.cursor(), aconn.cursor()
+        sides = ("treadle", "raw", "against") if against else ("treadle", "raw")
+        queries = {"treadle": (tcur, TREADLE_CLAIM), "raw": (rcur, RAW_CLAIM),
+                   "against": (acur, TREADLE_CLAIM.replace("treadle.claim(", "treadle_against.claim("))}
 
         def claim(side: str, count: int) -> float:
-            cur, query = (tcur, TREADLE_CLAIM) if side == "treadle" else (rcur, RAW_CLAIM)
+            cur, query = queries[side]
             with Stopwatch() as s:
                 cur.execute(query, {"queues": queue_names(f"c{count}-", count)}, prepare=True)
                 got = len(cur.fetchall())
@@ -139,13 +149,14 @@ def claim_cost(url: str, counts: list[int], samples: int, runs: int) -> dict[tup
 
         for run in range(runs):
             progress(f"claim cost: run {run + 1}/{runs}, filling {len(counts)} cases")
-            fill(admin, counts, samples + WARMUP)
+            fill(admin, counts, (samples + WARMUP) * (2 if against else 1))  # both claims take from treadle.jobs
             times: dict[tuple[str, int], list[float]] = {}
             for i in range(WARMUP + samples):
                 # rotate the order of cases and sides, so that none always follows another
                 order = counts[i % len(counts):] + counts[:i % len(counts)]
                 for count in order:
-                    for side in (("treadle", "raw") if (i + run) % 2 == 0 else ("raw", "treadle")):
+                    turn = (i + run) % len(sides)
+                    for side in sides[turn:] + sides[:turn]:
                         ms = claim(side, count)
                         if i >= WARMUP:
                             times.setdefault((side, count), []).append(ms)
@@ -153,6 +164,25 @@ def claim_cost(url: str, counts: list[int], samples: int, runs: int) -> dict[tup
                 figures.setdefault((side, count, 50), []).append(percentile(values, 50))
                 figures.setdefault((side, count, 99), []).append(percentile(values, 99))
     return figures
+
+
+def claim_sources(url: str, against: str) -> dict[str, str]:
+    """The installed treadle.claim's definition and FILE's (as written), by side; FILE's also
+    created as treadle_against.claim."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_get_functiondef('treadle.claim(text, text[], text[], integer, interval, uuid)'"
+                           "::regprocedure)").fetchone()
+        assert row is not None
+        other = open(against).read()
+        conn.execute("CREATE SCHEMA IF NOT EXISTS treadle_against")
+        conn.execute(re.sub(r"\btreadle\.claim\(", "treadle_against.claim(", other, count=1)
+                     .replace("COMMENT ON FUNCTION treadle.claim(", "COMMENT ON FUNCTION treadle_against.claim("))
+    return {"treadle": str(row[0]), "against": other}
+
+
+def install_claim(url: str, source: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(source)
 
 
 def main() -> None:
@@ -163,6 +193,7 @@ def main() -> None:
     p.add_argument("--claim-queues", type=int, nargs="+", default=[1, 10, 100, 1000],
                    help="queue counts of the claim cases (default 1 10 100 1000)")
     p.add_argument("--samples", type=int, default=500, help="claims timed per run, case and side (default 500)")
+    p.add_argument("--against", metavar="FILE", help="SQL creating another treadle.claim, run beside the installed one")
     args = p.parse_args()
     jobs, samples, counts = args.jobs, args.samples, sorted(set(args.claim_queues))
     if args.smoke:
@@ -170,35 +201,47 @@ def main() -> None:
     if 1 not in counts:
         p.error("--claim-queues must include 1: every case is read against it")
 
-    rates: dict[int, list[float]] = {}
-    cpu: dict[int, list[tuple[float | None, float | None]]] = {}
+    rates: dict[tuple[str, int], list[float]] = {}
+    cpu: dict[tuple[str, int], list[tuple[float | None, float | None]]] = {}
     cases = [1, args.queues]
     with server() as url, database(url, "queues") as db:
         print_settings(db)
+        sources = claim_sources(db, args.against) if args.against else {}
+        variants = list(sources) or ["treadle"]
         for run in range(args.runs):
-            for queues in (cases if run % 2 == 0 else cases[::-1]):
-                progress(f"drain, 1 worker over {queues} queues: run {run + 1}/{args.runs}, {jobs:,} jobs")
-                rate = drain(db, queues, args.concurrency, jobs, cpu.setdefault(queues, []))
-                rates.setdefault(queues, []).append(rate)
-                progress(f"  {fmt(rate, 0)} jobs/s")
-        figures = claim_cost(db, counts, samples, args.runs)
+            for variant in (variants if run % 2 == 0 else variants[::-1]):
+                if sources:
+                    install_claim(db, sources[variant])
+                for queues in (cases if run % 2 == 0 else cases[::-1]):
+                    progress(f"drain, {variant}, 1 worker over {queues} queues: run {run + 1}/{args.runs}, {jobs:,} jobs")
+                    rate = drain(db, queues, args.concurrency, jobs, cpu.setdefault((variant, queues), []))
+                    rates.setdefault((variant, queues), []).append(rate)
+                    progress(f"  {fmt(rate, 0)} jobs/s")
+        if sources:
+            install_claim(db, sources["treadle"])
+        figures = claim_cost(db, counts, samples, args.runs, against=bool(sources))
 
-    def ms_per_job(queues: int, part: int) -> str:
-        values = [v * 1000 for c in cpu[queues] if (v := c[part]) is not None]
+    def ms_per_job(key: tuple[str, int], part: int) -> str:
+        values = [v * 1000 for c in cpu[key] if (v := c[part]) is not None]
         return spread(values, 3) if values else "-"
 
-    one, many = rates[1], rates[args.queues]
+    one, many = rates[("treadle", 1)], rates[("treadle", args.queues)]
     table(
         TITLE + ": drain",
-        ["worker serves", "jobs/s", "x 1 queue", "worker CPU ms/job", "server CPU ms/job"],
-        [[f"{q:,} queue{'s' if q > 1 else ''}", spread(rates[q], 0), paired_ratio(rates[q], one) if q > 1 else "1.00",
-          ms_per_job(q, 0), ms_per_job(q, 1)] for q in cases],
+        ["claim", "worker serves", "jobs/s", "x 1 queue", "worker CPU ms/job", "server CPU ms/job"],
+        [[v, f"{q:,} queue{'s' if q > 1 else ''}", spread(rates[(v, q)], 0),
+          paired_ratio(rates[(v, q)], rates[(v, 1)]) if q > 1 else "1.00", ms_per_job((v, q), 0),
+          ms_per_job((v, q), 1)] for v in variants for q in cases],
         [f"{jobs:,} jobs per drain, spread evenly over the queues; one worker process, concurrency "
-         f"{args.concurrency}, empty handlers; {runs_text(args.runs)}: median (range), the two alternating run by "
+         f"{args.concurrency}, empty handlers; {runs_text(args.runs)}: median (range), the cases alternating run by "
          f"run. Goal: {args.queues} queues within 10% of 1 queue (measured x{paired_ratio(many, one)})."],
     )
     rows = []
     for count in counts:
+        if args.against:
+            a50, a99 = figures[("against", count, 50)], figures[("against", count, 99)]
+            progress(f"against, {count} queues: p50 {spread(a50)} (x{paired_ratio(a50, figures[('against', 1, 50)])} "
+                     f"1 queue), p99 {spread(a99)} (x{paired_ratio(a99, figures[('against', 1, 99)])})")
         t50, t99 = figures[("treadle", count, 50)], figures[("treadle", count, 99)]
         r50, r99 = figures[("raw", count, 50)], figures[("raw", count, 99)]
         rows.append([f"{count:,}", spread(t50), paired_ratio(t50, figures[("treadle", 1, 50)]), spread(t99),

@@ -2,7 +2,7 @@
 -- queues and names filters, batch bounds, the claimed row, and bad arguments.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(67);
+SELECT plan(69);
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
@@ -46,16 +46,30 @@ SELECT treadle.enqueue('row', queue => 'rows') AS default_lease \gset
 SELECT is((SELECT lease_until FROM treadle.claim('w', ARRAY['rows'])), '2999-01-01 13:00:30+00'::timestamptz,
           'the default lease is 30 seconds');
 
--- Queues: only those named, ordered together by priority
+-- Queues: only those named; a claim goes round them, starting after the queue the
+-- session's previous claim took from (priority and run_at order hold within a queue)
 SELECT treadle.enqueue('q', queue => 'qa', priority => 5) AS qa \gset
 SELECT treadle.enqueue('q', queue => 'qb', priority => 2) AS qb \gset
 SELECT treadle.enqueue('q', queue => 'qc', priority => 0) AS qc \gset
+SELECT treadle.enqueue('q', queue => 'qa', priority => 5) AS qa2 \gset
+SELECT is((SELECT id FROM treadle.claim('w', ARRAY['qa', 'qb'])), :qa::bigint,
+          'a session''s first claim over several queues starts at the first one named');
 SELECT is((SELECT id FROM treadle.claim('w', ARRAY['qa', 'qb'])), :qb::bigint,
-          'across queues the lowest priority wins');
-SELECT is((SELECT array_agg(id) FROM treadle.claim('w', ARRAY['qa', 'qb', 'qa'], batch => 5)), ARRAY[:qa::bigint],
+          'the next claim starts at the next queue, though the first still holds a job');
+SELECT is((SELECT array_agg(id) FROM treadle.claim('w', ARRAY['qa', 'qb', 'qa'], batch => 5)), ARRAY[:qa2::bigint],
           'a queue named twice is harmless: its job is claimed once');
-SELECT is_empty($$ SELECT * FROM treadle.claim('w', ARRAY['qa', 'qb']) $$, 'jobs in other queues are not claimed');
+SET treadle.claim_turn = 'not a turn';
+SELECT is_empty($$ SELECT * FROM treadle.claim('w', ARRAY['qa', 'qb']) $$,
+                'jobs in other queues are not claimed (and a turn that is not a number is harmless)');
+RESET treadle.claim_turn;
 SELECT is((SELECT state FROM treadle.jobs WHERE id = :qc), 'available', 'the job in the unnamed queue waits');
+SELECT treadle.enqueue('r', queue => 'rx') AS rx \gset
+SELECT treadle.enqueue('r', queue => 'ry', priority => 9) AS ry1 \gset
+SELECT treadle.enqueue('r', queue => 'ry', priority => 1) AS ry2 \gset
+SELECT treadle.enqueue('r', queue => 'ry', priority => 5) AS ry3 \gset
+SELECT is((SELECT array_agg(id) FROM treadle.claim('w', ARRAY['rx', 'rz', 'ry'], batch => 3)),
+          ARRAY[:rx::bigint, :ry2::bigint, :ry3::bigint],
+          'a claim goes on through the queues until it has batch, each queue''s jobs in priority order');
 
 -- Names: only the names given
 SELECT treadle.enqueue('resize', queue => 'n') AS resize \gset

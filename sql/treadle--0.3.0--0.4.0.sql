@@ -1923,8 +1923,14 @@ COMMENT ON FUNCTION treadle._claim_by_cursor(text, text, text[], text[], integer
 --
 -- Transition: available | retryable (run_at <= now) -> running.
 -- Claims up to `batch` due jobs from `queues` (only those named in `names`, when
--- given), in priority, run_at, id order, with FOR UPDATE SKIP LOCKED: concurrent
--- claimers never receive the same job. Each claimed job gets attempt + 1, a lease
+-- given), with FOR UPDATE SKIP LOCKED: concurrent claimers never receive the same
+-- job. Within a queue, jobs are claimed in priority, run_at, id order. Across
+-- queues the claim goes round them: it reads one queue at a time, starting at the
+-- session's turn, and stops once it has `batch`; the session's next claim starts
+-- at the queue after the last one this claim took from (a setting,
+-- treadle.claim_turn). So a claim's cost does not grow with the queues it names
+-- while they hold work, and every queue gets its turn; a better priority in
+-- another queue does not jump ahead of the queue being read. Each claimed job gets attempt + 1, a lease
 -- until now + lease, the worker id and a lease token, which every later write by
 -- the worker must name: `lease_token` when given (the same for every job of this
 -- call, so that a worker whose answer was lost can ask treadle.claimed what it
@@ -1975,8 +1981,10 @@ SET search_path = pg_catalog, pg_temp
 -- A generic plan does not know the batch and guesses that LIMIT takes a tenth of the
 -- rows; with sorts, sequential and bitmap scans off, the one plan left reads each
 -- lane in claim order from its index and stops after `batch` rows, whatever the
--- table holds. The rows to update are found by id = ANY(...), not by a join whose
--- size the planner would have to guess. The penalty those settings add to the
+-- table holds. The rows to update are found by queue and id = ANY(...), not by a
+-- join whose size the planner would have to guess. (Each statement that reads or
+-- writes jobs here names one table and one queue, so that a generic plan of it
+-- can still be routed to one shard where jobs are distributed by queue.) The penalty those settings add to the
 -- plan's cost would start JIT compiling, which never pays off here: off too.
 -- (The cursor's helpers run under these settings too.)
 SET plan_cache_mode = force_generic_plan
@@ -1999,6 +2007,24 @@ DECLARE
     v_started timestamptz;
     v_ids     bigint[];
     v_room    jsonb;      -- what each queue may give, when a requested queue is paused or limited
+    v_until   timestamptz;
+    v_row     record;
+    v_tokens  uuid[];     -- the claimed jobs' lease tokens, in v_ids' order
+    v_names   text[];     -- the names, each once
+    v_count   integer;
+    v_turn    text;
+    v_first   integer := 0;  -- where this claim starts in queues, from 0
+    v_last    integer;    -- the last queue this claim took from, counted from v_first
+    v_i       integer;
+    v_queue   text;
+    v_name    text;
+    v_left    integer;    -- jobs still wanted
+    v_want    integer;    -- jobs wanted from this queue
+    v_got     bigint[];
+    v_took    text[] := '{}';  -- the queues jobs were taken from
+    v_cand    bigint[];   -- a queue's candidates over several names: ids,
+    v_cand_p  integer[];  -- priorities
+    v_cand_at timestamptz[];  -- and run_at
 BEGIN
     -- Each argument is tested inline, as enqueue does, and its helper called only to
     -- raise: a call costs more than the test, and a worker claims all the time.
@@ -2032,7 +2058,7 @@ BEGIN
                 WHERE s.queue = ANY (claim.queues)
                   AND (s.paused OR s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL)) THEN
         v_room := treadle._queue_room(claim.queues, claim.batch);
-        claim.queues := ARRAY(SELECT r.key FROM jsonb_each(v_room) AS r WHERE r.value::integer > 0);
+        claim.queues := ARRAY(SELECT u.q FROM unnest(claim.queues) AS u(q) WHERE (v_room ->> u.q)::integer > 0);
         IF cardinality(claim.queues) = 0 THEN
             RETURN;
         END IF;
@@ -2054,74 +2080,148 @@ BEGIN
         v_ids := treadle._claim_by_cursor(v_setting, v_mode, claim.queues, claim.names, claim.batch, v_now);
     END IF;
 
-    IF v_ids IS NULL THEN
-        -- The claim: lock the candidates, each (queue[, name]) range read from its
-        -- front in claim order, skipping rows other claimers hold, then take the best
-        -- `batch` of them.
-        v_started := clock_timestamp();
-        IF claim.names IS NULL THEN
-            v_ids := ARRAY(
-                SELECT c.id
-                  FROM (SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q)) AS u
-                 CROSS JOIN LATERAL (
-                        SELECT j.id, j.priority, j.run_at
-                          FROM treadle.jobs AS j
-                         WHERE j.queue = u.q
-                           AND j.state = ANY (ARRAY['available', 'retryable'])
-                           AND j.run_at <= v_now
-                         ORDER BY j.priority, j.run_at, j.id
-                         LIMIT claim.batch
-                           FOR UPDATE SKIP LOCKED) AS c
-                 ORDER BY c.priority, c.run_at, c.id
-                 LIMIT claim.batch);
-        ELSE
-            v_ids := ARRAY(
-                SELECT c.id
-                  FROM (SELECT DISTINCT u.q FROM unnest(claim.queues) AS u(q)) AS u
-                 CROSS JOIN (SELECT DISTINCT n.n FROM unnest(claim.names) AS n(n)) AS n
-                 CROSS JOIN LATERAL (
-                        SELECT j.id, j.priority, j.run_at
-                          FROM treadle.jobs AS j
-                         WHERE j.queue = u.q
-                           AND j.name = n.n
-                           AND j.state = ANY (ARRAY['available', 'retryable'])
-                           AND j.run_at <= v_now
-                         ORDER BY j.priority, j.run_at, j.id
-                         LIMIT claim.batch
-                           FOR UPDATE SKIP LOCKED) AS c
-                 ORDER BY c.priority, c.run_at, c.id
-                 LIMIT claim.batch);
+    v_until := v_now + claim.lease;
+    IF v_ids IS NOT NULL THEN
+        -- From the cursor: its candidates, locked, may lie in several queues.
+        IF v_room IS NOT NULL THEN
+            v_ids := treadle._take_room(v_ids, v_room);
         END IF;
-        -- A slow claim moves the mode on ('' -> 'slow' -> 'slow2' -> 'sweep'); a quick
-        -- one after a slow one starts it again.
-        IF v_plain AND (clock_timestamp() - v_started > c_slow OR v_mode LIKE 'slow%') THEN
-            PERFORM set_config(v_setting, CASE WHEN clock_timestamp() - v_started <= c_slow THEN ''
-                                               WHEN v_mode = 'slow2' THEN 'sweep'
-                                               WHEN v_mode = 'slow' THEN 'slow2' ELSE 'slow' END, false);
+        IF coalesce(cardinality(v_ids), 0) = 0 THEN
+            RETURN;
         END IF;
+        v_tokens := CASE WHEN claim.lease_token IS NOT NULL THEN array_fill(claim.lease_token, ARRAY[cardinality(v_ids)])
+                         ELSE ARRAY(SELECT gen_random_uuid() FROM generate_series(1, cardinality(v_ids))) END;
+        RETURN QUERY
+        WITH claimed AS (
+            UPDATE treadle.jobs AS j
+               SET state = 'running',
+                   attempt = j.attempt + 1,
+                   lease_until = v_until,
+                   lease_token = v_tokens[array_position(v_ids, j.id)],
+                   worker_id = claim.worker_id,
+                   started_at = v_now,
+                   progress = NULL,
+                   progress_message = NULL
+             WHERE j.id = ANY (v_ids)
+            RETURNING j.*
+        )
+        SELECT * FROM claimed AS d ORDER BY d.priority, d.run_at, d.id;
+        RETURN;
     END IF;
-    IF v_room IS NOT NULL THEN
+
+    -- The claim, one queue at a time: each queue's claimable rows locked from the
+    -- front of its range in claim order, skipping rows other claimers hold, as many
+    -- as are still wanted (and its room allows), until `batch` are found. Every
+    -- statement that locks or writes names one queue. A claim naming several queues
+    -- starts at this session's turn (treadle.claim_turn) and goes round them from
+    -- there; the next claim starts after the last queue this one took from, so that
+    -- each queue gets its turn whatever the others hold.
+    v_started := clock_timestamp();
+    v_names := CASE WHEN cardinality(claim.names) > 1
+                    THEN ARRAY(SELECT DISTINCT n.n FROM unnest(claim.names) AS n(n)) ELSE claim.names END;
+    v_count := cardinality(claim.queues);
+    IF v_count > 1 THEN
+        v_turn := coalesce(current_setting('treadle.claim_turn', true), '');
+        v_first := CASE WHEN v_turn ~ '^[0-9]{1,9}$' THEN v_turn::integer % v_count ELSE 0 END;
+    END IF;
+    v_left := claim.batch;
+    FOR v_i IN 0 .. v_count - 1 LOOP
+        v_queue := claim.queues[(v_first + v_i) % v_count + 1];
+        v_want := CASE WHEN v_room IS NULL THEN v_left ELSE least(v_left, (v_room ->> v_queue)::integer) END;
+        -- (a queue named twice is read once: its rows this claim locked would come back)
+        CONTINUE WHEN v_want IS NULL OR v_want <= 0 OR v_queue = ANY (v_took);
+        IF v_names IS NULL THEN
+            v_got := ARRAY(
+                SELECT j.id FROM treadle.jobs AS j
+                 WHERE j.queue = v_queue
+                   AND j.state = ANY (ARRAY['available', 'retryable'])
+                   AND j.run_at <= v_now
+                 ORDER BY j.priority, j.run_at, j.id
+                 LIMIT v_want
+                   FOR UPDATE SKIP LOCKED);
+        ELSIF cardinality(v_names) = 1 THEN
+            v_got := ARRAY(
+                SELECT j.id FROM treadle.jobs AS j
+                 WHERE j.queue = v_queue
+                   AND j.name = v_names[1]
+                   AND j.state = ANY (ARRAY['available', 'retryable'])
+                   AND j.run_at <= v_now
+                 ORDER BY j.priority, j.run_at, j.id
+                 LIMIT v_want
+                   FOR UPDATE SKIP LOCKED);
+        ELSE
+            -- Several names: each (queue, name) range read from its own front (a backlog
+            -- of other names is never walked past), then the queue's best of them.
+            v_cand := '{}';
+            v_cand_p := '{}';
+            v_cand_at := '{}';
+            FOREACH v_name IN ARRAY v_names LOOP
+                FOR v_row IN
+                    SELECT j.id, j.priority, j.run_at FROM treadle.jobs AS j
+                     WHERE j.queue = v_queue
+                       AND j.name = v_name
+                       AND j.state = ANY (ARRAY['available', 'retryable'])
+                       AND j.run_at <= v_now
+                     ORDER BY j.priority, j.run_at, j.id
+                     LIMIT v_want
+                       FOR UPDATE SKIP LOCKED
+                LOOP
+                    v_cand := v_cand || v_row.id;
+                    v_cand_p := v_cand_p || v_row.priority;
+                    v_cand_at := v_cand_at || v_row.run_at;
+                END LOOP;
+            END LOOP;
+            v_got := ARRAY(SELECT c.id FROM unnest(v_cand, v_cand_p, v_cand_at) AS c(id, priority, run_at)
+                            ORDER BY c.priority, c.run_at, c.id LIMIT v_want);
+        END IF;
+        IF cardinality(v_got) > 0 THEN
+            v_ids := coalesce(v_ids, '{}') || v_got;
+            v_took := v_took || v_queue;
+            v_left := v_left - cardinality(v_got);
+            v_last := v_i;
+            EXIT WHEN v_left = 0;
+        END IF;
+    END LOOP;
+    IF v_count > 1 AND v_last IS NOT NULL THEN
+        PERFORM set_config('treadle.claim_turn', ((v_first + v_last + 1) % v_count)::text, false);
+    END IF;
+    -- A slow claim moves the mode on ('' -> 'slow' -> 'slow2' -> 'sweep'); a quick
+    -- one after a slow one starts it again.
+    IF v_plain AND (clock_timestamp() - v_started > c_slow OR v_mode LIKE 'slow%') THEN
+        PERFORM set_config(v_setting, CASE WHEN clock_timestamp() - v_started <= c_slow THEN ''
+                                           WHEN v_mode = 'slow2' THEN 'sweep'
+                                           WHEN v_mode = 'slow' THEN 'slow2' ELSE 'slow' END, false);
+    END IF;
+    IF v_room IS NOT NULL AND v_ids IS NOT NULL THEN
+        -- (each queue's read kept to its room: this spends the rate tokens)
         v_ids := treadle._take_room(v_ids, v_room);
     END IF;
     IF coalesce(cardinality(v_ids), 0) = 0 THEN
         RETURN;
     END IF;
 
-    RETURN QUERY
-    WITH claimed AS (
-        UPDATE treadle.jobs AS j
-           SET state = 'running',
-               attempt = j.attempt + 1,
-               lease_until = v_now + claim.lease,
-               lease_token = coalesce(claim.lease_token, gen_random_uuid()),
-               worker_id = claim.worker_id,
-               started_at = v_now,
-               progress = NULL,
-               progress_message = NULL
-         WHERE j.id = ANY (v_ids)
-        RETURNING j.*
-    )
-    SELECT * FROM claimed AS d ORDER BY d.priority, d.run_at, d.id;
+    -- The write, one queue at a time, with the tokens drawn first: a fresh one per
+    -- job unless lease_token is given.
+    v_tokens := CASE WHEN claim.lease_token IS NOT NULL THEN array_fill(claim.lease_token, ARRAY[cardinality(v_ids)])
+                     ELSE ARRAY(SELECT gen_random_uuid() FROM generate_series(1, cardinality(v_ids))) END;
+    FOREACH v_queue IN ARRAY v_took LOOP
+        RETURN QUERY
+        WITH claimed AS (
+            UPDATE treadle.jobs AS j
+               SET state = 'running',
+                   attempt = j.attempt + 1,
+                   lease_until = v_until,
+                   lease_token = v_tokens[array_position(v_ids, j.id)],
+                   worker_id = claim.worker_id,
+                   started_at = v_now,
+                   progress = NULL,
+                   progress_message = NULL
+             WHERE j.queue = v_queue
+               AND j.id = ANY (v_ids)
+            RETURNING j.*
+        )
+        SELECT * FROM claimed AS d ORDER BY d.priority, d.run_at, d.id;
+    END LOOP;
 END;
 $$;
 COMMENT ON FUNCTION treadle.claim(text, text[], text[], integer, interval, uuid) IS
