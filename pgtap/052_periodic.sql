@@ -103,7 +103,7 @@ SELECT treadle._successor(NULL, 'cron-none', 'first', '{}', 0, '2999-01-02 00:00
 SELECT is((SELECT name FROM treadle.jobs WHERE id = :first AND state = 'available'), 'first',
           'one that follows nothing is inserted, available, and its id returned');
 SELECT is(ARRAY(SELECT p.proname::text FROM pg_proc AS p
-                 WHERE p.pronamespace = 'treadle'::regnamespace AND p.prosrc ~* 'next_id\s*=\s*nextval'),
+                 WHERE p.pronamespace = 'treadle'::regnamespace AND p.prosrc ~* 'next_id\s*=' AND p.prosrc ~* 'nextval'),
           ARRAY['_successor'], 'no other function claims a successor''s id');
 
 SELECT * FROM finish();

@@ -3194,6 +3194,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_now timestamptz := treadle.now();
     v_job treadle.jobs;
 BEGIN
     PERFORM treadle._check_lease_args(complete.job_id, complete.lease_token);
@@ -3204,7 +3205,7 @@ BEGIN
     UPDATE treadle.jobs AS j
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
            result = complete.result,
-           finished_at = treadle.now(),
+           finished_at = v_now,
            lease_until = NULL
      WHERE j.id = complete.job_id
        AND j.state = 'running'
@@ -3353,9 +3354,12 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now   timestamptz := treadle.now();
-    v_error text := treadle._trim_error(coalesce(fail.error, '(no error message)'));
-    v_job   treadle.jobs;
+    v_now      timestamptz := treadle.now();
+    v_error    text := treadle._trim_error(coalesce(fail.error, '(no error message)'));
+    v_job      treadle.jobs;
+    v_state    text;
+    v_run_at   timestamptz;
+    v_finished timestamptz;
 BEGIN
     PERFORM treadle._check_lease_args(fail.job_id, fail.lease_token);
     PERFORM treadle._check_interval(fail.retry_in, 'retry_in', interval '366 days', may_be_zero => true);
@@ -3363,32 +3367,41 @@ BEGIN
         RAISE EXCEPTION 'treadle: retryable must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
 
-    -- the failed state, evaluated once for the row (f), decides the rest: a retry is
-    -- due after retry_in or the backoff, any other state is finished. An error that
-    -- is not retryable spends every attempt that is left.
+    -- The job is read and locked first, and what the write sets is computed here (the
+    -- jitter, the clock): an UPDATE that Citus distributes may hold no volatile call,
+    -- nor a CASE around a call that is not immutable.
+    SELECT j.* INTO v_job FROM treadle.jobs AS j
+     WHERE j.id = fail.job_id
+       AND j.state = 'running'
+       AND j.lease_token = fail.lease_token
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN treadle._left_by(fail.job_id, fail.lease_token, ARRAY['retryable', 'discarded', 'cancelled']);
+    END IF;
+    -- the failed state decides the rest: a retry is due after retry_in or the backoff,
+    -- any other state is finished. An error that is not retryable spends every
+    -- attempt that is left.
+    v_state := treadle._failed_state(v_job.cancel_requested,
+                                     CASE WHEN fail.retryable THEN v_job.attempt ELSE v_job.max_attempts END,
+                                     v_job.max_attempts);
+    IF v_state = 'retryable' THEN
+        v_run_at := v_now + coalesce(fail.retry_in, treadle._retry_delay(v_job.attempt, v_job.backoff));
+    ELSE
+        v_run_at := v_job.run_at;
+        v_finished := v_now;
+    END IF;
     UPDATE treadle.jobs AS j
-       SET (state, run_at, finished_at) = (
-               SELECT f.state,
-                      CASE WHEN f.state = 'retryable'
-                           THEN v_now + coalesce(fail.retry_in, treadle._retry_delay(j.attempt, j.backoff))
-                           ELSE j.run_at END,
-                      CASE WHEN f.state <> 'retryable' THEN v_now END
-                 FROM (SELECT treadle._failed_state(j.cancel_requested,
-                                                    CASE WHEN fail.retryable THEN j.attempt ELSE j.max_attempts END,
-                                                    j.max_attempts) AS state) AS f),
+       SET state = v_state,
+           run_at = v_run_at,
+           finished_at = v_finished,
            lease_until = NULL,
            last_error = v_error,
            failed_at = v_now,
            errors = treadle._append_error(j.errors, j.attempt, v_now, v_error, j.worker_id, j.started_at),
            ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
-     WHERE j.id = fail.job_id
-       AND j.state = 'running'
-       AND j.lease_token = fail.lease_token
+     WHERE j.id = v_job.id
+       AND j.queue = v_job.queue
     RETURNING j.* INTO v_job;
-
-    IF NOT FOUND THEN
-        RETURN treadle._left_by(fail.job_id, fail.lease_token, ARRAY['retryable', 'discarded', 'cancelled']);
-    END IF;
     PERFORM treadle._follow_up(ARRAY[v_job]);
     IF v_job.state = 'retryable' AND v_job.run_at <= v_now THEN
         PERFORM treadle._notify('treadle_jobs', v_job.queue);  -- a retry due at once
@@ -3620,13 +3633,14 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle.now();
-    v_job treadle.jobs;
+    v_now    timestamptz := treadle.now();
+    v_run_at timestamptz := v_now + _hand_back.delay;  -- computed here: no CASE around it in the UPDATE
+    v_job    treadle.jobs;
 BEGIN
     UPDATE treadle.jobs AS j
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'available' END,
            attempt = CASE WHEN j.cancel_requested THEN j.attempt ELSE greatest(j.attempt - 1, 0) END,
-           run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE v_now + _hand_back.delay END,
+           run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE v_run_at END,
            finished_at = CASE WHEN j.cancel_requested THEN v_now END,
            lease_until = NULL,
            ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
@@ -3743,13 +3757,13 @@ DECLARE
     v_id  bigint;
     v_meta jsonb;
 BEGIN
-    IF prev_id IS NULL THEN
-        v_id := nextval('treadle.jobs_id_seq'::regclass);
-    ELSE
+    -- the id is drawn first: no volatile call inside the UPDATE (Citus refuses one)
+    v_id := nextval('treadle.jobs_id_seq'::regclass);
+    IF prev_id IS NOT NULL THEN
         UPDATE treadle.jobs AS j
-           SET next_id = nextval('treadle.jobs_id_seq'::regclass)
+           SET next_id = v_id
          WHERE j.id = _successor.prev_id AND j.next_id IS NULL
-        RETURNING j.next_id, j.meta INTO v_id, v_meta;
+        RETURNING j.meta INTO v_meta;
         IF NOT FOUND THEN
             RETURN NULL;
         END IF;
@@ -3791,6 +3805,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_now timestamptz := treadle.now();
     v_job treadle.jobs;
 BEGIN
     IF cancel.job_id IS NULL THEN
@@ -3801,7 +3816,7 @@ BEGIN
 
     UPDATE treadle.jobs AS j
        SET state = 'cancelled',
-           finished_at = treadle.now()
+           finished_at = v_now
      WHERE j.id = cancel.job_id
        AND j.state = ANY (ARRAY['available', 'retryable'])
     RETURNING j.* INTO v_job;
@@ -4605,13 +4620,14 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_now     timestamptz := treadle.now();
     v_changed boolean;
 BEGIN
     PERFORM treadle._check_text(pause.queue, 'queue');
     PERFORM treadle._check_queue_allowed(pause.queue);
     PERFORM treadle._check_queue_limits(pause.queue, NULL, NULL);
     INSERT INTO treadle.queues AS s (queue, paused, updated_at)
-    VALUES (pause.queue, true, treadle.now())
+    VALUES (pause.queue, true, v_now)
     ON CONFLICT (queue) DO UPDATE
        SET paused = true, updated_at = excluded.updated_at
      WHERE NOT s.paused
@@ -4638,11 +4654,13 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_now timestamptz := treadle.now();
 BEGIN
     PERFORM treadle._check_text(resume.queue, 'queue');
     PERFORM treadle._check_queue_allowed(resume.queue);
     UPDATE treadle.queues AS s
-       SET paused = false, updated_at = treadle.now()
+       SET paused = false, updated_at = v_now
      WHERE s.queue = resume.queue AND s.paused;
     IF NOT FOUND THEN
         RETURN false;
@@ -5363,6 +5381,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_now    timestamptz := treadle.now();
     v_step   treadle.jobs;
     v_any    boolean := false;
     v_looked boolean;
@@ -5425,7 +5444,7 @@ BEGIN
     -- a running run without a pending step job (only sleeps under way, or its step
     -- rows were deleted by hand)
     UPDATE treadle.workflow_runs AS r
-       SET state = 'cancelled', finished_at = treadle.now()
+       SET state = 'cancelled', finished_at = v_now
      WHERE r.id = cancel_workflow.run_id AND r.state = 'running';
     RETURN FOUND;
 END;
@@ -6111,6 +6130,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_now      timestamptz := treadle.now();
     v_schedule treadle.cron_schedules;
     v_job      treadle.jobs;
 BEGIN
@@ -6122,7 +6142,7 @@ BEGIN
     PERFORM treadle._check_row_allowed(v_schedule.queue, 'schedule');
     DELETE FROM treadle.cron_schedules AS s WHERE s.name = unschedule.name;
     UPDATE treadle.jobs AS j
-       SET state = 'cancelled', finished_at = treadle.now()
+       SET state = 'cancelled', finished_at = v_now
      WHERE j.id = v_schedule.job_id AND j.state = ANY (ARRAY['available', 'retryable'])
     RETURNING j.* INTO v_job;
     IF FOUND THEN

@@ -570,6 +570,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_now timestamptz := treadle.now();
     v_job treadle.jobs;
 BEGIN
     PERFORM treadle._check_lease_args(complete.job_id, complete.lease_token);
@@ -580,7 +581,7 @@ BEGIN
     UPDATE treadle.jobs AS j
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
            result = complete.result,
-           finished_at = treadle.now(),
+           finished_at = v_now,
            lease_until = NULL
      WHERE j.id = complete.job_id
        AND j.state = 'running'
@@ -729,9 +730,12 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now   timestamptz := treadle.now();
-    v_error text := treadle._trim_error(coalesce(fail.error, '(no error message)'));
-    v_job   treadle.jobs;
+    v_now      timestamptz := treadle.now();
+    v_error    text := treadle._trim_error(coalesce(fail.error, '(no error message)'));
+    v_job      treadle.jobs;
+    v_state    text;
+    v_run_at   timestamptz;
+    v_finished timestamptz;
 BEGIN
     PERFORM treadle._check_lease_args(fail.job_id, fail.lease_token);
     PERFORM treadle._check_interval(fail.retry_in, 'retry_in', interval '366 days', may_be_zero => true);
@@ -739,32 +743,41 @@ BEGIN
         RAISE EXCEPTION 'treadle: retryable must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
 
-    -- the failed state, evaluated once for the row (f), decides the rest: a retry is
-    -- due after retry_in or the backoff, any other state is finished. An error that
-    -- is not retryable spends every attempt that is left.
+    -- The job is read and locked first, and what the write sets is computed here (the
+    -- jitter, the clock): an UPDATE that Citus distributes may hold no volatile call,
+    -- nor a CASE around a call that is not immutable.
+    SELECT j.* INTO v_job FROM treadle.jobs AS j
+     WHERE j.id = fail.job_id
+       AND j.state = 'running'
+       AND j.lease_token = fail.lease_token
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN treadle._left_by(fail.job_id, fail.lease_token, ARRAY['retryable', 'discarded', 'cancelled']);
+    END IF;
+    -- the failed state decides the rest: a retry is due after retry_in or the backoff,
+    -- any other state is finished. An error that is not retryable spends every
+    -- attempt that is left.
+    v_state := treadle._failed_state(v_job.cancel_requested,
+                                     CASE WHEN fail.retryable THEN v_job.attempt ELSE v_job.max_attempts END,
+                                     v_job.max_attempts);
+    IF v_state = 'retryable' THEN
+        v_run_at := v_now + coalesce(fail.retry_in, treadle._retry_delay(v_job.attempt, v_job.backoff));
+    ELSE
+        v_run_at := v_job.run_at;
+        v_finished := v_now;
+    END IF;
     UPDATE treadle.jobs AS j
-       SET (state, run_at, finished_at) = (
-               SELECT f.state,
-                      CASE WHEN f.state = 'retryable'
-                           THEN v_now + coalesce(fail.retry_in, treadle._retry_delay(j.attempt, j.backoff))
-                           ELSE j.run_at END,
-                      CASE WHEN f.state <> 'retryable' THEN v_now END
-                 FROM (SELECT treadle._failed_state(j.cancel_requested,
-                                                    CASE WHEN fail.retryable THEN j.attempt ELSE j.max_attempts END,
-                                                    j.max_attempts) AS state) AS f),
+       SET state = v_state,
+           run_at = v_run_at,
+           finished_at = v_finished,
            lease_until = NULL,
            last_error = v_error,
            failed_at = v_now,
            errors = treadle._append_error(j.errors, j.attempt, v_now, v_error, j.worker_id, j.started_at),
            ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
-     WHERE j.id = fail.job_id
-       AND j.state = 'running'
-       AND j.lease_token = fail.lease_token
+     WHERE j.id = v_job.id
+       AND j.queue = v_job.queue
     RETURNING j.* INTO v_job;
-
-    IF NOT FOUND THEN
-        RETURN treadle._left_by(fail.job_id, fail.lease_token, ARRAY['retryable', 'discarded', 'cancelled']);
-    END IF;
     PERFORM treadle._follow_up(ARRAY[v_job]);
     IF v_job.state = 'retryable' AND v_job.run_at <= v_now THEN
         PERFORM treadle._notify('treadle_jobs', v_job.queue);  -- a retry due at once
@@ -996,13 +1009,14 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle.now();
-    v_job treadle.jobs;
+    v_now    timestamptz := treadle.now();
+    v_run_at timestamptz := v_now + _hand_back.delay;  -- computed here: no CASE around it in the UPDATE
+    v_job    treadle.jobs;
 BEGIN
     UPDATE treadle.jobs AS j
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'available' END,
            attempt = CASE WHEN j.cancel_requested THEN j.attempt ELSE greatest(j.attempt - 1, 0) END,
-           run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE v_now + _hand_back.delay END,
+           run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE v_run_at END,
            finished_at = CASE WHEN j.cancel_requested THEN v_now END,
            lease_until = NULL,
            ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)

@@ -41,13 +41,13 @@ DECLARE
     v_id  bigint;
     v_meta jsonb;
 BEGIN
-    IF prev_id IS NULL THEN
-        v_id := nextval('treadle.jobs_id_seq'::regclass);
-    ELSE
+    -- the id is drawn first: no volatile call inside the UPDATE (Citus refuses one)
+    v_id := nextval('treadle.jobs_id_seq'::regclass);
+    IF prev_id IS NOT NULL THEN
         UPDATE treadle.jobs AS j
-           SET next_id = nextval('treadle.jobs_id_seq'::regclass)
+           SET next_id = v_id
          WHERE j.id = _successor.prev_id AND j.next_id IS NULL
-        RETURNING j.next_id, j.meta INTO v_id, v_meta;
+        RETURNING j.meta INTO v_meta;
         IF NOT FOUND THEN
             RETURN NULL;
         END IF;

@@ -22,6 +22,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_now timestamptz := treadle.now();
     v_job treadle.jobs;
 BEGIN
     IF cancel.job_id IS NULL THEN
@@ -32,7 +33,7 @@ BEGIN
 
     UPDATE treadle.jobs AS j
        SET state = 'cancelled',
-           finished_at = treadle.now()
+           finished_at = v_now
      WHERE j.id = cancel.job_id
        AND j.state = ANY (ARRAY['available', 'retryable'])
     RETURNING j.* INTO v_job;

@@ -219,13 +219,14 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_now     timestamptz := treadle.now();
     v_changed boolean;
 BEGIN
     PERFORM treadle._check_text(pause.queue, 'queue');
     PERFORM treadle._check_queue_allowed(pause.queue);
     PERFORM treadle._check_queue_limits(pause.queue, NULL, NULL);
     INSERT INTO treadle.queues AS s (queue, paused, updated_at)
-    VALUES (pause.queue, true, treadle.now())
+    VALUES (pause.queue, true, v_now)
     ON CONFLICT (queue) DO UPDATE
        SET paused = true, updated_at = excluded.updated_at
      WHERE NOT s.paused
@@ -252,11 +253,13 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_now timestamptz := treadle.now();
 BEGIN
     PERFORM treadle._check_text(resume.queue, 'queue');
     PERFORM treadle._check_queue_allowed(resume.queue);
     UPDATE treadle.queues AS s
-       SET paused = false, updated_at = treadle.now()
+       SET paused = false, updated_at = v_now
      WHERE s.queue = resume.queue AND s.paused;
     IF NOT FOUND THEN
         RETURN false;

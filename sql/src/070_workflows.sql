@@ -587,6 +587,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_now    timestamptz := treadle.now();
     v_step   treadle.jobs;
     v_any    boolean := false;
     v_looked boolean;
@@ -649,7 +650,7 @@ BEGIN
     -- a running run without a pending step job (only sleeps under way, or its step
     -- rows were deleted by hand)
     UPDATE treadle.workflow_runs AS r
-       SET state = 'cancelled', finished_at = treadle.now()
+       SET state = 'cancelled', finished_at = v_now
      WHERE r.id = cancel_workflow.run_id AND r.state = 'running';
     RETURN FOUND;
 END;

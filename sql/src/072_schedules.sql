@@ -609,6 +609,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_now      timestamptz := treadle.now();
     v_schedule treadle.cron_schedules;
     v_job      treadle.jobs;
 BEGIN
@@ -620,7 +621,7 @@ BEGIN
     PERFORM treadle._check_row_allowed(v_schedule.queue, 'schedule');
     DELETE FROM treadle.cron_schedules AS s WHERE s.name = unschedule.name;
     UPDATE treadle.jobs AS j
-       SET state = 'cancelled', finished_at = treadle.now()
+       SET state = 'cancelled', finished_at = v_now
      WHERE j.id = v_schedule.job_id AND j.state = ANY (ARRAY['available', 'retryable'])
     RETURNING j.* INTO v_job;
     IF FOUND THEN
