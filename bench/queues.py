@@ -34,6 +34,7 @@ from psycopg.types.json import Jsonb
 
 from harness import (
     Stopwatch,
+    cpu_seconds,
     database,
     fmt,
     paired_ratio,
@@ -129,40 +130,53 @@ def fill(conn: psycopg.Connection[Any], counts: list[int], claims: int) -> None:
 
 def claim_cost(url: str, counts: list[int], samples: int, runs: int,
                against: bool = False) -> dict[tuple[str, int, int], list[float]]:
-    """Per (side, count, percentile): each run's figure. Cases and sides interleaved sample by sample."""
+    """Per (side, count, percentile): each run's figure; percentile 0 holds the server CPU
+    microseconds per claim (the backend's /proc figures: one connection per side and case).
+    Cases and sides interleaved sample by sample."""
     figures: dict[tuple[str, int, int], list[float]] = {}
-    with psycopg.connect(url, autocommit=True) as admin, psycopg.connect(url, autocommit=True) as tconn, \
-            psycopg.connect(url, autocommit=True) as rconn, psycopg.connect(url, autocommit=True) as aconn:
-        tcur, rcur, acur = tconn.cursor(), rconn.cursor(), aconn.cursor()
-        sides = ("treadle", "raw", "against") if against else ("treadle", "raw")
-        queries = {"treadle": (tcur, TREADLE_CLAIM), "raw": (rcur, RAW_CLAIM),
-                   "against": (acur, TREADLE_CLAIM.replace("treadle.claim(", "treadle_against.claim("))}
+    sides = ("treadle", "raw", "against") if against else ("treadle", "raw")
+    queries = {"treadle": TREADLE_CLAIM, "raw": RAW_CLAIM,
+               "against": TREADLE_CLAIM.replace("treadle.claim(", "treadle_against.claim(")}
+    with psycopg.connect(url, autocommit=True) as admin:
+        conns = {(side, count): psycopg.connect(url, autocommit=True) for side in sides for count in counts}
+        try:
+            pids = {key: int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
+                    for key, conn in conns.items()}
 
-        def claim(side: str, count: int) -> float:
-            cur, query = queries[side]
-            with Stopwatch() as s:
-                cur.execute(query, {"queues": queue_names(f"c{count}-", count)}, prepare=True)
-                got = len(cur.fetchall())
-            if got != 1:
-                raise RuntimeError(f"{side}, {count} queues: a claim returned {got} jobs, expected 1")
-            return s.ms
+            def claim(side: str, count: int) -> float:
+                with Stopwatch() as s:
+                    cur = conns[(side, count)].execute(queries[side], {"queues": queue_names(f"c{count}-", count)},
+                                                       prepare=True)
+                    got = len(cur.fetchall())
+                if got != 1:
+                    raise RuntimeError(f"{side}, {count} queues: a claim returned {got} jobs, expected 1")
+                return s.ms
 
-        for run in range(runs):
-            progress(f"claim cost: run {run + 1}/{runs}, filling {len(counts)} cases")
-            fill(admin, counts, (samples + WARMUP) * (2 if against else 1))  # both claims take from treadle.jobs
-            times: dict[tuple[str, int], list[float]] = {}
-            for i in range(WARMUP + samples):
-                # rotate the order of cases and sides, so that none always follows another
-                order = counts[i % len(counts):] + counts[:i % len(counts)]
-                for count in order:
-                    turn = (i + run) % len(sides)
-                    for side in sides[turn:] + sides[:turn]:
-                        ms = claim(side, count)
-                        if i >= WARMUP:
-                            times.setdefault((side, count), []).append(ms)
-            for (side, count), values in times.items():
-                figures.setdefault((side, count, 50), []).append(percentile(values, 50))
-                figures.setdefault((side, count, 99), []).append(percentile(values, 99))
+            for run in range(runs):
+                progress(f"claim cost: run {run + 1}/{runs}, filling {len(counts)} cases")
+                fill(admin, counts, (samples + WARMUP) * (2 if against else 1))  # both claims take from treadle.jobs
+                times: dict[tuple[str, int], list[float]] = {}
+                cpu_at: dict[tuple[str, int], float | None] = {}
+                for i in range(WARMUP + samples):
+                    if i == WARMUP:
+                        cpu_at = {key: cpu_seconds(pid) for key, pid in pids.items()}
+                    # rotate the order of cases and sides, so that none always follows another
+                    order = counts[i % len(counts):] + counts[:i % len(counts)]
+                    for count in order:
+                        turn = (i + run) % len(sides)
+                        for side in sides[turn:] + sides[:turn]:
+                            ms = claim(side, count)
+                            if i >= WARMUP:
+                                times.setdefault((side, count), []).append(ms)
+                for (side, count), values in times.items():
+                    figures.setdefault((side, count, 50), []).append(percentile(values, 50))
+                    figures.setdefault((side, count, 99), []).append(percentile(values, 99))
+                    before, after = cpu_at.get((side, count)), cpu_seconds(pids[(side, count)])
+                    if before is not None and after is not None:
+                        figures.setdefault((side, count, 0), []).append((after - before) * 1e6 / samples)
+        finally:
+            for conn in conns.values():
+                conn.close()
     return figures
 
 
@@ -241,7 +255,12 @@ def main() -> None:
         if args.against:
             a50, a99 = figures[("against", count, 50)], figures[("against", count, 99)]
             progress(f"against, {count} queues: p50 {spread(a50)} (x{paired_ratio(a50, figures[('against', 1, 50)])} "
-                     f"1 queue), p99 {spread(a99)} (x{paired_ratio(a99, figures[('against', 1, 99)])})")
+                     f"1 queue), p99 {spread(a99)} (x{paired_ratio(a99, figures[('against', 1, 99)])}), server CPU "
+                     f"us/claim {spread(figures.get(('against', count, 0), []), 0)}")
+        progress(f"treadle, {count} queues: server CPU us/claim {spread(figures.get(('treadle', count, 0), []), 0)}"
+                 + (f", x{paired_ratio(figures[('treadle', count, 0)], figures[('against', count, 0)])} against"
+                    if args.against and figures.get(("against", count, 0)) and figures.get(("treadle", count, 0))
+                    else ""))
         t50, t99 = figures[("treadle", count, 50)], figures[("treadle", count, 99)]
         r50, r99 = figures[("raw", count, 50)], figures[("raw", count, 99)]
         rows.append([f"{count:,}", spread(t50), paired_ratio(t50, figures[("treadle", 1, 50)]), spread(t99),

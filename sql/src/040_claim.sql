@@ -365,11 +365,12 @@ COMMENT ON FUNCTION treadle._claim_by_cursor(text, text, text[], text[], integer
 -- at the queue after the last one this claim took from (a setting,
 -- treadle.claim_turn). So a claim's cost does not grow with the queues it names
 -- while they hold work, and every queue gets its turn; a better priority in
--- another queue does not jump ahead of the queue being read. Each claimed job gets attempt + 1, a lease
--- until now + lease, the worker id and a lease token, which every later write by
--- the worker must name: `lease_token` when given (the same for every job of this
--- call, so that a worker whose answer was lost can ask treadle.claimed what it
--- took), otherwise a fresh random one per job. Returns the claimed rows.
+-- another queue does not jump ahead of the queue being read. Each claimed job gets
+-- attempt + 1, a lease until now + lease, the worker id and a lease token, which
+-- every later write by the worker must name: `lease_token` when given (the same
+-- for every job of this call, so that a worker whose answer was lost can ask
+-- treadle.claimed what it took), otherwise a fresh random one per job. Returns the
+-- claimed rows, queue by queue in the order they were read.
 -- Each (queue[, name]) pair is read from its own index range, so a backlog of
 -- jobs whose names the claimer does not handle is never walked past.
 -- A paused queue gives nothing; a queue with a concurrency or rate limit gives at
@@ -419,8 +420,9 @@ SET search_path = pg_catalog, pg_temp
 -- table holds. The rows to update are found by queue and id = ANY(...), not by a
 -- join whose size the planner would have to guess. (Each statement that reads or
 -- writes jobs here names one table and one queue, so that a generic plan of it
--- can still be routed to one shard where jobs are distributed by queue.) The penalty those settings add to the
--- plan's cost would start JIT compiling, which never pays off here: off too.
+-- can still be routed to one shard where jobs are distributed by queue.) The
+-- penalty those settings add to the plan's cost would start JIT compiling, which
+-- never pays off here: off too.
 -- (The cursor's helpers run under these settings too.)
 SET plan_cache_mode = force_generic_plan
 SET enable_sort = off
