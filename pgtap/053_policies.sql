@@ -9,8 +9,8 @@ SELECT plan(74);
 SET LOCAL TimeZone = 'UTC';
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
-SELECT has_function('treadle', 'snooze', ARRAY['bigint', 'uuid', 'interval'], 'treadle.snooze exists');
-SELECT function_returns('treadle', 'snooze', ARRAY['bigint', 'uuid', 'interval'], 'text', 'it returns text');
+SELECT has_function('treadle', 'snooze', ARRAY['bigint', 'uuid', 'interval', 'text'], 'treadle.snooze exists');
+SELECT function_returns('treadle', 'snooze', ARRAY['bigint', 'uuid', 'interval', 'text'], 'text', 'it returns text');
 
 -- pg_temp.leased_with(timeout, backoff, max_attempts): one job with a policy, claimed by 'w'
 CREATE FUNCTION pg_temp.leased_with(timeout interval, backoff interval[], max_attempts integer DEFAULT 25)

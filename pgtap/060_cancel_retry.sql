@@ -7,8 +7,8 @@ SELECT plan(38);
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
-SELECT has_function('treadle', 'cancel', ARRAY['bigint'], 'treadle.cancel(bigint) exists');
-SELECT has_function('treadle', 'retry', ARRAY['bigint'], 'treadle.retry(bigint) exists');
+SELECT has_function('treadle', 'cancel', ARRAY['bigint', 'text'], 'treadle.cancel(bigint, text) exists');
+SELECT has_function('treadle', 'retry', ARRAY['bigint', 'text'], 'treadle.retry(bigint, text) exists');
 
 --------------------------------------------------------------------------------
 -- cancel

@@ -15,7 +15,7 @@ SELECT has_function('treadle', 'set_queue', ARRAY['text', 'integer', 'integer', 
                     'treadle.set_queue exists');
 SELECT has_function('treadle', 'pause', ARRAY['text'], 'treadle.pause(text) exists');
 SELECT has_function('treadle', 'resume', ARRAY['text'], 'treadle.resume(text) exists');
-SELECT has_function('treadle', 'explain', ARRAY['bigint'], 'treadle.explain(bigint) exists');
+SELECT has_function('treadle', 'explain', ARRAY['bigint', 'text'], 'treadle.explain(bigint, text) exists');
 
 --------------------------------------------------------------------------------
 -- Bad input: each refused with its SQLSTATE, nothing written

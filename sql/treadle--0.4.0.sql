@@ -3366,42 +3366,48 @@ COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
--- treadle._left_by(job_id, lease_token, states) -> text
+-- treadle._left_by(job_id, lease_token, states, queue) -> text
 --
 -- The state of a job that this token finished, when it is one of `states` (what a
--- finish repeated after a lost answer returns), in treadle.jobs or its history;
--- null otherwise.
+-- finish repeated after a lost answer returns), in treadle.jobs or its history,
+-- and in queue `queue` when it is not null; null otherwise.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._left_by(job_id bigint, lease_token uuid, states text[])
+CREATE OR REPLACE FUNCTION treadle._left_by(job_id bigint, lease_token uuid, states text[], queue text DEFAULT NULL)
 RETURNS text
 LANGUAGE sql
 STABLE
 BEGIN ATOMIC
     SELECT j.state FROM treadle.jobs AS j
      WHERE j.id = _left_by.job_id AND j.lease_token = _left_by.lease_token AND j.state = ANY (_left_by.states)
+       AND (_left_by.queue IS NULL OR j.queue = _left_by.queue)
     UNION ALL
     SELECT h.state FROM treadle.job_history AS h
      WHERE h.id = _left_by.job_id AND h.lease_token = _left_by.lease_token AND h.state = ANY (_left_by.states)
+       AND (_left_by.queue IS NULL OR h.queue = _left_by.queue)
     LIMIT 1;
 END;
-COMMENT ON FUNCTION treadle._left_by(bigint, uuid, text[]) IS
+COMMENT ON FUNCTION treadle._left_by(bigint, uuid, text[], text) IS
     'The state a token''s finish left a job in, when it is one of states; null otherwise.';
 
 --------------------------------------------------------------------------------
--- treadle.complete(job_id, lease_token, result) -> text
+-- treadle.complete(job_id, lease_token, result, queue) -> text
 --
 -- Transition: running -> completed, or -> cancelled when a cancel was requested
 -- while it ran (the result is stored either way). Returns the new state, or null
 -- when the token does not hold the job (re-claimed, rescued, finished by another
 -- claim). An expired lease that nobody took over still holds. A periodic job's
 -- next occurrence and a workflow's next step are written by the same call.
+-- queue, when given, is the job's queue: a job of another queue is not held (as
+-- an unknown id). Without it, the job's queue is read first by its id (on Citus,
+-- a read of every shard); with it, every statement names the queue.
 -- Raises 22004: job_id or lease_token null. 22023: result over the payload size
 -- limit or nested over 100 levels.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.complete(
     job_id      bigint,
     lease_token uuid,
-    result      jsonb DEFAULT NULL
+    result      jsonb DEFAULT NULL,
+    queue       text  DEFAULT NULL
 )
 RETURNS text
 LANGUAGE plpgsql
@@ -3411,12 +3417,16 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle.now();
-    v_job treadle.jobs;
+    v_now   timestamptz := treadle.now();
+    v_queue text := complete.queue;
+    v_job   treadle.jobs;
 BEGIN
     PERFORM treadle._check_lease_args(complete.job_id, complete.lease_token);
     IF complete.result IS NOT NULL THEN
         PERFORM treadle._check_payload(complete.result, 'result', treadle._max_payload_bytes());
+    END IF;
+    IF v_queue IS NULL THEN
+        SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = complete.job_id;
     END IF;
 
     UPDATE treadle.jobs AS j
@@ -3425,18 +3435,19 @@ BEGIN
            finished_at = v_now,
            lease_until = NULL
      WHERE j.id = complete.job_id
+       AND j.queue = v_queue
        AND j.state = 'running'
        AND j.lease_token = complete.lease_token
     RETURNING j.* INTO v_job;
 
     IF NOT FOUND THEN
-        RETURN treadle._left_by(complete.job_id, complete.lease_token, ARRAY['completed', 'cancelled']);
+        RETURN treadle._left_by(complete.job_id, complete.lease_token, ARRAY['completed', 'cancelled'], complete.queue);
     END IF;
     PERFORM treadle._follow_up(ARRAY[v_job]);
     RETURN v_job.state;
 END;
 $$;
-COMMENT ON FUNCTION treadle.complete(bigint, uuid, jsonb) IS
+COMMENT ON FUNCTION treadle.complete(bigint, uuid, jsonb, text) IS
     'Finish a running job (running -> completed, or cancelled if requested); null when the lease is lost.';
 
 --------------------------------------------------------------------------------
@@ -3545,14 +3556,15 @@ COMMENT ON FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[]) IS
     'Finish many running jobs in one statement; one (job_id, state) row per input, state null when stale.';
 
 --------------------------------------------------------------------------------
--- treadle.fail(job_id, lease_token, error, retry_in, retryable) -> text
+-- treadle.fail(job_id, lease_token, error, retry_in, retryable, queue) -> text
 --
 -- Transition: running -> retryable (run_at = now + retry_in, or when retry_in is
 -- null the job's backoff, or the default, with jitter: treadle._retry_delay),
 -- -> discarded when attempt >= max_attempts or when the error is not retryable,
 -- -> cancelled when a cancel was requested (treadle._failed_state). The error,
 -- trimmed to 16,384 characters, is kept in last_error and appended to errors.
--- Returns the new state, or null when the token does not hold the job.
+-- Returns the new state, or null when the token does not hold the job. queue, when
+-- given, is the job's queue, as for treadle.complete.
 -- Raises 22004: job_id, lease_token or retryable null. 22023: retry_in negative
 -- or over 366 days.
 --------------------------------------------------------------------------------
@@ -3561,7 +3573,8 @@ CREATE OR REPLACE FUNCTION treadle.fail(
     lease_token uuid,
     error       text,
     retry_in    interval DEFAULT NULL,
-    retryable   boolean  DEFAULT true
+    retryable   boolean  DEFAULT true,
+    queue       text     DEFAULT NULL
 )
 RETURNS text
 LANGUAGE plpgsql
@@ -3577,6 +3590,7 @@ DECLARE
     v_state    text;
     v_run_at   timestamptz;
     v_finished timestamptz;
+    v_queue    text := fail.queue;
 BEGIN
     PERFORM treadle._check_lease_args(fail.job_id, fail.lease_token);
     PERFORM treadle._check_interval(fail.retry_in, 'retry_in', interval '366 days', may_be_zero => true);
@@ -3587,13 +3601,17 @@ BEGIN
     -- The job is read and locked first, and what the write sets is computed here (the
     -- jitter, the clock): an UPDATE that Citus distributes may hold no volatile call,
     -- nor a CASE around a call that is not immutable.
+    IF v_queue IS NULL THEN
+        SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = fail.job_id;
+    END IF;
     SELECT j.* INTO v_job FROM treadle.jobs AS j
      WHERE j.id = fail.job_id
+       AND j.queue = v_queue
        AND j.state = 'running'
        AND j.lease_token = fail.lease_token
        FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN treadle._left_by(fail.job_id, fail.lease_token, ARRAY['retryable', 'discarded', 'cancelled']);
+        RETURN treadle._left_by(fail.job_id, fail.lease_token, ARRAY['retryable', 'discarded', 'cancelled'], fail.queue);
     END IF;
     -- the failed state decides the rest: a retry is due after retry_in or the backoff,
     -- any other state is finished. An error that is not retryable spends every
@@ -3626,7 +3644,7 @@ BEGIN
     RETURN v_job.state;
 END;
 $$;
-COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval, boolean) IS
+COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval, boolean, text) IS
     'Record a failed attempt (running -> retryable, discarded or cancelled); null when the lease is lost.';
 
 --------------------------------------------------------------------------------
@@ -3835,14 +3853,15 @@ COMMENT ON FUNCTION treadle.rescue() IS
     'Return running jobs whose lease expired to the queue (or discard/cancel them); returns how many.';
 
 --------------------------------------------------------------------------------
--- treadle._hand_back(job_id, lease_token, delay) -> text
+-- treadle._hand_back(job_id, lease_token, delay, queue) -> text
 --
 -- What release and snooze share, their arguments checked: running -> available
 -- at now + delay, giving back the attempt its claim took (no error recorded, no
 -- attempt spent); -> cancelled when a cancel was requested. Returns the new
 -- state, or what treadle._left_by says when the token does not hold the job.
+-- queue, when not null, is the job's queue (as for treadle.complete).
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._hand_back(job_id bigint, lease_token uuid, delay interval)
+CREATE OR REPLACE FUNCTION treadle._hand_back(job_id bigint, lease_token uuid, delay interval, queue text)
 RETURNS text
 LANGUAGE plpgsql
 VOLATILE
@@ -3852,8 +3871,12 @@ AS $$
 DECLARE
     v_now    timestamptz := treadle.now();
     v_run_at timestamptz := v_now + _hand_back.delay;  -- computed here: no CASE around it in the UPDATE
+    v_queue  text := _hand_back.queue;
     v_job    treadle.jobs;
 BEGIN
+    IF v_queue IS NULL THEN
+        SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = _hand_back.job_id;
+    END IF;
     UPDATE treadle.jobs AS j
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'available' END,
            attempt = CASE WHEN j.cancel_requested THEN j.attempt ELSE greatest(j.attempt - 1, 0) END,
@@ -3862,12 +3885,13 @@ BEGIN
            lease_until = NULL,
            ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
      WHERE j.id = _hand_back.job_id
+       AND j.queue = v_queue
        AND j.state = 'running'
        AND j.lease_token = _hand_back.lease_token
     RETURNING j.* INTO v_job;
 
     IF NOT FOUND THEN
-        RETURN treadle._left_by(_hand_back.job_id, _hand_back.lease_token, ARRAY['available', 'cancelled']);
+        RETURN treadle._left_by(_hand_back.job_id, _hand_back.lease_token, ARRAY['available', 'cancelled'], _hand_back.queue);
     END IF;
     PERFORM treadle._follow_up(ARRAY[v_job]);
     IF v_job.state = 'available' AND v_job.run_at <= v_now THEN
@@ -3876,19 +3900,20 @@ BEGIN
     RETURN v_job.state;
 END;
 $$;
-COMMENT ON FUNCTION treadle._hand_back(bigint, uuid, interval) IS
+COMMENT ON FUNCTION treadle._hand_back(bigint, uuid, interval, text) IS
     'Hand a running job back for now + delay without spending an attempt (release and snooze).';
 
 --------------------------------------------------------------------------------
--- treadle.release(job_id, lease_token) -> text
+-- treadle.release(job_id, lease_token, queue) -> text
 --
 -- Transition: running -> available now, giving back the attempt its claim took
 -- (a worker shutting down hands over work it did not start or cannot finish);
 -- -> cancelled when a cancel was requested. Returns the new state, or null when
--- the token does not hold the job.
+-- the token does not hold the job. queue, when given, is the job's queue (as for
+-- treadle.complete).
 -- Raises 22004: job_id or lease_token null.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle.release(job_id bigint, lease_token uuid)
+CREATE OR REPLACE FUNCTION treadle.release(job_id bigint, lease_token uuid, queue text DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql
 VOLATILE
@@ -3897,23 +3922,24 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM treadle._check_lease_args(release.job_id, release.lease_token);
-    RETURN treadle._hand_back(release.job_id, release.lease_token, interval '0');
+    RETURN treadle._hand_back(release.job_id, release.lease_token, interval '0', release.queue);
 END;
 $$;
-COMMENT ON FUNCTION treadle.release(bigint, uuid) IS
+COMMENT ON FUNCTION treadle.release(bigint, uuid, text) IS
     'Hand a running job back (running -> available, attempt given back); null when the lease is lost.';
 
 --------------------------------------------------------------------------------
--- treadle.snooze(job_id, lease_token, delay) -> text
+-- treadle.snooze(job_id, lease_token, delay, queue) -> text
 --
 -- Transition: running -> available at now + delay, giving back the attempt its
 -- claim took (the handler asked to run later: not a failure, so no error is
 -- recorded and no attempt is spent); -> cancelled when a cancel was requested.
--- Returns the new state, or null when the token does not hold the job.
+-- Returns the new state, or null when the token does not hold the job. queue, when
+-- given, is the job's queue (as for treadle.complete).
 -- Raises 22004: job_id, lease_token or delay null. 22023: delay negative or over
 -- 366 days.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle.snooze(job_id bigint, lease_token uuid, delay interval)
+CREATE OR REPLACE FUNCTION treadle.snooze(job_id bigint, lease_token uuid, delay interval, queue text DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql
 VOLATILE
@@ -3926,10 +3952,10 @@ BEGIN
         RAISE EXCEPTION 'treadle: delay must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     PERFORM treadle._check_interval(snooze.delay, 'delay', interval '366 days', may_be_zero => true);
-    RETURN treadle._hand_back(snooze.job_id, snooze.lease_token, snooze.delay);
+    RETURN treadle._hand_back(snooze.job_id, snooze.lease_token, snooze.delay, snooze.queue);
 END;
 $$;
-COMMENT ON FUNCTION treadle.snooze(bigint, uuid, interval) IS
+COMMENT ON FUNCTION treadle.snooze(bigint, uuid, interval, text) IS
     'Run a running job again after delay without spending an attempt (running -> available); null when the lease is lost.';
 --------------------------------------------------------------------------------
 -- Successors: the job that a periodic occurrence or a schedule starts. One
@@ -4003,17 +4029,48 @@ COMMENT ON FUNCTION treadle._successor(bigint, text, text, jsonb, integer, times
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
--- treadle.cancel(job_id) -> boolean
+-- treadle._job_queue(job_id, queue) -> text
+--
+-- The queue of job job_id, in treadle.jobs or its history, read into a variable
+-- before the statements that then name it (Citus routes them to one shard, and
+-- runs no function of a column inside a shard's query); null for an unknown id,
+-- or when queue is given and the job is not in it.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._job_queue(job_id bigint, queue text)
+RETURNS text
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_queue text;
+BEGIN
+    SELECT j.queue INTO v_queue FROM treadle.jobs AS j
+     WHERE j.id = _job_queue.job_id AND (_job_queue.queue IS NULL OR j.queue = _job_queue.queue);
+    IF NOT FOUND THEN
+        SELECT h.queue INTO v_queue FROM treadle.job_history AS h
+         WHERE h.id = _job_queue.job_id AND (_job_queue.queue IS NULL OR h.queue = _job_queue.queue);
+    END IF;
+    RETURN v_queue;
+END;
+$$;
+COMMENT ON FUNCTION treadle._job_queue(bigint, text) IS
+    'The queue of a job (in treadle.jobs or its history), or null when unknown or not in the queue given.';
+
+--------------------------------------------------------------------------------
+-- treadle.cancel(job_id, queue) -> boolean
 --
 -- Transition: available | retryable -> cancelled at once; running -> running
 -- with a cancel request (heartbeat then answers 'cancel'; complete or fail
 -- finish it as cancelled). A cancelled workflow step cancels its run; a
 -- cancelled periodic occurrence ends its series. Returns true when this call
 -- changed something; false for a finished job, a job whose cancel is already
--- requested, or an unknown id.
+-- requested, or an unknown id. queue, when given, is the job's queue: a job of
+-- another queue is as an unknown id. The job's queue is read first, then every
+-- statement names it.
 -- Raises 22004: job_id null. 42501: a tenant's job outside its queues.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle.cancel(job_id bigint)
+CREATE OR REPLACE FUNCTION treadle.cancel(job_id bigint, queue text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
@@ -4022,19 +4079,23 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle.now();
-    v_job treadle.jobs;
+    v_now   timestamptz := treadle.now();
+    v_queue text := treadle._job_queue(cancel.job_id, cancel.queue);
+    v_job   treadle.jobs;
 BEGIN
     IF cancel.job_id IS NULL THEN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_row_allowed(j.queue, 'job') FROM treadle.jobs AS j WHERE j.id = cancel.job_id;
-    PERFORM treadle._check_row_allowed(h.queue, 'job') FROM treadle.job_history AS h WHERE h.id = cancel.job_id;
+    IF v_queue IS NULL THEN
+        RETURN false;
+    END IF;
+    PERFORM treadle._check_row_allowed(v_queue, 'job');
 
     UPDATE treadle.jobs AS j
        SET state = 'cancelled',
            finished_at = v_now
      WHERE j.id = cancel.job_id
+       AND j.queue = v_queue
        AND j.state = ANY (ARRAY['available', 'retryable'])
     RETURNING j.* INTO v_job;
     IF FOUND THEN
@@ -4045,16 +4106,17 @@ BEGIN
     UPDATE treadle.jobs AS j
        SET cancel_requested = true
      WHERE j.id = cancel.job_id
+       AND j.queue = v_queue
        AND j.state = 'running'
        AND NOT j.cancel_requested;
     RETURN FOUND;
 END;
 $$;
-COMMENT ON FUNCTION treadle.cancel(bigint) IS
+COMMENT ON FUNCTION treadle.cancel(bigint, text) IS
     'Cancel a waiting job now, or request cancel of a running one; true when something changed.';
 
 --------------------------------------------------------------------------------
--- treadle.retry(job_id) -> boolean
+-- treadle.retry(job_id, queue) -> boolean
 --
 -- Transition: discarded | cancelled | retryable -> available now, attempt reset
 -- to 0 (from treadle.job_history too, back into treadle.jobs). A retried workflow
@@ -4064,10 +4126,11 @@ COMMENT ON FUNCTION treadle.cancel(bigint) IS
 -- Completed steps never run again. A retried compensation puts its failed run
 -- back to compensating (treadle._advance_compensation goes on from it). A retried
 -- periodic occurrence that already started its successor runs once more without
--- starting another. Returns false for any other state or an unknown id.
+-- starting another. Returns false for any other state or an unknown id. queue,
+-- when given, is the job's queue, as for treadle.cancel.
 -- Raises 22004: job_id null. 42501: a tenant's job outside its queues.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle.retry(job_id bigint)
+CREATE OR REPLACE FUNCTION treadle.retry(job_id bigint, queue text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
@@ -4076,21 +4139,24 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle.now();
-    v_job treadle.jobs;
-    v_run treadle.workflow_runs;
+    v_now   timestamptz := treadle.now();
+    v_queue text := treadle._job_queue(retry.job_id, retry.queue);
+    v_job   treadle.jobs;
+    v_run   treadle.workflow_runs;
 BEGIN
     IF retry.job_id IS NULL THEN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_row_allowed(j.queue, 'job') FROM treadle.jobs AS j WHERE j.id = retry.job_id;
-    PERFORM treadle._check_row_allowed(h.queue, 'job') FROM treadle.job_history AS h WHERE h.id = retry.job_id;
+    IF v_queue IS NULL THEN
+        RETURN false;
+    END IF;
+    PERFORM treadle._check_row_allowed(v_queue, 'job');
 
     -- A job in history comes back to treadle.jobs first, as it was: its row as a
     -- treadle.jobs row, every column of jobs by name (purge_at and slot left behind).
     WITH back AS (
         DELETE FROM treadle.job_history AS h
-         WHERE h.id = retry.job_id AND h.state = ANY (ARRAY['discarded', 'cancelled'])
+         WHERE h.id = retry.job_id AND h.queue = v_queue AND h.state = ANY (ARRAY['discarded', 'cancelled'])
         RETURNING h.*
     )
     INSERT INTO treadle.jobs
@@ -4108,6 +4174,7 @@ BEGIN
            key_scope = CASE WHEN j.finished_at IS NOT NULL AND j.key_scope = ANY (ARRAY['waiting', 'active'])
                             THEN 'released' ELSE j.key_scope END
      WHERE j.id = retry.job_id
+       AND j.queue = v_queue
        AND j.state = ANY (ARRAY['discarded', 'cancelled', 'retryable'])
     RETURNING j.* INTO v_job;
     IF NOT FOUND THEN
@@ -4132,7 +4199,7 @@ BEGIN
     RETURN true;
 END;
 $$;
-COMMENT ON FUNCTION treadle.retry(bigint) IS
+COMMENT ON FUNCTION treadle.retry(bigint, text) IS
     'Make a discarded, cancelled or retryable job available now with attempt 0; true when it did.';
 
 --------------------------------------------------------------------------------
@@ -4215,6 +4282,10 @@ DECLARE
     v_runs       bigint[];
     v_step_ids   bigint[];
     v_busy_runs  bigint[];
+    v_queue      text;
+    v_count      bigint;
+    v_cut_completed timestamptz;
+    v_cut_failed    timestamptz;
     v_steps      bigint;
     v_jobs       bigint;
     v_room       integer;
@@ -4285,22 +4356,39 @@ BEGIN
     END IF;
 
     IF v_jobs < apply_retention.batch THEN
-        -- Deleted by the row versions just locked (a TID scan): no second lookup by id.
-        -- A row locked by this transaction cannot move before the delete.
-        DELETE FROM treadle.jobs AS j
-         WHERE j.ctid = ANY (ARRAY(
-            SELECT e.ctid
-              FROM treadle.jobs AS e
+        -- Queue by queue (on Citus each statement is then one shard's): the oldest
+        -- expired jobs are read without a lock, and from each of their queues as many
+        -- are then locked and deleted by key, oldest first.
+        FOR v_queue, v_count, v_cut_completed, v_cut_failed IN
+            SELECT e.queue, count(*), v_now - coalesce(q.retain_completed, v_completed),
+                   v_now - coalesce(q.retain_failed, v_failed)
+              FROM (SELECT e.queue
+                      FROM treadle.jobs AS e
+                      LEFT JOIN treadle.queues AS q ON q.queue = e.queue
+                     WHERE e.finished_at < v_now - v_shortest
+                       AND e.workflow_run_id IS NULL
+                       AND e.finished_at < v_now - CASE WHEN e.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
+                                                        ELSE coalesce(q.retain_failed, v_failed) END
+                     ORDER BY e.finished_at
+                     LIMIT apply_retention.batch - v_jobs) AS e
               LEFT JOIN treadle.queues AS q ON q.queue = e.queue
-             WHERE e.finished_at < v_now - v_shortest
-               AND e.workflow_run_id IS NULL
-               AND e.finished_at < v_now - CASE WHEN e.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
-                                                ELSE coalesce(q.retain_failed, v_failed) END
-             ORDER BY e.finished_at
-             LIMIT apply_retention.batch - v_jobs
-               FOR UPDATE OF e SKIP LOCKED));
-        GET DIAGNOSTICS v_steps = ROW_COUNT;
-        v_jobs := v_jobs + v_steps;
+             GROUP BY e.queue, q.retain_completed, q.retain_failed
+        LOOP
+            DELETE FROM treadle.jobs AS j
+             WHERE j.queue = v_queue
+               AND j.id = ANY (ARRAY(
+                SELECT e.id
+                  FROM treadle.jobs AS e
+                 WHERE e.queue = v_queue
+                   AND e.finished_at < v_now - v_shortest
+                   AND e.workflow_run_id IS NULL
+                   AND e.finished_at < CASE WHEN e.state = 'completed' THEN v_cut_completed ELSE v_cut_failed END
+                 ORDER BY e.finished_at
+                 LIMIT v_count
+                   FOR UPDATE SKIP LOCKED));
+            GET DIAGNOSTICS v_steps = ROW_COUNT;
+            v_jobs := v_jobs + v_steps;
+        END LOOP;
     END IF;
     RETURN v_jobs;
 END;
@@ -4477,11 +4565,14 @@ DECLARE
     v_now       timestamptz := treadle.now();
     v_completed interval;
     v_failed    interval;
-    v_tids      tid[];
     v_ids       bigint[];
     v_purge     timestamptz[];
     v_slots     smallint[];
-    v_moved     bigint;
+    v_moved     bigint := 0;
+    v_queue     text;
+    v_count     bigint;
+    v_keep_completed interval;
+    v_keep_failed    interval;
 BEGIN
     IF archive.batch IS NULL THEN
         RAISE EXCEPTION 'treadle: batch must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -4492,43 +4583,57 @@ BEGIN
     END IF;
     SELECT r.retain_completed, r.retain_failed INTO v_completed, v_failed FROM treadle._retention() AS r;
 
-    SELECT array_agg(p.tid), array_agg(p.id), array_agg(p.purge_at)
-      INTO v_tids, v_ids, v_purge
-      FROM (SELECT e.ctid AS tid, e.id,
-                   coalesce(e.finished_at + CASE WHEN e.state = 'completed'
-                                                 THEN coalesce(q.retain_completed, v_completed)
-                                                 ELSE coalesce(q.retain_failed, v_failed) END,
-                            'infinity') AS purge_at
-              FROM treadle.jobs AS e
-              LEFT JOIN treadle.queues AS q ON q.queue = e.queue
-             WHERE e.finished_at < v_now - interval '1 minute'
-               AND e.workflow_run_id IS NULL
-               AND e.idempotency_key IS NULL
-             ORDER BY e.finished_at
-             LIMIT archive.batch
-               FOR UPDATE OF e SKIP LOCKED) AS p
-     WHERE p.purge_at > v_now;
-    IF v_tids IS NULL THEN
-        RETURN 0;
-    END IF;
+    -- Queue by queue (on Citus each statement is then one shard's, and a job moves
+    -- within its shard: jobs and job_history are co-located): the oldest candidates
+    -- are read without a lock, and from each of their queues as many are then locked
+    -- and moved by key, oldest first.
+    FOR v_queue, v_count, v_keep_completed, v_keep_failed IN
+        SELECT c.queue, count(*), coalesce(q.retain_completed, v_completed), coalesce(q.retain_failed, v_failed)
+          FROM (SELECT e.queue FROM treadle.jobs AS e
+                 WHERE e.finished_at < v_now - interval '1 minute'
+                   AND e.workflow_run_id IS NULL
+                   AND e.idempotency_key IS NULL
+                 ORDER BY e.finished_at
+                 LIMIT archive.batch) AS c
+          LEFT JOIN treadle.queues AS q ON q.queue = c.queue
+         GROUP BY c.queue, q.retain_completed, q.retain_failed
+    LOOP
+        SELECT array_agg(p.id), array_agg(p.purge_at)
+          INTO v_ids, v_purge
+          FROM (SELECT e.id,
+                       coalesce(e.finished_at + CASE WHEN e.state = 'completed' THEN v_keep_completed
+                                                     ELSE v_keep_failed END,
+                                'infinity') AS purge_at
+                  FROM treadle.jobs AS e
+                 WHERE e.queue = v_queue
+                   AND e.finished_at < v_now - interval '1 minute'
+                   AND e.workflow_run_id IS NULL
+                   AND e.idempotency_key IS NULL
+                 ORDER BY e.finished_at
+                 LIMIT v_count
+                   FOR UPDATE SKIP LOCKED) AS p
+         WHERE p.purge_at > v_now;
+        CONTINUE WHEN v_ids IS NULL;
 
-    -- One partition per day of purge times: look each day up once.
-    SELECT array_agg(d.slot ORDER BY u.n) INTO v_slots
-      FROM unnest(v_purge) WITH ORDINALITY AS u(purge_at, n)
-      JOIN (SELECT w.day, treadle._history_slot(w.day, v_now) AS slot
-              FROM (SELECT DISTINCT treadle._history_day(x.purge_at) AS day
-                      FROM unnest(v_purge) AS x(purge_at)) AS w) AS d
-        ON d.day = treadle._history_day(u.purge_at);
+        -- One partition per day of purge times: look each day up once.
+        SELECT array_agg(d.slot ORDER BY u.n) INTO v_slots
+          FROM unnest(v_purge) WITH ORDINALITY AS u(purge_at, n)
+          JOIN (SELECT w.day, treadle._history_slot(w.day, v_now) AS slot
+                  FROM (SELECT DISTINCT treadle._history_day(x.purge_at) AS day
+                          FROM unnest(v_purge) AS x(purge_at)) AS w) AS d
+            ON d.day = treadle._history_day(u.purge_at);
 
-    -- Rows locked above by this transaction cannot move before the delete.
-    WITH moved AS (
-        DELETE FROM treadle.jobs AS j WHERE j.ctid = ANY (v_tids) RETURNING j.*
-    )
-    INSERT INTO treadle.job_history
-    SELECT p.purge_at, p.slot, m.*
-      FROM moved AS m
-      JOIN unnest(v_ids, v_purge, v_slots) AS p(id, purge_at, slot) ON p.id = m.id;
-    GET DIAGNOSTICS v_moved = ROW_COUNT;
+        -- Rows locked above by this transaction cannot move before the delete.
+        WITH moved AS (
+            DELETE FROM treadle.jobs AS j WHERE j.queue = v_queue AND j.id = ANY (v_ids) RETURNING j.*
+        )
+        INSERT INTO treadle.job_history
+        SELECT p.purge_at, p.slot, m.*
+          FROM moved AS m
+          JOIN unnest(v_ids, v_purge, v_slots) AS p(id, purge_at, slot) ON p.id = m.id;
+        GET DIAGNOSTICS v_count = ROW_COUNT;
+        v_moved := v_moved + v_count;
+    END LOOP;
     RETURN v_moved;
 END;
 $$;
@@ -4587,6 +4692,8 @@ DECLARE
     v_slot  smallint;
     v_count bigint;
     v_jobs  bigint := 0;
+    v_queue text;
+    v_due   bigint;
 BEGIN
     FOR v_slot IN
         SELECT s.slot FROM treadle.history_slots AS s WHERE s.ends <= _purge_history.now
@@ -4603,15 +4710,29 @@ BEGIN
         RETURN v_jobs;
     END IF;
 
-    DELETE FROM treadle.job_history_00 AS h
-     WHERE h.ctid = ANY (ARRAY(
-        SELECT e.ctid FROM treadle.job_history_00 AS e
-         WHERE e.purge_at <= _purge_history.now
-         ORDER BY e.purge_at
-         LIMIT _purge_history.batch - v_jobs
-           FOR UPDATE SKIP LOCKED));
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    RETURN v_jobs + v_count;
+    -- Queue by queue (on Citus each statement is then one shard's): the oldest due
+    -- rows are read without a lock, and from each of their queues as many are then
+    -- locked and deleted by id, oldest first.
+    FOR v_queue, v_due IN
+        SELECT e.queue, count(*)
+          FROM (SELECT e.queue FROM treadle.job_history_00 AS e
+                 WHERE e.purge_at <= _purge_history.now
+                 ORDER BY e.purge_at
+                 LIMIT _purge_history.batch - v_jobs) AS e
+         GROUP BY e.queue
+    LOOP
+        DELETE FROM treadle.job_history_00 AS h
+         WHERE h.queue = v_queue
+           AND h.id = ANY (ARRAY(
+            SELECT e.id FROM treadle.job_history_00 AS e
+             WHERE e.queue = v_queue AND e.purge_at <= _purge_history.now
+             ORDER BY e.purge_at
+             LIMIT v_due
+               FOR UPDATE SKIP LOCKED));
+        GET DIAGNOSTICS v_count = ROW_COUNT;
+        v_jobs := v_jobs + v_count;
+    END LOOP;
+    RETURN v_jobs;
 END;
 $$;
 COMMENT ON FUNCTION treadle._purge_history(timestamptz, integer) IS
@@ -6181,6 +6302,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_job_id   bigint;
+    v_queue    text;
     v_schedule treadle.cron_schedules;
 BEGIN
     LOOP
@@ -6188,7 +6310,10 @@ BEGIN
         IF NOT FOUND THEN
             RETURN NULL;
         END IF;
-        PERFORM 1 FROM treadle.jobs AS j WHERE j.id = v_job_id FOR UPDATE;
+        -- the occurrence's queue first, then its lock by key (on Citus, one shard's)
+        SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = v_job_id;
+        PERFORM 1 FROM treadle.jobs AS j WHERE j.id = v_job_id AND j.queue = v_queue FOR UPDATE;
+        CONTINUE WHEN v_queue IS NOT NULL AND NOT FOUND;  -- its queue changed meanwhile: read it again
         SELECT s.* INTO v_schedule FROM treadle.cron_schedules AS s WHERE s.name = _lock_schedule.name FOR UPDATE;
         IF NOT FOUND THEN
             RETURN NULL;
@@ -8061,7 +8186,7 @@ $$;
 COMMENT ON FUNCTION treadle.job_counts(bigint) IS
     'Jobs per state (queue null: all queues) and per queue and state, with each queue''s oldest waiting age; estimated on large tables, and flagged.';
 --------------------------------------------------------------------------------
--- treadle.explain(job_id) -> table(reason, message, at)
+-- treadle.explain(job_id, queue) -> table(reason, message, at)
 --
 -- Transition: none. Why a job is where it is, one row per reason, in words: a
 -- stable key (reason), a sentence (message) and the time it names, if any (at).
@@ -8075,12 +8200,13 @@ COMMENT ON FUNCTION treadle.job_counts(bigint) IS
 --   running: running (worker, attempt, lease), worker (its last report, or that
 --     it is not in the registry), lease_expired, cancel_requested;
 --   completed, discarded (with the last error), cancelled.
--- No rows for an unknown id, or a job of a queue a tenant may not see. Readers
+-- No rows for an unknown id, a job of a queue a tenant may not see, or one not in
+-- queue when that is given. Readers
 -- may call it (treadle.grant_reader); it reads as the owner and applies the
 -- tenant rule itself, as the views' row-level security does.
 -- Raises 22004: job_id null.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle.explain(job_id bigint)
+CREATE OR REPLACE FUNCTION treadle.explain(job_id bigint, queue text DEFAULT NULL)
 RETURNS TABLE (reason text, message text, at timestamptz)
 LANGUAGE plpgsql
 STABLE
@@ -8092,6 +8218,7 @@ DECLARE
     c_live   CONSTANT interval := interval '30 seconds';  -- as treadle.live_workers
     c_ahead  CONSTANT integer := 1000;                    -- the most jobs ahead counted
     v_now    timestamptz := treadle.now();
+    v_prefix text := treadle._caller_prefix();  -- read first: Citus runs no such call inside a shard's query
     v_job    record;
     v_queue  treadle.queues;
     v_worker record;
@@ -8106,10 +8233,11 @@ BEGIN
     -- not j.*: the lease token is nobody's business here
     SELECT j.id, j.queue, j.name, j.state, j.priority, j.run_at, j.attempt, j.max_attempts, j.lease_until,
            j.worker_id, j.last_error, j.finished_at, j.started_at, j.cancel_requested, j.workflow_run_id, j.step,
-           j.idempotency_key, (SELECT e.key_scope FROM treadle.jobs AS e WHERE e.id = j.id) AS key_scope
+           j.idempotency_key, (SELECT e.key_scope FROM treadle.jobs AS e WHERE e.id = j.id AND e.queue = j.queue) AS key_scope
       INTO v_job
       FROM treadle.job_details AS j  -- treadle.jobs and its history
-     WHERE j.id = explain.job_id AND starts_with(j.queue, treadle._caller_prefix());
+     WHERE j.id = explain.job_id AND starts_with(j.queue, v_prefix)
+       AND (explain.queue IS NULL OR j.queue = explain.queue);
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -8262,7 +8390,7 @@ BEGIN
     END IF;
 END;
 $$;
-COMMENT ON FUNCTION treadle.explain(bigint) IS
+COMMENT ON FUNCTION treadle.explain(bigint, text) IS
     'Why a job is where it is: one row per reason (reason key, message in words, time).';
 --------------------------------------------------------------------------------
 -- treadle.explain_run(run_id) -> table(step, job_id, reason, message, at)
@@ -8546,7 +8674,7 @@ BEGIN
       FROM (VALUES
         ('read',    'treadle.job_counts(bigint)'),
         ('read',    'treadle.estimated_jobs(text, text)'),
-        ('read',    'treadle.explain(bigint)'),
+        ('read',    'treadle.explain(bigint, text)'),
         ('read',    'treadle.explain_run(bigint)'),
         ('read',    'treadle.listen_done(text)'),
         ('read',    'treadle.unlisten_done()'),
@@ -8556,21 +8684,21 @@ BEGIN
         ('produce', 'treadle.signal(bigint, text, jsonb)'),
         ('produce', 'treadle.signal_by_key(text, text, text, jsonb)'),
         ('produce', 'treadle.schedule(text, text, text, jsonb, text, text, integer, integer, boolean)'),
-        ('control', 'treadle.cancel(bigint)'),
-        ('control', 'treadle.retry(bigint)'),
+        ('control', 'treadle.cancel(bigint, text)'),
+        ('control', 'treadle.retry(bigint, text)'),
         ('control', 'treadle.cancel_workflow(bigint)'),
         ('control', 'treadle.unschedule(text)'),
         ('work',    'treadle.claim(text, text[], text[], integer, interval, uuid)'),
         ('work',    'treadle.claimed(uuid)'),
         ('work',    'treadle.heartbeat(bigint, uuid, interval)'),
         ('work',    'treadle.progress(bigint, uuid, double precision, text)'),
-        ('work',    'treadle.complete(bigint, uuid, jsonb)'),
+        ('work',    'treadle.complete(bigint, uuid, jsonb, text)'),
         ('work',    'treadle.complete_many(bigint[], uuid[], jsonb[])'),
         ('work',    'treadle.complete_and_claim(bigint[], uuid[], jsonb[], text, text[], text[], integer, interval, uuid)'),
         ('work',    'treadle.heartbeat_many(bigint[], uuid[], interval)'),
-        ('work',    'treadle.fail(bigint, uuid, text, interval, boolean)'),
-        ('work',    'treadle.release(bigint, uuid)'),
-        ('work',    'treadle.snooze(bigint, uuid, interval)'),
+        ('work',    'treadle.fail(bigint, uuid, text, interval, boolean, text)'),
+        ('work',    'treadle.release(bigint, uuid, text)'),
+        ('work',    'treadle.snooze(bigint, uuid, interval, text)'),
         ('work',    'treadle.step_sleep(bigint, uuid, integer, interval, timestamptz)'),
         ('work',    'treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb)'),
         ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer, text[])'),

@@ -525,42 +525,48 @@ COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
--- treadle._left_by(job_id, lease_token, states) -> text
+-- treadle._left_by(job_id, lease_token, states, queue) -> text
 --
 -- The state of a job that this token finished, when it is one of `states` (what a
--- finish repeated after a lost answer returns), in treadle.jobs or its history;
--- null otherwise.
+-- finish repeated after a lost answer returns), in treadle.jobs or its history,
+-- and in queue `queue` when it is not null; null otherwise.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._left_by(job_id bigint, lease_token uuid, states text[])
+CREATE OR REPLACE FUNCTION treadle._left_by(job_id bigint, lease_token uuid, states text[], queue text DEFAULT NULL)
 RETURNS text
 LANGUAGE sql
 STABLE
 BEGIN ATOMIC
     SELECT j.state FROM treadle.jobs AS j
      WHERE j.id = _left_by.job_id AND j.lease_token = _left_by.lease_token AND j.state = ANY (_left_by.states)
+       AND (_left_by.queue IS NULL OR j.queue = _left_by.queue)
     UNION ALL
     SELECT h.state FROM treadle.job_history AS h
      WHERE h.id = _left_by.job_id AND h.lease_token = _left_by.lease_token AND h.state = ANY (_left_by.states)
+       AND (_left_by.queue IS NULL OR h.queue = _left_by.queue)
     LIMIT 1;
 END;
-COMMENT ON FUNCTION treadle._left_by(bigint, uuid, text[]) IS
+COMMENT ON FUNCTION treadle._left_by(bigint, uuid, text[], text) IS
     'The state a token''s finish left a job in, when it is one of states; null otherwise.';
 
 --------------------------------------------------------------------------------
--- treadle.complete(job_id, lease_token, result) -> text
+-- treadle.complete(job_id, lease_token, result, queue) -> text
 --
 -- Transition: running -> completed, or -> cancelled when a cancel was requested
 -- while it ran (the result is stored either way). Returns the new state, or null
 -- when the token does not hold the job (re-claimed, rescued, finished by another
 -- claim). An expired lease that nobody took over still holds. A periodic job's
 -- next occurrence and a workflow's next step are written by the same call.
+-- queue, when given, is the job's queue: a job of another queue is not held (as
+-- an unknown id). Without it, the job's queue is read first by its id (on Citus,
+-- a read of every shard); with it, every statement names the queue.
 -- Raises 22004: job_id or lease_token null. 22023: result over the payload size
 -- limit or nested over 100 levels.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.complete(
     job_id      bigint,
     lease_token uuid,
-    result      jsonb DEFAULT NULL
+    result      jsonb DEFAULT NULL,
+    queue       text  DEFAULT NULL
 )
 RETURNS text
 LANGUAGE plpgsql
@@ -570,12 +576,16 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle.now();
-    v_job treadle.jobs;
+    v_now   timestamptz := treadle.now();
+    v_queue text := complete.queue;
+    v_job   treadle.jobs;
 BEGIN
     PERFORM treadle._check_lease_args(complete.job_id, complete.lease_token);
     IF complete.result IS NOT NULL THEN
         PERFORM treadle._check_payload(complete.result, 'result', treadle._max_payload_bytes());
+    END IF;
+    IF v_queue IS NULL THEN
+        SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = complete.job_id;
     END IF;
 
     UPDATE treadle.jobs AS j
@@ -584,18 +594,19 @@ BEGIN
            finished_at = v_now,
            lease_until = NULL
      WHERE j.id = complete.job_id
+       AND j.queue = v_queue
        AND j.state = 'running'
        AND j.lease_token = complete.lease_token
     RETURNING j.* INTO v_job;
 
     IF NOT FOUND THEN
-        RETURN treadle._left_by(complete.job_id, complete.lease_token, ARRAY['completed', 'cancelled']);
+        RETURN treadle._left_by(complete.job_id, complete.lease_token, ARRAY['completed', 'cancelled'], complete.queue);
     END IF;
     PERFORM treadle._follow_up(ARRAY[v_job]);
     RETURN v_job.state;
 END;
 $$;
-COMMENT ON FUNCTION treadle.complete(bigint, uuid, jsonb) IS
+COMMENT ON FUNCTION treadle.complete(bigint, uuid, jsonb, text) IS
     'Finish a running job (running -> completed, or cancelled if requested); null when the lease is lost.';
 
 --------------------------------------------------------------------------------
@@ -704,14 +715,15 @@ COMMENT ON FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[]) IS
     'Finish many running jobs in one statement; one (job_id, state) row per input, state null when stale.';
 
 --------------------------------------------------------------------------------
--- treadle.fail(job_id, lease_token, error, retry_in, retryable) -> text
+-- treadle.fail(job_id, lease_token, error, retry_in, retryable, queue) -> text
 --
 -- Transition: running -> retryable (run_at = now + retry_in, or when retry_in is
 -- null the job's backoff, or the default, with jitter: treadle._retry_delay),
 -- -> discarded when attempt >= max_attempts or when the error is not retryable,
 -- -> cancelled when a cancel was requested (treadle._failed_state). The error,
 -- trimmed to 16,384 characters, is kept in last_error and appended to errors.
--- Returns the new state, or null when the token does not hold the job.
+-- Returns the new state, or null when the token does not hold the job. queue, when
+-- given, is the job's queue, as for treadle.complete.
 -- Raises 22004: job_id, lease_token or retryable null. 22023: retry_in negative
 -- or over 366 days.
 --------------------------------------------------------------------------------
@@ -720,7 +732,8 @@ CREATE OR REPLACE FUNCTION treadle.fail(
     lease_token uuid,
     error       text,
     retry_in    interval DEFAULT NULL,
-    retryable   boolean  DEFAULT true
+    retryable   boolean  DEFAULT true,
+    queue       text     DEFAULT NULL
 )
 RETURNS text
 LANGUAGE plpgsql
@@ -736,6 +749,7 @@ DECLARE
     v_state    text;
     v_run_at   timestamptz;
     v_finished timestamptz;
+    v_queue    text := fail.queue;
 BEGIN
     PERFORM treadle._check_lease_args(fail.job_id, fail.lease_token);
     PERFORM treadle._check_interval(fail.retry_in, 'retry_in', interval '366 days', may_be_zero => true);
@@ -746,13 +760,17 @@ BEGIN
     -- The job is read and locked first, and what the write sets is computed here (the
     -- jitter, the clock): an UPDATE that Citus distributes may hold no volatile call,
     -- nor a CASE around a call that is not immutable.
+    IF v_queue IS NULL THEN
+        SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = fail.job_id;
+    END IF;
     SELECT j.* INTO v_job FROM treadle.jobs AS j
      WHERE j.id = fail.job_id
+       AND j.queue = v_queue
        AND j.state = 'running'
        AND j.lease_token = fail.lease_token
        FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN treadle._left_by(fail.job_id, fail.lease_token, ARRAY['retryable', 'discarded', 'cancelled']);
+        RETURN treadle._left_by(fail.job_id, fail.lease_token, ARRAY['retryable', 'discarded', 'cancelled'], fail.queue);
     END IF;
     -- the failed state decides the rest: a retry is due after retry_in or the backoff,
     -- any other state is finished. An error that is not retryable spends every
@@ -785,7 +803,7 @@ BEGIN
     RETURN v_job.state;
 END;
 $$;
-COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval, boolean) IS
+COMMENT ON FUNCTION treadle.fail(bigint, uuid, text, interval, boolean, text) IS
     'Record a failed attempt (running -> retryable, discarded or cancelled); null when the lease is lost.';
 
 --------------------------------------------------------------------------------
@@ -994,14 +1012,15 @@ COMMENT ON FUNCTION treadle.rescue() IS
     'Return running jobs whose lease expired to the queue (or discard/cancel them); returns how many.';
 
 --------------------------------------------------------------------------------
--- treadle._hand_back(job_id, lease_token, delay) -> text
+-- treadle._hand_back(job_id, lease_token, delay, queue) -> text
 --
 -- What release and snooze share, their arguments checked: running -> available
 -- at now + delay, giving back the attempt its claim took (no error recorded, no
 -- attempt spent); -> cancelled when a cancel was requested. Returns the new
 -- state, or what treadle._left_by says when the token does not hold the job.
+-- queue, when not null, is the job's queue (as for treadle.complete).
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._hand_back(job_id bigint, lease_token uuid, delay interval)
+CREATE OR REPLACE FUNCTION treadle._hand_back(job_id bigint, lease_token uuid, delay interval, queue text)
 RETURNS text
 LANGUAGE plpgsql
 VOLATILE
@@ -1011,8 +1030,12 @@ AS $$
 DECLARE
     v_now    timestamptz := treadle.now();
     v_run_at timestamptz := v_now + _hand_back.delay;  -- computed here: no CASE around it in the UPDATE
+    v_queue  text := _hand_back.queue;
     v_job    treadle.jobs;
 BEGIN
+    IF v_queue IS NULL THEN
+        SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = _hand_back.job_id;
+    END IF;
     UPDATE treadle.jobs AS j
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'available' END,
            attempt = CASE WHEN j.cancel_requested THEN j.attempt ELSE greatest(j.attempt - 1, 0) END,
@@ -1021,12 +1044,13 @@ BEGIN
            lease_until = NULL,
            ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
      WHERE j.id = _hand_back.job_id
+       AND j.queue = v_queue
        AND j.state = 'running'
        AND j.lease_token = _hand_back.lease_token
     RETURNING j.* INTO v_job;
 
     IF NOT FOUND THEN
-        RETURN treadle._left_by(_hand_back.job_id, _hand_back.lease_token, ARRAY['available', 'cancelled']);
+        RETURN treadle._left_by(_hand_back.job_id, _hand_back.lease_token, ARRAY['available', 'cancelled'], _hand_back.queue);
     END IF;
     PERFORM treadle._follow_up(ARRAY[v_job]);
     IF v_job.state = 'available' AND v_job.run_at <= v_now THEN
@@ -1035,19 +1059,20 @@ BEGIN
     RETURN v_job.state;
 END;
 $$;
-COMMENT ON FUNCTION treadle._hand_back(bigint, uuid, interval) IS
+COMMENT ON FUNCTION treadle._hand_back(bigint, uuid, interval, text) IS
     'Hand a running job back for now + delay without spending an attempt (release and snooze).';
 
 --------------------------------------------------------------------------------
--- treadle.release(job_id, lease_token) -> text
+-- treadle.release(job_id, lease_token, queue) -> text
 --
 -- Transition: running -> available now, giving back the attempt its claim took
 -- (a worker shutting down hands over work it did not start or cannot finish);
 -- -> cancelled when a cancel was requested. Returns the new state, or null when
--- the token does not hold the job.
+-- the token does not hold the job. queue, when given, is the job's queue (as for
+-- treadle.complete).
 -- Raises 22004: job_id or lease_token null.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle.release(job_id bigint, lease_token uuid)
+CREATE OR REPLACE FUNCTION treadle.release(job_id bigint, lease_token uuid, queue text DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql
 VOLATILE
@@ -1056,23 +1081,24 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM treadle._check_lease_args(release.job_id, release.lease_token);
-    RETURN treadle._hand_back(release.job_id, release.lease_token, interval '0');
+    RETURN treadle._hand_back(release.job_id, release.lease_token, interval '0', release.queue);
 END;
 $$;
-COMMENT ON FUNCTION treadle.release(bigint, uuid) IS
+COMMENT ON FUNCTION treadle.release(bigint, uuid, text) IS
     'Hand a running job back (running -> available, attempt given back); null when the lease is lost.';
 
 --------------------------------------------------------------------------------
--- treadle.snooze(job_id, lease_token, delay) -> text
+-- treadle.snooze(job_id, lease_token, delay, queue) -> text
 --
 -- Transition: running -> available at now + delay, giving back the attempt its
 -- claim took (the handler asked to run later: not a failure, so no error is
 -- recorded and no attempt is spent); -> cancelled when a cancel was requested.
--- Returns the new state, or null when the token does not hold the job.
+-- Returns the new state, or null when the token does not hold the job. queue, when
+-- given, is the job's queue (as for treadle.complete).
 -- Raises 22004: job_id, lease_token or delay null. 22023: delay negative or over
 -- 366 days.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle.snooze(job_id bigint, lease_token uuid, delay interval)
+CREATE OR REPLACE FUNCTION treadle.snooze(job_id bigint, lease_token uuid, delay interval, queue text DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql
 VOLATILE
@@ -1085,8 +1111,8 @@ BEGIN
         RAISE EXCEPTION 'treadle: delay must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     PERFORM treadle._check_interval(snooze.delay, 'delay', interval '366 days', may_be_zero => true);
-    RETURN treadle._hand_back(snooze.job_id, snooze.lease_token, snooze.delay);
+    RETURN treadle._hand_back(snooze.job_id, snooze.lease_token, snooze.delay, snooze.queue);
 END;
 $$;
-COMMENT ON FUNCTION treadle.snooze(bigint, uuid, interval) IS
+COMMENT ON FUNCTION treadle.snooze(bigint, uuid, interval, text) IS
     'Run a running job again after delay without spending an attempt (running -> available); null when the lease is lost.';

@@ -3,17 +3,48 @@
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
--- treadle.cancel(job_id) -> boolean
+-- treadle._job_queue(job_id, queue) -> text
+--
+-- The queue of job job_id, in treadle.jobs or its history, read into a variable
+-- before the statements that then name it (Citus routes them to one shard, and
+-- runs no function of a column inside a shard's query); null for an unknown id,
+-- or when queue is given and the job is not in it.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._job_queue(job_id bigint, queue text)
+RETURNS text
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_queue text;
+BEGIN
+    SELECT j.queue INTO v_queue FROM treadle.jobs AS j
+     WHERE j.id = _job_queue.job_id AND (_job_queue.queue IS NULL OR j.queue = _job_queue.queue);
+    IF NOT FOUND THEN
+        SELECT h.queue INTO v_queue FROM treadle.job_history AS h
+         WHERE h.id = _job_queue.job_id AND (_job_queue.queue IS NULL OR h.queue = _job_queue.queue);
+    END IF;
+    RETURN v_queue;
+END;
+$$;
+COMMENT ON FUNCTION treadle._job_queue(bigint, text) IS
+    'The queue of a job (in treadle.jobs or its history), or null when unknown or not in the queue given.';
+
+--------------------------------------------------------------------------------
+-- treadle.cancel(job_id, queue) -> boolean
 --
 -- Transition: available | retryable -> cancelled at once; running -> running
 -- with a cancel request (heartbeat then answers 'cancel'; complete or fail
 -- finish it as cancelled). A cancelled workflow step cancels its run; a
 -- cancelled periodic occurrence ends its series. Returns true when this call
 -- changed something; false for a finished job, a job whose cancel is already
--- requested, or an unknown id.
+-- requested, or an unknown id. queue, when given, is the job's queue: a job of
+-- another queue is as an unknown id. The job's queue is read first, then every
+-- statement names it.
 -- Raises 22004: job_id null. 42501: a tenant's job outside its queues.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle.cancel(job_id bigint)
+CREATE OR REPLACE FUNCTION treadle.cancel(job_id bigint, queue text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
@@ -22,19 +53,23 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle.now();
-    v_job treadle.jobs;
+    v_now   timestamptz := treadle.now();
+    v_queue text := treadle._job_queue(cancel.job_id, cancel.queue);
+    v_job   treadle.jobs;
 BEGIN
     IF cancel.job_id IS NULL THEN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_row_allowed(j.queue, 'job') FROM treadle.jobs AS j WHERE j.id = cancel.job_id;
-    PERFORM treadle._check_row_allowed(h.queue, 'job') FROM treadle.job_history AS h WHERE h.id = cancel.job_id;
+    IF v_queue IS NULL THEN
+        RETURN false;
+    END IF;
+    PERFORM treadle._check_row_allowed(v_queue, 'job');
 
     UPDATE treadle.jobs AS j
        SET state = 'cancelled',
            finished_at = v_now
      WHERE j.id = cancel.job_id
+       AND j.queue = v_queue
        AND j.state = ANY (ARRAY['available', 'retryable'])
     RETURNING j.* INTO v_job;
     IF FOUND THEN
@@ -45,16 +80,17 @@ BEGIN
     UPDATE treadle.jobs AS j
        SET cancel_requested = true
      WHERE j.id = cancel.job_id
+       AND j.queue = v_queue
        AND j.state = 'running'
        AND NOT j.cancel_requested;
     RETURN FOUND;
 END;
 $$;
-COMMENT ON FUNCTION treadle.cancel(bigint) IS
+COMMENT ON FUNCTION treadle.cancel(bigint, text) IS
     'Cancel a waiting job now, or request cancel of a running one; true when something changed.';
 
 --------------------------------------------------------------------------------
--- treadle.retry(job_id) -> boolean
+-- treadle.retry(job_id, queue) -> boolean
 --
 -- Transition: discarded | cancelled | retryable -> available now, attempt reset
 -- to 0 (from treadle.job_history too, back into treadle.jobs). A retried workflow
@@ -64,10 +100,11 @@ COMMENT ON FUNCTION treadle.cancel(bigint) IS
 -- Completed steps never run again. A retried compensation puts its failed run
 -- back to compensating (treadle._advance_compensation goes on from it). A retried
 -- periodic occurrence that already started its successor runs once more without
--- starting another. Returns false for any other state or an unknown id.
+-- starting another. Returns false for any other state or an unknown id. queue,
+-- when given, is the job's queue, as for treadle.cancel.
 -- Raises 22004: job_id null. 42501: a tenant's job outside its queues.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle.retry(job_id bigint)
+CREATE OR REPLACE FUNCTION treadle.retry(job_id bigint, queue text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
@@ -76,21 +113,24 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := treadle.now();
-    v_job treadle.jobs;
-    v_run treadle.workflow_runs;
+    v_now   timestamptz := treadle.now();
+    v_queue text := treadle._job_queue(retry.job_id, retry.queue);
+    v_job   treadle.jobs;
+    v_run   treadle.workflow_runs;
 BEGIN
     IF retry.job_id IS NULL THEN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_row_allowed(j.queue, 'job') FROM treadle.jobs AS j WHERE j.id = retry.job_id;
-    PERFORM treadle._check_row_allowed(h.queue, 'job') FROM treadle.job_history AS h WHERE h.id = retry.job_id;
+    IF v_queue IS NULL THEN
+        RETURN false;
+    END IF;
+    PERFORM treadle._check_row_allowed(v_queue, 'job');
 
     -- A job in history comes back to treadle.jobs first, as it was: its row as a
     -- treadle.jobs row, every column of jobs by name (purge_at and slot left behind).
     WITH back AS (
         DELETE FROM treadle.job_history AS h
-         WHERE h.id = retry.job_id AND h.state = ANY (ARRAY['discarded', 'cancelled'])
+         WHERE h.id = retry.job_id AND h.queue = v_queue AND h.state = ANY (ARRAY['discarded', 'cancelled'])
         RETURNING h.*
     )
     INSERT INTO treadle.jobs
@@ -108,6 +148,7 @@ BEGIN
            key_scope = CASE WHEN j.finished_at IS NOT NULL AND j.key_scope = ANY (ARRAY['waiting', 'active'])
                             THEN 'released' ELSE j.key_scope END
      WHERE j.id = retry.job_id
+       AND j.queue = v_queue
        AND j.state = ANY (ARRAY['discarded', 'cancelled', 'retryable'])
     RETURNING j.* INTO v_job;
     IF NOT FOUND THEN
@@ -132,7 +173,7 @@ BEGIN
     RETURN true;
 END;
 $$;
-COMMENT ON FUNCTION treadle.retry(bigint) IS
+COMMENT ON FUNCTION treadle.retry(bigint, text) IS
     'Make a discarded, cancelled or retryable job available now with attempt 0; true when it did.';
 
 --------------------------------------------------------------------------------
@@ -215,6 +256,10 @@ DECLARE
     v_runs       bigint[];
     v_step_ids   bigint[];
     v_busy_runs  bigint[];
+    v_queue      text;
+    v_count      bigint;
+    v_cut_completed timestamptz;
+    v_cut_failed    timestamptz;
     v_steps      bigint;
     v_jobs       bigint;
     v_room       integer;
@@ -285,22 +330,39 @@ BEGIN
     END IF;
 
     IF v_jobs < apply_retention.batch THEN
-        -- Deleted by the row versions just locked (a TID scan): no second lookup by id.
-        -- A row locked by this transaction cannot move before the delete.
-        DELETE FROM treadle.jobs AS j
-         WHERE j.ctid = ANY (ARRAY(
-            SELECT e.ctid
-              FROM treadle.jobs AS e
+        -- Queue by queue (on Citus each statement is then one shard's): the oldest
+        -- expired jobs are read without a lock, and from each of their queues as many
+        -- are then locked and deleted by key, oldest first.
+        FOR v_queue, v_count, v_cut_completed, v_cut_failed IN
+            SELECT e.queue, count(*), v_now - coalesce(q.retain_completed, v_completed),
+                   v_now - coalesce(q.retain_failed, v_failed)
+              FROM (SELECT e.queue
+                      FROM treadle.jobs AS e
+                      LEFT JOIN treadle.queues AS q ON q.queue = e.queue
+                     WHERE e.finished_at < v_now - v_shortest
+                       AND e.workflow_run_id IS NULL
+                       AND e.finished_at < v_now - CASE WHEN e.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
+                                                        ELSE coalesce(q.retain_failed, v_failed) END
+                     ORDER BY e.finished_at
+                     LIMIT apply_retention.batch - v_jobs) AS e
               LEFT JOIN treadle.queues AS q ON q.queue = e.queue
-             WHERE e.finished_at < v_now - v_shortest
-               AND e.workflow_run_id IS NULL
-               AND e.finished_at < v_now - CASE WHEN e.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
-                                                ELSE coalesce(q.retain_failed, v_failed) END
-             ORDER BY e.finished_at
-             LIMIT apply_retention.batch - v_jobs
-               FOR UPDATE OF e SKIP LOCKED));
-        GET DIAGNOSTICS v_steps = ROW_COUNT;
-        v_jobs := v_jobs + v_steps;
+             GROUP BY e.queue, q.retain_completed, q.retain_failed
+        LOOP
+            DELETE FROM treadle.jobs AS j
+             WHERE j.queue = v_queue
+               AND j.id = ANY (ARRAY(
+                SELECT e.id
+                  FROM treadle.jobs AS e
+                 WHERE e.queue = v_queue
+                   AND e.finished_at < v_now - v_shortest
+                   AND e.workflow_run_id IS NULL
+                   AND e.finished_at < CASE WHEN e.state = 'completed' THEN v_cut_completed ELSE v_cut_failed END
+                 ORDER BY e.finished_at
+                 LIMIT v_count
+                   FOR UPDATE SKIP LOCKED));
+            GET DIAGNOSTICS v_steps = ROW_COUNT;
+            v_jobs := v_jobs + v_steps;
+        END LOOP;
     END IF;
     RETURN v_jobs;
 END;

@@ -114,11 +114,14 @@ DECLARE
     v_now       timestamptz := treadle.now();
     v_completed interval;
     v_failed    interval;
-    v_tids      tid[];
     v_ids       bigint[];
     v_purge     timestamptz[];
     v_slots     smallint[];
-    v_moved     bigint;
+    v_moved     bigint := 0;
+    v_queue     text;
+    v_count     bigint;
+    v_keep_completed interval;
+    v_keep_failed    interval;
 BEGIN
     IF archive.batch IS NULL THEN
         RAISE EXCEPTION 'treadle: batch must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -129,43 +132,57 @@ BEGIN
     END IF;
     SELECT r.retain_completed, r.retain_failed INTO v_completed, v_failed FROM treadle._retention() AS r;
 
-    SELECT array_agg(p.tid), array_agg(p.id), array_agg(p.purge_at)
-      INTO v_tids, v_ids, v_purge
-      FROM (SELECT e.ctid AS tid, e.id,
-                   coalesce(e.finished_at + CASE WHEN e.state = 'completed'
-                                                 THEN coalesce(q.retain_completed, v_completed)
-                                                 ELSE coalesce(q.retain_failed, v_failed) END,
-                            'infinity') AS purge_at
-              FROM treadle.jobs AS e
-              LEFT JOIN treadle.queues AS q ON q.queue = e.queue
-             WHERE e.finished_at < v_now - interval '1 minute'
-               AND e.workflow_run_id IS NULL
-               AND e.idempotency_key IS NULL
-             ORDER BY e.finished_at
-             LIMIT archive.batch
-               FOR UPDATE OF e SKIP LOCKED) AS p
-     WHERE p.purge_at > v_now;
-    IF v_tids IS NULL THEN
-        RETURN 0;
-    END IF;
+    -- Queue by queue (on Citus each statement is then one shard's, and a job moves
+    -- within its shard: jobs and job_history are co-located): the oldest candidates
+    -- are read without a lock, and from each of their queues as many are then locked
+    -- and moved by key, oldest first.
+    FOR v_queue, v_count, v_keep_completed, v_keep_failed IN
+        SELECT c.queue, count(*), coalesce(q.retain_completed, v_completed), coalesce(q.retain_failed, v_failed)
+          FROM (SELECT e.queue FROM treadle.jobs AS e
+                 WHERE e.finished_at < v_now - interval '1 minute'
+                   AND e.workflow_run_id IS NULL
+                   AND e.idempotency_key IS NULL
+                 ORDER BY e.finished_at
+                 LIMIT archive.batch) AS c
+          LEFT JOIN treadle.queues AS q ON q.queue = c.queue
+         GROUP BY c.queue, q.retain_completed, q.retain_failed
+    LOOP
+        SELECT array_agg(p.id), array_agg(p.purge_at)
+          INTO v_ids, v_purge
+          FROM (SELECT e.id,
+                       coalesce(e.finished_at + CASE WHEN e.state = 'completed' THEN v_keep_completed
+                                                     ELSE v_keep_failed END,
+                                'infinity') AS purge_at
+                  FROM treadle.jobs AS e
+                 WHERE e.queue = v_queue
+                   AND e.finished_at < v_now - interval '1 minute'
+                   AND e.workflow_run_id IS NULL
+                   AND e.idempotency_key IS NULL
+                 ORDER BY e.finished_at
+                 LIMIT v_count
+                   FOR UPDATE SKIP LOCKED) AS p
+         WHERE p.purge_at > v_now;
+        CONTINUE WHEN v_ids IS NULL;
 
-    -- One partition per day of purge times: look each day up once.
-    SELECT array_agg(d.slot ORDER BY u.n) INTO v_slots
-      FROM unnest(v_purge) WITH ORDINALITY AS u(purge_at, n)
-      JOIN (SELECT w.day, treadle._history_slot(w.day, v_now) AS slot
-              FROM (SELECT DISTINCT treadle._history_day(x.purge_at) AS day
-                      FROM unnest(v_purge) AS x(purge_at)) AS w) AS d
-        ON d.day = treadle._history_day(u.purge_at);
+        -- One partition per day of purge times: look each day up once.
+        SELECT array_agg(d.slot ORDER BY u.n) INTO v_slots
+          FROM unnest(v_purge) WITH ORDINALITY AS u(purge_at, n)
+          JOIN (SELECT w.day, treadle._history_slot(w.day, v_now) AS slot
+                  FROM (SELECT DISTINCT treadle._history_day(x.purge_at) AS day
+                          FROM unnest(v_purge) AS x(purge_at)) AS w) AS d
+            ON d.day = treadle._history_day(u.purge_at);
 
-    -- Rows locked above by this transaction cannot move before the delete.
-    WITH moved AS (
-        DELETE FROM treadle.jobs AS j WHERE j.ctid = ANY (v_tids) RETURNING j.*
-    )
-    INSERT INTO treadle.job_history
-    SELECT p.purge_at, p.slot, m.*
-      FROM moved AS m
-      JOIN unnest(v_ids, v_purge, v_slots) AS p(id, purge_at, slot) ON p.id = m.id;
-    GET DIAGNOSTICS v_moved = ROW_COUNT;
+        -- Rows locked above by this transaction cannot move before the delete.
+        WITH moved AS (
+            DELETE FROM treadle.jobs AS j WHERE j.queue = v_queue AND j.id = ANY (v_ids) RETURNING j.*
+        )
+        INSERT INTO treadle.job_history
+        SELECT p.purge_at, p.slot, m.*
+          FROM moved AS m
+          JOIN unnest(v_ids, v_purge, v_slots) AS p(id, purge_at, slot) ON p.id = m.id;
+        GET DIAGNOSTICS v_count = ROW_COUNT;
+        v_moved := v_moved + v_count;
+    END LOOP;
     RETURN v_moved;
 END;
 $$;
@@ -224,6 +241,8 @@ DECLARE
     v_slot  smallint;
     v_count bigint;
     v_jobs  bigint := 0;
+    v_queue text;
+    v_due   bigint;
 BEGIN
     FOR v_slot IN
         SELECT s.slot FROM treadle.history_slots AS s WHERE s.ends <= _purge_history.now
@@ -240,15 +259,29 @@ BEGIN
         RETURN v_jobs;
     END IF;
 
-    DELETE FROM treadle.job_history_00 AS h
-     WHERE h.ctid = ANY (ARRAY(
-        SELECT e.ctid FROM treadle.job_history_00 AS e
-         WHERE e.purge_at <= _purge_history.now
-         ORDER BY e.purge_at
-         LIMIT _purge_history.batch - v_jobs
-           FOR UPDATE SKIP LOCKED));
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    RETURN v_jobs + v_count;
+    -- Queue by queue (on Citus each statement is then one shard's): the oldest due
+    -- rows are read without a lock, and from each of their queues as many are then
+    -- locked and deleted by id, oldest first.
+    FOR v_queue, v_due IN
+        SELECT e.queue, count(*)
+          FROM (SELECT e.queue FROM treadle.job_history_00 AS e
+                 WHERE e.purge_at <= _purge_history.now
+                 ORDER BY e.purge_at
+                 LIMIT _purge_history.batch - v_jobs) AS e
+         GROUP BY e.queue
+    LOOP
+        DELETE FROM treadle.job_history_00 AS h
+         WHERE h.queue = v_queue
+           AND h.id = ANY (ARRAY(
+            SELECT e.id FROM treadle.job_history_00 AS e
+             WHERE e.queue = v_queue AND e.purge_at <= _purge_history.now
+             ORDER BY e.purge_at
+             LIMIT v_due
+               FOR UPDATE SKIP LOCKED));
+        GET DIAGNOSTICS v_count = ROW_COUNT;
+        v_jobs := v_jobs + v_count;
+    END LOOP;
+    RETURN v_jobs;
 END;
 $$;
 COMMENT ON FUNCTION treadle._purge_history(timestamptz, integer) IS

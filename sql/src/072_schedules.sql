@@ -443,6 +443,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_job_id   bigint;
+    v_queue    text;
     v_schedule treadle.cron_schedules;
 BEGIN
     LOOP
@@ -450,7 +451,10 @@ BEGIN
         IF NOT FOUND THEN
             RETURN NULL;
         END IF;
-        PERFORM 1 FROM treadle.jobs AS j WHERE j.id = v_job_id FOR UPDATE;
+        -- the occurrence's queue first, then its lock by key (on Citus, one shard's)
+        SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = v_job_id;
+        PERFORM 1 FROM treadle.jobs AS j WHERE j.id = v_job_id AND j.queue = v_queue FOR UPDATE;
+        CONTINUE WHEN v_queue IS NOT NULL AND NOT FOUND;  -- its queue changed meanwhile: read it again
         SELECT s.* INTO v_schedule FROM treadle.cron_schedules AS s WHERE s.name = _lock_schedule.name FOR UPDATE;
         IF NOT FOUND THEN
             RETURN NULL;

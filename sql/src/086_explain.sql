@@ -1,5 +1,5 @@
 --------------------------------------------------------------------------------
--- treadle.explain(job_id) -> table(reason, message, at)
+-- treadle.explain(job_id, queue) -> table(reason, message, at)
 --
 -- Transition: none. Why a job is where it is, one row per reason, in words: a
 -- stable key (reason), a sentence (message) and the time it names, if any (at).
@@ -13,12 +13,13 @@
 --   running: running (worker, attempt, lease), worker (its last report, or that
 --     it is not in the registry), lease_expired, cancel_requested;
 --   completed, discarded (with the last error), cancelled.
--- No rows for an unknown id, or a job of a queue a tenant may not see. Readers
+-- No rows for an unknown id, a job of a queue a tenant may not see, or one not in
+-- queue when that is given. Readers
 -- may call it (treadle.grant_reader); it reads as the owner and applies the
 -- tenant rule itself, as the views' row-level security does.
 -- Raises 22004: job_id null.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle.explain(job_id bigint)
+CREATE OR REPLACE FUNCTION treadle.explain(job_id bigint, queue text DEFAULT NULL)
 RETURNS TABLE (reason text, message text, at timestamptz)
 LANGUAGE plpgsql
 STABLE
@@ -30,6 +31,7 @@ DECLARE
     c_live   CONSTANT interval := interval '30 seconds';  -- as treadle.live_workers
     c_ahead  CONSTANT integer := 1000;                    -- the most jobs ahead counted
     v_now    timestamptz := treadle.now();
+    v_prefix text := treadle._caller_prefix();  -- read first: Citus runs no such call inside a shard's query
     v_job    record;
     v_queue  treadle.queues;
     v_worker record;
@@ -44,10 +46,11 @@ BEGIN
     -- not j.*: the lease token is nobody's business here
     SELECT j.id, j.queue, j.name, j.state, j.priority, j.run_at, j.attempt, j.max_attempts, j.lease_until,
            j.worker_id, j.last_error, j.finished_at, j.started_at, j.cancel_requested, j.workflow_run_id, j.step,
-           j.idempotency_key, (SELECT e.key_scope FROM treadle.jobs AS e WHERE e.id = j.id) AS key_scope
+           j.idempotency_key, (SELECT e.key_scope FROM treadle.jobs AS e WHERE e.id = j.id AND e.queue = j.queue) AS key_scope
       INTO v_job
       FROM treadle.job_details AS j  -- treadle.jobs and its history
-     WHERE j.id = explain.job_id AND starts_with(j.queue, treadle._caller_prefix());
+     WHERE j.id = explain.job_id AND starts_with(j.queue, v_prefix)
+       AND (explain.queue IS NULL OR j.queue = explain.queue);
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -200,5 +203,5 @@ BEGIN
     END IF;
 END;
 $$;
-COMMENT ON FUNCTION treadle.explain(bigint) IS
+COMMENT ON FUNCTION treadle.explain(bigint, text) IS
     'Why a job is where it is: one row per reason (reason key, message in words, time).';

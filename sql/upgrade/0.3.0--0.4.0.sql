@@ -280,3 +280,13 @@ ALTER TABLE treadle.workflow_signals
 DROP INDEX treadle.workflow_runs_parent_idx;
 CREATE UNIQUE INDEX workflow_runs_parent_idx ON treadle.workflow_runs (parent_run_id, parent_step, queue)
     WHERE parent_run_id IS NOT NULL;
+-- Finishes and controls take the job's queue as a new last parameter (a call by id
+-- alone reads the queue first); _left_by too.
+DROP FUNCTION treadle.complete(bigint, uuid, jsonb);
+DROP FUNCTION treadle.fail(bigint, uuid, text, interval, boolean);
+DROP FUNCTION treadle.release(bigint, uuid);
+DROP FUNCTION treadle.snooze(bigint, uuid, interval);
+DROP FUNCTION treadle.cancel(bigint);
+DROP FUNCTION treadle.retry(bigint);
+DROP FUNCTION treadle.explain(bigint);
+DROP FUNCTION treadle._left_by(bigint, uuid, text[]);

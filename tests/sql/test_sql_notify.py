@@ -251,10 +251,16 @@ def test_registering_waits_for_finishes_under_way(connect: Connect) -> None:
     assert value(waiter, "select treadle.listen_done('fenced')") is False
     assert time.monotonic() - started >= 0.09  # it waited for the finish under way
     # only this database's locks: other tests run beside this one on the same server
-    assert value(setup, """
+    assert (
+        value(
+            setup,
+            """
         select count(*) from pg_locks
          where locktype = 'advisory' and granted
-           and database = (select oid from pg_database where datname = current_database())""") == 1
+           and database = (select oid from pg_database where datname = current_database())""",
+        )
+        == 1
+    )
     finisher.commit()
 
     assert value(waiter, "select treadle.listen_done('fenced')") is True  # nothing under way now

@@ -24,7 +24,7 @@ CHANGES = [
         ),
         "RETURN '{}'::jsonb",
     ),
-    ("COMMENT ON FUNCTION treadle.cancel(bigint) IS 'changed'", "comment: changed"),
+    ("COMMENT ON FUNCTION treadle.cancel(bigint, text) IS 'changed'", "comment: changed"),
     ("ALTER TABLE treadle.jobs ADD COLUMN extra integer", "+column extra integer"),
     ("ALTER TABLE treadle.jobs ALTER COLUMN priority SET DEFAULT 5", "+column priority integer not null default 5"),
     ("ALTER TABLE treadle.workers ALTER COLUMN host DROP NOT NULL", "-column host text not null"),

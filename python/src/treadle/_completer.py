@@ -150,6 +150,7 @@ class Completer:
                 "error": describe(error),
                 "retry_in": write.retry_in,
                 "retryable": write.retryable,
+                "queue": run.queue,
             },
             f"record the failure of job {run.job_id}",
         )
@@ -167,7 +168,7 @@ class Completer:
         """The handler raised Snooze: the job runs again after `delay`, its attempt given back."""
         state = self.retrying(
             _sql.SNOOZE,
-            {"job_id": run.job_id, "lease_token": run.lease_token, "delay": delay},
+            {"job_id": run.job_id, "lease_token": run.lease_token, "delay": delay, "queue": run.queue},
             f"snooze job {run.job_id}",
         )
         if state is None:
@@ -199,7 +200,9 @@ class Completer:
     def release(self, run: RunState) -> None:
         """Hand a job back at shutdown: available again, its attempt given back."""
         state = self.retrying(
-            _sql.RELEASE, {"job_id": run.job_id, "lease_token": run.lease_token}, f"hand back job {run.job_id}"
+            _sql.RELEASE,
+            {"job_id": run.job_id, "lease_token": run.lease_token, "queue": run.queue},
+            f"hand back job {run.job_id}",
         )
         if not isinstance(state, Unwritten):
             log.info("job %d (%s) handed back: %s", run.job_id, run.name, state or "its lease was already lost")
@@ -294,7 +297,7 @@ class Completer:
             return
         state = self.retrying(
             _sql.COMPLETE,
-            {"job_id": run.job_id, "lease_token": run.lease_token, "result": completion.result},
+            {"job_id": run.job_id, "lease_token": run.lease_token, "result": completion.result, "queue": run.queue},
             f"complete job {run.job_id}",
         )
         if isinstance(state, Unwritten) and not self.abandon.is_set():

@@ -198,7 +198,10 @@ class JobContext(JobFields):
         encoded = to_jsonb(result, "the job's result")
         in_block = self._check_complete_in(conn.autocommit, _in_transaction_block(conn))
         with conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(_sql.COMPLETE, {"job_id": self.job_id, "lease_token": self.lease_token, "result": encoded})
+            cur.execute(
+                _sql.COMPLETE,
+                {"job_id": self.job_id, "lease_token": self.lease_token, "result": encoded, "queue": self.queue},
+            )
             row = cur.fetchone()
         state = None if row is None else row[0]
         if state is None:
@@ -218,7 +221,8 @@ class JobContext(JobFields):
         in_block = self._check_complete_in(conn.autocommit, _in_transaction_block(conn))
         async with conn.cursor(row_factory=tuple_row) as cur:
             await cur.execute(
-                _sql.COMPLETE, {"job_id": self.job_id, "lease_token": self.lease_token, "result": encoded}
+                _sql.COMPLETE,
+                {"job_id": self.job_id, "lease_token": self.lease_token, "result": encoded, "queue": self.queue},
             )
             row = await cur.fetchone()
         state = None if row is None else row[0]

@@ -258,10 +258,11 @@ PROGRESS: Final[LiteralString] = """
 SELECT treadle.progress(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid,
                         fraction => %(fraction)s::double precision, message => %(message)s::text)
 """
-# treadle.complete: one job, in complete_in's transaction or after complete_many was refused
+# treadle.complete: one job, in complete_in's transaction or after complete_many was refused. The
+# finishes name the job's queue: every statement is then of that queue (one shard on Citus).
 COMPLETE: Final[LiteralString] = """
 SELECT treadle.complete(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid,
-                        result => %(result)s::jsonb)
+                        result => %(result)s::jsonb, queue => %(queue)s::text)
 """
 # treadle.complete_many: the buffered successes in one statement
 COMPLETE_MANY: Final[LiteralString] = """
@@ -290,12 +291,12 @@ SELECT answer FROM treadle.heartbeat_many(
 FAIL: Final[LiteralString] = """
 SELECT treadle.fail(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid,
                     error => %(error)s::text, retry_in => %(retry_in)s::interval,
-                    retryable => %(retryable)s::boolean)
+                    retryable => %(retryable)s::boolean, queue => %(queue)s::text)
 """
 # treadle.snooze: run the job again after a delay, its attempt given back
 SNOOZE: Final[LiteralString] = """
 SELECT treadle.snooze(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid,
-                      delay => %(delay)s::interval)
+                      delay => %(delay)s::interval, queue => %(queue)s::text)
 """
 # treadle.step_sleep: when a step's seq-th ctx.sleep ends (recorded once); the time left
 STEP_SLEEP: Final[LiteralString] = """
@@ -304,7 +305,7 @@ SELECT treadle.step_sleep(job_id => %(job_id)s::bigint, lease_token => %(lease_t
 """
 # treadle.release: hand a job back at shutdown, its attempt given back
 RELEASE: Final[LiteralString] = """
-SELECT treadle.release(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid)
+SELECT treadle.release(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid, queue => %(queue)s::text)
 """
 # treadle.rescue: return the jobs of workers whose lease expired
 RESCUE: Final[LiteralString] = "SELECT treadle.rescue()"

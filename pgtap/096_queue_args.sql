@@ -1,0 +1,92 @@
+-- pgtap/096_queue_args.sql: the finishes and controls take the job's queue as their
+-- last argument (complete, fail, release, snooze, cancel, retry, explain). Given, every
+-- statement names it; a job of another queue is as an unknown id (nothing changes);
+-- null, or left out, is a call by id alone, as before.
+\set ON_ERROR_STOP true
+BEGIN;
+SELECT plan(45);
+\ir helpers.psql
+SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
+
+SELECT has_function('treadle', 'complete', ARRAY['bigint', 'uuid', 'jsonb', 'text'], 'complete(job_id, lease_token, result, queue)');
+SELECT has_function('treadle', 'fail', ARRAY['bigint', 'uuid', 'text', 'interval', 'boolean', 'text'],
+                    'fail(job_id, lease_token, error, retry_in, retryable, queue)');
+SELECT has_function('treadle', 'release', ARRAY['bigint', 'uuid', 'text'], 'release(job_id, lease_token, queue)');
+SELECT has_function('treadle', 'snooze', ARRAY['bigint', 'uuid', 'interval', 'text'], 'snooze(job_id, lease_token, delay, queue)');
+SELECT has_function('treadle', 'cancel', ARRAY['bigint', 'text'], 'cancel(job_id, queue)');
+SELECT has_function('treadle', 'retry', ARRAY['bigint', 'text'], 'retry(job_id, queue)');
+SELECT has_function('treadle', 'explain', ARRAY['bigint', 'text'], 'explain(job_id, queue)');
+SELECT is((SELECT array_agg(p.proname::text ORDER BY p.proname) FROM pg_proc AS p
+            WHERE p.pronamespace = 'treadle'::regnamespace
+              AND p.proname = ANY (ARRAY['complete', 'fail', 'release', 'snooze', 'cancel', 'retry', 'explain'])
+              AND p.proargnames[p.pronargs] = 'queue'
+              AND pg_get_expr(p.proargdefaults, 0) LIKE '%NULL::text'),
+          ARRAY['cancel', 'complete', 'explain', 'fail', 'release', 'retry', 'snooze'],
+          'each takes queue text DEFAULT NULL as its last argument, and has no other signature')
+  FROM (SELECT 1) AS x
+ WHERE (SELECT count(*) FROM pg_proc AS p WHERE p.pronamespace = 'treadle'::regnamespace
+          AND p.proname = ANY (ARRAY['complete', 'fail', 'release', 'snooze', 'cancel', 'retry', 'explain'])) = 7;
+
+-- pg_temp.state(id): a job's state and attempt, in treadle.jobs
+CREATE FUNCTION pg_temp.state(job_id bigint) RETURNS text LANGUAGE sql AS $$
+    SELECT j.state || '/' || j.attempt FROM treadle.jobs AS j WHERE j.id = job_id
+$$;
+CREATE TEMP TABLE huge AS SELECT repeat('q', 100000) AS queue;
+
+-- complete
+SELECT id AS job, lease_token AS tok, queue AS q FROM pg_temp.leased() \gset
+SELECT is(treadle.complete(:job, :'tok', '{"r": 1}', 'elsewhere'), NULL, 'complete in another queue: null');
+SELECT is(treadle.complete(:job, :'tok', NULL, (SELECT queue FROM huge)), NULL, 'in a huge queue name: null');
+SELECT is(pg_temp.state(:job), 'running/1', 'and the job still runs');
+SELECT is(treadle.complete(:job, :'tok', '{"r": 1}', :'q'), 'completed', 'complete in its queue');
+SELECT is(treadle.complete(:job, :'tok', '{"r": 1}', :'q'), 'completed', 'repeated in its queue: what it did');
+SELECT is(treadle.complete(:job, :'tok', '{"r": 1}', 'elsewhere'), NULL, 'repeated in another queue: null');
+SELECT is(treadle.complete(:job, :'tok', '{"r": 1}', NULL), 'completed', 'repeated by id alone (queue null)');
+SELECT is(treadle.complete(:job, :'tok'), 'completed', 'repeated by id alone (queue left out)');
+SELECT is(treadle.complete(-1, :'tok', NULL, :'q'), NULL, 'an unknown id in the queue: null');
+
+-- fail
+SELECT id AS job, lease_token AS tok, queue AS q FROM pg_temp.leased() \gset
+SELECT is(treadle.fail(:job, :'tok', 'boom', queue => 'elsewhere'), NULL, 'fail in another queue: null');
+SELECT is(pg_temp.state(:job), 'running/1', 'and the job still runs');
+SELECT is(treadle.fail(:job, :'tok', 'boom', '1 hour', queue => :'q'), 'retryable', 'fail in its queue');
+SELECT is((SELECT run_at FROM treadle.jobs WHERE id = :job), treadle.now() + interval '1 hour', 'retry_in holds');
+SELECT is(treadle.fail(:job, :'tok', 'boom', queue => 'elsewhere'), NULL, 'repeated in another queue: null');
+SELECT is(treadle.fail(:job, :'tok', 'boom', queue => :'q'), 'retryable', 'repeated in its queue: what it did');
+-- the jittered default backoff, computed before the write
+SELECT id AS job, lease_token AS tok, queue AS q FROM pg_temp.leased() \gset
+SELECT is(treadle.fail(:job, :'tok', 'boom'), 'retryable', 'fail by id alone, with the default backoff');
+SELECT ok((SELECT run_at BETWEEN treadle.now() + interval '1 second' AND treadle.now() + interval '2 seconds'
+             FROM treadle.jobs WHERE id = :job), 'after attempt 1: between 1 and 2 seconds (2 s, jittered)');
+
+-- release and snooze
+SELECT id AS job, lease_token AS tok, queue AS q FROM pg_temp.leased() \gset
+SELECT is(treadle.release(:job, :'tok', 'elsewhere'), NULL, 'release in another queue: null');
+SELECT is(treadle.snooze(:job, :'tok', '1 minute', 'elsewhere'), NULL, 'snooze in another queue: null');
+SELECT is(pg_temp.state(:job), 'running/1', 'and the job still runs');
+SELECT is(treadle.snooze(:job, :'tok', '1 minute', :'q'), 'available', 'snooze in its queue');
+SELECT is(pg_temp.state(:job), 'available/0', 'its attempt given back');
+SELECT id AS job, lease_token AS tok, queue AS q FROM pg_temp.leased() \gset
+SELECT is(treadle.release(:job, :'tok', :'q'), 'available', 'release in its queue');
+SELECT is(treadle.release(:job, :'tok', 'elsewhere'), NULL, 'repeated in another queue: null');
+
+-- cancel and retry
+SELECT treadle.enqueue('c', queue => 'ctl') AS job \gset
+SELECT is(treadle.cancel(:job, 'elsewhere'), false, 'cancel in another queue: false');
+SELECT is(treadle.cancel(:job, (SELECT queue FROM huge)), false, 'in a huge queue name: false');
+SELECT is(pg_temp.state(:job), 'available/0', 'and the job still waits');
+SELECT is(treadle.cancel(:job, 'ctl'), true, 'cancel in its queue');
+SELECT is(treadle.retry(:job, 'elsewhere'), false, 'retry in another queue: false');
+SELECT is(pg_temp.state(:job), 'cancelled/0', 'and the job stays cancelled');
+SELECT is(treadle.retry(:job, 'ctl'), true, 'retry in its queue');
+SELECT is(treadle.cancel(:job), true, 'cancel by id alone');
+SELECT is(treadle.retry(:job, NULL), true, 'retry by id alone');
+SELECT throws_ok($$ SELECT treadle.cancel(NULL, 'ctl') $$, '22004', NULL, 'cancel(null, queue) raises 22004');
+SELECT throws_ok($$ SELECT treadle.retry(NULL, 'ctl') $$, '22004', NULL, 'retry(null, queue) raises 22004');
+
+-- explain
+SELECT is((SELECT count(*) FROM treadle.explain(:job, 'elsewhere')), 0::bigint, 'explain in another queue: no rows');
+SELECT ok((SELECT count(*) FROM treadle.explain(:job, 'ctl')) > 0, 'explain in its queue: its reasons');
+
+SELECT * FROM finish();
+ROLLBACK;
