@@ -12,7 +12,8 @@ batch => 1)` (what a worker calls) naming 1, 10, 100 and 1,000 queues, each queu
 holding a few waiting jobs; the four cases interleaved sample by sample, each
 beside the raw SKIP LOCKED claim of one job from the same queues (`queue = ANY(...)`)
 on a bare copy of the same rows. The figure to read is each side against its own
-1-queue case.
+1-queue case. Each side and case claims on a connection of its own, so that its
+backend's CPU time (/proc) gives the server CPU per claim.
 
     .build/venv/bin/python bench/queues.py [--jobs 20000] [--queues 100] [--claim-queues 1 10 100 1000]
                                           [--samples 500] [--runs 3] [--against FILE]

@@ -2232,13 +2232,12 @@ DECLARE
     v_turn    text;
     v_first   integer := 0;  -- where this claim starts in queues, from 0
     v_last    integer;    -- the last queue this claim took from, counted from v_first
-    v_i       integer;
     v_queue   text;
     v_name    text;
     v_left    integer;    -- jobs still wanted
     v_want    integer;    -- jobs wanted from this queue
     v_got     bigint[];
-    v_took    text[] := '{}';  -- the queues jobs were taken from
+    v_took    text[] := '{}'::text[];  -- the queues jobs were taken from
     v_cand    bigint[];   -- a queue's candidates over several names: ids,
     v_cand_p  integer[];  -- priorities
     v_cand_at timestamptz[];  -- and run_at
@@ -2306,8 +2305,12 @@ BEGIN
         IF coalesce(cardinality(v_ids), 0) = 0 THEN
             RETURN;
         END IF;
-        v_tokens := CASE WHEN claim.lease_token IS NOT NULL THEN array_fill(claim.lease_token, ARRAY[cardinality(v_ids)])
-                         ELSE ARRAY(SELECT gen_random_uuid() FROM generate_series(1, cardinality(v_ids))) END;
+        v_tokens := array_fill(claim.lease_token, ARRAY[cardinality(v_ids)]);
+        IF claim.lease_token IS NULL THEN
+            FOR v_k IN 1 .. cardinality(v_ids) LOOP
+                v_tokens[v_k] := gen_random_uuid();
+            END LOOP;
+        END IF;
         RETURN QUERY
         WITH claimed AS (
             UPDATE treadle.jobs AS j
@@ -2334,8 +2337,11 @@ BEGIN
     -- there; the next claim starts after the last queue this one took from, so that
     -- each queue gets its turn whatever the others hold.
     v_started := clock_timestamp();
-    v_names := CASE WHEN cardinality(claim.names) > 1
-                    THEN ARRAY(SELECT DISTINCT n.n FROM unnest(claim.names) AS n(n)) ELSE claim.names END;
+    IF cardinality(claim.names) > 1 THEN  -- (apart: a CASE around a subquery would be a query each time)
+        v_names := ARRAY(SELECT DISTINCT n.n FROM unnest(claim.names) AS n(n));
+    ELSE
+        v_names := claim.names;
+    END IF;
     v_count := cardinality(claim.queues);
     IF v_count > 1 THEN
         v_turn := coalesce(current_setting('treadle.claim_turn', true), '');
@@ -2369,9 +2375,9 @@ BEGIN
         ELSE
             -- Several names: each (queue, name) range read from its own front (a backlog
             -- of other names is never walked past), then the queue's best of them.
-            v_cand := '{}';
-            v_cand_p := '{}';
-            v_cand_at := '{}';
+            v_cand := '{}'::bigint[];
+            v_cand_p := '{}'::integer[];
+            v_cand_at := '{}'::timestamptz[];
             FOREACH v_name IN ARRAY v_names LOOP
                 FOR v_row IN
                     SELECT j.id, j.priority, j.run_at FROM treadle.jobs AS j
@@ -2419,8 +2425,12 @@ BEGIN
 
     -- The write, one queue at a time, with the tokens drawn first: a fresh one per
     -- job unless lease_token is given.
-    v_tokens := CASE WHEN claim.lease_token IS NOT NULL THEN array_fill(claim.lease_token, ARRAY[cardinality(v_ids)])
-                     ELSE ARRAY(SELECT gen_random_uuid() FROM generate_series(1, cardinality(v_ids))) END;
+    v_tokens := array_fill(claim.lease_token, ARRAY[cardinality(v_ids)]);
+    IF claim.lease_token IS NULL THEN
+        FOR v_k IN 1 .. cardinality(v_ids) LOOP
+            v_tokens[v_k] := gen_random_uuid();
+        END LOOP;
+    END IF;
     FOREACH v_queue IN ARRAY v_took LOOP
         RETURN QUERY
         WITH claimed AS (

@@ -121,3 +121,24 @@ def test_claimers_over_many_queues_take_every_job_once(connect: Connect) -> None
     claims = Counter(job_id for result in results for job_id in result)
     assert set(claims) == ids
     assert max(claims.values()) == 1
+
+
+def test_a_claim_over_many_queues_locks_only_what_it_takes(connect: Connect) -> None:
+    """A claim of one job over 30 queues, held open, leaves every other queue's jobs free:
+    a raw SKIP LOCKED read of them from another session sees them all."""
+    setup = connect()
+    queues = [f"locks-{i}" for i in range(30)]
+    ids: set[int] = set()
+    for queue in queues:
+        ids |= fill_backlog(setup, queue, 2)
+    holder = connect(autocommit=False)
+    taken = holder.execute("select id, queue from treadle.claim('h', %s, batch => 1)", (queues,)).fetchall()
+    assert len(taken) == 1
+    free = setup.execute(
+        """select id from treadle.jobs
+            where queue = any(%s) and state = 'available'
+              for update skip locked""",
+        (queues,),
+    ).fetchall()
+    assert {r[0] for r in free} == ids - {taken[0][0]}
+    holder.commit()
