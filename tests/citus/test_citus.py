@@ -219,7 +219,6 @@ def test_complete_by_id_finishes_a_running_job(conn: Conn, queue: str) -> None:
     assert row == {"state": None}
 
 
-@not_yet(LOCK_BY_ID)
 def test_fail_makes_a_running_job_retryable_then_discarded(conn: Conn, queue: str) -> None:
     job_id = enqueue(conn, queue, max_attempts=2)
     token = hand_lease(conn, queue, job_id)
@@ -251,7 +250,6 @@ def test_snooze_puts_a_running_job_back_for_later(conn: Conn, queue: str) -> Non
     assert row["state"] == "available" and row["run_at"] > datetime.now(timezone.utc) + timedelta(minutes=50)
 
 
-@not_yet(CHECK_ON_SHARD)
 def test_cancel_and_retry(conn: Conn, queue: str) -> None:
     job_id = enqueue(conn, queue)
     assert conn.execute("SELECT treadle.cancel(%s) AS done", [job_id]).fetchone() == {"done": True}

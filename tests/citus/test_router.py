@@ -24,7 +24,6 @@ from tests.citus.test_citus import (
     CLAIM_GENERIC_PLAN,
     CLOCK_IN_CASE,
     CRASHES_CITUS,
-    LOCK_BY_ID,
     Conn,
     enqueue,
     hand_lease,
@@ -129,25 +128,30 @@ def test_heartbeat_many_is_router_only(conn: Conn, queue: str) -> None:
     assert len(shards_named(sent)) == 1, sent
 
 
-@not_yet(BY_ID + "; and " + LOCK_BY_ID)
+def test_complete_is_router_only(conn: Conn, queue: str) -> None:
+    job_id, token = leased(conn, queue)
+    sent = router_only(conn)
+    conn.execute(_sql.COMPLETE, {"job_id": job_id, "lease_token": token, "result": Jsonb({"ok": 1}), "queue": queue})
+    assert len(shards_named(sent)) == 1, sent
+
+
 def test_fail_is_router_only(conn: Conn, queue: str) -> None:
     job_id, token = leased(conn, queue)
     sent = router_only(conn)
-    conn.execute(_sql.FAIL, {"job_id": job_id, "lease_token": token, "error": "e", "retry_in": None, "retryable": True})
+    params = {"job_id": job_id, "lease_token": token, "error": "e", "retry_in": None, "retryable": True}
+    conn.execute(_sql.FAIL, {**params, "queue": queue})
     assert len(shards_named(sent)) == 1, sent
 
 
-@not_yet(BY_ID)
 def test_snooze_is_router_only(conn: Conn, queue: str) -> None:
     job_id, token = leased(conn, queue)
     sent = router_only(conn)
-    conn.execute(_sql.SNOOZE, {"job_id": job_id, "lease_token": token, "delay": timedelta(minutes=1)})
+    conn.execute(_sql.SNOOZE, {"job_id": job_id, "lease_token": token, "delay": timedelta(minutes=1), "queue": queue})
     assert len(shards_named(sent)) == 1, sent
 
 
-@not_yet(BY_ID)
 def test_release_is_router_only(conn: Conn, queue: str) -> None:
     job_id, token = leased(conn, queue)
     sent = router_only(conn)
-    conn.execute(_sql.RELEASE, {"job_id": job_id, "lease_token": token})
+    conn.execute(_sql.RELEASE, {"job_id": job_id, "lease_token": token, "queue": queue})
     assert len(shards_named(sent)) == 1, sent
