@@ -8,17 +8,20 @@ test passes, strict xfail fails the run, and the mark must go.
 from __future__ import annotations
 
 import re
+import subprocess
 import threading
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from tests.citus.conftest import CITUS_URL, node_url
+from tests.citus.conftest import CITUS_DIR, CITUS_URL, node_url
+from tests.conftest import ROOT
 from treadle import Worker
 
 Conn = psycopg.Connection[dict[str, Any]]
@@ -358,3 +361,50 @@ def test_a_python_worker_drains_eight_queues(conn: Conn) -> None:
     finally:
         worker.stop()
     assert sorted(ran) == sorted(ids), "each job ran once"
+
+
+# -- a worker node stopped and started again ----------------------------------------------
+
+
+def node_of(conn: Conn, queue: str) -> str:
+    """The worker node (w1, w2) that holds a queue's shard."""
+    row = conn.execute(
+        """SELECT n.nodeport FROM pg_catalog.pg_dist_placement AS p
+             JOIN pg_catalog.pg_dist_node AS n ON n.groupid = p.groupid
+            WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column('treadle.jobs', %s::text)""",
+        [queue],
+    ).fetchone()
+    assert row is not None
+    ports = {node: (Path(CITUS_DIR) / node / "port").read_text().strip() for node in ("w1", "w2")}
+    return next(node for node, port in ports.items() if port == str(row["nodeport"]))
+
+
+def cluster(*args: str) -> None:
+    subprocess.run([str(ROOT / "scripts" / "citus-cluster"), args[0], CITUS_DIR, *args[1:]], check=True, timeout=120)
+
+
+@pytest.mark.subprocess
+def test_queues_on_the_other_node_keep_flowing_while_a_worker_node_is_down(conn: Conn) -> None:
+    queues = [f"fault{uuid.uuid4().hex[:6]}{i}" for i in range(16)]
+    by_node: dict[str, str] = {}
+    for q in queues:
+        by_node.setdefault(node_of(conn, q), q)
+    assert set(by_node) == {"w1", "w2"}
+    up, down = by_node["w1"], by_node["w2"]
+    before = {q: enqueue(conn, q) for q in (up, down)}
+    cluster("stop-node", "w2")
+    try:
+        # the queue on the node that runs: enqueue, and a finish naming the queue
+        job_id = enqueue(conn, up)
+        token = hand_lease(conn, up, job_id)
+        row = conn.execute("SELECT treadle.fail(%s, %s, 'e', queue => %s) AS state", [job_id, token, up]).fetchone()
+        assert row == {"state": "retryable"}
+        # the queue on the stopped node: refused with a connection error, nothing written
+        with pytest.raises(psycopg.OperationalError):
+            enqueue(conn, down)
+    finally:
+        cluster("start-node", "w2")
+    with psycopg.connect(CITUS_URL, autocommit=True, row_factory=dict_row) as again:
+        assert job(again, down, before[down])["state"] == "available", "the stopped node's job is there as it was"
+        assert again.execute("SELECT count(*) AS n FROM treadle.jobs WHERE queue = %s", [down]).fetchone() == {"n": 1}
+        assert enqueue(again, down) > before[down]
