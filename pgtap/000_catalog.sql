@@ -42,7 +42,7 @@ SELECT set_eq(
     ARRAY['treadle.enqueue(text,jsonb,text,integer,timestamp with time zone,integer,text,interval,interval,interval[],text,text,interval,jsonb)',
           'treadle.enqueue_many(jsonb)',
           'treadle.claim(text,text[],text[],integer,interval,uuid)', 'treadle.claimed(uuid)',
-          'treadle.heartbeat(bigint,uuid,interval)', 'treadle.progress(bigint,uuid,double precision,text)',
+          'treadle.heartbeat(bigint,uuid,interval,text)', 'treadle.progress(bigint,uuid,double precision,text,text)',
           'treadle.complete(bigint,uuid,jsonb,text)', 'treadle.complete_many(bigint[],uuid[],jsonb[])',
           'treadle.complete_and_claim(bigint[],uuid[],jsonb[],text,text[],text[],integer,interval,uuid)',
           'treadle.heartbeat_many(bigint[],uuid[],interval)',

@@ -7,8 +7,8 @@ SELECT plan(38);
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
-SELECT has_function('treadle', 'heartbeat', ARRAY['bigint', 'uuid', 'interval'], 'treadle.heartbeat exists');
-SELECT has_function('treadle', 'progress', ARRAY['bigint', 'uuid', 'double precision', 'text'], 'treadle.progress exists');
+SELECT has_function('treadle', 'heartbeat', ARRAY['bigint', 'uuid', 'interval', 'text'], 'treadle.heartbeat exists');
+SELECT has_function('treadle', 'progress', ARRAY['bigint', 'uuid', 'double precision', 'text', 'text'], 'treadle.progress exists');
 
 --------------------------------------------------------------------------------
 -- heartbeat

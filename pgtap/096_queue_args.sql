@@ -1,10 +1,11 @@
 -- pgtap/096_queue_args.sql: the finishes and controls take the job's queue as their
--- last argument (complete, fail, release, snooze, cancel, retry, explain). Given, every
+-- last argument (complete, fail, release, snooze, heartbeat, progress, cancel, retry,
+-- explain). Given, every
 -- statement names it; a job of another queue is as an unknown id (nothing changes);
 -- null, or left out, is a call by id alone, as before.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(45);
+SELECT plan(56);
 \ir helpers.psql
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
@@ -16,16 +17,20 @@ SELECT has_function('treadle', 'snooze', ARRAY['bigint', 'uuid', 'interval', 'te
 SELECT has_function('treadle', 'cancel', ARRAY['bigint', 'text'], 'cancel(job_id, queue)');
 SELECT has_function('treadle', 'retry', ARRAY['bigint', 'text'], 'retry(job_id, queue)');
 SELECT has_function('treadle', 'explain', ARRAY['bigint', 'text'], 'explain(job_id, queue)');
+SELECT has_function('treadle', 'heartbeat', ARRAY['bigint', 'uuid', 'interval', 'text'], 'heartbeat(job_id, lease_token, lease, queue)');
+SELECT has_function('treadle', 'progress', ARRAY['bigint', 'uuid', 'double precision', 'text', 'text'],
+                    'progress(job_id, lease_token, fraction, message, queue)');
 SELECT is((SELECT array_agg(p.proname::text ORDER BY p.proname) FROM pg_proc AS p
             WHERE p.pronamespace = 'treadle'::regnamespace
-              AND p.proname = ANY (ARRAY['complete', 'fail', 'release', 'snooze', 'cancel', 'retry', 'explain'])
+              AND p.proname = ANY (ARRAY['complete', 'fail', 'release', 'snooze', 'cancel', 'retry', 'explain', 'heartbeat', 'progress'])
               AND p.proargnames[p.pronargs] = 'queue'
               AND pg_get_expr(p.proargdefaults, 0) LIKE '%NULL::text'),
-          ARRAY['cancel', 'complete', 'explain', 'fail', 'release', 'retry', 'snooze'],
+          ARRAY['cancel', 'complete', 'explain', 'fail', 'heartbeat', 'progress', 'release', 'retry', 'snooze'],
           'each takes queue text DEFAULT NULL as its last argument, and has no other signature')
   FROM (SELECT 1) AS x
  WHERE (SELECT count(*) FROM pg_proc AS p WHERE p.pronamespace = 'treadle'::regnamespace
-          AND p.proname = ANY (ARRAY['complete', 'fail', 'release', 'snooze', 'cancel', 'retry', 'explain'])) = 7;
+          AND p.proname = ANY (ARRAY['complete', 'fail', 'release', 'snooze', 'cancel', 'retry', 'explain', 'heartbeat',
+                                  'progress'])) = 9;
 
 -- pg_temp.state(id): a job's state and attempt, in treadle.jobs
 CREATE FUNCTION pg_temp.state(job_id bigint) RETURNS text LANGUAGE sql AS $$
@@ -84,9 +89,22 @@ SELECT is(treadle.retry(:job, NULL), true, 'retry by id alone');
 SELECT throws_ok($$ SELECT treadle.cancel(NULL, 'ctl') $$, '22004', NULL, 'cancel(null, queue) raises 22004');
 SELECT throws_ok($$ SELECT treadle.retry(NULL, 'ctl') $$, '22004', NULL, 'retry(null, queue) raises 22004');
 
+-- heartbeat and progress
+SELECT id AS job, lease_token AS tok, queue AS q FROM pg_temp.leased() \gset
+SELECT is(treadle.heartbeat(:job, :'tok', '1 minute', 'elsewhere'), 'lost', 'heartbeat in another queue: lost');
+SELECT is((SELECT lease_until FROM treadle.jobs WHERE id = :job), treadle.now() + interval '30 seconds',
+          'and the lease stays');
+SELECT is(treadle.heartbeat(:job, :'tok', '1 minute', :'q'), 'held', 'heartbeat in its queue: held');
+SELECT is((SELECT lease_until FROM treadle.jobs WHERE id = :job), treadle.now() + interval '1 minute', 'the lease moves');
+SELECT is(treadle.heartbeat(:job, :'tok', '2 minutes'), 'held', 'heartbeat by id alone');
+SELECT is(treadle.progress(:job, :'tok', 0.5, 'half', 'elsewhere'), false, 'progress in another queue: false');
+SELECT is((SELECT progress FROM treadle.jobs WHERE id = :job), NULL, 'and nothing is recorded');
+SELECT is(treadle.progress(:job, :'tok', 0.5, 'half', :'q'), true, 'progress in its queue');
+SELECT is(treadle.progress(:job, :'tok', 0.7, NULL, NULL), true, 'progress by id alone');
+
 -- explain
 SELECT is((SELECT count(*) FROM treadle.explain(:job, 'elsewhere')), 0::bigint, 'explain in another queue: no rows');
-SELECT ok((SELECT count(*) FROM treadle.explain(:job, 'ctl')) > 0, 'explain in its queue: its reasons');
+SELECT ok((SELECT count(*) FROM treadle.explain(:job, :'q')) > 0, 'explain in its queue: its reasons');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -706,19 +706,21 @@ COMMENT ON FUNCTION treadle.claimed(uuid) IS
     'The running jobs holding a lease token: what a claim whose answer was lost took.';
 
 --------------------------------------------------------------------------------
--- treadle.heartbeat(job_id, lease_token, lease) -> text
+-- treadle.heartbeat(job_id, lease_token, lease, queue) -> text
 --
 -- Transition: none (running stays running; the lease moves to now + lease).
 -- Returns 'held', 'cancel' (held, and a cancel was requested: abort the handler)
 -- or 'lost' (the token no longer holds the job). An expired lease that nobody
--- took over is still held.
+-- took over is still held. queue, when given, is the job's queue (as for
+-- treadle.complete): a job of another queue is lost.
 -- Raises 22004: job_id, lease_token or lease null. 22023: lease not positive or
 -- over 1 day.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.heartbeat(
     job_id      bigint,
     lease_token uuid,
-    lease       interval DEFAULT '30 seconds'
+    lease       interval DEFAULT '30 seconds',
+    queue       text     DEFAULT NULL
 )
 RETURNS text
 LANGUAGE plpgsql
@@ -729,16 +731,23 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_cancel boolean;
+    v_until  timestamptz;
+    v_queue  text := heartbeat.queue;
 BEGIN
     PERFORM treadle._check_lease_args(heartbeat.job_id, heartbeat.lease_token);
     IF heartbeat.lease IS NULL THEN
         RAISE EXCEPTION 'treadle: lease must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     PERFORM treadle._check_interval(heartbeat.lease, 'lease', interval '1 day');
+    v_until := treadle.now() + heartbeat.lease;  -- computed here: no clock call inside the UPDATE
+    IF v_queue IS NULL THEN
+        SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = heartbeat.job_id;
+    END IF;
 
     UPDATE treadle.jobs AS j
-       SET lease_until = treadle.now() + heartbeat.lease
+       SET lease_until = v_until
      WHERE j.id = heartbeat.job_id
+       AND j.queue = v_queue
        AND j.state = 'running'
        AND j.lease_token = heartbeat.lease_token
     RETURNING j.cancel_requested INTO v_cancel;
@@ -749,14 +758,15 @@ BEGIN
     RETURN CASE WHEN v_cancel THEN 'cancel' ELSE 'held' END;
 END;
 $$;
-COMMENT ON FUNCTION treadle.heartbeat(bigint, uuid, interval) IS
+COMMENT ON FUNCTION treadle.heartbeat(bigint, uuid, interval, text) IS
     'Extend a running job''s lease; returns held, cancel or lost.';
 
 --------------------------------------------------------------------------------
--- treadle.progress(job_id, lease_token, fraction, message) -> boolean
+-- treadle.progress(job_id, lease_token, fraction, message, queue) -> boolean
 --
 -- Transition: none; records how far a running job has come (0..1, and a note),
--- shown by the views. Returns false when the token no longer holds the job.
+-- shown by the views. Returns false when the token no longer holds the job (or,
+-- when queue is given, the job is not in it).
 -- Raises 22004: job_id, lease_token or fraction null. 22023: fraction outside 0..1,
 -- message over the payload size limit.
 --------------------------------------------------------------------------------
@@ -764,7 +774,8 @@ CREATE OR REPLACE FUNCTION treadle.progress(
     job_id      bigint,
     lease_token uuid,
     fraction    double precision,
-    message     text DEFAULT NULL
+    message     text DEFAULT NULL,
+    queue       text DEFAULT NULL
 )
 RETURNS boolean
 LANGUAGE plpgsql
@@ -773,6 +784,8 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_queue text := progress.queue;
 BEGIN
     PERFORM treadle._check_lease_args(progress.job_id, progress.lease_token);
     IF octet_length(progress.message) > treadle._max_payload_bytes() THEN
@@ -788,14 +801,18 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    IF v_queue IS NULL THEN
+        SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = progress.job_id;
+    END IF;
     UPDATE treadle.jobs AS j
        SET progress = progress.fraction,
            progress_message = progress.message
      WHERE j.id = progress.job_id
+       AND j.queue = v_queue
        AND j.state = 'running'
        AND j.lease_token = progress.lease_token;
     RETURN FOUND;
 END;
 $$;
-COMMENT ON FUNCTION treadle.progress(bigint, uuid, double precision, text) IS
+COMMENT ON FUNCTION treadle.progress(bigint, uuid, double precision, text, text) IS
     'Record a running job''s progress (0..1) and a message; false when the lease is lost.';

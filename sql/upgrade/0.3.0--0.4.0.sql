@@ -290,3 +290,5 @@ DROP FUNCTION treadle.cancel(bigint);
 DROP FUNCTION treadle.retry(bigint);
 DROP FUNCTION treadle.explain(bigint);
 DROP FUNCTION treadle._left_by(bigint, uuid, text[]);
+DROP FUNCTION treadle.heartbeat(bigint, uuid, interval);
+DROP FUNCTION treadle.progress(bigint, uuid, double precision, text);

@@ -112,7 +112,8 @@ class JobContext(JobFields):
     def heartbeat(self) -> str:
         """Extend the lease now; returns 'held', 'cancel' or 'lost' and sets `cancelled` for the last two."""
         answer = self._pool.value(
-            _sql.HEARTBEAT, {"job_id": self.job_id, "lease_token": self.lease_token, "lease": self._lease}
+            _sql.HEARTBEAT,
+            {"job_id": self.job_id, "lease_token": self.lease_token, "lease": self._lease, "queue": self.queue},
         )
         parsed = HeartbeatAnswer(answer) if answer is not None else HeartbeatAnswer.LOST
         self._state.apply_heartbeat(parsed)
@@ -137,6 +138,7 @@ class JobContext(JobFields):
                     "lease_token": self.lease_token,
                     "fraction": float(fraction),
                     "message": message,
+                    "queue": self.queue,
                 },
             )
         )

@@ -251,12 +251,13 @@ SELECT r.id, s.step, r.name, r.input::text AS input,
 # treadle.heartbeat: extend a lease; 'held', 'cancel' or 'lost'
 HEARTBEAT: Final[LiteralString] = """
 SELECT treadle.heartbeat(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid,
-                         lease => %(lease)s::interval)
+                         lease => %(lease)s::interval, queue => %(queue)s::text)
 """
 # treadle.progress: a running handler's fraction and note
 PROGRESS: Final[LiteralString] = """
 SELECT treadle.progress(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid,
-                        fraction => %(fraction)s::double precision, message => %(message)s::text)
+                        fraction => %(fraction)s::double precision, message => %(message)s::text,
+                        queue => %(queue)s::text)
 """
 # treadle.complete: one job, in complete_in's transaction or after complete_many was refused. The
 # finishes name the job's queue: every statement is then of that queue (one shard on Citus).
