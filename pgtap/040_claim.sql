@@ -2,7 +2,7 @@
 -- queues and names filters, batch bounds, the claimed row, and bad arguments.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(69);
+SELECT plan(71);
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
@@ -81,6 +81,16 @@ SELECT is((SELECT array_agg(id) FROM treadle.claim('w', ARRAY['n'], names => ARR
           ARRAY[:thumb::bigint], 'a name with no jobs is harmless');
 SELECT is((SELECT state FROM treadle.jobs WHERE id = :email), 'available', 'a job whose name is not asked for waits');
 SELECT is((SELECT id FROM treadle.claim('w', ARRAY['n'])), :email::bigint, 'without names every name is claimable');
+SELECT treadle.enqueue('a', queue => 'nb', priority => 1) AS nb_a1 \gset
+SELECT treadle.enqueue('a', queue => 'nb', priority => 5) AS nb_a2 \gset
+SELECT treadle.enqueue('b', queue => 'nb', priority => 2) AS nb_b1 \gset
+SELECT treadle.enqueue('c', queue => 'nb', priority => 0) AS nb_c1 \gset
+SELECT treadle.enqueue('c', queue => 'nb', priority => 6) AS nb_c2 \gset
+SELECT is((SELECT array_agg(id) FROM treadle.claim('w', ARRAY['nb'], names => ARRAY['a', 'b', 'c'], batch => 3)),
+          ARRAY[:nb_c1::bigint, :nb_a1::bigint, :nb_b1::bigint],
+          'several names: a queue''s best jobs over all of them, in priority order');
+SELECT is((SELECT array_agg(id) FROM treadle.claim('w', ARRAY['nb'], names => ARRAY['c', 'a'], batch => 5)),
+          ARRAY[:nb_a2::bigint, :nb_c2::bigint], 'and the rest after them');
 
 -- Retryable jobs are claimable when due, not before
 SET LOCAL treadle.now = '2999-01-01 14:00:00+00';

@@ -2241,6 +2241,9 @@ DECLARE
     v_cand    bigint[];   -- a queue's candidates over several names: ids,
     v_cand_p  integer[];  -- priorities
     v_cand_at timestamptz[];  -- and run_at
+    v_bound_p integer;    -- the worst of the best v_want candidates, once there are that many:
+    v_bound_at timestamptz;  -- its priority, run_at
+    v_bound_id bigint;    -- and id
 BEGIN
     -- Each argument is tested inline, as enqueue does, and its helper called only to
     -- raise: a call costs more than the test, and a worker claims all the time.
@@ -2374,25 +2377,52 @@ BEGIN
                    FOR UPDATE SKIP LOCKED);
         ELSE
             -- Several names: each (queue, name) range read from its own front (a backlog
-            -- of other names is never walked past), then the queue's best of them.
+            -- of other names is never walked past), then the queue's best of them. Once
+            -- `v_want` candidates are held, a further range is read only below the worst
+            -- of the best `v_want`, so that rows which could not be taken are not locked.
             v_cand := '{}'::bigint[];
             v_cand_p := '{}'::integer[];
             v_cand_at := '{}'::timestamptz[];
+            v_bound_id := NULL;
             FOREACH v_name IN ARRAY v_names LOOP
-                FOR v_row IN
-                    SELECT j.id, j.priority, j.run_at FROM treadle.jobs AS j
-                     WHERE j.queue = v_queue
-                       AND j.name = v_name
-                       AND j.state = ANY (ARRAY['available', 'retryable'])
-                       AND j.run_at <= v_now
-                     ORDER BY j.priority, j.run_at, j.id
-                     LIMIT v_want
-                       FOR UPDATE SKIP LOCKED
-                LOOP
-                    v_cand := v_cand || v_row.id;
-                    v_cand_p := v_cand_p || v_row.priority;
-                    v_cand_at := v_cand_at || v_row.run_at;
-                END LOOP;
+                IF v_bound_id IS NULL THEN
+                    FOR v_row IN
+                        SELECT j.id, j.priority, j.run_at FROM treadle.jobs AS j
+                         WHERE j.queue = v_queue
+                           AND j.name = v_name
+                           AND j.state = ANY (ARRAY['available', 'retryable'])
+                           AND j.run_at <= v_now
+                         ORDER BY j.priority, j.run_at, j.id
+                         LIMIT v_want
+                           FOR UPDATE SKIP LOCKED
+                    LOOP
+                        v_cand := v_cand || v_row.id;
+                        v_cand_p := v_cand_p || v_row.priority;
+                        v_cand_at := v_cand_at || v_row.run_at;
+                    END LOOP;
+                ELSE
+                    FOR v_row IN
+                        SELECT j.id, j.priority, j.run_at FROM treadle.jobs AS j
+                         WHERE j.queue = v_queue
+                           AND j.name = v_name
+                           AND j.state = ANY (ARRAY['available', 'retryable'])
+                           AND j.run_at <= v_now
+                           AND (j.priority, j.run_at, j.id) < (v_bound_p, v_bound_at, v_bound_id)
+                         ORDER BY j.priority, j.run_at, j.id
+                         LIMIT v_want
+                           FOR UPDATE SKIP LOCKED
+                    LOOP
+                        v_cand := v_cand || v_row.id;
+                        v_cand_p := v_cand_p || v_row.priority;
+                        v_cand_at := v_cand_at || v_row.run_at;
+                    END LOOP;
+                END IF;
+                IF cardinality(v_cand) >= v_want THEN
+                    SELECT c.priority, c.run_at, c.id INTO v_bound_p, v_bound_at, v_bound_id
+                      FROM unnest(v_cand, v_cand_p, v_cand_at) AS c(id, priority, run_at)
+                     ORDER BY c.priority, c.run_at, c.id
+                    OFFSET v_want - 1 LIMIT 1;
+                END IF;
             END LOOP;
             v_got := ARRAY(SELECT c.id FROM unnest(v_cand, v_cand_p, v_cand_at) AS c(id, priority, run_at)
                             ORDER BY c.priority, c.run_at, c.id LIMIT v_want);
