@@ -235,7 +235,6 @@ def test_fail_makes_a_running_job_retryable_then_discarded(conn: Conn, queue: st
     assert [e["error"] for e in job(conn, queue, job_id)["errors"]] == ["boom", "boom again"]
 
 
-@not_yet(CLOCK_IN_CASE)
 def test_heartbeat_extends_the_lease(conn: Conn, queue: str) -> None:
     job_id = enqueue(conn, queue)
     token = hand_lease(conn, queue, job_id)

@@ -120,6 +120,15 @@ def test_complete_many_is_router_only(conn: Conn, queue: str) -> None:
     assert len(shards_named(sent)) == 1, sent
 
 
+def test_heartbeat_is_router_only(conn: Conn, queue: str) -> None:
+    job_id, token = leased(conn, queue)
+    sent = router_only(conn)
+    conn.execute(
+        _sql.HEARTBEAT, {"job_id": job_id, "lease_token": token, "lease": timedelta(seconds=30), "queue": queue}
+    )
+    assert len(shards_named(sent)) == 1, sent
+
+
 @not_yet(BY_ID + "; and " + CLOCK_IN_CASE)
 def test_heartbeat_many_is_router_only(conn: Conn, queue: str) -> None:
     job_id, token = leased(conn, queue)
