@@ -53,7 +53,7 @@ SELECT set_eq(
           'treadle.define_workflow(text,text[],jsonb,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb)',
           'treadle.start_workflow(text,jsonb,text[],text,integer,integer,text,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb)',
           'treadle.signal(bigint,text,jsonb)', 'treadle.signal_by_key(text,text,text,jsonb)',
-          'treadle.cancel_workflow(bigint)',
+          'treadle.cancel_workflow(bigint)', 'treadle.retry_run(bigint)', 'treadle.fork_run(bigint,text,jsonb)', 'treadle.compensate_run(bigint)',
           'treadle.schedule(text,text,text,jsonb,text,text,integer,integer,boolean)', 'treadle.unschedule(text)',
           'treadle.worker_seen(text,text,integer,text[],integer,integer,text[])', 'treadle.worker_stopped(text)',
           'treadle.estimated_jobs(text,text)',

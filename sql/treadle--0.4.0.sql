@@ -129,6 +129,8 @@ CREATE TABLE treadle.workflow_runs (
     parent_step      text,    -- that child step
     compensations    jsonb,   -- step -> the name of its compensating step
     step_options     jsonb,   -- step -> its job options: queue, priority, max_attempts, timeout, backoff
+    forked_from      bigint,  -- the run this one was forked from (treadle.fork_run; no foreign key: prune may remove it)
+    forked_step      text,    -- the step it was forked from: it and the steps after it ran again
     CONSTRAINT workflow_runs_pkey PRIMARY KEY (id, queue),
     CONSTRAINT workflow_runs_state_check
         CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled', 'compensating', 'compensated'])),
@@ -143,7 +145,8 @@ CREATE TABLE treadle.workflow_runs (
         CHECK (children IS NULL OR (jsonb_typeof(children) = 'object' AND after IS NOT NULL)),
     CONSTRAINT workflow_runs_parent_check CHECK ((parent_run_id IS NULL) = (parent_step IS NULL)),
     CONSTRAINT workflow_runs_compensations_check CHECK (jsonb_typeof(compensations) = 'object'),
-    CONSTRAINT workflow_runs_step_options_check CHECK (jsonb_typeof(step_options) = 'object')
+    CONSTRAINT workflow_runs_step_options_check CHECK (jsonb_typeof(step_options) = 'object'),
+    CONSTRAINT workflow_runs_forked_check CHECK ((forked_from IS NULL) = (forked_step IS NULL))
 );
 
 -- A child step starts one run, ever (treadle._start_child); its parent finds it here.
@@ -1052,6 +1055,7 @@ COMMENT ON FUNCTION treadle._failed_state(boolean, integer, integer) IS
 --
 -- A hint to listeners that a queue changed; never the truth, never job data.
 -- Channel treadle_jobs: work became claimable. Channel treadle_done: jobs finished.
+-- Channel treadle_cancel (payload: a job id): a cancel was requested of a running job.
 -- Identical notifications in one transaction are sent once. A queue name is at
 -- most 200 characters, far inside NOTIFY's payload limit.
 --------------------------------------------------------------------------------
@@ -2703,6 +2707,10 @@ BEGIN
 
     IF cardinality(complete_and_claim.job_ids) > 0 OR cardinality(complete_and_claim.lease_tokens) > 0
        OR cardinality(complete_and_claim.results) > 0 THEN
+        IF complete_and_claim.batch > 0 THEN
+            -- workflow steps the finish writes are told of after the claim, if it left them
+            PERFORM set_config('treadle.claim_follows', 'on', true), set_config('treadle.steps_written', '', true);
+        END IF;
         RETURN QUERY
         SELECT m.job_id, m.state, NULL::treadle.jobs
           FROM treadle.complete_many(complete_and_claim.job_ids, complete_and_claim.lease_tokens,
@@ -2715,6 +2723,7 @@ BEGIN
           FROM treadle.claim(complete_and_claim.worker_id, complete_and_claim.queues, complete_and_claim.names,
                              complete_and_claim.batch, complete_and_claim.lease,
                              complete_and_claim.lease_token) AS c;
+        PERFORM treadle._notify_left_steps();
     END IF;
 END;
 $$;
@@ -2908,26 +2917,54 @@ COMMENT ON FUNCTION treadle._notify_done(text[]) IS
 --
 -- Transition: (none) -> available for steps of a workflow run, in one
 -- statement: each a job named 'workflow:<workflow name>/<step>' whose `step`
--- column names the step.
+-- column names the step. Workers of its queue hear of it when nobody else will
+-- take it at once (treadle._notify_steps). PL/pgSQL, so that its statements are
+-- planned once per session (a SQL function's are planned at every call).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_steps(run treadle.workflow_runs, steps text[], at timestamptz)
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
-BEGIN ATOMIC
-    INSERT INTO treadle.jobs
-        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
-    SELECT coalesce((run).step_options -> s.step ->> 'queue', (run).queue), 'workflow:' || (run).name || '/' || s.step,
-           '{}', coalesce(((run).step_options -> s.step ->> 'priority')::integer, (run).priority), at,
-           coalesce(((run).step_options -> s.step ->> 'max_attempts')::integer, (run).max_attempts), at,
-           (run).id, s.step, ((run).step_options -> s.step ->> 'timeout')::interval,
-           treadle._intervals((run).step_options -> s.step -> 'backoff')
-      FROM unnest(steps) WITH ORDINALITY AS s(step, i)
-     ORDER BY s.i;
-    SELECT treadle._notify('treadle_jobs', q.queue)
-      FROM (SELECT DISTINCT coalesce((run).step_options -> s.step ->> 'queue', (run).queue) AS queue
-              FROM unnest(steps) AS s(step)) AS q;
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id         bigint;
+    v_queue      text;
+    v_name       text;
+    v_priority   integer;
+    v_ids        bigint[];
+    v_queues     text[];
+    v_names      text[];
+    v_priorities integer[];
+BEGIN
+    IF cardinality(steps) = 1 AND run.step_options IS NULL THEN
+        -- the common case: the next step of a run without per-step options
+        INSERT INTO treadle.jobs
+            (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+        VALUES (run.queue, 'workflow:' || run.name || '/' || steps[1], '{}', run.priority, at, run.max_attempts, at,
+                run.id, steps[1])
+        RETURNING id, queue, name, priority INTO v_id, v_queue, v_name, v_priority;
+        PERFORM treadle._notify_steps(ARRAY[v_id], ARRAY[v_queue], ARRAY[v_name], ARRAY[v_priority], at);
+    ELSIF cardinality(steps) > 0 THEN
+        WITH added AS (
+            INSERT INTO treadle.jobs
+                (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
+            SELECT coalesce(run.step_options -> s.step ->> 'queue', run.queue), 'workflow:' || run.name || '/' || s.step,
+                   '{}', coalesce((run.step_options -> s.step ->> 'priority')::integer, run.priority), at,
+                   coalesce((run.step_options -> s.step ->> 'max_attempts')::integer, run.max_attempts), at,
+                   run.id, s.step, (run.step_options -> s.step ->> 'timeout')::interval,
+                   treadle._intervals(run.step_options -> s.step -> 'backoff')
+              FROM unnest(steps) WITH ORDINALITY AS s(step, i)
+             ORDER BY s.i
+            RETURNING id, queue, name, priority
+        )
+        SELECT array_agg(a.id), array_agg(a.queue), array_agg(a.name), array_agg(a.priority)
+          INTO v_ids, v_queues, v_names, v_priorities
+          FROM added AS a;
+        PERFORM treadle._notify_steps(v_ids, v_queues, v_names, v_priorities, at);
+    END IF;
 END;
+$$;
 COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timestamptz) IS
     'Enqueue the jobs that run steps of a workflow run.';
 
@@ -2941,11 +2978,14 @@ COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timest
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_step(run treadle.workflow_runs, step text, at timestamptz)
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
-BEGIN ATOMIC
-    SELECT treadle._enqueue_steps(run, ARRAY[step], at);
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM treadle._enqueue_steps(run, ARRAY[step], at);
 END;
+$$;
 COMMENT ON FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamptz) IS
     'Enqueue the job that runs one step of a workflow run.';
 
@@ -3248,7 +3288,8 @@ COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
 -- of the run resumes from it. Locks the run after the job (the order every path
 -- keeps): two branches that complete at once on two connections take turns on
 -- the run row, and the second sees the first's result, so a join step is
--- enqueued once.
+-- enqueued once. A step of a running run that completed (not a map element, not
+-- a compensation) is recorded by the UPDATE that takes that lock.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._advance_run(step treadle.jobs)
 RETURNS void
@@ -3261,6 +3302,40 @@ DECLARE
     v_run   treadle.workflow_runs;
     v_index integer;
 BEGIN
+    IF step.state = 'completed' THEN
+        -- The common case: a step of a running run completed (not an element of a
+        -- map step, not a compensation). Its result is recorded, and the run row
+        -- locked, by one statement; a list's last step completes the run in it.
+        UPDATE treadle.workflow_runs AS r
+           SET results = r.results || jsonb_build_object(step.step, step.result),
+               state = CASE WHEN r.after IS NOT NULL OR array_position(r.steps, step.step) < cardinality(r.steps)
+                            THEN r.state ELSE 'completed' END,
+               finished_at = CASE WHEN r.after IS NOT NULL OR array_position(r.steps, step.step) < cardinality(r.steps)
+                                  THEN r.finished_at ELSE v_now END
+         WHERE r.id = step.workflow_run_id
+           AND r.state = 'running'
+           AND (r.maps IS NULL OR NOT r.maps ? step.step)
+           AND (r.compensations IS NULL OR NOT step.args ? 'compensates')
+        RETURNING r.* INTO v_run;
+        IF FOUND THEN
+            IF v_run.after IS NOT NULL THEN
+                -- a graph: as treadle._advance_graph does after recording the result
+                IF treadle._has_every_result(v_run) THEN
+                    UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now
+                     WHERE r.id = v_run.id;
+                ELSE
+                    PERFORM treadle._enqueue_ready(v_run, v_now, step.step);
+                END IF;
+                RETURN;
+            END IF;
+            v_index := array_position(v_run.steps, step.step);
+            IF v_index < cardinality(v_run.steps) THEN
+                PERFORM treadle._enqueue_steps(v_run, ARRAY[v_run.steps[v_index + 1]], v_now);
+            END IF;
+            RETURN;
+        END IF;
+    END IF;
+
     SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = step.workflow_run_id FOR UPDATE;
     IF NOT FOUND THEN
         RETURN;
@@ -4119,7 +4194,9 @@ COMMENT ON FUNCTION treadle._job_queue(bigint, text) IS
 --
 -- Transition: available | retryable -> cancelled at once; running -> running
 -- with a cancel request (heartbeat then answers 'cancel'; complete or fail
--- finish it as cancelled). A cancelled workflow step cancels its run; a
+-- finish it as cancelled), and a NOTIFY on channel treadle_cancel with the job id
+-- as payload, on which the worker running it heartbeats it at once (a hint: the
+-- heartbeat's answer is the truth). A cancelled workflow step cancels its run; a
 -- cancelled periodic occurrence ends its series. Returns true when this call
 -- changed something; false for a finished job, a job whose cancel is already
 -- requested, or an unknown id. queue, when given, is the job's queue: a job of
@@ -4166,7 +4243,12 @@ BEGIN
        AND j.queue = v_queue
        AND j.state = 'running'
        AND NOT j.cancel_requested;
-    RETURN FOUND;
+    IF FOUND THEN
+        -- the worker that runs it looks at once (its heartbeat confirms the request)
+        PERFORM treadle._notify('treadle_cancel', cancel.job_id::text);
+        RETURN true;
+    END IF;
+    RETURN false;
 END;
 $$;
 COMMENT ON FUNCTION treadle.cancel(bigint, text) IS
@@ -5703,6 +5785,10 @@ BEGIN
         IF v_step_options IS NOT NULL THEN
             PERFORM treadle._check_step_queues(v_step_options);  -- the caller's prefix, as for children
         END IF;
+    ELSIF start_workflow.after IS NULL AND start_workflow.sleeps IS NULL AND start_workflow.maps IS NULL
+          AND start_workflow.waits IS NULL AND start_workflow.children IS NULL
+          AND start_workflow.compensations IS NULL AND start_workflow.step_options IS NULL THEN
+        PERFORM treadle._check_steps(v_steps);  -- a list of steps and nothing more: no other check has work
     ELSE
         PERFORM treadle._check_steps(v_steps);
         v_after := treadle._check_after(v_steps, start_workflow.after);
@@ -5734,7 +5820,7 @@ BEGIN
 
         IF v_run.id IS NOT NULL THEN
             IF v_after IS NULL THEN
-                PERFORM treadle._enqueue_step(v_run, v_steps[1], v_now);
+                PERFORM treadle._enqueue_steps(v_run, ARRAY[v_steps[1]], v_now);
             ELSE
                 PERFORM treadle._enqueue_ready(v_run, v_now);
             END IF;
@@ -5914,6 +6000,136 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.workflow_step_results(bigint, text) IS
     'The results a workflow step receives: those of the steps it runs after, directly or not; null for an unknown run.';
+--------------------------------------------------------------------------------
+-- Waking workers for workflow steps. A step job is written by the transaction
+-- that finishes the step before it, most often a worker's. A transaction that
+-- sent NOTIFY takes one lock at commit, the same for every session, and holds it
+-- through the commit's WAL flush: finishing workers that notify commit one at a
+-- time. So a step's queue is told (NOTIFY treadle_jobs) only when a worker may
+-- be idle and waiting for it:
+--   - not when a job of the same queue and name has waited, claimable, for
+--     50 ms or more: the workers that run it have no free slot (an idle one would
+--     have taken it), and each takes the next waiting job when one frees, with
+--     the claim that goes along its finish;
+--   - not from treadle.complete_and_claim when its own claim took the step: the
+--     finishing worker runs it next. The steps it writes are told of after its
+--     claim, and only those still waiting (treadle._notify_left_steps).
+-- NOTIFY stays a hint: a worker polls anyway (poll_interval), so a wake-up left
+-- out on a race delays a step by at most that long.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._notify_steps(ids, queues, names, priorities, at) -> void
+--
+-- Step jobs `ids` (in `queues`, named `names`, of `priorities`) were just written
+-- at `at`: NOTIFY treadle_jobs for each of their queues unless each of them there
+-- stands behind a backlog of its name: a job of the same queue, name and priority
+-- that has waited, claimable, since between 2 s and 50 ms before `at` (its
+-- workers have no free slot: an idle one would have taken it). That look reads
+-- the claim index backwards from 50 ms before `at`, where a backlog's newest jobs
+-- wait, and never past 2 s before it, so that the jobs claimed since cannot make
+-- it long. Each queue is told, and each backlog looked for, once per transaction
+-- (setting treadle.steps_seen). Inside treadle.complete_and_claim (setting treadle.claim_follows 'on'
+-- for the transaction) the ids are kept (setting treadle.steps_written) for
+-- treadle._notify_left_steps instead.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._notify_steps(ids bigint[], queues text[], names text[], priorities integer[],
+                                                 at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    -- what this transaction settled already, one line each: a queue told, or a
+    -- queue, name and priority found behind a backlog (one look per transaction)
+    v_seen text := coalesce(current_setting('treadle.steps_seen', true), '');
+    v_told text;
+    v_busy text;
+    v_new  boolean := false;
+BEGIN
+    IF ids IS NULL OR cardinality(ids) = 0 THEN
+        RETURN;
+    END IF;
+    IF current_setting('treadle.claim_follows', true) = 'on' THEN
+        PERFORM set_config('treadle.steps_written',
+                           concat_ws(',', nullif(current_setting('treadle.steps_written', true), ''),
+                                     array_to_string(ids, ',')),
+                           true);
+        RETURN;
+    END IF;
+    FOR v_i IN 1 .. cardinality(ids) LOOP
+        v_told := E'\ntold ' || queues[v_i] || E'\n';
+        v_busy := E'\nbusy ' || queues[v_i] || E'\t' || names[v_i] || E'\t' || priorities[v_i] || E'\n';
+        CONTINUE WHEN strpos(v_seen, v_told) > 0 OR strpos(v_seen, v_busy) > 0;
+        v_new := true;
+        -- a scalar subquery, not EXISTS (which would drop the ORDER BY that reads backwards)
+        IF (SELECT true FROM treadle.jobs AS o
+             WHERE o.queue = queues[v_i] AND o.name = names[v_i] AND o.priority = priorities[v_i]
+               AND o.state = ANY (ARRAY['available', 'retryable'])
+               AND o.run_at <= at - interval '50 milliseconds'
+               AND o.run_at > at - interval '2 seconds'
+             ORDER BY o.priority DESC, o.run_at DESC
+             LIMIT 1) THEN
+            v_seen := v_seen || v_busy;
+        ELSE
+            PERFORM treadle._notify('treadle_jobs', queues[v_i]);
+            v_seen := v_seen || v_told;
+        END IF;
+    END LOOP;
+    IF v_new THEN
+        PERFORM set_config('treadle.steps_seen', v_seen, true);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._notify_steps(bigint[], text[], text[], integer[], timestamptz) IS
+    'Wake workers for step jobs just written, unless their workers are busy or the finishing worker claims them.';
+
+--------------------------------------------------------------------------------
+-- treadle._notify_left_steps() -> void
+--
+-- The end of treadle.complete_and_claim: the step jobs its finish wrote
+-- (setting treadle.steps_written) that its claim left waiting are told of as
+-- treadle._notify_steps tells them; both settings are cleared for the rest of
+-- the transaction.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._notify_left_steps()
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_written    text := nullif(current_setting('treadle.steps_written', true), '');
+    v_id         bigint;
+    v_job        record;
+    v_at         timestamptz;
+    v_ids        bigint[] := '{}'::bigint[];
+    v_queues     text[] := '{}'::text[];
+    v_names      text[] := '{}'::text[];
+    v_priorities integer[] := '{}'::integer[];
+BEGIN
+    PERFORM set_config('treadle.claim_follows', '', true);
+    IF v_written IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM set_config('treadle.steps_written', '', true);
+    FOREACH v_id IN ARRAY string_to_array(v_written, ',')::bigint[] LOOP
+        -- one row by its key at a time: the plan stays the primary key's
+        SELECT j.queue, j.name, j.priority, j.run_at INTO v_job
+          FROM treadle.jobs AS j WHERE j.id = v_id AND j.state = 'available';
+        CONTINUE WHEN NOT FOUND;
+        v_ids := v_ids || v_id;
+        v_queues := v_queues || v_job.queue;
+        v_names := v_names || v_job.name;
+        v_priorities := v_priorities || v_job.priority;
+        v_at := v_job.run_at;  -- the transaction's time: every step it wrote was due then
+    END LOOP;
+    PERFORM treadle._notify_steps(v_ids, v_queues, v_names, v_priorities, v_at);
+END;
+$$;
+COMMENT ON FUNCTION treadle._notify_left_steps() IS
+    'Wake workers for the step jobs a complete_and_claim wrote and did not claim itself.';
 --------------------------------------------------------------------------------
 -- Cron schedules: a named schedule enqueues a job at the times a cron expression
 -- names, read on the wall clock of a time zone.
@@ -8683,6 +8899,295 @@ CREATE POLICY workers_tenant_read ON treadle.workers FOR SELECT
 CREATE POLICY tenants_tenant_read ON treadle.tenants FOR SELECT
     USING (treadle._reader_prefix() = '' OR tenant_role = treadle._caller_role());
 --------------------------------------------------------------------------------
+-- Operating workflow runs: retry a run from its failed steps, fork a run from a
+-- named step (a new run of the same pinned definition that carries the results
+-- recorded before that step), compensate a cancelled run. All are the operator's (treadle.grant_admin,
+-- treadle.grant_dashboard unless read-only); a tenant reaches only its queues'
+-- runs. Cancel is treadle.cancel_workflow (070_workflows.sql).
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._run_for_operation(run_id, what) -> treadle.workflow_runs
+--
+-- The run an operator names, checked: 22004 when run_id is null, P0002 when no
+-- run has that id, 42501 for a tenant's run outside its queues (naming nothing of
+-- the run).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._run_for_operation(run_id bigint)
+RETURNS treadle.workflow_runs
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_run treadle.workflow_runs;
+BEGIN
+    IF run_id IS NULL THEN
+        RAISE EXCEPTION 'treadle: run_id must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = _run_for_operation.run_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'treadle: no workflow run has id %', run_id USING ERRCODE = 'no_data_found';
+    END IF;
+    PERFORM treadle._check_row_allowed(v_run.queue, 'workflow run');
+    RETURN v_run;
+END;
+$$;
+COMMENT ON FUNCTION treadle._run_for_operation(bigint) IS
+    'The workflow run an operation names: 22004 for null, P0002 for an unknown id, 42501 outside a tenant''s queues.';
+
+--------------------------------------------------------------------------------
+-- treadle.retry_run(run_id) -> text
+--
+-- Transition: a failed or cancelled run goes on from where it stopped, and the
+-- state it is in now is returned:
+--   a run whose compensation failed or was cancelled (state failed, a discarded
+--     or cancelled compensation job): that compensation runs again and the run is
+--     `compensating` (it ends compensated, or failed again);
+--   otherwise the run is `running`: its discarded and cancelled step jobs are
+--     available again with attempt 0 (treadle.retry), its failed and cancelled
+--     child runs resume, its sleeps under way wake it again, and the steps whose
+--     dependencies completed meanwhile start (treadle._resume_graph); a list run
+--     with no such job starts its first step without a result.
+-- Completed steps never run again: their results are kept. In the caller's
+-- transaction; a refusal writes nothing.
+-- Raises 22004: run_id null. P0002: no run has that id. 42501: a tenant's run (or
+-- one of its step jobs) outside its queues. 55000: a run that is not failed or
+-- cancelled (running, compensating, completed, or compensated: its completed
+-- steps were undone, so treadle.fork_run starts it again instead).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.retry_run(run_id bigint)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_run   treadle.workflow_runs := treadle._run_for_operation(retry_run.run_id);
+    v_ids   bigint[];
+    v_id    bigint;
+    v_first integer;
+    v_state text;
+BEGIN
+    IF v_run.state = 'compensated' THEN
+        RAISE EXCEPTION 'treadle: workflow run % is compensated: its completed steps were undone', v_run.id
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'treadle.fork_run starts it again from a step.';
+    END IF;
+    IF v_run.state <> ALL (ARRAY['failed', 'cancelled']) THEN
+        RAISE EXCEPTION 'treadle: workflow run % is %: only a failed or cancelled run is retried', v_run.id, v_run.state
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+
+    -- its jobs that ended without completing, here or in the history
+    IF v_run.compensations IS NOT NULL AND v_run.state = 'failed' THEN
+        SELECT array_agg(s.id ORDER BY s.id) INTO v_ids
+          FROM (SELECT j.id, j.state, j.args FROM treadle.jobs AS j WHERE j.workflow_run_id = v_run.id
+                UNION ALL
+                SELECT h.id, h.state, h.args FROM treadle.job_history AS h WHERE h.workflow_run_id = v_run.id) AS s
+         WHERE s.state = ANY (ARRAY['discarded', 'cancelled']) AND s.args ? 'compensates';
+        IF v_ids IS NOT NULL THEN
+            FOREACH v_id IN ARRAY v_ids LOOP
+                PERFORM treadle.retry(v_id);  -- the first puts the run back to compensating
+            END LOOP;
+            RETURN 'compensating';
+        END IF;
+    END IF;
+
+    SELECT array_agg(s.id ORDER BY s.id) INTO v_ids
+      FROM (SELECT j.id, j.state, j.args FROM treadle.jobs AS j WHERE j.workflow_run_id = v_run.id
+            UNION ALL
+            SELECT h.id, h.state, h.args FROM treadle.job_history AS h WHERE h.workflow_run_id = v_run.id) AS s
+     WHERE s.state = ANY (ARRAY['discarded', 'cancelled']) AND NOT s.args ? 'compensates';
+    IF v_ids IS NOT NULL THEN
+        -- the first resumes the run (and, for a graph, retries the others in treadle.jobs);
+        -- the rest are made available if they are not yet
+        FOREACH v_id IN ARRAY v_ids LOOP
+            PERFORM treadle.retry(v_id);
+        END LOOP;
+    ELSE
+        -- stopped without a failed step job: a cancel while only sleeps, waits or
+        -- children were under way, a failed child run, or step rows deleted by hand
+        UPDATE treadle.workflow_runs AS r SET state = 'running', finished_at = NULL
+         WHERE r.id = v_run.id AND r.state = ANY (ARRAY['failed', 'cancelled'])
+        RETURNING r.* INTO v_run;
+        IF NOT FOUND THEN
+            -- another session resumed it first
+            SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = retry_run.run_id;
+            RETURN v_state;
+        END IF;
+        IF v_run.after IS NOT NULL THEN
+            PERFORM treadle._resume_graph(v_run);
+        ELSE
+            SELECT u.i INTO v_first FROM unnest(v_run.steps) WITH ORDINALITY AS u(s, i)
+             WHERE NOT v_run.results ? u.s ORDER BY u.i LIMIT 1;
+            IF FOUND THEN
+                PERFORM treadle._enqueue_step(v_run, v_run.steps[v_first], treadle.now());
+            END IF;
+        END IF;
+    END IF;
+    SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = v_run.id;
+    RETURN v_state;
+END;
+$$;
+COMMENT ON FUNCTION treadle.retry_run(bigint) IS
+    'Retry a failed or cancelled workflow run from its failed steps (completed steps keep their results); returns its state.';
+
+--------------------------------------------------------------------------------
+-- treadle._steps_from(run, from_step) -> text[]
+--
+-- The steps a fork from `from_step` runs again: from_step and every step that runs
+-- after it, directly or through others (for a list, from_step and the steps after
+-- it in the list). In step order.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._steps_from(run treadle.workflow_runs, from_step text)
+RETURNS text[]
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_after jsonb := '{}'::jsonb || coalesce(run.after, treadle._linear_after(run.steps));
+    v_seen  jsonb := jsonb_build_object(from_step, true);
+    v_todo  text[] := ARRAY[from_step];
+BEGIN
+    -- walk forward along the dependencies, a layer at a time
+    WHILE cardinality(v_todo) > 0 LOOP
+        v_todo := ARRAY(SELECT DISTINCT kv.key
+                          FROM jsonb_each(v_after) AS kv
+                         WHERE NOT v_seen ? kv.key
+                           AND EXISTS (SELECT 1 FROM jsonb_array_elements_text(kv.value) AS d(v)
+                                        WHERE d.v = ANY (v_todo)));
+        v_seen := v_seen || coalesce((SELECT jsonb_object_agg(t.s, true) FROM unnest(v_todo) AS t(s)), '{}'::jsonb);
+    END LOOP;
+    RETURN ARRAY(SELECT u.s FROM unnest(run.steps) WITH ORDINALITY AS u(s, i) WHERE v_seen ? u.s ORDER BY u.i);
+END;
+$$;
+COMMENT ON FUNCTION treadle._steps_from(treadle.workflow_runs, text) IS
+    'The steps of a run that a fork from a step runs again: the step and every step after it, directly or not.';
+
+--------------------------------------------------------------------------------
+-- treadle.fork_run(run_id, from_step, input) -> bigint
+--
+-- Transition: (none) -> a new running run of the same workflow and the same
+-- pinned definition (steps, dependencies, sleeps, maps, waits, children,
+-- compensations, step options, version), on the same queue with the same
+-- priority and attempts, whose forked_from is the source run and forked_step
+-- from_step. It starts with the results the source recorded for every step that
+-- is neither from_step nor a step that runs after it, directly or through others:
+-- for a list, the steps before from_step; for a graph, the steps from_step does
+-- not lead to, whatever their place (a parallel branch's result is kept). Those
+-- steps never run in the fork. from_step, the steps after it, and any step the
+-- source had not completed run as a new run's steps do: every one whose
+-- dependencies all have results starts now. The source run is not changed, in
+-- whatever state it is. The fork's input is the source's, or `input` when given.
+-- It has no idempotency key and no parent (a fork of a child run stands alone),
+-- and its compensations, should it fail, undo only the steps it ran itself.
+-- Returns the new run's id.
+-- Raises 22004: run_id or from_step null. P0002: no run has that id. 42501: a
+-- tenant's run outside its queues. 22023: from_step not one of the run's steps;
+-- input neither an object nor an array, over the size limit or nested too deep; a
+-- child step ready at the start that treadle._start_child refuses.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.fork_run(run_id bigint, from_step text, input jsonb DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now     timestamptz := treadle.now();
+    v_source  treadle.workflow_runs := treadle._run_for_operation(fork_run.run_id);
+    v_input   jsonb;
+    v_again   text[];
+    v_results jsonb;
+    v_run     treadle.workflow_runs;
+BEGIN
+    IF fork_run.from_step IS NULL THEN
+        RAISE EXCEPTION 'treadle: from_step must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT fork_run.from_step = ANY (v_source.steps) THEN
+        RAISE EXCEPTION 'treadle: workflow run % has no step "%"', v_source.id, left(fork_run.from_step, 200)
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = format('Its steps: %s.', left(array_to_string(v_source.steps, ', '), 1000));
+    END IF;
+    v_input := CASE WHEN fork_run.input IS NULL THEN v_source.input ELSE treadle._payload(fork_run.input, 'input') END;
+    v_again := treadle._steps_from(v_source, fork_run.from_step);
+    SELECT coalesce(jsonb_object_agg(e.key, e.value), '{}'::jsonb) INTO v_results
+      FROM jsonb_each(v_source.results) AS e
+     WHERE e.key = ANY (v_source.steps) AND NOT e.key = ANY (v_again);
+
+    INSERT INTO treadle.workflow_runs AS r
+        (name, input, steps, results, queue, priority, max_attempts, created_at, after, sleeps, maps, waits, version,
+         children, compensations, step_options, forked_from, forked_step)
+    VALUES
+        (v_source.name, v_input, v_source.steps, v_results, v_source.queue, v_source.priority, v_source.max_attempts,
+         v_now, v_source.after, v_source.sleeps, v_source.maps, v_source.waits, v_source.version, v_source.children,
+         v_source.compensations, v_source.step_options, v_source.id, fork_run.from_step)
+    RETURNING r.* INTO v_run;
+    IF v_run.after IS NULL THEN
+        -- the first step without a result: from_step, or an earlier one the source had not completed
+        PERFORM treadle._enqueue_step(v_run, (SELECT u.s FROM unnest(v_run.steps) WITH ORDINALITY AS u(s, i)
+                                               WHERE NOT v_results ? u.s ORDER BY u.i LIMIT 1), v_now);
+    ELSE
+        PERFORM treadle._enqueue_ready(v_run, v_now);
+    END IF;
+    RETURN v_run.id;
+END;
+$$;
+COMMENT ON FUNCTION treadle.fork_run(bigint, text, jsonb) IS
+    'Start a new run of a workflow run''s definition from a step, with the results recorded before it; returns its id.';
+
+--------------------------------------------------------------------------------
+-- treadle.compensate_run(run_id) -> text
+--
+-- Transition: a cancelled run with compensations -> `compensating`: the
+-- compensations of its completed steps run one at a time, in reverse order of
+-- completion, as for a run that failed (treadle._compensate_next; a step of it
+-- still running finishes first), and it ends `compensated`, or `failed` if one
+-- fails for good (treadle.retry_run then runs that one again). Its cancelled child
+-- runs are not compensated by it (compensate each). Returns the state it is in
+-- now: `compensating`, or `compensated` when no completed step has a compensation.
+-- So a cancel undoes what the run did when asked: treadle.cancel_workflow, then,
+-- once the run is cancelled, treadle.compensate_run.
+-- Raises 22004: run_id null. P0002: no run has that id. 42501: a tenant's run
+-- outside its queues. 55000: a run that is not cancelled (a running one whose
+-- cancel is under way too: its running steps have not finished), or one without
+-- compensations.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.compensate_run(run_id bigint)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_run   treadle.workflow_runs := treadle._run_for_operation(compensate_run.run_id);
+    v_state text;
+BEGIN
+    IF v_run.compensations IS NULL THEN
+        RAISE EXCEPTION 'treadle: workflow run % has no compensations', v_run.id
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    UPDATE treadle.workflow_runs AS r SET state = 'compensating', finished_at = NULL
+     WHERE r.id = v_run.id AND r.state = 'cancelled';
+    IF NOT FOUND THEN
+        SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = v_run.id;
+        RAISE EXCEPTION 'treadle: workflow run % is %: only a cancelled run is compensated on request', v_run.id, v_state
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'A run whose cancel was requested is cancelled once its running steps finish.';
+    END IF;
+    PERFORM treadle._compensate_next(v_run.id, treadle.now());
+    SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = v_run.id;
+    RETURN v_state;
+END;
+$$;
+COMMENT ON FUNCTION treadle.compensate_run(bigint) IS
+    'Run the compensations of a cancelled workflow run''s completed steps; returns its state.';
+--------------------------------------------------------------------------------
 -- Privileges. The functions are the only write path: every function that writes
 -- runs as the owner (SECURITY DEFINER, search_path pinned, names qualified, no
 -- SQL built from input), and no other role holds a right that writes a table or
@@ -8693,8 +9198,10 @@ CREATE POLICY tenants_tenant_read ON treadle.tenants FOR SELECT
 --   treadle.grant_reader(role)     the views, and the tables' columns but lease tokens
 --   treadle.grant_producer(role)   reader + enqueue, workflows, schedules, cancel, retry
 --   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, retention, registry
---   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue, retention
---   treadle.grant_dashboard(role, read_only)   reader + cancel, retry, unschedule unless read_only
+--   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue, retention,
+--                                  retry_run, fork_run, compensate_run
+--   treadle.grant_dashboard(role, read_only)   reader + cancel, retry, unschedule, retry_run,
+--                                  fork_run, compensate_run unless read_only
 --
 -- and keeps a role to the queues under a prefix with treadle.set_tenant.
 -- docs/operations.md has the table of who may do what.
@@ -8711,6 +9218,7 @@ CREATE POLICY tenants_tenant_read ON treadle.tenants FOR SELECT
 --            complete_many, complete_and_claim, fail, release, snooze, step_sleep,
 --            define_workflow, worker_seen, worker_stopped
 --   queues   set_queue, pause, resume
+--   runs     retry_run, fork_run, compensate_run (the operator's: not a producer's)
 --   recover  rescue, apply_retention (the housekeeping every worker does)
 --   prune    prune
 -- Each function is listed here once; the grant helpers combine the parts.
@@ -8763,6 +9271,9 @@ BEGIN
         ('queues',  'treadle.set_queue(text, integer, integer, interval, integer, interval, interval)'),
         ('queues',  'treadle.pause(text)'),
         ('queues',  'treadle.resume(text)'),
+        ('runs',    'treadle.retry_run(bigint)'),
+        ('runs',    'treadle.fork_run(bigint, text, jsonb)'),
+        ('runs',    'treadle.compensate_run(bigint)'),
         ('recover', 'treadle.rescue()'),
         ('recover', 'treadle.apply_retention(integer)'),
         ('recover', 'treadle.archive(integer)'),
@@ -8775,7 +9286,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION treadle._grant_parts(regrole, text[]) IS
-    'Grant schema usage and the functions of the named parts (read, produce, control, work, queues, recover, prune) to a role.';
+    'Grant schema usage and the functions of the named parts (read, produce, control, work, queues, runs, recover, prune) to a role.';
 
 --------------------------------------------------------------------------------
 -- treadle.grant_reader(role) -> void
@@ -8857,8 +9368,8 @@ COMMENT ON FUNCTION treadle.grant_worker(regrole) IS
 -- treadle.grant_admin(role) -> void
 --
 -- grant_reader, plus the operator's controls: cancel, retry, prune, rescue,
--- apply_retention, and the queues' pause, resume and limits. Raises 22004: role
--- null. Owner only.
+-- apply_retention, the queues' pause, resume and limits, and retrying, forking and
+-- compensating workflow runs. Raises 22004: role null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_admin(role regrole)
 RETURNS void
@@ -8868,7 +9379,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM treadle.grant_reader(role);
-    PERFORM treadle._grant_parts(role, ARRAY['control', 'queues', 'recover', 'prune']);
+    PERFORM treadle._grant_parts(role, ARRAY['control', 'queues', 'runs', 'recover', 'prune']);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_admin(regrole) IS
@@ -8878,7 +9389,8 @@ COMMENT ON FUNCTION treadle.grant_admin(regrole) IS
 -- treadle.grant_dashboard(role, read_only) -> void
 --
 -- What the dashboard needs: grant_reader, and unless read_only, cancelling and
--- retrying jobs, cancelling workflow runs, and pausing, resuming and limiting queues.
+-- retrying jobs, cancelling, retrying, forking and compensating workflow runs, and pausing,
+-- resuming and limiting queues.
 -- Raises 22004: role or read_only null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_dashboard(role regrole, read_only boolean DEFAULT false)
@@ -8893,7 +9405,7 @@ BEGIN
     END IF;
     PERFORM treadle.grant_reader(role);
     IF NOT read_only THEN
-        PERFORM treadle._grant_parts(role, ARRAY['control', 'queues']);
+        PERFORM treadle._grant_parts(role, ARRAY['control', 'queues', 'runs']);
     END IF;
 END;
 $$;

@@ -536,6 +536,7 @@ COMMENT ON FUNCTION treadle._failed_state(boolean, integer, integer) IS
 --
 -- A hint to listeners that a queue changed; never the truth, never job data.
 -- Channel treadle_jobs: work became claimable. Channel treadle_done: jobs finished.
+-- Channel treadle_cancel (payload: a job id): a cancel was requested of a running job.
 -- Identical notifications in one transaction are sent once. A queue name is at
 -- most 200 characters, far inside NOTIFY's payload limit.
 --------------------------------------------------------------------------------

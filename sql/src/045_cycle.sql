@@ -75,6 +75,10 @@ BEGIN
 
     IF cardinality(complete_and_claim.job_ids) > 0 OR cardinality(complete_and_claim.lease_tokens) > 0
        OR cardinality(complete_and_claim.results) > 0 THEN
+        IF complete_and_claim.batch > 0 THEN
+            -- workflow steps the finish writes are told of after the claim, if it left them
+            PERFORM set_config('treadle.claim_follows', 'on', true), set_config('treadle.steps_written', '', true);
+        END IF;
         RETURN QUERY
         SELECT m.job_id, m.state, NULL::treadle.jobs
           FROM treadle.complete_many(complete_and_claim.job_ids, complete_and_claim.lease_tokens,
@@ -87,6 +91,7 @@ BEGIN
           FROM treadle.claim(complete_and_claim.worker_id, complete_and_claim.queues, complete_and_claim.names,
                              complete_and_claim.batch, complete_and_claim.lease,
                              complete_and_claim.lease_token) AS c;
+        PERFORM treadle._notify_left_steps();
     END IF;
 END;
 $$;

@@ -10,26 +10,54 @@
 --
 -- Transition: (none) -> available for steps of a workflow run, in one
 -- statement: each a job named 'workflow:<workflow name>/<step>' whose `step`
--- column names the step.
+-- column names the step. Workers of its queue hear of it when nobody else will
+-- take it at once (treadle._notify_steps). PL/pgSQL, so that its statements are
+-- planned once per session (a SQL function's are planned at every call).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_steps(run treadle.workflow_runs, steps text[], at timestamptz)
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
-BEGIN ATOMIC
-    INSERT INTO treadle.jobs
-        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
-    SELECT coalesce((run).step_options -> s.step ->> 'queue', (run).queue), 'workflow:' || (run).name || '/' || s.step,
-           '{}', coalesce(((run).step_options -> s.step ->> 'priority')::integer, (run).priority), at,
-           coalesce(((run).step_options -> s.step ->> 'max_attempts')::integer, (run).max_attempts), at,
-           (run).id, s.step, ((run).step_options -> s.step ->> 'timeout')::interval,
-           treadle._intervals((run).step_options -> s.step -> 'backoff')
-      FROM unnest(steps) WITH ORDINALITY AS s(step, i)
-     ORDER BY s.i;
-    SELECT treadle._notify('treadle_jobs', q.queue)
-      FROM (SELECT DISTINCT coalesce((run).step_options -> s.step ->> 'queue', (run).queue) AS queue
-              FROM unnest(steps) AS s(step)) AS q;
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id         bigint;
+    v_queue      text;
+    v_name       text;
+    v_priority   integer;
+    v_ids        bigint[];
+    v_queues     text[];
+    v_names      text[];
+    v_priorities integer[];
+BEGIN
+    IF cardinality(steps) = 1 AND run.step_options IS NULL THEN
+        -- the common case: the next step of a run without per-step options
+        INSERT INTO treadle.jobs
+            (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+        VALUES (run.queue, 'workflow:' || run.name || '/' || steps[1], '{}', run.priority, at, run.max_attempts, at,
+                run.id, steps[1])
+        RETURNING id, queue, name, priority INTO v_id, v_queue, v_name, v_priority;
+        PERFORM treadle._notify_steps(ARRAY[v_id], ARRAY[v_queue], ARRAY[v_name], ARRAY[v_priority], at);
+    ELSIF cardinality(steps) > 0 THEN
+        WITH added AS (
+            INSERT INTO treadle.jobs
+                (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
+            SELECT coalesce(run.step_options -> s.step ->> 'queue', run.queue), 'workflow:' || run.name || '/' || s.step,
+                   '{}', coalesce((run.step_options -> s.step ->> 'priority')::integer, run.priority), at,
+                   coalesce((run.step_options -> s.step ->> 'max_attempts')::integer, run.max_attempts), at,
+                   run.id, s.step, (run.step_options -> s.step ->> 'timeout')::interval,
+                   treadle._intervals(run.step_options -> s.step -> 'backoff')
+              FROM unnest(steps) WITH ORDINALITY AS s(step, i)
+             ORDER BY s.i
+            RETURNING id, queue, name, priority
+        )
+        SELECT array_agg(a.id), array_agg(a.queue), array_agg(a.name), array_agg(a.priority)
+          INTO v_ids, v_queues, v_names, v_priorities
+          FROM added AS a;
+        PERFORM treadle._notify_steps(v_ids, v_queues, v_names, v_priorities, at);
+    END IF;
 END;
+$$;
 COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timestamptz) IS
     'Enqueue the jobs that run steps of a workflow run.';
 
@@ -43,11 +71,14 @@ COMMENT ON FUNCTION treadle._enqueue_steps(treadle.workflow_runs, text[], timest
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_step(run treadle.workflow_runs, step text, at timestamptz)
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
-BEGIN ATOMIC
-    SELECT treadle._enqueue_steps(run, ARRAY[step], at);
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM treadle._enqueue_steps(run, ARRAY[step], at);
 END;
+$$;
 COMMENT ON FUNCTION treadle._enqueue_step(treadle.workflow_runs, text, timestamptz) IS
     'Enqueue the job that runs one step of a workflow run.';
 
@@ -350,7 +381,8 @@ COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
 -- of the run resumes from it. Locks the run after the job (the order every path
 -- keeps): two branches that complete at once on two connections take turns on
 -- the run row, and the second sees the first's result, so a join step is
--- enqueued once.
+-- enqueued once. A step of a running run that completed (not a map element, not
+-- a compensation) is recorded by the UPDATE that takes that lock.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._advance_run(step treadle.jobs)
 RETURNS void
@@ -363,6 +395,40 @@ DECLARE
     v_run   treadle.workflow_runs;
     v_index integer;
 BEGIN
+    IF step.state = 'completed' THEN
+        -- The common case: a step of a running run completed (not an element of a
+        -- map step, not a compensation). Its result is recorded, and the run row
+        -- locked, by one statement; a list's last step completes the run in it.
+        UPDATE treadle.workflow_runs AS r
+           SET results = r.results || jsonb_build_object(step.step, step.result),
+               state = CASE WHEN r.after IS NOT NULL OR array_position(r.steps, step.step) < cardinality(r.steps)
+                            THEN r.state ELSE 'completed' END,
+               finished_at = CASE WHEN r.after IS NOT NULL OR array_position(r.steps, step.step) < cardinality(r.steps)
+                                  THEN r.finished_at ELSE v_now END
+         WHERE r.id = step.workflow_run_id
+           AND r.state = 'running'
+           AND (r.maps IS NULL OR NOT r.maps ? step.step)
+           AND (r.compensations IS NULL OR NOT step.args ? 'compensates')
+        RETURNING r.* INTO v_run;
+        IF FOUND THEN
+            IF v_run.after IS NOT NULL THEN
+                -- a graph: as treadle._advance_graph does after recording the result
+                IF treadle._has_every_result(v_run) THEN
+                    UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now
+                     WHERE r.id = v_run.id;
+                ELSE
+                    PERFORM treadle._enqueue_ready(v_run, v_now, step.step);
+                END IF;
+                RETURN;
+            END IF;
+            v_index := array_position(v_run.steps, step.step);
+            IF v_index < cardinality(v_run.steps) THEN
+                PERFORM treadle._enqueue_steps(v_run, ARRAY[v_run.steps[v_index + 1]], v_now);
+            END IF;
+            RETURN;
+        END IF;
+    END IF;
+
     SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = step.workflow_run_id FOR UPDATE;
     IF NOT FOUND THEN
         RETURN;

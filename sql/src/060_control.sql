@@ -36,7 +36,9 @@ COMMENT ON FUNCTION treadle._job_queue(bigint, text) IS
 --
 -- Transition: available | retryable -> cancelled at once; running -> running
 -- with a cancel request (heartbeat then answers 'cancel'; complete or fail
--- finish it as cancelled). A cancelled workflow step cancels its run; a
+-- finish it as cancelled), and a NOTIFY on channel treadle_cancel with the job id
+-- as payload, on which the worker running it heartbeats it at once (a hint: the
+-- heartbeat's answer is the truth). A cancelled workflow step cancels its run; a
 -- cancelled periodic occurrence ends its series. Returns true when this call
 -- changed something; false for a finished job, a job whose cancel is already
 -- requested, or an unknown id. queue, when given, is the job's queue: a job of
@@ -83,7 +85,12 @@ BEGIN
        AND j.queue = v_queue
        AND j.state = 'running'
        AND NOT j.cancel_requested;
-    RETURN FOUND;
+    IF FOUND THEN
+        -- the worker that runs it looks at once (its heartbeat confirms the request)
+        PERFORM treadle._notify('treadle_cancel', cancel.job_id::text);
+        RETURN true;
+    END IF;
+    RETURN false;
 END;
 $$;
 COMMENT ON FUNCTION treadle.cancel(bigint, text) IS

@@ -514,6 +514,10 @@ BEGIN
         IF v_step_options IS NOT NULL THEN
             PERFORM treadle._check_step_queues(v_step_options);  -- the caller's prefix, as for children
         END IF;
+    ELSIF start_workflow.after IS NULL AND start_workflow.sleeps IS NULL AND start_workflow.maps IS NULL
+          AND start_workflow.waits IS NULL AND start_workflow.children IS NULL
+          AND start_workflow.compensations IS NULL AND start_workflow.step_options IS NULL THEN
+        PERFORM treadle._check_steps(v_steps);  -- a list of steps and nothing more: no other check has work
     ELSE
         PERFORM treadle._check_steps(v_steps);
         v_after := treadle._check_after(v_steps, start_workflow.after);
@@ -545,7 +549,7 @@ BEGIN
 
         IF v_run.id IS NOT NULL THEN
             IF v_after IS NULL THEN
-                PERFORM treadle._enqueue_step(v_run, v_steps[1], v_now);
+                PERFORM treadle._enqueue_steps(v_run, ARRAY[v_steps[1]], v_now);
             ELSE
                 PERFORM treadle._enqueue_ready(v_run, v_now);
             END IF;

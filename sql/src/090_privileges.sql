@@ -9,8 +9,10 @@
 --   treadle.grant_reader(role)     the views, and the tables' columns but lease tokens
 --   treadle.grant_producer(role)   reader + enqueue, workflows, schedules, cancel, retry
 --   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, retention, registry
---   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue, retention
---   treadle.grant_dashboard(role, read_only)   reader + cancel, retry, unschedule unless read_only
+--   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue, retention,
+--                                  retry_run, fork_run, compensate_run
+--   treadle.grant_dashboard(role, read_only)   reader + cancel, retry, unschedule, retry_run,
+--                                  fork_run, compensate_run unless read_only
 --
 -- and keeps a role to the queues under a prefix with treadle.set_tenant.
 -- docs/operations.md has the table of who may do what.
@@ -27,6 +29,7 @@
 --            complete_many, complete_and_claim, fail, release, snooze, step_sleep,
 --            define_workflow, worker_seen, worker_stopped
 --   queues   set_queue, pause, resume
+--   runs     retry_run, fork_run, compensate_run (the operator's: not a producer's)
 --   recover  rescue, apply_retention (the housekeeping every worker does)
 --   prune    prune
 -- Each function is listed here once; the grant helpers combine the parts.
@@ -79,6 +82,9 @@ BEGIN
         ('queues',  'treadle.set_queue(text, integer, integer, interval, integer, interval, interval)'),
         ('queues',  'treadle.pause(text)'),
         ('queues',  'treadle.resume(text)'),
+        ('runs',    'treadle.retry_run(bigint)'),
+        ('runs',    'treadle.fork_run(bigint, text, jsonb)'),
+        ('runs',    'treadle.compensate_run(bigint)'),
         ('recover', 'treadle.rescue()'),
         ('recover', 'treadle.apply_retention(integer)'),
         ('recover', 'treadle.archive(integer)'),
@@ -91,7 +97,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION treadle._grant_parts(regrole, text[]) IS
-    'Grant schema usage and the functions of the named parts (read, produce, control, work, queues, recover, prune) to a role.';
+    'Grant schema usage and the functions of the named parts (read, produce, control, work, queues, runs, recover, prune) to a role.';
 
 --------------------------------------------------------------------------------
 -- treadle.grant_reader(role) -> void
@@ -173,8 +179,8 @@ COMMENT ON FUNCTION treadle.grant_worker(regrole) IS
 -- treadle.grant_admin(role) -> void
 --
 -- grant_reader, plus the operator's controls: cancel, retry, prune, rescue,
--- apply_retention, and the queues' pause, resume and limits. Raises 22004: role
--- null. Owner only.
+-- apply_retention, the queues' pause, resume and limits, and retrying, forking and
+-- compensating workflow runs. Raises 22004: role null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_admin(role regrole)
 RETURNS void
@@ -184,7 +190,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM treadle.grant_reader(role);
-    PERFORM treadle._grant_parts(role, ARRAY['control', 'queues', 'recover', 'prune']);
+    PERFORM treadle._grant_parts(role, ARRAY['control', 'queues', 'runs', 'recover', 'prune']);
 END;
 $$;
 COMMENT ON FUNCTION treadle.grant_admin(regrole) IS
@@ -194,7 +200,8 @@ COMMENT ON FUNCTION treadle.grant_admin(regrole) IS
 -- treadle.grant_dashboard(role, read_only) -> void
 --
 -- What the dashboard needs: grant_reader, and unless read_only, cancelling and
--- retrying jobs, cancelling workflow runs, and pausing, resuming and limiting queues.
+-- retrying jobs, cancelling, retrying, forking and compensating workflow runs, and pausing,
+-- resuming and limiting queues.
 -- Raises 22004: role or read_only null. Owner only.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.grant_dashboard(role regrole, read_only boolean DEFAULT false)
@@ -209,7 +216,7 @@ BEGIN
     END IF;
     PERFORM treadle.grant_reader(role);
     IF NOT read_only THEN
-        PERFORM treadle._grant_parts(role, ARRAY['control', 'queues']);
+        PERFORM treadle._grant_parts(role, ARRAY['control', 'queues', 'runs']);
     END IF;
 END;
 $$;

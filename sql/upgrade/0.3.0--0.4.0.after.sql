@@ -6,4 +6,9 @@
 SELECT treadle.grant_reader(u.role_name::regrole) FROM treadle_upgrade_parts AS u WHERE 'read' = ANY (u.parts);
 SELECT treadle._grant_parts(u.role_name::regrole, u.parts) FROM treadle_upgrade_parts AS u;
 
+-- run operations: the admin part and a dashboard that may act (those that hold the
+-- queues part) gain retry_run and fork_run (the runs part).
+SELECT treadle._grant_parts(u.role_name::regrole, ARRAY['runs']) FROM treadle_upgrade_parts AS u
+ WHERE 'queues' = ANY (u.parts);
+
 DROP TABLE treadle_upgrade_parts;

@@ -259,6 +259,13 @@ ALTER TABLE treadle.workflow_runs
     ADD COLUMN step_options jsonb,
     ADD CONSTRAINT workflow_runs_step_options_check CHECK (jsonb_typeof(step_options) = 'object');
 
+-- run operations: a forked run names the run and step it was forked from
+-- (sql/src/089_workflow_ops.sql: treadle.retry_run, treadle.fork_run).
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN forked_from bigint,
+    ADD COLUMN forked_step text,
+    ADD CONSTRAINT workflow_runs_forked_check CHECK ((forked_from IS NULL) = (forked_step IS NULL));
+
 -- Citus-ready keys and policies (sql/src/010_tables.sql, 088_policies.sql): every
 -- primary key is (id, queue), id first; a run's signals reference it by (id, queue);
 -- a run's steps have no foreign key (a step may run in another queue), so prune and

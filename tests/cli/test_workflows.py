@@ -170,3 +170,81 @@ def test_cancel_a_running_step_with_json(dsn: str, conn: psycopg.Connection[Any]
     assert conn.execute(
         "SELECT cancel_requested FROM treadle.jobs WHERE workflow_run_id = %s", [row[0]]
     ).fetchall() == [(True,)]
+
+
+def failed_run(conn: psycopg.Connection[Any]) -> int:
+    """A run whose first step completed and whose second failed for good."""
+    row = conn.execute(
+        "SELECT treadle.start_workflow('order', '{\"n\": 1}', steps => array['reserve', 'charge'], max_attempts => 1)"
+    ).fetchone()
+    assert row is not None
+    run_id = int(row[0])
+    for step, result in (("reserve", '{"r": 1}'), ("charge", None)):
+        claimed = conn.execute(
+            "SELECT id, lease_token FROM treadle.claim('w', array['default'], names => array['workflow:order/' || %s])",
+            [step],
+        ).fetchone()
+        assert claimed is not None
+        if result is None:
+            conn.execute("SELECT treadle.fail(%s, %s, 'declined', retryable => false)", claimed)
+        else:
+            conn.execute("SELECT treadle.complete(%s, %s, %s::jsonb)", [*claimed, result])
+    return run_id
+
+
+def state(conn: psycopg.Connection[Any], run_id: int) -> str:
+    row = conn.execute("SELECT state FROM treadle.workflow_runs WHERE id = %s", [run_id]).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def test_retry_a_failed_run(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    run_id = failed_run(conn)
+    assert state(conn, run_id) == "failed"
+    done = expect(treadle("workflows", "retry", str(run_id), "--dsn", dsn), 0)
+    assert done.out == f"workflow run {run_id}: retried: it is running\n"
+    assert state(conn, run_id) == "running"
+    again = expect(treadle("workflows", "retry", str(run_id), "--json", "--dsn", dsn), 4)
+    assert f"workflow run {run_id}: not retried: workflow run {run_id} is running" in again.err
+    assert "no workflow run 999999" in expect(treadle("workflows", "retry", "999999", "--dsn", dsn), 3).err
+
+
+def test_fork_a_run_from_a_step(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    run_id = failed_run(conn)
+    done = expect(treadle("workflows", "fork", str(run_id), "charge", "--json", "--dsn", dsn), 0)
+    fork = done.json()["run"]
+    assert done.json() == {"run": fork, "forked_from": run_id, "step": "charge"}
+    row = conn.execute("SELECT results, forked_from, state FROM treadle.workflow_runs WHERE id = %s", [fork]).fetchone()
+    assert row == ({"reserve": {"r": 1}}, run_id, "running")
+    assert state(conn, run_id) == "failed"  # the source is not changed
+    runs = conn.execute("SELECT count(*) FROM treadle.workflow_runs").fetchone()
+    assert 'has no step "ship"' in expect(treadle("workflows", "fork", str(run_id), "ship", "--dsn", dsn), 2).err
+    assert (
+        "not valid JSON"
+        in expect(treadle("workflows", "fork", str(run_id), "charge", "--input", "{", "--dsn", dsn), 2).err
+    )
+    assert "no workflow run 999999" in expect(treadle("workflows", "fork", "999999", "charge", "--dsn", dsn), 3).err
+    assert conn.execute("SELECT count(*) FROM treadle.workflow_runs").fetchone() == runs
+    text = expect(treadle("workflows", "fork", str(run_id), "reserve", "--input", '{"n": 2}', "--dsn", dsn), 0)
+    assert text.out.endswith(f": forked from run {run_id} at step reserve\n")
+    shown = expect(treadle("workflows", "show", str(fork), "--dsn", dsn), 0).out
+    assert f"  forked from      {run_id}\n  forked step      charge\n" in shown
+
+
+def test_compensate_a_cancelled_run(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    row = conn.execute(
+        "SELECT treadle.start_workflow('saga', steps => array['debit', 'credit'], queue => 'saga',"
+        ' compensations => \'{"debit": "refund"}\')'
+    ).fetchone()
+    assert row is not None
+    run_id = int(row[0])
+    refused = expect(treadle("workflows", "compensate", str(run_id), "--dsn", dsn), 4)
+    assert f"workflow run {run_id} is running: only a cancelled run is compensated" in refused.err
+    claimed = conn.execute("SELECT id, lease_token FROM treadle.claim('w', array['saga'])").fetchone()
+    assert claimed is not None
+    conn.execute("SELECT treadle.complete(%s, %s, '{\"id\": 1}')", claimed)
+    expect(treadle("workflows", "cancel", str(run_id), "--dsn", dsn), 0)
+    done = expect(treadle("workflows", "compensate", str(run_id), "--json", "--dsn", dsn), 0)
+    assert done.json() == {"run": run_id, "state": "compensating"}
+    assert state(conn, run_id) == "compensating"
+    assert "no workflow run 999999" in expect(treadle("workflows", "compensate", "999999", "--dsn", dsn), 3).err

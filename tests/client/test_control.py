@@ -184,3 +184,77 @@ def test_reads_follow_the_callers_transaction(dsn: str, autocommit: bool) -> Non
         assert job is not None and job.state == "available"
         with psycopg.connect(dsn) as other:
             assert treadle.get_job(other, job_id) is None
+
+
+def _step_job(conn: psycopg.Connection[Any], run_id: int, step: str) -> int:
+    row = conn.execute(
+        "SELECT id FROM treadle.jobs WHERE workflow_run_id = %s AND step = %s ORDER BY id DESC LIMIT 1", [run_id, step]
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _run(conn: psycopg.Connection[Any], run_id: int) -> tuple[Any, ...]:
+    row = conn.execute(
+        "SELECT state, results, forked_from, forked_step FROM treadle.workflow_runs WHERE id = %s", [run_id]
+    ).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def test_retry_run_and_fork_run(conn: psycopg.Connection[Any], sql_worker: SqlWorker) -> None:
+    run_id = treadle.start_workflow(conn, "order", {"n": 1}, steps=["reserve", "charge"], max_attempts=1)
+    sql_worker.complete(_step_job(conn, run_id, "reserve"), {"r": 1})
+    assert sql_worker.fail(_step_job(conn, run_id, "charge"), "card declined") == "discarded"
+    assert _run(conn, run_id)[0] == "failed"
+
+    assert treadle.retry_run(conn, run_id) == "running"
+    sql_worker.complete(_step_job(conn, run_id, "charge"), {"c": 2})
+    assert _run(conn, run_id) == ("completed", {"reserve": {"r": 1}, "charge": {"c": 2}}, None, None)
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="only a failed or cancelled run"):
+        treadle.retry_run(conn, run_id)
+
+    fork = treadle.fork_run(conn, run_id, "charge", input={"n": 2})
+    assert _run(conn, fork) == ("running", {"reserve": {"r": 1}}, run_id, "charge")
+    sql_worker.complete(_step_job(conn, fork, "charge"), {"c": 3})
+    assert _run(conn, fork)[:2] == ("completed", {"reserve": {"r": 1}, "charge": {"c": 3}})
+
+
+def test_retry_run_and_fork_run_refuse_bad_input(conn: psycopg.Connection[Any]) -> None:
+    run_id = treadle.start_workflow(conn, "order", steps=["reserve", "charge"])
+    runs = conn.execute("SELECT count(*) FROM treadle.workflow_runs").fetchone()
+    with pytest.raises(psycopg.errors.NoDataFound, match="no workflow run has id 999999"):
+        treadle.retry_run(conn, 999999)
+    with pytest.raises(psycopg.errors.NoDataFound):
+        treadle.fork_run(conn, 999999, "reserve")
+    with pytest.raises(treadle.InvalidArgument, match='has no step "ship"'):
+        treadle.fork_run(conn, run_id, "ship")
+    with pytest.raises(treadle.InvalidArgument, match="run_id must be an integer"):
+        treadle.retry_run(conn, "7")  # type: ignore[call-overload]
+    with pytest.raises(treadle.InvalidArgument):
+        treadle.fork_run(conn, run_id, "reserve", input="text")
+    assert conn.execute("SELECT count(*) FROM treadle.workflow_runs").fetchone() == runs
+
+
+def test_retry_run_and_fork_run_async(dsn: str) -> None:
+    async def go() -> tuple[str, int]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            run_id = await treadle.start_workflow(aconn, "w", steps=["a", "b"])
+            await treadle.cancel_workflow(aconn, run_id)
+            return await treadle.retry_run(aconn, run_id), await treadle.fork_run(aconn, run_id, "b")
+
+    state, fork = asyncio.run(go())
+    assert state == "running" and fork > 0
+
+
+def test_compensate_run(conn: psycopg.Connection[Any], sql_worker: SqlWorker) -> None:
+    run_id = treadle.start_workflow(conn, "saga", steps=["debit", "credit"], compensations={"debit": "refund"})
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="only a cancelled run"):
+        treadle.compensate_run(conn, run_id)
+    sql_worker.complete(_step_job(conn, run_id, "debit"), {"id": 1})
+    assert treadle.cancel_workflow(conn, run_id) is True
+    assert treadle.compensate_run(conn, run_id) == "compensating"
+    sql_worker.complete(_step_job(conn, run_id, "refund"), "refunded")
+    assert _run(conn, run_id)[:2] == ("compensated", {"debit": {"id": 1}, "refund": "refunded"})
+    with pytest.raises(psycopg.errors.NoDataFound):
+        treadle.compensate_run(conn, 999999)

@@ -134,3 +134,77 @@ def test_actions_refuse_get(client: FlaskClient, conn: psycopg.Connection, seede
     response = client.get(path)
     assert response.status_code == 405 and "POST" in response.headers["Allow"]
     assert conn.execute("SELECT id, state FROM treadle.jobs ORDER BY id").fetchall() == before
+
+
+def test_retry_run_resumes_a_failed_run(client: FlaskClient, conn: psycopg.Connection, seeded: Seeded) -> None:
+    run = seeded.failed_run
+    status, body = post(client, f"/runs/{run}/retry")
+    assert (status, body) == (200, {"ok": True, "message": f"Workflow run {run} retried: it is running."})
+    assert job_state(conn, seeded.failed_step) == "available"
+    status, body = post(client, f"/runs/{run}/retry")
+    assert (status, body) == (
+        409,
+        {"ok": False, "message": f"Workflow run {run} is running: only a failed or cancelled run is retried."},
+    )
+    status, body = post(client, "/runs/424242/retry")
+    assert (status, body) == (404, {"ok": False, "message": "There is no workflow run 424242."})
+
+
+def test_fork_run_starts_a_new_run_from_a_step(client: FlaskClient, conn: psycopg.Connection, seeded: Seeded) -> None:
+    run = seeded.failed_run
+    status, body = post(client, f"/runs/{run}/fork", step="charge")
+    assert status == 200 and isinstance(body, dict)
+    fork = body["run"]
+    assert body["message"] == f"Workflow run {fork} forked from run {run} at step charge."
+    assert conn.execute(
+        "SELECT forked_from, forked_step, results FROM treadle.workflow_runs WHERE id = %s", (fork,)
+    ).fetchone() == (run, "charge", {"reserve": {"hold": "h-1"}})
+    page = client.get(f"/runs/{fork}").get_data(as_text=True)
+    assert f'href="/runs/{run}">#{run}</a> <span class="muted">at step charge' in page
+    assert f'class="fork" href="/runs/{fork}"' in client.get(f"/runs/{run}").get_data(as_text=True)
+
+    runs = conn.execute("SELECT count(*) FROM treadle.workflow_runs").fetchone()
+    status, body = post(client, f"/runs/{run}/fork", step="zz")
+    assert (status, body) == (400, {"ok": False, "message": f'Workflow run {run} has no step "zz".'})
+    status, body = post(client, f"/runs/{run}/fork")
+    assert (status, body) == (400, {"ok": False, "message": "Name the step to fork the run from."})
+    status, body = post(client, "/runs/424242/fork", step="charge")
+    assert (status, body) == (404, {"ok": False, "message": "There is no workflow run 424242."})
+    assert conn.execute("SELECT count(*) FROM treadle.workflow_runs").fetchone() == runs
+
+
+def test_a_plain_form_fork_opens_the_new_run(client: FlaskClient, conn: psycopg.Connection, seeded: Seeded) -> None:
+    response = client.post(f"/runs/{seeded.failed_run}/fork", data={"csrf_token": csrf_from(client), "step": "reserve"})
+    assert response.status_code == 303
+    row = conn.execute(
+        "SELECT max(id) FROM treadle.workflow_runs WHERE forked_from = %s", (seeded.failed_run,)
+    ).fetchone()
+    assert row is not None and response.headers["Location"].endswith(f"/runs/{row[0]}")
+
+
+def test_the_run_page_shows_step_times_and_run_actions(client: FlaskClient, seeded: Seeded) -> None:
+    page = client.get(f"/runs/{seeded.failed_run}").get_data(as_text=True)
+    assert "<th>Started</th><th>Finished</th>" in page
+    assert f'action="/runs/{seeded.failed_run}/retry"' in page
+    assert page.count(f'action="/runs/{seeded.failed_run}/fork"') == 3  # one per step
+    running = client.get(f"/runs/{seeded.running_run}").get_data(as_text=True)
+    assert "/retry" not in running.split("<h2>Steps</h2>")[0]  # a running run is cancelled, not retried
+
+
+def test_compensate_run_undoes_a_cancelled_run(client: FlaskClient, conn: psycopg.Connection, seeded: Seeded) -> None:
+    row = conn.execute(
+        "SELECT treadle.start_workflow('saga', steps => array['debit', 'credit'], queue => 'saga',"
+        ' compensations => \'{"debit": "refund"}\')'
+    ).fetchone()
+    assert row is not None
+    run = row[0]
+    status, body = post(client, f"/runs/{run}/compensate")
+    assert status == 409 and isinstance(body, dict)
+    assert body["message"] == f"Workflow run {run} is running: only a cancelled run is compensated on request."
+    conn.execute("SELECT treadle.cancel_workflow(%s)", (run,))
+    assert f'action="/runs/{run}/compensate"' in client.get(f"/runs/{run}").get_data(as_text=True)
+    status, body = post(client, f"/runs/{run}/compensate")
+    assert (status, body) == (200, {"ok": True, "message": f"Workflow run {run} is compensated."})  # nothing to undo
+    status, body = post(client, f"/runs/{seeded.failed_run}/compensate")
+    assert (status, body) == (409, {"ok": False, "message": f"Workflow run {seeded.failed_run} has no compensations."})
+    assert "/compensate" not in client.get(f"/runs/{seeded.failed_run}").get_data(as_text=True)

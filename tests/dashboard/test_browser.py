@@ -541,3 +541,31 @@ def test_a_child_run_and_its_parent_link_to_each_other(page: Page, served: Serve
     page.locator("a.parent-run").click()
     expect(page).to_have_url(re.compile(rf"/runs/{parent[0]}$"))
     expect(page.locator("a.child-run", has_text=f"#{child}")).to_have_count(2)  # the step's row and Child runs
+
+
+def test_the_run_page_retries_and_forks_a_run(
+    page: Page, served: Served, conn: psycopg.Connection, seeded: Seeded
+) -> None:
+    run = seeded.failed_run
+    page.goto(f"{served.url}runs/{run}")
+    steps = page.locator("#run table.steps")
+    expect(steps.locator("th")).to_contain_text(["Started", "Finished"])
+    expect(steps.locator("tr", has_text="reserve").locator("td.finished")).not_to_have_text("—")
+    expect(steps.locator("tr", has_text="charge")).to_contain_text("discarded")
+
+    page.locator("#run .heading").get_by_role("button", name="Retry run").click()
+    expect(page.locator("#notice")).to_contain_text(f"Workflow run {run} retried: it is running.")
+    expect(page.locator("#run .heading")).to_contain_text("running")
+    expect(page.locator("#run .heading").get_by_role("button", name="Retry run")).to_have_count(0)
+    expect(page.locator("#run .heading").get_by_role("button", name="Cancel run")).to_be_visible()
+    assert job_state(conn, seeded.failed_step) == "available"
+
+    steps.locator("tr", has_text="charge").get_by_role("button", name="Fork from here").click()
+    expect(page.locator("#notice")).to_contain_text(f"forked from run {run} at step charge")
+    fork = page.locator("#run a.fork")
+    expect(fork).to_have_count(1)
+    fork.click()
+    expect(page.locator("#run a.forked-from")).to_have_text(f"#{run}")
+    expect(page.locator("#run table.steps tr", has_text="reserve")).to_contain_text('{"hold": "h-1"}')
+    expect(page.locator("#run table.steps tr", has_text="charge")).to_contain_text("available")
+    page.screenshot(path=str(ARTIFACTS / "dashboard-forked-run.png"), full_page=True)

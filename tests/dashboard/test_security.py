@@ -113,8 +113,11 @@ def test_read_only_hides_and_refuses_actions(make_app: MakeApp, conn: psycopg.Co
         f"/jobs/{seeded.discarded}/retry",
         f"/jobs/{seeded.available}/cancel",
         f"/runs/{seeded.running_run}/cancel",
+        f"/runs/{seeded.failed_run}/retry",
+        f"/runs/{seeded.failed_run}/fork",
+        f"/runs/{seeded.failed_run}/compensate",
     ):
-        response = client.post(path, data={"csrf_token": token}, headers=JSON)
+        response = client.post(path, data={"csrf_token": token, "step": "charge"}, headers=JSON)
         assert response.status_code == 403 and "read-only" in response.get_json()["message"]
     assert job_state(conn, seeded.discarded) == "discarded" and job_state(conn, seeded.available) == "available"
 

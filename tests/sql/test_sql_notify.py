@@ -132,6 +132,92 @@ def test_workflow_steps_wake_workers_of_their_queue(connect: Connect) -> None:
     assert sorted(seen) == [("treadle_done", "flows"), ("treadle_jobs", "flows")]
 
 
+def claim_step(worker: psycopg.Connection, queue: str, step: str) -> tuple[int, object]:
+    """Claim one job of `step` of workflow 'flow' in `queue`: (id, lease_token)."""
+    claim = "select id, lease_token from treadle.claim('w', array[%s], names => array[%s])"
+    return row(worker, claim, (queue, f"workflow:flow/{step}"))
+
+
+def test_a_step_behind_a_backlog_of_its_name_wakes_nobody(connect: Connect) -> None:
+    """A job of the same queue and name that has waited 50 ms or more: its workers are busy, and take the next
+    one when a slot frees; a NOTIFY would only make finishing workers commit one at a time."""
+    listener = listener_for(connect, waits_on=None)
+    producer, worker = connect(), connect()
+    for _ in range(2):
+        producer.execute("select treadle.start_workflow('flow', steps => array['a', 'b'], queue => 'backlog')")
+    mark(producer, "marker-b1")
+    received_until(listener, "treadle_jobs", "marker-b1")
+
+    job_id, token = claim_step(worker, "backlog", "a")
+    worker.execute("select treadle.complete(%s, %s)", (job_id, token))
+    mark(worker, "marker-b2")
+    assert ("treadle_jobs", "backlog") in received_until(listener, "treadle_jobs", "marker-b2")  # nothing waited
+
+    time.sleep(0.1)  # the first b has now waited 100 ms
+    job_id, token = claim_step(worker, "backlog", "a")
+    worker.execute("select treadle.complete(%s, %s)", (job_id, token))
+    mark(worker, "marker-b3")
+    assert ("treadle_jobs", "backlog") not in received_until(listener, "treadle_jobs", "marker-b3")
+    assert value(worker, "select count(*) from treadle.jobs where step = 'b' and state = 'available'") == 2
+
+
+def test_complete_and_claim_that_takes_the_next_step_wakes_nobody(connect: Connect) -> None:
+    listener = listener_for(connect, waits_on=None)
+    producer, worker = connect(), connect()
+    run_id = value(producer, "select treadle.start_workflow('flow', steps => array['a', 'b'], queue => 'along')")
+    assert received_until(listener, "treadle_jobs", "along") == [("treadle_jobs", "along")]
+
+    job_id, token = claim_step(worker, "along", "a")
+    rows = worker.execute(
+        "select finished_state, (job).step"
+        " from treadle.complete_and_claim(%s, %s, null, 'w', array['along'], batch => 5)",
+        ([job_id], [token]),
+    ).fetchall()
+    assert rows == [("completed", None), (None, "b")]  # it runs b next itself
+    mark(worker, "marker-c1")
+    assert ("treadle_jobs", "along") not in received_until(listener, "treadle_jobs", "marker-c1")
+    state = value(worker, "select state from treadle.jobs where workflow_run_id = %s and step = 'b'", (run_id,))
+    assert state == "running"
+
+
+def test_complete_and_claim_that_leaves_the_next_step_wakes_its_workers(connect: Connect) -> None:
+    listener = listener_for(connect, waits_on=None)
+    producer, worker = connect(), connect()
+    producer.execute("select treadle.start_workflow('flow', steps => array['a', 'b'], queue => 'left')")
+    assert received_until(listener, "treadle_jobs", "left") == [("treadle_jobs", "left")]
+
+    job_id, token = claim_step(worker, "left", "a")
+    # this worker runs only a: b is for others, who must hear of it
+    rows = worker.execute(
+        "select finished_state, (job).id from treadle.complete_and_claim(%s, %s, null, 'w', array['left'],"
+        " names => array['workflow:flow/a'], batch => 5)",
+        ([job_id], [token]),
+    ).fetchall()
+    assert rows == [("completed", None)]
+    assert received_until(listener, "treadle_jobs", "left") == [("treadle_jobs", "left")]
+    # the rest of its transaction is told of as anywhere else
+    assert value(worker, "select current_setting('treadle.claim_follows', true)") in (None, "")
+
+
+def test_a_graph_step_left_by_complete_and_claim_wakes_its_workers(connect: Connect) -> None:
+    """Two steps become ready; a claim of one takes one of them, the other waits for another worker."""
+    listener = listener_for(connect, waits_on=None)
+    producer, worker = connect(), connect()
+    producer.execute(
+        "select treadle.start_workflow('flow', steps => array['a', 'b', 'c'], after => %s::jsonb, queue => 'split')",
+        ('{"b": ["a"], "c": ["a"]}',),
+    )
+    assert received_until(listener, "treadle_jobs", "split") == [("treadle_jobs", "split")]
+    job_id, token = claim_step(worker, "split", "a")
+    rows = worker.execute(
+        "select (job).step from treadle.complete_and_claim(%s, %s, null, 'w', array['split'], batch => 1)"
+        " where finished_id is null",
+        ([job_id], [token]),
+    ).fetchall()
+    assert rows == [("b",)]
+    assert received_until(listener, "treadle_jobs", "split") == [("treadle_jobs", "split")]
+
+
 def test_complete_many_notifies_each_queue_once(connect: Connect) -> None:
     worker = connect()
     for queue in ("m1", "m1", "m2"):
@@ -233,6 +319,13 @@ def test_a_repeatable_read_finish_notifies_without_looking(connect: Connect) -> 
     assert ("treadle_done", "rr") in received_until(listener, "treadle_done", "rr")
 
 
+# advisory locks granted in this database (other tests run beside this one on the server)
+ADVISORY_LOCKS_HERE = """
+    select count(*) from pg_locks
+     where locktype = 'advisory' and granted
+       and database = (select oid from pg_database where datname = current_database())"""
+
+
 def test_registering_waits_for_finishes_under_way(connect: Connect) -> None:
     """A finish that looked for waiters before a registration commits before the registration returns true.
 
@@ -250,17 +343,7 @@ def test_registering_waits_for_finishes_under_way(connect: Connect) -> None:
     started = time.monotonic()
     assert value(waiter, "select treadle.listen_done('fenced')") is False
     assert time.monotonic() - started >= 0.09  # it waited for the finish under way
-    # only this database's locks: other tests run beside this one on the same server
-    assert (
-        value(
-            setup,
-            """
-        select count(*) from pg_locks
-         where locktype = 'advisory' and granted
-           and database = (select oid from pg_database where datname = current_database())""",
-        )
-        == 1
-    )
+    assert value(setup, ADVISORY_LOCKS_HERE) == 1
     finisher.commit()
 
     assert value(waiter, "select treadle.listen_done('fenced')") is True  # nothing under way now

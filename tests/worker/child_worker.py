@@ -13,6 +13,7 @@ It runs a treadle Worker (settings from CHILD_* environment variables) with:
                     ctx.cancelled; registered with timeout=CHILD_HANG_TIMEOUT seconds
   workflow "trip"   steps reserve, charge, notify; each records an effect and returns
                     {"step": name, "by": WORKER_ID, "seen": [earlier steps]}
+  workflow "long"   one step, work, that works as record does (its input is record's args)
   workflow "fork"   a graph: left and right at once, join after both; steps as trip's
   workflow "deploy" (with CHILD_DEPLOY=old or new) the old definition [a, b] or the new
                     one [a, b2, c] with c after a only; steps as trip's
@@ -185,6 +186,7 @@ def main() -> None:
     worker.workflow(
         "trip", [Step("reserve", step("reserve")), Step("charge", step("charge")), ("notify", step("notify"))]
     )
+    worker.workflow("long", [Step("work", record_handler)])  # a step that works as record does
     worker.workflow(
         "fork",
         [

@@ -59,6 +59,9 @@ class Housekeeper:
         self._on_rescued = on_rescued
         self._seen_params = seen_params
         self._stop = threading.Event()
+        self._nudge = threading.Event()  # set by stop() and heartbeat_now(): look before the next chore is due
+        self._urgent: set[int] = set()  # job ids to heartbeat at once, whenever their last beat was
+        self._urgent_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="treadle-housekeeping", daemon=True)
 
     def start(self) -> None:
@@ -66,6 +69,7 @@ class Housekeeper:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        self._nudge.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -96,12 +100,22 @@ class Housekeeper:
                     one_line(error),
                     delay,
                 )
-            self._stop.wait(max(delay, 0.01))
+            self._nudge.wait(max(delay, 0.01))
+            self._nudge.clear()
+
+    def heartbeat_now(self, job_id: int) -> None:
+        """Heartbeat this running job now, not at its next beat: a cancel of it was announced,
+        and the heartbeat's answer says whether it holds (a notification is only a hint)."""
+        with self._urgent_lock:
+            self._urgent.add(job_id)
+        self._nudge.set()
 
     def _heartbeat_due(self, now: float) -> float:
         """Extend the leases whose heartbeat is due; returns when the next one is."""
         running = self._running()
-        due = [run for run in running if now - run.last_beat >= self._heartbeat_interval]
+        with self._urgent_lock:
+            urgent, self._urgent = self._urgent, set()
+        due = [run for run in running if now - run.last_beat >= self._heartbeat_interval or run.job_id in urgent]
         if due:
             # one statement for every due lease of the worker
             answers = self._pool.tuples(

@@ -154,15 +154,25 @@ class Notifier:
         self._backoff.reset()
 
 
+CANCEL_CHANNEL = "treadle_cancel"
+
+
 class WakeOnNotify:
-    """The worker's notifier thread: calls `wake()` when work becomes claimable on one of `queues`."""
+    """The worker's notifier thread: calls `wake()` when work becomes claimable on one of `queues`,
+    and `on_cancel(payload)` when a cancel is requested of a running job (payload: its id)."""
 
     def __init__(
-        self, notifier: Notifier, queues: Iterable[str], wake: Callable[[], None], name: str = "treadle-notifier"
+        self,
+        notifier: Notifier,
+        queues: Iterable[str],
+        wake: Callable[[], None],
+        name: str = "treadle-notifier",
+        on_cancel: Callable[[str], None] | None = None,
     ) -> None:
         self._notifier = notifier
         self._queues = frozenset(queues)
         self._wake = wake
+        self._on_cancel = on_cancel
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -182,7 +192,11 @@ class WakeOnNotify:
                 if self._notifier.sessions != sessions:
                     sessions = self._notifier.sessions
                     self._wake()  # work may have arrived while nobody listened
-                if any(notify.payload in self._queues for notify in received):
+                if self._on_cancel is not None:
+                    for notify in received:
+                        if notify.channel == CANCEL_CHANNEL:
+                            self._on_cancel(notify.payload)
+                if any(notify.payload in self._queues for notify in received if notify.channel != CANCEL_CHANNEL):
                     self._wake()
         finally:
             self._notifier.close()

@@ -67,6 +67,12 @@ CANCEL: Final[LiteralString] = "SELECT treadle.cancel(job_id => %(job_id)s::bigi
 RETRY: Final[LiteralString] = "SELECT treadle.retry(job_id => %(job_id)s::bigint)"
 CANCEL_WORKFLOW: Final[LiteralString] = "SELECT treadle.cancel_workflow(run_id => %(run_id)s::bigint)"
 WORKFLOW_RESULTS: Final[LiteralString] = "SELECT treadle.workflow_results(run_id => %(run_id)s::bigint)"
+# treadle.retry_run, compensate_run, fork_run: the operator's run controls
+RETRY_RUN: Final[LiteralString] = "SELECT treadle.retry_run(run_id => %(run_id)s::bigint)"
+COMPENSATE_RUN: Final[LiteralString] = "SELECT treadle.compensate_run(run_id => %(run_id)s::bigint)"
+FORK_RUN: Final[LiteralString] = """
+SELECT treadle.fork_run(run_id => %(run_id)s::bigint, from_step => %(from_step)s::text, input => %(input)s::jsonb)
+"""
 # treadle.retry, treadle.cancel over one batch of retry_many's, cancel_many's ids: how many changed
 RETRY_MANY: Final[LiteralString] = """
 SELECT count(*) FILTER (WHERE changed) AS changed
@@ -115,7 +121,8 @@ SELECT r.id, r.name, r.queue, r.state, r.version,
 # one workflow run (treadle workflows show); jsonb as text
 GET_WORKFLOW_RUN: Final[LiteralString] = """
 SELECT r.id, r.name, r.version, r.queue, r.state, r.priority, r.max_attempts, r.idempotency_key,
-       r.created_at, r.finished_at, r.input::text AS input
+       r.created_at, r.finished_at, r.input::text AS input, r.parent_run_id, r.parent_step, r.forked_from,
+       r.forked_step
   FROM treadle.workflow_runs AS r WHERE r.id = %(run_id)s::bigint
 """
 # a workflow run's steps in order, with the job that runs each (treadle workflows show)
@@ -181,6 +188,8 @@ BACKEND_PID: Final[LiteralString] = "SELECT pg_catalog.pg_backend_pid()"
 CHANNEL_JOBS: Final[LiteralString] = "treadle_jobs"  # work became claimable
 CHANNEL_DONE: Final[LiteralString] = "treadle_done"  # jobs finished
 LISTEN_JOBS: Final[LiteralString] = "LISTEN treadle_jobs"
+# treadle.cancel of a running job: payload the job id (the worker running it heartbeats it now)
+LISTEN_CANCEL: Final[LiteralString] = "LISTEN treadle_cancel"
 LISTEN_DONE: Final[LiteralString] = "LISTEN treadle_done"
 UNLISTEN_DONE: Final[LiteralString] = "UNLISTEN treadle_done"
 # treadle.listen_done: this session waits for finishes on the job's, the run's or the

@@ -500,6 +500,61 @@ def cancel_workflow(conn: AnyConnection, run_id: int) -> bool | Awaitable[bool]:
 
 
 @overload
+def retry_run(conn: AsyncConnection, run_id: int) -> Awaitable[str]: ...
+@overload
+def retry_run(conn: SyncConnection, run_id: int) -> str: ...
+def retry_run(conn: AnyConnection, run_id: int) -> str | Awaitable[str]:
+    """Retry a failed or cancelled workflow run from its failed steps; returns its state now.
+
+    "running": its discarded and cancelled steps run again (attempt 0) and what was
+    waiting for them follows; "compensating": its failed compensation runs again.
+    Completed steps keep their results and never run again. The operator's call
+    (treadle.grant_admin, or a dashboard role that may act). Raises
+    psycopg.errors.NoDataFound (P0002) for an unknown run and
+    psycopg.errors.ObjectNotInPrerequisiteState (55000) for one that is not failed or
+    cancelled (a compensated run's steps were undone: fork it instead).
+    """
+    return _conn.execute(conn, _sql.RETRY_RUN, {"run_id": _args.row_id(run_id, "run_id")}, _scalar)
+
+
+@overload
+def compensate_run(conn: AsyncConnection, run_id: int) -> Awaitable[str]: ...
+@overload
+def compensate_run(conn: SyncConnection, run_id: int) -> str: ...
+def compensate_run(conn: AnyConnection, run_id: int) -> str | Awaitable[str]:
+    """Run the compensations of a cancelled workflow run's completed steps; returns its state now.
+
+    "compensating" (its compensations run, last completed step first), or "compensated"
+    when it has nothing to undo. The operator's call. Raises psycopg.errors.NoDataFound
+    (P0002) for an unknown run, psycopg.errors.ObjectNotInPrerequisiteState (55000) for
+    one that is not cancelled (a cancel still under way too) or has no compensations.
+    """
+    return _conn.execute(conn, _sql.COMPENSATE_RUN, {"run_id": _args.row_id(run_id, "run_id")}, _scalar)
+
+
+@overload
+def fork_run(conn: AsyncConnection, run_id: int, from_step: str, *, input: JsonPayload = None) -> Awaitable[int]: ...
+@overload
+def fork_run(conn: SyncConnection, run_id: int, from_step: str, *, input: JsonPayload = None) -> int: ...
+def fork_run(conn: AnyConnection, run_id: int, from_step: str, *, input: JsonPayload = None) -> int | Awaitable[int]:
+    """Start a new run of a run's pinned definition from `from_step`; returns the new run's id.
+
+    The new run carries the results the source recorded for every step that is
+    neither `from_step` nor a step after it (directly or through others); those never
+    run in it. `from_step` and the steps after it run again. Its input is the
+    source's, or `input`. The source is not changed; the new run's `forked_from`
+    names it. The operator's call. Raises psycopg.errors.NoDataFound (P0002) for an
+    unknown run, InvalidArgument for a step the run does not have or a bad input.
+    """
+    params = {
+        "run_id": _args.row_id(run_id, "run_id"),
+        "from_step": _args.text(from_step, "from_step"),
+        "input": _json.to_jsonb(input, "input"),
+    }
+    return _conn.execute(conn, _sql.FORK_RUN, params, _scalar)
+
+
+@overload
 def signal(conn: AsyncConnection, run_id: int, name: str, payload: JsonPayload = None) -> Awaitable[str]: ...
 @overload
 def signal(conn: SyncConnection, run_id: int, name: str, payload: JsonPayload = None) -> str: ...

@@ -180,6 +180,7 @@ class Worker:
 
         self._registry = Registry()
         self._active: set[RunState] = set()  # claimed and not yet settled, keyed by run, not job id
+        self._housekeeper: Housekeeper | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._ready = threading.Event()
@@ -493,9 +494,9 @@ class Worker:
             producer.bind(self._completer, self._executor)
             self._producer = producer
             if self._options.listen:
-                notifier = WakeOnNotify(self._notifier(), self.queues, self._wake.set)
+                notifier = WakeOnNotify(self._notifier(), self.queues, self._wake.set, on_cancel=self._cancel_announced)
                 notifier.start()
-            housekeeper = Housekeeper(
+            housekeeper = self._housekeeper = Housekeeper(
                 self._pool,
                 self.worker_id,
                 lease=self.lease,
@@ -556,7 +557,25 @@ class Worker:
         listen_dsn = self._options.listen_dsn
         conninfo = listen_dsn or self._pool.conninfo
         name = self._pool.application_name
-        return Notifier(lambda: connect_direct(conninfo, name), [_sql.LISTEN_JOBS], log, trusted=listen_dsn is not None)
+        return Notifier(
+            lambda: connect_direct(conninfo, name),
+            [_sql.LISTEN_CANCEL, _sql.LISTEN_JOBS],  # the listener's last query: LISTEN treadle_jobs
+            log,
+            trusted=listen_dsn is not None,
+        )
+
+    def _cancel_announced(self, payload: str) -> None:
+        """A cancel was requested of job `payload`: if this worker runs it, heartbeat it now (the
+        answer 'cancel' sets its handler's ctx.cancelled), not at its next beat."""
+        try:
+            job_id = int(payload)
+        except ValueError:
+            return
+        with self._lock:
+            held = any(run.job_id == job_id for run in self._active)
+        housekeeper = self._housekeeper
+        if held and housekeeper is not None:
+            housekeeper.heartbeat_now(job_id)
 
     def _startup(self) -> bool:
         """Check the extension, record the workflows, report the worker; False if stopped first."""

@@ -1,4 +1,4 @@
-"""treadle workflows list | show | cancel | signal: workflow runs, read, cancelled and signalled."""
+"""treadle workflows list | show | cancel | retry | compensate | fork | signal: runs read, operated, signalled."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import argparse
 import dataclasses
 import json
 from typing import Any
+
+import psycopg
 
 from treadle import _sql, client
 from treadle._display import when
@@ -27,7 +29,7 @@ from ._base import (
     print_table,
 )
 
-RUN_STATES = ("running", "completed", "failed", "cancelled")
+RUN_STATES = ("running", "completed", "failed", "cancelled", "compensating", "compensated")
 LIST_LIMIT = 50
 MAX_LIMIT = 10_000
 
@@ -45,11 +47,13 @@ def add_commands(commands: Any) -> None:
     workflows = command(
         commands,
         "workflows",
-        "list, show, cancel and signal workflow runs",
+        "list, show, cancel, retry, compensate, fork and signal workflow runs",
         examples=[
             "treadle workflows list --state running --name checkout",
             "treadle workflows show 42",
             "treadle workflows cancel 42",
+            "treadle workflows retry 42",
+            "treadle workflows fork 42 charge",
             'treadle workflows signal 42 approved --payload \'{"by": "ann"}\'',
             "treadle workflows signal --queue orders --key order-7 approved",
         ],
@@ -116,6 +120,59 @@ def add_commands(commands: Any) -> None:
     add_json(cancel)
     add_dsn(cancel)
     cancel.set_defaults(command=cancel_run)
+
+    retry = command(
+        sub,
+        "retry",
+        "retry a failed or cancelled workflow run from its failed steps (treadle.retry_run)",
+        description=(
+            "Retry a failed or cancelled workflow run: its failed and cancelled steps run again with attempt 0, "
+            "and what waits for them follows; completed steps keep their results and never run again. A run "
+            "whose compensation failed runs that compensation again. Exit 3 for an unknown run, 4 for a run "
+            "that is not failed or cancelled (nothing is written then)."
+        ),
+        examples=["treadle workflows retry 42"],
+    )
+    retry.add_argument("run", type=positive_id, metavar="RUN", help="the run's id")
+    add_json(retry)
+    add_dsn(retry)
+    retry.set_defaults(command=retry_run)
+
+    compensate = command(
+        sub,
+        "compensate",
+        "undo a cancelled workflow run's completed steps (treadle.compensate_run)",
+        description=(
+            "Run the compensations of a cancelled workflow run's completed steps, the last completed first; "
+            "the run is compensating, then compensated (or failed if a compensation fails for good). Exit 3 "
+            "for an unknown run, 4 for a run that is not cancelled (a cancel still under way too) or has no "
+            "compensations (nothing is written then)."
+        ),
+        examples=["treadle workflows cancel 42 && treadle workflows compensate 42"],
+    )
+    compensate.add_argument("run", type=positive_id, metavar="RUN", help="the run's id")
+    add_json(compensate)
+    add_dsn(compensate)
+    compensate.set_defaults(command=compensate_run)
+
+    fork = command(
+        sub,
+        "fork",
+        "start a new run of a workflow run from one of its steps (treadle.fork_run)",
+        description=(
+            "Start a new run of the same workflow definition as RUN, carrying the results RUN recorded for "
+            "every step that is neither STEP nor a step after it (directly or through others); STEP and the "
+            "steps after it run again. RUN itself is not changed. Prints the new run's id. Exit 3 for an "
+            "unknown run, 2 for a step RUN does not have or a bad --input (nothing is written then)."
+        ),
+        examples=["treadle workflows fork 42 charge", "treadle workflows fork 42 charge --input '{\"order\": 7}'"],
+    )
+    fork.add_argument("run", type=positive_id, metavar="RUN", help="the run's id")
+    fork.add_argument("step", metavar="STEP", help="the step to run again from")
+    fork.add_argument("--input", metavar="JSON", help="the new run's input (default: RUN's)")
+    add_json(fork)
+    add_dsn(fork)
+    fork.set_defaults(command=fork_run)
 
     signal = command(
         sub,
@@ -217,7 +274,10 @@ def list_runs(options: argparse.Namespace) -> int:
     return OK
 
 
-RUN_SHOWN = "name version queue state priority max_attempts idempotency_key created_at finished_at".split()
+RUN_SHOWN = (
+    "name version queue state priority max_attempts idempotency_key created_at finished_at "
+    "parent_run_id parent_step forked_from forked_step"
+).split()
 
 
 def show_run(options: argparse.Namespace) -> int:
@@ -287,3 +347,60 @@ def cancel_run(options: argparse.Namespace) -> int:
     else:
         print(f"workflow run {options.run}: cancel requested: its running steps stop when they end")
     return OK
+
+
+def retry_run(options: argparse.Namespace) -> int:
+    with connect(options) as conn:
+        try:
+            state = client.retry_run(conn, options.run)
+        except psycopg.errors.NoDataFound:
+            raise NotFound(f"no workflow run {options.run}") from None
+        except psycopg.errors.ObjectNotInPrerequisiteState as error:
+            raise Refused(f"workflow run {options.run}: not retried: {_primary(error)}") from None
+    if options.json:
+        print_json({"run": options.run, "retried": True, "state": state})
+    else:
+        print(f"workflow run {options.run}: retried: it is {state}")
+    return OK
+
+
+def compensate_run(options: argparse.Namespace) -> int:
+    with connect(options) as conn:
+        try:
+            state = client.compensate_run(conn, options.run)
+        except psycopg.errors.NoDataFound:
+            raise NotFound(f"no workflow run {options.run}") from None
+        except psycopg.errors.ObjectNotInPrerequisiteState as error:
+            raise Refused(f"workflow run {options.run}: not compensated: {_primary(error)}") from None
+    if options.json:
+        print_json({"run": options.run, "state": state})
+    else:
+        print(f"workflow run {options.run}: {state}")
+    return OK
+
+
+def fork_run(options: argparse.Namespace) -> int:
+    given = None
+    if options.input is not None:
+        try:
+            given = json.loads(options.input)
+        except json.JSONDecodeError as error:
+            raise UsageError(f"--input is not valid JSON: {error}") from None
+        except RecursionError:
+            raise UsageError("--input is nested too deeply") from None
+    with connect(options) as conn:
+        try:
+            new_id = client.fork_run(conn, options.run, _text(options.step, "STEP") or "", input=given)
+        except psycopg.errors.NoDataFound:
+            raise NotFound(f"no workflow run {options.run}") from None
+    if options.json:
+        print_json({"run": new_id, "forked_from": options.run, "step": options.step})
+    else:
+        print(f"workflow run {new_id}: forked from run {options.run} at step {options.step}")
+    return OK
+
+
+def _primary(error: psycopg.Error) -> str:
+    """The server's message without its 'treadle: ' prefix."""
+    message = error.diag.message_primary or str(error)
+    return message.removeprefix("treadle: ")

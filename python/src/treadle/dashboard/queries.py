@@ -81,7 +81,11 @@ RUN_COLUMNS: Final = "id, name, state, current_step, steps_done, steps_total, cr
 RECENT_RUNS: Final = f"SELECT {RUN_COLUMNS} FROM treadle.workflow_run_overview LIMIT %(limit)s"
 RUN: Final = f"""
 SELECT {RUN_COLUMNS}, steps, input, parent_run_id, parent_step,
-       ARRAY(SELECT c.id FROM treadle.workflow_runs AS c WHERE c.parent_run_id = o.id ORDER BY c.id) AS children
+       ARRAY(SELECT c.id FROM treadle.workflow_runs AS c WHERE c.parent_run_id = o.id ORDER BY c.id) AS children,
+       (SELECT r.forked_from FROM treadle.workflow_runs AS r WHERE r.id = o.id) AS forked_from,
+       (SELECT r.forked_step FROM treadle.workflow_runs AS r WHERE r.id = o.id) AS forked_step,
+       (SELECT r.compensations IS NOT NULL FROM treadle.workflow_runs AS r WHERE r.id = o.id) AS compensable,
+       ARRAY(SELECT f.id FROM treadle.workflow_runs AS f WHERE f.forked_from = o.id ORDER BY f.id LIMIT 100) AS forks
   FROM treadle.workflow_run_overview AS o
  WHERE o.id = %(run_id)s
 """
@@ -411,6 +415,15 @@ class Outcome:
     cancel_requested: bool = False
 
 
+@dataclass(frozen=True)
+class RunOutcome:
+    """What retry_run or fork_run did: the run's state now, the new run, or the database's refusal."""
+
+    state: str | None = None
+    new_run: int | None = None
+    refused: psycopg.Error | None = None
+
+
 class Store:
     """The dashboard's only way to the database."""
 
@@ -667,6 +680,31 @@ class Store:
             changed = bool(_via_client(client.cancel_workflow, cur.connection, run_id))
             row = cur.execute(RUN_STATE, {"run_id": run_id}).fetchone()
         return Outcome(changed=changed, state=row["state"] if row else None)
+
+    def retry_run(self, run_id: int) -> RunOutcome:
+        """treadle.retry_run: the run's state after it, or why it was refused (P0002, 55000)."""
+        try:
+            with self._cursor(read_only=False) as cur:
+                return RunOutcome(state=str(_via_client(client.retry_run, cur.connection, run_id)))
+        except (psycopg.errors.NoDataFound, psycopg.errors.ObjectNotInPrerequisiteState) as error:
+            return RunOutcome(refused=error)
+
+    def compensate_run(self, run_id: int) -> RunOutcome:
+        """treadle.compensate_run: the run's state after it, or why it was refused (P0002, 55000)."""
+        try:
+            with self._cursor(read_only=False) as cur:
+                return RunOutcome(state=str(_via_client(client.compensate_run, cur.connection, run_id)))
+        except (psycopg.errors.NoDataFound, psycopg.errors.ObjectNotInPrerequisiteState) as error:
+            return RunOutcome(refused=error)
+
+    def fork_run(self, run_id: int, from_step: str) -> RunOutcome:
+        """treadle.fork_run: the new run's id, or why it was refused (P0002, 22023)."""
+        try:
+            with self._cursor(read_only=False) as cur:
+                new_run: Any = _via_client(client.fork_run, cur.connection, run_id, from_step)
+                return RunOutcome(new_run=int(new_run))
+        except (psycopg.errors.NoDataFound, psycopg.errors.InvalidParameterValue) as error:
+            return RunOutcome(refused=error)
 
     def _act_on_job(self, act: Callable[[psycopg.Connection[Any], int], bool], job_id: int) -> Outcome:
         with self._cursor(read_only=False) as cur:

@@ -381,6 +381,55 @@ def cancel_run(run_id: int) -> Any:
     return _act(_bigint(run_id, "workflow run"), current().store.cancel_run, _run_cancelled)
 
 
+@blueprint.post("/runs/<int:run_id>/retry")
+def retry_run(run_id: int) -> Any:
+    outcome = current().store.retry_run(_bigint(run_id, "workflow run"))
+    if outcome.refused is not None:
+        return _answer(*_run_refused(run_id, outcome.refused))
+    return _answer(200, f"Workflow run {run_id} retried: it is {outcome.state}.")
+
+
+@blueprint.post("/runs/<int:run_id>/compensate")
+def compensate_run(run_id: int) -> Any:
+    outcome = current().store.compensate_run(_bigint(run_id, "workflow run"))
+    if outcome.refused is not None:
+        return _answer(*_run_refused(run_id, outcome.refused))
+    return _answer(200, f"Workflow run {run_id} is {outcome.state}.")
+
+
+@blueprint.post("/runs/<int:run_id>/fork")
+def fork_run(run_id: int) -> Any:
+    step = request.form.get("step", "")
+    if not step or "\x00" in step:
+        return _answer(400, "Name the step to fork the run from.")
+    outcome = current().store.fork_run(_bigint(run_id, "workflow run"), step)
+    if outcome.refused is not None:
+        return _answer(*_run_refused(run_id, outcome.refused))
+    assert outcome.new_run is not None
+    message = f"Workflow run {outcome.new_run} forked from run {run_id} at step {step}."
+    if wants_json():
+        return jsonify(ok=True, message=message, run=outcome.new_run), 200
+    flash(message, "done")
+    return redirect(url_for(".run", run_id=outcome.new_run), 303)
+
+
+def _run_refused(run_id: int, error: psycopg.Error) -> tuple[int, str]:
+    if isinstance(error, psycopg.errors.NoDataFound):
+        return 404, f"There is no workflow run {run_id}."
+    status = 409 if isinstance(error, psycopg.errors.ObjectNotInPrerequisiteState) else 400
+    message = _primary(error)
+    return status, message[:1].upper() + message[1:] + "."
+
+
+def _answer(status: int, message: str) -> Any:
+    if wants_json():
+        return jsonify(ok=status == 200, message=message), status
+    if status == 404:
+        abort(404, description=message)
+    flash(message, "done" if status == 200 else "problem")
+    return redirect(_back(), 303)
+
+
 def _retried(job_id: int, outcome: Outcome) -> tuple[int, str]:
     if outcome.changed:
         return 200, f"Job {job_id} will run again now."
