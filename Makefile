@@ -9,6 +9,7 @@
 #                     make test, then this
 #   make test-fast    the edit-test loop: no slow, browser or subprocess test
 #   make test-pgtle   pgTAP, the SQL, client and upgrade tests on treadle registered through pg_tle
+#   make test-citus   treadle distributed on a 3-node Citus cluster built from CITUS_SRC (docs/citus.md)
 #   make dist         dist/: the plain SQL install (psql -f, no extension files) and the
 #                     pg_tle registration script (docs/operations.md#installing)
 #   make check-generated   fail when a committed script is not what sql/src builds
@@ -138,6 +139,18 @@ test-pgtle: test-deps venv $(GENERATED)
 	pg=$$(scripts/pgtle-server $(PG_CONFIG) $(BUILD)/pgtle "$(PGTLE_SRC)") && \
 	TREADLE_TEST_INSTALL=pgtle PGCLUSTER_OPTIONS="-c shared_preload_libraries=pg_tle" PG_CONFIG=$$pg VENV=$(VENV) \
 		scripts/run-tests $(BUILD)/pgtle-test-cluster $(or $(T),$(PGTLE_TESTS))
+
+# treadle on a real Citus cluster (docs/citus.md): Citus built from CITUS_SRC into a copy of
+# the server (.build/citus/pg: scripts/citus-build; skipped once built, or where the server
+# has Citus's packages), a coordinator and two worker nodes (scripts/citus-cluster),
+# treadle created and distributed, then pgTAP and tests/citus (scripts/citus-tests); the
+# cluster stops at the end. Optional for contributors: make test does not need Citus.
+CITUS_SRC ?= $(CURDIR)/../shared/vendor/citus/citus-13.2.2-src.tar.gz
+.PHONY: test-citus
+test-citus: test-deps venv $(GENERATED)
+	pg=$$(scripts/citus-build $(PG_CONFIG) $(BUILD)/citus/pg "$(CITUS_SRC)") && \
+	$(MAKE) install PG_CONFIG=$$pg && \
+	$(if $(PGTAP),TREADLE_PGTAP="$(PGTAP)") PG_CONFIG=$$pg VENV=$(VENV) scripts/citus-tests $(BUILD)/citus/test-cluster $(T)
 
 # Another major version from a wheel (scripts/pgserver), with pgTAP copied from the
 # system server's: make test-pg16, make test-pg17, make test-pg18.

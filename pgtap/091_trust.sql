@@ -93,15 +93,15 @@ SELECT set_eq(
 SELECT is_empty(
     $$ SELECT f.signature FROM extension_functions AS f
         WHERE f.proname NOT LIKE '\_%' AND f.proname NOT LIKE 'grant\_%'
-          AND f.proname NOT IN ('set_tenant', 'configure')
+          AND f.proname NOT IN ('set_tenant', 'configure', 'distribute')
           AND f.signature NOT IN (SELECT signature FROM may_execute) $$,
     'every public function is in the matrix: a new one must say who may call it');
 SELECT is_empty(
     $$ SELECT f.signature, r.part FROM extension_functions AS f CROSS JOIN roles AS r
-        WHERE (f.proname LIKE '\_%' OR f.proname LIKE 'grant\_%' OR f.proname IN ('set_tenant', 'configure'))
+        WHERE (f.proname LIKE '\_%' OR f.proname LIKE 'grant\_%' OR f.proname IN ('set_tenant', 'configure', 'distribute'))
           AND f.proname NOT IN ('_caller', '_caller_role', '_caller_prefix', '_reader_prefix', '_all_start_with')
           AND has_function_privilege(r.role, f.oid, 'EXECUTE') $$,
-    'internal helpers (but the policies'' five), grant helpers, set_tenant and configure are the owner''s alone');
+    'internal helpers (but the policies'' five), grant helpers, set_tenant, configure and distribute are the owner''s alone');
 
 -- Tables, views and sequences: no part may write anything, or read a lease token.
 SELECT is_empty(

@@ -111,4 +111,12 @@ OTHER_VERSION: list[dict[str, str]] = [
         "page": "docs/operations.md",
         "says": "pg_tle 1.5.2",
     },
+    {
+        "page": "README.md",
+        "says": "Citus 13.2.2",
+    },
+    {
+        "page": "docs/citus.md",
+        "says": "Citus 13.2.2",
+    },
 ]

@@ -1,0 +1,409 @@
+"""treadle distributed on a real Citus cluster: a coordinator and two worker nodes.
+
+Every call goes through the coordinator, as docs/citus.md says a deployment should.
+What does not hold yet is marked xfail (strict) with the reason: once it holds, the
+test passes, strict xfail fails the run, and the mark must go.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from tests.citus.conftest import CITUS_DIR, CITUS_URL, node_url
+from tests.conftest import ROOT
+from treadle import Worker
+
+Conn = psycopg.Connection[dict[str, Any]]
+
+DISTRIBUTED = ["treadle.workflow_runs", "treadle.jobs", "treadle.workflow_signals", "treadle.job_history"]
+REFERENCE = [
+    "treadle.queues", "treadle.workflows", "treadle.cron_schedules",
+    "treadle.settings", "treadle.tenants", "treadle.history_slots",
+]  # fmt: skip
+LOCAL = ["treadle.workers", "treadle.done_waiters"]
+
+# Why a test does not pass yet (docs/citus.md lists them)
+CLAIM_GENERIC_PLAN = (
+    "treadle.claim pins plan_cache_mode = force_generic_plan, and Citus cannot plan its per-queue "
+    "candidate read generically: 'could not create distributed plan'"
+)
+CLOCK_IN_CASE = (
+    "the finish's UPDATE computes treadle.now() (inlined as a CASE) inside the statement: 'non-IMMUTABLE "
+    "functions are not allowed in CASE or COALESCE statements'"
+)
+SQL_FUNCTION_PARAMS = (
+    "an SQL-language helper with parameters reads a distributed table (complete's _left_by, start_workflow's "
+    "_enqueue_steps, claim's room for paused and limited queues): 'could not create distributed plan'"
+)
+LOCK_BY_ID = "fail locks its job by id alone, over every shard: 'could not run distributed query with FOR UPDATE/SHARE'"
+CHECK_ON_SHARD = (
+    "cancel and retry call treadle._caller_prefix (which reads treadle.tenants) inside a statement pushed to the "
+    "shard: 'cannot execute a distributed query from a query on a shard'"
+)
+# Citus 13.2.2 on PostgreSQL 15 kills the coordinator's backend (SIGSEGV; the coordinator restarts,
+# and every other test with it) on an UPDATE of a distributed table that sets a column from an
+# array element: SET result = results[i] (complete_many), SET lease_token = tokens[i] (claim)
+CRASHES_CITUS = (
+    "crashes the coordinator (SIGSEGV in Citus 13.2.2): complete_many's UPDATE sets result = results[i.ord], "
+    "an array element, which Citus cannot take in a distributed UPDATE's SET"
+)
+
+
+# the errors Citus raises for what it does not support (never a lost connection)
+CITUS_REFUSES = (psycopg.errors.FeatureNotSupported, psycopg.errors.InternalError_)
+
+
+def not_yet(reason: str, *raises: type[BaseException]) -> pytest.MarkDecorator:
+    """Strict xfail, for Citus's refusal (or the given errors) only: any other failure fails."""
+    return pytest.mark.xfail(strict=True, raises=raises or CITUS_REFUSES, reason=reason)
+
+
+def enqueue(conn: Conn, queue: str, name: str = "job", **options: Any) -> int:
+    names = "".join(f", {k} => %({k})s" for k in options)
+    row = conn.execute(
+        f"SELECT treadle.enqueue(%(name)s, '{{}}'{names}, queue => %(queue)s) AS id",
+        {"name": name, "queue": queue, **options},
+    ).fetchone()
+    assert row is not None
+    return int(row["id"])
+
+
+def job(conn: Conn, queue: str, job_id: int) -> dict[str, Any]:
+    row = conn.execute("SELECT * FROM treadle.jobs WHERE queue = %s AND id = %s", [queue, job_id]).fetchone()
+    assert row is not None, f"no job {job_id} in {queue}"
+    return row
+
+
+def hand_lease(conn: Conn, queue: str, job_id: int) -> uuid.UUID:
+    """Make a job running as a claim would, by hand (owner's SQL): tests of the finishes
+    that do not depend on treadle.claim."""
+    token = uuid.uuid4()
+    until = datetime.now(timezone.utc) + timedelta(seconds=30)
+    conn.execute(
+        """UPDATE treadle.jobs SET state = 'running', attempt = attempt + 1, lease_until = %s,
+                  lease_token = %s, worker_id = 'w', started_at = %s
+            WHERE queue = %s AND id = %s""",
+        [until, token, datetime.now(timezone.utc), queue, job_id],
+    )
+    return token
+
+
+def claim(conn: Conn, queue: str, batch: int = 1) -> list[dict[str, Any]]:
+    return conn.execute("SELECT * FROM treadle.claim('w', ARRAY[%s], batch => %s)", [queue, batch]).fetchall()
+
+
+# -- distribute ---------------------------------------------------------------------------
+
+
+def test_distribute_spreads_the_queue_tables_copies_the_small_ones_and_keeps_the_local(
+    conn: Conn, distributed: str
+) -> None:
+    assert distributed.startswith("treadle: distributed by queue in 32 shards"), distributed
+    rows = {
+        r["rel"]: r
+        for r in conn.execute(
+            """SELECT logicalrelid::regclass::text AS rel, partmethod::text AS method, repmodel::text AS model,
+                      colocationid, pg_catalog.column_to_column_name(logicalrelid, partkey) AS column
+                 FROM pg_catalog.pg_dist_partition
+                WHERE logicalrelid::regclass::text LIKE 'treadle.%'"""
+        )
+    }
+    for rel in DISTRIBUTED:
+        assert (rows[rel]["method"], rows[rel]["column"]) == ("h", "queue"), rel
+    assert len({rows[rel]["colocationid"] for rel in DISTRIBUTED}) == 1, "co-located"
+    for rel in REFERENCE:
+        assert (rows[rel]["method"], rows[rel]["model"]) == ("n", "t"), rel
+    for rel in LOCAL:
+        assert rel not in rows, f"{rel} stays local to the coordinator"
+    # the history's partitions go with it, each co-located
+    partitions = [r for name, r in rows.items() if re.fullmatch(r"treadle\.job_history_\d\d", name)]
+    assert len(partitions) == 41
+    assert {r["colocationid"] for r in partitions} == {rows["treadle.jobs"]["colocationid"]}
+
+
+def test_a_second_distribute_changes_nothing_and_says_so(conn: Conn, distributed: str) -> None:
+    before = conn.execute("SELECT count(*) AS n FROM pg_catalog.pg_dist_shard").fetchone()
+    row = conn.execute("SELECT treadle.distribute() AS answer").fetchone()
+    assert row is not None
+    assert row["answer"] == "treadle: already distributed by queue in 32 shards; nothing changed"
+    row = conn.execute("SELECT treadle.distribute(shard_count => 32) AS answer").fetchone()
+    assert row is not None and "nothing changed" in row["answer"]
+    assert conn.execute("SELECT count(*) AS n FROM pg_catalog.pg_dist_shard").fetchone() == before
+
+
+@pytest.mark.parametrize(("shard_count", "sqlstate"), [(8, "22023"), (0, "22023"), (5000, "22023")])
+def test_distribute_refuses_another_shard_count(conn: Conn, shard_count: int, sqlstate: str) -> None:
+    with pytest.raises(psycopg.Error) as raised:
+        conn.execute("SELECT treadle.distribute(shard_count => %s)", [shard_count])
+    assert raised.value.sqlstate == sqlstate
+
+
+def test_distribute_refuses_on_a_worker_node(distributed: str) -> None:
+    with psycopg.connect(node_url("w1"), autocommit=True) as worker_node:
+        with pytest.raises(psycopg.Error) as raised:
+            worker_node.execute("SELECT treadle.distribute()")
+    assert raised.value.sqlstate == "55000"
+    assert "not it" in str(raised.value)
+
+
+def test_queues_land_on_both_worker_nodes(conn: Conn) -> None:
+    queues = [f"spread{i}" for i in range(8)]
+    nodes = {
+        r["nodeport"]
+        for r in conn.execute(
+            """SELECT n.nodeport FROM unnest(%s::text[]) AS q(q)
+                 JOIN pg_catalog.pg_dist_placement AS p
+                   ON p.shardid = pg_catalog.get_shard_id_for_distribution_column('treadle.jobs', q.q)
+                 JOIN pg_catalog.pg_dist_node AS n ON n.groupid = p.groupid""",
+            [queues],
+        )
+    }
+    assert len(nodes) == 2, nodes
+
+
+# -- ids and notifications ----------------------------------------------------------------
+
+
+def test_ids_never_collide_across_queues_and_connections(conn: Conn) -> None:
+    queues = [f"ids{uuid.uuid4().hex[:6]}{i}" for i in range(8)]
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def produce(n: int) -> None:
+        with psycopg.connect(CITUS_URL, autocommit=True, row_factory=dict_row) as c:
+            for i in range(40):
+                job_id = enqueue(c, queues[(n + i) % 8])
+                with lock:
+                    got.append(job_id)
+
+    threads = [threading.Thread(target=produce, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 160 and len(set(got)) == 160
+    stored = conn.execute(
+        "SELECT count(DISTINCT id) AS n FROM treadle.jobs WHERE queue = ANY (%s)", [queues]
+    ).fetchone()
+    assert stored == {"n": 160}
+
+
+def test_notify_reaches_a_listener_on_the_coordinator(conn: Conn, queue: str) -> None:
+    with psycopg.connect(CITUS_URL, autocommit=True) as listener:
+        listener.execute("LISTEN treadle_jobs")
+        enqueue(conn, queue)
+        heard = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+    assert heard == [queue]
+
+
+# -- round trips: the finishes on a job leased by hand ------------------------------------
+
+
+@not_yet(SQL_FUNCTION_PARAMS)
+def test_complete_by_id_finishes_a_running_job(conn: Conn, queue: str) -> None:
+    job_id = enqueue(conn, queue)
+    token = hand_lease(conn, queue, job_id)
+    row = conn.execute("SELECT treadle.complete(%s, %s, '{\"ok\": 1}') AS state", [job_id, token]).fetchone()
+    assert row == {"state": "completed"}
+    assert job(conn, queue, job_id)["result"] == {"ok": 1}
+    # a stale token matches nothing
+    row = conn.execute("SELECT treadle.complete(%s, %s) AS state", [job_id, uuid.uuid4()]).fetchone()
+    assert row == {"state": None}
+
+
+def test_fail_makes_a_running_job_retryable_then_discarded(conn: Conn, queue: str) -> None:
+    job_id = enqueue(conn, queue, max_attempts=2)
+    token = hand_lease(conn, queue, job_id)
+    row = conn.execute("SELECT treadle.fail(%s, %s, 'boom') AS state", [job_id, token]).fetchone()
+    assert row == {"state": "retryable"}
+    token = hand_lease(conn, queue, job_id)
+    row = conn.execute(
+        "SELECT treadle.fail(%s, %s, 'boom again', retry_in => '1 s') AS state", [job_id, token]
+    ).fetchone()
+    assert row == {"state": "discarded"}
+    assert [e["error"] for e in job(conn, queue, job_id)["errors"]] == ["boom", "boom again"]
+
+
+def test_heartbeat_extends_the_lease(conn: Conn, queue: str) -> None:
+    job_id = enqueue(conn, queue)
+    token = hand_lease(conn, queue, job_id)
+    before = job(conn, queue, job_id)["lease_until"]
+    row = conn.execute("SELECT treadle.heartbeat(%s, %s, lease => '10 minutes') AS answer", [job_id, token]).fetchone()
+    assert row is not None and row["answer"] != "lost"
+    assert job(conn, queue, job_id)["lease_until"] > before + timedelta(minutes=5)
+
+
+def test_snooze_puts_a_running_job_back_for_later(conn: Conn, queue: str) -> None:
+    job_id = enqueue(conn, queue)
+    token = hand_lease(conn, queue, job_id)
+    conn.execute("SELECT treadle.snooze(%s, %s, '1 hour')", [job_id, token])
+    row = job(conn, queue, job_id)
+    assert row["state"] == "available" and row["run_at"] > datetime.now(timezone.utc) + timedelta(minutes=50)
+
+
+def test_cancel_and_retry(conn: Conn, queue: str) -> None:
+    job_id = enqueue(conn, queue)
+    assert conn.execute("SELECT treadle.cancel(%s) AS done", [job_id]).fetchone() == {"done": True}
+    assert job(conn, queue, job_id)["state"] == "cancelled"
+    assert conn.execute("SELECT treadle.retry(%s) AS done", [job_id]).fetchone() == {"done": True}
+    assert job(conn, queue, job_id)["state"] == "available"
+
+
+# -- round trips through the claim ---------------------------------------------------------
+
+
+@not_yet(CLAIM_GENERIC_PLAN)
+def test_enqueue_claim_complete(conn: Conn, queue: str) -> None:
+    job_id = enqueue(conn, queue)
+    (claimed,) = claim(conn, queue)
+    assert claimed["id"] == job_id
+    conn.execute("SELECT treadle.complete(%s, %s)", [job_id, claimed["lease_token"]])
+    assert job(conn, queue, job_id)["state"] == "completed"
+
+
+@not_yet(CLAIM_GENERIC_PLAN)
+def test_two_claimers_skip_each_others_rows(queue: str, conn: Conn) -> None:
+    ids = {enqueue(conn, queue) for _ in range(6)}
+    with psycopg.connect(CITUS_URL, row_factory=dict_row) as a, psycopg.connect(CITUS_URL, row_factory=dict_row) as b:
+        got_a = {r["id"] for r in claim(a, queue, batch=3)}
+        got_b = {r["id"] for r in claim(b, queue, batch=3)}
+        a.commit()
+        b.commit()
+    assert got_a | got_b == ids and not got_a & got_b
+
+
+@not_yet(SQL_FUNCTION_PARAMS)
+def test_a_workflow_run_goes_end_to_end(conn: Conn, queue: str) -> None:
+    row = conn.execute(
+        "SELECT treadle.start_workflow('citus_flow', '{}', steps => ARRAY['one', 'two'], queue => %s) AS id", [queue]
+    ).fetchone()
+    assert row is not None
+    run_id = row["id"]
+    for _ in range(2):
+        (step,) = claim(conn, queue)
+        conn.execute("SELECT treadle.complete(%s, %s, '{\"done\": true}')", [step["id"], step["lease_token"]])
+    run = conn.execute(
+        "SELECT state FROM treadle.workflow_runs WHERE queue = %s AND id = %s", [queue, run_id]
+    ).fetchone()
+    assert run == {"state": "completed"}
+
+
+# -- flow control ------------------------------------------------------------------------
+
+
+def test_backpressure_refuses_past_max_depth(conn: Conn, queue: str) -> None:
+    conn.execute("SELECT treadle.set_queue(%s, max_depth => 2)", [queue])
+    enqueue(conn, queue)
+    enqueue(conn, queue)
+    with pytest.raises(psycopg.Error) as raised:
+        enqueue(conn, queue)
+    assert raised.value.sqlstate == "TQ001"
+    assert conn.execute("SELECT count(*) AS n FROM treadle.jobs WHERE queue = %s", [queue]).fetchone() == {"n": 2}
+
+
+@not_yet(SQL_FUNCTION_PARAMS)
+def test_a_paused_queue_gives_nothing_until_resumed(conn: Conn, queue: str) -> None:
+    job_id = enqueue(conn, queue)
+    conn.execute("SELECT treadle.pause(%s)", [queue])
+    assert claim(conn, queue) == []
+    conn.execute("SELECT treadle.resume(%s)", [queue])
+    assert [r["id"] for r in claim(conn, queue)] == [job_id]
+
+
+@not_yet(SQL_FUNCTION_PARAMS)
+def test_a_concurrency_limit_holds_across_claimers(conn: Conn, queue: str) -> None:
+    for _ in range(4):
+        enqueue(conn, queue)
+    conn.execute("SELECT treadle.set_queue(%s, concurrency => 2)", [queue])
+    assert len(claim(conn, queue, batch=4)) == 2
+    with psycopg.connect(CITUS_URL, autocommit=True, row_factory=dict_row) as other:
+        assert claim(other, queue, batch=4) == []
+
+
+# -- the Python worker -------------------------------------------------------------------
+
+
+@not_yet(CLAIM_GENERIC_PLAN, AssertionError, *CITUS_REFUSES)
+def test_a_python_worker_drains_eight_queues(conn: Conn) -> None:
+    queues = [f"drain{uuid.uuid4().hex[:6]}{i}" for i in range(8)]
+    ids = [enqueue(conn, queues[i % 8], name="citus_echo") for i in range(80)]
+    ran: list[int] = []
+    lock = threading.Lock()
+    worker = Worker(CITUS_URL, queues=queues, concurrency=4, poll_interval=0.2, stop_timeout=5.0)
+
+    @worker.register
+    def citus_echo(args: Any, ctx: Any) -> None:
+        with lock:
+            ran.append(ctx.job_id)
+
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(*) AS n FROM treadle.jobs WHERE queue = ANY (%s) AND state = 'completed'", [queues]
+            ).fetchone()
+            if row == {"n": 80}:
+                break
+            time.sleep(0.2)
+    finally:
+        worker.stop()
+    assert sorted(ran) == sorted(ids), "each job ran once"
+
+
+# -- a worker node stopped and started again ----------------------------------------------
+
+
+def node_of(conn: Conn, queue: str) -> str:
+    """The worker node (w1, w2) that holds a queue's shard."""
+    row = conn.execute(
+        """SELECT n.nodeport FROM pg_catalog.pg_dist_placement AS p
+             JOIN pg_catalog.pg_dist_node AS n ON n.groupid = p.groupid
+            WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column('treadle.jobs', %s::text)""",
+        [queue],
+    ).fetchone()
+    assert row is not None
+    ports = {node: (Path(CITUS_DIR) / node / "port").read_text().strip() for node in ("w1", "w2")}
+    return next(node for node, port in ports.items() if port == str(row["nodeport"]))
+
+
+def cluster(*args: str) -> None:
+    subprocess.run([str(ROOT / "scripts" / "citus-cluster"), args[0], CITUS_DIR, *args[1:]], check=True, timeout=120)
+
+
+@pytest.mark.subprocess
+def test_queues_on_the_other_node_keep_flowing_while_a_worker_node_is_down(conn: Conn) -> None:
+    queues = [f"fault{uuid.uuid4().hex[:6]}{i}" for i in range(16)]
+    by_node: dict[str, str] = {}
+    for q in queues:
+        by_node.setdefault(node_of(conn, q), q)
+    assert set(by_node) == {"w1", "w2"}
+    up, down = by_node["w1"], by_node["w2"]
+    before = {q: enqueue(conn, q) for q in (up, down)}
+    cluster("stop-node", "w2")
+    try:
+        # the queue on the node that runs: enqueue, and a finish naming the queue
+        job_id = enqueue(conn, up)
+        token = hand_lease(conn, up, job_id)
+        row = conn.execute("SELECT treadle.fail(%s, %s, 'e', queue => %s) AS state", [job_id, token, up]).fetchone()
+        assert row == {"state": "retryable"}
+        # the queue on the stopped node: refused with a connection error, nothing written
+        with pytest.raises(psycopg.OperationalError):
+            enqueue(conn, down)
+    finally:
+        cluster("start-node", "w2")
+    with psycopg.connect(CITUS_URL, autocommit=True, row_factory=dict_row) as again:
+        assert job(again, down, before[down])["state"] == "available", "the stopped node's job is there as it was"
+        assert again.execute("SELECT count(*) AS n FROM treadle.jobs WHERE queue = %s", [down]).fetchone() == {"n": 1}
+        assert enqueue(again, down) > before[down]
