@@ -5,7 +5,9 @@
 --------------------------------------------------------------------------------
 -- treadle.cancel(job_id) -> boolean
 --
--- Transition: available | retryable -> cancelled at once; running -> running
+-- Transition: available | retryable | blocked -> cancelled at once; an ordered
+-- lane's failed head (discarded, holding its key's slot: 034_key_lanes.sql) ->
+-- cancelled, which lets its lane go on; running -> running
 -- with a cancel request (heartbeat then answers 'cancel'; complete or fail
 -- finish it as cancelled). A cancelled workflow step cancels its run; a
 -- cancelled periodic occurrence ends its series. Returns true when this call
@@ -34,10 +36,16 @@ BEGIN
        SET state = 'cancelled',
            finished_at = treadle.now()
      WHERE j.id = cancel.job_id
-       AND j.state = ANY (ARRAY['available', 'retryable'])
+       AND j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
     RETURNING j.* INTO v_job;
     IF FOUND THEN
         PERFORM treadle._follow_up(ARRAY[v_job]);
+        RETURN true;
+    END IF;
+    -- a failed head that blocks its ordered lane: it was followed up when it failed
+    UPDATE treadle.jobs AS j SET state = 'cancelled'
+     WHERE j.id = cancel.job_id AND j.state = 'discarded' AND j.key_slot;
+    IF FOUND THEN
         RETURN true;
     END IF;
 

@@ -141,6 +141,7 @@ BEGIN
              WHERE e.finished_at < v_now - interval '1 minute'
                AND e.workflow_run_id IS NULL
                AND e.idempotency_key IS NULL
+               AND e.key_slot IS NOT TRUE  -- a failed head blocking its lane stays (034_key_lanes.sql)
              ORDER BY e.finished_at
              LIMIT archive.batch
                FOR UPDATE OF e SKIP LOCKED) AS p
