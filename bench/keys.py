@@ -29,8 +29,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
-
 from harness import (
     cpu_seconds,
     database,
@@ -46,6 +44,7 @@ from harness import (
     spread,
     table,
 )
+from psycopg.types.json import Jsonb
 
 TITLE = "Concurrency keys: how soon light keys start behind a heavy one, and their cost to a queue without keys"
 TRIGGERS = ("jobs_key_insert", "jobs_key_inserted", "jobs_key_update", "jobs_key_left", "jobs_key_deleted")

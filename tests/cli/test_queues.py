@@ -92,8 +92,16 @@ def test_list_counts_every_state_of_each_queue_in_sql(dsn: str, conn: psycopg.Co
     assert len(claimed) == 1
     listed = expect(treadle("queues", "list", "--json", "--dsn", dsn), 0).json()
     assert [row["queue"] for row in listed] == ["Z", "a", "b", "y-settings-only"]  # by code point, as sorted() did
-    settings_names = ["concurrency", "rate_limit", "rate_period", "max_depth", "retain_completed", "retain_failed",
-                      "key_limit", "key_ordered"]
+    settings_names = [
+        "concurrency",
+        "rate_limit",
+        "rate_period",
+        "max_depth",
+        "retain_completed",
+        "retain_failed",
+        "key_limit",
+        "key_ordered",
+    ]
     assert [list(row) for row in listed] == [
         ["queue", *JOB_STATES, "oldest_waiting_seconds", "paused", *settings_names]
     ] * 4

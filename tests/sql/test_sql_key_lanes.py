@@ -14,6 +14,7 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 from typing import Any
 
 import psycopg
@@ -107,9 +108,9 @@ def test_concurrent_claimers_never_run_more_of_a_key_than_its_limit(connect: Con
     )
     by_key = intervals_by_key(setup, "keyed", drain(connect, "keyed"))
     assert sum(len(v) for v in by_key.values()) == 240, "every job ran once"
-    assert setup.execute("select count(*) from treadle.jobs where queue = 'keyed' and state = 'completed'").fetchone() == (
-        240,
-    )
+    assert setup.execute(
+        "select count(*) from treadle.jobs where queue = 'keyed' and state = 'completed'"
+    ).fetchone() == (240,)
     assert sorted(k for k in by_key if k is not None) == ["k0", "k1", "k2", "k3", "k4"]
     for key, intervals in by_key.items():
         if key is not None:
@@ -128,10 +129,12 @@ def test_an_ordered_lane_runs_one_at_a_time_in_enqueue_order_through_retries(con
                from generate_series(1, 90) as i))"""
     )
     attempts = drain(connect, "lanes", fail_one_in=4)
-    keys = dict(setup.execute("select id, concurrency_key from treadle.jobs where queue = 'lanes'").fetchall())
-    assert setup.execute("select count(*) from treadle.jobs where queue = 'lanes' and state = 'completed'").fetchone() == (
-        90,
+    keys: dict[int, str] = dict(
+        setup.execute("select id, concurrency_key from treadle.jobs where queue = 'lanes'").fetchall()
     )
+    assert setup.execute(
+        "select count(*) from treadle.jobs where queue = 'lanes' and state = 'completed'"
+    ).fetchone() == (90,)
     assert not all(completes for *_, completes in attempts), "some attempts failed and were retried"
     lanes: dict[str, list[Attempt]] = defaultdict(list)
     for attempt in sorted(attempts, key=lambda a: a[1]):
@@ -140,7 +143,7 @@ def test_an_ordered_lane_runs_one_at_a_time_in_enqueue_order_through_retries(con
     for key, runs in lanes.items():
         completed = [job_id for job_id, _, _, completes in runs if completes]
         assert completed == sorted(completed) and len(completed) == 30, f"lane {key} completed out of enqueue order"
-        for before, after in zip(runs, runs[1:]):
+        for before, after in pairwise(runs):
             assert after[1] >= before[2], f"lane {key} ran two attempts at once"
             assert after[0] == (before[0] if not before[3] else after[0]), f"lane {key} passed a failed head"
         assert most_at_once([(a[1], a[2]) for a in runs]) == 1
