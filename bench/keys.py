@@ -47,7 +47,7 @@ from harness import (
 from psycopg.types.json import Jsonb
 
 TITLE = "Concurrency keys: how soon light keys start behind a heavy one, and their cost to a queue without keys"
-TRIGGERS = ("jobs_key_insert", "jobs_key_inserted", "jobs_key_update", "jobs_key_left", "jobs_key_deleted")
+TRIGGERS = ("jobs_key_update", "jobs_key_left", "jobs_key_deleted")
 
 
 def fair_share_run(db: str, keyed: bool, args: Any) -> tuple[float, float]:

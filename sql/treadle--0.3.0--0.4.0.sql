@@ -1124,11 +1124,13 @@ BEGIN
         LOOP
             INSERT INTO treadle.jobs AS j
                 (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-                 timeout, backoff, key_scope, key_period, meta, concurrency_key)
+                 timeout, backoff, key_scope, key_period, meta, concurrency_key, state, key_slot)
             VALUES
                 (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
                  enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
-                 enqueue.timeout, enqueue.backoff, enqueue.unique_while, v_period, v_meta, enqueue.concurrency_key)
+                 enqueue.timeout, enqueue.backoff, enqueue.unique_while, v_period, v_meta, enqueue.concurrency_key,
+                 CASE WHEN enqueue.concurrency_key IS NULL THEN 'available' ELSE 'blocked' END,
+                 CASE WHEN enqueue.concurrency_key IS NOT NULL THEN false END)
             ON CONFLICT (queue, idempotency_key, key_period)
                WHERE idempotency_key IS NOT NULL
                  AND (key_scope IS NULL OR key_scope = 'retained'
@@ -1145,6 +1147,9 @@ BEGIN
             RETURNING j.id, j.run_at INTO v_id, v_run_at;
 
             IF v_id IS NOT NULL THEN
+                IF enqueue.concurrency_key IS NOT NULL THEN
+                    PERFORM treadle._key_release(enqueue.queue, enqueue.concurrency_key, 0);  -- 034_key_lanes.sql
+                END IF;
                 IF v_run_at <= v_now THEN
                     PERFORM treadle._notify('treadle_jobs', enqueue.queue);
                 END IF;
@@ -1167,13 +1172,16 @@ BEGIN
     LOOP
         INSERT INTO treadle.jobs AS j
             (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-             timeout, backoff, key_scope, key_period, meta, concurrency_key)
+             timeout, backoff, key_scope, key_period, meta, concurrency_key, state, key_slot)
         VALUES
             (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
              enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
              enqueue.timeout, enqueue.backoff,
              CASE WHEN enqueue.idempotency_key IS NOT NULL THEN enqueue.unique_while END, v_period, v_meta,
-             enqueue.concurrency_key)
+             enqueue.concurrency_key,
+             -- a job with a concurrency key starts blocked, released below if its key has room
+             CASE WHEN enqueue.concurrency_key IS NULL THEN 'available' ELSE 'blocked' END,
+             CASE WHEN enqueue.concurrency_key IS NOT NULL THEN false END)
         ON CONFLICT (queue, idempotency_key, key_period)
            WHERE idempotency_key IS NOT NULL
              AND (key_scope IS NULL OR key_scope = 'retained'
@@ -1183,6 +1191,9 @@ BEGIN
         RETURNING j.id INTO v_id;
 
         IF v_id IS NOT NULL THEN
+            IF enqueue.concurrency_key IS NOT NULL THEN
+                PERFORM treadle._key_release(enqueue.queue, enqueue.concurrency_key, 0);  -- 034_key_lanes.sql
+            END IF;
             IF coalesce(enqueue.run_at, v_now) <= v_now THEN
                 PERFORM treadle._notify('treadle_jobs', enqueue.queue);
             END IF;
@@ -1430,14 +1441,15 @@ BEGIN
     ), inserted AS (
         INSERT INTO treadle.jobs AS j
             (id, queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-             timeout, backoff, key_scope, key_period, meta, concurrency_key)
+             timeout, backoff, key_scope, key_period, meta, concurrency_key, state, key_slot)
         SELECT i.new_id, i.queue, i.name, i.args, i.priority, i.run_at, i.max_attempts,
                i.idempotency_key, i.every, v_now, i.timeout, treadle._intervals(i.backoff),
                CASE WHEN i.idempotency_key IS NOT NULL THEN coalesce(i.scope, 'retained') END, i.bucket, i.meta,
-               i.ckey
+               i.ckey, CASE WHEN i.ckey IS NULL THEN 'available' ELSE 'blocked' END,
+               CASE WHEN i.ckey IS NOT NULL THEN false END
           FROM input AS i
          WHERE i.mode IS NULL OR i.mode = 'keep'
-         ORDER BY i.queue, i.idempotency_key, i.ckey, i.ord
+         ORDER BY i.queue, i.idempotency_key, i.ord
         ON CONFLICT (queue, idempotency_key, key_period)
            WHERE idempotency_key IS NOT NULL
              AND (key_scope IS NULL OR key_scope = 'retained'
@@ -1461,6 +1473,15 @@ BEGIN
       LEFT JOIN inserted AS n ON n.id = i.new_id
       LEFT JOIN inserted AS k ON n.id IS NULL AND k.queue = i.queue AND k.idempotency_key = i.idempotency_key
                              AND k.key_period IS NOT DISTINCT FROM i.bucket;
+
+    -- Jobs with a concurrency key were inserted blocked: each key releases what its room
+    -- allows (034_key_lanes.sql), keys in order, so that concurrent batches never deadlock.
+    IF cardinality(array_remove(a_ckey, NULL)) > 0 THEN
+        PERFORM treadle._key_release(k.queue, k.key, 0)
+           FROM (SELECT DISTINCT u.queue, u.key FROM unnest(a_queue, a_ckey) AS u(queue, key)
+                  WHERE u.key IS NOT NULL) AS k
+          ORDER BY k.queue, k.key;
+    END IF;
 
     -- A key whose holder committed while this statement waited is not in its snapshot:
     -- look it up again with a fresh one. Rows that merge into a held key's job go
@@ -1616,10 +1637,10 @@ COMMENT ON FUNCTION treadle._append_args(jsonb, jsonb) IS
 -- lane stays blocked until the head is retried (treadle.retry) or cancelled
 -- (treadle.cancel), or retention deletes it. Other keys are not held back.
 --
--- Triggers on treadle.jobs keep the count, whatever writes the row: their WHEN
--- clauses let rows without a key through untouched.
---   before insert (a key): the job starts blocked, holding nothing;
---   after insert (blocked): the key releases what its room allows;
+-- enqueue and enqueue_many insert a job with a key blocked, holding nothing, then
+-- call treadle._key_release for its key. Triggers on treadle.jobs keep the count
+-- whatever changes the row afterwards; their WHEN clauses let rows without a key
+-- through untouched (an insert fires none):
 --   before update of state (a key, the state changes): a job entering a state that
 --     holds a slot takes one, or stays blocked when the key is full; a job leaving
 --     marks its slot free;
@@ -1703,52 +1724,6 @@ COMMENT ON FUNCTION treadle._key_release(text, text, integer) IS
     'Give back slots of a concurrency key and release its oldest blocked jobs into the room.';
 
 --------------------------------------------------------------------------------
--- treadle._key_job_insert() -> trigger   (before insert, rows with a key)
---
--- Transition: (none) -> blocked for a job inserted as available or retryable (the
--- after-insert trigger releases it at once when its key has room); a job restored
--- in another state (treadle.retry from the history) holds no slot.
--- Raises 22023: a concurrency key empty, blank, over 200 characters or with a
--- control character.
---------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._key_job_insert()
-RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF NOT treadle._is_name(NEW.concurrency_key) THEN
-        PERFORM treadle._check_text(NEW.concurrency_key, 'concurrency_key');
-    END IF;
-    IF NEW.state = ANY (ARRAY['available', 'retryable']) THEN
-        NEW.state := 'blocked';
-    END IF;
-    NEW.key_slot := false;
-    RETURN NEW;
-END;
-$$;
-COMMENT ON FUNCTION treadle._key_job_insert() IS
-    'Before insert of a job with a concurrency key: it starts blocked, holding no slot.';
-
---------------------------------------------------------------------------------
--- treadle._key_job_inserted() -> trigger   (after insert, blocked rows)
---
--- Transition: blocked -> available when the key has room (treadle._key_release).
---------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._key_job_inserted()
-RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM treadle._key_release(NEW.queue, NEW.concurrency_key, 0);
-    RETURN NULL;
-END;
-$$;
-COMMENT ON FUNCTION treadle._key_job_inserted() IS
-    'After insert of a blocked job: release it (or older ones of its key) into the key''s room.';
-
---------------------------------------------------------------------------------
 -- treadle._key_job_update() -> trigger   (before update of state, rows with a key)
 --
 -- Transition: a job that enters available, running or retryable without a slot
@@ -1808,12 +1783,6 @@ $$;
 COMMENT ON FUNCTION treadle._key_job_left() IS
     'After a keyed job gave up its slot (finished, or deleted): release the key''s next blocked job.';
 
-CREATE OR REPLACE TRIGGER jobs_key_insert BEFORE INSERT ON treadle.jobs
-    FOR EACH ROW WHEN (NEW.concurrency_key IS NOT NULL)
-    EXECUTE FUNCTION treadle._key_job_insert();
-CREATE OR REPLACE TRIGGER jobs_key_inserted AFTER INSERT ON treadle.jobs
-    FOR EACH ROW WHEN (NEW.state = 'blocked')
-    EXECUTE FUNCTION treadle._key_job_inserted();
 CREATE OR REPLACE TRIGGER jobs_key_update BEFORE UPDATE OF state ON treadle.jobs
     FOR EACH ROW WHEN (OLD.concurrency_key IS NOT NULL AND OLD.state IS DISTINCT FROM NEW.state)
     EXECUTE FUNCTION treadle._key_job_update();

@@ -176,11 +176,13 @@ BEGIN
         LOOP
             INSERT INTO treadle.jobs AS j
                 (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-                 timeout, backoff, key_scope, key_period, meta, concurrency_key)
+                 timeout, backoff, key_scope, key_period, meta, concurrency_key, state, key_slot)
             VALUES
                 (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
                  enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
-                 enqueue.timeout, enqueue.backoff, enqueue.unique_while, v_period, v_meta, enqueue.concurrency_key)
+                 enqueue.timeout, enqueue.backoff, enqueue.unique_while, v_period, v_meta, enqueue.concurrency_key,
+                 CASE WHEN enqueue.concurrency_key IS NULL THEN 'available' ELSE 'blocked' END,
+                 CASE WHEN enqueue.concurrency_key IS NOT NULL THEN false END)
             ON CONFLICT (queue, idempotency_key, key_period)
                WHERE idempotency_key IS NOT NULL
                  AND (key_scope IS NULL OR key_scope = 'retained'
@@ -197,6 +199,9 @@ BEGIN
             RETURNING j.id, j.run_at INTO v_id, v_run_at;
 
             IF v_id IS NOT NULL THEN
+                IF enqueue.concurrency_key IS NOT NULL THEN
+                    PERFORM treadle._key_release(enqueue.queue, enqueue.concurrency_key, 0);  -- 034_key_lanes.sql
+                END IF;
                 IF v_run_at <= v_now THEN
                     PERFORM treadle._notify('treadle_jobs', enqueue.queue);
                 END IF;
@@ -219,13 +224,16 @@ BEGIN
     LOOP
         INSERT INTO treadle.jobs AS j
             (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-             timeout, backoff, key_scope, key_period, meta, concurrency_key)
+             timeout, backoff, key_scope, key_period, meta, concurrency_key, state, key_slot)
         VALUES
             (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
              enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
              enqueue.timeout, enqueue.backoff,
              CASE WHEN enqueue.idempotency_key IS NOT NULL THEN enqueue.unique_while END, v_period, v_meta,
-             enqueue.concurrency_key)
+             enqueue.concurrency_key,
+             -- a job with a concurrency key starts blocked, released below if its key has room
+             CASE WHEN enqueue.concurrency_key IS NULL THEN 'available' ELSE 'blocked' END,
+             CASE WHEN enqueue.concurrency_key IS NOT NULL THEN false END)
         ON CONFLICT (queue, idempotency_key, key_period)
            WHERE idempotency_key IS NOT NULL
              AND (key_scope IS NULL OR key_scope = 'retained'
@@ -235,6 +243,9 @@ BEGIN
         RETURNING j.id INTO v_id;
 
         IF v_id IS NOT NULL THEN
+            IF enqueue.concurrency_key IS NOT NULL THEN
+                PERFORM treadle._key_release(enqueue.queue, enqueue.concurrency_key, 0);  -- 034_key_lanes.sql
+            END IF;
             IF coalesce(enqueue.run_at, v_now) <= v_now THEN
                 PERFORM treadle._notify('treadle_jobs', enqueue.queue);
             END IF;
@@ -482,14 +493,15 @@ BEGIN
     ), inserted AS (
         INSERT INTO treadle.jobs AS j
             (id, queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-             timeout, backoff, key_scope, key_period, meta, concurrency_key)
+             timeout, backoff, key_scope, key_period, meta, concurrency_key, state, key_slot)
         SELECT i.new_id, i.queue, i.name, i.args, i.priority, i.run_at, i.max_attempts,
                i.idempotency_key, i.every, v_now, i.timeout, treadle._intervals(i.backoff),
                CASE WHEN i.idempotency_key IS NOT NULL THEN coalesce(i.scope, 'retained') END, i.bucket, i.meta,
-               i.ckey
+               i.ckey, CASE WHEN i.ckey IS NULL THEN 'available' ELSE 'blocked' END,
+               CASE WHEN i.ckey IS NOT NULL THEN false END
           FROM input AS i
          WHERE i.mode IS NULL OR i.mode = 'keep'
-         ORDER BY i.queue, i.idempotency_key, i.ckey, i.ord
+         ORDER BY i.queue, i.idempotency_key, i.ord
         ON CONFLICT (queue, idempotency_key, key_period)
            WHERE idempotency_key IS NOT NULL
              AND (key_scope IS NULL OR key_scope = 'retained'
@@ -513,6 +525,15 @@ BEGIN
       LEFT JOIN inserted AS n ON n.id = i.new_id
       LEFT JOIN inserted AS k ON n.id IS NULL AND k.queue = i.queue AND k.idempotency_key = i.idempotency_key
                              AND k.key_period IS NOT DISTINCT FROM i.bucket;
+
+    -- Jobs with a concurrency key were inserted blocked: each key releases what its room
+    -- allows (034_key_lanes.sql), keys in order, so that concurrent batches never deadlock.
+    IF cardinality(array_remove(a_ckey, NULL)) > 0 THEN
+        PERFORM treadle._key_release(k.queue, k.key, 0)
+           FROM (SELECT DISTINCT u.queue, u.key FROM unnest(a_queue, a_ckey) AS u(queue, key)
+                  WHERE u.key IS NOT NULL) AS k
+          ORDER BY k.queue, k.key;
+    END IF;
 
     -- A key whose holder committed while this statement waited is not in its snapshot:
     -- look it up again with a fresh one. Rows that merge into a held key's job go

@@ -21,10 +21,10 @@
 -- lane stays blocked until the head is retried (treadle.retry) or cancelled
 -- (treadle.cancel), or retention deletes it. Other keys are not held back.
 --
--- Triggers on treadle.jobs keep the count, whatever writes the row: their WHEN
--- clauses let rows without a key through untouched.
---   before insert (a key): the job starts blocked, holding nothing;
---   after insert (blocked): the key releases what its room allows;
+-- enqueue and enqueue_many insert a job with a key blocked, holding nothing, then
+-- call treadle._key_release for its key. Triggers on treadle.jobs keep the count
+-- whatever changes the row afterwards; their WHEN clauses let rows without a key
+-- through untouched (an insert fires none):
 --   before update of state (a key, the state changes): a job entering a state that
 --     holds a slot takes one, or stays blocked when the key is full; a job leaving
 --     marks its slot free;
@@ -108,52 +108,6 @@ COMMENT ON FUNCTION treadle._key_release(text, text, integer) IS
     'Give back slots of a concurrency key and release its oldest blocked jobs into the room.';
 
 --------------------------------------------------------------------------------
--- treadle._key_job_insert() -> trigger   (before insert, rows with a key)
---
--- Transition: (none) -> blocked for a job inserted as available or retryable (the
--- after-insert trigger releases it at once when its key has room); a job restored
--- in another state (treadle.retry from the history) holds no slot.
--- Raises 22023: a concurrency key empty, blank, over 200 characters or with a
--- control character.
---------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._key_job_insert()
-RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF NOT treadle._is_name(NEW.concurrency_key) THEN
-        PERFORM treadle._check_text(NEW.concurrency_key, 'concurrency_key');
-    END IF;
-    IF NEW.state = ANY (ARRAY['available', 'retryable']) THEN
-        NEW.state := 'blocked';
-    END IF;
-    NEW.key_slot := false;
-    RETURN NEW;
-END;
-$$;
-COMMENT ON FUNCTION treadle._key_job_insert() IS
-    'Before insert of a job with a concurrency key: it starts blocked, holding no slot.';
-
---------------------------------------------------------------------------------
--- treadle._key_job_inserted() -> trigger   (after insert, blocked rows)
---
--- Transition: blocked -> available when the key has room (treadle._key_release).
---------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._key_job_inserted()
-RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM treadle._key_release(NEW.queue, NEW.concurrency_key, 0);
-    RETURN NULL;
-END;
-$$;
-COMMENT ON FUNCTION treadle._key_job_inserted() IS
-    'After insert of a blocked job: release it (or older ones of its key) into the key''s room.';
-
---------------------------------------------------------------------------------
 -- treadle._key_job_update() -> trigger   (before update of state, rows with a key)
 --
 -- Transition: a job that enters available, running or retryable without a slot
@@ -213,12 +167,6 @@ $$;
 COMMENT ON FUNCTION treadle._key_job_left() IS
     'After a keyed job gave up its slot (finished, or deleted): release the key''s next blocked job.';
 
-CREATE OR REPLACE TRIGGER jobs_key_insert BEFORE INSERT ON treadle.jobs
-    FOR EACH ROW WHEN (NEW.concurrency_key IS NOT NULL)
-    EXECUTE FUNCTION treadle._key_job_insert();
-CREATE OR REPLACE TRIGGER jobs_key_inserted AFTER INSERT ON treadle.jobs
-    FOR EACH ROW WHEN (NEW.state = 'blocked')
-    EXECUTE FUNCTION treadle._key_job_inserted();
 CREATE OR REPLACE TRIGGER jobs_key_update BEFORE UPDATE OF state ON treadle.jobs
     FOR EACH ROW WHEN (OLD.concurrency_key IS NOT NULL AND OLD.state IS DISTINCT FROM NEW.state)
     EXECUTE FUNCTION treadle._key_job_update();
