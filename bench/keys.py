@@ -10,12 +10,11 @@ median and worst over the 100 light jobs, per run; with `key_limit` (the queue's
 setting, default 2) against plain FIFO (the same jobs without a key). The two
 alternate run by run.
 
-Cost without keys: the server CPU time (the backend's /proc/PID/stat) of 2,000
-`treadle.enqueue` calls, and of claiming and completing those jobs one by one, with the
-key triggers on treadle.jobs enabled (as installed) against disabled (as if the
-feature were absent), interleaved A, B, A, B, on the same table. No job has a key: this
-is the cost a keyless queue pays for the feature (the triggers' WHEN conditions and
-enqueue's one extra test).
+The cost of a key: the server CPU time (the backend's /proc/PID/stat) of 2,000
+`treadle.enqueue` calls, and of claiming and completing those jobs one by one, each
+job with a key of its own (a slot taken at enqueue, given back at completion) against
+no key, interleaved A, B, A, B. (A queue without keys runs the same statements as
+before the feature: no trigger and no claim reads a key.)
 
     .build/venv/bin/python bench/keys.py [--heavy 10000] [--light-keys 10] [--light-jobs 10]
                                          [--workers 4] [--hold-ms 2] [--key-limit 2] [--calls 2000] [--runs 3]
@@ -46,8 +45,7 @@ from harness import (
 )
 from psycopg.types.json import Jsonb
 
-TITLE = "Concurrency keys: how soon light keys start behind a heavy one, and their cost to a queue without keys"
-TRIGGERS = ("jobs_key_update", "jobs_key_left", "jobs_key_deleted")
+TITLE = "Concurrency keys: how soon light keys start behind a heavy one, against FIFO"
 
 
 def fair_share_run(db: str, keyed: bool, args: Any) -> tuple[float, float]:
@@ -94,16 +92,17 @@ def fair_share_run(db: str, keyed: bool, args: Any) -> tuple[float, float]:
     return median(waits), max(waits)
 
 
-def cost_run(db: str, triggers_on: bool, calls: int) -> tuple[float, float]:
-    """One run: server CPU microseconds per enqueue, and per claim + complete, without keys."""
+def cost_run(db: str, keyed: bool, calls: int) -> tuple[float, float]:
+    """One run: server CPU microseconds per enqueue, and per claim + complete, with a key each or none."""
     with psycopg.connect(db, autocommit=True) as conn:
         reset_tables(conn)
-        for name in TRIGGERS:
-            conn.execute(f"ALTER TABLE treadle.jobs {'ENABLE' if triggers_on else 'DISABLE'} TRIGGER {name}")
+        conn.execute("TRUNCATE treadle.key_slots")
         pid = conn.info.backend_pid
         before = cpu_seconds(pid) or 0.0
-        for _ in range(calls):
-            conn.execute("SELECT treadle.enqueue('work', queue => 'cost')")
+        for i in range(calls):
+            conn.execute(
+                "SELECT treadle.enqueue('work', queue => 'cost', concurrency_key => %s)", [f"k{i}" if keyed else None]
+            )
         enqueue_cpu = (cpu_seconds(pid) or 0.0) - before
         before = cpu_seconds(pid) or 0.0
         for _ in range(calls):
@@ -111,8 +110,6 @@ def cost_run(db: str, triggers_on: bool, calls: int) -> tuple[float, float]:
             assert row is not None
             conn.execute("SELECT treadle.complete(%s, %s)", row)
         claim_cpu = (cpu_seconds(pid) or 0.0) - before
-        for name in TRIGGERS:
-            conn.execute(f"ALTER TABLE treadle.jobs ENABLE TRIGGER {name}")
     return enqueue_cpu / calls * 1e6, claim_cpu / calls * 1e6
 
 
@@ -137,9 +134,9 @@ def main() -> None:
             for keyed in (True, False):
                 progress(f"fair share, {'key_limit' if keyed else 'FIFO'}: run {run + 1}/{args.runs}")
                 fair[keyed].append(fair_share_run(db, keyed, args))
-            for on in (True, False):
-                progress(f"cost without keys, triggers {'on' if on else 'off'}: run {run + 1}/{args.runs}")
-                cost[on].append(cost_run(db, on, args.calls))
+            for keyed in (True, False):
+                progress(f"cost, {'a key each' if keyed else 'no key'}: run {run + 1}/{args.runs}")
+                cost[keyed].append(cost_run(db, keyed, args.calls))
 
     table(
         TITLE,
@@ -153,12 +150,12 @@ def main() -> None:
     enqueue_on, enqueue_off = [e for e, _ in cost[True]], [e for e, _ in cost[False]]
     claim_on, claim_off = [c for _, c in cost[True]], [c for _, c in cost[False]]
     table(
-        "Concurrency keys: server CPU of a queue without keys, key triggers on against off",
-        ("call", "on: µs", "off: µs", "on / off"),
+        "Concurrency keys: server CPU per job with a key of its own, against no key",
+        ("call", "a key: µs", "no key: µs", "key / no key"),
         [("enqueue", spread(enqueue_on), spread(enqueue_off), paired_ratio(enqueue_on, enqueue_off)),
          ("claim + complete", spread(claim_on), spread(claim_off), paired_ratio(claim_on, claim_off))],
         [f"{args.calls:,} calls per run, one connection, its backend's CPU time; {runs_text(args.runs)}: median "
-         f"(range), on and off alternating run by run."],
+         f"(range), the two alternating run by run."],
     )  # fmt: skip
 
 

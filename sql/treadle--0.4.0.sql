@@ -226,12 +226,11 @@ CREATE TABLE treadle.jobs (
     CONSTRAINT jobs_backoff_check CHECK (cardinality(backoff) BETWEEN 1 AND 100),
     CONSTRAINT jobs_key_scope_check CHECK (key_scope = ANY (ARRAY['waiting', 'active', 'retained', 'released'])),
     CONSTRAINT jobs_meta_check CHECK (jsonb_typeof(meta) = 'object'),
-    -- only a job with a concurrency key waits for a slot ('blocked'), and a slot is
-    -- held while the job waits, runs, or (an ordered lane's failed head) blocks its lane
+    -- only a job with a concurrency key waits for a slot ('blocked'); key_slot: it
+    -- holds one of its key's slots (034_key_lanes.sql)
     CONSTRAINT jobs_key_slot_check CHECK (
         (concurrency_key IS NULL) = (key_slot IS NULL)
-        AND (state <> 'blocked' OR concurrency_key IS NOT NULL)
-        AND (NOT key_slot OR state = ANY (ARRAY['available', 'running', 'retryable', 'discarded'])))
+        AND (state <> 'blocked' OR concurrency_key IS NOT NULL))
 );
 
 -- Claims read only claimable rows: finished rows never slow a claim. The second index
@@ -1837,7 +1836,7 @@ COMMENT ON FUNCTION treadle._append_args(jsonb, jsonb) IS
 -- FIFO over released jobs interleaves the keys.
 --
 -- A job holds one of its key's slots (jobs.key_slot) from its release until it
--- leaves: completed, cancelled, discarded or deleted (retention, prune). Retries,
+-- leaves: completed, cancelled or discarded. Retries,
 -- snoozes and rescues of an expired lease keep the slot: the job is still under
 -- way. treadle.key_slots counts the slots held per (queue, key), one row per key
 -- with a slot held (deleted when the count reaches zero); writers of a key lock
@@ -1848,17 +1847,15 @@ COMMENT ON FUNCTION treadle._append_args(jsonb, jsonb) IS
 -- An ordered queue (key_ordered) makes each key a lane: limit 1, jobs released in
 -- enqueue order, and a head that fails for good (discarded) keeps its slot, so the
 -- lane stays blocked until the head is retried (treadle.retry) or cancelled
--- (treadle.cancel), or retention deletes it. Other keys are not held back.
+-- (treadle.cancel). Other keys are not held back.
 --
--- enqueue and enqueue_many insert a job with a key blocked, holding nothing, then
--- call treadle._key_release for its key. Triggers on treadle.jobs keep the count
--- whatever changes the row afterwards; their WHEN clauses let rows without a key
--- through untouched (an insert fires none):
---   before update of state (a key, the state changes): a job entering a state that
---     holds a slot takes one, or stays blocked when the key is full; a job leaving
---     marks its slot free;
---   after update of state, after delete (a slot freed): the slot goes back and the
---     key's next blocked job is released.
+-- No trigger and no claim reads a key: the calls that move a keyed job do.
+-- enqueue and enqueue_many insert it blocked and call treadle._key_release for its
+-- key; treadle._follow_up, which every finish calls with the rows it changed, gives
+-- a slot back for each keyed row that left (treadle._key_leave); treadle.retry takes
+-- a slot again for a job that had left (treadle._key_admit); cancel takes a failed
+-- head out of its lane. Retention, prune and archive leave a failed head that holds
+-- its slot alone. A queue whose jobs have no key runs the same statements as before.
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
@@ -1881,8 +1878,8 @@ COMMENT ON FUNCTION treadle._key_limit(text) IS
 --------------------------------------------------------------------------------
 -- treadle._key_release(queue, key, given) -> integer
 --
--- Transition: blocked -> available for the key's oldest blocked jobs, as many as
--- its room allows once `given` slots are given back. Locks the key's row of
+-- Transition: blocked -> available, each holding a slot, for the key's oldest
+-- blocked jobs, as many as its room allows once `given` slots are given back. Locks the key's row of
 -- treadle.key_slots until commit (writers of one key go one after another) and
 -- deletes it when no slot is held. Returns how many jobs it released.
 --------------------------------------------------------------------------------
@@ -1905,7 +1902,6 @@ BEGIN
     RETURNING k.held INTO v_held;
 
     IF v_held < treadle._key_limit(_key_release.queue) THEN
-        -- each release takes its slot in the update trigger (treadle._key_job_update)
         WITH next AS (
             SELECT j.id FROM treadle.jobs AS j
              WHERE j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.state = 'blocked'
@@ -1915,21 +1911,28 @@ BEGIN
         ), released AS (
             UPDATE treadle.jobs AS j
                SET state = 'available',
+                   key_slot = true,
                    ready_txid = pg_current_xact_id()  -- claimable now: claims look for it (040_claim.sql)
               FROM next
              WHERE j.id = next.id
-            RETURNING j.state, j.run_at
+            RETURNING j.run_at
         )
-        SELECT count(*) FILTER (WHERE r.state = 'available'), coalesce(bool_or(r.run_at <= v_now), false)
+        SELECT count(*), coalesce(bool_or(r.run_at <= v_now), false)
           INTO v_released, v_due
           FROM released AS r;
+        IF v_released > 0 THEN
+            UPDATE treadle.key_slots AS k SET held = k.held + v_released
+             WHERE k.queue = _key_release.queue AND k.key = _key_release.key;
+            v_held := v_held + v_released;
+        END IF;
         IF v_due THEN
             PERFORM treadle._notify('treadle_jobs', _key_release.queue);
         END IF;
     END IF;
 
-    DELETE FROM treadle.key_slots AS k
-     WHERE k.queue = _key_release.queue AND k.key = _key_release.key AND k.held = 0;
+    IF v_held = 0 THEN
+        DELETE FROM treadle.key_slots AS k WHERE k.queue = _key_release.queue AND k.key = _key_release.key;
+    END IF;
     RETURN v_released;
 END;
 $$;
@@ -1937,74 +1940,70 @@ COMMENT ON FUNCTION treadle._key_release(text, text, integer) IS
     'Give back slots of a concurrency key and release its oldest blocked jobs into the room.';
 
 --------------------------------------------------------------------------------
--- treadle._key_job_update() -> trigger   (before update of state, rows with a key)
+-- treadle._key_leave(job) -> void
 --
--- Transition: a job that enters available, running or retryable without a slot
--- takes one, or becomes blocked when its key is full (a retried job, one released
--- by treadle._key_release); a job that holds a slot and enters a state that does
--- not hold one marks it free (the after-update trigger gives it back). An ordered
--- lane's head that is discarded keeps its slot.
+-- Transition: a keyed job that held a slot and is now in a state that holds none
+-- (completed, cancelled, or discarded outside an ordered queue) gives it back, and
+-- its key's next blocked job -> available. `job` is its row as the caller's update
+-- left it (treadle._follow_up passes each keyed row it is given). A job still under
+-- way (available, running, retryable), or an ordered lane's failed head, keeps it.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._key_job_update()
-RETURNS trigger
+CREATE OR REPLACE FUNCTION treadle._key_leave(job treadle.jobs)
+RETURNS void
 LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF job.state = ANY (ARRAY['available', 'running', 'retryable'])
+       OR (job.state = 'discarded'
+           AND EXISTS (SELECT 1 FROM treadle.queues AS s WHERE s.queue = job.queue AND s.key_ordered)) THEN
+        RETURN;
+    END IF;
+    UPDATE treadle.jobs AS j SET key_slot = false WHERE j.id = job.id AND j.key_slot;
+    IF FOUND THEN
+        PERFORM treadle._key_release(job.queue, job.concurrency_key, 1);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._key_leave(treadle.jobs) IS
+    'Give back the slot of a keyed job that left, and release its key''s next blocked job.';
+
+--------------------------------------------------------------------------------
+-- treadle._key_admit(job_id) -> void
+--
+-- Transition: a keyed job made available again without a slot (treadle.retry of
+-- one that had left) takes one, or -> blocked when its key is full.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._key_admit(job_id bigint)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_holds boolean;
+    v_job   treadle.jobs;
     v_taken boolean;
 BEGIN
-    v_holds := NEW.state = ANY (ARRAY['available', 'running', 'retryable'])
-               OR (NEW.state = 'discarded' AND OLD.key_slot
-                   AND EXISTS (SELECT 1 FROM treadle.queues AS s WHERE s.queue = NEW.queue AND s.key_ordered));
-    IF OLD.key_slot AND NOT v_holds THEN
-        NEW.key_slot := false;
-    ELSIF NOT OLD.key_slot AND v_holds THEN
-        INSERT INTO treadle.key_slots AS k (queue, key, held, updated_at)
-        VALUES (NEW.queue, NEW.concurrency_key, 1, treadle.now())
-        ON CONFLICT (queue, key) DO UPDATE
-           SET held = k.held + 1, updated_at = excluded.updated_at
-         WHERE k.held < treadle._key_limit(NEW.queue)
-        RETURNING true INTO v_taken;
-        IF v_taken THEN
-            NEW.key_slot := true;
-        ELSE
-            NEW.state := 'blocked';
-        END IF;
+    SELECT * INTO v_job FROM treadle.jobs AS j
+     WHERE j.id = _key_admit.job_id AND NOT j.key_slot AND j.state = 'available';
+    IF NOT FOUND THEN
+        RETURN;
     END IF;
-    RETURN NEW;
+    INSERT INTO treadle.key_slots AS k (queue, key, held, updated_at)
+    VALUES (v_job.queue, v_job.concurrency_key, 1, treadle.now())
+    ON CONFLICT ON CONSTRAINT key_slots_pkey DO UPDATE
+       SET held = k.held + 1, updated_at = excluded.updated_at
+     WHERE k.held < treadle._key_limit(v_job.queue)
+    RETURNING true INTO v_taken;
+    UPDATE treadle.jobs AS j
+       SET key_slot = coalesce(v_taken, false),
+           state = CASE WHEN v_taken THEN j.state ELSE 'blocked' END
+     WHERE j.id = v_job.id;
 END;
 $$;
-COMMENT ON FUNCTION treadle._key_job_update() IS
-    'Before a keyed job changes state: take a slot (or stay blocked) or mark its slot free.';
-
---------------------------------------------------------------------------------
--- treadle._key_job_left() -> trigger   (after update of state or delete, a slot freed)
---
--- Transition: the slot goes back; the key's next blocked job -> available.
---------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._key_job_left()
-RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM treadle._key_release(OLD.queue, OLD.concurrency_key, 1);
-    RETURN NULL;
-END;
-$$;
-COMMENT ON FUNCTION treadle._key_job_left() IS
-    'After a keyed job gave up its slot (finished, or deleted): release the key''s next blocked job.';
-
-CREATE OR REPLACE TRIGGER jobs_key_update BEFORE UPDATE OF state ON treadle.jobs
-    FOR EACH ROW WHEN (OLD.concurrency_key IS NOT NULL AND OLD.state IS DISTINCT FROM NEW.state)
-    EXECUTE FUNCTION treadle._key_job_update();
-CREATE OR REPLACE TRIGGER jobs_key_left AFTER UPDATE OF state ON treadle.jobs
-    FOR EACH ROW WHEN (OLD.key_slot AND NOT NEW.key_slot)
-    EXECUTE FUNCTION treadle._key_job_left();
-CREATE OR REPLACE TRIGGER jobs_key_deleted AFTER DELETE ON treadle.jobs
-    FOR EACH ROW WHEN (OLD.key_slot)
-    EXECUTE FUNCTION treadle._key_job_left();
+COMMENT ON FUNCTION treadle._key_admit(bigint) IS
+    'A keyed job made available again takes a slot of its key, or waits blocked.';
 
 --------------------------------------------------------------------------------
 -- treadle._key_release_queue(queue) -> void
@@ -3540,6 +3539,8 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --   an occurrence of a cron schedule that completed, was discarded or was
 --   cancelled inserts the schedule's next one (treadle._schedule_next);
 --   a workflow step moves its run (treadle._advance_run);
+--   a job that held a slot of its concurrency key gives it back once it left
+--   (treadle._key_leave);
 --   channel treadle_done hears each queue where jobs finished, when a session
 --   waits on it (treadle._notify_done).
 --------------------------------------------------------------------------------
@@ -3557,8 +3558,12 @@ BEGIN
          WHERE d.workflow_run_id IS NOT NULL
             OR (d.every IS NOT NULL AND d.state = ANY (ARRAY['completed', 'discarded']))
             OR (d.schedule IS NOT NULL AND d.state = ANY (ARRAY['completed', 'discarded', 'cancelled']))
+            OR d.key_slot
          ORDER BY d.id
     LOOP
+        IF v_job.key_slot THEN
+            PERFORM treadle._key_leave(v_job);  -- its concurrency key's slot (034_key_lanes.sql)
+        END IF;
         IF v_job.every IS NOT NULL AND v_job.state = ANY (ARRAY['completed', 'discarded']) THEN
             PERFORM treadle._successor(v_job.id, v_job.queue, v_job.name, v_job.args, v_job.priority,
                                        v_job.finished_at + v_job.every, v_job.max_attempts, v_job.every, NULL);
@@ -3727,6 +3732,7 @@ BEGIN
            AND j.lease_token = i.token
         RETURNING i.ord, j.state, j.queue,
                   CASE WHEN j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
+                            OR j.key_slot
                        THEN j END AS job
     )
     -- Most batches are plain jobs: whole rows are gathered (and _follow_up called)
@@ -4251,8 +4257,10 @@ BEGIN
     END IF;
     -- a failed head that blocks its ordered lane: it was followed up when it failed
     UPDATE treadle.jobs AS j SET state = 'cancelled'
-     WHERE j.id = cancel.job_id AND j.state = 'discarded' AND j.key_slot;
+     WHERE j.id = cancel.job_id AND j.state = 'discarded' AND j.key_slot
+    RETURNING j.* INTO v_job;
     IF FOUND THEN
+        PERFORM treadle._key_leave(v_job);
         RETURN true;
     END IF;
 
@@ -4326,6 +4334,9 @@ BEGIN
     RETURNING j.* INTO v_job;
     IF NOT FOUND THEN
         RETURN false;
+    END IF;
+    IF NOT v_job.key_slot THEN
+        PERFORM treadle._key_admit(v_job.id);  -- its concurrency key's slot, or blocked (034_key_lanes.sql)
     END IF;
 
     IF v_job.workflow_run_id IS NOT NULL AND v_job.args ? 'compensates' THEN
@@ -4505,6 +4516,7 @@ BEGIN
               LEFT JOIN treadle.queues AS q ON q.queue = e.queue
              WHERE e.finished_at < v_now - v_shortest
                AND e.workflow_run_id IS NULL
+               AND e.key_slot IS NOT TRUE  -- a failed head blocking its lane stays (034_key_lanes.sql)
                AND e.finished_at < v_now - CASE WHEN e.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
                                                 ELSE coalesce(q.retain_failed, v_failed) END
              ORDER BY e.finished_at
@@ -4558,7 +4570,8 @@ BEGIN
 
     DELETE FROM treadle.jobs AS j
      WHERE j.finished_at < v_cutoff
-       AND j.workflow_run_id IS NULL;
+       AND j.workflow_run_id IS NULL
+       AND j.key_slot IS NOT TRUE;  -- a failed head blocking its lane stays (034_key_lanes.sql)
     GET DIAGNOSTICS v_jobs = ROW_COUNT;
     v_steps := v_steps + v_jobs;
     DELETE FROM treadle.job_history AS h WHERE h.finished_at < v_cutoff;

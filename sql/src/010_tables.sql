@@ -172,12 +172,11 @@ CREATE TABLE treadle.jobs (
     CONSTRAINT jobs_backoff_check CHECK (cardinality(backoff) BETWEEN 1 AND 100),
     CONSTRAINT jobs_key_scope_check CHECK (key_scope = ANY (ARRAY['waiting', 'active', 'retained', 'released'])),
     CONSTRAINT jobs_meta_check CHECK (jsonb_typeof(meta) = 'object'),
-    -- only a job with a concurrency key waits for a slot ('blocked'), and a slot is
-    -- held while the job waits, runs, or (an ordered lane's failed head) blocks its lane
+    -- only a job with a concurrency key waits for a slot ('blocked'); key_slot: it
+    -- holds one of its key's slots (034_key_lanes.sql)
     CONSTRAINT jobs_key_slot_check CHECK (
         (concurrency_key IS NULL) = (key_slot IS NULL)
-        AND (state <> 'blocked' OR concurrency_key IS NOT NULL)
-        AND (NOT key_slot OR state = ANY (ARRAY['available', 'running', 'retryable', 'discarded'])))
+        AND (state <> 'blocked' OR concurrency_key IS NOT NULL))
 );
 
 -- Claims read only claimable rows: finished rows never slow a claim. The second index

@@ -44,8 +44,10 @@ BEGIN
     END IF;
     -- a failed head that blocks its ordered lane: it was followed up when it failed
     UPDATE treadle.jobs AS j SET state = 'cancelled'
-     WHERE j.id = cancel.job_id AND j.state = 'discarded' AND j.key_slot;
+     WHERE j.id = cancel.job_id AND j.state = 'discarded' AND j.key_slot
+    RETURNING j.* INTO v_job;
     IF FOUND THEN
+        PERFORM treadle._key_leave(v_job);
         RETURN true;
     END IF;
 
@@ -119,6 +121,9 @@ BEGIN
     RETURNING j.* INTO v_job;
     IF NOT FOUND THEN
         RETURN false;
+    END IF;
+    IF NOT v_job.key_slot THEN
+        PERFORM treadle._key_admit(v_job.id);  -- its concurrency key's slot, or blocked (034_key_lanes.sql)
     END IF;
 
     IF v_job.workflow_run_id IS NOT NULL AND v_job.args ? 'compensates' THEN
@@ -298,6 +303,7 @@ BEGIN
               LEFT JOIN treadle.queues AS q ON q.queue = e.queue
              WHERE e.finished_at < v_now - v_shortest
                AND e.workflow_run_id IS NULL
+               AND e.key_slot IS NOT TRUE  -- a failed head blocking its lane stays (034_key_lanes.sql)
                AND e.finished_at < v_now - CASE WHEN e.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
                                                 ELSE coalesce(q.retain_failed, v_failed) END
              ORDER BY e.finished_at
@@ -351,7 +357,8 @@ BEGIN
 
     DELETE FROM treadle.jobs AS j
      WHERE j.finished_at < v_cutoff
-       AND j.workflow_run_id IS NULL;
+       AND j.workflow_run_id IS NULL
+       AND j.key_slot IS NOT TRUE;  -- a failed head blocking its lane stays (034_key_lanes.sql)
     GET DIAGNOSTICS v_jobs = ROW_COUNT;
     v_steps := v_steps + v_jobs;
     DELETE FROM treadle.job_history AS h WHERE h.finished_at < v_cutoff;

@@ -272,8 +272,7 @@ ALTER TABLE treadle.jobs
         'available', 'running', 'retryable', 'completed', 'discarded', 'cancelled', 'blocked'])),
     ADD CONSTRAINT jobs_key_slot_check CHECK (
         (concurrency_key IS NULL) = (key_slot IS NULL)
-        AND (state <> 'blocked' OR concurrency_key IS NOT NULL)
-        AND (NOT key_slot OR state = ANY (ARRAY['available', 'running', 'retryable', 'discarded'])));
+        AND (state <> 'blocked' OR concurrency_key IS NOT NULL));
 ALTER TABLE treadle.job_history
     ADD COLUMN concurrency_key text,
     ADD COLUMN key_slot boolean;
