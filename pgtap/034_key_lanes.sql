@@ -4,7 +4,7 @@
 -- nothing written; explain's reasons.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(80);
+SELECT plan(91);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -195,6 +195,33 @@ SELECT throws_ok($$ SELECT treadle.set_queue('bq', key_limit => 0) $$, '22023',
 SELECT throws_ok($$ SELECT treadle.set_queue('bq', key_limit => 100001) $$, '22023', NULL, 'key_limit over 100000 is refused');
 SELECT is((SELECT count(*) FROM treadle.queues WHERE queue = 'bq'), 0::bigint, 'no settings were written');
 SELECT is((SELECT count(*) FROM treadle.key_slots WHERE held < 1), 0::bigint, 'no key row is left at zero');
+
+--------------------------------------------------------------------------------
+-- roles: producers set keys, workers finish keyed jobs, tenants' keys never meet
+--------------------------------------------------------------------------------
+CREATE ROLE kl_prod; SELECT treadle.grant_producer('kl_prod');
+CREATE ROLE kl_a; SELECT treadle.grant_worker('kl_a'); SELECT treadle.set_tenant('kl_a', 'a.');
+CREATE ROLE kl_b; SELECT treadle.grant_worker('kl_b'); SELECT treadle.set_tenant('kl_b', 'b.');
+SELECT is(pg_temp.as_role('kl_prod', $$ SELECT treadle.enqueue('k', queue => 'pq', concurrency_key => 'c') $$), 'ok',
+          'a producer enqueues with a concurrency key');
+SELECT is(pg_temp.as_role('kl_prod', $$ SELECT treadle.enqueue_many('[{"name": "k", "queue": "pq", "concurrency_key": "c"}]') $$),
+          'ok', 'and with enqueue_many');
+SELECT is(pg_temp.states('pq'), 'available* blocked', 'the producer''s jobs are gated');
+SELECT is(pg_temp.as_role('kl_prod', $$ SELECT treadle.set_queue('pq', key_limit => 5) $$), '42501',
+          'a producer may not change a queue''s key settings');
+SELECT is(pg_temp.as_role('kl_a', $$ SELECT treadle.enqueue('k', queue => 'a.hooks', concurrency_key => 'customer') $$), 'ok',
+          'tenant a enqueues with key customer');
+SELECT is(pg_temp.as_role('kl_b', $$ SELECT treadle.enqueue('k', queue => 'b.hooks', concurrency_key => 'customer') $$), 'ok',
+          'tenant b enqueues with the same key');
+SELECT is(pg_temp.states('a.hooks') || ' | ' || pg_temp.states('b.hooks'), 'available* | available*',
+          'the same key in two tenants'' queues: two lanes, each with its own slot');
+SELECT is(pg_temp.as_role('kl_a', $$ SELECT treadle.enqueue('k', queue => 'b.hooks', concurrency_key => 'customer') $$), '42501',
+          'a tenant cannot reach another''s lane');
+SELECT is(pg_temp.as_role_value('kl_a', $$ SELECT treadle.complete(c.id, c.lease_token)
+                                             FROM treadle.claim('wa', ARRAY['a.hooks']) AS c $$),
+          'completed', 'tenant a claims and completes its keyed job as a worker');
+SELECT is(pg_temp.held('a.hooks', 'customer'), NULL, 'its slot is given back');
+SELECT is(pg_temp.held('b.hooks', 'customer'), 1, 'tenant b''s lane is untouched');
 
 SELECT * FROM finish();
 ROLLBACK;
