@@ -4,7 +4,7 @@
 -- nothing written; explain's reasons.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(91);
+SELECT plan(95);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -91,6 +91,23 @@ SELECT is(pg_temp.states('fq'), 'blocked retryable*', 'a rescued job keeps its s
 SELECT id AS st, lease_token AS st_tok FROM pg_temp.take('fq') \gset
 SELECT is(treadle.complete(:f2, :'st_tok'), 'completed', 'the rescued job completes');
 SELECT is(pg_temp.states('fq'), 'available* completed', 'and the retried job is released');
+
+--------------------------------------------------------------------------------
+-- complete_many gives slots back; a rescue that discards the last attempt does too
+--------------------------------------------------------------------------------
+SELECT treadle.enqueue('k', queue => 'cq', concurrency_key => 'm') AS m1 \gset
+SELECT treadle.enqueue('k', queue => 'cq', concurrency_key => 'm') AS m2 \gset
+SELECT id AS mt, lease_token AS mt_tok FROM pg_temp.take('cq') \gset
+SELECT is((SELECT state FROM treadle.complete_many(ARRAY[:mt::bigint], ARRAY[:'mt_tok'::uuid])), 'completed',
+          'complete_many completes the keyed job');
+SELECT is(pg_temp.states('cq'), 'completed available*', 'and releases the next of its key');
+SELECT treadle.enqueue('k', queue => 'rq', concurrency_key => 'r', max_attempts => 1) AS r1 \gset
+SELECT treadle.enqueue('k', queue => 'rq', concurrency_key => 'r') AS r2 \gset
+SELECT id AS rt FROM pg_temp.take('rq') \gset
+SET LOCAL treadle.now = '2999-01-01 12:11:00+00';
+SELECT cmp_ok(treadle.rescue(), '>=', 1, 'rescue takes back the expired last attempt');
+SELECT is(pg_temp.states('rq'), 'discarded available*', 'discarded by rescue: its slot goes to the next job');
+SET LOCAL treadle.now = '2999-01-01 12:10:00+00';
 
 --------------------------------------------------------------------------------
 -- key_limit: N released at once; raising it releases at once; per queue
