@@ -453,9 +453,7 @@ SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_signals', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_signals_id_seq', '');
 
 -- Concurrency keys (034_key_lanes.sql): the slots held per key, one row per key
--- with a slot held, and the indexes that release a key's blocked jobs and name
--- the jobs holding its slots.
--- Slots held per concurrency key; no row: none held.
+-- with a slot held (no row: none held).
 CREATE TABLE treadle.key_slots (
     queue      text        NOT NULL,
     key        text        NOT NULL,
@@ -466,7 +464,7 @@ CREATE TABLE treadle.key_slots (
 );
 SELECT pg_catalog.pg_extension_config_dump('treadle.key_slots', '');
 
--- A key's blocked jobs, oldest first (the next to release).
-CREATE INDEX jobs_blocked_idx ON treadle.jobs (queue, concurrency_key, id) WHERE state = 'blocked';
--- The jobs that hold a key's slots (treadle.explain names them).
-CREATE INDEX jobs_key_slot_idx ON treadle.jobs (queue, concurrency_key) WHERE key_slot;
+-- A key's blocked jobs, oldest first (the next to release), and the jobs that hold
+-- its slots (treadle.explain names them): one index, so that writes of jobs without a
+-- key test one predicate more, not two.
+CREATE INDEX jobs_key_idx ON treadle.jobs (queue, concurrency_key, id) WHERE state = 'blocked' OR key_slot;

@@ -290,5 +290,4 @@ CREATE TABLE treadle.key_slots (
     CONSTRAINT key_slots_held_check CHECK (held >= 0)
 );
 SELECT pg_catalog.pg_extension_config_dump('treadle.key_slots', '');
-CREATE INDEX jobs_blocked_idx ON treadle.jobs (queue, concurrency_key, id) WHERE state = 'blocked';
-CREATE INDEX jobs_key_slot_idx ON treadle.jobs (queue, concurrency_key) WHERE key_slot;
+CREATE INDEX jobs_key_idx ON treadle.jobs (queue, concurrency_key, id) WHERE state = 'blocked' OR key_slot;
