@@ -29,6 +29,7 @@ SCENARIOS: list[tuple[str, list[str]]] = [
     ("notify.py", []),
     ("limits.py", []),
     ("queues.py", []),
+    ("keys.py", []),
     ("scale.py", []),  # 1M finished jobs; the 10M-row run: bench/scale.py --finished 10000000
     ("held_snapshot.py", ["--warmup", "20", "--hold", "60", "--after", "20"]),
     ("memory.py", ["--runs", "1"]),

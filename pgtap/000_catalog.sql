@@ -13,7 +13,8 @@ SELECT columns_are('treadle', 'jobs', ARRAY[
     'lease_until', 'lease_token', 'worker_id', 'idempotency_key', 'result', 'last_error',
     'created_at', 'finished_at', 'workflow_run_id', 'step',
     'every', 'next_id', 'cancel_requested', 'started_at', 'failed_at', 'errors', 'progress',
-    'progress_message', 'schedule', 'ready_txid', 'timeout', 'backoff', 'key_scope', 'key_period', 'meta'], 'treadle.jobs has the contract columns, then its own');
+    'progress_message', 'schedule', 'ready_txid', 'timeout', 'backoff', 'key_scope', 'key_period', 'meta',
+    'concurrency_key', 'key_slot'], 'treadle.jobs has the contract columns, then its own');
 SELECT results_eq(
     $$ SELECT attname::text COLLATE "default" FROM pg_attribute
         WHERE attrelid = 'treadle.jobs'::regclass AND attnum > 0 AND NOT attisdropped
@@ -39,7 +40,7 @@ SELECT is_empty(
     'every function pins search_path = pg_catalog, pg_temp (or has a SQL-standard body)');
 SELECT set_eq(
     $$ SELECT signature FROM treadle_functions WHERE prosecdef $$,
-    ARRAY['treadle.enqueue(text,jsonb,text,integer,timestamp with time zone,integer,text,interval,interval,interval[],text,text,interval,jsonb)',
+    ARRAY['treadle.enqueue(text,jsonb,text,integer,timestamp with time zone,integer,text,interval,interval,interval[],text,text,interval,jsonb,text)',
           'treadle.enqueue_many(jsonb)',
           'treadle.claim(text,text[],text[],integer,interval,uuid)', 'treadle.claimed(uuid)',
           'treadle.heartbeat(bigint,uuid,interval,text)', 'treadle.progress(bigint,uuid,double precision,text,text)',
@@ -58,7 +59,7 @@ SELECT set_eq(
           'treadle.worker_seen(text,text,integer,text[],integer,integer,text[])', 'treadle.worker_stopped(text)',
           'treadle.estimated_jobs(text,text)',
           'treadle.cron_next(text,text,timestamp with time zone)',
-          'treadle.set_queue(text,integer,integer,interval,integer,interval,interval)',
+          'treadle.set_queue(text,integer,integer,interval,integer,interval,interval,integer,boolean)',
           'treadle.pause(text)', 'treadle.resume(text)', 'treadle.explain(bigint,text)', 'treadle.explain_run(bigint)',
           'treadle.listen_done(text)', 'treadle.unlisten_done()',
           'treadle._caller_prefix()'],
@@ -74,7 +75,7 @@ SELECT set_eq(
     $$ SELECT unnest(extconfig)::regclass::text FROM pg_extension WHERE extname = 'treadle' $$,
     $$ SELECT unnest(ARRAY['treadle.jobs', 'treadle.jobs_id_seq', 'treadle.workflow_runs',
                            'treadle.workflow_runs_id_seq', 'treadle.workflows', 'treadle.settings', 'treadle.tenants',
-                           'treadle.cron_schedules', 'treadle.queues', 'treadle.history_slots',
+                           'treadle.cron_schedules', 'treadle.queues', 'treadle.history_slots', 'treadle.key_slots',
                            'treadle.workflow_signals', 'treadle.workflow_signals_id_seq'])
        UNION ALL
        SELECT format('treadle.job_history_%s', lpad(n::text, 2, '0')) FROM generate_series(0, 40) AS n $$,

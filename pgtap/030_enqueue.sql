@@ -9,11 +9,11 @@ SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
 SELECT has_function('treadle', 'enqueue',
     ARRAY['text', 'jsonb', 'text', 'integer', 'timestamp with time zone', 'integer', 'text', 'interval',
-          'interval', 'interval[]', 'text', 'text', 'interval', 'jsonb'],
-    'treadle.enqueue exists with the contract''s argument types, then timeout, backoff, the key options and meta');
+          'interval', 'interval[]', 'text', 'text', 'interval', 'jsonb', 'text'],
+    'treadle.enqueue exists with the contract''s argument types, then timeout, backoff, the key options, meta and concurrency_key');
 SELECT function_returns('treadle', 'enqueue',
     ARRAY['text', 'jsonb', 'text', 'integer', 'timestamp with time zone', 'integer', 'text', 'interval',
-          'interval', 'interval[]', 'text', 'text', 'interval', 'jsonb'],
+          'interval', 'interval[]', 'text', 'text', 'interval', 'jsonb', 'text'],
     'bigint', 'treadle.enqueue returns bigint');
 SELECT ok(treadle.version() ~ '^[0-9]+\.[0-9]+\.[0-9]+$'
           AND treadle.version() = coalesce((SELECT extversion FROM pg_extension WHERE extname = 'treadle'), treadle.version()),

@@ -14,7 +14,9 @@ CREATE FUNCTION pg_temp.in_queue() RETURNS bigint LANGUAGE sql AS $$
 SELECT has_column('treadle', 'jobs', 'meta', 'treadle.jobs has meta');
 SELECT col_type_is('treadle', 'jobs', 'meta', 'jsonb', 'meta is jsonb');
 SELECT is((SELECT attname FROM pg_attribute WHERE attrelid = 'treadle.jobs'::regclass AND attnum > 0
-            AND NOT attisdropped ORDER BY attnum DESC LIMIT 1), 'meta'::name, 'meta is the last column of treadle.jobs');
+            AND NOT attisdropped AND attname > '' AND attnum > (SELECT attnum FROM pg_attribute
+             WHERE attrelid = 'treadle.jobs'::regclass AND attname = 'key_period') ORDER BY attnum LIMIT 1),
+          'meta'::name, 'meta follows key_period at the end of treadle.jobs');
 SELECT has_column('treadle', 'job_history', 'meta', 'the history has meta');
 
 -- enqueue

@@ -11,7 +11,8 @@ SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
 SELECT has_table('treadle', 'queues', 'treadle.queues exists');
 SELECT has_view('treadle', 'queue_settings', 'treadle.queue_settings exists');
-SELECT has_function('treadle', 'set_queue', ARRAY['text', 'integer', 'integer', 'interval', 'integer', 'interval', 'interval'],
+SELECT has_function('treadle', 'set_queue', ARRAY['text', 'integer', 'integer', 'interval', 'integer', 'interval', 'interval',
+                                                  'integer', 'boolean'],
                     'treadle.set_queue exists');
 SELECT has_function('treadle', 'pause', ARRAY['text'], 'treadle.pause(text) exists');
 SELECT has_function('treadle', 'resume', ARRAY['text'], 'treadle.resume(text) exists');

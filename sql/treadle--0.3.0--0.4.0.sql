@@ -304,6 +304,39 @@ DROP FUNCTION treadle.explain(bigint);
 DROP FUNCTION treadle._left_by(bigint, uuid, text[]);
 DROP FUNCTION treadle.heartbeat(bigint, uuid, interval);
 DROP FUNCTION treadle.progress(bigint, uuid, double precision, text);
+
+-- concurrency keys
+-- Concurrency keys and ordered lanes (sql/src/034_key_lanes.sql): two columns at the
+-- end of treadle.jobs (and of its history), the state 'blocked', two queue settings
+-- at the end of treadle.queues (set_queue takes them as new last parameters, so
+-- 0.3.0's signature goes), and the slots held per key, as in 010_tables.sql.
+ALTER TABLE treadle.jobs
+    ADD COLUMN concurrency_key text,
+    ADD COLUMN key_slot boolean,
+    DROP CONSTRAINT jobs_state_check,
+    ADD CONSTRAINT jobs_state_check CHECK (state = ANY (ARRAY[
+        'available', 'running', 'retryable', 'completed', 'discarded', 'cancelled', 'blocked'])),
+    ADD CONSTRAINT jobs_key_slot_check CHECK (
+        (concurrency_key IS NULL) = (key_slot IS NULL)
+        AND (state <> 'blocked' OR concurrency_key IS NOT NULL));
+ALTER TABLE treadle.job_history
+    ADD COLUMN concurrency_key text,
+    ADD COLUMN key_slot boolean;
+ALTER TABLE treadle.queues
+    ADD COLUMN key_limit integer,
+    ADD COLUMN key_ordered boolean NOT NULL DEFAULT false,
+    ADD CONSTRAINT queues_key_limit_check CHECK (key_limit BETWEEN 1 AND 100000 AND NOT (key_ordered AND key_limit > 1));
+DROP FUNCTION treadle.set_queue(text, integer, integer, interval, integer, interval, interval);
+CREATE TABLE treadle.key_slots (
+    queue      text        NOT NULL,
+    key        text        NOT NULL,
+    held       integer     NOT NULL,  -- jobs of the key holding a slot (0 only inside a transaction)
+    updated_at timestamptz NOT NULL,
+    PRIMARY KEY (queue, key),
+    CONSTRAINT key_slots_held_check CHECK (held >= 0)
+);
+SELECT pg_catalog.pg_extension_config_dump('treadle.key_slots', '');
+CREATE INDEX jobs_key_idx ON treadle.jobs (queue, concurrency_key, id) WHERE state = 'blocked' OR key_slot;
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -956,7 +989,8 @@ COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text, tex
 --------------------------------------------------------------------------------
 -- treadle.enqueue(name, args, queue, priority, run_at, max_attempts,
 --                 idempotency_key, every, timeout, backoff,
---                 on_conflict, unique_while, unique_period, meta) -> bigint
+--                 on_conflict, unique_while, unique_period, meta,
+--                 concurrency_key) -> bigint
 --
 -- Transition: (none) -> available, in the caller's transaction; with a key held
 -- by a waiting job and on_conflict other than 'keep': that job's args (and run_at)
@@ -982,6 +1016,9 @@ COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text, tex
 -- the producer's metadata (a JSON object, e.g. trace context; SQL or JSON null:
 -- none): stored on the job, read by its handler, copied to a periodic job's next
 -- occurrence; a merge into a held key's job keeps that job's meta.
+-- `concurrency_key` puts the job in that key's lane (034_key_lanes.sql): it
+-- starts blocked, and is released (available) while the key has room under its
+-- queue's key_limit (treadle.set_queue), oldest first.
 -- Raises 22004: name, queue or priority null. 22023: name, queue or key empty,
 -- blank, over 200 characters or with a control character; args neither an object
 -- nor an array, over the size limit or nested over 100 levels; max_attempts < 1;
@@ -991,7 +1028,8 @@ COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text, tex
 -- over-366-day delay; on_conflict, unique_while or unique_period as
 -- treadle._check_key_options refuses them; merged args as treadle._append_args
 -- refuses them; meta not an object, over the size limit or nested over 100
--- levels. 22004 also: on_conflict or unique_while null. 42501: a tenant's
+-- levels; concurrency_key empty, blank, over 200 characters or with a control
+-- character. 22004 also: on_conflict or unique_while null. 42501: a tenant's
 -- queue outside its prefix. TQ001: the queue holds its max_depth of waiting jobs
 -- (treadle.set_queue); nothing is written.
 --------------------------------------------------------------------------------
@@ -1009,7 +1047,8 @@ CREATE OR REPLACE FUNCTION treadle.enqueue(
     on_conflict     text        DEFAULT 'keep',
     unique_while    text        DEFAULT 'retained',
     unique_period   interval    DEFAULT NULL,
-    meta            jsonb       DEFAULT NULL
+    meta            jsonb       DEFAULT NULL,
+    concurrency_key text        DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -1045,6 +1084,9 @@ BEGIN
     END IF;
     IF NOT treadle._is_name(enqueue.idempotency_key) THEN
         PERFORM treadle._check_text(enqueue.idempotency_key, 'idempotency_key');
+    END IF;
+    IF enqueue.concurrency_key IS NOT NULL AND NOT treadle._is_name(enqueue.concurrency_key) THEN
+        PERFORM treadle._check_text(enqueue.concurrency_key, 'concurrency_key');
     END IF;
     IF enqueue.on_conflict IS DISTINCT FROM 'keep' OR enqueue.unique_while IS DISTINCT FROM 'retained'
        OR enqueue.unique_period IS NOT NULL THEN
@@ -1122,11 +1164,13 @@ BEGIN
         LOOP
             INSERT INTO treadle.jobs AS j
                 (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-                 timeout, backoff, key_scope, key_period, meta)
+                 timeout, backoff, key_scope, key_period, meta, concurrency_key, state, key_slot)
             VALUES
                 (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
                  enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
-                 enqueue.timeout, enqueue.backoff, enqueue.unique_while, v_period, v_meta)
+                 enqueue.timeout, enqueue.backoff, enqueue.unique_while, v_period, v_meta, enqueue.concurrency_key,
+                 CASE WHEN enqueue.concurrency_key IS NULL THEN 'available' ELSE 'blocked' END,
+                 CASE WHEN enqueue.concurrency_key IS NOT NULL THEN false END)
             ON CONFLICT (queue, idempotency_key, key_period)
                WHERE idempotency_key IS NOT NULL
                  AND (key_scope IS NULL OR key_scope = 'retained'
@@ -1139,10 +1183,13 @@ BEGIN
                    -- a run_at moved earlier must be found by claims that resume (040_claim.sql)
                    ready_txid = CASE WHEN enqueue.on_conflict = 'replace' THEN pg_current_xact_id()
                                      ELSE j.ready_txid END
-             WHERE j.state = ANY (ARRAY['available', 'retryable'])
+             WHERE j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
             RETURNING j.id, j.run_at INTO v_id, v_run_at;
 
             IF v_id IS NOT NULL THEN
+                IF enqueue.concurrency_key IS NOT NULL THEN
+                    PERFORM treadle._key_release(enqueue.queue, enqueue.concurrency_key, 0);  -- 034_key_lanes.sql
+                END IF;
                 IF v_run_at <= v_now THEN
                     PERFORM treadle._notify('treadle_jobs', enqueue.queue);
                 END IF;
@@ -1158,19 +1205,23 @@ BEGIN
                AND (j.key_scope IS NULL OR j.key_scope = 'retained'
                     OR (j.key_scope = 'active' AND j.finished_at IS NULL)
                     OR (j.key_scope = 'waiting' AND j.started_at IS NULL AND j.finished_at IS NULL))
-               AND j.state <> ALL (ARRAY['available', 'retryable']);
+               AND j.state <> ALL (ARRAY['available', 'retryable', 'blocked']);
         END LOOP;
     END IF;
 
     LOOP
         INSERT INTO treadle.jobs AS j
             (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-             timeout, backoff, key_scope, key_period, meta)
+             timeout, backoff, key_scope, key_period, meta, concurrency_key, state, key_slot)
         VALUES
             (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
              enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
              enqueue.timeout, enqueue.backoff,
-             CASE WHEN enqueue.idempotency_key IS NOT NULL THEN enqueue.unique_while END, v_period, v_meta)
+             CASE WHEN enqueue.idempotency_key IS NOT NULL THEN enqueue.unique_while END, v_period, v_meta,
+             enqueue.concurrency_key,
+             -- a job with a concurrency key starts blocked, released below if its key has room
+             CASE WHEN enqueue.concurrency_key IS NULL THEN 'available' ELSE 'blocked' END,
+             CASE WHEN enqueue.concurrency_key IS NOT NULL THEN false END)
         ON CONFLICT (queue, idempotency_key, key_period)
            WHERE idempotency_key IS NOT NULL
              AND (key_scope IS NULL OR key_scope = 'retained'
@@ -1180,6 +1231,9 @@ BEGIN
         RETURNING j.id INTO v_id;
 
         IF v_id IS NOT NULL THEN
+            IF enqueue.concurrency_key IS NOT NULL THEN
+                PERFORM treadle._key_release(enqueue.queue, enqueue.concurrency_key, 0);  -- 034_key_lanes.sql
+            END IF;
             IF coalesce(enqueue.run_at, v_now) <= v_now THEN
                 PERFORM treadle._notify('treadle_jobs', enqueue.queue);
             END IF;
@@ -1201,7 +1255,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval,
-                                    interval, interval[], text, text, interval, jsonb) IS
+                                    interval, interval[], text, text, interval, jsonb, text) IS
     'Enqueue a job in the caller''s transaction and return its id (a held idempotency key returns its holder''s id, or merges into it: on_conflict).';
 
 --------------------------------------------------------------------------------
@@ -1223,7 +1277,7 @@ COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, int
 -- queue, key or args that enqueue refuses, both run_at and run_in, an infinite
 -- run_at, an every, timeout, backoff, on_conflict, unique_while or
 -- unique_period as enqueue refuses it, a meta that is not an object, too large
--- or too deep); nothing is written then. 42501: a tenant's queue outside its prefix. TQ001: a queue would
+-- or too deep, a concurrency_key that is not a valid key); nothing is written then. 42501: a tenant's queue outside its prefix. TQ001: a queue would
 -- pass its max_depth (every element counts, keyed or not); nothing is written.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue_many(jobs jsonb)
@@ -1239,7 +1293,7 @@ AS $$
 DECLARE
     c_keys CONSTANT text[] := ARRAY['name', 'args', 'queue', 'priority', 'run_at', 'run_in', 'max_attempts',
                                     'idempotency_key', 'every', 'timeout', 'backoff', 'on_conflict',
-                                    'unique_while', 'unique_period', 'meta'];
+                                    'unique_while', 'unique_period', 'meta', 'concurrency_key'];
     v_now      timestamptz := treadle.now();
     v_max_size integer := treadle._max_payload_bytes();
     v_big      boolean;  -- the whole array is over the size limit, so an element may be
@@ -1261,6 +1315,7 @@ DECLARE
     a_period   interval[];   -- unique_period
     a_bucket   timestamptz[];  -- the start of each key's period
     a_meta     jsonb[];
+    a_ckey     text[];       -- concurrency_key
     v_ids      bigint[];
     v_i        bigint;
 BEGIN
@@ -1333,6 +1388,10 @@ BEGIN
                     THEN format('has a "meta" larger than the limit of %s bytes', v_max_size)
                 WHEN v_deep AND treadle._too_deep(s.spec -> 'meta')
                     THEN 'has a "meta" nested more than 100 levels deep'
+                WHEN s.spec ? 'concurrency_key' AND jsonb_typeof(s.spec -> 'concurrency_key') <> ALL (ARRAY['string', 'null'])
+                    THEN 'has a "concurrency_key" that is not a string'
+                WHEN jsonb_typeof(s.spec -> 'concurrency_key') = 'string' AND NOT treadle._is_name(s.spec ->> 'concurrency_key')
+                    THEN 'has a "concurrency_key" that is not 1 to 200 characters, not only spaces, without control characters'
                 END AS problem
               FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord)) AS e
      WHERE e.problem IS NOT NULL
@@ -1359,9 +1418,10 @@ BEGIN
                array_agg(coalesce(s.spec ->> 'on_conflict', 'keep') ORDER BY s.ord) FILTER (WHERE v_keyed),
                array_agg(coalesce(s.spec ->> 'unique_while', 'retained') ORDER BY s.ord) FILTER (WHERE v_keyed),
                array_agg((s.spec ->> 'unique_period')::interval ORDER BY s.ord) FILTER (WHERE v_keyed),
-               array_agg(nullif(s.spec -> 'meta', 'null'::jsonb) ORDER BY s.ord)
+               array_agg(nullif(s.spec -> 'meta', 'null'::jsonb) ORDER BY s.ord),
+               array_agg(s.spec ->> 'concurrency_key' ORDER BY s.ord)
           INTO a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff,
-               a_mode, a_while, a_period, a_meta
+               a_mode, a_while, a_period, a_meta, a_ckey
           FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord);
         PERFORM treadle._check_backoff(treadle._intervals(b.delays), 'a "backoff" in jobs')
            FROM unnest(a_backoff) AS b(delays)
@@ -1415,16 +1475,18 @@ BEGIN
     WITH input AS (
         SELECT i.*, nextval('treadle.jobs_id_seq'::regclass) AS new_id
           FROM unnest(a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff,
-                      a_mode, a_while, a_bucket, a_meta)
+                      a_mode, a_while, a_bucket, a_meta, a_ckey)
                WITH ORDINALITY AS i(name, args, queue, priority, run_at, max_attempts, idempotency_key, every,
-                                    timeout, backoff, mode, scope, bucket, meta, ord)
+                                    timeout, backoff, mode, scope, bucket, meta, ckey, ord)
     ), inserted AS (
         INSERT INTO treadle.jobs AS j
             (id, queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-             timeout, backoff, key_scope, key_period, meta)
+             timeout, backoff, key_scope, key_period, meta, concurrency_key, state, key_slot)
         SELECT i.new_id, i.queue, i.name, i.args, i.priority, i.run_at, i.max_attempts,
                i.idempotency_key, i.every, v_now, i.timeout, treadle._intervals(i.backoff),
-               CASE WHEN i.idempotency_key IS NOT NULL THEN coalesce(i.scope, 'retained') END, i.bucket, i.meta
+               CASE WHEN i.idempotency_key IS NOT NULL THEN coalesce(i.scope, 'retained') END, i.bucket, i.meta,
+               i.ckey, CASE WHEN i.ckey IS NULL THEN 'available' ELSE 'blocked' END,
+               CASE WHEN i.ckey IS NOT NULL THEN false END
           FROM input AS i
          WHERE i.mode IS NULL OR i.mode = 'keep'
          ORDER BY i.queue, i.idempotency_key, i.ord
@@ -1452,6 +1514,15 @@ BEGIN
       LEFT JOIN inserted AS k ON n.id IS NULL AND k.queue = i.queue AND k.idempotency_key = i.idempotency_key
                              AND k.key_period IS NOT DISTINCT FROM i.bucket;
 
+    -- Jobs with a concurrency key were inserted blocked: each key releases what its room
+    -- allows (034_key_lanes.sql), keys in order, so that concurrent batches never deadlock.
+    IF cardinality(array_remove(a_ckey, NULL)) > 0 THEN
+        PERFORM treadle._key_release(k.queue, k.key, 0)
+           FROM (SELECT DISTINCT u.queue, u.key FROM unnest(a_queue, a_ckey) AS u(queue, key)
+                  WHERE u.key IS NOT NULL) AS k
+          ORDER BY k.queue, k.key;
+    END IF;
+
     -- A key whose holder committed while this statement waited is not in its snapshot:
     -- look it up again with a fresh one. Rows that merge into a held key's job go
     -- here too. Key order again, so that concurrent batches never deadlock.
@@ -1461,7 +1532,7 @@ BEGIN
                                       a_run_at[v_i], a_max[v_i], a_key[v_i], a_every[v_i],
                                       a_timeout[v_i], treadle._intervals(a_backoff[v_i]),
                                       coalesce(a_mode[v_i], 'keep'), coalesce(a_while[v_i], 'retained'),
-                                      a_period[v_i], a_meta[v_i]);
+                                      a_period[v_i], a_meta[v_i], a_ckey[v_i]);
     END LOOP;
 
     PERFORM treadle._notify('treadle_jobs', q.queue)
@@ -1583,6 +1654,280 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._append_args(jsonb, jsonb) IS
     'Merge args for on_conflict append: arrays appended by member name, other members replaced.';
+--------------------------------------------------------------------------------
+-- Concurrency keys and ordered lanes. A job enqueued with a concurrency_key runs
+-- only while its key has a free slot: at most key_limit jobs of one key (per queue:
+-- tenants' keys never meet) are released at once (treadle.set_queue; 1 when not
+-- set), and the others wait in state 'blocked', which no claim reads. The claim is
+-- untouched: a queue whose jobs have no key pays nothing, and fair share between
+-- keys follows: a heavy key has at most key_limit jobs released, so the claim's
+-- FIFO over released jobs interleaves the keys.
+--
+-- A job holds one of its key's slots (jobs.key_slot) from its release until it
+-- leaves: completed, cancelled or discarded. Retries,
+-- snoozes and rescues of an expired lease keep the slot: the job is still under
+-- way. treadle.key_slots counts the slots held per (queue, key), one row per key
+-- with a slot held (deleted when the count reaches zero); writers of a key lock
+-- its row, as claims lock a limited queue's row, so no limit is ever passed.
+-- Giving a slot back releases the key's next blocked job in the same transaction,
+-- oldest (lowest id) first.
+--
+-- An ordered queue (key_ordered) makes each key a lane: limit 1, jobs released in
+-- enqueue order, and a head that fails for good (discarded) keeps its slot, so the
+-- lane stays blocked until the head is retried (treadle.retry) or cancelled
+-- (treadle.cancel). Other keys are not held back.
+--
+-- No trigger and no claim reads a key: the calls that move a keyed job do.
+-- enqueue and enqueue_many insert it blocked and call treadle._key_release for its
+-- key; treadle._follow_up, which every finish calls with the rows it changed, gives
+-- a slot back for each keyed row that left (treadle._key_leave); treadle.retry takes
+-- a slot again for a job that had left (treadle._key_admit); cancel takes a failed
+-- head out of its lane. Retention, prune and archive leave a failed head that holds
+-- its slot alone. A queue whose jobs have no key runs the same statements as before.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._key_limit(queue) -> integer
+--
+-- How many jobs of one concurrency key the queue releases at once: 1 in an
+-- ordered queue, else its key_limit, else 1.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._key_limit(queue text)
+RETURNS integer
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT coalesce((SELECT CASE WHEN s.key_ordered THEN 1 ELSE coalesce(s.key_limit, 1) END
+                       FROM treadle.queues AS s WHERE s.queue = _key_limit.queue), 1);
+END;
+COMMENT ON FUNCTION treadle._key_limit(text) IS
+    'The jobs of one concurrency key a queue releases at once.';
+
+--------------------------------------------------------------------------------
+-- treadle._key_release(queue, key, given) -> integer
+--
+-- Transition: blocked -> available, each holding a slot, for the key's oldest
+-- blocked jobs, as many as its room allows once `given` slots are given back. Locks the key's row of
+-- treadle.key_slots until commit (writers of one key go one after another) and
+-- deletes it when no slot is held. Returns how many jobs it released.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._key_release(queue text, key text, given integer)
+RETURNS integer
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now      timestamptz := treadle.now();
+    v_held     integer;
+    v_released integer := 0;
+    v_due      boolean;
+BEGIN
+    INSERT INTO treadle.key_slots AS k (queue, key, held, updated_at)
+    VALUES (_key_release.queue, _key_release.key, 0, v_now)
+    ON CONFLICT ON CONSTRAINT key_slots_pkey DO UPDATE
+       SET held = greatest(k.held - _key_release.given, 0), updated_at = excluded.updated_at
+    RETURNING k.held INTO v_held;
+
+    IF v_held < treadle._key_limit(_key_release.queue) THEN
+        WITH next AS (
+            SELECT j.id FROM treadle.jobs AS j
+             WHERE j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.state = 'blocked'
+             ORDER BY j.id
+             LIMIT treadle._key_limit(_key_release.queue) - v_held
+               FOR UPDATE
+        ), released AS (
+            UPDATE treadle.jobs AS j
+               SET state = 'available',
+                   key_slot = true,
+                   ready_txid = pg_current_xact_id()  -- claimable now: claims look for it (040_claim.sql)
+              FROM next
+             WHERE j.id = next.id
+            RETURNING j.run_at
+        )
+        SELECT count(*), coalesce(bool_or(r.run_at <= v_now), false)
+          INTO v_released, v_due
+          FROM released AS r;
+        IF v_released > 0 THEN
+            UPDATE treadle.key_slots AS k SET held = k.held + v_released
+             WHERE k.queue = _key_release.queue AND k.key = _key_release.key;
+            v_held := v_held + v_released;
+        END IF;
+        IF v_due THEN
+            PERFORM treadle._notify('treadle_jobs', _key_release.queue);
+        END IF;
+    END IF;
+
+    IF v_held = 0 THEN
+        DELETE FROM treadle.key_slots AS k WHERE k.queue = _key_release.queue AND k.key = _key_release.key;
+    END IF;
+    RETURN v_released;
+END;
+$$;
+COMMENT ON FUNCTION treadle._key_release(text, text, integer) IS
+    'Give back slots of a concurrency key and release its oldest blocked jobs into the room.';
+
+--------------------------------------------------------------------------------
+-- treadle._key_leave(job) -> void
+--
+-- Transition: a keyed job that held a slot and is now in a state that holds none
+-- (completed, cancelled, or discarded outside an ordered queue) gives it back, and
+-- its key's next blocked job -> available. `job` is its row as the caller's update
+-- left it (treadle._follow_up passes each keyed row it is given). A job still under
+-- way (available, running, retryable), or an ordered lane's failed head, keeps it.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._key_leave(job treadle.jobs)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF job.state = ANY (ARRAY['available', 'running', 'retryable'])
+       OR (job.state = 'discarded'
+           AND EXISTS (SELECT 1 FROM treadle.queues AS s WHERE s.queue = job.queue AND s.key_ordered)) THEN
+        RETURN;
+    END IF;
+    UPDATE treadle.jobs AS j SET key_slot = false WHERE j.id = job.id AND j.key_slot;
+    IF FOUND THEN
+        PERFORM treadle._key_release(job.queue, job.concurrency_key, 1);
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._key_leave(treadle.jobs) IS
+    'Give back the slot of a keyed job that left, and release its key''s next blocked job.';
+
+--------------------------------------------------------------------------------
+-- treadle._key_admit(job_id) -> void
+--
+-- Transition: a keyed job made available again without a slot (treadle.retry of
+-- one that had left) takes one, or -> blocked when its key is full.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._key_admit(job_id bigint)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job   treadle.jobs;
+    v_taken boolean;
+BEGIN
+    SELECT * INTO v_job FROM treadle.jobs AS j
+     WHERE j.id = _key_admit.job_id AND NOT j.key_slot AND j.state = 'available';
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    INSERT INTO treadle.key_slots AS k (queue, key, held, updated_at)
+    VALUES (v_job.queue, v_job.concurrency_key, 1, treadle.now())
+    ON CONFLICT ON CONSTRAINT key_slots_pkey DO UPDATE
+       SET held = k.held + 1, updated_at = excluded.updated_at
+     WHERE k.held < treadle._key_limit(v_job.queue)
+    RETURNING true INTO v_taken;
+    UPDATE treadle.jobs AS j
+       SET key_slot = coalesce(v_taken, false),
+           state = CASE WHEN v_taken THEN j.state ELSE 'blocked' END
+     WHERE j.id = v_job.id;
+END;
+$$;
+COMMENT ON FUNCTION treadle._key_admit(bigint) IS
+    'A keyed job made available again takes a slot of its key, or waits blocked.';
+
+--------------------------------------------------------------------------------
+-- treadle._key_release_queue(queue) -> void
+--
+-- Transition: blocked -> available for every key of the queue with room (after
+-- set_queue raised its key_limit), keys in order.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._key_release_queue(queue text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM treadle._key_release(_key_release_queue.queue, k.key, 0)
+       FROM (SELECT DISTINCT j.concurrency_key AS key FROM treadle.jobs AS j
+              WHERE j.queue = _key_release_queue.queue AND j.state = 'blocked') AS k
+      ORDER BY k.key;
+END;
+$$;
+COMMENT ON FUNCTION treadle._key_release_queue(text) IS
+    'Release the blocked jobs of every key of a queue that has room.';
+
+--------------------------------------------------------------------------------
+-- treadle._key_explain(job_id) -> table(reason, message, at)
+--
+-- Why a job of a concurrency key waits or blocks its lane (treadle.explain):
+--   blocked: key_full (N of N slots held, by jobs ...), lane_blocked (an ordered
+--     lane whose head failed for good: retry or cancel it), or key_waiting
+--     (released by the next slot given back, behind K older jobs of the key);
+--   discarded holding its slot: lane_blocked (it blocks its lane).
+-- No rows for any other job.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._key_explain(job_id bigint)
+RETURNS TABLE (reason text, message text, at timestamptz)
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_job   treadle.jobs;
+    v_limit integer;
+    v_held  bigint;
+    v_ids   text;
+    v_head  treadle.jobs;
+    v_ahead bigint;
+BEGIN
+    SELECT * INTO v_job FROM treadle.jobs AS j WHERE j.id = _key_explain.job_id;
+    IF NOT FOUND OR v_job.concurrency_key IS NULL THEN
+        RETURN;
+    END IF;
+    IF v_job.state = 'discarded' AND v_job.key_slot THEN
+        RETURN QUERY SELECT 'lane_blocked',
+                            format('it failed for good and blocks the ordered lane of key %s in queue %s: retry or '
+                                   'cancel it to let the lane go on', v_job.concurrency_key, v_job.queue),
+                            v_job.finished_at;
+        RETURN;
+    END IF;
+    IF v_job.state <> 'blocked' THEN
+        RETURN;
+    END IF;
+    v_limit := treadle._key_limit(v_job.queue);
+    SELECT count(*), string_agg('#' || h.id, ', ' ORDER BY h.id)
+      INTO v_held, v_ids
+      FROM (SELECT j.id FROM treadle.jobs AS j
+             WHERE j.queue = v_job.queue AND j.concurrency_key = v_job.concurrency_key AND j.key_slot
+             ORDER BY j.id LIMIT 20) AS h;
+    SELECT * INTO v_head FROM treadle.jobs AS j
+     WHERE j.queue = v_job.queue AND j.concurrency_key = v_job.concurrency_key AND j.key_slot
+       AND j.state = 'discarded'
+     ORDER BY j.id LIMIT 1;
+    IF FOUND THEN
+        RETURN QUERY SELECT 'lane_blocked',
+                            format('lane blocked by failed head #%s: key %s of queue %s is an ordered lane and its '
+                                   'head failed for good; retry or cancel #%s to let the lane go on',
+                                   v_head.id, v_job.concurrency_key, v_job.queue, v_head.id),
+                            v_head.finished_at;
+    ELSIF v_held >= v_limit THEN
+        RETURN QUERY SELECT 'key_full',
+                            format('key full: %s of %s held by jobs %s (key %s of queue %s); it is released when one '
+                                   'of them finishes', v_held, v_limit, v_ids, v_job.concurrency_key, v_job.queue),
+                            NULL::timestamptz;
+    END IF;
+    SELECT count(*) INTO v_ahead FROM treadle.jobs AS j
+     WHERE j.queue = v_job.queue AND j.concurrency_key = v_job.concurrency_key AND j.state = 'blocked'
+       AND j.id < v_job.id;
+    IF v_ahead > 0 THEN
+        RETURN QUERY SELECT 'key_waiting',
+                            format('%s older job(s) of key %s wait for a slot before it', v_ahead, v_job.concurrency_key),
+                            NULL::timestamptz;
+    END IF;
+END;
+$$;
+COMMENT ON FUNCTION treadle._key_explain(bigint) IS
+    'Why a job of a concurrency key waits (key full, lane blocked) or blocks its lane.';
 --------------------------------------------------------------------------------
 -- Claim cursors' helpers. A cursor (treadle._claim_cursor) is kept as text in a
 -- session setting, so times are kept as microseconds since 1970 (null for an
@@ -3252,6 +3597,8 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --   an occurrence of a cron schedule that completed, was discarded or was
 --   cancelled inserts the schedule's next one (treadle._schedule_next);
 --   a workflow step moves its run (treadle._advance_run);
+--   a job that held a slot of its concurrency key gives it back once it left
+--   (treadle._key_leave);
 --   channel treadle_done hears each queue where jobs finished, when a session
 --   waits on it (treadle._notify_done).
 --------------------------------------------------------------------------------
@@ -3269,8 +3616,12 @@ BEGIN
          WHERE d.workflow_run_id IS NOT NULL
             OR (d.every IS NOT NULL AND d.state = ANY (ARRAY['completed', 'discarded']))
             OR (d.schedule IS NOT NULL AND d.state = ANY (ARRAY['completed', 'discarded', 'cancelled']))
+            OR d.key_slot
          ORDER BY d.id
     LOOP
+        IF v_job.key_slot THEN
+            PERFORM treadle._key_leave(v_job);  -- its concurrency key's slot (034_key_lanes.sql)
+        END IF;
         IF v_job.every IS NOT NULL AND v_job.state = ANY (ARRAY['completed', 'discarded']) THEN
             PERFORM treadle._successor(v_job.id, v_job.queue, v_job.name, v_job.args, v_job.priority,
                                        v_job.finished_at + v_job.every, v_job.max_attempts, v_job.every, NULL);
@@ -3451,6 +3802,7 @@ BEGIN
            AND j.lease_token = i.token
         RETURNING i.ord, j.state, j.queue,
                   CASE WHEN j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
+                            OR j.key_slot
                        THEN j END AS job
     )
     -- Most batches are plain jobs: whole rows are gathered (and _follow_up called)
@@ -3993,7 +4345,9 @@ COMMENT ON FUNCTION treadle._job_queue(bigint, text) IS
 --------------------------------------------------------------------------------
 -- treadle.cancel(job_id, queue) -> boolean
 --
--- Transition: available | retryable -> cancelled at once; running -> running
+-- Transition: available | retryable | blocked -> cancelled at once; an ordered
+-- lane's failed head (discarded, holding its key's slot: 034_key_lanes.sql) ->
+-- cancelled, which lets its lane go on; running -> running
 -- with a cancel request (heartbeat then answers 'cancel'; complete or fail
 -- finish it as cancelled), and a NOTIFY on channel treadle_cancel with the job id
 -- as payload, on which the worker running it heartbeats it at once (a hint: the
@@ -4031,10 +4385,18 @@ BEGIN
            finished_at = v_now
      WHERE j.id = cancel.job_id
        AND j.queue = v_queue
-       AND j.state = ANY (ARRAY['available', 'retryable'])
+       AND j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
     RETURNING j.* INTO v_job;
     IF FOUND THEN
         PERFORM treadle._follow_up(ARRAY[v_job]);
+        RETURN true;
+    END IF;
+    -- a failed head that blocks its ordered lane: it was followed up when it failed
+    UPDATE treadle.jobs AS j SET state = 'cancelled'
+     WHERE j.id = cancel.job_id AND j.queue = v_queue AND j.state = 'discarded' AND j.key_slot
+    RETURNING j.* INTO v_job;
+    IF FOUND THEN
+        PERFORM treadle._key_leave(v_job);
         RETURN true;
     END IF;
 
@@ -4119,6 +4481,9 @@ BEGIN
     RETURNING j.* INTO v_job;
     IF NOT FOUND THEN
         RETURN false;
+    END IF;
+    IF NOT v_job.key_slot THEN
+        PERFORM treadle._key_admit(v_job.id);  -- its concurrency key's slot, or blocked (034_key_lanes.sql)
     END IF;
 
     IF v_job.workflow_run_id IS NOT NULL AND v_job.args ? 'compensates' THEN
@@ -4307,6 +4672,7 @@ BEGIN
                       LEFT JOIN treadle.queues AS q ON q.queue = e.queue
                      WHERE e.finished_at < v_now - v_shortest
                        AND e.workflow_run_id IS NULL
+                       AND e.key_slot IS NOT TRUE
                        AND e.finished_at < v_now - CASE WHEN e.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
                                                         ELSE coalesce(q.retain_failed, v_failed) END
                      ORDER BY e.finished_at
@@ -4322,6 +4688,7 @@ BEGIN
                  WHERE e.queue = v_queue
                    AND e.finished_at < v_now - v_shortest
                    AND e.workflow_run_id IS NULL
+                   AND e.key_slot IS NOT TRUE  -- a failed head blocking its lane stays (034_key_lanes.sql)
                    AND e.finished_at < CASE WHEN e.state = 'completed' THEN v_cut_completed ELSE v_cut_failed END
                  ORDER BY e.finished_at
                  LIMIT v_count
@@ -4379,7 +4746,8 @@ BEGIN
 
     DELETE FROM treadle.jobs AS j
      WHERE j.finished_at < v_cutoff
-       AND j.workflow_run_id IS NULL;
+       AND j.workflow_run_id IS NULL
+       AND j.key_slot IS NOT TRUE;  -- a failed head blocking its lane stays (034_key_lanes.sql)
     GET DIAGNOSTICS v_jobs = ROW_COUNT;
     v_steps := v_steps + v_jobs;
     DELETE FROM treadle.job_history AS h WHERE h.finished_at < v_cutoff;
@@ -4533,6 +4901,7 @@ BEGIN
                  WHERE e.finished_at < v_now - interval '1 minute'
                    AND e.workflow_run_id IS NULL
                    AND e.idempotency_key IS NULL
+                   AND e.key_slot IS NOT TRUE  -- a failed head blocking its lane stays (034_key_lanes.sql)
                  ORDER BY e.finished_at
                  LIMIT archive.batch) AS c
           LEFT JOIN treadle.queues AS q ON q.queue = c.queue
@@ -4549,6 +4918,7 @@ BEGIN
                    AND e.finished_at < v_now - interval '1 minute'
                    AND e.workflow_run_id IS NULL
                    AND e.idempotency_key IS NULL
+                   AND e.key_slot IS NOT TRUE
                  ORDER BY e.finished_at
                  LIMIT v_count
                    FOR UPDATE SKIP LOCKED) AS p
@@ -4691,6 +5061,8 @@ COMMENT ON FUNCTION treadle._purge_history(timestamptz, integer) IS
 --                 would make the queue hold more than N waiting jobs.
 --   retain_completed, retain_failed   how long finished jobs are kept (read by
 --                 the retention of finished jobs).
+--   key_limit     at most N jobs of one concurrency key released at once (null:
+--                 1); key_ordered makes each key an ordered lane (034_key_lanes.sql).
 -- Claims on a paused or limited queue lock its row (FOR UPDATE) until they
 -- commit, so concurrent claimers take their room one after another and never
 -- exceed a limit.
@@ -4730,7 +5102,8 @@ BEGIN ATOMIC
     DELETE FROM treadle.queues AS s
      WHERE s.queue = _queue_settled.queue
        AND NOT s.paused AND s.concurrency IS NULL AND s.rate_limit IS NULL AND s.max_depth IS NULL
-       AND s.retain_completed IS NULL AND s.retain_failed IS NULL;
+       AND s.retain_completed IS NULL AND s.retain_failed IS NULL
+       AND s.key_limit IS NULL AND NOT s.key_ordered;
 END;
 COMMENT ON FUNCTION treadle._queue_settled(text) IS
     'Delete a queue''s settings row when it holds no setting.';
@@ -4796,16 +5169,20 @@ COMMENT ON FUNCTION treadle._check_queue_limits(text, interval, interval) IS
 
 --------------------------------------------------------------------------------
 -- treadle.set_queue(queue, concurrency, rate_limit, rate_period, max_depth,
---                   retain_completed, retain_failed) -> void
+--                   retain_completed, retain_failed, key_limit, key_ordered) -> void
 --
 -- Transition: the queue's settings become exactly these (an argument left out or
 -- null is no limit); whether it is paused does not change (pause, resume). A
 -- queue left with no setting loses its row. Changing the rate empties nothing:
 -- the bucket starts full at the new rate; keeping it keeps the bucket.
+-- key_limit: jobs of one concurrency key released at once (null: 1); key_ordered
+-- (null: false) makes each key an ordered lane of limit 1 (034_key_lanes.sql). A
+-- raised key_limit releases blocked jobs into the new room at once.
 -- Raises 22004: queue null. 22023: queue not a valid name; concurrency outside
 -- 1..100000; rate_limit outside 1..1000000; rate_limit without rate_period or
 -- the reverse; rate_period not positive or over 1 day; max_depth outside
--- 1..1000000; a retention negative or over 100 years. 42501: a tenant's queue
+-- 1..1000000; a retention negative or over 100 years; key_limit outside
+-- 1..100000; key_ordered with a key_limit over 1. 42501: a tenant's queue
 -- outside its prefix; a retention below treadle.settings.retention_floor without
 -- the admin part. 54000: a new queue past max_queues without the admin part
 -- (treadle._check_queue_limits).
@@ -4817,7 +5194,9 @@ CREATE OR REPLACE FUNCTION treadle.set_queue(
     rate_period      interval DEFAULT NULL,
     max_depth        integer  DEFAULT NULL,
     retain_completed interval DEFAULT NULL,
-    retain_failed    interval DEFAULT NULL
+    retain_failed    interval DEFAULT NULL,
+    key_limit        integer  DEFAULT NULL,
+    key_ordered      boolean  DEFAULT false
 )
 RETURNS void
 LANGUAGE plpgsql
@@ -4849,16 +5228,26 @@ BEGIN
     END IF;
     PERFORM treadle._check_interval(set_queue.retain_completed, 'retain_completed', interval '100 years', may_be_zero => true);
     PERFORM treadle._check_interval(set_queue.retain_failed, 'retain_failed', interval '100 years', may_be_zero => true);
+    IF set_queue.key_limit NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'treadle: key_limit must be between 1 and 100000, got %', set_queue.key_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF set_queue.key_ordered AND set_queue.key_limit > 1 THEN
+        RAISE EXCEPTION 'treadle: an ordered queue runs one job of a key at a time: key_limit must be 1 or null, got %',
+                        set_queue.key_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     PERFORM treadle._check_queue_allowed(set_queue.queue);
     PERFORM treadle._check_queue_limits(set_queue.queue, set_queue.retain_completed, set_queue.retain_failed);
 
     INSERT INTO treadle.queues AS s
         (queue, concurrency, rate_limit, rate_period, max_depth, retain_completed, retain_failed,
-         rate_tokens, rate_updated_at, updated_at)
+         rate_tokens, rate_updated_at, updated_at, key_limit, key_ordered)
     VALUES
         (set_queue.queue, set_queue.concurrency, set_queue.rate_limit, set_queue.rate_period,
          set_queue.max_depth, set_queue.retain_completed, set_queue.retain_failed,
-         set_queue.rate_limit, CASE WHEN set_queue.rate_limit IS NOT NULL THEN v_now END, v_now)
+         set_queue.rate_limit, CASE WHEN set_queue.rate_limit IS NOT NULL THEN v_now END, v_now,
+         set_queue.key_limit, coalesce(set_queue.key_ordered, false))
     ON CONFLICT (queue) DO UPDATE
        SET concurrency = excluded.concurrency,
            rate_limit = excluded.rate_limit,
@@ -4871,14 +5260,17 @@ BEGIN
                               THEN s.rate_tokens ELSE excluded.rate_tokens END,
            rate_updated_at = CASE WHEN (s.rate_limit, s.rate_period) IS NOT DISTINCT FROM (excluded.rate_limit, excluded.rate_period)
                                   THEN s.rate_updated_at ELSE excluded.rate_updated_at END,
-           updated_at = excluded.updated_at;
+           updated_at = excluded.updated_at,
+           key_limit = excluded.key_limit,
+           key_ordered = excluded.key_ordered;
     PERFORM treadle._queue_settled(set_queue.queue);
+    PERFORM treadle._key_release_queue(set_queue.queue);  -- a raised key_limit has room
     -- a raised or lifted limit may let waiting jobs run now
     PERFORM treadle._notify('treadle_jobs', set_queue.queue);
 END;
 $$;
-COMMENT ON FUNCTION treadle.set_queue(text, integer, integer, interval, integer, interval, interval) IS
-    'Set a queue''s limits (concurrency, rate, max_depth) and retention; a setting left out is none.';
+COMMENT ON FUNCTION treadle.set_queue(text, integer, integer, interval, integer, interval, interval, integer, boolean) IS
+    'Set a queue''s limits (concurrency, rate, max_depth, key_limit, key_ordered) and retention; a setting left out is none.';
 
 --------------------------------------------------------------------------------
 -- treadle.pause(queue) -> boolean
@@ -5033,8 +5425,8 @@ COMMENT ON FUNCTION treadle._take_room(bigint[], jsonb) IS
 --------------------------------------------------------------------------------
 -- treadle._check_depth(queue, max_depth, adding) -> void
 --
--- Backpressure: raises TQ001 when a queue holding its waiting jobs (available or
--- retryable, due or not) plus `adding` more would pass max_depth. Counts at most
+-- Backpressure: raises TQ001 when a queue holding its waiting jobs (available,
+-- retryable or blocked, due or not) plus `adding` more would pass max_depth. Counts at most
 -- max_depth index entries.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_depth(queue text, max_depth integer, adding integer)
@@ -5051,6 +5443,10 @@ BEGIN
              WHERE j.queue = _check_depth.queue
                AND j.state = ANY (ARRAY['available', 'retryable'])
              LIMIT max_depth) AS w;
+    -- jobs waiting for their concurrency key's slot (034_key_lanes.sql), from their own index
+    v_waiting := v_waiting + (SELECT count(*) FROM (SELECT 1 FROM treadle.jobs AS j
+                                                   WHERE j.queue = _check_depth.queue AND j.state = 'blocked'
+                                                   LIMIT max_depth) AS b);
     IF v_waiting + adding > max_depth THEN
         RAISE EXCEPTION 'treadle: queue % is full: % waiting jobs, its max_depth is %', queue, v_waiting, max_depth
             USING ERRCODE = 'TQ001',
@@ -5065,7 +5461,7 @@ COMMENT ON FUNCTION treadle._check_depth(text, integer, integer) IS
 -- Each queue that has settings, as readers see it (tenants: their queues only).
 CREATE VIEW treadle.queue_settings WITH (security_invoker = true) AS
 SELECT s.queue, s.paused, s.concurrency, s.rate_limit, s.rate_period, s.max_depth,
-       s.retain_completed, s.retain_failed, s.updated_at
+       s.retain_completed, s.retain_failed, s.updated_at, s.key_limit, s.key_ordered
   FROM treadle.queues AS s
  ORDER BY s.queue;
 COMMENT ON VIEW treadle.queue_settings IS
@@ -8158,7 +8554,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    c_states CONSTANT text[] := ARRAY['available', 'running', 'retryable', 'completed', 'discarded', 'cancelled'];
+    c_states CONSTANT text[] := ARRAY['available', 'running', 'retryable', 'completed', 'discarded', 'cancelled', 'blocked'];
     v_prefix text := treadle._caller_prefix();  -- '' unless the caller is a tenant
     v_now   timestamptz := treadle.now();
     v_rows  real;
@@ -8273,7 +8669,10 @@ COMMENT ON FUNCTION treadle.job_counts(bigint) IS
 --     first, counted up to 1000), ready (nothing holds it back);
 --   running: running (worker, attempt, lease), worker (its last report, or that
 --     it is not in the registry), lease_expired, cancel_requested;
---   completed, discarded (with the last error), cancelled.
+--   completed, discarded (with the last error; lane_blocked for an ordered
+--     lane's failed head), cancelled;
+--   blocked (034_key_lanes.sql): key_full (N of N slots held, by jobs ...),
+--     lane_blocked (by failed head #id), key_waiting (older jobs of the key first).
 -- No rows for an unknown id, a job of a queue a tenant may not see, or one not in
 -- queue when that is given. Readers
 -- may call it (treadle.grant_reader); it reads as the owner and applies the
@@ -8328,6 +8727,11 @@ BEGIN
                             format('discarded at %s after attempt %s of %s failed: %s', v_job.finished_at,
                                    v_job.attempt, v_job.max_attempts, coalesce(left(v_job.last_error, 500), 'no error given')),
                             v_job.finished_at;
+        RETURN QUERY SELECT * FROM treadle._key_explain(v_job.id);  -- an ordered lane's failed head
+        RETURN;
+    ELSIF v_job.state = 'blocked' THEN
+        -- waits for a slot of its concurrency key (034_key_lanes.sql)
+        RETURN QUERY SELECT * FROM treadle._key_explain(v_job.id);
         RETURN;
     ELSIF v_job.state = 'running' THEN
         RETURN QUERY SELECT 'running',
@@ -9047,7 +9451,7 @@ BEGIN
         ('read',    'treadle.explain_run(bigint)'),
         ('read',    'treadle.listen_done(text)'),
         ('read',    'treadle.unlisten_done()'),
-        ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[], text, text, interval, jsonb)'),
+        ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[], text, text, interval, jsonb, text)'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
         ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb)'),
         ('produce', 'treadle.signal(bigint, text, jsonb)'),
@@ -9072,7 +9476,7 @@ BEGIN
         ('work',    'treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb)'),
         ('work',    'treadle.worker_seen(text, text, integer, text[], integer, integer, text[])'),
         ('work',    'treadle.worker_stopped(text)'),
-        ('queues',  'treadle.set_queue(text, integer, integer, interval, integer, interval, interval)'),
+        ('queues',  'treadle.set_queue(text, integer, integer, interval, integer, interval, interval, integer, boolean)'),
         ('queues',  'treadle.pause(text)'),
         ('queues',  'treadle.resume(text)'),
         ('runs',    'treadle.retry_run(bigint)'),

@@ -169,9 +169,11 @@ CREATE TABLE treadle.jobs (
     key_scope        text,                               -- while the key is held (032_enqueue_keys.sql); null: retained
     key_period       timestamptz,                        -- the start of the period the key is taken for; null: none
     meta             jsonb,                              -- the producer's metadata (an object, e.g. trace context); null: none
+    concurrency_key  text,                               -- its key's lane (034_key_lanes.sql); null: none
+    key_slot         boolean,                            -- it holds one of its key's slots; null: no key
     CONSTRAINT jobs_pkey PRIMARY KEY (id, queue),
     CONSTRAINT jobs_state_check CHECK (state = ANY (ARRAY[
-        'available', 'running', 'retryable', 'completed', 'discarded', 'cancelled'])),
+        'available', 'running', 'retryable', 'completed', 'discarded', 'cancelled', 'blocked'])),
     CONSTRAINT jobs_queue_check CHECK (queue <> ''),
     CONSTRAINT jobs_name_check CHECK (name <> ''),
     CONSTRAINT jobs_attempt_check CHECK (attempt >= 0),
@@ -191,7 +193,12 @@ CREATE TABLE treadle.jobs (
     CONSTRAINT jobs_timeout_check CHECK (timeout > interval '0'),
     CONSTRAINT jobs_backoff_check CHECK (cardinality(backoff) BETWEEN 1 AND 100),
     CONSTRAINT jobs_key_scope_check CHECK (key_scope = ANY (ARRAY['waiting', 'active', 'retained', 'released'])),
-    CONSTRAINT jobs_meta_check CHECK (jsonb_typeof(meta) = 'object')
+    CONSTRAINT jobs_meta_check CHECK (jsonb_typeof(meta) = 'object'),
+    -- only a job with a concurrency key waits for a slot ('blocked'); key_slot: it
+    -- holds one of its key's slots (034_key_lanes.sql)
+    CONSTRAINT jobs_key_slot_check CHECK (
+        (concurrency_key IS NULL) = (key_slot IS NULL)
+        AND (state <> 'blocked' OR concurrency_key IS NOT NULL))
 );
 
 -- Claims read only claimable rows: finished rows never slow a claim. The second index
@@ -402,6 +409,8 @@ CREATE TABLE treadle.queues (
     rate_tokens      double precision,       -- claims the bucket allows, as of rate_updated_at
     rate_updated_at  timestamptz,
     updated_at       timestamptz NOT NULL,
+    key_limit        integer,                -- jobs of one concurrency key released at once (null: 1)
+    key_ordered      boolean     NOT NULL DEFAULT false,  -- each key an ordered lane (limit 1, failed head blocks)
     CONSTRAINT queues_queue_check CHECK (queue <> ''),
     CONSTRAINT queues_concurrency_check CHECK (concurrency BETWEEN 1 AND 100000),
     CONSTRAINT queues_rate_check CHECK (
@@ -411,7 +420,8 @@ CREATE TABLE treadle.queues (
     CONSTRAINT queues_rate_limit_check CHECK (rate_limit BETWEEN 1 AND 1000000),
     CONSTRAINT queues_rate_period_check CHECK (rate_period > interval '0' AND rate_period <= interval '1 day'),
     CONSTRAINT queues_max_depth_check CHECK (max_depth BETWEEN 1 AND 1000000),
-    CONSTRAINT queues_retain_check CHECK (retain_completed >= interval '0' AND retain_failed >= interval '0')
+    CONSTRAINT queues_retain_check CHECK (retain_completed >= interval '0' AND retain_failed >= interval '0'),
+    CONSTRAINT queues_key_limit_check CHECK (key_limit BETWEEN 1 AND 100000 AND NOT (key_ordered AND key_limit > 1))
 );
 
 -- Tenants: a role listed here sees and acts on only the queues (and the workflow
@@ -463,3 +473,20 @@ SELECT pg_catalog.pg_extension_config_dump('treadle.cron_schedules', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.history_slots', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_signals', '');
 SELECT pg_catalog.pg_extension_config_dump('treadle.workflow_signals_id_seq', '');
+
+-- Concurrency keys (034_key_lanes.sql): the slots held per key, one row per key
+-- with a slot held (no row: none held).
+CREATE TABLE treadle.key_slots (
+    queue      text        NOT NULL,
+    key        text        NOT NULL,
+    held       integer     NOT NULL,  -- jobs of the key holding a slot (0 only inside a transaction)
+    updated_at timestamptz NOT NULL,
+    PRIMARY KEY (queue, key),
+    CONSTRAINT key_slots_held_check CHECK (held >= 0)
+);
+SELECT pg_catalog.pg_extension_config_dump('treadle.key_slots', '');
+
+-- A key's blocked jobs, oldest first (the next to release), and the jobs that hold
+-- its slots (treadle.explain names them): one index, so that writes of jobs without a
+-- key test one predicate more, not two.
+CREATE INDEX jobs_key_idx ON treadle.jobs (queue, concurrency_key, id) WHERE state = 'blocked' OR key_slot;

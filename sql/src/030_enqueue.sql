@@ -1,7 +1,8 @@
 --------------------------------------------------------------------------------
 -- treadle.enqueue(name, args, queue, priority, run_at, max_attempts,
 --                 idempotency_key, every, timeout, backoff,
---                 on_conflict, unique_while, unique_period, meta) -> bigint
+--                 on_conflict, unique_while, unique_period, meta,
+--                 concurrency_key) -> bigint
 --
 -- Transition: (none) -> available, in the caller's transaction; with a key held
 -- by a waiting job and on_conflict other than 'keep': that job's args (and run_at)
@@ -27,6 +28,9 @@
 -- the producer's metadata (a JSON object, e.g. trace context; SQL or JSON null:
 -- none): stored on the job, read by its handler, copied to a periodic job's next
 -- occurrence; a merge into a held key's job keeps that job's meta.
+-- `concurrency_key` puts the job in that key's lane (034_key_lanes.sql): it
+-- starts blocked, and is released (available) while the key has room under its
+-- queue's key_limit (treadle.set_queue), oldest first.
 -- Raises 22004: name, queue or priority null. 22023: name, queue or key empty,
 -- blank, over 200 characters or with a control character; args neither an object
 -- nor an array, over the size limit or nested over 100 levels; max_attempts < 1;
@@ -36,7 +40,8 @@
 -- over-366-day delay; on_conflict, unique_while or unique_period as
 -- treadle._check_key_options refuses them; merged args as treadle._append_args
 -- refuses them; meta not an object, over the size limit or nested over 100
--- levels. 22004 also: on_conflict or unique_while null. 42501: a tenant's
+-- levels; concurrency_key empty, blank, over 200 characters or with a control
+-- character. 22004 also: on_conflict or unique_while null. 42501: a tenant's
 -- queue outside its prefix. TQ001: the queue holds its max_depth of waiting jobs
 -- (treadle.set_queue); nothing is written.
 --------------------------------------------------------------------------------
@@ -54,7 +59,8 @@ CREATE OR REPLACE FUNCTION treadle.enqueue(
     on_conflict     text        DEFAULT 'keep',
     unique_while    text        DEFAULT 'retained',
     unique_period   interval    DEFAULT NULL,
-    meta            jsonb       DEFAULT NULL
+    meta            jsonb       DEFAULT NULL,
+    concurrency_key text        DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -90,6 +96,9 @@ BEGIN
     END IF;
     IF NOT treadle._is_name(enqueue.idempotency_key) THEN
         PERFORM treadle._check_text(enqueue.idempotency_key, 'idempotency_key');
+    END IF;
+    IF enqueue.concurrency_key IS NOT NULL AND NOT treadle._is_name(enqueue.concurrency_key) THEN
+        PERFORM treadle._check_text(enqueue.concurrency_key, 'concurrency_key');
     END IF;
     IF enqueue.on_conflict IS DISTINCT FROM 'keep' OR enqueue.unique_while IS DISTINCT FROM 'retained'
        OR enqueue.unique_period IS NOT NULL THEN
@@ -167,11 +176,13 @@ BEGIN
         LOOP
             INSERT INTO treadle.jobs AS j
                 (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-                 timeout, backoff, key_scope, key_period, meta)
+                 timeout, backoff, key_scope, key_period, meta, concurrency_key, state, key_slot)
             VALUES
                 (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
                  enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
-                 enqueue.timeout, enqueue.backoff, enqueue.unique_while, v_period, v_meta)
+                 enqueue.timeout, enqueue.backoff, enqueue.unique_while, v_period, v_meta, enqueue.concurrency_key,
+                 CASE WHEN enqueue.concurrency_key IS NULL THEN 'available' ELSE 'blocked' END,
+                 CASE WHEN enqueue.concurrency_key IS NOT NULL THEN false END)
             ON CONFLICT (queue, idempotency_key, key_period)
                WHERE idempotency_key IS NOT NULL
                  AND (key_scope IS NULL OR key_scope = 'retained'
@@ -184,10 +195,13 @@ BEGIN
                    -- a run_at moved earlier must be found by claims that resume (040_claim.sql)
                    ready_txid = CASE WHEN enqueue.on_conflict = 'replace' THEN pg_current_xact_id()
                                      ELSE j.ready_txid END
-             WHERE j.state = ANY (ARRAY['available', 'retryable'])
+             WHERE j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
             RETURNING j.id, j.run_at INTO v_id, v_run_at;
 
             IF v_id IS NOT NULL THEN
+                IF enqueue.concurrency_key IS NOT NULL THEN
+                    PERFORM treadle._key_release(enqueue.queue, enqueue.concurrency_key, 0);  -- 034_key_lanes.sql
+                END IF;
                 IF v_run_at <= v_now THEN
                     PERFORM treadle._notify('treadle_jobs', enqueue.queue);
                 END IF;
@@ -203,19 +217,23 @@ BEGIN
                AND (j.key_scope IS NULL OR j.key_scope = 'retained'
                     OR (j.key_scope = 'active' AND j.finished_at IS NULL)
                     OR (j.key_scope = 'waiting' AND j.started_at IS NULL AND j.finished_at IS NULL))
-               AND j.state <> ALL (ARRAY['available', 'retryable']);
+               AND j.state <> ALL (ARRAY['available', 'retryable', 'blocked']);
         END LOOP;
     END IF;
 
     LOOP
         INSERT INTO treadle.jobs AS j
             (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-             timeout, backoff, key_scope, key_period, meta)
+             timeout, backoff, key_scope, key_period, meta, concurrency_key, state, key_slot)
         VALUES
             (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
              enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
              enqueue.timeout, enqueue.backoff,
-             CASE WHEN enqueue.idempotency_key IS NOT NULL THEN enqueue.unique_while END, v_period, v_meta)
+             CASE WHEN enqueue.idempotency_key IS NOT NULL THEN enqueue.unique_while END, v_period, v_meta,
+             enqueue.concurrency_key,
+             -- a job with a concurrency key starts blocked, released below if its key has room
+             CASE WHEN enqueue.concurrency_key IS NULL THEN 'available' ELSE 'blocked' END,
+             CASE WHEN enqueue.concurrency_key IS NOT NULL THEN false END)
         ON CONFLICT (queue, idempotency_key, key_period)
            WHERE idempotency_key IS NOT NULL
              AND (key_scope IS NULL OR key_scope = 'retained'
@@ -225,6 +243,9 @@ BEGIN
         RETURNING j.id INTO v_id;
 
         IF v_id IS NOT NULL THEN
+            IF enqueue.concurrency_key IS NOT NULL THEN
+                PERFORM treadle._key_release(enqueue.queue, enqueue.concurrency_key, 0);  -- 034_key_lanes.sql
+            END IF;
             IF coalesce(enqueue.run_at, v_now) <= v_now THEN
                 PERFORM treadle._notify('treadle_jobs', enqueue.queue);
             END IF;
@@ -246,7 +267,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval,
-                                    interval, interval[], text, text, interval, jsonb) IS
+                                    interval, interval[], text, text, interval, jsonb, text) IS
     'Enqueue a job in the caller''s transaction and return its id (a held idempotency key returns its holder''s id, or merges into it: on_conflict).';
 
 --------------------------------------------------------------------------------
@@ -268,7 +289,7 @@ COMMENT ON FUNCTION treadle.enqueue(text, jsonb, text, integer, timestamptz, int
 -- queue, key or args that enqueue refuses, both run_at and run_in, an infinite
 -- run_at, an every, timeout, backoff, on_conflict, unique_while or
 -- unique_period as enqueue refuses it, a meta that is not an object, too large
--- or too deep); nothing is written then. 42501: a tenant's queue outside its prefix. TQ001: a queue would
+-- or too deep, a concurrency_key that is not a valid key); nothing is written then. 42501: a tenant's queue outside its prefix. TQ001: a queue would
 -- pass its max_depth (every element counts, keyed or not); nothing is written.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.enqueue_many(jobs jsonb)
@@ -284,7 +305,7 @@ AS $$
 DECLARE
     c_keys CONSTANT text[] := ARRAY['name', 'args', 'queue', 'priority', 'run_at', 'run_in', 'max_attempts',
                                     'idempotency_key', 'every', 'timeout', 'backoff', 'on_conflict',
-                                    'unique_while', 'unique_period', 'meta'];
+                                    'unique_while', 'unique_period', 'meta', 'concurrency_key'];
     v_now      timestamptz := treadle.now();
     v_max_size integer := treadle._max_payload_bytes();
     v_big      boolean;  -- the whole array is over the size limit, so an element may be
@@ -306,6 +327,7 @@ DECLARE
     a_period   interval[];   -- unique_period
     a_bucket   timestamptz[];  -- the start of each key's period
     a_meta     jsonb[];
+    a_ckey     text[];       -- concurrency_key
     v_ids      bigint[];
     v_i        bigint;
 BEGIN
@@ -378,6 +400,10 @@ BEGIN
                     THEN format('has a "meta" larger than the limit of %s bytes', v_max_size)
                 WHEN v_deep AND treadle._too_deep(s.spec -> 'meta')
                     THEN 'has a "meta" nested more than 100 levels deep'
+                WHEN s.spec ? 'concurrency_key' AND jsonb_typeof(s.spec -> 'concurrency_key') <> ALL (ARRAY['string', 'null'])
+                    THEN 'has a "concurrency_key" that is not a string'
+                WHEN jsonb_typeof(s.spec -> 'concurrency_key') = 'string' AND NOT treadle._is_name(s.spec ->> 'concurrency_key')
+                    THEN 'has a "concurrency_key" that is not 1 to 200 characters, not only spaces, without control characters'
                 END AS problem
               FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord)) AS e
      WHERE e.problem IS NOT NULL
@@ -404,9 +430,10 @@ BEGIN
                array_agg(coalesce(s.spec ->> 'on_conflict', 'keep') ORDER BY s.ord) FILTER (WHERE v_keyed),
                array_agg(coalesce(s.spec ->> 'unique_while', 'retained') ORDER BY s.ord) FILTER (WHERE v_keyed),
                array_agg((s.spec ->> 'unique_period')::interval ORDER BY s.ord) FILTER (WHERE v_keyed),
-               array_agg(nullif(s.spec -> 'meta', 'null'::jsonb) ORDER BY s.ord)
+               array_agg(nullif(s.spec -> 'meta', 'null'::jsonb) ORDER BY s.ord),
+               array_agg(s.spec ->> 'concurrency_key' ORDER BY s.ord)
           INTO a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff,
-               a_mode, a_while, a_period, a_meta
+               a_mode, a_while, a_period, a_meta, a_ckey
           FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, ord);
         PERFORM treadle._check_backoff(treadle._intervals(b.delays), 'a "backoff" in jobs')
            FROM unnest(a_backoff) AS b(delays)
@@ -460,16 +487,18 @@ BEGIN
     WITH input AS (
         SELECT i.*, nextval('treadle.jobs_id_seq'::regclass) AS new_id
           FROM unnest(a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff,
-                      a_mode, a_while, a_bucket, a_meta)
+                      a_mode, a_while, a_bucket, a_meta, a_ckey)
                WITH ORDINALITY AS i(name, args, queue, priority, run_at, max_attempts, idempotency_key, every,
-                                    timeout, backoff, mode, scope, bucket, meta, ord)
+                                    timeout, backoff, mode, scope, bucket, meta, ckey, ord)
     ), inserted AS (
         INSERT INTO treadle.jobs AS j
             (id, queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-             timeout, backoff, key_scope, key_period, meta)
+             timeout, backoff, key_scope, key_period, meta, concurrency_key, state, key_slot)
         SELECT i.new_id, i.queue, i.name, i.args, i.priority, i.run_at, i.max_attempts,
                i.idempotency_key, i.every, v_now, i.timeout, treadle._intervals(i.backoff),
-               CASE WHEN i.idempotency_key IS NOT NULL THEN coalesce(i.scope, 'retained') END, i.bucket, i.meta
+               CASE WHEN i.idempotency_key IS NOT NULL THEN coalesce(i.scope, 'retained') END, i.bucket, i.meta,
+               i.ckey, CASE WHEN i.ckey IS NULL THEN 'available' ELSE 'blocked' END,
+               CASE WHEN i.ckey IS NOT NULL THEN false END
           FROM input AS i
          WHERE i.mode IS NULL OR i.mode = 'keep'
          ORDER BY i.queue, i.idempotency_key, i.ord
@@ -497,6 +526,15 @@ BEGIN
       LEFT JOIN inserted AS k ON n.id IS NULL AND k.queue = i.queue AND k.idempotency_key = i.idempotency_key
                              AND k.key_period IS NOT DISTINCT FROM i.bucket;
 
+    -- Jobs with a concurrency key were inserted blocked: each key releases what its room
+    -- allows (034_key_lanes.sql), keys in order, so that concurrent batches never deadlock.
+    IF cardinality(array_remove(a_ckey, NULL)) > 0 THEN
+        PERFORM treadle._key_release(k.queue, k.key, 0)
+           FROM (SELECT DISTINCT u.queue, u.key FROM unnest(a_queue, a_ckey) AS u(queue, key)
+                  WHERE u.key IS NOT NULL) AS k
+          ORDER BY k.queue, k.key;
+    END IF;
+
     -- A key whose holder committed while this statement waited is not in its snapshot:
     -- look it up again with a fresh one. Rows that merge into a held key's job go
     -- here too. Key order again, so that concurrent batches never deadlock.
@@ -506,7 +544,7 @@ BEGIN
                                       a_run_at[v_i], a_max[v_i], a_key[v_i], a_every[v_i],
                                       a_timeout[v_i], treadle._intervals(a_backoff[v_i]),
                                       coalesce(a_mode[v_i], 'keep'), coalesce(a_while[v_i], 'retained'),
-                                      a_period[v_i], a_meta[v_i]);
+                                      a_period[v_i], a_meta[v_i], a_ckey[v_i]);
     END LOOP;
 
     PERFORM treadle._notify('treadle_jobs', q.queue)

@@ -34,7 +34,9 @@ COMMENT ON FUNCTION treadle._job_queue(bigint, text) IS
 --------------------------------------------------------------------------------
 -- treadle.cancel(job_id, queue) -> boolean
 --
--- Transition: available | retryable -> cancelled at once; running -> running
+-- Transition: available | retryable | blocked -> cancelled at once; an ordered
+-- lane's failed head (discarded, holding its key's slot: 034_key_lanes.sql) ->
+-- cancelled, which lets its lane go on; running -> running
 -- with a cancel request (heartbeat then answers 'cancel'; complete or fail
 -- finish it as cancelled), and a NOTIFY on channel treadle_cancel with the job id
 -- as payload, on which the worker running it heartbeats it at once (a hint: the
@@ -72,10 +74,18 @@ BEGIN
            finished_at = v_now
      WHERE j.id = cancel.job_id
        AND j.queue = v_queue
-       AND j.state = ANY (ARRAY['available', 'retryable'])
+       AND j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
     RETURNING j.* INTO v_job;
     IF FOUND THEN
         PERFORM treadle._follow_up(ARRAY[v_job]);
+        RETURN true;
+    END IF;
+    -- a failed head that blocks its ordered lane: it was followed up when it failed
+    UPDATE treadle.jobs AS j SET state = 'cancelled'
+     WHERE j.id = cancel.job_id AND j.queue = v_queue AND j.state = 'discarded' AND j.key_slot
+    RETURNING j.* INTO v_job;
+    IF FOUND THEN
+        PERFORM treadle._key_leave(v_job);
         RETURN true;
     END IF;
 
@@ -160,6 +170,9 @@ BEGIN
     RETURNING j.* INTO v_job;
     IF NOT FOUND THEN
         RETURN false;
+    END IF;
+    IF NOT v_job.key_slot THEN
+        PERFORM treadle._key_admit(v_job.id);  -- its concurrency key's slot, or blocked (034_key_lanes.sql)
     END IF;
 
     IF v_job.workflow_run_id IS NOT NULL AND v_job.args ? 'compensates' THEN
@@ -348,6 +361,7 @@ BEGIN
                       LEFT JOIN treadle.queues AS q ON q.queue = e.queue
                      WHERE e.finished_at < v_now - v_shortest
                        AND e.workflow_run_id IS NULL
+                       AND e.key_slot IS NOT TRUE
                        AND e.finished_at < v_now - CASE WHEN e.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
                                                         ELSE coalesce(q.retain_failed, v_failed) END
                      ORDER BY e.finished_at
@@ -363,6 +377,7 @@ BEGIN
                  WHERE e.queue = v_queue
                    AND e.finished_at < v_now - v_shortest
                    AND e.workflow_run_id IS NULL
+                   AND e.key_slot IS NOT TRUE  -- a failed head blocking its lane stays (034_key_lanes.sql)
                    AND e.finished_at < CASE WHEN e.state = 'completed' THEN v_cut_completed ELSE v_cut_failed END
                  ORDER BY e.finished_at
                  LIMIT v_count
@@ -420,7 +435,8 @@ BEGIN
 
     DELETE FROM treadle.jobs AS j
      WHERE j.finished_at < v_cutoff
-       AND j.workflow_run_id IS NULL;
+       AND j.workflow_run_id IS NULL
+       AND j.key_slot IS NOT TRUE;  -- a failed head blocking its lane stays (034_key_lanes.sql)
     GET DIAGNOSTICS v_jobs = ROW_COUNT;
     v_steps := v_steps + v_jobs;
     DELETE FROM treadle.job_history AS h WHERE h.finished_at < v_cutoff;

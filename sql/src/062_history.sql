@@ -142,6 +142,7 @@ BEGIN
                  WHERE e.finished_at < v_now - interval '1 minute'
                    AND e.workflow_run_id IS NULL
                    AND e.idempotency_key IS NULL
+                   AND e.key_slot IS NOT TRUE  -- a failed head blocking its lane stays (034_key_lanes.sql)
                  ORDER BY e.finished_at
                  LIMIT archive.batch) AS c
           LEFT JOIN treadle.queues AS q ON q.queue = c.queue
@@ -158,6 +159,7 @@ BEGIN
                    AND e.finished_at < v_now - interval '1 minute'
                    AND e.workflow_run_id IS NULL
                    AND e.idempotency_key IS NULL
+                   AND e.key_slot IS NOT TRUE
                  ORDER BY e.finished_at
                  LIMIT v_count
                    FOR UPDATE SKIP LOCKED) AS p

@@ -12,6 +12,8 @@
 --                 would make the queue hold more than N waiting jobs.
 --   retain_completed, retain_failed   how long finished jobs are kept (read by
 --                 the retention of finished jobs).
+--   key_limit     at most N jobs of one concurrency key released at once (null:
+--                 1); key_ordered makes each key an ordered lane (034_key_lanes.sql).
 -- Claims on a paused or limited queue lock its row (FOR UPDATE) until they
 -- commit, so concurrent claimers take their room one after another and never
 -- exceed a limit.
@@ -51,7 +53,8 @@ BEGIN ATOMIC
     DELETE FROM treadle.queues AS s
      WHERE s.queue = _queue_settled.queue
        AND NOT s.paused AND s.concurrency IS NULL AND s.rate_limit IS NULL AND s.max_depth IS NULL
-       AND s.retain_completed IS NULL AND s.retain_failed IS NULL;
+       AND s.retain_completed IS NULL AND s.retain_failed IS NULL
+       AND s.key_limit IS NULL AND NOT s.key_ordered;
 END;
 COMMENT ON FUNCTION treadle._queue_settled(text) IS
     'Delete a queue''s settings row when it holds no setting.';
@@ -117,16 +120,20 @@ COMMENT ON FUNCTION treadle._check_queue_limits(text, interval, interval) IS
 
 --------------------------------------------------------------------------------
 -- treadle.set_queue(queue, concurrency, rate_limit, rate_period, max_depth,
---                   retain_completed, retain_failed) -> void
+--                   retain_completed, retain_failed, key_limit, key_ordered) -> void
 --
 -- Transition: the queue's settings become exactly these (an argument left out or
 -- null is no limit); whether it is paused does not change (pause, resume). A
 -- queue left with no setting loses its row. Changing the rate empties nothing:
 -- the bucket starts full at the new rate; keeping it keeps the bucket.
+-- key_limit: jobs of one concurrency key released at once (null: 1); key_ordered
+-- (null: false) makes each key an ordered lane of limit 1 (034_key_lanes.sql). A
+-- raised key_limit releases blocked jobs into the new room at once.
 -- Raises 22004: queue null. 22023: queue not a valid name; concurrency outside
 -- 1..100000; rate_limit outside 1..1000000; rate_limit without rate_period or
 -- the reverse; rate_period not positive or over 1 day; max_depth outside
--- 1..1000000; a retention negative or over 100 years. 42501: a tenant's queue
+-- 1..1000000; a retention negative or over 100 years; key_limit outside
+-- 1..100000; key_ordered with a key_limit over 1. 42501: a tenant's queue
 -- outside its prefix; a retention below treadle.settings.retention_floor without
 -- the admin part. 54000: a new queue past max_queues without the admin part
 -- (treadle._check_queue_limits).
@@ -138,7 +145,9 @@ CREATE OR REPLACE FUNCTION treadle.set_queue(
     rate_period      interval DEFAULT NULL,
     max_depth        integer  DEFAULT NULL,
     retain_completed interval DEFAULT NULL,
-    retain_failed    interval DEFAULT NULL
+    retain_failed    interval DEFAULT NULL,
+    key_limit        integer  DEFAULT NULL,
+    key_ordered      boolean  DEFAULT false
 )
 RETURNS void
 LANGUAGE plpgsql
@@ -170,16 +179,26 @@ BEGIN
     END IF;
     PERFORM treadle._check_interval(set_queue.retain_completed, 'retain_completed', interval '100 years', may_be_zero => true);
     PERFORM treadle._check_interval(set_queue.retain_failed, 'retain_failed', interval '100 years', may_be_zero => true);
+    IF set_queue.key_limit NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'treadle: key_limit must be between 1 and 100000, got %', set_queue.key_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF set_queue.key_ordered AND set_queue.key_limit > 1 THEN
+        RAISE EXCEPTION 'treadle: an ordered queue runs one job of a key at a time: key_limit must be 1 or null, got %',
+                        set_queue.key_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     PERFORM treadle._check_queue_allowed(set_queue.queue);
     PERFORM treadle._check_queue_limits(set_queue.queue, set_queue.retain_completed, set_queue.retain_failed);
 
     INSERT INTO treadle.queues AS s
         (queue, concurrency, rate_limit, rate_period, max_depth, retain_completed, retain_failed,
-         rate_tokens, rate_updated_at, updated_at)
+         rate_tokens, rate_updated_at, updated_at, key_limit, key_ordered)
     VALUES
         (set_queue.queue, set_queue.concurrency, set_queue.rate_limit, set_queue.rate_period,
          set_queue.max_depth, set_queue.retain_completed, set_queue.retain_failed,
-         set_queue.rate_limit, CASE WHEN set_queue.rate_limit IS NOT NULL THEN v_now END, v_now)
+         set_queue.rate_limit, CASE WHEN set_queue.rate_limit IS NOT NULL THEN v_now END, v_now,
+         set_queue.key_limit, coalesce(set_queue.key_ordered, false))
     ON CONFLICT (queue) DO UPDATE
        SET concurrency = excluded.concurrency,
            rate_limit = excluded.rate_limit,
@@ -192,14 +211,17 @@ BEGIN
                               THEN s.rate_tokens ELSE excluded.rate_tokens END,
            rate_updated_at = CASE WHEN (s.rate_limit, s.rate_period) IS NOT DISTINCT FROM (excluded.rate_limit, excluded.rate_period)
                                   THEN s.rate_updated_at ELSE excluded.rate_updated_at END,
-           updated_at = excluded.updated_at;
+           updated_at = excluded.updated_at,
+           key_limit = excluded.key_limit,
+           key_ordered = excluded.key_ordered;
     PERFORM treadle._queue_settled(set_queue.queue);
+    PERFORM treadle._key_release_queue(set_queue.queue);  -- a raised key_limit has room
     -- a raised or lifted limit may let waiting jobs run now
     PERFORM treadle._notify('treadle_jobs', set_queue.queue);
 END;
 $$;
-COMMENT ON FUNCTION treadle.set_queue(text, integer, integer, interval, integer, interval, interval) IS
-    'Set a queue''s limits (concurrency, rate, max_depth) and retention; a setting left out is none.';
+COMMENT ON FUNCTION treadle.set_queue(text, integer, integer, interval, integer, interval, interval, integer, boolean) IS
+    'Set a queue''s limits (concurrency, rate, max_depth, key_limit, key_ordered) and retention; a setting left out is none.';
 
 --------------------------------------------------------------------------------
 -- treadle.pause(queue) -> boolean
@@ -354,8 +376,8 @@ COMMENT ON FUNCTION treadle._take_room(bigint[], jsonb) IS
 --------------------------------------------------------------------------------
 -- treadle._check_depth(queue, max_depth, adding) -> void
 --
--- Backpressure: raises TQ001 when a queue holding its waiting jobs (available or
--- retryable, due or not) plus `adding` more would pass max_depth. Counts at most
+-- Backpressure: raises TQ001 when a queue holding its waiting jobs (available,
+-- retryable or blocked, due or not) plus `adding` more would pass max_depth. Counts at most
 -- max_depth index entries.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_depth(queue text, max_depth integer, adding integer)
@@ -372,6 +394,10 @@ BEGIN
              WHERE j.queue = _check_depth.queue
                AND j.state = ANY (ARRAY['available', 'retryable'])
              LIMIT max_depth) AS w;
+    -- jobs waiting for their concurrency key's slot (034_key_lanes.sql), from their own index
+    v_waiting := v_waiting + (SELECT count(*) FROM (SELECT 1 FROM treadle.jobs AS j
+                                                   WHERE j.queue = _check_depth.queue AND j.state = 'blocked'
+                                                   LIMIT max_depth) AS b);
     IF v_waiting + adding > max_depth THEN
         RAISE EXCEPTION 'treadle: queue % is full: % waiting jobs, its max_depth is %', queue, v_waiting, max_depth
             USING ERRCODE = 'TQ001',
@@ -386,7 +412,7 @@ COMMENT ON FUNCTION treadle._check_depth(text, integer, integer) IS
 -- Each queue that has settings, as readers see it (tenants: their queues only).
 CREATE VIEW treadle.queue_settings WITH (security_invoker = true) AS
 SELECT s.queue, s.paused, s.concurrency, s.rate_limit, s.rate_period, s.max_depth,
-       s.retain_completed, s.retain_failed, s.updated_at
+       s.retain_completed, s.retain_failed, s.updated_at, s.key_limit, s.key_ordered
   FROM treadle.queues AS s
  ORDER BY s.queue;
 COMMENT ON VIEW treadle.queue_settings IS

@@ -143,7 +143,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    c_states CONSTANT text[] := ARRAY['available', 'running', 'retryable', 'completed', 'discarded', 'cancelled'];
+    c_states CONSTANT text[] := ARRAY['available', 'running', 'retryable', 'completed', 'discarded', 'cancelled', 'blocked'];
     v_prefix text := treadle._caller_prefix();  -- '' unless the caller is a tenant
     v_now   timestamptz := treadle.now();
     v_rows  real;

@@ -12,7 +12,10 @@
 --     first, counted up to 1000), ready (nothing holds it back);
 --   running: running (worker, attempt, lease), worker (its last report, or that
 --     it is not in the registry), lease_expired, cancel_requested;
---   completed, discarded (with the last error), cancelled.
+--   completed, discarded (with the last error; lane_blocked for an ordered
+--     lane's failed head), cancelled;
+--   blocked (034_key_lanes.sql): key_full (N of N slots held, by jobs ...),
+--     lane_blocked (by failed head #id), key_waiting (older jobs of the key first).
 -- No rows for an unknown id, a job of a queue a tenant may not see, or one not in
 -- queue when that is given. Readers
 -- may call it (treadle.grant_reader); it reads as the owner and applies the
@@ -67,6 +70,11 @@ BEGIN
                             format('discarded at %s after attempt %s of %s failed: %s', v_job.finished_at,
                                    v_job.attempt, v_job.max_attempts, coalesce(left(v_job.last_error, 500), 'no error given')),
                             v_job.finished_at;
+        RETURN QUERY SELECT * FROM treadle._key_explain(v_job.id);  -- an ordered lane's failed head
+        RETURN;
+    ELSIF v_job.state = 'blocked' THEN
+        -- waits for a slot of its concurrency key (034_key_lanes.sql)
+        RETURN QUERY SELECT * FROM treadle._key_explain(v_job.id);
         RETURN;
     ELSIF v_job.state = 'running' THEN
         RETURN QUERY SELECT 'running',

@@ -299,3 +299,36 @@ DROP FUNCTION treadle.explain(bigint);
 DROP FUNCTION treadle._left_by(bigint, uuid, text[]);
 DROP FUNCTION treadle.heartbeat(bigint, uuid, interval);
 DROP FUNCTION treadle.progress(bigint, uuid, double precision, text);
+
+-- concurrency keys
+-- Concurrency keys and ordered lanes (sql/src/034_key_lanes.sql): two columns at the
+-- end of treadle.jobs (and of its history), the state 'blocked', two queue settings
+-- at the end of treadle.queues (set_queue takes them as new last parameters, so
+-- 0.3.0's signature goes), and the slots held per key, as in 010_tables.sql.
+ALTER TABLE treadle.jobs
+    ADD COLUMN concurrency_key text,
+    ADD COLUMN key_slot boolean,
+    DROP CONSTRAINT jobs_state_check,
+    ADD CONSTRAINT jobs_state_check CHECK (state = ANY (ARRAY[
+        'available', 'running', 'retryable', 'completed', 'discarded', 'cancelled', 'blocked'])),
+    ADD CONSTRAINT jobs_key_slot_check CHECK (
+        (concurrency_key IS NULL) = (key_slot IS NULL)
+        AND (state <> 'blocked' OR concurrency_key IS NOT NULL));
+ALTER TABLE treadle.job_history
+    ADD COLUMN concurrency_key text,
+    ADD COLUMN key_slot boolean;
+ALTER TABLE treadle.queues
+    ADD COLUMN key_limit integer,
+    ADD COLUMN key_ordered boolean NOT NULL DEFAULT false,
+    ADD CONSTRAINT queues_key_limit_check CHECK (key_limit BETWEEN 1 AND 100000 AND NOT (key_ordered AND key_limit > 1));
+DROP FUNCTION treadle.set_queue(text, integer, integer, interval, integer, interval, interval);
+CREATE TABLE treadle.key_slots (
+    queue      text        NOT NULL,
+    key        text        NOT NULL,
+    held       integer     NOT NULL,  -- jobs of the key holding a slot (0 only inside a transaction)
+    updated_at timestamptz NOT NULL,
+    PRIMARY KEY (queue, key),
+    CONSTRAINT key_slots_held_check CHECK (held >= 0)
+);
+SELECT pg_catalog.pg_extension_config_dump('treadle.key_slots', '');
+CREATE INDEX jobs_key_idx ON treadle.jobs (queue, concurrency_key, id) WHERE state = 'blocked' OR key_slot;

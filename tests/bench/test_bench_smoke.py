@@ -32,6 +32,7 @@ SCENARIOS = [
     "scale",
     "workflow_map",
     "workflows",
+    "keys",
 ]
 
 

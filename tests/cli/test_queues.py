@@ -55,6 +55,8 @@ def test_set_changes_only_the_settings_given(dsn: str, conn: psycopg.Connection[
         "max_depth": 100,
         "retain_completed": 7 * 86400.0,
         "retain_failed": 30 * 86400.0,
+        "key_limit": None,
+        "key_ordered": False,
     }
     assert settings(conn, "api") == (True, 2, 10, 1, 100, 7 * 86400, 30 * 86400)
     # removing one, either way, keeps the rest
@@ -90,7 +92,16 @@ def test_list_counts_every_state_of_each_queue_in_sql(dsn: str, conn: psycopg.Co
     assert len(claimed) == 1
     listed = expect(treadle("queues", "list", "--json", "--dsn", dsn), 0).json()
     assert [row["queue"] for row in listed] == ["Z", "a", "b", "y-settings-only"]  # by code point, as sorted() did
-    settings_names = ["concurrency", "rate_limit", "rate_period", "max_depth", "retain_completed", "retain_failed"]
+    settings_names = [
+        "concurrency",
+        "rate_limit",
+        "rate_period",
+        "max_depth",
+        "retain_completed",
+        "retain_failed",
+        "key_limit",
+        "key_ordered",
+    ]
     assert [list(row) for row in listed] == [
         ["queue", *JOB_STATES, "oldest_waiting_seconds", "paused", *settings_names]
     ] * 4
@@ -100,6 +111,22 @@ def test_list_counts_every_state_of_each_queue_in_sql(dsn: str, conn: psycopg.Co
     only = listed[3]
     assert {state: only[state] for state in JOB_STATES} == dict.fromkeys(JOB_STATES, 0)
     assert (only["oldest_waiting_seconds"], only["paused"], only["max_depth"]) == (None, False, 5)
+
+
+def test_set_changes_the_key_settings(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    done = expect(treadle("queues", "set", "hooks", "--key-limit", "3", "--dsn", dsn), 0)
+    assert done.out == "queue hooks: 3 per key\n"
+    shown = expect(treadle("queues", "set", "hooks", "--key-limit", "none", "--key-ordered", "on", "--json",
+                           "--dsn", dsn), 0).json()  # fmt: skip
+    assert (shown["key_limit"], shown["key_ordered"]) == (None, True)
+    assert conn.execute("SELECT key_limit, key_ordered FROM treadle.queues WHERE queue = 'hooks'").fetchone() == (
+        None,
+        True,
+    )
+    listed = expect(treadle("queues", "list", "--dsn", dsn), 0).out
+    assert "ordered lanes" in listed
+    expect(treadle("queues", "set", "hooks", "--key-ordered", "off", "--dsn", dsn), 0)
+    assert conn.execute("SELECT count(*) FROM treadle.queues WHERE queue = 'hooks'").fetchone() == (0,)
 
 
 @pytest.mark.parametrize(
@@ -116,6 +143,9 @@ def test_list_counts_every_state_of_each_queue_in_sql(dsn: str, conn: psycopg.Co
         (["--retain-failed", "6000w"], "retain_failed"),
         (["--max-depth", "-1"], "max_depth"),
         (["--concurrency", "2", "--clear-concurrency"], "contradict"),
+        (["--key-limit", "0"], "key_limit"),
+        (["--key-ordered", "maybe"], "--key-ordered: 'maybe' is not on or off"),
+        (["--key-ordered", "on", "--key-limit", "2"], "key_limit"),
         ([], "name a setting to change"),
     ],
 )

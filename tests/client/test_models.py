@@ -33,4 +33,11 @@ def test_a_claimed_row_is_jobs_fields_in_order_and_every_column_of_the_table(con
     ]
     # key_scope and key_period are the idempotency key's bookkeeping (which index holds
     # it), not the job's: treadle.explain reads them
-    assert set(CLAIMED_NAMES) == set(columns) - {"schedule", "ready_txid", "key_scope", "key_period"}
+    assert set(CLAIMED_NAMES) == set(columns) - {
+        "schedule",
+        "ready_txid",
+        "key_scope",
+        "key_period",
+        "concurrency_key",
+        "key_slot",
+    }

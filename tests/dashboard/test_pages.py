@@ -47,6 +47,7 @@ def test_overview_counts_every_state(client: FlaskClient, seeded: Seeded) -> Non
         "completed": "2",
         "discarded": "3",
         "cancelled": "1",
+        "blocked": "0",
     }
     assert "≈" not in states
 

@@ -20,7 +20,10 @@ def counts(conn: psycopg.Connection, exact_up_to: int = 100_000) -> dict[tuple[s
 
 def test_counts_are_exact_on_a_small_table(conn: psycopg.Connection, seeded: Seeded) -> None:
     got = counts(conn)
-    totals = {s: got[(None, s)] for s in ("available", "running", "retryable", "completed", "discarded", "cancelled")}
+    totals = {
+        s: got[(None, s)]
+        for s in ("available", "running", "retryable", "completed", "discarded", "cancelled", "blocked")
+    }
     expected: dict[str, int] = dict(conn.execute("SELECT state, count(*) FROM treadle.jobs GROUP BY state").fetchall())
     assert {s: n for s, (n, _) in totals.items()} == {s: expected.get(s, 0) for s in totals}
     assert not any(e for _, e in got.values())
@@ -32,7 +35,8 @@ def test_counts_are_exact_on_a_small_table(conn: psycopg.Connection, seeded: See
 def test_counts_give_every_state_total_on_an_empty_table(conn: psycopg.Connection) -> None:
     rows = conn.execute("SELECT queue, state, jobs, estimated FROM treadle.job_counts()").fetchall()
     assert rows == [
-        (None, s, 0, False) for s in ("available", "running", "retryable", "completed", "discarded", "cancelled")
+        (None, s, 0, False)
+        for s in ("available", "running", "retryable", "completed", "discarded", "cancelled", "blocked")
     ]
 
 

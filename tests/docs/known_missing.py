@@ -20,13 +20,6 @@ from __future__ import annotations
 MISSING: list[dict[str, str]] = [
     {
         "page": "docs/comparison.md",
-        "says": "concurrency limits per key inside a queue, fair share between keys, strict ordering per key",
-        "sql": """SELECT NOT EXISTS (SELECT 1 FROM information_schema.columns
-                             WHERE table_schema = 'treadle' AND table_name IN ('jobs', 'queues')
-                               AND column_name ~* 'limit_key|concurrency_key|fair|order_key|group_key')""",
-    },
-    {
-        "page": "docs/comparison.md",
         "says": "tags on jobs",
         "sql": """SELECT NOT EXISTS (SELECT 1 FROM information_schema.columns
                              WHERE table_schema = 'treadle' AND table_name = 'jobs'

@@ -42,6 +42,12 @@ def integer(value: Any, what: str, bounds: tuple[int, int] = INT4) -> int:
     return value
 
 
+def boolean(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{what} must be True or False, not {type(value).__name__}")
+    return value
+
+
 def row_id(value: Any, what: str) -> int:
     return integer(value, what, INT8)
 

@@ -88,4 +88,8 @@ def limits_text(settings: dict[str, Any]) -> str:
         parts.append(f"keep completed {span(settings['retain_completed'])}")
     if settings["retain_failed"] is not None:
         parts.append(f"keep failed {span(settings['retain_failed'])}")
+    if settings.get("key_ordered"):
+        parts.append("ordered lanes")
+    elif settings.get("key_limit") is not None:
+        parts.append(f"{settings['key_limit']} per key")
     return ", ".join(parts) or "-"

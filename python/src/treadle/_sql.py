@@ -29,7 +29,8 @@ SELECT treadle.enqueue(
     idempotency_key => %(idempotency_key)s::text, every => %(every)s::interval,
     timeout => %(timeout)s::interval, backoff => %(backoff)s::interval[],
     on_conflict => %(on_conflict)s::text, unique_while => %(unique_while)s::text,
-    unique_period => %(unique_period)s::interval, meta => %(meta)s::jsonb)
+    unique_period => %(unique_period)s::interval, meta => %(meta)s::jsonb,
+    concurrency_key => %(concurrency_key)s::text)
 """
 # treadle.enqueue_many, the jobs as given: none has a "run_in" delay (the common case;
 # ENQUEUE_MANY's rewrite would rebuild and sort the whole array for nothing)
@@ -99,7 +100,8 @@ SET_QUEUE: Final[LiteralString] = """
 SELECT treadle.set_queue(
     queue => %(queue)s::text, concurrency => %(concurrency)s::integer, rate_limit => %(rate_limit)s::integer,
     rate_period => %(rate_period)s::interval, max_depth => %(max_depth)s::integer,
-    retain_completed => %(retain_completed)s::interval, retain_failed => %(retain_failed)s::interval)
+    retain_completed => %(retain_completed)s::interval, retain_failed => %(retain_failed)s::interval,
+    key_limit => %(key_limit)s::integer, key_ordered => %(key_ordered)s::boolean)
 """
 EXPLAIN: Final[LiteralString] = "SELECT reason, message, at FROM treadle.explain(job_id => %(job_id)s::bigint)"
 # treadle.explain_run: why a workflow run is where it is, a summary row then each step not completed
@@ -142,7 +144,9 @@ SELECT treadle.set_queue(
     max_depth => CASE WHEN %(given_max_depth)s THEN %(max_depth)s::integer ELSE s.max_depth END,
     retain_completed => CASE WHEN %(given_retain_completed)s THEN %(retain_completed)s::interval
                              ELSE s.retain_completed END,
-    retain_failed => CASE WHEN %(given_retain_failed)s THEN %(retain_failed)s::interval ELSE s.retain_failed END)
+    retain_failed => CASE WHEN %(given_retain_failed)s THEN %(retain_failed)s::interval ELSE s.retain_failed END,
+    key_limit => CASE WHEN %(given_key_limit)s THEN %(key_limit)s::integer ELSE s.key_limit END,
+    key_ordered => CASE WHEN %(given_key_ordered)s THEN %(key_ordered)s::boolean ELSE s.key_ordered END)
   FROM (VALUES (%(queue)s::text)) AS q(queue)
   LEFT JOIN treadle.queue_settings AS s ON s.queue = q.queue
 """
@@ -342,7 +346,8 @@ WORKER_STOPPED: Final[LiteralString] = "SELECT treadle.worker_stopped(worker_id 
 
 # treadle.queue_settings: every queue's pause, limits and retention (a tenant sees its own)
 QUEUE_SETTINGS: Final[LiteralString] = """
-SELECT queue, paused, concurrency, rate_limit, rate_period, max_depth, retain_completed, retain_failed, updated_at
+SELECT queue, paused, concurrency, rate_limit, rate_period, max_depth, retain_completed, retain_failed, updated_at,
+       key_limit, key_ordered
   FROM treadle.queue_settings
 """
 # ... one queue's (no row: no setting, not paused)

@@ -122,6 +122,7 @@ class EnqueueOptions(TypedDict, total=False):
     unique_while: UniqueWhile  # default "retained": while the job holds its key
     unique_period: timedelta | None  # the key is taken per period of the database's clock; None: for good
     meta: Mapping[str, Any] | None  # metadata for the handler and tools (a JSON object); None: none
+    concurrency_key: str | None  # its key's lane: at most the queue's key_limit of one key at once (docs/queues.md)
 
 
 class WorkflowOptions(TypedDict, total=False):
@@ -156,6 +157,7 @@ ENQUEUE_DEFAULTS: Final[EnqueueOptions] = {
     "unique_while": "retained",
     "unique_period": None,
     "meta": None,
+    "concurrency_key": None,
 }
 WORKFLOW_DEFAULTS: Final[WorkflowOptions] = {
     "steps": None,
@@ -211,7 +213,10 @@ def enqueue(
     docs/queues.md. ``meta`` is a JSON object stored with the job (its handler
     reads ``ctx.meta``; a periodic job's next occurrence keeps it); with the
     ``otel`` extra, the current trace context is added to it (docs/concepts.md,
-    "Tracing"). The options and their defaults: `EnqueueOptions`.
+    "Tracing"). ``concurrency_key`` puts the job in that key's lane: at most
+    the queue's ``key_limit`` jobs of one key run at once, the others wait
+    ("blocked") and are released oldest first (docs/queues.md, "Concurrency
+    keys"). The options and their defaults: `EnqueueOptions`.
     """
     given = _with_defaults("enqueue", options, ENQUEUE_DEFAULTS)
     moment = _args.moment(given["run_at"], "run_at")
@@ -231,6 +236,7 @@ def enqueue(
         "unique_while": _args.text(given["unique_while"], "unique_while"),
         "unique_period": _args.interval(given["unique_period"], "unique_period"),
         "meta": _json.to_jsonb(_otel.with_trace_context(_meta(given["meta"], "meta")), "meta"),
+        "concurrency_key": _args.optional_text(given["concurrency_key"], "concurrency_key"),
     }
     return _conn.execute(conn, _sql.ENQUEUE, params, _scalar)
 
@@ -285,7 +291,7 @@ def _job_spec(index: int, spec: Any) -> Any:
         label = f"{where}[{key!r}]"
         if key in ("name", "queue", "on_conflict", "unique_while"):
             out[key] = _args.text(value, label)
-        elif key == "idempotency_key":
+        elif key in ("idempotency_key", "concurrency_key"):
             out[key] = _args.optional_text(value, label)
         elif key in ("priority", "max_attempts"):
             out[key] = _args.integer(value, label)
@@ -884,6 +890,8 @@ def set_queue(
     max_depth: int | None = None,
     retain_completed: timedelta | None = None,
     retain_failed: timedelta | None = None,
+    key_limit: int | None = None,
+    key_ordered: bool = False,
 ) -> Awaitable[None]: ...
 @overload
 def set_queue(
@@ -896,6 +904,8 @@ def set_queue(
     max_depth: int | None = None,
     retain_completed: timedelta | None = None,
     retain_failed: timedelta | None = None,
+    key_limit: int | None = None,
+    key_ordered: bool = False,
 ) -> None: ...
 def set_queue(
     conn: AnyConnection,
@@ -907,6 +917,8 @@ def set_queue(
     max_depth: int | None = None,
     retain_completed: timedelta | None = None,
     retain_failed: timedelta | None = None,
+    key_limit: int | None = None,
+    key_ordered: bool = False,
 ) -> Awaitable[None] | None:
     """Set a queue's limits and retention to exactly these; a setting left out is none.
 
@@ -914,7 +926,11 @@ def set_queue(
     worker. ``rate_limit`` per ``rate_period``: at most that many claims, with
     bursts up to ``rate_limit``. ``max_depth``: an enqueue that would leave more
     waiting jobs raises `QueueFull`. ``retain_completed`` and ``retain_failed``:
-    how long finished jobs are kept. Whether the queue is paused does not change.
+    how long finished jobs are kept. ``key_limit``: at most this many jobs of one
+    ``concurrency_key`` released at once (None: 1); ``key_ordered``: each key is
+    an ordered lane (one at a time, in enqueue order; a head that fails for good
+    blocks its lane until it is retried or cancelled). Whether the queue is
+    paused does not change.
     """
     params = {
         "queue": _args.text(queue, "queue"),
@@ -924,6 +940,8 @@ def set_queue(
         "max_depth": None if max_depth is None else _args.integer(max_depth, "max_depth"),
         "retain_completed": _args.interval(retain_completed, "retain_completed"),
         "retain_failed": _args.interval(retain_failed, "retain_failed"),
+        "key_limit": None if key_limit is None else _args.integer(key_limit, "key_limit"),
+        "key_ordered": _args.boolean(key_ordered, "key_ordered"),
     }
     return _conn.execute(conn, _sql.SET_QUEUE, params, _nothing)
 

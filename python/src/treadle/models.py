@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, get_args
 
-JobState = Literal["available", "running", "retryable", "completed", "discarded", "cancelled"]
+JobState = Literal["available", "running", "retryable", "completed", "discarded", "cancelled", "blocked"]
 
 JOB_STATES: tuple[str, ...] = get_args(JobState)  # in the order the CHECK constraint lists them
 FINISHED_STATES: frozenset[str] = frozenset({"completed", "discarded", "cancelled"})

@@ -40,6 +40,7 @@ WITH counts AS (
            coalesce(sum(jobs) FILTER (WHERE state = 'completed'), 0)::bigint AS completed,
            coalesce(sum(jobs) FILTER (WHERE state = 'discarded'), 0)::bigint AS discarded,
            coalesce(sum(jobs) FILTER (WHERE state = 'cancelled'), 0)::bigint AS cancelled,
+           coalesce(sum(jobs) FILTER (WHERE state = 'blocked'), 0)::bigint AS blocked,
            extract(epoch FROM max(oldest_available_age))::float8 AS oldest_waiting_seconds
       FROM treadle.job_counts()
      WHERE queue IS NOT NULL
@@ -48,8 +49,10 @@ SELECT coalesce(c.queue, s.queue) AS queue,
        coalesce(c.available, 0) AS available, coalesce(c.running, 0) AS running,
        coalesce(c.retryable, 0) AS retryable, coalesce(c.completed, 0) AS completed,
        coalesce(c.discarded, 0) AS discarded, coalesce(c.cancelled, 0) AS cancelled,
+       coalesce(c.blocked, 0) AS blocked,
        c.oldest_waiting_seconds, coalesce(s.paused, false) AS paused, s.concurrency, s.rate_limit,
-       s.rate_period, s.max_depth, s.retain_completed, s.retain_failed
+       s.rate_period, s.max_depth, s.retain_completed, s.retain_failed, s.key_limit,
+       coalesce(s.key_ordered, false) AS key_ordered
   FROM counts AS c
   FULL JOIN treadle.queue_settings AS s ON s.queue = c.queue
  ORDER BY coalesce(c.queue, s.queue) COLLATE "C"
@@ -62,7 +65,7 @@ class Setting:
     """One of set_queue's settings as `queues set` takes it: a flag, and how to read its value."""
 
     name: str  # set_queue's argument: rate_limit
-    kind: str  # "count" or "duration"
+    kind: str  # "count", "duration" or "switch" (on or off)
     help: str
 
     @property
@@ -77,6 +80,8 @@ SETTINGS_FLAGS = (
     Setting("max_depth", "count", "an enqueue that would leave more than N waiting jobs fails (1..1000000)"),
     Setting("retain_completed", "duration", "keep its completed jobs this long, such as 7d (0 to 100 years)"),
     Setting("retain_failed", "duration", "keep its discarded and cancelled jobs this long, such as 30d"),
+    Setting("key_limit", "count", "at most N jobs of one concurrency key at once (1..100000; none: 1)"),
+    Setting("key_ordered", "switch", "on: each concurrency key an ordered lane (one at a time, a failed head blocks)"),
 )
 
 
@@ -122,12 +127,14 @@ def add_commands(commands: Any) -> None:
             "treadle queues set partner-api --rate-limit 10 --rate-period 1s",
             "treadle queues set mail --max-depth 10000 --retain-completed 7d --retain-failed 30d",
             "treadle queues set partner-api --clear-concurrency",
+            "treadle queues set webhooks --key-ordered on",
         ],
     )
     setting.add_argument("queue", help="the queue's name")
     for s in SETTINGS_FLAGS:
-        metavar = "N" if s.kind == "count" else "DURATION"
+        metavar = {"count": "N", "duration": "DURATION", "switch": "on|off"}[s.kind]
         removed = "the global retention (treadle.configure)" if s.name.startswith("retain") else "no limit"
+        removed = {"key_limit": "1 per key", "key_ordered": "off"}.get(s.name, removed)
         setting.add_argument(s.flag, dest=s.name, metavar=metavar, help=f"{s.help}; 'none' removes it: {removed}")
         setting.add_argument(
             f"--clear-{s.flag[2:]}", dest=f"clear_{s.name}", action="store_true", help=f"remove {s.flag[2:]}"
@@ -171,7 +178,7 @@ def _settings(row: dict[str, Any] | None) -> dict[str, Any]:
     """A queue's settings as --json gives them: durations in seconds, null for none."""
     names = ("paused", *(s.name for s in SETTINGS_FLAGS))
     if row is None:
-        return {"paused": False, **dict.fromkeys(names[1:])}
+        return {"paused": False, **dict.fromkeys(names[1:]), "key_ordered": False}
     return {name: row[name] for name in names}
 
 
@@ -225,8 +232,14 @@ def set_queue(options: argparse.Namespace) -> int:
     return OK
 
 
-def _value(setting: Setting, raw: str) -> int | timedelta | None:
+def _value(setting: Setting, raw: str) -> int | timedelta | bool | None:
     text = raw.strip()
+    if setting.kind == "switch":
+        if text.lower() in ("on", "true", "yes"):
+            return True
+        if text.lower() in ("off", "false", "no", *NONE_WORDS):
+            return False
+        raise UsageError(f"{setting.flag}: {raw!r} is not on or off")
     if text.lower() in NONE_WORDS:
         return None
     if setting.kind == "duration":

@@ -118,7 +118,7 @@ def error_time(value: Any) -> str:
 # What treadle.retry and treadle.cancel accept (sql/src/060_control.sql), so the pages
 # offer only actions that can apply; a test holds these to what the functions do.
 RETRY_FROM = frozenset({"discarded", "cancelled", "retryable"})
-CANCEL_FROM = frozenset({"available", "retryable"})  # and running, until a cancel is requested
+CANCEL_FROM = frozenset({"available", "retryable", "blocked"})  # and running, until a cancel is requested
 
 
 def can_retry(job: Row) -> bool:
