@@ -61,7 +61,7 @@ def test_terminated_connections_are_replaced_and_the_job_finishes(
     old_listener = wait_for(lambda: listener_pid(conn, "terminated"), "the listener")
     killed = conn.execute(
         "SELECT count(*) FROM pg_stat_activity, pg_terminate_backend(pid) "
-        "WHERE application_name = 'treadle-worker:terminated'"
+        "WHERE application_name = 'treadle-worker:terminated' AND datname = current_database()"
     ).fetchone()
     assert killed is not None and killed[0] >= 2, "the pool's connections and the listener's"
     with caplog.at_level(logging.WARNING, logger="treadle.worker"):
