@@ -3064,7 +3064,9 @@ COMMENT ON FUNCTION treadle._notify_done(text[]) IS
 -- Transition: (none) -> available for steps of a workflow run, in one
 -- statement: each a job named 'workflow:<workflow name>/<step>' whose `step`
 -- column names the step. Workers of its queue hear of it when nobody else will
--- take it at once (treadle._notify_steps). PL/pgSQL, so that its statements are
+-- take it at once (treadle._notify_steps). A step with a concurrency_key in the
+-- run's step_options starts blocked and is released as its key has room
+-- (treadle._key_release_keys). PL/pgSQL, so that its statements are
 -- planned once per session (a SQL function's are planned at every call).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_steps(run treadle.workflow_runs, steps text[], at timestamptz)
@@ -3082,6 +3084,8 @@ DECLARE
     v_queues     text[];
     v_names      text[];
     v_priorities integer[];
+    v_key_queues text[];
+    v_keys       text[];
 BEGIN
     IF cardinality(steps) = 1 AND run.step_options IS NULL THEN
         -- the common case: the next step of a run without per-step options
@@ -3092,22 +3096,36 @@ BEGIN
         RETURNING id, queue, name, priority INTO v_id, v_queue, v_name, v_priority;
         PERFORM treadle._notify_steps(ARRAY[v_id], ARRAY[v_queue], ARRAY[v_name], ARRAY[v_priority], at);
     ELSIF cardinality(steps) > 0 THEN
+        -- a step with a concurrency_key starts blocked and goes through its key's
+        -- admission, as a keyed enqueue does (034_key_lanes.sql)
         WITH added AS (
             INSERT INTO treadle.jobs
-                (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
+                (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
+                 concurrency_key, state, key_slot)
             SELECT coalesce(run.step_options -> s.step ->> 'queue', run.queue), 'workflow:' || run.name || '/' || s.step,
                    '{}', coalesce((run.step_options -> s.step ->> 'priority')::integer, run.priority), at,
                    coalesce((run.step_options -> s.step ->> 'max_attempts')::integer, run.max_attempts), at,
                    run.id, s.step, (run.step_options -> s.step ->> 'timeout')::interval,
-                   treadle._intervals(run.step_options -> s.step -> 'backoff')
+                   treadle._intervals(run.step_options -> s.step -> 'backoff'),
+                   run.step_options -> s.step ->> 'concurrency_key',
+                   CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN 'blocked' ELSE 'available' END,
+                   CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN false END
               FROM unnest(steps) WITH ORDINALITY AS s(step, i)
              ORDER BY s.i
-            RETURNING id, queue, name, priority
+            RETURNING id, queue, name, priority, concurrency_key
         )
-        SELECT array_agg(a.id), array_agg(a.queue), array_agg(a.name), array_agg(a.priority)
-          INTO v_ids, v_queues, v_names, v_priorities
+        SELECT array_agg(a.id) FILTER (WHERE a.concurrency_key IS NULL),
+               array_agg(a.queue) FILTER (WHERE a.concurrency_key IS NULL),
+               array_agg(a.name) FILTER (WHERE a.concurrency_key IS NULL),
+               array_agg(a.priority) FILTER (WHERE a.concurrency_key IS NULL),
+               array_agg(a.queue) FILTER (WHERE a.concurrency_key IS NOT NULL),
+               array_agg(a.concurrency_key) FILTER (WHERE a.concurrency_key IS NOT NULL)
+          INTO v_ids, v_queues, v_names, v_priorities, v_key_queues, v_keys
           FROM added AS a;
         PERFORM treadle._notify_steps(v_ids, v_queues, v_names, v_priorities, at);
+        IF v_keys IS NOT NULL THEN
+            PERFORM treadle._key_release_keys(v_key_queues, v_keys);  -- 081_step_keys.sql
+        END IF;
     END IF;
 END;
 $$;
@@ -3224,7 +3242,8 @@ COMMENT ON FUNCTION treadle._has_every_result(treadle.workflow_runs) IS
 -- Transition: a map step of a run (run.maps) starts: the array it maps over (the
 -- result of a step it runs after, or {"input": key}: that key of the run's input),
 -- N elements, becomes N jobs available now, in one statement, each with args
--- {"element": <element>, "index": <0-based position>}; run.map_left counts the N
+-- {"element": <element>, "index": <0-based position>} (blocked, released as its
+-- key has room, for a step with a concurrency_key); run.map_left counts the N
 -- that have not completed. An empty array completes the step at once with the
 -- result [] and returns true (the caller looks for the steps that became ready).
 -- The caller holds the run row's lock.
@@ -3248,6 +3267,7 @@ DECLARE
     v_max_attempts integer := coalesce((run.step_options -> step ->> 'max_attempts')::integer, run.max_attempts);
     v_timeout interval := (run.step_options -> step ->> 'timeout')::interval;
     v_backoff interval[] := treadle._intervals(run.step_options -> step -> 'backoff');
+    v_key   text := run.step_options -> step ->> 'concurrency_key';
 BEGIN
     IF jsonb_typeof(v_over) = 'object' THEN
         v_what := format('the input''s "%s"', v_over ->> 'input');
@@ -3272,15 +3292,21 @@ BEGIN
         RETURN true;
     END IF;
     INSERT INTO treadle.jobs
-        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
+         concurrency_key, state, key_slot)
     SELECT v_queue, 'workflow:' || run.name || '/' || step, jsonb_build_object('element', e.value, 'index', e.i - 1),
-           v_priority, at, v_max_attempts, at, run.id, step, v_timeout, v_backoff
+           v_priority, at, v_max_attempts, at, run.id, step, v_timeout, v_backoff,
+           v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END
       FROM jsonb_array_elements(v_array) WITH ORDINALITY AS e(value, i)
      ORDER BY e.i;
     UPDATE treadle.workflow_runs AS r
        SET map_left = coalesce(r.map_left, '{}'::jsonb) || jsonb_build_object(step, v_n)
      WHERE r.id = run.id;
-    PERFORM treadle._notify('treadle_jobs', v_queue);
+    IF v_key IS NULL THEN
+        PERFORM treadle._notify('treadle_jobs', v_queue);
+    ELSE
+        PERFORM treadle._key_release(v_queue, v_key, 0);  -- blocked until its key has room (034_key_lanes.sql)
+    END IF;
     RETURN false;
 END;
 $$;
@@ -4257,7 +4283,9 @@ COMMENT ON FUNCTION treadle.snooze(bigint, uuid, interval, text) IS
 -- follows job prev_id: at most once per predecessor, which records it in its
 -- next_id (a retried occurrence that already started its successor starts no
 -- second one). With prev_id null the job follows nothing (a schedule's first
--- occurrence); otherwise it takes prev_id's meta. `every` is a periodic series' period, `schedule` a schedule's
+-- occurrence); otherwise it takes prev_id's meta and concurrency_key (a keyed
+-- successor is inserted blocked and admitted as a keyed enqueue is:
+-- treadle._key_release, 034_key_lanes.sql). `every` is a periodic series' period, `schedule` a schedule's
 -- name (one of them, or neither). Listeners of treadle_jobs hear the queue when
 -- the job is due at once. Returns the new job's id; null when prev_id has a
 -- successor already (or is gone). Callers hold prev_id's row lock, and check
@@ -4284,6 +4312,7 @@ DECLARE
     v_now timestamptz := treadle.now();
     v_id  bigint;
     v_meta jsonb;
+    v_key  text;
 BEGIN
     -- the id is drawn first: no volatile call inside the UPDATE (Citus refuses one)
     v_id := nextval('treadle.jobs_id_seq'::regclass);
@@ -4291,17 +4320,21 @@ BEGIN
         UPDATE treadle.jobs AS j
            SET next_id = v_id
          WHERE j.id = _successor.prev_id AND j.next_id IS NULL
-        RETURNING j.meta INTO v_meta;
+        RETURNING j.meta, j.concurrency_key INTO v_meta, v_key;
         IF NOT FOUND THEN
             RETURN NULL;
         END IF;
     END IF;
     INSERT INTO treadle.jobs AS j
-        (id, queue, name, args, priority, run_at, max_attempts, every, schedule, created_at, meta)
+        (id, queue, name, args, priority, run_at, max_attempts, every, schedule, created_at, meta,
+         concurrency_key, state, key_slot)
     VALUES
         (v_id, _successor.queue, _successor.name, _successor.args, _successor.priority, _successor.run_at,
-         _successor.max_attempts, _successor.every, _successor.schedule, v_now, v_meta);
-    IF _successor.run_at <= v_now THEN
+         _successor.max_attempts, _successor.every, _successor.schedule, v_now, v_meta,
+         v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END);
+    IF v_key IS NOT NULL THEN
+        PERFORM treadle._key_release(_successor.queue, v_key, 0);  -- released (and heard of) as its key has room
+    ELSIF _successor.run_at <= v_now THEN
         PERFORM treadle._notify('treadle_jobs', _successor.queue);  -- due at once (a missed time caught up)
     END IF;
     RETURN v_id;
@@ -6083,7 +6116,7 @@ BEGIN
         FOR v_step IN
             SELECT * FROM treadle.jobs AS j
              WHERE j.workflow_run_id = cancel_workflow.run_id
-               AND j.state = ANY (ARRAY['available', 'retryable', 'running'])
+               AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
                AND NOT j.cancel_requested
              ORDER BY j.id
         LOOP
@@ -6112,7 +6145,7 @@ BEGIN
 
     PERFORM 1 FROM treadle.jobs AS j
      WHERE j.workflow_run_id = cancel_workflow.run_id
-       AND j.state = ANY (ARRAY['available', 'retryable', 'running'])
+       AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
     UNION ALL
     SELECT 1 FROM treadle.workflow_runs AS r
      WHERE r.parent_run_id = cancel_workflow.run_id AND r.state = 'running';
@@ -8014,13 +8047,14 @@ DECLARE
     v_step text;
     v_comp text;
     v_queue text;
+    v_key  text;
 BEGIN
     SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = _compensate_next.run_id;
     IF NOT FOUND OR v_run.state <> 'compensating' THEN
         RETURN;
     END IF;
     PERFORM 1 FROM treadle.jobs AS j
-     WHERE j.workflow_run_id = v_run.id AND j.state = ANY (ARRAY['available', 'retryable', 'running']);
+     WHERE j.workflow_run_id = v_run.id AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked']);
     IF FOUND THEN
         RETURN;
     END IF;
@@ -8039,16 +8073,23 @@ BEGIN
     END IF;
     v_comp := v_run.compensations ->> v_step;
     v_queue := coalesce(v_run.step_options -> v_comp ->> 'queue', v_run.queue);
+    v_key := v_run.step_options -> v_comp ->> 'concurrency_key';
     INSERT INTO treadle.jobs
-        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
+         concurrency_key, state, key_slot)
     VALUES
         (v_queue, 'workflow:' || v_run.name || '/' || v_comp,
          jsonb_build_object('compensates', v_step, 'result', v_run.results -> v_step),
          coalesce((v_run.step_options -> v_comp ->> 'priority')::integer, v_run.priority), at,
          coalesce((v_run.step_options -> v_comp ->> 'max_attempts')::integer, v_run.max_attempts), at, v_run.id, v_comp,
          (v_run.step_options -> v_comp ->> 'timeout')::interval,
-         treadle._intervals(v_run.step_options -> v_comp -> 'backoff'));
-    PERFORM treadle._notify('treadle_jobs', v_queue);
+         treadle._intervals(v_run.step_options -> v_comp -> 'backoff'),
+         v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END);
+    IF v_key IS NULL THEN
+        PERFORM treadle._notify('treadle_jobs', v_queue);
+    ELSE
+        PERFORM treadle._key_release(v_queue, v_key, 0);  -- blocked until its key has room (034_key_lanes.sql)
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._compensate_next(bigint, timestamptz) IS
@@ -8142,7 +8183,7 @@ AS $$
 BEGIN
     PERFORM treadle.cancel(j.id)
        FROM treadle.jobs AS j
-      WHERE j.workflow_run_id = NEW.id AND j.state = ANY (ARRAY['available', 'retryable'])
+      WHERE j.workflow_run_id = NEW.id AND j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
       ORDER BY j.id;
     PERFORM treadle.cancel_workflow(c.id)
        FROM treadle.workflow_runs AS c
@@ -8180,8 +8221,10 @@ COMMENT ON TRIGGER workflow_runs_compensating ON treadle.workflow_runs IS
 -- "queue" a queue name, "priority" an integer, "max_attempts" an integer of 1 or
 -- more, "timeout" an interval string over 0 and at most 7 days, "backoff" an array
 -- of 1 to 100 interval strings each of 0 to 366 days (as treadle.enqueue bounds
--- them). Returns the map with intervals normalised and empty option objects left
--- out (null when none is left).
+-- them), "concurrency_key" a key as treadle.enqueue takes one (1 to 200
+-- characters, not only spaces, no control character): the step's jobs go
+-- through its admission (034_key_lanes.sql). Returns the map with intervals
+-- normalised and empty option objects left out (null when none is left).
 -- Raises 22023, naming the step: step_options not an object; a key that is not a
 -- step that runs as a job; options not an object, an unknown option, a value out
 -- of its bounds; step_options over the payload size limit. 42501: a tenant's step
@@ -8286,8 +8329,14 @@ BEGIN
                         USING ERRCODE = 'invalid_parameter_value';
                 END IF;
                 v_value := (SELECT jsonb_agg(d.delay::text ORDER BY d.i) FROM unnest(v_delays) WITH ORDINALITY AS d(delay, i));
+            WHEN 'concurrency_key' THEN
+                IF jsonb_typeof(v_value) <> 'string' OR NOT treadle._is_name(v_value #>> '{}') THEN
+                    RAISE EXCEPTION 'treadle: step "%" has a "concurrency_key" that is not 1 to 200 characters, not only spaces, without control characters: %',
+                                    v_step, left(v_value::text, 200)
+                        USING ERRCODE = 'invalid_parameter_value';
+                END IF;
             ELSE
-                RAISE EXCEPTION 'treadle: step "%" has an unknown option "%" (queue, priority, max_attempts, timeout, backoff)',
+                RAISE EXCEPTION 'treadle: step "%" has an unknown option "%" (queue, priority, max_attempts, timeout, backoff, concurrency_key)',
                                 v_step, left(v_key, 200)
                     USING ERRCODE = 'invalid_parameter_value';
             END CASE;
@@ -8409,6 +8458,38 @@ SELECT r.id, r.name, r.state,
  ORDER BY r.id DESC;
 COMMENT ON VIEW treadle.workflow_run_overview IS
     'Workflow runs: state, current step, steps done of total.';
+--------------------------------------------------------------------------------
+-- Step keys. A workflow step whose step_options name a concurrency_key
+-- (079_workflow_step_options.sql) runs its jobs in that key's lane, as a job
+-- enqueued with the key does (034_key_lanes.sql): the step job is inserted
+-- blocked (treadle._enqueue_steps, treadle._enqueue_map, treadle._compensate_next)
+-- and released while its key has room; it gives its slot back when it leaves,
+-- through treadle._follow_up as any keyed job. A run whose keyed step waits shows
+-- it in treadle.explain_run (key_full, key_waiting) as treadle.explain does.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._key_release_keys(queues, keys) -> void
+--
+-- Transition: blocked -> available for the keys of jobs just inserted blocked
+-- (queues[i], keys[i] the queue and key of the i-th; null keys skipped): each
+-- (queue, key) once, in order, as its room allows (treadle._key_release).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._key_release_keys(queues text[], keys text[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM treadle._key_release(k.queue, k.key, 0)
+       FROM (SELECT DISTINCT u.queue, u.key FROM unnest(queues, keys) AS u(queue, key)
+              WHERE u.key IS NOT NULL) AS k
+      ORDER BY k.queue, k.key;
+END;
+$$;
+COMMENT ON FUNCTION treadle._key_release_keys(text[], text[]) IS
+    'Release the blocked jobs of each (queue, concurrency key) given, as their room allows.';
 --------------------------------------------------------------------------------
 -- Dashboard reads: one job, a workflow run's steps, and counts that stay fast on
 -- large tables. Finished rows have no index by state (claims never need one), so

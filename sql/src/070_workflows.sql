@@ -615,7 +615,7 @@ BEGIN
         FOR v_step IN
             SELECT * FROM treadle.jobs AS j
              WHERE j.workflow_run_id = cancel_workflow.run_id
-               AND j.state = ANY (ARRAY['available', 'retryable', 'running'])
+               AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
                AND NOT j.cancel_requested
              ORDER BY j.id
         LOOP
@@ -644,7 +644,7 @@ BEGIN
 
     PERFORM 1 FROM treadle.jobs AS j
      WHERE j.workflow_run_id = cancel_workflow.run_id
-       AND j.state = ANY (ARRAY['available', 'retryable', 'running'])
+       AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
     UNION ALL
     SELECT 1 FROM treadle.workflow_runs AS r
      WHERE r.parent_run_id = cancel_workflow.run_id AND r.state = 'running';
