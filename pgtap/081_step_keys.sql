@@ -3,10 +3,12 @@
 -- are (blocked while the key is full, the slot given back when the job leaves);
 -- explain_run shows a keyed step that waits; cancel_workflow and compensating
 -- cancel a blocked step; bad keys are refused with nothing written; a periodic
--- job's next occurrence keeps its key.
+-- job's next occurrence keeps its key. start_workflow's meta: on the run, on every
+-- step job (list, graph, map, compensation), on child runs and forks; bad meta
+-- refused with nothing written.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(41);
+SELECT plan(59);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -140,6 +142,54 @@ SELECT is((SELECT string_agg(concat_ws(' ', name, state || CASE WHEN key_slot TH
                              ORDER BY id) FROM treadle.jobs WHERE queue = 'pq'),
           'tick completed p, other available* p, tick blocked p',
           'its slot went to the older blocked job; the next occurrence keeps the key and waits its turn');
+
+--------------------------------------------------------------------------------
+-- a run's meta reaches every step job, and child runs
+--------------------------------------------------------------------------------
+SELECT treadle.start_workflow('render', queue => 'metaq', meta => '{"tenant": "acme", "traceparent": "00-ab-cd-01"}') AS m1 \gset
+SELECT is((SELECT meta FROM treadle.workflow_runs WHERE id = :m1), '{"tenant": "acme", "traceparent": "00-ab-cd-01"}'::jsonb,
+          'the run keeps its meta');
+SELECT treadle.start_workflow('plain', steps => ARRAY['one', 'two'], queue => 'metaq', meta => '{"tenant": "acme"}') AS m2 \gset
+SELECT is((SELECT meta FROM treadle.jobs WHERE workflow_run_id = :m2), '{"tenant": "acme"}'::jsonb,
+          'a list step without options (the short path) carries it');
+SELECT is(pg_temp.finish(:m2, 'one'), 'completed', 'the first step completes');
+SELECT is((SELECT array_agg(meta ->> 'tenant' ORDER BY id) FROM treadle.jobs WHERE workflow_run_id = :m2),
+          ARRAY['acme', 'acme'], 'the next step carries it too');
+SELECT is(pg_temp.finish(:m1, 'prep'), 'completed', 'a keyed run''s first step completes');
+SELECT is((SELECT meta ->> 'tenant' FROM treadle.jobs WHERE workflow_run_id = :m1 AND step = 'gpu'), 'acme',
+          'a step with options (and a key) carries it');
+SELECT treadle.start_workflow('fan2', steps => ARRAY['list', 'each'], queue => 'metaq', after => '{"each": ["list"]}',
+                              maps => '{"each": "list"}', compensations => '{"list": "undo"}',
+                              meta => '{"tenant": "globex"}') AS m3 \gset
+SELECT is(pg_temp.finish(:m3, 'list', '[1, 2]'), 'completed', 'a map''s source completes');
+SELECT is((SELECT array_agg(meta ->> 'tenant' ORDER BY id) FROM treadle.jobs WHERE workflow_run_id = :m3 AND step = 'each'),
+          ARRAY['globex', 'globex'], 'each map element carries it');
+SELECT is(pg_temp.finish(:m3, 'each', fail => true), 'discarded', 'an element fails for good');
+SELECT is((SELECT meta ->> 'tenant' FROM treadle.jobs WHERE workflow_run_id = :m3 AND step = 'undo'), 'globex',
+          'the compensation carries it');
+SELECT treadle.define_workflow('kid', ARRAY['k']);
+SELECT treadle.start_workflow('parent', steps => ARRAY['spawn'], queue => 'metaq', children => '{"spawn": {"workflow": "kid"}}',
+                              meta => '{"tenant": "initech"}') AS m4 \gset
+SELECT is((SELECT r.meta ->> 'tenant' FROM treadle.workflow_runs AS r WHERE r.parent_run_id = :m4), 'initech',
+          'a child run inherits it');
+SELECT is((SELECT j.meta ->> 'tenant' FROM treadle.jobs AS j JOIN treadle.workflow_runs AS r ON r.id = j.workflow_run_id
+            WHERE r.parent_run_id = :m4), 'initech', 'and its steps carry it');
+SELECT treadle.fork_run(:m2, 'two') AS m5 \gset
+SELECT is((SELECT meta FROM treadle.workflow_runs WHERE id = :m5), '{"tenant": "acme"}'::jsonb, 'a fork keeps it');
+SELECT treadle.start_workflow('plain', steps => ARRAY['one'], queue => 'metaq', meta => 'null') AS m6 \gset
+SELECT is((SELECT count(*) FROM treadle.workflow_runs AS r JOIN treadle.jobs AS j ON j.workflow_run_id = r.id
+            WHERE r.id = :m6 AND r.meta IS NULL AND j.meta IS NULL), 1::bigint, 'JSON null is none');
+
+SELECT throws_ok($$ SELECT treadle.start_workflow('badmeta', steps => ARRAY['a'], queue => 'badq', meta => '[1]') $$,
+                 '22023', 'treadle: meta must be a JSON object, not array', 'meta that is not an object');
+SELECT throws_ok(format($$ SELECT treadle.start_workflow('badmeta', steps => ARRAY['a'], queue => 'badq', meta => %L) $$,
+                        repeat('{"a":', 101) || '1' || repeat('}', 101)),
+                 '22023', NULL, 'meta nested over 100 levels');
+SELECT throws_ok(format($$ SELECT treadle.start_workflow('badmeta', steps => ARRAY['a'], queue => 'badq', meta => %L) $$,
+                        jsonb_build_object('big', (SELECT string_agg(md5(i::text), '') FROM generate_series(1, 40000) AS i))),
+                 '22023', NULL, 'meta over the size limit');
+SELECT ok(NOT EXISTS (SELECT 1 FROM treadle.workflow_runs WHERE name = 'badmeta')
+          AND NOT EXISTS (SELECT 1 FROM treadle.jobs WHERE queue = 'badq'), 'nothing was written');
 
 SELECT * FROM finish();
 ROLLBACK;

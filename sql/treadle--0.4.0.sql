@@ -131,6 +131,7 @@ CREATE TABLE treadle.workflow_runs (
     step_options     jsonb,   -- step -> its job options: queue, priority, max_attempts, timeout, backoff
     forked_from      bigint,  -- the run this one was forked from (treadle.fork_run; no foreign key: prune may remove it)
     forked_step      text,    -- the step it was forked from: it and the steps after it ran again
+    meta             jsonb,   -- the run's metadata (start_workflow's meta; an object), copied to each step job; null: none
     CONSTRAINT workflow_runs_pkey PRIMARY KEY (id, queue),
     CONSTRAINT workflow_runs_state_check
         CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled', 'compensating', 'compensated'])),
@@ -146,7 +147,8 @@ CREATE TABLE treadle.workflow_runs (
     CONSTRAINT workflow_runs_parent_check CHECK ((parent_run_id IS NULL) = (parent_step IS NULL)),
     CONSTRAINT workflow_runs_compensations_check CHECK (jsonb_typeof(compensations) = 'object'),
     CONSTRAINT workflow_runs_step_options_check CHECK (jsonb_typeof(step_options) = 'object'),
-    CONSTRAINT workflow_runs_forked_check CHECK ((forked_from IS NULL) = (forked_step IS NULL))
+    CONSTRAINT workflow_runs_forked_check CHECK ((forked_from IS NULL) = (forked_step IS NULL)),
+    CONSTRAINT workflow_runs_meta_check CHECK (jsonb_typeof(meta) = 'object')
 );
 
 -- A child step starts one run, ever (treadle._start_child); its parent finds it here.
@@ -3256,7 +3258,7 @@ COMMENT ON FUNCTION treadle._notify_done(text[]) IS
 --
 -- Transition: (none) -> available for steps of a workflow run, in one
 -- statement: each a job named 'workflow:<workflow name>/<step>' whose `step`
--- column names the step. Workers of its queue hear of it when nobody else will
+-- column names the step, and whose meta is the run's. Workers of its queue hear of it when nobody else will
 -- take it at once (treadle._notify_steps). A step with a concurrency_key in the
 -- run's step_options starts blocked and is released as its key has room
 -- (treadle._key_release_keys). PL/pgSQL, so that its statements are
@@ -3283,9 +3285,9 @@ BEGIN
     IF cardinality(steps) = 1 AND run.step_options IS NULL THEN
         -- the common case: the next step of a run without per-step options
         INSERT INTO treadle.jobs
-            (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+            (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, meta)
         VALUES (run.queue, 'workflow:' || run.name || '/' || steps[1], '{}', run.priority, at, run.max_attempts, at,
-                run.id, steps[1])
+                run.id, steps[1], run.meta)
         RETURNING id, queue, name, priority INTO v_id, v_queue, v_name, v_priority;
         PERFORM treadle._notify_steps(ARRAY[v_id], ARRAY[v_queue], ARRAY[v_name], ARRAY[v_priority], at);
     ELSIF cardinality(steps) > 0 THEN
@@ -3294,7 +3296,7 @@ BEGIN
         WITH added AS (
             INSERT INTO treadle.jobs
                 (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
-                 concurrency_key, state, key_slot)
+                 concurrency_key, state, key_slot, meta)
             SELECT coalesce(run.step_options -> s.step ->> 'queue', run.queue), 'workflow:' || run.name || '/' || s.step,
                    '{}', coalesce((run.step_options -> s.step ->> 'priority')::integer, run.priority), at,
                    coalesce((run.step_options -> s.step ->> 'max_attempts')::integer, run.max_attempts), at,
@@ -3302,7 +3304,7 @@ BEGIN
                    treadle._intervals(run.step_options -> s.step -> 'backoff'),
                    run.step_options -> s.step ->> 'concurrency_key',
                    CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN 'blocked' ELSE 'available' END,
-                   CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN false END
+                   CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN false END, run.meta
               FROM unnest(steps) WITH ORDINALITY AS s(step, i)
              ORDER BY s.i
             RETURNING id, queue, name, priority, concurrency_key
@@ -3486,10 +3488,11 @@ BEGIN
     END IF;
     INSERT INTO treadle.jobs
         (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
-         concurrency_key, state, key_slot)
+         concurrency_key, state, key_slot, meta)
     SELECT v_queue, 'workflow:' || run.name || '/' || step, jsonb_build_object('element', e.value, 'index', e.i - 1),
            v_priority, at, v_max_attempts, at, run.id, step, v_timeout, v_backoff,
-           v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END
+           v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END,
+           run.meta
       FROM jsonb_array_elements(v_array) WITH ORDINALITY AS e(value, i)
      ORDER BY e.i;
     UPDATE treadle.workflow_runs AS r
@@ -6108,7 +6111,7 @@ COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, j
 --------------------------------------------------------------------------------
 -- treadle.start_workflow(name, input, steps, queue, priority, max_attempts,
 --                        idempotency_key, after, sleeps, maps, waits, children, compensations,
---                        step_options) -> bigint
+--                        step_options, meta) -> bigint
 --
 -- Transition: (none) -> a running run, and the job of each step it starts with
 -- (the first step of a list, every step without dependencies of a graph) ->
@@ -6117,12 +6120,15 @@ COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, j
 -- `step_options` (each step job's own queue, priority, max_attempts, timeout, backoff; the run's otherwise) (as
 -- define_workflow takes them; a child step ready at the start starts its child run at once), or when
 -- steps is null the definition from treadle.define_workflow, and then its version.
+-- `meta` is the run's metadata (a JSON object, e.g. trace context; SQL or JSON
+-- null: none), bounded as enqueue's; every step job of the run (and of its child
+-- runs, which inherit it) carries it in its own meta.
 -- Returns the run id; a
 -- workflow idempotency key (a namespace apart from jobs') that a run already
 -- holds returns that run's id and starts nothing.
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
 -- input neither an object nor an array, over the size limit or nested over 100
--- levels; max_attempts < 1; steps, after, sleeps, maps, waits, children, compensations or step_options as
+-- levels; meta as treadle._check_meta refuses it; max_attempts < 1; steps, after, sleeps, maps, waits, children, compensations or step_options as
 -- define_workflow refuses them; after, sleeps, maps, waits, children, compensations or step_options without
 -- steps; no steps given and no definition (unknown workflow); a child step ready at the start
 -- that treadle._start_child refuses. 42501: a tenant's queue or workflow name (or a
@@ -6142,7 +6148,8 @@ CREATE OR REPLACE FUNCTION treadle.start_workflow(
     waits           jsonb   DEFAULT NULL,
     children        jsonb   DEFAULT NULL,
     compensations   jsonb   DEFAULT NULL,
-    step_options    jsonb   DEFAULT NULL
+    step_options    jsonb   DEFAULT NULL,
+    meta            jsonb   DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -6163,6 +6170,7 @@ DECLARE
     v_children jsonb;
     v_compensations jsonb;
     v_step_options jsonb;
+    v_meta  jsonb := treadle._check_meta(start_workflow.meta);  -- 081_step_keys.sql
     v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
@@ -6233,11 +6241,11 @@ BEGIN
     LOOP
         INSERT INTO treadle.workflow_runs AS r
             (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps, maps,
-             waits, version, children, compensations, step_options)
+             waits, version, children, compensations, step_options, meta)
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
              start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps, v_maps,
-             v_waits, v_version, v_children, v_compensations, v_step_options)
+             v_waits, v_version, v_children, v_compensations, v_step_options, v_meta)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING r.* INTO v_run;
 
@@ -6258,7 +6266,7 @@ BEGIN
     END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb) IS
     'Start a workflow run and enqueue the steps it starts with; returns the run id.';
 
 --------------------------------------------------------------------------------
@@ -7847,11 +7855,11 @@ BEGIN
 
     INSERT INTO treadle.workflow_runs AS r
         (name, input, steps, queue, priority, max_attempts, created_at, after, sleeps, maps, waits, version,
-         children, parent_run_id, parent_step, compensations, step_options)
+         children, parent_run_id, parent_step, compensations, step_options, meta)
     VALUES
         (v_def.name, v_input, v_def.steps, coalesce(v_spec ->> 'queue', run.queue), run.priority, run.max_attempts, at,
          v_def.after, v_def.sleeps, v_def.maps, v_def.waits, v_def.version, v_def.children, run.id, step,
-         v_def.compensations, v_def.step_options)
+         v_def.compensations, v_def.step_options, run.meta)  -- a child run inherits its parent's meta
     RETURNING r.* INTO v_child;
     IF v_child.after IS NULL THEN
         PERFORM treadle._enqueue_step(v_child, v_child.steps[1], at);
@@ -8269,7 +8277,7 @@ BEGIN
     v_key := v_run.step_options -> v_comp ->> 'concurrency_key';
     INSERT INTO treadle.jobs
         (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
-         concurrency_key, state, key_slot)
+         concurrency_key, state, key_slot, meta)
     VALUES
         (v_queue, 'workflow:' || v_run.name || '/' || v_comp,
          jsonb_build_object('compensates', v_step, 'result', v_run.results -> v_step),
@@ -8277,7 +8285,8 @@ BEGIN
          coalesce((v_run.step_options -> v_comp ->> 'max_attempts')::integer, v_run.max_attempts), at, v_run.id, v_comp,
          (v_run.step_options -> v_comp ->> 'timeout')::interval,
          treadle._intervals(v_run.step_options -> v_comp -> 'backoff'),
-         v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END);
+         v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END,
+         v_run.meta);
     IF v_key IS NULL THEN
         PERFORM treadle._notify('treadle_jobs', v_queue);
     ELSE
@@ -8683,6 +8692,39 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._key_release_keys(text[], text[]) IS
     'Release the blocked jobs of each (queue, concurrency key) given, as their room allows.';
+
+--------------------------------------------------------------------------------
+-- treadle._check_meta(meta) -> jsonb
+--
+-- Metadata as treadle.enqueue takes it (start_workflow's `meta`): null for SQL or
+-- JSON null, else the object itself. A run's meta is copied to each of its step
+-- jobs' meta (and to its child runs).
+-- Raises 22023: meta not a JSON object, over the payload size limit, or nested
+-- more than 100 levels deep.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_meta(meta jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF meta IS NULL OR jsonb_typeof(meta) = 'null' THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(meta) <> 'object' THEN
+        RAISE EXCEPTION 'treadle: meta must be a JSON object, not %', jsonb_typeof(meta)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (pg_column_size(meta) > 1024 AND pg_column_size(meta) > treadle._max_payload_bytes())
+       OR treadle._too_deep(meta) THEN
+        PERFORM treadle._check_payload(meta, 'meta', treadle._max_payload_bytes());
+    END IF;
+    RETURN meta;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_meta(jsonb) IS
+    'Check a run''s metadata as enqueue checks a job''s (22023); null for none.';
 --------------------------------------------------------------------------------
 -- Dashboard reads: one job, a workflow run's steps, and counts that stay fast on
 -- large tables. Finished rows have no index by state (claims never need one), so
@@ -9603,11 +9645,11 @@ BEGIN
 
     INSERT INTO treadle.workflow_runs AS r
         (name, input, steps, results, queue, priority, max_attempts, created_at, after, sleeps, maps, waits, version,
-         children, compensations, step_options, forked_from, forked_step)
+         children, compensations, step_options, forked_from, forked_step, meta)
     VALUES
         (v_source.name, v_input, v_source.steps, v_results, v_source.queue, v_source.priority, v_source.max_attempts,
          v_now, v_source.after, v_source.sleeps, v_source.maps, v_source.waits, v_source.version, v_source.children,
-         v_source.compensations, v_source.step_options, v_source.id, fork_run.from_step)
+         v_source.compensations, v_source.step_options, v_source.id, fork_run.from_step, v_source.meta)
     RETURNING r.* INTO v_run;
     IF v_run.after IS NULL THEN
         -- the first step without a result: from_step, or an earlier one the source had not completed
@@ -9727,7 +9769,7 @@ BEGIN
         ('read',    'treadle.unlisten_done()'),
         ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[], text, text, interval, jsonb, text)'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
-        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb)'),
+        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb)'),
         ('produce', 'treadle.signal(bigint, text, jsonb)'),
         ('produce', 'treadle.signal_by_key(text, text, text, jsonb)'),
         ('produce', 'treadle.schedule(text, text, text, jsonb, text, text, integer, integer, boolean)'),

@@ -10,7 +10,7 @@
 --
 -- Transition: (none) -> available for steps of a workflow run, in one
 -- statement: each a job named 'workflow:<workflow name>/<step>' whose `step`
--- column names the step. Workers of its queue hear of it when nobody else will
+-- column names the step, and whose meta is the run's. Workers of its queue hear of it when nobody else will
 -- take it at once (treadle._notify_steps). A step with a concurrency_key in the
 -- run's step_options starts blocked and is released as its key has room
 -- (treadle._key_release_keys). PL/pgSQL, so that its statements are
@@ -37,9 +37,9 @@ BEGIN
     IF cardinality(steps) = 1 AND run.step_options IS NULL THEN
         -- the common case: the next step of a run without per-step options
         INSERT INTO treadle.jobs
-            (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+            (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, meta)
         VALUES (run.queue, 'workflow:' || run.name || '/' || steps[1], '{}', run.priority, at, run.max_attempts, at,
-                run.id, steps[1])
+                run.id, steps[1], run.meta)
         RETURNING id, queue, name, priority INTO v_id, v_queue, v_name, v_priority;
         PERFORM treadle._notify_steps(ARRAY[v_id], ARRAY[v_queue], ARRAY[v_name], ARRAY[v_priority], at);
     ELSIF cardinality(steps) > 0 THEN
@@ -48,7 +48,7 @@ BEGIN
         WITH added AS (
             INSERT INTO treadle.jobs
                 (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
-                 concurrency_key, state, key_slot)
+                 concurrency_key, state, key_slot, meta)
             SELECT coalesce(run.step_options -> s.step ->> 'queue', run.queue), 'workflow:' || run.name || '/' || s.step,
                    '{}', coalesce((run.step_options -> s.step ->> 'priority')::integer, run.priority), at,
                    coalesce((run.step_options -> s.step ->> 'max_attempts')::integer, run.max_attempts), at,
@@ -56,7 +56,7 @@ BEGIN
                    treadle._intervals(run.step_options -> s.step -> 'backoff'),
                    run.step_options -> s.step ->> 'concurrency_key',
                    CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN 'blocked' ELSE 'available' END,
-                   CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN false END
+                   CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN false END, run.meta
               FROM unnest(steps) WITH ORDINALITY AS s(step, i)
              ORDER BY s.i
             RETURNING id, queue, name, priority, concurrency_key
@@ -240,10 +240,11 @@ BEGIN
     END IF;
     INSERT INTO treadle.jobs
         (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
-         concurrency_key, state, key_slot)
+         concurrency_key, state, key_slot, meta)
     SELECT v_queue, 'workflow:' || run.name || '/' || step, jsonb_build_object('element', e.value, 'index', e.i - 1),
            v_priority, at, v_max_attempts, at, run.id, step, v_timeout, v_backoff,
-           v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END
+           v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END,
+           run.meta
       FROM jsonb_array_elements(v_array) WITH ORDINALITY AS e(value, i)
      ORDER BY e.i;
     UPDATE treadle.workflow_runs AS r

@@ -30,3 +30,36 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._key_release_keys(text[], text[]) IS
     'Release the blocked jobs of each (queue, concurrency key) given, as their room allows.';
+
+--------------------------------------------------------------------------------
+-- treadle._check_meta(meta) -> jsonb
+--
+-- Metadata as treadle.enqueue takes it (start_workflow's `meta`): null for SQL or
+-- JSON null, else the object itself. A run's meta is copied to each of its step
+-- jobs' meta (and to its child runs).
+-- Raises 22023: meta not a JSON object, over the payload size limit, or nested
+-- more than 100 levels deep.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_meta(meta jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF meta IS NULL OR jsonb_typeof(meta) = 'null' THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(meta) <> 'object' THEN
+        RAISE EXCEPTION 'treadle: meta must be a JSON object, not %', jsonb_typeof(meta)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (pg_column_size(meta) > 1024 AND pg_column_size(meta) > treadle._max_payload_bytes())
+       OR treadle._too_deep(meta) THEN
+        PERFORM treadle._check_payload(meta, 'meta', treadle._max_payload_bytes());
+    END IF;
+    RETURN meta;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_meta(jsonb) IS
+    'Check a run''s metadata as enqueue checks a job''s (22023); null for none.';
