@@ -52,7 +52,7 @@ SELECT set_eq(
           'treadle.step_sleep(bigint,uuid,integer,interval,timestamp with time zone)',
           'treadle.apply_retention(integer)', 'treadle.archive(integer)', 'treadle.cancel(bigint,text)', 'treadle.retry(bigint,text)', 'treadle.prune(interval)',
           'treadle.define_workflow(text,text[],jsonb,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb)',
-          'treadle.start_workflow(text,jsonb,text[],text,integer,integer,text,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb)',
+          'treadle.start_workflow(text,jsonb,text[],text,integer,integer,text,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb)',
           'treadle.signal(bigint,text,jsonb)', 'treadle.signal_by_key(text,text,text,jsonb)',
           'treadle.cancel_workflow(bigint)', 'treadle.retry_run(bigint)', 'treadle.fork_run(bigint,text,jsonb)', 'treadle.compensate_run(bigint)',
           'treadle.schedule(text,text,text,jsonb,text,text,integer,integer,boolean)', 'treadle.unschedule(text)',

@@ -8,7 +8,7 @@ SELECT plan(100);
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
 SELECT has_function('treadle', 'define_workflow', ARRAY['text', 'text[]', 'jsonb', 'jsonb', 'jsonb', 'jsonb', 'jsonb', 'jsonb', 'jsonb'], 'treadle.define_workflow exists');
-SELECT has_function('treadle', 'start_workflow', ARRAY['text', 'jsonb', 'text[]', 'text', 'integer', 'integer', 'text', 'jsonb', 'jsonb', 'jsonb', 'jsonb', 'jsonb', 'jsonb', 'jsonb'],
+SELECT has_function('treadle', 'start_workflow', ARRAY['text', 'jsonb', 'text[]', 'text', 'integer', 'integer', 'text', 'jsonb', 'jsonb', 'jsonb', 'jsonb', 'jsonb', 'jsonb', 'jsonb', 'jsonb'],
                     'treadle.start_workflow exists with the contract''s argument types');
 SELECT has_function('treadle', 'cancel_workflow', ARRAY['bigint'], 'treadle.cancel_workflow exists');
 SELECT has_function('treadle', 'workflow_results', ARRAY['bigint'], 'treadle.workflow_results exists');

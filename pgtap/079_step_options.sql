@@ -144,7 +144,7 @@ SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a', 'nap'], sle
 SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a'], step_options => '{"a": 5}') $$,
                  '22023', 'treadle: the options of step "a" must be a JSON object, not number', 'options not an object');
 SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a'], step_options => '{"a": {"queeu": "x"}}') $$,
-                 '22023', 'treadle: step "a" has an unknown option "queeu" (queue, priority, max_attempts, timeout, backoff)',
+                 '22023', 'treadle: step "a" has an unknown option "queeu" (queue, priority, max_attempts, timeout, backoff, concurrency_key)',
                  'an unknown option');
 SELECT throws_ok($$ SELECT treadle.define_workflow('bad', ARRAY['a'], step_options => '{"a": {"queue": ""}}') $$,
                  '22023', NULL, 'an empty queue');

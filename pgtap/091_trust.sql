@@ -48,7 +48,7 @@ INSERT INTO may_execute VALUES
     ('treadle.resume(text)',                     '{admin,dashboard}'),
     ('treadle.enqueue(text,jsonb,text,integer,timestamp with time zone,integer,text,interval,interval,interval[],text,text,interval,jsonb,text)', '{producer,worker}'),
     ('treadle.enqueue_many(jsonb)',              '{producer,worker}'),
-    ('treadle.start_workflow(text,jsonb,text[],text,integer,integer,text,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb)', '{producer,worker}'),
+    ('treadle.start_workflow(text,jsonb,text[],text,integer,integer,text,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb)', '{producer,worker}'),
     ('treadle.signal(bigint,text,jsonb)',        '{producer,worker}'),
     ('treadle.signal_by_key(text,text,text,jsonb)', '{producer,worker}'),
     ('treadle.cancel(bigint,text)',              '{producer,worker,admin,dashboard}'),

@@ -337,6 +337,13 @@ CREATE TABLE treadle.key_slots (
 );
 SELECT pg_catalog.pg_extension_config_dump('treadle.key_slots', '');
 CREATE INDEX jobs_key_idx ON treadle.jobs (queue, concurrency_key, id) WHERE state = 'blocked' OR key_slot;
+
+-- step keys and meta: a workflow run's metadata (start_workflow's new last
+-- parameter meta; 0.3.0's signature is dropped above), at the end of
+-- treadle.workflow_runs, as in 010_tables.sql.
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN meta jsonb,
+    ADD CONSTRAINT workflow_runs_meta_check CHECK (jsonb_typeof(meta) = 'object');
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -3063,8 +3070,10 @@ COMMENT ON FUNCTION treadle._notify_done(text[]) IS
 --
 -- Transition: (none) -> available for steps of a workflow run, in one
 -- statement: each a job named 'workflow:<workflow name>/<step>' whose `step`
--- column names the step. Workers of its queue hear of it when nobody else will
--- take it at once (treadle._notify_steps). PL/pgSQL, so that its statements are
+-- column names the step, and whose meta is the run's. Workers of its queue hear of it when nobody else will
+-- take it at once (treadle._notify_steps). A step with a concurrency_key in the
+-- run's step_options starts blocked and is released as its key has room
+-- (treadle._key_release_keys). PL/pgSQL, so that its statements are
 -- planned once per session (a SQL function's are planned at every call).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_steps(run treadle.workflow_runs, steps text[], at timestamptz)
@@ -3082,32 +3091,48 @@ DECLARE
     v_queues     text[];
     v_names      text[];
     v_priorities integer[];
+    v_key_queues text[];
+    v_keys       text[];
 BEGIN
     IF cardinality(steps) = 1 AND run.step_options IS NULL THEN
         -- the common case: the next step of a run without per-step options
         INSERT INTO treadle.jobs
-            (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+            (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, meta)
         VALUES (run.queue, 'workflow:' || run.name || '/' || steps[1], '{}', run.priority, at, run.max_attempts, at,
-                run.id, steps[1])
+                run.id, steps[1], run.meta)
         RETURNING id, queue, name, priority INTO v_id, v_queue, v_name, v_priority;
         PERFORM treadle._notify_steps(ARRAY[v_id], ARRAY[v_queue], ARRAY[v_name], ARRAY[v_priority], at);
     ELSIF cardinality(steps) > 0 THEN
+        -- a step with a concurrency_key starts blocked and goes through its key's
+        -- admission, as a keyed enqueue does (034_key_lanes.sql)
         WITH added AS (
             INSERT INTO treadle.jobs
-                (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
+                (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
+                 concurrency_key, state, key_slot, meta)
             SELECT coalesce(run.step_options -> s.step ->> 'queue', run.queue), 'workflow:' || run.name || '/' || s.step,
                    '{}', coalesce((run.step_options -> s.step ->> 'priority')::integer, run.priority), at,
                    coalesce((run.step_options -> s.step ->> 'max_attempts')::integer, run.max_attempts), at,
                    run.id, s.step, (run.step_options -> s.step ->> 'timeout')::interval,
-                   treadle._intervals(run.step_options -> s.step -> 'backoff')
+                   treadle._intervals(run.step_options -> s.step -> 'backoff'),
+                   run.step_options -> s.step ->> 'concurrency_key',
+                   CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN 'blocked' ELSE 'available' END,
+                   CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN false END, run.meta
               FROM unnest(steps) WITH ORDINALITY AS s(step, i)
              ORDER BY s.i
-            RETURNING id, queue, name, priority
+            RETURNING id, queue, name, priority, concurrency_key
         )
-        SELECT array_agg(a.id), array_agg(a.queue), array_agg(a.name), array_agg(a.priority)
-          INTO v_ids, v_queues, v_names, v_priorities
+        SELECT array_agg(a.id) FILTER (WHERE a.concurrency_key IS NULL),
+               array_agg(a.queue) FILTER (WHERE a.concurrency_key IS NULL),
+               array_agg(a.name) FILTER (WHERE a.concurrency_key IS NULL),
+               array_agg(a.priority) FILTER (WHERE a.concurrency_key IS NULL),
+               array_agg(a.queue) FILTER (WHERE a.concurrency_key IS NOT NULL),
+               array_agg(a.concurrency_key) FILTER (WHERE a.concurrency_key IS NOT NULL)
+          INTO v_ids, v_queues, v_names, v_priorities, v_key_queues, v_keys
           FROM added AS a;
         PERFORM treadle._notify_steps(v_ids, v_queues, v_names, v_priorities, at);
+        IF v_keys IS NOT NULL THEN
+            PERFORM treadle._key_release_keys(v_key_queues, v_keys);  -- 081_step_keys.sql
+        END IF;
     END IF;
 END;
 $$;
@@ -3224,7 +3249,8 @@ COMMENT ON FUNCTION treadle._has_every_result(treadle.workflow_runs) IS
 -- Transition: a map step of a run (run.maps) starts: the array it maps over (the
 -- result of a step it runs after, or {"input": key}: that key of the run's input),
 -- N elements, becomes N jobs available now, in one statement, each with args
--- {"element": <element>, "index": <0-based position>}; run.map_left counts the N
+-- {"element": <element>, "index": <0-based position>} (blocked, released as its
+-- key has room, for a step with a concurrency_key); run.map_left counts the N
 -- that have not completed. An empty array completes the step at once with the
 -- result [] and returns true (the caller looks for the steps that became ready).
 -- The caller holds the run row's lock.
@@ -3248,6 +3274,7 @@ DECLARE
     v_max_attempts integer := coalesce((run.step_options -> step ->> 'max_attempts')::integer, run.max_attempts);
     v_timeout interval := (run.step_options -> step ->> 'timeout')::interval;
     v_backoff interval[] := treadle._intervals(run.step_options -> step -> 'backoff');
+    v_key   text := run.step_options -> step ->> 'concurrency_key';
 BEGIN
     IF jsonb_typeof(v_over) = 'object' THEN
         v_what := format('the input''s "%s"', v_over ->> 'input');
@@ -3272,15 +3299,22 @@ BEGIN
         RETURN true;
     END IF;
     INSERT INTO treadle.jobs
-        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
+         concurrency_key, state, key_slot, meta)
     SELECT v_queue, 'workflow:' || run.name || '/' || step, jsonb_build_object('element', e.value, 'index', e.i - 1),
-           v_priority, at, v_max_attempts, at, run.id, step, v_timeout, v_backoff
+           v_priority, at, v_max_attempts, at, run.id, step, v_timeout, v_backoff,
+           v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END,
+           run.meta
       FROM jsonb_array_elements(v_array) WITH ORDINALITY AS e(value, i)
      ORDER BY e.i;
     UPDATE treadle.workflow_runs AS r
        SET map_left = coalesce(r.map_left, '{}'::jsonb) || jsonb_build_object(step, v_n)
      WHERE r.id = run.id;
-    PERFORM treadle._notify('treadle_jobs', v_queue);
+    IF v_key IS NULL THEN
+        PERFORM treadle._notify('treadle_jobs', v_queue);
+    ELSE
+        PERFORM treadle._key_release(v_queue, v_key, 0);  -- blocked until its key has room (034_key_lanes.sql)
+    END IF;
     RETURN false;
 END;
 $$;
@@ -4257,7 +4291,9 @@ COMMENT ON FUNCTION treadle.snooze(bigint, uuid, interval, text) IS
 -- follows job prev_id: at most once per predecessor, which records it in its
 -- next_id (a retried occurrence that already started its successor starts no
 -- second one). With prev_id null the job follows nothing (a schedule's first
--- occurrence); otherwise it takes prev_id's meta. `every` is a periodic series' period, `schedule` a schedule's
+-- occurrence); otherwise it takes prev_id's meta and concurrency_key (a keyed
+-- successor is inserted blocked and admitted as a keyed enqueue is:
+-- treadle._key_release, 034_key_lanes.sql). `every` is a periodic series' period, `schedule` a schedule's
 -- name (one of them, or neither). Listeners of treadle_jobs hear the queue when
 -- the job is due at once. Returns the new job's id; null when prev_id has a
 -- successor already (or is gone). Callers hold prev_id's row lock, and check
@@ -4284,6 +4320,7 @@ DECLARE
     v_now timestamptz := treadle.now();
     v_id  bigint;
     v_meta jsonb;
+    v_key  text;
 BEGIN
     -- the id is drawn first: no volatile call inside the UPDATE (Citus refuses one)
     v_id := nextval('treadle.jobs_id_seq'::regclass);
@@ -4291,17 +4328,21 @@ BEGIN
         UPDATE treadle.jobs AS j
            SET next_id = v_id
          WHERE j.id = _successor.prev_id AND j.next_id IS NULL
-        RETURNING j.meta INTO v_meta;
+        RETURNING j.meta, j.concurrency_key INTO v_meta, v_key;
         IF NOT FOUND THEN
             RETURN NULL;
         END IF;
     END IF;
     INSERT INTO treadle.jobs AS j
-        (id, queue, name, args, priority, run_at, max_attempts, every, schedule, created_at, meta)
+        (id, queue, name, args, priority, run_at, max_attempts, every, schedule, created_at, meta,
+         concurrency_key, state, key_slot)
     VALUES
         (v_id, _successor.queue, _successor.name, _successor.args, _successor.priority, _successor.run_at,
-         _successor.max_attempts, _successor.every, _successor.schedule, v_now, v_meta);
-    IF _successor.run_at <= v_now THEN
+         _successor.max_attempts, _successor.every, _successor.schedule, v_now, v_meta,
+         v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END);
+    IF v_key IS NOT NULL THEN
+        PERFORM treadle._key_release(_successor.queue, v_key, 0);  -- released (and heard of) as its key has room
+    ELSIF _successor.run_at <= v_now THEN
         PERFORM treadle._notify('treadle_jobs', _successor.queue);  -- due at once (a missed time caught up)
     END IF;
     RETURN v_id;
@@ -5882,7 +5923,7 @@ COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, j
 --------------------------------------------------------------------------------
 -- treadle.start_workflow(name, input, steps, queue, priority, max_attempts,
 --                        idempotency_key, after, sleeps, maps, waits, children, compensations,
---                        step_options) -> bigint
+--                        step_options, meta) -> bigint
 --
 -- Transition: (none) -> a running run, and the job of each step it starts with
 -- (the first step of a list, every step without dependencies of a graph) ->
@@ -5891,12 +5932,15 @@ COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, j
 -- `step_options` (each step job's own queue, priority, max_attempts, timeout, backoff; the run's otherwise) (as
 -- define_workflow takes them; a child step ready at the start starts its child run at once), or when
 -- steps is null the definition from treadle.define_workflow, and then its version.
+-- `meta` is the run's metadata (a JSON object, e.g. trace context; SQL or JSON
+-- null: none), bounded as enqueue's; every step job of the run (and of its child
+-- runs, which inherit it) carries it in its own meta.
 -- Returns the run id; a
 -- workflow idempotency key (a namespace apart from jobs') that a run already
 -- holds returns that run's id and starts nothing.
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
 -- input neither an object nor an array, over the size limit or nested over 100
--- levels; max_attempts < 1; steps, after, sleeps, maps, waits, children, compensations or step_options as
+-- levels; meta as treadle._check_meta refuses it; max_attempts < 1; steps, after, sleeps, maps, waits, children, compensations or step_options as
 -- define_workflow refuses them; after, sleeps, maps, waits, children, compensations or step_options without
 -- steps; no steps given and no definition (unknown workflow); a child step ready at the start
 -- that treadle._start_child refuses. 42501: a tenant's queue or workflow name (or a
@@ -5916,7 +5960,8 @@ CREATE OR REPLACE FUNCTION treadle.start_workflow(
     waits           jsonb   DEFAULT NULL,
     children        jsonb   DEFAULT NULL,
     compensations   jsonb   DEFAULT NULL,
-    step_options    jsonb   DEFAULT NULL
+    step_options    jsonb   DEFAULT NULL,
+    meta            jsonb   DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -5937,6 +5982,7 @@ DECLARE
     v_children jsonb;
     v_compensations jsonb;
     v_step_options jsonb;
+    v_meta  jsonb := treadle._check_meta(start_workflow.meta);  -- 081_step_keys.sql
     v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
@@ -6007,11 +6053,11 @@ BEGIN
     LOOP
         INSERT INTO treadle.workflow_runs AS r
             (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps, maps,
-             waits, version, children, compensations, step_options)
+             waits, version, children, compensations, step_options, meta)
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
              start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps, v_maps,
-             v_waits, v_version, v_children, v_compensations, v_step_options)
+             v_waits, v_version, v_children, v_compensations, v_step_options, v_meta)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING r.* INTO v_run;
 
@@ -6032,7 +6078,7 @@ BEGIN
     END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb) IS
     'Start a workflow run and enqueue the steps it starts with; returns the run id.';
 
 --------------------------------------------------------------------------------
@@ -6083,7 +6129,7 @@ BEGIN
         FOR v_step IN
             SELECT * FROM treadle.jobs AS j
              WHERE j.workflow_run_id = cancel_workflow.run_id
-               AND j.state = ANY (ARRAY['available', 'retryable', 'running'])
+               AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
                AND NOT j.cancel_requested
              ORDER BY j.id
         LOOP
@@ -6112,7 +6158,7 @@ BEGIN
 
     PERFORM 1 FROM treadle.jobs AS j
      WHERE j.workflow_run_id = cancel_workflow.run_id
-       AND j.state = ANY (ARRAY['available', 'retryable', 'running'])
+       AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
     UNION ALL
     SELECT 1 FROM treadle.workflow_runs AS r
      WHERE r.parent_run_id = cancel_workflow.run_id AND r.state = 'running';
@@ -7621,11 +7667,11 @@ BEGIN
 
     INSERT INTO treadle.workflow_runs AS r
         (name, input, steps, queue, priority, max_attempts, created_at, after, sleeps, maps, waits, version,
-         children, parent_run_id, parent_step, compensations, step_options)
+         children, parent_run_id, parent_step, compensations, step_options, meta)
     VALUES
         (v_def.name, v_input, v_def.steps, coalesce(v_spec ->> 'queue', run.queue), run.priority, run.max_attempts, at,
          v_def.after, v_def.sleeps, v_def.maps, v_def.waits, v_def.version, v_def.children, run.id, step,
-         v_def.compensations, v_def.step_options)
+         v_def.compensations, v_def.step_options, run.meta)  -- a child run inherits its parent's meta
     RETURNING r.* INTO v_child;
     IF v_child.after IS NULL THEN
         PERFORM treadle._enqueue_step(v_child, v_child.steps[1], at);
@@ -8014,13 +8060,14 @@ DECLARE
     v_step text;
     v_comp text;
     v_queue text;
+    v_key  text;
 BEGIN
     SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = _compensate_next.run_id;
     IF NOT FOUND OR v_run.state <> 'compensating' THEN
         RETURN;
     END IF;
     PERFORM 1 FROM treadle.jobs AS j
-     WHERE j.workflow_run_id = v_run.id AND j.state = ANY (ARRAY['available', 'retryable', 'running']);
+     WHERE j.workflow_run_id = v_run.id AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked']);
     IF FOUND THEN
         RETURN;
     END IF;
@@ -8039,16 +8086,24 @@ BEGIN
     END IF;
     v_comp := v_run.compensations ->> v_step;
     v_queue := coalesce(v_run.step_options -> v_comp ->> 'queue', v_run.queue);
+    v_key := v_run.step_options -> v_comp ->> 'concurrency_key';
     INSERT INTO treadle.jobs
-        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
+         concurrency_key, state, key_slot, meta)
     VALUES
         (v_queue, 'workflow:' || v_run.name || '/' || v_comp,
          jsonb_build_object('compensates', v_step, 'result', v_run.results -> v_step),
          coalesce((v_run.step_options -> v_comp ->> 'priority')::integer, v_run.priority), at,
          coalesce((v_run.step_options -> v_comp ->> 'max_attempts')::integer, v_run.max_attempts), at, v_run.id, v_comp,
          (v_run.step_options -> v_comp ->> 'timeout')::interval,
-         treadle._intervals(v_run.step_options -> v_comp -> 'backoff'));
-    PERFORM treadle._notify('treadle_jobs', v_queue);
+         treadle._intervals(v_run.step_options -> v_comp -> 'backoff'),
+         v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END,
+         v_run.meta);
+    IF v_key IS NULL THEN
+        PERFORM treadle._notify('treadle_jobs', v_queue);
+    ELSE
+        PERFORM treadle._key_release(v_queue, v_key, 0);  -- blocked until its key has room (034_key_lanes.sql)
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._compensate_next(bigint, timestamptz) IS
@@ -8142,7 +8197,7 @@ AS $$
 BEGIN
     PERFORM treadle.cancel(j.id)
        FROM treadle.jobs AS j
-      WHERE j.workflow_run_id = NEW.id AND j.state = ANY (ARRAY['available', 'retryable'])
+      WHERE j.workflow_run_id = NEW.id AND j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
       ORDER BY j.id;
     PERFORM treadle.cancel_workflow(c.id)
        FROM treadle.workflow_runs AS c
@@ -8180,8 +8235,10 @@ COMMENT ON TRIGGER workflow_runs_compensating ON treadle.workflow_runs IS
 -- "queue" a queue name, "priority" an integer, "max_attempts" an integer of 1 or
 -- more, "timeout" an interval string over 0 and at most 7 days, "backoff" an array
 -- of 1 to 100 interval strings each of 0 to 366 days (as treadle.enqueue bounds
--- them). Returns the map with intervals normalised and empty option objects left
--- out (null when none is left).
+-- them), "concurrency_key" a key as treadle.enqueue takes one (1 to 200
+-- characters, not only spaces, no control character): the step's jobs go
+-- through its admission (034_key_lanes.sql). Returns the map with intervals
+-- normalised and empty option objects left out (null when none is left).
 -- Raises 22023, naming the step: step_options not an object; a key that is not a
 -- step that runs as a job; options not an object, an unknown option, a value out
 -- of its bounds; step_options over the payload size limit. 42501: a tenant's step
@@ -8286,8 +8343,14 @@ BEGIN
                         USING ERRCODE = 'invalid_parameter_value';
                 END IF;
                 v_value := (SELECT jsonb_agg(d.delay::text ORDER BY d.i) FROM unnest(v_delays) WITH ORDINALITY AS d(delay, i));
+            WHEN 'concurrency_key' THEN
+                IF jsonb_typeof(v_value) <> 'string' OR NOT treadle._is_name(v_value #>> '{}') THEN
+                    RAISE EXCEPTION 'treadle: step "%" has a "concurrency_key" that is not 1 to 200 characters, not only spaces, without control characters: %',
+                                    v_step, left(v_value::text, 200)
+                        USING ERRCODE = 'invalid_parameter_value';
+                END IF;
             ELSE
-                RAISE EXCEPTION 'treadle: step "%" has an unknown option "%" (queue, priority, max_attempts, timeout, backoff)',
+                RAISE EXCEPTION 'treadle: step "%" has an unknown option "%" (queue, priority, max_attempts, timeout, backoff, concurrency_key)',
                                 v_step, left(v_key, 200)
                     USING ERRCODE = 'invalid_parameter_value';
             END CASE;
@@ -8409,6 +8472,71 @@ SELECT r.id, r.name, r.state,
  ORDER BY r.id DESC;
 COMMENT ON VIEW treadle.workflow_run_overview IS
     'Workflow runs: state, current step, steps done of total.';
+--------------------------------------------------------------------------------
+-- Step keys. A workflow step whose step_options name a concurrency_key
+-- (079_workflow_step_options.sql) runs its jobs in that key's lane, as a job
+-- enqueued with the key does (034_key_lanes.sql): the step job is inserted
+-- blocked (treadle._enqueue_steps, treadle._enqueue_map, treadle._compensate_next)
+-- and released while its key has room; it gives its slot back when it leaves,
+-- through treadle._follow_up as any keyed job. A run whose keyed step waits shows
+-- it in treadle.explain_run (key_full, key_waiting) as treadle.explain does.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._key_release_keys(queues, keys) -> void
+--
+-- Transition: blocked -> available for the keys of jobs just inserted blocked
+-- (queues[i], keys[i] the queue and key of the i-th; null keys skipped): each
+-- (queue, key) once, in order, as its room allows (treadle._key_release).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._key_release_keys(queues text[], keys text[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM treadle._key_release(k.queue, k.key, 0)
+       FROM (SELECT DISTINCT u.queue, u.key FROM unnest(queues, keys) AS u(queue, key)
+              WHERE u.key IS NOT NULL) AS k
+      ORDER BY k.queue, k.key;
+END;
+$$;
+COMMENT ON FUNCTION treadle._key_release_keys(text[], text[]) IS
+    'Release the blocked jobs of each (queue, concurrency key) given, as their room allows.';
+
+--------------------------------------------------------------------------------
+-- treadle._check_meta(meta) -> jsonb
+--
+-- Metadata as treadle.enqueue takes it (start_workflow's `meta`): null for SQL or
+-- JSON null, else the object itself. A run's meta is copied to each of its step
+-- jobs' meta (and to its child runs).
+-- Raises 22023: meta not a JSON object, over the payload size limit, or nested
+-- more than 100 levels deep.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._check_meta(meta jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF meta IS NULL OR jsonb_typeof(meta) = 'null' THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(meta) <> 'object' THEN
+        RAISE EXCEPTION 'treadle: meta must be a JSON object, not %', jsonb_typeof(meta)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (pg_column_size(meta) > 1024 AND pg_column_size(meta) > treadle._max_payload_bytes())
+       OR treadle._too_deep(meta) THEN
+        PERFORM treadle._check_payload(meta, 'meta', treadle._max_payload_bytes());
+    END IF;
+    RETURN meta;
+END;
+$$;
+COMMENT ON FUNCTION treadle._check_meta(jsonb) IS
+    'Check a run''s metadata as enqueue checks a job''s (22023); null for none.';
 --------------------------------------------------------------------------------
 -- Dashboard reads: one job, a workflow run's steps, and counts that stay fast on
 -- large tables. Finished rows have no index by state (claims never need one), so
@@ -8887,7 +9015,8 @@ COMMENT ON FUNCTION treadle.explain(bigint, text) IS
 --     (the oldest of them is explained as a step job is);
 --   a step job that waits or runs: the reasons treadle.explain(job_id) gives it
 --     (not_due, retrying, paused, concurrency_limit, rate_limit, no_worker,
---     behind, ready; running, worker, lease_expired, cancel_requested; and for a
+--     behind, ready; key_full, key_waiting, lane_blocked for a step of a
+--     concurrency key, 081_step_keys.sql; running, worker, lease_expired, cancel_requested; and for a
 --     job that finished while its run did not move on, its end).
 -- No rows for an unknown id, or a run of a queue a tenant may not see. Readers
 -- may call it (treadle.grant_reader); it reads as the owner and applies the
@@ -9329,11 +9458,11 @@ BEGIN
 
     INSERT INTO treadle.workflow_runs AS r
         (name, input, steps, results, queue, priority, max_attempts, created_at, after, sleeps, maps, waits, version,
-         children, compensations, step_options, forked_from, forked_step)
+         children, compensations, step_options, forked_from, forked_step, meta)
     VALUES
         (v_source.name, v_input, v_source.steps, v_results, v_source.queue, v_source.priority, v_source.max_attempts,
          v_now, v_source.after, v_source.sleeps, v_source.maps, v_source.waits, v_source.version, v_source.children,
-         v_source.compensations, v_source.step_options, v_source.id, fork_run.from_step)
+         v_source.compensations, v_source.step_options, v_source.id, fork_run.from_step, v_source.meta)
     RETURNING r.* INTO v_run;
     IF v_run.after IS NULL THEN
         -- the first step without a result: from_step, or an earlier one the source had not completed
@@ -9453,7 +9582,7 @@ BEGIN
         ('read',    'treadle.unlisten_done()'),
         ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[], text, text, interval, jsonb, text)'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
-        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb)'),
+        ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb)'),
         ('produce', 'treadle.signal(bigint, text, jsonb)'),
         ('produce', 'treadle.signal_by_key(text, text, text, jsonb)'),
         ('produce', 'treadle.schedule(text, text, text, jsonb, text, text, integer, integer, boolean)'),

@@ -77,6 +77,7 @@ CREATE TABLE treadle.workflow_runs (
     step_options     jsonb,   -- step -> its job options: queue, priority, max_attempts, timeout, backoff
     forked_from      bigint,  -- the run this one was forked from (treadle.fork_run; no foreign key: prune may remove it)
     forked_step      text,    -- the step it was forked from: it and the steps after it ran again
+    meta             jsonb,   -- the run's metadata (start_workflow's meta; an object), copied to each step job; null: none
     CONSTRAINT workflow_runs_pkey PRIMARY KEY (id, queue),
     CONSTRAINT workflow_runs_state_check
         CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled', 'compensating', 'compensated'])),
@@ -92,7 +93,8 @@ CREATE TABLE treadle.workflow_runs (
     CONSTRAINT workflow_runs_parent_check CHECK ((parent_run_id IS NULL) = (parent_step IS NULL)),
     CONSTRAINT workflow_runs_compensations_check CHECK (jsonb_typeof(compensations) = 'object'),
     CONSTRAINT workflow_runs_step_options_check CHECK (jsonb_typeof(step_options) = 'object'),
-    CONSTRAINT workflow_runs_forked_check CHECK ((forked_from IS NULL) = (forked_step IS NULL))
+    CONSTRAINT workflow_runs_forked_check CHECK ((forked_from IS NULL) = (forked_step IS NULL)),
+    CONSTRAINT workflow_runs_meta_check CHECK (jsonb_typeof(meta) = 'object')
 );
 
 -- A child step starts one run, ever (treadle._start_child); its parent finds it here.

@@ -10,8 +10,10 @@
 --
 -- Transition: (none) -> available for steps of a workflow run, in one
 -- statement: each a job named 'workflow:<workflow name>/<step>' whose `step`
--- column names the step. Workers of its queue hear of it when nobody else will
--- take it at once (treadle._notify_steps). PL/pgSQL, so that its statements are
+-- column names the step, and whose meta is the run's. Workers of its queue hear of it when nobody else will
+-- take it at once (treadle._notify_steps). A step with a concurrency_key in the
+-- run's step_options starts blocked and is released as its key has room
+-- (treadle._key_release_keys). PL/pgSQL, so that its statements are
 -- planned once per session (a SQL function's are planned at every call).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_steps(run treadle.workflow_runs, steps text[], at timestamptz)
@@ -29,32 +31,48 @@ DECLARE
     v_queues     text[];
     v_names      text[];
     v_priorities integer[];
+    v_key_queues text[];
+    v_keys       text[];
 BEGIN
     IF cardinality(steps) = 1 AND run.step_options IS NULL THEN
         -- the common case: the next step of a run without per-step options
         INSERT INTO treadle.jobs
-            (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step)
+            (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, meta)
         VALUES (run.queue, 'workflow:' || run.name || '/' || steps[1], '{}', run.priority, at, run.max_attempts, at,
-                run.id, steps[1])
+                run.id, steps[1], run.meta)
         RETURNING id, queue, name, priority INTO v_id, v_queue, v_name, v_priority;
         PERFORM treadle._notify_steps(ARRAY[v_id], ARRAY[v_queue], ARRAY[v_name], ARRAY[v_priority], at);
     ELSIF cardinality(steps) > 0 THEN
+        -- a step with a concurrency_key starts blocked and goes through its key's
+        -- admission, as a keyed enqueue does (034_key_lanes.sql)
         WITH added AS (
             INSERT INTO treadle.jobs
-                (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
+                (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
+                 concurrency_key, state, key_slot, meta)
             SELECT coalesce(run.step_options -> s.step ->> 'queue', run.queue), 'workflow:' || run.name || '/' || s.step,
                    '{}', coalesce((run.step_options -> s.step ->> 'priority')::integer, run.priority), at,
                    coalesce((run.step_options -> s.step ->> 'max_attempts')::integer, run.max_attempts), at,
                    run.id, s.step, (run.step_options -> s.step ->> 'timeout')::interval,
-                   treadle._intervals(run.step_options -> s.step -> 'backoff')
+                   treadle._intervals(run.step_options -> s.step -> 'backoff'),
+                   run.step_options -> s.step ->> 'concurrency_key',
+                   CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN 'blocked' ELSE 'available' END,
+                   CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN false END, run.meta
               FROM unnest(steps) WITH ORDINALITY AS s(step, i)
              ORDER BY s.i
-            RETURNING id, queue, name, priority
+            RETURNING id, queue, name, priority, concurrency_key
         )
-        SELECT array_agg(a.id), array_agg(a.queue), array_agg(a.name), array_agg(a.priority)
-          INTO v_ids, v_queues, v_names, v_priorities
+        SELECT array_agg(a.id) FILTER (WHERE a.concurrency_key IS NULL),
+               array_agg(a.queue) FILTER (WHERE a.concurrency_key IS NULL),
+               array_agg(a.name) FILTER (WHERE a.concurrency_key IS NULL),
+               array_agg(a.priority) FILTER (WHERE a.concurrency_key IS NULL),
+               array_agg(a.queue) FILTER (WHERE a.concurrency_key IS NOT NULL),
+               array_agg(a.concurrency_key) FILTER (WHERE a.concurrency_key IS NOT NULL)
+          INTO v_ids, v_queues, v_names, v_priorities, v_key_queues, v_keys
           FROM added AS a;
         PERFORM treadle._notify_steps(v_ids, v_queues, v_names, v_priorities, at);
+        IF v_keys IS NOT NULL THEN
+            PERFORM treadle._key_release_keys(v_key_queues, v_keys);  -- 081_step_keys.sql
+        END IF;
     END IF;
 END;
 $$;
@@ -171,7 +189,8 @@ COMMENT ON FUNCTION treadle._has_every_result(treadle.workflow_runs) IS
 -- Transition: a map step of a run (run.maps) starts: the array it maps over (the
 -- result of a step it runs after, or {"input": key}: that key of the run's input),
 -- N elements, becomes N jobs available now, in one statement, each with args
--- {"element": <element>, "index": <0-based position>}; run.map_left counts the N
+-- {"element": <element>, "index": <0-based position>} (blocked, released as its
+-- key has room, for a step with a concurrency_key); run.map_left counts the N
 -- that have not completed. An empty array completes the step at once with the
 -- result [] and returns true (the caller looks for the steps that became ready).
 -- The caller holds the run row's lock.
@@ -195,6 +214,7 @@ DECLARE
     v_max_attempts integer := coalesce((run.step_options -> step ->> 'max_attempts')::integer, run.max_attempts);
     v_timeout interval := (run.step_options -> step ->> 'timeout')::interval;
     v_backoff interval[] := treadle._intervals(run.step_options -> step -> 'backoff');
+    v_key   text := run.step_options -> step ->> 'concurrency_key';
 BEGIN
     IF jsonb_typeof(v_over) = 'object' THEN
         v_what := format('the input''s "%s"', v_over ->> 'input');
@@ -219,15 +239,22 @@ BEGIN
         RETURN true;
     END IF;
     INSERT INTO treadle.jobs
-        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
+         concurrency_key, state, key_slot, meta)
     SELECT v_queue, 'workflow:' || run.name || '/' || step, jsonb_build_object('element', e.value, 'index', e.i - 1),
-           v_priority, at, v_max_attempts, at, run.id, step, v_timeout, v_backoff
+           v_priority, at, v_max_attempts, at, run.id, step, v_timeout, v_backoff,
+           v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END,
+           run.meta
       FROM jsonb_array_elements(v_array) WITH ORDINALITY AS e(value, i)
      ORDER BY e.i;
     UPDATE treadle.workflow_runs AS r
        SET map_left = coalesce(r.map_left, '{}'::jsonb) || jsonb_build_object(step, v_n)
      WHERE r.id = run.id;
-    PERFORM treadle._notify('treadle_jobs', v_queue);
+    IF v_key IS NULL THEN
+        PERFORM treadle._notify('treadle_jobs', v_queue);
+    ELSE
+        PERFORM treadle._key_release(v_queue, v_key, 0);  -- blocked until its key has room (034_key_lanes.sql)
+    END IF;
     RETURN false;
 END;
 $$;

@@ -13,7 +13,9 @@
 -- follows job prev_id: at most once per predecessor, which records it in its
 -- next_id (a retried occurrence that already started its successor starts no
 -- second one). With prev_id null the job follows nothing (a schedule's first
--- occurrence); otherwise it takes prev_id's meta. `every` is a periodic series' period, `schedule` a schedule's
+-- occurrence); otherwise it takes prev_id's meta and concurrency_key (a keyed
+-- successor is inserted blocked and admitted as a keyed enqueue is:
+-- treadle._key_release, 034_key_lanes.sql). `every` is a periodic series' period, `schedule` a schedule's
 -- name (one of them, or neither). Listeners of treadle_jobs hear the queue when
 -- the job is due at once. Returns the new job's id; null when prev_id has a
 -- successor already (or is gone). Callers hold prev_id's row lock, and check
@@ -40,6 +42,7 @@ DECLARE
     v_now timestamptz := treadle.now();
     v_id  bigint;
     v_meta jsonb;
+    v_key  text;
 BEGIN
     -- the id is drawn first: no volatile call inside the UPDATE (Citus refuses one)
     v_id := nextval('treadle.jobs_id_seq'::regclass);
@@ -47,17 +50,21 @@ BEGIN
         UPDATE treadle.jobs AS j
            SET next_id = v_id
          WHERE j.id = _successor.prev_id AND j.next_id IS NULL
-        RETURNING j.meta INTO v_meta;
+        RETURNING j.meta, j.concurrency_key INTO v_meta, v_key;
         IF NOT FOUND THEN
             RETURN NULL;
         END IF;
     END IF;
     INSERT INTO treadle.jobs AS j
-        (id, queue, name, args, priority, run_at, max_attempts, every, schedule, created_at, meta)
+        (id, queue, name, args, priority, run_at, max_attempts, every, schedule, created_at, meta,
+         concurrency_key, state, key_slot)
     VALUES
         (v_id, _successor.queue, _successor.name, _successor.args, _successor.priority, _successor.run_at,
-         _successor.max_attempts, _successor.every, _successor.schedule, v_now, v_meta);
-    IF _successor.run_at <= v_now THEN
+         _successor.max_attempts, _successor.every, _successor.schedule, v_now, v_meta,
+         v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END);
+    IF v_key IS NOT NULL THEN
+        PERFORM treadle._key_release(_successor.queue, v_key, 0);  -- released (and heard of) as its key has room
+    ELSIF _successor.run_at <= v_now THEN
         PERFORM treadle._notify('treadle_jobs', _successor.queue);  -- due at once (a missed time caught up)
     END IF;
     RETURN v_id;

@@ -414,7 +414,7 @@ COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, j
 --------------------------------------------------------------------------------
 -- treadle.start_workflow(name, input, steps, queue, priority, max_attempts,
 --                        idempotency_key, after, sleeps, maps, waits, children, compensations,
---                        step_options) -> bigint
+--                        step_options, meta) -> bigint
 --
 -- Transition: (none) -> a running run, and the job of each step it starts with
 -- (the first step of a list, every step without dependencies of a graph) ->
@@ -423,12 +423,15 @@ COMMENT ON FUNCTION treadle.define_workflow(text, text[], jsonb, jsonb, jsonb, j
 -- `step_options` (each step job's own queue, priority, max_attempts, timeout, backoff; the run's otherwise) (as
 -- define_workflow takes them; a child step ready at the start starts its child run at once), or when
 -- steps is null the definition from treadle.define_workflow, and then its version.
+-- `meta` is the run's metadata (a JSON object, e.g. trace context; SQL or JSON
+-- null: none), bounded as enqueue's; every step job of the run (and of its child
+-- runs, which inherit it) carries it in its own meta.
 -- Returns the run id; a
 -- workflow idempotency key (a namespace apart from jobs') that a run already
 -- holds returns that run's id and starts nothing.
 -- Raises 22004: name or queue null. 22023: name, queue or key not a valid name;
 -- input neither an object nor an array, over the size limit or nested over 100
--- levels; max_attempts < 1; steps, after, sleeps, maps, waits, children, compensations or step_options as
+-- levels; meta as treadle._check_meta refuses it; max_attempts < 1; steps, after, sleeps, maps, waits, children, compensations or step_options as
 -- define_workflow refuses them; after, sleeps, maps, waits, children, compensations or step_options without
 -- steps; no steps given and no definition (unknown workflow); a child step ready at the start
 -- that treadle._start_child refuses. 42501: a tenant's queue or workflow name (or a
@@ -448,7 +451,8 @@ CREATE OR REPLACE FUNCTION treadle.start_workflow(
     waits           jsonb   DEFAULT NULL,
     children        jsonb   DEFAULT NULL,
     compensations   jsonb   DEFAULT NULL,
-    step_options    jsonb   DEFAULT NULL
+    step_options    jsonb   DEFAULT NULL,
+    meta            jsonb   DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql
@@ -469,6 +473,7 @@ DECLARE
     v_children jsonb;
     v_compensations jsonb;
     v_step_options jsonb;
+    v_meta  jsonb := treadle._check_meta(start_workflow.meta);  -- 081_step_keys.sql
     v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
@@ -539,11 +544,11 @@ BEGIN
     LOOP
         INSERT INTO treadle.workflow_runs AS r
             (name, input, steps, queue, priority, max_attempts, idempotency_key, created_at, after, sleeps, maps,
-             waits, version, children, compensations, step_options)
+             waits, version, children, compensations, step_options, meta)
         VALUES
             (start_workflow.name, v_input, v_steps, start_workflow.queue, start_workflow.priority,
              start_workflow.max_attempts, start_workflow.idempotency_key, v_now, v_after, v_sleeps, v_maps,
-             v_waits, v_version, v_children, v_compensations, v_step_options)
+             v_waits, v_version, v_children, v_compensations, v_step_options, v_meta)
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING r.* INTO v_run;
 
@@ -564,7 +569,7 @@ BEGIN
     END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb) IS
+COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb) IS
     'Start a workflow run and enqueue the steps it starts with; returns the run id.';
 
 --------------------------------------------------------------------------------
@@ -615,7 +620,7 @@ BEGIN
         FOR v_step IN
             SELECT * FROM treadle.jobs AS j
              WHERE j.workflow_run_id = cancel_workflow.run_id
-               AND j.state = ANY (ARRAY['available', 'retryable', 'running'])
+               AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
                AND NOT j.cancel_requested
              ORDER BY j.id
         LOOP
@@ -644,7 +649,7 @@ BEGIN
 
     PERFORM 1 FROM treadle.jobs AS j
      WHERE j.workflow_run_id = cancel_workflow.run_id
-       AND j.state = ANY (ARRAY['available', 'retryable', 'running'])
+       AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
     UNION ALL
     SELECT 1 FROM treadle.workflow_runs AS r
      WHERE r.parent_run_id = cancel_workflow.run_id AND r.state = 'running';

@@ -134,11 +134,11 @@ BEGIN
 
     INSERT INTO treadle.workflow_runs AS r
         (name, input, steps, queue, priority, max_attempts, created_at, after, sleeps, maps, waits, version,
-         children, parent_run_id, parent_step, compensations, step_options)
+         children, parent_run_id, parent_step, compensations, step_options, meta)
     VALUES
         (v_def.name, v_input, v_def.steps, coalesce(v_spec ->> 'queue', run.queue), run.priority, run.max_attempts, at,
          v_def.after, v_def.sleeps, v_def.maps, v_def.waits, v_def.version, v_def.children, run.id, step,
-         v_def.compensations, v_def.step_options)
+         v_def.compensations, v_def.step_options, run.meta)  -- a child run inherits its parent's meta
     RETURNING r.* INTO v_child;
     IF v_child.after IS NULL THEN
         PERFORM treadle._enqueue_step(v_child, v_child.steps[1], at);

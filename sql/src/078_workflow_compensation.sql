@@ -96,13 +96,14 @@ DECLARE
     v_step text;
     v_comp text;
     v_queue text;
+    v_key  text;
 BEGIN
     SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = _compensate_next.run_id;
     IF NOT FOUND OR v_run.state <> 'compensating' THEN
         RETURN;
     END IF;
     PERFORM 1 FROM treadle.jobs AS j
-     WHERE j.workflow_run_id = v_run.id AND j.state = ANY (ARRAY['available', 'retryable', 'running']);
+     WHERE j.workflow_run_id = v_run.id AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked']);
     IF FOUND THEN
         RETURN;
     END IF;
@@ -121,16 +122,24 @@ BEGIN
     END IF;
     v_comp := v_run.compensations ->> v_step;
     v_queue := coalesce(v_run.step_options -> v_comp ->> 'queue', v_run.queue);
+    v_key := v_run.step_options -> v_comp ->> 'concurrency_key';
     INSERT INTO treadle.jobs
-        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff)
+        (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
+         concurrency_key, state, key_slot, meta)
     VALUES
         (v_queue, 'workflow:' || v_run.name || '/' || v_comp,
          jsonb_build_object('compensates', v_step, 'result', v_run.results -> v_step),
          coalesce((v_run.step_options -> v_comp ->> 'priority')::integer, v_run.priority), at,
          coalesce((v_run.step_options -> v_comp ->> 'max_attempts')::integer, v_run.max_attempts), at, v_run.id, v_comp,
          (v_run.step_options -> v_comp ->> 'timeout')::interval,
-         treadle._intervals(v_run.step_options -> v_comp -> 'backoff'));
-    PERFORM treadle._notify('treadle_jobs', v_queue);
+         treadle._intervals(v_run.step_options -> v_comp -> 'backoff'),
+         v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END,
+         v_run.meta);
+    IF v_key IS NULL THEN
+        PERFORM treadle._notify('treadle_jobs', v_queue);
+    ELSE
+        PERFORM treadle._key_release(v_queue, v_key, 0);  -- blocked until its key has room (034_key_lanes.sql)
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._compensate_next(bigint, timestamptz) IS
@@ -224,7 +233,7 @@ AS $$
 BEGIN
     PERFORM treadle.cancel(j.id)
        FROM treadle.jobs AS j
-      WHERE j.workflow_run_id = NEW.id AND j.state = ANY (ARRAY['available', 'retryable'])
+      WHERE j.workflow_run_id = NEW.id AND j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
       ORDER BY j.id;
     PERFORM treadle.cancel_workflow(c.id)
        FROM treadle.workflow_runs AS c

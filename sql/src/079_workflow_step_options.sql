@@ -16,8 +16,10 @@
 -- "queue" a queue name, "priority" an integer, "max_attempts" an integer of 1 or
 -- more, "timeout" an interval string over 0 and at most 7 days, "backoff" an array
 -- of 1 to 100 interval strings each of 0 to 366 days (as treadle.enqueue bounds
--- them). Returns the map with intervals normalised and empty option objects left
--- out (null when none is left).
+-- them), "concurrency_key" a key as treadle.enqueue takes one (1 to 200
+-- characters, not only spaces, no control character): the step's jobs go
+-- through its admission (034_key_lanes.sql). Returns the map with intervals
+-- normalised and empty option objects left out (null when none is left).
 -- Raises 22023, naming the step: step_options not an object; a key that is not a
 -- step that runs as a job; options not an object, an unknown option, a value out
 -- of its bounds; step_options over the payload size limit. 42501: a tenant's step
@@ -122,8 +124,14 @@ BEGIN
                         USING ERRCODE = 'invalid_parameter_value';
                 END IF;
                 v_value := (SELECT jsonb_agg(d.delay::text ORDER BY d.i) FROM unnest(v_delays) WITH ORDINALITY AS d(delay, i));
+            WHEN 'concurrency_key' THEN
+                IF jsonb_typeof(v_value) <> 'string' OR NOT treadle._is_name(v_value #>> '{}') THEN
+                    RAISE EXCEPTION 'treadle: step "%" has a "concurrency_key" that is not 1 to 200 characters, not only spaces, without control characters: %',
+                                    v_step, left(v_value::text, 200)
+                        USING ERRCODE = 'invalid_parameter_value';
+                END IF;
             ELSE
-                RAISE EXCEPTION 'treadle: step "%" has an unknown option "%" (queue, priority, max_attempts, timeout, backoff)',
+                RAISE EXCEPTION 'treadle: step "%" has an unknown option "%" (queue, priority, max_attempts, timeout, backoff, concurrency_key)',
                                 v_step, left(v_key, 200)
                     USING ERRCODE = 'invalid_parameter_value';
             END CASE;

@@ -15,7 +15,8 @@
 --     (the oldest of them is explained as a step job is);
 --   a step job that waits or runs: the reasons treadle.explain(job_id) gives it
 --     (not_due, retrying, paused, concurrency_limit, rate_limit, no_worker,
---     behind, ready; running, worker, lease_expired, cancel_requested; and for a
+--     behind, ready; key_full, key_waiting, lane_blocked for a step of a
+--     concurrency key, 081_step_keys.sql; running, worker, lease_expired, cancel_requested; and for a
 --     job that finished while its run did not move on, its end).
 -- No rows for an unknown id, or a run of a queue a tenant may not see. Readers
 -- may call it (treadle.grant_reader); it reads as the owner and applies the

@@ -221,11 +221,11 @@ BEGIN
 
     INSERT INTO treadle.workflow_runs AS r
         (name, input, steps, results, queue, priority, max_attempts, created_at, after, sleeps, maps, waits, version,
-         children, compensations, step_options, forked_from, forked_step)
+         children, compensations, step_options, forked_from, forked_step, meta)
     VALUES
         (v_source.name, v_input, v_source.steps, v_results, v_source.queue, v_source.priority, v_source.max_attempts,
          v_now, v_source.after, v_source.sleeps, v_source.maps, v_source.waits, v_source.version, v_source.children,
-         v_source.compensations, v_source.step_options, v_source.id, fork_run.from_step)
+         v_source.compensations, v_source.step_options, v_source.id, fork_run.from_step, v_source.meta)
     RETURNING r.* INTO v_run;
     IF v_run.after IS NULL THEN
         -- the first step without a result: from_step, or an earlier one the source had not completed

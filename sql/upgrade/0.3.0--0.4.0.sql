@@ -332,3 +332,10 @@ CREATE TABLE treadle.key_slots (
 );
 SELECT pg_catalog.pg_extension_config_dump('treadle.key_slots', '');
 CREATE INDEX jobs_key_idx ON treadle.jobs (queue, concurrency_key, id) WHERE state = 'blocked' OR key_slot;
+
+-- step keys and meta: a workflow run's metadata (start_workflow's new last
+-- parameter meta; 0.3.0's signature is dropped above), at the end of
+-- treadle.workflow_runs, as in 010_tables.sql.
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN meta jsonb,
+    ADD CONSTRAINT workflow_runs_meta_check CHECK (jsonb_typeof(meta) = 'object');

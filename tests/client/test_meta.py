@@ -76,3 +76,22 @@ def test_a_claimed_job_carries_meta(conn: psycopg.Connection[Any]) -> None:
     claimed = cur.execute("SELECT * FROM treadle.claim('w')").fetchone()
     assert claimed is not None and claimed["id"] == job_id
     assert treadle.Job.from_row(claimed).meta == {"who": "claimer"}
+
+
+@pytest.mark.parametrize("bad", [[1], "x", 5])
+def test_start_workflows_meta_that_is_not_an_object_is_refused(conn: psycopg.Connection[Any], bad: Any) -> None:
+    with pytest.raises(treadle.InvalidArgument, match="meta must be a dict"):
+        treadle.start_workflow(conn, "flow", steps=["a"], meta=bad)
+    assert conn.execute("SELECT count(*) FROM treadle.workflow_runs").fetchone() == (0,)
+
+
+def test_start_workflow_stores_meta_on_the_run_and_its_steps(conn: psycopg.Connection[Any]) -> None:
+    run_id = treadle.start_workflow(conn, "flow", steps=["a"], meta={"tenant": "acme"})
+    assert (
+        conn.execute(
+            "SELECT r.meta, j.meta FROM treadle.workflow_runs AS r JOIN treadle.jobs AS j ON j.workflow_run_id = r.id"
+            " WHERE r.id = %s",
+            [run_id],
+        ).fetchone()
+        == ({"tenant": "acme"},) * 2
+    )

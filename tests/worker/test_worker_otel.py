@@ -127,3 +127,18 @@ def test_an_async_handler_runs_in_its_span_and_a_job_without_context_has_no_link
     (span,) = [span for span in spans.get_finished_spans() if span.name == "crawl"]
     assert span.links == () or list(span.links) == []
     assert row["result"] == format(span.context.span_id, "016x")
+
+
+def test_start_workflow_adds_the_current_trace_context_to_the_runs_meta(
+    conn: psycopg.Connection[Any], spans: InMemorySpanExporter
+) -> None:
+    with trace.get_tracer("app").start_as_current_span("request") as request:
+        context = request.get_span_context()
+        expected = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+        run_id = treadle.start_workflow(conn, "onboard", {}, steps=["create"], meta={"tenant": "acme"})
+    found = conn.execute(
+        "SELECT r.meta, j.meta FROM treadle.workflow_runs AS r JOIN treadle.jobs AS j ON j.workflow_run_id = r.id"
+        " WHERE r.id = %s",
+        [run_id],
+    ).fetchone()
+    assert found == ({"tenant": "acme", "traceparent": expected},) * 2, "the run and its step job carry it"

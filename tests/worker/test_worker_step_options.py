@@ -3,6 +3,8 @@ queue, a step's own max_attempts and backoff hold, and start_workflow's step_opt
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -148,3 +150,34 @@ def test_bad_step_options_are_refused(conn: psycopg.Connection[Any], make_worker
     with pytest.raises(InvalidArgument, match="queue"):
         make_worker().workflow("y", [Step("a", lambda i, ctx: None, queue="")])
     assert conn.execute("SELECT count(*) FROM treadle.workflow_runs").fetchone() == (0,)
+
+
+def test_a_keyed_step_runs_one_at_a_time_over_every_run(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
+    lock = threading.Lock()
+    inside = [0, 0]  # now, most at once
+
+    def render(input: Any, ctx: JobContext) -> str:
+        with lock:
+            inside[0] += 1
+            inside[1] = max(inside[1], inside[0])
+        time.sleep(0.05)
+        with lock:
+            inside[0] -= 1
+        return "done"
+
+    worker = make_worker(concurrency=4)
+    worker.workflow("frames", [Step("fetch", lambda i, ctx: "raw"), Step("render", render, concurrency_key="gpu-0")])
+    worker.start()
+    first = wait_for(lambda: _start(conn, "frames"), "the definition to be recorded")
+    run_ids = [first] + [start_workflow(conn, "frames", {}) for _ in range(3)]
+    for run_id in run_ids:
+        assert until_run_finished(conn, run_id)["state"] == "completed"
+    assert inside[1] == 1, "the key's limit (1) held across runs"
+    keys = conn.execute(
+        "SELECT step, concurrency_key FROM treadle.jobs WHERE workflow_run_id = ANY(%s) ORDER BY id", [run_ids]
+    ).fetchall()
+    assert sorted(set(keys)) == [("fetch", None), ("render", "gpu-0")]
+    with pytest.raises(InvalidArgument, match="concurrency_key must be a string"):
+        treadle.start_workflow(conn, "x", steps=["a"], step_options={"a": {"concurrency_key": 5}})
+    with pytest.raises(InvalidArgument, match="concurrency_key"):  # 22023 from the database
+        treadle.start_workflow(conn, "x", steps=["a"], step_options={"a": {"concurrency_key": " "}})

@@ -70,6 +70,8 @@ class Step(NamedTuple):
     retries 1, 2, ...; the last repeats) are the step's own job options, kept in the
     database with the definition (define_workflow's `step_options`): None takes the
     run's queue, priority and max_attempts, no timeout and the default backoff.
+    `concurrency_key` puts the step's jobs in that key's lane, as enqueue's does: at most
+    the queue's key_limit of them (over every run) at once (docs/queues.md).
     """
 
     name: str
@@ -81,9 +83,10 @@ class Step(NamedTuple):
     max_attempts: int | None = None
     timeout: timedelta | None = None
     backoff: Sequence[timedelta] | None = None
+    concurrency_key: str | None = None
 
 
-STEP_OPTION_KEYS = ("queue", "priority", "max_attempts", "timeout", "backoff")
+STEP_OPTION_KEYS = ("queue", "priority", "max_attempts", "timeout", "backoff", "concurrency_key")
 
 
 def step_options_entry(options: Mapping[str, Any], what: str) -> dict[str, Any]:
@@ -107,6 +110,8 @@ def step_options_entry(options: Mapping[str, Any], what: str) -> dict[str, Any]:
     backoff = _args.intervals(options.get("backoff"), f"{what}'s backoff")
     if backoff is not None:
         out["backoff"] = [_args.interval_text(delay) for delay in backoff]
+    if options.get("concurrency_key") is not None:
+        out["concurrency_key"] = _args.text(options["concurrency_key"], f"{what}'s concurrency_key")
     return out
 
 
@@ -146,7 +151,8 @@ class Compensation(NamedTuple):
     run one at a time, in reverse order of completion, each at least once, and the run
     ends `compensated` (or `failed` when one fails for good). `ctx.args` is
     `{"compensates": <step>, "result": <that step's result>}`. `queue`, `priority`,
-    `max_attempts`, `timeout` and `backoff` are its own job options, as for Step.
+    `max_attempts`, `timeout`, `backoff` and `concurrency_key` are its own job options,
+    as for Step.
     """
 
     name: str
@@ -157,6 +163,7 @@ class Compensation(NamedTuple):
     max_attempts: int | None = None
     timeout: timedelta | None = None
     backoff: Sequence[timedelta] | None = None
+    concurrency_key: str | None = None
 
 
 MAX_SLEEP = timedelta(days=366)

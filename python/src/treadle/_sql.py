@@ -53,7 +53,7 @@ SELECT treadle.start_workflow(
     priority => %(priority)s::integer, max_attempts => %(max_attempts)s::integer,
     idempotency_key => %(idempotency_key)s::text, after => %(after)s::jsonb, sleeps => %(sleeps)s::jsonb,
     maps => %(maps)s::jsonb, waits => %(waits)s::jsonb, children => %(children)s::jsonb,
-    compensations => %(compensations)s::jsonb, step_options => %(step_options)s::jsonb)
+    compensations => %(compensations)s::jsonb, step_options => %(step_options)s::jsonb, meta => %(meta)s::jsonb)
 """
 # treadle.signal, signal_by_key: 'delivered', 'kept', 'ignored', 'finished' or 'unknown'
 SIGNAL: Final[LiteralString] = """

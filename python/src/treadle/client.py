@@ -140,8 +140,10 @@ class WorkflowOptions(TypedDict, total=False):
     waits: Mapping[str, str | Mapping[str, str | timedelta]] | None
     children: Mapping[str, str | Mapping[str, str]] | None  # child step -> a workflow, or {"workflow": .., "queue": ..}
     compensations: Mapping[str, str] | None  # step -> the name of its compensating step
-    # step -> its job options: queue, priority, max_attempts, timeout (timedelta), backoff (timedeltas)
+    # step -> its job options: queue, priority, max_attempts, timeout (timedelta), backoff (timedeltas),
+    # concurrency_key
     step_options: Mapping[str, Mapping[str, Any]] | None
+    meta: Mapping[str, Any] | None  # the run's metadata (a JSON object), on every step job's ctx.meta; None: none
 
 
 ENQUEUE_DEFAULTS: Final[EnqueueOptions] = {
@@ -172,6 +174,7 @@ WORKFLOW_DEFAULTS: Final[WorkflowOptions] = {
     "children": None,
     "compensations": None,
     "step_options": None,
+    "meta": None,
 }
 _ENQUEUE_KEYS = ("name", "args", *ENQUEUE_DEFAULTS)
 
@@ -348,11 +351,14 @@ def start_workflow(
     compensating step, run when the run fails for good (the run ends
     ``compensated``). ``step_options`` maps a step (or a compensating step) to its
     own job options: ``queue``, ``priority``, ``max_attempts``, ``timeout`` (a
-    timedelta) and ``backoff`` (a list of timedeltas); the run's otherwise (it needs
+    timedelta), ``backoff`` (a list of timedeltas) and ``concurrency_key``; the run's otherwise (it needs
     ``steps``: a registered workflow's steps carry their own). The steps it starts
     with are enqueued now; each completed step enqueues those whose dependencies
     have all completed. A workflow idempotency key (apart from jobs' keys) that a
-    run holds returns that run's id and starts nothing. The options and their defaults:
+    run holds returns that run's id and starts nothing. ``meta`` is the run's
+    metadata, a JSON object copied to every step job's meta (``ctx.meta`` in a step;
+    a child run inherits it); with the ``otel`` extra the current trace context is
+    added to it, as enqueue adds it. The options and their defaults:
     `WorkflowOptions`.
     """
     given = _with_defaults("start_workflow", options, WORKFLOW_DEFAULTS)
@@ -371,6 +377,7 @@ def start_workflow(
         "priority": _args.integer(given["priority"], "priority"),
         "max_attempts": _args.integer(given["max_attempts"], "max_attempts"),
         "idempotency_key": _args.optional_text(given["idempotency_key"], "idempotency_key"),
+        "meta": _json.to_jsonb(_otel.with_trace_context(_meta(given["meta"], "meta")), "meta"),
     }
     return _conn.execute(conn, _sql.START_WORKFLOW, params, _scalar)
 
