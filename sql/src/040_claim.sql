@@ -423,7 +423,10 @@ SET search_path = pg_catalog, pg_temp
 -- can still be routed to one shard where jobs are distributed by queue.) The
 -- penalty those settings add to the plan's cost would start JIT compiling, which
 -- never pays off here: off too.
--- (The cursor's helpers run under these settings too.)
+-- (The cursor's helpers run under these settings too.) Where treadle is distributed
+-- by Citus (treadle._distributed), Citus cannot route a generic plan of a statement
+-- whose queue is a parameter: there the claim sets plan_cache_mode back to auto for
+-- its own run, and claims plainly (the cursor's reads cross queues).
 SET plan_cache_mode = force_generic_plan
 SET enable_sort = off
 SET enable_seqscan = off
@@ -464,7 +467,13 @@ DECLARE
     v_bound_p integer;    -- the worst of the best v_want candidates, once there are that many:
     v_bound_at timestamptz;  -- its priority, run_at
     v_bound_id bigint;    -- and id
+    -- treadle is distributed by Citus (one setting's read where Citus is not loaded)
+    v_citus   boolean := current_setting('citus.version', true) IS NOT NULL AND treadle._distributed();
 BEGIN
+    IF v_citus THEN
+        -- (undone when the claim returns, as its SET clauses are)
+        PERFORM set_config('plan_cache_mode', 'auto', true);
+    END IF;
     -- Each argument is tested inline, as enqueue does, and its helper called only to
     -- raise: a call costs more than the test, and a worker claims all the time.
     IF claim.worker_id IS NULL OR NOT treadle._is_name(claim.worker_id) THEN
@@ -514,7 +523,7 @@ BEGIN
     v_setting := 'treadle.claim_' || to_hex(hashtextextended(
         array_to_string(claim.queues, chr(1)) || chr(2) || coalesce(array_to_string(claim.names, chr(1)), ''), 0));
     v_mode := coalesce(current_setting(v_setting, true), '');
-    v_plain := v_room IS NOT NULL OR v_mode IN ('', 'slow', 'slow2');
+    v_plain := v_room IS NOT NULL OR v_citus OR v_mode IN ('', 'slow', 'slow2');
     IF NOT v_plain THEN
         v_ids := treadle._claim_by_cursor(v_setting, v_mode, claim.queues, claim.names, claim.batch, v_now);
     END IF;
@@ -540,7 +549,9 @@ BEGIN
                SET state = 'running',
                    attempt = j.attempt + 1,
                    lease_until = v_until,
-                   lease_token = v_tokens[array_position(v_ids, j.id)],
+                   -- (through text: Citus 13.2 cannot take a bare array element in a
+                   -- distributed UPDATE's SET, and its backend crashes)
+                   lease_token = v_tokens[array_position(v_ids, j.id)]::text::uuid,
                    worker_id = claim.worker_id,
                    started_at = v_now,
                    progress = NULL,
@@ -660,7 +671,7 @@ BEGIN
     END IF;
     -- A slow claim moves the mode on ('' -> 'slow' -> 'slow2' -> 'sweep'); a quick
     -- one after a slow one starts it again.
-    IF v_plain AND (clock_timestamp() - v_started > c_slow OR v_mode LIKE 'slow%') THEN
+    IF v_plain AND NOT v_citus AND (clock_timestamp() - v_started > c_slow OR v_mode LIKE 'slow%') THEN
         PERFORM set_config(v_setting, CASE WHEN clock_timestamp() - v_started <= c_slow THEN ''
                                            WHEN v_mode = 'slow2' THEN 'sweep'
                                            WHEN v_mode = 'slow' THEN 'slow2' ELSE 'slow' END, false);
@@ -688,7 +699,9 @@ BEGIN
                SET state = 'running',
                    attempt = j.attempt + 1,
                    lease_until = v_until,
-                   lease_token = v_tokens[array_position(v_ids, j.id)],
+                   -- (through text: Citus 13.2 cannot take a bare array element in a
+                   -- distributed UPDATE's SET, and its backend crashes)
+                   lease_token = v_tokens[array_position(v_ids, j.id)]::text::uuid,
                    worker_id = claim.worker_id,
                    started_at = v_now,
                    progress = NULL,

@@ -299,3 +299,9 @@ DROP FUNCTION treadle.explain(bigint);
 DROP FUNCTION treadle._left_by(bigint, uuid, text[]);
 DROP FUNCTION treadle.heartbeat(bigint, uuid, interval);
 DROP FUNCTION treadle.progress(bigint, uuid, double precision, text);
+
+-- Citus, the worker's loop: the batch finishes and heartbeats take each job's queue
+-- (job_queues) as a new last parameter.
+DROP FUNCTION treadle.complete_and_claim(bigint[], uuid[], jsonb[], text, text[], text[], integer, interval, uuid);
+DROP FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[]);
+DROP FUNCTION treadle.heartbeat_many(bigint[], uuid[], interval);
