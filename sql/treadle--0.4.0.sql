@@ -2233,7 +2233,7 @@ DECLARE
     v_room    jsonb;      -- what each queue may give, when a requested queue is paused or limited
     v_until   timestamptz;
     v_row     record;
-    v_tokens  uuid[];     -- the claimed jobs' lease tokens, in v_ids' order
+    v_tokens  uuid[];     -- the claimed jobs' lease tokens, in v_ids' order (when lease_token is null)
     v_names   text[];     -- the names, each once
     v_count   integer;
     v_turn    text;
@@ -2321,8 +2321,8 @@ BEGIN
         IF coalesce(cardinality(v_ids), 0) = 0 THEN
             RETURN;
         END IF;
-        v_tokens := array_fill(claim.lease_token, ARRAY[cardinality(v_ids)]);
         IF claim.lease_token IS NULL THEN
+            v_tokens := array_fill(NULL::uuid, ARRAY[cardinality(v_ids)]);
             FOR v_k IN 1 .. cardinality(v_ids) LOOP
                 v_tokens[v_k] := gen_random_uuid();
             END LOOP;
@@ -2333,9 +2333,9 @@ BEGIN
                SET state = 'running',
                    attempt = j.attempt + 1,
                    lease_until = v_until,
-                   -- (through text: Citus 13.2 cannot take a bare array element in a
-                   -- distributed UPDATE's SET, and its backend crashes)
-                   lease_token = v_tokens[array_position(v_ids, j.id)]::text::uuid,
+                   -- (the tokens drawn through text: Citus 13.2 cannot take a bare array
+                   -- element in a distributed UPDATE's SET, and its backend crashes)
+                   lease_token = coalesce(claim.lease_token, v_tokens[array_position(v_ids, j.id)]::text::uuid),
                    worker_id = claim.worker_id,
                    started_at = v_now,
                    progress = NULL,
@@ -2470,8 +2470,8 @@ BEGIN
 
     -- The write, one queue at a time, with the tokens drawn first: a fresh one per
     -- job unless lease_token is given.
-    v_tokens := array_fill(claim.lease_token, ARRAY[cardinality(v_ids)]);
     IF claim.lease_token IS NULL THEN
+        v_tokens := array_fill(NULL::uuid, ARRAY[cardinality(v_ids)]);
         FOR v_k IN 1 .. cardinality(v_ids) LOOP
             v_tokens[v_k] := gen_random_uuid();
         END LOOP;
@@ -2483,9 +2483,9 @@ BEGIN
                SET state = 'running',
                    attempt = j.attempt + 1,
                    lease_until = v_until,
-                   -- (through text: Citus 13.2 cannot take a bare array element in a
-                   -- distributed UPDATE's SET, and its backend crashes)
-                   lease_token = v_tokens[array_position(v_ids, j.id)]::text::uuid,
+                   -- (the tokens drawn through text: Citus 13.2 cannot take a bare array
+                   -- element in a distributed UPDATE's SET, and its backend crashes)
+                   lease_token = coalesce(claim.lease_token, v_tokens[array_position(v_ids, j.id)]::text::uuid),
                    worker_id = claim.worker_id,
                    started_at = v_now,
                    progress = NULL,
@@ -3720,6 +3720,7 @@ DECLARE
     v_s      text[];
     v_q      text[];
     v_d      treadle.jobs[];
+    v_f      bigint[];  -- the finished jobs that something follows
 BEGIN
     IF complete_many.job_ids IS NULL OR complete_many.lease_tokens IS NULL THEN
         RAISE EXCEPTION 'treadle: job_ids and lease_tokens must not be null'
@@ -3760,6 +3761,7 @@ BEGIN
     -- (each result comes with its row: Citus 13.2 cannot take an array element in a
     -- distributed UPDATE's SET, and its backend crashes)
     FOREACH v_queue IN ARRAY v_each LOOP
+        v_d := NULL;
         IF v_queue IS NULL THEN
             WITH input AS (
                 SELECT i.id, i.token, i.result, i.ord
@@ -3775,17 +3777,20 @@ BEGIN
                  WHERE j.id = i.id
                    AND j.state = 'running'
                    AND j.lease_token = i.token
-                RETURNING i.ord, j.state, j.queue, j AS job,
+                RETURNING i.ord, j.state, j.queue, j.id,
                           j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL AS follows
             )
             -- Most batches are plain jobs: whole rows are gathered (and _follow_up called)
             -- only for steps and periodic or scheduled occurrences; the others' queues are
-            -- told here, as _follow_up would. (The row is chosen here, not in RETURNING:
-            -- on Citus a shard's row has its shard's type, which a CASE cannot convert.)
+            -- told here, as _follow_up would. (Those rows are read after: on Citus a row
+            -- returned from a shard has its shard's type, which a CASE cannot convert.)
             SELECT array_agg(d.ord), array_agg(d.state), array_agg(DISTINCT d.queue) FILTER (WHERE NOT d.follows),
-                   array_agg(d.job) FILTER (WHERE d.follows)
-              INTO v_o, v_s, v_q, v_d
+                   array_agg(d.id) FILTER (WHERE d.follows)
+              INTO v_o, v_s, v_q, v_f
               FROM done AS d;
+            IF v_f IS NOT NULL THEN
+                SELECT array_agg(j ORDER BY j.id) INTO v_d FROM treadle.jobs AS j WHERE j.id = ANY (v_f);
+            END IF;
         ELSE
             WITH input AS (
                 SELECT i.id, i.token, i.result, i.ord
@@ -3803,13 +3808,17 @@ BEGIN
                    AND j.id = i.id
                    AND j.state = 'running'
                    AND j.lease_token = i.token
-                RETURNING i.ord, j.state, j.queue, j AS job,
+                RETURNING i.ord, j.state, j.queue, j.id,
                           j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL AS follows
             )
             SELECT array_agg(d.ord), array_agg(d.state), array_agg(DISTINCT d.queue) FILTER (WHERE NOT d.follows),
-                   array_agg(d.job) FILTER (WHERE d.follows)
-              INTO v_o, v_s, v_q, v_d
+                   array_agg(d.id) FILTER (WHERE d.follows)
+              INTO v_o, v_s, v_q, v_f
               FROM done AS d;
+            IF v_f IS NOT NULL THEN
+                SELECT array_agg(j ORDER BY j.id) INTO v_d FROM treadle.jobs AS j
+                 WHERE j.queue = v_queue AND j.id = ANY (v_f);
+            END IF;
         END IF;
         v_ords := v_ords || v_o;
         v_states := v_states || v_s;

@@ -449,7 +449,7 @@ DECLARE
     v_room    jsonb;      -- what each queue may give, when a requested queue is paused or limited
     v_until   timestamptz;
     v_row     record;
-    v_tokens  uuid[];     -- the claimed jobs' lease tokens, in v_ids' order
+    v_tokens  uuid[];     -- the claimed jobs' lease tokens, in v_ids' order (when lease_token is null)
     v_names   text[];     -- the names, each once
     v_count   integer;
     v_turn    text;
@@ -537,8 +537,8 @@ BEGIN
         IF coalesce(cardinality(v_ids), 0) = 0 THEN
             RETURN;
         END IF;
-        v_tokens := array_fill(claim.lease_token, ARRAY[cardinality(v_ids)]);
         IF claim.lease_token IS NULL THEN
+            v_tokens := array_fill(NULL::uuid, ARRAY[cardinality(v_ids)]);
             FOR v_k IN 1 .. cardinality(v_ids) LOOP
                 v_tokens[v_k] := gen_random_uuid();
             END LOOP;
@@ -549,9 +549,9 @@ BEGIN
                SET state = 'running',
                    attempt = j.attempt + 1,
                    lease_until = v_until,
-                   -- (through text: Citus 13.2 cannot take a bare array element in a
-                   -- distributed UPDATE's SET, and its backend crashes)
-                   lease_token = v_tokens[array_position(v_ids, j.id)]::text::uuid,
+                   -- (the tokens drawn through text: Citus 13.2 cannot take a bare array
+                   -- element in a distributed UPDATE's SET, and its backend crashes)
+                   lease_token = coalesce(claim.lease_token, v_tokens[array_position(v_ids, j.id)]::text::uuid),
                    worker_id = claim.worker_id,
                    started_at = v_now,
                    progress = NULL,
@@ -686,8 +686,8 @@ BEGIN
 
     -- The write, one queue at a time, with the tokens drawn first: a fresh one per
     -- job unless lease_token is given.
-    v_tokens := array_fill(claim.lease_token, ARRAY[cardinality(v_ids)]);
     IF claim.lease_token IS NULL THEN
+        v_tokens := array_fill(NULL::uuid, ARRAY[cardinality(v_ids)]);
         FOR v_k IN 1 .. cardinality(v_ids) LOOP
             v_tokens[v_k] := gen_random_uuid();
         END LOOP;
@@ -699,9 +699,9 @@ BEGIN
                SET state = 'running',
                    attempt = j.attempt + 1,
                    lease_until = v_until,
-                   -- (through text: Citus 13.2 cannot take a bare array element in a
-                   -- distributed UPDATE's SET, and its backend crashes)
-                   lease_token = v_tokens[array_position(v_ids, j.id)]::text::uuid,
+                   -- (the tokens drawn through text: Citus 13.2 cannot take a bare array
+                   -- element in a distributed UPDATE's SET, and its backend crashes)
+                   lease_token = coalesce(claim.lease_token, v_tokens[array_position(v_ids, j.id)]::text::uuid),
                    worker_id = claim.worker_id,
                    started_at = v_now,
                    progress = NULL,

@@ -736,6 +736,7 @@ DECLARE
     v_s      text[];
     v_q      text[];
     v_d      treadle.jobs[];
+    v_f      bigint[];  -- the finished jobs that something follows
 BEGIN
     IF complete_many.job_ids IS NULL OR complete_many.lease_tokens IS NULL THEN
         RAISE EXCEPTION 'treadle: job_ids and lease_tokens must not be null'
@@ -776,6 +777,7 @@ BEGIN
     -- (each result comes with its row: Citus 13.2 cannot take an array element in a
     -- distributed UPDATE's SET, and its backend crashes)
     FOREACH v_queue IN ARRAY v_each LOOP
+        v_d := NULL;
         IF v_queue IS NULL THEN
             WITH input AS (
                 SELECT i.id, i.token, i.result, i.ord
@@ -791,17 +793,20 @@ BEGIN
                  WHERE j.id = i.id
                    AND j.state = 'running'
                    AND j.lease_token = i.token
-                RETURNING i.ord, j.state, j.queue, j AS job,
+                RETURNING i.ord, j.state, j.queue, j.id,
                           j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL AS follows
             )
             -- Most batches are plain jobs: whole rows are gathered (and _follow_up called)
             -- only for steps and periodic or scheduled occurrences; the others' queues are
-            -- told here, as _follow_up would. (The row is chosen here, not in RETURNING:
-            -- on Citus a shard's row has its shard's type, which a CASE cannot convert.)
+            -- told here, as _follow_up would. (Those rows are read after: on Citus a row
+            -- returned from a shard has its shard's type, which a CASE cannot convert.)
             SELECT array_agg(d.ord), array_agg(d.state), array_agg(DISTINCT d.queue) FILTER (WHERE NOT d.follows),
-                   array_agg(d.job) FILTER (WHERE d.follows)
-              INTO v_o, v_s, v_q, v_d
+                   array_agg(d.id) FILTER (WHERE d.follows)
+              INTO v_o, v_s, v_q, v_f
               FROM done AS d;
+            IF v_f IS NOT NULL THEN
+                SELECT array_agg(j ORDER BY j.id) INTO v_d FROM treadle.jobs AS j WHERE j.id = ANY (v_f);
+            END IF;
         ELSE
             WITH input AS (
                 SELECT i.id, i.token, i.result, i.ord
@@ -819,13 +824,17 @@ BEGIN
                    AND j.id = i.id
                    AND j.state = 'running'
                    AND j.lease_token = i.token
-                RETURNING i.ord, j.state, j.queue, j AS job,
+                RETURNING i.ord, j.state, j.queue, j.id,
                           j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL AS follows
             )
             SELECT array_agg(d.ord), array_agg(d.state), array_agg(DISTINCT d.queue) FILTER (WHERE NOT d.follows),
-                   array_agg(d.job) FILTER (WHERE d.follows)
-              INTO v_o, v_s, v_q, v_d
+                   array_agg(d.id) FILTER (WHERE d.follows)
+              INTO v_o, v_s, v_q, v_f
               FROM done AS d;
+            IF v_f IS NOT NULL THEN
+                SELECT array_agg(j ORDER BY j.id) INTO v_d FROM treadle.jobs AS j
+                 WHERE j.queue = v_queue AND j.id = ANY (v_f);
+            END IF;
         END IF;
         v_ords := v_ords || v_o;
         v_states := v_states || v_s;

@@ -100,7 +100,8 @@ def test_complete_and_claim_is_router_only(conn: Conn, queue: str) -> None:
     conn.execute(
         _sql.COMPLETE_AND_CLAIM,
         {"job_ids": [job_id], "lease_tokens": [token], "results": [Jsonb(None)], "worker_id": "w",
-         "queues": [queue], "names": None, "batch": 1, "lease": timedelta(seconds=30), "lease_token": None, "job_queues": [queue]},
+         "queues": [queue], "names": None, "batch": 1, "lease": timedelta(seconds=30), "lease_token": None,
+         "job_queues": [queue]},
     ).fetchall()  # fmt: skip
     assert len(shards_named(sent)) == 1, sent
 
