@@ -7,8 +7,10 @@ test passes, strict xfail fails the run, and the mark must go.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -402,3 +404,23 @@ def test_queues_on_the_other_node_keep_flowing_while_a_worker_node_is_down(conn:
         assert job(again, down, before[down])["state"] == "available", "the stopped node's job is there as it was"
         assert again.execute("SELECT count(*) AS n FROM treadle.jobs WHERE queue = %s", [down]).fetchone() == {"n": 1}
         assert enqueue(again, down) > before[down]
+
+
+# -- bench/citus.py -------------------------------------------------------------------------
+
+
+@pytest.mark.subprocess
+def test_the_citus_benchmark_runs_and_finds_the_loop_router_only(distributed: str) -> None:
+    """bench/citus.py --smoke: the coordinator's own instance serves as the single server
+    (a database of its own, where treadle is not distributed)."""
+    single = CITUS_URL.rsplit("/", 1)[0] + "/postgres"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "citus.py"), "--smoke", "--runs", "1", "--citus", CITUS_URL],
+        env={**os.environ, "DATABASE_URL": single},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "### Citus: the worker's claim and finish" in done.stdout
+    assert "Statements of the loop run on more than one shard: 0 in 20 cycles." in done.stdout
