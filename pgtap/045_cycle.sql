@@ -9,9 +9,9 @@ SELECT plan(55);
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
 SELECT has_function('treadle', 'complete_and_claim',
-                    ARRAY['bigint[]', 'uuid[]', 'jsonb[]', 'text', 'text[]', 'text[]', 'integer', 'interval', 'uuid'],
+                    ARRAY['bigint[]', 'uuid[]', 'jsonb[]', 'text', 'text[]', 'text[]', 'integer', 'interval', 'uuid', 'text[]'],
                     'treadle.complete_and_claim exists');
-SELECT has_function('treadle', 'heartbeat_many', ARRAY['bigint[]', 'uuid[]', 'interval'], 'treadle.heartbeat_many exists');
+SELECT has_function('treadle', 'heartbeat_many', ARRAY['bigint[]', 'uuid[]', 'interval', 'text[]'], 'treadle.heartbeat_many exists');
 
 -- pg_temp.cycle_jobs(n): n jobs in queue 'cyc', due long ago
 CREATE FUNCTION pg_temp.cycle_jobs(n integer) RETURNS void LANGUAGE sql AS $$

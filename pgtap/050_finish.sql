@@ -9,7 +9,7 @@ SET LOCAL TimeZone = 'UTC';  -- errors[].at is written in the session's time zon
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
 SELECT has_function('treadle', 'complete', ARRAY['bigint', 'uuid', 'jsonb', 'text'], 'treadle.complete exists');
-SELECT has_function('treadle', 'complete_many', ARRAY['bigint[]', 'uuid[]', 'jsonb[]'], 'treadle.complete_many exists');
+SELECT has_function('treadle', 'complete_many', ARRAY['bigint[]', 'uuid[]', 'jsonb[]', 'text[]'], 'treadle.complete_many exists');
 SELECT has_function('treadle', 'fail', ARRAY['bigint', 'uuid', 'text', 'interval', 'boolean', 'text'], 'treadle.fail exists');
 SELECT has_function('treadle', 'release', ARRAY['bigint', 'uuid', 'text'], 'treadle.release exists');
 

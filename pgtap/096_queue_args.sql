@@ -5,7 +5,7 @@
 -- null, or left out, is a call by id alone, as before.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(56);
+SELECT plan(68);
 \ir helpers.psql
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
@@ -105,6 +105,60 @@ SELECT is(treadle.progress(:job, :'tok', 0.7, NULL, NULL), true, 'progress by id
 -- explain
 SELECT is((SELECT count(*) FROM treadle.explain(:job, 'elsewhere')), 0::bigint, 'explain in another queue: no rows');
 SELECT ok((SELECT count(*) FROM treadle.explain(:job, :'q')) > 0, 'explain in its queue: its reasons');
+
+-- the batch calls: job_queues, each job's queue, paired by position
+SELECT id AS j1, lease_token AS t1, queue AS q1 FROM pg_temp.leased() \gset
+SELECT id AS j2, lease_token AS t2, queue AS q2 FROM pg_temp.leased() \gset
+SELECT id AS j3, lease_token AS t3, queue AS q3 FROM pg_temp.leased() \gset
+SELECT results_eq(
+    format($$ SELECT answer FROM treadle.heartbeat_many(ARRAY[%s, %s]::bigint[], ARRAY[%L, %L]::uuid[], '1 minute',
+                                                        ARRAY[%L, 'elsewhere']) $$, :j1, :j2, :'t1', :'t2', :'q1'),
+    ARRAY['held', 'lost'], 'heartbeat_many: held in its queue, lost in another');
+SELECT is((SELECT array_agg(lease_until ORDER BY id) FROM treadle.jobs WHERE id IN (:j1, :j2)),
+          ARRAY[treadle.now() + interval '1 minute', treadle.now() + interval '30 seconds'],
+          'only the lease in its queue moves');
+SELECT results_eq(
+    format($$ SELECT answer FROM treadle.heartbeat_many(ARRAY[%s, %s, %s]::bigint[], ARRAY[%L, %L, %L]::uuid[],
+                                                        '2 minutes', ARRAY[%L, %L, %L]) $$,
+           :j1, :j2, :j3, :'t1', :'t2', :'t3', :'q1', :'q2', :'q3'),
+    ARRAY['held', 'held', 'held'], 'heartbeat_many over three queues: each held');
+SELECT throws_ok(format($$ SELECT * FROM treadle.heartbeat_many(ARRAY[%s]::bigint[], ARRAY[%L]::uuid[], '1 minute',
+                                                                ARRAY[%L, %L]) $$, :j1, :'t1', :'q1', :'q1'),
+                 '22023', NULL, 'heartbeat_many: job_queues of another length raises 22023');
+SELECT throws_ok(format($$ SELECT * FROM treadle.heartbeat_many(ARRAY[%s]::bigint[], ARRAY[%L]::uuid[], '1 minute',
+                                                                ARRAY[NULL]::text[]) $$, :j1, :'t1'),
+                 '22004', NULL, 'heartbeat_many: a null in job_queues raises 22004');
+SELECT throws_ok(format($$ SELECT * FROM treadle.complete_many(ARRAY[%s]::bigint[], ARRAY[%L]::uuid[], NULL,
+                                                               ARRAY[%L, %L]) $$, :j1, :'t1', :'q1', :'q1'),
+                 '22023', NULL, 'complete_many: job_queues of another length raises 22023');
+SELECT throws_ok(format($$ SELECT * FROM treadle.complete_many(ARRAY[%s]::bigint[], ARRAY[%L]::uuid[], NULL,
+                                                               ARRAY[NULL]::text[]) $$, :j1, :'t1'),
+                 '22004', NULL, 'complete_many: a null in job_queues raises 22004');
+SELECT results_eq(
+    format($$ SELECT job_id, state FROM treadle.complete_many(ARRAY[%s, %s, %s]::bigint[], ARRAY[%L, %L, %L]::uuid[],
+                                                              ARRAY['{"a": 1}', '{"b": 2}', '{"c": 3}']::jsonb[],
+                                                              ARRAY[%L, 'elsewhere', %L]) $$,
+           :j1, :j2, :j3, :'t1', :'t2', :'t3', :'q1', :'q3'),
+    format($$ VALUES (%s::bigint, 'completed'::text), (%s, NULL), (%s, 'completed') $$, :j1, :j2, :j3),
+    'complete_many: each job finished in its own queue, none in another');
+SELECT results_eq(
+    format($$ SELECT state, result FROM treadle.jobs WHERE id IN (%s, %s, %s) ORDER BY id $$, :j1, :j2, :j3),
+    $$ VALUES ('completed'::text, '{"a": 1}'::jsonb), ('running', NULL), ('completed', '{"c": 3}') $$,
+    'each result with its job; the job named with another queue still runs');
+SELECT results_eq(
+    format($$ SELECT job_id, state FROM treadle.complete_many(ARRAY[%s, %s]::bigint[], ARRAY[%L, %L]::uuid[], NULL,
+                                                              ARRAY[%L, %L]) $$, :j1, :j2, :'t1', :'t2', :'q1', :'q2'),
+    format($$ VALUES (%s::bigint, 'completed'::text), (%s, 'completed') $$, :j1, :j2),
+    'complete_many repeated with job_queues: the finish before, and the one left');
+SELECT id AS j4, lease_token AS t4, queue AS q4 FROM pg_temp.leased() \gset
+SELECT enqueue AS j5 FROM treadle.enqueue('job', queue => :'q4', run_at => '2000-01-01 00:00:00+00') \gset
+SELECT results_eq(
+    format($$ SELECT finished_id, finished_state, (job).id FROM treadle.complete_and_claim(
+                  ARRAY[%s]::bigint[], ARRAY[%L]::uuid[], NULL, 'w', ARRAY[%L], job_queues => ARRAY[%L]) $$,
+           :j4, :'t4', :'q4', :'q4'),
+    format($$ VALUES (%s::bigint, 'completed'::text, NULL::bigint), (NULL, NULL, %s) $$, :j4, :j5),
+    'complete_and_claim passes job_queues to the finish, then claims');
+SELECT is(treadle._distributed(), false, 'treadle is not distributed on a server without Citus');
 
 SELECT * FROM finish();
 ROLLBACK;

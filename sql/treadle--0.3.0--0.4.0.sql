@@ -344,6 +344,12 @@ CREATE INDEX jobs_key_idx ON treadle.jobs (queue, concurrency_key, id) WHERE sta
 ALTER TABLE treadle.workflow_runs
     ADD COLUMN meta jsonb,
     ADD CONSTRAINT workflow_runs_meta_check CHECK (jsonb_typeof(meta) = 'object');
+
+-- Citus, the worker's loop: the batch finishes and heartbeats take each job's queue
+-- (job_queues) as a new last parameter.
+DROP FUNCTION treadle.complete_and_claim(bigint[], uuid[], jsonb[], text, text[], text[], integer, interval, uuid);
+DROP FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[]);
+DROP FUNCTION treadle.heartbeat_many(bigint[], uuid[], interval);
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -2360,7 +2366,10 @@ SET search_path = pg_catalog, pg_temp
 -- can still be routed to one shard where jobs are distributed by queue.) The
 -- penalty those settings add to the plan's cost would start JIT compiling, which
 -- never pays off here: off too.
--- (The cursor's helpers run under these settings too.)
+-- (The cursor's helpers run under these settings too.) Where treadle is distributed
+-- by Citus (treadle._distributed), Citus cannot route a generic plan of a statement
+-- whose queue is a parameter: there the claim sets plan_cache_mode back to auto for
+-- its own run, and claims plainly (the cursor's reads cross queues).
 SET plan_cache_mode = force_generic_plan
 SET enable_sort = off
 SET enable_seqscan = off
@@ -2383,7 +2392,7 @@ DECLARE
     v_room    jsonb;      -- what each queue may give, when a requested queue is paused or limited
     v_until   timestamptz;
     v_row     record;
-    v_tokens  uuid[];     -- the claimed jobs' lease tokens, in v_ids' order
+    v_tokens  uuid[];     -- the claimed jobs' lease tokens, in v_ids' order (when lease_token is null)
     v_names   text[];     -- the names, each once
     v_count   integer;
     v_turn    text;
@@ -2401,7 +2410,13 @@ DECLARE
     v_bound_p integer;    -- the worst of the best v_want candidates, once there are that many:
     v_bound_at timestamptz;  -- its priority, run_at
     v_bound_id bigint;    -- and id
+    -- treadle is distributed by Citus (one setting's read where Citus is not loaded)
+    v_citus   boolean := current_setting('citus.version', true) IS NOT NULL AND treadle._distributed();
 BEGIN
+    IF v_citus THEN
+        -- (undone when the claim returns, as its SET clauses are)
+        PERFORM set_config('plan_cache_mode', 'auto', true);
+    END IF;
     -- Each argument is tested inline, as enqueue does, and its helper called only to
     -- raise: a call costs more than the test, and a worker claims all the time.
     IF claim.worker_id IS NULL OR NOT treadle._is_name(claim.worker_id) THEN
@@ -2451,7 +2466,7 @@ BEGIN
     v_setting := 'treadle.claim_' || to_hex(hashtextextended(
         array_to_string(claim.queues, chr(1)) || chr(2) || coalesce(array_to_string(claim.names, chr(1)), ''), 0));
     v_mode := coalesce(current_setting(v_setting, true), '');
-    v_plain := v_room IS NOT NULL OR v_mode IN ('', 'slow', 'slow2');
+    v_plain := v_room IS NOT NULL OR v_citus OR v_mode IN ('', 'slow', 'slow2');
     IF NOT v_plain THEN
         v_ids := treadle._claim_by_cursor(v_setting, v_mode, claim.queues, claim.names, claim.batch, v_now);
     END IF;
@@ -2465,8 +2480,8 @@ BEGIN
         IF coalesce(cardinality(v_ids), 0) = 0 THEN
             RETURN;
         END IF;
-        v_tokens := array_fill(claim.lease_token, ARRAY[cardinality(v_ids)]);
         IF claim.lease_token IS NULL THEN
+            v_tokens := array_fill(NULL::uuid, ARRAY[cardinality(v_ids)]);
             FOR v_k IN 1 .. cardinality(v_ids) LOOP
                 v_tokens[v_k] := gen_random_uuid();
             END LOOP;
@@ -2477,7 +2492,9 @@ BEGIN
                SET state = 'running',
                    attempt = j.attempt + 1,
                    lease_until = v_until,
-                   lease_token = v_tokens[array_position(v_ids, j.id)],
+                   -- (the tokens drawn through text: Citus 13.2 cannot take a bare array
+                   -- element in a distributed UPDATE's SET, and its backend crashes)
+                   lease_token = coalesce(claim.lease_token, v_tokens[array_position(v_ids, j.id)]::text::uuid),
                    worker_id = claim.worker_id,
                    started_at = v_now,
                    progress = NULL,
@@ -2597,7 +2614,7 @@ BEGIN
     END IF;
     -- A slow claim moves the mode on ('' -> 'slow' -> 'slow2' -> 'sweep'); a quick
     -- one after a slow one starts it again.
-    IF v_plain AND (clock_timestamp() - v_started > c_slow OR v_mode LIKE 'slow%') THEN
+    IF v_plain AND NOT v_citus AND (clock_timestamp() - v_started > c_slow OR v_mode LIKE 'slow%') THEN
         PERFORM set_config(v_setting, CASE WHEN clock_timestamp() - v_started <= c_slow THEN ''
                                            WHEN v_mode = 'slow2' THEN 'sweep'
                                            WHEN v_mode = 'slow' THEN 'slow2' ELSE 'slow' END, false);
@@ -2612,8 +2629,8 @@ BEGIN
 
     -- The write, one queue at a time, with the tokens drawn first: a fresh one per
     -- job unless lease_token is given.
-    v_tokens := array_fill(claim.lease_token, ARRAY[cardinality(v_ids)]);
     IF claim.lease_token IS NULL THEN
+        v_tokens := array_fill(NULL::uuid, ARRAY[cardinality(v_ids)]);
         FOR v_k IN 1 .. cardinality(v_ids) LOOP
             v_tokens[v_k] := gen_random_uuid();
         END LOOP;
@@ -2625,7 +2642,9 @@ BEGIN
                SET state = 'running',
                    attempt = j.attempt + 1,
                    lease_until = v_until,
-                   lease_token = v_tokens[array_position(v_ids, j.id)],
+                   -- (the tokens drawn through text: Citus 13.2 cannot take a bare array
+                   -- element in a distributed UPDATE's SET, and its backend crashes)
+                   lease_token = coalesce(claim.lease_token, v_tokens[array_position(v_ids, j.id)]::text::uuid),
                    worker_id = claim.worker_id,
                    started_at = v_now,
                    progress = NULL,
@@ -2793,7 +2812,7 @@ COMMENT ON FUNCTION treadle.progress(bigint, uuid, double precision, text, text)
 
 --------------------------------------------------------------------------------
 -- treadle.complete_and_claim(job_ids, lease_tokens, results, worker_id, queues,
---                            names, batch, lease, lease_token)
+--                            names, batch, lease, lease_token, job_queues)
 --     -> table(finished_id, finished_state, job)
 --
 -- Transition: as treadle.complete_many for the jobs given (running -> completed,
@@ -2807,8 +2826,11 @@ COMMENT ON FUNCTION treadle.progress(bigint, uuid, double precision, text, text)
 -- A lost answer is recovered as for each half: repeating complete_many with the
 -- same arrays returns what the finish did, and treadle.claimed(lease_token)
 -- returns what the claim took (so give a lease_token).
--- batch 0 only finishes; empty arrays only claim.
--- Raises 22004: job_ids, lease_tokens, worker_id, queues, batch or lease null.
+-- batch 0 only finishes; empty arrays only claim. job_queues, when given, is
+-- each finished job's queue (as for treadle.complete_many: each statement then
+-- names one queue).
+-- Raises 22004: job_ids, lease_tokens, worker_id, queues, batch or lease null, a
+-- null in job_queues.
 -- 22023: arrays of different lengths; a result over the payload size limit or
 -- nested over 100 levels; batch outside 0..1000; worker_id, queues, names or
 -- lease as treadle.claim refuses them. 42501: a tenant's queue outside its
@@ -2823,7 +2845,8 @@ CREATE OR REPLACE FUNCTION treadle.complete_and_claim(
     names        text[]   DEFAULT NULL,
     batch        integer  DEFAULT 1,
     lease        interval DEFAULT '30 seconds',
-    lease_token  uuid     DEFAULT NULL
+    lease_token  uuid     DEFAULT NULL,
+    job_queues   text[]   DEFAULT NULL
 )
 RETURNS TABLE (finished_id bigint, finished_state text, job treadle.jobs)
 LANGUAGE plpgsql
@@ -2867,7 +2890,7 @@ BEGIN
         RETURN QUERY
         SELECT m.job_id, m.state, NULL::treadle.jobs
           FROM treadle.complete_many(complete_and_claim.job_ids, complete_and_claim.lease_tokens,
-                                     complete_and_claim.results) AS m;
+                                     complete_and_claim.results, complete_and_claim.job_queues) AS m;
     END IF;
 
     IF complete_and_claim.batch > 0 THEN
@@ -2880,23 +2903,28 @@ BEGIN
     END IF;
 END;
 $$;
-COMMENT ON FUNCTION treadle.complete_and_claim(bigint[], uuid[], jsonb[], text, text[], text[], integer, interval, uuid) IS
+COMMENT ON FUNCTION treadle.complete_and_claim(bigint[], uuid[], jsonb[], text, text[], text[], integer, interval, uuid, text[]) IS
     'Finish a batch of running jobs (as complete_many) and claim up to batch more (as claim) in one statement.';
 
 --------------------------------------------------------------------------------
--- treadle.heartbeat_many(job_ids, lease_tokens, lease) -> table(job_id, answer)
+-- treadle.heartbeat_many(job_ids, lease_tokens, lease, job_queues)
+--     -> table(job_id, answer)
 --
 -- Transition: none (as treadle.heartbeat, for many jobs in one statement: each
 -- lease the token holds moves to now + lease). Returns one row per input, in
 -- input order: 'held', 'cancel' (held, and a cancel was requested) or 'lost'.
--- Raises 22004: job_ids, lease_tokens or lease null, or a null element.
--- 22023: arrays of different lengths or over 10,000 elements; lease not positive
--- or over 1 day.
+-- job_queues, when given, is each job's queue (a job of another queue is lost):
+-- the leases are then moved queue by queue, each statement naming one queue (one
+-- shard on Citus); without it, by id alone.
+-- Raises 22004: job_ids, lease_tokens or lease null, or a null element (of
+-- job_queues too). 22023: arrays of different lengths or over 10,000 elements;
+-- lease not positive or over 1 day.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.heartbeat_many(
     job_ids      bigint[],
     lease_tokens uuid[],
-    lease        interval DEFAULT '30 seconds'
+    lease        interval DEFAULT '30 seconds',
+    job_queues   text[]   DEFAULT NULL
 )
 RETURNS TABLE (job_id bigint, answer text)
 LANGUAGE plpgsql
@@ -2905,6 +2933,16 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_until  timestamptz;
+    v_each   text[];  -- the queues whose leases move one statement each; {null}: by id alone
+    v_queue  text;
+    v_ids    bigint[] := '{}'::bigint[];   -- the leases held: their jobs,
+    v_tokens uuid[] := '{}'::uuid[];       -- tokens,
+    v_cancel boolean[] := '{}'::boolean[]; -- and whether a cancel was requested
+    v_i      bigint[];
+    v_t      uuid[];
+    v_c      boolean[];
 BEGIN
     IF heartbeat_many.job_ids IS NULL OR heartbeat_many.lease_tokens IS NULL OR heartbeat_many.lease IS NULL THEN
         RAISE EXCEPTION 'treadle: job_ids, lease_tokens and lease must not be null'
@@ -2920,28 +2958,73 @@ BEGIN
         RAISE EXCEPTION 'treadle: job_ids and lease_tokens must not hold nulls'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    IF heartbeat_many.job_queues IS NULL THEN
+        v_each := ARRAY[NULL::text];
+    ELSIF cardinality(heartbeat_many.job_queues) <> cardinality(heartbeat_many.job_ids) THEN
+        RAISE EXCEPTION 'treadle: job_ids and job_queues must have the same length'
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF array_position(heartbeat_many.job_queues, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'treadle: job_queues must not hold nulls' USING ERRCODE = 'null_value_not_allowed';
+    ELSIF cardinality(heartbeat_many.job_queues) > 0
+          AND heartbeat_many.job_queues[1] = ALL (heartbeat_many.job_queues) THEN
+        v_each := heartbeat_many.job_queues[1:1];  -- (one queue: most workers)
+    ELSE
+        v_each := ARRAY(SELECT DISTINCT q.q FROM unnest(heartbeat_many.job_queues) AS q(q));
+    END IF;
     PERFORM treadle._check_interval(heartbeat_many.lease, 'lease', interval '1 day');
+    v_until := treadle.now() + heartbeat_many.lease;  -- computed here: no clock call inside the UPDATE
+
+    FOREACH v_queue IN ARRAY v_each LOOP
+        IF v_queue IS NULL THEN
+            WITH input AS (
+                SELECT i.id, i.token, i.ord
+                  FROM unnest(heartbeat_many.job_ids, heartbeat_many.lease_tokens) WITH ORDINALITY AS i(id, token, ord)
+            ), held AS (
+                UPDATE treadle.jobs AS j
+                   SET lease_until = v_until
+                  FROM input AS i
+                 WHERE j.id = i.id
+                   AND j.state = 'running'
+                   AND j.lease_token = i.token
+                RETURNING j.id, j.lease_token, j.cancel_requested
+            )
+            SELECT array_agg(h.id), array_agg(h.lease_token), array_agg(h.cancel_requested)
+              INTO v_i, v_t, v_c
+              FROM held AS h;
+        ELSE
+            WITH input AS (
+                SELECT i.id, i.token, i.ord
+                  FROM unnest(heartbeat_many.job_ids, heartbeat_many.lease_tokens, heartbeat_many.job_queues)
+                       WITH ORDINALITY AS i(id, token, queue, ord)
+                 WHERE i.queue = v_queue
+            ), held AS (
+                UPDATE treadle.jobs AS j
+                   SET lease_until = v_until
+                  FROM input AS i
+                 WHERE j.queue = v_queue
+                   AND j.id = i.id
+                   AND j.state = 'running'
+                   AND j.lease_token = i.token
+                RETURNING j.id, j.lease_token, j.cancel_requested
+            )
+            SELECT array_agg(h.id), array_agg(h.lease_token), array_agg(h.cancel_requested)
+              INTO v_i, v_t, v_c
+              FROM held AS h;
+        END IF;
+        v_ids := v_ids || v_i;
+        v_tokens := v_tokens || v_t;
+        v_cancel := v_cancel || v_c;
+    END LOOP;
 
     RETURN QUERY
-    WITH input AS (
-        SELECT i.id, i.token, i.ord
-          FROM unnest(heartbeat_many.job_ids, heartbeat_many.lease_tokens) WITH ORDINALITY AS i(id, token, ord)
-    ), held AS (
-        UPDATE treadle.jobs AS j
-           SET lease_until = treadle.now() + heartbeat_many.lease
-          FROM input AS i
-         WHERE j.id = i.id
-           AND j.state = 'running'
-           AND j.lease_token = i.token
-        RETURNING j.id, j.lease_token, j.cancel_requested
-    )
     SELECT i.id, CASE WHEN h.id IS NULL THEN 'lost' WHEN h.cancel_requested THEN 'cancel' ELSE 'held' END
-      FROM input AS i
-      LEFT JOIN held AS h ON h.id = i.id AND h.lease_token = i.token
+      FROM unnest(heartbeat_many.job_ids, heartbeat_many.lease_tokens) WITH ORDINALITY AS i(id, token, ord)
+      LEFT JOIN unnest(v_ids, v_tokens, v_cancel) AS h(id, lease_token, cancel_requested)
+             ON h.id = i.id AND h.lease_token = i.token
      ORDER BY i.ord;
 END;
 $$;
-COMMENT ON FUNCTION treadle.heartbeat_many(bigint[], uuid[], interval) IS
+COMMENT ON FUNCTION treadle.heartbeat_many(bigint[], uuid[], interval, text[]) IS
     'Extend many running jobs'' leases in one statement; held, cancel or lost for each.';
 --------------------------------------------------------------------------------
 -- Finishes notify only when someone waits. NOTIFY makes every notifying commit
@@ -3692,18 +3775,37 @@ COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._left_by(job_id bigint, lease_token uuid, states text[], queue text DEFAULT NULL)
 RETURNS text
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
-BEGIN ATOMIC
-    SELECT j.state FROM treadle.jobs AS j
-     WHERE j.id = _left_by.job_id AND j.lease_token = _left_by.lease_token AND j.state = ANY (_left_by.states)
-       AND (_left_by.queue IS NULL OR j.queue = _left_by.queue)
-    UNION ALL
-    SELECT h.state FROM treadle.job_history AS h
-     WHERE h.id = _left_by.job_id AND h.lease_token = _left_by.lease_token AND h.state = ANY (_left_by.states)
-       AND (_left_by.queue IS NULL OR h.queue = _left_by.queue)
-    LIMIT 1;
+SET search_path = pg_catalog, pg_temp
+AS $$
+-- (PL/pgSQL: Citus plans no statement of an SQL-language function with parameters
+-- over its tables; and each read names the queue when it is given)
+DECLARE
+    v_state text;
+BEGIN
+    IF _left_by.queue IS NULL THEN
+        SELECT j.state INTO v_state FROM treadle.jobs AS j
+         WHERE j.id = _left_by.job_id AND j.lease_token = _left_by.lease_token AND j.state = ANY (_left_by.states);
+        IF NOT FOUND THEN
+            SELECT h.state INTO v_state FROM treadle.job_history AS h
+             WHERE h.id = _left_by.job_id AND h.lease_token = _left_by.lease_token AND h.state = ANY (_left_by.states)
+             LIMIT 1;
+        END IF;
+    ELSE
+        SELECT j.state INTO v_state FROM treadle.jobs AS j
+         WHERE j.queue = _left_by.queue AND j.id = _left_by.job_id AND j.lease_token = _left_by.lease_token
+           AND j.state = ANY (_left_by.states);
+        IF NOT FOUND THEN
+            SELECT h.state INTO v_state FROM treadle.job_history AS h
+             WHERE h.queue = _left_by.queue AND h.id = _left_by.job_id AND h.lease_token = _left_by.lease_token
+               AND h.state = ANY (_left_by.states)
+             LIMIT 1;
+        END IF;
+    END IF;
+    RETURN v_state;
 END;
+$$;
 COMMENT ON FUNCTION treadle._left_by(bigint, uuid, text[], text) IS
     'The state a token''s finish left a job in, when it is one of states; null otherwise.';
 
@@ -3769,18 +3871,25 @@ COMMENT ON FUNCTION treadle.complete(bigint, uuid, jsonb, text) IS
     'Finish a running job (running -> completed, or cancelled if requested); null when the lease is lost.';
 
 --------------------------------------------------------------------------------
--- treadle.complete_many(job_ids, lease_tokens, results) -> table(job_id, state)
+-- treadle.complete_many(job_ids, lease_tokens, results, job_queues)
+--     -> table(job_id, state)
 --
 -- Transition: as treadle.complete, for many jobs in one statement. Returns one
 -- row per input, in input order; state is null where the token does not hold
--- the job. results, when given, pairs with job_ids by position.
--- Raises 22004: job_ids or lease_tokens null. 22023: arrays of different
--- lengths; a result over the payload size limit or nested over 100 levels.
+-- the job. results, when given, pairs with job_ids by position; so does
+-- job_queues, each job's queue (as treadle.complete's queue: a job of another
+-- queue is not held): the jobs are then finished queue by queue, each statement
+-- naming one queue (one shard on Citus). Without it, by id alone (on Citus, every
+-- shard).
+-- Raises 22004: job_ids or lease_tokens null, a null in job_queues. 22023: arrays
+-- of different lengths; a result over the payload size limit or nested over 100
+-- levels.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.complete_many(
     job_ids      bigint[],
     lease_tokens uuid[],
-    results      jsonb[] DEFAULT NULL
+    results      jsonb[] DEFAULT NULL,
+    job_queues   text[]  DEFAULT NULL
 )
 RETURNS TABLE (job_id bigint, state text)
 LANGUAGE plpgsql
@@ -3797,6 +3906,13 @@ DECLARE
     v_states text[];
     v_queues text[];
     v_done   treadle.jobs[];  -- only the rows that something follows (_follow_up)
+    v_each   text[];  -- the queues finished one statement each; {null}: by id alone
+    v_queue  text;
+    v_o      bigint[];
+    v_s      text[];
+    v_q      text[];
+    v_d      treadle.jobs[];
+    v_f      bigint[];  -- the finished jobs that something follows
 BEGIN
     IF complete_many.job_ids IS NULL OR complete_many.lease_tokens IS NULL THEN
         RAISE EXCEPTION 'treadle: job_ids and lease_tokens must not be null'
@@ -3807,6 +3923,19 @@ BEGIN
                                                           cardinality(complete_many.job_ids)) THEN
         RAISE EXCEPTION 'treadle: job_ids, lease_tokens and results must have the same length'
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF complete_many.job_queues IS NULL THEN
+        v_each := ARRAY[NULL::text];
+    ELSIF cardinality(complete_many.job_queues) <> cardinality(complete_many.job_ids) THEN
+        RAISE EXCEPTION 'treadle: job_ids and job_queues must have the same length'
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF array_position(complete_many.job_queues, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'treadle: job_queues must not hold nulls' USING ERRCODE = 'null_value_not_allowed';
+    ELSIF cardinality(complete_many.job_queues) > 0
+          AND complete_many.job_queues[1] = ALL (complete_many.job_queues) THEN
+        v_each := complete_many.job_queues[1:1];  -- (most batches: one queue)
+    ELSE
+        v_each := ARRAY(SELECT DISTINCT q.q FROM unnest(complete_many.job_queues) AS q(q));
     END IF;
     IF complete_many.results IS NOT NULL THEN
         -- the limit is read only when a result could pass it: it is never under 1 KiB
@@ -3821,31 +3950,75 @@ BEGIN
         END IF;
     END IF;
 
-    WITH input AS (
-        SELECT i.id, i.token, i.ord
-          FROM unnest(complete_many.job_ids, complete_many.lease_tokens) WITH ORDINALITY AS i(id, token, ord)
-    ), done AS (
-        UPDATE treadle.jobs AS j
-           SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
-               result = complete_many.results[i.ord],
-               finished_at = v_now,
-               lease_until = NULL
-          FROM input AS i
-         WHERE j.id = i.id
-           AND j.state = 'running'
-           AND j.lease_token = i.token
-        RETURNING i.ord, j.state, j.queue,
-                  CASE WHEN j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
-                            OR j.key_slot
-                       THEN j END AS job
-    )
-    -- Most batches are plain jobs: whole rows are gathered (and _follow_up called)
-    -- only for steps and periodic or scheduled occurrences; the others' queues are
-    -- told here, as _follow_up would.
-    SELECT array_agg(d.ord), array_agg(d.state), array_agg(DISTINCT d.queue) FILTER (WHERE (d.job).id IS NULL),
-           array_agg(d.job) FILTER (WHERE (d.job).id IS NOT NULL)
-      INTO v_ords, v_states, v_queues, v_done
-      FROM done AS d;
+    -- (each result comes with its row: Citus 13.2 cannot take an array element in a
+    -- distributed UPDATE's SET, and its backend crashes)
+    FOREACH v_queue IN ARRAY v_each LOOP
+        v_d := NULL;
+        IF v_queue IS NULL THEN
+            WITH input AS (
+                SELECT i.id, i.token, i.result, i.ord
+                  FROM unnest(complete_many.job_ids, complete_many.lease_tokens, complete_many.results)
+                       WITH ORDINALITY AS i(id, token, result, ord)
+            ), done AS (
+                UPDATE treadle.jobs AS j
+                   SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
+                       result = i.result,
+                       finished_at = v_now,
+                       lease_until = NULL
+                  FROM input AS i
+                 WHERE j.id = i.id
+                   AND j.state = 'running'
+                   AND j.lease_token = i.token
+                RETURNING i.ord, j.state, j.queue, j.id,
+                          j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
+                          OR coalesce(j.key_slot, false) AS follows
+            )
+            -- Most batches are plain jobs: whole rows are gathered (and _follow_up called)
+            -- only for steps and periodic or scheduled occurrences; the others' queues are
+            -- told here, as _follow_up would. (Those rows are read after: on Citus a row
+            -- returned from a shard has its shard's type, which a CASE cannot convert.)
+            SELECT array_agg(d.ord), array_agg(d.state), array_agg(DISTINCT d.queue) FILTER (WHERE NOT d.follows),
+                   array_agg(d.id) FILTER (WHERE d.follows)
+              INTO v_o, v_s, v_q, v_f
+              FROM done AS d;
+            IF v_f IS NOT NULL THEN
+                SELECT array_agg(j ORDER BY j.id) INTO v_d FROM treadle.jobs AS j WHERE j.id = ANY (v_f);
+            END IF;
+        ELSE
+            WITH input AS (
+                SELECT i.id, i.token, i.result, i.ord
+                  FROM unnest(complete_many.job_ids, complete_many.lease_tokens, complete_many.results,
+                              complete_many.job_queues) WITH ORDINALITY AS i(id, token, result, queue, ord)
+                 WHERE i.queue = v_queue
+            ), done AS (
+                UPDATE treadle.jobs AS j
+                   SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
+                       result = i.result,
+                       finished_at = v_now,
+                       lease_until = NULL
+                  FROM input AS i
+                 WHERE j.queue = v_queue
+                   AND j.id = i.id
+                   AND j.state = 'running'
+                   AND j.lease_token = i.token
+                RETURNING i.ord, j.state, j.queue, j.id,
+                          j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
+                          OR coalesce(j.key_slot, false) AS follows
+            )
+            SELECT array_agg(d.ord), array_agg(d.state), array_agg(DISTINCT d.queue) FILTER (WHERE NOT d.follows),
+                   array_agg(d.id) FILTER (WHERE d.follows)
+              INTO v_o, v_s, v_q, v_f
+              FROM done AS d;
+            IF v_f IS NOT NULL THEN
+                SELECT array_agg(j ORDER BY j.id) INTO v_d FROM treadle.jobs AS j
+                 WHERE j.queue = v_queue AND j.id = ANY (v_f);
+            END IF;
+        END IF;
+        v_ords := v_ords || v_o;
+        v_states := v_states || v_s;
+        v_queues := v_queues || v_q;
+        v_done := v_done || v_d;
+    END LOOP;
 
     IF v_done IS NOT NULL THEN
         PERFORM treadle._follow_up(v_done);
@@ -3858,9 +4031,11 @@ BEGIN
         -- the rest: finished by this token before (a repeat), or not held
         SELECT v_ords || coalesce(array_agg(i.ord), '{}'), v_states || coalesce(array_agg(j.state), '{}')
           INTO v_ords, v_states
-          FROM unnest(complete_many.job_ids, complete_many.lease_tokens) WITH ORDINALITY AS i(id, token, ord)
+          FROM unnest(complete_many.job_ids, complete_many.lease_tokens, complete_many.job_queues)
+               WITH ORDINALITY AS i(id, token, queue, ord)
           JOIN treadle.jobs AS j ON j.id = i.id AND j.lease_token = i.token
          WHERE j.state = ANY (ARRAY['completed', 'cancelled'])
+           AND (i.queue IS NULL OR j.queue = i.queue)
            AND i.ord <> ALL (coalesce(v_ords, '{}'));
     END IF;
 
@@ -3871,7 +4046,7 @@ BEGIN
      ORDER BY i.ord;
 END;
 $$;
-COMMENT ON FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[]) IS
+COMMENT ON FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[], text[]) IS
     'Finish many running jobs in one statement; one (job_id, state) row per input, state null when stale.';
 
 --------------------------------------------------------------------------------
@@ -5401,26 +5576,36 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now timestamptz := treadle.now();
+    v_now     timestamptz := treadle.now();
+    v_room    jsonb := '{}'::jsonb;
+    v_row     record;
+    v_running bigint;
 BEGIN
     PERFORM 1 FROM treadle.queues AS s
       WHERE s.queue = ANY (queues) AND NOT s.paused
         AND (s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL)
       ORDER BY s.queue
         FOR UPDATE;
-    RETURN (
-        SELECT jsonb_object_agg(u.q, CASE
-                   WHEN s.paused THEN 0
-                   ELSE least(batch,
-                              -- running jobs hold a lease (jobs_lease_check): their index is small
-                              s.concurrency - (SELECT count(*) FROM treadle.jobs AS j
-                                                WHERE j.lease_until IS NOT NULL AND j.queue = s.queue
-                                                  AND s.concurrency IS NOT NULL),
-                              floor(treadle._rate_tokens(s.rate_limit, s.rate_period, s.rate_tokens,
-                                                         s.rate_updated_at, v_now))::integer)
-               END)
+    -- a queue at a time: each count of running jobs names its queue (one shard on Citus)
+    FOR v_row IN
+        SELECT u.q, s.paused, s.concurrency, s.rate_limit, s.rate_period, s.rate_tokens, s.rate_updated_at
           FROM (SELECT DISTINCT q.q FROM unnest(queues) AS q(q)) AS u
-          LEFT JOIN treadle.queues AS s ON s.queue = u.q);
+          LEFT JOIN treadle.queues AS s ON s.queue = u.q
+    LOOP
+        v_running := NULL;
+        IF v_row.concurrency IS NOT NULL AND NOT v_row.paused THEN
+            -- running jobs hold a lease (jobs_lease_check): their index is small
+            SELECT count(*) INTO v_running FROM treadle.jobs AS j
+             WHERE j.queue = v_row.q AND j.lease_until IS NOT NULL;
+        END IF;
+        v_room := v_room || jsonb_build_object(v_row.q, CASE
+                      WHEN v_row.paused THEN 0
+                      ELSE least(batch, v_row.concurrency - v_running,
+                                 floor(treadle._rate_tokens(v_row.rate_limit, v_row.rate_period, v_row.rate_tokens,
+                                                            v_row.rate_updated_at, v_now))::integer)
+                  END);
+    END LOOP;
+    RETURN v_room;
 END;
 $$;
 COMMENT ON FUNCTION treadle._queue_room(text[], integer) IS
@@ -5440,23 +5625,27 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now timestamptz := treadle.now();
-    v_ids bigint[];
+    v_now   timestamptz := treadle.now();
+    v_ids   bigint[] := '{}'::bigint[];
+    v_queue text;
+    v_room  integer;
+    v_got   bigint[];
 BEGIN
-    v_ids := ARRAY(
-        SELECT c.id
-          FROM (SELECT j.id, j.queue,
-                       row_number() OVER (PARTITION BY j.queue ORDER BY j.priority, j.run_at, j.id) AS n
-                  FROM treadle.jobs AS j
-                 WHERE j.id = ANY (ids)) AS c
-         WHERE c.n <= (room ->> c.queue)::integer);
-    UPDATE treadle.queues AS s
-       SET rate_tokens = treadle._rate_tokens(s.rate_limit, s.rate_period, s.rate_tokens, s.rate_updated_at, v_now)
-                         - t.taken,
-           rate_updated_at = greatest(s.rate_updated_at, v_now)
-      FROM (SELECT j.queue, count(*) AS taken FROM treadle.jobs AS j
-             WHERE j.id = ANY (v_ids) GROUP BY j.queue) AS t
-     WHERE s.queue = t.queue AND s.rate_limit IS NOT NULL;
+    -- a queue at a time: each statement names its queue (one shard on Citus)
+    FOR v_queue, v_room IN SELECT r.key, r.value::integer FROM jsonb_each_text(room) AS r LOOP
+        CONTINUE WHEN v_room IS NULL OR v_room <= 0;
+        v_got := ARRAY(SELECT j.id FROM treadle.jobs AS j
+                        WHERE j.queue = v_queue AND j.id = ANY (ids)
+                        ORDER BY j.priority, j.run_at, j.id
+                        LIMIT v_room);
+        CONTINUE WHEN cardinality(v_got) = 0;
+        v_ids := v_ids || v_got;
+        UPDATE treadle.queues AS s
+           SET rate_tokens = treadle._rate_tokens(s.rate_limit, s.rate_period, s.rate_tokens, s.rate_updated_at, v_now)
+                             - cardinality(v_got),
+               rate_updated_at = greatest(s.rate_updated_at, v_now)
+         WHERE s.queue = v_queue AND s.rate_limit IS NOT NULL;
+    END LOOP;
     RETURN v_ids;
 END;
 $$;
@@ -9595,9 +9784,9 @@ BEGIN
         ('work',    'treadle.heartbeat(bigint, uuid, interval, text)'),
         ('work',    'treadle.progress(bigint, uuid, double precision, text, text)'),
         ('work',    'treadle.complete(bigint, uuid, jsonb, text)'),
-        ('work',    'treadle.complete_many(bigint[], uuid[], jsonb[])'),
-        ('work',    'treadle.complete_and_claim(bigint[], uuid[], jsonb[], text, text[], text[], integer, interval, uuid)'),
-        ('work',    'treadle.heartbeat_many(bigint[], uuid[], interval)'),
+        ('work',    'treadle.complete_many(bigint[], uuid[], jsonb[], text[])'),
+        ('work',    'treadle.complete_and_claim(bigint[], uuid[], jsonb[], text, text[], text[], integer, interval, uuid, text[])'),
+        ('work',    'treadle.heartbeat_many(bigint[], uuid[], interval, text[])'),
         ('work',    'treadle.fail(bigint, uuid, text, interval, boolean, text)'),
         ('work',    'treadle.release(bigint, uuid, text)'),
         ('work',    'treadle.snooze(bigint, uuid, interval, text)'),
@@ -10028,6 +10217,45 @@ COMMENT ON FUNCTION treadle.distribute(integer) IS
 
 -- Owner only (090_privileges.sql revoked from PUBLIC the functions made before it).
 REVOKE ALL ON FUNCTION treadle.distribute(integer) FROM PUBLIC;
+
+--------------------------------------------------------------------------------
+-- treadle._distributed() -> boolean
+--
+-- Whether treadle.jobs is distributed by Citus in this database (treadle.distribute
+-- ran). The hot paths that plan differently on Citus (treadle.claim) ask it only
+-- where Citus is loaded (the setting citus.version exists), so a single server pays
+-- one setting's read. A yes is kept for the session (treadle.distributed); a no is
+-- asked again, so a session opened before treadle.distribute sees it once it ran.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._distributed()
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE  -- (it keeps its answer in a setting)
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_distributed boolean := false;
+BEGIN
+    IF current_setting('treadle.distributed', true) = 'on' THEN
+        RETURN true;
+    END IF;
+    IF current_setting('citus.version', true) IS NULL
+       OR to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
+        RETURN false;
+    END IF;
+    PERFORM 'PRAGMA:DISABLE:CHECK';  -- Citus's catalog: absent where plpgsql_check runs
+    EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition AS p WHERE p.logicalrelid = $1)'
+       INTO v_distributed USING 'treadle.jobs'::regclass;
+    PERFORM 'PRAGMA:ENABLE:CHECK';
+    IF v_distributed THEN
+        PERFORM set_config('treadle.distributed', 'on', false);
+    END IF;
+    RETURN v_distributed;
+END;
+$$;
+COMMENT ON FUNCTION treadle._distributed() IS
+    'Whether treadle''s tables are distributed by Citus here (kept for the session once they are).';
+REVOKE ALL ON FUNCTION treadle._distributed() FROM PUBLIC;
 --------------------------------------------------------------------------------
 -- Migration 0.3.0 -> 0.4.0, after the definitions.
 --------------------------------------------------------------------------------

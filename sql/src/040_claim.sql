@@ -423,7 +423,10 @@ SET search_path = pg_catalog, pg_temp
 -- can still be routed to one shard where jobs are distributed by queue.) The
 -- penalty those settings add to the plan's cost would start JIT compiling, which
 -- never pays off here: off too.
--- (The cursor's helpers run under these settings too.)
+-- (The cursor's helpers run under these settings too.) Where treadle is distributed
+-- by Citus (treadle._distributed), Citus cannot route a generic plan of a statement
+-- whose queue is a parameter: there the claim sets plan_cache_mode back to auto for
+-- its own run, and claims plainly (the cursor's reads cross queues).
 SET plan_cache_mode = force_generic_plan
 SET enable_sort = off
 SET enable_seqscan = off
@@ -446,7 +449,7 @@ DECLARE
     v_room    jsonb;      -- what each queue may give, when a requested queue is paused or limited
     v_until   timestamptz;
     v_row     record;
-    v_tokens  uuid[];     -- the claimed jobs' lease tokens, in v_ids' order
+    v_tokens  uuid[];     -- the claimed jobs' lease tokens, in v_ids' order (when lease_token is null)
     v_names   text[];     -- the names, each once
     v_count   integer;
     v_turn    text;
@@ -464,7 +467,13 @@ DECLARE
     v_bound_p integer;    -- the worst of the best v_want candidates, once there are that many:
     v_bound_at timestamptz;  -- its priority, run_at
     v_bound_id bigint;    -- and id
+    -- treadle is distributed by Citus (one setting's read where Citus is not loaded)
+    v_citus   boolean := current_setting('citus.version', true) IS NOT NULL AND treadle._distributed();
 BEGIN
+    IF v_citus THEN
+        -- (undone when the claim returns, as its SET clauses are)
+        PERFORM set_config('plan_cache_mode', 'auto', true);
+    END IF;
     -- Each argument is tested inline, as enqueue does, and its helper called only to
     -- raise: a call costs more than the test, and a worker claims all the time.
     IF claim.worker_id IS NULL OR NOT treadle._is_name(claim.worker_id) THEN
@@ -514,7 +523,7 @@ BEGIN
     v_setting := 'treadle.claim_' || to_hex(hashtextextended(
         array_to_string(claim.queues, chr(1)) || chr(2) || coalesce(array_to_string(claim.names, chr(1)), ''), 0));
     v_mode := coalesce(current_setting(v_setting, true), '');
-    v_plain := v_room IS NOT NULL OR v_mode IN ('', 'slow', 'slow2');
+    v_plain := v_room IS NOT NULL OR v_citus OR v_mode IN ('', 'slow', 'slow2');
     IF NOT v_plain THEN
         v_ids := treadle._claim_by_cursor(v_setting, v_mode, claim.queues, claim.names, claim.batch, v_now);
     END IF;
@@ -528,8 +537,8 @@ BEGIN
         IF coalesce(cardinality(v_ids), 0) = 0 THEN
             RETURN;
         END IF;
-        v_tokens := array_fill(claim.lease_token, ARRAY[cardinality(v_ids)]);
         IF claim.lease_token IS NULL THEN
+            v_tokens := array_fill(NULL::uuid, ARRAY[cardinality(v_ids)]);
             FOR v_k IN 1 .. cardinality(v_ids) LOOP
                 v_tokens[v_k] := gen_random_uuid();
             END LOOP;
@@ -540,7 +549,9 @@ BEGIN
                SET state = 'running',
                    attempt = j.attempt + 1,
                    lease_until = v_until,
-                   lease_token = v_tokens[array_position(v_ids, j.id)],
+                   -- (the tokens drawn through text: Citus 13.2 cannot take a bare array
+                   -- element in a distributed UPDATE's SET, and its backend crashes)
+                   lease_token = coalesce(claim.lease_token, v_tokens[array_position(v_ids, j.id)]::text::uuid),
                    worker_id = claim.worker_id,
                    started_at = v_now,
                    progress = NULL,
@@ -660,7 +671,7 @@ BEGIN
     END IF;
     -- A slow claim moves the mode on ('' -> 'slow' -> 'slow2' -> 'sweep'); a quick
     -- one after a slow one starts it again.
-    IF v_plain AND (clock_timestamp() - v_started > c_slow OR v_mode LIKE 'slow%') THEN
+    IF v_plain AND NOT v_citus AND (clock_timestamp() - v_started > c_slow OR v_mode LIKE 'slow%') THEN
         PERFORM set_config(v_setting, CASE WHEN clock_timestamp() - v_started <= c_slow THEN ''
                                            WHEN v_mode = 'slow2' THEN 'sweep'
                                            WHEN v_mode = 'slow' THEN 'slow2' ELSE 'slow' END, false);
@@ -675,8 +686,8 @@ BEGIN
 
     -- The write, one queue at a time, with the tokens drawn first: a fresh one per
     -- job unless lease_token is given.
-    v_tokens := array_fill(claim.lease_token, ARRAY[cardinality(v_ids)]);
     IF claim.lease_token IS NULL THEN
+        v_tokens := array_fill(NULL::uuid, ARRAY[cardinality(v_ids)]);
         FOR v_k IN 1 .. cardinality(v_ids) LOOP
             v_tokens[v_k] := gen_random_uuid();
         END LOOP;
@@ -688,7 +699,9 @@ BEGIN
                SET state = 'running',
                    attempt = j.attempt + 1,
                    lease_until = v_until,
-                   lease_token = v_tokens[array_position(v_ids, j.id)],
+                   -- (the tokens drawn through text: Citus 13.2 cannot take a bare array
+                   -- element in a distributed UPDATE's SET, and its backend crashes)
+                   lease_token = coalesce(claim.lease_token, v_tokens[array_position(v_ids, j.id)]::text::uuid),
                    worker_id = claim.worker_id,
                    started_at = v_now,
                    progress = NULL,

@@ -632,18 +632,37 @@ COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._left_by(job_id bigint, lease_token uuid, states text[], queue text DEFAULT NULL)
 RETURNS text
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
-BEGIN ATOMIC
-    SELECT j.state FROM treadle.jobs AS j
-     WHERE j.id = _left_by.job_id AND j.lease_token = _left_by.lease_token AND j.state = ANY (_left_by.states)
-       AND (_left_by.queue IS NULL OR j.queue = _left_by.queue)
-    UNION ALL
-    SELECT h.state FROM treadle.job_history AS h
-     WHERE h.id = _left_by.job_id AND h.lease_token = _left_by.lease_token AND h.state = ANY (_left_by.states)
-       AND (_left_by.queue IS NULL OR h.queue = _left_by.queue)
-    LIMIT 1;
+SET search_path = pg_catalog, pg_temp
+AS $$
+-- (PL/pgSQL: Citus plans no statement of an SQL-language function with parameters
+-- over its tables; and each read names the queue when it is given)
+DECLARE
+    v_state text;
+BEGIN
+    IF _left_by.queue IS NULL THEN
+        SELECT j.state INTO v_state FROM treadle.jobs AS j
+         WHERE j.id = _left_by.job_id AND j.lease_token = _left_by.lease_token AND j.state = ANY (_left_by.states);
+        IF NOT FOUND THEN
+            SELECT h.state INTO v_state FROM treadle.job_history AS h
+             WHERE h.id = _left_by.job_id AND h.lease_token = _left_by.lease_token AND h.state = ANY (_left_by.states)
+             LIMIT 1;
+        END IF;
+    ELSE
+        SELECT j.state INTO v_state FROM treadle.jobs AS j
+         WHERE j.queue = _left_by.queue AND j.id = _left_by.job_id AND j.lease_token = _left_by.lease_token
+           AND j.state = ANY (_left_by.states);
+        IF NOT FOUND THEN
+            SELECT h.state INTO v_state FROM treadle.job_history AS h
+             WHERE h.queue = _left_by.queue AND h.id = _left_by.job_id AND h.lease_token = _left_by.lease_token
+               AND h.state = ANY (_left_by.states)
+             LIMIT 1;
+        END IF;
+    END IF;
+    RETURN v_state;
 END;
+$$;
 COMMENT ON FUNCTION treadle._left_by(bigint, uuid, text[], text) IS
     'The state a token''s finish left a job in, when it is one of states; null otherwise.';
 
@@ -709,18 +728,25 @@ COMMENT ON FUNCTION treadle.complete(bigint, uuid, jsonb, text) IS
     'Finish a running job (running -> completed, or cancelled if requested); null when the lease is lost.';
 
 --------------------------------------------------------------------------------
--- treadle.complete_many(job_ids, lease_tokens, results) -> table(job_id, state)
+-- treadle.complete_many(job_ids, lease_tokens, results, job_queues)
+--     -> table(job_id, state)
 --
 -- Transition: as treadle.complete, for many jobs in one statement. Returns one
 -- row per input, in input order; state is null where the token does not hold
--- the job. results, when given, pairs with job_ids by position.
--- Raises 22004: job_ids or lease_tokens null. 22023: arrays of different
--- lengths; a result over the payload size limit or nested over 100 levels.
+-- the job. results, when given, pairs with job_ids by position; so does
+-- job_queues, each job's queue (as treadle.complete's queue: a job of another
+-- queue is not held): the jobs are then finished queue by queue, each statement
+-- naming one queue (one shard on Citus). Without it, by id alone (on Citus, every
+-- shard).
+-- Raises 22004: job_ids or lease_tokens null, a null in job_queues. 22023: arrays
+-- of different lengths; a result over the payload size limit or nested over 100
+-- levels.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.complete_many(
     job_ids      bigint[],
     lease_tokens uuid[],
-    results      jsonb[] DEFAULT NULL
+    results      jsonb[] DEFAULT NULL,
+    job_queues   text[]  DEFAULT NULL
 )
 RETURNS TABLE (job_id bigint, state text)
 LANGUAGE plpgsql
@@ -737,6 +763,13 @@ DECLARE
     v_states text[];
     v_queues text[];
     v_done   treadle.jobs[];  -- only the rows that something follows (_follow_up)
+    v_each   text[];  -- the queues finished one statement each; {null}: by id alone
+    v_queue  text;
+    v_o      bigint[];
+    v_s      text[];
+    v_q      text[];
+    v_d      treadle.jobs[];
+    v_f      bigint[];  -- the finished jobs that something follows
 BEGIN
     IF complete_many.job_ids IS NULL OR complete_many.lease_tokens IS NULL THEN
         RAISE EXCEPTION 'treadle: job_ids and lease_tokens must not be null'
@@ -747,6 +780,19 @@ BEGIN
                                                           cardinality(complete_many.job_ids)) THEN
         RAISE EXCEPTION 'treadle: job_ids, lease_tokens and results must have the same length'
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF complete_many.job_queues IS NULL THEN
+        v_each := ARRAY[NULL::text];
+    ELSIF cardinality(complete_many.job_queues) <> cardinality(complete_many.job_ids) THEN
+        RAISE EXCEPTION 'treadle: job_ids and job_queues must have the same length'
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF array_position(complete_many.job_queues, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'treadle: job_queues must not hold nulls' USING ERRCODE = 'null_value_not_allowed';
+    ELSIF cardinality(complete_many.job_queues) > 0
+          AND complete_many.job_queues[1] = ALL (complete_many.job_queues) THEN
+        v_each := complete_many.job_queues[1:1];  -- (most batches: one queue)
+    ELSE
+        v_each := ARRAY(SELECT DISTINCT q.q FROM unnest(complete_many.job_queues) AS q(q));
     END IF;
     IF complete_many.results IS NOT NULL THEN
         -- the limit is read only when a result could pass it: it is never under 1 KiB
@@ -761,31 +807,75 @@ BEGIN
         END IF;
     END IF;
 
-    WITH input AS (
-        SELECT i.id, i.token, i.ord
-          FROM unnest(complete_many.job_ids, complete_many.lease_tokens) WITH ORDINALITY AS i(id, token, ord)
-    ), done AS (
-        UPDATE treadle.jobs AS j
-           SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
-               result = complete_many.results[i.ord],
-               finished_at = v_now,
-               lease_until = NULL
-          FROM input AS i
-         WHERE j.id = i.id
-           AND j.state = 'running'
-           AND j.lease_token = i.token
-        RETURNING i.ord, j.state, j.queue,
-                  CASE WHEN j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
-                            OR j.key_slot
-                       THEN j END AS job
-    )
-    -- Most batches are plain jobs: whole rows are gathered (and _follow_up called)
-    -- only for steps and periodic or scheduled occurrences; the others' queues are
-    -- told here, as _follow_up would.
-    SELECT array_agg(d.ord), array_agg(d.state), array_agg(DISTINCT d.queue) FILTER (WHERE (d.job).id IS NULL),
-           array_agg(d.job) FILTER (WHERE (d.job).id IS NOT NULL)
-      INTO v_ords, v_states, v_queues, v_done
-      FROM done AS d;
+    -- (each result comes with its row: Citus 13.2 cannot take an array element in a
+    -- distributed UPDATE's SET, and its backend crashes)
+    FOREACH v_queue IN ARRAY v_each LOOP
+        v_d := NULL;
+        IF v_queue IS NULL THEN
+            WITH input AS (
+                SELECT i.id, i.token, i.result, i.ord
+                  FROM unnest(complete_many.job_ids, complete_many.lease_tokens, complete_many.results)
+                       WITH ORDINALITY AS i(id, token, result, ord)
+            ), done AS (
+                UPDATE treadle.jobs AS j
+                   SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
+                       result = i.result,
+                       finished_at = v_now,
+                       lease_until = NULL
+                  FROM input AS i
+                 WHERE j.id = i.id
+                   AND j.state = 'running'
+                   AND j.lease_token = i.token
+                RETURNING i.ord, j.state, j.queue, j.id,
+                          j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
+                          OR coalesce(j.key_slot, false) AS follows
+            )
+            -- Most batches are plain jobs: whole rows are gathered (and _follow_up called)
+            -- only for steps and periodic or scheduled occurrences; the others' queues are
+            -- told here, as _follow_up would. (Those rows are read after: on Citus a row
+            -- returned from a shard has its shard's type, which a CASE cannot convert.)
+            SELECT array_agg(d.ord), array_agg(d.state), array_agg(DISTINCT d.queue) FILTER (WHERE NOT d.follows),
+                   array_agg(d.id) FILTER (WHERE d.follows)
+              INTO v_o, v_s, v_q, v_f
+              FROM done AS d;
+            IF v_f IS NOT NULL THEN
+                SELECT array_agg(j ORDER BY j.id) INTO v_d FROM treadle.jobs AS j WHERE j.id = ANY (v_f);
+            END IF;
+        ELSE
+            WITH input AS (
+                SELECT i.id, i.token, i.result, i.ord
+                  FROM unnest(complete_many.job_ids, complete_many.lease_tokens, complete_many.results,
+                              complete_many.job_queues) WITH ORDINALITY AS i(id, token, result, queue, ord)
+                 WHERE i.queue = v_queue
+            ), done AS (
+                UPDATE treadle.jobs AS j
+                   SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
+                       result = i.result,
+                       finished_at = v_now,
+                       lease_until = NULL
+                  FROM input AS i
+                 WHERE j.queue = v_queue
+                   AND j.id = i.id
+                   AND j.state = 'running'
+                   AND j.lease_token = i.token
+                RETURNING i.ord, j.state, j.queue, j.id,
+                          j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
+                          OR coalesce(j.key_slot, false) AS follows
+            )
+            SELECT array_agg(d.ord), array_agg(d.state), array_agg(DISTINCT d.queue) FILTER (WHERE NOT d.follows),
+                   array_agg(d.id) FILTER (WHERE d.follows)
+              INTO v_o, v_s, v_q, v_f
+              FROM done AS d;
+            IF v_f IS NOT NULL THEN
+                SELECT array_agg(j ORDER BY j.id) INTO v_d FROM treadle.jobs AS j
+                 WHERE j.queue = v_queue AND j.id = ANY (v_f);
+            END IF;
+        END IF;
+        v_ords := v_ords || v_o;
+        v_states := v_states || v_s;
+        v_queues := v_queues || v_q;
+        v_done := v_done || v_d;
+    END LOOP;
 
     IF v_done IS NOT NULL THEN
         PERFORM treadle._follow_up(v_done);
@@ -798,9 +888,11 @@ BEGIN
         -- the rest: finished by this token before (a repeat), or not held
         SELECT v_ords || coalesce(array_agg(i.ord), '{}'), v_states || coalesce(array_agg(j.state), '{}')
           INTO v_ords, v_states
-          FROM unnest(complete_many.job_ids, complete_many.lease_tokens) WITH ORDINALITY AS i(id, token, ord)
+          FROM unnest(complete_many.job_ids, complete_many.lease_tokens, complete_many.job_queues)
+               WITH ORDINALITY AS i(id, token, queue, ord)
           JOIN treadle.jobs AS j ON j.id = i.id AND j.lease_token = i.token
          WHERE j.state = ANY (ARRAY['completed', 'cancelled'])
+           AND (i.queue IS NULL OR j.queue = i.queue)
            AND i.ord <> ALL (coalesce(v_ords, '{}'));
     END IF;
 
@@ -811,7 +903,7 @@ BEGIN
      ORDER BY i.ord;
 END;
 $$;
-COMMENT ON FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[]) IS
+COMMENT ON FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[], text[]) IS
     'Finish many running jobs in one statement; one (job_id, state) row per input, state null when stale.';
 
 --------------------------------------------------------------------------------

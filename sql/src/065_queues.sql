@@ -311,26 +311,36 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now timestamptz := treadle.now();
+    v_now     timestamptz := treadle.now();
+    v_room    jsonb := '{}'::jsonb;
+    v_row     record;
+    v_running bigint;
 BEGIN
     PERFORM 1 FROM treadle.queues AS s
       WHERE s.queue = ANY (queues) AND NOT s.paused
         AND (s.concurrency IS NOT NULL OR s.rate_limit IS NOT NULL)
       ORDER BY s.queue
         FOR UPDATE;
-    RETURN (
-        SELECT jsonb_object_agg(u.q, CASE
-                   WHEN s.paused THEN 0
-                   ELSE least(batch,
-                              -- running jobs hold a lease (jobs_lease_check): their index is small
-                              s.concurrency - (SELECT count(*) FROM treadle.jobs AS j
-                                                WHERE j.lease_until IS NOT NULL AND j.queue = s.queue
-                                                  AND s.concurrency IS NOT NULL),
-                              floor(treadle._rate_tokens(s.rate_limit, s.rate_period, s.rate_tokens,
-                                                         s.rate_updated_at, v_now))::integer)
-               END)
+    -- a queue at a time: each count of running jobs names its queue (one shard on Citus)
+    FOR v_row IN
+        SELECT u.q, s.paused, s.concurrency, s.rate_limit, s.rate_period, s.rate_tokens, s.rate_updated_at
           FROM (SELECT DISTINCT q.q FROM unnest(queues) AS q(q)) AS u
-          LEFT JOIN treadle.queues AS s ON s.queue = u.q);
+          LEFT JOIN treadle.queues AS s ON s.queue = u.q
+    LOOP
+        v_running := NULL;
+        IF v_row.concurrency IS NOT NULL AND NOT v_row.paused THEN
+            -- running jobs hold a lease (jobs_lease_check): their index is small
+            SELECT count(*) INTO v_running FROM treadle.jobs AS j
+             WHERE j.queue = v_row.q AND j.lease_until IS NOT NULL;
+        END IF;
+        v_room := v_room || jsonb_build_object(v_row.q, CASE
+                      WHEN v_row.paused THEN 0
+                      ELSE least(batch, v_row.concurrency - v_running,
+                                 floor(treadle._rate_tokens(v_row.rate_limit, v_row.rate_period, v_row.rate_tokens,
+                                                            v_row.rate_updated_at, v_now))::integer)
+                  END);
+    END LOOP;
+    RETURN v_room;
 END;
 $$;
 COMMENT ON FUNCTION treadle._queue_room(text[], integer) IS
@@ -350,23 +360,27 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now timestamptz := treadle.now();
-    v_ids bigint[];
+    v_now   timestamptz := treadle.now();
+    v_ids   bigint[] := '{}'::bigint[];
+    v_queue text;
+    v_room  integer;
+    v_got   bigint[];
 BEGIN
-    v_ids := ARRAY(
-        SELECT c.id
-          FROM (SELECT j.id, j.queue,
-                       row_number() OVER (PARTITION BY j.queue ORDER BY j.priority, j.run_at, j.id) AS n
-                  FROM treadle.jobs AS j
-                 WHERE j.id = ANY (ids)) AS c
-         WHERE c.n <= (room ->> c.queue)::integer);
-    UPDATE treadle.queues AS s
-       SET rate_tokens = treadle._rate_tokens(s.rate_limit, s.rate_period, s.rate_tokens, s.rate_updated_at, v_now)
-                         - t.taken,
-           rate_updated_at = greatest(s.rate_updated_at, v_now)
-      FROM (SELECT j.queue, count(*) AS taken FROM treadle.jobs AS j
-             WHERE j.id = ANY (v_ids) GROUP BY j.queue) AS t
-     WHERE s.queue = t.queue AND s.rate_limit IS NOT NULL;
+    -- a queue at a time: each statement names its queue (one shard on Citus)
+    FOR v_queue, v_room IN SELECT r.key, r.value::integer FROM jsonb_each_text(room) AS r LOOP
+        CONTINUE WHEN v_room IS NULL OR v_room <= 0;
+        v_got := ARRAY(SELECT j.id FROM treadle.jobs AS j
+                        WHERE j.queue = v_queue AND j.id = ANY (ids)
+                        ORDER BY j.priority, j.run_at, j.id
+                        LIMIT v_room);
+        CONTINUE WHEN cardinality(v_got) = 0;
+        v_ids := v_ids || v_got;
+        UPDATE treadle.queues AS s
+           SET rate_tokens = treadle._rate_tokens(s.rate_limit, s.rate_period, s.rate_tokens, s.rate_updated_at, v_now)
+                             - cardinality(v_got),
+               rate_updated_at = greatest(s.rate_updated_at, v_now)
+         WHERE s.queue = v_queue AND s.rate_limit IS NOT NULL;
+    END LOOP;
     RETURN v_ids;
 END;
 $$;

@@ -124,3 +124,42 @@ COMMENT ON FUNCTION treadle.distribute(integer) IS
 
 -- Owner only (090_privileges.sql revoked from PUBLIC the functions made before it).
 REVOKE ALL ON FUNCTION treadle.distribute(integer) FROM PUBLIC;
+
+--------------------------------------------------------------------------------
+-- treadle._distributed() -> boolean
+--
+-- Whether treadle.jobs is distributed by Citus in this database (treadle.distribute
+-- ran). The hot paths that plan differently on Citus (treadle.claim) ask it only
+-- where Citus is loaded (the setting citus.version exists), so a single server pays
+-- one setting's read. A yes is kept for the session (treadle.distributed); a no is
+-- asked again, so a session opened before treadle.distribute sees it once it ran.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._distributed()
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE  -- (it keeps its answer in a setting)
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_distributed boolean := false;
+BEGIN
+    IF current_setting('treadle.distributed', true) = 'on' THEN
+        RETURN true;
+    END IF;
+    IF current_setting('citus.version', true) IS NULL
+       OR to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
+        RETURN false;
+    END IF;
+    PERFORM 'PRAGMA:DISABLE:CHECK';  -- Citus's catalog: absent where plpgsql_check runs
+    EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition AS p WHERE p.logicalrelid = $1)'
+       INTO v_distributed USING 'treadle.jobs'::regclass;
+    PERFORM 'PRAGMA:ENABLE:CHECK';
+    IF v_distributed THEN
+        PERFORM set_config('treadle.distributed', 'on', false);
+    END IF;
+    RETURN v_distributed;
+END;
+$$;
+COMMENT ON FUNCTION treadle._distributed() IS
+    'Whether treadle''s tables are distributed by Citus here (kept for the session once they are).';
+REVOKE ALL ON FUNCTION treadle._distributed() FROM PUBLIC;

@@ -339,3 +339,9 @@ CREATE INDEX jobs_key_idx ON treadle.jobs (queue, concurrency_key, id) WHERE sta
 ALTER TABLE treadle.workflow_runs
     ADD COLUMN meta jsonb,
     ADD CONSTRAINT workflow_runs_meta_check CHECK (jsonb_typeof(meta) = 'object');
+
+-- Citus, the worker's loop: the batch finishes and heartbeats take each job's queue
+-- (job_queues) as a new last parameter.
+DROP FUNCTION treadle.complete_and_claim(bigint[], uuid[], jsonb[], text, text[], text[], integer, interval, uuid);
+DROP FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[]);
+DROP FUNCTION treadle.heartbeat_many(bigint[], uuid[], interval);

@@ -21,17 +21,12 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from tests.citus.test_citus import (
-    CLAIM_GENERIC_PLAN,
-    CLOCK_IN_CASE,
-    CRASHES_CITUS,
     Conn,
     enqueue,
     hand_lease,
-    not_yet,
+    job,
 )
 from treadle import _sql
-
-BY_ID = "the worker names the job by id alone, so the call reads every shard: 'multi-task query about to be executed'"
 
 
 def router_only(conn: Conn) -> list[str]:
@@ -80,7 +75,6 @@ def test_worker_seen_stays_on_the_coordinator(conn: Conn, queue: str) -> None:
     assert shards_named(sent) == set(), sent
 
 
-@not_yet(CLAIM_GENERIC_PLAN)
 def test_claim_is_router_only(conn: Conn, queue: str) -> None:
     enqueue(conn, queue)
     sent = router_only(conn)
@@ -99,7 +93,6 @@ def test_claim_is_router_only(conn: Conn, queue: str) -> None:
     assert len(shards_named(sent)) == 1, sent
 
 
-@pytest.mark.skip(reason=CRASHES_CITUS)
 def test_complete_and_claim_is_router_only(conn: Conn, queue: str) -> None:
     job_id, token = leased(conn, queue)
     enqueue(conn, queue)
@@ -107,16 +100,17 @@ def test_complete_and_claim_is_router_only(conn: Conn, queue: str) -> None:
     conn.execute(
         _sql.COMPLETE_AND_CLAIM,
         {"job_ids": [job_id], "lease_tokens": [token], "results": [Jsonb(None)], "worker_id": "w",
-         "queues": [queue], "names": None, "batch": 1, "lease": timedelta(seconds=30), "lease_token": None},
+         "queues": [queue], "names": None, "batch": 1, "lease": timedelta(seconds=30), "lease_token": None,
+         "job_queues": [queue]},
     ).fetchall()  # fmt: skip
     assert len(shards_named(sent)) == 1, sent
 
 
-@pytest.mark.skip(reason=CRASHES_CITUS)
 def test_complete_many_is_router_only(conn: Conn, queue: str) -> None:
     job_id, token = leased(conn, queue)
     sent = router_only(conn)
-    conn.execute(_sql.COMPLETE_MANY, {"job_ids": [job_id], "lease_tokens": [token], "results": [Jsonb({"ok": 1})]})
+    params = {"job_ids": [job_id], "lease_tokens": [token], "results": [Jsonb({"ok": 1})], "job_queues": [queue]}
+    assert conn.execute(_sql.COMPLETE_MANY, params).fetchall() == [{"job_id": job_id, "state": "completed"}]
     assert len(shards_named(sent)) == 1, sent
 
 
@@ -129,11 +123,11 @@ def test_heartbeat_is_router_only(conn: Conn, queue: str) -> None:
     assert len(shards_named(sent)) == 1, sent
 
 
-@not_yet(BY_ID + "; and " + CLOCK_IN_CASE)
 def test_heartbeat_many_is_router_only(conn: Conn, queue: str) -> None:
     job_id, token = leased(conn, queue)
     sent = router_only(conn)
-    conn.execute(_sql.HEARTBEAT_MANY, {"job_ids": [job_id], "lease_tokens": [token], "lease": timedelta(seconds=30)})
+    params = {"job_ids": [job_id], "lease_tokens": [token], "lease": timedelta(seconds=30), "job_queues": [queue]}
+    assert conn.execute(_sql.HEARTBEAT_MANY, params).fetchall() == [{"answer": "held"}]
     assert len(shards_named(sent)) == 1, sent
 
 
@@ -164,3 +158,35 @@ def test_release_is_router_only(conn: Conn, queue: str) -> None:
     sent = router_only(conn)
     conn.execute(_sql.RELEASE, {"job_id": job_id, "lease_token": token, "queue": queue})
     assert len(shards_named(sent)) == 1, sent
+
+
+def test_a_claim_from_a_limited_queue_is_router_only(conn: Conn, queue: str) -> None:
+    """The room of a queue with a concurrency and a rate limit is read and spent queue by queue."""
+    conn.execute("SELECT treadle.set_queue(%s, concurrency => 2, rate_limit => 10, rate_period => '1 minute')", [queue])
+    for _ in range(3):
+        enqueue(conn, queue)
+    sent = router_only(conn)
+    params = {"worker_id": "w", "queues": [queue], "names": None, "batch": 5, "lease": timedelta(seconds=30)}
+    rows = conn.execute(_sql.CLAIM, {**params, "lease_token": None}).fetchall()
+    assert len(rows) == 2, "the concurrency limit holds"
+    assert len(shards_named(sent)) == 1, sent
+
+
+def test_complete_many_finishes_jobs_of_two_queues_one_shard_at_a_time(conn: Conn, queue: str) -> None:
+    other = queue + "b"
+    a, token_a = leased(conn, queue)
+    b, token_b = leased(conn, other)
+    sent = router_only(conn)
+    params = {"job_ids": [a, b], "lease_tokens": [token_a, token_b], "results": [Jsonb({"a": 1}), Jsonb({"b": 2})]}
+    rows = conn.execute(_sql.COMPLETE_MANY, {**params, "job_queues": [queue, other]}).fetchall()
+    assert rows == [{"job_id": a, "state": "completed"}, {"job_id": b, "state": "completed"}]
+    assert len(shards_named(sent)) == 2, sent  # (each statement on one shard: none raised)
+    assert job(conn, queue, a)["result"] == {"a": 1}
+    assert job(conn, other, b)["result"] == {"b": 2}
+
+
+def test_heartbeat_many_of_another_queue_is_lost(conn: Conn, queue: str) -> None:
+    job_id, token = leased(conn, queue)
+    params = {"job_ids": [job_id], "lease_tokens": [token], "lease": timedelta(seconds=30)}
+    rows = conn.execute(_sql.HEARTBEAT_MANY, {**params, "job_queues": [queue + "x"]}).fetchall()
+    assert rows == [{"answer": "lost"}]

@@ -243,6 +243,7 @@ class Completer:
             params = {
                 "job_ids": [c.run.job_id for c in batch],
                 "lease_tokens": [c.run.lease_token for c in batch],
+                "job_queues": [c.run.queue for c in batch],
                 # no array of nulls to send when no handler returned anything (most batches)
                 "results": None if all(r is None for r in results) else results,
             }

@@ -123,6 +123,7 @@ class Housekeeper:
                 {
                     "job_ids": [run.job_id for run in due],
                     "lease_tokens": [run.lease_token for run in due],
+                    "job_queues": [run.queue for run in due],
                     "lease": self._lease,
                 },
             )

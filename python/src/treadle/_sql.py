@@ -278,10 +278,12 @@ COMPLETE: Final[LiteralString] = """
 SELECT treadle.complete(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid,
                         result => %(result)s::jsonb, queue => %(queue)s::text)
 """
-# treadle.complete_many: the buffered successes in one statement
+# treadle.complete_many: the buffered successes in one statement, each with its queue (one
+# statement per queue inside: one shard each on Citus)
 COMPLETE_MANY: Final[LiteralString] = """
 SELECT job_id, state FROM treadle.complete_many(
-    job_ids => %(job_ids)s::bigint[], lease_tokens => %(lease_tokens)s::uuid[], results => %(results)s::jsonb[])
+    job_ids => %(job_ids)s::bigint[], lease_tokens => %(lease_tokens)s::uuid[], results => %(results)s::jsonb[],
+    job_queues => %(job_queues)s::text[])
 """
 # treadle.complete_and_claim: the buffered successes finished and up to `batch` more claimed in one
 # statement. Rows: one per finished input (finished_id, finished_state), then one per claimed job
@@ -293,13 +295,16 @@ COMPLETE_AND_CLAIM: Final[LiteralString] = (
   FROM treadle.complete_and_claim(
     job_ids => %(job_ids)s::bigint[], lease_tokens => %(lease_tokens)s::uuid[], results => %(results)s::jsonb[],
     worker_id => %(worker_id)s::text, queues => %(queues)s::text[], names => %(names)s::text[],
-    batch => %(batch)s::integer, lease => %(lease)s::interval, lease_token => %(lease_token)s::uuid) AS c
+    batch => %(batch)s::integer, lease => %(lease)s::interval, lease_token => %(lease_token)s::uuid,
+    job_queues => %(job_queues)s::text[]) AS c
 """
 )
-# treadle.heartbeat_many: every lease of the worker in one statement; one answer per job, in order
+# treadle.heartbeat_many: every lease of the worker in one statement, each with its job's queue;
+# one answer per job, in order
 HEARTBEAT_MANY: Final[LiteralString] = """
 SELECT answer FROM treadle.heartbeat_many(
-    job_ids => %(job_ids)s::bigint[], lease_tokens => %(lease_tokens)s::uuid[], lease => %(lease)s::interval)
+    job_ids => %(job_ids)s::bigint[], lease_tokens => %(lease_tokens)s::uuid[], lease => %(lease)s::interval,
+    job_queues => %(job_queues)s::text[])
 """
 # treadle.fail: a failed attempt; retryable, discarded or cancelled
 FAIL: Final[LiteralString] = """
