@@ -2,10 +2,11 @@
 -- is: a summary row, then each step that has not completed with its reason (the
 -- dependencies it waits for, a sleep, a signal, a map's element jobs, and a step
 -- job's reasons as treadle.explain gives them); a finished run's summary alone;
+-- a fork names its origin, a run forked from names its forks;
 -- null refused; readers may call it, others not; a tenant sees only its runs.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(38);
+SELECT plan(47);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -125,6 +126,25 @@ SELECT is(pg_temp.message(:r3, 'each', 'map'), 'map step each: 2 of its 3 elemen
 SELECT is((SELECT job_id FROM treadle.explain_run(:r3) WHERE reason = 'no_worker'),
           (SELECT min(id) FROM treadle.jobs WHERE workflow_run_id = :r3 AND step = 'each' AND state <> 'completed'),
           'the element job explained is the oldest not completed');
+
+-- Forks: a fork names the run and step it came from, the source names its forks
+SELECT treadle.fork_run(:r1, 'b') AS f1 \gset
+SELECT treadle.fork_run(:r1, 'c') AS f2 \gset
+SELECT is(pg_temp.why(:r1), ARRAY['-:run', '-:forks'], 'a finished run forked from: its summary and its forks');
+SELECT is(pg_temp.message(:r1, NULL, 'forks'), format('run %s has 2 fork(s): %s (from c), %s (from b)', :r1, :f2, :f1),
+          'the forks named with their step, newest first');
+SELECT is((SELECT at FROM treadle.explain_run(:r1) WHERE reason = 'forks'),
+          (SELECT created_at FROM treadle.workflow_runs WHERE id = :f2), 'at the newest fork''s creation');
+SELECT is((pg_temp.why(:f1))[1:3], ARRAY['-:run', '-:forked_from', 'b:ready'],
+          'a running fork: its summary, its origin, then its steps');
+SELECT is(pg_temp.message(:f1, NULL, 'forked_from'), format('run %s was forked from run %s at step b', :f1, :r1),
+          'naming the run and the step it was forked from');
+SELECT is((SELECT job_id FROM treadle.explain_run(:f1) WHERE reason = 'forked_from'), NULL, 'a row of no job');
+SELECT treadle.fork_run(:f1, 'c') AS f3 \gset
+SELECT ok(treadle.cancel_workflow(:f1), 'the fork is cancelled');
+SELECT is(pg_temp.why(:f1), ARRAY['-:run', '-:forked_from', '-:forks'], 'a finished fork of a fork: both rows');
+SELECT is(pg_temp.message(:f1, NULL, 'forks'), format('run %s has 1 fork(s): %s (from c)', :f1, :f3),
+          'a fork''s own forks, not its siblings');
 
 -- Roles and tenants (a role but the owner reads the real clock, before the year 2999: the jobs are not due)
 CREATE ROLE exr_reader;  SELECT treadle.grant_reader('exr_reader');

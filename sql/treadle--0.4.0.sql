@@ -342,6 +342,9 @@ CREATE INDEX jobs_failed_at_idx ON treadle.jobs (failed_at)
 -- apply_retention() and prune() read finished workflow runs by time
 CREATE INDEX workflow_runs_finished_at_idx ON treadle.workflow_runs (finished_at) WHERE finished_at IS NOT NULL;
 
+-- explain_run names a run's forks
+CREATE INDEX workflow_runs_forked_from_idx ON treadle.workflow_runs (forked_from) WHERE forked_from IS NOT NULL;
+
 -- a workflow run's steps
 CREATE INDEX jobs_workflow_run_idx ON treadle.jobs (workflow_run_id) WHERE workflow_run_id IS NOT NULL;
 
@@ -9377,7 +9380,12 @@ COMMENT ON FUNCTION treadle.explain(bigint, text) IS
 -- completed, in step order, with a stable key (reason), a sentence (message) and
 -- the time it names, if any (at):
 --   run (step null): the run's workflow, version, queue, state, and how many of
---     its steps completed, naming them (up to 20); for a finished run the only row;
+--     its steps completed, naming them (up to 20); for a finished run the only row
+--     but for the two that follow;
+--   forked_from (step null): a fork (treadle.fork_run), the run and step it was
+--     forked from, when (at: its creation);
+--   forks (step null): a run forked from, how many forks it has, naming them with
+--     their step (up to 20, newest first), the newest's creation (at);
 --   dependencies: a step not started, naming the steps it waits for;
 --   sleeping: a sleep step under way, until when (at);
 --   signal: a wait step under way, the signal it waits for and until when its
@@ -9410,6 +9418,7 @@ DECLARE
     v_step   text;
     v_job    record;
     v_deps   text[];
+    v_forks  record;
 BEGIN
     IF explain_run.run_id IS NULL THEN
         RAISE EXCEPTION 'treadle: run_id must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -9434,6 +9443,24 @@ BEGIN
                     ELSE format(' (%s%s)', array_to_string(v_done[1:c_named], ', '),
                                 CASE WHEN cardinality(v_done) > c_named THEN ', ...' ELSE '' END) END),
         coalesce(v_run.finished_at, v_run.created_at);
+    IF v_run.forked_from IS NOT NULL THEN
+        RETURN QUERY SELECT NULL::text, NULL::bigint, 'forked_from',
+            format('run %s was forked from run %s at step %s', v_run.id, v_run.forked_from, v_run.forked_step),
+            v_run.created_at;
+    END IF;
+    SELECT count(*) AS n, max(f.created_at) AS at,
+           string_agg(format('%s (from %s)', f.id, f.forked_step), ', ' ORDER BY f.id DESC)
+               FILTER (WHERE f.rn <= c_named) AS named
+      INTO v_forks
+      FROM (SELECT r.id, r.forked_step, r.created_at, row_number() OVER (ORDER BY r.id DESC) AS rn
+              FROM treadle.workflow_runs AS r
+             WHERE r.forked_from = v_run.id AND starts_with(r.queue, treadle._caller_prefix())) AS f;
+    IF v_forks.n > 0 THEN
+        RETURN QUERY SELECT NULL::text, NULL::bigint, 'forks',
+            format('run %s has %s fork(s): %s%s', v_run.id, v_forks.n, v_forks.named,
+                   CASE WHEN v_forks.n > c_named THEN ', ...' ELSE '' END),
+            v_forks.at;
+    END IF;
     IF v_run.state <> 'running' THEN
         RETURN;
     END IF;

@@ -288,6 +288,9 @@ CREATE INDEX jobs_failed_at_idx ON treadle.jobs (failed_at)
 -- apply_retention() and prune() read finished workflow runs by time
 CREATE INDEX workflow_runs_finished_at_idx ON treadle.workflow_runs (finished_at) WHERE finished_at IS NOT NULL;
 
+-- explain_run names a run's forks
+CREATE INDEX workflow_runs_forked_from_idx ON treadle.workflow_runs (forked_from) WHERE forked_from IS NOT NULL;
+
 -- a workflow run's steps
 CREATE INDEX jobs_workflow_run_idx ON treadle.jobs (workflow_run_id) WHERE workflow_run_id IS NOT NULL;
 

@@ -11,4 +11,7 @@ SELECT treadle._grant_parts(u.role_name::regrole, u.parts) FROM treadle_upgrade_
 SELECT treadle._grant_parts(u.role_name::regrole, ARRAY['runs']) FROM treadle_upgrade_parts AS u
  WHERE 'queues' = ANY (u.parts);
 
+-- explain_run names a run's forks
+CREATE INDEX workflow_runs_forked_from_idx ON treadle.workflow_runs (forked_from) WHERE forked_from IS NOT NULL;
+
 DROP TABLE treadle_upgrade_parts;

@@ -9,7 +9,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from tests.dashboard.seeding import Seeded, claim, enqueue, one
-from treadle.dashboard.formatting import can_cancel, can_retry
+from treadle.dashboard.formatting import blocks_lane, can_cancel, can_retry
 from treadle.models import JOB_STATES
 
 
@@ -152,13 +152,20 @@ def test_the_pages_offer_retry_and_cancel_exactly_where_the_functions_apply(
     cancel_requested = enqueue(conn, "long_export", "exports")
     claim(conn, "exports")
     conn.execute("SELECT treadle.cancel(%s)", (cancel_requested,))
+    conn.execute("SELECT treadle.set_queue('lanes', key_ordered => true)")
+    lane_head = one(conn, "SELECT treadle.enqueue('hook', queue => 'lanes', concurrency_key => 'k', max_attempts => 1)")
+    conn.execute("SELECT treadle.enqueue('hook', queue => 'lanes', concurrency_key => 'k')")
+    head, token = claim(conn, "lanes")
+    assert head == lane_head and one(conn, "SELECT treadle.fail(%s, %s::uuid, 'down')", head, token) == "discarded"
     every_state = [seeded.available, seeded.running, seeded.retryable, seeded.discarded, seeded.completed]
-    jobs = [*every_state, seeded.cancelled, cancel_requested]  # and a running job asked to cancel
+    jobs = [*every_state, seeded.cancelled, cancel_requested, lane_head]  # a running job asked to cancel, a lane's head
     with conn.cursor(row_factory=dict_row) as cur:
         for job_id in jobs:
             job = cur.execute("SELECT * FROM treadle.job_details WHERE id = %s", (job_id,)).fetchone()
             assert job is not None
-            for action, offered in (("retry", can_retry(job)), ("cancel", can_cancel(job))):
+            reasons = cur.execute("SELECT reason FROM treadle.explain(%s)", (job_id,)).fetchall()
+            cancel = can_cancel(job, blocks_lane(job, reasons))
+            for action, offered in (("retry", can_retry(job)), ("cancel", cancel)):
                 with conn.transaction(force_rollback=True):
                     applied = cur.execute(f"SELECT treadle.{action}(%s) AS changed", (job_id,)).fetchone()
                 assert applied is not None and applied["changed"] is offered, (action, job["state"])

@@ -118,15 +118,26 @@ def error_time(value: Any) -> str:
 # What treadle.retry and treadle.cancel accept (sql/src/060_control.sql), so the pages
 # offer only actions that can apply; a test holds these to what the functions do.
 RETRY_FROM = frozenset({"discarded", "cancelled", "retryable"})
-CANCEL_FROM = frozenset({"available", "retryable", "blocked"})  # and running, until a cancel is requested
+CANCEL_FROM = frozenset({"available", "retryable", "blocked"})  # and running, until a cancel is requested;
+# and a discarded job that blocks its ordered lane (it holds its key's slot: 034_key_lanes.sql)
 
 
 def can_retry(job: Row) -> bool:
     return job["state"] in RETRY_FROM
 
 
-def can_cancel(job: Row) -> bool:
-    return job["state"] in CANCEL_FROM or (job["state"] == "running" and not job.get("cancel_requested"))
+def blocks_lane(job: Row, reasons: list[Row]) -> bool:
+    """A failed head of an ordered lane: discarded, and treadle.explain says it blocks its lane."""
+    return job["state"] == "discarded" and any(r["reason"] == "lane_blocked" for r in reasons)
+
+
+def can_cancel(job: Row, lane_head: bool = False) -> bool:
+    """lane_head: the job blocks its ordered lane (blocks_lane), which treadle.cancel takes out of it."""
+    return (
+        job["state"] in CANCEL_FROM
+        or (job["state"] == "running" and not job.get("cancel_requested"))
+        or (lane_head and job["state"] == "discarded")
+    )
 
 
 def can_retry_step(step: Row) -> bool:

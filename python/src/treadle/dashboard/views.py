@@ -239,13 +239,15 @@ def job(job_id: int) -> str:
     now, row = current().store.job(_bigint(job_id, "job"))
     if row is None:
         abort(404, description=f"There is no job {job_id}.")
+    reasons = current().store.explain(job_id)
     return render_template(
         "job.html",
         page="job",
         live=True,
         now=now,
         job=row,
-        reasons=current().store.explain(job_id),
+        reasons=reasons,
+        lane_head=formatting.blocks_lane(row, reasons),
         attempts=history.attempts(row),
         history_truncated=history.truncated(row),
     )
