@@ -4439,6 +4439,7 @@ DECLARE
     v_m_run  timestamptz[];
     v_m_fin  timestamptz[];
     v_m_err  text[];
+    v_moved  treadle.jobs[];  -- and the rows it wrote
     -- on Citus the cursor is not kept (as the claim's): a rescue reads from the start
     v_citus  boolean := current_setting('citus.version', true) IS NOT NULL AND treadle._distributed();
 BEGIN
@@ -4547,8 +4548,9 @@ BEGIN
          WHERE j.queue = v_queue
            AND j.id = i.id;
         -- (the rows are read after: on Citus a row returned from a shard has its shard's type)
-        v_done := coalesce(v_done, '{}') || ARRAY(SELECT j FROM treadle.jobs AS j
-                                                   WHERE j.queue = v_queue AND j.id = ANY (v_m_id) ORDER BY j.id);
+        SELECT array_agg(j ORDER BY j.id) INTO v_moved FROM treadle.jobs AS j
+         WHERE j.queue = v_queue AND j.id = ANY (v_m_id);
+        v_done := coalesce(v_done, '{}') || v_moved;
     END LOOP;
     IF cardinality(v_ids) > 0 THEN
         -- the lowest expired lease another session held: the floor stays below it
