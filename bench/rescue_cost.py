@@ -22,8 +22,7 @@ import subprocess
 from typing import Any
 
 import psycopg
-
-from harness import ROOT, cpu_seconds, database, fmt, median, parser, paired_ratio, progress, server, table
+from harness import ROOT, cpu_seconds, database, fmt, median, paired_ratio, parser, progress, server, table
 
 FUNCTIONS = {"050_finish.sql": ["rescue", "_wake_runs"], "074_workflow_signals.sql": ["_time_out_waits"]}
 

@@ -1105,10 +1105,10 @@ DECLARE
     v_over_q text[];      -- and their queues
     v_queue  text;
     v_job    treadle.jobs;
-    v_state  text;
     v_error  text;
     v_delay  interval;
     v_txid   xid8;
+    v_n      integer;
     v_m_id   bigint[];    -- what one queue's UPDATE sets, job by job
     v_m_state text[];
     v_m_run  timestamptz[];
@@ -1171,7 +1171,7 @@ BEGIN
     -- clock: an UPDATE that Citus distributes may hold no volatile call), one UPDATE
     -- per queue. A job whose lease was renewed meanwhile, or that left running, stays.
     FOR v_queue IN SELECT DISTINCT q.q FROM unnest(v_queues || v_over_q) AS q(q) LOOP
-        v_m_id := '{}'; v_m_state := '{}'; v_m_run := '{}'; v_m_fin := '{}'; v_m_err := '{}';
+        v_m_id := '{}'; v_m_state := '{}'; v_m_run := '{}'; v_m_fin := '{}'; v_m_err := '{}'; v_n := 0;
         FOR v_job IN
             SELECT j.* FROM treadle.jobs AS j
              WHERE j.queue = v_queue
@@ -1192,12 +1192,13 @@ BEGIN
                                   v_job.attempt, v_job.timeout, v_job.worker_id);
                 v_delay := NULL;
             END IF;
-            v_state := treadle._failed_state(v_job.cancel_requested, v_job.attempt, v_job.max_attempts);
-            v_m_id := v_m_id || v_job.id;
-            v_m_state := v_m_state || v_state;
-            v_m_run := v_m_run || (v_now + coalesce(v_delay, treadle._retry_delay(v_job.attempt, v_job.backoff)));
-            v_m_fin := v_m_fin || CASE WHEN v_state <> 'retryable' THEN v_now END;
-            v_m_err := v_m_err || v_error;
+            -- (set by subscript: PL/pgSQL changes such an array in place)
+            v_n := v_n + 1;
+            v_m_id[v_n] := v_job.id;
+            v_m_state[v_n] := treadle._failed_state(v_job.cancel_requested, v_job.attempt, v_job.max_attempts);
+            v_m_run[v_n] := v_now + coalesce(v_delay, treadle._retry_delay(v_job.attempt, v_job.backoff));
+            v_m_fin[v_n] := CASE WHEN v_m_state[v_n] <> 'retryable' THEN v_now END;
+            v_m_err[v_n] := v_error;
         END LOOP;
         CONTINUE WHEN cardinality(v_m_id) = 0;
         IF v_txid IS NULL THEN

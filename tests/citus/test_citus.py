@@ -321,6 +321,20 @@ def test_a_workflow_run_goes_end_to_end(conn: Conn, queue: str) -> None:
     assert run == {"state": "completed"}
 
 
+def test_rescue_ends_a_sleep_that_is_due(conn: Conn, queue: str) -> None:
+    conn.execute("""SELECT treadle.define_workflow('citus_nap', ARRAY['one', 'nap', 'two'],
+                                                   sleeps => '{"nap": "1 second"}')""")
+    row = conn.execute("SELECT treadle.start_workflow('citus_nap', '{}', queue => %s) AS id", [queue]).fetchone()
+    assert row is not None
+    (step,) = claim(conn, queue)
+    conn.execute("SELECT treadle.complete(%s, %s, '{}')", [step["id"], step["lease_token"]])
+    assert claim(conn, queue) == []  # asleep
+    time.sleep(1.2)
+    conn.execute("SELECT treadle.rescue()")
+    (step,) = claim(conn, queue)
+    assert step["name"] == "workflow:citus_nap/two"
+
+
 # -- flow control ------------------------------------------------------------------------
 
 
