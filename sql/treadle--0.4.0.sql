@@ -3690,32 +3690,49 @@ AS $$
 DECLARE
     v_run   treadle.workflow_runs;
     v_due   jsonb;
+    v_left  jsonb;
+    v_next  timestamptz;
     v_moved integer := 0;
+    v_queue text;
+    v_taken integer := 0;  -- runs locked, toward the 1000
 BEGIN
-    FOR v_run IN
-        SELECT * FROM treadle.workflow_runs AS r
+    -- the queues with a sleep due, read without locks; then queue by queue (one shard
+    -- on Citus), each run locked and what the write sets computed here
+    FOR v_queue IN
+        SELECT DISTINCT r.queue FROM treadle.workflow_runs AS r
          WHERE r.wake_at <= at AND r.wake_at IS NOT NULL AND r.state = 'running'
-         ORDER BY r.wake_at
-         LIMIT 1000
-           FOR UPDATE SKIP LOCKED
     LOOP
-        SELECT jsonb_object_agg(e.key, e.value) INTO v_due
-          FROM jsonb_each(v_run.wakes) AS e
-         WHERE e.value::text::timestamptz <= at;
-        CONTINUE WHEN v_due IS NULL;
-        UPDATE treadle.workflow_runs AS r
-           SET results = r.results || v_due,
-               wakes = nullif(r.wakes - ARRAY(SELECT jsonb_object_keys(v_due)), '{}'::jsonb),
-               wake_at = (SELECT min(e.value::text::timestamptz)
-                            FROM jsonb_each(r.wakes - ARRAY(SELECT jsonb_object_keys(v_due))) AS e)
-         WHERE r.id = v_run.id
-        RETURNING r.* INTO v_run;
-        IF treadle._has_every_result(v_run) THEN
-            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at WHERE r.id = v_run.id;
-        ELSE
-            PERFORM treadle._enqueue_ready(v_run, at);
-        END IF;
-        v_moved := v_moved + 1;
+        EXIT WHEN v_taken >= 1000;
+        FOR v_run IN
+            SELECT * FROM treadle.workflow_runs AS r
+             WHERE r.queue = v_queue
+               AND r.wake_at <= at AND r.wake_at IS NOT NULL AND r.state = 'running'
+             ORDER BY r.wake_at
+             LIMIT 1000 - v_taken
+               FOR UPDATE SKIP LOCKED
+        LOOP
+            v_taken := v_taken + 1;
+            SELECT jsonb_object_agg(e.key, e.value) INTO v_due
+              FROM jsonb_each(v_run.wakes) AS e
+             WHERE e.value::text::timestamptz <= at;
+            CONTINUE WHEN v_due IS NULL;
+            v_left := v_run.wakes - ARRAY(SELECT jsonb_object_keys(v_due));
+            v_next := (SELECT min(e.value::text::timestamptz) FROM jsonb_each(v_left) AS e);
+            UPDATE treadle.workflow_runs AS r
+               SET results = r.results || v_due,
+                   wakes = nullif(v_left, '{}'::jsonb),
+                   wake_at = v_next
+             WHERE r.queue = v_run.queue
+               AND r.id = v_run.id
+            RETURNING r.* INTO v_run;
+            IF treadle._has_every_result(v_run) THEN
+                UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at
+                 WHERE r.queue = v_run.queue AND r.id = v_run.id;
+            ELSE
+                PERFORM treadle._enqueue_ready(v_run, at);
+            END IF;
+            v_moved := v_moved + 1;
+        END LOOP;
     END LOOP;
     RETURN v_moved;
 END;
@@ -4361,6 +4378,10 @@ COMMENT ON FUNCTION treadle._running_xids() IS
 -- it moved. Safe from many sessions at once: each job is counted once. It also
 -- ends the workflow sleeps that are due (treadle._wake_runs) and times out the
 -- signal waits whose timeout passed (treadle._time_out_waits).
+-- How it writes. The jobs to move are read first without locks, across queues;
+-- then each queue's are locked (SKIP LOCKED) and moved by one UPDATE that names
+-- the queue, with the clock, the backoff's jitter and the transaction id computed
+-- before it: on Citus every statement that locks or writes stays on one shard.
 -- Where a rescue reads. Every job that leaves `running` leaves a dead entry in the
 -- lease index, and while any snapshot older than it stays open (a long transaction,
 -- a replication slot) nothing removes it: a pass over all expired leases would
@@ -4377,7 +4398,8 @@ COMMENT ON FUNCTION treadle._running_xids() IS
 -- does every rescue while the setting treadle.now is in use, and under REPEATABLE
 -- READ a rescue reads from the floor: both leave the cursor as it was. A lease written by a
 -- statement that ran longer than that lease and a second before writing it can lie
--- below a floor that moved meanwhile: a session's first rescue finds it.
+-- below a floor that moved meanwhile: a session's first rescue finds it. On Citus
+-- (treadle._distributed) no cursor is kept: every rescue reads from the start.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.rescue()
 RETURNS integer
@@ -4406,12 +4428,30 @@ DECLARE
     v_leases bigint[];
     v_done   treadle.jobs[];
     v_missed bigint;      -- the earliest expired lease read and not rescued here
+    v_queues text[];      -- the queue of each expired lease read
+    v_over   bigint[];    -- the jobs running past their timeout
+    v_over_q text[];      -- and their queues
+    v_queue  text;
+    v_job    treadle.jobs;
+    v_error  text;
+    v_delay  interval;
+    v_txid   xid8;
+    v_n      integer;
+    v_m_id   bigint[];    -- what one queue's UPDATE sets, job by job
+    v_m_state text[];
+    v_m_run  timestamptz[];
+    v_m_fin  timestamptz[];
+    v_m_err  text[];
+    v_moved  treadle.jobs[];  -- and the rows it wrote
+    -- on Citus the cursor is not kept (as the claim's): a rescue reads from the start
+    v_citus  boolean := current_setting('citus.version', true) IS NOT NULL AND treadle._distributed();
 BEGIN
     -- (under REPEATABLE READ or SERIALIZABLE a rescue reads with its transaction's
     -- first snapshot: from the floor, and the floor stays)
-    v_fixed := v_now <> statement_timestamp() OR current_setting('transaction_isolation') <> 'read committed';
+    v_fixed := v_now <> statement_timestamp() OR current_setting('transaction_isolation') <> 'read committed'
+               OR v_citus;
     -- (a setting that is not a cursor's text, as treadle._is_cursor_text says, is none)
-    IF v_now = statement_timestamp() AND treadle._is_cursor_text(
+    IF v_now = statement_timestamp() AND NOT v_citus AND treadle._is_cursor_text(
             v_text, '{number,number or null,number or null,number or null,number}') THEN
         v_cursor := v_text::treadle._rescue_cursor;
         -- a clock that went back, or a cursor set by hand (into the future, a
@@ -4433,61 +4473,89 @@ BEGIN
 
     -- the expired leases, read without locks (the one read that walks dead entries),
     -- then locked by id, skipping those others hold
-    SELECT coalesce(array_agg(j.id), '{}'), coalesce(array_agg(treadle._us(j.lease_until)), '{}')
-      INTO v_ids, v_leases
+    SELECT coalesce(array_agg(j.id), '{}'), coalesce(array_agg(treadle._us(j.lease_until)), '{}'),
+           coalesce(array_agg(j.queue), '{}')
+      INTO v_ids, v_leases, v_queues
       FROM treadle.jobs AS j
      WHERE j.lease_until >= v_from
        AND j.lease_until < v_now
        AND j.state = 'running';
+    -- the jobs running past their timeout (the expired ones read above are taken as
+    -- expired), read without locks from jobs_timeout_idx by started_at: a condition on
+    -- lease_until here would let the planner read jobs_lease_idx, whose dead entries a
+    -- held snapshot keeps
+    SELECT coalesce(array_agg(j.id), '{}'), coalesce(array_agg(j.queue), '{}')
+      INTO v_over, v_over_q
+      FROM treadle.jobs AS j
+     WHERE j.lease_until IS NOT NULL
+       AND j.timeout IS NOT NULL
+       AND j.started_at < v_now - interval '5 seconds'
+       AND j.started_at + j.timeout + interval '5 seconds' < v_now
+       AND j.state = 'running'
+       AND NOT j.id = ANY (v_ids);
 
-    -- the expired leases found above, and the jobs running past their timeout
-    -- (read from jobs_timeout_idx), each locked unless another session holds it
-    WITH expired AS (
-        SELECT j.id, false AS overdue,
-               'lease expired: worker ' || j.worker_id || ' stopped heartbeating' AS error
-          FROM treadle.jobs AS j
-         WHERE j.id = ANY (v_ids)
-           AND j.state = 'running'
-           AND j.lease_until < v_now
-           FOR UPDATE SKIP LOCKED
-    ), overdue AS (
-        -- the rest (the expired ones read above are taken as expired), read from
-        -- jobs_timeout_idx by started_at: a condition on lease_until here would let the
-        -- planner read jobs_lease_idx, whose dead entries a held snapshot keeps
-        SELECT j.id, true AS overdue,
-               format('timed out: attempt %s ran past its timeout of %s on worker %s',
-                      j.attempt, j.timeout, j.worker_id) AS error
-          FROM treadle.jobs AS j
-         WHERE j.lease_until IS NOT NULL
-           AND j.timeout IS NOT NULL
-           AND j.started_at < v_now - interval '5 seconds'
-           AND j.started_at + j.timeout + interval '5 seconds' < v_now
-           AND j.state = 'running'
-           AND NOT j.id = ANY (v_ids)
-           FOR UPDATE SKIP LOCKED
-    ), moved AS (
-        SELECT * FROM expired
-        UNION ALL
-        SELECT * FROM overdue
-    ), done AS (
+    -- Then queue by queue (one shard on Citus): each job locked unless another session
+    -- holds it, what the write sets computed here (the jitter of the backoff, the
+    -- clock: an UPDATE that Citus distributes may hold no volatile call), one UPDATE
+    -- per queue. A job whose lease was renewed meanwhile, or that left running, stays.
+    FOR v_queue IN SELECT DISTINCT q.q FROM unnest(v_queues || v_over_q) AS q(q) LOOP
+        v_m_id := '{}'; v_m_state := '{}'; v_m_run := '{}'; v_m_fin := '{}'; v_m_err := '{}'; v_n := 0;
+        FOR v_job IN
+            SELECT j.* FROM treadle.jobs AS j
+             WHERE j.queue = v_queue
+               AND j.id = ANY (v_ids || v_over)
+               AND j.state = 'running'
+               AND j.lease_until IS NOT NULL
+             ORDER BY j.id
+               FOR UPDATE SKIP LOCKED
+        LOOP
+            IF v_job.id = ANY (v_ids) THEN
+                CONTINUE WHEN NOT v_job.lease_until < v_now;
+                v_error := 'lease expired: worker ' || v_job.worker_id || ' stopped heartbeating';
+                v_delay := interval '0';
+            ELSE
+                CONTINUE WHEN v_job.timeout IS NULL
+                           OR NOT v_job.started_at + v_job.timeout + interval '5 seconds' < v_now;
+                v_error := format('timed out: attempt %s ran past its timeout of %s on worker %s',
+                                  v_job.attempt, v_job.timeout, v_job.worker_id);
+                v_delay := NULL;
+            END IF;
+            -- (set by subscript: PL/pgSQL changes such an array in place)
+            v_n := v_n + 1;
+            v_m_id[v_n] := v_job.id;
+            v_m_state[v_n] := treadle._failed_state(v_job.cancel_requested, v_job.attempt, v_job.max_attempts);
+            v_m_run[v_n] := v_now + coalesce(v_delay, treadle._retry_delay(v_job.attempt, v_job.backoff));
+            v_m_fin[v_n] := CASE WHEN v_m_state[v_n] <> 'retryable' THEN v_now END;
+            v_m_err[v_n] := v_error;
+        END LOOP;
+        CONTINUE WHEN cardinality(v_m_id) = 0;
+        IF v_txid IS NULL THEN
+            v_txid := pg_current_xact_id();  -- claimable again: claims look for it (040_claim.sql)
+        END IF;
+        -- (each value comes with its row: Citus 13.2 cannot take an array element in a
+        -- distributed UPDATE's SET)
+        WITH input AS (
+            SELECT m.id, m.state, m.run_at, m.finished_at, m.error
+              FROM unnest(v_m_id, v_m_state, v_m_run, v_m_fin, v_m_err) AS m(id, state, run_at, finished_at, error)
+        )
         UPDATE treadle.jobs AS j
-           SET (state, run_at, finished_at) = (
-                   SELECT f.state,
-                          v_now + CASE WHEN m.overdue THEN treadle._retry_delay(j.attempt, j.backoff)
-                                       ELSE interval '0' END,
-                          CASE WHEN f.state <> 'retryable' THEN v_now END
-                     FROM (SELECT treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) AS state) AS f),
+           SET state = i.state,
+               run_at = i.run_at,
+               finished_at = i.finished_at,
                lease_until = NULL,
                lease_token = NULL,
-               last_error = m.error,
+               last_error = i.error,
                failed_at = v_now,
-               errors = treadle._append_error(j.errors, j.attempt, v_now, m.error, j.worker_id, j.started_at),
-               ready_txid = pg_current_xact_id()  -- claimable again: claims look for it (040_claim.sql)
-          FROM moved AS m
-         WHERE j.id = m.id
-        RETURNING j AS job
-    )
-    SELECT array_agg(d.job) INTO v_done FROM done AS d;
+               errors = treadle._append_error(j.errors, j.attempt, v_now, i.error, j.worker_id, j.started_at),
+               ready_txid = v_txid
+          FROM input AS i
+         WHERE j.queue = v_queue
+           AND j.id = i.id;
+        -- (the rows are read after: on Citus a row returned from a shard has its shard's type)
+        SELECT array_agg(j ORDER BY j.id) INTO v_moved FROM treadle.jobs AS j
+         WHERE j.queue = v_queue AND j.id = ANY (v_m_id);
+        v_done := coalesce(v_done, '{}') || v_moved;
+    END LOOP;
     IF cardinality(v_ids) > 0 THEN
         -- the lowest expired lease another session held: the floor stays below it
         SELECT min(s.l) INTO v_missed
@@ -7589,50 +7657,65 @@ AS $$
 DECLARE
     v_run    treadle.workflow_runs;
     v_due    jsonb;
+    v_left   jsonb;
+    v_next   timestamptz;
     v_failed integer := 0;
+    v_queue  text;
 BEGIN
-    FOR v_run IN
-        SELECT * FROM treadle.workflow_runs AS r
+    -- the queues with a wait due, read without locks; then queue by queue (one shard
+    -- on Citus), each run locked and what the write sets computed here
+    FOR v_queue IN
+        SELECT DISTINCT r.queue FROM treadle.workflow_runs AS r
          WHERE r.wait_until <= at AND r.wait_until IS NOT NULL AND r.state = 'running'
-         ORDER BY r.wait_until
-         LIMIT 1000
-           FOR UPDATE SKIP LOCKED
     LOOP
-        v_failed := v_failed + 1;
-        SELECT jsonb_object_agg(e.key, v_run.waits -> e.key ->> 'on_timeout') INTO v_due
-          FROM jsonb_each(v_run.waiting) AS e
-         WHERE (e.value ->> 'until')::timestamptz <= at;
-        IF v_due IS NULL THEN
-            -- (nothing due after all: wait_until is set again from the waits)
-            UPDATE treadle.workflow_runs AS r
-               SET wait_until = (SELECT min((e.value ->> 'until')::timestamptz) FROM jsonb_each(r.waiting) AS e)
-             WHERE r.id = v_run.id;
-            CONTINUE;
-        END IF;
-        IF NOT EXISTS (SELECT 1 FROM jsonb_each_text(v_due) AS d WHERE d.value IS DISTINCT FROM 'continue') THEN
-            -- every wait due continues: it completes as timed out
-            UPDATE treadle.workflow_runs AS r
-               SET results = r.results || (SELECT jsonb_object_agg(d.key, '{"timed_out": true}'::jsonb)
-                                             FROM jsonb_each(v_due) AS d),
-                   waiting = nullif(r.waiting - ARRAY(SELECT jsonb_object_keys(v_due)), '{}'::jsonb),
-                   wait_until = (SELECT min((e.value ->> 'until')::timestamptz)
-                                   FROM jsonb_each(r.waiting - ARRAY(SELECT jsonb_object_keys(v_due))) AS e)
-             WHERE r.id = v_run.id
-            RETURNING r.* INTO v_run;
-            IF treadle._has_every_result(v_run) THEN
-                UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at WHERE r.id = v_run.id;
-            ELSE
-                PERFORM treadle._enqueue_ready(v_run, at);
+        EXIT WHEN v_failed >= 1000;
+        FOR v_run IN
+            SELECT * FROM treadle.workflow_runs AS r
+             WHERE r.queue = v_queue
+               AND r.wait_until <= at AND r.wait_until IS NOT NULL AND r.state = 'running'
+             ORDER BY r.wait_until
+             LIMIT 1000 - v_failed
+               FOR UPDATE SKIP LOCKED
+        LOOP
+            v_failed := v_failed + 1;
+            SELECT jsonb_object_agg(e.key, v_run.waits -> e.key ->> 'on_timeout') INTO v_due
+              FROM jsonb_each(v_run.waiting) AS e
+             WHERE (e.value ->> 'until')::timestamptz <= at;
+            IF v_due IS NULL THEN
+                -- (nothing due after all: wait_until is set again from the waits)
+                v_next := (SELECT min((e.value ->> 'until')::timestamptz) FROM jsonb_each(v_run.waiting) AS e);
+                UPDATE treadle.workflow_runs AS r
+                   SET wait_until = v_next
+                 WHERE r.queue = v_run.queue AND r.id = v_run.id;
+                CONTINUE;
             END IF;
-            CONTINUE;
-        END IF;
-        UPDATE treadle.workflow_runs AS r
-           SET state = 'failed', finished_at = at, wait_until = NULL,
-               waiting = (SELECT jsonb_object_agg(e.key, CASE WHEN (e.value ->> 'until')::timestamptz <= at
-                                                              THEN e.value || '{"timed_out": true}'::jsonb
-                                                              ELSE e.value END)
-                            FROM jsonb_each(r.waiting) AS e)
-         WHERE r.id = v_run.id;
+            IF NOT EXISTS (SELECT 1 FROM jsonb_each_text(v_due) AS d WHERE d.value IS DISTINCT FROM 'continue') THEN
+                -- every wait due continues: it completes as timed out
+                v_left := v_run.waiting - ARRAY(SELECT jsonb_object_keys(v_due));
+                v_next := (SELECT min((e.value ->> 'until')::timestamptz) FROM jsonb_each(v_left) AS e);
+                UPDATE treadle.workflow_runs AS r
+                   SET results = r.results || (SELECT jsonb_object_agg(d.key, '{"timed_out": true}'::jsonb)
+                                                 FROM jsonb_each(v_due) AS d),
+                       waiting = nullif(v_left, '{}'::jsonb),
+                       wait_until = v_next
+                 WHERE r.queue = v_run.queue AND r.id = v_run.id
+                RETURNING r.* INTO v_run;
+                IF treadle._has_every_result(v_run) THEN
+                    UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at
+                     WHERE r.queue = v_run.queue AND r.id = v_run.id;
+                ELSE
+                    PERFORM treadle._enqueue_ready(v_run, at);
+                END IF;
+                CONTINUE;
+            END IF;
+            v_left := (SELECT jsonb_object_agg(e.key, CASE WHEN (e.value ->> 'until')::timestamptz <= at
+                                                          THEN e.value || '{"timed_out": true}'::jsonb
+                                                          ELSE e.value END)
+                         FROM jsonb_each(v_run.waiting) AS e);
+            UPDATE treadle.workflow_runs AS r
+               SET state = 'failed', finished_at = at, wait_until = NULL, waiting = v_left
+             WHERE r.queue = v_run.queue AND r.id = v_run.id;
+        END LOOP;
     END LOOP;
     RETURN v_failed;
 END;

@@ -188,50 +188,65 @@ AS $$
 DECLARE
     v_run    treadle.workflow_runs;
     v_due    jsonb;
+    v_left   jsonb;
+    v_next   timestamptz;
     v_failed integer := 0;
+    v_queue  text;
 BEGIN
-    FOR v_run IN
-        SELECT * FROM treadle.workflow_runs AS r
+    -- the queues with a wait due, read without locks; then queue by queue (one shard
+    -- on Citus), each run locked and what the write sets computed here
+    FOR v_queue IN
+        SELECT DISTINCT r.queue FROM treadle.workflow_runs AS r
          WHERE r.wait_until <= at AND r.wait_until IS NOT NULL AND r.state = 'running'
-         ORDER BY r.wait_until
-         LIMIT 1000
-           FOR UPDATE SKIP LOCKED
     LOOP
-        v_failed := v_failed + 1;
-        SELECT jsonb_object_agg(e.key, v_run.waits -> e.key ->> 'on_timeout') INTO v_due
-          FROM jsonb_each(v_run.waiting) AS e
-         WHERE (e.value ->> 'until')::timestamptz <= at;
-        IF v_due IS NULL THEN
-            -- (nothing due after all: wait_until is set again from the waits)
-            UPDATE treadle.workflow_runs AS r
-               SET wait_until = (SELECT min((e.value ->> 'until')::timestamptz) FROM jsonb_each(r.waiting) AS e)
-             WHERE r.id = v_run.id;
-            CONTINUE;
-        END IF;
-        IF NOT EXISTS (SELECT 1 FROM jsonb_each_text(v_due) AS d WHERE d.value IS DISTINCT FROM 'continue') THEN
-            -- every wait due continues: it completes as timed out
-            UPDATE treadle.workflow_runs AS r
-               SET results = r.results || (SELECT jsonb_object_agg(d.key, '{"timed_out": true}'::jsonb)
-                                             FROM jsonb_each(v_due) AS d),
-                   waiting = nullif(r.waiting - ARRAY(SELECT jsonb_object_keys(v_due)), '{}'::jsonb),
-                   wait_until = (SELECT min((e.value ->> 'until')::timestamptz)
-                                   FROM jsonb_each(r.waiting - ARRAY(SELECT jsonb_object_keys(v_due))) AS e)
-             WHERE r.id = v_run.id
-            RETURNING r.* INTO v_run;
-            IF treadle._has_every_result(v_run) THEN
-                UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at WHERE r.id = v_run.id;
-            ELSE
-                PERFORM treadle._enqueue_ready(v_run, at);
+        EXIT WHEN v_failed >= 1000;
+        FOR v_run IN
+            SELECT * FROM treadle.workflow_runs AS r
+             WHERE r.queue = v_queue
+               AND r.wait_until <= at AND r.wait_until IS NOT NULL AND r.state = 'running'
+             ORDER BY r.wait_until
+             LIMIT 1000 - v_failed
+               FOR UPDATE SKIP LOCKED
+        LOOP
+            v_failed := v_failed + 1;
+            SELECT jsonb_object_agg(e.key, v_run.waits -> e.key ->> 'on_timeout') INTO v_due
+              FROM jsonb_each(v_run.waiting) AS e
+             WHERE (e.value ->> 'until')::timestamptz <= at;
+            IF v_due IS NULL THEN
+                -- (nothing due after all: wait_until is set again from the waits)
+                v_next := (SELECT min((e.value ->> 'until')::timestamptz) FROM jsonb_each(v_run.waiting) AS e);
+                UPDATE treadle.workflow_runs AS r
+                   SET wait_until = v_next
+                 WHERE r.queue = v_run.queue AND r.id = v_run.id;
+                CONTINUE;
             END IF;
-            CONTINUE;
-        END IF;
-        UPDATE treadle.workflow_runs AS r
-           SET state = 'failed', finished_at = at, wait_until = NULL,
-               waiting = (SELECT jsonb_object_agg(e.key, CASE WHEN (e.value ->> 'until')::timestamptz <= at
-                                                              THEN e.value || '{"timed_out": true}'::jsonb
-                                                              ELSE e.value END)
-                            FROM jsonb_each(r.waiting) AS e)
-         WHERE r.id = v_run.id;
+            IF NOT EXISTS (SELECT 1 FROM jsonb_each_text(v_due) AS d WHERE d.value IS DISTINCT FROM 'continue') THEN
+                -- every wait due continues: it completes as timed out
+                v_left := v_run.waiting - ARRAY(SELECT jsonb_object_keys(v_due));
+                v_next := (SELECT min((e.value ->> 'until')::timestamptz) FROM jsonb_each(v_left) AS e);
+                UPDATE treadle.workflow_runs AS r
+                   SET results = r.results || (SELECT jsonb_object_agg(d.key, '{"timed_out": true}'::jsonb)
+                                                 FROM jsonb_each(v_due) AS d),
+                       waiting = nullif(v_left, '{}'::jsonb),
+                       wait_until = v_next
+                 WHERE r.queue = v_run.queue AND r.id = v_run.id
+                RETURNING r.* INTO v_run;
+                IF treadle._has_every_result(v_run) THEN
+                    UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at
+                     WHERE r.queue = v_run.queue AND r.id = v_run.id;
+                ELSE
+                    PERFORM treadle._enqueue_ready(v_run, at);
+                END IF;
+                CONTINUE;
+            END IF;
+            v_left := (SELECT jsonb_object_agg(e.key, CASE WHEN (e.value ->> 'until')::timestamptz <= at
+                                                          THEN e.value || '{"timed_out": true}'::jsonb
+                                                          ELSE e.value END)
+                         FROM jsonb_each(v_run.waiting) AS e);
+            UPDATE treadle.workflow_runs AS r
+               SET state = 'failed', finished_at = at, wait_until = NULL, waiting = v_left
+             WHERE r.queue = v_run.queue AND r.id = v_run.id;
+        END LOOP;
     END LOOP;
     RETURN v_failed;
 END;

@@ -35,13 +35,6 @@ REFERENCE = [
 ]  # fmt: skip
 LOCAL = ["treadle.workers", "treadle.done_waiters"]
 
-# Why a test does not pass yet (docs/citus.md lists them)
-RESCUE_ACROSS_QUEUES = (
-    "rescue locks the expired leases of every queue in one statement: 'could not run distributed query with "
-    "FOR UPDATE/SHARE commands'"
-)
-
-
 # the errors Citus raises for what it does not support (never a lost connection)
 CITUS_REFUSES = (psycopg.errors.FeatureNotSupported, psycopg.errors.InternalError_)
 
@@ -241,7 +234,6 @@ def test_cancel_and_retry(conn: Conn, queue: str) -> None:
     assert job(conn, queue, job_id)["state"] == "available"
 
 
-@not_yet(RESCUE_ACROSS_QUEUES)
 def test_rescue_takes_back_an_expired_lease(conn: Conn, queue: str) -> None:
     job_id = enqueue(conn, queue)
     hand_lease(conn, queue, job_id)
@@ -251,6 +243,36 @@ def test_rescue_takes_back_an_expired_lease(conn: Conn, queue: str) -> None:
     )
     conn.execute("SELECT treadle.rescue()")
     assert job(conn, queue, job_id)["state"] == "retryable"
+
+
+def test_rescue_moves_each_queue_and_skips_a_held_job(conn: Conn, queue: str) -> None:
+    other = f"{queue}b"
+    expired = [enqueue(conn, q) for q in (queue, queue, other)]
+    overdue = enqueue(conn, other, timeout="1 second", max_attempts=1)
+    held = enqueue(conn, queue)
+    running = enqueue(conn, other)
+    for q, job_id in [(queue, expired[0]), (queue, expired[1]), (other, expired[2]), (other, overdue),
+                      (queue, held), (other, running)]:  # fmt: skip
+        hand_lease(conn, q, job_id)
+    past = datetime.now(timezone.utc) - timedelta(minutes=1)
+    conn.execute("UPDATE treadle.jobs SET lease_until = %s WHERE queue = %s AND id = ANY (%s)",
+                 [past, queue, [expired[0], expired[1], held]])  # fmt: skip
+    conn.execute("UPDATE treadle.jobs SET lease_until = %s WHERE queue = %s AND id = %s", [past, other, expired[2]])
+    conn.execute("UPDATE treadle.jobs SET started_at = %s WHERE queue = %s AND id = %s", [past, other, overdue])
+    with psycopg.connect(CITUS_URL, row_factory=dict_row) as holder:
+        holder.execute("SELECT 1 FROM treadle.jobs WHERE queue = %s AND id = %s FOR UPDATE", [queue, held])
+        assert conn.execute("SELECT treadle.rescue() AS n").fetchone() == {"n": 4}
+        holder.rollback()
+    for q, job_id in [(queue, expired[0]), (queue, expired[1]), (other, expired[2])]:
+        row = job(conn, q, job_id)
+        assert (row["state"], row["lease_token"]) == ("retryable", None)
+        assert row["last_error"] == "lease expired: worker w stopped heartbeating"
+    row = job(conn, other, overdue)
+    assert row["state"] == "discarded" and row["last_error"].startswith("timed out: attempt 1")
+    assert job(conn, queue, held)["state"] == "running"  # another session held it: a later rescue takes it
+    assert job(conn, other, running)["state"] == "running"
+    assert conn.execute("SELECT treadle.rescue() AS n").fetchone() == {"n": 1}
+    assert job(conn, queue, held)["state"] == "retryable"
 
 
 # -- round trips through the claim ---------------------------------------------------------
@@ -297,6 +319,20 @@ def test_a_workflow_run_goes_end_to_end(conn: Conn, queue: str) -> None:
         "SELECT state FROM treadle.workflow_runs WHERE queue = %s AND id = %s", [queue, run_id]
     ).fetchone()
     assert run == {"state": "completed"}
+
+
+def test_rescue_ends_a_sleep_that_is_due(conn: Conn, queue: str) -> None:
+    conn.execute("""SELECT treadle.define_workflow('citus_nap', ARRAY['one', 'nap', 'two'],
+                                                   sleeps => '{"nap": "1 second"}')""")
+    row = conn.execute("SELECT treadle.start_workflow('citus_nap', '{}', queue => %s) AS id", [queue]).fetchone()
+    assert row is not None
+    (step,) = claim(conn, queue)
+    conn.execute("SELECT treadle.complete(%s, %s, '{}')", [step["id"], step["lease_token"]])
+    assert claim(conn, queue) == []  # asleep
+    time.sleep(1.2)
+    conn.execute("SELECT treadle.rescue()")
+    (step,) = claim(conn, queue)
+    assert step["name"] == "workflow:citus_nap/two"
 
 
 # -- flow control ------------------------------------------------------------------------
