@@ -33,6 +33,7 @@ SCENARIOS = [
     "workflow_map",
     "workflows",
     "keys",
+    "rescue_cost",
 ]
 
 
