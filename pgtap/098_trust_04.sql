@@ -2,11 +2,12 @@
 -- The finishes that take the job's queue hold nothing for a wrong queue, nor for a
 -- tenant's queue with another tenant's job and token; explain and explain_run answer a
 -- tenant the same for another tenant's row as for none; a tenant's operator neither
--- retries, forks, compensates nor cancels another tenant's run; every new argument
--- refuses what it cannot take with a stable SQLSTATE and writes nothing.
+-- retries, forks, compensates nor cancels another tenant's run, nor prunes its finished
+-- work; every new argument refuses what it cannot take with a stable SQLSTATE and
+-- writes nothing.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(53);
+SELECT plan(57);
 
 \ir helpers.psql
 
@@ -136,6 +137,23 @@ SELECT is(pg_temp.as_role('t4_a', format('SELECT treadle.compensate_run(%s)', :b
 SELECT is(pg_temp.as_role('t4_a', format($$ SELECT treadle.signal(%s, 'go') $$, :b_run)), '42501',
           'tenant a''s worker may not signal tenant b''s run');
 SELECT is(pg_temp.rows(), :'before', 'none of these calls changed a row');
+
+--------------------------------------------------------------------------------
+-- prune by a tenant's operator: its own queues' finished work only
+--------------------------------------------------------------------------------
+SET LOCAL treadle.now = '2000-01-01 00:00:00+00';
+SELECT treadle.enqueue('old', queue => q) FROM unnest(ARRAY['a.old', 'b.old']) AS q;
+SELECT treadle.start_workflow('old-flow', steps => ARRAY['only'], queue => q) FROM unnest(ARRAY['a.old', 'b.old']) AS q;
+SELECT count(*) FROM (SELECT treadle.complete(c.id, c.lease_token) FROM treadle.claim('w-old', ARRAY['a.old', 'b.old'], batch => 10) AS c) AS d;
+RESET treadle.now;
+SELECT is((SELECT string_agg(queue || ' ' || state, ', ' ORDER BY queue, id) FROM treadle.jobs WHERE queue LIKE '_.old'),
+          'a.old completed, a.old completed, b.old completed, b.old completed', '(each tenant has a job and a run finished in 2000)');
+SELECT is(pg_temp.as_role_value('t4_a_adm', $$ SELECT treadle.prune('1 day') $$), '2',
+          'tenant a''s operator prunes two jobs (its job and its run''s step)');
+SELECT is((SELECT string_agg(queue, ', ' ORDER BY queue) FROM treadle.jobs WHERE queue LIKE '_.old'), 'b.old, b.old',
+          'tenant b''s finished jobs stay');
+SELECT is((SELECT string_agg(queue, ', ' ORDER BY queue) FROM treadle.workflow_runs WHERE queue LIKE '_.old'), 'b.old',
+          'and so does its finished run');
 
 --------------------------------------------------------------------------------
 -- The new arguments: each refused with a stable SQLSTATE, nothing written
