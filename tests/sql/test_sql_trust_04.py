@@ -36,7 +36,10 @@ def test_a_tenant_holding_listen_done_open_stalls_no_other_tenant(
         gone_pid = value(gone, "select pg_backend_pid()")
         assert value(gone, "select treadle.listen_done('a.mail')") is True
     deadline = time.monotonic() + 10
-    while value(setup, "select count(*) from pg_stat_activity where pid = %s", (gone_pid,)) and time.monotonic() < deadline:
+    while (
+        value(setup, "select count(*) from pg_stat_activity where pid = %s", (gone_pid,))
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.01)
     assert value(setup, "select count(*) from treadle.done_waiters where pid = %s", (gone_pid,)) == 1
 
@@ -74,7 +77,9 @@ def test_settings_set_by_hand_change_nothing_of_another_tenant(
     role_a = tenant(setup, make_role, "t4_guc_a", "a.")
     b_jobs = [value(setup, "select treadle.enqueue('b', queue => 'b.work')") for _ in range(3)]
     b_claimed = value(setup, "select c.id from treadle.claim('w-b', array['b.work']) as c")
-    before = setup.execute("select id, state, run_at, lease_token from treadle.jobs where queue = 'b.work' order by id").fetchall()
+    before = setup.execute(
+        "select id, state, run_at, lease_token from treadle.jobs where queue = 'b.work' order by id"
+    ).fetchall()
     for _ in range(2):
         setup.execute("select treadle.enqueue('a', queue => 'a.work')")
 
@@ -113,6 +118,8 @@ def test_settings_set_by_hand_change_nothing_of_another_tenant(
         a.execute("select treadle.rescue()")
     finally:
         a.close()
-    after = setup.execute("select id, state, run_at, lease_token from treadle.jobs where queue = 'b.work' order by id").fetchall()
+    after = setup.execute(
+        "select id, state, run_at, lease_token from treadle.jobs where queue = 'b.work' order by id"
+    ).fetchall()
     assert after == before, "tenant b's jobs are as they were"
     assert value(setup, "select state from treadle.jobs where id = %s", (b_claimed,)) == "running"
