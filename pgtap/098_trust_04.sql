@@ -7,7 +7,7 @@
 -- writes nothing.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(57);
+SELECT plan(63);
 
 \ir helpers.psql
 
@@ -154,6 +154,33 @@ SELECT is((SELECT string_agg(queue, ', ' ORDER BY queue) FROM treadle.jobs WHERE
           'tenant b''s finished jobs stay');
 SELECT is((SELECT string_agg(queue, ', ' ORDER BY queue) FROM treadle.workflow_runs WHERE queue LIKE '_.old'), 'b.old',
           'and so does its finished run');
+
+--------------------------------------------------------------------------------
+-- Every table and view with a queue column that a tenant may read: none shows it a row
+-- of another tenant's queue (a new view that forgets the rule fails here)
+--------------------------------------------------------------------------------
+SELECT treadle.set_queue('b.old', retain_completed => '100 years', retain_failed => '100 years');
+SELECT is(treadle.archive(), 1::bigint, '(tenant b''s job finished in 2000 goes to the history)');
+SELECT treadle.start_workflow('b.gate', steps => ARRAY['one', 'two'], waits => '{"two": {"signal": "go"}}',
+                              queue => 'b.gates') AS b_gate \gset
+SELECT is(treadle.signal(:b_gate, 'go'), 'kept', '(a signal is kept for tenant b''s run)');
+SELECT treadle.schedule('t4-b-nightly', '0 3 * * *', 'nightly', queue => 'b.cron');
+SELECT treadle.set_queue('b.set', concurrency => 2);
+CREATE TEMP TABLE queue_relations AS
+    SELECT c.oid::regclass AS rel FROM pg_class AS c
+      JOIN pg_attribute AS a ON a.attrelid = c.oid AND a.attname = 'queue' AND NOT a.attisdropped
+     WHERE c.relnamespace = 'treadle'::regnamespace AND c.relkind IN ('r', 'v', 'p')
+       AND has_column_privilege('t4_a', c.oid, a.attnum, 'SELECT');
+SELECT cmp_ok((SELECT count(*) FROM queue_relations), '>=', 11::bigint,
+              '(tenants read eleven relations or more with a queue column)');
+SELECT is_empty($$ SELECT rel FROM queue_relations
+                    WHERE pg_temp.as_role_value('t4_b', format('SELECT count(*) FROM %s WHERE starts_with(queue, ''b.'')', rel))::bigint = 0 $$,
+                '(tenant b sees rows of its own in each of them)');
+SELECT is_empty($$ SELECT rel FROM queue_relations
+                    WHERE pg_temp.as_role_value('t4_a', format('SELECT count(*) FROM %s WHERE NOT starts_with(queue, ''a.'')', rel))::bigint > 0 $$,
+                'tenant a sees no row of another queue in any of them');
+SELECT is(pg_temp.as_role_value('t4_a', $$ SELECT count(*) FROM treadle.workflows WHERE NOT starts_with(name, 'a.') $$), '0',
+          'nor another tenant''s workflow definition');
 
 --------------------------------------------------------------------------------
 -- The new arguments: each refused with a stable SQLSTATE, nothing written
