@@ -4242,20 +4242,16 @@ DECLARE
     v_ids    bigint[];
     v_leases bigint[];
     v_done   treadle.jobs[];
+    v_done_ids bigint[] := '{}';  -- their ids
     v_missed bigint;      -- the earliest expired lease read and not rescued here
     v_queues text[];      -- the queue of each expired lease read
     v_over   bigint[];    -- the jobs running past their timeout
     v_over_q text[];      -- and their queues
     v_queue  text;
-    v_job    treadle.jobs;
-    v_error  text;
-    v_delay  interval;
+    v_q_ids  bigint[];    -- the jobs of one queue read above
     v_txid   xid8;
-    v_n      integer;
     v_m_id   bigint[];    -- what one queue's UPDATE sets, job by job
-    v_m_state text[];
     v_m_run  timestamptz[];
-    v_m_fin  timestamptz[];
     v_m_err  text[];
     v_moved  treadle.jobs[];  -- and the rows it wrote
     -- on Citus the cursor is not kept (as the claim's): a rescue reads from the start
@@ -4309,40 +4305,34 @@ BEGIN
        AND j.state = 'running'
        AND NOT j.id = ANY (v_ids);
 
-    -- Then queue by queue (one shard on Citus): each job locked unless another session
-    -- holds it, what the write sets computed here (the jitter of the backoff, the
-    -- clock: an UPDATE that Citus distributes may hold no volatile call), one UPDATE
-    -- per queue. A job whose lease was renewed meanwhile, or that left running, stays.
-    FOR v_queue IN SELECT DISTINCT q.q FROM unnest(v_queues || v_over_q) AS q(q) LOOP
-        v_m_id := '{}'; v_m_state := '{}'; v_m_run := '{}'; v_m_fin := '{}'; v_m_err := '{}'; v_n := 0;
-        FOR v_job IN
-            SELECT j.* FROM treadle.jobs AS j
-             WHERE j.queue = v_queue
-               AND j.id = ANY (v_ids || v_over)
-               AND j.state = 'running'
-               AND j.lease_until IS NOT NULL
-             ORDER BY j.id
-               FOR UPDATE SKIP LOCKED
-        LOOP
-            IF v_job.id = ANY (v_ids) THEN
-                CONTINUE WHEN NOT v_job.lease_until < v_now;
-                v_error := 'lease expired: worker ' || v_job.worker_id || ' stopped heartbeating';
-                v_delay := interval '0';
-            ELSE
-                CONTINUE WHEN v_job.timeout IS NULL
-                           OR NOT v_job.started_at + v_job.timeout + interval '5 seconds' < v_now;
-                v_error := format('timed out: attempt %s ran past its timeout of %s on worker %s',
-                                  v_job.attempt, v_job.timeout, v_job.worker_id);
-                v_delay := NULL;
-            END IF;
-            -- (set by subscript: PL/pgSQL changes such an array in place)
-            v_n := v_n + 1;
-            v_m_id[v_n] := v_job.id;
-            v_m_state[v_n] := treadle._failed_state(v_job.cancel_requested, v_job.attempt, v_job.max_attempts);
-            v_m_run[v_n] := v_now + coalesce(v_delay, treadle._retry_delay(v_job.attempt, v_job.backoff));
-            v_m_fin[v_n] := CASE WHEN v_m_state[v_n] <> 'retryable' THEN v_now END;
-            v_m_err[v_n] := v_error;
-        END LOOP;
+    -- Then queue by queue (one shard on Citus), set-based: one read locks the queue's
+    -- jobs (unless another session holds them) and computes what the write may not (the
+    -- clock, the backoff's jitter, the error text: an UPDATE that Citus distributes may
+    -- hold no volatile call, nor a call that is not immutable on its columns); one UPDATE
+    -- sets the failed state (treadle._failed_state, as treadle.fail). A job whose lease
+    -- was renewed meanwhile, or that left running, stays.
+    FOR v_queue, v_q_ids IN
+        SELECT k.q, array_agg(k.id) FROM unnest(v_ids || v_over, v_queues || v_over_q) AS k(id, q) GROUP BY k.q
+    LOOP
+        -- (a job is taken as timed out when it is in v_over: few, so the test per row is short)
+        SELECT coalesce(array_agg(m.id), '{}'), array_agg(m.run_at), array_agg(m.error)
+          INTO v_m_id, v_m_run, v_m_err
+          FROM (SELECT j.id,
+                       v_now + CASE WHEN j.id = ANY (v_over) THEN treadle._retry_delay(j.attempt, j.backoff)
+                                    ELSE interval '0' END AS run_at,
+                       CASE WHEN j.id = ANY (v_over)
+                            THEN format('timed out: attempt %s ran past its timeout of %s on worker %s',
+                                        j.attempt, j.timeout, j.worker_id)
+                            ELSE 'lease expired: worker ' || j.worker_id || ' stopped heartbeating' END AS error
+                  FROM treadle.jobs AS j
+                 WHERE j.queue = v_queue
+                   AND j.id = ANY (v_q_ids)
+                   AND j.state = 'running'
+                   AND j.lease_until IS NOT NULL
+                   AND CASE WHEN j.id = ANY (v_over) THEN j.timeout IS NOT NULL AND j.started_at + j.timeout + interval '5 seconds' < v_now
+                            ELSE j.lease_until < v_now END
+                 ORDER BY j.id
+                   FOR UPDATE OF j SKIP LOCKED) AS m;
         CONTINUE WHEN cardinality(v_m_id) = 0;
         IF v_txid IS NULL THEN
             v_txid := pg_current_xact_id();  -- claimable again: claims look for it (040_claim.sql)
@@ -4350,13 +4340,13 @@ BEGIN
         -- (each value comes with its row: Citus 13.2 cannot take an array element in a
         -- distributed UPDATE's SET)
         WITH input AS (
-            SELECT m.id, m.state, m.run_at, m.finished_at, m.error
-              FROM unnest(v_m_id, v_m_state, v_m_run, v_m_fin, v_m_err) AS m(id, state, run_at, finished_at, error)
+            SELECT m.id, m.run_at, m.error FROM unnest(v_m_id, v_m_run, v_m_err) AS m(id, run_at, error)
         )
         UPDATE treadle.jobs AS j
-           SET state = i.state,
+           SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
                run_at = i.run_at,
-               finished_at = i.finished_at,
+               finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
+                                  THEN v_now END,
                lease_until = NULL,
                lease_token = NULL,
                last_error = i.error,
@@ -4370,12 +4360,15 @@ BEGIN
         SELECT array_agg(j ORDER BY j.id) INTO v_moved FROM treadle.jobs AS j
          WHERE j.queue = v_queue AND j.id = ANY (v_m_id);
         v_done := coalesce(v_done, '{}') || v_moved;
+        v_done_ids := v_done_ids || v_m_id;
     END LOOP;
     IF cardinality(v_ids) > 0 THEN
         -- the lowest expired lease another session held: the floor stays below it
+        -- (an anti-join, which the planner hashes: `NOT s.id = ANY (...)` would compare
+        -- every expired lease with every moved job)
         SELECT min(s.l) INTO v_missed
           FROM unnest(v_ids, v_leases) AS s(id, l)
-         WHERE NOT s.id = ANY (ARRAY(SELECT d.id FROM unnest(v_done) AS d));
+         WHERE NOT EXISTS (SELECT FROM unnest(v_done_ids) AS d(id) WHERE d.id = s.id);
     END IF;
 
     IF NOT v_fixed THEN
