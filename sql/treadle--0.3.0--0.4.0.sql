@@ -4241,8 +4241,15 @@ DECLARE
     v_fixed  boolean;          -- a clock set by hand, or an older snapshot: the cursor stays
     v_ids    bigint[];
     v_leases bigint[];
-    v_done   treadle.jobs[];
-    v_done_ids bigint[] := '{}';  -- their ids
+    v_done   treadle.jobs[];  -- the moved rows that have follow-ups (_follow_up)
+    v_done_ids bigint[] := '{}';  -- the ids of every job moved
+    v_count  integer := 0;        -- how many
+    v_k      bigint;              -- (of one queue)
+    v_f      bigint[];            -- the jobs of one queue that have follow-ups
+    v_fin    boolean;             -- and whether others of it finished
+    v_due    boolean;             -- or a retry is due at once
+    v_fin_q  text[] := '{}';      -- the queues where jobs without follow-ups finished
+    v_due_q  text[] := '{}';      -- the queues with a retry due at once
     v_missed bigint;      -- the earliest expired lease read and not rescued here
     v_queues text[];      -- the queue of each expired lease read
     v_over   bigint[];    -- the jobs running past their timeout
@@ -4341,25 +4348,46 @@ BEGIN
         -- distributed UPDATE's SET)
         WITH input AS (
             SELECT m.id, m.run_at, m.error FROM unnest(v_m_id, v_m_run, v_m_err) AS m(id, run_at, error)
+        ), moved AS (
+            UPDATE treadle.jobs AS j
+               SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
+                   run_at = i.run_at,
+                   finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
+                                      THEN v_now END,
+                   lease_until = NULL,
+                   lease_token = NULL,
+                   last_error = i.error,
+                   failed_at = v_now,
+                   errors = treadle._append_error(j.errors, j.attempt, v_now, i.error, j.worker_id, j.started_at),
+                   ready_txid = v_txid
+              FROM input AS i
+             WHERE j.queue = v_queue
+               AND j.id = i.id
+            RETURNING j.id, j.state, j.run_at <= v_now AS due,
+                      j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
+                      OR coalesce(j.key_slot, false) AS follows
         )
-        UPDATE treadle.jobs AS j
-           SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
-               run_at = i.run_at,
-               finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
-                                  THEN v_now END,
-               lease_until = NULL,
-               lease_token = NULL,
-               last_error = i.error,
-               failed_at = v_now,
-               errors = treadle._append_error(j.errors, j.attempt, v_now, i.error, j.worker_id, j.started_at),
-               ready_txid = v_txid
-          FROM input AS i
-         WHERE j.queue = v_queue
-           AND j.id = i.id;
-        -- (the rows are read after: on Citus a row returned from a shard has its shard's type)
-        SELECT array_agg(j ORDER BY j.id) INTO v_moved FROM treadle.jobs AS j
-         WHERE j.queue = v_queue AND j.id = ANY (v_m_id);
-        v_done := coalesce(v_done, '{}') || v_moved;
+        -- Whole rows are gathered (and _follow_up called) only for steps, periodic or
+        -- scheduled occurrences and keyed jobs; the queue of the others is told below, as
+        -- _follow_up would. (Those rows are read after: on Citus a row returned from a
+        -- shard has its shard's type.)
+        SELECT count(*), array_agg(m.id) FILTER (WHERE m.follows),
+               coalesce(bool_or(m.state <> 'retryable') FILTER (WHERE NOT m.follows), false),
+               coalesce(bool_or(m.state = 'retryable' AND m.due), false)
+          INTO v_k, v_f, v_fin, v_due
+          FROM moved AS m;
+        v_count := v_count + v_k;
+        IF v_fin THEN
+            v_fin_q := v_fin_q || v_queue;
+        END IF;
+        IF v_due THEN
+            v_due_q := v_due_q || v_queue;
+        END IF;
+        IF v_f IS NOT NULL THEN
+            SELECT array_agg(j ORDER BY j.id) INTO v_moved FROM treadle.jobs AS j
+             WHERE j.queue = v_queue AND j.id = ANY (v_f);
+            v_done := coalesce(v_done, '{}') || v_moved;
+        END IF;
         v_done_ids := v_done_ids || v_m_id;
     END LOOP;
     IF cardinality(v_ids) > 0 THEN
@@ -4395,13 +4423,17 @@ BEGIN
     PERFORM treadle._wake_runs(v_now);
     PERFORM treadle._time_out_waits(v_now);
 
-    IF v_done IS NULL THEN
+    IF v_count = 0 THEN
         RETURN 0;
     END IF;
-    PERFORM treadle._follow_up(v_done);
-    PERFORM treadle._notify('treadle_jobs', q.queue)
-       FROM (SELECT DISTINCT d.queue FROM unnest(v_done) AS d WHERE d.state = 'retryable' AND d.run_at <= v_now) AS q;
-    RETURN cardinality(v_done);
+    IF v_done IS NOT NULL THEN
+        PERFORM treadle._follow_up(v_done);
+    END IF;
+    IF cardinality(v_fin_q) > 0 THEN
+        PERFORM treadle._notify_done(v_fin_q);
+    END IF;
+    PERFORM treadle._notify('treadle_jobs', q.q) FROM unnest(v_due_q) AS q(q);
+    RETURN v_count;
 END;
 $$;
 COMMENT ON FUNCTION treadle.rescue() IS
