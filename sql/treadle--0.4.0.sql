@@ -4379,9 +4379,11 @@ COMMENT ON FUNCTION treadle._running_xids() IS
 -- ends the workflow sleeps that are due (treadle._wake_runs) and times out the
 -- signal waits whose timeout passed (treadle._time_out_waits).
 -- How it writes. The jobs to move are read first without locks, across queues;
--- then each queue's are locked (SKIP LOCKED) and moved by one UPDATE that names
--- the queue, with the clock, the backoff's jitter and the transaction id computed
--- before it: on Citus every statement that locks or writes stays on one shard.
+-- then each queue's are locked (SKIP LOCKED) by one read, which computes what the
+-- write may not hold (the clock, the backoff's jitter, the error text), and moved by
+-- one UPDATE that names the queue and sets the failed state by treadle._failed_state,
+-- as treadle.fail does: on Citus every statement that locks or writes stays on one
+-- shard. Whole rows are read back only for the jobs that have follow-ups.
 -- Where a rescue reads. Every job that leaves `running` leaves a dead entry in the
 -- lease index, and while any snapshot older than it stays open (a long transaction,
 -- a replication slot) nothing removes it: a pass over all expired leases would
