@@ -4244,14 +4244,14 @@ DECLARE
     v_ids    bigint[];
     v_leases bigint[];
     v_done   treadle.jobs[];  -- the moved rows that have follow-ups (_follow_up)
-    v_done_ids bigint[] := '{}';  -- the ids of every job moved
+    v_done_ids bigint[] := '{}'::bigint[];  -- the ids of every job moved
     v_count  integer := 0;        -- how many
     v_k      bigint;              -- (of one queue)
     v_f      bigint[];            -- the jobs of one queue that have follow-ups
     v_fin    boolean;             -- and whether others of it finished
     v_due    boolean;             -- or a retry is due at once
-    v_fin_q  text[] := '{}';      -- the queues where jobs without follow-ups finished
-    v_due_q  text[] := '{}';      -- the queues with a retry due at once
+    v_fin_q  text[] := '{}'::text[];  -- the queues where jobs without follow-ups finished
+    v_due_q  text[] := '{}'::text[];  -- the queues with a retry due at once
     v_missed bigint;      -- the earliest expired lease read and not rescued here
     v_queues text[];      -- the queue of each expired lease read
     v_over   bigint[];    -- the jobs running past their timeout
