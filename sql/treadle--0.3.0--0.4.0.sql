@@ -4201,9 +4201,11 @@ COMMENT ON FUNCTION treadle._running_xids() IS
 -- ends the workflow sleeps that are due (treadle._wake_runs) and times out the
 -- signal waits whose timeout passed (treadle._time_out_waits).
 -- How it writes. The jobs to move are read first without locks, across queues;
--- then each queue's are locked (SKIP LOCKED) and moved by one UPDATE that names
--- the queue, with the clock, the backoff's jitter and the transaction id computed
--- before it: on Citus every statement that locks or writes stays on one shard.
+-- then each queue's are locked (SKIP LOCKED) by one read, which computes what the
+-- write may not hold (the clock, the backoff's jitter, the error text), and moved by
+-- one UPDATE that names the queue and sets the failed state by treadle._failed_state,
+-- as treadle.fail does: on Citus every statement that locks or writes stays on one
+-- shard. Whole rows are read back only for the jobs that have follow-ups.
 -- Where a rescue reads. Every job that leaves `running` leaves a dead entry in the
 -- lease index, and while any snapshot older than it stays open (a long transaction,
 -- a replication slot) nothing removes it: a pass over all expired leases would
@@ -4248,21 +4250,24 @@ DECLARE
     v_fixed  boolean;          -- a clock set by hand, or an older snapshot: the cursor stays
     v_ids    bigint[];
     v_leases bigint[];
-    v_done   treadle.jobs[];
+    v_done   treadle.jobs[];  -- the moved rows that have follow-ups (_follow_up)
+    v_done_ids bigint[] := '{}'::bigint[];  -- the ids of every job moved
+    v_count  integer := 0;        -- how many
+    v_k      bigint;              -- (of one queue)
+    v_f      bigint[];            -- the jobs of one queue that have follow-ups
+    v_fin    boolean;             -- and whether others of it finished
+    v_due    boolean;             -- or a retry is due at once
+    v_fin_q  text[] := '{}'::text[];  -- the queues where jobs without follow-ups finished
+    v_due_q  text[] := '{}'::text[];  -- the queues with a retry due at once
     v_missed bigint;      -- the earliest expired lease read and not rescued here
     v_queues text[];      -- the queue of each expired lease read
     v_over   bigint[];    -- the jobs running past their timeout
     v_over_q text[];      -- and their queues
     v_queue  text;
-    v_job    treadle.jobs;
-    v_error  text;
-    v_delay  interval;
+    v_q_ids  bigint[];    -- the jobs of one queue read above
     v_txid   xid8;
-    v_n      integer;
     v_m_id   bigint[];    -- what one queue's UPDATE sets, job by job
-    v_m_state text[];
     v_m_run  timestamptz[];
-    v_m_fin  timestamptz[];
     v_m_err  text[];
     v_moved  treadle.jobs[];  -- and the rows it wrote
     -- on Citus the cursor is not kept (as the claim's): a rescue reads from the start
@@ -4316,40 +4321,34 @@ BEGIN
        AND j.state = 'running'
        AND NOT j.id = ANY (v_ids);
 
-    -- Then queue by queue (one shard on Citus): each job locked unless another session
-    -- holds it, what the write sets computed here (the jitter of the backoff, the
-    -- clock: an UPDATE that Citus distributes may hold no volatile call), one UPDATE
-    -- per queue. A job whose lease was renewed meanwhile, or that left running, stays.
-    FOR v_queue IN SELECT DISTINCT q.q FROM unnest(v_queues || v_over_q) AS q(q) LOOP
-        v_m_id := '{}'; v_m_state := '{}'; v_m_run := '{}'; v_m_fin := '{}'; v_m_err := '{}'; v_n := 0;
-        FOR v_job IN
-            SELECT j.* FROM treadle.jobs AS j
-             WHERE j.queue = v_queue
-               AND j.id = ANY (v_ids || v_over)
-               AND j.state = 'running'
-               AND j.lease_until IS NOT NULL
-             ORDER BY j.id
-               FOR UPDATE SKIP LOCKED
-        LOOP
-            IF v_job.id = ANY (v_ids) THEN
-                CONTINUE WHEN NOT v_job.lease_until < v_now;
-                v_error := 'lease expired: worker ' || v_job.worker_id || ' stopped heartbeating';
-                v_delay := interval '0';
-            ELSE
-                CONTINUE WHEN v_job.timeout IS NULL
-                           OR NOT v_job.started_at + v_job.timeout + interval '5 seconds' < v_now;
-                v_error := format('timed out: attempt %s ran past its timeout of %s on worker %s',
-                                  v_job.attempt, v_job.timeout, v_job.worker_id);
-                v_delay := NULL;
-            END IF;
-            -- (set by subscript: PL/pgSQL changes such an array in place)
-            v_n := v_n + 1;
-            v_m_id[v_n] := v_job.id;
-            v_m_state[v_n] := treadle._failed_state(v_job.cancel_requested, v_job.attempt, v_job.max_attempts);
-            v_m_run[v_n] := v_now + coalesce(v_delay, treadle._retry_delay(v_job.attempt, v_job.backoff));
-            v_m_fin[v_n] := CASE WHEN v_m_state[v_n] <> 'retryable' THEN v_now END;
-            v_m_err[v_n] := v_error;
-        END LOOP;
+    -- Then queue by queue (one shard on Citus), set-based: one read locks the queue's
+    -- jobs (unless another session holds them) and computes what the write may not (the
+    -- clock, the backoff's jitter, the error text: an UPDATE that Citus distributes may
+    -- hold no volatile call, nor a call that is not immutable on its columns); one UPDATE
+    -- sets the failed state (treadle._failed_state, as treadle.fail). A job whose lease
+    -- was renewed meanwhile, or that left running, stays.
+    FOR v_queue, v_q_ids IN
+        SELECT k.q, array_agg(k.id) FROM unnest(v_ids || v_over, v_queues || v_over_q) AS k(id, q) GROUP BY k.q
+    LOOP
+        -- (a job is taken as timed out when it is in v_over: few, so the test per row is short)
+        SELECT coalesce(array_agg(m.id), '{}'), array_agg(m.run_at), array_agg(m.error)
+          INTO v_m_id, v_m_run, v_m_err
+          FROM (SELECT j.id,
+                       v_now + CASE WHEN j.id = ANY (v_over) THEN treadle._retry_delay(j.attempt, j.backoff)
+                                    ELSE interval '0' END AS run_at,
+                       CASE WHEN j.id = ANY (v_over)
+                            THEN format('timed out: attempt %s ran past its timeout of %s on worker %s',
+                                        j.attempt, j.timeout, j.worker_id)
+                            ELSE 'lease expired: worker ' || j.worker_id || ' stopped heartbeating' END AS error
+                  FROM treadle.jobs AS j
+                 WHERE j.queue = v_queue
+                   AND j.id = ANY (v_q_ids)
+                   AND j.state = 'running'
+                   AND j.lease_until IS NOT NULL
+                   AND CASE WHEN j.id = ANY (v_over) THEN j.timeout IS NOT NULL AND j.started_at + j.timeout + interval '5 seconds' < v_now
+                            ELSE j.lease_until < v_now END
+                 ORDER BY j.id
+                   FOR UPDATE OF j SKIP LOCKED) AS m;
         CONTINUE WHEN cardinality(v_m_id) = 0;
         IF v_txid IS NULL THEN
             v_txid := pg_current_xact_id();  -- claimable again: claims look for it (040_claim.sql)
@@ -4357,32 +4356,56 @@ BEGIN
         -- (each value comes with its row: Citus 13.2 cannot take an array element in a
         -- distributed UPDATE's SET)
         WITH input AS (
-            SELECT m.id, m.state, m.run_at, m.finished_at, m.error
-              FROM unnest(v_m_id, v_m_state, v_m_run, v_m_fin, v_m_err) AS m(id, state, run_at, finished_at, error)
+            SELECT m.id, m.run_at, m.error FROM unnest(v_m_id, v_m_run, v_m_err) AS m(id, run_at, error)
+        ), moved AS (
+            UPDATE treadle.jobs AS j
+               SET state = treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts),
+                   run_at = i.run_at,
+                   finished_at = CASE WHEN treadle._failed_state(j.cancel_requested, j.attempt, j.max_attempts) <> 'retryable'
+                                      THEN v_now END,
+                   lease_until = NULL,
+                   lease_token = NULL,
+                   last_error = i.error,
+                   failed_at = v_now,
+                   errors = treadle._append_error(j.errors, j.attempt, v_now, i.error, j.worker_id, j.started_at),
+                   ready_txid = v_txid
+              FROM input AS i
+             WHERE j.queue = v_queue
+               AND j.id = i.id
+            RETURNING j.id, j.state, j.run_at <= v_now AS due,
+                      j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
+                      OR coalesce(j.key_slot, false) AS follows
         )
-        UPDATE treadle.jobs AS j
-           SET state = i.state,
-               run_at = i.run_at,
-               finished_at = i.finished_at,
-               lease_until = NULL,
-               lease_token = NULL,
-               last_error = i.error,
-               failed_at = v_now,
-               errors = treadle._append_error(j.errors, j.attempt, v_now, i.error, j.worker_id, j.started_at),
-               ready_txid = v_txid
-          FROM input AS i
-         WHERE j.queue = v_queue
-           AND j.id = i.id;
-        -- (the rows are read after: on Citus a row returned from a shard has its shard's type)
-        SELECT array_agg(j ORDER BY j.id) INTO v_moved FROM treadle.jobs AS j
-         WHERE j.queue = v_queue AND j.id = ANY (v_m_id);
-        v_done := coalesce(v_done, '{}') || v_moved;
+        -- Whole rows are gathered (and _follow_up called) only for steps, periodic or
+        -- scheduled occurrences and keyed jobs; the queue of the others is told below, as
+        -- _follow_up would. (Those rows are read after: on Citus a row returned from a
+        -- shard has its shard's type.)
+        SELECT count(*), array_agg(m.id) FILTER (WHERE m.follows),
+               coalesce(bool_or(m.state <> 'retryable') FILTER (WHERE NOT m.follows), false),
+               coalesce(bool_or(m.state = 'retryable' AND m.due), false)
+          INTO v_k, v_f, v_fin, v_due
+          FROM moved AS m;
+        v_count := v_count + v_k;
+        IF v_fin THEN
+            v_fin_q := v_fin_q || v_queue;
+        END IF;
+        IF v_due THEN
+            v_due_q := v_due_q || v_queue;
+        END IF;
+        IF v_f IS NOT NULL THEN
+            SELECT array_agg(j ORDER BY j.id) INTO v_moved FROM treadle.jobs AS j
+             WHERE j.queue = v_queue AND j.id = ANY (v_f);
+            v_done := coalesce(v_done, '{}') || v_moved;
+        END IF;
+        v_done_ids := v_done_ids || v_m_id;
     END LOOP;
     IF cardinality(v_ids) > 0 THEN
         -- the lowest expired lease another session held: the floor stays below it
+        -- (an anti-join, which the planner hashes: `NOT s.id = ANY (...)` would compare
+        -- every expired lease with every moved job)
         SELECT min(s.l) INTO v_missed
           FROM unnest(v_ids, v_leases) AS s(id, l)
-         WHERE NOT s.id = ANY (ARRAY(SELECT d.id FROM unnest(v_done) AS d));
+         WHERE NOT EXISTS (SELECT FROM unnest(v_done_ids) AS d(id) WHERE d.id = s.id);
     END IF;
 
     IF NOT v_fixed THEN
@@ -4409,13 +4432,17 @@ BEGIN
     PERFORM treadle._wake_runs(v_now);
     PERFORM treadle._time_out_waits(v_now);
 
-    IF v_done IS NULL THEN
+    IF v_count = 0 THEN
         RETURN 0;
     END IF;
-    PERFORM treadle._follow_up(v_done);
-    PERFORM treadle._notify('treadle_jobs', q.queue)
-       FROM (SELECT DISTINCT d.queue FROM unnest(v_done) AS d WHERE d.state = 'retryable' AND d.run_at <= v_now) AS q;
-    RETURN cardinality(v_done);
+    IF v_done IS NOT NULL THEN
+        PERFORM treadle._follow_up(v_done);
+    END IF;
+    IF cardinality(v_fin_q) > 0 THEN
+        PERFORM treadle._notify_done(v_fin_q);
+    END IF;
+    PERFORM treadle._notify('treadle_jobs', q.q) FROM unnest(v_due_q) AS q(q);
+    RETURN v_count;
 END;
 $$;
 COMMENT ON FUNCTION treadle.rescue() IS

@@ -141,3 +141,47 @@ def test_rescuers_at_once_count_each_job_once(connect: Connect) -> None:
         "select state, attempt, jsonb_array_length(errors), count(*) from treadle.jobs group by 1, 2, 3"
     ).fetchall()
     assert rows == [("retryable", 1, 1, jobs)]
+
+
+def test_a_rescue_tells_each_queue_what_it_moved(connect: Connect) -> None:
+    """treadle_done for the queues where rescued jobs finished (discarded, cancelled, with or
+    without follow-ups), treadle_jobs for a retry due at once; nothing for the others, and
+    only on commit."""
+    listener, producer, worker = connect(), connect(), connect()
+    rescuer = connect(autocommit=False)
+    assert value(listener, "select treadle.listen_done(null)")
+    listener.execute("listen treadle_jobs")
+    listener.execute("listen treadle_done")
+    producer.execute("select treadle.enqueue('a', queue => 'rn-discard', max_attempts => 1)")
+    producer.execute("select treadle.enqueue('b', queue => 'rn-retry', max_attempts => 3)")
+    cancelled = value(producer, "select treadle.enqueue('c', queue => 'rn-cancel')")
+    producer.execute("select treadle.enqueue('d', queue => 'rn-every', max_attempts => 1, every => '1 day')")
+    claimed = worker.execute(
+        "select count(*) from treadle.claim('w', array['rn-discard', 'rn-retry', 'rn-cancel', 'rn-every'], batch => 4)"
+    ).fetchone()
+    assert claimed == (4,)
+    assert value(producer, "select treadle.cancel(%s)", (cancelled,))
+
+    def seen_until(marker: str) -> list[tuple[str, str]]:
+        producer.execute("select treadle.enqueue('m', queue => %s)", (marker,))
+        seen: list[tuple[str, str]] = []
+        for note in listener.notifies(timeout=30):
+            seen.append((note.channel, note.payload))
+            if seen[-1] == ("treadle_jobs", marker):
+                return seen[:-1]
+        raise AssertionError(f"no marker {marker}; saw {seen}")
+
+    seen_until("rn-marker-0")  # what the setup sent
+    rescuer.execute("select set_config('treadle.now', (now() + interval '1 hour')::text, false)")
+    assert value(rescuer, "select treadle.rescue()") == 4
+    assert seen_until("rn-marker-1") == []  # not before the commit
+    rescuer.commit()
+    seen = set(seen_until("rn-marker-2"))
+    assert {("treadle_done", "rn-discard"), ("treadle_done", "rn-cancel"), ("treadle_done", "rn-every"),
+            ("treadle_jobs", "rn-retry")} <= seen  # fmt: skip
+    assert not {("treadle_done", "rn-retry"), ("treadle_jobs", "rn-discard"), ("treadle_jobs", "rn-cancel")} & seen
+    states = producer.execute(
+        "select queue, state from treadle.jobs where queue like 'rn-%' and name <> 'm' order by id"
+    ).fetchall()
+    assert states == [("rn-discard", "discarded"), ("rn-retry", "retryable"), ("rn-cancel", "cancelled"),
+                      ("rn-every", "discarded"), ("rn-every", "available")]  # fmt: skip
