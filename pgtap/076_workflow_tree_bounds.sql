@@ -29,7 +29,7 @@ CREATE FUNCTION pg_temp.child(run_id bigint, step_name text) RETURNS bigint LANG
 $$;
 -- pg_temp.tree(run): a run's root_run_id and tree_runs as text
 CREATE FUNCTION pg_temp.tree(run_id bigint) RETURNS text LANGUAGE sql AS $$
-    SELECT coalesce(r.root_run_id::text, 'root') || ':' || r.tree_runs FROM treadle.workflow_runs AS r WHERE r.id = run_id
+    SELECT coalesce(r.root_run_id::text, 'root') || ':' || coalesce(r.tree_runs, 1) FROM treadle.workflow_runs AS r WHERE r.id = run_id
 $$;
 
 --------------------------------------------------------------------------------

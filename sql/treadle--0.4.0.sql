@@ -133,7 +133,7 @@ CREATE TABLE treadle.workflow_runs (
     forked_step      text,    -- the step it was forked from: it and the steps after it ran again
     meta             jsonb,   -- the run's metadata (start_workflow's meta; an object), copied to each step job; null: none
     root_run_id      bigint,  -- the root of its run tree (the run no child step started; no foreign key); null: it is one
-    tree_runs        integer     NOT NULL DEFAULT 1,  -- on a root: the runs of its tree, itself included (treadle._start_child)
+    tree_runs        integer, -- on a root: the runs of its tree, itself included (treadle._start_child); null: 1
     CONSTRAINT workflow_runs_pkey PRIMARY KEY (id, queue),
     CONSTRAINT workflow_runs_state_check
         CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled', 'compensating', 'compensated'])),
@@ -8174,7 +8174,7 @@ BEGIN
 
     -- one more run in the tree: counted on the root's row, not by walking the tree
     -- (a root that prune removed first counts nothing: its descendants go on)
-    UPDATE treadle.workflow_runs AS r SET tree_runs = r.tree_runs + 1
+    UPDATE treadle.workflow_runs AS r SET tree_runs = coalesce(r.tree_runs, 1) + 1
      WHERE r.id = v_root
     RETURNING r.tree_runs INTO v_runs;
     IF v_runs > treadle._max_tree_runs() THEN

@@ -79,7 +79,7 @@ CREATE TABLE treadle.workflow_runs (
     forked_step      text,    -- the step it was forked from: it and the steps after it ran again
     meta             jsonb,   -- the run's metadata (start_workflow's meta; an object), copied to each step job; null: none
     root_run_id      bigint,  -- the root of its run tree (the run no child step started; no foreign key); null: it is one
-    tree_runs        integer     NOT NULL DEFAULT 1,  -- on a root: the runs of its tree, itself included (treadle._start_child)
+    tree_runs        integer, -- on a root: the runs of its tree, itself included (treadle._start_child); null: 1
     CONSTRAINT workflow_runs_pkey PRIMARY KEY (id, queue),
     CONSTRAINT workflow_runs_state_check
         CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled', 'compensating', 'compensated'])),

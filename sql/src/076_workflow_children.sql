@@ -159,7 +159,7 @@ BEGIN
 
     -- one more run in the tree: counted on the root's row, not by walking the tree
     -- (a root that prune removed first counts nothing: its descendants go on)
-    UPDATE treadle.workflow_runs AS r SET tree_runs = r.tree_runs + 1
+    UPDATE treadle.workflow_runs AS r SET tree_runs = coalesce(r.tree_runs, 1) + 1
      WHERE r.id = v_root
     RETURNING r.tree_runs INTO v_runs;
     IF v_runs > treadle._max_tree_runs() THEN

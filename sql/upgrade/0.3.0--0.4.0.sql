@@ -347,26 +347,12 @@ DROP FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[]);
 DROP FUNCTION treadle.heartbeat_many(bigint[], uuid[], interval);
 
 -- run tree bounds: each child run names the root of its tree (root_run_id), and a
--- root counts the runs of its tree (tree_runs; treadle._start_child keeps it to
--- 10,000), at the end of treadle.workflow_runs, as in 010_tables.sql. Trees made
--- before the upgrade are counted here: a run whose parent is gone (pruned) roots
--- its own tree, as its children would count it. A tree already past the bound
--- keeps its runs and starts no more children.
+-- root counts the runs of its tree (tree_runs, null: 1; treadle._start_child keeps it
+-- to 10,000), at the end of treadle.workflow_runs, as in 010_tables.sql. 0.3.0 had
+-- no child runs, so every run in flight is a root of one run: null and null. (No
+-- default: a default would have to be checked against the functions that take the
+-- table's row type.)
 ALTER TABLE treadle.workflow_runs
     ADD COLUMN root_run_id bigint,
-    ADD COLUMN tree_runs integer NOT NULL DEFAULT 1,
+    ADD COLUMN tree_runs integer,
     ADD CONSTRAINT workflow_runs_tree_runs_check CHECK (tree_runs >= 1);
-WITH RECURSIVE tree(id, root) AS (
-    SELECT r.id, r.id FROM treadle.workflow_runs AS r
-     WHERE r.parent_run_id IS NULL
-        OR NOT EXISTS (SELECT 1 FROM treadle.workflow_runs AS p WHERE p.id = r.parent_run_id)
-    UNION
-    SELECT c.id, tree.root FROM tree JOIN treadle.workflow_runs AS c ON c.parent_run_id = tree.id
-), linked AS (
-    UPDATE treadle.workflow_runs AS r SET root_run_id = tree.root
-      FROM tree
-     WHERE r.id = tree.id AND tree.id <> tree.root
-)
-UPDATE treadle.workflow_runs AS r SET tree_runs = n.runs
-  FROM (SELECT tree.root, count(*)::integer AS runs FROM tree GROUP BY tree.root HAVING count(*) > 1) AS n
- WHERE r.id = n.root;
