@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from tests.sql.sqlcalls import Connect, row, value
 
@@ -22,14 +23,18 @@ def define_chain(conn: psycopg.Connection) -> None:
     for level in range(4, 0, -1):
         conn.execute(
             """
-            select treadle.define_workflow(%(name)s, array_agg('c' || i order by i),
-                                           after => jsonb_object_agg('c' || i, '[]'::jsonb),
-                                           children => jsonb_object_agg('c' || i, jsonb_build_object('workflow', %(next)s::text)))
+            select treadle.define_workflow(
+                       %(name)s, array_agg('c' || i order by i),
+                       after => jsonb_object_agg('c' || i, '[]'::jsonb),
+                       children => jsonb_object_agg('c' || i, jsonb_build_object('workflow', %(next)s::text)))
               from generate_series(1, %(width)s::integer) as i
             """,
             {"name": f"lvl{level}", "next": f"lvl{level + 1}", "width": WIDTH},
         )
-    conn.execute("select treadle.define_workflow('chain', array['first', 'fan'], children => '{\"fan\": {\"workflow\": \"lvl1\"}}')")
+    conn.execute(
+        "select treadle.define_workflow('chain', array['first', 'fan'], children => %s)",
+        (Jsonb({"fan": {"workflow": "lvl1"}}),),
+    )
 
 
 def start_with_count(conn: psycopg.Connection, queue: str, tree_runs: int) -> tuple[int, int, str]:
