@@ -5,7 +5,7 @@
 -- hold '/' (which would make two workflows' step job names the same) are refused.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(38);
+SELECT plan(40);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -41,8 +41,8 @@ SELECT lives_ok($$ SELECT treadle.define_workflow('mid', ARRAY['m1', 'm2'], afte
                                                   children => '{"m1": {"workflow": "leaf"}, "m2": {"workflow": "leaf"}}') $$,
                 'a workflow of two child steps side by side');
 SELECT lives_ok($$ SELECT treadle.define_workflow('top', ARRAY['a', 'k1', 'b', 'k2'],
-                                                  children => '{"k1": {"workflow": "mid"}, "k2": {"workflow": "leaf"}}') $$,
-                'a workflow with a child step, a step, another child step');
+                                                  children => '{"k1": {"workflow": "mid", "queue": "bounds-mid"}, "k2": {"workflow": "leaf"}}') $$,
+                'a workflow with a child step (in a queue of its own), a step, another child step');
 SELECT treadle.start_workflow('top', '{}', queue => 'bounds') AS r1 \gset
 SELECT is(pg_temp.tree(:r1), 'root:1', 'a run that start_workflow started is a root of one run');
 SELECT is(pg_temp.finish(:r1, 'a'), 'completed', 'the root''s first step completes');
@@ -50,6 +50,9 @@ SELECT is(pg_temp.tree(:r1), 'root:4', 'its child and the child''s two children 
 SELECT is(pg_temp.tree(pg_temp.child(:r1, 'k1')), :'r1' || ':1', 'the child names the root and counts nothing itself');
 SELECT is(pg_temp.tree(pg_temp.child(pg_temp.child(:r1, 'k1'), 'm2')), :'r1' || ':1',
           'a grandchild names the root, not its parent');
+SELECT is((SELECT queue || ' ' || root_queue FROM treadle.workflow_runs WHERE id = pg_temp.child(pg_temp.child(:r1, 'k1'), 'm2')),
+          'bounds-mid bounds', 'and the root''s queue, not its own or its parent''s');
+SELECT is((SELECT root_queue FROM treadle.workflow_runs WHERE id = :r1), NULL, 'a root names no root queue');
 
 --------------------------------------------------------------------------------
 -- at the cap, and one past it

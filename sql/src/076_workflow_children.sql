@@ -105,8 +105,8 @@ COMMENT ON FUNCTION treadle._max_tree_runs() IS
 -- runs after, directly or not, keyed by step name (treadle.workflow_step_results).
 -- The caller holds the parent run's lock; the unique index on (parent_run_id,
 -- parent_step) makes a second start fail rather than run twice.
--- The child belongs to its parent's run tree (root_run_id: the run no child step
--- started), and the root's tree_runs counts it, in the statement that takes the
+-- The child belongs to its parent's run tree (root_run_id, root_queue: the run no
+-- child step started), and the root's tree_runs counts it, in the statement that takes the
 -- root's lock (after the parent's: a child before its parent, as on every path).
 -- Raises 22023, naming the step: the workflow has no definition; the child would
 -- nest runs over 10 levels deep (a workflow that starts itself); its input over
@@ -129,6 +129,7 @@ DECLARE
     v_input jsonb;
     v_child treadle.workflow_runs;
     v_root  bigint := coalesce(run.root_run_id, run.id);
+    v_root_queue text := CASE WHEN run.root_run_id IS NULL THEN run.queue ELSE run.root_queue END;
     v_runs  integer;
 BEGIN
     WITH RECURSIVE up(id, depth) AS (
@@ -160,7 +161,7 @@ BEGIN
     -- one more run in the tree: counted on the root's row, not by walking the tree
     -- (a root that prune removed first counts nothing: its descendants go on)
     UPDATE treadle.workflow_runs AS r SET tree_runs = coalesce(r.tree_runs, 1) + 1
-     WHERE r.id = v_root
+     WHERE r.id = v_root AND r.queue = v_root_queue
     RETURNING r.tree_runs INTO v_runs;
     IF v_runs > treadle._max_tree_runs() THEN
         RAISE EXCEPTION 'treadle: child step "%" would grow the run tree of workflow run % past % runs',
@@ -170,12 +171,12 @@ BEGIN
     END IF;
     INSERT INTO treadle.workflow_runs AS r
         (name, input, steps, queue, priority, max_attempts, created_at, after, sleeps, maps, waits, version,
-         children, parent_run_id, parent_step, compensations, step_options, meta, root_run_id)
+         children, parent_run_id, parent_step, compensations, step_options, meta, root_run_id, root_queue)
     VALUES
         (v_def.name, v_input, v_def.steps, coalesce(v_spec ->> 'queue', run.queue), run.priority, run.max_attempts, at,
          v_def.after, v_def.sleeps, v_def.maps, v_def.waits, v_def.version, v_def.children, run.id, step,
          v_def.compensations, v_def.step_options, run.meta,  -- a child run inherits its parent's meta
-         v_root)
+         v_root, v_root_queue)
     RETURNING r.* INTO v_child;
     IF v_child.after IS NULL THEN
         PERFORM treadle._enqueue_step(v_child, v_child.steps[1], at);
