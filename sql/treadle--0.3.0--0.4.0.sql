@@ -350,6 +350,19 @@ ALTER TABLE treadle.workflow_runs
 DROP FUNCTION treadle.complete_and_claim(bigint[], uuid[], jsonb[], text, text[], text[], integer, interval, uuid);
 DROP FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[]);
 DROP FUNCTION treadle.heartbeat_many(bigint[], uuid[], interval);
+
+-- run tree bounds: each child run names the root of its tree (root_run_id, root_queue), and a
+-- root counts the runs of its tree (tree_runs, null: 1; treadle._start_child keeps it
+-- to 10,000), at the end of treadle.workflow_runs, as in 010_tables.sql. 0.3.0 had
+-- no child runs, so every run in flight is a root of one run: all three null. (No
+-- default: a default would have to be checked against the functions that take the
+-- table's row type.)
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN root_run_id bigint,
+    ADD COLUMN tree_runs integer,
+    ADD COLUMN root_queue text,
+    ADD CONSTRAINT workflow_runs_tree_runs_check CHECK (tree_runs >= 1),
+    ADD CONSTRAINT workflow_runs_root_check CHECK ((root_run_id IS NULL) = (root_queue IS NULL));
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -5820,8 +5833,11 @@ COMMENT ON VIEW treadle.queue_settings IS
 --------------------------------------------------------------------------------
 -- treadle._check_steps(steps) -> void
 --
--- Raises 22004 when steps is null, 22023 when treadle._check_names refuses it or
--- it repeats a name.
+-- Raises 22004 when steps is null, 22023 when treadle._check_names refuses it,
+-- it repeats a name, or a name holds '/' (a step job is named
+-- 'workflow:<workflow name>/<step>', and workflow names may hold '/': the last '/'
+-- must be the one before the step, or workflow w's step a/b and workflow w/a's
+-- step b would share a job name and their handlers).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_steps(steps text[])
 RETURNS void
@@ -5829,16 +5845,24 @@ LANGUAGE plpgsql
 IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_slash text;
 BEGIN
     PERFORM treadle._check_names(steps, 'steps');
     IF (SELECT count(DISTINCT u.s) FROM unnest(steps) AS u(s)) <> cardinality(steps) THEN
         RAISE EXCEPTION 'treadle: steps must not repeat a name: %', steps
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    SELECT u.s INTO v_slash FROM unnest(steps) AS u(s) WHERE strpos(u.s, '/') > 0 LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'treadle: step "%" must not hold ''/''', v_slash
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A step job is named workflow:<workflow name>/<step>; a ''/'' in a step name would make it ambiguous.';
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._check_steps(text[]) IS
-    'Raise 22004/22023 for a step list that is null, empty, has empty names or repeats one.';
+    'Raise 22004/22023 for a step list that is null, empty, has empty names, repeats one or holds a ''/''.';
 
 --------------------------------------------------------------------------------
 -- treadle._check_after(steps, after) -> jsonb
@@ -7920,6 +7944,23 @@ COMMENT ON FUNCTION treadle._check_children(text[], jsonb, jsonb, jsonb, jsonb) 
     'Check the child steps of a workflow (22023 naming the step, 42501 outside a tenant''s prefix); null for none.';
 
 --------------------------------------------------------------------------------
+-- treadle._max_tree_runs() -> integer
+--
+-- The most runs one run tree may hold: a root run (one that treadle.start_workflow
+-- or treadle.fork_run started) and every run its child steps start, directly or
+-- not. 10,000, as the map step's 100,000 elements: a fixed bound on what one start
+-- may grow into.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._max_tree_runs()
+RETURNS integer
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+RETURN 10000;
+COMMENT ON FUNCTION treadle._max_tree_runs() IS
+    'The most runs one run tree (a root run and its descendants) may hold: 10000.';
+
+--------------------------------------------------------------------------------
 -- treadle._start_child(run, step, at) -> void
 --
 -- Transition: a child step of a run (run.children) starts: (none) -> a running
@@ -7931,10 +7972,16 @@ COMMENT ON FUNCTION treadle._check_children(text[], jsonb, jsonb, jsonb, jsonb) 
 -- runs after, directly or not, keyed by step name (treadle.workflow_step_results).
 -- The caller holds the parent run's lock; the unique index on (parent_run_id,
 -- parent_step) makes a second start fail rather than run twice.
+-- The child belongs to its parent's run tree (root_run_id, root_queue: the run no
+-- child step started), and the root's tree_runs counts it, in the statement that takes the
+-- root's lock (after the parent's: a child before its parent, as on every path).
 -- Raises 22023, naming the step: the workflow has no definition; the child would
 -- nest runs over 10 levels deep (a workflow that starts itself); its input over
--- the size limit. The step that led to it stays where it was (a run that would
--- start with it does not start).
+-- the size limit. 54000 (program_limit_exceeded), naming the step and the root: the
+-- root's tree holds 10,000 runs already (a limit on what one start may grow
+-- into, not a bad argument: child steps that fan out at each level multiply).
+-- The step that led to it stays where it was (a run that would start with it
+-- does not start), and nothing is written.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._start_child(run treadle.workflow_runs, step text, at timestamptz)
 RETURNS void
@@ -7948,6 +7995,9 @@ DECLARE
     v_depth integer;
     v_input jsonb;
     v_child treadle.workflow_runs;
+    v_root  bigint := coalesce(run.root_run_id, run.id);
+    v_root_queue text := CASE WHEN run.root_run_id IS NULL THEN run.queue ELSE run.root_queue END;
+    v_runs  integer;
 BEGIN
     WITH RECURSIVE up(id, depth) AS (
         SELECT run.parent_run_id, 1 WHERE run.parent_run_id IS NOT NULL
@@ -7975,13 +8025,25 @@ BEGIN
     END IF;
     PERFORM treadle._check_payload(v_input, format('the input of child step "%s"', step), treadle._max_payload_bytes());
 
+    -- one more run in the tree: counted on the root's row, not by walking the tree
+    -- (a root that prune removed first counts nothing: its descendants go on)
+    UPDATE treadle.workflow_runs AS r SET tree_runs = coalesce(r.tree_runs, 1) + 1
+     WHERE r.id = v_root AND r.queue = v_root_queue
+    RETURNING r.tree_runs INTO v_runs;
+    IF v_runs > treadle._max_tree_runs() THEN
+        RAISE EXCEPTION 'treadle: child step "%" would grow the run tree of workflow run % past % runs',
+                        step, v_root, treadle._max_tree_runs()
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'Child steps that fan out at each level multiply; start fewer children, or more roots.';
+    END IF;
     INSERT INTO treadle.workflow_runs AS r
         (name, input, steps, queue, priority, max_attempts, created_at, after, sleeps, maps, waits, version,
-         children, parent_run_id, parent_step, compensations, step_options, meta)
+         children, parent_run_id, parent_step, compensations, step_options, meta, root_run_id, root_queue)
     VALUES
         (v_def.name, v_input, v_def.steps, coalesce(v_spec ->> 'queue', run.queue), run.priority, run.max_attempts, at,
          v_def.after, v_def.sleeps, v_def.maps, v_def.waits, v_def.version, v_def.children, run.id, step,
-         v_def.compensations, v_def.step_options, run.meta)  -- a child run inherits its parent's meta
+         v_def.compensations, v_def.step_options, run.meta,  -- a child run inherits its parent's meta
+         v_root, v_root_queue)
     RETURNING r.* INTO v_child;
     IF v_child.after IS NULL THEN
         PERFORM treadle._enqueue_step(v_child, v_child.steps[1], at);

@@ -78,6 +78,9 @@ CREATE TABLE treadle.workflow_runs (
     forked_from      bigint,  -- the run this one was forked from (treadle.fork_run; no foreign key: prune may remove it)
     forked_step      text,    -- the step it was forked from: it and the steps after it ran again
     meta             jsonb,   -- the run's metadata (start_workflow's meta; an object), copied to each step job; null: none
+    root_run_id      bigint,  -- the root of its run tree (the run no child step started; no foreign key); null: it is one
+    tree_runs        integer, -- on a root: the runs of its tree, itself included (treadle._start_child); null: 1
+    root_queue       text,    -- the root's queue (its key, with root_run_id); null on a root
     CONSTRAINT workflow_runs_pkey PRIMARY KEY (id, queue),
     CONSTRAINT workflow_runs_state_check
         CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled', 'compensating', 'compensated'])),
@@ -94,7 +97,9 @@ CREATE TABLE treadle.workflow_runs (
     CONSTRAINT workflow_runs_compensations_check CHECK (jsonb_typeof(compensations) = 'object'),
     CONSTRAINT workflow_runs_step_options_check CHECK (jsonb_typeof(step_options) = 'object'),
     CONSTRAINT workflow_runs_forked_check CHECK ((forked_from IS NULL) = (forked_step IS NULL)),
-    CONSTRAINT workflow_runs_meta_check CHECK (jsonb_typeof(meta) = 'object')
+    CONSTRAINT workflow_runs_meta_check CHECK (jsonb_typeof(meta) = 'object'),
+    CONSTRAINT workflow_runs_tree_runs_check CHECK (tree_runs >= 1),
+    CONSTRAINT workflow_runs_root_check CHECK ((root_run_id IS NULL) = (root_queue IS NULL))
 );
 
 -- A child step starts one run, ever (treadle._start_child); its parent finds it here.

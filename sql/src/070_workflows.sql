@@ -16,8 +16,11 @@
 --------------------------------------------------------------------------------
 -- treadle._check_steps(steps) -> void
 --
--- Raises 22004 when steps is null, 22023 when treadle._check_names refuses it or
--- it repeats a name.
+-- Raises 22004 when steps is null, 22023 when treadle._check_names refuses it,
+-- it repeats a name, or a name holds '/' (a step job is named
+-- 'workflow:<workflow name>/<step>', and workflow names may hold '/': the last '/'
+-- must be the one before the step, or workflow w's step a/b and workflow w/a's
+-- step b would share a job name and their handlers).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_steps(steps text[])
 RETURNS void
@@ -25,16 +28,24 @@ LANGUAGE plpgsql
 IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_slash text;
 BEGIN
     PERFORM treadle._check_names(steps, 'steps');
     IF (SELECT count(DISTINCT u.s) FROM unnest(steps) AS u(s)) <> cardinality(steps) THEN
         RAISE EXCEPTION 'treadle: steps must not repeat a name: %', steps
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    SELECT u.s INTO v_slash FROM unnest(steps) AS u(s) WHERE strpos(u.s, '/') > 0 LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'treadle: step "%" must not hold ''/''', v_slash
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A step job is named workflow:<workflow name>/<step>; a ''/'' in a step name would make it ambiguous.';
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._check_steps(text[]) IS
-    'Raise 22004/22023 for a step list that is null, empty, has empty names or repeats one.';
+    'Raise 22004/22023 for a step list that is null, empty, has empty names, repeats one or holds a ''/''.';
 
 --------------------------------------------------------------------------------
 -- treadle._check_after(steps, after) -> jsonb

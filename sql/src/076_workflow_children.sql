@@ -77,6 +77,23 @@ COMMENT ON FUNCTION treadle._check_children(text[], jsonb, jsonb, jsonb, jsonb) 
     'Check the child steps of a workflow (22023 naming the step, 42501 outside a tenant''s prefix); null for none.';
 
 --------------------------------------------------------------------------------
+-- treadle._max_tree_runs() -> integer
+--
+-- The most runs one run tree may hold: a root run (one that treadle.start_workflow
+-- or treadle.fork_run started) and every run its child steps start, directly or
+-- not. 10,000, as the map step's 100,000 elements: a fixed bound on what one start
+-- may grow into.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._max_tree_runs()
+RETURNS integer
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+RETURN 10000;
+COMMENT ON FUNCTION treadle._max_tree_runs() IS
+    'The most runs one run tree (a root run and its descendants) may hold: 10000.';
+
+--------------------------------------------------------------------------------
 -- treadle._start_child(run, step, at) -> void
 --
 -- Transition: a child step of a run (run.children) starts: (none) -> a running
@@ -88,10 +105,16 @@ COMMENT ON FUNCTION treadle._check_children(text[], jsonb, jsonb, jsonb, jsonb) 
 -- runs after, directly or not, keyed by step name (treadle.workflow_step_results).
 -- The caller holds the parent run's lock; the unique index on (parent_run_id,
 -- parent_step) makes a second start fail rather than run twice.
+-- The child belongs to its parent's run tree (root_run_id, root_queue: the run no
+-- child step started), and the root's tree_runs counts it, in the statement that takes the
+-- root's lock (after the parent's: a child before its parent, as on every path).
 -- Raises 22023, naming the step: the workflow has no definition; the child would
 -- nest runs over 10 levels deep (a workflow that starts itself); its input over
--- the size limit. The step that led to it stays where it was (a run that would
--- start with it does not start).
+-- the size limit. 54000 (program_limit_exceeded), naming the step and the root: the
+-- root's tree holds 10,000 runs already (a limit on what one start may grow
+-- into, not a bad argument: child steps that fan out at each level multiply).
+-- The step that led to it stays where it was (a run that would start with it
+-- does not start), and nothing is written.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._start_child(run treadle.workflow_runs, step text, at timestamptz)
 RETURNS void
@@ -105,6 +128,9 @@ DECLARE
     v_depth integer;
     v_input jsonb;
     v_child treadle.workflow_runs;
+    v_root  bigint := coalesce(run.root_run_id, run.id);
+    v_root_queue text := CASE WHEN run.root_run_id IS NULL THEN run.queue ELSE run.root_queue END;
+    v_runs  integer;
 BEGIN
     WITH RECURSIVE up(id, depth) AS (
         SELECT run.parent_run_id, 1 WHERE run.parent_run_id IS NOT NULL
@@ -132,13 +158,25 @@ BEGIN
     END IF;
     PERFORM treadle._check_payload(v_input, format('the input of child step "%s"', step), treadle._max_payload_bytes());
 
+    -- one more run in the tree: counted on the root's row, not by walking the tree
+    -- (a root that prune removed first counts nothing: its descendants go on)
+    UPDATE treadle.workflow_runs AS r SET tree_runs = coalesce(r.tree_runs, 1) + 1
+     WHERE r.id = v_root AND r.queue = v_root_queue
+    RETURNING r.tree_runs INTO v_runs;
+    IF v_runs > treadle._max_tree_runs() THEN
+        RAISE EXCEPTION 'treadle: child step "%" would grow the run tree of workflow run % past % runs',
+                        step, v_root, treadle._max_tree_runs()
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'Child steps that fan out at each level multiply; start fewer children, or more roots.';
+    END IF;
     INSERT INTO treadle.workflow_runs AS r
         (name, input, steps, queue, priority, max_attempts, created_at, after, sleeps, maps, waits, version,
-         children, parent_run_id, parent_step, compensations, step_options, meta)
+         children, parent_run_id, parent_step, compensations, step_options, meta, root_run_id, root_queue)
     VALUES
         (v_def.name, v_input, v_def.steps, coalesce(v_spec ->> 'queue', run.queue), run.priority, run.max_attempts, at,
          v_def.after, v_def.sleeps, v_def.maps, v_def.waits, v_def.version, v_def.children, run.id, step,
-         v_def.compensations, v_def.step_options, run.meta)  -- a child run inherits its parent's meta
+         v_def.compensations, v_def.step_options, run.meta,  -- a child run inherits its parent's meta
+         v_root, v_root_queue)
     RETURNING r.* INTO v_child;
     IF v_child.after IS NULL THEN
         PERFORM treadle._enqueue_step(v_child, v_child.steps[1], at);

@@ -345,3 +345,16 @@ ALTER TABLE treadle.workflow_runs
 DROP FUNCTION treadle.complete_and_claim(bigint[], uuid[], jsonb[], text, text[], text[], integer, interval, uuid);
 DROP FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[]);
 DROP FUNCTION treadle.heartbeat_many(bigint[], uuid[], interval);
+
+-- run tree bounds: each child run names the root of its tree (root_run_id, root_queue), and a
+-- root counts the runs of its tree (tree_runs, null: 1; treadle._start_child keeps it
+-- to 10,000), at the end of treadle.workflow_runs, as in 010_tables.sql. 0.3.0 had
+-- no child runs, so every run in flight is a root of one run: all three null. (No
+-- default: a default would have to be checked against the functions that take the
+-- table's row type.)
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN root_run_id bigint,
+    ADD COLUMN tree_runs integer,
+    ADD COLUMN root_queue text,
+    ADD CONSTRAINT workflow_runs_tree_runs_check CHECK (tree_runs >= 1),
+    ADD CONSTRAINT workflow_runs_root_check CHECK ((root_run_id IS NULL) = (root_queue IS NULL));
