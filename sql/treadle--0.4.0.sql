@@ -1878,7 +1878,9 @@ COMMENT ON FUNCTION treadle._append_args(jsonb, jsonb) IS
 -- No trigger and no claim reads a key: the calls that move a keyed job do.
 -- enqueue and enqueue_many insert it blocked and call treadle._key_release for its
 -- key; treadle._follow_up, which every finish calls with the rows it changed, gives
--- a slot back for each keyed row that left (treadle._key_leave); treadle.retry takes
+-- a slot back for each keyed row that left (treadle._key_leave_all, keys in
+-- (queue, key) order: every path that locks several keys' rows locks them in that
+-- order, so finishes of batches with the same keys in other orders never deadlock); treadle.retry takes
 -- a slot again for a job that had left (treadle._key_admit); cancel takes a failed
 -- head out of its lane. Retention, prune and archive leave a failed head that holds
 -- its slot alone. A queue whose jobs have no key runs the same statements as before.
@@ -1994,6 +1996,34 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._key_leave(treadle.jobs) IS
     'Give back the slot of a keyed job that left, and release its key''s next blocked job.';
+
+--------------------------------------------------------------------------------
+-- treadle._key_leave_all(done treadle.jobs[]) -> void
+--
+-- Transition: treadle._key_leave for each keyed row of `done` (rows as the
+-- caller's update left them), in (queue, key, id) order: a transaction that gives
+-- back slots of several keys locks their key_slots rows in the one order every
+-- path takes (treadle._key_release_keys, treadle._key_release_queue), so two
+-- finishes of batches {A, B} and {B, A} wait for each other instead of deadlocking.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._key_leave_all(done treadle.jobs[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job treadle.jobs;
+BEGIN
+    FOR v_job IN
+        SELECT d.* FROM unnest(done) AS d WHERE d.key_slot ORDER BY d.queue, d.concurrency_key, d.id
+    LOOP
+        PERFORM treadle._key_leave(v_job);
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION treadle._key_leave_all(treadle.jobs[]) IS
+    'Give back the slots of the keyed jobs that left, keys in (queue, key) order.';
 
 --------------------------------------------------------------------------------
 -- treadle._key_admit(job_id) -> void
@@ -3916,8 +3946,8 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --   an occurrence of a cron schedule that completed, was discarded or was
 --   cancelled inserts the schedule's next one (treadle._schedule_next);
 --   a workflow step moves its run (treadle._advance_run);
---   a job that held a slot of its concurrency key gives it back once it left
---   (treadle._key_leave);
+--   a job that held a slot of its concurrency key gives it back once it left,
+--   first, keys in (queue, key) order (treadle._key_leave_all);
 --   channel treadle_done hears each queue where jobs finished, when a session
 --   waits on it (treadle._notify_done).
 --------------------------------------------------------------------------------
@@ -3930,17 +3960,14 @@ AS $$
 DECLARE
     v_job  treadle.jobs;
 BEGIN
+    PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
     FOR v_job IN
         SELECT d.* FROM unnest(done) AS d
          WHERE d.workflow_run_id IS NOT NULL
             OR (d.every IS NOT NULL AND d.state = ANY (ARRAY['completed', 'discarded']))
             OR (d.schedule IS NOT NULL AND d.state = ANY (ARRAY['completed', 'discarded', 'cancelled']))
-            OR d.key_slot
          ORDER BY d.id
     LOOP
-        IF v_job.key_slot THEN
-            PERFORM treadle._key_leave(v_job);  -- its concurrency key's slot (034_key_lanes.sql)
-        END IF;
         IF v_job.every IS NOT NULL AND v_job.state = ANY (ARRAY['completed', 'discarded']) THEN
             PERFORM treadle._successor(v_job.id, v_job.queue, v_job.name, v_job.args, v_job.priority,
                                        v_job.finished_at + v_job.every, v_job.max_attempts, v_job.every, NULL);
@@ -6573,7 +6600,7 @@ BEGIN
              WHERE j.workflow_run_id = cancel_workflow.run_id
                AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
                AND NOT j.cancel_requested
-             ORDER BY j.id
+             ORDER BY j.queue, j.concurrency_key, j.id  -- keys' slots in the one order (034_key_lanes.sql)
         LOOP
             v_looked := true;
             IF treadle.cancel(v_step.id) THEN
@@ -8655,7 +8682,7 @@ BEGIN
     PERFORM treadle.cancel(j.id)
        FROM treadle.jobs AS j
       WHERE j.workflow_run_id = NEW.id AND j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
-      ORDER BY j.id;
+      ORDER BY j.queue, j.concurrency_key, j.id;  -- keys' slots in the one order (034_key_lanes.sql)
     PERFORM treadle.cancel_workflow(c.id)
        FROM treadle.workflow_runs AS c
       WHERE c.parent_run_id = NEW.id AND c.state = 'running'

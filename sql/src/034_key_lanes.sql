@@ -24,7 +24,9 @@
 -- No trigger and no claim reads a key: the calls that move a keyed job do.
 -- enqueue and enqueue_many insert it blocked and call treadle._key_release for its
 -- key; treadle._follow_up, which every finish calls with the rows it changed, gives
--- a slot back for each keyed row that left (treadle._key_leave); treadle.retry takes
+-- a slot back for each keyed row that left (treadle._key_leave_all, keys in
+-- (queue, key) order: every path that locks several keys' rows locks them in that
+-- order, so finishes of batches with the same keys in other orders never deadlock); treadle.retry takes
 -- a slot again for a job that had left (treadle._key_admit); cancel takes a failed
 -- head out of its lane. Retention, prune and archive leave a failed head that holds
 -- its slot alone. A queue whose jobs have no key runs the same statements as before.
@@ -140,6 +142,34 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._key_leave(treadle.jobs) IS
     'Give back the slot of a keyed job that left, and release its key''s next blocked job.';
+
+--------------------------------------------------------------------------------
+-- treadle._key_leave_all(done treadle.jobs[]) -> void
+--
+-- Transition: treadle._key_leave for each keyed row of `done` (rows as the
+-- caller's update left them), in (queue, key, id) order: a transaction that gives
+-- back slots of several keys locks their key_slots rows in the one order every
+-- path takes (treadle._key_release_keys, treadle._key_release_queue), so two
+-- finishes of batches {A, B} and {B, A} wait for each other instead of deadlocking.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._key_leave_all(done treadle.jobs[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job treadle.jobs;
+BEGIN
+    FOR v_job IN
+        SELECT d.* FROM unnest(done) AS d WHERE d.key_slot ORDER BY d.queue, d.concurrency_key, d.id
+    LOOP
+        PERFORM treadle._key_leave(v_job);
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION treadle._key_leave_all(treadle.jobs[]) IS
+    'Give back the slots of the keyed jobs that left, keys in (queue, key) order.';
 
 --------------------------------------------------------------------------------
 -- treadle._key_admit(job_id) -> void
