@@ -350,6 +350,11 @@ ALTER TABLE treadle.workflow_runs
 DROP FUNCTION treadle.complete_and_claim(bigint[], uuid[], jsonb[], text, text[], text[], integer, interval, uuid);
 DROP FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[]);
 DROP FUNCTION treadle.heartbeat_many(bigint[], uuid[], interval);
+
+-- concurrency keys, due first: a key's blocked jobs by run_at (034_key_lanes.sql), as in
+-- 010_tables.sql.
+CREATE INDEX jobs_key_due_idx ON treadle.jobs (queue, concurrency_key, run_at, id)
+    WHERE state = 'blocked' OR (state = 'available' AND key_slot);
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -1682,8 +1687,10 @@ COMMENT ON FUNCTION treadle._append_args(jsonb, jsonb) IS
 -- way. treadle.key_slots counts the slots held per (queue, key), one row per key
 -- with a slot held (deleted when the count reaches zero); writers of a key lock
 -- its row, as claims lock a limited queue's row, so no limit is ever passed.
--- Giving a slot back releases the key's next blocked job in the same transaction,
--- oldest (lowest id) first.
+-- Giving a slot back releases the key's next blocked job in the same transaction:
+-- the one due longest, then the one due soonest (an ordered lane: the oldest, lowest
+-- id, even when it is not due yet). A job scheduled for later that holds a slot
+-- gives it to a job of its key due before it (treadle._key_release).
 --
 -- An ordered queue (key_ordered) makes each key a lane: limit 1, jobs released in
 -- enqueue order, and a head that fails for good (discarded) keeps its slot, so the
@@ -1721,10 +1728,18 @@ COMMENT ON FUNCTION treadle._key_limit(text) IS
 --------------------------------------------------------------------------------
 -- treadle._key_release(queue, key, given) -> integer
 --
--- Transition: blocked -> available, each holding a slot, for the key's oldest
--- blocked jobs, as many as its room allows once `given` slots are given back. Locks the key's row of
--- treadle.key_slots until commit (writers of one key go one after another) and
--- deletes it when no slot is held. Returns how many jobs it released.
+-- Transition: blocked -> available, each holding a slot, for the key's next
+-- blocked jobs, as many as its room allows once `given` slots are given back. In
+-- an ordered queue the next is the oldest (enqueue order: a head that is not due
+-- yet holds its lane). Otherwise the next is the one due longest, then the one due
+-- soonest (run_at, id); and a job released before its time that has not started
+-- (available, never claimed, run_at still ahead) gives its slot to a blocked job
+-- due before it: -> blocked again, and that job -> available. So a slot never sits
+-- idle for a job scheduled later while a job of its key is due, and no clock is
+-- needed: a job scheduled later that holds a slot is the one of its key due
+-- soonest. Locks the key's row of treadle.key_slots until commit (writers of one
+-- key go one after another) and deletes it when no slot is held. Returns how many
+-- jobs it released.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._key_release(queue text, key text, given integer)
 RETURNS integer
@@ -1734,9 +1749,13 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_now      timestamptz := treadle.now();
+    v_limit    integer := treadle._key_limit(_key_release.queue);
+    v_ordered  boolean := coalesce((SELECT s.key_ordered FROM treadle.queues AS s WHERE s.queue = _key_release.queue), false);
     v_held     integer;
     v_released integer := 0;
-    v_due      boolean;
+    v_due      boolean := false;
+    v_early    treadle.jobs;
+    v_next     bigint;
 BEGIN
     INSERT INTO treadle.key_slots AS k (queue, key, held, updated_at)
     VALUES (_key_release.queue, _key_release.key, 0, v_now)
@@ -1744,12 +1763,12 @@ BEGIN
        SET held = greatest(k.held - _key_release.given, 0), updated_at = excluded.updated_at
     RETURNING k.held INTO v_held;
 
-    IF v_held < treadle._key_limit(_key_release.queue) THEN
+    IF v_held < v_limit AND v_ordered THEN
         WITH next AS (
             SELECT j.id FROM treadle.jobs AS j
              WHERE j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.state = 'blocked'
              ORDER BY j.id
-             LIMIT treadle._key_limit(_key_release.queue) - v_held
+             LIMIT v_limit - v_held
                FOR UPDATE
         ), released AS (
             UPDATE treadle.jobs AS j
@@ -1763,14 +1782,58 @@ BEGIN
         SELECT count(*), coalesce(bool_or(r.run_at <= v_now), false)
           INTO v_released, v_due
           FROM released AS r;
-        IF v_released > 0 THEN
-            UPDATE treadle.key_slots AS k SET held = k.held + v_released
-             WHERE k.queue = _key_release.queue AND k.key = _key_release.key;
-            v_held := v_held + v_released;
-        END IF;
-        IF v_due THEN
-            PERFORM treadle._notify('treadle_jobs', _key_release.queue);
-        END IF;
+    ELSIF v_held < v_limit THEN
+        WITH next AS (  -- the one due longest, then the one due soonest (jobs_key_due_idx)
+            SELECT j.id FROM treadle.jobs AS j
+             WHERE j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.state = 'blocked'
+             ORDER BY j.run_at, j.id
+             LIMIT v_limit - v_held
+               FOR UPDATE
+        ), released AS (
+            UPDATE treadle.jobs AS j
+               SET state = 'available',
+                   key_slot = true,
+                   ready_txid = pg_current_xact_id()  -- claimable now: claims look for it (040_claim.sql)
+              FROM next
+             WHERE j.id = next.id
+            RETURNING j.run_at
+        )
+        SELECT count(*), coalesce(bool_or(r.run_at <= v_now), false)
+          INTO v_released, v_due
+          FROM released AS r;
+    END IF;
+    IF v_released > 0 THEN
+        UPDATE treadle.key_slots AS k SET held = k.held + v_released
+         WHERE k.queue = _key_release.queue AND k.key = _key_release.key;
+        v_held := v_held + v_released;
+    END IF;
+
+    -- the key is full: a blocked job due before a holder that has not started takes its slot
+    WHILE NOT v_ordered AND v_held >= v_limit LOOP
+        SELECT * INTO v_early FROM treadle.jobs AS j
+         WHERE j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.key_slot
+           AND j.state = 'available' AND j.started_at IS NULL AND j.run_at > v_now
+         ORDER BY j.run_at DESC, j.id DESC
+         LIMIT 1
+           FOR UPDATE SKIP LOCKED;  -- one locked is being claimed or cancelled (which then waits for the key's row)
+        EXIT WHEN NOT FOUND;
+        SELECT j.id INTO v_next FROM treadle.jobs AS j
+         WHERE j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.state = 'blocked'
+           AND j.run_at < v_early.run_at
+         ORDER BY j.run_at, j.id
+         LIMIT 1
+           FOR UPDATE SKIP LOCKED;
+        EXIT WHEN NOT FOUND;
+        UPDATE treadle.jobs AS j SET state = 'blocked', key_slot = false
+         WHERE j.id = v_early.id AND j.queue = _key_release.queue;
+        UPDATE treadle.jobs AS j
+           SET state = 'available', key_slot = true, ready_txid = pg_current_xact_id()
+         WHERE j.id = v_next AND j.queue = _key_release.queue
+        RETURNING v_due OR j.run_at <= v_now INTO v_due;
+        v_released := v_released + 1;
+    END LOOP;
+    IF v_due THEN
+        PERFORM treadle._notify('treadle_jobs', _key_release.queue);
     END IF;
 
     IF v_held = 0 THEN
@@ -1780,7 +1843,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION treadle._key_release(text, text, integer) IS
-    'Give back slots of a concurrency key and release its oldest blocked jobs into the room.';
+    'Give back slots of a concurrency key and release its next blocked jobs into the room (due ones first).';
 
 --------------------------------------------------------------------------------
 -- treadle._key_leave(job) -> void
@@ -1844,7 +1907,8 @@ COMMENT ON FUNCTION treadle._key_leave_all(treadle.jobs[]) IS
 -- treadle._key_admit(job_id) -> void
 --
 -- Transition: a keyed job made available again without a slot (treadle.retry of
--- one that had left) takes one, or -> blocked when its key is full.
+-- one that had left) takes one, or -> blocked when its key is full (and then takes
+-- the slot of a holder due after it that has not started: treadle._key_release).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._key_admit(job_id bigint)
 RETURNS void
@@ -1871,6 +1935,9 @@ BEGIN
        SET key_slot = coalesce(v_taken, false),
            state = CASE WHEN v_taken THEN j.state ELSE 'blocked' END
      WHERE j.id = v_job.id;
+    IF v_taken IS NULL THEN
+        PERFORM treadle._key_release(v_job.queue, v_job.concurrency_key, 0);  -- due before a holder not started yet?
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._key_admit(bigint) IS
@@ -1904,7 +1971,8 @@ COMMENT ON FUNCTION treadle._key_release_queue(text) IS
 -- Why a job of a concurrency key waits or blocks its lane (treadle.explain):
 --   blocked: key_full (N of N slots held, by jobs ...), lane_blocked (an ordered
 --     lane whose head failed for good: retry or cancel it), or key_waiting
---     (released by the next slot given back, behind K older jobs of the key);
+--     (released by the next slot given back, behind K jobs of the key: older
+--     ones in an ordered queue, else those due before it);
 --   discarded holding its slot: lane_blocked (it blocks its lane).
 -- No rows for any other job.
 --------------------------------------------------------------------------------
@@ -1961,10 +2029,12 @@ BEGIN
     END IF;
     SELECT count(*) INTO v_ahead FROM treadle.jobs AS j
      WHERE j.queue = v_job.queue AND j.concurrency_key = v_job.concurrency_key AND j.state = 'blocked'
-       AND j.id < v_job.id;
+       AND CASE WHEN EXISTS (SELECT 1 FROM treadle.queues AS s WHERE s.queue = v_job.queue AND s.key_ordered)
+                THEN j.id < v_job.id
+                ELSE (j.run_at, j.id) < (v_job.run_at, v_job.id) END;  -- the order _key_release takes
     IF v_ahead > 0 THEN
         RETURN QUERY SELECT 'key_waiting',
-                            format('%s older job(s) of key %s wait for a slot before it', v_ahead, v_job.concurrency_key),
+                            format('%s job(s) of key %s wait for a slot before it', v_ahead, v_job.concurrency_key),
                             NULL::timestamptz;
     END IF;
 END;

@@ -345,3 +345,8 @@ ALTER TABLE treadle.workflow_runs
 DROP FUNCTION treadle.complete_and_claim(bigint[], uuid[], jsonb[], text, text[], text[], integer, interval, uuid);
 DROP FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[]);
 DROP FUNCTION treadle.heartbeat_many(bigint[], uuid[], interval);
+
+-- concurrency keys, due first: a key's blocked jobs by run_at (034_key_lanes.sql), as in
+-- 010_tables.sql.
+CREATE INDEX jobs_key_due_idx ON treadle.jobs (queue, concurrency_key, run_at, id)
+    WHERE state = 'blocked' OR (state = 'available' AND key_slot);

@@ -208,7 +208,9 @@ def test_finishing_batches_of_several_keys_in_opposite_orders_never_deadlocks(co
         "select id, lease_token from treadle.claim('w', array['cross'], batch => %s) order by id", (groups * 3,)
     ).fetchall()
     assert len(claimed) == groups * 3, "every job is released (the limit is not reached) and claimed"
-    keys = dict(setup.execute("select id, concurrency_key from treadle.jobs where queue = 'cross'").fetchall())
+    keys: dict[int, str] = dict(
+        setup.execute("select id, concurrency_key from treadle.jobs where queue = 'cross'").fetchall()
+    )
     batches = [claimed[i : i + 3] for i in range(0, len(claimed), 3)]
     assert {tuple(keys[job_id] for job_id, _ in batch) for batch in batches} == set(orders)
     kept, finished = batches[:12], batches[12:]  # 12 batches stay running: their slots stay held
@@ -231,9 +233,11 @@ def test_finishing_batches_of_several_keys_in_opposite_orders_never_deadlocks(co
         for future in [pool.submit(finisher, i) for i in range(sessions)]:
             future.result()  # a deadlock victim's 40P01 raises here
 
-    assert setup.execute(
-        "select key, held from treadle.key_slots where queue = 'cross' order by key"
-    ).fetchall() == [("a", 12), ("b", 12), ("c", 12)]
+    assert setup.execute("select key, held from treadle.key_slots where queue = 'cross' order by key").fetchall() == [
+        ("a", 12),
+        ("b", 12),
+        ("c", 12),
+    ]
     assert setup.execute(
         """select concurrency_key, count(*) from treadle.jobs
             where queue = 'cross' and key_slot group by 1 order by 1"""
