@@ -4,7 +4,7 @@
 -- nothing written; explain's reasons.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(95);
+SELECT plan(117);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -239,6 +239,55 @@ SELECT is(pg_temp.as_role_value('kl_a', $$ SELECT treadle.complete(c.id, c.lease
           'completed', 'tenant a claims and completes its keyed job as a worker');
 SELECT is(pg_temp.held('a.hooks', 'customer'), NULL, 'its slot is given back');
 SELECT is(pg_temp.held('b.hooks', 'customer'), 1, 'tenant b''s lane is untouched');
+
+--------------------------------------------------------------------------------
+-- due first: a job scheduled for later never holds a slot while a due job of its
+-- key waits; an ordered lane keeps enqueue order (its head holds the lane)
+--------------------------------------------------------------------------------
+SET LOCAL treadle.now = '2999-01-02 12:00:00+00';
+SELECT treadle.enqueue('k', queue => 'duq', concurrency_key => 'd', run_at => '2999-01-02 13:00:00+00') AS l1 \gset
+SELECT is(pg_temp.states('duq'), 'available*', 'a job scheduled for later takes its key''s free slot');
+SELECT is((SELECT count(*) FROM treadle.claim('w', ARRAY['duq'])), 0::bigint, '(it is not claimable before its time)');
+SELECT treadle.enqueue('k', queue => 'duq', concurrency_key => 'd') AS d1 \gset
+SELECT is(pg_temp.states('duq'), 'blocked available*',
+          'a due job of the key takes the slot of the job scheduled later, which had not started: that one is blocked again');
+SELECT is(pg_temp.held('duq', 'd'), 1, 'the count did not move');
+SELECT treadle.enqueue('k', queue => 'duq', concurrency_key => 'd', run_at => '2999-01-02 12:10:00+00') AS l2 \gset
+SELECT is(pg_temp.states('duq'), 'blocked available* blocked', 'a job scheduled for later does not take a due job''s slot');
+SELECT is((SELECT message FROM treadle.explain(:l1) WHERE reason = 'key_waiting'),
+          '1 job(s) of key d wait for a slot before it', 'explain counts the jobs due before it (12:10), not the older ones');
+SELECT id AS dt, lease_token AS dt_tok FROM pg_temp.take('duq') \gset
+SELECT is(:dt::bigint, :d1::bigint, 'the due job is claimed');
+SELECT is(treadle.complete(:d1, :'dt_tok'), 'completed', 'and completes');
+SELECT is(pg_temp.states('duq'), 'blocked completed available*',
+          'no job is due: the slot goes to the one due soonest (12:10), not to the oldest (13:00)');
+SELECT treadle.enqueue('k', queue => 'duq', concurrency_key => 'd') AS d2 \gset
+SELECT is(pg_temp.states('duq'), 'blocked completed blocked available*', 'a due job takes that slot in turn');
+SET LOCAL treadle.now = '2999-01-02 12:11:00+00';
+SELECT id AS dt, lease_token AS dt_tok FROM pg_temp.take('duq') \gset
+SELECT is(:dt::bigint, :d2::bigint, 'the due job is claimed');
+SELECT is(treadle.complete(:d2, :'dt_tok'), 'completed', 'and completes');
+SELECT is(pg_temp.states('duq'), 'blocked completed available* completed',
+          'the job due since 12:10 is released: due by now, it runs without waiting for another finish');
+SELECT id AS lt, lease_token AS lt_tok FROM pg_temp.take('duq') \gset
+SELECT is(:lt::bigint, :l2::bigint, 'it is claimed');
+SELECT is(treadle.snooze(:l2, :'lt_tok', '1 hour'), 'available', 'and snoozed for an hour');
+SELECT treadle.enqueue('k', queue => 'duq', concurrency_key => 'd') AS d3 \gset
+SELECT is(pg_temp.states('duq'), 'blocked completed available* completed blocked',
+          'a snoozed job is under way: it keeps its slot and a due job waits');
+SELECT is(pg_temp.held('duq', 'd'), 1, 'one slot held');
+
+SELECT treadle.set_queue('dlq', key_ordered => true);
+SELECT treadle.enqueue('k', queue => 'dlq', concurrency_key => 'o', run_at => '2999-01-02 14:00:00+00') AS o1 \gset
+SELECT treadle.enqueue('k', queue => 'dlq', concurrency_key => 'o') AS o2 \gset
+SELECT is(pg_temp.states('dlq'), 'available* blocked',
+          'an ordered lane''s head scheduled for later holds the lane: the due job behind it waits (enqueue order)');
+SELECT is((SELECT count(*) FROM treadle.claim('w', ARRAY['dlq'])), 0::bigint, 'nothing of the lane runs before its head''s time');
+SET LOCAL treadle.now = '2999-01-02 14:00:00+00';
+SELECT id AS ot, lease_token AS ot_tok FROM pg_temp.take('dlq') \gset
+SELECT is(:ot::bigint, :o1::bigint, 'at its time the head runs first');
+SELECT is(treadle.complete(:o1, :'ot_tok'), 'completed', 'and completes');
+SELECT is(pg_temp.states('dlq'), 'completed available*', 'then the job behind it');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -554,6 +554,11 @@ SELECT pg_catalog.pg_extension_config_dump('treadle.key_slots', '');
 -- its slots (treadle.explain names them): one index, so that writes of jobs without a
 -- key test one predicate more, not two.
 CREATE INDEX jobs_key_idx ON treadle.jobs (queue, concurrency_key, id) WHERE state = 'blocked' OR key_slot;
+-- A key's blocked jobs in the order a queue without key_ordered releases them (the
+-- longest due first, then the soonest due), and its released jobs that wait for their
+-- time, latest last (the ones a due job takes the slot of): treadle._key_release.
+CREATE INDEX jobs_key_due_idx ON treadle.jobs (queue, concurrency_key, run_at, id)
+    WHERE state = 'blocked' OR (state = 'available' AND key_slot);
 --------------------------------------------------------------------------------
 -- The clock, and private helpers.
 --
@@ -1872,8 +1877,10 @@ COMMENT ON FUNCTION treadle._append_args(jsonb, jsonb) IS
 -- way. treadle.key_slots counts the slots held per (queue, key), one row per key
 -- with a slot held (deleted when the count reaches zero); writers of a key lock
 -- its row, as claims lock a limited queue's row, so no limit is ever passed.
--- Giving a slot back releases the key's next blocked job in the same transaction,
--- oldest (lowest id) first.
+-- Giving a slot back releases the key's next blocked job in the same transaction:
+-- the one due longest, then the one due soonest (an ordered lane: the oldest, lowest
+-- id, even when it is not due yet). A job scheduled for later that holds a slot
+-- gives it to a job of its key due before it (treadle._key_release).
 --
 -- An ordered queue (key_ordered) makes each key a lane: limit 1, jobs released in
 -- enqueue order, and a head that fails for good (discarded) keeps its slot, so the
@@ -1883,7 +1890,9 @@ COMMENT ON FUNCTION treadle._append_args(jsonb, jsonb) IS
 -- No trigger and no claim reads a key: the calls that move a keyed job do.
 -- enqueue and enqueue_many insert it blocked and call treadle._key_release for its
 -- key; treadle._follow_up, which every finish calls with the rows it changed, gives
--- a slot back for each keyed row that left (treadle._key_leave); treadle.retry takes
+-- a slot back for each keyed row that left (treadle._key_leave_all, keys in
+-- (queue, key) order: every path that locks several keys' rows locks them in that
+-- order, so finishes of batches with the same keys in other orders never deadlock); treadle.retry takes
 -- a slot again for a job that had left (treadle._key_admit); cancel takes a failed
 -- head out of its lane. Retention, prune and archive leave a failed head that holds
 -- its slot alone. A queue whose jobs have no key runs the same statements as before.
@@ -1909,10 +1918,18 @@ COMMENT ON FUNCTION treadle._key_limit(text) IS
 --------------------------------------------------------------------------------
 -- treadle._key_release(queue, key, given) -> integer
 --
--- Transition: blocked -> available, each holding a slot, for the key's oldest
--- blocked jobs, as many as its room allows once `given` slots are given back. Locks the key's row of
--- treadle.key_slots until commit (writers of one key go one after another) and
--- deletes it when no slot is held. Returns how many jobs it released.
+-- Transition: blocked -> available, each holding a slot, for the key's next
+-- blocked jobs, as many as its room allows once `given` slots are given back. In
+-- an ordered queue the next is the oldest (enqueue order: a head that is not due
+-- yet holds its lane). Otherwise the next is the one due longest, then the one due
+-- soonest (run_at, id); and a job released before its time that has not started
+-- (available, never claimed, run_at still ahead) gives its slot to a blocked job
+-- due before it: -> blocked again, and that job -> available. So a slot never sits
+-- idle for a job scheduled later while a job of its key is due, and no clock is
+-- needed: a job scheduled later that holds a slot is the one of its key due
+-- soonest. Locks the key's row of treadle.key_slots until commit (writers of one
+-- key go one after another) and deletes it when no slot is held. Returns how many
+-- jobs it released.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._key_release(queue text, key text, given integer)
 RETURNS integer
@@ -1922,9 +1939,13 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_now      timestamptz := treadle.now();
+    v_limit    integer := treadle._key_limit(_key_release.queue);
+    v_ordered  boolean := coalesce((SELECT s.key_ordered FROM treadle.queues AS s WHERE s.queue = _key_release.queue), false);
     v_held     integer;
     v_released integer := 0;
-    v_due      boolean;
+    v_due      boolean := false;
+    v_early    treadle.jobs;
+    v_next     bigint;
 BEGIN
     INSERT INTO treadle.key_slots AS k (queue, key, held, updated_at)
     VALUES (_key_release.queue, _key_release.key, 0, v_now)
@@ -1932,12 +1953,12 @@ BEGIN
        SET held = greatest(k.held - _key_release.given, 0), updated_at = excluded.updated_at
     RETURNING k.held INTO v_held;
 
-    IF v_held < treadle._key_limit(_key_release.queue) THEN
+    IF v_held < v_limit AND v_ordered THEN
         WITH next AS (
             SELECT j.id FROM treadle.jobs AS j
              WHERE j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.state = 'blocked'
              ORDER BY j.id
-             LIMIT treadle._key_limit(_key_release.queue) - v_held
+             LIMIT v_limit - v_held
                FOR UPDATE
         ), released AS (
             UPDATE treadle.jobs AS j
@@ -1951,14 +1972,58 @@ BEGIN
         SELECT count(*), coalesce(bool_or(r.run_at <= v_now), false)
           INTO v_released, v_due
           FROM released AS r;
-        IF v_released > 0 THEN
-            UPDATE treadle.key_slots AS k SET held = k.held + v_released
-             WHERE k.queue = _key_release.queue AND k.key = _key_release.key;
-            v_held := v_held + v_released;
-        END IF;
-        IF v_due THEN
-            PERFORM treadle._notify('treadle_jobs', _key_release.queue);
-        END IF;
+    ELSIF v_held < v_limit THEN
+        WITH next AS (  -- the one due longest, then the one due soonest (jobs_key_due_idx)
+            SELECT j.id FROM treadle.jobs AS j
+             WHERE j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.state = 'blocked'
+             ORDER BY j.run_at, j.id
+             LIMIT v_limit - v_held
+               FOR UPDATE
+        ), released AS (
+            UPDATE treadle.jobs AS j
+               SET state = 'available',
+                   key_slot = true,
+                   ready_txid = pg_current_xact_id()  -- claimable now: claims look for it (040_claim.sql)
+              FROM next
+             WHERE j.id = next.id
+            RETURNING j.run_at
+        )
+        SELECT count(*), coalesce(bool_or(r.run_at <= v_now), false)
+          INTO v_released, v_due
+          FROM released AS r;
+    END IF;
+    IF v_released > 0 THEN
+        UPDATE treadle.key_slots AS k SET held = k.held + v_released
+         WHERE k.queue = _key_release.queue AND k.key = _key_release.key;
+        v_held := v_held + v_released;
+    END IF;
+
+    -- the key is full: a blocked job due before a holder that has not started takes its slot
+    WHILE NOT v_ordered AND v_held >= v_limit LOOP
+        SELECT * INTO v_early FROM treadle.jobs AS j
+         WHERE j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.key_slot
+           AND j.state = 'available' AND j.started_at IS NULL AND j.run_at > v_now
+         ORDER BY j.run_at DESC, j.id DESC
+         LIMIT 1
+           FOR UPDATE SKIP LOCKED;  -- one locked is being claimed or cancelled (which then waits for the key's row)
+        EXIT WHEN NOT FOUND;
+        SELECT j.id INTO v_next FROM treadle.jobs AS j
+         WHERE j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.state = 'blocked'
+           AND j.run_at < v_early.run_at
+         ORDER BY j.run_at, j.id
+         LIMIT 1
+           FOR UPDATE SKIP LOCKED;
+        EXIT WHEN NOT FOUND;
+        UPDATE treadle.jobs AS j SET state = 'blocked', key_slot = false
+         WHERE j.id = v_early.id AND j.queue = _key_release.queue;
+        UPDATE treadle.jobs AS j
+           SET state = 'available', key_slot = true, ready_txid = pg_current_xact_id()
+         WHERE j.id = v_next AND j.queue = _key_release.queue
+        RETURNING v_due OR j.run_at <= v_now INTO v_due;
+        v_released := v_released + 1;
+    END LOOP;
+    IF v_due THEN
+        PERFORM treadle._notify('treadle_jobs', _key_release.queue);
     END IF;
 
     IF v_held = 0 THEN
@@ -1968,7 +2033,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION treadle._key_release(text, text, integer) IS
-    'Give back slots of a concurrency key and release its oldest blocked jobs into the room.';
+    'Give back slots of a concurrency key and release its next blocked jobs into the room (due ones first).';
 
 --------------------------------------------------------------------------------
 -- treadle._key_leave(job) -> void
@@ -2001,10 +2066,39 @@ COMMENT ON FUNCTION treadle._key_leave(treadle.jobs) IS
     'Give back the slot of a keyed job that left, and release its key''s next blocked job.';
 
 --------------------------------------------------------------------------------
+-- treadle._key_leave_all(done treadle.jobs[]) -> void
+--
+-- Transition: treadle._key_leave for each keyed row of `done` (rows as the
+-- caller's update left them), in (queue, key, id) order: a transaction that gives
+-- back slots of several keys locks their key_slots rows in the one order every
+-- path takes (treadle._key_release_keys, treadle._key_release_queue), so two
+-- finishes of batches {A, B} and {B, A} wait for each other instead of deadlocking.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._key_leave_all(done treadle.jobs[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job treadle.jobs;
+BEGIN
+    FOR v_job IN
+        SELECT d.* FROM unnest(done) AS d WHERE d.key_slot ORDER BY d.queue, d.concurrency_key, d.id
+    LOOP
+        PERFORM treadle._key_leave(v_job);
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION treadle._key_leave_all(treadle.jobs[]) IS
+    'Give back the slots of the keyed jobs that left, keys in (queue, key) order.';
+
+--------------------------------------------------------------------------------
 -- treadle._key_admit(job_id) -> void
 --
 -- Transition: a keyed job made available again without a slot (treadle.retry of
--- one that had left) takes one, or -> blocked when its key is full.
+-- one that had left) takes one, or -> blocked when its key is full (and then takes
+-- the slot of a holder due after it that has not started: treadle._key_release).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._key_admit(job_id bigint)
 RETURNS void
@@ -2031,6 +2125,9 @@ BEGIN
        SET key_slot = coalesce(v_taken, false),
            state = CASE WHEN v_taken THEN j.state ELSE 'blocked' END
      WHERE j.id = v_job.id;
+    IF v_taken IS NULL THEN
+        PERFORM treadle._key_release(v_job.queue, v_job.concurrency_key, 0);  -- due before a holder not started yet?
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._key_admit(bigint) IS
@@ -2064,7 +2161,8 @@ COMMENT ON FUNCTION treadle._key_release_queue(text) IS
 -- Why a job of a concurrency key waits or blocks its lane (treadle.explain):
 --   blocked: key_full (N of N slots held, by jobs ...), lane_blocked (an ordered
 --     lane whose head failed for good: retry or cancel it), or key_waiting
---     (released by the next slot given back, behind K older jobs of the key);
+--     (released by the next slot given back, behind K jobs of the key: older
+--     ones in an ordered queue, else those due before it);
 --   discarded holding its slot: lane_blocked (it blocks its lane).
 -- No rows for any other job.
 --------------------------------------------------------------------------------
@@ -2121,10 +2219,12 @@ BEGIN
     END IF;
     SELECT count(*) INTO v_ahead FROM treadle.jobs AS j
      WHERE j.queue = v_job.queue AND j.concurrency_key = v_job.concurrency_key AND j.state = 'blocked'
-       AND j.id < v_job.id;
+       AND CASE WHEN EXISTS (SELECT 1 FROM treadle.queues AS s WHERE s.queue = v_job.queue AND s.key_ordered)
+                THEN j.id < v_job.id
+                ELSE (j.run_at, j.id) < (v_job.run_at, v_job.id) END;  -- the order _key_release takes
     IF v_ahead > 0 THEN
         RETURN QUERY SELECT 'key_waiting',
-                            format('%s older job(s) of key %s wait for a slot before it', v_ahead, v_job.concurrency_key),
+                            format('%s job(s) of key %s wait for a slot before it', v_ahead, v_job.concurrency_key),
                             NULL::timestamptz;
     END IF;
 END;
@@ -3928,8 +4028,8 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --   an occurrence of a cron schedule that completed, was discarded or was
 --   cancelled inserts the schedule's next one (treadle._schedule_next);
 --   a workflow step moves its run (treadle._advance_run);
---   a job that held a slot of its concurrency key gives it back once it left
---   (treadle._key_leave);
+--   a job that held a slot of its concurrency key gives it back once it left,
+--   first, keys in (queue, key) order (treadle._key_leave_all);
 --   channel treadle_done hears each queue where jobs finished, when a session
 --   waits on it (treadle._notify_done).
 --------------------------------------------------------------------------------
@@ -3942,17 +4042,14 @@ AS $$
 DECLARE
     v_job  treadle.jobs;
 BEGIN
+    PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
     FOR v_job IN
         SELECT d.* FROM unnest(done) AS d
          WHERE d.workflow_run_id IS NOT NULL
             OR (d.every IS NOT NULL AND d.state = ANY (ARRAY['completed', 'discarded']))
             OR (d.schedule IS NOT NULL AND d.state = ANY (ARRAY['completed', 'discarded', 'cancelled']))
-            OR d.key_slot
          ORDER BY d.id
     LOOP
-        IF v_job.key_slot THEN
-            PERFORM treadle._key_leave(v_job);  -- its concurrency key's slot (034_key_lanes.sql)
-        END IF;
         IF v_job.every IS NOT NULL AND v_job.state = ANY (ARRAY['completed', 'discarded']) THEN
             PERFORM treadle._successor(v_job.id, v_job.queue, v_job.name, v_job.args, v_job.priority,
                                        v_job.finished_at + v_job.every, v_job.max_attempts, v_job.every, NULL);
@@ -6627,7 +6724,7 @@ BEGIN
              WHERE j.workflow_run_id = cancel_workflow.run_id
                AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
                AND NOT j.cancel_requested
-             ORDER BY j.id
+             ORDER BY j.queue, j.concurrency_key, j.id  -- keys' slots in the one order (034_key_lanes.sql)
         LOOP
             v_looked := true;
             IF treadle.cancel(v_step.id) THEN
@@ -8747,7 +8844,7 @@ BEGIN
     PERFORM treadle.cancel(j.id)
        FROM treadle.jobs AS j
       WHERE j.workflow_run_id = NEW.id AND j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
-      ORDER BY j.id;
+      ORDER BY j.queue, j.concurrency_key, j.id;  -- keys' slots in the one order (034_key_lanes.sql)
     PERFORM treadle.cancel_workflow(c.id)
        FROM treadle.workflow_runs AS c
       WHERE c.parent_run_id = NEW.id AND c.state = 'running'

@@ -500,3 +500,8 @@ SELECT pg_catalog.pg_extension_config_dump('treadle.key_slots', '');
 -- its slots (treadle.explain names them): one index, so that writes of jobs without a
 -- key test one predicate more, not two.
 CREATE INDEX jobs_key_idx ON treadle.jobs (queue, concurrency_key, id) WHERE state = 'blocked' OR key_slot;
+-- A key's blocked jobs in the order a queue without key_ordered releases them (the
+-- longest due first, then the soonest due), and its released jobs that wait for their
+-- time, latest last (the ones a due job takes the slot of): treadle._key_release.
+CREATE INDEX jobs_key_due_idx ON treadle.jobs (queue, concurrency_key, run_at, id)
+    WHERE state = 'blocked' OR (state = 'available' AND key_slot);

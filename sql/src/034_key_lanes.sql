@@ -13,8 +13,10 @@
 -- way. treadle.key_slots counts the slots held per (queue, key), one row per key
 -- with a slot held (deleted when the count reaches zero); writers of a key lock
 -- its row, as claims lock a limited queue's row, so no limit is ever passed.
--- Giving a slot back releases the key's next blocked job in the same transaction,
--- oldest (lowest id) first.
+-- Giving a slot back releases the key's next blocked job in the same transaction:
+-- the one due longest, then the one due soonest (an ordered lane: the oldest, lowest
+-- id, even when it is not due yet). A job scheduled for later that holds a slot
+-- gives it to a job of its key due before it (treadle._key_release).
 --
 -- An ordered queue (key_ordered) makes each key a lane: limit 1, jobs released in
 -- enqueue order, and a head that fails for good (discarded) keeps its slot, so the
@@ -24,7 +26,9 @@
 -- No trigger and no claim reads a key: the calls that move a keyed job do.
 -- enqueue and enqueue_many insert it blocked and call treadle._key_release for its
 -- key; treadle._follow_up, which every finish calls with the rows it changed, gives
--- a slot back for each keyed row that left (treadle._key_leave); treadle.retry takes
+-- a slot back for each keyed row that left (treadle._key_leave_all, keys in
+-- (queue, key) order: every path that locks several keys' rows locks them in that
+-- order, so finishes of batches with the same keys in other orders never deadlock); treadle.retry takes
 -- a slot again for a job that had left (treadle._key_admit); cancel takes a failed
 -- head out of its lane. Retention, prune and archive leave a failed head that holds
 -- its slot alone. A queue whose jobs have no key runs the same statements as before.
@@ -50,10 +54,18 @@ COMMENT ON FUNCTION treadle._key_limit(text) IS
 --------------------------------------------------------------------------------
 -- treadle._key_release(queue, key, given) -> integer
 --
--- Transition: blocked -> available, each holding a slot, for the key's oldest
--- blocked jobs, as many as its room allows once `given` slots are given back. Locks the key's row of
--- treadle.key_slots until commit (writers of one key go one after another) and
--- deletes it when no slot is held. Returns how many jobs it released.
+-- Transition: blocked -> available, each holding a slot, for the key's next
+-- blocked jobs, as many as its room allows once `given` slots are given back. In
+-- an ordered queue the next is the oldest (enqueue order: a head that is not due
+-- yet holds its lane). Otherwise the next is the one due longest, then the one due
+-- soonest (run_at, id); and a job released before its time that has not started
+-- (available, never claimed, run_at still ahead) gives its slot to a blocked job
+-- due before it: -> blocked again, and that job -> available. So a slot never sits
+-- idle for a job scheduled later while a job of its key is due, and no clock is
+-- needed: a job scheduled later that holds a slot is the one of its key due
+-- soonest. Locks the key's row of treadle.key_slots until commit (writers of one
+-- key go one after another) and deletes it when no slot is held. Returns how many
+-- jobs it released.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._key_release(queue text, key text, given integer)
 RETURNS integer
@@ -63,9 +75,13 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_now      timestamptz := treadle.now();
+    v_limit    integer := treadle._key_limit(_key_release.queue);
+    v_ordered  boolean := coalesce((SELECT s.key_ordered FROM treadle.queues AS s WHERE s.queue = _key_release.queue), false);
     v_held     integer;
     v_released integer := 0;
-    v_due      boolean;
+    v_due      boolean := false;
+    v_early    treadle.jobs;
+    v_next     bigint;
 BEGIN
     INSERT INTO treadle.key_slots AS k (queue, key, held, updated_at)
     VALUES (_key_release.queue, _key_release.key, 0, v_now)
@@ -73,12 +89,12 @@ BEGIN
        SET held = greatest(k.held - _key_release.given, 0), updated_at = excluded.updated_at
     RETURNING k.held INTO v_held;
 
-    IF v_held < treadle._key_limit(_key_release.queue) THEN
+    IF v_held < v_limit AND v_ordered THEN
         WITH next AS (
             SELECT j.id FROM treadle.jobs AS j
              WHERE j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.state = 'blocked'
              ORDER BY j.id
-             LIMIT treadle._key_limit(_key_release.queue) - v_held
+             LIMIT v_limit - v_held
                FOR UPDATE
         ), released AS (
             UPDATE treadle.jobs AS j
@@ -92,14 +108,58 @@ BEGIN
         SELECT count(*), coalesce(bool_or(r.run_at <= v_now), false)
           INTO v_released, v_due
           FROM released AS r;
-        IF v_released > 0 THEN
-            UPDATE treadle.key_slots AS k SET held = k.held + v_released
-             WHERE k.queue = _key_release.queue AND k.key = _key_release.key;
-            v_held := v_held + v_released;
-        END IF;
-        IF v_due THEN
-            PERFORM treadle._notify('treadle_jobs', _key_release.queue);
-        END IF;
+    ELSIF v_held < v_limit THEN
+        WITH next AS (  -- the one due longest, then the one due soonest (jobs_key_due_idx)
+            SELECT j.id FROM treadle.jobs AS j
+             WHERE j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.state = 'blocked'
+             ORDER BY j.run_at, j.id
+             LIMIT v_limit - v_held
+               FOR UPDATE
+        ), released AS (
+            UPDATE treadle.jobs AS j
+               SET state = 'available',
+                   key_slot = true,
+                   ready_txid = pg_current_xact_id()  -- claimable now: claims look for it (040_claim.sql)
+              FROM next
+             WHERE j.id = next.id
+            RETURNING j.run_at
+        )
+        SELECT count(*), coalesce(bool_or(r.run_at <= v_now), false)
+          INTO v_released, v_due
+          FROM released AS r;
+    END IF;
+    IF v_released > 0 THEN
+        UPDATE treadle.key_slots AS k SET held = k.held + v_released
+         WHERE k.queue = _key_release.queue AND k.key = _key_release.key;
+        v_held := v_held + v_released;
+    END IF;
+
+    -- the key is full: a blocked job due before a holder that has not started takes its slot
+    WHILE NOT v_ordered AND v_held >= v_limit LOOP
+        SELECT * INTO v_early FROM treadle.jobs AS j
+         WHERE j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.key_slot
+           AND j.state = 'available' AND j.started_at IS NULL AND j.run_at > v_now
+         ORDER BY j.run_at DESC, j.id DESC
+         LIMIT 1
+           FOR UPDATE SKIP LOCKED;  -- one locked is being claimed or cancelled (which then waits for the key's row)
+        EXIT WHEN NOT FOUND;
+        SELECT j.id INTO v_next FROM treadle.jobs AS j
+         WHERE j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.state = 'blocked'
+           AND j.run_at < v_early.run_at
+         ORDER BY j.run_at, j.id
+         LIMIT 1
+           FOR UPDATE SKIP LOCKED;
+        EXIT WHEN NOT FOUND;
+        UPDATE treadle.jobs AS j SET state = 'blocked', key_slot = false
+         WHERE j.id = v_early.id AND j.queue = _key_release.queue;
+        UPDATE treadle.jobs AS j
+           SET state = 'available', key_slot = true, ready_txid = pg_current_xact_id()
+         WHERE j.id = v_next AND j.queue = _key_release.queue
+        RETURNING v_due OR j.run_at <= v_now INTO v_due;
+        v_released := v_released + 1;
+    END LOOP;
+    IF v_due THEN
+        PERFORM treadle._notify('treadle_jobs', _key_release.queue);
     END IF;
 
     IF v_held = 0 THEN
@@ -109,7 +169,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION treadle._key_release(text, text, integer) IS
-    'Give back slots of a concurrency key and release its oldest blocked jobs into the room.';
+    'Give back slots of a concurrency key and release its next blocked jobs into the room (due ones first).';
 
 --------------------------------------------------------------------------------
 -- treadle._key_leave(job) -> void
@@ -142,10 +202,39 @@ COMMENT ON FUNCTION treadle._key_leave(treadle.jobs) IS
     'Give back the slot of a keyed job that left, and release its key''s next blocked job.';
 
 --------------------------------------------------------------------------------
+-- treadle._key_leave_all(done treadle.jobs[]) -> void
+--
+-- Transition: treadle._key_leave for each keyed row of `done` (rows as the
+-- caller's update left them), in (queue, key, id) order: a transaction that gives
+-- back slots of several keys locks their key_slots rows in the one order every
+-- path takes (treadle._key_release_keys, treadle._key_release_queue), so two
+-- finishes of batches {A, B} and {B, A} wait for each other instead of deadlocking.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._key_leave_all(done treadle.jobs[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job treadle.jobs;
+BEGIN
+    FOR v_job IN
+        SELECT d.* FROM unnest(done) AS d WHERE d.key_slot ORDER BY d.queue, d.concurrency_key, d.id
+    LOOP
+        PERFORM treadle._key_leave(v_job);
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION treadle._key_leave_all(treadle.jobs[]) IS
+    'Give back the slots of the keyed jobs that left, keys in (queue, key) order.';
+
+--------------------------------------------------------------------------------
 -- treadle._key_admit(job_id) -> void
 --
 -- Transition: a keyed job made available again without a slot (treadle.retry of
--- one that had left) takes one, or -> blocked when its key is full.
+-- one that had left) takes one, or -> blocked when its key is full (and then takes
+-- the slot of a holder due after it that has not started: treadle._key_release).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._key_admit(job_id bigint)
 RETURNS void
@@ -172,6 +261,9 @@ BEGIN
        SET key_slot = coalesce(v_taken, false),
            state = CASE WHEN v_taken THEN j.state ELSE 'blocked' END
      WHERE j.id = v_job.id;
+    IF v_taken IS NULL THEN
+        PERFORM treadle._key_release(v_job.queue, v_job.concurrency_key, 0);  -- due before a holder not started yet?
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._key_admit(bigint) IS
@@ -205,7 +297,8 @@ COMMENT ON FUNCTION treadle._key_release_queue(text) IS
 -- Why a job of a concurrency key waits or blocks its lane (treadle.explain):
 --   blocked: key_full (N of N slots held, by jobs ...), lane_blocked (an ordered
 --     lane whose head failed for good: retry or cancel it), or key_waiting
---     (released by the next slot given back, behind K older jobs of the key);
+--     (released by the next slot given back, behind K jobs of the key: older
+--     ones in an ordered queue, else those due before it);
 --   discarded holding its slot: lane_blocked (it blocks its lane).
 -- No rows for any other job.
 --------------------------------------------------------------------------------
@@ -262,10 +355,12 @@ BEGIN
     END IF;
     SELECT count(*) INTO v_ahead FROM treadle.jobs AS j
      WHERE j.queue = v_job.queue AND j.concurrency_key = v_job.concurrency_key AND j.state = 'blocked'
-       AND j.id < v_job.id;
+       AND CASE WHEN EXISTS (SELECT 1 FROM treadle.queues AS s WHERE s.queue = v_job.queue AND s.key_ordered)
+                THEN j.id < v_job.id
+                ELSE (j.run_at, j.id) < (v_job.run_at, v_job.id) END;  -- the order _key_release takes
     IF v_ahead > 0 THEN
         RETURN QUERY SELECT 'key_waiting',
-                            format('%s older job(s) of key %s wait for a slot before it', v_ahead, v_job.concurrency_key),
+                            format('%s job(s) of key %s wait for a slot before it', v_ahead, v_job.concurrency_key),
                             NULL::timestamptz;
     END IF;
 END;

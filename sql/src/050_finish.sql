@@ -588,8 +588,8 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --   an occurrence of a cron schedule that completed, was discarded or was
 --   cancelled inserts the schedule's next one (treadle._schedule_next);
 --   a workflow step moves its run (treadle._advance_run);
---   a job that held a slot of its concurrency key gives it back once it left
---   (treadle._key_leave);
+--   a job that held a slot of its concurrency key gives it back once it left,
+--   first, keys in (queue, key) order (treadle._key_leave_all);
 --   channel treadle_done hears each queue where jobs finished, when a session
 --   waits on it (treadle._notify_done).
 --------------------------------------------------------------------------------
@@ -602,17 +602,14 @@ AS $$
 DECLARE
     v_job  treadle.jobs;
 BEGIN
+    PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
     FOR v_job IN
         SELECT d.* FROM unnest(done) AS d
          WHERE d.workflow_run_id IS NOT NULL
             OR (d.every IS NOT NULL AND d.state = ANY (ARRAY['completed', 'discarded']))
             OR (d.schedule IS NOT NULL AND d.state = ANY (ARRAY['completed', 'discarded', 'cancelled']))
-            OR d.key_slot
          ORDER BY d.id
     LOOP
-        IF v_job.key_slot THEN
-            PERFORM treadle._key_leave(v_job);  -- its concurrency key's slot (034_key_lanes.sql)
-        END IF;
         IF v_job.every IS NOT NULL AND v_job.state = ANY (ARRAY['completed', 'discarded']) THEN
             PERFORM treadle._successor(v_job.id, v_job.queue, v_job.name, v_job.args, v_job.priority,
                                        v_job.finished_at + v_job.every, v_job.max_attempts, v_job.every, NULL);

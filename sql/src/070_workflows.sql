@@ -633,7 +633,7 @@ BEGIN
              WHERE j.workflow_run_id = cancel_workflow.run_id
                AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
                AND NOT j.cancel_requested
-             ORDER BY j.id
+             ORDER BY j.queue, j.concurrency_key, j.id  -- keys' slots in the one order (034_key_lanes.sql)
         LOOP
             v_looked := true;
             IF treadle.cancel(v_step.id) THEN

@@ -234,7 +234,7 @@ BEGIN
     PERFORM treadle.cancel(j.id)
        FROM treadle.jobs AS j
       WHERE j.workflow_run_id = NEW.id AND j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
-      ORDER BY j.id;
+      ORDER BY j.queue, j.concurrency_key, j.id;  -- keys' slots in the one order (034_key_lanes.sql)
     PERFORM treadle.cancel_workflow(c.id)
        FROM treadle.workflow_runs AS c
       WHERE c.parent_run_id = NEW.id AND c.state = 'running'

@@ -358,3 +358,8 @@ ALTER TABLE treadle.workflow_runs
     ADD COLUMN root_queue text,
     ADD CONSTRAINT workflow_runs_tree_runs_check CHECK (tree_runs >= 1),
     ADD CONSTRAINT workflow_runs_root_check CHECK ((root_run_id IS NULL) = (root_queue IS NULL));
+
+-- concurrency keys, due first: a key's blocked jobs by run_at (034_key_lanes.sql), as in
+-- 010_tables.sql.
+CREATE INDEX jobs_key_due_idx ON treadle.jobs (queue, concurrency_key, run_at, id)
+    WHERE state = 'blocked' OR (state = 'available' AND key_slot);

@@ -187,3 +187,62 @@ def test_enqueuers_and_finishers_of_one_key_never_pass_its_limit(connect: Connec
     assert setup.execute(
         "select count(*) from treadle.jobs where queue = 'race' and state = any (array['completed', 'cancelled'])"
     ).fetchone() == (180,)
+
+
+def test_finishing_batches_of_several_keys_in_opposite_orders_never_deadlocks(connect: Connect) -> None:
+    """Many sessions complete batches whose jobs hold slots of the same keys, enqueued
+    in every order ({a, b, c}, {c, b, a}, ...): each finish locks its keys' rows in
+    (queue, key) order, so none is chosen as a deadlock victim (40P01 would raise
+    here), and every slot count matches the jobs that still hold a slot."""
+    setup = connect()
+    setup.execute("select treadle.set_queue('cross', key_limit => 1000)")
+    orders = [("a", "b", "c"), ("c", "b", "a"), ("b", "c", "a"), ("a", "c", "b"), ("c", "a", "b"), ("b", "a", "c")]
+    groups = 240
+    setup.execute(
+        """select treadle.enqueue_many((select jsonb_agg(jsonb_build_object(
+               'name', 'work', 'queue', 'cross', 'concurrency_key', (%s::text[])[(g %% 6) * 3 + p + 1]) order by g, p)
+               from generate_series(0, %s - 1) as g, generate_series(0, 2) as p))""",
+        ([k for order in orders for k in order], groups),
+    )
+    claimed = setup.execute(
+        "select id, lease_token from treadle.claim('w', array['cross'], batch => %s) order by id", (groups * 3,)
+    ).fetchall()
+    assert len(claimed) == groups * 3, "every job is released (the limit is not reached) and claimed"
+    keys: dict[int, str] = dict(
+        setup.execute("select id, concurrency_key from treadle.jobs where queue = 'cross'").fetchall()
+    )
+    batches = [claimed[i : i + 3] for i in range(0, len(claimed), 3)]
+    assert {tuple(keys[job_id] for job_id, _ in batch) for batch in batches} == set(orders)
+    kept, finished = batches[:12], batches[12:]  # 12 batches stay running: their slots stay held
+
+    sessions = 8
+    conns = [connect() for _ in range(sessions)]
+    start = threading.Barrier(sessions)
+
+    def finisher(i: int) -> None:
+        conn = conns[i]
+        start.wait()
+        for batch in finished[i::sessions]:
+            rows = conn.execute(
+                "select job_id, state from treadle.complete_many(%s, %s)",
+                ([job_id for job_id, _ in batch], [token for _, token in batch]),
+            ).fetchall()
+            assert [state for _, state in rows] == ["completed"] * 3
+
+    with ThreadPoolExecutor(sessions) as pool:
+        for future in [pool.submit(finisher, i) for i in range(sessions)]:
+            future.result()  # a deadlock victim's 40P01 raises here
+
+    assert setup.execute("select key, held from treadle.key_slots where queue = 'cross' order by key").fetchall() == [
+        ("a", 12),
+        ("b", 12),
+        ("c", 12),
+    ]
+    assert setup.execute(
+        """select concurrency_key, count(*) from treadle.jobs
+            where queue = 'cross' and key_slot group by 1 order by 1"""
+    ).fetchall() == [("a", 12), ("b", 12), ("c", 12)]
+    assert setup.execute(
+        "select count(*) from treadle.jobs where queue = 'cross' and state = 'completed'"
+    ).fetchone() == ((groups - 12) * 3,)
+    assert len(kept) == 12

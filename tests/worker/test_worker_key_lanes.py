@@ -1,17 +1,22 @@
 """A worker is SIGKILLed while it runs the head of an ordered lane: once its lease is
 rescued, the lane goes on in enqueue order with a second worker, one job at a time;
 no job is lost and none but the killed one runs twice (at least once: the killed
-attempt never finished)."""
+attempt never finished). A job scheduled for later never holds its key's slot while
+due jobs of the key wait."""
 
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
+from datetime import timedelta
 from itertools import pairwise
 from typing import Any
 
 import psycopg
 
-from tests.worker.worker_support import effects, enqueue, until_state
+import treadle
+from tests.worker.worker_support import effects, enqueue, job, until_state
+from treadle import JobContext, Worker
 
 
 def test_a_lane_whose_running_head_was_killed_goes_on_in_order(
@@ -46,3 +51,25 @@ def test_a_lane_whose_running_head_was_killed_goes_on_in_order(
     for before, after in pairwise(lane):
         assert last_start[after] >= finished[before], "one job of the lane at a time"
     assert conn.execute("SELECT count(*) FROM treadle.key_slots").fetchone() == (0,)
+
+
+def test_due_jobs_of_a_key_run_while_its_job_scheduled_for_later_waits(
+    conn: psycopg.Connection[Any], make_worker: Callable[..., Worker]
+) -> None:
+    worker = make_worker()
+    ran: list[int] = []
+
+    @worker.register
+    def sync(args: Any, ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    later = treadle.enqueue(conn, "sync", run_at=timedelta(hours=1), concurrency_key="account:1")
+    due = [treadle.enqueue(conn, "sync", {"n": n}, concurrency_key="account:1") for n in range(3)]
+    assert [job(conn, j)["state"] for j in [later, *due]] == ["blocked", "available", "blocked", "blocked"]
+    worker.start()
+    for job_id in due:
+        assert until_state(conn, job_id, "completed")["state"] == "completed"
+    assert ran == due, "the due jobs ran, oldest first; the one scheduled for later did not"
+    waiting = job(conn, later)
+    assert (waiting["state"], waiting["key_slot"]) == ("available", True), "then it holds the slot until its time"
+    assert conn.execute("SELECT held FROM treadle.key_slots WHERE key = 'account:1'").fetchone() == (1,)
