@@ -7793,12 +7793,20 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.worker_stopped(text) IS 'Remove a worker that shut down cleanly.';
 
--- Workers seen in the last 30 seconds, with the jobs they hold right now.
+-- Workers seen in the last 30 seconds, with the jobs they hold right now. The running
+-- jobs are counted once, by worker (through jobs_lease_idx: lease_until is set exactly
+-- while a job runs), not once per worker: on Citus a subquery of treadle.jobs that
+-- names a worker of the coordinator's treadle.workers cannot be planned, and this
+-- count is one query over the shards whose result the coordinator joins.
 CREATE VIEW treadle.live_workers WITH (security_invoker = true) AS
 SELECT w.id, w.host, w.pid, w.queues, w.concurrency,
-       (SELECT count(*) FROM treadle.jobs AS j WHERE j.state = 'running' AND j.worker_id = w.id) AS running_jobs,
+       coalesce(r.running_jobs, 0) AS running_jobs,
        w.started_at, w.last_seen
   FROM treadle.workers AS w
+  LEFT JOIN (SELECT j.worker_id, count(*) AS running_jobs
+               FROM treadle.jobs AS j
+              WHERE j.state = 'running' AND j.lease_until IS NOT NULL
+              GROUP BY j.worker_id) AS r ON r.worker_id = w.id
  WHERE w.last_seen > treadle.now() - interval '30 seconds'
  ORDER BY w.started_at, w.id;
 COMMENT ON VIEW treadle.live_workers IS
@@ -8726,7 +8734,10 @@ COMMENT ON VIEW treadle.recent_failures IS
     'Retryable and discarded jobs with an error, newest failure first.';
 
 -- Workflow runs with their current step and how far they have come; a child run
--- names its parent run and the parent's step that started it.
+-- names its parent run and the parent's step that started it. The current step is
+-- the newest step job in the run's own queue: the join names the queue, so that on
+-- Citus it stays within the run's shard (a step whose step_options give it another
+-- queue is not the current step while it runs).
 CREATE VIEW treadle.workflow_run_overview WITH (security_invoker = true) AS
 SELECT r.id, r.name, r.state,
        cur.step AS current_step,
@@ -8738,7 +8749,7 @@ SELECT r.id, r.name, r.state,
   FROM treadle.workflow_runs AS r
   LEFT JOIN LATERAL (
         SELECT j.step FROM treadle.jobs AS j
-         WHERE j.workflow_run_id = r.id
+         WHERE j.workflow_run_id = r.id AND j.queue = r.queue
          ORDER BY j.id DESC
          LIMIT 1) AS cur ON true
  ORDER BY r.id DESC;

@@ -335,6 +335,47 @@ def test_rescue_ends_a_sleep_that_is_due(conn: Conn, queue: str) -> None:
     assert step["name"] == "workflow:citus_nap/two"
 
 
+# -- views ---------------------------------------------------------------------------------
+
+
+def test_live_workers_counts_the_jobs_each_worker_holds(conn: Conn, queue: str) -> None:
+    other = f"{queue}x"
+    worker = f"w{uuid.uuid4().hex[:8]}"
+    idle = f"{worker}idle"
+    conn.execute("SELECT treadle.worker_seen(%s, 'h', 1, ARRAY[%s, %s], 4)", [worker, queue, other])
+    conn.execute("SELECT treadle.worker_seen(%s, 'h', 2, ARRAY[%s], 4)", [idle, queue])
+    for q in (queue, queue, other):  # jobs of two queues (two shards, perhaps two nodes)
+        job_id = enqueue(conn, q)
+        hand_lease(conn, q, job_id)
+        conn.execute("UPDATE treadle.jobs SET worker_id = %s WHERE queue = %s AND id = %s", [worker, q, job_id])
+    enqueue(conn, queue)  # available: held by no one
+    rows = conn.execute(
+        "SELECT id, running_jobs FROM treadle.live_workers WHERE id IN (%s, %s) ORDER BY id", [worker, idle]
+    ).fetchall()
+    assert rows == [{"id": worker, "running_jobs": 3}, {"id": idle, "running_jobs": 0}]
+
+
+def test_workflow_run_overview_shows_each_run_with_its_current_step(conn: Conn, queue: str) -> None:
+    runs = []
+    for q in (queue, f"{queue}x"):
+        row = conn.execute(
+            "SELECT treadle.start_workflow('citus_view', '{}', steps => ARRAY['one', 'two'], queue => %s) AS id", [q]
+        ).fetchone()
+        assert row is not None
+        runs.append(row["id"])
+    (step,) = claim(conn, queue)
+    conn.execute("SELECT treadle.complete(%s, %s, '{}', queue => %s)", [step["id"], step["lease_token"], queue])
+    rows = conn.execute(
+        """SELECT id, state, current_step, steps_done, steps_total FROM treadle.workflow_run_overview
+            WHERE id = ANY (%s) ORDER BY id DESC""",
+        [runs],
+    ).fetchall()
+    assert rows == [
+        {"id": runs[1], "state": "running", "current_step": "one", "steps_done": 0, "steps_total": 2},
+        {"id": runs[0], "state": "running", "current_step": "two", "steps_done": 1, "steps_total": 2},
+    ]
+
+
 # -- flow control ------------------------------------------------------------------------
 
 
