@@ -1920,6 +1920,7 @@ DECLARE
     v_held     integer;
     v_released integer := 0;
     v_due      boolean;
+    v_limit    integer;
 BEGIN
     INSERT INTO treadle.key_slots AS k (queue, key, held, updated_at)
     VALUES (_key_release.queue, _key_release.key, 0, v_now)
@@ -1927,12 +1928,15 @@ BEGIN
        SET held = greatest(k.held - _key_release.given, 0), updated_at = excluded.updated_at
     RETURNING k.held INTO v_held;
 
-    IF v_held < treadle._key_limit(_key_release.queue) THEN
+    -- read here, not in the statement: on Citus it goes to the queue's shard whole,
+    -- where a function that reads treadle.queues cannot run
+    v_limit := treadle._key_limit(_key_release.queue);
+    IF v_held < v_limit THEN
         WITH next AS (
             SELECT j.id FROM treadle.jobs AS j
              WHERE j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.state = 'blocked'
              ORDER BY j.id
-             LIMIT treadle._key_limit(_key_release.queue) - v_held
+             LIMIT v_limit - v_held
                FOR UPDATE
         ), released AS (
             UPDATE treadle.jobs AS j
@@ -1940,7 +1944,7 @@ BEGIN
                    key_slot = true,
                    ready_txid = pg_current_xact_id()  -- claimable now: claims look for it (040_claim.sql)
               FROM next
-             WHERE j.id = next.id
+             WHERE j.queue = _key_release.queue AND j.id = next.id  -- (the queue: one shard on Citus)
             RETURNING j.run_at
         )
         SELECT count(*), coalesce(bool_or(r.run_at <= v_now), false)
@@ -1986,7 +1990,7 @@ BEGIN
            AND EXISTS (SELECT 1 FROM treadle.queues AS s WHERE s.queue = job.queue AND s.key_ordered)) THEN
         RETURN;
     END IF;
-    UPDATE treadle.jobs AS j SET key_slot = false WHERE j.id = job.id AND j.key_slot;
+    UPDATE treadle.jobs AS j SET key_slot = false WHERE j.queue = job.queue AND j.id = job.id AND j.key_slot;
     IF FOUND THEN
         PERFORM treadle._key_release(job.queue, job.concurrency_key, 1);
     END IF;
@@ -2025,7 +2029,7 @@ BEGIN
     UPDATE treadle.jobs AS j
        SET key_slot = coalesce(v_taken, false),
            state = CASE WHEN v_taken THEN j.state ELSE 'blocked' END
-     WHERE j.id = v_job.id;
+     WHERE j.queue = v_job.queue AND j.id = v_job.id;
 END;
 $$;
 COMMENT ON FUNCTION treadle._key_admit(bigint) IS
@@ -10415,12 +10419,13 @@ GRANT EXECUTE ON FUNCTION treadle._caller(), treadle._caller_role(), treadle._ca
 -- treadle.distribute(shard_count) -> text
 --
 -- Run once on a Citus coordinator, after CREATE EXTENSION treadle: distributes
--- treadle.workflow_runs, treadle.jobs, treadle.workflow_signals and
--- treadle.job_history (with its partitions) by queue, co-located, in shard_count
--- shards (null: Citus's citus.shard_count, 32 unless set); makes treadle.queues,
--- workflows, cron_schedules, settings, tenants and history_slots reference tables;
+-- treadle.workflow_runs, treadle.jobs, treadle.workflow_signals,
+-- treadle.job_history (with its partitions) and treadle.key_slots by queue,
+-- co-located, in shard_count shards (null: Citus's citus.shard_count, 32 unless
+-- set); makes treadle.queues, workflows, cron_schedules, settings, tenants and history_slots reference tables;
 -- leaves treadle.workers and done_waiters local to the coordinator. Rows already
--- there move with their tables. A second call changes nothing and says so. Returns
+-- there move with their tables. A second call changes nothing and says so, or
+-- distributes the tables an earlier build's call left local (key_slots). Returns
 -- what it did. Owner only.
 -- Raises 22023: shard_count outside 1..1024, or given to a second call that differs
 -- from the count the tables have. 55000: the server has no Citus (nothing changes),
@@ -10434,7 +10439,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_distributed constant regclass[] := ARRAY['treadle.workflow_runs', 'treadle.jobs',
-        'treadle.workflow_signals', 'treadle.job_history']::regclass[];
+        'treadle.workflow_signals', 'treadle.job_history', 'treadle.key_slots']::regclass[];
     v_reference constant regclass[] := ARRAY['treadle.queues', 'treadle.workflows', 'treadle.cron_schedules',
         'treadle.settings', 'treadle.tenants', 'treadle.history_slots']::regclass[];
     v_table regclass;

@@ -66,6 +66,7 @@ DECLARE
     v_held     integer;
     v_released integer := 0;
     v_due      boolean;
+    v_limit    integer;
 BEGIN
     INSERT INTO treadle.key_slots AS k (queue, key, held, updated_at)
     VALUES (_key_release.queue, _key_release.key, 0, v_now)
@@ -73,12 +74,15 @@ BEGIN
        SET held = greatest(k.held - _key_release.given, 0), updated_at = excluded.updated_at
     RETURNING k.held INTO v_held;
 
-    IF v_held < treadle._key_limit(_key_release.queue) THEN
+    -- read here, not in the statement: on Citus it goes to the queue's shard whole,
+    -- where a function that reads treadle.queues cannot run
+    v_limit := treadle._key_limit(_key_release.queue);
+    IF v_held < v_limit THEN
         WITH next AS (
             SELECT j.id FROM treadle.jobs AS j
              WHERE j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.state = 'blocked'
              ORDER BY j.id
-             LIMIT treadle._key_limit(_key_release.queue) - v_held
+             LIMIT v_limit - v_held
                FOR UPDATE
         ), released AS (
             UPDATE treadle.jobs AS j
@@ -86,7 +90,7 @@ BEGIN
                    key_slot = true,
                    ready_txid = pg_current_xact_id()  -- claimable now: claims look for it (040_claim.sql)
               FROM next
-             WHERE j.id = next.id
+             WHERE j.queue = _key_release.queue AND j.id = next.id  -- (the queue: one shard on Citus)
             RETURNING j.run_at
         )
         SELECT count(*), coalesce(bool_or(r.run_at <= v_now), false)
@@ -132,7 +136,7 @@ BEGIN
            AND EXISTS (SELECT 1 FROM treadle.queues AS s WHERE s.queue = job.queue AND s.key_ordered)) THEN
         RETURN;
     END IF;
-    UPDATE treadle.jobs AS j SET key_slot = false WHERE j.id = job.id AND j.key_slot;
+    UPDATE treadle.jobs AS j SET key_slot = false WHERE j.queue = job.queue AND j.id = job.id AND j.key_slot;
     IF FOUND THEN
         PERFORM treadle._key_release(job.queue, job.concurrency_key, 1);
     END IF;
@@ -171,7 +175,7 @@ BEGIN
     UPDATE treadle.jobs AS j
        SET key_slot = coalesce(v_taken, false),
            state = CASE WHEN v_taken THEN j.state ELSE 'blocked' END
-     WHERE j.id = v_job.id;
+     WHERE j.queue = v_job.queue AND j.id = v_job.id;
 END;
 $$;
 COMMENT ON FUNCTION treadle._key_admit(bigint) IS

@@ -28,7 +28,9 @@ from treadle import Worker
 
 Conn = psycopg.Connection[dict[str, Any]]
 
-DISTRIBUTED = ["treadle.workflow_runs", "treadle.jobs", "treadle.workflow_signals", "treadle.job_history"]
+DISTRIBUTED = [
+    "treadle.workflow_runs", "treadle.jobs", "treadle.workflow_signals", "treadle.job_history", "treadle.key_slots",
+]  # fmt: skip
 REFERENCE = [
     "treadle.queues", "treadle.workflows", "treadle.cron_schedules",
     "treadle.settings", "treadle.tenants", "treadle.history_slots",
@@ -115,6 +117,39 @@ def test_a_second_distribute_changes_nothing_and_says_so(conn: Conn, distributed
     row = conn.execute("SELECT treadle.distribute(shard_count => 32) AS answer").fetchone()
     assert row is not None and "nothing changed" in row["answer"]
     assert conn.execute("SELECT count(*) AS n FROM pg_catalog.pg_dist_shard").fetchone() == before
+
+
+@pytest.mark.subprocess
+def test_a_second_distribute_spreads_key_slots_that_an_earlier_one_left_local() -> None:
+    """A cluster distributed before key_slots was: its tables as that call left them (the
+    four by queue, the small ones reference tables), then treadle.distribute again."""
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "citus-cluster"), "createdb", CITUS_DIR, f"old{uuid.uuid4().hex[:8]}"],
+        check=True, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    with psycopg.connect(done.stdout.strip(), autocommit=True, row_factory=dict_row) as old:
+        old.execute("CREATE EXTENSION treadle")
+        old.execute("SET citus.enable_unsafe_triggers = on")
+        old.execute("SELECT create_distributed_table('treadle.workflow_runs', 'queue', colocate_with => 'none')")
+        for rel in DISTRIBUTED[1:4]:
+            old.execute("SELECT create_distributed_table(%s, 'queue', colocate_with => 'treadle.workflow_runs')", [rel])
+        for rel in REFERENCE:
+            old.execute("SELECT create_reference_table(%s)", [rel])
+        old.execute("INSERT INTO treadle.key_slots VALUES ('q', 'k', 1, now())")
+        row = old.execute("SELECT treadle.distribute() AS said").fetchone()
+        assert row is not None
+        assert "distributed: treadle.key_slots;" in row["said"], row
+        kinds = old.execute(
+            """SELECT p.partmethod::text AS method, p.colocationid = j.colocationid AS colocated
+                 FROM pg_catalog.pg_dist_partition AS p, pg_catalog.pg_dist_partition AS j
+                WHERE p.logicalrelid = 'treadle.key_slots'::regclass AND j.logicalrelid = 'treadle.jobs'::regclass"""
+        ).fetchall()
+        assert kinds == [{"method": "h", "colocated": True}]
+        assert old.execute("SELECT queue, key, held FROM treadle.key_slots").fetchall() == [
+            {"queue": "q", "key": "k", "held": 1}
+        ], "its rows moved with it"
+        row = old.execute("SELECT treadle.distribute() AS said").fetchone()
+        assert row is not None and "nothing changed" in row["said"]
 
 
 @pytest.mark.parametrize(("shard_count", "sqlstate"), [(8, "22023"), (0, "22023"), (5000, "22023")])
