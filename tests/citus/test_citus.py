@@ -411,6 +411,60 @@ def test_workflow_run_overview_shows_each_run_with_its_current_step(conn: Conn, 
     ]
 
 
+def test_apply_retention_deletes_old_runs_and_jobs_queue_by_queue(conn: Conn, queue: str) -> None:
+    """Runs with their steps (one in a queue of its own) and signals, and jobs: read
+    across the queues, then locked and deleted queue by queue."""
+    side, other = f"{queue}s", f"{queue}o"
+    conn.execute("SELECT treadle.set_queue(%s, retain_completed => '1 hour')", [queue])
+    conn.execute("SELECT treadle.set_queue(%s, retain_completed => '1 hour')", [other])
+    runs = []
+    for q, options in ((queue, '{"two": {"queue": "%s"}}' % side), (other, None)):
+        row = conn.execute(
+            """SELECT treadle.start_workflow('citus_kept', '{}', steps => ARRAY['one', 'two'], queue => %s,
+                                             step_options => %s::jsonb) AS id""",
+            [q, options],
+        ).fetchone()
+        assert row is not None
+        runs.append(row["id"])
+        conn.execute(
+            "INSERT INTO treadle.workflow_signals (run_id, queue, name, payload, sent_at) VALUES (%s, %s, 'x', '{}', now())",
+            [row["id"], q],
+        )
+        for _ in range(2):
+            (step,) = conn.execute("SELECT * FROM treadle.claim('w', ARRAY[%s, %s])", [q, side]).fetchall()
+            conn.execute(
+                "SELECT treadle.complete(%s, %s, queue => %s)", [step["id"], step["lease_token"], step["queue"]]
+            )
+    plain = enqueue(conn, other)
+    token = hand_lease(conn, other, plain)
+    conn.execute("SELECT treadle.complete(%s, %s, queue => %s)", [plain, token, other])
+    assert job(conn, side, conn.execute(
+        "SELECT id FROM treadle.jobs WHERE queue = %s AND workflow_run_id = %s", [side, runs[0]]
+    ).fetchone()["id"])["step"] == "two"  # fmt: skip
+    with psycopg.connect(CITUS_URL, autocommit=True, row_factory=dict_row) as later:
+        later.execute(
+            "SELECT set_config('treadle.now', %s, false)",
+            [(datetime.now(timezone.utc) + timedelta(hours=2)).isoformat()],
+        )
+        gone = 0
+        for _ in range(50):  # other tests' old rows may come first: until it caught up
+            row = later.execute("SELECT treadle.apply_retention(1000) AS n").fetchone()
+            assert row is not None
+            gone += row["n"]
+            if row["n"] < 1000:
+                break
+    assert gone >= 5
+    for q in (queue, side, other):
+        assert conn.execute("SELECT count(*) AS n FROM treadle.jobs WHERE queue = %s", [q]).fetchone() == {"n": 0}
+    for q in (queue, other):
+        left = conn.execute(
+            "SELECT (SELECT count(*) FROM treadle.workflow_runs WHERE queue = %s) + "
+            "(SELECT count(*) FROM treadle.workflow_signals WHERE queue = %s) AS n",
+            [q, q],
+        ).fetchone()
+        assert left == {"n": 0}
+
+
 # -- flow control ------------------------------------------------------------------------
 
 
