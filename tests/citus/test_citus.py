@@ -17,6 +17,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import psycopg
 import pytest
@@ -368,6 +369,38 @@ def test_rescue_ends_a_sleep_that_is_due(conn: Conn, queue: str) -> None:
     conn.execute("SELECT treadle.rescue()")
     (step,) = claim(conn, queue)
     assert step["name"] == "workflow:citus_nap/two"
+
+
+@pytest.mark.parametrize("on_timeout", ["fail", "continue"])
+def test_rescue_times_out_a_signal_wait(conn: Conn, queue: str, on_timeout: str) -> None:
+    name = f"citus_wait_{on_timeout}"
+    conn.execute(
+        "SELECT treadle.define_workflow(%s, ARRAY['one', 'approve', 'two'], waits => %s::jsonb)",
+        [name, '{"approve": {"signal": "go", "timeout": "1 second", "on_timeout": "%s"}}' % on_timeout],
+    )
+    row = conn.execute("SELECT treadle.start_workflow(%s, '{}', queue => %s) AS id", [name, queue]).fetchone()
+    assert row is not None
+    run_id = row["id"]
+    (step,) = claim(conn, queue)
+    conn.execute("SELECT treadle.complete(%s, %s, '{}', queue => %s)", [step["id"], step["lease_token"], queue])
+    assert claim(conn, queue) == []  # waiting for the signal
+    time.sleep(1.2)
+    conn.execute("SELECT treadle.rescue()")
+    run = conn.execute(
+        "SELECT state, results -> 'approve' AS approve, waiting FROM treadle.workflow_runs WHERE queue = %s AND id = %s",
+        [queue, run_id],
+    ).fetchone()
+    if on_timeout == "fail":
+        assert run == {
+            "state": "failed",
+            "approve": None,
+            "waiting": {"approve": {"signal": "go", "until": ANY, "timed_out": True}},
+        }
+        assert claim(conn, queue) == []
+    else:
+        assert run == {"state": "running", "approve": {"timed_out": True}, "waiting": None}
+        (step,) = claim(conn, queue)
+        assert step["name"] == f"workflow:{name}/two"
 
 
 # -- views ---------------------------------------------------------------------------------
