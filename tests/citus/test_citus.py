@@ -605,6 +605,63 @@ def test_queues_on_the_other_node_keep_flowing_while_a_worker_node_is_down(conn:
         assert enqueue(again, down) > before[down]
 
 
+@pytest.mark.subprocess
+def test_a_running_worker_completes_every_job_exactly_once_across_a_node_restart(conn: Conn) -> None:
+    """A Python worker runs jobs of queues on both worker nodes while one node stops and
+    starts again: each handler start is counted per job in a table on the coordinator,
+    and afterwards every job is completed, each started once (the lease outlasts the
+    stop, and the worker keeps its finishes until the node is back)."""
+    queues: dict[str, str] = {}
+    for q in (f"nf{uuid.uuid4().hex[:6]}{i}" for i in range(16)):
+        queues.setdefault(node_of(conn, q), q)
+    assert set(queues) == {"w1", "w2"}
+    starts = f"starts_{uuid.uuid4().hex[:8]}"
+    conn.execute(f"CREATE TABLE {starts} (job_id bigint NOT NULL, at timestamptz NOT NULL DEFAULT now())")
+    ids = [enqueue(conn, queues["w1" if i % 2 else "w2"], name="citus_fault") for i in range(120)]
+    worker = Worker(CITUS_URL, queues=list(queues.values()), concurrency=4, poll_interval=0.1, lease=60,
+                    stop_timeout=10.0, retention_interval=None)  # fmt: skip
+    lock = threading.Lock()
+    counter = psycopg.connect(CITUS_URL, autocommit=True)
+
+    @worker.register
+    def citus_fault(args: Any, ctx: Any) -> None:
+        with lock:
+            counter.execute(f"INSERT INTO {starts} (job_id) VALUES (%s)", [ctx.job_id])
+        time.sleep(0.05)
+
+    def completed() -> int:
+        row = conn.execute(
+            "SELECT count(*) AS n FROM treadle.jobs WHERE queue = ANY (%s) AND state = 'completed'",
+            [list(queues.values())],
+        ).fetchone()
+        assert row is not None
+        return int(row["n"])
+
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # under way on both nodes
+            if conn.execute(f"SELECT count(*) AS n FROM {starts}").fetchone() == {"n": 20}:
+                break
+            time.sleep(0.05)
+        cluster("stop-node", "w2")
+        time.sleep(2)  # the worker meets the stopped node: claims and finishes fail, and go on
+        cluster("start-node", "w2")
+        back = conn.execute("SELECT clock_timestamp() AS at").fetchone()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and completed() < len(ids):
+            time.sleep(0.2)
+    finally:
+        worker.stop()
+        counter.close()
+    assert completed() == len(ids), "every job completed, none lost"
+    rows = conn.execute(f"SELECT job_id, count(*) AS n FROM {starts} GROUP BY job_id").fetchall()
+    assert {r["job_id"]: r["n"] for r in rows} == dict.fromkeys(ids, 1), "each started exactly once"
+    assert back is not None
+    later = conn.execute(f"SELECT count(*) AS n FROM {starts} WHERE at > %s", [back["at"]]).fetchone()
+    assert later is not None and later["n"] > 0, "jobs ran after the node came back (the stop met work under way)"
+
+
 # -- bench/citus.py -------------------------------------------------------------------------
 
 
