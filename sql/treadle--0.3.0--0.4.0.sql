@@ -1829,17 +1829,19 @@ AS $$
 DECLARE
     v_job   treadle.jobs;
     v_taken boolean;
+    v_limit integer;
 BEGIN
     SELECT * INTO v_job FROM treadle.jobs AS j
      WHERE j.id = _key_admit.job_id AND NOT j.key_slot AND j.state = 'available';
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    v_limit := treadle._key_limit(v_job.queue);  -- (read apart: Citus runs the insert on the queue's shard)
     INSERT INTO treadle.key_slots AS k (queue, key, held, updated_at)
     VALUES (v_job.queue, v_job.concurrency_key, 1, treadle.now())
     ON CONFLICT ON CONSTRAINT key_slots_pkey DO UPDATE
        SET held = k.held + 1, updated_at = excluded.updated_at
-     WHERE k.held < treadle._key_limit(v_job.queue)
+     WHERE k.held < v_limit
     RETURNING true INTO v_taken;
     UPDATE treadle.jobs AS j
        SET key_slot = coalesce(v_taken, false),
@@ -1862,11 +1864,18 @@ LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_keys text[];
+    v_key  text;
 BEGIN
-    PERFORM treadle._key_release(_key_release_queue.queue, k.key, 0)
-       FROM (SELECT DISTINCT j.concurrency_key AS key FROM treadle.jobs AS j
-              WHERE j.queue = _key_release_queue.queue AND j.state = 'blocked') AS k
-      ORDER BY k.key;
+    -- the keys read first, then released one by one: on Citus a statement that names
+    -- the queue runs whole on its shard, where _key_release's statements cannot
+    v_keys := ARRAY(SELECT DISTINCT j.concurrency_key FROM treadle.jobs AS j
+                     WHERE j.queue = _key_release_queue.queue AND j.state = 'blocked'
+                     ORDER BY 1);
+    FOREACH v_key IN ARRAY v_keys LOOP
+        PERFORM treadle._key_release(_key_release_queue.queue, v_key, 0);
+    END LOOP;
 END;
 $$;
 COMMENT ON FUNCTION treadle._key_release_queue(text) IS
