@@ -3064,7 +3064,8 @@ COMMENT ON FUNCTION treadle.heartbeat_many(bigint[], uuid[], interval, text[]) I
 -- Registers the calling session as waiting for jobs of `queue` to finish (null:
 -- every queue the caller may use), so that finishing one sends NOTIFY
 -- treadle_done with its queue. Call it, then LISTEN treadle_done, then read the
--- state: no finish is missed. Removes the rows of sessions that have ended.
+-- state: no finish is missed. Removes the rows of sessions that have ended
+-- (but those another open transaction is removing: it never waits for them).
 -- Returns true once every finish that was under way has committed; false when one
 -- was still open after 100 ms (a long transaction that finished a job): the
 -- session stays registered, and such a finish is seen at the next read. Call it
@@ -3088,8 +3089,14 @@ BEGIN
         PERFORM treadle._check_queue_allowed(listen_done.queue);
     END IF;
     DELETE FROM treadle.done_waiters AS w
-     WHERE (w.pid = pg_backend_pid() AND w.queue IS NOT DISTINCT FROM listen_done.queue)
-        OR NOT EXISTS (SELECT FROM pg_catalog.pg_stat_activity AS a WHERE a.pid = w.pid);
+     WHERE w.pid = pg_backend_pid() AND w.queue IS NOT DISTINCT FROM listen_done.queue;
+    -- the rows of ended sessions that no other transaction is removing: a session
+    -- that removed some and keeps its transaction open makes no one else wait
+    DELETE FROM treadle.done_waiters AS w
+     WHERE w.ctid = ANY (ARRAY(
+           SELECT d.ctid FROM treadle.done_waiters AS d
+            WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_stat_activity AS a WHERE a.pid = d.pid)
+              FOR UPDATE SKIP LOCKED));
     INSERT INTO treadle.done_waiters (pid, queue, queue_prefix)
     VALUES (pg_backend_pid(), listen_done.queue, treadle._caller_prefix());
 
@@ -5030,7 +5037,8 @@ COMMENT ON FUNCTION treadle.apply_retention(integer) IS
 -- jobs go only with their run, so a kept run keeps its whole history. Returns
 -- how many jobs it deleted (step jobs included). The one-off manual form: one
 -- statement, one transaction however many rows go; apply_retention deletes in
--- small batches by the configured retention.
+-- small batches by the configured retention. A tenant (treadle.set_tenant)
+-- prunes its own queues only.
 -- Raises 22004: older_than null. 22023: older_than negative or over 100 years.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.prune(older_than interval DEFAULT '7 days')
@@ -5046,6 +5054,7 @@ DECLARE
     v_jobs   bigint;
     v_steps  bigint;
     v_runs   bigint[];
+    v_prefix text := treadle._caller_prefix();  -- '' unless the caller is a tenant
 BEGIN
     IF prune.older_than IS NULL THEN
         RAISE EXCEPTION 'treadle: older_than must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -5056,6 +5065,7 @@ BEGIN
     -- the runs go, then their steps (jobs.workflow_run_id has no foreign key)
     WITH gone AS (
         DELETE FROM treadle.workflow_runs AS r WHERE r.state <> 'running' AND r.finished_at < v_cutoff
+           AND starts_with(r.queue, v_prefix)
         RETURNING r.id
     )
     SELECT array_agg(g.id) INTO v_runs FROM gone AS g;
@@ -5065,10 +5075,11 @@ BEGIN
     DELETE FROM treadle.jobs AS j
      WHERE j.finished_at < v_cutoff
        AND j.workflow_run_id IS NULL
-       AND treadle._may_go(j.key_slot);  -- a failed head blocking its lane stays (061_housekeeping.sql)
+       AND treadle._may_go(j.key_slot)  -- a failed head blocking its lane stays (061_housekeeping.sql)
+       AND starts_with(j.queue, v_prefix);
     GET DIAGNOSTICS v_jobs = ROW_COUNT;
     v_steps := v_steps + v_jobs;
-    DELETE FROM treadle.job_history AS h WHERE h.finished_at < v_cutoff;
+    DELETE FROM treadle.job_history AS h WHERE h.finished_at < v_cutoff AND starts_with(h.queue, v_prefix);
     GET DIAGNOSTICS v_jobs = ROW_COUNT;
     RETURN v_jobs + v_steps;
 END;

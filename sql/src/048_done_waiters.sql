@@ -23,7 +23,8 @@
 -- Registers the calling session as waiting for jobs of `queue` to finish (null:
 -- every queue the caller may use), so that finishing one sends NOTIFY
 -- treadle_done with its queue. Call it, then LISTEN treadle_done, then read the
--- state: no finish is missed. Removes the rows of sessions that have ended.
+-- state: no finish is missed. Removes the rows of sessions that have ended
+-- (but those another open transaction is removing: it never waits for them).
 -- Returns true once every finish that was under way has committed; false when one
 -- was still open after 100 ms (a long transaction that finished a job): the
 -- session stays registered, and such a finish is seen at the next read. Call it
@@ -47,8 +48,14 @@ BEGIN
         PERFORM treadle._check_queue_allowed(listen_done.queue);
     END IF;
     DELETE FROM treadle.done_waiters AS w
-     WHERE (w.pid = pg_backend_pid() AND w.queue IS NOT DISTINCT FROM listen_done.queue)
-        OR NOT EXISTS (SELECT FROM pg_catalog.pg_stat_activity AS a WHERE a.pid = w.pid);
+     WHERE w.pid = pg_backend_pid() AND w.queue IS NOT DISTINCT FROM listen_done.queue;
+    -- the rows of ended sessions that no other transaction is removing: a session
+    -- that removed some and keeps its transaction open makes no one else wait
+    DELETE FROM treadle.done_waiters AS w
+     WHERE w.ctid = ANY (ARRAY(
+           SELECT d.ctid FROM treadle.done_waiters AS d
+            WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_stat_activity AS a WHERE a.pid = d.pid)
+              FOR UPDATE SKIP LOCKED));
     INSERT INTO treadle.done_waiters (pid, queue, queue_prefix)
     VALUES (pg_backend_pid(), listen_done.queue, treadle._caller_prefix());
 

@@ -422,7 +422,8 @@ COMMENT ON FUNCTION treadle.apply_retention(integer) IS
 -- jobs go only with their run, so a kept run keeps its whole history. Returns
 -- how many jobs it deleted (step jobs included). The one-off manual form: one
 -- statement, one transaction however many rows go; apply_retention deletes in
--- small batches by the configured retention.
+-- small batches by the configured retention. A tenant (treadle.set_tenant)
+-- prunes its own queues only.
 -- Raises 22004: older_than null. 22023: older_than negative or over 100 years.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.prune(older_than interval DEFAULT '7 days')
@@ -438,6 +439,7 @@ DECLARE
     v_jobs   bigint;
     v_steps  bigint;
     v_runs   bigint[];
+    v_prefix text := treadle._caller_prefix();  -- '' unless the caller is a tenant
 BEGIN
     IF prune.older_than IS NULL THEN
         RAISE EXCEPTION 'treadle: older_than must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -448,6 +450,7 @@ BEGIN
     -- the runs go, then their steps (jobs.workflow_run_id has no foreign key)
     WITH gone AS (
         DELETE FROM treadle.workflow_runs AS r WHERE r.state <> 'running' AND r.finished_at < v_cutoff
+           AND starts_with(r.queue, v_prefix)
         RETURNING r.id
     )
     SELECT array_agg(g.id) INTO v_runs FROM gone AS g;
@@ -457,10 +460,11 @@ BEGIN
     DELETE FROM treadle.jobs AS j
      WHERE j.finished_at < v_cutoff
        AND j.workflow_run_id IS NULL
-       AND treadle._may_go(j.key_slot);  -- a failed head blocking its lane stays (061_housekeeping.sql)
+       AND treadle._may_go(j.key_slot)  -- a failed head blocking its lane stays (061_housekeeping.sql)
+       AND starts_with(j.queue, v_prefix);
     GET DIAGNOSTICS v_jobs = ROW_COUNT;
     v_steps := v_steps + v_jobs;
-    DELETE FROM treadle.job_history AS h WHERE h.finished_at < v_cutoff;
+    DELETE FROM treadle.job_history AS h WHERE h.finished_at < v_cutoff AND starts_with(h.queue, v_prefix);
     GET DIAGNOSTICS v_jobs = ROW_COUNT;
     RETURN v_jobs + v_steps;
 END;
