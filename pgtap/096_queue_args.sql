@@ -33,8 +33,11 @@ SELECT is((SELECT array_agg(p.proname::text ORDER BY p.proname) FROM pg_proc AS 
                                   'progress'])) = 9;
 
 -- pg_temp.state(id): a job's state and attempt, in treadle.jobs
-CREATE FUNCTION pg_temp.state(job_id bigint) RETURNS text LANGUAGE sql AS $$
-    SELECT j.state || '/' || j.attempt FROM treadle.jobs AS j WHERE j.id = job_id
+-- (PL/pgSQL: Citus plans no SQL function's read of a distributed table by a parameter)
+CREATE FUNCTION pg_temp.state(job_id bigint) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN (SELECT j.state || '/' || j.attempt FROM treadle.jobs AS j WHERE j.id = state.job_id);
+END;
 $$;
 CREATE TEMP TABLE huge AS SELECT repeat('q', 100000) AS queue;
 

@@ -1966,7 +1966,7 @@ BEGIN
                    key_slot = true,
                    ready_txid = pg_current_xact_id()  -- claimable now: claims look for it (040_claim.sql)
               FROM next
-             WHERE j.id = next.id
+             WHERE j.queue = _key_release.queue AND j.id = next.id  -- (the queue: one shard on Citus)
             RETURNING j.run_at
         )
         SELECT count(*), coalesce(bool_or(r.run_at <= v_now), false)
@@ -1985,7 +1985,7 @@ BEGIN
                    key_slot = true,
                    ready_txid = pg_current_xact_id()  -- claimable now: claims look for it (040_claim.sql)
               FROM next
-             WHERE j.id = next.id
+             WHERE j.queue = _key_release.queue AND j.id = next.id
             RETURNING j.run_at
         )
         SELECT count(*), coalesce(bool_or(r.run_at <= v_now), false)
@@ -2056,7 +2056,7 @@ BEGIN
            AND EXISTS (SELECT 1 FROM treadle.queues AS s WHERE s.queue = job.queue AND s.key_ordered)) THEN
         RETURN;
     END IF;
-    UPDATE treadle.jobs AS j SET key_slot = false WHERE j.id = job.id AND j.key_slot;
+    UPDATE treadle.jobs AS j SET key_slot = false WHERE j.queue = job.queue AND j.id = job.id AND j.key_slot;
     IF FOUND THEN
         PERFORM treadle._key_release(job.queue, job.concurrency_key, 1);
     END IF;
@@ -2109,22 +2109,24 @@ AS $$
 DECLARE
     v_job   treadle.jobs;
     v_taken boolean;
+    v_limit integer;
 BEGIN
     SELECT * INTO v_job FROM treadle.jobs AS j
      WHERE j.id = _key_admit.job_id AND NOT j.key_slot AND j.state = 'available';
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    v_limit := treadle._key_limit(v_job.queue);  -- (read apart: Citus runs the insert on the queue's shard)
     INSERT INTO treadle.key_slots AS k (queue, key, held, updated_at)
     VALUES (v_job.queue, v_job.concurrency_key, 1, treadle.now())
     ON CONFLICT ON CONSTRAINT key_slots_pkey DO UPDATE
        SET held = k.held + 1, updated_at = excluded.updated_at
-     WHERE k.held < treadle._key_limit(v_job.queue)
+     WHERE k.held < v_limit
     RETURNING true INTO v_taken;
     UPDATE treadle.jobs AS j
        SET key_slot = coalesce(v_taken, false),
            state = CASE WHEN v_taken THEN j.state ELSE 'blocked' END
-     WHERE j.id = v_job.id;
+     WHERE j.queue = v_job.queue AND j.id = v_job.id;
     IF v_taken IS NULL THEN
         PERFORM treadle._key_release(v_job.queue, v_job.concurrency_key, 0);  -- due before a holder not started yet?
     END IF;
@@ -2145,11 +2147,18 @@ LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_keys text[];
+    v_key  text;
 BEGIN
-    PERFORM treadle._key_release(_key_release_queue.queue, k.key, 0)
-       FROM (SELECT DISTINCT j.concurrency_key AS key FROM treadle.jobs AS j
-              WHERE j.queue = _key_release_queue.queue AND j.state = 'blocked') AS k
-      ORDER BY k.key;
+    -- the keys read first, then released one by one: on Citus a statement that names
+    -- the queue runs whole on its shard, where _key_release's statements cannot
+    v_keys := ARRAY(SELECT DISTINCT j.concurrency_key FROM treadle.jobs AS j
+                     WHERE j.queue = _key_release_queue.queue AND j.state = 'blocked'
+                     ORDER BY 1);
+    FOREACH v_key IN ARRAY v_keys LOOP
+        PERFORM treadle._key_release(_key_release_queue.queue, v_key, 0);
+    END LOOP;
 END;
 $$;
 COMMENT ON FUNCTION treadle._key_release_queue(text) IS
@@ -5170,7 +5179,9 @@ COMMENT ON FUNCTION treadle._resume_graph(treadle.workflow_runs) IS
 -- null there too keeps it forever. Rows another transaction holds are skipped
 -- (SKIP LOCKED): a run with a held step waits for a later call. So any number of
 -- sessions may call it at once, each a short transaction; the workers'
--- housekeeping does, every minute and again while there is more. Returns how
+-- housekeeping does, every minute and again while there is more. Runs and jobs
+-- are read across queues, then locked and deleted queue by queue, by key (on Citus
+-- each statement runs on one shard; a run's signals go with it). Returns how
 -- many jobs it deleted, step jobs and emptied partitions included: less than
 -- `batch` means it caught up. A job in history keeps the retention in force when
 -- it moved there (treadle.archive); its partition goes within the UTC day after.
@@ -5192,6 +5203,9 @@ DECLARE
     v_runs       bigint[];
     v_step_ids   bigint[];
     v_busy_runs  bigint[];
+    v_step_queues text[];
+    v_step_queue text;
+    v_options    jsonb;
     v_queue      text;
     v_count      bigint;
     v_cut_completed timestamptz;
@@ -5224,66 +5238,82 @@ BEGIN
         RETURN v_jobs;  -- everything is kept forever
     END IF;
 
-    -- Finished runs first, oldest first, as many as fit in the batch by their step count.
-    WITH expired AS (
-        SELECT r.id, r.finished_at, cardinality(r.steps) AS steps
-          FROM treadle.workflow_runs AS r
-          LEFT JOIN treadle.queues AS q ON q.queue = r.queue
-         WHERE r.finished_at < v_now - v_shortest
-           AND r.finished_at < v_now - CASE WHEN r.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
-                                            ELSE coalesce(q.retain_failed, v_failed) END
-         ORDER BY r.finished_at, r.id
-         LIMIT v_room
-           FOR UPDATE OF r SKIP LOCKED
-    ), fitting AS (
-        SELECT e.id, row_number() OVER w AS n, sum(e.steps) OVER w AS steps_so_far
-          FROM expired AS e
-        WINDOW w AS (ORDER BY e.finished_at, e.id)
-    )
-    SELECT array_agg(f.id) INTO v_runs FROM fitting AS f WHERE f.n = 1 OR f.steps_so_far <= v_room;
-
-    IF v_runs IS NOT NULL THEN
+    -- Finished runs first, oldest first, as many as fit in the batch by their step
+    -- count: read across queues without a lock, then queue by queue (on Citus each
+    -- statement is one shard's) as many of each queue's oldest are locked and go, by
+    -- key, with their steps (in the run's queue and the queues its step_options name)
+    -- and their signals (ON DELETE CASCADE).
+    FOR v_queue, v_count, v_cut_completed, v_cut_failed IN
+        SELECT f.queue, count(*), v_now - coalesce(q.retain_completed, v_completed),
+               v_now - coalesce(q.retain_failed, v_failed)
+          FROM (SELECT e.queue, row_number() OVER w AS n, sum(e.steps) OVER w AS steps_so_far
+                  FROM (SELECT r.queue, r.id, r.finished_at, cardinality(r.steps) AS steps
+                          FROM treadle.workflow_runs AS r
+                          LEFT JOIN treadle.queues AS q ON q.queue = r.queue
+                         WHERE r.finished_at < v_now - v_shortest
+                           AND r.finished_at < v_now - CASE WHEN r.state = 'completed'
+                                                            THEN coalesce(q.retain_completed, v_completed)
+                                                            ELSE coalesce(q.retain_failed, v_failed) END
+                         ORDER BY r.finished_at, r.id
+                         LIMIT v_room) AS e
+                WINDOW w AS (ORDER BY e.finished_at, e.id)) AS f
+          LEFT JOIN treadle.queues AS q ON q.queue = f.queue
+         WHERE f.n = 1 OR f.steps_so_far <= v_room
+         GROUP BY f.queue, q.retain_completed, q.retain_failed
+    LOOP
+        SELECT array_agg(r.id), jsonb_agg(r.step_options) FILTER (WHERE r.step_options IS NOT NULL)
+          INTO v_runs, v_options
+          FROM (SELECT r.id, r.step_options
+                  FROM treadle.workflow_runs AS r
+                 WHERE r.queue = v_queue
+                   AND r.finished_at < CASE WHEN r.state = 'completed' THEN v_cut_completed ELSE v_cut_failed END
+                 ORDER BY r.finished_at, r.id
+                 LIMIT v_count
+                   FOR UPDATE SKIP LOCKED) AS r;
+        CONTINUE WHEN v_runs IS NULL;
+        -- the queues of their steps: the run's, and any a step's options give it
+        SELECT array_agg(DISTINCT u.q) INTO v_step_queues
+          FROM (SELECT v_queue
+                UNION ALL
+                SELECT o.value ->> 'queue'
+                  FROM jsonb_array_elements(coalesce(v_options, '[]')) AS a(options)
+                 CROSS JOIN jsonb_each(a.options) AS o
+                 WHERE o.value ? 'queue') AS u(q);
         -- A run goes only with every step: one whose step someone holds (a retry) stays.
-        SELECT array_agg(s.id) INTO v_step_ids
-          FROM (SELECT j.id FROM treadle.jobs AS j
-                 WHERE j.workflow_run_id = ANY (v_runs)
-                   FOR UPDATE SKIP LOCKED) AS s;
-        SELECT array_agg(DISTINCT j.workflow_run_id) INTO v_busy_runs
-          FROM treadle.jobs AS j
-         WHERE j.workflow_run_id = ANY (v_runs)
-           AND j.id <> ALL (coalesce(v_step_ids, '{}'));
-        v_busy_runs := coalesce(v_busy_runs, '{}');
+        v_busy_runs := '{}';
+        FOREACH v_step_queue IN ARRAY v_step_queues LOOP
+            SELECT array_agg(s.id) INTO v_step_ids
+              FROM (SELECT j.id FROM treadle.jobs AS j
+                     WHERE j.queue = v_step_queue AND j.workflow_run_id = ANY (v_runs)
+                       FOR UPDATE SKIP LOCKED) AS s;
+            SELECT v_busy_runs || coalesce(array_agg(DISTINCT j.workflow_run_id), '{}') INTO v_busy_runs
+              FROM treadle.jobs AS j
+             WHERE j.queue = v_step_queue AND j.workflow_run_id = ANY (v_runs)
+               AND j.id <> ALL (coalesce(v_step_ids, '{}'));
+        END LOOP;
         -- the runs go, then their steps (jobs.workflow_run_id has no foreign key)
         WITH gone AS (
             DELETE FROM treadle.workflow_runs AS r
-             WHERE r.id = ANY (v_runs) AND r.id <> ALL (v_busy_runs)
+             WHERE r.queue = v_queue AND r.id = ANY (v_runs) AND r.id <> ALL (v_busy_runs)
             RETURNING r.id
         )
         SELECT array_agg(g.id) INTO v_runs FROM gone AS g;
-        DELETE FROM treadle.jobs AS j WHERE j.workflow_run_id = ANY (v_runs);
-        GET DIAGNOSTICS v_steps = ROW_COUNT;
-        v_jobs := v_jobs + v_steps;
-    END IF;
+        CONTINUE WHEN v_runs IS NULL;
+        FOREACH v_step_queue IN ARRAY v_step_queues LOOP
+            DELETE FROM treadle.jobs AS j WHERE j.queue = v_step_queue AND j.workflow_run_id = ANY (v_runs);
+            GET DIAGNOSTICS v_steps = ROW_COUNT;
+            v_jobs := v_jobs + v_steps;
+        END LOOP;
+    END LOOP;
 
     IF v_jobs < apply_retention.batch THEN
         -- Queue by queue (on Citus each statement is then one shard's): the oldest
         -- expired jobs are read without a lock, and from each of their queues as many
         -- are then locked and deleted by key, oldest first.
         FOR v_queue, v_count, v_cut_completed, v_cut_failed IN
-            SELECT e.queue, count(*), v_now - coalesce(q.retain_completed, v_completed),
-                   v_now - coalesce(q.retain_failed, v_failed)
-              FROM (SELECT e.queue
-                      FROM treadle.jobs AS e
-                      LEFT JOIN treadle.queues AS q ON q.queue = e.queue
-                     WHERE e.finished_at < v_now - v_shortest
-                       AND e.workflow_run_id IS NULL
-                       AND e.key_slot IS NOT TRUE
-                       AND e.finished_at < v_now - CASE WHEN e.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
-                                                        ELSE coalesce(q.retain_failed, v_failed) END
-                     ORDER BY e.finished_at
-                     LIMIT apply_retention.batch - v_jobs) AS e
-              LEFT JOIN treadle.queues AS q ON q.queue = e.queue
-             GROUP BY e.queue, q.retain_completed, q.retain_failed
+            SELECT c.queue, c.jobs, v_now - c.keep_completed, v_now - c.keep_failed
+              FROM treadle._oldest_by_queue(v_now - v_shortest, apply_retention.batch - v_jobs, true,
+                                            v_completed, v_failed, v_now) AS c  -- 061_housekeeping.sql
         LOOP
             DELETE FROM treadle.jobs AS j
              WHERE j.queue = v_queue
@@ -5293,7 +5323,7 @@ BEGIN
                  WHERE e.queue = v_queue
                    AND e.finished_at < v_now - v_shortest
                    AND e.workflow_run_id IS NULL
-                   AND e.key_slot IS NOT TRUE  -- a failed head blocking its lane stays (034_key_lanes.sql)
+                   AND treadle._may_go(e.key_slot)
                    AND e.finished_at < CASE WHEN e.state = 'completed' THEN v_cut_completed ELSE v_cut_failed END
                  ORDER BY e.finished_at
                  LIMIT v_count
@@ -5355,7 +5385,7 @@ BEGIN
     DELETE FROM treadle.jobs AS j
      WHERE j.finished_at < v_cutoff
        AND j.workflow_run_id IS NULL
-       AND j.key_slot IS NOT TRUE  -- a failed head blocking its lane stays (034_key_lanes.sql)
+       AND treadle._may_go(j.key_slot)  -- a failed head blocking its lane stays (061_housekeeping.sql)
        AND starts_with(j.queue, v_prefix);
     GET DIAGNOSTICS v_jobs = ROW_COUNT;
     v_steps := v_steps + v_jobs;
@@ -5366,6 +5396,75 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.prune(interval) IS
     'Delete finished jobs and workflow runs older than older_than; returns how many jobs went.';
+--------------------------------------------------------------------------------
+-- What treadle.archive, treadle.apply_retention and treadle.prune share: which
+-- finished jobs may go, and the per-queue read that starts archive's and
+-- apply_retention's work. Both work queue by queue (on Citus each statement names
+-- one queue, so it runs on that queue's shard) and still take the oldest jobs
+-- across all queues first.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._may_go(key_slot) -> boolean
+--
+-- Whether a finished job may leave treadle.jobs (moved to history or deleted) as
+-- far as its concurrency key goes: a failed head that blocks its ordered lane holds
+-- its slot (jobs.key_slot) and stays (034_key_lanes.sql). Inlined by the planner.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._may_go(key_slot boolean)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+RETURN _may_go.key_slot IS NOT TRUE;
+COMMENT ON FUNCTION treadle._may_go(boolean) IS
+    'A finished job may leave treadle.jobs unless it holds a slot of its key (a failed lane head).';
+
+--------------------------------------------------------------------------------
+-- treadle._oldest_by_queue(before, batch, expired, retain_completed, retain_failed, now)
+--   -> table(queue, jobs, keep_completed, keep_failed)
+--
+-- The queues of the `batch` oldest finished jobs outside workflow runs that may go
+-- (treadle._may_go) and finished before `before`, read without a lock, with how
+-- many of them each queue has and its retention of completed and of discarded or
+-- cancelled jobs (the queue's, else retain_completed and retain_failed). expired:
+-- only jobs whose retention has passed at `now` (apply_retention); else only jobs
+-- without an idempotency key (archive: the key stays unique in treadle.jobs).
+-- The caller then locks, per queue, as many of that queue's oldest candidates.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._oldest_by_queue(before timestamptz, batch bigint, expired boolean,
+                                                    retain_completed interval, retain_failed interval,
+                                                    now timestamptz)
+RETURNS TABLE (queue text, jobs bigint, keep_completed interval, keep_failed interval)
+LANGUAGE plpgsql  -- (not SQL: Citus plans no SQL function's parameterized read of a distributed table)
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    SELECT c.queue, count(*), coalesce(q.retain_completed, _oldest_by_queue.retain_completed),
+           coalesce(q.retain_failed, _oldest_by_queue.retain_failed)
+      FROM (SELECT e.queue
+              FROM treadle.jobs AS e
+              LEFT JOIN treadle.queues AS s ON s.queue = e.queue
+             WHERE e.finished_at < _oldest_by_queue.before
+               AND e.workflow_run_id IS NULL
+               AND treadle._may_go(e.key_slot)
+               AND CASE WHEN _oldest_by_queue.expired
+                        THEN e.finished_at < _oldest_by_queue.now
+                                             - CASE WHEN e.state = 'completed'
+                                                    THEN coalesce(s.retain_completed, _oldest_by_queue.retain_completed)
+                                                    ELSE coalesce(s.retain_failed, _oldest_by_queue.retain_failed) END
+                        ELSE e.idempotency_key IS NULL END
+             ORDER BY e.finished_at
+             LIMIT _oldest_by_queue.batch) AS c
+      LEFT JOIN treadle.queues AS q ON q.queue = c.queue
+     GROUP BY c.queue, q.retain_completed, q.retain_failed;
+END;
+$$;
+COMMENT ON FUNCTION treadle._oldest_by_queue(timestamptz, bigint, boolean, interval, interval, timestamptz) IS
+    'The queues of the oldest finished jobs that archive or apply_retention may take, with each queue''s count and retention.';
 --------------------------------------------------------------------------------
 -- History: finished jobs move out of treadle.jobs into treadle.job_history
 -- (010_tables.sql), whose partitions retention empties whole. Readers see both
@@ -5505,16 +5604,9 @@ BEGIN
     -- are read without a lock, and from each of their queues as many are then locked
     -- and moved by key, oldest first.
     FOR v_queue, v_count, v_keep_completed, v_keep_failed IN
-        SELECT c.queue, count(*), coalesce(q.retain_completed, v_completed), coalesce(q.retain_failed, v_failed)
-          FROM (SELECT e.queue FROM treadle.jobs AS e
-                 WHERE e.finished_at < v_now - interval '1 minute'
-                   AND e.workflow_run_id IS NULL
-                   AND e.idempotency_key IS NULL
-                   AND e.key_slot IS NOT TRUE  -- a failed head blocking its lane stays (034_key_lanes.sql)
-                 ORDER BY e.finished_at
-                 LIMIT archive.batch) AS c
-          LEFT JOIN treadle.queues AS q ON q.queue = c.queue
-         GROUP BY c.queue, q.retain_completed, q.retain_failed
+        SELECT c.queue, c.jobs, c.keep_completed, c.keep_failed
+          FROM treadle._oldest_by_queue(v_now - interval '1 minute', archive.batch, false,
+                                        v_completed, v_failed, v_now) AS c  -- 061_housekeeping.sql
     LOOP
         SELECT array_agg(p.id), array_agg(p.purge_at)
           INTO v_ids, v_purge
@@ -5527,7 +5619,7 @@ BEGIN
                    AND e.finished_at < v_now - interval '1 minute'
                    AND e.workflow_run_id IS NULL
                    AND e.idempotency_key IS NULL
-                   AND e.key_slot IS NOT TRUE
+                   AND treadle._may_go(e.key_slot)
                  ORDER BY e.finished_at
                  LIMIT v_count
                    FOR UPDATE SKIP LOCKED) AS p
@@ -8129,12 +8221,20 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.worker_stopped(text) IS 'Remove a worker that shut down cleanly.';
 
--- Workers seen in the last 30 seconds, with the jobs they hold right now.
+-- Workers seen in the last 30 seconds, with the jobs they hold right now. The running
+-- jobs are counted once, by worker (through jobs_lease_idx: lease_until is set exactly
+-- while a job runs), not once per worker: on Citus a subquery of treadle.jobs that
+-- names a worker of the coordinator's treadle.workers cannot be planned, and this
+-- count is one query over the shards whose result the coordinator joins.
 CREATE VIEW treadle.live_workers WITH (security_invoker = true) AS
 SELECT w.id, w.host, w.pid, w.queues, w.concurrency,
-       (SELECT count(*) FROM treadle.jobs AS j WHERE j.state = 'running' AND j.worker_id = w.id) AS running_jobs,
+       coalesce(r.running_jobs, 0) AS running_jobs,
        w.started_at, w.last_seen
   FROM treadle.workers AS w
+  LEFT JOIN (SELECT j.worker_id, count(*) AS running_jobs
+               FROM treadle.jobs AS j
+              WHERE j.state = 'running' AND j.lease_until IS NOT NULL
+              GROUP BY j.worker_id) AS r ON r.worker_id = w.id
  WHERE w.last_seen > treadle.now() - interval '30 seconds'
  ORDER BY w.started_at, w.id;
 COMMENT ON VIEW treadle.live_workers IS
@@ -9100,7 +9200,10 @@ COMMENT ON VIEW treadle.recent_failures IS
     'Retryable and discarded jobs with an error, newest failure first.';
 
 -- Workflow runs with their current step and how far they have come; a child run
--- names its parent run and the parent's step that started it.
+-- names its parent run and the parent's step that started it. The current step is
+-- the newest step job in the run's own queue: the join names the queue, so that on
+-- Citus it stays within the run's shard (a step whose step_options give it another
+-- queue is not the current step while it runs).
 CREATE VIEW treadle.workflow_run_overview WITH (security_invoker = true) AS
 SELECT r.id, r.name, r.state,
        cur.step AS current_step,
@@ -9112,7 +9215,7 @@ SELECT r.id, r.name, r.state,
   FROM treadle.workflow_runs AS r
   LEFT JOIN LATERAL (
         SELECT j.step FROM treadle.jobs AS j
-         WHERE j.workflow_run_id = r.id
+         WHERE j.workflow_run_id = r.id AND j.queue = r.queue
          ORDER BY j.id DESC
          LIMIT 1) AS cur ON true
  ORDER BY r.id DESC;
@@ -10593,12 +10696,13 @@ GRANT EXECUTE ON FUNCTION treadle._caller(), treadle._caller_role(), treadle._ca
 -- treadle.distribute(shard_count) -> text
 --
 -- Run once on a Citus coordinator, after CREATE EXTENSION treadle: distributes
--- treadle.workflow_runs, treadle.jobs, treadle.workflow_signals and
--- treadle.job_history (with its partitions) by queue, co-located, in shard_count
--- shards (null: Citus's citus.shard_count, 32 unless set); makes treadle.queues,
--- workflows, cron_schedules, settings, tenants and history_slots reference tables;
+-- treadle.workflow_runs, treadle.jobs, treadle.workflow_signals,
+-- treadle.job_history (with its partitions) and treadle.key_slots by queue,
+-- co-located, in shard_count shards (null: Citus's citus.shard_count, 32 unless
+-- set); makes treadle.queues, workflows, cron_schedules, settings, tenants and history_slots reference tables;
 -- leaves treadle.workers and done_waiters local to the coordinator. Rows already
--- there move with their tables. A second call changes nothing and says so. Returns
+-- there move with their tables. A second call changes nothing and says so, or
+-- distributes the tables an earlier build's call left local (key_slots). Returns
 -- what it did. Owner only.
 -- Raises 22023: shard_count outside 1..1024, or given to a second call that differs
 -- from the count the tables have. 55000: the server has no Citus (nothing changes),
@@ -10612,7 +10716,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_distributed constant regclass[] := ARRAY['treadle.workflow_runs', 'treadle.jobs',
-        'treadle.workflow_signals', 'treadle.job_history']::regclass[];
+        'treadle.workflow_signals', 'treadle.job_history', 'treadle.key_slots']::regclass[];
     v_reference constant regclass[] := ARRAY['treadle.queues', 'treadle.workflows', 'treadle.cron_schedules',
         'treadle.settings', 'treadle.tenants', 'treadle.history_slots']::regclass[];
     v_table regclass;

@@ -102,7 +102,7 @@ BEGIN
                    key_slot = true,
                    ready_txid = pg_current_xact_id()  -- claimable now: claims look for it (040_claim.sql)
               FROM next
-             WHERE j.id = next.id
+             WHERE j.queue = _key_release.queue AND j.id = next.id  -- (the queue: one shard on Citus)
             RETURNING j.run_at
         )
         SELECT count(*), coalesce(bool_or(r.run_at <= v_now), false)
@@ -121,7 +121,7 @@ BEGIN
                    key_slot = true,
                    ready_txid = pg_current_xact_id()  -- claimable now: claims look for it (040_claim.sql)
               FROM next
-             WHERE j.id = next.id
+             WHERE j.queue = _key_release.queue AND j.id = next.id
             RETURNING j.run_at
         )
         SELECT count(*), coalesce(bool_or(r.run_at <= v_now), false)
@@ -192,7 +192,7 @@ BEGIN
            AND EXISTS (SELECT 1 FROM treadle.queues AS s WHERE s.queue = job.queue AND s.key_ordered)) THEN
         RETURN;
     END IF;
-    UPDATE treadle.jobs AS j SET key_slot = false WHERE j.id = job.id AND j.key_slot;
+    UPDATE treadle.jobs AS j SET key_slot = false WHERE j.queue = job.queue AND j.id = job.id AND j.key_slot;
     IF FOUND THEN
         PERFORM treadle._key_release(job.queue, job.concurrency_key, 1);
     END IF;
@@ -245,22 +245,24 @@ AS $$
 DECLARE
     v_job   treadle.jobs;
     v_taken boolean;
+    v_limit integer;
 BEGIN
     SELECT * INTO v_job FROM treadle.jobs AS j
      WHERE j.id = _key_admit.job_id AND NOT j.key_slot AND j.state = 'available';
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    v_limit := treadle._key_limit(v_job.queue);  -- (read apart: Citus runs the insert on the queue's shard)
     INSERT INTO treadle.key_slots AS k (queue, key, held, updated_at)
     VALUES (v_job.queue, v_job.concurrency_key, 1, treadle.now())
     ON CONFLICT ON CONSTRAINT key_slots_pkey DO UPDATE
        SET held = k.held + 1, updated_at = excluded.updated_at
-     WHERE k.held < treadle._key_limit(v_job.queue)
+     WHERE k.held < v_limit
     RETURNING true INTO v_taken;
     UPDATE treadle.jobs AS j
        SET key_slot = coalesce(v_taken, false),
            state = CASE WHEN v_taken THEN j.state ELSE 'blocked' END
-     WHERE j.id = v_job.id;
+     WHERE j.queue = v_job.queue AND j.id = v_job.id;
     IF v_taken IS NULL THEN
         PERFORM treadle._key_release(v_job.queue, v_job.concurrency_key, 0);  -- due before a holder not started yet?
     END IF;
@@ -281,11 +283,18 @@ LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_keys text[];
+    v_key  text;
 BEGIN
-    PERFORM treadle._key_release(_key_release_queue.queue, k.key, 0)
-       FROM (SELECT DISTINCT j.concurrency_key AS key FROM treadle.jobs AS j
-              WHERE j.queue = _key_release_queue.queue AND j.state = 'blocked') AS k
-      ORDER BY k.key;
+    -- the keys read first, then released one by one: on Citus a statement that names
+    -- the queue runs whole on its shard, where _key_release's statements cannot
+    v_keys := ARRAY(SELECT DISTINCT j.concurrency_key FROM treadle.jobs AS j
+                     WHERE j.queue = _key_release_queue.queue AND j.state = 'blocked'
+                     ORDER BY 1);
+    FOREACH v_key IN ARRAY v_keys LOOP
+        PERFORM treadle._key_release(_key_release_queue.queue, v_key, 0);
+    END LOOP;
 END;
 $$;
 COMMENT ON FUNCTION treadle._key_release_queue(text) IS

@@ -254,7 +254,9 @@ COMMENT ON FUNCTION treadle._resume_graph(treadle.workflow_runs) IS
 -- null there too keeps it forever. Rows another transaction holds are skipped
 -- (SKIP LOCKED): a run with a held step waits for a later call. So any number of
 -- sessions may call it at once, each a short transaction; the workers'
--- housekeeping does, every minute and again while there is more. Returns how
+-- housekeeping does, every minute and again while there is more. Runs and jobs
+-- are read across queues, then locked and deleted queue by queue, by key (on Citus
+-- each statement runs on one shard; a run's signals go with it). Returns how
 -- many jobs it deleted, step jobs and emptied partitions included: less than
 -- `batch` means it caught up. A job in history keeps the retention in force when
 -- it moved there (treadle.archive); its partition goes within the UTC day after.
@@ -276,6 +278,9 @@ DECLARE
     v_runs       bigint[];
     v_step_ids   bigint[];
     v_busy_runs  bigint[];
+    v_step_queues text[];
+    v_step_queue text;
+    v_options    jsonb;
     v_queue      text;
     v_count      bigint;
     v_cut_completed timestamptz;
@@ -308,66 +313,82 @@ BEGIN
         RETURN v_jobs;  -- everything is kept forever
     END IF;
 
-    -- Finished runs first, oldest first, as many as fit in the batch by their step count.
-    WITH expired AS (
-        SELECT r.id, r.finished_at, cardinality(r.steps) AS steps
-          FROM treadle.workflow_runs AS r
-          LEFT JOIN treadle.queues AS q ON q.queue = r.queue
-         WHERE r.finished_at < v_now - v_shortest
-           AND r.finished_at < v_now - CASE WHEN r.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
-                                            ELSE coalesce(q.retain_failed, v_failed) END
-         ORDER BY r.finished_at, r.id
-         LIMIT v_room
-           FOR UPDATE OF r SKIP LOCKED
-    ), fitting AS (
-        SELECT e.id, row_number() OVER w AS n, sum(e.steps) OVER w AS steps_so_far
-          FROM expired AS e
-        WINDOW w AS (ORDER BY e.finished_at, e.id)
-    )
-    SELECT array_agg(f.id) INTO v_runs FROM fitting AS f WHERE f.n = 1 OR f.steps_so_far <= v_room;
-
-    IF v_runs IS NOT NULL THEN
+    -- Finished runs first, oldest first, as many as fit in the batch by their step
+    -- count: read across queues without a lock, then queue by queue (on Citus each
+    -- statement is one shard's) as many of each queue's oldest are locked and go, by
+    -- key, with their steps (in the run's queue and the queues its step_options name)
+    -- and their signals (ON DELETE CASCADE).
+    FOR v_queue, v_count, v_cut_completed, v_cut_failed IN
+        SELECT f.queue, count(*), v_now - coalesce(q.retain_completed, v_completed),
+               v_now - coalesce(q.retain_failed, v_failed)
+          FROM (SELECT e.queue, row_number() OVER w AS n, sum(e.steps) OVER w AS steps_so_far
+                  FROM (SELECT r.queue, r.id, r.finished_at, cardinality(r.steps) AS steps
+                          FROM treadle.workflow_runs AS r
+                          LEFT JOIN treadle.queues AS q ON q.queue = r.queue
+                         WHERE r.finished_at < v_now - v_shortest
+                           AND r.finished_at < v_now - CASE WHEN r.state = 'completed'
+                                                            THEN coalesce(q.retain_completed, v_completed)
+                                                            ELSE coalesce(q.retain_failed, v_failed) END
+                         ORDER BY r.finished_at, r.id
+                         LIMIT v_room) AS e
+                WINDOW w AS (ORDER BY e.finished_at, e.id)) AS f
+          LEFT JOIN treadle.queues AS q ON q.queue = f.queue
+         WHERE f.n = 1 OR f.steps_so_far <= v_room
+         GROUP BY f.queue, q.retain_completed, q.retain_failed
+    LOOP
+        SELECT array_agg(r.id), jsonb_agg(r.step_options) FILTER (WHERE r.step_options IS NOT NULL)
+          INTO v_runs, v_options
+          FROM (SELECT r.id, r.step_options
+                  FROM treadle.workflow_runs AS r
+                 WHERE r.queue = v_queue
+                   AND r.finished_at < CASE WHEN r.state = 'completed' THEN v_cut_completed ELSE v_cut_failed END
+                 ORDER BY r.finished_at, r.id
+                 LIMIT v_count
+                   FOR UPDATE SKIP LOCKED) AS r;
+        CONTINUE WHEN v_runs IS NULL;
+        -- the queues of their steps: the run's, and any a step's options give it
+        SELECT array_agg(DISTINCT u.q) INTO v_step_queues
+          FROM (SELECT v_queue
+                UNION ALL
+                SELECT o.value ->> 'queue'
+                  FROM jsonb_array_elements(coalesce(v_options, '[]')) AS a(options)
+                 CROSS JOIN jsonb_each(a.options) AS o
+                 WHERE o.value ? 'queue') AS u(q);
         -- A run goes only with every step: one whose step someone holds (a retry) stays.
-        SELECT array_agg(s.id) INTO v_step_ids
-          FROM (SELECT j.id FROM treadle.jobs AS j
-                 WHERE j.workflow_run_id = ANY (v_runs)
-                   FOR UPDATE SKIP LOCKED) AS s;
-        SELECT array_agg(DISTINCT j.workflow_run_id) INTO v_busy_runs
-          FROM treadle.jobs AS j
-         WHERE j.workflow_run_id = ANY (v_runs)
-           AND j.id <> ALL (coalesce(v_step_ids, '{}'));
-        v_busy_runs := coalesce(v_busy_runs, '{}');
+        v_busy_runs := '{}';
+        FOREACH v_step_queue IN ARRAY v_step_queues LOOP
+            SELECT array_agg(s.id) INTO v_step_ids
+              FROM (SELECT j.id FROM treadle.jobs AS j
+                     WHERE j.queue = v_step_queue AND j.workflow_run_id = ANY (v_runs)
+                       FOR UPDATE SKIP LOCKED) AS s;
+            SELECT v_busy_runs || coalesce(array_agg(DISTINCT j.workflow_run_id), '{}') INTO v_busy_runs
+              FROM treadle.jobs AS j
+             WHERE j.queue = v_step_queue AND j.workflow_run_id = ANY (v_runs)
+               AND j.id <> ALL (coalesce(v_step_ids, '{}'));
+        END LOOP;
         -- the runs go, then their steps (jobs.workflow_run_id has no foreign key)
         WITH gone AS (
             DELETE FROM treadle.workflow_runs AS r
-             WHERE r.id = ANY (v_runs) AND r.id <> ALL (v_busy_runs)
+             WHERE r.queue = v_queue AND r.id = ANY (v_runs) AND r.id <> ALL (v_busy_runs)
             RETURNING r.id
         )
         SELECT array_agg(g.id) INTO v_runs FROM gone AS g;
-        DELETE FROM treadle.jobs AS j WHERE j.workflow_run_id = ANY (v_runs);
-        GET DIAGNOSTICS v_steps = ROW_COUNT;
-        v_jobs := v_jobs + v_steps;
-    END IF;
+        CONTINUE WHEN v_runs IS NULL;
+        FOREACH v_step_queue IN ARRAY v_step_queues LOOP
+            DELETE FROM treadle.jobs AS j WHERE j.queue = v_step_queue AND j.workflow_run_id = ANY (v_runs);
+            GET DIAGNOSTICS v_steps = ROW_COUNT;
+            v_jobs := v_jobs + v_steps;
+        END LOOP;
+    END LOOP;
 
     IF v_jobs < apply_retention.batch THEN
         -- Queue by queue (on Citus each statement is then one shard's): the oldest
         -- expired jobs are read without a lock, and from each of their queues as many
         -- are then locked and deleted by key, oldest first.
         FOR v_queue, v_count, v_cut_completed, v_cut_failed IN
-            SELECT e.queue, count(*), v_now - coalesce(q.retain_completed, v_completed),
-                   v_now - coalesce(q.retain_failed, v_failed)
-              FROM (SELECT e.queue
-                      FROM treadle.jobs AS e
-                      LEFT JOIN treadle.queues AS q ON q.queue = e.queue
-                     WHERE e.finished_at < v_now - v_shortest
-                       AND e.workflow_run_id IS NULL
-                       AND e.key_slot IS NOT TRUE
-                       AND e.finished_at < v_now - CASE WHEN e.state = 'completed' THEN coalesce(q.retain_completed, v_completed)
-                                                        ELSE coalesce(q.retain_failed, v_failed) END
-                     ORDER BY e.finished_at
-                     LIMIT apply_retention.batch - v_jobs) AS e
-              LEFT JOIN treadle.queues AS q ON q.queue = e.queue
-             GROUP BY e.queue, q.retain_completed, q.retain_failed
+            SELECT c.queue, c.jobs, v_now - c.keep_completed, v_now - c.keep_failed
+              FROM treadle._oldest_by_queue(v_now - v_shortest, apply_retention.batch - v_jobs, true,
+                                            v_completed, v_failed, v_now) AS c  -- 061_housekeeping.sql
         LOOP
             DELETE FROM treadle.jobs AS j
              WHERE j.queue = v_queue
@@ -377,7 +398,7 @@ BEGIN
                  WHERE e.queue = v_queue
                    AND e.finished_at < v_now - v_shortest
                    AND e.workflow_run_id IS NULL
-                   AND e.key_slot IS NOT TRUE  -- a failed head blocking its lane stays (034_key_lanes.sql)
+                   AND treadle._may_go(e.key_slot)
                    AND e.finished_at < CASE WHEN e.state = 'completed' THEN v_cut_completed ELSE v_cut_failed END
                  ORDER BY e.finished_at
                  LIMIT v_count
@@ -439,7 +460,7 @@ BEGIN
     DELETE FROM treadle.jobs AS j
      WHERE j.finished_at < v_cutoff
        AND j.workflow_run_id IS NULL
-       AND j.key_slot IS NOT TRUE  -- a failed head blocking its lane stays (034_key_lanes.sql)
+       AND treadle._may_go(j.key_slot)  -- a failed head blocking its lane stays (061_housekeeping.sql)
        AND starts_with(j.queue, v_prefix);
     GET DIAGNOSTICS v_jobs = ROW_COUNT;
     v_steps := v_steps + v_jobs;

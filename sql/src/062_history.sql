@@ -137,16 +137,9 @@ BEGIN
     -- are read without a lock, and from each of their queues as many are then locked
     -- and moved by key, oldest first.
     FOR v_queue, v_count, v_keep_completed, v_keep_failed IN
-        SELECT c.queue, count(*), coalesce(q.retain_completed, v_completed), coalesce(q.retain_failed, v_failed)
-          FROM (SELECT e.queue FROM treadle.jobs AS e
-                 WHERE e.finished_at < v_now - interval '1 minute'
-                   AND e.workflow_run_id IS NULL
-                   AND e.idempotency_key IS NULL
-                   AND e.key_slot IS NOT TRUE  -- a failed head blocking its lane stays (034_key_lanes.sql)
-                 ORDER BY e.finished_at
-                 LIMIT archive.batch) AS c
-          LEFT JOIN treadle.queues AS q ON q.queue = c.queue
-         GROUP BY c.queue, q.retain_completed, q.retain_failed
+        SELECT c.queue, c.jobs, c.keep_completed, c.keep_failed
+          FROM treadle._oldest_by_queue(v_now - interval '1 minute', archive.batch, false,
+                                        v_completed, v_failed, v_now) AS c  -- 061_housekeeping.sql
     LOOP
         SELECT array_agg(p.id), array_agg(p.purge_at)
           INTO v_ids, v_purge
@@ -159,7 +152,7 @@ BEGIN
                    AND e.finished_at < v_now - interval '1 minute'
                    AND e.workflow_run_id IS NULL
                    AND e.idempotency_key IS NULL
-                   AND e.key_slot IS NOT TRUE
+                   AND treadle._may_go(e.key_slot)
                  ORDER BY e.finished_at
                  LIMIT v_count
                    FOR UPDATE SKIP LOCKED) AS p

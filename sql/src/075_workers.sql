@@ -103,12 +103,20 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.worker_stopped(text) IS 'Remove a worker that shut down cleanly.';
 
--- Workers seen in the last 30 seconds, with the jobs they hold right now.
+-- Workers seen in the last 30 seconds, with the jobs they hold right now. The running
+-- jobs are counted once, by worker (through jobs_lease_idx: lease_until is set exactly
+-- while a job runs), not once per worker: on Citus a subquery of treadle.jobs that
+-- names a worker of the coordinator's treadle.workers cannot be planned, and this
+-- count is one query over the shards whose result the coordinator joins.
 CREATE VIEW treadle.live_workers WITH (security_invoker = true) AS
 SELECT w.id, w.host, w.pid, w.queues, w.concurrency,
-       (SELECT count(*) FROM treadle.jobs AS j WHERE j.state = 'running' AND j.worker_id = w.id) AS running_jobs,
+       coalesce(r.running_jobs, 0) AS running_jobs,
        w.started_at, w.last_seen
   FROM treadle.workers AS w
+  LEFT JOIN (SELECT j.worker_id, count(*) AS running_jobs
+               FROM treadle.jobs AS j
+              WHERE j.state = 'running' AND j.lease_until IS NOT NULL
+              GROUP BY j.worker_id) AS r ON r.worker_id = w.id
  WHERE w.last_seen > treadle.now() - interval '30 seconds'
  ORDER BY w.started_at, w.id;
 COMMENT ON VIEW treadle.live_workers IS

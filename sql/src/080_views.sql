@@ -65,7 +65,10 @@ COMMENT ON VIEW treadle.recent_failures IS
     'Retryable and discarded jobs with an error, newest failure first.';
 
 -- Workflow runs with their current step and how far they have come; a child run
--- names its parent run and the parent's step that started it.
+-- names its parent run and the parent's step that started it. The current step is
+-- the newest step job in the run's own queue: the join names the queue, so that on
+-- Citus it stays within the run's shard (a step whose step_options give it another
+-- queue is not the current step while it runs).
 CREATE VIEW treadle.workflow_run_overview WITH (security_invoker = true) AS
 SELECT r.id, r.name, r.state,
        cur.step AS current_step,
@@ -77,7 +80,7 @@ SELECT r.id, r.name, r.state,
   FROM treadle.workflow_runs AS r
   LEFT JOIN LATERAL (
         SELECT j.step FROM treadle.jobs AS j
-         WHERE j.workflow_run_id = r.id
+         WHERE j.workflow_run_id = r.id AND j.queue = r.queue
          ORDER BY j.id DESC
          LIMIT 1) AS cur ON true
  ORDER BY r.id DESC;

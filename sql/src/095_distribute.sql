@@ -19,12 +19,13 @@
 -- treadle.distribute(shard_count) -> text
 --
 -- Run once on a Citus coordinator, after CREATE EXTENSION treadle: distributes
--- treadle.workflow_runs, treadle.jobs, treadle.workflow_signals and
--- treadle.job_history (with its partitions) by queue, co-located, in shard_count
--- shards (null: Citus's citus.shard_count, 32 unless set); makes treadle.queues,
--- workflows, cron_schedules, settings, tenants and history_slots reference tables;
+-- treadle.workflow_runs, treadle.jobs, treadle.workflow_signals,
+-- treadle.job_history (with its partitions) and treadle.key_slots by queue,
+-- co-located, in shard_count shards (null: Citus's citus.shard_count, 32 unless
+-- set); makes treadle.queues, workflows, cron_schedules, settings, tenants and history_slots reference tables;
 -- leaves treadle.workers and done_waiters local to the coordinator. Rows already
--- there move with their tables. A second call changes nothing and says so. Returns
+-- there move with their tables. A second call changes nothing and says so, or
+-- distributes the tables an earlier build's call left local (key_slots). Returns
 -- what it did. Owner only.
 -- Raises 22023: shard_count outside 1..1024, or given to a second call that differs
 -- from the count the tables have. 55000: the server has no Citus (nothing changes),
@@ -38,7 +39,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_distributed constant regclass[] := ARRAY['treadle.workflow_runs', 'treadle.jobs',
-        'treadle.workflow_signals', 'treadle.job_history']::regclass[];
+        'treadle.workflow_signals', 'treadle.job_history', 'treadle.key_slots']::regclass[];
     v_reference constant regclass[] := ARRAY['treadle.queues', 'treadle.workflows', 'treadle.cron_schedules',
         'treadle.settings', 'treadle.tenants', 'treadle.history_slots']::regclass[];
     v_table regclass;

@@ -7,6 +7,7 @@ test passes, strict xfail fails the run, and the mark must go.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -17,6 +18,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import psycopg
 import pytest
@@ -28,7 +30,9 @@ from treadle import Worker
 
 Conn = psycopg.Connection[dict[str, Any]]
 
-DISTRIBUTED = ["treadle.workflow_runs", "treadle.jobs", "treadle.workflow_signals", "treadle.job_history"]
+DISTRIBUTED = [
+    "treadle.workflow_runs", "treadle.jobs", "treadle.workflow_signals", "treadle.job_history", "treadle.key_slots",
+]  # fmt: skip
 REFERENCE = [
     "treadle.queues", "treadle.workflows", "treadle.cron_schedules",
     "treadle.settings", "treadle.tenants", "treadle.history_slots",
@@ -115,6 +119,39 @@ def test_a_second_distribute_changes_nothing_and_says_so(conn: Conn, distributed
     row = conn.execute("SELECT treadle.distribute(shard_count => 32) AS answer").fetchone()
     assert row is not None and "nothing changed" in row["answer"]
     assert conn.execute("SELECT count(*) AS n FROM pg_catalog.pg_dist_shard").fetchone() == before
+
+
+@pytest.mark.subprocess
+def test_a_second_distribute_spreads_key_slots_that_an_earlier_one_left_local() -> None:
+    """A cluster distributed before key_slots was: its tables as that call left them (the
+    four by queue, the small ones reference tables), then treadle.distribute again."""
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "citus-cluster"), "createdb", CITUS_DIR, f"old{uuid.uuid4().hex[:8]}"],
+        check=True, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    with psycopg.connect(done.stdout.strip(), autocommit=True, row_factory=dict_row) as old:
+        old.execute("CREATE EXTENSION treadle")
+        old.execute("SET citus.enable_unsafe_triggers = on")
+        old.execute("SELECT create_distributed_table('treadle.workflow_runs', 'queue', colocate_with => 'none')")
+        for rel in DISTRIBUTED[1:4]:
+            old.execute("SELECT create_distributed_table(%s, 'queue', colocate_with => 'treadle.workflow_runs')", [rel])
+        for rel in REFERENCE:
+            old.execute("SELECT create_reference_table(%s)", [rel])
+        old.execute("INSERT INTO treadle.key_slots VALUES ('q', 'k', 1, now())")
+        row = old.execute("SELECT treadle.distribute() AS said").fetchone()
+        assert row is not None
+        assert "distributed: treadle.key_slots;" in row["said"], row
+        kinds = old.execute(
+            """SELECT p.partmethod::text AS method, p.colocationid = j.colocationid AS colocated
+                 FROM pg_catalog.pg_dist_partition AS p, pg_catalog.pg_dist_partition AS j
+                WHERE p.logicalrelid = 'treadle.key_slots'::regclass AND j.logicalrelid = 'treadle.jobs'::regclass"""
+        ).fetchall()
+        assert kinds == [{"method": "h", "colocated": True}]
+        assert old.execute("SELECT queue, key, held FROM treadle.key_slots").fetchall() == [
+            {"queue": "q", "key": "k", "held": 1}
+        ], "its rows moved with it"
+        row = old.execute("SELECT treadle.distribute() AS said").fetchone()
+        assert row is not None and "nothing changed" in row["said"]
 
 
 @pytest.mark.parametrize(("shard_count", "sqlstate"), [(8, "22023"), (0, "22023"), (5000, "22023")])
@@ -335,6 +372,136 @@ def test_rescue_ends_a_sleep_that_is_due(conn: Conn, queue: str) -> None:
     assert step["name"] == "workflow:citus_nap/two"
 
 
+@pytest.mark.parametrize("on_timeout", ["fail", "continue"])
+def test_rescue_times_out_a_signal_wait(conn: Conn, queue: str, on_timeout: str) -> None:
+    name = f"citus_wait_{on_timeout}"
+    conn.execute(
+        "SELECT treadle.define_workflow(%s, ARRAY['one', 'approve', 'two'], waits => %s::jsonb)",
+        [name, json.dumps({"approve": {"signal": "go", "timeout": "1 second", "on_timeout": on_timeout}})],
+    )
+    row = conn.execute("SELECT treadle.start_workflow(%s, '{}', queue => %s) AS id", [name, queue]).fetchone()
+    assert row is not None
+    run_id = row["id"]
+    (step,) = claim(conn, queue)
+    conn.execute("SELECT treadle.complete(%s, %s, '{}', queue => %s)", [step["id"], step["lease_token"], queue])
+    assert claim(conn, queue) == []  # waiting for the signal
+    time.sleep(1.2)
+    conn.execute("SELECT treadle.rescue()")
+    run = conn.execute(
+        """SELECT state, results -> 'approve' AS approve, waiting
+             FROM treadle.workflow_runs WHERE queue = %s AND id = %s""",
+        [queue, run_id],
+    ).fetchone()
+    if on_timeout == "fail":
+        assert run == {
+            "state": "failed",
+            "approve": None,
+            "waiting": {"approve": {"signal": "go", "until": ANY, "timed_out": True}},
+        }
+        assert claim(conn, queue) == []
+    else:
+        assert run == {"state": "running", "approve": {"timed_out": True}, "waiting": None}
+        (step,) = claim(conn, queue)
+        assert step["name"] == f"workflow:{name}/two"
+
+
+# -- views ---------------------------------------------------------------------------------
+
+
+def test_live_workers_counts_the_jobs_each_worker_holds(conn: Conn, queue: str) -> None:
+    other = f"{queue}x"
+    worker = f"w{uuid.uuid4().hex[:8]}"
+    idle = f"{worker}idle"
+    conn.execute("SELECT treadle.worker_seen(%s, 'h', 1, ARRAY[%s, %s], 4)", [worker, queue, other])
+    conn.execute("SELECT treadle.worker_seen(%s, 'h', 2, ARRAY[%s], 4)", [idle, queue])
+    for q in (queue, queue, other):  # jobs of two queues (two shards, perhaps two nodes)
+        job_id = enqueue(conn, q)
+        hand_lease(conn, q, job_id)
+        conn.execute("UPDATE treadle.jobs SET worker_id = %s WHERE queue = %s AND id = %s", [worker, q, job_id])
+    enqueue(conn, queue)  # available: held by no one
+    rows = conn.execute(
+        "SELECT id, running_jobs FROM treadle.live_workers WHERE id IN (%s, %s) ORDER BY id", [worker, idle]
+    ).fetchall()
+    assert rows == [{"id": worker, "running_jobs": 3}, {"id": idle, "running_jobs": 0}]
+
+
+def test_workflow_run_overview_shows_each_run_with_its_current_step(conn: Conn, queue: str) -> None:
+    runs = []
+    for q in (queue, f"{queue}x"):
+        row = conn.execute(
+            "SELECT treadle.start_workflow('citus_view', '{}', steps => ARRAY['one', 'two'], queue => %s) AS id", [q]
+        ).fetchone()
+        assert row is not None
+        runs.append(row["id"])
+    (step,) = claim(conn, queue)
+    conn.execute("SELECT treadle.complete(%s, %s, '{}', queue => %s)", [step["id"], step["lease_token"], queue])
+    rows = conn.execute(
+        """SELECT id, state, current_step, steps_done, steps_total FROM treadle.workflow_run_overview
+            WHERE id = ANY (%s) ORDER BY id DESC""",
+        [runs],
+    ).fetchall()
+    assert rows == [
+        {"id": runs[1], "state": "running", "current_step": "one", "steps_done": 0, "steps_total": 2},
+        {"id": runs[0], "state": "running", "current_step": "two", "steps_done": 1, "steps_total": 2},
+    ]
+
+
+def test_apply_retention_deletes_old_runs_and_jobs_queue_by_queue(conn: Conn, queue: str) -> None:
+    """Runs with their steps (one in a queue of its own) and signals, and jobs: read
+    across the queues, then locked and deleted queue by queue."""
+    side, other = f"{queue}s", f"{queue}o"
+    conn.execute("SELECT treadle.set_queue(%s, retain_completed => '1 hour')", [queue])
+    conn.execute("SELECT treadle.set_queue(%s, retain_completed => '1 hour')", [other])
+    runs = []
+    for q, options in ((queue, json.dumps({"two": {"queue": side}})), (other, None)):
+        row = conn.execute(
+            """SELECT treadle.start_workflow('citus_kept', '{}', steps => ARRAY['one', 'two'], queue => %s,
+                                             step_options => %s::jsonb) AS id""",
+            [q, options],
+        ).fetchone()
+        assert row is not None
+        runs.append(row["id"])
+        conn.execute(
+            """INSERT INTO treadle.workflow_signals (run_id, queue, name, payload, sent_at)
+               VALUES (%s, %s, 'x', '{}', now())""",
+            [row["id"], q],
+        )
+        for _ in range(2):
+            (step,) = conn.execute("SELECT * FROM treadle.claim('w', ARRAY[%s, %s])", [q, side]).fetchall()
+            conn.execute(
+                "SELECT treadle.complete(%s, %s, queue => %s)", [step["id"], step["lease_token"], step["queue"]]
+            )
+    plain = enqueue(conn, other)
+    token = hand_lease(conn, other, plain)
+    conn.execute("SELECT treadle.complete(%s, %s, queue => %s)", [plain, token, other])
+    side_step = conn.execute(
+        "SELECT step FROM treadle.jobs WHERE queue = %s AND workflow_run_id = %s", [side, runs[0]]
+    ).fetchall()
+    assert side_step == [{"step": "two"}], "the second step ran in its own queue"
+    with psycopg.connect(CITUS_URL, autocommit=True, row_factory=dict_row) as later:
+        later.execute(
+            "SELECT set_config('treadle.now', %s, false)",
+            [(datetime.now(timezone.utc) + timedelta(hours=2)).isoformat()],
+        )
+        gone = 0
+        for _ in range(50):  # other tests' old rows may come first: until it caught up
+            row = later.execute("SELECT treadle.apply_retention(1000) AS n").fetchone()
+            assert row is not None
+            gone += row["n"]
+            if row["n"] < 1000:
+                break
+    assert gone >= 5
+    for q in (queue, side, other):
+        assert conn.execute("SELECT count(*) AS n FROM treadle.jobs WHERE queue = %s", [q]).fetchone() == {"n": 0}
+    for q in (queue, other):
+        left = conn.execute(
+            "SELECT (SELECT count(*) FROM treadle.workflow_runs WHERE queue = %s) + "
+            "(SELECT count(*) FROM treadle.workflow_signals WHERE queue = %s) AS n",
+            [q, q],
+        ).fetchone()
+        assert left == {"n": 0}
+
+
 # -- flow control ------------------------------------------------------------------------
 
 
@@ -440,6 +607,63 @@ def test_queues_on_the_other_node_keep_flowing_while_a_worker_node_is_down(conn:
         assert job(again, down, before[down])["state"] == "available", "the stopped node's job is there as it was"
         assert again.execute("SELECT count(*) AS n FROM treadle.jobs WHERE queue = %s", [down]).fetchone() == {"n": 1}
         assert enqueue(again, down) > before[down]
+
+
+@pytest.mark.subprocess
+def test_a_running_worker_completes_every_job_exactly_once_across_a_node_restart(conn: Conn) -> None:
+    """A Python worker runs jobs of queues on both worker nodes while one node stops and
+    starts again: each handler start is counted per job in a table on the coordinator,
+    and afterwards every job is completed, each started once (the lease outlasts the
+    stop, and the worker keeps its finishes until the node is back)."""
+    queues: dict[str, str] = {}
+    for q in (f"nf{uuid.uuid4().hex[:6]}{i}" for i in range(16)):
+        queues.setdefault(node_of(conn, q), q)
+    assert set(queues) == {"w1", "w2"}
+    starts = f"starts_{uuid.uuid4().hex[:8]}"
+    conn.execute(f"CREATE TABLE {starts} (job_id bigint NOT NULL, at timestamptz NOT NULL DEFAULT now())")
+    ids = [enqueue(conn, queues["w1" if i % 2 else "w2"], name="citus_fault") for i in range(120)]
+    worker = Worker(CITUS_URL, queues=list(queues.values()), concurrency=4, poll_interval=0.1, lease=60,
+                    stop_timeout=10.0, retention_interval=None)  # fmt: skip
+    lock = threading.Lock()
+    counter = psycopg.connect(CITUS_URL, autocommit=True)
+
+    @worker.register
+    def citus_fault(args: Any, ctx: Any) -> None:
+        with lock:
+            counter.execute(f"INSERT INTO {starts} (job_id) VALUES (%s)", [ctx.job_id])
+        time.sleep(0.05)
+
+    def completed() -> int:
+        row = conn.execute(
+            "SELECT count(*) AS n FROM treadle.jobs WHERE queue = ANY (%s) AND state = 'completed'",
+            [list(queues.values())],
+        ).fetchone()
+        assert row is not None
+        return int(row["n"])
+
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # under way on both nodes
+            if conn.execute(f"SELECT count(*) AS n FROM {starts}").fetchone() == {"n": 20}:
+                break
+            time.sleep(0.05)
+        cluster("stop-node", "w2")
+        time.sleep(2)  # the worker meets the stopped node: claims and finishes fail, and go on
+        cluster("start-node", "w2")
+        back = conn.execute("SELECT clock_timestamp() AS at").fetchone()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and completed() < len(ids):
+            time.sleep(0.2)
+    finally:
+        worker.stop()
+        counter.close()
+    assert completed() == len(ids), "every job completed, none lost"
+    rows = conn.execute(f"SELECT job_id, count(*) AS n FROM {starts} GROUP BY job_id").fetchall()
+    assert {r["job_id"]: r["n"] for r in rows} == dict.fromkeys(ids, 1), "each started exactly once"
+    assert back is not None
+    later = conn.execute(f"SELECT count(*) AS n FROM {starts} WHERE at > %s", [back["at"]]).fetchone()
+    assert later is not None and later["n"] > 0, "jobs ran after the node came back (the stop met work under way)"
 
 
 # -- bench/citus.py -------------------------------------------------------------------------

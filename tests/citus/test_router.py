@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -42,7 +43,9 @@ def router_only(conn: Conn) -> list[str]:
 def shards_named(sent: list[str]) -> set[str]:
     """The shards of treadle's distributed tables that the commands name."""
     return set(
-        re.findall(r"treadle\.(?:jobs|workflow_runs|workflow_signals|job_history(?:_\d\d)?)_\d+", " ".join(sent))
+        re.findall(
+            r"treadle\.(?:jobs|workflow_runs|workflow_signals|key_slots|job_history(?:_\d\d)?)_\d+", " ".join(sent)
+        )
     )
 
 
@@ -190,3 +193,65 @@ def test_heartbeat_many_of_another_queue_is_lost(conn: Conn, queue: str) -> None
     params = {"job_ids": [job_id], "lease_tokens": [token], "lease": timedelta(seconds=30)}
     rows = conn.execute(_sql.HEARTBEAT_MANY, {**params, "job_queues": [queue + "x"]}).fetchall()
     assert rows == [{"answer": "lost"}]
+
+
+# -- concurrency keys (treadle.key_slots, distributed with the jobs) ----------------------
+
+
+def keyed(conn: Conn, queue: str, key: str) -> int:
+    row = conn.execute(
+        "SELECT treadle.enqueue('job', '{}', queue => %s, concurrency_key => %s) AS id", [queue, key]
+    ).fetchone()
+    assert row is not None
+    return int(row["id"])
+
+
+def shard_groups(conn: Conn, sent: list[str]) -> set[str]:
+    """The co-located shard groups (hash ranges) of the shards the commands name: a queue's
+    jobs and key_slots are two shards of one group, on one node."""
+    ids = [int(name.rsplit("_", 1)[1]) for name in shards_named(sent)]
+    rows = conn.execute("SELECT shardminvalue FROM pg_catalog.pg_dist_shard WHERE shardid = ANY (%s)", [ids])
+    return {r["shardminvalue"] for r in rows}
+
+
+def claim_all(conn: Conn, queue: str) -> list[dict[str, Any]]:
+    params = {"worker_id": "w", "queues": [queue], "names": None, "batch": 10, "lease": timedelta(seconds=30)}
+    return conn.execute(_sql.CLAIM, {**params, "lease_token": None}).fetchall()
+
+
+def test_a_key_limit_of_two_holds_and_each_keyed_statement_is_router_only(conn: Conn, queue: str) -> None:
+    conn.execute("SELECT treadle.set_queue(%s, key_limit => 2)", [queue])
+    sent = router_only(conn)
+    a = [keyed(conn, queue, "a") for _ in range(3)]
+    b = keyed(conn, queue, "b")
+    assert len(shard_groups(conn, sent)) == 1, sent
+    first = claim_all(conn, queue)
+    assert sorted(r["id"] for r in first) == sorted([a[0], a[1], b]), "two of key a, and key b"
+    assert claim_all(conn, queue) == []
+    done = next(r for r in first if r["id"] == a[0])
+    params = {"job_id": a[0], "lease_token": done["lease_token"], "result": Jsonb(None), "queue": queue}
+    conn.execute(_sql.COMPLETE, params)
+    assert [r["id"] for r in claim_all(conn, queue)] == [a[2]], "a's slot given back releases its next job"
+    assert len(shard_groups(conn, sent)) == 1, sent
+    held = conn.execute("SELECT key, held FROM treadle.key_slots WHERE queue = %s ORDER BY key", [queue]).fetchall()
+    assert held == [{"key": "a", "held": 2}, {"key": "b", "held": 1}]
+
+
+def test_an_ordered_lane_runs_in_order_and_waits_for_a_failed_head(conn: Conn, queue: str) -> None:
+    conn.execute("SELECT treadle.set_queue(%s, key_ordered => true)", [queue])
+    sent = router_only(conn)
+    lane = [keyed(conn, queue, "lane") for _ in range(3)]
+    ran = []
+    (head,) = claim_all(conn, queue)
+    params = {"job_id": head["id"], "lease_token": head["lease_token"], "error": "e", "retry_in": None}
+    conn.execute(_sql.FAIL, {**params, "retryable": False, "queue": queue})  # discarded: the lane waits
+    assert claim_all(conn, queue) == []
+    conn.execute("SELECT treadle.cancel(%s, queue => %s)", [head["id"], queue])
+    for _ in range(2):
+        (row,) = claim_all(conn, queue)
+        ran.append(row["id"])
+        params = {"job_id": row["id"], "lease_token": row["lease_token"], "result": Jsonb(None), "queue": queue}
+        conn.execute(_sql.COMPLETE, params)
+    assert ran == lane[1:], "in enqueue order, one at a time"
+    assert len(shard_groups(conn, sent)) == 1, sent
+    assert conn.execute("SELECT count(*) AS n FROM treadle.key_slots WHERE queue = %s", [queue]).fetchone() == {"n": 0}
