@@ -350,6 +350,17 @@ ALTER TABLE treadle.workflow_runs
 DROP FUNCTION treadle.complete_and_claim(bigint[], uuid[], jsonb[], text, text[], text[], integer, interval, uuid);
 DROP FUNCTION treadle.complete_many(bigint[], uuid[], jsonb[]);
 DROP FUNCTION treadle.heartbeat_many(bigint[], uuid[], interval);
+
+-- Workflow routing (issue 23): a step job put in another queue than its run's by a
+-- step option names its run's queue (run_queue, at the end of treadle.jobs and of
+-- its history, as in 010_tables.sql), so that every statement that moves a run
+-- names the run's queue too. 0.3.0 put every step job in its run's queue: no row
+-- needs it.
+ALTER TABLE treadle.jobs
+    ADD COLUMN run_queue text,
+    ADD CONSTRAINT jobs_run_queue_check CHECK (run_queue IS NULL OR (workflow_run_id IS NOT NULL AND run_queue <> queue));
+ALTER TABLE treadle.job_history
+    ADD COLUMN run_queue text;
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -3191,7 +3202,7 @@ BEGIN
         WITH added AS (
             INSERT INTO treadle.jobs
                 (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
-                 concurrency_key, state, key_slot, meta)
+                 concurrency_key, state, key_slot, meta, run_queue)
             SELECT coalesce(run.step_options -> s.step ->> 'queue', run.queue), 'workflow:' || run.name || '/' || s.step,
                    '{}', coalesce((run.step_options -> s.step ->> 'priority')::integer, run.priority), at,
                    coalesce((run.step_options -> s.step ->> 'max_attempts')::integer, run.max_attempts), at,
@@ -3199,7 +3210,8 @@ BEGIN
                    treadle._intervals(run.step_options -> s.step -> 'backoff'),
                    run.step_options -> s.step ->> 'concurrency_key',
                    CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN 'blocked' ELSE 'available' END,
-                   CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN false END, run.meta
+                   CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN false END, run.meta,
+                   nullif(run.queue, coalesce(run.step_options -> s.step ->> 'queue', run.queue))
               FROM unnest(steps) WITH ORDINALITY AS s(step, i)
              ORDER BY s.i
             RETURNING id, queue, name, priority, concurrency_key
@@ -3378,21 +3390,21 @@ BEGIN
     END IF;
     IF v_n = 0 THEN
         UPDATE treadle.workflow_runs AS r SET results = r.results || jsonb_build_object(step, '[]'::jsonb)
-         WHERE r.id = run.id;
+         WHERE r.queue = run.queue AND r.id = run.id;
         RETURN true;
     END IF;
     INSERT INTO treadle.jobs
         (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
-         concurrency_key, state, key_slot, meta)
+         concurrency_key, state, key_slot, meta, run_queue)
     SELECT v_queue, 'workflow:' || run.name || '/' || step, jsonb_build_object('element', e.value, 'index', e.i - 1),
            v_priority, at, v_max_attempts, at, run.id, step, v_timeout, v_backoff,
            v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END,
-           run.meta
+           run.meta, nullif(run.queue, v_queue)
       FROM jsonb_array_elements(v_array) WITH ORDINALITY AS e(value, i)
      ORDER BY e.i;
     UPDATE treadle.workflow_runs AS r
        SET map_left = coalesce(r.map_left, '{}'::jsonb) || jsonb_build_object(step, v_n)
-     WHERE r.id = run.id;
+     WHERE r.queue = run.queue AND r.id = run.id;
     IF v_key IS NULL THEN
         PERFORM treadle._notify('treadle_jobs', v_queue);
     ELSE
@@ -3442,7 +3454,7 @@ BEGIN
            SET wakes = coalesce(r.wakes, '{}'::jsonb) || v_sleeps,
                wake_at = (SELECT min(e.value::text::timestamptz)
                             FROM jsonb_each(coalesce(r.wakes, '{}'::jsonb) || v_sleeps) AS e)
-         WHERE r.id = run.id;
+         WHERE r.queue = run.queue AND r.id = run.id;
     END IF;
     IF run.maps IS NOT NULL THEN
         FOR v_step IN SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i) WHERE run.maps ? u.s ORDER BY u.i LOOP
@@ -3472,10 +3484,10 @@ BEGIN
     IF v_empty THEN
         -- a map over an empty array, or a wait with a kept signal, completed: what
         -- runs after it may start now
-        SELECT * INTO run FROM treadle.workflow_runs AS r WHERE r.id = run.id;
+        SELECT * INTO run FROM treadle.workflow_runs AS r WHERE r.queue = run.queue AND r.id = run.id;
         IF treadle._has_every_result(run) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at
-             WHERE r.id = run.id AND r.state = 'running';
+             WHERE r.queue = run.queue AND r.id = run.id AND r.state = 'running';
         ELSE
             PERFORM treadle._enqueue_ready(run, at);
         END IF;
@@ -3581,6 +3593,7 @@ DECLARE
     v_now   timestamptz := treadle.now();
     v_run   treadle.workflow_runs;
     v_index integer;
+    v_queue text := coalesce(step.run_queue, step.queue);  -- the run's queue: every statement names it
 BEGIN
     IF step.state = 'completed' THEN
         -- The common case: a step of a running run completed (not an element of a
@@ -3592,7 +3605,8 @@ BEGIN
                             THEN r.state ELSE 'completed' END,
                finished_at = CASE WHEN r.after IS NOT NULL OR array_position(r.steps, step.step) < cardinality(r.steps)
                                   THEN r.finished_at ELSE v_now END
-         WHERE r.id = step.workflow_run_id
+         WHERE r.queue = v_queue
+           AND r.id = step.workflow_run_id
            AND r.state = 'running'
            AND (r.maps IS NULL OR NOT r.maps ? step.step)
            AND (r.compensations IS NULL OR NOT step.args ? 'compensates')
@@ -3602,7 +3616,7 @@ BEGIN
                 -- a graph: as treadle._advance_graph does after recording the result
                 IF treadle._has_every_result(v_run) THEN
                     UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now
-                     WHERE r.id = v_run.id;
+                     WHERE r.queue = v_queue AND r.id = v_run.id;
                 ELSE
                     PERFORM treadle._enqueue_ready(v_run, v_now, step.step);
                 END IF;
@@ -3616,7 +3630,9 @@ BEGIN
         END IF;
     END IF;
 
-    SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = step.workflow_run_id FOR UPDATE;
+    SELECT * INTO v_run FROM treadle.workflow_runs AS r
+     WHERE r.queue = v_queue AND r.id = step.workflow_run_id
+       FOR UPDATE;
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -3637,19 +3653,21 @@ BEGIN
         IF v_index < cardinality(v_run.steps) THEN
             UPDATE treadle.workflow_runs AS r
                SET results = r.results || jsonb_build_object(step.step, step.result)
-             WHERE r.id = v_run.id;
+             WHERE r.queue = v_queue AND r.id = v_run.id;
             PERFORM treadle._enqueue_step(v_run, v_run.steps[v_index + 1], v_now);
         ELSE
             UPDATE treadle.workflow_runs AS r
                SET results = r.results || jsonb_build_object(step.step, step.result),
                    state = 'completed',
                    finished_at = v_now
-             WHERE r.id = v_run.id;
+             WHERE r.queue = v_queue AND r.id = v_run.id;
         END IF;
     ELSIF step.state = 'discarded' THEN
-        UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now WHERE r.id = v_run.id;
+        UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
+         WHERE r.queue = v_queue AND r.id = v_run.id;
     ELSIF step.state = 'cancelled' THEN
-        UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now WHERE r.id = v_run.id;
+        UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now
+         WHERE r.queue = v_queue AND r.id = v_run.id;
     END IF;
 END;
 $$;
@@ -3682,7 +3700,7 @@ BEGIN
         v_left := (run.map_left ->> step.step)::integer - 1;
         IF v_left > 0 THEN
             UPDATE treadle.workflow_runs AS r SET map_left = r.map_left || jsonb_build_object(step.step, v_left)
-             WHERE r.id = run.id;
+             WHERE r.queue = run.queue AND r.id = run.id;
             RETURN;
         END IF;
         SELECT jsonb_agg(j.result ORDER BY (j.args ->> 'index')::integer) INTO v_result
@@ -3691,12 +3709,12 @@ BEGIN
         UPDATE treadle.workflow_runs AS r
            SET results = r.results || jsonb_build_object(step.step, v_result),
                map_left = nullif(r.map_left - step.step, '{}'::jsonb)
-         WHERE r.id = run.id
+         WHERE r.queue = run.queue AND r.id = run.id
         RETURNING r.* INTO v_run;
     ELSIF step.state = 'completed' THEN
         UPDATE treadle.workflow_runs AS r
            SET results = r.results || jsonb_build_object(step.step, step.result)
-         WHERE r.id = run.id
+         WHERE r.queue = run.queue AND r.id = run.id
         RETURNING r.* INTO v_run;
     END IF;
     IF step.state = 'completed' THEN
@@ -3704,16 +3722,19 @@ BEGIN
             RETURN;
         END IF;
         IF treadle._has_every_result(v_run) THEN
-            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now WHERE r.id = run.id;
+            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now
+             WHERE r.queue = run.queue AND r.id = run.id;
         ELSE
             PERFORM treadle._enqueue_ready(v_run, v_now, step.step);
         END IF;
     ELSIF run.state <> 'running' THEN
         RETURN;
     ELSIF step.state = 'discarded' THEN
-        UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now WHERE r.id = run.id;
+        UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
+         WHERE r.queue = run.queue AND r.id = run.id;
     ELSIF step.state = 'cancelled' THEN
-        UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now WHERE r.id = run.id;
+        UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now
+         WHERE r.queue = run.queue AND r.id = run.id;
     END IF;
 END;
 $$;
@@ -8313,15 +8334,16 @@ COMMENT ON FUNCTION treadle._check_compensations(text[], jsonb, jsonb, jsonb, js
     'Check the compensations of a workflow''s steps (22023 naming the step); null for none.';
 
 --------------------------------------------------------------------------------
--- treadle._compensate_next(run_id, at) -> void
+-- treadle._compensate_next(run_id, at, queue) -> void
 --
 -- Transition for a `compensating` run (its row locked by the caller): while one
 -- of its jobs is waiting or running (a compensation under way, or a step that
 -- ran when the run failed), nothing; otherwise the compensation of the completed
 -- step that completed last and is not compensated yet -> a job, available now;
--- none left -> the run becomes `compensated`.
+-- none left -> the run becomes `compensated`. `queue`: the run's queue, which
+-- every statement on the run then names (one shard on Citus); null: found by id.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._compensate_next(run_id bigint, at timestamptz)
+CREATE OR REPLACE FUNCTION treadle._compensate_next(run_id bigint, at timestamptz, queue text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -8334,7 +8356,12 @@ DECLARE
     v_queue text;
     v_key  text;
 BEGIN
-    SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = _compensate_next.run_id;
+    IF _compensate_next.queue IS NULL THEN
+        SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = _compensate_next.run_id;
+    ELSE
+        SELECT * INTO v_run FROM treadle.workflow_runs AS r
+         WHERE r.queue = _compensate_next.queue AND r.id = _compensate_next.run_id;
+    END IF;
     IF NOT FOUND OR v_run.state <> 'compensating' THEN
         RETURN;
     END IF;
@@ -8353,7 +8380,8 @@ BEGIN
      ORDER BY j.finished_at DESC, j.id DESC
      LIMIT 1;
     IF NOT FOUND THEN
-        UPDATE treadle.workflow_runs AS r SET state = 'compensated', finished_at = at WHERE r.id = v_run.id;
+        UPDATE treadle.workflow_runs AS r SET state = 'compensated', finished_at = at
+         WHERE r.queue = v_run.queue AND r.id = v_run.id;
         RETURN;
     END IF;
     v_comp := v_run.compensations ->> v_step;
@@ -8361,7 +8389,7 @@ BEGIN
     v_key := v_run.step_options -> v_comp ->> 'concurrency_key';
     INSERT INTO treadle.jobs
         (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
-         concurrency_key, state, key_slot, meta)
+         concurrency_key, state, key_slot, meta, run_queue)
     VALUES
         (v_queue, 'workflow:' || v_run.name || '/' || v_comp,
          jsonb_build_object('compensates', v_step, 'result', v_run.results -> v_step),
@@ -8370,7 +8398,7 @@ BEGIN
          (v_run.step_options -> v_comp ->> 'timeout')::interval,
          treadle._intervals(v_run.step_options -> v_comp -> 'backoff'),
          v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END,
-         v_run.meta);
+         v_run.meta, nullif(v_run.queue, v_queue));
     IF v_key IS NULL THEN
         PERFORM treadle._notify('treadle_jobs', v_queue);
     ELSE
@@ -8378,7 +8406,7 @@ BEGIN
     END IF;
 END;
 $$;
-COMMENT ON FUNCTION treadle._compensate_next(bigint, timestamptz) IS
+COMMENT ON FUNCTION treadle._compensate_next(bigint, timestamptz, text) IS
     'Enqueue the next compensation of a compensating workflow run, or end it compensated.';
 
 --------------------------------------------------------------------------------
@@ -8408,16 +8436,17 @@ BEGIN
     IF step.args ? 'compensates' THEN
         IF step.state = 'completed' THEN
             UPDATE treadle.workflow_runs AS r SET results = r.results || jsonb_build_object(step.step, step.result)
-             WHERE r.id = run.id;
+             WHERE r.queue = run.queue AND r.id = run.id;
         ELSIF step.state = ANY (ARRAY['discarded', 'cancelled']) THEN
-            UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now WHERE r.id = run.id;
+            UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
+             WHERE r.queue = run.queue AND r.id = run.id;
             RETURN;
         END IF;
     ELSIF step.state = 'completed' AND NOT (run.maps IS NOT NULL AND run.maps ? step.step) THEN
         UPDATE treadle.workflow_runs AS r SET results = r.results || jsonb_build_object(step.step, step.result)
-         WHERE r.id = run.id;
+         WHERE r.queue = run.queue AND r.id = run.id;
     END IF;
-    PERFORM treadle._compensate_next(run.id, v_now);
+    PERFORM treadle._compensate_next(run.id, v_now, run.queue);
 END;
 $$;
 COMMENT ON FUNCTION treadle._advance_compensation(treadle.workflow_runs, treadle.jobs) IS
@@ -8475,7 +8504,7 @@ BEGIN
        FROM treadle.workflow_runs AS c
       WHERE c.parent_run_id = NEW.id AND c.state = 'running'
       ORDER BY c.id;
-    PERFORM treadle._compensate_next(NEW.id, treadle.now());
+    PERFORM treadle._compensate_next(NEW.id, treadle.now(), NEW.queue);
     RETURN NULL;
 END;
 $$;
@@ -9813,7 +9842,7 @@ BEGIN
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'A run whose cancel was requested is cancelled once its running steps finish.';
     END IF;
-    PERFORM treadle._compensate_next(v_run.id, treadle.now());
+    PERFORM treadle._compensate_next(v_run.id, treadle.now(), v_run.queue);
     SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = v_run.id;
     RETURN v_state;
 END;
