@@ -326,9 +326,9 @@ def test_a_rescued_step_and_a_step_in_another_queue_move_their_run_on(conn: Conn
     in run_queue): one shard each, where Citus refuses a SELECT FOR UPDATE over all."""
     other = f"{queue}x"
     row = conn.execute(
-        """SELECT treadle.start_workflow('citus_rq', '{}', steps => ARRAY['one', 'two', 'three'], queue => %s,
-                                         step_options => jsonb_build_object('two', jsonb_build_object('queue', %s::text)))
-                  AS id""",
+        """SELECT treadle.start_workflow(
+                      'citus_rq', '{}', steps => ARRAY['one', 'two', 'three'], queue => %s,
+                      step_options => jsonb_build_object('two', jsonb_build_object('queue', %s::text))) AS id""",
         [queue, other],
     ).fetchone()
     assert row is not None
@@ -359,8 +359,8 @@ def test_a_rescued_step_and_a_step_in_another_queue_move_their_run_on(conn: Conn
 def test_a_step_rescued_on_its_last_attempt_fails_its_run(conn: Conn, queue: str) -> None:
     """Rescue discards the step, and the run is locked (SELECT FOR UPDATE) by its queue and id."""
     row = conn.execute(
-        "SELECT treadle.start_workflow('citus_last', '{}', steps => ARRAY['one', 'two'], queue => %s, max_attempts => 1)"
-        " AS id",
+        "SELECT treadle.start_workflow('citus_last', '{}', steps => ARRAY['one', 'two'], queue => %s,"
+        " max_attempts => 1) AS id",
         [queue],
     ).fetchone()
     assert row is not None

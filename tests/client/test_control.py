@@ -275,4 +275,4 @@ def test_cancel_run_with_compensate(conn: psycopg.Connection[Any], sql_worker: S
     with pytest.raises(psycopg.errors.NoDataFound):
         treadle.cancel_run(conn, 999999, compensate=True)
     with pytest.raises(treadle.InvalidArgument):
-        treadle.cancel_run(conn, plain, compensate="yes")  # type: ignore[arg-type]
+        treadle.cancel_run(conn, plain, compensate="yes")  # type: ignore[call-overload]
