@@ -6447,7 +6447,14 @@ BEGIN
     IF start_workflow.idempotency_key IS NOT NULL THEN
         PERFORM treadle._check_text(start_workflow.idempotency_key, 'idempotency_key');
     END IF;
-    v_input := treadle._payload(start_workflow.input, 'input');
+    -- the checks of treadle._payload, its limit read only when the input could pass it
+    -- (the limit is never under 1 KiB), as enqueue does
+    v_input := start_workflow.input;
+    IF v_input IS NULL OR jsonb_typeof(v_input) <> ALL (ARRAY['object', 'array'])
+       OR (pg_column_size(v_input) > 1024 AND pg_column_size(v_input) > treadle._max_payload_bytes())
+       OR treadle._too_deep(v_input) THEN
+        v_input := treadle._payload(v_input, 'input');  -- {} for null; 22023 for the rest
+    END IF;
     IF start_workflow.priority IS NULL THEN
         RAISE EXCEPTION 'treadle: priority must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
