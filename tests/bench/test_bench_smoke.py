@@ -34,6 +34,7 @@ SCENARIOS = [
     "workflows",
     "keys",
     "rescue_cost",
+    "workflow_cost",
 ]
 
 
