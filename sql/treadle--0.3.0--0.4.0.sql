@@ -6395,14 +6395,19 @@ DECLARE
     v_any    boolean := false;
     v_looked boolean;
     v_child  bigint;
+    v_queue  text;  -- the run's: read first, then every statement on the run names it
 BEGIN
     IF cancel_workflow.run_id IS NULL THEN
         RAISE EXCEPTION 'treadle: run_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_row_allowed(r.queue, 'workflow run') FROM treadle.workflow_runs AS r WHERE r.id = cancel_workflow.run_id;
+    SELECT r.queue INTO v_queue FROM treadle.workflow_runs AS r WHERE r.id = cancel_workflow.run_id;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM treadle._check_row_allowed(v_queue, 'workflow run');
 
     PERFORM 1 FROM treadle.workflow_runs AS r
-     WHERE r.id = cancel_workflow.run_id AND r.state = 'running';
+     WHERE r.queue = v_queue AND r.id = cancel_workflow.run_id AND r.state = 'running';
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -6437,7 +6442,7 @@ BEGIN
     END LOOP;
     IF v_any THEN
         UPDATE treadle.workflow_runs AS r SET wake_at = NULL, waiting = NULL, wait_until = NULL
-         WHERE r.id = cancel_workflow.run_id AND (r.wake_at IS NOT NULL OR r.waiting IS NOT NULL);
+         WHERE r.queue = v_queue AND r.id = cancel_workflow.run_id AND (r.wake_at IS NOT NULL OR r.waiting IS NOT NULL);
         RETURN true;
     END IF;
 
@@ -6454,7 +6459,7 @@ BEGIN
     -- rows were deleted by hand)
     UPDATE treadle.workflow_runs AS r
        SET state = 'cancelled', finished_at = v_now
-     WHERE r.id = cancel_workflow.run_id AND r.state = 'running';
+     WHERE r.queue = v_queue AND r.id = cancel_workflow.run_id AND r.state = 'running';
     RETURN FOUND;
 END;
 $$;
@@ -9868,9 +9873,10 @@ COMMENT ON FUNCTION treadle.compensate_run(bigint) IS
 --   compensate false: a running run is cancelled as treadle.cancel_workflow does it
 --     (its waiting steps now, its running steps when they end): `cancelled`, or
 --     `running` while a running step's cancel is under way.
---   compensate true: a running run with compensations -> `compensating` at once: its
---     running steps' cancel is requested, its waiting steps and its child runs
---     under way are cancelled, its sleeps and signal waits end; the compensations of
+--   compensate true: a running run with compensations -> `cancelled` -> `compensating`
+--     at once (cancel_workflow, then compensate_run, without waiting): its running
+--     steps' cancel is requested, its waiting steps and its child runs under way are
+--     cancelled, its sleeps and signal waits end; the compensations of
 --     its completed steps then run one at a time, last completed first, once no step
 --     of it runs (a running step that completes instead is compensated too):
 --     `compensating`, or `compensated` when nothing is left to undo. A cancelled run
@@ -9889,8 +9895,8 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    v_now   timestamptz := treadle.now();
     v_run   treadle.workflow_runs;
-    v_job   bigint;
     v_state text;
 BEGIN
     IF cancel_run.compensate IS NULL THEN
@@ -9910,27 +9916,25 @@ BEGIN
         RAISE EXCEPTION 'treadle: workflow run % has no compensations', v_run.id
             USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
-    IF v_run.state = 'cancelled' THEN
-        RETURN treadle.compensate_run(v_run.id);
-    END IF;
-    IF v_run.state <> 'running' THEN
+    IF v_run.state <> ALL (ARRAY['running', 'cancelled']) THEN
         RAISE EXCEPTION 'treadle: workflow run % is %: only a running or cancelled run is cancelled and compensated',
                         v_run.id, v_run.state
             USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
-    -- the running steps first (jobs before the run, the order every path keeps): a
-    -- request only, which moves no run; the waiting ones go with the run's move
-    -- (treadle._run_compensates), so none of them cancels the run instead
-    FOR v_job IN
-        SELECT j.id FROM treadle.jobs AS j
-         WHERE j.workflow_run_id = v_run.id AND j.state = 'running' AND NOT j.cancel_requested
-         ORDER BY j.id
-    LOOP
-        PERFORM treadle.cancel(v_job);
-    END LOOP;
-    UPDATE treadle.workflow_runs AS r
-       SET state = 'compensating', finished_at = NULL, wake_at = NULL, waiting = NULL, wait_until = NULL
-     WHERE r.queue = v_run.queue AND r.id = v_run.id AND r.state = 'running';
+    IF v_run.state = 'running' THEN
+        -- cancelled as treadle.cancel_workflow does it (its waiting steps, which may cancel
+        -- the run, its running steps' cancel requested, its child runs, its sleeps and
+        -- waits), then cancelled at once though a step of it still runs: its compensations
+        -- wait for that step (treadle._compensate_next). Through `cancelled`, not straight to
+        -- `compensating`: no trigger on the run's row (on Citus one runs on the shard, where
+        -- it may not reach the others)
+        PERFORM treadle.cancel_workflow(v_run.id);
+        UPDATE treadle.workflow_runs AS r
+           SET state = 'cancelled', finished_at = v_now, wake_at = NULL, waiting = NULL, wait_until = NULL
+         WHERE r.queue = v_run.queue AND r.id = v_run.id AND r.state = 'running';
+    END IF;
+    UPDATE treadle.workflow_runs AS r SET state = 'compensating', finished_at = NULL
+     WHERE r.queue = v_run.queue AND r.id = v_run.id AND r.state = 'cancelled';
     IF NOT FOUND THEN
         -- a step that ended meanwhile moved the run: as it is now
         SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.queue = v_run.queue AND r.id = v_run.id;
@@ -9938,6 +9942,7 @@ BEGIN
                         v_run.id, v_state
             USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
+    PERFORM treadle._compensate_next(v_run.id, v_now, v_run.queue);
     SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.queue = v_run.queue AND r.id = v_run.id;
     RETURN v_state;
 END;

@@ -608,14 +608,19 @@ DECLARE
     v_any    boolean := false;
     v_looked boolean;
     v_child  bigint;
+    v_queue  text;  -- the run's: read first, then every statement on the run names it
 BEGIN
     IF cancel_workflow.run_id IS NULL THEN
         RAISE EXCEPTION 'treadle: run_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_row_allowed(r.queue, 'workflow run') FROM treadle.workflow_runs AS r WHERE r.id = cancel_workflow.run_id;
+    SELECT r.queue INTO v_queue FROM treadle.workflow_runs AS r WHERE r.id = cancel_workflow.run_id;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM treadle._check_row_allowed(v_queue, 'workflow run');
 
     PERFORM 1 FROM treadle.workflow_runs AS r
-     WHERE r.id = cancel_workflow.run_id AND r.state = 'running';
+     WHERE r.queue = v_queue AND r.id = cancel_workflow.run_id AND r.state = 'running';
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -650,7 +655,7 @@ BEGIN
     END LOOP;
     IF v_any THEN
         UPDATE treadle.workflow_runs AS r SET wake_at = NULL, waiting = NULL, wait_until = NULL
-         WHERE r.id = cancel_workflow.run_id AND (r.wake_at IS NOT NULL OR r.waiting IS NOT NULL);
+         WHERE r.queue = v_queue AND r.id = cancel_workflow.run_id AND (r.wake_at IS NOT NULL OR r.waiting IS NOT NULL);
         RETURN true;
     END IF;
 
@@ -667,7 +672,7 @@ BEGIN
     -- rows were deleted by hand)
     UPDATE treadle.workflow_runs AS r
        SET state = 'cancelled', finished_at = v_now
-     WHERE r.id = cancel_workflow.run_id AND r.state = 'running';
+     WHERE r.queue = v_queue AND r.id = cancel_workflow.run_id AND r.state = 'running';
     RETURN FOUND;
 END;
 $$;

@@ -377,6 +377,27 @@ def test_a_step_rescued_on_its_last_attempt_fails_its_run(conn: Conn, queue: str
     assert run == {"state": "failed"}
 
 
+def test_cancel_run_with_compensate_starts_the_compensations(conn: Conn, queue: str) -> None:
+    row = conn.execute(
+        """SELECT treadle.start_workflow('citus_saga', '{}', steps => ARRAY['debit', 'credit'], queue => %s,
+                                         compensations => '{"debit": "refund"}') AS id""",
+        [queue],
+    ).fetchone()
+    assert row is not None
+    run_id = row["id"]
+    (debit,) = claim(conn, queue)
+    conn.execute("SELECT treadle.complete(%s, %s, '{\"id\": 1}')", [debit["id"], debit["lease_token"]])
+    state = conn.execute("SELECT treadle.cancel_run(%s, compensate => true) AS s", [run_id]).fetchone()
+    assert state == {"s": "compensating"}
+    (refund,) = claim(conn, queue)
+    assert refund["name"] == "workflow:citus_saga/refund"
+    conn.execute("SELECT treadle.complete(%s, %s, '{}')", [refund["id"], refund["lease_token"]])
+    run = conn.execute(
+        "SELECT state FROM treadle.workflow_runs WHERE queue = %s AND id = %s", [queue, run_id]
+    ).fetchone()
+    assert run == {"state": "compensated"}
+
+
 def test_rescue_ends_a_sleep_that_is_due(conn: Conn, queue: str) -> None:
     conn.execute("""SELECT treadle.define_workflow('citus_nap', ARRAY['one', 'nap', 'two'],
                                                    sleeps => '{"nap": "1 second"}')""")
