@@ -14,7 +14,7 @@ SELECT columns_are('treadle', 'jobs', ARRAY[
     'created_at', 'finished_at', 'workflow_run_id', 'step',
     'every', 'next_id', 'cancel_requested', 'started_at', 'failed_at', 'errors', 'progress',
     'progress_message', 'schedule', 'ready_txid', 'timeout', 'backoff', 'key_scope', 'key_period', 'meta',
-    'concurrency_key', 'key_slot'], 'treadle.jobs has the contract columns, then its own');
+    'concurrency_key', 'key_slot', 'run_queue'], 'treadle.jobs has the contract columns, then its own');
 SELECT results_eq(
     $$ SELECT attname::text COLLATE "default" FROM pg_attribute
         WHERE attrelid = 'treadle.jobs'::regclass AND attnum > 0 AND NOT attisdropped
@@ -55,6 +55,7 @@ SELECT set_eq(
           'treadle.start_workflow(text,jsonb,text[],text,integer,integer,text,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb)',
           'treadle.signal(bigint,text,jsonb)', 'treadle.signal_by_key(text,text,text,jsonb)',
           'treadle.cancel_workflow(bigint)', 'treadle.retry_run(bigint)', 'treadle.fork_run(bigint,text,jsonb)', 'treadle.compensate_run(bigint)',
+          'treadle.cancel_run(bigint,boolean)',
           'treadle.schedule(text,text,text,jsonb,text,text,integer,integer,boolean)', 'treadle.unschedule(text)',
           'treadle.worker_seen(text,text,integer,text[],integer,integer,text[])', 'treadle.worker_stopped(text)',
           'treadle.estimated_jobs(text,text)',

@@ -57,6 +57,7 @@ INSERT INTO may_execute VALUES
     ('treadle.retry_run(bigint)',                '{admin,dashboard}'),
     ('treadle.fork_run(bigint,text,jsonb)',      '{admin,dashboard}'),
     ('treadle.compensate_run(bigint)',           '{admin,dashboard}'),
+    ('treadle.cancel_run(bigint,boolean)',       '{admin,dashboard}'),
     ('treadle.schedule(text,text,text,jsonb,text,text,integer,integer,boolean)', '{producer,worker}'),
     ('treadle.unschedule(text)',                 '{producer,worker,admin,dashboard}'),
     ('treadle.claim(text,text[],text[],integer,interval,uuid)', '{worker}'),

@@ -368,6 +368,17 @@ ALTER TABLE treadle.workflow_runs
 -- 010_tables.sql.
 CREATE INDEX jobs_key_due_idx ON treadle.jobs (queue, concurrency_key, run_at, id)
     WHERE state = 'blocked' OR (state = 'available' AND key_slot);
+
+-- Workflow routing (issue 23): a step job put in another queue than its run's by a
+-- step option names its run's queue (run_queue, at the end of treadle.jobs and of
+-- its history, as in 010_tables.sql), so that every statement that moves a run
+-- names the run's queue too. 0.3.0 put every step job in its run's queue: no row
+-- needs it.
+ALTER TABLE treadle.jobs
+    ADD COLUMN run_queue text,
+    ADD CONSTRAINT jobs_run_queue_check CHECK (run_queue IS NULL OR (workflow_run_id IS NOT NULL AND run_queue <> queue));
+ALTER TABLE treadle.job_history
+    ADD COLUMN run_queue text;
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -3320,7 +3331,7 @@ BEGIN
         WITH added AS (
             INSERT INTO treadle.jobs
                 (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
-                 concurrency_key, state, key_slot, meta)
+                 concurrency_key, state, key_slot, meta, run_queue)
             SELECT coalesce(run.step_options -> s.step ->> 'queue', run.queue), 'workflow:' || run.name || '/' || s.step,
                    '{}', coalesce((run.step_options -> s.step ->> 'priority')::integer, run.priority), at,
                    coalesce((run.step_options -> s.step ->> 'max_attempts')::integer, run.max_attempts), at,
@@ -3328,7 +3339,8 @@ BEGIN
                    treadle._intervals(run.step_options -> s.step -> 'backoff'),
                    run.step_options -> s.step ->> 'concurrency_key',
                    CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN 'blocked' ELSE 'available' END,
-                   CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN false END, run.meta
+                   CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN false END, run.meta,
+                   nullif(run.queue, coalesce(run.step_options -> s.step ->> 'queue', run.queue))
               FROM unnest(steps) WITH ORDINALITY AS s(step, i)
              ORDER BY s.i
             RETURNING id, queue, name, priority, concurrency_key
@@ -3507,21 +3519,21 @@ BEGIN
     END IF;
     IF v_n = 0 THEN
         UPDATE treadle.workflow_runs AS r SET results = r.results || jsonb_build_object(step, '[]'::jsonb)
-         WHERE r.id = run.id;
+         WHERE r.queue = run.queue AND r.id = run.id;
         RETURN true;
     END IF;
     INSERT INTO treadle.jobs
         (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
-         concurrency_key, state, key_slot, meta)
+         concurrency_key, state, key_slot, meta, run_queue)
     SELECT v_queue, 'workflow:' || run.name || '/' || step, jsonb_build_object('element', e.value, 'index', e.i - 1),
            v_priority, at, v_max_attempts, at, run.id, step, v_timeout, v_backoff,
            v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END,
-           run.meta
+           run.meta, nullif(run.queue, v_queue)
       FROM jsonb_array_elements(v_array) WITH ORDINALITY AS e(value, i)
      ORDER BY e.i;
     UPDATE treadle.workflow_runs AS r
        SET map_left = coalesce(r.map_left, '{}'::jsonb) || jsonb_build_object(step, v_n)
-     WHERE r.id = run.id;
+     WHERE r.queue = run.queue AND r.id = run.id;
     IF v_key IS NULL THEN
         PERFORM treadle._notify('treadle_jobs', v_queue);
     ELSE
@@ -3571,7 +3583,7 @@ BEGIN
            SET wakes = coalesce(r.wakes, '{}'::jsonb) || v_sleeps,
                wake_at = (SELECT min(e.value::text::timestamptz)
                             FROM jsonb_each(coalesce(r.wakes, '{}'::jsonb) || v_sleeps) AS e)
-         WHERE r.id = run.id;
+         WHERE r.queue = run.queue AND r.id = run.id;
     END IF;
     IF run.maps IS NOT NULL THEN
         FOR v_step IN SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i) WHERE run.maps ? u.s ORDER BY u.i LOOP
@@ -3601,10 +3613,10 @@ BEGIN
     IF v_empty THEN
         -- a map over an empty array, or a wait with a kept signal, completed: what
         -- runs after it may start now
-        SELECT * INTO run FROM treadle.workflow_runs AS r WHERE r.id = run.id;
+        SELECT * INTO run FROM treadle.workflow_runs AS r WHERE r.queue = run.queue AND r.id = run.id;
         IF treadle._has_every_result(run) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at
-             WHERE r.id = run.id AND r.state = 'running';
+             WHERE r.queue = run.queue AND r.id = run.id AND r.state = 'running';
         ELSE
             PERFORM treadle._enqueue_ready(run, at);
         END IF;
@@ -3710,6 +3722,7 @@ DECLARE
     v_now   timestamptz := treadle.now();
     v_run   treadle.workflow_runs;
     v_index integer;
+    v_queue text := coalesce(step.run_queue, step.queue);  -- the run's queue: every statement names it
 BEGIN
     IF step.state = 'completed' THEN
         -- The common case: a step of a running run completed (not an element of a
@@ -3721,7 +3734,8 @@ BEGIN
                             THEN r.state ELSE 'completed' END,
                finished_at = CASE WHEN r.after IS NOT NULL OR array_position(r.steps, step.step) < cardinality(r.steps)
                                   THEN r.finished_at ELSE v_now END
-         WHERE r.id = step.workflow_run_id
+         WHERE r.queue = v_queue
+           AND r.id = step.workflow_run_id
            AND r.state = 'running'
            AND (r.maps IS NULL OR NOT r.maps ? step.step)
            AND (r.compensations IS NULL OR NOT step.args ? 'compensates')
@@ -3731,7 +3745,7 @@ BEGIN
                 -- a graph: as treadle._advance_graph does after recording the result
                 IF treadle._has_every_result(v_run) THEN
                     UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now
-                     WHERE r.id = v_run.id;
+                     WHERE r.queue = v_queue AND r.id = v_run.id;
                 ELSE
                     PERFORM treadle._enqueue_ready(v_run, v_now, step.step);
                 END IF;
@@ -3745,7 +3759,9 @@ BEGIN
         END IF;
     END IF;
 
-    SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = step.workflow_run_id FOR UPDATE;
+    SELECT * INTO v_run FROM treadle.workflow_runs AS r
+     WHERE r.queue = v_queue AND r.id = step.workflow_run_id
+       FOR UPDATE;
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -3766,19 +3782,21 @@ BEGIN
         IF v_index < cardinality(v_run.steps) THEN
             UPDATE treadle.workflow_runs AS r
                SET results = r.results || jsonb_build_object(step.step, step.result)
-             WHERE r.id = v_run.id;
+             WHERE r.queue = v_queue AND r.id = v_run.id;
             PERFORM treadle._enqueue_step(v_run, v_run.steps[v_index + 1], v_now);
         ELSE
             UPDATE treadle.workflow_runs AS r
                SET results = r.results || jsonb_build_object(step.step, step.result),
                    state = 'completed',
                    finished_at = v_now
-             WHERE r.id = v_run.id;
+             WHERE r.queue = v_queue AND r.id = v_run.id;
         END IF;
     ELSIF step.state = 'discarded' THEN
-        UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now WHERE r.id = v_run.id;
+        UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
+         WHERE r.queue = v_queue AND r.id = v_run.id;
     ELSIF step.state = 'cancelled' THEN
-        UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now WHERE r.id = v_run.id;
+        UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now
+         WHERE r.queue = v_queue AND r.id = v_run.id;
     END IF;
 END;
 $$;
@@ -3811,7 +3829,7 @@ BEGIN
         v_left := (run.map_left ->> step.step)::integer - 1;
         IF v_left > 0 THEN
             UPDATE treadle.workflow_runs AS r SET map_left = r.map_left || jsonb_build_object(step.step, v_left)
-             WHERE r.id = run.id;
+             WHERE r.queue = run.queue AND r.id = run.id;
             RETURN;
         END IF;
         SELECT jsonb_agg(j.result ORDER BY (j.args ->> 'index')::integer) INTO v_result
@@ -3820,12 +3838,12 @@ BEGIN
         UPDATE treadle.workflow_runs AS r
            SET results = r.results || jsonb_build_object(step.step, v_result),
                map_left = nullif(r.map_left - step.step, '{}'::jsonb)
-         WHERE r.id = run.id
+         WHERE r.queue = run.queue AND r.id = run.id
         RETURNING r.* INTO v_run;
     ELSIF step.state = 'completed' THEN
         UPDATE treadle.workflow_runs AS r
            SET results = r.results || jsonb_build_object(step.step, step.result)
-         WHERE r.id = run.id
+         WHERE r.queue = run.queue AND r.id = run.id
         RETURNING r.* INTO v_run;
     END IF;
     IF step.state = 'completed' THEN
@@ -3833,16 +3851,19 @@ BEGIN
             RETURN;
         END IF;
         IF treadle._has_every_result(v_run) THEN
-            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now WHERE r.id = run.id;
+            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now
+             WHERE r.queue = run.queue AND r.id = run.id;
         ELSE
             PERFORM treadle._enqueue_ready(v_run, v_now, step.step);
         END IF;
     ELSIF run.state <> 'running' THEN
         RETURN;
     ELSIF step.state = 'discarded' THEN
-        UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now WHERE r.id = run.id;
+        UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
+         WHERE r.queue = run.queue AND r.id = run.id;
     ELSIF step.state = 'cancelled' THEN
-        UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now WHERE r.id = run.id;
+        UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now
+         WHERE r.queue = run.queue AND r.id = run.id;
     END IF;
 END;
 $$;
@@ -6500,7 +6521,14 @@ BEGIN
     IF start_workflow.idempotency_key IS NOT NULL THEN
         PERFORM treadle._check_text(start_workflow.idempotency_key, 'idempotency_key');
     END IF;
-    v_input := treadle._payload(start_workflow.input, 'input');
+    -- the checks of treadle._payload, its limit read only when the input could pass it
+    -- (the limit is never under 1 KiB), as enqueue does
+    v_input := start_workflow.input;
+    IF v_input IS NULL OR jsonb_typeof(v_input) <> ALL (ARRAY['object', 'array'])
+       OR (pg_column_size(v_input) > 1024 AND pg_column_size(v_input) > treadle._max_payload_bytes())
+       OR treadle._too_deep(v_input) THEN
+        v_input := treadle._payload(v_input, 'input');  -- {} for null; 22023 for the rest
+    END IF;
     IF start_workflow.priority IS NULL THEN
         RAISE EXCEPTION 'treadle: priority must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
@@ -6618,14 +6646,19 @@ DECLARE
     v_any    boolean := false;
     v_looked boolean;
     v_child  bigint;
+    v_queue  text;  -- the run's: read first, then every statement on the run names it
 BEGIN
     IF cancel_workflow.run_id IS NULL THEN
         RAISE EXCEPTION 'treadle: run_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_row_allowed(r.queue, 'workflow run') FROM treadle.workflow_runs AS r WHERE r.id = cancel_workflow.run_id;
+    SELECT r.queue INTO v_queue FROM treadle.workflow_runs AS r WHERE r.id = cancel_workflow.run_id;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM treadle._check_row_allowed(v_queue, 'workflow run');
 
     PERFORM 1 FROM treadle.workflow_runs AS r
-     WHERE r.id = cancel_workflow.run_id AND r.state = 'running';
+     WHERE r.queue = v_queue AND r.id = cancel_workflow.run_id AND r.state = 'running';
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -6660,7 +6693,7 @@ BEGIN
     END LOOP;
     IF v_any THEN
         UPDATE treadle.workflow_runs AS r SET wake_at = NULL, waiting = NULL, wait_until = NULL
-         WHERE r.id = cancel_workflow.run_id AND (r.wake_at IS NOT NULL OR r.waiting IS NOT NULL);
+         WHERE r.queue = v_queue AND r.id = cancel_workflow.run_id AND (r.wake_at IS NOT NULL OR r.waiting IS NOT NULL);
         RETURN true;
     END IF;
 
@@ -6677,7 +6710,7 @@ BEGIN
     -- rows were deleted by hand)
     UPDATE treadle.workflow_runs AS r
        SET state = 'cancelled', finished_at = v_now
-     WHERE r.id = cancel_workflow.run_id AND r.state = 'running';
+     WHERE r.queue = v_queue AND r.id = cancel_workflow.run_id AND r.state = 'running';
     RETURN FOUND;
 END;
 $$;
@@ -8610,15 +8643,16 @@ COMMENT ON FUNCTION treadle._check_compensations(text[], jsonb, jsonb, jsonb, js
     'Check the compensations of a workflow''s steps (22023 naming the step); null for none.';
 
 --------------------------------------------------------------------------------
--- treadle._compensate_next(run_id, at) -> void
+-- treadle._compensate_next(run_id, at, queue) -> void
 --
 -- Transition for a `compensating` run (its row locked by the caller): while one
 -- of its jobs is waiting or running (a compensation under way, or a step that
 -- ran when the run failed), nothing; otherwise the compensation of the completed
 -- step that completed last and is not compensated yet -> a job, available now;
--- none left -> the run becomes `compensated`.
+-- none left -> the run becomes `compensated`. `queue`: the run's queue, which
+-- every statement on the run then names (one shard on Citus); null: found by id.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._compensate_next(run_id bigint, at timestamptz)
+CREATE OR REPLACE FUNCTION treadle._compensate_next(run_id bigint, at timestamptz, queue text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -8631,7 +8665,12 @@ DECLARE
     v_queue text;
     v_key  text;
 BEGIN
-    SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = _compensate_next.run_id;
+    IF _compensate_next.queue IS NULL THEN
+        SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = _compensate_next.run_id;
+    ELSE
+        SELECT * INTO v_run FROM treadle.workflow_runs AS r
+         WHERE r.queue = _compensate_next.queue AND r.id = _compensate_next.run_id;
+    END IF;
     IF NOT FOUND OR v_run.state <> 'compensating' THEN
         RETURN;
     END IF;
@@ -8650,7 +8689,8 @@ BEGIN
      ORDER BY j.finished_at DESC, j.id DESC
      LIMIT 1;
     IF NOT FOUND THEN
-        UPDATE treadle.workflow_runs AS r SET state = 'compensated', finished_at = at WHERE r.id = v_run.id;
+        UPDATE treadle.workflow_runs AS r SET state = 'compensated', finished_at = at
+         WHERE r.queue = v_run.queue AND r.id = v_run.id;
         RETURN;
     END IF;
     v_comp := v_run.compensations ->> v_step;
@@ -8658,7 +8698,7 @@ BEGIN
     v_key := v_run.step_options -> v_comp ->> 'concurrency_key';
     INSERT INTO treadle.jobs
         (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
-         concurrency_key, state, key_slot, meta)
+         concurrency_key, state, key_slot, meta, run_queue)
     VALUES
         (v_queue, 'workflow:' || v_run.name || '/' || v_comp,
          jsonb_build_object('compensates', v_step, 'result', v_run.results -> v_step),
@@ -8667,7 +8707,7 @@ BEGIN
          (v_run.step_options -> v_comp ->> 'timeout')::interval,
          treadle._intervals(v_run.step_options -> v_comp -> 'backoff'),
          v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END,
-         v_run.meta);
+         v_run.meta, nullif(v_run.queue, v_queue));
     IF v_key IS NULL THEN
         PERFORM treadle._notify('treadle_jobs', v_queue);
     ELSE
@@ -8675,7 +8715,7 @@ BEGIN
     END IF;
 END;
 $$;
-COMMENT ON FUNCTION treadle._compensate_next(bigint, timestamptz) IS
+COMMENT ON FUNCTION treadle._compensate_next(bigint, timestamptz, text) IS
     'Enqueue the next compensation of a compensating workflow run, or end it compensated.';
 
 --------------------------------------------------------------------------------
@@ -8705,16 +8745,17 @@ BEGIN
     IF step.args ? 'compensates' THEN
         IF step.state = 'completed' THEN
             UPDATE treadle.workflow_runs AS r SET results = r.results || jsonb_build_object(step.step, step.result)
-             WHERE r.id = run.id;
+             WHERE r.queue = run.queue AND r.id = run.id;
         ELSIF step.state = ANY (ARRAY['discarded', 'cancelled']) THEN
-            UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now WHERE r.id = run.id;
+            UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
+             WHERE r.queue = run.queue AND r.id = run.id;
             RETURN;
         END IF;
     ELSIF step.state = 'completed' AND NOT (run.maps IS NOT NULL AND run.maps ? step.step) THEN
         UPDATE treadle.workflow_runs AS r SET results = r.results || jsonb_build_object(step.step, step.result)
-         WHERE r.id = run.id;
+         WHERE r.queue = run.queue AND r.id = run.id;
     END IF;
-    PERFORM treadle._compensate_next(run.id, v_now);
+    PERFORM treadle._compensate_next(run.id, v_now, run.queue);
 END;
 $$;
 COMMENT ON FUNCTION treadle._advance_compensation(treadle.workflow_runs, treadle.jobs) IS
@@ -8772,7 +8813,7 @@ BEGIN
        FROM treadle.workflow_runs AS c
       WHERE c.parent_run_id = NEW.id AND c.state = 'running'
       ORDER BY c.id;
-    PERFORM treadle._compensate_next(NEW.id, treadle.now());
+    PERFORM treadle._compensate_next(NEW.id, treadle.now(), NEW.queue);
     RETURN NULL;
 END;
 $$;
@@ -10113,13 +10154,101 @@ BEGIN
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'A run whose cancel was requested is cancelled once its running steps finish.';
     END IF;
-    PERFORM treadle._compensate_next(v_run.id, treadle.now());
+    PERFORM treadle._compensate_next(v_run.id, treadle.now(), v_run.queue);
     SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = v_run.id;
     RETURN v_state;
 END;
 $$;
 COMMENT ON FUNCTION treadle.compensate_run(bigint) IS
     'Run the compensations of a cancelled workflow run''s completed steps; returns its state.';
+--------------------------------------------------------------------------------
+-- Cancelling a run and undoing what it did, in one call (the operator's, as
+-- compensate_run: the runs part).
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle.cancel_run(run_id, compensate) -> text
+--
+-- Transition, in the caller's transaction; returns the state the run is in now.
+--   compensate false: a running run is cancelled as treadle.cancel_workflow does it
+--     (its waiting steps now, its running steps when they end): `cancelled`, or
+--     `running` while a running step's cancel is under way.
+--   compensate true: a running run with compensations -> `cancelled` -> `compensating`
+--     at once (cancel_workflow, then compensate_run, without waiting): its running
+--     steps' cancel is requested, its waiting steps and its child runs under way are
+--     cancelled, its sleeps and signal waits end; the compensations of
+--     its completed steps then run one at a time, last completed first, once no step
+--     of it runs (a running step that completes instead is compensated too):
+--     `compensating`, or `compensated` when nothing is left to undo. A cancelled run
+--     with compensations: as treadle.compensate_run.
+-- Raises 22004: run_id or compensate null. P0002: no run has that id. 42501: a
+-- tenant's run outside its queues. 55000: compensate false and a run that is not
+-- running or whose cancel is requested already; compensate true and a run without
+-- compensations, or one that is neither running nor cancelled. A refusal writes
+-- nothing.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle.cancel_run(run_id bigint, compensate boolean DEFAULT false)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now   timestamptz := treadle.now();
+    v_run   treadle.workflow_runs;
+    v_state text;
+BEGIN
+    IF cancel_run.compensate IS NULL THEN
+        RAISE EXCEPTION 'treadle: compensate must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    v_run := treadle._run_for_operation(cancel_run.run_id);
+    IF NOT cancel_run.compensate THEN
+        IF v_run.state <> 'running' OR NOT treadle.cancel_workflow(v_run.id) THEN
+            RAISE EXCEPTION 'treadle: workflow run % is %: only a running run whose cancel is not requested yet is cancelled',
+                            v_run.id, CASE WHEN v_run.state = 'running' THEN 'being cancelled' ELSE v_run.state END
+                USING ERRCODE = 'object_not_in_prerequisite_state';
+        END IF;
+        SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.queue = v_run.queue AND r.id = v_run.id;
+        RETURN v_state;
+    END IF;
+    IF v_run.compensations IS NULL THEN
+        RAISE EXCEPTION 'treadle: workflow run % has no compensations', v_run.id
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    IF v_run.state <> ALL (ARRAY['running', 'cancelled']) THEN
+        RAISE EXCEPTION 'treadle: workflow run % is %: only a running or cancelled run is cancelled and compensated',
+                        v_run.id, v_run.state
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    IF v_run.state = 'running' THEN
+        -- cancelled as treadle.cancel_workflow does it (its waiting steps, which may cancel
+        -- the run, its running steps' cancel requested, its child runs, its sleeps and
+        -- waits), then cancelled at once though a step of it still runs: its compensations
+        -- wait for that step (treadle._compensate_next). Through `cancelled`, not straight to
+        -- `compensating`: no trigger on the run's row (on Citus one runs on the shard, where
+        -- it may not reach the others)
+        PERFORM treadle.cancel_workflow(v_run.id);
+        UPDATE treadle.workflow_runs AS r
+           SET state = 'cancelled', finished_at = v_now, wake_at = NULL, waiting = NULL, wait_until = NULL
+         WHERE r.queue = v_run.queue AND r.id = v_run.id AND r.state = 'running';
+    END IF;
+    UPDATE treadle.workflow_runs AS r SET state = 'compensating', finished_at = NULL
+     WHERE r.queue = v_run.queue AND r.id = v_run.id AND r.state = 'cancelled';
+    IF NOT FOUND THEN
+        -- a step that ended meanwhile moved the run: as it is now
+        SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.queue = v_run.queue AND r.id = v_run.id;
+        RAISE EXCEPTION 'treadle: workflow run % is %: only a running or cancelled run is cancelled and compensated',
+                        v_run.id, v_state
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    PERFORM treadle._compensate_next(v_run.id, v_now, v_run.queue);
+    SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.queue = v_run.queue AND r.id = v_run.id;
+    RETURN v_state;
+END;
+$$;
+COMMENT ON FUNCTION treadle.cancel_run(bigint, boolean) IS
+    'Cancel a workflow run, and with compensate => true run its compensations at once; returns its state.';
 --------------------------------------------------------------------------------
 -- Privileges. The functions are the only write path: every function that writes
 -- runs as the owner (SECURITY DEFINER, search_path pinned, names qualified, no
@@ -10132,9 +10261,9 @@ COMMENT ON FUNCTION treadle.compensate_run(bigint) IS
 --   treadle.grant_producer(role)   reader + enqueue, workflows, schedules, cancel, retry
 --   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, retention, registry
 --   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue, retention,
---                                  retry_run, fork_run, compensate_run
+--                                  retry_run, fork_run, compensate_run, cancel_run
 --   treadle.grant_dashboard(role, read_only)   reader + cancel, retry, unschedule, retry_run,
---                                  fork_run, compensate_run unless read_only
+--                                  fork_run, compensate_run, cancel_run unless read_only
 --
 -- and keeps a role to the queues under a prefix with treadle.set_tenant.
 -- docs/operations.md has the table of who may do what.
@@ -10151,7 +10280,7 @@ COMMENT ON FUNCTION treadle.compensate_run(bigint) IS
 --            complete_many, complete_and_claim, fail, release, snooze, step_sleep,
 --            define_workflow, worker_seen, worker_stopped
 --   queues   set_queue, pause, resume
---   runs     retry_run, fork_run, compensate_run (the operator's: not a producer's)
+--   runs     retry_run, fork_run, compensate_run, cancel_run (the operator's: not a producer's)
 --   recover  rescue, apply_retention (the housekeeping every worker does)
 --   prune    prune
 -- Each function is listed here once; the grant helpers combine the parts.
@@ -10207,6 +10336,7 @@ BEGIN
         ('runs',    'treadle.retry_run(bigint)'),
         ('runs',    'treadle.fork_run(bigint, text, jsonb)'),
         ('runs',    'treadle.compensate_run(bigint)'),
+        ('runs',    'treadle.cancel_run(bigint, boolean)'),
         ('recover', 'treadle.rescue()'),
         ('recover', 'treadle.apply_retention(integer)'),
         ('recover', 'treadle.archive(integer)'),

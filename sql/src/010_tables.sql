@@ -178,6 +178,7 @@ CREATE TABLE treadle.jobs (
     meta             jsonb,                              -- the producer's metadata (an object, e.g. trace context); null: none
     concurrency_key  text,                               -- its key's lane (034_key_lanes.sql); null: none
     key_slot         boolean,                            -- it holds one of its key's slots; null: no key
+    run_queue        text,                               -- a step job put in another queue by a step option: its run's queue; null: its own
     CONSTRAINT jobs_pkey PRIMARY KEY (id, queue),
     CONSTRAINT jobs_state_check CHECK (state = ANY (ARRAY[
         'available', 'running', 'retryable', 'completed', 'discarded', 'cancelled', 'blocked'])),
@@ -205,7 +206,9 @@ CREATE TABLE treadle.jobs (
     -- holds one of its key's slots (034_key_lanes.sql)
     CONSTRAINT jobs_key_slot_check CHECK (
         (concurrency_key IS NULL) = (key_slot IS NULL)
-        AND (state <> 'blocked' OR concurrency_key IS NOT NULL))
+        AND (state <> 'blocked' OR concurrency_key IS NOT NULL)),
+    -- run_queue names the run's queue only where it is not the job's own (050_finish.sql)
+    CONSTRAINT jobs_run_queue_check CHECK (run_queue IS NULL OR (workflow_run_id IS NOT NULL AND run_queue <> queue))
 );
 
 -- Claims read only claimable rows: finished rows never slow a claim. The second index

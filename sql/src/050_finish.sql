@@ -48,7 +48,7 @@ BEGIN
         WITH added AS (
             INSERT INTO treadle.jobs
                 (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
-                 concurrency_key, state, key_slot, meta)
+                 concurrency_key, state, key_slot, meta, run_queue)
             SELECT coalesce(run.step_options -> s.step ->> 'queue', run.queue), 'workflow:' || run.name || '/' || s.step,
                    '{}', coalesce((run.step_options -> s.step ->> 'priority')::integer, run.priority), at,
                    coalesce((run.step_options -> s.step ->> 'max_attempts')::integer, run.max_attempts), at,
@@ -56,7 +56,8 @@ BEGIN
                    treadle._intervals(run.step_options -> s.step -> 'backoff'),
                    run.step_options -> s.step ->> 'concurrency_key',
                    CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN 'blocked' ELSE 'available' END,
-                   CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN false END, run.meta
+                   CASE WHEN run.step_options -> s.step ? 'concurrency_key' THEN false END, run.meta,
+                   nullif(run.queue, coalesce(run.step_options -> s.step ->> 'queue', run.queue))
               FROM unnest(steps) WITH ORDINALITY AS s(step, i)
              ORDER BY s.i
             RETURNING id, queue, name, priority, concurrency_key
@@ -235,21 +236,21 @@ BEGIN
     END IF;
     IF v_n = 0 THEN
         UPDATE treadle.workflow_runs AS r SET results = r.results || jsonb_build_object(step, '[]'::jsonb)
-         WHERE r.id = run.id;
+         WHERE r.queue = run.queue AND r.id = run.id;
         RETURN true;
     END IF;
     INSERT INTO treadle.jobs
         (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
-         concurrency_key, state, key_slot, meta)
+         concurrency_key, state, key_slot, meta, run_queue)
     SELECT v_queue, 'workflow:' || run.name || '/' || step, jsonb_build_object('element', e.value, 'index', e.i - 1),
            v_priority, at, v_max_attempts, at, run.id, step, v_timeout, v_backoff,
            v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END,
-           run.meta
+           run.meta, nullif(run.queue, v_queue)
       FROM jsonb_array_elements(v_array) WITH ORDINALITY AS e(value, i)
      ORDER BY e.i;
     UPDATE treadle.workflow_runs AS r
        SET map_left = coalesce(r.map_left, '{}'::jsonb) || jsonb_build_object(step, v_n)
-     WHERE r.id = run.id;
+     WHERE r.queue = run.queue AND r.id = run.id;
     IF v_key IS NULL THEN
         PERFORM treadle._notify('treadle_jobs', v_queue);
     ELSE
@@ -299,7 +300,7 @@ BEGIN
            SET wakes = coalesce(r.wakes, '{}'::jsonb) || v_sleeps,
                wake_at = (SELECT min(e.value::text::timestamptz)
                             FROM jsonb_each(coalesce(r.wakes, '{}'::jsonb) || v_sleeps) AS e)
-         WHERE r.id = run.id;
+         WHERE r.queue = run.queue AND r.id = run.id;
     END IF;
     IF run.maps IS NOT NULL THEN
         FOR v_step IN SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i) WHERE run.maps ? u.s ORDER BY u.i LOOP
@@ -329,10 +330,10 @@ BEGIN
     IF v_empty THEN
         -- a map over an empty array, or a wait with a kept signal, completed: what
         -- runs after it may start now
-        SELECT * INTO run FROM treadle.workflow_runs AS r WHERE r.id = run.id;
+        SELECT * INTO run FROM treadle.workflow_runs AS r WHERE r.queue = run.queue AND r.id = run.id;
         IF treadle._has_every_result(run) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at
-             WHERE r.id = run.id AND r.state = 'running';
+             WHERE r.queue = run.queue AND r.id = run.id AND r.state = 'running';
         ELSE
             PERFORM treadle._enqueue_ready(run, at);
         END IF;
@@ -438,6 +439,7 @@ DECLARE
     v_now   timestamptz := treadle.now();
     v_run   treadle.workflow_runs;
     v_index integer;
+    v_queue text := coalesce(step.run_queue, step.queue);  -- the run's queue: every statement names it
 BEGIN
     IF step.state = 'completed' THEN
         -- The common case: a step of a running run completed (not an element of a
@@ -449,7 +451,8 @@ BEGIN
                             THEN r.state ELSE 'completed' END,
                finished_at = CASE WHEN r.after IS NOT NULL OR array_position(r.steps, step.step) < cardinality(r.steps)
                                   THEN r.finished_at ELSE v_now END
-         WHERE r.id = step.workflow_run_id
+         WHERE r.queue = v_queue
+           AND r.id = step.workflow_run_id
            AND r.state = 'running'
            AND (r.maps IS NULL OR NOT r.maps ? step.step)
            AND (r.compensations IS NULL OR NOT step.args ? 'compensates')
@@ -459,7 +462,7 @@ BEGIN
                 -- a graph: as treadle._advance_graph does after recording the result
                 IF treadle._has_every_result(v_run) THEN
                     UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now
-                     WHERE r.id = v_run.id;
+                     WHERE r.queue = v_queue AND r.id = v_run.id;
                 ELSE
                     PERFORM treadle._enqueue_ready(v_run, v_now, step.step);
                 END IF;
@@ -473,7 +476,9 @@ BEGIN
         END IF;
     END IF;
 
-    SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = step.workflow_run_id FOR UPDATE;
+    SELECT * INTO v_run FROM treadle.workflow_runs AS r
+     WHERE r.queue = v_queue AND r.id = step.workflow_run_id
+       FOR UPDATE;
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -494,19 +499,21 @@ BEGIN
         IF v_index < cardinality(v_run.steps) THEN
             UPDATE treadle.workflow_runs AS r
                SET results = r.results || jsonb_build_object(step.step, step.result)
-             WHERE r.id = v_run.id;
+             WHERE r.queue = v_queue AND r.id = v_run.id;
             PERFORM treadle._enqueue_step(v_run, v_run.steps[v_index + 1], v_now);
         ELSE
             UPDATE treadle.workflow_runs AS r
                SET results = r.results || jsonb_build_object(step.step, step.result),
                    state = 'completed',
                    finished_at = v_now
-             WHERE r.id = v_run.id;
+             WHERE r.queue = v_queue AND r.id = v_run.id;
         END IF;
     ELSIF step.state = 'discarded' THEN
-        UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now WHERE r.id = v_run.id;
+        UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
+         WHERE r.queue = v_queue AND r.id = v_run.id;
     ELSIF step.state = 'cancelled' THEN
-        UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now WHERE r.id = v_run.id;
+        UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now
+         WHERE r.queue = v_queue AND r.id = v_run.id;
     END IF;
 END;
 $$;
@@ -539,7 +546,7 @@ BEGIN
         v_left := (run.map_left ->> step.step)::integer - 1;
         IF v_left > 0 THEN
             UPDATE treadle.workflow_runs AS r SET map_left = r.map_left || jsonb_build_object(step.step, v_left)
-             WHERE r.id = run.id;
+             WHERE r.queue = run.queue AND r.id = run.id;
             RETURN;
         END IF;
         SELECT jsonb_agg(j.result ORDER BY (j.args ->> 'index')::integer) INTO v_result
@@ -548,12 +555,12 @@ BEGIN
         UPDATE treadle.workflow_runs AS r
            SET results = r.results || jsonb_build_object(step.step, v_result),
                map_left = nullif(r.map_left - step.step, '{}'::jsonb)
-         WHERE r.id = run.id
+         WHERE r.queue = run.queue AND r.id = run.id
         RETURNING r.* INTO v_run;
     ELSIF step.state = 'completed' THEN
         UPDATE treadle.workflow_runs AS r
            SET results = r.results || jsonb_build_object(step.step, step.result)
-         WHERE r.id = run.id
+         WHERE r.queue = run.queue AND r.id = run.id
         RETURNING r.* INTO v_run;
     END IF;
     IF step.state = 'completed' THEN
@@ -561,16 +568,19 @@ BEGIN
             RETURN;
         END IF;
         IF treadle._has_every_result(v_run) THEN
-            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now WHERE r.id = run.id;
+            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now
+             WHERE r.queue = run.queue AND r.id = run.id;
         ELSE
             PERFORM treadle._enqueue_ready(v_run, v_now, step.step);
         END IF;
     ELSIF run.state <> 'running' THEN
         RETURN;
     ELSIF step.state = 'discarded' THEN
-        UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now WHERE r.id = run.id;
+        UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
+         WHERE r.queue = run.queue AND r.id = run.id;
     ELSIF step.state = 'cancelled' THEN
-        UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now WHERE r.id = run.id;
+        UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now
+         WHERE r.queue = run.queue AND r.id = run.id;
     END IF;
 END;
 $$;

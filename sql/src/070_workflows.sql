@@ -494,7 +494,14 @@ BEGIN
     IF start_workflow.idempotency_key IS NOT NULL THEN
         PERFORM treadle._check_text(start_workflow.idempotency_key, 'idempotency_key');
     END IF;
-    v_input := treadle._payload(start_workflow.input, 'input');
+    -- the checks of treadle._payload, its limit read only when the input could pass it
+    -- (the limit is never under 1 KiB), as enqueue does
+    v_input := start_workflow.input;
+    IF v_input IS NULL OR jsonb_typeof(v_input) <> ALL (ARRAY['object', 'array'])
+       OR (pg_column_size(v_input) > 1024 AND pg_column_size(v_input) > treadle._max_payload_bytes())
+       OR treadle._too_deep(v_input) THEN
+        v_input := treadle._payload(v_input, 'input');  -- {} for null; 22023 for the rest
+    END IF;
     IF start_workflow.priority IS NULL THEN
         RAISE EXCEPTION 'treadle: priority must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
@@ -612,14 +619,19 @@ DECLARE
     v_any    boolean := false;
     v_looked boolean;
     v_child  bigint;
+    v_queue  text;  -- the run's: read first, then every statement on the run names it
 BEGIN
     IF cancel_workflow.run_id IS NULL THEN
         RAISE EXCEPTION 'treadle: run_id must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM treadle._check_row_allowed(r.queue, 'workflow run') FROM treadle.workflow_runs AS r WHERE r.id = cancel_workflow.run_id;
+    SELECT r.queue INTO v_queue FROM treadle.workflow_runs AS r WHERE r.id = cancel_workflow.run_id;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM treadle._check_row_allowed(v_queue, 'workflow run');
 
     PERFORM 1 FROM treadle.workflow_runs AS r
-     WHERE r.id = cancel_workflow.run_id AND r.state = 'running';
+     WHERE r.queue = v_queue AND r.id = cancel_workflow.run_id AND r.state = 'running';
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -654,7 +666,7 @@ BEGIN
     END LOOP;
     IF v_any THEN
         UPDATE treadle.workflow_runs AS r SET wake_at = NULL, waiting = NULL, wait_until = NULL
-         WHERE r.id = cancel_workflow.run_id AND (r.wake_at IS NOT NULL OR r.waiting IS NOT NULL);
+         WHERE r.queue = v_queue AND r.id = cancel_workflow.run_id AND (r.wake_at IS NOT NULL OR r.waiting IS NOT NULL);
         RETURN true;
     END IF;
 
@@ -671,7 +683,7 @@ BEGIN
     -- rows were deleted by hand)
     UPDATE treadle.workflow_runs AS r
        SET state = 'cancelled', finished_at = v_now
-     WHERE r.id = cancel_workflow.run_id AND r.state = 'running';
+     WHERE r.queue = v_queue AND r.id = cancel_workflow.run_id AND r.state = 'running';
     RETURN FOUND;
 END;
 $$;

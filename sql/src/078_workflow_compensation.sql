@@ -77,15 +77,16 @@ COMMENT ON FUNCTION treadle._check_compensations(text[], jsonb, jsonb, jsonb, js
     'Check the compensations of a workflow''s steps (22023 naming the step); null for none.';
 
 --------------------------------------------------------------------------------
--- treadle._compensate_next(run_id, at) -> void
+-- treadle._compensate_next(run_id, at, queue) -> void
 --
 -- Transition for a `compensating` run (its row locked by the caller): while one
 -- of its jobs is waiting or running (a compensation under way, or a step that
 -- ran when the run failed), nothing; otherwise the compensation of the completed
 -- step that completed last and is not compensated yet -> a job, available now;
--- none left -> the run becomes `compensated`.
+-- none left -> the run becomes `compensated`. `queue`: the run's queue, which
+-- every statement on the run then names (one shard on Citus); null: found by id.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._compensate_next(run_id bigint, at timestamptz)
+CREATE OR REPLACE FUNCTION treadle._compensate_next(run_id bigint, at timestamptz, queue text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -98,7 +99,12 @@ DECLARE
     v_queue text;
     v_key  text;
 BEGIN
-    SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = _compensate_next.run_id;
+    IF _compensate_next.queue IS NULL THEN
+        SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = _compensate_next.run_id;
+    ELSE
+        SELECT * INTO v_run FROM treadle.workflow_runs AS r
+         WHERE r.queue = _compensate_next.queue AND r.id = _compensate_next.run_id;
+    END IF;
     IF NOT FOUND OR v_run.state <> 'compensating' THEN
         RETURN;
     END IF;
@@ -117,7 +123,8 @@ BEGIN
      ORDER BY j.finished_at DESC, j.id DESC
      LIMIT 1;
     IF NOT FOUND THEN
-        UPDATE treadle.workflow_runs AS r SET state = 'compensated', finished_at = at WHERE r.id = v_run.id;
+        UPDATE treadle.workflow_runs AS r SET state = 'compensated', finished_at = at
+         WHERE r.queue = v_run.queue AND r.id = v_run.id;
         RETURN;
     END IF;
     v_comp := v_run.compensations ->> v_step;
@@ -125,7 +132,7 @@ BEGIN
     v_key := v_run.step_options -> v_comp ->> 'concurrency_key';
     INSERT INTO treadle.jobs
         (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, timeout, backoff,
-         concurrency_key, state, key_slot, meta)
+         concurrency_key, state, key_slot, meta, run_queue)
     VALUES
         (v_queue, 'workflow:' || v_run.name || '/' || v_comp,
          jsonb_build_object('compensates', v_step, 'result', v_run.results -> v_step),
@@ -134,7 +141,7 @@ BEGIN
          (v_run.step_options -> v_comp ->> 'timeout')::interval,
          treadle._intervals(v_run.step_options -> v_comp -> 'backoff'),
          v_key, CASE WHEN v_key IS NULL THEN 'available' ELSE 'blocked' END, CASE WHEN v_key IS NOT NULL THEN false END,
-         v_run.meta);
+         v_run.meta, nullif(v_run.queue, v_queue));
     IF v_key IS NULL THEN
         PERFORM treadle._notify('treadle_jobs', v_queue);
     ELSE
@@ -142,7 +149,7 @@ BEGIN
     END IF;
 END;
 $$;
-COMMENT ON FUNCTION treadle._compensate_next(bigint, timestamptz) IS
+COMMENT ON FUNCTION treadle._compensate_next(bigint, timestamptz, text) IS
     'Enqueue the next compensation of a compensating workflow run, or end it compensated.';
 
 --------------------------------------------------------------------------------
@@ -172,16 +179,17 @@ BEGIN
     IF step.args ? 'compensates' THEN
         IF step.state = 'completed' THEN
             UPDATE treadle.workflow_runs AS r SET results = r.results || jsonb_build_object(step.step, step.result)
-             WHERE r.id = run.id;
+             WHERE r.queue = run.queue AND r.id = run.id;
         ELSIF step.state = ANY (ARRAY['discarded', 'cancelled']) THEN
-            UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now WHERE r.id = run.id;
+            UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
+             WHERE r.queue = run.queue AND r.id = run.id;
             RETURN;
         END IF;
     ELSIF step.state = 'completed' AND NOT (run.maps IS NOT NULL AND run.maps ? step.step) THEN
         UPDATE treadle.workflow_runs AS r SET results = r.results || jsonb_build_object(step.step, step.result)
-         WHERE r.id = run.id;
+         WHERE r.queue = run.queue AND r.id = run.id;
     END IF;
-    PERFORM treadle._compensate_next(run.id, v_now);
+    PERFORM treadle._compensate_next(run.id, v_now, run.queue);
 END;
 $$;
 COMMENT ON FUNCTION treadle._advance_compensation(treadle.workflow_runs, treadle.jobs) IS
@@ -239,7 +247,7 @@ BEGIN
        FROM treadle.workflow_runs AS c
       WHERE c.parent_run_id = NEW.id AND c.state = 'running'
       ORDER BY c.id;
-    PERFORM treadle._compensate_next(NEW.id, treadle.now());
+    PERFORM treadle._compensate_next(NEW.id, treadle.now(), NEW.queue);
     RETURN NULL;
 END;
 $$;

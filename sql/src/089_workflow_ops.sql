@@ -280,7 +280,7 @@ BEGIN
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'A run whose cancel was requested is cancelled once its running steps finish.';
     END IF;
-    PERFORM treadle._compensate_next(v_run.id, treadle.now());
+    PERFORM treadle._compensate_next(v_run.id, treadle.now(), v_run.queue);
     SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = v_run.id;
     RETURN v_state;
 END;

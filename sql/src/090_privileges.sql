@@ -10,9 +10,9 @@
 --   treadle.grant_producer(role)   reader + enqueue, workflows, schedules, cancel, retry
 --   treadle.grant_worker(role)     producer + claim, heartbeat, finish, rescue, retention, registry
 --   treadle.grant_admin(role)      reader + cancel, retry, unschedule, prune, rescue, retention,
---                                  retry_run, fork_run, compensate_run
+--                                  retry_run, fork_run, compensate_run, cancel_run
 --   treadle.grant_dashboard(role, read_only)   reader + cancel, retry, unschedule, retry_run,
---                                  fork_run, compensate_run unless read_only
+--                                  fork_run, compensate_run, cancel_run unless read_only
 --
 -- and keeps a role to the queues under a prefix with treadle.set_tenant.
 -- docs/operations.md has the table of who may do what.
@@ -29,7 +29,7 @@
 --            complete_many, complete_and_claim, fail, release, snooze, step_sleep,
 --            define_workflow, worker_seen, worker_stopped
 --   queues   set_queue, pause, resume
---   runs     retry_run, fork_run, compensate_run (the operator's: not a producer's)
+--   runs     retry_run, fork_run, compensate_run, cancel_run (the operator's: not a producer's)
 --   recover  rescue, apply_retention (the housekeeping every worker does)
 --   prune    prune
 -- Each function is listed here once; the grant helpers combine the parts.
@@ -85,6 +85,7 @@ BEGIN
         ('runs',    'treadle.retry_run(bigint)'),
         ('runs',    'treadle.fork_run(bigint, text, jsonb)'),
         ('runs',    'treadle.compensate_run(bigint)'),
+        ('runs',    'treadle.cancel_run(bigint, boolean)'),
         ('recover', 'treadle.rescue()'),
         ('recover', 'treadle.apply_retention(integer)'),
         ('recover', 'treadle.archive(integer)'),

@@ -363,3 +363,14 @@ ALTER TABLE treadle.workflow_runs
 -- 010_tables.sql.
 CREATE INDEX jobs_key_due_idx ON treadle.jobs (queue, concurrency_key, run_at, id)
     WHERE state = 'blocked' OR (state = 'available' AND key_slot);
+
+-- Workflow routing (issue 23): a step job put in another queue than its run's by a
+-- step option names its run's queue (run_queue, at the end of treadle.jobs and of
+-- its history, as in 010_tables.sql), so that every statement that moves a run
+-- names the run's queue too. 0.3.0 put every step job in its run's queue: no row
+-- needs it.
+ALTER TABLE treadle.jobs
+    ADD COLUMN run_queue text,
+    ADD CONSTRAINT jobs_run_queue_check CHECK (run_queue IS NULL OR (workflow_run_id IS NOT NULL AND run_queue <> queue));
+ALTER TABLE treadle.job_history
+    ADD COLUMN run_queue text;

@@ -35,6 +35,7 @@ SCENARIOS = [
     "keys",
     "rescue_cost",
     "nokeys",
+    "workflow_cost",
 ]
 
 

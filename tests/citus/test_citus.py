@@ -358,6 +358,83 @@ def test_a_workflow_run_goes_end_to_end(conn: Conn, queue: str) -> None:
     assert run == {"state": "completed"}
 
 
+def test_a_rescued_step_and_a_step_in_another_queue_move_their_run_on(conn: Conn, queue: str) -> None:
+    """Each statement that moves a run names its queue (a step in another queue names it
+    in run_queue): one shard each, where Citus refuses a SELECT FOR UPDATE over all."""
+    other = f"{queue}x"
+    row = conn.execute(
+        """SELECT treadle.start_workflow(
+                      'citus_rq', '{}', steps => ARRAY['one', 'two', 'three'], queue => %s,
+                      step_options => jsonb_build_object('two', jsonb_build_object('queue', %s::text))) AS id""",
+        [queue, other],
+    ).fetchone()
+    assert row is not None
+    run_id = row["id"]
+    (step,) = claim(conn, queue)
+    conn.execute(
+        "UPDATE treadle.jobs SET lease_until = %s WHERE queue = %s AND id = %s",
+        [datetime.now(timezone.utc) - timedelta(minutes=1), queue, step["id"]],
+    )
+    conn.execute("SELECT treadle.rescue()")
+    assert job(conn, queue, step["id"])["state"] == "retryable"
+    conn.execute("UPDATE treadle.jobs SET run_at = now() WHERE queue = %s AND id = %s", [queue, step["id"]])
+    (again,) = claim(conn, queue)
+    assert again["id"] == step["id"]
+    conn.execute("SELECT treadle.complete(%s, %s, '{}')", [again["id"], again["lease_token"]])
+    (two,) = claim(conn, other)
+    assert job(conn, other, two["id"])["run_queue"] == queue
+    conn.execute("SELECT treadle.complete(%s, %s, '{}')", [two["id"], two["lease_token"]])
+    (three,) = claim(conn, queue)
+    assert three["name"] == "workflow:citus_rq/three"
+    conn.execute("SELECT treadle.complete(%s, %s, '{}')", [three["id"], three["lease_token"]])
+    run = conn.execute(
+        "SELECT state, results ? 'two' AS two FROM treadle.workflow_runs WHERE queue = %s AND id = %s", [queue, run_id]
+    ).fetchone()
+    assert run == {"state": "completed", "two": True}
+
+
+def test_a_step_rescued_on_its_last_attempt_fails_its_run(conn: Conn, queue: str) -> None:
+    """Rescue discards the step, and the run is locked (SELECT FOR UPDATE) by its queue and id."""
+    row = conn.execute(
+        "SELECT treadle.start_workflow('citus_last', '{}', steps => ARRAY['one', 'two'], queue => %s,"
+        " max_attempts => 1) AS id",
+        [queue],
+    ).fetchone()
+    assert row is not None
+    (step,) = claim(conn, queue)
+    conn.execute(
+        "UPDATE treadle.jobs SET lease_until = %s WHERE queue = %s AND id = %s",
+        [datetime.now(timezone.utc) - timedelta(minutes=1), queue, step["id"]],
+    )
+    conn.execute("SELECT treadle.rescue()")
+    assert job(conn, queue, step["id"])["state"] == "discarded"
+    run = conn.execute(
+        "SELECT state FROM treadle.workflow_runs WHERE queue = %s AND id = %s", [queue, row["id"]]
+    ).fetchone()
+    assert run == {"state": "failed"}
+
+
+def test_cancel_run_with_compensate_starts_the_compensations(conn: Conn, queue: str) -> None:
+    row = conn.execute(
+        """SELECT treadle.start_workflow('citus_saga', '{}', steps => ARRAY['debit', 'credit'], queue => %s,
+                                         compensations => '{"debit": "refund"}') AS id""",
+        [queue],
+    ).fetchone()
+    assert row is not None
+    run_id = row["id"]
+    (debit,) = claim(conn, queue)
+    conn.execute("SELECT treadle.complete(%s, %s, '{\"id\": 1}')", [debit["id"], debit["lease_token"]])
+    state = conn.execute("SELECT treadle.cancel_run(%s, compensate => true) AS s", [run_id]).fetchone()
+    assert state == {"s": "compensating"}
+    (refund,) = claim(conn, queue)
+    assert refund["name"] == "workflow:citus_saga/refund"
+    conn.execute("SELECT treadle.complete(%s, %s, '{}')", [refund["id"], refund["lease_token"]])
+    run = conn.execute(
+        "SELECT state FROM treadle.workflow_runs WHERE queue = %s AND id = %s", [queue, run_id]
+    ).fetchone()
+    assert run == {"state": "compensated"}
+
+
 def test_rescue_ends_a_sleep_that_is_due(conn: Conn, queue: str) -> None:
     conn.execute("""SELECT treadle.define_workflow('citus_nap', ARRAY['one', 'nap', 'two'],
                                                    sleeps => '{"nap": "1 second"}')""")

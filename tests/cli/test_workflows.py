@@ -248,3 +248,32 @@ def test_compensate_a_cancelled_run(dsn: str, conn: psycopg.Connection[Any]) -> 
     assert done.json() == {"run": run_id, "state": "compensating"}
     assert state(conn, run_id) == "compensating"
     assert "no workflow run 999999" in expect(treadle("workflows", "compensate", "999999", "--dsn", dsn), 3).err
+
+
+def test_cancel_with_compensate_starts_the_compensations_at_once(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    def start(compensations: str | None) -> int:
+        row = conn.execute(
+            "SELECT treadle.start_workflow('saga', steps => array['debit', 'credit'], queue => 'saga',"
+            " compensations => %s::jsonb)",
+            [compensations],
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    run_id = start('{"debit": "refund"}')
+    claimed = conn.execute("SELECT id, lease_token FROM treadle.claim('w', array['saga'])").fetchone()
+    assert claimed is not None
+    conn.execute("SELECT treadle.complete(%s, %s, '{\"id\": 1}')", claimed)
+    done = expect(treadle("workflows", "cancel", str(run_id), "--compensate", "--json", "--dsn", dsn), 0)
+    assert done.json() == {"run": run_id, "cancelled": True, "state": "compensating"}
+    assert state(conn, run_id) == "compensating"
+    refund = conn.execute(
+        "SELECT args FROM treadle.jobs WHERE workflow_run_id = %s AND step = 'refund' AND state = 'available'", [run_id]
+    ).fetchone()
+    assert refund == ({"compensates": "debit", "result": {"id": 1}},)
+    plain = start(None)
+    refused = expect(treadle("workflows", "cancel", str(plain), "--compensate", "--dsn", dsn), 4)
+    assert f"workflow run {plain} has no compensations" in refused.err
+    assert state(conn, plain) == "running"
+    missing = expect(treadle("workflows", "cancel", "999999", "--compensate", "--dsn", dsn), 3)
+    assert "no workflow run 999999" in missing.err

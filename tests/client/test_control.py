@@ -258,3 +258,21 @@ def test_compensate_run(conn: psycopg.Connection[Any], sql_worker: SqlWorker) ->
     assert _run(conn, run_id)[:2] == ("compensated", {"debit": {"id": 1}, "refund": "refunded"})
     with pytest.raises(psycopg.errors.NoDataFound):
         treadle.compensate_run(conn, 999999)
+
+
+def test_cancel_run_with_compensate(conn: psycopg.Connection[Any], sql_worker: SqlWorker) -> None:
+    run_id = treadle.start_workflow(conn, "saga", steps=["debit", "credit"], compensations={"debit": "refund"})
+    sql_worker.complete(_step_job(conn, run_id, "debit"), {"id": 1})
+    assert treadle.cancel_run(conn, run_id, compensate=True) == "compensating"
+    sql_worker.complete(_step_job(conn, run_id, "refund"), "refunded")
+    assert _run(conn, run_id)[:2] == ("compensated", {"debit": {"id": 1}, "refund": "refunded"})
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="only a running or cancelled run"):
+        treadle.cancel_run(conn, run_id, compensate=True)
+    plain = treadle.start_workflow(conn, "plain", steps=["a", "b"])
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="has no compensations"):
+        treadle.cancel_run(conn, plain, compensate=True)
+    assert treadle.cancel_run(conn, plain) == "cancelled"
+    with pytest.raises(psycopg.errors.NoDataFound):
+        treadle.cancel_run(conn, 999999, compensate=True)
+    with pytest.raises(treadle.InvalidArgument):
+        treadle.cancel_run(conn, plain, compensate="yes")  # type: ignore[call-overload]

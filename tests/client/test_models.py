@@ -40,4 +40,5 @@ def test_a_claimed_row_is_jobs_fields_in_order_and_every_column_of_the_table(con
         "key_period",
         "concurrency_key",
         "key_slot",
+        "run_queue",
     }

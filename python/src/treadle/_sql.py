@@ -71,6 +71,9 @@ WORKFLOW_RESULTS: Final[LiteralString] = "SELECT treadle.workflow_results(run_id
 # treadle.retry_run, compensate_run, fork_run: the operator's run controls
 RETRY_RUN: Final[LiteralString] = "SELECT treadle.retry_run(run_id => %(run_id)s::bigint)"
 COMPENSATE_RUN: Final[LiteralString] = "SELECT treadle.compensate_run(run_id => %(run_id)s::bigint)"
+CANCEL_RUN: Final[LiteralString] = (
+    "SELECT treadle.cancel_run(run_id => %(run_id)s::bigint, compensate => %(compensate)s::boolean)"
+)
 FORK_RUN: Final[LiteralString] = """
 SELECT treadle.fork_run(run_id => %(run_id)s::bigint, from_step => %(from_step)s::text, input => %(input)s::jsonb)
 """

@@ -546,6 +546,28 @@ def compensate_run(conn: AnyConnection, run_id: int) -> str | Awaitable[str]:
 
 
 @overload
+def cancel_run(conn: AsyncConnection, run_id: int, *, compensate: bool = False) -> Awaitable[str]: ...
+@overload
+def cancel_run(conn: SyncConnection, run_id: int, *, compensate: bool = False) -> str: ...
+def cancel_run(conn: AnyConnection, run_id: int, *, compensate: bool = False) -> str | Awaitable[str]:
+    """Cancel a running workflow run; with compensate=True undo its completed steps too; returns its state now.
+
+    Without compensate: "cancelled", or "running" while a running step's cancel is
+    under way (as cancel_workflow). With compensate, in one transaction: a running
+    run becomes "compensating" (its waiting steps cancelled, its running steps'
+    cancel requested; its compensations run, last completed step first, once none
+    runs), or "compensated" when it has nothing to undo; a cancelled run is
+    compensated as by compensate_run. The operator's call. Raises
+    psycopg.errors.NoDataFound (P0002) for an unknown run and
+    psycopg.errors.ObjectNotInPrerequisiteState (55000) for one that is not running
+    (nor cancelled, with compensate), whose cancel was already requested (without
+    compensate) or that has no compensations (with compensate).
+    """
+    params = {"run_id": _args.row_id(run_id, "run_id"), "compensate": _args.boolean(compensate, "compensate")}
+    return _conn.execute(conn, _sql.CANCEL_RUN, params, _scalar)
+
+
+@overload
 def fork_run(conn: AsyncConnection, run_id: int, from_step: str, *, input: JsonPayload = None) -> Awaitable[int]: ...
 @overload
 def fork_run(conn: SyncConnection, run_id: int, from_step: str, *, input: JsonPayload = None) -> int: ...

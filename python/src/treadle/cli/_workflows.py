@@ -111,12 +111,17 @@ def add_commands(commands: Any) -> None:
         "cancel a running workflow run (treadle.cancel_workflow)",
         description=(
             "Cancel a running workflow run: its waiting steps now (no step starts after this), its running "
-            "steps when they end. Exit 3 for an unknown run, 4 when it is not running or its cancel was "
-            "already requested (nothing is written then)."
+            "steps when they end. With --compensate (treadle.cancel_run), in the same transaction its "
+            "compensations start: the run is compensating, then compensated; a cancelled run is compensated. "
+            "Exit 3 for an unknown run, 4 when it is not running or its cancel was already requested (with "
+            "--compensate: not running nor cancelled, or no compensations; nothing is written then)."
         ),
-        examples=["treadle workflows cancel 42"],
+        examples=["treadle workflows cancel 42", "treadle workflows cancel 42 --compensate"],
     )
     cancel.add_argument("run", type=positive_id, metavar="RUN", help="the run's id")
+    cancel.add_argument(
+        "--compensate", action="store_true", help="undo its completed steps too, in the same transaction"
+    )
     add_json(cancel)
     add_dsn(cancel)
     cancel.set_defaults(command=cancel_run)
@@ -331,6 +336,8 @@ def show_run(options: argparse.Namespace) -> int:
 
 
 def cancel_run(options: argparse.Namespace) -> int:
+    if options.compensate:
+        return cancel_and_compensate_run(options)
     with connect(options) as conn:
         done = client.cancel_workflow(conn, options.run)
         run = conn.execute(_sql.GET_WORKFLOW_RUN, {"run_id": options.run}).fetchone()
@@ -346,6 +353,21 @@ def cancel_run(options: argparse.Namespace) -> int:
         print(f"workflow run {options.run}: cancelled")
     else:
         print(f"workflow run {options.run}: cancel requested: its running steps stop when they end")
+    return OK
+
+
+def cancel_and_compensate_run(options: argparse.Namespace) -> int:
+    with connect(options) as conn:
+        try:
+            state = client.cancel_run(conn, options.run, compensate=True)
+        except psycopg.errors.NoDataFound:
+            raise NotFound(f"no workflow run {options.run}") from None
+        except psycopg.errors.ObjectNotInPrerequisiteState as error:
+            raise Refused(f"workflow run {options.run}: not cancelled and compensated: {_primary(error)}") from None
+    if options.json:
+        print_json({"run": options.run, "cancelled": True, "state": state})
+    else:
+        print(f"workflow run {options.run}: {state}")
     return OK
 
 
