@@ -1675,12 +1675,6 @@ DECLARE
     v_max_size integer;
     v_bad      record;
     v_wrong    text;
-    a_args     jsonb[];
-    a_queue    text[];
-    a_priority integer[];
-    a_run_at   timestamptz[];
-    a_max      integer[];
-    a_meta     jsonb[];
 BEGIN
     IF enqueue_arrays.name IS NULL THEN
         RAISE EXCEPTION 'treadle: name must not be null' USING ERRCODE = 'null_value_not_allowed';

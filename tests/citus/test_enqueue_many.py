@@ -30,8 +30,10 @@ def other_queue() -> str:
 # function inside a statement Citus pushes to the shard, which then runs a distributed
 # query of its own: Citus refuses. enqueue with a concurrency key meets the same.
 KEY_RELEASE_ON_A_SHARD = pytest.mark.xfail(
-    strict=True, raises=psycopg.errors.InternalError_,
-    reason="cannot execute a distributed query from a query on a shard (_key_release's _key_limit)")
+    strict=True,
+    raises=psycopg.errors.InternalError_,
+    reason="cannot execute a distributed query from a query on a shard (_key_release's _key_limit)",
+)
 
 
 def test_jobs_of_several_queues_land_each_in_its_queue_in_input_order(conn: Conn, queue: str) -> None:
@@ -40,25 +42,30 @@ def test_jobs_of_several_queues_land_each_in_its_queue_in_input_order(conn: Conn
     ids = enqueue_many(conn, jobs)
     assert len(ids) == len(set(ids)) == 20
     for job_id, spec in zip(ids, jobs, strict=True):
-        row = conn.execute("SELECT name, args, state FROM treadle.jobs WHERE queue = %s AND id = %s",
-                           [spec["queue"], job_id]).fetchone()
+        row = conn.execute(
+            "SELECT name, args, state FROM treadle.jobs WHERE queue = %s AND id = %s", [spec["queue"], job_id]
+        ).fetchone()
         assert row == {"name": spec["name"], "args": spec["args"], "state": "available"}
 
 
 def test_keys_held_before_and_repeated_in_the_call_answer_the_holder(conn: Conn, queue: str) -> None:
     second = other_queue()
     held = enqueue_many(conn, [{"name": "held", "queue": queue, "idempotency_key": "a"}])[0]
-    ids = enqueue_many(conn, [
-        {"name": "x", "queue": queue, "idempotency_key": "a"},
-        {"name": "y", "queue": second, "idempotency_key": "a"},
-        {"name": "z", "queue": second, "idempotency_key": "a"},
-        {"name": "w", "queue": queue},
-    ])
+    ids = enqueue_many(
+        conn,
+        [
+            {"name": "x", "queue": queue, "idempotency_key": "a"},
+            {"name": "y", "queue": second, "idempotency_key": "a"},
+            {"name": "z", "queue": second, "idempotency_key": "a"},
+            {"name": "w", "queue": queue},
+        ],
+    )
     assert ids[0] == held
     assert ids[1] == ids[2] != held
     assert len({ids[1], ids[3], held}) == 3
-    counts = conn.execute("SELECT queue, count(*)::int AS n FROM treadle.jobs WHERE queue = ANY(%s) GROUP BY queue",
-                          [[queue, second]]).fetchall()
+    counts = conn.execute(
+        "SELECT queue, count(*)::int AS n FROM treadle.jobs WHERE queue = ANY(%s) GROUP BY queue", [[queue, second]]
+    ).fetchall()
     assert {r["queue"]: r["n"] for r in counts} == {queue: 2, second: 1}
 
 
@@ -66,8 +73,10 @@ def test_keys_held_before_and_repeated_in_the_call_answer_the_holder(conn: Conn,
 def test_concurrency_keys_release_what_the_key_limit_allows(conn: Conn, queue: str) -> None:
     conn.execute("SELECT treadle.set_queue(%s, key_limit => 1)", [queue])
     ids = enqueue_many(conn, [{"name": "k", "queue": queue, "concurrency_key": key} for key in ("b", "a", "b", "a")])
-    states = {r["id"]: r["state"] for r in conn.execute(
-        "SELECT id, state FROM treadle.jobs WHERE queue = %s", [queue]).fetchall()}
+    states = {
+        r["id"]: r["state"]
+        for r in conn.execute("SELECT id, state FROM treadle.jobs WHERE queue = %s", [queue]).fetchall()
+    }
     assert [states[i] for i in ids] == ["available", "available", "blocked", "blocked"]
 
 
@@ -89,7 +98,7 @@ def test_concurrent_calls_with_keys_in_opposite_orders_both_finish(conn: Conn, q
                     c.execute("SET lock_timeout = '20s'")
                     enqueue_many(c, backward)
                     c.commit()
-            except BaseException as e:  # noqa: BLE001 - reported below
+            except BaseException as e:  # reported below
                 errors.append(e)
 
         thread = threading.Thread(target=other)
@@ -100,8 +109,11 @@ def test_concurrent_calls_with_keys_in_opposite_orders_both_finish(conn: Conn, q
     thread.join(30)
     assert not thread.is_alive()
     assert errors == []
-    rows = conn.execute("SELECT queue, concurrency_key AS key, count(*)::int AS n FROM treadle.jobs "
-                        "WHERE queue = ANY(%s) GROUP BY 1, 2 ORDER BY 1, 2", [[queue, second]]).fetchall()
+    rows = conn.execute(
+        "SELECT queue, concurrency_key AS key, count(*)::int AS n FROM treadle.jobs "
+        "WHERE queue = ANY(%s) GROUP BY 1, 2 ORDER BY 1, 2",
+        [[queue, second]],
+    ).fetchall()
     assert sorted((r["queue"], r["key"], r["n"]) for r in rows) == sorted((q, k, 2) for q, k in pairs)
 
 
@@ -119,7 +131,7 @@ def test_a_batch_takes_its_keys_queue_by_queue_in_order(conn: Conn) -> None:
                 with psycopg.connect(CITUS_URL, row_factory=dict_row) as b:
                     enqueue_many(b, [{"name": "b", "queue": q, "idempotency_key": "k"} for q in (second, first)])
                     b.commit()
-            except BaseException as e:  # noqa: BLE001 - reported below
+            except BaseException as e:  # reported below
                 errors.append(e)
 
         thread = threading.Thread(target=other)
@@ -131,7 +143,8 @@ def test_a_batch_takes_its_keys_queue_by_queue_in_order(conn: Conn) -> None:
     thread.join(30)
     assert not thread.is_alive()
     assert errors == []
-    rows = conn.execute("SELECT queue, name FROM treadle.jobs WHERE queue = ANY(%s) ORDER BY queue",
-                        [[first, second]]).fetchall()
+    rows = conn.execute(
+        "SELECT queue, name FROM treadle.jobs WHERE queue = ANY(%s) ORDER BY queue", [[first, second]]
+    ).fetchall()
     assert rows == [{"queue": first, "name": "a"}, {"queue": second, "name": "a"}]
     assert conn.execute("SELECT id FROM treadle.jobs WHERE queue = %s", [second]).fetchone() == {"id": held}
