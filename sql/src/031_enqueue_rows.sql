@@ -47,6 +47,7 @@ DECLARE
     h_period   timestamptz[];
     v_queues   text[];       -- on Citus, the batch's queues in order; else one null: all at once
     v_queue    text;
+    v_single   boolean;      -- every row names the same queue
     v_ids      bigint[];
     v_i        bigint;
 BEGIN
@@ -58,19 +59,22 @@ BEGIN
         RAISE EXCEPTION 'treadle: jobs has an "every" that is not positive or is longer than 10 years'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(a_run_at) AS r(run_at) WHERE NOT isfinite(r.run_at)) THEN
+    IF 'infinity'::timestamptz = ANY (a_run_at) OR '-infinity'::timestamptz = ANY (a_run_at) THEN
         RAISE EXCEPTION 'treadle: jobs has a "run_at" that is not a finite time'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    BEGIN
-        PERFORM max(u.run_at + u.every) FROM unnest(a_run_at, a_every) AS u(run_at, every);
-    EXCEPTION WHEN datetime_field_overflow THEN
-        RAISE EXCEPTION 'treadle: jobs has an "every" so long that the next occurrence cannot be stored'
-            USING ERRCODE = 'invalid_parameter_value';
-    END;
+    IF cardinality(array_remove(a_every, NULL)) > 0 THEN  -- (a block with EXCEPTION costs a subtransaction)
+        BEGIN
+            PERFORM max(u.run_at + u.every) FROM unnest(a_run_at, a_every) AS u(run_at, every);
+        EXCEPTION WHEN datetime_field_overflow THEN
+            RAISE EXCEPTION 'treadle: jobs has an "every" so long that the next occurrence cannot be stored'
+                USING ERRCODE = 'invalid_parameter_value';
+        END;
+    END IF;
     IF a_name IS NULL THEN
         RETURN ARRAY[]::bigint[];  -- an empty array
     END IF;
+    v_single := a_queue[1] = ALL (a_queue);  -- one queue: no set to make of the queues
     IF a_mode IS NOT NULL THEN
         PERFORM treadle._check_key_options(u.key, u.args, u.mode, u.scope, u.period)
            FROM unnest(a_key, a_args, a_mode, a_while, a_period) AS u(key, args, mode, scope, period)
@@ -79,10 +83,16 @@ BEGIN
           INTO a_bucket
           FROM unnest(a_period) WITH ORDINALITY AS u(period, ord);
     END IF;
-    PERFORM treadle._check_queue_allowed(q.queue) FROM (SELECT DISTINCT u.queue FROM unnest(a_queue) AS u(queue)) AS q;
-    PERFORM treadle._check_depth(q.queue, s.max_depth, q.adding)
-       FROM (SELECT u.queue, count(*)::integer AS adding FROM unnest(a_queue) AS u(queue) GROUP BY u.queue) AS q
-       JOIN treadle.queues AS s ON s.queue = q.queue AND s.max_depth IS NOT NULL;
+    IF v_single THEN
+        PERFORM treadle._check_queue_allowed(a_queue[1]);
+        PERFORM treadle._check_depth(s.queue, s.max_depth, cardinality(a_queue))
+           FROM treadle.queues AS s WHERE s.queue = a_queue[1] AND s.max_depth IS NOT NULL;
+    ELSE
+        PERFORM treadle._check_queue_allowed(q.queue) FROM (SELECT DISTINCT u.queue FROM unnest(a_queue) AS u(queue)) AS q;
+        PERFORM treadle._check_depth(q.queue, s.max_depth, q.adding)
+           FROM (SELECT u.queue, count(*)::integer AS adding FROM unnest(a_queue) AS u(queue) GROUP BY u.queue) AS q
+           JOIN treadle.queues AS s ON s.queue = q.queue AND s.max_depth IS NOT NULL;
+    END IF;
 
     -- Ids are drawn first, in a statement of their own, so that each input row knows
     -- its own (Citus refuses nextval inside INSERT ... SELECT).
@@ -120,7 +130,7 @@ BEGIN
     DO NOTHING;
     END LOOP;
 
-    IF cardinality(array_remove(a_key, NULL)) = 0 THEN
+    IF coalesce(cardinality(array_remove(a_key, NULL)), 0) = 0 THEN
         v_ids := a_id;  -- no keys: every row was inserted
     ELSE
         -- A keyed row's id is its key's holder's: its own row, an earlier element's, or a
@@ -155,17 +165,25 @@ BEGIN
     -- A key whose holder committed while this statement waited is not in its snapshot:
     -- look it up again with a fresh one. Rows that merge into a held key's job go
     -- here too. Key order again, so that concurrent batches never deadlock.
-    FOR v_i IN SELECT u.ord FROM unnest(v_ids, a_queue, a_key) WITH ORDINALITY AS u(id, queue, key, ord)
-                WHERE u.id IS NULL ORDER BY u.queue, u.key, u.ord LOOP
-        v_ids[v_i] := treadle.enqueue(a_name[v_i], a_args[v_i], a_queue[v_i], a_priority[v_i],
-                                      a_run_at[v_i], a_max[v_i], a_key[v_i], a_every[v_i],
-                                      a_timeout[v_i], treadle._intervals(a_backoff[v_i]),
-                                      coalesce(a_mode[v_i], 'keep'), coalesce(a_while[v_i], 'retained'),
-                                      a_period[v_i], a_meta[v_i], a_ckey[v_i]);
-    END LOOP;
+    IF array_position(v_ids, NULL) IS NOT NULL THEN
+        FOR v_i IN SELECT u.ord FROM unnest(v_ids, a_queue, a_key) WITH ORDINALITY AS u(id, queue, key, ord)
+                    WHERE u.id IS NULL ORDER BY u.queue, u.key, u.ord LOOP
+            v_ids[v_i] := treadle.enqueue(a_name[v_i], a_args[v_i], a_queue[v_i], a_priority[v_i],
+                                          a_run_at[v_i], a_max[v_i], a_key[v_i], a_every[v_i],
+                                          a_timeout[v_i], treadle._intervals(a_backoff[v_i]),
+                                          coalesce(a_mode[v_i], 'keep'), coalesce(a_while[v_i], 'retained'),
+                                          a_period[v_i], a_meta[v_i], a_ckey[v_i]);
+        END LOOP;
+    END IF;
 
-    PERFORM treadle._notify('treadle_jobs', q.queue)
-       FROM (SELECT DISTINCT u.queue FROM unnest(a_queue, a_run_at) AS u(queue, run_at) WHERE u.run_at <= v_now) AS q;
+    IF v_single THEN
+        IF v_now >= ANY (a_run_at) THEN
+            PERFORM treadle._notify('treadle_jobs', a_queue[1]);
+        END IF;
+    ELSE
+        PERFORM treadle._notify('treadle_jobs', q.queue)
+           FROM (SELECT DISTINCT u.queue FROM unnest(a_queue, a_run_at) AS u(queue, run_at) WHERE u.run_at <= v_now) AS q;
+    END IF;
 
     RETURN v_ids;
 END;
@@ -222,28 +240,34 @@ DECLARE
     v_max_size integer;
     v_bad      record;
     v_wrong    text;
+    a_args     jsonb[];
+    a_queue    text[];
+    a_priority integer[];
+    a_run_at   timestamptz[];
+    a_max      integer[];
+    a_meta     jsonb[];
 BEGIN
     IF enqueue_arrays.name IS NULL THEN
         RAISE EXCEPTION 'treadle: name must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     v_wrong := CASE
-        WHEN array_ndims(enqueue_arrays.name) > 1 THEN 'name'
-        WHEN cardinality(enqueue_arrays.args) <> v_n OR array_ndims(enqueue_arrays.args) > 1 THEN 'args'
-        WHEN cardinality(enqueue_arrays.queue) <> v_n OR array_ndims(enqueue_arrays.queue) > 1 THEN 'queue'
-        WHEN cardinality(enqueue_arrays.priority) <> v_n OR array_ndims(enqueue_arrays.priority) > 1 THEN 'priority'
-        WHEN cardinality(enqueue_arrays.run_at) <> v_n OR array_ndims(enqueue_arrays.run_at) > 1 THEN 'run_at'
-        WHEN cardinality(enqueue_arrays.max_attempts) <> v_n OR array_ndims(enqueue_arrays.max_attempts) > 1
+        WHEN array_ndims(enqueue_arrays.name) > 1 OR array_lower(enqueue_arrays.name, 1) <> 1 THEN 'name'
+        WHEN cardinality(enqueue_arrays.args) <> v_n OR array_ndims(enqueue_arrays.args) > 1 OR array_lower(enqueue_arrays.args, 1) <> 1 THEN 'args'
+        WHEN cardinality(enqueue_arrays.queue) <> v_n OR array_ndims(enqueue_arrays.queue) > 1 OR array_lower(enqueue_arrays.queue, 1) <> 1 THEN 'queue'
+        WHEN cardinality(enqueue_arrays.priority) <> v_n OR array_ndims(enqueue_arrays.priority) > 1 OR array_lower(enqueue_arrays.priority, 1) <> 1 THEN 'priority'
+        WHEN cardinality(enqueue_arrays.run_at) <> v_n OR array_ndims(enqueue_arrays.run_at) > 1 OR array_lower(enqueue_arrays.run_at, 1) <> 1 THEN 'run_at'
+        WHEN cardinality(enqueue_arrays.max_attempts) <> v_n OR array_ndims(enqueue_arrays.max_attempts) > 1 OR array_lower(enqueue_arrays.max_attempts, 1) <> 1
             THEN 'max_attempts'
-        WHEN cardinality(enqueue_arrays.idempotency_key) <> v_n OR array_ndims(enqueue_arrays.idempotency_key) > 1
+        WHEN cardinality(enqueue_arrays.idempotency_key) <> v_n OR array_ndims(enqueue_arrays.idempotency_key) > 1 OR array_lower(enqueue_arrays.idempotency_key, 1) <> 1
             THEN 'idempotency_key'
-        WHEN cardinality(enqueue_arrays.every) <> v_n OR array_ndims(enqueue_arrays.every) > 1 THEN 'every'
-        WHEN cardinality(enqueue_arrays.timeout) <> v_n OR array_ndims(enqueue_arrays.timeout) > 1 THEN 'timeout'
-        WHEN cardinality(enqueue_arrays.meta) <> v_n OR array_ndims(enqueue_arrays.meta) > 1 THEN 'meta'
-        WHEN cardinality(enqueue_arrays.concurrency_key) <> v_n OR array_ndims(enqueue_arrays.concurrency_key) > 1
+        WHEN cardinality(enqueue_arrays.every) <> v_n OR array_ndims(enqueue_arrays.every) > 1 OR array_lower(enqueue_arrays.every, 1) <> 1 THEN 'every'
+        WHEN cardinality(enqueue_arrays.timeout) <> v_n OR array_ndims(enqueue_arrays.timeout) > 1 OR array_lower(enqueue_arrays.timeout, 1) <> 1 THEN 'timeout'
+        WHEN cardinality(enqueue_arrays.meta) <> v_n OR array_ndims(enqueue_arrays.meta) > 1 OR array_lower(enqueue_arrays.meta, 1) <> 1 THEN 'meta'
+        WHEN cardinality(enqueue_arrays.concurrency_key) <> v_n OR array_ndims(enqueue_arrays.concurrency_key) > 1 OR array_lower(enqueue_arrays.concurrency_key, 1) <> 1
             THEN 'concurrency_key'
         END;
     IF v_wrong IS NOT NULL THEN
-        RAISE EXCEPTION 'treadle: % must be a one-dimensional array of as many elements as name (%)', v_wrong, v_n
+        RAISE EXCEPTION 'treadle: % must be a one-dimensional array, counted from 1, of as many elements as name (%)', v_wrong, v_n
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF v_n = 0 THEN
@@ -254,16 +278,8 @@ BEGIN
     -- job is reported in enqueue_many's words. A JSON value nested 100 levels deep
     -- takes at least 800 bytes, so only a larger one is walked for its depth.
     v_max_size := treadle._max_payload_bytes();
-    SELECT min(u.ord) FILTER (WHERE u.problem IS NOT NULL) AS ord,
-           (array_agg(u.problem ORDER BY u.ord) FILTER (WHERE u.problem IS NOT NULL))[1] AS problem,
-           array_agg(coalesce(nullif(u.args, 'null'::jsonb), '{}'::jsonb) ORDER BY u.ord) AS args,
-           array_agg(coalesce(u.queue, 'default') ORDER BY u.ord) AS queue,
-           array_agg(coalesce(u.priority, 0) ORDER BY u.ord) AS priority,
-           array_agg(coalesce(u.run_at, v_now) ORDER BY u.ord) AS run_at,
-           array_agg(coalesce(u.max_attempts, 25) ORDER BY u.ord) AS max_attempts,
-           array_agg(nullif(u.meta, 'null'::jsonb) ORDER BY u.ord) AS meta
-      INTO v_bad
-      FROM (SELECT r.*, CASE
+    SELECT e.ord, e.problem INTO v_bad
+      FROM (SELECT r.ord, CASE
                 WHEN NOT coalesce(treadle._is_name(r.name), false)
                     THEN 'needs a "name" of 1 to 200 characters, not only spaces, without control characters'
                 WHEN NOT treadle._is_name(r.queue)
@@ -298,18 +314,48 @@ BEGIN
                           enqueue_arrays.every, enqueue_arrays.timeout, enqueue_arrays.meta,
                           enqueue_arrays.concurrency_key)
                    WITH ORDINALITY AS r(name, args, queue, priority, run_at, max_attempts, idempotency_key, every,
-                                        timeout, meta, concurrency_key, ord)) AS u;
-    IF v_bad.ord IS NOT NULL THEN
+                                        timeout, meta, concurrency_key, ord)) AS e
+     WHERE e.problem IS NOT NULL
+     ORDER BY e.ord
+     LIMIT 1;
+    IF FOUND THEN
         RAISE EXCEPTION 'treadle: jobs element % %', v_bad.ord - 1, v_bad.problem
             USING ERRCODE = 'invalid_parameter_value', DETAIL = 'Elements are counted from 0.';
     END IF;
 
+    -- The defaults: a whole column at once where it was left out; element by element
+    -- only in a column that holds a null.
+    a_args := CASE WHEN enqueue_arrays.args IS NULL THEN array_fill('{}'::jsonb, ARRAY[v_n])
+                   WHEN array_position(enqueue_arrays.args, NULL) IS NULL
+                        AND array_position(enqueue_arrays.args, 'null'::jsonb) IS NULL THEN enqueue_arrays.args
+                   ELSE (SELECT array_agg(coalesce(nullif(u.v, 'null'::jsonb), '{}'::jsonb) ORDER BY u.o)
+                           FROM unnest(enqueue_arrays.args) WITH ORDINALITY AS u(v, o)) END;
+    a_queue := CASE WHEN enqueue_arrays.queue IS NULL THEN array_fill('default'::text, ARRAY[v_n])
+                    WHEN array_position(enqueue_arrays.queue, NULL) IS NULL THEN enqueue_arrays.queue
+                    ELSE (SELECT array_agg(coalesce(u.v, 'default') ORDER BY u.o)
+                            FROM unnest(enqueue_arrays.queue) WITH ORDINALITY AS u(v, o)) END;
+    a_priority := CASE WHEN enqueue_arrays.priority IS NULL THEN array_fill(0, ARRAY[v_n])
+                       WHEN array_position(enqueue_arrays.priority, NULL) IS NULL THEN enqueue_arrays.priority
+                       ELSE (SELECT array_agg(coalesce(u.v, 0) ORDER BY u.o)
+                               FROM unnest(enqueue_arrays.priority) WITH ORDINALITY AS u(v, o)) END;
+    a_run_at := CASE WHEN enqueue_arrays.run_at IS NULL THEN array_fill(v_now, ARRAY[v_n])
+                     WHEN array_position(enqueue_arrays.run_at, NULL) IS NULL THEN enqueue_arrays.run_at
+                     ELSE (SELECT array_agg(coalesce(u.v, v_now) ORDER BY u.o)
+                             FROM unnest(enqueue_arrays.run_at) WITH ORDINALITY AS u(v, o)) END;
+    a_max := CASE WHEN enqueue_arrays.max_attempts IS NULL THEN array_fill(25, ARRAY[v_n])
+                  WHEN array_position(enqueue_arrays.max_attempts, NULL) IS NULL THEN enqueue_arrays.max_attempts
+                  ELSE (SELECT array_agg(coalesce(u.v, 25) ORDER BY u.o)
+                          FROM unnest(enqueue_arrays.max_attempts) WITH ORDINALITY AS u(v, o)) END;
+    a_meta := CASE WHEN array_position(enqueue_arrays.meta, 'null'::jsonb) IS NULL THEN enqueue_arrays.meta
+                   ELSE (SELECT array_agg(nullif(u.v, 'null'::jsonb) ORDER BY u.o)
+                           FROM unnest(enqueue_arrays.meta) WITH ORDINALITY AS u(v, o)) END;
+
     RETURN QUERY
     SELECT u.id
-      FROM unnest(treadle._enqueue_rows(enqueue_arrays.name, v_bad.args, v_bad.queue, v_bad.priority, v_bad.run_at,
-                                        v_bad.max_attempts, enqueue_arrays.idempotency_key, enqueue_arrays.every,
-                                        enqueue_arrays.timeout, NULL, NULL, NULL, NULL, v_bad.meta,
-                                        enqueue_arrays.concurrency_key, v_now)) WITH ORDINALITY AS u(id, ord)
+      FROM unnest(treadle._enqueue_rows(enqueue_arrays.name, a_args, a_queue, a_priority, a_run_at, a_max,
+                                        enqueue_arrays.idempotency_key, enqueue_arrays.every, enqueue_arrays.timeout,
+                                        NULL, NULL, NULL, NULL, a_meta, enqueue_arrays.concurrency_key, v_now))
+           WITH ORDINALITY AS u(id, ord)
      ORDER BY u.ord;
 END;
 $$;

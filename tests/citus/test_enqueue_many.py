@@ -148,3 +148,24 @@ def test_a_batch_takes_its_keys_queue_by_queue_in_order(conn: Conn) -> None:
     ).fetchall()
     assert rows == [{"queue": first, "name": "a"}, {"queue": second, "name": "a"}]
     assert conn.execute("SELECT id FROM treadle.jobs WHERE queue = %s", [second]).fetchone() == {"id": held}
+
+
+def test_enqueue_arrays_lands_each_job_in_its_queue(conn: Conn, queue: str) -> None:
+    second = other_queue()
+    rows = conn.execute(
+        "SELECT id FROM treadle.enqueue_arrays(%s::text[], queue => %s::text[], idempotency_key => %s::text[]) AS id",
+        [["a", "b", "c"], [queue, second, queue], ["k", None, "k"]],
+    ).fetchall()
+    ids = [int(r["id"]) for r in rows]
+    assert ids[0] == ids[2] != ids[1]
+    found = conn.execute(
+        "SELECT queue, name FROM treadle.jobs WHERE queue = ANY(%s) ORDER BY name", [[queue, second]]
+    ).fetchall()
+    assert found == [{"queue": queue, "name": "a"}, {"queue": second, "name": "b"}]
+
+
+@KEY_RELEASE_ON_A_SHARD
+def test_enqueue_of_a_job_with_a_concurrency_key(conn: Conn, queue: str) -> None:
+    row = conn.execute("SELECT treadle.enqueue('k', queue => %s, concurrency_key => 'a') AS id", [queue]).fetchone()
+    assert row is not None
+    assert conn.execute("SELECT state FROM treadle.jobs WHERE queue = %s", [queue]).fetchone() == {"state": "available"}
