@@ -48,14 +48,17 @@ DECLARE
     v_queues   text[];       -- on Citus, the batch's queues in order; else one null: all at once
     v_queue    text;
     v_single   boolean;      -- every row names the same queue
+    v_foreign  boolean;      -- (then) a tenant names a queue outside its prefix
+    v_max_depth integer;     -- (then) its max_depth
     v_ids      bigint[];
     v_i        bigint;
 BEGIN
-    IF EXISTS (SELECT 1 FROM unnest(a_timeout) AS t(timeout) WHERE t.timeout <= interval '0' OR t.timeout > interval '7 days') THEN
+    -- (checks over whole arrays are expressions, not statements: this runs at every call)
+    IF interval '0' >= ANY (a_timeout) OR interval '7 days' < ANY (a_timeout) THEN
         RAISE EXCEPTION 'treadle: jobs has a "timeout" that is not positive or is longer than 7 days'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(a_every) AS e(every) WHERE e.every <= interval '0' OR e.every > interval '10 years') THEN
+    IF interval '0' >= ANY (a_every) OR interval '10 years' < ANY (a_every) THEN
         RAISE EXCEPTION 'treadle: jobs has an "every" that is not positive or is longer than 10 years'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -84,9 +87,17 @@ BEGIN
           FROM unnest(a_period) WITH ORDINALITY AS u(period, ord);
     END IF;
     IF v_single THEN
-        PERFORM treadle._check_queue_allowed(a_queue[1]);
-        PERFORM treadle._check_depth(s.queue, s.max_depth, cardinality(a_queue))
-           FROM treadle.queues AS s WHERE s.queue = a_queue[1] AND s.max_depth IS NOT NULL;
+        -- one statement reads both, as enqueue does: a tenant's rule, and the queue's max_depth
+        SELECT EXISTS (SELECT 1 FROM treadle.tenants AS t
+                        WHERE t.tenant_role = treadle._caller_role() AND NOT starts_with(a_queue[1], t.queue_prefix)),
+               (SELECT s.max_depth FROM treadle.queues AS s WHERE s.queue = a_queue[1])
+          INTO v_foreign, v_max_depth;
+        IF v_foreign THEN
+            PERFORM treadle._check_queue_allowed(a_queue[1]);
+        END IF;
+        IF v_max_depth IS NOT NULL THEN
+            PERFORM treadle._check_depth(a_queue[1], v_max_depth, cardinality(a_queue));
+        END IF;
     ELSE
         PERFORM treadle._check_queue_allowed(q.queue) FROM (SELECT DISTINCT u.queue FROM unnest(a_queue) AS u(queue)) AS q;
         PERFORM treadle._check_depth(q.queue, s.max_depth, q.adding)
