@@ -1787,13 +1787,26 @@ BEGIN
         -- job that held the key already (committed, or committed while the insert waited
         -- for it: this statement's snapshot is newer). The holders are read by queue and
         -- key alone, then matched here (no correlated subquery, which Citus refuses).
-        SELECT array_agg(j.id), array_agg(j.queue), array_agg(j.idempotency_key), array_agg(j.key_period)
-          INTO h_id, h_queue, h_key, h_period
-          FROM treadle.jobs AS j
-         WHERE j.queue = ANY (a_queue) AND j.idempotency_key = ANY (a_key)
-           AND (j.key_scope IS NULL OR j.key_scope = 'retained'
+        IF v_queues = ARRAY[NULL::text] THEN
+            -- one server: the batch's (queue, key) pairs joined to the key index
+            SELECT array_agg(j.id), array_agg(j.queue), array_agg(j.idempotency_key), array_agg(j.key_period)
+              INTO h_id, h_queue, h_key, h_period
+              FROM (SELECT DISTINCT u.queue, u.key FROM unnest(a_queue, a_key) AS u(queue, key)
+                     WHERE u.key IS NOT NULL) AS k
+              JOIN treadle.jobs AS j ON j.queue = k.queue AND j.idempotency_key = k.key
+             WHERE j.key_scope IS NULL OR j.key_scope = 'retained'
                 OR (j.key_scope = 'active' AND j.finished_at IS NULL)
-                OR (j.key_scope = 'waiting' AND j.started_at IS NULL AND j.finished_at IS NULL));
+                OR (j.key_scope = 'waiting' AND j.started_at IS NULL AND j.finished_at IS NULL);
+        ELSE
+            -- Citus joins no local rows to a distributed table: the queues and keys as arrays
+            SELECT array_agg(j.id), array_agg(j.queue), array_agg(j.idempotency_key), array_agg(j.key_period)
+              INTO h_id, h_queue, h_key, h_period
+              FROM treadle.jobs AS j
+             WHERE j.queue = ANY (v_queues) AND j.idempotency_key = ANY (a_key)
+               AND (j.key_scope IS NULL OR j.key_scope = 'retained'
+                    OR (j.key_scope = 'active' AND j.finished_at IS NULL)
+                    OR (j.key_scope = 'waiting' AND j.started_at IS NULL AND j.finished_at IS NULL));
+        END IF;
         SELECT array_agg(CASE WHEN i.key IS NULL THEN i.id
                               WHEN i.mode IS NULL OR i.mode = 'keep' THEN h.id END ORDER BY i.ord)
           INTO v_ids
