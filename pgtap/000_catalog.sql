@@ -42,6 +42,7 @@ SELECT set_eq(
     $$ SELECT signature FROM treadle_functions WHERE prosecdef $$,
     ARRAY['treadle.enqueue(text,jsonb,text,integer,timestamp with time zone,integer,text,interval,interval,interval[],text,text,interval,jsonb,text)',
           'treadle.enqueue_many(jsonb)',
+          'treadle.enqueue_arrays(text[],jsonb[],text[],integer[],timestamp with time zone[],integer[],text[],interval[],interval[],jsonb[],text[])',
           'treadle.claim(text,text[],text[],integer,interval,uuid)', 'treadle.claimed(uuid)',
           'treadle.heartbeat(bigint,uuid,interval,text)', 'treadle.progress(bigint,uuid,double precision,text,text)',
           'treadle.complete(bigint,uuid,jsonb,text)', 'treadle.complete_many(bigint[],uuid[],jsonb[],text[])',

@@ -4,7 +4,7 @@
 -- nothing changed; the clock no role but the owner can move; tenants.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(69);
+SELECT plan(70);
 
 \ir helpers.psql
 
@@ -48,6 +48,7 @@ INSERT INTO may_execute VALUES
     ('treadle.resume(text)',                     '{admin,dashboard}'),
     ('treadle.enqueue(text,jsonb,text,integer,timestamp with time zone,integer,text,interval,interval,interval[],text,text,interval,jsonb,text)', '{producer,worker}'),
     ('treadle.enqueue_many(jsonb)',              '{producer,worker}'),
+    ('treadle.enqueue_arrays(text[],jsonb[],text[],integer[],timestamp with time zone[],integer[],text[],interval[],interval[],jsonb[],text[])', '{producer,worker}'),
     ('treadle.start_workflow(text,jsonb,text[],text,integer,integer,text,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb,jsonb)', '{producer,worker}'),
     ('treadle.signal(bigint,text,jsonb)',        '{producer,worker}'),
     ('treadle.signal_by_key(text,text,text,jsonb)', '{producer,worker}'),
@@ -237,6 +238,8 @@ SELECT is(pg_temp.as_role('trust_tenant_a', $$ SELECT treadle.enqueue('x', queue
           'tenant a cannot enqueue into tenant b''s queue');
 SELECT is(pg_temp.as_role('trust_tenant_a', $$ SELECT treadle.enqueue_many('[{"name": "x", "queue": "b.mail"}]') $$), '42501',
           'nor with enqueue_many');
+SELECT is(pg_temp.as_role('trust_tenant_a', $$ SELECT treadle.enqueue_arrays(ARRAY['x', 'y'], queue => ARRAY['a.mail', 'b.mail']) $$), '42501',
+          'nor with enqueue_arrays, one queue of two outside its prefix');
 SELECT is(pg_temp.as_role('trust_tenant_a', $$ SELECT treadle.start_workflow('x', steps => ARRAY['s'], queue => 'b.flows') $$), '42501',
           'nor start a workflow there');
 SELECT is(pg_temp.as_role('trust_tenant_a', $$ SELECT treadle.enqueue('x', queue => 'a.mail') $$), 'ok',

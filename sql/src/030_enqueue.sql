@@ -113,9 +113,10 @@ BEGIN
         RAISE EXCEPTION 'treadle: args must be a JSON object or array, not %', jsonb_typeof(v_args)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- the limit is read only for args that could pass it: it is never under 1 KiB
+    -- the limit is read only for args that could pass it: it is never under 1 KiB; and
+    -- a JSON value nested over 100 levels takes at least 800 bytes (8 a level)
     IF (pg_column_size(v_args) > 1024 AND pg_column_size(v_args) > treadle._max_payload_bytes())
-       OR treadle._too_deep(v_args) THEN
+       OR (pg_column_size(v_args) >= 800 AND treadle._too_deep(v_args)) THEN
         PERFORM treadle._check_payload(v_args, 'args', treadle._max_payload_bytes());
     END IF;
     IF enqueue.meta IS NOT NULL AND jsonb_typeof(enqueue.meta) <> 'null' THEN
@@ -124,7 +125,7 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
         IF (pg_column_size(enqueue.meta) > 1024 AND pg_column_size(enqueue.meta) > treadle._max_payload_bytes())
-           OR treadle._too_deep(enqueue.meta) THEN
+           OR (pg_column_size(enqueue.meta) >= 800 AND treadle._too_deep(enqueue.meta)) THEN
             PERFORM treadle._check_payload(enqueue.meta, 'meta', treadle._max_payload_bytes());
         END IF;
         v_meta := enqueue.meta;
@@ -325,11 +326,9 @@ DECLARE
     a_mode     text[];       -- on_conflict (null, as the three below, when no element names one)
     a_while    text[];       -- unique_while
     a_period   interval[];   -- unique_period
-    a_bucket   timestamptz[];  -- the start of each key's period
     a_meta     jsonb[];
     a_ckey     text[];       -- concurrency_key
     v_ids      bigint[];
-    v_i        bigint;
 BEGIN
     IF jobs IS NULL THEN
         RAISE EXCEPTION 'treadle: jobs must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -445,111 +444,8 @@ BEGIN
         RAISE EXCEPTION 'treadle: jobs has a bad run_at, run_in, every, timeout, backoff or unique_period: %', SQLERRM
             USING ERRCODE = 'invalid_parameter_value';
     END;
-    IF EXISTS (SELECT 1 FROM unnest(a_timeout) AS t(timeout) WHERE t.timeout <= interval '0' OR t.timeout > interval '7 days') THEN
-        RAISE EXCEPTION 'treadle: jobs has a "timeout" that is not positive or is longer than 7 days'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF EXISTS (SELECT 1 FROM unnest(a_every) AS e(every) WHERE e.every <= interval '0' OR e.every > interval '10 years') THEN
-        RAISE EXCEPTION 'treadle: jobs has an "every" that is not positive or is longer than 10 years'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF EXISTS (SELECT 1 FROM unnest(a_run_at) AS r(run_at) WHERE NOT isfinite(r.run_at)) THEN
-        RAISE EXCEPTION 'treadle: jobs has a "run_at" that is not a finite time'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    BEGIN
-        PERFORM max(u.run_at + u.every) FROM unnest(a_run_at, a_every) AS u(run_at, every);
-    EXCEPTION WHEN datetime_field_overflow THEN
-        RAISE EXCEPTION 'treadle: jobs has an "every" so long that the next occurrence cannot be stored'
-            USING ERRCODE = 'invalid_parameter_value';
-    END;
-    IF a_name IS NULL THEN
-        RETURN;  -- an empty array
-    END IF;
-    IF v_keyed THEN
-        PERFORM treadle._check_key_options(u.key, u.args, u.mode, u.scope, u.period)
-           FROM unnest(a_key, a_args, a_mode, a_while, a_period) AS u(key, args, mode, scope, period)
-          WHERE u.mode <> 'keep' OR u.scope <> 'retained' OR u.period IS NOT NULL;
-        SELECT array_agg(date_bin(u.period, v_now, timestamptz '2000-01-01 00:00:00+00') ORDER BY u.ord)
-          INTO a_bucket
-          FROM unnest(a_period) WITH ORDINALITY AS u(period, ord);
-    END IF;
-    PERFORM treadle._check_queue_allowed(q.queue) FROM (SELECT DISTINCT u.queue FROM unnest(a_queue) AS u(queue)) AS q;
-    PERFORM treadle._check_depth(q.queue, s.max_depth, q.adding)
-       FROM (SELECT u.queue, count(*)::integer AS adding FROM unnest(a_queue) AS u(queue) GROUP BY u.queue) AS q
-       JOIN treadle.queues AS s ON s.queue = q.queue AND s.max_depth IS NOT NULL;
-
-    -- One INSERT for all rows. Ids are drawn first so that each input row knows its
-    -- own; a keyed row that is not inserted maps to the job holding its key. Rows go
-    -- in key order (the first of a repeated key wins), so concurrent batches that
-    -- share keys wait for each other in the same order and never deadlock. Rows with
-    -- on_conflict other than 'keep' go through enqueue below.
-    WITH input AS (
-        SELECT i.*, nextval('treadle.jobs_id_seq'::regclass) AS new_id
-          FROM unnest(a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every, a_timeout, a_backoff,
-                      a_mode, a_while, a_bucket, a_meta, a_ckey)
-               WITH ORDINALITY AS i(name, args, queue, priority, run_at, max_attempts, idempotency_key, every,
-                                    timeout, backoff, mode, scope, bucket, meta, ckey, ord)
-    ), inserted AS (
-        INSERT INTO treadle.jobs AS j
-            (id, queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
-             timeout, backoff, key_scope, key_period, meta, concurrency_key, state, key_slot)
-        SELECT i.new_id, i.queue, i.name, i.args, i.priority, i.run_at, i.max_attempts,
-               i.idempotency_key, i.every, v_now, i.timeout, treadle._intervals(i.backoff),
-               CASE WHEN i.idempotency_key IS NOT NULL THEN coalesce(i.scope, 'retained') END, i.bucket, i.meta,
-               i.ckey, CASE WHEN i.ckey IS NULL THEN 'available' ELSE 'blocked' END,
-               CASE WHEN i.ckey IS NOT NULL THEN false END
-          FROM input AS i
-         WHERE i.mode IS NULL OR i.mode = 'keep'
-         ORDER BY i.queue, i.idempotency_key, i.ord
-        ON CONFLICT (queue, idempotency_key, key_period)
-           WHERE idempotency_key IS NOT NULL
-             AND (key_scope IS NULL OR key_scope = 'retained'
-                  OR (key_scope = 'active' AND finished_at IS NULL)
-                  OR (key_scope = 'waiting' AND started_at IS NULL AND finished_at IS NULL))
-        DO NOTHING
-        RETURNING j.id, j.queue, j.idempotency_key, j.key_period
-    )
-    -- Joins, not a subquery per row over `inserted`: that one grew as rows squared.
-    SELECT array_agg(CASE WHEN i.mode IS NULL OR i.mode = 'keep' THEN coalesce(
-               n.id, k.id,
-               (SELECT j.id FROM treadle.jobs AS j
-                 WHERE j.queue = i.queue AND j.idempotency_key = i.idempotency_key
-                   AND j.key_period IS NOT DISTINCT FROM i.bucket
-                   AND (j.key_scope IS NULL OR j.key_scope = 'retained'
-                        OR (j.key_scope = 'active' AND j.finished_at IS NULL)
-                        OR (j.key_scope = 'waiting' AND j.started_at IS NULL AND j.finished_at IS NULL))))
-           END ORDER BY i.ord)
-      INTO v_ids
-      FROM input AS i
-      LEFT JOIN inserted AS n ON n.id = i.new_id
-      LEFT JOIN inserted AS k ON n.id IS NULL AND k.queue = i.queue AND k.idempotency_key = i.idempotency_key
-                             AND k.key_period IS NOT DISTINCT FROM i.bucket;
-
-    -- Jobs with a concurrency key were inserted blocked: each key releases what its room
-    -- allows (034_key_lanes.sql), keys in order, so that concurrent batches never deadlock.
-    IF cardinality(array_remove(a_ckey, NULL)) > 0 THEN
-        PERFORM treadle._key_release(k.queue, k.key, 0)
-           FROM (SELECT DISTINCT u.queue, u.key FROM unnest(a_queue, a_ckey) AS u(queue, key)
-                  WHERE u.key IS NOT NULL) AS k
-          ORDER BY k.queue, k.key;
-    END IF;
-
-    -- A key whose holder committed while this statement waited is not in its snapshot:
-    -- look it up again with a fresh one. Rows that merge into a held key's job go
-    -- here too. Key order again, so that concurrent batches never deadlock.
-    FOR v_i IN SELECT u.ord FROM unnest(v_ids, a_queue, a_key) WITH ORDINALITY AS u(id, queue, key, ord)
-                WHERE u.id IS NULL ORDER BY u.queue, u.key, u.ord LOOP
-        v_ids[v_i] := treadle.enqueue(a_name[v_i], a_args[v_i], a_queue[v_i], a_priority[v_i],
-                                      a_run_at[v_i], a_max[v_i], a_key[v_i], a_every[v_i],
-                                      a_timeout[v_i], treadle._intervals(a_backoff[v_i]),
-                                      coalesce(a_mode[v_i], 'keep'), coalesce(a_while[v_i], 'retained'),
-                                      a_period[v_i], a_meta[v_i], a_ckey[v_i]);
-    END LOOP;
-
-    PERFORM treadle._notify('treadle_jobs', q.queue)
-       FROM (SELECT DISTINCT u.queue FROM unnest(a_queue, a_run_at) AS u(queue, run_at) WHERE u.run_at <= v_now) AS q;
-
+    v_ids := treadle._enqueue_rows(a_name, a_args, a_queue, a_priority, a_run_at, a_max, a_key, a_every,
+                                   a_timeout, a_backoff, a_mode, a_while, a_period, a_meta, a_ckey, v_now);  -- 031
     RETURN QUERY SELECT u.id FROM unnest(v_ids) WITH ORDINALITY AS u(id, ord) ORDER BY u.ord;
 END;
 $$;

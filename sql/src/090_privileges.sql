@@ -23,7 +23,7 @@
 --
 -- Grants USAGE on the schema and EXECUTE on the functions of each named part:
 --   read     job_counts, estimated_jobs, explain, explain_run, listen_done, unlisten_done
---   produce  enqueue, enqueue_many, start_workflow, schedule, signal, signal_by_key
+--   produce  enqueue, enqueue_many, enqueue_arrays, start_workflow, schedule, signal, signal_by_key
 --   control  cancel, retry, cancel_workflow, unschedule
 --   work     claim, claimed, heartbeat, heartbeat_many, progress, complete,
 --            complete_many, complete_and_claim, fail, release, snooze, step_sleep,
@@ -56,6 +56,7 @@ BEGIN
         ('read',    'treadle.unlisten_done()'),
         ('produce', 'treadle.enqueue(text, jsonb, text, integer, timestamptz, integer, text, interval, interval, interval[], text, text, interval, jsonb, text)'),
         ('produce', 'treadle.enqueue_many(jsonb)'),
+        ('produce', 'treadle.enqueue_arrays(text[], jsonb[], text[], integer[], timestamptz[], integer[], text[], interval[], interval[], jsonb[], text[])'),
         ('produce', 'treadle.start_workflow(text, jsonb, text[], text, integer, integer, text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb)'),
         ('produce', 'treadle.signal(bigint, text, jsonb)'),
         ('produce', 'treadle.signal_by_key(text, text, text, jsonb)'),

@@ -273,13 +273,57 @@ def enqueue_many(conn: AnyConnection, jobs: Iterable[Mapping[str, Any]]) -> list
     if traced:
         specs = [{**spec, "meta": {**traced, **(spec.get("meta") or {})}} if isinstance(spec, dict) else spec
                  for spec in specs]  # fmt: skip
-    relative = any(isinstance(spec, dict) and "run_in" in spec for spec in specs)
+    if all(isinstance(spec, dict) and spec.keys() <= _ARRAY_KEYS and not isinstance(spec.get("run_at"), timedelta)
+           for spec in specs):  # fmt: skip
+        return _conn.execute(conn, _sql.ENQUEUE_ARRAYS, _columns(specs), _ids)
+    relative = any(isinstance(spec, dict) and isinstance(spec.get("run_at"), timedelta) for spec in specs)
     query = _sql.ENQUEUE_MANY if relative else _sql.ENQUEUE_MANY_AS_GIVEN
-    return _conn.execute(conn, query, {"jobs": _json.to_jsonb(specs, "jobs")}, _ids)
+    return _conn.execute(conn, query, {"jobs": _json.to_jsonb([_as_json(spec) for spec in specs], "jobs")}, _ids)
+
+
+# What treadle.enqueue_arrays takes: jobs that name only these go as one array per column
+# (what the server inserts from, with nothing to unpack); the others as one JSON document.
+_ARRAY_KEYS: Final = frozenset({"name", "args", "queue", "priority", "run_at", "max_attempts", "idempotency_key",
+                                "every", "timeout", "meta", "concurrency_key"})  # fmt: skip
+_ARRAY_COLUMNS: Final = tuple(sorted(_ARRAY_KEYS - {"args", "meta"}))
+
+
+def _columns(specs: list[dict[str, Any]]) -> dict[str, Any]:
+    """enqueue_arrays' parameters: one list per column, or None where no job gives that column."""
+    params: dict[str, Any] = {
+        "args": [_json.to_jsonb(spec.get("args"), f"jobs[{index}]['args']") for index, spec in enumerate(specs)],
+        "meta": [_json.to_jsonb(spec.get("meta"), f"jobs[{index}]['meta']") for index, spec in enumerate(specs)],
+    }
+    for key in _ARRAY_COLUMNS:
+        column = [spec.get(key) for spec in specs]
+        params[key] = column if key == "name" or any(value is not None for value in column) else None
+    for key in ("args", "meta"):
+        if all(value is None for value in params[key]):
+            params[key] = None
+    return params
+
+
+def _as_json(spec: Any) -> Any:
+    """An element of enqueue_many's JSON: times and intervals as text, a delay as "run_in"."""
+    if not isinstance(spec, dict):
+        return spec  # the SQL layer refuses it and names the element
+    out = dict(spec)
+    run_at = out.get("run_at")
+    if isinstance(run_at, timedelta):
+        del out["run_at"]
+        out["run_in"] = _args.interval_text(run_at)  # resolved against the database's clock
+    elif isinstance(run_at, datetime):
+        out["run_at"] = run_at.isoformat()
+    for key in ("every", "timeout", "unique_period"):
+        if isinstance(out.get(key), timedelta):
+            out[key] = _args.interval_text(out[key])
+    if out.get("backoff") is not None:
+        out["backoff"] = [_args.interval_text(delay) for delay in out["backoff"]]
+    return out
 
 
 def _job_spec(index: int, spec: Any) -> Any:
-    """One element of enqueue_many's JSON: values checked, times turned into text."""
+    """One element of enqueue_many: values checked (times and intervals kept as Python's)."""
     if not isinstance(spec, Mapping):
         return spec  # the SQL layer refuses it and names the element
     where = f"jobs[{index}]"
@@ -291,6 +335,9 @@ def _job_spec(index: int, spec: Any) -> Any:
         )
     out: dict[str, Any] = {}
     for key, value in spec.items():
+        if key == "args":
+            out[key] = value  # checked as JSON when sent
+            continue
         label = f"{where}[{key!r}]"
         if key in ("name", "queue", "on_conflict", "unique_while"):
             out[key] = _args.text(value, label)
@@ -298,24 +345,14 @@ def _job_spec(index: int, spec: Any) -> Any:
             out[key] = _args.optional_text(value, label)
         elif key in ("priority", "max_attempts"):
             out[key] = _args.integer(value, label)
-        elif key == "run_at":
-            moment = _args.moment(value, label)
-            if isinstance(moment, timedelta):
-                out["run_in"] = _args.interval_text(moment)  # resolved against the database's clock
-            elif moment is not None:
-                out["run_at"] = moment.isoformat()
-        elif key in ("every", "timeout", "unique_period"):
-            delta = _args.interval(value, label)
-            if delta is not None:
-                out[key] = _args.interval_text(delta)
         elif key == "meta":
             out[key] = _meta(value, label)
-        elif key == "backoff":
-            delays = _args.intervals(value, label)
-            if delays is not None:
-                out[key] = [_args.interval_text(delay) for delay in delays]
-        else:
-            out[key] = value  # args: checked with the whole document
+        else:  # run_at, every, timeout, unique_period, backoff: None is the default, as the key left out
+            checked = (_args.moment(value, label) if key == "run_at"
+                       else _args.intervals(value, label) if key == "backoff"
+                       else _args.interval(value, label))  # fmt: skip
+            if checked is not None:
+                out[key] = checked
     return out
 
 
