@@ -317,7 +317,8 @@ def _array_params(jobs: list[Any]) -> dict[str, Any] | None:
         args.append(checked.get("args"))
         if not checked.keys() <= plain:
             others.append((index, checked))
-    params: dict[str, Any] = {"name": names, "args": _json_column(args, "args")}
+    params: dict[str, Any] = {"name": names}
+    _json_column(params, args, "args")
     for key in _ARRAY_COLUMNS:
         column = None
         for index, checked in others:
@@ -333,15 +334,24 @@ def _array_params(jobs: list[Any]) -> dict[str, Any] | None:
     traced = _otel.trace_context()
     if traced:
         metas = [{**traced, **(meta or {})} for meta in metas]
-    params["meta"] = _json_column(metas, "meta")
+    _json_column(params, metas, "meta")
     return params
 
 
-def _json_column(values: list[Any], key: str) -> str | None:
-    """One JSON array of `values` (None as null, which enqueue_arrays reads as the default), or None for all None."""
+def _json_column(params: dict[str, Any], values: list[Any], key: str) -> None:
+    """`key` as one JSON array of `values` (None as null, which enqueue_arrays reads as the default),
+    or, past _ONE_DOCUMENT, as a list of jsonb (one jsonb value holds at most 256 MiB); None for all None."""
+    params[key] = params[f"{key}_list"] = None
     if values.count(None) == len(values):
-        return None
-    return _json.array_text(values, lambda index: f"jobs[{index}][{key!r}]")
+        return
+    text = _json.array_text(values, lambda index: f"jobs[{index}][{key!r}]")
+    if len(text) <= _ONE_DOCUMENT:
+        params[key] = text
+    else:
+        params[f"{key}_list"] = [_json.to_jsonb(value, f"jobs[{index}][{key!r}]") for index, value in enumerate(values)]
+
+
+_ONE_DOCUMENT: Final = 32 * 2**20  # characters of JSON sent as one document; more goes element by element
 
 
 def _as_json(spec: Any) -> Any:
