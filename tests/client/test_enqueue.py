@@ -300,7 +300,7 @@ def test_enqueue_many_keeps_each_jobs_values_in_a_large_mixed_batch(conn: psycop
     cur = conn.cursor()
     cur.execute("SELECT id, name, args, queue, priority, meta FROM treadle.jobs WHERE id = ANY(%s)", [ids])
     stored = {r[0]: r[1:] for r in cur.fetchall()}
-    for job_id, job in zip(ids, jobs):
+    for job_id, job in zip(ids, jobs, strict=True):
         args = job.get("args")
         expected = (
             job["name"],
