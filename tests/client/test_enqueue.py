@@ -221,6 +221,25 @@ def test_async_connection_commit_and_rollback(dsn: str) -> None:
     assert dropped != kept
 
 
+def test_async_enqueue_many_sends_the_columns_as_the_sync_call_does(dsn: str) -> None:
+    at = datetime(2031, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    jobs = [
+        {"name": "w", "args": {"k": 1}},
+        {"name": "v", "priority": 3, "run_at": at, "meta": {"m": 1}},
+        {"name": "u"},
+    ]
+
+    async def scenario() -> list[int]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            return await treadle.enqueue_many(aconn, jobs)
+
+    ids = asyncio.run(scenario())
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        found = [(r["name"], r["args"], r["priority"], r["meta"]) for r in (row(conn, job_id) for job_id in ids)]
+        assert row(conn, ids[1])["run_at"] == at
+    assert found == [("w", {"k": 1}, 0, None), ("v", {}, 3, {"m": 1}), ("u", {}, 0, None)]
+
+
 def test_async_calls_return_awaitables(dsn: str) -> None:
     async def scenario() -> list[Any]:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
