@@ -22,6 +22,15 @@ def row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
     return found
 
 
+class Always:
+    """Equal to everything, None included: a value that must be told apart from None by identity."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = object.__hash__
+
+
 def count_jobs(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as other:
         found = other.execute("SELECT count(*) FROM treadle.jobs").fetchone()
@@ -223,7 +232,7 @@ def test_async_connection_commit_and_rollback(dsn: str) -> None:
 
 def test_async_enqueue_many_sends_the_columns_as_the_sync_call_does(dsn: str) -> None:
     at = datetime(2031, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
-    jobs = [
+    jobs: list[dict[str, Any]] = [
         {"name": "w", "args": {"k": 1}},
         {"name": "v", "priority": 3, "run_at": at, "meta": {"m": 1}},
         {"name": "u"},
@@ -387,6 +396,7 @@ def test_enqueue_many_refused_element_writes_nothing(conn: psycopg.Connection[An
             r"jobs\[0\]\['args'\]\['s'\] contains a NUL",
         ),
         ([{"name": "a", "args": [1]}, {"name": "b", "meta": {"m": {1, 2}}}], r"jobs\[1\]\['meta'\]\['m'\] is a set"),
+        ([{"name": "a", "args": Always()}], r"jobs\[0\]\['args'\] is a Always, which JSON cannot hold"),
         ([{"name": "a", "args": {"v": float("inf")}}, {"name": "b\x00"}], r"jobs\[1\]\['name'\] contains a NUL"),
         (
             [{"name": "a", "args": [float("nan")]}, {"name": "b", "unique_period": 5}],

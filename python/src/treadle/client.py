@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from datetime import datetime, timedelta
@@ -342,7 +343,7 @@ def _json_column(params: dict[str, Any], values: list[Any], key: str) -> None:
     """`key` as one JSON array of `values` (None as null, which enqueue_arrays reads as the default),
     or, past _ONE_DOCUMENT, as a list of jsonb (one jsonb value holds at most 256 MiB); None for all None."""
     params[key] = params[f"{key}_list"] = None
-    if values.count(None) == len(values):
+    if not any(map(operator.is_not, values, itertools.repeat(None))):  # (is, not ==: an element may define ==)
         return
     text = _json.array_text(values, lambda index: f"jobs[{index}][{key!r}]")
     if len(text) <= _ONE_DOCUMENT:
