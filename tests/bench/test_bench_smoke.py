@@ -36,6 +36,7 @@ SCENARIOS = [
     "rescue_cost",
     "nokeys",
     "workflow_cost",
+    "client_bulk",
 ]
 
 

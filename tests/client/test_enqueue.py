@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -19,6 +20,15 @@ def row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
     found = cur.execute("SELECT * FROM treadle.jobs WHERE id = %s", [job_id]).fetchone()
     assert found is not None
     return found
+
+
+class Always:
+    """Equal to everything, None included: a value that must be told apart from None by identity."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = object.__hash__
 
 
 def count_jobs(dsn: str) -> int:
@@ -220,6 +230,25 @@ def test_async_connection_commit_and_rollback(dsn: str) -> None:
     assert dropped != kept
 
 
+def test_async_enqueue_many_sends_the_columns_as_the_sync_call_does(dsn: str) -> None:
+    at = datetime(2031, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    jobs: list[dict[str, Any]] = [
+        {"name": "w", "args": {"k": 1}},
+        {"name": "v", "priority": 3, "run_at": at, "meta": {"m": 1}},
+        {"name": "u"},
+    ]
+
+    async def scenario() -> list[int]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            return await treadle.enqueue_many(aconn, jobs)
+
+    ids = asyncio.run(scenario())
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        found = [(r["name"], r["args"], r["priority"], r["meta"]) for r in (row(conn, job_id) for job_id in ids)]
+        assert row(conn, ids[1])["run_at"] == at
+    assert found == [("w", {"k": 1}, 0, None), ("v", {}, 3, {"m": 1}), ("u", {}, 0, None)]
+
+
 def test_async_calls_return_awaitables(dsn: str) -> None:
     async def scenario() -> list[Any]:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
@@ -279,6 +308,46 @@ def test_enqueue_many_options_and_conversions(conn: psycopg.Connection[Any]) -> 
     assert (c["run_at"], c["args"], c["queue"]) == (datetime(2030, 1, 1, tzinfo=timezone.utc), {}, "default")
 
 
+def test_enqueue_many_keeps_each_jobs_values_in_a_large_mixed_batch(conn: psycopg.Connection[Any]) -> None:
+    # plain jobs, jobs with options, args left out or None, a dict subclass, a backslash
+    # before "u0000" in text, meta on some: every job gets its own values back
+    jobs: list[dict[str, Any]] = []
+    for i in range(3000):
+        job: dict[str, Any] = {"name": f"n{i % 7}"}
+        if i % 5:
+            job["args"] = {"i": i, "s": "a\\u0000b"} if i == 1234 else [i] if i % 3 == 0 else {"i": i}
+        elif i % 10 == 0:
+            job["args"] = None
+        if i % 11 == 0:
+            job |= {"queue": f"q{i % 3}", "priority": i % 4, "meta": {"m": i}}
+        if i == 2999:
+            job["args"] = OrderedDict([("z", 1), ("a", [None, True, 1.5])])
+        jobs.append(job)
+    ids = treadle.enqueue_many(conn, jobs)
+    assert len(ids) == 3000 and len(set(ids)) == 3000
+    cur = conn.cursor()
+    cur.execute("SELECT id, name, args, queue, priority, meta FROM treadle.jobs WHERE id = ANY(%s)", [ids])
+    stored = {r[0]: r[1:] for r in cur.fetchall()}
+    for job_id, job in zip(ids, jobs, strict=True):
+        args = job.get("args")
+        expected = (
+            job["name"],
+            {} if args is None else dict(args) if isinstance(args, OrderedDict) else args,
+            job.get("queue", "default"),
+            job.get("priority", 0),
+            job.get("meta"),
+        )
+        assert stored[job_id] == expected, job
+
+
+def test_enqueue_many_of_more_json_than_one_jsonb_document_holds_well(conn: psycopg.Connection[Any]) -> None:
+    # past 32 MiB of args the batch goes as a jsonb array, element by element: same jobs, same order
+    ids = treadle.enqueue_many(conn, [{"name": "big", "args": {"i": i, "s": "x" * 1_000_000}} for i in range(35)])
+    cur = conn.cursor()
+    cur.execute("SELECT id, args->'i', length(args->>'s') FROM treadle.jobs WHERE id = ANY(%s) ORDER BY id", [ids])
+    assert sorted(ids) == ids and cur.fetchall() == [(job_id, i, 1_000_000) for i, job_id in enumerate(ids)]
+
+
 def test_enqueue_many_idempotency_keys(conn: psycopg.Connection[Any]) -> None:
     held = treadle.enqueue(conn, "x", idempotency_key="held")
     ids = treadle.enqueue_many(
@@ -320,6 +389,19 @@ def test_enqueue_many_refused_element_writes_nothing(conn: psycopg.Connection[An
         ([{"name": "a", "run_at": "2030-01-01"}], r"jobs\[0\]\['run_at'\] must be an aware datetime"),
         ([{"name": "a", "every": 60}], r"jobs\[0\]\['every'\] must be a datetime.timedelta"),
         ([{"name": "a", "args": {"v": float("nan")}}], r"jobs\[0\]\['args'\]\['v'\] is nan"),
+        ([{"name": "a"}] * 5 + [{"name": "a", "args": {"v": float("nan")}}], r"jobs\[5\]\['args'\]\['v'\] is nan"),
+        ([{"name": "a", "args": [1]}, {"name": "b", "args": {1: "x"}}], r"jobs\[1\]\['args'\] has the key 1"),
+        (
+            [{"name": "a", "args": {"s": "a\x00"}}, {"name": "b", "meta": {"m": "b\x00"}}],
+            r"jobs\[0\]\['args'\]\['s'\] contains a NUL",
+        ),
+        ([{"name": "a", "args": [1]}, {"name": "b", "meta": {"m": {1, 2}}}], r"jobs\[1\]\['meta'\]\['m'\] is a set"),
+        ([{"name": "a", "args": Always()}], r"jobs\[0\]\['args'\] is a Always, which JSON cannot hold"),
+        ([{"name": "a", "args": {"v": float("inf")}}, {"name": "b\x00"}], r"jobs\[1\]\['name'\] contains a NUL"),
+        (
+            [{"name": "a", "args": [float("nan")]}, {"name": "b", "unique_period": 5}],
+            r"jobs\[1\]\['unique_period'\] must be a datetime.timedelta",
+        ),
         ("name", "jobs must be a list of dicts, not str"),
         ({"name": "a"}, "jobs must be a list of dicts, not dict"),
         (None, "jobs must be a list of dicts, not NoneType"),

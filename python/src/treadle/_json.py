@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeAlias
 
 from psycopg.types.json import Jsonb
@@ -43,6 +43,24 @@ def to_json(value: Any, what: str) -> str:
         return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except RecursionError:
         raise InvalidArgument(f"{what} is nested too deeply to encode as JSON") from None
+
+
+def array_text(values: list[Any], what: Callable[[int], str]) -> str:
+    """JSON text of the array `values`: each element as `to_json` makes it, None as null.
+
+    One check and one encoder call for the whole list when it is plain; otherwise
+    element by element, so that an error names its element as `what(index)`.
+    """
+    if _plain(values):
+        try:
+            text = json.dumps(values, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+            if "\\u0000" not in text:
+                text.encode("utf-8")
+                return text
+        except (ValueError, RecursionError, UnicodeEncodeError):
+            pass  # the elements say why
+    return "[" + ",".join("null" if value is None else to_json(value, what(index))
+                          for index, value in enumerate(values)) + "]"  # fmt: skip
 
 
 def _plain(value: Any) -> bool:

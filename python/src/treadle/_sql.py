@@ -35,14 +35,21 @@ SELECT treadle.enqueue(
 # treadle.enqueue_many, the jobs as given: none has a "run_in" delay (the common case;
 # ENQUEUE_MANY's rewrite would rebuild and sort the whole array for nothing)
 ENQUEUE_MANY_AS_GIVEN: Final[LiteralString] = "SELECT id FROM treadle.enqueue_many(jobs => %(jobs)s::jsonb) AS id"
-# treadle.enqueue_arrays: jobs with only the columns it takes, one array per column
+# treadle.enqueue_arrays: jobs with only the columns it takes, one array per column (sent
+# in binary, which psycopg writes without escaping each element); args and meta as one
+# JSON array each, split here in order (a null element takes the default), or, for a
+# batch too large for one jsonb value, as a jsonb[] (args_list, meta_list)
 ENQUEUE_ARRAYS: Final[LiteralString] = """
 SELECT id FROM treadle.enqueue_arrays(
-    name => %(name)s::text[], args => %(args)s::jsonb[], queue => %(queue)s::text[],
-    priority => %(priority)s::integer[], run_at => %(run_at)s::timestamptz[],
-    max_attempts => %(max_attempts)s::integer[], idempotency_key => %(idempotency_key)s::text[],
-    every => %(every)s::interval[], timeout => %(timeout)s::interval[], meta => %(meta)s::jsonb[],
-    concurrency_key => %(concurrency_key)s::text[]) AS id
+    name => %(name)b::text[],
+    args => coalesce(%(args_list)s::jsonb[], (SELECT array_agg(e.v ORDER BY e.o)
+                                               FROM jsonb_array_elements(%(args)s::jsonb) WITH ORDINALITY AS e(v, o))),
+    queue => %(queue)b::text[], priority => %(priority)b::integer[], run_at => %(run_at)b::timestamptz[],
+    max_attempts => %(max_attempts)b::integer[], idempotency_key => %(idempotency_key)b::text[],
+    every => %(every)b::interval[], timeout => %(timeout)b::interval[],
+    meta => coalesce(%(meta_list)s::jsonb[], (SELECT array_agg(e.v ORDER BY e.o)
+                                               FROM jsonb_array_elements(%(meta)s::jsonb) WITH ORDINALITY AS e(v, o))),
+    concurrency_key => %(concurrency_key)b::text[]) AS id
 """
 # treadle.enqueue_many: a job's "run_in" delay becomes run_at on the database's clock
 ENQUEUE_MANY: Final[LiteralString] = """

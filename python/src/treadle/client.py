@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from datetime import datetime, timedelta
@@ -268,14 +269,15 @@ def enqueue_many(conn: AnyConnection, jobs: Iterable[Mapping[str, Any]]) -> list
     """
     if isinstance(jobs, (str, bytes, Mapping)) or not isinstance(jobs, Iterable):
         raise InvalidArgument(f"jobs must be a list of dicts, not {type(jobs).__name__}")
+    jobs = list(jobs)
+    params = _array_params(jobs)
+    if params is not None:
+        return _conn.execute(conn, _sql.ENQUEUE_ARRAYS, params, _ids)
     specs = [_job_spec(index, spec) for index, spec in enumerate(jobs)]
     traced = _otel.trace_context()
     if traced:
         specs = [{**spec, "meta": {**traced, **(spec.get("meta") or {})}} if isinstance(spec, dict) else spec
                  for spec in specs]  # fmt: skip
-    if all(isinstance(spec, dict) and spec.keys() <= _ARRAY_KEYS and not isinstance(spec.get("run_at"), timedelta)
-           for spec in specs):  # fmt: skip
-        return _conn.execute(conn, _sql.ENQUEUE_ARRAYS, _columns(specs), _ids)
     relative = any(isinstance(spec, dict) and isinstance(spec.get("run_at"), timedelta) for spec in specs)
     query = _sql.ENQUEUE_MANY if relative else _sql.ENQUEUE_MANY_AS_GIVEN
     return _conn.execute(conn, query, {"jobs": _json.to_jsonb([_as_json(spec) for spec in specs], "jobs")}, _ids)
@@ -285,22 +287,72 @@ def enqueue_many(conn: AnyConnection, jobs: Iterable[Mapping[str, Any]]) -> list
 # (what the server inserts from, with nothing to unpack); the others as one JSON document.
 _ARRAY_KEYS: Final = frozenset({"name", "args", "queue", "priority", "run_at", "max_attempts", "idempotency_key",
                                 "every", "timeout", "meta", "concurrency_key"})  # fmt: skip
-_ARRAY_COLUMNS: Final = tuple(sorted(_ARRAY_KEYS - {"args", "meta"}))
+_ARRAY_COLUMNS: Final = tuple(sorted(_ARRAY_KEYS - {"name", "args", "meta"}))
+_NAME_ARGS: Final = frozenset({"name", "args"})
 
 
-def _columns(specs: list[dict[str, Any]]) -> dict[str, Any]:
-    """enqueue_arrays' parameters: one list per column, or None where no job gives that column."""
-    params: dict[str, Any] = {
-        "args": [_json.to_jsonb(spec.get("args"), f"jobs[{index}]['args']") for index, spec in enumerate(specs)],
-        "meta": [_json.to_jsonb(spec.get("meta"), f"jobs[{index}]['meta']") for index, spec in enumerate(specs)],
-    }
+def _array_params(jobs: list[Any]) -> dict[str, Any] | None:
+    """enqueue_arrays' parameters for `jobs`, checked in one pass; None when a job needs enqueue_many's JSON.
+
+    A job of only a name (a plain string) and args is taken as it is; any other goes
+    through `_job_spec`, so every bad value raises what it raises, job by job in
+    order. args and meta go as one JSON array each, encoded at once (an error names
+    the job); a column no job gives is left out (None).
+    """
+    names: list[Any] = []
+    args: list[Any] = []
+    others: list[tuple[int, dict[str, Any]]] = []  # the jobs with more than a name and args
+    plain = _NAME_ARGS
+    for index, spec in enumerate(jobs):
+        if type(spec) is dict and spec.keys() <= plain:
+            name = spec.get("name")
+            if type(name) is str and "\x00" not in name:
+                names.append(name)
+                args.append(spec.get("args"))
+                continue
+        checked = _job_spec(index, spec)
+        if (not isinstance(checked, dict) or not checked.keys() <= _ARRAY_KEYS
+                or isinstance(checked.get("run_at"), timedelta)):  # fmt: skip
+            return None
+        names.append(checked.get("name"))
+        args.append(checked.get("args"))
+        if not checked.keys() <= plain:
+            others.append((index, checked))
+    params: dict[str, Any] = {"name": names}
+    _json_column(params, args, "args")
     for key in _ARRAY_COLUMNS:
-        column = [spec.get(key) for spec in specs]
-        params[key] = column if key == "name" or any(value is not None for value in column) else None
-    for key in ("args", "meta"):
-        if all(value is None for value in params[key]):
-            params[key] = None
+        column = None
+        for index, checked in others:
+            value = checked.get(key)
+            if value is not None:
+                if column is None:
+                    column = [None] * len(names)
+                column[index] = value
+        params[key] = column
+    metas: list[Any] = [None] * len(names)
+    for index, checked in others:
+        metas[index] = checked.get("meta")
+    traced = _otel.trace_context()
+    if traced:
+        metas = [{**traced, **(meta or {})} for meta in metas]
+    _json_column(params, metas, "meta")
     return params
+
+
+def _json_column(params: dict[str, Any], values: list[Any], key: str) -> None:
+    """`key` as one JSON array of `values` (None as null, which enqueue_arrays reads as the default),
+    or, past _ONE_DOCUMENT, as a list of jsonb (one jsonb value holds at most 256 MiB); None for all None."""
+    params[key] = params[f"{key}_list"] = None
+    if not any(map(operator.is_not, values, itertools.repeat(None))):  # (is, not ==: an element may define ==)
+        return
+    text = _json.array_text(values, lambda index: f"jobs[{index}][{key!r}]")
+    if len(text) <= _ONE_DOCUMENT:
+        params[key] = text
+    else:
+        params[f"{key}_list"] = [_json.to_jsonb(value, f"jobs[{index}][{key!r}]") for index, value in enumerate(values)]
+
+
+_ONE_DOCUMENT: Final = 32 * 2**20  # characters of JSON sent as one document; more goes element by element
 
 
 def _as_json(spec: Any) -> Any:
