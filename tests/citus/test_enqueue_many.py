@@ -11,6 +11,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+import treadle
 from tests.citus.conftest import CITUS_URL
 
 Conn = psycopg.Connection[dict[str, Any]]
@@ -155,3 +156,21 @@ def test_enqueue_of_a_job_with_a_concurrency_key(conn: Conn, queue: str) -> None
     row = conn.execute("SELECT treadle.enqueue('k', queue => %s, concurrency_key => 'a') AS id", [queue]).fetchone()
     assert row is not None
     assert conn.execute("SELECT state FROM treadle.jobs WHERE queue = %s", [queue]).fetchone() == {"state": "available"}
+
+
+def test_the_python_clients_enqueue_many_lands_each_job_in_its_queue(conn: Conn, queue: str) -> None:
+    """The client sends its columns as arrays (args and meta as one JSON array each) to
+    treadle.enqueue_arrays; on the cluster each job lands in its queue with its values."""
+    second = other_queue()
+    jobs = [
+        {"name": f"c{i}", "queue": (queue, second)[i % 2], "args": {"i": i, "s": "x" * i}, "priority": i % 3}
+        for i in range(50)
+    ]
+    ids = treadle.enqueue_many(conn, jobs)
+    assert len(ids) == len(set(ids)) == 50
+    for job_id, spec in zip(ids, jobs, strict=True):
+        row = conn.execute(
+            "SELECT name, args, priority, state FROM treadle.jobs WHERE queue = %s AND id = %s",
+            [spec["queue"], job_id],
+        ).fetchone()
+        assert row == {"name": spec["name"], "args": spec["args"], "priority": spec["priority"], "state": "available"}
