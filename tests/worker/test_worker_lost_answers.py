@@ -45,6 +45,7 @@ def spawn_behind(proxy: LossyProxy, dsn: str, tmp_path: Path) -> Iterator[Callab
             tmp_path,
             events=EVENTS,
             concurrency=4,
+            lease=5.0,  # (a one-second lease ran out under load before the first heartbeat)
         )
         children.append(child)
         return child
