@@ -55,3 +55,90 @@ def test_workflow_results_reads_a_run_by_its_id(conn: Conn, queue: str) -> None:
     assert one(conn, "SELECT treadle.workflow_results(-1)", []) is None
 
 
+# -- enqueue's merges ------------------------------------------------------------------------
+
+
+def enqueue_keyed(conn: Conn, queue: str, key: str, args: dict[str, Any], mode: str, run_at: datetime) -> int:
+    return int(
+        one(
+            conn,
+            "SELECT treadle.enqueue('merged', %s, queue => %s, idempotency_key => %s, on_conflict => %s, run_at => %s)",
+            [Jsonb(args), queue, key, mode, run_at],
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "args", "later_run_at"),
+    [
+        ("replace", {"items": [2], "last": "b"}, True),
+        ("replace_args", {"items": [2], "last": "b"}, False),
+        ("append", {"items": [1, 2], "first": "a", "last": "b"}, False),
+    ],
+)
+def test_a_merge_into_a_waiting_holder_changes_it_in_place(
+    conn: Conn, queue: str, mode: str, args: dict[str, Any], later_run_at: bool
+) -> None:
+    first_at = datetime.now(timezone.utc) + timedelta(hours=1)
+    second_at = first_at + timedelta(hours=1)
+    held = enqueue_keyed(conn, queue, "k", {"items": [1], "first": "a"}, mode, first_at)
+    again = enqueue_keyed(conn, queue, "k", {"items": [2], "last": "b"}, mode, second_at)
+    assert again == held
+    row = job(conn, queue, held)
+    assert row["args"] == args
+    assert row["run_at"] == (second_at if later_run_at else first_at)
+    count = one(conn, "SELECT count(*) FROM treadle.jobs WHERE queue = %s AND idempotency_key = 'k'", [queue])
+    assert count == 1
+
+
+@pytest.mark.parametrize("mode", ["replace", "replace_args", "append"])
+def test_a_running_holder_gives_its_key_up_to_a_new_job(conn: Conn, queue: str, mode: str) -> None:
+    now = datetime.now(timezone.utc) - timedelta(seconds=1)
+    held = enqueue_keyed(conn, queue, "k", {"items": [1]}, mode, now)
+    (running,) = claim(conn, queue)
+    assert running["id"] == held
+    new = enqueue_keyed(conn, queue, "k", {"items": [2]}, mode, now)
+    assert new != held
+    assert job(conn, queue, held)["args"] == {"items": [1]}
+    assert job(conn, queue, held)["key_scope"] == "released"
+    assert job(conn, queue, new)["args"] == {"items": [2]}
+
+
+def test_concurrent_replaces_of_one_key_make_one_job(distributed: str, queue: str) -> None:
+    start = threading.Barrier(8)
+    ids: list[int] = []
+    errors: list[BaseException] = []
+
+    def producer(n: int) -> None:
+        try:
+            with psycopg.connect(CITUS_URL, autocommit=True, row_factory=dict_row) as c:
+                start.wait()
+                for i in range(10):
+                    ids.append(
+                        enqueue_keyed(c, queue, "storm", {"n": n, "i": i}, "replace", datetime.now(timezone.utc))
+                    )
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=producer, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with psycopg.connect(CITUS_URL, autocommit=True, row_factory=dict_row) as c:
+        rows = c.execute("SELECT id FROM treadle.jobs WHERE queue = %s", [queue]).fetchall()
+    assert len(rows) == 1
+    assert set(ids) == {rows[0]["id"]}
+
+
+def test_enqueue_many_merges_into_a_held_key(conn: Conn, queue: str) -> None:
+    jobs = [
+        {"name": "m", "queue": queue, "args": {"items": [i]}, "idempotency_key": "k", "on_conflict": "append"}
+        for i in range(3)
+    ]
+    ids = [r["id"] for r in conn.execute("SELECT id FROM treadle.enqueue_many(%s) AS id", [Jsonb(jobs)]).fetchall()]
+    assert len(set(ids)) == 1
+    assert job(conn, queue, ids[0])["args"] == {"items": [0, 1, 2]}
+
+
