@@ -4022,6 +4022,7 @@ DECLARE
     v_run   treadle.workflow_runs;
     v_index integer;
     v_queue text := coalesce(step.run_queue, step.queue);  -- the run's queue: every statement names it
+    v_state text;  -- a failed run's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
     IF step.state = 'completed' THEN
         -- The common case: a step of a running run completed (not an element of a
@@ -4092,7 +4093,11 @@ BEGIN
         END IF;
     ELSIF step.state = 'discarded' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
-         WHERE r.queue = v_queue AND r.id = v_run.id;
+         WHERE r.queue = v_queue AND r.id = v_run.id
+        RETURNING r.state INTO v_state;
+        IF v_state = 'compensating' THEN
+            PERFORM treadle._run_compensates(v_run.id, v_queue);  -- 078_workflow_compensation.sql
+        END IF;
     ELSIF step.state = 'cancelled' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now
          WHERE r.queue = v_queue AND r.id = v_run.id;
@@ -4121,6 +4126,7 @@ DECLARE
     v_run    treadle.workflow_runs;
     v_left   integer;
     v_result jsonb;
+    v_state  text;  -- a failed run's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
     IF step.state = 'completed' AND run.maps IS NOT NULL AND run.maps ? step.step THEN
         -- one element of a map step: counted under the run row's lock, so the step
@@ -4159,7 +4165,11 @@ BEGIN
         RETURN;
     ELSIF step.state = 'discarded' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
-         WHERE r.queue = run.queue AND r.id = run.id;
+         WHERE r.queue = run.queue AND r.id = run.id
+        RETURNING r.state INTO v_state;
+        IF v_state = 'compensating' THEN
+            PERFORM treadle._run_compensates(run.id, run.queue);  -- 078_workflow_compensation.sql
+        END IF;
     ELSIF step.state = 'cancelled' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now
          WHERE r.queue = run.queue AND r.id = run.id;
@@ -8066,6 +8076,7 @@ DECLARE
     v_next   timestamptz;
     v_failed integer := 0;
     v_queue  text;
+    v_state  text;  -- a failed run's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
     -- the queues with a wait due, read without locks; then queue by queue (one shard
     -- on Citus), each run locked and what the write sets computed here
@@ -8119,7 +8130,11 @@ BEGIN
                          FROM jsonb_each(v_run.waiting) AS e);
             UPDATE treadle.workflow_runs AS r
                SET state = 'failed', finished_at = at, wait_until = NULL, waiting = v_left
-             WHERE r.queue = v_run.queue AND r.id = v_run.id;
+             WHERE r.queue = v_run.queue AND r.id = v_run.id
+            RETURNING r.state INTO v_state;
+            IF v_state = 'compensating' THEN
+                PERFORM treadle._run_compensates(v_run.id, v_run.queue);  -- 078_workflow_compensation.sql
+            END IF;
         END LOOP;
     END LOOP;
     RETURN v_failed;
@@ -8663,6 +8678,7 @@ AS $$
 DECLARE
     v_now    timestamptz := treadle.now();
     v_parent treadle.workflow_runs;
+    v_state  text;  -- a failed parent's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
     SELECT * INTO v_parent FROM treadle.workflow_runs AS r WHERE r.id = NEW.parent_run_id FOR UPDATE;
     IF NOT FOUND THEN
@@ -8696,7 +8712,11 @@ BEGIN
         -- failed or compensated: the parent fails
         UPDATE treadle.workflow_runs AS r
            SET state = CASE WHEN NEW.state = 'cancelled' THEN 'cancelled' ELSE 'failed' END, finished_at = v_now
-         WHERE r.id = v_parent.id;
+         WHERE r.id = v_parent.id
+        RETURNING r.state INTO v_state;
+        IF v_state = 'compensating' THEN
+            PERFORM treadle._run_compensates(v_parent.id, v_parent.queue);  -- 078_workflow_compensation.sql
+        END IF;
     END IF;
     PERFORM treadle._notify('treadle_done', v_parent.queue);
     RETURN NULL;
@@ -9071,7 +9091,8 @@ COMMENT ON FUNCTION treadle._advance_compensation(treadle.workflow_runs, treadle
 -- treadle._run_fails() -> trigger (BEFORE UPDATE OF state ON workflow_runs)
 --
 -- A running run with compensations that some path makes `failed` becomes
--- `compensating` instead (not finished); treadle._run_compensates follows.
+-- `compensating` instead (not finished); that statement's caller then calls
+-- treadle._run_compensates.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._run_fails()
 RETURNS trigger
@@ -9097,15 +9118,18 @@ COMMENT ON TRIGGER workflow_runs_fail_compensates ON treadle.workflow_runs IS
     'A failing run with compensations compensates (treadle._run_fails).';
 
 --------------------------------------------------------------------------------
--- treadle._run_compensates() -> trigger (AFTER UPDATE OF state ON workflow_runs)
+-- treadle._run_compensates(run_id, queue) -> void
 --
--- A run that became `compensating`: its waiting step jobs are cancelled and its
--- child runs under way are cancelled (treadle.cancel_workflow): nothing goes
--- forward; the first compensation starts once no step of it runs
--- (treadle._compensate_next).
+-- Called by each statement that fails a running run, when the run became
+-- `compensating` instead (treadle._run_fails): its waiting step jobs are
+-- cancelled and its child runs under way are cancelled (treadle.cancel_workflow):
+-- nothing goes forward; the first compensation starts once no step of it runs
+-- (treadle._compensate_next). `queue`: the run's queue. A function its callers
+-- call, not a trigger: on Citus a trigger runs on the run's shard, where it may not
+-- reach the other shards' jobs and runs.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._run_compensates()
-RETURNS trigger
+CREATE OR REPLACE FUNCTION treadle._run_compensates(run_id bigint, queue text)
+RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -9113,26 +9137,17 @@ AS $$
 BEGIN
     PERFORM treadle.cancel(j.id)
        FROM treadle.jobs AS j
-      WHERE j.workflow_run_id = NEW.id AND j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
+      WHERE j.workflow_run_id = _run_compensates.run_id AND j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
       ORDER BY j.queue, j.concurrency_key, j.id;  -- keys' slots in the one order (034_key_lanes.sql)
     PERFORM treadle.cancel_workflow(c.id)
        FROM treadle.workflow_runs AS c
-      WHERE c.parent_run_id = NEW.id AND c.state = 'running'
+      WHERE c.parent_run_id = _run_compensates.run_id AND c.state = 'running'
       ORDER BY c.id;
-    PERFORM treadle._compensate_next(NEW.id, treadle.now(), NEW.queue);
-    RETURN NULL;
+    PERFORM treadle._compensate_next(_run_compensates.run_id, treadle.now(), _run_compensates.queue);
 END;
 $$;
-COMMENT ON FUNCTION treadle._run_compensates() IS
-    'Trigger: a workflow run that began compensating cancels its waiting steps and starts its first compensation.';
-
-CREATE TRIGGER workflow_runs_compensating
-    AFTER UPDATE OF state ON treadle.workflow_runs
-    FOR EACH ROW
-    WHEN (OLD.state = 'running' AND NEW.state = 'compensating')
-    EXECUTE FUNCTION treadle._run_compensates();
-COMMENT ON TRIGGER workflow_runs_compensating ON treadle.workflow_runs IS
-    'A run that began compensating starts its compensations (treadle._run_compensates).';
+COMMENT ON FUNCTION treadle._run_compensates(bigint, text) IS
+    'A workflow run that began compensating: cancel its waiting steps and start its first compensation.';
 --------------------------------------------------------------------------------
 -- Per-step options. A step of a workflow can have its own queue, priority,
 -- max_attempts, timeout and backoff; a step without one takes the run's (queue,

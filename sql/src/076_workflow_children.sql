@@ -260,6 +260,7 @@ AS $$
 DECLARE
     v_now    timestamptz := treadle.now();
     v_parent treadle.workflow_runs;
+    v_state  text;  -- a failed parent's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
     SELECT * INTO v_parent FROM treadle.workflow_runs AS r WHERE r.id = NEW.parent_run_id FOR UPDATE;
     IF NOT FOUND THEN
@@ -293,7 +294,11 @@ BEGIN
         -- failed or compensated: the parent fails
         UPDATE treadle.workflow_runs AS r
            SET state = CASE WHEN NEW.state = 'cancelled' THEN 'cancelled' ELSE 'failed' END, finished_at = v_now
-         WHERE r.id = v_parent.id;
+         WHERE r.id = v_parent.id
+        RETURNING r.state INTO v_state;
+        IF v_state = 'compensating' THEN
+            PERFORM treadle._run_compensates(v_parent.id, v_parent.queue);  -- 078_workflow_compensation.sql
+        END IF;
     END IF;
     PERFORM treadle._notify('treadle_done', v_parent.queue);
     RETURN NULL;

@@ -142,3 +142,71 @@ def test_enqueue_many_merges_into_a_held_key(conn: Conn, queue: str) -> None:
     assert job(conn, queue, ids[0])["args"] == {"items": [0, 1, 2]}
 
 
+# -- a failing run with compensations ----------------------------------------------------------
+
+
+def test_a_failing_run_with_compensations_compensates(conn: Conn, queue: str) -> None:
+    run_id = one(
+        conn,
+        """SELECT treadle.start_workflow('citus5_saga', '{}', steps => ARRAY['debit', 'credit', 'notify'],
+                                         queue => %s, max_attempts => 1,
+                                         compensations => '{"debit": "refund"}')""",
+        [queue],
+    )
+    (debit,) = claim(conn, queue)
+    conn.execute("SELECT treadle.complete(%s, %s, '{\"id\": 1}')", [debit["id"], debit["lease_token"]])
+    (credit,) = claim(conn, queue)
+    state = one(
+        conn, "SELECT treadle.fail(%s, %s, 'declined', queue => %s)", [credit["id"], credit["lease_token"], queue]
+    )
+    assert state == "discarded"
+    assert run_state(conn, queue, run_id) == "compensating"
+    (refund,) = claim(conn, queue)
+    assert refund["name"] == "workflow:citus5_saga/refund"
+    assert refund["args"] == {"compensates": "debit", "result": {"id": 1}}
+    conn.execute("SELECT treadle.complete(%s, %s, '{}', %s)", [refund["id"], refund["lease_token"], queue])
+    assert run_state(conn, queue, run_id) == "compensated"
+    assert claim(conn, queue) == []
+
+
+def test_a_graph_run_whose_step_fails_compensates(conn: Conn, queue: str) -> None:
+    run_id = one(
+        conn,
+        """SELECT treadle.start_workflow('citus5_graph_saga', '{}', steps => ARRAY['a', 'b', 'c'], queue => %s,
+                                         max_attempts => 1, after => '{"b": ["a"], "c": ["a"]}',
+                                         compensations => '{"a": "undo_a"}')""",
+        [queue],
+    )
+    (a,) = claim(conn, queue)
+    conn.execute("SELECT treadle.complete(%s, %s, '{}', %s)", [a["id"], a["lease_token"], queue])
+    b, c = sorted(claim(conn, queue) + claim(conn, queue), key=lambda r: r["step"])
+    conn.execute("SELECT treadle.fail(%s, %s, 'no', queue => %s)", [b["id"], b["lease_token"], queue])
+    # c still runs: the compensation waits for it
+    assert run_state(conn, queue, run_id) == "compensating"
+    assert claim(conn, queue) == []
+    conn.execute("SELECT treadle.complete(%s, %s, '{}', %s)", [c["id"], c["lease_token"], queue])
+    (undo,) = claim(conn, queue)
+    assert undo["step"] == "undo_a"
+    conn.execute("SELECT treadle.complete(%s, %s, '{}', %s)", [undo["id"], undo["lease_token"], queue])
+    assert run_state(conn, queue, run_id) == "compensated"
+
+
+def test_an_expired_step_on_its_last_attempt_compensates_its_run(conn: Conn, queue: str) -> None:
+    run_id = one(
+        conn,
+        """SELECT treadle.start_workflow('citus5_rescue_saga', '{}', steps => ARRAY['debit', 'credit'],
+                                         queue => %s, max_attempts => 1, compensations => '{"debit": "refund"}')""",
+        [queue],
+    )
+    (debit,) = claim(conn, queue)
+    conn.execute("SELECT treadle.complete(%s, %s, '{}', %s)", [debit["id"], debit["lease_token"], queue])
+    (credit,) = claim(conn, queue)
+    conn.execute(
+        "UPDATE treadle.jobs SET lease_until = %s WHERE queue = %s AND id = %s",
+        [datetime.now(timezone.utc) - timedelta(minutes=1), queue, credit["id"]],
+    )
+    conn.execute("SELECT treadle.rescue()")
+    assert job(conn, queue, credit["id"])["state"] == "discarded"
+    assert run_state(conn, queue, run_id) == "compensating"
+    (refund,) = claim(conn, queue)
+    assert refund["step"] == "refund"
