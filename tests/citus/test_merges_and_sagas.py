@@ -210,3 +210,20 @@ def test_an_expired_step_on_its_last_attempt_compensates_its_run(conn: Conn, que
     assert run_state(conn, queue, run_id) == "compensating"
     (refund,) = claim(conn, queue)
     assert refund["step"] == "refund"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=psycopg.errors.FeatureNotSupported,
+    reason="a child step's depth is read up its run tree by a recursive CTE over runs by id alone",
+)
+def test_a_child_step_starts_its_child_run(conn: Conn, queue: str) -> None:
+    conn.execute("SELECT treadle.define_workflow('citus5_charge', ARRAY['one'])")
+    run_id = one(
+        conn,
+        """SELECT treadle.start_workflow('citus5_parent', '{}', steps => ARRAY['kid', 'after'], queue => %s,
+                                         children => '{"kid": {"workflow": "citus5_charge"}}')""",
+        [queue],
+    )
+    child = one(conn, "SELECT id FROM treadle.workflow_runs WHERE queue = %s AND parent_run_id = %s", [queue, run_id])
+    assert run_state(conn, queue, child) == "running"
