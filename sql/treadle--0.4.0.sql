@@ -1405,7 +1405,7 @@ BEGIN
                    -- a run_at moved earlier must be found by claims that resume (040_claim.sql)
                    ready_txid = CASE WHEN enqueue.on_conflict = 'replace' THEN v_xid ELSE j.ready_txid END
              WHERE j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
-            RETURNING j.id, j.run_at, j.args INTO v_id, v_run_at, v_held;
+            RETURNING j.id, j.run_at, CASE WHEN enqueue.on_conflict = 'append' THEN j.args END INTO v_id, v_run_at, v_held;
 
             IF v_id IS NOT NULL THEN
                 IF enqueue.on_conflict = 'append' AND v_id <> v_new_id THEN
