@@ -8549,15 +8549,15 @@ DECLARE
     v_root  bigint := coalesce(run.root_run_id, run.id);
     v_root_queue text := CASE WHEN run.root_run_id IS NULL THEN run.queue ELSE run.root_queue END;
     v_runs  integer;
+    v_up    bigint;   -- the next run up the tree
 BEGIN
-    WITH RECURSIVE up(id, depth) AS (
-        SELECT run.parent_run_id, 1 WHERE run.parent_run_id IS NOT NULL
-        UNION ALL
-        SELECT r.parent_run_id, up.depth + 1
-          FROM up JOIN treadle.workflow_runs AS r ON r.id = up.id
-         WHERE r.parent_run_id IS NOT NULL AND up.depth <= 10
-    )
-    SELECT coalesce(max(up.depth), 0) + 1 INTO v_depth FROM up;
+    -- up the tree a run at a time, by id (Citus refuses a recursive CTE over runs by id alone)
+    v_depth := 1;
+    v_up := run.parent_run_id;
+    WHILE v_up IS NOT NULL AND v_depth <= 11 LOOP
+        v_depth := v_depth + 1;
+        SELECT r.parent_run_id INTO v_up FROM treadle.workflow_runs AS r WHERE r.id = v_up;
+    END LOOP;
     IF v_depth > 10 THEN
         RAISE EXCEPTION 'treadle: child step "%" would nest workflow runs more than 10 levels deep', step
             USING ERRCODE = 'invalid_parameter_value',

@@ -212,12 +212,8 @@ def test_an_expired_step_on_its_last_attempt_compensates_its_run(conn: Conn, que
     assert refund["step"] == "refund"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=psycopg.errors.FeatureNotSupported,
-    reason="a child step's depth is read up its run tree by a recursive CTE over runs by id alone",
-)
 def test_a_child_step_starts_its_child_run(conn: Conn, queue: str) -> None:
+    """Its depth is read up the run tree a run at a time, by id."""
     conn.execute("SELECT treadle.define_workflow('citus5_charge', ARRAY['one'])")
     run_id = one(
         conn,
@@ -227,3 +223,26 @@ def test_a_child_step_starts_its_child_run(conn: Conn, queue: str) -> None:
     )
     child = one(conn, "SELECT id FROM treadle.workflow_runs WHERE queue = %s AND parent_run_id = %s", [queue, run_id])
     assert run_state(conn, queue, child) == "running"
+    (step,) = claim(conn, queue)
+    assert step["name"] == "workflow:citus5_charge/one"
+    assert step["workflow_run_id"] == child
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=psycopg.errors.FeatureNotSupported,
+    reason="a child run's end moves its parent from a trigger on the child's shard, which locks the parent by id alone",
+)
+def test_a_child_run_that_completes_moves_its_parent_on(conn: Conn, queue: str) -> None:
+    conn.execute("SELECT treadle.define_workflow('citus5_charge', ARRAY['one'])")
+    run_id = one(
+        conn,
+        """SELECT treadle.start_workflow('citus5_parent', '{}', steps => ARRAY['kid', 'after'], queue => %s,
+                                         children => '{"kid": {"workflow": "citus5_charge"}}')""",
+        [queue],
+    )
+    (step,) = claim(conn, queue)
+    conn.execute("SELECT treadle.complete(%s, %s, '{\"paid\": 1}', %s)", [step["id"], step["lease_token"], queue])
+    (after,) = claim(conn, queue)
+    assert after["name"] == "workflow:citus5_parent/after"
+    assert one(conn, "SELECT treadle.workflow_results(%s)", [run_id]) == {"kid": {"one": {"paid": 1}}}
