@@ -1277,6 +1277,9 @@ DECLARE
     v_period    timestamptz;  -- the start of the key's period (unique_period)
     v_run_at    timestamptz;
     v_meta      jsonb;
+    v_xid       xid8;     -- on_conflict 'replace': the transaction's id, the merged job's ready_txid
+    v_new_id    bigint;   -- on_conflict other than 'keep': the id a new job takes (another one returned: a merge)
+    v_held      jsonb;    -- on_conflict 'append': the holder's args, before the merge
 BEGIN
     -- This is the hottest path, and a PL/pgSQL helper call costs as much as the
     -- insert: the checks are inline expressions, and a helper runs only to raise.
@@ -1373,12 +1376,20 @@ BEGIN
 
     IF enqueue.on_conflict IS DISTINCT FROM 'keep' THEN
         -- (a key and a known mode: checked above)
+        -- The DO UPDATE below calls no function (Citus allows only immutable ones there):
+        -- the transaction id is read before, and 'append' keeps the holder's args there,
+        -- locking it, and merges them by its id after. The new job's id is drawn just
+        -- before each insert (as its default would be), so that another id returned is a merge.
+        IF enqueue.on_conflict = 'replace' THEN
+            v_xid := pg_current_xact_id();
+        END IF;
         LOOP
+            v_new_id := nextval('treadle.jobs_id_seq'::regclass);
             INSERT INTO treadle.jobs AS j
-                (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
+                (id, queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
                  timeout, backoff, key_scope, key_period, meta, concurrency_key, state, key_slot)
             VALUES
-                (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
+                (v_new_id, enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
                  enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
                  enqueue.timeout, enqueue.backoff, enqueue.unique_while, v_period, v_meta, enqueue.concurrency_key,
                  CASE WHEN enqueue.concurrency_key IS NULL THEN 'available' ELSE 'blocked' END,
@@ -1389,16 +1400,20 @@ BEGIN
                       OR (key_scope = 'active' AND finished_at IS NULL)
                       OR (key_scope = 'waiting' AND started_at IS NULL AND finished_at IS NULL))
             DO UPDATE
-               SET args = CASE WHEN enqueue.on_conflict = 'append' THEN treadle._append_args(j.args, excluded.args)
-                               ELSE excluded.args END,
+               SET args = CASE WHEN enqueue.on_conflict = 'append' THEN j.args ELSE excluded.args END,
                    run_at = CASE WHEN enqueue.on_conflict = 'replace' THEN excluded.run_at ELSE j.run_at END,
                    -- a run_at moved earlier must be found by claims that resume (040_claim.sql)
-                   ready_txid = CASE WHEN enqueue.on_conflict = 'replace' THEN pg_current_xact_id()
-                                     ELSE j.ready_txid END
+                   ready_txid = CASE WHEN enqueue.on_conflict = 'replace' THEN v_xid ELSE j.ready_txid END
              WHERE j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
-            RETURNING j.id, j.run_at INTO v_id, v_run_at;
+            RETURNING j.id, j.run_at, CASE WHEN enqueue.on_conflict = 'append' THEN j.args END INTO v_id, v_run_at, v_held;
 
             IF v_id IS NOT NULL THEN
+                IF enqueue.on_conflict = 'append' AND v_id <> v_new_id THEN
+                    -- 'append' into the holder, which the insert locked
+                    UPDATE treadle.jobs AS j
+                       SET args = treadle._append_args(v_held, v_args)
+                     WHERE j.queue = enqueue.queue AND j.id = v_id;
+                END IF;
                 IF enqueue.concurrency_key IS NOT NULL THEN
                     PERFORM treadle._key_release(enqueue.queue, enqueue.concurrency_key, 0);  -- 034_key_lanes.sql
                 END IF;
@@ -4176,6 +4191,7 @@ DECLARE
     v_run   treadle.workflow_runs;
     v_index integer;
     v_queue text := coalesce(step.run_queue, step.queue);  -- the run's queue: every statement names it
+    v_state text;  -- a failed run's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
     IF step.state = 'completed' THEN
         -- The common case: a step of a running run completed (not an element of a
@@ -4246,7 +4262,11 @@ BEGIN
         END IF;
     ELSIF step.state = 'discarded' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
-         WHERE r.queue = v_queue AND r.id = v_run.id;
+         WHERE r.queue = v_queue AND r.id = v_run.id
+        RETURNING r.state INTO v_state;
+        IF v_state = 'compensating' THEN
+            PERFORM treadle._run_compensates(v_run.id, v_queue);  -- 078_workflow_compensation.sql
+        END IF;
     ELSIF step.state = 'cancelled' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now
          WHERE r.queue = v_queue AND r.id = v_run.id;
@@ -4275,6 +4295,7 @@ DECLARE
     v_run    treadle.workflow_runs;
     v_left   integer;
     v_result jsonb;
+    v_state  text;  -- a failed run's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
     IF step.state = 'completed' AND run.maps IS NOT NULL AND run.maps ? step.step THEN
         -- one element of a map step: counted under the run row's lock, so the step
@@ -4313,7 +4334,11 @@ BEGIN
         RETURN;
     ELSIF step.state = 'discarded' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
-         WHERE r.queue = run.queue AND r.id = run.id;
+         WHERE r.queue = run.queue AND r.id = run.id
+        RETURNING r.state INTO v_state;
+        IF v_state = 'compensating' THEN
+            PERFORM treadle._run_compensates(run.id, run.queue);  -- 078_workflow_compensation.sql
+        END IF;
     ELSIF step.state = 'cancelled' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now
          WHERE r.queue = run.queue AND r.id = run.id;
@@ -7175,15 +7200,22 @@ COMMENT ON FUNCTION treadle.cancel_workflow(bigint) IS
 --
 -- The finished steps' results keyed by step name: {} before any step finished,
 -- null for an unknown run (or one the caller may not see: it runs with the
--- caller's rights, so row-level security applies).
+-- caller's rights, so row-level security applies). PL/pgSQL, not SQL: Citus
+-- plans no SQL-language function that reads a distributed table by a parameter.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.workflow_results(run_id bigint)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
-BEGIN ATOMIC
-    SELECT r.results FROM treadle.workflow_runs AS r WHERE r.id = workflow_results.run_id;
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_results jsonb;
+BEGIN
+    SELECT r.results INTO v_results FROM treadle.workflow_runs AS r WHERE r.id = workflow_results.run_id;
+    RETURN v_results;
 END;
+$$;
 COMMENT ON FUNCTION treadle.workflow_results(bigint) IS
     'A workflow run''s step results keyed by step name; null for an unknown run.';
 
@@ -8213,6 +8245,7 @@ DECLARE
     v_next   timestamptz;
     v_failed integer := 0;
     v_queue  text;
+    v_state  text;  -- a failed run's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
     -- the queues with a wait due, read without locks; then queue by queue (one shard
     -- on Citus), each run locked and what the write sets computed here
@@ -8266,7 +8299,11 @@ BEGIN
                          FROM jsonb_each(v_run.waiting) AS e);
             UPDATE treadle.workflow_runs AS r
                SET state = 'failed', finished_at = at, wait_until = NULL, waiting = v_left
-             WHERE r.queue = v_run.queue AND r.id = v_run.id;
+             WHERE r.queue = v_run.queue AND r.id = v_run.id
+            RETURNING r.state INTO v_state;
+            IF v_state = 'compensating' THEN
+                PERFORM treadle._run_compensates(v_run.id, v_run.queue);  -- 078_workflow_compensation.sql
+            END IF;
         END LOOP;
     END LOOP;
     RETURN v_failed;
@@ -8681,15 +8718,15 @@ DECLARE
     v_root  bigint := coalesce(run.root_run_id, run.id);
     v_root_queue text := CASE WHEN run.root_run_id IS NULL THEN run.queue ELSE run.root_queue END;
     v_runs  integer;
+    v_up    bigint;   -- the next run up the tree
 BEGIN
-    WITH RECURSIVE up(id, depth) AS (
-        SELECT run.parent_run_id, 1 WHERE run.parent_run_id IS NOT NULL
-        UNION ALL
-        SELECT r.parent_run_id, up.depth + 1
-          FROM up JOIN treadle.workflow_runs AS r ON r.id = up.id
-         WHERE r.parent_run_id IS NOT NULL AND up.depth <= 10
-    )
-    SELECT coalesce(max(up.depth), 0) + 1 INTO v_depth FROM up;
+    -- up the tree a run at a time, by id (Citus refuses a recursive CTE over runs by id alone)
+    v_depth := 1;
+    v_up := run.parent_run_id;
+    WHILE v_up IS NOT NULL AND v_depth <= 11 LOOP
+        v_depth := v_depth + 1;
+        SELECT r.parent_run_id INTO v_up FROM treadle.workflow_runs AS r WHERE r.id = v_up;
+    END LOOP;
     IF v_depth > 10 THEN
         RAISE EXCEPTION 'treadle: child step "%" would nest workflow runs more than 10 levels deep', step
             USING ERRCODE = 'invalid_parameter_value',
@@ -8810,6 +8847,7 @@ AS $$
 DECLARE
     v_now    timestamptz := treadle.now();
     v_parent treadle.workflow_runs;
+    v_state  text;  -- a failed parent's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
     SELECT * INTO v_parent FROM treadle.workflow_runs AS r WHERE r.id = NEW.parent_run_id FOR UPDATE;
     IF NOT FOUND THEN
@@ -8843,7 +8881,11 @@ BEGIN
         -- failed or compensated: the parent fails
         UPDATE treadle.workflow_runs AS r
            SET state = CASE WHEN NEW.state = 'cancelled' THEN 'cancelled' ELSE 'failed' END, finished_at = v_now
-         WHERE r.id = v_parent.id;
+         WHERE r.id = v_parent.id
+        RETURNING r.state INTO v_state;
+        IF v_state = 'compensating' THEN
+            PERFORM treadle._run_compensates(v_parent.id, v_parent.queue);  -- 078_workflow_compensation.sql
+        END IF;
     END IF;
     PERFORM treadle._notify('treadle_done', v_parent.queue);
     RETURN NULL;
@@ -9218,7 +9260,8 @@ COMMENT ON FUNCTION treadle._advance_compensation(treadle.workflow_runs, treadle
 -- treadle._run_fails() -> trigger (BEFORE UPDATE OF state ON workflow_runs)
 --
 -- A running run with compensations that some path makes `failed` becomes
--- `compensating` instead (not finished); treadle._run_compensates follows.
+-- `compensating` instead (not finished); that statement's caller then calls
+-- treadle._run_compensates.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._run_fails()
 RETURNS trigger
@@ -9244,15 +9287,18 @@ COMMENT ON TRIGGER workflow_runs_fail_compensates ON treadle.workflow_runs IS
     'A failing run with compensations compensates (treadle._run_fails).';
 
 --------------------------------------------------------------------------------
--- treadle._run_compensates() -> trigger (AFTER UPDATE OF state ON workflow_runs)
+-- treadle._run_compensates(run_id, queue) -> void
 --
--- A run that became `compensating`: its waiting step jobs are cancelled and its
--- child runs under way are cancelled (treadle.cancel_workflow): nothing goes
--- forward; the first compensation starts once no step of it runs
--- (treadle._compensate_next).
+-- Called by each statement that fails a running run, when the run became
+-- `compensating` instead (treadle._run_fails): its waiting step jobs are
+-- cancelled and its child runs under way are cancelled (treadle.cancel_workflow):
+-- nothing goes forward; the first compensation starts once no step of it runs
+-- (treadle._compensate_next). `queue`: the run's queue. A function its callers
+-- call, not a trigger: on Citus a trigger runs on the run's shard, where it may not
+-- reach the other shards' jobs and runs.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._run_compensates()
-RETURNS trigger
+CREATE OR REPLACE FUNCTION treadle._run_compensates(run_id bigint, queue text)
+RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -9260,26 +9306,17 @@ AS $$
 BEGIN
     PERFORM treadle.cancel(j.id)
        FROM treadle.jobs AS j
-      WHERE j.workflow_run_id = NEW.id AND j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
+      WHERE j.workflow_run_id = _run_compensates.run_id AND j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
       ORDER BY j.queue, j.concurrency_key, j.id;  -- keys' slots in the one order (034_key_lanes.sql)
     PERFORM treadle.cancel_workflow(c.id)
        FROM treadle.workflow_runs AS c
-      WHERE c.parent_run_id = NEW.id AND c.state = 'running'
+      WHERE c.parent_run_id = _run_compensates.run_id AND c.state = 'running'
       ORDER BY c.id;
-    PERFORM treadle._compensate_next(NEW.id, treadle.now(), NEW.queue);
-    RETURN NULL;
+    PERFORM treadle._compensate_next(_run_compensates.run_id, treadle.now(), _run_compensates.queue);
 END;
 $$;
-COMMENT ON FUNCTION treadle._run_compensates() IS
-    'Trigger: a workflow run that began compensating cancels its waiting steps and starts its first compensation.';
-
-CREATE TRIGGER workflow_runs_compensating
-    AFTER UPDATE OF state ON treadle.workflow_runs
-    FOR EACH ROW
-    WHEN (OLD.state = 'running' AND NEW.state = 'compensating')
-    EXECUTE FUNCTION treadle._run_compensates();
-COMMENT ON TRIGGER workflow_runs_compensating ON treadle.workflow_runs IS
-    'A run that began compensating starts its compensations (treadle._run_compensates).';
+COMMENT ON FUNCTION treadle._run_compensates(bigint, text) IS
+    'A workflow run that began compensating: cancel its waiting steps and start its first compensation.';
 --------------------------------------------------------------------------------
 -- Per-step options. A step of a workflow can have its own queue, priority,
 -- max_attempts, timeout and backoff; a step without one takes the run's (queue,

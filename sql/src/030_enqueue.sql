@@ -78,6 +78,9 @@ DECLARE
     v_period    timestamptz;  -- the start of the key's period (unique_period)
     v_run_at    timestamptz;
     v_meta      jsonb;
+    v_xid       xid8;     -- on_conflict 'replace': the transaction's id, the merged job's ready_txid
+    v_new_id    bigint;   -- on_conflict other than 'keep': the id a new job takes (another one returned: a merge)
+    v_held      jsonb;    -- on_conflict 'append': the holder's args, before the merge
 BEGIN
     -- This is the hottest path, and a PL/pgSQL helper call costs as much as the
     -- insert: the checks are inline expressions, and a helper runs only to raise.
@@ -174,12 +177,20 @@ BEGIN
 
     IF enqueue.on_conflict IS DISTINCT FROM 'keep' THEN
         -- (a key and a known mode: checked above)
+        -- The DO UPDATE below calls no function (Citus allows only immutable ones there):
+        -- the transaction id is read before, and 'append' keeps the holder's args there,
+        -- locking it, and merges them by its id after. The new job's id is drawn just
+        -- before each insert (as its default would be), so that another id returned is a merge.
+        IF enqueue.on_conflict = 'replace' THEN
+            v_xid := pg_current_xact_id();
+        END IF;
         LOOP
+            v_new_id := nextval('treadle.jobs_id_seq'::regclass);
             INSERT INTO treadle.jobs AS j
-                (queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
+                (id, queue, name, args, priority, run_at, max_attempts, idempotency_key, every, created_at,
                  timeout, backoff, key_scope, key_period, meta, concurrency_key, state, key_slot)
             VALUES
-                (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
+                (v_new_id, enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
                  enqueue.max_attempts, enqueue.idempotency_key, enqueue.every, v_now,
                  enqueue.timeout, enqueue.backoff, enqueue.unique_while, v_period, v_meta, enqueue.concurrency_key,
                  CASE WHEN enqueue.concurrency_key IS NULL THEN 'available' ELSE 'blocked' END,
@@ -190,16 +201,20 @@ BEGIN
                       OR (key_scope = 'active' AND finished_at IS NULL)
                       OR (key_scope = 'waiting' AND started_at IS NULL AND finished_at IS NULL))
             DO UPDATE
-               SET args = CASE WHEN enqueue.on_conflict = 'append' THEN treadle._append_args(j.args, excluded.args)
-                               ELSE excluded.args END,
+               SET args = CASE WHEN enqueue.on_conflict = 'append' THEN j.args ELSE excluded.args END,
                    run_at = CASE WHEN enqueue.on_conflict = 'replace' THEN excluded.run_at ELSE j.run_at END,
                    -- a run_at moved earlier must be found by claims that resume (040_claim.sql)
-                   ready_txid = CASE WHEN enqueue.on_conflict = 'replace' THEN pg_current_xact_id()
-                                     ELSE j.ready_txid END
+                   ready_txid = CASE WHEN enqueue.on_conflict = 'replace' THEN v_xid ELSE j.ready_txid END
              WHERE j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
-            RETURNING j.id, j.run_at INTO v_id, v_run_at;
+            RETURNING j.id, j.run_at, CASE WHEN enqueue.on_conflict = 'append' THEN j.args END INTO v_id, v_run_at, v_held;
 
             IF v_id IS NOT NULL THEN
+                IF enqueue.on_conflict = 'append' AND v_id <> v_new_id THEN
+                    -- 'append' into the holder, which the insert locked
+                    UPDATE treadle.jobs AS j
+                       SET args = treadle._append_args(v_held, v_args)
+                     WHERE j.queue = enqueue.queue AND j.id = v_id;
+                END IF;
                 IF enqueue.concurrency_key IS NOT NULL THEN
                     PERFORM treadle._key_release(enqueue.queue, enqueue.concurrency_key, 0);  -- 034_key_lanes.sql
                 END IF;

@@ -440,6 +440,7 @@ DECLARE
     v_run   treadle.workflow_runs;
     v_index integer;
     v_queue text := coalesce(step.run_queue, step.queue);  -- the run's queue: every statement names it
+    v_state text;  -- a failed run's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
     IF step.state = 'completed' THEN
         -- The common case: a step of a running run completed (not an element of a
@@ -510,7 +511,11 @@ BEGIN
         END IF;
     ELSIF step.state = 'discarded' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
-         WHERE r.queue = v_queue AND r.id = v_run.id;
+         WHERE r.queue = v_queue AND r.id = v_run.id
+        RETURNING r.state INTO v_state;
+        IF v_state = 'compensating' THEN
+            PERFORM treadle._run_compensates(v_run.id, v_queue);  -- 078_workflow_compensation.sql
+        END IF;
     ELSIF step.state = 'cancelled' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now
          WHERE r.queue = v_queue AND r.id = v_run.id;
@@ -539,6 +544,7 @@ DECLARE
     v_run    treadle.workflow_runs;
     v_left   integer;
     v_result jsonb;
+    v_state  text;  -- a failed run's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
     IF step.state = 'completed' AND run.maps IS NOT NULL AND run.maps ? step.step THEN
         -- one element of a map step: counted under the run row's lock, so the step
@@ -577,7 +583,11 @@ BEGIN
         RETURN;
     ELSIF step.state = 'discarded' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
-         WHERE r.queue = run.queue AND r.id = run.id;
+         WHERE r.queue = run.queue AND r.id = run.id
+        RETURNING r.state INTO v_state;
+        IF v_state = 'compensating' THEN
+            PERFORM treadle._run_compensates(run.id, run.queue);  -- 078_workflow_compensation.sql
+        END IF;
     ELSIF step.state = 'cancelled' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now
          WHERE r.queue = run.queue AND r.id = run.id;

@@ -695,15 +695,22 @@ COMMENT ON FUNCTION treadle.cancel_workflow(bigint) IS
 --
 -- The finished steps' results keyed by step name: {} before any step finished,
 -- null for an unknown run (or one the caller may not see: it runs with the
--- caller's rights, so row-level security applies).
+-- caller's rights, so row-level security applies). PL/pgSQL, not SQL: Citus
+-- plans no SQL-language function that reads a distributed table by a parameter.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.workflow_results(run_id bigint)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
-BEGIN ATOMIC
-    SELECT r.results FROM treadle.workflow_runs AS r WHERE r.id = workflow_results.run_id;
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_results jsonb;
+BEGIN
+    SELECT r.results INTO v_results FROM treadle.workflow_runs AS r WHERE r.id = workflow_results.run_id;
+    RETURN v_results;
 END;
+$$;
 COMMENT ON FUNCTION treadle.workflow_results(bigint) IS
     'A workflow run''s step results keyed by step name; null for an unknown run.';
 

@@ -192,6 +192,7 @@ DECLARE
     v_next   timestamptz;
     v_failed integer := 0;
     v_queue  text;
+    v_state  text;  -- a failed run's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
     -- the queues with a wait due, read without locks; then queue by queue (one shard
     -- on Citus), each run locked and what the write sets computed here
@@ -245,7 +246,11 @@ BEGIN
                          FROM jsonb_each(v_run.waiting) AS e);
             UPDATE treadle.workflow_runs AS r
                SET state = 'failed', finished_at = at, wait_until = NULL, waiting = v_left
-             WHERE r.queue = v_run.queue AND r.id = v_run.id;
+             WHERE r.queue = v_run.queue AND r.id = v_run.id
+            RETURNING r.state INTO v_state;
+            IF v_state = 'compensating' THEN
+                PERFORM treadle._run_compensates(v_run.id, v_run.queue);  -- 078_workflow_compensation.sql
+            END IF;
         END LOOP;
     END LOOP;
     RETURN v_failed;

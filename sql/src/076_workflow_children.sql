@@ -131,15 +131,15 @@ DECLARE
     v_root  bigint := coalesce(run.root_run_id, run.id);
     v_root_queue text := CASE WHEN run.root_run_id IS NULL THEN run.queue ELSE run.root_queue END;
     v_runs  integer;
+    v_up    bigint;   -- the next run up the tree
 BEGIN
-    WITH RECURSIVE up(id, depth) AS (
-        SELECT run.parent_run_id, 1 WHERE run.parent_run_id IS NOT NULL
-        UNION ALL
-        SELECT r.parent_run_id, up.depth + 1
-          FROM up JOIN treadle.workflow_runs AS r ON r.id = up.id
-         WHERE r.parent_run_id IS NOT NULL AND up.depth <= 10
-    )
-    SELECT coalesce(max(up.depth), 0) + 1 INTO v_depth FROM up;
+    -- up the tree a run at a time, by id (Citus refuses a recursive CTE over runs by id alone)
+    v_depth := 1;
+    v_up := run.parent_run_id;
+    WHILE v_up IS NOT NULL AND v_depth <= 11 LOOP
+        v_depth := v_depth + 1;
+        SELECT r.parent_run_id INTO v_up FROM treadle.workflow_runs AS r WHERE r.id = v_up;
+    END LOOP;
     IF v_depth > 10 THEN
         RAISE EXCEPTION 'treadle: child step "%" would nest workflow runs more than 10 levels deep', step
             USING ERRCODE = 'invalid_parameter_value',
@@ -260,6 +260,7 @@ AS $$
 DECLARE
     v_now    timestamptz := treadle.now();
     v_parent treadle.workflow_runs;
+    v_state  text;  -- a failed parent's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
     SELECT * INTO v_parent FROM treadle.workflow_runs AS r WHERE r.id = NEW.parent_run_id FOR UPDATE;
     IF NOT FOUND THEN
@@ -293,7 +294,11 @@ BEGIN
         -- failed or compensated: the parent fails
         UPDATE treadle.workflow_runs AS r
            SET state = CASE WHEN NEW.state = 'cancelled' THEN 'cancelled' ELSE 'failed' END, finished_at = v_now
-         WHERE r.id = v_parent.id;
+         WHERE r.id = v_parent.id
+        RETURNING r.state INTO v_state;
+        IF v_state = 'compensating' THEN
+            PERFORM treadle._run_compensates(v_parent.id, v_parent.queue);  -- 078_workflow_compensation.sql
+        END IF;
     END IF;
     PERFORM treadle._notify('treadle_done', v_parent.queue);
     RETURN NULL;

@@ -199,7 +199,8 @@ COMMENT ON FUNCTION treadle._advance_compensation(treadle.workflow_runs, treadle
 -- treadle._run_fails() -> trigger (BEFORE UPDATE OF state ON workflow_runs)
 --
 -- A running run with compensations that some path makes `failed` becomes
--- `compensating` instead (not finished); treadle._run_compensates follows.
+-- `compensating` instead (not finished); that statement's caller then calls
+-- treadle._run_compensates.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._run_fails()
 RETURNS trigger
@@ -225,15 +226,18 @@ COMMENT ON TRIGGER workflow_runs_fail_compensates ON treadle.workflow_runs IS
     'A failing run with compensations compensates (treadle._run_fails).';
 
 --------------------------------------------------------------------------------
--- treadle._run_compensates() -> trigger (AFTER UPDATE OF state ON workflow_runs)
+-- treadle._run_compensates(run_id, queue) -> void
 --
--- A run that became `compensating`: its waiting step jobs are cancelled and its
--- child runs under way are cancelled (treadle.cancel_workflow): nothing goes
--- forward; the first compensation starts once no step of it runs
--- (treadle._compensate_next).
+-- Called by each statement that fails a running run, when the run became
+-- `compensating` instead (treadle._run_fails): its waiting step jobs are
+-- cancelled and its child runs under way are cancelled (treadle.cancel_workflow):
+-- nothing goes forward; the first compensation starts once no step of it runs
+-- (treadle._compensate_next). `queue`: the run's queue. A function its callers
+-- call, not a trigger: on Citus a trigger runs on the run's shard, where it may not
+-- reach the other shards' jobs and runs.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._run_compensates()
-RETURNS trigger
+CREATE OR REPLACE FUNCTION treadle._run_compensates(run_id bigint, queue text)
+RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -241,23 +245,14 @@ AS $$
 BEGIN
     PERFORM treadle.cancel(j.id)
        FROM treadle.jobs AS j
-      WHERE j.workflow_run_id = NEW.id AND j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
+      WHERE j.workflow_run_id = _run_compensates.run_id AND j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
       ORDER BY j.queue, j.concurrency_key, j.id;  -- keys' slots in the one order (034_key_lanes.sql)
     PERFORM treadle.cancel_workflow(c.id)
        FROM treadle.workflow_runs AS c
-      WHERE c.parent_run_id = NEW.id AND c.state = 'running'
+      WHERE c.parent_run_id = _run_compensates.run_id AND c.state = 'running'
       ORDER BY c.id;
-    PERFORM treadle._compensate_next(NEW.id, treadle.now(), NEW.queue);
-    RETURN NULL;
+    PERFORM treadle._compensate_next(_run_compensates.run_id, treadle.now(), _run_compensates.queue);
 END;
 $$;
-COMMENT ON FUNCTION treadle._run_compensates() IS
-    'Trigger: a workflow run that began compensating cancels its waiting steps and starts its first compensation.';
-
-CREATE TRIGGER workflow_runs_compensating
-    AFTER UPDATE OF state ON treadle.workflow_runs
-    FOR EACH ROW
-    WHEN (OLD.state = 'running' AND NEW.state = 'compensating')
-    EXECUTE FUNCTION treadle._run_compensates();
-COMMENT ON TRIGGER workflow_runs_compensating ON treadle.workflow_runs IS
-    'A run that began compensating starts its compensations (treadle._run_compensates).';
+COMMENT ON FUNCTION treadle._run_compensates(bigint, text) IS
+    'A workflow run that began compensating: cancel its waiting steps and start its first compensation.';
