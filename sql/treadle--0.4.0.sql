@@ -8039,7 +8039,11 @@ COMMENT ON FUNCTION treadle.unschedule(text) IS
     'Delete a cron schedule and cancel its waiting occurrence; false when there is none.';
 
 -- The schedules with the time each one's current occurrence is for, as an instant
--- and as the clocks of the schedule's zone show it.
+-- and as the clocks of the schedule's zone show it. The occurrence is read in the
+-- schedule's queue (on Citus the join then stays on that queue's shard: by id alone,
+-- with the row-level security policies of a role that is not the owner, Citus 13.2
+-- crashes the coordinator's backend); a running occurrence that set_schedule left in
+-- the schedule's former queue shows no job_state until its successor.
 CREATE VIEW treadle.schedules WITH (security_invoker = true) AS
 SELECT s.name, s.cron, s.tz, s.job, s.queue, s.args, s.priority, s.max_attempts, s.catch_up,
        s.next_run_at,
@@ -8047,7 +8051,7 @@ SELECT s.name, s.cron, s.tz, s.job, s.queue, s.args, s.priority, s.max_attempts,
        s.job_id, j.state AS job_state,
        s.created_at, s.updated_at
   FROM treadle.cron_schedules AS s
-  LEFT JOIN treadle.jobs AS j ON j.id = s.job_id
+  LEFT JOIN treadle.jobs AS j ON j.id = s.job_id AND j.queue = s.queue
  ORDER BY s.name;
 COMMENT ON VIEW treadle.schedules IS
     'Cron schedules: expression, time zone, job, queue, and the next run as an instant and on the zone''s clock.';
@@ -9494,19 +9498,24 @@ COMMENT ON FUNCTION treadle._check_step_queues(jsonb) IS
 
 -- One row per queue and state present, with the age of the queue's oldest
 -- claimable job (null when it has none): a growing age is the first sign of trouble.
+-- The clock is read once, in a materialized CTE: on Citus that CTE runs on the
+-- coordinator (where the session's settings, treadle.now among them, apply) and the
+-- worker nodes compare against its value instead of reading their own clock.
 CREATE VIEW treadle.queue_stats WITH (security_invoker = true) AS
-WITH counts AS (
+WITH clock AS MATERIALIZED (
+    SELECT treadle.now() AS now
+), counts AS (
     SELECT j.queue, j.state, count(*) AS jobs
       FROM (SELECT j.queue, j.state FROM treadle.jobs AS j
             UNION ALL
             SELECT h.queue, h.state FROM treadle.job_history AS h) AS j
      GROUP BY j.queue, j.state
 ), ages AS (
-    SELECT j.queue, treadle.now() - min(j.run_at) AS oldest_available_age
+    SELECT j.queue, c.now - min(j.run_at) AS oldest_available_age
       FROM treadle.jobs AS j
+      JOIN clock AS c ON j.run_at <= c.now
      WHERE j.state = ANY (ARRAY['available', 'retryable'])
-       AND j.run_at <= treadle.now()
-     GROUP BY j.queue
+     GROUP BY j.queue, c.now
 )
 SELECT c.queue, c.state, c.jobs, a.oldest_available_age
   FROM counts AS c

@@ -638,7 +638,11 @@ COMMENT ON FUNCTION treadle.unschedule(text) IS
     'Delete a cron schedule and cancel its waiting occurrence; false when there is none.';
 
 -- The schedules with the time each one's current occurrence is for, as an instant
--- and as the clocks of the schedule's zone show it.
+-- and as the clocks of the schedule's zone show it. The occurrence is read in the
+-- schedule's queue (on Citus the join then stays on that queue's shard: by id alone,
+-- with the row-level security policies of a role that is not the owner, Citus 13.2
+-- crashes the coordinator's backend); a running occurrence that set_schedule left in
+-- the schedule's former queue shows no job_state until its successor.
 CREATE VIEW treadle.schedules WITH (security_invoker = true) AS
 SELECT s.name, s.cron, s.tz, s.job, s.queue, s.args, s.priority, s.max_attempts, s.catch_up,
        s.next_run_at,
@@ -646,7 +650,7 @@ SELECT s.name, s.cron, s.tz, s.job, s.queue, s.args, s.priority, s.max_attempts,
        s.job_id, j.state AS job_state,
        s.created_at, s.updated_at
   FROM treadle.cron_schedules AS s
-  LEFT JOIN treadle.jobs AS j ON j.id = s.job_id
+  LEFT JOIN treadle.jobs AS j ON j.id = s.job_id AND j.queue = s.queue
  ORDER BY s.name;
 COMMENT ON VIEW treadle.schedules IS
     'Cron schedules: expression, time zone, job, queue, and the next run as an instant and on the zone''s clock.';

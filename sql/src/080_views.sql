@@ -5,19 +5,24 @@
 
 -- One row per queue and state present, with the age of the queue's oldest
 -- claimable job (null when it has none): a growing age is the first sign of trouble.
+-- The clock is read once, in a materialized CTE: on Citus that CTE runs on the
+-- coordinator (where the session's settings, treadle.now among them, apply) and the
+-- worker nodes compare against its value instead of reading their own clock.
 CREATE VIEW treadle.queue_stats WITH (security_invoker = true) AS
-WITH counts AS (
+WITH clock AS MATERIALIZED (
+    SELECT treadle.now() AS now
+), counts AS (
     SELECT j.queue, j.state, count(*) AS jobs
       FROM (SELECT j.queue, j.state FROM treadle.jobs AS j
             UNION ALL
             SELECT h.queue, h.state FROM treadle.job_history AS h) AS j
      GROUP BY j.queue, j.state
 ), ages AS (
-    SELECT j.queue, treadle.now() - min(j.run_at) AS oldest_available_age
+    SELECT j.queue, c.now - min(j.run_at) AS oldest_available_age
       FROM treadle.jobs AS j
+      JOIN clock AS c ON j.run_at <= c.now
      WHERE j.state = ANY (ARRAY['available', 'retryable'])
-       AND j.run_at <= treadle.now()
-     GROUP BY j.queue
+     GROUP BY j.queue, c.now
 )
 SELECT c.queue, c.state, c.jobs, a.oldest_available_age
   FROM counts AS c

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -502,6 +503,31 @@ def test_live_workers_counts_the_jobs_each_worker_holds(conn: Conn, queue: str) 
     assert rows == [{"id": worker, "running_jobs": 3}, {"id": idle, "running_jobs": 0}]
 
 
+def test_queue_stats_ages_the_oldest_due_job_by_the_coordinators_clock(conn: Conn, queue: str) -> None:
+    """A job due in an hour, read with the clock moved two hours on (treadle.now, set on the
+    coordinator only): it is due, an hour old. The worker nodes' own clock would say it is
+    not due and give no age."""
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    enqueue(conn, queue, run_at=later)
+    enqueue(conn, f"{queue}x", run_at=later + timedelta(days=1))  # not due even then
+    conn.execute("SELECT set_config('treadle.now', %s, false)", [(later + timedelta(hours=1)).isoformat()])
+    whole = {
+        r["queue"]: r["oldest_available_age"]
+        for r in conn.execute("SELECT queue, oldest_available_age FROM treadle.queue_stats").fetchall()
+    }
+    assert whole[queue] == timedelta(hours=1)
+    assert whole[f"{queue}x"] is None
+
+
+@not_yet("a read of one queue's row is routed whole to its node, clock included", AssertionError)
+def test_queue_stats_of_one_queue_ages_by_the_coordinators_clock(conn: Conn, queue: str) -> None:
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    enqueue(conn, queue, run_at=later)
+    conn.execute("SELECT set_config('treadle.now', %s, false)", [(later + timedelta(hours=1)).isoformat()])
+    one = conn.execute("SELECT oldest_available_age FROM treadle.queue_stats WHERE queue = %s", [queue]).fetchall()
+    assert one == [{"oldest_available_age": timedelta(hours=1)}]
+
+
 def test_workflow_run_overview_shows_each_run_with_its_current_step(conn: Conn, queue: str) -> None:
     runs = []
     for q in (queue, f"{queue}x"):
@@ -762,3 +788,54 @@ def test_the_citus_benchmark_runs_and_finds_the_loop_router_only(distributed: st
     assert done.returncode == 0, done.stderr[-3000:]
     assert "### Citus: the worker's claim and finish" in done.stdout
     assert "Statements of the loop run on more than one shard: 0 in 20 cycles." in done.stdout
+
+
+# -- roles ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def reader(conn: Conn) -> Iterator[str]:
+    """A login role with grant_reader (Citus creates it on the worker nodes too); its URL."""
+    role = f"r{uuid.uuid4().hex[:10]}"
+    conn.execute(f"CREATE ROLE {role} LOGIN")
+    conn.execute("SELECT treadle.grant_reader(%s)", [role])
+    yield CITUS_URL.replace("postgres@", f"{role}@", 1)
+    conn.execute(f"DROP OWNED BY {role}")
+    conn.execute(f"DROP ROLE {role}")
+
+
+def test_a_reader_role_never_crashes_the_coordinator(conn: Conn, queue: str, reader: str) -> None:
+    """Each view and table, read as a role under row-level security: an error at most
+    (below), never a lost backend. The schedules view joined a reference table to the jobs
+    by id alone, and that crashed the coordinator's backend (every session lost)."""
+    conn.execute("SELECT treadle.schedule(%s, '* * * * *', 'job', queue => %s)", [f"{queue}s", queue])
+    names = [
+        r["name"]
+        for r in conn.execute(
+            """SELECT c.oid::regclass::text AS name FROM pg_class AS c
+                WHERE c.relnamespace = 'treadle'::regnamespace AND c.relkind IN ('v', 'r', 'p')
+                  AND has_table_privilege(%s, c.oid, 'SELECT') ORDER BY 1""",
+            [urlsplit_user(reader)],
+        ).fetchall()
+    ]
+    assert "treadle.schedules" in names
+    with psycopg.connect(reader, autocommit=True) as r:
+        for name in names:
+            try:
+                r.execute(f"SELECT * FROM {name} LIMIT 1").fetchall()
+            except (psycopg.errors.InternalError_, psycopg.errors.FeatureNotSupported):
+                pass  # Citus's refusal: test_a_reader_role_reads_the_jobs
+            assert r.execute("SELECT 1").fetchone() == (1,), name
+    assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
+
+
+@not_yet("the row-level security policies call treadle._reader_prefix, which reads treadle.tenants: "
+         "a distributed query inside a shard's query, which Citus refuses")  # fmt: skip
+def test_a_reader_role_reads_the_jobs(conn: Conn, queue: str, reader: str) -> None:
+    enqueue(conn, queue)
+    with psycopg.connect(reader, autocommit=True) as r:
+        assert r.execute("SELECT count(*) FROM treadle.jobs WHERE queue = %s", [queue]).fetchone() == (1,)
+
+
+def urlsplit_user(url: str) -> str:
+    return url.split("://", 1)[1].split("@", 1)[0]
