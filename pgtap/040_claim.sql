@@ -150,7 +150,7 @@ SELECT throws_ok($$ SELECT treadle.claimed(NULL) $$, '22004', NULL, 'a null toke
 -- jobs in the same order as the plain claim: priorities, run_at, ids, jobs that come
 -- due, and a job made claimable again below where the cursor stands.
 SET LOCAL treadle.now = '2999-01-02 12:00:00+00';
-SELECT set_config('treadle.claim_' || to_hex(hashtextextended('cur' || chr(2), 0)),
+SELECT set_config(treadle._claim_setting(ARRAY['cur'], NULL),
                   format('(1,%1$s,%1$s,f,0,{%2$s},{},{},{},{},{})', treadle._us(treadle.now()), pg_current_xact_id()),
                   true);
 SELECT treadle.enqueue('c', queue => 'cur', priority => 2, run_at => '2999-01-02 11:00:00+00') AS c_p2 \gset
@@ -159,7 +159,7 @@ SELECT treadle.enqueue('c', queue => 'cur', priority => 1, run_at => '2999-01-02
 SELECT treadle.enqueue('c', queue => 'cur', priority => 0, run_at => '2999-01-02 12:00:05+00') AS c_soon \gset
 SELECT results_eq($$ SELECT id FROM treadle.claim('w', ARRAY['cur'], batch => 2) $$,
                   format($$ VALUES (%s::bigint), (%s) $$, :c_p1, :c_p1_late), 'a cursor claims in claim order');
-SELECT is(ARRAY(SELECT p FROM unnest((current_setting('treadle.claim_' || to_hex(hashtextextended('cur' || chr(2), 0)))
+SELECT is(ARRAY(SELECT p FROM unnest((current_setting(treadle._claim_setting(ARRAY['cur'], NULL))
                                       ::treadle._claim_cursor).lane_priority) AS p ORDER BY 1),
           '{0,1,2}'::bigint[], 'the session keeps a cursor, a lane per priority');
 SELECT treadle.enqueue('c', queue => 'cur', priority => 1, run_at => '2999-01-01 00:00:00+00') AS c_past \gset
@@ -169,7 +169,7 @@ SET LOCAL treadle.now = '2999-01-02 12:00:06+00';
 SELECT results_eq($$ SELECT id FROM treadle.claim('w', ARRAY['cur'], batch => 5) $$,
                   format($$ VALUES (%s::bigint), (%s) $$, :c_soon, :c_p2),
                   'a better priority that came due is claimed before the rest');
-SELECT lives_ok($$ SELECT set_config('treadle.claim_' || to_hex(hashtextextended('cur' || chr(2), 0)),
+SELECT lives_ok($$ SELECT set_config(treadle._claim_setting(ARRAY['cur'], NULL),
                                      format('(1,%1$s,%1$s,f,1,{},"{1,99999}","{0,1}","{-2147483649,0}","{1,1}","{1,1}")',
                                             treadle._us(treadle.now())), true);
                    SELECT treadle.claim('w', ARRAY['cur']) $$,
@@ -234,16 +234,16 @@ SELECT lives_ok($$ SELECT treadle.claim('w', ARRAY(SELECT 'nojob' || g FROM gene
                 '1000 queues are accepted');
 SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY(SELECT 'bad' || g FROM generate_series(1, 1001) AS g)) $$, '22023', NULL,
                  '1001 queues raise 22023');
-SELECT set_config('treadle.claim_checked', to_hex(hashtextextended(NULL::text, 0)), false);
+SELECT set_config('treadle.claim_checked', to_hex(hash_array_extended(ARRAY[NULL]::text[], 0)), false);
 SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY[NULL]::text[]) $$, '22023', NULL,
                  'a null queue name raises 22023 whatever treadle.claim_checked holds');
-SELECT set_config('treadle.claim_checked', to_hex(hashtextextended('', 0)), false);
+SELECT set_config('treadle.claim_checked', to_hex(hash_array_extended(ARRAY[]::text[], 0)), false);
 SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY[]::text[]) $$, '22023', NULL,
                  'an empty queues array raises 22023 whatever treadle.claim_checked holds');
-SELECT set_config('treadle.claim_checked', to_hex(hashtextextended('bad' || chr(1) || 'bad', 0)), false);
+SELECT set_config('treadle.claim_checked', to_hex(hash_array_extended(ARRAY[['bad'], ['bad']], 0)), false);
 SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY[['bad'], ['bad']]) $$, '22023', NULL,
                  'a two-dimensional queues array raises 22023 whatever treadle.claim_checked holds');
-SELECT set_config('treadle.claim_checked', to_hex(hashtextextended(' ' || chr(1) || 'nojob', 0)), false);
+SELECT set_config('treadle.claim_checked', to_hex(hash_array_extended(ARRAY[' ', 'nojob'], 0)), false);
 SELECT is((SELECT count(*) FROM treadle.claim('w', ARRAY[' ', 'nojob'])), 0::bigint,
           'a forged treadle.claim_checked lets a blank name through, which claims nothing');
 SELECT ok(NOT treadle._are_names(ARRAY['bad', 'bad' || chr(1) || 'bad']) AND NOT treadle._are_names(ARRAY[' '])

@@ -645,7 +645,7 @@ COMMENT ON FUNCTION treadle._check_names(text[], text) IS
 -- 1,000 names, a subquery over unnest as much): the names joined, a null written
 -- chr(2), and that text matched by two expressions (each name of a non-space and
 -- no control character, each of at most 200 characters) once chr(1) is known to
--- occur only between names. treadle.claim keeps the text for its setting's name.
+-- occur only between names.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._names_text(value text[])
 RETURNS text
@@ -2434,6 +2434,21 @@ COMMENT ON FUNCTION treadle._claim_by_cursor(text, text, text[], text[], integer
     'The candidates of a claim made from the session''s cursor, and the next cursor; null: claim plainly.';
 
 --------------------------------------------------------------------------------
+-- treadle._claim_setting(queues, names) -> text
+--
+-- The name of the setting that holds a session's claim mode for these queues and
+-- names (see treadle.claim): a hash of both lists, element by element (no text of
+-- the list is built: a claim computes it at every call).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._claim_setting(queues text[], names text[])
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+RETURN 'treadle.claim_' || to_hex(hash_array_extended(queues, coalesce(hash_array_extended(names, 0), 0)));
+COMMENT ON FUNCTION treadle._claim_setting(text[], text[]) IS
+    'The name of the setting holding a session''s claim mode for a list of queues and names.';
+
+--------------------------------------------------------------------------------
 -- treadle.claim(worker_id, queues, names, batch, lease, lease_token)
 --     -> setof treadle.jobs
 --
@@ -2523,7 +2538,6 @@ DECLARE
     c_slow    CONSTANT interval := interval '2 ms';
     v_now     timestamptz := treadle.now();
     v_setting text;       -- this session's claim mode for these queues and names
-    v_list    text;       -- the queues joined by chr(1)
     v_checked text;       -- their hash
     v_mode    text;
     v_plain   boolean;    -- the session claims plainly, without a cursor
@@ -2574,8 +2588,7 @@ BEGIN
     IF array_position(claim.queues, NULL) IS NOT NULL THEN
         PERFORM treadle._check_names(claim.queues, 'queues');
     END IF;
-    v_list := array_to_string(claim.queues, chr(1));  -- (kept: the setting's name below is made from it)
-    v_checked := to_hex(hashtextextended(v_list, 0));
+    v_checked := to_hex(hash_array_extended(claim.queues, 0));
     IF current_setting('treadle.claim_checked', true) IS DISTINCT FROM v_checked THEN
         IF NOT treadle._are_names(claim.queues) THEN
             PERFORM treadle._check_names(claim.queues, 'queues');
@@ -2617,7 +2630,6 @@ BEGIN
         IF cardinality(claim.queues) = 0 THEN
             RETURN;
         END IF;
-        v_list := array_to_string(claim.queues, chr(1));
         claim.batch := least(claim.batch, (SELECT sum(r.value::integer) FROM jsonb_each(v_room) AS r
                                             WHERE r.value::integer > 0));
     END IF;
@@ -2628,8 +2640,7 @@ BEGIN
     -- server has slow moments) or a cursor. A paused or limited queue is claimed
     -- plainly: its room may leave candidates unclaimed, which a cursor would count
     -- as taken.
-    v_setting := 'treadle.claim_' || to_hex(hashtextextended(
-        v_list || chr(2) || coalesce(array_to_string(claim.names, chr(1)), ''), 0));
+    v_setting := treadle._claim_setting(claim.queues, claim.names);
     v_mode := coalesce(current_setting(v_setting, true), '');
     v_plain := v_room IS NOT NULL OR v_citus OR v_mode IN ('', 'slow', 'slow2');
     IF NOT v_plain THEN

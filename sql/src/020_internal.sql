@@ -261,7 +261,7 @@ COMMENT ON FUNCTION treadle._check_names(text[], text) IS
 -- 1,000 names, a subquery over unnest as much): the names joined, a null written
 -- chr(2), and that text matched by two expressions (each name of a non-space and
 -- no control character, each of at most 200 characters) once chr(1) is known to
--- occur only between names. treadle.claim keeps the text for its setting's name.
+-- occur only between names.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._names_text(value text[])
 RETURNS text
