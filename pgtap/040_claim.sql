@@ -2,7 +2,7 @@
 -- queues and names filters, batch bounds, the claimed row, and bad arguments.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(71);
+SELECT plan(85);
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
@@ -150,7 +150,7 @@ SELECT throws_ok($$ SELECT treadle.claimed(NULL) $$, '22004', NULL, 'a null toke
 -- jobs in the same order as the plain claim: priorities, run_at, ids, jobs that come
 -- due, and a job made claimable again below where the cursor stands.
 SET LOCAL treadle.now = '2999-01-02 12:00:00+00';
-SELECT set_config('treadle.claim_' || to_hex(hashtextextended('cur' || chr(2), 0)),
+SELECT set_config(treadle._claim_setting(ARRAY['cur'], NULL),
                   format('(1,%1$s,%1$s,f,0,{%2$s},{},{},{},{},{})', treadle._us(treadle.now()), pg_current_xact_id()),
                   true);
 SELECT treadle.enqueue('c', queue => 'cur', priority => 2, run_at => '2999-01-02 11:00:00+00') AS c_p2 \gset
@@ -159,7 +159,7 @@ SELECT treadle.enqueue('c', queue => 'cur', priority => 1, run_at => '2999-01-02
 SELECT treadle.enqueue('c', queue => 'cur', priority => 0, run_at => '2999-01-02 12:00:05+00') AS c_soon \gset
 SELECT results_eq($$ SELECT id FROM treadle.claim('w', ARRAY['cur'], batch => 2) $$,
                   format($$ VALUES (%s::bigint), (%s) $$, :c_p1, :c_p1_late), 'a cursor claims in claim order');
-SELECT is(ARRAY(SELECT p FROM unnest((current_setting('treadle.claim_' || to_hex(hashtextextended('cur' || chr(2), 0)))
+SELECT is(ARRAY(SELECT p FROM unnest((current_setting(treadle._claim_setting(ARRAY['cur'], NULL))
                                       ::treadle._claim_cursor).lane_priority) AS p ORDER BY 1),
           '{0,1,2}'::bigint[], 'the session keeps a cursor, a lane per priority');
 SELECT treadle.enqueue('c', queue => 'cur', priority => 1, run_at => '2999-01-01 00:00:00+00') AS c_past \gset
@@ -169,7 +169,7 @@ SET LOCAL treadle.now = '2999-01-02 12:00:06+00';
 SELECT results_eq($$ SELECT id FROM treadle.claim('w', ARRAY['cur'], batch => 5) $$,
                   format($$ VALUES (%s::bigint), (%s) $$, :c_soon, :c_p2),
                   'a better priority that came due is claimed before the rest');
-SELECT lives_ok($$ SELECT set_config('treadle.claim_' || to_hex(hashtextextended('cur' || chr(2), 0)),
+SELECT lives_ok($$ SELECT set_config(treadle._claim_setting(ARRAY['cur'], NULL),
                                      format('(1,%1$s,%1$s,f,1,{},"{1,99999}","{0,1}","{-2147483649,0}","{1,1}","{1,1}")',
                                             treadle._us(treadle.now())), true);
                    SELECT treadle.claim('w', ARRAY['cur']) $$,
@@ -216,6 +216,50 @@ SELECT throws_ok($$ SELECT treadle.claim(repeat('w', 201), ARRAY['bad']) $$, '22
                  'a worker_id over 200 characters raises 22023');
 SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY[['bad'], ['bad']]) $$, '22023', NULL,
                  'a two-dimensional queues array raises 22023');
+-- The list's names are tested in full once per list and session (treadle.claim_checked):
+-- a list found valid does not let another through, and the setting, forged, lets no
+-- bound or null through.
+SELECT lives_ok($$ SELECT treadle.claim('w', ARRAY['nojob', 'nojob2']) $$, 'a valid list is claimed from');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['nojob', 'nojob2' || chr(9)]) $$, '22023', NULL,
+                 'a control character in a list after a valid one raises 22023');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['bad', '   ']) $$, '22023', NULL,
+                 'a blank queue name after a valid list raises 22023');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['bad', 'bad' || chr(1) || 'bad2']) $$, '22023', NULL,
+                 'a queue name holding the separator raises 22023');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['bad', repeat('q', 201)]) $$, '22023', NULL,
+                 'a queue name over 200 characters raises 22023');
+SELECT lives_ok($$ SELECT treadle.claim('w', ARRAY['nojob', repeat('é', 200)]) $$,
+                'a queue name of 200 characters of two bytes each is accepted');
+SELECT lives_ok($$ SELECT treadle.claim('w', ARRAY(SELECT 'nojob' || g FROM generate_series(1, 1000) AS g)) $$,
+                '1000 queues are accepted');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY(SELECT 'bad' || g FROM generate_series(1, 1001) AS g)) $$, '22023', NULL,
+                 '1001 queues raise 22023');
+SELECT set_config('treadle.claim_checked', to_hex(hash_array_extended(ARRAY[NULL]::text[], 0)), false);
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY[NULL]::text[]) $$, '22023', NULL,
+                 'a null queue name raises 22023 whatever treadle.claim_checked holds');
+SELECT set_config('treadle.claim_checked', to_hex(hash_array_extended(ARRAY[]::text[], 0)), false);
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY[]::text[]) $$, '22023', NULL,
+                 'an empty queues array raises 22023 whatever treadle.claim_checked holds');
+SELECT set_config('treadle.claim_checked', to_hex(hash_array_extended(ARRAY[['bad'], ['bad']], 0)), false);
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY[['bad'], ['bad']]) $$, '22023', NULL,
+                 'a two-dimensional queues array raises 22023 whatever treadle.claim_checked holds');
+SELECT set_config('treadle.claim_checked', to_hex(hash_array_extended(ARRAY[' ', 'nojob'], 0)), false);
+SELECT is((SELECT count(*) FROM treadle.claim('w', ARRAY[' ', 'nojob'])), 0::bigint,
+          'a forged treadle.claim_checked lets a blank name through, which claims nothing');
+SELECT ok(NOT treadle._are_names(ARRAY['bad', 'bad' || chr(1) || 'bad']) AND NOT treadle._are_names(ARRAY[' '])
+          AND NOT treadle._are_names(ARRAY['bad', NULL]) AND treadle._are_names(ARRAY[' bad ', repeat('q', 200)]),
+          'treadle._are_names: separators, blanks and nulls refused, spaces around a name and 200 characters accepted');
+SELECT set_config('treadle.claim_checked', '', false);
+-- A long list (over 32 queues) looks its paused and limited queues up by one read of
+-- treadle.queues: a paused one gives nothing, a limited one its room.
+SELECT treadle.enqueue('p', queue => 'long_paused') AS long_paused \gset
+SELECT treadle.enqueue('l', queue => 'long_limited') AS long_l1 \gset
+SELECT treadle.enqueue('l', queue => 'long_limited') AS long_l2 \gset
+SELECT treadle.pause('long_paused');
+SELECT treadle.set_queue('long_limited', concurrency => 1);
+SELECT is(ARRAY(SELECT id FROM treadle.claim('w', ARRAY(SELECT 'nojob' || g FROM generate_series(1, 40) AS g)
+                                                   || ARRAY['long_paused', 'long_limited'], batch => 10)),
+          ARRAY[:long_l1]::bigint[], 'over 40 queues: a paused queue gives nothing, a limited one its room');
 SELECT results_eq(format($$ SELECT state, attempt FROM treadle.jobs WHERE id = %s $$, :untouched),
                   $$ VALUES ('available'::text, 0) $$, 'no bad claim took the job');
 

@@ -22,8 +22,7 @@ import psycopg
 
 from tests.sql.sqlcalls import Connect, value
 
-CURSOR_NAME = """select 'treadle.claim_' || to_hex(hashtextextended(
-    array_to_string(%s::text[], chr(1)) || chr(2) || coalesce(array_to_string(%s::text[], chr(1)), ''), 0))"""
+CURSOR_NAME = "select treadle._claim_setting(%s::text[], %s::text[])"
 
 
 # A cursor taken now by the session's clock that saw no transaction: the next claim
