@@ -162,8 +162,8 @@ SELECT is(pg_temp.steps(:c8), ARRAY['authorize:available'], 'whose failed step i
 -- one child per step, ever; nesting; the depth bound
 --------------------------------------------------------------------------------
 SELECT throws_ok(format($$ INSERT INTO treadle.workflow_runs (name, steps, queue, priority, max_attempts, created_at,
-                                                               parent_run_id, parent_step)
-                           VALUES ('charge', ARRAY['a'], 'shop', 0, 1, now(), %s, 'pay') $$, :r1),
+                                                               parent_run_id, parent_step, parent_queue)
+                           VALUES ('charge', ARRAY['a'], 'shop', 0, 1, now(), %s, 'pay', 'shop') $$, :r1),
                  '23505', NULL, 'a second child run of the same step is refused by the unique index');
 SELECT lives_ok($$ SELECT treadle.define_workflow('outer', ARRAY['inner'], children => '{"inner": {"workflow": "order"}}') $$,
                 'a workflow whose only step is a child');
