@@ -5,7 +5,7 @@
 -- and start time, the depth bound, tenants.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(87);
+SELECT plan(89);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -64,6 +64,8 @@ SELECT is(pg_temp.finish(:r1, 'reserve', '{"held": true}'), 'completed', 'reserv
 SELECT is(pg_temp.steps(:r1), ARRAY['reserve:completed'], 'pay is no job of the parent');
 SELECT isnt(pg_temp.child(:r1, 'pay'), NULL, 'pay started a child run in the same transaction');
 SELECT pg_temp.child(:r1, 'pay') AS c1 \gset
+SELECT is((SELECT r.parent_queue FROM treadle.workflow_runs AS r WHERE r.id = :c1), 'shop',
+          'the child run names its parent''s queue');
 SELECT results_eq(format($$ SELECT name, state, queue, input, parent_run_id, parent_step FROM treadle.workflow_runs WHERE id = %s $$, :c1),
                   format($$ VALUES ('charge'::text, 'running'::text, 'shop'::text, '{"reserve": {"held": true}}'::jsonb, %s::bigint, 'pay'::text) $$, :r1),
                   'the child runs charge in the parent''s queue, with the results pay runs after as its input');
@@ -162,9 +164,13 @@ SELECT is(pg_temp.steps(:c8), ARRAY['authorize:available'], 'whose failed step i
 -- one child per step, ever; nesting; the depth bound
 --------------------------------------------------------------------------------
 SELECT throws_ok(format($$ INSERT INTO treadle.workflow_runs (name, steps, queue, priority, max_attempts, created_at,
-                                                               parent_run_id, parent_step)
-                           VALUES ('charge', ARRAY['a'], 'shop', 0, 1, now(), %s, 'pay') $$, :r1),
+                                                               parent_run_id, parent_step, parent_queue)
+                           VALUES ('charge', ARRAY['a'], 'shop', 0, 1, now(), %s, 'pay', 'shop') $$, :r1),
                  '23505', NULL, 'a second child run of the same step is refused by the unique index');
+SELECT throws_ok(format($$ INSERT INTO treadle.workflow_runs (name, steps, queue, priority, max_attempts, created_at,
+                                                               parent_run_id, parent_step)
+                           VALUES ('charge', ARRAY['a'], 'other', 0, 1, now(), %s, 'pay') $$, :r1),
+                 '23514', NULL, 'a child run that names no parent queue is refused');
 SELECT lives_ok($$ SELECT treadle.define_workflow('outer', ARRAY['inner'], children => '{"inner": {"workflow": "order"}}') $$,
                 'a workflow whose only step is a child');
 SELECT treadle.start_workflow('outer', '{"o": 1}', queue => 'shop') AS r6 \gset

@@ -379,6 +379,14 @@ ALTER TABLE treadle.jobs
     ADD CONSTRAINT jobs_run_queue_check CHECK (run_queue IS NULL OR (workflow_run_id IS NOT NULL AND run_queue <> queue));
 ALTER TABLE treadle.job_history
     ADD COLUMN run_queue text;
+
+-- A child run that ends moves its parent on Citus (issue 24): a child run names its
+-- parent's queue (parent_queue, its key with parent_run_id), at the end of
+-- treadle.workflow_runs, as in 010_tables.sql, so that the statements on the parent
+-- name its queue. 0.3.0 had no child runs: no row needs it.
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN parent_queue text,
+    ADD CONSTRAINT workflow_runs_parent_queue_check CHECK ((parent_run_id IS NULL) = (parent_queue IS NULL));
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -8647,12 +8655,12 @@ BEGIN
     END IF;
     INSERT INTO treadle.workflow_runs AS r
         (name, input, steps, queue, priority, max_attempts, created_at, after, sleeps, maps, waits, version,
-         children, parent_run_id, parent_step, compensations, step_options, meta, root_run_id, root_queue)
+         children, parent_run_id, parent_step, compensations, step_options, meta, root_run_id, root_queue, parent_queue)
     VALUES
         (v_def.name, v_input, v_def.steps, coalesce(v_spec ->> 'queue', run.queue), run.priority, run.max_attempts, at,
          v_def.after, v_def.sleeps, v_def.maps, v_def.waits, v_def.version, v_def.children, run.id, step,
          v_def.compensations, v_def.step_options, run.meta,  -- a child run inherits its parent's meta
-         v_root, v_root_queue)
+         v_root, v_root_queue, run.queue)
     RETURNING r.* INTO v_child;
     IF v_child.after IS NULL THEN
         PERFORM treadle._enqueue_step(v_child, v_child.steps[1], at);
@@ -8738,7 +8746,8 @@ DECLARE
     v_parent treadle.workflow_runs;
     v_state  text;  -- a failed parent's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
-    SELECT * INTO v_parent FROM treadle.workflow_runs AS r WHERE r.id = NEW.parent_run_id FOR UPDATE;
+    SELECT * INTO v_parent FROM treadle.workflow_runs AS r
+     WHERE r.queue = NEW.parent_queue AND r.id = NEW.parent_run_id FOR UPDATE;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
@@ -8748,7 +8757,7 @@ BEGIN
     IF NEW.state = 'running' THEN
         IF v_parent.state = ANY (ARRAY['failed', 'cancelled']) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'running', finished_at = NULL
-             WHERE r.id = v_parent.id
+             WHERE r.queue = v_parent.queue AND r.id = v_parent.id
             RETURNING r.* INTO v_parent;
             PERFORM treadle._resume_graph(v_parent);
         END IF;
@@ -8757,11 +8766,12 @@ BEGIN
     IF NEW.state = 'completed' THEN
         UPDATE treadle.workflow_runs AS r
            SET results = r.results || jsonb_build_object(NEW.parent_step, NEW.results)
-         WHERE r.id = v_parent.id
+         WHERE r.queue = v_parent.queue AND r.id = v_parent.id
         RETURNING r.* INTO v_parent;
         IF v_parent.state = 'running' THEN
             IF treadle._has_every_result(v_parent) THEN
-                UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now WHERE r.id = v_parent.id;
+                UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now
+                 WHERE r.queue = v_parent.queue AND r.id = v_parent.id;
             ELSE
                 PERFORM treadle._enqueue_ready(v_parent, v_now, NEW.parent_step);
             END IF;
@@ -8770,7 +8780,7 @@ BEGIN
         -- failed or compensated: the parent fails
         UPDATE treadle.workflow_runs AS r
            SET state = CASE WHEN NEW.state = 'cancelled' THEN 'cancelled' ELSE 'failed' END, finished_at = v_now
-         WHERE r.id = v_parent.id
+         WHERE r.queue = v_parent.queue AND r.id = v_parent.id
         RETURNING r.state INTO v_state;
         IF v_state = 'compensating' THEN
             PERFORM treadle._run_compensates(v_parent.id, v_parent.queue);  -- 078_workflow_compensation.sql

@@ -81,6 +81,7 @@ CREATE TABLE treadle.workflow_runs (
     root_run_id      bigint,  -- the root of its run tree (the run no child step started; no foreign key); null: it is one
     tree_runs        integer, -- on a root: the runs of its tree, itself included (treadle._start_child); null: 1
     root_queue       text,    -- the root's queue (its key, with root_run_id); null on a root
+    parent_queue     text,    -- the parent's queue (its key, with parent_run_id); null: no parent
     CONSTRAINT workflow_runs_pkey PRIMARY KEY (id, queue),
     CONSTRAINT workflow_runs_state_check
         CHECK (state = ANY (ARRAY['running', 'completed', 'failed', 'cancelled', 'compensating', 'compensated'])),
@@ -99,7 +100,8 @@ CREATE TABLE treadle.workflow_runs (
     CONSTRAINT workflow_runs_forked_check CHECK ((forked_from IS NULL) = (forked_step IS NULL)),
     CONSTRAINT workflow_runs_meta_check CHECK (jsonb_typeof(meta) = 'object'),
     CONSTRAINT workflow_runs_tree_runs_check CHECK (tree_runs >= 1),
-    CONSTRAINT workflow_runs_root_check CHECK ((root_run_id IS NULL) = (root_queue IS NULL))
+    CONSTRAINT workflow_runs_root_check CHECK ((root_run_id IS NULL) = (root_queue IS NULL)),
+    CONSTRAINT workflow_runs_parent_queue_check CHECK ((parent_run_id IS NULL) = (parent_queue IS NULL))
 );
 
 -- A child step starts one run, ever (treadle._start_child); its parent finds it here.

@@ -374,3 +374,11 @@ ALTER TABLE treadle.jobs
     ADD CONSTRAINT jobs_run_queue_check CHECK (run_queue IS NULL OR (workflow_run_id IS NOT NULL AND run_queue <> queue));
 ALTER TABLE treadle.job_history
     ADD COLUMN run_queue text;
+
+-- A child run that ends moves its parent on Citus (issue 24): a child run names its
+-- parent's queue (parent_queue, its key with parent_run_id), at the end of
+-- treadle.workflow_runs, as in 010_tables.sql, so that the statements on the parent
+-- name its queue. 0.3.0 had no child runs: no row needs it.
+ALTER TABLE treadle.workflow_runs
+    ADD COLUMN parent_queue text,
+    ADD CONSTRAINT workflow_runs_parent_queue_check CHECK ((parent_run_id IS NULL) = (parent_queue IS NULL));
