@@ -10365,13 +10365,39 @@ COMMENT ON FUNCTION treadle._reader_prefix() IS
     'The reader''s tenant prefix for the row-level security policies, computed once per plan (null inside another role''s definer function).';
 
 --------------------------------------------------------------------------------
+-- treadle._tenants_locked() -> trigger
+--
+-- Before any change to treadle.tenants: its writers take turns (the lock), so that
+-- two changes never meet on _reader_prefix's one catalog row (_tenants_changed).
+-- On Citus treadle.tenants is a reference table, whose triggers fire on each node's
+-- copy: each copy is locked there, before the write.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._tenants_locked()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- the table the trigger fires on: treadle.tenants, or on Citus each node's copy of it
+    -- (a lock on treadle.tenants there would reach every node again, from inside a write)
+    EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', TG_RELID::regclass);
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION treadle._tenants_locked() IS
+    'Before a change to the tenants: their writers take turns.';
+CREATE OR REPLACE TRIGGER tenants_locked
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON treadle.tenants
+    FOR EACH STATEMENT EXECUTE FUNCTION treadle._tenants_locked();
+
+--------------------------------------------------------------------------------
 -- treadle._tenants_changed() -> trigger
 --
 -- After any change to treadle.tenants: a change to treadle._reader_prefix's catalog
 -- row that leaves it as it is, so that every session plans again the cached plans
 -- that computed a tenant prefix. Its writer must own that function (set_tenant is
--- owner only). Writers are serialized (the lock), so that two such changes never
--- meet on the one catalog row.
+-- owner only), and holds the lock _tenants_locked took.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._tenants_changed()
 RETURNS trigger
@@ -10380,8 +10406,7 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    LOCK TABLE treadle.tenants IN SHARE ROW EXCLUSIVE MODE;
-    ALTER FUNCTION treadle._reader_prefix() IMMUTABLE;
+    ALTER FUNCTION treadle._reader_prefix() IMMUTABLE;  -- on Citus, on each node with a copy
     RETURN NULL;
 END;
 $$;
@@ -11213,11 +11238,13 @@ GRANT EXECUTE ON FUNCTION treadle._caller(), treadle._caller_role(), treadle._ca
 -- set); makes treadle.queues, workflows, cron_schedules, settings, tenants and history_slots reference tables;
 -- leaves treadle.workers and done_waiters local to the coordinator. Rows already
 -- there move with their tables. A second call changes nothing and says so, or
--- distributes the tables an earlier build's call left local (key_slots). Returns
--- what it did. Owner only.
+-- distributes the tables an earlier build's call left local (key_slots). Each call
+-- lets treadle._caller_prefix read treadle.tenants inside a shard's query, on every
+-- node (the policies need it for every role but the owner). Returns what it did.
+-- Owner only.
 -- Raises 22023: shard_count outside 1..1024, or given to a second call that differs
 -- from the count the tables have. 55000: the server has no Citus (nothing changes),
--- or this node is not the coordinator.
+-- or this node is not the coordinator, or a node refused that setting.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.distribute(shard_count integer DEFAULT NULL)
 RETURNS text
@@ -11234,6 +11261,7 @@ DECLARE
     v_kind text;
     v_coordinator boolean;
     v_shards integer;
+    v_failed integer;
     v_spread text[] := ARRAY[]::text[];  -- the tables this call distributed
     v_copied text[] := ARRAY[]::text[];  -- and made reference tables
 BEGIN
@@ -11297,6 +11325,19 @@ BEGIN
 
     EXECUTE 'SELECT count(*)::integer FROM pg_catalog.pg_dist_shard AS s WHERE s.logicalrelid = $1'
        INTO v_shards USING 'treadle.workflow_runs'::regclass;
+    -- The policies call treadle._reader_prefix, whose _caller_prefix reads
+    -- treadle.tenants (a reference table, a copy on every node) inside the query
+    -- that Citus sends to a shard: a distributed query within a shard's, which Citus
+    -- refuses unless that function allows it. It reads only its node's own copy. On
+    -- every node, at each call (a node added since gets it from the next call).
+    EXECUTE $cmd$SELECT count(*)::integer FROM pg_catalog.run_command_on_all_nodes(
+                 'ALTER FUNCTION treadle._caller_prefix() SET citus.allow_nested_distributed_execution = on')
+                 WHERE NOT success$cmd$
+       INTO v_failed;
+    IF v_failed > 0 THEN
+        RAISE EXCEPTION 'treadle: % node(s) refused to let treadle._caller_prefix read treadle.tenants in a shard''s query', v_failed
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
     PERFORM 'PRAGMA:ENABLE:CHECK';
     IF cardinality(v_spread) + cardinality(v_copied) = 0 THEN
         RETURN format('treadle: already distributed by queue in %s shards; nothing changed', v_shards);

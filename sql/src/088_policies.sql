@@ -43,13 +43,39 @@ COMMENT ON FUNCTION treadle._reader_prefix() IS
     'The reader''s tenant prefix for the row-level security policies, computed once per plan (null inside another role''s definer function).';
 
 --------------------------------------------------------------------------------
+-- treadle._tenants_locked() -> trigger
+--
+-- Before any change to treadle.tenants: its writers take turns (the lock), so that
+-- two changes never meet on _reader_prefix's one catalog row (_tenants_changed).
+-- On Citus treadle.tenants is a reference table, whose triggers fire on each node's
+-- copy: each copy is locked there, before the write.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._tenants_locked()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- the table the trigger fires on: treadle.tenants, or on Citus each node's copy of it
+    -- (a lock on treadle.tenants there would reach every node again, from inside a write)
+    EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', TG_RELID::regclass);
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION treadle._tenants_locked() IS
+    'Before a change to the tenants: their writers take turns.';
+CREATE OR REPLACE TRIGGER tenants_locked
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON treadle.tenants
+    FOR EACH STATEMENT EXECUTE FUNCTION treadle._tenants_locked();
+
+--------------------------------------------------------------------------------
 -- treadle._tenants_changed() -> trigger
 --
 -- After any change to treadle.tenants: a change to treadle._reader_prefix's catalog
 -- row that leaves it as it is, so that every session plans again the cached plans
 -- that computed a tenant prefix. Its writer must own that function (set_tenant is
--- owner only). Writers are serialized (the lock), so that two such changes never
--- meet on the one catalog row.
+-- owner only), and holds the lock _tenants_locked took.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._tenants_changed()
 RETURNS trigger
@@ -58,8 +84,7 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    LOCK TABLE treadle.tenants IN SHARE ROW EXCLUSIVE MODE;
-    ALTER FUNCTION treadle._reader_prefix() IMMUTABLE;
+    ALTER FUNCTION treadle._reader_prefix() IMMUTABLE;  -- on Citus, on each node with a copy
     RETURN NULL;
 END;
 $$;

@@ -829,12 +829,32 @@ def test_a_reader_role_never_crashes_the_coordinator(conn: Conn, queue: str, rea
     assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
 
 
-@not_yet("the row-level security policies call treadle._reader_prefix, which reads treadle.tenants: "
-         "a distributed query inside a shard's query, which Citus refuses")  # fmt: skip
 def test_a_reader_role_reads_the_jobs(conn: Conn, queue: str, reader: str) -> None:
+    """The policies' prefix reads treadle.tenants inside the shard's query, which
+    distribute lets treadle._caller_prefix do on every node."""
     enqueue(conn, queue)
     with psycopg.connect(reader, autocommit=True) as r:
         assert r.execute("SELECT count(*) FROM treadle.jobs WHERE queue = %s", [queue]).fetchone() == (1,)
+
+
+def test_a_tenant_reads_only_its_own_queues_on_the_cluster(conn: Conn, reader: str) -> None:
+    """The policies' prefix, read inside each shard's query, keeps a tenant to its queues."""
+    prefix = f"t{uuid.uuid4().hex[:6]}."
+    mine, theirs = f"{prefix}q", f"o{uuid.uuid4().hex[:6]}.q"
+    version = "SELECT xmin::text AS v FROM pg_proc WHERE oid = 'treadle._reader_prefix()'::regprocedure"
+    before = conn.execute(version).fetchone()
+    conn.execute("SELECT treadle.set_tenant(%s::regrole, %s)", [urlsplit_user(reader), prefix])
+    assert conn.execute(version).fetchone() != before, "the coordinator's trigger made cached plans stale"
+    try:
+        enqueue(conn, mine)
+        enqueue(conn, theirs)
+        with psycopg.connect(reader, autocommit=True) as r:
+            seen = r.execute("SELECT DISTINCT queue FROM treadle.jobs WHERE queue IN (%s, %s)", [mine, theirs])
+            assert [row[0] for row in seen.fetchall()] == [mine]
+            assert r.execute("SELECT count(*) FROM treadle.jobs WHERE queue = %s", [theirs]).fetchone() == (0,)
+            assert r.execute("SELECT count(*) FROM treadle.jobs WHERE queue = %s", [mine]).fetchone() == (1,)
+    finally:
+        conn.execute("DELETE FROM treadle.tenants WHERE tenant_role = %s::regrole", [urlsplit_user(reader)])
 
 
 def urlsplit_user(url: str) -> str:
