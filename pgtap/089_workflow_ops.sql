@@ -17,8 +17,8 @@ SELECT is((SELECT array_agg(column_name::text ORDER BY ordinal_position DESC) FR
             (SELECT column_name, ordinal_position FROM information_schema.columns
               WHERE table_schema = 'treadle' AND table_name = 'workflow_runs'
               ORDER BY ordinal_position DESC LIMIT 6) AS c),
-          ARRAY['root_queue', 'tree_runs', 'root_run_id', 'meta', 'forked_step', 'forked_from'],
-          'workflow_runs ends with forked_from, forked_step (then meta, root_run_id, tree_runs, root_queue)');
+          ARRAY['parent_queue', 'root_queue', 'tree_runs', 'root_run_id', 'meta', 'forked_step'],
+          'workflow_runs ends with forked_step (then meta, root_run_id, tree_runs, root_queue, parent_queue)');
 
 -- pg_temp.step_job(run, step): the job that runs a step of a run
 CREATE FUNCTION pg_temp.step_job(run_id bigint, step_name text) RETURNS treadle.jobs LANGUAGE sql AS $$

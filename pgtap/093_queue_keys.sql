@@ -106,11 +106,15 @@ SELECT is(pg_temp.left_of(:running_run), ARRAY[1, 1, 1]::bigint[], 'a running ru
 
 -- a child step starts one run: the parent's row fixes the child's queue, so the
 -- unique index over (parent_run_id, parent_step, queue) lets no second run in
-INSERT INTO treadle.workflow_runs (name, steps, queue, priority, max_attempts, created_at, parent_run_id, parent_step)
-VALUES ('child', ARRAY['x'], 'kids', 0, 1, treadle.now(), :running_run, 'spawn');
+SELECT r.queue AS running_queue FROM treadle.workflow_runs AS r WHERE r.id = :running_run \gset
+INSERT INTO treadle.workflow_runs (name, steps, queue, priority, max_attempts, created_at, parent_run_id, parent_step,
+                                   parent_queue)
+VALUES ('child', ARRAY['x'], 'kids', 0, 1, treadle.now(), :running_run, 'spawn', :'running_queue');
 SELECT throws_ok(format($$ INSERT INTO treadle.workflow_runs
-                               (name, steps, queue, priority, max_attempts, created_at, parent_run_id, parent_step)
-                           VALUES ('child', ARRAY['x'], 'kids', 0, 1, now(), %s, 'spawn') $$, :running_run),
+                               (name, steps, queue, priority, max_attempts, created_at, parent_run_id, parent_step,
+                                parent_queue)
+                           VALUES ('child', ARRAY['x'], 'kids', 0, 1, now(), %s, 'spawn', %L) $$,
+                        :running_run, :'running_queue'),
                  '23505', NULL, 'a second child run of the same step is refused');
 
 SELECT * FROM finish();
