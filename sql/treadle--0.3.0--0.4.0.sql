@@ -1132,6 +1132,7 @@ DECLARE
     v_period    timestamptz;  -- the start of the key's period (unique_period)
     v_run_at    timestamptz;
     v_meta      jsonb;
+    v_key       text;     -- a merge: the concurrency key of the job merged into
     v_xid       xid8;     -- on_conflict 'replace': the transaction's id, the merged job's ready_txid
     v_new_id    bigint;   -- on_conflict other than 'keep': the id a new job takes (another one returned: a merge)
     v_held      jsonb;    -- on_conflict 'append': the holder's args, before the merge
@@ -1260,7 +1261,8 @@ BEGIN
                    -- a run_at moved earlier must be found by claims that resume (040_claim.sql)
                    ready_txid = CASE WHEN enqueue.on_conflict = 'replace' THEN v_xid ELSE j.ready_txid END
              WHERE j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
-            RETURNING j.id, j.run_at, CASE WHEN enqueue.on_conflict = 'append' THEN j.args END INTO v_id, v_run_at, v_held;
+            RETURNING j.id, j.run_at, CASE WHEN enqueue.on_conflict = 'append' THEN j.args END, j.concurrency_key
+                 INTO v_id, v_run_at, v_held, v_key;
 
             IF v_id IS NOT NULL THEN
                 IF enqueue.on_conflict = 'append' AND v_id <> v_new_id THEN
@@ -1269,8 +1271,10 @@ BEGIN
                        SET args = treadle._append_args(v_held, v_args)
                      WHERE j.queue = enqueue.queue AND j.id = v_id;
                 END IF;
-                IF enqueue.concurrency_key IS NOT NULL THEN
-                    PERFORM treadle._key_release(enqueue.queue, enqueue.concurrency_key, 0);  -- 034_key_lanes.sql
+                -- the key of the job that holds the idempotency key (a merge keeps it, whatever
+                -- key the call names): a run_at moved may hand its slot on (034_key_lanes.sql)
+                IF v_key IS NOT NULL THEN
+                    PERFORM treadle._key_release(enqueue.queue, v_key, 0);
                 END IF;
                 IF v_run_at <= v_now THEN
                     PERFORM treadle._notify('treadle_jobs', enqueue.queue);
@@ -3171,14 +3175,20 @@ ROWS 10
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_prefix text;
 BEGIN
     IF claimed.lease_token IS NULL THEN
         RAISE EXCEPTION 'treadle: lease_token must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    -- a tenant finds only its own queues' jobs (another tenant's leaked token finds none)
+    v_prefix := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
+                           WHERE t.tenant_role = treadle._caller_role()), '');
     -- running jobs are few (bounded by the workers' concurrency): their index is enough
     RETURN QUERY
     SELECT * FROM treadle.jobs AS j
      WHERE j.state = 'running' AND j.lease_token = claimed.lease_token
+       AND starts_with(j.queue, v_prefix)
      ORDER BY j.priority, j.run_at, j.id;
 END;
 $$;
@@ -3222,6 +3232,12 @@ BEGIN
     v_until := treadle.now() + heartbeat.lease;  -- computed here: no clock call inside the UPDATE
     IF v_queue IS NULL THEN
         SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = heartbeat.job_id;
+    END IF;
+    -- a tenant's token holds only its own queues' jobs: another tenant's leaked token
+    -- is treated as a stale one (nothing held, nothing written, nothing told of it)
+    IF EXISTS (SELECT FROM treadle.tenants AS t
+                WHERE t.tenant_role = treadle._caller_role() AND NOT starts_with(v_queue, t.queue_prefix)) THEN
+        v_queue := NULL;
     END IF;
 
     UPDATE treadle.jobs AS j
@@ -3283,6 +3299,12 @@ BEGIN
 
     IF v_queue IS NULL THEN
         SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = progress.job_id;
+    END IF;
+    -- a tenant's token holds only its own queues' jobs: another tenant's leaked token
+    -- is treated as a stale one (nothing held, nothing written, nothing told of it)
+    IF EXISTS (SELECT FROM treadle.tenants AS t
+                WHERE t.tenant_role = treadle._caller_role() AND NOT starts_with(v_queue, t.queue_prefix)) THEN
+        v_queue := NULL;
     END IF;
     UPDATE treadle.jobs AS j
        SET progress = progress.fraction,
@@ -3437,6 +3459,7 @@ DECLARE
     v_i      bigint[];
     v_t      uuid[];
     v_c      boolean[];
+    v_prefix text;  -- a tenant's: its tokens hold only its own queues' jobs (another's is lost)
 BEGIN
     IF heartbeat_many.job_ids IS NULL OR heartbeat_many.lease_tokens IS NULL OR heartbeat_many.lease IS NULL THEN
         RAISE EXCEPTION 'treadle: job_ids, lease_tokens and lease must not be null'
@@ -3467,6 +3490,8 @@ BEGIN
     END IF;
     PERFORM treadle._check_interval(heartbeat_many.lease, 'lease', interval '1 day');
     v_until := treadle.now() + heartbeat_many.lease;  -- computed here: no clock call inside the UPDATE
+    v_prefix := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
+                           WHERE t.tenant_role = treadle._caller_role()), '');
 
     FOREACH v_queue IN ARRAY v_each LOOP
         IF v_queue IS NULL THEN
@@ -3480,6 +3505,7 @@ BEGIN
                  WHERE j.id = i.id
                    AND j.state = 'running'
                    AND j.lease_token = i.token
+                   AND starts_with(j.queue, v_prefix)
                 RETURNING j.id, j.lease_token, j.cancel_requested
             )
             SELECT array_agg(h.id), array_agg(h.lease_token), array_agg(h.cancel_requested)
@@ -3499,6 +3525,7 @@ BEGIN
                    AND j.id = i.id
                    AND j.state = 'running'
                    AND j.lease_token = i.token
+                   AND starts_with(j.queue, v_prefix)
                 RETURNING j.id, j.lease_token, j.cancel_requested
             )
             SELECT array_agg(h.id), array_agg(h.lease_token), array_agg(h.cancel_requested)
@@ -4317,24 +4344,31 @@ AS $$
 -- (PL/pgSQL: Citus plans no statement of an SQL-language function with parameters
 -- over its tables; and each read names the queue when it is given)
 DECLARE
-    v_state text;
+    v_state  text;
+    -- a tenant is told only of its own queues' jobs (another tenant's leaked token is stale)
+    v_prefix text := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
+                                WHERE t.tenant_role = treadle._caller_role()), '');
 BEGIN
     IF _left_by.queue IS NULL THEN
         SELECT j.state INTO v_state FROM treadle.jobs AS j
-         WHERE j.id = _left_by.job_id AND j.lease_token = _left_by.lease_token AND j.state = ANY (_left_by.states);
+         WHERE j.id = _left_by.job_id AND j.lease_token = _left_by.lease_token AND j.state = ANY (_left_by.states)
+           AND starts_with(j.queue, v_prefix);
         IF NOT FOUND THEN
             SELECT h.state INTO v_state FROM treadle.job_history AS h
              WHERE h.id = _left_by.job_id AND h.lease_token = _left_by.lease_token AND h.state = ANY (_left_by.states)
+               AND starts_with(h.queue, v_prefix)
              LIMIT 1;
         END IF;
     ELSE
         SELECT j.state INTO v_state FROM treadle.jobs AS j
          WHERE j.queue = _left_by.queue AND j.id = _left_by.job_id AND j.lease_token = _left_by.lease_token
-           AND j.state = ANY (_left_by.states);
+           AND j.state = ANY (_left_by.states)
+           AND starts_with(j.queue, v_prefix);
         IF NOT FOUND THEN
             SELECT h.state INTO v_state FROM treadle.job_history AS h
              WHERE h.queue = _left_by.queue AND h.id = _left_by.job_id AND h.lease_token = _left_by.lease_token
                AND h.state = ANY (_left_by.states)
+               AND starts_with(h.queue, v_prefix)
              LIMIT 1;
         END IF;
     END IF;
@@ -4382,6 +4416,12 @@ BEGIN
     END IF;
     IF v_queue IS NULL THEN
         SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = complete.job_id;
+    END IF;
+    -- a tenant's token holds only its own queues' jobs: another tenant's leaked token
+    -- is treated as a stale one (nothing held, nothing written, nothing told of it)
+    IF EXISTS (SELECT FROM treadle.tenants AS t
+                WHERE t.tenant_role = treadle._caller_role() AND NOT starts_with(v_queue, t.queue_prefix)) THEN
+        v_queue := NULL;
     END IF;
 
     UPDATE treadle.jobs AS j
@@ -4448,6 +4488,7 @@ DECLARE
     v_q      text[];
     v_d      treadle.jobs[];
     v_f      bigint[];  -- the finished jobs that something follows
+    v_prefix text;  -- a tenant's: its tokens hold only its own queues' jobs (another's is stale)
 BEGIN
     IF complete_many.job_ids IS NULL OR complete_many.lease_tokens IS NULL THEN
         RAISE EXCEPTION 'treadle: job_ids and lease_tokens must not be null'
@@ -4485,6 +4526,9 @@ BEGIN
         END IF;
     END IF;
 
+    v_prefix := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
+                           WHERE t.tenant_role = treadle._caller_role()), '');
+
     -- (each result comes with its row: Citus 13.2 cannot take an array element in a
     -- distributed UPDATE's SET, and its backend crashes)
     FOREACH v_queue IN ARRAY v_each LOOP
@@ -4504,6 +4548,7 @@ BEGIN
                  WHERE j.id = i.id
                    AND j.state = 'running'
                    AND j.lease_token = i.token
+                   AND starts_with(j.queue, v_prefix)
                 RETURNING i.ord, j.state, j.queue, j.id,
                           j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
                           OR coalesce(j.key_slot, false) AS follows
@@ -4536,6 +4581,7 @@ BEGIN
                    AND j.id = i.id
                    AND j.state = 'running'
                    AND j.lease_token = i.token
+                   AND starts_with(j.queue, v_prefix)
                 RETURNING i.ord, j.state, j.queue, j.id,
                           j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
                           OR coalesce(j.key_slot, false) AS follows
@@ -4571,6 +4617,7 @@ BEGIN
           JOIN treadle.jobs AS j ON j.id = i.id AND j.lease_token = i.token
          WHERE j.state = ANY (ARRAY['completed', 'cancelled'])
            AND (i.queue IS NULL OR j.queue = i.queue)
+           AND starts_with(j.queue, v_prefix)
            AND i.ord <> ALL (coalesce(v_ords, '{}'));
     END IF;
 
@@ -4632,6 +4679,12 @@ BEGIN
     -- nor a CASE around a call that is not immutable.
     IF v_queue IS NULL THEN
         SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = fail.job_id;
+    END IF;
+    -- a tenant's token holds only its own queues' jobs: another tenant's leaked token
+    -- is treated as a stale one (nothing held, nothing written, nothing told of it)
+    IF EXISTS (SELECT FROM treadle.tenants AS t
+                WHERE t.tenant_role = treadle._caller_role() AND NOT starts_with(v_queue, t.queue_prefix)) THEN
+        v_queue := NULL;
     END IF;
     SELECT j.* INTO v_job FROM treadle.jobs AS j
      WHERE j.id = fail.job_id
@@ -4983,6 +5036,12 @@ DECLARE
 BEGIN
     IF v_queue IS NULL THEN
         SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = _hand_back.job_id;
+    END IF;
+    -- a tenant's token holds only its own queues' jobs: another tenant's leaked token
+    -- is treated as a stale one (nothing held, nothing written, nothing told of it)
+    IF EXISTS (SELECT FROM treadle.tenants AS t
+                WHERE t.tenant_role = treadle._caller_role() AND NOT starts_with(v_queue, t.queue_prefix)) THEN
+        v_queue := NULL;
     END IF;
     UPDATE treadle.jobs AS j
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'available' END,
@@ -8906,6 +8965,7 @@ DECLARE
     v_run   bigint;
     v_wakes jsonb;
     v_wake  timestamptz;
+    v_prefix text;
 BEGIN
     PERFORM treadle._check_lease_args(step_sleep.job_id, step_sleep.lease_token);
     IF step_sleep.seq IS NULL THEN
@@ -8927,9 +8987,13 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    -- a tenant's token holds only its own queues' jobs (another tenant's is stale)
+    v_prefix := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
+                           WHERE t.tenant_role = treadle._caller_role()), '');
     -- the job first, then its run: the order of every path that locks both
     SELECT j.workflow_run_id INTO v_run FROM treadle.jobs AS j
      WHERE j.id = step_sleep.job_id AND j.state = 'running' AND j.lease_token = step_sleep.lease_token
+       AND starts_with(j.queue, v_prefix)
        FOR UPDATE;
     IF NOT FOUND THEN
         RETURN NULL;

@@ -78,6 +78,7 @@ DECLARE
     v_period    timestamptz;  -- the start of the key's period (unique_period)
     v_run_at    timestamptz;
     v_meta      jsonb;
+    v_key       text;     -- a merge: the concurrency key of the job merged into
     v_xid       xid8;     -- on_conflict 'replace': the transaction's id, the merged job's ready_txid
     v_new_id    bigint;   -- on_conflict other than 'keep': the id a new job takes (another one returned: a merge)
     v_held      jsonb;    -- on_conflict 'append': the holder's args, before the merge
@@ -206,7 +207,8 @@ BEGIN
                    -- a run_at moved earlier must be found by claims that resume (040_claim.sql)
                    ready_txid = CASE WHEN enqueue.on_conflict = 'replace' THEN v_xid ELSE j.ready_txid END
              WHERE j.state = ANY (ARRAY['available', 'retryable', 'blocked'])
-            RETURNING j.id, j.run_at, CASE WHEN enqueue.on_conflict = 'append' THEN j.args END INTO v_id, v_run_at, v_held;
+            RETURNING j.id, j.run_at, CASE WHEN enqueue.on_conflict = 'append' THEN j.args END, j.concurrency_key
+                 INTO v_id, v_run_at, v_held, v_key;
 
             IF v_id IS NOT NULL THEN
                 IF enqueue.on_conflict = 'append' AND v_id <> v_new_id THEN
@@ -215,8 +217,10 @@ BEGIN
                        SET args = treadle._append_args(v_held, v_args)
                      WHERE j.queue = enqueue.queue AND j.id = v_id;
                 END IF;
-                IF enqueue.concurrency_key IS NOT NULL THEN
-                    PERFORM treadle._key_release(enqueue.queue, enqueue.concurrency_key, 0);  -- 034_key_lanes.sql
+                -- the key of the job that holds the idempotency key (a merge keeps it, whatever
+                -- key the call names): a run_at moved may hand its slot on (034_key_lanes.sql)
+                IF v_key IS NOT NULL THEN
+                    PERFORM treadle._key_release(enqueue.queue, v_key, 0);
                 END IF;
                 IF v_run_at <= v_now THEN
                     PERFORM treadle._notify('treadle_jobs', enqueue.queue);

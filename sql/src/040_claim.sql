@@ -772,14 +772,20 @@ ROWS 10
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_prefix text;
 BEGIN
     IF claimed.lease_token IS NULL THEN
         RAISE EXCEPTION 'treadle: lease_token must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    -- a tenant finds only its own queues' jobs (another tenant's leaked token finds none)
+    v_prefix := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
+                           WHERE t.tenant_role = treadle._caller_role()), '');
     -- running jobs are few (bounded by the workers' concurrency): their index is enough
     RETURN QUERY
     SELECT * FROM treadle.jobs AS j
      WHERE j.state = 'running' AND j.lease_token = claimed.lease_token
+       AND starts_with(j.queue, v_prefix)
      ORDER BY j.priority, j.run_at, j.id;
 END;
 $$;
@@ -823,6 +829,12 @@ BEGIN
     v_until := treadle.now() + heartbeat.lease;  -- computed here: no clock call inside the UPDATE
     IF v_queue IS NULL THEN
         SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = heartbeat.job_id;
+    END IF;
+    -- a tenant's token holds only its own queues' jobs: another tenant's leaked token
+    -- is treated as a stale one (nothing held, nothing written, nothing told of it)
+    IF EXISTS (SELECT FROM treadle.tenants AS t
+                WHERE t.tenant_role = treadle._caller_role() AND NOT starts_with(v_queue, t.queue_prefix)) THEN
+        v_queue := NULL;
     END IF;
 
     UPDATE treadle.jobs AS j
@@ -884,6 +896,12 @@ BEGIN
 
     IF v_queue IS NULL THEN
         SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = progress.job_id;
+    END IF;
+    -- a tenant's token holds only its own queues' jobs: another tenant's leaked token
+    -- is treated as a stale one (nothing held, nothing written, nothing told of it)
+    IF EXISTS (SELECT FROM treadle.tenants AS t
+                WHERE t.tenant_role = treadle._caller_role() AND NOT starts_with(v_queue, t.queue_prefix)) THEN
+        v_queue := NULL;
     END IF;
     UPDATE treadle.jobs AS j
        SET progress = progress.fraction,

@@ -139,6 +139,7 @@ DECLARE
     v_i      bigint[];
     v_t      uuid[];
     v_c      boolean[];
+    v_prefix text;  -- a tenant's: its tokens hold only its own queues' jobs (another's is lost)
 BEGIN
     IF heartbeat_many.job_ids IS NULL OR heartbeat_many.lease_tokens IS NULL OR heartbeat_many.lease IS NULL THEN
         RAISE EXCEPTION 'treadle: job_ids, lease_tokens and lease must not be null'
@@ -169,6 +170,8 @@ BEGIN
     END IF;
     PERFORM treadle._check_interval(heartbeat_many.lease, 'lease', interval '1 day');
     v_until := treadle.now() + heartbeat_many.lease;  -- computed here: no clock call inside the UPDATE
+    v_prefix := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
+                           WHERE t.tenant_role = treadle._caller_role()), '');
 
     FOREACH v_queue IN ARRAY v_each LOOP
         IF v_queue IS NULL THEN
@@ -182,6 +185,7 @@ BEGIN
                  WHERE j.id = i.id
                    AND j.state = 'running'
                    AND j.lease_token = i.token
+                   AND starts_with(j.queue, v_prefix)
                 RETURNING j.id, j.lease_token, j.cancel_requested
             )
             SELECT array_agg(h.id), array_agg(h.lease_token), array_agg(h.cancel_requested)
@@ -201,6 +205,7 @@ BEGIN
                    AND j.id = i.id
                    AND j.state = 'running'
                    AND j.lease_token = i.token
+                   AND starts_with(j.queue, v_prefix)
                 RETURNING j.id, j.lease_token, j.cancel_requested
             )
             SELECT array_agg(h.id), array_agg(h.lease_token), array_agg(h.cancel_requested)

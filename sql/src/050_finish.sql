@@ -673,24 +673,31 @@ AS $$
 -- (PL/pgSQL: Citus plans no statement of an SQL-language function with parameters
 -- over its tables; and each read names the queue when it is given)
 DECLARE
-    v_state text;
+    v_state  text;
+    -- a tenant is told only of its own queues' jobs (another tenant's leaked token is stale)
+    v_prefix text := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
+                                WHERE t.tenant_role = treadle._caller_role()), '');
 BEGIN
     IF _left_by.queue IS NULL THEN
         SELECT j.state INTO v_state FROM treadle.jobs AS j
-         WHERE j.id = _left_by.job_id AND j.lease_token = _left_by.lease_token AND j.state = ANY (_left_by.states);
+         WHERE j.id = _left_by.job_id AND j.lease_token = _left_by.lease_token AND j.state = ANY (_left_by.states)
+           AND starts_with(j.queue, v_prefix);
         IF NOT FOUND THEN
             SELECT h.state INTO v_state FROM treadle.job_history AS h
              WHERE h.id = _left_by.job_id AND h.lease_token = _left_by.lease_token AND h.state = ANY (_left_by.states)
+               AND starts_with(h.queue, v_prefix)
              LIMIT 1;
         END IF;
     ELSE
         SELECT j.state INTO v_state FROM treadle.jobs AS j
          WHERE j.queue = _left_by.queue AND j.id = _left_by.job_id AND j.lease_token = _left_by.lease_token
-           AND j.state = ANY (_left_by.states);
+           AND j.state = ANY (_left_by.states)
+           AND starts_with(j.queue, v_prefix);
         IF NOT FOUND THEN
             SELECT h.state INTO v_state FROM treadle.job_history AS h
              WHERE h.queue = _left_by.queue AND h.id = _left_by.job_id AND h.lease_token = _left_by.lease_token
                AND h.state = ANY (_left_by.states)
+               AND starts_with(h.queue, v_prefix)
              LIMIT 1;
         END IF;
     END IF;
@@ -738,6 +745,12 @@ BEGIN
     END IF;
     IF v_queue IS NULL THEN
         SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = complete.job_id;
+    END IF;
+    -- a tenant's token holds only its own queues' jobs: another tenant's leaked token
+    -- is treated as a stale one (nothing held, nothing written, nothing told of it)
+    IF EXISTS (SELECT FROM treadle.tenants AS t
+                WHERE t.tenant_role = treadle._caller_role() AND NOT starts_with(v_queue, t.queue_prefix)) THEN
+        v_queue := NULL;
     END IF;
 
     UPDATE treadle.jobs AS j
@@ -804,6 +817,7 @@ DECLARE
     v_q      text[];
     v_d      treadle.jobs[];
     v_f      bigint[];  -- the finished jobs that something follows
+    v_prefix text;  -- a tenant's: its tokens hold only its own queues' jobs (another's is stale)
 BEGIN
     IF complete_many.job_ids IS NULL OR complete_many.lease_tokens IS NULL THEN
         RAISE EXCEPTION 'treadle: job_ids and lease_tokens must not be null'
@@ -841,6 +855,9 @@ BEGIN
         END IF;
     END IF;
 
+    v_prefix := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
+                           WHERE t.tenant_role = treadle._caller_role()), '');
+
     -- (each result comes with its row: Citus 13.2 cannot take an array element in a
     -- distributed UPDATE's SET, and its backend crashes)
     FOREACH v_queue IN ARRAY v_each LOOP
@@ -860,6 +877,7 @@ BEGIN
                  WHERE j.id = i.id
                    AND j.state = 'running'
                    AND j.lease_token = i.token
+                   AND starts_with(j.queue, v_prefix)
                 RETURNING i.ord, j.state, j.queue, j.id,
                           j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
                           OR coalesce(j.key_slot, false) AS follows
@@ -892,6 +910,7 @@ BEGIN
                    AND j.id = i.id
                    AND j.state = 'running'
                    AND j.lease_token = i.token
+                   AND starts_with(j.queue, v_prefix)
                 RETURNING i.ord, j.state, j.queue, j.id,
                           j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
                           OR coalesce(j.key_slot, false) AS follows
@@ -927,6 +946,7 @@ BEGIN
           JOIN treadle.jobs AS j ON j.id = i.id AND j.lease_token = i.token
          WHERE j.state = ANY (ARRAY['completed', 'cancelled'])
            AND (i.queue IS NULL OR j.queue = i.queue)
+           AND starts_with(j.queue, v_prefix)
            AND i.ord <> ALL (coalesce(v_ords, '{}'));
     END IF;
 
@@ -988,6 +1008,12 @@ BEGIN
     -- nor a CASE around a call that is not immutable.
     IF v_queue IS NULL THEN
         SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = fail.job_id;
+    END IF;
+    -- a tenant's token holds only its own queues' jobs: another tenant's leaked token
+    -- is treated as a stale one (nothing held, nothing written, nothing told of it)
+    IF EXISTS (SELECT FROM treadle.tenants AS t
+                WHERE t.tenant_role = treadle._caller_role() AND NOT starts_with(v_queue, t.queue_prefix)) THEN
+        v_queue := NULL;
     END IF;
     SELECT j.* INTO v_job FROM treadle.jobs AS j
      WHERE j.id = fail.job_id
@@ -1339,6 +1365,12 @@ DECLARE
 BEGIN
     IF v_queue IS NULL THEN
         SELECT j.queue INTO v_queue FROM treadle.jobs AS j WHERE j.id = _hand_back.job_id;
+    END IF;
+    -- a tenant's token holds only its own queues' jobs: another tenant's leaked token
+    -- is treated as a stale one (nothing held, nothing written, nothing told of it)
+    IF EXISTS (SELECT FROM treadle.tenants AS t
+                WHERE t.tenant_role = treadle._caller_role() AND NOT starts_with(v_queue, t.queue_prefix)) THEN
+        v_queue := NULL;
     END IF;
     UPDATE treadle.jobs AS j
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'available' END,

@@ -104,6 +104,7 @@ DECLARE
     v_run   bigint;
     v_wakes jsonb;
     v_wake  timestamptz;
+    v_prefix text;
 BEGIN
     PERFORM treadle._check_lease_args(step_sleep.job_id, step_sleep.lease_token);
     IF step_sleep.seq IS NULL THEN
@@ -125,9 +126,13 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    -- a tenant's token holds only its own queues' jobs (another tenant's is stale)
+    v_prefix := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
+                           WHERE t.tenant_role = treadle._caller_role()), '');
     -- the job first, then its run: the order of every path that locks both
     SELECT j.workflow_run_id INTO v_run FROM treadle.jobs AS j
      WHERE j.id = step_sleep.job_id AND j.state = 'running' AND j.lease_token = step_sleep.lease_token
+       AND starts_with(j.queue, v_prefix)
        FOR UPDATE;
     IF NOT FOUND THEN
         RETURN NULL;
