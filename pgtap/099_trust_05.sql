@@ -8,7 +8,7 @@
 -- and tenant it is not for, and every bad argument, with a stable SQLSTATE and no write.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT * FROM no_plan();
+SELECT plan(114);
 
 \ir helpers.psql
 
@@ -193,6 +193,103 @@ SELECT is((SELECT string_agg(concurrency_key || ' ' || state || ' ' || key_slot,
           'k blocked false,k available true', 'the holder keeps its key, and the slot goes to the job due longest');
 SELECT is((SELECT count(*) FROM treadle.key_slots WHERE queue = 'kq4' AND key = 'other'), 0::bigint,
           'no slot row is left for the key the call named');
+
+--------------------------------------------------------------------------------
+-- 3. What 0.4.0 added, as every role and as tenant a against tenant b
+--------------------------------------------------------------------------------
+SELECT treadle.start_workflow('b.saga', steps => ARRAY['one', 'two'], queue => 'b.run',
+                              compensations => '{"one": "undo_one"}') AS b_saga \gset
+SELECT treadle.enqueue('b-wait', queue => 'b.run', run_at => '2000-01-01') AS b_wait \gset
+SELECT treadle.enqueue('a-wait', queue => 'a.run', run_at => '2000-01-01') AS a_wait \gset
+SELECT pg_temp.rows() AS before3 \gset
+
+-- cancel_run: only the owner, the admin and the dashboard parts; a tenant's only on its runs
+SELECT is(pg_temp.as_role(r, format('SELECT treadle.cancel_run(%s, %L)', :b_saga, c)), '42501',
+          format('cancel_run(compensate => %s) as %s: 42501', c, r))
+  FROM unnest(ARRAY['t5_a', 't5_a_prod', 't5_a_read', 't5_a_adm', 't5_prod', 't5_read', 't5_worker', 't5_nobody']) AS r,
+       unnest(ARRAY[false, true]) AS c;
+SELECT is(pg_temp.as_role('t5_a_adm', format('SELECT treadle.cancel_run(%s, NULL)', :b_saga)), '22004',
+          'cancel_run: a null compensate, 22004 (checked before the run is looked up)');
+SELECT is(pg_temp.as_role('t5_a_adm', 'SELECT treadle.cancel_run(NULL)'), '22004', 'cancel_run: a null run id, 22004');
+SELECT is(pg_temp.as_role('t5_a_adm', 'SELECT treadle.cancel_run(9223372036854775807, true)'), 'P0002',
+          'cancel_run: the largest id, P0002');
+SELECT is(pg_temp.as_role('t5_a_adm', 'SELECT treadle.cancel_run(-1)'), 'P0002', 'cancel_run: a negative id, P0002');
+SELECT is(pg_temp.as_role('t5_admin', format('SELECT treadle.cancel_run(%s, true)', :a_wait)), 'P0002',
+          'cancel_run: a job''s id is no run''s (or names nothing)');
+
+-- enqueue_arrays: a tenant's batch with any element outside its queues writes nothing
+SELECT is(pg_temp.as_role('t5_a_prod', $$ SELECT treadle.enqueue_arrays(ARRAY['x', 'y'], queue => ARRAY['a.q', 'b.q']) $$),
+          '42501', 'enqueue_arrays: one element in tenant b''s queue, 42501');
+SELECT is(pg_temp.as_role('t5_a_prod', $$ SELECT treadle.enqueue_arrays(ARRAY['x', 'y'], queue => ARRAY['a.q', NULL]) $$),
+          '42501', 'a null queue element is the default queue, not the tenant''s: 42501');
+SELECT is(pg_temp.as_role('t5_a_prod', $$ SELECT treadle.enqueue_arrays(ARRAY['x']) $$),
+          '42501', 'no queue array at all: the default queue, 42501');
+SELECT is(pg_temp.as_role(r, $$ SELECT treadle.enqueue_arrays(ARRAY['x'], queue => ARRAY['q']) $$), '42501',
+          format('enqueue_arrays as %s: 42501', r))
+  FROM unnest(ARRAY['t5_read', 't5_a_read', 't5_nobody']) AS r;
+SELECT is(pg_temp.as_role('t5_prod', q), st, 'enqueue_arrays: ' || what)
+  FROM (VALUES ($$ SELECT treadle.enqueue_arrays(NULL) $$, '22004', 'a null name array'),
+               ($$ SELECT treadle.enqueue_arrays(ARRAY[['a', 'b'], ['c', 'd']]) $$, '22023', 'a 2-D name array'),
+               ($$ SELECT treadle.enqueue_arrays(ARRAY['a', NULL]) $$, '22023', 'a null name element'),
+               ($$ SELECT treadle.enqueue_arrays(ARRAY[E'a\u0001']) $$, '22023', 'a control character in a name'),
+               ($$ SELECT treadle.enqueue_arrays(ARRAY['a'], queue => ARRAY[E'q\t']) $$, '22023', 'a tab in a queue'),
+               ($$ SELECT treadle.enqueue_arrays(ARRAY['a'], queue => ARRAY[repeat('q', 201)]) $$, '22023', 'a queue of 201 characters'),
+               ($$ SELECT treadle.enqueue_arrays(ARRAY['a'], priority => ARRAY[NULL, 1]) $$, '22023', 'a longer priority array'),
+               ($$ SELECT treadle.enqueue_arrays(ARRAY['a'], run_at => ARRAY['-infinity']::timestamptz[]) $$, '22023', 'run_at -infinity'),
+               ($$ SELECT treadle.enqueue_arrays(ARRAY['a'], max_attempts => ARRAY[-2147483648]) $$, '22023', 'max_attempts at the integer floor'),
+               ($$ SELECT treadle.enqueue_arrays(ARRAY['a'], concurrency_key => ARRAY[E'k\n']) $$, '22023', 'a newline in a concurrency key'),
+               ($$ SELECT treadle.enqueue_arrays(ARRAY['a'], idempotency_key => ARRAY[repeat('k', 1000)]) $$, '22023', 'an idempotency key of 1,000 characters')
+       ) AS t(q, st, what);
+
+-- claim's kept check (treadle.claim_checked): a setting forged by hand widens nothing
+SELECT is(pg_temp.as_role('t5_a', $$ SELECT count(*) FROM (SELECT set_config('treadle.claim_checked',
+                                       to_hex(hash_array_extended(ARRAY['b.run'], 0)), false)) AS f,
+                                       treadle.claim('w-a', ARRAY['b.run']) AS c $$),
+          '42501', 'claim: a forged claim_checked for tenant b''s queue is still refused, 42501');
+SELECT is(pg_temp.as_role_value('t5_a', $$ SELECT count(*) FROM (SELECT set_config('treadle.claim_checked',
+                                       to_hex(hash_array_extended(ARRAY[E'a.run\n'], 0)), false)) AS f,
+                                       treadle.claim('w-a', ARRAY[E'a.run\n']) AS c $$),
+          '0', 'a forged claim_checked for a name with a newline claims nothing');
+SELECT is(pg_temp.as_role_value('t5_worker', $$ SELECT count(*) FROM (SELECT set_config('treadle.claim_checked',
+                                       to_hex(hash_array_extended(ARRAY[repeat('q', 300)], 0)), false)) AS f,
+                                       treadle.claim('w', ARRAY[repeat('q', 300)]) AS c $$),
+          '0', 'nor for a name too long, as an untenanted worker');
+SELECT is(pg_temp.as_role('t5_worker', q), st, 'claim: ' || what)
+  FROM (VALUES ($$ SELECT treadle.claim('w', ARRAY[['a.run'], ['b.run']]) $$, '22023', 'a 2-D queue array'),
+               ($$ SELECT treadle.claim('w', ARRAY['a.run', NULL]) $$, '22023', 'a null queue element'),
+               ($$ SELECT treadle.claim('w', '[0:0]={a.run}'::text[]) $$, 'ok', 'a queue array counted from 0 (one dimension)'),
+               ($$ SELECT treadle.claim('w', ARRAY[]::text[]) $$, '22023', 'an empty queue array'),
+               ($$ SELECT treadle.claim(E'w\u0001', ARRAY['q']) $$, '22023', 'a control character in the worker id')
+       ) AS t(q, st, what);
+RESET treadle.claim_checked;
+
+-- step names with '/', and run trees: as a tenant, nothing of another's
+SELECT is(pg_temp.as_role('t5_a', q), st, 'workflows: ' || what)
+  FROM (VALUES ($$ SELECT treadle.start_workflow('a.w', steps => ARRAY['x/y'], queue => 'a.q') $$, '22023', 'a step name with /'),
+               ($$ SELECT treadle.define_workflow('a.w', steps => ARRAY['x', 'b.w/y']) $$, '22023', 'a defined step name with /'),
+               ($$ SELECT treadle.start_workflow('a.w', steps => ARRAY[E'x\u0001'], queue => 'a.q') $$, '22023', 'a control character in a step name'),
+               ($$ SELECT treadle.start_workflow('a.w', steps => ARRAY[NULL]::text[], queue => 'a.q') $$, '22023', 'a null step'),
+               ($$ SELECT treadle.start_workflow('a.w', steps => ARRAY[['x'], ['y']], queue => 'a.q') $$, '22023', 'a 2-D step list'),
+               ($$ SELECT treadle.start_workflow('b.w', steps => ARRAY['x'], queue => 'a.q') $$, '42501', 'another tenant''s workflow name'),
+               ($$ SELECT treadle.start_workflow('a.w', steps => ARRAY['x'], queue => 'b.q') $$, '42501', 'another tenant''s queue')
+       ) AS t(q, st, what);
+
+-- the columns the tree and the queues keep (root_run_id, tree_runs, parent_queue, run_queue)
+-- are written by the functions alone
+SELECT is(pg_temp.as_role(r, q), '42501', format('%s: %s', r, what))
+  FROM unnest(ARRAY['t5_a', 't5_a_adm', 't5_worker', 't5_admin', 't5_read']) AS r,
+       (VALUES (format('UPDATE treadle.workflow_runs SET parent_queue = %L, parent_run_id = %s WHERE id = %s', 'a.run', :b_saga, :b_saga),
+                'no UPDATE of parent_queue'),
+               (format('UPDATE treadle.workflow_runs SET tree_runs = 10000 WHERE id = %s', :b_saga), 'no UPDATE of tree_runs'),
+               (format('UPDATE treadle.jobs SET run_queue = %L WHERE id = %s', 'a.run', :b_wait), 'no UPDATE of run_queue'),
+               (format('DELETE FROM treadle.jobs WHERE id = %s', :b_wait), 'no DELETE of a job')) AS t(q, what);
+SELECT is(pg_temp.as_role_value('t5_a_read', format($$ SELECT count(*) FROM treadle.workflow_runs WHERE id = %s OR root_run_id = %s
+                                                      OR parent_queue LIKE 'b.%%' $$, :b_saga, :b_saga)),
+          '0', 'a tenant reader sees no run of tenant b, by id, tree or parent');
+SELECT is(pg_temp.as_role_value('t5_a_read', $$ SELECT count(*) FROM treadle.jobs WHERE run_queue LIKE 'b.%' OR queue LIKE 'b.%' $$),
+          '0', 'nor a job of tenant b by its run''s queue');
+SELECT is(pg_temp.rows(), :'before3', 'no refused call of this section wrote a row');
+SELECT is((SELECT state FROM treadle.workflow_runs WHERE id = :b_saga), 'running', 'tenant b''s saga still runs');
 
 SELECT * FROM finish();
 ROLLBACK;
