@@ -1067,7 +1067,8 @@ COMMENT ON FUNCTION treadle._append_error(jsonb, integer, timestamptz, text, tex
 -- bucket of treadle's clock when one is given), on_conflict chooses:
 --   'keep'         returns the holder's id, whatever its state; inserts nothing;
 --   'replace'      a waiting holder (available or retryable) takes the new args
---                  and run_at (debounce: the last call wins, the timer restarts);
+--                  and run_at (debounce: the last call wins, the timer restarts;
+--                  a keyed holder's slot then goes to its key's job due longest);
 --   'replace_args' a waiting holder takes the new args, keeps its run_at (throttle);
 --   'append'       a waiting holder's args (an object) get each array member of
 --                  the new args appended to theirs (batch; treadle._append_args).
@@ -3163,7 +3164,8 @@ COMMENT ON FUNCTION treadle.claim(text, text[], text[], integer, interval, uuid)
 --
 -- Transition: none. The running jobs that hold lease_token, in claim order: what a
 -- claim given that token took, for a worker whose answer to the claim was lost.
--- Empty when the claim did not commit, or its jobs were finished or rescued since.
+-- Empty when the claim did not commit, or its jobs were finished or rescued since;
+-- a tenant finds only jobs of its own queues.
 -- Raises 22004: lease_token null.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.claimed(lease_token uuid)
@@ -3200,7 +3202,8 @@ COMMENT ON FUNCTION treadle.claimed(uuid) IS
 --
 -- Transition: none (running stays running; the lease moves to now + lease).
 -- Returns 'held', 'cancel' (held, and a cancel was requested: abort the handler)
--- or 'lost' (the token no longer holds the job). An expired lease that nobody
+-- or 'lost' (the token no longer holds the job, or the job is outside a tenant
+-- caller's queues). An expired lease that nobody
 -- took over is still held. queue, when given, is the job's queue (as for
 -- treadle.complete): a job of another queue is lost.
 -- Raises 22004: job_id, lease_token or lease null. 22023: lease not positive or
@@ -4326,6 +4329,8 @@ COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
 -- Finishing keeps the lease token on the job: the token of the claim that finished
 -- it. Repeating a finish with that token (a worker whose answer was lost after the
 -- commit) returns the state the first call left, and writes nothing more.
+-- A tenant's token holds only a job of its own queues: every call that takes a token
+-- answers another tenant's (leaked) token as a stale one, and tells it nothing.
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
@@ -4384,7 +4389,8 @@ COMMENT ON FUNCTION treadle._left_by(bigint, uuid, text[], text) IS
 -- Transition: running -> completed, or -> cancelled when a cancel was requested
 -- while it ran (the result is stored either way). Returns the new state, or null
 -- when the token does not hold the job (re-claimed, rescued, finished by another
--- claim). An expired lease that nobody took over still holds. A periodic job's
+-- claim, or a job outside a tenant caller's queues). An expired lease that nobody
+-- took over still holds. A periodic job's
 -- next occurrence and a workflow's next step are written by the same call.
 -- queue, when given, is the job's queue: a job of another queue is not held (as
 -- an unknown id). Without it, the job's queue is read first by its id (on Citus,

@@ -13,7 +13,8 @@
 -- bucket of treadle's clock when one is given), on_conflict chooses:
 --   'keep'         returns the holder's id, whatever its state; inserts nothing;
 --   'replace'      a waiting holder (available or retryable) takes the new args
---                  and run_at (debounce: the last call wins, the timer restarts);
+--                  and run_at (debounce: the last call wins, the timer restarts;
+--                  a keyed holder's slot then goes to its key's job due longest);
 --   'replace_args' a waiting holder takes the new args, keeps its run_at (throttle);
 --   'append'       a waiting holder's args (an object) get each array member of
 --                  the new args appended to theirs (batch; treadle._append_args).

@@ -760,7 +760,8 @@ COMMENT ON FUNCTION treadle.claim(text, text[], text[], integer, interval, uuid)
 --
 -- Transition: none. The running jobs that hold lease_token, in claim order: what a
 -- claim given that token took, for a worker whose answer to the claim was lost.
--- Empty when the claim did not commit, or its jobs were finished or rescued since.
+-- Empty when the claim did not commit, or its jobs were finished or rescued since;
+-- a tenant finds only jobs of its own queues.
 -- Raises 22004: lease_token null.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.claimed(lease_token uuid)
@@ -797,7 +798,8 @@ COMMENT ON FUNCTION treadle.claimed(uuid) IS
 --
 -- Transition: none (running stays running; the lease moves to now + lease).
 -- Returns 'held', 'cancel' (held, and a cancel was requested: abort the handler)
--- or 'lost' (the token no longer holds the job). An expired lease that nobody
+-- or 'lost' (the token no longer holds the job, or the job is outside a tenant
+-- caller's queues). An expired lease that nobody
 -- took over is still held. queue, when given, is the job's queue (as for
 -- treadle.complete): a job of another queue is lost.
 -- Raises 22004: job_id, lease_token or lease null. 22023: lease not positive or

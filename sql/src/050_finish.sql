@@ -655,6 +655,8 @@ COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
 -- Finishing keeps the lease token on the job: the token of the claim that finished
 -- it. Repeating a finish with that token (a worker whose answer was lost after the
 -- commit) returns the state the first call left, and writes nothing more.
+-- A tenant's token holds only a job of its own queues: every call that takes a token
+-- answers another tenant's (leaked) token as a stale one, and tells it nothing.
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
@@ -713,7 +715,8 @@ COMMENT ON FUNCTION treadle._left_by(bigint, uuid, text[], text) IS
 -- Transition: running -> completed, or -> cancelled when a cancel was requested
 -- while it ran (the result is stored either way). Returns the new state, or null
 -- when the token does not hold the job (re-claimed, rescued, finished by another
--- claim). An expired lease that nobody took over still holds. A periodic job's
+-- claim, or a job outside a tenant caller's queues). An expired lease that nobody
+-- took over still holds. A periodic job's
 -- next occurrence and a workflow's next step are written by the same call.
 -- queue, when given, is the job's queue: a job of another queue is not held (as
 -- an unknown id). Without it, the job's queue is read first by its id (on Citus,
