@@ -83,6 +83,16 @@ def test_a_leaked_token_holds_nothing_in_another_tenants_session(
         assert [r[1] for r in finished[1:]] == ["a.work"], "tenant a claims its own job as usual"
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             a.execute("select treadle.claim('w-a', array['b.work'])")
+        # nor may it act as another role: it is a member of none
+        for become in (
+            f'set role "{role_b}"',
+            f"select set_config('role', '{role_b}', false)",
+            "set role postgres",
+            f'set session authorization "{role_b}"',
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                a.execute(become)
+        assert value(a, "select current_user") == role_a
 
         after = setup.execute(
             "select id, state, lease_until, lease_token, result, progress from treadle.jobs"
