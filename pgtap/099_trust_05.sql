@@ -8,7 +8,7 @@
 -- and tenant it is not for, and every bad argument, with a stable SQLSTATE and no write.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(114);
+SELECT plan(116);
 
 \ir helpers.psql
 
@@ -240,6 +240,16 @@ SELECT is(pg_temp.as_role('t5_prod', q), st, 'enqueue_arrays: ' || what)
                ($$ SELECT treadle.enqueue_arrays(ARRAY['a'], concurrency_key => ARRAY[E'k\n']) $$, '22023', 'a newline in a concurrency key'),
                ($$ SELECT treadle.enqueue_arrays(ARRAY['a'], idempotency_key => ARRAY[repeat('k', 1000)]) $$, '22023', 'an idempotency key of 1,000 characters')
        ) AS t(q, st, what);
+
+-- a batch floods no queue past its max_depth, alone or among other queues
+SELECT treadle.set_queue('a.deep', max_depth => 5) IS NOT NULL AS deep_set \gset
+SELECT pg_temp.rows() AS before3 \gset
+SELECT is(pg_temp.as_role('t5_a_prod', $$ SELECT treadle.enqueue_arrays(array_fill('x'::text, ARRAY[6]),
+                                                                      queue => array_fill('a.deep'::text, ARRAY[6])) $$),
+          'TQ001', 'enqueue_arrays: six jobs into a queue of max_depth 5, TQ001');
+SELECT is(pg_temp.as_role('t5_a_prod', $$ SELECT treadle.enqueue_arrays(array_fill('x'::text, ARRAY[7]),
+                                                                      queue => ARRAY['a.q'] || array_fill('a.deep'::text, ARRAY[6])) $$),
+          'TQ001', 'and among jobs of another queue, TQ001: none of them is written');
 
 -- claim's kept check (treadle.claim_checked): a setting forged by hand widens nothing
 SELECT is(pg_temp.as_role('t5_a', $$ SELECT count(*) FROM (SELECT set_config('treadle.claim_checked',
