@@ -7,7 +7,7 @@
 -- cancel_run, retry_run) moves its parent.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(35);
+SELECT plan(37);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -54,6 +54,24 @@ SELECT is((SELECT array_agg(t.tgname::text ORDER BY t.tgname) FROM pg_trigger AS
             WHERE t.tgrelid = 'treadle.workflow_runs'::regclass AND NOT t.tgisinternal),
           ARRAY['workflow_runs_fail_compensates'],
           'treadle.workflow_runs has one trigger, which changes only its own row (a child''s end is a call)');
+
+-- every statement that changes a run's state (but to compensating, which moves no parent)
+-- is followed by the call: in each function, as many calls as such statements
+CREATE FUNCTION pg_temp.state_updates(src text) RETURNS bigint LANGUAGE sql AS $$
+    SELECT count(*) FROM regexp_split_to_table(src, ';') AS u(s)
+     WHERE u.s ~ 'UPDATE\s+treadle\.workflow_runs\s'
+       AND substring(u.s from '\mSET\M(.*)\mWHERE\M') ~ '(^|[\s,])state\s*='
+       AND substring(u.s from '\mSET\M(.*)\mWHERE\M') !~ '(^|[\s,])state\s*=\s*''compensating'''
+$$;
+SELECT is(ARRAY(SELECT p.proname::text FROM pg_proc AS p
+                 WHERE p.pronamespace = 'treadle'::regnamespace
+                   AND pg_temp.state_updates(p.prosrc)
+                       > (SELECT count(*) FROM regexp_matches(p.prosrc, '_child_run_ended\(', 'g'))
+                 ORDER BY 1),
+          '{}'::text[], 'every function that changes a run''s state calls treadle._child_run_ended after each such statement');
+SELECT cmp_ok((SELECT sum(pg_temp.state_updates(p.prosrc)) FROM pg_proc AS p
+                WHERE p.pronamespace = 'treadle'::regnamespace),
+              '>=', 20::numeric, 'of which there are over twenty, in a dozen functions');
 
 --------------------------------------------------------------------------------
 -- a chain ten runs deep: level n's only step starts level n + 1 in queue qn+1; level 10's

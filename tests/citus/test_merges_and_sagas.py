@@ -1,7 +1,8 @@
-"""Three calls on a Citus cluster (make test-citus) that need a form Citus routes:
+"""Four calls on a Citus cluster (make test-citus) that need a form Citus routes:
 treadle.workflow_results (a read of a run by its id alone), enqueue's merges into a held
-idempotency key (on_conflict 'replace', 'replace_args', 'append'), and a running run
-with compensations that fails (its compensations start, on the coordinator)."""
+idempotency key (on_conflict 'replace', 'replace_args', 'append'), a running run
+with compensations that fails (its compensations start, on the coordinator), and a child
+run that ends (its parent moves from the coordinator, by id and queue, on any node)."""
 
 from __future__ import annotations
 
