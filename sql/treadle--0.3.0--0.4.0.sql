@@ -4007,7 +4007,9 @@ BEGIN
         SELECT * INTO run FROM treadle.workflow_runs AS r WHERE r.queue = run.queue AND r.id = run.id;
         IF treadle._has_every_result(run) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at
-             WHERE r.queue = run.queue AND r.id = run.id AND r.state = 'running';
+             WHERE r.queue = run.queue AND r.id = run.id AND r.state = 'running'
+            RETURNING r.* INTO run;
+            PERFORM treadle._child_run_ended(run);  -- 076_workflow_children.sql
         ELSE
             PERFORM treadle._enqueue_ready(run, at);
         END IF;
@@ -4074,7 +4076,9 @@ BEGIN
             RETURNING r.* INTO v_run;
             IF treadle._has_every_result(v_run) THEN
                 UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at
-                 WHERE r.queue = v_run.queue AND r.id = v_run.id;
+                 WHERE r.queue = v_run.queue AND r.id = v_run.id
+                RETURNING r.* INTO v_run;
+                PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
             ELSE
                 PERFORM treadle._enqueue_ready(v_run, at);
             END IF;
@@ -4114,7 +4118,6 @@ DECLARE
     v_run   treadle.workflow_runs;
     v_index integer;
     v_queue text := coalesce(step.run_queue, step.queue);  -- the run's queue: every statement names it
-    v_state text;  -- a failed run's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
     IF step.state = 'completed' THEN
         -- The common case: a step of a running run completed (not an element of a
@@ -4137,7 +4140,9 @@ BEGIN
                 -- a graph: as treadle._advance_graph does after recording the result
                 IF treadle._has_every_result(v_run) THEN
                     UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now
-                     WHERE r.queue = v_queue AND r.id = v_run.id;
+                     WHERE r.queue = v_queue AND r.id = v_run.id
+                    RETURNING r.* INTO v_run;
+                    PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
                 ELSE
                     PERFORM treadle._enqueue_ready(v_run, v_now, step.step);
                 END IF;
@@ -4146,6 +4151,8 @@ BEGIN
             v_index := array_position(v_run.steps, step.step);
             IF v_index < cardinality(v_run.steps) THEN
                 PERFORM treadle._enqueue_steps(v_run, ARRAY[v_run.steps[v_index + 1]], v_now);
+            ELSE
+                PERFORM treadle._child_run_ended(v_run);  -- the run completed in the UPDATE
             END IF;
             RETURN;
         END IF;
@@ -4181,18 +4188,23 @@ BEGIN
                SET results = r.results || jsonb_build_object(step.step, step.result),
                    state = 'completed',
                    finished_at = v_now
-             WHERE r.queue = v_queue AND r.id = v_run.id;
+             WHERE r.queue = v_queue AND r.id = v_run.id
+            RETURNING r.* INTO v_run;
+            PERFORM treadle._child_run_ended(v_run);
         END IF;
     ELSIF step.state = 'discarded' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
          WHERE r.queue = v_queue AND r.id = v_run.id
-        RETURNING r.state INTO v_state;
-        IF v_state = 'compensating' THEN
+        RETURNING r.* INTO v_run;
+        PERFORM treadle._child_run_ended(v_run);
+        IF v_run.state = 'compensating' THEN
             PERFORM treadle._run_compensates(v_run.id, v_queue);  -- 078_workflow_compensation.sql
         END IF;
     ELSIF step.state = 'cancelled' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now
-         WHERE r.queue = v_queue AND r.id = v_run.id;
+         WHERE r.queue = v_queue AND r.id = v_run.id
+        RETURNING r.* INTO v_run;
+        PERFORM treadle._child_run_ended(v_run);
     END IF;
 END;
 $$;
@@ -4218,7 +4230,6 @@ DECLARE
     v_run    treadle.workflow_runs;
     v_left   integer;
     v_result jsonb;
-    v_state  text;  -- a failed run's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
     IF step.state = 'completed' AND run.maps IS NOT NULL AND run.maps ? step.step THEN
         -- one element of a map step: counted under the run row's lock, so the step
@@ -4249,7 +4260,9 @@ BEGIN
         END IF;
         IF treadle._has_every_result(v_run) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now
-             WHERE r.queue = run.queue AND r.id = run.id;
+             WHERE r.queue = run.queue AND r.id = run.id
+            RETURNING r.* INTO v_run;
+            PERFORM treadle._child_run_ended(v_run);
         ELSE
             PERFORM treadle._enqueue_ready(v_run, v_now, step.step);
         END IF;
@@ -4258,13 +4271,16 @@ BEGIN
     ELSIF step.state = 'discarded' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
          WHERE r.queue = run.queue AND r.id = run.id
-        RETURNING r.state INTO v_state;
-        IF v_state = 'compensating' THEN
+        RETURNING r.* INTO v_run;
+        PERFORM treadle._child_run_ended(v_run);
+        IF v_run.state = 'compensating' THEN
             PERFORM treadle._run_compensates(run.id, run.queue);  -- 078_workflow_compensation.sql
         END IF;
     ELSIF step.state = 'cancelled' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now
-         WHERE r.queue = run.queue AND r.id = run.id;
+         WHERE r.queue = run.queue AND r.id = run.id
+        RETURNING r.* INTO v_run;
+        PERFORM treadle._child_run_ended(v_run);
     END IF;
 END;
 $$;
@@ -5390,6 +5406,7 @@ BEGIN
          WHERE r.id = v_job.workflow_run_id
            AND r.state = ANY (ARRAY['failed', 'cancelled'])
         RETURNING r.* INTO v_run;
+        PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
         IF v_run.after IS NOT NULL THEN
             PERFORM treadle._resume_graph(v_run);
         END IF;
@@ -7083,6 +7100,7 @@ DECLARE
     v_looked boolean;
     v_child  bigint;
     v_queue  text;  -- the run's: read first, then every statement on the run names it
+    v_run    treadle.workflow_runs;  -- the run as its cancel left it
 BEGIN
     IF cancel_workflow.run_id IS NULL THEN
         RAISE EXCEPTION 'treadle: run_id must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -7146,8 +7164,10 @@ BEGIN
     -- rows were deleted by hand)
     UPDATE treadle.workflow_runs AS r
        SET state = 'cancelled', finished_at = v_now
-     WHERE r.queue = v_queue AND r.id = cancel_workflow.run_id AND r.state = 'running';
-    RETURN FOUND;
+     WHERE r.queue = v_queue AND r.id = cancel_workflow.run_id AND r.state = 'running'
+    RETURNING r.* INTO v_run;
+    PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
+    RETURN v_run.id IS NOT NULL;
 END;
 $$;
 COMMENT ON FUNCTION treadle.cancel_workflow(bigint) IS
@@ -8207,7 +8227,6 @@ DECLARE
     v_next   timestamptz;
     v_failed integer := 0;
     v_queue  text;
-    v_state  text;  -- a failed run's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
     -- the queues with a wait due, read without locks; then queue by queue (one shard
     -- on Citus), each run locked and what the write sets computed here
@@ -8249,7 +8268,9 @@ BEGIN
                 RETURNING r.* INTO v_run;
                 IF treadle._has_every_result(v_run) THEN
                     UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at
-                     WHERE r.queue = v_run.queue AND r.id = v_run.id;
+                     WHERE r.queue = v_run.queue AND r.id = v_run.id
+                    RETURNING r.* INTO v_run;
+                    PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
                 ELSE
                     PERFORM treadle._enqueue_ready(v_run, at);
                 END IF;
@@ -8262,8 +8283,9 @@ BEGIN
             UPDATE treadle.workflow_runs AS r
                SET state = 'failed', finished_at = at, wait_until = NULL, waiting = v_left
              WHERE r.queue = v_run.queue AND r.id = v_run.id
-            RETURNING r.state INTO v_state;
-            IF v_state = 'compensating' THEN
+            RETURNING r.* INTO v_run;
+            PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
+            IF v_run.state = 'compensating' THEN
                 PERFORM treadle._run_compensates(v_run.id, v_run.queue);  -- 078_workflow_compensation.sql
             END IF;
         END LOOP;
@@ -8317,7 +8339,10 @@ BEGIN
          WHERE r.id = v_run.id
         RETURNING r.* INTO v_run;
         IF treadle._has_every_result(v_run) THEN
-            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now WHERE r.id = v_run.id;
+            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now
+             WHERE r.queue = v_run.queue AND r.id = v_run.id
+            RETURNING r.* INTO v_run;
+            PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
         ELSE
             PERFORM treadle._enqueue_ready(v_run, v_now, v_step);
         END IF;
@@ -8762,8 +8787,9 @@ BEGIN
          ORDER BY c.id
     LOOP
         UPDATE treadle.workflow_runs AS c SET state = 'running', finished_at = NULL
-         WHERE c.id = v_child.id
+         WHERE c.queue = v_child.queue AND c.id = v_child.id
         RETURNING c.* INTO v_child;
+        PERFORM treadle._child_run_ended(v_child);
         IF v_child.after IS NOT NULL THEN
             PERFORM treadle._resume_graph(v_child);
         ELSE
@@ -8785,86 +8811,89 @@ COMMENT ON FUNCTION treadle._resume_children(treadle.workflow_runs) IS
     'Resume the failed and cancelled child runs of a workflow run that a retry resumed.';
 
 --------------------------------------------------------------------------------
--- treadle._child_run_changed() -> trigger
+-- treadle._child_run_ended(child) -> void
 --
--- After a child run (parent_run_id not null) changes state, on whichever path:
+-- A workflow run's state changed (child: its row as the statement that changed it
+-- returned it; that statement's caller calls this next, in every path that
+-- changes a run's state: a null row, one whose state the statement left as it
+-- was, or a run that is not a child (parent_run_id null) do nothing). For a child
+-- run, its parent moves:
 --   running:   a retry resumed it: a parent that failed or was cancelled becomes
 --              running again and resumes (treadle._resume_graph);
 --   completed: the parent's step completes with the child's results (keyed by the
 --              child's step names), and the parent moves on as after a completed
 --              step (the steps now ready start, or the parent completes);
---   failed:    the parent becomes failed, as after a discarded step;
---   cancelled: the parent becomes cancelled, as after a cancelled step.
+--   failed, compensated: the parent becomes failed, as after a discarded step;
+--   cancelled: the parent becomes cancelled, as after a cancelled step;
+--   compensating: nothing yet (it fails its parent once its compensations end).
 -- As for a step's job, only a running parent moves, but a completed child's
--- results are recorded on a parent that failed or was cancelled meanwhile.
+-- results are recorded on a parent that failed or was cancelled meanwhile. A
+-- parent whose state changes moves its own parent in turn, up the run tree.
 -- Locks the parent after the child (every path locks a child run before its
--- parent), and tells the parent's queue's listeners of treadle_done.
+-- parent), names it by id and queue (parent_queue: one shard on Citus, reached
+-- from the coordinator, where every caller runs), and tells the parent's queue's
+-- listeners of treadle_done.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._child_run_changed()
-RETURNS trigger
+CREATE OR REPLACE FUNCTION treadle._child_run_ended(child treadle.workflow_runs)
+RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now    timestamptz := treadle.now();
+    v_now    timestamptz;
     v_parent treadle.workflow_runs;
-    v_state  text;  -- a failed parent's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
+    IF child.parent_run_id IS NULL OR child.state = 'compensating' THEN
+        RETURN;  -- a compensating child fails its parent once its compensations end
+    END IF;
+    v_now := treadle.now();
     SELECT * INTO v_parent FROM treadle.workflow_runs AS r
-     WHERE r.queue = NEW.parent_queue AND r.id = NEW.parent_run_id FOR UPDATE;
+     WHERE r.queue = child.parent_queue AND r.id = child.parent_run_id FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN NULL;
+        RETURN;
     END IF;
-    IF NEW.state = 'compensating' THEN
-        RETURN NULL;  -- it fails its parent once its compensations end
-    END IF;
-    IF NEW.state = 'running' THEN
+    IF child.state = 'running' THEN
         IF v_parent.state = ANY (ARRAY['failed', 'cancelled']) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'running', finished_at = NULL
              WHERE r.queue = v_parent.queue AND r.id = v_parent.id
             RETURNING r.* INTO v_parent;
+            PERFORM treadle._child_run_ended(v_parent);
             PERFORM treadle._resume_graph(v_parent);
         END IF;
-        RETURN NULL;
+        RETURN;
     END IF;
-    IF NEW.state = 'completed' THEN
+    IF child.state = 'completed' THEN
         UPDATE treadle.workflow_runs AS r
-           SET results = r.results || jsonb_build_object(NEW.parent_step, NEW.results)
+           SET results = r.results || jsonb_build_object(child.parent_step, child.results)
          WHERE r.queue = v_parent.queue AND r.id = v_parent.id
         RETURNING r.* INTO v_parent;
         IF v_parent.state = 'running' THEN
             IF treadle._has_every_result(v_parent) THEN
                 UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now
-                 WHERE r.queue = v_parent.queue AND r.id = v_parent.id;
+                 WHERE r.queue = v_parent.queue AND r.id = v_parent.id
+                RETURNING r.* INTO v_parent;
+                PERFORM treadle._child_run_ended(v_parent);
             ELSE
-                PERFORM treadle._enqueue_ready(v_parent, v_now, NEW.parent_step);
+                PERFORM treadle._enqueue_ready(v_parent, v_now, child.parent_step);
             END IF;
         END IF;
     ELSIF v_parent.state = 'running' THEN
         -- failed or compensated: the parent fails
         UPDATE treadle.workflow_runs AS r
-           SET state = CASE WHEN NEW.state = 'cancelled' THEN 'cancelled' ELSE 'failed' END, finished_at = v_now
+           SET state = CASE WHEN child.state = 'cancelled' THEN 'cancelled' ELSE 'failed' END, finished_at = v_now
          WHERE r.queue = v_parent.queue AND r.id = v_parent.id
-        RETURNING r.state INTO v_state;
-        IF v_state = 'compensating' THEN
+        RETURNING r.* INTO v_parent;
+        PERFORM treadle._child_run_ended(v_parent);
+        IF v_parent.state = 'compensating' THEN
             PERFORM treadle._run_compensates(v_parent.id, v_parent.queue);  -- 078_workflow_compensation.sql
         END IF;
     END IF;
     PERFORM treadle._notify('treadle_done', v_parent.queue);
-    RETURN NULL;
 END;
 $$;
-COMMENT ON FUNCTION treadle._child_run_changed() IS
-    'Trigger: a child workflow run finished or resumed; complete, fail, cancel or resume its parent.';
-
-CREATE TRIGGER workflow_runs_child_changed
-    AFTER UPDATE OF state ON treadle.workflow_runs
-    FOR EACH ROW
-    WHEN (OLD.state IS DISTINCT FROM NEW.state AND NEW.parent_run_id IS NOT NULL)
-    EXECUTE FUNCTION treadle._child_run_changed();
-COMMENT ON TRIGGER workflow_runs_child_changed ON treadle.workflow_runs IS
-    'A child run that finishes or resumes moves its parent (treadle._child_run_changed).';
+COMMENT ON FUNCTION treadle._child_run_ended(treadle.workflow_runs) IS
+    'A workflow run changed state: when it is a child run, complete, fail, cancel or resume its parent.';
 --------------------------------------------------------------------------------
 -- Workflow versions and rolling deploys. A step job is named
 -- 'workflow:<workflow name>/<step>' (050_finish.sql), and a worker claims the
@@ -9154,7 +9183,9 @@ BEGIN
      LIMIT 1;
     IF NOT FOUND THEN
         UPDATE treadle.workflow_runs AS r SET state = 'compensated', finished_at = at
-         WHERE r.queue = v_run.queue AND r.id = v_run.id;
+         WHERE r.queue = v_run.queue AND r.id = v_run.id
+        RETURNING r.* INTO v_run;
+        PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
         RETURN;
     END IF;
     v_comp := v_run.compensations ->> v_step;
@@ -9212,7 +9243,9 @@ BEGIN
              WHERE r.queue = run.queue AND r.id = run.id;
         ELSIF step.state = ANY (ARRAY['discarded', 'cancelled']) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
-             WHERE r.queue = run.queue AND r.id = run.id;
+             WHERE r.queue = run.queue AND r.id = run.id
+            RETURNING r.* INTO run;
+            PERFORM treadle._child_run_ended(run);  -- 076_workflow_children.sql
             RETURN;
         END IF;
     ELSIF step.state = 'completed' AND NOT (run.maps IS NOT NULL AND run.maps ? step.step) THEN
@@ -10480,6 +10513,7 @@ BEGIN
             SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = retry_run.run_id;
             RETURN v_state;
         END IF;
+        PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
         IF v_run.after IS NOT NULL THEN
             PERFORM treadle._resume_graph(v_run);
         ELSE
@@ -10686,6 +10720,7 @@ AS $$
 DECLARE
     v_now   timestamptz := treadle.now();
     v_run   treadle.workflow_runs;
+    v_ended treadle.workflow_runs;  -- the run as its cancel left it
     v_state text;
 BEGIN
     IF cancel_run.compensate IS NULL THEN
@@ -10720,7 +10755,9 @@ BEGIN
         PERFORM treadle.cancel_workflow(v_run.id);
         UPDATE treadle.workflow_runs AS r
            SET state = 'cancelled', finished_at = v_now, wake_at = NULL, waiting = NULL, wait_until = NULL
-         WHERE r.queue = v_run.queue AND r.id = v_run.id AND r.state = 'running';
+         WHERE r.queue = v_run.queue AND r.id = v_run.id AND r.state = 'running'
+        RETURNING r.* INTO v_ended;
+        PERFORM treadle._child_run_ended(v_ended);  -- 076_workflow_children.sql
     END IF;
     UPDATE treadle.workflow_runs AS r SET state = 'compensating', finished_at = NULL
      WHERE r.queue = v_run.queue AND r.id = v_run.id AND r.state = 'cancelled';
@@ -11200,9 +11237,9 @@ BEGIN
                   HINT = 'Citus changes a shard count with alter_distributed_table(..., shard_count => n, cascade_to_colocated => true).';
     END IF;
 
-    -- treadle.workflow_runs' triggers (child runs, compensation) and treadle.tenants'
+    -- treadle.workflow_runs' trigger (compensation, on its own row) and treadle.tenants'
     -- go to the shards with their tables: Citus calls that unsafe, as a trigger then
-    -- runs on the node of the shard (docs/citus.md says which of them work there)
+    -- runs on the node of the shard (docs/citus.md says why these work there)
     PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
     -- a table already in Citus's metadata is left as it is: a second call, or one that
     -- follows a call that stopped part way, does the rest

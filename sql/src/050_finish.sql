@@ -333,7 +333,9 @@ BEGIN
         SELECT * INTO run FROM treadle.workflow_runs AS r WHERE r.queue = run.queue AND r.id = run.id;
         IF treadle._has_every_result(run) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at
-             WHERE r.queue = run.queue AND r.id = run.id AND r.state = 'running';
+             WHERE r.queue = run.queue AND r.id = run.id AND r.state = 'running'
+            RETURNING r.* INTO run;
+            PERFORM treadle._child_run_ended(run);  -- 076_workflow_children.sql
         ELSE
             PERFORM treadle._enqueue_ready(run, at);
         END IF;
@@ -400,7 +402,9 @@ BEGIN
             RETURNING r.* INTO v_run;
             IF treadle._has_every_result(v_run) THEN
                 UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at
-                 WHERE r.queue = v_run.queue AND r.id = v_run.id;
+                 WHERE r.queue = v_run.queue AND r.id = v_run.id
+                RETURNING r.* INTO v_run;
+                PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
             ELSE
                 PERFORM treadle._enqueue_ready(v_run, at);
             END IF;
@@ -440,7 +444,6 @@ DECLARE
     v_run   treadle.workflow_runs;
     v_index integer;
     v_queue text := coalesce(step.run_queue, step.queue);  -- the run's queue: every statement names it
-    v_state text;  -- a failed run's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
     IF step.state = 'completed' THEN
         -- The common case: a step of a running run completed (not an element of a
@@ -463,7 +466,9 @@ BEGIN
                 -- a graph: as treadle._advance_graph does after recording the result
                 IF treadle._has_every_result(v_run) THEN
                     UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now
-                     WHERE r.queue = v_queue AND r.id = v_run.id;
+                     WHERE r.queue = v_queue AND r.id = v_run.id
+                    RETURNING r.* INTO v_run;
+                    PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
                 ELSE
                     PERFORM treadle._enqueue_ready(v_run, v_now, step.step);
                 END IF;
@@ -472,6 +477,8 @@ BEGIN
             v_index := array_position(v_run.steps, step.step);
             IF v_index < cardinality(v_run.steps) THEN
                 PERFORM treadle._enqueue_steps(v_run, ARRAY[v_run.steps[v_index + 1]], v_now);
+            ELSE
+                PERFORM treadle._child_run_ended(v_run);  -- the run completed in the UPDATE
             END IF;
             RETURN;
         END IF;
@@ -507,18 +514,23 @@ BEGIN
                SET results = r.results || jsonb_build_object(step.step, step.result),
                    state = 'completed',
                    finished_at = v_now
-             WHERE r.queue = v_queue AND r.id = v_run.id;
+             WHERE r.queue = v_queue AND r.id = v_run.id
+            RETURNING r.* INTO v_run;
+            PERFORM treadle._child_run_ended(v_run);
         END IF;
     ELSIF step.state = 'discarded' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
          WHERE r.queue = v_queue AND r.id = v_run.id
-        RETURNING r.state INTO v_state;
-        IF v_state = 'compensating' THEN
+        RETURNING r.* INTO v_run;
+        PERFORM treadle._child_run_ended(v_run);
+        IF v_run.state = 'compensating' THEN
             PERFORM treadle._run_compensates(v_run.id, v_queue);  -- 078_workflow_compensation.sql
         END IF;
     ELSIF step.state = 'cancelled' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now
-         WHERE r.queue = v_queue AND r.id = v_run.id;
+         WHERE r.queue = v_queue AND r.id = v_run.id
+        RETURNING r.* INTO v_run;
+        PERFORM treadle._child_run_ended(v_run);
     END IF;
 END;
 $$;
@@ -544,7 +556,6 @@ DECLARE
     v_run    treadle.workflow_runs;
     v_left   integer;
     v_result jsonb;
-    v_state  text;  -- a failed run's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
     IF step.state = 'completed' AND run.maps IS NOT NULL AND run.maps ? step.step THEN
         -- one element of a map step: counted under the run row's lock, so the step
@@ -575,7 +586,9 @@ BEGIN
         END IF;
         IF treadle._has_every_result(v_run) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now
-             WHERE r.queue = run.queue AND r.id = run.id;
+             WHERE r.queue = run.queue AND r.id = run.id
+            RETURNING r.* INTO v_run;
+            PERFORM treadle._child_run_ended(v_run);
         ELSE
             PERFORM treadle._enqueue_ready(v_run, v_now, step.step);
         END IF;
@@ -584,13 +597,16 @@ BEGIN
     ELSIF step.state = 'discarded' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
          WHERE r.queue = run.queue AND r.id = run.id
-        RETURNING r.state INTO v_state;
-        IF v_state = 'compensating' THEN
+        RETURNING r.* INTO v_run;
+        PERFORM treadle._child_run_ended(v_run);
+        IF v_run.state = 'compensating' THEN
             PERFORM treadle._run_compensates(run.id, run.queue);  -- 078_workflow_compensation.sql
         END IF;
     ELSIF step.state = 'cancelled' THEN
         UPDATE treadle.workflow_runs AS r SET state = 'cancelled', finished_at = v_now
-         WHERE r.queue = run.queue AND r.id = run.id;
+         WHERE r.queue = run.queue AND r.id = run.id
+        RETURNING r.* INTO v_run;
+        PERFORM treadle._child_run_ended(v_run);
     END IF;
 END;
 $$;

@@ -185,6 +185,7 @@ BEGIN
          WHERE r.id = v_job.workflow_run_id
            AND r.state = ANY (ARRAY['failed', 'cancelled'])
         RETURNING r.* INTO v_run;
+        PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
         IF v_run.after IS NOT NULL THEN
             PERFORM treadle._resume_graph(v_run);
         END IF;

@@ -620,6 +620,7 @@ DECLARE
     v_looked boolean;
     v_child  bigint;
     v_queue  text;  -- the run's: read first, then every statement on the run names it
+    v_run    treadle.workflow_runs;  -- the run as its cancel left it
 BEGIN
     IF cancel_workflow.run_id IS NULL THEN
         RAISE EXCEPTION 'treadle: run_id must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -683,8 +684,10 @@ BEGIN
     -- rows were deleted by hand)
     UPDATE treadle.workflow_runs AS r
        SET state = 'cancelled', finished_at = v_now
-     WHERE r.queue = v_queue AND r.id = cancel_workflow.run_id AND r.state = 'running';
-    RETURN FOUND;
+     WHERE r.queue = v_queue AND r.id = cancel_workflow.run_id AND r.state = 'running'
+    RETURNING r.* INTO v_run;
+    PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
+    RETURN v_run.id IS NOT NULL;
 END;
 $$;
 COMMENT ON FUNCTION treadle.cancel_workflow(bigint) IS

@@ -192,7 +192,6 @@ DECLARE
     v_next   timestamptz;
     v_failed integer := 0;
     v_queue  text;
-    v_state  text;  -- a failed run's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
     -- the queues with a wait due, read without locks; then queue by queue (one shard
     -- on Citus), each run locked and what the write sets computed here
@@ -234,7 +233,9 @@ BEGIN
                 RETURNING r.* INTO v_run;
                 IF treadle._has_every_result(v_run) THEN
                     UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at
-                     WHERE r.queue = v_run.queue AND r.id = v_run.id;
+                     WHERE r.queue = v_run.queue AND r.id = v_run.id
+                    RETURNING r.* INTO v_run;
+                    PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
                 ELSE
                     PERFORM treadle._enqueue_ready(v_run, at);
                 END IF;
@@ -247,8 +248,9 @@ BEGIN
             UPDATE treadle.workflow_runs AS r
                SET state = 'failed', finished_at = at, wait_until = NULL, waiting = v_left
              WHERE r.queue = v_run.queue AND r.id = v_run.id
-            RETURNING r.state INTO v_state;
-            IF v_state = 'compensating' THEN
+            RETURNING r.* INTO v_run;
+            PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
+            IF v_run.state = 'compensating' THEN
                 PERFORM treadle._run_compensates(v_run.id, v_run.queue);  -- 078_workflow_compensation.sql
             END IF;
         END LOOP;
@@ -302,7 +304,10 @@ BEGIN
          WHERE r.id = v_run.id
         RETURNING r.* INTO v_run;
         IF treadle._has_every_result(v_run) THEN
-            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now WHERE r.id = v_run.id;
+            UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now
+             WHERE r.queue = v_run.queue AND r.id = v_run.id
+            RETURNING r.* INTO v_run;
+            PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
         ELSE
             PERFORM treadle._enqueue_ready(v_run, v_now, v_step);
         END IF;

@@ -213,8 +213,9 @@ BEGIN
          ORDER BY c.id
     LOOP
         UPDATE treadle.workflow_runs AS c SET state = 'running', finished_at = NULL
-         WHERE c.id = v_child.id
+         WHERE c.queue = v_child.queue AND c.id = v_child.id
         RETURNING c.* INTO v_child;
+        PERFORM treadle._child_run_ended(v_child);
         IF v_child.after IS NOT NULL THEN
             PERFORM treadle._resume_graph(v_child);
         ELSE
@@ -236,83 +237,86 @@ COMMENT ON FUNCTION treadle._resume_children(treadle.workflow_runs) IS
     'Resume the failed and cancelled child runs of a workflow run that a retry resumed.';
 
 --------------------------------------------------------------------------------
--- treadle._child_run_changed() -> trigger
+-- treadle._child_run_ended(child) -> void
 --
--- After a child run (parent_run_id not null) changes state, on whichever path:
+-- A workflow run's state changed (child: its row as the statement that changed it
+-- returned it; that statement's caller calls this next, in every path that
+-- changes a run's state: a null row, one whose state the statement left as it
+-- was, or a run that is not a child (parent_run_id null) do nothing). For a child
+-- run, its parent moves:
 --   running:   a retry resumed it: a parent that failed or was cancelled becomes
 --              running again and resumes (treadle._resume_graph);
 --   completed: the parent's step completes with the child's results (keyed by the
 --              child's step names), and the parent moves on as after a completed
 --              step (the steps now ready start, or the parent completes);
---   failed:    the parent becomes failed, as after a discarded step;
---   cancelled: the parent becomes cancelled, as after a cancelled step.
+--   failed, compensated: the parent becomes failed, as after a discarded step;
+--   cancelled: the parent becomes cancelled, as after a cancelled step;
+--   compensating: nothing yet (it fails its parent once its compensations end).
 -- As for a step's job, only a running parent moves, but a completed child's
--- results are recorded on a parent that failed or was cancelled meanwhile.
+-- results are recorded on a parent that failed or was cancelled meanwhile. A
+-- parent whose state changes moves its own parent in turn, up the run tree.
 -- Locks the parent after the child (every path locks a child run before its
--- parent), and tells the parent's queue's listeners of treadle_done.
+-- parent), names it by id and queue (parent_queue: one shard on Citus, reached
+-- from the coordinator, where every caller runs), and tells the parent's queue's
+-- listeners of treadle_done.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._child_run_changed()
-RETURNS trigger
+CREATE OR REPLACE FUNCTION treadle._child_run_ended(child treadle.workflow_runs)
+RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now    timestamptz := treadle.now();
+    v_now    timestamptz;
     v_parent treadle.workflow_runs;
-    v_state  text;  -- a failed parent's state: compensating when it has compensations (078_workflow_compensation.sql)
 BEGIN
+    IF child.parent_run_id IS NULL OR child.state = 'compensating' THEN
+        RETURN;  -- a compensating child fails its parent once its compensations end
+    END IF;
+    v_now := treadle.now();
     SELECT * INTO v_parent FROM treadle.workflow_runs AS r
-     WHERE r.queue = NEW.parent_queue AND r.id = NEW.parent_run_id FOR UPDATE;
+     WHERE r.queue = child.parent_queue AND r.id = child.parent_run_id FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN NULL;
+        RETURN;
     END IF;
-    IF NEW.state = 'compensating' THEN
-        RETURN NULL;  -- it fails its parent once its compensations end
-    END IF;
-    IF NEW.state = 'running' THEN
+    IF child.state = 'running' THEN
         IF v_parent.state = ANY (ARRAY['failed', 'cancelled']) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'running', finished_at = NULL
              WHERE r.queue = v_parent.queue AND r.id = v_parent.id
             RETURNING r.* INTO v_parent;
+            PERFORM treadle._child_run_ended(v_parent);
             PERFORM treadle._resume_graph(v_parent);
         END IF;
-        RETURN NULL;
+        RETURN;
     END IF;
-    IF NEW.state = 'completed' THEN
+    IF child.state = 'completed' THEN
         UPDATE treadle.workflow_runs AS r
-           SET results = r.results || jsonb_build_object(NEW.parent_step, NEW.results)
+           SET results = r.results || jsonb_build_object(child.parent_step, child.results)
          WHERE r.queue = v_parent.queue AND r.id = v_parent.id
         RETURNING r.* INTO v_parent;
         IF v_parent.state = 'running' THEN
             IF treadle._has_every_result(v_parent) THEN
                 UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now
-                 WHERE r.queue = v_parent.queue AND r.id = v_parent.id;
+                 WHERE r.queue = v_parent.queue AND r.id = v_parent.id
+                RETURNING r.* INTO v_parent;
+                PERFORM treadle._child_run_ended(v_parent);
             ELSE
-                PERFORM treadle._enqueue_ready(v_parent, v_now, NEW.parent_step);
+                PERFORM treadle._enqueue_ready(v_parent, v_now, child.parent_step);
             END IF;
         END IF;
     ELSIF v_parent.state = 'running' THEN
         -- failed or compensated: the parent fails
         UPDATE treadle.workflow_runs AS r
-           SET state = CASE WHEN NEW.state = 'cancelled' THEN 'cancelled' ELSE 'failed' END, finished_at = v_now
+           SET state = CASE WHEN child.state = 'cancelled' THEN 'cancelled' ELSE 'failed' END, finished_at = v_now
          WHERE r.queue = v_parent.queue AND r.id = v_parent.id
-        RETURNING r.state INTO v_state;
-        IF v_state = 'compensating' THEN
+        RETURNING r.* INTO v_parent;
+        PERFORM treadle._child_run_ended(v_parent);
+        IF v_parent.state = 'compensating' THEN
             PERFORM treadle._run_compensates(v_parent.id, v_parent.queue);  -- 078_workflow_compensation.sql
         END IF;
     END IF;
     PERFORM treadle._notify('treadle_done', v_parent.queue);
-    RETURN NULL;
 END;
 $$;
-COMMENT ON FUNCTION treadle._child_run_changed() IS
-    'Trigger: a child workflow run finished or resumed; complete, fail, cancel or resume its parent.';
-
-CREATE TRIGGER workflow_runs_child_changed
-    AFTER UPDATE OF state ON treadle.workflow_runs
-    FOR EACH ROW
-    WHEN (OLD.state IS DISTINCT FROM NEW.state AND NEW.parent_run_id IS NOT NULL)
-    EXECUTE FUNCTION treadle._child_run_changed();
-COMMENT ON TRIGGER workflow_runs_child_changed ON treadle.workflow_runs IS
-    'A child run that finishes or resumes moves its parent (treadle._child_run_changed).';
+COMMENT ON FUNCTION treadle._child_run_ended(treadle.workflow_runs) IS
+    'A workflow run changed state: when it is a child run, complete, fail, cancel or resume its parent.';

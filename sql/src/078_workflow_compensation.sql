@@ -124,7 +124,9 @@ BEGIN
      LIMIT 1;
     IF NOT FOUND THEN
         UPDATE treadle.workflow_runs AS r SET state = 'compensated', finished_at = at
-         WHERE r.queue = v_run.queue AND r.id = v_run.id;
+         WHERE r.queue = v_run.queue AND r.id = v_run.id
+        RETURNING r.* INTO v_run;
+        PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
         RETURN;
     END IF;
     v_comp := v_run.compensations ->> v_step;
@@ -182,7 +184,9 @@ BEGIN
              WHERE r.queue = run.queue AND r.id = run.id;
         ELSIF step.state = ANY (ARRAY['discarded', 'cancelled']) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'failed', finished_at = v_now
-             WHERE r.queue = run.queue AND r.id = run.id;
+             WHERE r.queue = run.queue AND r.id = run.id
+            RETURNING r.* INTO run;
+            PERFORM treadle._child_run_ended(run);  -- 076_workflow_children.sql
             RETURN;
         END IF;
     ELSIF step.state = 'completed' AND NOT (run.maps IS NOT NULL AND run.maps ? step.step) THEN

@@ -117,6 +117,7 @@ BEGIN
             SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = retry_run.run_id;
             RETURN v_state;
         END IF;
+        PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
         IF v_run.after IS NOT NULL THEN
             PERFORM treadle._resume_graph(v_run);
         ELSE

@@ -34,6 +34,7 @@ AS $$
 DECLARE
     v_now   timestamptz := treadle.now();
     v_run   treadle.workflow_runs;
+    v_ended treadle.workflow_runs;  -- the run as its cancel left it
     v_state text;
 BEGIN
     IF cancel_run.compensate IS NULL THEN
@@ -68,7 +69,9 @@ BEGIN
         PERFORM treadle.cancel_workflow(v_run.id);
         UPDATE treadle.workflow_runs AS r
            SET state = 'cancelled', finished_at = v_now, wake_at = NULL, waiting = NULL, wait_until = NULL
-         WHERE r.queue = v_run.queue AND r.id = v_run.id AND r.state = 'running';
+         WHERE r.queue = v_run.queue AND r.id = v_run.id AND r.state = 'running'
+        RETURNING r.* INTO v_ended;
+        PERFORM treadle._child_run_ended(v_ended);  -- 076_workflow_children.sql
     END IF;
     UPDATE treadle.workflow_runs AS r SET state = 'compensating', finished_at = NULL
      WHERE r.queue = v_run.queue AND r.id = v_run.id AND r.state = 'cancelled';

@@ -80,9 +80,9 @@ BEGIN
                   HINT = 'Citus changes a shard count with alter_distributed_table(..., shard_count => n, cascade_to_colocated => true).';
     END IF;
 
-    -- treadle.workflow_runs' triggers (child runs, compensation) and treadle.tenants'
+    -- treadle.workflow_runs' trigger (compensation, on its own row) and treadle.tenants'
     -- go to the shards with their tables: Citus calls that unsafe, as a trigger then
-    -- runs on the node of the shard (docs/citus.md says which of them work there)
+    -- runs on the node of the shard (docs/citus.md says why these work there)
     PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
     -- a table already in Citus's metadata is left as it is: a second call, or one that
     -- follows a call that stopped part way, does the rest

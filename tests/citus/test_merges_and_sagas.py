@@ -1,7 +1,8 @@
-"""Three calls on a Citus cluster (make test-citus) that need a form Citus routes:
+"""Four calls on a Citus cluster (make test-citus) that need a form Citus routes:
 treadle.workflow_results (a read of a run by its id alone), enqueue's merges into a held
-idempotency key (on_conflict 'replace', 'replace_args', 'append'), and a running run
-with compensations that fails (its compensations start, on the coordinator)."""
+idempotency key (on_conflict 'replace', 'replace_args', 'append'), a running run
+with compensations that fails (its compensations start, on the coordinator), and a child
+run that ends (its parent moves from the coordinator, by id and queue, on any node)."""
 
 from __future__ import annotations
 
@@ -245,12 +246,6 @@ def test_a_child_step_starts_its_child_run(conn: Conn, queue: str) -> None:
     assert step["workflow_run_id"] == child
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=psycopg.errors.InternalError_,
-    reason="a completed child run moves its parent from a trigger on the child's shard, and the parent's next steps"
-    " read its jobs by run id alone there: Citus refuses a distributed query from a query on a shard",
-)
 def test_a_child_run_that_completes_moves_its_parent_on(conn: Conn, queue: str) -> None:
     conn.execute("SELECT treadle.define_workflow('citus5_charge', ARRAY['one'])")
     run_id = one(
@@ -266,12 +261,6 @@ def test_a_child_run_that_completes_moves_its_parent_on(conn: Conn, queue: str) 
     assert one(conn, "SELECT treadle.workflow_results(%s)", [run_id]) == {"kid": {"one": {"paid": 1}}}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=psycopg.errors.InternalError_,
-    reason="a child run that ends moves its parent from a trigger on the child's shard: Citus refuses its lock of"
-    " the parent (by id and queue) from there when the parent's shard is on another node",
-)
 def test_a_child_run_in_another_queue_moves_its_parent(conn: Conn, queue: str) -> None:
     kids = on_another_node(conn, queue)
     conn.execute("SELECT treadle.define_workflow('citus6_charge', ARRAY['one'])")
@@ -292,12 +281,6 @@ def test_a_child_run_in_another_queue_moves_its_parent(conn: Conn, queue: str) -
     assert run_state(conn, queue, run_id) == "completed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=psycopg.errors.InternalError_,
-    reason="a child run that ends moves its parent from a trigger on the child's shard: Citus refuses its lock of"
-    " the parent (by id and queue) from there when the parent's shard is on another node",
-)
 def test_a_child_run_that_fails_fails_its_parent(conn: Conn, queue: str) -> None:
     kids = on_another_node(conn, queue)
     conn.execute("SELECT treadle.define_workflow('citus6_charge', ARRAY['one'])")
@@ -319,3 +302,49 @@ def test_a_child_run_that_fails_fails_its_parent(conn: Conn, queue: str) -> None
     assert child_state == "failed"
     assert run_state(conn, queue, run_id) == "failed"
     assert claim(conn, queue) == []
+
+
+def test_a_chain_of_ten_child_runs_ends_up_to_its_root_across_nodes(conn: Conn, queue: str) -> None:
+    """Each level of the chain in a queue of its own, on the other node than its parent's:
+    the leaf's end moves every run above it, each named by id and queue."""
+    queues = [queue]
+    while len(queues) < 10:
+        queues.append(on_another_node(conn, queues[-1]))
+    conn.execute("SELECT treadle.define_workflow('citus7_level10', ARRAY['leaf'])")
+    for n in range(1, 10):
+        conn.execute(
+            """SELECT treadle.define_workflow(%s, ARRAY['kid'], children => jsonb_build_object(
+                   'kid', jsonb_build_object('workflow', %s::text, 'queue', %s::text)))""",
+            [f"citus7_level{n}", f"citus7_level{n + 1}", queues[n]],
+        )
+
+    def chain(root: int) -> list[tuple[str, int, str]]:
+        runs = [(queue, root)]
+        for q in queues[1:]:
+            child = one(
+                conn,
+                "SELECT id FROM treadle.workflow_runs WHERE queue = %s AND parent_run_id = %s",
+                [q, runs[-1][1]],
+            )
+            runs.append((q, child))
+        return [(q, r, run_state(conn, q, r)) for q, r in runs]
+
+    root = one(conn, "SELECT treadle.start_workflow('citus7_level1', '{}', queue => %s)", [queue])
+    assert [s for _, _, s in chain(root)] == ["running"] * 10
+    (leaf,) = claim(conn, queues[-1])
+    conn.execute("SELECT treadle.complete(%s, %s, '{\"v\": 7}', %s)", [leaf["id"], leaf["lease_token"], queues[-1]])
+    assert [s for _, _, s in chain(root)] == ["completed"] * 10
+    results = one(conn, "SELECT treadle.workflow_results(%s)", [root])
+    for _ in range(9):
+        results = results["kid"]
+    assert results == {"leaf": {"v": 7}}
+
+    root = one(conn, "SELECT treadle.start_workflow('citus7_level1', '{}', queue => %s, max_attempts => 1)", [queue])
+    (leaf,) = claim(conn, queues[-1])
+    conn.execute(
+        "SELECT treadle.fail(%s, %s, 'no', retryable => false, queue => %s)",
+        [leaf["id"], leaf["lease_token"], queues[-1]],
+    )
+    assert [s for _, _, s in chain(root)] == ["failed"] * 10
+    assert conn.execute("SELECT treadle.retry(%s, %s)", [leaf["id"], queues[-1]]).fetchone() == {"retry": True}
+    assert [s for _, _, s in chain(root)] == ["running"] * 10
