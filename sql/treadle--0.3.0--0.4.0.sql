@@ -3313,7 +3313,9 @@ COMMENT ON FUNCTION treadle.progress(bigint, uuid, double precision, text, text)
 -- or cancelled when a cancel was requested), then as treadle.claim for up to
 -- `batch` more (available | retryable -> running), in one transaction: a
 -- workflow's next step or a periodic job's next occurrence written by the finish
--- can be claimed by the same call. Returns first one row per finished input, in
+-- can be claimed by the same call; a step that may make a join ready (a step
+-- with other dependencies runs after it, or it is a map element) moves its run
+-- after the claim, which holds the run row's lock through the commit only. Returns first one row per finished input, in
 -- input order (finished_id, finished_state: null where the token does not hold
 -- the job; job null), then one row per claimed job (finished_id and
 -- finished_state null; job the claimed row), in claim order.
@@ -3378,13 +3380,17 @@ BEGIN
     IF cardinality(complete_and_claim.job_ids) > 0 OR cardinality(complete_and_claim.lease_tokens) > 0
        OR cardinality(complete_and_claim.results) > 0 THEN
         IF complete_and_claim.batch > 0 THEN
-            -- workflow steps the finish writes are told of after the claim, if it left them
-            PERFORM set_config('treadle.claim_follows', 'on', true), set_config('treadle.steps_written', '', true);
+            -- workflow steps the finish writes are told of after the claim, if it left them;
+            -- the steps that may make a join ready move their runs after it (073_workflow_joins.sql;
+            -- complete_many leaves them to this call when the setting is on)
+            PERFORM set_config('treadle.claim_follows', 'on', true), set_config('treadle.steps_written', '', true),
+                    set_config('treadle.defer_joins', 'on', true), set_config('treadle.joins_deferred', '', true);
         END IF;
         RETURN QUERY
         SELECT m.job_id, m.state, NULL::treadle.jobs
           FROM treadle.complete_many(complete_and_claim.job_ids, complete_and_claim.lease_tokens,
                                      complete_and_claim.results, complete_and_claim.job_queues) AS m;
+        PERFORM set_config('treadle.defer_joins', '', true);
     END IF;
 
     IF complete_and_claim.batch > 0 THEN
@@ -3394,6 +3400,7 @@ BEGIN
                              complete_and_claim.batch, complete_and_claim.lease,
                              complete_and_claim.lease_token) AS c;
         PERFORM treadle._notify_left_steps();
+        PERFORM treadle._advance_deferred();
     END IF;
 END;
 $$;
@@ -4071,7 +4078,9 @@ COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
 -- keeps): two branches that complete at once on two connections take turns on
 -- the run row, and the second sees the first's result, so a join step is
 -- enqueued once. A step of a running run that completed (not a map element, not
--- a compensation) is recorded by the UPDATE that takes that lock.
+-- a compensation) is recorded by the UPDATE that takes that lock. Inside
+-- treadle.complete_many a step that may make a join ready moves its run last,
+-- inside treadle.complete_and_claim after the claim (treadle._advance_deferred).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._advance_run(step treadle.jobs)
 RETURNS void
@@ -4085,7 +4094,28 @@ DECLARE
     v_index integer;
     v_queue text := coalesce(step.run_queue, step.queue);  -- the run's queue: every statement names it
     v_state text;  -- a failed run's state: compensating when it has compensations (078_workflow_compensation.sql)
+    v_after jsonb;
+    v_maps  jsonb;
 BEGIN
+    IF step.state = 'completed' AND current_setting('treadle.defer_joins', true) = 'on' THEN
+        -- Inside complete_many or complete_and_claim: a step that may make a join ready
+        -- (a step that also runs after another runs after it; an element of a map step)
+        -- moves its run last, after complete_and_claim's claim (treadle._advance_deferred,
+        -- 073_workflow_joins.sql), so that the run row's lock is held through the commit
+        -- only. Read without the lock: a run's after and maps never change.
+        SELECT r.after, r.maps INTO v_after, v_maps FROM treadle.workflow_runs AS r
+         WHERE r.queue = v_queue AND r.id = step.workflow_run_id;
+        IF (v_maps IS NOT NULL AND v_maps ? step.step)
+           OR (v_after IS NOT NULL
+               AND EXISTS (SELECT 1 FROM jsonb_each(v_after) AS e
+                            WHERE e.value ? step.step AND jsonb_array_length(e.value) > 1)) THEN
+            PERFORM set_config('treadle.joins_deferred',
+                               coalesce(current_setting('treadle.joins_deferred', true), '')
+                               || step.id || E'\t' || step.queue || E'\n',  -- (a name holds no control character)
+                               true);
+            RETURN;
+        END IF;
+    END IF;
     IF step.state = 'completed' THEN
         -- The common case: a step of a running run completed (not an element of a
         -- map step, not a compensation). Its result is recorded, and the run row
@@ -4448,6 +4478,7 @@ DECLARE
     v_q      text[];
     v_d      treadle.jobs[];
     v_f      bigint[];  -- the finished jobs that something follows
+    v_defer  boolean := current_setting('treadle.defer_joins', true) IS DISTINCT FROM 'on';  -- not in a cycle
 BEGIN
     IF complete_many.job_ids IS NULL OR complete_many.lease_tokens IS NULL THEN
         RAISE EXCEPTION 'treadle: job_ids and lease_tokens must not be null'
@@ -4556,6 +4587,10 @@ BEGIN
     END LOOP;
 
     IF v_done IS NOT NULL THEN
+        IF v_defer THEN
+            -- the runs of steps that may make a join ready move last (073_workflow_joins.sql)
+            PERFORM set_config('treadle.defer_joins', 'on', true), set_config('treadle.joins_deferred', '', true);
+        END IF;
         PERFORM treadle._follow_up(v_done);
     END IF;
     IF v_queues IS NOT NULL THEN
@@ -4572,6 +4607,9 @@ BEGIN
          WHERE j.state = ANY (ARRAY['completed', 'cancelled'])
            AND (i.queue IS NULL OR j.queue = i.queue)
            AND i.ord <> ALL (coalesce(v_ords, '{}'));
+    END IF;
+    IF v_defer AND v_done IS NOT NULL THEN
+        PERFORM treadle._advance_deferred();
     END IF;
 
     RETURN QUERY
@@ -7948,6 +7986,58 @@ SELECT s.name, s.cron, s.tz, s.job, s.queue, s.args, s.priority, s.max_attempts,
  ORDER BY s.name;
 COMMENT ON VIEW treadle.schedules IS
     'Cron schedules: expression, time zone, job, queue, and the next run as an instant and on the zone''s clock.';
+--------------------------------------------------------------------------------
+-- Joins last. Two branches of a run that complete at once on two connections
+-- take turns on the run row (treadle._advance_run locks it so that a join is
+-- enqueued exactly once), and the second waits until the first commits. So
+-- inside treadle.complete_many the runs of the steps that may make a join ready
+-- (a step that a step with other dependencies runs after; an element of a map
+-- step) move after every other follow-up, and inside treadle.complete_and_claim
+-- after its claim: that lock is held through the commit, not through the rest
+-- of the finish and the claim too. A step whose successors wait for it alone
+-- moves its run at once (complete_and_claim's claim can take what it enqueued).
+-- treadle._advance_run keeps such a step (setting treadle.joins_deferred, one
+-- line "<job id><tab><queue>" each) while setting treadle.defer_joins is 'on'.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._advance_deferred() -> void
+--
+-- The end of treadle.complete_many (or of treadle.complete_and_claim, after its
+-- claim): the steps treadle._advance_run kept move their runs now
+-- (treadle._advance_run with each job's row as it is, in id order), and both
+-- settings are cleared for the rest of the transaction. The steps these enqueue
+-- wake their queues as any step's (treadle._notify_steps).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._advance_deferred()
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_kept text := nullif(current_setting('treadle.joins_deferred', true), '');
+    v_job  treadle.jobs;
+    v_each text[];
+BEGIN
+    PERFORM set_config('treadle.defer_joins', '', true);
+    IF v_kept IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM set_config('treadle.joins_deferred', '', true);
+    FOR v_each IN
+        SELECT string_to_array(k.line, E'\t') FROM unnest(string_to_array(rtrim(v_kept, E'\n'), E'\n')) AS k(line)
+         ORDER BY split_part(k.line, E'\t', 1)::bigint
+    LOOP
+        SELECT * INTO v_job FROM treadle.jobs AS j WHERE j.queue = v_each[2] AND j.id = v_each[1]::bigint;
+        IF FOUND THEN
+            PERFORM treadle._advance_run(v_job);
+        END IF;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION treadle._advance_deferred() IS
+    'Move the runs of the workflow steps complete_many or complete_and_claim kept for last.';
 --------------------------------------------------------------------------------
 -- Workflow signals: a wait step of a run (run.waits) has no handler; it waits for
 -- a named signal, which treadle.signal delivers from any SQL client in the
