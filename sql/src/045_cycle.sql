@@ -83,8 +83,7 @@ BEGIN
        OR cardinality(complete_and_claim.results) > 0 THEN
         IF complete_and_claim.batch > 0 THEN
             -- workflow steps the finish writes are told of after the claim, if it left them;
-            -- the steps that may make a join ready move their runs after it (073_workflow_joins.sql;
-            -- complete_many leaves them to this call when the setting is on)
+            -- the steps that may make a join ready move their runs after it (073_workflow_joins.sql)
             PERFORM set_config('treadle.claim_follows', 'on', true), set_config('treadle.steps_written', '', true),
                     set_config('treadle.defer_joins', 'on', true), set_config('treadle.joins_deferred', '', true);
         END IF;
@@ -102,7 +101,9 @@ BEGIN
                              complete_and_claim.batch, complete_and_claim.lease,
                              complete_and_claim.lease_token) AS c;
         PERFORM treadle._notify_left_steps();
-        PERFORM treadle._advance_deferred();
+        IF current_setting('treadle.joins_deferred', true) <> '' THEN
+            PERFORM treadle._advance_deferred();
+        END IF;
     END IF;
 END;
 $$;

@@ -428,8 +428,9 @@ COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
 -- the run row, and the second sees the first's result, so a join step is
 -- enqueued once. A step of a running run that completed (not a map element, not
 -- a compensation) is recorded by the UPDATE that takes that lock. Inside
--- treadle.complete_many a step that may make a join ready moves its run last,
--- inside treadle.complete_and_claim after the claim (treadle._advance_deferred).
+-- treadle.complete_and_claim's finish any other completed step (one that may
+-- make a join ready, a map element, a compensation, a step of a run that is not
+-- running) moves its run after the claim (treadle._advance_deferred).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._advance_run(step treadle.jobs)
 RETURNS void
@@ -443,32 +444,16 @@ DECLARE
     v_index integer;
     v_queue text := coalesce(step.run_queue, step.queue);  -- the run's queue: every statement names it
     v_state text;  -- a failed run's state: compensating when it has compensations (078_workflow_compensation.sql)
-    v_after jsonb;
-    v_maps  jsonb;
+    v_defer boolean;
 BEGIN
-    IF step.state = 'completed' AND current_setting('treadle.defer_joins', true) = 'on' THEN
-        -- Inside complete_many or complete_and_claim: a step that may make a join ready
-        -- (a step that also runs after another runs after it; an element of a map step)
-        -- moves its run last, after complete_and_claim's claim (treadle._advance_deferred,
-        -- 073_workflow_joins.sql), so that the run row's lock is held through the commit
-        -- only. Read without the lock: a run's after and maps never change.
-        SELECT r.after, r.maps INTO v_after, v_maps FROM treadle.workflow_runs AS r
-         WHERE r.queue = v_queue AND r.id = step.workflow_run_id;
-        IF (v_maps IS NOT NULL AND v_maps ? step.step)
-           OR (v_after IS NOT NULL
-               AND EXISTS (SELECT 1 FROM jsonb_each(v_after) AS e
-                            WHERE e.value ? step.step AND jsonb_array_length(e.value) > 1)) THEN
-            PERFORM set_config('treadle.joins_deferred',
-                               coalesce(current_setting('treadle.joins_deferred', true), '')
-                               || step.id || E'\t' || step.queue || E'\n',  -- (a name holds no control character)
-                               true);
-            RETURN;
-        END IF;
-    END IF;
     IF step.state = 'completed' THEN
         -- The common case: a step of a running run completed (not an element of a
         -- map step, not a compensation). Its result is recorded, and the run row
         -- locked, by one statement; a list's last step completes the run in it.
+        -- Inside complete_and_claim's finish (setting treadle.defer_joins) a step that may
+        -- make a join ready is left for after its claim (below). (A run's after never
+        -- changes, so a row left out by it is never waited for.)
+        v_defer := current_setting('treadle.defer_joins', true) = 'on';
         UPDATE treadle.workflow_runs AS r
            SET results = r.results || jsonb_build_object(step.step, step.result),
                state = CASE WHEN r.after IS NOT NULL OR array_position(r.steps, step.step) < cardinality(r.steps)
@@ -480,6 +465,9 @@ BEGIN
            AND r.state = 'running'
            AND (r.maps IS NULL OR NOT r.maps ? step.step)
            AND (r.compensations IS NULL OR NOT step.args ? 'compensates')
+           AND (NOT v_defer OR r.after IS NULL
+                OR NOT EXISTS (SELECT 1 FROM jsonb_each(r.after) AS e
+                                WHERE e.value ? step.step AND jsonb_array_length(e.value) > 1))
         RETURNING r.* INTO v_run;
         IF FOUND THEN
             IF v_run.after IS NOT NULL THEN
@@ -496,6 +484,19 @@ BEGIN
             IF v_index < cardinality(v_run.steps) THEN
                 PERFORM treadle._enqueue_steps(v_run, ARRAY[v_run.steps[v_index + 1]], v_now);
             END IF;
+            RETURN;
+        END IF;
+        IF v_defer THEN
+            -- Not that common case (a step that may make a join ready: a step that also
+            -- runs after another runs after it, or an element of a map step; or a
+            -- compensation, or a step of a run that is not running) inside
+            -- complete_and_claim's finish: the run moves after its claim
+            -- (treadle._advance_deferred, 073_workflow_joins.sql), so that the run row's
+            -- lock is held through the commit only. The UPDATE above left the row unlocked.
+            PERFORM set_config('treadle.joins_deferred',
+                               coalesce(current_setting('treadle.joins_deferred', true), '')
+                               || step.id || E'\t' || step.queue || E'\n',  -- (a name holds no control character)
+                               true);
             RETURN;
         END IF;
     END IF;
@@ -827,7 +828,6 @@ DECLARE
     v_q      text[];
     v_d      treadle.jobs[];
     v_f      bigint[];  -- the finished jobs that something follows
-    v_defer  boolean := current_setting('treadle.defer_joins', true) IS DISTINCT FROM 'on';  -- not in a cycle
 BEGIN
     IF complete_many.job_ids IS NULL OR complete_many.lease_tokens IS NULL THEN
         RAISE EXCEPTION 'treadle: job_ids and lease_tokens must not be null'
@@ -936,10 +936,6 @@ BEGIN
     END LOOP;
 
     IF v_done IS NOT NULL THEN
-        IF v_defer THEN
-            -- the runs of steps that may make a join ready move last (073_workflow_joins.sql)
-            PERFORM set_config('treadle.defer_joins', 'on', true), set_config('treadle.joins_deferred', '', true);
-        END IF;
         PERFORM treadle._follow_up(v_done);
     END IF;
     IF v_queues IS NOT NULL THEN
@@ -956,9 +952,6 @@ BEGIN
          WHERE j.state = ANY (ARRAY['completed', 'cancelled'])
            AND (i.queue IS NULL OR j.queue = i.queue)
            AND i.ord <> ALL (coalesce(v_ords, '{}'));
-    END IF;
-    IF v_defer AND v_done IS NOT NULL THEN
-        PERFORM treadle._advance_deferred();
     END IF;
 
     RETURN QUERY

@@ -82,8 +82,7 @@ def test_a_failed_claim_undoes_the_finish_and_the_join(connect: Connect) -> None
     worker.execute(CYCLE, ([x[0]], [x[1]], [Jsonb(1)], "undo", 0))
     try:
         worker.execute(
-            "select * from treadle.complete_and_claim(%s, %s, null, 'w', array['undo'], batch => 1,"
-            " lease => '2 days')",
+            "select * from treadle.complete_and_claim(%s, %s, null, 'w', array['undo'], batch => 1, lease => '2 days')",
             ([y[0]], [y[1]]),
         )
         raise AssertionError("a lease over a day is refused")
@@ -129,7 +128,9 @@ def test_branches_finished_by_four_cycles_at_once_join_once(connect: Connect) ->
     assert results == [({"b1": "b1", "b2": "b2", "b3": "b3", "b4": "b4"},)]
 
 
-def test_the_second_cycle_waits_for_the_first_after_its_claim(connect: Connect, wait_until_blocked: WaitBlocked) -> None:
+def test_the_second_cycle_waits_for_the_first_after_its_claim(
+    connect: Connect, wait_until_blocked: WaitBlocked
+) -> None:
     """The first branch's transaction is open; the second's complete_and_claim waits on the
     run row after its claim, and sees the first's result once it commits: one join."""
     first, second = connect(autocommit=False), connect()
@@ -156,13 +157,11 @@ def test_map_elements_finished_by_cycles_at_once_start_the_next_step_once(connec
     run_id: int = value(
         setup,
         "select treadle.start_workflow('thumbs', '{}', steps => array['load', 'resize', 'report'],"
-        ' maps => \'{"resize": "load"}\', queue => \'map-cycle\')',
+        " maps => '{\"resize\": \"load\"}', queue => 'map-cycle')",
     )
     (load_id, load_token) = leases(setup, "map-cycle")[(run_id, "load")]
     setup.execute(CYCLE, ([load_id], [load_token], [Jsonb(list(range(40)))], "map-cycle", 0))
-    rows = setup.execute(
-        "select id, lease_token from treadle.claim('w', array['map-cycle'], batch => 1000)"
-    ).fetchall()
+    rows = setup.execute("select id, lease_token from treadle.claim('w', array['map-cycle'], batch => 1000)").fetchall()
     assert len(rows) == 40
     conns = [connect() for _ in range(4)]
     barrier = threading.Barrier(4)
