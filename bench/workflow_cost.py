@@ -1,37 +1,42 @@
 """A workflow run's server CPU and lock waits, this tree's advance path against another revision's.
 
-In one database, before each side the functions of sql/src/050_finish.sql and
-070_workflows.sql are created again from that side's files (`git show REV:...` for the
-other revision, this tree's otherwise), then bench/workflows.py's linear side (--linear-runs
-runs of a -> b -> c drained on one connection) and parallel side (--parallel-runs runs of
-a -> b1..b4 -> join drained by 4 connections, pg_stat_activity sampled every 10 ms) run;
+In one database, before each side the functions of sql/src/045_cycle.sql, 050_finish.sql,
+070_workflows.sql, 071_workflow_notify.sql and 073_workflow_joins.sql are created again from
+that side's files (`git show REV:...` for the other revision, a file it lacks left out; this
+tree's otherwise), then bench/workflows.py's linear side (--linear-runs runs of a -> b -> c
+drained on one connection) and parallel side (--parallel-runs runs of a -> b1..b4 -> join
+drained by 4 connections, pg_stat_activity sampled every 10 ms) run, drained by --drain:
+"claim" (treadle.claim, then treadle.complete_many) or "cycle" (treadle.complete_and_claim,
+the worker's statement);
 plain jobs run beside them the same way. The three sides take turns in each round (the
 order rotating); figures are medians (range) over the rounds of the backends' CPU
 (/proc/PID/stat) per job, and ratios are taken round by round.
 
     .build/venv/bin/python bench/workflow_cost.py [--runs 5] [--before main] [--linear-runs 2000]
-                                                  [--parallel-runs 1000]
+                                                  [--parallel-runs 1000] [--drain claim|cycle]
 """
 
 from __future__ import annotations
 
 import subprocess
+from collections import Counter
 
 import psycopg
 from harness import ROOT, database, median, paired_ratio, parser, print_settings, progress, server, spread, table
-from workflows import linear_side, parallel_side
+from workflows import DRAINS, linear_side, parallel_side
 
 TITLE = "A workflow run's server CPU and lock waits: this tree against another revision"
-FILES = ["sql/src/050_finish.sql", "sql/src/070_workflows.sql"]
+FILES = ["sql/src/045_cycle.sql", "sql/src/050_finish.sql", "sql/src/070_workflows.sql",
+         "sql/src/071_workflow_notify.sql", "sql/src/073_workflow_joins.sql"]
 
 
 def sources(rev: str) -> str:
     """The functions of FILES at `rev` ('.': this tree)."""
     if rev == ".":
-        return "\n".join((ROOT / f).read_text() for f in FILES)
-    shown = [subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{f}"], check=True, capture_output=True, text=True)
+        return "\n".join((ROOT / f).read_text() for f in FILES if (ROOT / f).exists())
+    shown = [subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{f}"], capture_output=True, text=True)
              for f in FILES]  # fmt: skip
-    return "\n".join(done.stdout for done in shown)
+    return "\n".join(done.stdout for done in shown if done.returncode == 0)
 
 
 def main() -> None:
@@ -39,6 +44,8 @@ def main() -> None:
     p.add_argument("--before", default="main", help="the revision to compare with (default main; '.': this tree)")
     p.add_argument("--linear-runs", type=int, default=2000)
     p.add_argument("--parallel-runs", type=int, default=1000)
+    p.add_argument("--drain", choices=DRAINS, default="claim",
+                   help="claim, then complete_many (default); or complete_and_claim (cycle)")
     args = p.parse_args()
     if args.smoke:
         args.linear_runs, args.parallel_runs, args.before = 20, 10, "."
@@ -47,6 +54,7 @@ def main() -> None:
     lin: dict[str, list[float]] = {s: [] for s in sides}
     par: dict[str, list[float]] = {s: [] for s in sides}
     share: dict[str, list[float]] = {s: [] for s in sides}
+    events: dict[str, Counter[str]] = {s: Counter() for s in sides}  # wait events, backend samples
     with server() as url:
         print_settings(url)
         with database(url, "workflow_cost") as db:
@@ -58,13 +66,14 @@ def main() -> None:
                             conn.execute(code[side].encode())
                     kind = "plain" if side == "plain" else "run"
                     progress(f"round {r + 1}/{args.runs}: {side}")
-                    _, cpu = linear_side(db, kind, args.linear_runs, 10, f"lin-{r}-{side}")
+                    _, cpu = linear_side(db, kind, args.linear_runs, 10, f"lin-{r}-{side}", how=args.drain)
                     lin[side].append(cpu * 1000 / (3 * args.linear_runs))
-                    got = parallel_side(db, kind, args.parallel_runs, 10, f"par-{r}-{side}")
+                    got = parallel_side(db, kind, args.parallel_runs, 10, f"par-{r}-{side}", how=args.drain)
                     par[side].append(got["cpu_ms"])
                     share[side].append(got["share"])
+                    events[side].update(got["events"])
     table(
-        f"{TITLE} (median (range) of {args.runs} rounds; before = {args.before})",
+        f"{TITLE} (median (range) of {args.runs} rounds; before = {args.before}; drain = {args.drain})",
         ["scenario", "before", "this tree", "plain jobs", "this / before", "before / plain", "this / plain"],
         [
             [
@@ -95,7 +104,9 @@ def main() -> None:
                 "-",
             ],
         ],
-        [f"median lock share: before {median(share['before']):.1f}%, this tree {median(share['this']):.1f}%"],
+        [f"median lock share: before {median(share['before']):.1f}%, this tree {median(share['this']):.1f}%"]
+        + [f"wait events, {side} (backend samples over the rounds): "
+           + ", ".join(f"{event} {n}" for event, n in events[side].most_common(6)) for side in sides],
     )
 
 

@@ -59,6 +59,10 @@ TITLE = "Workflows against plain jobs: linear runs, a fan-out and its join, para
 DRAIN_APP = "bench-wf-drain"  # the draining connections' application_name, for the sampler
 CLAIM = "SELECT id, lease_token FROM treadle.claim('bench', ARRAY[%s], names => %s, batch => %s)"
 COMPLETE = "SELECT count(*) FROM treadle.complete_many(%s, %s)"
+# the worker's cycle: finish the batch and claim the next in one statement (drain "cycle")
+CYCLE = ("SELECT finished_id, (job).id, (job).lease_token FROM treadle.complete_and_claim(%s, %s, NULL, 'bench',"
+         " ARRAY[%s], %s, %s)")
+DRAINS = ("claim", "cycle")  # claim, then complete_many; or complete_and_claim
 PARALLEL_AFTER = '{"b1": ["a"], "b2": ["a"], "b3": ["a"], "b4": ["a"], "join": ["b1", "b2", "b3", "b4"]}'
 PARALLEL_STEPS = ["a", "b1", "b2", "b3", "b4", "join"]
 # Where the time goes: the same run with treadle._notify emptied, for that side only (a
@@ -104,14 +108,19 @@ def backend_cpu(conn: psycopg.Connection[Any]) -> float:
 
 
 def drain(url: str, queue: str, names: list[str], total: int, batch: int, progress_: list[int],
-          lock: threading.Lock, deadlocks: list[int], cpu: list[float], timeout: float = 600) -> None:
+          lock: threading.Lock, deadlocks: list[int], cpu: list[float], timeout: float = 600,
+          how: str = "claim") -> None:
     """Claim `batch` and complete them, on one connection, until `total` jobs are done (by all drainers);
-    adds its backend's CPU seconds to cpu[0]."""
+    adds its backend's CPU seconds to cpu[0]. how: "claim" (claim, then complete_many) or "cycle"
+    (complete_and_claim)."""
     deadline = time.monotonic() + timeout
     with psycopg.connect(url, autocommit=True, application_name=DRAIN_APP) as conn:
         began = backend_cpu(conn)
         try:
-            drain_on(conn, queue, names, total, batch, progress_, lock, deadlocks, deadline)
+            if how == "cycle":
+                cycle_on(conn, queue, names, total, batch, progress_, lock, deadlocks, deadline)
+            else:
+                drain_on(conn, queue, names, total, batch, progress_, lock, deadlocks, deadline)
         finally:
             with lock:
                 cpu[0] += backend_cpu(conn) - began
@@ -140,8 +149,33 @@ def drain_on(conn: psycopg.Connection[Any], queue: str, names: list[str], total:
             time.sleep(0.001)
 
 
+def cycle_on(conn: psycopg.Connection[Any], queue: str, names: list[str], total: int, batch: int,
+             progress_: list[int], lock: threading.Lock, deadlocks: list[int], deadline: float) -> None:
+    """As drain_on, with the worker's statement: each finishes the jobs held and claims the next."""
+    ids: list[int] = []
+    tokens: list[Any] = []
+    while True:
+        try:
+            rows = conn.execute(CYCLE, (ids, tokens, queue, names, batch)).fetchall()
+        except psycopg.errors.DeadlockDetected:  # rolled back; the jobs are still ours
+            with lock:
+                deadlocks[0] += 1
+            continue
+        with lock:
+            progress_[0] += len(ids)
+        ids = [r[1] for r in rows if r[0] is None]
+        tokens = [r[2] for r in rows if r[0] is None]
+        if ids:
+            continue
+        if progress_[0] >= total:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{progress_[0]} of {total} jobs done before the deadline")
+        time.sleep(0.001)
+
+
 def drain_all(url: str, queue: str, names: list[str], total: int, batch: int,
-              connections: int) -> tuple[int, float]:
+              connections: int, how: str = "claim") -> tuple[int, float]:
     """Drain with `connections` threads, each on its connection: the deadlocks met (retried), and
     the CPU seconds of their server backends."""
     done, deadlocks, cpu, lock = [0], [0], [0.0], threading.Lock()
@@ -149,7 +183,7 @@ def drain_all(url: str, queue: str, names: list[str], total: int, batch: int,
 
     def target() -> None:
         try:
-            drain(url, queue, names, total, batch, done, lock, deadlocks, cpu)
+            drain(url, queue, names, total, batch, done, lock, deadlocks, cpu, how=how)
         except BaseException as exc:  # reported below, in the main thread
             errors.append(exc)
             done[0] = total  # let the others stop
@@ -226,7 +260,7 @@ PROFILE: dict[str, dict[str, float]] = {"run": {}, "plain": {}}  # side -> funct
 
 
 def linear_side(url: str, side: str, runs: int, batch: int, queue: str,
-                profile: bool = False) -> tuple[float, float]:
+                profile: bool = False, how: str = "claim") -> tuple[float, float]:
     """Seconds to start and drain `runs` three-step runs (side 'run') or 3 x runs plain jobs ('plain'),
     and the CPU seconds of the server backends that did it."""
     reset(url)
@@ -248,7 +282,7 @@ def linear_side(url: str, side: str, runs: int, batch: int, queue: str,
             )
             names = ["plain"]
         cpu = backend_cpu(conn) - cpu
-        cpu += drain_all(url, queue, names, 3 * runs, batch, 1)[1]
+        cpu += drain_all(url, queue, names, 3 * runs, batch, 1, how)[1]
         seconds = time.perf_counter() - began
     if profile and side in PROFILE:
         for name, (_, self_ms) in function_times(url).items():
@@ -272,7 +306,7 @@ def fan_out_side(url: str, side: str, elements: int, run: int) -> dict[str, floa
         return {"fan_out": (time.perf_counter() - began) * 1000}
 
 
-def parallel_side(url: str, side: str, runs: int, batch: int, queue: str) -> dict[str, Any]:
+def parallel_side(url: str, side: str, runs: int, batch: int, queue: str, how: str = "claim") -> dict[str, Any]:
     """Start `runs` runs of a -> b1..b4 -> join (or 6 x runs plain jobs), drain with 4 connections, sampled."""
     reset(url)
     total = len(PARALLEL_STEPS) * runs
@@ -294,7 +328,7 @@ def parallel_side(url: str, side: str, runs: int, batch: int, queue: str) -> dic
         cpu = backend_cpu(conn) - cpu
         with Sampler(url) as sampler:
             began = time.perf_counter()
-            deadlocks, drain_cpu = drain_all(url, queue, names, total, batch, 4)
+            deadlocks, drain_cpu = drain_all(url, queue, names, total, batch, 4, how)
             seconds = time.perf_counter() - began
     if side != "plain":
         with psycopg.connect(url, autocommit=True) as conn:

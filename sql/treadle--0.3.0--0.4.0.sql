@@ -3338,7 +3338,9 @@ COMMENT ON FUNCTION treadle.progress(bigint, uuid, double precision, text, text)
 -- or cancelled when a cancel was requested), then as treadle.claim for up to
 -- `batch` more (available | retryable -> running), in one transaction: a
 -- workflow's next step or a periodic job's next occurrence written by the finish
--- can be claimed by the same call. Returns first one row per finished input, in
+-- can be claimed by the same call; a step that may make a join ready (a step
+-- with other dependencies runs after it, or it is a map element) moves its run
+-- after the claim, which holds the run row's lock through the commit only. Returns first one row per finished input, in
 -- input order (finished_id, finished_state: null where the token does not hold
 -- the job; job null), then one row per claimed job (finished_id and
 -- finished_state null; job the claimed row), in claim order.
@@ -3403,13 +3405,16 @@ BEGIN
     IF cardinality(complete_and_claim.job_ids) > 0 OR cardinality(complete_and_claim.lease_tokens) > 0
        OR cardinality(complete_and_claim.results) > 0 THEN
         IF complete_and_claim.batch > 0 THEN
-            -- workflow steps the finish writes are told of after the claim, if it left them
-            PERFORM set_config('treadle.claim_follows', 'on', true), set_config('treadle.steps_written', '', true);
+            -- workflow steps the finish writes are told of after the claim, if it left them;
+            -- the steps that may make a join ready move their runs after it (073_workflow_joins.sql)
+            PERFORM set_config('treadle.claim_follows', 'on', true), set_config('treadle.steps_written', '', true),
+                    set_config('treadle.defer_joins', 'on', true), set_config('treadle.joins_deferred', '', true);
         END IF;
         RETURN QUERY
         SELECT m.job_id, m.state, NULL::treadle.jobs
           FROM treadle.complete_many(complete_and_claim.job_ids, complete_and_claim.lease_tokens,
                                      complete_and_claim.results, complete_and_claim.job_queues) AS m;
+        PERFORM set_config('treadle.defer_joins', '', true);
     END IF;
 
     IF complete_and_claim.batch > 0 THEN
@@ -3419,6 +3424,9 @@ BEGIN
                              complete_and_claim.batch, complete_and_claim.lease,
                              complete_and_claim.lease_token) AS c;
         PERFORM treadle._notify_left_steps();
+        IF current_setting('treadle.joins_deferred', true) <> '' THEN
+            PERFORM treadle._advance_deferred();
+        END IF;
     END IF;
 END;
 $$;
@@ -4105,7 +4113,10 @@ COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
 -- keeps): two branches that complete at once on two connections take turns on
 -- the run row, and the second sees the first's result, so a join step is
 -- enqueued once. A step of a running run that completed (not a map element, not
--- a compensation) is recorded by the UPDATE that takes that lock.
+-- a compensation) is recorded by the UPDATE that takes that lock. Inside
+-- treadle.complete_and_claim's finish any other completed step (one that may
+-- make a join ready, a map element, a compensation, a step of a run that is not
+-- running) moves its run after the claim (treadle._advance_deferred).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._advance_run(step treadle.jobs)
 RETURNS void
@@ -4118,11 +4129,16 @@ DECLARE
     v_run   treadle.workflow_runs;
     v_index integer;
     v_queue text := coalesce(step.run_queue, step.queue);  -- the run's queue: every statement names it
+    v_defer boolean;
 BEGIN
     IF step.state = 'completed' THEN
         -- The common case: a step of a running run completed (not an element of a
         -- map step, not a compensation). Its result is recorded, and the run row
         -- locked, by one statement; a list's last step completes the run in it.
+        -- Inside complete_and_claim's finish (setting treadle.defer_joins) a step that may
+        -- make a join ready is left for after its claim (below). (A run's after never
+        -- changes, so a row left out by it is never waited for.)
+        v_defer := current_setting('treadle.defer_joins', true) = 'on';
         UPDATE treadle.workflow_runs AS r
            SET results = r.results || jsonb_build_object(step.step, step.result),
                state = CASE WHEN r.after IS NOT NULL OR array_position(r.steps, step.step) < cardinality(r.steps)
@@ -4134,6 +4150,9 @@ BEGIN
            AND r.state = 'running'
            AND (r.maps IS NULL OR NOT r.maps ? step.step)
            AND (r.compensations IS NULL OR NOT step.args ? 'compensates')
+           AND (NOT v_defer OR r.after IS NULL
+                OR NOT EXISTS (SELECT 1 FROM jsonb_each(r.after) AS e
+                                WHERE e.value ? step.step AND jsonb_array_length(e.value) > 1))
         RETURNING r.* INTO v_run;
         IF FOUND THEN
             IF v_run.after IS NOT NULL THEN
@@ -4154,6 +4173,19 @@ BEGIN
             ELSE
                 PERFORM treadle._child_run_ended(v_run);  -- the run completed in the UPDATE
             END IF;
+            RETURN;
+        END IF;
+        IF v_defer THEN
+            -- Not that common case (a step that may make a join ready: a step that also
+            -- runs after another runs after it, or an element of a map step; or a
+            -- compensation, or a step of a run that is not running) inside
+            -- complete_and_claim's finish: the run moves after its claim
+            -- (treadle._advance_deferred, 073_workflow_joins.sql), so that the run row's
+            -- lock is held through the commit only. The UPDATE above left the row unlocked.
+            PERFORM set_config('treadle.joins_deferred',
+                               coalesce(current_setting('treadle.joins_deferred', true), '')
+                               || step.id || E'\t' || step.queue || E'\n',  -- (a name holds no control character)
+                               true);
             RETURN;
         END IF;
     END IF;
@@ -8033,6 +8065,58 @@ SELECT s.name, s.cron, s.tz, s.job, s.queue, s.args, s.priority, s.max_attempts,
  ORDER BY s.name;
 COMMENT ON VIEW treadle.schedules IS
     'Cron schedules: expression, time zone, job, queue, and the next run as an instant and on the zone''s clock.';
+--------------------------------------------------------------------------------
+-- Joins last. Two branches of a run that complete at once on two connections
+-- take turns on the run row (treadle._advance_run locks it so that a join is
+-- enqueued exactly once), and the second waits until the first commits. So
+-- inside treadle.complete_and_claim the runs of the steps that may make a join
+-- ready (a step that a step with other dependencies runs after; an element of a
+-- map step; and the rare others: a compensation, a step of a run that is not
+-- running) move after its claim: that lock is held through the commit, not
+-- through the claim too. A step whose successors wait for it alone moves its run
+-- at once (the claim can take what it enqueued). treadle._advance_run keeps such
+-- a step (setting treadle.joins_deferred, one line "<job id><tab><queue>" each)
+-- while setting treadle.defer_joins is 'on' (complete_and_claim's finish).
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._advance_deferred() -> void
+--
+-- The end of treadle.complete_and_claim, after its claim: the steps
+-- treadle._advance_run kept move their runs now
+-- (treadle._advance_run with each job's row as it is, in id order), and both
+-- settings are cleared for the rest of the transaction. The steps these enqueue
+-- wake their queues as any step's (treadle._notify_steps).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._advance_deferred()
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_kept text := nullif(current_setting('treadle.joins_deferred', true), '');
+    v_job  treadle.jobs;
+    v_each text[];
+BEGIN
+    PERFORM set_config('treadle.defer_joins', '', true);
+    IF v_kept IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM set_config('treadle.joins_deferred', '', true);
+    FOR v_each IN
+        SELECT string_to_array(k.line, E'\t') FROM unnest(string_to_array(rtrim(v_kept, E'\n'), E'\n')) AS k(line)
+         ORDER BY split_part(k.line, E'\t', 1)::bigint
+    LOOP
+        SELECT * INTO v_job FROM treadle.jobs AS j WHERE j.queue = v_each[2] AND j.id = v_each[1]::bigint;
+        IF FOUND THEN
+            PERFORM treadle._advance_run(v_job);
+        END IF;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION treadle._advance_deferred() IS
+    'Move the runs of the workflow steps complete_and_claim kept for after its claim.';
 --------------------------------------------------------------------------------
 -- Workflow signals: a wait step of a run (run.waits) has no handler; it waits for
 -- a named signal, which treadle.signal delivers from any SQL client in the

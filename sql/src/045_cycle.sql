@@ -15,7 +15,9 @@
 -- or cancelled when a cancel was requested), then as treadle.claim for up to
 -- `batch` more (available | retryable -> running), in one transaction: a
 -- workflow's next step or a periodic job's next occurrence written by the finish
--- can be claimed by the same call. Returns first one row per finished input, in
+-- can be claimed by the same call; a step that may make a join ready (a step
+-- with other dependencies runs after it, or it is a map element) moves its run
+-- after the claim, which holds the run row's lock through the commit only. Returns first one row per finished input, in
 -- input order (finished_id, finished_state: null where the token does not hold
 -- the job; job null), then one row per claimed job (finished_id and
 -- finished_state null; job the claimed row), in claim order.
@@ -80,13 +82,16 @@ BEGIN
     IF cardinality(complete_and_claim.job_ids) > 0 OR cardinality(complete_and_claim.lease_tokens) > 0
        OR cardinality(complete_and_claim.results) > 0 THEN
         IF complete_and_claim.batch > 0 THEN
-            -- workflow steps the finish writes are told of after the claim, if it left them
-            PERFORM set_config('treadle.claim_follows', 'on', true), set_config('treadle.steps_written', '', true);
+            -- workflow steps the finish writes are told of after the claim, if it left them;
+            -- the steps that may make a join ready move their runs after it (073_workflow_joins.sql)
+            PERFORM set_config('treadle.claim_follows', 'on', true), set_config('treadle.steps_written', '', true),
+                    set_config('treadle.defer_joins', 'on', true), set_config('treadle.joins_deferred', '', true);
         END IF;
         RETURN QUERY
         SELECT m.job_id, m.state, NULL::treadle.jobs
           FROM treadle.complete_many(complete_and_claim.job_ids, complete_and_claim.lease_tokens,
                                      complete_and_claim.results, complete_and_claim.job_queues) AS m;
+        PERFORM set_config('treadle.defer_joins', '', true);
     END IF;
 
     IF complete_and_claim.batch > 0 THEN
@@ -96,6 +101,9 @@ BEGIN
                              complete_and_claim.batch, complete_and_claim.lease,
                              complete_and_claim.lease_token) AS c;
         PERFORM treadle._notify_left_steps();
+        IF current_setting('treadle.joins_deferred', true) <> '' THEN
+            PERFORM treadle._advance_deferred();
+        END IF;
     END IF;
 END;
 $$;

@@ -431,7 +431,10 @@ COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
 -- keeps): two branches that complete at once on two connections take turns on
 -- the run row, and the second sees the first's result, so a join step is
 -- enqueued once. A step of a running run that completed (not a map element, not
--- a compensation) is recorded by the UPDATE that takes that lock.
+-- a compensation) is recorded by the UPDATE that takes that lock. Inside
+-- treadle.complete_and_claim's finish any other completed step (one that may
+-- make a join ready, a map element, a compensation, a step of a run that is not
+-- running) moves its run after the claim (treadle._advance_deferred).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._advance_run(step treadle.jobs)
 RETURNS void
@@ -444,11 +447,16 @@ DECLARE
     v_run   treadle.workflow_runs;
     v_index integer;
     v_queue text := coalesce(step.run_queue, step.queue);  -- the run's queue: every statement names it
+    v_defer boolean;
 BEGIN
     IF step.state = 'completed' THEN
         -- The common case: a step of a running run completed (not an element of a
         -- map step, not a compensation). Its result is recorded, and the run row
         -- locked, by one statement; a list's last step completes the run in it.
+        -- Inside complete_and_claim's finish (setting treadle.defer_joins) a step that may
+        -- make a join ready is left for after its claim (below). (A run's after never
+        -- changes, so a row left out by it is never waited for.)
+        v_defer := current_setting('treadle.defer_joins', true) = 'on';
         UPDATE treadle.workflow_runs AS r
            SET results = r.results || jsonb_build_object(step.step, step.result),
                state = CASE WHEN r.after IS NOT NULL OR array_position(r.steps, step.step) < cardinality(r.steps)
@@ -460,6 +468,9 @@ BEGIN
            AND r.state = 'running'
            AND (r.maps IS NULL OR NOT r.maps ? step.step)
            AND (r.compensations IS NULL OR NOT step.args ? 'compensates')
+           AND (NOT v_defer OR r.after IS NULL
+                OR NOT EXISTS (SELECT 1 FROM jsonb_each(r.after) AS e
+                                WHERE e.value ? step.step AND jsonb_array_length(e.value) > 1))
         RETURNING r.* INTO v_run;
         IF FOUND THEN
             IF v_run.after IS NOT NULL THEN
@@ -480,6 +491,19 @@ BEGIN
             ELSE
                 PERFORM treadle._child_run_ended(v_run);  -- the run completed in the UPDATE
             END IF;
+            RETURN;
+        END IF;
+        IF v_defer THEN
+            -- Not that common case (a step that may make a join ready: a step that also
+            -- runs after another runs after it, or an element of a map step; or a
+            -- compensation, or a step of a run that is not running) inside
+            -- complete_and_claim's finish: the run moves after its claim
+            -- (treadle._advance_deferred, 073_workflow_joins.sql), so that the run row's
+            -- lock is held through the commit only. The UPDATE above left the row unlocked.
+            PERFORM set_config('treadle.joins_deferred',
+                               coalesce(current_setting('treadle.joins_deferred', true), '')
+                               || step.id || E'\t' || step.queue || E'\n',  -- (a name holds no control character)
+                               true);
             RETURN;
         END IF;
     END IF;
