@@ -3033,6 +3033,8 @@ DECLARE
     v_turn    text;
     v_first   integer := 0;  -- where this claim starts in queues, from 0
     v_last    integer;    -- the last queue this claim took from, counted from v_first
+    v_i       integer := 0;  -- the queue being read, counted from v_first
+    v_next    integer;    -- the next queue, counted from v_first, that holds a due row
     v_queue   text;
     v_name    text;
     v_left    integer;    -- jobs still wanted
@@ -3182,12 +3184,14 @@ BEGIN
         v_first := CASE WHEN v_turn ~ '^[0-9]{1,9}$' THEN v_turn::integer % v_count ELSE 0 END;
     END IF;
     v_left := claim.batch;
-    FOR v_i IN 0 .. v_count - 1 LOOP
+    WHILE v_i < v_count LOOP
         v_queue := claim.queues[(v_first + v_i) % v_count + 1];
         v_want := CASE WHEN v_room IS NULL THEN v_left ELSE least(v_left, (v_room ->> v_queue)::integer) END;
+        v_got := NULL;
         -- (a queue named twice is read once: its rows this claim locked would come back)
-        CONTINUE WHEN v_want IS NULL OR v_want <= 0 OR v_queue = ANY (v_took);
-        IF v_names IS NULL THEN
+        IF v_want IS NULL OR v_want <= 0 OR v_queue = ANY (v_took) THEN
+            -- (nothing read)
+        ELSIF v_names IS NULL THEN
             v_got := ARRAY(
                 SELECT j.id FROM treadle.jobs AS j
                  WHERE j.queue = v_queue
@@ -3264,6 +3268,48 @@ BEGIN
             v_left := v_left - cardinality(v_got);
             v_last := v_i;
             EXIT WHEN v_left = 0;
+        END IF;
+        v_i := v_i + 1;
+        -- A queue that gave nothing, and more than one left: the next of them (in turn
+        -- order) holding a due row this snapshot sees is found in one statement, an
+        -- index probe per queue and no lock, where reading each would cost a statement
+        -- per queue (a worker over many queues that each hold a trickle of jobs finds
+        -- most of them empty). Read in generate_series' order, the probe stops at the
+        -- first. A queue whose due rows others hold gives nothing when read, and the
+        -- probe goes on after it. (Not where treadle is distributed: there every
+        -- statement that reads jobs names one queue.)
+        IF coalesce(cardinality(v_got), 0) = 0 AND v_count - v_i > 1 AND NOT v_citus THEN
+            IF v_names IS NULL THEN
+                v_next := (SELECT q.i FROM generate_series(v_i, v_count - 1) AS q(i)
+                            WHERE EXISTS (SELECT FROM treadle.jobs AS j
+                                           WHERE j.queue = claim.queues[(v_first + q.i) % v_count + 1]
+                                             AND j.state = ANY (ARRAY['available', 'retryable'])
+                                             AND j.run_at <= v_now)
+                            LIMIT 1);
+            ELSIF cardinality(v_names) = 1 THEN
+                v_next := (SELECT q.i FROM generate_series(v_i, v_count - 1) AS q(i)
+                            WHERE EXISTS (SELECT FROM treadle.jobs AS j
+                                           WHERE j.queue = claim.queues[(v_first + q.i) % v_count + 1]
+                                             AND j.name = v_names[1]
+                                             AND j.state = ANY (ARRAY['available', 'retryable'])
+                                             AND j.run_at <= v_now)
+                            LIMIT 1);
+            ELSE
+                -- (each (queue, name) range probed apart, as it is read; LIMIT keeps the
+                -- planner from hashing every claimable row instead)
+                v_next := (SELECT q.i FROM generate_series(v_i, v_count - 1) AS q(i)
+                            WHERE EXISTS (SELECT FROM unnest(v_names) AS n(n)
+                                           CROSS JOIN LATERAL (
+                                                 SELECT FROM treadle.jobs AS j
+                                                  WHERE j.queue = claim.queues[(v_first + q.i) % v_count + 1]
+                                                    AND j.name = n.n
+                                                    AND j.state = ANY (ARRAY['available', 'retryable'])
+                                                    AND j.run_at <= v_now
+                                                  LIMIT 1) AS l)
+                            LIMIT 1);
+            END IF;
+            EXIT WHEN v_next IS NULL;
+            v_i := v_next;
         END IF;
     END LOOP;
     IF v_count > 1 AND v_last IS NOT NULL THEN
