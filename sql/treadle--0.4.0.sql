@@ -2918,14 +2918,17 @@ COMMENT ON FUNCTION treadle._claim_by_cursor(text, text, text[], text[], integer
 -- treadle._claim_setting(queues, names) -> text
 --
 -- The name of the setting that holds a session's claim mode for these queues and
--- names (see treadle.claim): a hash of both lists, element by element (no text of
--- the list is built: a claim computes it at every call).
+-- names (see treadle.claim): a hash of each list, element by element (no text of
+-- the list is built: a claim computes it at every call), the queues' the same as
+-- treadle.claim_checked holds, so that a claim hashes its list once (treadle.claim
+-- builds this name itself from that hash).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._claim_setting(queues text[], names text[])
 RETURNS text
 LANGUAGE sql
 IMMUTABLE
-RETURN 'treadle.claim_' || to_hex(hash_array_extended(queues, coalesce(hash_array_extended(names, 0), 0)));
+RETURN 'treadle.claim_' || to_hex(hash_array_extended(queues, 0))
+       || coalesce('_' || to_hex(hash_array_extended(names, 0)), '');
 COMMENT ON FUNCTION treadle._claim_setting(text[], text[]) IS
     'The name of the setting holding a session''s claim mode for a list of queues and names.';
 
@@ -3019,7 +3022,7 @@ DECLARE
     c_slow    CONSTANT interval := interval '2 ms';
     v_now     timestamptz := treadle.now();
     v_setting text;       -- this session's claim mode for these queues and names
-    v_checked text;       -- their hash
+    v_checked text;       -- the queues' hash
     v_mode    text;
     v_plain   boolean;    -- the session claims plainly, without a cursor
     v_started timestamptz;
@@ -3061,7 +3064,8 @@ BEGIN
     END IF;
     -- The queues: their bounds and nulls tested at every call, each name in full
     -- (treadle._are_names, 0.1 ms per 1,000 names) once per list and session: the
-    -- list last found valid is kept as a hash in a setting (treadle.claim_checked).
+    -- list last found valid is kept as a hash in a setting (treadle.claim_checked),
+    -- the hash that also names the mode's setting below: a claim hashes its list once.
     -- A setting changed by hand lets through only names that are blank, too long or
     -- hold a control character: no queue is so named (enqueue and set_queue refuse
     -- them), so they claim nothing, and the tenant's prefix is still tested below.
@@ -3078,6 +3082,8 @@ BEGIN
         END IF;
         PERFORM set_config('treadle.claim_checked', v_checked, false);
     END IF;
+    -- (treadle._claim_setting's name, from the hash above)
+    v_setting := 'treadle.claim_' || v_checked || coalesce('_' || to_hex(hash_array_extended(claim.names, 0)), '');
     IF claim.names IS NOT NULL AND NOT treadle._are_job_names(claim.names) THEN
         PERFORM treadle._check_job_names(claim.names, 'names');
     END IF;
@@ -3115,6 +3121,7 @@ BEGIN
         END IF;
         claim.batch := least(claim.batch, (SELECT sum(r.value::integer) FROM jsonb_each(v_room) AS r
                                             WHERE r.value::integer > 0));
+        v_setting := treadle._claim_setting(claim.queues, claim.names);  -- (the queues with room)
     END IF;
 
     -- The session's mode for these queues and names: nothing, 'slow' or 'slow2' (the
@@ -3123,7 +3130,6 @@ BEGIN
     -- server has slow moments) or a cursor. A paused or limited queue is claimed
     -- plainly: its room may leave candidates unclaimed, which a cursor would count
     -- as taken.
-    v_setting := treadle._claim_setting(claim.queues, claim.names);
     v_mode := coalesce(current_setting(v_setting, true), '');
     v_plain := v_room IS NOT NULL OR v_citus OR v_mode IN ('', 'slow', 'slow2');
     IF NOT v_plain THEN

@@ -45,7 +45,9 @@ def turn(conn: psycopg.Connection[Any]) -> str:
 
 
 @pytest.mark.parametrize("names", [None, ["work"], ["work", "other"]])
-def test_the_one_queue_with_due_work_is_found_past_empty_and_not_due_ones(connect: Connect, names: list[str] | None) -> None:
+def test_the_one_queue_with_due_work_is_found_past_empty_and_not_due_ones(
+    connect: Connect, names: list[str] | None
+) -> None:
     conn = connect()
     put(conn, "sparse-10", due=False)  # not due: passed by
     if names is not None:
@@ -65,8 +67,14 @@ def test_the_turn_is_kept_over_sparse_queues(connect: Connect) -> None:
     conn.execute("set treadle.claim_turn = '100'")
     got = [claim(conn, ["work"]) for _ in range(6)]
     # from turn 100 the next queue with work is 170, then 5 (round the end), then 170 again
-    assert got == [[("sparse-170", late[0])], [("sparse-5", early[0])], [("sparse-170", late[1])],
-                   [("sparse-5", early[1])], [("sparse-170", late[2])], [("sparse-5", early[2])]]
+    assert got == [
+        [("sparse-170", late[0])],
+        [("sparse-5", early[0])],
+        [("sparse-170", late[1])],
+        [("sparse-5", early[1])],
+        [("sparse-170", late[2])],
+        [("sparse-5", early[2])],
+    ]
 
 
 def test_a_batch_is_filled_from_the_sparse_queues_in_turn_order(connect: Connect) -> None:
@@ -87,3 +95,22 @@ def test_a_queue_whose_due_rows_another_claimer_holds_is_passed(connect: Connect
         assert claim(conn, ["work"]) == [("sparse-60", free)]
         assert claim(conn, ["work"]) == []
     assert claim(conn, ["work"]) == [("sparse-40", held)]
+
+
+@pytest.mark.parametrize("names", [None, ["work"], ["work", "other"]])
+def test_the_claim_reads_its_mode_from_the_setting_that_claim_setting_names(
+    connect: Connect, names: list[str] | None
+) -> None:
+    """The claim builds the mode setting's name from the hash it checks the list by:
+    the same name treadle._claim_setting gives, names or none."""
+    conn = connect()
+    put(conn, "sparse-150")
+    row = conn.execute("select treadle._claim_setting(%s::text[], %s::text[])", (QUEUES, names)).fetchone()
+    assert row is not None
+    setting = str(row[0])
+    conn.execute("select set_config(%s, 'sweep', false)", (setting,))
+    assert len(claim(conn, names)) == 1
+    # the claim read 'sweep' and swept: the setting now holds a cursor, or nothing after a quick sweep
+    after = conn.execute("select current_setting(%s)", (setting,)).fetchone()
+    assert after is not None and after[0] != "sweep"
+    assert after[0] == "" or str(after[0]).startswith("(1,")
