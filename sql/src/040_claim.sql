@@ -719,40 +719,46 @@ BEGIN
         -- order) holding a due row this snapshot sees is found in one statement, an
         -- index probe per queue and no lock, where reading each would cost a statement
         -- per queue (a worker over many queues that each hold a trickle of jobs finds
-        -- most of them empty). Read in generate_series' order, the probe stops at the
-        -- first. A queue whose due rows others hold gives nothing when read, and the
-        -- probe goes on after it. (Not where treadle is distributed: there every
-        -- statement that reads jobs names one queue.)
+        -- most of them empty). Each probe a LATERAL subquery with LIMIT, the one plan
+        -- left is a nested loop over the positions in generate_series' order, which
+        -- stops at the first. A queue whose due rows others hold gives nothing when
+        -- read, and the probe goes on after it. (Not where treadle is distributed:
+        -- there every statement that reads jobs names one queue.)
         IF coalesce(cardinality(v_got), 0) = 0 AND v_count - v_i > 1 AND NOT v_citus THEN
             -- (a probe costs 1-2 us per queue: a long list of empty queues is not a slow claim)
             v_allow := v_allow + (v_count - v_i) * interval '3 us';
             IF v_names IS NULL THEN
                 v_next := (SELECT q.i FROM generate_series(v_i, v_count - 1) AS q(i)
-                            WHERE EXISTS (SELECT FROM treadle.jobs AS j
-                                           WHERE j.queue = claim.queues[(v_first + q.i) % v_count + 1]
-                                             AND j.state = ANY (ARRAY['available', 'retryable'])
-                                             AND j.run_at <= v_now)
+                            CROSS JOIN LATERAL (
+                                  SELECT FROM treadle.jobs AS j
+                                   WHERE j.queue = claim.queues[(v_first + q.i) % v_count + 1]
+                                     AND j.state = ANY (ARRAY['available', 'retryable'])
+                                     AND j.run_at <= v_now
+                                   LIMIT 1) AS l
                             LIMIT 1);
             ELSIF cardinality(v_names) = 1 THEN
                 v_next := (SELECT q.i FROM generate_series(v_i, v_count - 1) AS q(i)
-                            WHERE EXISTS (SELECT FROM treadle.jobs AS j
-                                           WHERE j.queue = claim.queues[(v_first + q.i) % v_count + 1]
-                                             AND j.name = v_names[1]
-                                             AND j.state = ANY (ARRAY['available', 'retryable'])
-                                             AND j.run_at <= v_now)
+                            CROSS JOIN LATERAL (
+                                  SELECT FROM treadle.jobs AS j
+                                   WHERE j.queue = claim.queues[(v_first + q.i) % v_count + 1]
+                                     AND j.name = v_names[1]
+                                     AND j.state = ANY (ARRAY['available', 'retryable'])
+                                     AND j.run_at <= v_now
+                                   LIMIT 1) AS l
                             LIMIT 1);
             ELSE
-                -- (each (queue, name) range probed apart, as it is read; LIMIT keeps the
-                -- planner from hashing every claimable row instead)
+                -- (each (queue, name) range probed apart, as it is read)
                 v_next := (SELECT q.i FROM generate_series(v_i, v_count - 1) AS q(i)
-                            WHERE EXISTS (SELECT FROM unnest(v_names) AS n(n)
-                                           CROSS JOIN LATERAL (
-                                                 SELECT FROM treadle.jobs AS j
-                                                  WHERE j.queue = claim.queues[(v_first + q.i) % v_count + 1]
-                                                    AND j.name = n.n
-                                                    AND j.state = ANY (ARRAY['available', 'retryable'])
-                                                    AND j.run_at <= v_now
-                                                  LIMIT 1) AS l)
+                            CROSS JOIN LATERAL (
+                                  SELECT FROM unnest(v_names) AS n(n)
+                                   CROSS JOIN LATERAL (
+                                         SELECT FROM treadle.jobs AS j
+                                          WHERE j.queue = claim.queues[(v_first + q.i) % v_count + 1]
+                                            AND j.name = n.n
+                                            AND j.state = ANY (ARRAY['available', 'retryable'])
+                                            AND j.run_at <= v_now
+                                          LIMIT 1) AS l
+                                   LIMIT 1) AS m
                             LIMIT 1);
             END IF;
             EXIT WHEN v_next IS NULL;
