@@ -3020,6 +3020,9 @@ DECLARE
     -- a few tenths of a millisecond more than a plain one, so a switch made in vain
     -- costs little and a late one costs throughput.
     c_slow    CONSTANT interval := interval '2 ms';
+    -- Empty queues left that make a probe for the next with work pay: reading an empty
+    -- queue costs about 10 us, the probe's statement about 50 us and 1 us a queue.
+    c_probe   CONSTANT integer := 16;
     v_now     timestamptz := treadle.now();
     v_setting text;       -- this session's claim mode for these queues and names
     v_checked text;       -- the queues' hash
@@ -3277,7 +3280,7 @@ BEGIN
             EXIT WHEN v_left = 0;
         END IF;
         v_i := v_i + 1;
-        -- A queue that gave nothing, and more than one left: the next of them (in turn
+        -- A queue that gave nothing, and more than c_probe left: the next of them (in turn
         -- order) holding a due row this snapshot sees is found in one statement, an
         -- index probe per queue and no lock, where reading each would cost a statement
         -- per queue (a worker over many queues that each hold a trickle of jobs finds
@@ -3286,7 +3289,7 @@ BEGIN
         -- stops at the first. A queue whose due rows others hold gives nothing when
         -- read, and the probe goes on after it. (Not where treadle is distributed:
         -- there every statement that reads jobs names one queue.)
-        IF coalesce(cardinality(v_got), 0) = 0 AND v_count - v_i > 1 AND NOT v_citus THEN
+        IF coalesce(cardinality(v_got), 0) = 0 AND v_count - v_i > c_probe AND NOT v_citus THEN
             -- (a probe costs 1-2 us per queue: a long list of empty queues is not a slow claim)
             v_allow := v_allow + (v_count - v_i) * interval '3 us';
             IF v_names IS NULL THEN
