@@ -9,14 +9,19 @@ server backends. The two alternate run by run, and the ratio is taken run by run
 
 Claim cost: p50 and p99 of one `treadle.claim(..., names => ARRAY['bench'],
 batch => 1)` (what a worker calls) naming 1, 10, 100 and 1,000 queues, each queue
-holding a few waiting jobs; the four cases interleaved sample by sample, each
-beside the raw SKIP LOCKED claim of one job from the same queues (`queue = ANY(...)`)
-on a bare copy of the same rows. The figure to read is each side against its own
-1-queue case. Each side and case claims on a connection of its own, so that its
-backend's CPU time (/proc) gives the server CPU per claim.
+holding a few waiting jobs, and naming 10, 100 and 1,000 queues of which one holds
+work (sparse: each claim after the first finds every other queue empty); the cases
+interleaved sample by sample, each beside the raw SKIP LOCKED claim of one job from
+the same queues (`queue = ANY(...)`) on a bare copy of the same rows. The figure to
+read is each side against its own 1-queue case. Each side and case claims on a
+connection of its own, so that its backend's CPU time (/proc) gives the server CPU
+per claim. The list is built once per case, as a worker builds its own; besides the
+claim that sends it as a parameter at every call (as the worker does), the same
+claim with the list written into its prepared statement ("list prepared": nothing
+to send or parse per call) shows what the claim itself costs.
 
     .build/venv/bin/python bench/queues.py [--jobs 20000] [--queues 100] [--claim-queues 1 10 100 1000]
-                                          [--samples 500] [--runs 3] [--against FILE]
+                                          [--samples 500] [--runs 3] [--against FILE] [--no-sparse]
 
 --against FILE: a file that creates another treadle.claim (say, the previous
 release's, as `CREATE OR REPLACE FUNCTION treadle.claim(...)`); every drain and claim
@@ -31,6 +36,7 @@ import time
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from harness import (
@@ -118,63 +124,87 @@ def drain(url: str, queues: int, concurrency: int, jobs: int, cpu: list[tuple[fl
 
 # --- claim cost -------------------------------------------------------------------------------
 
-def fill(conn: psycopg.Connection[Any], counts: list[int], claims: int) -> None:
-    """For each count, `count` queues holding enough jobs between them for `claims` claims, 2 at least each."""
+# A case: the queues named, and whether only the first of them holds work (sparse).
+Case = tuple[int, bool]
+
+
+def case_queues(case: Case) -> list[str]:
+    count, sparse = case
+    return queue_names(f"{'s' if sparse else 'c'}{count}-", count)
+
+
+def case_text(case: Case) -> str:
+    count, sparse = case
+    return f"{count:,}" + (", 1 with work" if sparse else "")
+
+
+def fill(conn: psycopg.Connection[Any], cases: list[Case], claims: int) -> None:
+    """For each case, its queues holding enough jobs between them for `claims` claims, 2 at least
+    each (a sparse case: all of them in its first queue)."""
     reset_tables(conn)
-    for count in counts:
-        per_queue = max(2, -(-claims // count) + 1)
+    for count, sparse in cases:
+        held = 1 if sparse else count
+        per_queue = max(2, -(-claims // held) + 1)
         for name in ("treadle.jobs", "bench_raw.jobs"):
-            conn.execute(FILL.format(table=name), {"prefix": f"c{count}-", "count": count, "per_queue": per_queue})
+            conn.execute(FILL.format(table=name), {"prefix": f"{'s' if sparse else 'c'}{count}-", "count": held,
+                                                   "per_queue": per_queue})
     for name in ("treadle.jobs", "bench_raw.jobs"):
         conn.execute(f"VACUUM ANALYZE {name}")
 
 
-def claim_cost(url: str, counts: list[int], samples: int, runs: int,
-               against: bool = False) -> dict[tuple[str, int, int], list[float]]:
-    """Per (side, count, percentile): each run's figure; percentile 0 holds the server CPU
+def claim_cost(url: str, cases: list[Case], samples: int, runs: int,
+               against: bool = False) -> dict[tuple[str, Case, int], list[float]]:
+    """Per (side, case, percentile): each run's figure; percentile 0 holds the server CPU
     microseconds per claim (the backend's /proc figures: one connection per side and case).
     Cases and sides interleaved sample by sample."""
-    figures: dict[tuple[str, int, int], list[float]] = {}
-    sides = ("treadle", "raw", "against") if against else ("treadle", "raw")
+    figures: dict[tuple[str, Case, int], list[float]] = {}
+    sides = ("treadle", "prepared", "raw") + (("against",) if against else ())
     queries = {"treadle": TREADLE_CLAIM, "raw": RAW_CLAIM,
                "against": TREADLE_CLAIM.replace("treadle.claim(", "treadle_against.claim(")}
+    lists = {case: case_queues(case) for case in cases}  # built once, as a worker builds its list
     with psycopg.connect(url, autocommit=True) as admin:
-        conns = {(side, count): psycopg.connect(url, autocommit=True) for side in sides for count in counts}
+        conns = {(side, case): psycopg.connect(url, autocommit=True) for side in sides for case in cases}
+        # "prepared": the same claim, its list written into the statement, which is prepared once
+        prepared = {case: sql.SQL(TREADLE_CLAIM.replace("%(queues)s", "{}")).format(
+                        sql.Literal(lists[case])).as_string(admin) for case in cases}
         try:
             pids = {key: int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
                     for key, conn in conns.items()}
 
-            def claim(side: str, count: int) -> float:
+            def claim(side: str, case: Case) -> float:
                 with Stopwatch() as s:
-                    cur = conns[(side, count)].execute(queries[side], {"queues": queue_names(f"c{count}-", count)},
-                                                       prepare=True)
+                    if side == "prepared":
+                        cur = conns[(side, case)].execute(prepared[case], prepare=True)
+                    else:
+                        cur = conns[(side, case)].execute(queries[side], {"queues": lists[case]}, prepare=True)
                     got = len(cur.fetchall())
                 if got != 1:
-                    raise RuntimeError(f"{side}, {count} queues: a claim returned {got} jobs, expected 1")
+                    raise RuntimeError(f"{side}, {case_text(case)} queues: a claim returned {got} jobs, expected 1")
                 return s.ms
 
             for run in range(runs):
-                progress(f"claim cost: run {run + 1}/{runs}, filling {len(counts)} cases")
-                fill(admin, counts, (samples + WARMUP) * (2 if against else 1))  # both claims take from treadle.jobs
-                times: dict[tuple[str, int], list[float]] = {}
-                cpu_at: dict[tuple[str, int], float | None] = {}
+                progress(f"claim cost: run {run + 1}/{runs}, filling {len(cases)} cases")
+                # every treadle side takes from treadle.jobs
+                fill(admin, cases, (samples + WARMUP) * (len(sides) - 1))
+                times: dict[tuple[str, Case], list[float]] = {}
+                cpu_at: dict[tuple[str, Case], float | None] = {}
                 for i in range(WARMUP + samples):
                     if i == WARMUP:
                         cpu_at = {key: cpu_seconds(pid) for key, pid in pids.items()}
                     # rotate the order of cases and sides, so that none always follows another
-                    order = counts[i % len(counts):] + counts[:i % len(counts)]
-                    for count in order:
+                    order = cases[i % len(cases):] + cases[:i % len(cases)]
+                    for case in order:
                         turn = (i + run) % len(sides)
                         for side in sides[turn:] + sides[:turn]:
-                            ms = claim(side, count)
+                            ms = claim(side, case)
                             if i >= WARMUP:
-                                times.setdefault((side, count), []).append(ms)
-                for (side, count), values in times.items():
-                    figures.setdefault((side, count, 50), []).append(percentile(values, 50))
-                    figures.setdefault((side, count, 99), []).append(percentile(values, 99))
-                    before, after = cpu_at.get((side, count)), cpu_seconds(pids[(side, count)])
+                                times.setdefault((side, case), []).append(ms)
+                for (side, case), values in times.items():
+                    figures.setdefault((side, case, 50), []).append(percentile(values, 50))
+                    figures.setdefault((side, case, 99), []).append(percentile(values, 99))
+                    before, after = cpu_at.get((side, case)), cpu_seconds(pids[(side, case)])
                     if before is not None and after is not None:
-                        figures.setdefault((side, count, 0), []).append((after - before) * 1e6 / samples)
+                        figures.setdefault((side, case, 0), []).append((after - before) * 1e6 / samples)
         finally:
             for conn in conns.values():
                 conn.close()
@@ -209,6 +239,7 @@ def main() -> None:
                    help="queue counts of the claim cases (default 1 10 100 1000)")
     p.add_argument("--samples", type=int, default=500, help="claims timed per run, case and side (default 500)")
     p.add_argument("--against", metavar="FILE", help="SQL creating another treadle.claim, run beside the installed one")
+    p.add_argument("--no-sparse", action="store_true", help="leave out the cases where one queue of many holds work")
     args = p.parse_args()
     jobs, samples, counts = args.jobs, args.samples, sorted(set(args.claim_queues))
     if args.smoke:
@@ -234,7 +265,10 @@ def main() -> None:
                     progress(f"  {fmt(rate, 0)} jobs/s")
         if sources:
             install_claim(db, sources["treadle"])
-        figures = claim_cost(db, counts, samples, args.runs, against=bool(sources))
+        claim_cases: list[Case] = [(count, False) for count in counts]
+        if not args.no_sparse:
+            claim_cases += [(count, True) for count in counts if count > 1]
+        figures = claim_cost(db, claim_cases, samples, args.runs, against=bool(sources))
 
     def ms_per_job(key: tuple[str, int], part: int) -> str:
         values = [v * 1000 for c in cpu[key] if (v := c[part]) is not None]
@@ -251,32 +285,55 @@ def main() -> None:
          f"{args.concurrency}, empty handlers; {runs_text(args.runs)}: median (range), the cases alternating run by "
          f"run. Goal: {args.queues} queues within 10% of 1 queue (measured x{paired_ratio(many, one)})."],
     )
-    rows = []
-    for count in counts:
+    one: Case = (1, False)
+
+    def cpu_text(side: str, case: Case) -> str:
+        return spread(figures.get((side, case, 0), []), 0)
+
+    def cpu_ratio(side: str, case: Case) -> str:
+        values, base = figures.get((side, case, 0), []), figures.get((side, one, 0), [])
+        return paired_ratio(values, base) if values and len(values) == len(base) else "-"
+
+    rows, cpu_rows = [], []
+    for case in claim_cases:
         if args.against:
-            a50, a99 = figures[("against", count, 50)], figures[("against", count, 99)]
-            progress(f"against, {count} queues: p50 {spread(a50)} (x{paired_ratio(a50, figures[('against', 1, 50)])} "
-                     f"1 queue), p99 {spread(a99)} (x{paired_ratio(a99, figures[('against', 1, 99)])}), server CPU "
-                     f"us/claim {spread(figures.get(('against', count, 0), []), 0)}")
-        progress(f"treadle, {count} queues: server CPU us/claim {spread(figures.get(('treadle', count, 0), []), 0)}"
-                 + (f", x{paired_ratio(figures[('treadle', count, 0)], figures[('against', count, 0)])} against"
-                    if args.against and figures.get(("against", count, 0)) and figures.get(("treadle", count, 0))
+            a50, a99 = figures[("against", case, 50)], figures[("against", case, 99)]
+            a1 = figures[("against", one, 50)], figures[("against", one, 99)]
+            progress(f"against, {case_text(case)} queues: p50 {spread(a50)} (x{paired_ratio(a50, a1[0])} "
+                     f"1 queue), p99 {spread(a99)} (x{paired_ratio(a99, a1[1])}), server CPU "
+                     f"us/claim {cpu_text('against', case)} (x{cpu_ratio('against', case)})")
+        progress(f"treadle, {case_text(case)} queues: server CPU us/claim {cpu_text('treadle', case)}"
+                 + (f", x{paired_ratio(figures[('treadle', case, 0)], figures[('against', case, 0)])} against"
+                    if args.against and figures.get(("against", case, 0)) and figures.get(("treadle", case, 0))
                     else ""))
-        t50, t99 = figures[("treadle", count, 50)], figures[("treadle", count, 99)]
-        r50, r99 = figures[("raw", count, 50)], figures[("raw", count, 99)]
-        rows.append([f"{count:,}", spread(t50), paired_ratio(t50, figures[("treadle", 1, 50)]), spread(t99),
-                     paired_ratio(t99, figures[("treadle", 1, 99)]), spread(r50),
-                     paired_ratio(r50, figures[("raw", 1, 50)]), spread(r99),
-                     paired_ratio(r99, figures[("raw", 1, 99)]), paired_ratio(t50, r50)])
+        t50, t99 = figures[("treadle", case, 50)], figures[("treadle", case, 99)]
+        p50 = figures[("prepared", case, 50)]
+        r50, r99 = figures[("raw", case, 50)], figures[("raw", case, 99)]
+        rows.append([case_text(case), spread(t50), paired_ratio(t50, figures[("treadle", one, 50)]), spread(t99),
+                     paired_ratio(t99, figures[("treadle", one, 99)]), spread(p50),
+                     paired_ratio(p50, figures[("prepared", one, 50)]), spread(r50),
+                     paired_ratio(r50, figures[("raw", one, 50)]), spread(r99),
+                     paired_ratio(r99, figures[("raw", one, 99)]), paired_ratio(t50, r50)])
+        cpu_rows.append([case_text(case)] + [f"{cpu_text(side, case)}, x{cpu_ratio(side, case)}"
+                                             for side in ("treadle", "prepared", "raw")
+                                             + (("against",) if args.against else ())])
     table(
         TITLE + ": claim, milliseconds",
-        ["queues named", "treadle p50", "x 1 queue", "treadle p99", "x 1 queue", "raw p50", "x 1 queue", "raw p99",
-         "x 1 queue", "p50 treadle / raw"],
+        ["queues named", "treadle p50", "x 1 queue", "treadle p99", "x 1 queue", "list prepared p50", "x 1 queue",
+         "raw p50", "x 1 queue", "raw p99", "x 1 queue", "p50 treadle / raw"],
         rows,
-        [f"One job per claim, names => ARRAY['bench'], each queue holding at least 2 waiting jobs; {samples} claims "
-         f"per run, case and side, the cases and sides interleaved sample by sample; {runs_text(args.runs)}: median "
-         "(range) of the runs' percentiles. Raw: one SKIP LOCKED claim with queue = ANY(...) on a bare copy of the "
-         "same rows. Goal: the claim's cost does not grow with the queues named."],
+        [f"One job per claim, names => ARRAY['bench'], each queue holding at least 2 waiting jobs (\"1 with work\": "
+         f"only the first); {samples} claims per run, case and side, the cases and sides interleaved sample by "
+         f"sample; {runs_text(args.runs)}: median (range) of the runs' percentiles. List prepared: the same claim "
+         "with its list written into the prepared statement. Raw: one SKIP LOCKED claim with queue = ANY(...) on a "
+         "bare copy of the same rows. Goal: the claim's cost does not grow with the queues named."],
+    )
+    table(
+        TITLE + ": claim, server CPU microseconds per claim",
+        ["queues named", "treadle, x 1 queue", "list prepared", "raw"] + (["against"] if args.against else []),
+        cpu_rows,
+        ["The claiming backend's user + system time (/proc) over the run's claims, per claim (a 10 ms clock tick "
+         "per run of a case), each with its ratio to its own 1-queue case, paired run by run; median (range)."],
     )
 
 
