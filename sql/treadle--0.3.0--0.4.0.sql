@@ -2077,7 +2077,9 @@ COMMENT ON FUNCTION treadle._append_args(jsonb, jsonb) IS
 --
 -- No trigger and no claim reads a key: the calls that move a keyed job do.
 -- enqueue and enqueue_many insert it blocked and call treadle._key_release for its
--- key; treadle._follow_up, which every finish calls with the rows it changed, gives
+-- key (enqueue, for a job without an idempotency key whose key has no row in
+-- treadle.key_slots, so no slot held and no job blocked, inserts the row with the
+-- job's slot and the job available: what the release would do, for less); treadle._follow_up, which every finish calls with the rows it changed, gives
 -- a slot back for each keyed row that left (treadle._key_leave_all, keys in
 -- (queue, key) order: every path that locks several keys' rows locks them in that
 -- order, so finishes of batches with the same keys in other orders never deadlock); treadle.retry takes
