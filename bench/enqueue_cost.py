@@ -85,7 +85,7 @@ def main() -> None:
             conns = {s: psycopg.connect(urls[s], autocommit=True) for s in sides}
             try:
                 for conn in conns.values():
-                    conn.execute(RAW_SCHEMA)  # type: ignore[arg-type]
+                    conn.execute(RAW_SCHEMA)
                 for run in range(args.runs):
                     progress(f"run {run + 1}/{args.runs}")
                     per: dict[str, dict[str, list[tuple[float, float, float]]]] = {s: {k: [] for k in kinds}
@@ -113,18 +113,25 @@ def main() -> None:
     for kind in kinds:
         for side in sides:
             f = figures[side][kind]
-            raw = figures[side]["raw INSERT"] if "raw INSERT" in kinds else None
-            vs_raw = ("-" if raw is None else
-                      spread([a / b for a, b in zip(f["server"], raw["server"], strict=True)]))  # fmt: skip
+            raw = figures[side].get("raw INSERT") if "raw INSERT" in kinds else None
+
+            def to_raw(measure: str, f: dict[str, list[float]] = f, raw: dict[str, list[float]] | None = raw) -> str:
+                if raw is None:
+                    return "-"
+                pairs = zip(f[measure], raw[measure], strict=True)
+                # server: its CPU over raw's; wall: its rate over raw's (raw's time over its own)
+                return spread([a / b if measure == "server" else b / a for a, b in pairs])
+
             vs_before = spread([a / b for a, b in zip(f["server"], figures["before"][kind]["server"], strict=True)])
-            rows.append([kind, side, spread(f["server"], 0), vs_before, vs_raw, spread(f["client"], 0),
-                         spread(f["wall"], 0)])  # fmt: skip
+            rows.append([kind, side, spread(f["server"], 0), vs_before, to_raw("server"), spread(f["client"], 0),
+                         spread(f["wall"], 0), to_raw("wall")])  # fmt: skip
     table(
         TITLE,
-        ["call", "side", "server µs", "x before", "x raw (server)", "client µs", "wall µs"],
+        ["call", "side", "server µs", "x before", "x raw (server)", "client µs", "wall µs", "rate / raw"],
         rows,
         notes=[f"before: {args.before}; {calls:,} calls per block, {blocks} blocks per run, interleaved; "
-               f"{args.runs} runs: median (range) of the runs' medians. Client µs: this tree's client on both."],
+               f"{args.runs} runs: median (range) of the runs' medians. Client µs: this tree's client on both. "
+               "x raw and rate / raw: run by run, against the raw INSERT on the same side's connection."],
     )  # fmt: skip
 
 
