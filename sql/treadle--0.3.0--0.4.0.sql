@@ -1137,6 +1137,7 @@ DECLARE
     v_xid       xid8;     -- on_conflict 'replace': the transaction's id, the merged job's ready_txid
     v_new_id    bigint;   -- on_conflict other than 'keep': the id a new job takes (another one returned: a merge)
     v_held      jsonb;    -- on_conflict 'append': the holder's args, before the merge
+    v_slot      boolean;  -- a concurrency key of no other job: the new job took its first slot
 BEGIN
     -- This is the hottest path, and a PL/pgSQL helper call costs as much as the
     -- insert: the checks are inline expressions, and a helper runs only to raise.
@@ -1229,6 +1230,36 @@ BEGIN
     -- backpressure: only a queue with a max_depth (treadle.set_queue) counts its waiting jobs
     IF v_max_depth IS NOT NULL THEN
         PERFORM treadle._check_depth(enqueue.queue, v_max_depth, 1);
+    END IF;
+
+    -- Without an idempotency key nothing can conflict: a plain insert (a speculative one
+    -- costs a probe of the key's index and a WAL record more). A job with a concurrency
+    -- key of no other job (no row in treadle.key_slots: no slot held, none blocked) takes
+    -- a slot at once and is inserted available, as treadle._key_release would release it.
+    IF enqueue.idempotency_key IS NULL THEN
+        IF enqueue.concurrency_key IS NOT NULL THEN
+            INSERT INTO treadle.key_slots AS k (queue, key, held, updated_at)
+            VALUES (enqueue.queue, enqueue.concurrency_key, 1, v_now)
+            ON CONFLICT ON CONSTRAINT key_slots_pkey DO NOTHING
+            RETURNING true INTO v_slot;
+        END IF;
+        INSERT INTO treadle.jobs AS j
+            (queue, name, args, priority, run_at, max_attempts, every, created_at,
+             timeout, backoff, meta, concurrency_key, state, key_slot)
+        VALUES
+            (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
+             enqueue.max_attempts, enqueue.every, v_now, enqueue.timeout, enqueue.backoff, v_meta,
+             enqueue.concurrency_key,
+             CASE WHEN enqueue.concurrency_key IS NULL OR v_slot THEN 'available' ELSE 'blocked' END,
+             CASE WHEN enqueue.concurrency_key IS NOT NULL THEN coalesce(v_slot, false) END)
+        RETURNING j.id INTO v_id;
+        IF enqueue.concurrency_key IS NOT NULL AND v_slot IS NULL THEN
+            -- the key has a row: wait in its lane (034_key_lanes.sql), released if it has room
+            PERFORM treadle._key_release(enqueue.queue, enqueue.concurrency_key, 0);
+        ELSIF coalesce(enqueue.run_at, v_now) <= v_now THEN
+            PERFORM treadle._notify('treadle_jobs', enqueue.queue);
+        END IF;
+        RETURN v_id;
     END IF;
 
     IF enqueue.on_conflict IS DISTINCT FROM 'keep' THEN
@@ -2051,7 +2082,9 @@ COMMENT ON FUNCTION treadle._append_args(jsonb, jsonb) IS
 --
 -- No trigger and no claim reads a key: the calls that move a keyed job do.
 -- enqueue and enqueue_many insert it blocked and call treadle._key_release for its
--- key; treadle._follow_up, which every finish calls with the rows it changed, gives
+-- key (enqueue, for a job without an idempotency key whose key has no row in
+-- treadle.key_slots, so no slot held and no job blocked, inserts the row with the
+-- job's slot and the job available: what the release would do, for less); treadle._follow_up, which every finish calls with the rows it changed, gives
 -- a slot back for each keyed row that left (treadle._key_leave_all, keys in
 -- (queue, key) order: every path that locks several keys' rows locks them in that
 -- order, so finishes of batches with the same keys in other orders never deadlock); treadle.retry takes
@@ -2101,43 +2134,44 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_now      timestamptz := treadle.now();
-    v_limit    integer := treadle._key_limit(_key_release.queue);
-    v_ordered  boolean := coalesce((SELECT s.key_ordered FROM treadle.queues AS s WHERE s.queue = _key_release.queue), false);
+    v_limit    integer;
+    v_ordered  boolean;
     v_held     integer;
+    v_holders  integer;  -- the slots held before this call's release
     v_released integer := 0;
     v_due      boolean := false;
     v_early    treadle.jobs;
     v_next     bigint;
 BEGIN
+    -- the queue's settings, as treadle._key_limit reads them, in one look
+    SELECT coalesce(CASE WHEN s.key_ordered THEN 1 ELSE s.key_limit END, 1), coalesce(s.key_ordered, false)
+      INTO v_limit, v_ordered
+      FROM (SELECT) AS one
+      LEFT JOIN treadle.queues AS s ON s.queue = _key_release.queue;
+
     INSERT INTO treadle.key_slots AS k (queue, key, held, updated_at)
     VALUES (_key_release.queue, _key_release.key, 0, v_now)
     ON CONFLICT ON CONSTRAINT key_slots_pkey DO UPDATE
        SET held = greatest(k.held - _key_release.given, 0), updated_at = excluded.updated_at
     RETURNING k.held INTO v_held;
+    v_holders := v_held;
 
-    IF v_held < v_limit AND v_ordered THEN
-        WITH next AS (
+    IF v_held < v_limit THEN
+        -- The next ones: in an ordered queue the oldest (jobs_key_idx); otherwise the one due
+        -- longest, then the one due soonest (jobs_key_due_idx). One statement for both, each
+        -- order read by its own index (the other's scan is never started), and the slots taken
+        -- counted in the key's row.
+        WITH oldest AS (
             SELECT j.id FROM treadle.jobs AS j
-             WHERE j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.state = 'blocked'
+             WHERE v_ordered
+               AND j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.state = 'blocked'
              ORDER BY j.id
              LIMIT v_limit - v_held
                FOR UPDATE
-        ), released AS (
-            UPDATE treadle.jobs AS j
-               SET state = 'available',
-                   key_slot = true,
-                   ready_txid = pg_current_xact_id()  -- claimable now: claims look for it (040_claim.sql)
-              FROM next
-             WHERE j.queue = _key_release.queue AND j.id = next.id  -- (the queue: one shard on Citus)
-            RETURNING j.run_at
-        )
-        SELECT count(*), coalesce(bool_or(r.run_at <= v_now), false)
-          INTO v_released, v_due
-          FROM released AS r;
-    ELSIF v_held < v_limit THEN
-        WITH next AS (  -- the one due longest, then the one due soonest (jobs_key_due_idx)
+        ), due AS (
             SELECT j.id FROM treadle.jobs AS j
-             WHERE j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.state = 'blocked'
+             WHERE NOT v_ordered
+               AND j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.state = 'blocked'
              ORDER BY j.run_at, j.id
              LIMIT v_limit - v_held
                FOR UPDATE
@@ -2146,22 +2180,23 @@ BEGIN
                SET state = 'available',
                    key_slot = true,
                    ready_txid = pg_current_xact_id()  -- claimable now: claims look for it (040_claim.sql)
-              FROM next
-             WHERE j.queue = _key_release.queue AND j.id = next.id
+             WHERE j.queue = _key_release.queue  -- (the queue: one shard on Citus)
+               AND j.id IN (SELECT oldest.id FROM oldest UNION ALL SELECT due.id FROM due)
             RETURNING j.run_at
+        ), counted AS (
+            UPDATE treadle.key_slots AS k SET held = k.held + (SELECT count(*) FROM released)
+             WHERE k.queue = _key_release.queue AND k.key = _key_release.key
+               AND EXISTS (SELECT FROM released)
         )
         SELECT count(*), coalesce(bool_or(r.run_at <= v_now), false)
           INTO v_released, v_due
           FROM released AS r;
-    END IF;
-    IF v_released > 0 THEN
-        UPDATE treadle.key_slots AS k SET held = k.held + v_released
-         WHERE k.queue = _key_release.queue AND k.key = _key_release.key;
         v_held := v_held + v_released;
     END IF;
 
     -- the key is full: a blocked job due before a holder that has not started takes its slot
-    WHILE NOT v_ordered AND v_held >= v_limit LOOP
+    -- (not when no slot was held before this call: then each holder was released above, due first)
+    WHILE NOT v_ordered AND v_holders > 0 AND v_held >= v_limit LOOP
         SELECT * INTO v_early FROM treadle.jobs AS j
          WHERE j.queue = _key_release.queue AND j.concurrency_key = _key_release.key AND j.key_slot
            AND j.state = 'available' AND j.started_at IS NULL AND j.run_at > v_now

@@ -83,6 +83,7 @@ DECLARE
     v_xid       xid8;     -- on_conflict 'replace': the transaction's id, the merged job's ready_txid
     v_new_id    bigint;   -- on_conflict other than 'keep': the id a new job takes (another one returned: a merge)
     v_held      jsonb;    -- on_conflict 'append': the holder's args, before the merge
+    v_slot      boolean;  -- a concurrency key of no other job: the new job took its first slot
 BEGIN
     -- This is the hottest path, and a PL/pgSQL helper call costs as much as the
     -- insert: the checks are inline expressions, and a helper runs only to raise.
@@ -175,6 +176,36 @@ BEGIN
     -- backpressure: only a queue with a max_depth (treadle.set_queue) counts its waiting jobs
     IF v_max_depth IS NOT NULL THEN
         PERFORM treadle._check_depth(enqueue.queue, v_max_depth, 1);
+    END IF;
+
+    -- Without an idempotency key nothing can conflict: a plain insert (a speculative one
+    -- costs a probe of the key's index and a WAL record more). A job with a concurrency
+    -- key of no other job (no row in treadle.key_slots: no slot held, none blocked) takes
+    -- a slot at once and is inserted available, as treadle._key_release would release it.
+    IF enqueue.idempotency_key IS NULL THEN
+        IF enqueue.concurrency_key IS NOT NULL THEN
+            INSERT INTO treadle.key_slots AS k (queue, key, held, updated_at)
+            VALUES (enqueue.queue, enqueue.concurrency_key, 1, v_now)
+            ON CONFLICT ON CONSTRAINT key_slots_pkey DO NOTHING
+            RETURNING true INTO v_slot;
+        END IF;
+        INSERT INTO treadle.jobs AS j
+            (queue, name, args, priority, run_at, max_attempts, every, created_at,
+             timeout, backoff, meta, concurrency_key, state, key_slot)
+        VALUES
+            (enqueue.queue, enqueue.name, v_args, enqueue.priority, coalesce(enqueue.run_at, v_now),
+             enqueue.max_attempts, enqueue.every, v_now, enqueue.timeout, enqueue.backoff, v_meta,
+             enqueue.concurrency_key,
+             CASE WHEN enqueue.concurrency_key IS NULL OR v_slot THEN 'available' ELSE 'blocked' END,
+             CASE WHEN enqueue.concurrency_key IS NOT NULL THEN coalesce(v_slot, false) END)
+        RETURNING j.id INTO v_id;
+        IF enqueue.concurrency_key IS NOT NULL AND v_slot IS NULL THEN
+            -- the key has a row: wait in its lane (034_key_lanes.sql), released if it has room
+            PERFORM treadle._key_release(enqueue.queue, enqueue.concurrency_key, 0);
+        ELSIF coalesce(enqueue.run_at, v_now) <= v_now THEN
+            PERFORM treadle._notify('treadle_jobs', enqueue.queue);
+        END IF;
+        RETURN v_id;
     END IF;
 
     IF enqueue.on_conflict IS DISTINCT FROM 'keep' THEN

@@ -61,6 +61,18 @@ def test_enqueue_defaults_are_treadle_enqueue_defaults(conn: psycopg.Connection[
     assert by_python["run_at"] == by_python["created_at"] and by_sql["run_at"] == by_sql["created_at"]
 
 
+def test_enqueue_without_options_stores_what_every_option_at_its_default_does(conn: psycopg.Connection[Any]) -> None:
+    """A call without options sends two parameters and takes the function's defaults; one that
+    names each option (at ENQUEUE_DEFAULTS) sends them all: the two jobs must not differ."""
+    query = "SELECT * FROM treadle.jobs WHERE id = %s"
+    short = one(conn, query, [treadle.enqueue(conn, "pinned", {"a": 1})])
+    full = one(conn, query, [treadle.enqueue(conn, "pinned", {"a": 1}, **ENQUEUE_DEFAULTS)])
+    differ = {c for c in short if short[c] != full[c]}
+    assert differ == {"id", "run_at", "created_at", "ready_txid"}, differ
+    assert short["run_at"] == short["created_at"] and full["run_at"] == full["created_at"]
+    assert short["args"] == {"a": 1} and short["state"] == "available"
+
+
 def test_enqueue_many_defaults_are_treadle_enqueue_many_defaults(conn: psycopg.Connection[Any]) -> None:
     [sql_id] = [row[0] for row in conn.execute('SELECT treadle.enqueue_many(\'[{"name": "pinned"}]\')')]
     [python_id] = treadle.enqueue_many(conn, [{"name": "pinned"}])

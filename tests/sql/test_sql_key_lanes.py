@@ -246,3 +246,52 @@ def test_finishing_batches_of_several_keys_in_opposite_orders_never_deadlocks(co
         "select count(*) from treadle.jobs where queue = 'cross' and state = 'completed'"
     ).fetchone() == ((groups - 12) * 3,)
     assert len(kept) == 12
+
+
+def test_concurrent_first_enqueues_of_a_new_key_take_key_limit_slots(connect: Connect) -> None:
+    """Enqueues of a key with no row yet race: the first inserts the key's row with its slot
+    taken (its job inserted available), the others wait for it and go through the lane, so
+    exactly key_limit jobs are released and the count matches them, whatever the order."""
+    setup = connect()
+    setup.execute("select treadle.set_queue('first-race', key_limit => 2)")
+    producers = [connect(autocommit=False) for _ in range(8)]
+    start = threading.Barrier(len(producers))
+
+    def produce(conn: psycopg.Connection[Any]) -> None:
+        start.wait()
+        conn.execute("select treadle.enqueue('x', queue => 'first-race', concurrency_key => 'k')")
+        time.sleep(0.05)  # the transactions overlap
+        conn.commit()
+
+    with ThreadPoolExecutor(len(producers)) as pool:
+        list(pool.map(produce, producers))
+    states: dict[str, int] = dict(
+        setup.execute("select state, count(*) from treadle.jobs where queue = 'first-race' group by state").fetchall()
+    )
+    assert states == {"available": 2, "blocked": 6}
+    held = setup.execute(
+        "select held, (select count(*) from treadle.jobs where queue = 'first-race' and key_slot)"
+        "  from treadle.key_slots where queue = 'first-race' and key = 'k'"
+    ).fetchone()
+    assert held == (2, 2)
+
+
+def test_a_rolled_back_first_enqueue_of_a_key_leaves_no_slot(connect: Connect) -> None:
+    conn = connect(autocommit=False)
+    conn.execute("select treadle.enqueue('x', queue => 'first-undone', concurrency_key => 'k')")
+    conn.rollback()
+    assert conn.execute("select count(*) from treadle.key_slots where queue = 'first-undone'").fetchone() == (0,)
+    job_id = conn.execute(
+        "select treadle.enqueue('x', queue => 'first-undone', concurrency_key => 'k',"
+        "                       run_at => now() + interval '1 hour')"
+    ).fetchone()
+    conn.commit()
+    assert job_id is not None
+    row = conn.execute("select state, key_slot from treadle.jobs where id = %s", job_id).fetchone()
+    assert row == ("available", True)  # the key's first job holds its slot, due or not
+    later = conn.execute("select treadle.enqueue('x', queue => 'first-undone', concurrency_key => 'k')").fetchone()
+    conn.commit()
+    assert later is not None
+    # due first: the job due now takes the slot from the one an hour ahead
+    assert conn.execute("select state from treadle.jobs where id = %s", later).fetchone() == ("available",)
+    assert conn.execute("select state from treadle.jobs where id = %s", job_id).fetchone() == ("blocked",)

@@ -22,10 +22,10 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, overload
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from ._compat import read_extension_version, read_extension_version_async
-from .errors import mapped_errors
+from .errors import mapped_errors, translate
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection as SAConnection
@@ -66,6 +66,35 @@ def execute(
     with mapped_errors(), target.cursor(row_factory=dict_row) as cur:
         cur.execute(query, params)
         return read(cur.fetchall())
+
+
+def execute_scalar(conn: AnyConnection, query: LiteralString, params: Mapping[str, Any]) -> Any:
+    """`execute` of a statement that returns one value, read from the first row's first column.
+
+    On a psycopg Connection the row is read as a tuple and the errors mapped inline: a hot
+    call (enqueue) pays for no dict row and no context manager.
+    """
+    if isinstance(conn, psycopg.AsyncConnection):
+        return _execute_async(conn, query, params, _first_value)
+    target = sync_connection(conn)
+    if target not in _verified:
+        ensure_extension(target)
+    cur = target.cursor(row_factory=tuple_row)
+    try:
+        cur.execute(query, params)
+        row = cur.fetchone()
+    except psycopg.Error as error:
+        mapped = translate(error)
+        if mapped is error:
+            raise
+        raise mapped from error
+    finally:
+        cur.close()
+    return None if row is None else row[0]
+
+
+def _first_value(rows: Rows) -> Any:
+    return next(iter(rows[0].values()))
 
 
 async def _execute_async(

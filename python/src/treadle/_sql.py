@@ -32,6 +32,8 @@ SELECT treadle.enqueue(
     unique_period => %(unique_period)s::interval, meta => %(meta)s::jsonb,
     concurrency_key => %(concurrency_key)s::text)
 """
+# treadle.enqueue with every option at its default (the function's defaults are the client's)
+ENQUEUE_AT_DEFAULTS: Final[LiteralString] = "SELECT treadle.enqueue(name => %(name)s::text, args => %(args)s::jsonb)"
 # treadle.enqueue_many, the jobs as given: none has a "run_in" delay (the common case;
 # ENQUEUE_MANY's rewrite would rebuild and sort the whole array for nothing)
 ENQUEUE_MANY_AS_GIVEN: Final[LiteralString] = "SELECT id FROM treadle.enqueue_many(jobs => %(jobs)s::jsonb) AS id"

@@ -222,6 +222,13 @@ def enqueue(
     ("blocked") and are released oldest first (docs/queues.md, "Concurrency
     keys"). The options and their defaults: `EnqueueOptions`.
     """
+    if not options:
+        # The common call, every option at its default: two parameters, and the
+        # function's own defaults (the same as ENQUEUE_DEFAULTS) for the rest.
+        traced = _otel.with_trace_context(None)
+        if traced is None:
+            short = {"name": _args.text(name, "name"), "args": _json.to_jsonb(args, "args")}
+            return _conn.execute_scalar(conn, _sql.ENQUEUE_AT_DEFAULTS, short)  # type: ignore[no-any-return]
     given = _with_defaults("enqueue", options, ENQUEUE_DEFAULTS)
     moment = _args.moment(given["run_at"], "run_at")
     params = {
