@@ -23,8 +23,9 @@ def bigint_array(values: Iterable[int]) -> str:
 
 
 def uuid_array(values: Iterable[UUID]) -> str:
-    """A uuid[] literal (a UUID's str is its canonical form, which needs no quotes)."""
-    return "{" + ",".join([str(value) for value in values]) + "}"
+    """A uuid[] literal: each UUID's 32 hex digits, which PostgreSQL reads as they are (no quotes,
+    no hyphens: UUID.hex is a third of the time of str(UUID))."""
+    return "{" + ",".join([value.hex for value in values]) + "}"
 
 
 def text_array(values: Iterable[str]) -> str:
