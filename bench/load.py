@@ -23,13 +23,20 @@ between the cost of the SQL functions and the cost of the worker around them.
 The curve: jobs/s against worker processes, treadle and raw side by side, the ratio
 at each count, and each side against its own one process.
 
-    .build/venv/bin/python bench/load.py [--jobs 20000] [--workers 1 2 4] [--concurrency 10] [--runs 3]
+`--against DIR` runs a third side in the same turns: the worker of another source tree
+(DIR is its python/src, say from `git archive` of an earlier commit, put first on
+PYTHONPATH), on the same server and SQL; a last table compares this tree's worker with it.
+
+    .build/venv/bin/python bench/load.py [--jobs 20000] [--workers 1 2 4] [--concurrency 10] [--runs 3] [--against DIR]
 """
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -60,6 +67,7 @@ from harness import (
 
 TITLE = "Load: jobs per second through worker processes, empty handlers"
 CURVE_TITLE = "Load: the curve over worker processes, jobs per second"
+AGAINST_TITLE = "Load: this tree's worker against another tree's (--against)"
 SEED_ONE_WORKER = 863  # jobs/s, the seed's one worker at concurrency 10
 CHUNK = 5000  # jobs per enqueue statement
 # the rows of one worker whose handler has a timeout, whose handler is an async def, and
@@ -95,6 +103,23 @@ class CpuMeter:
             # a backend that started during the drain used all of its time in it
             return sum(t - start.get(pid, 0.0) for pid, t in seen) if seen else None
         return since(self._workers, list(self._workers)), since(self._backends, self._backend_pids())
+
+
+@contextmanager
+def python_path(src: Path | None) -> Iterator[None]:
+    """Worker processes started inside import treadle from `src` first (None: this tree's)."""
+    if src is None:
+        yield
+        return
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(src), *([before] if before else [])])
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def enqueue_backlog(conn: psycopg.Connection[Any], kind: str, jobs: int) -> float:
@@ -183,7 +208,12 @@ def main() -> None:
     p.add_argument("--workers", type=lambda v: [int(w) for w in v.split(",")], nargs="+", default=[[1, 2, 4]],
                    help="worker process counts, as 1 2 4 or 1,2,4 (default 1 2 4)")
     p.add_argument("--concurrency", type=int, default=10, help="each worker's concurrency (default 10)")
+    p.add_argument("--against", type=Path, default=None,
+                   help="another tree's python/src: its worker runs as a third side, in the same turns")
     args = p.parse_args()
+    if args.against is not None and not (args.against / "treadle" / "worker.py").is_file():
+        p.error(f"--against {args.against}: no treadle/worker.py there (give a tree's python/src)")
+    sides = ("treadle", "raw", "against") if args.against is not None else ("treadle", "raw")
     args.workers = sorted({w for group in args.workers for w in group})
     jobs = 300 if args.smoke else args.jobs
 
@@ -201,13 +231,15 @@ def main() -> None:
         print_settings(db)
         for w, label, processes, options in rows_run:
             for run in range(args.runs):
-                for kind in (("treadle", "raw") if run % 2 == 0 else ("raw", "treadle")):
-                    progress(f"{label}, {kind}: run {run + 1}/{args.runs}, {jobs:,} jobs")
-                    rate, peaks = drain(db, kind, processes, args.concurrency, jobs,
-                                        cpu=cpu.setdefault((kind, w), []),
-                                        options=options if kind == "treadle" else [])
-                    results.setdefault((kind, w), []).append(rate)
-                    rss.setdefault((kind, w), []).extend(peaks)
+                for side in (sides if run % 2 == 0 else sides[::-1]):
+                    progress(f"{label}, {side}: run {run + 1}/{args.runs}, {jobs:,} jobs")
+                    kind = "raw" if side == "raw" else "treadle"
+                    with python_path(args.against if side == "against" else None):
+                        rate, peaks = drain(db, kind, processes, args.concurrency, jobs,
+                                            cpu=cpu.setdefault((side, w), []),
+                                            options=options if kind == "treadle" else [])
+                    results.setdefault((side, w), []).append(rate)
+                    rss.setdefault((side, w), []).extend(peaks)
                     progress(f"  {fmt(rate, 0)} jobs/s")
         for run in range(args.runs):
             for kind in (("treadle", "raw") if run % 2 == 0 else ("raw", "treadle")):
@@ -240,6 +272,20 @@ def main() -> None:
     table(TITLE, ["workers", "treadle jobs/s", "raw jobs/s", "ratio", "treadle worker CPU ms/job",
                   "raw worker CPU ms/job", "treadle server CPU ms/job", "raw server CPU ms/job",
                   "treadle peak RSS MiB", "raw peak RSS MiB"], rows, notes)
+
+    if args.against is not None:
+        against = []
+        for w, label, _, _ in rows_run:
+            t, a = results[("treadle", w)], results[("against", w)]
+            against.append([label, spread(t, 0), spread(a, 0), paired_ratio(t, a),
+                             paired_ratio(t, results[("raw", w)]), paired_ratio(a, results[("raw", w)]),
+                             ms_per_job("treadle", w, 0), ms_per_job("against", w, 0),
+                             ms_per_job("treadle", w, 1), ms_per_job("against", w, 1)])
+        table(AGAINST_TITLE, ["workers", "this tree jobs/s", "--against jobs/s", "ratio this / against",
+                              "this / raw", "against / raw", "this worker CPU ms/job", "against worker CPU ms/job",
+                              "this server CPU ms/job", "against server CPU ms/job"], against,
+              [f"--against {args.against}: its worker in the same turns as this tree's and raw's, on the same "
+               "server and SQL; median (range), ratios run by run."])
 
     if len(args.workers) > 1:
         curve = []

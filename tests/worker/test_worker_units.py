@@ -4,6 +4,7 @@ the timeouts' deadlines."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -15,6 +16,7 @@ import pytest
 from treadle import InvalidArgument, Step, Worker
 from treadle._completer import CompletionBuffer
 from treadle._deadlines import PURGE_AT, Deadlines
+from treadle._handler_threads import HandlerThreads
 from treadle._retry import Backoff, one_line
 
 DSN = "postgresql://nobody@127.0.0.1:1/none"  # never connected to: nothing here runs a worker
@@ -336,6 +338,65 @@ def test_closed_deadlines_call_nothing_and_their_thread_ends() -> None:
     assert not [t for t in threading.enumerate() if t.name == "treadle-deadlines-closing"]
     time.sleep(0.3)
     assert calls == []
+
+
+# the handler threads
+def test_handler_threads_run_blocking_calls_side_by_side() -> None:
+    """Calls given at once, each of which blocks until all of them run: every thread takes one."""
+    threads = HandlerThreads(4, name="test-handler")
+    barrier = threading.Barrier(4, timeout=5)
+    done: list[int] = []
+
+    def meet() -> None:
+        barrier.wait()
+        done.append(1)
+
+    try:
+        for turn in range(1, 4):  # the threads go idle between turns and are woken again
+            for _ in range(4):
+                threads.submit(meet)
+            deadline = time.monotonic() + 10
+            while len(done) < 4 * turn and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(done) == 4 * turn, "a call waited for a busy thread while another was idle"
+            assert not barrier.broken
+    finally:
+        threads.close()
+
+
+def test_handler_threads_keep_up_with_more_calls_than_threads() -> None:
+    threads = HandlerThreads(3, name="test-handler")
+    ran: list[int] = []
+    try:
+        for i in range(500):
+            threads.submit(functools.partial(ran.append, i))
+        deadline = time.monotonic() + 10
+        while len(ran) < 500 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(ran) == list(range(500))
+    finally:
+        threads.close()
+
+
+def test_closed_handler_threads_run_the_calls_given_and_end() -> None:
+    threads = HandlerThreads(2, name="test-handler")
+    release = threading.Event()
+    ran: list[str] = []
+
+    def blocked(name: str) -> None:
+        release.wait(5)
+        ran.append(name)
+
+    threads.submit(functools.partial(blocked, "blocked"))
+    threads.submit(functools.partial(blocked, "blocked too"))
+    for name in ("a", "b", "c"):
+        threads.submit(functools.partial(ran.append, name))
+    threads.close()
+    release.set()
+    for thread in threads._threads:
+        thread.join(5)
+        assert not thread.is_alive(), "a handler thread outlived close() and its calls"
+    assert sorted(ran) == ["a", "b", "blocked", "blocked too", "c"]
 
 
 def test_a_worker_runs_at_most_1000_handlers_and_steps() -> None:

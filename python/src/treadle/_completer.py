@@ -28,6 +28,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from . import _sql
+from ._literals import bigint_array, text_array, uuid_array
 from ._pool import WorkerPool
 from ._retry import Backoff, FailureWrite, is_transient, message_of, one_line
 from ._run_state import RunState
@@ -240,10 +241,12 @@ class Completer:
         """Finish buffered successes in one statement (and claim more with them, when lent a ClaimAlong)."""
         try:
             results = [c.result for c in batch]
+            runs = [c.run for c in batch]
+            # arrays as literals: psycopg dumps a list element by element (_literals.py)
             params = {
-                "job_ids": [c.run.job_id for c in batch],
-                "lease_tokens": [c.run.lease_token for c in batch],
-                "job_queues": [c.run.queue for c in batch],
+                "job_ids": bigint_array([run.job_id for run in runs]),
+                "lease_tokens": uuid_array([run.lease_token for run in runs]),
+                "job_queues": text_array([run.queue for run in runs]),
                 # no array of nulls to send when no handler returned anything (most batches)
                 "results": None if all(r is None for r in results) else results,
             }

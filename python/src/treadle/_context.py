@@ -43,12 +43,12 @@ class JobContext(JobFields):
     units of work.
     """
 
-    def __init__(self, state: RunState, worker_id: str, pool: WorkerPool, lease: float) -> None:
+    def __init__(self, state: RunState, worker_id: str, pool: WorkerPool, lease: float | timedelta) -> None:
         self.job = state.job
         self.worker_id = worker_id
         self._state = state
         self._pool = pool
-        self._lease = timedelta(seconds=lease)
+        self._lease = lease if isinstance(lease, timedelta) else timedelta(seconds=lease)
         self._results: Mapping[str, Any] = NO_RESULTS
         self._sleeps = 0  # ctx.sleep calls made in this attempt
 

@@ -16,8 +16,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import fields
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from . import _otel, _sql
 from ._completer import Completer, Unwritten
@@ -38,9 +39,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("treadle.worker")
 
 
-@dataclass(frozen=True)
-class Claimed:
-    """A job as the claim returned it: decoded, or with the reason it could not be."""
+class Claimed(NamedTuple):
+    """A job as the claim returned it: decoded, or with the reason it could not be.
+
+    A tuple, not a frozen dataclass: one is made for every job claimed, and a frozen
+    dataclass's __init__ costs three times as much.
+    """
 
     job: Job
     undecodable: UndecodablePayload | None = None
@@ -133,8 +137,10 @@ class Executor:
         self._completer = completer
         self._pool = pool
         self._worker_id = worker_id
-        self._lease = lease
+        self._lease = timedelta(seconds=lease)  # made once, not once a job (JobContext takes it)
         self._host = host
+        # whether a handler (or step function) is an `async def`, by the function: asked once a job
+        self._coroutine_fns: dict[Callable[..., Any], bool] = {}
         self._lock = threading.Lock()
         self._handlers_running = 0
         # Handlers running, sync or async, and settling their jobs: at most `concurrency`,
@@ -143,6 +149,7 @@ class Executor:
         self._concurrency = concurrency
         self._slots = threading.Condition()
         self._in_slots = 0
+        self._slot_waiters = 0  # handler threads waiting in _take_slot: a freed slot notifies only then
         self._waiting_tasks: collections.deque[Coroutine[Any, Any, None]] = collections.deque()
 
     def idle(self) -> bool:
@@ -174,7 +181,11 @@ class Executor:
     def _take_slot(self) -> None:
         with self._slots:
             while self._in_slots >= self._concurrency:
-                self._slots.wait()
+                self._slot_waiters += 1
+                try:
+                    self._slots.wait()
+                finally:
+                    self._slot_waiters -= 1
             self._in_slots += 1
 
     def _give_slot(self) -> None:
@@ -182,7 +193,8 @@ class Executor:
         with self._slots:
             if not self._waiting_tasks:
                 self._in_slots -= 1
-                self._slots.notify()
+                if self._slot_waiters:
+                    self._slots.notify()
                 return
             coroutine = self._waiting_tasks.popleft()
         self._threads.start_task(coroutine)
@@ -285,12 +297,20 @@ class Executor:
         """Whether the job's handler (or step) is an `async def`, known without reading anything."""
         try:
             if run.run_id is None:
-                return inspect.iscoroutinefunction(self._registry.handler(run.name))
-            if step_run is not None:
-                return inspect.iscoroutinefunction(self._registry.step(step_run["name"], run.step))
+                fn: Callable[..., Any] = self._registry.handler(run.name)
+            elif step_run is not None:
+                fn = self._registry.step(step_run["name"], run.step)
+            else:
+                return False
         except LookupError:
-            pass  # the thread's run says so
-        return False
+            return False  # the thread's run says so
+        try:
+            known = self._coroutine_fns.get(fn)
+            if known is None:
+                known = self._coroutine_fns[fn] = inspect.iscoroutinefunction(fn)
+        except TypeError:  # a callable object that cannot be hashed: asked every time
+            return inspect.iscoroutinefunction(fn)
+        return known
 
     def _begin(self, run: RunState) -> bool:
         """The handler may start: False when the job was handed back or lost while it waited."""

@@ -31,6 +31,7 @@ class HandlerThreads:
         for thread in self._threads:
             thread.start()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None  # the event loop thread's ident
         self._loop_lock = threading.Lock()
         self.deadlines = Deadlines(name=f"{name}-timeouts")
         self._tasks: set[asyncio.Task[None]] = set()
@@ -81,11 +82,9 @@ class HandlerThreads:
         task.add_done_callback(self._tasks.discard)
 
     def _on_loop(self) -> bool:
-        """Whether this runs on the event loop's own thread."""
-        try:
-            return asyncio.get_running_loop() is self._loop
-        except RuntimeError:
-            return False
+        """Whether this runs on the event loop's own thread (asked once a job: no exception raised
+        off the loop, as asyncio.get_running_loop() would)."""
+        return self._loop is not None and threading.get_ident() == self._loop_thread
 
     def close(self) -> None:
         """Let idle threads end; busy ones end when their call returns. No timeout fires after this,
@@ -116,6 +115,7 @@ class HandlerThreads:
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(target=_run_forever, args=(loop,), name="treadle-asyncio", daemon=True)
                 thread.start()
+                self._loop_thread = thread.ident
                 self._loop = loop
             return self._loop
 

@@ -24,6 +24,7 @@ import psycopg
 
 from . import _sql
 from ._executor import STEP_NAME, STEP_RUN, Claimed, decode_claimed
+from ._literals import interval, text_array
 from ._options import MAX_CONCURRENCY, WorkerOptions
 from ._pool import WorkerPool
 from ._retry import Backoff, is_transient, one_line
@@ -98,6 +99,13 @@ class Producer:
         self._names = names
         self._queues = list(options.queues)
         self._lease = timedelta(seconds=options.lease)
+        # the claim's parameters that never change, as literals once (_literals.py)
+        self._claim_params: dict[str, Any] = {
+            "worker_id": options.worker_id,
+            "queues": text_array(self._queues),
+            "names": text_array(names),
+            "lease": interval(self._lease),
+        }
         self._host = host
         self._wake = wake
         self._lock = threading.Lock()
@@ -154,14 +162,7 @@ class Producer:
 
     def params(self, batch: int, lease_token: uuid.UUID) -> dict[str, Any]:
         """The claim's arguments (treadle.claim's and complete_and_claim's worker_id ... lease_token)."""
-        return {
-            "worker_id": self._options.worker_id,
-            "queues": self._queues,
-            "names": self._names,
-            "batch": batch,
-            "lease": self._lease,
-            "lease_token": lease_token,
-        }
+        return {**self._claim_params, "batch": batch, "lease_token": str(lease_token)}
 
     def adopt(self, rows: list[tuple[Any, ...]], asked: int) -> None:
         """Run the jobs claimed (`asked` were asked for): rows of _sql.CLAIMED_NAMES."""
