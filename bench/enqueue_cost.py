@@ -23,7 +23,19 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from harness import RAW_INSERT, RAW_SCHEMA, cpu_seconds, median, parser, print_settings, progress, server, spread, table
+from harness import (
+    RAW_INSERT,
+    RAW_SCHEMA,
+    cpu_seconds,
+    median,
+    paired_ratio,
+    parser,
+    print_settings,
+    progress,
+    server,
+    spread,
+    table,
+)
 from nokeys import databases, plain_script
 from psycopg.types.json import Jsonb
 
@@ -118,11 +130,12 @@ def main() -> None:
             def to_raw(measure: str, f: dict[str, list[float]] = f, raw: dict[str, list[float]] | None = raw) -> str:
                 if raw is None:
                     return "-"
-                pairs = zip(f[measure], raw[measure], strict=True)
                 # server: its CPU over raw's; wall: its rate over raw's (raw's time over its own)
-                return spread([a / b if measure == "server" else b / a for a, b in pairs])
+                if measure == "server":
+                    return paired_ratio(f[measure], raw[measure])
+                return paired_ratio(raw[measure], f[measure])
 
-            vs_before = spread([a / b for a, b in zip(f["server"], figures["before"][kind]["server"], strict=True)])
+            vs_before = paired_ratio(f["server"], figures["before"][kind]["server"])  # (a CPU figure may be 0 in a smoke run)
             rows.append([kind, side, spread(f["server"], 0), vs_before, to_raw("server"), spread(f["client"], 0),
                          spread(f["wall"], 0), to_raw("wall")])  # fmt: skip
     table(

@@ -37,6 +37,7 @@ SCENARIOS = [
     "nokeys",
     "workflow_cost",
     "client_bulk",
+    "enqueue_cost",
 ]
 
 
