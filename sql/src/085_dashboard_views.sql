@@ -12,14 +12,14 @@ SELECT j.id, j.queue, j.name, j.args, j.state, j.priority, j.run_at, j.attempt, 
        j.lease_until, j.worker_id, j.idempotency_key, j.result, j.last_error, j.created_at,
        j.finished_at, j.workflow_run_id, j.step, j.every, j.next_id, j.cancel_requested,
        j.started_at, j.failed_at, j.errors, j.progress, j.progress_message, j.schedule,
-       j.timeout, j.backoff, j.meta
+       j.timeout, j.backoff, j.meta, j.concurrency_key
   FROM treadle.jobs AS j
 UNION ALL
 SELECT h.id, h.queue, h.name, h.args, h.state, h.priority, h.run_at, h.attempt, h.max_attempts,
        h.lease_until, h.worker_id, h.idempotency_key, h.result, h.last_error, h.created_at,
        h.finished_at, h.workflow_run_id, h.step, h.every, h.next_id, h.cancel_requested,
        h.started_at, h.failed_at, h.errors, h.progress, h.progress_message, h.schedule,
-       h.timeout, h.backoff, h.meta
+       h.timeout, h.backoff, h.meta, NULL::text  -- a finished job holds no key
   FROM treadle.job_history AS h;
 COMMENT ON VIEW treadle.job_details IS
     'Every job with all its columns but the lease token; filter by id, queue, name, state or meta (@>).';

@@ -3,8 +3,9 @@
     from treadle.dashboard import create_app
     app = create_app("postgresql://...", basic_auth=("admin", password))
 
-It reads only the extension's views and read functions, and changes jobs only
-through treadle.cancel, treadle.retry and treadle.cancel_workflow. `run_cli`
+It reads only the extension's views and read functions, and changes jobs and runs
+only through treadle's functions (cancel, retry, cancel_workflow, retry_run,
+compensate_run, fork_run). `run_cli`
 serves it from the command line (`treadle dashboard --dsn ...`).
 """
 

@@ -4,8 +4,8 @@ with the CLI or the client come from _sql.py).
 Reads go only to the extension's views and public read functions, all of a page's
 reads in one read-only REPEATABLE READ transaction (one consistent snapshot, and a
 guarantee that showing a page changes nothing). Changes go only through the client's
-functions: cancel, retry (in bulk, retry_many and cancel_many), cancel_workflow and
-the queue controls (pause, resume, set_queue). So a role set up with
+functions: cancel, retry (in bulk, retry_many and cancel_many), the run operations
+(cancel_workflow, retry_run, compensate_run, fork_run) and the queue controls (pause, resume, set_queue). So a role set up with
 treadle.grant_dashboard (read_only => true for a dashboard that only reads) is all
 the dashboard needs.
 
