@@ -5,9 +5,9 @@ Reads go only to the extension's views and public read functions, all of a page'
 reads in one read-only REPEATABLE READ transaction (one consistent snapshot, and a
 guarantee that showing a page changes nothing). Changes go only through the client's
 functions: cancel, retry (in bulk, retry_many and cancel_many), the run operations
-(cancel_workflow, retry_run, compensate_run, fork_run) and the queue controls (pause, resume, set_queue). So a role set up with
-treadle.grant_dashboard (read_only => true for a dashboard that only reads) is all
-the dashboard needs.
+(cancel_workflow, retry_run, compensate_run, fork_run) and the queue controls
+(pause, resume, set_queue). So a role set up with treadle.grant_dashboard
+(read_only => true for a dashboard that only reads) is all the dashboard needs.
 
 JSON values are decoded here, never with a risk of failing: a value nested deeper
 than 0.2.0 accepts (rows written by 0.1.0 may hold one) reaches the pages as its
