@@ -892,7 +892,6 @@ DECLARE
     v_s      text[];
     v_q      text[];
     v_d      treadle.jobs[];
-    v_f      bigint[];  -- the finished jobs that something follows
     v_prefix text;  -- a tenant's: its tokens hold only its own queues' jobs (another's is stale)
 BEGIN
     IF complete_many.job_ids IS NULL OR complete_many.lease_tokens IS NULL THEN
@@ -954,21 +953,23 @@ BEGIN
                    AND j.state = 'running'
                    AND j.lease_token = i.token
                    AND starts_with(j.queue, v_prefix)
-                RETURNING i.ord, j.state, j.queue, j.id,
-                          j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
-                          OR coalesce(j.key_slot, false) AS follows
+                RETURNING j.*
             )
             -- Most batches are plain jobs: whole rows are gathered (and _follow_up called)
             -- only for steps and periodic or scheduled occurrences; the others' queues are
-            -- told here, as _follow_up would. (Those rows are read after: on Citus a row
-            -- returned from a shard has its shard's type, which a CASE cannot convert.)
-            SELECT array_agg(d.ord), array_agg(d.state), array_agg(DISTINCT d.queue) FILTER (WHERE NOT d.follows),
-                   array_agg(d.id) FILTER (WHERE d.follows)
-              INTO v_o, v_s, v_q, v_f
-              FROM done AS d;
-            IF v_f IS NOT NULL THEN
-                SELECT array_agg(j ORDER BY j.id) INTO v_d FROM treadle.jobs AS j WHERE j.id = ANY (v_f);
-            END IF;
+            -- told here, as _follow_up would. The rows are the UPDATE's, returned column by
+            -- column and made rows here (on Citus a whole row returned from a shard has its
+            -- shard's type); each finished job meets its input by id and token (the first
+            -- of a repeated pair: the others are answered below, as finished before).
+            SELECT array_agg(i.ord), array_agg(d.state),
+                   array_agg(DISTINCT d.queue) FILTER (WHERE NOT (d.workflow_run_id IS NOT NULL OR d.every IS NOT NULL
+                                                                  OR d.schedule IS NOT NULL OR coalesce(d.key_slot, false))),
+                   array_agg(d::treadle.jobs ORDER BY d.id) FILTER (WHERE d.workflow_run_id IS NOT NULL OR d.every IS NOT NULL
+                                                                    OR d.schedule IS NOT NULL OR coalesce(d.key_slot, false))
+              INTO v_o, v_s, v_q, v_d
+              FROM done AS d
+              JOIN (SELECT i.id, i.token, min(i.ord) AS ord FROM input AS i GROUP BY i.id, i.token) AS i
+                ON i.id = d.id AND i.token = d.lease_token;
         ELSE
             WITH input AS (
                 SELECT i.id, i.token, i.result, i.ord
@@ -987,18 +988,17 @@ BEGIN
                    AND j.state = 'running'
                    AND j.lease_token = i.token
                    AND starts_with(j.queue, v_prefix)
-                RETURNING i.ord, j.state, j.queue, j.id,
-                          j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
-                          OR coalesce(j.key_slot, false) AS follows
+                RETURNING j.*
             )
-            SELECT array_agg(d.ord), array_agg(d.state), array_agg(DISTINCT d.queue) FILTER (WHERE NOT d.follows),
-                   array_agg(d.id) FILTER (WHERE d.follows)
-              INTO v_o, v_s, v_q, v_f
-              FROM done AS d;
-            IF v_f IS NOT NULL THEN
-                SELECT array_agg(j ORDER BY j.id) INTO v_d FROM treadle.jobs AS j
-                 WHERE j.queue = v_queue AND j.id = ANY (v_f);
-            END IF;
+            SELECT array_agg(i.ord), array_agg(d.state),
+                   array_agg(DISTINCT d.queue) FILTER (WHERE NOT (d.workflow_run_id IS NOT NULL OR d.every IS NOT NULL
+                                                                  OR d.schedule IS NOT NULL OR coalesce(d.key_slot, false))),
+                   array_agg(d::treadle.jobs ORDER BY d.id) FILTER (WHERE d.workflow_run_id IS NOT NULL OR d.every IS NOT NULL
+                                                                    OR d.schedule IS NOT NULL OR coalesce(d.key_slot, false))
+              INTO v_o, v_s, v_q, v_d
+              FROM done AS d
+              JOIN (SELECT i.id, i.token, min(i.ord) AS ord FROM input AS i GROUP BY i.id, i.token) AS i
+                ON i.id = d.id AND i.token = d.lease_token;
         END IF;
         v_ords := v_ords || v_o;
         v_states := v_states || v_s;
