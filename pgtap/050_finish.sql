@@ -113,10 +113,7 @@ SELECT is((SELECT count(*) FROM treadle.jobs WHERE id = :m5 AND state = 'complet
 
 -- a workflow step named twice moves its run once, by id alone and with its queue
 SELECT treadle.start_workflow('twice', '{}', steps => ARRAY['a', 'b', 'c'], queue => 'twice') AS tw \gset
-UPDATE treadle.jobs SET state = 'running', lease_token = gen_random_uuid(), lease_until = treadle.now() + interval '1 hour',
-       attempt = 1, worker_id = 'w'
- WHERE workflow_run_id = :tw AND step = 'a'
-RETURNING id AS tw_a, lease_token AS tw_a_tok \gset
+SELECT id AS tw_a, lease_token AS tw_a_tok FROM treadle.claim('w', ARRAY['twice']) \gset
 SELECT results_eq(
     format($$ SELECT state FROM treadle.complete_many(ARRAY[%s, %s]::bigint[], ARRAY[%L, %L]::uuid[],
                                                       ARRAY['{"r": 1}', '{"r": 2}']::jsonb[]) $$,
@@ -127,10 +124,7 @@ SELECT results_eq(format($$ SELECT step, state FROM treadle.jobs WHERE workflow_
                   'and its run enqueues the next step once');
 SELECT is((SELECT jsonb_object_keys(results) FROM treadle.workflow_runs WHERE id = :tw), 'a',
           'the run holds the step''s result');
-UPDATE treadle.jobs SET state = 'running', lease_token = gen_random_uuid(), lease_until = treadle.now() + interval '1 hour',
-       attempt = 1, worker_id = 'w'
- WHERE workflow_run_id = :tw AND step = 'b'
-RETURNING id AS tw_b, lease_token AS tw_b_tok \gset
+SELECT id AS tw_b, lease_token AS tw_b_tok FROM treadle.claim('w', ARRAY['twice']) \gset
 SELECT results_eq(
     format($$ SELECT state FROM treadle.complete_many(ARRAY[%s, %s]::bigint[], ARRAY[%L, %L]::uuid[],
                                                       job_queues => ARRAY['twice', 'twice']) $$,

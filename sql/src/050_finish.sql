@@ -953,23 +953,22 @@ BEGIN
                    AND j.state = 'running'
                    AND j.lease_token = i.token
                    AND starts_with(j.queue, v_prefix)
-                RETURNING j.*
+                RETURNING i.ord, j.state, j.queue, j.id,
+                          j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
+                          OR coalesce(j.key_slot, false) AS follows,
+                          CASE WHEN j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
+                                    OR coalesce(j.key_slot, false)
+                               THEN ROW(j.*)::treadle.jobs END AS row
             )
             -- Most batches are plain jobs: whole rows are gathered (and _follow_up called)
             -- only for steps and periodic or scheduled occurrences; the others' queues are
-            -- told here, as _follow_up would. The rows are the UPDATE's, returned column by
-            -- column and made rows here (on Citus a whole row returned from a shard has its
-            -- shard's type); each finished job meets its input by id and token (the first
-            -- of a repeated pair: the others are answered below, as finished before).
-            SELECT array_agg(i.ord), array_agg(d.state),
-                   array_agg(DISTINCT d.queue) FILTER (WHERE NOT (d.workflow_run_id IS NOT NULL OR d.every IS NOT NULL
-                                                                  OR d.schedule IS NOT NULL OR coalesce(d.key_slot, false))),
-                   array_agg(d::treadle.jobs ORDER BY d.id) FILTER (WHERE d.workflow_run_id IS NOT NULL OR d.every IS NOT NULL
-                                                                    OR d.schedule IS NOT NULL OR coalesce(d.key_slot, false))
+            -- told here, as _follow_up would. Their rows are the UPDATE's own, built as
+            -- treadle.jobs from their columns (on Citus a whole-row reference returned from
+            -- a shard would have its shard's type).
+            SELECT array_agg(d.ord), array_agg(d.state), array_agg(DISTINCT d.queue) FILTER (WHERE NOT d.follows),
+                   array_agg(d.row ORDER BY d.id) FILTER (WHERE d.follows)
               INTO v_o, v_s, v_q, v_d
-              FROM done AS d
-              JOIN (SELECT i.id, i.token, min(i.ord) AS ord FROM input AS i GROUP BY i.id, i.token) AS i
-                ON i.id = d.id AND i.token = d.lease_token;
+              FROM done AS d;
         ELSE
             WITH input AS (
                 SELECT i.id, i.token, i.result, i.ord
@@ -988,17 +987,17 @@ BEGIN
                    AND j.state = 'running'
                    AND j.lease_token = i.token
                    AND starts_with(j.queue, v_prefix)
-                RETURNING j.*
+                RETURNING i.ord, j.state, j.queue, j.id,
+                          j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
+                          OR coalesce(j.key_slot, false) AS follows,
+                          CASE WHEN j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
+                                    OR coalesce(j.key_slot, false)
+                               THEN ROW(j.*)::treadle.jobs END AS row
             )
-            SELECT array_agg(i.ord), array_agg(d.state),
-                   array_agg(DISTINCT d.queue) FILTER (WHERE NOT (d.workflow_run_id IS NOT NULL OR d.every IS NOT NULL
-                                                                  OR d.schedule IS NOT NULL OR coalesce(d.key_slot, false))),
-                   array_agg(d::treadle.jobs ORDER BY d.id) FILTER (WHERE d.workflow_run_id IS NOT NULL OR d.every IS NOT NULL
-                                                                    OR d.schedule IS NOT NULL OR coalesce(d.key_slot, false))
+            SELECT array_agg(d.ord), array_agg(d.state), array_agg(DISTINCT d.queue) FILTER (WHERE NOT d.follows),
+                   array_agg(d.row ORDER BY d.id) FILTER (WHERE d.follows)
               INTO v_o, v_s, v_q, v_d
-              FROM done AS d
-              JOIN (SELECT i.id, i.token, min(i.ord) AS ord FROM input AS i GROUP BY i.id, i.token) AS i
-                ON i.id = d.id AND i.token = d.lease_token;
+              FROM done AS d;
         END IF;
         v_ords := v_ords || v_o;
         v_states := v_states || v_s;
