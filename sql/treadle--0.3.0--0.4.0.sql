@@ -4115,7 +4115,8 @@ COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
 -- keeps): two branches that complete at once on two connections take turns on
 -- the run row, and the second sees the first's result, so a join step is
 -- enqueued once. A step of a running run that completed (not a map element, not
--- a compensation) is recorded by the UPDATE that takes that lock. Inside
+-- a compensation) is recorded by the UPDATE that takes that lock, which returns
+-- only what a list's next step needs (the row is read again for the rest). Inside
 -- treadle.complete_and_claim's finish any other completed step (one that may
 -- make a join ready, a map element, a compensation, a step of a run that is not
 -- running) moves its run after the claim (treadle._advance_deferred).
