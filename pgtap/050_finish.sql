@@ -2,7 +2,7 @@
 -- (with the default backoff) and release. Every write is fenced by the lease token.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(94);
+SELECT plan(99);
 \ir helpers.psql
 
 SET LOCAL TimeZone = 'UTC';  -- errors[].at is written in the session's time zone
@@ -110,6 +110,29 @@ SELECT results_eq(
     $$ VALUES (2::bigint, 2::bigint) $$,
     'a job named twice is completed once, and both rows say completed');
 SELECT is((SELECT count(*) FROM treadle.jobs WHERE id = :m5 AND state = 'completed'), 1::bigint, 'one job, completed');
+
+-- a workflow step named twice moves its run once, by id alone and with its queue
+SELECT treadle.start_workflow('twice', '{}', steps => ARRAY['a', 'b', 'c'], queue => 'twice') AS tw \gset
+SELECT id AS tw_a, lease_token AS tw_a_tok FROM treadle.claim('w', ARRAY['twice']) \gset
+SELECT results_eq(
+    format($$ SELECT state FROM treadle.complete_many(ARRAY[%s, %s]::bigint[], ARRAY[%L, %L]::uuid[],
+                                                      ARRAY['{"r": 1}', '{"r": 2}']::jsonb[]) $$,
+           :tw_a, :tw_a, :'tw_a_tok', :'tw_a_tok'),
+    $$ VALUES ('completed'::text), ('completed') $$, 'a step named twice: both rows say completed');
+SELECT results_eq(format($$ SELECT step, state FROM treadle.jobs WHERE workflow_run_id = %s ORDER BY id $$, :tw),
+                  $$ VALUES ('a'::text, 'completed'::text), ('b', 'available') $$,
+                  'and its run enqueues the next step once');
+SELECT is((SELECT jsonb_object_keys(results) FROM treadle.workflow_runs WHERE id = :tw), 'a',
+          'the run holds the step''s result');
+SELECT id AS tw_b, lease_token AS tw_b_tok FROM treadle.claim('w', ARRAY['twice']) \gset
+SELECT results_eq(
+    format($$ SELECT state FROM treadle.complete_many(ARRAY[%s, %s]::bigint[], ARRAY[%L, %L]::uuid[],
+                                                      job_queues => ARRAY['twice', 'twice']) $$,
+           :tw_b, :tw_b, :'tw_b_tok', :'tw_b_tok'),
+    $$ VALUES ('completed'::text), ('completed') $$, 'named twice with its queue: both rows say completed');
+SELECT results_eq(format($$ SELECT step, state FROM treadle.jobs WHERE workflow_run_id = %s ORDER BY id $$, :tw),
+                  $$ VALUES ('a'::text, 'completed'::text), ('b', 'completed'), ('c', 'available') $$,
+                  'and its run enqueues the next step once');
 
 SELECT id AS m6, lease_token AS m6_tok FROM pg_temp.leased() \gset
 SELECT throws_ok(format('SELECT * FROM treadle.complete_many(ARRAY[%s, 1]::bigint[], ARRAY[%L]::uuid[])', :m6, :'m6_tok'),

@@ -15,6 +15,8 @@
 -- run's step_options starts blocked and is released as its key has room
 -- (treadle._key_release_keys). PL/pgSQL, so that its statements are
 -- planned once per session (a SQL function's are planned at every call).
+-- treadle._advance_run's fast path writes a list's next step as its first
+-- branch does, without the run's row (the two INSERTs change together).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_steps(run treadle.workflow_runs, steps text[], at timestamptz)
 RETURNS void
@@ -431,7 +433,8 @@ COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
 -- keeps): two branches that complete at once on two connections take turns on
 -- the run row, and the second sees the first's result, so a join step is
 -- enqueued once. A step of a running run that completed (not a map element, not
--- a compensation) is recorded by the UPDATE that takes that lock. Inside
+-- a compensation) is recorded by the UPDATE that takes that lock, which returns
+-- only what a list's next step needs (the row is read again for the rest). Inside
 -- treadle.complete_and_claim's finish any other completed step (one that may
 -- make a join ready, a map element, a compensation, a step of a run that is not
 -- running) moves its run after the claim (treadle._advance_deferred).
@@ -448,6 +451,19 @@ DECLARE
     v_index integer;
     v_queue text := coalesce(step.run_queue, step.queue);  -- the run's queue: every statement names it
     v_defer boolean;
+    -- the fast path's UPDATE returns only what the next step needs (the whole row is
+    -- read again, locked, where more is needed: a graph, step options, a child's end)
+    v_id       bigint;
+    v_graph    boolean;
+    v_next     text;
+    v_ended    boolean;  -- a child run completed: its parent moves
+    v_plain    boolean;  -- no step options
+    v_name     text;
+    v_priority integer;
+    v_max      integer;
+    v_meta     jsonb;
+    v_job_id   bigint;
+    v_job_name text;
 BEGIN
     IF step.state = 'completed' THEN
         -- The common case: a step of a running run completed (not an element of a
@@ -471,9 +487,28 @@ BEGIN
            AND (NOT v_defer OR r.after IS NULL
                 OR NOT EXISTS (SELECT 1 FROM jsonb_each(r.after) AS e
                                 WHERE e.value ? step.step AND jsonb_array_length(e.value) > 1))
-        RETURNING r.* INTO v_run;
+        RETURNING r.id, r.after IS NOT NULL, r.steps[array_position(r.steps, step.step) + 1],
+                  r.state = 'completed' AND r.parent_run_id IS NOT NULL, r.step_options IS NULL,
+                  r.name, r.priority, r.max_attempts, r.meta
+             INTO v_id, v_graph, v_next, v_ended, v_plain, v_name, v_priority, v_max, v_meta;
         IF FOUND THEN
-            IF v_run.after IS NOT NULL THEN
+            IF v_next IS NOT NULL AND v_plain AND NOT v_graph THEN
+                -- a list's next step, no step options: treadle._enqueue_steps's common case
+                -- (that INSERT and wake-up) without the run's whole row
+                INSERT INTO treadle.jobs
+                    (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, meta)
+                VALUES (v_queue, 'workflow:' || v_name || '/' || v_next, '{}', v_priority, v_now, v_max, v_now,
+                        v_id, v_next, v_meta)
+                RETURNING id, name INTO v_job_id, v_job_name;
+                PERFORM treadle._notify_steps(ARRAY[v_job_id], ARRAY[v_queue], ARRAY[v_job_name], ARRAY[v_priority],
+                                              v_now);
+                RETURN;
+            END IF;
+            IF NOT (v_graph OR v_next IS NOT NULL OR v_ended) THEN
+                RETURN;  -- a list's last step completed a run that has no parent
+            END IF;
+            SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.queue = v_queue AND r.id = v_id;
+            IF v_graph THEN
                 -- a graph: as treadle._advance_graph does after recording the result
                 IF treadle._has_every_result(v_run) THEN
                     UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = v_now
@@ -485,9 +520,8 @@ BEGIN
                 END IF;
                 RETURN;
             END IF;
-            v_index := array_position(v_run.steps, step.step);
-            IF v_index < cardinality(v_run.steps) THEN
-                PERFORM treadle._enqueue_steps(v_run, ARRAY[v_run.steps[v_index + 1]], v_now);
+            IF v_next IS NOT NULL THEN
+                PERFORM treadle._enqueue_steps(v_run, ARRAY[v_next], v_now);  -- with its step options
             ELSE
                 PERFORM treadle._child_run_ended(v_run);  -- the run completed in the UPDATE
             END IF;
@@ -859,7 +893,6 @@ DECLARE
     v_s      text[];
     v_q      text[];
     v_d      treadle.jobs[];
-    v_f      bigint[];  -- the finished jobs that something follows
     v_prefix text;  -- a tenant's: its tokens hold only its own queues' jobs (another's is stale)
 BEGIN
     IF complete_many.job_ids IS NULL OR complete_many.lease_tokens IS NULL THEN
@@ -923,19 +956,20 @@ BEGIN
                    AND starts_with(j.queue, v_prefix)
                 RETURNING i.ord, j.state, j.queue, j.id,
                           j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
-                          OR coalesce(j.key_slot, false) AS follows
+                          OR coalesce(j.key_slot, false) AS follows,
+                          CASE WHEN j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
+                                    OR coalesce(j.key_slot, false)
+                               THEN ROW(j.*)::treadle.jobs END AS row
             )
             -- Most batches are plain jobs: whole rows are gathered (and _follow_up called)
             -- only for steps and periodic or scheduled occurrences; the others' queues are
-            -- told here, as _follow_up would. (Those rows are read after: on Citus a row
-            -- returned from a shard has its shard's type, which a CASE cannot convert.)
+            -- told here, as _follow_up would. Their rows are the UPDATE's own, built as
+            -- treadle.jobs from their columns (on Citus a whole-row reference returned from
+            -- a shard would have its shard's type).
             SELECT array_agg(d.ord), array_agg(d.state), array_agg(DISTINCT d.queue) FILTER (WHERE NOT d.follows),
-                   array_agg(d.id) FILTER (WHERE d.follows)
-              INTO v_o, v_s, v_q, v_f
+                   array_agg(d.row ORDER BY d.id) FILTER (WHERE d.follows)
+              INTO v_o, v_s, v_q, v_d
               FROM done AS d;
-            IF v_f IS NOT NULL THEN
-                SELECT array_agg(j ORDER BY j.id) INTO v_d FROM treadle.jobs AS j WHERE j.id = ANY (v_f);
-            END IF;
         ELSE
             WITH input AS (
                 SELECT i.id, i.token, i.result, i.ord
@@ -956,16 +990,15 @@ BEGIN
                    AND starts_with(j.queue, v_prefix)
                 RETURNING i.ord, j.state, j.queue, j.id,
                           j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
-                          OR coalesce(j.key_slot, false) AS follows
+                          OR coalesce(j.key_slot, false) AS follows,
+                          CASE WHEN j.workflow_run_id IS NOT NULL OR j.every IS NOT NULL OR j.schedule IS NOT NULL
+                                    OR coalesce(j.key_slot, false)
+                               THEN ROW(j.*)::treadle.jobs END AS row
             )
             SELECT array_agg(d.ord), array_agg(d.state), array_agg(DISTINCT d.queue) FILTER (WHERE NOT d.follows),
-                   array_agg(d.id) FILTER (WHERE d.follows)
-              INTO v_o, v_s, v_q, v_f
+                   array_agg(d.row ORDER BY d.id) FILTER (WHERE d.follows)
+              INTO v_o, v_s, v_q, v_d
               FROM done AS d;
-            IF v_f IS NOT NULL THEN
-                SELECT array_agg(j ORDER BY j.id) INTO v_d FROM treadle.jobs AS j
-                 WHERE j.queue = v_queue AND j.id = ANY (v_f);
-            END IF;
         END IF;
         v_ords := v_ords || v_o;
         v_states := v_states || v_s;
