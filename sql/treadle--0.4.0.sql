@@ -3446,8 +3446,7 @@ BEGIN
         RAISE EXCEPTION 'treadle: lease_token must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     -- a tenant finds only its own queues' jobs (another tenant's leaked token finds none)
-    v_prefix := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
-                           WHERE t.tenant_role = treadle._caller_role()), '');
+    v_prefix := treadle._caller_prefix();
     -- running jobs are few (bounded by the workers' concurrency): their index is enough
     RETURN QUERY
     SELECT * FROM treadle.jobs AS j
@@ -3763,8 +3762,7 @@ BEGIN
     END IF;
     PERFORM treadle._check_interval(heartbeat_many.lease, 'lease', interval '1 day');
     v_until := treadle.now() + heartbeat_many.lease;  -- computed here: no clock call inside the UPDATE
-    v_prefix := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
-                           WHERE t.tenant_role = treadle._caller_role()), '');
+    v_prefix := treadle._caller_prefix();
 
     FOREACH v_queue IN ARRAY v_each LOOP
         IF v_queue IS NULL THEN
@@ -4695,8 +4693,7 @@ AS $$
 DECLARE
     v_state  text;
     -- a tenant is told only of its own queues' jobs (another tenant's leaked token is stale)
-    v_prefix text := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
-                                WHERE t.tenant_role = treadle._caller_role()), '');
+    v_prefix text := treadle._caller_prefix();
 BEGIN
     IF _left_by.queue IS NULL THEN
         SELECT j.state INTO v_state FROM treadle.jobs AS j
@@ -4875,8 +4872,7 @@ BEGIN
         END IF;
     END IF;
 
-    v_prefix := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
-                           WHERE t.tenant_role = treadle._caller_role()), '');
+    v_prefix := treadle._caller_prefix();
 
     -- (each result comes with its row: Citus 13.2 cannot take an array element in a
     -- distributed UPDATE's SET, and its backend crashes)
@@ -9402,8 +9398,7 @@ BEGIN
     END IF;
 
     -- a tenant's token holds only its own queues' jobs (another tenant's is stale)
-    v_prefix := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
-                           WHERE t.tenant_role = treadle._caller_role()), '');
+    v_prefix := treadle._caller_prefix();
     -- the job first, then its run: the order of every path that locks both
     SELECT j.workflow_run_id INTO v_run FROM treadle.jobs AS j
      WHERE j.id = step_sleep.job_id AND j.state = 'running' AND j.lease_token = step_sleep.lease_token

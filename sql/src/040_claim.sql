@@ -844,8 +844,7 @@ BEGIN
         RAISE EXCEPTION 'treadle: lease_token must not be null' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     -- a tenant finds only its own queues' jobs (another tenant's leaked token finds none)
-    v_prefix := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
-                           WHERE t.tenant_role = treadle._caller_role()), '');
+    v_prefix := treadle._caller_prefix();
     -- running jobs are few (bounded by the workers' concurrency): their index is enough
     RETURN QUERY
     SELECT * FROM treadle.jobs AS j

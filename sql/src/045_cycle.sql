@@ -178,8 +178,7 @@ BEGIN
     END IF;
     PERFORM treadle._check_interval(heartbeat_many.lease, 'lease', interval '1 day');
     v_until := treadle.now() + heartbeat_many.lease;  -- computed here: no clock call inside the UPDATE
-    v_prefix := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
-                           WHERE t.tenant_role = treadle._caller_role()), '');
+    v_prefix := treadle._caller_prefix();
 
     FOREACH v_queue IN ARRAY v_each LOOP
         IF v_queue IS NULL THEN

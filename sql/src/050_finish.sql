@@ -751,8 +751,7 @@ AS $$
 DECLARE
     v_state  text;
     -- a tenant is told only of its own queues' jobs (another tenant's leaked token is stale)
-    v_prefix text := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
-                                WHERE t.tenant_role = treadle._caller_role()), '');
+    v_prefix text := treadle._caller_prefix();
 BEGIN
     IF _left_by.queue IS NULL THEN
         SELECT j.state INTO v_state FROM treadle.jobs AS j
@@ -931,8 +930,7 @@ BEGIN
         END IF;
     END IF;
 
-    v_prefix := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
-                           WHERE t.tenant_role = treadle._caller_role()), '');
+    v_prefix := treadle._caller_prefix();
 
     -- (each result comes with its row: Citus 13.2 cannot take an array element in a
     -- distributed UPDATE's SET, and its backend crashes)

@@ -127,8 +127,7 @@ BEGIN
     END IF;
 
     -- a tenant's token holds only its own queues' jobs (another tenant's is stale)
-    v_prefix := coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t
-                           WHERE t.tenant_role = treadle._caller_role()), '');
+    v_prefix := treadle._caller_prefix();
     -- the job first, then its run: the order of every path that locks both
     SELECT j.workflow_run_id INTO v_run FROM treadle.jobs AS j
      WHERE j.id = step_sleep.job_id AND j.state = 'running' AND j.lease_token = step_sleep.lease_token
