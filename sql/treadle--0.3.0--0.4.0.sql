@@ -488,17 +488,21 @@ COMMENT ON FUNCTION treadle._caller_role() IS
 -- that is not a tenant: every queue starts with ''. It runs as the owner, so the
 -- row-level security policies (088_policies.sql), which call it as the reader,
 -- read treadle.tenants through it without reading each other; anyone may call it:
--- it tells a role its own prefix only.
+-- it tells a role its own prefix only. (PL/pgSQL: a definer SQL function is never
+-- inlined, and each call would read and plan its body again; this plans it once per
+-- session. The finish paths call it once a statement.)
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._caller_prefix()
 RETURNS text
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-    SELECT coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.tenant_role = treadle._caller_role()), '');
+AS $$
+BEGIN
+    RETURN coalesce((SELECT t.queue_prefix FROM treadle.tenants AS t WHERE t.tenant_role = treadle._caller_role()), '');
 END;
+$$;
 COMMENT ON FUNCTION treadle._caller_prefix() IS
     'The queue prefix a tenant caller is kept to, or '''' for any other role.';
 
