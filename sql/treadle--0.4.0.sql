@@ -3935,7 +3935,12 @@ BEGIN
         PERFORM pg_notify('treadle_done', q.q) FROM unnest(queues) AS q(q);
         RETURN;
     END IF;
-    -- a statement of its own: its snapshot is taken once the lock is held
+    -- statements of their own: their snapshots are taken once the lock is held. Most
+    -- finishes find no waiter at all: that test alone has a plan kept for the session
+    -- (the lookup by the queues, an array, is planned again at each call).
+    IF NOT EXISTS (SELECT FROM treadle.done_waiters) THEN
+        RETURN;
+    END IF;
     PERFORM pg_notify('treadle_done', q.q)
        FROM unnest(queues) AS q(q)
       WHERE EXISTS (SELECT FROM treadle.done_waiters AS w
