@@ -8,7 +8,7 @@ next in one statement, batch 10:
   before  treadle.complete_and_claim in a database with another revision's plain install
           (--before REV, built from `git archive`; by default the commit before
           bench/cycle_cost.py's first)
-  now     the same call on this tree's plain install
+  now     the same call on this tree's plain install (--now REV: that revision's)
   raw     harness.RAW_FINISH_AND_CLAIM on bench_raw.jobs (in the `now` database)
 
 The call is the worker's (_sql.COMPLETE_AND_CLAIM's arguments): results null, job_queues
@@ -18,7 +18,7 @@ the drain (/proc/PID/schedstat), per job; the ratios are taken round by round.
 --profile drains once more on each treadle side with pg_stat_statements tracking nested
 statements, and prints each statement's calls and time per cycle.
 
-    .build/venv/bin/python bench/cycle_cost.py [--runs 7] [--before REV] [--jobs 5000] [--profile]
+    .build/venv/bin/python bench/cycle_cost.py [--runs 7] [--before REV] [--now REV] [--jobs 5000] [--profile]
 """
 
 from __future__ import annotations
@@ -139,18 +139,24 @@ def profile(url: str, jobs: int) -> list[list[str]]:
         drain(conn, "now", jobs)
         cycles = jobs / BATCH
         got = conn.execute(
-            "SELECT calls, plans, total_exec_time + total_plan_time, regexp_replace(left(query, 110), '\\s+', ' ', 'g') "
+            "SELECT calls, plans, total_exec_time + total_plan_time, "
+            "       regexp_replace(left(query, 110), '\\s+', ' ', 'g') "
             "  FROM pg_stat_statements "
             " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
             "   AND query NOT LIKE '%%pg_stat_statements%%' "
             " ORDER BY total_exec_time DESC LIMIT 25"
         ).fetchall()
-    return [[fmt(c / cycles, 2), fmt(n / cycles, 2), fmt(t * 1000 / cycles, 1), q.replace("|", "\\|")] for c, n, t, q in got]
+    return [
+        [fmt(c / cycles, 2), fmt(n / cycles, 2), fmt(t * 1000 / cycles, 1), q.replace("|", "\\|")] for c, n, t, q in got
+    ]
 
 
 def main() -> None:
     p = parser(__doc__ or "")
-    p.add_argument("--before", metavar="REV", help="the other revision (default: the commit before this script's first)")
+    p.add_argument(
+        "--before", metavar="REV", help="the other revision (default: the commit before this script's first)"
+    )
+    p.add_argument("--now", metavar="REV", default=".", help="the revision measured (default '.', this tree)")
     p.add_argument("--jobs", type=int, default=5000, help="jobs per drain (default 5,000)")
     p.add_argument("--profile", action="store_true", help="also each statement's calls and time per cycle")
     args = p.parse_args()
@@ -162,8 +168,11 @@ def main() -> None:
     settings = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "top"}
     profiles: dict[str, list[list[str]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        progress(f"building the plain scripts of {before} and of this tree")
-        scripts = {"before": plain_script(before, Path(tmp)), "now": plain_script(".", Path(tmp))}
+        progress(f"building the plain scripts of {before} and of {args.now}")
+        scripts = {}
+        for side, rev in (("before", before), ("now", args.now)):
+            (Path(tmp) / side).mkdir()
+            scripts[side] = plain_script(rev, Path(tmp) / side)
         with server(settings) as url, databases(url, scripts) as urls:
             print_settings(urls["now"])
             with psycopg.connect(urls["now"], autocommit=True) as conn:
@@ -182,10 +191,7 @@ def main() -> None:
                         order = order[::-1]
                     for side in order:
                         out[side].append(drain(conns[side], side, jobs))
-                    progress(
-                        f"run {run + 1}/{args.runs}: "
-                        + ", ".join(f"{s} {out[s][-1]:.4f} ms/job" for s in SIDES)
-                    )
+                    progress(f"run {run + 1}/{args.runs}: " + ", ".join(f"{s} {out[s][-1]:.4f} ms/job" for s in SIDES))
             finally:
                 for conn in conns.values():
                     conn.close()
@@ -202,7 +208,12 @@ def main() -> None:
         ["side", "backend CPU ms per job", "ratio to raw", "ratio to before"],
         [
             [f"before ({before})", spread(out["before"], 4), ratios("before", "raw"), "1"],
-            ["now", spread(out["now"], 4), ratios("now", "raw"), ratios("now", "before")],
+            [
+                "now" if args.now == "." else f"now ({args.now})",
+                spread(out["now"], 4),
+                ratios("now", "raw"),
+                ratios("now", "before"),
+            ],
             ["raw", spread(out["raw"], 4), "1", "-"],
         ],
         notes=[
@@ -212,7 +223,8 @@ def main() -> None:
         ],
     )
     for side, rows in profiles.items():
-        table(f"Statements per cycle, {side} (pg_stat_statements, track = all)", ["calls", "plans", "us", "statement"], rows)
+        title = f"Statements per cycle, {side} (pg_stat_statements, track = all)"
+        table(title, ["calls", "plans", "us", "statement"], rows)
 
 
 if __name__ == "__main__":
