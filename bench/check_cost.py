@@ -36,9 +36,20 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from harness import ROOT, database, median, paired_ratio, parser, print_settings, progress, server, spread, table
+from harness import (
+    ROOT,
+    database,
+    median,
+    paired_ratio,
+    parser,
+    print_settings,
+    progress,
+    raw_finish_and_claim,
+    server,
+    spread,
+    table,
+)
 from harness import cpu_seconds as harness_cpu_seconds
-from harness import raw_finish_and_claim
 from workflows import drain_all, linear_side
 
 TITLE = "The CHECK constraints of workflow_runs and jobs: server CPU, this tree against another revision"
@@ -120,8 +131,8 @@ def statements(db: str, n: int) -> tuple[float, float]:
     """Server CPU µs per single-row UPDATE of a run row, and of a job row (rolled back)."""
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute("TRUNCATE treadle.jobs, treadle.workflow_runs CASCADE")
-        conn.execute("SELECT count(treadle.start_workflow('lin', '{}', steps => ARRAY['a', 'b', 'c'], queue => 'checks'))"
-                     " FROM generate_series(1, %s)", (n,))  # fmt: skip
+        conn.execute("SELECT count(treadle.start_workflow('lin', '{}', steps => ARRAY['a', 'b', 'c'],"
+                     " queue => 'checks')) FROM generate_series(1, %s)", (n,))  # fmt: skip
         conn.execute("VACUUM ANALYZE treadle.workflow_runs, treadle.jobs")
         conn.execute(RUN_UPDATES)
         conn.execute(JOB_UPDATES)
@@ -146,11 +157,13 @@ def cycle(db: str, jobs: int, kind: str) -> float:
                          " (SELECT jsonb_agg(jsonb_build_object('name', 'plain', 'queue', 'checks'))"
                          "    FROM generate_series(1, %s)))", (jobs,))  # fmt: skip
             conn.execute("VACUUM ANALYZE treadle.jobs")
-            return drain_all(db, "checks", ["plain"], jobs, 10, 1, how="cycle")[1] * 1e6 / jobs
+            drained: float = drain_all(db, "checks", ["plain"], jobs, 10, 1, how="cycle")[1]
+            return drained * 1e6 / jobs
         conn.execute("INSERT INTO bench_raw.jobs (queue, name, args, run_at, created_at)"
                      " SELECT 'checks', 'plain', '{}', now(), now() FROM generate_series(1, %s)", (jobs,))  # fmt: skip
         conn.execute("VACUUM ANALYZE bench_raw.jobs")
-        statement, ids, done = raw_finish_and_claim(10), [], 0
+        statement, done = raw_finish_and_claim(10), 0
+        ids: list[int] = []
         began = cpu_seconds(conn.info.backend_pid)
         while True:
             rows = conn.execute(statement, {"ids": ids, "queue": "checks", "name": "plain", "lease": "30 seconds",
@@ -221,8 +234,11 @@ def main() -> None:
             row("raw finish-and-claim, per job", "raw"),
             ratio_row("complete_and_claim / raw (issue 25: server within 1.3x)", "cycle", "raw"),
         ],
-        [f"checks: CHECK constraints of workflow_runs/jobs; median of each figure over the rounds: "
-         + ", ".join(f"{s} {median(got[s]['linear_run']):.0f}" for s in sides) + " µs per job of a linear run"],
+        [
+            "checks: CHECK constraints of workflow_runs/jobs; median of each figure over the rounds: "
+            + ", ".join(f"{s} {median(got[s]['linear_run']):.0f}" for s in sides)
+            + " µs per job of a linear run"
+        ],
     )
 
 
