@@ -382,3 +382,25 @@ ALTER TABLE treadle.job_history
 ALTER TABLE treadle.workflow_runs
     ADD COLUMN parent_queue text,
     ADD CONSTRAINT workflow_runs_parent_queue_check CHECK ((parent_run_id IS NULL) = (parent_queue IS NULL));
+
+-- The CHECK constraints of treadle.workflow_runs (issue 23): PostgreSQL prepares
+-- each again at every statement that writes the table, and a run's row is written
+-- at every step. Kept: the state with finished_at (one constraint now, in place of
+-- workflow_runs_state_check and workflow_runs_finished_check) and the columns that
+-- go in pairs; the others hold by construction (010_tables.sql says where each is
+-- enforced), as in 010_tables.sql.
+ALTER TABLE treadle.workflow_runs
+    DROP CONSTRAINT workflow_runs_state_check,
+    DROP CONSTRAINT workflow_runs_finished_check,
+    DROP CONSTRAINT workflow_runs_steps_check,
+    DROP CONSTRAINT workflow_runs_after_check,
+    DROP CONSTRAINT workflow_runs_sleeps_check,
+    DROP CONSTRAINT workflow_runs_maps_check,
+    DROP CONSTRAINT workflow_runs_waits_check,
+    DROP CONSTRAINT workflow_runs_children_check,
+    DROP CONSTRAINT workflow_runs_compensations_check,
+    DROP CONSTRAINT workflow_runs_step_options_check,
+    DROP CONSTRAINT workflow_runs_meta_check,
+    DROP CONSTRAINT workflow_runs_tree_runs_check,
+    ADD CONSTRAINT workflow_runs_state_check CHECK (state = ANY (CASE WHEN finished_at IS NULL
+        THEN '{running,compensating}'::text[] ELSE '{completed,failed,cancelled,compensated}'::text[] END));

@@ -39,6 +39,7 @@ SCENARIOS = [
     "client_bulk",
     "enqueue_cost",
     "cycle_cost",
+    "check_cost",
 ]
 
 
