@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def with_constants(statement: LiteralString, values: Mapping[str, str | None]) -
     """
     written = {key: "NULL" if value is None else constant(value) for key, value in values.items()}
     # (built only from a LiteralString and constants quoted here)
-    return cast("LiteralString", re.sub(r"%\((\w+)\)s", lambda m: written.get(m[1], m[0]), statement))
+    return re.sub(r"%\((\w+)\)s", lambda m: written.get(m[1], m[0]), statement)
 
 
 @dataclass(frozen=True)

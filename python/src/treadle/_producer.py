@@ -108,7 +108,9 @@ class Producer:
         self._names = names
         self._queues = list(options.queues)
         self._lease = timedelta(seconds=options.lease)
-        self.claim_statement, self.cycle_statement = claim_statements(options.worker_id, self._queues, names, self._lease)
+        self.claim_statement, self.cycle_statement = claim_statements(
+            options.worker_id, self._queues, names, self._lease
+        )
         self._host = host
         self._wake = wake
         self._lock = threading.Lock()
