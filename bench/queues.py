@@ -16,13 +16,14 @@ the same queues (`queue = ANY(...)`) on a bare copy of the same rows. The figure
 read is each side against its own 1-queue case. Each side and case claims on a
 connection of its own, so that its backend's CPU time (/proc) gives the server CPU
 per claim. The list is built once per case, as a worker builds its own. Sides:
-"treadle", the claim sending its list as a parameter at every call (prepared; what
-the worker sent before 0.4.0); "worker", the worker's own statement as it sends it
-(treadle._producer.claim_statements: its queues, job names, id and lease written
-into the text of the statement, which is prepared once: nothing to send or parse per
-call); as through a pooler (prepared statements off), the worker's statement sent
-unprepared ("pooler, list in text") against the same claim with the list as a bound
-parameter ("pooler, list as parameter"); and raw.
+"treadle", the claim sending its list as a parameter at every call, prepared (as the
+worker sent it before); "worker", the worker's own statement as it sends it on a
+direct connection (treadle._producer.claim_statements: its queues, job names, id and
+lease written into the text of the statement, which is prepared once: nothing to
+send or parse per call); as through a pooler (prepared statements off), unprepared,
+the worker's statement as it sends it there ("pooler, list as parameter": the fixed
+arguments sent as parameters) against the same with them written into its text
+("pooler, list in text"); and raw.
 
     .build/venv/bin/python bench/queues.py [--jobs 20000] [--queues 100] [--claim-queues 1 10 100 1000]
                                           [--samples 500] [--runs 3] [--against FILE] [--no-sparse]
@@ -97,7 +98,8 @@ SELECT %(prefix)s || (g %% %(count)s), 'bench', jsonb_build_object('i', g),
 
 # the sides of the claim's cost (see above); the worker's statement sent: (prepared, list written in)
 SIDES = ("treadle", "worker", "pooler, list in text", "pooler, list as parameter", "raw")
-WORKER_SIDES = {"worker": (True, True), "pooler, list in text": (False, True), "pooler, list as parameter": (False, False)}
+WORKER_SIDES = {"worker": (True, True), "pooler, list in text": (False, True),
+                "pooler, list as parameter": (False, False)}
 
 
 def queue_names(prefix: str, count: int) -> list[str]:
@@ -348,7 +350,8 @@ def main() -> None:
               "its side's 1-queue case paired run by run.")
     table(
         TITLE + ": claim, milliseconds",
-        ["queues named"] + [f"{side} {p}" for side in ("worker", "treadle", "raw") for p in ("p50", "x 1", "p99", "x 1")]
+        ["queues named"]
+        + [f"{side} {p}" for side in ("worker", "treadle", "raw") for p in ("p50", "x 1", "p99", "x 1")]
         + ["p50 worker / raw"],
         rows,
         [common + " Worker: the worker's own statement (its queues, names, id and lease written into its text), "
@@ -361,8 +364,9 @@ def main() -> None:
         ["queues named"] + [f"{side} {p}" for side in ("list in text", "list as parameter")
                             for p in ("p50", "x 1", "p99", "x 1")] + ["server CPU, text / parameter"],
         pooler_rows,
-        [common + " Both unprepared, as with prepared statements off: the worker's statement as it is, against "
-         "the same claim with every fixed argument a bound parameter (what the worker sent before)."],
+        [common + " Both unprepared, as with prepared statements off: the worker's fixed arguments (queues, "
+         "names, id, lease) written into the statement's text, against the same sent as bound parameters (what "
+         "the worker sends there)."],
     )
     table(
         TITLE + ": claim, server CPU microseconds per claim",
