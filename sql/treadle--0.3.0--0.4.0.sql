@@ -2901,8 +2901,9 @@ DECLARE
     -- queue costs about 10 us, the probe's statement about 50 us and 1 us a queue.
     c_probe   CONSTANT integer := 16;
     -- How long the queues a probe passed count as empty (treadle.claim_passed) unless rows
-    -- were made claimable since: a row that only became due meanwhile waits at most this.
-    c_passed_for CONSTANT bigint := 100000;  -- microseconds
+    -- were made claimable since: a row that only became due meanwhile waits at most this
+    -- (as long as a worker's default poll interval, the most an idle worker waits for it).
+    c_passed_for CONSTANT bigint := 1000000;  -- microseconds
     v_now     timestamptz := treadle.now();
     v_setting text;       -- this session's claim mode for these queues and names
     v_checked text;       -- the queues' hash
@@ -3181,7 +3182,7 @@ BEGIN
             -- they hold none still, but for rows that only became due meanwhile, which wait
             -- until it ends. So a claim whose turn falls in them goes on after them, where a
             -- probe would visit each (the session's claims over 1,000 queues of which one
-            -- holds work probe once per c_passed_for). Read once per claim, tested field by
+            -- holds work probe once a second). Read once per claim, tested field by
             -- field before any cast: a setting changed by hand may delay this session's
             -- claims by c_passed_for at most, never raise.
             IF v_passed IS NULL THEN

@@ -141,7 +141,7 @@ def test_queues_a_probe_passed_are_gone_past_until_the_memory_ends(connect: Conn
         r[0]
         for r in conn.execute(
             "select treadle.enqueue('work', '{}'::jsonb, queue => 'sparse-100', run_at => %s::timestamptz"
-            " + interval '50 ms')",
+            " + interval '500 ms')",
             (t,),
         ).fetchall()
     ]
@@ -149,11 +149,11 @@ def test_queues_a_probe_passed_are_gone_past_until_the_memory_ends(connect: Conn
     setting = conn.execute("select treadle._claim_setting(%s::text[], %s::text[])", (QUEUES, names)).fetchone()
     memory = passed(conn)
     assert memory[0] == setting[0] and memory[4:] == ["1", "149"], memory  # type: ignore[index]
-    # 60 ms on: sparse-100's row is due, but the memory holds and the claim goes past it
-    conn.execute("select set_config('treadle.now', %s, false)", ((t + timedelta(milliseconds=60)).isoformat(),))
+    # 600 ms on: sparse-100's row is due, but the memory holds and the claim goes past it
+    conn.execute("select set_config('treadle.now', %s, false)", ((t + timedelta(milliseconds=600)).isoformat(),))
     assert claim_from(conn, 0, names) == [("sparse-150", second)]
-    # past the memory's 100 ms: probed again, and found
-    conn.execute("select set_config('treadle.now', %s, false)", ((t + timedelta(milliseconds=160)).isoformat(),))
+    # past the memory's second: probed again, and found
+    conn.execute("select set_config('treadle.now', %s, false)", ((t + timedelta(milliseconds=1100)).isoformat(),))
     assert claim_from(conn, 0, names) == [("sparse-100", soon)]
 
 
