@@ -2993,6 +2993,9 @@ COMMENT ON FUNCTION treadle._claim_setting(text[], text[]) IS
 -- claimed rows, queue by queue in the order they were read.
 -- Each (queue[, name]) pair is read from its own index range, so a backlog of
 -- jobs whose names the claimer does not handle is never walked past.
+-- Past a queue that gave nothing, a probe finds the next one holding a due row; the
+-- queues it passed are kept for a second (treadle.claim_passed) and gone past while no
+-- row was made claimable since, so a row that only became due waits at most that.
 -- A paused queue gives nothing; a queue with a concurrency or rate limit gives at
 -- most the room it has left (treadle._queue_room, treadle.set_queue).
 --
