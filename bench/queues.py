@@ -15,10 +15,15 @@ interleaved sample by sample, each beside the raw SKIP LOCKED claim of one job f
 the same queues (`queue = ANY(...)`) on a bare copy of the same rows. The figure to
 read is each side against its own 1-queue case. Each side and case claims on a
 connection of its own, so that its backend's CPU time (/proc) gives the server CPU
-per claim. The list is built once per case, as a worker builds its own; besides the
-claim that sends it as a parameter at every call (as the worker does), the same
-claim with the list written into its prepared statement ("list prepared": nothing
-to send or parse per call) shows what the claim itself costs.
+per claim. The list is built once per case, as a worker builds its own. Sides:
+"treadle", the claim sending its list as a parameter at every call, prepared (as the
+worker sent it before); "worker", the worker's own statement as it sends it on a
+direct connection (treadle._producer.claim_statements: its queues, job names, id and
+lease written into the text of the statement, which is prepared once: nothing to
+send or parse per call); as through a pooler (prepared statements off), unprepared,
+the worker's statement as it sends it there ("pooler, list as parameter": the fixed
+arguments sent as parameters) against the same with them written into its text
+("pooler, list in text"); and raw.
 
     .build/venv/bin/python bench/queues.py [--jobs 20000] [--queues 100] [--claim-queues 1 10 100 1000]
                                           [--samples 500] [--runs 3] [--against FILE] [--no-sparse]
@@ -33,10 +38,11 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
+from datetime import timedelta
 from typing import Any
 
 import psycopg
-from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from harness import (
@@ -57,6 +63,7 @@ from harness import (
     worker_processes,
 )
 from load import CpuMeter
+from treadle._producer import claim_statements
 
 TITLE = "Many queues: one worker over N queues, and the claim's cost against the queues it names"
 CHUNK = 5000  # jobs per enqueue statement
@@ -87,6 +94,12 @@ SELECT %(prefix)s || (g %% %(count)s), 'bench', jsonb_build_object('i', g),
        now() - interval '1 hour' + g * interval '1 millisecond', now() - interval '1 hour'
   FROM generate_series(0, %(count)s * %(per_queue)s - 1) AS g
 """
+
+
+# the sides of the claim's cost (see above); the worker's statement sent: (prepared, list written in)
+SIDES = ("treadle", "worker", "pooler, list in text", "pooler, list as parameter", "raw")
+WORKER_SIDES = {"worker": (True, True), "pooler, list in text": (False, True),
+                "pooler, list as parameter": (False, False)}
 
 
 def queue_names(prefix: str, count: int) -> list[str]:
@@ -158,25 +171,33 @@ def claim_cost(url: str, cases: list[Case], samples: int, runs: int,
     microseconds per claim (the backend's /proc figures: one connection per side and case).
     Cases and sides interleaved sample by sample."""
     figures: dict[tuple[str, Case, int], list[float]] = {}
-    sides = ("treadle", "prepared", "raw") + (("against",) if against else ())
+    sides = SIDES + (("against",) if against else ())
     queries = {"treadle": TREADLE_CLAIM, "raw": RAW_CLAIM,
                "against": TREADLE_CLAIM.replace("treadle.claim(", "treadle_against.claim(")}
     lists = {case: case_queues(case) for case in cases}  # built once, as a worker builds its list
+    # the worker's statement over each case's queues, built as the worker builds it, and
+    # the same claim taking every argument as a parameter (the worker's statement before)
+    worker = {case: claim_statements("bench", lists[case], ["bench"], timedelta(seconds=30))[0] for case in cases}
     with psycopg.connect(url, autocommit=True) as admin:
         conns = {(side, case): psycopg.connect(url, autocommit=True) for side in sides for case in cases}
-        # "prepared": the same claim, its list written into the statement, which is prepared once
-        prepared = {case: sql.SQL(TREADLE_CLAIM.replace("%(queues)s", "{}")).format(
-                        sql.Literal(lists[case])).as_string(admin) for case in cases}
         try:
             pids = {key: int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
                     for key, conn in conns.items()}
 
             def claim(side: str, case: Case) -> float:
+                conn = conns[(side, case)]
                 with Stopwatch() as s:
-                    if side == "prepared":
-                        cur = conns[(side, case)].execute(prepared[case], prepare=True)
+                    if side in WORKER_SIDES:
+                        # as WorkerPool.tuples sends it, on a connection that prepares or not
+                        prepared, written = WORKER_SIDES[side]
+                        fixed = worker[case]
+                        query, params = fixed.query(prepared, {"batch": 1, "lease_token": str(uuid.uuid4())})
+                        if written:
+                            assert fixed.written is not None
+                            query, params = fixed.written, {"batch": 1, "lease_token": str(uuid.uuid4())}
+                        cur = conn.execute(query, params, prepare=prepared)
                     else:
-                        cur = conns[(side, case)].execute(queries[side], {"queues": lists[case]}, prepare=True)
+                        cur = conn.execute(queries[side], {"queues": lists[case]}, prepare=True)
                     got = len(cur.fetchall())
                 if got != 1:
                     raise RuntimeError(f"{side}, {case_text(case)} queues: a claim returned {got} jobs, expected 1")
@@ -294,7 +315,13 @@ def main() -> None:
         values, base = figures.get((side, case, 0), []), figures.get((side, one, 0), [])
         return paired_ratio(values, base) if values and len(values) == len(base) else "-"
 
-    rows, cpu_rows = [], []
+    def pct(side: str, case: Case, p: int) -> str:
+        return spread(figures[(side, case, p)])
+
+    def pct_ratio(side: str, case: Case, p: int) -> str:
+        return paired_ratio(figures[(side, case, p)], figures[(side, one, p)])
+
+    rows, pooler_rows, cpu_rows = [], [], []
     for case in claim_cases:
         if args.against:
             a50, a99 = figures[("against", case, 50)], figures[("against", case, 99)]
@@ -306,31 +333,44 @@ def main() -> None:
                  + (f", x{paired_ratio(figures[('treadle', case, 0)], figures[('against', case, 0)])} against"
                     if args.against and figures.get(("against", case, 0)) and figures.get(("treadle", case, 0))
                     else ""))
-        t50, t99 = figures[("treadle", case, 50)], figures[("treadle", case, 99)]
-        p50 = figures[("prepared", case, 50)]
-        r50, r99 = figures[("raw", case, 50)], figures[("raw", case, 99)]
-        rows.append([case_text(case), spread(t50), paired_ratio(t50, figures[("treadle", one, 50)]), spread(t99),
-                     paired_ratio(t99, figures[("treadle", one, 99)]), spread(p50),
-                     paired_ratio(p50, figures[("prepared", one, 50)]), spread(r50),
-                     paired_ratio(r50, figures[("raw", one, 50)]), spread(r99),
-                     paired_ratio(r99, figures[("raw", one, 99)]), paired_ratio(t50, r50)])
+        rows.append([case_text(case)]
+                    + [f(side, case, p) for side in ("worker", "treadle", "raw") for p in (50, 99)
+                       for f in (pct, pct_ratio)]
+                    + [paired_ratio(figures[("worker", case, 50)], figures[("raw", case, 50)])])
+        pooler_rows.append([case_text(case)]
+                           + [f(side, case, p) for side in ("pooler, list in text", "pooler, list as parameter")
+                              for p in (50, 99) for f in (pct, pct_ratio)]
+                           + [paired_ratio(figures[("pooler, list in text", case, 0)],
+                                           figures[("pooler, list as parameter", case, 0)])])
         cpu_rows.append([case_text(case)] + [f"{cpu_text(side, case)}, x{cpu_ratio(side, case)}"
-                                             for side in ("treadle", "prepared", "raw")
-                                             + (("against",) if args.against else ())])
+                                             for side in SIDES + (("against",) if args.against else ())])
+    common = (f"One job per claim, names => ARRAY['bench'], each queue holding at least 2 waiting jobs (\"1 with "
+              f"work\": only the first); {samples} claims per run, case and side, the cases and sides interleaved "
+              f"sample by sample; {runs_text(args.runs)}: median (range) of the runs' percentiles, each ratio to "
+              "its side's 1-queue case paired run by run.")
     table(
         TITLE + ": claim, milliseconds",
-        ["queues named", "treadle p50", "x 1 queue", "treadle p99", "x 1 queue", "list prepared p50", "x 1 queue",
-         "raw p50", "x 1 queue", "raw p99", "x 1 queue", "p50 treadle / raw"],
+        ["queues named"]
+        + [f"{side} {p}" for side in ("worker", "treadle", "raw") for p in ("p50", "x 1", "p99", "x 1")]
+        + ["p50 worker / raw"],
         rows,
-        [f"One job per claim, names => ARRAY['bench'], each queue holding at least 2 waiting jobs (\"1 with work\": "
-         f"only the first); {samples} claims per run, case and side, the cases and sides interleaved sample by "
-         f"sample; {runs_text(args.runs)}: median (range) of the runs' percentiles. List prepared: the same claim "
-         "with its list written into the prepared statement. Raw: one SKIP LOCKED claim with queue = ANY(...) on a "
-         "bare copy of the same rows. Goal: the claim's cost does not grow with the queues named."],
+        [common + " Worker: the worker's own statement (its queues, names, id and lease written into its text), "
+         "prepared. Treadle: treadle.claim with the list as a parameter, prepared. Raw: one SKIP LOCKED claim with "
+         "queue = ANY(...) on a bare copy of the same rows. Goal: the claim's cost does not grow with the queues "
+         "named."],
+    )
+    table(
+        TITLE + ": claim through a pooler (unprepared), milliseconds",
+        ["queues named"] + [f"{side} {p}" for side in ("list in text", "list as parameter")
+                            for p in ("p50", "x 1", "p99", "x 1")] + ["server CPU, text / parameter"],
+        pooler_rows,
+        [common + " Both unprepared, as with prepared statements off: the worker's fixed arguments (queues, "
+         "names, id, lease) written into the statement's text, against the same sent as bound parameters (what "
+         "the worker sends there)."],
     )
     table(
         TITLE + ": claim, server CPU microseconds per claim",
-        ["queues named", "treadle, x 1 queue", "list prepared", "raw"] + (["against"] if args.against else []),
+        ["queues named"] + list(SIDES) + (["against"] if args.against else []),
         cpu_rows,
         ["The claiming backend's user + system time (/proc) over the run's claims, per claim (a 10 ms clock tick "
          "per run of a case), each with its ratio to its own 1-queue case, paired run by run; median (range)."],

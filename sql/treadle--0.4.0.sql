@@ -3006,6 +3006,9 @@ COMMENT ON FUNCTION treadle._claim_setting(text[], text[]) IS
 -- claimed rows, queue by queue in the order they were read.
 -- Each (queue[, name]) pair is read from its own index range, so a backlog of
 -- jobs whose names the claimer does not handle is never walked past.
+-- Past a queue that gave nothing, a probe finds the next one holding a due row; the
+-- queues it passed are kept for a second (treadle.claim_passed) and gone past while no
+-- row was made claimable since, so a row that only became due waits at most that.
 -- A paused queue gives nothing; a queue with a concurrency or rate limit gives at
 -- most the room it has left (treadle._queue_room, treadle.set_queue).
 --
@@ -3076,6 +3079,10 @@ DECLARE
     -- Empty queues left that make a probe for the next with work pay: reading an empty
     -- queue costs about 10 us, the probe's statement about 50 us and 1 us a queue.
     c_probe   CONSTANT integer := 16;
+    -- How long the queues a probe passed count as empty (treadle.claim_passed) unless rows
+    -- were made claimable since: a row that only became due meanwhile waits at most this
+    -- (as long as a worker's default poll interval, the most an idle worker waits for it).
+    c_passed_for CONSTANT bigint := 1000000;  -- microseconds
     v_now     timestamptz := treadle.now();
     v_setting text;       -- this session's claim mode for these queues and names
     v_checked text;       -- the queues' hash
@@ -3095,6 +3102,9 @@ DECLARE
     v_i       integer := 0;  -- the queue being read, counted from v_first
     v_next    integer;    -- the next queue, counted from v_first, that holds a due row
     v_allow   interval := interval '0';  -- the probes' allowance: slow beyond c_slow plus this
+    v_passed  text[];     -- treadle.claim_passed's fields, once read; '{}': none that holds
+    v_snap    pg_snapshot;  -- a probe's snapshot, taken before it reads
+    v_d       integer;    -- how far into the queues passed this claim's position is
     v_queue   text;
     v_name    text;
     v_left    integer;    -- jobs still wanted
@@ -3343,8 +3353,45 @@ BEGIN
         -- read, and the probe goes on after it. (Not where treadle is distributed:
         -- there every statement that reads jobs names one queue.)
         IF coalesce(cardinality(v_got), 0) = 0 AND v_count - v_i > c_probe AND NOT v_citus THEN
+            -- The queues this session's last probe passed (treadle.claim_passed: the mode's
+            -- setting name, when, the probe's snapshot, and the queues as a start and a count
+            -- in queues' order) held no due row: while that is less than c_passed_for old
+            -- and no row was made claimable since its snapshot (ready_txid at or above its
+            -- xmax, or in its xip: a commit's enqueue, retry, release or rescue, anywhere),
+            -- they hold none still, but for rows that only became due meanwhile, which wait
+            -- until it ends. So a claim whose turn falls in them goes on after them, where a
+            -- probe would visit each (the session's claims over 1,000 queues of which one
+            -- holds work probe once a second). Read once per claim, tested field by
+            -- field before any cast: a setting changed by hand may delay this session's
+            -- claims by c_passed_for at most, never raise.
+            IF v_passed IS NULL THEN
+                v_passed := string_to_array(coalesce(current_setting('treadle.claim_passed', true), ''), '/');
+                IF NOT (cardinality(v_passed) = 6 AND v_room IS NULL AND v_passed[1] = v_setting
+                        AND v_passed[2] ~ '^[0-9]{1,18}$' AND v_passed[3] ~ '^[0-9]{1,18}$'
+                        AND v_passed[4] ~ '^([0-9]{1,18}(,[0-9]{1,18})*)?$'
+                        AND v_passed[5] ~ '^[0-9]{1,9}$' AND v_passed[6] ~ '^[0-9]{1,9}$') THEN
+                    v_passed := '{}';
+                ELSIF NOT (v_passed[2]::bigint BETWEEN treadle._us(v_now) - c_passed_for AND treadle._us(v_now)
+                           AND v_passed[5]::integer < v_count AND v_passed[6]::integer <= v_count)
+                      OR EXISTS (SELECT FROM treadle.jobs AS j
+                                  WHERE j.state = ANY (ARRAY['available', 'retryable'])
+                                    AND j.ready_txid >= v_passed[3]::xid8)
+                      OR EXISTS (SELECT FROM treadle.jobs AS j
+                                  WHERE j.state = ANY (ARRAY['available', 'retryable'])
+                                    AND j.ready_txid = ANY (string_to_array(v_passed[4], ',')::xid8[])) THEN
+                    v_passed := '{}';
+                END IF;
+            END IF;
+            v_d := CASE WHEN cardinality(v_passed) = 6
+                        THEN ((v_first + v_i - v_passed[5]::integer) % v_count + v_count) % v_count END;
+            IF v_d < v_passed[6]::integer THEN
+                EXIT WHEN v_i + v_passed[6]::integer - v_d >= v_count;
+                v_i := v_i + v_passed[6]::integer - v_d;
+                CONTINUE;
+            END IF;
             -- (a probe costs 1-2 us per queue: a long list of empty queues is not a slow claim)
             v_allow := v_allow + (v_count - v_i) * interval '3 us';
+            v_snap := pg_current_snapshot();  -- (no older than the probe's own)
             IF v_names IS NULL THEN
                 v_next := (SELECT q.i FROM generate_series(v_i, v_count - 1) AS q(i)
                             CROSS JOIN LATERAL (
@@ -3378,6 +3425,17 @@ BEGIN
                                           LIMIT 1) AS l
                                    LIMIT 1) AS m
                             LIMIT 1);
+            END IF;
+            -- the queues passed, with the snapshot and this transaction's own id when it has
+            -- one (a snapshot lists every running id but its own; one assigned later is at
+            -- or above its xmax)
+            IF v_room IS NULL AND coalesce(v_next, v_count) > v_i THEN
+                PERFORM set_config('treadle.claim_passed', concat_ws('/', v_setting, treadle._us(v_now),
+                                   pg_snapshot_xmax(v_snap),
+                                   array_to_string(ARRAY(SELECT x.x::text FROM pg_snapshot_xip(v_snap) AS x(x)
+                                                         UNION ALL
+                                                         SELECT pg_current_xact_id_if_assigned()::text), ','),
+                                   (v_first + v_i) % v_count, coalesce(v_next, v_count) - v_i), false);
             END IF;
             EXIT WHEN v_next IS NULL;
             v_i := v_next;

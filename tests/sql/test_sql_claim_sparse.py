@@ -8,6 +8,7 @@ claimers hold, and a batch spread over several queues.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -114,3 +115,106 @@ def test_the_claim_reads_its_mode_from_the_setting_that_claim_setting_names(
     after = conn.execute("select current_setting(%s)", (setting,)).fetchone()
     assert after is not None and after[0] != "sweep"
     assert after[0] == "" or str(after[0]).startswith("(1,")
+
+
+# -- the queues a probe passed (treadle.claim_passed) -------------------------------------
+
+
+def passed(conn: psycopg.Connection[Any]) -> list[str]:
+    row = conn.execute("select coalesce(current_setting('treadle.claim_passed', true), '')").fetchone()
+    assert row is not None
+    return str(row[0]).split("/")
+
+
+def claim_from(conn: psycopg.Connection[Any], first: int, names: list[str] | None = None) -> list[tuple[str, int]]:
+    conn.execute("select set_config('treadle.claim_turn', %s, false)", (str(first),))
+    return claim(conn, names)
+
+
+@pytest.mark.parametrize("names", [None, ["work"], ["work", "other"]])
+def test_queues_a_probe_passed_are_gone_past_until_the_memory_ends(connect: Connect, names: list[str] | None) -> None:
+    conn = connect()
+    t = conn.execute("select clock_timestamp() + interval '1 minute'").fetchone()[0]  # type: ignore[index]
+    conn.execute("select set_config('treadle.now', %s, false)", (t.isoformat(),))
+    first, second = put(conn, "sparse-150", 2)
+    (soon,) = [
+        r[0]
+        for r in conn.execute(
+            "select treadle.enqueue('work', '{}'::jsonb, queue => 'sparse-100', run_at => %s::timestamptz"
+            " + interval '500 ms')",
+            (t,),
+        ).fetchall()
+    ]
+    assert claim_from(conn, 0, names) == [("sparse-150", first)]
+    setting = conn.execute("select treadle._claim_setting(%s::text[], %s::text[])", (QUEUES, names)).fetchone()
+    memory = passed(conn)
+    assert memory[0] == setting[0] and memory[4:] == ["1", "149"], memory  # type: ignore[index]
+    # 600 ms on: sparse-100's row is due, but the memory holds and the claim goes past it
+    conn.execute("select set_config('treadle.now', %s, false)", ((t + timedelta(milliseconds=600)).isoformat(),))
+    assert claim_from(conn, 0, names) == [("sparse-150", second)]
+    # past the memory's second: probed again, and found
+    conn.execute("select set_config('treadle.now', %s, false)", ((t + timedelta(milliseconds=1100)).isoformat(),))
+    assert claim_from(conn, 0, names) == [("sparse-100", soon)]
+
+
+def test_a_row_made_claimable_since_the_probe_ends_the_memory(connect: Connect) -> None:
+    conn = connect()
+    first, _ = put(conn, "sparse-150", 2)
+    assert claim_from(conn, 0) == [("sparse-150", first)]
+    assert passed(conn)[4:] == ["1", "149"]
+    (late,) = put(conn, "sparse-100")
+    assert claim_from(conn, 0) == [("sparse-100", late)]
+
+
+def test_a_row_the_claims_own_transaction_makes_claimable_ends_the_memory(connect: Connect) -> None:
+    conn = connect(autocommit=False)
+    first, _ = put(conn, "sparse-150", 2)
+    conn.commit()
+    put(conn, "elsewhere")  # this transaction has an id before the probe's snapshot
+    assert claim_from(conn, 0) == [("sparse-150", first)]
+    own = conn.execute("select pg_current_xact_id()::text").fetchone()
+    assert own is not None and passed(conn)[3].split(",")[-1] == own[0]
+    (late,) = put(conn, "sparse-100")
+    assert claim_from(conn, 0) == [("sparse-100", late)]
+    conn.commit()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "",
+        "x",
+        "/////",
+        "//////",
+        "{key}/{now}/{xmax}//999/5",
+        "{key}/{now}/{xmax}//0/201",
+        "{key}/{now}/{xmax}/x/0/5",
+        "{key}/{now}/99999999999999999999/0/0/5",
+        "{key}/-1/{xmax}//0/5",
+        "{key}/{now}/{xmax}/,/0/5",
+        "treadle.claim_0/{now}/{xmax}//0/200",
+        "{key}/{now}/{xmax}//0/200/1",
+    ],
+)
+def test_a_setting_changed_by_hand_never_raises(connect: Connect, value: str) -> None:
+    conn = connect()
+    (job,) = put(conn, "sparse-150")
+    key = conn.execute("select treadle._claim_setting(%s::text[], null)", (QUEUES,)).fetchone()[0]  # type: ignore[index]
+    now, xmax = conn.execute(  # type: ignore[misc]
+        "select treadle._us(treadle.now()), pg_snapshot_xmax(pg_current_snapshot())"
+    ).fetchone()
+    conn.execute("select set_config('treadle.claim_passed', %s, false)", (value.format(key=key, now=now, xmax=xmax),))
+    assert claim_from(conn, 0) == [("sparse-150", job)]
+
+
+def test_a_memory_set_by_hand_delays_only_its_own_session(connect: Connect) -> None:
+    conn, other = connect(), connect()
+    (job,) = put(conn, "sparse-150")
+    key = conn.execute("select treadle._claim_setting(%s::text[], null)", (QUEUES,)).fetchone()[0]  # type: ignore[index]
+    conn.execute(
+        "select set_config('treadle.claim_passed', concat_ws('/', %s::text, treadle._us(treadle.now()),"
+        " pg_snapshot_xmax(pg_current_snapshot()), '', 1, 199), false)",
+        (key,),
+    )
+    assert claim_from(conn, 0) == []  # every queue but sparse-0 counted as passed
+    assert claim_from(other, 0) == [("sparse-150", job)]

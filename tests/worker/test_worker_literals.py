@@ -3,6 +3,7 @@ value must reach the server as the value itself, whatever characters a queue or 
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -12,8 +13,10 @@ import pytest
 
 import treadle
 from tests.worker.worker_support import until_state
-from treadle import Worker
-from treadle._literals import bigint_array, interval, text_array, uuid_array
+from treadle import Worker, _sql
+from treadle._literals import Fixed, bigint_array, constant, interval, text_array, uuid_array, with_constants
+from treadle._pool import WorkerPool
+from treadle._producer import claim_statements
 
 HOSTILE = [
     'a"b',
@@ -57,7 +60,7 @@ def test_a_text_array_with_nul_is_refused(conn: psycopg.Connection[Any]) -> None
         conn.execute("SELECT %s::text[]", [text_array(["a\x00b"])])
 
 
-@pytest.mark.parametrize("queue", ['q"1', "q\\2", "q,3", "{q4}", "NULL"])
+@pytest.mark.parametrize("queue", ['q"1', "q\\2", "q,3", "{q4}", "NULL", "q'6", "q%7", "%(batch)s", "E'q\\'8", "ü 9"])
 def test_a_worker_serves_queues_and_names_that_need_quoting(
     conn: psycopg.Connection[Any], make_worker: Any, queue: str
 ) -> None:
@@ -79,3 +82,124 @@ def test_a_worker_serves_queues_and_names_that_need_quoting(
     assert sorted(ran, key=lambda r: r[1]["i"]) == [(queue, {"i": i}) for i in range(7)]
     found = conn.execute("SELECT state FROM treadle.jobs WHERE id = %s", [other]).fetchone()
     assert found == ("available",)
+
+
+# names a statement's text must carry through unchanged: quotes, backslashes, braces, commas,
+# spaces, percent signs and psycopg placeholders, dollar quotes, unicode, control characters
+WRITTEN = [
+    *HOSTILE,
+    "%",
+    "%%",
+    "%s",
+    "%(batch)s",
+    "%(queues)s",
+    "E'\\'",
+    "'; SELECT 1; --",
+    "$$",
+    "$a$",
+    "\\'",
+    "'\\",
+    "\x01\x1f\x7f\r",
+    "U&'\\0041'",
+]
+
+
+@pytest.mark.parametrize("conforming", ["on", "off"])
+def test_constants_written_into_a_statement_reach_the_server_as_they_were(
+    conn: psycopg.Connection[Any], conforming: str
+) -> None:
+    conn.execute(f"SET standard_conforming_strings = {conforming}")
+    statement = with_constants(
+        "SELECT %(one)s::text, %(list)s::text[], %(none)s::text[], %(kept)s::integer",
+        {"list": text_array(WRITTEN), "none": None, "one": "x'%(kept)s\\"},
+    )
+    assert "%(kept)s" in statement, "a placeholder not named stays a parameter"
+    row = conn.execute(statement, {"kept": 7}).fetchone()
+    assert row == ("x'%(kept)s\\", WRITTEN, None, 7)
+    for value in WRITTEN:
+        row = conn.execute("SELECT " + constant(value) + "::text AS v, %(p)s::text", {"p": value}).fetchone()
+        assert row == (value, value), f"{value!r} came back changed"
+
+
+def test_a_constant_with_nul_is_refused() -> None:
+    with pytest.raises(ValueError):
+        constant("a\x00b")
+
+
+def test_the_worker_writes_its_fixed_arguments_into_its_statements(conn: psycopg.Connection[Any]) -> None:
+    valid = [f"q {value}" for value in WRITTEN if not re.search("[\x00-\x1f\x7f]", value)]
+    queues = [*valid, "plain"]
+    names = ["job %(batch)s", "job's", 'job "x"']
+    claim, cycle = claim_statements("worker 'w' %s", queues, names, timedelta(seconds=12.5))
+    assert claim.written is not None and cycle.written is not None
+    for statement in (claim.written, cycle.written):
+        left = set(re.findall(r"%\((\w+)\)s", statement.replace("%%", "")))
+        assert left <= {"batch", "lease_token", "job_ids", "lease_tokens", "results", "job_queues"}, left
+    for value in ["plain", *valid]:
+        job = conn.execute("SELECT treadle.enqueue('job''s', queue => %s)", [value]).fetchone()
+        assert job is not None
+        rows = conn.execute(claim.written, {"batch": 1, "lease_token": str(uuid.uuid4())}).fetchall()
+        assert [(r[0], r[1], r[2], r[10]) for r in rows] == [(job[0], value, "job's", "worker 'w' %s")]
+        lease = conn.execute("SELECT lease_until - started_at FROM treadle.jobs WHERE id = %s", [job[0]]).fetchone()
+        assert lease == (timedelta(seconds=12.5),)
+
+
+@pytest.mark.parametrize("prepared", [True, False])
+def test_the_pool_writes_fixed_arguments_in_only_where_it_prepares(dsn: str, prepared: bool) -> None:
+    fixed = Fixed.of("SELECT current_query(), %(v)s::text, %(n)s::integer", {"v": "a'b%"})
+    pool = WorkerPool(dsn, "literals test", 2, prepared_statements=prepared)
+    pool.open()
+    try:
+        for _ in range(3):  # (psycopg prepares a statement on its second run)
+            [(query, value, n)] = pool.tuples(fixed, {"n": 4})
+            assert (value, n) == ("a'b%", 4)
+            assert ("E'a''b%'" in query) == prepared and ("$2" in query) != prepared, query
+    finally:
+        pool.close()
+
+
+BAD_QUEUES = [
+    ["ok", "tab\tin"],
+    ["ok", "\x01"],
+    ["ok", "\x7f"],
+    ["ok", ""],
+    ["ok", "   "],
+    ["ok", "x" * 201],
+    [],
+    [f"q{i}" for i in range(1001)],
+]
+
+
+@pytest.mark.parametrize("queues", BAD_QUEUES, ids=lambda q: repr(q)[:30])
+def test_bad_queues_written_into_the_statement_are_refused_as_when_sent(
+    conn: psycopg.Connection[Any], queues: list[str]
+) -> None:
+    claim, cycle = claim_statements("w", queues, ["job"], timedelta(seconds=30))
+    cycle_args = {"job_ids": "{}", "lease_tokens": "{}", "results": None, "job_queues": None}
+    states = []
+    for fixed, args in [(claim, {}), (cycle, cycle_args)]:
+        for prepared in (True, False):  # written into the text, and sent
+            query, params = fixed.query(prepared, {**args, "batch": 1, "lease_token": None})
+            assert (query == fixed.template) != prepared
+            with pytest.raises(psycopg.Error) as caught:
+                conn.execute(query, params)
+            states.append(caught.value.sqlstate)
+    assert states == ["22023"] * 4
+
+
+def test_bad_names_and_worker_id_written_into_the_statement_are_refused(conn: psycopg.Connection[Any]) -> None:
+    for worker_id, names in [("w\n", ["job"]), ("w", ["job", "\x02"]), ("w", []), ("", ["job"])]:
+        claim, _ = claim_statements(worker_id, ["q"], names, timedelta(seconds=30))
+        assert claim.written is not None
+        with pytest.raises(psycopg.Error) as caught:
+            conn.execute(claim.written, {"batch": 1, "lease_token": None})
+        assert caught.value.sqlstate == "22023", (worker_id, names)
+
+
+def test_a_nul_in_a_queue_is_sent_as_a_parameter_and_refused_as_before(conn: psycopg.Connection[Any]) -> None:
+    claim, _ = claim_statements("w", ["q\x00"], ["job"], timedelta(seconds=30))
+    assert claim.written is None
+    query, params = claim.query(True, {"batch": 1, "lease_token": None})
+    assert query == _sql.CLAIM and params["queues"] == text_array(["q\x00"])
+    with pytest.raises(psycopg.DataError):
+        conn.execute(query, params)

@@ -28,7 +28,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from . import _sql
-from ._literals import bigint_array, text_array, uuid_array
+from ._literals import Fixed, bigint_array, text_array, uuid_array
 from ._pool import WorkerPool
 from ._retry import Backoff, FailureWrite, is_transient, message_of, one_line
 from ._run_state import RunState
@@ -84,8 +84,13 @@ class ClaimAlong(Protocol):
         """How many jobs to claim with this write; held for it until `release`."""
         ...
 
+    @property
+    def cycle_statement(self) -> Fixed:
+        """_sql.COMPLETE_AND_CLAIM with the claim's fixed arguments (worker_id, queues, names, lease)."""
+        ...
+
     def params(self, batch: int, lease_token: uuid.UUID) -> dict[str, Any]:
-        """The claim's arguments (complete_and_claim's worker_id ... lease_token)."""
+        """The claim's arguments that `cycle_statement` still takes (batch, lease_token)."""
         ...
 
     def adopt(self, rows: list[tuple[Any, ...]], asked: int) -> None:
@@ -279,7 +284,7 @@ class Completer:
         token = uuid.uuid4()
         try:
             try:
-                answer = self._pool.tuples(_sql.COMPLETE_AND_CLAIM, {**params, **claim.params(reserved, token)})
+                answer = self._pool.tuples(claim.cycle_statement, {**params, **claim.params(reserved, token)})
             except psycopg.Error as error:
                 if is_transient(error):
                     log.warning("worker %s: could not %s and claim (%s)", self._worker_id, what, one_line(error))

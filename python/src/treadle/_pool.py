@@ -23,6 +23,7 @@ from psycopg_pool import ConnectionPool
 
 from . import _sql
 from ._dsn import Redactor, check
+from ._literals import Fixed
 from .errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -102,8 +103,10 @@ class WorkerPool:
             cur.execute(query, params)
             return cur.fetchall()
 
-    def tuples(self, query: LiteralString, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    def tuples(self, query: LiteralString | Fixed, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
         with self.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
+            if isinstance(query, Fixed):  # its fixed arguments written in where the connection prepares
+                query, params = query.query(conn.prepare_threshold is not None, params or {})
             cur.execute(query, params)
             return cur.fetchall()
 

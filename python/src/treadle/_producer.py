@@ -24,7 +24,7 @@ import psycopg
 
 from . import _sql
 from ._executor import STEP_NAME, STEP_RUN, Claimed, decode_claimed
-from ._literals import interval, text_array
+from ._literals import Fixed, interval, text_array
 from ._options import MAX_CONCURRENCY, WorkerOptions
 from ._pool import WorkerPool
 from ._retry import Backoff, is_transient, one_line
@@ -79,6 +79,15 @@ def sleep_until_stopped(host: ProducerHost, seconds: float) -> None:
         time.sleep(min(remaining, WAIT_SLICE))
 
 
+def claim_statements(worker_id: str, queues: list[str], names: list[str], lease: timedelta) -> tuple[Fixed, Fixed]:
+    """The worker's claim and finish-and-claim statements (_sql.CLAIM, _sql.COMPLETE_AND_CLAIM), with
+    the arguments fixed for its life (its id, queues, job names and lease): written into
+    their text on a connection that prepares statements, sent otherwise (_literals.Fixed).
+    Either way the server checks them at every call."""
+    fixed = {"worker_id": worker_id, "queues": text_array(queues), "names": text_array(names), "lease": interval(lease)}
+    return Fixed.of(_sql.CLAIM, fixed), Fixed.of(_sql.COMPLETE_AND_CLAIM, fixed)
+
+
 class Producer:
     """Claims jobs for a worker, as many as its slots (and `claim_ahead`) allow, and dispatches them.
 
@@ -99,13 +108,9 @@ class Producer:
         self._names = names
         self._queues = list(options.queues)
         self._lease = timedelta(seconds=options.lease)
-        # the claim's parameters that never change, as literals once (_literals.py)
-        self._claim_params: dict[str, Any] = {
-            "worker_id": options.worker_id,
-            "queues": text_array(self._queues),
-            "names": text_array(names),
-            "lease": interval(self._lease),
-        }
+        self.claim_statement, self.cycle_statement = claim_statements(
+            options.worker_id, self._queues, names, self._lease
+        )
         self._host = host
         self._wake = wake
         self._lock = threading.Lock()
@@ -161,8 +166,8 @@ class Producer:
         return self._reserve()
 
     def params(self, batch: int, lease_token: uuid.UUID) -> dict[str, Any]:
-        """The claim's arguments (treadle.claim's and complete_and_claim's worker_id ... lease_token)."""
-        return {**self._claim_params, "batch": batch, "lease_token": str(lease_token)}
+        """The claim's arguments for `claim_statement` and `cycle_statement` (batch, lease_token)."""
+        return {"batch": batch, "lease_token": str(lease_token)}
 
     def adopt(self, rows: list[tuple[Any, ...]], asked: int) -> None:
         """Run the jobs claimed (`asked` were asked for): rows of _sql.CLAIMED_NAMES."""
@@ -240,7 +245,7 @@ class Producer:
         """
         token = uuid.uuid4()
         try:
-            return self._pool.tuples(_sql.CLAIM, self.params(free, token))
+            return self._pool.tuples(self.claim_statement, self.params(free, token))
         except psycopg.Error as error:
             worker_id = self._options.worker_id
             delay = backoff.next()
