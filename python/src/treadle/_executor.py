@@ -13,12 +13,16 @@ import collections
 import concurrent.futures
 import inspect
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import fields
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+import psycopg
+from psycopg.adapt import Transformer
 
 from . import _otel, _sql
 from ._completer import Completer, Unwritten
@@ -31,7 +35,7 @@ from ._registry import Registry
 from ._retry import attempt_timeout, one_line
 from ._run_state import RunState, RunStatus
 from .errors import Discard, InvalidArgument, JobTimeout, LeaseLost, Snooze, UndecodablePayload
-from .models import Job
+from .models import DEFERRED_KEY, Job
 
 if TYPE_CHECKING:
     from ._events import EventKind
@@ -50,34 +54,103 @@ class Claimed(NamedTuple):
     undecodable: UndecodablePayload | None = None
 
 
-# where a claimed row (_sql.CLAIMED_NAMES) holds what is decoded here
-_ARGS, _RESULT, _ERRORS, _META = (_sql.CLAIMED_NAMES.index(column) for column in ("args", "result", "errors", "meta"))
-STEP_RUN = _sql.CLAIMED_NAMES.index("workflow_run_id")
-STEP_NAME = _sql.CLAIMED_NAMES.index("step")
-_JOB_FIELDS: tuple[str, ...] = tuple(field.name for field in fields(Job))
-assert _JOB_FIELDS == _sql.CLAIMED_NAMES, "a claimed row's columns are Job's fields in their order"
+# where a claimed row (_sql._claimed_columns: CLAIMED_EAGER's columns, then the others' record) holds what
+# is decoded here
+_ARGS, _META = (_sql.CLAIMED_EAGER.index(column) for column in ("args", "meta"))
+STEP_RUN = _sql.CLAIMED_EAGER.index("workflow_run_id")
+STEP_NAME = _sql.CLAIMED_EAGER.index("step")
+_DEFERRED_NAMES = tuple(name for name, _ in _sql.CLAIMED_DEFERRED)
+assert {field.name for field in fields(Job)} == {*_sql.CLAIMED_EAGER, *_DEFERRED_NAMES}, "a claimed row has every field"
 _new = object.__new__
 
 
-def decode_claimed(row: Sequence[Any]) -> Claimed:
-    """Decode one claimed row's JSON columns (the claim sends them as text); never raises for a payload.
+class DeferredLoader:
+    """Takes a claimed job's deferred fields apart: the record split as psycopg splits one, each
+    field loaded by the loader of its type that a worker connection (`conn`) has, so that they
+    are what a column of that type would have been."""
 
-    The row's columns are Job's fields in their order (_sql.CLAIMED_NAMES).
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._encoding = conn.info.encoding
+        transformer = Transformer.from_context(conn)
+        transformer.set_loader_types(
+            [_type_oid(kind, conn) for _, kind in _sql.CLAIMED_DEFERRED], psycopg.pq.Format.TEXT
+        )
+        self._transformer = transformer
+
+    def load(self, record: str) -> dict[str, Any]:
+        loaded = self._transformer.load_sequence(_split(record.encode(self._encoding)))
+        by_name = dict(zip(_DEFERRED_NAMES, loaded, strict=True))
+        by_name["result"] = _or_none(by_name["result"])
+        by_name["errors"] = _or_none(by_name["errors"])
+        return by_name
+
+
+class _Deferred:
+    """One claimed job's deferred fields (models.DeferredFields)."""
+
+    __slots__ = ("loader", "record")
+
+    def __init__(self, loader: DeferredLoader, record: str) -> None:
+        self.loader = loader
+        self.record = record
+
+    def load(self) -> dict[str, Any]:
+        return self.loader.load(self.record)
+
+
+def _type_oid(kind: str, conn: psycopg.Connection[Any]) -> int:
+    info = conn.adapters.types.get(kind.removesuffix("[]"))
+    if info is None:  # pragma: no cover - every type named in CLAIMED_DEFERRED is built in
+        raise LookupError(f"no type {kind}")
+    return info.array_oid if kind.endswith("[]") else info.oid
+
+
+# a record's text split into its fields (psycopg.types.composite does the same for a record)
+_FIELD = re.compile(
+    rb"""(?x)
+      (,)                       # an empty field: null
+    | " ((?: [^"] | "")*) " ,?  # a quoted one, its quotes and backslashes doubled
+    | ([^",)]+) ,?              # an unquoted one
+    """
+)
+_DOUBLED = re.compile(rb'(["\\])\1')
+
+
+def _split(record: bytes) -> list[bytes | None]:
+    values: list[bytes | None] = []
+    match = None
+    for match in _FIELD.finditer(record, 1, len(record) - 1):
+        if match.group(1):
+            values.append(None)
+        elif match.group(2) is not None:
+            values.append(_DOUBLED.sub(rb"\1", match.group(2)))
+        else:
+            values.append(match.group(3))
+    if match is not None and match.group().endswith(b","):
+        values.append(None)  # the last field is null
+    return values
+
+
+def decode_claimed(row: Sequence[Any], deferred: DeferredLoader) -> Claimed:
+    """Decode one claimed row's args and meta (the claim sends them as text); never raises for a payload.
+
+    The row holds _sql.CLAIMED_EAGER's columns in their order, then the other fields' record,
+    which becomes the Job's deferred fields (models.DEFERRED_KEY), taken apart when one is read.
     """
     values = list(row)
+    record = values.pop()
     problem: UndecodablePayload | None = None
     try:
         values[_ARGS] = from_json(values[_ARGS], f"job {values[0]}'s args")
     except UndecodablePayload as error:
         values[_ARGS], problem = None, error
-    values[_RESULT] = _or_none(values[_RESULT])
-    values[_ERRORS] = _or_none(values[_ERRORS])
     values[_META] = _or_none(values[_META])
-    # Job(*values) as the worker builds thousands a second: a frozen dataclass's __init__
-    # sets each of its 30 fields through object.__setattr__, twice the time of filling
-    # the instance's dict at once; the object is the same (Job has no __post_init__)
+    # a frozen dataclass's __init__ sets each field through object.__setattr__: filling the
+    # instance's dict at once makes the same object (Job has no __post_init__)
     job: Job = _new(Job)
-    job.__dict__.update(zip(_JOB_FIELDS, values, strict=True))
+    state = job.__dict__
+    state.update(zip(_sql.CLAIMED_EAGER, values, strict=True))
+    state[DEFERRED_KEY] = _Deferred(deferred, record)
     return Claimed(job, problem)
 
 
@@ -151,6 +224,11 @@ class Executor:
         self._in_slots = 0
         self._slot_waiters = 0  # handler threads waiting in _take_slot: a freed slot notifies only then
         self._waiting_tasks: collections.deque[Coroutine[Any, Any, None]] = collections.deque()
+        self._traced = False  # whether an attempt runs in a span (_otel), asked once per claimed batch
+
+    def claimed_batch(self) -> None:
+        """A claimed batch is about to be submitted: whether its attempts are traced is asked once, here."""
+        self._traced = _otel.tracing()
 
     def idle(self) -> bool:
         """No handler is running (cheaper than counting the worker's jobs)."""
@@ -217,7 +295,10 @@ class Executor:
                     raise claimed.undecodable
                 began = self._handler_starts()
                 try:
-                    with _otel.attempt(run.job):
+                    if self._traced:
+                        with _otel.attempt(run.job):
+                            value = self._call_handler(run, step_run)
+                    else:
                         value = self._call_handler(run, step_run)
                 finally:
                     self._handler_ends(began)
@@ -261,7 +342,10 @@ class Executor:
                     ctx = JobContext(run, self._worker_id, self._pool, self._lease)
                     fn, args = self._target(run, step_run, ctx)
                     try:
-                        with _otel.attempt(run.job):
+                        if self._traced:
+                            with _otel.attempt(run.job):
+                                value = await fn(*args, ctx)
+                        else:
                             value = await fn(*args, ctx)
                     except asyncio.CancelledError:
                         ctx.check_cancelled()  # says why: a lost lease, a timeout, a cancel or a hand-back

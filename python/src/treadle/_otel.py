@@ -48,9 +48,18 @@ def trace_context() -> dict[str, str]:
     return carrier
 
 
+def tracing() -> bool:
+    """Whether a span would be recorded now: opentelemetry is installed and a tracer provider set.
+
+    The worker asks once per claimed batch, not once per job: without a provider set in
+    code, OpenTelemetry looks for one in the environment at every call.
+    """
+    return ENABLED and not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
 def attempt(job: Job) -> AbstractContextManager[None]:
     """The span one attempt of `job` runs in; a context that does nothing without opentelemetry."""
-    if not ENABLED or isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+    if not tracing():
         return _NOTHING  # no SDK configured: no span would be recorded
     return _span(job)
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psycopg
 
 from . import _sql
-from ._executor import STEP_NAME, STEP_RUN, Claimed, decode_claimed
+from ._executor import STEP_NAME, STEP_RUN, Claimed, DeferredLoader, decode_claimed
 from ._literals import Fixed, interval, text_array
 from ._options import MAX_CONCURRENCY, WorkerOptions
 from ._pool import WorkerPool
@@ -116,6 +116,7 @@ class Producer:
         self._lock = threading.Lock()
         self._completer: Completer | None = None
         self._executor: Executor | None = None
+        self._deferred: DeferredLoader | None = None
         self._more_waiting = False  # a freed slot should claim again: the last claim filled every slot, or hit a limit
         self._reserved = 0  # slots a claim under way may fill
         self._handler_time: float | None = None  # average handler run time, seconds
@@ -124,10 +125,12 @@ class Producer:
         self._rate_wait: float | None = None  # the longest wait between claims, on a rate-limited queue
         self._limits_read_at = -LIMITS_INTERVAL
 
-    def bind(self, completer: Completer, executor: Executor) -> None:
-        """The completer whose pending writes claim along, and the executor that runs what is claimed."""
+    def bind(self, completer: Completer, executor: Executor, deferred: DeferredLoader) -> None:
+        """The completer whose pending writes claim along, the executor that runs what is claimed,
+        and what takes the claimed jobs' deferred fields apart."""
         self._completer = completer
         self._executor = executor
+        self._deferred = deferred
 
     def run(self) -> None:
         """Claim until the host stops."""
@@ -304,10 +307,12 @@ class Producer:
 
     # handing claimed jobs on
     def _dispatch(self, rows: list[tuple[Any, ...]]) -> None:
-        assert self._executor is not None
+        assert self._executor is not None and self._deferred is not None
         step_runs = self._step_runs(rows)
+        self._executor.claimed_batch()
+        deferred = self._deferred
         for row in rows:
-            claimed: Claimed = decode_claimed(row)
+            claimed: Claimed = decode_claimed(row, deferred)
             run = RunState(claimed.job, on_lost=self._host.lease_lost)
             self._host.track(run)
             self._host.emit("claimed", run)

@@ -234,9 +234,9 @@ STOP_WAITING: Final[LiteralString] = "SELECT treadle.unlisten_done()"
 
 # -- worker (worker.py, _executor.py, _completer.py, _housekeeping.py) ----------------------
 
-# A claimed job's columns, in the order of Job's fields (tests/client/test_models.py pins
-# it), so that a claimed row is the arguments of its Job; each statement that claims
-# selects them all. jsonb comes as text, so that each job's payload is decoded alone.
+# A claimed job's fields, in the order of Job's (tests/client/test_models.py pins it); each
+# statement that claims selects them all (_claimed_columns: CLAIMED_EAGER, then the others
+# as one record). jsonb comes as text, so that each job's payload is decoded alone.
 CLAIMED_NAMES: Final = (
     "id", "queue", "name", "args", "state", "priority", "run_at", "attempt", "max_attempts", "lease_until",
     "worker_id", "idempotency_key", "result", "last_error", "created_at", "finished_at", "workflow_run_id",
@@ -244,11 +244,29 @@ CLAIMED_NAMES: Final = (
     "progress", "progress_message", "timeout", "backoff", "meta",
 )  # fmt: skip
 _CLAIMED_AS_TEXT: Final = frozenset({"args", "result", "errors", "meta"})
+# What the worker reads of every job it runs, a column each (in this order); the other
+# fields come as one record, in CLAIMED_DEFERRED's order and of its types (jsonb as text),
+# taken apart only when something reads one of them (_executor.DeferredLoader): each column a row
+# carries costs the client its own loading, most of all the timestamps.
+CLAIMED_EAGER: Final = (
+    "id", "queue", "name", "args", "attempt", "max_attempts", "workflow_run_id", "step", "lease_token",
+    "timeout", "meta",
+)  # fmt: skip
+CLAIMED_DEFERRED: Final = (
+    ("state", "text"), ("priority", "integer"), ("run_at", "timestamptz"), ("lease_until", "timestamptz"),
+    ("worker_id", "text"), ("idempotency_key", "text"), ("result", "text"), ("last_error", "text"),
+    ("created_at", "timestamptz"), ("finished_at", "timestamptz"), ("every", "interval"), ("next_id", "bigint"),
+    ("cancel_requested", "boolean"), ("started_at", "timestamptz"), ("failed_at", "timestamptz"),
+    ("errors", "text"), ("progress", "double precision"), ("progress_message", "text"), ("backoff", "interval[]"),
+)  # fmt: skip
 
 
 def _claimed_columns(row: LiteralString) -> LiteralString:
-    """The select list of a claimed job's columns, each read from `row` ('' for a table's own)."""
-    return ", ".join(row + name + ("::text" if name in _CLAIMED_AS_TEXT else "") for name in CLAIMED_NAMES)
+    """The select list of a claimed job: CLAIMED_EAGER's columns, then CLAIMED_DEFERRED's as one
+    record in text, each read from `row` ('' for a table's own)."""
+    eager = ", ".join(row + name + ("::text" if name in _CLAIMED_AS_TEXT else "") for name in CLAIMED_EAGER)
+    deferred = ", ".join(row + name + "::" + kind for name, kind in CLAIMED_DEFERRED)
+    return eager + ", row(" + deferred + ")::text"
 
 
 # treadle.claim: every job this call claims holds the call's own lease token
@@ -308,7 +326,7 @@ SELECT job_id, state FROM treadle.complete_many(
 """
 # treadle.complete_and_claim: the buffered successes finished and up to `batch` more claimed in one
 # statement. Rows: one per finished input (finished_id, finished_state), then one per claimed job
-# (finished_id null, then the claimed columns, in CLAIMED_NAMES' order).
+# (finished_id null, then the claimed columns: _claimed_columns).
 COMPLETE_AND_CLAIM: Final[LiteralString] = (
     "SELECT c.finished_id, c.finished_state, "
     + _claimed_columns("(c.job).")

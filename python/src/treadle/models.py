@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from datetime import datetime, timedelta
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Protocol, get_args
 
 JobState = Literal["available", "running", "retryable", "completed", "discarded", "cancelled", "blocked"]
 
@@ -56,6 +56,60 @@ class Job:
     @property
     def finished(self) -> bool:
         return self.state in FINISHED_STATES
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy or a pickle holds every field, also those a claimed job has not taken apart yet
+        state = self.__dict__
+        if DEFERRED_KEY in state:
+            for field in fields(self):
+                getattr(self, field.name)
+        return state
+
+
+# A Job the worker claimed keeps the fields it has no use for as they came (DeferredFields,
+# under this key of its __dict__) until one of them is read: most jobs run without anyone
+# reading them, and taking them apart is most of the client's cost of a claimed row.
+DEFERRED_KEY = "_deferred_fields"
+
+
+class DeferredFields(Protocol):
+    def load(self) -> dict[str, Any]:
+        """The fields, by name."""
+        ...
+
+
+class _Field:
+    """A Job field as read through the class: its default (AttributeError without one) from the
+    class, and from a claimed job that kept it deferred, the field taken apart on first read.
+
+    Not a data descriptor: a field in an instance's __dict__ (every field of a Job made
+    any other way, and a deferred one once read) is found there first.
+    """
+
+    __slots__ = ("default", "name")
+
+    def __init__(self, name: str, default: Any) -> None:
+        self.name = name
+        self.default = default
+
+    def __get__(self, job: Job | None, owner: type | None = None) -> Any:
+        if job is None:
+            if self.default is MISSING:
+                raise AttributeError(f"type object 'Job' has no attribute '{self.name}'")
+            return self.default
+        values = job.__dict__
+        deferred: DeferredFields | None = values.get(DEFERRED_KEY)
+        if deferred is None:
+            raise AttributeError(f"'Job' object has no attribute '{self.name}'")
+        # two threads may both get here: each writes the same values
+        values.update(deferred.load())
+        values.pop(DEFERRED_KEY, None)
+        return values[self.name]
+
+
+for _job_field in fields(Job):
+    setattr(Job, _job_field.name, _Field(_job_field.name, _job_field.default))
+del _job_field
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from ._compat import read_extension_version
 from ._completer import Completer
 from ._context import JobContext
 from ._events import EventKind, WorkerEvent
-from ._executor import Executor
+from ._executor import DeferredLoader, Executor
 from ._handler_threads import HandlerThreads
 from ._housekeeping import Housekeeper
 from ._notifier import Notifier, WakeOnNotify
@@ -195,6 +195,7 @@ class Worker:
         self._producer: Producer | None = None
         self._completer: Completer | None = None
         self._executor: Executor | None = None
+        self._deferred: DeferredLoader | None = None  # made at startup, from a connection of the worker's
         self._host = _Host(self)
         self._metrics: WorkerMetrics | None = None
         self._metrics_address: tuple[str, int] | None = None
@@ -491,7 +492,8 @@ class Worker:
                 lease=self.lease,
                 concurrency=self.concurrency,
             )
-            producer.bind(self._completer, self._executor)
+            assert self._deferred is not None
+            producer.bind(self._completer, self._executor, self._deferred)
             self._producer = producer
             if self._options.listen:
                 notifier = WakeOnNotify(self._notifier(), self.queues, self._wake.set, on_cancel=self._cancel_announced)
@@ -584,6 +586,7 @@ class Worker:
             try:
                 with self._pool.connection() as conn:
                     read_extension_version(conn)
+                    self._deferred = DeferredLoader(conn)
                     for name in self._registry.workflows:
                         definition = self._registry.definition(name)
                         after, sleeps, maps = definition["after"], definition["sleeps"], definition["maps"]
