@@ -90,8 +90,10 @@ BEGIN
     -- by the insert itself. Anything else, or a queue with a tenant rule against the
     -- caller or a max_depth (nothing inserted then), goes the whole way below, which
     -- raises what it raises. Under 800 bytes, args are inside the size limit (never
-    -- under 1 KiB) and cannot nest 100 levels (8 bytes a level).
-    IF enqueue.idempotency_key IS NULL AND enqueue.concurrency_key IS NULL AND enqueue.meta IS NULL
+    -- under 1 KiB) and cannot nest 100 levels (8 bytes a level). Not on Citus, where an
+    -- INSERT ... SELECT goes through the coordinator and the insert below is routed.
+    IF current_setting('citus.version', true) IS NULL
+       AND enqueue.idempotency_key IS NULL AND enqueue.concurrency_key IS NULL AND enqueue.meta IS NULL
        AND enqueue.every IS NULL AND enqueue.timeout IS NULL AND enqueue.backoff IS NULL
        AND enqueue.unique_period IS NULL AND enqueue.on_conflict = 'keep' AND enqueue.unique_while = 'retained'
        AND enqueue.priority IS NOT NULL AND enqueue.max_attempts >= 1 AND isfinite(enqueue.run_at)
