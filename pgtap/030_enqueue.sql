@@ -2,7 +2,7 @@
 -- defaults, named notation, idempotency keys, and every bad argument.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(61);
+SELECT plan(64);
 
 -- treadle's clock stands in the future; enqueue's default run_at follows it.
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -142,6 +142,21 @@ SELECT results_eq(format($$ SELECT name, queue FROM treadle.jobs WHERE id = %s $
 -- Large priorities at both ends of integer
 SELECT lives_ok($$ SELECT treadle.enqueue('x', priority => -2147483648) $$, 'the lowest integer priority is allowed');
 SELECT lives_ok($$ SELECT treadle.enqueue('x', priority => 2147483647) $$, 'the highest integer priority is allowed');
+
+-- The common call (checked in one expression, the tenant rule and max_depth read by its
+-- insert) and the whole way (here: a JSON null meta, or args of 800 bytes or more) write the same row
+SELECT treadle.enqueue('same', '{"a": [1, 2]}', queue => 'same_q', priority => 3, max_attempts => 4) AS common \gset
+SELECT treadle.enqueue('same', '{"a": [1, 2]}', queue => 'same_q', priority => 3, max_attempts => 4,
+                       meta => 'null') AS whole \gset
+SELECT is((SELECT to_jsonb(j) - 'id' FROM treadle.jobs AS j WHERE j.id = :common),
+          (SELECT to_jsonb(j) - 'id' FROM treadle.jobs AS j WHERE j.id = :whole),
+          'the common call stores the row that the whole way stores');
+SELECT treadle.enqueue('same', jsonb_build_object('pad', repeat('x', 900)), run_at => '3000-01-01') AS big \gset
+SELECT is((SELECT to_jsonb(j) - 'id' - 'args' FROM treadle.jobs AS j WHERE j.id = :big),
+          (SELECT to_jsonb(j) - 'id' - 'args' || jsonb_build_object('run_at', '3000-01-01T00:00:00+00:00'::timestamptz)
+             FROM treadle.jobs AS j WHERE j.id = :whole) || '{"queue": "default", "priority": 0, "max_attempts": 25}',
+          'args of 800 bytes or more go the whole way, to the same row');
+SELECT is((SELECT args ->> 'pad' FROM treadle.jobs WHERE id = :big), repeat('x', 900), 'and keep their args');
 
 -- created_at follows treadle's clock
 SET LOCAL treadle.now = '2999-01-01 12:30:00+00';

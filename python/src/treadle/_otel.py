@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 try:
-    from opentelemetry import propagate, trace
+    from opentelemetry import context, propagate, trace
 except ImportError:  # pragma: no cover - the tests run with and without it
     ENABLED = False
 else:
@@ -30,8 +30,8 @@ _NOTHING: AbstractContextManager[None] = nullcontext()
 
 def with_trace_context(meta: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """`meta` with the current trace context added (the caller's keys win); `meta` itself without one."""
-    if not ENABLED:
-        return meta
+    if not ENABLED or not context.get_current():
+        return meta  # an empty context holds no span and no baggage: nothing to inject
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     if not carrier:
@@ -41,7 +41,7 @@ def with_trace_context(meta: Mapping[str, Any] | None) -> Mapping[str, Any] | No
 
 def trace_context() -> dict[str, str]:
     """The current trace context as a propagator writes it; empty without a span."""
-    if not ENABLED:
+    if not ENABLED or not context.get_current():
         return {}
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
