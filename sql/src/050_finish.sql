@@ -695,12 +695,29 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_job   treadle.jobs;
-    v_moved bigint[] := '{}'::bigint[];  -- the steps treadle._advance_lists moved
+    v_job    treadle.jobs;
+    v_moved  bigint[] := '{}'::bigint[];  -- the steps treadle._advance_lists moved
+    v_queues text[];   -- the queues where jobs finished (treadle_done)
+    v_keyed  boolean;  -- a job held a slot of its concurrency key
+    v_steps  bigint;   -- completed workflow steps
 BEGIN
-    PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
-    IF cardinality(done) > 1 AND (current_setting('citus.version', true) IS NULL OR NOT treadle._distributed()) THEN
+    -- what the rows need, read in one pass
+    SELECT array_agg(DISTINCT d.queue) FILTER (WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])),
+           coalesce(bool_or(d.key_slot), false),
+           count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL AND d.state = 'completed')
+      INTO v_queues, v_keyed, v_steps
+      FROM unnest(done) AS d;
+    IF v_keyed THEN
+        PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
+    END IF;
+    IF v_steps > 1 AND (current_setting('citus.version', true) IS NULL OR NOT treadle._distributed()) THEN
         v_moved := coalesce(treadle._advance_lists(done), v_moved);  -- 051_workflow_lists.sql
+    END IF;
+    IF v_queues IS NOT NULL THEN
+        PERFORM treadle._notify_done(v_queues);
+    END IF;
+    IF cardinality(v_moved) = cardinality(done) THEN
+        RETURN;  -- (every row was a list's step)
     END IF;
     FOR v_job IN
         SELECT d.* FROM unnest(done) AS d
@@ -720,11 +737,6 @@ BEGIN
             PERFORM treadle._advance_run(v_job);
         END IF;
     END LOOP;
-
-    PERFORM treadle._notify_done(array_agg(DISTINCT d.queue))
-       FROM unnest(done) AS d
-      WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])
-     HAVING count(*) > 0;
 END;
 $$;
 COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
