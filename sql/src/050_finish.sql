@@ -713,11 +713,11 @@ BEGIN
     IF v_steps > 1 AND (current_setting('citus.version', true) IS NULL OR NOT treadle._distributed()) THEN
         v_moved := coalesce(treadle._advance_lists(done), v_moved);  -- 051_workflow_lists.sql
     END IF;
-    IF v_queues IS NOT NULL THEN
-        PERFORM treadle._notify_done(v_queues);
-    END IF;
-    IF cardinality(v_moved) = cardinality(done) THEN
-        RETURN;  -- (every row was a list's step)
+    IF cardinality(v_moved) = cardinality(done) THEN  -- (every row was a list's step)
+        IF v_queues IS NOT NULL THEN
+            PERFORM treadle._notify_done(v_queues);
+        END IF;
+        RETURN;
     END IF;
     FOR v_job IN
         SELECT d.* FROM unnest(done) AS d
@@ -737,6 +737,11 @@ BEGIN
             PERFORM treadle._advance_run(v_job);
         END IF;
     END LOOP;
+
+    -- treadle_done after the steps' wake-ups, the order listeners have always seen
+    IF v_queues IS NOT NULL THEN
+        PERFORM treadle._notify_done(v_queues);
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
