@@ -5529,6 +5529,7 @@ DECLARE
     v_now       timestamptz := treadle.now();
     v_l_queues  text[];    -- the runs locked, and the steps that move them
     v_l_ids     bigint[];
+    v_l_rows    tid[];     -- (where the locked rows are)
     v_l_jobs    bigint[];
     v_l_steps   text[];
     v_l_results jsonb[];
@@ -5541,9 +5542,10 @@ DECLARE
     v_run       treadle.workflow_runs;
 BEGIN
     -- the runs, locked in id order; a batch with none (a graph's steps) ends here
-    SELECT array_agg(l.queue), array_agg(l.id), array_agg(l.job_id), array_agg(l.step), array_agg(l.result)
-      INTO v_l_queues, v_l_ids, v_l_jobs, v_l_steps, v_l_results
-      FROM (SELECT r.queue, r.id, i.id AS job_id, i.step, i.result
+    SELECT array_agg(l.queue), array_agg(l.id), array_agg(l.ctid), array_agg(l.job_id), array_agg(l.step),
+           array_agg(l.result)
+      INTO v_l_queues, v_l_ids, v_l_rows, v_l_jobs, v_l_steps, v_l_results
+      FROM (SELECT r.queue, r.id, r.ctid, i.id AS job_id, i.step, i.result
               FROM treadle.workflow_runs AS r
               JOIN (SELECT d.id, coalesce(d.run_queue, d.queue) AS run_queue, d.workflow_run_id AS run_id, d.step,
                            d.result, d.args ? 'compensates' AS compensates,
@@ -5563,16 +5565,21 @@ BEGIN
         RETURN NULL;
     END IF;
     -- then one UPDATE of them, and one INSERT of their next steps' jobs (in the order of
-    -- the steps that finished)
+    -- the steps that finished). The rows are reached where the read locked them (a TID
+    -- scan: a join on their ids may be planned as a scan of a small table), each with its
+    -- step by its place in the arrays.
     WITH moved AS (
         UPDATE treadle.workflow_runs AS r
            SET results = r.results || jsonb_build_object(l.step, l.result),
                state = CASE WHEN array_position(r.steps, l.step) < cardinality(r.steps) THEN r.state ELSE 'completed' END,
                finished_at = CASE WHEN array_position(r.steps, l.step) < cardinality(r.steps) THEN r.finished_at
                                   ELSE v_now END
-          FROM unnest(v_l_queues, v_l_ids, v_l_jobs, v_l_steps, v_l_results) AS l(queue, id, job_id, step, result)
-         WHERE r.queue = l.queue
-           AND r.id = l.id
+          FROM (SELECT v_l_jobs[k.i] AS job_id, v_l_steps[k.i] AS step, v_l_results[k.i] AS result, k.i
+                  FROM generate_subscripts(v_l_ids, 1) AS k(i)) AS l
+         WHERE r.ctid = ANY (v_l_rows)
+           AND l.i = array_position(v_l_rows, r.ctid)
+           AND r.queue = v_l_queues[l.i]
+           AND r.id = v_l_ids[l.i]
         RETURNING l.job_id, r.id, r.queue, r.steps[array_position(r.steps, l.step) + 1] AS next,
                   r.state = 'completed' AND r.parent_run_id IS NOT NULL AS ended,
                   r.name, r.priority, r.max_attempts, r.meta
