@@ -101,3 +101,25 @@ def test_a_run_changed_while_the_batch_waits_is_moved_from_what_was_committed(
     assert value(worker, "select results from treadle.workflow_runs where id = %s", (stopped,)) == {}
     assert steps(worker, stopped) == [("a", "completed")]
     assert steps(worker, plain) == [("a", "completed"), ("b", "available")]
+
+
+def test_complete_and_claim_moves_a_batch_of_list_steps_and_tells_of_the_steps_its_claim_left(
+    connect: Connect,
+) -> None:
+    worker, listener = connect(), connect()
+    listener.execute("listen treadle_jobs")
+    runs = [start(worker, "cycle") for _ in range(3)]
+    a = held(worker, "cycle")
+    list(listener.notifies(timeout=0.2))  # what the starts told
+    rows = worker.execute(
+        "select finished_id, finished_state, (job).step, (job).workflow_run_id"
+        " from treadle.complete_and_claim(%s, %s, null, 'w', array['cycle'], batch => 1)",
+        ([a[r][0] for r in runs], [a[r][1] for r in runs]),
+    ).fetchall()
+    assert rows[:3] == [(a[r][0], "completed", None, None) for r in runs]
+    assert len(rows) == 4 and rows[3][:3] == (None, None, "b")
+    taken = rows[3][3]
+    for run_id in runs:
+        assert steps(worker, run_id) == [("a", "completed"), ("b", "running" if run_id == taken else "available")]
+    # the two steps its claim left wake the queue's workers, once
+    assert [(n.channel, n.payload) for n in listener.notifies(timeout=1)] == [("treadle_jobs", "cycle")]
