@@ -1,19 +1,19 @@
 """A workflow run's server CPU and lock waits, this tree's advance path against another revision's.
 
 In one database, before each side the functions of sql/src/045_cycle.sql, 050_finish.sql,
-070_workflows.sql, 071_workflow_notify.sql and 073_workflow_joins.sql are created again from
+051_workflow_lists.sql, 070_workflows.sql, 071_workflow_notify.sql and 073_workflow_joins.sql are created again from
 that side's files (`git show REV:...` for the other revision, a file it lacks left out; this
 tree's otherwise), then bench/workflows.py's linear side (--linear-runs runs of a -> b -> c
 drained on one connection) and parallel side (--parallel-runs runs of a -> b1..b4 -> join
 drained by 4 connections, pg_stat_activity sampled every 10 ms) run, drained by --drain:
 "claim" (treadle.claim, then treadle.complete_many) or "cycle" (treadle.complete_and_claim,
-the worker's statement);
+the worker's statement), --batch jobs per claim (and so per finish);
 plain jobs run beside them the same way. The three sides take turns in each round (the
 order rotating); figures are medians (range) over the rounds of the backends' CPU
 (/proc/PID/stat) per job, and ratios are taken round by round.
 
     .build/venv/bin/python bench/workflow_cost.py [--runs 5] [--before main] [--linear-runs 2000]
-                                                  [--parallel-runs 1000] [--drain claim|cycle]
+                                                  [--parallel-runs 1000] [--drain claim|cycle] [--batch 10]
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from harness import ROOT, database, median, paired_ratio, parser, print_settings
 from workflows import DRAINS, linear_side, parallel_side
 
 TITLE = "A workflow run's server CPU and lock waits: this tree against another revision"
-FILES = ["sql/src/045_cycle.sql", "sql/src/050_finish.sql", "sql/src/070_workflows.sql",
-         "sql/src/071_workflow_notify.sql", "sql/src/073_workflow_joins.sql"]
+FILES = ["sql/src/045_cycle.sql", "sql/src/050_finish.sql", "sql/src/051_workflow_lists.sql",
+         "sql/src/070_workflows.sql", "sql/src/071_workflow_notify.sql", "sql/src/073_workflow_joins.sql"]
 
 
 def sources(rev: str) -> str:
@@ -46,6 +46,7 @@ def main() -> None:
     p.add_argument("--parallel-runs", type=int, default=1000)
     p.add_argument("--drain", choices=DRAINS, default="claim",
                    help="claim, then complete_many (default); or complete_and_claim (cycle)")
+    p.add_argument("--batch", type=int, default=10, help="jobs per claim, and so per finish (default 10)")
     args = p.parse_args()
     if args.smoke:
         args.linear_runs, args.parallel_runs, args.before = 20, 10, "."
@@ -66,14 +67,15 @@ def main() -> None:
                             conn.execute(code[side].encode())
                     kind = "plain" if side == "plain" else "run"
                     progress(f"round {r + 1}/{args.runs}: {side}")
-                    _, cpu = linear_side(db, kind, args.linear_runs, 10, f"lin-{r}-{side}", how=args.drain)
+                    _, cpu = linear_side(db, kind, args.linear_runs, args.batch, f"lin-{r}-{side}", how=args.drain)
                     lin[side].append(cpu * 1000 / (3 * args.linear_runs))
-                    got = parallel_side(db, kind, args.parallel_runs, 10, f"par-{r}-{side}", how=args.drain)
+                    got = parallel_side(db, kind, args.parallel_runs, args.batch, f"par-{r}-{side}", how=args.drain)
                     par[side].append(got["cpu_ms"])
                     share[side].append(got["share"])
                     events[side].update(got["events"])
     table(
-        f"{TITLE} (median (range) of {args.runs} rounds; before = {args.before}; drain = {args.drain})",
+        f"{TITLE} (median (range) of {args.runs} rounds; before = {args.before}; drain = {args.drain};"
+        f" batch {args.batch})",
         ["scenario", "before", "this tree", "plain jobs", "this / before", "before / plain", "this / plain"],
         [
             [

@@ -4730,7 +4730,8 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --   occurrence ends the series;
 --   an occurrence of a cron schedule that completed, was discarded or was
 --   cancelled inserts the schedule's next one (treadle._schedule_next);
---   a workflow step moves its run (treadle._advance_run);
+--   a workflow step moves its run (treadle._advance_run; with more than one row,
+--   the completed steps of list runs first, together: treadle._advance_lists);
 --   a job that held a slot of its concurrency key gives it back once it left,
 --   first, keys in (queue, key) order (treadle._key_leave_all);
 --   channel treadle_done hears each queue where jobs finished, when a session
@@ -4743,12 +4744,33 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_job  treadle.jobs;
+    v_job    treadle.jobs;
+    v_moved  bigint[] := '{}'::bigint[];  -- the steps treadle._advance_lists moved
+    v_queues text[];   -- the queues where jobs finished (treadle_done)
+    v_keyed  boolean;  -- a job held a slot of its concurrency key
+    v_steps  bigint;   -- completed workflow steps
 BEGIN
-    PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
+    -- what the rows need, read in one pass
+    SELECT array_agg(DISTINCT d.queue) FILTER (WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])),
+           coalesce(bool_or(d.key_slot), false),
+           count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL AND d.state = 'completed')
+      INTO v_queues, v_keyed, v_steps
+      FROM unnest(done) AS d;
+    IF v_keyed THEN
+        PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
+    END IF;
+    IF v_steps > 1 AND (current_setting('citus.version', true) IS NULL OR NOT treadle._distributed()) THEN
+        v_moved := coalesce(treadle._advance_lists(done), v_moved);  -- 051_workflow_lists.sql
+    END IF;
+    IF cardinality(v_moved) = cardinality(done) THEN  -- (every row was a list's step)
+        IF v_queues IS NOT NULL THEN
+            PERFORM treadle._notify_done(v_queues);
+        END IF;
+        RETURN;
+    END IF;
     FOR v_job IN
         SELECT d.* FROM unnest(done) AS d
-         WHERE d.workflow_run_id IS NOT NULL
+         WHERE (d.workflow_run_id IS NOT NULL AND d.id <> ALL (v_moved))
             OR (d.every IS NOT NULL AND d.state = ANY (ARRAY['completed', 'discarded']))
             OR (d.schedule IS NOT NULL AND d.state = ANY (ARRAY['completed', 'discarded', 'cancelled']))
          ORDER BY d.id
@@ -4765,10 +4787,10 @@ BEGIN
         END IF;
     END LOOP;
 
-    PERFORM treadle._notify_done(array_agg(DISTINCT d.queue))
-       FROM unnest(done) AS d
-      WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])
-     HAVING count(*) > 0;
+    -- treadle_done after the steps' wake-ups, the order listeners have always seen
+    IF v_queues IS NOT NULL THEN
+        PERFORM treadle._notify_done(v_queues);
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS
@@ -5575,6 +5597,131 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.snooze(bigint, uuid, interval, text) IS
     'Run a running job again after delay without spending an attempt (running -> available); null when the lease is lost.';
+--------------------------------------------------------------------------------
+-- A batch's list steps moved together. treadle._advance_run moves a run after
+-- one of its steps, a statement or two per step: the run row's UPDATE and the
+-- next step's INSERT, each paying its executor start-up. When treadle._follow_up
+-- has several finished rows (treadle.complete_many, and treadle.complete_and_claim
+-- through it), the common case among them (a completed step of a running list run
+-- without step options: the next step's job, or the run completed) is done for all
+-- of them by two statements: one read that locks the runs in id order, then one
+-- UPDATE of them that also INSERTs their next jobs. Every other step takes
+-- treadle._advance_run, after.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._advance_lists(done) -> bigint[]
+--
+-- Transition: for each row of `done` that is a completed step of a running list
+-- run (run.after null) without step options, that is not a compensation and
+-- whose run no other row of `done` names: its result joins the run's results, and
+-- the run's next step becomes a job, available now (as treadle._enqueue_steps's
+-- common case: workers hear of it through treadle._notify_steps), or, for the
+-- run's last step, the run becomes completed (a child run's parent moves:
+-- treadle._child_run_ended). Two statements for them all: the runs are locked in
+-- id order by one read (a fixed order, as two batches may meet; a batch with
+-- none ends there), then updated by one statement that also inserts the next
+-- jobs, in the order of the steps' ids. Returns the ids of the steps it moved
+-- (null for none); treadle._follow_up moves the others' runs one by one
+-- (treadle._advance_run), as before. Not on Citus, where a statement over many
+-- runs would not be one shard's: there every step takes treadle._advance_run.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._advance_lists(done treadle.jobs[])
+RETURNS bigint[]
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now       timestamptz := treadle.now();
+    v_l_queues  text[];    -- the runs locked, and the steps that move them
+    v_l_ids     bigint[];
+    v_l_rows    tid[];     -- (where the locked rows are)
+    v_l_jobs    bigint[];
+    v_l_steps   text[];
+    v_l_results jsonb[];
+    v_ended     bigint[];  -- child runs that completed (their parents move)
+    v_ended_q   text[];
+    v_ids       bigint[];  -- the next steps' jobs
+    v_queues    text[];
+    v_names     text[];
+    v_prios     integer[];
+    v_run       treadle.workflow_runs;
+BEGIN
+    -- the runs, locked in id order; a batch with none (a graph's steps) ends here
+    SELECT array_agg(l.queue), array_agg(l.id), array_agg(l.ctid), array_agg(l.job_id), array_agg(l.step),
+           array_agg(l.result)
+      INTO v_l_queues, v_l_ids, v_l_rows, v_l_jobs, v_l_steps, v_l_results
+      FROM (SELECT r.queue, r.id, r.ctid, i.id AS job_id, i.step, i.result
+              FROM treadle.workflow_runs AS r
+              JOIN (SELECT d.id, coalesce(d.run_queue, d.queue) AS run_queue, d.workflow_run_id AS run_id, d.step,
+                           d.result, d.args ? 'compensates' AS compensates,
+                           count(*) OVER (PARTITION BY d.workflow_run_id) AS named
+                      FROM unnest(done) AS d
+                     WHERE d.workflow_run_id IS NOT NULL AND d.state = 'completed') AS i
+                ON r.queue = i.run_queue AND r.id = i.run_id
+             WHERE i.named = 1  -- (a run two rows name is left to treadle._advance_run, step by step)
+               AND r.state = 'running'
+               AND r.after IS NULL
+               AND r.maps IS NULL
+               AND r.step_options IS NULL
+               AND (r.compensations IS NULL OR NOT i.compensates)
+             ORDER BY r.id
+               FOR UPDATE OF r) AS l;
+    IF v_l_ids IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- then one UPDATE of them, and one INSERT of their next steps' jobs (in the order of
+    -- the steps that finished). The rows are reached where the read locked them (a TID
+    -- scan: a join on their ids may be planned as a scan of a small table), each with its
+    -- step by its place in the arrays.
+    WITH moved AS (
+        UPDATE treadle.workflow_runs AS r
+           SET results = r.results || jsonb_build_object(l.step, l.result),
+               state = CASE WHEN array_position(r.steps, l.step) < cardinality(r.steps) THEN r.state ELSE 'completed' END,
+               finished_at = CASE WHEN array_position(r.steps, l.step) < cardinality(r.steps) THEN r.finished_at
+                                  ELSE v_now END
+          FROM (SELECT v_l_jobs[k.i] AS job_id, v_l_steps[k.i] AS step, v_l_results[k.i] AS result, k.i
+                  FROM generate_subscripts(v_l_ids, 1) AS k(i)) AS l
+         WHERE r.ctid = ANY (v_l_rows)
+           AND l.i = array_position(v_l_rows, r.ctid)
+           AND r.queue = v_l_queues[l.i]
+           AND r.id = v_l_ids[l.i]
+        RETURNING l.job_id, r.id, r.queue, r.steps[array_position(r.steps, l.step) + 1] AS next,
+                  r.state = 'completed' AND r.parent_run_id IS NOT NULL AS ended,
+                  r.name, r.priority, r.max_attempts, r.meta
+    ), added AS (
+        INSERT INTO treadle.jobs
+            (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, meta)
+        SELECT m.queue, 'workflow:' || m.name || '/' || m.next, '{}', m.priority, v_now, m.max_attempts, v_now,
+               m.id, m.next, m.meta
+          FROM moved AS m
+         WHERE m.next IS NOT NULL
+         ORDER BY m.job_id
+        RETURNING id, queue, name, priority
+    )
+    SELECT (SELECT array_agg(m.id ORDER BY m.id) FILTER (WHERE m.ended) FROM moved AS m),
+           (SELECT array_agg(m.queue ORDER BY m.id) FILTER (WHERE m.ended) FROM moved AS m),
+           a.ids, a.queues, a.names, a.prios
+      INTO v_ended, v_ended_q, v_ids, v_queues, v_names, v_prios
+      FROM (SELECT array_agg(a.id ORDER BY a.id) AS ids, array_agg(a.queue ORDER BY a.id) AS queues,
+                   array_agg(a.name ORDER BY a.id) AS names, array_agg(a.priority ORDER BY a.id) AS prios
+              FROM added AS a) AS a;
+    IF v_ids IS NOT NULL THEN
+        PERFORM treadle._notify_steps(v_ids, v_queues, v_names, v_prios, v_now);  -- 071_workflow_notify.sql
+    END IF;
+    IF v_ended IS NOT NULL THEN
+        -- a child run completed by its last step: its parent moves (locked after it)
+        FOR i IN 1 .. cardinality(v_ended) LOOP
+            SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.queue = v_ended_q[i] AND r.id = v_ended[i];
+            PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
+        END LOOP;
+    END IF;
+    RETURN v_l_jobs;
+END;
+$$;
+COMMENT ON FUNCTION treadle._advance_lists(treadle.jobs[]) IS
+    'Move the list runs of many completed workflow steps at once: one UPDATE of the runs, one INSERT of their next steps.';
 --------------------------------------------------------------------------------
 -- Successors: the job that a periodic occurrence or a schedule starts. One
 -- function inserts every one of them (treadle._follow_up for a periodic job's
@@ -7778,30 +7925,28 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_written    text := nullif(current_setting('treadle.steps_written', true), '');
-    v_id         bigint;
-    v_job        record;
     v_at         timestamptz;
-    v_ids        bigint[] := '{}'::bigint[];
-    v_queues     text[] := '{}'::text[];
-    v_names      text[] := '{}'::text[];
-    v_priorities integer[] := '{}'::integer[];
+    v_ids        bigint[];
+    v_queues     text[];
+    v_names      text[];
+    v_priorities integer[];
 BEGIN
     PERFORM set_config('treadle.claim_follows', '', true);
     IF v_written IS NULL THEN
         RETURN;
     END IF;
     PERFORM set_config('treadle.steps_written', '', true);
-    FOREACH v_id IN ARRAY string_to_array(v_written, ',')::bigint[] LOOP
-        -- one row by its key at a time: the plan stays the primary key's
-        SELECT j.queue, j.name, j.priority, j.run_at INTO v_job
-          FROM treadle.jobs AS j WHERE j.id = v_id AND j.state = 'available';
-        CONTINUE WHEN NOT FOUND;
-        v_ids := v_ids || v_id;
-        v_queues := v_queues || v_job.queue;
-        v_names := v_names || v_job.name;
-        v_priorities := v_priorities || v_job.priority;
-        v_at := v_job.run_at;  -- the transaction's time: every step it wrote was due then
-    END LOOP;
+    -- one statement for them all, each row by its key: the state is tested outside the
+    -- lookup (`state = 'available'` inside would let the planner read a claim index,
+    -- which holds every waiting job, instead of the primary key)
+    SELECT array_agg(j.id ORDER BY w.ord), array_agg(j.queue ORDER BY w.ord), array_agg(j.name ORDER BY w.ord),
+           array_agg(j.priority ORDER BY w.ord),
+           max(j.run_at)  -- the transaction's time: every step it wrote was due then
+      INTO v_ids, v_queues, v_names, v_priorities, v_at
+      FROM unnest(string_to_array(v_written, ',')::bigint[]) WITH ORDINALITY AS w(id, ord)
+     CROSS JOIN LATERAL (SELECT o.id, o.queue, o.name, o.priority, o.run_at, o.state FROM treadle.jobs AS o
+                          WHERE o.id = w.id LIMIT 1) AS j
+     WHERE j.state = 'available';
     PERFORM treadle._notify_steps(v_ids, v_queues, v_names, v_priorities, v_at);
 END;
 $$;

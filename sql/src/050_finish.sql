@@ -681,7 +681,8 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --   occurrence ends the series;
 --   an occurrence of a cron schedule that completed, was discarded or was
 --   cancelled inserts the schedule's next one (treadle._schedule_next);
---   a workflow step moves its run (treadle._advance_run);
+--   a workflow step moves its run (treadle._advance_run; with more than one row,
+--   the completed steps of list runs first, together: treadle._advance_lists);
 --   a job that held a slot of its concurrency key gives it back once it left,
 --   first, keys in (queue, key) order (treadle._key_leave_all);
 --   channel treadle_done hears each queue where jobs finished, when a session
@@ -694,12 +695,33 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_job  treadle.jobs;
+    v_job    treadle.jobs;
+    v_moved  bigint[] := '{}'::bigint[];  -- the steps treadle._advance_lists moved
+    v_queues text[];   -- the queues where jobs finished (treadle_done)
+    v_keyed  boolean;  -- a job held a slot of its concurrency key
+    v_steps  bigint;   -- completed workflow steps
 BEGIN
-    PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
+    -- what the rows need, read in one pass
+    SELECT array_agg(DISTINCT d.queue) FILTER (WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])),
+           coalesce(bool_or(d.key_slot), false),
+           count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL AND d.state = 'completed')
+      INTO v_queues, v_keyed, v_steps
+      FROM unnest(done) AS d;
+    IF v_keyed THEN
+        PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
+    END IF;
+    IF v_steps > 1 AND (current_setting('citus.version', true) IS NULL OR NOT treadle._distributed()) THEN
+        v_moved := coalesce(treadle._advance_lists(done), v_moved);  -- 051_workflow_lists.sql
+    END IF;
+    IF cardinality(v_moved) = cardinality(done) THEN  -- (every row was a list's step)
+        IF v_queues IS NOT NULL THEN
+            PERFORM treadle._notify_done(v_queues);
+        END IF;
+        RETURN;
+    END IF;
     FOR v_job IN
         SELECT d.* FROM unnest(done) AS d
-         WHERE d.workflow_run_id IS NOT NULL
+         WHERE (d.workflow_run_id IS NOT NULL AND d.id <> ALL (v_moved))
             OR (d.every IS NOT NULL AND d.state = ANY (ARRAY['completed', 'discarded']))
             OR (d.schedule IS NOT NULL AND d.state = ANY (ARRAY['completed', 'discarded', 'cancelled']))
          ORDER BY d.id
@@ -716,10 +738,10 @@ BEGIN
         END IF;
     END LOOP;
 
-    PERFORM treadle._notify_done(array_agg(DISTINCT d.queue))
-       FROM unnest(done) AS d
-      WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])
-     HAVING count(*) > 0;
+    -- treadle_done after the steps' wake-ups, the order listeners have always seen
+    IF v_queues IS NOT NULL THEN
+        PERFORM treadle._notify_done(v_queues);
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle._follow_up(treadle.jobs[]) IS

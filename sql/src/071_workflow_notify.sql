@@ -99,30 +99,28 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_written    text := nullif(current_setting('treadle.steps_written', true), '');
-    v_id         bigint;
-    v_job        record;
     v_at         timestamptz;
-    v_ids        bigint[] := '{}'::bigint[];
-    v_queues     text[] := '{}'::text[];
-    v_names      text[] := '{}'::text[];
-    v_priorities integer[] := '{}'::integer[];
+    v_ids        bigint[];
+    v_queues     text[];
+    v_names      text[];
+    v_priorities integer[];
 BEGIN
     PERFORM set_config('treadle.claim_follows', '', true);
     IF v_written IS NULL THEN
         RETURN;
     END IF;
     PERFORM set_config('treadle.steps_written', '', true);
-    FOREACH v_id IN ARRAY string_to_array(v_written, ',')::bigint[] LOOP
-        -- one row by its key at a time: the plan stays the primary key's
-        SELECT j.queue, j.name, j.priority, j.run_at INTO v_job
-          FROM treadle.jobs AS j WHERE j.id = v_id AND j.state = 'available';
-        CONTINUE WHEN NOT FOUND;
-        v_ids := v_ids || v_id;
-        v_queues := v_queues || v_job.queue;
-        v_names := v_names || v_job.name;
-        v_priorities := v_priorities || v_job.priority;
-        v_at := v_job.run_at;  -- the transaction's time: every step it wrote was due then
-    END LOOP;
+    -- one statement for them all, each row by its key: the state is tested outside the
+    -- lookup (`state = 'available'` inside would let the planner read a claim index,
+    -- which holds every waiting job, instead of the primary key)
+    SELECT array_agg(j.id ORDER BY w.ord), array_agg(j.queue ORDER BY w.ord), array_agg(j.name ORDER BY w.ord),
+           array_agg(j.priority ORDER BY w.ord),
+           max(j.run_at)  -- the transaction's time: every step it wrote was due then
+      INTO v_ids, v_queues, v_names, v_priorities, v_at
+      FROM unnest(string_to_array(v_written, ',')::bigint[]) WITH ORDINALITY AS w(id, ord)
+     CROSS JOIN LATERAL (SELECT o.id, o.queue, o.name, o.priority, o.run_at, o.state FROM treadle.jobs AS o
+                          WHERE o.id = w.id LIMIT 1) AS j
+     WHERE j.state = 'available';
     PERFORM treadle._notify_steps(v_ids, v_queues, v_names, v_priorities, v_at);
 END;
 $$;
