@@ -34,7 +34,7 @@ def outcome(
     before = read.execute("select count(*) from treadle.jobs").fetchone()
     try:
         with conn.transaction():
-            row = conn.execute(f"select treadle.enqueue({call}, meta => {meta})", params).fetchone()  # type: ignore[arg-type]
+            row = conn.execute(f"select treadle.enqueue({call}, meta => {meta})", params).fetchone()
     except psycopg.Error as error:
         after = read.execute("select count(*) from treadle.jobs").fetchone()
         return ("error", error.sqlstate, after == before)
