@@ -1320,15 +1320,18 @@ BEGIN
     -- by the insert itself. Anything else, or a queue with a tenant rule against the
     -- caller or a max_depth (nothing inserted then), goes the whole way below, which
     -- raises what it raises. Under 800 bytes, args are inside the size limit (never
-    -- under 1 KiB) and cannot nest 100 levels (8 bytes a level). Not on Citus, where an
-    -- INSERT ... SELECT goes through the coordinator and the insert below is routed.
+    -- under 1 KiB) and cannot nest 100 levels (8 bytes a level) unless they came
+    -- compressed (read from a table: their size is then no bound on their depth).
+    -- Not on Citus, where an INSERT ... SELECT goes through the coordinator and the
+    -- insert below is routed.
     IF current_setting('citus.version', true) IS NULL
        AND enqueue.idempotency_key IS NULL AND enqueue.concurrency_key IS NULL AND enqueue.meta IS NULL
        AND enqueue.every IS NULL AND enqueue.timeout IS NULL AND enqueue.backoff IS NULL
        AND enqueue.unique_period IS NULL AND enqueue.on_conflict = 'keep' AND enqueue.unique_while = 'retained'
        AND enqueue.priority IS NOT NULL AND enqueue.max_attempts >= 1 AND isfinite(enqueue.run_at)
        AND treadle._is_name(enqueue.name) AND treadle._is_name(enqueue.queue)
-       AND jsonb_typeof(enqueue.args) = ANY (ARRAY['object', 'array']) AND pg_column_size(enqueue.args) < 800 THEN
+       AND jsonb_typeof(enqueue.args) = ANY (ARRAY['object', 'array']) AND pg_column_size(enqueue.args) < 800
+       AND pg_column_compression(enqueue.args) IS NULL THEN
         INSERT INTO treadle.jobs AS j (queue, name, args, priority, run_at, max_attempts, created_at, state)
         SELECT enqueue.queue, enqueue.name, enqueue.args, enqueue.priority, enqueue.run_at,
                enqueue.max_attempts, v_now, 'available'
@@ -1381,9 +1384,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- the limit is read only for args that could pass it: it is never under 1 KiB; and
-    -- a JSON value nested over 100 levels takes at least 800 bytes (8 a level)
+    -- a JSON value nested over 100 levels takes at least 800 bytes (8 a level), unless
+    -- it came compressed (from a table)
     IF (pg_column_size(v_args) > 1024 AND pg_column_size(v_args) > treadle._max_payload_bytes())
-       OR (pg_column_size(v_args) >= 800 AND treadle._too_deep(v_args)) THEN
+       OR ((pg_column_size(v_args) >= 800 OR pg_column_compression(v_args) IS NOT NULL)
+           AND treadle._too_deep(v_args)) THEN
         PERFORM treadle._check_payload(v_args, 'args', treadle._max_payload_bytes());
     END IF;
     IF enqueue.meta IS NOT NULL AND jsonb_typeof(enqueue.meta) <> 'null' THEN
@@ -1392,7 +1397,8 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
         IF (pg_column_size(enqueue.meta) > 1024 AND pg_column_size(enqueue.meta) > treadle._max_payload_bytes())
-           OR (pg_column_size(enqueue.meta) >= 800 AND treadle._too_deep(enqueue.meta)) THEN
+           OR ((pg_column_size(enqueue.meta) >= 800 OR pg_column_compression(enqueue.meta) IS NOT NULL)
+               AND treadle._too_deep(enqueue.meta)) THEN
             PERFORM treadle._check_payload(enqueue.meta, 'meta', treadle._max_payload_bytes());
         END IF;
         v_meta := enqueue.meta;

@@ -218,3 +218,109 @@ def test_a_memory_set_by_hand_delays_only_its_own_session(connect: Connect) -> N
     )
     assert claim_from(conn, 0) == []  # every queue but sparse-0 counted as passed
     assert claim_from(other, 0) == [("sparse-150", job)]
+
+
+def take(conn: psycopg.Connection[Any], queue: str, lease: str = "30 seconds") -> tuple[int, Any]:
+    """Another session's claim of one job of `queue`: its id and lease token."""
+    row = conn.execute(
+        "select id, lease_token from treadle.claim('other', array[%s], lease => %s::interval)", (queue, lease)
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), row[1]
+
+
+def _by_fail(conn: psycopg.Connection[Any], other: psycopg.Connection[Any]) -> Any:
+    job, token = take(other, "sparse-100")
+    return lambda: other.execute("select treadle.fail(%s, %s, 'again', retry_in => '0 seconds')", (job, token)), job
+
+
+def _by_release(conn: psycopg.Connection[Any], other: psycopg.Connection[Any]) -> Any:
+    job, token = take(other, "sparse-100")
+    return lambda: other.execute("select treadle.release(%s, %s)", (job, token)), job
+
+
+def _by_snooze(conn: psycopg.Connection[Any], other: psycopg.Connection[Any]) -> Any:
+    job, token = take(other, "sparse-100")
+    return lambda: other.execute("select treadle.snooze(%s, %s, '0 seconds')", (job, token)), job
+
+
+def _by_rescue(conn: psycopg.Connection[Any], other: psycopg.Connection[Any]) -> Any:
+    job, _ = take(other, "sparse-100", lease="1 millisecond")
+    return lambda: other.execute("select pg_sleep(0.01), treadle.rescue()"), job
+
+
+def _by_retry(conn: psycopg.Connection[Any], other: psycopg.Connection[Any]) -> Any:
+    conn.execute("update treadle.jobs set max_attempts = 1 where queue = 'sparse-100'")
+    job, token = take(other, "sparse-100")
+    other.execute("select treadle.fail(%s, %s, 'no more')", (job, token))
+    return lambda: other.execute("select treadle.retry(%s)", (job,)), job
+
+
+def _by_a_key_slot(conn: psycopg.Connection[Any], other: psycopg.Connection[Any]) -> Any:
+    conn.execute("delete from treadle.jobs where queue = 'sparse-100'")
+    conn.execute("select treadle.set_queue('sparse-100', key_limit => 1)")
+    (first,) = conn.execute("select treadle.enqueue('work', queue => 'sparse-100', concurrency_key => 'k')").fetchone()  # type: ignore[misc]
+    (second,) = conn.execute("select treadle.enqueue('work', queue => 'sparse-100', concurrency_key => 'k')").fetchone()  # type: ignore[misc]
+    job, token = take(other, "sparse-100")
+    assert job == first
+    return lambda: other.execute("select treadle.complete(%s, %s)", (job, token)), second
+
+
+def _by_a_late_commit(conn: psycopg.Connection[Any], other: psycopg.Connection[Any]) -> Any:
+    """A transaction that has its id before the probe's snapshot and commits after the probe."""
+    conn.execute("delete from treadle.jobs where queue = 'sparse-100'")
+    other.autocommit = False
+    other.execute("select pg_current_xact_id()")
+    made: list[int] = []
+
+    def commit() -> None:
+        made.extend(put(other, "sparse-100"))
+        other.commit()
+
+    return commit, made
+
+
+def _by_resume(conn: psycopg.Connection[Any], other: psycopg.Connection[Any]) -> Any:
+    conn.execute("select treadle.pause('sparse-100')")
+    (job,) = conn.execute("select id from treadle.jobs where queue = 'sparse-100'").fetchone()  # type: ignore[misc]
+    return lambda: other.execute("select treadle.resume('sparse-100')"), job
+
+
+def _by_a_limit_raised(conn: psycopg.Connection[Any], other: psycopg.Connection[Any]) -> Any:
+    put(conn, "sparse-100")
+    conn.execute("select treadle.set_queue('sparse-100', concurrency => 1)")
+    take(other, "sparse-100")
+    (job,) = conn.execute("select id from treadle.jobs where queue = 'sparse-100' and state = 'available'").fetchone()  # type: ignore[misc]
+    return lambda: other.execute("select treadle.set_queue('sparse-100', concurrency => 2)"), job
+
+
+@pytest.mark.parametrize(
+    "route",
+    [
+        _by_fail,
+        _by_release,
+        _by_snooze,
+        _by_rescue,
+        _by_retry,
+        _by_a_key_slot,
+        _by_a_late_commit,
+        _by_resume,
+        _by_a_limit_raised,
+    ],
+    ids=lambda f: f.__name__.removeprefix("_by_"),
+)
+def test_a_row_made_claimable_again_by_any_route_is_claimed_at_once(connect: Connect, route: Any) -> None:
+    """A job of sparse-100 that could not be claimed when the probe passed it is made claimable
+    by another session (a failure due at once, a release, a snooze, a rescue, a retry, a key's
+    slot, a commit of a transaction older than the probe, a queue resumed, a limit raised):
+    the next claim takes it, inside the memory's second."""
+    conn, other = connect(), connect()
+    put(conn, "sparse-100")
+    bait = put(conn, "sparse-150", 2)
+    made_claimable, job = route(conn, other)
+    assert claim_from(conn, 0) == [("sparse-150", bait[0])]
+    if route not in (_by_resume, _by_a_limit_raised):  # (a paused or limited queue: no probe memory)
+        assert passed(conn)[4:] == ["1", "149"], "the probe passed sparse-100"
+    made_claimable()
+    (expected,) = job if isinstance(job, list) else [job]
+    assert claim_from(conn, 0) == [("sparse-100", expected)]

@@ -131,3 +131,40 @@ def test_the_class_keeps_its_defaults_and_has_no_value_for_a_field_without_one(n
         assert not hasattr(Job, name)
     else:
         assert getattr(Job, name) == field.default
+
+
+class _Interleaved(dict):  # type: ignore[type-arg]
+    """A claimed job's __dict__ that runs `between` at the moment a read of a deferred field,
+    having not found it in the dict, looks for the deferred record: as when another thread
+    takes the fields apart between those two steps of this thread's read."""
+
+    between: Any = None
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        step, self.between = self.between, None
+        if key == DEFERRED_KEY and step is not None:
+            step()
+        return super().get(key, default)
+
+
+def test_a_deferred_field_read_while_another_thread_takes_them_apart(conn: psycopg.Connection[Any]) -> None:
+    """A read that missed the field in the job's dict, while another thread's read fills the dict
+    and drops the record before this one looks for it, still gets the field (it raised
+    AttributeError)."""
+    from treadle._executor import DeferredLoader, decode_claimed
+    from treadle._producer import claim_statements
+
+    job_id = enqueue(conn, "interleaved")
+    claim, _ = claim_statements("w", ["default"], ["interleaved"], timedelta(seconds=30))
+    query, params = claim.query(True, {"batch": 1, "lease_token": None})
+    with conn.cursor(row_factory=psycopg.rows.tuple_row) as cur:
+        (row,) = cur.execute(query, params).fetchall()
+    job = decode_claimed(row, DeferredLoader(conn)).job
+    assert job.id == job_id and DEFERRED_KEY in vars(job)
+    other: list[Any] = []
+    interleaved = _Interleaved(vars(job))
+    interleaved.between = lambda: other.append(job.created_at)  # the other thread's read, whole
+    object.__setattr__(job, "__dict__", interleaved)
+    assert job.state == "running"
+    assert other and other[0] == job.created_at
+    assert DEFERRED_KEY not in vars(job)

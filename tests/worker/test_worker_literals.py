@@ -203,3 +203,23 @@ def test_a_nul_in_a_queue_is_sent_as_a_parameter_and_refused_as_before(conn: psy
     assert query == _sql.CLAIM and params["queues"] == text_array(["q\x00"])
     with pytest.raises(psycopg.DataError):
         conn.execute(query, params)
+
+
+@pytest.mark.parametrize("encoding", ["UTF8", "LATIN1", "WIN1252"])
+def test_the_longest_list_of_the_longest_names_claims_the_same_written_in_or_sent(
+    conn: psycopg.Connection[Any], encoding: str
+) -> None:
+    """1,000 queues of 200 characters, each made of what a constant and an array literal escape
+    (and in a client encoding other than UTF8), written into the statement and sent as a
+    parameter: the same job claimed from the last queue both ways."""
+    pieces = "'\\\"%{},(ü) $"
+    queues = [(f"{i:04d}" + pieces * 20)[:200] for i in range(1000)]
+    assert all(len(queue) == 200 for queue in queues) and len(set(queues)) == 1000
+    conn.execute(f"SET client_encoding = '{encoding}'")
+    claim, _ = claim_statements("w", queues, ["job"], timedelta(seconds=30))
+    assert claim.written is not None and len(claim.written) > 200_000
+    for prepared in (True, False, True):  # (the first statement again, once more: psycopg prepares it)
+        (job,) = conn.execute("SELECT treadle.enqueue('job', queue => %s)", [queues[-1]]).fetchone()  # type: ignore[misc]
+        query, params = claim.query(prepared, {"batch": 1, "lease_token": str(uuid.uuid4())})
+        rows = conn.execute(query, params).fetchall()
+        assert [(r[0], r[1]) for r in rows] == [(job, queues[-1])]

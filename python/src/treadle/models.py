@@ -100,7 +100,11 @@ class _Field:
         values = job.__dict__
         deferred: DeferredFields | None = values.get(DEFERRED_KEY)
         if deferred is None:
-            raise AttributeError(f"'Job' object has no attribute '{self.name}'")
+            # another thread may have taken the fields apart since this read looked in __dict__
+            try:
+                return values[self.name]
+            except KeyError:
+                raise AttributeError(f"'Job' object has no attribute '{self.name}'") from None
         # two threads may both get here: each writes the same values
         values.update(deferred.load())
         values.pop(DEFERRED_KEY, None)
