@@ -81,6 +81,7 @@ def others(conn: psycopg.Connection) -> list[tuple[int, Any]]:
     a graph, moves on)."""
     conn.execute("select treadle.define_workflow('kid', array['k1'])")
     options = start(conn, ["a", "b"], step_options=json.dumps({"b": {"priority": 7}}))
+    keyed = start(conn, ["a", "b"], step_options=json.dumps({"a": {"concurrency_key": "k"}}))
     undo = start(conn, ["a", "b"], compensations=json.dumps({"a": "undo_a"}))
     graph = start(conn, ["g1", "g2", "g3"], after=json.dumps({"g1": [], "g2": [], "g3": ["g1", "g2"]}))
     stopped = start(conn, ["a", "b"])
@@ -94,6 +95,7 @@ def others(conn: psycopg.Connection) -> list[tuple[int, Any]]:
     child = conn.execute("select id from treadle.workflow_runs where parent_run_id = %s", (parent,)).fetchone()[0]  # type: ignore[index]
     rows = [
         (job_of(conn, options, "a"), 1),
+        (job_of(conn, keyed, "a"), 8),
         (job_of(conn, undo, "a"), 2),
         (job_of(conn, graph, "g1"), 3),
         (job_of(conn, stopped, "a"), 4),
@@ -124,7 +126,54 @@ def cancelled_parent(conn: psycopg.Connection) -> list[tuple[int, Any]]:
     return rows
 
 
-SCENARIOS: dict[str, Setup] = {"lists": lists, "others": others, "cancelled_parent": cancelled_parent}
+def not_running(conn: psycopg.Connection) -> list[tuple[int, Any]]:
+    """Steps of runs that are not running: one cancelled while its step ran, one failed
+    and compensating (its compensation's job completes), with a list step that moves."""
+    gone = start(conn, ["a", "b"])
+    undo = start(conn, ["a", "b"], compensations=json.dumps({"a": "undo_a"}), max_attempts=1)
+    plain = start(conn, ["a", "b"])
+    claim_all(conn)
+    conn.execute("select treadle.complete(%s, %s)", (job_of(conn, undo, "a"), TOKEN))
+    claim_all(conn)
+    conn.execute("select treadle.fail(%s, %s, 'no')", (job_of(conn, undo, "b"), TOKEN))
+    assert conn.execute("select state from treadle.workflow_runs where id = %s", (undo,)).fetchone() == (
+        "compensating",
+    )
+    claim_all(conn)
+    conn.execute(
+        "update treadle.workflow_runs set state = 'cancelled', finished_at = treadle.now() where id = %s", (gone,)
+    )
+    rows = [(job_of(conn, gone, "a"), 1), (job_of(conn, undo, "undo_a"), 2), (job_of(conn, plain, "a"), 3)]
+    return sorted(rows)
+
+
+def duplicate(conn: psycopg.Connection) -> list[tuple[int, Any]]:
+    """A job given twice (the second is a repeat of the first) beside another run's step."""
+    first, second = start(conn, ["a", "b"]), start(conn, ["a", "b"])
+    claim_all(conn)
+    a, b = job_of(conn, first, "a"), job_of(conn, second, "a")
+    return [(a, {"n": 1}), (a, {"n": 1}), (b, {"n": 2})]
+
+
+def at_the_bound(conn: psycopg.Connection) -> list[tuple[int, Any]]:
+    """Results of exactly the payload limit (1 MiB), the run's next step and its last."""
+    first, last = start(conn, ["a", "b"]), start(conn, ["a"])
+    claim_all(conn)
+    overhead = conn.execute("select pg_column_size(jsonb_build_object('blob', ''))").fetchone()[0]  # type: ignore[index]
+    result = {"blob": "x" * (1048576 - overhead)}
+    size = conn.execute("select pg_column_size(%s::jsonb)", (json.dumps(result),)).fetchone()[0]  # type: ignore[index]
+    assert size == 1048576
+    return sorted([(job_of(conn, first, "a"), result), (job_of(conn, last, "a"), result)])
+
+
+SCENARIOS: dict[str, Setup] = {
+    "lists": lists,
+    "others": others,
+    "cancelled_parent": cancelled_parent,
+    "not_running": not_running,
+    "duplicate": duplicate,
+    "at_the_bound": at_the_bound,
+}
 
 FINISH = {
     "complete_many": "select count(*) from treadle.complete_many(%s, %s, %s)",
@@ -171,6 +220,9 @@ def finish(dsn: str, setup: Setup, finish_sql: str, one_at_a_time: bool) -> tupl
         "lists",
         "others",
         "cancelled_parent",
+        "not_running",
+        "duplicate",
+        "at_the_bound",
     ],
 )
 def test_a_batch_leaves_what_its_steps_one_at_a_time_leave(
