@@ -11,8 +11,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import psycopg
-
 from tests.sql.sqlcalls import Connect, value
 
 QUEUE = "lists-race"
@@ -66,9 +64,7 @@ def test_batches_of_list_steps_and_cancels_settle_without_a_lost_or_doubled_step
                         (ids, tokens),
                     ).fetchall()
                 else:
-                    states = conn.execute(
-                        "select state from treadle.complete_many(%s, %s)", (ids, tokens)
-                    ).fetchall()
+                    states = conn.execute("select state from treadle.complete_many(%s, %s)", (ids, tokens)).fetchall()
                 assert {s for (s,) in states} <= {"completed", "cancelled"}
                 finished += len(states)
                 continue
@@ -112,9 +108,12 @@ def test_batches_of_list_steps_and_cancels_settle_without_a_lost_or_doubled_step
             assert sorted(results) == sorted(steps), run_id  # no step lost
         if after is None:
             # a list run stopped at its first unfinished step: one job per step up to there
-            ran = [s for (s,) in setup.execute(
-                "select step from treadle.jobs where workflow_run_id = %s order by id", (run_id,)
-            ).fetchall()]
+            ran = [
+                s
+                for (s,) in setup.execute(
+                    "select step from treadle.jobs where workflow_run_id = %s order by id", (run_id,)
+                ).fetchall()
+            ]
             assert ran == steps[: len(ran)], run_id
             assert sorted(results) == sorted(steps[: len(results)]), run_id
     for run_id in cancelled:

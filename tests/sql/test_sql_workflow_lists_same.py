@@ -14,6 +14,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
+
+from tests.sql.sqlcalls import value
 
 NOW = "2999-01-01 12:00:00+00"
 TOKEN = uuid.UUID("00000000-0000-4000-8000-000000000001")
@@ -51,10 +54,12 @@ def job_of(conn: psycopg.Connection, run_id: int, step: str) -> int:
 
 def start(conn: psycopg.Connection, steps: list[str], **options: Any) -> int:
     names = ", ".join(f"{k} => %({k})s" for k in options)
-    run_id: int = conn.execute(
+    found = conn.execute(
         f"select treadle.start_workflow('lin', steps => %(steps)s, queue => %(queue)s{', ' + names if names else ''})",
         {"steps": steps, "queue": QUEUE, **options},
-    ).fetchone()[0]  # type: ignore[index]
+    ).fetchone()
+    assert found is not None
+    run_id: int = found[0]
     return run_id
 
 
@@ -70,7 +75,7 @@ def lists(conn: psycopg.Connection) -> list[tuple[int, Any]]:
     claim_all(conn)
     big = {"blob": "x" * 200_000}
     rows = [(job_of(conn, first, "a"), {"n": 1}), (job_of(conn, middle, "b"), big), (job_of(conn, last, "a"), None)]
-    plain = conn.execute("select id from treadle.jobs where name = 'plain'").fetchone()[0]  # type: ignore[index]
+    plain = value(conn, "select id from treadle.jobs where name = 'plain'")
     return sorted([*rows, (plain, {"plain": True})])
 
 
@@ -86,13 +91,15 @@ def others(conn: psycopg.Connection) -> list[tuple[int, Any]]:
     graph = start(conn, ["g1", "g2", "g3"], after=json.dumps({"g1": [], "g2": [], "g3": ["g1", "g2"]}))
     stopped = start(conn, ["a", "b"])
     parent = start(
-        conn, ["p1", "c", "p2"], after=json.dumps({"p1": [], "c": [], "p2": ["c"]}),
+        conn,
+        ["p1", "c", "p2"],
+        after=json.dumps({"p1": [], "c": [], "p2": ["c"]}),
         children=json.dumps({"c": {"workflow": "kid"}}),
     )
     plain = start(conn, ["a", "b"])
     claim_all(conn)
     conn.execute("select treadle.cancel_workflow(%s)", (stopped,))
-    child = conn.execute("select id from treadle.workflow_runs where parent_run_id = %s", (parent,)).fetchone()[0]  # type: ignore[index]
+    child = value(conn, "select id from treadle.workflow_runs where parent_run_id = %s", (parent,))
     rows = [
         (job_of(conn, options, "a"), 1),
         (job_of(conn, keyed, "a"), 8),
@@ -112,10 +119,12 @@ def cancelled_parent(conn: psycopg.Connection) -> list[tuple[int, Any]]:
     starts nothing in it; the batch must not start the step after the child either."""
     conn.execute("select treadle.define_workflow('kid2', array['k1', 'k2'])")
     parent = start(
-        conn, ["p1", "c", "p2"], after=json.dumps({"p1": [], "c": [], "p2": ["c"]}),
+        conn,
+        ["p1", "c", "p2"],
+        after=json.dumps({"p1": [], "c": [], "p2": ["c"]}),
         children=json.dumps({"c": {"workflow": "kid2"}}),
     )
-    child = conn.execute("select id from treadle.workflow_runs where parent_run_id = %s", (parent,)).fetchone()[0]  # type: ignore[index]
+    child = value(conn, "select id from treadle.workflow_runs where parent_run_id = %s", (parent,))
     other = start(conn, ["x", "y"])
     claim_all(conn)
     conn.execute("select treadle.complete(%s, %s)", (job_of(conn, child, "k1"), TOKEN))
@@ -159,9 +168,9 @@ def at_the_bound(conn: psycopg.Connection) -> list[tuple[int, Any]]:
     """Results of exactly the payload limit (1 MiB), the run's next step and its last."""
     first, last = start(conn, ["a", "b"]), start(conn, ["a"])
     claim_all(conn)
-    overhead = conn.execute("select pg_column_size(jsonb_build_object('blob', ''))").fetchone()[0]  # type: ignore[index]
+    overhead = value(conn, "select pg_column_size(jsonb_build_object('blob', ''))")
     result = {"blob": "x" * (1048576 - overhead)}
-    size = conn.execute("select pg_column_size(%s::jsonb)", (json.dumps(result),)).fetchone()[0]  # type: ignore[index]
+    size = value(conn, "select pg_column_size(%s::jsonb)", (json.dumps(result),))
     assert size == 1048576
     return sorted([(job_of(conn, first, "a"), result), (job_of(conn, last, "a"), result)])
 
@@ -178,7 +187,8 @@ SCENARIOS: dict[str, Setup] = {
 FINISH = {
     "complete_many": "select count(*) from treadle.complete_many(%s, %s, %s)",
     # batch 1 from a queue that holds nothing: the finish as a worker's cycle runs it
-    "complete_and_claim": "select count(*) from treadle.complete_and_claim(%s, %s, %s, 'w', array['empty'], batch => 1)",
+    "complete_and_claim": "select count(*)"
+    " from treadle.complete_and_claim(%s, %s, %s, 'w', array['empty'], batch => 1)",
 }
 
 
@@ -202,13 +212,14 @@ def finish(dsn: str, setup: Setup, finish_sql: str, one_at_a_time: bool) -> tupl
         by_run = 0
         for batch in batches:
             ids = [j for j, _ in batch]
-            results = [psycopg.types.json.Jsonb(r) for _, r in batch]
+            results = [Jsonb(r) for _, r in batch]
             with conn.transaction():
                 conn.execute(finish_sql, (ids, [TOKEN] * len(ids), results))
-                by_run += conn.execute(
+                by_run += value(
+                    conn,
                     "select coalesce(sum(calls), 0) from pg_stat_xact_user_functions"
-                    " where schemaname = 'treadle' and funcname in ('_advance_run', '_advance_deferred')"
-                ).fetchone()[0]  # type: ignore[index]
+                    " where schemaname = 'treadle' and funcname in ('_advance_run', '_advance_deferred')",
+                )
         told = {(n.channel, n.payload) for n in listener.notifies(timeout=0.5)}
         return snapshot(conn), told, by_run
 
