@@ -7921,12 +7921,31 @@ DECLARE
     v_queues     text[];
     v_names      text[];
     v_priorities integer[];
+    v_id         bigint;
+    v_job        record;
 BEGIN
     PERFORM set_config('treadle.claim_follows', '', true);
     IF v_written IS NULL THEN
         RETURN;
     END IF;
     PERFORM set_config('treadle.steps_written', '', true);
+    IF current_setting('citus.version', true) IS NOT NULL AND treadle._distributed() THEN
+        -- Citus pushes no correlated subquery with a LIMIT over a distributed table
+        -- down to the shards (the statement below fails there): one lookup per step
+        v_ids := '{}';
+        FOREACH v_id IN ARRAY string_to_array(v_written, ',')::bigint[] LOOP
+            SELECT j.queue, j.name, j.priority, j.run_at INTO v_job
+              FROM treadle.jobs AS j WHERE j.id = v_id AND j.state = 'available';
+            CONTINUE WHEN NOT FOUND;
+            v_ids := v_ids || v_id;
+            v_queues := v_queues || v_job.queue;
+            v_names := v_names || v_job.name;
+            v_priorities := v_priorities || v_job.priority;
+            v_at := v_job.run_at;
+        END LOOP;
+        PERFORM treadle._notify_steps(v_ids, v_queues, v_names, v_priorities, v_at);
+        RETURN;
+    END IF;
     -- one statement for them all, each row by its key: the state is tested outside the
     -- lookup (`state = 'available'` inside would let the planner read a claim index,
     -- which holds every waiting job, instead of the primary key)

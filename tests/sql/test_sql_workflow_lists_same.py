@@ -33,6 +33,12 @@ SNAPSHOT = {
     "queues": "select to_jsonb(q) from treadle.queues as q",
 }
 
+# how often treadle._advance_run ran (the deferred moves after a claim call it again)
+BY_RUN = (
+    "select coalesce(sum(calls), 0) from pg_stat_xact_user_functions"
+    " where schemaname = 'treadle' and funcname = '_advance_run'"
+)
+
 Setup = Callable[[psycopg.Connection], list[tuple[int, Any]]]
 
 
@@ -199,27 +205,33 @@ def snapshot(conn: psycopg.Connection) -> dict[str, list[str]]:
     }
 
 
-def finish(dsn: str, setup: Setup, finish_sql: str, one_at_a_time: bool) -> tuple[dict[str, list[str]], set[Any], int]:
+def finish(
+    dsn: str, setup: Setup, finish_sql: str, one_at_a_time: bool, citus_path: bool = False
+) -> tuple[dict[str, list[str]], set[Any], int]:
     """The tables and the notifications after the finish, and how many steps
-    treadle._advance_run moved one by one."""
+    treadle._advance_run moved one by one. citus_path: the finish takes the paths a
+    distributed database takes (the session says Citus is loaded and treadle's tables
+    distributed, as treadle._distributed remembers it)."""
     with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn, autocommit=True) as listener:
         conn.execute("select set_config('treadle.now', %s, false), set_config('track_functions', 'all', false)", (NOW,))
         rows = setup(conn)
         listener.execute("listen treadle_jobs")
         listener.execute("listen treadle_done")
         list(listener.notifies(timeout=0.2))  # what the setup told
+        if citus_path:
+            conn.execute(
+                "select set_config('citus.version', '13.2', false), set_config('treadle.distributed', 'on', false)"
+            )
         batches = [[r] for r in rows] if one_at_a_time else [rows]
         by_run = 0
         for batch in batches:
             ids = [j for j, _ in batch]
             results = [Jsonb(r) for _, r in batch]
             with conn.transaction():
+                # (a session's counts not yet flushed to the shared stats count in the view too)
+                before = value(conn, BY_RUN)
                 conn.execute(finish_sql, (ids, [TOKEN] * len(ids), results))
-                by_run += value(
-                    conn,
-                    "select coalesce(sum(calls), 0) from pg_stat_xact_user_functions"
-                    " where schemaname = 'treadle' and funcname in ('_advance_run', '_advance_deferred')",
-                )
+                by_run += value(conn, BY_RUN) - before
         told = {(n.channel, n.payload) for n in listener.notifies(timeout=0.5)}
         return snapshot(conn), told, by_run
 
@@ -245,6 +257,23 @@ def test_a_batch_leaves_what_its_steps_one_at_a_time_leave(
     together, together_told, together_by_run = finish(batch, setup, FINISH[finish_with], one_at_a_time=False)
     # (the batch took treadle._advance_lists for some of its steps)
     assert together_by_run < alone_by_run
+    for table in SNAPSHOT:
+        assert together[table] == alone[table], table
+    assert together_told == alone_told
+
+
+@pytest.mark.parametrize("scenario", ["lists", "others", "cancelled_parent", "not_running"])
+def test_on_the_citus_path_a_batch_moves_each_step_alone_and_tells_of_the_steps_its_claim_left(
+    new_database: Callable[..., str], scenario: str
+) -> None:
+    """Where treadle's tables are distributed, treadle._follow_up moves every step by
+    treadle._advance_run, and complete_and_claim's treadle._notify_left_steps looks each
+    step up alone (Citus pushes no correlated subquery with a LIMIT down to the shards)."""
+    setup, finish_sql = SCENARIOS[scenario], FINISH["complete_and_claim"]
+    one, batch = new_database(), new_database()
+    alone, alone_told, alone_by_run = finish(one, setup, finish_sql, one_at_a_time=True)
+    together, together_told, together_by_run = finish(batch, setup, finish_sql, one_at_a_time=False, citus_path=True)
+    assert together_by_run == alone_by_run
     for table in SNAPSHOT:
         assert together[table] == alone[table], table
     assert together_told == alone_told
