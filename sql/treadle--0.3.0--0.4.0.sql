@@ -5471,10 +5471,9 @@ COMMENT ON FUNCTION treadle.snooze(bigint, uuid, interval, text) IS
 -- treadle._advance_run: its parent moves (treadle._child_run_ended), and a parent
 -- is moved in the order of the batch's rows, as one row at a time would move it (a
 -- step of the parent's that was cancelled before must stop it first). Two
--- statements for them all: the runs are locked in
--- id order by one read (a fixed order, as two batches may meet; a batch with
--- none ends there), then updated by one statement that also inserts the next
--- jobs, in the order of the steps' ids. Returns the ids of the steps it moved
+-- statements for them all: the runs are locked in id order by one read (a fixed
+-- order, as two batches may meet; a batch with none ends there), then updated by
+-- one statement that also inserts the next jobs, in the order of the steps' ids. Returns the ids of the steps it moved
 -- (null for none); treadle._follow_up moves the others' runs one by one
 -- (treadle._advance_run), as before. Not on Citus, where a statement over many
 -- runs would not be one shard's: there every step takes treadle._advance_run.
@@ -5493,10 +5492,13 @@ DECLARE
     v_l_jobs    bigint[];
     v_l_steps   text[];
     v_l_results jsonb[];
+    v_ended     bigint[];  -- child runs that completed (their parents move)
+    v_ended_q   text[];
     v_ids       bigint[];  -- the next steps' jobs
     v_queues    text[];
     v_names     text[];
     v_prios     integer[];
+    v_run       treadle.workflow_runs;
 BEGIN
     -- the runs, locked in id order; a batch with none (a graph's steps) ends here
     SELECT array_agg(l.queue), array_agg(l.id), array_agg(l.ctid), array_agg(l.job_id), array_agg(l.step),
@@ -5539,7 +5541,9 @@ BEGIN
            AND l.i = array_position(v_l_rows, r.ctid)
            AND r.queue = v_l_queues[l.i]
            AND r.id = v_l_ids[l.i]
-        RETURNING l.job_id, r.id, r.queue, r.steps[array_position(r.steps, l.step) + 1] AS next, r.name, r.priority, r.max_attempts, r.meta
+        RETURNING l.job_id, r.id, r.queue, r.steps[array_position(r.steps, l.step) + 1] AS next,
+                  r.state = 'completed' AND r.parent_run_id IS NOT NULL AS ended,
+                  r.name, r.priority, r.max_attempts, r.meta
     ), added AS (
         INSERT INTO treadle.jobs
             (queue, name, args, priority, run_at, max_attempts, created_at, workflow_run_id, step, meta)
@@ -5550,13 +5554,24 @@ BEGIN
          ORDER BY m.job_id
         RETURNING id, queue, name, priority
     )
-    SELECT a.ids, a.queues, a.names, a.prios
-      INTO v_ids, v_queues, v_names, v_prios
+    SELECT (SELECT array_agg(m.id ORDER BY m.id) FILTER (WHERE m.ended) FROM moved AS m),
+           (SELECT array_agg(m.queue ORDER BY m.id) FILTER (WHERE m.ended) FROM moved AS m),
+           a.ids, a.queues, a.names, a.prios
+      INTO v_ended, v_ended_q, v_ids, v_queues, v_names, v_prios
       FROM (SELECT array_agg(a.id ORDER BY a.id) AS ids, array_agg(a.queue ORDER BY a.id) AS queues,
                    array_agg(a.name ORDER BY a.id) AS names, array_agg(a.priority ORDER BY a.id) AS prios
               FROM added AS a) AS a;
     IF v_ids IS NOT NULL THEN
         PERFORM treadle._notify_steps(v_ids, v_queues, v_names, v_prios, v_now);  -- 071_workflow_notify.sql
+    END IF;
+    IF v_ended IS NOT NULL THEN
+        -- a child run completed by its last step: its parent moves (locked after it). The
+        -- read above leaves those steps out; every statement that changes a run's state
+        -- is followed by this call all the same (pgTAP 076_workflow_child_ends)
+        FOR i IN 1 .. cardinality(v_ended) LOOP
+            SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.queue = v_ended_q[i] AND r.id = v_ended[i];
+            PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
+        END LOOP;
     END IF;
     RETURN v_l_jobs;
 END;
