@@ -5473,11 +5473,13 @@ COMMENT ON FUNCTION treadle.snooze(bigint, uuid, interval, text) IS
 -- whose run no other row of `done` names: its result joins the run's results, and
 -- the run's next step becomes a job, available now (as treadle._enqueue_steps's
 -- common case: workers hear of it through treadle._notify_steps), or, for the
--- run's last step, the run becomes completed (a child run's parent moves:
--- treadle._child_run_ended). Two statements for them all: the runs are locked in
--- id order by one read (a fixed order, as two batches may meet; a batch with
--- none ends there), then updated by one statement that also inserts the next
--- jobs, in the order of the steps' ids. Returns the ids of the steps it moved
+-- run's last step, the run becomes completed. A child run's last step is left to
+-- treadle._advance_run: its parent moves (treadle._child_run_ended), and a parent
+-- is moved in the order of the batch's rows, as one row at a time would move it (a
+-- step of the parent's that was cancelled before must stop it first). Two
+-- statements for them all: the runs are locked in id order by one read (a fixed
+-- order, as two batches may meet; a batch with none ends there), then updated by
+-- one statement that also inserts the next jobs, in the order of the steps' ids. Returns the ids of the steps it moved
 -- (null for none); treadle._follow_up moves the others' runs one by one
 -- (treadle._advance_run), as before. Not on Citus, where a statement over many
 -- runs would not be one shard's: there every step takes treadle._advance_run.
@@ -5522,6 +5524,8 @@ BEGIN
                AND r.maps IS NULL
                AND r.step_options IS NULL
                AND (r.compensations IS NULL OR NOT i.compensates)
+               -- (a child run's last step moves its parent: left to treadle._advance_run)
+               AND (r.parent_run_id IS NULL OR array_position(r.steps, i.step) < cardinality(r.steps))
              ORDER BY r.id
                FOR UPDATE OF r) AS l;
     IF v_l_ids IS NULL THEN
@@ -5567,7 +5571,9 @@ BEGIN
         PERFORM treadle._notify_steps(v_ids, v_queues, v_names, v_prios, v_now);  -- 071_workflow_notify.sql
     END IF;
     IF v_ended IS NOT NULL THEN
-        -- a child run completed by its last step: its parent moves (locked after it)
+        -- a child run completed by its last step: its parent moves (locked after it). The
+        -- read above leaves those steps out; every statement that changes a run's state
+        -- is followed by this call all the same (pgTAP 076_workflow_child_ends)
         FOR i IN 1 .. cardinality(v_ended) LOOP
             SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.queue = v_ended_q[i] AND r.id = v_ended[i];
             PERFORM treadle._child_run_ended(v_run);  -- 076_workflow_children.sql
@@ -7795,8 +7801,9 @@ BEGIN
     END IF;
     PERFORM set_config('treadle.steps_written', '', true);
     IF current_setting('citus.version', true) IS NOT NULL AND treadle._distributed() THEN
-        -- Citus pushes no LIMIT down a lateral lookup over a function's rows: one row at a time
-        v_ids := '{}'; v_queues := '{}'; v_names := '{}'; v_priorities := '{}';
+        -- Citus pushes no correlated subquery with a LIMIT over a distributed table
+        -- down to the shards (the statement below fails there): one lookup per step
+        v_ids := '{}';
         FOREACH v_id IN ARRAY string_to_array(v_written, ',')::bigint[] LOOP
             SELECT j.queue, j.name, j.priority, j.run_at INTO v_job
               FROM treadle.jobs AS j WHERE j.id = v_id AND j.state = 'available';

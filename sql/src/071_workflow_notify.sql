@@ -113,8 +113,9 @@ BEGIN
     END IF;
     PERFORM set_config('treadle.steps_written', '', true);
     IF current_setting('citus.version', true) IS NOT NULL AND treadle._distributed() THEN
-        -- Citus pushes no LIMIT down a lateral lookup over a function's rows: one row at a time
-        v_ids := '{}'; v_queues := '{}'; v_names := '{}'; v_priorities := '{}';
+        -- Citus pushes no correlated subquery with a LIMIT over a distributed table
+        -- down to the shards (the statement below fails there): one lookup per step
+        v_ids := '{}';
         FOREACH v_id IN ARRAY string_to_array(v_written, ',')::bigint[] LOOP
             SELECT j.queue, j.name, j.priority, j.run_at INTO v_job
               FROM treadle.jobs AS j WHERE j.id = v_id AND j.state = 'available';

@@ -359,6 +359,35 @@ def test_a_workflow_run_goes_end_to_end(conn: Conn, queue: str) -> None:
     assert run == {"state": "completed"}
 
 
+def test_complete_and_claim_moves_a_batch_of_list_runs_on(conn: Conn, queue: str) -> None:
+    """A worker's finish: complete_and_claim of two list steps at once (each run moved one by
+    one on Citus, treadle._follow_up) claims one next step and tells of the one it left
+    (treadle._notify_left_steps, by a lookup Citus routes)."""
+    runs = [
+        conn.execute(
+            "SELECT treadle.start_workflow('citus_flow', '{}', steps => ARRAY['one', 'two'], queue => %s) AS id",
+            [queue],
+        ).fetchone()
+        for _ in range(2)
+    ]
+    steps = claim(conn, queue, batch=2)
+    assert len(steps) == 2
+    rows = conn.execute(
+        "SELECT finished_state, (job).step FROM treadle.complete_and_claim(%s, %s, null, 'w', ARRAY[%s], batch => 1)",
+        [[s["id"] for s in steps], [s["lease_token"] for s in steps], queue],
+    ).fetchall()
+    assert sorted(((r["finished_state"], r["step"]) for r in rows), key=str) == [
+        ("completed", None), ("completed", None), (None, "two"),
+    ]  # fmt: skip
+    states = conn.execute(
+        "SELECT step, state FROM treadle.jobs WHERE queue = %s AND workflow_run_id = ANY (%s) ORDER BY step, state",
+        [queue, [r["id"] for r in runs if r is not None]],
+    ).fetchall()
+    assert [(s["step"], s["state"]) for s in states] == [
+        ("one", "completed"), ("one", "completed"), ("two", "available"), ("two", "running"),
+    ]  # fmt: skip
+
+
 def test_a_rescued_step_and_a_step_in_another_queue_move_their_run_on(conn: Conn, queue: str) -> None:
     """Each statement that moves a run names its queue (a step in another queue names it
     in run_queue): one shard each, where Citus refuses a SELECT FOR UPDATE over all."""
