@@ -176,3 +176,14 @@ def test_without_listen_the_worker_still_polls(
         job_id = enqueue(conn, "ping")
         assert until_state(conn, job_id, "completed")["result"] == "pong"
     assert "LISTEN unavailable (OperationalError: " in caplog.text
+
+
+def test_the_worker_listens_before_start_returns(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
+    # start() returns once the worker claims: its LISTEN is in place by then, so a cancel of
+    # the first job it runs is heard (its notifier thread connected after the first claims)
+    for round_ in range(5):
+        worker = make_worker(worker_id=f"listens-first-{round_}")
+        worker.register("ping", lambda args, ctx: "pong")
+        worker.start()
+        assert listener_pid(conn, f"listens-first-{round_}") is not None, "no LISTEN when start() returned"
+        worker.stop()

@@ -496,7 +496,13 @@ class Worker:
             producer.bind(self._completer, self._executor, self._deferred)
             self._producer = producer
             if self._options.listen:
-                notifier = WakeOnNotify(self._notifier(), self.queues, self._wake.set, on_cancel=self._cancel_announced)
+                listener = self._notifier()
+                try:
+                    # LISTEN before the first claim: a cancel of a job this worker runs is heard
+                    listener.open()
+                except psycopg.Error as error:  # the notifier thread connects again, with backoff
+                    log.info("LISTEN unavailable (%s); polling only until it connects", one_line(error))
+                notifier = WakeOnNotify(listener, self.queues, self._wake.set, on_cancel=self._cancel_announced)
                 notifier.start()
             housekeeper = self._housekeeper = Housekeeper(
                 self._pool,
