@@ -50,7 +50,11 @@ def test_a_step_that_ends_cancelled_stops_its_siblings(conn: psycopg.Connection[
     for event in started.values():
         assert event.wait(30)
     steps = {s["step"]: s for s in run_steps(conn, run_id)}
-    assert (steps["stop"]["state"], steps["slow"]["state"], steps["later"]["state"]) == ("running", "running", "available")
+    assert (steps["stop"]["state"], steps["slow"]["state"], steps["later"]["state"]) == (
+        "running",
+        "running",
+        "available",
+    )
 
     assert conn.execute("SELECT treadle.cancel(%s)", [steps["stop"]["id"]]).fetchone() == (True,)
     assert until_state(conn, steps["stop"]["id"], "cancelled", "completed")["state"] == "cancelled"
@@ -61,6 +65,8 @@ def test_a_step_that_ends_cancelled_stops_its_siblings(conn: psycopg.Connection[
     wait_for(lambda: "slow" in saw_cancel, "the running sibling's handler to return")
     assert saw_cancel == {"stop": True, "slow": True}
     # nothing of the run is left to claim, in any queue
-    assert conn.execute("SELECT count(*) FROM treadle.claim('w2', ARRAY['gc', 'gc-later'], batch => 10)").fetchone() == (0,)
+    assert conn.execute(
+        "SELECT count(*) FROM treadle.claim('w2', ARRAY['gc', 'gc-later'], batch => 10)"
+    ).fetchone() == (0,)
     assert [s["step"] for s in run_steps(conn, run_id)] == ["stop", "slow", "later"]
     assert joined == []
