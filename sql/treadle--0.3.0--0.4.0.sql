@@ -4331,7 +4331,10 @@ COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
 --   completed: its result joins the run's results; the next step is enqueued
 --              (a graph: every step whose dependencies now all have results),
 --              or the run becomes completed once every step has a result;
---   discarded: the run becomes failed;  cancelled: the run becomes cancelled.
+--   discarded: the run becomes failed;  cancelled: the run becomes cancelled, and
+--              the rest of it stops as treadle.cancel_workflow stops it: its other
+--              waiting steps are cancelled, its running steps asked to stop, its child
+--              runs cancelled, its sleeps and waits ended (treadle._cancel_under_way).
 -- Only a running run moves; but a graph's step that completes in a failed or
 -- cancelled run still records its result (its branch ran on), so that a retry
 -- of the run resumes from it. Locks the run after the job (the order every path
@@ -4444,6 +4447,18 @@ BEGIN
                                || step.id || E'\t' || step.queue || E'\n',  -- (a name holds no control character)
                                true);
             RETURN;
+        END IF;
+    END IF;
+    IF step.state = 'cancelled' AND NOT step.args ? 'compensates'
+       AND coalesce(current_setting('treadle.cancelling', true), '') <> step.workflow_run_id::text THEN
+        -- a step whose end cancels its running run stops the rest of it as
+        -- treadle.cancel_workflow does (its other waiting steps cancelled, its running
+        -- ones asked to stop, its child runs cancelled, its sleeps and waits ended),
+        -- their jobs locked before the run (070_workflow_cancel.sql)
+        PERFORM 1 FROM treadle.workflow_runs AS r
+         WHERE r.queue = v_queue AND r.id = step.workflow_run_id AND r.state = 'running';
+        IF FOUND THEN
+            PERFORM treadle._cancel_under_way(step.workflow_run_id, v_queue, true);
         END IF;
     END IF;
 
@@ -5700,7 +5715,8 @@ COMMENT ON FUNCTION treadle._job_queue(bigint, text) IS
 -- with a cancel request (heartbeat then answers 'cancel'; complete or fail
 -- finish it as cancelled), and a NOTIFY on channel treadle_cancel with the job id
 -- as payload, on which the worker running it heartbeats it at once (a hint: the
--- heartbeat's answer is the truth). A cancelled workflow step cancels its run; a
+-- heartbeat's answer is the truth). A cancelled workflow step cancels its run (the
+-- rest of the run stops as treadle.cancel_workflow stops it: 070_workflow_cancel.sql); a
 -- cancelled periodic occurrence ends its series. Returns true when this call
 -- changed something; false for a finished job, a job whose cancel is already
 -- requested, or an unknown id. queue, when given, is the job's queue: a job of
@@ -6918,6 +6934,81 @@ SELECT s.queue, s.paused, s.concurrency, s.rate_limit, s.rate_period, s.max_dept
 COMMENT ON VIEW treadle.queue_settings IS
     'Queues that have settings: paused, concurrency, rate limit, max_depth, retention.';
 --------------------------------------------------------------------------------
+-- What cancelling a running workflow run stops, in one place: treadle.cancel_workflow
+-- (the operator's cancel) and a step's own end that cancels its run (a step job that
+-- ends `cancelled`, or a child run that is cancelled: treadle._advance_run,
+-- treadle._child_run_ended) leave the run's other steps as one another would.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._cancel_under_way(run_id, queue, stopped) -> boolean
+--
+-- Transition, for a run being cancelled (its queue given: every statement on the
+-- run names it): its waiting step jobs -> cancelled (treadle.cancel: the first of a
+-- running run's cancels the run, as any cancelled step does), its running steps ->
+-- a cancel request, looked at again until none is left (a step that finishes
+-- meanwhile may hand over to the next ones); its child runs under way are cancelled
+-- (treadle.cancel_workflow: a child that becomes cancelled cancels the run with it).
+-- When it changed any of them, or `stopped` (one of the run's steps ended cancelled,
+-- which stops it as a cancel would), the run's sleeps under way stop waking it
+-- (wake_at null) and its signal waits end (waiting, wait_until null), so no step
+-- starts after the cancel. Jobs are locked before the run (each cancel locks its
+-- job, then the run), as on every path. While it runs, treadle.cancelling names the
+-- run: a step of it that the loop cancels moves the run as any cancelled step does,
+-- without calling this again. Returns true when it changed a step or a child run.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._cancel_under_way(run_id bigint, queue text, stopped boolean DEFAULT false)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_step   treadle.jobs;
+    v_any    boolean := false;
+    v_looked boolean;
+    v_child  bigint;
+    v_outer  text := current_setting('treadle.cancelling', true);  -- restored at the end
+BEGIN
+    PERFORM set_config('treadle.cancelling', _cancel_under_way.run_id::text, true);
+    LOOP
+        v_looked := false;
+        FOR v_step IN
+            SELECT * FROM treadle.jobs AS j
+             WHERE j.workflow_run_id = _cancel_under_way.run_id
+               AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
+               AND NOT j.cancel_requested
+             ORDER BY j.queue, j.concurrency_key, j.id  -- keys' slots in the one order (034_key_lanes.sql)
+        LOOP
+            v_looked := true;
+            IF treadle.cancel(v_step.id) THEN
+                v_any := true;
+            END IF;
+        END LOOP;
+        EXIT WHEN NOT v_looked;
+    END LOOP;
+    -- child runs under way: each one's cancel reaches this run when the child ends
+    FOR v_child IN
+        SELECT r.id FROM treadle.workflow_runs AS r
+         WHERE r.parent_run_id = _cancel_under_way.run_id AND r.state = 'running'
+         ORDER BY r.id
+    LOOP
+        IF treadle.cancel_workflow(v_child) THEN
+            v_any := true;
+        END IF;
+    END LOOP;
+    PERFORM set_config('treadle.cancelling', coalesce(v_outer, ''), true);
+    IF v_any OR _cancel_under_way.stopped THEN
+        UPDATE treadle.workflow_runs AS r SET wake_at = NULL, waiting = NULL, wait_until = NULL
+         WHERE r.queue = _cancel_under_way.queue AND r.id = _cancel_under_way.run_id
+           AND (r.wake_at IS NOT NULL OR r.waiting IS NOT NULL);
+    END IF;
+    RETURN v_any;
+END;
+$$;
+COMMENT ON FUNCTION treadle._cancel_under_way(bigint, text, boolean) IS
+    'Cancel a workflow run''s waiting steps and child runs, request its running steps'' cancel, end its sleeps and waits.';
+--------------------------------------------------------------------------------
 -- Workflows: a run is a set of named steps, each after the steps it depends on
 -- (a graph without cycles; a plain list is the shorthand for each step after the
 -- one before it). Each step is a job named 'workflow:<workflow name>/<step>'
@@ -7534,10 +7625,6 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now    timestamptz := treadle.now();
-    v_step   treadle.jobs;
-    v_any    boolean := false;
-    v_looked boolean;
-    v_child  bigint;
     v_queue  text;  -- the run's: read first, then every statement on the run names it
     v_run    treadle.workflow_runs;  -- the run as its cancel left it
 BEGIN
@@ -7556,37 +7643,9 @@ BEGIN
         RETURN false;
     END IF;
 
-    -- Jobs are locked before runs on every path; a step that finishes while we
-    -- look may hand over to the next ones, so look again until none is left.
-    LOOP
-        v_looked := false;
-        FOR v_step IN
-            SELECT * FROM treadle.jobs AS j
-             WHERE j.workflow_run_id = cancel_workflow.run_id
-               AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
-               AND NOT j.cancel_requested
-             ORDER BY j.queue, j.concurrency_key, j.id  -- keys' slots in the one order (034_key_lanes.sql)
-        LOOP
-            v_looked := true;
-            IF treadle.cancel(v_step.id) THEN
-                v_any := true;
-            END IF;
-        END LOOP;
-        EXIT WHEN NOT v_looked;
-    END LOOP;
-    -- child runs under way: each one's cancel reaches this run when the child ends
-    FOR v_child IN
-        SELECT r.id FROM treadle.workflow_runs AS r
-         WHERE r.parent_run_id = cancel_workflow.run_id AND r.state = 'running'
-         ORDER BY r.id
-    LOOP
-        IF treadle.cancel_workflow(v_child) THEN
-            v_any := true;
-        END IF;
-    END LOOP;
-    IF v_any THEN
-        UPDATE treadle.workflow_runs AS r SET wake_at = NULL, waiting = NULL, wait_until = NULL
-         WHERE r.queue = v_queue AND r.id = cancel_workflow.run_id AND (r.wake_at IS NOT NULL OR r.waiting IS NOT NULL);
+    -- its steps and child runs (070_workflow_cancel.sql: a step's own end that cancels
+    -- the run stops them there too)
+    IF treadle._cancel_under_way(cancel_workflow.run_id, v_queue) THEN
         RETURN true;
     END IF;
 
@@ -9332,7 +9391,8 @@ COMMENT ON FUNCTION treadle._resume_children(treadle.workflow_runs) IS
 --              child's step names), and the parent moves on as after a completed
 --              step (the steps now ready start, or the parent completes);
 --   failed, compensated: the parent becomes failed, as after a discarded step;
---   cancelled: the parent becomes cancelled, as after a cancelled step;
+--   cancelled: the parent becomes cancelled, as after a cancelled step (its other
+--              steps and child runs stop as treadle.cancel_workflow stops them);
 --   compensating: nothing yet (it fails its parent once its compensations end).
 -- As for a step's job, only a running parent moves, but a completed child's
 -- results are recorded on a parent that failed or was cancelled meanwhile. A
@@ -9395,6 +9455,10 @@ BEGIN
         PERFORM treadle._child_run_ended(v_parent);
         IF v_parent.state = 'compensating' THEN
             PERFORM treadle._run_compensates(v_parent.id, v_parent.queue);  -- 078_workflow_compensation.sql
+        ELSIF v_parent.state = 'cancelled'
+              AND coalesce(current_setting('treadle.cancelling', true), '') <> v_parent.id::text THEN
+            -- the rest of the parent stops as treadle.cancel_workflow stops it (070_workflow_cancel.sql)
+            PERFORM treadle._cancel_under_way(v_parent.id, v_parent.queue, true);
         END IF;
     END IF;
     PERFORM treadle._notify('treadle_done', v_parent.queue);

@@ -426,7 +426,10 @@ COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
 --   completed: its result joins the run's results; the next step is enqueued
 --              (a graph: every step whose dependencies now all have results),
 --              or the run becomes completed once every step has a result;
---   discarded: the run becomes failed;  cancelled: the run becomes cancelled.
+--   discarded: the run becomes failed;  cancelled: the run becomes cancelled, and
+--              the rest of it stops as treadle.cancel_workflow stops it: its other
+--              waiting steps are cancelled, its running steps asked to stop, its child
+--              runs cancelled, its sleeps and waits ended (treadle._cancel_under_way).
 -- Only a running run moves; but a graph's step that completes in a failed or
 -- cancelled run still records its result (its branch ran on), so that a retry
 -- of the run resumes from it. Locks the run after the job (the order every path
@@ -539,6 +542,18 @@ BEGIN
                                || step.id || E'\t' || step.queue || E'\n',  -- (a name holds no control character)
                                true);
             RETURN;
+        END IF;
+    END IF;
+    IF step.state = 'cancelled' AND NOT step.args ? 'compensates'
+       AND coalesce(current_setting('treadle.cancelling', true), '') <> step.workflow_run_id::text THEN
+        -- a step whose end cancels its running run stops the rest of it as
+        -- treadle.cancel_workflow does (its other waiting steps cancelled, its running
+        -- ones asked to stop, its child runs cancelled, its sleeps and waits ended),
+        -- their jobs locked before the run (070_workflow_cancel.sql)
+        PERFORM 1 FROM treadle.workflow_runs AS r
+         WHERE r.queue = v_queue AND r.id = step.workflow_run_id AND r.state = 'running';
+        IF FOUND THEN
+            PERFORM treadle._cancel_under_way(step.workflow_run_id, v_queue, true);
         END IF;
     END IF;
 

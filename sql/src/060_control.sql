@@ -40,7 +40,8 @@ COMMENT ON FUNCTION treadle._job_queue(bigint, text) IS
 -- with a cancel request (heartbeat then answers 'cancel'; complete or fail
 -- finish it as cancelled), and a NOTIFY on channel treadle_cancel with the job id
 -- as payload, on which the worker running it heartbeats it at once (a hint: the
--- heartbeat's answer is the truth). A cancelled workflow step cancels its run; a
+-- heartbeat's answer is the truth). A cancelled workflow step cancels its run (the
+-- rest of the run stops as treadle.cancel_workflow stops it: 070_workflow_cancel.sql); a
 -- cancelled periodic occurrence ends its series. Returns true when this call
 -- changed something; false for a finished job, a job whose cancel is already
 -- requested, or an unknown id. queue, when given, is the job's queue: a job of

@@ -615,10 +615,6 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now    timestamptz := treadle.now();
-    v_step   treadle.jobs;
-    v_any    boolean := false;
-    v_looked boolean;
-    v_child  bigint;
     v_queue  text;  -- the run's: read first, then every statement on the run names it
     v_run    treadle.workflow_runs;  -- the run as its cancel left it
 BEGIN
@@ -637,37 +633,9 @@ BEGIN
         RETURN false;
     END IF;
 
-    -- Jobs are locked before runs on every path; a step that finishes while we
-    -- look may hand over to the next ones, so look again until none is left.
-    LOOP
-        v_looked := false;
-        FOR v_step IN
-            SELECT * FROM treadle.jobs AS j
-             WHERE j.workflow_run_id = cancel_workflow.run_id
-               AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
-               AND NOT j.cancel_requested
-             ORDER BY j.queue, j.concurrency_key, j.id  -- keys' slots in the one order (034_key_lanes.sql)
-        LOOP
-            v_looked := true;
-            IF treadle.cancel(v_step.id) THEN
-                v_any := true;
-            END IF;
-        END LOOP;
-        EXIT WHEN NOT v_looked;
-    END LOOP;
-    -- child runs under way: each one's cancel reaches this run when the child ends
-    FOR v_child IN
-        SELECT r.id FROM treadle.workflow_runs AS r
-         WHERE r.parent_run_id = cancel_workflow.run_id AND r.state = 'running'
-         ORDER BY r.id
-    LOOP
-        IF treadle.cancel_workflow(v_child) THEN
-            v_any := true;
-        END IF;
-    END LOOP;
-    IF v_any THEN
-        UPDATE treadle.workflow_runs AS r SET wake_at = NULL, waiting = NULL, wait_until = NULL
-         WHERE r.queue = v_queue AND r.id = cancel_workflow.run_id AND (r.wake_at IS NOT NULL OR r.waiting IS NOT NULL);
+    -- its steps and child runs (070_workflow_cancel.sql: a step's own end that cancels
+    -- the run stops them there too)
+    IF treadle._cancel_under_way(cancel_workflow.run_id, v_queue) THEN
         RETURN true;
     END IF;
 

@@ -250,7 +250,8 @@ COMMENT ON FUNCTION treadle._resume_children(treadle.workflow_runs) IS
 --              child's step names), and the parent moves on as after a completed
 --              step (the steps now ready start, or the parent completes);
 --   failed, compensated: the parent becomes failed, as after a discarded step;
---   cancelled: the parent becomes cancelled, as after a cancelled step;
+--   cancelled: the parent becomes cancelled, as after a cancelled step (its other
+--              steps and child runs stop as treadle.cancel_workflow stops them);
 --   compensating: nothing yet (it fails its parent once its compensations end).
 -- As for a step's job, only a running parent moves, but a completed child's
 -- results are recorded on a parent that failed or was cancelled meanwhile. A
@@ -313,6 +314,10 @@ BEGIN
         PERFORM treadle._child_run_ended(v_parent);
         IF v_parent.state = 'compensating' THEN
             PERFORM treadle._run_compensates(v_parent.id, v_parent.queue);  -- 078_workflow_compensation.sql
+        ELSIF v_parent.state = 'cancelled'
+              AND coalesce(current_setting('treadle.cancelling', true), '') <> v_parent.id::text THEN
+            -- the rest of the parent stops as treadle.cancel_workflow stops it (070_workflow_cancel.sql)
+            PERFORM treadle._cancel_under_way(v_parent.id, v_parent.queue, true);
         END IF;
     END IF;
     PERFORM treadle._notify('treadle_done', v_parent.queue);
