@@ -1,12 +1,12 @@
 -- pgtap/078_explain_runs.sql: treadle.explain_run, why a workflow run is where it
 -- is: a summary row, then each step that has not completed with its reason (the
--- dependencies it waits for, a sleep, a signal, a map's element jobs, and a step
--- job's reasons as treadle.explain gives them); a finished run's summary alone;
+-- dependencies it waits for, a sleep, a signal, a map's element jobs, a child
+-- run, and a step job's reasons as treadle.explain gives them); a finished run's summary alone;
 -- a fork names its origin, a run forked from names its forks;
 -- null refused; readers may call it, others not; a tenant sees only its runs.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(47);
+SELECT plan(51);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -126,6 +126,22 @@ SELECT is(pg_temp.message(:r3, 'each', 'map'), 'map step each: 2 of its 3 elemen
 SELECT is((SELECT job_id FROM treadle.explain_run(:r3) WHERE reason = 'no_worker'),
           (SELECT min(id) FROM treadle.jobs WHERE workflow_run_id = :r3 AND step = 'each' AND state <> 'completed'),
           'the element job explained is the oldest not completed');
+
+-- A child step: the child run it waits for, not a step that has not started
+SELECT treadle.define_workflow('exk', ARRAY['k1']);
+SELECT treadle.start_workflow('exp', steps => ARRAY['pre', 'kid', 'post'], queue => 'exp',
+                              children => '{"kid": {"workflow": "exk", "queue": "exk"}}') AS r4 \gset
+SELECT is(pg_temp.why(:r4), ARRAY['-:run', 'pre:no_worker', 'kid:dependencies', 'post:dependencies'],
+          'a child step before its child starts waits for its dependencies');
+SELECT pg_temp.claim_step('exp', 'exp', 'pre') AS p \gset
+SELECT treadle.complete((:'p'::treadle.jobs).id, (:'p'::treadle.jobs).lease_token, '{}');
+SELECT id AS kid FROM treadle.workflow_runs WHERE parent_run_id = :r4 \gset
+SELECT is(pg_temp.why(:r4), ARRAY['-:run', 'kid:child', 'post:dependencies'], 'a child step under way waits for its child');
+SELECT is(pg_temp.message(:r4, 'kid', 'child'),
+          format('child step kid waits for run %s of workflow exk on queue exk, which is running', :kid),
+          'naming the child run, its workflow, queue and state');
+SELECT is((SELECT at FROM treadle.explain_run(:r4) WHERE reason = 'child'),
+          (SELECT created_at FROM treadle.workflow_runs WHERE id = :kid), 'at the child''s creation');
 
 -- Forks: a fork names the run and step it came from, the source names its forks
 SELECT treadle.fork_run(:r1, 'b') AS f1 \gset

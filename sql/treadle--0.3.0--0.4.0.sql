@@ -10699,6 +10699,8 @@ COMMENT ON FUNCTION treadle.explain(bigint, text) IS
 --     timeout runs (at; null without a timeout);
 --   map: a map step under way, how many of its element jobs have not completed
 --     (the oldest of them is explained as a step job is);
+--   child: a child step under way, the child run it waits for, its workflow,
+--     queue and state (at: the child's creation);
 --   a step job that waits or runs: the reasons treadle.explain(job_id) gives it
 --     (not_due, retrying, paused, concurrency_limit, rate_limit, no_worker,
 --     behind, ready; key_full, key_waiting, lane_blocked for a step of a
@@ -10726,6 +10728,7 @@ DECLARE
     v_job    record;
     v_deps   text[];
     v_forks  record;
+    v_child  record;
 BEGIN
     IF explain_run.run_id IS NULL THEN
         RAISE EXCEPTION 'treadle: run_id must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -10792,6 +10795,19 @@ BEGIN
                                                              ELSE 'times out and the run fails' END) END),
                                 (v_run.waiting -> v_step ->> 'until')::timestamptz;
             CONTINUE;
+        END IF;
+        IF v_run.children IS NOT NULL AND v_run.children ? v_step THEN
+            SELECT c.id, c.name, c.queue, c.state, c.created_at INTO v_child FROM treadle.workflow_runs AS c
+             WHERE c.parent_run_id = v_run.id AND c.parent_step = v_step
+               AND c.queue = coalesce(v_run.children -> v_step ->> 'queue', v_run.queue)
+               AND starts_with(c.queue, treadle._caller_prefix());
+            IF FOUND THEN
+                RETURN QUERY SELECT v_step, NULL::bigint, 'child',
+                                    format('child step %s waits for run %s of workflow %s on queue %s, which is %s',
+                                           v_step, v_child.id, v_child.name, v_child.queue, v_child.state),
+                                    v_child.created_at;
+                CONTINUE;
+            END IF;
         END IF;
         IF v_run.map_left IS NOT NULL AND v_run.map_left ? v_step THEN
             RETURN QUERY SELECT v_step, NULL::bigint, 'map',
