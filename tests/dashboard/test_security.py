@@ -99,11 +99,54 @@ def test_the_session_cookie_is_http_only_and_same_site(client: FlaskClient, seed
     assert cookie is not None and cookie.http_only and cookie.same_site == "Lax"
 
 
+def runs_now(conn: psycopg.Connection) -> list[tuple[Any, ...]]:
+    """Every workflow run and step job as it stands: what a run action could change."""
+    return conn.execute(
+        "SELECT 'run', r.id, r.state, r.results::text, 0 FROM treadle.workflow_runs AS r"
+        " UNION ALL SELECT 'job', j.id, j.state, j.step, j.attempt FROM treadle.jobs AS j"
+        " WHERE j.workflow_run_id IS NOT NULL ORDER BY 1, 2"
+    ).fetchall()
+
+
+def test_run_actions_without_the_right_token_are_refused_and_change_nothing(
+    app: Flask, client: FlaskClient, conn: psycopg.Connection, seeded: Seeded
+) -> None:
+    other_session = csrf_from(app.test_client())
+    token = csrf_from(client, f"/runs/{seeded.failed_run}")
+    actions = (
+        f"/runs/{seeded.running_run}/cancel",
+        f"/runs/{seeded.failed_run}/retry",
+        f"/runs/{seeded.failed_run}/fork",
+        f"/runs/{seeded.failed_run}/compensate",
+    )
+    before = runs_now(conn)
+    for path in actions:
+        for sent in ({}, {"csrf_token": other_session}, {"csrf_token": "guess"}):
+            response = client.post(path, data={**sent, "step": "charge"}, headers=JSON)
+            assert response.status_code == 400, (path, sent, response.status_code)
+            assert "CSRF token is missing or wrong" in response.get_json()["message"]
+        response = client.post(
+            path, data={"csrf_token": token, "step": "charge"}, headers={**JSON, "Origin": "https://evil.example"}
+        )
+        assert response.status_code == 400 and "another site" in response.get_json()["message"], path
+    assert runs_now(conn) == before
+    # the same actions with the session's token do act: what the refusals left alone could change
+    for path in actions[:3]:
+        response = client.post(path, data={"csrf_token": token, "step": "charge"}, headers=JSON)
+        assert response.status_code == 200, (path, response.get_data(as_text=True))
+    after = runs_now(conn)
+    assert (
+        after != before
+        and len([row for row in after if row[0] == "run"]) == len([row for row in before if row[0] == "run"]) + 1
+    ), "the fork is a new run"
+
+
 # read-only
 
 
 def test_read_only_hides_and_refuses_actions(make_app: MakeApp, conn: psycopg.Connection, seeded: Seeded) -> None:
     client = make_app(read_only=True).test_client()
+    before = runs_now(conn)
     for path in ("/", f"/jobs/{seeded.discarded}", f"/runs/{seeded.failed_run}", f"/?run={seeded.failed_run}"):
         page = client.get(path).get_data(as_text=True)
         assert '<form class="action"' not in page and "read-only</span>" in page
@@ -120,6 +163,7 @@ def test_read_only_hides_and_refuses_actions(make_app: MakeApp, conn: psycopg.Co
         response = client.post(path, data={"csrf_token": token, "step": "charge"}, headers=JSON)
         assert response.status_code == 403 and "read-only" in response.get_json()["message"]
     assert job_state(conn, seeded.discarded) == "discarded" and job_state(conn, seeded.available) == "available"
+    assert runs_now(conn) == before, "no run action of a read-only dashboard changed a run"
 
 
 def test_a_role_without_grants_is_told_how_to_get_them(
