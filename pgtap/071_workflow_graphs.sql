@@ -4,7 +4,7 @@
 -- the results a step receives, failure, retry and cancel of a graph run.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(102);
+SELECT plan(105);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -158,12 +158,22 @@ SELECT throws_ok($$ SELECT treadle.start_workflow('etl', steps => ARRAY['a', 'b'
 SELECT throws_ok($$ SELECT treadle.start_workflow('etl', after => '{}') $$,
                  '22023', 'treadle: after, sleeps, maps, children and compensations need steps', 'after without steps is refused');
 SELECT throws_ok($$ SELECT treadle.define_workflow('etl', ARRAY['a', 'a'], after => '{}') $$,
-                 '22023', NULL, 'a repeated step name is refused with after too');
+                 '22023', 'treadle: steps must not repeat a name: step "a" is listed more than once',
+                 'a repeated step name is refused with after too, named');
+SELECT throws_ok($$ SELECT treadle.start_workflow('etl', steps => ARRAY['x', 'b', 'c', 'b', 'x']) $$,
+                 '22023', 'treadle: steps must not repeat a name: step "x" is listed more than once',
+                 'the first name repeated is the one named');
 SELECT throws_ok(format($$ SELECT treadle.define_workflow('big', %L, after => %L) $$,
                         (SELECT array_agg('s' || i) FROM generate_series(1, 1000) AS i),
                         (SELECT jsonb_object_agg('s' || i, (SELECT jsonb_agg('s' || k) FROM generate_series(1, i - 1) AS k))
                            FROM generate_series(150, 1000) AS i)),
                  '22023', NULL, 'over 10,000 dependencies are refused');
+SELECT throws_ok(format($$ SELECT treadle.define_workflow('big', %L, after => '{}') $$,
+                        (SELECT array_agg('s' || i) FROM generate_series(1, 1001) AS i)),
+                 '22023', 'treadle: steps must be a list of 1 to 1000 names', 'a graph over 1,000 steps is refused');
+SELECT throws_ok(format($$ SELECT treadle.start_workflow('big', steps => %L, after => '{}') $$,
+                        (SELECT array_agg('s' || i) FROM generate_series(1, 1001) AS i)),
+                 '22023', 'treadle: steps must be a list of 1 to 1000 names', 'so is a run of over 1,000 steps');
 SELECT treadle.configure(max_payload_bytes => 4096);
 SELECT throws_ok(format($$ SELECT treadle.define_workflow('big', %L, after => %L) $$,
                         (SELECT array_agg('s' || i) FROM generate_series(1, 300) AS i),

@@ -7027,7 +7027,7 @@ COMMENT ON FUNCTION treadle._cancel_under_way(bigint, text, boolean) IS
 -- treadle._check_steps(steps) -> void
 --
 -- Raises 22004 when steps is null, 22023 when treadle._check_names refuses it,
--- it repeats a name, or a name holds '/' (a step job is named
+-- it repeats a name (naming the first step repeated), or a name holds '/' (a step job is named
 -- 'workflow:<workflow name>/<step>', and workflow names may hold '/': the last '/'
 -- must be the one before the step, or workflow w's step a/b and workflow w/a's
 -- step b would share a job name and their handlers).
@@ -7040,10 +7040,13 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_slash text;
+    v_twice text;
 BEGIN
     PERFORM treadle._check_names(steps, 'steps');
     IF (SELECT count(DISTINCT u.s) FROM unnest(steps) AS u(s)) <> cardinality(steps) THEN
-        RAISE EXCEPTION 'treadle: steps must not repeat a name: %', steps
+        SELECT u.s INTO v_twice FROM unnest(steps) WITH ORDINALITY AS u(s, i)
+         GROUP BY u.s HAVING count(*) > 1 ORDER BY min(u.i) LIMIT 1;
+        RAISE EXCEPTION 'treadle: steps must not repeat a name: step "%" is listed more than once', v_twice
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     SELECT u.s INTO v_slash FROM unnest(steps) AS u(s) WHERE strpos(u.s, '/') > 0 LIMIT 1;
