@@ -569,3 +569,40 @@ def test_the_run_page_retries_and_forks_a_run(
     expect(page.locator("#run table.steps tr", has_text="reserve")).to_contain_text('{"hold": "h-1"}')
     expect(page.locator("#run table.steps tr", has_text="charge")).to_contain_text("available")
     page.screenshot(path=str(ARTIFACTS / "dashboard-forked-run.png"), full_page=True)
+
+
+def test_the_run_page_draws_a_graph_and_its_wait_and_cancels_it(
+    page: Page, served: Served, reader_dsn: str, conn: psycopg.Connection
+) -> None:
+    row_of_run = conn.execute(
+        "SELECT treadle.start_workflow('gate', steps => ARRAY['check', 'score', 'approve', 'ship'], queue => 'gates',"
+        ' after => \'{"ship": ["check", "score", "approve"]}\', waits => \'{"approve": {"signal": "approved"}}\')'
+    ).fetchone()
+    assert row_of_run is not None
+    run = int(row_of_run[0])
+
+    read_only = Served(reader_dsn, read_only=True)
+    try:
+        page.goto(f"{read_only.url}runs/{run}")
+        expect(page.locator("#run table.steps tbody tr")).to_have_count(4)
+        expect(page.locator("#run button")).to_have_count(0)  # no action on a read-only dashboard
+    finally:
+        read_only.stop()
+        dashboard_of(read_only.app).close()
+
+    page.goto(f"{served.url}runs/{run}")
+    steps = page.locator("#run table.steps")
+    expect(steps.locator("th")).to_contain_text(["Step", "State", "After"])
+    rows = steps.locator("tbody tr")  # check, score, approve, ship
+    expect(rows.locator("td.after")).to_have_text(["", "", "", "check, score, approve"])
+    expect(rows.nth(2)).to_contain_text("for signal approved")
+    expect(rows.nth(3)).to_contain_text("pending")
+
+    page.locator("#run .heading").get_by_role("button", name="Cancel run").click()
+    expect(page.locator("#notice")).to_contain_text(f"Workflow run {run} cancelled.")
+    expect(page.locator("#run .heading")).to_contain_text("cancelled")
+    expect(page.locator("#run .heading").get_by_role("button", name="Cancel run")).to_have_count(0)
+    assert conn.execute("SELECT state FROM treadle.workflow_runs WHERE id = %s", (run,)).fetchone() == ("cancelled",)
+    assert conn.execute(
+        "SELECT count(*) FROM treadle.jobs WHERE workflow_run_id = %s AND state <> 'cancelled'", (run,)
+    ).fetchone() == (0,)
