@@ -1,12 +1,13 @@
 -- pgtap/078_explain_runs.sql: treadle.explain_run, why a workflow run is where it
 -- is: a summary row, then each step that has not completed with its reason (the
 -- dependencies it waits for, a sleep, a signal, a map's element jobs, a child
--- run, and a step job's reasons as treadle.explain gives them); a finished run's summary alone;
+-- run, and a step job's reasons; a compensating run's step jobs not ended and
+-- compensations not started as treadle.explain gives them); a finished run's summary alone;
 -- a fork names its origin, a run forked from names its forks;
 -- null refused; readers may call it, others not; a tenant sees only its runs.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(51);
+SELECT plan(58);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -142,6 +143,32 @@ SELECT is(pg_temp.message(:r4, 'kid', 'child'),
           'naming the child run, its workflow, queue and state');
 SELECT is((SELECT at FROM treadle.explain_run(:r4) WHERE reason = 'child'),
           (SELECT created_at FROM treadle.workflow_runs WHERE id = :kid), 'at the child''s creation');
+
+-- A compensating run: what it waits for, the running step, then each compensation
+SELECT treadle.start_workflow('exc', steps => ARRAY['a', 'b', 'c'], queue => 'exc', max_attempts => 1,
+                              after => '{"c": []}', compensations => '{"a": "undo_a", "b": "undo_b"}') AS r5 \gset
+SELECT pg_temp.claim_step('exc', 'exc', 'a') AS ca \gset
+SELECT treadle.complete((:'ca'::treadle.jobs).id, (:'ca'::treadle.jobs).lease_token, '{}');
+SELECT pg_temp.claim_step('exc', 'exc', 'b') AS cb \gset
+SELECT pg_temp.claim_step('exc', 'exc', 'c') AS cc \gset
+SELECT treadle.fail((:'cc'::treadle.jobs).id, (:'cc'::treadle.jobs).lease_token, 'no', retryable => false);
+SELECT is((SELECT state FROM treadle.workflow_runs WHERE id = :r5), 'compensating', 'a run that failed compensates');
+SELECT is(pg_temp.why(:r5), ARRAY['-:run', 'b:running', 'b:worker', 'undo_a:compensation'],
+          'it waits for its running step, and a completed step''s compensation waits its turn');
+SELECT is(pg_temp.message(:r5, 'undo_a', 'compensation'),
+          'compensation undo_a of step a waits for its turn: one compensation runs at a time, the last completed step''s first',
+          'naming the compensation and the step it undoes');
+SELECT treadle.complete((:'cb'::treadle.jobs).id, (:'cb'::treadle.jobs).lease_token, '{}');
+SELECT is(pg_temp.why(:r5), ARRAY['-:run', 'undo_b:no_worker', 'undo_a:compensation'],
+          'the step that completed meanwhile is compensated first, the other waits');
+SELECT is((SELECT job_id FROM treadle.explain_run(:r5) WHERE step = 'undo_b'),
+          (SELECT id FROM treadle.jobs WHERE workflow_run_id = :r5 AND step = 'undo_b'), 'a compensation job''s row carries its id');
+SELECT pg_temp.claim_step('exc', 'exc', 'undo_b') AS ub \gset
+SELECT treadle.complete((:'ub'::treadle.jobs).id, (:'ub'::treadle.jobs).lease_token, '{}');
+SELECT is(pg_temp.why(:r5), ARRAY['-:run', 'undo_a:no_worker'], 'then the other');
+SELECT pg_temp.claim_step('exc', 'exc', 'undo_a') AS ua \gset
+SELECT treadle.complete((:'ua'::treadle.jobs).id, (:'ua'::treadle.jobs).lease_token, '{}');
+SELECT is(pg_temp.why(:r5), ARRAY['-:run'], 'a compensated run has its summary row alone');
 
 -- Forks: a fork names the run and step it came from, the source names its forks
 SELECT treadle.fork_run(:r1, 'b') AS f1 \gset

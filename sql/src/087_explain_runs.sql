@@ -20,6 +20,10 @@
 --     (the oldest of them is explained as a step job is);
 --   child: a child step under way, the child run it waits for, its workflow,
 --     queue and state (at: the child's creation);
+--   for a compensating run, instead of the above: each of its step jobs that has
+--     not ended (a step still running, a compensation under way) with the reasons
+--     treadle.explain gives it, then compensation: each compensation of a
+--     completed step that has not started;
 --   a step job that waits or runs: the reasons treadle.explain(job_id) gives it
 --     (not_due, retrying, paused, concurrency_limit, rate_limit, no_worker,
 --     behind, ready; key_full, key_waiting, lane_blocked for a step of a
@@ -89,6 +93,27 @@ BEGIN
             format('run %s has %s fork(s): %s%s', v_run.id, v_forks.n, v_forks.named,
                    CASE WHEN v_forks.n > c_named THEN ', ...' ELSE '' END),
             v_forks.at;
+    END IF;
+    IF v_run.state = 'compensating' THEN
+        -- its step jobs that have not ended (a step still running, its compensations
+        -- start once none runs; the compensation under way), then the compensations
+        -- of its completed steps that have not started
+        FOR v_job IN SELECT j.id, j.step FROM treadle.jobs AS j
+                      WHERE j.workflow_run_id = v_run.id AND j.state NOT IN ('completed', 'cancelled', 'discarded')
+                      ORDER BY j.id LOOP
+            RETURN QUERY SELECT v_job.step, v_job.id, e.reason, e.message, e.at FROM treadle.explain(v_job.id) AS e;
+        END LOOP;
+        RETURN QUERY
+            SELECT c.value #>> '{}', NULL::bigint, 'compensation',
+                   format('compensation %s of step %s waits for its turn: one compensation runs at a time, '
+                          'the last completed step''s first', c.value #>> '{}', c.key),
+                   NULL::timestamptz
+              FROM jsonb_each(coalesce(v_run.compensations, '{}')) AS c
+             WHERE v_run.results ? c.key AND NOT v_run.results ? (c.value #>> '{}')
+               AND NOT EXISTS (SELECT 1 FROM treadle.jobs AS j
+                                WHERE j.workflow_run_id = v_run.id AND j.step = c.value #>> '{}')
+             ORDER BY array_position(v_run.steps, c.key) DESC;
+        RETURN;
     END IF;
     IF v_run.state <> 'running' THEN
         RETURN;
