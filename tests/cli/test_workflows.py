@@ -49,6 +49,26 @@ def test_a_signal_by_key_with_json_output(dsn: str, conn: psycopg.Connection[Any
     assert results(conn, run_id) == {"approve": {}}
 
 
+def test_a_signal_before_the_wait_is_kept_and_one_to_a_finished_run_is_refused(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    row = conn.execute(
+        "SELECT treadle.start_workflow('approval', steps => array['prepare', 'approve', 'ship'],"
+        ' waits => \'{"approve": {"signal": "approved"}}\')'
+    ).fetchone()
+    assert row is not None
+    run_id = int(row[0])
+    kept = expect(treadle("workflows", "signal", str(run_id), "approved", "--payload", '{"by": "bo"}', "--dsn", dsn), 0)
+    assert kept.out == "kept: the run takes it when it reaches its wait step\n"
+    assert conn.execute("SELECT count(*) FROM treadle.workflow_signals").fetchone() == (1,)
+    conn.execute("SELECT treadle.cancel_workflow(%s)", [run_id])
+    signals = conn.execute("SELECT count(*) FROM treadle.workflow_signals").fetchone()
+    finished = expect(treadle("workflows", "signal", str(run_id), "approved", "--dsn", dsn), 4)
+    assert "the run has finished; nothing was written" in finished.err
+    assert conn.execute("SELECT count(*) FROM treadle.workflow_signals").fetchone() == signals
+    assert results(conn, run_id) == {}
+
+
 def test_bad_input_writes_nothing(dsn: str, conn: psycopg.Connection[Any]) -> None:
     run_id = start(conn)
     assert "no workflow run 999999" in expect(treadle("workflows", "signal", "999999", "approved", "--dsn", dsn), 3).err
