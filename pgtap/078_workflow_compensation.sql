@@ -4,7 +4,7 @@
 -- `compensated`, or `failed` when a compensation fails for good; the checks.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(58);
+SELECT plan(61);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -66,11 +66,16 @@ SELECT is(pg_temp.finish(:r1, 'refund', '"refunded"'), 'completed', 'refund comp
 SELECT is(pg_temp.steps(:r1), ARRAY['reserve:completed', 'debit:completed', 'credit:discarded', 'refund:completed',
                                     'release:available'], 'then release starts');
 SELECT is(pg_temp.state(:r1), 'compensating', 'the run is still compensating');
+SELECT is(treadle.signal(:r1, 'approved', '{"late": true}'), 'finished', 'a signal to a compensating run: finished');
+SELECT results_eq(format($$ SELECT (SELECT count(*) FROM treadle.workflow_signals), r.results ? 'approved'
+                               FROM treadle.workflow_runs AS r WHERE r.id = %s $$, :r1),
+                  $$ VALUES (0::bigint, false) $$, 'and nothing written');
 SELECT is(pg_temp.finish(:r1, 'release', '"released"'), 'completed', 'release completes');
 SELECT results_eq(format($$ SELECT state, finished_at IS NOT NULL, results FROM treadle.workflow_runs WHERE id = %s $$, :r1),
                   $$ VALUES ('compensated'::text, true, '{"reserve": {"hold": "H1"}, "debit": {"debited": 100},
                              "refund": "refunded", "release": "released"}'::jsonb) $$,
                   'the run ends compensated, with each compensation''s result under its name');
+SELECT is(treadle.signal(:r1, 'approved'), 'finished', 'a signal to a compensated run: finished');
 
 --------------------------------------------------------------------------------
 -- a compensation that fails for good fails the run; a retry of it compensates on
