@@ -5,7 +5,7 @@
 -- at the fan-out.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(49);
+SELECT plan(65);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -175,6 +175,39 @@ SELECT throws_ok(format($$ SELECT pg_temp.finish(%s, 'load', (SELECT jsonb_agg(N
                  'a result over 100,000 elements');
 SELECT results_eq(format($$ SELECT pg_temp.steps(%s), results FROM treadle.workflow_runs WHERE id = %s $$, :r4, :r4),
                   $$ VALUES (ARRAY['load:available'], '{}'::jsonb) $$, 'neither changed the run');
+
+--------------------------------------------------------------------------------
+-- the fan-out limit is the owner's (treadle.configure(max_map_elements))
+--------------------------------------------------------------------------------
+SELECT is(treadle._max_map_elements(), 100000, 'the fan-out limit is 100,000 until configured');
+SELECT throws_ok($$ SELECT treadle.configure(max_map_elements => 0) $$, '22023',
+                 'treadle: max_map_elements must be between 1 and 1000000, got 0', 'a limit under 1');
+SELECT throws_ok($$ SELECT treadle.configure(max_map_elements => 1000001) $$, '22023', NULL, 'a limit over 1,000,000');
+SELECT throws_ok($$ SELECT treadle.configure(max_payload_bytes => NULL, max_map_elements => NULL) $$, '22004',
+                 'treadle: max_payload_bytes and max_map_elements must not both be null', 'no limit given');
+SELECT is((SELECT count(*) FROM treadle.settings), 0::bigint, 'no refused limit wrote the settings');
+SELECT lives_ok($$ SELECT treadle.configure(max_map_elements => 3) $$, 'the owner sets the fan-out limit');
+SELECT results_eq($$ SELECT max_payload_bytes, max_map_elements FROM treadle.settings $$,
+                  $$ VALUES (1048576, 3) $$, 'the payload limit keeps its value');
+SELECT lives_ok($$ SELECT treadle.configure(max_payload_bytes => 4096) $$, 'then the payload limit alone');
+SELECT results_eq($$ SELECT max_payload_bytes, max_map_elements FROM treadle.settings $$,
+                  $$ VALUES (4096, 3) $$, 'which keeps the fan-out limit');
+SELECT throws_ok(format($$ SELECT pg_temp.finish(%s, 'load', '[1, 2, 3, 4]') $$, :r4),
+                 '22023', 'treadle: map step "resize" maps over at most 3 elements, the result of step "load" holds 4',
+                 'a result over the configured limit');
+SELECT results_eq(format($$ SELECT pg_temp.steps(%s), results FROM treadle.workflow_runs WHERE id = %s $$, :r4, :r4),
+                  $$ VALUES (ARRAY['load:available'], '{}'::jsonb) $$, 'the refusal enqueued nothing');
+SELECT throws_ok($$ SELECT treadle.start_workflow('adhoc', '{"photos": [1, 2, 3, 4]}', steps => ARRAY['resize'],
+                                                  maps => '{"resize": {"input": "photos"}}', queue => 'maps') $$,
+                 '22023', 'treadle: map step "resize" maps over at most 3 elements, the input''s "photos" holds 4',
+                 'an input over the configured limit: the run does not start');
+SELECT is(pg_temp.finish(:r4, 'load', '[1, 2, 3]'), 'completed', 'a result at the limit');
+SELECT is(pg_temp.steps(:r4), ARRAY['load:completed', 'resize:available', 'resize:available', 'resize:available'],
+          'fans out');
+SELECT lives_ok($$ SELECT treadle.configure(max_map_elements => 1000000, max_payload_bytes => 1048576) $$,
+                'both limits at once, the fan-out at its maximum');
+SELECT results_eq($$ SELECT max_payload_bytes, max_map_elements FROM treadle.settings $$,
+                  $$ VALUES (1048576, 1000000) $$, 'both set');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -433,6 +433,8 @@ CREATE TABLE treadle.workers (
 -- retention_floor bound what a role without the admin part (treadle.grant_admin)
 -- may do to queues: create settings rows for at most max_queues queues in all, and
 -- set no queue's retention below retention_floor (treadle._check_queue_limits).
+-- max_map_elements: the most elements a workflow map step fans out over
+-- (treadle._enqueue_map).
 CREATE TABLE treadle.settings (
     only_row          boolean PRIMARY KEY DEFAULT true,
     max_payload_bytes integer NOT NULL,
@@ -448,7 +450,9 @@ CREATE TABLE treadle.settings (
         CHECK (retain_failed BETWEEN interval '0' AND interval '100 years'),
     CONSTRAINT settings_max_queues_check CHECK (max_queues BETWEEN 1 AND 1000000),
     CONSTRAINT settings_retention_floor_check
-        CHECK (retention_floor BETWEEN interval '0' AND interval '100 years')
+        CHECK (retention_floor BETWEEN interval '0' AND interval '100 years'),
+    max_map_elements  integer  NOT NULL DEFAULT 100000,
+    CONSTRAINT settings_max_map_elements_check CHECK (max_map_elements BETWEEN 1 AND 1000000)
 );
 
 -- Cron schedules (treadle.schedule). Each has one current occurrence, a job whose
@@ -889,6 +893,21 @@ BEGIN ATOMIC
 END;
 COMMENT ON FUNCTION treadle._max_payload_bytes() IS
     'The payload size limit: treadle.settings, or 1 MiB.';
+
+--------------------------------------------------------------------------------
+-- treadle._max_map_elements() -> integer
+--
+-- The most elements a workflow map step fans out over (treadle._enqueue_map).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._max_map_elements()
+RETURNS integer
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT coalesce((SELECT s.max_map_elements FROM treadle.settings AS s), 100000);
+END;
+COMMENT ON FUNCTION treadle._max_map_elements() IS
+    'The fan-out limit of a map step: treadle.settings, or 100,000.';
 
 --------------------------------------------------------------------------------
 -- treadle._retention() -> (retain_completed, retain_failed)
@@ -4253,8 +4272,8 @@ COMMENT ON FUNCTION treadle._has_every_result(treadle.workflow_runs) IS
 -- result [] and returns true (the caller looks for the steps that became ready).
 -- The caller holds the run row's lock.
 -- Raises 22023, naming the step: what it maps over is not a JSON array, or holds
--- over 100,000 elements (the step that returned it stays running; a run that would
--- start with it does not start).
+-- over max_map_elements elements (treadle.configure, default 100,000; the step
+-- that returned it stays running; a run that would start with it does not start).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_map(run treadle.workflow_runs, step text, at timestamptz)
 RETURNS boolean
@@ -4267,6 +4286,7 @@ DECLARE
     v_what  text;
     v_array jsonb;
     v_n     integer;
+    v_max   integer;
     v_queue text := coalesce(run.step_options -> step ->> 'queue', run.queue);
     v_priority integer := coalesce((run.step_options -> step ->> 'priority')::integer, run.priority);
     v_max_attempts integer := coalesce((run.step_options -> step ->> 'max_attempts')::integer, run.max_attempts);
@@ -4287,9 +4307,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     v_n := jsonb_array_length(v_array);
-    IF v_n > 100000 THEN
-        RAISE EXCEPTION 'treadle: map step "%" maps over at most 100000 elements, % holds %', step, v_what, v_n
-            USING ERRCODE = 'invalid_parameter_value';
+    v_max := treadle._max_map_elements();
+    IF v_n > v_max THEN
+        RAISE EXCEPTION 'treadle: map step "%" maps over at most % elements, % holds %', step, v_max, v_what, v_n
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'The owner sets the limit with treadle.configure(max_map_elements => n).';
     END IF;
     IF v_n = 0 THEN
         UPDATE treadle.workflow_runs AS r SET results = r.results || jsonb_build_object(step, '[]'::jsonb)
@@ -4346,7 +4368,7 @@ DECLARE
     v_empty  boolean := false;
 BEGIN
     IF run.sleeps IS NOT NULL THEN
-        SELECT jsonb_object_agg(u.s, at + (run.sleeps ->> u.s)::interval) INTO v_sleeps
+        SELECT jsonb_object_agg(u.s, treadle._sleep_wake(run, u.s, at)) INTO v_sleeps
           FROM unnest(v_ready) AS u(s)
          WHERE run.sleeps ? u.s;
     END IF;
@@ -4358,6 +4380,10 @@ BEGIN
                wake_at = (SELECT min(e.value::text::timestamptz)
                             FROM jsonb_each(coalesce(r.wakes, '{}'::jsonb) || v_sleeps) AS e)
          WHERE r.queue = run.queue AND r.id = run.id;
+        IF EXISTS (SELECT 1 FROM jsonb_each_text(v_sleeps) AS e WHERE e.value::timestamptz <= at) THEN
+            PERFORM treadle._end_due_sleeps(run, at);  -- until a time already past (074_workflow_sleep_until.sql)
+            v_empty := true;
+        END IF;
     END IF;
     IF run.maps IS NOT NULL THEN
         FOR v_step IN SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i) WHERE run.maps ? u.s ORDER BY u.i LOOP
@@ -4385,8 +4411,8 @@ BEGIN
     END IF;
     PERFORM treadle._enqueue_steps(run, v_ready, at);
     IF v_empty THEN
-        -- a map over an empty array, or a wait with a kept signal, completed: what
-        -- runs after it may start now
+        -- a map over an empty array, a wait with a kept signal, or a sleep until a
+        -- time already past, completed: what runs after it may start now
         SELECT * INTO run FROM treadle.workflow_runs AS r WHERE r.queue = run.queue AND r.id = run.id;
         IF treadle._has_every_result(run) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at
@@ -7362,12 +7388,18 @@ COMMENT ON FUNCTION treadle._check_after(text[], jsonb) IS
 -- treadle._check_sleeps(steps, sleeps) -> jsonb
 --
 -- The sleep steps of a workflow: null or {} is none (null). Otherwise a JSON
--- object mapping a step to how long it waits, an interval as text ('1 hour'); a
--- sleep step has no handler: it completes by itself that long after it becomes
--- ready (treadle.rescue ends it). Returns the map with each interval normalised.
+-- object mapping a step to how long it waits, an interval as text ('1 hour'), or
+-- to {"until": time}: a timestamptz as text ('2027-01-04 09:00+01'), or
+-- {"input": key}, the run's input holding that time under the key
+-- (treadle._sleep_wake reads it when the step becomes ready). A sleep step has
+-- no handler: it completes by itself that long after it becomes ready, or at
+-- that time (treadle.rescue ends it; a time already past ends it at once).
+-- Returns the map with each interval and time normalised.
 -- Raises 22023, naming the step: sleeps not an object; a key that is not a step;
--- a value that is not an interval, not positive or over 366 days; sleeps over the
--- payload size limit.
+-- a value that is neither an interval nor {"until": ...}; an interval not
+-- positive or over 366 days; a time that is not a timestamptz, is not finite or
+-- is over 366 days after treadle.now(); an input key that is not a valid name;
+-- sleeps over the payload size limit.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_sleeps(steps text[], sleeps jsonb)
 RETURNS jsonb
@@ -7379,6 +7411,7 @@ DECLARE
     v_step  text;
     v_value jsonb;
     v_for   interval;
+    v_until jsonb;
     v_map   jsonb := '{}'::jsonb;
 BEGIN
     IF sleeps IS NULL OR sleeps = '{}'::jsonb THEN
@@ -7393,6 +7426,27 @@ BEGIN
         IF NOT v_step = ANY (steps) THEN
             RAISE EXCEPTION 'treadle: sleeps names step "%", which is not one of the steps', v_step
                 USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF jsonb_typeof(v_value) = 'object' THEN
+            IF (SELECT count(*) FROM jsonb_object_keys(v_value)) <> 1 OR NOT v_value ? 'until' THEN
+                RAISE EXCEPTION 'treadle: sleep step "%" waits an interval such as "1 hour" or {"until": time}, not %',
+                                v_step, v_value
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            v_until := v_value -> 'until';
+            IF jsonb_typeof(v_until) = 'object' THEN
+                IF (SELECT count(*) FROM jsonb_object_keys(v_until)) <> 1
+                   OR jsonb_typeof(v_until -> 'input') IS DISTINCT FROM 'string'
+                   OR NOT coalesce(treadle._is_name(v_until ->> 'input'), false) THEN
+                    RAISE EXCEPTION 'treadle: sleep step "%" sleeps until a time or {"input": key}, not %', v_step, v_until
+                        USING ERRCODE = 'invalid_parameter_value';
+                END IF;
+            ELSE
+                v_until := to_jsonb(to_char(treadle._sleep_until(v_step, v_until, 'a time', treadle.now())
+                                            AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'));
+            END IF;
+            v_map := v_map || jsonb_build_object(v_step, jsonb_build_object('until', v_until));
+            CONTINUE;
         END IF;
         v_for := NULL;
         IF jsonb_typeof(v_value) = 'string' THEN
@@ -9169,6 +9223,123 @@ END;
 $$;
 COMMENT ON FUNCTION treadle.signal_by_key(text, text, text, jsonb) IS
     'treadle.signal for the run started in a queue with a workflow idempotency key.';
+-- Sleep steps until a time (issue 23): define_workflow's sleeps map a step to
+-- {"until": time} or {"until": {"input": key}} as well as to an interval
+-- (treadle._check_sleeps); here the time is read and bounded, and a sleep until a
+-- time already past ends at once.
+
+--------------------------------------------------------------------------------
+-- treadle._sleep_until(step, value, what, since) -> timestamptz
+--
+-- The time a sleep step sleeps until, from `value`: a JSON string holding a
+-- timestamptz ('2027-01-04 09:00+00'; without an offset, in the session's time
+-- zone). `what` says where it came from, for the message.
+-- Raises 22023, naming the step: value not a string or not a timestamptz, not
+-- finite, or over 366 days after `since` (the longest a sleep waits).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._sleep_until(step text, value jsonb, what text, since timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_at timestamptz;
+BEGIN
+    IF jsonb_typeof(value) = 'string' THEN
+        BEGIN
+            v_at := (value #>> '{}')::timestamptz;
+        EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR invalid_time_zone_displacement_value
+                       OR invalid_parameter_value THEN
+            v_at := NULL;
+        END;
+    END IF;
+    IF v_at IS NULL OR NOT isfinite(v_at) THEN
+        RAISE EXCEPTION 'treadle: sleep step "%" sleeps until %, which must be a time such as "2027-01-04 09:00+00", not %',
+                        step, what, coalesce(value::text, 'missing')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF v_at > since + interval '366 days' THEN
+        RAISE EXCEPTION 'treadle: sleep step "%" sleeps until at most 366 days after %, got %', step, since, v_at
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN v_at;
+END;
+$$;
+COMMENT ON FUNCTION treadle._sleep_until(text, jsonb, text, timestamptz) IS
+    'The time a sleep step sleeps until, checked (22023 naming the step).';
+
+--------------------------------------------------------------------------------
+-- treadle._sleep_wake(run, step, at) -> timestamptz
+--
+-- When a sleep step of a run that becomes ready at `at` ends: `at` plus its
+-- interval, or the time it sleeps until (run.sleeps: {"until": time}, checked at
+-- define time, or {"until": {"input": key}}, the run's input holding the time
+-- under that key), or `at` for a time already past.
+-- Raises 22023, naming the step: the input's time missing, not a timestamptz, not
+-- finite or over 366 days after `at` (treadle._sleep_until; the step that
+-- completed before it stays running, a run that would start with it does not start).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._sleep_wake(run treadle.workflow_runs, step text, at timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_value jsonb := run.sleeps -> step;
+    v_until jsonb;
+BEGIN
+    IF jsonb_typeof(v_value) = 'string' THEN
+        RETURN at + (v_value #>> '{}')::interval;
+    END IF;
+    v_until := v_value -> 'until';
+    IF jsonb_typeof(v_until) = 'object' THEN
+        RETURN greatest(at, treadle._sleep_until(step, run.input -> (v_until ->> 'input'),
+                                                 format('the input''s "%s"', v_until ->> 'input'), at));
+    END IF;
+    RETURN greatest(at, (v_until #>> '{}')::timestamptz);
+END;
+$$;
+COMMENT ON FUNCTION treadle._sleep_wake(treadle.workflow_runs, text, timestamptz) IS
+    'When a sleep step of a workflow run that becomes ready ends: after its interval or at its time.';
+
+--------------------------------------------------------------------------------
+-- treadle._end_due_sleeps(run, at) -> void
+--
+-- Transition: the sleeps under way of a run that are due at `at` (a sleep until a
+-- time already past, which just started) end at once: each sleep step completes
+-- with the time it ended as its result, as treadle._wake_runs ends them. The
+-- caller holds the run row's lock and moves the run on (treadle._enqueue_ready).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._end_due_sleeps(run treadle.workflow_runs, at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_wakes jsonb;
+    v_due   jsonb;
+    v_left  jsonb;
+BEGIN
+    SELECT r.wakes INTO v_wakes FROM treadle.workflow_runs AS r WHERE r.queue = run.queue AND r.id = run.id;
+    SELECT jsonb_object_agg(e.key, e.value) INTO v_due
+      FROM jsonb_each(v_wakes) AS e
+     WHERE e.value::text::timestamptz <= at;
+    IF v_due IS NULL THEN
+        RETURN;
+    END IF;
+    v_left := v_wakes - ARRAY(SELECT jsonb_object_keys(v_due));
+    UPDATE treadle.workflow_runs AS r
+       SET results = r.results || v_due,
+           wakes = nullif(v_left, '{}'::jsonb),
+           wake_at = (SELECT min(e.value::text::timestamptz) FROM jsonb_each(v_left) AS e)
+     WHERE r.queue = run.queue AND r.id = run.id;
+END;
+$$;
+COMMENT ON FUNCTION treadle._end_due_sleeps(treadle.workflow_runs, timestamptz) IS
+    'End at once the sleeps under way of a workflow run that are already due.';
 --------------------------------------------------------------------------------
 -- Workers: a registry of live worker processes, for dashboards and monitoring.
 -- It is advisory: leases, not this table, decide who holds a job. A worker
@@ -11802,13 +11973,17 @@ COMMENT ON FUNCTION treadle.set_tenant(regrole, text) IS
     'Keep a role to the queues under a prefix (null lifts it).';
 
 --------------------------------------------------------------------------------
--- treadle.configure(max_payload_bytes) -> void
+-- treadle.configure(max_payload_bytes, max_map_elements) -> void
 --
 -- The owner's limits: the largest args, workflow input, result or progress
--- message accepted, in bytes (default 1 MiB). Owner only.
--- Raises 22004: max_payload_bytes null. 22023: outside 1 KiB..256 MiB.
+-- message accepted, in bytes (default 1 MiB); the most elements a workflow map
+-- step fans out over (default 100,000). A null leaves that limit as it is, so
+-- either may be given alone. Owner only.
+-- Raises 22004: both null. 22023: max_payload_bytes outside 1 KiB..256 MiB,
+-- max_map_elements outside 1..1000000.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle.configure(max_payload_bytes integer)
+CREATE OR REPLACE FUNCTION treadle.configure(max_payload_bytes integer DEFAULT NULL,
+                                             max_map_elements integer DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -11816,20 +11991,28 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
-    IF configure.max_payload_bytes IS NULL THEN
-        RAISE EXCEPTION 'treadle: max_payload_bytes must not be null' USING ERRCODE = 'null_value_not_allowed';
+    IF configure.max_payload_bytes IS NULL AND configure.max_map_elements IS NULL THEN
+        RAISE EXCEPTION 'treadle: max_payload_bytes and max_map_elements must not both be null'
+            USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF configure.max_payload_bytes NOT BETWEEN 1024 AND 268435456 THEN
         RAISE EXCEPTION 'treadle: max_payload_bytes must be between 1024 and 268435456, got %', configure.max_payload_bytes
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO treadle.settings AS s (max_payload_bytes, retain_completed, retain_failed)
-    SELECT configure.max_payload_bytes, r.retain_completed, r.retain_failed FROM treadle._retention() AS r
-    ON CONFLICT (only_row) DO UPDATE SET max_payload_bytes = excluded.max_payload_bytes;
+    IF configure.max_map_elements NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'treadle: max_map_elements must be between 1 and 1000000, got %', configure.max_map_elements
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO treadle.settings AS s (max_payload_bytes, retain_completed, retain_failed, max_map_elements)
+    SELECT coalesce(configure.max_payload_bytes, treadle._max_payload_bytes()), r.retain_completed, r.retain_failed,
+           coalesce(configure.max_map_elements, treadle._max_map_elements())
+      FROM treadle._retention() AS r
+    ON CONFLICT (only_row) DO UPDATE SET max_payload_bytes = excluded.max_payload_bytes,
+                                         max_map_elements = excluded.max_map_elements;
 END;
 $$;
-COMMENT ON FUNCTION treadle.configure(integer) IS
-    'Set the owner''s limits (max_payload_bytes).';
+COMMENT ON FUNCTION treadle.configure(integer, integer) IS
+    'Set the owner''s limits (max_payload_bytes, max_map_elements); a null leaves one as it is.';
 
 --------------------------------------------------------------------------------
 -- treadle.configure(retain_completed, retain_failed) -> void

@@ -379,6 +379,8 @@ CREATE TABLE treadle.workers (
 -- retention_floor bound what a role without the admin part (treadle.grant_admin)
 -- may do to queues: create settings rows for at most max_queues queues in all, and
 -- set no queue's retention below retention_floor (treadle._check_queue_limits).
+-- max_map_elements: the most elements a workflow map step fans out over
+-- (treadle._enqueue_map).
 CREATE TABLE treadle.settings (
     only_row          boolean PRIMARY KEY DEFAULT true,
     max_payload_bytes integer NOT NULL,
@@ -394,7 +396,9 @@ CREATE TABLE treadle.settings (
         CHECK (retain_failed BETWEEN interval '0' AND interval '100 years'),
     CONSTRAINT settings_max_queues_check CHECK (max_queues BETWEEN 1 AND 1000000),
     CONSTRAINT settings_retention_floor_check
-        CHECK (retention_floor BETWEEN interval '0' AND interval '100 years')
+        CHECK (retention_floor BETWEEN interval '0' AND interval '100 years'),
+    max_map_elements  integer  NOT NULL DEFAULT 100000,
+    CONSTRAINT settings_max_map_elements_check CHECK (max_map_elements BETWEEN 1 AND 1000000)
 );
 
 -- Cron schedules (treadle.schedule). Each has one current occurrence, a job whose

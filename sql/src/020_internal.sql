@@ -316,6 +316,21 @@ COMMENT ON FUNCTION treadle._max_payload_bytes() IS
     'The payload size limit: treadle.settings, or 1 MiB.';
 
 --------------------------------------------------------------------------------
+-- treadle._max_map_elements() -> integer
+--
+-- The most elements a workflow map step fans out over (treadle._enqueue_map).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._max_map_elements()
+RETURNS integer
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT coalesce((SELECT s.max_map_elements FROM treadle.settings AS s), 100000);
+END;
+COMMENT ON FUNCTION treadle._max_map_elements() IS
+    'The fan-out limit of a map step: treadle.settings, or 100,000.';
+
+--------------------------------------------------------------------------------
 -- treadle._retention() -> (retain_completed, retain_failed)
 --
 -- How long finished jobs and workflow runs are kept before apply_retention deletes

@@ -198,8 +198,8 @@ COMMENT ON FUNCTION treadle._has_every_result(treadle.workflow_runs) IS
 -- result [] and returns true (the caller looks for the steps that became ready).
 -- The caller holds the run row's lock.
 -- Raises 22023, naming the step: what it maps over is not a JSON array, or holds
--- over 100,000 elements (the step that returned it stays running; a run that would
--- start with it does not start).
+-- over max_map_elements elements (treadle.configure, default 100,000; the step
+-- that returned it stays running; a run that would start with it does not start).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._enqueue_map(run treadle.workflow_runs, step text, at timestamptz)
 RETURNS boolean
@@ -212,6 +212,7 @@ DECLARE
     v_what  text;
     v_array jsonb;
     v_n     integer;
+    v_max   integer;
     v_queue text := coalesce(run.step_options -> step ->> 'queue', run.queue);
     v_priority integer := coalesce((run.step_options -> step ->> 'priority')::integer, run.priority);
     v_max_attempts integer := coalesce((run.step_options -> step ->> 'max_attempts')::integer, run.max_attempts);
@@ -232,9 +233,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     v_n := jsonb_array_length(v_array);
-    IF v_n > 100000 THEN
-        RAISE EXCEPTION 'treadle: map step "%" maps over at most 100000 elements, % holds %', step, v_what, v_n
-            USING ERRCODE = 'invalid_parameter_value';
+    v_max := treadle._max_map_elements();
+    IF v_n > v_max THEN
+        RAISE EXCEPTION 'treadle: map step "%" maps over at most % elements, % holds %', step, v_max, v_what, v_n
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'The owner sets the limit with treadle.configure(max_map_elements => n).';
     END IF;
     IF v_n = 0 THEN
         UPDATE treadle.workflow_runs AS r SET results = r.results || jsonb_build_object(step, '[]'::jsonb)
@@ -291,7 +294,7 @@ DECLARE
     v_empty  boolean := false;
 BEGIN
     IF run.sleeps IS NOT NULL THEN
-        SELECT jsonb_object_agg(u.s, at + (run.sleeps ->> u.s)::interval) INTO v_sleeps
+        SELECT jsonb_object_agg(u.s, treadle._sleep_wake(run, u.s, at)) INTO v_sleeps
           FROM unnest(v_ready) AS u(s)
          WHERE run.sleeps ? u.s;
     END IF;
@@ -303,6 +306,10 @@ BEGIN
                wake_at = (SELECT min(e.value::text::timestamptz)
                             FROM jsonb_each(coalesce(r.wakes, '{}'::jsonb) || v_sleeps) AS e)
          WHERE r.queue = run.queue AND r.id = run.id;
+        IF EXISTS (SELECT 1 FROM jsonb_each_text(v_sleeps) AS e WHERE e.value::timestamptz <= at) THEN
+            PERFORM treadle._end_due_sleeps(run, at);  -- until a time already past (074_workflow_sleep_until.sql)
+            v_empty := true;
+        END IF;
     END IF;
     IF run.maps IS NOT NULL THEN
         FOR v_step IN SELECT u.s FROM unnest(v_ready) WITH ORDINALITY AS u(s, i) WHERE run.maps ? u.s ORDER BY u.i LOOP
@@ -330,8 +337,8 @@ BEGIN
     END IF;
     PERFORM treadle._enqueue_steps(run, v_ready, at);
     IF v_empty THEN
-        -- a map over an empty array, or a wait with a kept signal, completed: what
-        -- runs after it may start now
+        -- a map over an empty array, a wait with a kept signal, or a sleep until a
+        -- time already past, completed: what runs after it may start now
         SELECT * INTO run FROM treadle.workflow_runs AS r WHERE r.queue = run.queue AND r.id = run.id;
         IF treadle._has_every_result(run) THEN
             UPDATE treadle.workflow_runs AS r SET state = 'completed', finished_at = at

@@ -202,12 +202,18 @@ COMMENT ON FUNCTION treadle._check_after(text[], jsonb) IS
 -- treadle._check_sleeps(steps, sleeps) -> jsonb
 --
 -- The sleep steps of a workflow: null or {} is none (null). Otherwise a JSON
--- object mapping a step to how long it waits, an interval as text ('1 hour'); a
--- sleep step has no handler: it completes by itself that long after it becomes
--- ready (treadle.rescue ends it). Returns the map with each interval normalised.
+-- object mapping a step to how long it waits, an interval as text ('1 hour'), or
+-- to {"until": time}: a timestamptz as text ('2027-01-04 09:00+01'), or
+-- {"input": key}, the run's input holding that time under the key
+-- (treadle._sleep_wake reads it when the step becomes ready). A sleep step has
+-- no handler: it completes by itself that long after it becomes ready, or at
+-- that time (treadle.rescue ends it; a time already past ends it at once).
+-- Returns the map with each interval and time normalised.
 -- Raises 22023, naming the step: sleeps not an object; a key that is not a step;
--- a value that is not an interval, not positive or over 366 days; sleeps over the
--- payload size limit.
+-- a value that is neither an interval nor {"until": ...}; an interval not
+-- positive or over 366 days; a time that is not a timestamptz, is not finite or
+-- is over 366 days after treadle.now(); an input key that is not a valid name;
+-- sleeps over the payload size limit.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._check_sleeps(steps text[], sleeps jsonb)
 RETURNS jsonb
@@ -219,6 +225,7 @@ DECLARE
     v_step  text;
     v_value jsonb;
     v_for   interval;
+    v_until jsonb;
     v_map   jsonb := '{}'::jsonb;
 BEGIN
     IF sleeps IS NULL OR sleeps = '{}'::jsonb THEN
@@ -233,6 +240,27 @@ BEGIN
         IF NOT v_step = ANY (steps) THEN
             RAISE EXCEPTION 'treadle: sleeps names step "%", which is not one of the steps', v_step
                 USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF jsonb_typeof(v_value) = 'object' THEN
+            IF (SELECT count(*) FROM jsonb_object_keys(v_value)) <> 1 OR NOT v_value ? 'until' THEN
+                RAISE EXCEPTION 'treadle: sleep step "%" waits an interval such as "1 hour" or {"until": time}, not %',
+                                v_step, v_value
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            v_until := v_value -> 'until';
+            IF jsonb_typeof(v_until) = 'object' THEN
+                IF (SELECT count(*) FROM jsonb_object_keys(v_until)) <> 1
+                   OR jsonb_typeof(v_until -> 'input') IS DISTINCT FROM 'string'
+                   OR NOT coalesce(treadle._is_name(v_until ->> 'input'), false) THEN
+                    RAISE EXCEPTION 'treadle: sleep step "%" sleeps until a time or {"input": key}, not %', v_step, v_until
+                        USING ERRCODE = 'invalid_parameter_value';
+                END IF;
+            ELSE
+                v_until := to_jsonb(to_char(treadle._sleep_until(v_step, v_until, 'a time', treadle.now())
+                                            AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'));
+            END IF;
+            v_map := v_map || jsonb_build_object(v_step, jsonb_build_object('until', v_until));
+            CONTINUE;
         END IF;
         v_for := NULL;
         IF jsonb_typeof(v_value) = 'string' THEN

@@ -260,13 +260,17 @@ COMMENT ON FUNCTION treadle.set_tenant(regrole, text) IS
     'Keep a role to the queues under a prefix (null lifts it).';
 
 --------------------------------------------------------------------------------
--- treadle.configure(max_payload_bytes) -> void
+-- treadle.configure(max_payload_bytes, max_map_elements) -> void
 --
 -- The owner's limits: the largest args, workflow input, result or progress
--- message accepted, in bytes (default 1 MiB). Owner only.
--- Raises 22004: max_payload_bytes null. 22023: outside 1 KiB..256 MiB.
+-- message accepted, in bytes (default 1 MiB); the most elements a workflow map
+-- step fans out over (default 100,000). A null leaves that limit as it is, so
+-- either may be given alone. Owner only.
+-- Raises 22004: both null. 22023: max_payload_bytes outside 1 KiB..256 MiB,
+-- max_map_elements outside 1..1000000.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle.configure(max_payload_bytes integer)
+CREATE OR REPLACE FUNCTION treadle.configure(max_payload_bytes integer DEFAULT NULL,
+                                             max_map_elements integer DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -274,20 +278,28 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
-    IF configure.max_payload_bytes IS NULL THEN
-        RAISE EXCEPTION 'treadle: max_payload_bytes must not be null' USING ERRCODE = 'null_value_not_allowed';
+    IF configure.max_payload_bytes IS NULL AND configure.max_map_elements IS NULL THEN
+        RAISE EXCEPTION 'treadle: max_payload_bytes and max_map_elements must not both be null'
+            USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF configure.max_payload_bytes NOT BETWEEN 1024 AND 268435456 THEN
         RAISE EXCEPTION 'treadle: max_payload_bytes must be between 1024 and 268435456, got %', configure.max_payload_bytes
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO treadle.settings AS s (max_payload_bytes, retain_completed, retain_failed)
-    SELECT configure.max_payload_bytes, r.retain_completed, r.retain_failed FROM treadle._retention() AS r
-    ON CONFLICT (only_row) DO UPDATE SET max_payload_bytes = excluded.max_payload_bytes;
+    IF configure.max_map_elements NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'treadle: max_map_elements must be between 1 and 1000000, got %', configure.max_map_elements
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO treadle.settings AS s (max_payload_bytes, retain_completed, retain_failed, max_map_elements)
+    SELECT coalesce(configure.max_payload_bytes, treadle._max_payload_bytes()), r.retain_completed, r.retain_failed,
+           coalesce(configure.max_map_elements, treadle._max_map_elements())
+      FROM treadle._retention() AS r
+    ON CONFLICT (only_row) DO UPDATE SET max_payload_bytes = excluded.max_payload_bytes,
+                                         max_map_elements = excluded.max_map_elements;
 END;
 $$;
-COMMENT ON FUNCTION treadle.configure(integer) IS
-    'Set the owner''s limits (max_payload_bytes).';
+COMMENT ON FUNCTION treadle.configure(integer, integer) IS
+    'Set the owner''s limits (max_payload_bytes, max_map_elements); a null leaves one as it is.';
 
 --------------------------------------------------------------------------------
 -- treadle.configure(retain_completed, retain_failed) -> void

@@ -404,3 +404,13 @@ ALTER TABLE treadle.workflow_runs
     DROP CONSTRAINT workflow_runs_tree_runs_check,
     ADD CONSTRAINT workflow_runs_state_check CHECK (state = ANY (CASE WHEN finished_at IS NULL
         THEN '{running,compensating}'::text[] ELSE '{completed,failed,cancelled,compensated}'::text[] END));
+
+-- The fan-out limit of a map step (issue 23): the most elements a map step fans
+-- out over, which the owner sets with treadle.configure(max_map_elements), at the
+-- end of treadle.settings, as in 010_tables.sql. configure's 0.3.0 signature
+-- (max_payload_bytes alone) goes: configure(max_payload_bytes, max_map_elements)
+-- takes either or both.
+ALTER TABLE treadle.settings
+    ADD COLUMN max_map_elements integer NOT NULL DEFAULT 100000,
+    ADD CONSTRAINT settings_max_map_elements_check CHECK (max_map_elements BETWEEN 1 AND 1000000);
+DROP FUNCTION treadle.configure(integer);

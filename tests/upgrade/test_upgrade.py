@@ -386,3 +386,26 @@ def test_jobs_finished_before_the_upgrade_move_to_the_history(upgraded: tuple[ps
             == 1
         )
         raise psycopg.Rollback()
+
+
+def test_the_limits_are_kept_and_the_fan_out_limit_is_configurable(upgraded: tuple[psycopg.Connection, Filled]) -> None:
+    """0.4.0's max_map_elements joins the settings row at its default; the owner's payload limit stays."""
+    conn, _ = upgraded
+    if conn.execute("SELECT count(*) FROM treadle.settings").fetchone() == (0,):  # 0.1.0 had no configure
+        conn.execute("SELECT treadle.configure(max_payload_bytes => 65536)")
+    assert conn.execute("SELECT max_payload_bytes, max_map_elements FROM treadle.settings").fetchone() == (
+        65536,
+        100000,
+    )
+    conn.execute("SELECT treadle.configure(max_map_elements => 3)")
+    assert conn.execute("SELECT max_payload_bytes, max_map_elements FROM treadle.settings").fetchone() == (65536, 3)
+    conn.execute("SELECT treadle.define_workflow('fan', ARRAY['load', 'each'], maps => '{\"each\": \"load\"}')")
+    run_id = _value(conn, "SELECT treadle.start_workflow(name => 'fan', queue => 'fan')")
+    job, token = _claim(conn, "fan")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="at most 3 elements"):
+        conn.execute("SELECT treadle.complete(%s, %s, '[1, 2, 3, 4]')", (job, token))
+    assert conn.execute("SELECT treadle.complete(%s, %s, '[1, 2, 3]')", (job, token)).fetchone() == ("completed",)
+    assert conn.execute(
+        "SELECT count(*) FROM treadle.jobs WHERE workflow_run_id = %s AND step = 'each'", (run_id,)
+    ).fetchone() == (3,)
+    conn.execute("SELECT treadle.configure(max_map_elements => 100000)")

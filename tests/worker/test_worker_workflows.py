@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -22,6 +22,7 @@ from tests.worker.worker_support import (
     wait_for,
 )
 from treadle import InvalidArgument, JobContext, Sleep, Step, Worker
+from treadle import client as treadle_client
 from treadle._registry import StepFunction
 
 MakeWorker = Callable[..., Worker]
@@ -236,6 +237,83 @@ def test_a_sleep_step_holds_no_worker_and_ends_on_time(conn: psycopg.Connection[
     assert sorted(steps) == ["mail", "signup"]  # the sleep was no job
     # the next step started no earlier than the sleep's end, on the database's clock
     assert steps["mail"]["created_at"] - steps["signup"]["finished_at"] >= timedelta(seconds=1)
+
+
+def test_a_sleep_step_until_the_time_the_input_holds_never_ends_early_and_one_past_ends_at_once(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
+    worker = make_worker()
+    worker.workflow(
+        "trial",
+        [
+            ("signup", lambda i, c: "ok"),
+            Sleep("wait", until={"input": "remind_at"}),
+            ("mail", lambda i, c: c.results["wait"]),
+        ],
+    )
+    worker.start()
+    assert conn.execute("SELECT sleeps FROM treadle.workflows WHERE name = 'trial'").fetchone() == (
+        {"wait": {"until": {"input": "remind_at"}}},
+    )
+    row = conn.execute("SELECT treadle.now()").fetchone()
+    assert row is not None
+    now: datetime = row[0]
+    soon = start_workflow(conn, "trial", {"remind_at": (now + timedelta(seconds=1)).isoformat()})
+    past = start_workflow(conn, "trial", {"remind_at": (now - timedelta(days=1)).isoformat()})
+    for run_id in (soon, past):
+        assert until_run_finished(conn, run_id)["state"] == "completed"
+    soon_steps = {s["step"]: s for s in run_steps(conn, soon)}
+    assert sorted(soon_steps) == ["mail", "signup"]  # the sleep was no job
+    assert soon_steps["mail"]["created_at"] >= now + timedelta(seconds=1)  # never before the time, on its clock
+    # a time already past: the sleep ended when signup completed, in its transaction (no rescue waited for)
+    past_steps = {s["step"]: s for s in run_steps(conn, past)}
+    assert past_steps["mail"]["created_at"] == past_steps["signup"]["finished_at"]
+    assert datetime.fromisoformat(run(conn, past)["results"]["wait"]) == past_steps["signup"]["finished_at"]
+
+
+def test_a_sleep_until_a_datetime_in_the_definition_and_in_start_workflow(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
+    launch = datetime(2026, 1, 4, 9, 0, tzinfo=timezone(timedelta(hours=1)))
+    row = conn.execute("SELECT treadle.now()").fetchone()
+    assert row is not None
+    worker = make_worker()
+    worker.workflow("launch", [Sleep("wait", until=row[0] + timedelta(days=30)), ("go", lambda i, c: 1)])
+    worker.start()
+    stored = conn.execute("SELECT sleeps FROM treadle.workflows WHERE name = 'launch'").fetchone()
+    assert stored is not None
+    assert datetime.fromisoformat(stored[0]["wait"]["until"].replace("Z", "+00:00")) == row[0] + timedelta(days=30)
+    # start_workflow's own steps: a datetime, and an input key
+    run_id = treadle_client.start_workflow(
+        conn,
+        "adhoc",
+        {"at": "2026-01-01T00:00:00+00:00"},
+        steps=["a", "b"],
+        sleeps={"a": launch, "b": {"input": "at"}},
+        after={"b": []},
+    )
+    assert conn.execute("SELECT sleeps FROM treadle.workflow_runs WHERE id = %s", [run_id]).fetchone() == (
+        {"a": {"until": "2026-01-04T08:00:00.000000Z"}, "b": {"until": {"input": "at"}}},
+    )
+
+
+def test_a_bad_sleep_until_is_refused(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
+    worker = make_worker()
+    with pytest.raises(InvalidArgument, match="needs a timezone-aware datetime in until"):
+        worker.workflow("bad", [Sleep("pause", until=datetime(2030, 1, 1))])
+    with pytest.raises(InvalidArgument, match="takes a duration or until, not both"):
+        worker.workflow("bad", [Sleep("pause", timedelta(hours=1), until=datetime(2030, 1, 1, tzinfo=timezone.utc))])
+    with pytest.raises(InvalidArgument, match=r"sleeps until a datetime or \{'input': key\}, not \{'step': 'a'\}"):
+        worker.workflow("bad", [Sleep("pause", until={"step": "a"})])
+    with pytest.raises(InvalidArgument, match="sleeps until a datetime or"):
+        worker.workflow("bad", [Sleep("pause", until="2030-01-01")])  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match=r"sleeps\['a'\] needs a timezone-aware datetime"):
+        treadle_client.start_workflow(conn, "bad", steps=["a"], sleeps={"a": datetime(2030, 1, 1)})
+    # a time over 366 days away is the database's to refuse, when the worker records the definition
+    worker.workflow("far", [Sleep("pause", until=datetime(9999, 1, 1, tzinfo=timezone.utc))])
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match='sleep step "pause" sleeps until at most 366 days'):
+        worker.start()
+    assert conn.execute("SELECT count(*) FROM treadle.workflows WHERE name IN ('bad', 'far')").fetchone() == (0,)
 
 
 def test_a_bad_sleep_is_refused_when_it_is_registered(make_worker: MakeWorker) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from . import _args
@@ -22,6 +22,9 @@ StepFunction = Callable[[Any, "JobContext"], Any]  # fn(input, ctx), earlier res
 # at registration; it goes in 0.5.0.
 LegacyStepFunction = Callable[[Any, dict[str, Any], "JobContext"], Any]
 F = TypeVar("F", bound=Callable[..., Any])
+# a sleep step as define_workflow's `sleeps` holds it: an interval text, or
+# {"until": a time text or {"input": key}}
+SleepEntry = str | dict[str, str | dict[str, str]]
 
 # The SQL names a workflow's step jobs workflow:<workflow name>/<step>; the worker claims
 # the steps it has a function for by those names (so in a rolling deploy it never claims a
@@ -118,13 +121,19 @@ def step_options_entry(options: Mapping[str, Any], what: str) -> dict[str, Any]:
 class Sleep(NamedTuple):
     """A sleep step: it has no handler and completes by itself `duration` after it becomes ready.
 
-    The run waits in the database (treadle.rescue ends the sleep on its clock): no worker,
-    connection or attempt is held. `after` as for Step. Its result is when it ended.
+    Or, with `until` in place of `duration`, at a time: a timezone-aware datetime (the
+    same for every run, at most 366 days after the definition is made), or
+    `{"input": key}`: each run's input holds the time under that key (an ISO 8601 text
+    with an offset, read when the step becomes ready). A time already past ends the
+    sleep at once. The run waits in the database (treadle.rescue ends the sleep on its
+    clock): no worker, connection or attempt is held. `after` as for Step. Its result
+    is when it ended.
     """
 
     name: str
-    duration: timedelta
+    duration: timedelta | None = None
     after: Iterable[str] | None = None
+    until: datetime | Mapping[str, str] | None = None
 
 
 class Child(NamedTuple):
@@ -195,7 +204,8 @@ class Registry:
         self.policies: dict[str, HandlerPolicy] = {}  # handlers registered with a policy
         self.workflows: dict[str, dict[str, StepFunction]] = {}
         self.workflow_after: dict[str, dict[str, list[str]] | None] = {}  # None: a list
-        self.workflow_sleeps: dict[str, dict[str, str] | None] = {}  # sleep step -> interval text
+        # sleep step -> interval text, or {"until": time text or {"input": key}}
+        self.workflow_sleeps: dict[str, dict[str, SleepEntry] | None] = {}
         self.workflow_maps: dict[str, dict[str, str | dict[str, str]] | None] = {}  # map step -> what it maps over
         self.workflow_waits: dict[str, dict[str, dict[str, str]] | None] = {}  # wait step -> {"signal", "timeout"}
         self.workflow_steps: dict[str, list[str]] = {}  # every step, sleeps too, in order
@@ -241,7 +251,7 @@ class Registry:
         parsed: dict[str, StepFunction] = {}
         legacy: list[str] = []
         after: dict[str, list[str]] = {}
-        sleeps: dict[str, str] = {}
+        sleeps: dict[str, SleepEntry] = {}
         maps: dict[str, str | dict[str, str]] = {}
         waits: dict[str, dict[str, str]] = {}
         children: dict[str, dict[str, str]] = {}
@@ -295,7 +305,7 @@ class Registry:
                 step_name = check_name(item.name, "step name")
                 if step_name in names:
                     raise InvalidArgument(f"workflow {workflow_name!r} repeats the step name {step_name!r}")
-                sleeps[step_name] = _sleep_interval(item.duration, workflow_name, step_name)
+                sleeps[step_name] = _sleep_entry(item, workflow_name, step_name)
                 names.append(step_name)
                 if item.after is not None:
                     graph = True
@@ -483,6 +493,31 @@ def _wait(item: Wait, workflow: str, step: str) -> dict[str, str]:
             raise InvalidArgument(f"wait step {step!r} of workflow {workflow!r}: on_timeout='continue' needs a timeout")
         wait["on_timeout"] = "continue"
     return wait
+
+
+def _sleep_entry(item: Sleep, workflow: str, step: str) -> SleepEntry:
+    """A Sleep as define_workflow's `sleeps` value: an interval text, or {"until": ...}."""
+    if item.until is None:
+        return _sleep_interval(item.duration, workflow, step)
+    if item.duration is not None:
+        raise InvalidArgument(f"sleep step {step!r} of workflow {workflow!r} takes a duration or until, not both")
+    return {"until": sleep_until(item.until, f"sleep step {step!r} of workflow {workflow!r}")}
+
+
+def sleep_until(value: object, what: str) -> str | dict[str, str]:
+    """A sleep's `until` as define_workflow takes it: a time text, or {"input": key}.
+
+    The database bounds the time (22023 naming the step).
+    """
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise InvalidArgument(f"{what} needs a timezone-aware datetime in until, not a naive one")
+        return value.isoformat()
+    if isinstance(value, Mapping):
+        if list(value) != ["input"]:
+            raise InvalidArgument(f"{what} sleeps until a datetime or {{'input': key}}, not {dict(value)!r}")
+        return {"input": check_name(value["input"], f"{what}'s input key")}
+    raise InvalidArgument(f"{what} sleeps until a datetime or {{'input': key}}, not {type(value).__name__}")
 
 
 def _sleep_interval(value: object, workflow: str, step: str) -> str:

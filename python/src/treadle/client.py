@@ -68,7 +68,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from . import _args, _conn, _json, _otel, _sql
-from ._registry import step_options_entry
+from ._registry import sleep_until, step_options_entry
 from .errors import InvalidArgument, JobNotFound, WorkflowNotFound
 from .models import Explanation, Job, RunExplanation
 
@@ -131,7 +131,9 @@ class WorkflowOptions(TypedDict, total=False):
 
     steps: Sequence[str] | None  # default: the steps a worker registered for the name
     after: Mapping[str, Sequence[str]] | None  # step -> the steps it runs after; None: each after the one before
-    sleeps: Mapping[str, timedelta] | None  # sleep step -> how long it waits (no handler runs it)
+    # sleep step -> how long it waits (no handler runs it), or the datetime it waits until, or
+    # {"input": key}: until the time the input holds under key
+    sleeps: Mapping[str, timedelta | datetime | Mapping[str, str]] | None
     maps: Mapping[str, str | Mapping[str, str]] | None  # map step -> a step (its result, a list), or {"input": key}
     queue: str
     priority: int
@@ -434,11 +436,12 @@ def start_workflow(
     The run's steps are ``steps``, or when None the ones a worker registered for
     ``name``. ``after`` maps a step to the steps it runs after (a graph; a step it
     leaves out starts with the run); without it each step runs after the one
-    before. ``sleeps`` maps a sleep step (no handler runs it) to how long the run
-    waits there. ``maps`` maps a map step to a step it runs after whose result is
-    a list (or to ``{"input": key}``, a list in the input): it runs once per
-    element, and hands on their results in element order. ``waits`` maps a wait
-    step (no handler runs it) to the signal it waits for (`signal`), or to
+    before. ``sleeps`` maps a sleep step (no handler runs it) to how long the run waits
+    there (a timedelta), or to when it wakes: a timezone-aware datetime, or ``{"input":
+    key}``, the time the input holds under that key. ``maps`` maps a map step to a step
+    it runs after whose result is a list (or to ``{"input": key}``, a list in the
+    input): it runs once per element, and hands on their results in element order.
+    ``waits`` maps a wait step (no handler runs it) to the signal it waits for (`signal`), or to
     ``{"signal": name, "timeout": timedelta}``: the run fails when no signal came in
     time (or, with ``"on_timeout": "continue"``, the step completes as
     ``{"timed_out": true}``). ``children`` maps a child step to a workflow name (or
@@ -479,15 +482,21 @@ def start_workflow(
 
 
 def _sleeps(value: Any) -> Jsonb | None:
-    """start_workflow's `sleeps`: a mapping of step name -> timedelta; the database checks the bounds."""
+    """start_workflow's `sleeps`: step name -> timedelta, datetime or {"input": key}; the database checks the bounds."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
         raise InvalidArgument(f"sleeps must be a mapping of step name -> timedelta, not {type(value).__name__}")
-    out = {}
+    out: dict[str, Any] = {}
     for step, duration in value.items():
+        if isinstance(duration, (datetime, Mapping)):
+            out[_args.text(step, "sleeps' step")] = {"until": sleep_until(duration, f"sleeps[{step!r}]")}
+            continue
         if not isinstance(duration, timedelta):
-            raise InvalidArgument(f"sleeps[{step!r}] must be a datetime.timedelta, not {type(duration).__name__}")
+            raise InvalidArgument(
+                f"sleeps[{step!r}] must be a datetime.timedelta, a datetime or {{'input': key}}, "
+                f"not {type(duration).__name__}"
+            )
         interval = f"{duration.days} days {duration.seconds} seconds {duration.microseconds} microseconds"
         out[_args.text(step, "sleeps' step")] = interval
     return Jsonb(out)

@@ -323,10 +323,11 @@ class Worker:
         step runs once the steps it names completed, and receives their results (and those
         of the steps before them); a step without `after` starts with the run. A
         `Sleep(name, timedelta)` step has no handler: the run waits that long in the
-        database. A `Wait(name, signal, timeout=None)` step has no handler either: it
-        completes with the payload of the signal `signal` sent to the run
-        (treadle.signal). A `Child(name, workflow)` step has no handler either: it starts
-        a run of `workflow` and completes with its results. A
+        database (or, with `Sleep(name, until=...)`, until a datetime or the time the
+        run's input holds under a key: `until={"input": key}`). A `Wait(name, signal,
+        timeout=None)` step has no handler either: it completes with the payload of the
+        signal `signal` sent to the run (treadle.signal). A `Child(name, workflow)` step
+        has no handler either: it starts a run of `workflow` and completes with its results. A
         `Compensation(name, fn, undoes=step)` runs only when the run fails for good, to
         undo that step. A step is called as `fn(input, ctx)` with the earlier results on
         `ctx.results`; a `fn(input, results, ctx)` (before 0.4.0) still is, with a
