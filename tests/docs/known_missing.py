@@ -112,4 +112,12 @@ OTHER_VERSION: list[dict[str, str]] = [
         "page": "docs/citus.md",
         "says": "Citus 13.2.2",
     },
+    {
+        "page": "docs/comparison.md",
+        "says": "| 2.30.0 (August 2026) |",
+    },
+    {
+        "page": "docs/comparison.md",
+        "says": "| 0.4.0 (June 2026) |",
+    },
 ]
