@@ -3175,6 +3175,9 @@ BEGIN
             -- of other names is never walked past), then the queue's best of them. Once
             -- `v_want` candidates are held, a further range is read only below the worst
             -- of the best `v_want`, so that rows which could not be taken are not locked.
+            -- (The name leads the ORDER BY, a constant there, so that the one plan left
+            -- without sorts reads jobs_claim_name_idx: with statistics that saw one name,
+            -- the generic plan read jobs_claim_idx and filtered on the name.)
             v_cand := '{}'::bigint[];
             v_cand_p := '{}'::integer[];
             v_cand_at := '{}'::timestamptz[];
@@ -3187,7 +3190,7 @@ BEGIN
                            AND j.name = v_name
                            AND j.state = ANY (ARRAY['available', 'retryable'])
                            AND j.run_at <= v_now
-                         ORDER BY j.priority, j.run_at, j.id
+                         ORDER BY j.name, j.priority, j.run_at, j.id
                          LIMIT v_want
                            FOR UPDATE SKIP LOCKED
                     LOOP
@@ -3203,7 +3206,7 @@ BEGIN
                            AND j.state = ANY (ARRAY['available', 'retryable'])
                            AND j.run_at <= v_now
                            AND (j.priority, j.run_at, j.id) < (v_bound_p, v_bound_at, v_bound_id)
-                         ORDER BY j.priority, j.run_at, j.id
+                         ORDER BY j.name, j.priority, j.run_at, j.id
                          LIMIT v_want
                            FOR UPDATE SKIP LOCKED
                     LOOP
