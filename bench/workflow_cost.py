@@ -1,6 +1,6 @@
 """A workflow run's server CPU and lock waits, this tree's advance path against another revision's.
 
-In one database, before each side the functions of sql/src/045_cycle.sql, 050_finish.sql,
+In one database, before each side the functions of sql/src/040_claim.sql, 045_cycle.sql, 050_finish.sql,
 051_workflow_lists.sql, 070_workflows.sql, 071_workflow_notify.sql and 073_workflow_joins.sql are created again from
 that side's files (`git show REV:...` for the other revision, a file it lacks left out; this
 tree's otherwise), then bench/workflows.py's linear side (--linear-runs runs of a -> b -> c
@@ -26,7 +26,7 @@ from harness import ROOT, database, median, paired_ratio, parser, print_settings
 from workflows import DRAINS, linear_side, parallel_side
 
 TITLE = "A workflow run's server CPU and lock waits: this tree against another revision"
-FILES = ["sql/src/045_cycle.sql", "sql/src/050_finish.sql", "sql/src/051_workflow_lists.sql",
+FILES = ["sql/src/040_claim.sql", "sql/src/045_cycle.sql", "sql/src/050_finish.sql", "sql/src/051_workflow_lists.sql",
          "sql/src/070_workflows.sql", "sql/src/071_workflow_notify.sql", "sql/src/073_workflow_joins.sql"]
 
 
@@ -62,9 +62,9 @@ def main() -> None:
             for r in range(args.runs):
                 order = sides[r % 3 :] + sides[: r % 3]
                 for side in order:
-                    if side != "plain":
-                        with psycopg.connect(db, autocommit=True) as conn:
-                            conn.execute(code[side].encode())
+                    # (plain jobs run on this tree's functions, not on those of the side before them)
+                    with psycopg.connect(db, autocommit=True) as conn:
+                        conn.execute(code["this" if side == "plain" else side].encode())
                     kind = "plain" if side == "plain" else "run"
                     progress(f"round {r + 1}/{args.runs}: {side}")
                     _, cpu = linear_side(db, kind, args.linear_runs, args.batch, f"lin-{r}-{side}", how=args.drain)

@@ -2,7 +2,7 @@
 -- queues and names filters, batch bounds, the claimed row, and bad arguments.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(85);
+SELECT plan(88);
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
@@ -91,6 +91,19 @@ SELECT is((SELECT array_agg(id) FROM treadle.claim('w', ARRAY['nb'], names => AR
           'several names: a queue''s best jobs over all of them, in priority order');
 SELECT is((SELECT array_agg(id) FROM treadle.claim('w', ARRAY['nb'], names => ARRAY['c', 'a'], batch => 5)),
           ARRAY[:nb_a2::bigint, :nb_c2::bigint], 'and the rest after them');
+-- each name's range is read alone: names next to it in sort order, better placed, are not taken
+SELECT treadle.enqueue('b', queue => 'nn', priority => 5) AS nn_b \gset
+SELECT treadle.enqueue('c', queue => 'nn', priority => 4) AS nn_c \gset
+SELECT treadle.enqueue('a', queue => 'nn', priority => 0) AS nn_a \gset
+SELECT treadle.enqueue('ba', queue => 'nn', priority => 0) AS nn_ba \gset
+SELECT treadle.enqueue('bz', queue => 'nn', priority => 1) AS nn_bz \gset
+SELECT treadle.enqueue('ca', queue => 'nn', priority => 0) AS nn_ca \gset
+SELECT is((SELECT array_agg(id) FROM treadle.claim('w', ARRAY['nn'], names => ARRAY['b', 'c'], batch => 1)),
+          ARRAY[:nn_c::bigint], 'several names, one job: the best of those names, not of names beside them');
+SELECT is((SELECT array_agg(id) FROM treadle.claim('w', ARRAY['nn'], names => ARRAY['c', 'b'], batch => 1)),
+          ARRAY[:nn_b::bigint], 'then the next of them');
+SELECT is_empty($$ SELECT * FROM treadle.claim('w', ARRAY['nn'], names => ARRAY['b', 'c'], batch => 3) $$,
+                'then none: a, ba, bz and ca wait');
 
 -- Retryable jobs are claimable when due, not before
 SET LOCAL treadle.now = '2999-01-01 14:00:00+00';

@@ -673,6 +673,13 @@ BEGIN
             -- of other names is never walked past), then the queue's best of them. Once
             -- `v_want` candidates are held, a further range is read only below the worst
             -- of the best `v_want`, so that rows which could not be taken are not locked.
+            -- (Each read bounds the name from both sides, not by `=`, and puts it first in
+            -- the ORDER BY, so that the one plan left without sorts reads
+            -- jobs_claim_name_idx in that order: with `j.name = v_name` the planner drops the
+            -- name from the order, a constant, and when statistics saw few names the
+            -- generic plan read jobs_claim_idx, filtering on the name, past every other
+            -- name's waiting job. A read below the bound has the name in its row
+            -- comparison, which then ends the index scan at the bound.)
             v_cand := '{}'::bigint[];
             v_cand_p := '{}'::integer[];
             v_cand_at := '{}'::timestamptz[];
@@ -682,10 +689,10 @@ BEGIN
                     FOR v_row IN
                         SELECT j.id, j.priority, j.run_at FROM treadle.jobs AS j
                          WHERE j.queue = v_queue
-                           AND j.name = v_name
+                           AND j.name >= v_name AND j.name <= v_name
                            AND j.state = ANY (ARRAY['available', 'retryable'])
                            AND j.run_at <= v_now
-                         ORDER BY j.priority, j.run_at, j.id
+                         ORDER BY j.name, j.priority, j.run_at, j.id
                          LIMIT v_want
                            FOR UPDATE SKIP LOCKED
                     LOOP
@@ -697,11 +704,11 @@ BEGIN
                     FOR v_row IN
                         SELECT j.id, j.priority, j.run_at FROM treadle.jobs AS j
                          WHERE j.queue = v_queue
-                           AND j.name = v_name
+                           AND j.name >= v_name
                            AND j.state = ANY (ARRAY['available', 'retryable'])
                            AND j.run_at <= v_now
-                           AND (j.priority, j.run_at, j.id) < (v_bound_p, v_bound_at, v_bound_id)
-                         ORDER BY j.priority, j.run_at, j.id
+                           AND (j.name, j.priority, j.run_at, j.id) < (v_name, v_bound_p, v_bound_at, v_bound_id)
+                         ORDER BY j.name, j.priority, j.run_at, j.id
                          LIMIT v_want
                            FOR UPDATE SKIP LOCKED
                     LOOP

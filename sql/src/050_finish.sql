@@ -993,6 +993,7 @@ BEGIN
                        lease_until = NULL
                   FROM input AS i
                  WHERE j.id = i.id
+                   AND j.id = ANY (complete_many.job_ids)
                    AND j.state = 'running'
                    AND j.lease_token = i.token
                    AND starts_with(j.queue, v_prefix)
@@ -1027,6 +1028,7 @@ BEGIN
                   FROM input AS i
                  WHERE j.queue = v_queue
                    AND j.id = i.id
+                   AND j.id = ANY (complete_many.job_ids)
                    AND j.state = 'running'
                    AND j.lease_token = i.token
                    AND starts_with(j.queue, v_prefix)
