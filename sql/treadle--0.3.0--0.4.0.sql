@@ -3007,7 +3007,7 @@ DECLARE
     v_bound_at timestamptz;  -- its priority, run_at
     v_bound_id bigint;    -- and id
     -- treadle is distributed by Citus (one setting's read where Citus is not loaded)
-    v_citus   boolean := current_setting('citus.version', true) IS NOT NULL AND treadle._distributed();
+    v_citus   boolean := treadle._on_citus();
 BEGIN
     IF v_citus THEN
         -- (undone when the claim returns, as its SET clauses are)
@@ -4642,7 +4642,7 @@ BEGIN
     IF v_keyed THEN
         PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
     END IF;
-    IF v_steps > 1 AND (current_setting('citus.version', true) IS NULL OR NOT treadle._distributed()) THEN
+    IF v_steps > 1 AND NOT treadle._on_citus() THEN
         v_moved := coalesce(treadle._advance_lists(done), v_moved);  -- 051_workflow_lists.sql
     END IF;
     IF cardinality(v_moved) = cardinality(done) THEN  -- (every row was a list's step)
@@ -5192,7 +5192,7 @@ DECLARE
     v_m_err  text[];
     v_moved  treadle.jobs[];  -- and the rows it wrote
     -- on Citus the cursor is not kept (as the claim's): a rescue reads from the start
-    v_citus  boolean := current_setting('citus.version', true) IS NOT NULL AND treadle._distributed();
+    v_citus  boolean := treadle._on_citus();
 BEGIN
     -- (under REPEATABLE READ or SERIALIZABLE a rescue reads with its transaction's
     -- first snapshot: from the floor, and the floor stays)
@@ -7871,7 +7871,7 @@ BEGIN
         RETURN;
     END IF;
     PERFORM set_config('treadle.steps_written', '', true);
-    IF current_setting('citus.version', true) IS NOT NULL AND treadle._distributed() THEN
+    IF treadle._on_citus() THEN
         -- Citus pushes no correlated subquery with a LIMIT over a distributed table
         -- down to the shards (the statement below fails there): one lookup per step
         v_ids := '{}';
@@ -11920,6 +11920,26 @@ $$;
 COMMENT ON FUNCTION treadle._distributed() IS
     'Whether treadle''s tables are distributed by Citus here (kept for the session once they are).';
 REVOKE ALL ON FUNCTION treadle._distributed() FROM PUBLIC;
+--------------------------------------------------------------------------------
+-- treadle._on_citus() -> boolean
+--
+-- Whether treadle is distributed by Citus here: Citus is loaded (the setting
+-- citus.version exists) and treadle._distributed() says so. The guard of the
+-- statements that differ on Citus (claim, rescue, a finish's follow-up, the
+-- workflow steps' notices). Where Citus is not loaded it is one setting's read:
+-- a SQL-standard body, no SET clause, so the planner inlines it into the calling
+-- expression, which then costs what the expression written out does (VOLATILE, as
+-- treadle._distributed is: a volatile call inside a STABLE body would not be
+-- inlined). Raises nothing.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._on_citus()
+RETURNS boolean
+LANGUAGE sql
+VOLATILE
+RETURN current_setting('citus.version', true) IS NOT NULL AND treadle._distributed();
+COMMENT ON FUNCTION treadle._on_citus() IS
+    'Whether treadle is distributed by Citus here (Citus loaded and treadle._distributed()).';
+REVOKE ALL ON FUNCTION treadle._on_citus() FROM PUBLIC;
 --------------------------------------------------------------------------------
 -- Migration 0.3.0 -> 0.4.0, after the definitions.
 --------------------------------------------------------------------------------

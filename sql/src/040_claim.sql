@@ -505,7 +505,7 @@ DECLARE
     v_bound_at timestamptz;  -- its priority, run_at
     v_bound_id bigint;    -- and id
     -- treadle is distributed by Citus (one setting's read where Citus is not loaded)
-    v_citus   boolean := current_setting('citus.version', true) IS NOT NULL AND treadle._distributed();
+    v_citus   boolean := treadle._on_citus();
 BEGIN
     IF v_citus THEN
         -- (undone when the claim returns, as its SET clauses are)
