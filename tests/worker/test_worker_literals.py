@@ -290,3 +290,27 @@ def test_under_sql_ascii_a_name_treadle_refuses_is_refused_as_when_sent(sql_asci
             assert caught.value.sqlstate == "22023"
         finally:
             pool.close()
+
+
+@pytest.mark.extension_only
+def test_a_sql_ascii_connection_is_refused_with_the_fix_and_utf8_works(sql_ascii_dsn: str, make_worker: Any) -> None:
+    """Under client_encoding SQL_ASCII psycopg returns text as bytes, which treadle does not read
+    (the installed version came back as b'0.4.0', refused as a version): the client's first call
+    and a worker's start raise InvalidArgument naming the fix, and write nothing. With
+    client_encoding=UTF8, the same database runs a worker over a non-ASCII queue."""
+    with psycopg.connect(sql_ascii_dsn, autocommit=True) as conn:
+        with pytest.raises(treadle.InvalidArgument, match="client_encoding=UTF8"):
+            treadle.enqueue(conn, "job", {}, queue="ü")
+        broken: Worker = make_worker(dsn=sql_ascii_dsn, queues=["ü"])
+        broken.register("job", lambda args, ctx: None)
+        with pytest.raises(treadle.InvalidArgument, match="client_encoding SQL_ASCII"):
+            broken.start()
+        assert conn.execute("SELECT count(*) FROM treadle.jobs").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM treadle.workers").fetchone() == (0,)
+    utf8 = sql_ascii_dsn + "?client_encoding=UTF8"
+    with psycopg.connect(utf8, autocommit=True) as conn:
+        job_id = treadle.enqueue(conn, "job", {"who": "ünï"}, queue="ü ï")
+        worker: Worker = make_worker(dsn=utf8, queues=["ü ï"])
+        worker.register("job", lambda args, ctx: {"queue": ctx.queue, "who": args["who"]})
+        worker.start()
+        assert until_state(conn, job_id, "completed")["result"] == {"queue": "ü ï", "who": "ünï"}
