@@ -3,7 +3,7 @@
 -- only the owner may call it. On Citus it is tested by make test-citus (tests/citus).
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(9);
+SELECT plan(12);
 
 \ir helpers.psql
 
@@ -41,6 +41,28 @@ SELECT is(pg_temp.as_role('distribute_admin', $$ SELECT treadle.distribute() $$)
           'an admin may not call it: owner only');
 SELECT is(pg_temp.as_role('distribute_admin', $$ SELECT treadle.distribute(shard_count => 0) $$), '42501',
           'nor learn anything from a bad argument');
+
+-- treadle._on_citus: the one guard of what differs on Citus, inlined where it is called
+SELECT is(treadle._on_citus(), false, 'without Citus, treadle._on_citus() is false');
+CREATE FUNCTION pg_temp.plan_of(statement text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    v_line text;
+    v_plan text := '';
+BEGIN
+    FOR v_line IN EXECUTE 'EXPLAIN (VERBOSE, COSTS OFF) ' || statement LOOP
+        v_plan := v_plan || v_line || E'\n';
+    END LOOP;
+    RETURN v_plan;
+END;
+$$;
+SELECT ok(pg_temp.plan_of('SELECT treadle._on_citus()') LIKE '%current_setting(''citus.version''::text, true) IS NOT NULL%'
+          AND pg_temp.plan_of('SELECT treadle._on_citus()') NOT LIKE '%_on_citus%',
+          'treadle._on_citus() is inlined: a call costs what its expression costs');
+SELECT set_eq(
+    $$ SELECT p.proname::text FROM pg_proc AS p
+        WHERE p.pronamespace = 'treadle'::regnamespace AND p.prosrc LIKE '%citus.version%' $$,
+    ARRAY['_distributed', 'enqueue'],
+    'the functions that differ on Citus ask treadle._on_citus(), but for _distributed and enqueue''s stricter test');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -2920,7 +2920,9 @@ COMMENT ON FUNCTION treadle._claim_setting(text[], text[]) IS
 -- jobs whose names the claimer does not handle is never walked past.
 -- Past a queue that gave nothing, a probe finds the next one holding a due row; the
 -- queues it passed are kept for a second (treadle.claim_passed) and gone past while no
--- row was made claimable since, so a row that only became due waits at most that.
+-- row was made claimable since, so a row that only became due waits at most that. The
+-- second is the server's (statement_timestamp()); a clock moved otherwise
+-- (the setting treadle.now, treadle.now) ends it, a clock held still keeps it.
 -- A paused queue gives nothing; a queue with a concurrency or rate limit gives at
 -- most the room it has left (treadle._queue_room, treadle.set_queue).
 --
@@ -3030,7 +3032,7 @@ DECLARE
     v_bound_at timestamptz;  -- its priority, run_at
     v_bound_id bigint;    -- and id
     -- treadle is distributed by Citus (one setting's read where Citus is not loaded)
-    v_citus   boolean := current_setting('citus.version', true) IS NOT NULL AND treadle._distributed();
+    v_citus   boolean := treadle._on_citus();
 BEGIN
     IF v_citus THEN
         -- (undone when the claim returns, as its SET clauses are)
@@ -3273,24 +3275,33 @@ BEGIN
         -- there every statement that reads jobs names one queue.)
         IF coalesce(cardinality(v_got), 0) = 0 AND v_count - v_i > c_probe AND NOT v_citus THEN
             -- The queues this session's last probe passed (treadle.claim_passed: the mode's
-            -- setting name, when, the probe's snapshot, and the queues as a start and a count
-            -- in queues' order) held no due row: while that is less than c_passed_for old
-            -- and no row was made claimable since its snapshot (ready_txid at or above its
-            -- xmax, or in its xip: a commit's enqueue, retry, release or rescue, anywhere),
-            -- they hold none still, but for rows that only became due meanwhile, which wait
-            -- until it ends. So a claim whose turn falls in them goes on after them, where a
-            -- probe would visit each (the session's claims over 1,000 queues of which one
-            -- holds work probe once a second). Read once per claim, tested field by
-            -- field before any cast: a setting changed by hand may delay this session's
-            -- claims by c_passed_for at most, never raise.
+            -- setting name, when by treadle's clock, the probe's snapshot, the queues as a
+            -- start and a count in queues' order, and when by the server's) held no due row:
+            -- while that is less than c_passed_for old by the server's time
+            -- (statement_timestamp()), treadle's clock moved with the server's or stood still
+            -- (a test's clock held), and no row was made claimable since its snapshot
+            -- (ready_txid at or above its xmax, or in its xip: a commit's enqueue, retry,
+            -- release or rescue, anywhere), they hold none still, but for rows that only
+            -- became due meanwhile, which wait until it ends (a clock moved otherwise, as a
+            -- test moves it, may have made any row due: it ends it). So a claim whose turn
+            -- falls in them goes on after them, where a probe would visit each (the
+            -- session's claims over 1,000 queues of which one holds work probe once a
+            -- second). Read once per claim, tested field by field before any cast: a setting
+            -- changed by hand may delay this session's claims by c_passed_for at most,
+            -- never raise.
             IF v_passed IS NULL THEN
                 v_passed := string_to_array(coalesce(current_setting('treadle.claim_passed', true), ''), '/');
-                IF NOT (cardinality(v_passed) = 6 AND v_room IS NULL AND v_passed[1] = v_setting
+                IF NOT (cardinality(v_passed) = 7 AND v_room IS NULL AND v_passed[1] = v_setting
                         AND v_passed[2] ~ '^[0-9]{1,18}$' AND v_passed[3] ~ '^[0-9]{1,18}$'
                         AND v_passed[4] ~ '^([0-9]{1,18}(,[0-9]{1,18})*)?$'
-                        AND v_passed[5] ~ '^[0-9]{1,9}$' AND v_passed[6] ~ '^[0-9]{1,9}$') THEN
+                        AND v_passed[5] ~ '^[0-9]{1,9}$' AND v_passed[6] ~ '^[0-9]{1,9}$'
+                        AND v_passed[7] ~ '^[0-9]{1,18}$') THEN
                     v_passed := '{}';
-                ELSIF NOT (v_passed[2]::bigint BETWEEN treadle._us(v_now) - c_passed_for AND treadle._us(v_now)
+                ELSIF NOT (v_passed[7]::bigint BETWEEN treadle._us(statement_timestamp()) - c_passed_for
+                                                   AND treadle._us(statement_timestamp())
+                           AND (v_passed[2]::bigint = treadle._us(v_now)
+                                OR v_passed[2]::bigint - v_passed[7]::bigint
+                                   = treadle._us(v_now) - treadle._us(statement_timestamp()))
                            AND v_passed[5]::integer < v_count AND v_passed[6]::integer <= v_count)
                       OR EXISTS (SELECT FROM treadle.jobs AS j
                                   WHERE j.state = ANY (ARRAY['available', 'retryable'])
@@ -3301,7 +3312,7 @@ BEGIN
                     v_passed := '{}';
                 END IF;
             END IF;
-            v_d := CASE WHEN cardinality(v_passed) = 6
+            v_d := CASE WHEN cardinality(v_passed) = 7
                         THEN ((v_first + v_i - v_passed[5]::integer) % v_count + v_count) % v_count END;
             IF v_d < v_passed[6]::integer THEN
                 EXIT WHEN v_i + v_passed[6]::integer - v_d >= v_count;
@@ -3354,7 +3365,8 @@ BEGIN
                                    array_to_string(ARRAY(SELECT x.x::text FROM pg_snapshot_xip(v_snap) AS x(x)
                                                          UNION ALL
                                                          SELECT pg_current_xact_id_if_assigned()::text), ','),
-                                   (v_first + v_i) % v_count, coalesce(v_next, v_count) - v_i), false);
+                                   (v_first + v_i) % v_count, coalesce(v_next, v_count) - v_i,
+                                   treadle._us(statement_timestamp())), false);
             END IF;
             EXIT WHEN v_next IS NULL;
             v_i := v_next;
@@ -4669,7 +4681,7 @@ BEGIN
     IF v_keyed THEN
         PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
     END IF;
-    IF v_steps > 1 AND (current_setting('citus.version', true) IS NULL OR NOT treadle._distributed()) THEN
+    IF v_steps > 1 AND NOT treadle._on_citus() THEN
         v_moved := coalesce(treadle._advance_lists(done), v_moved);  -- 051_workflow_lists.sql
     END IF;
     IF cardinality(v_moved) = cardinality(done) THEN  -- (every row was a list's step)
@@ -5221,7 +5233,7 @@ DECLARE
     v_m_err  text[];
     v_moved  treadle.jobs[];  -- and the rows it wrote
     -- on Citus the cursor is not kept (as the claim's): a rescue reads from the start
-    v_citus  boolean := current_setting('citus.version', true) IS NOT NULL AND treadle._distributed();
+    v_citus  boolean := treadle._on_citus();
 BEGIN
     -- (under REPEATABLE READ or SERIALIZABLE a rescue reads with its transaction's
     -- first snapshot: from the floor, and the floor stays)
@@ -7931,7 +7943,7 @@ BEGIN
         RETURN;
     END IF;
     PERFORM set_config('treadle.steps_written', '', true);
-    IF current_setting('citus.version', true) IS NOT NULL AND treadle._distributed() THEN
+    IF treadle._on_citus() THEN
         -- Citus pushes no correlated subquery with a LIMIT over a distributed table
         -- down to the shards (the statement below fails there): one lookup per step
         v_ids := '{}';
@@ -12150,6 +12162,26 @@ $$;
 COMMENT ON FUNCTION treadle._distributed() IS
     'Whether treadle''s tables are distributed by Citus here (kept for the session once they are).';
 REVOKE ALL ON FUNCTION treadle._distributed() FROM PUBLIC;
+--------------------------------------------------------------------------------
+-- treadle._on_citus() -> boolean
+--
+-- Whether treadle is distributed by Citus here: Citus is loaded (the setting
+-- citus.version exists) and treadle._distributed() says so. The guard of the
+-- statements that differ on Citus (claim, rescue, a finish's follow-up, the
+-- workflow steps' notices). Where Citus is not loaded it is one setting's read:
+-- a SQL-standard body, no SET clause, so the planner inlines it into the calling
+-- expression, which then costs what the expression written out does (VOLATILE, as
+-- treadle._distributed is: a volatile call inside a STABLE body would not be
+-- inlined). Raises nothing.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._on_citus()
+RETURNS boolean
+LANGUAGE sql
+VOLATILE
+RETURN current_setting('citus.version', true) IS NOT NULL AND treadle._distributed();
+COMMENT ON FUNCTION treadle._on_citus() IS
+    'Whether treadle is distributed by Citus here (Citus loaded and treadle._distributed()).';
+REVOKE ALL ON FUNCTION treadle._on_citus() FROM PUBLIC;
 --------------------------------------------------------------------------------
 -- Migration 0.3.0 -> 0.4.0, after the definitions.
 --------------------------------------------------------------------------------

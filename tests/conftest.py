@@ -29,6 +29,7 @@ no test can slip into `make test-fast`'s tier by forgetting its marker.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -92,6 +93,35 @@ class NewDatabase(Protocol):
     """new_database(template=TEMPLATE) -> the URL of a new database on the test server."""
 
     def __call__(self, template: str | None = TEMPLATE) -> str: ...
+
+
+def _own_handlers(logger: logging.Logger) -> list[logging.Handler]:
+    """`logger`'s handlers but pytest's own (its capture, live logging), which it adds and removes by phase."""
+    return [h for h in logger.handlers if not type(h).__module__.startswith("_pytest")]
+
+
+@pytest.fixture(autouse=True)
+def root_logging_kept() -> Iterator[None]:
+    """A test leaves the root logger as it found it (its handlers, its level).
+
+    A handler added by code run in-process (the CLI's `worker` configures logging) keeps the
+    stream it was given: the test's captured stderr, closed when the test ends. Every later
+    record at its level, in any test of the process, then prints `--- Logging error ---`.
+    The test fails, and the root logger is put back for the tests after it.
+    """
+    root = logging.getLogger()
+    handlers, level = _own_handlers(root), root.level
+    yield
+    added = [h for h in _own_handlers(root) if h not in handlers]
+    changed = (added, root.level) != ([], level) or any(h not in root.handlers for h in handlers)
+    for handler in added:
+        root.removeHandler(handler)
+        handler.close()
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
+    assert not changed, f"the test changed the root logger: handlers added {added}, level {logging.getLevelName(level)}"
 
 
 def with_db(url: str, dbname: str) -> str:

@@ -393,7 +393,9 @@ COMMENT ON FUNCTION treadle._claim_setting(text[], text[]) IS
 -- jobs whose names the claimer does not handle is never walked past.
 -- Past a queue that gave nothing, a probe finds the next one holding a due row; the
 -- queues it passed are kept for a second (treadle.claim_passed) and gone past while no
--- row was made claimable since, so a row that only became due waits at most that.
+-- row was made claimable since, so a row that only became due waits at most that. The
+-- second is the server's (statement_timestamp()); a clock moved otherwise
+-- (the setting treadle.now, treadle.now) ends it, a clock held still keeps it.
 -- A paused queue gives nothing; a queue with a concurrency or rate limit gives at
 -- most the room it has left (treadle._queue_room, treadle.set_queue).
 --
@@ -503,7 +505,7 @@ DECLARE
     v_bound_at timestamptz;  -- its priority, run_at
     v_bound_id bigint;    -- and id
     -- treadle is distributed by Citus (one setting's read where Citus is not loaded)
-    v_citus   boolean := current_setting('citus.version', true) IS NOT NULL AND treadle._distributed();
+    v_citus   boolean := treadle._on_citus();
 BEGIN
     IF v_citus THEN
         -- (undone when the claim returns, as its SET clauses are)
@@ -746,24 +748,33 @@ BEGIN
         -- there every statement that reads jobs names one queue.)
         IF coalesce(cardinality(v_got), 0) = 0 AND v_count - v_i > c_probe AND NOT v_citus THEN
             -- The queues this session's last probe passed (treadle.claim_passed: the mode's
-            -- setting name, when, the probe's snapshot, and the queues as a start and a count
-            -- in queues' order) held no due row: while that is less than c_passed_for old
-            -- and no row was made claimable since its snapshot (ready_txid at or above its
-            -- xmax, or in its xip: a commit's enqueue, retry, release or rescue, anywhere),
-            -- they hold none still, but for rows that only became due meanwhile, which wait
-            -- until it ends. So a claim whose turn falls in them goes on after them, where a
-            -- probe would visit each (the session's claims over 1,000 queues of which one
-            -- holds work probe once a second). Read once per claim, tested field by
-            -- field before any cast: a setting changed by hand may delay this session's
-            -- claims by c_passed_for at most, never raise.
+            -- setting name, when by treadle's clock, the probe's snapshot, the queues as a
+            -- start and a count in queues' order, and when by the server's) held no due row:
+            -- while that is less than c_passed_for old by the server's time
+            -- (statement_timestamp()), treadle's clock moved with the server's or stood still
+            -- (a test's clock held), and no row was made claimable since its snapshot
+            -- (ready_txid at or above its xmax, or in its xip: a commit's enqueue, retry,
+            -- release or rescue, anywhere), they hold none still, but for rows that only
+            -- became due meanwhile, which wait until it ends (a clock moved otherwise, as a
+            -- test moves it, may have made any row due: it ends it). So a claim whose turn
+            -- falls in them goes on after them, where a probe would visit each (the
+            -- session's claims over 1,000 queues of which one holds work probe once a
+            -- second). Read once per claim, tested field by field before any cast: a setting
+            -- changed by hand may delay this session's claims by c_passed_for at most,
+            -- never raise.
             IF v_passed IS NULL THEN
                 v_passed := string_to_array(coalesce(current_setting('treadle.claim_passed', true), ''), '/');
-                IF NOT (cardinality(v_passed) = 6 AND v_room IS NULL AND v_passed[1] = v_setting
+                IF NOT (cardinality(v_passed) = 7 AND v_room IS NULL AND v_passed[1] = v_setting
                         AND v_passed[2] ~ '^[0-9]{1,18}$' AND v_passed[3] ~ '^[0-9]{1,18}$'
                         AND v_passed[4] ~ '^([0-9]{1,18}(,[0-9]{1,18})*)?$'
-                        AND v_passed[5] ~ '^[0-9]{1,9}$' AND v_passed[6] ~ '^[0-9]{1,9}$') THEN
+                        AND v_passed[5] ~ '^[0-9]{1,9}$' AND v_passed[6] ~ '^[0-9]{1,9}$'
+                        AND v_passed[7] ~ '^[0-9]{1,18}$') THEN
                     v_passed := '{}';
-                ELSIF NOT (v_passed[2]::bigint BETWEEN treadle._us(v_now) - c_passed_for AND treadle._us(v_now)
+                ELSIF NOT (v_passed[7]::bigint BETWEEN treadle._us(statement_timestamp()) - c_passed_for
+                                                   AND treadle._us(statement_timestamp())
+                           AND (v_passed[2]::bigint = treadle._us(v_now)
+                                OR v_passed[2]::bigint - v_passed[7]::bigint
+                                   = treadle._us(v_now) - treadle._us(statement_timestamp()))
                            AND v_passed[5]::integer < v_count AND v_passed[6]::integer <= v_count)
                       OR EXISTS (SELECT FROM treadle.jobs AS j
                                   WHERE j.state = ANY (ARRAY['available', 'retryable'])
@@ -774,7 +785,7 @@ BEGIN
                     v_passed := '{}';
                 END IF;
             END IF;
-            v_d := CASE WHEN cardinality(v_passed) = 6
+            v_d := CASE WHEN cardinality(v_passed) = 7
                         THEN ((v_first + v_i - v_passed[5]::integer) % v_count + v_count) % v_count END;
             IF v_d < v_passed[6]::integer THEN
                 EXIT WHEN v_i + v_passed[6]::integer - v_d >= v_count;
@@ -827,7 +838,8 @@ BEGIN
                                    array_to_string(ARRAY(SELECT x.x::text FROM pg_snapshot_xip(v_snap) AS x(x)
                                                          UNION ALL
                                                          SELECT pg_current_xact_id_if_assigned()::text), ','),
-                                   (v_first + v_i) % v_count, coalesce(v_next, v_count) - v_i), false);
+                                   (v_first + v_i) % v_count, coalesce(v_next, v_count) - v_i,
+                                   treadle._us(statement_timestamp())), false);
             END IF;
             EXIT WHEN v_next IS NULL;
             v_i := v_next;

@@ -732,7 +732,7 @@ BEGIN
     IF v_keyed THEN
         PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
     END IF;
-    IF v_steps > 1 AND (current_setting('citus.version', true) IS NULL OR NOT treadle._distributed()) THEN
+    IF v_steps > 1 AND NOT treadle._on_citus() THEN
         v_moved := coalesce(treadle._advance_lists(done), v_moved);  -- 051_workflow_lists.sql
     END IF;
     IF cardinality(v_moved) = cardinality(done) THEN  -- (every row was a list's step)
@@ -1284,7 +1284,7 @@ DECLARE
     v_m_err  text[];
     v_moved  treadle.jobs[];  -- and the rows it wrote
     -- on Citus the cursor is not kept (as the claim's): a rescue reads from the start
-    v_citus  boolean := current_setting('citus.version', true) IS NOT NULL AND treadle._distributed();
+    v_citus  boolean := treadle._on_citus();
 BEGIN
     -- (under REPEATABLE READ or SERIALIZABLE a rescue reads with its transaction's
     -- first snapshot: from the floor, and the floor stays)

@@ -112,7 +112,7 @@ BEGIN
         RETURN;
     END IF;
     PERFORM set_config('treadle.steps_written', '', true);
-    IF current_setting('citus.version', true) IS NOT NULL AND treadle._distributed() THEN
+    IF treadle._on_citus() THEN
         -- Citus pushes no correlated subquery with a LIMIT over a distributed table
         -- down to the shards (the statement below fails there): one lookup per step
         v_ids := '{}';

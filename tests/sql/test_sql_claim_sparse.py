@@ -131,37 +131,65 @@ def claim_from(conn: psycopg.Connection[Any], first: int, names: list[str] | Non
     return claim(conn, names)
 
 
+def hold_clock(conn: psycopg.Connection[Any], at: Any) -> None:
+    conn.execute("select set_config('treadle.now', %s, false)", (at.isoformat(),))
+
+
 @pytest.mark.parametrize("names", [None, ["work"], ["work", "other"]])
-def test_queues_a_probe_passed_are_gone_past_until_the_memory_ends(connect: Connect, names: list[str] | None) -> None:
+def test_queues_a_probe_passed_are_gone_past_for_a_second_of_the_servers_time(
+    connect: Connect, names: list[str] | None
+) -> None:
+    """With treadle's clock held still, the memory holds for a second of the server's time, not for ever.
+
+    (Rows made due here by hand, without a new ready_txid: what the memory is blind to.)"""
     conn = connect()
     t = conn.execute("select clock_timestamp() + interval '1 minute'").fetchone()[0]  # type: ignore[index]
-    conn.execute("select set_config('treadle.now', %s, false)", (t.isoformat(),))
-    first, second = put(conn, "sparse-150", 2)
-    (soon,) = [
-        r[0]
-        for r in conn.execute(
-            "select treadle.enqueue('work', '{}'::jsonb, queue => 'sparse-100', run_at => %s::timestamptz"
-            " + interval '500 ms')",
-            (t,),
-        ).fetchall()
-    ]
+    hold_clock(conn, t)
+    first, second, third = put(conn, "sparse-150", 3)
+    (later,) = put(conn, "sparse-100", due=False)
     assert claim_from(conn, 0, names) == [("sparse-150", first)]
     setting = conn.execute("select treadle._claim_setting(%s::text[], %s::text[])", (QUEUES, names)).fetchone()
     memory = passed(conn)
-    assert memory[0] == setting[0] and memory[4:] == ["1", "149"], memory  # type: ignore[index]
-    # 600 ms on: sparse-100's row is due, but the memory holds and the claim goes past it
-    conn.execute("select set_config('treadle.now', %s, false)", ((t + timedelta(milliseconds=600)).isoformat(),))
+    assert memory[0] == setting[0] and memory[4:6] == ["1", "149"], memory  # type: ignore[index]
+    conn.execute("update treadle.jobs set run_at = %s::timestamptz - interval '1 second' where id = %s", (t, later))
+    # the clock held, well inside the second: the memory holds and the claim goes past sparse-100
     assert claim_from(conn, 0, names) == [("sparse-150", second)]
-    # past the memory's second: probed again, and found
-    conn.execute("select set_config('treadle.now', %s, false)", ((t + timedelta(milliseconds=1100)).isoformat(),))
-    assert claim_from(conn, 0, names) == [("sparse-100", soon)]
+    # the clock still held, but the server's second over: probed again, and found
+    conn.execute("select pg_sleep(1.05)")
+    assert claim_from(conn, 0, names) == [("sparse-100", later)]
+    assert claim_from(conn, 0, names) == [("sparse-150", third)]
+
+
+@pytest.mark.parametrize("step", ["1 microsecond", "600 milliseconds", "-1 second"])
+def test_a_clock_moved_ends_the_memory(connect: Connect, step: str) -> None:
+    """A test that moves treadle's clock can claim at once every job due by the moved clock.
+
+    (Moved back, a job is made due by hand, without a new ready_txid: none could become due
+    by the clock alone.)"""
+    conn = connect()
+    t = conn.execute("select clock_timestamp() + interval '1 minute'").fetchone()[0]  # type: ignore[index]
+    moved = t + (timedelta(microseconds=1) if step == "1 microsecond" else timedelta(milliseconds=600))
+    if step == "-1 second":
+        moved = t - timedelta(seconds=1)
+    hold_clock(conn, t)
+    first, _ = put(conn, "sparse-150", 2)
+    (soon,) = conn.execute(
+        "select treadle.enqueue('work', '{}'::jsonb, queue => 'sparse-100', run_at => %s::timestamptz)",
+        (max(moved, t + timedelta(microseconds=1)),),
+    ).fetchone()  # type: ignore[misc]
+    assert claim_from(conn, 0) == [("sparse-150", first)]
+    assert passed(conn)[4:6] == ["1", "149"]
+    if moved < t:
+        conn.execute("update treadle.jobs set run_at = %s where id = %s", (moved, soon))
+    hold_clock(conn, moved)
+    assert claim_from(conn, 0) == [("sparse-100", soon)]
 
 
 def test_a_row_made_claimable_since_the_probe_ends_the_memory(connect: Connect) -> None:
     conn = connect()
     first, _ = put(conn, "sparse-150", 2)
     assert claim_from(conn, 0) == [("sparse-150", first)]
-    assert passed(conn)[4:] == ["1", "149"]
+    assert passed(conn)[4:6] == ["1", "149"]
     (late,) = put(conn, "sparse-100")
     assert claim_from(conn, 0) == [("sparse-100", late)]
 
@@ -194,6 +222,9 @@ def test_a_row_the_claims_own_transaction_makes_claimable_ends_the_memory(connec
         "{key}/{now}/{xmax}/,/0/5",
         "treadle.claim_0/{now}/{xmax}//0/200",
         "{key}/{now}/{xmax}//0/200/1",
+        "{key}/{now}/{xmax}//0/5/{now}/1",
+        "{key}/{now}/{xmax}//0/5/x",
+        "{key}/{now}/{xmax}//0/5/99999999999999999999",
     ],
 )
 def test_a_setting_changed_by_hand_never_raises(connect: Connect, value: str) -> None:
@@ -213,7 +244,7 @@ def test_a_memory_set_by_hand_delays_only_its_own_session(connect: Connect) -> N
     key = conn.execute("select treadle._claim_setting(%s::text[], null)", (QUEUES,)).fetchone()[0]  # type: ignore[index]
     conn.execute(
         "select set_config('treadle.claim_passed', concat_ws('/', %s::text, treadle._us(treadle.now()),"
-        " pg_snapshot_xmax(pg_current_snapshot()), '', 1, 199), false)",
+        " pg_snapshot_xmax(pg_current_snapshot()), '', 1, 199, treadle._us(statement_timestamp())), false)",
         (key,),
     )
     assert claim_from(conn, 0) == []  # every queue but sparse-0 counted as passed
@@ -320,7 +351,7 @@ def test_a_row_made_claimable_again_by_any_route_is_claimed_at_once(connect: Con
     made_claimable, job = route(conn, other)
     assert claim_from(conn, 0) == [("sparse-150", bait[0])]
     if route not in (_by_resume, _by_a_limit_raised):  # (a paused or limited queue: no probe memory)
-        assert passed(conn)[4:] == ["1", "149"], "the probe passed sparse-100"
+        assert passed(conn)[4:6] == ["1", "149"], "the probe passed sparse-100"
     made_claimable()
     (expected,) = job if isinstance(job, list) else [job]
     assert claim_from(conn, 0) == [("sparse-100", expected)]

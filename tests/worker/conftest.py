@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -59,3 +61,25 @@ def spawn(dsn: str, tmp_path: Path) -> Iterator[Callable[..., Child]]:
     yield start
     for child in children:
         child.kill()
+
+
+THREAD_PATIENCE = 10.0  # seconds a thread a test started has to end once the test's fixtures stopped it
+
+
+@pytest.fixture(autouse=True)
+def threads_end_with_the_test() -> Iterator[None]:
+    """Every thread a test starts (a worker's, its handlers', a helper's) ends with the test.
+
+    One left running logs into the output of the tests after it, or after pytest closed the
+    streams it captured with. The test's own fixtures stop what they started (make_worker
+    stops its workers); this runs after them, waits THREAD_PATIENCE seconds at most for
+    each thread to end, and fails the test for those still running.
+    """
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + THREAD_PATIENCE
+    started = [thread for thread in threading.enumerate() if thread not in before]
+    for thread in started:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    left = [thread.name for thread in started if thread.is_alive()]
+    assert not left, f"threads the test started still run after it: {left}"

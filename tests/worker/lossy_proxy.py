@@ -29,8 +29,10 @@ class LossyProxy:
         self._marker = b""
         self._times = 0
         self.lost = 0  # answers lost so far
-        self._closed = False
-        threading.Thread(target=self._accept, name="lossy-proxy", daemon=True).start()
+        self._closed = threading.Event()
+        self._sockets: list[socket.socket] = []  # every connection's two ends, shut when the proxy closes
+        self._threads = [threading.Thread(target=self._accept, name="lossy-proxy", daemon=True)]
+        self._threads[0].start()
 
     def lose(self, marker: str, times: int = 1) -> None:
         """Lose the answers to the next `times` statements whose text contains `marker`."""
@@ -41,8 +43,15 @@ class LossyProxy:
         return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}?sslmode=disable&gssencmode=disable"
 
     def close(self) -> None:
-        self._closed = True
-        self._listener.close()
+        """Stop accepting, cut every connection, and wait for the proxy's threads to end."""
+        self._closed.set()
+        _shut(self._listener)  # (shutdown wakes the accept that close alone leaves waiting)
+        with self._lock:
+            sockets, threads = list(self._sockets), list(self._threads)
+        for sock in sockets:
+            _shut(sock)
+        for thread in threads:
+            thread.join(10)
 
     def _take_trigger(self, data: bytes) -> bool:
         with self._lock:
@@ -52,7 +61,7 @@ class LossyProxy:
             return False
 
     def _accept(self) -> None:
-        while not self._closed:
+        while not self._closed.is_set():
             try:
                 client, _ = self._listener.accept()
             except OSError:
@@ -63,8 +72,23 @@ class LossyProxy:
                 client.close()
                 continue
             doomed = threading.Event()
-            threading.Thread(target=self._upstream, args=(client, server, doomed), daemon=True).start()
-            threading.Thread(target=self._downstream, args=(server, client, doomed), daemon=True).start()
+            pair = [
+                threading.Thread(
+                    target=self._upstream, args=(client, server, doomed), name="lossy-proxy-up", daemon=True
+                ),
+                threading.Thread(
+                    target=self._downstream, args=(server, client, doomed), name="lossy-proxy-down", daemon=True
+                ),
+            ]
+            with self._lock:
+                if self._closed.is_set():
+                    _shut(client)
+                    _shut(server)
+                    return
+                self._sockets += [client, server]
+                self._threads += pair
+                for thread in pair:
+                    thread.start()
 
     def _upstream(self, client: socket.socket, server: socket.socket, doomed: threading.Event) -> None:
         """Client to server, as is; a statement with the marker dooms its answer."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +178,24 @@ def test_a_target_that_is_not_a_worker_is_refused(
         load_worker(target, dsn)
 
 
-def test_treadle_worker_reports_a_bad_target(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.fixture
+def cli_logging_undone() -> Iterator[None]:
+    """`treadle worker` run in-process configures the root logger, as a program's entry point does
+    (a handler on this test's captured stderr, closed when the test ends): put it back as it was."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    for handler in root.handlers[:]:
+        if handler not in handlers:
+            root.removeHandler(handler)
+            handler.close()
+    for handler in handlers:
+        if handler not in root.handlers and not type(handler).__module__.startswith("_pytest"):
+            root.addHandler(handler)  # (pytest's own it adds again itself, phase by phase)
+    root.setLevel(level)
+
+
+def test_treadle_worker_reports_a_bad_target(capsys: pytest.CaptureFixture[str], cli_logging_undone: None) -> None:
     assert main(["worker", "no_such_module_here"]) == 1
     assert "treadle: error: cannot import 'no_such_module_here'" in capsys.readouterr().err
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 import treadle
 from tests.worker.worker_support import until_state
@@ -223,3 +225,92 @@ def test_the_longest_list_of_the_longest_names_claims_the_same_written_in_or_sen
         query, params = claim.query(prepared, {"batch": 1, "lease_token": str(uuid.uuid4())})
         rows = conn.execute(query, params).fetchall()
         assert [(r[0], r[1]) for r in rows] == [(job, queues[-1])]
+
+
+@pytest.fixture
+def sql_ascii_dsn(pg_server: str) -> Iterator[str]:
+    """A database whose encoding is SQL_ASCII (so is a connection's client_encoding), treadle installed."""
+    name = f"treadle_t_ascii_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server, autocommit=True) as server:
+        server.execute(
+            sql.SQL("CREATE DATABASE {} ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0").format(
+                sql.Identifier(name)
+            )
+        )
+    try:
+        url = pg_server.rsplit("/", 1)[0] + "/" + name
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION treadle")
+        yield url
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as server:
+            server.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.mark.extension_only
+@pytest.mark.parametrize("queue", ["plain", "ünïcødé", "q'ü"])
+def test_under_sql_ascii_names_the_text_cannot_carry_are_sent_as_parameters(sql_ascii_dsn: str, queue: str) -> None:
+    """psycopg writes a statement's text in ASCII under SQL_ASCII, but sends a str parameter as
+    UTF-8: the worker's claim written in raised UnicodeEncodeError for a name outside ASCII. It is
+    sent as parameters there, and claims what it claims with parameters."""
+    with psycopg.connect(sql_ascii_dsn, autocommit=True) as conn:
+        assert conn.info.encoding == "ascii"
+        claim, cycle = claim_statements("w", [queue, "other"], ["job"], timedelta(seconds=30))
+        pool = WorkerPool(sql_ascii_dsn, "literals test", 1, prepared_statements=True)
+        pool.open()
+        try:
+            for prepared_now in (False, True, True):  # (psycopg prepares a statement on its second run)
+                (job,) = conn.execute("SELECT treadle.enqueue('job', queue => %s)", [queue]).fetchone()  # type: ignore[misc]
+                [row] = pool.tuples(claim, {"batch": 1, "lease_token": None})
+                assert (row[0], row[1]) == (job, queue.encode()), "the same queue, its UTF-8 bytes stored as sent"
+                assert row[2] == b"job"
+                (token,) = conn.execute("SELECT lease_token FROM treadle.jobs WHERE id = %s", [job]).fetchone()  # type: ignore[misc]
+                args: dict[str, Any] = {"job_ids": bigint_array([job]), "lease_tokens": uuid_array([token])}
+                args |= {"results": None, "job_queues": text_array([queue]), "batch": 1, "lease_token": None}
+                assert [r[:2] for r in pool.tuples(cycle, args)] == [(job, b"completed")]
+                (state,) = conn.execute("SELECT state FROM treadle.jobs WHERE id = %s", [job]).fetchone()  # type: ignore[misc]
+                assert state == b"completed", prepared_now
+            written, _ = claim.query(True, {}, conn)
+            assert (written == claim.written) == queue.isascii()
+        finally:
+            pool.close()
+
+
+@pytest.mark.extension_only
+def test_under_sql_ascii_a_name_treadle_refuses_is_refused_as_when_sent(sql_ascii_dsn: str) -> None:
+    """✓'s UTF-8 bytes hold one that a SQL_ASCII server reads as a control character: refused with
+    22023 written in or sent, never a UnicodeEncodeError of the client."""
+    claim, _ = claim_statements("w", ["ok ✓"], ["job"], timedelta(seconds=30))
+    for prepared in (False, True):
+        pool = WorkerPool(sql_ascii_dsn, "literals test", 1, prepared_statements=prepared)
+        pool.open()
+        try:
+            with pytest.raises(psycopg.Error) as caught:
+                pool.tuples(claim, {"batch": 1, "lease_token": None})
+            assert caught.value.sqlstate == "22023"
+        finally:
+            pool.close()
+
+
+@pytest.mark.extension_only
+def test_a_sql_ascii_connection_is_refused_with_the_fix_and_utf8_works(sql_ascii_dsn: str, make_worker: Any) -> None:
+    """Under client_encoding SQL_ASCII psycopg returns text as bytes, which treadle does not read
+    (the installed version came back as b'0.4.0', refused as a version): the client's first call
+    and a worker's start raise InvalidArgument naming the fix, and write nothing. With
+    client_encoding=UTF8, the same database runs a worker over a non-ASCII queue."""
+    with psycopg.connect(sql_ascii_dsn, autocommit=True) as conn:
+        with pytest.raises(treadle.InvalidArgument, match="client_encoding=UTF8"):
+            treadle.enqueue(conn, "job", {}, queue="ü")
+        broken: Worker = make_worker(dsn=sql_ascii_dsn, queues=["ü"])
+        broken.register("job", lambda args, ctx: None)
+        with pytest.raises(treadle.InvalidArgument, match="client_encoding SQL_ASCII"):
+            broken.start()
+        assert conn.execute("SELECT count(*) FROM treadle.jobs").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM treadle.workers").fetchone() == (0,)
+    utf8 = sql_ascii_dsn + "?client_encoding=UTF8"
+    with psycopg.connect(utf8, autocommit=True) as conn:
+        job_id = treadle.enqueue(conn, "job", {"who": "ünï"}, queue="ü ï")
+        worker: Worker = make_worker(dsn=utf8, queues=["ü ï"])
+        worker.register("job", lambda args, ctx: {"queue": ctx.queue, "who": args["who"]})
+        worker.start()
+        assert until_state(conn, job_id, "completed")["result"] == {"queue": "ü ï", "who": "ünï"}

@@ -7,7 +7,7 @@ from typing import Any, Final
 import psycopg
 from psycopg.rows import tuple_row
 
-from .errors import ExtensionMissing, UnsupportedVersion
+from .errors import ExtensionMissing, InvalidArgument, UnsupportedVersion
 
 # the extension versions this client speaks (older ones lack functions it calls)
 SUPPORTED_VERSIONS: Final = frozenset({"0.4.0"})
@@ -27,7 +27,9 @@ EXTENSION_VERSION: Final = (
 
 
 def read_extension_version(conn: psycopg.Connection[Any]) -> None:
-    """Raise ExtensionMissing or UnsupportedVersion unless `conn`'s database has a treadle this package speaks."""
+    """Raise ExtensionMissing or UnsupportedVersion unless `conn`'s database has a treadle this package speaks
+    (InvalidArgument for a connection whose text comes back as bytes: check_encoding)."""
+    check_encoding(conn.info.encoding, conn.info.dbname)
     # the caller's connection may have any row factory: ask for a tuple
     with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(EXTENSION_VERSION)
@@ -37,10 +39,27 @@ def read_extension_version(conn: psycopg.Connection[Any]) -> None:
 
 async def read_extension_version_async(conn: psycopg.AsyncConnection[Any]) -> None:
     """`read_extension_version` for an AsyncConnection."""
+    check_encoding(conn.info.encoding, conn.info.dbname)
     async with conn.cursor(row_factory=tuple_row) as cur:
         await cur.execute(EXTENSION_VERSION)
         row = await cur.fetchone()
     check_version(None if row is None else row[0], conn.info.dbname)
+
+
+def check_encoding(encoding: str, dbname: str) -> None:
+    """InvalidArgument for a connection whose client_encoding is SQL_ASCII (psycopg's "ascii").
+
+    There psycopg returns every text value as bytes (it cannot know how to decode it),
+    which nothing in this package reads: the installed version itself would read as
+    b'0.4.0'. Under UTF8 the same database works (a SQL_ASCII database stores the
+    bytes it is sent, and returns them unconverted).
+    """
+    if encoding == "ascii":
+        raise InvalidArgument(
+            f"the connection to database {dbname!r} has client_encoding SQL_ASCII, in which psycopg "
+            "returns text as bytes: connect with client_encoding=UTF8 (in the connection string, "
+            "or PGCLIENTENCODING=UTF8)"
+        )
 
 
 def check_version(installed: object, dbname: str) -> None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 if TYPE_CHECKING:
+    import psycopg
     from typing_extensions import LiteralString
 
 
@@ -91,6 +92,7 @@ class Fixed:
     template: LiteralString
     values: Mapping[str, str | None]
     written: LiteralString | None  # None: a value holds a NUL, which only a parameter can carry (and is refused)
+    ascii: bool = False  # `written` is ASCII only: every client encoding carries it
 
     @classmethod
     def of(cls, template: LiteralString, values: Mapping[str, str | None]) -> Fixed:
@@ -98,10 +100,29 @@ class Fixed:
             written: LiteralString | None = with_constants(template, values)
         except ValueError:
             written = None
-        return cls(template, dict(values), written)
+        return cls(template, dict(values), written, written is not None and written.isascii())
 
-    def query(self, prepared: bool, params: Mapping[str, Any]) -> tuple[LiteralString, Mapping[str, Any]]:
-        """The statement and parameters to send on a connection that prepares statements or not."""
-        if prepared and self.written is not None:
-            return self.written, params
+    def query(
+        self, prepared: bool, params: Mapping[str, Any], conn: psycopg.Connection[Any] | None = None
+    ) -> tuple[LiteralString, Mapping[str, Any]]:
+        """The statement and parameters to send on a connection that prepares statements or not.
+
+        The text is written in only where `conn`'s client encoding carries it (None: one that
+        carries any text, as UTF8 does). psycopg encodes a statement's text in the client
+        encoding, and under SQL_ASCII as ASCII, where it sends a str parameter as UTF-8: a
+        name outside ASCII there (or outside LATIN1 under LATIN1) is sent as a parameter, and
+        the statement does what it does with parameters.
+        """
+        written = self.written
+        if prepared and written is not None and (self.ascii or conn is None or _encodes(written, conn.info.encoding)):
+            return written, params
         return self.template, {**self.values, **params}
+
+
+@lru_cache(maxsize=16)  # a worker's two statements, on connections of one encoding
+def _encodes(text: str, encoding: str) -> bool:
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        return False
+    return True

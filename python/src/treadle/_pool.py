@@ -106,7 +106,7 @@ class WorkerPool:
     def tuples(self, query: LiteralString | Fixed, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
         with self.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
             if isinstance(query, Fixed):  # its fixed arguments written in where the connection prepares
-                query, params = query.query(conn.prepare_threshold is not None, params or {})
+                query, params = query.query(conn.prepare_threshold is not None, params or {}, conn)
             cur.execute(query, params)
             return cur.fetchall()
 
