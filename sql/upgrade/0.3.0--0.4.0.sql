@@ -404,3 +404,15 @@ ALTER TABLE treadle.workflow_runs
     DROP CONSTRAINT workflow_runs_tree_runs_check,
     ADD CONSTRAINT workflow_runs_state_check CHECK (state = ANY (CASE WHEN finished_at IS NULL
         THEN '{running,compensating}'::text[] ELSE '{completed,failed,cancelled,compensated}'::text[] END));
+
+-- Re-checks of workflow runs (issue 23, lock waits of parallel branches;
+-- sql/src/073_workflow_rechecks.sql), as in 010_tables.sql: a new table.
+CREATE TABLE treadle.run_rechecks (
+    queue     text        NOT NULL,
+    job_id    bigint      NOT NULL,
+    run_queue text        NOT NULL,
+    run_id    bigint      NOT NULL,
+    added_at  timestamptz NOT NULL,
+    PRIMARY KEY (queue, job_id)
+);
+SELECT pg_catalog.pg_extension_config_dump('treadle.run_rechecks', '');
