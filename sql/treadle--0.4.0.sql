@@ -8822,7 +8822,8 @@ COMMENT ON FUNCTION treadle._advance_deferred() IS
 -- step is a completed step of a graph run, not a map step's element nor a
 -- compensation, and its run exists (its row held by another transaction: the
 -- caller's SKIP LOCKED found none); its queue's workers hear of it
--- (treadle_jobs). Returns whether it did; false: the caller waits for the row.
+-- (treadle_jobs) unless they are busy: a claimable job of the queue has waited
+-- 50 ms. Returns whether it did; false: the caller waits for the row.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._recheck_later(step treadle.jobs, run_queue text)
 RETURNS boolean
@@ -8830,6 +8831,8 @@ LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_now timestamptz := treadle.now();
 BEGIN
     IF step.state <> 'completed' OR NOT EXISTS (
             SELECT 1 FROM treadle.workflow_runs AS r
@@ -8841,9 +8844,18 @@ BEGIN
         RETURN false;
     END IF;
     INSERT INTO treadle.run_rechecks (queue, job_id, run_queue, run_id, added_at)
-    VALUES (step.queue, step.id, run_queue, step.workflow_run_id, treadle.now())
+    VALUES (step.queue, step.id, run_queue, step.workflow_run_id, v_now)
     ON CONFLICT DO NOTHING;
-    PERFORM treadle._notify('treadle_jobs', step.queue);
+    -- its queue's workers are told unless they are busy: its first claimable job (one
+    -- descent of the claim index) has waited 50 ms or more (an idle worker would have
+    -- taken it, and the next claim moves this re-check). A transaction that notified
+    -- takes one lock at commit, the same for every session (071_workflow_notify.sql).
+    IF (SELECT o.run_at > v_now - interval '50 milliseconds' FROM treadle.jobs AS o
+         WHERE o.queue = step.queue AND o.state = ANY (ARRAY['available', 'retryable'])
+         ORDER BY o.priority, o.run_at, o.id
+         LIMIT 1) IS NOT false THEN
+        PERFORM treadle._notify('treadle_jobs', step.queue);
+    END IF;
     RETURN true;
 END;
 $$;

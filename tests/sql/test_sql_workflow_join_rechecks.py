@@ -270,3 +270,22 @@ def test_a_mover_killed_before_its_commit_leaves_the_recheck_and_the_run_still_c
     complete(conn, (join_id, token), "done")
     assert value(conn, "select state from treadle.workflow_runs where id = %s", (run_id,)) == "completed"
     assert jobs_per_step(conn, "rc-fault") == {(run_id, "x"): 1, (run_id, "y"): 1, (run_id, "join"): 1}
+
+
+def test_a_recheck_behind_a_backlog_wakes_nobody(connect: Connect) -> None:
+    """A claimable job of the queue has waited 50 ms or more: its workers are busy, and the
+    next claim moves the re-check; no NOTIFY (whose commit lock every notifier shares)."""
+    holder, conn, listener = connect(autocommit=False), connect(), connect()
+    run_id = start(conn, "rc-busy", ["x", "y", "join"], {"join": ["x", "y"]})
+    held = leases(conn, "rc-busy")
+    conn.execute("select treadle.enqueue('waiting', queue => 'rc-busy', run_at => now() - interval '1 second')")
+    listener.execute("listen treadle_jobs")
+    hold_run(holder, run_id)
+    complete(conn, held[(run_id, "x")], 1)
+    assert len(rechecks(conn, "rc-busy")) == 1
+    assert list(listener.notifies(timeout=0.5)) == []
+    holder.commit()
+    rows = conn.execute("select name, step from treadle.claim('w', array['rc-busy'], batch => 5)").fetchall()
+    assert rows == [("waiting", None)]  # x moved its run: the join still waits for y
+    assert rechecks(conn, "rc-busy") == []
+    assert value(conn, "select results from treadle.workflow_runs where id = %s", (run_id,)) == {"x": 1}
