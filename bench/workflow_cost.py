@@ -58,7 +58,7 @@ def main() -> None:
     par: dict[str, list[float]] = {s: [] for s in sides}
     share: dict[str, list[float]] = {s: [] for s in sides}
     events: dict[str, Counter[str]] = {s: Counter() for s in sides}  # wait events, backend samples
-    joins: dict[str, list[tuple[float, float]]] = {s: [] for s in sides}  # last branch -> join start, ms
+    joins: dict[str, list[tuple[float, ...]]] = {s: [] for s in sides}  # last branch -> join start, enqueue: ms
     with server() as url:
         print_settings(url)
         with database(url, "workflow_cost") as db:
@@ -110,6 +110,18 @@ def main() -> None:
                 "parallel: the same, p99 (ms)",
                 spread([j[1] for j in joins["before"]], 1),
                 spread([j[1] for j in joins["this"]], 1),
+                "-", "-", "-", "-",
+            ],
+            [
+                "parallel: the last branch's completion to the join's enqueue, ms: median",
+                spread([j[2] for j in joins["before"]], 1),
+                spread([j[2] for j in joins["this"]], 1),
+                "-", "-", "-", "-",
+            ],
+            [
+                "parallel: the same, p99 (ms)",
+                spread([j[3] for j in joins["before"]], 1),
+                spread([j[3] for j in joins["this"]], 1),
                 "-", "-", "-", "-",
             ],
             [
