@@ -186,9 +186,13 @@ def test_four_connections_finish_branches_of_held_runs_and_racing_claims_join_ea
         ids = [held[(run_id, BRANCHES[i])][0] for run_id in run_ids]
         tokens = [held[(run_id, BRANCHES[i])][1] for run_id in run_ids]
         barrier.wait(60)
-        rows = conns[i].execute(
-            "select state from treadle.complete_many(%s, %s, %s::jsonb[])", (ids, tokens, [Jsonb(i)] * len(ids))
-        ).fetchall()
+        rows = (
+            conns[i]
+            .execute(
+                "select state from treadle.complete_many(%s, %s, %s::jsonb[])", (ids, tokens, [Jsonb(i)] * len(ids))
+            )
+            .fetchall()
+        )
         return [r[0] for r in rows]
 
     with ThreadPoolExecutor(len(BRANCHES)) as pool:
@@ -201,7 +205,9 @@ def test_four_connections_finish_branches_of_held_runs_and_racing_claims_join_ea
         barrier.wait(60)
         took: list[tuple[int, str]] = []
         for _ in range(20):
-            rows = conns[i].execute("select workflow_run_id, step from treadle.claim('w', array['rc-race'], batch => 3)")
+            rows = conns[i].execute(
+                "select workflow_run_id, step from treadle.claim('w', array['rc-race'], batch => 3)"
+            )
             took += [(r, s) for r, s in rows.fetchall()]
         return took
 
