@@ -10,12 +10,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from tests.conftest import as_role
 from tests.sql.sqlcalls import Connect, value
 
 BRANCHES = ["b1", "b2", "b3", "b4"]
@@ -160,12 +162,34 @@ def test_a_cancelled_runs_rechecks_enqueue_nothing(connect: Connect) -> None:
     assert set(jobs_per_step(conn, "rc-cancel")) == {(run_id, "x"), (run_id, "y")}
 
 
-def test_a_tenant_cannot_read_the_rechecks(connect: Connect) -> None:
-    conn = connect()
-    for grant in ("treadle_producer", "treadle_worker", "treadle_reader"):
-        if value(conn, "select exists (select from pg_roles where rolname = %s)", (grant,)):
-            assert not value(conn, "select has_table_privilege(%s, 'treadle.run_rechecks', 'select')", (grant,))
-    assert not value(conn, "select has_table_privilege('public', 'treadle.run_rechecks', 'select')")
+def test_a_tenant_cannot_read_the_rechecks_and_its_claim_moves_its_own(
+    connect: Connect, dsn: str, make_role: Callable[[str], str]
+) -> None:
+    """No part a grant helper gives reads or writes treadle.run_rechecks; a tenant's claim
+    (SECURITY DEFINER) still moves the re-checks of its own queues, and no other's."""
+    setup, holder = connect(), connect(autocommit=False)
+    roles = {part: make_role(f"rc_{part}") for part in ("reader", "producer", "worker", "dashboard")}
+    for part, role in roles.items():
+        setup.execute(f"select treadle.grant_{part}(%s)", (role,))
+    setup.execute("select treadle.set_tenant(%s, 't.')", (roles["worker"],))
+    for role in roles.values():
+        for privilege in ("select", "insert", "update", "delete"):
+            assert not value(setup, "select has_table_privilege(%s, 'treadle.run_rechecks', %s)", (role, privilege))
+    mine = start(setup, "t.rc", ["x", "y", "join"], {"join": ["x", "y"]})
+    theirs = start(setup, "u.rc", ["x", "y", "join"], {"join": ["x", "y"]})
+    held = {**leases(setup, "t.rc"), **leases(setup, "u.rc")}
+    holder.execute("select 1 from treadle.workflow_runs where id = any(%s) for update", ([mine, theirs],))
+    for run_id in (mine, theirs):
+        complete(setup, held[(run_id, "x")], 1)
+        complete(setup, held[(run_id, "y")], 2)
+    holder.commit()
+    with psycopg.connect(as_role(dsn, roles["worker"]), autocommit=True) as tenant:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            tenant.execute("select * from treadle.run_rechecks")
+        rows = tenant.execute("select workflow_run_id, step from treadle.claim('w', array['t.rc'])").fetchall()
+        assert rows == [(mine, "join")]
+    assert rechecks(setup, "t.rc") == []
+    assert len(rechecks(setup, "u.rc")) == 2
 
 
 def test_four_connections_finish_branches_of_held_runs_and_racing_claims_join_each_once(connect: Connect) -> None:
