@@ -73,7 +73,8 @@ COMMENT ON FUNCTION treadle._recheck_later(treadle.jobs, text) IS
 -- has the step's result; a re-check whose run or job is gone is deleted. A re-check
 -- whose run another transaction holds stays for the next. Returns how many steps
 -- moved their runs. Locks nothing it waits for but what treadle._advance_run does
--- after the run (a parent run, when a child run ends).
+-- after the run (a parent run, when a child run ends). Under REPEATABLE READ or
+-- SERIALIZABLE it moves nothing (the next claim in READ COMMITTED does).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._move_rechecks(queues text[], max integer DEFAULT 100)
 RETURNS integer
@@ -90,6 +91,9 @@ DECLARE
     v_job     treadle.jobs;
     v_moved   integer := 0;
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN 0;  -- (a run row changed since the transaction's snapshot would raise 40001)
+    END IF;
     IF queues IS NULL THEN
         SELECT array_agg(c.queue), array_agg(c.job_id), array_agg(c.run_queue), array_agg(c.run_id)
           INTO v_queues, v_ids, v_r_queue, v_r_ids

@@ -319,3 +319,21 @@ def test_a_recheck_behind_a_backlog_wakes_nobody(connect: Connect) -> None:
     assert rows == [("waiting", None)]  # x moved its run: the join still waits for y
     assert rechecks(conn, "rc-busy") == []
     assert value(conn, "select results from treadle.workflow_runs where id = %s", (run_id,)) == {"x": 1}
+
+
+def test_a_claim_under_repeatable_read_leaves_the_rechecks(connect: Connect) -> None:
+    """A claim in a REPEATABLE READ transaction moves no re-check (a run row changed since
+    its snapshot would raise 40001); the next claim in READ COMMITTED does."""
+    holder, conn = connect(autocommit=False), connect()
+    run_id = start(conn, "rc-rr", ["x", "y", "join"], {"join": ["x", "y"]})
+    held = leases(conn, "rc-rr")
+    hold_run(holder, run_id)
+    complete(conn, held[(run_id, "x")], 1)
+    holder.commit()
+    with conn.transaction():
+        conn.execute("set transaction isolation level repeatable read")
+        assert conn.execute("select id from treadle.claim('w', array['rc-rr'])").fetchall() == []
+        assert len(rechecks(conn, "rc-rr")) == 1
+    assert conn.execute("select id from treadle.claim('w', array['rc-rr'])").fetchall() == []
+    assert rechecks(conn, "rc-rr") == []
+    assert value(conn, "select results from treadle.workflow_runs where id = %s", (run_id,)) == {"x": 1}
