@@ -1,7 +1,8 @@
 """A workflow run's server CPU and lock waits, this tree's advance path against another revision's.
 
 In one database, before each side the functions of sql/src/040_claim.sql, 045_cycle.sql, 050_finish.sql,
-051_workflow_lists.sql, 070_workflows.sql, 071_workflow_notify.sql and 073_workflow_joins.sql are created again from
+051_workflow_lists.sql, 070_workflows.sql, 071_workflow_notify.sql, 073_workflow_joins.sql and
+073_workflow_rechecks.sql are created again from
 that side's files (`git show REV:...` for the other revision, a file it lacks left out; this
 tree's otherwise), then bench/workflows.py's linear side (--linear-runs runs of a -> b -> c
 drained on one connection) and parallel side (--parallel-runs runs of a -> b1..b4 -> join
@@ -27,7 +28,8 @@ from workflows import DRAINS, linear_side, parallel_side
 
 TITLE = "A workflow run's server CPU and lock waits: this tree against another revision"
 FILES = ["sql/src/040_claim.sql", "sql/src/045_cycle.sql", "sql/src/050_finish.sql", "sql/src/051_workflow_lists.sql",
-         "sql/src/070_workflows.sql", "sql/src/071_workflow_notify.sql", "sql/src/073_workflow_joins.sql"]
+         "sql/src/070_workflows.sql", "sql/src/071_workflow_notify.sql", "sql/src/073_workflow_joins.sql",
+         "sql/src/073_workflow_rechecks.sql"]
 
 
 def sources(rev: str) -> str:
@@ -56,6 +58,7 @@ def main() -> None:
     par: dict[str, list[float]] = {s: [] for s in sides}
     share: dict[str, list[float]] = {s: [] for s in sides}
     events: dict[str, Counter[str]] = {s: Counter() for s in sides}  # wait events, backend samples
+    joins: dict[str, list[tuple[float, ...]]] = {s: [] for s in sides}  # last branch -> join start, enqueue: ms
     with server() as url:
         print_settings(url)
         with database(url, "workflow_cost") as db:
@@ -73,6 +76,7 @@ def main() -> None:
                     par[side].append(got["cpu_ms"])
                     share[side].append(got["share"])
                     events[side].update(got["events"])
+                    joins[side].append(got["join_ms"])
     table(
         f"{TITLE} (median (range) of {args.runs} rounds; before = {args.before}; drain = {args.drain};"
         f" batch {args.batch})",
@@ -95,6 +99,30 @@ def main() -> None:
                 paired_ratio(par["this"], par["before"]),
                 paired_ratio(par["before"], par["plain"]),
                 paired_ratio(par["this"], par["plain"]),
+            ],
+            [
+                "parallel: the last branch's completion to the join's start, ms: median",
+                spread([j[0] for j in joins["before"]], 1),
+                spread([j[0] for j in joins["this"]], 1),
+                "-", "-", "-", "-",
+            ],
+            [
+                "parallel: the same, p99 (ms)",
+                spread([j[1] for j in joins["before"]], 1),
+                spread([j[1] for j in joins["this"]], 1),
+                "-", "-", "-", "-",
+            ],
+            [
+                "parallel: the last branch's completion to the join's enqueue, ms: median",
+                spread([j[2] for j in joins["before"]], 1),
+                spread([j[2] for j in joins["this"]], 1),
+                "-", "-", "-", "-",
+            ],
+            [
+                "parallel: the same, p99 (ms)",
+                spread([j[3] for j in joins["before"]], 1),
+                spread([j[3] for j in joins["this"]], 1),
+                "-", "-", "-", "-",
             ],
             [
                 "parallel: samples with a backend waiting on a Lock (%)",

@@ -354,9 +354,21 @@ def parallel_side(url: str, side: str, runs: int, batch: int, queue: str, how: s
                 " (SELECT count(*) FROM treadle.jobs WHERE step = 'join') FROM treadle.workflow_runs"
             ).fetchone()
             assert row == (runs, runs), f"completed runs and join jobs: {row}, expected {runs} each"
+            # the last branch's completion to the join's start, and to its enqueue (ms): median, p99
+            join_ms = conn.execute(
+                "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY s.ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY s.ms),"
+                " percentile_cont(0.5) WITHIN GROUP (ORDER BY s.added), percentile_cont(0.99) WITHIN GROUP (ORDER BY s.added)"
+                " FROM (SELECT extract(epoch FROM j.started_at - b.last) * 1000 AS ms,"
+                " extract(epoch FROM j.created_at - b.last) * 1000 AS added FROM treadle.jobs AS j"
+                " JOIN (SELECT workflow_run_id, max(finished_at) AS last FROM treadle.jobs"
+                " WHERE queue = %s AND step <> ALL ('{a,join}') GROUP BY 1) AS b USING (workflow_run_id)"
+                " WHERE j.queue = %s AND j.step = 'join') AS s",
+                (queue, queue),
+            ).fetchone()
     return {"jobs_s": total / seconds, "cpu_ms": (cpu + drain_cpu) * 1000 / total, "share": sampler.share,
             "samples": sampler.samples,
-            "events": sampler.events, "deadlocks": deadlocks}
+            "events": sampler.events, "deadlocks": deadlocks,
+            "join_ms": tuple(join_ms) if side != "plain" and join_ms is not None else (0.0, 0.0, 0.0, 0.0)}
 
 
 def main() -> None:

@@ -523,3 +523,17 @@ CREATE INDEX jobs_key_idx ON treadle.jobs (queue, concurrency_key, id) WHERE sta
 -- time, latest last (the ones a due job takes the slot of): treadle._key_release.
 CREATE INDEX jobs_key_due_idx ON treadle.jobs (queue, concurrency_key, run_at, id)
     WHERE state = 'blocked' OR (state = 'available' AND key_slot);
+
+-- Re-checks of workflow runs (073_workflow_rechecks.sql): a completed step of a graph
+-- run whose run row another transaction held, left for the next claim on its queue
+-- (or treadle.rescue) to move its run; one row per step, deleted by whoever moves it.
+-- Logged like the jobs: a step that committed is never lost by a crash.
+CREATE TABLE treadle.run_rechecks (
+    queue     text        NOT NULL,  -- the step's job's queue (its workers' claims look here)
+    job_id    bigint      NOT NULL,
+    run_queue text        NOT NULL,
+    run_id    bigint      NOT NULL,
+    added_at  timestamptz NOT NULL,
+    PRIMARY KEY (queue, job_id)
+);
+SELECT pg_catalog.pg_extension_config_dump('treadle.run_rechecks', '');

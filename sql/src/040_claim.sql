@@ -556,6 +556,13 @@ BEGIN
                 WHERE t.tenant_role = treadle._caller_role() AND NOT starts_with(q.q, t.queue_prefix)) THEN
         PERFORM treadle._check_queue_allowed(q.q) FROM unnest(claim.queues) AS q(q);
     END IF;
+    -- completed steps of these queues left for a re-check move their runs first (and
+    -- a join they enqueue can be claimed now); complete_and_claim does it at its end
+    -- (073_workflow_rechecks.sql)
+    IF NOT v_citus AND current_setting('treadle.claim_follows', true) IS DISTINCT FROM 'on'
+       AND EXISTS (SELECT 1 FROM treadle.run_rechecks AS c WHERE c.queue = ANY (claim.queues)) THEN
+        PERFORM treadle._move_rechecks(claim.queues);
+    END IF;
     -- Paused and limited queues (treadle.queues): claim only from those with room,
     -- and below keep to each one's room. Queues without settings pay this probe only:
     -- an index descent per queue named, or, for a long list while the table is at most

@@ -105,6 +105,12 @@ BEGIN
             PERFORM treadle._advance_deferred();
         END IF;
     END IF;
+    -- completed steps of these queues left for a re-check, last: this transaction then
+    -- takes no lock it waits for (073_workflow_rechecks.sql)
+    IF (current_setting('citus.version', true) IS NULL OR NOT treadle._distributed())
+       AND EXISTS (SELECT 1 FROM treadle.run_rechecks AS c WHERE c.queue = ANY (complete_and_claim.queues)) THEN
+        PERFORM treadle._move_rechecks(complete_and_claim.queues);
+    END IF;
 END;
 $$;
 COMMENT ON FUNCTION treadle.complete_and_claim(bigint[], uuid[], jsonb[], text, text[], text[], integer, interval, uuid, text[]) IS

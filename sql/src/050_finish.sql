@@ -447,7 +447,11 @@ COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
 -- only what a list's next step needs (the row is read again for the rest). Inside
 -- treadle.complete_and_claim's finish any other completed step (one that may
 -- make a join ready, a map element, a compensation, a step of a run that is not
--- running) moves its run after the claim (treadle._advance_deferred).
+-- running) moves its run after the claim (treadle._advance_deferred). A
+-- completed step that may make a join ready (and any other completed step not
+-- on Citus) tries the run row with SKIP LOCKED: a graph's step whose run row
+-- another transaction holds is left for a re-check (treadle._recheck_later,
+-- 073_workflow_rechecks.sql) and its transaction does not wait; the others wait.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._advance_run(step treadle.jobs)
 RETURNS void
@@ -494,7 +498,7 @@ BEGIN
            AND r.state = 'running'
            AND (r.maps IS NULL OR NOT r.maps ? step.step)
            AND (r.compensations IS NULL OR NOT step.args ? 'compensates')
-           AND (NOT v_defer OR r.after IS NULL
+           AND (r.after IS NULL  -- (a step that may make a join ready: below, 073_workflow_rechecks.sql)
                 OR NOT EXISTS (SELECT 1 FROM jsonb_each(r.after) AS e
                                 WHERE e.value ? step.step AND jsonb_array_length(e.value) > 1))
         RETURNING r.id, r.after IS NOT NULL, r.steps[array_position(r.steps, step.step) + 1],
@@ -564,11 +568,23 @@ BEGIN
         END IF;
     END IF;
 
-    SELECT * INTO v_run FROM treadle.workflow_runs AS r
-     WHERE r.queue = v_queue AND r.id = step.workflow_run_id
-       FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN;
+    IF step.state = 'completed' AND (current_setting('citus.version', true) IS NULL OR NOT treadle._distributed()) THEN
+        -- a completed step does not wait for a run row another transaction holds: a
+        -- graph's step is left for a re-check (073_workflow_rechecks.sql), others wait
+        SELECT * INTO v_run FROM treadle.workflow_runs AS r
+         WHERE r.queue = v_queue AND r.id = step.workflow_run_id
+           FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND AND treadle._recheck_later(step, v_queue) THEN
+            RETURN;
+        END IF;
+    END IF;
+    IF v_run.id IS NULL THEN
+        SELECT * INTO v_run FROM treadle.workflow_runs AS r
+         WHERE r.queue = v_queue AND r.id = step.workflow_run_id
+           FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
     END IF;
     IF v_run.compensations IS NOT NULL AND (v_run.state = 'compensating' OR step.args ? 'compensates') THEN
         PERFORM treadle._advance_compensation(v_run, step);
@@ -1444,6 +1460,10 @@ BEGIN
     -- workflow sleep steps that are due end here too, and signal waits time out
     PERFORM treadle._wake_runs(v_now);
     PERFORM treadle._time_out_waits(v_now);
+    -- completed steps left for a re-check whose claims have not come (073_workflow_rechecks.sql)
+    IF NOT v_citus AND EXISTS (SELECT 1 FROM treadle.run_rechecks) THEN
+        PERFORM treadle._move_rechecks(NULL, 1000);
+    END IF;
 
     IF v_count = 0 THEN
         RETURN 0;

@@ -23,7 +23,8 @@
 -- treadle.job_history (with its partitions) and treadle.key_slots by queue,
 -- co-located, in shard_count shards (null: Citus's citus.shard_count, 32 unless
 -- set); makes treadle.queues, workflows, cron_schedules, settings, tenants and history_slots reference tables;
--- leaves treadle.workers and done_waiters local to the coordinator. Rows already
+-- leaves treadle.workers, done_waiters and run_rechecks (unused there: a branch waits for
+-- its run's row, 073_workflow_rechecks.sql) local to the coordinator. Rows already
 -- there move with their tables. A second call changes nothing and says so, or
 -- distributes the tables an earlier build's call left local (key_slots). Each call
 -- lets treadle._caller_prefix read treadle.tenants inside a shard's query, on every

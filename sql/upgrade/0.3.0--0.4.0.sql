@@ -414,3 +414,15 @@ ALTER TABLE treadle.settings
     ADD COLUMN max_map_elements integer NOT NULL DEFAULT 100000,
     ADD CONSTRAINT settings_max_map_elements_check CHECK (max_map_elements BETWEEN 1 AND 1000000);
 DROP FUNCTION treadle.configure(integer);
+
+-- Re-checks of workflow runs (issue 23, lock waits of parallel branches;
+-- sql/src/073_workflow_rechecks.sql), as in 010_tables.sql: a new table.
+CREATE TABLE treadle.run_rechecks (
+    queue     text        NOT NULL,
+    job_id    bigint      NOT NULL,
+    run_queue text        NOT NULL,
+    run_id    bigint      NOT NULL,
+    added_at  timestamptz NOT NULL,
+    PRIMARY KEY (queue, job_id)
+);
+SELECT pg_catalog.pg_extension_config_dump('treadle.run_rechecks', '');

@@ -1,7 +1,9 @@
 """Fan-in exactly once: branches of a workflow graph that complete at the same instant on
 separate connections enqueue their join step once, never twice and never zero times.
-Each completion locks the run row before it reads the results, so the second waits for
-the first and sees its result."""
+Each completion locks the run row before it reads the results; a branch whose run row
+another transaction holds does not wait for it: it is left for a re-check
+(073_workflow_rechecks.sql), which the next claim on its queue (or treadle.rescue) moves
+once both committed, and so sees both results."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 from psycopg.types.json import Jsonb
 
-from tests.sql.sqlcalls import Connect, WaitBlocked, row, value
+from tests.sql.sqlcalls import Connect, row, value
 
 BRANCHES = ["b1", "b2", "b3", "b4"]
 STEPS = [*BRANCHES, "join"]
@@ -43,10 +45,11 @@ def jobs_per_step(conn: psycopg.Connection, queue: str) -> dict[tuple[int, str],
     return {(run_id, step): count for run_id, step, count in rows}
 
 
-def test_the_second_branch_waits_for_the_first_and_enqueues_the_join(
-    connect: Connect, wait_until_blocked: WaitBlocked
+def test_the_second_branch_does_not_wait_for_the_first_and_the_next_move_enqueues_the_join(
+    connect: Connect,
 ) -> None:
     first, second = connect(autocommit=False), connect()
+    second.execute("set lock_timeout = '200ms'")  # a wait for the run row would raise
     run_id = value(
         second,
         "select treadle.start_workflow('pair', steps => array['x', 'y', 'join'], queue => 'pair', "
@@ -56,16 +59,12 @@ def test_the_second_branch_waits_for_the_first_and_enqueues_the_join(
     x_id, x_token = held[(run_id, "x")]
     y_id, y_token = held[(run_id, "y")]
     assert value(first, "select treadle.complete(%s, %s, '1')", (x_id, x_token)) == "completed"
-
-    answer: list[str] = []
-    thread = threading.Thread(
-        target=lambda: answer.append(value(second, "select treadle.complete(%s, %s, '2')", (y_id, y_token)))
-    )
-    thread.start()
-    wait_until_blocked(second.info.backend_pid)  # on the run row that `first` holds
+    # the run row `first` holds is not waited for: y is left for a re-check
+    assert value(second, "select treadle.complete(%s, %s, '2')", (y_id, y_token)) == "completed"
+    assert value(second, "select count(*) from treadle.run_rechecks where job_id = %s", (y_id,)) == 1
     first.commit()
-    thread.join(60)
-    assert answer == ["completed"]
+    assert (run_id, "join") not in jobs_per_step(second, "pair")
+    second.execute("select treadle.rescue()")  # (as the next claim on the queue does)
     assert jobs_per_step(second, "pair") == {(run_id, "x"): 1, (run_id, "y"): 1, (run_id, "join"): 1}
     assert row(second, "select state from treadle.jobs where workflow_run_id = %s and step = 'join'", (run_id,)) == (
         "available",
@@ -73,8 +72,9 @@ def test_the_second_branch_waits_for_the_first_and_enqueues_the_join(
     assert value(second, "select treadle.workflow_step_results(%s, 'join')", (run_id,)) == {"x": 1, "y": 2}
 
 
-def test_a_branch_rolled_back_leaves_the_join_to_the_other(connect: Connect, wait_until_blocked: WaitBlocked) -> None:
+def test_a_branch_rolled_back_leaves_the_join_to_the_other(connect: Connect) -> None:
     first, second = connect(autocommit=False), connect()
+    second.execute("set lock_timeout = '200ms'")
     run_id = value(
         second,
         "select treadle.start_workflow('pair', steps => array['x', 'y', 'join'], queue => 'pair', "
@@ -82,18 +82,14 @@ def test_a_branch_rolled_back_leaves_the_join_to_the_other(connect: Connect, wai
     )
     held = leases(second, "pair")
     assert value(first, "select treadle.complete(%s, %s, '1')", held[(run_id, "x")]) == "completed"
-    answer: list[str] = []
-    thread = threading.Thread(
-        target=lambda: answer.append(value(second, "select treadle.complete(%s, %s, '2')", held[(run_id, "y")]))
-    )
-    thread.start()
-    wait_until_blocked(second.info.backend_pid)
+    assert value(second, "select treadle.complete(%s, %s, '2')", held[(run_id, "y")]) == "completed"
     first.rollback()  # x did not complete after all: no join yet
-    thread.join(60)
-    assert answer == ["completed"]
+    second.execute("select treadle.rescue()")  # y's re-check moves the run: y recorded, no join
     assert (run_id, "join") not in jobs_per_step(second, "pair")
+    assert value(second, "select count(*) from treadle.run_rechecks where run_id = %s", (run_id,)) == 0
     assert value(second, "select treadle.complete(%s, %s, '1')", held[(run_id, "x")]) == "completed"
     assert jobs_per_step(second, "pair")[(run_id, "join")] == 1
+    assert value(second, "select treadle.workflow_step_results(%s, 'join')", (run_id,)) == {"x": 1, "y": 2}
 
 
 def finish_joins(conn: psycopg.Connection, queue: str) -> None:
@@ -103,6 +99,9 @@ def finish_joins(conn: psycopg.Connection, queue: str) -> None:
 
 
 def check_every_run(conn: psycopg.Connection, queue: str, run_ids: list[int]) -> None:
+    # the branches left for a re-check move their runs (as the next claim on the queue does)
+    conn.execute("select treadle.rescue()")
+    assert value(conn, "select count(*) from treadle.run_rechecks where queue = %s", (queue,)) == 0
     counts = jobs_per_step(conn, queue)
     assert counts == {(run_id, step): 1 for run_id in run_ids for step in STEPS}
     finish_joins(conn, queue)

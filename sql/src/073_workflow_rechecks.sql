@@ -1,0 +1,137 @@
+--------------------------------------------------------------------------------
+-- Re-checks: a branch that does not wait for its run. treadle._advance_run locks a
+-- run's row to move it, so that a join is enqueued exactly once; two branches of a
+-- run that complete at once on two connections took turns on it, and the second
+-- waited for the first's commit (its WAL flush). Now a completed step of a graph
+-- run (not an element of a map step, not a compensation) tries the row with SKIP
+-- LOCKED; when another transaction holds it, the step is written to
+-- treadle.run_rechecks in the finishing transaction, which commits without waiting,
+-- and wakes its queue. The run is moved later, by treadle._advance_run with the
+-- step's row, under the run row's lock, by a transaction that starts after both
+-- committed and so sees both steps done: the next claim on the step's queue
+-- (treadle.claim, treadle.complete_and_claim at its end) or treadle.rescue. That
+-- transaction deletes the re-check with it; re-checks are taken with SKIP LOCKED (two
+-- movers never take the same one), and a run another transaction holds keeps its
+-- re-checks for the next. A step whose result the run already has is not moved
+-- again. Not on Citus (treadle._distributed): there a branch waits, as before.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._recheck_later(step, run_queue) -> boolean
+--
+-- Transition: (none) -> a re-check of the step (treadle.run_rechecks), when the
+-- step is a completed step of a graph run, not a map step's element nor a
+-- compensation, and its run exists (its row held by another transaction: the
+-- caller's SKIP LOCKED found none); its queue's workers hear of it
+-- (treadle_jobs) unless they are busy: a claimable job of the queue has waited
+-- 50 ms. Returns whether it did; false: the caller waits for the row.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._recheck_later(step treadle.jobs, run_queue text)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := treadle.now();
+BEGIN
+    IF step.state <> 'completed' OR NOT EXISTS (
+            SELECT 1 FROM treadle.workflow_runs AS r
+             WHERE r.queue = run_queue
+               AND r.id = step.workflow_run_id
+               AND r.after IS NOT NULL
+               AND (r.maps IS NULL OR NOT r.maps ? step.step)
+               AND (r.compensations IS NULL OR (r.state <> 'compensating' AND NOT step.args ? 'compensates'))) THEN
+        RETURN false;
+    END IF;
+    INSERT INTO treadle.run_rechecks (queue, job_id, run_queue, run_id, added_at)
+    VALUES (step.queue, step.id, run_queue, step.workflow_run_id, v_now)
+    ON CONFLICT DO NOTHING;
+    -- its queue's workers are told unless they are busy: its first claimable job (one
+    -- descent of the claim index) has waited 50 ms or more (an idle worker would have
+    -- taken it, and the next claim moves this re-check). A transaction that notified
+    -- takes one lock at commit, the same for every session (071_workflow_notify.sql).
+    IF (SELECT o.run_at > v_now - interval '50 milliseconds' FROM treadle.jobs AS o
+         WHERE o.queue = step.queue AND o.state = ANY (ARRAY['available', 'retryable'])
+         ORDER BY o.priority, o.run_at, o.id
+         LIMIT 1) IS NOT false THEN
+        PERFORM treadle._notify('treadle_jobs', step.queue);
+    END IF;
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION treadle._recheck_later(treadle.jobs, text) IS
+    'Leave a completed graph step whose run row another transaction holds for a later move of its run.';
+
+--------------------------------------------------------------------------------
+-- treadle._move_rechecks(queues, max) -> integer
+--
+-- Transition: up to `max` re-checks of steps of these queues (null: of any queue),
+-- oldest first, that no other transaction holds: each whose run row no other
+-- transaction holds is deleted, and its run moves as after the step
+-- (treadle._advance_run with the job's row as it is now), unless the run already
+-- has the step's result; a re-check whose run or job is gone is deleted. A re-check
+-- whose run another transaction holds stays for the next. Returns how many steps
+-- moved their runs. Locks nothing it waits for but what treadle._advance_run does
+-- after the run (a parent run, when a child run ends). Under REPEATABLE READ or
+-- SERIALIZABLE it moves nothing (the next claim in READ COMMITTED does).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._move_rechecks(queues text[], max integer DEFAULT 100)
+RETURNS integer
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_queues  text[];
+    v_ids     bigint[];
+    v_r_queue text[];
+    v_r_ids   bigint[];
+    v_run     treadle.workflow_runs;
+    v_job     treadle.jobs;
+    v_moved   integer := 0;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN 0;  -- (a run row changed since the transaction's snapshot would raise 40001)
+    END IF;
+    IF queues IS NULL THEN
+        SELECT array_agg(c.queue), array_agg(c.job_id), array_agg(c.run_queue), array_agg(c.run_id)
+          INTO v_queues, v_ids, v_r_queue, v_r_ids
+          FROM (SELECT c.queue, c.job_id, c.run_queue, c.run_id FROM treadle.run_rechecks AS c
+                 ORDER BY c.added_at, c.queue, c.job_id
+                 LIMIT max
+                   FOR UPDATE SKIP LOCKED) AS c;
+    ELSE
+        SELECT array_agg(c.queue), array_agg(c.job_id), array_agg(c.run_queue), array_agg(c.run_id)
+          INTO v_queues, v_ids, v_r_queue, v_r_ids
+          FROM (SELECT c.queue, c.job_id, c.run_queue, c.run_id FROM treadle.run_rechecks AS c
+                 WHERE c.queue = ANY (queues)
+                 LIMIT max
+                   FOR UPDATE SKIP LOCKED) AS c;
+    END IF;
+    IF v_ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    FOR i IN 1 .. cardinality(v_ids) LOOP
+        SELECT * INTO v_run FROM treadle.workflow_runs AS r
+         WHERE r.queue = v_r_queue[i] AND r.id = v_r_ids[i]
+           FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            CONTINUE WHEN EXISTS (SELECT 1 FROM treadle.workflow_runs AS r
+                                   WHERE r.queue = v_r_queue[i] AND r.id = v_r_ids[i]);  -- held: for the next
+        END IF;
+        DELETE FROM treadle.run_rechecks AS c WHERE c.queue = v_queues[i] AND c.job_id = v_ids[i];
+        CONTINUE WHEN v_run.id IS NULL;  -- the run is gone
+        SELECT * INTO v_job FROM treadle.jobs AS j WHERE j.queue = v_queues[i] AND j.id = v_ids[i];
+        -- (a step whose result the run has was moved already: once per step)
+        IF FOUND AND v_job.state = 'completed' AND NOT ('{}'::jsonb || v_run.results) ? v_job.step THEN
+            PERFORM treadle._advance_run(v_job);  -- 050_finish.sql: the run row is this transaction's
+            v_moved := v_moved + 1;
+        END IF;
+        v_run := NULL;
+    END LOOP;
+    RETURN v_moved;
+END;
+$$;
+COMMENT ON FUNCTION treadle._move_rechecks(text[], integer) IS
+    'Move the workflow runs of completed steps left for a re-check (treadle.run_rechecks) whose runs no one holds.';
