@@ -19,6 +19,8 @@ from psycopg.types.json import Jsonb
 from .errors import InvalidArgument, UndecodablePayload
 
 _SCALARS = (str, int, float, bool, type(None))
+# json.dumps with options builds an encoder at every call; one, made once, serves all
+_encode = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode
 
 
 def to_json(value: Any, what: str) -> str:
@@ -31,7 +33,7 @@ def to_json(value: Any, what: str) -> str:
     """
     if _plain(value):
         try:
-            text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+            text = _encode(value)
             if "\\u0000" not in text:  # a NUL, or a backslash before "u0000": the walk tells
                 text.encode("utf-8")  # a lone surrogate raises: the walk names it
                 return text
@@ -40,7 +42,7 @@ def to_json(value: Any, what: str) -> str:
     for path, item in _walk(value, what):
         _check_scalar(path, item)
     try:
-        return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        return _encode(value)
     except RecursionError:
         raise InvalidArgument(f"{what} is nested too deeply to encode as JSON") from None
 
@@ -53,7 +55,7 @@ def array_text(values: list[Any], what: Callable[[int], str]) -> str:
     """
     if _plain(values):
         try:
-            text = json.dumps(values, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+            text = _encode(values)
             if "\\u0000" not in text:
                 text.encode("utf-8")
                 return text
