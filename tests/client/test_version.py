@@ -123,3 +123,19 @@ def test_a_0_1_0_database_is_refused_naming_the_upgrade(dsn: str) -> None:
         conn.execute("ALTER EXTENSION treadle UPDATE")
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert treadle.version(conn) == EXTENSION_VERSION
+
+
+@pytest.mark.parametrize("encoding", ["LATIN1", "WIN1252", "EUC_JP"])
+def test_a_connection_not_in_utf8_is_refused_before_it_writes_anything(dsn: str, encoding: str) -> None:
+    """Under any client_encoding but UTF8 psycopg still sends JSON as UTF-8, so {"a": "é"} would be
+    stored as {"a": "Ã©"} under LATIN1: the first call raises InvalidArgument naming the fix and
+    writes nothing; the same database through UTF8 stores the args unchanged."""
+    with psycopg.connect(dsn, autocommit=True, client_encoding=encoding) as conn:
+        with pytest.raises(treadle.InvalidArgument, match=f"client_encoding {encoding}, .*client_encoding=UTF8"):
+            treadle.enqueue(conn, "job", {"a": "é"})
+        with pytest.raises(treadle.InvalidArgument):
+            treadle.enqueue(conn, "job", {"a": "é"})  # not remembered as passed
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM treadle.jobs").fetchone() == (0,)
+        job_id = treadle.enqueue(conn, "job", {"a": "é"})
+        assert conn.execute("SELECT args FROM treadle.jobs WHERE id = %s", (job_id,)).fetchone() == ({"a": "é"},)

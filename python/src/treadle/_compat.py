@@ -28,8 +28,8 @@ EXTENSION_VERSION: Final = (
 
 def read_extension_version(conn: psycopg.Connection[Any]) -> None:
     """Raise ExtensionMissing or UnsupportedVersion unless `conn`'s database has a treadle this package speaks
-    (InvalidArgument for a connection whose text comes back as bytes: check_encoding)."""
-    check_encoding(conn.info.encoding, conn.info.dbname)
+    (InvalidArgument for a connection whose client_encoding is not UTF8: check_encoding)."""
+    check_encoding(conn.info)
     # the caller's connection may have any row factory: ask for a tuple
     with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(EXTENSION_VERSION)
@@ -39,26 +39,29 @@ def read_extension_version(conn: psycopg.Connection[Any]) -> None:
 
 async def read_extension_version_async(conn: psycopg.AsyncConnection[Any]) -> None:
     """`read_extension_version` for an AsyncConnection."""
-    check_encoding(conn.info.encoding, conn.info.dbname)
+    check_encoding(conn.info)
     async with conn.cursor(row_factory=tuple_row) as cur:
         await cur.execute(EXTENSION_VERSION)
         row = await cur.fetchone()
     check_version(None if row is None else row[0], conn.info.dbname)
 
 
-def check_encoding(encoding: str, dbname: str) -> None:
-    """InvalidArgument for a connection whose client_encoding is SQL_ASCII (psycopg's "ascii").
+def check_encoding(info: psycopg.ConnectionInfo) -> None:
+    """InvalidArgument for a connection whose client_encoding is not UTF8.
 
-    There psycopg returns every text value as bytes (it cannot know how to decode it),
-    which nothing in this package reads: the installed version itself would read as
-    b'0.4.0'. Under UTF8 the same database works (a SQL_ASCII database stores the
-    bytes it is sent, and returns them unconverted).
+    Under SQL_ASCII (psycopg's "ascii") psycopg returns every text value as bytes, which
+    nothing in this package reads: the installed version itself would read as b'0.4.0'.
+    Under any other encoding but UTF8, psycopg sends and reads JSON as UTF-8 whatever the
+    connection's encoding, so a job's args would be stored garbled ({"a": "é"} back as
+    {"a": "Ã©"} under LATIN1). UTF8 works on a database of any encoding that can hold the
+    text (a SQL_ASCII database stores the bytes it is sent, and returns them unconverted).
     """
-    if encoding == "ascii":
+    if info.encoding != "utf-8":
         raise InvalidArgument(
-            f"the connection to database {dbname!r} has client_encoding SQL_ASCII, in which psycopg "
-            "returns text as bytes: connect with client_encoding=UTF8 (in the connection string, "
-            "or PGCLIENTENCODING=UTF8)"
+            f"the connection to database {info.dbname!r} has client_encoding "
+            f"{info.parameter_status('client_encoding')}, in which psycopg "
+            "does not carry treadle's text and JSON faithfully: connect with client_encoding=UTF8 "
+            "(in the connection string, or PGCLIENTENCODING=UTF8)"
         )
 
 
