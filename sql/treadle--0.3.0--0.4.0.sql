@@ -4635,6 +4635,9 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --   cancelled inserts the schedule's next one (treadle._schedule_next);
 --   a workflow step moves its run (treadle._advance_run; with more than one row,
 --   the completed steps of list runs first, together: treadle._advance_lists);
+--   with more than one row, the runs they may move and those runs' ancestors are
+--   locked first, child before parent (run ids descending: treadle._lock_batch_runs,
+--   053_workflow_lock_order.sql), after the rows' jobs, the one order of every path;
 --   a job that held a slot of its concurrency key gives it back once it left,
 --   first, keys in (queue, key) order (treadle._key_leave_all);
 --   channel treadle_done hears each queue where jobs finished, when a session
@@ -4661,6 +4664,10 @@ BEGIN
       FROM unnest(done) AS d;
     IF v_keyed THEN
         PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
+    END IF;
+    IF cardinality(done) > 1 THEN
+        -- the runs the rows may move, and their ancestors, in one order (053_workflow_lock_order.sql)
+        PERFORM treadle._lock_batch_runs(done);
     END IF;
     IF v_steps > 1 AND (current_setting('citus.version', true) IS NULL OR NOT treadle._distributed()) THEN
         v_moved := coalesce(treadle._advance_lists(done), v_moved);  -- 051_workflow_lists.sql
@@ -5705,6 +5712,110 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._successor(bigint, text, text, jsonb, integer, timestamptz, integer, interval, text) IS
     'Insert the job that follows another (a periodic or scheduled occurrence), once; null when it has one.';
+--------------------------------------------------------------------------------
+-- The one lock order of a workflow's rows, for the paths that lock many of them:
+-- job rows first, in (queue, concurrency_key, id) order (the key lanes' order,
+-- 034_key_lanes.sql), then run rows, a child run before its parent: run ids
+-- descending (a child run is always inserted after its parent). A path that moves
+-- one step (treadle._advance_run) keeps it as it goes (its job, its run, then the
+-- run's parent and up); a batch's finish (treadle._follow_up over several rows) and
+-- treadle.cancel_workflow, which reach many runs, take their locks up front here,
+-- so that two of them never hold a row the other one waits for.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._lock_run_tree_jobs(run_id) -> void
+--
+-- Locks (FOR UPDATE) the step jobs under way (available, retryable, running,
+-- blocked) of a run and of its running descendant runs, in (queue,
+-- concurrency_key, id) order, before its caller (treadle.cancel_workflow) locks any
+-- run row. A job that another session is finishing is waited for while this holds
+-- no run: that finish may lock the tree's runs (a child's last step moves its
+-- parent) and commit. The tree is read again until a pass finds no job it had
+-- not locked (a finish it waited for may have enqueued the next steps, or started
+-- a child run); then no step of the tree can finish elsewhere until this
+-- transaction ends. Not on Citus (one statement over many shards' rows).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._lock_run_tree_jobs(run_id bigint)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_runs  bigint[];
+    v_layer bigint[];
+    v_held  bigint[] := '{}'::bigint[];
+    v_now   bigint[];
+BEGIN
+    IF current_setting('citus.version', true) IS NOT NULL AND treadle._distributed() THEN
+        RETURN;
+    END IF;
+    LOOP
+        v_runs := ARRAY[_lock_run_tree_jobs.run_id];
+        v_layer := v_runs;
+        WHILE cardinality(v_layer) > 0 LOOP
+            v_layer := ARRAY(SELECT r.id FROM treadle.workflow_runs AS r
+                              WHERE r.parent_run_id = ANY (v_layer) AND r.state = 'running');
+            v_runs := v_runs || v_layer;
+        END LOOP;
+        v_now := ARRAY(SELECT j.id FROM treadle.jobs AS j
+                        WHERE j.workflow_run_id = ANY (v_runs)
+                          AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
+                        ORDER BY j.queue, j.concurrency_key, j.id
+                          FOR UPDATE OF j);
+        EXIT WHEN v_now <@ v_held;
+        v_held := v_held || v_now;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION treadle._lock_run_tree_jobs(bigint) IS
+    'Lock the step jobs under way of a workflow run and its running descendants, in the key lanes'' order, before any run row.';
+
+--------------------------------------------------------------------------------
+-- treadle._lock_batch_runs(done) -> void
+--
+-- For a batch's finish (treadle._follow_up over several rows, their jobs locked
+-- by the statement that finished them): locks the run rows the batch's workflow
+-- steps may move, each step's run and that run's ancestors, in one order, ids
+-- descending (a child before its parent, as treadle._advance_run locks them one
+-- step at a time), before treadle._advance_lists and treadle._advance_run lock
+-- them again in theirs. Two batches whose child runs' ends move the same parents
+-- then never wait for each other in a circle. Not on Citus (there every step
+-- moves its run by itself, treadle._advance_run).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._lock_batch_runs(done treadle.jobs[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_runs  bigint[];
+    v_layer bigint[];
+BEGIN
+    IF current_setting('citus.version', true) IS NOT NULL AND treadle._distributed() THEN
+        RETURN;
+    END IF;
+    v_layer := ARRAY(SELECT DISTINCT d.workflow_run_id FROM unnest(done) AS d WHERE d.workflow_run_id IS NOT NULL);
+    IF cardinality(v_layer) < 2 THEN
+        RETURN;  -- one run: treadle._advance_run locks it, then its parent and up, in this order
+    END IF;
+    v_runs := v_layer;
+    WHILE cardinality(v_layer) > 0 LOOP
+        v_layer := ARRAY(SELECT DISTINCT r.parent_run_id FROM treadle.workflow_runs AS r
+                          WHERE r.id = ANY (v_layer) AND r.parent_run_id IS NOT NULL
+                            AND r.parent_run_id <> ALL (v_runs));
+        v_runs := v_runs || v_layer;
+    END LOOP;
+    v_runs := ARRAY(SELECT r.id FROM treadle.workflow_runs AS r
+                     WHERE r.id = ANY (v_runs)
+                     ORDER BY r.id DESC
+                       FOR UPDATE OF r);
+END;
+$$;
+COMMENT ON FUNCTION treadle._lock_batch_runs(treadle.jobs[]) IS
+    'Lock the workflow runs a batch of finished steps may move, and their ancestors, child before parent.';
 --------------------------------------------------------------------------------
 -- Operator controls: cancel, retry, retention and prune.
 --------------------------------------------------------------------------------
@@ -7675,7 +7786,11 @@ COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, i
 -- retried run waits again), so no step starts after the cancel. Its child runs
 -- under way are cancelled the same way (a child that becomes cancelled cancels the
 -- run with it). Returns false for an unknown run, one that is not running, or one
--- whose steps and children all have their cancel requested already.
+-- whose steps and children all have their cancel requested already. Locks the
+-- step jobs under way of the run and of its running descendants first, in
+-- (queue, concurrency_key, id) order, then the runs (treadle._lock_run_tree_jobs,
+-- 053_workflow_lock_order.sql), so that it never holds a run row while it waits for
+-- a step job that a worker's finish holds.
 -- Raises 22004: run_id null. 42501: a tenant's run outside its queues.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel_workflow(run_id bigint)
@@ -7706,6 +7821,9 @@ BEGIN
         RETURN false;
     END IF;
 
+    -- the step jobs under way of the run and its descendants first, before any run row
+    -- (053_workflow_lock_order.sql: the order a batch's finish keeps too)
+    PERFORM treadle._lock_run_tree_jobs(cancel_workflow.run_id);
     -- its steps and child runs (070_workflow_cancel.sql: a step's own end that cancels
     -- the run stops them there too)
     IF treadle._cancel_under_way(cancel_workflow.run_id, v_queue) THEN

@@ -705,6 +705,9 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --   cancelled inserts the schedule's next one (treadle._schedule_next);
 --   a workflow step moves its run (treadle._advance_run; with more than one row,
 --   the completed steps of list runs first, together: treadle._advance_lists);
+--   with more than one row, the runs they may move and those runs' ancestors are
+--   locked first, child before parent (run ids descending: treadle._lock_batch_runs,
+--   053_workflow_lock_order.sql), after the rows' jobs, the one order of every path;
 --   a job that held a slot of its concurrency key gives it back once it left,
 --   first, keys in (queue, key) order (treadle._key_leave_all);
 --   channel treadle_done hears each queue where jobs finished, when a session
@@ -731,6 +734,10 @@ BEGIN
       FROM unnest(done) AS d;
     IF v_keyed THEN
         PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
+    END IF;
+    IF cardinality(done) > 1 THEN
+        -- the runs the rows may move, and their ancestors, in one order (053_workflow_lock_order.sql)
+        PERFORM treadle._lock_batch_runs(done);
     END IF;
     IF v_steps > 1 AND (current_setting('citus.version', true) IS NULL OR NOT treadle._distributed()) THEN
         v_moved := coalesce(treadle._advance_lists(done), v_moved);  -- 051_workflow_lists.sql
