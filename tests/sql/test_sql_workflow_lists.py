@@ -1,6 +1,7 @@
 """A batch's list steps move their runs together (treadle._advance_lists, 051_workflow_lists.sql):
-the runs are locked in id order (descending: 053_workflow_lock_order.sql), whatever the order of the steps, and a run that another
-session changed while the batch waited for it is moved from what that session committed."""
+the runs are locked in id order (descending: 053_workflow_lock_order.sql), whatever the order of
+the steps, and a run that another session changed while the batch waited for it is moved from
+what that session committed."""
 
 from __future__ import annotations
 
