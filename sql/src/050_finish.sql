@@ -560,6 +560,8 @@ BEGIN
         PERFORM 1 FROM treadle.workflow_runs AS r
          WHERE r.queue = v_queue AND r.id = step.workflow_run_id AND r.state = 'running';
         IF FOUND THEN
+            -- the jobs under way of its run's tree first, before any run row (053_workflow_lock_order.sql)
+            PERFORM treadle._lock_run_tree_jobs(ARRAY[step.workflow_run_id]);
             PERFORM treadle._cancel_under_way(step.workflow_run_id, v_queue, true);
         END IF;
     END IF;

@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.sql.sqlcalls import Connect, WaitBlocked, value
 
@@ -133,3 +134,41 @@ def test_cancel_workflow_while_a_batch_ends_a_child_of_the_run(
         "select step, state, cancel_requested from treadle.jobs where workflow_run_id = any(%s) order by step",
         ([p, child(setup, p, "c1")],),
     ).fetchall() == [("k", "running", True), ("p1", "cancelled", False)]
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["alone", "in-a-batch"])
+def test_a_step_ending_cancelled_while_a_sibling_step_finishes(
+    connect: Connect, wait_until_blocked: WaitBlocked, batch: bool
+) -> None:
+    setup = connect()
+    run = value(setup, PARENT, ("fan3", ["a", "b", "c"], json.dumps({"a": [], "b": [], "c": []}), None))
+    other, third = (
+        value(setup, "select treadle.start_workflow('lin2', steps => array['x', 'y'], queue => 'lock-order')")
+        for _ in range(2)
+    )
+    jobs = claim(setup)
+    # b waits again (the cancel cancels it, and with it the run); a's cancel is requested
+    setup.execute("select treadle.release(%s, %s)", jobs[(run, "b")])
+    assert value(setup, "select treadle.cancel(%s)", (jobs[(run, "a")][0],)) is True
+
+    stopper, sibling = connect(autocommit=False), connect(autocommit=False)
+    # the sibling's batch has locked its jobs (c's, and another run's step)
+    sibling_batch = [jobs[(run, "c")], jobs[(other, "x")]]
+    sibling.execute("select 1 from treadle.jobs where id = any(%s) for update", ([j[0] for j in sibling_batch],))
+    # a ends cancelled: its run's other steps stop, c's job waited for; before, the run
+    # was locked by then (b's cancel cancelled it, or the batch locked its runs)
+    stopper_batch = [jobs[(run, "a")]] + [jobs[(third, "x")]] * batch
+    thread_s, answer_s = in_thread(stopper, *complete_many(stopper_batch))
+    wait_until_blocked(stopper.info.backend_pid)
+    thread_c, answer_c = in_thread(sibling, *complete_many(sibling_batch))
+    thread_c.join(60)
+    thread_s.join(60)
+    assert answer_c == [[("completed",), ("completed",)]], answer_c
+    assert answer_s == [[("cancelled",)] + [("completed",)] * batch], answer_s
+    assert setup.execute(
+        "select step, state from treadle.jobs where workflow_run_id = %s order by step", (run,)
+    ).fetchall() == [("a", "cancelled"), ("b", "cancelled"), ("c", "completed")]
+    assert setup.execute("select state, results from treadle.workflow_runs where id = %s", (run,)).fetchone() == (
+        "cancelled",
+        {"c": None},
+    )
