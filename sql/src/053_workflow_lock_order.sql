@@ -4,9 +4,10 @@
 -- 034_key_lanes.sql), then run rows, a child run before its parent: run ids
 -- descending (a child run is always inserted after its parent). A path that moves
 -- one step (treadle._advance_run) keeps it as it goes (its job, its run, then the
--- run's parent and up); a batch's finish (treadle._follow_up over several rows) and
--- treadle.cancel_workflow, which reach many runs, take their locks up front here,
--- so that two of them never hold a row the other one waits for.
+-- run's parent and up); a batch's finish (treadle._follow_up over several rows),
+-- treadle.cancel_workflow and a step whose end cancels its run, which reach many
+-- rows, take their locks up front here, so that two of them never hold a row the
+-- other one waits for.
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Sessions that lock many rows of workflows at once keep one order (053_workflow_lock_order.sql):
 step jobs first, then runs, a child run before its parent. Each test steps two or three
 transactions by hand into the interleaving that deadlocked (40P01) when a batch's finish
-locked parent runs in the order of its rows, and cancel_workflow locked a parent run before
-a child's step job; now every session ends, and the runs end as one at a time would leave them."""
+locked parent runs in the order of its rows, cancel_workflow locked a parent run before a
+child's step job, and a step whose end cancels its run locked the run before a sibling's job;
+now every session ends, and the runs end as one at a time would leave them."""
 
 from __future__ import annotations
 
