@@ -4684,6 +4684,8 @@ BEGIN
         PERFORM 1 FROM treadle.workflow_runs AS r
          WHERE r.queue = v_queue AND r.id = step.workflow_run_id AND r.state = 'running';
         IF FOUND THEN
+            -- the jobs under way of its run's tree first, before any run row (053_workflow_lock_order.sql)
+            PERFORM treadle._lock_run_tree_jobs(ARRAY[step.workflow_run_id]);
             PERFORM treadle._cancel_under_way(step.workflow_run_id, v_queue, true);
         END IF;
     END IF;
@@ -4841,6 +4843,9 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --   cancelled inserts the schedule's next one (treadle._schedule_next);
 --   a workflow step moves its run (treadle._advance_run; with more than one row,
 --   the completed steps of list runs first, together: treadle._advance_lists);
+--   with more than one row, the runs they may move and those runs' ancestors are
+--   locked first, child before parent (run ids descending: treadle._lock_batch_runs,
+--   053_workflow_lock_order.sql), after the rows' jobs, the one order of every path;
 --   a job that held a slot of its concurrency key gives it back once it left,
 --   first, keys in (queue, key) order (treadle._key_leave_all);
 --   channel treadle_done hears each queue where jobs finished, when a session
@@ -4858,15 +4863,22 @@ DECLARE
     v_queues text[];   -- the queues where jobs finished (treadle_done)
     v_keyed  boolean;  -- a job held a slot of its concurrency key
     v_steps  bigint;   -- completed workflow steps
+    v_wf     bigint;   -- workflow steps, in any state
 BEGIN
     -- what the rows need, read in one pass
     SELECT array_agg(DISTINCT d.queue) FILTER (WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])),
            coalesce(bool_or(d.key_slot), false),
-           count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL AND d.state = 'completed')
-      INTO v_queues, v_keyed, v_steps
+           count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL AND d.state = 'completed'),
+           count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL)
+      INTO v_queues, v_keyed, v_steps, v_wf
       FROM unnest(done) AS d;
     IF v_keyed THEN
         PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
+    END IF;
+    IF v_wf > 1 THEN
+        -- the runs the rows may move, and their ancestors, in one order (053_workflow_lock_order.sql;
+        -- one step alone locks its run and its ancestors in that order, treadle._advance_run)
+        PERFORM treadle._lock_batch_runs(done);
     END IF;
     IF v_steps > 1 AND NOT treadle._on_citus() THEN
         v_moved := coalesce(treadle._advance_lists(done), v_moved);  -- 051_workflow_lists.sql
@@ -5719,7 +5731,8 @@ COMMENT ON FUNCTION treadle.snooze(bigint, uuid, interval, text) IS
 -- has several finished rows (treadle.complete_many, and treadle.complete_and_claim
 -- through it), the common case among them (a completed step of a running list run
 -- without step options: the next step's job, or the run completed) is done for all
--- of them by two statements: one read that locks the runs in id order, then one
+-- of them by two statements: one read that locks the runs in id order (descending,
+-- 053_workflow_lock_order.sql), then one
 -- UPDATE of them that also INSERTs their next jobs. Every other step takes
 -- treadle._advance_run, after.
 --------------------------------------------------------------------------------
@@ -5736,7 +5749,8 @@ COMMENT ON FUNCTION treadle.snooze(bigint, uuid, interval, text) IS
 -- treadle._advance_run: its parent moves (treadle._child_run_ended), and a parent
 -- is moved in the order of the batch's rows, as one row at a time would move it (a
 -- step of the parent's that was cancelled before must stop it first). Two
--- statements for them all: the runs are locked in id order by one read (a fixed
+-- statements for them all: the runs are locked in id order (descending: a child
+-- before its parent, 053_workflow_lock_order.sql) by one read (a fixed
 -- order, as two batches may meet; a batch with none ends there), then updated by
 -- one statement that also inserts the next jobs, in the order of the steps' ids. Returns the ids of the steps it moved
 -- (null for none); treadle._follow_up moves the others' runs one by one
@@ -5765,7 +5779,7 @@ DECLARE
     v_prios     integer[];
     v_run       treadle.workflow_runs;
 BEGIN
-    -- the runs, locked in id order; a batch with none (a graph's steps) ends here
+    -- the runs, locked in id order (descending); a batch with none (a graph's steps) ends here
     SELECT array_agg(l.queue), array_agg(l.id), array_agg(l.ctid), array_agg(l.job_id), array_agg(l.step),
            array_agg(l.result)
       INTO v_l_queues, v_l_ids, v_l_rows, v_l_jobs, v_l_steps, v_l_results
@@ -5785,7 +5799,7 @@ BEGIN
                AND (r.compensations IS NULL OR NOT i.compensates)
                -- (a child run's last step moves its parent: left to treadle._advance_run)
                AND (r.parent_run_id IS NULL OR array_position(r.steps, i.step) < cardinality(r.steps))
-             ORDER BY r.id
+             ORDER BY r.id DESC
                FOR UPDATE OF r) AS l;
     IF v_l_ids IS NULL THEN
         RETURN NULL;
@@ -5917,6 +5931,134 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._successor(bigint, text, text, jsonb, integer, timestamptz, integer, interval, text) IS
     'Insert the job that follows another (a periodic or scheduled occurrence), once; null when it has one.';
+--------------------------------------------------------------------------------
+-- The one lock order of a workflow's rows, for the paths that lock many of them:
+-- job rows first, in (queue, concurrency_key, id) order (the key lanes' order,
+-- 034_key_lanes.sql), then run rows, a child run before its parent: run ids
+-- descending (a child run is always inserted after its parent). A path that moves
+-- one step (treadle._advance_run) keeps it as it goes (its job, its run, then the
+-- run's parent and up); a batch's finish (treadle._follow_up over several rows),
+-- treadle.cancel_workflow and a step whose end cancels its run, which reach many
+-- rows, take their locks up front here, so that two of them never hold a row the
+-- other one waits for.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._lock_run_tree_jobs(run_ids) -> void
+--
+-- Locks (FOR UPDATE) the step jobs under way (available, retryable, running,
+-- blocked) of the run trees that hold the given runs: from each run's topmost
+-- ancestor (a cancelled child cancels its running parent, and that one the rest of
+-- its tree), that run and its running descendant runs, in (queue, concurrency_key,
+-- id) order, before its caller locks any run row to cancel: treadle.cancel_workflow,
+-- a step whose end cancels its run (treadle._advance_run), a batch's finish with
+-- such a step (treadle._lock_batch_runs). A job that another session is finishing
+-- is waited for while this holds no run: that finish may lock the tree's runs (a
+-- child's last step moves its parent) and commit. The trees are read again until a
+-- pass finds no job it had not locked (a finish it waited for may have enqueued the
+-- next steps, or started a child run); then no step of them can finish elsewhere
+-- until this transaction ends. Not on Citus (one statement over many shards' rows).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._lock_run_tree_jobs(run_ids bigint[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_roots bigint[] := run_ids;
+    v_up    bigint[] := run_ids;
+    v_runs  bigint[];
+    v_layer bigint[];
+    v_held  bigint[] := '{}'::bigint[];
+    v_now   bigint[];
+BEGIN
+    IF treadle._on_citus() THEN
+        RETURN;
+    END IF;
+    -- the runs and their ancestors (the topmost among them are the trees' roots)
+    WHILE cardinality(v_up) > 0 LOOP
+        v_up := ARRAY(SELECT DISTINCT r.parent_run_id FROM treadle.workflow_runs AS r
+                       WHERE r.id = ANY (v_up) AND r.parent_run_id IS NOT NULL
+                         AND r.parent_run_id <> ALL (v_roots));
+        v_roots := v_roots || v_up;
+    END LOOP;
+    LOOP
+        v_runs := v_roots;
+        v_layer := v_roots;
+        WHILE cardinality(v_layer) > 0 LOOP
+            v_layer := ARRAY(SELECT r.id FROM treadle.workflow_runs AS r
+                              WHERE r.parent_run_id = ANY (v_layer) AND r.state = 'running'
+                                AND r.id <> ALL (v_runs));
+            v_runs := v_runs || v_layer;
+        END LOOP;
+        v_now := ARRAY(SELECT j.id FROM treadle.jobs AS j
+                        WHERE j.workflow_run_id = ANY (v_runs)
+                          AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
+                        ORDER BY j.queue, j.concurrency_key, j.id
+                          FOR UPDATE OF j);
+        EXIT WHEN v_now <@ v_held;
+        v_held := v_held || v_now;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION treadle._lock_run_tree_jobs(bigint[]) IS
+    'Lock the step jobs under way of the workflow run trees that hold the given runs, in the key lanes'' order, before any run row.';
+
+--------------------------------------------------------------------------------
+-- treadle._lock_batch_runs(done) -> void
+--
+-- For a batch's finish (treadle._follow_up over several rows, their jobs locked
+-- by the statement that finished them): when a step ended cancelled, the jobs
+-- under way of its run's tree first (treadle._lock_run_tree_jobs); then the run
+-- rows the batch's workflow steps may move, each step's run and that run's
+-- ancestors, in one order, ids descending (a child before its parent, as
+-- treadle._advance_run locks them one step at a time), before
+-- treadle._advance_lists and treadle._advance_run lock them again in theirs. Two batches whose child runs' ends move the same parents
+-- then never wait for each other in a circle. Not on Citus (there every step
+-- moves its run by itself, treadle._advance_run).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._lock_batch_runs(done treadle.jobs[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_runs  bigint[];
+    v_layer bigint[];
+BEGIN
+    IF treadle._on_citus() THEN
+        RETURN;
+    END IF;
+    v_layer := ARRAY(SELECT DISTINCT d.workflow_run_id FROM unnest(done) AS d WHERE d.workflow_run_id IS NOT NULL);
+    IF EXISTS (SELECT 1 FROM unnest(done) AS d WHERE d.workflow_run_id IS NOT NULL AND d.state = 'cancelled') THEN
+        -- a step that ended cancelled cancels its running run, and the rest of its
+        -- tree: their jobs first (treadle._advance_run would lock them after runs that
+        -- the batch's other rows locked)
+        PERFORM treadle._lock_run_tree_jobs(ARRAY(
+            SELECT d.workflow_run_id FROM unnest(done) AS d
+              JOIN treadle.workflow_runs AS r ON r.id = d.workflow_run_id
+             WHERE d.state = 'cancelled' AND NOT d.args ? 'compensates' AND r.state = 'running'));
+    END IF;
+    IF cardinality(v_layer) < 2 THEN
+        RETURN;  -- one run: treadle._advance_run locks it, then its parent and up, in this order
+    END IF;
+    v_runs := v_layer;
+    WHILE cardinality(v_layer) > 0 LOOP
+        v_layer := ARRAY(SELECT DISTINCT r.parent_run_id FROM treadle.workflow_runs AS r
+                          WHERE r.id = ANY (v_layer) AND r.parent_run_id IS NOT NULL
+                            AND r.parent_run_id <> ALL (v_runs));
+        v_runs := v_runs || v_layer;
+    END LOOP;
+    v_runs := ARRAY(SELECT r.id FROM treadle.workflow_runs AS r
+                     WHERE r.id = ANY (v_runs)
+                     ORDER BY r.id DESC
+                       FOR UPDATE OF r);
+END;
+$$;
+COMMENT ON FUNCTION treadle._lock_batch_runs(treadle.jobs[]) IS
+    'Lock the workflow runs a batch of finished steps may move, and their ancestors, child before parent.';
 --------------------------------------------------------------------------------
 -- Operator controls: cancel, retry, retention and prune.
 --------------------------------------------------------------------------------
@@ -7887,7 +8029,11 @@ COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, i
 -- retried run waits again), so no step starts after the cancel. Its child runs
 -- under way are cancelled the same way (a child that becomes cancelled cancels the
 -- run with it). Returns false for an unknown run, one that is not running, or one
--- whose steps and children all have their cancel requested already.
+-- whose steps and children all have their cancel requested already. Locks the
+-- step jobs under way of its run tree (from its topmost parent run down, the
+-- running runs) first, in (queue, concurrency_key, id) order, then the runs
+-- (treadle._lock_run_tree_jobs, 053_workflow_lock_order.sql), so that it never
+-- holds a run row while it waits for a step job that a worker's finish holds.
 -- Raises 22004: run_id null. 42501: a tenant's run outside its queues.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel_workflow(run_id bigint)
@@ -7918,6 +8064,9 @@ BEGIN
         RETURN false;
     END IF;
 
+    -- the step jobs under way of the run's tree first, before any run row
+    -- (053_workflow_lock_order.sql: the order a batch's finish keeps too)
+    PERFORM treadle._lock_run_tree_jobs(ARRAY[cancel_workflow.run_id]);
     -- its steps and child runs (070_workflow_cancel.sql: a step's own end that cancels
     -- the run stops them there too)
     IF treadle._cancel_under_way(cancel_workflow.run_id, v_queue) THEN

@@ -564,6 +564,8 @@ BEGIN
         PERFORM 1 FROM treadle.workflow_runs AS r
          WHERE r.queue = v_queue AND r.id = step.workflow_run_id AND r.state = 'running';
         IF FOUND THEN
+            -- the jobs under way of its run's tree first, before any run row (053_workflow_lock_order.sql)
+            PERFORM treadle._lock_run_tree_jobs(ARRAY[step.workflow_run_id]);
             PERFORM treadle._cancel_under_way(step.workflow_run_id, v_queue, true);
         END IF;
     END IF;
@@ -721,6 +723,9 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --   cancelled inserts the schedule's next one (treadle._schedule_next);
 --   a workflow step moves its run (treadle._advance_run; with more than one row,
 --   the completed steps of list runs first, together: treadle._advance_lists);
+--   with more than one row, the runs they may move and those runs' ancestors are
+--   locked first, child before parent (run ids descending: treadle._lock_batch_runs,
+--   053_workflow_lock_order.sql), after the rows' jobs, the one order of every path;
 --   a job that held a slot of its concurrency key gives it back once it left,
 --   first, keys in (queue, key) order (treadle._key_leave_all);
 --   channel treadle_done hears each queue where jobs finished, when a session
@@ -738,15 +743,22 @@ DECLARE
     v_queues text[];   -- the queues where jobs finished (treadle_done)
     v_keyed  boolean;  -- a job held a slot of its concurrency key
     v_steps  bigint;   -- completed workflow steps
+    v_wf     bigint;   -- workflow steps, in any state
 BEGIN
     -- what the rows need, read in one pass
     SELECT array_agg(DISTINCT d.queue) FILTER (WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])),
            coalesce(bool_or(d.key_slot), false),
-           count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL AND d.state = 'completed')
-      INTO v_queues, v_keyed, v_steps
+           count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL AND d.state = 'completed'),
+           count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL)
+      INTO v_queues, v_keyed, v_steps, v_wf
       FROM unnest(done) AS d;
     IF v_keyed THEN
         PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
+    END IF;
+    IF v_wf > 1 THEN
+        -- the runs the rows may move, and their ancestors, in one order (053_workflow_lock_order.sql;
+        -- one step alone locks its run and its ancestors in that order, treadle._advance_run)
+        PERFORM treadle._lock_batch_runs(done);
     END IF;
     IF v_steps > 1 AND NOT treadle._on_citus() THEN
         v_moved := coalesce(treadle._advance_lists(done), v_moved);  -- 051_workflow_lists.sql

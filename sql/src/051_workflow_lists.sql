@@ -5,7 +5,8 @@
 -- has several finished rows (treadle.complete_many, and treadle.complete_and_claim
 -- through it), the common case among them (a completed step of a running list run
 -- without step options: the next step's job, or the run completed) is done for all
--- of them by two statements: one read that locks the runs in id order, then one
+-- of them by two statements: one read that locks the runs in id order (descending,
+-- 053_workflow_lock_order.sql), then one
 -- UPDATE of them that also INSERTs their next jobs. Every other step takes
 -- treadle._advance_run, after.
 --------------------------------------------------------------------------------
@@ -22,7 +23,8 @@
 -- treadle._advance_run: its parent moves (treadle._child_run_ended), and a parent
 -- is moved in the order of the batch's rows, as one row at a time would move it (a
 -- step of the parent's that was cancelled before must stop it first). Two
--- statements for them all: the runs are locked in id order by one read (a fixed
+-- statements for them all: the runs are locked in id order (descending: a child
+-- before its parent, 053_workflow_lock_order.sql) by one read (a fixed
 -- order, as two batches may meet; a batch with none ends there), then updated by
 -- one statement that also inserts the next jobs, in the order of the steps' ids. Returns the ids of the steps it moved
 -- (null for none); treadle._follow_up moves the others' runs one by one
@@ -51,7 +53,7 @@ DECLARE
     v_prios     integer[];
     v_run       treadle.workflow_runs;
 BEGIN
-    -- the runs, locked in id order; a batch with none (a graph's steps) ends here
+    -- the runs, locked in id order (descending); a batch with none (a graph's steps) ends here
     SELECT array_agg(l.queue), array_agg(l.id), array_agg(l.ctid), array_agg(l.job_id), array_agg(l.step),
            array_agg(l.result)
       INTO v_l_queues, v_l_ids, v_l_rows, v_l_jobs, v_l_steps, v_l_results
@@ -71,7 +73,7 @@ BEGIN
                AND (r.compensations IS NULL OR NOT i.compensates)
                -- (a child run's last step moves its parent: left to treadle._advance_run)
                AND (r.parent_run_id IS NULL OR array_position(r.steps, i.step) < cardinality(r.steps))
-             ORDER BY r.id
+             ORDER BY r.id DESC
                FOR UPDATE OF r) AS l;
     IF v_l_ids IS NULL THEN
         RETURN NULL;

@@ -633,7 +633,11 @@ COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, i
 -- retried run waits again), so no step starts after the cancel. Its child runs
 -- under way are cancelled the same way (a child that becomes cancelled cancels the
 -- run with it). Returns false for an unknown run, one that is not running, or one
--- whose steps and children all have their cancel requested already.
+-- whose steps and children all have their cancel requested already. Locks the
+-- step jobs under way of its run tree (from its topmost parent run down, the
+-- running runs) first, in (queue, concurrency_key, id) order, then the runs
+-- (treadle._lock_run_tree_jobs, 053_workflow_lock_order.sql), so that it never
+-- holds a run row while it waits for a step job that a worker's finish holds.
 -- Raises 22004: run_id null. 42501: a tenant's run outside its queues.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel_workflow(run_id bigint)
@@ -664,6 +668,9 @@ BEGIN
         RETURN false;
     END IF;
 
+    -- the step jobs under way of the run's tree first, before any run row
+    -- (053_workflow_lock_order.sql: the order a batch's finish keeps too)
+    PERFORM treadle._lock_run_tree_jobs(ARRAY[cancel_workflow.run_id]);
     -- its steps and child runs (070_workflow_cancel.sql: a step's own end that cancels
     -- the run stops them there too)
     IF treadle._cancel_under_way(cancel_workflow.run_id, v_queue) THEN

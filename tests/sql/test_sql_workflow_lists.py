@@ -1,6 +1,7 @@
 """A batch's list steps move their runs together (treadle._advance_lists, 051_workflow_lists.sql):
-the runs are locked in id order, whatever the order of the steps, and a run that another
-session changed while the batch waited for it is moved from what that session committed."""
+the runs are locked in id order (descending: 053_workflow_lock_order.sql), whatever the order of
+the steps, and a run that another session changed while the batch waited for it is moved from
+what that session committed."""
 
 from __future__ import annotations
 
@@ -53,26 +54,26 @@ def test_a_batch_locks_its_runs_in_id_order_whatever_the_order_of_its_steps(
     worker, holder, prober = connect(), connect(autocommit=False), connect(autocommit=False)
     first, second = start(worker, "order"), start(worker, "order")
     a = held(worker, "order")
-    # the second run's step finishes first, so its next step's job has the lower id
-    assert value(worker, "select treadle.complete(%s, %s)", a[second]) == "completed"
+    # the first run's step finishes first, so its next step's job has the lower id
     assert value(worker, "select treadle.complete(%s, %s)", a[first]) == "completed"
+    assert value(worker, "select treadle.complete(%s, %s)", a[second]) == "completed"
     b = held(worker, "order")
-    assert b[second][0] < b[first][0]
+    assert b[first][0] < b[second][0]
 
-    holder.execute("select 1 from treadle.workflow_runs where id = %s for update", (first,))
-    thread, answer = complete_in_thread(worker, [b[second], b[first]])
+    holder.execute("select 1 from treadle.workflow_runs where id = %s for update", (second,))
+    thread, answer = complete_in_thread(worker, [b[first], b[second]])
     wait_until_blocked(worker.info.backend_pid)
-    # the batch waits for the first run before it locked the second (a batch that locked
-    # in the steps' order would hold the second run now)
+    # the batch waits for the second run (the higher id) before it locked the first (a
+    # batch that locked in the steps' order would hold the first run now)
     try:
-        prober.execute("select 1 from treadle.workflow_runs where id = %s for update nowait", (second,))
-        second_free = True
+        prober.execute("select 1 from treadle.workflow_runs where id = %s for update nowait", (first,))
+        first_free = True
     except psycopg.errors.LockNotAvailable:
-        second_free = False
+        first_free = False
     prober.rollback()
     holder.commit()
     thread.join(60)
-    assert second_free, "the batch locked the second run before the first"
+    assert first_free, "the batch locked the first run before the second"
     assert answer == [(["completed", "completed"],)]
     for run_id in (first, second):
         assert steps(worker, run_id) == [("a", "completed"), ("b", "completed"), ("c", "available")]

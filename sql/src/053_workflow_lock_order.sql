@@ -1,0 +1,128 @@
+--------------------------------------------------------------------------------
+-- The one lock order of a workflow's rows, for the paths that lock many of them:
+-- job rows first, in (queue, concurrency_key, id) order (the key lanes' order,
+-- 034_key_lanes.sql), then run rows, a child run before its parent: run ids
+-- descending (a child run is always inserted after its parent). A path that moves
+-- one step (treadle._advance_run) keeps it as it goes (its job, its run, then the
+-- run's parent and up); a batch's finish (treadle._follow_up over several rows),
+-- treadle.cancel_workflow and a step whose end cancels its run, which reach many
+-- rows, take their locks up front here, so that two of them never hold a row the
+-- other one waits for.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._lock_run_tree_jobs(run_ids) -> void
+--
+-- Locks (FOR UPDATE) the step jobs under way (available, retryable, running,
+-- blocked) of the run trees that hold the given runs: from each run's topmost
+-- ancestor (a cancelled child cancels its running parent, and that one the rest of
+-- its tree), that run and its running descendant runs, in (queue, concurrency_key,
+-- id) order, before its caller locks any run row to cancel: treadle.cancel_workflow,
+-- a step whose end cancels its run (treadle._advance_run), a batch's finish with
+-- such a step (treadle._lock_batch_runs). A job that another session is finishing
+-- is waited for while this holds no run: that finish may lock the tree's runs (a
+-- child's last step moves its parent) and commit. The trees are read again until a
+-- pass finds no job it had not locked (a finish it waited for may have enqueued the
+-- next steps, or started a child run); then no step of them can finish elsewhere
+-- until this transaction ends. Not on Citus (one statement over many shards' rows).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._lock_run_tree_jobs(run_ids bigint[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_roots bigint[] := run_ids;
+    v_up    bigint[] := run_ids;
+    v_runs  bigint[];
+    v_layer bigint[];
+    v_held  bigint[] := '{}'::bigint[];
+    v_now   bigint[];
+BEGIN
+    IF treadle._on_citus() THEN
+        RETURN;
+    END IF;
+    -- the runs and their ancestors (the topmost among them are the trees' roots)
+    WHILE cardinality(v_up) > 0 LOOP
+        v_up := ARRAY(SELECT DISTINCT r.parent_run_id FROM treadle.workflow_runs AS r
+                       WHERE r.id = ANY (v_up) AND r.parent_run_id IS NOT NULL
+                         AND r.parent_run_id <> ALL (v_roots));
+        v_roots := v_roots || v_up;
+    END LOOP;
+    LOOP
+        v_runs := v_roots;
+        v_layer := v_roots;
+        WHILE cardinality(v_layer) > 0 LOOP
+            v_layer := ARRAY(SELECT r.id FROM treadle.workflow_runs AS r
+                              WHERE r.parent_run_id = ANY (v_layer) AND r.state = 'running'
+                                AND r.id <> ALL (v_runs));
+            v_runs := v_runs || v_layer;
+        END LOOP;
+        v_now := ARRAY(SELECT j.id FROM treadle.jobs AS j
+                        WHERE j.workflow_run_id = ANY (v_runs)
+                          AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
+                        ORDER BY j.queue, j.concurrency_key, j.id
+                          FOR UPDATE OF j);
+        EXIT WHEN v_now <@ v_held;
+        v_held := v_held || v_now;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION treadle._lock_run_tree_jobs(bigint[]) IS
+    'Lock the step jobs under way of the workflow run trees that hold the given runs, in the key lanes'' order, before any run row.';
+
+--------------------------------------------------------------------------------
+-- treadle._lock_batch_runs(done) -> void
+--
+-- For a batch's finish (treadle._follow_up over several rows, their jobs locked
+-- by the statement that finished them): when a step ended cancelled, the jobs
+-- under way of its run's tree first (treadle._lock_run_tree_jobs); then the run
+-- rows the batch's workflow steps may move, each step's run and that run's
+-- ancestors, in one order, ids descending (a child before its parent, as
+-- treadle._advance_run locks them one step at a time), before
+-- treadle._advance_lists and treadle._advance_run lock them again in theirs. Two batches whose child runs' ends move the same parents
+-- then never wait for each other in a circle. Not on Citus (there every step
+-- moves its run by itself, treadle._advance_run).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._lock_batch_runs(done treadle.jobs[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_runs  bigint[];
+    v_layer bigint[];
+BEGIN
+    IF treadle._on_citus() THEN
+        RETURN;
+    END IF;
+    v_layer := ARRAY(SELECT DISTINCT d.workflow_run_id FROM unnest(done) AS d WHERE d.workflow_run_id IS NOT NULL);
+    IF EXISTS (SELECT 1 FROM unnest(done) AS d WHERE d.workflow_run_id IS NOT NULL AND d.state = 'cancelled') THEN
+        -- a step that ended cancelled cancels its running run, and the rest of its
+        -- tree: their jobs first (treadle._advance_run would lock them after runs that
+        -- the batch's other rows locked)
+        PERFORM treadle._lock_run_tree_jobs(ARRAY(
+            SELECT d.workflow_run_id FROM unnest(done) AS d
+              JOIN treadle.workflow_runs AS r ON r.id = d.workflow_run_id
+             WHERE d.state = 'cancelled' AND NOT d.args ? 'compensates' AND r.state = 'running'));
+    END IF;
+    IF cardinality(v_layer) < 2 THEN
+        RETURN;  -- one run: treadle._advance_run locks it, then its parent and up, in this order
+    END IF;
+    v_runs := v_layer;
+    WHILE cardinality(v_layer) > 0 LOOP
+        v_layer := ARRAY(SELECT DISTINCT r.parent_run_id FROM treadle.workflow_runs AS r
+                          WHERE r.id = ANY (v_layer) AND r.parent_run_id IS NOT NULL
+                            AND r.parent_run_id <> ALL (v_runs));
+        v_runs := v_runs || v_layer;
+    END LOOP;
+    v_runs := ARRAY(SELECT r.id FROM treadle.workflow_runs AS r
+                     WHERE r.id = ANY (v_runs)
+                     ORDER BY r.id DESC
+                       FOR UPDATE OF r);
+END;
+$$;
+COMMENT ON FUNCTION treadle._lock_batch_runs(treadle.jobs[]) IS
+    'Lock the workflow runs a batch of finished steps may move, and their ancestors, child before parent.';
