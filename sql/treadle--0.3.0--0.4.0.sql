@@ -3712,7 +3712,7 @@ BEGIN
     END IF;
     -- completed steps of these queues left for a re-check, last: this transaction then
     -- takes no lock it waits for (073_workflow_rechecks.sql)
-    IF (current_setting('citus.version', true) IS NULL OR NOT treadle._distributed())
+    IF NOT treadle._on_citus()
        AND EXISTS (SELECT 1 FROM treadle.run_rechecks AS c WHERE c.queue = ANY (complete_and_claim.queues)) THEN
         PERFORM treadle._move_rechecks(complete_and_claim.queues);
     END IF;
@@ -4544,7 +4544,7 @@ BEGIN
         END IF;
     END IF;
 
-    IF step.state = 'completed' AND (current_setting('citus.version', true) IS NULL OR NOT treadle._distributed()) THEN
+    IF step.state = 'completed' AND NOT treadle._on_citus() THEN
         -- a completed step does not wait for a run row another transaction holds: a
         -- graph's step is left for a re-check (073_workflow_rechecks.sql), others wait
         SELECT * INTO v_run FROM treadle.workflow_runs AS r

@@ -107,7 +107,7 @@ BEGIN
     END IF;
     -- completed steps of these queues left for a re-check, last: this transaction then
     -- takes no lock it waits for (073_workflow_rechecks.sql)
-    IF (current_setting('citus.version', true) IS NULL OR NOT treadle._distributed())
+    IF NOT treadle._on_citus()
        AND EXISTS (SELECT 1 FROM treadle.run_rechecks AS c WHERE c.queue = ANY (complete_and_claim.queues)) THEN
         PERFORM treadle._move_rechecks(complete_and_claim.queues);
     END IF;

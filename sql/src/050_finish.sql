@@ -570,7 +570,7 @@ BEGIN
         END IF;
     END IF;
 
-    IF step.state = 'completed' AND (current_setting('citus.version', true) IS NULL OR NOT treadle._distributed()) THEN
+    IF step.state = 'completed' AND NOT treadle._on_citus() THEN
         -- a completed step does not wait for a run row another transaction holds: a
         -- graph's step is left for a re-check (073_workflow_rechecks.sql), others wait
         SELECT * INTO v_run FROM treadle.workflow_runs AS r
