@@ -6014,8 +6014,14 @@ COMMENT ON FUNCTION treadle._lock_run_tree_jobs(bigint[]) IS
 -- rows the batch's workflow steps may move, each step's run and that run's
 -- ancestors, in one order, ids descending (a child before its parent, as
 -- treadle._advance_run locks them one step at a time), before
--- treadle._advance_lists and treadle._advance_run lock them again in theirs. Two batches whose child runs' ends move the same parents
--- then never wait for each other in a circle. Not on Citus (there every step
+-- treadle._advance_lists and treadle._advance_run lock them again in theirs. Two
+-- batches whose child runs' ends move the same parents then never wait for each
+-- other in a circle. A run whose rows in the batch are all completed steps that
+-- may be left for a re-check (a graph's step, not a map's element nor a
+-- compensation: treadle._recheck_later, 073_workflow_rechecks.sql) is not locked
+-- here, unless it is another's ancestor: treadle._advance_run tries it with SKIP
+-- LOCKED, which never waits, so it takes no part in a circle, and the branch does
+-- not wait for a run row another branch holds. Not on Citus (there every step
 -- moves its run by itself, treadle._advance_run).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._lock_batch_runs(done treadle.jobs[])
@@ -6025,8 +6031,10 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_runs  bigint[];
     v_layer bigint[];
+    v_up    bigint[];
+    v_anc   bigint[] := '{}'::bigint[];  -- the ancestors of the batch's runs
+    v_skip  bigint[];  -- runs whose rows may all be left for a re-check
 BEGIN
     IF treadle._on_citus() THEN
         RETURN;
@@ -6044,17 +6052,27 @@ BEGIN
     IF cardinality(v_layer) < 2 THEN
         RETURN;  -- one run: treadle._advance_run locks it, then its parent and up, in this order
     END IF;
-    v_runs := v_layer;
-    WHILE cardinality(v_layer) > 0 LOOP
-        v_layer := ARRAY(SELECT DISTINCT r.parent_run_id FROM treadle.workflow_runs AS r
-                          WHERE r.id = ANY (v_layer) AND r.parent_run_id IS NOT NULL
-                            AND r.parent_run_id <> ALL (v_runs));
-        v_runs := v_runs || v_layer;
+    v_up := v_layer;
+    WHILE cardinality(v_up) > 0 LOOP
+        v_up := ARRAY(SELECT DISTINCT r.parent_run_id FROM treadle.workflow_runs AS r
+                       WHERE r.id = ANY (v_up) AND r.parent_run_id IS NOT NULL
+                         AND r.parent_run_id <> ALL (v_anc));
+        v_anc := v_anc || v_up;
     END LOOP;
-    v_runs := ARRAY(SELECT r.id FROM treadle.workflow_runs AS r
-                     WHERE r.id = ANY (v_runs)
-                     ORDER BY r.id DESC
-                       FOR UPDATE OF r);
+    -- the same test as treadle._recheck_later's, on the rows as the batch left them
+    v_skip := ARRAY(SELECT r.id FROM treadle.workflow_runs AS r
+                     WHERE r.id = ANY (v_layer) AND r.id <> ALL (v_anc) AND r.after IS NOT NULL
+                       AND NOT EXISTS (
+                           SELECT 1 FROM unnest(done) AS d
+                            WHERE d.workflow_run_id = r.id
+                              AND NOT (d.state = 'completed'
+                                       AND (r.maps IS NULL OR NOT r.maps ? d.step)
+                                       AND (r.compensations IS NULL
+                                            OR (r.state <> 'compensating' AND NOT d.args ? 'compensates')))));
+    PERFORM 1 FROM treadle.workflow_runs AS r
+     WHERE r.id = ANY (v_layer || v_anc) AND r.id <> ALL (v_skip)
+     ORDER BY r.id DESC
+       FOR UPDATE OF r;
 END;
 $$;
 COMMENT ON FUNCTION treadle._lock_batch_runs(treadle.jobs[]) IS
