@@ -13,6 +13,7 @@ import collections
 import concurrent.futures
 import functools
 import inspect
+import json
 import logging
 import re
 import threading
@@ -68,6 +69,7 @@ STEP_NAME = _sql.CLAIMED_EAGER.index("step")
 _DEFERRED_NAMES = tuple(name for name, _ in _sql.CLAIMED_DEFERRED)
 assert {field.name for field in fields(Job)} == {*_sql.CLAIMED_EAGER, *_DEFERRED_NAMES}, "a claimed row has every field"
 _new = object.__new__
+_decode = json.JSONDecoder().decode  # json.loads without its checks of the argument's type, for a str
 
 
 class DeferredLoader:
@@ -146,11 +148,14 @@ def decode_claimed(row: Sequence[Any], deferred: DeferredLoader) -> Claimed:
     values = list(row)
     record = values.pop()
     problem: UndecodablePayload | None = None
-    try:
-        values[_ARGS] = from_json(values[_ARGS], f"job {values[0]}'s args")
-    except UndecodablePayload as error:
-        values[_ARGS], problem = None, error
-    values[_META] = _or_none(values[_META])
+    args = values[_ARGS]
+    if args is not None:
+        try:
+            values[_ARGS] = _decode(args)
+        except (RecursionError, ValueError):
+            values[_ARGS], problem = None, _undecodable(args, f"job {values[0]}'s args")
+    if values[_META] is not None:
+        values[_META] = _or_none(values[_META])
     # a frozen dataclass's __init__ sets each field through object.__setattr__: filling the
     # instance's dict at once makes the same object (Job has no __post_init__)
     job: Job = _new(Job)
@@ -158,6 +163,15 @@ def decode_claimed(row: Sequence[Any], deferred: DeferredLoader) -> Claimed:
     state.update(zip(_sql.CLAIMED_EAGER, values, strict=True))
     state[DEFERRED_KEY] = _Deferred(deferred, record)
     return Claimed(job, problem)
+
+
+def _undecodable(text: str, what: str) -> UndecodablePayload:
+    """Why `text` cannot be decoded, as from_json says it (its message made only for a payload that fails)."""
+    try:
+        from_json(text, what)
+    except UndecodablePayload as error:
+        return error
+    return UndecodablePayload(f"{what} could not be decoded")  # pragma: no cover - from_json failed just before
 
 
 def _or_none(text: str | None) -> Any:
