@@ -1,4 +1,4 @@
-"""Quick handlers run on the completer's thread (Executor.run_inline); a slow one among them holds nothing up."""
+"""Quick handlers run on the completer's thread (Executor.run_in_turn); a slow one among them holds nothing up."""
 
 from __future__ import annotations
 

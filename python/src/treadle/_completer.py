@@ -97,11 +97,11 @@ class ClaimAlong(Protocol):
         """Run the jobs claimed (`asked` were asked for): rows of _sql.CLAIMED_NAMES.
 
         With `inline`, the jobs this thread may run itself (quick handlers) are returned
-        for `run_inline`, not handed to a handler thread.
+        for `run_in_turn`, not handed to a handler thread.
         """
         ...
 
-    def run_inline(self, calls: list[Any]) -> None:
+    def run_in_turn(self, calls: list[Any]) -> None:
         """Run the jobs `adopt` returned on this thread (the completer's writer)."""
         ...
 
@@ -259,7 +259,7 @@ class Completer:
 
         The jobs claimed with them whose handlers are quick then run here, one after
         another, once the successes are recorded: a hand-off to a handler thread and back
-        costs more than such a handler (Executor.run_inline).
+        costs more than such a handler (Executor.run_in_turn).
         """
         inline: list[Any] = []
         try:
@@ -286,7 +286,7 @@ class Completer:
                 self._host.done(completion.run)
         if inline:
             assert self._claim_along is not None
-            self._claim_along.run_inline(inline)
+            self._claim_along.run_in_turn(inline)
 
     def _write_successes(
         self, params: dict[str, Any], count: int, inline: list[Any]
@@ -375,7 +375,7 @@ class CompletionBuffer(Generic[T]):
     into the buffer.
 
     `write` may run quick handlers on the writer thread (the worker's jobs claimed
-    with a write, _executor.Executor.run_inline); when one of them turns out slow,
+    with a write, _executor.Executor.run_in_turn); when one of them turns out slow,
     `hand_off` starts a new writer thread, and the old one ends once its write
     returns, so that a slow handler never holds the other jobs' writes.
     """

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("treadle.worker")
 
-# A job run inline (Executor.run_inline) that has not returned after this long is slow: the
+# A job run inline (Executor.run_in_turn) that has not returned after this long is slow: the
 # jobs queued behind it go to handler threads, and another thread takes over the writes.
 # The check runs this often while jobs run inline, so they wait at most about twice this.
 INLINE_PATIENCE = 0.01
@@ -187,7 +187,7 @@ def _or_none(text: str | None) -> Any:
 
 
 class _InlineRun:
-    """Jobs one thread runs one after another (Executor.run_inline), as the watch sees them."""
+    """Jobs one thread runs one after another (Executor.run_in_turn), as the watch sees them."""
 
     __slots__ = ("calls", "lock", "since", "slow", "thread")
 
@@ -280,7 +280,7 @@ class Executor:
         inline: list[tuple[RunState, Claimed, dict[str, Any] | None]] | None = None,
     ) -> None:
         """Run the job: a coroutine handler as a task on the event loop, any other on a handler
-        thread, or (given `inline`) appended there for `run_inline`."""
+        thread, or (given `inline`) appended there for `run_in_turn`."""
         if claimed.undecodable is None and self._is_coroutine(run, step_run):
             self._start_async(self.execute_async(run, step_run))
         elif inline is not None:
@@ -288,7 +288,7 @@ class Executor:
         else:
             self._threads.submit(lambda: self.execute(run, claimed, step_run))
 
-    def run_inline(self, calls: list[tuple[RunState, Claimed, dict[str, Any] | None]]) -> None:
+    def run_in_turn(self, calls: list[tuple[RunState, Claimed, dict[str, Any] | None]]) -> None:
         """Run these jobs (plain-function handlers, which have been quick) on this thread, one after another.
 
         The completer's writer runs the jobs its write claimed this way: handing each to a

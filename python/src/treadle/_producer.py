@@ -42,7 +42,7 @@ WAIT_SLICE = 0.1  # longest single wait: a stop is noticed within this
 # (a longer handler gains nothing from it, and jobs held ahead would wait behind it).
 QUICK_HANDLER = 0.05
 # A write of successes runs the jobs it claimed itself, one after another, while handlers take
-# less than this on average (Executor.run_inline; one that turns out slow is handed on).
+# less than this on average (Executor.run_in_turn; one that turns out slow is handed on).
 INLINE_HANDLER = 0.001
 HANDLER_TIME_WEIGHT = 0.1  # the weight of the newest run in the handler-time average
 EMPTY_CLAIM_GAP = 0.02  # after empty claims that wake-ups started, the next wake-up waits this, doubling
@@ -179,7 +179,7 @@ class Producer:
         """Run the jobs claimed (`asked` were asked for): rows of _sql.CLAIMED_NAMES.
 
         With `inline` (the completer's write), while handlers are quick, the jobs whose
-        handler is a plain function are returned for `run_inline` on the caller's thread.
+        handler is a plain function are returned for `run_in_turn` on the caller's thread.
         """
         # a limited queue may give fewer than asked while more wait: a freed slot claims again
         self._more_waiting = len(rows) >= asked or (self._limited and bool(rows))
@@ -188,10 +188,10 @@ class Producer:
         average = self._handler_time
         return self._dispatch(rows, inline and average is not None and average < INLINE_HANDLER)
 
-    def run_inline(self, calls: list[Any]) -> None:
+    def run_in_turn(self, calls: list[Any]) -> None:
         """Run the jobs `adopt` returned, on this thread."""
         assert self._executor is not None
-        self._executor.run_inline(calls)
+        self._executor.run_in_turn(calls)
 
     def recover(self, lease_token: uuid.UUID) -> None:
         """The answer was lost: run what a claim under `lease_token` committed, if it did."""
