@@ -252,6 +252,48 @@ def test_a_failed_write_is_logged_and_the_buffer_goes_on(caplog: pytest.LogCaptu
     assert "writing 1 buffered completions failed" in caplog.text
 
 
+def test_a_held_up_writer_hands_off_and_another_thread_writes_meanwhile() -> None:
+    """hand_off: while the writer is held up in a write (a slow handler run inline), a new
+    thread writes what comes next; the old one ends when its write returns."""
+    held = threading.Event()
+    go_on = threading.Event()
+    writers: list[int] = []
+    batches: list[list[int]] = []
+
+    def write(batch: list[int]) -> None:
+        writers.append(threading.get_ident())
+        batches.append(batch)
+        if batch == [1]:
+            held.set()
+            assert go_on.wait(10)
+
+    buffer = CompletionBuffer(write, delay=0)
+    buffer.add(1)
+    assert held.wait(10)
+    first = writers[0]
+    assert not buffer.hand_off(threading.get_ident())  # only the writer itself is handed off from
+    buffer.add(2)
+    time.sleep(0.1)
+    assert batches == [[1]]  # without a hand-off, [2] waits behind the held write
+    assert buffer.hand_off(first)
+    deadline = time.monotonic() + 10
+    while len(batches) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert batches == [[1], [2]]
+    assert writers[1] != first
+    while buffer.pending() != 1 and time.monotonic() < deadline:  # the held write is still counted
+        time.sleep(0.01)
+    assert buffer.pending() == 1
+    assert not buffer.hand_off(first)  # handed off once
+    go_on.set()
+    buffer.add(3)
+    assert buffer.close(10)
+    assert batches == [[1], [2], [3]]
+    assert writers[2] == writers[1]
+    assert buffer.pending() == 0
+    assert not buffer.hand_off(writers[1])  # closed
+
+
 def test_buffer_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="delay must not be negative"):
         CompletionBuffer(Recorder(), delay=-1)

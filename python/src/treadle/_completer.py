@@ -93,8 +93,16 @@ class ClaimAlong(Protocol):
         """The claim's arguments that `cycle_statement` still takes (batch, lease_token)."""
         ...
 
-    def adopt(self, rows: list[tuple[Any, ...]], asked: int) -> None:
-        """Run the jobs claimed (`asked` were asked for): rows of _sql.CLAIMED_NAMES."""
+    def adopt(self, rows: list[tuple[Any, ...]], asked: int, *, inline: bool = False) -> list[Any]:
+        """Run the jobs claimed (`asked` were asked for): rows of _sql.CLAIMED_NAMES.
+
+        With `inline`, the jobs this thread may run itself (quick handlers) are returned
+        for `run_in_turn`, not handed to a handler thread.
+        """
+        ...
+
+    def run_in_turn(self, calls: list[Any]) -> None:
+        """Run the jobs `adopt` returned on this thread (the completer's writer)."""
         ...
 
     def recover(self, lease_token: uuid.UUID) -> None:
@@ -136,6 +144,10 @@ class Completer:
 
     def close(self, timeout: float) -> None:
         self._buffer.close(timeout=timeout)
+
+    def hand_off(self, writer: int) -> None:
+        """The writer thread `writer` runs a handler that turned out slow: another thread writes now."""
+        self._buffer.hand_off(writer)
 
     def pending(self) -> int:
         """Successes queued or being written."""
@@ -243,7 +255,13 @@ class Completer:
                 self.abandon.wait(delay)
 
     def _complete_batch(self, batch: list[Completion]) -> None:
-        """Finish buffered successes in one statement (and claim more with them, when lent a ClaimAlong)."""
+        """Finish buffered successes in one statement (and claim more with them, when lent a ClaimAlong).
+
+        The jobs claimed with them whose handlers are quick then run here, one after
+        another, once the successes are recorded: a hand-off to a handler thread and back
+        costs more than such a handler (Executor.run_in_turn).
+        """
+        inline: list[Any] = []
         try:
             results = [c.result for c in batch]
             runs = [c.run for c in batch]
@@ -255,7 +273,7 @@ class Completer:
                 # no array of nulls to send when no handler returned anything (most batches)
                 "results": None if all(r is None for r in results) else results,
             }
-            rows = self._write_successes(params, len(batch))
+            rows = self._write_successes(params, len(batch), inline)
             for index, completion in enumerate(batch):
                 if isinstance(rows, Unwritten):
                     self._complete_one(completion)
@@ -266,9 +284,14 @@ class Completer:
             log.exception("worker %s: completing %d jobs failed", self._worker_id, len(batch))
             for completion in batch:
                 self._host.done(completion.run)
+        if inline:
+            assert self._claim_along is not None
+            self._claim_along.run_in_turn(inline)
 
-    def _write_successes(self, params: dict[str, Any], count: int) -> list[dict[str, Any]] | Unwritten:
-        """One (job_id, state) row per success, or UNWRITTEN.
+    def _write_successes(
+        self, params: dict[str, Any], count: int, inline: list[Any]
+    ) -> list[dict[str, Any]] | Unwritten:
+        """One (job_id, state) row per success, or UNWRITTEN; the claimed jobs to run here go on `inline`.
 
         With a ClaimAlong, one treadle.complete_and_claim finishes them and claims. When
         it fails, the claim is read back by its token if its answer may have been lost,
@@ -293,7 +316,7 @@ class Completer:
                 fallback: list[dict[str, Any]] | Unwritten = self.retrying(_sql.COMPLETE_MANY, params, what, rows=True)
                 return fallback
             if reserved:
-                claim.adopt([row[2:] for row in answer[count:]], reserved)
+                inline.extend(claim.adopt([row[2:] for row in answer[count:]], reserved, inline=True))
             return [{"state": row[1]} for row in answer[:count]]
         finally:
             claim.release(reserved)
@@ -350,6 +373,11 @@ class CompletionBuffer(Generic[T]):
     deal with its own failures: an exception it raises is logged and its batch is
     dropped. `idle` is called with the buffer's lock held: it must not call back
     into the buffer.
+
+    `write` may run quick handlers on the writer thread (the worker's jobs claimed
+    with a write, _executor.Executor.run_in_turn); when one of them turns out slow,
+    `hand_off` starts a new writer thread, and the old one ends once its write
+    returns, so that a slow handler never holds the other jobs' writes.
     """
 
     def __init__(
@@ -377,7 +405,8 @@ class CompletionBuffer(Generic[T]):
         self._writing = 0  # items taken from the buffer whose write has not returned
         self._cond = threading.Condition()
         self._closing = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._name = name
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)  # the writer
         self._thread.start()
 
     def add(self, item: T) -> None:
@@ -396,17 +425,32 @@ class CompletionBuffer(Generic[T]):
         with self._cond:
             return len(self._items) + self._writing
 
+    def hand_off(self, writer: int) -> bool:
+        """The writer thread `writer` (an ident) is held up (a slow handler it runs): a new thread
+        writes from now on, and that one ends when its write returns. False when `writer` is no
+        longer the writer, or the buffer is closing."""
+        with self._cond:
+            if self._closing or self._thread.ident != writer:
+                return False
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+            return True
+
     def close(self, timeout: float | None = None) -> bool:
         """Write what is buffered now, then stop. True when everything was written in time."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+            thread = self._thread
+        thread.join(timeout)
+        return not thread.is_alive()
 
     def _run(self) -> None:
+        me = threading.current_thread()
         while True:
             with self._cond:
+                if self._thread is not me:
+                    return  # handed off: another thread writes now
                 while not self._items and not self._closing:
                     self._cond.wait()
                 if not self._items:
@@ -421,12 +465,12 @@ class CompletionBuffer(Generic[T]):
                     self._cond.wait(remaining)
                 batch = self._items[: self._max_batch]
                 del self._items[: self._max_batch]
-                self._writing = len(batch)
+                self._writing += len(batch)  # (a writer handed off from may still be writing)
             try:
                 self._write(batch)
             except Exception:
                 log.exception("writing %d buffered completions failed", len(batch))
             finally:
                 with self._cond:
-                    self._writing = 0
+                    self._writing -= len(batch)
                     self._cond.notify_all()

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import functools
 import inspect
+import json
 import logging
 import re
 import threading
@@ -42,6 +44,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("treadle.worker")
 
+# A job run inline (Executor.run_in_turn) that has not returned after this long is slow: the
+# jobs queued behind it go to handler threads, and another thread takes over the writes.
+# The check runs this often while jobs run inline, so they wait at most about twice this.
+INLINE_PATIENCE = 0.01
+
 
 class Claimed(NamedTuple):
     """A job as the claim returned it: decoded, or with the reason it could not be.
@@ -62,6 +69,7 @@ STEP_NAME = _sql.CLAIMED_EAGER.index("step")
 _DEFERRED_NAMES = tuple(name for name, _ in _sql.CLAIMED_DEFERRED)
 assert {field.name for field in fields(Job)} == {*_sql.CLAIMED_EAGER, *_DEFERRED_NAMES}, "a claimed row has every field"
 _new = object.__new__
+_decode = json.JSONDecoder().decode  # json.loads without its checks of the argument's type, for a str
 
 
 class DeferredLoader:
@@ -140,11 +148,14 @@ def decode_claimed(row: Sequence[Any], deferred: DeferredLoader) -> Claimed:
     values = list(row)
     record = values.pop()
     problem: UndecodablePayload | None = None
-    try:
-        values[_ARGS] = from_json(values[_ARGS], f"job {values[0]}'s args")
-    except UndecodablePayload as error:
-        values[_ARGS], problem = None, error
-    values[_META] = _or_none(values[_META])
+    args = values[_ARGS]
+    if args is not None:
+        try:
+            values[_ARGS] = _decode(args)
+        except (RecursionError, ValueError):
+            values[_ARGS], problem = None, _undecodable(args, f"job {values[0]}'s args")
+    if values[_META] is not None:
+        values[_META] = _or_none(values[_META])
     # a frozen dataclass's __init__ sets each field through object.__setattr__: filling the
     # instance's dict at once makes the same object (Job has no __post_init__)
     job: Job = _new(Job)
@@ -152,6 +163,15 @@ def decode_claimed(row: Sequence[Any], deferred: DeferredLoader) -> Claimed:
     state.update(zip(_sql.CLAIMED_EAGER, values, strict=True))
     state[DEFERRED_KEY] = _Deferred(deferred, record)
     return Claimed(job, problem)
+
+
+def _undecodable(text: str, what: str) -> UndecodablePayload:
+    """Why `text` cannot be decoded, as from_json says it (its message made only for a payload that fails)."""
+    try:
+        from_json(text, what)
+    except UndecodablePayload as error:
+        return error
+    return UndecodablePayload(f"{what} could not be decoded")  # pragma: no cover - from_json failed just before
 
 
 def _or_none(text: str | None) -> Any:
@@ -164,6 +184,19 @@ def _or_none(text: str | None) -> Any:
         return from_json(text, "a column")
     except UndecodablePayload:
         return None
+
+
+class _InlineRun:
+    """Jobs one thread runs one after another (Executor.run_in_turn), as the watch sees them."""
+
+    __slots__ = ("calls", "lock", "since", "slow", "thread")
+
+    def __init__(self, calls: list[tuple[RunState, Claimed, dict[str, Any] | None]]) -> None:
+        self.calls = collections.deque(calls)  # not yet begun
+        self.lock = threading.Lock()
+        self.since: float | None = None  # when the job running now began (time.monotonic()), or None
+        self.slow = False  # found slow: what was queued went to handler threads
+        self.thread = threading.get_ident()
 
 
 class ExecutorHost(Protocol):
@@ -225,6 +258,11 @@ class Executor:
         self._slot_waiters = 0  # handler threads waiting in _take_slot: a freed slot notifies only then
         self._waiting_tasks: collections.deque[Coroutine[Any, Any, None]] = collections.deque()
         self._traced = False  # whether an attempt runs in a span (_otel), asked once per claimed batch
+        # jobs running inline, and the watch over them (armed while some run: _watch_inline)
+        self._inline: list[_InlineRun] = []
+        self._inline_lock = threading.Lock()
+        self._inline_seen = False  # some ran since the watch last looked
+        self._inline_watched = False
 
     def claimed_batch(self) -> None:
         """A claimed batch is about to be submitted: whether its attempts are traced is asked once, here."""
@@ -234,12 +272,85 @@ class Executor:
         """No handler is running (cheaper than counting the worker's jobs)."""
         return self._handlers_running == 0
 
-    def submit(self, run: RunState, claimed: Claimed, step_run: dict[str, Any] | None) -> None:
-        """Run the job: a coroutine handler as a task on the event loop, any other on a handler thread."""
+    def submit(
+        self,
+        run: RunState,
+        claimed: Claimed,
+        step_run: dict[str, Any] | None,
+        inline: list[tuple[RunState, Claimed, dict[str, Any] | None]] | None = None,
+    ) -> None:
+        """Run the job: a coroutine handler as a task on the event loop, any other on a handler
+        thread, or (given `inline`) appended there for `run_in_turn`."""
         if claimed.undecodable is None and self._is_coroutine(run, step_run):
             self._start_async(self.execute_async(run, step_run))
+        elif inline is not None:
+            inline.append((run, claimed, step_run))
         else:
             self._threads.submit(lambda: self.execute(run, claimed, step_run))
+
+    def run_in_turn(self, calls: list[tuple[RunState, Claimed, dict[str, Any] | None]]) -> None:
+        """Run these jobs (plain-function handlers, which have been quick) on this thread, one after another.
+
+        The completer's writer runs the jobs its write claimed this way: handing each to a
+        handler thread, and its success back, costs more than a quick handler. Each takes
+        a slot as on a handler thread (one that finds none free goes to a handler thread).
+        When one runs longer than INLINE_PATIENCE, the watch hands the jobs queued behind
+        it to handler threads and has another thread take over the completer's writes
+        (Completer.hand_off): a handler that turns out slow holds neither.
+        """
+        batch = _InlineRun(calls)
+        with self._inline_lock:
+            self._inline.append(batch)
+            self._inline_seen = True
+            if not self._inline_watched:
+                self._inline_watched = True
+                self._threads.deadlines.call_later(INLINE_PATIENCE, self._watch_inline)
+        try:
+            while True:
+                with batch.lock:
+                    if not batch.calls:
+                        batch.since = None
+                        break
+                    run, claimed, step_run = batch.calls.popleft()
+                    batch.since = time.monotonic()
+                if not self._try_take_slot():
+                    self._threads.submit(functools.partial(self.execute, run, claimed, step_run))
+                    continue
+                try:
+                    self._execute(run, claimed, step_run)
+                finally:
+                    self._give_slot()
+        finally:
+            with batch.lock:
+                rest, batch.since = list(batch.calls), None
+                batch.calls.clear()
+            with self._inline_lock:
+                self._inline.remove(batch)
+            for call in rest:  # only after a fault of the worker's own: each still runs
+                self._threads.submit(functools.partial(self.execute, *call))
+
+    def _watch_inline(self) -> None:
+        """From the deadline thread, every INLINE_PATIENCE while jobs run inline: hand on what
+        waits behind a slow one."""
+        now = time.monotonic()
+        with self._inline_lock:
+            runs = list(self._inline)
+            # (a run already found slow keeps nothing to watch: its thread handed everything on)
+            again = self._inline_seen or any(not batch.slow for batch in runs)
+            self._inline_seen = False
+            self._inline_watched = again
+            if again:
+                self._threads.deadlines.call_later(INLINE_PATIENCE, self._watch_inline)
+        for batch in runs:
+            with batch.lock:
+                if batch.slow or batch.since is None or now - batch.since < INLINE_PATIENCE:
+                    continue
+                batch.slow = True
+                rest = list(batch.calls)
+                batch.calls.clear()
+            for call in rest:
+                self._threads.submit(functools.partial(self.execute, *call))
+            self._completer.hand_off(batch.thread)
 
     def close(self) -> None:
         """The async jobs still waiting for a slot never start (the worker handed them back)."""
@@ -255,6 +366,13 @@ class Executor:
                 return
             self._in_slots += 1
         self._threads.start_task(coroutine)
+
+    def _try_take_slot(self) -> bool:
+        with self._slots:
+            if self._in_slots >= self._concurrency:
+                return False
+            self._in_slots += 1
+            return True
 
     def _take_slot(self) -> None:
         with self._slots:

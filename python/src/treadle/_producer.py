@@ -41,6 +41,9 @@ WAIT_SLICE = 0.1  # longest single wait: a stop is noticed within this
 # Jobs are claimed ahead of free slots only while handlers take less than this on average
 # (a longer handler gains nothing from it, and jobs held ahead would wait behind it).
 QUICK_HANDLER = 0.05
+# A write of successes runs the jobs it claimed itself, one after another, while handlers take
+# less than this on average (Executor.run_in_turn; one that turns out slow is handed on).
+INLINE_HANDLER = 0.001
 HANDLER_TIME_WEIGHT = 0.1  # the weight of the newest run in the handler-time average
 EMPTY_CLAIM_GAP = 0.02  # after empty claims that wake-ups started, the next wake-up waits this, doubling
 LIMITS_INTERVAL = 5.0  # how often the worker reads its queues' limits (treadle.queue_settings)
@@ -172,12 +175,23 @@ class Producer:
         """The claim's arguments for `claim_statement` and `cycle_statement` (batch, lease_token)."""
         return {"batch": batch, "lease_token": str(lease_token)}
 
-    def adopt(self, rows: list[tuple[Any, ...]], asked: int) -> None:
-        """Run the jobs claimed (`asked` were asked for): rows of _sql.CLAIMED_NAMES."""
+    def adopt(self, rows: list[tuple[Any, ...]], asked: int, *, inline: bool = False) -> list[Any]:
+        """Run the jobs claimed (`asked` were asked for): rows of _sql.CLAIMED_NAMES.
+
+        With `inline` (the completer's write), while handlers are quick, the jobs whose
+        handler is a plain function are returned for `run_in_turn` on the caller's thread.
+        """
         # a limited queue may give fewer than asked while more wait: a freed slot claims again
         self._more_waiting = len(rows) >= asked or (self._limited and bool(rows))
-        if rows:
-            self._dispatch(rows)
+        if not rows:
+            return []
+        average = self._handler_time
+        return self._dispatch(rows, inline and average is not None and average < INLINE_HANDLER)
+
+    def run_in_turn(self, calls: list[Any]) -> None:
+        """Run the jobs `adopt` returned, on this thread."""
+        assert self._executor is not None
+        self._executor.run_in_turn(calls)
 
     def recover(self, lease_token: uuid.UUID) -> None:
         """The answer was lost: run what a claim under `lease_token` committed, if it did."""
@@ -306,17 +320,21 @@ class Producer:
         return woken
 
     # handing claimed jobs on
-    def _dispatch(self, rows: list[tuple[Any, ...]]) -> None:
+    def _dispatch(self, rows: list[tuple[Any, ...]], inline: bool = False) -> list[Any]:
+        """Track and start the claimed jobs; with `inline`, those to run on this thread are returned."""
         assert self._executor is not None and self._deferred is not None
         step_runs = self._step_runs(rows)
-        self._executor.claimed_batch()
+        executor = self._executor
+        executor.claimed_batch()
         deferred = self._deferred
+        here: list[Any] | None = [] if inline else None
         for row in rows:
             claimed: Claimed = decode_claimed(row, deferred)
             run = RunState(claimed.job, on_lost=self._host.lease_lost)
             self._host.track(run)
             self._host.emit("claimed", run)
-            self._executor.submit(run, claimed, step_runs.get((run.run_id, run.step)))
+            executor.submit(run, claimed, step_runs.get((run.run_id, run.step)), here)
+        return here or []
 
     def _step_runs(self, rows: list[tuple[Any, ...]]) -> dict[tuple[int | None, str | None], dict[str, Any]]:
         """The workflow, input and dependencies' results of the steps just claimed, in one query."""
