@@ -254,12 +254,15 @@ class Completer:
                 )
                 self.abandon.wait(delay)
 
-    def _complete_batch(self, batch: list[Completion]) -> None:
+    def _complete_batch(self, batch: list[Completion]) -> Callable[[], None] | None:
         """Finish buffered successes in one statement (and claim more with them, when lent a ClaimAlong).
 
-        The jobs claimed with them whose handlers are quick then run here, one after
-        another, once the successes are recorded: a hand-off to a handler thread and back
-        costs more than such a handler (Executor.run_in_turn).
+        The jobs claimed with them whose handlers are quick then run on this thread, one
+        after another, once the successes are recorded: a hand-off to a handler thread and
+        back costs more than such a handler (Executor.run_in_turn). They are returned as
+        the write's sequel, which the buffer runs once the write no longer counts as
+        pending: a slow one among them is no success on its way, which would keep the
+        claim loop from claiming for the slots that free meanwhile.
         """
         inline: list[Any] = []
         try:
@@ -284,9 +287,11 @@ class Completer:
             log.exception("worker %s: completing %d jobs failed", self._worker_id, len(batch))
             for completion in batch:
                 self._host.done(completion.run)
-        if inline:
-            assert self._claim_along is not None
-            self._claim_along.run_in_turn(inline)
+        if not inline:
+            return None
+        claim_along = self._claim_along
+        assert claim_along is not None
+        return lambda: claim_along.run_in_turn(inline)
 
     def _write_successes(
         self, params: dict[str, Any], count: int, inline: list[Any]
@@ -374,15 +379,16 @@ class CompletionBuffer(Generic[T]):
     dropped. `idle` is called with the buffer's lock held: it must not call back
     into the buffer.
 
-    `write` may run quick handlers on the writer thread (the worker's jobs claimed
-    with a write, _executor.Executor.run_in_turn); when one of them turns out slow,
-    `hand_off` starts a new writer thread, and the old one ends once its write
-    returns, so that a slow handler never holds the other jobs' writes.
+    `write` may return a sequel that the writer thread runs once the batch no longer
+    counts as pending: the worker's quick handlers claimed with the write
+    (_executor.Executor.run_in_turn); when one of them turns out slow, `hand_off`
+    starts a new writer thread, and the old one ends once its sequel returns, so
+    that a slow handler never holds the other jobs' writes.
     """
 
     def __init__(
         self,
-        write: Callable[[list[T]], None],
+        write: Callable[[list[T]], Callable[[], None] | None],
         *,
         delay: float = 0.005,
         max_batch: int = 500,
@@ -466,11 +472,17 @@ class CompletionBuffer(Generic[T]):
                 batch = self._items[: self._max_batch]
                 del self._items[: self._max_batch]
                 self._writing += len(batch)  # (a writer handed off from may still be writing)
+            sequel: Callable[[], None] | None = None
             try:
-                self._write(batch)
+                sequel = self._write(batch)
             except Exception:
                 log.exception("writing %d buffered completions failed", len(batch))
             finally:
                 with self._cond:
                     self._writing -= len(batch)
                     self._cond.notify_all()
+            if sequel is not None:
+                try:
+                    sequel()
+                except Exception:
+                    log.exception("after writing %d buffered completions", len(batch))
