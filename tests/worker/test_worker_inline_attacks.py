@@ -185,3 +185,49 @@ def test_a_slow_handler_on_the_completers_thread_does_not_stop_the_claims_of_fai
     finally:
         release.set()
     wait_for(lambda: count(conn, "completed") == SLOW_AT + 1, "the slow job to complete once released")
+
+
+def test_a_blocking_handler_on_the_completers_thread_times_out_and_a_stop_hands_another_back(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
+    """On the completer's thread, a handler past its timeout is told to stop (its job fails with
+    JobTimeout), and a graceful stop waits `stop_timeout` for another, then hands it back
+    (available again) and returns."""
+    worker = make_worker(concurrency=4, stop_timeout=1.0)
+    threads: dict[str, str] = {}
+    told: dict[str, float] = {}
+
+    @worker.register("tick", timeout=0.5)
+    def tick(args: dict[str, Any], ctx: JobContext) -> None:
+        kind = args.get("kind")
+        if kind is None:
+            return
+        threads[kind] = threading.current_thread().name
+        began = time.monotonic()
+        ctx.cancelled.wait(PATIENCE)
+        told[kind] = time.monotonic() - began
+
+    @worker.register
+    def hold(args: dict[str, Any], ctx: JobContext) -> None:
+        tick(args, ctx)
+
+    jobs: list[dict[str, Any]] = [{"name": "tick", "args": {"i": i}} for i in range(QUICK)]
+    jobs[SLOW_AT]["args"]["kind"] = "timeout"
+    jobs[SLOW_AT]["max_attempts"] = 1
+    conn.execute("SELECT count(*) FROM treadle.enqueue_many(%s)", [Jsonb(jobs)])
+    worker.start()
+    wait_for(lambda: count(conn, "discarded") == 1 and count(conn, "completed") == QUICK - 1, "the jobs to end")
+    assert 0.4 < told["timeout"] < 1.5, told
+    row = conn.execute("SELECT errors::text FROM treadle.jobs WHERE state = 'discarded'").fetchone()
+    assert row is not None and "JobTimeout" in row[0], row
+
+    jobs = [{"name": "tick", "args": {"i": i}} for i in range(QUICK)]
+    jobs[SLOW_AT] = {"name": "hold", "args": {"kind": "stop"}}  # (no timeout)
+    conn.execute("SELECT count(*) FROM treadle.enqueue_many(%s)", [Jsonb(jobs)])
+    wait_for(lambda: "stop" in threads and count(conn, "completed") == 2 * QUICK - 2, "the quick jobs to end")
+    began = time.monotonic()
+    worker.stop()
+    assert time.monotonic() - began < 5.0
+    assert "stop" in told
+    assert count(conn, "available") == 1
+    assert any(name.startswith("treadle-completer") for name in threads.values()), threads
