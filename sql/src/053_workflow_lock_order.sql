@@ -84,8 +84,10 @@ COMMENT ON FUNCTION treadle._lock_run_tree_jobs(bigint[]) IS
 -- treadle._advance_lists and treadle._advance_run lock them again in theirs. Two
 -- batches whose child runs' ends move the same parents then never wait for each
 -- other in a circle. A run whose rows in the batch are all completed steps that
--- may be left for a re-check (a graph's step, not a map's element nor a
--- compensation: treadle._recheck_later, 073_workflow_rechecks.sql) is not locked
+-- may be left for a re-check (a graph's step that may make a join ready, not a
+-- map's element nor a compensation: treadle._recheck_later,
+-- 073_workflow_rechecks.sql; a step whose successors wait for it alone is recorded
+-- by treadle._advance_run's first UPDATE, which waits for the row) is not locked
 -- here, unless it is another's ancestor: treadle._advance_run tries it with SKIP
 -- LOCKED, which never waits, so it takes no part in a circle, and the branch does
 -- not wait for a run row another branch holds. Not on Citus (there every step
@@ -135,7 +137,11 @@ BEGIN
                               AND NOT (d.state = 'completed'
                                        AND (r.maps IS NULL OR NOT r.maps ? d.step)
                                        AND (r.compensations IS NULL
-                                            OR (r.state <> 'compensating' AND NOT d.args ? 'compensates')))));
+                                            OR (r.state <> 'compensating' AND NOT d.args ? 'compensates'))
+                                       -- (one whose successors wait for it alone is recorded by
+                                       -- treadle._advance_run's first UPDATE, which waits)
+                                       AND EXISTS (SELECT 1 FROM jsonb_each(r.after) AS e
+                                                    WHERE e.value ? d.step AND jsonb_array_length(e.value) > 1))));
     PERFORM 1 FROM treadle.workflow_runs AS r
      WHERE r.id = ANY (v_layer || v_anc) AND r.id <> ALL (v_skip)
      ORDER BY r.id DESC

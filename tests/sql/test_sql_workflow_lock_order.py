@@ -173,3 +173,43 @@ def test_a_step_ending_cancelled_while_a_sibling_step_finishes(
         "cancelled",
         {"c": None},
     )
+
+
+def test_a_batch_with_a_graph_step_that_makes_no_join_ready_while_its_run_fails_and_moves_the_parent(
+    connect: Connect, wait_until_blocked: WaitBlocked
+) -> None:
+    """A batch's completed graph step whose successors wait for it alone records its result with
+    an UPDATE that waits for the run row (no re-check), so its run is locked up front with the
+    others: before, the batch held the child run's parent (an ancestor, locked up front) and then
+    waited for the child run, which a failing sibling step held while it waited for the parent."""
+    setup = connect()
+    setup.execute(
+        "select treadle.define_workflow('kid2', array['a', 'c', 'b'], after => %s)",
+        (json.dumps({"a": [], "c": [], "b": ["a"]}),),
+    )
+    other = value(setup, "select treadle.start_workflow('lin', steps => array['s1', 's2'], queue => 'lock-order')")
+    q = value(setup, PARENT, ("par", ["k"], json.dumps({"k": []}), json.dumps({"k": {"workflow": "kid2"}})))
+    r = child(setup, q, "k")
+    assert other < q < r
+    jobs = claim(setup)
+
+    holder, a, b = connect(autocommit=False), connect(autocommit=False), connect(autocommit=False)
+    # a third session holds the other run's row, so the batch stops there, holding q already
+    # (run ids descending); before, it held q and not r
+    holder.execute("select 1 from treadle.workflow_runs where id = %s for update", (other,))
+    thread_a, answer_a = in_thread(a, *complete_many([jobs[(other, "s1")], jobs[(r, "a")]]))
+    wait_until_blocked(a.info.backend_pid)
+    # c fails for good: r fails (its row locked), and its end moves q
+    thread_b, answer_b = in_thread(b, "select treadle.fail(%s, %s, 'boom', retryable => false)", (*jobs[(r, "c")],))
+    thread_b.join(5)
+    if thread_b.is_alive():
+        wait_until_blocked(b.info.backend_pid)
+    holder.commit()
+    thread_a.join(60)
+    thread_b.join(60)
+    assert answer_a == [[("completed",), ("completed",)]], answer_a
+    assert answer_b == [[("discarded",)]], answer_b
+    runs: dict[int, str] = dict(
+        setup.execute("select id, state from treadle.workflow_runs where id = any(%s)", ([other, q, r],)).fetchall()
+    )
+    assert runs == {other: "running", q: "failed", r: "failed"}, runs
