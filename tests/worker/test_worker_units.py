@@ -294,6 +294,33 @@ def test_a_held_up_writer_hands_off_and_another_thread_writes_meanwhile() -> Non
     assert not buffer.hand_off(writers[1])  # closed
 
 
+def test_a_writer_handed_off_after_its_write_returned_ends_and_never_writes_again() -> None:
+    """hand_off races the write it was meant for: the watch found a handler slow, and the
+    writer came back to wait for items before hand_off ran. The old writer ends at once (it
+    no longer waits beside the new one), so a later batch, close() included, has one writer."""
+    writers: list[threading.Thread] = []
+    batches: list[list[int]] = []
+
+    def write(batch: list[int]) -> None:
+        writers.append(threading.current_thread())
+        batches.append(batch)
+
+    buffer = CompletionBuffer(write, delay=0)
+    buffer.add(1)
+    deadline = time.monotonic() + 10
+    while buffer.pending() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    old = writers[0]
+    assert buffer.hand_off(old.ident or 0)
+    old.join(2)
+    assert not old.is_alive()  # it waited for items beside the new writer
+    for item in range(2, 40):
+        buffer.add(item)
+    assert buffer.close(10)
+    assert sorted(i for batch in batches for i in batch) == list(range(1, 40))
+    assert all(thread is not old for thread in writers[1:])
+
+
 def test_buffer_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="delay must not be negative"):
         CompletionBuffer(Recorder(), delay=-1)

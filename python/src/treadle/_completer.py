@@ -433,13 +433,15 @@ class CompletionBuffer(Generic[T]):
 
     def hand_off(self, writer: int) -> bool:
         """The writer thread `writer` (an ident) is held up (a slow handler it runs): a new thread
-        writes from now on, and that one ends when its write returns. False when `writer` is no
-        longer the writer, or the buffer is closing."""
+        writes from now on, and that one ends when its write returns (at once if it was back
+        waiting for items: two never wait side by side). False when `writer` is no longer the
+        writer, or the buffer is closing."""
         with self._cond:
             if self._closing or self._thread.ident != writer:
                 return False
             self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
             self._thread.start()
+            self._cond.notify_all()  # (the old writer, if back waiting for items already, ends)
             return True
 
     def close(self, timeout: float | None = None) -> bool:
@@ -455,20 +457,22 @@ class CompletionBuffer(Generic[T]):
         me = threading.current_thread()
         while True:
             with self._cond:
+                while not self._items and not self._closing and self._thread is me:
+                    self._cond.wait()
                 if self._thread is not me:
                     return  # handed off: another thread writes now
-                while not self._items and not self._closing:
-                    self._cond.wait()
                 if not self._items:
                     return  # closing, and nothing left
                 deadline = time.monotonic() + self._delay
-                while len(self._items) < self._flush_at and not self._closing:
+                while len(self._items) < self._flush_at and not self._closing and self._thread is me:
                     if self._idle is not None and self._idle():
                         break
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)
+                if self._thread is not me:
+                    return  # handed off while it waited: the new writer takes these
                 batch = self._items[: self._max_batch]
                 del self._items[: self._max_batch]
                 self._writing += len(batch)  # (a writer handed off from may still be writing)
