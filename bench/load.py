@@ -134,6 +134,10 @@ def enqueue_backlog(conn: psycopg.Connection[Any], kind: str, jobs: int) -> floa
                 conn.execute(RAW_INSERT_SELECT, {"name": "bench", "args": [Jsonb({"i": i}) for i in ids]})
         if kind == "raw":
             conn.execute("SELECT pg_notify('bench_raw_jobs', 'default')")
+        # statistics of this backlog, before the drain begins (ANALYZE counts this transaction's own
+        # rows): TRUNCATE keeps a table's old statistics, and the plans of either side would
+        # otherwise depend on what an autovacuum last saw
+        conn.execute(f"ANALYZE {TABLE[kind]}")
     row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
     assert row is not None
     return float(row[0])
