@@ -266,6 +266,7 @@ def test_a_held_up_writer_hands_off_and_another_thread_writes_meanwhile() -> Non
         if batch == [1]:
             held.set()
             assert go_on.wait(10)
+            time.sleep(0.2)  # still in its write when close() is called: close waits for it
 
     buffer = CompletionBuffer(write, delay=0)
     buffer.add(1)

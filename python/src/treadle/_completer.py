@@ -445,13 +445,22 @@ class CompletionBuffer(Generic[T]):
             return True
 
     def close(self, timeout: float | None = None) -> bool:
-        """Write what is buffered now, then stop. True when everything was written in time."""
+        """Write what is buffered now, then stop. True when everything was written in time,
+        the writes of writers handed off from included (one may still be in its write)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._closing = True
             self._cond.notify_all()
             thread = self._thread
         thread.join(timeout)
-        return not thread.is_alive()
+        with self._cond:
+            while self._writing:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            written = self._writing == 0
+        return written and not thread.is_alive()
 
     def _run(self) -> None:
         me = threading.current_thread()
