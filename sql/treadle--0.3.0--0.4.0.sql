@@ -3012,6 +3012,7 @@ DECLARE
     v_now     timestamptz := treadle.now();
     v_setting text;       -- this session's claim mode for these queues and names
     v_checked text;       -- the queues' hash
+    v_names_hash text;    -- the names' (null without names)
     v_mode    text;
     v_plain   boolean;    -- the session claims plainly, without a cursor
     v_started timestamptz;
@@ -3043,6 +3044,7 @@ DECLARE
     v_bound_p integer;    -- the worst of the best v_want candidates, once there are that many:
     v_bound_at timestamptz;  -- its priority, run_at
     v_bound_id bigint;    -- and id
+    v_take    integer;    -- candidates read next over several names
     -- treadle is distributed by Citus (one setting's read where Citus is not loaded)
     v_citus   boolean := treadle._on_citus();
 BEGIN
@@ -3076,9 +3078,18 @@ BEGIN
         PERFORM set_config('treadle.claim_checked', v_checked, false);
     END IF;
     -- (treadle._claim_setting's name, from the hash above)
-    v_setting := 'treadle.claim_' || v_checked || coalesce('_' || to_hex(hash_array_extended(claim.names, 0)), '');
-    IF claim.names IS NOT NULL AND NOT treadle._are_job_names(claim.names) THEN
-        PERFORM treadle._check_job_names(claim.names, 'names');
+    v_names_hash := to_hex(hash_array_extended(claim.names, 0));
+    v_setting := 'treadle.claim_' || v_checked || coalesce('_' || v_names_hash, '');
+    -- The names as the queues: bounds and nulls at every call, each name in full once per
+    -- list and session (the list last found valid kept as its hash, treadle.claim_names_checked)
+    IF claim.names IS NOT NULL
+       AND (cardinality(claim.names) NOT BETWEEN 1 AND 1000 OR array_ndims(claim.names) <> 1
+            OR array_position(claim.names, NULL) IS NOT NULL
+            OR current_setting('treadle.claim_names_checked', true) IS DISTINCT FROM v_names_hash) THEN
+        IF NOT treadle._are_job_names(claim.names) THEN
+            PERFORM treadle._check_job_names(claim.names, 'names');
+        END IF;
+        PERFORM set_config('treadle.claim_names_checked', v_names_hash, false);
     END IF;
     IF claim.batch IS NULL OR claim.batch NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'treadle: batch must be between 1 and 1000, got %', coalesce(claim.batch::text, 'null')
@@ -3216,9 +3227,71 @@ BEGIN
                  ORDER BY j.priority, j.run_at, j.id
                  LIMIT v_want
                    FOR UPDATE SKIP LOCKED);
+        ELSIF NOT v_citus THEN
+            -- Several names: the best candidates over the names, each (queue, name) range
+            -- read from its own front (a backlog of other names is never walked past) and
+            -- none locked, then those locked by key, skipping rows other claimers hold. A
+            -- candidate held elsewhere (or claimed since) leaves the batch short: the next
+            -- read goes on past the last candidate, for what is still wanted. So the claim
+            -- locks only what it takes. (Each read bounds the name from both sides, as the
+            -- reads below: the one plan without sorts of each range is its index's.)
+            v_got := '{}'::bigint[];
+            v_bound_id := NULL;
+            LOOP
+                v_take := v_want - cardinality(v_got);
+                IF v_bound_id IS NULL THEN
+                    SELECT coalesce(array_agg(c.id ORDER BY c.priority, c.run_at, c.id), '{}'),
+                           array_agg(c.priority ORDER BY c.priority, c.run_at, c.id),
+                           array_agg(c.run_at ORDER BY c.priority, c.run_at, c.id)
+                      INTO v_cand, v_cand_p, v_cand_at
+                      FROM (SELECT l.id, l.priority, l.run_at FROM unnest(v_names) AS n(n)
+                             CROSS JOIN LATERAL (
+                                   SELECT j.id, j.priority, j.run_at FROM treadle.jobs AS j
+                                    WHERE j.queue = v_queue
+                                      AND j.name >= n.n AND j.name <= n.n
+                                      AND j.state = ANY (ARRAY['available', 'retryable'])
+                                      AND j.run_at <= v_now
+                                    ORDER BY j.name, j.priority, j.run_at, j.id
+                                    LIMIT v_take) AS l
+                             ORDER BY l.priority, l.run_at, l.id
+                             LIMIT v_take) AS c;
+                ELSE
+                    SELECT coalesce(array_agg(c.id ORDER BY c.priority, c.run_at, c.id), '{}'),
+                           array_agg(c.priority ORDER BY c.priority, c.run_at, c.id),
+                           array_agg(c.run_at ORDER BY c.priority, c.run_at, c.id)
+                      INTO v_cand, v_cand_p, v_cand_at
+                      FROM (SELECT l.id, l.priority, l.run_at FROM unnest(v_names) AS n(n)
+                             CROSS JOIN LATERAL (
+                                   SELECT j.id, j.priority, j.run_at FROM treadle.jobs AS j
+                                    WHERE j.queue = v_queue
+                                      AND j.name <= n.n
+                                      AND j.state = ANY (ARRAY['available', 'retryable'])
+                                      AND j.run_at <= v_now
+                                      AND (j.name, j.priority, j.run_at, j.id) > (n.n, v_bound_p, v_bound_at, v_bound_id)
+                                    ORDER BY j.name, j.priority, j.run_at, j.id
+                                    LIMIT v_take) AS l
+                             ORDER BY l.priority, l.run_at, l.id
+                             LIMIT v_take) AS c;
+                END IF;
+                -- (in the candidates' order; a row claimed or changed since is left out)
+                v_got := v_got || ARRAY(
+                    SELECT c.id FROM unnest(v_cand) WITH ORDINALITY AS c(id, o)
+                     WHERE c.id IN (SELECT j.id FROM treadle.jobs AS j
+                                     WHERE j.queue = v_queue
+                                       AND j.id = ANY (v_cand)
+                                       AND j.state = ANY (ARRAY['available', 'retryable'])
+                                       AND j.run_at <= v_now
+                                       FOR UPDATE SKIP LOCKED)
+                     ORDER BY c.o);
+                EXIT WHEN cardinality(v_got) = v_want OR cardinality(v_cand) < v_take;
+                v_bound_p := v_cand_p[v_take];
+                v_bound_at := v_cand_at[v_take];
+                v_bound_id := v_cand[v_take];
+            END LOOP;
         ELSE
-            -- Several names: each (queue, name) range read from its own front (a backlog
-            -- of other names is never walked past), then the queue's best of them. Once
+            -- Several names where treadle is distributed (Citus): each (queue, name) range
+            -- read from its own front (a backlog of other names is never walked past), then
+            -- the queue's best of them. Once
             -- `v_want` candidates are held, a further range is read only below the worst
             -- of the best `v_want`, so that rows which could not be taken are not locked.
             -- (Each read bounds the name from both sides, not by `=`, and puts it first in

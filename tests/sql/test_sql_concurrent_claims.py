@@ -142,3 +142,77 @@ def test_a_claim_over_many_queues_locks_only_what_it_takes(connect: Connect) -> 
     ).fetchall()
     assert {r[0] for r in free} == ids - {taken[0][0]}
     holder.commit()
+
+
+def named_jobs(conn: psycopg.Connection, queue: str, names: list[str], each: int) -> list[int]:
+    """`each` jobs of every name, the names interleaved: ids in claim order (one priority, run_at now)."""
+    return [
+        conn.execute("select treadle.enqueue(%s, '{}', queue => %s)", (name, queue)).fetchone()[0]  # type: ignore[index]
+        for _ in range(each)
+        for name in names
+    ]
+
+
+def test_a_claim_over_several_names_locks_only_what_it_takes(connect: Connect) -> None:
+    """A claim of 4 over three names, held open, locks its 4 jobs and no other: a name read
+    first that holds fewer than the batch does not make the next name's read lock a batch more."""
+    setup = connect()
+    ids = named_jobs(setup, "names-locks", ["b", "c"], 5) + named_jobs(setup, "names-locks", ["a"], 3)
+    holder = connect(autocommit=False)
+    taken = holder.execute(
+        "select id from treadle.claim('h', array['names-locks'], names => array['a', 'b', 'c'], batch => 4)"
+    ).fetchall()
+    assert [r[0] for r in taken] == ids[:4]
+    free = setup.execute(
+        "select id from treadle.jobs where queue = 'names-locks' and state = 'available' for update skip locked"
+    ).fetchall()
+    assert {r[0] for r in free} == set(ids[4:])
+    holder.commit()
+
+
+def test_a_claim_over_several_names_fills_its_batch_past_rows_another_claim_holds(connect: Connect) -> None:
+    """The best rows over the names are held by an open claim: another claim over the same names
+    skips them and still takes a whole batch, the next best in claim order."""
+    setup = connect()
+    ids = named_jobs(setup, "names-held", ["x", "y"], 6)
+    holder = connect(autocommit=False)
+    held = holder.execute(
+        "select id from treadle.claim('h', array['names-held'], names => array['x', 'y'], batch => 3)"
+    ).fetchall()
+    assert [r[0] for r in held] == ids[:3]
+    other = connect(autocommit=False)
+    got = other.execute(
+        "select id from treadle.claim('o', array['names-held'], names => array['y', 'x'], batch => 5)"
+    ).fetchall()
+    assert [r[0] for r in got] == ids[3:8]
+    free = setup.execute(
+        "select id from treadle.jobs where queue = 'names-held' and state = 'available' for update skip locked"
+    ).fetchall()
+    assert {r[0] for r in free} == set(ids[8:]), "the other claim locked only what it took"
+    holder.commit()
+    other.commit()
+
+
+def test_claimers_over_several_names_take_every_job_once(connect: Connect) -> None:
+    """Claimers naming the same three names (and one name nobody enqueues) contend for their heads:
+    no job is lost or taken twice."""
+    setup = connect()
+    ids = set(named_jobs(setup, "names-contended", ["n1", "n2", "n3"], 150))
+    conns = [connect() for _ in range(4)]
+    start = threading.Barrier(4)
+
+    def claim_all(i: int) -> list[int]:
+        start.wait()
+        got: list[int] = []
+        claim = "select id, lease_token from treadle.claim(%s, array['names-contended'], names => %s, batch => %s)"
+        names = ["n1", "n2", "n3", "none"][i % 4 :] + ["n1", "n2", "n3", "none"][: i % 4]
+        while rows := conns[i].execute(claim, (f"w{i}", names, 3 + 2 * i)).fetchall():
+            got.extend(r[0] for r in rows)
+            conns[i].execute("select treadle.complete_many(%s, %s)", ([r[0] for r in rows], [r[1] for r in rows]))
+        return got
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(claim_all, range(4)))
+    claims = Counter(job_id for result in results for job_id in result)
+    assert set(claims) == ids
+    assert max(claims.values()) == 1
