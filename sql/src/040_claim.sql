@@ -390,7 +390,9 @@ COMMENT ON FUNCTION treadle._claim_setting(text[], text[]) IS
 -- treadle.claimed what it took), otherwise a fresh random one per job. Returns the
 -- claimed rows, queue by queue in the order they were read.
 -- Each (queue[, name]) pair is read from its own index range, so a backlog of
--- jobs whose names the claimer does not handle is never walked past.
+-- jobs whose names the claimer does not handle is never walked past. Over several
+-- names the best candidates are read first, unlocked, then locked by key: a claim
+-- locks only the rows it takes (a cursor's read aside).
 -- Past a queue that gave nothing, a probe finds the next one holding a due row; the
 -- queues it passed are kept for a second (treadle.claim_passed) and gone past while no
 -- row was made claimable since, so a row that only became due waits at most that. The
