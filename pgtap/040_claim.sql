@@ -2,7 +2,7 @@
 -- queues and names filters, batch bounds, the claimed row, and bad arguments.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(88);
+SELECT plan(94);
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 
@@ -263,6 +263,23 @@ SELECT ok(NOT treadle._are_names(ARRAY['bad', 'bad' || chr(1) || 'bad']) AND NOT
           AND NOT treadle._are_names(ARRAY['bad', NULL]) AND treadle._are_names(ARRAY[' bad ', repeat('q', 200)]),
           'treadle._are_names: separators, blanks and nulls refused, spaces around a name and 200 characters accepted');
 SELECT set_config('treadle.claim_checked', '', false);
+-- The job names too, once per list and session (treadle.claim_names_checked)
+SELECT lives_ok($$ SELECT treadle.claim('w', ARRAY['nojob'], names => ARRAY['a', 'b']) $$,
+                'a valid names list is claimed from');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['nojob'], names => ARRAY['a', 'b' || chr(9)]) $$, '22023', NULL,
+                 'a control character in a names list after a valid one raises 22023');
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['nojob'], names => ARRAY['a', repeat('n', 411)]) $$, '22023', NULL,
+                 'a job name over 410 characters after a valid list raises 22023');
+SELECT set_config('treadle.claim_names_checked', to_hex(hash_array_extended(ARRAY['a', NULL], 0)), false);
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['nojob'], names => ARRAY['a', NULL]) $$, '22023', NULL,
+                 'a null job name raises 22023 whatever treadle.claim_names_checked holds');
+SELECT set_config('treadle.claim_names_checked', to_hex(hash_array_extended(ARRAY[['a'], ['b']], 0)), false);
+SELECT throws_ok($$ SELECT treadle.claim('w', ARRAY['nojob'], names => ARRAY[['a'], ['b']]) $$, '22023', NULL,
+                 'a two-dimensional names array raises 22023 whatever treadle.claim_names_checked holds');
+SELECT set_config('treadle.claim_names_checked', to_hex(hash_array_extended(ARRAY[' ', 'x'], 0)), false);
+SELECT is((SELECT count(*) FROM treadle.claim('w', ARRAY['forged_names'], names => ARRAY[' ', 'x'])), 0::bigint,
+          'a forged treadle.claim_names_checked lets a blank name through, which claims nothing');
+SELECT set_config('treadle.claim_names_checked', '', false);
 -- A long list (over 32 queues) looks its paused and limited queues up by one read of
 -- treadle.queues: a paused one gives nothing, a limited one its room.
 SELECT treadle.enqueue('p', queue => 'long_paused') AS long_paused \gset
