@@ -14,7 +14,9 @@ attempt costs, a row with an `async def` handler what running it on the worker's
 event loop costs, and a row without prepared statements (the worker prepares by
 default on a direct connection, as here, and never through a pooler) what parsing
 and planning each statement costs there; the raw worker has none of these and
-always prepares, so it is the same baseline.
+always prepares, so it is the same baseline. A row with `claim_ahead` at three times
+the concurrency (40 jobs held at concurrency 10, against 20 by default) measures what a
+larger batch per statement gives.
 A last row runs the SQL cycle alone, with no worker process: one connection
 in this script finishes C jobs and claims C more per statement,
 treadle.complete_and_claim against the raw statement, which splits the gap
@@ -70,9 +72,9 @@ CURVE_TITLE = "Load: the curve over worker processes, jobs per second"
 AGAINST_TITLE = "Load: this tree's worker against another tree's (--against)"
 SEED_ONE_WORKER = 863  # jobs/s, the seed's one worker at concurrency 10
 CHUNK = 5000  # jobs per enqueue statement
-# the rows of one worker whose handler has a timeout, whose handler is an async def, and
-# without prepared statements (what a worker does through a pooler)
-TIMED, ASYNC, UNPREPARED = -1, -2, -3
+# the rows of one worker whose handler has a timeout, whose handler is an async def,
+# without prepared statements (what a worker does through a pooler), and holding more jobs ahead
+TIMED, ASYNC, UNPREPARED, AHEAD = -1, -2, -3, -4
 TABLE = {"treadle": "treadle.jobs", "raw": "bench_raw.jobs"}
 APPLICATION = {"treadle": "treadle-worker:%", "raw": RAW_APPLICATION}  # the workers' connections
 COMPLETE_AND_CLAIM = """
@@ -218,6 +220,8 @@ def main() -> None:
     if args.against is not None and not (args.against / "treadle" / "worker.py").is_file():
         p.error(f"--against {args.against}: no treadle/worker.py there (give a tree's python/src)")
     sides = ("treadle", "raw", "against") if args.against is not None else ("treadle", "raw")
+    # a tree from before claim_ahead (0.3.0) sits out that row
+    against_ahead = args.against is not None and "claim_ahead" in (args.against / "treadle" / "worker.py").read_text()
     args.workers = sorted({w for group in args.workers for w in group})
     jobs = 300 if args.smoke else args.jobs
 
@@ -227,6 +231,8 @@ def main() -> None:
         (TIMED, f"1 x concurrency {args.concurrency}, handler timeout 30 s", 1, ["--timeout", "30"]),
         (ASYNC, f"1 x concurrency {args.concurrency}, async def handler", 1, ["--handler", "async-noop"]),
         (UNPREPARED, f"1 x concurrency {args.concurrency}, prepared_statements=False", 1, ["--unprepared"]),
+        (AHEAD, f"1 x concurrency {args.concurrency}, claim_ahead={3 * args.concurrency}", 1,
+         ["--claim-ahead", str(3 * args.concurrency)]),
     ]
     results: dict[tuple[str, int], list[float]] = {}
     rss: dict[tuple[str, int], list[int]] = {}
@@ -236,6 +242,8 @@ def main() -> None:
         for w, label, processes, options in rows_run:
             for run in range(args.runs):
                 for side in (sides if run % 2 == 0 else sides[::-1]):
+                    if side == "against" and w == AHEAD and not against_ahead:
+                        continue
                     progress(f"{label}, {side}: run {run + 1}/{args.runs}, {jobs:,} jobs")
                     kind = "raw" if side == "raw" else "treadle"
                     with python_path(args.against if side == "against" else None):
@@ -280,6 +288,8 @@ def main() -> None:
     if args.against is not None:
         against = []
         for w, label, _, _ in rows_run:
+            if ("against", w) not in results:
+                continue
             t, a = results[("treadle", w)], results[("against", w)]
             against.append([label, spread(t, 0), spread(a, 0), paired_ratio(t, a),
                              paired_ratio(t, results[("raw", w)]), paired_ratio(a, results[("raw", w)]),

@@ -14,6 +14,8 @@ gives the handler a timeout of S seconds (its policy: every attempt is timed).
 `--prepared` prepares statements on every connection (`Worker(prepared_statements=True)`),
 `--unprepared` on none (`False`, what a worker gets through a pooler); without either the
 worker's default (None: prepared where its connection reaches the server itself).
+`--claim-ahead N` holds up to N jobs beyond the free slots (`Worker(claim_ahead=N)`; without it the
+default: as many as `--concurrency` while handlers are quick).
 
     python bench/worker_treadle.py DSN [--concurrency 10] [--handler noop] [--no-listen] ...
 """
@@ -68,6 +70,7 @@ def main() -> None:
     p.add_argument("--rescue-interval", type=float, default=5.0)
     p.add_argument("--no-listen", action="store_true")
     p.add_argument("--timeout", type=float, default=None)
+    p.add_argument("--claim-ahead", type=int, default=None)
     prepared = p.add_mutually_exclusive_group()
     prepared.add_argument("--prepared", dest="prepared", action="store_const", const=True, default=None)
     prepared.add_argument("--unprepared", dest="prepared", action="store_const", const=False)
@@ -78,7 +81,7 @@ def main() -> None:
         args.dsn, queues=queues, concurrency=args.concurrency, poll_interval=args.poll_interval,
         listen=not args.no_listen, prepared_statements=args.prepared,
         lease=args.lease, heartbeat_interval=args.heartbeat_interval, rescue_interval=args.rescue_interval,
-        stop_timeout=0)
+        stop_timeout=0, claim_ahead=args.claim_ahead)
     handlers = {"noop": noop, "async-noop": async_noop, "record": record, "hang": hang}
     worker.register("bench", handlers[args.handler], timeout=args.timeout)
     worker.start()
