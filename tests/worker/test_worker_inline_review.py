@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.types.json import Jsonb
 
 from tests.worker.worker_support import wait_for
@@ -52,3 +53,156 @@ def test_handlers_that_wait_under_a_millisecond_still_run_side_by_side(
     busy = sum(end - began for began, end in later)
     span = max(end for _, end in later) - later[0][0]
     assert busy / span > 2.5, f"{busy / span:.2f} handlers ran at once on average"
+
+
+def warm_up(conn: psycopg.Connection[Any], worker: Worker, total: int = 300) -> None:
+    """Start the worker on `total` quick jobs: once they are done, the average says quick."""
+    enqueue_ticks(conn, total)
+    worker.start()
+    wait_for(lambda: count(conn, "completed") == total, "the quick jobs to complete")
+
+
+def waiting_behind_slow_ones(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> tuple[Any, ...]:
+    """A worker of two slots, both held by a slow job, and quick jobs claimed with them that wait."""
+    worker = make_worker(concurrency=2, stop_timeout=0)
+    release = threading.Event()
+    seen: dict[int, bool] = {}
+
+    @worker.register
+    def tick(args: dict[str, Any], ctx: JobContext) -> None:
+        if args.get("slow"):
+            release.wait(60)
+        if args.get("look"):
+            seen[ctx.job.id] = ctx.cancelled.is_set()
+
+    warm_up(conn, worker)
+    jobs = [{"name": "tick", "args": {"slow": True}}] * 2 + [{"name": "tick", "args": {"look": True}}] * 4
+    ids = [row[0] for row in conn.execute("SELECT * FROM treadle.enqueue_many(%s)", [Jsonb(jobs)]).fetchall()]
+
+    def held() -> list[int]:
+        rows = conn.execute("SELECT id FROM treadle.jobs WHERE state = 'running' ORDER BY id").fetchall()
+        return [row[0] for row in rows if row[0] in ids[2:]]
+
+    waiting = wait_for(held, "quick jobs claimed behind the slow ones")
+    return release, seen, ids, waiting
+
+
+def test_a_job_waiting_its_turn_behind_slow_ones_keeps_its_lease_and_ends_cancelled_when_cancelled(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
+    """Quick jobs claimed with slow ones wait in the worker past their lease (three leases here):
+    none lapses, none is rescued; one cancelled meanwhile ends cancelled, the others complete
+    under their first attempt (its handler, when it runs, sees ctx.cancelled set)."""
+    release, seen, ids, waiting = waiting_behind_slow_ones(conn, make_worker)
+    conn.execute("SELECT treadle.cancel(%s::bigint)", [waiting[0]])
+    time.sleep(3.0)  # three leases (LEASE): a lapse would have been rescued
+    rows = conn.execute("SELECT id, state, attempt FROM treadle.jobs WHERE id = ANY(%s)", [waiting]).fetchall()
+    assert all(state == "running" and attempt == 1 for _, state, attempt in rows), rows
+    release.set()
+    wait_for(lambda: count(conn, "running") + count(conn, "available") == 0, "every job to end")
+    rows = conn.execute("SELECT id, state, attempt FROM treadle.jobs WHERE id = ANY(%s) ORDER BY id", [ids]).fetchall()
+    assert [(state, attempt) for _, state, attempt in rows if _ != waiting[0]] == [("completed", 1)] * 5, rows
+    assert (waiting[0], "cancelled", 1) in rows, rows
+    assert seen[waiting[0]] is True, "its handler saw ctx.cancelled set"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a job cancelled while it waits its turn in the worker still starts its handler, which "
+    "sees ctx.cancelled set (the docs promise only that): it could end cancelled without running",
+)
+def test_a_job_cancelled_while_it_waits_its_turn_never_starts_its_handler(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
+    release, seen, _, waiting = waiting_behind_slow_ones(conn, make_worker)
+    conn.execute("SELECT treadle.cancel(%s::bigint)", [waiting[0]])
+    time.sleep(0.5)  # the cancel reaches the worker (LISTEN, else the next heartbeat)
+    release.set()
+    wait_for(lambda: count(conn, "running") + count(conn, "available") == 0, "every job to end")
+    assert waiting[0] not in seen, seen
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="each hand-off of the completer's writes starts a new thread, which then runs quick "
+    "handlers: per-thread state (threading.local connections) is made again for each slow handler",
+)
+def test_handlers_run_on_a_bounded_set_of_threads(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
+    """A handler that keeps a connection per thread makes at most one per thread the worker keeps:
+    `concurrency` handler threads, and at most one writer per slot."""
+    worker = make_worker(concurrency=4, stop_timeout=0)
+    local = threading.local()
+    made = [0]
+
+    @worker.register
+    def tick(args: dict[str, Any], ctx: JobContext) -> None:
+        if not hasattr(local, "made"):
+            local.made = True
+            made[0] += 1  # (an ended thread's ident may be reused: count the locals made)
+        if args["i"] % 40 == 39:
+            time.sleep(0.03)  # slow: what waits behind it is handed on
+
+    enqueue_ticks(conn, 2000)
+    worker.start()
+    wait_for(lambda: count(conn, "completed") == 2000, "every job to complete")
+    assert made[0] <= 2 * 4 + 1, f"per-thread state made {made[0]} times"
+
+
+def test_connections_cut_while_quick_handlers_run_in_turn_lose_no_job(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
+    """The worker's connections are terminated thirty times while quick handlers run on the
+    completer's thread: every job completes, and each ran as many times as its attempts say (a
+    run whose write was lost counts as an attempt; none runs unrecorded)."""
+    worker = make_worker(concurrency=4, stop_timeout=0, worker_id="cut")
+    runs: dict[int, int] = {}
+
+    @worker.register
+    def tick(args: dict[str, Any], ctx: JobContext) -> None:
+        runs[ctx.job.id] = runs.get(ctx.job.id, 0) + 1
+
+    total = 5000
+    enqueue_ticks(conn, total)
+    worker.start()
+    for _ in range(30):
+        if count(conn, "completed") == total:
+            break
+        time.sleep(0.05)
+        conn.execute(
+            "SELECT count(*) FROM pg_stat_activity, pg_terminate_backend(pid) "
+            "WHERE application_name = 'treadle-worker:cut' AND datname = current_database()"
+        )
+    wait_for(lambda: count(conn, "completed") == total, "every job to complete")
+    rows = conn.execute("SELECT id, attempt FROM treadle.jobs").fetchall()
+    assert [(job_id, attempt) for job_id, attempt in rows if runs.get(job_id) != attempt] == []
+
+
+def test_a_stop_from_a_handler_on_the_completers_thread_returns_at_once_and_stops_the_worker(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
+    """worker.stop(wait=False) from a handler that runs on the completer's thread returns at once;
+    the worker stops within its stop_timeout, that job completes, and the jobs claimed with it
+    that did not start are handed back (available, their attempt given back)."""
+    worker = make_worker(concurrency=4, stop_timeout=5.0)
+    seen: dict[str, Any] = {}
+
+    @worker.register
+    def tick(args: dict[str, Any], ctx: JobContext) -> None:
+        if args["i"] == 500:
+            seen["thread"] = threading.current_thread().name
+            seen["job"] = ctx.job.id
+            began = time.monotonic()
+            worker.stop(wait=False)
+            seen["took"] = time.monotonic() - began
+
+    enqueue_ticks(conn, 1000)
+    began = time.monotonic()
+    worker.start()
+    wait_for(lambda: worker.running_jobs == 0 and "took" in seen and count(conn, "running") == 0, "the stop")
+    assert time.monotonic() - began < 4.0
+    assert seen["took"] < 0.1, seen
+    row = conn.execute("SELECT state, attempt FROM treadle.jobs WHERE id = %s", [seen["job"]]).fetchone()
+    assert row == ("completed", 1), row
+    assert count(conn, "completed") + count(conn, "available") == 1000
+    row = conn.execute("SELECT count(*) FROM treadle.jobs WHERE state = 'available' AND attempt > 0").fetchone()
+    assert row == (0,), row
