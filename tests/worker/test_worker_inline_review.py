@@ -4,6 +4,7 @@ its turn, a stop and a cancel reach the jobs queued behind a slow one."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -13,7 +14,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.worker.worker_support import wait_for
+from tests.worker.worker_support import effects, wait_for
 from treadle import JobContext, Worker
 
 MakeWorker = Callable[..., Worker]
@@ -206,3 +207,57 @@ def test_a_stop_from_a_handler_on_the_completers_thread_returns_at_once_and_stop
     assert count(conn, "completed") + count(conn, "available") == 1000
     row = conn.execute("SELECT count(*) FROM treadle.jobs WHERE state = 'available' AND attempt > 0").fetchone()
     assert row == (0,), row
+
+
+def enqueue_with_a_hang(conn: psycopg.Connection[Any], total: int, at: int, seconds: float) -> int:
+    """`total` quick jobs for child_worker.py's tick, the one at `at` hanging `seconds`; its id."""
+    jobs: list[dict[str, Any]] = [{"name": "tick", "args": {}} for _ in range(total)]
+    jobs[at]["args"] = {"hang": seconds}
+    ids = [row[0] for row in conn.execute("SELECT * FROM treadle.enqueue_many(%s)", [Jsonb(jobs)]).fetchall()]
+    return int(ids[at])
+
+
+def states(conn: psycopg.Connection[Any]) -> dict[tuple[str, int], int]:
+    rows = conn.execute("SELECT state, attempt, count(*) FROM treadle.jobs GROUP BY 1, 2").fetchall()
+    return {(state, attempt): number for state, attempt, number in rows}
+
+
+def test_sigterm_amid_quick_handlers_hands_back_what_did_not_finish_and_exits(
+    effects_conn: psycopg.Connection[Any], spawn: Any
+) -> None:
+    """SIGTERM while quick handlers run on the completer's thread and one hangs past stop_timeout:
+    the process exits cleanly within stop_timeout and its grace, and every job is completed or
+    available again with its attempt given back (the hanging one, and any claimed behind it)."""
+    conn = effects_conn
+    total = 3000
+    hanging = enqueue_with_a_hang(conn, total, 1500, 3.0)
+    child = spawn("termed", concurrency=4, stop_timeout=1.0, events="none")
+    wait_for(lambda: effects(conn, "ran", job_id=hanging), "the hanging handler to start")
+    child.signal(signal.SIGTERM)
+    began = time.monotonic()
+    assert child.wait_exit() == 0, child.log()
+    assert time.monotonic() - began < 2.5, child.log()
+    assert "worker termed exited cleanly" in child.log()
+    found = states(conn)
+    assert set(found) <= {("completed", 1), ("available", 0)}, found
+    assert sum(found.values()) == total
+    row = conn.execute("SELECT state, attempt FROM treadle.jobs WHERE id = %s", [hanging]).fetchone()
+    assert row == ("available", 0), row
+
+
+def test_sigkill_amid_quick_handlers_loses_no_job(effects_conn: psycopg.Connection[Any], spawn: Any) -> None:
+    """SIGKILL while quick handlers run on the completer's thread behind one that hangs: another
+    worker rescues what the dead one held, and every job completes, none past a second attempt."""
+    conn = effects_conn
+    total = 3000
+    hanging = enqueue_with_a_hang(conn, total, 1500, 1.0)
+    child = spawn("killed", concurrency=4, events="none")
+    wait_for(lambda: effects(conn, "ran", job_id=hanging), "the hanging handler to start")
+    child.kill()
+    spawn("heir", concurrency=4, events="none")
+    wait_for(lambda: count(conn, "completed") == total, "every job to complete")
+    found = states(conn)
+    assert set(found) <= {("completed", 1), ("completed", 2)}, found
+    assert found.get(("completed", 2), 0) >= 1, "the dead worker's jobs were rescued"
+    row = conn.execute("SELECT attempt FROM treadle.jobs WHERE id = %s", [hanging]).fetchone()
+    assert row == (2,), row
