@@ -113,6 +113,41 @@ def test_a_handler_that_turns_slow_after_many_quick_runs_runs_side_by_side_again
     assert time.monotonic() - began < 2.5
 
 
+def test_concurrency_1_runs_one_handler_at_a_time_around_a_slow_one(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
+    """With one slot, quick handlers on the completer's thread, the jobs handed on behind a slow
+    one and the jobs claimed ahead never run two at once; all complete, the slow one's second
+    holding the others up (one slot) and no more."""
+    worker = make_worker(concurrency=1, stop_timeout=0)
+    lock = threading.Lock()
+    now = [0]
+    most = [0]
+    places: set[str] = set()
+
+    @worker.register
+    def tick(args: dict[str, Any], ctx: JobContext) -> None:
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+            places.add(threading.current_thread().name.split("-")[1])
+        try:
+            if args["i"] == 400:
+                time.sleep(1.0)
+        finally:
+            with lock:
+                now[0] -= 1
+
+    warm_up(conn, worker, 300)
+    began = time.monotonic()
+    jobs = [{"name": "tick", "args": {"i": 300 + i}} for i in range(300)]
+    conn.execute("SELECT count(*) FROM treadle.enqueue_many(%s)", [Jsonb(jobs)])
+    wait_for(lambda: count(conn, "completed") == 600, "every job to complete")
+    assert 1.0 < time.monotonic() - began < 6.0
+    assert most[0] == 1, most
+    assert "completer" in places, places
+
+
 def waiting_behind_slow_ones(
     conn: psycopg.Connection[Any], make_worker: MakeWorker, name: str = "tick"
 ) -> tuple[Any, ...]:
