@@ -6,6 +6,9 @@ It runs a treadle Worker (settings from CHILD_* environment variables) with:
   record(args)      records an effect, then works for args["seconds"] (a number, or
                     a map from worker id to a number), looking at ctx.cancelled and
                     recording 'aborted' when it fires; returns {"by": WORKER_ID, "attempt": n}
+  tick(args)        returns at once (quick: such handlers run on the completer's thread);
+                    with args["hang"], records an effect and sleeps that many seconds
+                    without looking at ctx.cancelled
   misbehave(args)   does what args["do"] names (see MISDEEDS): raises a BaseException,
                     returns a value JSON cannot hold, or an object of no JSON kind
   amisbehave(args)  misbehave as an async handler
@@ -125,6 +128,12 @@ def hang(args: dict[str, Any], ctx: JobContext) -> None:
     time.sleep(float(args["seconds"]))
 
 
+def tick(args: dict[str, Any], ctx: JobContext) -> None:
+    if "hang" in args:
+        record(ctx, "ran")
+        time.sleep(float(args["hang"]))
+
+
 def misbehave(args: dict[str, Any], ctx: JobContext) -> Any:
     record(ctx, "ran")
     return MISDEEDS[args["do"]]()
@@ -181,6 +190,7 @@ def main() -> None:
     )
     worker.register("record", record_handler)
     worker.register("misbehave", misbehave)
+    worker.register("tick", tick)
     worker.register("amisbehave", amisbehave)
     worker.register("hang", hang, timeout=setting("HANG_TIMEOUT", 3600))
     worker.workflow(

@@ -36,7 +36,7 @@ from ._pool import WorkerPool
 from ._registry import Registry
 from ._retry import attempt_timeout, one_line
 from ._run_state import RunState, RunStatus
-from .errors import Discard, InvalidArgument, JobTimeout, LeaseLost, Snooze, UndecodablePayload
+from .errors import Discard, InvalidArgument, JobCancelled, JobTimeout, LeaseLost, Snooze, UndecodablePayload
 from .models import DEFERRED_KEY, Job
 
 if TYPE_CHECKING:
@@ -405,6 +405,8 @@ class Executor:
 
     def _execute(self, run: RunState, claimed: Claimed, step_run: dict[str, Any] | None) -> None:
         try:
+            if run.cancel_requested and self._cancelled_unstarted(run):
+                return
             if not self._begin(run):
                 return
             watchdog = self._watch_timeout(run)
@@ -449,6 +451,10 @@ class Executor:
 
     async def _execute_async(self, run: RunState, step_run: dict[str, Any] | None) -> None:
         try:
+            if run.cancel_requested and await asyncio.get_running_loop().run_in_executor(
+                None, self._cancelled_unstarted, run
+            ):
+                return
             if not self._begin(run):
                 return
             task = asyncio.current_task()
@@ -513,6 +519,15 @@ class Executor:
         except TypeError:  # a callable object that cannot be hashed: asked every time
             return inspect.iscoroutinefunction(fn)
         return known
+
+    def _cancelled_unstarted(self, run: RunState) -> bool:
+        """A cancel reached the job while it waited its turn: its handler never starts, and the
+        attempt ends cancelled (True), unless the job was settled otherwise meanwhile (False)."""
+        if run.begin_finishing() is not RunStatus.FINISHING:
+            return False  # handed back or lost: _begin frees it
+        cancelled = JobCancelled(run.job_id, f"job {run.job_id} was cancelled before its handler started")
+        self._completer.fail(run, cancelled)
+        return True
 
     def _begin(self, run: RunState) -> bool:
         """The handler may start: False when the job was handed back or lost while it waited."""

@@ -44,6 +44,10 @@ QUICK_HANDLER = 0.05
 # A write of successes runs the jobs it claimed itself, one after another, while handlers take
 # less than this on average (Executor.run_in_turn; one that turns out slow is handed on).
 INLINE_HANDLER = 0.001
+# ... and only as many of them as that average says take this long together: the others go to
+# handler threads at once. Handlers that wait (on I/O) run side by side there; one after another
+# here they would serialise the worker's `concurrency` and hold the write's successes unwritten.
+INLINE_BUDGET = 0.001
 HANDLER_TIME_WEIGHT = 0.1  # the weight of the newest run in the handler-time average
 EMPTY_CLAIM_GAP = 0.02  # after empty claims that wake-ups started, the next wake-up waits this, doubling
 LIMITS_INTERVAL = 5.0  # how often the worker reads its queues' limits (treadle.queue_settings)
@@ -178,15 +182,18 @@ class Producer:
     def adopt(self, rows: list[tuple[Any, ...]], asked: int, *, inline: bool = False) -> list[Any]:
         """Run the jobs claimed (`asked` were asked for): rows of _sql.CLAIMED_NAMES.
 
-        With `inline` (the completer's write), while handlers are quick, the jobs whose
-        handler is a plain function are returned for `run_in_turn` on the caller's thread.
+        With `inline` (the completer's write), while handlers are quick, the first jobs whose
+        handler is a plain function, as many as take INLINE_BUDGET together on average, are
+        returned for `run_in_turn` on the caller's thread; the others go to handler threads.
         """
         # a limited queue may give fewer than asked while more wait: a freed slot claims again
         self._more_waiting = len(rows) >= asked or (self._limited and bool(rows))
         if not rows:
             return []
         average = self._handler_time
-        return self._dispatch(rows, inline and average is not None and average < INLINE_HANDLER)
+        if not inline or average is None or average >= INLINE_HANDLER:
+            return self._dispatch(rows)
+        return self._dispatch(rows, len(rows) if average <= 0 else max(1, int(INLINE_BUDGET / average)))
 
     def run_in_turn(self, calls: list[Any]) -> None:
         """Run the jobs `adopt` returned, on this thread."""
@@ -320,21 +327,24 @@ class Producer:
         return woken
 
     # handing claimed jobs on
-    def _dispatch(self, rows: list[tuple[Any, ...]], inline: bool = False) -> list[Any]:
-        """Track and start the claimed jobs; with `inline`, those to run on this thread are returned."""
+    def _dispatch(self, rows: list[tuple[Any, ...]], inline: int = 0) -> list[Any]:
+        """Track and start the claimed jobs; up to `inline` of them, to run on this thread, are returned."""
         assert self._executor is not None and self._deferred is not None
         step_runs = self._step_runs(rows)
         executor = self._executor
         executor.claimed_batch()
         deferred = self._deferred
-        here: list[Any] | None = [] if inline else None
+        here: list[Any] = []
+        taking: list[Any] | None = here if inline else None  # None once `inline` are taken
         for row in rows:
             claimed: Claimed = decode_claimed(row, deferred)
             run = RunState(claimed.job, on_lost=self._host.lease_lost)
             self._host.track(run)
             self._host.emit("claimed", run)
-            executor.submit(run, claimed, step_runs.get((run.run_id, run.step)), here)
-        return here or []
+            executor.submit(run, claimed, step_runs.get((run.run_id, run.step)), taking)
+            if taking is not None and len(here) >= inline:
+                taking = None  # the rest go to handler threads
+        return here
 
     def _step_runs(self, rows: list[tuple[Any, ...]]) -> dict[tuple[int | None, str | None], dict[str, Any]]:
         """The workflow, input and dependencies' results of the steps just claimed, in one query."""

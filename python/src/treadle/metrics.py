@@ -299,7 +299,7 @@ class WorkerMetrics:
             started = self._started.pop(key, None)
             if started is not None and event.kind in ("completing", "failed", "cancelled", "snoozed"):
                 self.run_time.labels(*labels).observe(now - started)
-            if event.kind in ("lease_lost", "released"):
+            if event.kind in ("lease_lost", "released", "cancelled"):  # (cancelled: perhaps before it started)
                 self._claimed.pop(key, None)
         if event.kind == "lease_lost":
             self.lease_losses.labels(*labels).inc()

@@ -113,8 +113,9 @@ class Worker:
 
     Handlers are called as `fn(args, ctx)` in a pool of `concurrency` threads
     (`async def` handlers run as tasks on one event loop thread; while handlers take
-    under a millisecond on average, the jobs claimed with a write of finished ones run
-    one after another on the thread that wrote, and one there that takes over 10 ms
+    under a millisecond on average, the first jobs claimed with a write of finished ones
+    (as many as take about a millisecond together) run one after another on the thread
+    that wrote, the others in the pool, and one there that takes over 10 ms
     hands the others on); their JSON return value
     becomes the job's result. Workflow steps are called as `fn(input, ctx)`, the earlier
     steps' results on `ctx.results`.
