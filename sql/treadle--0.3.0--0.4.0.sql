@@ -5798,7 +5798,7 @@ COMMENT ON FUNCTION treadle._successor(bigint, text, text, jsonb, integer, times
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
--- treadle._lock_run_tree_jobs(run_ids) -> void
+-- treadle._lock_run_tree_jobs(run_ids, runs) -> void
 --
 -- Locks (FOR UPDATE) the step jobs under way (available, retryable, running,
 -- blocked) of the run trees that hold the given runs: from each run's topmost
@@ -5811,9 +5811,17 @@ COMMENT ON FUNCTION treadle._successor(bigint, text, text, jsonb, integer, times
 -- child's last step moves its parent) and commit. The trees are read again until a
 -- pass finds no job it had not locked (a finish it waited for may have enqueued the
 -- next steps, or started a child run); then no step of them can finish elsewhere
--- until this transaction ends. Not on Citus (one statement over many shards' rows).
+-- until this transaction ends. Then the trees' run rows, with `runs` (others the
+-- caller moves: a batch's), ids descending, a child before its parent: the cancel
+-- that follows locks a parent (its waiting step's cancel) before its child runs',
+-- and a path that moves a run without a step job to lock first (a re-check's move,
+-- a sleep's end, a signal: each locks a run, then its parent) would wait for it in
+-- a circle; and a run's steps are read after no one else can add one (a sleep's end
+-- or a signal that enqueued a step commits first, and its cancel sees the step). A
+-- step added that way before the run's lock is not locked here (its cancel locks
+-- it). Not on Citus (one statement over many shards' rows).
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._lock_run_tree_jobs(run_ids bigint[])
+CREATE OR REPLACE FUNCTION treadle._lock_run_tree_jobs(run_ids bigint[], runs bigint[] DEFAULT '{}')
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -5854,10 +5862,15 @@ BEGIN
         EXIT WHEN v_now <@ v_held;
         v_held := v_held || v_now;
     END LOOP;
+    -- then the runs, a child before its parent (the one order of run rows)
+    PERFORM 1 FROM treadle.workflow_runs AS r
+     WHERE r.id = ANY (v_runs || runs)
+     ORDER BY r.id DESC
+       FOR UPDATE OF r;
 END;
 $$;
-COMMENT ON FUNCTION treadle._lock_run_tree_jobs(bigint[]) IS
-    'Lock the step jobs under way of the workflow run trees that hold the given runs, in the key lanes'' order, before any run row.';
+COMMENT ON FUNCTION treadle._lock_run_tree_jobs(bigint[], bigint[]) IS
+    'Lock the step jobs under way of the workflow run trees that hold the given runs, in the key lanes'' order, then their runs, child before parent.';
 
 --------------------------------------------------------------------------------
 -- treadle._lock_batch_runs(done) -> void
@@ -5866,7 +5879,8 @@ COMMENT ON FUNCTION treadle._lock_run_tree_jobs(bigint[]) IS
 -- by the statement that finished them): when a step ended cancelled, the jobs
 -- under way of its run's tree first (treadle._lock_run_tree_jobs); then the run
 -- rows the batch's workflow steps may move, each step's run and that run's
--- ancestors, in one order, ids descending (a child before its parent, as
+-- ancestors (with the tree's runs, when a step ended cancelled), in one order,
+-- ids descending (a child before its parent, as
 -- treadle._advance_run locks them one step at a time), before
 -- treadle._advance_lists and treadle._advance_run lock them again in theirs. Two
 -- batches whose child runs' ends move the same parents then never wait for each
@@ -5891,6 +5905,8 @@ DECLARE
     v_up    bigint[];
     v_anc   bigint[] := '{}'::bigint[];  -- the ancestors of the batch's runs
     v_skip  bigint[];  -- runs whose rows may all be left for a re-check
+    v_tree  bigint[];  -- running runs that a step of the batch that ended cancelled cancels
+    v_lock  bigint[] := '{}'::bigint[];  -- the runs locked here
 BEGIN
     IF treadle._on_citus() THEN
         RETURN;
@@ -5899,14 +5915,18 @@ BEGIN
     IF EXISTS (SELECT 1 FROM unnest(done) AS d WHERE d.workflow_run_id IS NOT NULL AND d.state = 'cancelled') THEN
         -- a step that ended cancelled cancels its running run, and the rest of its
         -- tree: their jobs first (treadle._advance_run would lock them after runs that
-        -- the batch's other rows locked)
-        PERFORM treadle._lock_run_tree_jobs(ARRAY(
+        -- the batch's other rows locked), then the runs below with the tree's, in one order
+        v_tree := ARRAY(
             SELECT d.workflow_run_id FROM unnest(done) AS d
               JOIN treadle.workflow_runs AS r ON r.id = d.workflow_run_id
-             WHERE d.state = 'cancelled' AND NOT d.args ? 'compensates' AND r.state = 'running'));
+             WHERE d.state = 'cancelled' AND NOT d.args ? 'compensates' AND r.state = 'running');
     END IF;
     IF cardinality(v_layer) < 2 THEN
-        RETURN;  -- one run: treadle._advance_run locks it, then its parent and up, in this order
+        -- one run: treadle._advance_run locks it, then its parent and up, in this order
+        IF cardinality(v_tree) > 0 THEN
+            PERFORM treadle._lock_run_tree_jobs(v_tree);
+        END IF;
+        RETURN;
     END IF;
     v_up := v_layer;
     WHILE cardinality(v_up) > 0 LOOP
@@ -5929,8 +5949,13 @@ BEGIN
                                        -- treadle._advance_run's first UPDATE, which waits)
                                        AND EXISTS (SELECT 1 FROM jsonb_each(r.after) AS e
                                                     WHERE e.value ? d.step AND jsonb_array_length(e.value) > 1))));
+    v_lock := ARRAY(SELECT u.id FROM unnest(v_layer || v_anc) AS u(id) WHERE u.id <> ALL (v_skip));
+    IF cardinality(v_tree) > 0 THEN
+        PERFORM treadle._lock_run_tree_jobs(v_tree, v_lock);  -- the trees' jobs, then their runs and these
+        RETURN;
+    END IF;
     PERFORM 1 FROM treadle.workflow_runs AS r
-     WHERE r.id = ANY (v_layer || v_anc) AND r.id <> ALL (v_skip)
+     WHERE r.id = ANY (v_lock)
      ORDER BY r.id DESC
        FOR UPDATE OF r;
 END;
@@ -7909,9 +7934,12 @@ COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, i
 -- run with it). Returns false for an unknown run, one that is not running, or one
 -- whose steps and children all have their cancel requested already. Locks the
 -- step jobs under way of its run tree (from its topmost parent run down, the
--- running runs) first, in (queue, concurrency_key, id) order, then the runs
--- (treadle._lock_run_tree_jobs, 053_workflow_lock_order.sql), so that it never
--- holds a run row while it waits for a step job that a worker's finish holds.
+-- running runs) first, in (queue, concurrency_key, id) order, then the tree's runs,
+-- a child before its parent (treadle._lock_run_tree_jobs,
+-- 053_workflow_lock_order.sql), so that it never holds a run row while it waits for
+-- a step job that a worker's finish holds, nor a parent while it waits for a child
+-- run that a re-check, a sleep's end or a signal moves, and it reads the run's steps
+-- after a step another session enqueued committed.
 -- Raises 22004: run_id null. 42501: a tenant's run outside its queues.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel_workflow(run_id bigint)
