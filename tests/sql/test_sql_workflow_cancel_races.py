@@ -104,7 +104,9 @@ def test_a_recheck_that_ends_a_child_run_while_its_parent_is_cancelled(
     assert answer_c == [[(True,)]], answer_c
     # the cancel held the child run by then (child before parent): the re-check waits for the next
     assert answer_m == [[(0,)]], answer_m
-    runs = dict(setup.execute("select id, state from treadle.workflow_runs where id = any(%s)", ([parent, kid],)))
+    runs: dict[int, str] = dict(
+        setup.execute("select id, state from treadle.workflow_runs where id = any(%s)", ([parent, kid],))
+    )
     assert runs == {parent: "cancelled", kid: "cancelled"}, runs
     # which records y's result on the cancelled child (for a retry), and moves nothing else
     assert value(setup, "select treadle._move_rechecks(array[%s])", (QUEUE,)) == 1
@@ -166,3 +168,69 @@ def test_a_sleep_that_ends_while_the_run_is_cancelled(connect: Connect, wait_unt
     assert answer_c == [[(True,)]], answer_c
     assert live_jobs(setup, run) == [("a", "running", True)]
     assert value(setup, "select state from treadle.workflow_runs where id = %s", (run,)) == "cancelled"
+
+
+def test_two_batches_each_with_a_step_that_ends_cancelled_in_the_other_ones_run(connect: Connect) -> None:
+    """Batch a finishes a1 (its cancel requested: it ends cancelled, and cancels run r1) and b1;
+    batch b finishes b2 (cancels r2) and a2. Each holds its own rows; before, each then waited
+    for the jobs under way of the run it cancels (a for a2, b for b1): 40P01. Now a finish that
+    holds its rows waits for no other's: a leaves r1's cancel for a re-check, which the next
+    claim on the queue moves."""
+    setup = connect()
+    fan = "select treadle.start_workflow('fan2', steps => array[%s, %s], queue => %s, after => %s)"
+    r1 = value(setup, fan, ("a1", "a2", QUEUE, Jsonb({"a1": [], "a2": []})))
+    r2 = value(setup, fan, ("b1", "b2", QUEUE, Jsonb({"b1": [], "b2": []})))
+    jobs = claim(setup)
+    assert value(setup, "select treadle.cancel(%s)", (jobs[(r1, "a1")][0],)) is True
+    assert value(setup, "select treadle.cancel(%s)", (jobs[(r2, "b2")][0],)) is True
+    a, b = connect(autocommit=False), connect(autocommit=False)
+    batch_a, batch_b = [jobs[(r1, "a1")], jobs[(r2, "b1")]], [jobs[(r2, "b2")], jobs[(r1, "a2")]]
+    # each batch's rows locked, as its finishing UPDATE locks them first
+    for conn, batch in ((a, batch_a), (b, batch_b)):
+        conn.execute("select 1 from treadle.jobs where id = any(%s) order by id for update", ([j[0] for j in batch],))
+    sql = "select state from treadle.complete_many(%s, %s)"
+    thread_a, answer_a = in_thread(a, sql, ([j[0] for j in batch_a], [j[1] for j in batch_a]))
+    thread_a.join(5)
+    thread_b, answer_b = in_thread(b, sql, ([j[0] for j in batch_b], [j[1] for j in batch_b]))
+    thread_a.join(60)
+    thread_b.join(60)
+    assert answer_a == [[("cancelled",), ("completed",)]], answer_a
+    assert answer_b == [[("cancelled",), ("completed",)]], answer_b
+    # r1's cancel was left for a re-check: the next claim moves it first
+    assert value(setup, "select count(*) from treadle.run_rechecks where run_id = %s", (r1,)) == 1
+    assert claim(setup) == {}
+    assert value(setup, "select count(*) from treadle.run_rechecks") == 0
+    runs: dict[int, str] = dict(
+        setup.execute("select id, state from treadle.workflow_runs where id = any(%s)", ([r1, r2],))
+    )
+    assert runs == {r1: "cancelled", r2: "cancelled"}, runs
+    assert live_jobs(setup, r1) == [] and live_jobs(setup, r2) == []
+
+
+def test_two_steps_of_a_run_that_end_cancelled_at_once(connect: Connect) -> None:
+    """cancel_workflow asked both running steps of a run to stop; their finishes, on two
+    connections, each hold their own job: before, each waited for the other's (the jobs under
+    way of its run's tree): 40P01. Now the second leaves the cancel for a re-check, and the first
+    to finish cancels the run."""
+    setup = connect()
+    run = value(
+        setup,
+        "select treadle.start_workflow('fan3', steps => array['a', 'b', 'c'], queue => %s, after => %s)",
+        (QUEUE, Jsonb({"a": [], "b": [], "c": ["a", "b"]})),
+    )
+    jobs = claim(setup)
+    assert value(setup, "select treadle.cancel_workflow(%s)", (run,)) is True
+    first, second = connect(autocommit=False), connect(autocommit=False)
+    first.execute("select 1 from treadle.jobs where id = %s for update", (jobs[(run, "a")][0],))
+    second.execute("select 1 from treadle.jobs where id = %s for update", (jobs[(run, "b")][0],))
+    thread_1, answer_1 = in_thread(first, "select treadle.complete(%s, %s)", jobs[(run, "a")])
+    thread_1.join(5)
+    thread_2, answer_2 = in_thread(second, "select treadle.complete(%s, %s)", jobs[(run, "b")])
+    thread_1.join(60)
+    thread_2.join(60)
+    assert answer_1 == [[("cancelled",)]], answer_1
+    assert answer_2 == [[("cancelled",)]], answer_2
+    assert claim(setup) == {}
+    assert value(setup, "select state from treadle.workflow_runs where id = %s", (run,)) == "cancelled"
+    assert value(setup, "select count(*) from treadle.run_rechecks") == 0
+    assert live_jobs(setup, run) == []
