@@ -5889,28 +5889,28 @@ BEGIN
                          AND r.parent_run_id <> ALL (v_roots));
         v_roots := v_roots || v_up;
     END LOOP;
-    IF NOT wait THEN
-        -- a session that holds a job of its own (a finish) waits for no other's: one that
-        -- another session holds (it may be waiting for this one's) and the caller leaves it
-        v_runs := treadle._run_tree(v_roots);
-        v_held := ARRAY(SELECT j.id FROM treadle.jobs AS j
-                         WHERE j.workflow_run_id = ANY (v_runs)
-                           AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
-                         ORDER BY j.queue, j.concurrency_key, j.id
-                           FOR UPDATE OF j SKIP LOCKED);
-        IF NOT ARRAY(SELECT j.id FROM treadle.jobs AS j
-                      WHERE j.workflow_run_id = ANY (v_runs)
-                        AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])) <@ v_held THEN
-            RETURN false;
-        END IF;
-    END IF;
     LOOP
         v_runs := treadle._run_tree(v_roots);
-        v_now := ARRAY(SELECT j.id FROM treadle.jobs AS j
-                        WHERE j.workflow_run_id = ANY (v_runs)
-                          AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
-                        ORDER BY j.queue, j.concurrency_key, j.id
-                          FOR UPDATE OF j);
+        IF wait THEN
+            v_now := ARRAY(SELECT j.id FROM treadle.jobs AS j
+                            WHERE j.workflow_run_id = ANY (v_runs)
+                              AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
+                            ORDER BY j.queue, j.concurrency_key, j.id
+                              FOR UPDATE OF j);
+        ELSE
+            -- a session that holds a job of its own (a finish) waits for no other's: one
+            -- that another session holds (it may be waiting for this one's) ends it here
+            v_now := ARRAY(SELECT j.id FROM treadle.jobs AS j
+                            WHERE j.workflow_run_id = ANY (v_runs)
+                              AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
+                            ORDER BY j.queue, j.concurrency_key, j.id
+                              FOR UPDATE OF j SKIP LOCKED);
+            IF NOT ARRAY(SELECT j.id FROM treadle.jobs AS j
+                          WHERE j.workflow_run_id = ANY (v_runs)
+                            AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])) <@ (v_held || v_now) THEN
+                RETURN false;
+            END IF;
+        END IF;
         IF NOT v_now <@ v_held THEN
             v_held := v_held || v_now;
             CONTINUE;  -- read again: a finish waited for may have added steps or runs
