@@ -4485,7 +4485,10 @@ COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
 --   discarded: the run becomes failed;  cancelled: the run becomes cancelled, and
 --              the rest of it stops as treadle.cancel_workflow stops it: its other
 --              waiting steps are cancelled, its running steps asked to stop, its child
---              runs cancelled, its sleeps and waits ended (treadle._cancel_under_way).
+--              runs cancelled, its sleeps and waits ended (treadle._cancel_under_way),
+--              the jobs under way of its run's tree locked first, none of them waited
+--              for: when another session holds one, the run's cancel is left for a
+--              re-check (treadle._cancel_later, 073_workflow_cancel_rechecks.sql).
 -- Only a running run moves; but a graph's step that completes in a failed or
 -- cancelled run still records its result (its branch ran on), so that a retry
 -- of the run resumes from it. Locks the run after the job (the order every path
@@ -4613,8 +4616,13 @@ BEGIN
         PERFORM 1 FROM treadle.workflow_runs AS r
          WHERE r.queue = v_queue AND r.id = step.workflow_run_id AND r.state = 'running';
         IF FOUND THEN
-            -- the jobs under way of its run's tree first, before any run row (053_workflow_lock_order.sql)
-            PERFORM treadle._lock_run_tree_jobs(ARRAY[step.workflow_run_id]);
+            -- the jobs under way of its run's tree first, before any run row (053_workflow_lock_order.sql),
+            -- unless another session holds one: then the run is cancelled by a re-check
+            -- (its finish holds this job, which that session may wait for: 073_workflow_cancel_rechecks.sql)
+            IF NOT treadle._lock_run_tree_jobs(ARRAY[step.workflow_run_id], '{}', false) THEN
+                PERFORM treadle._cancel_later(ARRAY[step], ARRAY[step.workflow_run_id]);
+                RETURN;
+            END IF;
             PERFORM treadle._cancel_under_way(step.workflow_run_id, v_queue, true);
         END IF;
     END IF;
@@ -4788,7 +4796,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_job    treadle.jobs;
-    v_moved  bigint[] := '{}'::bigint[];  -- the steps treadle._advance_lists moved
+    v_moved  bigint[] := '{}'::bigint[];  -- the steps treadle._advance_lists moved (or left for a re-check)
     v_queues text[];   -- the queues where jobs finished (treadle_done)
     v_keyed  boolean;  -- a job held a slot of its concurrency key
     v_steps  bigint;   -- completed workflow steps
@@ -4806,11 +4814,12 @@ BEGIN
     END IF;
     IF v_wf > 1 THEN
         -- the runs the rows may move, and their ancestors, in one order (053_workflow_lock_order.sql;
-        -- one step alone locks its run and its ancestors in that order, treadle._advance_run)
-        PERFORM treadle._lock_batch_runs(done);
+        -- one step alone locks its run and its ancestors in that order, treadle._advance_run);
+        -- cancelled steps it left for a re-check are not moved here
+        v_moved := treadle._lock_batch_runs(done);
     END IF;
     IF v_steps > 1 AND NOT treadle._on_citus() THEN
-        v_moved := coalesce(treadle._advance_lists(done), v_moved);  -- 051_workflow_lists.sql
+        v_moved := v_moved || coalesce(treadle._advance_lists(done), '{}'::bigint[]);  -- 051_workflow_lists.sql
     END IF;
     IF cardinality(v_moved) = cardinality(done) THEN  -- (every row was a list's step)
         IF v_queues IS NOT NULL THEN
@@ -5873,7 +5882,35 @@ COMMENT ON FUNCTION treadle._successor(bigint, text, text, jsonb, integer, times
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
--- treadle._lock_run_tree_jobs(run_ids) -> void
+-- treadle._run_tree(roots) -> bigint[]
+--
+-- The given runs and their running descendant runs (children, their children, ...),
+-- read without locks.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._run_tree(roots bigint[])
+RETURNS bigint[]
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_runs  bigint[] := roots;
+    v_layer bigint[] := roots;
+BEGIN
+    WHILE cardinality(v_layer) > 0 LOOP
+        v_layer := ARRAY(SELECT r.id FROM treadle.workflow_runs AS r
+                          WHERE r.parent_run_id = ANY (v_layer) AND r.state = 'running'
+                            AND r.id <> ALL (v_runs));
+        v_runs := v_runs || v_layer;
+    END LOOP;
+    RETURN v_runs;
+END;
+$$;
+COMMENT ON FUNCTION treadle._run_tree(bigint[]) IS
+    'The given workflow runs and their running descendant runs.';
+
+--------------------------------------------------------------------------------
+-- treadle._lock_run_tree_jobs(run_ids, runs, wait) -> boolean
 --
 -- Locks (FOR UPDATE) the step jobs under way (available, retryable, running,
 -- blocked) of the run trees that hold the given runs: from each run's topmost
@@ -5886,24 +5923,39 @@ COMMENT ON FUNCTION treadle._successor(bigint, text, text, jsonb, integer, times
 -- child's last step moves its parent) and commit. The trees are read again until a
 -- pass finds no job it had not locked (a finish it waited for may have enqueued the
 -- next steps, or started a child run); then no step of them can finish elsewhere
--- until this transaction ends. Not on Citus (one statement over many shards' rows).
+-- until this transaction ends. Then the trees' run rows, with `runs` (others the
+-- caller moves: a batch's), ids descending, a child before its parent: the cancel
+-- that follows locks a parent (its waiting step's cancel) before its child runs',
+-- and a path that moves a run without a step job to lock first (a re-check's move,
+-- a sleep's end, a signal: each locks a run, then its parent) would wait for it in
+-- a circle. Those are locked in a subtransaction: when a session that held one of
+-- them added a step or started a child run meanwhile, they are given back (a finish
+-- of the new step would wait for them while this waited for it) and the trees read
+-- again. So the caller reads the runs' steps after no one else can add one (a
+-- sleep's end or a signal that enqueued a step committed first, and its cancel
+-- sees the step), and holds every job it may cancel. Returns true. With wait
+-- false (a caller that holds a job of its own: a finish) it first takes the trees'
+-- jobs that no other session holds, and returns false, locking no run, when
+-- another session holds one (a finish of it may be waiting for the caller's job:
+-- two steps of a run that end cancelled at once, on two connections). Not on
+-- Citus (one statement over many shards' rows): true.
 --------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION treadle._lock_run_tree_jobs(run_ids bigint[])
-RETURNS void
+CREATE OR REPLACE FUNCTION treadle._lock_run_tree_jobs(run_ids bigint[], runs bigint[] DEFAULT '{}',
+                                                      wait boolean DEFAULT true)
+RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_roots bigint[] := run_ids;
-    v_up    bigint[] := run_ids;
+    v_roots bigint[] := coalesce(run_ids, '{}'::bigint[]);
+    v_up    bigint[] := coalesce(run_ids, '{}'::bigint[]);
     v_runs  bigint[];
-    v_layer bigint[];
     v_held  bigint[] := '{}'::bigint[];
     v_now   bigint[];
 BEGIN
     IF treadle._on_citus() THEN
-        RETURN;
+        RETURN true;
     END IF;
     -- the runs and their ancestors (the topmost among them are the trees' roots)
     WHILE cardinality(v_up) > 0 LOOP
@@ -5913,41 +5965,76 @@ BEGIN
         v_roots := v_roots || v_up;
     END LOOP;
     LOOP
-        v_runs := v_roots;
-        v_layer := v_roots;
-        WHILE cardinality(v_layer) > 0 LOOP
-            v_layer := ARRAY(SELECT r.id FROM treadle.workflow_runs AS r
-                              WHERE r.parent_run_id = ANY (v_layer) AND r.state = 'running'
-                                AND r.id <> ALL (v_runs));
-            v_runs := v_runs || v_layer;
-        END LOOP;
-        v_now := ARRAY(SELECT j.id FROM treadle.jobs AS j
-                        WHERE j.workflow_run_id = ANY (v_runs)
-                          AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
-                        ORDER BY j.queue, j.concurrency_key, j.id
-                          FOR UPDATE OF j);
-        EXIT WHEN v_now <@ v_held;
-        v_held := v_held || v_now;
+        v_runs := treadle._run_tree(v_roots);
+        IF wait THEN
+            v_now := ARRAY(SELECT j.id FROM treadle.jobs AS j
+                            WHERE j.workflow_run_id = ANY (v_runs)
+                              AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
+                            ORDER BY j.queue, j.concurrency_key, j.id
+                              FOR UPDATE OF j);
+        ELSE
+            -- a session that holds a job of its own (a finish) waits for no other's: one
+            -- that another session holds (it may be waiting for this one's) ends it here
+            v_now := ARRAY(SELECT j.id FROM treadle.jobs AS j
+                            WHERE j.workflow_run_id = ANY (v_runs)
+                              AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])
+                            ORDER BY j.queue, j.concurrency_key, j.id
+                              FOR UPDATE OF j SKIP LOCKED);
+            IF NOT ARRAY(SELECT j.id FROM treadle.jobs AS j
+                          WHERE j.workflow_run_id = ANY (v_runs)
+                            AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])) <@ (v_held || v_now) THEN
+                RETURN false;
+            END IF;
+        END IF;
+        IF NOT v_now <@ v_held THEN
+            v_held := v_held || v_now;
+            CONTINUE;  -- read again: a finish waited for may have added steps or runs
+        END IF;
+        -- then the runs, a child before its parent (the one order of run rows), in a
+        -- subtransaction: when a session this waited for changed the trees meanwhile (it
+        -- held a run and added a step or started a child run), they are given back and
+        -- the new jobs locked first, while this holds none of the runs
+        BEGIN
+            PERFORM 1 FROM treadle.workflow_runs AS r
+             WHERE r.id = ANY (v_runs || coalesce(runs, '{}'::bigint[]))
+             ORDER BY r.id DESC
+               FOR UPDATE OF r;
+            IF treadle._run_tree(v_roots) <@ v_runs
+               AND ARRAY(SELECT j.id FROM treadle.jobs AS j
+                          WHERE j.workflow_run_id = ANY (v_runs)
+                            AND j.state = ANY (ARRAY['available', 'retryable', 'running', 'blocked'])) <@ v_held THEN
+                RETURN true;
+            END IF;
+            RAISE EXCEPTION 'treadle: the run tree changed' USING ERRCODE = 'TRRUN';
+        EXCEPTION WHEN SQLSTATE 'TRRUN' THEN
+            NULL;  -- (the run rows given back: read the trees again)
+        END;
     END LOOP;
 END;
 $$;
-COMMENT ON FUNCTION treadle._lock_run_tree_jobs(bigint[]) IS
-    'Lock the step jobs under way of the workflow run trees that hold the given runs, in the key lanes'' order, before any run row.';
+COMMENT ON FUNCTION treadle._lock_run_tree_jobs(bigint[], bigint[], boolean) IS
+    'Lock the step jobs under way of the workflow run trees that hold the given runs, in the key lanes'' order, then their runs, child before parent.';
 
 --------------------------------------------------------------------------------
--- treadle._lock_batch_runs(done) -> void
+-- treadle._lock_batch_runs(done) -> bigint[]
 --
 -- For a batch's finish (treadle._follow_up over several rows, their jobs locked
 -- by the statement that finished them): when a step ended cancelled, the jobs
--- under way of its run's tree first (treadle._lock_run_tree_jobs); then the run
+-- under way of its run's tree first (treadle._lock_run_tree_jobs), unless another
+-- session holds one: the batch holds its own rows, and that session may wait for
+-- one of them (two batches whose cancelled steps cancel each other's runs), so the
+-- cancelled steps are left for a re-check (treadle._cancel_later) and returned (the
+-- caller does not move their runs); then the run
 -- rows the batch's workflow steps may move, each step's run and that run's
--- ancestors, in one order, ids descending (a child before its parent, as
+-- ancestors (with the tree's runs, when a step ended cancelled), in one order,
+-- ids descending (a child before its parent, as
 -- treadle._advance_run locks them one step at a time), before
 -- treadle._advance_lists and treadle._advance_run lock them again in theirs. Two
 -- batches whose child runs' ends move the same parents then never wait for each
 -- other in a circle. A run whose rows in the batch are all completed steps that
 -- may be left for a re-check (a graph's step that may make a join ready, not a
--- map's element nor a compensation: treadle._recheck_later,
+-- map's element, in a run without compensations, whose state this reads without
+-- the row's lock: treadle._may_recheck, treadle._recheck_later,
 -- 073_workflow_rechecks.sql; a step whose successors wait for it alone is recorded
 -- by treadle._advance_run's first UPDATE, which waits for the row) is not locked
 -- here, unless it is another's ancestor: treadle._advance_run tries it with SKIP
@@ -5956,7 +6043,7 @@ COMMENT ON FUNCTION treadle._lock_run_tree_jobs(bigint[]) IS
 -- moves its run by itself, treadle._advance_run).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._lock_batch_runs(done treadle.jobs[])
-RETURNS void
+RETURNS bigint[]
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -5966,22 +6053,31 @@ DECLARE
     v_up    bigint[];
     v_anc   bigint[] := '{}'::bigint[];  -- the ancestors of the batch's runs
     v_skip  bigint[];  -- runs whose rows may all be left for a re-check
+    v_tree  bigint[] := '{}'::bigint[];  -- running runs that a step of the batch that ended cancelled cancels
+    v_lock  bigint[] := '{}'::bigint[];  -- the runs locked here
+    v_later bigint[] := '{}'::bigint[];  -- the steps left for a re-check
 BEGIN
     IF treadle._on_citus() THEN
-        RETURN;
+        RETURN v_later;
     END IF;
     v_layer := ARRAY(SELECT DISTINCT d.workflow_run_id FROM unnest(done) AS d WHERE d.workflow_run_id IS NOT NULL);
     IF EXISTS (SELECT 1 FROM unnest(done) AS d WHERE d.workflow_run_id IS NOT NULL AND d.state = 'cancelled') THEN
         -- a step that ended cancelled cancels its running run, and the rest of its
         -- tree: their jobs first (treadle._advance_run would lock them after runs that
-        -- the batch's other rows locked)
-        PERFORM treadle._lock_run_tree_jobs(ARRAY(
+        -- the batch's other rows locked), then the runs below with the tree's, in one order
+        v_tree := ARRAY(
             SELECT d.workflow_run_id FROM unnest(done) AS d
               JOIN treadle.workflow_runs AS r ON r.id = d.workflow_run_id
-             WHERE d.state = 'cancelled' AND NOT d.args ? 'compensates' AND r.state = 'running'));
+             WHERE d.state = 'cancelled' AND NOT d.args ? 'compensates' AND r.state = 'running');
     END IF;
     IF cardinality(v_layer) < 2 THEN
-        RETURN;  -- one run: treadle._advance_run locks it, then its parent and up, in this order
+        -- one run: treadle._advance_run locks it, then its parent and up, in this order
+        IF cardinality(v_tree) > 0 THEN
+            IF NOT treadle._lock_run_tree_jobs(v_tree, '{}', false) THEN
+                v_later := treadle._cancel_later(done, v_tree);  -- 073_workflow_cancel_rechecks.sql
+            END IF;
+        END IF;
+        RETURN v_later;
     END IF;
     v_up := v_layer;
     WHILE cardinality(v_up) > 0 LOOP
@@ -5990,28 +6086,38 @@ BEGIN
                          AND r.parent_run_id <> ALL (v_anc));
         v_anc := v_anc || v_up;
     END LOOP;
-    -- the same test as treadle._recheck_later's, on the rows as the batch left them
+    -- treadle._recheck_later's test (treadle._may_recheck, 073_workflow_rechecks.sql), on
+    -- the rows as the batch left them and on what never changes in a run (its state,
+    -- read here without the row's lock, may change before treadle._advance_run reads it:
+    -- a run with compensations is locked up front)
     v_skip := ARRAY(SELECT r.id FROM treadle.workflow_runs AS r
                      WHERE r.id = ANY (v_layer) AND r.id <> ALL (v_anc) AND r.after IS NOT NULL
+                       AND r.compensations IS NULL
                        AND NOT EXISTS (
                            SELECT 1 FROM unnest(done) AS d
                             WHERE d.workflow_run_id = r.id
                               AND NOT (d.state = 'completed'
-                                       AND (r.maps IS NULL OR NOT r.maps ? d.step)
-                                       AND (r.compensations IS NULL
-                                            OR (r.state <> 'compensating' AND NOT d.args ? 'compensates'))
+                                       AND treadle._may_recheck(r.after, r.maps, r.compensations, d.step, d.args)
                                        -- (one whose successors wait for it alone is recorded by
                                        -- treadle._advance_run's first UPDATE, which waits)
                                        AND EXISTS (SELECT 1 FROM jsonb_each(r.after) AS e
                                                     WHERE e.value ? d.step AND jsonb_array_length(e.value) > 1))));
+    v_lock := ARRAY(SELECT u.id FROM unnest(v_layer || v_anc) AS u(id) WHERE u.id <> ALL (v_skip));
+    IF cardinality(v_tree) > 0 THEN
+        IF treadle._lock_run_tree_jobs(v_tree, v_lock, false) THEN
+            RETURN v_later;  -- the trees' jobs, then their runs and these
+        END IF;
+        v_later := treadle._cancel_later(done, v_tree);  -- 073_workflow_cancel_rechecks.sql
+    END IF;
     PERFORM 1 FROM treadle.workflow_runs AS r
-     WHERE r.id = ANY (v_layer || v_anc) AND r.id <> ALL (v_skip)
+     WHERE r.id = ANY (v_lock)
      ORDER BY r.id DESC
        FOR UPDATE OF r;
+    RETURN v_later;
 END;
 $$;
 COMMENT ON FUNCTION treadle._lock_batch_runs(treadle.jobs[]) IS
-    'Lock the workflow runs a batch of finished steps may move, and their ancestors, child before parent.';
+    'Lock the workflow runs a batch of finished steps may move, and their ancestors, child before parent; returns the steps left for a re-check.';
 --------------------------------------------------------------------------------
 -- Operator controls: cancel, retry, retention and prune.
 --------------------------------------------------------------------------------
@@ -7984,9 +8090,12 @@ COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, i
 -- run with it). Returns false for an unknown run, one that is not running, or one
 -- whose steps and children all have their cancel requested already. Locks the
 -- step jobs under way of its run tree (from its topmost parent run down, the
--- running runs) first, in (queue, concurrency_key, id) order, then the runs
--- (treadle._lock_run_tree_jobs, 053_workflow_lock_order.sql), so that it never
--- holds a run row while it waits for a step job that a worker's finish holds.
+-- running runs) first, in (queue, concurrency_key, id) order, then the tree's runs,
+-- a child before its parent (treadle._lock_run_tree_jobs,
+-- 053_workflow_lock_order.sql), so that it never holds a run row while it waits for
+-- a step job that a worker's finish holds, nor a parent while it waits for a child
+-- run that a re-check, a sleep's end or a signal moves, and it reads the run's steps
+-- after a step another session enqueued committed.
 -- Raises 22004: run_id null. 42501: a tenant's run outside its queues.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel_workflow(run_id bigint)
@@ -8926,6 +9035,88 @@ SELECT s.name, s.cron, s.tz, s.job, s.queue, s.args, s.priority, s.max_attempts,
 COMMENT ON VIEW treadle.schedules IS
     'Cron schedules: expression, time zone, job, queue, and the next run as an instant and on the zone''s clock.';
 --------------------------------------------------------------------------------
+-- A step whose end cancels its run, left for a re-check. A step that ends cancelled
+-- cancels its running run and stops the rest of the run's tree, whose step jobs it
+-- locks first (treadle._lock_run_tree_jobs, 053_workflow_lock_order.sql). Its
+-- finish holds its own job (and a batch's, the batch's other rows): when another
+-- session holds a job of that tree, that session may be waiting for one of them
+-- (two steps of a run that end cancelled at once on two connections, two batches
+-- whose cancelled steps cancel each other's runs), so the finish does not wait: the
+-- step is written to treadle.run_rechecks and its queue woken, and the run is
+-- cancelled by the next claim on the step's queue or treadle.rescue
+-- (treadle._move_rechecks, 073_workflow_rechecks.sql), once no other session
+-- holds a job of the tree. Not on Citus (there a step's end waits, as before).
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._cancel_later(done, runs) -> bigint[]
+--
+-- Transition: (none) -> a re-check (treadle.run_rechecks) of each step of `done`
+-- that ended cancelled (not a compensation) in one of `runs`; their queues'
+-- workers hear of it (treadle_jobs). Returns the steps' job ids.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._cancel_later(done treadle.jobs[], runs bigint[])
+RETURNS bigint[]
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_queues text[];
+BEGIN
+    WITH later AS (
+        INSERT INTO treadle.run_rechecks (queue, job_id, run_queue, run_id, added_at)
+        SELECT d.queue, d.id, coalesce(d.run_queue, d.queue), d.workflow_run_id, treadle.now()
+          FROM unnest(done) AS d
+         WHERE d.state = 'cancelled' AND NOT d.args ? 'compensates' AND d.workflow_run_id = ANY (runs)
+        ON CONFLICT DO NOTHING
+        RETURNING queue
+    )
+    SELECT array_agg(DISTINCT l.queue) INTO v_queues FROM later AS l;
+    PERFORM treadle._notify('treadle_jobs', q.q) FROM unnest(v_queues) AS q(q);
+    -- (a row there already, written by this transaction: the step is left all the same)
+    RETURN ARRAY(SELECT d.id FROM unnest(done) AS d
+                  WHERE d.state = 'cancelled' AND NOT d.args ? 'compensates' AND d.workflow_run_id = ANY (runs));
+END;
+$$;
+COMMENT ON FUNCTION treadle._cancel_later(treadle.jobs[], bigint[]) IS
+    'Leave steps that ended cancelled, whose run trees another session holds a job of, for a later cancel of their runs.';
+
+--------------------------------------------------------------------------------
+-- treadle._cancel_now(queue, job_id) -> boolean
+--
+-- For treadle._move_rechecks, with the re-check of job job_id (of queue `queue`)
+-- locked: when the job is a step that ended cancelled (treadle._cancel_later), the
+-- jobs under way of its run's tree are locked, none of them waited for, then their
+-- runs; the re-check is deleted and the run moves as after the step (cancelled,
+-- the rest of its tree stopped: treadle._advance_run). Returns true when it did;
+-- false when another transaction holds a job of the tree (the re-check is left for
+-- the next); null for any other re-check (its job is not a cancelled step, or gone).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._cancel_now(queue text, job_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job treadle.jobs;
+BEGIN
+    SELECT * INTO v_job FROM treadle.jobs AS j WHERE j.queue = _cancel_now.queue AND j.id = _cancel_now.job_id;
+    IF NOT FOUND OR v_job.state <> 'cancelled' THEN
+        RETURN NULL;
+    END IF;
+    IF NOT treadle._lock_run_tree_jobs(ARRAY[v_job.workflow_run_id], '{}', false) THEN
+        RETURN false;
+    END IF;
+    DELETE FROM treadle.run_rechecks AS c WHERE c.queue = _cancel_now.queue AND c.job_id = _cancel_now.job_id;
+    PERFORM treadle._advance_run(v_job);  -- 050_finish.sql
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION treadle._cancel_now(text, bigint) IS
+    'Cancel the run of a step that ended cancelled and was left for a re-check, unless another transaction holds a job of its tree.';
+--------------------------------------------------------------------------------
 -- Joins last. Two branches of a run that complete at once on two connections
 -- take turns on the run row (treadle._advance_run locks it so that a join is
 -- enqueued exactly once), and the second waits until the first commits. So
@@ -8996,6 +9187,29 @@ COMMENT ON FUNCTION treadle._advance_deferred() IS
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
+-- treadle._may_recheck(after, maps, compensations, step, args) -> boolean
+--
+-- The one test of which completed steps may be left for a re-check, on what never
+-- changes in a run (its after, maps and compensations) and the step's job (its
+-- name and args): a step of a graph run (after not null) that is not a map step's
+-- element and not a compensation. treadle._recheck_later adds the run's state (a
+-- compensating run's steps wait for its row); treadle._lock_batch_runs, which reads
+-- the run without its lock, adds compensations null instead, so that a state
+-- changed since its read (a run that became compensating) never makes a branch wait
+-- for a run row the batch did not lock up front. SQL, inlined where it is used.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._may_recheck(after jsonb, maps jsonb, compensations jsonb, step text, args jsonb)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+RETURN after IS NOT NULL
+       AND (maps IS NULL OR NOT maps ? step)
+       AND (compensations IS NULL OR NOT args ? 'compensates');
+COMMENT ON FUNCTION treadle._may_recheck(jsonb, jsonb, jsonb, text, jsonb) IS
+    'Whether a completed step of a run with these after, maps and compensations may be left for a re-check.';
+
+--------------------------------------------------------------------------------
 -- treadle._recheck_later(step, run_queue) -> boolean
 --
 -- Transition: (none) -> a re-check of the step (treadle.run_rechecks), when the
@@ -9018,9 +9232,8 @@ BEGIN
             SELECT 1 FROM treadle.workflow_runs AS r
              WHERE r.queue = run_queue
                AND r.id = step.workflow_run_id
-               AND r.after IS NOT NULL
-               AND (r.maps IS NULL OR NOT r.maps ? step.step)
-               AND (r.compensations IS NULL OR (r.state <> 'compensating' AND NOT step.args ? 'compensates'))) THEN
+               AND treadle._may_recheck(r.after, r.maps, r.compensations, step.step, step.args)
+               AND (r.compensations IS NULL OR r.state <> 'compensating')) THEN
         RETURN false;
     END IF;
     INSERT INTO treadle.run_rechecks (queue, job_id, run_queue, run_id, added_at)
@@ -9050,9 +9263,12 @@ COMMENT ON FUNCTION treadle._recheck_later(treadle.jobs, text) IS
 -- transaction holds is deleted, and its run moves as after the step
 -- (treadle._advance_run with the job's row as it is now), unless the run already
 -- has the step's result; a re-check whose run or job is gone is deleted. A re-check
--- whose run another transaction holds stays for the next. Returns how many steps
+-- whose run another transaction holds stays for the next. A step that ended
+-- cancelled cancels its run (treadle._cancel_now), or stays for the next while
+-- another transaction holds a job of its run's tree. Returns how many steps
 -- moved their runs. Locks nothing it waits for but what treadle._advance_run does
--- after the run (a parent run, when a child run ends). Under REPEATABLE READ or
+-- after the run (a parent run, when a child run ends), and a cancelled step's run
+-- tree's runs, after its jobs, none of which it waits for. Under REPEATABLE READ or
 -- SERIALIZABLE it moves nothing (the next claim in READ COMMITTED does).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._move_rechecks(queues text[], max integer DEFAULT 100)
@@ -9069,6 +9285,7 @@ DECLARE
     v_run     treadle.workflow_runs;
     v_job     treadle.jobs;
     v_moved   integer := 0;
+    v_cancel  boolean;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN 0;  -- (a run row changed since the transaction's snapshot would raise 40001)
@@ -9085,6 +9302,7 @@ BEGIN
           INTO v_queues, v_ids, v_r_queue, v_r_ids
           FROM (SELECT c.queue, c.job_id, c.run_queue, c.run_id FROM treadle.run_rechecks AS c
                  WHERE c.queue = ANY (queues)
+                 ORDER BY c.added_at, c.queue, c.job_id  -- (the oldest first: a steady stream never starves one)
                  LIMIT max
                    FOR UPDATE SKIP LOCKED) AS c;
     END IF;
@@ -9092,6 +9310,11 @@ BEGIN
         RETURN 0;
     END IF;
     FOR i IN 1 .. cardinality(v_ids) LOOP
+        v_cancel := treadle._cancel_now(v_queues[i], v_ids[i]);  -- 073_workflow_cancel_rechecks.sql
+        IF v_cancel IS NOT NULL THEN  -- (a step that ended cancelled: moved, or left for the next)
+            v_moved := v_moved + v_cancel::integer;
+            CONTINUE;
+        END IF;
         SELECT * INTO v_run FROM treadle.workflow_runs AS r
          WHERE r.queue = v_r_queue[i] AND r.id = v_r_ids[i]
            FOR UPDATE SKIP LOCKED;

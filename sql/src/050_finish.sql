@@ -436,7 +436,10 @@ COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
 --   discarded: the run becomes failed;  cancelled: the run becomes cancelled, and
 --              the rest of it stops as treadle.cancel_workflow stops it: its other
 --              waiting steps are cancelled, its running steps asked to stop, its child
---              runs cancelled, its sleeps and waits ended (treadle._cancel_under_way).
+--              runs cancelled, its sleeps and waits ended (treadle._cancel_under_way),
+--              the jobs under way of its run's tree locked first, none of them waited
+--              for: when another session holds one, the run's cancel is left for a
+--              re-check (treadle._cancel_later, 073_workflow_cancel_rechecks.sql).
 -- Only a running run moves; but a graph's step that completes in a failed or
 -- cancelled run still records its result (its branch ran on), so that a retry
 -- of the run resumes from it. Locks the run after the job (the order every path
@@ -564,8 +567,13 @@ BEGIN
         PERFORM 1 FROM treadle.workflow_runs AS r
          WHERE r.queue = v_queue AND r.id = step.workflow_run_id AND r.state = 'running';
         IF FOUND THEN
-            -- the jobs under way of its run's tree first, before any run row (053_workflow_lock_order.sql)
-            PERFORM treadle._lock_run_tree_jobs(ARRAY[step.workflow_run_id]);
+            -- the jobs under way of its run's tree first, before any run row (053_workflow_lock_order.sql),
+            -- unless another session holds one: then the run is cancelled by a re-check
+            -- (its finish holds this job, which that session may wait for: 073_workflow_cancel_rechecks.sql)
+            IF NOT treadle._lock_run_tree_jobs(ARRAY[step.workflow_run_id], '{}', false) THEN
+                PERFORM treadle._cancel_later(ARRAY[step], ARRAY[step.workflow_run_id]);
+                RETURN;
+            END IF;
             PERFORM treadle._cancel_under_way(step.workflow_run_id, v_queue, true);
         END IF;
     END IF;
@@ -739,7 +747,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_job    treadle.jobs;
-    v_moved  bigint[] := '{}'::bigint[];  -- the steps treadle._advance_lists moved
+    v_moved  bigint[] := '{}'::bigint[];  -- the steps treadle._advance_lists moved (or left for a re-check)
     v_queues text[];   -- the queues where jobs finished (treadle_done)
     v_keyed  boolean;  -- a job held a slot of its concurrency key
     v_steps  bigint;   -- completed workflow steps
@@ -757,11 +765,12 @@ BEGIN
     END IF;
     IF v_wf > 1 THEN
         -- the runs the rows may move, and their ancestors, in one order (053_workflow_lock_order.sql;
-        -- one step alone locks its run and its ancestors in that order, treadle._advance_run)
-        PERFORM treadle._lock_batch_runs(done);
+        -- one step alone locks its run and its ancestors in that order, treadle._advance_run);
+        -- cancelled steps it left for a re-check are not moved here
+        v_moved := treadle._lock_batch_runs(done);
     END IF;
     IF v_steps > 1 AND NOT treadle._on_citus() THEN
-        v_moved := coalesce(treadle._advance_lists(done), v_moved);  -- 051_workflow_lists.sql
+        v_moved := v_moved || coalesce(treadle._advance_lists(done), '{}'::bigint[]);  -- 051_workflow_lists.sql
     END IF;
     IF cardinality(v_moved) = cardinality(done) THEN  -- (every row was a list's step)
         IF v_queues IS NOT NULL THEN

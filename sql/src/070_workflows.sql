@@ -635,9 +635,12 @@ COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, i
 -- run with it). Returns false for an unknown run, one that is not running, or one
 -- whose steps and children all have their cancel requested already. Locks the
 -- step jobs under way of its run tree (from its topmost parent run down, the
--- running runs) first, in (queue, concurrency_key, id) order, then the runs
--- (treadle._lock_run_tree_jobs, 053_workflow_lock_order.sql), so that it never
--- holds a run row while it waits for a step job that a worker's finish holds.
+-- running runs) first, in (queue, concurrency_key, id) order, then the tree's runs,
+-- a child before its parent (treadle._lock_run_tree_jobs,
+-- 053_workflow_lock_order.sql), so that it never holds a run row while it waits for
+-- a step job that a worker's finish holds, nor a parent while it waits for a child
+-- run that a re-check, a sleep's end or a signal moves, and it reads the run's steps
+-- after a step another session enqueued committed.
 -- Raises 22004: run_id null. 42501: a tenant's run outside its queues.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel_workflow(run_id bigint)

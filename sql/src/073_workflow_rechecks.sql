@@ -17,6 +17,29 @@
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
+-- treadle._may_recheck(after, maps, compensations, step, args) -> boolean
+--
+-- The one test of which completed steps may be left for a re-check, on what never
+-- changes in a run (its after, maps and compensations) and the step's job (its
+-- name and args): a step of a graph run (after not null) that is not a map step's
+-- element and not a compensation. treadle._recheck_later adds the run's state (a
+-- compensating run's steps wait for its row); treadle._lock_batch_runs, which reads
+-- the run without its lock, adds compensations null instead, so that a state
+-- changed since its read (a run that became compensating) never makes a branch wait
+-- for a run row the batch did not lock up front. SQL, inlined where it is used.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._may_recheck(after jsonb, maps jsonb, compensations jsonb, step text, args jsonb)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+RETURN after IS NOT NULL
+       AND (maps IS NULL OR NOT maps ? step)
+       AND (compensations IS NULL OR NOT args ? 'compensates');
+COMMENT ON FUNCTION treadle._may_recheck(jsonb, jsonb, jsonb, text, jsonb) IS
+    'Whether a completed step of a run with these after, maps and compensations may be left for a re-check.';
+
+--------------------------------------------------------------------------------
 -- treadle._recheck_later(step, run_queue) -> boolean
 --
 -- Transition: (none) -> a re-check of the step (treadle.run_rechecks), when the
@@ -39,9 +62,8 @@ BEGIN
             SELECT 1 FROM treadle.workflow_runs AS r
              WHERE r.queue = run_queue
                AND r.id = step.workflow_run_id
-               AND r.after IS NOT NULL
-               AND (r.maps IS NULL OR NOT r.maps ? step.step)
-               AND (r.compensations IS NULL OR (r.state <> 'compensating' AND NOT step.args ? 'compensates'))) THEN
+               AND treadle._may_recheck(r.after, r.maps, r.compensations, step.step, step.args)
+               AND (r.compensations IS NULL OR r.state <> 'compensating')) THEN
         RETURN false;
     END IF;
     INSERT INTO treadle.run_rechecks (queue, job_id, run_queue, run_id, added_at)
@@ -71,9 +93,12 @@ COMMENT ON FUNCTION treadle._recheck_later(treadle.jobs, text) IS
 -- transaction holds is deleted, and its run moves as after the step
 -- (treadle._advance_run with the job's row as it is now), unless the run already
 -- has the step's result; a re-check whose run or job is gone is deleted. A re-check
--- whose run another transaction holds stays for the next. Returns how many steps
+-- whose run another transaction holds stays for the next. A step that ended
+-- cancelled cancels its run (treadle._cancel_now), or stays for the next while
+-- another transaction holds a job of its run's tree. Returns how many steps
 -- moved their runs. Locks nothing it waits for but what treadle._advance_run does
--- after the run (a parent run, when a child run ends). Under REPEATABLE READ or
+-- after the run (a parent run, when a child run ends), and a cancelled step's run
+-- tree's runs, after its jobs, none of which it waits for. Under REPEATABLE READ or
 -- SERIALIZABLE it moves nothing (the next claim in READ COMMITTED does).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._move_rechecks(queues text[], max integer DEFAULT 100)
@@ -90,6 +115,7 @@ DECLARE
     v_run     treadle.workflow_runs;
     v_job     treadle.jobs;
     v_moved   integer := 0;
+    v_cancel  boolean;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN 0;  -- (a run row changed since the transaction's snapshot would raise 40001)
@@ -106,6 +132,7 @@ BEGIN
           INTO v_queues, v_ids, v_r_queue, v_r_ids
           FROM (SELECT c.queue, c.job_id, c.run_queue, c.run_id FROM treadle.run_rechecks AS c
                  WHERE c.queue = ANY (queues)
+                 ORDER BY c.added_at, c.queue, c.job_id  -- (the oldest first: a steady stream never starves one)
                  LIMIT max
                    FOR UPDATE SKIP LOCKED) AS c;
     END IF;
@@ -113,6 +140,11 @@ BEGIN
         RETURN 0;
     END IF;
     FOR i IN 1 .. cardinality(v_ids) LOOP
+        v_cancel := treadle._cancel_now(v_queues[i], v_ids[i]);  -- 073_workflow_cancel_rechecks.sql
+        IF v_cancel IS NOT NULL THEN  -- (a step that ended cancelled: moved, or left for the next)
+            v_moved := v_moved + v_cancel::integer;
+            CONTINUE;
+        END IF;
         SELECT * INTO v_run FROM treadle.workflow_runs AS r
          WHERE r.queue = v_r_queue[i] AND r.id = v_r_ids[i]
            FOR UPDATE SKIP LOCKED;

@@ -1,9 +1,10 @@
 """A graph step whose end cancels its run, while a worker finishes a sibling step at the same time.
 
 The step's end locks its siblings' jobs before the run (as cancel_workflow does, as every
-path does), so it waits for a sibling's finish that holds that job and the run, and a
-sibling's finish waits for it: whichever commits first, neither session deadlocks, the
-run ends cancelled, and a sibling that completed first keeps its result.
+path does); it holds its own job, so it waits for no sibling's finish that holds one (that
+finish may wait for it) and leaves the run's cancel for a re-check, and a sibling's finish
+waits for it: whichever commits first, neither session deadlocks, the run ends cancelled,
+and a sibling that completed first keeps its result.
 """
 
 from __future__ import annotations
@@ -52,15 +53,19 @@ def finish_in_thread(conn: psycopg.Connection, job: tuple[int, Any], result: str
     return thread, answer
 
 
-def test_the_sibling_finishes_first(connect: Connect, wait_until_blocked: WaitBlocked) -> None:
+def test_the_sibling_finishes_first(connect: Connect) -> None:
     setup, stopper, sibling = connect(), connect(autocommit=False), connect(autocommit=False)
     run_id, a, c = start(setup)
     assert sibling.execute("select treadle.complete(%s, %s, '3')", c).fetchone() == ("completed",)
+    # a's finish holds a's job and waits for no other (the sibling holds c's): it leaves the
+    # run's cancel for a re-check (073_workflow_cancel_rechecks.sql)
     thread, answer = finish_in_thread(stopper, a, "1")
-    wait_until_blocked(stopper.info.backend_pid)  # on c's job, which the sibling holds
-    sibling.commit()
     thread.join(60)
     assert answer == [("cancelled",)]
+    assert row(setup, "select count(*) from treadle.run_rechecks where run_id = %s", (run_id,)) == (1,)
+    sibling.commit()
+    # which the next claim on the queue (its re-checks' move, first) moves: b is cancelled
+    assert row(setup, "select treadle._move_rechecks(null)") == (1,)
     assert steps(setup, run_id) == [("a", "cancelled"), ("b", "cancelled"), ("c", "completed")]
     assert row(setup, "select state, results from treadle.workflow_runs where id = %s", (run_id,)) == (
         "cancelled",

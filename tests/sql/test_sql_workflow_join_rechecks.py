@@ -228,11 +228,15 @@ def test_four_connections_finish_branches_of_held_runs_and_racing_claims_join_ea
     def drain(i: int) -> list[tuple[int, str]]:
         barrier.wait(60)
         took: list[tuple[int, str]] = []
-        for _ in range(20):
-            rows = conns[i].execute(
-                "select workflow_run_id, step from treadle.claim('w', array['rc-race'], batch => 3)"
+        for _ in range(200):  # until a claim finds nothing and no re-check is left
+            rows = (
+                conns[i]
+                .execute("select workflow_run_id, step from treadle.claim('w', array['rc-race'], batch => 3)")
+                .fetchall()
             )
-            took += [(r, s) for r, s in rows.fetchall()]
+            took += [(r, s) for r, s in rows]
+            if not rows and not rechecks(conns[i], "rc-race"):
+                break
         return took
 
     with ThreadPoolExecutor(len(BRANCHES)) as pool:
@@ -337,3 +341,22 @@ def test_a_claim_under_repeatable_read_leaves_the_rechecks(connect: Connect) -> 
     assert conn.execute("select id from treadle.claim('w', array['rc-rr'])").fetchall() == []
     assert rechecks(conn, "rc-rr") == []
     assert value(conn, "select results from treadle.workflow_runs where id = %s", (run_id,)) == {"x": 1}
+
+
+def test_a_move_of_some_queues_takes_the_oldest_rechecks_first(connect: Connect) -> None:
+    """Given a list of queues and a max, the re-checks moved are the oldest ones, whatever their
+    queue or the table's order: a queue whose steps keep coming never starves another's."""
+    holder, conn = connect(autocommit=False), connect()
+    runs = {}
+    for queue in ["rc-order-a", "rc-order-b"]:  # a's re-check is written first, and sorts first
+        runs[queue] = start(conn, queue, ["x", "y", "join"], {"join": ["x", "y"]})
+        held = leases(conn, queue)
+        hold_run(holder, runs[queue])
+        complete(conn, held[(runs[queue], "x")], 1)
+        holder.commit()
+    # b's is the older one
+    conn.execute("update treadle.run_rechecks set added_at = added_at - interval '1 hour' where queue = 'rc-order-b'")
+    assert value(conn, "select treadle._move_rechecks(array['rc-order-a', 'rc-order-b'], 1)") == 1
+    assert len(rechecks(conn, "rc-order-a")) == 1
+    assert rechecks(conn, "rc-order-b") == []
+    assert value(conn, "select results from treadle.workflow_runs where id = %s", (runs["rc-order-b"],)) == {"x": 1}

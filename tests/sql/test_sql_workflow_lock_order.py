@@ -138,9 +138,7 @@ def test_cancel_workflow_while_a_batch_ends_a_child_of_the_run(
 
 
 @pytest.mark.parametrize("batch", [False, True], ids=["alone", "in-a-batch"])
-def test_a_step_ending_cancelled_while_a_sibling_step_finishes(
-    connect: Connect, wait_until_blocked: WaitBlocked, batch: bool
-) -> None:
+def test_a_step_ending_cancelled_while_a_sibling_step_finishes(connect: Connect, batch: bool) -> None:
     setup = connect()
     run = value(setup, PARENT, ("fan3", ["a", "b", "c"], json.dumps({"a": [], "b": [], "c": []}), None))
     other, third = (
@@ -156,16 +154,21 @@ def test_a_step_ending_cancelled_while_a_sibling_step_finishes(
     # the sibling's batch has locked its jobs (c's, and another run's step)
     sibling_batch = [jobs[(run, "c")], jobs[(other, "x")]]
     sibling.execute("select 1 from treadle.jobs where id = any(%s) for update", ([j[0] for j in sibling_batch],))
-    # a ends cancelled: its run's other steps stop, c's job waited for; before, the run
-    # was locked by then (b's cancel cancelled it, or the batch locked its runs)
+    # a ends cancelled: its run's other steps stop, but c's job is held: the finish, which
+    # holds a's job, waits for none (another session may wait for a's), and leaves the run's
+    # cancel for a re-check (073_workflow_cancel_rechecks.sql); before, it waited for c's job,
+    # and the run was locked by then (b's cancel cancelled it, or the batch locked its runs)
     stopper_batch = [jobs[(run, "a")]] + [jobs[(third, "x")]] * batch
     thread_s, answer_s = in_thread(stopper, *complete_many(stopper_batch))
-    wait_until_blocked(stopper.info.backend_pid)
+    thread_s.join(60)
+    assert answer_s == [[("cancelled",)] + [("completed",)] * batch], answer_s
+    assert value(setup, "select count(*) from treadle.run_rechecks where run_id = %s", (run,)) == 1
     thread_c, answer_c = in_thread(sibling, *complete_many(sibling_batch))
     thread_c.join(60)
-    thread_s.join(60)
     assert answer_c == [[("completed",), ("completed",)]], answer_c
-    assert answer_s == [[("cancelled",)] + [("completed",)] * batch], answer_s
+    # the next claim on the queue (its re-checks' move, first) cancels the run, b with it
+    assert value(setup, "select treadle._move_rechecks(array['lock-order'])") == 1
+    assert value(setup, "select count(*) from treadle.run_rechecks where run_id = %s", (run,)) == 0
     assert setup.execute(
         "select step, state from treadle.jobs where workflow_run_id = %s order by step", (run,)
     ).fetchall() == [("a", "cancelled"), ("b", "cancelled"), ("c", "completed")]
