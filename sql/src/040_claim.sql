@@ -736,12 +736,15 @@ BEGIN
                              ORDER BY l.priority, l.run_at, l.id
                              LIMIT v_take) AS c;
                 END IF;
-                -- (in the candidates' order; a row claimed or changed since is left out)
+                -- (in the candidates' order; a row claimed or changed since is left out: every
+                -- predicate of the read is tested again here, the name too, which a schedule
+                -- changes on its waiting occurrence)
                 v_got := v_got || ARRAY(
                     SELECT c.id FROM unnest(v_cand) WITH ORDINALITY AS c(id, o)
                      WHERE c.id IN (SELECT j.id FROM treadle.jobs AS j
                                      WHERE j.queue = v_queue
                                        AND j.id = ANY (v_cand)
+                                       AND j.name = ANY (v_names)
                                        AND j.state = ANY (ARRAY['available', 'retryable'])
                                        AND j.run_at <= v_now
                                        FOR UPDATE SKIP LOCKED)
