@@ -738,13 +738,17 @@ BEGIN
                 END IF;
                 -- (in the candidates' order; a row claimed or changed since is left out: every
                 -- predicate of the read is tested again here, the name too, which a schedule
-                -- changes on its waiting occurrence)
+                -- changes on its waiting occurrence, and a row moved behind the last candidate,
+                -- where rows not read may now come first, is left to the next read, past it)
                 v_got := v_got || ARRAY(
                     SELECT c.id FROM unnest(v_cand) WITH ORDINALITY AS c(id, o)
                      WHERE c.id IN (SELECT j.id FROM treadle.jobs AS j
                                      WHERE j.queue = v_queue
                                        AND j.id = ANY (v_cand)
                                        AND j.name = ANY (v_names)
+                                       AND (cardinality(v_cand) < v_take
+                                            OR (j.priority, j.run_at, j.id)
+                                               <= (v_cand_p[v_take], v_cand_at[v_take], v_cand[v_take]))
                                        AND j.state = ANY (ARRAY['available', 'retryable'])
                                        AND j.run_at <= v_now
                                        FOR UPDATE SKIP LOCKED)

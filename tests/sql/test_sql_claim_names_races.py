@@ -9,6 +9,7 @@ waiting in pg_locks), changes the candidate in that transaction and commits.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -33,6 +34,31 @@ def keyed(conn: psycopg.Connection, job: str) -> int:
 
 def plain(conn: psycopg.Connection, job: str) -> int:
     return int(value(conn, "select treadle.enqueue(%s, '{}', queue => %s)", (job, QUEUE)))
+
+
+def parked_claim(
+    connect: Connect, wait_until_blocked: WaitBlocked, names: list[str], batch: int, sql: str, params: dict[str, int]
+) -> list[tuple[int, str, str]]:
+    """A claim over `names` in QUEUE, parked between its read and its lock while `sql` runs and commits."""
+    claimer = connect()
+    locker = connect(autocommit=False)
+    locker.execute("lock table treadle.jobs in exclusive mode")
+    with ThreadPoolExecutor(1) as pool:
+        claim = pool.submit(
+            lambda: claimer.execute(
+                "select id, name, queue from treadle.claim('w', array['names-race'], names => %s, batch => %s)",
+                (names, batch),
+            ).fetchall()
+        )
+        wait_until_blocked(claimer.info.backend_pid)
+        waits = locker.execute(
+            "select relation::regclass::text, mode from pg_locks where pid = %s and not granted",
+            (claimer.info.backend_pid,),
+        ).fetchall()
+        assert waits == [("treadle.jobs", "RowShareLock")], "the claim waits to lock, its read done"
+        locker.execute(sql, params)
+        locker.commit()
+        return claim.result(timeout=60)
 
 
 # (the candidate made, then what the other transaction does to it while the claim is parked)
@@ -67,25 +93,61 @@ def test_a_candidate_changed_before_the_lock_is_not_claimed(
     setup = connect()
     candidate = make(setup)
     other = plain(setup, "b")  # (after the candidate in claim order)
-    claimer = connect()
-    locker = connect(autocommit=False)
-    locker.execute("lock table treadle.jobs in exclusive mode")
-    with ThreadPoolExecutor(1) as pool:
-        claim = pool.submit(
-            lambda: claimer.execute(
-                "select id, name, queue from treadle.claim('w', array['names-race'], names => %s, batch => 2)",
-                (names,),
-            ).fetchall()
-        )
-        wait_until_blocked(claimer.info.backend_pid)
-        waits = setup.execute(
-            "select relation::regclass::text, mode from pg_locks where pid = %s and not granted",
-            (claimer.info.backend_pid,),
-        ).fetchall()
-        assert waits == [("treadle.jobs", "RowShareLock")], "the claim waits to lock, its read done"
-        locker.execute(sql, {"id": candidate})
-        locker.commit()
-        got = claim.result(timeout=60)
+    got = parked_claim(connect, wait_until_blocked, names, 2, sql, {"id": candidate})
     assert candidate not in {r[0] for r in got}, f"{change}: claimed {got}"
     assert got == ([(other, "b", QUEUE)] if "b" in names else [])
     assert all(r[1] in names for r in got)
+
+
+def test_a_claim_over_names_takes_the_best_due_rows_past_held_ones_in_claim_order(connect: Connect) -> None:
+    """Jobs of five names at mixed priorities and run_at, jobs of a name not asked for and jobs not
+    yet due: claims over the names (one held open, the last over 1,000 names with duplicates and
+    names that hold nothing, its batch beyond the rows) take exactly the best due rows nobody
+    holds, lowest priority, then run_at, then id, as one name's claim would."""
+    setup = connect()
+    rng = random.Random(23)
+    for i in range(80):
+        setup.execute(
+            "select treadle.enqueue(%s, '{}', queue => 'names-order', priority => %s,"
+            " run_at => treadle.now() + make_interval(secs => %s))",
+            (f"n{rng.randrange(5)}" if i % 8 else "other", rng.randrange(4) - 1, -rng.randrange(4) if i % 9 else 60),
+        )
+    unheld = """select id from treadle.jobs
+                 where queue = 'names-order' and name = any (%s)
+                   and state = any (array['available', 'retryable']) and run_at <= treadle.now()
+                 order by priority, run_at, id for update skip locked"""
+    claim = "select id from treadle.claim(%s, array['names-order'], names => %s, batch => %s)"
+    holder = connect(autocommit=False)
+    expected = [r[0] for r in setup.execute(unheld, (["n1", "n3"],)).fetchall()][:7]
+    assert [r[0] for r in holder.execute(claim, ("h", ["n3", "n1"], 7)).fetchall()] == expected
+    names = ["n0", "n1", "n2", "n3", "n4"]
+    second = connect(autocommit=False)
+    expected = [r[0] for r in setup.execute(unheld, (names,)).fetchall()][:5]
+    assert [r[0] for r in second.execute(claim, ("s", names, 5)).fetchall()] == expected
+    many = ["n4", "n2", "n4", *[f"absent-{i}" for i in range(992)], "n0", "n3", "n1", "n0", "absent-1"]
+    assert len(many) == 1000
+    expected = [r[0] for r in setup.execute(unheld, (names,)).fetchall()]
+    assert len(expected) > 20
+    assert [r[0] for r in connect().execute(claim, ("m", many, 1000)).fetchall()] == expected
+    holder.commit()
+    second.commit()
+
+
+@pytest.mark.parametrize("names", [["a", "b"], ["b", "a"]])
+def test_a_candidate_moved_behind_another_before_the_lock_is_not_claimed_first(
+    connect: Connect, wait_until_blocked: WaitBlocked, names: list[str]
+) -> None:
+    """The best candidate's priority made worse than the next job's between the read and the lock:
+    a claim of one takes the job now best, not the one read first."""
+    setup = connect()
+    moved = due_occurrence(setup, "race-priority", "a")
+    best = int(value(setup, "select treadle.enqueue('b', '{}', queue => 'names-race', priority => 5)"))
+    got = parked_claim(
+        connect,
+        wait_until_blocked,
+        names,
+        1,
+        "select treadle.schedule('race-priority', '0 0 1 1 *', 'a', queue => 'names-race', priority => 10)",
+        {},
+    )
+    assert [r[0] for r in got] == [best], f"{moved} read first, moved to priority 10"
