@@ -151,3 +151,28 @@ def test_a_candidate_moved_behind_another_before_the_lock_is_not_claimed_first(
         {},
     )
     assert [r[0] for r in got] == [best], f"{moved} read first, moved to priority 10"
+
+
+def test_a_claim_over_names_past_many_held_rows_locks_only_what_it_takes(connect: Connect) -> None:
+    """300 rows over two names held by an open claim: a claim of 3 over the names reads on past
+    them (ever more candidates at a time) and locks the 3 next in claim order, and no other row."""
+    setup = connect()
+    ids = [
+        r[0]
+        for r in setup.execute(
+            """select t.id from treadle.enqueue_many((select jsonb_agg(jsonb_build_object(
+                   'name', case when g % 3 = 0 then 'x' else 'y' end, 'queue', 'names-many-held'))
+                 from generate_series(1, 400) as g)) as t(id)"""
+        ).fetchall()
+    ]
+    claim = "select id from treadle.claim(%s, array['names-many-held'], names => array['x', 'y'], batch => %s)"
+    holder = connect(autocommit=False)
+    assert [r[0] for r in holder.execute(claim, ("h", 300)).fetchall()] == ids[:300]
+    other = connect(autocommit=False)
+    assert [r[0] for r in other.execute(claim, ("o", 3)).fetchall()] == ids[300:303]
+    free = setup.execute(
+        "select id from treadle.jobs where queue = 'names-many-held' and state = 'available' for update skip locked"
+    ).fetchall()
+    assert sorted(r[0] for r in free) == ids[303:], "the claim locked only what it took"
+    holder.commit()
+    other.commit()
