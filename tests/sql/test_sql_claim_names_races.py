@@ -176,3 +176,30 @@ def test_a_claim_over_names_past_many_held_rows_locks_only_what_it_takes(connect
     assert sorted(r[0] for r in free) == ids[303:], "the claim locked only what it took"
     holder.commit()
     other.commit()
+
+
+@pytest.mark.parametrize("names", [["a", "b"], ["a"]], ids=["several names", "one name"])
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+def test_a_snapshot_claim_over_names_skips_held_rows_and_fails_on_rows_claimed_since(
+    connect: Connect, names: list[str], isolation: str
+) -> None:
+    """A claim in a REPEATABLE READ or SERIALIZABLE transaction: a row another open claim holds is
+    skipped for the next; a row another claim took and committed after the snapshot raises 40001,
+    over several names as over one, and the claim takes nothing."""
+    setup = connect()
+    first, second = plain(setup, "a"), plain(setup, "a")
+    claim = "select id from treadle.claim(%s, array['names-race'], names => %s, batch => 1)"
+    holder = connect(autocommit=False)
+    assert holder.execute(claim, ("h", ["a"])).fetchall() == [(first,)]
+    snap = connect(autocommit=False)
+    snap.execute(f"set transaction isolation level {isolation}")
+    snap.execute("select count(*) from treadle.jobs").fetchall()  # (the snapshot taken)
+    assert snap.execute(claim, ("s", names)).fetchall() == [(second,)]
+    snap.rollback()
+    snap.execute(f"set transaction isolation level {isolation}")
+    snap.execute("select count(*) from treadle.jobs").fetchall()
+    holder.commit()  # (first taken and committed after the snapshot)
+    with pytest.raises(psycopg.errors.SerializationFailure):
+        snap.execute(claim, ("s", names))
+    snap.rollback()
+    assert value(setup, "select state from treadle.jobs where id = %s", (second,)) == "available"
