@@ -105,12 +105,20 @@ BEGIN
         INSERT INTO treadle.jobs AS j (queue, name, args, priority, run_at, max_attempts, created_at, state)
         SELECT enqueue.queue, enqueue.name, enqueue.args, enqueue.priority, enqueue.run_at,
                enqueue.max_attempts, v_now, 'available'
-         WHERE NOT EXISTS (SELECT 1 FROM treadle.tenants AS t
-                            WHERE t.tenant_role = treadle._caller_role()
-                              AND NOT starts_with(enqueue.queue, t.queue_prefix))
-           AND NOT EXISTS (SELECT 1 FROM treadle.queues AS s
-                            WHERE s.queue = enqueue.queue AND s.max_depth IS NOT NULL)
+         WHERE NOT EXISTS (SELECT 1 FROM treadle.enqueue_guards AS g
+                            WHERE g.queue = ANY (ARRAY[enqueue.queue, '']))
         RETURNING j.id INTO v_id;
+        IF v_id IS NULL THEN
+            INSERT INTO treadle.jobs AS j (queue, name, args, priority, run_at, max_attempts, created_at, state)
+            SELECT enqueue.queue, enqueue.name, enqueue.args, enqueue.priority, enqueue.run_at,
+                   enqueue.max_attempts, v_now, 'available'
+             WHERE NOT EXISTS (SELECT 1 FROM treadle.tenants AS t
+                                WHERE t.tenant_role = treadle._caller_role()
+                                  AND NOT starts_with(enqueue.queue, t.queue_prefix))
+               AND NOT EXISTS (SELECT 1 FROM treadle.queues AS s
+                                WHERE s.queue = enqueue.queue AND s.max_depth IS NOT NULL)
+            RETURNING j.id INTO v_id;
+        END IF;
         IF v_id IS NOT NULL THEN
             IF enqueue.run_at <= v_now THEN
                 PERFORM treadle._notify('treadle_jobs', enqueue.queue);
