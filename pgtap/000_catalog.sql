@@ -68,7 +68,7 @@ SELECT set_eq(
     'exactly the public functions that write, estimated_jobs (which reads statistics), explain and explain_run (which read worker and queue state), cron_next (for the private parser), listen_done and unlisten_done (which register a waiting session), and _caller_prefix (which the row-level security policies call, through _reader_prefix, to read treadle.tenants), run as the owner (SECURITY DEFINER)');
 SELECT set_eq(
     $$ SELECT signature FROM treadle_functions WHERE has_function_privilege('public', oid, 'EXECUTE') $$,
-    ARRAY['treadle.version()', 'treadle.now()', 'treadle.workflow_results(bigint)',
+    ARRAY['treadle.version()', 'treadle.now()', 'treadle._moved_clock(text)', 'treadle.workflow_results(bigint)',
           'treadle.workflow_step_results(bigint,text)', 'treadle.cron_next(text,text,timestamp with time zone)',
           'treadle._caller()', 'treadle._caller_role()', 'treadle._caller_prefix()', 'treadle._reader_prefix()',
           'treadle._all_start_with(text[],text)'],

@@ -28,6 +28,8 @@ CREATE TEMP TABLE may_execute (signature text, parts text[]);
 INSERT INTO may_execute VALUES
     ('treadle.version()',                        '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.now()',                            '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
+    -- treadle.now()'s helper, inlined with it into the caller's statement: it reads the caller's own setting
+    ('treadle._moved_clock(text)',               '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.workflow_results(bigint)',         '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.workflow_step_results(bigint,text)', '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.cron_next(text,text,timestamp with time zone)', '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
@@ -101,9 +103,10 @@ SELECT is_empty(
 SELECT is_empty(
     $$ SELECT f.signature, r.part FROM extension_functions AS f CROSS JOIN roles AS r
         WHERE (f.proname LIKE '\_%' OR f.proname LIKE 'grant\_%' OR f.proname IN ('set_tenant', 'configure', 'distribute'))
-          AND f.proname NOT IN ('_caller', '_caller_role', '_caller_prefix', '_reader_prefix', '_all_start_with')
+          AND f.proname NOT IN ('_caller', '_caller_role', '_caller_prefix', '_reader_prefix', '_all_start_with',
+                                '_moved_clock')
           AND has_function_privilege(r.role, f.oid, 'EXECUTE') $$,
-    'internal helpers (but the policies'' five), grant helpers, set_tenant, configure and distribute are the owner''s alone');
+    'internal helpers (but the policies'' five and the clock''s), grant helpers, set_tenant, configure and distribute are the owner''s alone');
 
 -- Tables, views and sequences: no part may write anything, or read a lease token.
 SELECT is_empty(

@@ -431,6 +431,20 @@ CREATE TABLE treadle.run_rechecks (
     PRIMARY KEY (queue, job_id)
 );
 SELECT pg_catalog.pg_extension_config_dump('treadle.run_rechecks', '');
+
+-- What restricts an enqueue, in one table (issue 25, goal 6; sql/src/066_enqueue_guards.sql),
+-- as in 010_tables.sql, filled from the queues and tenants there are; its triggers
+-- keep it from here on.
+CREATE TABLE treadle.enqueue_guards (
+    queue       text    NOT NULL,
+    tenant_role regrole,
+    CONSTRAINT enqueue_guards_kind_check CHECK ((queue = '') = (tenant_role IS NOT NULL))
+);
+CREATE UNIQUE INDEX enqueue_guards_key ON treadle.enqueue_guards (queue, tenant_role) NULLS NOT DISTINCT;
+INSERT INTO treadle.enqueue_guards (queue)
+SELECT s.queue FROM treadle.queues AS s WHERE s.max_depth IS NOT NULL;
+INSERT INTO treadle.enqueue_guards (queue, tenant_role)
+SELECT '', t.tenant_role FROM treadle.tenants AS t;
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -465,26 +479,45 @@ COMMENT ON FUNCTION treadle.version() IS 'The version of the installed treadle S
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
+-- treadle._moved_clock(setting) -> timestamptz
+--
+-- The time the setting treadle.now gives (treadle.now), or null unless the caller
+-- may create objects in schema treadle. Strict, and not inlined (its CASE is not):
+-- treadle.now() runs it only when the setting is there, and a caller without it
+-- pays one call node, not the privilege test's expression. Anyone may call it: it
+-- reads the caller's own setting.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._moved_clock(setting text)
+RETURNS timestamptz
+LANGUAGE sql
+STABLE
+STRICT
+BEGIN ATOMIC
+    SELECT CASE
+        WHEN has_schema_privilege(coalesce(nullif(current_setting('role'), 'none'), session_user::text)::name,
+                                  'treadle', 'CREATE')
+        THEN setting::timestamptz
+    END;
+END;
+COMMENT ON FUNCTION treadle._moved_clock(text) IS
+    'The time the setting treadle.now gives, for a role that may create in schema treadle; null for any other.';
+
+--------------------------------------------------------------------------------
 -- treadle.now() -> timestamptz
 --
 -- The one clock of every transition: the start of the current statement. Tests
 -- move time without sleeping by setting treadle.now in their session; the setting
 -- is obeyed only for a role that may create objects in schema treadle (its owner,
 -- a superuser), who could change any row anyway. Everyone else gets the server's time.
+-- Inlined into each caller's statement: without the setting it costs the setting's
+-- read and the statement's time (treadle._moved_clock runs only with it).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.now()
 RETURNS timestamptz
 LANGUAGE sql
 STABLE
 BEGIN ATOMIC
-    SELECT CASE
-        WHEN nullif(current_setting('treadle.now', true), '') IS NULL
-          OR NOT has_schema_privilege(
-                 coalesce(nullif(current_setting('role'), 'none'), session_user::text)::name,
-                 'treadle', 'CREATE')
-        THEN statement_timestamp()
-        ELSE current_setting('treadle.now', true)::timestamptz
-    END;
+    SELECT coalesce(treadle._moved_clock(nullif(current_setting('treadle.now', true), '')), statement_timestamp());
 END;
 COMMENT ON FUNCTION treadle.now() IS
     'treadle''s clock: statement_timestamp(), or the setting treadle.now in a session of the schema''s owner.';
@@ -1204,9 +1237,11 @@ DECLARE
 BEGIN
     -- The common call (no key, no option but queue, priority, run_at and max_attempts,
     -- small args): its checks in one expression, and the tenant rule and max_depth read
-    -- by the insert itself. Anything else, or a queue with a tenant rule against the
-    -- caller or a max_depth (nothing inserted then), goes the whole way below, which
-    -- raises what it raises. Under 800 bytes, args are inside the size limit (never
+    -- by the insert itself: first from treadle.enqueue_guards alone (066_enqueue_guards.sql:
+    -- one index for the queue's max_depth and for any tenant), and when a guard is there,
+    -- from treadle.tenants (by the caller's role) and treadle.queues. Anything else, or a
+    -- queue with a tenant rule against the caller or a max_depth (nothing inserted then),
+    -- goes the whole way below, which raises what it raises. Under 800 bytes, args are inside the size limit (never
     -- under 1 KiB) and cannot nest 100 levels (8 bytes a level) unless they came
     -- compressed (read from a table: their size is then no bound on their depth).
     -- Not on Citus, where an INSERT ... SELECT goes through the coordinator and the
@@ -1222,12 +1257,20 @@ BEGIN
         INSERT INTO treadle.jobs AS j (queue, name, args, priority, run_at, max_attempts, created_at, state)
         SELECT enqueue.queue, enqueue.name, enqueue.args, enqueue.priority, enqueue.run_at,
                enqueue.max_attempts, v_now, 'available'
-         WHERE NOT EXISTS (SELECT 1 FROM treadle.tenants AS t
-                            WHERE t.tenant_role = treadle._caller_role()
-                              AND NOT starts_with(enqueue.queue, t.queue_prefix))
-           AND NOT EXISTS (SELECT 1 FROM treadle.queues AS s
-                            WHERE s.queue = enqueue.queue AND s.max_depth IS NOT NULL)
+         WHERE NOT EXISTS (SELECT 1 FROM treadle.enqueue_guards AS g
+                            WHERE g.queue = ANY (ARRAY[enqueue.queue, '']))
         RETURNING j.id INTO v_id;
+        IF v_id IS NULL THEN
+            INSERT INTO treadle.jobs AS j (queue, name, args, priority, run_at, max_attempts, created_at, state)
+            SELECT enqueue.queue, enqueue.name, enqueue.args, enqueue.priority, enqueue.run_at,
+                   enqueue.max_attempts, v_now, 'available'
+             WHERE NOT EXISTS (SELECT 1 FROM treadle.tenants AS t
+                                WHERE t.tenant_role = treadle._caller_role()
+                                  AND NOT starts_with(enqueue.queue, t.queue_prefix))
+               AND NOT EXISTS (SELECT 1 FROM treadle.queues AS s
+                                WHERE s.queue = enqueue.queue AND s.max_depth IS NOT NULL)
+            RETURNING j.id INTO v_id;
+        END IF;
         IF v_id IS NOT NULL THEN
             IF enqueue.run_at <= v_now THEN
                 PERFORM treadle._notify('treadle_jobs', enqueue.queue);
@@ -7397,6 +7440,87 @@ SELECT s.queue, s.paused, s.concurrency, s.rate_limit, s.rate_period, s.max_dept
 COMMENT ON VIEW treadle.queue_settings IS
     'Queues that have settings: paused, concurrency, rate limit, max_depth, retention.';
 --------------------------------------------------------------------------------
+-- What restricts an enqueue, kept in one table (treadle.enqueue_guards) so that
+-- enqueue's common call reads one index where it read two (030_enqueue.sql): a row
+-- per queue with a max_depth, and a row per tenant under the queue name '' (no
+-- queue has it). The triggers below keep it in step with treadle.queues and
+-- treadle.tenants in the transaction that changes them, whoever writes them
+-- (set_queue, set_tenant, or the owner by hand), so an enqueue sees the rows and
+-- the guards of one snapshot. A restore makes the rows again: pg_restore fills an
+-- extension's queues and tenants with these triggers on; a plain install's dump
+-- holds the table itself, and creates the triggers after the data.
+--------------------------------------------------------------------------------
+
+--------------------------------------------------------------------------------
+-- treadle._queue_guard() -> trigger (AFTER INSERT, DELETE, UPDATE OF queue,
+-- max_depth, TRUNCATE ON treadle.queues)
+--
+-- A queue's guard row exists while its row has a max_depth.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._queue_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        DELETE FROM treadle.enqueue_guards AS g WHERE g.tenant_role IS NULL;
+        RETURN NULL;
+    END IF;
+    IF TG_OP <> 'INSERT' AND OLD.max_depth IS NOT NULL THEN
+        DELETE FROM treadle.enqueue_guards AS g WHERE g.queue = OLD.queue AND g.tenant_role IS NULL;
+    END IF;
+    IF TG_OP <> 'DELETE' AND NEW.max_depth IS NOT NULL THEN
+        INSERT INTO treadle.enqueue_guards (queue) VALUES (NEW.queue);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION treadle._queue_guard() IS
+    'Trigger: a queue with a max_depth has its row in treadle.enqueue_guards.';
+CREATE OR REPLACE TRIGGER queues_enqueue_guard
+    AFTER INSERT OR DELETE OR UPDATE OF queue, max_depth ON treadle.queues
+    FOR EACH ROW EXECUTE FUNCTION treadle._queue_guard();
+CREATE OR REPLACE TRIGGER queues_enqueue_guard_truncate
+    AFTER TRUNCATE ON treadle.queues
+    FOR EACH STATEMENT EXECUTE FUNCTION treadle._queue_guard();
+
+--------------------------------------------------------------------------------
+-- treadle._tenant_guard() -> trigger (AFTER INSERT, DELETE, UPDATE OF
+-- tenant_role, TRUNCATE ON treadle.tenants)
+--
+-- A tenant has its row in treadle.enqueue_guards (queue '') while it is a tenant.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._tenant_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        DELETE FROM treadle.enqueue_guards AS g WHERE g.tenant_role IS NOT NULL;
+        RETURN NULL;
+    END IF;
+    IF TG_OP <> 'INSERT' THEN
+        DELETE FROM treadle.enqueue_guards AS g WHERE g.queue = '' AND g.tenant_role = OLD.tenant_role;
+    END IF;
+    IF TG_OP <> 'DELETE' THEN
+        INSERT INTO treadle.enqueue_guards (queue, tenant_role) VALUES ('', NEW.tenant_role);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION treadle._tenant_guard() IS
+    'Trigger: a tenant has its row in treadle.enqueue_guards.';
+CREATE OR REPLACE TRIGGER tenants_enqueue_guard
+    AFTER INSERT OR DELETE OR UPDATE OF tenant_role ON treadle.tenants
+    FOR EACH ROW EXECUTE FUNCTION treadle._tenant_guard();
+CREATE OR REPLACE TRIGGER tenants_enqueue_guard_truncate
+    AFTER TRUNCATE ON treadle.tenants
+    FOR EACH STATEMENT EXECUTE FUNCTION treadle._tenant_guard();
+--------------------------------------------------------------------------------
 -- What cancelling a running workflow run stops, in one place: treadle.cancel_workflow
 -- (the operator's cancel) and a step's own end that cancels its run (a step job that
 -- ends `cancelled`, or a child run that is cancelled: treadle._advance_run,
@@ -12647,6 +12771,9 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA treadle FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint),
     treadle.workflow_step_results(bigint, text),
     treadle.cron_next(text, text, timestamptz) TO PUBLIC;
+-- treadle.now()'s helper, inlined with it into the caller's statement: it reads the
+-- caller's own setting.
+GRANT EXECUTE ON FUNCTION treadle._moved_clock(text) TO PUBLIC;
 -- The helpers the row-level security policies call as the reader: each tells a role
 -- of itself only (its name, its OID, its own tenant prefix).
 GRANT EXECUTE ON FUNCTION treadle._caller(), treadle._caller_role(), treadle._caller_prefix(), treadle._reader_prefix(),

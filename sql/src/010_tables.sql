@@ -537,3 +537,15 @@ CREATE TABLE treadle.run_rechecks (
     PRIMARY KEY (queue, job_id)
 );
 SELECT pg_catalog.pg_extension_config_dump('treadle.run_rechecks', '');
+
+-- What restricts an enqueue, in one table so that enqueue's common call reads one
+-- index (030_enqueue.sql): a row per queue with a max_depth (tenant_role null), and a
+-- row per tenant (queue ''; no queue has that name). Derived from treadle.queues and
+-- treadle.tenants by their triggers (066_enqueue_guards.sql), in the same
+-- transaction as the change; not dumped: a restore's rows of those tables make it again.
+CREATE TABLE treadle.enqueue_guards (
+    queue       text    NOT NULL,
+    tenant_role regrole,
+    CONSTRAINT enqueue_guards_kind_check CHECK ((queue = '') = (tenant_role IS NOT NULL))
+);
+CREATE UNIQUE INDEX enqueue_guards_key ON treadle.enqueue_guards (queue, tenant_role) NULLS NOT DISTINCT;

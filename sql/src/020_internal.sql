@@ -18,26 +18,45 @@
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
+-- treadle._moved_clock(setting) -> timestamptz
+--
+-- The time the setting treadle.now gives (treadle.now), or null unless the caller
+-- may create objects in schema treadle. Strict, and not inlined (its CASE is not):
+-- treadle.now() runs it only when the setting is there, and a caller without it
+-- pays one call node, not the privilege test's expression. Anyone may call it: it
+-- reads the caller's own setting.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._moved_clock(setting text)
+RETURNS timestamptz
+LANGUAGE sql
+STABLE
+STRICT
+BEGIN ATOMIC
+    SELECT CASE
+        WHEN has_schema_privilege(coalesce(nullif(current_setting('role'), 'none'), session_user::text)::name,
+                                  'treadle', 'CREATE')
+        THEN setting::timestamptz
+    END;
+END;
+COMMENT ON FUNCTION treadle._moved_clock(text) IS
+    'The time the setting treadle.now gives, for a role that may create in schema treadle; null for any other.';
+
+--------------------------------------------------------------------------------
 -- treadle.now() -> timestamptz
 --
 -- The one clock of every transition: the start of the current statement. Tests
 -- move time without sleeping by setting treadle.now in their session; the setting
 -- is obeyed only for a role that may create objects in schema treadle (its owner,
 -- a superuser), who could change any row anyway. Everyone else gets the server's time.
+-- Inlined into each caller's statement: without the setting it costs the setting's
+-- read and the statement's time (treadle._moved_clock runs only with it).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.now()
 RETURNS timestamptz
 LANGUAGE sql
 STABLE
 BEGIN ATOMIC
-    SELECT CASE
-        WHEN nullif(current_setting('treadle.now', true), '') IS NULL
-          OR NOT has_schema_privilege(
-                 coalesce(nullif(current_setting('role'), 'none'), session_user::text)::name,
-                 'treadle', 'CREATE')
-        THEN statement_timestamp()
-        ELSE current_setting('treadle.now', true)::timestamptz
-    END;
+    SELECT coalesce(treadle._moved_clock(nullif(current_setting('treadle.now', true), '')), statement_timestamp());
 END;
 COMMENT ON FUNCTION treadle.now() IS
     'treadle''s clock: statement_timestamp(), or the setting treadle.now in a session of the schema''s owner.';

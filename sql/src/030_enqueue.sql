@@ -87,9 +87,11 @@ DECLARE
 BEGIN
     -- The common call (no key, no option but queue, priority, run_at and max_attempts,
     -- small args): its checks in one expression, and the tenant rule and max_depth read
-    -- by the insert itself. Anything else, or a queue with a tenant rule against the
-    -- caller or a max_depth (nothing inserted then), goes the whole way below, which
-    -- raises what it raises. Under 800 bytes, args are inside the size limit (never
+    -- by the insert itself: first from treadle.enqueue_guards alone (066_enqueue_guards.sql:
+    -- one index for the queue's max_depth and for any tenant), and when a guard is there,
+    -- from treadle.tenants (by the caller's role) and treadle.queues. Anything else, or a
+    -- queue with a tenant rule against the caller or a max_depth (nothing inserted then),
+    -- goes the whole way below, which raises what it raises. Under 800 bytes, args are inside the size limit (never
     -- under 1 KiB) and cannot nest 100 levels (8 bytes a level) unless they came
     -- compressed (read from a table: their size is then no bound on their depth).
     -- Not on Citus, where an INSERT ... SELECT goes through the coordinator and the
@@ -105,12 +107,20 @@ BEGIN
         INSERT INTO treadle.jobs AS j (queue, name, args, priority, run_at, max_attempts, created_at, state)
         SELECT enqueue.queue, enqueue.name, enqueue.args, enqueue.priority, enqueue.run_at,
                enqueue.max_attempts, v_now, 'available'
-         WHERE NOT EXISTS (SELECT 1 FROM treadle.tenants AS t
-                            WHERE t.tenant_role = treadle._caller_role()
-                              AND NOT starts_with(enqueue.queue, t.queue_prefix))
-           AND NOT EXISTS (SELECT 1 FROM treadle.queues AS s
-                            WHERE s.queue = enqueue.queue AND s.max_depth IS NOT NULL)
+         WHERE NOT EXISTS (SELECT 1 FROM treadle.enqueue_guards AS g
+                            WHERE g.queue = ANY (ARRAY[enqueue.queue, '']))
         RETURNING j.id INTO v_id;
+        IF v_id IS NULL THEN
+            INSERT INTO treadle.jobs AS j (queue, name, args, priority, run_at, max_attempts, created_at, state)
+            SELECT enqueue.queue, enqueue.name, enqueue.args, enqueue.priority, enqueue.run_at,
+                   enqueue.max_attempts, v_now, 'available'
+             WHERE NOT EXISTS (SELECT 1 FROM treadle.tenants AS t
+                                WHERE t.tenant_role = treadle._caller_role()
+                                  AND NOT starts_with(enqueue.queue, t.queue_prefix))
+               AND NOT EXISTS (SELECT 1 FROM treadle.queues AS s
+                                WHERE s.queue = enqueue.queue AND s.max_depth IS NOT NULL)
+            RETURNING j.id INTO v_id;
+        END IF;
         IF v_id IS NOT NULL THEN
             IF enqueue.run_at <= v_now THEN
                 PERFORM treadle._notify('treadle_jobs', enqueue.queue);

@@ -386,6 +386,9 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA treadle FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint),
     treadle.workflow_step_results(bigint, text),
     treadle.cron_next(text, text, timestamptz) TO PUBLIC;
+-- treadle.now()'s helper, inlined with it into the caller's statement: it reads the
+-- caller's own setting.
+GRANT EXECUTE ON FUNCTION treadle._moved_clock(text) TO PUBLIC;
 -- The helpers the row-level security policies call as the reader: each tells a role
 -- of itself only (its name, its OID, its own tenant prefix).
 GRANT EXECUTE ON FUNCTION treadle._caller(), treadle._caller_role(), treadle._caller_prefix(), treadle._reader_prefix(),

@@ -426,3 +426,17 @@ CREATE TABLE treadle.run_rechecks (
     PRIMARY KEY (queue, job_id)
 );
 SELECT pg_catalog.pg_extension_config_dump('treadle.run_rechecks', '');
+
+-- What restricts an enqueue, in one table (issue 25, goal 6; sql/src/066_enqueue_guards.sql),
+-- as in 010_tables.sql, filled from the queues and tenants there are; its triggers
+-- keep it from here on.
+CREATE TABLE treadle.enqueue_guards (
+    queue       text    NOT NULL,
+    tenant_role regrole,
+    CONSTRAINT enqueue_guards_kind_check CHECK ((queue = '') = (tenant_role IS NOT NULL))
+);
+CREATE UNIQUE INDEX enqueue_guards_key ON treadle.enqueue_guards (queue, tenant_role) NULLS NOT DISTINCT;
+INSERT INTO treadle.enqueue_guards (queue)
+SELECT s.queue FROM treadle.queues AS s WHERE s.max_depth IS NOT NULL;
+INSERT INTO treadle.enqueue_guards (queue, tenant_role)
+SELECT '', t.tenant_role FROM treadle.tenants AS t;

@@ -38,7 +38,7 @@ REFERENCE = [
     "treadle.queues", "treadle.workflows", "treadle.cron_schedules",
     "treadle.settings", "treadle.tenants", "treadle.history_slots",
 ]  # fmt: skip
-LOCAL = ["treadle.workers", "treadle.done_waiters", "treadle.run_rechecks"]
+LOCAL = ["treadle.workers", "treadle.done_waiters", "treadle.run_rechecks", "treadle.enqueue_guards"]
 
 # the errors Citus raises for what it does not support (never a lost connection)
 CITUS_REFUSES = (psycopg.errors.FeatureNotSupported, psycopg.errors.InternalError_)

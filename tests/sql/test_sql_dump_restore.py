@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -17,6 +18,7 @@ import pytest
 from tests.conftest import INSTALL, NewDatabase
 from tests.pgtle_install import prepare_pgtle
 from tests.sql.sqlcalls import Connect, value
+from tests.sql.test_sql_enqueue_common import guards
 
 BINDIR = Path(subprocess.run(["pg_config", "--bindir"], check=True, capture_output=True, text=True).stdout.strip())
 
@@ -89,10 +91,14 @@ def restore(dump: Path, url: str, tmp_path: Path) -> None:
 
 @pytest.mark.subprocess
 def test_dump_and_restore_keeps_rows_and_sequences(
-    connect: Connect, dsn: str, restored_url: str, tmp_path: Path
+    connect: Connect, dsn: str, restored_url: str, tmp_path: Path, make_role: Callable[[str], str]
 ) -> None:
     source = connect()
     live_token = fill(source)
+    # what restricts an enqueue (treadle.enqueue_guards, made again by the restore)
+    source.execute("select treadle.set_queue('full', max_depth => 1), treadle.enqueue('held', queue => 'full')")
+    source.execute("select treadle.set_tenant(%s, 'kept.')", (make_role("restored"),))
+    assert len(guards(source)) == 2
     before = {table: source.execute(sql).fetchall() for table, sql in ROWS.items()}
     assert len(before["jobs"]) > 40 and len(before["workflow_runs"]) == 2
     assert len(before["job_history"]) >= 10 and len(before["history_slots"]) >= 1
@@ -104,6 +110,10 @@ def test_dump_and_restore_keeps_rows_and_sequences(
     with psycopg.connect(restored_url, autocommit=True) as restored:
         after = {table: restored.execute(sql).fetchall() for table, sql in ROWS.items()}
         assert after == before
+        assert len(guards(restored)) == 2
+        with pytest.raises(psycopg.Error) as full:
+            restored.execute("select treadle.enqueue('more', queue => 'full')")
+        assert full.value.sqlstate == "TQ001"
 
         max_job = max(row[0]["id"] for row in before["jobs"] + before["job_history"])
         max_run = max(row[0]["id"] for row in before["workflow_runs"])

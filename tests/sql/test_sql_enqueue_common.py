@@ -194,3 +194,121 @@ def test_a_tenant_gives_the_same_both_ways(
     assert got[0] == ("row" if queue == "t.work" else "error")
     if got[0] == "error":
         assert got[1:] == ("42501", True)
+
+
+# treadle.enqueue_guards as it is, and as treadle.queues and treadle.tenants say it must be
+GUARDS = """
+select (select coalesce(array_agg(g.queue || '/' || coalesce(g.tenant_role::oid::text, '-')
+                                  order by g.queue, g.tenant_role), '{}')
+          from treadle.enqueue_guards as g),
+       (select coalesce(array_agg(d.k order by d.q, d.r), '{}')
+          from (select s.queue as q, null::oid as r, s.queue || '/-' as k
+                  from treadle.queues as s where s.max_depth is not null
+                union all
+                select '', t.tenant_role::oid, '/' || t.tenant_role::oid::text from treadle.tenants as t) as d)
+"""
+
+
+def guards(conn: psycopg.Connection[Any]) -> list[str]:
+    """The guard rows, after checking that they are the ones the queues and the tenants make."""
+    row = conn.execute(GUARDS).fetchone()
+    assert row is not None
+    assert row[0] == row[1]
+    return list(row[0])
+
+
+def test_the_guards_follow_every_write_to_queues_and_tenants(
+    conn: psycopg.Connection[Any], make_role: Callable[[str], str]
+) -> None:
+    """set_queue, set_tenant and the owner's own writes to the two tables (each kind of
+    statement, TRUNCATE too) leave the guards that the tables make, and nothing else."""
+    one, two = make_role("guard1"), make_role("guard2")
+    steps = [
+        "select treadle.set_queue('a', max_depth => 5)",
+        "select treadle.set_queue('b', concurrency => 2)",
+        "select treadle.set_queue('b', concurrency => 2, max_depth => 1)",
+        "select treadle.set_queue('a', max_depth => 7)",
+        "select treadle.set_queue('a', concurrency => 3)",  # max_depth lifted, the row stays
+        "select treadle.set_queue('b')",  # no setting left: the row goes
+        "select treadle.pause('c')",
+        "update treadle.queues set max_depth = 9 where queue = 'c'",
+        "update treadle.queues set queue = 'c2' where queue = 'c'",
+        "insert into treadle.queues (queue, max_depth, updated_at) values ('d', 4, now()), ('e', null, now())",
+        "update treadle.queues set max_depth = null",
+        "update treadle.queues set max_depth = 3",
+        "delete from treadle.queues where queue = 'd'",
+        f"select treadle.set_tenant('{one}', 'one.')",
+        f"select treadle.set_tenant('{one}', 'uno.')",
+        f"update treadle.tenants set tenant_role = '{two}' where tenant_role = '{one}'::regrole",
+        f"select treadle.set_tenant('{one}', 'one.')",
+        f"select treadle.set_tenant('{one}', null)",
+        f"insert into treadle.tenants values ('{one}', 'one.')",
+        "truncate treadle.queues",
+        f"delete from treadle.tenants where tenant_role = '{two}'::regrole",
+        f"select treadle.set_tenant('{two}', 'two.')",
+        "truncate treadle.tenants",
+    ]
+    seen = set()
+    for step in steps:
+        conn.execute(step)
+        seen.add(len(guards(conn)))
+    assert guards(conn) == []
+    assert seen >= {0, 1, 2, 3}
+
+
+def test_a_change_committed_in_another_session_holds_at_the_next_enqueue(
+    conn: psycopg.Connection[Any], dsn: str, make_role: Callable[[str], str]
+) -> None:
+    """A producer's session enqueues on the common call (its plans made and kept), while the
+    owner's session sets a max_depth, makes the producer a tenant and lifts both: each
+    committed change holds at the producer's next enqueue, in its open transaction too."""
+    role = make_role("guardlive")
+    conn.execute("select treadle.grant_producer(%s)", (role,))
+    with psycopg.connect(dsn, autocommit=True) as producer:
+        producer.execute(f'set role "{role}"')
+
+        def enqueue(queue: str) -> str:
+            try:
+                producer.execute("select treadle.enqueue('n', '{}'::jsonb, queue => %s)", (queue,))
+            except psycopg.Error as error:
+                assert error.sqlstate is not None
+                return error.sqlstate
+            return "ok"
+
+        for _ in range(8):
+            assert enqueue("q") == "ok"
+        conn.execute("select treadle.set_queue('q', max_depth => 8)")
+        assert enqueue("q") == "TQ001"
+        assert enqueue("p.q") == "ok"
+        conn.execute("select treadle.set_tenant(%s, 'p.')", (role,))
+        assert enqueue("other") == "42501"
+        assert enqueue("p.q") == "ok"
+        conn.execute("select treadle.set_tenant(%s, null)", (role,))
+        assert enqueue("other") == "ok"
+        conn.execute("select treadle.set_queue('q', concurrency => 1)")
+        assert enqueue("q") == "ok"
+        # in the producer's own transaction (read committed): the next statement sees the change
+        with producer.transaction():
+            assert enqueue("other") == "ok"
+            conn.execute("select treadle.set_tenant(%s, 'p.')", (role,))
+            assert enqueue("other") == "42501"
+    # the one enqueued while the rule was lifted (the refusal took the transaction's with it)
+    assert conn.execute("select count(*) from treadle.jobs where queue = 'other'").fetchone() == (1,)
+
+
+def test_a_role_that_is_no_tenant_enqueues_beside_tenants_and_depths(
+    conn: psycopg.Connection[Any], dsn: str, make_role: Callable[[str], str]
+) -> None:
+    """With tenants and a max_depth about, a producer that is no tenant enqueues on any
+    queue, and the queue with a max_depth still counts."""
+    tenant, producer_role = make_role("guardtenant"), make_role("guardfree")
+    conn.execute("select treadle.set_tenant(%s, 't.'), treadle.grant_producer(%s)", (tenant, producer_role))
+    conn.execute("select treadle.set_queue('full', max_depth => 1)")
+    with psycopg.connect(dsn, autocommit=True) as producer:
+        producer.execute(f'set role "{producer_role}"')
+        for queue in ("default", "t.x", "full"):
+            producer.execute("select treadle.enqueue('n', '{}'::jsonb, queue => %s)", (queue,))
+        with pytest.raises(psycopg.Error) as refused:
+            producer.execute("select treadle.enqueue('n', '{}'::jsonb, queue => 'full')")
+        assert refused.value.sqlstate == "TQ001"
+    assert conn.execute("select count(*) from treadle.jobs").fetchone() == (3,)
