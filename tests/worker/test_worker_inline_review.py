@@ -210,11 +210,6 @@ def test_a_job_waiting_its_turn_behind_slow_ones_keeps_its_lease_and_a_cancel_ke
     assert row is not None and "cancelled before its handler started" in row[0], row
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="each hand-off of the completer's writes starts a new thread, which then runs quick "
-    "handlers: per-thread state (threading.local connections) is made again for each slow handler",
-)
 def test_handlers_run_on_a_bounded_set_of_threads(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
     """A handler that keeps a connection per thread makes at most one per thread the worker keeps:
     `concurrency` handler threads, and at most one writer per slot."""
@@ -234,6 +229,53 @@ def test_handlers_run_on_a_bounded_set_of_threads(conn: psycopg.Connection[Any],
     worker.start()
     wait_for(lambda: count(conn, "completed") == 2000, "every job to complete")
     assert made[0] <= 2 * 4 + 1, f"per-thread state made {made[0]} times"
+
+
+def test_a_workers_threads_stay_bounded_over_many_hand_offs_and_none_is_left_after_stop(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
+    """One quick handler in twenty turns slow, so the completer's writes are handed on about a
+    hundred times: handlers run on at most `concurrency` handler threads and `concurrency + 1`
+    writers, no other thread of the worker's is ever replaced, and within its stop_timeout
+    after stop() none of them is left."""
+    before = set(threading.enumerate())
+    worker = make_worker(concurrency=4, stop_timeout=2.0, worker_id="bounded")
+    ran_on: set[threading.Thread] = set()  # the threads themselves: an ended thread's ident may be reused
+    lock = threading.Lock()
+
+    def mine() -> set[threading.Thread]:
+        return {
+            thread for thread in threading.enumerate() if thread not in before and thread.name.startswith("treadle")
+        }
+
+    @worker.register
+    def tick(args: dict[str, Any], ctx: JobContext) -> None:
+        with lock:
+            ran_on.add(threading.current_thread())
+        if args["i"] % 20 == 19:
+            time.sleep(0.02)  # slow: the writer running it is handed off from
+
+    total = 2000
+    enqueue_ticks(conn, total)
+    worker.start()
+    seen: set[threading.Thread] = set()
+    deadline = time.monotonic() + 120
+    while count(conn, "completed") < total:
+        assert time.monotonic() < deadline, "every job to complete"
+        seen |= mine()
+        time.sleep(0.005)
+    writers = {thread for thread in ran_on | seen if thread.name.startswith("treadle-completer-bounded")}
+    handlers = ran_on - writers
+    assert len(writers) > 1, "no hand-off happened: the test proves nothing"
+    assert len(writers) <= 4 + 1, sorted(thread.name for thread in writers)
+    assert {thread.name for thread in handlers} <= {f"treadle-handler-bounded-{i}" for i in range(4)}, handlers
+    assert len(handlers) <= 4, handlers
+    others = [thread.name for thread in seen - writers]
+    assert len(others) == len(set(others)), sorted(others)  # (pool, timeouts, housekeeping, LISTEN...)
+    began = time.monotonic()
+    worker.stop()
+    wait_for(lambda: not mine(), "the worker's threads to end", 2.0 + 1.0)
+    assert time.monotonic() - began < 3.0
 
 
 def test_connections_cut_while_quick_handlers_run_in_turn_lose_no_job(

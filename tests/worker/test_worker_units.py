@@ -8,6 +8,7 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -295,10 +296,11 @@ def test_a_held_up_writer_hands_off_and_another_thread_writes_meanwhile() -> Non
     assert not buffer.hand_off(writers[1])  # closed
 
 
-def test_a_writer_handed_off_after_its_write_returned_ends_and_never_writes_again() -> None:
+def test_a_hand_off_after_the_writers_write_returned_is_refused_and_starts_no_thread() -> None:
     """hand_off races the write it was meant for: the watch found a handler slow, and the
-    writer came back to wait for items before hand_off ran. The old writer ends at once (it
-    no longer waits beside the new one), so a later batch, close() included, has one writer."""
+    writer came back to wait for items before hand_off ran. Nothing holds it, so the hand-off
+    is refused: no thread starts, none waits beside the writer, and it writes every later
+    batch, close() included."""
     writers: list[threading.Thread] = []
     batches: list[list[int]] = []
 
@@ -312,14 +314,62 @@ def test_a_writer_handed_off_after_its_write_returned_ends_and_never_writes_agai
     while buffer.pending() and time.monotonic() < deadline:
         time.sleep(0.01)
     old = writers[0]
-    assert buffer.hand_off(old.ident or 0)
-    old.join(2)
-    assert not old.is_alive()  # it waited for items beside the new writer
+    assert not buffer.hand_off(old.ident or 0)
+    assert buffer.threads() == 1
     for item in range(2, 40):
         buffer.add(item)
     assert buffer.close(10)
     assert sorted(i for batch in batches for i in batch) == list(range(1, 40))
-    assert all(thread is not old for thread in writers[1:])
+    assert all(thread is old for thread in writers)
+    old.join(2)
+    assert not old.is_alive()
+    assert buffer.threads() == 0
+
+
+def test_a_writer_handed_off_from_waits_as_a_spare_that_the_next_hand_off_takes() -> None:
+    """Forty writes held up and handed off from, one after another: each hand_off takes the
+    writer the one before left as a spare (its sequel returned), so two threads do all the
+    writes; with `writers=2`, a hand_off that comes before the spare is back is refused rather
+    than starting a third. close() ends both."""
+    held = threading.Event()
+    gates = [threading.Event() for _ in range(40)]  # one a turn: the held sequel waits on its own
+    writers: list[threading.Thread] = []
+    batches: list[list[int]] = []
+
+    def write(batch: list[int]) -> Callable[[], None] | None:
+        writers.append(threading.current_thread())
+        batches.append(batch)
+        if batch[0] >= 0:
+            return None
+        gate = gates[-1 - batch[0]]
+
+        def slow_handler() -> None:  # a sequel, as the worker's inline handlers are
+            held.set()
+            assert gate.wait(10)
+
+        return slow_handler
+
+    buffer = CompletionBuffer(write, delay=0, writers=2)
+    deadline = time.monotonic() + 30
+    for turn in range(40):
+        held.clear()
+        buffer.add(-1 - turn)
+        assert held.wait(10)
+        while not buffer.hand_off(writers[-1].ident or 0):  # refused until the last spare is back
+            assert time.monotonic() < deadline, "no spare came back"
+            time.sleep(0.001)
+        assert buffer.threads() == 2
+        gates[turn].set()
+        buffer.add(turn)
+        while buffer.pending() and time.monotonic() < deadline:
+            time.sleep(0.001)
+    assert len(set(writers)) == 2
+    assert buffer.close(10)
+    assert sorted(i for batch in batches for i in batch) == list(range(-40, 40))
+    for thread in set(writers):
+        thread.join(2)
+        assert not thread.is_alive()
+    assert buffer.threads() == 0
 
 
 def test_buffer_settings_are_checked() -> None:
@@ -327,6 +377,8 @@ def test_buffer_settings_are_checked() -> None:
         CompletionBuffer(Recorder(), delay=-1)
     with pytest.raises(ValueError, match="max_batch must be at least 1"):
         CompletionBuffer(Recorder(), max_batch=0)
+    with pytest.raises(ValueError, match="writers must be at least 1"):
+        CompletionBuffer(Recorder(), writers=0)
 
 
 # small helpers

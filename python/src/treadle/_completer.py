@@ -129,6 +129,7 @@ class Completer:
         delay: float,
         flush_at: int | None = None,
         claim_along: ClaimAlong | None = None,
+        writers: int | None = None,
     ) -> None:
         self._pool = pool
         self._claim_along = claim_along
@@ -136,7 +137,14 @@ class Completer:
         self._host = host
         self.abandon = threading.Event()
         # no handler still running means no success is on its way: write at once
-        self._buffer = CompletionBuffer(self._complete_batch, delay=delay, idle=host.idle, flush_at=flush_at)
+        self._buffer = CompletionBuffer(
+            self._complete_batch,
+            delay=delay,
+            idle=host.idle,
+            flush_at=flush_at,
+            writers=writers,
+            name=f"treadle-completer-{worker_id}",
+        )
 
     def complete(self, run: RunState, result: Jsonb | None) -> None:
         """Queue a success; RuntimeError once the completer is closed."""
@@ -382,8 +390,12 @@ class CompletionBuffer(Generic[T]):
     `write` may return a sequel that the writer thread runs once the batch no longer
     counts as pending: the worker's quick handlers claimed with the write
     (_executor.Executor.run_in_turn); when one of them turns out slow, `hand_off`
-    starts a new writer thread, and the old one ends once its sequel returns, so
-    that a slow handler never holds the other jobs' writes.
+    has another thread write, so that a slow handler never holds the other jobs'
+    writes. The old writer, once its sequel returns, waits as a spare that the next
+    hand_off takes: a handler's per-thread state (a threading.local connection) is
+    made once per thread the buffer keeps, not once per hand-off. At most `writers`
+    threads write or wait as spares (unbounded when None); with that many, a hand_off
+    finding no spare is refused, and the writes wait for the held writer.
     """
 
     def __init__(
@@ -395,6 +407,7 @@ class CompletionBuffer(Generic[T]):
         flush_at: int | None = None,
         idle: Callable[[], bool] | None = None,
         name: str = "treadle-completer",
+        writers: int | None = None,
     ) -> None:
         if delay < 0:
             raise ValueError(f"delay must not be negative, got {delay}")
@@ -402,6 +415,8 @@ class CompletionBuffer(Generic[T]):
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         if flush_at is not None and not 1 <= flush_at <= max_batch:
             raise ValueError(f"flush_at must be between 1 and max_batch ({max_batch}), got {flush_at}")
+        if writers is not None and writers < 1:
+            raise ValueError(f"writers must be at least 1, got {writers}")
         self._write = write
         self._flush_at = max_batch if flush_at is None else flush_at
         self._delay = delay
@@ -412,7 +427,11 @@ class CompletionBuffer(Generic[T]):
         self._cond = threading.Condition()
         self._closing = False
         self._name = name
+        self._max_writers = writers
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)  # the writer
+        self._busy = False  # the writer has taken a batch and its write or sequel has not returned
+        self._spares: list[threading.Thread] = []  # writers handed off from, whose sequel returned
+        self._writers = {self._thread}  # every writer thread not yet ended
         self._thread.start()
 
     def add(self, item: T) -> None:
@@ -432,26 +451,41 @@ class CompletionBuffer(Generic[T]):
             return len(self._items) + self._writing
 
     def hand_off(self, writer: int) -> bool:
-        """The writer thread `writer` (an ident) is held up (a slow handler it runs): a new thread
-        writes from now on, and that one ends when its write returns (at once if it was back
-        waiting for items: two never wait side by side). False when `writer` is no longer the
-        writer, or the buffer is closing."""
+        """The writer thread `writer` (an ident) is held up in a write or its sequel (a slow handler
+        it runs): a spare, or else a new thread, writes from now on; the old one becomes a spare
+        once its sequel returns. False when `writer` is no longer the writer or is back waiting
+        for items (nothing holds it), when the buffer is closing, or when `writers` threads are
+        kept and none is spare."""
         with self._cond:
-            if self._closing or self._thread.ident != writer:
+            if self._closing or self._thread.ident != writer or not self._busy:
                 return False
-            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-            self._thread.start()
-            self._cond.notify_all()  # (the old writer, if back waiting for items already, ends)
+            if self._spares:
+                self._thread = self._spares.pop()
+            elif self._max_writers is not None and len(self._writers) >= self._max_writers:
+                return False
+            else:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._writers.add(self._thread)
+                self._thread.start()
+            self._busy = False
+            self._cond.notify_all()  # (wakes the spare taken)
             return True
+
+    def threads(self) -> int:
+        """Writer threads not yet ended: the writer, those held up, the spares."""
+        with self._cond:
+            return len(self._writers)
 
     def close(self, timeout: float | None = None) -> bool:
         """Write what is buffered now, then stop. True when everything was written in time,
-        the writes of writers handed off from included (one may still be in its write)."""
+        the writes of writers handed off from included (one may still be in its write or
+        sequel: it ends when that returns). The spares end."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._closing = True
             self._cond.notify_all()
             thread = self._thread
+            spares = list(self._spares)
         thread.join(timeout)
         with self._cond:
             while self._writing:
@@ -460,31 +494,47 @@ class CompletionBuffer(Generic[T]):
                     break
                 self._cond.wait(remaining)
             written = self._writing == 0
+        for spare in spares:
+            spare.join(None if deadline is None else max(deadline - time.monotonic(), 0))
         return written and not thread.is_alive()
 
     def _run(self) -> None:
         me = threading.current_thread()
+        try:
+            self._serve(me)
+        finally:
+            with self._cond:
+                self._writers.discard(me)
+                if me in self._spares:
+                    self._spares.remove(me)
+
+    def _serve(self, me: threading.Thread) -> None:
         while True:
             with self._cond:
-                while not self._items and not self._closing and self._thread is me:
+                if self._thread is me:
+                    self._busy = False
+                while self._thread is not me and not self._closing:
+                    if me not in self._spares:
+                        self._spares.append(me)  # handed off from: wait until a hand_off takes it
                     self._cond.wait()
                 if self._thread is not me:
-                    return  # handed off: another thread writes now
+                    return  # a spare, and the buffer is closing
+                while not self._items and not self._closing:
+                    self._cond.wait()
                 if not self._items:
                     return  # closing, and nothing left
                 deadline = time.monotonic() + self._delay
-                while len(self._items) < self._flush_at and not self._closing and self._thread is me:
+                while len(self._items) < self._flush_at and not self._closing:
                     if self._idle is not None and self._idle():
                         break
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)
-                if self._thread is not me:
-                    return  # handed off while it waited: the new writer takes these
                 batch = self._items[: self._max_batch]
                 del self._items[: self._max_batch]
                 self._writing += len(batch)  # (a writer handed off from may still be writing)
+                self._busy = True
             sequel: Callable[[], None] | None = None
             try:
                 sequel = self._write(batch)
@@ -493,6 +543,8 @@ class CompletionBuffer(Generic[T]):
             finally:
                 with self._cond:
                     self._writing -= len(batch)
+                    if sequel is None and self._thread is me:
+                        self._busy = False  # (as soon as it no longer counts as pending)
                     self._cond.notify_all()
             if sequel is not None:
                 try:

@@ -486,6 +486,8 @@ class Worker:
                 delay=COMPLETION_DELAY,
                 flush_at=max(1, self.concurrency // 2),
                 claim_along=producer,
+                # one writes; a writer is handed off from only while it runs a slow handler, which holds a slot
+                writers=self.concurrency + 1,
             )
             self._executor = Executor(
                 self._registry,
