@@ -81,6 +81,29 @@ def test_claim_ahead_0_holds_no_more_than_concurrency(conn: psycopg.Connection[A
         until_state(conn, job_id, "completed")
 
 
+@pytest.mark.parametrize(("handler_seconds", "most"), [(0.0, 2 + 3 * 2), (0.005, 2 + 2)])
+def test_a_worker_left_to_choose_holds_three_times_its_claim_ahead_while_handlers_take_under_a_millisecond(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker, handler_seconds: float, most: int
+) -> None:
+    worker = make_worker(concurrency=2)
+    held: list[int] = []
+
+    @worker.register
+    def tick(args: Any, ctx: JobContext) -> None:
+        held.append(worker.running_jobs)
+        if handler_seconds:
+            threading.Event().wait(handler_seconds)
+
+    with conn.transaction():
+        ids = [enqueue(conn, "tick") for _ in range(300 if not handler_seconds else 60)]
+    worker.start()
+    for job_id in ids:
+        until_state(conn, job_id, "completed")
+    assert max(held) <= most, held
+    if not handler_seconds:
+        assert max(held) > 2 + 2, "quick handlers: more than concurrency + claim_ahead held at some time"
+
+
 def test_a_backlog_drains_through_complete_and_claim(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
     worker = make_worker(concurrency=3)
     worker.register("quick", lambda args, ctx: args["i"] * 2)
