@@ -52,4 +52,6 @@ def test_the_owner_moves_the_clock_through_enqueue(conn: psycopg.Connection[Any]
     conn.execute("select set_config('treadle.now', %s, false)", (PAST,))
     job = conn.execute("select treadle.enqueue('n')").fetchone()
     assert job is not None
-    assert conn.execute("select created_at = %s::timestamptz from treadle.jobs where id = %s", (PAST, job[0])).fetchone() == (True,)
+    assert conn.execute(
+        "select created_at = %s::timestamptz from treadle.jobs where id = %s", (PAST, job[0])
+    ).fetchone() == (True,)

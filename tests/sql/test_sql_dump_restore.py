@@ -160,7 +160,11 @@ def test_dump_and_restore_keeps_rows_and_sequences(
 @pytest.mark.subprocess
 @pytest.mark.parametrize("disable_triggers", [False, True], ids=["triggers", "disable-triggers"])
 def test_a_data_only_restore_keeps_the_enqueue_guards(
-    connect: Connect, dsn: str, new_database: NewDatabase, tmp_path: Path, make_role: Callable[[str], str],
+    connect: Connect,
+    dsn: str,
+    new_database: NewDatabase,
+    tmp_path: Path,
+    make_role: Callable[[str], str],
     disable_triggers: bool,
 ) -> None:
     """The rows of queues and tenants restored into an installed treadle (pg_restore
