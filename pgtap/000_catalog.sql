@@ -78,7 +78,8 @@ SELECT set_eq(
     $$ SELECT unnest(ARRAY['treadle.jobs', 'treadle.jobs_id_seq', 'treadle.workflow_runs',
                            'treadle.workflow_runs_id_seq', 'treadle.workflows', 'treadle.settings', 'treadle.tenants',
                            'treadle.cron_schedules', 'treadle.queues', 'treadle.history_slots', 'treadle.key_slots',
-                           'treadle.workflow_signals', 'treadle.workflow_signals_id_seq', 'treadle.run_rechecks'])
+                           'treadle.workflow_signals', 'treadle.workflow_signals_id_seq', 'treadle.run_rechecks',
+                           'treadle.enqueue_guards'])
        UNION ALL
        SELECT format('treadle.job_history_%s', lpad(n::text, 2, '0')) FROM generate_series(0, 40) AS n $$,
     'tables with user data and their sequences are kept by pg_dump: the history''s 41 partitions too');

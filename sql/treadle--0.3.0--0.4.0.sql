@@ -445,6 +445,11 @@ INSERT INTO treadle.enqueue_guards (queue)
 SELECT s.queue FROM treadle.queues AS s WHERE s.max_depth IS NOT NULL;
 INSERT INTO treadle.enqueue_guards (queue, tenant_role)
 SELECT '', t.tenant_role FROM treadle.tenants AS t;
+
+-- treadle.enqueue_guards as in 010_tables.sql: a replica identity (a publication FOR ALL
+-- TABLES publishes its deletes), and dumped with treadle.queues and treadle.tenants.
+ALTER TABLE treadle.enqueue_guards REPLICA IDENTITY FULL;
+SELECT pg_catalog.pg_extension_config_dump('treadle.enqueue_guards', '');
 --------------------------------------------------------------------------------
 -- treadle.version() -> text
 --
@@ -7446,9 +7451,10 @@ COMMENT ON VIEW treadle.queue_settings IS
 -- queue has it). The triggers below keep it in step with treadle.queues and
 -- treadle.tenants in the transaction that changes them, whoever writes them
 -- (set_queue, set_tenant, or the owner by hand), so an enqueue sees the rows and
--- the guards of one snapshot. A restore makes the rows again: pg_restore fills an
--- extension's queues and tenants with these triggers on; a plain install's dump
--- holds the table itself, and creates the triggers after the data.
+-- the guards of one snapshot. A dump holds the guards with the rows of the two tables
+-- (one snapshot), so a restore has them with these triggers off (--disable-triggers)
+-- as with them on: a guard the restore's rows make again is there already (ON
+-- CONFLICT DO NOTHING).
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
@@ -7472,7 +7478,7 @@ BEGIN
         DELETE FROM treadle.enqueue_guards AS g WHERE g.queue = OLD.queue AND g.tenant_role IS NULL;
     END IF;
     IF TG_OP <> 'DELETE' AND NEW.max_depth IS NOT NULL THEN
-        INSERT INTO treadle.enqueue_guards (queue) VALUES (NEW.queue);
+        INSERT INTO treadle.enqueue_guards (queue) VALUES (NEW.queue) ON CONFLICT DO NOTHING;
     END IF;
     RETURN NULL;
 END;
@@ -7507,7 +7513,7 @@ BEGIN
         DELETE FROM treadle.enqueue_guards AS g WHERE g.queue = '' AND g.tenant_role = OLD.tenant_role;
     END IF;
     IF TG_OP <> 'DELETE' THEN
-        INSERT INTO treadle.enqueue_guards (queue, tenant_role) VALUES ('', NEW.tenant_role);
+        INSERT INTO treadle.enqueue_guards (queue, tenant_role) VALUES ('', NEW.tenant_role) ON CONFLICT DO NOTHING;
     END IF;
     RETURN NULL;
 END;

@@ -596,13 +596,18 @@ SELECT pg_catalog.pg_extension_config_dump('treadle.run_rechecks', '');
 -- index (030_enqueue.sql): a row per queue with a max_depth (tenant_role null), and a
 -- row per tenant (queue ''; no queue has that name). Derived from treadle.queues and
 -- treadle.tenants by their triggers (066_enqueue_guards.sql), in the same
--- transaction as the change; not dumped: a restore's rows of those tables make it again.
+-- transaction as the change. Dumped with them, so that a restore with the triggers off
+-- (--disable-triggers) has the guards too; with them on, their inserts find the rows there.
 CREATE TABLE treadle.enqueue_guards (
     queue       text    NOT NULL,
     tenant_role regrole,
     CONSTRAINT enqueue_guards_kind_check CHECK ((queue = '') = (tenant_role IS NOT NULL))
 );
 CREATE UNIQUE INDEX enqueue_guards_key ON treadle.enqueue_guards (queue, tenant_role) NULLS NOT DISTINCT;
+-- A publication FOR ALL TABLES publishes its deletes: they need a replica identity, and
+-- the key's nullable column cannot be one (docs/operations.md#backups).
+ALTER TABLE treadle.enqueue_guards REPLICA IDENTITY FULL;
+SELECT pg_catalog.pg_extension_config_dump('treadle.enqueue_guards', '');
 --------------------------------------------------------------------------------
 -- The clock, and private helpers.
 --
@@ -7590,9 +7595,10 @@ COMMENT ON VIEW treadle.queue_settings IS
 -- queue has it). The triggers below keep it in step with treadle.queues and
 -- treadle.tenants in the transaction that changes them, whoever writes them
 -- (set_queue, set_tenant, or the owner by hand), so an enqueue sees the rows and
--- the guards of one snapshot. A restore makes the rows again: pg_restore fills an
--- extension's queues and tenants with these triggers on; a plain install's dump
--- holds the table itself, and creates the triggers after the data.
+-- the guards of one snapshot. A dump holds the guards with the rows of the two tables
+-- (one snapshot), so a restore has them with these triggers off (--disable-triggers)
+-- as with them on: a guard the restore's rows make again is there already (ON
+-- CONFLICT DO NOTHING).
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
@@ -7616,7 +7622,7 @@ BEGIN
         DELETE FROM treadle.enqueue_guards AS g WHERE g.queue = OLD.queue AND g.tenant_role IS NULL;
     END IF;
     IF TG_OP <> 'DELETE' AND NEW.max_depth IS NOT NULL THEN
-        INSERT INTO treadle.enqueue_guards (queue) VALUES (NEW.queue);
+        INSERT INTO treadle.enqueue_guards (queue) VALUES (NEW.queue) ON CONFLICT DO NOTHING;
     END IF;
     RETURN NULL;
 END;
@@ -7651,7 +7657,7 @@ BEGIN
         DELETE FROM treadle.enqueue_guards AS g WHERE g.queue = '' AND g.tenant_role = OLD.tenant_role;
     END IF;
     IF TG_OP <> 'DELETE' THEN
-        INSERT INTO treadle.enqueue_guards (queue, tenant_role) VALUES ('', NEW.tenant_role);
+        INSERT INTO treadle.enqueue_guards (queue, tenant_role) VALUES ('', NEW.tenant_role) ON CONFLICT DO NOTHING;
     END IF;
     RETURN NULL;
 END;

@@ -542,10 +542,15 @@ SELECT pg_catalog.pg_extension_config_dump('treadle.run_rechecks', '');
 -- index (030_enqueue.sql): a row per queue with a max_depth (tenant_role null), and a
 -- row per tenant (queue ''; no queue has that name). Derived from treadle.queues and
 -- treadle.tenants by their triggers (066_enqueue_guards.sql), in the same
--- transaction as the change; not dumped: a restore's rows of those tables make it again.
+-- transaction as the change. Dumped with them, so that a restore with the triggers off
+-- (--disable-triggers) has the guards too; with them on, their inserts find the rows there.
 CREATE TABLE treadle.enqueue_guards (
     queue       text    NOT NULL,
     tenant_role regrole,
     CONSTRAINT enqueue_guards_kind_check CHECK ((queue = '') = (tenant_role IS NOT NULL))
 );
 CREATE UNIQUE INDEX enqueue_guards_key ON treadle.enqueue_guards (queue, tenant_role) NULLS NOT DISTINCT;
+-- A publication FOR ALL TABLES publishes its deletes: they need a replica identity, and
+-- the key's nullable column cannot be one (docs/operations.md#backups).
+ALTER TABLE treadle.enqueue_guards REPLICA IDENTITY FULL;
+SELECT pg_catalog.pg_extension_config_dump('treadle.enqueue_guards', '');

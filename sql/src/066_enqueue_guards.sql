@@ -5,9 +5,10 @@
 -- queue has it). The triggers below keep it in step with treadle.queues and
 -- treadle.tenants in the transaction that changes them, whoever writes them
 -- (set_queue, set_tenant, or the owner by hand), so an enqueue sees the rows and
--- the guards of one snapshot. A restore makes the rows again: pg_restore fills an
--- extension's queues and tenants with these triggers on; a plain install's dump
--- holds the table itself, and creates the triggers after the data.
+-- the guards of one snapshot. A dump holds the guards with the rows of the two tables
+-- (one snapshot), so a restore has them with these triggers off (--disable-triggers)
+-- as with them on: a guard the restore's rows make again is there already (ON
+-- CONFLICT DO NOTHING).
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
@@ -31,7 +32,7 @@ BEGIN
         DELETE FROM treadle.enqueue_guards AS g WHERE g.queue = OLD.queue AND g.tenant_role IS NULL;
     END IF;
     IF TG_OP <> 'DELETE' AND NEW.max_depth IS NOT NULL THEN
-        INSERT INTO treadle.enqueue_guards (queue) VALUES (NEW.queue);
+        INSERT INTO treadle.enqueue_guards (queue) VALUES (NEW.queue) ON CONFLICT DO NOTHING;
     END IF;
     RETURN NULL;
 END;
@@ -66,7 +67,7 @@ BEGIN
         DELETE FROM treadle.enqueue_guards AS g WHERE g.queue = '' AND g.tenant_role = OLD.tenant_role;
     END IF;
     IF TG_OP <> 'DELETE' THEN
-        INSERT INTO treadle.enqueue_guards (queue, tenant_role) VALUES ('', NEW.tenant_role);
+        INSERT INTO treadle.enqueue_guards (queue, tenant_role) VALUES ('', NEW.tenant_role) ON CONFLICT DO NOTHING;
     END IF;
     RETURN NULL;
 END;

@@ -440,3 +440,8 @@ INSERT INTO treadle.enqueue_guards (queue)
 SELECT s.queue FROM treadle.queues AS s WHERE s.max_depth IS NOT NULL;
 INSERT INTO treadle.enqueue_guards (queue, tenant_role)
 SELECT '', t.tenant_role FROM treadle.tenants AS t;
+
+-- treadle.enqueue_guards as in 010_tables.sql: a replica identity (a publication FOR ALL
+-- TABLES publishes its deletes), and dumped with treadle.queues and treadle.tenants.
+ALTER TABLE treadle.enqueue_guards REPLICA IDENTITY FULL;
+SELECT pg_catalog.pg_extension_config_dump('treadle.enqueue_guards', '');

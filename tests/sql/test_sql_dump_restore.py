@@ -155,3 +155,44 @@ def test_dump_and_restore_keeps_rows_and_sequences(
         assert value(restored, "select treadle.apply_retention(100000)") >= len(moved)
         assert value(restored, "select count(*) from treadle.job_history") == 0
         assert value(restored, "select count(*) from treadle.history_slots") == 0
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("disable_triggers", [False, True], ids=["triggers", "disable-triggers"])
+def test_a_data_only_restore_keeps_the_enqueue_guards(
+    connect: Connect,
+    dsn: str,
+    new_database: NewDatabase,
+    tmp_path: Path,
+    make_role: Callable[[str], str],
+    disable_triggers: bool,
+) -> None:
+    """The rows of queues and tenants restored into an installed treadle (pg_restore
+    --data-only), with their triggers on or off: the guards are the tables' (none is made
+    twice, none is missing), so the tenant stays in its prefix and the max_depth holds."""
+    source = connect()
+    tenant = make_role("dataonly")
+    source.execute("select treadle.grant_producer(%s), treadle.set_tenant(%s, 'kept.')", (tenant, tenant))
+    source.execute("select treadle.set_queue('full', max_depth => 1), treadle.set_queue('free', concurrency => 1)")
+    assert len(guards(source)) == 2
+    dump = tmp_path / "treadle.dump"
+    subprocess.run([str(BINDIR / "pg_dump"), "--format=custom", "--file", str(dump), dsn], check=True)
+
+    target = new_database()
+    tables = [arg for table in ("queues", "tenants", "enqueue_guards") for arg in ("--table", table)]
+    subprocess.run(
+        [str(BINDIR / "pg_restore"), "--exit-on-error", "--data-only", "--schema=treadle", *tables]
+        + (["--disable-triggers"] if disable_triggers else [])
+        + ["--dbname", target, str(dump)],
+        check=True,
+    )
+    with psycopg.connect(target, autocommit=True) as restored:
+        assert len(guards(restored)) == 2
+        restored.execute("select treadle.enqueue('one', queue => 'full')")
+        with pytest.raises(psycopg.Error) as full:
+            restored.execute("select treadle.enqueue('two', queue => 'full')")
+        assert full.value.sqlstate == "TQ001"
+        restored.execute(f'set role "{tenant}"')
+        with pytest.raises(psycopg.Error) as outside:
+            restored.execute("select treadle.enqueue('n', '{}'::jsonb, queue => 'elsewhere')")
+        assert outside.value.sqlstate == "42501"

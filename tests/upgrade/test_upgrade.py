@@ -22,6 +22,7 @@ import pytest
 from tests.catalog import describe_difference, snapshot
 from tests.conftest import EXTENSION_VERSION, INSTALL, RELEASES, NewDatabase
 from tests.pgtle_install import install_pgtle, install_release, prepare_pgtle
+from tests.sql.test_sql_enqueue_common import guards
 from treadle import install
 
 PGTLE = INSTALL == "pgtle"
@@ -172,6 +173,10 @@ def fill(conn: psycopg.Connection) -> Filled:
         conn.execute("SELECT treadle.set_tenant('treadle_up_reader', 'tenant-')")
         conn.execute("SELECT treadle.configure(max_payload_bytes => 65536)")
         conn.execute("SELECT treadle.schedule('nightly', '0 3 * * *', 'report', tz => 'Europe/Paris')")
+    if conn.execute("SELECT to_regproc('treadle.set_queue') IS NOT NULL").fetchone() == (True,):
+        # 0.3.0's queue limits: a max_depth the upgrade makes a guard of (treadle.enqueue_guards)
+        conn.execute("SELECT treadle.set_queue('capped', max_depth => 1)")
+        conn.execute("SELECT treadle.set_queue('uncapped', concurrency => 2)")
 
     states = {row[0] for row in conn.execute("SELECT DISTINCT state FROM treadle.jobs")}
     assert states == {"available", "running", "retryable", "completed", "discarded", "cancelled"}
@@ -409,3 +414,21 @@ def test_the_limits_are_kept_and_the_fan_out_limit_is_configurable(upgraded: tup
         "SELECT count(*) FROM treadle.jobs WHERE workflow_run_id = %s AND step = 'each'", (run_id,)
     ).fetchone() == (3,)
     conn.execute("SELECT treadle.configure(max_map_elements => 100000)")
+
+
+def test_the_upgrade_makes_the_enqueue_guards_of_its_tenants_and_max_depths(
+    upgraded: tuple[psycopg.Connection, Filled],
+) -> None:
+    """Each tenant and each queue with a max_depth there was has its guard after the upgrade,
+    so enqueue's common call leaves them to the whole way: the max_depth holds."""
+    conn, _ = upgraded
+    made = guards(conn)
+    tenants = conn.execute("SELECT count(*) FROM treadle.tenants").fetchone()
+    capped = conn.execute("SELECT count(*) FROM treadle.queues WHERE max_depth IS NOT NULL").fetchone()
+    assert tenants is not None and capped is not None
+    assert len(made) == tenants[0] + capped[0]
+    if capped[0]:
+        conn.execute("SELECT treadle.enqueue('n', '{}'::jsonb, queue => 'capped')")
+        with pytest.raises(psycopg.Error) as full:
+            conn.execute("SELECT treadle.enqueue('n', '{}'::jsonb, queue => 'capped')")
+        assert full.value.sqlstate == "TQ001"
