@@ -9573,7 +9573,7 @@ DECLARE
     v_job     treadle.jobs;
     v_moved   integer := 0;
     v_cancel  boolean;
-    v_ended   text[] := '{}';  -- the queues of the runs moved here (treadle_done)
+    v_ended   text[] := '{}'::text[];  -- the queues of the runs moved here (treadle_done)
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN 0;  -- (a run row changed since the transaction's snapshot would raise 40001)
