@@ -141,3 +141,33 @@ def test_cancel_run_with_compensations_inside_the_window(connect: Connect) -> No
     assert value(setup, "select treadle.complete(%s, %s)", comp["ux"]) == "completed"
     assert value(setup, "select state from treadle.workflow_runs where id = %s", (run,)) == "compensated"
     assert [s for s in states(setup, run) if s[0] == "ux"] == [("ux", "completed", False)]
+
+
+def test_explain_run_names_the_cancel_left_for_a_re_check(connect: Connect) -> None:
+    """Inside the window the run is running, a cancelled, c waiting for a: explain_run said only
+    that, as if c would run; it names the re-check, the queue whose claim does it, and when."""
+    setup = connect()
+    run = value(
+        setup,
+        "select treadle.start_workflow('fan', steps => array['a', 'b', 'c'], queue => %s, after => %s)",
+        (QUEUE, Jsonb({"a": [], "b": [], "c": ["a", "b"]})),
+    )
+    jobs = claim(setup)
+    defer_cancel(connect, setup, run, jobs)
+    rows = setup.execute(
+        "select step, job_id, reason, message, at = (select added_at from treadle.run_rechecks where run_id = %s)"
+        " from treadle.explain_run(%s) where reason = 'recheck'",
+        (run, run),
+    ).fetchall()
+    assert rows == [
+        (
+            "a",
+            jobs["a"][0],
+            "recheck",
+            "step a cancelled: the run's cancel is left for a re-check, done by the next claim on queue"
+            f" {QUEUE} or treadle.rescue",
+            True,
+        )
+    ]
+    setup.execute("select treadle.rescue()")
+    assert value(setup, "select count(*) from treadle.explain_run(%s) where reason = 'recheck'", (run,)) == 0
