@@ -96,7 +96,8 @@ COMMENT ON FUNCTION treadle._recheck_later(treadle.jobs, text) IS
 -- whose run another transaction holds stays for the next. A step that ended
 -- cancelled cancels its run (treadle._cancel_now), or stays for the next while
 -- another transaction holds a job of its run's tree. Returns how many steps
--- moved their runs. Locks nothing it waits for but what treadle._advance_run does
+-- moved their runs; the queues of the runs moved hear treadle_done (their waiters,
+-- treadle._notify_done). Locks nothing it waits for but what treadle._advance_run does
 -- after the run (a parent run, when a child run ends), and a cancelled step's run
 -- tree's runs, after its jobs, none of which it waits for. Under REPEATABLE READ or
 -- SERIALIZABLE it moves nothing (the next claim in READ COMMITTED does).
@@ -116,6 +117,7 @@ DECLARE
     v_job     treadle.jobs;
     v_moved   integer := 0;
     v_cancel  boolean;
+    v_ended   text[] := '{}'::text[];  -- the queues of the runs moved here (treadle_done)
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN 0;  -- (a run row changed since the transaction's snapshot would raise 40001)
@@ -143,6 +145,9 @@ BEGIN
         v_cancel := treadle._cancel_now(v_queues[i], v_ids[i]);  -- 073_workflow_cancel_rechecks.sql
         IF v_cancel IS NOT NULL THEN  -- (a step that ended cancelled: moved, or left for the next)
             v_moved := v_moved + v_cancel::integer;
+            IF v_cancel THEN
+                v_ended := v_ended || v_r_queue[i];
+            END IF;
             CONTINUE;
         END IF;
         SELECT * INTO v_run FROM treadle.workflow_runs AS r
@@ -159,9 +164,15 @@ BEGIN
         IF FOUND AND v_job.state = 'completed' AND NOT ('{}'::jsonb || v_run.results) ? v_job.step THEN
             PERFORM treadle._advance_run(v_job);  -- 050_finish.sql: the run row is this transaction's
             v_moved := v_moved + 1;
+            v_ended := v_ended || v_r_queue[i];
         END IF;
         v_run := NULL;
     END LOOP;
+    -- a run moved here may have ended (a cancel, a last join): the step's own finish told
+    -- the run's queue's waiters (wait_workflow) while it still ran, and no job finished here
+    IF cardinality(v_ended) > 0 THEN
+        PERFORM treadle._notify_done(ARRAY(SELECT DISTINCT u.q FROM unnest(v_ended) AS u(q)));
+    END IF;
     RETURN v_moved;
 END;
 $$;

@@ -20,6 +20,9 @@
 --     (the oldest of them is explained as a step job is);
 --   child: a child step under way, the child run it waits for, its workflow,
 --     queue and state (at: the child's creation);
+--   recheck: a step whose end moves the run by a re-check, not yet done (a
+--     completed step of a join, a cancelled step whose cancel of the run waits),
+--     with its queue, whose next claim does it, and when it was left (at);
 --   for a compensating run, instead of the above: each of its step jobs that has
 --     not ended (a step still running, a compensation under way) with the reasons
 --     treadle.explain gives it, then compensation: each compensation of a
@@ -118,6 +121,18 @@ BEGIN
     IF v_run.state <> 'running' THEN
         RETURN;
     END IF;
+    -- steps whose end waits to move the run (073_workflow_rechecks.sql,
+    -- 073_workflow_cancel_rechecks.sql): a cancelled one cancels it then
+    RETURN QUERY
+        SELECT j.step, j.id, 'recheck',
+               format('step %s %s: %s by the next claim on queue %s or treadle.rescue', j.step, j.state,
+                      CASE WHEN j.state = 'cancelled' THEN 'the run''s cancel is left for a re-check, done'
+                           ELSE 'the run moves on after it by a re-check' END, c.queue),
+               c.added_at
+          FROM treadle.run_rechecks AS c
+          JOIN treadle.jobs AS j ON j.queue = c.queue AND j.id = c.job_id
+         WHERE c.run_queue = v_run.queue AND c.run_id = v_run.id
+         ORDER BY c.added_at, c.job_id;
 
     v_after := coalesce(v_run.after, treadle._linear_after(v_run.steps));
     FOR v_step IN SELECT u.s FROM unnest(v_run.steps) WITH ORDINALITY AS u(s, i) ORDER BY u.i LOOP
