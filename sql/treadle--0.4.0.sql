@@ -6534,8 +6534,9 @@ COMMENT ON FUNCTION treadle.retry(bigint, text) IS
 -- A workflow graph run that treadle.retry just made running again: its other
 -- discarded and cancelled steps are retried (treadle.retry), and the steps whose
 -- dependencies all completed while it was stopped start (a sleep under way when it
--- stopped ends at its time, at the next treadle.rescue); its failed and cancelled
--- child runs resume too (treadle._resume_children).
+-- stopped ends at its time, at the next treadle.rescue; a signal wait that timed out
+-- waits again, its timeout counted from now, and takes a signal kept for it); its
+-- failed and cancelled child runs resume too (treadle._resume_children).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._resume_graph(run treadle.workflow_runs)
 RETURNS void
@@ -6544,7 +6545,8 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_id bigint;
+    v_id  bigint;
+    v_run treadle.workflow_runs;
 BEGIN
     FOR v_id IN
         SELECT j.id FROM treadle.jobs AS j
@@ -6562,7 +6564,17 @@ BEGIN
     UPDATE treadle.workflow_runs AS r
        SET wake_at = (SELECT min(e.value::timestamptz) FROM jsonb_each_text(r.wakes) AS e)
      WHERE r.id = run.id AND r.wakes IS NOT NULL;
-    PERFORM treadle._enqueue_ready(run, treadle.now());
+    -- a signal wait that timed out (and failed the run) starts again below, with its
+    -- whole timeout from now; the waits still under way time out again at their time
+    -- (the failure left wait_until null)
+    UPDATE treadle.workflow_runs AS r
+       SET waiting = nullif(r.waiting - ARRAY(SELECT e.key FROM jsonb_each(r.waiting) AS e
+                                               WHERE e.value ? 'timed_out'), '{}'::jsonb),
+           wait_until = (SELECT min((e.value ->> 'until')::timestamptz) FROM jsonb_each(r.waiting) AS e
+                          WHERE NOT e.value ? 'timed_out')
+     WHERE r.id = run.id AND r.waiting IS NOT NULL;
+    SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = run.id;
+    PERFORM treadle._enqueue_ready(v_run, treadle.now());
 END;
 $$;
 COMMENT ON FUNCTION treadle._resume_graph(treadle.workflow_runs) IS
@@ -12226,7 +12238,8 @@ COMMENT ON FUNCTION treadle._run_for_operation(bigint) IS
 --     `compensating` (it ends compensated, or failed again);
 --   otherwise the run is `running`: its discarded and cancelled step jobs are
 --     available again with attempt 0 (treadle.retry), its failed and cancelled
---     child runs resume, its sleeps under way wake it again, and the steps whose
+--     child runs resume, its sleeps under way wake it again, a signal wait that
+--     timed out waits again (its timeout counted from the retry), and the steps whose
 --     dependencies completed meanwhile start (treadle._resume_graph); a list run
 --     with no such job starts its first step without a result.
 -- Completed steps never run again: their results are kept. In the caller's

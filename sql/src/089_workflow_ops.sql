@@ -46,7 +46,8 @@ COMMENT ON FUNCTION treadle._run_for_operation(bigint) IS
 --     `compensating` (it ends compensated, or failed again);
 --   otherwise the run is `running`: its discarded and cancelled step jobs are
 --     available again with attempt 0 (treadle.retry), its failed and cancelled
---     child runs resume, its sleeps under way wake it again, and the steps whose
+--     child runs resume, its sleeps under way wake it again, a signal wait that
+--     timed out waits again (its timeout counted from the retry), and the steps whose
 --     dependencies completed meanwhile start (treadle._resume_graph); a list run
 --     with no such job starts its first step without a result.
 -- Completed steps never run again: their results are kept. In the caller's
