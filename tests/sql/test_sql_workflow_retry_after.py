@@ -1,10 +1,14 @@
-"""Retrying a run after the paths that end it other than a failed step job: a signal wait
-that timed out waits again, with its whole timeout (it stayed marked timed out and never
-timed out again, the run waiting for ever)."""
+"""Retrying a run and its steps after the paths that end it other than a failed step job:
+a signal wait that timed out waits again, with its whole timeout (it stayed marked timed
+out and never timed out again, the run waiting for ever); a step of a run that undoes its
+steps (compensating, compensated, or failed in a compensation after another completed) is
+not retried (it ran again beside or after the compensations), and a run whose child run
+undid its steps is refused by retry_run (it was left running for ever)."""
 
 from __future__ import annotations
 
 import psycopg
+import pytest
 from psycopg.types.json import Jsonb
 
 from tests.sql.sqlcalls import Connect, row, value
@@ -90,3 +94,125 @@ def test_a_signal_after_the_retry_completes_the_wait_that_timed_out(connect: Con
     assert conn.execute(
         "select step, state from treadle.jobs where workflow_run_id = %s", (run_id,)
     ).fetchall() == [("ship", "available")]
+
+
+def claim(conn: psycopg.Connection, queue: str) -> tuple[int, str, str]:
+    """Claim one job of `queue`: (id, lease token, step)."""
+    job_id, token, step = row(conn, "select id, lease_token, step from treadle.claim('w', array[%s])", (queue,))
+    return job_id, token, step
+
+
+def start_withdrawal(conn: psycopg.Connection, queue: str) -> tuple[int, int]:
+    """A run whose reserve completed and whose send failed for good: (run id, send's job id)."""
+    run_id = value(
+        conn,
+        "select treadle.start_workflow('withdrawal', steps => array['reserve', 'send', 'settle'], queue => %s,"
+        " max_attempts => 1, compensations => '{\"reserve\": \"release\"}')",
+        (queue,),
+    )
+    job_id, token, _ = claim(conn, queue)
+    conn.execute("select treadle.complete(%s, %s, '{\"hold\": 7}')", (job_id, token))
+    send_id, token, step = claim(conn, queue)
+    assert step == "send"
+    conn.execute("select treadle.fail(%s, %s, 'the bank refused', retryable => false)", (send_id, token))
+    return run_id, send_id
+
+
+def states(conn: psycopg.Connection, run_id: int) -> list[tuple[str, str]]:
+    return conn.execute(
+        "select step, state from treadle.jobs where workflow_run_id = %s order by id", (run_id,)
+    ).fetchall()
+
+
+def test_a_step_of_a_run_that_compensates_or_was_compensated_is_not_retried(connect: Connect) -> None:
+    conn = connect()
+    run_id, send_id = start_withdrawal(conn, "undo")
+    assert value(conn, "select state from treadle.workflow_runs where id = %s", (run_id,)) == "compensating"
+    # while its compensation waits: send would run beside it
+    assert value(conn, "select treadle.retry(%s)", (send_id,)) is False
+    assert states(conn, run_id) == [("reserve", "completed"), ("send", "discarded"), ("release", "available")]
+
+    job_id, token, step = claim(conn, "undo")
+    assert step == "release"
+    conn.execute("select treadle.complete(%s, %s, '\"released\"')", (job_id, token))
+    assert value(conn, "select state from treadle.workflow_runs where id = %s", (run_id,)) == "compensated"
+    # once compensated: send would run after its reservation was released
+    assert value(conn, "select treadle.retry(%s)", (send_id,)) is False
+    assert states(conn, run_id) == [("reserve", "completed"), ("send", "discarded"), ("release", "completed")]
+    assert value(conn, "select count(*) from treadle.claim('w', array['undo'])") == 0
+
+
+def test_a_step_of_a_run_that_failed_in_a_compensation_after_another_is_not_retried(connect: Connect) -> None:
+    """settle fails; recall (send's) completes, release (reserve's) fails for good: the run
+    failed with send undone, so settle does not run again, and retry_run retries release."""
+    conn = connect()
+    run_id = value(
+        conn,
+        "select treadle.start_workflow('withdrawal', steps => array['reserve', 'send', 'settle'],"
+        " queue => 'undo-failed', max_attempts => 1,"
+        " compensations => '{\"reserve\": \"release\", \"send\": \"recall\"}')",
+    )
+    for expected, result in (("reserve", "{}"), ("send", "{}"), ("settle", None), ("recall", "{}"), ("release", None)):
+        job_id, token, step = claim(conn, "undo-failed")
+        assert step == expected
+        if result is None:
+            conn.execute("select treadle.fail(%s, %s, 'boom', retryable => false)", (job_id, token))
+        else:
+            conn.execute("select treadle.complete(%s, %s, %s::jsonb)", (job_id, token, result))
+    assert value(conn, "select state from treadle.workflow_runs where id = %s", (run_id,)) == "failed"
+    settle_id = value(conn, "select id from treadle.jobs where workflow_run_id = %s and step = 'settle'", (run_id,))
+    assert value(conn, "select treadle.retry(%s)", (settle_id,)) is False
+    assert value(conn, "select state from treadle.workflow_runs where id = %s", (run_id,)) == "failed"
+    assert value(conn, "select treadle.retry_run(%s)", (run_id,)) == "compensating"
+    assert states(conn, run_id) == [
+        ("reserve", "completed"),
+        ("send", "completed"),
+        ("settle", "discarded"),
+        ("recall", "completed"),
+        ("release", "available"),
+    ]
+
+
+def test_a_cancelled_run_with_compensations_is_still_retried_from_its_step(connect: Connect) -> None:
+    conn = connect()
+    run_id = value(
+        conn,
+        "select treadle.start_workflow('withdrawal', steps => array['reserve', 'send'], queue => 'undo-cancel',"
+        " compensations => '{\"reserve\": \"release\"}')",
+    )
+    job_id = value(conn, "select id from treadle.jobs where workflow_run_id = %s", (run_id,))
+    assert value(conn, "select treadle.cancel_workflow(%s)", (run_id,)) is True
+    assert value(conn, "select treadle.retry(%s)", (job_id,)) is True  # nothing was undone
+    assert value(conn, "select state from treadle.workflow_runs where id = %s", (run_id,)) == "running"
+
+
+
+def test_a_run_whose_child_run_was_compensated_is_not_retried_but_forked(connect: Connect) -> None:
+    """The child's capture fails, its compensation undoes authorize, and the parent fails:
+    a retry would leave the parent running for ever, its child step waiting for a child
+    that never completes."""
+    conn = connect()
+    conn.execute("select treadle.define_workflow('charge', array['authorize', 'capture'],"
+                 " compensations => '{\"authorize\": \"void\"}')")
+    run_id = value(
+        conn,
+        "select treadle.start_workflow('order', steps => array['pay', 'ship'], queue => 'orders', max_attempts => 1,"
+        " children => '{\"pay\": {\"workflow\": \"charge\", \"queue\": \"charges\"}}')",
+    )
+    child_id = value(conn, "select id from treadle.workflow_runs where parent_run_id = %s", (run_id,))
+    for expected, result in (("authorize", "{}"), ("capture", None), ("void", "{}")):
+        job_id, token, step = claim(conn, "charges")
+        assert step == expected
+        if result is None:
+            conn.execute("select treadle.fail(%s, %s, 'declined', retryable => false)", (job_id, token))
+        else:
+            conn.execute("select treadle.complete(%s, %s, %s::jsonb)", (job_id, token, result))
+    runs = "select id, state from treadle.workflow_runs where id in (%s, %s) order by id"
+    assert conn.execute(runs, (run_id, child_id)).fetchall() == [(run_id, "failed"), (child_id, "compensated")]
+
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match=f"child run {child_id} that is compensated"):
+        conn.execute("select treadle.retry_run(%s)", (run_id,))
+    assert conn.execute(runs, (run_id, child_id)).fetchall() == [(run_id, "failed"), (child_id, "compensated")]
+
+    fork_id = value(conn, "select treadle.fork_run(%s, 'pay')", (run_id,))
+    assert value(conn, "select state from treadle.workflow_runs where parent_run_id = %s", (fork_id,)) == "running"
