@@ -7,6 +7,8 @@ undid its steps is refused by retry_run (it was left running for ever)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
@@ -22,7 +24,7 @@ def at(conn: psycopg.Connection, time: str) -> None:
     conn.execute("select set_config('treadle.now', %s, false)", (time,))
 
 
-def run_row(conn: psycopg.Connection, run_id: int) -> tuple[object, ...]:
+def run_row(conn: psycopg.Connection, run_id: int) -> tuple[Any, ...]:
     return row(
         conn,
         "select state, waiting, wait_until::text from treadle.workflow_runs where id = %s",
@@ -36,7 +38,7 @@ def test_a_retried_run_waits_again_for_the_signal_whose_timeout_failed_it(connec
     run_id = value(
         conn,
         "select treadle.start_workflow('gate', steps => array['approve', 'audit', 'ship'], queue => 'gate',"
-        " after => '{\"ship\": [\"approve\", \"audit\"]}', waits => %s)",
+        ' after => \'{"ship": ["approve", "audit"]}\', waits => %s)',
         (WAITS,),
     )
     at(conn, "2999-01-01 13:00:00+00")
@@ -51,9 +53,10 @@ def test_a_retried_run_waits_again_for_the_signal_whose_timeout_failed_it(connec
         "audit": {"signal": "audited", "until": "2999-01-04T12:00:00+00:00"},  # as before
     }
     assert wait_until == "2999-01-01 15:00:00+00"
-    assert value(
-        conn, "select state from treadle.workflow_run_steps where run_id = %s and step = 'approve'", (run_id,)
-    ) == "waiting"
+    assert (
+        value(conn, "select state from treadle.workflow_run_steps where run_id = %s and step = 'approve'", (run_id,))
+        == "waiting"
+    )
 
     # it times out again at its new time, never before
     at(conn, "2999-01-01 14:59:59+00")
@@ -80,20 +83,21 @@ def test_a_signal_after_the_retry_completes_the_wait_that_timed_out(connect: Con
     run_id = value(
         conn,
         "select treadle.start_workflow('gate', steps => array['approve', 'ship'], queue => 'gate-kept',"
-        " waits => '{\"approve\": {\"signal\": \"go\", \"timeout\": \"1 hour\"}}')",
+        ' waits => \'{"approve": {"signal": "go", "timeout": "1 hour"}}\')',
     )
     at(conn, "2999-01-01 13:00:00+00")
     value(conn, "select treadle.rescue()")
     assert run_row(conn, run_id)[0] == "failed"
     assert value(conn, "select treadle.retry_run(%s)", (run_id,)) == "running"
-    assert value(
-        conn, "select state from treadle.workflow_run_steps where run_id = %s and step = 'approve'", (run_id,)
-    ) == "waiting"
+    assert (
+        value(conn, "select state from treadle.workflow_run_steps where run_id = %s and step = 'approve'", (run_id,))
+        == "waiting"
+    )
     assert value(conn, "select treadle.signal(%s, 'go', '{\"n\": 1}')", (run_id,)) == "delivered"
     assert value(conn, "select results from treadle.workflow_runs where id = %s", (run_id,)) == {"approve": {"n": 1}}
-    assert conn.execute(
-        "select step, state from treadle.jobs where workflow_run_id = %s", (run_id,)
-    ).fetchall() == [("ship", "available")]
+    assert conn.execute("select step, state from treadle.jobs where workflow_run_id = %s", (run_id,)).fetchall() == [
+        ("ship", "available")
+    ]
 
 
 def claim(conn: psycopg.Connection, queue: str) -> tuple[int, str, str]:
@@ -107,7 +111,7 @@ def start_withdrawal(conn: psycopg.Connection, queue: str) -> tuple[int, int]:
     run_id = value(
         conn,
         "select treadle.start_workflow('withdrawal', steps => array['reserve', 'send', 'settle'], queue => %s,"
-        " max_attempts => 1, compensations => '{\"reserve\": \"release\"}')",
+        ' max_attempts => 1, compensations => \'{"reserve": "release"}\')',
         (queue,),
     )
     job_id, token, _ = claim(conn, queue)
@@ -150,7 +154,7 @@ def test_a_step_of_a_run_that_failed_in_a_compensation_after_another_is_not_retr
         conn,
         "select treadle.start_workflow('withdrawal', steps => array['reserve', 'send', 'settle'],"
         " queue => 'undo-failed', max_attempts => 1,"
-        " compensations => '{\"reserve\": \"release\", \"send\": \"recall\"}')",
+        ' compensations => \'{"reserve": "release", "send": "recall"}\')',
     )
     for expected, result in (("reserve", "{}"), ("send", "{}"), ("settle", None), ("recall", "{}"), ("release", None)):
         job_id, token, step = claim(conn, "undo-failed")
@@ -178,7 +182,7 @@ def test_a_cancelled_run_with_compensations_is_still_retried_from_its_step(conne
     run_id = value(
         conn,
         "select treadle.start_workflow('withdrawal', steps => array['reserve', 'send'], queue => 'undo-cancel',"
-        " compensations => '{\"reserve\": \"release\"}')",
+        ' compensations => \'{"reserve": "release"}\')',
     )
     job_id = value(conn, "select id from treadle.jobs where workflow_run_id = %s", (run_id,))
     assert value(conn, "select treadle.cancel_workflow(%s)", (run_id,)) is True
@@ -186,18 +190,19 @@ def test_a_cancelled_run_with_compensations_is_still_retried_from_its_step(conne
     assert value(conn, "select state from treadle.workflow_runs where id = %s", (run_id,)) == "running"
 
 
-
 def test_a_run_whose_child_run_was_compensated_is_not_retried_but_forked(connect: Connect) -> None:
     """The child's capture fails, its compensation undoes authorize, and the parent fails:
     a retry would leave the parent running for ever, its child step waiting for a child
     that never completes."""
     conn = connect()
-    conn.execute("select treadle.define_workflow('charge', array['authorize', 'capture'],"
-                 " compensations => '{\"authorize\": \"void\"}')")
+    conn.execute(
+        "select treadle.define_workflow('charge', array['authorize', 'capture'],"
+        ' compensations => \'{"authorize": "void"}\')'
+    )
     run_id = value(
         conn,
         "select treadle.start_workflow('order', steps => array['pay', 'ship'], queue => 'orders', max_attempts => 1,"
-        " children => '{\"pay\": {\"workflow\": \"charge\", \"queue\": \"charges\"}}')",
+        ' children => \'{"pay": {"workflow": "charge", "queue": "charges"}}\')',
     )
     child_id = value(conn, "select id from treadle.workflow_runs where parent_run_id = %s", (run_id,))
     for expected, result in (("authorize", "{}"), ("capture", None), ("void", "{}")):
