@@ -6446,7 +6446,11 @@ COMMENT ON FUNCTION treadle.cancel(bigint, text) IS
 -- resumes whole (treadle._resume_graph): its other discarded and cancelled steps
 -- are retried too, and the steps whose dependencies completed meanwhile start.
 -- Completed steps never run again. A retried compensation puts its failed run
--- back to compensating (treadle._advance_compensation goes on from it). A retried
+-- back to compensating (treadle._advance_compensation goes on from it). A
+-- discarded or cancelled step of a run that compensates, was compensated, or
+-- failed in a compensation after another completed, or of a run over such a
+-- child run, is not retried (false): that run undid steps (treadle.retry_run
+-- retries the compensation, treadle.fork_run starts the run again). A retried
 -- periodic occurrence that already started its successor runs once more without
 -- starting another. Returns false for any other state or an unknown id. queue,
 -- when given, is the job's queue, as for treadle.cancel.
@@ -6465,6 +6469,8 @@ DECLARE
     v_queue text := treadle._job_queue(retry.job_id, retry.queue);
     v_job   treadle.jobs;
     v_run   treadle.workflow_runs;
+    v_run_id     bigint;   -- a step's run, and whether the step is a compensation
+    v_compensation boolean;
 BEGIN
     IF retry.job_id IS NULL THEN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -6473,6 +6479,28 @@ BEGIN
         RETURN false;
     END IF;
     PERFORM treadle._check_row_allowed(v_queue, 'job');
+
+    -- A step that ended without completing does not run again in a run that undoes
+    -- its steps (compensating, compensated, or failed in a compensation after another
+    -- completed), nor in a run over such a run (its child step never completes):
+    -- it would act beside the compensations, or after them (the step's end and its
+    -- run's move to compensating commit together). The job is locked first, as every
+    -- path that locks a job and its run does. treadle.retry_run retries a failed
+    -- compensation instead.
+    SELECT j.workflow_run_id, j.args ? 'compensates'
+      INTO v_run_id, v_compensation
+      FROM treadle.jobs AS j
+     WHERE j.id = retry.job_id AND j.queue = v_queue AND j.state = ANY (ARRAY['discarded', 'cancelled'])
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        SELECT h.workflow_run_id, h.args ? 'compensates'
+          INTO v_run_id, v_compensation
+          FROM treadle.job_history AS h
+         WHERE h.id = retry.job_id AND h.queue = v_queue AND h.state = ANY (ARRAY['discarded', 'cancelled']);
+    END IF;
+    IF v_run_id IS NOT NULL AND NOT v_compensation AND treadle._undone_run(v_run_id) IS NOT NULL THEN
+        RETURN false;  -- (076_workflow_children.sql)
+    END IF;
 
     -- A job in history comes back to treadle.jobs first, as it was: its row as a
     -- treadle.jobs row, every column of jobs by name (purge_at and slot left behind).
@@ -6534,8 +6562,9 @@ COMMENT ON FUNCTION treadle.retry(bigint, text) IS
 -- A workflow graph run that treadle.retry just made running again: its other
 -- discarded and cancelled steps are retried (treadle.retry), and the steps whose
 -- dependencies all completed while it was stopped start (a sleep under way when it
--- stopped ends at its time, at the next treadle.rescue); its failed and cancelled
--- child runs resume too (treadle._resume_children).
+-- stopped ends at its time, at the next treadle.rescue; a signal wait that timed out
+-- waits again, its timeout counted from now, and takes a signal kept for it); its
+-- failed and cancelled child runs resume too (treadle._resume_children).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._resume_graph(run treadle.workflow_runs)
 RETURNS void
@@ -6544,7 +6573,8 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_id bigint;
+    v_id  bigint;
+    v_run treadle.workflow_runs;
 BEGIN
     FOR v_id IN
         SELECT j.id FROM treadle.jobs AS j
@@ -6562,7 +6592,17 @@ BEGIN
     UPDATE treadle.workflow_runs AS r
        SET wake_at = (SELECT min(e.value::timestamptz) FROM jsonb_each_text(r.wakes) AS e)
      WHERE r.id = run.id AND r.wakes IS NOT NULL;
-    PERFORM treadle._enqueue_ready(run, treadle.now());
+    -- a signal wait that timed out (and failed the run) starts again below, with its
+    -- whole timeout from now; the waits still under way time out again at their time
+    -- (the failure left wait_until null)
+    UPDATE treadle.workflow_runs AS r
+       SET waiting = nullif(r.waiting - ARRAY(SELECT e.key FROM jsonb_each(r.waiting) AS e
+                                               WHERE e.value ? 'timed_out'), '{}'::jsonb),
+           wait_until = (SELECT min((e.value ->> 'until')::timestamptz) FROM jsonb_each(r.waiting) AS e
+                          WHERE NOT e.value ? 'timed_out')
+     WHERE r.id = run.id AND r.waiting IS NOT NULL;
+    SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = run.id;
+    PERFORM treadle._enqueue_ready(v_run, treadle.now());
 END;
 $$;
 COMMENT ON FUNCTION treadle._resume_graph(treadle.workflow_runs) IS
@@ -9934,9 +9974,11 @@ BEGIN
         RETURN 'ignored';
     END IF;
 
-    -- a wait under way for it, the first in step order
+    -- a wait under way for it whose timeout has not passed, the first in step order
+    -- (one past it timed out then: treadle.rescue moves it on that path, however late)
     SELECT u.s INTO v_step FROM unnest(v_run.steps) WITH ORDINALITY AS u(s, i)
      WHERE v_run.waiting -> u.s ->> 'signal' = _signal.name
+       AND NOT coalesce((v_run.waiting -> u.s ->> 'until')::timestamptz <= v_now, false)
      ORDER BY u.i LIMIT 1;
     IF FOUND THEN
         UPDATE treadle.workflow_runs AS r
@@ -9987,7 +10029,8 @@ COMMENT ON FUNCTION treadle._signal(bigint, text, jsonb) IS
 --     becomes ready; at most one signal is kept per such wait step;
 --   'ignored': the run is running but waits for no (further) signal of this name:
 --     no wait step for it, or each has completed, waits already or has a signal
---     kept. Nothing is written;
+--     kept, or waits past its timeout (it timed out then, on treadle's clock, even
+--     before treadle.rescue moves it on its timeout path). Nothing is written;
 --   'finished': the run is not running (completed, failed, cancelled,
 --     compensating, compensated): nothing is written;
 --   'unknown': no such run: nothing is written.
@@ -10485,6 +10528,40 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._start_child(treadle.workflow_runs, text, timestamptz) IS
     'Start the child run of a child step of a workflow run, and enqueue its first steps.';
+
+--------------------------------------------------------------------------------
+-- treadle._undone_run(run_id) -> bigint
+--
+-- The run, or the first run under it (its child runs, theirs, ...), that undid
+-- or undoes its steps: compensating, compensated, or failed in a compensation
+-- after another of its compensations completed. Null when there is none. Such a
+-- run never goes forward again: a step of it that ended without completing does
+-- not run again, and a child step that waits for it never gets its result, so a
+-- retry of a run over it is refused (treadle.retry, treadle.retry_run). Reads the
+-- run tree without locks (at most 10,000 runs).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._undone_run(run_id bigint)
+RETURNS bigint
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    WITH RECURSIVE tree(id) AS (
+        SELECT _undone_run.run_id
+        UNION ALL
+        SELECT c.id FROM treadle.workflow_runs AS c JOIN tree AS t ON c.parent_run_id = t.id
+    )
+    SELECT r.id
+      FROM tree AS t
+      JOIN treadle.workflow_runs AS r ON r.id = t.id
+     WHERE r.state = ANY (ARRAY['compensating', 'compensated'])
+        OR (r.state = 'failed' AND r.compensations IS NOT NULL
+            AND EXISTS (SELECT 1 FROM jsonb_each_text(r.compensations) AS c WHERE r.results ? c.value))
+     ORDER BY r.id
+     LIMIT 1;
+END;
+COMMENT ON FUNCTION treadle._undone_run(bigint) IS
+    'The run, or the first run under it, that undid its steps (compensating, compensated, failed in a compensation); null for none.';
 
 --------------------------------------------------------------------------------
 -- treadle._resume_children(run) -> void
@@ -12226,7 +12303,8 @@ COMMENT ON FUNCTION treadle._run_for_operation(bigint) IS
 --     `compensating` (it ends compensated, or failed again);
 --   otherwise the run is `running`: its discarded and cancelled step jobs are
 --     available again with attempt 0 (treadle.retry), its failed and cancelled
---     child runs resume, its sleeps under way wake it again, and the steps whose
+--     child runs resume, its sleeps under way wake it again, a signal wait that
+--     timed out waits again (its timeout counted from the retry), and the steps whose
 --     dependencies completed meanwhile start (treadle._resume_graph); a list run
 --     with no such job starts its first step without a result.
 -- Completed steps never run again: their results are kept. In the caller's
@@ -12234,7 +12312,9 @@ COMMENT ON FUNCTION treadle._run_for_operation(bigint) IS
 -- Raises 22004: run_id null. P0002: no run has that id. 42501: a tenant's run (or
 -- one of its step jobs) outside its queues. 55000: a run that is not failed or
 -- cancelled (running, compensating, completed, or compensated: its completed
--- steps were undone, so treadle.fork_run starts it again instead).
+-- steps were undone, so treadle.fork_run starts it again instead), or one with a
+-- child run under it that undid its steps (treadle._undone_run: compensating,
+-- compensated, or failed in a compensation), whose child step never completes.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.retry_run(run_id bigint)
 RETURNS text
@@ -12249,6 +12329,7 @@ DECLARE
     v_id    bigint;
     v_first integer;
     v_state text;
+    v_undone bigint;
 BEGIN
     IF v_run.state = 'compensated' THEN
         RAISE EXCEPTION 'treadle: workflow run % is compensated: its completed steps were undone', v_run.id
@@ -12258,6 +12339,15 @@ BEGIN
     IF v_run.state <> ALL (ARRAY['failed', 'cancelled']) THEN
         RAISE EXCEPTION 'treadle: workflow run % is %: only a failed or cancelled run is retried', v_run.id, v_run.state
             USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    -- a child run under it that undid its steps never completes its child step
+    v_undone := treadle._undone_run(v_run.id);  -- 076_workflow_children.sql
+    IF v_undone <> v_run.id THEN
+        SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = v_undone;
+        RAISE EXCEPTION 'treadle: workflow run % has a child run % that is %: its steps were undone, so its child step never completes',
+                        v_run.id, v_undone, v_state
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'treadle.fork_run starts the run again from the child step, with a new child run.';
     END IF;
 
     -- its jobs that ended without completing, here or in the history

@@ -116,7 +116,11 @@ COMMENT ON FUNCTION treadle.cancel(bigint, text) IS
 -- resumes whole (treadle._resume_graph): its other discarded and cancelled steps
 -- are retried too, and the steps whose dependencies completed meanwhile start.
 -- Completed steps never run again. A retried compensation puts its failed run
--- back to compensating (treadle._advance_compensation goes on from it). A retried
+-- back to compensating (treadle._advance_compensation goes on from it). A
+-- discarded or cancelled step of a run that compensates, was compensated, or
+-- failed in a compensation after another completed, or of a run over such a
+-- child run, is not retried (false): that run undid steps (treadle.retry_run
+-- retries the compensation, treadle.fork_run starts the run again). A retried
 -- periodic occurrence that already started its successor runs once more without
 -- starting another. Returns false for any other state or an unknown id. queue,
 -- when given, is the job's queue, as for treadle.cancel.
@@ -135,6 +139,8 @@ DECLARE
     v_queue text := treadle._job_queue(retry.job_id, retry.queue);
     v_job   treadle.jobs;
     v_run   treadle.workflow_runs;
+    v_run_id     bigint;   -- a step's run, and whether the step is a compensation
+    v_compensation boolean;
 BEGIN
     IF retry.job_id IS NULL THEN
         RAISE EXCEPTION 'treadle: job_id must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -143,6 +149,28 @@ BEGIN
         RETURN false;
     END IF;
     PERFORM treadle._check_row_allowed(v_queue, 'job');
+
+    -- A step that ended without completing does not run again in a run that undoes
+    -- its steps (compensating, compensated, or failed in a compensation after another
+    -- completed), nor in a run over such a run (its child step never completes):
+    -- it would act beside the compensations, or after them (the step's end and its
+    -- run's move to compensating commit together). The job is locked first, as every
+    -- path that locks a job and its run does. treadle.retry_run retries a failed
+    -- compensation instead.
+    SELECT j.workflow_run_id, j.args ? 'compensates'
+      INTO v_run_id, v_compensation
+      FROM treadle.jobs AS j
+     WHERE j.id = retry.job_id AND j.queue = v_queue AND j.state = ANY (ARRAY['discarded', 'cancelled'])
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        SELECT h.workflow_run_id, h.args ? 'compensates'
+          INTO v_run_id, v_compensation
+          FROM treadle.job_history AS h
+         WHERE h.id = retry.job_id AND h.queue = v_queue AND h.state = ANY (ARRAY['discarded', 'cancelled']);
+    END IF;
+    IF v_run_id IS NOT NULL AND NOT v_compensation AND treadle._undone_run(v_run_id) IS NOT NULL THEN
+        RETURN false;  -- (076_workflow_children.sql)
+    END IF;
 
     -- A job in history comes back to treadle.jobs first, as it was: its row as a
     -- treadle.jobs row, every column of jobs by name (purge_at and slot left behind).
@@ -204,8 +232,9 @@ COMMENT ON FUNCTION treadle.retry(bigint, text) IS
 -- A workflow graph run that treadle.retry just made running again: its other
 -- discarded and cancelled steps are retried (treadle.retry), and the steps whose
 -- dependencies all completed while it was stopped start (a sleep under way when it
--- stopped ends at its time, at the next treadle.rescue); its failed and cancelled
--- child runs resume too (treadle._resume_children).
+-- stopped ends at its time, at the next treadle.rescue; a signal wait that timed out
+-- waits again, its timeout counted from now, and takes a signal kept for it); its
+-- failed and cancelled child runs resume too (treadle._resume_children).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._resume_graph(run treadle.workflow_runs)
 RETURNS void
@@ -214,7 +243,8 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_id bigint;
+    v_id  bigint;
+    v_run treadle.workflow_runs;
 BEGIN
     FOR v_id IN
         SELECT j.id FROM treadle.jobs AS j
@@ -232,7 +262,17 @@ BEGIN
     UPDATE treadle.workflow_runs AS r
        SET wake_at = (SELECT min(e.value::timestamptz) FROM jsonb_each_text(r.wakes) AS e)
      WHERE r.id = run.id AND r.wakes IS NOT NULL;
-    PERFORM treadle._enqueue_ready(run, treadle.now());
+    -- a signal wait that timed out (and failed the run) starts again below, with its
+    -- whole timeout from now; the waits still under way time out again at their time
+    -- (the failure left wait_until null)
+    UPDATE treadle.workflow_runs AS r
+       SET waiting = nullif(r.waiting - ARRAY(SELECT e.key FROM jsonb_each(r.waiting) AS e
+                                               WHERE e.value ? 'timed_out'), '{}'::jsonb),
+           wait_until = (SELECT min((e.value ->> 'until')::timestamptz) FROM jsonb_each(r.waiting) AS e
+                          WHERE NOT e.value ? 'timed_out')
+     WHERE r.id = run.id AND r.waiting IS NOT NULL;
+    SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.id = run.id;
+    PERFORM treadle._enqueue_ready(v_run, treadle.now());
 END;
 $$;
 COMMENT ON FUNCTION treadle._resume_graph(treadle.workflow_runs) IS

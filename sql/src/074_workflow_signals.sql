@@ -292,9 +292,11 @@ BEGIN
         RETURN 'ignored';
     END IF;
 
-    -- a wait under way for it, the first in step order
+    -- a wait under way for it whose timeout has not passed, the first in step order
+    -- (one past it timed out then: treadle.rescue moves it on that path, however late)
     SELECT u.s INTO v_step FROM unnest(v_run.steps) WITH ORDINALITY AS u(s, i)
      WHERE v_run.waiting -> u.s ->> 'signal' = _signal.name
+       AND NOT coalesce((v_run.waiting -> u.s ->> 'until')::timestamptz <= v_now, false)
      ORDER BY u.i LIMIT 1;
     IF FOUND THEN
         UPDATE treadle.workflow_runs AS r
@@ -345,7 +347,8 @@ COMMENT ON FUNCTION treadle._signal(bigint, text, jsonb) IS
 --     becomes ready; at most one signal is kept per such wait step;
 --   'ignored': the run is running but waits for no (further) signal of this name:
 --     no wait step for it, or each has completed, waits already or has a signal
---     kept. Nothing is written;
+--     kept, or waits past its timeout (it timed out then, on treadle's clock, even
+--     before treadle.rescue moves it on its timeout path). Nothing is written;
 --   'finished': the run is not running (completed, failed, cancelled,
 --     compensating, compensated): nothing is written;
 --   'unknown': no such run: nothing is written.

@@ -189,6 +189,40 @@ COMMENT ON FUNCTION treadle._start_child(treadle.workflow_runs, text, timestampt
     'Start the child run of a child step of a workflow run, and enqueue its first steps.';
 
 --------------------------------------------------------------------------------
+-- treadle._undone_run(run_id) -> bigint
+--
+-- The run, or the first run under it (its child runs, theirs, ...), that undid
+-- or undoes its steps: compensating, compensated, or failed in a compensation
+-- after another of its compensations completed. Null when there is none. Such a
+-- run never goes forward again: a step of it that ended without completing does
+-- not run again, and a child step that waits for it never gets its result, so a
+-- retry of a run over it is refused (treadle.retry, treadle.retry_run). Reads the
+-- run tree without locks (at most 10,000 runs).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._undone_run(run_id bigint)
+RETURNS bigint
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    WITH RECURSIVE tree(id) AS (
+        SELECT _undone_run.run_id
+        UNION ALL
+        SELECT c.id FROM treadle.workflow_runs AS c JOIN tree AS t ON c.parent_run_id = t.id
+    )
+    SELECT r.id
+      FROM tree AS t
+      JOIN treadle.workflow_runs AS r ON r.id = t.id
+     WHERE r.state = ANY (ARRAY['compensating', 'compensated'])
+        OR (r.state = 'failed' AND r.compensations IS NOT NULL
+            AND EXISTS (SELECT 1 FROM jsonb_each_text(r.compensations) AS c WHERE r.results ? c.value))
+     ORDER BY r.id
+     LIMIT 1;
+END;
+COMMENT ON FUNCTION treadle._undone_run(bigint) IS
+    'The run, or the first run under it, that undid its steps (compensating, compensated, failed in a compensation); null for none.';
+
+--------------------------------------------------------------------------------
 -- treadle._resume_children(run) -> void
 --
 -- A run that a retry made running again (treadle._resume_graph): each of its

@@ -46,7 +46,8 @@ COMMENT ON FUNCTION treadle._run_for_operation(bigint) IS
 --     `compensating` (it ends compensated, or failed again);
 --   otherwise the run is `running`: its discarded and cancelled step jobs are
 --     available again with attempt 0 (treadle.retry), its failed and cancelled
---     child runs resume, its sleeps under way wake it again, and the steps whose
+--     child runs resume, its sleeps under way wake it again, a signal wait that
+--     timed out waits again (its timeout counted from the retry), and the steps whose
 --     dependencies completed meanwhile start (treadle._resume_graph); a list run
 --     with no such job starts its first step without a result.
 -- Completed steps never run again: their results are kept. In the caller's
@@ -54,7 +55,9 @@ COMMENT ON FUNCTION treadle._run_for_operation(bigint) IS
 -- Raises 22004: run_id null. P0002: no run has that id. 42501: a tenant's run (or
 -- one of its step jobs) outside its queues. 55000: a run that is not failed or
 -- cancelled (running, compensating, completed, or compensated: its completed
--- steps were undone, so treadle.fork_run starts it again instead).
+-- steps were undone, so treadle.fork_run starts it again instead), or one with a
+-- child run under it that undid its steps (treadle._undone_run: compensating,
+-- compensated, or failed in a compensation), whose child step never completes.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.retry_run(run_id bigint)
 RETURNS text
@@ -69,6 +72,7 @@ DECLARE
     v_id    bigint;
     v_first integer;
     v_state text;
+    v_undone bigint;
 BEGIN
     IF v_run.state = 'compensated' THEN
         RAISE EXCEPTION 'treadle: workflow run % is compensated: its completed steps were undone', v_run.id
@@ -78,6 +82,15 @@ BEGIN
     IF v_run.state <> ALL (ARRAY['failed', 'cancelled']) THEN
         RAISE EXCEPTION 'treadle: workflow run % is %: only a failed or cancelled run is retried', v_run.id, v_run.state
             USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    -- a child run under it that undid its steps never completes its child step
+    v_undone := treadle._undone_run(v_run.id);  -- 076_workflow_children.sql
+    IF v_undone <> v_run.id THEN
+        SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = v_undone;
+        RAISE EXCEPTION 'treadle: workflow run % has a child run % that is %: its steps were undone, so its child step never completes',
+                        v_run.id, v_undone, v_state
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'treadle.fork_run starts the run again from the child step, with a new child run.';
     END IF;
 
     -- its jobs that ended without completing, here or in the history

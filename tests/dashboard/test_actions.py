@@ -32,6 +32,33 @@ def test_retry_of_a_failed_step_resumes_its_run(client: FlaskClient, conn: psyco
     )
 
 
+def test_retry_of_a_step_of_a_compensated_run_says_why_it_is_refused(
+    client: FlaskClient, conn: psycopg.Connection
+) -> None:
+    started = conn.execute(
+        "SELECT treadle.start_workflow('wd', steps => array['reserve', 'send'], queue => 'undo', max_attempts => 1,"
+        ' compensations => \'{"reserve": "release"}\')'
+    ).fetchone()
+    assert started is not None
+    run_id = started[0]
+    send_id = 0
+    for step in ("reserve", "send", "release"):
+        claimed = conn.execute("SELECT id, lease_token FROM treadle.claim('w', array['undo'])").fetchone()
+        assert claimed is not None
+        job_id, token = claimed
+        if step == "send":
+            conn.execute("SELECT treadle.fail(%s, %s, 'refused', retryable => false)", (job_id, token))
+            send_id = job_id
+        else:
+            conn.execute("SELECT treadle.complete(%s, %s)", (job_id, token))
+    assert conn.execute("SELECT state FROM treadle.workflow_runs WHERE id = %s", (run_id,)).fetchone() == (
+        "compensated",
+    )
+    status, body = post(client, f"/jobs/{send_id}/retry")
+    assert status == 409 and "its workflow run undid its steps" in str(body)
+    assert job_state(conn, send_id) == "discarded"
+
+
 def test_cancel_of_a_waiting_job_finishes_it(client: FlaskClient, conn: psycopg.Connection, seeded: Seeded) -> None:
     status, body = post(client, f"/jobs/{seeded.available}/cancel")
     assert (status, body) == (200, {"ok": True, "message": f"Job {seeded.available} cancelled."})

@@ -437,6 +437,13 @@ def _retried(job_id: int, outcome: Outcome) -> tuple[int, str]:
         return 200, f"Job {job_id} will run again now."
     if outcome.state is None:
         return 404, f"There is no job {job_id}."
+    if outcome.state in formatting.RETRY_FROM:
+        # a step of a run that undid its steps (treadle.retry: 060_control.sql)
+        return (
+            409,
+            f"Job {job_id} was not retried: its workflow run undid its steps (it compensates, or a run under it did); "
+            "retry the run, which retries a failed compensation, or fork it from a step.",
+        )
     return (
         409,
         f"Job {job_id} was not retried: it is {outcome.state} (only discarded, cancelled or retryable jobs retry).",
