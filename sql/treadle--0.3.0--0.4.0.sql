@@ -4113,6 +4113,48 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._notify_done(text[]) IS
     'Notify treadle_done for the queues of finished jobs that a session waits on.';
+
+--------------------------------------------------------------------------------
+-- treadle._notify_run_done(run) -> void
+--
+-- After `run` (the row as its last UPDATE left it) reached a final state
+-- (completed, failed, cancelled, compensated): NOTIFY treadle_done for its queue
+-- and for its ancestor runs' queues (a run that ended before a child of it is
+-- waited for until its children are done: wait_workflow), to the sessions that
+-- wait on them (treadle._notify_done). Every path that ends a run calls it
+-- through treadle._child_run_ended, whether or not a job of the run's queue
+-- finished in the same transaction: a cancel of a run that only sleeps, a sleep's
+-- end, a signal wait's timeout, a signal, a compensation with nothing to undo.
+-- Nothing for any other state (or a null row). Raises nothing.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._notify_run_done(run treadle.workflow_runs)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_queues text[] := ARRAY[run.queue];
+    v_id     bigint := run.parent_run_id;
+    v_queue  text := run.parent_queue;
+BEGIN
+    IF run.state IS NULL OR run.state <> ALL (ARRAY['completed', 'failed', 'cancelled', 'compensated']) THEN
+        RETURN;
+    END IF;
+    -- the ancestors, each named by id and queue (one shard on Citus); a child is
+    -- always inserted after its parent, so the walk ends
+    WHILE v_id IS NOT NULL LOOP
+        IF NOT v_queue = ANY (v_queues) THEN
+            v_queues := v_queues || v_queue;
+        END IF;
+        SELECT r.parent_run_id, r.parent_queue INTO v_id, v_queue
+          FROM treadle.workflow_runs AS r WHERE r.queue = v_queue AND r.id = v_id;
+    END LOOP;
+    PERFORM treadle._notify_done(v_queues);
+END;
+$$;
+COMMENT ON FUNCTION treadle._notify_run_done(treadle.workflow_runs) IS
+    'Notify treadle_done for a workflow run that ended, and its ancestors'' queues, to the sessions that wait on them.';
 --------------------------------------------------------------------------------
 -- Finishing. Every path that moves a job out of `running` or `available` into a
 -- new state calls treadle._follow_up with the rows it changed, in the same
@@ -4851,7 +4893,8 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --   053_workflow_lock_order.sql), after the rows' jobs, the one order of every path;
 --   a job that held a slot of its concurrency key gives it back once it left,
 --   first, keys in (queue, key) order (treadle._key_leave_all);
---   channel treadle_done hears each queue where jobs finished, when a session
+--   channel treadle_done hears each queue where jobs finished, and the run's queue
+--   of a finished step that a step option put in another queue, when a session
 --   waits on it (treadle._notify_done).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._follow_up(done treadle.jobs[])
@@ -4864,17 +4907,25 @@ DECLARE
     v_job    treadle.jobs;
     v_moved  bigint[] := '{}'::bigint[];  -- the steps treadle._advance_lists moved (or left for a re-check)
     v_queues text[];   -- the queues where jobs finished (treadle_done)
+    v_run_q  text[];   -- the runs' queues of finished steps that ran in another queue
     v_keyed  boolean;  -- a job held a slot of its concurrency key
     v_steps  bigint;   -- completed workflow steps
     v_wf     bigint;   -- workflow steps, in any state
 BEGIN
     -- what the rows need, read in one pass
     SELECT array_agg(DISTINCT d.queue) FILTER (WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])),
+           array_agg(DISTINCT d.run_queue) FILTER (WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])
+                                                     AND d.run_queue IS NOT NULL),
            coalesce(bool_or(d.key_slot), false),
            count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL AND d.state = 'completed'),
            count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL)
-      INTO v_queues, v_keyed, v_steps, v_wf
+      INTO v_queues, v_run_q, v_keyed, v_steps, v_wf
       FROM unnest(done) AS d;
+    IF v_run_q IS NOT NULL THEN
+        -- a step put in another queue by a step option: its run's waiters hear its end
+        -- too (the run may have ended with it: treadle._advance_run ends a list there)
+        v_queues := ARRAY(SELECT DISTINCT u.q FROM unnest(v_queues || v_run_q) AS u(q));
+    END IF;
     IF v_keyed THEN
         PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
     END IF;
@@ -10412,8 +10463,11 @@ COMMENT ON FUNCTION treadle._resume_children(treadle.workflow_runs) IS
 -- parent whose state changes moves its own parent in turn, up the run tree.
 -- Locks the parent after the child (every path locks a child run before its
 -- parent), names it by id and queue (parent_queue: one shard on Citus, reached
--- from the coordinator, where every caller runs), and tells the parent's queue's
--- listeners of treadle_done.
+-- from the coordinator, where every caller runs). First, for any run that reached a
+-- final state (completed, failed, cancelled, compensated), child or not: the
+-- sessions waiting on its queue or an ancestor's hear treadle_done
+-- (treadle._notify_run_done, 048_done_waiters.sql), so every end of a run wakes
+-- wait_workflow, whether or not a job of its queue finished with it.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._child_run_ended(child treadle.workflow_runs)
 RETURNS void
@@ -10425,6 +10479,8 @@ DECLARE
     v_now    timestamptz;
     v_parent treadle.workflow_runs;
 BEGIN
+    -- a run that ended tells its waiters, and its ancestors' (048_done_waiters.sql)
+    PERFORM treadle._notify_run_done(child);
     IF child.parent_run_id IS NULL OR child.state = 'compensating' THEN
         RETURN;  -- a compensating child fails its parent once its compensations end
     END IF;
@@ -10474,7 +10530,6 @@ BEGIN
             PERFORM treadle._cancel_under_way(v_parent.id, v_parent.queue, true);
         END IF;
     END IF;
-    PERFORM treadle._notify('treadle_done', v_parent.queue);
 END;
 $$;
 COMMENT ON FUNCTION treadle._child_run_ended(treadle.workflow_runs) IS
