@@ -6054,8 +6054,15 @@ COMMENT ON FUNCTION treadle._run_tree(bigint[]) IS
 -- false (a caller that holds a job of its own: a finish) it first takes the trees'
 -- jobs that no other session holds, and returns false, locking no run, when
 -- another session holds one (a finish of it may be waiting for the caller's job:
--- two steps of a run that end cancelled at once, on two connections). Not on
--- Citus (one statement over many shards' rows): true.
+-- two steps of a run that end cancelled at once, on two connections). The trees
+-- are read at most 100 times: each read again follows a commit of another session
+-- that changed them while this waited, and a tree that keeps changing past that
+-- (sessions that add steps or child runs to it without end) stops the wait: with
+-- wait true it raises 40001 (the caller's transaction is rolled back: retry it);
+-- with wait false it returns false (the caller leaves its step for a re-check, as
+-- when another session holds a job). Not on Citus (one statement over many shards'
+-- rows): true.
+-- Raises 40001: with wait true, trees that changed under the lock 100 times.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._lock_run_tree_jobs(run_ids bigint[], runs bigint[] DEFAULT '{}',
                                                       wait boolean DEFAULT true)
@@ -6070,6 +6077,7 @@ DECLARE
     v_runs  bigint[];
     v_held  bigint[] := '{}'::bigint[];
     v_now   bigint[];
+    v_reads integer := 0;  -- the trees' reads, at most 100
 BEGIN
     IF treadle._on_citus() THEN
         RETURN true;
@@ -6082,6 +6090,18 @@ BEGIN
         v_roots := v_roots || v_up;
     END LOOP;
     LOOP
+        v_reads := v_reads + 1;
+        IF v_reads > 100 THEN
+            -- every read again followed another session's change: one that adds to the
+            -- trees without end would keep this here for ever, holding what it locked
+            IF NOT wait THEN
+                RETURN false;
+            END IF;
+            RAISE EXCEPTION 'treadle: the run tree of workflow run % changed 100 times while its jobs were being locked',
+                            run_ids[1]
+                USING ERRCODE = 'serialization_failure',
+                      HINT = 'Other sessions keep adding steps or child runs to it: retry the transaction.';
+        END IF;
         v_runs := treadle._run_tree(v_roots);
         IF wait THEN
             v_now := ARRAY(SELECT j.id FROM treadle.jobs AS j
@@ -8295,7 +8315,9 @@ COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, i
 -- a step job that a worker's finish holds, nor a parent while it waits for a child
 -- run that a re-check, a sleep's end or a signal moves, and it reads the run's steps
 -- after a step another session enqueued committed.
--- Raises 22004: run_id null. 42501: a tenant's run outside its queues.
+-- Raises 22004: run_id null. 42501: a tenant's run outside its queues. 40001: the
+-- run tree changed 100 times while its jobs were being locked (treadle._lock_run_tree_jobs):
+-- nothing is cancelled, the caller retries.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel_workflow(run_id bigint)
 RETURNS boolean
@@ -12425,8 +12447,9 @@ COMMENT ON FUNCTION treadle.compensate_run(bigint) IS
 -- Raises 22004: run_id or compensate null. P0002: no run has that id. 42501: a
 -- tenant's run outside its queues. 55000: compensate false and a run that is not
 -- running or whose cancel is requested already; compensate true and a run without
--- compensations, or one that is neither running nor cancelled. A refusal writes
--- nothing.
+-- compensations, or one that is neither running nor cancelled. 40001: as
+-- treadle.cancel_workflow, a run tree that kept changing while it was locked. A
+-- refusal writes nothing.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel_run(run_id bigint, compensate boolean DEFAULT false)
 RETURNS text
