@@ -1,8 +1,8 @@
 """A workflow run's server CPU and lock waits, this tree's advance path against another revision's.
 
-In one database, before each side the functions of sql/src/040_claim.sql, 045_cycle.sql, 050_finish.sql,
-051_workflow_lists.sql, 070_workflows.sql, 071_workflow_notify.sql, 073_workflow_joins.sql and
-073_workflow_rechecks.sql are created again from
+In one database, before each side the functions of sql/src/040_claim.sql, 045_cycle.sql,
+048_done_waiters.sql, 050_finish.sql, 051_workflow_lists.sql, 070_workflows.sql, 071_workflow_notify.sql,
+073_workflow_joins.sql, 073_workflow_rechecks.sql and 076_workflow_children.sql are created again from
 that side's files (`git show REV:...` for the other revision, a file it lacks left out; this
 tree's otherwise), then bench/workflows.py's linear side (--linear-runs runs of a -> b -> c
 drained on one connection) and parallel side (--parallel-runs runs of a -> b1..b4 -> join
@@ -27,9 +27,9 @@ from harness import ROOT, database, median, paired_ratio, parser, print_settings
 from workflows import DRAINS, linear_side, parallel_side
 
 TITLE = "A workflow run's server CPU and lock waits: this tree against another revision"
-FILES = ["sql/src/040_claim.sql", "sql/src/045_cycle.sql", "sql/src/050_finish.sql", "sql/src/051_workflow_lists.sql",
-         "sql/src/070_workflows.sql", "sql/src/071_workflow_notify.sql", "sql/src/073_workflow_joins.sql",
-         "sql/src/073_workflow_rechecks.sql"]
+FILES = ["sql/src/040_claim.sql", "sql/src/045_cycle.sql", "sql/src/048_done_waiters.sql", "sql/src/050_finish.sql",
+         "sql/src/051_workflow_lists.sql", "sql/src/070_workflows.sql", "sql/src/071_workflow_notify.sql",
+         "sql/src/073_workflow_joins.sql", "sql/src/073_workflow_rechecks.sql", "sql/src/076_workflow_children.sql"]
 
 
 def sources(rev: str) -> str:

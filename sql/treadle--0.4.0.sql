@@ -4257,6 +4257,48 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._notify_done(text[]) IS
     'Notify treadle_done for the queues of finished jobs that a session waits on.';
+
+--------------------------------------------------------------------------------
+-- treadle._notify_run_done(run) -> void
+--
+-- After `run` (the row as its last UPDATE left it) reached a final state
+-- (completed, failed, cancelled, compensated): NOTIFY treadle_done for its queue
+-- and for its ancestor runs' queues (a run that ended before a child of it is
+-- waited for until its children are done: wait_workflow), to the sessions that
+-- wait on them (treadle._notify_done). Every path that ends a run calls it
+-- through treadle._child_run_ended, whether or not a job of the run's queue
+-- finished in the same transaction: a cancel of a run that only sleeps, a sleep's
+-- end, a signal wait's timeout, a signal, a compensation with nothing to undo.
+-- Nothing for any other state (or a null row). Raises nothing.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._notify_run_done(run treadle.workflow_runs)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_queues text[] := ARRAY[run.queue];
+    v_id     bigint := run.parent_run_id;
+    v_queue  text := run.parent_queue;
+BEGIN
+    IF run.state IS NULL OR run.state <> ALL (ARRAY['completed', 'failed', 'cancelled', 'compensated']) THEN
+        RETURN;
+    END IF;
+    -- the ancestors, each named by id and queue (one shard on Citus); a child is
+    -- always inserted after its parent, so the walk ends
+    WHILE v_id IS NOT NULL LOOP
+        IF NOT v_queue = ANY (v_queues) THEN
+            v_queues := v_queues || v_queue;
+        END IF;
+        SELECT r.parent_run_id, r.parent_queue INTO v_id, v_queue
+          FROM treadle.workflow_runs AS r WHERE r.queue = v_queue AND r.id = v_id;
+    END LOOP;
+    PERFORM treadle._notify_done(v_queues);
+END;
+$$;
+COMMENT ON FUNCTION treadle._notify_run_done(treadle.workflow_runs) IS
+    'Notify treadle_done for a workflow run that ended, and its ancestors'' queues, to the sessions that wait on them.';
 --------------------------------------------------------------------------------
 -- Finishing. Every path that moves a job out of `running` or `available` into a
 -- new state calls treadle._follow_up with the rows it changed, in the same
@@ -4995,7 +5037,8 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --   053_workflow_lock_order.sql), after the rows' jobs, the one order of every path;
 --   a job that held a slot of its concurrency key gives it back once it left,
 --   first, keys in (queue, key) order (treadle._key_leave_all);
---   channel treadle_done hears each queue where jobs finished, when a session
+--   channel treadle_done hears each queue where jobs finished, and the run's queue
+--   of a finished step that a step option put in another queue, when a session
 --   waits on it (treadle._notify_done).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._follow_up(done treadle.jobs[])
@@ -5008,17 +5051,25 @@ DECLARE
     v_job    treadle.jobs;
     v_moved  bigint[] := '{}'::bigint[];  -- the steps treadle._advance_lists moved (or left for a re-check)
     v_queues text[];   -- the queues where jobs finished (treadle_done)
+    v_run_q  text[];   -- the runs' queues of finished steps that ran in another queue
     v_keyed  boolean;  -- a job held a slot of its concurrency key
     v_steps  bigint;   -- completed workflow steps
     v_wf     bigint;   -- workflow steps, in any state
 BEGIN
     -- what the rows need, read in one pass
     SELECT array_agg(DISTINCT d.queue) FILTER (WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])),
+           array_agg(DISTINCT d.run_queue) FILTER (WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])
+                                                     AND d.run_queue IS NOT NULL),
            coalesce(bool_or(d.key_slot), false),
            count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL AND d.state = 'completed'),
            count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL)
-      INTO v_queues, v_keyed, v_steps, v_wf
+      INTO v_queues, v_run_q, v_keyed, v_steps, v_wf
       FROM unnest(done) AS d;
+    IF v_run_q IS NOT NULL THEN
+        -- a step put in another queue by a step option: its run's waiters hear its end
+        -- too (the run may have ended with it: treadle._advance_run ends a list there)
+        v_queues := ARRAY(SELECT DISTINCT u.q FROM unnest(v_queues || v_run_q) AS u(q));
+    END IF;
     IF v_keyed THEN
         PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
     END IF;
@@ -6147,8 +6198,15 @@ COMMENT ON FUNCTION treadle._run_tree(bigint[]) IS
 -- false (a caller that holds a job of its own: a finish) it first takes the trees'
 -- jobs that no other session holds, and returns false, locking no run, when
 -- another session holds one (a finish of it may be waiting for the caller's job:
--- two steps of a run that end cancelled at once, on two connections). Not on
--- Citus (one statement over many shards' rows): true.
+-- two steps of a run that end cancelled at once, on two connections). The trees
+-- are read at most 100 times: each read again follows a commit of another session
+-- that changed them while this waited, and a tree that keeps changing past that
+-- (sessions that add steps or child runs to it without end) stops the wait: with
+-- wait true it raises 40001 (the caller's transaction is rolled back: retry it);
+-- with wait false it returns false (the caller leaves its step for a re-check, as
+-- when another session holds a job). Not on Citus (one statement over many shards'
+-- rows): true.
+-- Raises 40001: with wait true, trees that changed under the lock 100 times.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._lock_run_tree_jobs(run_ids bigint[], runs bigint[] DEFAULT '{}',
                                                       wait boolean DEFAULT true)
@@ -6163,6 +6221,7 @@ DECLARE
     v_runs  bigint[];
     v_held  bigint[] := '{}'::bigint[];
     v_now   bigint[];
+    v_reads integer := 0;  -- the trees' reads, at most 100
 BEGIN
     IF treadle._on_citus() THEN
         RETURN true;
@@ -6175,6 +6234,18 @@ BEGIN
         v_roots := v_roots || v_up;
     END LOOP;
     LOOP
+        v_reads := v_reads + 1;
+        IF v_reads > 100 THEN
+            -- every read again followed another session's change: one that adds to the
+            -- trees without end would keep this here for ever, holding what it locked
+            IF NOT wait THEN
+                RETURN false;
+            END IF;
+            RAISE EXCEPTION 'treadle: the run tree of workflow run % changed 100 times while its jobs were being locked',
+                            run_ids[1]
+                USING ERRCODE = 'serialization_failure',
+                      HINT = 'Other sessions keep adding steps or child runs to it: retry the transaction.';
+        END IF;
         v_runs := treadle._run_tree(v_roots);
         IF wait THEN
             v_now := ARRAY(SELECT j.id FROM treadle.jobs AS j
@@ -8428,7 +8499,9 @@ COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, i
 -- a step job that a worker's finish holds, nor a parent while it waits for a child
 -- run that a re-check, a sleep's end or a signal moves, and it reads the run's steps
 -- after a step another session enqueued committed.
--- Raises 22004: run_id null. 42501: a tenant's run outside its queues.
+-- Raises 22004: run_id null. 42501: a tenant's run outside its queues. 40001: the
+-- run tree changed 100 times while its jobs were being locked (treadle._lock_run_tree_jobs):
+-- nothing is cancelled, the caller retries.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel_workflow(run_id bigint)
 RETURNS boolean
@@ -9590,14 +9663,19 @@ COMMENT ON FUNCTION treadle._recheck_later(treadle.jobs, text) IS
 --------------------------------------------------------------------------------
 -- treadle._move_rechecks(queues, max) -> integer
 --
--- Transition: up to `max` re-checks of steps of these queues (null: of any queue),
--- oldest first, that no other transaction holds: each whose run row no other
+-- Transition: re-checks of steps of these queues (null: of any queue), oldest
+-- first, that no other transaction holds, until `max` of them are done (moved or
+-- deleted; a re-check that stays does not count, and at most 2 * max are tried, so
+-- stuck ones never hold up those behind them for long): each whose run row no other
 -- transaction holds is deleted, and its run moves as after the step
 -- (treadle._advance_run with the job's row as it is now), unless the run already
 -- has the step's result; a re-check whose run or job is gone is deleted. A re-check
 -- whose run another transaction holds stays for the next. A step that ended
 -- cancelled cancels its run (treadle._cancel_now), or stays for the next while
--- another transaction holds a job of its run's tree. Returns how many steps
+-- another transaction holds a job of its run's tree. A re-check that stays goes to
+-- the back of the line (added_at: after every re-check of these queues), so that
+-- re-checks a long transaction keeps from their runs are not the first tried by
+-- every later call while newer ones wait behind them. Returns how many steps
 -- moved their runs; the queues of the runs moved hear treadle_done (their waiters,
 -- treadle._notify_done). Locks nothing it waits for but what treadle._advance_run does
 -- after the run (a parent run, when a child run ends), and a cancelled step's run
@@ -9620,6 +9698,8 @@ DECLARE
     v_moved   integer := 0;
     v_cancel  boolean;
     v_ended   text[] := '{}'::text[];  -- the queues of the runs moved here (treadle_done)
+    v_stay_q  text[] := '{}'::text[];  -- the re-checks that stay (their queues and job ids)
+    v_stay    bigint[] := '{}'::bigint[];
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN 0;  -- (a run row changed since the transaction's snapshot would raise 40001)
@@ -9629,7 +9709,7 @@ BEGIN
           INTO v_queues, v_ids, v_r_queue, v_r_ids
           FROM (SELECT c.queue, c.job_id, c.run_queue, c.run_id FROM treadle.run_rechecks AS c
                  ORDER BY c.added_at, c.queue, c.job_id
-                 LIMIT max
+                 LIMIT 2 * max
                    FOR UPDATE SKIP LOCKED) AS c;
     ELSE
         SELECT array_agg(c.queue), array_agg(c.job_id), array_agg(c.run_queue), array_agg(c.run_id)
@@ -9637,27 +9717,33 @@ BEGIN
           FROM (SELECT c.queue, c.job_id, c.run_queue, c.run_id FROM treadle.run_rechecks AS c
                  WHERE c.queue = ANY (queues)
                  ORDER BY c.added_at, c.queue, c.job_id  -- (the oldest first: a steady stream never starves one)
-                 LIMIT max
+                 LIMIT 2 * max
                    FOR UPDATE SKIP LOCKED) AS c;
     END IF;
     IF v_ids IS NULL THEN
         RETURN 0;
     END IF;
     FOR i IN 1 .. cardinality(v_ids) LOOP
+        EXIT WHEN i - cardinality(v_stay) > max;  -- `max` done: the rest are left for the next
         v_cancel := treadle._cancel_now(v_queues[i], v_ids[i]);  -- 073_workflow_cancel_rechecks.sql
         IF v_cancel IS NOT NULL THEN  -- (a step that ended cancelled: moved, or left for the next)
             v_moved := v_moved + v_cancel::integer;
             IF v_cancel THEN
                 v_ended := v_ended || v_r_queue[i];
+            ELSE
+                v_stay_q := v_stay_q || v_queues[i];
+                v_stay := v_stay || v_ids[i];
             END IF;
             CONTINUE;
         END IF;
         SELECT * INTO v_run FROM treadle.workflow_runs AS r
          WHERE r.queue = v_r_queue[i] AND r.id = v_r_ids[i]
            FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
-            CONTINUE WHEN EXISTS (SELECT 1 FROM treadle.workflow_runs AS r
-                                   WHERE r.queue = v_r_queue[i] AND r.id = v_r_ids[i]);  -- held: for the next
+        IF NOT FOUND AND EXISTS (SELECT 1 FROM treadle.workflow_runs AS r
+                                  WHERE r.queue = v_r_queue[i] AND r.id = v_r_ids[i]) THEN
+            v_stay_q := v_stay_q || v_queues[i];  -- held: for the next
+            v_stay := v_stay || v_ids[i];
+            CONTINUE;
         END IF;
         DELETE FROM treadle.run_rechecks AS c WHERE c.queue = v_queues[i] AND c.job_id = v_ids[i];
         CONTINUE WHEN v_run.id IS NULL;  -- the run is gone
@@ -9670,6 +9756,16 @@ BEGIN
         END IF;
         v_run := NULL;
     END LOOP;
+    IF cardinality(v_stay) > 0 THEN
+        -- to the back of the line: after the newest re-check of these queues (the clock may
+        -- stand still, a test's, or step back), so the next call takes the others first
+        UPDATE treadle.run_rechecks AS c
+           SET added_at = greatest(treadle.now(),
+                                   (SELECT max(o.added_at) + interval '1 microsecond' FROM treadle.run_rechecks AS o
+                                     WHERE queues IS NULL OR o.queue = ANY (queues)))
+          FROM unnest(v_stay_q, v_stay) AS s(q, id)
+         WHERE c.queue = s.q AND c.job_id = s.id;
+    END IF;
     -- a run moved here may have ended (a cancel, a last join): the step's own finish told
     -- the run's queue's waiters (wait_workflow) while it still ran, and no job finished here
     IF cardinality(v_ended) > 0 THEN
@@ -10633,8 +10729,11 @@ COMMENT ON FUNCTION treadle._resume_children(treadle.workflow_runs) IS
 -- parent whose state changes moves its own parent in turn, up the run tree.
 -- Locks the parent after the child (every path locks a child run before its
 -- parent), names it by id and queue (parent_queue: one shard on Citus, reached
--- from the coordinator, where every caller runs), and tells the parent's queue's
--- listeners of treadle_done.
+-- from the coordinator, where every caller runs). First, for any run that reached a
+-- final state (completed, failed, cancelled, compensated), child or not: the
+-- sessions waiting on its queue or an ancestor's hear treadle_done
+-- (treadle._notify_run_done, 048_done_waiters.sql), so every end of a run wakes
+-- wait_workflow, whether or not a job of its queue finished with it.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._child_run_ended(child treadle.workflow_runs)
 RETURNS void
@@ -10646,6 +10745,8 @@ DECLARE
     v_now    timestamptz;
     v_parent treadle.workflow_runs;
 BEGIN
+    -- a run that ended tells its waiters, and its ancestors' (048_done_waiters.sql)
+    PERFORM treadle._notify_run_done(child);
     IF child.parent_run_id IS NULL OR child.state = 'compensating' THEN
         RETURN;  -- a compensating child fails its parent once its compensations end
     END IF;
@@ -10695,7 +10796,6 @@ BEGIN
             PERFORM treadle._cancel_under_way(v_parent.id, v_parent.queue, true);
         END IF;
     END IF;
-    PERFORM treadle._notify('treadle_done', v_parent.queue);
 END;
 $$;
 COMMENT ON FUNCTION treadle._child_run_ended(treadle.workflow_runs) IS
@@ -12581,8 +12681,9 @@ COMMENT ON FUNCTION treadle.compensate_run(bigint) IS
 -- Raises 22004: run_id or compensate null. P0002: no run has that id. 42501: a
 -- tenant's run outside its queues. 55000: compensate false and a run that is not
 -- running or whose cancel is requested already; compensate true and a run without
--- compensations, or one that is neither running nor cancelled. A refusal writes
--- nothing.
+-- compensations, or one that is neither running nor cancelled. 40001: as
+-- treadle.cancel_workflow, a run tree that kept changing while it was locked. A
+-- refusal writes nothing.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel_run(run_id bigint, compensate boolean DEFAULT false)
 RETURNS text

@@ -125,3 +125,45 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._notify_done(text[]) IS
     'Notify treadle_done for the queues of finished jobs that a session waits on.';
+
+--------------------------------------------------------------------------------
+-- treadle._notify_run_done(run) -> void
+--
+-- After `run` (the row as its last UPDATE left it) reached a final state
+-- (completed, failed, cancelled, compensated): NOTIFY treadle_done for its queue
+-- and for its ancestor runs' queues (a run that ended before a child of it is
+-- waited for until its children are done: wait_workflow), to the sessions that
+-- wait on them (treadle._notify_done). Every path that ends a run calls it
+-- through treadle._child_run_ended, whether or not a job of the run's queue
+-- finished in the same transaction: a cancel of a run that only sleeps, a sleep's
+-- end, a signal wait's timeout, a signal, a compensation with nothing to undo.
+-- Nothing for any other state (or a null row). Raises nothing.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._notify_run_done(run treadle.workflow_runs)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_queues text[] := ARRAY[run.queue];
+    v_id     bigint := run.parent_run_id;
+    v_queue  text := run.parent_queue;
+BEGIN
+    IF run.state IS NULL OR run.state <> ALL (ARRAY['completed', 'failed', 'cancelled', 'compensated']) THEN
+        RETURN;
+    END IF;
+    -- the ancestors, each named by id and queue (one shard on Citus); a child is
+    -- always inserted after its parent, so the walk ends
+    WHILE v_id IS NOT NULL LOOP
+        IF NOT v_queue = ANY (v_queues) THEN
+            v_queues := v_queues || v_queue;
+        END IF;
+        SELECT r.parent_run_id, r.parent_queue INTO v_id, v_queue
+          FROM treadle.workflow_runs AS r WHERE r.queue = v_queue AND r.id = v_id;
+    END LOOP;
+    PERFORM treadle._notify_done(v_queues);
+END;
+$$;
+COMMENT ON FUNCTION treadle._notify_run_done(treadle.workflow_runs) IS
+    'Notify treadle_done for a workflow run that ended, and its ancestors'' queues, to the sessions that wait on them.';

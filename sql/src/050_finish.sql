@@ -736,7 +736,8 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --   053_workflow_lock_order.sql), after the rows' jobs, the one order of every path;
 --   a job that held a slot of its concurrency key gives it back once it left,
 --   first, keys in (queue, key) order (treadle._key_leave_all);
---   channel treadle_done hears each queue where jobs finished, when a session
+--   channel treadle_done hears each queue where jobs finished, and the run's queue
+--   of a finished step that a step option put in another queue, when a session
 --   waits on it (treadle._notify_done).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._follow_up(done treadle.jobs[])
@@ -749,17 +750,25 @@ DECLARE
     v_job    treadle.jobs;
     v_moved  bigint[] := '{}'::bigint[];  -- the steps treadle._advance_lists moved (or left for a re-check)
     v_queues text[];   -- the queues where jobs finished (treadle_done)
+    v_run_q  text[];   -- the runs' queues of finished steps that ran in another queue
     v_keyed  boolean;  -- a job held a slot of its concurrency key
     v_steps  bigint;   -- completed workflow steps
     v_wf     bigint;   -- workflow steps, in any state
 BEGIN
     -- what the rows need, read in one pass
     SELECT array_agg(DISTINCT d.queue) FILTER (WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])),
+           array_agg(DISTINCT d.run_queue) FILTER (WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])
+                                                     AND d.run_queue IS NOT NULL),
            coalesce(bool_or(d.key_slot), false),
            count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL AND d.state = 'completed'),
            count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL)
-      INTO v_queues, v_keyed, v_steps, v_wf
+      INTO v_queues, v_run_q, v_keyed, v_steps, v_wf
       FROM unnest(done) AS d;
+    IF v_run_q IS NOT NULL THEN
+        -- a step put in another queue by a step option: its run's waiters hear its end
+        -- too (the run may have ended with it: treadle._advance_run ends a list there)
+        v_queues := ARRAY(SELECT DISTINCT u.q FROM unnest(v_queues || v_run_q) AS u(q));
+    END IF;
     IF v_keyed THEN
         PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
     END IF;

@@ -66,8 +66,15 @@ COMMENT ON FUNCTION treadle._run_tree(bigint[]) IS
 -- false (a caller that holds a job of its own: a finish) it first takes the trees'
 -- jobs that no other session holds, and returns false, locking no run, when
 -- another session holds one (a finish of it may be waiting for the caller's job:
--- two steps of a run that end cancelled at once, on two connections). Not on
--- Citus (one statement over many shards' rows): true.
+-- two steps of a run that end cancelled at once, on two connections). The trees
+-- are read at most 100 times: each read again follows a commit of another session
+-- that changed them while this waited, and a tree that keeps changing past that
+-- (sessions that add steps or child runs to it without end) stops the wait: with
+-- wait true it raises 40001 (the caller's transaction is rolled back: retry it);
+-- with wait false it returns false (the caller leaves its step for a re-check, as
+-- when another session holds a job). Not on Citus (one statement over many shards'
+-- rows): true.
+-- Raises 40001: with wait true, trees that changed under the lock 100 times.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._lock_run_tree_jobs(run_ids bigint[], runs bigint[] DEFAULT '{}',
                                                       wait boolean DEFAULT true)
@@ -82,6 +89,7 @@ DECLARE
     v_runs  bigint[];
     v_held  bigint[] := '{}'::bigint[];
     v_now   bigint[];
+    v_reads integer := 0;  -- the trees' reads, at most 100
 BEGIN
     IF treadle._on_citus() THEN
         RETURN true;
@@ -94,6 +102,18 @@ BEGIN
         v_roots := v_roots || v_up;
     END LOOP;
     LOOP
+        v_reads := v_reads + 1;
+        IF v_reads > 100 THEN
+            -- every read again followed another session's change: one that adds to the
+            -- trees without end would keep this here for ever, holding what it locked
+            IF NOT wait THEN
+                RETURN false;
+            END IF;
+            RAISE EXCEPTION 'treadle: the run tree of workflow run % changed 100 times while its jobs were being locked',
+                            run_ids[1]
+                USING ERRCODE = 'serialization_failure',
+                      HINT = 'Other sessions keep adding steps or child runs to it: retry the transaction.';
+        END IF;
         v_runs := treadle._run_tree(v_roots);
         IF wait THEN
             v_now := ARRAY(SELECT j.id FROM treadle.jobs AS j

@@ -641,7 +641,9 @@ COMMENT ON FUNCTION treadle.start_workflow(text, jsonb, text[], text, integer, i
 -- a step job that a worker's finish holds, nor a parent while it waits for a child
 -- run that a re-check, a sleep's end or a signal moves, and it reads the run's steps
 -- after a step another session enqueued committed.
--- Raises 22004: run_id null. 42501: a tenant's run outside its queues.
+-- Raises 22004: run_id null. 42501: a tenant's run outside its queues. 40001: the
+-- run tree changed 100 times while its jobs were being locked (treadle._lock_run_tree_jobs):
+-- nothing is cancelled, the caller retries.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel_workflow(run_id bigint)
 RETURNS boolean

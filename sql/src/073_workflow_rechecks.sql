@@ -88,14 +88,19 @@ COMMENT ON FUNCTION treadle._recheck_later(treadle.jobs, text) IS
 --------------------------------------------------------------------------------
 -- treadle._move_rechecks(queues, max) -> integer
 --
--- Transition: up to `max` re-checks of steps of these queues (null: of any queue),
--- oldest first, that no other transaction holds: each whose run row no other
+-- Transition: re-checks of steps of these queues (null: of any queue), oldest
+-- first, that no other transaction holds, until `max` of them are done (moved or
+-- deleted; a re-check that stays does not count, and at most 2 * max are tried, so
+-- stuck ones never hold up those behind them for long): each whose run row no other
 -- transaction holds is deleted, and its run moves as after the step
 -- (treadle._advance_run with the job's row as it is now), unless the run already
 -- has the step's result; a re-check whose run or job is gone is deleted. A re-check
 -- whose run another transaction holds stays for the next. A step that ended
 -- cancelled cancels its run (treadle._cancel_now), or stays for the next while
--- another transaction holds a job of its run's tree. Returns how many steps
+-- another transaction holds a job of its run's tree. A re-check that stays goes to
+-- the back of the line (added_at: after every re-check of these queues), so that
+-- re-checks a long transaction keeps from their runs are not the first tried by
+-- every later call while newer ones wait behind them. Returns how many steps
 -- moved their runs; the queues of the runs moved hear treadle_done (their waiters,
 -- treadle._notify_done). Locks nothing it waits for but what treadle._advance_run does
 -- after the run (a parent run, when a child run ends), and a cancelled step's run
@@ -118,6 +123,8 @@ DECLARE
     v_moved   integer := 0;
     v_cancel  boolean;
     v_ended   text[] := '{}'::text[];  -- the queues of the runs moved here (treadle_done)
+    v_stay_q  text[] := '{}'::text[];  -- the re-checks that stay (their queues and job ids)
+    v_stay    bigint[] := '{}'::bigint[];
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN 0;  -- (a run row changed since the transaction's snapshot would raise 40001)
@@ -127,7 +134,7 @@ BEGIN
           INTO v_queues, v_ids, v_r_queue, v_r_ids
           FROM (SELECT c.queue, c.job_id, c.run_queue, c.run_id FROM treadle.run_rechecks AS c
                  ORDER BY c.added_at, c.queue, c.job_id
-                 LIMIT max
+                 LIMIT 2 * max
                    FOR UPDATE SKIP LOCKED) AS c;
     ELSE
         SELECT array_agg(c.queue), array_agg(c.job_id), array_agg(c.run_queue), array_agg(c.run_id)
@@ -135,27 +142,33 @@ BEGIN
           FROM (SELECT c.queue, c.job_id, c.run_queue, c.run_id FROM treadle.run_rechecks AS c
                  WHERE c.queue = ANY (queues)
                  ORDER BY c.added_at, c.queue, c.job_id  -- (the oldest first: a steady stream never starves one)
-                 LIMIT max
+                 LIMIT 2 * max
                    FOR UPDATE SKIP LOCKED) AS c;
     END IF;
     IF v_ids IS NULL THEN
         RETURN 0;
     END IF;
     FOR i IN 1 .. cardinality(v_ids) LOOP
+        EXIT WHEN i - cardinality(v_stay) > max;  -- `max` done: the rest are left for the next
         v_cancel := treadle._cancel_now(v_queues[i], v_ids[i]);  -- 073_workflow_cancel_rechecks.sql
         IF v_cancel IS NOT NULL THEN  -- (a step that ended cancelled: moved, or left for the next)
             v_moved := v_moved + v_cancel::integer;
             IF v_cancel THEN
                 v_ended := v_ended || v_r_queue[i];
+            ELSE
+                v_stay_q := v_stay_q || v_queues[i];
+                v_stay := v_stay || v_ids[i];
             END IF;
             CONTINUE;
         END IF;
         SELECT * INTO v_run FROM treadle.workflow_runs AS r
          WHERE r.queue = v_r_queue[i] AND r.id = v_r_ids[i]
            FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
-            CONTINUE WHEN EXISTS (SELECT 1 FROM treadle.workflow_runs AS r
-                                   WHERE r.queue = v_r_queue[i] AND r.id = v_r_ids[i]);  -- held: for the next
+        IF NOT FOUND AND EXISTS (SELECT 1 FROM treadle.workflow_runs AS r
+                                  WHERE r.queue = v_r_queue[i] AND r.id = v_r_ids[i]) THEN
+            v_stay_q := v_stay_q || v_queues[i];  -- held: for the next
+            v_stay := v_stay || v_ids[i];
+            CONTINUE;
         END IF;
         DELETE FROM treadle.run_rechecks AS c WHERE c.queue = v_queues[i] AND c.job_id = v_ids[i];
         CONTINUE WHEN v_run.id IS NULL;  -- the run is gone
@@ -168,6 +181,16 @@ BEGIN
         END IF;
         v_run := NULL;
     END LOOP;
+    IF cardinality(v_stay) > 0 THEN
+        -- to the back of the line: after the newest re-check of these queues (the clock may
+        -- stand still, a test's, or step back), so the next call takes the others first
+        UPDATE treadle.run_rechecks AS c
+           SET added_at = greatest(treadle.now(),
+                                   (SELECT max(o.added_at) + interval '1 microsecond' FROM treadle.run_rechecks AS o
+                                     WHERE queues IS NULL OR o.queue = ANY (queues)))
+          FROM unnest(v_stay_q, v_stay) AS s(q, id)
+         WHERE c.queue = s.q AND c.job_id = s.id;
+    END IF;
     -- a run moved here may have ended (a cancel, a last join): the step's own finish told
     -- the run's queue's waiters (wait_workflow) while it still ran, and no job finished here
     IF cardinality(v_ended) > 0 THEN

@@ -292,8 +292,11 @@ COMMENT ON FUNCTION treadle._resume_children(treadle.workflow_runs) IS
 -- parent whose state changes moves its own parent in turn, up the run tree.
 -- Locks the parent after the child (every path locks a child run before its
 -- parent), names it by id and queue (parent_queue: one shard on Citus, reached
--- from the coordinator, where every caller runs), and tells the parent's queue's
--- listeners of treadle_done.
+-- from the coordinator, where every caller runs). First, for any run that reached a
+-- final state (completed, failed, cancelled, compensated), child or not: the
+-- sessions waiting on its queue or an ancestor's hear treadle_done
+-- (treadle._notify_run_done, 048_done_waiters.sql), so every end of a run wakes
+-- wait_workflow, whether or not a job of its queue finished with it.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._child_run_ended(child treadle.workflow_runs)
 RETURNS void
@@ -305,6 +308,8 @@ DECLARE
     v_now    timestamptz;
     v_parent treadle.workflow_runs;
 BEGIN
+    -- a run that ended tells its waiters, and its ancestors' (048_done_waiters.sql)
+    PERFORM treadle._notify_run_done(child);
     IF child.parent_run_id IS NULL OR child.state = 'compensating' THEN
         RETURN;  -- a compensating child fails its parent once its compensations end
     END IF;
@@ -354,7 +359,6 @@ BEGIN
             PERFORM treadle._cancel_under_way(v_parent.id, v_parent.queue, true);
         END IF;
     END IF;
-    PERFORM treadle._notify('treadle_done', v_parent.queue);
 END;
 $$;
 COMMENT ON FUNCTION treadle._child_run_ended(treadle.workflow_runs) IS

@@ -21,8 +21,9 @@
 -- Raises 22004: run_id or compensate null. P0002: no run has that id. 42501: a
 -- tenant's run outside its queues. 55000: compensate false and a run that is not
 -- running or whose cancel is requested already; compensate true and a run without
--- compensations, or one that is neither running nor cancelled. A refusal writes
--- nothing.
+-- compensations, or one that is neither running nor cancelled. 40001: as
+-- treadle.cancel_workflow, a run tree that kept changing while it was locked. A
+-- refusal writes nothing.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.cancel_run(run_id bigint, compensate boolean DEFAULT false)
 RETURNS text

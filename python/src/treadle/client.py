@@ -612,7 +612,9 @@ def cancel_workflow(conn: AnyConnection, run_id: int) -> bool | Awaitable[bool]:
     """Cancel a running workflow run: its waiting step now, or its running step when that ends.
 
     True when this call changed something; False for an unknown run, one that has
-    finished, or one whose cancel was already asked.
+    finished, or one whose cancel was already asked. Raises
+    psycopg.errors.SerializationFailure (40001), having cancelled nothing, when other
+    sessions kept changing the run's tree while it locked it: retry it.
     """
     return _conn.execute(conn, _sql.CANCEL_WORKFLOW, {"run_id": _args.row_id(run_id, "run_id")}, _scalar)
 
