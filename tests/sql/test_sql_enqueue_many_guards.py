@@ -3,16 +3,20 @@ batch none of whose queues has a guard, with no tenant anywhere, reads neither
 treadle.tenants nor treadle.queues; a tenant's prefix and a queue's max_depth still hold,
 met through the guard, for a batch of one queue and of several, as each call takes them
 (one JSON array, or one array per column); a rule another session commits holds at the
-producer's next batch, whose plans are made and kept."""
+producer's next batch, whose plans are made and kept. A dropped tenant role leaves its
+rule (and its guard) until the owner lifts it."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
+
+from tests.sql.test_sql_enqueue_common import guards
 
 # the two calls that share the rows' checks (treadle._enqueue_rows)
 CALLS = ["enqueue_many", "enqueue_arrays"]
@@ -56,7 +60,9 @@ def rule_reads(conn: psycopg.Connection[Any], call: str, queues: list[str]) -> i
         if call == "enqueue_many":
             conn.execute("select treadle.enqueue_many(%s)", (Jsonb([{"name": "n", "queue": q} for q in queues]),))
         else:
-            conn.execute("select treadle.enqueue_arrays(%s::text[], queue => %s::text[])", (["n"] * len(queues), queues))
+            conn.execute(
+                "select treadle.enqueue_arrays(%s::text[], queue => %s::text[])", (["n"] * len(queues), queues)
+            )
         after = conn.execute(READS).fetchone()
     assert before is not None and after is not None
     return int(after[0]) - int(before[0])
@@ -139,3 +145,31 @@ def test_a_rule_committed_in_another_session_holds_at_the_next_batch(
         assert batch(producer, call, ["other", "q"]) == "ok"
         assert batch(producer, call, ["q"]) == "ok"
     assert jobs(conn) == 8 * 3 + 1 + 2 + 2 + 1
+
+
+def test_a_dropped_tenant_role_leaves_its_rule_until_it_is_lifted(conn: psycopg.Connection[Any]) -> None:
+    """DROP ROLE leaves the tenant's row, keyed by the OID no role has now, and its guard,
+    which sends every enqueue to the checks; the command of docs/operations.md#tenants
+    lifts it (treadle holds no event trigger to do it at the drop)."""
+    role = f"treadle_dropped_{uuid.uuid4().hex[:8]}"
+    conn.execute(f'create role "{role}"')
+    try:
+        conn.execute("select treadle.grant_producer(%s), treadle.set_tenant(%s, 'gone.')", (role, role))
+        oid = conn.execute("select %s::regrole::oid", (role,)).fetchone()
+        conn.execute(f'drop owned by "{role}"')  # treadle's grants: DROP ROLE refuses a role that holds them
+        conn.execute(f'drop role "{role}"')
+    finally:
+        conn.execute(f'drop role if exists "{role}"')
+    assert oid is not None
+    assert conn.execute("select tenant_role::oid, queue_prefix from treadle.tenants").fetchall() == [(oid[0], "gone.")]
+    assert guards(conn) == [f"/{oid[0]}"]
+    for call in CALLS:
+        assert rule_reads(conn, call, ["a"]) > 0
+    lifted = conn.execute(
+        "select treadle.set_tenant(t.tenant_role, null) from treadle.tenants as t"
+        " where not exists (select 1 from pg_catalog.pg_roles as r where r.oid = t.tenant_role)"
+    ).fetchall()
+    assert len(lifted) == 1
+    assert guards(conn) == []
+    for call in CALLS:
+        assert rule_reads(conn, call, ["a"]) == 0
