@@ -72,12 +72,19 @@ def rule_reads(conn: psycopg.Connection[Any], call: str, queues: list[str]) -> i
 def test_a_batch_without_a_guard_reads_neither_tenants_nor_queues(
     conn: psycopg.Connection[Any], make_role: Callable[[str], str], call: str
 ) -> None:
-    conn.execute("select treadle.pause('stopped'), treadle.set_queue('limited', max_depth => 5)")
-    for queues in (["a"], ["a", "b", "a"], ["stopped"], ["stopped", "a"]):
+    conn.execute("select treadle.pause('stopped'), treadle.set_queue('roomy', concurrency => 5)")
+    for queues in (["a"], ["a", "b", "a"], ["stopped"], ["roomy", "a"]):
         assert rule_reads(conn, call, queues) == 0, queues
-    # a queue's guard, or any tenant's, sends the batch to the checks, which read them
+    # a queue's guard sends a batch that names it to the checks, which read the rules, and
+    # a batch of several queues while there is any guard; a tenant's guard, every batch
+    conn.execute("select treadle.set_queue('limited', max_depth => 5)")
+    assert rule_reads(conn, call, ["a"]) == 0
+    assert rule_reads(conn, call, ["a"] * 3) == 0
     assert rule_reads(conn, call, ["limited"]) > 0
     assert rule_reads(conn, call, ["a", "limited"]) > 0
+    assert rule_reads(conn, call, ["a", "b"]) > 0
+    conn.execute("select treadle.set_queue('limited', concurrency => 5)")
+    assert rule_reads(conn, call, ["a", "limited"]) == 0
     conn.execute("select treadle.set_tenant(%s, 't.')", (make_role("manyreads"),))
     assert rule_reads(conn, call, ["a"]) > 0
     assert rule_reads(conn, call, ["a", "b"]) > 0
