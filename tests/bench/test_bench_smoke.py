@@ -38,6 +38,7 @@ SCENARIOS = [
     "workflow_cost",
     "client_bulk",
     "enqueue_cost",
+    "enqueue_many_cost",
     "cycle_cost",
     "check_cost",
     "workflow_instructions",
