@@ -40,6 +40,7 @@ SCENARIOS = [
     "enqueue_cost",
     "cycle_cost",
     "check_cost",
+    "chain",
 ]
 
 

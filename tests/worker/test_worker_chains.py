@@ -126,8 +126,10 @@ def test_a_workflows_next_step_is_claimed_with_the_finish_of_the_one_before(
     worker.start()
     try:
         wait_for(
-            lambda: conn.execute("SELECT state FROM treadle.workflow_runs WHERE id = %s", [run_id]).fetchone()
-            == ("completed",),
+            lambda: (
+                conn.execute("SELECT state FROM treadle.workflow_runs WHERE id = %s", [run_id]).fetchone()
+                == ("completed",)
+            ),
             f"the {HOPS} steps within one poll",
             timeout=LONG_POLL,
         )
