@@ -26,6 +26,7 @@ SCENARIOS: list[tuple[str, list[str]]] = [
     ("load.py", []),
     ("recovery.py", []),
     ("pickup.py", []),
+    ("chain.py", []),
     ("notify.py", []),
     ("limits.py", []),
     ("queues.py", []),

@@ -6,7 +6,9 @@ Handlers, all registered for the job name `bench`:
   noop    returns at once;
   async-noop  the same, as an async def;
   record  prints `start <job id> <unix time>` when it starts;
-  hang    prints the same line, then sleeps (a job to kill a worker in).
+  hang    prints the same line, then sleeps (a job to kill a worker in);
+  chain   enqueues the next job of a chain (args {"left": n}, to the same queue, on a
+          connection of its handler thread's) while n > 0, then returns.
 `--queue-count N` serves N queues, `<queue>-0` to `<queue>-<N-1>`, instead of one.
 `--no-listen` turns off the LISTEN connection, so the worker only polls (what it
 does where LISTEN is refused, behind PgBouncer in transaction mode). `--timeout S`
@@ -29,6 +31,9 @@ import threading
 import time
 from typing import Any
 
+import psycopg
+
+import treadle
 from treadle.worker import Worker
 
 _print_lock = threading.Lock()
@@ -57,13 +62,27 @@ def hang(args: Any, ctx: Any) -> None:
     time.sleep(3600)
 
 
+_chain_dsn = ""
+_chain_conn = threading.local()
+
+
+def chain(args: Any, ctx: Any) -> None:
+    left = int(args.get("left", 0))
+    if left > 0:
+        conn = getattr(_chain_conn, "conn", None)
+        if conn is None:
+            conn = _chain_conn.conn = psycopg.connect(_chain_dsn, autocommit=True)
+        treadle.enqueue(conn, "bench", {"left": left - 1}, queue=ctx.queue)
+
+
 def main() -> None:
+    global _chain_dsn
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("dsn")
     p.add_argument("--queue", default="default")
     p.add_argument("--queue-count", type=int, default=0, help="serve this many queues named <queue>-<i>")
     p.add_argument("--concurrency", type=int, default=10)
-    p.add_argument("--handler", choices=("noop", "async-noop", "record", "hang"), default="noop")
+    p.add_argument("--handler", choices=("noop", "async-noop", "record", "hang", "chain"), default="noop")
     p.add_argument("--poll-interval", type=float, default=1.0)
     p.add_argument("--lease", type=float, default=30.0)
     p.add_argument("--heartbeat-interval", type=float, default=10.0)
@@ -82,7 +101,8 @@ def main() -> None:
         listen=not args.no_listen, prepared_statements=args.prepared,
         lease=args.lease, heartbeat_interval=args.heartbeat_interval, rescue_interval=args.rescue_interval,
         stop_timeout=0, claim_ahead=args.claim_ahead)
-    handlers = {"noop": noop, "async-noop": async_noop, "record": record, "hang": hang}
+    _chain_dsn = args.dsn
+    handlers = {"noop": noop, "async-noop": async_noop, "record": record, "hang": hang, "chain": chain}
     worker.register("bench", handlers[args.handler], timeout=args.timeout)
     worker.start()
     say("ready")

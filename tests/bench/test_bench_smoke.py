@@ -42,6 +42,7 @@ SCENARIOS = [
     "cycle_cost",
     "check_cost",
     "workflow_instructions",
+    "chain",
 ]
 
 

@@ -132,6 +132,7 @@ class Producer:
         self._reserved = 0  # slots a claim under way may fill
         self._handler_time: float | None = None  # average handler run time, seconds
         self._woken_empty = 0  # claims in a row that a wake-up started and that found nothing
+        self._after_finish = False  # the wake-up came from a job that left the worker (`settled`)
         self._limited = False  # some queue of this worker has a concurrency or rate limit
         self._rate_wait: float | None = None  # the longest wait between claims, on a rate-limited queue
         self._limits_read_at = -LIMITS_INTERVAL
@@ -149,6 +150,7 @@ class Producer:
         woken = False
         while not self._host.stopping:
             self._read_limits()
+            after_finish, self._after_finish = self._after_finish, False
             free = self._reserve(for_loop=True)
             if free > 0:
                 try:
@@ -158,7 +160,10 @@ class Producer:
                 if rows is None:
                     continue
                 backoff.reset()
-                self._woken_empty = self._woken_empty + 1 if woken and not rows else 0
+                if rows or not woken:
+                    self._woken_empty = 0
+                elif not after_finish:  # (a claim after a finish is bounded by the jobs that finish)
+                    self._woken_empty += 1
                 self.adopt(rows, free)
             woken = self._wait_for_work()
 
@@ -173,6 +178,20 @@ class Producer:
         # successes on their way claim along with their write: no need to wake the loop
         if self._more_waiting and not (self._completer is not None and self._completer.pending()):
             self._wake.set()
+
+    def settled(self) -> None:
+        """A job left the worker: claim again at once, unless a write of successes on its way claims along.
+
+        The job may have made work for this worker (a handler that enqueued and then failed,
+        or completed its job with complete_in in the transaction of its enqueue; a retry due
+        at once): it is found now, not a poll later, and with LISTEN off too. Such a claim is
+        bounded by the jobs that finish, so an empty one never lengthens the gap that empty
+        claims after NOTIFY wake-ups impose.
+        """
+        if self._completer is not None and self._completer.pending():
+            return  # (a success's own write calls this while it is pending)
+        self._after_finish = True
+        self._wake.set()
 
     # the completer's ClaimAlong
     def reserve(self) -> int:
@@ -238,8 +257,11 @@ class Producer:
         """How many jobs a claim may take now, held for it until `release`.
 
         The claim loop leaves the claim to the next write of successes when one is on
-        its way and more work is waiting; a write of successes claims only then, or
-        when a wake-up (NOTIFY, a rescue) says work arrived.
+        its way and more work is waiting. A write of successes always claims for the
+        room there is: the jobs it finishes may have made work for this worker (a
+        handler's enqueue, committed before the handler returned; a workflow's next
+        step, written by the same statement), and no NOTIFY need say so. Where the
+        queue is empty that is a claim that finds nothing, inside a statement sent anyway.
         """
         assert self._completer is not None
         if self._host.stopping:
@@ -247,8 +269,6 @@ class Producer:
         if for_loop:
             if self._more_waiting and self._completer.pending():
                 return 0
-        elif not (self._more_waiting or self._wake.is_set()):
-            return 0
         with self._lock:
             room = self._options.concurrency + self._ahead() - self._host.holding() - self._reserved
             if room <= 0:
@@ -327,7 +347,7 @@ class Producer:
             if now >= deadline:
                 return woken
             if woken:
-                if now >= start + gap:
+                if now >= start + gap or self._after_finish:
                     return True
                 time.sleep(min(start + gap - now, WAIT_SLICE))
             elif self._wake.wait(min(deadline - now, WAIT_SLICE)):

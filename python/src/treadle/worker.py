@@ -78,7 +78,8 @@ class Worker:
     `dsn_or_pool` is a connection string (the worker then owns a small pool) or a
     psycopg_pool.ConnectionPool the application already runs. Durations are seconds
     or timedeltas: `poll_interval` (claim at least this often; LISTEN/NOTIFY wakes
-    it sooner), `lease` (how long a claim holds a job without a heartbeat),
+    it sooner, and a job that ends has it claim at once: a write of successes claims
+    in its own statement), `lease` (how long a claim holds a job without a heartbeat),
     `heartbeat_interval` (shorter than the lease), `rescue_interval` (how often to
     return the jobs of dead workers), `retention_interval` (how often to delete
     finished work past its retention with treadle.apply_retention and move finished
@@ -105,7 +106,8 @@ class Worker:
     work, on `listen_dsn` when given, else on the worker's own server when it is
     reached directly; through a pooler or proxy the worker polls (a LISTEN there
     would land on a server connection other clients share). `listen=False` polls
-    only. Prepared statements: with `prepared_statements=None` (the default) each
+    only (work its own jobs make, such as a job a handler enqueued, is claimed when
+    they end either way). Prepared statements: with `prepared_statements=None` (the default) each
     pooled connection prepares the statements it repeats when it reaches the server
     itself (its backend process id is the server's), and not through a pooler (which
     answers with an id of its own: in transaction mode it would lose them); True
@@ -734,7 +736,8 @@ class _Host:
         worker = self._worker
         with worker._lock:
             worker._active.discard(run)
-        self.slot_freed()
+        if worker._producer is not None:
+            worker._producer.settled()
 
     def slot_freed(self) -> None:
         if self._worker._producer is not None:
