@@ -1800,7 +1800,7 @@ BEGIN
     -- kept for the next call tests every element of the array against every guard row).
     -- With a guard (or on Citus, where the guards are not read: docs/citus.md), the checks
     -- below read the rules.
-    IF current_setting('citus.version', true) IS NULL
+    IF NOT treadle._on_citus()
        AND NOT EXISTS (SELECT 1 FROM treadle.enqueue_guards AS g WHERE g.queue = ANY (ARRAY['', a_queue[1]]))
        AND (v_single OR NOT EXISTS (SELECT 1 FROM treadle.enqueue_guards AS g)) THEN
         NULL;  -- nothing to check
