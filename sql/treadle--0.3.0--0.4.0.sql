@@ -6415,7 +6415,9 @@ COMMENT ON FUNCTION treadle.retry(bigint, text) IS
 --------------------------------------------------------------------------------
 -- treadle._resume_graph(run) -> void
 --
--- A workflow graph run that treadle.retry just made running again: its other
+-- A workflow graph run that treadle.retry just made running again: the results of
+-- its steps that completed while another transaction held its row are recorded
+-- (treadle._recheck_results: their re-checks had not moved it yet), its other
 -- discarded and cancelled steps are retried (treadle.retry), and the steps whose
 -- dependencies all completed while it was stopped start (a sleep under way when it
 -- stopped ends at its time, at the next treadle.rescue; a signal wait that timed out
@@ -6432,6 +6434,12 @@ DECLARE
     v_id  bigint;
     v_run treadle.workflow_runs;
 BEGIN
+    -- its steps that completed while another transaction held its row, left for a
+    -- re-check (073_workflow_rechecks.sql), have their results now: what runs after
+    -- them starts below, and the re-check later finds nothing to move
+    UPDATE treadle.workflow_runs AS r SET results = r.results || treadle._recheck_results(r)
+     WHERE r.queue = run.queue AND r.id = run.id
+       AND EXISTS (SELECT 1 FROM treadle.run_rechecks AS c WHERE c.run_queue = run.queue AND c.run_id = run.id);
     FOR v_id IN
         SELECT j.id FROM treadle.jobs AS j
          WHERE j.workflow_run_id = run.id
@@ -9536,6 +9544,36 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._move_rechecks(text[], integer) IS
     'Move the workflow runs of completed steps left for a re-check (treadle.run_rechecks) whose runs no one holds.';
+
+--------------------------------------------------------------------------------
+-- treadle._recheck_results(run) -> jsonb
+--
+-- The results of the run's completed steps that were left for a re-check and
+-- whose results the run does not have yet ({step: result}; {} for none): steps
+-- that completed, whose run has not moved for them yet. What reads a run's
+-- results to decide which steps run (treadle.fork_run, treadle._resume_graph)
+-- adds these, with the run row locked so that no re-check moves meanwhile; else
+-- such a step ran again. The re-checks stay: the one that moves the run later
+-- finds the step's result on it and moves nothing (once per step).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._recheck_results(run treadle.workflow_runs)
+RETURNS jsonb
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT coalesce(jsonb_object_agg(j.step, j.result), '{}'::jsonb)
+      FROM treadle.run_rechecks AS c
+      JOIN treadle.jobs AS j ON j.queue = c.queue AND j.id = c.job_id
+     WHERE c.run_queue = run.queue
+       AND c.run_id = run.id
+       AND j.workflow_run_id = run.id
+       AND j.state = 'completed'
+       AND NOT ('{}'::jsonb || run.results) ? j.step
+       AND treadle._may_recheck(run.after, run.maps, run.compensations, j.step, j.args);
+END;
+COMMENT ON FUNCTION treadle._recheck_results(treadle.workflow_runs) IS
+    'The results of a workflow run''s completed steps left for a re-check that the run does not have yet.';
 --------------------------------------------------------------------------------
 -- Workflow signals: a wait step of a run (run.waits) has no handler; it waits for
 -- a named signal, which treadle.signal delivers from any SQL client in the
@@ -12301,8 +12339,10 @@ COMMENT ON FUNCTION treadle._steps_from(treadle.workflow_runs, text) IS
 -- pinned definition (steps, dependencies, sleeps, maps, waits, children,
 -- compensations, step options, version), on the same queue with the same
 -- priority and attempts, whose forked_from is the source run and forked_step
--- from_step. It starts with the results the source recorded for every step that
--- is neither from_step nor a step that runs after it, directly or through others:
+-- from_step. It starts with the results the source has, under its row's lock, for
+-- every step that is neither from_step nor a step that runs after it, directly or
+-- through others (those recorded, and those of steps that completed while another
+-- transaction held the row and wait for a re-check: treadle._recheck_results):
 -- for a list, the steps before from_step; for a graph, the steps from_step does
 -- not lead to, whatever their place (a parallel branch's result is kept). Those
 -- steps never run in the fork. from_step, the steps after it, and any step the
@@ -12342,8 +12382,15 @@ BEGIN
     END IF;
     v_input := CASE WHEN fork_run.input IS NULL THEN v_source.input ELSE treadle._payload(fork_run.input, 'input') END;
     v_again := treadle._steps_from(v_source, fork_run.from_step);
+    -- The source's results as of now, under its row's lock, with those of its steps
+    -- that completed while another transaction held the row and wait for a re-check
+    -- to be recorded (073_workflow_rechecks.sql): such a step completed, and does
+    -- not run again in the fork. The source is only read.
+    SELECT * INTO v_source FROM treadle.workflow_runs AS r
+     WHERE r.queue = v_source.queue AND r.id = v_source.id
+       FOR SHARE;
     SELECT coalesce(jsonb_object_agg(e.key, e.value), '{}'::jsonb) INTO v_results
-      FROM jsonb_each(v_source.results) AS e
+      FROM jsonb_each(v_source.results || treadle._recheck_results(v_source)) AS e
      WHERE e.key = ANY (v_source.steps) AND NOT e.key = ANY (v_again);
 
     INSERT INTO treadle.workflow_runs AS r

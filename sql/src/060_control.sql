@@ -229,7 +229,9 @@ COMMENT ON FUNCTION treadle.retry(bigint, text) IS
 --------------------------------------------------------------------------------
 -- treadle._resume_graph(run) -> void
 --
--- A workflow graph run that treadle.retry just made running again: its other
+-- A workflow graph run that treadle.retry just made running again: the results of
+-- its steps that completed while another transaction held its row are recorded
+-- (treadle._recheck_results: their re-checks had not moved it yet), its other
 -- discarded and cancelled steps are retried (treadle.retry), and the steps whose
 -- dependencies all completed while it was stopped start (a sleep under way when it
 -- stopped ends at its time, at the next treadle.rescue; a signal wait that timed out
@@ -246,6 +248,12 @@ DECLARE
     v_id  bigint;
     v_run treadle.workflow_runs;
 BEGIN
+    -- its steps that completed while another transaction held its row, left for a
+    -- re-check (073_workflow_rechecks.sql), have their results now: what runs after
+    -- them starts below, and the re-check later finds nothing to move
+    UPDATE treadle.workflow_runs AS r SET results = r.results || treadle._recheck_results(r)
+     WHERE r.queue = run.queue AND r.id = run.id
+       AND EXISTS (SELECT 1 FROM treadle.run_rechecks AS c WHERE c.run_queue = run.queue AND c.run_id = run.id);
     FOR v_id IN
         SELECT j.id FROM treadle.jobs AS j
          WHERE j.workflow_run_id = run.id

@@ -188,8 +188,10 @@ COMMENT ON FUNCTION treadle._steps_from(treadle.workflow_runs, text) IS
 -- pinned definition (steps, dependencies, sleeps, maps, waits, children,
 -- compensations, step options, version), on the same queue with the same
 -- priority and attempts, whose forked_from is the source run and forked_step
--- from_step. It starts with the results the source recorded for every step that
--- is neither from_step nor a step that runs after it, directly or through others:
+-- from_step. It starts with the results the source has, under its row's lock, for
+-- every step that is neither from_step nor a step that runs after it, directly or
+-- through others (those recorded, and those of steps that completed while another
+-- transaction held the row and wait for a re-check: treadle._recheck_results):
 -- for a list, the steps before from_step; for a graph, the steps from_step does
 -- not lead to, whatever their place (a parallel branch's result is kept). Those
 -- steps never run in the fork. from_step, the steps after it, and any step the
@@ -229,8 +231,15 @@ BEGIN
     END IF;
     v_input := CASE WHEN fork_run.input IS NULL THEN v_source.input ELSE treadle._payload(fork_run.input, 'input') END;
     v_again := treadle._steps_from(v_source, fork_run.from_step);
+    -- The source's results as of now, under its row's lock, with those of its steps
+    -- that completed while another transaction held the row and wait for a re-check
+    -- to be recorded (073_workflow_rechecks.sql): such a step completed, and does
+    -- not run again in the fork. The source is only read.
+    SELECT * INTO v_source FROM treadle.workflow_runs AS r
+     WHERE r.queue = v_source.queue AND r.id = v_source.id
+       FOR SHARE;
     SELECT coalesce(jsonb_object_agg(e.key, e.value), '{}'::jsonb) INTO v_results
-      FROM jsonb_each(v_source.results) AS e
+      FROM jsonb_each(v_source.results || treadle._recheck_results(v_source)) AS e
      WHERE e.key = ANY (v_source.steps) AND NOT e.key = ANY (v_again);
 
     INSERT INTO treadle.workflow_runs AS r
