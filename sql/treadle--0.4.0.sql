@@ -6448,9 +6448,11 @@ COMMENT ON FUNCTION treadle.cancel(bigint, text) IS
 -- Completed steps never run again. A retried compensation puts its failed run
 -- back to compensating (treadle._advance_compensation goes on from it). A
 -- discarded or cancelled step of a run that compensates, was compensated, or
--- failed in a compensation after another completed, or of a run over such a
--- child run, is not retried (false): that run undid steps (treadle.retry_run
--- retries the compensation, treadle.fork_run starts the run again). A retried
+-- failed in a compensation after another completed, or of a run of the same
+-- run tree as such a run (over it, under it, or beside it: a retry resumes the
+-- step's parent runs, which would then wait for ever), is not retried (false):
+-- that run undid steps (treadle.retry_run retries the compensation,
+-- treadle.fork_run starts the run again). A retried
 -- periodic occurrence that already started its successor runs once more without
 -- starting another. Returns false for any other state or an unknown id. queue,
 -- when given, is the job's queue, as for treadle.cancel.
@@ -6482,7 +6484,7 @@ BEGIN
 
     -- A step that ended without completing does not run again in a run that undoes
     -- its steps (compensating, compensated, or failed in a compensation after another
-    -- completed), nor in a run over such a run (its child step never completes):
+    -- completed), nor in a run of the same tree (a child step never completes):
     -- it would act beside the compensations, or after them (the step's end and its
     -- run's move to compensating commit together). The job is locked first, as every
     -- path that locks a job and its run does. treadle.retry_run retries a failed
@@ -6498,7 +6500,11 @@ BEGIN
           FROM treadle.job_history AS h
          WHERE h.id = retry.job_id AND h.queue = v_queue AND h.state = ANY (ARRAY['discarded', 'cancelled']);
     END IF;
-    IF v_run_id IS NOT NULL AND NOT v_compensation AND treadle._undone_run(v_run_id) IS NOT NULL THEN
+    -- The whole tree, from its top run: a retried step of a child run resumes its
+    -- failed or cancelled parents up to it, which a run there that undid its steps
+    -- (a compensated sibling) keeps from ever completing.
+    IF v_run_id IS NOT NULL AND NOT v_compensation
+       AND treadle._undone_run(treadle._root_run(v_run_id)) IS NOT NULL THEN
         RETURN false;  -- (076_workflow_children.sql)
     END IF;
 
@@ -10602,6 +10608,33 @@ COMMENT ON FUNCTION treadle._undone_run(bigint) IS
     'The run, or the first run under it, that undid its steps (compensating, compensated, failed in a compensation); null for none.';
 
 --------------------------------------------------------------------------------
+-- treadle._root_run(run_id) -> bigint
+--
+-- The run at the top of the run's tree: the run itself when it has no parent,
+-- else its parent's, up to the run that has none. A retry that resumes a child
+-- run resumes its failed or cancelled parents too (treadle._child_run_ended), up
+-- to that run, so a retry looks at the whole tree under it (treadle._undone_run):
+-- a run there that undid its steps keeps the top run from ever completing.
+-- Reads without locks.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._root_run(run_id bigint)
+RETURNS bigint
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    WITH RECURSIVE up(id, parent_id, depth) AS (
+        SELECT r.id, r.parent_run_id, 0 FROM treadle.workflow_runs AS r WHERE r.id = _root_run.run_id
+        UNION ALL
+        SELECT r.id, r.parent_run_id, u.depth + 1
+          FROM treadle.workflow_runs AS r JOIN up AS u ON r.id = u.parent_id
+    )
+    SELECT u.id FROM up AS u ORDER BY u.depth DESC LIMIT 1;
+END;
+COMMENT ON FUNCTION treadle._root_run(bigint) IS
+    'The run at the top of a workflow run''s tree (the run itself when it has no parent).';
+
+--------------------------------------------------------------------------------
 -- treadle._resume_children(run) -> void
 --
 -- A run that a retry made running again (treadle._resume_graph): each of its
@@ -12352,7 +12385,9 @@ COMMENT ON FUNCTION treadle._run_for_operation(bigint) IS
 -- cancelled (running, compensating, completed, or compensated: its completed
 -- steps were undone, so treadle.fork_run starts it again instead), or one with a
 -- child run under it that undid its steps (treadle._undone_run: compensating,
--- compensated, or failed in a compensation), whose child step never completes.
+-- compensated, or failed in a compensation), whose child step never completes; or
+-- a child run of a tree where another run undid its steps (a compensated sibling):
+-- its retry would resume its parents, and the top run would never complete.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.retry_run(run_id bigint)
 RETURNS text
@@ -12368,6 +12403,7 @@ DECLARE
     v_first integer;
     v_state text;
     v_undone bigint;
+    v_root   bigint;
 BEGIN
     IF v_run.state = 'compensated' THEN
         RAISE EXCEPTION 'treadle: workflow run % is compensated: its completed steps were undone', v_run.id
@@ -12386,6 +12422,19 @@ BEGIN
                         v_run.id, v_undone, v_state
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'treadle.fork_run starts the run again from the child step, with a new child run.';
+    END IF;
+    -- a child run resumes its parents: another run of its tree that undid its steps
+    -- would keep the top run waiting for ever
+    v_root := treadle._root_run(v_run.id);
+    IF v_undone IS NULL AND v_root <> v_run.id THEN
+        v_undone := treadle._undone_run(v_root);
+        IF v_undone IS NOT NULL THEN
+            SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = v_undone;
+            RAISE EXCEPTION 'treadle: workflow run % is under run %, whose tree has a run % that is %: its steps were undone, so run % never completes',
+                            v_run.id, v_root, v_undone, v_state, v_root
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = format('treadle.fork_run starts run %s again from a step, with new child runs.', v_root);
+        END IF;
     END IF;
 
     -- its jobs that ended without completing, here or in the history
