@@ -4,7 +4,7 @@
 -- tenant rule; and treadle.explain for each reason it gives.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(106);
+SELECT plan(107);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -252,6 +252,9 @@ SET LOCAL treadle.now = '2999-01-01 12:05:00+00';
 SELECT is(pg_temp.reasons(:conc_running), 'running,worker,lease_expired,cancel_requested',
           'an expired lease and a requested cancel are said too');
 SELECT alike(pg_temp.message(:conc_running, 'worker'), '%, over 30 seconds ago', 'a silent worker is said to be silent');
+SELECT is(pg_temp.message(:conc_running, 'cancel_requested'),
+          'a cancel was requested: its worker was told at once (treadle_cancel), and the heartbeat it sends on hearing it (without LISTEN, its next heartbeat) answers cancel; the job ends cancelled',
+          'a requested cancel: the worker hears of it at once, not only at its next heartbeat');
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
 SELECT id AS failing, lease_token AS fail_tok FROM pg_temp.leased(max_attempts => 2) \gset
 SELECT treadle.fail(:failing, :'fail_tok', 'boom', '10 minutes');

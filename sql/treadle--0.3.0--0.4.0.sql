@@ -6387,9 +6387,11 @@ COMMENT ON FUNCTION treadle.cancel(bigint, text) IS
 -- Completed steps never run again. A retried compensation puts its failed run
 -- back to compensating (treadle._advance_compensation goes on from it). A
 -- discarded or cancelled step of a run that compensates, was compensated, or
--- failed in a compensation after another completed, or of a run over such a
--- child run, is not retried (false): that run undid steps (treadle.retry_run
--- retries the compensation, treadle.fork_run starts the run again). A retried
+-- failed in a compensation after another completed, or of a run of the same
+-- run tree as such a run (over it, under it, or beside it: a retry resumes the
+-- step's parent runs, which would then wait for ever), is not retried (false):
+-- that run undid steps (treadle.retry_run retries the compensation,
+-- treadle.fork_run starts the run again). A retried
 -- periodic occurrence that already started its successor runs once more without
 -- starting another. Returns false for any other state or an unknown id. queue,
 -- when given, is the job's queue, as for treadle.cancel.
@@ -6421,7 +6423,7 @@ BEGIN
 
     -- A step that ended without completing does not run again in a run that undoes
     -- its steps (compensating, compensated, or failed in a compensation after another
-    -- completed), nor in a run over such a run (its child step never completes):
+    -- completed), nor in a run of the same tree (a child step never completes):
     -- it would act beside the compensations, or after them (the step's end and its
     -- run's move to compensating commit together). The job is locked first, as every
     -- path that locks a job and its run does. treadle.retry_run retries a failed
@@ -6437,7 +6439,11 @@ BEGIN
           FROM treadle.job_history AS h
          WHERE h.id = retry.job_id AND h.queue = v_queue AND h.state = ANY (ARRAY['discarded', 'cancelled']);
     END IF;
-    IF v_run_id IS NOT NULL AND NOT v_compensation AND treadle._undone_run(v_run_id) IS NOT NULL THEN
+    -- The whole tree, from its top run: a retried step of a child run resumes its
+    -- failed or cancelled parents up to it, which a run there that undid its steps
+    -- (a compensated sibling) keeps from ever completing.
+    IF v_run_id IS NOT NULL AND NOT v_compensation
+       AND treadle._undone_run(treadle._root_run(v_run_id)) IS NOT NULL THEN
         RETURN false;  -- (076_workflow_children.sql)
     END IF;
 
@@ -6498,7 +6504,9 @@ COMMENT ON FUNCTION treadle.retry(bigint, text) IS
 --------------------------------------------------------------------------------
 -- treadle._resume_graph(run) -> void
 --
--- A workflow graph run that treadle.retry just made running again: its other
+-- A workflow graph run that treadle.retry just made running again: the results of
+-- its steps that completed while another transaction held its row are recorded
+-- (treadle._recheck_results: their re-checks had not moved it yet), its other
 -- discarded and cancelled steps are retried (treadle.retry), and the steps whose
 -- dependencies all completed while it was stopped start (a sleep under way when it
 -- stopped ends at its time, at the next treadle.rescue; a signal wait that timed out
@@ -6515,6 +6523,12 @@ DECLARE
     v_id  bigint;
     v_run treadle.workflow_runs;
 BEGIN
+    -- its steps that completed while another transaction held its row, left for a
+    -- re-check (073_workflow_rechecks.sql), have their results now: what runs after
+    -- them starts below, and the re-check later finds nothing to move
+    UPDATE treadle.workflow_runs AS r SET results = r.results || treadle._recheck_results(r)
+     WHERE r.queue = run.queue AND r.id = run.id
+       AND EXISTS (SELECT 1 FROM treadle.run_rechecks AS c WHERE c.run_queue = run.queue AND c.run_id = run.id);
     FOR v_id IN
         SELECT j.id FROM treadle.jobs AS j
          WHERE j.workflow_run_id = run.id
@@ -9644,6 +9658,36 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._move_rechecks(text[], integer) IS
     'Move the workflow runs of completed steps left for a re-check (treadle.run_rechecks) whose runs no one holds.';
+
+--------------------------------------------------------------------------------
+-- treadle._recheck_results(run) -> jsonb
+--
+-- The results of the run's completed steps that were left for a re-check and
+-- whose results the run does not have yet ({step: result}; {} for none): steps
+-- that completed, whose run has not moved for them yet. What reads a run's
+-- results to decide which steps run (treadle.fork_run, treadle._resume_graph)
+-- adds these, with the run row locked so that no re-check moves meanwhile; else
+-- such a step ran again. The re-checks stay: the one that moves the run later
+-- finds the step's result on it and moves nothing (once per step).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._recheck_results(run treadle.workflow_runs)
+RETURNS jsonb
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT coalesce(jsonb_object_agg(j.step, j.result), '{}'::jsonb)
+      FROM treadle.run_rechecks AS c
+      JOIN treadle.jobs AS j ON j.queue = c.queue AND j.id = c.job_id
+     WHERE c.run_queue = run.queue
+       AND c.run_id = run.id
+       AND j.workflow_run_id = run.id
+       AND j.state = 'completed'
+       AND NOT ('{}'::jsonb || run.results) ? j.step
+       AND treadle._may_recheck(run.after, run.maps, run.compensations, j.step, j.args);
+END;
+COMMENT ON FUNCTION treadle._recheck_results(treadle.workflow_runs) IS
+    'The results of a workflow run''s completed steps left for a re-check that the run does not have yet.';
 --------------------------------------------------------------------------------
 -- Workflow signals: a wait step of a run (run.waits) has no handler; it waits for
 -- a named signal, which treadle.signal delivers from any SQL client in the
@@ -10526,6 +10570,33 @@ BEGIN ATOMIC
 END;
 COMMENT ON FUNCTION treadle._undone_run(bigint) IS
     'The run, or the first run under it, that undid its steps (compensating, compensated, failed in a compensation); null for none.';
+
+--------------------------------------------------------------------------------
+-- treadle._root_run(run_id) -> bigint
+--
+-- The run at the top of the run's tree: the run itself when it has no parent,
+-- else its parent's, up to the run that has none. A retry that resumes a child
+-- run resumes its failed or cancelled parents too (treadle._child_run_ended), up
+-- to that run, so a retry looks at the whole tree under it (treadle._undone_run):
+-- a run there that undid its steps keeps the top run from ever completing.
+-- Reads without locks.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._root_run(run_id bigint)
+RETURNS bigint
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    WITH RECURSIVE up(id, parent_id, depth) AS (
+        SELECT r.id, r.parent_run_id, 0 FROM treadle.workflow_runs AS r WHERE r.id = _root_run.run_id
+        UNION ALL
+        SELECT r.id, r.parent_run_id, u.depth + 1
+          FROM treadle.workflow_runs AS r JOIN up AS u ON r.id = u.parent_id
+    )
+    SELECT u.id FROM up AS u ORDER BY u.depth DESC LIMIT 1;
+END;
+COMMENT ON FUNCTION treadle._root_run(bigint) IS
+    'The run at the top of a workflow run''s tree (the run itself when it has no parent).';
 
 --------------------------------------------------------------------------------
 -- treadle._resume_children(run) -> void
@@ -11768,8 +11839,9 @@ BEGIN
                                 v_job.lease_until;
         END IF;
         IF v_job.cancel_requested THEN
+            -- treadle.cancel notifies the worker (060_control.sql); the heartbeat is where it learns
             RETURN QUERY SELECT 'cancel_requested',
-                                'a cancel was requested: the worker stops it at its next heartbeat', NULL::timestamptz;
+                                'a cancel was requested: its worker was told at once (treadle_cancel), and the heartbeat it sends on hearing it (without LISTEN, its next heartbeat) answers cancel; the job ends cancelled', NULL::timestamptz;
         END IF;
         RETURN;
     END IF;
@@ -12282,7 +12354,9 @@ COMMENT ON FUNCTION treadle._run_for_operation(bigint) IS
 -- cancelled (running, compensating, completed, or compensated: its completed
 -- steps were undone, so treadle.fork_run starts it again instead), or one with a
 -- child run under it that undid its steps (treadle._undone_run: compensating,
--- compensated, or failed in a compensation), whose child step never completes.
+-- compensated, or failed in a compensation), whose child step never completes; or
+-- a child run of a tree where another run undid its steps (a compensated sibling):
+-- its retry would resume its parents, and the top run would never complete.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.retry_run(run_id bigint)
 RETURNS text
@@ -12298,6 +12372,7 @@ DECLARE
     v_first integer;
     v_state text;
     v_undone bigint;
+    v_root   bigint;
 BEGIN
     IF v_run.state = 'compensated' THEN
         RAISE EXCEPTION 'treadle: workflow run % is compensated: its completed steps were undone', v_run.id
@@ -12316,6 +12391,19 @@ BEGIN
                         v_run.id, v_undone, v_state
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'treadle.fork_run starts the run again from the child step, with a new child run.';
+    END IF;
+    -- a child run resumes its parents: another run of its tree that undid its steps
+    -- would keep the top run waiting for ever
+    v_root := treadle._root_run(v_run.id);
+    IF v_undone IS NULL AND v_root <> v_run.id THEN
+        v_undone := treadle._undone_run(v_root);
+        IF v_undone IS NOT NULL THEN
+            SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = v_undone;
+            RAISE EXCEPTION 'treadle: workflow run % is under run %, whose tree has a run % that is %: its steps were undone, so run % never completes',
+                            v_run.id, v_root, v_undone, v_state, v_root
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = format('treadle.fork_run starts run %s again from a step, with new child runs.', v_root);
+        END IF;
     END IF;
 
     -- its jobs that ended without completing, here or in the history
@@ -12413,8 +12501,10 @@ COMMENT ON FUNCTION treadle._steps_from(treadle.workflow_runs, text) IS
 -- pinned definition (steps, dependencies, sleeps, maps, waits, children,
 -- compensations, step options, version), on the same queue with the same
 -- priority and attempts, whose forked_from is the source run and forked_step
--- from_step. It starts with the results the source recorded for every step that
--- is neither from_step nor a step that runs after it, directly or through others:
+-- from_step. It starts with the results the source has, under its row's lock, for
+-- every step that is neither from_step nor a step that runs after it, directly or
+-- through others (those recorded, and those of steps that completed while another
+-- transaction held the row and wait for a re-check: treadle._recheck_results):
 -- for a list, the steps before from_step; for a graph, the steps from_step does
 -- not lead to, whatever their place (a parallel branch's result is kept). Those
 -- steps never run in the fork. from_step, the steps after it, and any step the
@@ -12454,8 +12544,15 @@ BEGIN
     END IF;
     v_input := CASE WHEN fork_run.input IS NULL THEN v_source.input ELSE treadle._payload(fork_run.input, 'input') END;
     v_again := treadle._steps_from(v_source, fork_run.from_step);
+    -- The source's results as of now, under its row's lock, with those of its steps
+    -- that completed while another transaction held the row and wait for a re-check
+    -- to be recorded (073_workflow_rechecks.sql): such a step completed, and does
+    -- not run again in the fork. The source is only read.
+    SELECT * INTO v_source FROM treadle.workflow_runs AS r
+     WHERE r.queue = v_source.queue AND r.id = v_source.id
+       FOR SHARE;
     SELECT coalesce(jsonb_object_agg(e.key, e.value), '{}'::jsonb) INTO v_results
-      FROM jsonb_each(v_source.results) AS e
+      FROM jsonb_each(v_source.results || treadle._recheck_results(v_source)) AS e
      WHERE e.key = ANY (v_source.steps) AND NOT e.key = ANY (v_again);
 
     INSERT INTO treadle.workflow_runs AS r

@@ -118,9 +118,11 @@ COMMENT ON FUNCTION treadle.cancel(bigint, text) IS
 -- Completed steps never run again. A retried compensation puts its failed run
 -- back to compensating (treadle._advance_compensation goes on from it). A
 -- discarded or cancelled step of a run that compensates, was compensated, or
--- failed in a compensation after another completed, or of a run over such a
--- child run, is not retried (false): that run undid steps (treadle.retry_run
--- retries the compensation, treadle.fork_run starts the run again). A retried
+-- failed in a compensation after another completed, or of a run of the same
+-- run tree as such a run (over it, under it, or beside it: a retry resumes the
+-- step's parent runs, which would then wait for ever), is not retried (false):
+-- that run undid steps (treadle.retry_run retries the compensation,
+-- treadle.fork_run starts the run again). A retried
 -- periodic occurrence that already started its successor runs once more without
 -- starting another. Returns false for any other state or an unknown id. queue,
 -- when given, is the job's queue, as for treadle.cancel.
@@ -152,7 +154,7 @@ BEGIN
 
     -- A step that ended without completing does not run again in a run that undoes
     -- its steps (compensating, compensated, or failed in a compensation after another
-    -- completed), nor in a run over such a run (its child step never completes):
+    -- completed), nor in a run of the same tree (a child step never completes):
     -- it would act beside the compensations, or after them (the step's end and its
     -- run's move to compensating commit together). The job is locked first, as every
     -- path that locks a job and its run does. treadle.retry_run retries a failed
@@ -168,7 +170,11 @@ BEGIN
           FROM treadle.job_history AS h
          WHERE h.id = retry.job_id AND h.queue = v_queue AND h.state = ANY (ARRAY['discarded', 'cancelled']);
     END IF;
-    IF v_run_id IS NOT NULL AND NOT v_compensation AND treadle._undone_run(v_run_id) IS NOT NULL THEN
+    -- The whole tree, from its top run: a retried step of a child run resumes its
+    -- failed or cancelled parents up to it, which a run there that undid its steps
+    -- (a compensated sibling) keeps from ever completing.
+    IF v_run_id IS NOT NULL AND NOT v_compensation
+       AND treadle._undone_run(treadle._root_run(v_run_id)) IS NOT NULL THEN
         RETURN false;  -- (076_workflow_children.sql)
     END IF;
 
@@ -229,7 +235,9 @@ COMMENT ON FUNCTION treadle.retry(bigint, text) IS
 --------------------------------------------------------------------------------
 -- treadle._resume_graph(run) -> void
 --
--- A workflow graph run that treadle.retry just made running again: its other
+-- A workflow graph run that treadle.retry just made running again: the results of
+-- its steps that completed while another transaction held its row are recorded
+-- (treadle._recheck_results: their re-checks had not moved it yet), its other
 -- discarded and cancelled steps are retried (treadle.retry), and the steps whose
 -- dependencies all completed while it was stopped start (a sleep under way when it
 -- stopped ends at its time, at the next treadle.rescue; a signal wait that timed out
@@ -246,6 +254,12 @@ DECLARE
     v_id  bigint;
     v_run treadle.workflow_runs;
 BEGIN
+    -- its steps that completed while another transaction held its row, left for a
+    -- re-check (073_workflow_rechecks.sql), have their results now: what runs after
+    -- them starts below, and the re-check later finds nothing to move
+    UPDATE treadle.workflow_runs AS r SET results = r.results || treadle._recheck_results(r)
+     WHERE r.queue = run.queue AND r.id = run.id
+       AND EXISTS (SELECT 1 FROM treadle.run_rechecks AS c WHERE c.run_queue = run.queue AND c.run_id = run.id);
     FOR v_id IN
         SELECT j.id FROM treadle.jobs AS j
          WHERE j.workflow_run_id = run.id

@@ -201,3 +201,33 @@ END;
 $$;
 COMMENT ON FUNCTION treadle._move_rechecks(text[], integer) IS
     'Move the workflow runs of completed steps left for a re-check (treadle.run_rechecks) whose runs no one holds.';
+
+--------------------------------------------------------------------------------
+-- treadle._recheck_results(run) -> jsonb
+--
+-- The results of the run's completed steps that were left for a re-check and
+-- whose results the run does not have yet ({step: result}; {} for none): steps
+-- that completed, whose run has not moved for them yet. What reads a run's
+-- results to decide which steps run (treadle.fork_run, treadle._resume_graph)
+-- adds these, with the run row locked so that no re-check moves meanwhile; else
+-- such a step ran again. The re-checks stay: the one that moves the run later
+-- finds the step's result on it and moves nothing (once per step).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._recheck_results(run treadle.workflow_runs)
+RETURNS jsonb
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT coalesce(jsonb_object_agg(j.step, j.result), '{}'::jsonb)
+      FROM treadle.run_rechecks AS c
+      JOIN treadle.jobs AS j ON j.queue = c.queue AND j.id = c.job_id
+     WHERE c.run_queue = run.queue
+       AND c.run_id = run.id
+       AND j.workflow_run_id = run.id
+       AND j.state = 'completed'
+       AND NOT ('{}'::jsonb || run.results) ? j.step
+       AND treadle._may_recheck(run.after, run.maps, run.compensations, j.step, j.args);
+END;
+COMMENT ON FUNCTION treadle._recheck_results(treadle.workflow_runs) IS
+    'The results of a workflow run''s completed steps left for a re-check that the run does not have yet.';

@@ -223,6 +223,33 @@ COMMENT ON FUNCTION treadle._undone_run(bigint) IS
     'The run, or the first run under it, that undid its steps (compensating, compensated, failed in a compensation); null for none.';
 
 --------------------------------------------------------------------------------
+-- treadle._root_run(run_id) -> bigint
+--
+-- The run at the top of the run's tree: the run itself when it has no parent,
+-- else its parent's, up to the run that has none. A retry that resumes a child
+-- run resumes its failed or cancelled parents too (treadle._child_run_ended), up
+-- to that run, so a retry looks at the whole tree under it (treadle._undone_run):
+-- a run there that undid its steps keeps the top run from ever completing.
+-- Reads without locks.
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._root_run(run_id bigint)
+RETURNS bigint
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    WITH RECURSIVE up(id, parent_id, depth) AS (
+        SELECT r.id, r.parent_run_id, 0 FROM treadle.workflow_runs AS r WHERE r.id = _root_run.run_id
+        UNION ALL
+        SELECT r.id, r.parent_run_id, u.depth + 1
+          FROM treadle.workflow_runs AS r JOIN up AS u ON r.id = u.parent_id
+    )
+    SELECT u.id FROM up AS u ORDER BY u.depth DESC LIMIT 1;
+END;
+COMMENT ON FUNCTION treadle._root_run(bigint) IS
+    'The run at the top of a workflow run''s tree (the run itself when it has no parent).';
+
+--------------------------------------------------------------------------------
 -- treadle._resume_children(run) -> void
 --
 -- A run that a retry made running again (treadle._resume_graph): each of its

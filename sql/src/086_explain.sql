@@ -100,8 +100,9 @@ BEGIN
                                 v_job.lease_until;
         END IF;
         IF v_job.cancel_requested THEN
+            -- treadle.cancel notifies the worker (060_control.sql); the heartbeat is where it learns
             RETURN QUERY SELECT 'cancel_requested',
-                                'a cancel was requested: the worker stops it at its next heartbeat', NULL::timestamptz;
+                                'a cancel was requested: its worker was told at once (treadle_cancel), and the heartbeat it sends on hearing it (without LISTEN, its next heartbeat) answers cancel; the job ends cancelled', NULL::timestamptz;
         END IF;
         RETURN;
     END IF;

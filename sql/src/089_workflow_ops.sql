@@ -57,7 +57,9 @@ COMMENT ON FUNCTION treadle._run_for_operation(bigint) IS
 -- cancelled (running, compensating, completed, or compensated: its completed
 -- steps were undone, so treadle.fork_run starts it again instead), or one with a
 -- child run under it that undid its steps (treadle._undone_run: compensating,
--- compensated, or failed in a compensation), whose child step never completes.
+-- compensated, or failed in a compensation), whose child step never completes; or
+-- a child run of a tree where another run undid its steps (a compensated sibling):
+-- its retry would resume its parents, and the top run would never complete.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.retry_run(run_id bigint)
 RETURNS text
@@ -73,6 +75,7 @@ DECLARE
     v_first integer;
     v_state text;
     v_undone bigint;
+    v_root   bigint;
 BEGIN
     IF v_run.state = 'compensated' THEN
         RAISE EXCEPTION 'treadle: workflow run % is compensated: its completed steps were undone', v_run.id
@@ -91,6 +94,19 @@ BEGIN
                         v_run.id, v_undone, v_state
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'treadle.fork_run starts the run again from the child step, with a new child run.';
+    END IF;
+    -- a child run resumes its parents: another run of its tree that undid its steps
+    -- would keep the top run waiting for ever
+    v_root := treadle._root_run(v_run.id);
+    IF v_undone IS NULL AND v_root <> v_run.id THEN
+        v_undone := treadle._undone_run(v_root);
+        IF v_undone IS NOT NULL THEN
+            SELECT r.state INTO v_state FROM treadle.workflow_runs AS r WHERE r.id = v_undone;
+            RAISE EXCEPTION 'treadle: workflow run % is under run %, whose tree has a run % that is %: its steps were undone, so run % never completes',
+                            v_run.id, v_root, v_undone, v_state, v_root
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = format('treadle.fork_run starts run %s again from a step, with new child runs.', v_root);
+        END IF;
     END IF;
 
     -- its jobs that ended without completing, here or in the history
@@ -188,8 +204,10 @@ COMMENT ON FUNCTION treadle._steps_from(treadle.workflow_runs, text) IS
 -- pinned definition (steps, dependencies, sleeps, maps, waits, children,
 -- compensations, step options, version), on the same queue with the same
 -- priority and attempts, whose forked_from is the source run and forked_step
--- from_step. It starts with the results the source recorded for every step that
--- is neither from_step nor a step that runs after it, directly or through others:
+-- from_step. It starts with the results the source has, under its row's lock, for
+-- every step that is neither from_step nor a step that runs after it, directly or
+-- through others (those recorded, and those of steps that completed while another
+-- transaction held the row and wait for a re-check: treadle._recheck_results):
 -- for a list, the steps before from_step; for a graph, the steps from_step does
 -- not lead to, whatever their place (a parallel branch's result is kept). Those
 -- steps never run in the fork. from_step, the steps after it, and any step the
@@ -229,8 +247,15 @@ BEGIN
     END IF;
     v_input := CASE WHEN fork_run.input IS NULL THEN v_source.input ELSE treadle._payload(fork_run.input, 'input') END;
     v_again := treadle._steps_from(v_source, fork_run.from_step);
+    -- The source's results as of now, under its row's lock, with those of its steps
+    -- that completed while another transaction held the row and wait for a re-check
+    -- to be recorded (073_workflow_rechecks.sql): such a step completed, and does
+    -- not run again in the fork. The source is only read.
+    SELECT * INTO v_source FROM treadle.workflow_runs AS r
+     WHERE r.queue = v_source.queue AND r.id = v_source.id
+       FOR SHARE;
     SELECT coalesce(jsonb_object_agg(e.key, e.value), '{}'::jsonb) INTO v_results
-      FROM jsonb_each(v_source.results) AS e
+      FROM jsonb_each(v_source.results || treadle._recheck_results(v_source)) AS e
      WHERE e.key = ANY (v_source.steps) AND NOT e.key = ANY (v_again);
 
     INSERT INTO treadle.workflow_runs AS r

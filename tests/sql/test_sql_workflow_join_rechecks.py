@@ -360,3 +360,51 @@ def test_a_move_of_some_queues_takes_the_oldest_rechecks_first(connect: Connect)
     assert len(rechecks(conn, "rc-order-a")) == 1
     assert rechecks(conn, "rc-order-b") == []
     assert value(conn, "select results from treadle.workflow_runs where id = %s", (runs["rc-order-b"],)) == {"x": 1}
+
+
+def test_a_fork_carries_a_completed_step_left_for_a_recheck_and_does_not_run_it_again(connect: Connect) -> None:
+    """y completed while another transaction held its run row: its result is not on the run
+    yet, only in a re-check. A fork made before any claim or rescue moved it keeps y's
+    result and never runs y again."""
+    holder, conn = connect(autocommit=False), connect()
+    run_id = start(conn, "rc-fork", ["x", "y", "join"], {"join": ["x", "y"]})
+    held = leases(conn, "rc-fork")
+    hold_run(holder, run_id)
+    assert complete(conn, held[(run_id, "y")], 2) == "completed"
+    assert rechecks(conn, "rc-fork") == [(held[(run_id, "y")][0], run_id)]
+    holder.rollback()
+
+    fork_id = value(conn, "select treadle.fork_run(%s, 'join')", (run_id,))
+    assert value(conn, "select results from treadle.workflow_runs where id = %s", (fork_id,)) == {"y": 2}
+    assert jobs_per_step(conn, "rc-fork") == {(run_id, "x"): 1, (run_id, "y"): 1, (fork_id, "x"): 1}
+    # the source is as it was: its re-check moves it at the next claim
+    assert value(conn, "select results from treadle.workflow_runs where id = %s", (run_id,)) == {}
+    assert rechecks(conn, "rc-fork") == [(held[(run_id, "y")][0], run_id)]
+
+
+def test_a_retried_run_has_the_result_of_a_step_left_for_a_recheck(connect: Connect) -> None:
+    """x failed for good while y completed: y's finish found the run row held by x's and
+    left a re-check. retry_run takes y's result at once (y does not run again) and the join
+    starts as soon as x completes."""
+    failer, conn = connect(autocommit=False), connect()
+    run_id = value(
+        conn,
+        "select treadle.start_workflow('fan', '{}', steps => array['x', 'y', 'join'], queue => 'rc-retry',"
+        ' max_attempts => 1, after => \'{"join": ["x", "y"]}\')',
+    )
+    held = leases(conn, "rc-retry")
+    failer.execute("select treadle.fail(%s, %s, 'boom', retryable => false)", held[(run_id, "x")])
+    assert complete(conn, held[(run_id, "y")], 2) == "completed"
+    failer.commit()
+    assert value(conn, "select state from treadle.workflow_runs where id = %s", (run_id,)) == "failed"
+    assert rechecks(conn, "rc-retry") == [(held[(run_id, "y")][0], run_id)]
+
+    assert value(conn, "select treadle.retry_run(%s)", (run_id,)) == "running"
+    assert value(conn, "select results from treadle.workflow_runs where id = %s", (run_id,)) == {"y": 2}
+    states = conn.execute("select step, state from treadle.jobs where workflow_run_id = %s order by id", (run_id,))
+    assert states.fetchall() == [("x", "available"), ("y", "completed")]
+    x_again = leases(conn, "rc-retry")
+    assert list(x_again) == [(run_id, "x")]
+    complete(conn, x_again[(run_id, "x")], 1)
+    assert jobs_per_step(conn, "rc-retry") == {(run_id, "x"): 1, (run_id, "y"): 1, (run_id, "join"): 1}
+    assert rechecks(conn, "rc-retry") == []

@@ -221,3 +221,50 @@ def test_a_run_whose_child_run_was_compensated_is_not_retried_but_forked(connect
 
     fork_id = value(conn, "select treadle.fork_run(%s, 'pay')", (run_id,))
     assert value(conn, "select state from treadle.workflow_runs where parent_run_id = %s", (fork_id,)) == "running"
+
+
+def test_a_step_of_a_child_run_whose_sibling_was_compensated_is_not_retried(connect: Connect) -> None:
+    """pay's child (charge) is compensated and fails the parent; insure's child (policy)
+    fails too. A retry of the policy's step, or of the policy run, would resume the parent,
+    which then waits for ever for pay's child: both are refused, and nothing changes."""
+    conn = connect()
+    conn.execute(
+        "select treadle.define_workflow('charge', array['authorize', 'capture'],"
+        ' compensations => \'{"authorize": "void"}\')'
+    )
+    conn.execute("select treadle.define_workflow('policy', array['quote', 'bind'])")
+    run_id = value(
+        conn,
+        "select treadle.start_workflow('order', steps => array['pay', 'insure', 'ship'], queue => 'orders2',"
+        ' max_attempts => 1, after => \'{"ship": ["pay", "insure"]}\','
+        ' children => \'{"pay": {"workflow": "charge", "queue": "charges2"},'
+        ' "insure": {"workflow": "policy", "queue": "policies2"}}\')',
+    )
+    charge_id, policy_id = (
+        r[0]
+        for r in conn.execute(
+            "select id from treadle.workflow_runs where parent_run_id = %s order by parent_step = 'insure'", (run_id,)
+        ).fetchall()
+    )
+    for expected, result in (("authorize", "{}"), ("capture", None), ("void", "{}")):
+        job_id, token, step = claim(conn, "charges2")
+        assert step == expected
+        if result is None:
+            conn.execute("select treadle.fail(%s, %s, 'declined', retryable => false)", (job_id, token))
+        else:
+            conn.execute("select treadle.complete(%s, %s, %s::jsonb)", (job_id, token, result))
+    quote_id, token, step = claim(conn, "policies2")
+    assert step == "quote"
+    conn.execute("select treadle.fail(%s, %s, 'no quote', retryable => false)", (quote_id, token))
+    runs = "select id, state from treadle.workflow_runs where id in (%s, %s, %s) order by id"
+    before = [(run_id, "failed"), (charge_id, "compensated"), (policy_id, "failed")]
+    assert conn.execute(runs, (run_id, charge_id, policy_id)).fetchall() == before
+
+    assert value(conn, "select treadle.retry(%s)", (quote_id,)) is False
+    assert conn.execute(runs, (run_id, charge_id, policy_id)).fetchall() == before
+    assert value(conn, "select state from treadle.jobs where id = %s", (quote_id,)) == "discarded"
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match=f"run {charge_id} that is compensated") as e:
+        conn.execute("select treadle.retry_run(%s)", (policy_id,))
+    assert e.value.diag.message_hint is not None and "fork_run" in e.value.diag.message_hint
+    assert conn.execute(runs, (run_id, charge_id, policy_id)).fetchall() == before
+    assert value(conn, "select state from treadle.jobs where id = %s", (quote_id,)) == "discarded"

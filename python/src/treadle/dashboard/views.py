@@ -441,8 +441,8 @@ def _retried(job_id: int, outcome: Outcome) -> tuple[int, str]:
         # a step of a run that undid its steps (treadle.retry: 060_control.sql)
         return (
             409,
-            f"Job {job_id} was not retried: its workflow run undid its steps (it compensates, or a run under it did); "
-            "retry the run, which retries a failed compensation, or fork it from a step.",
+            f"Job {job_id} was not retried: its workflow run undid its steps (it compensates, or another run "
+            "of its tree did); retry the run, which retries a failed compensation, or fork it from a step.",
         )
     return (
         409,
