@@ -6664,15 +6664,22 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_id  bigint;
-    v_run treadle.workflow_runs;
+    v_id   bigint;
+    v_run  treadle.workflow_runs;
+    v_more jsonb;  -- those results
 BEGIN
     -- its steps that completed while another transaction held its row, left for a
     -- re-check (073_workflow_rechecks.sql), have their results now: what runs after
     -- them starts below, and the re-check later finds nothing to move
-    UPDATE treadle.workflow_runs AS r SET results = r.results || treadle._recheck_results(r)
-     WHERE r.queue = run.queue AND r.id = run.id
-       AND EXISTS (SELECT 1 FROM treadle.run_rechecks AS c WHERE c.run_queue = run.queue AND c.run_id = run.id);
+    -- (read first, then written: Citus calls no function of a row's columns in an UPDATE)
+    IF EXISTS (SELECT 1 FROM treadle.run_rechecks AS c WHERE c.run_queue = run.queue AND c.run_id = run.id) THEN
+        SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.queue = run.queue AND r.id = run.id;
+        v_more := treadle._recheck_results(v_run);
+        IF v_more <> '{}'::jsonb THEN
+            UPDATE treadle.workflow_runs AS r SET results = r.results || v_more
+             WHERE r.queue = run.queue AND r.id = run.id;
+        END IF;
+    END IF;
     FOR v_id IN
         SELECT j.id FROM treadle.jobs AS j
          WHERE j.workflow_run_id = run.id
@@ -10694,24 +10701,35 @@ COMMENT ON FUNCTION treadle._start_child(treadle.workflow_runs, text, timestampt
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._undone_run(run_id bigint)
 RETURNS bigint
-LANGUAGE sql
+LANGUAGE plpgsql  -- (not SQL: Citus plans neither a SQL function's parameterized read nor a recursive one)
 STABLE
 SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-    WITH RECURSIVE tree(id) AS (
-        SELECT _undone_run.run_id
-        UNION ALL
-        SELECT c.id FROM treadle.workflow_runs AS c JOIN tree AS t ON c.parent_run_id = t.id
-    )
-    SELECT r.id
-      FROM tree AS t
-      JOIN treadle.workflow_runs AS r ON r.id = t.id
-     WHERE r.state = ANY (ARRAY['compensating', 'compensated'])
-        OR (r.state = 'failed' AND r.compensations IS NOT NULL
-            AND EXISTS (SELECT 1 FROM jsonb_each_text(r.compensations) AS c WHERE r.results ? c.value))
+AS $$
+DECLARE
+    v_level bigint[] := ARRAY[_undone_run.run_id];  -- the runs one level down, from the run itself
+    v_tree  bigint[] := ARRAY[_undone_run.run_id];
+    v_found bigint;
+BEGIN
+    IF _undone_run.run_id IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- the tree, a level at a time (at most 10,000 runs)
+    LOOP
+        v_level := ARRAY(SELECT c.id FROM treadle.workflow_runs AS c WHERE c.parent_run_id = ANY (v_level));
+        EXIT WHEN cardinality(v_level) = 0 OR cardinality(v_tree) >= 10000;
+        v_tree := v_tree || v_level;
+    END LOOP;
+    SELECT r.id INTO v_found
+      FROM treadle.workflow_runs AS r
+     WHERE r.id = ANY (v_tree)
+       AND (r.state = ANY (ARRAY['compensating', 'compensated'])
+            OR (r.state = 'failed' AND r.compensations IS NOT NULL
+                AND EXISTS (SELECT 1 FROM jsonb_each_text(r.compensations) AS c WHERE r.results ? c.value)))
      ORDER BY r.id
      LIMIT 1;
+    RETURN v_found;
 END;
+$$;
 COMMENT ON FUNCTION treadle._undone_run(bigint) IS
     'The run, or the first run under it, that undid its steps (compensating, compensated, failed in a compensation); null for none.';
 
@@ -10727,18 +10745,29 @@ COMMENT ON FUNCTION treadle._undone_run(bigint) IS
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._root_run(run_id bigint)
 RETURNS bigint
-LANGUAGE sql
+LANGUAGE plpgsql  -- (not SQL: Citus plans neither a SQL function's parameterized read nor a recursive one)
 STABLE
 SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-    WITH RECURSIVE up(id, parent_id, depth) AS (
-        SELECT r.id, r.parent_run_id, 0 FROM treadle.workflow_runs AS r WHERE r.id = _root_run.run_id
-        UNION ALL
-        SELECT r.id, r.parent_run_id, u.depth + 1
-          FROM treadle.workflow_runs AS r JOIN up AS u ON r.id = u.parent_id
-    )
-    SELECT u.id FROM up AS u ORDER BY u.depth DESC LIMIT 1;
+AS $$
+DECLARE
+    v_id     bigint := _root_run.run_id;
+    v_parent bigint;
+    v_prev   bigint;
+BEGIN
+    -- up the parents (a child is always inserted after its parent, so the walk ends)
+    LOOP
+        SELECT r.parent_run_id INTO v_parent FROM treadle.workflow_runs AS r WHERE r.id = v_id;
+        IF NOT FOUND THEN
+            -- an unknown run: null; a parent gone (removed by hand): the highest run there is
+            RETURN CASE WHEN v_id = _root_run.run_id THEN NULL ELSE v_prev END;
+        END IF;
+        v_prev := v_id;
+        EXIT WHEN v_parent IS NULL;
+        v_id := v_parent;
+    END LOOP;
+    RETURN v_id;
 END;
+$$;
 COMMENT ON FUNCTION treadle._root_run(bigint) IS
     'The run at the top of a workflow run''s tree (the run itself when it has no parent).';
 

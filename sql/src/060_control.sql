@@ -251,15 +251,22 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_id  bigint;
-    v_run treadle.workflow_runs;
+    v_id   bigint;
+    v_run  treadle.workflow_runs;
+    v_more jsonb;  -- those results
 BEGIN
     -- its steps that completed while another transaction held its row, left for a
     -- re-check (073_workflow_rechecks.sql), have their results now: what runs after
     -- them starts below, and the re-check later finds nothing to move
-    UPDATE treadle.workflow_runs AS r SET results = r.results || treadle._recheck_results(r)
-     WHERE r.queue = run.queue AND r.id = run.id
-       AND EXISTS (SELECT 1 FROM treadle.run_rechecks AS c WHERE c.run_queue = run.queue AND c.run_id = run.id);
+    -- (read first, then written: Citus calls no function of a row's columns in an UPDATE)
+    IF EXISTS (SELECT 1 FROM treadle.run_rechecks AS c WHERE c.run_queue = run.queue AND c.run_id = run.id) THEN
+        SELECT * INTO v_run FROM treadle.workflow_runs AS r WHERE r.queue = run.queue AND r.id = run.id;
+        v_more := treadle._recheck_results(v_run);
+        IF v_more <> '{}'::jsonb THEN
+            UPDATE treadle.workflow_runs AS r SET results = r.results || v_more
+             WHERE r.queue = run.queue AND r.id = run.id;
+        END IF;
+    END IF;
     FOR v_id IN
         SELECT j.id FROM treadle.jobs AS j
          WHERE j.workflow_run_id = run.id
