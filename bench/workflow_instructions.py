@@ -10,12 +10,15 @@ transaction a batch, until none is left (bench/workflows.py's linear side, each 
 two statements made one). Every side runs at two sizes; the difference between them is a
 side's cost for its extra jobs, free of the backend's start and first calls. With
 --before REV, a third side runs the linear run with the advance path's functions of REV
-(bench/workflow_cost.py's FILES). One run of each: the counts repeat exactly.
+(bench/workflow_cost.py's FILES); with --checks REV, two more sides run both kinds with the
+CHECK constraints of treadle.jobs and treadle.workflow_runs that REV's
+sql/src/010_tables.sql declares (bench/check_cost.py's). One run of each: the counts repeat
+exactly.
 
 Figures per job: server instructions (callgrind's total), WAL bytes
 (pg_current_wal_insert_lsn before and after), and each side's ratio to the plain jobs.
 
-    .build/venv/bin/python bench/workflow_instructions.py [--linear-runs 300] [--before REV]
+    .build/venv/bin/python bench/workflow_instructions.py [--linear-runs 300] [--before REV] [--checks REV]
 
 Needs valgrind (--smoke runs without it and counts WAL bytes only); as root it runs the
 server as the postgres user (as scripts/pgcluster).
@@ -28,8 +31,10 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import psycopg
+from check_cost import constraint_sets
 from harness import ROOT, fmt, parser, progress, table
 from workflow_cost import sources
 
@@ -57,6 +62,20 @@ LSN = re.compile(r'pg_current_wal_insert_lsn = "([0-9A-F]+)/([0-9A-F]+)"')
 
 def as_owner(command: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
+
+
+def put_checks(conn: psycopg.Connection[Any], rev: str) -> None:
+    """Give treadle.jobs and treadle.workflow_runs (empty) the CHECK constraints they have at `rev`."""
+    sets = constraint_sets(rev)
+    with conn.transaction():
+        for name in ("jobs", "workflow_runs"):
+            for (old,) in conn.execute(
+                "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'",
+                (f"treadle.{name}",),
+            ).fetchall():
+                conn.execute(f"ALTER TABLE treadle.{name} DROP CONSTRAINT {old}")
+            for constraint, definition in sets[name]:
+                conn.execute(f"ALTER TABLE treadle.{name} ADD CONSTRAINT {constraint} {definition}")
 
 
 def script(side: str, runs: int) -> str:
@@ -98,12 +117,15 @@ def main() -> None:
     p = parser(TITLE)  # (--runs is taken and unused: the counts repeat exactly)
     p.add_argument("--linear-runs", type=int, default=300, help="runs at the larger size; the smaller is a third")
     p.add_argument("--before", help="also the linear run with the advance path of this revision")
+    p.add_argument("--checks", help="also both kinds with this revision's CHECK constraints")
     args = p.parse_args()
     if not args.smoke and shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed")
     large = 30 if args.smoke else args.linear_runs
     sizes = (large // 3, large)
     sides = ["linear", "plain"] + ([f"linear at {args.before}"] if args.before else [])
+    if args.checks:
+        sides += [f"linear, checks of {args.checks}", f"plain, checks of {args.checks}"]
     folder = ROOT / ".build" / "bench-cluster" / f"workflow_instructions-{os.getpid()}"
     pgcluster = str(ROOT / "scripts" / "pgcluster")
     progress(f"starting a throwaway cluster in {folder}")
@@ -116,6 +138,8 @@ def main() -> None:
                     side_conn.execute("CREATE EXTENSION treadle")
                     if side.startswith("linear at "):
                         side_conn.execute(sources(args.before))
+                    if ", checks of " in side:
+                        put_checks(side_conn, args.checks)
                     side_conn.execute(DRAIN_BATCH)
                 for n in sizes:
                     conn.execute(f"CREATE DATABASE bench_side_{k}_{n} TEMPLATE bench_side_{k}")
@@ -123,7 +147,7 @@ def main() -> None:
         subprocess.run([pgcluster, "stop", str(folder)], check=True, capture_output=True)
         counts: dict[str, tuple[float, float]] = {}
         for k, side in enumerate(sides):
-            kind = "plain" if side == "plain" else "linear"
+            kind = "plain" if side.startswith("plain") else "linear"
             got = []
             for n in sizes:
                 progress(f"{side}: {n} runs' worth under callgrind")

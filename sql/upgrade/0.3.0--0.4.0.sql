@@ -383,12 +383,13 @@ ALTER TABLE treadle.workflow_runs
     ADD COLUMN parent_queue text,
     ADD CONSTRAINT workflow_runs_parent_queue_check CHECK ((parent_run_id IS NULL) = (parent_queue IS NULL));
 
--- The CHECK constraints of treadle.workflow_runs (issue 23): PostgreSQL prepares
--- each again at every statement that writes the table, and a run's row is written
--- at every step. Kept: the state with finished_at (one constraint now, in place of
+-- The CHECK constraints of treadle.workflow_runs and treadle.jobs (issues 23 and
+-- 25): PostgreSQL prepares each again at every statement that writes the table, and
+-- a run's row is written at every step, a job's at every enqueue, claim and finish.
+-- Kept on runs: the state with finished_at (one constraint now, in place of
 -- workflow_runs_state_check and workflow_runs_finished_check) and the columns that
--- go in pairs; the others hold by construction (010_tables.sql says where each is
--- enforced), as in 010_tables.sql.
+-- go in pairs; on jobs: the state machine and a step's columns. The others hold by
+-- construction (010_tables.sql says where each is enforced), as in 010_tables.sql.
 ALTER TABLE treadle.workflow_runs
     DROP CONSTRAINT workflow_runs_state_check,
     DROP CONSTRAINT workflow_runs_finished_check,
@@ -404,6 +405,17 @@ ALTER TABLE treadle.workflow_runs
     DROP CONSTRAINT workflow_runs_tree_runs_check,
     ADD CONSTRAINT workflow_runs_state_check CHECK (state = ANY (CASE WHEN finished_at IS NULL
         THEN '{running,compensating}'::text[] ELSE '{completed,failed,cancelled,compensated}'::text[] END));
+ALTER TABLE treadle.jobs
+    DROP CONSTRAINT jobs_queue_check,
+    DROP CONSTRAINT jobs_name_check,
+    DROP CONSTRAINT jobs_attempt_check,
+    DROP CONSTRAINT jobs_max_attempts_check,
+    DROP CONSTRAINT jobs_every_check,
+    DROP CONSTRAINT jobs_progress_check,
+    DROP CONSTRAINT jobs_timeout_check,
+    DROP CONSTRAINT jobs_backoff_check,
+    DROP CONSTRAINT jobs_key_scope_check,
+    DROP CONSTRAINT jobs_meta_check;
 
 -- The fan-out limit of a map step (issue 23): the most elements a map step fans
 -- out over, which the owner sets with treadle.configure(max_map_elements), at the

@@ -29,7 +29,7 @@ CHANGES = [
     ("ALTER TABLE treadle.jobs ALTER COLUMN priority SET DEFAULT 5", "+column priority integer not null default 5"),
     ("ALTER TABLE treadle.workers ALTER COLUMN host DROP NOT NULL", "-column host text not null"),
     ("GRANT SELECT (id) ON treadle.jobs TO public", "grants PUBLIC: SELECT by <owner>"),
-    ("ALTER TABLE treadle.jobs DROP CONSTRAINT jobs_progress_check", "jobs.jobs_progress_check: only in fresh"),
+    ("ALTER TABLE treadle.jobs DROP CONSTRAINT jobs_step_check", "jobs.jobs_step_check: only in fresh"),
     ("CREATE INDEX jobs_extra_idx ON treadle.jobs (created_at)", "jobs_extra_idx"),
     ("ALTER SEQUENCE treadle.jobs_id_seq CACHE 10", "cache 10"),
     ("ALTER VIEW treadle.job_details SET (security_barrier = true)", "security_barrier=true"),
