@@ -54,9 +54,10 @@ def test_handlers_that_wait_under_a_millisecond_still_run_side_by_side(
     later = sorted(spans)[total // 3 :]  # once the average says quick
     busy = sum(end - began for began, end in later)
     span = max(end for _, end in later) - later[0][0]
-    # one after another, at most one runs at a time (0.8 measured so); side by side, 5 to 6 on a
-    # quiet machine and 2.2 to 2.6 under a loaded one's other tests: 1.5 tells the two apart
-    assert busy / span > 1.5, f"{busy / span:.2f} handlers ran at once on average"
+    # one after another, at most one runs at a time: never more than 1 on average (0.8 measured
+    # so); side by side, 5 to 6 on a quiet machine, 2.2 to 2.6 under a loaded one's other tests
+    # and 1.28 with two cores shared by other work too: over 1.1 only side by side can give
+    assert busy / span > 1.1, f"{busy / span:.2f} handlers ran at once on average"
 
 
 def test_the_jobs_behind_a_handler_that_sleeps_wait_at_most_about_the_watchs_period(
