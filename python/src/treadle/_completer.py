@@ -96,9 +96,8 @@ class ClaimAlong(Protocol):
     def adopt(self, rows: list[tuple[Any, ...]], asked: int, *, inline: bool = False) -> list[Any]:
         """Run the jobs claimed (`asked` were asked for): rows of _sql.CLAIMED_NAMES.
 
-        It ends the reservation of `asked` (`reserve`), as it tracks the jobs. With `inline`,
-        the jobs this thread may run itself (quick handlers) are returned for `run_in_turn`,
-        not handed to a handler thread.
+        With `inline`, the jobs this thread may run itself (quick handlers) are returned
+        for `run_in_turn`, not handed to a handler thread.
         """
         ...
 
@@ -330,8 +329,7 @@ class Completer:
                 fallback: list[dict[str, Any]] | Unwritten = self.retrying(_sql.COMPLETE_MANY, params, what, rows=True)
                 return fallback
             if reserved:
-                handed, reserved = reserved, 0  # (adopt ends the reservation)
-                inline.extend(claim.adopt([row[2:] for row in answer[count:]], handed, inline=True))
+                inline.extend(claim.adopt([row[2:] for row in answer[count:]], reserved, inline=True))
             return [{"state": row[1]} for row in answer[:count]]
         finally:
             claim.release(reserved)

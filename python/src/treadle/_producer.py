@@ -153,22 +153,18 @@ class Producer:
             after_finish, self._after_finish = self._after_finish, False
             free = self._reserve(for_loop=True)
             if free > 0:
-                handed = False
                 try:
                     rows = self._claim(free, backoff)
-                    if rows is not None:
-                        backoff.reset()
-                        if rows or not woken:
-                            self._woken_empty = 0
-                        elif not after_finish:  # (a claim after a finish is bounded by the jobs that finish)
-                            self._woken_empty += 1
-                        handed = True
-                        self.adopt(rows, free)
                 finally:
-                    if not handed:
-                        self.release(free)
+                    self.release(free)
                 if rows is None:
                     continue
+                backoff.reset()
+                if rows or not woken:
+                    self._woken_empty = 0
+                elif not after_finish:  # (a claim after a finish is bounded by the jobs that finish)
+                    self._woken_empty += 1
+                self.adopt(rows, free)
             woken = self._wait_for_work()
 
     # what the worker tells the producer
@@ -207,25 +203,20 @@ class Producer:
         return {"batch": batch, "lease_token": str(lease_token)}
 
     def adopt(self, rows: list[tuple[Any, ...]], asked: int, *, inline: bool = False) -> list[Any]:
-        """Run the jobs claimed (`asked` were asked for, reserved by `reserve`): rows of _sql.CLAIMED_NAMES.
+        """Run the jobs claimed (`asked` were asked for): rows of _sql.CLAIMED_NAMES.
 
-        The reservation of `asked` ends here, in the step that tracks the jobs claimed: ended
-        before, a write of successes in between could claim their slots again; after, it
-        would count them twice and claim nothing. With `inline` (the completer's write),
-        while handlers are quick, the first jobs whose handler is a plain function, as many
-        as take INLINE_BUDGET together on average, are returned for `run_in_turn` on the
-        caller's thread; the others go to handler threads.
+        With `inline` (the completer's write), while handlers are quick, the first jobs whose
+        handler is a plain function, as many as take INLINE_BUDGET together on average, are
+        returned for `run_in_turn` on the caller's thread; the others go to handler threads.
         """
         # a limited queue may give fewer than asked while more wait: a freed slot claims again
         self._more_waiting = len(rows) >= asked or (self._limited and bool(rows))
         if not rows:
-            self.release(asked)
             return []
         average = self._handler_time
         if not inline or average is None or average >= INLINE_HANDLER:
-            return self._dispatch(rows, reserved=asked)
-        here = len(rows) if average <= 0 else max(1, int(INLINE_BUDGET / average))
-        return self._dispatch(rows, here, reserved=asked)
+            return self._dispatch(rows)
+        return self._dispatch(rows, len(rows) if average <= 0 else max(1, int(INLINE_BUDGET / average)))
 
     def run_in_turn(self, calls: list[Any]) -> None:
         """Run the jobs `adopt` returned, on this thread."""
@@ -365,31 +356,19 @@ class Producer:
         return woken
 
     # handing claimed jobs on
-    def _dispatch(self, rows: list[tuple[Any, ...]], inline: int = 0, *, reserved: int = 0) -> list[Any]:
-        """Track and start the claimed jobs; up to `inline` of them, to run on this thread, are returned.
-
-        `reserved` slots held for the claim are released as the jobs are tracked, in one step."""
-        try:
-            assert self._executor is not None and self._deferred is not None
-            step_runs = self._step_runs(rows)
-            executor = self._executor
-            executor.claimed_batch()
-            deferred = self._deferred
-            started: list[tuple[RunState, Claimed]] = []
-            for row in rows:
-                claimed: Claimed = decode_claimed(row, deferred)
-                started.append((RunState(claimed.job, on_lost=self._host.lease_lost), claimed))
-            with self._lock:
-                for run, _ in started:
-                    self._host.track(run)
-                self._reserved -= reserved
-                reserved = 0
-        finally:
-            if reserved:
-                self.release(reserved)
+    def _dispatch(self, rows: list[tuple[Any, ...]], inline: int = 0) -> list[Any]:
+        """Track and start the claimed jobs; up to `inline` of them, to run on this thread, are returned."""
+        assert self._executor is not None and self._deferred is not None
+        step_runs = self._step_runs(rows)
+        executor = self._executor
+        executor.claimed_batch()
+        deferred = self._deferred
         here: list[Any] = []
         taking: list[Any] | None = here if inline else None  # None once `inline` are taken
-        for run, claimed in started:
+        for row in rows:
+            claimed: Claimed = decode_claimed(row, deferred)
+            run = RunState(claimed.job, on_lost=self._host.lease_lost)
+            self._host.track(run)
             self._host.emit("claimed", run)
             executor.submit(run, claimed, step_runs.get((run.run_id, run.step)), taking)
             if taking is not None and len(here) >= inline:
