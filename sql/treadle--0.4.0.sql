@@ -2897,7 +2897,8 @@ COMMENT ON FUNCTION treadle._claim_sweep(text[], text[], integer) IS
 -- up to `batch` due jobs locked, the ids of those to claim, read from the lanes
 -- of the cursor that `mode` (the setting's text) holds, moved back to the rows
 -- made claimable since its snapshot, or found by a sweep (treadle._claim_sweep)
--- when it holds none; the next cursor saved in `setting`. Null: this claim reads
+-- when it holds none, queue by queue in turn (treadle.claim_turn, moved on as a
+-- plain claim moves it); the next cursor saved in `setting`. Null: this claim reads
 -- plainly (the cursor has too many lanes). Runs inside treadle.claim, under its
 -- settings. (One function: each call of a function that pins search_path costs
 -- a claim about as much as a small query.)
@@ -2930,7 +2931,13 @@ DECLARE
     v_since   treadle._claim_cursor;  -- lanes of the rows made claimable since c's snapshot
     v_quick   boolean := false;
     v_started timestamptz;
-    v_priority bigint;
+    v_count   integer := cardinality(queues);
+    v_turn    text;
+    v_first   integer := 0;  -- where the turn starts in queues, from 0
+    v_order   bigint[];   -- the numbers of the lanes' queues to read, in turn order,
+    v_places  integer[];  -- and their places in the turn, from v_first
+    v_qi      bigint;     -- the queue being read
+    v_last    integer;    -- the place of the last queue taken from
     v_left    integer := batch;  -- jobs still wanted
     v_ids     bigint[] := '{}'::bigint[];
     v_lane    bigint[];   -- a priority's candidates in claim order: their lane's number,
@@ -3013,18 +3020,39 @@ BEGIN
         RETURN NULL;
     END IF;
 
-    -- Lock the candidates one priority at a time, the best first: each lane of that
-    -- priority read from its key in claim order, skipping rows other claimers hold,
-    -- as many as are still wanted; the best of them are claimed. Each lane read gets
-    -- a new key: its first candidate left unclaimed; past now when it had fewer rows
-    -- than asked for (all taken, or held by others); else just past its last claimed
-    -- row. Lanes of the priorities not reached keep their keys.
-    FOREACH v_priority IN ARRAY ARRAY(SELECT DISTINCT p.p FROM unnest(c.lane_priority) AS p(p) ORDER BY 1) LOOP
+    -- Lock the candidates one queue at a time, in turn as the plain claim goes round
+    -- them (treadle.claim_turn: from the session's turn, the next turn after the
+    -- last queue taken from), so that a queue's backlog or better priorities never
+    -- keep the others waiting. A queue whose lanes' keys all lie past now holds no
+    -- due row (rows made claimable below a key moved it back above) and is not read.
+    -- Each lane of the queue read from its key in claim order, skipping rows other
+    -- claimers hold, as many as are still wanted; the best of them are claimed. Each
+    -- lane read gets a new key: its first candidate left unclaimed; past now when it
+    -- had fewer rows than asked for (all taken, or held by others); else just past
+    -- its last claimed row. Lanes of the queues not read keep their keys.
+    IF v_count > 1 THEN
+        v_turn := coalesce(current_setting('treadle.claim_turn', true), '');
+        v_first := CASE WHEN v_turn ~ '^[0-9]{1,9}$' THEN v_turn::integer % v_count ELSE 0 END;
+    END IF;
+    IF cardinality(v_queues) = 1 AND cardinality(c.lane_queue) > 0 THEN
+        v_order := '{1}';  -- (one queue with lanes: read, as a statement to order it would cost as much)
+        v_places := '{0}';
+    ELSE
+        SELECT array_agg(t.qi ORDER BY t.place), array_agg(t.place ORDER BY t.place)
+          INTO v_order, v_places
+          FROM (SELECT l.qi, min(((o.n - 1 - v_first) % v_count + v_count) % v_count) AS place
+                  FROM unnest(c.lane_queue, c.lane_run_at) AS l(qi, run_at)
+                  JOIN unnest(queues) WITH ORDINALITY AS o(q, n) ON o.q = v_queues[l.qi::integer]
+                 WHERE coalesce(l.run_at <= v_now_us, true)
+                 GROUP BY l.qi) AS t;
+    END IF;
+    FOR v_k IN 1 .. coalesce(cardinality(v_order), 0) LOOP
+        v_qi := v_order[v_k];
         -- the candidates in claim order, each with its lane's number
         IF v_names IS NULL THEN
-            SELECT coalesce(array_agg(l.n ORDER BY r.run_at, r.id), '{}'),
-                   coalesce(array_agg(r.id ORDER BY r.run_at, r.id), '{}'),
-                   coalesce(array_agg(treadle._us(r.run_at) ORDER BY r.run_at, r.id), '{}')
+            SELECT coalesce(array_agg(l.n ORDER BY l.p, r.run_at, r.id), '{}'),
+                   coalesce(array_agg(r.id ORDER BY l.p, r.run_at, r.id), '{}'),
+                   coalesce(array_agg(treadle._us(r.run_at) ORDER BY l.p, r.run_at, r.id), '{}')
               INTO v_lane, v_cand, v_cand_us
               FROM unnest(c.lane_queue, c.lane_priority, c.lane_run_at, c.lane_id) WITH ORDINALITY
                    AS l(qi, p, run_at, id, n)
@@ -3032,18 +3060,18 @@ BEGIN
                     SELECT j.id, j.run_at
                       FROM treadle.jobs AS j
                      WHERE j.queue = v_queues[l.qi::integer]
-                       AND j.priority = v_priority
+                       AND j.priority = l.p
                        AND j.state = ANY (ARRAY['available', 'retryable'])
                        AND (j.run_at, j.id) >= (treadle._from_us(l.run_at), l.id)
                        AND j.run_at <= now
                      ORDER BY j.priority, j.run_at, j.id
                      LIMIT v_left
                        FOR UPDATE SKIP LOCKED) AS r
-             WHERE l.p = v_priority;
+             WHERE l.qi = v_qi;
         ELSE
-            SELECT coalesce(array_agg(l.n ORDER BY r.run_at, r.id), '{}'),
-                   coalesce(array_agg(r.id ORDER BY r.run_at, r.id), '{}'),
-                   coalesce(array_agg(treadle._us(r.run_at) ORDER BY r.run_at, r.id), '{}')
+            SELECT coalesce(array_agg(l.n ORDER BY l.p, r.run_at, r.id), '{}'),
+                   coalesce(array_agg(r.id ORDER BY l.p, r.run_at, r.id), '{}'),
+                   coalesce(array_agg(treadle._us(r.run_at) ORDER BY l.p, r.run_at, r.id), '{}')
               INTO v_lane, v_cand, v_cand_us
               FROM unnest(c.lane_queue, c.lane_name, c.lane_priority, c.lane_run_at, c.lane_id) WITH ORDINALITY
                    AS l(qi, ni, p, run_at, id, n)
@@ -3052,32 +3080,38 @@ BEGIN
                       FROM treadle.jobs AS j
                      WHERE j.queue = v_queues[l.qi::integer]
                        AND j.name = v_names[l.ni::integer]
-                       AND j.priority = v_priority
+                       AND j.priority = l.p
                        AND j.state = ANY (ARRAY['available', 'retryable'])
                        AND (j.run_at, j.id) >= (treadle._from_us(l.run_at), l.id)
                        AND j.run_at <= now
                      ORDER BY j.priority, j.run_at, j.id
                      LIMIT v_left
                        FOR UPDATE SKIP LOCKED) AS r
-             WHERE l.p = v_priority;
+             WHERE l.qi = v_qi;
         END IF;
-        v_ids := v_ids || v_cand[1:v_left];
+        IF cardinality(v_cand) > 0 THEN
+            v_ids := v_ids || v_cand[1:v_left];
+            v_last := v_places[v_k];
+        END IF;
         -- the lanes' keys: candidate i is claimed when i <= v_left
         SELECT array_agg(k.k[1] ORDER BY l.n), array_agg(k.k[2] ORDER BY l.n)
           INTO c.lane_run_at, c.lane_id
-          FROM unnest(c.lane_priority, c.lane_run_at, c.lane_id) WITH ORDINALITY AS l(p, run_at, id, n)
+          FROM unnest(c.lane_queue, c.lane_run_at, c.lane_id) WITH ORDINALITY AS l(qi, run_at, id, n)
          CROSS JOIN LATERAL (
                 SELECT count(*) AS got, min(x.i) FILTER (WHERE x.i > v_left) AS first_left, max(x.i) AS last
                   FROM generate_subscripts(v_lane, 1) AS x(i)
                  WHERE v_lane[x.i] = l.n) AS s
          CROSS JOIN LATERAL (
-                SELECT CASE WHEN l.p <> v_priority THEN ARRAY[l.run_at, l.id]
+                SELECT CASE WHEN l.qi <> v_qi THEN ARRAY[l.run_at, l.id]
                             WHEN s.first_left IS NOT NULL THEN ARRAY[v_cand_us[s.first_left], v_cand[s.first_left]]
                             WHEN s.got < v_left THEN ARRAY[v_now_us + 1, 0]
                             ELSE ARRAY[v_cand_us[s.last], v_cand[s.last] + 1] END AS k) AS k;
         v_left := batch - cardinality(v_ids);
         EXIT WHEN v_left = 0;
     END LOOP;
+    IF v_count > 1 AND v_last IS NOT NULL THEN
+        PERFORM set_config('treadle.claim_turn', ((v_first + v_last + 1) % v_count)::text, false);
+    END IF;
 
     -- The next cursor. Its snapshot: the one taken before reading, with this
     -- transaction's own id, when it had one, among those it did not see. After a
@@ -3153,7 +3187,7 @@ COMMENT ON FUNCTION treadle._claim_setting(text[], text[]) IS
 -- (treadle.claim_<hash>): for each lane, a (queue[, name], priority), the key
 -- (run_at, id) below which it found nothing left to take, and the snapshot its
 -- previous claim read with (a treadle._claim_cursor). A claim reads each lane from
--- its key, and besides the rows made claimable by transactions that snapshot did
+-- its key, its queues in turn as the plain claim reads them, and besides the rows made claimable by transactions that snapshot did
 -- not see (ready_txid: late commits, retries, releases, rescues, new priorities),
 -- which can lie below a key. A row can hide below every key only when a
 -- transaction locked it and then rolled back without writing it (a claim that
@@ -3388,7 +3422,7 @@ BEGIN
              WHERE j.id = ANY (v_ids)
             RETURNING j.*
         )
-        SELECT * FROM claimed AS d ORDER BY d.priority, d.run_at, d.id;
+        SELECT * FROM claimed AS d ORDER BY array_position(v_ids, d.id);  -- (queue by queue, as read)
         RETURN;
     END IF;
 

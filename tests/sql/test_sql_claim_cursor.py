@@ -19,6 +19,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
+import pytest
 
 from tests.sql.sqlcalls import Connect, value
 
@@ -118,6 +119,48 @@ def test_a_limited_queue_leaves_nothing_below_a_cursor(connect: Connect) -> None
     assert [r[0] for r in first] == [limited[0], *free[:2]]
     claimer.execute("select treadle.complete(%s, %s)", first[0])
     assert [r[0] for r in claimer.execute(both).fetchall()] == [limited[1], free[2]]
+
+
+@pytest.mark.parametrize("names", [None, ["work"], ["work", "other"]])
+def test_a_cursor_goes_round_the_queues_by_turn_as_the_plain_claim_does(
+    connect: Connect, names: list[str] | None
+) -> None:
+    """One tenant's backlog, older and of a better priority, never keeps the other
+    tenants' queues waiting, whether the session claims plainly or from a cursor (as
+    it does while a long transaction makes its claims slow): each claim starts at the
+    session's turn and the next starts after the last queue taken from."""
+    claimer, producer = connect(), connect()
+    queues = ["fair-flood", "fair-b", "fair-c"]
+    by_id: dict[int, str] = {}
+    for _ in range(30):
+        by_id[enqueue(producer, "fair-flood", priority=-10, run_at="2000-01-01 00:00:00+00")] = "fair-flood"
+    setting = value(claimer, CURSOR_NAME, (queues, names))
+
+    def take(batch: int, cursor: bool) -> list[str]:
+        if not cursor:  # (three slow claims in a row would switch the session to a cursor)
+            claimer.execute("select set_config(%s, '', false)", (setting,))
+        rows = claimer.execute(
+            "select id from treadle.claim('w', %s, %s, batch => %s)", (queues, names, batch)
+        ).fetchall()
+        if cursor:
+            kept = cursor_of(claimer, setting)
+            assert kept is not None and kept[3] is False, "the claim went on from its cursor"
+        return [by_id[r[0]] for r in rows]
+
+    for cursor in (False, True):
+        for queue in queues[1:]:
+            for _ in range(3):
+                by_id[enqueue(producer, queue)] = queue
+        claimer.execute("select set_config('treadle.claim_turn', '0', false)")
+        if cursor:
+            claimer.execute(f"select set_config(%s, {BLIND_CURSOR}, false)", (setting,))
+        assert [q for _ in range(4) for q in take(1, cursor)] == [*queues, "fair-flood"]
+        # a batch is taken from the queue in turn, and the rest from the next
+        assert take(2, cursor) == ["fair-b", "fair-b"]
+        assert take(3, cursor) == ["fair-c", "fair-c", "fair-flood"]
+    # each round took 3 of the flood's 30 and every job of the other queues
+    assert value(producer, "select count(*) from treadle.jobs where queue = 'fair-flood' and state = 'available'") == 24
+    assert value(producer, "select count(*) from treadle.jobs where queue <> 'fair-flood' and state = 'available'") == 0
 
 
 def test_a_past_run_at_and_a_better_priority_are_claimed_first(connect: Connect) -> None:

@@ -35,7 +35,7 @@ def claim(
 ) -> list[tuple[str, int]]:
     """One claim over QUEUES. `plain`: by the plain path these tests are about, even after slow
     claims (three claims over 2 ms in a row, as a loaded machine makes them, switch a session
-    to a sweep, which keeps no turn; tests/sql/test_sql_claim_cursor.py covers it)."""
+    to a cursor, which keeps the turn but has no probe; tests/sql/test_sql_claim_cursor.py covers it)."""
     if plain:
         conn.execute("select set_config(treadle._claim_setting(%s::text[], %s::text[]), '', false)", (QUEUES, names))
     return [
