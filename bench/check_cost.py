@@ -105,17 +105,23 @@ def constraint_sets(rev: str) -> dict[str, list[tuple[str, str]]]:
     return {t: checks(source, t) for t in TABLES}
 
 
-def apply(conn: psycopg.Connection[Any], sets: dict[str, list[tuple[str, str]]]) -> None:
-    """Empty the tables and give them these CHECK constraints (bench_raw.jobs those of jobs)."""
-    conn.execute("TRUNCATE treadle.jobs, treadle.workflow_runs, bench_raw.jobs CASCADE")
+def put_checks(conn: psycopg.Connection[Any], sets: dict[str, list[tuple[str, str]]], tables: tuple[str, ...]) -> None:
+    """Give each of `tables` (schema-qualified; empty, or each row is checked) in place of its
+    CHECK constraints those `sets` holds for its name (bench_raw.jobs: those of jobs)."""
     with conn.transaction():
-        for table_ in ("treadle.workflow_runs", "treadle.jobs", "bench_raw.jobs"):
+        for table_ in tables:
             for (old,) in conn.execute(
                 "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'", (table_,)
             ).fetchall():
                 conn.execute(f"ALTER TABLE {table_} DROP CONSTRAINT {old}")
             for name, definition in sets[table_.rpartition(".")[2]]:
                 conn.execute(f"ALTER TABLE {table_} ADD CONSTRAINT {name} {definition}")
+
+
+def apply(conn: psycopg.Connection[Any], sets: dict[str, list[tuple[str, str]]]) -> None:
+    """Empty the tables and give them these CHECK constraints (bench_raw.jobs those of jobs)."""
+    conn.execute("TRUNCATE treadle.jobs, treadle.workflow_runs, bench_raw.jobs CASCADE")
+    put_checks(conn, sets, ("treadle.workflow_runs", "treadle.jobs", "bench_raw.jobs"))
 
 
 def cpu_seconds(pid: int) -> float:

@@ -31,10 +31,9 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import psycopg
-from check_cost import constraint_sets
+from check_cost import constraint_sets, put_checks
 from harness import ROOT, fmt, parser, progress, table
 from workflow_cost import sources
 
@@ -62,20 +61,6 @@ LSN = re.compile(r'pg_current_wal_insert_lsn = "([0-9A-F]+)/([0-9A-F]+)"')
 
 def as_owner(command: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
-
-
-def put_checks(conn: psycopg.Connection[Any], rev: str) -> None:
-    """Give treadle.jobs and treadle.workflow_runs (empty) the CHECK constraints they have at `rev`."""
-    sets = constraint_sets(rev)
-    with conn.transaction():
-        for name in ("jobs", "workflow_runs"):
-            for (old,) in conn.execute(
-                "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'",
-                (f"treadle.{name}",),
-            ).fetchall():
-                conn.execute(f"ALTER TABLE treadle.{name} DROP CONSTRAINT {old}")
-            for constraint, definition in sets[name]:
-                conn.execute(f"ALTER TABLE treadle.{name} ADD CONSTRAINT {constraint} {definition}")
 
 
 def script(side: str, runs: int) -> str:
@@ -139,7 +124,7 @@ def main() -> None:
                     if side.startswith("linear at "):
                         side_conn.execute(sources(args.before))
                     if ", checks of " in side:
-                        put_checks(side_conn, args.checks)
+                        put_checks(side_conn, constraint_sets(args.checks), ("treadle.jobs", "treadle.workflow_runs"))
                     side_conn.execute(DRAIN_BATCH)
                 for n in sizes:
                     conn.execute(f"CREATE DATABASE bench_side_{k}_{n} TEMPLATE bench_side_{k}")

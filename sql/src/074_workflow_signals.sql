@@ -175,8 +175,9 @@ COMMENT ON FUNCTION treadle._start_waits(treadle.workflow_runs, text[], timestam
 -- true, and wait_until becomes null; step jobs of the run still running finish as
 -- in any failed run. Only running runs, at most 1000 per call, each locked unless
 -- another session holds it (SKIP LOCKED: a later call takes it). Returns how many
--- runs moved.
--- treadle.rescue calls it, so a wait times out at most one rescue interval late,
+-- runs it took: 1000 when more may be due.
+-- treadle.rescue calls it (and a worker calls rescue again at once while more are
+-- due), so a wait times out at most one rescue interval late while rescues keep up,
 -- and never early: the time is treadle's clock.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._time_out_waits(at timestamptz)
@@ -259,7 +260,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION treadle._time_out_waits(timestamptz) IS
-    'Time out the due signal waits of running workflow runs (fail the run, or continue); returns how many runs moved.';
+    'Time out the due signal waits of running workflow runs (fail the run, or continue); returns how many runs it took (1000: more may be due).';
 
 --------------------------------------------------------------------------------
 -- treadle._signal(run_id, name, payload) -> text

@@ -19,6 +19,8 @@ from typing import Any
 
 import psycopg
 
+from tests.sql.sqlcalls import claim_plainly
+
 QUEUES = [f"pb-{i}" for i in range(60)]
 STEPS = 400
 CLAIM = "SELECT queue, id FROM treadle.claim('w', %s::text[])"
@@ -67,9 +69,7 @@ def test_a_claim_goes_past_only_queues_without_a_claimable_row_whichever_client_
             with client.transaction():
                 if action < 0.45:  # a row of the claim's own transaction, made before its claim
                     enqueue(client, rng.choice(QUEUES), due=True)
-                # (the plain claim, which keeps the turn, even after three slow claims in a row,
-                # which switch a session to a sweep: as a loaded machine makes them)
-                client.execute("SELECT set_config(treadle._claim_setting(%s::text[], null), '', false)", (QUEUES,))
+                claim_plainly(client, QUEUES)  # (the path whose probe keeps claim_passed)
                 turn, memory = client.execute(
                     "SELECT coalesce(current_setting('treadle.claim_turn', true), ''),"
                     " coalesce(current_setting('treadle.claim_passed', true), '')"

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from tests.sql.sqlcalls import Connect, value
+from tests.sql.sqlcalls import Connect, claim_plainly, value
 
 CURSOR_NAME = "select treadle._claim_setting(%s::text[], %s::text[])"
 
@@ -137,8 +137,8 @@ def test_a_cursor_goes_round_the_queues_by_turn_as_the_plain_claim_does(
     setting = value(claimer, CURSOR_NAME, (queues, names))
 
     def take(batch: int, cursor: bool) -> list[str]:
-        if not cursor:  # (three slow claims in a row would switch the session to a cursor)
-            claimer.execute("select set_config(%s, '', false)", (setting,))
+        if not cursor:
+            claim_plainly(claimer, queues, names)
         rows = claimer.execute(
             "select id from treadle.claim('w', %s, %s, batch => %s)", (queues, names, batch)
         ).fetchall()

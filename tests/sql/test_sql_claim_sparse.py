@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.sql.sqlcalls import Connect
+from tests.sql.sqlcalls import Connect, claim_plainly
 
 QUEUES = [f"sparse-{i}" for i in range(200)]
 
@@ -34,10 +34,9 @@ def claim(
     conn: psycopg.Connection[Any], names: list[str] | None = None, batch: int = 1, plain: bool = True
 ) -> list[tuple[str, int]]:
     """One claim over QUEUES. `plain`: by the plain path these tests are about, even after slow
-    claims (three claims over 2 ms in a row, as a loaded machine makes them, switch a session
-    to a cursor, which keeps the turn but has no probe; tests/sql/test_sql_claim_cursor.py covers it)."""
+    claims (a cursor keeps the turn but has no probe; tests/sql/test_sql_claim_cursor.py covers it)."""
     if plain:
-        conn.execute("select set_config(treadle._claim_setting(%s::text[], %s::text[]), '', false)", (QUEUES, names))
+        claim_plainly(conn, QUEUES, names)
     return [
         (r[0], r[1])
         for r in conn.execute(

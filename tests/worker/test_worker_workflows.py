@@ -239,6 +239,23 @@ def test_a_sleep_step_holds_no_worker_and_ends_on_time(conn: psycopg.Connection[
     assert steps["mail"]["created_at"] - steps["signup"]["finished_at"] >= timedelta(seconds=1)
 
 
+def test_more_sleeps_due_than_a_rescue_ends_end_without_waiting_a_rescue_interval(
+    conn: psycopg.Connection[Any], make_worker: MakeWorker
+) -> None:
+    """A rescue ends at most 1,000 sleeps a call and says when it left more: the worker then
+    calls again at once, not a rescue interval (here a minute) later."""
+    conn.execute(
+        "SELECT count(treadle.start_workflow('nap', steps => ARRAY['zz', 'wake'], sleeps => '{\"zz\": \"1 second\"}',"
+        " queue => 'many-naps')) FROM generate_series(1, 2500)"
+    )
+    asleep = "SELECT count(*) FROM treadle.workflow_runs WHERE queue = 'many-naps' AND wakes IS NOT NULL"
+    wait_for(lambda: conn.execute("SELECT treadle.now() > max(wake_at) FROM treadle.workflow_runs"
+                                  " WHERE queue = 'many-naps'").fetchone() == (True,), "the sleeps due")  # fmt: skip
+    worker = make_worker(queues=["other"], rescue_interval=60.0)
+    worker.start()
+    wait_for(lambda: conn.execute(asleep).fetchone() == (0,), "every sleep ended", timeout=30)
+
+
 def test_a_sleep_step_until_the_time_the_input_holds_never_ends_early_and_one_past_ends_at_once(
     conn: psycopg.Connection[Any], make_worker: MakeWorker
 ) -> None:

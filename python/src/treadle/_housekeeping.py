@@ -83,8 +83,9 @@ class Housekeeper:
             try:
                 next_beat = self._heartbeat_due(now)
                 if now >= next_rescue:
-                    self._rescue()
-                    next_rescue = now + self._rescue_interval
+                    # (at once again while a rescue leaves workflow runs due: a sleep then ends late
+                    # only by the time the rescues before it take)
+                    next_rescue = now if self._rescue() else now + self._rescue_interval
                 if now >= next_seen:
                     self._pool.value(_sql.WORKER_SEEN, self._seen_params())
                     next_seen = now + SEEN_INTERVAL
@@ -136,11 +137,13 @@ class Housekeeper:
             (run.last_beat + self._heartbeat_interval for run in running), default=now + self._heartbeat_interval
         )
 
-    def _rescue(self) -> None:
-        rescued = self._pool.value(_sql.RESCUE)
+    def _rescue(self) -> bool:
+        """Rescue jobs whose lease expired; whether workflow runs due are left for another call."""
+        ((rescued, left),) = self._pool.tuples(_sql.RESCUE)
         if rescued:
             log.info("worker %s rescued %d jobs whose lease expired", self._worker_id, rescued)
             self._on_rescued(int(rescued))
+        return bool(left)
 
     def _retain(self, now: float) -> float:
         """Delete one batch of finished work past its retention, then move one batch of finished jobs to

@@ -366,7 +366,12 @@ RELEASE: Final[LiteralString] = """
 SELECT treadle.release(job_id => %(job_id)s::bigint, lease_token => %(lease_token)s::uuid, queue => %(queue)s::text)
 """
 # treadle.rescue: return the jobs of workers whose lease expired
-RESCUE: Final[LiteralString] = "SELECT treadle.rescue()"
+# the jobs rescued, and whether the rescue left workflow runs due (sleeps, signal timeouts, re-checks;
+# it takes 1,000 of each a call): its FROM runs before the setting is read
+RESCUE: Final[LiteralString] = (
+    "SELECT r.n, coalesce(current_setting('treadle.rescue_left', true), '') = 'on'"
+    " FROM treadle.rescue() AS r(n)"
+)
 # treadle.apply_retention: delete one batch of finished work past its retention
 APPLY_RETENTION: Final[LiteralString] = "SELECT treadle.apply_retention(batch => %(batch)s::integer)"
 # treadle.archive: move one batch of finished jobs to treadle.job_history
