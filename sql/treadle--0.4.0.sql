@@ -4709,9 +4709,10 @@ COMMENT ON FUNCTION treadle._enqueue_ready(treadle.workflow_runs, timestamptz, t
 -- completes (its result is the time it ended), and its run moves on as after a
 -- completed step (treadle._enqueue_ready, or the run completes). Only running
 -- runs, at most 1000 per call, each locked unless another session holds it
--- (SKIP LOCKED: a later call takes it). Returns how many runs moved.
--- treadle.rescue calls it, so a sleep ends at most one rescue interval late, and
--- never early: the time is treadle's clock.
+-- (SKIP LOCKED: a later call takes it). Returns how many runs it took: 1000 when
+-- more may be due. treadle.rescue calls it (and a worker calls rescue again at
+-- once while more are due), so a sleep ends at most one rescue interval late
+-- while rescues keep up, and never early: the time is treadle's clock.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._wake_runs(at timestamptz)
 RETURNS integer
@@ -4724,7 +4725,6 @@ DECLARE
     v_due   jsonb;
     v_left  jsonb;
     v_next  timestamptz;
-    v_moved integer := 0;
     v_queue text;
     v_taken integer := 0;  -- runs locked, toward the 1000
 BEGIN
@@ -4747,7 +4747,14 @@ BEGIN
             SELECT jsonb_object_agg(e.key, e.value) INTO v_due
               FROM jsonb_each(v_run.wakes) AS e
              WHERE e.value::text::timestamptz <= at;
-            CONTINUE WHEN v_due IS NULL;
+            IF v_due IS NULL THEN
+                -- (nothing due after all: wake_at is set again from the wakes, so that the
+                -- run is not taken again, toward the 1000, before it is due)
+                UPDATE treadle.workflow_runs AS r
+                   SET wake_at = (SELECT min(e.value::text::timestamptz) FROM jsonb_each(v_run.wakes) AS e)
+                 WHERE r.queue = v_run.queue AND r.id = v_run.id;
+                CONTINUE;
+            END IF;
             v_left := v_run.wakes - ARRAY(SELECT jsonb_object_keys(v_due));
             v_next := (SELECT min(e.value::text::timestamptz) FROM jsonb_each(v_left) AS e);
             UPDATE treadle.workflow_runs AS r
@@ -4765,14 +4772,13 @@ BEGIN
             ELSE
                 PERFORM treadle._enqueue_ready(v_run, at);
             END IF;
-            v_moved := v_moved + 1;
         END LOOP;
     END LOOP;
-    RETURN v_moved;
+    RETURN v_taken;
 END;
 $$;
 COMMENT ON FUNCTION treadle._wake_runs(timestamptz) IS
-    'End the sleep steps of running workflow runs that are due; returns how many runs moved.';
+    'End the sleep steps of running workflow runs that are due; returns how many runs it took (1000: more may be due).';
 
 --------------------------------------------------------------------------------
 -- treadle._advance_run(step treadle.jobs) -> void
@@ -5606,7 +5612,9 @@ COMMENT ON FUNCTION treadle._running_xids() IS
 -- rescued claim's writes, repeats included, find nothing. Returns how many jobs
 -- it moved. Safe from many sessions at once: each job is counted once. It also
 -- ends the workflow sleeps that are due (treadle._wake_runs) and times out the
--- signal waits whose timeout passed (treadle._time_out_waits).
+-- signal waits whose timeout passed (treadle._time_out_waits), up to 1000 runs
+-- each a call; when either took as many, more may be due, and the setting
+-- treadle.rescue_left is 'on' until the transaction ends (a worker then calls again).
 -- How it writes. The jobs to move are read first without locks, across queues;
 -- then each queue's are locked (SKIP LOCKED) by one read, which computes what the
 -- write may not hold (the clock, the backoff's jitter, the error text), and moved by
@@ -5677,6 +5685,7 @@ DECLARE
     v_m_run  timestamptz[];
     v_m_err  text[];
     v_moved  treadle.jobs[];  -- and the rows it wrote
+    v_left   boolean;     -- a pass of workflow runs took all it may: more may be left
     -- on Citus the cursor is not kept (as the claim's): a rescue reads from the start
     v_citus  boolean := treadle._on_citus();
 BEGIN
@@ -5835,12 +5844,18 @@ BEGIN
         PERFORM set_config('treadle.rescue_cursor', v_cursor::text, false);
     END IF;
 
-    -- workflow sleep steps that are due end here too, and signal waits time out
-    PERFORM treadle._wake_runs(v_now);
-    PERFORM treadle._time_out_waits(v_now);
-    -- completed steps left for a re-check whose claims have not come (073_workflow_rechecks.sql)
+    -- workflow sleep steps that are due end here too, signal waits time out, and
+    -- completed steps left for a re-check whose claims have not come move their runs
+    -- (073_workflow_rechecks.sql): each at most 1000 a call. One that did as many
+    -- may have left more: the setting treadle.rescue_left says so until the
+    -- transaction ends, and a worker calls again at once instead of an interval later.
+    v_left := treadle._wake_runs(v_now) >= 1000;
+    v_left := treadle._time_out_waits(v_now) >= 1000 OR v_left;
     IF NOT v_citus AND EXISTS (SELECT 1 FROM treadle.run_rechecks) THEN
-        PERFORM treadle._move_rechecks(NULL, 1000);
+        v_left := treadle._move_rechecks(NULL, 1000) >= 1000 OR v_left;
+    END IF;
+    IF v_left THEN
+        PERFORM set_config('treadle.rescue_left', 'on', true);
     END IF;
 
     IF v_count = 0 THEN
@@ -10051,8 +10066,9 @@ COMMENT ON FUNCTION treadle._start_waits(treadle.workflow_runs, text[], timestam
 -- true, and wait_until becomes null; step jobs of the run still running finish as
 -- in any failed run. Only running runs, at most 1000 per call, each locked unless
 -- another session holds it (SKIP LOCKED: a later call takes it). Returns how many
--- runs moved.
--- treadle.rescue calls it, so a wait times out at most one rescue interval late,
+-- runs it took: 1000 when more may be due.
+-- treadle.rescue calls it (and a worker calls rescue again at once while more are
+-- due), so a wait times out at most one rescue interval late while rescues keep up,
 -- and never early: the time is treadle's clock.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._time_out_waits(at timestamptz)
@@ -10135,7 +10151,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION treadle._time_out_waits(timestamptz) IS
-    'Time out the due signal waits of running workflow runs (fail the run, or continue); returns how many runs moved.';
+    'Time out the due signal waits of running workflow runs (fail the run, or continue); returns how many runs it took (1000: more may be due).';
 
 --------------------------------------------------------------------------------
 -- treadle._signal(run_id, name, payload) -> text

@@ -14,7 +14,8 @@ LATER = "select set_config('treadle.now', (now() + interval '2 hours')::text, fa
 
 def asleep(conn: psycopg.Connection, queue: str) -> int:
     """Workflow runs of `queue` whose sleep has not ended."""
-    return int(value(conn, "select count(*) from treadle.workflow_runs where queue = %s and wakes is not null", (queue,)))
+    sql = "select count(*) from treadle.workflow_runs where queue = %s and wakes is not null"
+    return int(value(conn, sql, (queue,)))
 
 
 def test_a_rescue_that_ends_1000_sleeps_says_more_may_be_left(connect: Connect) -> None:
@@ -31,20 +32,21 @@ def test_a_rescue_that_ends_1000_sleeps_says_more_may_be_left(connect: Connect) 
     assert value(conn, "select coalesce(current_setting('treadle.rescue_left', true), '')") == ""
     assert row(conn, RESCUE) == (0, "")
     assert asleep(conn, "left-nap") == 0
-    assert value(conn, "select count(*) from treadle.jobs where queue = 'left-nap' and name like '%/wake'") == 1001
+    assert value(conn, "select count(*) from treadle.jobs where queue = 'left-nap' and name like '%%/wake'") == 1001
 
 
 def test_a_rescue_that_times_out_1000_waits_says_more_may_be_left(connect: Connect) -> None:
     conn = connect()
     conn.execute(
         "select count(treadle.start_workflow('hark', steps => array['hear'],"
-        " waits => '{\"hear\": {\"signal\": \"go\", \"timeout\": \"1 hour\"}}', queue => 'left-hark'))"
+        ' waits => \'{"hear": {"signal": "go", "timeout": "1 hour"}}\', queue => \'left-hark\'))'
         " from generate_series(1, 1001)"
     )
     conn.execute(LATER)
     assert row(conn, RESCUE) == (0, "on")
     assert row(conn, RESCUE) == (0, "")
-    assert value(conn, "select count(*) from treadle.workflow_runs where queue = 'left-hark' and state = 'failed'") == 1001
+    failed = "select count(*) from treadle.workflow_runs where queue = 'left-hark' and state = 'failed'"
+    assert value(conn, failed) == 1001
 
 
 def test_a_run_whose_wake_time_is_wrong_is_taken_once(connect: Connect) -> None:
@@ -61,7 +63,8 @@ def test_a_run_whose_wake_time_is_wrong_is_taken_once(connect: Connect) -> None:
     assert row(conn, RESCUE) == (0, "on")
     assert row(conn, RESCUE) == (0, "")  # wake_at is the sleeps' again: not due
     assert asleep(conn, "left-wrong") == 1000
-    assert value(
-        conn,
-        "select count(*) from treadle.workflow_runs where queue = 'left-wrong' and wake_at = (wakes ->> 'zz')::timestamptz",
-    ) == 1000
+    right = (
+        "select count(*) from treadle.workflow_runs"
+        " where queue = 'left-wrong' and wake_at = (wakes ->> 'zz')::timestamptz"
+    )
+    assert value(conn, right) == 1000

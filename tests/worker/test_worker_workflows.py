@@ -252,6 +252,7 @@ def test_more_sleeps_due_than_a_rescue_ends_end_without_waiting_a_rescue_interva
     wait_for(lambda: conn.execute("SELECT treadle.now() > max(wake_at) FROM treadle.workflow_runs"
                                   " WHERE queue = 'many-naps'").fetchone() == (True,), "the sleeps due")  # fmt: skip
     worker = make_worker(queues=["other"], rescue_interval=60.0)
+    worker.register("ping", lambda args, ctx: None)
     worker.start()
     wait_for(lambda: conn.execute(asleep).fetchone() == (0,), "every sleep ended", timeout=30)
 

@@ -369,8 +369,7 @@ SELECT treadle.release(job_id => %(job_id)s::bigint, lease_token => %(lease_toke
 # the jobs rescued, and whether the rescue left workflow runs due (sleeps, signal timeouts, re-checks;
 # it takes 1,000 of each a call): its FROM runs before the setting is read
 RESCUE: Final[LiteralString] = (
-    "SELECT r.n, coalesce(current_setting('treadle.rescue_left', true), '') = 'on'"
-    " FROM treadle.rescue() AS r(n)"
+    "SELECT r.n, coalesce(current_setting('treadle.rescue_left', true), '') = 'on' FROM treadle.rescue() AS r(n)"
 )
 # treadle.apply_retention: delete one batch of finished work past its retention
 APPLY_RETENTION: Final[LiteralString] = "SELECT treadle.apply_retention(batch => %(batch)s::integer)"
