@@ -3187,9 +3187,9 @@ COMMENT ON FUNCTION treadle._claim_setting(text[], text[]) IS
 -- (treadle.claim_<hash>): for each lane, a (queue[, name], priority), the key
 -- (run_at, id) below which it found nothing left to take, and the snapshot its
 -- previous claim read with (a treadle._claim_cursor). A claim reads each lane from
--- its key, its queues in turn as the plain claim reads them, and besides the rows made claimable by transactions that snapshot did
--- not see (ready_txid: late commits, retries, releases, rescues, new priorities),
--- which can lie below a key. A row can hide below every key only when a
+-- its key, its queues in turn as the plain claim reads them, and besides the rows
+-- made claimable by transactions that snapshot did not see (ready_txid: late
+-- commits, retries, releases, rescues, new priorities), which can lie below a key. A row can hide below every key only when a
 -- transaction locked it and then rolled back without writing it (a claim that
 -- failed after locking), or a writer made it claimable without setting ready_txid:
 -- a sweep from the front every 60 s finds it, and a quick sweep ends the cursor.
@@ -5612,9 +5612,10 @@ COMMENT ON FUNCTION treadle._running_xids() IS
 -- rescued claim's writes, repeats included, find nothing. Returns how many jobs
 -- it moved. Safe from many sessions at once: each job is counted once. It also
 -- ends the workflow sleeps that are due (treadle._wake_runs) and times out the
--- signal waits whose timeout passed (treadle._time_out_waits), up to 1000 runs
--- each a call; when either took as many, more may be due, and the setting
--- treadle.rescue_left is 'on' until the transaction ends (a worker then calls again).
+-- signal waits whose timeout passed (treadle._time_out_waits), and moves the runs
+-- of steps left for a re-check, up to 1000 each a call; when one of them did as
+-- many, more may be due, and the setting treadle.rescue_left is 'on' until the
+-- transaction ends (a worker then calls again at once).
 -- How it writes. The jobs to move are read first without locks, across queues;
 -- then each queue's are locked (SKIP LOCKED) by one read, which computes what the
 -- write may not hold (the clock, the backoff's jitter, the error text), and moved by

@@ -443,9 +443,9 @@ COMMENT ON FUNCTION treadle._claim_setting(text[], text[]) IS
 -- (treadle.claim_<hash>): for each lane, a (queue[, name], priority), the key
 -- (run_at, id) below which it found nothing left to take, and the snapshot its
 -- previous claim read with (a treadle._claim_cursor). A claim reads each lane from
--- its key, its queues in turn as the plain claim reads them, and besides the rows made claimable by transactions that snapshot did
--- not see (ready_txid: late commits, retries, releases, rescues, new priorities),
--- which can lie below a key. A row can hide below every key only when a
+-- its key, its queues in turn as the plain claim reads them, and besides the rows
+-- made claimable by transactions that snapshot did not see (ready_txid: late
+-- commits, retries, releases, rescues, new priorities), which can lie below a key. A row can hide below every key only when a
 -- transaction locked it and then rolled back without writing it (a claim that
 -- failed after locking), or a writer made it claimable without setting ready_txid:
 -- a sweep from the front every 60 s finds it, and a quick sweep ends the cursor.

@@ -1264,9 +1264,10 @@ COMMENT ON FUNCTION treadle._running_xids() IS
 -- rescued claim's writes, repeats included, find nothing. Returns how many jobs
 -- it moved. Safe from many sessions at once: each job is counted once. It also
 -- ends the workflow sleeps that are due (treadle._wake_runs) and times out the
--- signal waits whose timeout passed (treadle._time_out_waits), up to 1000 runs
--- each a call; when either took as many, more may be due, and the setting
--- treadle.rescue_left is 'on' until the transaction ends (a worker then calls again).
+-- signal waits whose timeout passed (treadle._time_out_waits), and moves the runs
+-- of steps left for a re-check, up to 1000 each a call; when one of them did as
+-- many, more may be due, and the setting treadle.rescue_left is 'on' until the
+-- transaction ends (a worker then calls again at once).
 -- How it writes. The jobs to move are read first without locks, across queues;
 -- then each queue's are locked (SKIP LOCKED) by one read, which computes what the
 -- write may not hold (the clock, the backoff's jitter, the error text), and moved by
