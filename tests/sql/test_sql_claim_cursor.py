@@ -163,6 +163,32 @@ def test_a_cursor_goes_round_the_queues_by_turn_as_the_plain_claim_does(
     assert value(producer, "select count(*) from treadle.jobs where queue <> 'fair-flood' and state = 'available'") == 0
 
 
+def test_complete_and_claim_from_a_cursor_takes_the_step_its_own_finish_wrote(connect: Connect) -> None:
+    """complete_and_claim writes the next step and claims in one statement, whose snapshot
+    may be older than the transaction's id: the step's ready_txid then lies past it. A claim
+    from a cursor still takes the step, as a plain claim does, when the claimer names the
+    steps (as a worker does: each name its own lane, which only that look-up finds); it left
+    it to the session's next claim, which in a worker's chain of steps never came (the step
+    then waited for the cursor's sweep, a minute)."""
+    producer, worker = connect(), connect()
+    producer.execute("select treadle.start_workflow('own', steps => array['a', 'b', 'c'], queue => 'own-steps')")
+    queues, names = ["own-steps"], [f"workflow:own/{step}" for step in "abc"]
+    setting = value(worker, CURSOR_NAME, (queues, names))
+    worker.execute(f"select set_config(%s, {BLIND_CURSOR}, false)", (setting,))
+    rows = worker.execute("select id, lease_token from treadle.claim('w', %s, %s)", (queues, names)).fetchall()
+    assert len(rows) == 1
+    for step in ("b", "c"):
+        got = worker.execute(
+            "select finished_state, (job).step, (job).id, (job).lease_token"
+            " from treadle.complete_and_claim(%s, %s, null, 'w', %s, %s)",
+            ([rows[0][0]], [rows[0][1]], queues, names),
+        ).fetchall()
+        assert [g[:2] for g in got] == [("completed", None), (None, step)]
+        kept = cursor_of(worker, setting)
+        assert kept is not None and kept[3] is False, "the claim went on from its cursor"
+        rows = [(got[1][2], got[1][3])]
+
+
 def test_a_past_run_at_and_a_better_priority_are_claimed_first(connect: Connect) -> None:
     claimer, other = connect(), connect()
     start_cursor(claimer, ["order"])
