@@ -2993,16 +2993,12 @@ BEGIN
                            AND j.ready_txid >= c.xmax::text::xid8
                            AND j.ready_txid < pg_snapshot_xmax(v_snap)
                         UNION ALL
+                        -- and this transaction's own (a complete_and_claim writes the next
+                        -- steps, then claims them): a snapshot's xmax follows the ids that
+                        -- have ended, so the running transaction's id can lie at or past it
                         SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
                          WHERE j.state = ANY (ARRAY['available', 'retryable'])
-                           AND j.ready_txid = ANY (c.xip::text[]::xid8[])
-                        -- and this transaction's own: the snapshot above is its statement's,
-                        -- taken before the transaction had an id when it wrote since (a
-                        -- complete_and_claim writes the next steps and then claims them)
-                        UNION ALL
-                        SELECT j.queue, j.name, j.priority, j.run_at, j.id FROM treadle.jobs AS j
-                         WHERE j.state = ANY (ARRAY['available', 'retryable'])
-                           AND j.ready_txid = v_own) AS r
+                           AND j.ready_txid = ANY (c.xip::text[]::xid8[] || v_own)) AS r
                  WHERE r.queue = ANY (v_queues)
                    AND (v_names IS NULL OR r.name = ANY (v_names))
                  GROUP BY 1, 2, 3) AS g;
