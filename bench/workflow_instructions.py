@@ -8,7 +8,12 @@ valgrind's callgrind: --linear-runs runs of a -> b -> c started in one statement
 `ANALYZE`, then a claim of 10 by the steps' job names and a complete_many of them, one
 transaction a batch, until none is left (bench/workflows.py's linear side, each batch's
 two statements made one). Every side runs at two sizes; the difference between them is a
-side's cost for its extra jobs, free of the backend's start and first calls. With
+side's cost for its extra jobs, free of the backend's start and first calls. Both sizes
+must be large enough for the plans a server runs at work: at 500 runs and fewer the
+planner reads treadle.workflow_runs (a few pages) by sequential scans where it looks up a
+batch's runs, so each batch's cost grows with the table, and the difference between two
+small sizes counts that growth as a cost per job (x1.32 at 50 against 150 runs, where
+1,000 against 3,000 gives x1.16; 500 against 1,500, its smaller size still scanned, x1.13). With
 --before REV, a third side runs the linear run with the advance path's functions of REV
 (bench/workflow_cost.py's FILES); with --checks REV, two more sides run both kinds with the
 CHECK constraints of treadle.jobs and treadle.workflow_runs that REV's
@@ -18,7 +23,7 @@ exactly.
 Figures per job: server instructions (callgrind's total), WAL bytes
 (pg_current_wal_insert_lsn before and after), and each side's ratio to the plain jobs.
 
-    .build/venv/bin/python bench/workflow_instructions.py [--linear-runs 300] [--before REV] [--checks REV]
+    .build/venv/bin/python bench/workflow_instructions.py [--linear-runs 3000] [--before REV] [--checks REV]
 
 Needs valgrind (--smoke runs without it and counts WAL bytes only); as root it runs the
 server as the postgres user (as scripts/pgcluster).
@@ -100,7 +105,7 @@ def measure(folder: Path, dbname: str, text: str, count: bool) -> tuple[int, int
 
 def main() -> None:
     p = parser(TITLE)  # (--runs is taken and unused: the counts repeat exactly)
-    p.add_argument("--linear-runs", type=int, default=300, help="runs at the larger size; the smaller is a third")
+    p.add_argument("--linear-runs", type=int, default=3000, help="runs at the larger size; the smaller is a third")
     p.add_argument("--before", help="also the linear run with the advance path of this revision")
     p.add_argument("--checks", help="also both kinds with this revision's CHECK constraints")
     args = p.parse_args()
