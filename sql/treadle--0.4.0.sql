@@ -10792,35 +10792,25 @@ COMMENT ON FUNCTION treadle._undone_run(bigint) IS
 -- treadle._root_run(run_id) -> bigint
 --
 -- The run at the top of the run's tree: the run itself when it has no parent,
--- else its parent's, up to the run that has none. A retry that resumes a child
--- run resumes its failed or cancelled parents too (treadle._child_run_ended), up
--- to that run, so a retry looks at the whole tree under it (treadle._undone_run):
--- a run there that undid its steps keeps the top run from ever completing.
--- Reads without locks.
+-- else the root its row names (root_run_id: a child run is given its parent's
+-- root when it starts, treadle._start_child), whether or not that run is still
+-- there (removed by hand, its tree is still the tree under it); null for an
+-- unknown run. A retry that resumes a child run resumes its failed or cancelled
+-- parents too (treadle._child_run_ended), up to that run, so a retry looks at the
+-- whole tree under it (treadle._undone_run): a run there that undid its steps
+-- keeps the top run from ever completing. Reads without locks.
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle._root_run(run_id bigint)
 RETURNS bigint
-LANGUAGE plpgsql  -- (not SQL: Citus plans neither a SQL function's parameterized read nor a recursive one)
+LANGUAGE plpgsql  -- (not SQL: Citus plans no SQL function's parameterized read)
 STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_id     bigint := _root_run.run_id;
-    v_parent bigint;
-    v_prev   bigint;
+    v_root bigint;
 BEGIN
-    -- up the parents (a child is always inserted after its parent, so the walk ends)
-    LOOP
-        SELECT r.parent_run_id INTO v_parent FROM treadle.workflow_runs AS r WHERE r.id = v_id;
-        IF NOT FOUND THEN
-            -- an unknown run: null; a parent gone (removed by hand): the highest run there is
-            RETURN CASE WHEN v_id = _root_run.run_id THEN NULL ELSE v_prev END;
-        END IF;
-        v_prev := v_id;
-        EXIT WHEN v_parent IS NULL;
-        v_id := v_parent;
-    END LOOP;
-    RETURN v_id;
+    SELECT coalesce(r.root_run_id, r.id) INTO v_root FROM treadle.workflow_runs AS r WHERE r.id = _root_run.run_id;
+    RETURN v_root;
 END;
 $$;
 COMMENT ON FUNCTION treadle._root_run(bigint) IS

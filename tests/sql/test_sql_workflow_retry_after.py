@@ -268,3 +268,27 @@ def test_a_step_of_a_child_run_whose_sibling_was_compensated_is_not_retried(conn
     assert e.value.diag.message_hint is not None and "fork_run" in e.value.diag.message_hint
     assert conn.execute(runs, (run_id, charge_id, policy_id)).fetchall() == before
     assert value(conn, "select state from treadle.jobs where id = %s", (quote_id,)) == "discarded"
+
+
+def test_the_top_of_a_run_tree_is_the_root_each_child_run_names(connect: Connect) -> None:
+    """A grandchild's tree is its top run's, read from the root it names: also once the run
+    between them is gone (removed by hand), where a walk up the parents would stop short."""
+    conn = connect()
+    conn.execute("select treadle.define_workflow('leaf', array['work'])")
+    conn.execute(
+        "select treadle.define_workflow('branch', array['split'],"
+        ' children => \'{"split": {"workflow": "leaf", "queue": "leaves"}}\')'
+    )
+    top = value(
+        conn,
+        "select treadle.start_workflow('trunk', steps => array['grow'], queue => 'trunks',"
+        ' children => \'{"grow": {"workflow": "branch", "queue": "branches"}}\')',
+    )
+    middle = value(conn, "select id from treadle.workflow_runs where parent_run_id = %s", (top,))
+    leaf = value(conn, "select id from treadle.workflow_runs where parent_run_id = %s", (middle,))
+    assert leaf is not None
+    roots = "select treadle._root_run(%s), treadle._root_run(%s), treadle._root_run(%s), treadle._root_run(-1)"
+    assert row(conn, roots, (top, middle, leaf)) == (top, top, top, None)
+    conn.execute("delete from treadle.jobs where workflow_run_id = %s", (middle,))
+    conn.execute("delete from treadle.workflow_runs where id = %s", (middle,))
+    assert row(conn, roots, (top, middle, leaf)) == (top, None, top, None)
