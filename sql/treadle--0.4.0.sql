@@ -5090,7 +5090,9 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --   the completed steps of list runs first, together: treadle._advance_lists);
 --   with more than one row, the runs they may move and those runs' ancestors are
 --   locked first, child before parent (run ids descending: treadle._lock_batch_runs,
---   053_workflow_lock_order.sql), after the rows' jobs, the one order of every path;
+--   053_workflow_lock_order.sql), after the rows' jobs, the one order of every path
+--   (a batch of completed steps of list runs without a parent, one a run, takes
+--   them in that order once, in treadle._advance_lists);
 --   a job that held a slot of its concurrency key gives it back once it left,
 --   first, keys in (queue, key) order (treadle._key_leave_all);
 --   channel treadle_done hears each queue where jobs finished, and the run's queue
@@ -5111,6 +5113,8 @@ DECLARE
     v_keyed  boolean;  -- a job held a slot of its concurrency key
     v_steps  bigint;   -- completed workflow steps
     v_wf     bigint;   -- workflow steps, in any state
+    v_runs   bigint[]; -- their runs
+    v_lists  boolean := false;  -- every row a completed step of its own list run (no batch lock)
 BEGIN
     -- what the rows need, read in one pass
     SELECT array_agg(DISTINCT d.queue) FILTER (WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])),
@@ -5118,8 +5122,9 @@ BEGIN
                                                      AND d.run_queue IS NOT NULL),
            coalesce(bool_or(d.key_slot), false),
            count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL AND d.state = 'completed'),
-           count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL)
-      INTO v_queues, v_run_q, v_keyed, v_steps, v_wf
+           count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL),
+           array_agg(DISTINCT d.workflow_run_id) FILTER (WHERE d.workflow_run_id IS NOT NULL)
+      INTO v_queues, v_run_q, v_keyed, v_steps, v_wf, v_runs
       FROM unnest(done) AS d;
     IF v_run_q IS NOT NULL THEN
         -- a step put in another queue by a step option: its run's waiters hear its end
@@ -5130,10 +5135,24 @@ BEGIN
         PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
     END IF;
     IF v_wf > 1 THEN
-        -- the runs the rows may move, and their ancestors, in one order (053_workflow_lock_order.sql;
-        -- one step alone locks its run and its ancestors in that order, treadle._advance_run);
-        -- cancelled steps it left for a re-check are not moved here
-        v_moved := treadle._lock_batch_runs(done);
+        IF v_steps = cardinality(done) AND cardinality(v_runs) = v_steps AND NOT treadle._on_citus() THEN
+            -- Completed steps, one a run, of list runs without a parent, maps, step options or
+            -- compensations (what never changes in a run, read without its lock): the runs
+            -- treadle._lock_batch_runs would lock are the ones treadle._advance_lists locks
+            -- below, in the same order (ids descending), and one no longer running is moved
+            -- by treadle._advance_run, which locks that run alone (it has no parent). So
+            -- the common batch of list runs' steps locks its runs once.
+            v_lists := NOT EXISTS (SELECT 1 FROM treadle.workflow_runs AS r
+                                    WHERE r.id = ANY (v_runs)
+                                      AND (r.parent_run_id IS NOT NULL OR r.after IS NOT NULL OR r.maps IS NOT NULL
+                                           OR r.step_options IS NOT NULL OR r.compensations IS NOT NULL));
+        END IF;
+        IF NOT v_lists THEN
+            -- the runs the rows may move, and their ancestors, in one order (053_workflow_lock_order.sql;
+            -- one step alone locks its run and its ancestors in that order, treadle._advance_run);
+            -- cancelled steps it left for a re-check are not moved here
+            v_moved := treadle._lock_batch_runs(done);
+        END IF;
     END IF;
     IF v_steps > 1 AND NOT treadle._on_citus() THEN
         v_moved := v_moved || coalesce(treadle._advance_lists(done), '{}'::bigint[]);  -- 051_workflow_lists.sql
@@ -6205,7 +6224,8 @@ COMMENT ON FUNCTION treadle._successor(bigint, text, text, jsonb, integer, times
 -- run's parent and up); a batch's finish (treadle._follow_up over several rows),
 -- treadle.cancel_workflow and a step whose end cancels its run, which reach many
 -- rows, take their locks up front here, so that two of them never hold a row the
--- other one waits for.
+-- other one waits for (a batch of list runs' steps, runs without a parent, locks
+-- them once, in that order, as it moves them: treadle._follow_up).
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
@@ -8460,10 +8480,53 @@ DECLARE
     v_children jsonb;
     v_compensations jsonb;
     v_step_options jsonb;
-    v_meta  jsonb := treadle._check_meta(start_workflow.meta);  -- 081_step_keys.sql
+    v_meta  jsonb;
     v_run   treadle.workflow_runs;
     v_id    bigint;
 BEGIN
+    -- The common call (a list of steps given, or a definition that is one; no key, meta
+    -- or other option; a small input): its checks in one expression, and no tenant
+    -- (treadle.enqueue_guards' row '', 066_enqueue_guards.sql) read by the insert
+    -- itself, as enqueue's common call does; a tenant's call, or anything else, goes
+    -- the whole way below, which raises what it raises. A definition's steps were
+    -- checked by define_workflow. (Not on Citus, where the insert below is routed.)
+    IF current_setting('citus.version', true) IS NULL
+       AND start_workflow.idempotency_key IS NULL AND start_workflow.meta IS NULL
+       AND start_workflow.after IS NULL AND start_workflow.sleeps IS NULL AND start_workflow.maps IS NULL
+       AND start_workflow.waits IS NULL AND start_workflow.children IS NULL
+       AND start_workflow.compensations IS NULL AND start_workflow.step_options IS NULL
+       AND start_workflow.priority IS NOT NULL AND start_workflow.max_attempts >= 1
+       AND treadle._is_name(start_workflow.name) AND treadle._is_name(start_workflow.queue)
+       AND jsonb_typeof(start_workflow.input) = ANY (ARRAY['object', 'array'])
+       AND pg_column_size(start_workflow.input) < 800 AND pg_column_compression(start_workflow.input) IS NULL
+       -- (treadle._check_steps's tests: names, each once, none holding '/')
+       AND (v_steps IS NULL
+            OR (treadle._are_names(v_steps) AND strpos(array_to_string(v_steps, ''), '/') = 0
+                AND (SELECT count(DISTINCT u.s) FROM unnest(v_steps) AS u(s)) = cardinality(v_steps))) THEN
+        IF v_steps IS NULL THEN
+            INSERT INTO treadle.workflow_runs AS r (name, input, steps, queue, priority, max_attempts, created_at, version)
+            SELECT start_workflow.name, start_workflow.input, w.steps, start_workflow.queue, start_workflow.priority,
+                   start_workflow.max_attempts, v_now, w.version
+              FROM treadle.workflows AS w
+             WHERE w.name = start_workflow.name
+               AND w.after IS NULL AND w.sleeps IS NULL AND w.maps IS NULL AND w.waits IS NULL
+               AND w.children IS NULL AND w.compensations IS NULL AND w.step_options IS NULL
+               AND NOT EXISTS (SELECT 1 FROM treadle.enqueue_guards AS g WHERE g.queue = '')
+            RETURNING r.* INTO v_run;
+        ELSE
+            INSERT INTO treadle.workflow_runs AS r (name, input, steps, queue, priority, max_attempts, created_at)
+            SELECT start_workflow.name, start_workflow.input, v_steps, start_workflow.queue, start_workflow.priority,
+                   start_workflow.max_attempts, v_now
+             WHERE NOT EXISTS (SELECT 1 FROM treadle.enqueue_guards AS g WHERE g.queue = '')
+            RETURNING r.* INTO v_run;
+        END IF;
+        IF v_run.id IS NOT NULL THEN
+            PERFORM treadle._enqueue_steps(v_run, ARRAY[v_run.steps[1]], v_now);
+            RETURN v_run.id;
+        END IF;
+    END IF;
+
+    v_meta := treadle._check_meta(start_workflow.meta);  -- 081_step_keys.sql
     PERFORM treadle._check_text(start_workflow.name, 'name');
     PERFORM treadle._check_workflow_allowed(start_workflow.name);
     PERFORM treadle._check_text(start_workflow.queue, 'queue');

@@ -739,7 +739,9 @@ COMMENT ON FUNCTION treadle._advance_graph(treadle.workflow_runs, treadle.jobs) 
 --   the completed steps of list runs first, together: treadle._advance_lists);
 --   with more than one row, the runs they may move and those runs' ancestors are
 --   locked first, child before parent (run ids descending: treadle._lock_batch_runs,
---   053_workflow_lock_order.sql), after the rows' jobs, the one order of every path;
+--   053_workflow_lock_order.sql), after the rows' jobs, the one order of every path
+--   (a batch of completed steps of list runs without a parent, one a run, takes
+--   them in that order once, in treadle._advance_lists);
 --   a job that held a slot of its concurrency key gives it back once it left,
 --   first, keys in (queue, key) order (treadle._key_leave_all);
 --   channel treadle_done hears each queue where jobs finished, and the run's queue
@@ -760,6 +762,8 @@ DECLARE
     v_keyed  boolean;  -- a job held a slot of its concurrency key
     v_steps  bigint;   -- completed workflow steps
     v_wf     bigint;   -- workflow steps, in any state
+    v_runs   bigint[]; -- their runs
+    v_lists  boolean := false;  -- every row a completed step of its own list run (no batch lock)
 BEGIN
     -- what the rows need, read in one pass
     SELECT array_agg(DISTINCT d.queue) FILTER (WHERE d.state = ANY (ARRAY['completed', 'discarded', 'cancelled'])),
@@ -767,8 +771,9 @@ BEGIN
                                                      AND d.run_queue IS NOT NULL),
            coalesce(bool_or(d.key_slot), false),
            count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL AND d.state = 'completed'),
-           count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL)
-      INTO v_queues, v_run_q, v_keyed, v_steps, v_wf
+           count(*) FILTER (WHERE d.workflow_run_id IS NOT NULL),
+           array_agg(DISTINCT d.workflow_run_id) FILTER (WHERE d.workflow_run_id IS NOT NULL)
+      INTO v_queues, v_run_q, v_keyed, v_steps, v_wf, v_runs
       FROM unnest(done) AS d;
     IF v_run_q IS NOT NULL THEN
         -- a step put in another queue by a step option: its run's waiters hear its end
@@ -779,10 +784,24 @@ BEGIN
         PERFORM treadle._key_leave_all(done);  -- concurrency keys' slots, in (queue, key) order (034_key_lanes.sql)
     END IF;
     IF v_wf > 1 THEN
-        -- the runs the rows may move, and their ancestors, in one order (053_workflow_lock_order.sql;
-        -- one step alone locks its run and its ancestors in that order, treadle._advance_run);
-        -- cancelled steps it left for a re-check are not moved here
-        v_moved := treadle._lock_batch_runs(done);
+        IF v_steps = cardinality(done) AND cardinality(v_runs) = v_steps AND NOT treadle._on_citus() THEN
+            -- Completed steps, one a run, of list runs without a parent, maps, step options or
+            -- compensations (what never changes in a run, read without its lock): the runs
+            -- treadle._lock_batch_runs would lock are the ones treadle._advance_lists locks
+            -- below, in the same order (ids descending), and one no longer running is moved
+            -- by treadle._advance_run, which locks that run alone (it has no parent). So
+            -- the common batch of list runs' steps locks its runs once.
+            v_lists := NOT EXISTS (SELECT 1 FROM treadle.workflow_runs AS r
+                                    WHERE r.id = ANY (v_runs)
+                                      AND (r.parent_run_id IS NOT NULL OR r.after IS NOT NULL OR r.maps IS NOT NULL
+                                           OR r.step_options IS NOT NULL OR r.compensations IS NOT NULL));
+        END IF;
+        IF NOT v_lists THEN
+            -- the runs the rows may move, and their ancestors, in one order (053_workflow_lock_order.sql;
+            -- one step alone locks its run and its ancestors in that order, treadle._advance_run);
+            -- cancelled steps it left for a re-check are not moved here
+            v_moved := treadle._lock_batch_runs(done);
+        END IF;
     END IF;
     IF v_steps > 1 AND NOT treadle._on_citus() THEN
         v_moved := v_moved || coalesce(treadle._advance_lists(done), '{}'::bigint[]);  -- 051_workflow_lists.sql

@@ -7,7 +7,8 @@
 -- run's parent and up); a batch's finish (treadle._follow_up over several rows),
 -- treadle.cancel_workflow and a step whose end cancels its run, which reach many
 -- rows, take their locks up front here, so that two of them never hold a row the
--- other one waits for.
+-- other one waits for (a batch of list runs' steps, runs without a parent, locks
+-- them once, in that order, as it moves them: treadle._follow_up).
 --------------------------------------------------------------------------------
 
 --------------------------------------------------------------------------------
