@@ -81,7 +81,7 @@ class ClaimAlong(Protocol):
     """What the producer (_producer.py) lends the completer so that each write of successes claims more work too."""
 
     def reserve(self) -> int:
-        """How many jobs to claim with this write; held for it until `release`."""
+        """How many jobs to claim with this write; held for it until `adopt` or `release`."""
         ...
 
     @property
@@ -96,8 +96,9 @@ class ClaimAlong(Protocol):
     def adopt(self, rows: list[tuple[Any, ...]], asked: int, *, inline: bool = False) -> list[Any]:
         """Run the jobs claimed (`asked` were asked for): rows of _sql.CLAIMED_NAMES.
 
-        With `inline`, the jobs this thread may run itself (quick handlers) are returned
-        for `run_in_turn`, not handed to a handler thread.
+        The reservation of `asked` slots ends here, once the jobs hold their slots. With
+        `inline`, the jobs this thread may run itself (quick handlers) are returned for
+        `run_in_turn`, not handed to a handler thread.
         """
         ...
 
@@ -109,7 +110,9 @@ class ClaimAlong(Protocol):
         """The answer was lost: run what a claim under `lease_token` committed, if it did."""
         ...
 
-    def release(self, reserved: int) -> None: ...
+    def release(self, reserved: int) -> None:
+        """A reservation that no jobs took (the claim failed, or was not made) ends."""
+        ...
 
 
 class Completion(NamedTuple):
@@ -318,6 +321,7 @@ class Completer:
             return result
         reserved = claim.reserve()
         token = uuid.uuid4()
+        adopted = False  # (adopt ends the reservation itself, once the jobs claimed hold their slots)
         try:
             try:
                 answer = self._pool.tuples(claim.cycle_statement, {**params, **claim.params(reserved, token)})
@@ -329,10 +333,12 @@ class Completer:
                 fallback: list[dict[str, Any]] | Unwritten = self.retrying(_sql.COMPLETE_MANY, params, what, rows=True)
                 return fallback
             if reserved:
+                adopted = True
                 inline.extend(claim.adopt([row[2:] for row in answer[count:]], reserved, inline=True))
             return [{"state": row[1]} for row in answer[:count]]
         finally:
-            claim.release(reserved)
+            if not adopted:
+                claim.release(reserved)
 
     def _complete_one(self, completion: Completion) -> None:
         """After complete_many failed for good: each job alone, so one bad row does not hold the rest."""

@@ -4,7 +4,7 @@ The Producer owns everything about taking work: the loop that claims with
 treadle.claim (a lease token per call; after a lost answer, treadle.claimed says
 what it took), the wait between claims (NOTIFY, a freed slot, a rescue or the
 poll interval ends it; a rate-limited queue shortens it, claims that found
-nothing lengthen it), how many slots a claim may fill (`reserve`/`release`, jobs
+nothing lengthen it), how many slots a claim may fill (`reserve`, ended by `adopt` or `release`; jobs
 held ahead while handlers are quick), the queues' limits (read every few
 seconds), and the claims that ride along with a write of successes (it is the
 completer's ClaimAlong). What it claims becomes a RunState that the worker
@@ -155,15 +155,19 @@ class Producer:
             if free > 0:
                 try:
                     rows = self._claim(free, backoff)
-                finally:
+                except BaseException:
                     self.release(free)
+                    raise
                 if rows is None:
+                    self.release(free)
                     continue
                 backoff.reset()
                 if rows or not woken:
                     self._woken_empty = 0
                 elif not after_finish:  # (a claim after a finish is bounded by the jobs that finish)
                     self._woken_empty += 1
+                # (the slots stay reserved until the jobs claimed hold them: a write of
+                # successes that claims along meanwhile does not count them free)
                 self.adopt(rows, free)
             woken = self._wait_for_work()
 
@@ -195,7 +199,7 @@ class Producer:
 
     # the completer's ClaimAlong
     def reserve(self) -> int:
-        """How many jobs a write of successes may claim now; held for it until `release`."""
+        """How many jobs a write of successes may claim now; held for it until `adopt` or `release`."""
         return self._reserve()
 
     def params(self, batch: int, lease_token: uuid.UUID) -> dict[str, Any]:
@@ -205,6 +209,8 @@ class Producer:
     def adopt(self, rows: list[tuple[Any, ...]], asked: int, *, inline: bool = False) -> list[Any]:
         """Run the jobs claimed (`asked` were asked for): rows of _sql.CLAIMED_NAMES.
 
+        The caller's reservation of `asked` slots (`reserve`) ends here, once the jobs hold
+        their slots (tracked), not before: a claim meanwhile never counts those slots free.
         With `inline` (the completer's write), while handlers are quick, the first jobs whose
         handler is a plain function, as many as take INLINE_BUDGET together on average, are
         returned for `run_in_turn` on the caller's thread; the others go to handler threads.
@@ -212,11 +218,12 @@ class Producer:
         # a limited queue may give fewer than asked while more wait: a freed slot claims again
         self._more_waiting = len(rows) >= asked or (self._limited and bool(rows))
         if not rows:
+            self.release(asked)
             return []
         average = self._handler_time
         if not inline or average is None or average >= INLINE_HANDLER:
-            return self._dispatch(rows)
-        return self._dispatch(rows, len(rows) if average <= 0 else max(1, int(INLINE_BUDGET / average)))
+            return self._dispatch(rows, reserved=asked)
+        return self._dispatch(rows, len(rows) if average <= 0 else max(1, int(INLINE_BUDGET / average)), asked)
 
     def run_in_turn(self, calls: list[Any]) -> None:
         """Run the jobs `adopt` returned, on this thread."""
@@ -254,7 +261,7 @@ class Producer:
         self._rate_wait = None if slot is None else min(self._options.poll_interval, max(RATE_WAIT_FLOOR, slot))
 
     def _reserve(self, *, for_loop: bool = False) -> int:
-        """How many jobs a claim may take now, held for it until `release`.
+        """How many jobs a claim may take now, held for it until `adopt` or `release`.
 
         The claim loop leaves the claim to the next write of successes when one is on
         its way and more work is waiting. A write of successes always claims for the
@@ -356,19 +363,30 @@ class Producer:
         return woken
 
     # handing claimed jobs on
-    def _dispatch(self, rows: list[tuple[Any, ...]], inline: int = 0) -> list[Any]:
-        """Track and start the claimed jobs; up to `inline` of them, to run on this thread, are returned."""
+    def _dispatch(self, rows: list[tuple[Any, ...]], inline: int = 0, reserved: int = 0) -> list[Any]:
+        """Track and start the claimed jobs; up to `inline` of them, to run on this thread, are returned.
+
+        The `reserved` slots of their claim are given back once every job is tracked (holds its
+        slot), before the slower part: their steps' inputs read, their events, their start.
+        """
         assert self._executor is not None and self._deferred is not None
+        deferred = self._deferred
+        taken: list[tuple[RunState, Claimed]] = []
+        try:
+            for row in rows:
+                claimed: Claimed = decode_claimed(row, deferred)
+                run = RunState(claimed.job, on_lost=self._host.lease_lost)
+                self._host.track(run)
+                taken.append((run, claimed))
+        finally:
+            if reserved:
+                self.release(reserved)
         step_runs = self._step_runs(rows)
         executor = self._executor
         executor.claimed_batch()
-        deferred = self._deferred
         here: list[Any] = []
         taking: list[Any] | None = here if inline else None  # None once `inline` are taken
-        for row in rows:
-            claimed: Claimed = decode_claimed(row, deferred)
-            run = RunState(claimed.job, on_lost=self._host.lease_lost)
-            self._host.track(run)
+        for run, claimed in taken:
             self._host.emit("claimed", run)
             executor.submit(run, claimed, step_runs.get((run.run_id, run.step)), taking)
             if taking is not None and len(here) >= inline:
