@@ -8490,7 +8490,7 @@ BEGIN
     -- itself, as enqueue's common call does; a tenant's call, or anything else, goes
     -- the whole way below, which raises what it raises. A definition's steps were
     -- checked by define_workflow. (Not on Citus, where the insert below is routed.)
-    IF current_setting('citus.version', true) IS NULL
+    IF NOT treadle._on_citus()
        AND start_workflow.idempotency_key IS NULL AND start_workflow.meta IS NULL
        AND start_workflow.after IS NULL AND start_workflow.sleeps IS NULL AND start_workflow.maps IS NULL
        AND start_workflow.waits IS NULL AND start_workflow.children IS NULL
