@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 
 import psycopg
 
@@ -112,10 +113,8 @@ def test_retention_gives_way_at_once_and_leaves_no_reader_waiting(
         keeper.execute(MUCH_LATER)
         admin.execute("set statement_timeout = '500ms'")
 
-        def retention() -> tuple[int, float]:
-            started = time.monotonic()
-            deleted = int(value(keeper, "select treadle.apply_retention()"))
-            return deleted, time.monotonic() - started
+        def retention() -> int:
+            return int(value(keeper, "select treadle.apply_retention()"))
 
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(retention)
@@ -123,9 +122,14 @@ def test_retention_gives_way_at_once_and_leaves_no_reader_waiting(
             # each reads the history: none may queue behind a pending lock request
             assert value(admin, "select treadle.retry(%s)", (ids[0],)) is False
             assert value(admin, "select count(*) from treadle.job_details where id = any(%s)", (ids,)) == 20
-            deleted, took = pending.result()
+            # a wait for the reader's lock would last until the reader commits, below: it returns first
+            # (a bound on its time failed on a loaded machine: 0.34 s against 0.25)
+            try:
+                deleted = pending.result(timeout=30)
+            except FuturesTimeout:
+                reader.commit()  # (the waiting retention then returns, and the pool with it)
+                raise AssertionError("retention waits for the reader's lock") from None
         assert deleted == 0, "the partition the reader holds is left for a later call"
-        assert took < 0.25, f"retention waited {took:.2f} s for the reader's lock"
         assert value(admin, "select count(*) from treadle.job_details where id = any(%s)", (ids,)) == 20
         keeper.commit()
         reader.commit()
