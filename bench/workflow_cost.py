@@ -9,9 +9,11 @@ drained on one connection) and parallel side (--parallel-runs runs of a -> b1..b
 drained by 4 connections, pg_stat_activity sampled every 10 ms) run, drained by --drain:
 "claim" (treadle.claim, then treadle.complete_many) or "cycle" (treadle.complete_and_claim,
 the worker's statement), --batch jobs per claim (and so per finish);
-plain jobs run beside them the same way. The three sides take turns in each round (the
-order rotating); figures are medians (range) over the rounds of the backends' CPU
-(/proc/PID/stat) per job, and ratios are taken round by round.
+plain jobs run beside them the same way, and, linear only, plain jobs of three names claimed
+over the three (as a worker with three handlers claims them, and a run's worker its three
+steps). The sides take turns in each round (the order rotating); figures are medians
+(range) over the rounds of the backends' CPU (/proc/PID/stat) per job, and ratios are taken
+round by round.
 
     .build/venv/bin/python bench/workflow_cost.py [--runs 5] [--before main] [--linear-runs 2000]
                                                   [--parallel-runs 1000] [--drain claim|cycle] [--batch 10]
@@ -24,7 +26,7 @@ from collections import Counter
 
 import psycopg
 from harness import ROOT, database, median, paired_ratio, parser, print_settings, progress, server, spread, table
-from workflows import DRAINS, linear_side, parallel_side
+from workflows import DRAINS, PLAIN3, linear_side, parallel_side
 
 TITLE = "A workflow run's server CPU and lock waits: this tree against another revision"
 FILES = ["sql/src/040_claim.sql", "sql/src/045_cycle.sql", "sql/src/048_done_waiters.sql", "sql/src/050_finish.sql",
@@ -53,8 +55,9 @@ def main() -> None:
     if args.smoke:
         args.linear_runs, args.parallel_runs, args.before = 20, 10, "."
     code = {"before": sources(args.before), "this": sources(".")}
-    sides = ["before", "this", "plain"]
-    lin: dict[str, list[float]] = {s: [] for s in sides}
+    sides = ["before", "this", "plain"]  # (and PLAIN3, linear only)
+    every = [*sides, PLAIN3]
+    lin: dict[str, list[float]] = {s: [] for s in every}
     par: dict[str, list[float]] = {s: [] for s in sides}
     share: dict[str, list[float]] = {s: [] for s in sides}
     events: dict[str, Counter[str]] = {s: Counter() for s in sides}  # wait events, backend samples
@@ -63,15 +66,18 @@ def main() -> None:
         print_settings(url)
         with database(url, "workflow_cost") as db:
             for r in range(args.runs):
-                order = sides[r % 3 :] + sides[: r % 3]
+                order = every[r % 4 :] + every[: r % 4]
                 for side in order:
                     # (plain jobs run on this tree's functions, not on those of the side before them)
                     with psycopg.connect(db, autocommit=True) as conn:
-                        conn.execute(code["this" if side == "plain" else side].encode())
-                    kind = "plain" if side == "plain" else "run"
+                        conn.execute(code[side if side in code else "this"].encode())
+                    kind = "run" if side in code else side
                     progress(f"round {r + 1}/{args.runs}: {side}")
-                    _, cpu = linear_side(db, kind, args.linear_runs, args.batch, f"lin-{r}-{side}", how=args.drain)
+                    _, cpu = linear_side(db, kind, args.linear_runs, args.batch, f"lin-{r}-{every.index(side)}",
+                                         how=args.drain)  # fmt: skip
                     lin[side].append(cpu * 1000 / (3 * args.linear_runs))
+                    if side == PLAIN3:  # (linear only)
+                        continue
                     got = parallel_side(db, kind, args.parallel_runs, args.batch, f"par-{r}-{side}", how=args.drain)
                     par[side].append(got["cpu_ms"])
                     share[side].append(got["share"])
@@ -90,6 +96,15 @@ def main() -> None:
                 paired_ratio(lin["this"], lin["before"]),
                 paired_ratio(lin["before"], lin["plain"]),
                 paired_ratio(lin["this"], lin["plain"]),
+            ],
+            [
+                "linear: the same, against plain jobs of three names claimed over the three",
+                "-",
+                "-",
+                spread(lin[PLAIN3], 3),
+                "-",
+                paired_ratio(lin["before"], lin[PLAIN3]),
+                paired_ratio(lin["this"], lin[PLAIN3]),
             ],
             [
                 f"parallel: {args.parallel_runs} runs a -> b1..b4 -> join: server CPU ms per job",

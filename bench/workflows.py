@@ -6,7 +6,9 @@
    against three times as many plain jobs (one treadle.enqueue each, one statement) drained
    by the same loop. Jobs/s from the start to the last completion, and the ratio of the
    run's time to the plain jobs' time (goal: at most 1.2). The two sides alternate, the
-   first switching every run.
+   first switching every run. Beside them, for the server CPU only, plain jobs of three
+   names (one of each per run) claimed over the three, as a worker with three handlers
+   claims them (and a run's worker its three steps).
 2. Fan-out: a map step over --elements elements (bench/workflow_map.py's run: load's
    completion enqueues the element jobs in its transaction), against one
    treadle.enqueue_many of as many rows in the same run: elements/s and the ratio of the
@@ -69,6 +71,10 @@ PARALLEL_STEPS = ["a", "b1", "b2", "b3", "b4", "join"]
 # completion that enqueues the next step sends NOTIFY treadle_jobs; a transaction that
 # notified takes one lock, the same for every session, to commit)
 QUIET = "run, no NOTIFY"
+# Plain jobs as a worker of three handlers runs them: three names, claimed over the three, as
+# a run's steps are (the claim over several names reads each name's range, then the best)
+PLAIN3 = "plain, three names"
+PLAIN3_NAMES = ["plain-a", "plain-b", "plain-c"]
 NOTIFY = "treadle._notify(text, text)"
 EMPTY_NOTIFY = """
 CREATE OR REPLACE FUNCTION treadle._notify(channel text, queue text)
@@ -273,15 +279,22 @@ PROFILE: dict[str, dict[str, float]] = {"run": {}, "plain": {}}  # side -> funct
 
 def linear_side(url: str, side: str, runs: int, batch: int, queue: str,
                 profile: bool = False, how: str = "claim") -> tuple[float, float]:
-    """Seconds to start and drain `runs` three-step runs (side 'run') or 3 x runs plain jobs ('plain'),
-    and the CPU seconds of the server backends that did it (the ANALYZE between the two, settle,
-    counted in neither)."""
+    """Seconds to start and drain `runs` three-step runs (side 'run') or 3 x runs plain jobs ('plain';
+    PLAIN3: a job of each of three names per run, claimed over the three), and the CPU seconds of
+    the server backends that did it (the ANALYZE between the two, settle, counted in neither)."""
     reset(url)
     before = function_times(url) if profile else {}
     with no_notify(url) if side == QUIET else nullcontext(), psycopg.connect(url, autocommit=True) as conn:
         began = time.perf_counter()
         cpu = backend_cpu(conn)
-        if side != "plain":
+        if side == PLAIN3:
+            conn.execute(
+                "SELECT count(treadle.enqueue(n.n, '{}', queue => %s))"
+                " FROM generate_series(1, %s) AS g CROSS JOIN unnest(%s::text[]) AS n(n)",
+                (queue, runs, PLAIN3_NAMES),
+            )
+            names = PLAIN3_NAMES
+        elif side != "plain":
             conn.execute(
                 "SELECT count(treadle.start_workflow('lin', '{}', steps => ARRAY['a', 'b', 'c'], queue => %s))"
                 " FROM generate_series(1, %s)",
@@ -303,7 +316,7 @@ def linear_side(url: str, side: str, runs: int, batch: int, queue: str,
     if profile and side in PROFILE:
         for name, (_, self_ms) in function_times(url).items():
             PROFILE[side][name] = PROFILE[side].get(name, 0.0) + self_ms - before.get(name, (0, 0.0))[1]
-    if side != "plain":
+    if side not in ("plain", PLAIN3):
         with psycopg.connect(url, autocommit=True) as conn:
             left = conn.execute("SELECT count(*) FROM treadle.workflow_runs WHERE state <> 'completed'").fetchone()
             assert left is not None and left[0] == 0, f"{left} runs not completed"
@@ -384,7 +397,7 @@ def main() -> None:
     elements = 100 if args.smoke else args.elements
     parallel_runs = 20 if args.smoke else args.parallel_runs
     sides = ["run", "plain", QUIET]
-    lin: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
+    lin: dict[str, list[tuple[float, float]]] = {side: [] for side in [*sides, PLAIN3]}
     fan: dict[str, list[dict[str, float]]] = {"map": [], "many": []}
     par: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     with server() as url:
@@ -395,7 +408,7 @@ def main() -> None:
                     conn.execute(f"ALTER DATABASE {conn.info.dbname} SET track_functions = 'pl'")
             for run in range(args.runs):
                 order = sides[run % 3 :] + sides[: run % 3]  # each side first in turn
-                for side in order:
+                for side in [*order[:1], PLAIN3, *order[1:]] if run % 2 else [*order, PLAIN3]:
                     progress(f"run {run + 1}/{args.runs}: linear, {side}")
                     lin[side].append(
                         linear_side(db, side, linear_runs, args.batch, f"lin-{run}-{len(lin[side])}", args.profile))
@@ -425,6 +438,9 @@ def main() -> None:
              "time x <= 1.2"],
             ["linear: server CPU ms per job", spread(lin_cpu["run"], 3), spread(lin_cpu["plain"], 3),
              "x" + paired_ratio(lin_cpu["run"], lin_cpu["plain"]), "x <= 1.2"],
+            ["linear: the same, plain jobs of three names claimed over the three (a worker of three handlers)",
+             spread(lin_cpu["run"], 3), spread(lin_cpu[PLAIN3], 3), "x" + paired_ratio(lin_cpu["run"], lin_cpu[PLAIN3]),
+             "-"],
             [f"fan-out: {elements} element jobs enqueued (map step's completion / enqueue_many): jobs/s",
              spread(map_rate, 0), spread(many_rate, 0), "rate x" + paired_ratio(map_rate, many_rate), ">= 0.6"],
             ["fan-in: the last element's completion, the join enqueued (ms)", spread(joins), "-", "-", "< 1000 ms"],
