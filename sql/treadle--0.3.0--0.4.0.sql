@@ -5523,7 +5523,8 @@ COMMENT ON FUNCTION treadle._running_xids() IS
 -- pass read, and the later pass, still reading from the old floor, sees it. While
 -- a transaction that has an id stays open the floor stays; the session then reads
 -- from it once a minute and, between, only the leases that ran out since its
--- previous call, less a second. A session's first rescue reads from the start; so
+-- previous call, less a second (or since the earliest expired lease that call found
+-- held by another session: the next call reads it again). A session's first rescue reads from the start; so
 -- does every rescue while the setting treadle.now is in use, and under REPEATABLE
 -- READ a rescue reads from the floor: both leave the cursor as it was. A lease written by a
 -- statement that ran longer than that lease and a second before writing it can lie
@@ -5730,7 +5731,9 @@ BEGIN
                                      ORDER BY age(x.x) LIMIT 1);
             v_cursor.swept_at := v_now_us;
         END IF;
-        v_cursor.taken_at := v_now_us;
+        -- (where the next call reads from, less a second: an expired lease another session
+        -- held is read again then, not only at the next pass from the floor)
+        v_cursor.taken_at := least(v_now_us, v_missed);
         PERFORM set_config('treadle.rescue_cursor', v_cursor::text, false);
     END IF;
 

@@ -260,7 +260,8 @@ COMMENT ON TYPE treadle._claim_cursor IS
 -- microseconds since 1970 (treadle._us).
 CREATE TYPE treadle._rescue_cursor AS (
     version     integer,  -- of this layout: 1
-    taken_at    bigint,   -- the previous rescue's now (a clock that went back voids the cursor)
+    taken_at    bigint,   -- the previous rescue's now, or the earliest expired lease it found held
+                          -- by another session: the next reads from it (a clock that went back voids the cursor)
     floor       bigint,   -- rescues read the leases that ran out at or above it (null: all)
     next_floor  bigint,   -- where the floor moves once the transactions below have ended
     newest_xid  bigint,   -- the newest transaction id running when next_floor was set (null: none)

@@ -480,15 +480,22 @@ def test_rescue_finds_a_lease_committed_after_it_ran_out(connect: Connect) -> No
 
 def test_rescue_finds_a_lease_that_was_locked_when_it_looked(connect: Connect) -> None:
     """An expired lease that another session holds locked is skipped; the same rescuer
-    takes it once the lock is gone, however far its reads have moved on meanwhile."""
+    takes it at its next call once the lock is gone, however far its reads have moved on
+    meanwhile. (A transaction that has an id, open since before the rescuer's first pass,
+    keeps the floor where it is, so that the calls read from a second before the call
+    before them: the lease is behind them by then, and would wait for the next pass from
+    the floor, a minute, were it not read again.)"""
     rescuer, producer, worker, locker = connect(), connect(), connect(), connect(autocommit=False)
+    holder = connect(autocommit=False)
+    holder.execute("select pg_current_xact_id()")
     assert rescue_calls(rescuer, 0.3) == 0
     job = enqueue(producer, "locked-lease")
     assert claim_with_lease(worker, "locked-lease", "1 second") == [job]
     locker.execute("select id from treadle.jobs where id = %s for update", (job,))
     assert rescue_calls(rescuer, 2.5) == 0, "a locked row is skipped"
     locker.rollback()
-    assert rescue_until_moved(rescuer) == 1
+    assert value(rescuer, "select treadle.rescue()") == 1, "the next call reads the held lease again"
+    holder.rollback()
     assert value(producer, "select state from treadle.jobs where id = %s", (job,)) == "retryable"
 
 
