@@ -397,7 +397,8 @@ def main() -> None:
     elements = 100 if args.smoke else args.elements
     parallel_runs = 20 if args.smoke else args.parallel_runs
     sides = ["run", "plain", QUIET]
-    lin: dict[str, list[tuple[float, float]]] = {side: [] for side in [*sides, PLAIN3]}
+    linear_sides = [*sides, PLAIN3]  # (plain jobs of three names: linear only)
+    lin: dict[str, list[tuple[float, float]]] = {side: [] for side in linear_sides}
     fan: dict[str, list[dict[str, float]]] = {"map": [], "many": []}
     par: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     with server() as url:
@@ -408,7 +409,7 @@ def main() -> None:
                     conn.execute(f"ALTER DATABASE {conn.info.dbname} SET track_functions = 'pl'")
             for run in range(args.runs):
                 order = sides[run % 3 :] + sides[: run % 3]  # each side first in turn
-                for side in [*order[:1], PLAIN3, *order[1:]] if run % 2 else [*order, PLAIN3]:
+                for side in linear_sides[run % 4 :] + linear_sides[: run % 4]:
                     progress(f"run {run + 1}/{args.runs}: linear, {side}")
                     lin[side].append(
                         linear_side(db, side, linear_runs, args.batch, f"lin-{run}-{len(lin[side])}", args.profile))
