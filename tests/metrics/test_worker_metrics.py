@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 from prometheus_client import generate_latest
 
-from tests.metrics.scraping import named, parse, value
+from tests.metrics.scraping import Sample, named, parse, value
 from tests.metrics.worker_process import one_row
 from treadle.metrics import WorkerMetrics
 from treadle.worker import Worker
@@ -43,22 +43,29 @@ def test_outcomes_histograms_and_slots(dsn: str, conn: psycopg.Connection[Any]) 
         backoff=lambda attempt: 0,
         on_event=metrics.observe,
     )
+
+    def scrape() -> dict[Sample, float]:
+        return parse(generate_latest(metrics.registry).decode())
+
     worker.register("send", send)
     worker.register("boom", boom)
     metrics.track_slots(lambda: worker.busy_handlers, worker.concurrency)
     for _ in range(3):
         conn.execute("SELECT treadle.enqueue('send', queue => 'mail')")
     conn.execute("SELECT treadle.enqueue('boom', queue => 'mail', max_attempts => 2)")
-    with worker:
-        wait_for_state(conn, "completed", 3)
-        wait_for_state(conn, "discarded", 1)
-        samples = parse(generate_latest(metrics.registry).decode())
-
-    assert named(samples, "treadle_worker_jobs_total") == {
+    outcomes = {
         (("name", "send"), ("outcome", "completed"), ("queue", "mail")): 3,
         (("name", "boom"), ("outcome", "failed"), ("queue", "mail")): 1,
         (("name", "boom"), ("outcome", "discarded"), ("queue", "mail")): 1,
     }
+    with worker:
+        wait_for_state(conn, "completed", 3)
+        wait_for_state(conn, "discarded", 1)
+        # a finish's event follows its commit: the rows can be seen before the worker counts them
+        deadline = time.monotonic() + PATIENCE
+        while (counted := named(samples := scrape(), "treadle_worker_jobs_total")) != outcomes:
+            assert time.monotonic() < deadline, counted
+            time.sleep(0.05)
     # every run's claim-to-start and run time, the sleeps of `send` among them
     assert value(samples, "treadle_worker_claim_to_start_seconds_count", queue="mail", name="send") == 3
     assert value(samples, "treadle_worker_claim_to_start_seconds_count", queue="mail", name="boom") == 2
