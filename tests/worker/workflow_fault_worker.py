@@ -18,7 +18,8 @@ in `completions` is there exactly when the step's completion committed.
 CHILD_KILLS (comma separated) names where a worker SIGKILLs itself: `mid:POINT` inside the
 handler after its 'ran' row, `after:POINT` once its completion is committed, before the
 handler returns. POINT is a step name, or `each/N` for element N of the map. Each fires
-once across all workers: the first to reach it claims it in the table `kills`.
+once across all workers: the first to reach it claims it in the table `kills` (an `after`
+point in the completion's own transaction).
 """
 
 from __future__ import annotations
@@ -50,17 +51,20 @@ def connect(autocommit: bool) -> psycopg.Connection[Any]:
     return psycopg.connect(dsn, autocommit=autocommit, application_name=f"treadle-step:{worker_id}")
 
 
-def die_at(when: str, step: str | None, element: int | None) -> None:
-    """SIGKILL this process if `when:point` is a kill point no worker has reached yet."""
+def claim_kill(conn: psycopg.Connection[Any], when: str, step: str | None, element: int | None) -> bool:
+    """Whether `when:point` is a kill point no worker has reached yet; if so, it is this one's
+    once `conn`'s transaction commits."""
     point = f"{when}:{step}" if element is None else f"{when}:{step}/{element}"
     if point not in KILLS:
-        return
-    with connect(autocommit=True) as conn:
-        claimed = conn.execute(
-            "INSERT INTO kills (point, worker) VALUES (%s, %s) ON CONFLICT DO NOTHING RETURNING 1", [point, worker_id]
-        ).fetchone()
-    if claimed:
-        os.kill(os.getpid(), signal.SIGKILL)
+        return False
+    claimed = conn.execute(
+        "INSERT INTO kills (point, worker) VALUES (%s, %s) ON CONFLICT DO NOTHING RETURNING 1", [point, worker_id]
+    ).fetchone()
+    return claimed is not None
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def step(name: str, result: Any = None):  # type: ignore[no-untyped-def]
@@ -71,7 +75,9 @@ def step(name: str, result: Any = None):  # type: ignore[no-untyped-def]
                 "INSERT INTO effects (job_id, step, attempt, worker, what) VALUES (%s, %s, %s, %s, 'ran')",
                 [ctx.job_id, ctx.step, ctx.attempt, worker_id],
             )
-        die_at("mid", ctx.step, element)
+        with connect(autocommit=True) as conn:
+            if claim_kill(conn, "mid", ctx.step, element):
+                die()
         time.sleep(STEP_SECONDS)
         value = result(input, ctx) if callable(result) else {"step": name, "by": worker_id}
         with connect(autocommit=False) as conn:
@@ -80,8 +86,14 @@ def step(name: str, result: Any = None):  # type: ignore[no-untyped-def]
                 " VALUES (%s, %s, %s, %s, %s, %s)",
                 [ctx.run_id, ctx.step, element, ctx.attempt, ctx.job_id, worker_id],
             )
+            # claimed in the completion's transaction: a process that another thread's kill
+            # point ends between this commit and its own kill has still died after it (a
+            # claim made after the commit would be lost then, and a step that completed is
+            # never run again to reach its point)
+            dies = claim_kill(conn, "after", ctx.step, element)
             ctx.complete_in(conn, value)
-        die_at("after", ctx.step, element)
+        if dies:
+            die()
         return None
 
     return run
