@@ -75,8 +75,7 @@ def step(name: str, result: Any = None):  # type: ignore[no-untyped-def]
                 "INSERT INTO effects (job_id, step, attempt, worker, what) VALUES (%s, %s, %s, %s, 'ran')",
                 [ctx.job_id, ctx.step, ctx.attempt, worker_id],
             )
-        with connect(autocommit=True) as conn:
-            if claim_kill(conn, "mid", ctx.step, element):
+            if claim_kill(conn, "mid", ctx.step, element):  # (autocommit: claimed at once)
                 die()
         time.sleep(STEP_SECONDS)
         value = result(input, ctx) if callable(result) else {"step": name, "by": worker_id}
