@@ -139,8 +139,8 @@ PGTLE_TESTS = tests/sql tests/client tests/test_install.py tests/upgrade/test_up
 .PHONY: test-pgtle
 test-pgtle: test-deps venv $(GENERATED)
 	pg=$$(scripts/pgtle-server $(PG_CONFIG) $(BUILD)/pgtle "$(PGTLE_SRC)") && \
-	TREADLE_TEST_INSTALL=pgtle PGCLUSTER_OPTIONS="-c shared_preload_libraries=pg_tle" PG_CONFIG=$$pg VENV=$(VENV) \
-		scripts/run-tests $(BUILD)/pgtle-test-cluster $(or $(T),$(PGTLE_TESTS))
+	TREADLE_TEST_INSTALL=pgtle PGCLUSTER_OPTIONS="-c shared_preload_libraries=pg_tle" PG_CONFIG=$$pg \
+		$(RUN_TESTS) $(BUILD)/pgtle-test-cluster $(or $(T),$(PGTLE_TESTS))
 
 # treadle on a real Citus cluster (docs/citus.md): Citus built from CITUS_SRC into a copy of
 # the server (.build/citus/pg: scripts/citus-build; skipped once built, or where the server

@@ -8,7 +8,9 @@ Every database a test uses comes from one factory, `new_database` (or
 `new_module_database` for a database one module's tests share): by default a
 clone of a template that has `CREATE EXTENSION treadle` done, so tests never see
 each other's jobs; `new_database(template=None)` gives an empty one. Each is
-dropped when its test (or module) ends.
+dropped when its test (or module) ends; a copy of the template in which nothing but rows and
+sequences changed is put back as the template made it instead, for a later test of the same
+process (tests/database_pool.py; TREADLE_TEST_DATABASES=fresh turns that off).
 
 With TREADLE_TEST_INSTALL=plain (scripts/run-tests sets it) the template has the plain
 SQL install instead, made by a role that has only CREATE on it; tests marked
@@ -44,6 +46,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
+from tests.database_pool import DatabasePool
 from tests.markers import mark_fixture_users, no_unmarked_processes, processes_allowed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -185,28 +188,54 @@ def template_db(pg_server: str) -> Iterator[str]:
             conn.execute("CREATE EXTENSION treadle")
     yield TEMPLATE
     with psycopg.connect(pg_server, autocommit=True) as conn:
+        for name in _pool.ready if _pool else []:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
 
 
+def _database_name() -> str:
+    return f"treadle_t_{uuid.uuid4().hex[:12]}"
+
+
+# this process's copies of TEMPLATE put back for the next test (tests/database_pool.py), unless
+# TREADLE_TEST_DATABASES=fresh: then every test's database is created and dropped
+_pool: DatabasePool | None = None
+
+
+def _template_pool(server: str) -> DatabasePool | None:
+    global _pool
+    if _pool is None and os.environ.get("TREADLE_TEST_DATABASES") != "fresh":
+        _pool = DatabasePool(server, TEMPLATE, with_db, _database_name)
+    return _pool
+
+
 class Databases:
-    """Creates databases on the test server and drops every one it created."""
+    """Creates databases on the test server and drops every one it created (or puts a
+    copy of the template back for the next test: tests/database_pool.py)."""
 
     def __init__(self, server: str) -> None:
         self.server = server
+        self.pool = _template_pool(server)
         self.created: list[str] = []
 
     def new(self, template: str | None = TEMPLATE) -> str:
         """A new database: a clone of `template` (treadle's template by default), or empty for None."""
-        name = f"treadle_t_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(self.server, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+        name = self.pool.take() if self.pool and template == TEMPLATE else None
+        if name is None:
+            name = _database_name()
+            with psycopg.connect(self.server, autocommit=True) as conn:
+                conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+                if self.pool and template == TEMPLATE:
+                    self.pool.made(name, conn)
         self.created.append(name)
         return with_db(self.server, name)
 
     def drop_all(self) -> None:
         with psycopg.connect(self.server, autocommit=True) as conn:
             for name in reversed(self.created):
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                drop = self.pool.give_back(name, conn) if self.pool else name
+                if drop is not None:
+                    conn.execute(f'DROP DATABASE IF EXISTS "{drop}" WITH (FORCE)')
         self.created.clear()
 
 

@@ -20,7 +20,7 @@ def prepare_pgtle(url: str) -> str:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"""DO $$ BEGIN
                              CREATE ROLE {PGTLE_OWNER} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE;
-                         EXCEPTION WHEN duplicate_object THEN NULL;
+                         EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;  -- (another worker's)
                          END $$""")
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_tle")
         conn.execute(f"GRANT pgtle_admin TO {PGTLE_OWNER}")
