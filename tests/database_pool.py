@@ -20,10 +20,11 @@ A database is used again only when all of these hold; otherwise it is dropped, a
   (owner, rights, limits) is the template's.
 - The tables the template has rows in hold those rows, once the others are emptied.
 
-Then it is put back: the tables the test wrote are truncated, the sequences set back, the
+Then it is put back: the tables the test wrote (their size with their indexes is not a fresh
+copy's: a table emptied by DELETE and VACUUM keeps its indexes' pages) are truncated, the sequences set back, the
 planner's statistics on its tables removed (ANALYZE's, autovacuum's: a fresh copy has none),
 the sizes the planner reads written as a fresh copy has them (a TRUNCATE leaves an index a page
-of no rows) and the database's statistics counters reset.
+of no rows) and the database's statistics counters reset, the reset's own reads included.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ class _Template:
     counts: list[int]
     tables: list[str]
     filled: dict[str, str]  # a table the template has rows in -> a digest of them
+    disk: dict[str, int]  # a table -> its size with its indexes and TOAST
     sequences: dict[str, tuple[int, bool]]
     sizes: list[tuple[Any, ...]]
     statistics: int
@@ -104,6 +106,7 @@ class _Template:
             counts=_counts(conn, catalogs, 0)[0],
             tables=tables,
             filled=filled,
+            disk=_disk(conn, tables),
             sequences={s: _sequence(conn, s) for s in (r[0] for r in conn.execute(_SEQUENCES))},
             sizes=list(conn.execute(_SIZES)),
             statistics=_one(conn, _STATISTICS)[0],
@@ -130,6 +133,18 @@ def _counts(conn: psycopg.Connection[Any], catalogs: list[str], since: int) -> t
 def _digest(conn: psycopg.Connection[Any], table: str) -> str | None:
     """A digest of a table's rows, or None when it has none."""
     return _one(conn, f"SELECT md5(string_agg(t::text, ',' ORDER BY t::text)) FROM {table} AS t")[0]  # type: ignore[no-any-return]
+
+
+def _disk(conn: psycopg.Connection[Any], tables: list[str]) -> dict[str, int]:
+    query = "SELECT t, pg_catalog.pg_total_relation_size(t::regclass) FROM unnest(%s::text[]) AS t"
+    return {t: int(n) for t, n in conn.execute(query, (tables,))}
+
+
+def _counters_reset(conn: psycopg.Connection[Any]) -> None:
+    """The database's statistics counters reset, this session's own reads and writes included
+    (they would reach the counters when it ends: flushed first)."""
+    conn.execute("SELECT pg_catalog.pg_stat_force_next_flush()")  # (at the end of this statement)
+    conn.execute("SELECT pg_catalog.pg_stat_reset()")
 
 
 def _sequence(conn: psycopg.Connection[Any], sequence: str) -> tuple[int, bool]:
@@ -164,7 +179,7 @@ class DatabasePool:
             self.changed = "not a copy this pool made"
             return name
         new = self.new_name()
-        for _ in range(10):
+        for _ in range(3):
             admin.execute(
                 "SELECT pg_catalog.pg_terminate_backend(pid, 5000) FROM pg_catalog.pg_stat_activity"
                 " WHERE datname = %s AND pid <> pg_catalog.pg_backend_pid()",
@@ -175,6 +190,9 @@ class DatabasePool:
                 break
             except psycopg.errors.ObjectInUse:
                 continue  # (a session came back between the two)
+            except psycopg.errors.InvalidCatalogName:
+                self.changed = "the test dropped or renamed it"
+                return name
         else:
             self.changed = "sessions kept coming back"
             return name
@@ -198,6 +216,7 @@ class DatabasePool:
         admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
         with psycopg.connect(self.url(self.server, name), autocommit=True) as conn:
             template = _Template.read(conn)
+            _counters_reset(conn)
             self.marks[name] = _xid(conn)
         self.ready.append(name)
         return template
@@ -215,15 +234,10 @@ class DatabasePool:
         if counts != t.counts or written:
             more = [f"{c} {n - m:+}" for c, n, m in zip(t.catalogs, counts, t.counts, strict=True) if n != m]
             return f"its catalog: {written} rows written, {', '.join(more) or 'as many in each'}"
-        written_tables = [
-            r[0]
-            for r in conn.execute(
-                "SELECT t FROM unnest(%s::text[]) AS t WHERE pg_catalog.pg_relation_size(t::regclass) > 0",
-                ([x for x in t.tables if x not in t.filled],),
-            )
-        ]
-        if written_tables:
-            conn.execute(f"TRUNCATE {', '.join(written_tables)} CASCADE")  # (and the tables that refer to them)
+        # (a table emptied by a DELETE and VACUUM can keep its indexes' pages)
+        disk = _disk(conn, [x for x in t.tables if x not in t.filled])
+        if grown := [x for x, n in disk.items() if n != t.disk[x]]:
+            conn.execute(f"TRUNCATE {', '.join(grown)} CASCADE")  # (and the tables that refer to them)
         if any(_digest(conn, table) != digest for table, digest in t.filled.items()):
             return "rows of a table the template has rows in"
         for sequence, (last, called) in t.sequences.items():
@@ -234,5 +248,7 @@ class DatabasePool:
         conn.execute(_SET_SIZES, [list(column) for column in zip(*t.sizes, strict=True)])
         if (sizes := list(conn.execute(_SIZES))) != t.sizes or _one(conn, _STATISTICS)[0] != t.statistics:
             return f"sizes: {set(sizes) ^ set(t.sizes)}"
-        conn.execute("SELECT pg_catalog.pg_stat_reset()")
+        if _disk(conn, t.tables) != t.disk:
+            return "a table's size after TRUNCATE"
+        _counters_reset(conn)
         return ""

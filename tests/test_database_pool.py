@@ -43,7 +43,9 @@ def _state(url: str) -> tuple[Any, ...]:
                       (SELECT count(*) FROM pg_statistic WHERE starelid = 'treadle.jobs'::regclass),
                       (SELECT array_agg((relpages, reltuples) ORDER BY oid) FROM pg_class
                         WHERE relnamespace = 'treadle'::regnamespace),
-                      (SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables),
+                      (SELECT array_agg(pg_total_relation_size(oid) ORDER BY oid) FROM pg_class
+                        WHERE relnamespace = 'treadle'::regnamespace AND relkind = 'r'),
+                      (SELECT coalesce(sum(n_tup_ins + seq_scan + coalesce(idx_scan, 0)), 0) FROM pg_stat_user_tables),
                       current_setting('treadle.now', true)"""
         ).fetchone()
         assert row is not None
@@ -62,7 +64,9 @@ def test_a_database_given_back_is_as_a_fresh_copy_under_a_new_name(pool: Databas
             conn.execute("SELECT treadle.pause('q')")
             conn.execute("SELECT treadle.define_workflow('w', ARRAY['a', 'b'])")
             conn.execute("SELECT treadle.start_workflow('w', '{}'::jsonb)")
-            conn.execute("VACUUM treadle.jobs")
+            conn.execute("SELECT treadle.enqueue('n', '{}'::jsonb) FROM generate_series(1, 3000)")
+            conn.execute("DELETE FROM treadle.jobs")  # (every job: the table's pages can go)
+            conn.execute("VACUUM treadle.jobs")  # (the table's pages freed, not its indexes')
             conn.execute("SELECT pg_advisory_lock(42)")
             held = psycopg.connect(with_db(pg_server, name), autocommit=True)  # a session the test left open
             assert pool.give_back(name, admin) is None, pool.changed
@@ -73,6 +77,14 @@ def test_a_database_given_back_is_as_a_fresh_copy_under_a_new_name(pool: Databas
         again = pool.take()
         assert again is not None and again != name
         assert _state(with_db(pg_server, again)) == fresh
+
+
+def test_a_database_the_test_dropped_is_told_to_be_dropped(pool: DatabasePool, pg_server: str) -> None:
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        name = _copy(pool, admin)
+        admin.execute(f'DROP DATABASE "{name}"')
+        assert pool.give_back(name, admin) == name  # (DROP DATABASE IF EXISTS, as before)
+        assert pool.changed == "the test dropped or renamed it"
 
 
 @pytest.mark.parametrize(
