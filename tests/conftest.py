@@ -220,13 +220,12 @@ class Databases:
 
     def new(self, template: str | None = TEMPLATE) -> str:
         """A new database: a clone of `template` (treadle's template by default), or empty for None."""
-        name = self.pool.take() if self.pool and template == TEMPLATE else None
-        if name is None:
+        if self.pool and template == TEMPLATE:
+            name = self.pool.new()
+        else:
             name = _database_name()
             with psycopg.connect(self.server, autocommit=True) as conn:
                 conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
-                if self.pool and template == TEMPLATE:
-                    self.pool.made(name, conn)
         self.created.append(name)
         return with_db(self.server, name)
 

@@ -52,14 +52,15 @@ _SHARED = """
 _CATALOGS = """
     SELECT c.relname FROM pg_catalog.pg_class AS c
      WHERE c.relnamespace = 'pg_catalog'::regnamespace AND c.relkind = 'r' AND NOT c.relisshared
-       AND c.relname <> 'pg_statistic'  -- (ANALYZE's, autovacuum's; user tables' in _STATISTICS)
+       AND c.relname <> 'pg_statistic'  -- (ANALYZE's, autovacuum's: user tables' are cleared)
      ORDER BY c.relname"""
 _USER_RELATIONS = f"""
     FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace WHERE {_USER_SCHEMA}"""
 _TABLES = f"SELECT c.oid::regclass::text {_USER_RELATIONS} AND c.relkind = 'r' ORDER BY 1"
 _SEQUENCES = f"SELECT c.oid::regclass::text {_USER_RELATIONS} AND c.relkind = 'S' ORDER BY 1"
-# statistics on user tables (ANALYZE, autovacuum's): a template has none
-_STATISTICS = "SELECT count(*) FROM pg_catalog.pg_statistic WHERE starelid >= 16384"
+# statistics on user tables (ANALYZE's, autovacuum's): a fresh copy has none (Template.read)
+_USER_STATISTICS = "FROM pg_catalog.pg_statistic WHERE starelid >= 16384"
+_CLEAR_STATISTICS = f"DELETE {_USER_STATISTICS}"
 # what the planner reads of a relation's size (TRUNCATE, VACUUM and ANALYZE change it in place)
 _SIZES = f"SELECT c.oid, c.relpages, c.reltuples, c.relallvisible {_USER_RELATIONS} ORDER BY 1"
 # ... put back as a fresh copy has them, written as VACUUM would
@@ -91,10 +92,11 @@ class _Template:
     disk: dict[str, int]  # a table -> its size with its indexes and TOAST
     sequences: dict[str, tuple[int, bool]]
     sizes: list[tuple[Any, ...]]
-    statistics: int
 
     @classmethod
     def read(cls, conn: psycopg.Connection[Any]) -> _Template:
+        # (a template whose tables have statistics would need them kept: none of the tests' has)
+        assert _one(conn, f"SELECT count(*) {_USER_STATISTICS}") == (0,), "the template's tables have statistics"
         catalogs = [r[0] for r in conn.execute(_CATALOGS)]
         tables = [r[0] for r in conn.execute(_TABLES)]
         filled = {t: d for t in tables if (d := _digest(conn, t)) is not None}
@@ -109,7 +111,6 @@ class _Template:
             disk=_disk(conn, tables),
             sequences={s: _sequence(conn, s) for s in (r[0] for r in conn.execute(_SEQUENCES))},
             sizes=list(conn.execute(_SIZES)),
-            statistics=_one(conn, _STATISTICS)[0],
         )
 
 
@@ -165,15 +166,15 @@ class DatabasePool:
     changed: str = ""  # what kept the last database given back from being used again
     _template: _Template | None = None
 
-    def take(self) -> str | None:
-        """The name of a database as the template made it, or None when none is ready."""
-        return self.ready.pop() if self.ready else None
+    def new(self) -> str:
+        """A database as the template made it: one put back, else a new copy."""
+        return self.ready.pop() if self.ready else self._copy()
 
     def give_back(self, name: str, admin: psycopg.Connection[Any]) -> str | None:
         """Put a test's database back for the next one, under a new name: None when it was,
         else the name to drop it by (`changed` says why)."""
         if self._template is None:
-            self._template = self._read_template(admin)
+            self._template = self._read_template()
         mark = self.marks.pop(name, None)
         if mark is None:
             self.changed = "not a copy this pool made"
@@ -207,17 +208,19 @@ class DatabasePool:
             self.changed = f"put back, {error}"
         return new
 
-    def made(self, name: str, admin: psycopg.Connection[Any]) -> None:
-        """A database was just copied from the template: what it holds from now on can be told."""
-        self.marks[name] = _xid(admin)
-
-    def _read_template(self, admin: psycopg.Connection[Any]) -> _Template:
+    def _copy(self) -> str:
+        """A new copy of the template; what it holds from now on can be told."""
         name = self.new_name()
-        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+        with psycopg.connect(self.server, autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+            self.marks[name] = _xid(admin)
+        return name
+
+    def _read_template(self) -> _Template:
+        name = self._copy()
         with psycopg.connect(self.url(self.server, name), autocommit=True) as conn:
             template = _Template.read(conn)
             _counters_reset(conn)
-            self.marks[name] = _xid(conn)
         self.ready.append(name)
         return template
 
@@ -242,12 +245,9 @@ class DatabasePool:
             return "rows of a table the template has rows in"
         for sequence, (last, called) in t.sequences.items():
             conn.execute("SELECT pg_catalog.setval(%s::regclass, %s, %s)", (sequence, last, called))
-        if t.statistics == 0:
-            conn.execute("DELETE FROM pg_catalog.pg_statistic WHERE starelid >= 16384")
+        conn.execute(_CLEAR_STATISTICS)
         # (a TRUNCATE leaves an index one page of no rows, where the template's were never measured)
         conn.execute(_SET_SIZES, [list(column) for column in zip(*t.sizes, strict=True)])
-        if (sizes := list(conn.execute(_SIZES))) != t.sizes or _one(conn, _STATISTICS)[0] != t.statistics:
-            return f"sizes: {set(sizes) ^ set(t.sizes)}"
         if _disk(conn, t.tables) != t.disk:
             return "a table's size after TRUNCATE"
         _counters_reset(conn)

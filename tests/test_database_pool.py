@@ -25,13 +25,10 @@ def pool(pg_server: str, template_db: str) -> Iterator[DatabasePool]:
             admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
-def _copy(pool: DatabasePool, admin: psycopg.Connection[Any]) -> str:
-    name = pool.take()
-    if name is None:
-        name = pool.new_name()
-        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pool.template}"')
-        pool.made(name, admin)
-    return name
+def _oid(admin: psycopg.Connection[Any], name: str) -> int:
+    row = admin.execute("SELECT oid FROM pg_database WHERE datname = %s", (name,)).fetchone()
+    assert row is not None, name
+    return int(row[0])
 
 
 def _state(url: str) -> tuple[Any, ...]:
@@ -56,8 +53,9 @@ def _state(url: str) -> tuple[Any, ...]:
 
 def test_a_database_given_back_is_as_a_fresh_copy_under_a_new_name(pool: DatabasePool, pg_server: str) -> None:
     with psycopg.connect(pg_server, autocommit=True) as admin:
-        fresh = _state(with_db(pg_server, _copy(pool, admin)))
-        name = _copy(pool, admin)
+        fresh = _state(with_db(pg_server, pool.new()))
+        name = pool.new()
+        oid = _oid(admin, name)
         with psycopg.connect(with_db(pg_server, name), autocommit=True) as conn:
             conn.execute("SELECT treadle.enqueue('n', '{}'::jsonb) FROM generate_series(1, 500)")
             conn.execute("SELECT treadle.set_queue('q', concurrency => 3)")
@@ -74,14 +72,14 @@ def test_a_database_given_back_is_as_a_fresh_copy_under_a_new_name(pool: Databas
             held.execute("SELECT 1")  # ended
         with pytest.raises(psycopg.OperationalError, match="does not exist"):
             psycopg.connect(with_db(pg_server, name))  # a process of the ended test finds no database
-        again = pool.take()
-        assert again is not None and again != name
+        again = pool.new()
+        assert again != name and _oid(admin, again) == oid  # (the same database, renamed)
         assert _state(with_db(pg_server, again)) == fresh
 
 
 def test_a_database_the_test_dropped_is_told_to_be_dropped(pool: DatabasePool, pg_server: str) -> None:
     with psycopg.connect(pg_server, autocommit=True) as admin:
-        name = _copy(pool, admin)
+        name = pool.new()
         admin.execute(f'DROP DATABASE "{name}"')
         assert pool.give_back(name, admin) == name  # (DROP DATABASE IF EXISTS, as before)
         assert pool.changed == "the test dropped or renamed it"
@@ -103,9 +101,8 @@ def test_a_database_the_test_dropped_is_told_to_be_dropped(pool: DatabasePool, p
 )
 def test_a_database_whose_catalog_changed_is_dropped(pool: DatabasePool, pg_server: str, change: str) -> None:
     with psycopg.connect(pg_server, autocommit=True) as admin:
-        _copy(pool, admin)  # (the pool reads the template first: its own copy, then ready)
-        pool.give_back(pool.take() or "", admin)
-        name = _copy(pool, admin)
+        pool.give_back(pool.new(), admin)  # (the pool reads the template first: its own copy, then ready)
+        name = pool.new()
         with psycopg.connect(with_db(pg_server, name), autocommit=True) as conn:
             conn.execute(change)
         drop = pool.give_back(name, admin)
