@@ -36,6 +36,7 @@ SCENARIOS: list[tuple[str, list[str]]] = [
     ("memory.py", ["--runs", "1"]),
     ("cli_bulk.py", []),
     ("workflows.py", []),
+    ("workflow_worker.py", []),
 ]
 # scenarios that start a cluster of their own, with settings of their own (pg_stat_statements)
 OWN_CLUSTER = {"held_snapshot.py"}

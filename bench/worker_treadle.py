@@ -18,6 +18,9 @@ gives the handler a timeout of S seconds (its policy: every attempt is timed).
 worker's default (None: prepared where its connection reaches the server itself).
 `--claim-ahead N` holds up to N jobs beyond the free slots (`Worker(claim_ahead=N)`; without it the
 default: as many as `--concurrency` while handlers are quick).
+`--names A,B,C` registers the handler for each of these job names instead of `bench` (none: `--names ''`);
+`--workflow NAME:S1,S2,S3` registers a workflow of these steps, one after another, each step
+the handler.
 
     python bench/worker_treadle.py DSN [--concurrency 10] [--handler noop] [--no-listen] ...
 """
@@ -90,6 +93,8 @@ def main() -> None:
     p.add_argument("--no-listen", action="store_true")
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("--claim-ahead", type=int, default=None)
+    p.add_argument("--names", default="bench", help="the job names the handler is registered for, comma-separated")
+    p.add_argument("--workflow", default=None, help="NAME:S1,S2,...: a workflow of these steps, each the handler")
     prepared = p.add_mutually_exclusive_group()
     prepared.add_argument("--prepared", dest="prepared", action="store_const", const=True, default=None)
     prepared.add_argument("--unprepared", dest="prepared", action="store_const", const=False)
@@ -103,7 +108,11 @@ def main() -> None:
         stop_timeout=0, claim_ahead=args.claim_ahead)
     _chain_dsn = args.dsn
     handlers = {"noop": noop, "async-noop": async_noop, "record": record, "hang": hang, "chain": chain}
-    worker.register("bench", handlers[args.handler], timeout=args.timeout)
+    for name in filter(None, args.names.split(",")):
+        worker.register(name, handlers[args.handler], timeout=args.timeout)
+    if args.workflow:
+        workflow, steps = args.workflow.split(":", 1)
+        worker.workflow(workflow, [(step, handlers[args.handler]) for step in steps.split(",")], timeout=args.timeout)
     worker.start()
     say("ready")
     sys.stdin.read()  # until the benchmark closes the pipe

@@ -69,10 +69,11 @@ SELECT set_eq(
 SELECT set_eq(
     $$ SELECT signature FROM treadle_functions WHERE has_function_privilege('public', oid, 'EXECUTE') $$,
     ARRAY['treadle.version()', 'treadle.now()', 'treadle._moved_clock(text)', 'treadle.workflow_results(bigint)',
-          'treadle.workflow_step_results(bigint,text)', 'treadle.cron_next(text,text,timestamp with time zone)',
+          'treadle.workflow_step_results(bigint,text)', 'treadle._step_results(text[],jsonb,jsonb,text)',
+          'treadle.cron_next(text,text,timestamp with time zone)',
           'treadle._caller()', 'treadle._caller_role()', 'treadle._caller_prefix()', 'treadle._reader_prefix()',
           'treadle._all_start_with(text[],text)'],
-    'PUBLIC executes only the read-only functions that run with the caller''s rights, cron_next, and the policies'' helpers (each tells a role of itself, or reads no table)');
+    'PUBLIC executes only the read-only functions that run with the caller''s rights, cron_next and _step_results (which read no table), and the policies'' helpers (each tells a role of itself, or reads no table)');
 SELECT set_eq(
     $$ SELECT unnest(extconfig)::regclass::text FROM pg_extension WHERE extname = 'treadle' $$,
     $$ SELECT unnest(ARRAY['treadle.jobs', 'treadle.jobs_id_seq', 'treadle.workflow_runs',

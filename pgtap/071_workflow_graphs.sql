@@ -4,7 +4,7 @@
 -- the results a step receives, failure, retry and cancel of a graph run.
 \set ON_ERROR_STOP true
 BEGIN;
-SELECT plan(105);
+SELECT plan(112);
 \ir helpers.psql
 
 SET LOCAL treadle.now = '2999-01-01 12:00:00+00';
@@ -101,6 +101,20 @@ SELECT is(pg_temp.steps(:r4), ARRAY['p:available', 'q:available'], 'after {} run
 SELECT is(treadle.workflow_step_results(:r3, 'z'), '{}'::jsonb, 'a list''s step receives the earlier results, none yet');
 SELECT is(pg_temp.finish_step(:r3, 'x', '[1]'), 'completed', 'a list''s first step completes');
 SELECT is(treadle.workflow_step_results(:r3, 'z'), '{"x": [1]}'::jsonb, 'a list''s step receives every earlier result');
+-- treadle._step_results, which workflow_step_results and the worker's read of its claimed steps call
+SELECT is(treadle._step_results('{x,y,z}', NULL, '{"x": [1], "y": 2}', 'z'), '{"x": [1], "y": 2}'::jsonb,
+          '_step_results: a list''s step receives the results before it');
+SELECT is(treadle._step_results('{x,y,z}', NULL, '{"x": 1, "z": 3, "y": 2}', 'y'), '{"x": 1}'::jsonb,
+          '_step_results: and not its own or a later step''s, when the run holds them');
+SELECT is(treadle._step_results('{x,y}', NULL, '{"x": 1}', 'nope'), '{}'::jsonb,
+          '_step_results: {} for a step the list does not have');
+SELECT is(treadle._step_results('{a,b,c,d}', '{"b": ["a"], "c": ["b"]}', '{"a": 1, "b": 2, "d": 4}', 'c'),
+          '{"a": 1, "b": 2}'::jsonb, '_step_results: a graph''s step receives its dependencies'' results, directly or not');
+SELECT is(treadle._step_results(NULL, NULL, NULL, NULL), NULL, '_step_results: null for nulls');
+SELECT is(treadle._step_results('{a,b}', '{"a": ["b"], "b": ["a"]}', '{"a": 1, "b": 2}', 'a'), '{"a": 1, "b": 2}'::jsonb,
+          '_step_results: ends on a cycle (which define_workflow and start_workflow refuse)');
+SELECT throws_ok($$ SELECT treadle._step_results('{a,b}', '{"b": 5}', '{}', 'b') $$, '22023', NULL,
+                 '_step_results: a dependency list that is not an array is refused (22023)');
 
 --------------------------------------------------------------------------------
 -- Failure, retry and cancel of a graph run

@@ -33,6 +33,8 @@ INSERT INTO may_execute VALUES
     ('treadle.workflow_results(bigint)',         '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.workflow_step_results(bigint,text)', '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle.cron_next(text,text,timestamp with time zone)', '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
+    -- what a workflow step receives, from a run's columns the caller read: it reads no table
+    ('treadle._step_results(text[],jsonb,jsonb,text)', '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     -- the helpers the row-level security policies call as the reader: each tells a role of itself only
     ('treadle._caller()',                        '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
     ('treadle._caller_role()',                   '{reader,producer,worker,admin,dashboard,dashboard_ro,nobody}'),
@@ -104,9 +106,9 @@ SELECT is_empty(
     $$ SELECT f.signature, r.part FROM extension_functions AS f CROSS JOIN roles AS r
         WHERE (f.proname LIKE '\_%' OR f.proname LIKE 'grant\_%' OR f.proname IN ('set_tenant', 'configure', 'distribute'))
           AND f.proname NOT IN ('_caller', '_caller_role', '_caller_prefix', '_reader_prefix', '_all_start_with',
-                                '_moved_clock')
+                                '_moved_clock', '_step_results')
           AND has_function_privilege(r.role, f.oid, 'EXECUTE') $$,
-    'internal helpers (but the policies'' five and the clock''s), grant helpers, set_tenant, configure and distribute are the owner''s alone');
+    'internal helpers (but the policies'' five, the clock''s and _step_results), grant helpers, set_tenant, configure and distribute are the owner''s alone');
 
 -- Tables, views and sequences: no part may write anything, or read a lease token.
 SELECT is_empty(

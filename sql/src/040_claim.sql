@@ -677,7 +677,8 @@ BEGIN
                    worker_id = claim.worker_id,
                    started_at = v_now,
                    progress = NULL,
-                   progress_message = NULL
+                   progress_message = NULL,
+                   workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
              WHERE j.id = ANY (v_ids)
             RETURNING j.*
         )
@@ -1021,7 +1022,8 @@ BEGIN
                    worker_id = claim.worker_id,
                    started_at = v_now,
                    progress = NULL,
-                   progress_message = NULL
+                   progress_message = NULL,
+                   workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
              WHERE j.queue = v_queue
                AND j.id = ANY (v_ids)
             RETURNING j.*

@@ -948,7 +948,8 @@ BEGIN
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
            result = complete.result,
            finished_at = v_now,
-           lease_until = NULL
+           lease_until = NULL,
+           workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
      WHERE j.id = complete.job_id
        AND j.queue = v_queue
        AND j.state = 'running'
@@ -1061,7 +1062,8 @@ BEGIN
                    SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
                        result = i.result,
                        finished_at = v_now,
-                       lease_until = NULL
+                       lease_until = NULL,
+                       workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
                   FROM input AS i
                  WHERE j.id = i.id
                    AND j.id = ANY (complete_many.job_ids)
@@ -1095,7 +1097,8 @@ BEGIN
                    SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
                        result = i.result,
                        finished_at = v_now,
-                       lease_until = NULL
+                       lease_until = NULL,
+                       workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
                   FROM input AS i
                  WHERE j.queue = v_queue
                    AND j.id = i.id

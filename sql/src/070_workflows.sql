@@ -771,12 +771,60 @@ COMMENT ON FUNCTION treadle.workflow_results(bigint) IS
     'A workflow run''s step results keyed by step name; null for an unknown run.';
 
 --------------------------------------------------------------------------------
+-- treadle._step_results(steps, after, results, step) -> jsonb
+--
+-- What step `step` of a run receives, from the run's steps, dependencies (after)
+-- and results: the results of the steps it runs after, directly or through
+-- others, keyed by step name (for a linear list, every step before it). {} for a
+-- step without dependencies or a step that is not the run's. Reads no table: the
+-- worker calls it on the runs it reads for its claimed steps (each run read once).
+--------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION treadle._step_results(steps text[], after jsonb, results jsonb, step text)
+RETURNS jsonb
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_other jsonb;
+    v_todo  text[];
+    v_seen  jsonb;
+BEGIN
+    IF _step_results.after IS NULL THEN
+        -- a list: the steps before it. Most often the run holds no other result, and
+        -- the results go as they are, without a statement
+        v_other := _step_results.results
+                   - _step_results.steps[1 : coalesce(array_position(_step_results.steps, _step_results.step), 1) - 1];
+        IF v_other = '{}'::jsonb THEN
+            RETURN _step_results.results;
+        END IF;
+        RETURN _step_results.results - ARRAY(SELECT jsonb_object_keys(v_other));
+    END IF;
+    -- a graph: walk back along the dependencies, a layer at a time
+    v_seen := '{}'::jsonb;
+    v_todo := ARRAY(SELECT d.v FROM jsonb_array_elements_text(_step_results.after -> _step_results.step) AS d(v));
+    WHILE cardinality(v_todo) > 0 LOOP
+        v_seen := v_seen || (SELECT jsonb_object_agg(t.s, true) FROM unnest(v_todo) AS t(s));
+        v_todo := ARRAY(SELECT DISTINCT d.v
+                          FROM unnest(v_todo) AS t(s)
+                         CROSS JOIN LATERAL jsonb_array_elements_text(_step_results.after -> t.s) AS d(v)
+                         WHERE NOT v_seen ? d.v);
+    END LOOP;
+    RETURN coalesce((SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each(_step_results.results) AS e
+                      WHERE v_seen ? e.key), '{}'::jsonb);
+END;
+$$;
+COMMENT ON FUNCTION treadle._step_results(text[], jsonb, jsonb, text) IS
+    'The results a workflow step receives, from its run''s steps, dependencies and results.';
+
+--------------------------------------------------------------------------------
 -- treadle.workflow_step_results(run_id, step) -> jsonb
 --
--- What a step receives: the results of the steps it runs after, directly or
--- through others, keyed by step name (for a linear list, every step before it).
--- {} for a step without dependencies or a step that is not the run's; null for an
--- unknown run (or one the caller may not see: it runs with the caller's rights).
+-- What a step receives (treadle._step_results): the results of the steps it runs
+-- after, directly or through others, keyed by step name (for a linear list, every
+-- step before it). {} for a step without dependencies or a step that is not the
+-- run's; null for an unknown run (or one the caller may not see: it runs with the
+-- caller's rights).
 --------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION treadle.workflow_step_results(run_id bigint, step text)
 RETURNS jsonb
@@ -788,34 +836,13 @@ DECLARE
     v_steps   text[];
     v_after   jsonb;
     v_results jsonb;
-    v_before  text[];
-    v_todo    text[];
-    v_seen    jsonb;
 BEGIN
-    SELECT r.steps, '{}'::jsonb || r.after, '{}'::jsonb || r.results INTO v_steps, v_after, v_results
+    SELECT r.steps, r.after, r.results INTO v_steps, v_after, v_results
       FROM treadle.workflow_runs AS r WHERE r.id = workflow_step_results.run_id;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    -- (the maps are decompressed once, above: each lookup below would do it again)
-    IF v_after IS NULL THEN
-        -- a list: the steps before it
-        v_before := v_steps[1 : coalesce(array_position(v_steps, workflow_step_results.step), 1) - 1];
-        RETURN coalesce((SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each(v_results) AS e
-                          WHERE e.key = ANY (v_before)), '{}'::jsonb);
-    END IF;
-    -- a graph: walk back along the dependencies, a layer at a time
-    v_seen := '{}'::jsonb;
-    v_todo := ARRAY(SELECT d.v FROM jsonb_array_elements_text(v_after -> workflow_step_results.step) AS d(v));
-    WHILE cardinality(v_todo) > 0 LOOP
-        v_seen := v_seen || (SELECT jsonb_object_agg(t.s, true) FROM unnest(v_todo) AS t(s));
-        v_todo := ARRAY(SELECT DISTINCT d.v
-                          FROM unnest(v_todo) AS t(s)
-                         CROSS JOIN LATERAL jsonb_array_elements_text(v_after -> t.s) AS d(v)
-                         WHERE NOT v_seen ? d.v);
-    END LOOP;
-    RETURN coalesce((SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each(v_results) AS e
-                      WHERE v_seen ? e.key), '{}'::jsonb);
+    RETURN treadle._step_results(v_steps, v_after, v_results, workflow_step_results.step);
 END;
 $$;
 COMMENT ON FUNCTION treadle.workflow_step_results(bigint, text) IS

@@ -386,6 +386,9 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA treadle FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION treadle.version(), treadle.now(), treadle.workflow_results(bigint),
     treadle.workflow_step_results(bigint, text),
     treadle.cron_next(text, text, timestamptz) TO PUBLIC;
+-- What a workflow step receives, from a run's columns the caller read: it reads no
+-- table (the worker's query of its claimed steps' runs calls it).
+GRANT EXECUTE ON FUNCTION treadle._step_results(text[], jsonb, jsonb, text) TO PUBLIC;
 -- treadle.now()'s helper, inlined with it into the caller's statement: it reads the
 -- caller's own setting.
 GRANT EXECUTE ON FUNCTION treadle._moved_clock(text) TO PUBLIC;

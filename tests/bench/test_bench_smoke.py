@@ -43,6 +43,7 @@ SCENARIOS = [
     "check_cost",
     "workflow_instructions",
     "chain",
+    "workflow_worker",
 ]
 
 

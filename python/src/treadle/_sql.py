@@ -296,7 +296,7 @@ CLAIMED: Final[LiteralString] = (
 # the workflow, input and the results of the steps it runs after, for each claimed step
 STEP_CONTEXT: Final[LiteralString] = """
 SELECT r.id, s.step, r.name, r.input::text AS input,
-       treadle.workflow_step_results(run_id => r.id, step => s.step)::text AS results
+       treadle._step_results(r.steps, r.after, r.results, s.step)::text AS results
   FROM unnest(%(run_ids)s::bigint[], %(steps)s::text[]) AS s(run_id, step)
   JOIN treadle.workflow_runs AS r ON r.id = s.run_id
 """

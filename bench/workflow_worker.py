@@ -1,0 +1,109 @@
+"""A linear workflow run through a worker process, against plain jobs through the same worker.
+
+bench/workflows.py and bench/workflow_cost.py drain runs with a SQL loop; a user's runs go
+through treadle.Worker, which also reads each claimed step's run (its input and the results
+it receives) and hands it to the step. Here one worker process (bench/worker_treadle.py,
+concurrency 10, empty handlers, its default options) drains --runs-per-side runs of three
+steps (a -> b -> c, started by one statement of treadle.start_workflow calls), and, in
+turns with it, as many plain jobs of three names (one treadle.enqueue each, one statement)
+through a worker of three handlers. Figures per job: the wall time from the start statement
+to the last completion, the CPU of the worker's server backends and of the start statement's
+(/proc/PID/stat), and the worker process's CPU; ratios round by round (goal for a run: at
+most 1.2x three plain jobs).
+
+    .build/venv/bin/python bench/workflow_worker.py [--runs 5] [--runs-per-side 3000]
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from typing import Any
+
+import psycopg
+from harness import BENCH, PYTHON, cpu_seconds, database, paired_ratio, parser, print_settings, progress, server
+from harness import spread, table
+from workflows import PLAIN3_NAMES, reset
+
+TITLE = "A linear run through a worker process, against plain jobs of three names"
+WORKER = {
+    "run": ["--workflow", "lin:a,b,c", "--names", ""],
+    "plain": ["--names", ",".join(PLAIN3_NAMES)],
+}
+START = {
+    "run": "SELECT count(treadle.start_workflow('lin', '{}', queue => 'wf')) FROM generate_series(1, %(n)s)",
+    "plain": "SELECT count(treadle.enqueue(n.n, '{}', queue => 'wf')) FROM generate_series(1, %(n)s) AS g"
+             " CROSS JOIN unnest(%(names)s::text[]) AS n(n)",
+}  # fmt: skip
+
+
+def backends(conn: psycopg.Connection[Any]) -> list[int]:
+    """The other client backends of the server: the worker's, once it is ready."""
+    return [pid for (pid,) in conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()")]
+
+
+def cpu(pids: list[int]) -> float:
+    return sum(cpu_seconds(pid) or 0.0 for pid in pids)
+
+
+def one_side(url: str, side: str, runs: int) -> tuple[float, float, float]:
+    """Seconds, server CPU seconds and worker CPU seconds to start and drain `runs` runs (3 x runs jobs)."""
+    reset(url)
+    worker = subprocess.Popen([PYTHON, str(BENCH / "worker_treadle.py"), url, "--queue", "wf", *WORKER[side]],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert worker.stdout is not None and worker.stdout.readline().strip() == "ready"
+        with psycopg.connect(url, autocommit=True) as conn:
+            pids = backends(conn)
+            own = conn.info.backend_pid
+            began, server_began, worker_began = time.perf_counter(), cpu(pids), cpu_seconds(worker.pid) or 0.0
+            start_cpu = cpu_seconds(own) or 0.0
+            conn.execute(START[side], {"n": runs, "names": PLAIN3_NAMES})
+            start_cpu = (cpu_seconds(own) or 0.0) - start_cpu
+            while conn.execute("SELECT count(*) FROM treadle.jobs WHERE state <> 'completed'").fetchone() != (0,):
+                time.sleep(0.02)
+            seconds = time.perf_counter() - began
+            server = cpu(pids) - server_began + start_cpu
+            worker_cpu = (cpu_seconds(worker.pid) or 0.0) - worker_began
+            if side == "run":
+                left = conn.execute("SELECT count(*) FROM treadle.workflow_runs WHERE state <> 'completed'").fetchone()
+                assert left == (0,), f"{left} runs not completed"
+    finally:
+        if worker.stdin is not None:
+            worker.stdin.close()
+        worker.wait(timeout=60)
+    return seconds, server, worker_cpu
+
+
+def main() -> None:
+    p = parser(TITLE)
+    p.add_argument("--runs-per-side", type=int, default=3000, help="runs of three steps (and 3 x as many plain jobs)")
+    args = p.parse_args()
+    runs = 30 if args.smoke else args.runs_per_side
+    got: dict[str, list[tuple[float, float, float]]] = {"run": [], "plain": []}
+    with server() as url:
+        print_settings(url)
+        with database(url, "workflow_worker") as db:
+            for r in range(args.runs):
+                for side in ("run", "plain") if r % 2 == 0 else ("plain", "run"):
+                    progress(f"round {r + 1}/{args.runs}: {side}")
+                    got[side].append(one_side(db, side, runs))
+    jobs = 3 * runs
+
+    def per_job(side: str, i: int, scale: float) -> list[float]:
+        return [values[i] * scale / jobs for values in got[side]]
+
+    rows = []
+    for what, i, scale, digits in (("wall time, µs per job", 0, 1e6, 1), ("server CPU, µs per job", 1, 1e6, 1),
+                                   ("worker process CPU, µs per job", 2, 1e6, 1)):  # fmt: skip
+        rows.append([what, spread(per_job("run", i, scale), digits), spread(per_job("plain", i, scale), digits),
+                     "x" + paired_ratio(per_job("run", i, scale), per_job("plain", i, scale)), "x <= 1.2"])
+    both = {side: [v[1] + v[2] for v in got[side]] for side in got}
+    rows.append(["server and worker CPU together", "-", "-", "x" + paired_ratio(both["run"], both["plain"]), "-"])
+    table(f"{TITLE} (median (range) of {args.runs} rounds, {runs} runs of 3 steps against {jobs} plain jobs)",
+          ["per job", "linear run", "plain jobs, three names", "run / plain", "goal"], rows)
+
+
+if __name__ == "__main__":
+    main()
