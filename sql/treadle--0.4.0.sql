@@ -8767,6 +8767,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_other jsonb;
+    v_after jsonb;
     v_todo  text[];
     v_seen  jsonb;
 BEGIN
@@ -8780,14 +8781,16 @@ BEGIN
         END IF;
         RETURN _step_results.results - ARRAY(SELECT jsonb_object_keys(v_other));
     END IF;
-    -- a graph: walk back along the dependencies, a layer at a time
+    -- a graph: walk back along the dependencies, a layer at a time (the map
+    -- decompressed once, here: each lookup below would do it again)
+    v_after := '{}'::jsonb || _step_results.after;
     v_seen := '{}'::jsonb;
-    v_todo := ARRAY(SELECT d.v FROM jsonb_array_elements_text(_step_results.after -> _step_results.step) AS d(v));
+    v_todo := ARRAY(SELECT d.v FROM jsonb_array_elements_text(v_after -> _step_results.step) AS d(v));
     WHILE cardinality(v_todo) > 0 LOOP
         v_seen := v_seen || (SELECT jsonb_object_agg(t.s, true) FROM unnest(v_todo) AS t(s));
         v_todo := ARRAY(SELECT DISTINCT d.v
                           FROM unnest(v_todo) AS t(s)
-                         CROSS JOIN LATERAL jsonb_array_elements_text(_step_results.after -> t.s) AS d(v)
+                         CROSS JOIN LATERAL jsonb_array_elements_text(v_after -> t.s) AS d(v)
                          WHERE NOT v_seen ? d.v);
     END LOOP;
     RETURN coalesce((SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each(_step_results.results) AS e
