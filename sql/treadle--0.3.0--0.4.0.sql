@@ -3288,8 +3288,7 @@ BEGIN
                    worker_id = claim.worker_id,
                    started_at = v_now,
                    progress = NULL,
-                   progress_message = NULL,
-                   workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
+                   progress_message = NULL
              WHERE j.id = ANY (v_ids)
             RETURNING j.*
         )
@@ -3633,8 +3632,7 @@ BEGIN
                    worker_id = claim.worker_id,
                    started_at = v_now,
                    progress = NULL,
-                   progress_message = NULL,
-                   workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
+                   progress_message = NULL
              WHERE j.queue = v_queue
                AND j.id = ANY (v_ids)
             RETURNING j.*
@@ -5168,8 +5166,7 @@ BEGIN
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
            result = complete.result,
            finished_at = v_now,
-           lease_until = NULL,
-           workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
+           lease_until = NULL
      WHERE j.id = complete.job_id
        AND j.queue = v_queue
        AND j.state = 'running'
@@ -5282,8 +5279,7 @@ BEGIN
                    SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
                        result = i.result,
                        finished_at = v_now,
-                       lease_until = NULL,
-                       workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
+                       lease_until = NULL
                   FROM input AS i
                  WHERE j.id = i.id
                    AND j.id = ANY (complete_many.job_ids)
@@ -5317,8 +5313,7 @@ BEGIN
                    SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
                        result = i.result,
                        finished_at = v_now,
-                       lease_until = NULL,
-                       workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
+                       lease_until = NULL
                   FROM input AS i
                  WHERE j.queue = v_queue
                    AND j.id = i.id

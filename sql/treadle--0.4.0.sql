@@ -366,13 +366,7 @@ CREATE INDEX workflow_runs_finished_at_idx ON treadle.workflow_runs (finished_at
 -- explain_run names a run's forks
 CREATE INDEX workflow_runs_forked_from_idx ON treadle.workflow_runs (forked_from) WHERE forked_from IS NOT NULL;
 
--- A workflow run's steps. A claim and a finish write a new version of the row and
--- so a new entry here, for a key that did not change. Told that it did not,
--- PostgreSQL would search the table for dead versions to remove (bottom-up
--- deletion) whenever a leaf fills: those versions are mostly still visible, and
--- the search cost a step's claim and finish 2% of their CPU. So those UPDATEs name
--- workflow_run_id in their SET list (unchanged), and a full leaf is deduplicated
--- (a run's versions share one key) or split instead; VACUUM removes the dead.
+-- a workflow run's steps
 CREATE INDEX jobs_workflow_run_idx ON treadle.jobs (workflow_run_id) WHERE workflow_run_id IS NOT NULL;
 
 -- History: finished jobs that treadle.archive moved out of treadle.jobs, so that the
@@ -3428,8 +3422,7 @@ BEGIN
                    worker_id = claim.worker_id,
                    started_at = v_now,
                    progress = NULL,
-                   progress_message = NULL,
-                   workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
+                   progress_message = NULL
              WHERE j.id = ANY (v_ids)
             RETURNING j.*
         )
@@ -3773,8 +3766,7 @@ BEGIN
                    worker_id = claim.worker_id,
                    started_at = v_now,
                    progress = NULL,
-                   progress_message = NULL,
-                   workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
+                   progress_message = NULL
              WHERE j.queue = v_queue
                AND j.id = ANY (v_ids)
             RETURNING j.*
@@ -5308,8 +5300,7 @@ BEGIN
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
            result = complete.result,
            finished_at = v_now,
-           lease_until = NULL,
-           workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
+           lease_until = NULL
      WHERE j.id = complete.job_id
        AND j.queue = v_queue
        AND j.state = 'running'
@@ -5422,8 +5413,7 @@ BEGIN
                    SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
                        result = i.result,
                        finished_at = v_now,
-                       lease_until = NULL,
-                       workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
+                       lease_until = NULL
                   FROM input AS i
                  WHERE j.id = i.id
                    AND j.id = ANY (complete_many.job_ids)
@@ -5457,8 +5447,7 @@ BEGIN
                    SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
                        result = i.result,
                        finished_at = v_now,
-                       lease_until = NULL,
-                       workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
+                       lease_until = NULL
                   FROM input AS i
                  WHERE j.queue = v_queue
                    AND j.id = i.id

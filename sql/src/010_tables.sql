@@ -312,13 +312,7 @@ CREATE INDEX workflow_runs_finished_at_idx ON treadle.workflow_runs (finished_at
 -- explain_run names a run's forks
 CREATE INDEX workflow_runs_forked_from_idx ON treadle.workflow_runs (forked_from) WHERE forked_from IS NOT NULL;
 
--- A workflow run's steps. A claim and a finish write a new version of the row and
--- so a new entry here, for a key that did not change. Told that it did not,
--- PostgreSQL would search the table for dead versions to remove (bottom-up
--- deletion) whenever a leaf fills: those versions are mostly still visible, and
--- the search cost a step's claim and finish 2% of their CPU. So those UPDATEs name
--- workflow_run_id in their SET list (unchanged), and a full leaf is deduplicated
--- (a run's versions share one key) or split instead; VACUUM removes the dead.
+-- a workflow run's steps
 CREATE INDEX jobs_workflow_run_idx ON treadle.jobs (workflow_run_id) WHERE workflow_run_id IS NOT NULL;
 
 -- History: finished jobs that treadle.archive moved out of treadle.jobs, so that the

@@ -677,8 +677,7 @@ BEGIN
                    worker_id = claim.worker_id,
                    started_at = v_now,
                    progress = NULL,
-                   progress_message = NULL,
-                   workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
+                   progress_message = NULL
              WHERE j.id = ANY (v_ids)
             RETURNING j.*
         )
@@ -1022,8 +1021,7 @@ BEGIN
                    worker_id = claim.worker_id,
                    started_at = v_now,
                    progress = NULL,
-                   progress_message = NULL,
-                   workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
+                   progress_message = NULL
              WHERE j.queue = v_queue
                AND j.id = ANY (v_ids)
             RETURNING j.*

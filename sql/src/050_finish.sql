@@ -948,8 +948,7 @@ BEGIN
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
            result = complete.result,
            finished_at = v_now,
-           lease_until = NULL,
-           workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
+           lease_until = NULL
      WHERE j.id = complete.job_id
        AND j.queue = v_queue
        AND j.state = 'running'
@@ -1062,8 +1061,7 @@ BEGIN
                    SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
                        result = i.result,
                        finished_at = v_now,
-                       lease_until = NULL,
-                       workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
+                       lease_until = NULL
                   FROM input AS i
                  WHERE j.id = i.id
                    AND j.id = ANY (complete_many.job_ids)
@@ -1097,8 +1095,7 @@ BEGIN
                    SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'completed' END,
                        result = i.result,
                        finished_at = v_now,
-                       lease_until = NULL,
-                       workflow_run_id = j.workflow_run_id  -- (unchanged: see treadle.jobs_workflow_run_idx)
+                       lease_until = NULL
                   FROM input AS i
                  WHERE j.queue = v_queue
                    AND j.id = i.id
