@@ -236,6 +236,9 @@ REFUSED_BY_CLIENT: list[tuple[str, Call, str]] = [
     ("job_id too big", lambda c: treadle.get_job(c, 2**63), "job_id must be between"),
     ("run_id float", lambda c: treadle.cancel_workflow(c, 1.0), "run_id must be an integer"),
     ("run_id None", lambda c: treadle.workflow_results(c, None), "run_id must be an integer"),
+    ("step run_id None", lambda c: treadle.workflow_step_results(c, None, "a"), "run_id must be an integer"),
+    ("step None", lambda c: treadle.workflow_step_results(c, 1, None), "step must be a string"),
+    ("step NUL", lambda c: treadle.workflow_step_results(c, 1, "a\x00"), "step contains a NUL"),
 ]
 
 

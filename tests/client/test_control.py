@@ -94,6 +94,25 @@ def test_start_workflow_with_a_graph(conn: psycopg.Connection[Any], sql_worker: 
         "SELECT step, state FROM treadle.jobs WHERE workflow_run_id = %s ORDER BY id", [run_id]
     ).fetchall() == [("a", "completed"), ("b", "completed"), ("join", "available")]
     assert treadle.workflow_results(conn, run_id) == {"a": "A", "b": "B"}
+    # what each step receives: the join both branches' results, a branch none
+    assert treadle.workflow_step_results(conn, run_id, "join") == {"a": "A", "b": "B"}
+    assert treadle.workflow_step_results(conn, run_id, "a") == {}
+
+
+def test_workflow_step_results_of_a_list(conn: psycopg.Connection[Any], sql_worker: SqlWorker) -> None:
+    """A list's step receives every earlier step's result and no later one's; a step the run lacks
+    receives nothing; an unknown run gives None."""
+    run_id = treadle.start_workflow(conn, "trip", steps=["book", "pay", "mail"], queue="trips")
+    for result in ({"seat": "2A"}, {"paid": 120}):
+        ((job_id,),) = conn.execute(
+            "SELECT id FROM treadle.jobs WHERE workflow_run_id = %s AND state = 'available'", [run_id]
+        ).fetchall()
+        sql_worker.complete(job_id, result)
+    assert treadle.workflow_step_results(conn, run_id, "mail") == {"book": {"seat": "2A"}, "pay": {"paid": 120}}
+    assert treadle.workflow_step_results(conn, run_id, "pay") == {"book": {"seat": "2A"}}
+    assert treadle.workflow_step_results(conn, run_id, "book") == {}
+    assert treadle.workflow_step_results(conn, run_id, "refund") == {}
+    assert treadle.workflow_step_results(conn, 999_999, "mail") is None
 
 
 def test_start_workflow_with_a_sleep(conn: psycopg.Connection[Any]) -> None:

@@ -219,7 +219,9 @@ def test_a_cycle_stops_the_worker_at_start(make_worker: MakeWorker) -> None:
 
 
 def test_a_sleep_step_holds_no_worker_and_ends_on_time(conn: psycopg.Connection[Any], make_worker: MakeWorker) -> None:
-    worker = make_worker()
+    """A sleep ends no earlier than its time, and no later than about one rescue interval after
+    it: the worker's rescue ends it (polls come every 5 s here, rescues every 0.5 s)."""
+    worker = make_worker(poll_interval=5.0, rescue_interval=0.5)
     worker.workflow(
         "remind",
         [("signup", lambda i, c: "ok"), Sleep("pause", timedelta(seconds=1)), ("mail", lambda i, c: sorted(c.results))],
@@ -237,6 +239,11 @@ def test_a_sleep_step_holds_no_worker_and_ends_on_time(conn: psycopg.Connection[
     assert sorted(steps) == ["mail", "signup"]  # the sleep was no job
     # the next step started no earlier than the sleep's end, on the database's clock
     assert steps["mail"]["created_at"] - steps["signup"]["finished_at"] >= timedelta(seconds=1)
+    # and the sleep ended (its result: when) within a rescue interval of its time; the 1.5 s
+    # beyond it is room for a loaded machine, still well under the 5 s between polls
+    due = steps["signup"]["finished_at"] + timedelta(seconds=1)
+    late = datetime.fromisoformat(finished["results"]["pause"]) - due
+    assert timedelta(0) <= late <= timedelta(seconds=0.5 + 1.5), late
 
 
 def test_more_sleeps_due_than_a_rescue_ends_end_without_waiting_a_rescue_interval(

@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # type checkers see the real signatures; at run time names lo
         start_workflow,
         version,
         workflow_results,
+        workflow_step_results,
     )
     from .errors import (
         Discard,
@@ -100,6 +101,7 @@ _EXPORTS: dict[str, str] = {
     "resume": "client",
     "set_queue": "client",
     "workflow_results": "client",
+    "workflow_step_results": "client",
     "version": "client",
     "EnqueueOptions": "client",
     "WorkflowOptions": "client",
@@ -200,6 +202,7 @@ __all__ = [
     "wait_workflow",
     "watch",
     "workflow_results",
+    "workflow_step_results",
 ]
 
 

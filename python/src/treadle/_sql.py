@@ -81,11 +81,14 @@ SIGNAL_BY_KEY: Final[LiteralString] = """
 SELECT treadle.signal_by_key(queue => %(queue)s::text, idempotency_key => %(idempotency_key)s::text,
                              name => %(name)s::text, payload => %(payload)s::jsonb)
 """
-# treadle.cancel, retry, cancel_workflow, workflow_results: operator controls
+# treadle.cancel, retry, cancel_workflow: operator controls; workflow_results, workflow_step_results: a run's results
 CANCEL: Final[LiteralString] = "SELECT treadle.cancel(job_id => %(job_id)s::bigint)"
 RETRY: Final[LiteralString] = "SELECT treadle.retry(job_id => %(job_id)s::bigint)"
 CANCEL_WORKFLOW: Final[LiteralString] = "SELECT treadle.cancel_workflow(run_id => %(run_id)s::bigint)"
 WORKFLOW_RESULTS: Final[LiteralString] = "SELECT treadle.workflow_results(run_id => %(run_id)s::bigint)"
+WORKFLOW_STEP_RESULTS: Final[LiteralString] = (
+    "SELECT treadle.workflow_step_results(run_id => %(run_id)s::bigint, step => %(step)s::text)"
+)
 # treadle.retry_run, compensate_run, fork_run: the operator's run controls
 RETRY_RUN: Final[LiteralString] = "SELECT treadle.retry_run(run_id => %(run_id)s::bigint)"
 COMPENSATE_RUN: Final[LiteralString] = "SELECT treadle.compensate_run(run_id => %(run_id)s::bigint)"

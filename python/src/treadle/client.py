@@ -96,6 +96,7 @@ __all__ = [
     "start_workflow",
     "version",
     "workflow_results",
+    "workflow_step_results",
 ]
 
 JsonPayload: TypeAlias = Mapping[str, Any] | Sequence[Any] | None
@@ -745,6 +746,19 @@ def workflow_results(conn: SyncConnection, run_id: int) -> dict[str, Any] | None
 def workflow_results(conn: AnyConnection, run_id: int) -> dict[str, Any] | Awaitable[dict[str, Any] | None] | None:
     """The finished steps' results keyed by step name ({} before any finished); None for an unknown run."""
     return _conn.execute(conn, _sql.WORKFLOW_RESULTS, {"run_id": _args.row_id(run_id, "run_id")}, _scalar)
+
+
+@overload
+def workflow_step_results(conn: AsyncConnection, run_id: int, step: str) -> Awaitable[dict[str, Any] | None]: ...
+@overload
+def workflow_step_results(conn: SyncConnection, run_id: int, step: str) -> dict[str, Any] | None: ...
+def workflow_step_results(
+    conn: AnyConnection, run_id: int, step: str
+) -> dict[str, Any] | Awaitable[dict[str, Any] | None] | None:
+    """What `step` receives: the results of the steps it runs after, directly or not, keyed by step
+    name ({} for a step without dependencies or not of the run); None for an unknown run."""
+    params = {"run_id": _args.row_id(run_id, "run_id"), "step": _args.text(step, "step")}
+    return _conn.execute(conn, _sql.WORKFLOW_STEP_RESULTS, params, _scalar)
 
 
 @overload
