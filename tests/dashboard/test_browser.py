@@ -23,6 +23,8 @@ from tests.dashboard.seeding import (
     XSS_ERROR,
     XSS_NAME,
     Seeded,
+    claim,
+    complete,
     deep_rows,
     enqueue,
     fail_with_traceback,
@@ -549,9 +551,10 @@ def test_the_run_page_retries_and_forks_a_run(
     run = seeded.failed_run
     page.goto(f"{served.url}runs/{run}")
     steps = page.locator("#run table.steps")
-    expect(steps.locator("th")).to_contain_text(["Started", "Finished"])
+    expect(steps.locator("th")).to_contain_text(["Attempt", "Started", "Finished"])
     expect(steps.locator("tr", has_text="reserve").locator("td.finished")).not_to_have_text("—")
     expect(steps.locator("tr", has_text="charge")).to_contain_text("discarded")
+    expect(steps.locator("td.attempt")).to_have_text(["1 / 1", "1 / 1", ""])  # ship has no job yet
 
     page.locator("#run .heading").get_by_role("button", name="Retry run").click()
     expect(page.locator("#notice")).to_contain_text(f"Workflow run {run} retried: it is running.")
@@ -559,6 +562,7 @@ def test_the_run_page_retries_and_forks_a_run(
     expect(page.locator("#run .heading").get_by_role("button", name="Retry run")).to_have_count(0)
     expect(page.locator("#run .heading").get_by_role("button", name="Cancel run")).to_be_visible()
     assert job_state(conn, seeded.failed_step) == "available"
+    expect(steps.locator("tr", has_text="charge").locator("td.attempt")).to_have_text("0 / 1")  # retried afresh
 
     steps.locator("tr", has_text="charge").get_by_role("button", name="Fork from here").click()
     expect(page.locator("#notice")).to_contain_text(f"forked from run {run} at step charge")
@@ -568,6 +572,7 @@ def test_the_run_page_retries_and_forks_a_run(
     expect(page.locator("#run a.forked-from")).to_have_text(f"#{run}")
     expect(page.locator("#run table.steps tr", has_text="reserve")).to_contain_text('{"hold": "h-1"}')
     expect(page.locator("#run table.steps tr", has_text="charge")).to_contain_text("available")
+    expect(page.locator("#run table.steps td.attempt")).to_have_text(["", "0 / 1", ""])  # reserve's result is kept
     page.screenshot(path=str(ARTIFACTS / "dashboard-forked-run.png"), full_page=True)
 
 
@@ -597,6 +602,7 @@ def test_the_run_page_draws_a_graph_and_its_wait_and_cancels_it(
     expect(rows.locator("td.after")).to_have_text(["", "", "", "check, score, approve"])
     expect(rows.nth(2)).to_contain_text("for signal approved")
     expect(rows.nth(3)).to_contain_text("pending")
+    expect(rows.locator("td.attempt")).to_have_text(["0 / 25", "0 / 25", "", ""])  # a wait step has no job
 
     page.locator("#run .heading").get_by_role("button", name="Cancel run").click()
     expect(page.locator("#notice")).to_contain_text(f"Workflow run {run} cancelled.")
@@ -606,3 +612,82 @@ def test_the_run_page_draws_a_graph_and_its_wait_and_cancels_it(
     assert conn.execute(
         "SELECT count(*) FROM treadle.jobs WHERE workflow_run_id = %s AND state <> 'cancelled'", (run,)
     ).fetchone() == (0,)
+
+
+def test_the_run_page_draws_its_steps_and_their_dependencies(
+    page: Page, served: Served, conn: psycopg.Connection
+) -> None:
+    """Above the steps table, a box per step in its state's class, in columns by depth and
+    stacked in step order, an arrow per dependency, and a box that opens its step's job."""
+    row_of_run = conn.execute(
+        "SELECT treadle.start_workflow('publish', steps => ARRAY['fetch', 'parse', 'score', 'approve', 'post'],"
+        ' queue => \'pubs\', waits => \'{"approve": {"signal": "approved"}}\','
+        ' after => \'{"parse": ["fetch"], "score": ["fetch"], "approve": ["parse"],'
+        ' "post": ["parse", "score", "approve"]}\')'
+    ).fetchone()
+    assert row_of_run is not None
+    run = int(row_of_run[0])
+    complete(conn, "pubs")  # fetch
+    parse, _ = claim(conn, "pubs")  # parse runs; score stays available
+
+    page.goto(f"{served.url}runs/{run}")
+    drawing = page.locator("#run .run-graph svg")
+    expect(drawing).to_be_visible()
+    table = page.locator("#run table.steps").bounding_box()
+    assert table is not None and (drawing.bounding_box() or {"y": table["y"]})["y"] < table["y"]
+
+    nodes = drawing.locator("g.node")
+    expect(nodes).to_have_count(5)
+    for position, state in enumerate(["completed", "running", "available", "pending", "pending"], start=1):
+        expect(nodes.nth(position - 1)).to_have_class(re.compile(rf"\bstate-{state}\b"))
+        expect(nodes.nth(position - 1)).to_have_attribute("data-position", str(position))
+    expect(nodes.nth(3)).to_have_class(re.compile(r"\bkind-signal\b"))
+    expect(nodes.nth(1).locator("title")).to_have_text("parse: running, attempt 1 of 25")
+
+    boxes = [nodes.nth(i).locator("rect.box").bounding_box() for i in range(5)]
+    # centres: a box's bounds hold its stroke, thicker while it runs
+    fetch, parsed, score, approve, post = [(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2) for b in boxes if b]
+    assert fetch[0] < parsed[0] == score[0] < approve[0] < post[0]  # columns by depth
+    assert fetch[1] == parsed[1] == approve[1] == post[1] < score[1]  # score stacks under parse
+
+    edges = drawing.locator("path.edge")
+    expect(edges).to_have_count(6)
+    assert sorted(edges.evaluate_all("es => es.map(e => [e.dataset.from, e.dataset.to])")) == [
+        ["1", "2"],
+        ["1", "3"],
+        ["2", "4"],
+        ["2", "5"],
+        ["3", "5"],
+        ["4", "5"],
+    ]
+    assert edges.evaluate_all("es => es.every(e => e.getAttribute('marker-end') === 'url(#run-graph-arrow)')")
+
+    expect(drawing.locator("a")).to_have_count(3)  # approve and post have no job yet
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-run-graph.png"), full_page=True)
+    drawing.locator("a", has=page.locator('g.node[data-position="2"]')).click()
+    expect(page).to_have_url(re.compile(rf"/jobs/{parse}$"))
+    expect(page.locator("#job h1")).to_contain_text("workflow:publish/parse")
+
+
+def test_a_long_run_scrolls_in_its_box_and_keeps_its_place_across_refreshes(
+    page: Page, served: Served, conn: psycopg.Connection
+) -> None:
+    """A list of 200 steps is a row wider than the page: its box scrolls, the page does not
+    widen, and a live refresh leaves the box where the reader scrolled it."""
+    steps = [f"step_{i:03}" for i in range(200)]
+    row_of_run = conn.execute(
+        "SELECT treadle.start_workflow('long', steps => %s, queue => 'long')", (steps,)
+    ).fetchone()
+    assert row_of_run is not None
+    page.goto(f"{served.url}runs/{row_of_run[0]}")
+    box = page.locator("#run .run-graph")
+    expect(box.locator("g.node")).to_have_count(200)
+    assert box.evaluate("b => b.scrollWidth > 20 * b.clientWidth")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+
+    box.evaluate("b => { b.scrollLeft = 12000; }")
+    shown = page.locator("#updated").inner_text()
+    expect(page.locator("#updated")).not_to_have_text(shown)  # a refresh replaced the section
+    expect(page.locator("#run .run-graph g.node")).to_have_count(200)
+    assert page.locator("#run .run-graph").evaluate("b => b.scrollLeft") == 12000

@@ -15,6 +15,7 @@ from .. import _display
 from .._display import span
 from ..models import JOB_STATES
 from .queries import RawJson, Row, StateCount
+from .run_graph import step_kind
 
 
 def when(value: datetime | None) -> str:
@@ -299,4 +300,10 @@ FILTERS = {
 
 TESTS = {"raw_json": is_raw_json}
 
-GLOBALS = {"JOB_STATES": JOB_STATES, "can_retry": can_retry, "can_cancel": can_cancel, "can_retry_step": can_retry_step}
+GLOBALS = {
+    "JOB_STATES": JOB_STATES,
+    "can_retry": can_retry,
+    "can_cancel": can_cancel,
+    "can_retry_step": can_retry_step,
+    "step_kind": step_kind,
+}

@@ -85,6 +85,9 @@ SELECT {RUN_COLUMNS}, steps, input, parent_run_id, parent_step,
        (SELECT r.forked_from FROM treadle.workflow_runs AS r WHERE r.id = o.id) AS forked_from,
        (SELECT r.forked_step FROM treadle.workflow_runs AS r WHERE r.id = o.id) AS forked_step,
        (SELECT r.compensations IS NOT NULL FROM treadle.workflow_runs AS r WHERE r.id = o.id) AS compensable,
+       (SELECT jsonb_strip_nulls(jsonb_build_object('sleep', r.sleeps, 'signal', r.waits, 'map', r.maps,
+                                                     'child', r.children))
+          FROM treadle.workflow_runs AS r WHERE r.id = o.id) AS kinds,
        ARRAY(SELECT f.id FROM treadle.workflow_runs AS f WHERE f.forked_from = o.id ORDER BY f.id LIMIT 100) AS forks
   FROM treadle.workflow_run_overview AS o
  WHERE o.id = %(run_id)s

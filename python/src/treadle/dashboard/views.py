@@ -19,6 +19,7 @@ from .._display import DurationError, duration, limits_text
 from ..models import JOB_STATES
 from . import formatting, history
 from .queries import FAILURES_WINDOW, QUEUE_LIMITS, BulkOutcome, Outcome, RawJson, Row, SearchFilter, decode_json
+from .run_graph import lay_out
 from .state import current
 
 blueprint = Blueprint("treadle", __name__)
@@ -365,7 +366,8 @@ def run(run_id: int) -> str:
     now, detail = current().store.run(_bigint(run_id, "workflow run"))
     if detail is None:
         abort(404, description=f"There is no workflow run {run_id}.")
-    return render_template("run.html", page="run", live=True, now=now, detail=detail)
+    graph = lay_out([(step["step"], step["after"]) for step in detail.steps])
+    return render_template("run.html", page="run", live=True, now=now, detail=detail, graph=graph)
 
 
 @blueprint.post("/jobs/<int:job_id>/retry")

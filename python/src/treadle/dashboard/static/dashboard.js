@@ -47,9 +47,14 @@
     return updated ? updated.textContent.replace(/^Updated /, "") : "";
   }
 
+  // A fresh section keeps what the reader did to the old one: the details opened, and
+  // where a scrolled box (the run's drawing) was scrolled to.
   function swap(fresh) {
     const opened = new Set(
       Array.from(document.querySelectorAll("details[open][data-key]"), (d) => d.dataset.key),
+    );
+    const scrolled = new Map(
+      Array.from(document.querySelectorAll("div[data-key]"), (d) => [d.dataset.key, [d.scrollLeft, d.scrollTop]]),
     );
     for (const old of document.querySelectorAll("[data-live]")) {
       const next = fresh.getElementById(old.id);
@@ -57,6 +62,10 @@
     }
     for (const details of document.querySelectorAll("details[data-key]")) {
       if (opened.has(details.dataset.key)) details.open = true;
+    }
+    for (const box of document.querySelectorAll("div[data-key]")) {
+      const at = scrolled.get(box.dataset.key);
+      if (at) [box.scrollLeft, box.scrollTop] = at;
     }
   }
 
