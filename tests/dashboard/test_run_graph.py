@@ -287,20 +287,6 @@ def test_a_wait_a_sleep_a_map_and_a_child_step_say_what_they_are(client: FlaskCl
     assert approve.findtext("title") == "approve: completed, received signal approved"
 
 
-def test_a_wait_that_timed_out_says_so_in_its_title(client: FlaskClient, conn: psycopg.Connection) -> None:
-    run_id = one(
-        conn,
-        "SELECT treadle.start_workflow('approval', steps => ARRAY['approve'],"
-        ' waits => \'{"approve": {"signal": "approved", "timeout": "1 hour"}}\', queue => \'approvals\')',
-    )
-    conn.execute("SET treadle.now = '2999-01-01 00:00:00+00'")
-    conn.execute("SELECT treadle.rescue()")
-    conn.execute("RESET treadle.now")
-    (approve,) = nodes_of(drawing(page_of(client, run_id)))
-    assert approve.get("class") == "node state-timed_out kind-signal"
-    assert approve.findtext("title") == "approve: timed_out, timed out waiting for signal approved"
-
-
 def test_a_run_of_three_hundred_steps_renders_in_bounded_size(client: FlaskClient, conn: psycopg.Connection) -> None:
     """30 layers of 10 steps, each step after the whole layer before it (2,900 arrows): the
     page renders and stays under 2 MB, the drawing as wide and tall as its layout."""

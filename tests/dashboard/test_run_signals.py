@@ -37,4 +37,8 @@ def test_run_page_shows_a_wait_that_timed_out(client: FlaskClient, conn: psycopg
     conn.execute("SET treadle.now = '2999-01-01 00:00:00+00'")
     conn.execute("SELECT treadle.rescue()")
     conn.execute("RESET treadle.now")
-    assert '<span class="state state-timed_out">timed_out</span>' in page(client, run_id)
+    html = page(client, run_id)
+    assert '<span class="state state-timed_out">timed_out</span>' in html
+    # and its box in the drawing, and the box's title
+    assert '<g class="node state-timed_out kind-signal" data-position="1">' in html
+    assert "<title>approve: timed_out, timed out waiting for signal approved</title>" in html
