@@ -82,14 +82,14 @@ RECENT_RUNS: Final = f"SELECT {RUN_COLUMNS} FROM treadle.workflow_run_overview L
 RUN: Final = f"""
 SELECT {RUN_COLUMNS}, steps, input, parent_run_id, parent_step,
        ARRAY(SELECT c.id FROM treadle.workflow_runs AS c WHERE c.parent_run_id = o.id ORDER BY c.id) AS children,
-       (SELECT r.forked_from FROM treadle.workflow_runs AS r WHERE r.id = o.id) AS forked_from,
-       (SELECT r.forked_step FROM treadle.workflow_runs AS r WHERE r.id = o.id) AS forked_step,
-       (SELECT r.compensations IS NOT NULL FROM treadle.workflow_runs AS r WHERE r.id = o.id) AS compensable,
-       (SELECT jsonb_strip_nulls(jsonb_build_object('sleep', r.sleeps, 'signal', r.waits, 'map', r.maps,
-                                                     'child', r.children))
-          FROM treadle.workflow_runs AS r WHERE r.id = o.id) AS kinds,
+       r.forked_from, r.forked_step, r.compensations IS NOT NULL AS compensable,
+       -- the steps that are no handler's job, by kind, as the run's definition names them
+       jsonb_strip_nulls(jsonb_build_object('sleep', r.sleeps, 'signal', r.waits, 'map', r.maps,
+                                            'child', r.children)) AS kinds,
        ARRAY(SELECT f.id FROM treadle.workflow_runs AS f WHERE f.forked_from = o.id ORDER BY f.id LIMIT 100) AS forks
   FROM treadle.workflow_run_overview AS o
+ CROSS JOIN LATERAL (SELECT r.forked_from, r.forked_step, r.compensations, r.sleeps, r.waits, r.maps, r.children
+                       FROM treadle.workflow_runs AS r WHERE r.id = o.id) AS r  -- (the run's row, read once)
  WHERE o.id = %(run_id)s
 """
 RUN_STEPS: Final = """
